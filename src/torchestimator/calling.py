@@ -1,0 +1,89 @@
+"""Calling user functions with the arguments they declare, and reading what input_fn yields."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+
+def declared_parameters(function: Callable[..., Any]) -> tuple[set[str], bool]:
+    """Names the function accepts, and whether it takes **kwargs."""
+    signature = inspect.signature(function)
+    names = {
+        name
+        for name, parameter in signature.parameters.items()
+        if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+    }
+    takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values())
+    return names, takes_kwargs
+
+
+def check_declared(function: Callable[..., Any], role: str, allowed: set[str], required: set[str] = frozenset()) -> set[str]:
+    """Refuses arguments the framework cannot supply, before anything runs."""
+    if not callable(function):
+        raise TypeError(f"{role} must be callable; received {function!r}.")
+    names, takes_kwargs = declared_parameters(function)
+    unexpected = names - allowed
+    if unexpected:
+        raise ValueError(
+            f"{role} {getattr(function, '__name__', function)!r} has arguments the framework cannot supply: "
+            f"{sorted(unexpected)}. Expected some of {sorted(allowed)}."
+        )
+    missing = required - names
+    if missing and not takes_kwargs:
+        raise ValueError(f"{role} {getattr(function, '__name__', function)!r} must accept {sorted(missing)}.")
+    return allowed if takes_kwargs else names
+
+
+def call_with(function: Callable[..., Any], declared: set[str], available: Mapping[str, Any]) -> Any:
+    return function(**{name: value for name, value in available.items() if name in declared})
+
+
+def split_batch(batch: Any, index: int) -> tuple[Any, Any]:
+    """(features, labels) from one element of the input; features alone gives labels None."""
+    if isinstance(batch, (tuple, list)):
+        if len(batch) != 2:
+            raise ValueError(
+                f"input_fn must yield (features, labels) pairs or features alone; batch {index} is a "
+                f"{type(batch).__name__} of length {len(batch)}."
+            )
+        return batch[0], batch[1]
+    if isinstance(batch, (Mapping, torch.Tensor)):
+        return batch, None
+    raise TypeError(
+        f"input_fn must yield (features, labels) pairs or features (a dict of tensors or a tensor); "
+        f"batch {index} is {type(batch).__name__}: {batch!r:.200}."
+    )
+
+
+def to_device(value: Any, device: torch.device) -> Any:
+    """Moves every tensor inside dicts, lists and tuples to `device`."""
+    if isinstance(value, torch.Tensor):
+        return value if value.device == device else value.to(device, non_blocking=True)
+    if isinstance(value, Mapping):
+        return {key: to_device(item, device) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return tuple(to_device(item, device) for item in value)
+    if isinstance(value, list):
+        return [to_device(item, device) for item in value]
+    return value
+
+
+def batch_length(value: Any) -> int | None:
+    """Rows in a batch (first dimension of the first tensor found), for weighting the eval loss."""
+    if isinstance(value, torch.Tensor):
+        return int(value.shape[0]) if value.dim() > 0 else 1
+    if isinstance(value, Mapping):
+        for item in value.values():
+            length = batch_length(item)
+            if length is not None:
+                return length
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            length = batch_length(item)
+            if length is not None:
+                return length
+    return None

@@ -1,0 +1,214 @@
+"""The `torchestimator` command: train, evaluate, predict, inspect, demo, launch.
+
+A model file (FILE.py or an importable module) defines, by name: model,
+model_fn, optimizer, and the input functions train_input_fn,
+eval_input_fn, predict_input_fn; optionally params (dict), config
+(RunConfig), lr_scheduler and max_steps. Flags override what the file sets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+
+def load_model_file(location: str) -> ModuleType:
+    """Imports FILE.py by path, or a module by dotted name."""
+    if location.endswith(".py") or os.sep in location:
+        if not os.path.isfile(location):
+            raise SystemExit(f"torchestimator: model file {location!r} does not exist.")
+        name = "torchestimator_model_file_" + os.path.splitext(os.path.basename(location))[0]
+        spec = importlib.util.spec_from_file_location(name, location)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        sys.path.insert(0, os.path.dirname(os.path.abspath(location)))
+        spec.loader.exec_module(module)
+        return module
+    return importlib.import_module(location)
+
+
+def _require(module: ModuleType, name: str) -> Any:
+    if not hasattr(module, name):
+        raise SystemExit(f"torchestimator: {module.__name__} does not define {name!r}, which this command needs.")
+    return getattr(module, name)
+
+
+def _parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise SystemExit(f"torchestimator: --param expects NAME=VALUE; received {pair!r}.")
+        key, text = pair.split("=", 1)
+        try:
+            overrides[key] = json.loads(text)
+        except json.JSONDecodeError:
+            overrides[key] = text
+    return overrides
+
+
+def build_estimator(module: ModuleType, args: argparse.Namespace) -> Any:
+    import torchestimator as te
+
+    params = {**getattr(module, "params", {}), **_parse_overrides(args.param)}
+    config = getattr(module, "config", None) or te.RunConfig()
+    changes: dict[str, Any] = {"model_dir": args.model_dir}
+    if args.no_progress:
+        changes["progress_bar"] = False
+    config = config.replace(**changes)
+    return te.Estimator(
+        model_fn=_require(module, "model_fn"), model=_require(module, "model"),
+        optimizer=getattr(module, "optimizer", None), config=config, params=params,
+        lr_scheduler=getattr(module, "lr_scheduler", None),
+    )
+
+
+def _train(args: argparse.Namespace) -> int:
+    module = load_model_file(args.model_file)
+    estimator = build_estimator(module, args)
+    max_steps = args.max_steps if args.max_steps is not None else (None if args.steps else getattr(module, "max_steps", None))
+    estimator.train(_require(module, "train_input_fn"), steps=args.steps, max_steps=max_steps)
+    print(f"trained to global step {_global_step(estimator)}; checkpoint {estimator.latest_checkpoint()}")
+    return 0
+
+
+def _global_step(estimator: Any) -> int | str:
+    path = estimator.latest_checkpoint()
+    return int(path.rsplit("-", 1)[-1]) if path else "?"
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    module = load_model_file(args.model_file)
+    estimator = build_estimator(module, args)
+    results = estimator.evaluate(_require(module, "eval_input_fn"), steps=args.steps,
+                                 checkpoint_path=args.checkpoint_path, name=args.name)
+    print(json.dumps(results, indent=2, sort_keys=True, default=float))
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    module = load_model_file(args.model_file)
+    estimator = build_estimator(module, args)
+    out = open(args.output, "w") if args.output else sys.stdout
+    try:
+        for index, prediction in enumerate(estimator.predict(_require(module, "predict_input_fn"),
+                                                             predict_keys=args.predict_keys,
+                                                             checkpoint_path=args.checkpoint_path)):
+            out.write(json.dumps(_jsonable(prediction)) + "\n")
+            if args.limit is not None and index + 1 >= args.limit:
+                break
+    finally:
+        if args.output:
+            out.close()
+    return 0
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from torchestimator.inspection import describe
+
+    print(describe(args.path))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from torchestimator import demo
+
+    results = demo.run(model_dir=args.model_dir, steps=args.max_steps, progress_bar=False if args.no_progress else None)
+    print(f"digits demo: held-out accuracy {results['accuracy']:.4f}, loss {results['loss']:.4f}, "
+          f"global step {results['global_step']}, model_dir {args.model_dir}")
+    print(f"TensorBoard: tensorboard --logdir {args.model_dir}")
+    return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from torchestimator.distribute.launcher import launch
+
+    return launch(args.nproc_per_node, [args.script, *args.script_args])
+
+
+def _add_model_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_file", help="FILE.py or an importable module defining model, model_fn, optimizer, input_fns")
+    parser.add_argument("--model_dir", required=True, help="where checkpoints and summaries live")
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="override params[NAME] (VALUE parsed as JSON when it can be)")
+    parser.add_argument("--no_progress", action="store_true", help="no progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="torchestimator", description="The TensorFlow Estimator workflow on PyTorch.")
+    parser.add_argument("--verbosity", default="INFO", help="logging level (DEBUG, INFO, WARNING)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="train (resuming from model_dir)")
+    _add_model_flags(train)
+    train.add_argument("--max_steps", type=int, help="absolute global step to train to")
+    train.add_argument("--steps", type=int, help="steps to train beyond the current global step")
+    train.set_defaults(handler=_train)
+
+    evaluate = commands.add_parser("evaluate", help="evaluate the latest (or a given) checkpoint")
+    _add_model_flags(evaluate)
+    evaluate.add_argument("--steps", type=int, help="evaluate this many batches (default: the whole input)")
+    evaluate.add_argument("--checkpoint_path")
+    evaluate.add_argument("--name", help="named evaluation: summaries go to model_dir/eval_<name>")
+    evaluate.set_defaults(handler=_evaluate)
+
+    predict = commands.add_parser("predict", help="write predictions as JSON lines")
+    _add_model_flags(predict)
+    predict.add_argument("--checkpoint_path")
+    predict.add_argument("--predict_keys", nargs="*")
+    predict.add_argument("--output", help="file for the JSON lines (default stdout)")
+    predict.add_argument("--limit", type=int, help="stop after this many examples")
+    predict.set_defaults(handler=_predict)
+
+    inspect = commands.add_parser("inspect", help="list variables of a checkpoint and the history of a model_dir")
+    inspect.add_argument("path", help="a model_dir, a ckpt-<step> folder or a .safetensors file")
+    inspect.set_defaults(handler=_inspect)
+
+    demo = commands.add_parser("demo", help="train and evaluate the digits demo (resumes when rerun)")
+    demo.add_argument("--model_dir", default="runs/digits")
+    demo.add_argument("--max_steps", type=int, default=1000)
+    demo.add_argument("--no_progress", action="store_true")
+    demo.set_defaults(handler=_demo)
+
+    launch = commands.add_parser("launch", help="run a script in N processes (torchrun)")
+    launch.add_argument("--nproc_per_node", type=int, default=2)
+    launch.add_argument("script")
+    launch.add_argument("script_args", nargs=argparse.REMAINDER)
+    launch.set_defaults(handler=_launch)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.verbosity.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.handler(args)
+    except (ValueError, TypeError, PermissionError, FileNotFoundError) as error:
+        logging.getLogger("torchestimator").debug("details", exc_info=True)
+        print(f"torchestimator {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as interrupt:
+        print(f"torchestimator {args.command}: {interrupt or 'interrupted'}", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

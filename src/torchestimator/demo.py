@@ -1,0 +1,93 @@
+"""The digits demo: scikit-learn's 8x8 digits (shipped inside the package), a small MLP with BatchNorm.
+
+This module is also a model file for the CLI: `torchestimator train
+torchestimator.demo` finds model, model_fn, optimizer and the input
+functions here by name, as it would in a user's FILE.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchestimator as te
+
+params = {"hidden": 128, "learning_rate": 3e-3, "batch_size": 64, "seed": 0}
+config = te.RunConfig(save_checkpoints_steps=200, save_summary_steps=50, log_step_count_steps=200, random_seed=0)
+max_steps = 1000
+
+
+@functools.lru_cache(maxsize=1)
+def load_digits_split(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """80/20 split of the digits, pixels scaled to [0, 1], the same on every call."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = (digits.data / 16.0).astype(np.float32)
+    labels = digits.target.astype(np.int64)
+    order = np.random.default_rng(seed).permutation(len(labels))
+    cut = int(0.8 * len(labels))
+    train, test = order[:cut], order[cut:]
+    return images[train], labels[train], images[test], labels[test]
+
+
+def model(params: dict) -> nn.Module:
+    hidden = params["hidden"]
+    return nn.Sequential(
+        nn.Linear(64, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
+        nn.Linear(hidden, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
+        nn.Linear(hidden, 10),
+    )
+
+
+def model_fn(model, features, labels, mode, params):
+    logits = model(features["image"])
+    predictions = {"class": logits.argmax(-1), "probabilities": logits.softmax(-1)}
+    if mode == te.ModeKeys.PREDICT:
+        return te.EstimatorSpec(mode, predictions=predictions)
+    loss = F.cross_entropy(logits, labels)
+    metrics = {"accuracy": te.metrics.accuracy(labels, predictions["class"])}
+    return te.EstimatorSpec(mode, predictions=predictions, loss=loss, eval_metric_ops=metrics)
+
+
+def optimizer(parameters, params):
+    return torch.optim.Adam(parameters, lr=params["learning_rate"])
+
+
+def train_input_fn(params, config, input_context=None):
+    images, labels, _, _ = load_digits_split(params["seed"])
+    make = te.numpy_input_fn({"image": images}, labels, batch_size=params["batch_size"], num_epochs=None,
+                             shuffle=True, seed=params["seed"])
+    return make(input_context=input_context, config=config)
+
+
+def eval_input_fn(params, input_context=None):
+    _, _, images, labels = load_digits_split(params["seed"])
+    make = te.numpy_input_fn({"image": images}, labels, batch_size=128, num_epochs=1, shuffle=False)
+    return make(input_context=input_context)
+
+
+def predict_input_fn(params, input_context=None):
+    _, _, images, _ = load_digits_split(params["seed"])
+    make = te.numpy_input_fn({"image": images}, batch_size=128, num_epochs=1, shuffle=False)
+    return make(input_context=input_context)
+
+
+def run(model_dir: str = "runs/digits", steps: int = max_steps, progress_bar: bool | None = None) -> dict:
+    """Trains (or resumes) to `steps`, evaluates on the held-out fifth, and returns the metrics."""
+    log = logging.getLogger("torchestimator")
+    estimator = te.Estimator(model_fn=model_fn, model=model, optimizer=optimizer, model_dir=model_dir,
+                             config=config.replace(progress_bar=progress_bar, save_checkpoints_steps=200),
+                             params=params)
+    previous = estimator.latest_checkpoint()
+    if previous is None:
+        log.info("Training the digits model from scratch in %s.", model_dir)
+    else:
+        log.info("Found %s: resuming instead of starting over.", previous)
+    estimator.train(train_input_fn, max_steps=steps)
+    return estimator.evaluate(eval_input_fn)

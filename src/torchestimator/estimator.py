@@ -1,0 +1,434 @@
+"""Estimator: the public train / evaluate / predict surface; owns model_dir.
+
+It resolves the strategy, builds the model once per process, restores
+(checkpoint in model_dir, else fresh init), wraps for distribution and hands
+a run to loop.py. The loops themselves live in loop.py; checkpoint files in
+checkpoint/; what goes into a checkpoint in persistence.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchestimator.calling import call_with, check_declared
+from torchestimator.checkpoint import CheckpointStore
+from torchestimator.config import RunConfig
+from torchestimator.distribute import OneDeviceStrategy
+from torchestimator.hooks.base import CheckpointSaverListener, Hook, HookList
+from torchestimator.hooks.basic import LoggingTensorHook, StepCounterHook
+from torchestimator.loop import EvalRun, TrainingRun, eval_loop, predict_loop, train_loop
+from torchestimator.metrics import MetricAccumulators
+from torchestimator.persistence import (
+    Checkpointer,
+    load_model_state,
+    restore_rng,
+    restore_training_objects,
+)
+from torchestimator.spec import EstimatorSpec, ModeKeys
+from torchestimator.state import TrainState, seed_everything
+from torchestimator.summary import SummaryWriter
+
+logger = logging.getLogger("torchestimator")
+
+_MODEL_FN_ARGS = {"model", "features", "labels", "mode", "params", "config"}
+_INPUT_FN_ARGS = {"params", "mode", "config", "input_context"}
+
+ModelFactory = Callable[..., torch.nn.Module]
+
+
+class Estimator:
+    """Trains, evaluates and predicts with a model_fn, keeping everything in model_dir.
+
+    Args:
+        model_fn: called for every batch with whichever of (model, features,
+            labels, mode, params, config) it names; returns an EstimatorSpec.
+        model: an nn.Module, or a factory taking params (or nothing) that
+            builds one; built once per process.
+        optimizer: a factory `(parameters)` or `(parameters, params)` returning
+            a torch optimizer. Required for train.
+        lr_scheduler: optional factory `(optimizer)` or `(optimizer, params)`;
+            stepped once per global step.
+    """
+
+    def __init__(
+        self,
+        model_fn: Callable[..., EstimatorSpec],
+        model: torch.nn.Module | ModelFactory,
+        optimizer: Callable[..., torch.optim.Optimizer] | None = None,
+        model_dir: str | os.PathLike[str] | None = None,
+        config: RunConfig | None = None,
+        params: Mapping[str, Any] | None = None,
+        *,
+        lr_scheduler: Callable[..., Any] | None = None,
+    ) -> None:
+        if model_fn is None:
+            raise ValueError("model_fn must be provided.")
+        self._model_fn_args = check_declared(model_fn, "model_fn", _MODEL_FN_ARGS, {"features"})
+        if config is None:
+            config = RunConfig()
+        elif not isinstance(config, RunConfig):
+            raise TypeError(f"config must be a te.RunConfig; received {type(config).__name__}.")
+        self._model_fn = model_fn
+        self._params = copy.deepcopy(dict(params or {}))
+        if params and "params" not in self._model_fn_args:
+            logger.debug("params given but model_fn does not take them; they still reach model and optimizer factories.")
+        self._model_dir = _resolve_model_dir(model_dir, config)
+        self._config = config.replace(model_dir=self._model_dir) if config.model_dir != self._model_dir else config
+        if not isinstance(model, torch.nn.Module) and not callable(model):
+            raise TypeError(f"model must be an nn.Module or a factory returning one; received {model!r}.")
+        self._model_source = model
+        self._optimizer_factory = optimizer
+        self._scheduler_factory = lr_scheduler
+        self._module: torch.nn.Module | None = None
+        # Which weights the built module holds: a checkpoint path, "trained" (trained here without
+        # checkpoints) or None; with the step they belong to. Saves re-reading an unchanged checkpoint.
+        self._module_holds: str | None = None
+        self._held_step = 0
+        self._store = CheckpointStore(
+            self._model_dir,
+            keep_checkpoint_max=self._config.keep_checkpoint_max,
+            keep_checkpoint_every_n_hours=self._config.keep_checkpoint_every_n_hours,
+        )
+
+    # -- properties -------------------------------------------------------
+
+    @property
+    def model_dir(self) -> str:
+        return self._model_dir
+
+    @property
+    def config(self) -> RunConfig:
+        return self._config
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return copy.deepcopy(self._params)
+
+    def eval_dir(self, name: str | None = None) -> str:
+        """model_dir/eval, or model_dir/eval_<name> for a named evaluation."""
+        return os.path.join(self._model_dir, f"eval_{name}" if name else "eval")
+
+    def latest_checkpoint(self) -> str | None:
+        return self._store.latest_checkpoint()
+
+    def get_variable_names(self) -> list[str]:
+        return [name for name, _, _ in self._store.list_variables(self._require_checkpoint())]
+
+    def get_variable_value(self, name: str) -> np.ndarray:
+        state = self._store.read_model_state(self._require_checkpoint())
+        if name not in state:
+            raise ValueError(f"Variable {name!r} is not in {self.latest_checkpoint()}; it has {sorted(state)[:20]}.")
+        return state[name].numpy()
+
+    def _require_checkpoint(self) -> str:
+        path = self.latest_checkpoint()
+        if path is None:
+            raise ValueError(f"Could not find trained model in model_dir: {self._model_dir}.")
+        return path
+
+    # -- train ------------------------------------------------------------
+
+    def train(
+        self,
+        input_fn: Callable[..., Iterable[Any]],
+        hooks: Iterable[Hook] | None = None,
+        steps: int | None = None,
+        max_steps: int | None = None,
+        saving_listeners: Iterable[CheckpointSaverListener] | None = None,
+    ) -> Estimator:
+        """Trains until max_steps (absolute), for `steps` more steps, or until the input ends."""
+        if steps is not None and max_steps is not None:
+            raise ValueError("Can not provide both steps and max_steps.")
+        for name, value in (("steps", steps), ("max_steps", max_steps)):
+            if value is not None and value <= 0:
+                raise ValueError(f"Must specify {name} > 0; received {value}.")
+        if self._optimizer_factory is None:
+            raise ValueError("Estimator.train needs an optimizer factory: Estimator(..., optimizer=lambda parameters: ...).")
+        input_fn_args = check_declared(input_fn, "input_fn", _INPUT_FN_ARGS)
+        config = self._config
+        strategy = config.train_distribute or OneDeviceStrategy(config.device)
+        strategy.setup()
+        hook_list = HookList(hooks or ())  # checked before any work
+        checkpoint = self._store.restore() if self._store.latest_checkpoint() else None
+        if max_steps is not None and checkpoint is not None and checkpoint.step >= max_steps:
+            logger.info("Skipping training since max_steps has already saved (global step %d).", checkpoint.step)
+            return self
+        if strategy.is_chief:
+            self._prepare_model_dir()
+        if config.deterministic:
+            _enable_determinism()
+        if config.random_seed is not None:
+            seed_everything(config.random_seed)
+        module = self._build_module(strategy.device)
+        state = TrainState(mode=ModeKeys.TRAIN)
+        self._restore_weights(module, checkpoint, state)
+        training_objects = self._build_training_objects(module, strategy.device)
+        if checkpoint is not None:
+            restore_training_objects(checkpoint, training_objects)
+            restore_rng(checkpoint, strategy.replica_id, strategy.num_replicas)
+        state.start_step = state.global_step
+        input_source = self._call_input_fn(input_fn, input_fn_args, ModeKeys.TRAIN, strategy)
+        self._resume_input(input_source, checkpoint)
+        last_step = max_steps if max_steps is not None else (state.global_step + steps if steps is not None else None)
+        wrapped = strategy.wrap(module)
+        hook_list = self._train_hooks(hook_list, strategy)
+        checkpointer = self._checkpointer(strategy, saving_listeners)
+        writer = SummaryWriter(self._model_dir, enabled=strategy.is_chief)
+        hook_list.begin(state)
+        run = TrainingRun(
+            config=config, strategy=strategy, module=module, wrapped=wrapped,
+            call_model_fn=self._model_fn_caller(), training_objects=training_objects,
+            hooks=hook_list, state=state, checkpointer=checkpointer, summary_writer=writer,
+            input_source=input_source, last_step=last_step,
+        )
+        self._module_holds = None
+        try:
+            train_loop(run)
+        finally:
+            writer.close()
+            module.eval()
+            strategy.barrier()
+        self._module_holds = checkpointer.last_saved_path if checkpointer and checkpointer.last_saved_path else "trained"
+        self._held_step = run.state.global_step
+        return self
+
+    def _train_hooks(self, user_hooks: HookList, strategy: Any) -> HookList:
+        config = self._config
+        hooks: list[Hook] = []
+        if config.log_step_count_steps is not None:
+            hooks.append(LoggingTensorHook({"loss": "loss", "step": "step"}, every_n_iter=config.log_step_count_steps))
+            hooks.append(StepCounterHook(every_n_steps=config.log_step_count_steps))
+        return HookList([*hooks, *user_hooks.hooks])
+
+    def _checkpointer(self, strategy: Any, saving_listeners: Iterable[CheckpointSaverListener] | None) -> Checkpointer | None:
+        config = self._config
+        listeners = list(saving_listeners or ())
+        for listener in listeners:
+            if not isinstance(listener, CheckpointSaverListener):
+                raise TypeError(f"saving_listeners must be CheckpointSaverListener instances; received {listener!r}.")
+        if config.save_checkpoints_steps is None and config.save_checkpoints_secs is None:
+            if listeners:
+                raise ValueError("saving_listeners were given but checkpoints are disabled in RunConfig.")
+            logger.warning("Checkpoints are disabled (save_checkpoints_steps and save_checkpoints_secs are None).")
+            return None
+        for listener in listeners:
+            listener.begin()
+        return Checkpointer(self._store, is_chief=strategy.is_chief, num_replicas=strategy.num_replicas, listeners=listeners)
+
+    def _build_training_objects(self, module: torch.nn.Module, device: torch.device) -> dict[str, Any]:
+        optimizer = _call_factory(self._optimizer_factory, module.parameters(), self._params, "optimizer")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"The optimizer factory must return a torch.optim.Optimizer; it returned {optimizer!r}.")
+        objects: dict[str, Any] = {"optimizer": optimizer, "lr_scheduler": None, "grad_scaler": None}
+        if self._scheduler_factory is not None:
+            objects["lr_scheduler"] = _call_factory(self._scheduler_factory, optimizer, self._params, "lr_scheduler")
+        if self._config.mixed_precision == "fp16":
+            objects["grad_scaler"] = torch.amp.GradScaler(device.type)
+        return objects
+
+    def _resume_input(self, input_source: Any, checkpoint: Any) -> None:
+        if checkpoint is None:
+            return
+        position = checkpoint.extra.get("input_position")
+        resumable = hasattr(input_source, "state_dict") and hasattr(input_source, "load_state_dict")
+        if resumable and position is not None:
+            input_source.load_state_dict(position)
+            logger.info("Input resumes at %s.", position)
+        elif not resumable:
+            logger.warning(
+                "The input_fn returned a %s, which cannot resume: it restarts from its beginning at global step %d. "
+                "Use te.numpy_input_fn or te.dataset_input_fn for exact resume.",
+                type(input_source).__name__, checkpoint.step,
+            )
+
+    def _prepare_model_dir(self) -> None:
+        try:
+            os.makedirs(self._model_dir, exist_ok=True)
+            probe = os.path.join(self._model_dir, f".write-probe-{os.getpid()}")
+            with open(probe, "w") as handle:
+                handle.write("ok")
+            os.remove(probe)
+        except OSError as error:
+            raise PermissionError(
+                f"model_dir {self._model_dir!r} is not writable ({error.strerror}). Choose another model_dir."
+            ) from error
+        for name, payload in (("params.json", self._params), ("run_config.json", self._config.to_json_dict())):
+            with open(os.path.join(self._model_dir, name), "w") as handle:
+                json.dump(payload, handle, indent=2, sort_keys=True, default=repr)
+
+    # -- evaluate and predict ------------------------------------------------
+
+    def evaluate(
+        self,
+        input_fn: Callable[..., Iterable[Any]],
+        steps: int | None = None,
+        hooks: Iterable[Hook] | None = None,
+        checkpoint_path: str | None = None,
+        name: str | None = None,
+    ) -> dict[str, Any]:
+        """Evaluates over the whole input (or `steps` batches); returns every metric, loss and global_step."""
+        if steps is not None and steps <= 0:
+            raise ValueError(f"Must specify steps > 0; received {steps}.")
+        run = self._inference_run(input_fn, ModeKeys.EVAL, hooks, checkpoint_path, steps)
+        accumulators = MetricAccumulators(run.strategy.device)
+        results = eval_loop(run, accumulators)
+        writer = SummaryWriter(self.eval_dir(name), enabled=run.strategy.is_chief)
+        writer.scalars({key: value for key, value in results.items() if key != "global_step"}, results["global_step"])
+        writer.close()
+        logger.info("Saving dict for global step %d: %s", results["global_step"],
+                    ", ".join(f"{key} = {value}" for key, value in sorted(results.items())))
+        return results
+
+    def predict(
+        self,
+        input_fn: Callable[..., Iterable[Any]],
+        predict_keys: str | list[str] | None = None,
+        hooks: Iterable[Hook] | None = None,
+        checkpoint_path: str | None = None,
+        yield_single_examples: bool = True,
+    ) -> Iterator[Any]:
+        """Yields predictions (numpy) per example, or per batch with yield_single_examples=False."""
+        if isinstance(predict_keys, str):
+            predict_keys = [predict_keys]
+        run = self._inference_run(input_fn, ModeKeys.PREDICT, hooks, checkpoint_path, None)
+        yield from predict_loop(run, predict_keys, yield_single_examples)
+
+    def _inference_run(self, input_fn: Callable[..., Any], mode: str, hooks: Iterable[Hook] | None,
+                       checkpoint_path: str | None, steps: int | None) -> EvalRun:
+        input_fn_args = check_declared(input_fn, "input_fn", _INPUT_FN_ARGS)
+        config = self._config
+        strategy = config.eval_distribute or config.train_distribute or OneDeviceStrategy(config.device)
+        strategy.setup()
+        hook_list = HookList(hooks or ())
+        module = self._build_module(strategy.device)
+        state = TrainState(mode=mode)
+        self._load_for_inference(module, checkpoint_path, state)
+        hook_list.begin(state)
+        source = self._call_input_fn(input_fn, input_fn_args, mode, strategy)
+        return EvalRun(strategy=strategy, module=module, call_model_fn=self._model_fn_caller(), hooks=hook_list,
+                       state=state, input_source=source, steps=steps, progress_bar=config.progress_bar,
+                       mixed_precision_config=config)
+
+    def _load_for_inference(self, module: torch.nn.Module, checkpoint_path: str | None, state: TrainState) -> None:
+        path = checkpoint_path or self._store.latest_checkpoint()
+        if path is None:
+            if self._module_holds == "trained":
+                logger.info("No checkpoint in %s (checkpoints disabled): using the weights trained in this process.",
+                            self._model_dir)
+                state.global_step = self._held_step
+            else:
+                logger.info("No checkpoint in %s: running on freshly initialised weights.", self._model_dir)
+            return
+        if path == self._module_holds:
+            state.global_step = self._held_step
+            return
+        checkpoint = self._store.restore(path if checkpoint_path else None, load_optimizer=False)
+        self._restore_weights(module, checkpoint, state)
+
+    # -- model, restore, calling ------------------------------------------------
+
+    def _build_module(self, device: torch.device) -> torch.nn.Module:
+        if self._module is None:
+            source = self._model_source
+            if isinstance(source, torch.nn.Module):
+                module = source
+            else:
+                module = _call_factory(source, self._params, None, "model", first_is_params=True)
+                if not isinstance(module, torch.nn.Module):
+                    raise TypeError(f"The model factory must return an nn.Module; it returned {module!r}.")
+            self._module = module
+        return self._module.to(device)
+
+    def _restore_weights(self, module: torch.nn.Module, checkpoint: Any, state: TrainState) -> None:
+        """Loads a checkpoint into the plain module (before any distribution wrapping)."""
+        if checkpoint is None:
+            if self._module_holds is not None:
+                # Trained in this process without checkpoints: keep those weights and the step reached.
+                state.global_step = self._held_step
+            else:
+                logger.info("No checkpoint in %s: starting from freshly initialised weights.", self._model_dir)
+            return
+        if self._module_holds != checkpoint.path:
+            load_model_state(module, checkpoint.model_state, checkpoint.path)
+            self._module_holds, self._held_step = checkpoint.path, checkpoint.step
+            logger.info("Restored weights from %s (global step %d).", checkpoint.path, checkpoint.step)
+        state.global_step = checkpoint.step
+        state.input_position = checkpoint.extra.get("input_position")
+
+    def _model_fn_caller(self) -> Callable[..., EstimatorSpec]:
+        declared, model_fn, params, config = self._model_fn_args, self._model_fn, self._params, self._config
+        takes_labels = "labels" in declared
+
+        def call(model: torch.nn.Module, features: Any, labels: Any, mode: str) -> EstimatorSpec:
+            if mode == ModeKeys.TRAIN:
+                model.train()
+            if labels is not None and not takes_labels:
+                raise ValueError("model_fn does not take labels, but input_fn returns labels.")
+            return call_with(model_fn, declared, {"model": model, "features": features, "labels": labels,
+                                                  "mode": mode, "params": params, "config": config})
+
+        return call
+
+    def _call_input_fn(self, input_fn: Callable[..., Any], declared: set[str], mode: str, strategy: Any) -> Any:
+        context = strategy.input_context()
+        source = call_with(input_fn, declared, {"params": self._params, "mode": mode, "config": self._config,
+                                                "input_context": context})
+        if source is None or not hasattr(source, "__iter__"):
+            raise TypeError(
+                f"input_fn must return an iterable of (features, labels) batches (a DataLoader, a generator, "
+                f"te.numpy_input_fn(...)()); it returned {type(source).__name__}."
+            )
+        if context.num_replicas_in_sync > 1 and "input_context" not in declared:
+            logger.warning("input_fn does not take input_context: every one of the %d replicas reads the same batches.",
+                           context.num_replicas_in_sync)
+        return source
+
+
+def _call_factory(factory: Callable[..., Any], first: Any, params: Any, role: str, *, first_is_params: bool = False) -> Any:
+    """Calls a factory with (first) or (first, params), whichever it accepts."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return factory(first)
+    required = [p for p in signature.parameters.values()
+                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if first_is_params:
+        return factory(first) if required else factory()
+    if len(required) >= 2:
+        return factory(first, params)
+    return factory(first)
+
+
+def _resolve_model_dir(model_dir: str | os.PathLike[str] | None, config: RunConfig) -> str:
+    if model_dir is not None:
+        model_dir = os.fspath(model_dir)
+        if model_dir == "":
+            raise ValueError("model_dir must be a non-empty path.")
+        if config.model_dir is not None and os.path.abspath(config.model_dir) != os.path.abspath(model_dir):
+            raise ValueError(
+                f"model_dir is set both in Estimator ({model_dir!r}) and in RunConfig ({config.model_dir!r}) and they "
+                "differ. Set it in one place."
+            )
+        return model_dir
+    if config.model_dir is not None:
+        return config.model_dir
+    model_dir = tempfile.mkdtemp(prefix="torchestimator-")
+    logger.warning("Using temporary folder as model directory: %s", model_dir)
+    return model_dir
+
+
+def _enable_determinism() -> None:
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    if torch.backends.cudnn.is_available():
+        torch.backends.cudnn.benchmark = False

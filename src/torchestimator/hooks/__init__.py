@@ -1,0 +1,24 @@
+"""Hooks: the base class, the run context, triggers and the built-in hooks."""
+
+from torchestimator.hooks.base import CheckpointSaverListener, Hook, HookList, RunContext
+from torchestimator.hooks.basic import (
+    CheckpointSaverHook,
+    LoggingTensorHook,
+    StepCounterHook,
+    StopAtStepHook,
+    SummarySaverHook,
+)
+from torchestimator.hooks.triggers import Every
+
+__all__ = [
+    "CheckpointSaverHook",
+    "CheckpointSaverListener",
+    "Every",
+    "Hook",
+    "HookList",
+    "LoggingTensorHook",
+    "RunContext",
+    "StepCounterHook",
+    "StopAtStepHook",
+    "SummarySaverHook",
+]

@@ -1,0 +1,79 @@
+"""Shared fixtures: small models and data that train in milliseconds on a CPU."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchestimator as te
+
+
+def make_classification(n: int = 256, features: int = 8, classes: int = 3, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(0, 3, size=(classes, features)).astype(np.float32)
+    labels = rng.integers(0, classes, size=n).astype(np.int64)
+    x = (centers[labels] + rng.normal(0, 1, size=(n, features))).astype(np.float32)
+    return x, labels
+
+
+class SmallNet(nn.Module):
+    def __init__(self, features: int = 8, hidden: int = 16, classes: int = 3, batch_norm: bool = True, dropout: float = 0.0):
+        super().__init__()
+        layers: list[nn.Module] = [nn.Linear(features, hidden)]
+        if batch_norm:
+            layers.append(nn.BatchNorm1d(hidden))
+        layers += [nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, classes)]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def classifier_model_fn(model, features, labels, mode):
+    logits = model(features["x"])
+    predictions = {"class": logits.argmax(-1), "probabilities": logits.softmax(-1)}
+    if mode == te.ModeKeys.PREDICT:
+        return te.EstimatorSpec(mode, predictions=predictions)
+    loss = F.cross_entropy(logits, labels)
+    return te.EstimatorSpec(mode, predictions=predictions, loss=loss,
+                            eval_metric_ops={"accuracy": te.metrics.accuracy(labels, predictions["class"])})
+
+
+def adam(parameters):
+    return torch.optim.Adam(parameters, lr=1e-2)
+
+
+def sgd(parameters):
+    return torch.optim.SGD(parameters, lr=0.05, momentum=0.9)
+
+
+def make_estimator(model_dir, *, model=None, optimizer=adam, model_fn=classifier_model_fn, **config_changes):
+    config = te.RunConfig(save_checkpoints_steps=config_changes.pop("save_checkpoints_steps", 10),
+                          log_step_count_steps=None, progress_bar=False, random_seed=0, **config_changes)
+    return te.Estimator(model_fn=model_fn, model=model or (lambda: SmallNet()), optimizer=optimizer,
+                        model_dir=str(model_dir), config=config)
+
+
+def input_fns(n: int = 256, batch_size: int = 32, seed: int = 0):
+    x, y = make_classification(n, seed=seed)
+    train = te.numpy_input_fn({"x": x}, y, batch_size=batch_size, num_epochs=None, shuffle=True, seed=seed)
+    evaluate = te.numpy_input_fn({"x": x}, y, batch_size=batch_size, num_epochs=1, shuffle=False)
+    predict = te.numpy_input_fn({"x": x}, batch_size=batch_size, num_epochs=1, shuffle=False)
+    return train, evaluate, predict, (x, y)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_torch_threads():
+    torch.set_num_threads(1)
+    yield
+
+
+@pytest.fixture
+def te_logs(caplog):
+    caplog.set_level(logging.INFO, logger="torchestimator")
+    return caplog

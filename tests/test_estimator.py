@@ -1,0 +1,206 @@
+"""Estimator semantics: train steps/max_steps, resume, evaluate, predict, variables, errors."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchestimator as te
+from conftest import SmallNet, adam, classifier_model_fn, input_fns, make_estimator, sgd
+
+
+def test_train_max_steps_is_absolute_and_steps_incremental(tmp_path, te_logs):
+    train, _, _, _ = input_fns()
+    estimator = make_estimator(tmp_path)
+    estimator.train(train, max_steps=20)
+    assert estimator.latest_checkpoint().endswith("ckpt-20")
+    estimator.train(train, max_steps=20)
+    assert "Skipping training since max_steps has already saved" in te_logs.text
+    estimator.train(train, steps=5)
+    assert estimator.latest_checkpoint().endswith("ckpt-25")
+    estimator.train(train, steps=5)
+    assert estimator.latest_checkpoint().endswith("ckpt-30")
+
+
+def test_train_argument_errors(tmp_path):
+    train, _, _, _ = input_fns()
+    estimator = make_estimator(tmp_path)
+    with pytest.raises(ValueError, match="both steps and max_steps"):
+        estimator.train(train, steps=1, max_steps=2)
+    with pytest.raises(ValueError, match="steps > 0"):
+        estimator.train(train, steps=0)
+
+
+def test_train_until_input_ends_when_no_steps_given(tmp_path):
+    x, y = np.zeros((40, 8), np.float32), np.zeros(40, np.int64)
+    estimator = make_estimator(tmp_path)
+    estimator.train(te.numpy_input_fn({"x": x}, y, batch_size=8, num_epochs=2, shuffle=False))
+    assert estimator.latest_checkpoint().endswith("ckpt-10")
+
+
+def test_new_estimator_resumes_from_model_dir(tmp_path):
+    train, evaluate, _, _ = input_fns()
+    first = make_estimator(tmp_path)
+    first.train(train, max_steps=15)
+    weight = first.get_variable_value("net.0.weight")
+    second = make_estimator(tmp_path)
+    assert second.evaluate(evaluate)["global_step"] == 15
+    second.train(train, steps=5)
+    assert second.latest_checkpoint().endswith("ckpt-20")
+    assert not np.array_equal(second.get_variable_value("net.0.weight"), weight)
+
+
+def test_evaluate_returns_metrics_loss_and_global_step(tmp_path):
+    train, evaluate, _, (x, y) = input_fns(n=250, batch_size=32)  # last batch is short
+    estimator = make_estimator(tmp_path)
+    estimator.train(train, max_steps=30)
+    results = estimator.evaluate(evaluate)
+    assert set(results) == {"accuracy", "loss", "global_step"}
+    assert results["global_step"] == 30
+    model = SmallNet()
+    model.load_state_dict({k: torch.from_numpy(estimator.get_variable_value(k)) for k in estimator.get_variable_names()})
+    model.eval()
+    with torch.no_grad():
+        logits = model(torch.from_numpy(x))
+    assert results["accuracy"] == pytest.approx(float((logits.argmax(-1).numpy() == y).mean()), abs=1e-6)
+    assert results["loss"] == pytest.approx(float(F.cross_entropy(logits, torch.from_numpy(y))), rel=1e-5)
+    assert os.path.isdir(estimator.eval_dir())
+
+
+def test_evaluate_steps_limits_batches(tmp_path):
+    train, evaluate, _, _ = input_fns()
+    estimator = make_estimator(tmp_path)
+    estimator.train(train, max_steps=5)
+    seen = []
+
+    class Count(te.Hook):
+        def after_step(self, run_context):
+            seen.append(run_context.global_step)
+
+    estimator.evaluate(evaluate, steps=3, hooks=[Count()])
+    assert len(seen) == 3
+
+
+def test_evaluate_without_checkpoint_uses_fresh_weights(tmp_path, te_logs):
+    _, evaluate, _, _ = input_fns()
+    results = make_estimator(tmp_path).evaluate(evaluate)
+    assert results["global_step"] == 0
+    assert "freshly initialised" in te_logs.text
+
+
+def test_predict_yields_examples_batches_and_filters_keys(tmp_path):
+    train, _, predict, (x, _) = input_fns(n=70, batch_size=32)
+    estimator = make_estimator(tmp_path)
+    estimator.train(train, max_steps=3)
+    rows = list(estimator.predict(predict))
+    assert len(rows) == 70
+    assert set(rows[0]) == {"class", "probabilities"}
+    assert rows[0]["probabilities"].shape == (3,)
+    only = list(estimator.predict(predict, predict_keys="class"))
+    assert set(only[0]) == {"class"}
+    batches = list(estimator.predict(predict, yield_single_examples=False))
+    assert [b["class"].shape[0] for b in batches] == [32, 32, 6]
+    with pytest.raises(ValueError, match="predict_keys"):
+        list(estimator.predict(predict, predict_keys=["nope"]))
+
+
+def test_predict_from_explicit_checkpoint(tmp_path):
+    train, _, predict, _ = input_fns()
+    estimator = make_estimator(tmp_path, save_checkpoints_steps=5)
+    estimator.train(train, max_steps=10)
+    early = os.path.join(str(tmp_path), "ckpt-5")
+    at_5 = np.stack([r["probabilities"] for r in estimator.predict(predict, checkpoint_path=early)])
+    at_10 = np.stack([r["probabilities"] for r in estimator.predict(predict)])
+    again_5 = np.stack([r["probabilities"] for r in estimator.predict(predict, checkpoint_path=early)])
+    assert not np.allclose(at_5, at_10)
+    np.testing.assert_array_equal(at_5, again_5)
+
+
+def test_variable_names_and_values(tmp_path):
+    train, _, _, _ = input_fns()
+    estimator = make_estimator(tmp_path)
+    with pytest.raises(ValueError, match="Could not find trained model"):
+        estimator.get_variable_names()
+    estimator.train(train, max_steps=2)
+    names = estimator.get_variable_names()
+    assert "net.1.running_mean" in names and "net.0.weight" in names
+    assert estimator.get_variable_value("net.0.weight").shape == (16, 8)
+    with pytest.raises(ValueError, match="not in"):
+        estimator.get_variable_value("missing")
+
+
+def test_eval_dir_names():
+    estimator = te.Estimator(model_fn=classifier_model_fn, model=SmallNet(), model_dir="/tmp/x")
+    assert estimator.eval_dir() == os.path.join("/tmp/x", "eval")
+    assert estimator.eval_dir("holdout") == os.path.join("/tmp/x", "eval_holdout")
+
+
+def test_model_fn_and_input_fn_receive_declared_arguments(tmp_path):
+    received = {}
+    x, y = np.ones((16, 8), np.float32), np.zeros(16, np.int64)
+
+    def model_fn(features, labels, mode, params, config, model):
+        received["model_fn"] = (mode, params["p"], isinstance(config, te.RunConfig), isinstance(model, torch.nn.Module))
+        return classifier_model_fn(model, features, labels, mode)
+
+    def input_fn(params, mode, config, input_context):
+        received["input_fn"] = (params["p"], mode, input_context.num_replicas_in_sync)
+        return te.numpy_input_fn({"x": x}, y, batch_size=8, shuffle=False)(input_context=input_context)
+
+    config = te.RunConfig(progress_bar=False, log_step_count_steps=None)
+    estimator = te.Estimator(model_fn=model_fn, model=lambda params: SmallNet(), optimizer=adam,
+                             model_dir=str(tmp_path), config=config, params={"p": 7})
+    estimator.train(input_fn, max_steps=1)
+    assert received["model_fn"] == ("train", 7, True, True)
+    assert received["input_fn"] == (7, "train", 1)
+
+
+def test_unknown_model_fn_argument_is_refused(tmp_path):
+    def model_fn(features, labels, mode, session):
+        raise AssertionError("never called")
+
+    with pytest.raises(ValueError, match="session"):
+        te.Estimator(model_fn=model_fn, model=SmallNet(), model_dir=str(tmp_path))
+
+
+def test_model_dir_conflict_and_temporary_default(tmp_path, te_logs):
+    with pytest.raises(ValueError, match="differ"):
+        te.Estimator(model_fn=classifier_model_fn, model=SmallNet(), model_dir=str(tmp_path / "a"),
+                     config=te.RunConfig(model_dir=str(tmp_path / "b")))
+    estimator = te.Estimator(model_fn=classifier_model_fn, model=SmallNet())
+    assert os.path.isdir(estimator.model_dir)
+    assert "temporary folder" in te_logs.text
+
+
+def test_params_and_run_config_are_recorded(tmp_path):
+    train, _, _, _ = input_fns()
+    estimator = te.Estimator(model_fn=classifier_model_fn, model=lambda: SmallNet(), optimizer=adam,
+                             model_dir=str(tmp_path), params={"lr": 0.1},
+                             config=te.RunConfig(progress_bar=False, save_checkpoints_steps=5))
+    estimator.train(train, max_steps=1)
+    assert (tmp_path / "params.json").read_text().strip().startswith("{")
+    assert '"save_checkpoints_steps": 5' in (tmp_path / "run_config.json").read_text()
+
+
+def test_lr_scheduler_steps_once_per_global_step_and_resumes(tmp_path):
+    train, _, _, _ = input_fns()
+
+    def build(model_dir):
+        return te.Estimator(model_fn=classifier_model_fn, model=lambda: SmallNet(), optimizer=sgd,
+                            lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, 10, gamma=0.5),
+                            model_dir=str(model_dir), config=te.RunConfig(progress_bar=False, save_checkpoints_steps=5,
+                                                                            save_summary_steps=5))
+
+    build(tmp_path).train(train, max_steps=15)
+    estimator = build(tmp_path)
+    estimator.train(train, max_steps=25)
+    from torchestimator.summary import read_scalars
+
+    rates = dict(read_scalars(str(tmp_path))["learning_rate"])
+    assert rates[5] == pytest.approx(0.05)
+    assert rates[15] == pytest.approx(0.05 * 0.5)
+    assert rates[25] == pytest.approx(0.05 * 0.5 ** 2)  # the scheduler's position survived the restart
