@@ -1,0 +1,25 @@
+"""The checkpoint store: atomic, self-validating checkpoints in ``model_dir``.
+
+Modules: ``store`` (CheckpointStore: save, list, restore with fallback,
+retention, manifest), ``format`` (the files of one ``ckpt-<step>`` folder),
+``serialization`` (pickle-free state trees), ``storage`` (the Storage
+protocol, LocalStorage, InMemoryStorage), ``errors`` (CheckpointError).
+"""
+
+from __future__ import annotations
+
+from .errors import CheckpointError
+from .serialization import flatten_state, unflatten_state
+from .storage import InMemoryStorage, LocalStorage, Storage
+from .store import Checkpoint, CheckpointStore
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "CheckpointStore",
+    "InMemoryStorage",
+    "LocalStorage",
+    "Storage",
+    "flatten_state",
+    "unflatten_state",
+]

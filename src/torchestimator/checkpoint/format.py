@@ -1,0 +1,232 @@
+"""The content of one ``ckpt-<step>`` folder: encoding, checksums, validated reading.
+
+Files in a checkpoint folder::
+
+    model.safetensors       the module's state_dict
+    optimizer.safetensors   tensors of the optimizer/scheduler state tree (when saved)
+    optimizer.json          the rest of that tree, see ``serialization.py``
+    extra.safetensors       tensors inside the caller's ``extra`` tree (only when there are any)
+    state.json              format_version, global_step, save_time, extra, and
+                            {"files": {name: {"sha256", "size"}}}; written last
+
+What belongs here: turning tensors and trees into file bytes and back, and
+deciding whether a folder is intact. Which folder to read, retention and the
+manifest belong to ``store.py``; where the bytes go belongs to ``storage.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from .errors import CheckpointError
+from .serialization import flatten_state, unflatten_state
+from .storage import Storage
+
+FORMAT_VERSION = 1
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_TENSORS_FILE = "optimizer.safetensors"
+OPTIMIZER_TREE_FILE = "optimizer.json"
+EXTRA_TENSORS_FILE = "extra.safetensors"
+STATE_FILE = "state.json"
+
+# safetensors dtype codes; getattr because older torch builds lack some float8 types.
+_DTYPES = {
+    code: getattr(torch, name)
+    for code, name in {
+        "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+        "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
+        "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
+        "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+        "C64": "complex64", "C128": "complex128",
+    }.items()
+    if hasattr(torch, name)
+}
+_MAX_HEADER_BYTES = 100_000_000
+
+
+def encode_checkpoint(
+    step: int,
+    save_time: float,
+    model_state: Mapping[str, torch.Tensor],
+    optimizer_state: Mapping[str, Any] | None,
+    extra: Mapping[str, Any] | None,
+) -> dict[str, bytes]:
+    """All files of one checkpoint as bytes, ``state.json`` (with checksums) included."""
+    files = {MODEL_FILE: tensors_to_bytes(model_state, "model_state")}
+    if optimizer_state is not None:
+        tree, tensors = flatten_state(optimizer_state, root="optimizer_state")
+        files[OPTIMIZER_TENSORS_FILE] = tensors_to_bytes(tensors, "optimizer_state")
+        files[OPTIMIZER_TREE_FILE] = _json_bytes({"format_version": FORMAT_VERSION, "tree": tree})
+    extra_tree, extra_tensors = flatten_state(dict(extra or {}), root="extra")
+    if extra_tensors:
+        files[EXTRA_TENSORS_FILE] = tensors_to_bytes(extra_tensors, "extra")
+    state = {
+        "format_version": FORMAT_VERSION,
+        "global_step": step,
+        "save_time": save_time,
+        "extra": extra_tree,
+        "files": {
+            name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)} for name, data in files.items()
+        },
+    }
+    files[STATE_FILE] = _json_bytes(state)
+    return files
+
+
+def tensors_to_bytes(tensors: Mapping[str, torch.Tensor], what: str) -> bytes:
+    """Serialize tensors to safetensors bytes: on CPU, contiguous, no two sharing storage."""
+    prepared: dict[str, torch.Tensor] = {}
+    seen_storages: set[int] = set()
+    for name, tensor in tensors.items():
+        if not isinstance(name, str):
+            raise TypeError(f"{what} keys must be str; received {name!r} ({type(name).__name__}).")
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{what}[{name!r}] must be a torch.Tensor; received {type(tensor).__name__}.")
+        if tensor.layout != torch.strided or tensor.is_meta:
+            raise TypeError(
+                f"{what}[{name!r}] is a {tensor.layout} tensor on {tensor.device}; only dense tensors with "
+                "data can be saved. Convert it with .to_dense() or materialize it first."
+            )
+        value = tensor.detach().to("cpu").contiguous()
+        storage = value.untyped_storage()
+        covers_storage = storage.nbytes() == value.numel() * value.element_size()
+        # Tied weights share one storage, which safetensors refuses; views of a
+        # larger storage would otherwise write (or refuse) the whole storage.
+        if storage.nbytes() and (storage.data_ptr() in seen_storages or not covers_storage):
+            value = value.clone()
+        seen_storages.add(value.untyped_storage().data_ptr())
+        prepared[name] = value
+    # safetensors sorts tensors by dtype and size; the metadata keeps the caller's order.
+    return safetensors.torch.save(prepared, metadata={"format": "pt", "order": json.dumps(list(prepared))})
+
+
+def read_state(storage: Storage, folder: str, step: int) -> dict[str, Any]:
+    """Read and check ``state.json``; a folder without a valid one is incomplete."""
+    where = f"{storage.location(folder)}/{STATE_FILE}"
+    try:
+        state = json.loads(storage.read_file(folder, STATE_FILE).decode("utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{where} is missing: the checkpoint is incomplete.") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(
+            f"{where} is not valid JSON ({error}): the checkpoint is incomplete or damaged."
+        ) from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{where} should hold a JSON object; found {type(state).__name__}.")
+    version = state.get("format_version")
+    if not isinstance(version, int) or version < 1:
+        raise CheckpointError(f"{where} has no valid format_version (found {version!r}).")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{where} has format_version {version}, newer than this torchestimator reads ({FORMAT_VERSION}); "
+            "upgrade torchestimator to read it."
+        )
+    if state.get("global_step") != step:
+        raise CheckpointError(
+            f"{where} says global_step {state.get('global_step')!r}, but the folder name says {step}."
+        )
+    files = state.get("files")
+    if not isinstance(files, dict) or MODEL_FILE not in files or not all(
+        isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and isinstance(entry.get("size"), int)
+        for entry in files.values()
+    ):
+        raise CheckpointError(f"{where} lacks a valid 'files' table with {MODEL_FILE}'s sha256 and size.")
+    return state
+
+
+def read_verified_file(storage: Storage, folder: str, filename: str, state: Mapping[str, Any], verify: bool) -> bytes:
+    """Read a file listed in ``state.json``, checking its size always and its sha256 if ``verify``."""
+    where = f"{storage.location(folder)}/{filename}"
+    expected = state["files"][filename]
+    try:
+        data = storage.read_file(folder, filename)
+    except FileNotFoundError:
+        raise CheckpointError(f"{where} is missing although state.json lists it.") from None
+    if len(data) != expected["size"]:
+        raise CheckpointError(
+            f"{where} has {len(data)} bytes; state.json expects {expected['size']} (truncated or overwritten)."
+        )
+    if verify:
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != expected["sha256"]:
+            raise CheckpointError(
+                f"{where} fails its checksum: sha256 is {digest}, state.json expects {expected['sha256']} "
+                "(the file is corrupt)."
+            )
+    return data
+
+
+def bytes_to_tensors(data: bytes, where: str) -> dict[str, torch.Tensor]:
+    """Load safetensors bytes, in the order the tensors were saved."""
+    try:
+        tensors = safetensors.torch.load(data)
+    except Exception as error:  # safetensors raises its own SafetensorError or OSError types
+        raise CheckpointError(f"{where} is not a readable safetensors file: {error}") from None
+    try:
+        (header_size,) = struct.unpack("<Q", data[:8])
+        order = json.loads(json.loads(data[8 : 8 + header_size])["__metadata__"]["order"])
+    except (KeyError, TypeError, ValueError):
+        return tensors  # written by another tool: no recorded order
+    if sorted(order) != sorted(tensors):
+        return tensors
+    return {name: tensors[name] for name in order}
+
+
+def read_tree(storage: Storage, folder: str, state: Mapping[str, Any], verify: bool, *, tree_file: str | None,
+              tensors_file: str) -> Any:
+    """Rebuild a state tree from its JSON (in ``tree_file`` or state.json's ``extra``) and tensor file."""
+    location = storage.location(folder)
+    tensors: dict[str, torch.Tensor] = {}
+    if tensors_file in state["files"]:
+        data = read_verified_file(storage, folder, tensors_file, state, verify)
+        tensors = bytes_to_tensors(data, f"{location}/{tensors_file}")
+    if tree_file is None:
+        tree, where = state.get("extra", {}), f"{location}/{STATE_FILE} (extra)"
+    else:
+        where = f"{location}/{tree_file}"
+        data = read_verified_file(storage, folder, tree_file, state, verify)
+        try:
+            tree = json.loads(data.decode("utf-8"))["tree"]
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
+            raise CheckpointError(f"{where} is not a valid state tree file: {error!r}.") from None
+    try:
+        return unflatten_state(tree, tensors)
+    except (ValueError, TypeError) as error:
+        raise CheckpointError(f"{where}: {error}") from None
+
+
+def read_safetensors_header(storage: Storage, folder: str, filename: str) -> list[tuple[str, tuple[int, ...], Any]]:
+    """(name, shape, dtype) of every tensor, reading only the file's header."""
+    where = f"{storage.location(folder)}/{filename}"
+    try:
+        prefix = storage.read_file(folder, filename, 0, 8)
+        if len(prefix) < 8:
+            raise CheckpointError(f"{where} is truncated: {len(prefix)} bytes, shorter than a safetensors header.")
+        (header_size,) = struct.unpack("<Q", prefix)
+        if header_size > _MAX_HEADER_BYTES:
+            raise CheckpointError(f"{where} declares a {header_size}-byte header: not a safetensors file.")
+        header_bytes = storage.read_file(folder, filename, 8, header_size)
+    except FileNotFoundError:
+        raise CheckpointError(f"{where} is missing.") from None
+    try:
+        header = json.loads(header_bytes.decode("utf-8"))
+        variables = [
+            (name, tuple(entry["shape"]), _DTYPES.get(entry["dtype"], entry["dtype"]))
+            for name, entry in header.items()
+            if name != "__metadata__"
+        ]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as error:
+        raise CheckpointError(f"{where} has an unreadable safetensors header: {error!r}.") from None
+    return sorted(variables, key=lambda variable: variable[0])
+
+
+def _json_bytes(value: Any) -> bytes:
+    # allow_nan=False: the serializer tags non-finite floats, so the files stay standard JSON.
+    return json.dumps(value, indent=1, allow_nan=False).encode("utf-8")

@@ -1,0 +1,183 @@
+"""Where checkpoint bytes live: the ``Storage`` protocol and its implementations.
+
+A storage holds a flat set of folders (``ckpt-100``, ``.tmp-ckpt-200-4242``),
+each a set of files, plus one manifest. It knows nothing about steps,
+retention or checksums: that policy is written once, in ``store.py``, against
+this protocol. ``LocalStorage`` is the real one (a directory on disk, with
+fsync and atomic renames); ``InMemoryStorage`` is a fake for tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Storage", "LocalStorage", "InMemoryStorage", "MANIFEST_NAME"]
+
+MANIFEST_NAME = "checkpoint"
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """The operations the checkpoint store needs from a place to keep files."""
+
+    root: str
+    """Where the storage lives, for paths shown to users (``model_dir``)."""
+
+    def location(self, folder: str) -> str:
+        """The user-facing path of ``folder``."""
+        ...
+
+    def write_file(self, folder: str, filename: str, data: bytes) -> None:
+        """Write ``data`` to ``folder/filename`` durably (fsynced); create ``folder`` if needed."""
+        ...
+
+    def read_file(self, folder: str, filename: str, start: int = 0, length: int | None = None) -> bytes:
+        """Read ``length`` bytes (all when None) from ``start``; FileNotFoundError if absent."""
+        ...
+
+    def list_folders(self) -> list[str]:
+        """Names of all folders, hidden staging folders included."""
+        ...
+
+    def rename_folder(self, source: str, target: str) -> None:
+        """Atomically rename a complete folder; ``target`` must not exist."""
+        ...
+
+    def delete_folder(self, folder: str) -> None:
+        """Remove a folder and its files; a missing folder is not an error."""
+        ...
+
+    def read_manifest(self) -> bytes | None:
+        """The manifest's bytes, or None when there is none."""
+        ...
+
+    def replace_manifest(self, data: bytes) -> None:
+        """Replace the manifest atomically: readers see the old or the new one, never a mix."""
+        ...
+
+
+class LocalStorage:
+    """A ``model_dir`` on the local file system."""
+
+    def __init__(self, model_dir: str | os.PathLike[str]) -> None:
+        self.root = os.path.abspath(os.fspath(model_dir))
+
+    def __repr__(self) -> str:
+        return f"LocalStorage({self.root!r})"
+
+    def location(self, folder: str) -> str:
+        return os.path.join(self.root, folder)
+
+    def write_file(self, folder: str, filename: str, data: bytes) -> None:
+        directory = self.location(folder)
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, filename), "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+
+    def read_file(self, folder: str, filename: str, start: int = 0, length: int | None = None) -> bytes:
+        with open(os.path.join(self.location(folder), filename), "rb") as stream:
+            stream.seek(start)
+            return stream.read() if length is None else stream.read(length)
+
+    def list_folders(self) -> list[str]:
+        try:
+            with os.scandir(self.root) as entries:
+                return sorted(entry.name for entry in entries if entry.is_dir())
+        except FileNotFoundError:
+            return []
+
+    def rename_folder(self, source: str, target: str) -> None:
+        source_path, target_path = self.location(source), self.location(target)
+        if os.path.exists(target_path):
+            raise FileExistsError(f"Cannot rename {source_path} to {target_path}: the target exists.")
+        # The folder's entries must be durable before the rename makes it visible.
+        _fsync_directory(source_path)
+        os.rename(source_path, target_path)
+        _fsync_directory(self.root)
+
+    def delete_folder(self, folder: str) -> None:
+        try:
+            shutil.rmtree(self.location(folder))
+        except FileNotFoundError:
+            pass
+
+    def read_manifest(self) -> bytes | None:
+        try:
+            with open(os.path.join(self.root, MANIFEST_NAME), "rb") as stream:
+                return stream.read()
+        except FileNotFoundError:
+            return None
+
+    def replace_manifest(self, data: bytes) -> None:
+        os.makedirs(self.root, exist_ok=True)
+        final_path = os.path.join(self.root, MANIFEST_NAME)
+        temporary_path = os.path.join(self.root, f".{MANIFEST_NAME}.tmp-{os.getpid()}")
+        with open(temporary_path, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary_path, final_path)
+        _fsync_directory(self.root)
+
+
+def _fsync_directory(path: str) -> None:
+    # Directory fsync makes renames and new entries durable; some platforms
+    # (Windows) cannot open a directory, where the rename is durable enough.
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+class InMemoryStorage:
+    """A storage held in dicts, for tests; ``folders`` may be edited to simulate damage."""
+
+    def __init__(self, root: str = "memory://model_dir") -> None:
+        self.root = root
+        self.folders: dict[str, dict[str, bytes]] = {}
+        self.manifest: bytes | None = None
+
+    def __repr__(self) -> str:
+        return f"InMemoryStorage({self.root!r})"
+
+    def location(self, folder: str) -> str:
+        return f"{self.root}/{folder}"
+
+    def write_file(self, folder: str, filename: str, data: bytes) -> None:
+        self.folders.setdefault(folder, {})[filename] = bytes(data)
+
+    def read_file(self, folder: str, filename: str, start: int = 0, length: int | None = None) -> bytes:
+        try:
+            data = self.folders[folder][filename]
+        except KeyError:
+            raise FileNotFoundError(f"No such file: {self.location(folder)}/{filename}") from None
+        return data[start:] if length is None else data[start : start + length]
+
+    def list_folders(self) -> list[str]:
+        return sorted(self.folders)
+
+    def rename_folder(self, source: str, target: str) -> None:
+        if target in self.folders:
+            raise FileExistsError(f"Cannot rename {self.location(source)}: {self.location(target)} exists.")
+        if source not in self.folders:
+            raise FileNotFoundError(f"No such folder: {self.location(source)}")
+        self.folders[target] = self.folders.pop(source)
+
+    def delete_folder(self, folder: str) -> None:
+        self.folders.pop(folder, None)
+
+    def read_manifest(self) -> bytes | None:
+        return self.manifest
+
+    def replace_manifest(self, data: bytes) -> None:
+        self.manifest = bytes(data)

@@ -1,0 +1,438 @@
+"""``CheckpointStore``: save, list, restore and prune the checkpoints of a ``model_dir``.
+
+What belongs here: the policy, written once against the ``Storage`` protocol:
+atomic publication of a folder, the manifest (``model_dir/checkpoint``),
+retention (``keep_checkpoint_max``, ``keep_checkpoint_every_n_hours``, best
+and protected steps), and falling back past damaged checkpoints. The bytes of
+one checkpoint folder are ``format.py``'s business.
+
+Writes are atomic: files go to ``.tmp-ckpt-<step>-<pid>``, are fsynced, and the
+folder is renamed to ``ckpt-<step>`` only when complete (``state.json``, with
+the checksums, is written last); then the manifest is replaced atomically.
+Listing is the union of the manifest and the ``ckpt-*`` folders that have a
+valid ``state.json``, so a crash between rename and manifest loses nothing,
+and a missing or unreadable manifest is rebuilt by scanning.
+
+Saving a step that already exists replaces it (new folder written, then
+swapped in): the caller asked for the current state to be saved, and a stale
+folder with the same step would be silently wrong after a resume.
+
+Only one process may write (``save``, ``mark_best``); the store does not know
+about ranks, the caller guards. Any process may read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import format as checkpoint_format
+from .errors import CheckpointError
+from .storage import LocalStorage, Storage
+
+__all__ = ["Checkpoint", "CheckpointStore"]
+
+logger = logging.getLogger(__name__)
+
+_MANIFEST_VERSION = 1
+_CHECKPOINT_FOLDER = re.compile(r"ckpt-(\d+)")
+_LEFTOVER_FOLDER = re.compile(r"\.(tmp|old)-ckpt-\d+-\d+")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint:
+    """One restored checkpoint."""
+
+    path: str
+    step: int
+    model_state: dict[str, torch.Tensor]
+    optimizer_state: Any | None = None
+    """The tree given to ``save``; None when none was saved or it was not requested."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    step: int
+    folder: str
+    save_time: float
+    preserved: bool = False
+    """Kept for good by ``keep_checkpoint_every_n_hours``."""
+
+
+class CheckpointStore:
+    """Checkpoints of one ``model_dir``, behind a ``Storage``.
+
+    Args:
+        model_dir_or_storage: a directory (``LocalStorage`` is used) or any ``Storage``.
+        keep_checkpoint_max: how many of the newest checkpoints to keep; None or 0 keeps all.
+        keep_checkpoint_every_n_hours: additionally keep one checkpoint per this many hours.
+        protected: steps never deleted, besides those marked with ``mark_best``.
+        clock: seconds since the epoch; injectable for tests.
+    """
+
+    def __init__(
+        self,
+        model_dir_or_storage: str | os.PathLike[str] | Storage,
+        *,
+        keep_checkpoint_max: int | None = 5,
+        keep_checkpoint_every_n_hours: float | None = None,
+        protected: Iterable[int] = (),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if keep_checkpoint_max is not None and (
+            isinstance(keep_checkpoint_max, bool) or not isinstance(keep_checkpoint_max, int) or keep_checkpoint_max < 0
+        ):
+            raise ValueError(
+                "keep_checkpoint_max must be None or an int >= 0 (0 and None keep all); "
+                f"received {keep_checkpoint_max!r}."
+            )
+        if keep_checkpoint_every_n_hours is not None and not keep_checkpoint_every_n_hours > 0:
+            raise ValueError(
+                "keep_checkpoint_every_n_hours must be None or a positive number of hours; "
+                f"received {keep_checkpoint_every_n_hours!r}."
+            )
+        if isinstance(model_dir_or_storage, (str, os.PathLike)):
+            self.storage: Storage = LocalStorage(model_dir_or_storage)
+        else:
+            self.storage = model_dir_or_storage
+        self.keep_checkpoint_max = keep_checkpoint_max or None
+        self.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours
+        self.protected = frozenset(_check_steps(protected, "protected"))
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return f"CheckpointStore({self.storage!r}, keep_checkpoint_max={self.keep_checkpoint_max})"
+
+    # ----------------------------------------------------------------- writing
+
+    def save(
+        self,
+        step: int,
+        model_state: Mapping[str, torch.Tensor],
+        optimizer_state: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Write ``ckpt-<step>`` atomically, update the manifest, apply retention; return its path.
+
+        ``optimizer_state`` is any state tree (e.g. ``{"optimizer": ..., "scheduler": ...}``);
+        ``extra`` is a str-keyed tree of JSON-like values and tensors (RNG states, input position).
+        """
+        _check_steps([step], "step")
+        for name, value in (("model_state", model_state), ("optimizer_state", optimizer_state), ("extra", extra)):
+            if value is not None and not isinstance(value, Mapping):
+                raise TypeError(f"{name} must be a dict; received {type(value).__name__}.")
+        if model_state is None:
+            raise TypeError("model_state must be a dict of tensors (module.state_dict()); received None.")
+        return self._save(step, model_state, optimizer_state, extra)
+
+    def _save(self, step: int, model_state: Mapping[str, torch.Tensor], optimizer_state: Any, extra: Any) -> str:
+        save_time = float(self._clock())
+        files = checkpoint_format.encode_checkpoint(step, save_time, model_state, optimizer_state, extra)
+        folder = f"ckpt-{step}"
+        # Read before publishing, so a first save does not look like a lost manifest.
+        manifest = self._read_manifest()
+        entries = {entry.step: entry for entry in self._entries(manifest)}
+        self._remove_leftovers()
+        staging = f".tmp-{folder}-{os.getpid()}"
+        self.storage.delete_folder(staging)
+        # state.json last: on storages without atomic rename it marks completion.
+        for filename in sorted(files, key=lambda name: name == checkpoint_format.STATE_FILE):
+            self.storage.write_file(staging, filename, files[filename])
+        self._publish(staging, folder)
+        replaced = entries.get(step)
+        entries[step] = _Entry(step, folder, save_time, preserved=replaced is not None and replaced.preserved)
+        self._apply_retention(manifest, sorted(entries.values(), key=lambda entry: entry.step), newest=step)
+        path = self.storage.location(folder)
+        logger.info("Saved checkpoint for step %d to %s.", step, path)
+        return path
+
+    def _publish(self, staging: str, folder: str) -> None:
+        if folder not in self.storage.list_folders():
+            self.storage.rename_folder(staging, folder)
+            return
+        # A directory rename cannot replace a non-empty one: move the old aside, then swap.
+        previous = f".old-{folder}-{os.getpid()}"
+        self.storage.delete_folder(previous)
+        self.storage.rename_folder(folder, previous)
+        self.storage.rename_folder(staging, folder)
+        self.storage.delete_folder(previous)
+        logger.info("Replaced the existing checkpoint %s.", self.storage.location(folder))
+
+    def _remove_leftovers(self) -> None:
+        for folder in self.storage.list_folders():
+            if _LEFTOVER_FOLDER.fullmatch(folder):
+                logger.debug("Removing %s, left behind by an interrupted save.", self.storage.location(folder))
+                self.storage.delete_folder(folder)
+
+    def _apply_retention(self, manifest: dict[str, Any], entries: list[_Entry], *, newest: int) -> None:
+        """Decide what to keep, write the manifest, then delete the rest."""
+        best = set(manifest["best"])
+        interval = None if self.keep_checkpoint_every_n_hours is None else self.keep_checkpoint_every_n_hours * 3600
+        anchor = manifest.get("hours_anchor")
+        if anchor is None and entries:
+            anchor = min(entry.save_time for entry in entries)
+        window = entries if self.keep_checkpoint_max is None else entries[-self.keep_checkpoint_max :]
+        window_steps = {entry.step for entry in window} | {newest}
+        kept, deleted = [], []
+        for entry in entries:
+            if entry.step in window_steps or entry.preserved or entry.step in best or entry.step in self.protected:
+                kept.append(entry)
+            elif interval is not None and entry.save_time >= anchor + interval:
+                # Like tf.train.Saver: the first checkpoint leaving the window an interval after the last one kept.
+                kept.append(_Entry(entry.step, entry.folder, entry.save_time, preserved=True))
+                anchor = entry.save_time
+            else:
+                deleted.append(entry)
+        manifest.update(hours_anchor=anchor)
+        self._write_manifest(manifest, kept)
+        for entry in deleted:
+            try:
+                self.storage.delete_folder(entry.folder)
+                logger.debug("Deleted old checkpoint %s.", self.storage.location(entry.folder))
+            except OSError as error:
+                logger.warning("Could not delete old checkpoint %s: %s", self.storage.location(entry.folder), error)
+
+    def mark_best(self, steps: Iterable[int]) -> None:
+        """Set the steps listed as ``best`` in the manifest; retention never deletes them."""
+        steps = sorted(set(_check_steps(steps, "steps")))
+        manifest = self._read_manifest()
+        entries = self._entries(manifest)
+        known = {entry.step for entry in entries}
+        unknown = [step for step in steps if step not in known]
+        if unknown:
+            raise ValueError(
+                f"Cannot mark steps {unknown} as best: no such checkpoint in {self.storage.root}. "
+                f"Available steps: {sorted(known)}."
+            )
+        manifest["best"] = steps
+        self._write_manifest(manifest, entries)
+
+    # ----------------------------------------------------------------- listing
+
+    def latest_checkpoint(self) -> str | None:
+        """Path of the newest checkpoint with a valid ``state.json``; None if there is none.
+
+        Checksums are verified by ``restore``, which falls back past a damaged one.
+        """
+        entries = self._entries(self._read_manifest())
+        return self.storage.location(entries[-1].folder) if entries else None
+
+    def all_checkpoints(self) -> list[str]:
+        """Paths of all complete checkpoints, oldest (lowest step) first."""
+        return [self.storage.location(entry.folder) for entry in self._entries(self._read_manifest())]
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The manifest as JSON data, reconciled with the folders actually present."""
+        manifest = self._read_manifest()
+        return self._manifest_document(manifest, self._entries(manifest))
+
+    def history(self) -> list[dict[str, Any]]:
+        """One dict per checkpoint, oldest first: step, path, save_time, best, preserved."""
+        manifest = self._read_manifest()
+        best = set(manifest["best"]) | self.protected
+        return [
+            {
+                "step": entry.step,
+                "path": self.storage.location(entry.folder),
+                "save_time": entry.save_time,
+                "best": entry.step in best,
+                "preserved": entry.preserved,
+            }
+            for entry in self._entries(manifest)
+        ]
+
+    def _entries(self, manifest: dict[str, Any]) -> list[_Entry]:
+        """Complete checkpoints, by step: manifest entries and folders with a valid state.json."""
+        listed = {item["folder"]: item for item in manifest["checkpoints"]}
+        folders = self.storage.list_folders()
+        entries = []
+        for folder in folders:
+            match = _CHECKPOINT_FOLDER.fullmatch(folder)
+            if match is None:
+                continue
+            try:
+                state = checkpoint_format.read_state(self.storage, folder, int(match.group(1)))
+            except CheckpointError as error:
+                log = logger.warning if folder in listed else logger.debug
+                log("Ignoring incomplete checkpoint %s: %s", self.storage.location(folder), error)
+                continue
+            item = listed.get(folder, {})
+            save_time = state.get("save_time", item.get("save_time", 0.0))
+            entries.append(_Entry(state["global_step"], folder, float(save_time), bool(item.get("preserved"))))
+        for folder in sorted(set(listed) - set(folders)):
+            logger.warning(
+                "The manifest lists %s, but the folder is missing; ignoring it.", self.storage.location(folder)
+            )
+        return sorted(entries, key=lambda entry: entry.step)
+
+    # ---------------------------------------------------------------- manifest
+
+    def _read_manifest(self) -> dict[str, Any]:
+        empty = {"format_version": _MANIFEST_VERSION, "checkpoints": [], "best": [], "hours_anchor": None}
+        data = self.storage.read_manifest()
+        if data is None:
+            if any(_CHECKPOINT_FOLDER.fullmatch(folder) for folder in self.storage.list_folders()):
+                logger.warning(
+                    "The manifest %s/checkpoint is missing; rebuilding the list of checkpoints by scanning "
+                    "the folders.",
+                    self.storage.root,
+                )
+            return empty
+        try:
+            manifest = json.loads(data.decode("utf-8"))
+            _check_manifest(manifest)
+        except (UnicodeDecodeError, json.JSONDecodeError, ValueError, TypeError, KeyError) as error:
+            logger.warning(
+                "The manifest %s/checkpoint is unreadable (%s); rebuilding the list of checkpoints by scanning "
+                "the folders.",
+                self.storage.root,
+                error,
+            )
+            return empty
+        return {**empty, **manifest}
+
+    def _write_manifest(self, manifest: dict[str, Any], entries: list[_Entry]) -> None:
+        document = self._manifest_document(manifest, entries)
+        self.storage.replace_manifest(json.dumps(document, indent=1, allow_nan=False).encode("utf-8"))
+
+    @staticmethod
+    def _manifest_document(manifest: dict[str, Any], entries: list[_Entry]) -> dict[str, Any]:
+        return {
+            "format_version": _MANIFEST_VERSION,
+            "latest": entries[-1].folder if entries else None,
+            "checkpoints": [
+                {"step": e.step, "folder": e.folder, "save_time": e.save_time, "preserved": e.preserved}
+                for e in entries
+            ],
+            "best": sorted(manifest["best"]),
+            "hours_anchor": manifest.get("hours_anchor"),
+        }
+
+    # ----------------------------------------------------------------- reading
+
+    def restore(self, path: str | None = None, *, verify: bool = True, load_optimizer: bool = True) -> Checkpoint:
+        """Load a checkpoint: ``path``, or the newest intact one when ``path`` is None.
+
+        With ``path=None``, a damaged newest checkpoint (checksum mismatch,
+        missing or truncated file, bad JSON) is skipped with a warning naming
+        it and the fault, and the previous one is tried. An explicit ``path``
+        is never replaced by another checkpoint: its damage raises.
+
+        Raises:
+            CheckpointError: no intact checkpoint, or ``path`` is damaged.
+        """
+        if path is not None and os.path.normpath(os.fspath(path)) != os.path.normpath(self.storage.root):
+            storage, folder, step = self._locate(path)
+            return _load(storage, folder, step, verify=verify, load_optimizer=load_optimizer)
+        entries = self._entries(self._read_manifest())
+        if not entries:
+            raise CheckpointError(
+                f"No checkpoint in {self.storage.root}: nothing to restore. "
+                "Train first, or pass the path of a checkpoint."
+            )
+        failures = []
+        for entry in reversed(entries):
+            try:
+                return _load(self.storage, entry.folder, entry.step, verify=verify, load_optimizer=load_optimizer)
+            except CheckpointError as error:
+                failures.append(str(error))
+                logger.warning(
+                    "Checkpoint %s is unusable, falling back to the previous one: %s",
+                    self.storage.location(entry.folder),
+                    error,
+                )
+        raise CheckpointError(
+            f"No intact checkpoint in {self.storage.root}; every one is damaged:\n  "
+            + "\n  ".join(failures)
+            + "\nRemove the damaged ckpt-* folders to start fresh, or restore from a copy."
+        )
+
+    def read_model_state(self, path: str | None = None) -> dict[str, torch.Tensor]:
+        """The model's tensors of ``path`` (default: newest intact checkpoint)."""
+        return self.restore(path, load_optimizer=False).model_state
+
+    def list_variables(self, path: str | None = None) -> list[tuple[str, tuple[int, ...], Any]]:
+        """(name, shape, dtype) of each model tensor, sorted by name, reading only the file header."""
+        if path is None:
+            entries = self._entries(self._read_manifest())
+            if not entries:
+                raise CheckpointError(f"No checkpoint in {self.storage.root}: no variables to list.")
+            storage, folder = self.storage, entries[-1].folder
+        else:
+            storage, folder, _ = self._locate(path)
+        return checkpoint_format.read_safetensors_header(storage, folder, checkpoint_format.MODEL_FILE)
+
+    def _locate(self, path: str | os.PathLike[str]) -> tuple[Storage, str, int]:
+        """The storage, folder and step of a checkpoint path, inside this model_dir or another local one."""
+        normalized = os.path.normpath(os.fspath(path))
+        parent, folder = os.path.split(normalized)
+        match = _CHECKPOINT_FOLDER.fullmatch(folder)
+        if match is None:
+            raise CheckpointError(
+                f"{path} is not a checkpoint path: expected .../ckpt-<step>, as returned by latest_checkpoint()."
+            )
+        if parent == os.path.normpath(self.storage.root):
+            storage: Storage = self.storage
+        elif os.path.isdir(normalized):
+            storage = LocalStorage(parent)
+        else:
+            raise CheckpointError(f"No checkpoint folder at {path}.")
+        if folder not in storage.list_folders():
+            raise CheckpointError(f"No checkpoint folder at {path}.")
+        return storage, folder, int(match.group(1))
+
+
+def _load(storage: Storage, folder: str, step: int, *, verify: bool, load_optimizer: bool) -> Checkpoint:
+    state = checkpoint_format.read_state(storage, folder, step)
+    location = storage.location(folder)
+    model_file = checkpoint_format.MODEL_FILE
+    model_bytes = checkpoint_format.read_verified_file(storage, folder, model_file, state, verify)
+    model_state = checkpoint_format.bytes_to_tensors(model_bytes, f"{location}/{model_file}")
+    optimizer_state = None
+    if load_optimizer and checkpoint_format.OPTIMIZER_TREE_FILE in state["files"]:
+        optimizer_state = checkpoint_format.read_tree(
+            storage,
+            folder,
+            state,
+            verify,
+            tree_file=checkpoint_format.OPTIMIZER_TREE_FILE,
+            tensors_file=checkpoint_format.OPTIMIZER_TENSORS_FILE,
+        )
+    extra = checkpoint_format.read_tree(
+        storage, folder, state, verify, tree_file=None, tensors_file=checkpoint_format.EXTRA_TENSORS_FILE
+    )
+    if not isinstance(extra, dict):
+        raise CheckpointError(f"{location}/{checkpoint_format.STATE_FILE}: 'extra' should be an object.")
+    return Checkpoint(path=location, step=step, model_state=model_state, optimizer_state=optimizer_state, extra=extra)
+
+
+def _check_steps(steps: Iterable[Any], name: str) -> list[int]:
+    steps = list(steps)
+    for step in steps:
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise TypeError(f"{name} must be int steps; received {step!r} ({type(step).__name__}).")
+        if step < 0:
+            raise ValueError(f"{name} must be steps >= 0; received {step}.")
+    return steps
+
+
+def _check_manifest(manifest: Any) -> None:
+    if not isinstance(manifest, dict):
+        raise TypeError(f"expected a JSON object, found {type(manifest).__name__}")
+    if manifest.get("format_version") != _MANIFEST_VERSION:
+        raise ValueError(f"unsupported format_version {manifest.get('format_version')!r}")
+    for item in manifest["checkpoints"]:
+        if not (isinstance(item, dict) and isinstance(item["folder"], str) and isinstance(item["step"], int)):
+            raise ValueError(f"bad checkpoint entry {item!r}")
+    if not all(isinstance(step, int) for step in manifest["best"]):
+        raise ValueError(f"bad best list {manifest['best']!r}")

@@ -1,0 +1,575 @@
+"""Tests of the checkpoint store: tree codec, storages, atomicity, fallback, retention."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import struct
+
+import pytest
+import safetensors.torch
+import torch
+
+from torchestimator.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    CheckpointStore,
+    InMemoryStorage,
+    LocalStorage,
+    flatten_state,
+    unflatten_state,
+)
+from torchestimator.checkpoint.storage import Storage
+
+STORE_LOGGER = "torchestimator.checkpoint.store"
+PAYLOAD_NAN = struct.unpack(">d", bytes.fromhex("7ff8000000000123"))[0]  # a NaN with non-default bits
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _bits(tensor: torch.Tensor) -> bytes:
+    return bytes(tensor.detach().reshape(-1).contiguous().view(torch.uint8).tolist())
+
+
+def assert_same_tree(actual, expected, path="tree"):
+    """Equal values and equal types, floats and tensors compared bit for bit."""
+    assert type(actual) is type(expected), f"{path}: {type(actual)} != {type(expected)}"
+    if isinstance(expected, torch.Tensor):
+        assert actual.dtype == expected.dtype and actual.shape == expected.shape, path
+        assert _bits(actual) == _bits(expected), path
+    elif isinstance(expected, float):
+        assert struct.pack(">d", actual) == struct.pack(">d", expected), f"{path}: {actual} != {expected}"
+    elif isinstance(expected, dict):
+        assert list(actual) == list(expected), path
+        for key in expected:
+            assert_same_tree(actual[key], expected[key], f"{path}[{key!r}]")
+    elif isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected), path
+        for index, (left, right) in enumerate(zip(actual, expected)):
+            assert_same_tree(left, right, f"{path}[{index}]")
+    else:
+        assert actual == expected, path
+
+
+def through_files(tree):
+    """Flatten, write as JSON text and safetensors bytes, read back, unflatten."""
+    json_tree, tensors = flatten_state(tree)
+    text = json.dumps(json_tree, allow_nan=False)
+    data = safetensors.torch.save({name: tensor.contiguous() for name, tensor in tensors.items()})
+    return unflatten_state(json.loads(text), safetensors.torch.load(data))
+
+
+def make_storage(kind, tmp_path) -> Storage:
+    return InMemoryStorage() if kind == "memory" else LocalStorage(tmp_path / "model_dir")
+
+
+def small_state(value: float) -> dict[str, torch.Tensor]:
+    return {"weight": torch.full((2, 3), value), "bias": torch.tensor([value, -value])}
+
+
+def steps_of(store: CheckpointStore) -> list[int]:
+    return [int(os.path.basename(path).split("-")[1]) for path in store.all_checkpoints()]
+
+
+def flip_byte(path, offset_from_end: int = 1) -> None:
+    with open(path, "r+b") as stream:
+        stream.seek(-offset_from_end, os.SEEK_END)
+        byte = stream.read(1)
+        stream.seek(-offset_from_end, os.SEEK_END)
+        stream.write(bytes([byte[0] ^ 0xFF]))
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# ------------------------------------------------------------ serialization
+
+
+def test_tree_round_trip_keeps_types_and_bits():
+    tree = {
+        "state": {0: {"step": torch.tensor(3.0), "buffer": torch.arange(6, dtype=torch.int64).reshape(2, 3)}, 7: {}},
+        "groups": [{"betas": (0.9, 0.999), "params": [0, 7], "nesterov": False, "foreach": None, "name": "a"}],
+        "floats": [-0.0, 5e-324, 0.1, 1e308, math.inf, -math.inf, math.nan, PAYLOAD_NAN],
+        "big_int": 2**70,
+        "dtypes": [
+            torch.ones(2, dtype=torch.bfloat16),
+            torch.tensor(True),
+            torch.zeros(0, 3),
+            torch.ones(2, dtype=torch.complex64),
+        ],
+        "nested": ((1, (2.5, "x")), []),
+        "size": torch.Size([2, 3]),
+        "mixed_keys": {(1, "a"): 1, None: 2, 1.5: 3, True: 4},
+        "tag_lookalike": {"__tuple__": [1, 2]},
+    }
+    assert_same_tree(through_files(tree), tree)
+
+
+def test_flatten_names_tensors_by_path():
+    json_tree, tensors = flatten_state({"state": {0: {"exp_avg": torch.ones(2)}}}, root="optimizer")
+    assert list(tensors) == ['optimizer["state"][0]["exp_avg"]']
+    assert "__dict__" in json_tree["state"]  # int keys survive as ints, not JSON strings
+
+
+def test_unsupported_leaf_names_its_path():
+    with pytest.raises(TypeError) as error:
+        flatten_state({"param_groups": [{"lr": 0.1, "foo": lambda epoch: 1.0}]})
+    assert 'state["param_groups"][0]["foo"]' in str(error.value)
+    assert "function" in str(error.value)
+
+
+def test_lambda_lr_with_a_callable_object_holding_a_function_is_refused():
+    class Warmup:
+        def __init__(self):
+            self.curve = math.cos  # a function attribute ends up in LambdaLR.state_dict()
+
+        def __call__(self, epoch):
+            return 1.0
+
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, Warmup())
+    with pytest.raises(TypeError, match=r'state\["lr_lambdas"\]\[0\]\["curve"\]'):
+        flatten_state(scheduler.state_dict())
+
+
+def test_unsupported_dict_key_is_refused():
+    with pytest.raises(TypeError, match=r"dict key"):
+        flatten_state({object(): 1})
+
+
+def test_unflatten_reports_missing_tensor_and_bad_tags():
+    with pytest.raises(ValueError, match="exp_avg"):
+        unflatten_state({"a": {"__tensor__": "exp_avg"}}, {})
+    with pytest.raises(ValueError, match="bad float"):
+        unflatten_state({"a": {"__float__": "huge"}}, {})
+
+
+def _train(model, optimizer, scheduler, steps, seed):
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        inputs = torch.randn(8, 4, generator=generator)
+        optimizer.zero_grad()
+        model(inputs).pow(2).mean().backward()
+        optimizer.step()
+        scheduler.step()
+
+
+OPTIMIZERS = {
+    "adam": lambda params: torch.optim.Adam(params, lr=0.01, betas=(0.8, 0.95)),
+    "adamw": lambda params: torch.optim.AdamW(params, lr=0.01, weight_decay=0.1),
+    "sgd_momentum": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True),
+}
+SCHEDULERS = {
+    "step": lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5),
+    "cosine": lambda optimizer: torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=7),
+    "one_cycle": lambda optimizer: torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=20),
+}
+
+
+@pytest.mark.parametrize("scheduler_name", sorted(SCHEDULERS))
+@pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
+def test_optimizer_and_scheduler_round_trip_steps_identically(optimizer_name, scheduler_name):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    optimizer = OPTIMIZERS[optimizer_name](model.parameters())
+    scheduler = SCHEDULERS[scheduler_name](optimizer)
+    _train(model, optimizer, scheduler, steps=3, seed=1)
+
+    state = through_files({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()})
+    assert_same_tree(state["optimizer"], optimizer.state_dict())
+    assert_same_tree(state["scheduler"], scheduler.state_dict())
+
+    resumed = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    resumed.load_state_dict(model.state_dict())
+    resumed_optimizer = OPTIMIZERS[optimizer_name](resumed.parameters())
+    resumed_scheduler = SCHEDULERS[scheduler_name](resumed_optimizer)
+    resumed_optimizer.load_state_dict(state["optimizer"])
+    resumed_scheduler.load_state_dict(state["scheduler"])
+
+    _train(model, optimizer, scheduler, steps=4, seed=2)
+    _train(resumed, resumed_optimizer, resumed_scheduler, steps=4, seed=2)
+    for name, tensor in model.state_dict().items():
+        assert _bits(resumed.state_dict()[name]) == _bits(tensor), name
+    assert resumed_scheduler.get_last_lr() == scheduler.get_last_lr()
+
+
+def test_reduce_on_plateau_state_with_infinities_round_trips():
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+    assert scheduler.state_dict()["best"] == math.inf
+    assert_same_tree(through_files(scheduler.state_dict()), scheduler.state_dict())
+
+
+# ------------------------------------------------------------- save/restore
+
+
+@pytest.fixture(params=["memory", "local"])
+def storage(request, tmp_path) -> Storage:
+    return make_storage(request.param, tmp_path)
+
+
+def test_storages_satisfy_the_protocol(tmp_path):
+    assert isinstance(InMemoryStorage(), Storage)
+    assert isinstance(LocalStorage(tmp_path), Storage)
+
+
+def test_weights_round_trip_bit_exact(storage):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 4))
+    model(torch.randn(5, 3))  # updates the BatchNorm running statistics
+    state = dict(model.state_dict())
+    state["half"] = torch.randn(3, 2).to(torch.bfloat16)
+    state["transposed"] = torch.randn(3, 5).t()  # not contiguous
+    state["scalar"] = torch.tensor(7, dtype=torch.int64)
+    store = CheckpointStore(storage)
+    path = store.save(10, state)
+
+    checkpoint = store.restore()
+    assert isinstance(checkpoint, Checkpoint)
+    assert (checkpoint.path, checkpoint.step, checkpoint.optimizer_state, checkpoint.extra) == (path, 10, None, {})
+    assert_same_tree(dict(checkpoint.model_state), {name: value.contiguous() for name, value in state.items()})
+    assert checkpoint.model_state["1.num_batches_tracked"].item() == 1
+
+
+def test_tied_and_view_tensors_are_saved(storage):
+    embedding = torch.nn.Embedding(5, 3)
+    head = torch.nn.Linear(3, 5, bias=False)
+    head.weight = embedding.weight  # tied weights: one storage, two names
+    state = {"embedding.weight": embedding.weight, "head.weight": head.weight, "row": embedding.weight[1]}
+    store = CheckpointStore(storage)
+    store.save(1, state)
+    restored = store.read_model_state()
+    for name, tensor in state.items():
+        assert torch.equal(restored[name], tensor.detach()), name
+
+
+def test_optimizer_and_extra_round_trip_through_store(storage):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=10)
+    _train(model, optimizer, scheduler, steps=2, seed=3)
+    extra = {"rng": {"torch": torch.get_rng_state(), "python": (3, (1, 2), None)}, "input_position": 16, "epoch": 0}
+    store = CheckpointStore(storage)
+    store.save(2, model.state_dict(), {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, extra)
+
+    checkpoint = store.restore()
+    assert_same_tree(checkpoint.optimizer_state["optimizer"], optimizer.state_dict())
+    assert_same_tree(checkpoint.optimizer_state["scheduler"], scheduler.state_dict())
+    assert_same_tree(checkpoint.extra, extra)
+    assert store.restore(load_optimizer=False).optimizer_state is None
+
+
+def test_save_rejects_bad_arguments(storage):
+    store = CheckpointStore(storage)
+    with pytest.raises(TypeError, match=r"model_state\['weight'\]"):
+        store.save(1, {"weight": [1.0, 2.0]})
+    with pytest.raises(ValueError, match="steps >= 0"):
+        store.save(-1, small_state(1.0))
+    with pytest.raises(TypeError, match="int steps"):
+        store.save(1.5, small_state(1.0))
+    with pytest.raises(TypeError, match=r'extra\["callback"\]'):
+        store.save(1, small_state(1.0), extra={"callback": print})
+    assert store.all_checkpoints() == []
+
+
+@pytest.mark.parametrize("keep_checkpoint_max", [-1, 1.5, True])
+def test_store_rejects_bad_settings(keep_checkpoint_max):
+    with pytest.raises(ValueError, match="keep_checkpoint_max"):
+        CheckpointStore(InMemoryStorage(), keep_checkpoint_max=keep_checkpoint_max)
+    with pytest.raises(ValueError, match="keep_checkpoint_every_n_hours"):
+        CheckpointStore(InMemoryStorage(), keep_checkpoint_every_n_hours=0)
+
+
+def test_saving_an_existing_step_replaces_it(storage):
+    store = CheckpointStore(storage)
+    store.save(5, small_state(1.0))
+    path = store.save(5, small_state(2.0))
+    assert store.all_checkpoints() == [path]
+    assert torch.equal(store.read_model_state()["weight"], torch.full((2, 3), 2.0))
+    assert [folder for folder in storage.list_folders() if folder.startswith(".")] == []
+
+
+def test_empty_model_dir(storage):
+    store = CheckpointStore(storage)
+    assert store.latest_checkpoint() is None
+    assert store.all_checkpoints() == []
+    with pytest.raises(CheckpointError, match="No checkpoint"):
+        store.restore()
+    with pytest.raises(CheckpointError, match="No checkpoint"):
+        store.list_variables()
+
+
+def test_list_variables_and_history(storage):
+    clock = FakeClock(100.0)
+    store = CheckpointStore(storage, clock=clock)
+    store.save(1, small_state(1.0))
+    clock.now = 200.0
+    store.save(2, {"weight": torch.zeros(4, 5, dtype=torch.float16), "count": torch.tensor(3)})
+    store.mark_best([1])
+    assert store.list_variables() == [("count", (), torch.int64), ("weight", (4, 5), torch.float16)]
+    first = store.all_checkpoints()[0]
+    assert store.list_variables(first) == [("bias", (2,), torch.float32), ("weight", (2, 3), torch.float32)]
+    assert store.history() == [
+        {"step": 1, "path": storage.location("ckpt-1"), "save_time": 100.0, "best": True, "preserved": False},
+        {"step": 2, "path": storage.location("ckpt-2"), "save_time": 200.0, "best": False, "preserved": False},
+    ]
+    manifest = store.manifest
+    assert (manifest["latest"], manifest["best"]) == ("ckpt-2", [1])
+
+
+def test_restore_from_another_local_model_dir(tmp_path):
+    other = CheckpointStore(tmp_path / "other")
+    path = other.save(3, small_state(3.0))
+    checkpoint = CheckpointStore(tmp_path / "mine").restore(path)
+    assert checkpoint.step == 3 and torch.equal(checkpoint.model_state["bias"], torch.tensor([3.0, -3.0]))
+    with pytest.raises(CheckpointError, match="not a checkpoint path"):
+        CheckpointStore(tmp_path / "mine").restore(str(tmp_path / "other" / "weights"))
+    with pytest.raises(CheckpointError, match="No checkpoint folder"):
+        CheckpointStore(tmp_path / "mine").restore(str(tmp_path / "other" / "ckpt-9"))
+
+
+# ------------------------------------------------------ atomicity, fallback
+
+
+@pytest.fixture
+def local_store(tmp_path):
+    store = CheckpointStore(tmp_path / "model_dir", keep_checkpoint_max=None)
+    for step in (1, 2, 3):
+        store.save(step, small_state(float(step)), {"momentum": {0: torch.full((2,), float(step))}})
+    return store, tmp_path / "model_dir"
+
+
+def test_staging_folder_left_by_a_crash_is_ignored_then_removed(local_store):
+    store, model_dir = local_store
+    staging = model_dir / ".tmp-ckpt-4-99999"
+    staging.mkdir()
+    (staging / "model.safetensors").write_bytes(b"partial")
+    assert store.latest_checkpoint() == str(model_dir / "ckpt-3")
+    assert store.restore().step == 3
+    store.save(5, small_state(5.0))
+    assert not staging.exists()
+
+
+def test_folder_without_state_json_is_incomplete(local_store, caplog):
+    store, model_dir = local_store
+    incomplete = model_dir / "ckpt-4"
+    incomplete.mkdir()
+    (incomplete / "model.safetensors").write_bytes(safetensors.torch.save(small_state(4.0)))
+    assert store.latest_checkpoint() == str(model_dir / "ckpt-3")
+    (model_dir / "ckpt-3" / "state.json").write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger=STORE_LOGGER):
+        assert store.restore().step == 2
+    assert "ckpt-3" in caplog.text and "state.json is not valid JSON" in caplog.text
+
+
+def test_truncated_file_falls_back_with_warning(local_store, caplog):
+    store, model_dir = local_store
+    model_file = model_dir / "ckpt-3" / "model.safetensors"
+    model_file.write_bytes(model_file.read_bytes()[:-5])
+    with caplog.at_level(logging.WARNING, logger=STORE_LOGGER):
+        checkpoint = store.restore()
+    assert checkpoint.step == 2 and torch.equal(checkpoint.model_state["weight"], torch.full((2, 3), 2.0))
+    assert str(model_file) in caplog.text and "truncated" in caplog.text
+
+
+def test_missing_file_falls_back_with_warning(local_store, caplog):
+    store, model_dir = local_store
+    (model_dir / "ckpt-3" / "model.safetensors").unlink()
+    with caplog.at_level(logging.WARNING, logger=STORE_LOGGER):
+        assert store.restore().step == 2
+    assert "ckpt-3/model.safetensors is missing" in caplog.text
+
+
+def test_checksum_mismatch_falls_back_with_warning(local_store, caplog):
+    store, model_dir = local_store
+    flip_byte(model_dir / "ckpt-3" / "model.safetensors")
+    with caplog.at_level(logging.WARNING, logger=STORE_LOGGER):
+        checkpoint = store.restore()
+    assert checkpoint.step == 2
+    assert "ckpt-3/model.safetensors fails its checksum" in caplog.text
+    # Without verification the flipped byte goes unnoticed: the checksum is what caught it.
+    unverified = store.restore(str(model_dir / "ckpt-3"), verify=False)
+    assert not torch.equal(unverified.model_state["weight"], torch.full((2, 3), 3.0))
+
+
+def test_explicit_corrupt_path_raises_naming_the_file(local_store):
+    store, model_dir = local_store
+    flip_byte(model_dir / "ckpt-3" / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"ckpt-3/model\.safetensors fails its checksum"):
+        store.restore(str(model_dir / "ckpt-3"))
+    with pytest.raises(CheckpointError, match=r"ckpt-3/model\.safetensors fails its checksum"):
+        store.read_model_state(str(model_dir / "ckpt-3"))
+
+
+def test_corrupt_optimizer_file_triggers_fallback(local_store, caplog):
+    store, model_dir = local_store
+    flip_byte(model_dir / "ckpt-3" / "optimizer.safetensors")
+    with caplog.at_level(logging.WARNING, logger=STORE_LOGGER):
+        checkpoint = store.restore()
+    assert checkpoint.step == 2 and torch.equal(checkpoint.optimizer_state["momentum"][0], torch.full((2,), 2.0))
+    assert "optimizer.safetensors fails its checksum" in caplog.text
+    # The optimizer is not read when not requested, so ckpt-3 is fine for the model alone.
+    assert store.restore(load_optimizer=False).step == 3
+
+
+def test_bad_optimizer_json_is_reported(local_store):
+    store, model_dir = local_store
+    tree_file = model_dir / "ckpt-3" / "optimizer.json"
+    tree_file.write_bytes(b"x" * tree_file.stat().st_size)  # same size, so only the checks after it catch it
+    with pytest.raises(CheckpointError, match="optimizer.json is not a valid state tree"):
+        store.restore(str(model_dir / "ckpt-3"), verify=False)
+
+
+def test_every_checkpoint_corrupt_raises(local_store):
+    store, model_dir = local_store
+    for step in (1, 2, 3):
+        flip_byte(model_dir / f"ckpt-{step}" / "model.safetensors")
+    with pytest.raises(CheckpointError) as error:
+        store.restore()
+    assert all(f"ckpt-{step}/model.safetensors" in str(error.value) for step in (1, 2, 3))
+
+
+def test_newer_format_version_asks_for_an_upgrade(local_store):
+    store, model_dir = local_store
+    state_file = model_dir / "ckpt-3" / "state.json"
+    state = json.loads(state_file.read_text())
+    state["format_version"] = 99
+    state_file.write_text(json.dumps(state))
+    with pytest.raises(CheckpointError, match="upgrade torchestimator"):
+        store.restore(str(model_dir / "ckpt-3"))
+
+
+def test_in_memory_damage_falls_back(caplog):
+    storage = InMemoryStorage()
+    store = CheckpointStore(storage)
+    store.save(1, small_state(1.0))
+    store.save(2, small_state(2.0))
+    data = bytearray(storage.folders["ckpt-2"]["model.safetensors"])
+    data[-1] ^= 0xFF
+    storage.folders["ckpt-2"]["model.safetensors"] = bytes(data)
+    with caplog.at_level(logging.WARNING, logger=STORE_LOGGER):
+        assert store.restore().step == 1
+    assert "memory://model_dir/ckpt-2/model.safetensors fails its checksum" in caplog.text
+
+
+def test_corrupt_header_is_reported_by_list_variables(local_store):
+    store, model_dir = local_store
+    (model_dir / "ckpt-3" / "model.safetensors").write_bytes(struct.pack("<Q", 20) + b"{broken")
+    with pytest.raises(CheckpointError, match="unreadable safetensors header"):
+        store.list_variables()
+
+
+# ---------------------------------------------------------------- manifest
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage"])
+def test_manifest_is_rebuilt_by_scanning(storage, damage, caplog, tmp_path):
+    store = CheckpointStore(storage, keep_checkpoint_max=2)
+    for step in (1, 2, 3):
+        store.save(step, small_state(float(step)))
+    if isinstance(storage, InMemoryStorage):
+        storage.manifest = None if damage == "missing" else b"\x00garbage"
+    elif damage == "missing":
+        os.remove(tmp_path / "model_dir" / "checkpoint")
+    else:
+        (tmp_path / "model_dir" / "checkpoint").write_bytes(b"\x00garbage")
+    with caplog.at_level(logging.WARNING, logger=STORE_LOGGER):
+        assert steps_of(store) == [2, 3]
+        assert store.restore().step == 3
+    assert "rebuilding the list of checkpoints" in caplog.text
+    store.save(4, small_state(4.0))
+    assert json.loads(storage.read_manifest())["latest"] == "ckpt-4"
+    assert steps_of(store) == [3, 4]
+
+
+def test_complete_folder_missing_from_manifest_is_still_found(storage):
+    store = CheckpointStore(storage)
+    store.save(1, small_state(1.0))
+    manifest_before = storage.read_manifest()
+    store.save(2, small_state(2.0))
+    storage.replace_manifest(manifest_before)  # as if the process died after the rename
+    assert steps_of(store) == [1, 2]
+    assert store.restore().step == 2
+
+
+def test_manifest_is_valid_json_listing_the_kept_checkpoints(storage):
+    store = CheckpointStore(storage, keep_checkpoint_max=2, clock=FakeClock(5.0))
+    for step in (1, 2, 3):
+        store.save(step, small_state(float(step)))
+    manifest = json.loads(storage.read_manifest())
+    assert manifest["latest"] == "ckpt-3"
+    assert [item["step"] for item in manifest["checkpoints"]] == [2, 3]
+    assert manifest["checkpoints"][0]["save_time"] == 5.0
+
+
+# --------------------------------------------------------------- retention
+
+
+def test_keep_checkpoint_max(storage):
+    store = CheckpointStore(storage, keep_checkpoint_max=3)
+    for step in range(7):
+        store.save(step * 10, small_state(float(step)))
+    assert steps_of(store) == [40, 50, 60]
+    assert sorted(storage.list_folders()) == ["ckpt-40", "ckpt-50", "ckpt-60"]
+
+
+@pytest.mark.parametrize("keep_checkpoint_max", [None, 0])
+def test_keep_all(storage, keep_checkpoint_max):
+    store = CheckpointStore(storage, keep_checkpoint_max=keep_checkpoint_max)
+    for step in range(7):
+        store.save(step, small_state(float(step)))
+    assert steps_of(store) == list(range(7))
+
+
+def test_keep_checkpoint_max_one_keeps_the_newest(storage):
+    store = CheckpointStore(storage, keep_checkpoint_max=1)
+    for step in range(3):
+        store.save(step, small_state(float(step)))
+    assert steps_of(store) == [2]
+    assert store.restore().step == 2
+
+
+def test_keep_checkpoint_every_n_hours(storage):
+    clock = FakeClock(0.0)
+    store = CheckpointStore(storage, keep_checkpoint_max=2, keep_checkpoint_every_n_hours=1, clock=clock)
+    for step in range(16):  # one save every 20 minutes for 5 hours
+        clock.now = step * 1200.0
+        store.save(step, small_state(float(step)))
+    assert steps_of(store) == [3, 6, 9, 12, 14, 15]
+    assert [entry["preserved"] for entry in store.history()] == [True] * 4 + [False] * 2
+    # The hourly anchor lives in the manifest, so a new store (a restart) continues the schedule.
+    restarted = CheckpointStore(storage, keep_checkpoint_max=2, keep_checkpoint_every_n_hours=1, clock=clock)
+    for step in (16, 17, 18):
+        clock.now = step * 1200.0
+        restarted.save(step, small_state(float(step)))
+    assert steps_of(restarted) == [3, 6, 9, 12, 15, 17, 18]
+
+
+def test_best_and_protected_checkpoints_survive_retention(storage):
+    store = CheckpointStore(storage, keep_checkpoint_max=2, protected=[0])
+    store.save(0, small_state(0.0))
+    store.save(1, small_state(1.0))
+    store.mark_best([1])
+    for step in range(2, 6):
+        store.save(step, small_state(float(step)))
+    assert steps_of(store) == [0, 1, 4, 5]
+    assert [entry["best"] for entry in store.history()] == [True, True, False, False]
+    store.mark_best([4])
+    store.save(6, small_state(6.0))
+    assert steps_of(store) == [0, 4, 5, 6]
+
+
+def test_mark_best_rejects_unknown_steps(storage):
+    store = CheckpointStore(storage)
+    store.save(1, small_state(1.0))
+    with pytest.raises(ValueError, match=r"\[7\].*Available steps: \[1\]"):
+        store.mark_best([7])
