@@ -53,8 +53,8 @@ def sgd(parameters):
 
 
 def make_estimator(model_dir, *, model=None, optimizer=adam, model_fn=classifier_model_fn, **config_changes):
-    config = te.RunConfig(save_checkpoints_steps=config_changes.pop("save_checkpoints_steps", 10),
-                          log_step_count_steps=None, progress_bar=False, random_seed=0, **config_changes)
+    settings = {"save_checkpoints_steps": 10, "log_step_count_steps": None, "progress_bar": False, "random_seed": 0}
+    config = te.RunConfig(**{**settings, **config_changes})
     return te.Estimator(model_fn=model_fn, model=model or (lambda: SmallNet()), optimizer=optimizer,
                         model_dir=str(model_dir), config=config)
 

@@ -414,6 +414,8 @@ def _resolve_model_dir(model_dir: str | os.PathLike[str] | None, config: RunConf
         model_dir = os.fspath(model_dir)
         if model_dir == "":
             raise ValueError("model_dir must be a non-empty path.")
+        if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+            raise ValueError(f"model_dir {model_dir!r} exists and is not a directory. Choose another model_dir.")
         if config.model_dir is not None and os.path.abspath(config.model_dir) != os.path.abspath(model_dir):
             raise ValueError(
                 f"model_dir is set both in Estimator ({model_dir!r}) and in RunConfig ({config.model_dir!r}) and they "

@@ -144,6 +144,15 @@ def _train_step(run: TrainingRun, batches: _Batches) -> tuple[EstimatorSpec, tor
     return spec, total_loss
 
 
+def _adopt_spec_hooks(hooks: HookList, spec_hooks: tuple[Any, ...], state: TrainState) -> None:
+    """Hooks from the first batch's EstimatorSpec join the run (model_fn runs per batch, so later
+    batches' hook objects would be new copies of the same hooks)."""
+    for hook in spec_hooks:
+        hooks.add(hook)
+        hook.begin(state)
+        hook.after_restore(state)
+
+
 def _input_position(source: Any) -> dict[str, Any] | None:
     return source.state_dict() if hasattr(source, "state_dict") and hasattr(source, "load_state_dict") else None
 
@@ -183,6 +192,8 @@ def train_loop(run: TrainingRun) -> TrainState:
                 break
             state.global_step += 1
             steps_this_call += 1
+            if steps_this_call == 1:
+                _adopt_spec_hooks(run.hooks, spec.training_hooks, state)
             context._set_step_outputs(spec, None, None)
             context._loss_tensor = loss
             # The NaN guard needs the loss on the host each step (one sync; free on CPU).
@@ -264,6 +275,8 @@ def eval_loop(run: EvalRun, accumulators: Any) -> dict[str, Any]:
             if spec.eval_metric_ops:
                 accumulators.update(spec.eval_metric_ops)
             batches_seen += 1
+            if batches_seen == 1:
+                _adopt_spec_hooks(run.hooks, spec.evaluation_hooks, state)
             context._set_step_outputs(spec, features, labels)
             run.hooks.after_step(context)
             progress.update(batches_seen)
@@ -299,6 +312,8 @@ def predict_loop(run: EvalRun, predict_keys: list[str] | None, yield_single_exam
             with torch.no_grad(), _autocast(run.mixed_precision_config, strategy.device):
                 spec = validate_spec(run.call_model_fn(run.module, features, None, ModeKeys.PREDICT), ModeKeys.PREDICT)
             predictions = _select_keys(spec.predictions, predict_keys)
+            if batches.index == 1:
+                _adopt_spec_hooks(run.hooks, spec.prediction_hooks, state)
             context._set_step_outputs(spec, features, None)
             run.hooks.after_step(context)
             progress.update(batches.index)

@@ -87,7 +87,8 @@ class LocalStorage:
         try:
             with os.scandir(self.root) as entries:
                 return sorted(entry.name for entry in entries if entry.is_dir())
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
+            # Nothing was ever saved there; whether it can be written is the writer's question.
             return []
 
     def rename_folder(self, source: str, target: str) -> None:
@@ -109,7 +110,7 @@ class LocalStorage:
         try:
             with open(os.path.join(self.root, MANIFEST_NAME), "rb") as stream:
                 return stream.read()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
 
     def replace_manifest(self, data: bytes) -> None:

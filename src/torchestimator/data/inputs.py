@@ -1,0 +1,684 @@
+"""Resumable input functions for in-memory data: numpy arrays, pandas frames, map-style Datasets.
+
+What belongs here: the `input_fn` factories users know from
+`tf.compat.v1.estimator.inputs` (`numpy_input_fn`, `pandas_input_fn`), the
+framework's DataLoader input (`dataset_input_fn`), the `ResumableIterable`
+protocol the training loop uses for exact resume, and the batch-size wording
+used in logs. What does not: TFRecord reading and parsing (other `data`
+modules), and the loop that consumes the batches.
+
+Semantics shared by every input function here:
+
+- `batch_size` is the *global* batch size. Under an `InputContext` with P
+  input pipelines (one per process here), pipeline r receives the r-th
+  contiguous slice of every global batch, so the union over replicas of step k
+  is exactly the single-replica batch k: two processes with batch B each see
+  what one process sees with batch 2B.
+- The last partial batch of an epoch (when `drop_remainder=False`) is split as
+  evenly as possible (sizes differ by at most one, earlier replicas get the
+  extra rows). Every replica therefore yields the same number of batches and
+  DDP never waits on a replica that ran out; when the partial batch has fewer
+  rows than there are replicas, some replicas get a batch with zero rows
+  (a warning is logged). For training on several replicas prefer
+  `drop_remainder=True`.
+- Batches never mix two epochs: each epoch ends with its own partial batch
+  unless `drop_remainder=True`. (TF's queue-based `numpy_input_fn` with
+  `num_epochs=None` ran full batches across epoch boundaries; keeping epochs
+  apart is what makes the position a plain `{"epoch", "batch"}` pair.)
+- Shuffling draws a fresh permutation for every epoch from
+  `numpy.random.default_rng([seed, epoch])`, never from global RNG state, so
+  the order is deterministic and a resumed run sees the same order. When
+  `seed` is None, `config.random_seed` is used if the config has it and it is
+  not None, else 0.
+- Each batch is `(features, labels)`; `labels` is None when there are none.
+- The position (`state_dict()`) counts global batches handed to the consumer,
+  so it does not depend on the number of replicas: a checkpoint written with
+  one process resumes exactly with two, and the reverse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, default_collate
+
+from torchestimator.distribute.input_context import InputContext
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ResumableIterable",
+    "dataset_input_fn",
+    "describe_batch_sizes",
+    "numpy_input_fn",
+    "pandas_input_fn",
+]
+
+_SHUFFLE_REASON = (
+    "shuffle must be provided and explicitly set as boolean (it is recommended to set it "
+    "as True for training, False for evaluation and prediction)"
+)
+
+
+@runtime_checkable
+class ResumableIterable(Protocol):
+    """An iterable of batches that can report and restore its position.
+
+    The training loop calls `state_dict()` when it saves a checkpoint and
+    `load_state_dict()` before the first `iter()` after a restore.
+    """
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serializable position: just after the last batch handed to the consumer."""
+        ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Make the next iteration continue right after the batch `state` points to."""
+        ...
+
+
+def describe_batch_sizes(global_batch_size: int, input_context: InputContext | None = None) -> str:
+    """Both batch sizes in words, e.g. "global batch 128 = 2 replicas x 64 per replica"."""
+    context = input_context or InputContext()
+    replicas = context.num_replicas_in_sync
+    per_replica = context.get_per_replica_batch_size(global_batch_size)
+    noun = "replica" if replicas == 1 else "replicas"
+    return f"global batch {global_batch_size} = {replicas} {noun} x {per_replica} per replica"
+
+
+# --------------------------------------------------------------------------- the batch plan
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _BatchPlan:
+    """Which rows of the data each (epoch, batch) position holds, for one input pipeline."""
+
+    num_examples: int
+    global_batch_size: int
+    num_epochs: int | None
+    shuffle: bool
+    seed: int
+    drop_remainder: bool
+    num_pipelines: int = 1
+    pipeline_id: int = 0
+
+    @property
+    def batches_per_epoch(self) -> int:
+        if self.drop_remainder:
+            return self.num_examples // self.global_batch_size
+        return math.ceil(self.num_examples / self.global_batch_size)
+
+    @property
+    def total_batches(self) -> int | None:
+        if self.num_epochs is None:
+            return None
+        return self.num_epochs * self.batches_per_epoch
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.num_examples, dtype=np.int64)
+        generator = np.random.default_rng([self.seed, epoch])
+        return generator.permutation(self.num_examples).astype(np.int64, copy=False)
+
+    def pipeline_rows(self, order: np.ndarray, batch: int) -> np.ndarray:
+        """This pipeline's contiguous share of global batch `batch` (uneven only if partial)."""
+        rows = order[batch * self.global_batch_size : (batch + 1) * self.global_batch_size]
+        base, extra = divmod(len(rows), self.num_pipelines)
+        start = self.pipeline_id * base + min(self.pipeline_id, extra)
+        size = base + (1 if self.pipeline_id < extra else 0)
+        return rows[start : start + size]
+
+    def iterate(self, start: tuple[int, int]) -> Iterator[tuple[tuple[int, int], np.ndarray]]:
+        """(position after the batch, rows) from `start` on; skipped batches are never built."""
+        epoch, batch = start
+        while self.num_epochs is None or epoch < self.num_epochs:
+            order = self.epoch_order(epoch)
+            for index in range(batch, self.batches_per_epoch):
+                yield self.normalize((epoch, index + 1)), self.pipeline_rows(order, index)
+            epoch, batch = epoch + 1, 0
+
+    def normalize(self, position: tuple[int, int]) -> tuple[int, int]:
+        epoch, batch = position
+        if batch >= self.batches_per_epoch:
+            return epoch + 1, 0
+        return epoch, batch
+
+    def check_position(self, state: Mapping[str, Any]) -> tuple[int, int]:
+        """Validate a saved position against this plan and return it normalized."""
+        if not isinstance(state, Mapping) or set(state) != {"epoch", "batch"}:
+            raise ValueError(
+                f"Expected an input position {{'epoch': int, 'batch': int}}; received {state!r}."
+            )
+        epoch, batch = state["epoch"], state["batch"]
+        valid_numbers = all(
+            isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            for value in (epoch, batch)
+        )
+        epochs = "unlimited" if self.num_epochs is None else self.num_epochs
+        if (
+            not valid_numbers
+            or batch > self.batches_per_epoch
+            or (self.num_epochs is not None and epoch > self.num_epochs)
+            or (epoch == self.num_epochs and batch > 0)
+        ):
+            raise ValueError(
+                f"The input position {dict(state)!r} lies outside this input "
+                f"({self.batches_per_epoch} batches per epoch, {epochs} epochs). Was the "
+                f"checkpoint written with a different batch_size, num_epochs or data? Resume "
+                f"with the same input settings, or start from a fresh model_dir."
+            )
+        return self.normalize((epoch, batch))
+
+
+class _ResumableBatches:
+    """Position bookkeeping shared by every iterable here.
+
+    Like torchdata's StatefulDataLoader: each `iter()` starts from the
+    beginning, unless `load_state_dict` was called since the previous `iter()`,
+    in which case it starts at the loaded position. Use one iterator at a time.
+    """
+
+    def __init__(self, plan: _BatchPlan) -> None:
+        self._plan = plan
+        self._position = (0, 0)
+        self._next_start = (0, 0)
+
+    def state_dict(self) -> dict[str, int]:
+        epoch, batch = self._position
+        return {"epoch": int(epoch), "batch": int(batch)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._position = self._next_start = self._plan.check_position(state)
+
+    def __iter__(self) -> Iterator[Any]:
+        start, self._next_start = self._next_start, (0, 0)
+        self._position = start
+        return self._generate(start)
+
+    def _generate(self, start: tuple[int, int]) -> Iterator[Any]:
+        raise NotImplementedError
+
+
+class _Sized:
+    """Adds `len()`: batches per replica over all epochs (finite inputs only)."""
+
+    _plan: _BatchPlan
+
+    def __len__(self) -> int:
+        total = self._plan.total_batches
+        assert total is not None, "_Sized is only mixed into finite inputs"
+        return total
+
+
+# --------------------------------------------------------------------------- options and checks
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _BatchOptions:
+    caller: str
+    batch_size: int
+    num_epochs: int | None
+    shuffle: bool
+    seed: int | None
+    drop_remainder: bool
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.shuffle, bool):
+            raise ValueError(f"{self.caller}: {_SHUFFLE_REASON}; got {self.shuffle!r}.")
+        if not _is_positive_int(self.batch_size):
+            raise ValueError(
+                f"{self.caller}: batch_size must be a positive integer (the global batch "
+                f"size); received {self.batch_size!r}."
+            )
+        if self.num_epochs is not None and not _is_positive_int(self.num_epochs):
+            raise ValueError(
+                f"{self.caller}: num_epochs must be a positive integer, or None to repeat "
+                f"forever; received {self.num_epochs!r}."
+            )
+        if self.seed is not None:
+            _check_seed(self.seed, f"{self.caller}: seed")
+
+    def plan(
+        self, num_examples: int, input_context: InputContext | None, config: Any
+    ) -> _BatchPlan:
+        """The batch plan for one pipeline; refuses a global batch the replicas cannot share."""
+        context = input_context or InputContext()
+        try:
+            description = describe_batch_sizes(self.batch_size, context)
+            if self.batch_size % context.num_input_pipelines:
+                raise ValueError(
+                    f"The global batch size {self.batch_size} cannot be split evenly across "
+                    f"{context.num_input_pipelines} input pipelines."
+                )
+        except ValueError as error:
+            raise ValueError(f"{self.caller}: {error}") from None
+        plan = _BatchPlan(
+            num_examples=num_examples,
+            global_batch_size=self.batch_size,
+            num_epochs=self.num_epochs,
+            shuffle=self.shuffle,
+            seed=_resolve_seed(self.seed, config),
+            drop_remainder=self.drop_remainder,
+            num_pipelines=context.num_input_pipelines,
+            pipeline_id=context.input_pipeline_id,
+        )
+        if plan.batches_per_epoch == 0:
+            raise ValueError(
+                f"{self.caller}: drop_remainder=True with {num_examples} examples and a global "
+                f"batch of {self.batch_size} leaves no batch at all. Use a batch size of at most "
+                f"{num_examples} or drop_remainder=False."
+            )
+        remainder = 0 if self.drop_remainder else num_examples % self.batch_size
+        if 0 < remainder < plan.num_pipelines:
+            logger.warning(
+                "%s: the last batch of each epoch has %d rows for %d replicas, so some replicas "
+                "get an empty batch; use drop_remainder=True for training.",
+                self.caller, remainder, plan.num_pipelines,
+            )
+        logger.info(
+            "%s: %d examples, %s, %d batches per epoch, shuffle=%s, seed=%d",
+            self.caller, num_examples, description, plan.batches_per_epoch, plan.shuffle, plan.seed,
+        )
+        return plan
+
+
+def _is_positive_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0
+
+
+def _check_seed(seed: Any, where: str) -> int:
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"{where} must be a non-negative integer; received {seed!r}.")
+    return int(seed)
+
+
+def _resolve_seed(seed: int | None, config: Any) -> int:
+    """The explicit seed, else `config.random_seed` when set, else 0."""
+    if seed is not None:
+        return int(seed)
+    config_seed = getattr(config, "random_seed", None)
+    if config_seed is None:
+        return 0
+    return _check_seed(config_seed, "config.random_seed")
+
+
+# --------------------------------------------------------------------------- arrays
+
+
+def _check_array(value: Any, where: str, caller: str) -> np.ndarray:
+    """`value` as a numpy array a tensor can be made from, with rows on axis 0."""
+    array = np.asarray(value)
+    if array.ndim == 0:
+        raise ValueError(
+            f"{caller}: {where} must be an array with one row per example; received a scalar."
+        )
+    if array.dtype.kind not in "biufc":
+        raise TypeError(
+            f"{caller}: {where} has dtype {array.dtype}, which cannot become a tensor. Only "
+            f"bool, integer, floating and complex data can; encode strings as numbers "
+            f"(e.g. a vocabulary lookup) before building the input_fn."
+        )
+    if not array.dtype.isnative:
+        # Same values and logical dtype, native byte order: torch refuses the other.
+        array = array.astype(array.dtype.newbyteorder("="))
+    try:
+        torch.from_numpy(array[:1].copy())
+    except TypeError as error:
+        raise TypeError(f"{caller}: {where} has dtype {array.dtype}: {error}") from None
+    return array
+
+
+def _columns(value: Any, name: str, caller: str) -> np.ndarray | dict[Any, np.ndarray] | None:
+    """Validate x or y: an array, a non-empty dict of arrays, or (for y) None."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        if not value:
+            raise ValueError(f"{caller}: {name} cannot be an empty dict; use None instead.")
+        return {
+            key: _check_array(array, f"{name}[{key!r}]", caller) for key, array in value.items()
+        }
+    return _check_array(value, name, caller)
+
+
+def _lengths(value: np.ndarray | dict[Any, np.ndarray] | None) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return {key: len(array) for key, array in value.items()}
+    return len(value)
+
+
+def _common_length(features: Any, labels: Any, caller: str) -> int:
+    arrays = [features] if isinstance(features, np.ndarray) else list(features.values())
+    if labels is not None:
+        arrays += [labels] if isinstance(labels, np.ndarray) else list(labels.values())
+    lengths = {len(array) for array in arrays}
+    if len(lengths) != 1:
+        raise ValueError(
+            f"{caller}: every array in x and y must have the same length (one row per "
+            f"example). Received lengths in x: {_lengths(features)}; in y: {_lengths(labels)}."
+        )
+    (length,) = lengths
+    if length == 0:
+        raise ValueError(f"{caller}: x and y hold no examples (length 0); nothing to iterate.")
+    return length
+
+
+def _take(value: Any, rows: np.ndarray) -> Any:
+    # Fancy indexing copies, so the tensors never alias the caller's arrays.
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return {key: torch.from_numpy(array[rows]) for key, array in value.items()}
+    return torch.from_numpy(value[rows])
+
+
+class _ArrayBatches(_ResumableBatches):
+    """Batches of rows of in-memory arrays, as `(features, labels)` tensors."""
+
+    def __init__(self, plan: _BatchPlan, features: Any, labels: Any) -> None:
+        super().__init__(plan)
+        self._features = features
+        self._labels = labels
+
+    def _generate(self, start: tuple[int, int]) -> Iterator[tuple[Any, Any]]:
+        for position, rows in self._plan.iterate(start):
+            batch = (_take(self._features, rows), _take(self._labels, rows))
+            self._position = position
+            yield batch
+
+
+class _SizedArrayBatches(_Sized, _ArrayBatches):
+    pass
+
+
+def _array_input_fn(
+    features: Any, labels: Any, options: _BatchOptions
+) -> Callable[..., _ArrayBatches]:
+    num_examples = _common_length(features, labels, options.caller)
+
+    def input_fn(input_context: InputContext | None = None, config: Any = None) -> _ArrayBatches:
+        plan = options.plan(num_examples, input_context, config)
+        batches_type = _ArrayBatches if plan.num_epochs is None else _SizedArrayBatches
+        return batches_type(plan, features, labels)
+
+    return input_fn
+
+
+def numpy_input_fn(
+    x: np.ndarray | Mapping[Any, np.ndarray],
+    y: np.ndarray | Mapping[Any, np.ndarray] | None = None,
+    batch_size: int = 128,
+    num_epochs: int | None = 1,
+    shuffle: bool | None = None,
+    seed: int | None = None,
+    drop_remainder: bool = False,
+) -> Callable[..., ResumableIterable]:
+    """An input_fn feeding numpy arrays, as `tf.compat.v1.estimator.inputs.numpy_input_fn`.
+
+    Args:
+        x: a dict of arrays (features become a dict of tensors with the same
+            keys) or one array (features become that tensor).
+        y: an array, a dict of arrays, or None; rows must match x.
+        batch_size: the global batch size, shared by the replicas.
+        num_epochs: passes over the data; None repeats forever.
+        shuffle: required, as in TF: True for training, False otherwise.
+        seed: seeds the per-epoch permutations; None takes `config.random_seed`
+            when set, else 0.
+        drop_remainder: drop each epoch's last partial batch.
+
+    Tensors are made with `torch.from_numpy` on the selected rows, so dtypes
+    are kept as they are (float64 stays float64: cast the arrays beforehand if
+    the model wants float32). The returned `input_fn(input_context=None,
+    config=None)` builds a `ResumableIterable` whose `len()` is the number of
+    batches per replica over all epochs (finite inputs only).
+    """
+    caller = "numpy_input_fn"
+    options = _BatchOptions(
+        caller=caller, batch_size=batch_size, num_epochs=num_epochs, shuffle=shuffle,
+        seed=seed, drop_remainder=drop_remainder,
+    )
+    if not isinstance(x, (np.ndarray, Mapping)):
+        raise TypeError(
+            f"{caller}: x must be a dict of arrays or an array; got {type(x).__name__}."
+        )
+    return _array_input_fn(_columns(x, "x", caller), _columns(y, "y", caller), options)
+
+
+# --------------------------------------------------------------------------- pandas
+
+
+def _frame_column(series: Any, where: str, caller: str) -> np.ndarray:
+    """One pandas column as a numpy array, refusing what cannot become a tensor."""
+    from pandas.api import types
+
+    if not (types.is_numeric_dtype(series.dtype) or types.is_bool_dtype(series.dtype)):
+        raise TypeError(
+            f"{caller}: {where} has dtype {series.dtype}, which cannot become a tensor. Only "
+            f"bool, integer, floating and complex columns can; encode strings and categories "
+            f"as numbers (e.g. x[{series.name!r}].astype('category').cat.codes) or drop the column."
+        )
+    if not isinstance(series.dtype, np.dtype) and series.hasnans:
+        # Nullable extension columns (Int64, boolean) would silently turn into float arrays.
+        raise ValueError(
+            f"{caller}: {where} (dtype {series.dtype}) has missing values, which its dtype "
+            f"cannot hold as a tensor. Fill them (fillna) or cast the column to float first."
+        )
+    return _check_array(series.to_numpy(), where, caller)
+
+
+def _frame_columns(frame: Any, name: str, caller: str) -> dict[Any, np.ndarray]:
+    if frame.columns.has_duplicates:
+        duplicated = sorted({str(column) for column in frame.columns[frame.columns.duplicated()]})
+        raise ValueError(f"{caller}: {name} has duplicate column names {duplicated}; rename them.")
+    return {
+        column: _frame_column(frame[column], f"{name} column {column!r}", caller)
+        for column in frame.columns
+    }
+
+
+def pandas_input_fn(
+    x: Any,
+    y: Any = None,
+    batch_size: int = 128,
+    num_epochs: int | None = 1,
+    shuffle: bool | None = None,
+    seed: int | None = None,
+    drop_remainder: bool = False,
+    target_column: str = "target",
+) -> Callable[..., ResumableIterable]:
+    """An input_fn feeding a pandas DataFrame, as `tf.compat.v1.estimator.inputs.pandas_input_fn`.
+
+    Features are a dict column name -> tensor. `y` is a Series (labels become
+    one tensor), a DataFrame (a dict of tensors) or None; its index must equal
+    `x.index`, as in TF. Only numeric and bool columns can become tensors: any
+    other column is refused, naming it. `target_column` is accepted for
+    compatibility with TF, which used it to pack `y` into `x`; the labels are
+    kept apart here, so it cannot collide with a feature column. Everything
+    else is as `numpy_input_fn`.
+    """
+    caller = "pandas_input_fn"
+    import pandas as pd  # optional dependency, needed only here
+
+    options = _BatchOptions(
+        caller=caller, batch_size=batch_size, num_epochs=num_epochs, shuffle=shuffle,
+        seed=seed, drop_remainder=drop_remainder,
+    )
+    if not isinstance(target_column, str):
+        raise TypeError(f"{caller}: target_column must be a string; got {target_column!r}.")
+    if not isinstance(x, pd.DataFrame):
+        raise TypeError(f"{caller}: x must be a pandas DataFrame; got {type(x).__name__}.")
+    labels: np.ndarray | dict[Any, np.ndarray] | None = None
+    if y is not None:
+        if not isinstance(y, (pd.Series, pd.DataFrame)):
+            raise TypeError(
+                f"{caller}: y must be a pandas Series, DataFrame or None; got {type(y).__name__}."
+            )
+        if not np.array_equal(x.index, y.index):
+            raise ValueError(
+                f"{caller}: the indexes of x and y are mismatched; they must be equal row for "
+                f"row (use y.reindex(x.index) or reset both).\nIndex for x: {x.index}\n"
+                f"Index for y: {y.index}"
+            )
+        if isinstance(y, pd.DataFrame):
+            labels = _frame_columns(y, "y", caller)
+        else:
+            labels = _frame_column(y, "y", caller)
+    return _array_input_fn(_frame_columns(x, "x", caller), labels, options)
+
+
+# --------------------------------------------------------------------------- map-style Datasets
+
+
+def _collate_pairs(items: list[Any]) -> tuple[Any, Any]:
+    """Default collate for `(features, label)` items; labels stay None when every label is."""
+    try:
+        features = [item[0] for item in items]
+        labels = [item[1] for item in items]
+        if any(len(item) != 2 for item in items):
+            raise TypeError("wrong length")
+    except (TypeError, IndexError, KeyError):
+        received = type(items[0]).__name__ if items else "nothing"
+        raise TypeError(
+            f"dataset_input_fn expects every dataset item to be a (features, label) pair; "
+            f"received a {received}. Return `features, label` from __getitem__ (label may be "
+            f"None) or pass a collate_fn."
+        ) from None
+    if all(label is None for label in labels):
+        return default_collate(features), None
+    return default_collate(features), default_collate(labels)
+
+
+def _empty_like(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value[:0]
+    if isinstance(value, Mapping):
+        return {key: _empty_like(item) for key, item in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_empty_like(item) for item in value)
+    return value
+
+
+class _EmptySafeCollate:
+    """Collate that turns a replica's empty share of the last batch into zero-row tensors.
+
+    `default_collate([])` fails, so the structure and dtypes are taken from one
+    collated item and cut to zero rows.
+    """
+
+    def __init__(self, collate_fn: Callable[[list[Any]], Any], dataset: Dataset) -> None:
+        self.collate_fn = collate_fn
+        self.dataset = dataset
+
+    def __call__(self, items: list[Any]) -> Any:
+        if items:
+            return self.collate_fn(items)
+        return _empty_like(self.collate_fn([self.dataset[0]]))
+
+
+class _PlanBatchSampler(Sampler[list[int]]):
+    """Yields this replica's dataset indices per batch, starting at a position (skips by index)."""
+
+    def __init__(self, plan: _BatchPlan, start: tuple[int, int]) -> None:
+        super().__init__()
+        self._plan = plan
+        self._start = start
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for _, rows in self._plan.iterate(self._start):
+            yield rows.tolist()
+
+
+class _DatasetBatches(_ResumableBatches):
+    """A DataLoader over one map-style Dataset, positioned in batches handed to the consumer."""
+
+    def __init__(
+        self, plan: _BatchPlan, dataset: Dataset, collate_fn: Callable[[list[Any]], Any],
+        num_workers: int,
+    ) -> None:
+        super().__init__(plan)
+        self._dataset = dataset
+        self._collate_fn = _EmptySafeCollate(collate_fn, dataset)
+        self._num_workers = num_workers
+
+    def _generate(self, start: tuple[int, int]) -> Iterator[Any]:
+        # An own generator keeps DataLoader from drawing worker seeds from torch's
+        # global RNG, which would shift the training run's random stream.
+        generator = torch.Generator()
+        generator.manual_seed(self._plan.seed)
+        loader = DataLoader(
+            self._dataset,
+            batch_sampler=_PlanBatchSampler(self._plan, start),
+            collate_fn=self._collate_fn,
+            num_workers=self._num_workers,
+            generator=generator,
+        )
+        # The loader delivers in sampler order, so the plan's positions follow it in
+        # step; prefetched batches are not counted until they are handed out.
+        positions = (position for position, _ in self._plan.iterate(start))
+        for position, batch in zip(positions, loader):
+            self._position = position
+            yield batch
+
+
+class _SizedDatasetBatches(_Sized, _DatasetBatches):
+    pass
+
+
+def dataset_input_fn(
+    dataset: Dataset,
+    batch_size: int,
+    shuffle: bool | None,
+    num_epochs: int | None = 1,
+    seed: int | None = None,
+    drop_remainder: bool = False,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    num_workers: int = 0,
+) -> Callable[..., ResumableIterable]:
+    """An input_fn feeding a map-style Dataset of `(features, label)` items through a DataLoader.
+
+    Sharding, shuffling, epochs and the resumable position are those of
+    `numpy_input_fn`; a batch sampler picks the indices, so resuming skips at
+    the index level without loading the skipped items, and with
+    `num_workers > 0` the position counts batches handed to the consumer, not
+    the ones prefetched. The default `collate_fn` stacks features and labels
+    separately with `default_collate` and yields `(features, labels)`.
+    Randomness inside `dataset[i]` (augmentation) is not replayed on resume.
+    """
+    caller = "dataset_input_fn"
+    options = _BatchOptions(
+        caller=caller, batch_size=batch_size, num_epochs=num_epochs, shuffle=shuffle,
+        seed=seed, drop_remainder=drop_remainder,
+    )
+    if isinstance(dataset, IterableDataset) or not (
+        hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
+    ):
+        raise TypeError(
+            f"{caller}: dataset must be a map-style Dataset (with __getitem__ and __len__); got "
+            f"{type(dataset).__name__}. Return an iterable of batches from your own input_fn "
+            f"for streaming data."
+        )
+    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
+        raise ValueError(
+            f"{caller}: num_workers must be an integer >= 0; received {num_workers!r}."
+        )
+    num_examples = len(dataset)
+    if num_examples == 0:
+        raise ValueError(f"{caller}: the dataset is empty (len 0); nothing to iterate.")
+    collate = collate_fn if collate_fn is not None else _collate_pairs
+
+    def input_fn(input_context: InputContext | None = None, config: Any = None) -> _DatasetBatches:
+        plan = options.plan(num_examples, input_context, config)
+        batches_type = _DatasetBatches if plan.num_epochs is None else _SizedDatasetBatches
+        return batches_type(plan, dataset, collate, num_workers)
+
+    return input_fn

@@ -1,0 +1,218 @@
+"""TensorBoard event files: a small writer for the loops and a reader for scalars.
+
+What belongs here: :class:`SummaryWriter`, which the train and eval loops use to
+write scalars and text to ``model_dir`` (training) or ``model_dir/eval``
+(evaluation), and :func:`read_scalars`, which reads scalars back (tests, early
+stopping, best-model keeping). What does not: deciding when to write (the
+loop's triggers) or which process writes (the caller passes ``enabled``).
+
+Writing is delegated to ``torch.utils.tensorboard.SummaryWriter``: it is
+maintained with torch, writes the standard event format with a background
+thread, and already encodes text summaries with the metadata TensorBoard's
+text plugin expects, which tensorboard's bare ``EventFileWriter`` would leave
+to us. Scalars are written as ``simple_value`` (the TF 1.x form), which every
+TensorBoard and TensorFlow's ``read_eval_metrics`` understand. The torch writer
+creates its event file as soon as it is constructed, so it is built lazily on
+the first write: an evaluation that writes nothing leaves no file behind.
+
+Reading uses TensorBoard's own ``event_file_loader`` file by file, rather than
+``EventAccumulator``, whose reservoir sampling and purging of "orphaned"
+steps after a restart would silently drop values.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import math
+import numbers
+import os
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["SummaryWriter", "read_scalars", "EVENT_FILE_PATTERN"]
+
+logger = logging.getLogger(__name__)
+
+EVENT_FILE_PATTERN = "events.out.tfevents.*"
+"""The names of TensorBoard event files inside a log directory."""
+
+
+def _check_step(step: Any, method: str) -> int:
+    if isinstance(step, bool) or not isinstance(step, (numbers.Integral, torch.Tensor)):
+        raise TypeError(f"SummaryWriter.{method}: `step` must be an int (the global step); received {step!r}.")
+    return int(step)
+
+
+def _check_tag(tag: Any, method: str) -> str:
+    if not isinstance(tag, str) or not tag:
+        raise TypeError(f"SummaryWriter.{method}: `tag` must be a non-empty string; received {tag!r}.")
+    return tag
+
+
+def _as_number(value: Any) -> float | None:
+    """Returns ``value`` as a float if it is a real number (or a one-element tensor/array), else None."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        if value.size == 1 if isinstance(value, np.ndarray) else value.numel() == 1:
+            value = value.item()
+        else:
+            return None
+    if isinstance(value, (numbers.Real, np.number)) and not isinstance(value, (complex, np.complexfloating)):
+        return float(value)
+    return None
+
+
+class SummaryWriter:
+    """Writes scalars and text to TensorBoard event files in ``logdir``.
+
+    With ``enabled=False`` (processes other than the chief) every method is a
+    no-op and nothing is created. Usable as a context manager; writing after
+    :meth:`close` is an error.
+    """
+
+    def __init__(self, logdir: str | os.PathLike[str], *, enabled: bool = True) -> None:
+        self.logdir = os.fspath(logdir)
+        self.enabled = enabled
+        self._writer: Any = None
+        self._closed = False
+
+    def _file_writer(self, method: str) -> Any:
+        """The torch writer, built on first use so that the event file appears only when written to."""
+        if self._closed:
+            raise ValueError(
+                f"SummaryWriter.{method}: the writer for {self.logdir!r} is closed; create a new SummaryWriter."
+            )
+        if self._writer is None:
+            # Imported here: torch.utils.tensorboard pulls in tensorboard, which most
+            # non-chief processes never need.
+            from torch.utils.tensorboard import SummaryWriter as TorchSummaryWriter
+
+            self._writer = TorchSummaryWriter(log_dir=self.logdir)
+            logger.debug("Writing summaries to %s.", self.logdir)
+        return self._writer
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        """Writes one scalar ``value`` for ``tag`` at ``step``."""
+        if not self.enabled:
+            return
+        tag = _check_tag(tag, "scalar")
+        step = _check_step(step, "scalar")
+        number = _as_number(value)
+        if number is None:
+            raise TypeError(
+                f"SummaryWriter.scalar: the value for tag {tag!r} must be a real number; received {value!r}."
+            )
+        if not math.isfinite(number):
+            logger.warning("Summary %r at step %d is %s.", tag, step, number)
+        self._file_writer("scalar").add_scalar(tag, number, global_step=step)
+
+    def scalars(self, values: Mapping[str, Any], step: int) -> None:
+        """Writes every numeric entry of ``values`` (e.g. evaluation results) at ``step``.
+
+        Skips ``global_step`` (it is the step) and non-numeric values such as
+        lists from non-scalar metrics.
+        """
+        if not self.enabled:
+            return
+        if not isinstance(values, Mapping):
+            raise TypeError(f"SummaryWriter.scalars: `values` must be a dict of tag -> number; received {values!r}.")
+        step = _check_step(step, "scalars")
+        for tag, value in values.items():
+            number = _as_number(value)
+            if tag == "global_step" or number is None:
+                if tag != "global_step":
+                    logger.debug("Not writing summary %r: %s is not a number.", tag, type(value).__name__)
+                continue
+            self.scalar(tag, number, step)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        """Writes ``text`` (shown by TensorBoard's text plugin, Markdown allowed) for ``tag`` at ``step``."""
+        if not self.enabled:
+            return
+        tag = _check_tag(tag, "text")
+        step = _check_step(step, "text")
+        if not isinstance(text, str):
+            raise TypeError(f"SummaryWriter.text: the text for tag {tag!r} must be a string; received {text!r}.")
+        self._file_writer("text").add_text(tag, text, global_step=step)
+
+    def flush(self) -> None:
+        """Writes pending events to disk (does not create a file if nothing was written)."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        """Flushes and closes the event file; calling it again does nothing."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._closed = True
+
+    def __enter__(self) -> SummaryWriter:
+        return self
+
+    def __exit__(
+        self,
+        exception_type: type[BaseException] | None,
+        exception: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _scalar_value(value: Any) -> float | None:
+    """The number in one summary value: a legacy ``simple_value`` or a scalar tensor (scalars plugin)."""
+    if value.HasField("simple_value"):
+        return float(value.simple_value)
+    if value.HasField("tensor") and value.metadata.plugin_data.plugin_name in ("scalars", ""):
+        from tensorboard.util import tensor_util
+
+        array = tensor_util.make_ndarray(value.tensor)
+        if array.size == 1 and array.dtype.kind in "biuf":
+            return float(array.reshape(()))
+    return None
+
+
+def read_scalars(logdir: str | os.PathLike[str]) -> dict[str, list[tuple[int, float]]]:
+    """Reads every scalar in ``logdir``'s event files: tag -> [(step, value)] sorted by step.
+
+    Like TensorFlow's ``read_eval_metrics``: only files directly in ``logdir``
+    are read (not subdirectories), and when a step was written more than once
+    (e.g. an evaluation repeated after a restart) the last write wins, judged
+    by the events' wall time (file names only order files within a second).
+    A truncated or damaged file is read up to the damage (TensorBoard's reader
+    stops there). A missing ``logdir`` gives ``{}``.
+    """
+    from google.protobuf.message import DecodeError
+    from tensorboard.backend.event_processing import event_file_loader
+
+    # tag -> step -> ((wall_time, read order), value)
+    latest: dict[str, dict[int, tuple[tuple[float, int], float]]] = {}
+    order = 0
+    for path in sorted(glob.glob(os.path.join(glob.escape(os.fspath(logdir)), EVENT_FILE_PATTERN))):
+        # Legacy loader: the compat layers would rewrite simple_value into tensors and
+        # drop plugin metadata after a tag's first event; we read both forms ourselves.
+        loader = event_file_loader.LegacyEventFileLoader(path)
+        try:
+            for event in loader.Load():
+                order += 1
+                if not event.HasField("summary"):
+                    continue
+                for value in event.summary.value:
+                    number = _scalar_value(value)
+                    if number is None:
+                        continue
+                    steps = latest.setdefault(value.tag, {})
+                    written = (event.wall_time, order)
+                    if event.step not in steps or written >= steps[event.step][0]:
+                        steps[int(event.step)] = (written, number)
+        except (OSError, DecodeError) as error:
+            # TensorBoard's reader itself stops quietly at a truncated record or a bad
+            # checksum; what remains is an unreadable file or a record that is not an Event.
+            logger.warning("Skipping the rest of event file %s: it could not be read (%s).", path, error)
+    return {
+        tag: [(step, number) for step, (_, number) in sorted(steps.items())] for tag, steps in sorted(latest.items())
+    }
