@@ -131,7 +131,12 @@ def _inspect(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from torchestimator import demo
 
-    results = demo.run(model_dir=args.model_dir, steps=args.max_steps, progress_bar=False if args.no_progress else None)
+    results, resumed_from = demo.run(model_dir=args.model_dir, steps=args.max_steps,
+                                     progress_bar=False if args.no_progress else None)
+    if resumed_from is None:
+        print(f"digits demo: trained from scratch to step {results['global_step']} in {args.model_dir}")
+    else:
+        print(f"digits demo: resumed from {resumed_from} instead of starting over (now at step {results['global_step']})")
     print(f"digits demo: held-out accuracy {results['accuracy']:.4f}, loss {results['loss']:.4f}, "
           f"global step {results['global_step']}, model_dir {args.model_dir}")
     print(f"TensorBoard: tensorboard --logdir {args.model_dir}")

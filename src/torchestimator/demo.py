@@ -78,8 +78,11 @@ def predict_input_fn(params, input_context=None):
     return make(input_context=input_context)
 
 
-def run(model_dir: str = "runs/digits", steps: int = max_steps, progress_bar: bool | None = None) -> dict:
-    """Trains (or resumes) to `steps`, evaluates on the held-out fifth, and returns the metrics."""
+def run(model_dir: str = "runs/digits", steps: int = max_steps, progress_bar: bool | None = None) -> tuple[dict, str | None]:
+    """Trains (or resumes) to `steps`, evaluates on the held-out fifth.
+
+    Returns the metrics and the checkpoint it resumed from (None for a fresh start).
+    """
     log = logging.getLogger("torchestimator")
     estimator = te.Estimator(model_fn=model_fn, model=model, optimizer=optimizer, model_dir=model_dir,
                              config=config.replace(progress_bar=progress_bar, save_checkpoints_steps=200),
@@ -90,4 +93,4 @@ def run(model_dir: str = "runs/digits", steps: int = max_steps, progress_bar: bo
     else:
         log.info("Found %s: resuming instead of starting over.", previous)
     estimator.train(train_input_fn, max_steps=steps)
-    return estimator.evaluate(eval_input_fn)
+    return estimator.evaluate(eval_input_fn), previous

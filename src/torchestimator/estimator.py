@@ -370,8 +370,6 @@ class Estimator:
         takes_labels = "labels" in declared
 
         def call(model: torch.nn.Module, features: Any, labels: Any, mode: str) -> EstimatorSpec:
-            if mode == ModeKeys.TRAIN:
-                model.train()
             if labels is not None and not takes_labels:
                 raise ValueError("model_fn does not take labels, but input_fn returns labels.")
             return call_with(model_fn, declared, {"model": model, "features": features, "labels": labels,

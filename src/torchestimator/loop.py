@@ -179,6 +179,8 @@ def train_loop(run: TrainingRun) -> TrainState:
     pending_listeners: list[Any] = []
     context._request_checkpoint = pending_listeners.append
     run.hooks.after_restore(state)
+    # The framework owns the mode: TRAIN updates BatchNorm statistics, EVAL and PREDICT never do.
+    run.module.train()
     total = None if run.last_step is None else run.last_step
     progress = Progress("train", total=total, initial=state.global_step, enabled=config.progress_bar and strategy.is_chief)
     steps_this_call = 0

@@ -1,0 +1,108 @@
+"""The command line: train, evaluate, predict, inspect and demo, on real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from torchestimator.cli import main
+
+MODEL_FILE = textwrap.dedent('''
+    import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
+    import torchestimator as te
+
+    params = {"hidden": 8, "lr": 0.05}
+    config = te.RunConfig(save_checkpoints_steps=5, log_step_count_steps=None, progress_bar=False)
+    max_steps = 10
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(64, 4)).astype(np.float32)
+    Y = (X[:, 0] > 0).astype(np.int64)
+
+    def model(params):
+        return nn.Sequential(nn.Linear(4, params["hidden"]), nn.ReLU(), nn.Linear(params["hidden"], 2))
+
+    def model_fn(model, features, labels, mode, params):
+        logits = model(features["x"])
+        predictions = {"class": logits.argmax(-1)}
+        if mode == te.ModeKeys.PREDICT:
+            return te.EstimatorSpec(mode, predictions=predictions)
+        return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels),
+                                eval_metric_ops={"accuracy": te.metrics.accuracy(labels, predictions["class"])})
+
+    def optimizer(parameters, params):
+        return torch.optim.SGD(parameters, lr=params["lr"])
+
+    def train_input_fn(input_context=None):
+        return te.numpy_input_fn({"x": X}, Y, batch_size=16, num_epochs=None, shuffle=True)(input_context=input_context)
+
+    def eval_input_fn():
+        return te.numpy_input_fn({"x": X}, Y, batch_size=16, shuffle=False)()
+
+    def predict_input_fn():
+        return te.numpy_input_fn({"x": X[:5]}, batch_size=16, shuffle=False)()
+''')
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text(MODEL_FILE)
+    return str(path)
+
+
+def test_train_evaluate_predict_inspect(tmp_path, model_file, capsys):
+    model_dir = str(tmp_path / "run")
+    assert main(["train", model_file, "--model_dir", model_dir]) == 0
+    assert "global step 10" in capsys.readouterr().out
+    assert main(["train", model_file, "--model_dir", model_dir, "--steps", "3", "--param", "lr=0.01"]) == 0
+    assert "global step 13" in capsys.readouterr().out
+    assert json.load(open(os.path.join(model_dir, "params.json")))["lr"] == 0.01
+
+    assert main(["evaluate", model_file, "--model_dir", model_dir, "--name", "check"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    assert results["global_step"] == 13 and 0.0 <= results["accuracy"] <= 1.0
+    assert os.path.isdir(os.path.join(model_dir, "eval_check"))
+
+    output = tmp_path / "predictions.jsonl"
+    assert main(["predict", model_file, "--model_dir", model_dir, "--output", str(output)]) == 0
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert len(rows) == 5 and set(rows[0]) == {"class"}
+
+    assert main(["inspect", model_dir]) == 0
+    listing = capsys.readouterr().out
+    assert "step       13" in listing and "0.weight" in listing and "[8, 4]" in listing
+    assert main(["inspect", os.path.join(model_dir, "ckpt-13", "model.safetensors")]) == 0
+    assert "2.bias" in capsys.readouterr().out
+
+
+def test_cli_errors_are_reported_without_traceback(tmp_path, model_file, capsys):
+    assert main(["inspect", str(tmp_path / "nothing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["inspect", str(empty)]) == 2
+    assert "holds no checkpoint" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="does not define 'eval_input_fn'"):
+        broken = tmp_path / "broken.py"
+        broken.write_text(MODEL_FILE.replace("def eval_input_fn", "def other_input_fn"))
+        main(["evaluate", str(broken), "--model_dir", str(tmp_path / "run")])
+
+
+@pytest.mark.slow
+def test_demo_reaches_accuracy_and_resumes_when_rerun(tmp_path):
+    model_dir = str(tmp_path / "digits")
+    command = [sys.executable, "-m", "torchestimator.cli", "demo", "--model_dir", model_dir, "--no_progress"]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert "trained from scratch" in first.stdout
+    accuracy = float(first.stdout.split("held-out accuracy ")[1].split(",")[0])
+    assert accuracy >= 0.95
+    second = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert "resumed from" in second.stdout and "instead of starting over" in second.stdout
+    assert f"held-out accuracy {accuracy:.4f}" in second.stdout
