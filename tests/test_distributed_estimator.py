@@ -1,0 +1,131 @@
+"""The Estimator under MirroredStrategy: 2 gloo processes on CPU, as a user would run them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchestimator as te
+from torchestimator.testing import run_in_processes
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 6)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+    return x, y
+
+
+def _model_fn(model, features, labels, mode):
+    logits = model(features["x"])
+    predictions = {"class": logits.argmax(-1)}
+    if mode == te.ModeKeys.PREDICT:
+        return te.EstimatorSpec(mode, predictions=predictions)
+    return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels),
+                            eval_metric_ops={"accuracy": te.metrics.accuracy(labels, predictions["class"])})
+
+
+def _estimator(model_dir, strategy=None):
+    torch.manual_seed(0)
+    config = te.RunConfig(train_distribute=strategy, save_checkpoints_steps=4, save_summary_steps=4, log_step_count_steps=None,
+                          progress_bar=False, random_seed=0)
+    return te.Estimator(model_fn=_model_fn, model=lambda: nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2)),
+                        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1, momentum=0.9),
+                        model_dir=model_dir, config=config)
+
+
+def _train_input_fn(input_context=None):
+    x, y = _data()
+    return te.numpy_input_fn({"x": x}, y, batch_size=32, num_epochs=None, shuffle=True, seed=5)(input_context=input_context)
+
+
+def _eval_input_fn(input_context=None):
+    x, y = _data()
+    return te.numpy_input_fn({"x": x}, y, batch_size=64, shuffle=False)(input_context=input_context)
+
+
+def _train_two_replicas(model_dir, max_steps):
+    estimator = _estimator(model_dir, te.MirroredStrategy(num_replicas=2))
+    estimator.train(_train_input_fn, max_steps=max_steps)
+    results = estimator.evaluate(_eval_input_fn)
+    weights = {name: estimator.get_variable_value(name) for name in estimator.get_variable_names()}
+    files = sorted(os.listdir(model_dir))
+    return results, weights, files
+
+
+def _single_replica(model_dir, max_steps):
+    estimator = _estimator(model_dir)
+    estimator.train(_train_input_fn, max_steps=max_steps)
+    return estimator.evaluate(_eval_input_fn), {n: estimator.get_variable_value(n) for n in estimator.get_variable_names()}
+
+
+def test_two_replicas_match_one_replica_with_twice_the_batch(tmp_path):
+    per_rank = run_in_processes(_train_two_replicas, nprocs=2, args=(str(tmp_path / "two"), 12), timeout=180)
+    single_results, single_weights = _single_replica(str(tmp_path / "one"), 12)
+    (results_0, weights_0, files), (results_1, weights_1, _) = per_rank
+    for name in single_weights:
+        np.testing.assert_allclose(weights_0[name], single_weights[name], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(weights_0[name], weights_1[name])
+    # Evaluation is sharded across the replicas and reduced: both see the full-data metrics.
+    assert results_0 == results_1
+    assert results_0["accuracy"] == pytest.approx(single_results["accuracy"], abs=1e-6)
+    assert results_0["loss"] == pytest.approx(single_results["loss"], rel=1e-4)
+    assert results_0["global_step"] == 12
+    assert len([f for f in files if f.startswith("events.out.tfevents")]) == 1  # only the chief writes
+
+
+def test_resume_under_two_replicas(tmp_path):
+    straight = run_in_processes(_train_two_replicas, nprocs=2, args=(str(tmp_path / "straight"), 12), timeout=180)
+    run_in_processes(_train_two_replicas, nprocs=2, args=(str(tmp_path / "resumed"), 8), timeout=180)
+    resumed = run_in_processes(_train_two_replicas, nprocs=2, args=(str(tmp_path / "resumed"), 12), timeout=180)
+    for name, value in straight[0][1].items():
+        np.testing.assert_array_equal(resumed[0][1][name], value)
+    assert "ckpt-12" in resumed[0][2] and "ckpt-8" in resumed[0][2]
+
+
+SCRIPT = textwrap.dedent('''
+    import sys, numpy as np, torch, torch.nn as nn, torch.nn.functional as F
+    import torchestimator as te
+
+    def model_fn(model, features, labels, mode):
+        logits = model(features["x"])
+        return te.EstimatorSpec(mode, predictions={"class": logits.argmax(-1)}, loss=F.cross_entropy(logits, labels))
+
+    def input_fn(input_context):
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(64, 4)).astype(np.float32)
+        y = (x[:, 0] > 0).astype(np.int64)
+        return te.numpy_input_fn({"x": x}, y, batch_size=16, num_epochs=None, shuffle=True)(input_context=input_context)
+
+    config = te.RunConfig(train_distribute=te.MirroredStrategy(num_replicas=2), save_checkpoints_steps=5,
+                          log_step_count_steps=None, progress_bar=False)
+    estimator = te.Estimator(model_fn=model_fn, model=lambda: nn.Linear(4, 2),
+                             optimizer=lambda p: torch.optim.SGD(p, lr=0.1), model_dir=sys.argv[1], config=config)
+    estimator.train(input_fn, max_steps=10)
+    strategy = config.train_distribute
+    print(f"replica {strategy.replica_id} of {strategy.num_replicas} done at {estimator.latest_checkpoint()}", flush=True)
+''')
+
+
+def test_plain_script_with_mirrored_strategy_launches_its_replicas(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    model_dir = tmp_path / "run"
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        environment.pop(name, None)
+    done = subprocess.run([sys.executable, str(script), str(model_dir)], capture_output=True, text=True,
+                          timeout=180, env=environment)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "replica 0 of 2 done" in done.stdout and "replica 1 of 2 done" in done.stdout
+    assert (model_dir / "ckpt-10").is_dir()
