@@ -1,0 +1,474 @@
+"""Distribution strategies: where a replica runs and how replicas cooperate.
+
+Belongs here: the ``Strategy`` interface the training loop talks to (setup,
+device, replica ids, wrap/unwrap, no_sync, small collectives for logging and
+stopping together, teardown) and its implementations, ``OneDeviceStrategy`` and
+``MirroredStrategy`` (DistributedDataParallel over local processes). Differences
+between backends live behind this interface, never in ``if`` chains in the loop.
+Does not belong here: reading clusters and starting processes (``launcher.py``),
+restoring or warm-starting weights (done on the plain module before ``wrap``).
+
+The public methods check their preconditions once (set up? a module?) and call
+the ``_``-prefixed methods a subclass overrides; with one replica the
+collectives return at once without touching ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import datetime
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any, ContextManager
+
+import torch
+import torch.distributed as distributed
+from torch import nn
+from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+from torchestimator.distribute.input_context import InputContext
+from torchestimator.distribute.launcher import ClusterSpec, cluster_from_torchrun, start_local_replicas
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
+"""torch.distributed backends a MirroredStrategy accepts."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Placement:
+    """Where this replica runs, decided by ``setup()``."""
+
+    device: torch.device
+    """The device this replica computes on."""
+    num_replicas: int = 1
+    """Replicas training together (the world size)."""
+    replica_id: int = 0
+    """This replica's rank, in [0, num_replicas)."""
+    local_replica_id: int = 0
+    """This replica's index on its machine (its LOCAL_RANK)."""
+    local_num_replicas: int = 1
+    """Replicas on this machine."""
+
+
+class Strategy:
+    """How the training loop places, wraps and synchronises its replicas.
+
+    Call ``setup()`` first (it is idempotent); ``teardown()`` ends what setup created.
+    Subclasses override ``_setup`` and ``_wrap``, and the collectives when they run
+    more than one replica.
+    """
+
+    def __init__(self) -> None:
+        self._placement: Placement | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def setup(self) -> None:
+        """Join or create what this strategy needs (process group, device); a no-op when done."""
+        if self._placement is not None:
+            return
+        placement = self._setup()
+        self._placement = placement
+        logger.info(
+            "%r set up: replica %d of %d on %s.", self, placement.replica_id, placement.num_replicas, placement.device
+        )
+
+    def teardown(self) -> None:
+        """Release what ``setup()`` created (a process group it started); a no-op when not set up."""
+        if self._placement is None:
+            return
+        self._teardown()
+        self._placement = None
+
+    @property
+    def is_set_up(self) -> bool:
+        return self._placement is not None
+
+    @property
+    def placement(self) -> Placement:
+        if self._placement is None:
+            raise RuntimeError(
+                f"{type(self).__name__} is not set up: call strategy.setup() before asking for its "
+                "device, replicas or collectives."
+            )
+        return self._placement
+
+    @property
+    def device(self) -> torch.device:
+        return self.placement.device
+
+    @property
+    def num_replicas(self) -> int:
+        return self.placement.num_replicas
+
+    @property
+    def replica_id(self) -> int:
+        return self.placement.replica_id
+
+    @property
+    def is_chief(self) -> bool:
+        """Replica 0, the only one that writes files."""
+        return self.placement.replica_id == 0
+
+    def input_context(self) -> InputContext:
+        """What an input_fn needs to read this replica's share of the data."""
+        placement = self.placement
+        return InputContext(
+            num_replicas_in_sync=placement.num_replicas,
+            input_pipeline_id=placement.replica_id,
+            num_input_pipelines=placement.num_replicas,
+        )
+
+    # ------------------------------------------------------------ modules
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        """Move a plain module to the device and wrap it for this strategy's training.
+
+        Restore and warm start belong before this call, on the plain module.
+        """
+        self.placement  # noqa: B018 -- raises the setup() advice
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"{type(self).__name__}.wrap expects a torch.nn.Module; received {type(module).__name__}.")
+        if isinstance(module, (DistributedDataParallel, DataParallel)):
+            raise ValueError(
+                f"{type(self).__name__}.wrap received a module already wrapped in {type(module).__name__}; "
+                "pass the plain module (strategy.unwrap(module) gives it)."
+            )
+        return self._wrap(module)
+
+    def unwrap(self, module: nn.Module) -> nn.Module:
+        """The plain module inside whatever ``wrap`` returned."""
+        while isinstance(module, (DistributedDataParallel, DataParallel)):
+            module = module.module
+        return module
+
+    def no_sync(self, module: nn.Module) -> ContextManager[Any]:
+        """Skip the gradient all-reduce inside (for the non-final micro-batches of an accumulation)."""
+        if isinstance(module, DistributedDataParallel):
+            return module.no_sync()
+        return contextlib.nullcontext()
+
+    # ------------------------------------------------------------ collectives
+
+    def reduce_mean(self, value: float | torch.Tensor) -> float:
+        """The mean over replicas of a scalar (a loss to log)."""
+        placement = self.placement
+        if isinstance(value, torch.Tensor) and value.numel() != 1:
+            raise ValueError(f"reduce_mean expects a scalar; received a tensor of shape {tuple(value.shape)}.")
+        if placement.num_replicas == 1:
+            return float(value)
+        tensor = torch.tensor(float(value), dtype=torch.float64, device=placement.device)
+        return float(self._all_reduce(tensor, distributed.ReduceOp.SUM)) / placement.num_replicas
+
+    def all_agree(self, flag: bool) -> bool:
+        """True on every replica if any replica says True (stop requested, NaN seen), so all stop together."""
+        placement = self.placement
+        if placement.num_replicas == 1:
+            return bool(flag)
+        tensor = torch.tensor(1 if flag else 0, dtype=torch.int32, device=placement.device)
+        return bool(self._all_reduce(tensor, distributed.ReduceOp.MAX))
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Replica ``src``'s ``obj`` on every replica (pickled in memory between our own processes)."""
+        placement = self.placement
+        if not 0 <= src < placement.num_replicas:
+            raise ValueError(
+                f"broadcast_object src must be a replica id in [0, {placement.num_replicas}); received {src}."
+            )
+        if placement.num_replicas == 1:
+            return obj
+        return self._broadcast_object(obj, src)
+
+    def barrier(self) -> None:
+        """Wait until every replica gets here."""
+        if self.placement.num_replicas > 1:
+            self._barrier()
+
+    # ------------------------------------------------------------ for subclasses
+
+    def _setup(self) -> Placement:
+        raise NotImplementedError
+
+    def _wrap(self, module: nn.Module) -> nn.Module:
+        raise NotImplementedError
+
+    def _teardown(self) -> None:
+        pass
+
+    def _all_reduce(self, tensor: torch.Tensor, op: Any) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} runs one replica and has no collectives.")
+
+    def _broadcast_object(self, obj: Any, src: int) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} runs one replica and has no collectives.")
+
+    def _barrier(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} runs one replica and has no collectives.")
+
+
+def _check_device_exists(device: torch.device, where: str) -> None:
+    if device.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        raise ValueError(f"{where} asks for {device}, but CUDA is not available here. Use device='cpu' or None.")
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(
+            f"{where} asks for {device}, but this machine has {torch.cuda.device_count()} CUDA device(s)."
+        )
+
+
+class OneDeviceStrategy(Strategy):
+    """One process on one device; ``wrap`` only moves the module there."""
+
+    def __init__(self, device: str | torch.device | None = None) -> None:
+        super().__init__()
+        self._requested_device = None if device is None else torch.device(device)
+
+    def __repr__(self) -> str:
+        return f"OneDeviceStrategy(device={None if self._requested_device is None else str(self._requested_device)!r})"
+
+    def _setup(self) -> Placement:
+        device = self._requested_device
+        if device is None:
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        _check_device_exists(device, "OneDeviceStrategy")
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)
+        world_size = os.environ.get("WORLD_SIZE", "1")
+        if world_size.isdigit() and int(world_size) > 1:
+            logger.warning(
+                "WORLD_SIZE=%s says this program was launched as several processes, but OneDeviceStrategy "
+                "trains each alone and every process will write model_dir. Use MirroredStrategy.", world_size,
+            )
+        return Placement(device=device)
+
+    def _wrap(self, module: nn.Module) -> nn.Module:
+        return module.to(self.placement.device)
+
+
+class MirroredStrategy(Strategy):
+    """Data parallel training: one process per replica, gradients averaged by DistributedDataParallel.
+
+    ``setup()`` finds its processes in one of three ways:
+
+    * a process group already exists (``torchestimator.testing.run_in_processes``): it is used
+      as is and left for its creator to destroy;
+    * the program was started by ``torchrun`` or ``torchestimator launch`` (RANK, WORLD_SIZE,
+      MASTER_ADDR, MASTER_PORT are set): each process joins the group from those variables;
+    * a plain ``python script.py`` (as with tf.estimator): this process becomes replica 0 and
+      runs the same command line again as replicas 1..N-1, then all join the group. Code before
+      ``setup()`` therefore runs in every replica, as under torchrun. At exit, replica 0 waits for
+      the others and exits with status 1 if one failed. Programs that cannot be re-run
+      (``python -c``, stdin, notebooks) get a ``RelaunchError`` that says to use the launcher.
+
+    Args:
+        num_replicas: replicas to train. None means the launched world size, else one per
+            CUDA device, else 1 on a machine without CUDA (as tf.distribute.MirroredStrategy
+            uses the CPU as its one replica); ask for several CPU processes explicitly.
+        backend: torch.distributed backend; None is nccl on CUDA devices, gloo on CPU.
+        devices: one device per local replica (``["cuda:0", "cuda:2"]`` or ``[0, 2]``); None is
+            ``cuda:<LOCAL_RANK>`` when CUDA is available, else the CPU.
+        find_unused_parameters: passed to DistributedDataParallel, for models whose forward
+            skips some parameters.
+        timeout_seconds: how long a collective waits for the other replicas before failing.
+    """
+
+    def __init__(
+        self,
+        num_replicas: int | None = None,
+        backend: str | None = None,
+        devices: Sequence[str | int | torch.device] | None = None,
+        *,
+        find_unused_parameters: bool = False,
+        timeout_seconds: float = 1800.0,
+    ) -> None:
+        super().__init__()
+        if num_replicas is not None and (
+            isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1
+        ):
+            raise ValueError(
+                f"MirroredStrategy num_replicas must be a positive integer or None; received {num_replicas!r}."
+            )
+        if backend is not None and backend not in BACKENDS:
+            raise ValueError(f"MirroredStrategy backend must be one of {BACKENDS} or None; received {backend!r}.")
+        if timeout_seconds <= 0:
+            raise ValueError(f"MirroredStrategy timeout_seconds must be positive; received {timeout_seconds!r}.")
+        self._devices = None if devices is None else tuple(_as_device(device) for device in devices)
+        if self._devices is not None and not self._devices:
+            raise ValueError("MirroredStrategy devices must name at least one device, or be None.")
+        if self._devices is not None and num_replicas is not None and num_replicas != len(self._devices):
+            raise ValueError(
+                f"MirroredStrategy received num_replicas={num_replicas} but {len(self._devices)} devices "
+                f"{[str(device) for device in self._devices]}; give one device per replica."
+            )
+        self._requested_replicas = num_replicas
+        self._backend = backend
+        self._find_unused_parameters = find_unused_parameters
+        self._timeout = datetime.timedelta(seconds=timeout_seconds)
+        self._created_group = False
+
+    def __repr__(self) -> str:
+        return f"MirroredStrategy(num_replicas={self._requested_replicas}, backend={self._backend!r})"
+
+    # ------------------------------------------------------------ setup
+
+    def _setup(self) -> Placement:
+        if distributed.is_initialized():
+            return self._adopt_group()
+        cluster = cluster_from_torchrun(os.environ)
+        if cluster is None:
+            num_replicas = self._default_num_replicas()
+            if num_replicas == 1:
+                return self._single_process_group()
+            start_local_replicas(num_replicas)
+            cluster = cluster_from_torchrun(os.environ)
+            assert cluster is not None, "start_local_replicas sets the torchrun variables"
+        return self._join_group(cluster)
+
+    def _default_num_replicas(self) -> int:
+        if self._requested_replicas is not None:
+            return self._requested_replicas
+        if self._devices is not None:
+            return len(self._devices)
+        if torch.cuda.is_available():
+            return torch.cuda.device_count()
+        logger.info(
+            "MirroredStrategy: no CUDA device, so one replica on the CPU; pass num_replicas=N for N CPU processes."
+        )
+        return 1
+
+    def _check_world_size(self, world_size: int, where: str) -> None:
+        if self._requested_replicas is not None and self._requested_replicas != world_size:
+            raise ValueError(
+                f"MirroredStrategy(num_replicas={self._requested_replicas}) but {where} has {world_size} "
+                f"processes. Launch {self._requested_replicas} processes, or use num_replicas=None to take "
+                "the launched count."
+            )
+
+    def _pick_device(self, local_rank: int, local_world_size: int) -> torch.device:
+        if self._devices is not None:
+            if local_world_size > len(self._devices):
+                raise ValueError(
+                    f"MirroredStrategy has {len(self._devices)} devices for {local_world_size} local replicas "
+                    f"(LOCAL_WORLD_SIZE); give one device per local replica."
+                )
+            device = self._devices[local_rank]
+        elif torch.cuda.is_available():
+            device = torch.device("cuda", local_rank)
+        else:
+            device = torch.device("cpu")
+        _check_device_exists(device, f"MirroredStrategy replica with LOCAL_RANK={local_rank}")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        return device
+
+    def _backend_for(self, device: torch.device) -> str:
+        return self._backend or ("nccl" if device.type == "cuda" else "gloo")
+
+    def _join_group(self, cluster: ClusterSpec) -> Placement:
+        assert cluster.rank is not None and cluster.world_size is not None
+        self._check_world_size(cluster.world_size, "the launched run (WORLD_SIZE)")
+        device = self._pick_device(cluster.local_rank, cluster.local_world_size)
+        distributed.init_process_group(
+            self._backend_for(device), init_method="env://", rank=cluster.rank,
+            world_size=cluster.world_size, timeout=self._timeout,
+        )
+        self._after_group_created(cluster.local_world_size)
+        return Placement(
+            device=device, num_replicas=cluster.world_size, replica_id=cluster.rank,
+            local_replica_id=cluster.local_rank, local_num_replicas=cluster.local_world_size,
+        )
+
+    def _single_process_group(self) -> Placement:
+        # DDP needs a process group even for one replica; an in-memory store needs no port.
+        device = self._pick_device(0, 1)
+        distributed.init_process_group(
+            self._backend_for(device), store=distributed.HashStore(), rank=0, world_size=1, timeout=self._timeout
+        )
+        self._after_group_created(1)
+        return Placement(device=device)
+
+    def _adopt_group(self) -> Placement:
+        world_size, rank = distributed.get_world_size(), distributed.get_rank()
+        self._check_world_size(world_size, "the existing process group")
+        backend = str(distributed.get_backend())
+        if self._backend is not None and self._backend != backend:
+            raise ValueError(
+                f"MirroredStrategy(backend={self._backend!r}) but the existing process group uses {backend!r}. "
+                "Use backend=None to take the existing group's backend."
+            )
+        cluster = cluster_from_torchrun(os.environ)
+        local_rank = cluster.local_rank if cluster is not None else rank
+        local_world_size = cluster.local_world_size if cluster is not None else world_size
+        device = self._pick_device(local_rank, local_world_size)
+        _limit_threads(local_world_size)
+        return Placement(
+            device=device, num_replicas=world_size, replica_id=rank,
+            local_replica_id=local_rank, local_num_replicas=local_world_size,
+        )
+
+    def _after_group_created(self, local_world_size: int) -> None:
+        self._created_group = True
+        atexit.register(self.teardown)
+        _limit_threads(local_world_size)
+
+    def _teardown(self) -> None:
+        if self._created_group:
+            atexit.unregister(self.teardown)
+            if distributed.is_initialized():
+                distributed.destroy_process_group()
+            self._created_group = False
+
+    # ------------------------------------------------------------ modules and collectives
+
+    def _wrap(self, module: nn.Module) -> nn.Module:
+        device = self.placement.device
+        module = module.to(device)
+        if not any(parameter.requires_grad for parameter in module.parameters()):
+            # DDP refuses modules with nothing to train (a frozen model being evaluated).
+            logger.debug("MirroredStrategy.wrap: no trainable parameters, so no DistributedDataParallel.")
+            return module
+        return DistributedDataParallel(
+            module,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=self._find_unused_parameters,
+        )
+
+    def _all_reduce(self, tensor: torch.Tensor, op: Any) -> torch.Tensor:
+        distributed.all_reduce(tensor, op=op)
+        return tensor
+
+    def _broadcast_object(self, obj: Any, src: int) -> Any:
+        objects = [obj if self.placement.replica_id == src else None]
+        distributed.broadcast_object_list(objects, src=src, device=self.placement.device)
+        return objects[0]
+
+    def _barrier(self) -> None:
+        device = self.placement.device
+        if device.type == "cuda":
+            distributed.barrier(device_ids=[device.index])
+        else:
+            distributed.barrier()
+
+
+def _as_device(device: str | int | torch.device) -> torch.device:
+    if isinstance(device, int) and not isinstance(device, bool):
+        return torch.device("cuda", device)
+    if isinstance(device, (str, torch.device)):
+        return torch.device(device)
+    raise TypeError(
+        f"MirroredStrategy devices must be device names, CUDA indices or torch.device; received {device!r}."
+    )
+
+
+def _limit_threads(local_world_size: int) -> None:
+    """Share the CPU cores among the local replicas, never raising a count the user set."""
+    configured = os.environ.get("OMP_NUM_THREADS", "")
+    target = int(configured) if configured.isdigit() and int(configured) > 0 else None
+    if target is None:
+        target = max(1, (os.cpu_count() or 1) // local_world_size)
+    if torch.get_num_threads() > target:
+        torch.set_num_threads(target)
