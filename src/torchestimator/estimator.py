@@ -197,7 +197,7 @@ class Estimator:
         finally:
             writer.close()
             module.eval()
-            strategy.barrier()
+        strategy.barrier()  # the chief's final checkpoint is on disk before any replica reads it
         self._module_holds = checkpointer.last_saved_path if checkpointer and checkpointer.last_saved_path else "trained"
         self._held_step = run.state.global_step
         return self
@@ -306,8 +306,7 @@ class Estimator:
     def _inference_run(self, input_fn: Callable[..., Any], mode: str, hooks: Iterable[Hook] | None,
                        checkpoint_path: str | None, steps: int | None) -> EvalRun:
         input_fn_args = check_declared(input_fn, "input_fn", _INPUT_FN_ARGS)
-        config = self._config
-        strategy = config.eval_distribute or config.train_distribute or OneDeviceStrategy(config.device)
+        strategy = self._inference_strategy(mode)
         strategy.setup()
         hook_list = HookList(hooks or ())
         module = self._build_module(strategy.device)
@@ -315,9 +314,21 @@ class Estimator:
         self._load_for_inference(module, checkpoint_path, state)
         hook_list.begin(state)
         source = self._call_input_fn(input_fn, input_fn_args, mode, strategy)
+        config = self._config
         return EvalRun(strategy=strategy, module=module, call_model_fn=self._model_fn_caller(), hooks=hook_list,
                        state=state, input_source=source, steps=steps, progress_bar=config.progress_bar,
                        mixed_precision_config=config)
+
+    def _inference_strategy(self, mode: str) -> Any:
+        """Evaluation is sharded across the training replicas; predict runs whole in every process,
+        so each caller gets every prediction (as tf.estimator's predict, which never distributed)."""
+        config = self._config
+        distributed = config.eval_distribute or config.train_distribute
+        if mode == ModeKeys.EVAL and distributed is not None:
+            return distributed
+        if distributed is not None and distributed.is_set_up:
+            return OneDeviceStrategy(distributed.device)
+        return OneDeviceStrategy(config.device)
 
     def _load_for_inference(self, module: torch.nn.Module, checkpoint_path: str | None, state: TrainState) -> None:
         path = checkpoint_path or self._store.latest_checkpoint()

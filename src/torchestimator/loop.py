@@ -78,7 +78,7 @@ def _agree(strategy: Any, flags: list[bool]) -> list[bool]:
     """One small all-reduce per step so every replica stops and saves together."""
     if strategy.num_replicas == 1 or not dist.is_initialized():
         return flags
-    tensor = torch.tensor([int(flag) for flag in flags], dtype=torch.int32)
+    tensor = torch.tensor([int(flag) for flag in flags], dtype=torch.int32, device=strategy.device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return [bool(value) for value in tensor.tolist()]
 
@@ -200,12 +200,6 @@ def train_loop(run: TrainingRun) -> TrainState:
             context._loss_tensor = loss
             # The NaN guard needs the loss on the host each step (one sync; free on CPU).
             context._loss_value = state.last_loss = float(loss)
-            if not math.isfinite(context._loss_value):
-                raise NanLossDuringTrainingError(
-                    f"NaN or infinite loss at step {state.global_step}; training stopped and no checkpoint was "
-                    f"written for this step. The last good checkpoint is "
-                    f"{checkpointer.last_saved_path if checkpointer and checkpointer.last_saved_path else 'the newest in model_dir'}."
-                )
             run.hooks.after_step(context)
             if summary_every is not None and strategy.is_chief and summary_every.should_fire(state.global_step):
                 summary_every.mark(state.global_step)
@@ -213,7 +207,15 @@ def train_loop(run: TrainingRun) -> TrainState:
             due = checkpoint_every is not None and checkpoint_every.should_fire(state.global_step)
             # Seconds-based triggers differ between processes: the chief's clock decides.
             due_here = due and (strategy.is_chief or config.save_checkpoints_steps is not None)
-            stop, interrupted, save = _agree(strategy, [context.stop_requested, interrupt.raised, due_here or bool(pending_listeners)])
+            stop, interrupted, save, not_finite = _agree(strategy, [
+                context.stop_requested, interrupt.raised, due_here or bool(pending_listeners),
+                not math.isfinite(context._loss_value)])
+            if not_finite:  # on any replica: all of them stop here, before anything is saved
+                raise NanLossDuringTrainingError(
+                    f"NaN or infinite loss at step {state.global_step}; training stopped and no checkpoint was "
+                    f"written for this step. The last good checkpoint is "
+                    f"{checkpointer.last_saved_path if checkpointer and checkpointer.last_saved_path else 'the newest in model_dir'}."
+                )
             if save or (interrupted and checkpointer is not None):
                 if checkpointer is None:
                     raise ValueError("A hook asked for a checkpoint but checkpoints are disabled in RunConfig.")
@@ -271,9 +273,11 @@ def eval_loop(run: EvalRun, accumulators: Any) -> dict[str, Any]:
             with _autocast(run.mixed_precision_config, strategy.device):
                 spec = validate_spec(run.call_model_fn(run.module, features, labels, ModeKeys.EVAL), ModeKeys.EVAL)
             # The loss is weighted by batch size, so it is the per-example mean even with a short last batch.
-            rows = batch_length(labels if labels is not None else features) or 1
-            loss_sum += spec.loss.detach().double().reshape(()) * rows
-            example_count += rows
+            rows = batch_length(labels if labels is not None else features)
+            rows = 1 if rows is None else rows
+            if rows:  # a replica's share of a short last batch may be empty; its loss is NaN
+                loss_sum += spec.loss.detach().double().reshape(()) * rows
+                example_count += rows
             if spec.eval_metric_ops:
                 accumulators.update(spec.eval_metric_ops)
             batches_seen += 1
@@ -285,7 +289,7 @@ def eval_loop(run: EvalRun, accumulators: Any) -> dict[str, Any]:
             if context.stop_requested:
                 break
     if strategy.num_replicas > 1 and dist.is_initialized():
-        totals = torch.stack([loss_sum, example_count]).cpu()
+        totals = torch.stack([loss_sum, example_count])
         dist.all_reduce(totals)
         loss_sum, example_count = totals[0], totals[1]
     if float(example_count) == 0:
