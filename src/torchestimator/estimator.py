@@ -100,6 +100,34 @@ class Estimator:
             keep_checkpoint_every_n_hours=self._config.keep_checkpoint_every_n_hours,
         )
 
+    @classmethod
+    def from_module(
+        cls,
+        module: torch.nn.Module | ModelFactory,
+        loss: str | Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        optimizer: str | type | Callable[..., torch.optim.Optimizer] = "adam",
+        metrics: Iterable[str] | Mapping[str, Callable[..., Any]] | None = None,
+        *,
+        learning_rate: float | None = None,
+        model_dir: str | os.PathLike[str] | None = None,
+        config: RunConfig | None = None,
+        params: Mapping[str, Any] | None = None,
+        lr_scheduler: Callable[..., Any] | None = None,
+    ) -> Estimator:
+        """An Estimator for one module and one loss, as Keras compile + fit or model_to_estimator.
+
+        `loss` is a name (cross_entropy / sparse_categorical_crossentropy, binary_crossentropy, mse, mae)
+        or a callable (outputs, labels) -> loss; `optimizer` a name (adam, adamw, sgd, rmsprop, with
+        Keras's default learning rates), an Optimizer class or a factory; `metrics` names (accuracy,
+        precision, recall, auc, mse, mae, rmse) or {name: callable(labels, predictions) -> metric op}.
+        Predictions are {"outputs"}, plus "class" and "probabilities" for classification losses.
+        """
+        from torchestimator.module_estimator import build_model_fn, resolve_optimizer
+
+        model_fn = build_model_fn(loss, list(metrics) if metrics is not None and not isinstance(metrics, Mapping) else metrics)
+        return cls(model_fn=model_fn, model=module, optimizer=resolve_optimizer(optimizer, learning_rate),
+                   model_dir=model_dir, config=config, params=params, lr_scheduler=lr_scheduler)
+
     # -- properties -------------------------------------------------------
 
     @property

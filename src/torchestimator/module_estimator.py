@@ -1,0 +1,148 @@
+"""Estimator.from_module: the one-module case (Keras compile + fit, model_to_estimator).
+
+Builds a model_fn from a module, a loss and a few metrics named the way
+Keras users name them. Anything beyond one module, one loss and per-batch
+metrics deserves a hand-written model_fn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from torchestimator import metrics as metric_ops
+from torchestimator.spec import EstimatorSpec, ModeKeys
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _binary_cross_entropy_with_logits(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.binary_cross_entropy_with_logits(outputs.reshape(labels.shape), labels.to(outputs.dtype))
+
+
+def _regression(loss: LossFn) -> LossFn:
+    def compute(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return loss(outputs.reshape(labels.shape), labels.to(outputs.dtype))
+    return compute
+
+
+# name -> (loss function, task): the task decides which predictions and metrics make sense.
+LOSSES: dict[str, tuple[LossFn, str]] = {
+    "cross_entropy": (F.cross_entropy, "multiclass"),
+    "sparse_categorical_crossentropy": (F.cross_entropy, "multiclass"),
+    "binary_cross_entropy_with_logits": (_binary_cross_entropy_with_logits, "binary"),
+    "binary_crossentropy": (_binary_cross_entropy_with_logits, "binary"),
+    "mse": (_regression(F.mse_loss), "regression"),
+    "mean_squared_error": (_regression(F.mse_loss), "regression"),
+    "mae": (_regression(F.l1_loss), "regression"),
+    "mean_absolute_error": (_regression(F.l1_loss), "regression"),
+}
+
+OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], float]] = {
+    # Keras's default learning rates, so a Keras user's "adam" behaves as they expect.
+    "adam": (torch.optim.Adam, 1e-3),
+    "adamw": (torch.optim.AdamW, 1e-3),
+    "sgd": (torch.optim.SGD, 1e-2),
+    "rmsprop": (torch.optim.RMSprop, 1e-3),
+}
+
+
+def resolve_loss(loss: str | LossFn) -> tuple[LossFn, str]:
+    if isinstance(loss, str):
+        if loss not in LOSSES:
+            raise ValueError(f"Unknown loss {loss!r}. Expected one of {sorted(LOSSES)} or a callable (outputs, labels) -> loss.")
+        return LOSSES[loss]
+    if not callable(loss):
+        raise TypeError(f"loss must be a name or a callable (outputs, labels) -> scalar tensor; received {loss!r}.")
+    name = getattr(loss, "__name__", type(loss).__name__).lower()
+    task = "multiclass" if "cross_entropy" in name or "crossentropy" in name else "custom"
+    if "binary" in name:
+        task = "binary"
+    return loss, task
+
+
+def resolve_optimizer(optimizer: Any, learning_rate: float | None) -> Callable[..., torch.optim.Optimizer]:
+    if isinstance(optimizer, str):
+        key = optimizer.lower()
+        if key not in OPTIMIZERS:
+            raise ValueError(f"Unknown optimizer {optimizer!r}. Expected one of {sorted(OPTIMIZERS)} or a factory.")
+        cls, default_rate = OPTIMIZERS[key]
+        rate = default_rate if learning_rate is None else learning_rate
+        return lambda parameters: cls(parameters, lr=rate)
+    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+        if learning_rate is None:
+            return lambda parameters: optimizer(parameters)
+        return lambda parameters: optimizer(parameters, lr=learning_rate)
+    if callable(optimizer):
+        return optimizer
+    raise TypeError(f"optimizer must be a name, an Optimizer class or a factory; received {optimizer!r}.")
+
+
+def _predictions(outputs: torch.Tensor, task: str) -> dict[str, torch.Tensor]:
+    predictions = {"outputs": outputs}
+    if task == "multiclass":
+        predictions["class"] = outputs.argmax(-1)
+        predictions["probabilities"] = outputs.softmax(-1)
+    elif task == "binary":
+        probability = torch.sigmoid(outputs.reshape(outputs.shape[0], -1)[:, 0] if outputs.dim() > 1 else outputs)
+        predictions["probabilities"] = probability
+        predictions["class"] = (probability > 0.5).long()
+    return predictions
+
+
+def _metric_op(name: str, labels: torch.Tensor, predictions: dict[str, torch.Tensor], task: str) -> Any:
+    outputs = predictions["outputs"]
+    if name in ("accuracy", "acc"):
+        if "class" not in predictions:
+            raise ValueError(f"metric 'accuracy' needs a classification loss; this model's task is {task!r}.")
+        return metric_ops.accuracy(labels.reshape(-1), predictions["class"].reshape(-1))
+    if name in ("precision", "recall", "auc"):
+        if task != "binary":
+            raise ValueError(f"metric {name!r} is binary; use a binary loss (binary_crossentropy), not {task!r}.")
+        if name == "auc":
+            return metric_ops.auc(labels.reshape(-1), predictions["probabilities"].reshape(-1))
+        op = metric_ops.precision if name == "precision" else metric_ops.recall
+        return op(labels.reshape(-1), predictions["class"].reshape(-1))
+    regression = {"mse": metric_ops.mean_squared_error, "mae": metric_ops.mean_absolute_error,
+                  "rmse": metric_ops.root_mean_squared_error}
+    if name in regression:
+        return regression[name](labels.reshape(-1).to(outputs.dtype), outputs.reshape(-1))
+    raise ValueError(f"Unknown metric {name!r}. Expected accuracy, precision, recall, auc, mse, mae, rmse, "
+                     "or pass {name: callable(labels, predictions) -> te.metrics op}.")
+
+
+def _call_module(model: torch.nn.Module, features: Any) -> torch.Tensor:
+    if isinstance(features, torch.Tensor):
+        return model(features)
+    if isinstance(features, Mapping):
+        if len(features) == 1:
+            return model(next(iter(features.values())))
+        return model(**features)
+    raise TypeError(f"from_module feeds a tensor or a dict of tensors to the module; received {type(features).__name__}.")
+
+
+def build_model_fn(loss: str | LossFn, metrics: Sequence[str] | Mapping[str, Callable[..., Any]] | None) -> Callable[..., EstimatorSpec]:
+    """A model_fn: outputs = module(features); loss(outputs, labels); named metrics on the outputs."""
+    loss_fn, task = resolve_loss(loss)
+    if isinstance(metrics, Mapping):
+        named = dict(metrics)
+    else:
+        named = {name: None for name in (metrics or ())}
+        for name in named:  # refuse a metric that cannot work before any training runs
+            if task == "custom" and name not in ("mse", "mae", "rmse"):
+                raise ValueError(f"metric {name!r} needs a known loss name to know the task; pass metrics as a dict "
+                                 "{name: callable(labels, predictions)} for a custom loss.")
+
+    def model_fn(model: torch.nn.Module, features: Any, labels: Any, mode: str) -> EstimatorSpec:
+        outputs = _call_module(model, features)
+        predictions = _predictions(outputs, task)
+        if mode == ModeKeys.PREDICT:
+            return EstimatorSpec(mode, predictions=predictions)
+        ops = {name: (custom(labels, predictions) if custom else _metric_op(name, labels, predictions, task))
+               for name, custom in named.items()}
+        return EstimatorSpec(mode, predictions=predictions, loss=loss_fn(outputs, labels), eval_metric_ops=ops)
+
+    return model_fn
