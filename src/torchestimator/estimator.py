@@ -405,14 +405,17 @@ class Estimator:
         state.input_position = checkpoint.extra.get("input_position")
 
     def _model_fn_caller(self) -> Callable[..., EstimatorSpec]:
-        declared, model_fn, params, config = self._model_fn_args, self._model_fn, self._params, self._config
+        declared, model_fn = self._model_fn_args, self._model_fn
         takes_labels = "labels" in declared
+        # Work out once what is passed, so each batch only builds a small dict.
+        fixed = {name: value for name, value in (("params", self._params), ("config", self._config)) if name in declared}
+        per_batch = [name for name in ("model", "features", "labels", "mode") if name in declared]
 
         def call(model: torch.nn.Module, features: Any, labels: Any, mode: str) -> EstimatorSpec:
             if labels is not None and not takes_labels:
                 raise ValueError("model_fn does not take labels, but input_fn returns labels.")
-            return call_with(model_fn, declared, {"model": model, "features": features, "labels": labels,
-                                                  "mode": mode, "params": params, "config": config})
+            values = {"model": model, "features": features, "labels": labels, "mode": mode}
+            return model_fn(**{name: values[name] for name in per_batch}, **fixed)
 
         return call
 

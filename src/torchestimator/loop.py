@@ -48,6 +48,8 @@ class TrainingRun:
     summary_writer: Any
     input_source: Any
     last_step: int | None
+    batches: _Batches | None = None
+    autocast: Callable[[], Any] | None = None
 
 
 class _InterruptFlag:
@@ -83,10 +85,17 @@ def _agree(strategy: Any, flags: list[bool]) -> list[bool]:
     return [bool(value) for value in tensor.tolist()]
 
 
-def _autocast(config: RunConfig, device: torch.device) -> contextlib.AbstractContextManager:
+def _autocast_factory(config: RunConfig, device: torch.device) -> Callable[[], Any] | None:
+    """A maker of autocast contexts for mixed precision, or None when running in full precision."""
     if config.mixed_precision is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=getattr(torch, MIXED_PRECISION_DTYPES[config.mixed_precision]))
+        return None
+    dtype = getattr(torch, MIXED_PRECISION_DTYPES[config.mixed_precision])
+    return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+def _autocast(config: RunConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    factory = _autocast_factory(config, device)
+    return _NO_CONTEXT if factory is None else factory()
 
 
 class _Batches:
@@ -99,47 +108,61 @@ class _Batches:
 
     def next(self) -> tuple[Any, Any]:
         batch = next(self.iterator)
-        features, labels = split_batch(batch, self.index)
+        if type(batch) is tuple and len(batch) == 2:  # the common case, without the checks' cost
+            features, labels = batch
+        else:
+            features, labels = split_batch(batch, self.index)
         self.index += 1
         if self.device.type == "cpu":
             return features, labels
         return to_device(features, self.device), to_device(labels, self.device)
 
 
-def _train_step(run: TrainingRun, batches: _Batches) -> tuple[EstimatorSpec, torch.Tensor]:
+_NO_CONTEXT = contextlib.nullcontext()  # reusable; saves building one per step
+
+
+def _micro_step(run: TrainingRun, accumulation: int, last: bool) -> tuple[EstimatorSpec, torch.Tensor | None]:
+    """Forward and backward on one batch; returns the spec and the detached loss (None after a train_op)."""
+    features, labels = run.batches.next()
+    sync = _NO_CONTEXT if last else run.strategy.no_sync(run.wrapped)
+    with sync:
+        with run.autocast() if run.autocast is not None else _NO_CONTEXT:
+            spec = validate_spec(run.call_model_fn(run.wrapped, features, labels, ModeKeys.TRAIN), ModeKeys.TRAIN)
+        if spec.train_op is not None:
+            if accumulation > 1:
+                raise ValueError("EstimatorSpec.train_op cannot be combined with gradient_accumulation_steps > 1.")
+            spec.train_op()
+            return spec, None
+        loss = spec.loss if spec.loss.dim() == 0 else spec.loss.reshape(())
+        if accumulation > 1:
+            loss = loss / accumulation
+        scaler = run.training_objects["grad_scaler"]
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+    return spec, loss.detach()
+
+
+def _train_step(run: TrainingRun) -> tuple[EstimatorSpec, torch.Tensor]:
     """One optimizer step over gradient_accumulation_steps micro-batches; StopIteration when input ends."""
-    config, strategy = run.config, run.strategy
-    accumulation = config.gradient_accumulation_steps
+    accumulation = run.config.gradient_accumulation_steps
+    spec, total_loss = _micro_step(run, accumulation, accumulation == 1)
+    if total_loss is None:  # the spec's train_op did the whole step
+        return spec, spec.loss.detach()
+    for micro_step in range(1, accumulation):
+        spec, loss = _micro_step(run, accumulation, micro_step == accumulation - 1)
+        total_loss = total_loss + loss
     optimizer = run.training_objects["optimizer"]
-    scaler = run.training_objects.get("grad_scaler")
-    total_loss = None
-    for micro_step in range(accumulation):
-        features, labels = batches.next()
-        last_micro_step = micro_step == accumulation - 1
-        sync = contextlib.nullcontext() if last_micro_step else strategy.no_sync(run.wrapped)
-        with sync:
-            with _autocast(config, strategy.device):
-                spec = validate_spec(run.call_model_fn(run.wrapped, features, labels, ModeKeys.TRAIN), ModeKeys.TRAIN)
-            if spec.train_op is not None:
-                if accumulation > 1:
-                    raise ValueError("EstimatorSpec.train_op cannot be combined with gradient_accumulation_steps > 1.")
-                spec.train_op()
-                return spec, spec.loss.detach()
-            loss = spec.loss.reshape(()) / accumulation if accumulation > 1 else spec.loss.reshape(())
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-        detached = loss.detach().float()
-        total_loss = detached if total_loss is None else total_loss + detached
-    if config.clip_grad_norm is not None:
+    scaler = run.training_objects["grad_scaler"]
+    if run.config.clip_grad_norm is not None:
         if scaler is not None:
             scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(run.module.parameters(), config.clip_grad_norm)
+        torch.nn.utils.clip_grad_norm_(run.module.parameters(), run.config.clip_grad_norm)
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    if run.training_objects.get("lr_scheduler") is not None:
+    if run.training_objects["lr_scheduler"] is not None:
         run.training_objects["lr_scheduler"].step()
     return spec, total_loss
 
@@ -168,7 +191,8 @@ def _write_train_summaries(run: TrainingRun, loss: torch.Tensor, step: int) -> N
 def train_loop(run: TrainingRun) -> TrainState:
     """Runs steps until last_step, the end of input, a stop request or Ctrl-C; returns the final state."""
     state, config, strategy = run.state, run.config, run.strategy
-    batches = _Batches(run.input_source, strategy.device)
+    run.batches = _Batches(run.input_source, strategy.device)
+    run.autocast = _autocast_factory(config, strategy.device)
     checkpointer = run.checkpointer
     checkpoint_every = None
     if checkpointer is not None:
@@ -184,11 +208,12 @@ def train_loop(run: TrainingRun) -> TrainState:
     total = None if run.last_step is None else run.last_step
     progress = Progress("train", total=total, initial=state.global_step, enabled=config.progress_bar and strategy.is_chief)
     steps_this_call = 0
+    several_replicas = strategy.num_replicas > 1
     with _InterruptFlag(config.checkpoint_on_interrupt) as interrupt, progress:
         while run.last_step is None or state.global_step < run.last_step:
             run.hooks.before_step(context)
             try:
-                spec, loss = _train_step(run, batches)
+                spec, loss = _train_step(run)
             except StopIteration:
                 logger.info("Input ended after %d steps in this call (global step %d).", steps_this_call, state.global_step)
                 break
@@ -207,9 +232,9 @@ def train_loop(run: TrainingRun) -> TrainState:
             due = checkpoint_every is not None and checkpoint_every.should_fire(state.global_step)
             # Seconds-based triggers differ between processes: the chief's clock decides.
             due_here = due and (strategy.is_chief or config.save_checkpoints_steps is not None)
-            stop, interrupted, save, not_finite = _agree(strategy, [
-                context.stop_requested, interrupt.raised, due_here or bool(pending_listeners),
-                not math.isfinite(context._loss_value)])
+            flags = [context.stop_requested, interrupt.raised, due_here or bool(pending_listeners),
+                     not math.isfinite(context._loss_value)]
+            stop, interrupted, save, not_finite = _agree(strategy, flags) if several_replicas else flags
             if not_finite:  # on any replica: all of them stop here, before anything is saved
                 raise NanLossDuringTrainingError(
                     f"NaN or infinite loss at step {state.global_step}; training stopped and no checkpoint was "

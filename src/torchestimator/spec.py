@@ -51,6 +51,8 @@ class EstimatorSpec:
             )
         for field in ("training_hooks", "evaluation_hooks", "prediction_hooks"):
             hooks = getattr(self, field)
+            if type(hooks) is tuple:  # the default: nothing to convert (this runs for every batch)
+                continue
             if hooks is None:
                 hooks = ()
             if not isinstance(hooks, Iterable):

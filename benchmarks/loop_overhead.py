@@ -1,0 +1,448 @@
+"""Benchmark: the per-step cost of Estimator.train against a hand-written PyTorch loop.
+
+Only the framework's per-step dispatch is measured: both loops get the same
+model, seed, thread count and pre-built in-memory batches, and the Estimator
+runs with checkpoints, summaries, step logging and the progress bar disabled.
+
+Method: many short rounds of each loop, interleaved in rotating order, the
+first dropped as warm-up. A loop's time in a round is the median of its step
+times (on the process CPU clock by default, which leaves out the time other
+programs hold the cores); a ratio is the median over rounds of the two loops'
+times in the same round. The hand loop also runs against itself, and that
+ratio is printed as the noise floor: differences smaller than its distance
+from 1 are not resolved. The final weights of the Estimator and the hand loop
+must be bit-identical in every round (the script exits 1 otherwise). When
+PyTorch Lightning is installed (the `bench` extra) its Trainer runs the MLP too.
+
+Run:  python benchmarks/loop_overhead.py [--steps N] [--cnn-steps N] [--rounds R] [--threads T] [--quick]
+Last line:  loop_overhead mlp=<ratio> cnn=<ratio> lightning_mlp=<ratio or n/a>
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import logging
+import math
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchestimator as te
+
+Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
+TARGETS = {"mlp": 1.05, "cnn": 1.01}
+LEARNING_RATE = 1e-3
+CLASSES = 10
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Workload:
+    """One model and its data, run identically by every loop."""
+
+    name: str
+    """Short name used in the output ("mlp", "cnn")."""
+    build_model: Callable[[], nn.Module]
+    """Builds the model; called right after seeding, so equal seeds give equal weights."""
+    example_shape: tuple[int, ...]
+    """Shape of one example (without the batch dimension)."""
+    steps: int
+    """Optimizer steps per round."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Settings:
+    """What the command line chose."""
+
+    steps: int
+    cnn_steps: int
+    rounds: int
+    warmup_rounds: int
+    threads: int
+    clock: str
+    """"cpu" (process CPU time) or "wall": the clock the ratios are computed on."""
+    batch_size: int
+    seed: int
+    quick: bool
+    lightning: bool
+
+
+@dataclasses.dataclass
+class RoundResult:
+    """One loop's run of one round: the clocks after each step and the trained model."""
+
+    stamps: list[tuple[float, float]]
+    model: nn.Module
+
+
+def stamp() -> tuple[float, float]:
+    """(wall clock, this process's CPU time) in seconds.
+
+    CPU time leaves out the time the process waits while other programs run,
+    which on a shared machine is most of the noise in wall-clock step times;
+    the framework's per-step work is CPU work, so CPU time still counts it.
+    """
+    return time.perf_counter(), time.process_time()
+
+
+# -- models and data ---------------------------------------------------------
+
+
+def tiny_mlp(features: int = 32, hidden: int = 64) -> nn.Module:
+    return nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, CLASSES))
+
+
+def small_cnn(side: int = 28, channels: int = 16) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(2 * channels * (side // 4) ** 2, CLASSES),
+    )
+
+
+def workloads(settings: Settings) -> list[Workload]:
+    if settings.quick:
+        # Tiny sizes so the smoke test runs in seconds; the numbers mean little.
+        return [
+            Workload(name="mlp", build_model=lambda: tiny_mlp(8, 16), example_shape=(8,), steps=settings.steps),
+            Workload(name="cnn", build_model=lambda: small_cnn(8, 4), example_shape=(1, 8, 8), steps=settings.cnn_steps),
+        ]
+    return [
+        Workload(name="mlp", build_model=tiny_mlp, example_shape=(32,), steps=settings.steps),
+        Workload(name="cnn", build_model=small_cnn, example_shape=(1, 28, 28), steps=settings.cnn_steps),
+    ]
+
+
+def make_batches(workload: Workload, settings: Settings, pool_size: int = 8) -> list[Batch]:
+    """`steps` batches cycling through a small pool of synthetic ones, all built before timing starts."""
+    generator = torch.Generator().manual_seed(settings.seed + 1)
+    pool = []
+    for _ in range(pool_size):
+        features = torch.randn((settings.batch_size, *workload.example_shape), generator=generator)
+        labels = torch.randint(0, CLASSES, (settings.batch_size,), generator=generator)
+        pool.append(({"x": features}, labels))
+    return [pool[index % pool_size] for index in range(workload.steps)]
+
+
+def make_optimizer(parameters: Any) -> torch.optim.Optimizer:
+    return torch.optim.Adam(parameters, lr=LEARNING_RATE)
+
+
+# -- the three loops ---------------------------------------------------------
+
+
+def run_hand(workload: Workload, batches: Sequence[Batch], seed: int) -> RoundResult:
+    """The loop a user would write: the same work per step as the framework, nothing else."""
+    torch.manual_seed(seed)
+    model = workload.build_model()
+    optimizer = make_optimizer(model.parameters())
+    model.train()
+    stamps = []
+    for features, labels in batches:
+        loss = F.cross_entropy(model(features["x"]), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        # The framework's NaN guard reads the loss every step; so does this loop.
+        if not math.isfinite(loss.item()):
+            raise FloatingPointError(f"{workload.name}: loss is not finite at step {len(stamps) + 1}.")
+        stamps.append(stamp())
+    return RoundResult(stamps=stamps, model=model)
+
+
+class _StepStamps(te.Hook):
+    """Records the time after every step; the differences are the step times."""
+
+    def __init__(self) -> None:
+        self.stamps: list[tuple[float, float]] = []
+
+    def after_step(self, run_context: te.RunContext) -> None:
+        self.stamps.append(stamp())
+
+
+def _classifier_model_fn(model, features, labels, mode):
+    return te.EstimatorSpec(mode, loss=F.cross_entropy(model(features["x"]), labels))
+
+
+def run_estimator(workload: Workload, batches: Sequence[Batch], seed: int, model_dir: str) -> RoundResult:
+    """Estimator.train on the same batches; the framework seeds and builds the model itself."""
+    built: list[nn.Module] = []
+
+    def build() -> nn.Module:
+        built.append(workload.build_model())
+        return built[-1]
+
+    config = te.RunConfig(
+        random_seed=seed, save_checkpoints_steps=None, save_checkpoints_secs=None, save_summary_steps=None,
+        log_step_count_steps=None, progress_bar=False, device="cpu",
+    )
+    estimator = te.Estimator(model_fn=_classifier_model_fn, model=build, optimizer=make_optimizer,
+                             model_dir=model_dir, config=config)
+    stamps = _StepStamps()
+    estimator.train(lambda: iter(batches), hooks=[stamps], max_steps=len(batches))
+    return RoundResult(stamps=stamps.stamps, model=built[0])
+
+
+def _import_lightning() -> Any:
+    for name in ("lightning.pytorch", "pytorch_lightning"):
+        try:
+            return __import__(name, fromlist=["Trainer"])
+        except ImportError:
+            continue
+    return None
+
+
+class _Batches:
+    """The pre-built batches as one iterable: Lightning reads a bare list as a list of loaders."""
+
+    def __init__(self, batches: Sequence[Batch]) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Any:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def run_lightning(lightning: Any, workload: Workload, batches: Sequence[Batch], seed: int, root_dir: str) -> RoundResult:
+    """Lightning's Trainer on the same model and batches, with its logging and checkpoints off."""
+
+    class Module(lightning.LightningModule):
+        def __init__(self, net: nn.Module) -> None:
+            super().__init__()
+            self.net = net
+
+        def training_step(self, batch: Batch, batch_index: int) -> torch.Tensor:
+            features, labels = batch
+            return F.cross_entropy(self.net(features["x"]), labels)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return make_optimizer(self.parameters())
+
+    class Stamps(lightning.Callback):
+        def __init__(self) -> None:
+            self.stamps: list[tuple[float, float]] = []
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            self.stamps.append(stamp())
+
+    torch.manual_seed(seed)
+    net = workload.build_model()
+    stamps = Stamps()
+    trainer = lightning.Trainer(
+        max_steps=len(batches), max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, accelerator="cpu", devices=1, num_sanity_val_steps=0, callbacks=[stamps],
+        default_root_dir=root_dir,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # advice about DataLoader workers, irrelevant to in-memory lists
+        trainer.fit(Module(net), train_dataloaders=_Batches(batches))
+    return RoundResult(stamps=stamps.stamps, model=net)
+
+
+# -- measuring ---------------------------------------------------------------
+
+CLOCKS = ("wall", "cpu")  # the order of stamp()'s values
+
+
+@dataclasses.dataclass
+class Measurement:
+    """Median step time of each kept round, per loop and clock, and whether each loop ended with the
+    reference loop's weights in every round."""
+
+    round_medians: dict[str, dict[str, list[float]]]
+    identical: dict[str, bool]
+
+    def median_ms(self, loop: str, clock: str) -> float:
+        """Median over kept rounds of each round's median step time, in milliseconds."""
+        return statistics.median(self.round_medians[loop][clock]) * 1e3
+
+    def ratio(self, loop: str, reference: str, clock: str) -> float:
+        """Median over rounds of loop / reference within the same round.
+
+        Pairing runs that were seconds apart cancels the slow swings in
+        speed that other programs on the machine cause; the median drops the
+        rounds that a burst of load hit on one side only.
+        """
+        pairs = zip(self.round_medians[loop][clock], self.round_medians[reference][clock])
+        return statistics.median(value / reference_value for value, reference_value in pairs)
+
+
+def step_times(stamps: Sequence[tuple[float, float]], skip: int) -> dict[str, list[float]]:
+    """Seconds per step on each clock from consecutive stamps, leaving out the first `skip` steps."""
+    kept = stamps[skip:]
+    return {clock: [later[index] - earlier[index] for earlier, later in zip(kept, kept[1:])]
+            for index, clock in enumerate(CLOCKS)}
+
+
+def same_weights(first: nn.Module, second: nn.Module) -> bool:
+    """Bit-identical state_dicts: same keys, and torch.equal on every entry."""
+    a, b = first.state_dict(), second.state_dict()
+    return a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
+
+
+def measure(workload: Workload, settings: Settings, loops: dict[str, Callable[..., RoundResult]],
+            reference: str = "hand") -> Measurement:
+    """Runs every loop once per round, rotating their order, and checks each against `reference`'s weights."""
+    batches = make_batches(workload, settings)
+    names = list(loops)
+    measurement = Measurement(round_medians={name: {clock: [] for clock in CLOCKS} for name in names},
+                              identical={name: True for name in names if name != reference})
+    skip = min(10, workload.steps // 10)  # the first steps of a round run colder
+    for round_index in range(settings.rounds):
+        shift = round_index % len(names)
+        results: dict[str, RoundResult] = {}
+        for name in names[shift:] + names[:shift]:
+            torch.set_num_threads(settings.threads)  # a framework may change it; every loop starts equal
+            gc.collect()
+            results[name] = loops[name](workload, batches, settings.seed)
+            if len(results[name].stamps) != workload.steps:
+                raise RuntimeError(
+                    f"{workload.name}/{name} ran {len(results[name].stamps)} steps in round {round_index}; "
+                    f"expected {workload.steps}."
+                )
+        for name in measurement.identical:
+            measurement.identical[name] &= same_weights(results[reference].model, results[name].model)
+        if round_index >= settings.warmup_rounds:
+            for name in names:
+                for clock, values in step_times(results[name].stamps, skip).items():
+                    measurement.round_medians[name][clock].append(statistics.median(values))
+    return measurement
+
+
+# -- command line ------------------------------------------------------------
+
+
+def parse_settings(argv: Sequence[str] | None) -> Settings:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=None, help="steps per round for the MLP (default 200; quick 30)")
+    parser.add_argument("--cnn-steps", type=int, default=None, help="steps per round for the CNN (default 20; quick 10)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of each loop, interleaved (default 25; quick 3)")
+    parser.add_argument("--warmup-rounds", type=int, default=1, help="first rounds left out of the figures (default 1)")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every loop (default 1)")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="which clock the ratios use: process CPU time (default; robust on a busy machine; with --threads > 1 it sums all threads) or wall")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="tiny models and few steps, for the smoke test")
+    parser.add_argument("--no-lightning", action="store_true", help="skip PyTorch Lightning even when installed")
+    arguments = parser.parse_args(argv)
+    quick = arguments.quick
+    settings = Settings(
+        steps=arguments.steps or (30 if quick else 200),
+        cnn_steps=arguments.cnn_steps or (10 if quick else 20),
+        rounds=arguments.rounds or (3 if quick else 25),
+        warmup_rounds=arguments.warmup_rounds, threads=arguments.threads, clock=arguments.clock,
+        batch_size=arguments.batch_size, seed=arguments.seed, quick=quick, lightning=not arguments.no_lightning,
+    )
+    if min(settings.steps, settings.cnn_steps) < 3:
+        parser.error(f"--steps and --cnn-steps must be at least 3; received {settings.steps} and {settings.cnn_steps}.")
+    if settings.threads < 1 or settings.batch_size < 1:
+        parser.error(f"--threads and --batch-size must be at least 1; received {settings.threads} and {settings.batch_size}.")
+    if not 0 <= settings.warmup_rounds < settings.rounds:
+        parser.error(f"--warmup-rounds must be >= 0 and below --rounds ({settings.rounds}); received {settings.warmup_rounds}.")
+    return settings
+
+
+def _loops(workload: Workload, root: str, lightning: Any) -> dict[str, Callable[..., RoundResult]]:
+    """The loops to interleave; `hand_again` runs the hand loop twice to show the noise floor."""
+    counter = iter(range(10**9))
+    loops: dict[str, Callable[..., RoundResult]] = {
+        "hand": run_hand,
+        "hand_again": run_hand,
+        "estimator": lambda w, b, s: run_estimator(w, b, s, f"{root}/{w.name}-estimator-{next(counter)}"),
+    }
+    if workload.name == "mlp" and lightning is not None:
+        loops["lightning"] = lambda w, b, s: run_lightning(lightning, w, b, s, f"{root}/{w.name}-lightning-{next(counter)}")
+    return loops
+
+
+def _report(workload: Workload, measurement: Measurement, clock: str) -> dict[str, float]:
+    """Prints one workload's lines; returns its ratios on the chosen clock."""
+    other = "wall" if clock == "cpu" else "cpu"
+    name = workload.name
+    ratios = {name: measurement.ratio("estimator", "hand", clock)}
+    print(f"{name}: hand {measurement.median_ms('hand', clock):.3f} ms/step, estimator "
+          f"{measurement.median_ms('estimator', clock):.3f} ms/step, ratio {ratios[name]:.3f} "
+          f"({clock} time; on the {other} clock {measurement.median_ms('hand', other):.3f} vs "
+          f"{measurement.median_ms('estimator', other):.3f}, ratio {measurement.ratio('estimator', 'hand', other):.3f}; "
+          f"{workload.steps} steps/round)")
+    print(f"{name}: noise floor, the hand loop against itself: ratio {measurement.ratio('hand_again', 'hand', clock):.3f} "
+          f"({other} clock {measurement.ratio('hand_again', 'hand', other):.3f})")
+    print(f"{name}: weights identical: {'yes' if measurement.identical['estimator'] else 'no'}")
+    if "lightning" in measurement.round_medians:
+        ratios[f"lightning_{name}"] = measurement.ratio("lightning", "hand", clock)
+        print(f"lightning_{name}: lightning {measurement.median_ms('lightning', clock):.3f} ms/step, hand "
+              f"{measurement.median_ms('hand', clock):.3f} ms/step, ratio {ratios[f'lightning_{name}']:.3f} "
+              f"({other} clock {measurement.ratio('lightning', 'hand', other):.3f}; weights identical to hand: "
+              f"{'yes' if measurement.identical['lightning'] else 'no'})")
+    return ratios
+
+
+def _print_verdict(ratios: dict[str, float], have_lightning: bool) -> None:
+    verdicts = [f"{name}<={limit} {'met' if ratios[name] <= limit else 'MISSED'}" for name, limit in TARGETS.items()]
+    if have_lightning:
+        verdicts.append(f"ahead of lightning {'met' if ratios['mlp'] < ratios['lightning_mlp'] else 'MISSED'}")
+    else:
+        verdicts.append("ahead of lightning n/a (not installed)")
+    print("targets: " + ", ".join(verdicts))
+
+
+@contextlib.contextmanager
+def _quiet_logs(names: Sequence[str]) -> Iterator[None]:
+    """Errors only from these loggers while the benchmark runs, then their levels as they were."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = parse_settings(argv)
+    torch.set_num_threads(settings.threads)
+    lightning = _import_lightning() if settings.lightning else None
+    # The Estimator warns on every train call that checkpoints are off, and Lightning describes
+    # the hardware on every fit: both intended here.
+    with _quiet_logs(("torchestimator", "lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning")):
+        return _run(settings, lightning)
+
+
+def _run(settings: Settings, lightning: Any) -> int:
+    version = getattr(lightning, "__version__", "?") if lightning is not None else "not installed"
+    print(f"loop_overhead: torch {torch.__version__}, lightning {version}, {settings.threads} thread(s), batch "
+          f"{settings.batch_size}, {settings.rounds} interleaved rounds (first {settings.warmup_rounds} dropped as "
+          f"warm-up), median step time on the {settings.clock} clock")
+    print("estimator: checkpoints, summaries, step logging and progress bar disabled; data pre-built in memory")
+    ratios: dict[str, float] = {}
+    identical = True
+    with tempfile.TemporaryDirectory(prefix="loop-overhead-") as root:
+        for workload in workloads(settings):
+            measurement = measure(workload, settings, _loops(workload, root, lightning))
+            ratios |= _report(workload, measurement, settings.clock)
+            identical &= measurement.identical["estimator"]
+    _print_verdict(ratios, lightning is not None)
+    print(f"weights identical: {'yes' if identical else 'no'}")
+    lightning_ratio = f"{ratios['lightning_mlp']:.3f}" if "lightning_mlp" in ratios else "n/a"
+    print(f"loop_overhead mlp={ratios['mlp']:.3f} cnn={ratios['cnn']:.3f} lightning_mlp={lightning_ratio}")
+    return 0 if identical else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
