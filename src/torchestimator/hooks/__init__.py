@@ -2,6 +2,7 @@
 
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, HookList, RunContext
 from torchestimator.hooks.basic import (
+    PeriodicHook,
     CheckpointSaverHook,
     LoggingTensorHook,
     StepCounterHook,
@@ -17,6 +18,7 @@ __all__ = [
     "Hook",
     "HookList",
     "LoggingTensorHook",
+    "PeriodicHook",
     "RunContext",
     "StepCounterHook",
     "StopAtStepHook",

@@ -23,6 +23,24 @@ def _every(steps: int | None, secs: float | None, owner: str) -> Every:
     return Every(steps=steps, secs=secs)
 
 
+class PeriodicHook(Hook):
+    """A hook that acts every N steps or seconds: subclasses set `self.trigger` and implement `on_trigger`."""
+
+    trigger: Every
+
+    def after_restore(self, state: TrainState) -> None:
+        self.trigger.start(state.global_step)
+
+    def after_step(self, run_context: RunContext) -> None:
+        step = run_context.global_step
+        if self.trigger.should_fire(step):
+            self.trigger.mark(step)
+            self.on_trigger(run_context)
+
+    def on_trigger(self, run_context: RunContext) -> None:
+        """What to do when the trigger fires; a no-op here, like every Hook method."""
+
+
 class StopAtStepHook(Hook):
     """Requests a stop at `last_step`, or `num_steps` after the step the run started at."""
 
@@ -106,7 +124,7 @@ def _format(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-class StepCounterHook(Hook):
+class StepCounterHook(PeriodicHook):
     """Logs steps per second and writes it as the `global_step/sec` summary."""
 
     def __init__(self, every_n_steps: int | None = 100, every_n_secs: float | None = None) -> None:
@@ -117,14 +135,11 @@ class StepCounterHook(Hook):
         self._time = 0.0
 
     def after_restore(self, state: TrainState) -> None:
-        self.trigger.start(state.global_step)
+        super().after_restore(state)
         self._step, self._time = state.global_step, time.monotonic()
 
-    def after_step(self, run_context: RunContext) -> None:
+    def on_trigger(self, run_context: RunContext) -> None:
         step = run_context.global_step
-        if not self.trigger.should_fire(step):
-            return
-        self.trigger.mark(step)
         now = time.monotonic()
         steps_per_sec = (step - self._step) / max(now - self._time, 1e-9)
         self._step, self._time = step, now
@@ -133,7 +148,7 @@ class StepCounterHook(Hook):
             run_context.summary_writer.scalar("global_step/sec", steps_per_sec, step)
 
 
-class CheckpointSaverHook(Hook):
+class CheckpointSaverHook(PeriodicHook):
     """Saves extra checkpoints on its own schedule, telling its listeners before and after."""
 
     def __init__(
@@ -152,14 +167,7 @@ class CheckpointSaverHook(Hook):
         for listener in self.listeners:
             listener.begin()
 
-    def after_restore(self, state: TrainState) -> None:
-        self.trigger.start(state.global_step)
-
-    def after_step(self, run_context: RunContext) -> None:
-        step = run_context.global_step
-        if not self.trigger.should_fire(step):
-            return
-        self.trigger.mark(step)
+    def on_trigger(self, run_context: RunContext) -> None:
         run_context.request_checkpoint(self.listeners)
 
     def end(self, state: TrainState) -> None:
@@ -167,7 +175,7 @@ class CheckpointSaverHook(Hook):
             listener.end(state, state.global_step)
 
 
-class SummarySaverHook(Hook):
+class SummarySaverHook(PeriodicHook):
     """Writes scalars to the run's event file every N steps or seconds.
 
     `values_fn(run_context) -> {tag: float}` chooses what to write; by
@@ -183,17 +191,10 @@ class SummarySaverHook(Hook):
         self.trigger = _every(save_steps, save_secs, "SummarySaverHook")
         self.values_fn = values_fn or (lambda run_context: {"loss": run_context.loss})
 
-    def after_restore(self, state: TrainState) -> None:
-        self.trigger.start(state.global_step)
-
-    def after_step(self, run_context: RunContext) -> None:
-        step = run_context.global_step
-        if not self.trigger.should_fire(step):
-            return
-        self.trigger.mark(step)
+    def on_trigger(self, run_context: RunContext) -> None:
         if run_context.summary_writer is None:
             return
         for tag, value in self.values_fn(run_context).items():
             if isinstance(value, torch.Tensor):
                 value = float(value.detach())
-            run_context.summary_writer.scalar(tag, float(value), step)
+            run_context.summary_writer.scalar(tag, float(value), run_context.global_step)
