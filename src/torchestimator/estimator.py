@@ -355,7 +355,7 @@ class Estimator:
         if mode == ModeKeys.EVAL and distributed is not None:
             return distributed
         if distributed is not None and distributed.is_set_up:
-            return OneDeviceStrategy(distributed.device)
+            return OneDeviceStrategy(distributed.device, warn_if_launched=False)
         return OneDeviceStrategy(config.device)
 
     def _load_for_inference(self, module: torch.nn.Module, checkpoint_path: str | None, state: TrainState) -> None:

@@ -223,9 +223,11 @@ def _check_device_exists(device: torch.device, where: str) -> None:
 class OneDeviceStrategy(Strategy):
     """One process on one device; ``wrap`` only moves the module there."""
 
-    def __init__(self, device: str | torch.device | None = None) -> None:
+    def __init__(self, device: str | torch.device | None = None, *, warn_if_launched: bool = True) -> None:
         super().__init__()
         self._requested_device = None if device is None else torch.device(device)
+        # Predict runs whole in each process of a distributed run on purpose; it passes False.
+        self._warn_if_launched = warn_if_launched
 
     def __repr__(self) -> str:
         return f"OneDeviceStrategy(device={None if self._requested_device is None else str(self._requested_device)!r})"
@@ -238,7 +240,7 @@ class OneDeviceStrategy(Strategy):
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)
         world_size = os.environ.get("WORLD_SIZE", "1")
-        if world_size.isdigit() and int(world_size) > 1:
+        if self._warn_if_launched and world_size.isdigit() and int(world_size) > 1:
             logger.warning(
                 "WORLD_SIZE=%s says this program was launched as several processes, but OneDeviceStrategy "
                 "trains each alone and every process will write model_dir. Use MirroredStrategy.", world_size,
