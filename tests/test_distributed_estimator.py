@@ -137,3 +137,46 @@ def test_plain_script_with_mirrored_strategy_launches_its_replicas(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "replica 0 of 2 done" in done.stdout and "replica 1 of 2 done" in done.stdout
     assert (model_dir / "ckpt-10").is_dir()
+
+
+def _write_tfrecords(folder):
+    from torchestimator.data import TFRecordWriter, encode_example
+
+    x, y = _data()
+    os.makedirs(folder, exist_ok=True)
+    for shard in range(3):  # 3 files for 2 replicas: sharded by record, each replica its own position
+        with TFRecordWriter(os.path.join(folder, f"train-{shard:05d}-of-00003.tfrecord")) as writer:
+            for row in range(shard, len(y), 3):
+                writer.write(encode_example({"x": x[row], "y": [int(y[row])]}))
+
+
+def _tfrecord_input_fn(input_context=None, params=None):
+    from torchestimator.data import FixedLenFeature, TFRecordDataset, parse_example, to_torch
+
+    spec = {"x": FixedLenFeature([6], "float32"), "y": FixedLenFeature([], "int64")}
+
+    def collate(records):
+        parsed = to_torch(parse_example(records, spec))
+        return {"x": parsed["x"]}, parsed["y"]
+
+    return TFRecordDataset(os.path.join(params["folder"], "train-*.tfrecord"), input_context=input_context,
+                           batch_size=16, collate_fn=collate, num_epochs=None, shuffle_buffer_size=32, seed=3)
+
+
+def _train_tfrecord_two_replicas(model_dir, folder, max_steps):
+    estimator = _estimator(model_dir, te.MirroredStrategy(num_replicas=2))
+    estimator._params = {"folder": folder}
+    estimator.train(_tfrecord_input_fn, max_steps=max_steps)
+    return {name: estimator.get_variable_value(name) for name in estimator.get_variable_names()}
+
+
+def test_tfrecord_input_resumes_exactly_under_two_replicas(tmp_path):
+    folder = str(tmp_path / "records")
+    _write_tfrecords(folder)
+    straight = run_in_processes(_train_tfrecord_two_replicas, nprocs=2,
+                                args=(str(tmp_path / "straight"), folder, 10), timeout=180)
+    run_in_processes(_train_tfrecord_two_replicas, nprocs=2, args=(str(tmp_path / "resumed"), folder, 6), timeout=180)
+    resumed = run_in_processes(_train_tfrecord_two_replicas, nprocs=2,
+                               args=(str(tmp_path / "resumed"), folder, 10), timeout=180)
+    for name, value in straight[0].items():
+        np.testing.assert_array_equal(resumed[0][name], value)

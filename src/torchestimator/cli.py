@@ -1,4 +1,4 @@
-"""The `torchestimator` command: train, evaluate, predict, inspect, demo, launch.
+"""The `torchestimator` command: train, evaluate, predict, inspect, demo, launch, convert, records.
 
 A model file (FILE.py or an importable module) defines, by name: model,
 model_fn, optimizer, and the input functions train_input_fn,
@@ -192,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max_steps", type=int, default=1000)
     demo.add_argument("--no_progress", action="store_true")
     demo.set_defaults(handler=_demo)
+
+    from torchestimator.records_cli import add_subcommands as add_record_commands
+
+    add_record_commands(commands)  # convert csv-to-tfrecord, records inspect, records verify
 
     launch = commands.add_parser("launch", help="run a script in N processes (torchrun)")
     launch.add_argument("--nproc_per_node", type=int, default=2)

@@ -30,6 +30,7 @@ from torchestimator.loop import EvalRun, TrainingRun, eval_loop, predict_loop, t
 from torchestimator.metrics import MetricAccumulators
 from torchestimator.persistence import (
     Checkpointer,
+    input_position_for,
     load_model_state,
     restore_rng,
     restore_training_objects,
@@ -206,7 +207,7 @@ class Estimator:
             restore_rng(checkpoint, strategy.replica_id, strategy.num_replicas)
         state.start_step = state.global_step
         input_source = self._call_input_fn(input_fn, input_fn_args, ModeKeys.TRAIN, strategy)
-        self._resume_input(input_source, checkpoint)
+        self._resume_input(input_source, checkpoint, strategy)
         last_step = max_steps if max_steps is not None else (state.global_step + steps if steps is not None else None)
         wrapped = strategy.wrap(module)
         hook_list = self._train_hooks(hook_list, strategy)
@@ -264,10 +265,10 @@ class Estimator:
             objects["grad_scaler"] = torch.amp.GradScaler(device.type)
         return objects
 
-    def _resume_input(self, input_source: Any, checkpoint: Any) -> None:
+    def _resume_input(self, input_source: Any, checkpoint: Any, strategy: Any) -> None:
         if checkpoint is None:
             return
-        position = checkpoint.extra.get("input_position")
+        position = input_position_for(checkpoint, strategy.replica_id, strategy.num_replicas)
         resumable = hasattr(input_source, "state_dict") and hasattr(input_source, "load_state_dict")
         if resumable and position is not None:
             input_source.load_state_dict(position)

@@ -102,7 +102,10 @@ class Checkpointer:
                 f"The last good checkpoint is {self.last_saved_path or self.store.latest_checkpoint()}."
             )
         listeners = [*self.listeners, *extra_listeners]
-        rng_states = gather_objects(capture_rng_state(), self.num_replicas)
+        # One collective brings every replica's RNG state and input position (TFRecord shards differ per replica).
+        per_replica = gather_objects((capture_rng_state(), input_position), self.num_replicas)
+        rng_states = [rng for rng, _ in per_replica]
+        input_positions = [position for _, position in per_replica]
         for listener in listeners:
             listener.before_save(state, step)
         if self.is_chief:
@@ -110,7 +113,8 @@ class Checkpointer:
             extra = {
                 "format_version": FORMAT_VERSION,
                 "global_step": step,
-                "input_position": input_position,
+                "input_position": input_positions[0],
+                "input_positions": input_positions,
                 "rng": rng_states,
                 "num_replicas": self.num_replicas,
                 "optimizer_signature": optimizer_signature(training_objects["optimizer"]),
@@ -145,6 +149,15 @@ def restore_training_objects(checkpoint: Any, training_objects: Mapping[str, Any
             logger.warning("Checkpoint %s has no %s state; it starts fresh.", checkpoint.path, name)
             continue
         obj.load_state_dict(saved_state[name])
+
+
+def input_position_for(checkpoint: Any, replica_id: int, num_replicas: int) -> dict[str, Any] | None:
+    """This replica's saved input position; the chief's when the replica count changed (global positions,
+    such as numpy_input_fn's, are the same on every replica; per-shard ones refuse a foreign position)."""
+    positions = checkpoint.extra.get("input_positions")
+    if isinstance(positions, list) and len(positions) == num_replicas:
+        return positions[replica_id]
+    return checkpoint.extra.get("input_position")
 
 
 def restore_rng(checkpoint: Any, replica_id: int, num_replicas: int) -> None:

@@ -1,5 +1,14 @@
-"""Data: input functions for in-memory data (and, later, TFRecord and tf.train.Example)."""
+"""Data: input functions for in-memory data, TFRecord files and tf.train.Example records, without TensorFlow."""
 
+from torchestimator.data.example import (
+    ExampleDecodeError,
+    decode_example,
+    decode_sequence_example,
+    encode_example,
+    encode_sequence_example,
+    example_kinds,
+    example_protos,
+)
 from torchestimator.data.inputs import (
     ResumableIterable,
     dataset_input_fn,
@@ -7,5 +16,65 @@ from torchestimator.data.inputs import (
     numpy_input_fn,
     pandas_input_fn,
 )
+from torchestimator.data.parsing import (
+    FixedLenFeature,
+    FixedLenSequenceFeature,
+    RaggedFeature,
+    RaggedValue,
+    SparseValue,
+    VarLenFeature,
+    decode_raw,
+    parse_example,
+    parse_single_example,
+    parse_single_sequence_example,
+    to_torch,
+)
+from torchestimator.data.tfrecord import (
+    DataLossError,
+    ReadStats,
+    TFRecordWriter,
+    iter_record_blocks,
+    iter_records,
+    list_files,
+    masked_crc32c,
+    read_records,
+    unmask_crc32c,
+)
+from torchestimator.data.tfrecord_dataset import TFRecordDataset, TFRecordLoader
 
-__all__ = ["ResumableIterable", "dataset_input_fn", "describe_batch_sizes", "numpy_input_fn", "pandas_input_fn"]
+__all__ = [
+    "DataLossError",
+    "ExampleDecodeError",
+    "FixedLenFeature",
+    "FixedLenSequenceFeature",
+    "RaggedFeature",
+    "RaggedValue",
+    "ReadStats",
+    "ResumableIterable",
+    "SparseValue",
+    "TFRecordDataset",
+    "TFRecordLoader",
+    "TFRecordWriter",
+    "VarLenFeature",
+    "dataset_input_fn",
+    "decode_example",
+    "decode_raw",
+    "decode_sequence_example",
+    "describe_batch_sizes",
+    "encode_example",
+    "encode_sequence_example",
+    "example_kinds",
+    "example_protos",
+    "iter_record_blocks",
+    "iter_records",
+    "list_files",
+    "masked_crc32c",
+    "numpy_input_fn",
+    "pandas_input_fn",
+    "parse_example",
+    "parse_single_example",
+    "parse_single_sequence_example",
+    "read_records",
+    "to_torch",
+    "unmask_crc32c",
+]

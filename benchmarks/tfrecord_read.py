@@ -1,0 +1,544 @@
+"""Benchmark: reading TFRecord files with torchestimator against tf.data and the `tfrecord` package.
+
+Two figures, measured on the same files in the same run:
+
+- raw: records per second into Python bytes with every CRC checked.
+  torchestimator's `read_records` against `tf.data.TFRecordDataset(files).batch(B)`
+  (each batch turned into numpy, an object array of bytes) and against the
+  `tfrecord` PyPI package's `tfrecord_iterator` (each record copied out of its
+  reused buffer into bytes; that reader does not check CRCs, which favours it).
+- parsed: examples per second into numpy arrays for a typical schema (an int64
+  label, a fixed-length float vector, raw image bytes, a variable-length int64
+  list): batches of B serialized records through torchestimator's `parse_example`
+  against `tf.data.TFRecordDataset(files).batch(B).map(tf.io.parse_example)`
+  with every output turned into numpy.
+
+The records are generated once (seeded) and written with torchestimator's
+writer into `--files` shards. Every reader then reads all of them once per
+round; rounds are interleaved in rotating order and the first is dropped as
+warm-up. A reader's figure is the median over rounds of records / wall-clock
+second; a ratio is the median over rounds of ours / theirs within the same
+round, which cancels the slow swings in speed that other programs cause.
+Threads are pinned equal: `torch.set_num_threads(T)`, TensorFlow's intra- and
+inter-op pools set to T, tf.data's private thread pool and intra-op
+parallelism set to T, and tf.data's autotuning and injected prefetch off
+(with them, tf.data runs its pipeline on a second thread while Python
+consumes: about 1.5 cores at T=1; `--tfdata-defaults` keeps them). The CPU
+time each reader used per wall second is printed next to its figure, so a
+reader that used more cores shows it.
+
+Before timing, every reader's records are checked identical (the same bytes in
+the same order), and the first parsed batch of ours is checked against the
+generated values and against TensorFlow's; the script exits 1 otherwise.
+
+TensorFlow and `tfrecord` are benchmark-only dependencies; without them the
+script says so and prints torchestimator's own figures, with n/a ratios.
+
+Run:  python benchmarks/tfrecord_read.py [--records N] [--files F] [--batch-size B] [--rounds R] [--threads T] [--quick]
+Last line:  tfrecord_read raw_vs_tfdata=<ratio> parsed_vs_tfdata=<ratio> raw_vs_tfrecord_pkg=<ratio>
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import hashlib
+import itertools
+import os
+import statistics
+import sys
+import tempfile
+import time
+import types
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchestimator.data.example import encode_example
+from torchestimator.data.parsing import FixedLenFeature, VarLenFeature, parse_example
+from torchestimator.data.tfrecord import TFRecordWriter, read_records
+
+TARGETS = {"raw_vs_tfdata": 1.0, "parsed_vs_tfdata": 1.0, "raw_vs_tfrecord_pkg": 3.0}
+INSTALL_HINT = "pip install tensorflow-cpu tfrecord (the 'bench' extra)"
+KINDS = {"label": "int64", "dense": "float", "image": "bytes", "tokens": "int64"}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Settings:
+    """What the command line chose."""
+
+    records: int
+    """Records in all files together."""
+    files: int
+    """Shards the records are written into (read in order by every reader)."""
+    batch_size: int
+    rounds: int
+    warmup_rounds: int
+    threads: int
+    dense_length: int
+    """Values in the fixed-length float feature."""
+    image_bytes: int
+    """Bytes in the raw image feature (784: a 28x28 grayscale image)."""
+    max_tokens: int
+    """The variable-length int64 list holds 0..max_tokens values."""
+    seed: int
+    quick: bool
+    tensorflow: bool
+    """Compare against tf.data when TensorFlow is installed."""
+    tfrecord_package: bool
+    """Compare against the `tfrecord` package when it is installed."""
+    tfdata_defaults: bool
+    """Leave tf.data's autotuning and injected prefetch on (it then uses more cores than --threads)."""
+
+
+# -- data ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Columns:
+    """The generated values of every record, column by column."""
+
+    labels: np.ndarray
+    dense: np.ndarray
+    images: np.ndarray
+    token_lengths: np.ndarray
+    tokens: np.ndarray
+    """All records' tokens concatenated; record i holds token_lengths[i] of them."""
+
+    def token_slices(self) -> list[np.ndarray]:
+        return np.split(self.tokens, np.cumsum(self.token_lengths)[:-1])
+
+
+def make_columns(settings: Settings) -> Columns:
+    rng = np.random.default_rng(settings.seed)
+    count = settings.records
+    lengths = rng.integers(0, settings.max_tokens + 1, size=count)
+    return Columns(
+        labels=rng.integers(0, 1000, size=count, dtype=np.int64),
+        dense=rng.standard_normal((count, settings.dense_length), dtype=np.float32),
+        images=rng.integers(0, 256, size=(count, settings.image_bytes), dtype=np.uint8),
+        token_lengths=lengths,
+        tokens=rng.integers(-(2**40), 2**40, size=int(lengths.sum()), dtype=np.int64),
+    )
+
+
+def serialize(columns: Columns) -> Iterator[bytes]:
+    for label, dense, image, tokens in zip(columns.labels, columns.dense, columns.images, columns.token_slices()):
+        yield encode_example({"label": [int(label)], "dense": dense, "image": [image.tobytes()], "tokens": tokens},
+                             kinds=KINDS)
+
+
+def write_files(directory: str, records: Iterable[bytes], settings: Settings) -> list[str]:
+    """Contiguous runs of records into `files` shards named like TF's ShardedFilename."""
+    paths = [os.path.join(directory, f"data-{index:05d}-of-{settings.files:05d}.tfrecord")
+             for index in range(settings.files)]
+    per_file = -(-settings.records // settings.files)
+    iterator = iter(records)
+    for path in paths:
+        with TFRecordWriter(path) as writer:
+            for record in itertools.islice(iterator, per_file):
+                writer.write(record)
+    return paths
+
+
+def ours_spec(settings: Settings) -> dict[str, Any]:
+    return {
+        "label": FixedLenFeature([], "int64"),
+        "dense": FixedLenFeature([settings.dense_length], "float32"),
+        "image": FixedLenFeature([], "string"),
+        "tokens": VarLenFeature("int64"),
+    }
+
+
+def batches(records: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
+    iterator = iter(records)
+    while batch := list(itertools.islice(iterator, size)):
+        yield batch
+
+
+# -- the optional competitors -------------------------------------------------
+
+
+def import_tensorflow(threads: int) -> Any:
+    """TensorFlow with its thread pools pinned, or None when it is not installed."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # its start-up banner is noise here
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return None
+    # Only possible before TensorFlow's runtime starts, hence right after the import.
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    return tf
+
+
+class _ProtoPlaceholder:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the benchmark uses only tfrecord_iterator from the tfrecord package.")
+
+
+def import_tfrecord_iterator() -> Callable[[str], Iterator[memoryview]] | None:
+    """The `tfrecord` package's record iterator, or None when the package is not installed.
+
+    The package registers its own copy of TensorFlow's `tensorflow.*` example protos in
+    protobuf's default descriptor pool, which collides with TensorFlow's own copy in the
+    same process ("duplicate symbol 'tensorflow.BytesList'"), whichever is imported
+    first. Its record iterator never touches the protos, so a placeholder module stands
+    in for them.
+    """
+    placeholder = types.ModuleType("tfrecord.example_pb2")
+    for name in ("BytesList", "FloatList", "Int64List", "Feature", "Features", "FeatureList",
+                 "FeatureLists", "Example", "SequenceExample"):
+        setattr(placeholder, name, _ProtoPlaceholder)
+    previous = sys.modules.setdefault("tfrecord.example_pb2", placeholder)
+    try:
+        from tfrecord.reader import tfrecord_iterator
+    except ImportError:
+        if previous is placeholder:
+            sys.modules.pop("tfrecord.example_pb2", None)
+        return None
+    return tfrecord_iterator
+
+
+def tfdata_options(tf: Any, settings: Settings) -> Any:
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = settings.threads
+    options.threading.max_intra_op_parallelism = settings.threads
+    options.deterministic = True
+    if not settings.tfdata_defaults:
+        # Otherwise tf.data injects a prefetch that runs the pipeline on another thread while
+        # Python consumes, whatever the pool sizes: about 1.5 cores at --threads 1.
+        options.autotune.enabled = False
+        options.experimental_optimization.inject_prefetch = False
+    return options
+
+
+def tf_spec(tf: Any, settings: Settings) -> dict[str, Any]:
+    return {
+        "label": tf.io.FixedLenFeature([], tf.int64),
+        "dense": tf.io.FixedLenFeature([settings.dense_length], tf.float32),
+        "image": tf.io.FixedLenFeature([], tf.string),
+        "tokens": tf.io.VarLenFeature(tf.int64),
+    }
+
+
+def tf_to_numpy(parsed: dict[str, Any]) -> dict[str, Any]:
+    """TensorFlow's parse result as numpy: dense tensors as arrays, sparse ones as (indices, values, dense_shape)."""
+    converted: dict[str, Any] = {}
+    for name, value in parsed.items():
+        if hasattr(value, "indices"):
+            converted[name] = (value.indices.numpy(), value.values.numpy(), value.dense_shape.numpy())
+        else:
+            converted[name] = value.numpy()
+    return converted
+
+
+# -- readers: each reads every file once and returns how many records it got -----
+
+
+Reader = Callable[[Sequence[str]], int]
+
+
+def ours_raw(files: Sequence[str]) -> int:
+    count = 0
+    for _ in read_records(files):
+        count += 1
+    return count
+
+
+def ours_parsed_reader(settings: Settings) -> Reader:
+    spec = ours_spec(settings)
+
+    def read(files: Sequence[str]) -> int:
+        count = 0
+        for batch in batches(read_records(files), settings.batch_size):
+            parse_example(batch, spec)
+            count += len(batch)
+        return count
+
+    return read
+
+
+def tfdata_raw_reader(tf: Any, settings: Settings, files: Sequence[str]) -> Reader:
+    dataset = tf.data.TFRecordDataset(list(files)).batch(settings.batch_size)
+    dataset = dataset.with_options(tfdata_options(tf, settings))
+
+    def read(_: Sequence[str]) -> int:
+        count = 0
+        for batch in dataset:
+            count += len(batch.numpy())  # an object array of Python bytes
+        return count
+
+    return read
+
+
+def tfdata_parsed_reader(tf: Any, settings: Settings, files: Sequence[str]) -> Reader:
+    spec = tf_spec(tf, settings)
+    dataset = tf.data.TFRecordDataset(list(files)).batch(settings.batch_size)
+    dataset = dataset.map(lambda serialized: tf.io.parse_example(serialized, spec))
+    dataset = dataset.with_options(tfdata_options(tf, settings))
+
+    def read(_: Sequence[str]) -> int:
+        count = 0
+        for parsed in dataset:
+            count += len(tf_to_numpy(parsed)["label"])
+        return count
+
+    return read
+
+
+def tfrecord_package_reader(tfrecord_iterator: Callable[[str], Iterator[memoryview]]) -> Reader:
+    def read(files: Sequence[str]) -> int:
+        count = 0
+        for path in files:
+            for view in tfrecord_iterator(path):
+                bytes(view)  # the view points into a buffer the next record overwrites
+                count += 1
+        return count
+
+    return read
+
+
+# -- checks ---------------------------------------------------------------------
+
+
+def records_digest(records: Iterable[bytes | memoryview]) -> tuple[int, str]:
+    """(count, sha256 over each record's length and bytes): equal only for the same records in the same order."""
+    digest = hashlib.sha256()
+    count = 0
+    for record in records:
+        digest.update(len(record).to_bytes(8, "little"))
+        digest.update(record)
+        count += 1
+    return count, digest.hexdigest()
+
+
+def expected_batch(columns: Columns, size: int) -> dict[str, Any]:
+    """What parsing the first `size` records must give, built from the generated columns."""
+    tokens = columns.token_slices()[:size]
+    indices = [(row, column) for row, values in enumerate(tokens) for column in range(len(values))]
+    return {
+        "label": columns.labels[:size],
+        "dense": columns.dense[:size],
+        "image": np.array([image.tobytes() for image in columns.images[:size]], dtype=object),
+        "tokens": (np.array(indices, dtype=np.int64).reshape(-1, 2),
+                   np.concatenate(tokens) if tokens else np.zeros(0, np.int64),
+                   np.array([size, max((len(values) for values in tokens), default=0)], dtype=np.int64)),
+    }
+
+
+def sparse_parts(value: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if isinstance(value, tuple):
+        return value
+    return np.asarray(value.indices), np.asarray(value.values), np.asarray(value.dense_shape)
+
+
+def batch_mismatches(actual: dict[str, Any], expected: dict[str, Any]) -> list[str]:
+    """Names of the features whose values, dtypes or shapes differ (empty when all agree)."""
+    wrong = []
+    for name, wanted in expected.items():
+        if name not in actual:
+            wrong.append(f"{name} (missing)")
+        elif isinstance(wanted, tuple):
+            got = sparse_parts(actual[name])
+            if not all(np.array_equal(np.asarray(a), b) for a, b in zip(got, wanted)):
+                wrong.append(name)
+        else:
+            got = np.asarray(actual[name])
+            if got.shape != wanted.shape or not np.array_equal(got, wanted) or (
+                    wanted.dtype != object and got.dtype != wanted.dtype):
+                wrong.append(name)
+    return wrong
+
+
+def check_readers(files: Sequence[str], columns: Columns, settings: Settings, tf: Any,
+                  tfrecord_iterator: Any) -> list[str]:
+    """One untimed read by each reader; returns what disagreed (empty when everything matched)."""
+    problems = []
+    ours = records_digest(read_records(files))
+    if ours[0] != settings.records:
+        problems.append(f"torchestimator read {ours[0]} records; {settings.records} were written")
+    if tf is not None:
+        dataset = tf.data.TFRecordDataset(list(files))
+        if records_digest(record.numpy() for record in dataset) != ours:
+            problems.append("tf.data read different records")
+    if tfrecord_iterator is not None:
+        theirs = records_digest(bytes(view) for path in files for view in tfrecord_iterator(path))
+        if theirs != ours:
+            problems.append("the tfrecord package read different records")
+    size = min(settings.batch_size, settings.records)
+    first = list(itertools.islice(read_records(files), size))
+    parsed = parse_example(first, ours_spec(settings))
+    if wrong := batch_mismatches(parsed, expected_batch(columns, size)):
+        problems.append(f"torchestimator parsed {', '.join(wrong)} unlike the generated values")
+    if tf is not None:
+        theirs = tf_to_numpy(tf.io.parse_example(tf.constant(first), tf_spec(tf, settings)))
+        if wrong := batch_mismatches(parsed, theirs):
+            problems.append(f"torchestimator parsed {', '.join(wrong)} unlike tf.io.parse_example")
+    return problems
+
+
+# -- measuring ------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Measurement:
+    """Per reader, the records/s (wall clock) and CPU seconds per wall second of each kept round."""
+
+    rates: dict[str, list[float]]
+    cores: dict[str, list[float]]
+
+    def rate(self, reader: str) -> float:
+        return statistics.median(self.rates[reader])
+
+    def cores_used(self, reader: str) -> float:
+        return statistics.median(self.cores[reader])
+
+    def ratio(self, reader: str, reference: str) -> float:
+        """Median over rounds of reader's rate / reference's rate in the same round."""
+        return statistics.median(a / b for a, b in zip(self.rates[reader], self.rates[reference]))
+
+
+def measure(readers: dict[str, Reader], files: Sequence[str], settings: Settings) -> Measurement:
+    names = list(readers)
+    measurement = Measurement(rates={name: [] for name in names}, cores={name: [] for name in names})
+    for round_index in range(settings.rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            torch.set_num_threads(settings.threads)
+            gc.collect()
+            wall, cpu = time.perf_counter(), time.process_time()
+            count = readers[name](files)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            if count != settings.records:
+                raise RuntimeError(f"{name} read {count} records in round {round_index}; expected {settings.records}.")
+            if round_index >= settings.warmup_rounds:
+                measurement.rates[name].append(count / wall)
+                measurement.cores[name].append(cpu / wall)
+    return measurement
+
+
+# -- command line ------------------------------------------------------------------
+
+
+def parse_settings(argv: Sequence[str] | None) -> Settings:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=None, help="records in all files (default 50000; quick 600)")
+    parser.add_argument("--files", type=int, default=4, help="shards the records are written into (default 4)")
+    parser.add_argument("--batch-size", type=int, default=128, help="records per batch for tf.data and parsing (default 128)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of every reader, interleaved (default 7; quick 2)")
+    parser.add_argument("--warmup-rounds", type=int, default=1, help="first rounds left out of the figures (default 1)")
+    parser.add_argument("--threads", type=int, default=1, help="threads for torch and for TensorFlow's pools (default 1)")
+    parser.add_argument("--dense-length", type=int, default=32, help="floats in the fixed-length feature (default 32)")
+    parser.add_argument("--image-bytes", type=int, default=784, help="bytes in the raw image feature (default 784)")
+    parser.add_argument("--max-tokens", type=int, default=20, help="most values in the variable-length list (default 20)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="few records and rounds, for the smoke test")
+    parser.add_argument("--no-tensorflow", action="store_true", help="skip tf.data even when TensorFlow is installed")
+    parser.add_argument("--no-tfrecord-package", action="store_true", help="skip the tfrecord package even when installed")
+    parser.add_argument("--tfdata-defaults", action="store_true",
+                        help="keep tf.data's autotuning and injected prefetch, which run it on more cores than --threads")
+    arguments = parser.parse_args(argv)
+    quick = arguments.quick
+    settings = Settings(
+        records=arguments.records or (600 if quick else 50_000), files=arguments.files,
+        batch_size=arguments.batch_size, rounds=arguments.rounds or (2 if quick else 7),
+        warmup_rounds=arguments.warmup_rounds, threads=arguments.threads, dense_length=arguments.dense_length,
+        image_bytes=arguments.image_bytes, max_tokens=arguments.max_tokens, seed=arguments.seed, quick=quick,
+        tensorflow=not arguments.no_tensorflow, tfrecord_package=not arguments.no_tfrecord_package,
+        tfdata_defaults=arguments.tfdata_defaults,
+    )
+    for flag, value in (("--files", settings.files), ("--batch-size", settings.batch_size),
+                        ("--threads", settings.threads), ("--dense-length", settings.dense_length)):
+        if value < 1:
+            parser.error(f"{flag} must be at least 1; received {value}.")
+    if settings.records < settings.files:
+        parser.error(f"--records must be at least --files ({settings.files}); received {settings.records}.")
+    if settings.image_bytes < 0 or settings.max_tokens < 0:
+        parser.error(f"--image-bytes and --max-tokens must be >= 0; received {settings.image_bytes} and "
+                     f"{settings.max_tokens}.")
+    if not 0 <= settings.warmup_rounds < settings.rounds:
+        parser.error(f"--warmup-rounds must be >= 0 and below --rounds ({settings.rounds}); "
+                     f"received {settings.warmup_rounds}.")
+    return settings
+
+
+def _format_ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _report(measurement: Measurement, tf: Any, tfrecord_iterator: Any, settings: Settings) -> dict[str, float | None]:
+    """Prints one line per figure; returns the ratios (None where the other side is missing)."""
+    kept = settings.rounds - settings.warmup_rounds
+    missing_tf = "tensorflow not installed" if settings.tensorflow else "skipped (--no-tensorflow)"
+    missing_pkg = "tfrecord package not installed" if settings.tfrecord_package else "skipped (--no-tfrecord-package)"
+
+    def line(figure: str, unit: str, ours: str, theirs: str | None, label: str, why_missing: str, note: str = "") -> float | None:
+        head = (f"{figure}: torchestimator {measurement.rate(ours):.0f} {unit}/s "
+                f"(cpu/wall {measurement.cores_used(ours):.2f})")
+        if theirs is None:
+            print(f"{head}, {label} n/a ({why_missing})")
+            return None
+        ratio = measurement.ratio(ours, theirs)
+        print(f"{head}, {label} {measurement.rate(theirs):.0f} {unit}/s (cpu/wall {measurement.cores_used(theirs):.2f}), "
+              f"ratio {ratio:.3f} ({kept} rounds{note})")
+        return ratio
+
+    return {
+        "raw_vs_tfdata": line("raw", "records", "ours_raw", "tfdata_raw" if tf else None, "tf.data", missing_tf),
+        "parsed_vs_tfdata": line("parsed", "examples", "ours_parsed", "tfdata_parsed" if tf else None, "tf.data",
+                                 missing_tf),
+        "raw_vs_tfrecord_pkg": line("raw_tfrecord_pkg", "records", "ours_raw",
+                                    "tfrecord_pkg_raw" if tfrecord_iterator else None, "tfrecord package",
+                                    missing_pkg, note="; that reader does not check CRCs"),
+    }
+
+
+def _print_verdict(ratios: dict[str, float | None]) -> None:
+    verdicts = [f"{name}>={target:g} " + ("n/a" if ratios[name] is None else "met" if ratios[name] >= target else "MISSED")
+                for name, target in TARGETS.items()]
+    print("targets: " + ", ".join(verdicts))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = parse_settings(argv)
+    torch.set_num_threads(settings.threads)
+    tf = import_tensorflow(settings.threads) if settings.tensorflow else None
+    tfrecord_iterator = import_tfrecord_iterator() if settings.tfrecord_package else None
+    print(f"tfrecord_read: {settings.records} records in {settings.files} files (int64 label, {settings.dense_length} "
+          f"floats, {settings.image_bytes} image bytes, 0..{settings.max_tokens} int64 tokens), batch "
+          f"{settings.batch_size}, {settings.threads} thread(s), {settings.rounds} interleaved rounds (first "
+          f"{settings.warmup_rounds} dropped), median records per wall-clock second, tf.data "
+          f"{'defaults (autotune, injected prefetch)' if settings.tfdata_defaults else 'without autotune or injected prefetch'}")
+    print(f"versions: torch {torch.__version__}, tensorflow "
+          f"{getattr(tf, '__version__', 'not installed') if settings.tensorflow else 'skipped'}, tfrecord package "
+          f"{('installed' if tfrecord_iterator else 'not installed') if settings.tfrecord_package else 'skipped'}")
+    if (settings.tensorflow and tf is None) or (settings.tfrecord_package and tfrecord_iterator is None):
+        print(f"note: some readers to compare against are missing ({INSTALL_HINT}); "
+              "torchestimator's own figures are still printed")
+    columns = make_columns(settings)
+    with tempfile.TemporaryDirectory(prefix="tfrecord-read-") as directory:
+        started = time.perf_counter()
+        files = write_files(directory, serialize(columns), settings)
+        megabytes = sum(os.path.getsize(path) for path in files) / 2**20
+        print(f"data: {megabytes:.1f} MiB written by torchestimator in {time.perf_counter() - started:.1f} s")
+        problems = check_readers(files, columns, settings, tf, tfrecord_iterator)
+        print(f"records identical: {'no: ' + '; '.join(problems) if problems else 'yes'}")
+        readers: dict[str, Reader] = {"ours_raw": ours_raw, "ours_parsed": ours_parsed_reader(settings)}
+        if tf is not None:
+            readers["tfdata_raw"] = tfdata_raw_reader(tf, settings, files)
+            readers["tfdata_parsed"] = tfdata_parsed_reader(tf, settings, files)
+        if tfrecord_iterator is not None:
+            readers["tfrecord_pkg_raw"] = tfrecord_package_reader(tfrecord_iterator)
+        measurement = measure(readers, files, settings)
+    ratios = _report(measurement, tf, tfrecord_iterator, settings)
+    _print_verdict(ratios)
+    print("tfrecord_read " + " ".join(f"{name}={_format_ratio(value)}" for name, value in ratios.items()))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

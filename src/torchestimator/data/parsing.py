@@ -1,0 +1,678 @@
+"""Parsing specs for tf.train.Example / SequenceExample with TensorFlow's semantics.
+
+What belongs here: the feature specs users know from `tf.io`
+(`FixedLenFeature`, `VarLenFeature`, `FixedLenSequenceFeature`, the plain
+`RaggedFeature`), `parse_single_example`, `parse_example` (a batch),
+`parse_single_sequence_example`, `decode_raw`, and `to_torch`. What does not:
+the wire format (`example.py`) and reading records from files (`tfrecord.py`).
+
+Results are numpy arrays: int64, float32, and object arrays of `bytes` for
+strings. Per spec, for one record and for a batch of B records:
+
+- `FixedLenFeature(shape)`: an array of `shape` / `[B] + shape`. The record must
+  hold exactly prod(shape) values, reshaped row-major; a missing feature takes
+  `default_value`, and without one it is an error.
+- `VarLenFeature`: a `SparseValue(indices, values, dense_shape)` like
+  `tf.SparseTensor`: indices [[i]] and dense_shape [n] for one record;
+  [[b, i]] and [B, max n] for a batch. A missing feature is empty.
+- `FixedLenSequenceFeature(shape, allow_missing=True)` in an Example: an array
+  of [n] + shape / [B, max n] + shape padded with `default_value` (0 or b"").
+  In a SequenceExample's feature_lists: one row per frame.
+- `RaggedFeature` (plain case, no partitions): the values array for one
+  record; a `RaggedValue(values, row_splits)` for a batch or a feature list.
+- A `tf.train.Feature()` with no list set counts as missing, as in
+  TensorFlow's fast parser.
+
+Errors are ValueError, keep TensorFlow's wording (so its messages can still be
+searched) and add the record index and what to do. Only int64, float32 and
+string exist in an Example: other dtypes are refused when the spec is made.
+
+`to_torch` converts numeric arrays to tensors, `SparseValue` to
+`torch.sparse_coo_tensor` and `RaggedValue` to a `RaggedValue` of tensors;
+strings stay numpy object arrays (torch has no string tensors).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from torchestimator.data.example import (
+    BYTES,
+    FLOAT,
+    INT64,
+    KIND_NAMES,
+    ExampleDecodeError,
+    example_protos,
+    feature_kind,
+    float_values,
+    parse_example_proto,
+    parse_sequence_example_proto,
+)
+
+__all__ = [
+    "FixedLenFeature",
+    "FixedLenSequenceFeature",
+    "RaggedFeature",
+    "RaggedValue",
+    "SparseValue",
+    "VarLenFeature",
+    "decode_raw",
+    "parse_example",
+    "parse_single_example",
+    "parse_single_sequence_example",
+    "to_torch",
+]
+
+_KIND_OF_DTYPE = {"int64": INT64, "float32": FLOAT, "string": BYTES}
+_NUMPY_DTYPE = {"int64": np.dtype(np.int64), "float32": np.dtype(np.float32), "string": np.dtype(object)}
+_TF_TYPE_NAME = {"int64": "int64", "float32": "float", "string": "string"}  # as TF's messages spell them
+_LIST_NAME = {INT64: "int64_list", FLOAT: "float_list", BYTES: "bytes_list"}
+_DTYPE_ALIASES = {"int64": "int64", "float32": "float32", "float": "float32", "string": "string",
+                  "bytes": "string", "str": "string", "object": "string"}
+
+
+def _normalize_dtype(dtype: Any, spec: str) -> str:
+    """Accept "int64"/"float32"/"string", numpy dtypes, Python bytes/str and torch.int64/torch.float32."""
+    if isinstance(dtype, str) or type(dtype).__module__ == "torch":
+        name = str(dtype).removeprefix("torch.").removeprefix("tf.")
+    elif dtype in (bytes, str, object):
+        name = "string"
+    else:
+        try:
+            numpy_dtype = np.dtype(dtype)
+        except TypeError:
+            numpy_dtype = None
+        name = "string" if numpy_dtype is not None and numpy_dtype.kind in "OSU" else str(numpy_dtype or dtype)
+    normalized = _DTYPE_ALIASES.get(name)
+    if normalized is None:
+        raise ValueError(
+            f"{spec}: unsupported dtype {dtype!r}. Value for attr 'Tdense' of {name} is not in the list of allowed "
+            f"values: float, int64, string. tf.train.Example stores only int64, float32 and bytes; parse as one of "
+            f"those and cast afterwards (e.g. array.astype(np.int32)).")
+    return normalized
+
+
+def _normalize_shape(shape: Any, spec: str) -> tuple[int, ...]:
+    if isinstance(shape, int):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(f"{spec}: shape must be a list of ints such as [] or [3]; received {shape!r}.") from None
+    for dim in dims:
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 0:
+            raise ValueError(f"{spec}: shape {list(shape)!r} must hold non-negative ints (no None: for lists of "
+                             f"varying length use VarLenFeature, RaggedFeature or FixedLenSequenceFeature).")
+    return tuple(int(dim) for dim in dims)
+
+
+def _as_array(value: Any, dtype: str, spec: str) -> np.ndarray:
+    numpy_dtype = _NUMPY_DTYPE[dtype]
+    if dtype == "string":
+        items = np.ravel(np.array(value, dtype=object)).tolist()  # defaults are used flat
+        if not all(isinstance(item, (bytes, str)) for item in items):
+            raise ValueError(f"{spec}: a string default_value must hold bytes or str; received {value!r}.")
+        converted = np.empty(len(items), object)
+        converted[:] = [item.encode("utf-8") if isinstance(item, str) else item for item in items]
+        return converted
+    try:
+        array = np.asarray(value)
+        if dtype == "int64" and array.dtype.kind not in "iub":
+            raise TypeError
+        return array.astype(numpy_dtype)
+    except (TypeError, ValueError):
+        raise ValueError(f"{spec}: default_value {value!r} is not a valid {dtype} value.") from None
+
+
+def _shape_string(shape: Sequence[Any]) -> str:
+    return "[" + ",".join("?" if dim is None else str(dim) for dim in shape) + "]"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FixedLenFeature:
+    """A feature with exactly prod(shape) values in every record (`tf.io.FixedLenFeature`).
+
+    Positional like TensorFlow's, so `FixedLenFeature([], "int64")` reads as it does there.
+    """
+
+    shape: Sequence[int]
+    """Shape of one record's value; [] for a scalar. The values are reshaped row-major."""
+    dtype: Any
+    """"int64", "float32" or "string" (numpy/torch int64 and float32, bytes, str and object also work)."""
+    default_value: Any = None
+    """Used when a record lacks the feature (prod(shape) values); None makes the feature required."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", _normalize_shape(self.shape, "FixedLenFeature"))
+        object.__setattr__(self, "dtype", _normalize_dtype(self.dtype, "FixedLenFeature"))
+        default = None
+        if self.default_value is not None:
+            default = _as_array(self.default_value, self.dtype, "FixedLenFeature")
+            if default.size != math.prod(self.shape):
+                raise ValueError(f"FixedLenFeature: default_value has {default.size} values but shape "
+                                 f"{_shape_string(self.shape)} needs {math.prod(self.shape)}.")
+            default = default.reshape(-1)
+        object.__setattr__(self, "_default", default)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class VarLenFeature:
+    """A list of any length per record, parsed to a `SparseValue` (`tf.io.VarLenFeature`)."""
+
+    dtype: Any
+    """"int64", "float32" or "string"."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", _normalize_dtype(self.dtype, "VarLenFeature"))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FixedLenSequenceFeature:
+    """Rows of `shape` values, any number of rows (`tf.io.FixedLenSequenceFeature`)."""
+
+    shape: Sequence[int]
+    """Shape of one row (one frame); the result is [rows] + shape."""
+    dtype: Any
+    """"int64", "float32" or "string"."""
+    allow_missing: bool = False
+    """A missing feature gives zero rows; required True when parsing Examples (as in TF 2)."""
+    default_value: Any = None
+    """Scalar used to pad shorter records in a batch; 0 or b"" when None."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", _normalize_shape(self.shape, "FixedLenSequenceFeature"))
+        object.__setattr__(self, "dtype", _normalize_dtype(self.dtype, "FixedLenSequenceFeature"))
+        pad = _as_array(b"" if self.dtype == "string" else 0, self.dtype, "FixedLenSequenceFeature")
+        if self.default_value is not None:
+            pad = _as_array(self.default_value, self.dtype, "FixedLenSequenceFeature")
+            if pad.size != 1:
+                raise ValueError(f"FixedLenSequenceFeature: default_value pads rows and must be a scalar; "
+                                 f"received {self.default_value!r}.")
+        object.__setattr__(self, "_pad", pad.reshape(()))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RaggedFeature:
+    """A list of any length per record, parsed to values and row_splits (`tf.io.RaggedFeature`, plain case)."""
+
+    dtype: Any
+    """"int64", "float32" or "string"."""
+    value_key: str | None = None
+    """The feature to read; defaults to the key this spec has in the features dict."""
+    partitions: Sequence[Any] = ()
+    """Not supported (only the plain case); must stay empty."""
+    row_splits_dtype: Any = "int32"
+    """"int32" (TF's default) or "int64"."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", _normalize_dtype(self.dtype, "RaggedFeature"))
+        if self.partitions:
+            raise ValueError("RaggedFeature: partitions are not supported; only the plain case (values of one "
+                             "feature, split by record or frame) is. Build inner dimensions from row lengths "
+                             "parsed as separate features.")
+        splits = str(self.row_splits_dtype).removeprefix("torch.")
+        if splits not in ("int32", "int64"):
+            raise ValueError(f"RaggedFeature: row_splits_dtype must be int32 or int64; received "
+                             f"{self.row_splits_dtype!r}.")
+        object.__setattr__(self, "row_splits_dtype", splits)
+
+
+FeatureSpec = FixedLenFeature | VarLenFeature | FixedLenSequenceFeature | RaggedFeature
+
+
+class SparseValue(NamedTuple):
+    """COO sparse result, like `tf.compat.v1.SparseTensorValue`."""
+
+    indices: np.ndarray
+    """int64 [n, rank]: the position of each value, row-major."""
+    values: np.ndarray
+    """[n] values."""
+    dense_shape: np.ndarray
+    """int64 [rank]."""
+
+    def to_dense(self, default_value: Any = None) -> np.ndarray:
+        """Dense array of `dense_shape`, `default_value` (0 or b"") where no value is stored."""
+        fill = default_value if default_value is not None else (b"" if self.values.dtype == object else 0)
+        dense = np.full(tuple(self.dense_shape), fill, dtype=self.values.dtype)
+        if len(self.values):
+            dense[tuple(self.indices.T)] = self.values
+        return dense
+
+
+class RaggedValue(NamedTuple):
+    """Ragged result: row i is `values[row_splits[i]:row_splits[i + 1]]` (like `tf.RaggedTensor`)."""
+
+    values: Any
+    """All rows' values, concatenated."""
+    row_splits: Any
+    """[rows + 1] offsets into values, starting at 0."""
+
+    def to_list(self) -> list:
+        splits = [int(split) for split in self.row_splits]
+        return [self.values[start:stop] for start, stop in zip(splits[:-1], splits[1:])]
+
+
+# --------------------------------------------------------------------------------------------
+# Columns: one accumulator per spec, filled record by record, finished once.
+
+
+def _list_values(feature, kind: int) -> Any:
+    if kind == FLOAT:
+        return float_values(feature.float_list)
+    return getattr(feature, _LIST_NAME[kind]).value[:]
+
+
+def _empty(dtype: str) -> np.ndarray:
+    return np.empty(0, _NUMPY_DTYPE[dtype])
+
+
+def _concatenate(chunks: list, dtype: str) -> np.ndarray:
+    if dtype != "string":
+        return np.concatenate(chunks).astype(_NUMPY_DTYPE[dtype], copy=False) if chunks else _empty(dtype)
+    flat = [item for chunk in chunks for item in chunk]
+    out = np.empty(len(flat), object)
+    out[:] = flat
+    return out
+
+
+def _mismatch(key: str, where: str, found: int, dtype: str) -> ValueError:
+    return ValueError(
+        f"Key: {key}, {where}.  Data types don't match. Data type: {KIND_NAMES[found]} but expected type: "
+        f"{_TF_TYPE_NAME[dtype]}. The record holds a {_LIST_NAME[found]} there; declare the feature with the "
+        f"matching dtype or fix the writer.")
+
+
+class _Column:
+    """Values of one spec over the records of a batch (or over the frames of a feature list).
+
+    `location` formats an index for error messages ("record {}" or "record 0, frame {}"); it is only
+    formatted when an error is raised, so the per-record path stays free of string work.
+    """
+
+    def __init__(self, name: str, spec: Any, count: int, key: str | None = None,
+                 location: str = "record {}") -> None:
+        self.name, self.spec, self.count, self.location = name, spec, count, location
+        self.key = key or name
+        self.dtype = spec.dtype
+        self.kind = _KIND_OF_DTYPE[spec.dtype]
+        self.list_name = _LIST_NAME[self.kind]
+
+    def values(self, index: int, feature) -> Any:
+        """The feature's values, None when it counts as missing; checks the kind."""
+        if feature is None:
+            return None
+        found = feature.WhichOneof("kind")
+        if found != self.list_name:
+            if found is None:
+                return None
+            raise _mismatch(self.key, self.location.format(index), feature_kind(feature), self.dtype)
+        if self.kind == FLOAT:
+            return float_values(feature.float_list)
+        return getattr(feature, found).value[:]
+
+
+class _FixedLenColumn(_Column):
+    def __init__(self, name: str, spec: FixedLenFeature, count: int) -> None:
+        super().__init__(name, spec, count)
+        self.size = math.prod(spec.shape)
+        self.out = np.empty((count, self.size), _NUMPY_DTYPE[spec.dtype])
+
+    def add(self, index: int, feature) -> None:
+        values = self.values(index, feature)
+        if values is None:
+            values = self.default(index)
+        elif len(values) != self.size:
+            raise ValueError(
+                f"Key: {self.key}, {self.location.format(index)}.  Can't parse serialized Example: "
+                f"{_count_phrase(self.kind)} FixedLenFeature shape {_shape_string(self.spec.shape)} needs "
+                f"{self.size} values, the record has {len(values)}. Fix the shape, or parse lists of varying "
+                f"length with VarLenFeature or RaggedFeature.")
+        self.out[index] = values
+
+    def default(self, index: int) -> np.ndarray:
+        if self.spec._default is None:
+            raise ValueError(
+                f"Feature: {self.key} (data type: {_TF_TYPE_NAME[self.dtype]}) is required but could not be "
+                f"found ({self.location.format(index)}). Give its FixedLenFeature a default_value, or parse it "
+                f"with VarLenFeature, to accept records without it.")
+        return self.spec._default
+
+    def result(self, single: bool) -> np.ndarray:
+        shape = self.spec.shape if single else (self.count, *self.spec.shape)
+        return self.out.reshape(shape)
+
+
+def _count_phrase(kind: int) -> str:
+    # TensorFlow's fast-parser wording for a count mismatch, per list kind.
+    if kind == BYTES:
+        return "Parsing bytes_list failed."
+    return f"Some {_LIST_NAME[kind]} slice was not parsed."
+
+
+class _VarLenColumn(_Column):
+    def __init__(self, name: str, spec: Any, count: int, key: str | None = None,
+                 location: str = "record {}") -> None:
+        super().__init__(name, spec, count, key, location)
+        self.chunks: list = []
+        self.lengths = np.zeros(count, np.int64)
+
+    def add(self, index: int, feature) -> None:
+        values = self.values(index, feature)
+        if values is not None and len(values):
+            self.chunks.append(values)
+            self.lengths[index] = len(values)
+
+    def sparse(self, single: bool) -> SparseValue:
+        values = _concatenate(self.chunks, self.dtype)
+        if single:
+            return SparseValue(np.arange(len(values), dtype=np.int64).reshape(-1, 1), values,
+                               np.array([len(values)], np.int64))
+        starts = np.cumsum(self.lengths) - self.lengths
+        rows = np.repeat(np.arange(self.count, dtype=np.int64), self.lengths)
+        positions = np.arange(len(values), dtype=np.int64) - np.repeat(starts, self.lengths)
+        width = int(self.lengths.max()) if self.count else 0
+        return SparseValue(np.stack([rows, positions], axis=1), values, np.array([self.count, width], np.int64))
+
+    def result(self, single: bool) -> SparseValue:
+        return self.sparse(single)
+
+
+class _RaggedColumn(_VarLenColumn):
+    def __init__(self, name: str, spec: RaggedFeature, count: int, location: str = "record {}") -> None:
+        super().__init__(name, spec, count, spec.value_key, location)
+
+    def result(self, single: bool) -> Any:
+        values = _concatenate(self.chunks, self.dtype)
+        if single:
+            return values
+        row_splits = np.concatenate([[0], np.cumsum(self.lengths)]).astype(self.spec.row_splits_dtype)
+        return RaggedValue(values, row_splits)
+
+
+class _SequenceColumn(_VarLenColumn):
+    """FixedLenSequenceFeature in an Example: [rows] + shape per record, padded in a batch."""
+
+    def __init__(self, name: str, spec: FixedLenSequenceFeature, count: int) -> None:
+        super().__init__(name, spec, count)
+        self.row_size = math.prod(spec.shape)
+
+    def add(self, index: int, feature) -> None:
+        values = self.values(index, feature)
+        if values is None or not len(values):
+            return
+        if self.row_size == 0 or len(values) % self.row_size:
+            raise ValueError(
+                f"Key: {self.key}, {self.location.format(index)}.  Number of {KIND_NAMES[self.kind]} values is not a multiple of stride "
+                f"length. Saw {len(values)} values but output shape is: {_shape_string([None, *self.spec.shape])}. "
+                f"Each row needs {self.row_size} values.")
+        self.chunks.append(values)
+        self.lengths[index] = len(values)
+
+    def result(self, single: bool) -> np.ndarray:
+        values = _concatenate(self.chunks, self.dtype)
+        if single:
+            return values.reshape(-1, *self.spec.shape)
+        rows = self.lengths // max(self.row_size, 1)
+        width = int(rows.max()) if self.count else 0
+        out = np.full((self.count, width, self.row_size), self.spec._pad, _NUMPY_DTYPE[self.dtype])
+        starts = np.cumsum(self.lengths) - self.lengths
+        for index in np.flatnonzero(rows):
+            out[index, : rows[index]] = values[starts[index]: starts[index] + self.lengths[index]].reshape(
+                -1, self.row_size)
+        return out.reshape(self.count, width, *self.spec.shape)
+
+
+def _example_columns(features: Mapping[str, Any], count: int, what: str) -> list[_Column]:
+    if not isinstance(features, Mapping):
+        raise TypeError(f"{what} must be a dict of feature name to spec; received {type(features).__name__}.")
+    columns: list[_Column] = []
+    for name, spec in features.items():
+        if isinstance(spec, FixedLenFeature):
+            columns.append(_FixedLenColumn(name, spec, count))
+        elif isinstance(spec, VarLenFeature):
+            columns.append(_VarLenColumn(name, spec, count))
+        elif isinstance(spec, RaggedFeature):
+            columns.append(_RaggedColumn(name, spec, count))
+        elif isinstance(spec, FixedLenSequenceFeature) and what == "features":
+            if not spec.allow_missing:
+                raise ValueError(f"Feature {name!r}: Unsupported: FixedLenSequenceFeature requires allow_missing "
+                                 f"to be True. (as in TensorFlow when parsing Examples)")
+            columns.append(_SequenceColumn(name, spec, count))
+        else:
+            allowed = ("FixedLenFeature, VarLenFeature, FixedLenSequenceFeature or RaggedFeature"
+                       if what == "features" else "FixedLenFeature, VarLenFeature or RaggedFeature")
+            raise TypeError(f"{what}[{name!r}] must be a {allowed}; received {type(spec).__name__}.")
+    return columns
+
+
+def _preview(record: Any) -> str:
+    data = bytes(record[:48]) if isinstance(record, (bytes, bytearray, memoryview)) else record
+    return f"{data!r}{'...' if isinstance(record, (bytes, bytearray, memoryview)) and len(record) > 48 else ''}"
+
+
+def _parse_records(serialized: Sequence[bytes], features: Mapping[str, Any], single: bool) -> dict[str, Any]:
+    columns = _example_columns(features, len(serialized), "features")
+    parse = example_protos().Example.FromString
+    lookups = [(column.add, column.key) for column in columns]
+    for index, record in enumerate(serialized):
+        try:
+            feature_map = parse(record).features.feature
+        except Exception:  # noqa: BLE001 - re-parsed below for a precise error
+            _raise_record_error(record, index)
+        for add, key in lookups:
+            add(index, feature_map[key] if key in feature_map else None)
+    return {column.name: column.result(single) for column in columns}
+
+
+def _raise_record_error(record: Any, index: int) -> None:
+    try:
+        parse_example_proto(record)
+    except ExampleDecodeError as error:
+        raise ValueError(f"Could not parse example input, value: {_preview(record)} (record {index}: {error}). "
+                         f"Is this a tf.train.Example (and not a SequenceExample or a TFRecord frame)?") from None
+    except TypeError as error:
+        raise TypeError(f"record {index}: {error}") from None
+    raise AssertionError("a record failed to parse once and parsed the second time")
+
+
+def parse_single_example(serialized: bytes, features: Mapping[str, FeatureSpec]) -> dict[str, Any]:
+    """Parse one serialized tf.train.Example with `tf.io.parse_single_example`'s semantics.
+
+    Returns `{name: value}`; see the module docstring for each spec's result.
+    Errors name the feature and "record 0".
+    """
+    return _parse_records([serialized], features, single=True)
+
+
+def parse_example(serialized: Sequence[bytes], features: Mapping[str, FeatureSpec]) -> dict[str, Any]:
+    """Parse a batch of serialized tf.train.Examples with `tf.io.parse_example`'s semantics.
+
+    `serialized` is a sequence (or 1-D object array) of bytes. Fixed-length
+    features fill one preallocated array of [B] + shape; each record is decoded
+    once. Errors name the feature and the record's index in the batch.
+    """
+    if isinstance(serialized, (bytes, bytearray)):
+        raise TypeError("parse_example takes a batch (a list of serialized records); for one record use "
+                        "parse_single_example.")
+    return _parse_records(list(serialized), features, single=False)
+
+
+# --------------------------------------------------------------------------------------------
+# SequenceExample.
+
+
+def _frame_array(name: str, spec: FixedLenSequenceFeature, frames, where: str) -> np.ndarray:
+    size = math.prod(spec.shape)
+    kind = _KIND_OF_DTYPE[spec.dtype]
+    out = np.empty((len(frames), size), _NUMPY_DTYPE[spec.dtype])
+    for frame_index, frame in enumerate(frames):
+        found = feature_kind(frame)
+        values = [] if found is None else _list_values(frame, found)
+        if found is not None and found != kind:
+            raise ValueError(
+                f"Feature list: {name}, Index: {frame_index} ({where}).  Data types don't match. Data type: "
+                f"{KIND_NAMES[found]} but expected type: {_TF_TYPE_NAME[spec.dtype]}.")
+        if len(values) != size:
+            raise ValueError(
+                f"Key: {name}, Index: {frame_index} ({where}).  Number of values != expected.  values size: "
+                f"{len(values)} but output shape: {_shape_string(spec.shape)}. Every frame of a "
+                f"FixedLenSequenceFeature needs {size} values; use VarLenFeature or RaggedFeature for frames "
+                f"of varying length.")
+        out[frame_index] = values
+    return out.reshape(len(frames), *spec.shape)
+
+
+def _parse_feature_list(name: str, spec: Any, feature_list, where: str) -> Any:
+    frames = [] if feature_list is None else list(feature_list.feature)
+    if isinstance(spec, FixedLenSequenceFeature):
+        if feature_list is None and not spec.allow_missing:
+            raise ValueError(
+                f"Feature list '{name}' is required but could not be found ({where}).  Did you mean to include it "
+                f"in feature_list_dense_missing_assumed_empty or feature_list_dense_defaults? Pass "
+                f"allow_missing=True to its FixedLenSequenceFeature to accept records without it.")
+        return _frame_array(name, spec, frames, where)
+    if not isinstance(spec, (VarLenFeature, RaggedFeature)):
+        raise TypeError(f"sequence_features[{name!r}] must be a FixedLenSequenceFeature, VarLenFeature or "
+                        f"RaggedFeature; received {type(spec).__name__}.")
+    column_class = _RaggedColumn if isinstance(spec, RaggedFeature) else _VarLenColumn
+    column = column_class(name, spec, len(frames), location=f"{where}, frame {{}}")
+    for frame_index, frame in enumerate(frames):
+        column.add(frame_index, frame)
+    if isinstance(spec, RaggedFeature):
+        return column.result(single=False)
+    return column.sparse(single=False)
+
+
+def parse_single_sequence_example(serialized: bytes, context_features: Mapping[str, FeatureSpec] | None = None,
+                                  sequence_features: Mapping[str, FeatureSpec] | None = None,
+                                  ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Parse one serialized tf.train.SequenceExample (`tf.io.parse_single_sequence_example`).
+
+    `context_features` take FixedLenFeature, VarLenFeature or RaggedFeature, as
+    for an Example. `sequence_features` take FixedLenSequenceFeature ([frames] +
+    shape; a missing list is an error unless allow_missing), VarLenFeature (a
+    2-D `SparseValue`: [[frame, i]], dense_shape [frames, max values]) or
+    RaggedFeature (a `RaggedValue` with one row per frame). Returns
+    `(context, sequences)`.
+    """
+    where = "record 0"
+    try:
+        message = parse_sequence_example_proto(serialized)
+    except ExampleDecodeError as error:
+        raise ValueError(f"Could not parse sequence example input, value: {_preview(serialized)} ({where}: "
+                         f"{error}).") from None
+    context_columns = _example_columns(context_features or {}, 1, "context_features")
+    context_map = message.context.feature
+    for column in context_columns:
+        column.add(0, context_map[column.key] if column.key in context_map else None)
+    context = {column.name: column.result(single=True) for column in context_columns}
+
+    if not isinstance(sequence_features or {}, Mapping):
+        raise TypeError(f"sequence_features must be a dict of feature name to spec; received "
+                        f"{type(sequence_features).__name__}.")
+    lists = message.feature_lists.feature_list
+    sequences = {}
+    for name, spec in (sequence_features or {}).items():
+        key = spec.value_key or name if isinstance(spec, RaggedFeature) else name
+        sequences[name] = _parse_feature_list(key, spec, lists[key] if key in lists else None, where)
+    return context, sequences
+
+
+# --------------------------------------------------------------------------------------------
+# decode_raw and torch conversion.
+
+
+def _raw_dtype(dtype: Any) -> np.dtype:
+    name = str(dtype).removeprefix("torch.") if type(dtype).__module__ == "torch" else dtype
+    try:
+        numpy_dtype = np.dtype(name)
+    except TypeError:
+        raise ValueError(f"decode_raw: {dtype!r} is not a numeric dtype numpy knows (e.g. 'uint8', 'float32', "
+                         f"np.int16, torch.float32).") from None
+    if numpy_dtype.kind not in "biufc":
+        raise ValueError(f"decode_raw: dtype must be numeric; received {numpy_dtype}.")
+    return numpy_dtype
+
+
+def _fitting_dtypes(byte_count: int) -> str:
+    fits = [f"{byte_count // size} {name}" for name, size in (("uint8", 1), ("int16/float16", 2),
+                                                                 ("int32/float32", 4), ("int64/float64", 8))
+            if byte_count % size == 0]
+    return ", ".join(fits) if fits else "nothing"
+
+
+def decode_raw(data: Any, dtype: Any, shape: Sequence[int] | None = None, little_endian: bool = True) -> np.ndarray:
+    """Bytes -> numeric array, checking the byte count (`tf.io.decode_raw` without its silent-garbage trap).
+
+    `data` is bytes, or a batch (list or object array) of bytes all of one
+    length, giving [B] + shape. The byte count must be a multiple of the
+    dtype's size and, with `shape` (one -1 allowed), equal prod(shape) x size;
+    otherwise a ValueError names both numbers and which dtypes would fit.
+    The result is a writable array in native byte order.
+    """
+    numpy_dtype = _raw_dtype(dtype).newbyteorder("<" if little_endian else ">")
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        items = list(np.asarray(data, dtype=object).reshape(-1)) if not isinstance(data, list) else data
+        lengths = {len(item) for item in items}
+        if len(lengths) > 1:
+            raise ValueError(f"decode_raw: the records have different lengths {sorted(lengths)[:5]} bytes; a batch "
+                             f"needs one length (DecodeRaw requires input strings to all be the same size).")
+        rows = [decode_raw(item, dtype, shape, little_endian) for item in items]
+        size_shape = rows[0].shape if rows else tuple(shape or (0,))
+        return np.stack(rows) if rows else np.empty((0, *size_shape), numpy_dtype.newbyteorder("="))
+    byte_count, itemsize = len(data), numpy_dtype.itemsize
+    if byte_count % itemsize:
+        raise ValueError(f"decode_raw: {byte_count} bytes is not a multiple of {itemsize} (the size of one "
+                         f"{numpy_dtype.name}); the data was written with another dtype. {byte_count} bytes would "
+                         f"be: {_fitting_dtypes(byte_count)}.")
+    values = np.frombuffer(data, numpy_dtype).astype(numpy_dtype.newbyteorder("="))
+    if shape is None:
+        return values
+    shape = tuple(int(dim) for dim in shape)
+    known = math.prod(dim for dim in shape if dim != -1)
+    expected = known * itemsize
+    if shape.count(-1) > 1 or (-1 in shape and (known == 0 or len(values) % known)) or (
+            -1 not in shape and expected != byte_count):
+        raise ValueError(f"decode_raw: shape {list(shape)} of {numpy_dtype.name} needs "
+                         f"{expected if -1 not in shape else f'a multiple of {expected}'} bytes, received "
+                         f"{byte_count} bytes. {byte_count} bytes would be: {_fitting_dtypes(byte_count)}. Check "
+                         f"the dtype and shape the data was written with.")
+    return values.reshape(shape)
+
+
+def _to_torch_value(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, SparseValue):
+        if value.values.dtype == object:
+            return value
+        indices = torch.from_numpy(np.ascontiguousarray(value.indices.T, dtype=np.int64))
+        return torch.sparse_coo_tensor(indices, torch.from_numpy(np.array(value.values)),
+                                       tuple(int(dim) for dim in value.dense_shape), check_invariants=True)
+    if isinstance(value, RaggedValue):
+        if getattr(value.values, "dtype", None) == object:
+            return value
+        return RaggedValue(torch.from_numpy(np.array(value.values)), torch.from_numpy(np.array(value.row_splits)))
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        return torch.from_numpy(value if value.flags.writeable else value.copy())
+    if isinstance(value, Mapping):
+        return {name: _to_torch_value(item) for name, item in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_to_torch_value(item) for item in value)
+    return value
+
+
+def to_torch(parsed: Any) -> Any:
+    """Parsed results -> torch: numeric arrays to tensors (sharing memory where writable).
+
+    `SparseValue` -> `torch.sparse_coo_tensor(indices.T, values, dense_shape)`
+    (uncoalesced, in TF's row-major order), `RaggedValue` -> a `RaggedValue` of
+    tensors; string values stay numpy object arrays. Works on a dict, on the
+    `(context, sequences)` pair, or on one value.
+    """
+    return _to_torch_value(parsed)

@@ -1,0 +1,493 @@
+"""The TFRecord commands of `torchestimator`: convert, records inspect, records verify.
+
+What belongs here: argument parsing and the command handlers for
+`torchestimator convert csv-to-tfrecord`, `torchestimator records inspect` and
+`torchestimator records verify`, plus what only they need (reading an index
+CSV, typing its columns, decoding images, summarising a file's schema). What
+does not: the record format and the Example codec (`torchestimator.data`).
+`add_subcommands(subparsers)` adds the commands to cli.py's parser; each
+handler takes the argparse Namespace and returns the exit code.
+
+`convert csv-to-tfrecord` writes one tf.train.Example per CSV row:
+
+- the label column (`--label-column`, default `label`) under its own name;
+- the path column (`--path-column`, default `path`) under its own name, as
+  written in the CSV (relative paths are resolved against the CSV's folder);
+- `image`: the file's bytes as they are (`--image-mode encoded`, the default)
+  with `image/format` (the lower-case file extension, e.g. `png`); or the
+  decoded pixels (`--image-mode raw`, needs Pillow) as uint8 bytes in
+  row-major height x width x channels order with `image/shape` = [H, W, C]
+  (read back with `decode_raw(value, "uint8", shape)`);
+- every other column as a one-value feature typed by its column: int64 when
+  every non-empty cell is an integer (written without leading zeros, within
+  int64), float when every one is a number, bytes (UTF-8) otherwise; an
+  empty cell gives an empty list.
+
+Rows are split into contiguous, near-equal shards named
+`OUT_PREFIX-00000-of-0000N.tfrecord` (formats.md 1.5), so reading the shards
+in order gives the rows in CSV order. Shards are written under a `.partial`
+name and renamed when all are complete, so a failed conversion leaves no
+half-written shard behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import json
+import logging
+import math
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+IMAGE_FEATURE = "image"
+SHARD_SUFFIX = ".tfrecord"
+_PREVIEW_VALUES = 16
+_PREVIEW_BYTES = 48
+_EIGHT_BIT_MODES = {"L": "L", "RGB": "RGB", "RGBA": "RGBA", "1": "L", "P": "RGB", "LA": "RGBA",
+                    "CMYK": "RGB", "YCbCr": "RGB", "LAB": "RGB", "HSV": "RGB", "RGBX": "RGB", "RGBa": "RGBA",
+                    "La": "RGBA", "PA": "RGBA"}
+
+
+def add_subcommands(subparsers: Any) -> None:
+    """Adds `convert` and `records` (with their own subcommands) to cli.py's subparsers."""
+    convert = subparsers.add_parser("convert", help="convert data to TFRecord files")
+    convert_commands = convert.add_subparsers(dest="convert_command", required=True)
+    csv_command = convert_commands.add_parser(
+        "csv-to-tfrecord", help="an index CSV (label, file path, other columns) to sharded TFRecords of tf.train.Example",
+        description="One tf.train.Example per CSV row; see the torchestimator.records_cli docstring for the schema.")
+    csv_command.add_argument("index", metavar="INDEX.csv", help="CSV with a header row")
+    csv_command.add_argument("out_prefix", metavar="OUT_PREFIX", help="shards are OUT_PREFIX-00000-of-0000N.tfrecord")
+    csv_command.add_argument("--num-shards", type=int, default=1, help="number of output files (default 1)")
+    csv_command.add_argument("--label-column", default="label", help="column holding the label (default label)")
+    csv_command.add_argument("--path-column", default="path", help="column holding the image file path (default path)")
+    csv_command.add_argument("--image-mode", choices=["encoded", "raw"], default="encoded",
+                             help="encoded: the file bytes as they are; raw: decoded uint8 pixels plus image/shape")
+    csv_command.add_argument("--compression", type=str.upper, choices=["NONE", "GZIP", "ZLIB"], default="NONE",
+                             help="compress each shard (default none)")
+    csv_command.add_argument("--no-progress", action="store_true", help="no progress bar")
+    csv_command.set_defaults(handler=convert_csv_to_tfrecord)
+
+    records = subparsers.add_parser("records", help="look into TFRecord files")
+    records_commands = records.add_subparsers(dest="records_command", required=True)
+    inspect = records_commands.add_parser("inspect", help="schema summary and the first records as JSON")
+    inspect.add_argument("file", metavar="FILE")
+    inspect.add_argument("--limit", type=int, default=3, help="records to print (default 3)")
+    inspect.add_argument("--compression", default="auto", help="auto (default), none, GZIP or ZLIB")
+    inspect.set_defaults(handler=inspect_records)
+
+    verify = records_commands.add_parser("verify", help="check every CRC; exit code 1 when a file is damaged")
+    verify.add_argument("files", metavar="FILES", nargs="+", help="paths or glob patterns")
+    verify.add_argument("--compression", default="auto", help="auto (default), none, GZIP or ZLIB")
+    verify.set_defaults(handler=verify_records)
+
+
+def _compression(text: str | None) -> str | None:
+    return None if text is None or text.upper() in ("", "NONE") else text
+
+
+# --------------------------------------------------------------------------- convert csv-to-tfrecord
+
+
+@dataclass(frozen=True, kw_only=True)
+class IndexTable:
+    """The rows of an index CSV with each column's feature kind."""
+
+    path: str
+    """The CSV file."""
+    columns: list[str]
+    """Column names in CSV order."""
+    rows: list[dict[str, str]]
+    """Cells by column name, one dict per data row."""
+    kinds: dict[str, str] = field(default_factory=dict)
+    """Feature kind per column: "int64", "float" or "bytes"."""
+
+
+def read_index(path: str, *, label_column: str, path_column: str) -> IndexTable:
+    """Reads the CSV, checks its columns and types each column."""
+    with open(path, newline="", encoding="utf-8-sig") as file:
+        reader = csv.DictReader(file)
+        columns = list(reader.fieldnames or [])
+        rows = list(reader)
+    for role, name in (("--label-column", label_column), ("--path-column", path_column)):
+        if name not in columns:
+            raise ValueError(f"{path}: {role} {name!r} is not a column; the header has {columns}. "
+                             f"Pass {role} with one of those names.")
+    if label_column == path_column:
+        raise ValueError(f"--label-column and --path-column are both {label_column!r}; they must differ.")
+    taken = {IMAGE_FEATURE, f"{IMAGE_FEATURE}/shape", f"{IMAGE_FEATURE}/format"} & set(columns)
+    if taken:
+        raise ValueError(f"{path}: column(s) {sorted(taken)} clash with the image features the converter writes "
+                         f"(image, image/shape, image/format); rename them in the CSV.")
+    if not rows:
+        raise ValueError(f"{path} has a header but no rows; there is nothing to convert.")
+    short = [index + 1 for index, row in enumerate(rows) if None in row.values() or None in row]
+    if short:
+        raise ValueError(f"{path}: row {short[0]} (line {short[0] + 1}) has a different number of cells than "
+                         f"the header ({len(columns)} columns).")
+    kinds = {column: column_kind(row[column] for row in rows) for column in columns if column != path_column}
+    kinds[path_column] = "bytes"
+    return IndexTable(path=path, columns=columns, rows=rows, kinds=kinds)
+
+
+def _int_form(text: str) -> str | None:
+    """"int" for a plain int64, "text" for digits that a number would change, None otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    # "007", "+3" or a 20-digit id would lose how they were written as int64 or float: keep them as text.
+    return "int" if str(value) == text and INT64_MIN <= value <= INT64_MAX else "text"
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def column_kind(cells: Iterator[str] | Sequence[str]) -> str:
+    """int64 if every non-empty cell is a plain int64, float if every one is a number, else bytes.
+
+    Integers written with leading zeros or a sign, or beyond int64, make the column bytes (ids, zip codes).
+    """
+    values = [cell.strip() for cell in cells if cell.strip()]
+    if not values:
+        return "bytes"
+    forms = {_int_form(value) for value in values}
+    if forms == {"int"}:
+        return "int64"
+    if "text" not in forms and all(_is_float(value) for value in values):
+        return "float"
+    return "bytes"
+
+
+def cell_values(text: str, kind: str) -> list[Any]:
+    text = text.strip() if kind != "bytes" else text
+    if not text:
+        return []
+    if kind == "int64":
+        return [int(text)]
+    if kind == "float":
+        return [float(text)]
+    return [text.encode("utf-8")]
+
+
+def resolve_image_paths(table: IndexTable, path_column: str) -> list[str]:
+    """Absolute image paths; the first missing file is an error naming its row."""
+    base = os.path.dirname(os.path.abspath(table.path))
+    resolved = []
+    for index, row in enumerate(table.rows):
+        given = row[path_column].strip()
+        path = os.path.normpath(os.path.join(base, os.path.expanduser(given)))
+        if not given or not os.path.isfile(path):
+            raise ValueError(f"{table.path}: row {index + 1} (line {index + 2}): image file {given!r} "
+                             f"{'is empty' if not given else f'does not exist (looked for {path})'}. "
+                             f"Relative paths are resolved against the CSV's folder; fix the path or remove the row.")
+        resolved.append(path)
+    return resolved
+
+
+def _pillow_image() -> Any:
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ValueError("--image-mode raw decodes images with Pillow, which is not installed. Install it "
+                         "(pip install 'torchestimator[images]' or pip install pillow), or pass "
+                         "--image-mode encoded to store the file bytes as they are.") from None
+    return Image
+
+
+def image_features(path: str, mode: str, where: str) -> dict[str, list[Any]]:
+    """The image features of one row: encoded file bytes, or raw uint8 pixels plus their shape."""
+    if mode == "encoded":
+        with open(path, "rb") as file:
+            content = file.read()
+        extension = os.path.splitext(path)[1].lstrip(".").lower()
+        return {IMAGE_FEATURE: [content], f"{IMAGE_FEATURE}/format": [extension.encode()]}
+    pixels = decode_image(path, where)
+    height, width = pixels.shape[:2]
+    return {IMAGE_FEATURE: [pixels.tobytes()], f"{IMAGE_FEATURE}/shape": [height, width, pixels.shape[2]]}
+
+
+def decode_image(path: str, where: str) -> np.ndarray:
+    """uint8 pixels, height x width x channels."""
+    image_module = _pillow_image()
+    try:
+        with image_module.open(path) as image:
+            image.load()
+            if image.mode not in _EIGHT_BIT_MODES:
+                raise ValueError(f"{where}: image {path} has mode {image.mode!r} (more than 8 bits per channel); "
+                                 f"--image-mode raw stores uint8 pixels. Use --image-mode encoded to keep it exact.")
+            target = _EIGHT_BIT_MODES[image.mode]
+            if image.mode == "P" and "transparency" in image.info:
+                target = "RGBA"
+            pixels = np.asarray(image.convert(target) if target != image.mode else image, dtype=np.uint8)
+    except image_module.UnidentifiedImageError:
+        raise ValueError(f"{where}: {path} is not an image Pillow can decode; use --image-mode encoded "
+                         f"to store the bytes as they are.") from None
+    return pixels[:, :, None] if pixels.ndim == 2 else pixels
+
+
+def shard_paths(out_prefix: str, num_shards: int) -> list[str]:
+    return [f"{out_prefix}-{index:05d}-of-{num_shards:05d}{SHARD_SUFFIX}" for index in range(num_shards)]
+
+
+def shard_bounds(num_rows: int, num_shards: int) -> list[tuple[int, int]]:
+    """Contiguous [start, stop) row ranges whose sizes differ by at most one."""
+    base, extra = divmod(num_rows, num_shards)
+    bounds, start = [], 0
+    for index in range(num_shards):
+        stop = start + base + (1 if index < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def row_example(table: IndexTable, index: int, image_path: str, image_mode: str) -> bytes:
+    from torchestimator.data.example import encode_example
+
+    row = table.rows[index]
+    where = f"{table.path}: row {index + 1} (line {index + 2})"
+    features = {column: cell_values(row[column], table.kinds[column]) for column in table.columns}
+    kinds = dict(table.kinds)
+    image = image_features(image_path, image_mode, where)
+    features.update(image)
+    kinds.update({name: "int64" if name.endswith("/shape") else "bytes" for name in image})
+    return encode_example(features, kinds=kinds)
+
+
+def convert_csv_to_tfrecord(args: argparse.Namespace) -> int:
+    """`torchestimator convert csv-to-tfrecord INDEX.csv OUT_PREFIX --num-shards N`."""
+    from torchestimator.data.tfrecord import TFRecordWriter
+
+    if args.num_shards < 1:
+        raise ValueError(f"--num-shards must be at least 1; received {args.num_shards}.")
+    if args.image_mode == "raw":
+        _pillow_image()  # fail before reading anything when Pillow is missing
+    table = read_index(args.index, label_column=args.label_column, path_column=args.path_column)
+    image_paths = resolve_image_paths(table, args.path_column)
+    paths = shard_paths(args.out_prefix, args.num_shards)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out_prefix)), exist_ok=True)
+    progress = _progress_bar(len(table.rows), disabled=args.no_progress)
+    compression = _compression(args.compression)
+    written: list[str] = []
+    try:
+        for path, (start, stop) in zip(paths, shard_bounds(len(table.rows), args.num_shards)):
+            written.append(path + ".partial")
+            with TFRecordWriter(written[-1], compression=compression) as writer:
+                for index in range(start, stop):
+                    writer.write(row_example(table, index, image_paths[index], args.image_mode))
+                    progress.update(1)
+    except BaseException:
+        for partial in written:
+            if os.path.exists(partial):
+                os.remove(partial)
+        raise
+    finally:
+        progress.close()
+    for partial, path in zip(written, paths):
+        os.replace(partial, path)
+    schema = ", ".join(f"{name} {kind}" for name, kind in _converted_kinds(table, args.image_mode).items())
+    print(f"wrote {len(table.rows)} records to {args.num_shards} shard(s) {paths[0]}"
+          f"{' ... ' + paths[-1] if len(paths) > 1 else ''}; features: {schema}")
+    return 0
+
+
+def _converted_kinds(table: IndexTable, image_mode: str) -> dict[str, str]:
+    extra = {f"{IMAGE_FEATURE}/shape": "int64"} if image_mode == "raw" else {f"{IMAGE_FEATURE}/format": "bytes"}
+    return {**{column: table.kinds[column] for column in table.columns}, IMAGE_FEATURE: "bytes", **extra}
+
+
+def _progress_bar(total: int, *, disabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="row", desc="csv-to-tfrecord", disable=disabled or not sys.stderr.isatty())
+
+
+# --------------------------------------------------------------------------- records inspect
+
+
+@dataclass(kw_only=True)
+class FeatureSummary:
+    """What one feature looked like across the records that have it."""
+
+    kinds: set[str] = field(default_factory=set)
+    """Kinds seen ("int64", "float", "bytes", or "none" for a Feature with no list set)."""
+    records: int = 0
+    """Records holding the feature."""
+    smallest: int = math.inf  # type: ignore[assignment]
+    """Fewest values (for a feature list: fewest frames)."""
+    largest: int = 0
+    """Most values (for a feature list: most frames)."""
+    frame_smallest: int = math.inf  # type: ignore[assignment]
+    """Feature lists only: fewest values in one frame."""
+    frame_largest: int = 0
+    """Feature lists only: most values in one frame."""
+
+    def add(self, kind: str | None, count: int) -> None:
+        self.kinds.add(kind or "none")
+        self.records += 1
+        self.smallest, self.largest = min(self.smallest, count), max(self.largest, count)
+
+    def add_frames(self, kind: str | None, frames: list[Any]) -> None:
+        self.add(kind, len(frames))
+        for frame in frames:
+            self.frame_smallest = min(self.frame_smallest, len(frame))
+            self.frame_largest = max(self.frame_largest, len(frame))
+
+
+def _kind_of(values: Any) -> str | None:
+    if isinstance(values, np.ndarray):
+        return "float" if values.dtype.kind == "f" else "int64"
+    return "bytes" if values else None
+
+
+def summarize_record(record: bytes, context: dict[str, FeatureSummary], lists: dict[str, FeatureSummary]) -> tuple[dict, dict]:
+    """Decodes one record (Example or SequenceExample) and adds it to the summaries."""
+    from torchestimator.data.example import decode_sequence_example, example_kinds
+
+    try:
+        features, feature_lists = decode_sequence_example(record)
+    except ValueError:
+        from torchestimator.data.example import decode_example
+
+        decode_example(record)  # raises with the Example wording, which is what most files hold
+        raise
+    kinds = example_kinds(record) if not feature_lists else {}
+    for name, values in features.items():
+        context.setdefault(name, FeatureSummary()).add(kinds.get(name) or _kind_of(values), len(values))
+    for name, frames in feature_lists.items():
+        kind = next((_kind_of(frame) for frame in frames if _kind_of(frame)), None)
+        lists.setdefault(name, FeatureSummary()).add_frames(kind, frames)
+    return features, feature_lists
+
+
+def preview_values(values: Any) -> list[Any]:
+    """JSON-friendly values: short text as text, other bytes as base64, float32 as its short repr."""
+    items = list(values[:_PREVIEW_VALUES])
+    shown: list[Any] = [_preview_value(item) for item in items]
+    if len(values) > _PREVIEW_VALUES:
+        shown.append(f"... ({len(values)} values)")
+    return shown
+
+
+def _preview_value(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            text = bytes(value).decode("utf-8")
+            if len(text) <= _PREVIEW_BYTES and text.isprintable():
+                return text
+        except UnicodeDecodeError:
+            pass
+        head = base64.b64encode(bytes(value[:_PREVIEW_BYTES])).decode("ascii")
+        return f"base64:{head}" + (f"... ({len(value)} bytes)" if len(value) > _PREVIEW_BYTES else "")
+    if isinstance(value, (float, np.floating)):
+        number = float(value)
+        if math.isnan(number) or math.isinf(number):
+            return str(number)
+        return float(str(np.float32(number))) if isinstance(value, np.float32) else number
+    return int(value)
+
+
+def _range(low: float, high: int) -> str:
+    low = 0 if low == math.inf else int(low)
+    return f"{low}" if low == high else f"{low}..{high}"
+
+
+def _schema_lines(title: str, summaries: dict[str, FeatureSummary], total: int, frames: bool) -> list[str]:
+    if not summaries:
+        return []
+    width = max(len("feature"), *(len(name) for name in summaries))
+    header = f"  {'feature':<{width}}  {'kind':<7}  {'frames' if frames else 'values':<8}"
+    header += f"  {'values/frame':<12}" if frames else ""
+    lines = [title, header + "  in records"]
+    for name in sorted(summaries):
+        summary = summaries[name]
+        kind = "/".join(sorted(summary.kinds))
+        line = f"  {name:<{width}}  {kind:<7}  {_range(summary.smallest, summary.largest):<8}"
+        if frames:
+            line += f"  {_range(summary.frame_smallest, summary.frame_largest):<12}"
+        lines.append(f"{line}  {summary.records}/{total}")
+    return lines
+
+
+def inspect_records(args: argparse.Namespace) -> int:
+    """`torchestimator records inspect FILE`: record count, schema summary, the first records as JSON."""
+    from torchestimator.data.tfrecord import iter_records
+
+    if args.limit < 0:
+        raise ValueError(f"--limit must be >= 0; received {args.limit}.")
+    context: dict[str, FeatureSummary] = {}
+    lists: dict[str, FeatureSummary] = {}
+    shown: list[str] = []
+    count, undecodable = 0, None
+    for offset, record in iter_records(args.file, _compression(args.compression)):
+        count += 1
+        try:
+            features, feature_lists = summarize_record(record, context, lists)
+        except ValueError as error:
+            undecodable = undecodable or f"record {count - 1} at offset {offset}: {error}"
+            features, feature_lists = None, None
+        if len(shown) < args.limit:
+            shown.append(_record_json(count - 1, offset, record, features, feature_lists))
+    message = "tf.train.SequenceExample" if lists else "tf.train.Example"
+    print(f"{args.file}: {count} records" + (f" ({message})" if count and not undecodable else ""))
+    if undecodable:
+        print(f"  not every record is a tf.train.Example; first failure: {undecodable}")
+    schema = (_schema_lines("context features:" if lists else "features:", context, count, frames=False)
+              + _schema_lines("feature lists:", lists, count, frames=True))
+    if schema:
+        print("\n".join(schema))
+    if shown:
+        print(f"first {len(shown)} records:")
+        print("\n".join(shown))
+    return 0
+
+
+def _record_json(index: int, offset: int, record: bytes, features: dict | None, feature_lists: dict | None) -> str:
+    entry: dict[str, Any] = {"record": index, "offset": offset, "bytes": len(record)}
+    if features is None:
+        entry["raw"] = _preview_value(record)
+    elif feature_lists:
+        entry["context"] = {name: preview_values(features[name]) for name in sorted(features)}
+        entry["feature_lists"] = {name: [preview_values(frame) for frame in feature_lists[name][:_PREVIEW_VALUES]]
+                                  for name in sorted(feature_lists)}
+    else:
+        entry["features"] = {name: preview_values(features[name]) for name in sorted(features)}
+    return json.dumps(entry, ensure_ascii=False)
+
+
+# --------------------------------------------------------------------------- records verify
+
+
+def verify_records(args: argparse.Namespace) -> int:
+    """`torchestimator records verify FILES...`: every CRC of every file; exit code 1 when any is damaged."""
+    from torchestimator.data.tfrecord import DataLossError, iter_records, list_files
+
+    paths = [path for pattern in args.files for path in list_files(pattern)]
+    damaged, total = 0, 0
+    for path in paths:
+        count = 0
+        try:
+            for _ in iter_records(path, _compression(args.compression), verify=True):
+                count += 1
+        except DataLossError as error:
+            damaged += 1
+            print(f"DAMAGED {path}: {count} good records, first bad record at offset {error.offset}: {error}")
+        else:
+            print(f"OK      {path}: {count} records")
+        total += count
+    print(f"verified {len(paths)} file(s): {len(paths) - damaged} ok, {damaged} damaged, {total} good records")
+    return 1 if damaged else 0
