@@ -337,3 +337,46 @@ def test_parse_empty_batch():
     assert parsed["x"].shape == (0, 3)
     assert parsed["v"].dense_shape.tolist() == [0, 0]
     assert parsed["s"].shape == (0, 0)
+
+
+# ---------------------------------------------------------------------------------------- batch accumulation
+
+
+def test_batch_mixes_fast_and_default_rows_for_every_dtype():
+    # 150 floats need a two-byte length in the packed FloatList; missing rows take the default.
+    dense = np.linspace(-1, 1, 150, dtype=np.float32)
+    records = [example(f=dense, i=[7, 8], s=[b"x"], v=dense[:40]), example(other=[1]),
+               example(f=dense * 2, i=[9, 10], s=[b"y"], v=dense[:20])]
+    features = {"f": FixedLenFeature([150], "float32", default_value=np.full(150, 0.5)),
+                "i": FixedLenFeature([2], "int64", default_value=[-1, -2]),
+                "s": FixedLenFeature([], "string", default_value=b"none"),
+                "v": VarLenFeature("float32")}
+    parsed = parse_example(records, features)
+    assert parsed["f"].dtype == np.float32 and parsed["f"].shape == (3, 150)
+    assert parsed["f"].tolist() == [dense.tolist(), [0.5] * 150, (dense * 2).tolist()]
+    assert parsed["i"].tolist() == [[7, 8], [-1, -2], [9, 10]]
+    assert parsed["s"].tolist() == [b"x", b"none", b"y"]
+    assert parsed["v"].values.tolist() == dense[:40].tolist() + dense[:20].tolist()
+    assert parsed["v"].dense_shape.tolist() == [3, 40]
+    assert parsed["f"].flags.writeable and parsed["v"].values.flags.writeable  # arrays of their own
+    single = parse_single_example(records[1], features)
+    assert single["f"].shape == (150,) and single["i"].tolist() == [-1, -2] and len(single["v"].values) == 0
+
+
+def test_fixed_len_of_zero_values_still_tells_missing_from_empty():
+    empty = encode_example({"z": []}, kinds={"z": "float"})
+    parsed = parse_example([empty, empty], {"z": FixedLenFeature([0], "float32")})
+    assert parsed["z"].shape == (2, 0) and parsed["z"].dtype == np.float32
+    with pytest.raises(ValueError, match=r"Feature: z \(data type: float\) is required but could not be found "
+                                         r"\(record 1\)"):
+        parse_example([empty, example(other=[1])], {"z": FixedLenFeature([0], "float32")})
+
+
+def test_wrong_kind_with_matching_count_is_still_refused():
+    # The fast path reads the expected list without WhichOneof; an unset list reads empty there.
+    with pytest.raises(ValueError, match=r"Key: a, record 0\.  Data types don't match\. Data type: float but "
+                                         r"expected type: int64"):
+        parse_example([example(a=[1.0])], {"a": FixedLenFeature([], "int64")})
+    with pytest.raises(ValueError, match=r"Key: a, record 1\.  Data types don't match\. Data type: int64 but "
+                                         r"expected type: float"):
+        parse_example([example(a=[1.0]), example(a=[1])], {"a": VarLenFeature("float32")})

@@ -121,11 +121,22 @@ def float_values(float_list) -> np.ndarray:
     data = float_list.SerializeToString()
     if not data:
         return np.empty(0, np.float32)
-    header = 2  # tag 0x0a, then the payload length as a varint
-    while data[header - 1] >= 0x80:
-        header += 1
-    values = np.frombuffer(data, "<f4", offset=header)
+    values = np.frombuffer(data, "<f4", offset=float_payload_start(data))
     return values if _LITTLE_ENDIAN else values.astype(np.float32)
+
+
+def float_payload_start(data: bytes) -> int:
+    """Where the little-endian floats start in a serialized, non-empty FloatList (always packed)."""
+    start = 2  # tag 0x0a, then the payload length as a varint
+    while data[start - 1] >= 0x80:
+        start += 1
+    return start
+
+
+def float_list_bytes(values: np.ndarray) -> bytes:
+    """float32 values -> a serialized FloatList, as `FloatList.SerializeToString()` gives it (b"" when empty)."""
+    payload = np.asarray(values, "<f4").tobytes()
+    return _length_delimited(0x0A, payload) if payload else b""
 
 
 def int64_values(int64_list) -> np.ndarray:

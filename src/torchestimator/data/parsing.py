@@ -49,6 +49,8 @@ from torchestimator.data.example import (
     ExampleDecodeError,
     example_protos,
     feature_kind,
+    float_list_bytes,
+    float_payload_start,
     float_values,
     parse_example_proto,
     parse_sequence_example_proto,
@@ -259,6 +261,12 @@ class RaggedValue(NamedTuple):
 
 # --------------------------------------------------------------------------------------------
 # Columns: one accumulator per spec, filled record by record, finished once.
+#
+# Per record, a column takes the values in bulk (`.value[:]`, or the FloatList's packed bytes)
+# and appends them to one Python list; numpy arrays are built once per batch. A feature whose
+# list is set with values of the expected length takes that fast path without WhichOneof (a
+# oneof member that is not set reads as empty); anything else goes through `checked_values`,
+# which has the kind checks and the errors.
 
 
 def _list_values(feature, kind: int) -> Any:
@@ -267,16 +275,14 @@ def _list_values(feature, kind: int) -> Any:
     return getattr(feature, _LIST_NAME[kind]).value[:]
 
 
-def _empty(dtype: str) -> np.ndarray:
-    return np.empty(0, _NUMPY_DTYPE[dtype])
-
-
-def _concatenate(chunks: list, dtype: str) -> np.ndarray:
-    if dtype != "string":
-        return np.concatenate(chunks).astype(_NUMPY_DTYPE[dtype], copy=False) if chunks else _empty(dtype)
-    flat = [item for chunk in chunks for item in chunk]
-    out = np.empty(len(flat), object)
-    out[:] = flat
+def _values_array(parts: list, dtype: str) -> np.ndarray:
+    """A column's collected values -> a writable 1-D array (floats arrive as little-endian payload bytes)."""
+    if dtype == "float32":
+        return np.frombuffer(b"".join(parts), "<f4").astype(np.float32)
+    if dtype == "int64":
+        return np.array(parts, np.int64)
+    out = np.empty(len(parts), object)
+    out[:] = parts
     return out
 
 
@@ -290,8 +296,10 @@ def _mismatch(key: str, where: str, found: int, dtype: str) -> ValueError:
 class _Column:
     """Values of one spec over the records of a batch (or over the frames of a feature list).
 
-    `location` formats an index for error messages ("record {}" or "record 0, frame {}"); it is only
-    formatted when an error is raised, so the per-record path stays free of string work.
+    `add(index, feature)` is called once per record, in order (`feature` None when the record
+    lacks it). `location` formats an index for error messages ("record {}" or "record 0, frame
+    {}"); it is only formatted when an error is raised, so the per-record path stays free of
+    string work.
     """
 
     def __init__(self, name: str, spec: Any, count: int, key: str | None = None,
@@ -301,8 +309,9 @@ class _Column:
         self.dtype = spec.dtype
         self.kind = _KIND_OF_DTYPE[spec.dtype]
         self.list_name = _LIST_NAME[self.kind]
+        self.parts: list = []
 
-    def values(self, index: int, feature) -> Any:
+    def checked_values(self, index: int, feature) -> Any:
         """The feature's values, None when it counts as missing; checks the kind."""
         if feature is None:
             return None
@@ -311,19 +320,37 @@ class _Column:
             if found is None:
                 return None
             raise _mismatch(self.key, self.location.format(index), feature_kind(feature), self.dtype)
-        if self.kind == FLOAT:
-            return float_values(feature.float_list)
-        return getattr(feature, found).value[:]
+        return _list_values(feature, self.kind)
 
 
 class _FixedLenColumn(_Column):
+    """[B] + shape. Floats are kept as each record's serialized FloatList, all of one length
+    (`float_list_bytes` of the default for a missing record), and cut apart as one 2-D array."""
+
     def __init__(self, name: str, spec: FixedLenFeature, count: int) -> None:
         super().__init__(name, spec, count)
         self.size = math.prod(spec.shape)
-        self.out = np.empty((count, self.size), _NUMPY_DTYPE[spec.dtype])
+        self.packed = float_list_bytes(np.zeros(self.size, np.float32)) if self.kind == FLOAT else None
+        # What a record's list must measure for the fast path; never matches for size 0, whose
+        # empty list the checked path tells apart from a missing feature.
+        self.expected = -1 if self.size == 0 else (len(self.packed) if self.kind == FLOAT else self.size)
 
     def add(self, index: int, feature) -> None:
-        values = self.values(index, feature)
+        if feature is not None:
+            if self.kind == FLOAT:
+                data = feature.float_list.SerializeToString()
+                if len(data) == self.expected:  # the packed length grows with the count: same length, same count
+                    self.parts.append(data)
+                    return
+            else:
+                values = getattr(feature, self.list_name).value[:]
+                if len(values) == self.expected:
+                    self.parts += values
+                    return
+        self.add_checked(index, feature)
+
+    def add_checked(self, index: int, feature) -> None:
+        values = self.checked_values(index, feature)
         if values is None:
             values = self.default(index)
         elif len(values) != self.size:
@@ -332,7 +359,10 @@ class _FixedLenColumn(_Column):
                 f"{_count_phrase(self.kind)} FixedLenFeature shape {_shape_string(self.spec.shape)} needs "
                 f"{self.size} values, the record has {len(values)}. Fix the shape, or parse lists of varying "
                 f"length with VarLenFeature or RaggedFeature.")
-        self.out[index] = values
+        if self.kind == FLOAT:
+            self.parts.append(float_list_bytes(values) if self.size else b"")
+        else:
+            self.parts += list(values)
 
     def default(self, index: int) -> np.ndarray:
         if self.spec._default is None:
@@ -343,8 +373,15 @@ class _FixedLenColumn(_Column):
         return self.spec._default
 
     def result(self, single: bool) -> np.ndarray:
-        shape = self.spec.shape if single else (self.count, *self.spec.shape)
-        return self.out.reshape(shape)
+        if self.kind == FLOAT and self.size:
+            rows = np.frombuffer(b"".join(self.parts), np.uint8).reshape(self.count, len(self.packed))
+            payload = np.array(rows[:, len(self.packed) - 4 * self.size:])  # a contiguous, writable copy
+            values = payload.view("<f4").astype(np.float32, copy=False)
+        elif self.kind == FLOAT:
+            values = np.empty(0, np.float32)
+        else:
+            values = _values_array(self.parts, self.dtype)
+        return values.reshape(self.spec.shape if single else (self.count, *self.spec.shape))
 
 
 def _count_phrase(kind: int) -> str:
@@ -355,27 +392,44 @@ def _count_phrase(kind: int) -> str:
 
 
 class _VarLenColumn(_Column):
+    """Any number of values per record: the values of all records, and each record's count."""
+
     def __init__(self, name: str, spec: Any, count: int, key: str | None = None,
                  location: str = "record {}") -> None:
         super().__init__(name, spec, count, key, location)
-        self.chunks: list = []
-        self.lengths = np.zeros(count, np.int64)
+        self.counts: list[int] = []
 
     def add(self, index: int, feature) -> None:
-        values = self.values(index, feature)
-        if values is not None and len(values):
-            self.chunks.append(values)
-            self.lengths[index] = len(values)
+        if feature is not None:
+            if self.kind == FLOAT:
+                data = feature.float_list.SerializeToString()
+                if data:
+                    payload = data[float_payload_start(data):]
+                    self.parts.append(payload)
+                    self.counts.append(len(payload) >> 2)
+                    return
+            else:
+                values = getattr(feature, self.list_name).value[:]
+                if values:
+                    self.parts += values
+                    self.counts.append(len(values))
+                    return
+        self.checked_values(index, feature)  # only for its kind check: a list with values took the path above
+        self.counts.append(0)
+
+    def lengths(self) -> np.ndarray:
+        return np.array(self.counts, np.int64).reshape(self.count)
 
     def sparse(self, single: bool) -> SparseValue:
-        values = _concatenate(self.chunks, self.dtype)
+        values = _values_array(self.parts, self.dtype)
         if single:
             return SparseValue(np.arange(len(values), dtype=np.int64).reshape(-1, 1), values,
                                np.array([len(values)], np.int64))
-        starts = np.cumsum(self.lengths) - self.lengths
-        rows = np.repeat(np.arange(self.count, dtype=np.int64), self.lengths)
-        positions = np.arange(len(values), dtype=np.int64) - np.repeat(starts, self.lengths)
-        width = int(self.lengths.max()) if self.count else 0
+        lengths = self.lengths()
+        starts = np.cumsum(lengths) - lengths
+        rows = np.repeat(np.arange(self.count, dtype=np.int64), lengths)
+        positions = np.arange(len(values), dtype=np.int64) - np.repeat(starts, lengths)
+        width = int(lengths.max()) if self.count else 0
         return SparseValue(np.stack([rows, positions], axis=1), values, np.array([self.count, width], np.int64))
 
     def result(self, single: bool) -> SparseValue:
@@ -387,10 +441,10 @@ class _RaggedColumn(_VarLenColumn):
         super().__init__(name, spec, count, spec.value_key, location)
 
     def result(self, single: bool) -> Any:
-        values = _concatenate(self.chunks, self.dtype)
+        values = _values_array(self.parts, self.dtype)
         if single:
             return values
-        row_splits = np.concatenate([[0], np.cumsum(self.lengths)]).astype(self.spec.row_splits_dtype)
+        row_splits = np.concatenate([[0], np.cumsum(self.lengths())]).astype(self.spec.row_splits_dtype)
         return RaggedValue(values, row_splits)
 
 
@@ -402,27 +456,25 @@ class _SequenceColumn(_VarLenColumn):
         self.row_size = math.prod(spec.shape)
 
     def add(self, index: int, feature) -> None:
-        values = self.values(index, feature)
-        if values is None or not len(values):
-            return
-        if self.row_size == 0 or len(values) % self.row_size:
+        super().add(index, feature)
+        length = self.counts[-1]
+        if length and (self.row_size == 0 or length % self.row_size):
             raise ValueError(
-                f"Key: {self.key}, {self.location.format(index)}.  Number of {KIND_NAMES[self.kind]} values is not a multiple of stride "
-                f"length. Saw {len(values)} values but output shape is: {_shape_string([None, *self.spec.shape])}. "
+                f"Key: {self.key}, {self.location.format(index)}.  Number of {KIND_NAMES[self.kind]} values is not "
+                f"a multiple of stride length. Saw {length} values but output shape is: {_shape_string([None, *self.spec.shape])}. "
                 f"Each row needs {self.row_size} values.")
-        self.chunks.append(values)
-        self.lengths[index] = len(values)
 
     def result(self, single: bool) -> np.ndarray:
-        values = _concatenate(self.chunks, self.dtype)
+        values = _values_array(self.parts, self.dtype)
         if single:
             return values.reshape(-1, *self.spec.shape)
-        rows = self.lengths // max(self.row_size, 1)
+        lengths = self.lengths()
+        rows = lengths // max(self.row_size, 1)
         width = int(rows.max()) if self.count else 0
         out = np.full((self.count, width, self.row_size), self.spec._pad, _NUMPY_DTYPE[self.dtype])
-        starts = np.cumsum(self.lengths) - self.lengths
+        starts = np.cumsum(lengths) - lengths
         for index in np.flatnonzero(rows):
-            out[index, : rows[index]] = values[starts[index]: starts[index] + self.lengths[index]].reshape(
+            out[index, : rows[index]] = values[starts[index]: starts[index] + lengths[index]].reshape(
                 -1, self.row_size)
         return out.reshape(self.count, width, *self.spec.shape)
 
