@@ -38,6 +38,7 @@ Semantics shared by every input function here:
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import logging
 import math
@@ -178,7 +179,7 @@ class _BatchPlan:
         return self.normalize((epoch, batch))
 
 
-class _ResumableBatches:
+class _ResumableBatches(abc.ABC):
     """Position bookkeeping shared by every iterable here.
 
     Like torchdata's StatefulDataLoader: each `iter()` starts from the
@@ -203,8 +204,9 @@ class _ResumableBatches:
         self._position = start
         return self._generate(start)
 
+    @abc.abstractmethod
     def _generate(self, start: tuple[int, int]) -> Iterator[Any]:
-        raise NotImplementedError
+        """Batches from `start` = (epoch, batch) on, advancing `self._position` as they are handed out."""
 
 
 class _Sized:

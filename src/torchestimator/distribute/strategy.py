@@ -15,6 +15,7 @@ collectives return at once without touching ``torch.distributed``.
 
 from __future__ import annotations
 
+import abc
 import atexit
 import contextlib
 import dataclasses
@@ -54,7 +55,7 @@ class Placement:
     """Replicas on this machine."""
 
 
-class Strategy:
+class Strategy(abc.ABC):
     """How the training loop places, wraps and synchronises its replicas.
 
     Call ``setup()`` first (it is idempotent); ``teardown()`` ends what setup created.
@@ -190,23 +191,25 @@ class Strategy:
 
     # ------------------------------------------------------------ for subclasses
 
+    @abc.abstractmethod
     def _setup(self) -> Placement:
-        raise NotImplementedError
+        """Join or create what the strategy needs; say where this replica runs."""
 
+    @abc.abstractmethod
     def _wrap(self, module: nn.Module) -> nn.Module:
-        raise NotImplementedError
+        """The module as this strategy trains it (moved, or wrapped for gradient averaging)."""
 
     def _teardown(self) -> None:
         pass
 
     def _all_reduce(self, tensor: torch.Tensor, op: Any) -> torch.Tensor:
-        raise NotImplementedError(f"{type(self).__name__} runs one replica and has no collectives.")
+        raise RuntimeError(f"{type(self).__name__} runs one replica and has no collectives.")
 
     def _broadcast_object(self, obj: Any, src: int) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} runs one replica and has no collectives.")
+        raise RuntimeError(f"{type(self).__name__} runs one replica and has no collectives.")
 
     def _barrier(self) -> None:
-        raise NotImplementedError(f"{type(self).__name__} runs one replica and has no collectives.")
+        raise RuntimeError(f"{type(self).__name__} runs one replica and has no collectives.")
 
 
 def _check_device_exists(device: torch.device, where: str) -> None:
