@@ -183,15 +183,33 @@ class Estimator:
                 raise ValueError(f"Must specify {name} > 0; received {value}.")
         if self._optimizer_factory is None:
             raise ValueError("Estimator.train needs an optimizer factory: Estimator(..., optimizer=lambda parameters: ...).")
+        run = self._start_training(input_fn, hooks, steps, max_steps, saving_listeners)
+        if run is None:
+            return self
+        self._module_holds = None
+        try:
+            train_loop(run)
+        finally:
+            run.summary_writer.close()
+            run.module.eval()
+        run.strategy.barrier()  # the chief's final checkpoint is on disk before any replica reads it
+        saved = run.checkpointer.last_saved_path if run.checkpointer else None
+        self._module_holds, self._held_step = saved or "trained", run.state.global_step
+        return self
+
+    def _start_training(self, input_fn: Callable[..., Any], hooks: Iterable[Hook] | None, steps: int | None,
+                        max_steps: int | None, saving_listeners: Iterable[CheckpointSaverListener] | None,
+                        ) -> TrainingRun | None:
+        """Everything before step one, in the order DESIGN.md gives; None when max_steps is already reached."""
         input_fn_args = check_declared(input_fn, "input_fn", _INPUT_FN_ARGS)
         config = self._config
         strategy = config.train_distribute or OneDeviceStrategy(config.device)
         strategy.setup()
-        hook_list = HookList(hooks or ())  # checked before any work
+        hook_list = self._train_hooks(HookList(hooks or ()))  # user hooks are checked before any work
         checkpoint = self._store.restore() if self._store.latest_checkpoint() else None
         if max_steps is not None and checkpoint is not None and checkpoint.step >= max_steps:
             logger.info("Skipping training since max_steps has already saved (global step %d).", checkpoint.step)
-            return self
+            return None
         if strategy.is_chief:
             self._prepare_model_dir()
         if config.deterministic:
@@ -200,7 +218,8 @@ class Estimator:
             seed_everything(config.random_seed)
         module = self._build_module(strategy.device)
         state = TrainState(mode=ModeKeys.TRAIN)
-        self._restore_weights(module, checkpoint, state)
+        hook_list.begin(state)
+        self._restore_weights(module, checkpoint, state)  # on the plain module, before any wrapping
         training_objects = self._build_training_objects(module, strategy.device)
         if checkpoint is not None:
             restore_training_objects(checkpoint, training_objects)
@@ -209,29 +228,15 @@ class Estimator:
         input_source = self._call_input_fn(input_fn, input_fn_args, ModeKeys.TRAIN, strategy)
         self._resume_input(input_source, checkpoint, strategy)
         last_step = max_steps if max_steps is not None else (state.global_step + steps if steps is not None else None)
-        wrapped = strategy.wrap(module)
-        hook_list = self._train_hooks(hook_list, strategy)
-        checkpointer = self._checkpointer(strategy, saving_listeners)
-        writer = SummaryWriter(self._model_dir, enabled=strategy.is_chief)
-        hook_list.begin(state)
-        run = TrainingRun(
-            config=config, strategy=strategy, module=module, wrapped=wrapped,
-            call_model_fn=self._model_fn_caller(), training_objects=training_objects,
-            hooks=hook_list, state=state, checkpointer=checkpointer, summary_writer=writer,
+        return TrainingRun(
+            config=config, strategy=strategy, module=module, wrapped=strategy.wrap(module),
+            call_model_fn=self._model_fn_caller(), training_objects=training_objects, hooks=hook_list, state=state,
+            checkpointer=self._checkpointer(strategy, saving_listeners),
+            summary_writer=SummaryWriter(self._model_dir, enabled=strategy.is_chief),
             input_source=input_source, last_step=last_step,
         )
-        self._module_holds = None
-        try:
-            train_loop(run)
-        finally:
-            writer.close()
-            module.eval()
-        strategy.barrier()  # the chief's final checkpoint is on disk before any replica reads it
-        self._module_holds = checkpointer.last_saved_path if checkpointer and checkpointer.last_saved_path else "trained"
-        self._held_step = run.state.global_step
-        return self
 
-    def _train_hooks(self, user_hooks: HookList, strategy: Any) -> HookList:
+    def _train_hooks(self, user_hooks: HookList) -> HookList:
         config = self._config
         hooks: list[Hook] = []
         if config.log_step_count_steps is not None:
