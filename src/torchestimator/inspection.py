@@ -8,9 +8,8 @@ from __future__ import annotations
 import datetime
 import os
 
-from safetensors import safe_open
-
 from torchestimator.checkpoint import CheckpointStore
+from torchestimator.interop import open_weights
 
 
 def _variables_table(rows: list[tuple[str, tuple[int, ...], object]]) -> list[str]:
@@ -28,31 +27,21 @@ def _variables_table(rows: list[tuple[str, tuple[int, ...], object]]) -> list[st
     return lines
 
 
-def _safetensors_variables(path: str) -> list[tuple[str, tuple[int, ...], object]]:
-    with safe_open(path, framework="pt") as handle:
-        rows = []
-        for name in sorted(handle.keys()):
-            view = handle.get_slice(name)
-            rows.append((name, tuple(view.get_shape()), view.get_dtype()))
-    return rows
-
-
 def describe(path: str) -> str:
-    """Variables with shapes and dtypes, plus the checkpoint history when `path` is a model_dir."""
-    if os.path.isfile(path):
-        if not path.endswith(".safetensors"):
-            raise ValueError(f"inspect reads model_dirs, ckpt-<step> folders and .safetensors files; {path} is none of them.")
-        return "\n".join([f"{path}:", *_variables_table(_safetensors_variables(path))])
-    if not os.path.isdir(path):
+    """Variables with shapes and dtypes of any weights file; plus the checkpoint history of a model_dir."""
+    if not os.path.exists(path) and not os.path.exists(path + ".index"):
         raise FileNotFoundError(f"inspect: {path} does not exist.")
-    folder = os.path.basename(os.path.normpath(path))
-    if folder.startswith("ckpt-"):
-        store = CheckpointStore(os.path.dirname(os.path.normpath(path)) or ".")
-        return "\n".join([f"checkpoint {path}:", *_variables_table(store.list_variables(path))])
+    is_model_dir = os.path.isdir(path) and not os.path.basename(os.path.normpath(path)).startswith("ckpt-")
+    if is_model_dir and CheckpointStore(path).history():
+        return _describe_model_dir(path)
+    with open_weights(path) as source:
+        rows = [(info.name, info.shape, info.dtype) for info in source.tensors()]
+        return "\n".join([f"{path} ({source.format}):", *_variables_table(rows)])
+
+
+def _describe_model_dir(path: str) -> str:
     store = CheckpointStore(path)
     history = store.history()
-    if not history:
-        raise ValueError(f"{path} holds no checkpoint (no ckpt-<step> folder with a valid state.json).")
     lines = [f"model_dir {path}: {len(history)} checkpoint(s)"]
     for entry in history:
         when = datetime.datetime.fromtimestamp(entry["save_time"]).isoformat(timespec="seconds")

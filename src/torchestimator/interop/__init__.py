@@ -1,0 +1,54 @@
+"""Readers of foreign weights behind one interface, and the layout converters warm start uses.
+
+`open_weights(path)` recognises the format: our own checkpoints and model_dirs,
+TensorFlow checkpoints (tensor bundle V2), safetensors, Keras HDF5 (legacy .h5,
+Keras 3 .weights.h5 and .keras) and PyTorch state_dict files (.pt, .pth, .bin,
+loaded with weights_only). Nothing here runs code from a file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from torchestimator.interop.source import TensorInfo, TensorNotFoundError, WeightSource, WeightSourceError
+
+__all__ = ["FORMATS", "TensorInfo", "TensorNotFoundError", "WeightSource", "WeightSourceError", "open_weights"]
+
+
+def _detectors() -> list[tuple[str, Callable[[str], bool], Callable[[str], WeightSource]]]:
+    # Imported here so that reading a safetensors file does not need h5py, and so on.
+    from torchestimator.interop import keras_h5, tf_checkpoint, torch_sources
+
+    # Order matters: torch accepts any *.bin by name and Keras any *.h5, so the formats
+    # recognised by content come first.
+    return [
+        ("torchestimator", torch_sources.is_torchestimator, torch_sources.open_torchestimator),
+        ("tensorflow", tf_checkpoint.is_tensorflow, tf_checkpoint.open_tensorflow),
+        ("safetensors", torch_sources.is_safetensors, torch_sources.open_safetensors),
+        ("keras", keras_h5.is_keras_h5, keras_h5.open_keras_h5),
+        ("torch", torch_sources.is_torch, torch_sources.open_torch),
+    ]
+
+
+FORMATS = ("torchestimator", "tensorflow", "safetensors", "keras", "torch")
+
+
+def open_weights(path: str | os.PathLike[str]) -> WeightSource:
+    """The weights at `path`, whatever the format; an error naming the path if none fits."""
+    location = os.fspath(path)
+    if not os.path.exists(location) and not os.path.exists(location + ".index"):
+        raise WeightSourceError(f"{location}: no such file, directory or TensorFlow checkpoint prefix.")
+    for _, detect, open_source in _detectors():
+        if detect(location):
+            return open_source(location)
+    if os.path.isdir(location):
+        raise WeightSourceError(
+            f"{location} holds no checkpoint: no ckpt-<step> folder with a valid state.json and no TensorFlow "
+            "'checkpoint' file pointing at an .index."
+        )
+    raise WeightSourceError(
+        f"{location}: not a format torchestimator reads. Expected a model_dir or ckpt-<step> folder, a TensorFlow "
+        "checkpoint (prefix, .index or a folder with a 'checkpoint' file), a .safetensors file, a Keras "
+        ".h5/.weights.h5/.keras file, or a PyTorch .pt/.pth/.bin state_dict."
+    )

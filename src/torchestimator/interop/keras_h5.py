@@ -1,0 +1,541 @@
+"""Read Keras weight files (HDF5 and the `.keras` archive) as a `WeightSource`.
+
+What belongs here: finding the arrays in the layouts Keras writes and naming
+them; see /work/shared/reference/formats.md section 4. What does not: layout
+conversion to PyTorch (transposes, BatchNorm epsilon) and matching names onto
+a model; those belong to the warm-start layer above.
+
+Layouts and the names this module gives their tensors:
+
+* **Legacy** (format ``"keras_h5"``): Keras 2 ``save_weights('x.h5')`` (layer
+  groups at the root), Keras 2 and Keras 3 ``model.save('x.h5')`` (the same
+  tree under ``/model_weights``). Each layer group lists its weights in the
+  ``weight_names`` attribute, in Keras's loading order (trainable, then
+  non-trainable); the root lists layers in ``layer_names``. Chunked attributes
+  (``layer_names0``, ``layer_names1``, ...) are joined. A tensor's name is its
+  weight name with a trailing ``:0`` removed (Keras 2 writes ``conv/kernel:0``,
+  Keras 3 ``conv/kernel``), prefixed with ``<layer>/`` when the weight name
+  does not already start with it (weights of a nested model, e.g.
+  ``inner/inner_fc/kernel``). Optimizer state of a full model is exposed as
+  ``optimizer_weights/<weight name>``.
+* **Keras 3** (format ``"keras3_weights_h5"``): ``save_weights('x.weights.h5')``
+  and the ``model.weights.h5`` member of a ``.keras`` zip archive (read from
+  the zip without extracting it). A tensor's name is its HDF5 path,
+  ``layers/<group>/vars/<i>``, where the group is Keras's snake_case class
+  name (``conv2d``, ``dense_1``), not the user's layer name. Optimizer state is
+  ``optimizer/vars/<i>``.
+
+  Friendly aliases (`aliases()`, also accepted by `read`) rebuild Keras 3's
+  own variable paths, e.g. ``conv/kernel``, ``lstm/lstm_cell/kernel``,
+  ``inner/inner_fc/bias``: the user names come from the ``name`` attribute of
+  each ``vars`` group, and the variable names from the known save order of
+  standard layers (``_KNOWN_VARIABLES``: kernel, bias; gamma, beta,
+  moving_mean, moving_variance; ...). The layer class comes from the archive's
+  ``config.json`` when there is one (which also tells ``use_bias=False``,
+  ``center``/``scale=False`` apart), else from the group name. A layer whose
+  variable count does not match gets no alias rather than a wrong one.
+
+`layers()` lists the layers that hold weights, in the model's order, with
+their tensors in Keras's order, for matchers that pair layers by position.
+Legacy files record that order; for Keras 3 it is ``config.json``'s order when
+available, else the order the groups were written in, recovered from their
+object header addresses (HDF5 lists links alphabetically, and Keras does not
+turn on creation-order tracking). That holds for files Keras wrote in one go.
+
+Nothing in a file is evaluated: only arrays, string attributes and JSON are
+read, so Lambda layers or custom objects in a config are never deserialized.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import zipfile
+from typing import Any
+
+import numpy
+
+from torchestimator.interop.source import TensorInfo, WeightSource, WeightSourceError, missing_tensor_error
+
+try:  # h5py is the optional "keras" extra; the error comes when a file is opened.
+    import h5py
+except ImportError:  # pragma: no cover - exercised only without the extra
+    h5py = None
+
+__all__ = ["KerasH5Source", "is_keras_h5", "open_keras_h5"]
+
+logger = logging.getLogger(__name__)
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+ZIP_SIGNATURE = b"PK\x03\x04"
+ARCHIVE_WEIGHTS_MEMBER = "model.weights.h5"
+ARCHIVE_CONFIG_MEMBER = "config.json"
+KERAS_SUFFIXES = (".h5", ".hdf5", ".keras")
+
+# Save order of standard Keras 3 layers (their `save_own_variables`), by snake_case class name.
+_KNOWN_VARIABLES: dict[str, tuple[str, ...]] = {
+    **{name: ("kernel", "bias") for name in (
+        "dense", "einsum_dense", "conv1d", "conv2d", "conv3d", "conv1d_transpose", "conv2d_transpose",
+        "conv3d_transpose", "depthwise_conv1d", "depthwise_conv2d",
+    )},
+    "separable_conv1d": ("depthwise_kernel", "pointwise_kernel", "bias"),
+    "separable_conv2d": ("depthwise_kernel", "pointwise_kernel", "bias"),
+    "batch_normalization": ("gamma", "beta", "moving_mean", "moving_variance"),
+    "layer_normalization": ("gamma", "beta"),
+    "embedding": ("embeddings",),
+    "lstm_cell": ("kernel", "recurrent_kernel", "bias"),
+    "gru_cell": ("kernel", "recurrent_kernel", "bias"),
+    "simple_rnn_cell": ("kernel", "recurrent_kernel", "bias"),
+}
+# Config flags that remove a variable from the save order when false.
+_OPTIONAL_VARIABLES = {"bias": "use_bias", "beta": "center", "gamma": "scale"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    """Where one tensor lives in the HDF5 file, and what it is called."""
+
+    name: str
+    h5_path: str
+    info: TensorInfo
+    bfloat16: bool = False
+
+
+class KerasH5Source(WeightSource):
+    """Tensors of one Keras weight file, read lazily from the open HDF5 file."""
+
+    def __init__(
+        self,
+        path: str,
+        layout: str,
+        handle: Any,
+        entries: list[_Entry],
+        layer_order: list[tuple[str, list[str]]],
+        aliases: dict[str, str],
+        closers: list[Any],
+    ) -> None:
+        self.path = path
+        self.format = layout
+        self._handle = handle
+        self._entries = {entry.name: entry for entry in entries}
+        self._layer_order = layer_order
+        self._aliases = aliases
+        self._closers = closers
+
+    def tensors(self) -> list[TensorInfo]:
+        return sorted((entry.info for entry in self._entries.values()), key=lambda info: info.name)
+
+    def layers(self) -> list[tuple[str, list[TensorInfo]]]:
+        """Layers holding weights, in model order, each with its tensors in Keras's order."""
+        return [(layer, [self._entries[name].info for name in names]) for layer, names in self._layer_order]
+
+    def aliases(self) -> dict[str, str]:
+        """Friendly name (e.g. ``conv/kernel``) -> tensor name; empty for legacy files, whose names are friendly."""
+        return dict(self._aliases)
+
+    def read(self, name: str) -> numpy.ndarray:
+        entry = self._entries.get(self._aliases.get(name, name))
+        if entry is None:
+            raise missing_tensor_error(self.path, name, [*self._entries, *self._aliases])
+        if self._handle is None:
+            raise WeightSourceError(f"{self.path}: the source is closed; open it again to read {name!r}.")
+        try:
+            value = self._handle[entry.h5_path][()]
+        except (OSError, KeyError, RuntimeError) as error:
+            raise WeightSourceError(
+                f"{self.path}: cannot read variable {entry.name!r} (HDF5 path {entry.h5_path!r}); "
+                f"the file is corrupt or truncated: {error}"
+            ) from error
+        return _bfloat16_to_float32(value) if entry.bfloat16 else numpy.asarray(value)
+
+    def close(self) -> None:
+        if self._handle is None:
+            return
+        self._handle = None
+        for closer in reversed(self._closers):
+            closer.close()
+        self._closers = []
+
+
+def is_keras_h5(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` looks like a Keras weight file: HDF5 signature, a .keras zip, or a Keras suffix.
+
+    The suffix alone counts, so that a damaged ``x.h5`` reaches `open_keras_h5`
+    and gets its specific error instead of "unknown format".
+    """
+    text = os.fspath(path)
+    if not os.path.isfile(text):
+        return text.lower().endswith(KERAS_SUFFIXES)
+    try:
+        with open(text, "rb") as handle:
+            head = handle.read(8)
+    except OSError:
+        return False
+    if head == HDF5_SIGNATURE or text.lower().endswith(KERAS_SUFFIXES):
+        return True
+    if head[:4] == ZIP_SIGNATURE:
+        try:
+            with zipfile.ZipFile(text) as archive:
+                return ARCHIVE_WEIGHTS_MEMBER in archive.namelist()
+        except (zipfile.BadZipFile, OSError):
+            return False
+    return False
+
+
+def open_keras_h5(path: str | os.PathLike[str]) -> KerasH5Source:
+    """Open a Keras ``.h5``, ``.weights.h5`` or ``.keras`` file; `WeightSourceError` naming the file if unusable."""
+    if h5py is None:
+        raise WeightSourceError(
+            f"{os.fspath(path)}: reading Keras HDF5 files needs h5py, which is not installed. "
+            "Install the extra: pip install 'torchestimator[keras]'."
+        )
+    text = os.fspath(path)
+    if not os.path.exists(text):
+        raise WeightSourceError(f"{text}: no such file. Expected a Keras .h5, .weights.h5 or .keras file.")
+    if os.path.isdir(text):
+        raise WeightSourceError(f"{text}: is a directory. Expected a Keras .h5, .weights.h5 or .keras file.")
+    closers: list[Any] = []
+    try:
+        handle, config = _open_hdf5(text, closers)
+        closers.append(handle)
+        layout, entries, layer_order, aliases = _read_layout(text, handle, config)
+    except WeightSourceError:
+        _close_all(closers)
+        raise
+    except (OSError, KeyError, ValueError, RuntimeError, TypeError) as error:
+        _close_all(closers)
+        raise WeightSourceError(f"{text}: corrupt or truncated Keras HDF5 file: {error}") from error
+    logger.debug("Opened %s as %s with %d tensors", text, layout, len(entries))
+    return KerasH5Source(text, layout, handle, entries, layer_order, aliases, closers)
+
+
+def _close_all(closers: list[Any]) -> None:
+    for closer in reversed(closers):
+        try:
+            closer.close()
+        except Exception:  # noqa: BLE001 - already reporting the original error
+            logger.debug("Ignoring an error while closing after a failed open", exc_info=True)
+
+
+def _open_hdf5(path: str, closers: list[Any]) -> tuple[Any, dict[str, Any] | None]:
+    """The open h5py.File, plus the archive's config.json for a .keras zip."""
+    with open(path, "rb") as probe:
+        head = probe.read(8)
+    if head[:4] == ZIP_SIGNATURE:
+        return _open_archive(path, closers)
+    try:
+        return h5py.File(path, "r"), None
+    except OSError as error:
+        if head != HDF5_SIGNATURE:
+            raise WeightSourceError(
+                f"{path}: not an HDF5 file (its first bytes are {head!r}, an HDF5 file starts with "
+                f"{HDF5_SIGNATURE!r}). Expected a Keras .h5, .weights.h5 or .keras file."
+            ) from error
+        raise WeightSourceError(f"{path}: corrupt or truncated HDF5 file: {error}") from error
+
+
+def _open_archive(path: str, closers: list[Any]) -> tuple[Any, dict[str, Any] | None]:
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as error:
+        raise WeightSourceError(f"{path}: corrupt .keras archive (not a readable zip file): {error}") from error
+    closers.append(archive)
+    names = archive.namelist()
+    if ARCHIVE_WEIGHTS_MEMBER not in names:
+        raise WeightSourceError(
+            f"{path}: the .keras archive has no {ARCHIVE_WEIGHTS_MEMBER!r} (members: {', '.join(names)}). "
+            "Was it saved by Keras 3 model.save('x.keras')?"
+        )
+    config = None
+    if ARCHIVE_CONFIG_MEMBER in names:
+        try:
+            config = json.loads(archive.read(ARCHIVE_CONFIG_MEMBER))
+        except (ValueError, zipfile.BadZipFile) as error:
+            logger.warning("%s: ignoring unreadable config.json (%s); aliases use group names", path, error)
+    try:
+        member = archive.open(ARCHIVE_WEIGHTS_MEMBER)
+        closers.append(member)
+        # h5py reads the member through Python's file API, so nothing is extracted to disk.
+        return h5py.File(member, "r"), config
+    except (OSError, zipfile.BadZipFile) as error:
+        raise WeightSourceError(
+            f"{path}: corrupt or truncated {ARCHIVE_WEIGHTS_MEMBER} inside the .keras archive: {error}"
+        ) from error
+
+
+def _read_layout(
+    path: str, handle: Any, config: dict[str, Any] | None
+) -> tuple[str, list[_Entry], list[tuple[str, list[str]]], dict[str, str]]:
+    """Which of the Keras layouts the file holds, and its tensors, layer order and aliases."""
+    if "model_weights" in handle and _has_chunked_attr(handle["model_weights"], "layer_names"):
+        return ("keras_h5", *_read_legacy(path, handle, handle["model_weights"]))
+    if _has_chunked_attr(handle, "layer_names"):
+        return ("keras_h5", *_read_legacy(path, handle, handle))
+    if isinstance(handle.get("layers"), h5py.Group) or isinstance(handle.get("vars"), h5py.Group):
+        return ("keras3_weights_h5", *_read_keras3(handle, config))
+    raise WeightSourceError(
+        f"{path}: an HDF5 file without Keras weights. Expected a 'model_weights' group or a 'layer_names' "
+        "attribute (Keras .h5), or 'layers'/'vars' groups (Keras 3 .weights.h5); found top-level keys "
+        f"{sorted(handle.keys())} and attributes {sorted(handle.attrs.keys())}."
+    )
+
+
+# ----------------------------------------------------------------------------- legacy layout
+
+
+def _read_legacy(
+    path: str, handle: Any, root: Any
+) -> tuple[list[_Entry], list[tuple[str, list[str]]], dict[str, str]]:
+    entries: list[_Entry] = []
+    layer_order: list[tuple[str, list[str]]] = []
+    layer_names = _read_chunked_attr(root, "layer_names")
+    if "top_level_model_weights" in root and "top_level_model_weights" not in layer_names:
+        layer_names.append("top_level_model_weights")
+    for layer in layer_names:
+        if layer not in root:
+            raise WeightSourceError(f"{path}: layer {layer!r} is listed in layer_names but has no group in the file.")
+        group = root[layer]
+        names = []
+        for weight_name in _read_chunked_attr(group, "weight_names"):
+            entry = _legacy_entry(path, group, layer, weight_name)
+            entries.append(entry)
+            names.append(entry.name)
+        if names:
+            layer_order.append((layer, names))
+    if isinstance(handle.get("optimizer_weights"), h5py.Group):
+        group = handle["optimizer_weights"]
+        for weight_name in _read_chunked_attr(group, "weight_names"):
+            entries.append(_legacy_entry(path, group, "optimizer_weights", weight_name, prefix_always=True))
+    _check_unique(path, entries)
+    return entries, layer_order, {}
+
+
+def _legacy_entry(path: str, group: Any, layer: str, weight_name: str, prefix_always: bool = False) -> _Entry:
+    dataset = group.get(weight_name)
+    if not isinstance(dataset, h5py.Dataset):
+        raise WeightSourceError(
+            f"{path}: variable {weight_name!r} of layer {layer!r} is listed in weight_names but missing "
+            "from the file."
+        )
+    name = weight_name[:-2] if weight_name.endswith(":0") else weight_name
+    if prefix_always or not name.startswith(layer + "/"):
+        name = f"{layer}/{name}"
+    return _make_entry(name, dataset)
+
+
+def _check_unique(path: str, entries: list[_Entry]) -> None:
+    seen: set[str] = set()
+    for entry in entries:
+        if entry.name in seen:
+            raise WeightSourceError(f"{path}: two variables are both named {entry.name!r} after removing ':0'.")
+        seen.add(entry.name)
+
+
+def _has_chunked_attr(group: Any, name: str) -> bool:
+    return name in group.attrs or f"{name}0" in group.attrs
+
+
+def _read_chunked_attr(group: Any, name: str) -> list[str]:
+    """A list-of-strings attribute, joined from ``name0``, ``name1``, ... when Keras split it."""
+    if name in group.attrs:
+        return _decode_strings(group.attrs[name])
+    values: list[str] = []
+    index = 0
+    while f"{name}{index}" in group.attrs:
+        values.extend(_decode_strings(group.attrs[f"{name}{index}"]))
+        index += 1
+    return values
+
+
+def _decode_strings(value: Any) -> list[str]:
+    if isinstance(value, (str, bytes)):
+        value = [value]
+    # Attributes are variable-length str or fixed-length bytes; an empty list is stored as float64 [].
+    return [item.decode("utf-8") if isinstance(item, bytes) else str(item) for item in numpy.asarray(value).ravel()]
+
+
+# ----------------------------------------------------------------------------- Keras 3 layout
+
+
+@dataclasses.dataclass
+class _Keras3Walk:
+    """What the walk over a Keras 3 tree collects."""
+
+    config_index: dict[tuple[str, ...], dict[str, Any]]
+    entries: list[_Entry] = dataclasses.field(default_factory=list)
+    layer_order: list[tuple[str, list[str]]] = dataclasses.field(default_factory=list)
+    aliases: dict[str, str] = dataclasses.field(default_factory=dict)
+    clashing: set[str] = dataclasses.field(default_factory=set)
+
+
+def _read_keras3(
+    handle: Any, config: dict[str, Any] | None
+) -> tuple[list[_Entry], list[tuple[str, list[str]]], dict[str, str]]:
+    walk = _Keras3Walk(config_index=_index_config(config))
+    _walk_container(walk, handle, chain=())
+    names = {entry.name for entry in walk.entries}
+    aliases = {alias: name for alias, name in walk.aliases.items() if alias not in walk.clashing | names}
+    return walk.entries, walk.layer_order, aliases
+
+
+def _walk_container(walk: _Keras3Walk, group: Any, chain: tuple[str, ...]) -> None:
+    """A model: its own variables, then its layers in model order, then its other attributes."""
+    own = _collect_vars(walk, group, chain, config=walk.config_index.get(chain))
+    if own:
+        walk.layer_order.append(("/".join(chain) or _saveable_name(group, "model"), own))
+    layers = group.get("layers")
+    if isinstance(layers, h5py.Group):
+        for key in _ordered_layer_keys(walk, layers, chain):
+            child = layers[key]
+            child_chain = (*chain, _saveable_name(child, key))
+            if isinstance(child.get("layers"), h5py.Group):
+                _walk_container(walk, child, child_chain)
+            else:
+                names = _walk_layer(walk, child, child_chain, config=walk.config_index.get(child_chain))
+                if names:
+                    walk.layer_order.append(("/".join(child_chain), names))
+    for key in _by_address(group, exclude=("layers", "vars")):
+        if not chain and key == "optimizer":
+            _walk_layer(walk, group[key], (), config=None, aliases=False)
+        else:
+            names = _walk_layer(walk, group[key], (*chain, _saveable_name(group[key], key)), config=None)
+            if names:
+                walk.layer_order.append((group[key].name.strip("/"), names))
+
+
+def _walk_layer(
+    walk: _Keras3Walk, group: Any, chain: tuple[str, ...], config: dict[str, Any] | None, aliases: bool = True
+) -> list[str]:
+    """A layer's own variables, then those of its sub-objects (an RNN's ``cell``), in write order."""
+    names = _collect_vars(walk, group, chain, config, aliases)
+    for key in _by_address(group, exclude=("vars",)):
+        child = group[key]
+        if isinstance(child, h5py.Group):
+            # A cell has no config entry of its own; it shares the layer's flags (use_bias).
+            names += _walk_layer(walk, child, (*chain, _saveable_name(child, key)), config, aliases)
+    return names
+
+
+def _collect_vars(
+    walk: _Keras3Walk, group: Any, chain: tuple[str, ...], config: dict[str, Any] | None, aliases: bool = True
+) -> list[str]:
+    variables = group.get("vars")
+    if not isinstance(variables, h5py.Group):
+        return []
+    keys = sorted((key for key in variables if isinstance(variables[key], h5py.Dataset)), key=_numeric_first)
+    names = []
+    for key in keys:
+        entry = _make_entry(variables[key].name.lstrip("/"), variables[key])
+        walk.entries.append(entry)
+        names.append(entry.name)
+    if aliases and chain:
+        for alias, name in zip(_variable_names(group, config, len(names)), names):
+            full = "/".join((*chain, alias))
+            if full in walk.aliases:
+                walk.clashing.add(full)
+            walk.aliases[full] = name
+    return names
+
+
+def _variable_names(group: Any, config: dict[str, Any] | None, count: int) -> list[str]:
+    """Keras's names for the `count` saved variables of this layer, or [] when unsure."""
+    key = group.name.rsplit("/", 1)[-1]
+    candidates = [re.sub(r"_\d+$", "", key)]
+    if config is not None and group.name.rsplit("/", 2)[-2] == "layers":
+        candidates.insert(0, _snake_case(str(config.get("class_name", ""))))
+    if key == "cell":
+        candidates.append(re.sub(r"_\d+$", "", _saveable_name(group, key)))
+    for candidate in candidates:
+        known = _KNOWN_VARIABLES.get(candidate)
+        if known is None:
+            continue
+        flags = (config or {}).get("config", {})
+        known = tuple(name for name in known if flags.get(_OPTIONAL_VARIABLES.get(name, ""), True) is not False)
+        if len(known) == count:
+            return list(known)
+        if config is None and count == len(known) - 1 and known[-1] == "bias":
+            return list(known[:-1])  # use_bias=False, the one drop that is unambiguous without a config
+        return []
+    return []
+
+
+def _saveable_name(group: Any, key: str) -> str:
+    """The user's name of a saved object: the ``name`` attribute of its ``vars`` group."""
+    variables = group.get("vars")
+    if isinstance(variables, h5py.Group) and "name" in variables.attrs:
+        return _decode_strings(variables.attrs["name"])[0]
+    return key
+
+
+def _ordered_layer_keys(walk: _Keras3Walk, layers: Any, chain: tuple[str, ...]) -> list[str]:
+    keys = _by_address(layers)
+    if not walk.config_index:
+        return keys
+    position = {names: index for index, names in enumerate(walk.config_index)}
+    placed = [(position.get((*chain, _saveable_name(layers[key], key))), key) for key in keys]
+    if any(index is None for index, _ in placed):
+        return keys  # config and file disagree; the write order is the better guess
+    return [key for _, key in sorted(placed)]
+
+
+def _by_address(group: Any, exclude: tuple[str, ...] = ()) -> list[str]:
+    """Child groups in the order they were written (HDF5 itself lists them alphabetically)."""
+    keys = [key for key in group if key not in exclude and isinstance(group[key], h5py.Group)]
+    return sorted(keys, key=lambda key: h5py.h5o.get_info(group[key].id).addr)
+
+
+def _numeric_first(key: str) -> tuple[int, int, str]:
+    return (0, int(key), key) if key.isdigit() else (1, 0, key)
+
+
+def _index_config(config: dict[str, Any] | None) -> dict[tuple[str, ...], dict[str, Any]]:
+    """Layer configs by user-name path, in model order, from a .keras config.json (JSON only)."""
+    index: dict[tuple[str, ...], dict[str, Any]] = {}
+
+    def visit(layers: Any, prefix: tuple[str, ...]) -> None:
+        for layer in layers if isinstance(layers, list) else []:
+            inner = layer.get("config", {}) if isinstance(layer, dict) else {}
+            if not isinstance(inner, dict) or "name" not in inner:
+                continue
+            path = (*prefix, str(inner["name"]))
+            index[path] = layer
+            visit(inner.get("layers"), path)
+
+    if isinstance(config, dict) and isinstance(config.get("config"), dict):
+        visit(config["config"].get("layers"), ())
+    return index
+
+
+def _snake_case(name: str) -> str:
+    """Keras 3's `to_snake_case`: ``Conv2D`` -> ``conv2d``, ``BatchNormalization`` -> ``batch_normalization``."""
+    name = re.sub(r"\W+", "", name)
+    name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
+# ----------------------------------------------------------------------------- values
+
+
+def _make_entry(name: str, dataset: Any) -> _Entry:
+    bfloat16 = dataset.attrs.get("dtype") in ("bfloat16", b"bfloat16")
+    dtype = "float32" if bfloat16 else _dtype_name(dataset.dtype)
+    return _Entry(name, dataset.name, TensorInfo(name=name, shape=tuple(dataset.shape), dtype=dtype), bfloat16)
+
+
+def _dtype_name(dtype: numpy.dtype) -> str:
+    if dtype.kind in ("S", "U", "O"):
+        return "string"
+    return dtype.name
+
+
+def _bfloat16_to_float32(value: Any) -> numpy.ndarray:
+    """Widen Keras 3's bfloat16 datasets (stored as 2-byte opaque values) to float32, losslessly."""
+    array = numpy.asarray(value)
+    if array.dtype.itemsize != 2:
+        return array.astype(numpy.float32)
+    bits = numpy.frombuffer(array.tobytes(), dtype="<u2").astype(numpy.uint32) << 16
+    return bits.view(numpy.float32).reshape(array.shape)
+
