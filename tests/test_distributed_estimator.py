@@ -180,3 +180,25 @@ def test_tfrecord_input_resumes_exactly_under_two_replicas(tmp_path):
                                args=(str(tmp_path / "resumed"), folder, 10), timeout=180)
     for name, value in straight[0].items():
         np.testing.assert_array_equal(resumed[0][name], value)
+
+
+def _warm_start_two_replicas(model_dir, source_dir):
+    from torchestimator.warm_start import WarmStartSettings
+
+    estimator = _estimator(model_dir, te.MirroredStrategy(num_replicas=2))
+    estimator._warm_start = WarmStartSettings(source_dir, vars_to_warm_start=[".*"])
+    results = estimator.evaluate(_eval_input_fn)  # no checkpoint yet: the warm-start source is evaluated
+    estimator.train(_train_input_fn, max_steps=2)
+    return results, {name: estimator.get_variable_value(name) for name in estimator.get_variable_names()}
+
+
+def test_warm_start_under_two_replicas(tmp_path):
+    source = _estimator(str(tmp_path / "source"))
+    source.train(_train_input_fn, max_steps=6)
+    expected = source.evaluate(_eval_input_fn)
+    (results_0, weights_0), (results_1, weights_1) = run_in_processes(
+        _warm_start_two_replicas, nprocs=2, args=(str(tmp_path / "warm"), str(tmp_path / "source")), timeout=180)
+    assert results_0["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6) == results_1["accuracy"]
+    assert results_0["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    for name in weights_0:
+        np.testing.assert_array_equal(weights_0[name], weights_1[name])

@@ -133,10 +133,10 @@ def test_variable_names_and_values(tmp_path):
         estimator.get_variable_value("missing")
 
 
-def test_eval_dir_names():
-    estimator = te.Estimator(model_fn=classifier_model_fn, model=SmallNet(), model_dir="/tmp/x")
-    assert estimator.eval_dir() == os.path.join("/tmp/x", "eval")
-    assert estimator.eval_dir("holdout") == os.path.join("/tmp/x", "eval_holdout")
+def test_eval_dir_names(tmp_path):
+    estimator = te.Estimator(model_fn=classifier_model_fn, model=SmallNet(), model_dir=str(tmp_path))
+    assert estimator.eval_dir() == os.path.join(str(tmp_path), "eval")
+    assert estimator.eval_dir("holdout") == os.path.join(str(tmp_path), "eval_holdout")
 
 
 def test_model_fn_and_input_fn_receive_declared_arguments(tmp_path):

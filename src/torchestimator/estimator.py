@@ -38,6 +38,7 @@ from torchestimator.persistence import (
 from torchestimator.spec import EstimatorSpec, ModeKeys
 from torchestimator.state import TrainState, seed_everything
 from torchestimator.summary import SummaryWriter
+from torchestimator.warm_start import WarmStartPlan, as_warm_start_settings, plan_warm_start, warm_start
 
 logger = logging.getLogger("torchestimator")
 
@@ -69,6 +70,7 @@ class Estimator:
         model_dir: str | os.PathLike[str] | None = None,
         config: RunConfig | None = None,
         params: Mapping[str, Any] | None = None,
+        warm_start_from: Any = None,
         *,
         lr_scheduler: Callable[..., Any] | None = None,
     ) -> None:
@@ -88,6 +90,8 @@ class Estimator:
         if not isinstance(model, torch.nn.Module) and not callable(model):
             raise TypeError(f"model must be an nn.Module or a factory returning one; received {model!r}.")
         self._model_source = model
+        # A path (any format open_weights reads) or WarmStartSettings; used only while model_dir has no checkpoint.
+        self._warm_start = None if warm_start_from is None else as_warm_start_settings(warm_start_from)
         self._optimizer_factory = optimizer
         self._scheduler_factory = lr_scheduler
         self._module: torch.nn.Module | None = None
@@ -114,6 +118,7 @@ class Estimator:
         config: RunConfig | None = None,
         params: Mapping[str, Any] | None = None,
         lr_scheduler: Callable[..., Any] | None = None,
+        warm_start_from: Any = None,
     ) -> Estimator:
         """An Estimator for one module and one loss, as Keras compile + fit or model_to_estimator.
 
@@ -127,7 +132,8 @@ class Estimator:
 
         model_fn = build_model_fn(loss, list(metrics) if metrics is not None and not isinstance(metrics, Mapping) else metrics)
         return cls(model_fn=model_fn, model=module, optimizer=resolve_optimizer(optimizer, learning_rate),
-                   model_dir=model_dir, config=config, params=params, lr_scheduler=lr_scheduler)
+                   model_dir=model_dir, config=config, params=params, lr_scheduler=lr_scheduler,
+                   warm_start_from=warm_start_from)
 
     # -- properties -------------------------------------------------------
 
@@ -210,8 +216,6 @@ class Estimator:
         if max_steps is not None and checkpoint is not None and checkpoint.step >= max_steps:
             logger.info("Skipping training since max_steps has already saved (global step %d).", checkpoint.step)
             return None
-        if strategy.is_chief:
-            self._prepare_model_dir()
         if config.deterministic:
             _enable_determinism()
         if config.random_seed is not None:
@@ -220,6 +224,8 @@ class Estimator:
         state = TrainState(mode=ModeKeys.TRAIN)
         hook_list.begin(state)
         self._restore_weights(module, checkpoint, state)  # on the plain module, before any wrapping
+        if strategy.is_chief:  # after warm start, so a failed one leaves model_dir untouched
+            self._prepare_model_dir()
         training_objects = self._build_training_objects(module, strategy.device)
         if checkpoint is not None:
             restore_training_objects(checkpoint, training_objects)
@@ -367,10 +373,12 @@ class Estimator:
     def _load_for_inference(self, module: torch.nn.Module, checkpoint_path: str | None, state: TrainState) -> None:
         path = checkpoint_path or self._store.latest_checkpoint()
         if path is None:
-            if self._module_holds == "trained":
-                logger.info("No checkpoint in %s (checkpoints disabled): using the weights trained in this process.",
-                            self._model_dir)
+            if self._module_holds in ("trained", "warm_start"):
+                logger.info("No checkpoint in %s: using the weights %s in this process.", self._model_dir,
+                            "trained" if self._module_holds == "trained" else "warm-started")
                 state.global_step = self._held_step
+            elif self._warm_start is not None:
+                self._apply_warm_start(module)  # as tf.estimator: evaluate/predict without a checkpoint use it
             else:
                 logger.info("No checkpoint in %s: running on freshly initialised weights.", self._model_dir)
             return
@@ -398,17 +406,38 @@ class Estimator:
         """Loads a checkpoint into the plain module (before any distribution wrapping)."""
         if checkpoint is None:
             if self._module_holds is not None:
-                # Trained in this process without checkpoints: keep those weights and the step reached.
+                # Trained (or warm-started) in this process without checkpoints: keep those weights.
                 state.global_step = self._held_step
+            elif self._warm_start is not None:
+                self._apply_warm_start(module)
             else:
                 logger.info("No checkpoint in %s: starting from freshly initialised weights.", self._model_dir)
             return
+        if self._warm_start is not None and self._module_holds is None:
+            logger.info("model_dir %s has a checkpoint (step %d): it wins over warm_start_from %s, which is not applied.",
+                        self._model_dir, checkpoint.step, self._warm_start.ckpt_to_initialize_from)
         if self._module_holds != checkpoint.path:
             load_model_state(module, checkpoint.model_state, checkpoint.path)
             self._module_holds, self._held_step = checkpoint.path, checkpoint.step
             logger.info("Restored weights from %s (global step %d).", checkpoint.path, checkpoint.step)
         state.global_step = checkpoint.step
         state.input_position = checkpoint.extra.get("input_position")
+
+    def _apply_warm_start(self, module: torch.nn.Module) -> None:
+        """Warm start on the plain module, all or nothing; model_dir is not touched here."""
+        plan = warm_start(module, self._warm_start)
+        logger.info("model_dir %s has no checkpoint: warm-started %d variables from %s.", self._model_dir,
+                    len(plan.entries), self._warm_start.ckpt_to_initialize_from)
+        self._module_holds, self._held_step = "warm_start", 0
+
+    def warm_start_report(self) -> WarmStartPlan:
+        """What warm_start_from would load, from where, with which conversion, and what stays fresh (a dry run)."""
+        if self._warm_start is None:
+            raise ValueError("This Estimator has no warm_start_from to report on.")
+        source = self._model_source
+        module = source if isinstance(source, torch.nn.Module) else _call_factory(source, self._params, None, "model",
+                                                                                   first_is_params=True)
+        return plan_warm_start(module, self._warm_start)
 
     def _model_fn_caller(self) -> Callable[..., EstimatorSpec]:
         declared, model_fn = self._model_fn_args, self._model_fn
