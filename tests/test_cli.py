@@ -106,3 +106,16 @@ def test_demo_reaches_accuracy_and_resumes_when_rerun(tmp_path):
     assert second.returncode == 0, second.stderr
     assert "resumed from" in second.stdout and "instead of starting over" in second.stdout
     assert f"held-out accuracy {accuracy:.4f}" in second.stdout
+
+
+def test_warm_start_dry_run_reports_without_loading(tmp_path, model_file, capsys):
+    model_dir = str(tmp_path / "run")
+    assert main(["train", model_file, "--model_dir", model_dir, "--max_steps", "5"]) == 0
+    capsys.readouterr()
+    assert main(["warm-start", model_dir, "--model", model_file, "--dry-run"]) == 0
+    report = capsys.readouterr().out
+    assert "0.weight" in report and "2.bias" in report
+    assert main(["warm-start", model_dir, "--model", model_file, "--dry-run", "--param", "hidden=16"]) == 1
+    assert "doesn't match" in capsys.readouterr().out
+    assert main(["warm-start", str(tmp_path / "missing.pt"), "--model", model_file, "--dry-run"]) == 2
+    assert "no such file" in capsys.readouterr().err
