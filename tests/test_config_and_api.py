@@ -58,7 +58,8 @@ def test_public_surface_is_pinned():
         "CheckpointSaverHook", "CheckpointSaverListener", "Estimator", "EstimatorSpec", "Every", "Hook",
         "InputContext", "LoggingTensorHook", "MirroredStrategy", "ModeKeys", "NanLossDuringTrainingError",
         "OneDeviceStrategy", "RunConfig", "RunContext", "StepCounterHook", "StopAtStepHook", "SummarySaverHook",
-        "TrainState", "dataset_input_fn", "metrics", "numpy_input_fn", "pandas_input_fn",
+        "TrainState", "dataset_input_fn", "freeze", "metrics", "numpy_input_fn", "pandas_input_fn",
+        "param_groups", "unfreeze",
     ])
     for name in te.__all__:
         assert getattr(te, name) is not None

@@ -8,6 +8,7 @@ from torchestimator.config import RunConfig
 from torchestimator.data.inputs import dataset_input_fn, numpy_input_fn, pandas_input_fn
 from torchestimator.distribute import InputContext, MirroredStrategy, OneDeviceStrategy
 from torchestimator.estimator import Estimator
+from torchestimator.finetune import freeze, param_groups, unfreeze
 from torchestimator.hooks import (
     CheckpointSaverHook,
     CheckpointSaverListener,
@@ -45,7 +46,10 @@ __all__ = [
     "SummarySaverHook",
     "TrainState",
     "dataset_input_fn",
+    "freeze",
     "metrics",
     "numpy_input_fn",
     "pandas_input_fn",
+    "param_groups",
+    "unfreeze",
 ]

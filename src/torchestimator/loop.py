@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from torchestimator.calling import batch_length, split_batch, to_device
 from torchestimator.config import MIXED_PRECISION_DTYPES, RunConfig
+from torchestimator.finetune import apply_frozen_modes
 from torchestimator.hooks.base import HookList, RunContext
 from torchestimator.hooks.triggers import Every
 from torchestimator.persistence import Checkpointer, NanLossDuringTrainingError
@@ -205,6 +206,7 @@ def train_loop(run: TrainingRun) -> TrainState:
     run.hooks.after_restore(state)
     # The framework owns the mode: TRAIN updates BatchNorm statistics, EVAL and PREDICT never do.
     run.module.train()
+    apply_frozen_modes(run.module)  # frozen BatchNorm layers keep their statistics
     total = None if run.last_step is None else run.last_step
     progress = Progress("train", total=total, initial=state.global_step, enabled=config.progress_bar and strategy.is_chief)
     steps_this_call = 0
