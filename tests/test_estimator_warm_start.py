@@ -94,3 +94,20 @@ def test_warm_start_from_a_torch_file(tmp_path):
     list(estimator.predict(input_fns()[2]))
     for name, tensor in module.state_dict().items():
         assert torch.equal(estimator._module.state_dict()[name], tensor), name
+
+
+def test_optimizer_state_is_warm_started_only_when_asked(tmp_path, trained_with_adam, te_logs):
+    from conftest import adam
+
+    source_dir, _ = trained_with_adam
+    asked = _warm_estimator(tmp_path / "asked", WarmStartSettings(source_dir, [".*"], warm_start_optimizer=True),
+                            optimizer=adam)
+    asked.train(input_fns()[0], max_steps=1)
+    state = asked._store.restore().optimizer_state["optimizer"]["state"]
+    assert int(state[0]["step"]) == 21  # 20 Adam steps from the source, one here
+    not_asked = _warm_estimator(tmp_path / "plain", WarmStartSettings(source_dir, [".*"]), optimizer=adam)
+    not_asked.train(input_fns()[0], max_steps=1)
+    assert int(not_asked._store.restore().optimizer_state["optimizer"]["state"][0]["step"]) == 1
+    switched = _warm_estimator(tmp_path / "sgd", WarmStartSettings(source_dir, [".*"], warm_start_optimizer=True))
+    switched.train(input_fns()[0], max_steps=1)  # Adam state does not fit SGD: reset with a warning
+    assert "optimizer changed" in te_logs.text

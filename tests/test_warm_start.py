@@ -18,6 +18,7 @@ from torchestimator.interop.layouts import Converter, flatten_dense_converter
 from torchestimator.warm_start import (
     WarmStartSettings,
     as_warm_start_settings,
+    init_from_checkpoint,
     plan_init_from_checkpoint,
     plan_warm_start,
     warm_start,
@@ -279,6 +280,14 @@ def test_init_from_checkpoint_scope_forms(tmp_path):
     torch.save({"weight": source[3].weight, "bias": source[3].bias}, root)
     plan = plan_init_from_checkpoint(small_model(), root, {"/": "3/"})  # "/" loads from the source's root
     assert {(entry.target, entry.source) for entry in plan.entries} == {("3.weight", "weight"), ("3.bias", "bias")}
+    model = small_model()
+    init_from_checkpoint(model, root, {"/": "3/"})  # plan + apply, as TensorFlow's name suggests
+    assert torch.equal(model[3].weight, source[3].weight)
+    untouched = small_model()
+    before = snapshot(untouched)
+    with pytest.raises(ValueError):
+        init_from_checkpoint(untouched, root, {"/": "1/"})  # shapes do not fit: nothing is copied
+    assert not changed(untouched, before)
 
 
 def test_init_from_checkpoint_errors(source_dir):
@@ -330,10 +339,17 @@ def test_keras_names_differ_completely_so_proposals_need_opting_in():
     assert not changed(model, before)
 
 
-def test_keras3_weights_reproduce_keras_inference_output():
+@pytest.mark.parametrize("filename, expected_key", [
+    ("keras3_model.weights.h5", "keras3_output"),
+    ("keras3_model.h5", "keras3_output"),      # Keras 3 model.save('x.h5'), the legacy layout
+    ("keras3_model.keras", "keras3_output"),
+    ("keras2_model.h5", "keras2_output"),      # tf_keras model.save('x.h5')
+    ("keras2_weights.h5", "keras2_output"),    # tf_keras save_weights('x.h5')
+])
+def test_keras_files_reproduce_keras_inference_output(filename, expected_key):
     model = keras_equivalent()
-    settings = WarmStartSettings(KERAS3_WEIGHTS, [".*"], accept_proposed_mapping=True,
-                                 converters={"4.weight": flatten_dense_converter(4, 6, 6)})
+    settings = WarmStartSettings(os.path.join(os.path.dirname(KERAS3_WEIGHTS), filename), [".*"],
+                                 accept_proposed_mapping=True, converters={"4.weight": flatten_dense_converter(4, 6, 6)})
     plan = warm_start(model, settings)
     assert len(plan.entries) == 8 and {entry.origin for entry in plan.entries} == {"proposal"}
     assert ("1.num_batches_tracked" in dict(plan.kept_fresh)) and not plan.warnings
@@ -342,7 +358,7 @@ def test_keras3_weights_reproduce_keras_inference_output():
     model.eval()
     with torch.no_grad():
         output = model(torch.from_numpy(reference["input"]).permute(0, 3, 1, 2))  # NHWC -> NCHW
-    numpy.testing.assert_allclose(output.numpy(), reference["keras3_output"], atol=1e-5, rtol=0)
+    numpy.testing.assert_allclose(output.numpy(), reference[expected_key], atol=1e-5, rtol=0)
     assert not numpy.allclose(model[1].running_mean.numpy(), 0)
 
 

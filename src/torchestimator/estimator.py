@@ -25,6 +25,7 @@ from torchestimator.checkpoint import CheckpointStore
 from torchestimator.config import RunConfig
 from torchestimator.distribute import OneDeviceStrategy
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, HookList
+from torchestimator.interop import open_weights
 from torchestimator.hooks.basic import LoggingTensorHook, StepCounterHook
 from torchestimator.loop import EvalRun, TrainingRun, eval_loop, predict_loop, train_loop
 from torchestimator.metrics import MetricAccumulators
@@ -230,6 +231,8 @@ class Estimator:
         if checkpoint is not None:
             restore_training_objects(checkpoint, training_objects)
             restore_rng(checkpoint, strategy.replica_id, strategy.num_replicas)
+        elif self._warm_start is not None and self._warm_start.warm_start_optimizer:
+            restore_training_objects(self._warm_start_checkpoint(), training_objects)
         state.start_step = state.global_step
         input_source = self._call_input_fn(input_fn, input_fn_args, ModeKeys.TRAIN, strategy)
         self._resume_input(input_source, checkpoint, strategy)
@@ -429,6 +432,18 @@ class Estimator:
         logger.info("model_dir %s has no checkpoint: warm-started %d variables from %s.", self._model_dir,
                     len(plan.entries), self._warm_start.ckpt_to_initialize_from)
         self._module_holds, self._held_step = "warm_start", 0
+
+    def _warm_start_checkpoint(self) -> Any:
+        """The torchestimator checkpoint warm_start_optimizer takes optimizer state from."""
+        source = self._warm_start.ckpt_to_initialize_from
+        with open_weights(source) as weights:
+            if weights.format != "torchestimator":
+                raise ValueError(
+                    f"warm_start_optimizer needs a torchestimator checkpoint or model_dir; {source} is {weights.format}. "
+                    "Optimizer state from other formats is not carried over."
+                )
+            path = weights.checkpoint_path
+        return CheckpointStore(os.path.dirname(path)).restore(path)
 
     def warm_start_report(self) -> WarmStartPlan:
         """What warm_start_from would load, from where, with which conversion, and what stays fresh (a dry run)."""

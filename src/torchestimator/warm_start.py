@@ -53,6 +53,7 @@ __all__ = [
     "WarmStartPlan",
     "WarmStartSettings",
     "as_warm_start_settings",
+    "init_from_checkpoint",
     "plan_init_from_checkpoint",
     "plan_warm_start",
     "warm_start",
@@ -128,6 +129,9 @@ class WarmStartSettings:
     """Target name -> layout converter (name, ``Converter`` or function of a numpy array)."""
     accept_proposed_mapping: bool = False
     """Use the matcher's proposals for targets no other rule resolves (see the class docstring)."""
+    warm_start_optimizer: bool = False
+    """Also take the optimizer (and LR scheduler) state, from a torchestimator checkpoint only; it loads
+    when the optimizer's class and parameter groups match, else it starts fresh with a warning."""
 
     def __post_init__(self) -> None:
         source = self.ckpt_to_initialize_from
@@ -153,7 +157,7 @@ class WarmStartSettings:
             raise TypeError(f"mapping_fn must be callable; received {type(self.mapping_fn).__name__}.")
         for target, spec in (self.converters or {}).items():
             _resolve_converter(spec, target)
-        for flag in ("allow_missing", "accept_proposed_mapping"):
+        for flag in ("allow_missing", "accept_proposed_mapping", "warm_start_optimizer"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{flag} must be True or False; received {getattr(self, flag)!r}.")
 
@@ -495,6 +499,21 @@ def warm_start(module: torch.nn.Module, settings: WarmStartSettings | PathOrSour
 
 
 # ----------------------------------------------------------------------------- init_from_checkpoint
+
+
+def init_from_checkpoint(module: torch.nn.Module, source: PathOrSource, assignment_map: Any,
+                         **options: Any) -> WarmStartPlan:
+    """TensorFlow's init_from_checkpoint on a module: plan the assignment map, then apply it all or nothing.
+
+    Unlike TensorFlow it acts at once (there is no initializer to defer to); call it on the plain
+    module, before training or wrapping, for a fresh model_dir.
+    """
+    plan = plan_init_from_checkpoint(module, source, assignment_map, **options)
+    try:
+        plan.apply(module)
+    finally:
+        plan.close()
+    return plan
 
 
 def plan_init_from_checkpoint(
