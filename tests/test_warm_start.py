@@ -417,3 +417,22 @@ def test_tf2_object_checkpoint_reproduces_keras_inference_output():
     with torch.no_grad():
         output = model(torch.from_numpy(reference["inputs"]))
     numpy.testing.assert_allclose(output.numpy(), reference["outputs"], atol=1e-5, rtol=0)
+
+
+def test_tf1_checkpoint_reproduces_tensorflow_inference_output():
+    # The TF1 fixture's graph is dense -> batch_normalization (epsilon 1e-3) -> relu -> dense_1; its inference.npz
+    # is TF's output with batch norm on the moving statistics, from the checkpoint restored with Saver.
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8, eps=1e-3, momentum=0.01),
+                                torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    plan = warm_start(model, WarmStartSettings(TF1, [".*"], accept_proposed_mapping=True))
+    assert plan.ok and {entry.origin for entry in plan.entries} == {"proposal"}
+    reference = numpy.load(os.path.join(TF1, "inference.npz"))
+    inputs = torch.from_numpy(reference["inputs"])
+    model.eval()
+    with torch.no_grad():
+        output = model(inputs)
+    numpy.testing.assert_allclose(output.numpy(), reference["outputs"], atol=1e-5, rtol=0)
+    # Batch statistics give another answer, so the match above depends on the moving statistics.
+    model.train()
+    with torch.no_grad():
+        assert not numpy.allclose(model(inputs).numpy(), reference["outputs"], atol=1e-3)

@@ -2,7 +2,8 @@
 
 Run with a throwaway TensorFlow environment (never a project dependency):
 
-    /tmp/tfenv/bin/python tools/make_tf_checkpoint_fixtures.py
+    /tmp/tfenv/bin/python tools/make_tf_checkpoint_fixtures.py                  # every fixture
+    /tmp/tfenv/bin/python tools/make_tf_checkpoint_fixtures.py --tf1-inference  # only tf1/inference.npz
 
 It writes, next to each checkpoint, TensorFlow's own view of it
 (`tf.train.list_variables` names/shapes/dtypes as JSON and
@@ -11,7 +12,9 @@ reader against TensorFlow without importing it.
 
 Fixtures:
   tf1/       TF1 graph-mode model (dense -> batch_normalization -> dense_1),
-             AdamOptimizer, 2 steps, Saver -> model.ckpt-2 + checkpoint file.
+             AdamOptimizer, 2 steps, Saver -> model.ckpt-2 + checkpoint file; inference.npz
+             holds the output of the same model restored from it with batch norm in inference
+             mode (moving statistics) on a fixed input.
   tf2/       tf.train.Checkpoint(model=Keras 3 model (Dense, BatchNormalization,
              Dense), optimizer=Adam) after one train step -> ckpt-1.
   tf2_slots/ tf.train.Checkpoint(model=tf.Module, optimizer=tf.compat.v1.train.AdamOptimizer)
@@ -56,6 +59,29 @@ def record_view(prefix: str, out_stem: str) -> None:
     np.savez(out_stem + ".npz", **values)
 
 
+TF1_EPSILON = 1e-3
+
+
+def tf1_dense(x, units: int, scope: str):
+    # Same variable names as tf.compat.v1.layers.dense (unavailable under Keras 3).
+    with tf.compat.v1.variable_scope(scope):
+        kernel = tf.compat.v1.get_variable("kernel", [x.shape[-1], units])
+        bias = tf.compat.v1.get_variable("bias", [units], initializer=tf.compat.v1.zeros_initializer())
+    return tf.matmul(x, kernel) + bias
+
+
+def tf1_batch_norm_variables(units: int):
+    """gamma, beta, moving_mean, moving_variance under tf.compat.v1.layers.batch_normalization's names."""
+    with tf.compat.v1.variable_scope("batch_normalization"):
+        gamma = tf.compat.v1.get_variable("gamma", [units], initializer=tf.compat.v1.ones_initializer())
+        beta = tf.compat.v1.get_variable("beta", [units], initializer=tf.compat.v1.zeros_initializer())
+        moving_mean = tf.compat.v1.get_variable(
+            "moving_mean", [units], initializer=tf.compat.v1.zeros_initializer(), trainable=False)
+        moving_variance = tf.compat.v1.get_variable(
+            "moving_variance", [units], initializer=tf.compat.v1.ones_initializer(), trainable=False)
+    return gamma, beta, moving_mean, moving_variance
+
+
 def make_tf1(directory: str) -> None:
     graph = tf.Graph()
     with graph.as_default():
@@ -63,29 +89,15 @@ def make_tf1(directory: str) -> None:
         inputs = tf.compat.v1.placeholder(tf.float32, [None, 4], name="inputs")
         labels = tf.compat.v1.placeholder(tf.float32, [None, 1], name="labels")
         global_step = tf.compat.v1.train.get_or_create_global_step()
-
-        def dense(x, units, scope):
-            # Same variable names as tf.compat.v1.layers.dense (unavailable under Keras 3).
-            with tf.compat.v1.variable_scope(scope):
-                kernel = tf.compat.v1.get_variable("kernel", [x.shape[-1], units])
-                bias = tf.compat.v1.get_variable("bias", [units], initializer=tf.compat.v1.zeros_initializer())
-            return tf.matmul(x, kernel) + bias
-
-        hidden = dense(inputs, 8, "dense")
-        with tf.compat.v1.variable_scope("batch_normalization"):
-            gamma = tf.compat.v1.get_variable("gamma", [8], initializer=tf.compat.v1.ones_initializer())
-            beta = tf.compat.v1.get_variable("beta", [8], initializer=tf.compat.v1.zeros_initializer())
-            moving_mean = tf.compat.v1.get_variable(
-                "moving_mean", [8], initializer=tf.compat.v1.zeros_initializer(), trainable=False)
-            moving_variance = tf.compat.v1.get_variable(
-                "moving_variance", [8], initializer=tf.compat.v1.ones_initializer(), trainable=False)
+        hidden = tf1_dense(inputs, 8, "dense")
+        gamma, beta, moving_mean, moving_variance = tf1_batch_norm_variables(8)
         mean, variance = tf.nn.moments(hidden, [0])
         updates = [
             tf.compat.v1.assign_sub(moving_mean, (moving_mean - mean) * 0.01),
             tf.compat.v1.assign_sub(moving_variance, (moving_variance - variance) * 0.01),
         ]
-        normalized = tf.nn.batch_normalization(hidden, mean, variance, beta, gamma, 1e-3)
-        outputs = dense(tf.nn.relu(normalized), 1, "dense_1")
+        normalized = tf.nn.batch_normalization(hidden, mean, variance, beta, gamma, TF1_EPSILON)
+        outputs = tf1_dense(tf.nn.relu(normalized), 1, "dense_1")
         loss = tf.reduce_mean(tf.square(outputs - labels))
         with tf.control_dependencies(updates):
             train = tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss, global_step=global_step)
@@ -103,6 +115,28 @@ def make_tf1(directory: str) -> None:
     with open(os.path.join(directory, "checkpoint"), "w") as handle:
         handle.write('model_checkpoint_path: "model.ckpt-2"\nall_model_checkpoint_paths: "model.ckpt-2"\n')
     record_view(prefix, os.path.join(directory, "expected"))
+
+
+def make_tf1_inference(directory: str) -> None:
+    """Restore tf1/'s checkpoint into the same model in inference mode and record its output.
+
+    Batch norm uses the moving statistics (training=False), as tf.compat.v1.layers.batch_normalization
+    does at inference. Only reads the checkpoint, so the existing files stay byte-identical.
+    """
+    graph = tf.Graph()
+    with graph.as_default():
+        inputs = tf.compat.v1.placeholder(tf.float32, [None, 4], name="inputs")
+        hidden = tf1_dense(inputs, 8, "dense")
+        gamma, beta, moving_mean, moving_variance = tf1_batch_norm_variables(8)
+        normalized = tf.nn.batch_normalization(hidden, moving_mean, moving_variance, beta, gamma, TF1_EPSILON)
+        outputs = tf1_dense(tf.nn.relu(normalized), 1, "dense_1")
+        # This graph holds only the model's variables: the Adam slots, beta powers and global_step stay unread.
+        saver = tf.compat.v1.train.Saver()
+        probe = np.random.default_rng(3).normal(size=(6, 4)).astype(np.float32)
+        with tf.compat.v1.Session() as session:
+            saver.restore(session, tf.train.latest_checkpoint(directory))
+            result = session.run(outputs, {inputs: probe})
+    np.savez(os.path.join(directory, "inference.npz"), inputs=probe, outputs=np.asarray(result))
 
 
 def make_tf2(directory: str) -> None:
@@ -190,12 +224,20 @@ def make_sharded(directory: str) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--tf1-inference"]:
+        # Adds tf1/inference.npz from the existing checkpoint without rewriting any other fixture.
+        make_tf1_inference(os.path.join(ROOT, "tf1"))
+        return
+    if sys.argv[1:]:
+        raise SystemExit(f"usage: {sys.argv[0]} [--tf1-inference]; received {sys.argv[1:]}")
     for name, maker in [("tf1", make_tf1), ("tf2", make_tf2), ("tf2_slots", make_tf2_slots), ("raw", make_raw),
                         ("sharded", make_sharded)]:
         directory = os.path.join(ROOT, name)
         shutil.rmtree(directory, ignore_errors=True)
         os.makedirs(directory)
         maker(directory)
+        if name == "tf1":
+            make_tf1_inference(directory)
         print(name, sorted(os.listdir(directory)), file=sys.stderr)
 
 
