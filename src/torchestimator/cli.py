@@ -149,6 +149,13 @@ def _warm_start(args: argparse.Namespace) -> int:
     return 0 if plan.ok else 1
 
 
+def _plot(args: argparse.Namespace) -> int:
+    from torchestimator.plot import plot_model_dir
+
+    print(f"wrote {plot_model_dir(args.model_dir, args.output)}")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from torchestimator import demo
 
@@ -221,6 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
     warm.add_argument("--json", action="store_true", help="the plan as JSON")
     warm.set_defaults(handler=_warm_start)
+
+    plot = commands.add_parser("plot", help="PNG of training loss and evaluation metrics against step")
+    plot.add_argument("model_dir")
+    plot.add_argument("--output", help="PNG path (default MODEL_DIR/metrics.png)")
+    plot.set_defaults(handler=_plot)
 
     demo = commands.add_parser("demo", help="train and evaluate the digits demo (resumes when rerun)")
     demo.add_argument("--model_dir", default="runs/digits")

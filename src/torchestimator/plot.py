@@ -1,0 +1,64 @@
+"""`torchestimator plot MODEL_DIR`: training loss and every evaluation metric against step, as one PNG.
+
+Reads the event files with TensorBoard's own reader (summary.read_scalars);
+draws with matplotlib (the `plot` extra) on the Agg backend, so it works
+without a screen.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from torchestimator.summary import read_scalars
+
+
+def _evaluation_dirs(model_dir: str) -> dict[str, str]:
+    """eval -> model_dir/eval, and holdout -> model_dir/eval_holdout, for every folder with events."""
+    found = {}
+    for entry in sorted(os.listdir(model_dir)):
+        path = os.path.join(model_dir, entry)
+        if os.path.isdir(path) and (entry == "eval" or entry.startswith("eval_")):
+            found[entry] = path
+    return found
+
+
+def plot_model_dir(model_dir: str, output: str | None = None) -> str:
+    """Writes the PNG (default MODEL_DIR/metrics.png) and returns its path."""
+    if not os.path.isdir(model_dir):
+        raise FileNotFoundError(f"plot: {model_dir} is not a directory.")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise ImportError("plot needs matplotlib: pip install 'torchestimator[plot]'.") from error
+    panels: dict[str, list[tuple[str, list[tuple[int, float]]]]] = {}
+    training = read_scalars(model_dir)
+    if "loss" in training:
+        panels.setdefault("loss", []).append(("train", training["loss"]))
+    for label, path in _evaluation_dirs(model_dir).items():
+        for tag, points in read_scalars(path).items():
+            panels.setdefault(tag, []).append((label, points))
+    if not panels:
+        raise ValueError(f"{model_dir} has no training loss or evaluation metrics to plot (no event files with scalars).")
+    columns = min(3, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.5 * rows), squeeze=False)
+    for axis, (tag, series) in zip(axes.flat, sorted(panels.items(), key=lambda item: (item[0] != "loss", item[0]))):
+        for label, points in series:
+            steps, values = zip(*points)
+            axis.plot(steps, values, marker="o" if len(points) < 30 else None, markersize=3, label=label)
+        axis.set_title(tag)
+        axis.set_xlabel("global step")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize="small")
+    for axis in list(axes.flat)[len(panels):]:
+        axis.set_visible(False)
+    figure.suptitle(os.path.abspath(model_dir), fontsize="small")
+    figure.tight_layout()
+    output = output or os.path.join(model_dir, "metrics.png")
+    figure.savefig(output, dpi=100)
+    plt.close(figure)
+    return output
