@@ -45,6 +45,9 @@ MODEL_FILE = textwrap.dedent('''
 
     def predict_input_fn():
         return te.numpy_input_fn({"x": X[:5]}, batch_size=16, shuffle=False)()
+
+    from torchestimator import export as te_export
+    serving_input_receiver = te_export.serving_input_receiver({"x": te_export.TensorSpec(shape=(None, 4))})
 ''')
 
 
@@ -119,3 +122,20 @@ def test_warm_start_dry_run_reports_without_loading(tmp_path, model_file, capsys
     assert "doesn't match" in capsys.readouterr().out
     assert main(["warm-start", str(tmp_path / "missing.pt"), "--model", model_file, "--dry-run"]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_export_then_predict_with_the_exported_model_alone(tmp_path, model_file, capsys):
+    import numpy as np
+
+    model_dir = str(tmp_path / "run")
+    assert main(["train", model_file, "--model_dir", model_dir]) == 0
+    assert main(["export", model_file, "--model_dir", model_dir, "--export_dir", str(tmp_path / "export")]) == 0
+    exported = capsys.readouterr().out.strip().split()[-1]
+    assert os.path.basename(exported).isdigit()
+    assert main(["predict", model_file, "--model_dir", model_dir, "--output", str(tmp_path / "rows.jsonl")]) == 0
+    expected = [json.loads(line)["class"] for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)[:5]
+    np.savez(tmp_path / "inputs.npz", x=x)
+    assert main(["predict", "--exported", str(tmp_path / "export"), "--input", str(tmp_path / "inputs.npz")]) == 0
+    outputs = json.loads(capsys.readouterr().out)
+    assert outputs["class"] == expected

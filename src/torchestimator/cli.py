@@ -95,6 +95,10 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    if args.exported:
+        return _predict_exported(args)
+    if args.model_file is None or args.model_dir is None:
+        raise SystemExit("torchestimator predict: give FILE.py and --model_dir, or --exported PATH --input FILE.")
     module = load_model_file(args.model_file)
     estimator = build_estimator(module, args)
     out = open(args.output, "w") if args.output else sys.stdout
@@ -108,6 +112,36 @@ def _predict(args: argparse.Namespace) -> int:
     finally:
         if args.output:
             out.close()
+    return 0
+
+
+def _predict_exported(args: argparse.Namespace) -> int:
+    """Runs an exported model alone: no model file, no training code."""
+    from torchestimator.export import load, read_inputs
+
+    if not args.input:
+        raise SystemExit("torchestimator predict --exported needs --input FILE (.npz or .json).")
+    model = load(args.exported)
+    outputs = model(read_inputs(args.input), signature_name=args.signature_name)
+    if args.output and args.output.endswith(".npz"):
+        np.savez(args.output, **outputs)
+    else:
+        text = json.dumps(_jsonable(outputs))
+        if args.output:
+            with open(args.output, "w") as handle:
+                handle.write(text + "\n")
+        else:
+            print(text)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    module = load_model_file(args.model_file)
+    estimator = build_estimator(module, args)
+    receiver = _require(module, "serving_input_receiver")
+    path = estimator.export_saved_model(args.export_dir, receiver, checkpoint_path=args.checkpoint_path,
+                                        as_onnx=args.onnx)
+    print(f"exported {path}")
     return 0
 
 
@@ -203,13 +237,26 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--name", help="named evaluation: summaries go to model_dir/eval_<name>")
     evaluate.set_defaults(handler=_evaluate)
 
-    predict = commands.add_parser("predict", help="write predictions as JSON lines")
-    _add_model_flags(predict)
+    predict = commands.add_parser("predict", help="write predictions as JSON lines, or run an exported model")
+    predict.add_argument("model_file", nargs="?", help="FILE.py or module (not needed with --exported)")
+    predict.add_argument("--model_dir")
+    predict.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    predict.add_argument("--no_progress", action="store_true")
+    predict.add_argument("--exported", help="an exported model: a version folder or its base (newest version)")
+    predict.add_argument("--input", help="with --exported: inputs as .npz or .json")
+    predict.add_argument("--signature_name", default="serving_default")
     predict.add_argument("--checkpoint_path")
     predict.add_argument("--predict_keys", nargs="*")
     predict.add_argument("--output", help="file for the JSON lines (default stdout)")
     predict.add_argument("--limit", type=int, help="stop after this many examples")
     predict.set_defaults(handler=_predict)
+
+    export = commands.add_parser("export", help="export the latest (or a given) checkpoint for serving")
+    _add_model_flags(export)
+    export.add_argument("--export_dir", required=True, help="base folder; a new integer version is written inside")
+    export.add_argument("--checkpoint_path")
+    export.add_argument("--onnx", action="store_true", help="also write model.onnx where the model exports")
+    export.set_defaults(handler=_export)
 
     inspect = commands.add_parser("inspect", help="list variables of a checkpoint and the history of a model_dir")
     inspect.add_argument("path", help="a model_dir, a ckpt-<step> folder or a .safetensors file")

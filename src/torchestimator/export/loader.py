@@ -1,0 +1,248 @@
+"""Loading an exported version and running it, without the training code.
+
+``load(path)`` reads ``model.pt2`` with torch.export.load (a graph of ATen
+operations and weights: no user code and no pickles run) and
+``signature.json``, and returns an ExportedModel: a callable from named numpy
+arrays or tensors to named numpy arrays, checking names, dtypes and shapes
+against the signature first. ``read_inputs`` reads the JSON or NPZ inputs the
+CLI's ``predict --exported`` takes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchestimator.export.outputs import DEFAULT_SERVING_SIGNATURE_DEF_KEY
+from torchestimator.export.receiver import parse_dtype
+from torchestimator.export.saved_model import METADATA_FILE, MODEL_FILE, SIGNATURE_FILE, SIGNATURE_FORMAT_VERSION
+from torchestimator.export.versions import latest_version
+
+__all__ = ["ExportedModel", "Signature", "TensorInfo", "load", "read_inputs"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TensorInfo:
+    """One signature input or output: dtype name and shape (-1 where dynamic)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Signature:
+    """A served signature: TF's SignatureDef in JSON."""
+
+    name: str
+    method: str
+    """predict, classify or regress."""
+    method_name: str
+    """TF's method string, e.g. tensorflow/serving/predict."""
+    inputs: dict[str, TensorInfo]
+    outputs: dict[str, TensorInfo]
+    program_outputs: dict[str, str]
+    """output alias -> the key the program returns it under."""
+
+
+class ExportedModel:
+    """A loaded export version: call it with {input name: array} to get {output name: numpy array}."""
+
+    def __init__(self, path: str, program: Any, document: Mapping[str, Any], metadata: Mapping[str, Any]) -> None:
+        self.path = path
+        self.metadata = dict(metadata)
+        self._program = program
+        self._module = program.module()
+        self._program_inputs = list(document["program_inputs"])
+        self._signatures = {name: _signature(name, entry, path) for name, entry in document["signatures"].items()}
+
+    def __repr__(self) -> str:
+        return f"ExportedModel({self.path!r}, signatures={self.signature_names})"
+
+    @property
+    def version(self) -> int | None:
+        name = os.path.basename(os.path.normpath(self.path))
+        return int(name) if name.isdigit() else None
+
+    @property
+    def signature_names(self) -> list[str]:
+        return sorted(self._signatures)
+
+    def signature(self, name: str = DEFAULT_SERVING_SIGNATURE_DEF_KEY) -> Signature:
+        if name not in self._signatures:
+            raise ValueError(f"{self.path} has no signature {name!r}; it has {self.signature_names}.")
+        return self._signatures[name]
+
+    def __call__(
+        self,
+        inputs: Mapping[str, Any] | np.ndarray | torch.Tensor,
+        signature_name: str = DEFAULT_SERVING_SIGNATURE_DEF_KEY,
+        output_keys: list[str] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Runs one batch. Arrays and tensors must have the signature's dtype; lists are converted to it."""
+        signature = self.signature(signature_name)
+        tensors = self.prepare_inputs(inputs, signature_name)
+        wanted = _select_outputs(signature, output_keys, self.path)
+        with torch.no_grad():
+            results = self._module({name: tensors[name] for name in self._program_inputs})
+        return {alias: _to_numpy(results[signature.program_outputs[alias]]) for alias in wanted}
+
+    predict = __call__
+
+    def prepare_inputs(self, inputs: Any, signature_name: str = DEFAULT_SERVING_SIGNATURE_DEF_KEY) -> dict[str, torch.Tensor]:
+        """The inputs as tensors, checked against the signature; errors name the input and the mismatch."""
+        signature = self.signature(signature_name)
+        if not isinstance(inputs, Mapping):
+            if len(signature.inputs) != 1:
+                raise TypeError(
+                    f"Inputs must be a dict of name -> array for signature {signature.name!r}, which takes "
+                    f"{_describe_inputs(signature)}; received {type(inputs).__name__}."
+                )
+            inputs = {next(iter(signature.inputs)): inputs}
+        missing = [name for name in signature.inputs if name not in inputs]
+        unexpected = [name for name in inputs if name not in signature.inputs]
+        if missing or unexpected:
+            raise ValueError(
+                f"Signature {signature.name!r} of {self.path} takes inputs {_describe_inputs(signature)}; "
+                f"missing {missing}, unexpected {unexpected}."
+            )
+        tensors = {name: _as_tensor(name, inputs[name], info) for name, info in signature.inputs.items()}
+        _check_batch(tensors, signature)
+        return tensors
+
+
+def load(path: str | os.PathLike[str]) -> ExportedModel:
+    """Loads a version folder, or the highest integer version under a base folder."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise ValueError(f"Exported model path {path!r} is not a folder. Pass a version folder or its base.")
+    if not os.path.exists(os.path.join(path, MODEL_FILE)):
+        version = latest_version(path)
+        if version is None:
+            raise ValueError(
+                f"{path} is neither an export version (no {MODEL_FILE}) nor a base holding integer version folders "
+                f"(found {sorted(os.listdir(path))[:20]}). Incomplete temp-* folders are never loaded."
+            )
+        path = version
+    document = _read_json(os.path.join(path, SIGNATURE_FILE))
+    if document.get("format_version") != SIGNATURE_FORMAT_VERSION:
+        raise ValueError(
+            f"{os.path.join(path, SIGNATURE_FILE)} has format_version {document.get('format_version')!r}; this "
+            f"torchestimator reads {SIGNATURE_FORMAT_VERSION}. Re-export with this version or upgrade torchestimator."
+        )
+    metadata_path = os.path.join(path, METADATA_FILE)
+    metadata = _read_json(metadata_path) if os.path.exists(metadata_path) else {}
+    program = torch.export.load(os.path.join(path, MODEL_FILE))
+    return ExportedModel(path, program, document, metadata)
+
+
+def read_inputs(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Inputs from an .npz file, or a JSON file in any of TF Serving's forms.
+
+    JSON: {"inputs": {name: values}} (columnar), {"instances": [{name: value}, ...]}
+    (row), or a plain {name: values}. JSON values stay lists so the model casts
+    them to the signature's dtype.
+    """
+    path = os.fspath(path)
+    if path.endswith(".npz"):
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    try:
+        document = _read_json(path)
+    except ValueError as error:
+        raise ValueError(f"{path} is neither .npz nor valid JSON: {error}") from error
+    if not isinstance(document, Mapping):
+        raise ValueError(f"{path} must hold a JSON object ({{'inputs': ...}}, {{'instances': [...]}}, or name -> values).")
+    if "instances" in document:
+        instances = document["instances"]
+        if not isinstance(instances, list) or not instances or not all(isinstance(row, Mapping) for row in instances):
+            raise ValueError(f"{path}: 'instances' must be a non-empty list of {{name: value}} objects.")
+        return {name: [row.get(name) for row in instances] for name in instances[0]}
+    inputs = document.get("inputs", document)
+    if not isinstance(inputs, Mapping):
+        raise ValueError(f"{path}: 'inputs' must be an object of name -> values.")
+    return dict(inputs)
+
+
+def _signature(name: str, entry: Mapping[str, Any], path: str) -> Signature:
+    def infos(section: str) -> dict[str, TensorInfo]:
+        return {key: TensorInfo(dtype=value["dtype"], shape=tuple(value["shape"] or ()))
+                for key, value in entry[section].items()}
+
+    try:
+        return Signature(name=name, method=entry["method"], method_name=entry["method_name"], inputs=infos("inputs"),
+                         outputs=infos("outputs"),
+                         program_outputs={key: value["program_output"] for key, value in entry["outputs"].items()})
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"{os.path.join(path, SIGNATURE_FILE)}: signature {name!r} is malformed ({error}).") from error
+
+
+def _as_tensor(name: str, value: Any, info: TensorInfo) -> torch.Tensor:
+    dtype = parse_dtype(info.dtype, f"signature input {name!r} dtype")
+    if isinstance(value, torch.Tensor):
+        tensor = value
+    elif isinstance(value, (np.ndarray, np.generic)):
+        array = np.asarray(value)
+        if array.dtype == object:
+            raise TypeError(f"Input {name!r} is an object array; expected {info.dtype}.")
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+    else:  # lists and Python scalars (JSON) carry no dtype of their own: take the signature's
+        try:
+            tensor = torch.tensor(value, dtype=dtype)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise ValueError(f"Input {name!r} could not be read as {info.dtype} {list(info.shape)}: {error}") from error
+    if tensor.dtype != dtype:
+        raise TypeError(
+            f"Input {name!r} has dtype {str(tensor.dtype).removeprefix('torch.')}; the signature expects {info.dtype}. "
+            f"Convert it first (e.g. array.astype('{info.dtype}'))."
+        )
+    expected = info.shape
+    if tensor.dim() != len(expected) or any(size != -1 and size != actual for size, actual in zip(expected, tensor.shape)):
+        raise ValueError(
+            f"Input {name!r} has shape {list(tensor.shape)}; the signature expects {list(expected)} (-1 = any size)."
+        )
+    return tensor.cpu()
+
+
+def _check_batch(tensors: Mapping[str, torch.Tensor], signature: Signature) -> None:
+    sizes = {name: int(tensor.shape[0]) for name, tensor in tensors.items()
+             if signature.inputs[name].shape and signature.inputs[name].shape[0] == -1}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"Inputs must share one batch size; received {sizes}.")
+
+
+def _select_outputs(signature: Signature, output_keys: list[str] | None, path: str) -> list[str]:
+    if output_keys is None:
+        return list(signature.outputs)
+    unknown = [key for key in output_keys if key not in signature.outputs]
+    if unknown:
+        raise ValueError(
+            f"Signature {signature.name!r} of {path} has no outputs {unknown}; it has {sorted(signature.outputs)}."
+        )
+    return list(output_keys)
+
+
+def _describe_inputs(signature: Signature) -> str:
+    return "{" + ", ".join(f"{name!r}: {info.dtype} {list(info.shape)}" for name, info in signature.inputs.items()) + "}"
+
+
+def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16
+        tensor = tensor.float()
+    return tensor.numpy()
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except FileNotFoundError as error:
+        raise ValueError(f"{path} is missing: the export folder is incomplete or not an export.") from error
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}).") from error

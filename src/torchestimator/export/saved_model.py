@@ -1,0 +1,392 @@
+"""export_saved_model: an Estimator's PREDICT computation written as a versioned torch.export folder.
+
+A version folder holds:
+
+    model.pt2          the torch.export program with its weights (torch.export.save)
+    signature.json     each signature: method, inputs and outputs with dtype and shape (-1 dynamic)
+    metadata.json      checkpoint, global_step, versions, creation time
+    assets.extra/      copies of assets_extra
+    model.onnx         only with as_onnx=True and the onnx packages installed
+
+It is written to a sibling ``temp-*`` folder and renamed to its integer
+version at the end, so a server polling the base never sees half a version.
+Reading it back lives in loader.py; when to export (latest, best, final) in
+exporters.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torchestimator.export.outputs import resolve_export_outputs
+from torchestimator.export.receiver import ServingInputReceiver, as_receiver, dtype_name
+from torchestimator.spec import ModeKeys, validate_spec
+from torchestimator.state import TrainState
+
+if TYPE_CHECKING:
+    from torchestimator.estimator import Estimator
+
+__all__ = ["export_saved_model"]
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILE = "model.pt2"
+SIGNATURE_FILE = "signature.json"
+METADATA_FILE = "metadata.json"
+ONNX_FILE = "model.onnx"
+ASSETS_EXTRA = "assets.extra"
+SIGNATURE_FORMAT_VERSION = 1
+_VERSION_ATTEMPTS = 10
+
+
+def export_saved_model(
+    estimator: Estimator,
+    export_dir_base: str | os.PathLike[str],
+    serving_input_receiver: ServingInputReceiver | Callable[[], ServingInputReceiver],
+    checkpoint_path: str | os.PathLike[str] | None = None,
+    assets_extra: Mapping[str, str | os.PathLike[str]] | None = None,
+    as_onnx: bool = False,
+) -> str:
+    """Exports the model in PREDICT mode to ``export_dir_base/<int(time.time())>``; returns that path.
+
+    Weights come from ``checkpoint_path``, else the latest checkpoint in
+    model_dir, else the warm-start source; with none of them it is an error.
+    """
+    receiver = as_receiver(serving_input_receiver)
+    assets = _check_assets(assets_extra)
+    export_dir_base = os.fspath(export_dir_base)
+    module, provenance = _restore_module(estimator, None if checkpoint_path is None else os.fspath(checkpoint_path))
+    was_training = module.training
+    module.eval()  # BatchNorm and dropout in inference behaviour, as predict runs them
+    try:
+        program, signatures, examples = _trace(estimator, module, receiver)
+    finally:
+        module.train(was_training)
+    os.makedirs(export_dir_base, exist_ok=True)
+    temp_dir = os.path.join(export_dir_base, f"temp-{time.time_ns()}-{os.getpid()}")
+    try:
+        os.makedirs(temp_dir)
+        onnx_written = _write_version(temp_dir, program, signatures, assets, as_onnx, receiver, examples)
+        metadata = {**provenance, **_environment(), "signatures": sorted(signatures["signatures"]),
+                    "receiver": receiver.describe(), "onnx": onnx_written}
+        _write_json(os.path.join(temp_dir, METADATA_FILE), metadata)
+        export_dir = _rename_to_version(temp_dir, export_dir_base)
+    except BaseException:
+        shutil.rmtree(temp_dir, ignore_errors=True)  # a kill leaves it behind; loaders ignore temp-* anyway
+        raise
+    logger.info("Exported %s (global step %s) to %s.", provenance.get("checkpoint_path") or "the model",
+                provenance.get("global_step"), export_dir)
+    return export_dir
+
+
+def _restore_module(estimator: Estimator, checkpoint_path: str | None) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The plain module holding the weights to export, and where they came from."""
+    if checkpoint_path is not None and not os.path.exists(checkpoint_path):
+        raise ValueError(f"Couldn't find trained model at {checkpoint_path}: no such checkpoint.")
+    latest = checkpoint_path or estimator.latest_checkpoint()
+    warm_start = getattr(estimator, "_warm_start", None)
+    if latest is None and warm_start is None:
+        raise ValueError(
+            f"Couldn't find trained model at {estimator.model_dir}: it has no checkpoint and the Estimator has no "
+            "warm_start_from. Train first (with checkpoints enabled), pass checkpoint_path=..., or set warm_start_from."
+        )
+    # Exported programs run on CPU wherever they are loaded; the estimator moves its module back when it next runs.
+    module = estimator._build_module(torch.device("cpu"))
+    state = TrainState(mode=ModeKeys.PREDICT)
+    estimator._load_for_inference(module, checkpoint_path, state)
+    holds = getattr(estimator, "_module_holds", None)
+    provenance: dict[str, Any] = {"model_dir": os.path.abspath(estimator.model_dir), "global_step": state.global_step}
+    if latest is not None:
+        provenance["checkpoint_path"] = os.path.abspath(holds if holds not in (None, "trained", "warm_start") else latest)
+    else:
+        provenance["checkpoint_path"] = None
+        provenance["warm_start_from"] = str(warm_start.ckpt_to_initialize_from)
+    return module, provenance
+
+
+class _ServingModule(torch.nn.Module):
+    """receiver -> features -> model_fn(PREDICT) -> a flat dict of the signatures' output tensors."""
+
+    def __init__(self, model: torch.nn.Module, call_model_fn: Callable[..., Any], receiver: ServingInputReceiver,
+                 selection: Mapping[str, tuple[str, str]]) -> None:
+        super().__init__()
+        self.model = model
+        self._call_model_fn = call_model_fn
+        self._receiver = receiver
+        self._selection = dict(selection)
+
+    def forward(self, receiver_tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        features = self._receiver.features(receiver_tensors)
+        spec = validate_spec(self._call_model_fn(self.model, features, None, ModeKeys.PREDICT), ModeKeys.PREDICT)
+        resolved = resolve_export_outputs(spec)
+        return {key: resolved[signature].outputs[alias] for key, (signature, alias) in self._selection.items()}
+
+
+def _trace(estimator: Estimator, module: torch.nn.Module, receiver: ServingInputReceiver,
+           ) -> tuple[Any, dict[str, Any], dict[str, torch.Tensor]]:
+    call_model_fn = estimator._model_fn_caller()
+    examples = receiver.example_inputs()
+    spec = _probe(call_model_fn, module, receiver, examples)
+    plan, selection = _plan_signatures(spec)
+    serving = _ServingModule(module, call_model_fn, receiver, selection)
+    try:
+        program = torch.export.export(serving, (examples,), dynamic_shapes=(receiver.dynamic_shapes(),))
+    except Exception as error:  # torch raises many types here; all mean "this model_fn does not trace"
+        raise ValueError(
+            f"torch.export could not trace model_fn in PREDICT mode for the receiver inputs {{{receiver.describe()}}}: "
+            f"{error}\nCommon causes: Python branching on tensor values, a fixed batch size inside the model "
+            "(use -1 in reshape), or non-torch code in model_fn or receiver_fn."
+        ) from error
+    signatures = _signature_document(plan, receiver, _program_outputs(program))
+    return program, signatures, examples
+
+
+class _ReadRecorder(dict):
+    """A features dict that remembers which keys model_fn read, to name the culprit of a failure."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.read: list[Any] = []
+
+    def __getitem__(self, key: Any) -> Any:
+        self.read.append(key)
+        return super().__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.read.append(key)
+        return super().get(key, default)
+
+
+def _probe(call_model_fn: Callable[..., Any], module: torch.nn.Module, receiver: ServingInputReceiver,
+           examples: dict[str, torch.Tensor]) -> Any:
+    """Runs model_fn eagerly on example inputs so a receiver/model mismatch is reported plainly, at export time."""
+    try:
+        features = receiver.features(dict(examples))
+    except Exception as error:
+        raise ValueError(
+            f"receiver_fn failed on example inputs for the receiver {{{receiver.describe()}}}: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    recorder = _ReadRecorder(features) if isinstance(features, Mapping) else None
+    try:
+        with torch.no_grad():
+            spec = call_model_fn(module, recorder if recorder is not None else features, None, ModeKeys.PREDICT)
+            return validate_spec(spec, ModeKeys.PREDICT)
+    except KeyError as error:
+        key = error.args[0] if error.args else None
+        if recorder is not None and key not in recorder:
+            provided = receiver.describe() if receiver.receiver_fn is None else _describe_features(features)
+            raise ValueError(
+                f"model_fn reads feature {key!r}, which the serving input receiver does not provide; it provides "
+                f"{{{provided}}}. Add {key!r} to the receiver, or build it in receiver_fn."
+            ) from error
+        raise _mismatch(error, receiver, features, recorder) from error
+    except Exception as error:
+        raise _mismatch(error, receiver, features, recorder) from error
+
+
+def _mismatch(error: Exception, receiver: ServingInputReceiver, features: Any, recorder: _ReadRecorder | None) -> ValueError:
+    if recorder is not None and recorder.read:
+        key = recorder.read[-1]
+        culprit = f"the failure came after model_fn read feature {key!r} ({_describe_value(features.get(key))}); "
+    elif isinstance(features, torch.Tensor):
+        culprit = f"the features are {_describe_value(features)}; "
+    else:
+        culprit = ""
+    return ValueError(
+        f"The serving input receiver does not match the model: model_fn failed in PREDICT mode on example inputs "
+        f"built from the receiver {{{receiver.describe()}}}; {culprit}{type(error).__name__}: {error}. "
+        "Check each receiver input's dtype and trailing shape against what the model expects."
+    )
+
+
+def _describe_value(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{dtype_name(value.dtype)}, shape {list(value.shape)} with the dynamic sizes set to 2"
+    return type(value).__name__
+
+
+def _describe_features(features: Mapping[str, Any]) -> str:
+    return ", ".join(f"{key!r}: {_describe_value(value)}" for key, value in features.items())
+
+
+def _plan_signatures(spec: Any) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[str, str]]]:
+    """Per signature its method and {alias: program output key}; and what the program returns.
+
+    A signature that repeats another's ExportOutput (the default serving_default
+    copy) reuses its program outputs rather than returning tensors twice.
+    """
+    resolved = resolve_export_outputs(spec)
+    owners: dict[int, str] = {}
+    plan: dict[str, dict[str, Any]] = {}
+    selection: dict[str, tuple[str, str]] = {}
+    for name, output in resolved.items():
+        owner = owners.setdefault(id(output), name)
+        outputs = {}
+        for alias in output.outputs:
+            key = f"{owner}/{alias}"
+            outputs[alias] = key
+            selection.setdefault(key, (owner, alias))
+        plan[name] = {"method": output.method, "method_name": output.method_name, "outputs": outputs}
+    return plan, selection
+
+
+def _program_outputs(program: Any) -> dict[str, dict[str, Any]]:
+    """dtype and shape (-1 where symbolic) of each named program output, read from the traced graph."""
+    user_outputs = [spec for spec in program.graph_signature.output_specs if spec.kind.name == "USER_OUTPUT"]
+    output_node = next(iter(program.graph.find_nodes(op="output")))
+    nodes_by_name = {node.name: node for node in output_node.args[0] if hasattr(node, "name")}
+    out_spec = program.call_spec.out_spec
+    keys = list(out_spec.context) if out_spec is not None and out_spec.context else []
+    described = {}
+    for key, output_spec in zip(keys, user_outputs):
+        node = nodes_by_name.get(getattr(output_spec.arg, "name", None))
+        value = node.meta.get("val") if node is not None else None
+        if value is None:
+            described[key] = {"dtype": None, "shape": None}
+            continue
+        shape = [int(size) if isinstance(size, int) else -1 for size in value.shape]
+        described[key] = {"dtype": dtype_name(value.dtype), "shape": shape}
+    return described
+
+
+def _signature_document(plan: dict[str, dict[str, Any]], receiver: ServingInputReceiver,
+                        program_outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    inputs = {name: {"dtype": dtype_name(spec.dtype), "shape": spec.signature_shape()}
+              for name, spec in receiver.receiver_tensors.items()}
+    signatures = {}
+    for name, entry in plan.items():
+        outputs = {alias: {**program_outputs.get(key, {"dtype": None, "shape": None}), "program_output": key}
+                   for alias, key in entry["outputs"].items()}
+        signatures[name] = {"method": entry["method"], "method_name": entry["method_name"],
+                            "inputs": inputs, "outputs": outputs}
+    return {"format_version": SIGNATURE_FORMAT_VERSION, "program_inputs": list(receiver.receiver_tensors),
+            "signatures": signatures}
+
+
+def _write_version(folder: str, program: Any, signatures: dict[str, Any], assets: dict[str, str], as_onnx: bool,
+                   receiver: ServingInputReceiver, examples: dict[str, torch.Tensor]) -> bool:
+    torch.export.save(program, os.path.join(folder, MODEL_FILE))
+    _write_json(os.path.join(folder, SIGNATURE_FILE), signatures)
+    for destination, source in assets.items():
+        target = os.path.join(folder, ASSETS_EXTRA, destination)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if os.path.isdir(source):
+            shutil.copytree(source, target)
+        else:
+            shutil.copyfile(source, target)
+    return _write_onnx(folder, program, receiver, examples) if as_onnx else False
+
+
+def _write_onnx(folder: str, program: Any, receiver: ServingInputReceiver, examples: dict[str, torch.Tensor]) -> bool:
+    """ONNX next to the program, where the optional packages exist and the model converts; never fatal."""
+    try:
+        import onnx  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError:
+        logger.warning("as_onnx=True but the onnx and onnxscript packages are not installed: model.onnx skipped "
+                       "(pip install onnx onnxscript). The torch.export program is written as usual.")
+        return False
+    try:
+        torch.onnx.export(program, (examples,), os.path.join(folder, ONNX_FILE), dynamo=True,
+                          input_names=list(receiver.receiver_tensors))
+    except Exception as error:  # the converter raises many types; the main export must not fail for it
+        logger.warning("ONNX export failed, model.onnx skipped (the torch.export program is unaffected): %s", error)
+        for leftover in (ONNX_FILE, ONNX_FILE + ".data"):
+            if os.path.exists(os.path.join(folder, leftover)):
+                os.remove(os.path.join(folder, leftover))
+        return False
+    return True
+
+
+def _check_assets(assets_extra: Mapping[str, Any] | None) -> dict[str, str]:
+    """{destination inside assets.extra: source path}, checked before any work."""
+    if assets_extra is None:
+        return {}
+    if not isinstance(assets_extra, Mapping):
+        raise TypeError(f"assets_extra must be a dict of destination -> source path; received {assets_extra!r}.")
+    checked = {}
+    for destination, source in assets_extra.items():
+        destination = os.fspath(destination)
+        normalized = os.path.normpath(destination)
+        if os.path.isabs(destination) or normalized.startswith(os.pardir) or normalized in ("", "."):
+            raise ValueError(
+                f"assets_extra destination {destination!r} must be a relative path inside assets.extra/ (no '..')."
+            )
+        source = os.fspath(source)
+        if not os.path.exists(source):
+            raise ValueError(f"assets_extra source {source!r} (for {destination!r}) does not exist.")
+        checked[normalized] = source
+    return checked
+
+
+def _rename_to_version(temp_dir: str, export_dir_base: str, *, clock: Callable[[], float] = time.time,
+                       sleep: Callable[[float], None] = time.sleep) -> str:
+    """Renames the finished folder to ``<int(time.time())>``; waits a second and retries when that exists.
+
+    The version is taken when the export is complete, so a version that
+    finished later always has the higher number.
+    """
+    for _ in range(_VERSION_ATTEMPTS):
+        export_dir = os.path.join(export_dir_base, str(int(clock())))
+        if not os.path.exists(export_dir):
+            try:
+                os.rename(temp_dir, export_dir)  # fails rather than merging if another exporter just took the name
+                _fsync_directory(export_dir_base)
+                return export_dir
+            except OSError:
+                if not os.path.exists(export_dir):
+                    raise
+        sleep(1)
+    raise RuntimeError(
+        f"Failed to obtain a unique export directory name under {export_dir_base} after {_VERSION_ATTEMPTS} attempts; "
+        "another process is exporting to the same base every second."
+    )
+
+
+def _environment() -> dict[str, Any]:
+    now = time.time()
+    return {
+        "created": datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(),
+        "created_unix": now,
+        "torch_version": torch.__version__,
+        "torchestimator_version": _package_version(),
+    }
+
+
+def _package_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("torchestimator")
+    except Exception:  # not installed as a distribution (a source checkout): the version is unknown, not an error
+        return None
+
+
+def _write_json(path: str, payload: Any) -> None:
+    with open(path, "w") as handle:
+        json.dump(payload, handle, indent=2, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _fsync_directory(path: str) -> None:
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)

@@ -1,0 +1,330 @@
+"""export_saved_model, the version folder it writes, and torchestimator.export.load."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchestimator as te
+from conftest import SmallNet, classifier_model_fn, input_fns, make_estimator
+from torchestimator.export import (
+    ClassificationOutput,
+    PredictOutput,
+    RegressionOutput,
+    TensorSpec,
+    export_saved_model,
+    list_versions,
+    load,
+    read_inputs,
+    serving_input_receiver,
+)
+from torchestimator.export import saved_model
+from torchestimator.export.outputs import resolve_export_outputs
+
+RECEIVER = serving_input_receiver({"x": TensorSpec(shape=(None, 8), dtype=torch.float32)})
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """One trained estimator and one export of it, shared by the tests that only read."""
+    root = tmp_path_factory.mktemp("export")
+    train, _, predict, (x, _) = input_fns()
+    estimator = make_estimator(root / "model")
+    estimator.train(train, max_steps=20)
+    asset = root / "vocabulary.txt"
+    asset.write_text("cat\ndog\n")
+    before = time.time()
+    export_dir = export_saved_model(estimator, root / "export", RECEIVER, assets_extra={"vocab/words.txt": str(asset)})
+    expected = {key: np.concatenate([batch[key] for batch in estimator.predict(predict, yield_single_examples=False)])
+                for key in ("class", "probabilities")}
+    return {"estimator": estimator, "export_dir": export_dir, "base": str(root / "export"), "x": x,
+            "expected": expected, "before": before, "root": root}
+
+
+def test_export_writes_an_integer_version_with_program_signature_metadata_and_assets(exported):
+    export_dir, base = exported["export_dir"], exported["base"]
+    version = os.path.basename(export_dir)
+    assert version.isdigit() and exported["before"] - 1 <= int(version) <= time.time()
+    assert os.listdir(base) == [version]  # the temp folder was renamed, nothing else left behind
+    assert {"model.pt2", "signature.json", "metadata.json", "assets.extra"} <= set(os.listdir(export_dir))
+    with open(os.path.join(export_dir, "assets.extra", "vocab", "words.txt")) as handle:
+        assert handle.read() == "cat\ndog\n"
+    with open(os.path.join(export_dir, "signature.json")) as handle:
+        signature = json.load(handle)["signatures"]["serving_default"]
+    assert signature["method"] == "predict" and signature["method_name"] == "tensorflow/serving/predict"
+    assert signature["inputs"] == {"x": {"dtype": "float32", "shape": [-1, 8]}}
+    assert {key: (value["dtype"], value["shape"]) for key, value in signature["outputs"].items()} == {
+        "class": ("int64", [-1]), "probabilities": ("float32", [-1, 3])}
+    with open(os.path.join(export_dir, "metadata.json")) as handle:
+        metadata = json.load(handle)
+    assert metadata["global_step"] == 20
+    assert metadata["checkpoint_path"] == os.path.abspath(exported["estimator"].latest_checkpoint())
+    assert metadata["torch_version"] == torch.__version__ and "created" in metadata
+
+
+def test_loaded_model_gives_the_estimators_predictions_for_any_batch_size(exported):
+    model = load(exported["base"])  # the base: its highest version
+    assert model.path == exported["export_dir"] and model.signature_names == ["serving_default"]
+    outputs = model({"x": exported["x"]})
+    np.testing.assert_array_equal(outputs["class"], exported["expected"]["class"])
+    np.testing.assert_allclose(outputs["probabilities"], exported["expected"]["probabilities"], rtol=1e-5, atol=1e-6)
+    single = model({"x": torch.from_numpy(exported["x"][:1])}, output_keys=["class"])
+    assert list(single) == ["class"] and single["class"].shape == (1,)
+    from_lists = model({"x": exported["x"][:3].tolist()})  # JSON-style lists take the signature's dtype
+    np.testing.assert_array_equal(from_lists["class"], exported["expected"]["class"][:3])
+
+
+def test_loader_names_the_input_and_the_mismatch(exported):
+    model = load(exported["export_dir"])
+    x = exported["x"]
+    with pytest.raises(ValueError, match=r"missing \['x'\], unexpected \['image'\]"):
+        model({"image": x})
+    with pytest.raises(TypeError, match=r"Input 'x' has dtype float64; the signature expects float32"):
+        model({"x": x.astype(np.float64)})
+    with pytest.raises(ValueError, match=r"Input 'x' has shape \[4, 5\]; the signature expects \[-1, 8\]"):
+        model({"x": x[:4, :5]})
+    with pytest.raises(ValueError, match="no signature 'classify'.*serving_default"):
+        model({"x": x}, signature_name="classify")
+    with pytest.raises(ValueError, match=r"no outputs \['logits'\]"):
+        model({"x": x}, output_keys=["logits"])
+
+
+def test_load_ignores_temp_and_non_integer_folders(exported, tmp_path):
+    base = tmp_path / "serving"
+    shutil.copytree(exported["export_dir"], base / "100")
+    shutil.copytree(exported["export_dir"], base / "7")
+    for leftover in ("temp-99999999999", "latest", "200.old"):
+        (base / leftover).mkdir()
+        (base / leftover / "model.pt2").write_bytes(b"half written")
+    assert list_versions(base) == [7, 100]
+    model = load(base)
+    assert model.version == 100
+    only_temp = tmp_path / "only_temp"
+    (only_temp / "temp-1700000000").mkdir(parents=True)
+    with pytest.raises(ValueError, match="neither an export version.*temp-1700000000"):
+        load(only_temp)
+
+
+def test_an_exception_while_writing_leaves_no_version(exported, tmp_path, monkeypatch):
+    base = tmp_path / "export"
+    written = []
+
+    def write_json_then_fail(path, payload):
+        if path.endswith("metadata.json"):
+            written.extend(os.listdir(os.path.dirname(path)))  # model.pt2 and signature.json are already there
+            with open(path, "w") as handle:
+                handle.write('{"global_st')
+            raise OSError("disk full")
+        return original(path, payload)
+
+    original = saved_model._write_json
+    monkeypatch.setattr(saved_model, "_write_json", write_json_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        export_saved_model(exported["estimator"], base, RECEIVER)
+    assert "model.pt2" in written
+    assert list_versions(base) == [] and os.listdir(base) == []
+    with pytest.raises(ValueError, match="neither an export version"):
+        load(base)
+
+
+def test_version_name_waits_a_second_when_taken_and_gives_up_after_ten(tmp_path):
+    (tmp_path / "100").mkdir()
+    (tmp_path / "temp-a").mkdir()
+    clock_values, sleeps = iter([100.2, 101.5]), []
+    path = saved_model._rename_to_version(str(tmp_path / "temp-a"), str(tmp_path), clock=lambda: next(clock_values),
+                                          sleep=sleeps.append)
+    assert path == str(tmp_path / "101") and sleeps == [1] and not (tmp_path / "temp-a").exists()
+    (tmp_path / "temp-b").mkdir()
+    with pytest.raises(RuntimeError, match="after 10 attempts"):
+        saved_model._rename_to_version(str(tmp_path / "temp-b"), str(tmp_path), clock=lambda: 100.0,
+                                       sleep=lambda seconds: None)
+
+
+# -- bad input at export time ------------------------------------------------------
+
+def test_export_without_checkpoint_or_warm_start_is_an_error(tmp_path):
+    estimator = make_estimator(tmp_path / "empty")
+    with pytest.raises(ValueError, match="Couldn't find trained model at .*empty.*warm_start_from"):
+        export_saved_model(estimator, tmp_path / "export", RECEIVER)
+    with pytest.raises(ValueError, match="Couldn't find trained model at .*ckpt-5"):
+        export_saved_model(estimator, tmp_path / "export", RECEIVER, checkpoint_path=str(tmp_path / "ckpt-5"))
+    assert not (tmp_path / "export").exists()
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"image": TensorSpec(shape=(None, 8))}, r"reads feature 'x', which the serving input receiver does not provide.*'image'"),
+    ({"x": TensorSpec(shape=(None, 10))}, r"does not match the model.*feature 'x' \(float32, shape \[2, 10\].*shapes"),
+    ({"x": TensorSpec(shape=(None, 8), dtype=torch.float64)}, r"does not match the model.*feature 'x' \(float64.*dtype"),
+])
+def test_a_receiver_that_does_not_match_the_model_is_an_error_at_export_time(exported, tmp_path, spec, message):
+    with pytest.raises(ValueError, match=message):
+        export_saved_model(exported["estimator"], tmp_path / "export", serving_input_receiver(spec))
+    assert list_versions(tmp_path / "export") == []
+
+
+def test_bad_receiver_specs_and_assets_are_refused(exported, tmp_path):
+    with pytest.raises(ValueError, match="non-negative ints or None"):
+        TensorSpec(shape=(None, -1))
+    with pytest.raises(TypeError, match="torch dtype.*'floaty'"):
+        TensorSpec(shape=(None, 8), dtype="floaty")
+    with pytest.raises(ValueError, match="non-empty dict"):
+        serving_input_receiver({})
+    with pytest.raises(TypeError, match="must be a TensorSpec"):
+        serving_input_receiver({"x": [None, 8]})
+    with pytest.raises(ValueError, match="relative path inside assets.extra"):
+        export_saved_model(exported["estimator"], tmp_path / "e", RECEIVER, assets_extra={"../up.txt": __file__})
+    with pytest.raises(ValueError, match="does not exist"):
+        export_saved_model(exported["estimator"], tmp_path / "e", RECEIVER, assets_extra={"a.txt": str(tmp_path / "no")})
+    assert TensorSpec(shape=[None, 3], dtype="int64") == TensorSpec(shape=(None, 3), dtype=torch.int64)
+
+
+# -- signatures from export_outputs -------------------------------------------------
+
+def model_fn_with_signatures(model, features, labels, mode):
+    logits = model(features["x"])
+    probabilities = logits.softmax(-1)
+    predictions = {"class": logits.argmax(-1), "probabilities": probabilities}
+    if mode == te.ModeKeys.PREDICT:
+        return te.EstimatorSpec(mode, predictions=predictions, export_outputs={
+            "serving_default": PredictOutput(predictions),
+            "classification": ClassificationOutput(scores=probabilities, classes=predictions["class"]),
+            "regression": RegressionOutput(probabilities[:, 0]),
+        })
+    return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels))
+
+
+def test_export_outputs_become_signatures_and_onnx_is_optional(tmp_path, caplog):
+    train, _, _, (x, _) = input_fns(n=64)
+    estimator = make_estimator(tmp_path / "model", model_fn=model_fn_with_signatures)
+    estimator.train(train, max_steps=10)
+    caplog.set_level(logging.WARNING, logger="torchestimator.export")
+    export_dir = export_saved_model(estimator, tmp_path / "export", RECEIVER, as_onnx=True)
+    model = load(export_dir)
+    assert model.signature_names == ["classification", "regression", "serving_default"]
+    classification = model.signature("classification")
+    assert classification.method == "classify" and set(classification.outputs) == {"classes", "scores"}
+    assert model.signature("regression").outputs["outputs"].shape == (-1,)
+    predicted = model({"x": x[:6]})
+    classified = model({"x": x[:6]}, signature_name="classification")
+    regressed = model({"x": x[:6]}, signature_name="regression")
+    np.testing.assert_array_equal(classified["classes"], predicted["class"])
+    np.testing.assert_allclose(regressed["outputs"], predicted["probabilities"][:, 0], rtol=1e-6)
+    try:
+        import onnx  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError:
+        assert not os.path.exists(os.path.join(export_dir, "model.onnx"))
+        assert "onnx and onnxscript packages are not installed" in caplog.text
+        assert model.metadata["onnx"] is False
+    else:
+        assert os.path.exists(os.path.join(export_dir, "model.onnx")) == model.metadata["onnx"]
+
+
+def test_default_signature_rules_follow_tensorflow():
+    tensor = torch.zeros(2, 3)
+    default = resolve_export_outputs(te.EstimatorSpec("infer", predictions={"p": tensor}))
+    assert list(default) == ["serving_default"] and default["serving_default"].outputs["p"] is tensor
+    single = resolve_export_outputs(te.EstimatorSpec("infer", predictions=tensor,
+                                                     export_outputs={"scores": PredictOutput(tensor)}))
+    assert single["serving_default"] is single["scores"]
+    with pytest.raises(ValueError, match="none named 'serving_default'"):
+        resolve_export_outputs(te.EstimatorSpec("infer", predictions=tensor, export_outputs={
+            "a": PredictOutput(tensor), "b": RegressionOutput(tensor[:, 0])}))
+    with pytest.raises(TypeError, match="must be a PredictOutput"):
+        resolve_export_outputs(te.EstimatorSpec("infer", predictions=tensor, export_outputs={"a": tensor}))
+    with pytest.raises(TypeError, match="floating-point"):
+        RegressionOutput(torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="scores, classes or both"):
+        ClassificationOutput()
+
+
+def test_warm_start_source_is_exported_through_a_receiver_fn(exported, tmp_path):
+    # Integer pixels in, scaled floats to model_fn: the transform is part of the exported program.
+    receiver = serving_input_receiver({"pixels": TensorSpec(shape=(None, 8), dtype=torch.int64)},
+                                      receiver_fn=lambda tensors: {"x": tensors["pixels"].float() / 2})
+    estimator = te.Estimator(model_fn=classifier_model_fn, model=SmallNet, model_dir=str(tmp_path / "fresh"),
+                             config=te.RunConfig(progress_bar=False),
+                             warm_start_from=exported["estimator"].model_dir)
+    export_dir = export_saved_model(estimator, tmp_path / "export", receiver)
+    model = load(export_dir)
+    assert model.metadata["checkpoint_path"] is None
+    assert model.metadata["warm_start_from"] == exported["estimator"].model_dir
+    pixels = np.arange(24, dtype=np.int64).reshape(3, 8) % 5
+    predict = te.numpy_input_fn({"x": (pixels / 2).astype(np.float32)}, batch_size=3, num_epochs=1, shuffle=False)
+    reference = next(estimator.predict(predict, yield_single_examples=False))
+    np.testing.assert_allclose(model({"pixels": pixels})["probabilities"], reference["probabilities"], rtol=1e-5)
+
+
+def test_read_inputs_accepts_npz_and_tensorflow_serving_json(tmp_path):
+    np.savez(tmp_path / "in.npz", x=np.ones((2, 8), np.float32))
+    assert read_inputs(tmp_path / "in.npz")["x"].dtype == np.float32
+    (tmp_path / "columns.json").write_text(json.dumps({"inputs": {"x": [[1.0] * 8]}}))
+    (tmp_path / "rows.json").write_text(json.dumps({"instances": [{"x": [1.0] * 8}, {"x": [2.0] * 8}]}))
+    assert read_inputs(tmp_path / "columns.json") == {"x": [[1.0] * 8]}
+    assert read_inputs(tmp_path / "rows.json") == {"x": [[1.0] * 8, [2.0] * 8]}
+    (tmp_path / "bad.json").write_text("[1, 2")
+    with pytest.raises(ValueError, match="neither .npz nor valid JSON"):
+        read_inputs(tmp_path / "bad.json")
+
+
+# -- a fresh process, with no training code ---------------------------------------------
+
+@pytest.mark.slow
+def test_exported_model_reloaded_in_a_fresh_process_matches_estimator_predict(exported, tmp_path):
+    np.savez(tmp_path / "inputs.npz", x=exported["x"])
+    script = textwrap.dedent(f"""
+        import sys
+        import numpy as np
+        import torchestimator.export as export
+        model = export.load({exported["base"]!r})
+        inputs = dict(np.load({str(tmp_path / "inputs.npz")!r}))
+        np.savez({str(tmp_path / "outputs.npz")!r}, **model(inputs))
+        assert "conftest" not in sys.modules
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    with np.load(tmp_path / "outputs.npz") as outputs:
+        np.testing.assert_array_equal(outputs["class"], exported["expected"]["class"])
+        np.testing.assert_allclose(outputs["probabilities"], exported["expected"]["probabilities"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_process_killed_while_exporting_leaves_no_version(exported, tmp_path):
+    # os._exit skips every cleanup, as a kill would: the temp folder stays, no version appears.
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    script = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {tests_dir!r})
+        import torch
+        from conftest import make_estimator
+        from torchestimator.export import saved_model, serving_input_receiver, TensorSpec
+        estimator = make_estimator({str(exported["root"] / "model")!r})
+        original = saved_model._write_json
+        def die_at_metadata(path, payload):
+            if path.endswith("metadata.json"):
+                os._exit(9)
+            original(path, payload)
+        saved_model._write_json = die_at_metadata
+        saved_model.export_saved_model(estimator, {str(tmp_path / "export")!r},
+                                       serving_input_receiver({{"x": TensorSpec(shape=(None, 8))}}))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 9, result.stderr
+    leftovers = os.listdir(tmp_path / "export")
+    assert len(leftovers) == 1 and leftovers[0].startswith("temp-")
+    assert "model.pt2" in os.listdir(tmp_path / "export" / leftovers[0])
+    assert list_versions(tmp_path / "export") == []
+    with pytest.raises(ValueError, match="Incomplete temp-\\* folders are never loaded"):
+        load(tmp_path / "export")
