@@ -1,0 +1,193 @@
+"""The best-checkpoint policy: which checkpoints scored best, recorded so that a restart remembers.
+
+What belongs here: comparing an evaluation against the recorded best, the
+record itself (``model_dir/best.json``: step and metric value of each best
+checkpoint, replaced atomically), and marking those steps as ``best`` in the
+checkpoint manifest so that retention never deletes them. What does not: when
+to evaluate (training.py) and exporting (export/).
+
+After a restart the policy compares against the recorded best rather than
+taking the first result it sees as the best (TensorFlow issue 47396).
+
+Rule: the evaluated step must have a checkpoint. ``train_and_evaluate``
+guarantees it, since each of its training chunks ends with a checkpoint; with
+checkpoints disabled in RunConfig a policy is refused up front.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+from torchestimator.early_stopping import metric_value
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BEST_FILE", "BestCheckpointPolicy", "BestRecord", "best_checkpoint", "read_best"]
+
+BEST_FILE = "best.json"
+_FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BestRecord:
+    """One best checkpoint: its step, its metric value, and its path (None when the folder is gone)."""
+
+    step: int
+    value: float
+    path: str | None = None
+
+
+class BestCheckpointPolicy:
+    """Keeps the ``keep`` checkpoints with the best ``metric_name`` and protects them from retention.
+
+    Args:
+        metric_name: a key of the evaluation results (``loss``, ``accuracy``, ...).
+        higher_is_better: True for accuracy-like metrics, False for losses.
+        keep: how many best checkpoints to keep and protect.
+
+    Ties keep the earlier step. A NaN value is never better than a number.
+    """
+
+    def __init__(self, metric_name: str = "loss", higher_is_better: bool = False, keep: int = 1) -> None:
+        if not isinstance(metric_name, str) or not metric_name:
+            raise ValueError(f"metric_name must be a non-empty string such as 'loss'; received {metric_name!r}.")
+        if not isinstance(higher_is_better, bool):
+            raise TypeError(f"higher_is_better must be True or False; received {higher_is_better!r}.")
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be an int >= 1 (how many best checkpoints to keep); received {keep!r}.")
+        self.metric_name = metric_name
+        self.higher_is_better = higher_is_better
+        self.keep = keep
+
+    def __repr__(self) -> str:
+        return (f"BestCheckpointPolicy(metric_name={self.metric_name!r}, higher_is_better={self.higher_is_better}, "
+                f"keep={self.keep})")
+
+    def check_results(self, global_step: int, results: Mapping[str, Any]) -> float:
+        """The metric's value in ``results``; ValueError listing the available names when it is absent."""
+        return metric_value(results, self.metric_name, global_step, "Best-checkpoint")
+
+    def update(self, estimator: Any, global_step: int, results: Mapping[str, Any]) -> bool:
+        """Compares the evaluation of ``global_step`` with the recorded best; True if it joined the best.
+
+        Writes ``best.json`` and the manifest's ``best`` list when they change. Call it in the
+        chief only (the store has one writer); the other replicas get the answer from the chief.
+        """
+        value = self.check_results(global_step, results)
+        store = estimator._store
+        steps_on_disk = {entry["step"] for entry in store.history()}
+        if global_step not in steps_on_disk:
+            raise ValueError(
+                f"Cannot record global step {global_step} as a best checkpoint: {estimator.model_dir} has no "
+                f"checkpoint of that step (it has {sorted(steps_on_disk)}). The best-checkpoint policy needs "
+                "checkpoints: set save_checkpoints_steps or save_checkpoints_secs in RunConfig."
+            )
+        recorded = self._recorded(estimator.model_dir, steps_on_disk)
+        candidates = [record for record in recorded if record.step != global_step]
+        candidates.append(BestRecord(step=global_step, value=value))
+        kept = sorted(candidates, key=self._rank)[: self.keep]
+        joined = any(record.step == global_step for record in kept)
+        if [(r.step, r.value) for r in kept] != [(r.step, r.value) for r in recorded]:
+            _write_best_file(estimator.model_dir, self, kept)
+            store.mark_best([record.step for record in kept])
+        if joined:
+            logger.info("Global step %d is among the best %d by %s = %s; its checkpoint is kept.",
+                        global_step, self.keep, self.metric_name, value)
+        return joined
+
+    def _rank(self, record: BestRecord) -> tuple[bool, float, int]:
+        value = record.value
+        return (math.isnan(value), -value if self.higher_is_better else value, record.step)
+
+    def _recorded(self, model_dir: str, steps_on_disk: set[int]) -> list[BestRecord]:
+        """The recorded best of earlier evaluations (this or an earlier process) still on disk."""
+        document = _read_best_file(model_dir)
+        if document is None:
+            return []
+        if (document.get("metric_name"), document.get("higher_is_better")) != (self.metric_name, self.higher_is_better):
+            logger.warning(
+                "%s records the best by %s (higher_is_better=%s), but the policy now uses %s (higher_is_better=%s): "
+                "the old record is not comparable and is replaced.", os.path.join(model_dir, BEST_FILE),
+                document.get("metric_name"), document.get("higher_is_better"), self.metric_name, self.higher_is_better,
+            )
+            return []
+        records = [BestRecord(step=int(item["step"]), value=_stored_value(item)) for item in document["best"]]
+        gone = [record.step for record in records if record.step not in steps_on_disk]
+        if gone:
+            logger.warning("Best checkpoints of steps %s are no longer in %s; they are dropped from the record.",
+                           gone, model_dir)
+        return sorted((record for record in records if record.step in steps_on_disk), key=self._rank)
+
+
+def read_best(model_dir: str | os.PathLike[str]) -> list[BestRecord]:
+    """The recorded best checkpoints of ``model_dir``, best first, with their paths (None if deleted)."""
+    model_dir = os.fspath(model_dir)
+    document = _read_best_file(model_dir)
+    if document is None:
+        return []
+    records = []
+    for item in document["best"]:
+        path = os.path.join(model_dir, f"ckpt-{int(item['step'])}")
+        records.append(BestRecord(step=int(item["step"]), value=_stored_value(item),
+                                  path=path if os.path.isdir(path) else None))
+    return records
+
+
+def best_checkpoint(estimator: Any) -> str | None:
+    """Path of the best checkpoint recorded for the estimator's model_dir; None when none is recorded."""
+    for record in read_best(estimator.model_dir):
+        if record.path is not None:
+            return record.path
+    return None
+
+
+def _stored_value(item: Mapping[str, Any]) -> float:
+    return math.nan if item["value"] is None else float(item["value"])
+
+
+def _read_best_file(model_dir: str) -> dict[str, Any] | None:
+    path = os.path.join(model_dir, BEST_FILE)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        logger.warning("%s is unreadable (%s); the best checkpoints are compared afresh.", path, error)
+        return None
+    valid = (isinstance(document, dict) and document.get("format_version") == _FORMAT_VERSION
+             and isinstance(document.get("best"), list)
+             and all(isinstance(item, dict) and {"step", "value"} <= set(item) for item in document["best"]))
+    if not valid:
+        logger.warning("%s does not have the expected layout; the best checkpoints are compared afresh.", path)
+        return None
+    return document
+
+
+def _write_best_file(model_dir: str, policy: BestCheckpointPolicy, records: list[BestRecord]) -> None:
+    """Replaces best.json atomically: a temporary file in model_dir, fsynced, then renamed over."""
+    document = {
+        "format_version": _FORMAT_VERSION,
+        "metric_name": policy.metric_name,
+        "higher_is_better": policy.higher_is_better,
+        # JSON has no NaN; a NaN value (never better than a number) is written as null and read back as NaN.
+        "best": [{"step": r.step, "value": None if math.isnan(r.value) else r.value} for r in records],
+    }
+    descriptor, temporary = tempfile.mkstemp(prefix=".best-", suffix=".json.tmp", dir=model_dir)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, os.path.join(model_dir, BEST_FILE))
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise

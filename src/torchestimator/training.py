@@ -1,0 +1,512 @@
+"""train_and_evaluate: TrainSpec, EvalSpec, the local train/evaluate loop and the evaluator process.
+
+What belongs here: when to evaluate, which evaluation sets, and what follows
+an evaluation (best-checkpoint policy, early stopping, exporters). What does
+not: the training and evaluation loops themselves (Estimator.train and
+Estimator.evaluate), the stop rules (early_stopping.py), the best record
+(best.py), the exporters (export/).
+
+Local mode trains in chunks, each one an ``Estimator.train`` call that ends
+at the next evaluation point, then evaluates the weights the module holds.
+Every chunk ends with a checkpoint (train always saves its last step), which
+is what lets the next chunk resume optimizer, RNG and input position exactly:
+with a resumable input_fn (te.numpy_input_fn, te.dataset_input_fn) the weights
+are the same as those of one uninterrupted train call. An input_fn that cannot
+resume restarts from its beginning at each evaluation.
+
+Evaluation points, per EvalSpec:
+
+- ``every_n_steps=None`` (TensorFlow's rule): at each new checkpoint (the
+  RunConfig cadence), at most once every ``throttle_secs``;
+- ``every_n_steps=N``: at every multiple of N global steps (a checkpoint is
+  written there, since a chunk ends there);
+- always a final evaluation when training ends (max_steps reached, input
+  ended, early stopping, a hook's stop request), unless that step was just
+  evaluated. Exporters get ``is_the_final_export=True`` there, also when
+  max_steps is None (TensorFlow then never signalled a final export).
+
+Under a distribution strategy every replica runs this same loop: training
+and evaluation are collective, evaluation results are reduced across
+replicas, and each decision taken on a clock or on files (throttle, early
+stopping, best checkpoint) is the chief's, broadcast, so all replicas stop at
+the same step.
+
+``TF_CONFIG`` is parsed in one explicit step: task type ``evaluator`` runs
+``run_evaluator``, which follows model_dir and evaluates each new checkpoint
+once (TensorFlow's continuous evaluation); ``ps`` is refused; chief and
+worker tasks run the local loop above.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from torchestimator.best import BestCheckpointPolicy
+from torchestimator.checkpoint import CheckpointError
+from torchestimator.distribute.launcher import EVALUATOR, PS, cluster_from_tf_config
+from torchestimator.early_stopping import EarlyStoppingRule
+from torchestimator.hooks.base import CheckpointSaverListener, Hook
+from torchestimator.state import TrainState
+from torchestimator.summary import read_scalars
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["EvalSpec", "TrainSpec", "run_evaluator", "train_and_evaluate"]
+
+
+def _check_positive_int(owner: str, name: str, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise ValueError(f"{owner}: {name} must be a positive int or None; received {value!r}.")
+
+
+def _check_non_negative(owner: str, name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"{owner}: {name} must be a number of seconds >= 0; received {value!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSpec:
+    """What to train on and for how long (tf.estimator.TrainSpec)."""
+
+    input_fn: Callable[..., Any]
+    """Returns the training batches; called at the start of each training chunk, resumed from the checkpoint."""
+    _: dataclasses.KW_ONLY
+    max_steps: int | None = None
+    """Absolute global step to stop at; None trains until the input ends (or a stop rule fires)."""
+    hooks: Sequence[Hook] = ()
+    """Training hooks, passed to each Estimator.train call."""
+    saving_listeners: Sequence[CheckpointSaverListener] = ()
+    """Checkpoint listeners, passed to each Estimator.train call."""
+
+    def __post_init__(self) -> None:
+        if not callable(self.input_fn):
+            raise TypeError(f"TrainSpec: input_fn must be callable; received {self.input_fn!r}.")
+        _check_positive_int("TrainSpec", "max_steps", self.max_steps)
+        object.__setattr__(self, "hooks", tuple(self.hooks or ()))
+        object.__setattr__(self, "saving_listeners", tuple(self.saving_listeners or ()))
+        for hook in self.hooks:
+            if not isinstance(hook, Hook):
+                raise TypeError(f"TrainSpec: hooks must be te.Hook instances; received {hook!r}.")
+        for listener in self.saving_listeners:
+            if not isinstance(listener, CheckpointSaverListener):
+                raise TypeError(
+                    f"TrainSpec: saving_listeners must be te.CheckpointSaverListener instances; received {listener!r}."
+                )
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSpec:
+    """What to evaluate on, how often, and what to export afterwards (tf.estimator.EvalSpec)."""
+
+    input_fn: Callable[..., Any]
+    """Returns the evaluation batches; called for each evaluation."""
+    _: dataclasses.KW_ONLY
+    steps: int | None = 100
+    """Batches per evaluation (TensorFlow's default 100); None evaluates until the input ends."""
+    name: str | None = None
+    """Names the evaluation: summaries go to model_dir/eval_<name> (model_dir/eval when None)."""
+    hooks: Sequence[Hook] = ()
+    """Evaluation hooks."""
+    exporters: Any = ()
+    """An exporter or a sequence of them, each with a unique, non-empty ``name`` and an ``export`` method."""
+    start_delay_secs: float = 120
+    """Evaluator process only: seconds to wait before the first evaluation."""
+    throttle_secs: float = 600
+    """At most one evaluation per this many seconds (checkpoint-driven evaluation and the evaluator process)."""
+    every_n_steps: int | None = None
+    """Evaluate every this many global steps instead of at checkpoints (throttle_secs then does not apply)."""
+
+    def __post_init__(self) -> None:
+        if not callable(self.input_fn):
+            raise TypeError(f"EvalSpec: input_fn must be callable; received {self.input_fn!r}.")
+        _check_positive_int("EvalSpec", "steps", self.steps)
+        _check_positive_int("EvalSpec", "every_n_steps", self.every_n_steps)
+        if self.name is not None and (not isinstance(self.name, str) or not self.name):
+            raise TypeError(f"EvalSpec: name must be a non-empty string or None; received {self.name!r}.")
+        _check_non_negative("EvalSpec", "start_delay_secs", self.start_delay_secs)
+        _check_non_negative("EvalSpec", "throttle_secs", self.throttle_secs)
+        object.__setattr__(self, "hooks", tuple(self.hooks or ()))
+        for hook in self.hooks:
+            if not isinstance(hook, Hook):
+                raise TypeError(f"EvalSpec: hooks must be te.Hook instances; received {hook!r}.")
+        object.__setattr__(self, "exporters", _check_exporters(self.exporters))
+
+
+def _check_exporters(exporters: Any) -> tuple[Any, ...]:
+    if exporters is None:
+        return ()
+    if hasattr(exporters, "export") and hasattr(exporters, "name"):
+        exporters = (exporters,)
+    exporters = tuple(exporters)
+    names: set[str] = set()
+    for exporter in exporters:
+        if not callable(getattr(exporter, "export", None)):
+            raise TypeError(f"EvalSpec: exporters must have an export(...) method; received {exporter!r}.")
+        name = getattr(exporter, "name", None)
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"EvalSpec: an exporter's name must be a non-empty string; {exporter!r} has {name!r}.")
+        if name in names:
+            raise ValueError(f"EvalSpec: exporter names must be unique; {name!r} appears more than once.")
+        names.add(name)
+    return exporters
+
+
+# -- the entry point ----------------------------------------------------------------
+
+
+def train_and_evaluate(
+    estimator: Any,
+    train_spec: TrainSpec,
+    eval_spec: EvalSpec | Sequence[EvalSpec],
+    *,
+    best: BestCheckpointPolicy | None = None,
+    early_stopping: EarlyStoppingRule | Iterable[EarlyStoppingRule] = (),
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[Any, Any]:
+    """Trains, evaluating along the way (see the module docstring for when), until training ends.
+
+    Args:
+        eval_spec: one EvalSpec, or a list of them with unique names (several evaluation sets).
+            The first one is primary: ``best`` and ``early_stopping`` read its results.
+        best: keeps the best checkpoints by a metric and protects them from retention.
+        early_stopping: rules (``stop_if_*_hook``, ``EarlyStopping``) asked after each primary evaluation.
+        clock: seconds, for throttle_secs; injectable for tests.
+
+    Returns:
+        ``(results, exports)``: the last evaluation results and the values the exporters returned at
+        that evaluation; for a list of EvalSpecs, dicts keyed by EvalSpec name.
+    """
+    specs, rules = _check_arguments(estimator, train_spec, eval_spec, best, early_stopping)
+    cluster = cluster_from_tf_config()  # the one place TF_CONFIG is read
+    if cluster.task_type == EVALUATOR:
+        if best is not None or rules:
+            raise ValueError(
+                "TF_CONFIG says this process is the evaluator: best-checkpoint policies and early stopping run in "
+                "the training processes (the chief owns the manifest and only trainers can stop). Pass them there."
+            )
+        logger.info("TF_CONFIG task type is evaluator: following %s and evaluating each new checkpoint.",
+                    estimator.model_dir)
+        return run_evaluator(estimator, train_spec, eval_spec, clock=clock)
+    if cluster.task_type == PS:
+        raise ValueError("TF_CONFIG task type 'ps': torch.distributed has no parameter servers. Start only chief, "
+                         "worker and evaluator tasks.")
+    loop = _LocalLoop(estimator, train_spec, specs, best, rules, clock)
+    loop.run()
+    if isinstance(eval_spec, EvalSpec):
+        return loop.results[0], loop.exports[0]
+    return ({spec.name: loop.results[i] for i, spec in enumerate(specs)},
+            {spec.name: loop.exports[i] for i, spec in enumerate(specs)})
+
+
+def _check_arguments(estimator: Any, train_spec: Any, eval_spec: Any, best: Any, early_stopping: Any,
+                     ) -> tuple[list[EvalSpec], list[EarlyStoppingRule]]:
+    if not (hasattr(estimator, "train") and hasattr(estimator, "evaluate") and hasattr(estimator, "model_dir")):
+        raise TypeError(f"train_and_evaluate needs a te.Estimator; received {type(estimator).__name__}.")
+    if not isinstance(train_spec, TrainSpec):
+        raise TypeError(f"train_spec must be a te.TrainSpec; received {type(train_spec).__name__}.")
+    specs = _as_spec_list(eval_spec)
+    if best is not None and not isinstance(best, BestCheckpointPolicy):
+        raise TypeError(f"best must be a BestCheckpointPolicy or None; received {best!r}.")
+    rules = [early_stopping] if isinstance(early_stopping, EarlyStoppingRule) else list(early_stopping or ())
+    for rule in rules:
+        if not (callable(getattr(rule, "observe", None)) and callable(getattr(rule, "should_stop", None))):
+            raise TypeError(
+                f"early_stopping takes rules made by te.stop_if_*_hook or te.EarlyStopping; received {rule!r}."
+            )
+    return specs, rules
+
+
+def _as_spec_list(eval_spec: Any) -> list[EvalSpec]:
+    specs = [eval_spec] if isinstance(eval_spec, EvalSpec) else list(eval_spec or ())
+    if not specs:
+        raise ValueError("eval_spec must be an EvalSpec or a non-empty list of them.")
+    for spec in specs:
+        if not isinstance(spec, EvalSpec):
+            raise TypeError(f"eval_spec must contain te.EvalSpec instances; received {spec!r}.")
+    names = [spec.name for spec in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"Each EvalSpec needs its own name (it names the eval dir); received names {names}.")
+    exporter_names = [exporter.name for spec in specs for exporter in spec.exporters]
+    if len(set(exporter_names)) != len(exporter_names):
+        raise ValueError(f"Exporter names must be unique across EvalSpecs (each exports to model_dir/export/<name>); "
+                         f"received {exporter_names}.")
+    return specs
+
+
+# -- replicas agree --------------------------------------------------------------------
+
+
+def _strategy(estimator: Any) -> Any:
+    strategy = estimator.config.train_distribute
+    if strategy is None or not strategy.is_set_up or strategy.num_replicas == 1:
+        return None
+    return strategy
+
+
+def _is_chief(estimator: Any) -> bool:
+    strategy = _strategy(estimator)
+    return True if strategy is None else strategy.is_chief
+
+
+def _chief_decides(estimator: Any, value: Any) -> Any:
+    """The chief's ``value`` on every replica, for decisions taken on a clock or on files."""
+    strategy = _strategy(estimator)
+    return value if strategy is None else strategy.broadcast_object(value, 0)
+
+
+# -- local mode --------------------------------------------------------------------------
+
+
+class _StepWatcher(Hook):
+    """Records the global step a train call ended at (None when train was skipped)."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+
+    def end(self, state: TrainState) -> None:
+        self.step = state.global_step
+
+
+class _EvaluationSchedule(CheckpointSaverListener):
+    """At each checkpoint, decides which checkpoint-driven EvalSpecs evaluate it (throttle_secs, the chief's
+    clock) and pauses training when any does."""
+
+    def __init__(self, estimator: Any, specs: list[EvalSpec], clock: Callable[[], float]) -> None:
+        self._estimator = estimator
+        self._specs = specs
+        self._clock = clock
+        self._last_time: dict[int, float] = {}
+        self.due: dict[int, tuple[int, ...]] = {}
+        self.paused_at: int | None = None
+
+    def after_save(self, state: TrainState, global_step: int) -> bool:
+        now = self._clock()
+        candidates = [index for index, spec in enumerate(self._specs) if spec.every_n_steps is None]
+        due = tuple(index for index in candidates if index not in self._last_time
+                    or now - self._last_time[index] >= self._specs[index].throttle_secs)
+        due = _chief_decides(self._estimator, due)
+        for index in candidates:
+            if index in due:
+                self._last_time[index] = now
+            else:
+                logger.info("Skip the current checkpoint eval (%s, step %d) due to throttle secs.",
+                            self._specs[index].name or "eval", global_step)
+        self.due[global_step] = due
+        if due:
+            self.paused_at = global_step
+        return bool(due)
+
+
+class _LocalLoop:
+    """Train a chunk, evaluate what is due, apply best/early stopping/exporters; until training ends."""
+
+    def __init__(self, estimator: Any, train_spec: TrainSpec, specs: list[EvalSpec],
+                 best: BestCheckpointPolicy | None, rules: list[EarlyStoppingRule], clock: Callable[[], float]) -> None:
+        config = estimator.config
+        self.checkpoints = config.save_checkpoints_steps is not None or config.save_checkpoints_secs is not None
+        if not self.checkpoints and (best is not None or any(spec.every_n_steps for spec in specs)):
+            raise ValueError(
+                "train_and_evaluate with a best-checkpoint policy or EvalSpec(every_n_steps=...) needs checkpoints: "
+                "set RunConfig(save_checkpoints_steps=...) or save_checkpoints_secs. Each evaluation point is a "
+                "checkpoint, so that training resumes exactly after evaluating."
+            )
+        self.estimator, self.train_spec, self.specs = estimator, train_spec, specs
+        self.best, self.rules = best, rules
+        self.schedule = _EvaluationSchedule(estimator, specs, clock)
+        self.results: list[dict[str, Any] | None] = [None] * len(specs)
+        self.exports: list[list[Any]] = [[] for _ in specs]
+        self.evaluated_step: list[int | None] = [None] * len(specs)
+        self.start_step = _latest_step(estimator)
+        self.history_seeded = False
+
+    def run(self) -> None:
+        step, max_steps = self.start_step, self.train_spec.max_steps
+        while True:
+            target = self._next_pause(step) if self.checkpoints else max_steps
+            watcher = _StepWatcher()
+            self.schedule.paused_at = None
+            listeners = self.train_spec.saving_listeners + ((self.schedule,) if self.checkpoints else ())
+            self.estimator.train(self.train_spec.input_fn, hooks=(*self.train_spec.hooks, watcher),
+                                 max_steps=target, saving_listeners=listeners)
+            new_step = watcher.step if watcher.step is not None else _latest_step(self.estimator)
+            paused = watcher.step is not None and new_step > step and new_step in (self.schedule.paused_at, target)
+            finished = not paused or (max_steps is not None and new_step >= max_steps)
+            due = set(self.schedule.due.pop(new_step, ()))
+            due |= {i for i, spec in enumerate(self.specs) if spec.every_n_steps and new_step % spec.every_n_steps == 0}
+            if self._evaluate_round(new_step, due, finished):
+                return
+            step = new_step
+
+    def _next_pause(self, step: int) -> int | None:
+        """The next every_n_steps multiple or max_steps, whichever comes first; None for neither."""
+        candidates = [(step // spec.every_n_steps + 1) * spec.every_n_steps
+                      for spec in self.specs if spec.every_n_steps]
+        if self.train_spec.max_steps is not None:
+            candidates.append(self.train_spec.max_steps)
+        return min(candidates) if candidates else None
+
+    def _evaluate_round(self, step: int, due: set[int], finished: bool) -> bool:
+        """Evaluates what is due at ``step``; returns True when training is over."""
+        evaluated = [index for index in sorted(due) if self._evaluate(index, step)]
+        if 0 in evaluated and self._after_primary(step, check_rules=not finished):
+            logger.info("Early stopping at global step %d.", step)
+            finished = True
+        if finished:
+            final = [index for index in range(len(self.specs)) if self._evaluate(index, step)]
+            if 0 in final:
+                self._after_primary(step, check_rules=False)
+            evaluated += final
+        for index in evaluated:
+            self._export(index, step, finished)
+        return finished
+
+    def _evaluate(self, index: int, step: int) -> bool:
+        """Evaluates spec ``index`` unless it already evaluated ``step``; True if it ran."""
+        if self.evaluated_step[index] == step:
+            return False
+        spec = self.specs[index]
+        self.results[index] = self.estimator.evaluate(spec.input_fn, steps=spec.steps, hooks=spec.hooks,
+                                                      name=spec.name)
+        self.evaluated_step[index] = step
+        return True
+
+    def _after_primary(self, step: int, *, check_rules: bool) -> bool:
+        """Best-checkpoint policy and early-stopping rules on the primary results; True to stop."""
+        results = self.results[0]
+        if self.best is not None:
+            self._update_best(step, results)
+        if not self.rules:
+            return False
+        self._seed_history()
+        for rule in self.rules:
+            rule.observe(step, results)  # every replica: a missing metric fails everywhere alike
+        stop = check_rules and any([rule.should_stop() for rule in self.rules])
+        return bool(_chief_decides(self.estimator, stop))
+
+    def _update_best(self, step: int, results: dict[str, Any]) -> None:
+        self.best.check_results(step, results)  # every replica, before the chief writes
+        outcome: tuple[bool | None, str | None] = (None, None)
+        if _is_chief(self.estimator):
+            try:
+                outcome = (self.best.update(self.estimator, step, results), None)
+            except (ValueError, OSError) as error:
+                outcome = (None, f"{type(error).__name__}: {error}")
+        _, error = _chief_decides(self.estimator, outcome)
+        if error is not None:  # raised on every replica, so none waits on the others
+            raise ValueError(f"The best-checkpoint policy failed at global step {step}: {error}")
+
+    def _seed_history(self) -> None:
+        """Early-stopping rules see the primary evaluations of earlier runs in this model_dir, as in TensorFlow."""
+        if self.history_seeded:
+            return
+        self.history_seeded = True
+        history = None
+        if _is_chief(self.estimator):
+            history = _eval_history(self.estimator.eval_dir(self.specs[0].name), up_to=self.start_step)
+        for step, results in _chief_decides(self.estimator, history) or ():
+            for rule in self.rules:
+                if hasattr(rule, "seed"):
+                    rule.seed(step, results)
+
+    def _export(self, index: int, step: int, final: bool) -> None:
+        spec = self.specs[index]
+        checkpoint_path = self.estimator.latest_checkpoint()
+        self.exports[index] = _run_exporters(self.estimator, spec, checkpoint_path, self.results[index], final)
+
+
+def _run_exporters(estimator: Any, spec: EvalSpec, checkpoint_path: str | None, results: dict[str, Any],
+                   final: bool) -> list[Any]:
+    exports = []
+    for exporter in spec.exporters:
+        export_path = os.path.join(estimator.model_dir, "export", exporter.name)
+        exports.append(exporter.export(estimator, export_path, checkpoint_path, results, final))
+    return exports
+
+
+def _latest_step(estimator: Any) -> int:
+    history = estimator._store.history()
+    return history[-1]["step"] if history else 0
+
+
+def _eval_history(eval_dir: str, *, up_to: int) -> list[tuple[int, dict[str, float]]]:
+    """Evaluations written to ``eval_dir`` at steps <= up_to, as (step, {metric: value}) in step order."""
+    by_step: dict[int, dict[str, float]] = {}
+    for tag, points in read_scalars(eval_dir).items():
+        for step, value in points:
+            if step <= up_to:
+                by_step.setdefault(step, {})[tag] = value
+    return sorted(by_step.items())
+
+
+# -- evaluator mode -------------------------------------------------------------------------
+
+
+def run_evaluator(
+    estimator: Any,
+    train_spec: TrainSpec,
+    eval_spec: EvalSpec | Sequence[EvalSpec],
+    *,
+    poll_secs: float | None = None,
+    timeout_secs: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[Any, Any]:
+    """Follows model_dir and evaluates each new checkpoint once, as TensorFlow's evaluator task.
+
+    Waits ``start_delay_secs`` (of the first EvalSpec), then polls every ``poll_secs`` (default: the
+    smallest throttle_secs); stops once an evaluated checkpoint's global_step >= train_spec.max_steps,
+    or, with ``timeout_secs``, once no new checkpoint appeared for that long (useful when max_steps is
+    None). A checkpoint removed by retention before it could be read is skipped. Exporters run after
+    each evaluation. Returns what train_and_evaluate returns.
+    """
+    if not isinstance(train_spec, TrainSpec):
+        raise TypeError(f"train_spec must be a te.TrainSpec; received {type(train_spec).__name__}.")
+    specs = _as_spec_list(eval_spec)
+    for name, value in (("poll_secs", poll_secs), ("timeout_secs", timeout_secs)):
+        if value is not None:
+            _check_non_negative("run_evaluator", name, value)
+    interval = poll_secs if poll_secs is not None else min(spec.throttle_secs for spec in specs)
+    sleep(specs[0].start_delay_secs)
+    results: list[Any] = [None] * len(specs)
+    exports: list[list[Any]] = [[] for _ in specs]
+    last_path, last_new = None, clock()
+    while True:
+        started = clock()
+        path = estimator.latest_checkpoint()
+        if path is not None and path != last_path:
+            step = _evaluate_checkpoint(estimator, train_spec, specs, path, results, exports)
+            if step is not None:
+                last_path, last_new = path, clock()
+                if train_spec.max_steps is not None and step >= train_spec.max_steps:
+                    break
+        elif timeout_secs is not None and clock() - last_new >= timeout_secs:
+            logger.info("No new checkpoint in %s for %s seconds: the evaluator stops.", estimator.model_dir, timeout_secs)
+            break
+        sleep(max(0.0, interval - (clock() - started)))
+    if isinstance(eval_spec, EvalSpec):
+        return results[0], exports[0]
+    return ({spec.name: results[i] for i, spec in enumerate(specs)},
+            {spec.name: exports[i] for i, spec in enumerate(specs)})
+
+
+def _evaluate_checkpoint(estimator: Any, train_spec: TrainSpec, specs: list[EvalSpec], path: str,
+                         results: list[Any], exports: list[list[Any]]) -> int | None:
+    """Evaluates ``path`` with every spec and runs their exporters; its global step, or None if it vanished."""
+    for index, spec in enumerate(specs):
+        try:
+            results[index] = estimator.evaluate(spec.input_fn, steps=spec.steps, hooks=spec.hooks,
+                                                checkpoint_path=path, name=spec.name)
+        except CheckpointError as error:
+            logger.warning("Could not evaluate %s (removed or damaged while being read): %s", path, error)
+            return None
+    step = results[0]["global_step"]
+    final = train_spec.max_steps is not None and step >= train_spec.max_steps
+    for index, spec in enumerate(specs):
+        exports[index] = _run_exporters(estimator, spec, path, results[index], final)
+    logger.info("Evaluated %s (global step %d).", path, step)
+    return step
