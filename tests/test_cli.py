@@ -104,11 +104,15 @@ def test_demo_reaches_accuracy_and_resumes_when_rerun(tmp_path):
     assert first.returncode == 0, first.stderr
     assert "trained from scratch" in first.stdout
     accuracy = float(first.stdout.split("held-out accuracy ")[1].split(",")[0])
-    assert accuracy >= 0.95
+    best = float(first.stdout.split("best held-out accuracy ")[1].split(" ")[0])
+    assert accuracy >= 0.95 and best >= accuracy
+    best_export = first.stdout.split("best export: ")[1].split()[0]
+    assert os.path.basename(best_export).isdigit() and os.path.isfile(os.path.join(best_export, "model.pt2"))
+    assert "final export: " in first.stdout and "torchestimator predict --exported" in first.stdout
     second = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
     assert "resumed from" in second.stdout and "instead of starting over" in second.stdout
-    assert f"held-out accuracy {accuracy:.4f}" in second.stdout
+    assert float(second.stdout.split("held-out accuracy ")[1].split(",")[0]) >= 0.95
 
 
 def test_warm_start_dry_run_reports_without_loading(tmp_path, model_file, capsys):
@@ -139,3 +143,13 @@ def test_export_then_predict_with_the_exported_model_alone(tmp_path, model_file,
     assert main(["predict", "--exported", str(tmp_path / "export"), "--input", str(tmp_path / "inputs.npz")]) == 0
     outputs = json.loads(capsys.readouterr().out)
     assert outputs["class"] == expected
+
+
+def test_train_and_evaluate_command(tmp_path, model_file, capsys):
+    model_dir = str(tmp_path / "run")
+    assert main(["train-and-evaluate", model_file, "--model_dir", model_dir, "--max_steps", "10"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["results"]["global_step"] == 10 and "accuracy" in printed["results"]
+    from torchestimator.summary import read_scalars
+
+    assert [step for step, _ in read_scalars(os.path.join(model_dir, "eval"))["accuracy"]] == [5, 10]

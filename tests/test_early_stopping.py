@@ -111,5 +111,21 @@ def test_bad_arguments_are_refused(make, message):
 
 
 def test_wrong_positional_count_is_a_type_error():
-    with pytest.raises(TypeError, match="takes \\(metric_name, threshold\\) positionally"):
+    with pytest.raises(TypeError, match="needs threshold"):
         stop_if_higher_hook("loss")
+    with pytest.raises(TypeError, match=r"takes \(\[estimator,\] metric_name, threshold\); received 3"):
+        stop_if_higher_hook("loss", 0.5, 7)
+
+
+def test_tensorflow_keyword_call_forms_are_accepted():
+    from torchestimator import early_stopping as es
+
+    by_keyword = es.stop_if_no_decrease_hook(None, metric_name="loss", max_steps_without_decrease=100, min_steps=10)
+    by_position = es.stop_if_no_decrease_hook("loss", 100, min_steps=10)
+    assert type(by_keyword) is type(by_position)
+    es.stop_if_higher_hook(metric_name="accuracy", threshold=0.9)
+    es.stop_if_no_increase_hook("accuracy", max_steps_without_increase=50)
+    with pytest.raises(TypeError, match="needs threshold"):
+        es.stop_if_lower_hook("loss")
+    with pytest.raises(TypeError, match="both by position and by keyword"):
+        es.stop_if_lower_hook("loss", 0.1, threshold=0.2)

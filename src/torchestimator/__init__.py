@@ -8,6 +8,14 @@ from torchestimator.config import RunConfig
 from torchestimator.data.inputs import dataset_input_fn, numpy_input_fn, pandas_input_fn
 from torchestimator.distribute import InputContext, MirroredStrategy, OneDeviceStrategy
 from torchestimator.estimator import Estimator
+from torchestimator.best import BestCheckpointPolicy
+from torchestimator.early_stopping import (
+    EarlyStopping,
+    stop_if_higher_hook,
+    stop_if_lower_hook,
+    stop_if_no_decrease_hook,
+    stop_if_no_increase_hook,
+)
 from torchestimator.finetune import freeze, param_groups, unfreeze
 from torchestimator.hooks import (
     CheckpointSaverHook,
@@ -23,14 +31,18 @@ from torchestimator.hooks import (
 from torchestimator.persistence import NanLossDuringTrainingError
 from torchestimator.spec import EstimatorSpec, ModeKeys
 from torchestimator.state import TrainState
+from torchestimator.training import EvalSpec, TrainSpec, run_evaluator, train_and_evaluate
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BestCheckpointPolicy",
     "CheckpointSaverHook",
     "CheckpointSaverListener",
+    "EarlyStopping",
     "Estimator",
     "EstimatorSpec",
+    "EvalSpec",
     "Every",
     "Hook",
     "InputContext",
@@ -44,6 +56,7 @@ __all__ = [
     "StepCounterHook",
     "StopAtStepHook",
     "SummarySaverHook",
+    "TrainSpec",
     "TrainState",
     "dataset_input_fn",
     "freeze",
@@ -51,5 +64,11 @@ __all__ = [
     "numpy_input_fn",
     "pandas_input_fn",
     "param_groups",
+    "run_evaluator",
+    "stop_if_higher_hook",
+    "stop_if_lower_hook",
+    "stop_if_no_decrease_hook",
+    "stop_if_no_increase_hook",
+    "train_and_evaluate",
     "unfreeze",
 ]

@@ -85,6 +85,24 @@ def _global_step(estimator: Any) -> int | str:
     return int(path.rsplit("-", 1)[-1]) if path else "?"
 
 
+def _train_and_evaluate(args: argparse.Namespace) -> int:
+    """FILE.py's train_spec / eval_spec(s) / best / early_stopping when it defines them, else ones built from
+    its input functions (evaluate the whole eval input at every checkpoint)."""
+    import torchestimator as te
+
+    module = load_model_file(args.model_file)
+    estimator = build_estimator(module, args)
+    max_steps = args.max_steps if args.max_steps is not None else getattr(module, "max_steps", None)
+    train_spec = getattr(module, "train_spec", None) or te.TrainSpec(_require(module, "train_input_fn"),
+                                                                       max_steps=max_steps)
+    eval_spec = getattr(module, "eval_specs", None) or getattr(module, "eval_spec", None) or te.EvalSpec(
+        _require(module, "eval_input_fn"), steps=None, throttle_secs=0)
+    results, exports = te.train_and_evaluate(estimator, train_spec, eval_spec, best=getattr(module, "best", None),
+                                             early_stopping=getattr(module, "early_stopping", ()))
+    print(json.dumps({"results": results, "exports": exports}, indent=2, sort_keys=True, default=str))
+    return 0
+
+
 def _evaluate(args: argparse.Namespace) -> int:
     module = load_model_file(args.model_file)
     estimator = build_estimator(module, args)
@@ -193,15 +211,23 @@ def _plot(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from torchestimator import demo
 
-    results, resumed_from = demo.run(model_dir=args.model_dir, steps=args.max_steps,
-                                     progress_bar=False if args.no_progress else None)
-    if resumed_from is None:
+    outcome = demo.run(model_dir=args.model_dir, steps=args.max_steps, progress_bar=False if args.no_progress else None)
+    results = outcome["results"]
+    if outcome["resumed_from"] is None:
         print(f"digits demo: trained from scratch to step {results['global_step']} in {args.model_dir}")
     else:
-        print(f"digits demo: resumed from {resumed_from} instead of starting over (now at step {results['global_step']})")
+        print(f"digits demo: resumed from {outcome['resumed_from']} instead of starting over "
+              f"(now at step {results['global_step']})")
     print(f"digits demo: held-out accuracy {results['accuracy']:.4f}, loss {results['loss']:.4f}, "
           f"global step {results['global_step']}, model_dir {args.model_dir}")
-    print(f"TensorBoard: tensorboard --logdir {args.model_dir}")
+    if outcome["best_accuracy"] is not None:
+        print(f"best held-out accuracy {outcome['best_accuracy']:.4f} at {outcome['best_checkpoint']}")
+    for name, path in outcome["exports"].items():
+        print(f"{name} export: {path}")
+    if "best" in outcome["exports"]:
+        print(f"run it alone: torchestimator predict --exported {os.path.dirname(outcome['exports']['best'])} "
+              "--input inputs.npz   (inputs.npz holds image: float32 [N, 64])")
+    print(f"curves: torchestimator plot {args.model_dir}   TensorBoard: tensorboard --logdir {args.model_dir}")
     return 0
 
 
@@ -229,6 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--max_steps", type=int, help="absolute global step to train to")
     train.add_argument("--steps", type=int, help="steps to train beyond the current global step")
     train.set_defaults(handler=_train)
+
+    both = commands.add_parser("train-and-evaluate", help="train, evaluating (and exporting) along the way")
+    _add_model_flags(both)
+    both.add_argument("--max_steps", type=int, help="absolute global step to train to")
+    both.set_defaults(handler=_train_and_evaluate)
 
     evaluate = commands.add_parser("evaluate", help="evaluate the latest (or a given) checkpoint")
     _add_model_flags(evaluate)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 
 import numpy as np
 import torch
@@ -78,11 +79,21 @@ def predict_input_fn(params, input_context=None):
     return make(input_context=input_context)
 
 
-def run(model_dir: str = "runs/digits", steps: int = max_steps, progress_bar: bool | None = None) -> tuple[dict, str | None]:
-    """Trains (or resumes) to `steps`, evaluates on the held-out fifth.
+def serving_input_receiver():
+    from torchestimator.export import TensorSpec
+    from torchestimator.export import serving_input_receiver as receiver
 
-    Returns the metrics and the checkpoint it resumed from (None for a fresh start).
+    return receiver({"image": TensorSpec(shape=(None, 64), dtype=torch.float32)})
+
+
+def run(model_dir: str = "runs/digits", steps: int = max_steps, progress_bar: bool | None = None) -> dict:
+    """train_and_evaluate with early stopping, the best checkpoint kept, and best + final exports.
+
+    Returns the last evaluation, the best accuracy and its checkpoint, the export paths, and the
+    checkpoint it resumed from (None for a fresh start).
     """
+    from torchestimator.export import BestExporter, FinalExporter, latest_version
+
     log = logging.getLogger("torchestimator")
     estimator = te.Estimator(model_fn=model_fn, model=model, optimizer=optimizer, model_dir=model_dir,
                              config=config.replace(progress_bar=progress_bar, save_checkpoints_steps=200),
@@ -92,5 +103,19 @@ def run(model_dir: str = "runs/digits", steps: int = max_steps, progress_bar: bo
         log.info("Training the digits model from scratch in %s.", model_dir)
     else:
         log.info("Found %s: resuming instead of starting over.", previous)
-    estimator.train(train_input_fn, max_steps=steps)
-    return estimator.evaluate(eval_input_fn), previous
+    receiver = serving_input_receiver()
+    exporters = [BestExporter("best", receiver, metric_name="accuracy", higher_is_better=True, exports_to_keep=2),
+                 FinalExporter("final", receiver)]
+    eval_spec = te.EvalSpec(eval_input_fn, steps=None, throttle_secs=0, exporters=exporters)
+    results, _ = te.train_and_evaluate(
+        estimator, te.TrainSpec(train_input_fn, max_steps=steps), eval_spec,
+        best=te.BestCheckpointPolicy("accuracy", higher_is_better=True),
+        early_stopping=te.stop_if_no_increase_hook("accuracy", max_steps_without_increase=600))
+    from torchestimator.best import read_best
+
+    best = read_best(model_dir)
+    export_base = os.path.join(model_dir, "export")
+    exports = {name: os.path.join(export_base, name, str(latest_version(os.path.join(export_base, name))))
+               for name in ("best", "final") if os.path.isdir(os.path.join(export_base, name))}
+    return {"results": results, "best_accuracy": best[0].value if best else None,
+            "best_checkpoint": best[0].path if best else None, "exports": exports, "resumed_from": previous}

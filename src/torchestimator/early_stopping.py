@@ -216,51 +216,67 @@ class EarlyStopping(EarlyStoppingRule):
         return f"EarlyStopping({self.metric_name!r}, mode={self.mode!r}, patience={self.patience}, min_delta={self.min_delta})"
 
 
-def _without_estimator(function: str, args: tuple[Any, ...], count: int) -> tuple[Any, ...]:
-    """Drops TensorFlow's leading estimator argument; checks the positional count."""
+def _arguments(function: str, args: tuple[Any, ...], keywords: dict[str, Any], names: tuple[str, str]) -> tuple[Any, Any]:
+    """(metric_name, second) from TensorFlow's call forms: positional after an optional leading estimator,
+    or by keyword (``metric_name=``, ``threshold=`` / ``max_steps_without_increase=`` ...)."""
     if args and not isinstance(args[0], str):
         args = args[1:]  # tf.estimator passed the estimator first; the results come to the rule directly
-    if len(args) != count:
-        raise TypeError(
-            f"{function} takes (metric_name, {'threshold' if count == 2 else 'max_steps'}) positionally, optionally "
-            f"after an estimator, and the rest by keyword; received {len(args)} positional arguments."
-        )
-    return args
+    if len(args) > 2:
+        raise TypeError(f"{function} takes ([estimator,] {names[0]}, {names[1]}); received {len(args)} positional "
+                        "arguments.")
+    values = dict(zip(names, args))
+    for name in names:
+        if keywords.get(name) is not None:
+            if name in values:
+                raise TypeError(f"{function} got {name} both by position and by keyword.")
+            values[name] = keywords[name]
+    missing = [name for name in names if name not in values]
+    if missing:
+        raise TypeError(f"{function} needs {' and '.join(missing)}.")
+    return values[names[0]], values[names[1]]
 
 
-def stop_if_higher_hook(*args: Any, eval_dir: str | None = None, min_steps: int = 0,
-                        run_every_secs: float | None = None, run_every_steps: int | None = None) -> ThresholdRule:
+def stop_if_higher_hook(*args: Any, metric_name: str | None = None, threshold: float | None = None,
+                        eval_dir: str | None = None, min_steps: int = 0, run_every_secs: float | None = None,
+                        run_every_steps: int | None = None) -> ThresholdRule:
     """``stop_if_higher_hook([estimator,] metric_name, threshold, *, min_steps=0, ...)``: stop once the metric
     of an evaluation at step >= min_steps exceeds threshold. ``estimator`` and ``eval_dir`` are ignored."""
-    metric_name, threshold = _without_estimator("stop_if_higher_hook", args, 2)
-    return ThresholdRule(metric_name, threshold, higher=True, min_steps=min_steps,
+    name, value = _arguments("stop_if_higher_hook", args, {"metric_name": metric_name, "threshold": threshold},
+                             ("metric_name", "threshold"))
+    return ThresholdRule(name, value, higher=True, min_steps=min_steps,
                          run_every_steps=run_every_steps, run_every_secs=run_every_secs)
 
 
-def stop_if_lower_hook(*args: Any, eval_dir: str | None = None, min_steps: int = 0,
-                       run_every_secs: float | None = None, run_every_steps: int | None = None) -> ThresholdRule:
+def stop_if_lower_hook(*args: Any, metric_name: str | None = None, threshold: float | None = None,
+                       eval_dir: str | None = None, min_steps: int = 0, run_every_secs: float | None = None,
+                       run_every_steps: int | None = None) -> ThresholdRule:
     """``stop_if_lower_hook([estimator,] metric_name, threshold, *, min_steps=0, ...)``: stop once the metric
     of an evaluation at step >= min_steps falls below threshold."""
-    metric_name, threshold = _without_estimator("stop_if_lower_hook", args, 2)
-    return ThresholdRule(metric_name, threshold, higher=False, min_steps=min_steps,
+    name, value = _arguments("stop_if_lower_hook", args, {"metric_name": metric_name, "threshold": threshold},
+                             ("metric_name", "threshold"))
+    return ThresholdRule(name, value, higher=False, min_steps=min_steps,
                          run_every_steps=run_every_steps, run_every_secs=run_every_secs)
 
 
-def stop_if_no_increase_hook(*args: Any, eval_dir: str | None = None, min_steps: int = 0,
-                             run_every_secs: float | None = None,
+def stop_if_no_increase_hook(*args: Any, metric_name: str | None = None, max_steps_without_increase: int | None = None,
+                             eval_dir: str | None = None, min_steps: int = 0, run_every_secs: float | None = None,
                              run_every_steps: int | None = None) -> NoImprovementRule:
     """``stop_if_no_increase_hook([estimator,] metric_name, max_steps_without_increase, *, min_steps=0, ...)``:
     stop when the metric has not increased for that many global steps."""
-    metric_name, max_steps = _without_estimator("stop_if_no_increase_hook", args, 2)
-    return NoImprovementRule(metric_name, max_steps, increase=True, min_steps=min_steps,
+    name, steps = _arguments("stop_if_no_increase_hook", args,
+                             {"metric_name": metric_name, "max_steps_without_increase": max_steps_without_increase},
+                             ("metric_name", "max_steps_without_increase"))
+    return NoImprovementRule(name, steps, increase=True, min_steps=min_steps,
                              run_every_steps=run_every_steps, run_every_secs=run_every_secs)
 
 
-def stop_if_no_decrease_hook(*args: Any, eval_dir: str | None = None, min_steps: int = 0,
-                             run_every_secs: float | None = None,
+def stop_if_no_decrease_hook(*args: Any, metric_name: str | None = None, max_steps_without_decrease: int | None = None,
+                             eval_dir: str | None = None, min_steps: int = 0, run_every_secs: float | None = None,
                              run_every_steps: int | None = None) -> NoImprovementRule:
     """``stop_if_no_decrease_hook([estimator,] metric_name, max_steps_without_decrease, *, min_steps=0, ...)``:
     stop when the metric has not decreased for that many global steps."""
-    metric_name, max_steps = _without_estimator("stop_if_no_decrease_hook", args, 2)
-    return NoImprovementRule(metric_name, max_steps, increase=False, min_steps=min_steps,
+    name, steps = _arguments("stop_if_no_decrease_hook", args,
+                             {"metric_name": metric_name, "max_steps_without_decrease": max_steps_without_decrease},
+                             ("metric_name", "max_steps_without_decrease"))
+    return NoImprovementRule(name, steps, increase=False, min_steps=min_steps,
                              run_every_steps=run_every_steps, run_every_secs=run_every_secs)

@@ -157,6 +157,12 @@ class Estimator:
     def latest_checkpoint(self) -> str | None:
         return self._store.latest_checkpoint()
 
+    def best_checkpoint(self) -> str | None:
+        """The best checkpoint recorded by train_and_evaluate's BestCheckpointPolicy, or None."""
+        from torchestimator.best import best_checkpoint
+
+        return best_checkpoint(self)
+
     def get_variable_names(self) -> list[str]:
         return [name for name, _, _ in self._store.list_variables(self._require_checkpoint())]
 
