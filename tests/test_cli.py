@@ -109,6 +109,7 @@ def test_demo_reaches_accuracy_and_resumes_when_rerun(tmp_path):
     best_export = first.stdout.split("best export: ")[1].split()[0]
     assert os.path.basename(best_export).isdigit() and os.path.isfile(os.path.join(best_export, "model.pt2"))
     assert "final export: " in first.stdout and "torchestimator predict --exported" in first.stdout
+    assert os.path.isfile(os.path.join(model_dir, "metrics.png"))
     second = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
     assert "resumed from" in second.stdout and "instead of starting over" in second.stdout
@@ -153,3 +154,13 @@ def test_train_and_evaluate_command(tmp_path, model_file, capsys):
     from torchestimator.summary import read_scalars
 
     assert [step for step, _ in read_scalars(os.path.join(model_dir, "eval"))["accuracy"]] == [5, 10]
+
+
+def test_evaluator_flag_evaluates_existing_checkpoints(tmp_path, model_file, capsys):
+    model_dir = str(tmp_path / "run")
+    assert main(["train", model_file, "--model_dir", model_dir, "--max_steps", "10"]) == 0
+    capsys.readouterr()
+    assert main(["train-and-evaluate", model_file, "--model_dir", model_dir, "--max_steps", "10", "--evaluator",
+                 "--poll_secs", "0.1"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert "10" in json.dumps(printed)  # the evaluator reached the final step and stopped

@@ -97,6 +97,10 @@ def _train_and_evaluate(args: argparse.Namespace) -> int:
                                                                        max_steps=max_steps)
     eval_spec = getattr(module, "eval_specs", None) or getattr(module, "eval_spec", None) or te.EvalSpec(
         _require(module, "eval_input_fn"), steps=None, throttle_secs=0)
+    if args.evaluator:  # a separate process following model_dir, as TF_CONFIG's evaluator task
+        results = te.run_evaluator(estimator, train_spec, eval_spec, poll_secs=args.poll_secs)
+        print(json.dumps({"results": results}, indent=2, sort_keys=True, default=str))
+        return 0
     results, exports = te.train_and_evaluate(estimator, train_spec, eval_spec, best=getattr(module, "best", None),
                                              early_stopping=getattr(module, "early_stopping", ()))
     print(json.dumps({"results": results, "exports": exports}, indent=2, sort_keys=True, default=str))
@@ -227,7 +231,12 @@ def _demo(args: argparse.Namespace) -> int:
     if "best" in outcome["exports"]:
         print(f"run it alone: torchestimator predict --exported {os.path.dirname(outcome['exports']['best'])} "
               "--input inputs.npz   (inputs.npz holds image: float32 [N, 64])")
-    print(f"curves: torchestimator plot {args.model_dir}   TensorBoard: tensorboard --logdir {args.model_dir}")
+    try:
+        from torchestimator.plot import plot_model_dir
+
+        print(f"curves: {plot_model_dir(args.model_dir)}   TensorBoard: tensorboard --logdir {args.model_dir}")
+    except ImportError:
+        print(f"curves: pip install 'torchestimator[plot]', then torchestimator plot {args.model_dir}")
     return 0
 
 
@@ -259,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     both = commands.add_parser("train-and-evaluate", help="train, evaluating (and exporting) along the way")
     _add_model_flags(both)
     both.add_argument("--max_steps", type=int, help="absolute global step to train to")
+    both.add_argument("--evaluator", action="store_true",
+                      help="only evaluate: follow model_dir and evaluate each new checkpoint until max_steps")
+    both.add_argument("--poll_secs", type=float, default=None, help="with --evaluator: seconds between looks")
     both.set_defaults(handler=_train_and_evaluate)
 
     evaluate = commands.add_parser("evaluate", help="evaluate the latest (or a given) checkpoint")
