@@ -96,7 +96,7 @@ def _train_and_evaluate(args: argparse.Namespace) -> int:
     train_spec = getattr(module, "train_spec", None) or te.TrainSpec(_require(module, "train_input_fn"),
                                                                        max_steps=max_steps)
     eval_spec = getattr(module, "eval_specs", None) or getattr(module, "eval_spec", None) or te.EvalSpec(
-        _require(module, "eval_input_fn"), steps=None, throttle_secs=0)
+        _require(module, "eval_input_fn"), steps=None, throttle_secs=0, start_delay_secs=0)
     if args.evaluator:  # a separate process following model_dir, as TF_CONFIG's evaluator task
         results = te.run_evaluator(estimator, train_spec, eval_spec, poll_secs=args.poll_secs)
         print(json.dumps({"results": results}, indent=2, sort_keys=True, default=str))
