@@ -58,7 +58,7 @@ def test_public_surface_is_pinned():
         "CheckpointSaverHook", "CheckpointSaverListener", "Estimator", "EstimatorSpec", "Every", "Hook",
         "InputContext", "LoggingTensorHook", "MirroredStrategy", "ModeKeys", "NanLossDuringTrainingError",
         "OneDeviceStrategy", "RunConfig", "RunContext", "StepCounterHook", "StopAtStepHook", "SummarySaverHook",
-        "TrainState", "dataset_input_fn", "freeze", "metrics", "numpy_input_fn", "pandas_input_fn",
+        "TrainState", "dataset_input_fn", "export", "freeze", "metrics", "numpy_input_fn", "pandas_input_fn",
         "param_groups", "unfreeze", "BestCheckpointPolicy", "EarlyStopping", "EvalSpec", "TrainSpec", "run_evaluator",
         "stop_if_higher_hook", "stop_if_lower_hook", "stop_if_no_decrease_hook", "stop_if_no_increase_hook",
         "train_and_evaluate",

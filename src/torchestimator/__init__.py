@@ -3,7 +3,7 @@
 The public API, re-exported; nothing else lives here.
 """
 
-from torchestimator import metrics
+from torchestimator import export, metrics
 from torchestimator.config import RunConfig
 from torchestimator.data.inputs import dataset_input_fn, numpy_input_fn, pandas_input_fn
 from torchestimator.distribute import InputContext, MirroredStrategy, OneDeviceStrategy
@@ -59,6 +59,7 @@ __all__ = [
     "TrainSpec",
     "TrainState",
     "dataset_input_fn",
+    "export",
     "freeze",
     "metrics",
     "numpy_input_fn",
