@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import io
-import logging
 
 import pytest
-import torch
 
 import torchestimator as te
 from conftest import input_fns, make_estimator

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torchestimator as te
-from conftest import SmallNet, adam, classifier_model_fn, input_fns, make_classification, make_estimator, sgd
+from conftest import SmallNet, adam, input_fns, make_classification, make_estimator, sgd
 
 
 def _weights(estimator):

@@ -121,7 +121,6 @@ def test_auto_compression_reads_tensorflow_files(name: str) -> None:
 @pytest.mark.parametrize("name", BAD_FILES)
 def test_damaged_files_fail_like_tensorflow(name: str) -> None:
     entry = load("tf_files.json")["files"][name]
-    tf_error = entry["tf_read"]["error"]
     good = tf_records(name)
     seen: list[bytes] = []
     with pytest.raises(DataLossError) as caught:

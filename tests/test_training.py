@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torchestimator as te
-from conftest import SmallNet, adam, classifier_model_fn, input_fns, make_classification, make_estimator
+from conftest import SmallNet, classifier_model_fn, input_fns, make_classification, make_estimator
 from torchestimator.summary import read_scalars
 
 

@@ -21,11 +21,11 @@ import json
 import logging
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 from torchestimator.early_stopping import metric_value
+from torchestimator.atomic import write_json_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -180,14 +180,4 @@ def _write_best_file(model_dir: str, policy: BestCheckpointPolicy, records: list
         # JSON has no NaN; a NaN value (never better than a number) is written as null and read back as NaN.
         "best": [{"step": r.step, "value": None if math.isnan(r.value) else r.value} for r in records],
     }
-    descriptor, temporary = tempfile.mkstemp(prefix=".best-", suffix=".json.tmp", dir=model_dir)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, os.path.join(model_dir, BEST_FILE))
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise
+    write_json_atomically(os.path.join(model_dir, BEST_FILE), document, indent=1)

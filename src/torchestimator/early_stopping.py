@@ -22,6 +22,7 @@ Differences from ``tf.estimator.experimental``:
 
 from __future__ import annotations
 
+import abc
 import logging
 import math
 from collections.abc import Mapping
@@ -67,7 +68,7 @@ def _check_int(name: str, value: Any, minimum: int, *, optional: bool = False) -
         raise ValueError(f"{name} must be an int >= {minimum}{' or None' if optional else ''}; received {value!r}.")
 
 
-class EarlyStoppingRule:
+class EarlyStoppingRule(abc.ABC):
     """Base class: fed ``observe(global_step, results)`` after each evaluation, asked ``should_stop()``.
 
     Subclasses implement ``_decide(history)`` over the ``(step, value)`` pairs
@@ -122,8 +123,9 @@ class EarlyStoppingRule:
             logger.info("%s: %r says stop at global step %d.", self.role, self, latest)
         return self._stop
 
+    @abc.abstractmethod
     def _decide(self, history: list[tuple[int, float]]) -> bool:
-        raise NotImplementedError
+        """Whether to stop, given (step, value) pairs at or after min_steps, in step order."""
 
 
 class ThresholdRule(EarlyStoppingRule):

@@ -13,7 +13,6 @@ import logging
 import math
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 

@@ -13,6 +13,8 @@ import os
 import shutil
 from typing import Protocol, runtime_checkable
 
+from torchestimator.atomic import fsync_directory
+
 __all__ = ["Storage", "LocalStorage", "InMemoryStorage", "MANIFEST_NAME"]
 
 MANIFEST_NAME = "checkpoint"
@@ -96,9 +98,9 @@ class LocalStorage:
         if os.path.exists(target_path):
             raise FileExistsError(f"Cannot rename {source_path} to {target_path}: the target exists.")
         # The folder's entries must be durable before the rename makes it visible.
-        _fsync_directory(source_path)
+        fsync_directory(source_path)
         os.rename(source_path, target_path)
-        _fsync_directory(self.root)
+        fsync_directory(self.root)
 
     def delete_folder(self, folder: str) -> None:
         try:
@@ -122,22 +124,8 @@ class LocalStorage:
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary_path, final_path)
-        _fsync_directory(self.root)
+        fsync_directory(self.root)
 
-
-def _fsync_directory(path: str) -> None:
-    # Directory fsync makes renames and new entries durable; some platforms
-    # (Windows) cannot open a directory, where the rename is durable enough.
-    try:
-        descriptor = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
 
 
 class InMemoryStorage:

@@ -27,6 +27,7 @@ import torch
 from torchestimator.export import saved_model
 from torchestimator.export.receiver import ServingInputReceiver, as_receiver
 from torchestimator.export.versions import list_versions
+from torchestimator.atomic import write_json_atomically as _write_json_atomically
 
 if TYPE_CHECKING:
     from torchestimator.estimator import Estimator
@@ -259,11 +260,3 @@ def _jsonable_result(eval_result: Mapping[str, Any]) -> dict[str, Any]:
             logger.debug("Evaluation result %r (%s) is not recorded in best_eval.json.", key, type(value).__name__)
     return result
 
-
-def _write_json_atomically(path: str, payload: Any) -> None:
-    temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "w") as handle:
-        json.dump(payload, handle, indent=2, sort_keys=True, allow_nan=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)

@@ -8,6 +8,7 @@ signature carries every prediction. The rules for defaults follow TF's
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,15 +26,16 @@ __all__ = [
 DEFAULT_SERVING_SIGNATURE_DEF_KEY = "serving_default"
 
 
-class ExportOutput:
+class ExportOutput(abc.ABC):
     """One signature's outputs; ``method`` is predict, classify or regress."""
 
     method: str = ""
     method_name: str = ""
 
     @property
+    @abc.abstractmethod
     def outputs(self) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
+        """The tensors this signature returns, by output name."""
 
 
 class PredictOutput(ExportOutput):

@@ -17,7 +17,6 @@ exporters.py.
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import os
 import shutil
@@ -31,6 +30,8 @@ from torchestimator.export.outputs import resolve_export_outputs
 from torchestimator.export.receiver import ServingInputReceiver, as_receiver, dtype_name
 from torchestimator.spec import ModeKeys, validate_spec
 from torchestimator.state import TrainState
+from torchestimator.atomic import fsync_directory
+from torchestimator.atomic import write_json_atomically as _write_json
 
 if TYPE_CHECKING:
     from torchestimator.estimator import Estimator
@@ -341,7 +342,7 @@ def _rename_to_version(temp_dir: str, export_dir_base: str, *, clock: Callable[[
         if not os.path.exists(export_dir):
             try:
                 os.rename(temp_dir, export_dir)  # fails rather than merging if another exporter just took the name
-                _fsync_directory(export_dir_base)
+                fsync_directory(export_dir_base)
                 return export_dir
             except OSError:
                 if not os.path.exists(export_dir):
@@ -371,22 +372,3 @@ def _package_version() -> str | None:
     except Exception:  # not installed as a distribution (a source checkout): the version is unknown, not an error
         return None
 
-
-def _write_json(path: str, payload: Any) -> None:
-    with open(path, "w") as handle:
-        json.dump(payload, handle, indent=2, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _fsync_directory(path: str) -> None:
-    try:
-        descriptor = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)

@@ -26,6 +26,7 @@ dict by this rule, and the choice is recorded in ``source.notes``:
 
 from __future__ import annotations
 
+import abc
 import json
 import logging
 import os
@@ -96,8 +97,9 @@ class _TensorDictSource(WeightSource):
         self.notes: list[str] = []
         """What was chosen or left out while reading, for the warm-start report."""
 
+    @abc.abstractmethod
     def _state(self) -> Mapping[str, torch.Tensor]:
-        raise NotImplementedError
+        """The whole state dict (loaded once, on first use)."""
 
     def tensors(self) -> list[TensorInfo]:
         return [
