@@ -205,6 +205,17 @@ def _warm_start(args: argparse.Namespace) -> int:
     return 0 if plan.ok else 1
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from torchestimator.serving import serve
+
+    print(f"serving {args.model_name} from {args.model_base_path} at http://{args.rest_api_host}:{args.rest_api_port}"
+          f"/v1/models/{args.model_name}", flush=True)
+    serve(args.model_name, args.model_base_path, host=args.rest_api_host, port=args.rest_api_port,
+          file_system_poll_wait_seconds=args.file_system_poll_wait_seconds, num_threads=args.rest_api_num_threads,
+          max_body_bytes=args.max_body_bytes)
+    return 0
+
+
 def _plot(args: argparse.Namespace) -> int:
     from torchestimator.plot import plot_model_dir
 
@@ -318,6 +329,17 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
     warm.add_argument("--json", action="store_true", help="the plan as JSON")
     warm.set_defaults(handler=_warm_start)
+
+    serve = commands.add_parser("serve", help="TensorFlow Serving REST API for exported models (first step)")
+    serve.add_argument("--model_name", required=True)
+    serve.add_argument("--model_base_path", required=True, help="folder of integer version folders (an export base)")
+    serve.add_argument("--rest_api_port", type=int, default=8501)
+    serve.add_argument("--rest_api_host", default="127.0.0.1",
+                       help="default 127.0.0.1: unlike TF Serving, not every interface unless asked")
+    serve.add_argument("--file_system_poll_wait_seconds", type=float, default=1.0)
+    serve.add_argument("--rest_api_num_threads", type=int, default=None)
+    serve.add_argument("--max_body_bytes", type=int, default=64 * 1024 * 1024)
+    serve.set_defaults(handler=_serve)
 
     plot = commands.add_parser("plot", help="PNG of training loss and evaluation metrics against step")
     plot.add_argument("model_dir")

@@ -1,0 +1,252 @@
+"""TF Serving's JSON shapes: predict requests to tensors, outputs to JSON, status and metadata documents.
+
+Pure functions over parsed JSON and an ExportedModel; no HTTP here (app.py).
+Every user mistake raises ServingError(INVALID_ARGUMENT) naming the input and
+what the signature expects (SRV ``util/json_tensor.cc`` semantics):
+
+* row format ``{"instances": [...]}``: one element per example, plain values
+  for a single-input signature, ``{name: value}`` objects otherwise;
+* columnar format ``{"inputs": value | {name: value}}``;
+* ``{"b64": "..."}`` stands for bytes and is only valid for string inputs,
+  which torch.export programs do not have yet, so it is always refused with
+  the reason (after its base64 is checked).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchestimator.export import DEFAULT_SERVING_SIGNATURE_DEF_KEY, ExportedModel, Signature, TensorInfo
+from torchestimator.export.receiver import parse_dtype
+from torchestimator.serving.errors import invalid_argument
+from torchestimator.serving.manager import VersionStatus
+
+__all__ = ["PredictRequest", "decode_body", "metadata_document", "parse_predict", "predict_response",
+           "status_document"]
+
+# torch dtype names (signature.json) -> TF DataType names (metadata).
+TF_DTYPES = {
+    "float32": "DT_FLOAT", "float64": "DT_DOUBLE", "float16": "DT_HALF", "bfloat16": "DT_BFLOAT16",
+    "int8": "DT_INT8", "int16": "DT_INT16", "int32": "DT_INT32", "int64": "DT_INT64", "uint8": "DT_UINT8",
+    "uint16": "DT_UINT16", "uint32": "DT_UINT32", "uint64": "DT_UINT64", "bool": "DT_BOOL",
+    "complex64": "DT_COMPLEX64", "complex128": "DT_COMPLEX128",
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PredictRequest:
+    """A checked predict request: tensors in the signature's dtypes, and which response shape to answer in."""
+
+    signature_name: str
+    inputs: dict[str, torch.Tensor]
+    row_format: bool
+    """True for ``instances`` (answer ``predictions``), False for ``inputs`` (answer ``outputs``)."""
+
+
+def decode_body(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object (NaN and Infinity tokens accepted, as TF Serving does)."""
+    try:
+        document = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise invalid_argument(f"Malformed JSON in request body: {error}. Expected a JSON object.") from error
+    except RecursionError as error:
+        raise invalid_argument("Malformed JSON in request body: nested too deeply.") from error
+    if not isinstance(document, dict):
+        raise invalid_argument(f"The request body must be a JSON object; received a JSON {type(document).__name__}.")
+    return document
+
+
+def parse_predict(document: Mapping[str, Any], model: ExportedModel) -> PredictRequest:
+    """The tensors a predict request asks for, checked against the model's signature."""
+    signature_name = document.get("signature_name", DEFAULT_SERVING_SIGNATURE_DEF_KEY)
+    if not isinstance(signature_name, str):
+        raise invalid_argument(f"'signature_name' must be a string; received {json.dumps(signature_name)[:100]}.")
+    if signature_name not in model.signature_names:
+        raise invalid_argument(f'Serving signature name: "{signature_name}" not found in signature def '
+                               f"(the model has {model.signature_names}).")
+    signature = model.signature(signature_name)
+    if "instances" in document and "inputs" in document:
+        raise invalid_argument("Not formatted correctly expecting only one of 'inputs' or 'instances' keys to exist.")
+    if "instances" in document:
+        values, row_format = _rows_to_columns(document["instances"], signature), True
+    elif "inputs" in document:
+        values, row_format = _columnar_inputs(document["inputs"], signature), False
+    else:
+        raise invalid_argument(f"Missing 'inputs' or 'instances' key. Signature {signature_name!r} takes "
+                               f"{_describe(signature)}.")
+    tensors = {name: _input_tensor(name, values[name], signature.inputs[name]) for name in signature.inputs}
+    return PredictRequest(signature_name=signature_name, inputs=tensors, row_format=row_format)
+
+
+def predict_response(outputs: Mapping[str, np.ndarray], row_format: bool) -> dict[str, Any]:
+    """``{"predictions": [...]}`` (row) or ``{"outputs": ...}`` (columnar), shaped as TF Serving shapes them."""
+    if not row_format:
+        if len(outputs) == 1:
+            return {"outputs": next(iter(outputs.values())).tolist()}
+        return {"outputs": {name: array.tolist() for name, array in outputs.items()}}
+    sizes = {name: (array.shape[0] if array.ndim else None) for name, array in outputs.items()}
+    batch = next(iter(sizes.values()))
+    for name, size in sizes.items():
+        if size is None or size != batch:
+            raise invalid_argument(f"Tensor name: {name} has inconsistent batch size: {size} expecting: {batch}. "
+                                   "Use the columnar format ('inputs') for outputs without a shared batch dimension.")
+    if len(outputs) == 1:
+        return {"predictions": next(iter(outputs.values())).tolist()}
+    columns = {name: array.tolist() for name, array in outputs.items()}
+    return {"predictions": [{name: column[index] for name, column in columns.items()} for index in range(batch)]}
+
+
+def status_document(statuses: list[VersionStatus]) -> dict[str, Any]:
+    """GetModelStatusResponse as TF Serving prints it: version as a string, default fields included."""
+    return {"model_version_status": [
+        {"version": str(status.version), "state": status.state,
+         "status": {"error_code": status.error_code, "error_message": status.error_message}}
+        for status in statuses]}
+
+
+def metadata_document(model_name: str, version: int, model: ExportedModel) -> dict[str, Any]:
+    """GetModelMetadataResponse (signature_def only) for one loaded version."""
+    definitions = {}
+    for name in model.signature_names:
+        signature = model.signature(name)
+        definitions[name] = {
+            "inputs": {alias: _tensor_info(alias, info) for alias, info in signature.inputs.items()},
+            "outputs": {alias: _tensor_info(signature.program_outputs.get(alias, alias), info)
+                        for alias, info in signature.outputs.items()},
+            "method_name": signature.method_name,
+            "defaults": {},
+        }
+    return {"model_spec": {"name": model_name, "signature_name": "", "version": str(version)},
+            "metadata": {"signature_def": {"signature_def": definitions}}}
+
+
+def _tensor_info(name: str, info: TensorInfo) -> dict[str, Any]:
+    known = info.dtype is not None
+    return {"dtype": TF_DTYPES.get(info.dtype, "DT_INVALID") if known else "DT_INVALID",
+            "tensor_shape": {"dim": [{"size": str(size), "name": ""} for size in info.shape],
+                             "unknown_rank": not known},
+            "name": name}
+
+
+def _rows_to_columns(instances: Any, signature: Signature) -> dict[str, list[Any]]:
+    if not isinstance(instances, list) or not instances:
+        raise invalid_argument(f"'instances' must be a non-empty list with one element per example; received "
+                               f"{_preview(instances)}.")
+    names = list(signature.inputs)
+    named = [isinstance(row, dict) and not _is_b64(row) for row in instances]
+    if not any(named):
+        if len(names) != 1:
+            raise invalid_argument(f"Signature {signature.name!r} takes {len(names)} inputs {_describe(signature)}; "
+                                   "each instance must be an object {input name: value}; received plain values.")
+        return {names[0]: instances}
+    if not all(named):
+        raise invalid_argument(f"instances[{named.index(False)}] is a plain value while others are objects; every "
+                               f"instance must be an object {{input name: value}} for {_describe(signature)}.")
+    columns: dict[str, list[Any]] = {name: [] for name in names}
+    for index, row in enumerate(instances):
+        missing = [name for name in names if name not in row]
+        unexpected = [name for name in row if name not in signature.inputs]
+        if missing or unexpected:
+            raise invalid_argument(f"instances[{index}] has missing inputs {missing} and unexpected inputs "
+                                   f"{unexpected}; signature {signature.name!r} takes {_describe(signature)}.")
+        for name in names:
+            columns[name].append(row[name])
+    return columns
+
+
+def _columnar_inputs(inputs: Any, signature: Signature) -> dict[str, Any]:
+    names = list(signature.inputs)
+    if not isinstance(inputs, dict) or _is_b64(inputs):
+        if len(names) != 1:
+            raise invalid_argument(f"Signature {signature.name!r} takes {len(names)} inputs {_describe(signature)}; "
+                                   "'inputs' must be an object {input name: value}.")
+        return {names[0]: inputs}
+    missing = [name for name in names if name not in inputs]
+    unexpected = [name for name in inputs if name not in signature.inputs]
+    if missing or unexpected:
+        raise invalid_argument(f"'inputs' has missing inputs {missing} and unexpected inputs {unexpected}; "
+                               f"signature {signature.name!r} takes {_describe(signature)}.")
+    return dict(inputs)
+
+
+def _input_tensor(name: str, value: Any, info: TensorInfo) -> torch.Tensor:
+    """JSON values as a tensor of the signature's dtype; shape is checked later by the loader."""
+    expected = f"{info.dtype} values of shape {list(info.shape)} (-1 = any size)"
+    try:
+        array = np.array(value)
+    except (ValueError, OverflowError) as error:  # numpy refuses ragged nesting
+        _refuse_b64(name, value, info)
+        raise invalid_argument(f"Input {name!r} is ragged or mis-nested ({error}); expected {expected}.") from error
+    dtype = parse_dtype(info.dtype, f"signature input {name!r} dtype")
+    kind = array.dtype.kind
+    if array.size and kind not in "biuf":
+        _refuse_b64(name, value, info)  # only searched for when numpy saw objects: numbers stay fast
+        found = "null" if _contains(value, type(None)) else "strings" if kind in "US" else "non-numeric values"
+        raise invalid_argument(f"Input {name!r} holds {found} (or numbers out of range); expected {expected}.")
+    if array.size and kind == "b" and dtype != torch.bool:
+        raise invalid_argument(f"Input {name!r} holds booleans; expected {expected}.")
+    if array.size and kind in "iuf" and dtype == torch.bool:
+        raise invalid_argument(f"Input {name!r} holds numbers; expected {expected} (true/false).")
+    if array.size and kind == "f" and not (dtype.is_floating_point or dtype.is_complex):
+        raise invalid_argument(f"Input {name!r} holds non-integer numbers; expected {expected}.")
+    if not array.size and array.dtype == np.float64 and not dtype.is_floating_point:
+        array = array.astype(np.int64)  # [] reads as float64; its dtype carries no information
+    try:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
+    except (TypeError, RuntimeError) as error:
+        raise invalid_argument(f"Input {name!r} could not be read as {expected}: {error}") from error
+
+
+def _refuse_b64(name: str, value: Any, info: TensorInfo) -> None:
+    """{"b64": ...} is bytes (DT_STRING); torch programs take numbers, so it is refused with the reason."""
+    found = _find_b64(value)
+    if found is None:
+        return
+    encoded = found.get("b64")
+    if len(found) != 1 or not isinstance(encoded, str):
+        raise invalid_argument(f"Input {name!r} holds the object {_preview(found)}; only {{\"b64\": \"<base64>\"}} "
+                               f"objects are allowed in tensors, and the signature expects {info.dtype} values.")
+    try:
+        base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError) as error:
+        raise invalid_argument(f"Input {name!r} holds invalid base64 in {{\"b64\": ...}}: {error}.") from error
+    raise invalid_argument(f"Input {name!r} has dtype {info.dtype}; {{\"b64\": ...}} bytes are only accepted for "
+                           "string inputs. Send the numbers as JSON numbers.")
+
+
+def _find_b64(value: Any, depth: int = 0) -> dict[str, Any] | None:
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, list) and depth < 64:
+        for item in value:
+            found = _find_b64(item, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _contains(value: Any, kind: type, depth: int = 0) -> bool:
+    if isinstance(value, kind):
+        return True
+    return isinstance(value, list) and depth < 64 and any(_contains(item, kind, depth + 1) for item in value)
+
+
+def _is_b64(value: Any) -> bool:
+    return isinstance(value, dict) and list(value) == ["b64"]
+
+
+def _describe(signature: Signature) -> str:
+    return "{" + ", ".join(f"{name!r}: {info.dtype} {list(info.shape)}" for name, info in signature.inputs.items()) + "}"
+
+
+def _preview(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
