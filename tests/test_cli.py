@@ -109,6 +109,7 @@ def test_demo_reaches_accuracy_and_resumes_when_rerun(tmp_path):
     best_export = first.stdout.split("best export: ")[1].split()[0]
     assert os.path.basename(best_export).isdigit() and os.path.isfile(os.path.join(best_export, "model.pt2"))
     assert "final export: " in first.stdout and "torchestimator predict --exported" in first.stdout
+    assert "torchestimator serve --model_name digits" in first.stdout
     assert os.path.isfile(os.path.join(model_dir, "metrics.png"))
     second = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr

@@ -240,8 +240,11 @@ def _demo(args: argparse.Namespace) -> int:
     for name, path in outcome["exports"].items():
         print(f"{name} export: {path}")
     if "best" in outcome["exports"]:
-        print(f"run it alone: torchestimator predict --exported {os.path.dirname(outcome['exports']['best'])} "
-              "--input inputs.npz   (inputs.npz holds image: float32 [N, 64])")
+        base = os.path.dirname(outcome["exports"]["best"])
+        print(f"run it alone: torchestimator predict --exported {base} --input inputs.npz   "
+              "(inputs.npz holds image: float32 [N, 64])")
+        print(f"serve it: torchestimator serve --model_name digits --model_base_path {base}   then POST "
+              '{"instances": [[64 floats]]} to http://127.0.0.1:8501/v1/models/digits:predict')
     try:
         from torchestimator.plot import plot_model_dir
 
