@@ -98,20 +98,22 @@ def test_cli_errors_are_reported_without_traceback(tmp_path, model_file, capsys)
 
 @pytest.mark.slow
 def test_demo_reaches_accuracy_and_resumes_when_rerun(tmp_path):
-    model_dir = str(tmp_path / "digits")
+    model_dir = os.path.join("runs", "digits")  # relative, as the README runs it
     command = [sys.executable, "-m", "torchestimator.cli", "demo", "--model_dir", model_dir, "--no_progress"]
-    first = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    first = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert "trained from scratch" in first.stdout
     accuracy = float(first.stdout.split("held-out accuracy ")[1].split(",")[0])
     best = float(first.stdout.split("best held-out accuracy ")[1].split(" ")[0])
     assert accuracy >= 0.95 and best >= accuracy
     best_export = first.stdout.split("best export: ")[1].split()[0]
-    assert os.path.basename(best_export).isdigit() and os.path.isfile(os.path.join(best_export, "model.pt2"))
+    assert os.path.dirname(best_export) == os.path.join(model_dir, "export", "best")
+    assert os.path.basename(best_export).isdigit()
+    assert os.path.isfile(os.path.join(tmp_path, best_export, "model.pt2"))
     assert "final export: " in first.stdout and "torchestimator predict --exported" in first.stdout
     assert "torchestimator serve --model_name digits" in first.stdout
-    assert os.path.isfile(os.path.join(model_dir, "metrics.png"))
-    second = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert os.path.isfile(os.path.join(tmp_path, model_dir, "metrics.png"))
+    second = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert second.returncode == 0, second.stderr
     assert "resumed from" in second.stdout and "instead of starting over" in second.stdout
     assert float(second.stdout.split("held-out accuracy ")[1].split(",")[0]) >= 0.95

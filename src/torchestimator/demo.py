@@ -115,7 +115,7 @@ def run(model_dir: str = "runs/digits", steps: int = max_steps, progress_bar: bo
 
     best = read_best(model_dir)
     export_base = os.path.join(model_dir, "export")
-    exports = {name: os.path.join(export_base, name, str(latest_version(os.path.join(export_base, name))))
+    exports = {name: latest_version(os.path.join(export_base, name))
                for name in ("best", "final") if os.path.isdir(os.path.join(export_base, name))}
     return {"results": results, "best_accuracy": best[0].value if best else None,
             "best_checkpoint": best[0].path if best else None, "exports": exports, "resumed_from": previous}
