@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import final_line, imported_script
 import torch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "loop_overhead.py"
@@ -20,21 +21,12 @@ FINAL_LINE = re.compile(rf"^loop_overhead mlp=({RATIO}) cnn=({RATIO}) lightning_
 
 @pytest.fixture(scope="module")
 def benchmark():
-    spec = importlib.util.spec_from_file_location("loop_overhead", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    try:
-        spec.loader.exec_module(module)
+    with imported_script("loop_overhead") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def _final_line(output: str) -> re.Match:
-    last = output.strip().splitlines()[-1]
-    match = FINAL_LINE.match(last)
-    assert match, f"unexpected last line: {last!r}"
-    return match
+    return final_line(output, FINAL_LINE)
 
 
 def test_quick_run_prints_ratios_and_identical_weights(benchmark, capsys):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from benchmark_scripts import final_line, imported_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "tfrecord_read.py"
 RATIO = r"\d+\.\d{3}|n/a"
@@ -23,21 +24,12 @@ OURS_ONLY = ["--quick", "--no-tensorflow", "--no-tfrecord-package", "--records",
 
 @pytest.fixture(scope="module")
 def benchmark():
-    spec = importlib.util.spec_from_file_location("tfrecord_read", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    try:
-        spec.loader.exec_module(module)
+    with imported_script("tfrecord_read") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def _final_line(output: str) -> re.Match:
-    last = output.strip().splitlines()[-1]
-    match = FINAL_LINE.match(last)
-    assert match, f"unexpected last line: {last!r}"
-    return match
+    return final_line(output, FINAL_LINE)
 
 
 def _figure(output: str, figure: str, unit: str) -> float:
