@@ -222,10 +222,9 @@ def train_loop(run: TrainingRun) -> TrainState:
             steps_this_call += 1
             if steps_this_call == 1:
                 _adopt_spec_hooks(run.hooks, spec.training_hooks, state)
-            context._set_step_outputs(spec, None, None)
-            context._loss_tensor = loss
             # The NaN guard needs the loss on the host each step (one sync; free on CPU).
-            context._loss_value = state.last_loss = float(loss)
+            state.last_loss = float(loss)
+            context._set_step_outputs(spec, loss=loss, loss_value=state.last_loss)
             run.hooks.after_step(context)
             if summary_every is not None and strategy.is_chief and summary_every.should_fire(state.global_step):
                 summary_every.mark(state.global_step)

@@ -42,12 +42,14 @@ class RunContext:
         self._request_checkpoint: Callable[[tuple[Any, ...]], None] | None = None
         self._stop_requested = False
 
-    def _set_step_outputs(self, spec: Any, features: Any = None, labels: Any = None) -> None:
+    def _set_step_outputs(self, spec: Any, features: Any = None, labels: Any = None,
+                          loss: torch.Tensor | None = None, loss_value: float | None = None) -> None:
+        """This step's outputs; `loss` overrides the spec's (the mean over accumulated micro-batches)."""
         self.spec = spec
         self.features = features
         self.labels = labels
-        self._loss_tensor = None if spec is None else spec.loss
-        self._loss_value = None
+        self._loss_tensor = loss if loss is not None else (None if spec is None else spec.loss)
+        self._loss_value = loss_value
 
     @property
     def global_step(self) -> int:
