@@ -146,7 +146,7 @@ def test_two_input_predict_in_both_formats(exported, managers):
 
 BAD_REQUESTS = [
     # (method, path, body, status, words the error must contain)
-    ("POST", "/v1/models/mlp:predict", b"{not json", 400, ["Malformed JSON"]),
+    ("POST", "/v1/models/mlp:predict", b"{not json", 400, ["JSON Parse error", "Malformed JSON"]),
     ("POST", "/v1/models/mlp:predict", b"\xff\xfe", 400, ["Malformed JSON"]),
     ("POST", "/v1/models/mlp:predict", [1, 2], 400, ["JSON object"]),
     ("POST", "/v1/models/mlp:predict", {"instances": [[0.0] * 8], "inputs": [[0.0] * 8]}, 400, ["only one of"]),
@@ -163,14 +163,14 @@ BAD_REQUESTS = [
      ["'x'", "float32", "string inputs"]),
     ("POST", "/v1/models/mlp:predict", {"signature_name": "nope", "inputs": [[0.0] * 8]}, 400,
      ['"nope" not found', "serving_default"]),
-    ("POST", "/v1/models/mlp:predict", {"signature_name": 3, "inputs": [[0.0] * 8]}, 400, ["must be a string"]),
+    ("POST", "/v1/models/mlp:predict", {"signature_name": 3, "inputs": [[0.0] * 8]}, 400, ["key must be a string value"]),
     ("POST", "/v1/models/pair:predict", {"instances": [[0.0] * 8]}, 400, ["2 inputs", "'shift'", "object"]),
     ("POST", "/v1/models/pair:predict", {"instances": [{"x": [0.0] * 8}]}, 400, ["missing inputs ['shift']"]),
     ("POST", "/v1/models/pair:predict", {"inputs": {"x": [[0.0] * 8] * 2, "shift": [[0.0]] * 3}}, 400,
      ["batch size"]),
     ("POST", "/v1/models/ghost:predict", {"inputs": [[0.0] * 8]}, 404, ["Servable not found", "Latest(ghost)"]),
     ("POST", "/v1/models/mlp/versions/1:predict", {"inputs": [[0.0] * 8]}, 404, ["Specific(mlp, 1)"]),
-    ("POST", "/v1/models/mlp/labels/stable:predict", {"inputs": [[0.0] * 8]}, 404, ["label: stable"]),
+    ("POST", "/v1/models/mlp/labels/stable:predict", {"inputs": [[0.0] * 8]}, 400, ["Unrecognized servable version label: stable"]),
     ("GET", "/v1/models/ghost", None, 404, ["ghost"]),
     ("GET", "/v1/models/mlp/versions/1", None, 404, ["version 1 of model mlp"]),
     ("GET", "/v1/models/ghost/metadata", None, 404, ["Servable not found"]),

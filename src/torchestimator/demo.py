@@ -118,4 +118,16 @@ def run(model_dir: str = "runs/digits", steps: int = max_steps, progress_bar: bo
     exports = {name: latest_version(os.path.join(export_base, name))
                for name in ("best", "final") if os.path.isdir(os.path.join(export_base, name))}
     return {"results": results, "best_accuracy": best[0].value if best else None,
-            "best_checkpoint": best[0].path if best else None, "exports": exports, "resumed_from": previous}
+            "best_checkpoint": best[0].path if best else None, "exports": exports, "resumed_from": previous,
+            "serving_request": write_serving_request(model_dir, params)}
+
+
+def write_serving_request(model_dir: str, params: dict, count: int = 2) -> str:
+    """A TF Serving predict body with held-out digits, for `curl -d @<this file> .../v1/models/digits:predict`."""
+    import json
+
+    _, _, images, _ = load_digits_split(params["seed"])
+    path = os.path.join(model_dir, "serving_request.json")
+    with open(path, "w") as handle:
+        json.dump({"instances": images[:count].tolist()}, handle)
+    return path

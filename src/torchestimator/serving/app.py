@@ -1,34 +1,42 @@
-"""The aiohttp application: TF Serving's REST paths, dispatch, error mapping, and ``serve``.
+"""The aiohttp application: TF Serving's REST paths, dispatch, error mapping, metrics.
 
 Paths follow SRV ``model_servers/http_rest_api_util.cc`` (case-insensitive):
 
-    GET  /v1/models/{name}[/versions/{v}|/labels/{l}]            status
-    GET  /v1/models/{name}[/versions/{v}|/labels/{l}]/metadata   signature defs
-    POST /v1/models/{name}[/versions/{v}|/labels/{l}]:predict    predict
+    GET  /v1/models/{name}[/versions/{v}|/labels/{l}]                       status
+    GET  /v1/models/{name}[/versions/{v}|/labels/{l}]/metadata              signature defs
+    POST /v1/models/{name}[/versions/{v}|/labels/{l}]:predict|classify|regress
+    GET  /monitoring/prometheus/metrics                                     Prometheus (path configurable)
 
-Parsing, inference and encoding run in a thread pool, so the event loop only
+Parsing, inference and encoding run in a thread pool (or, with batching, the
+parsed tensors go to the BatchScheduler's threads), so the event loop only
 moves bytes. Every answer is JSON; a ServingError becomes ``{"error": ...}``
-with its HTTP status, anything else a logged 500. Which version is served is
-the ModelManager's business (manager.py); JSON shapes are json_tensor.py's.
+with its HTTP status, anything else a logged 500. Which version serves a
+request is the ModelManager's business (manager.py); JSON shapes are
+json_tensor.py's and examples_json.py's; starting a server is server.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import json
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping
+import time
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
+import torch
 from aiohttp import web
 
 from torchestimator.export import ExportedModel
+from torchestimator.serving.batching import BatchingParameters, BatchScheduler
 from torchestimator.serving.errors import ServingError, invalid_argument, not_found
+from torchestimator.serving.examples_json import classify_results, parse_examples_request, regress_results
 from torchestimator.serving.json_tensor import (
-    PredictRequest,
     decode_body,
     metadata_document,
     parse_predict,
@@ -36,8 +44,9 @@ from torchestimator.serving.json_tensor import (
     status_document,
 )
 from torchestimator.serving.manager import ModelManager
+from torchestimator.serving.metrics import API_BY_VERB, DEFAULT_METRICS_PATH, ServingMetrics
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "add_polling", "make_app", "serve"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_METRICS_PATH", "make_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +56,31 @@ _PREDICT_PATH = re.compile(r"/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:
                            re.IGNORECASE)
 _MODEL_PATH = re.compile(r"/v1/models(?:/([^/:]+))?(?:/versions/(\d+)|/labels/([^/:]+))?(/metadata)?",
                          re.IGNORECASE)
+_BOTH_VERSION_AND_LABEL = re.compile(r"/v1/models/[^/:]+/versions/\d+/labels/[^/:]+.*", re.IGNORECASE)
 
-_MANAGERS = web.AppKey("managers", dict)
-_EXECUTOR = web.AppKey("executor", concurrent.futures.ThreadPoolExecutor)
-_MAX_BODY = web.AppKey("max_body_bytes", int)
+_STATE = web.AppKey("serving_state", object)
+_CALL_KEY = web.RequestKey("torchestimator_serving_call", object)
+
+
+@dataclasses.dataclass(kw_only=True)
+class _ServingState:
+    """Everything a handler needs, hung on the app once."""
+
+    managers: dict[str, ModelManager]
+    executor: concurrent.futures.ThreadPoolExecutor
+    max_body_bytes: int
+    timeout_seconds: float | None
+    metrics: ServingMetrics
+    metrics_path: str | None
+    scheduler: BatchScheduler | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """What a request is, for metrics: TF's API label and the model it names."""
+
+    api: str
+    model_name: str | None
 
 
 def make_app(
@@ -58,156 +88,279 @@ def make_app(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     num_threads: int | None = None,
+    batching: BatchingParameters | None = None,
+    metrics_path: str | None = DEFAULT_METRICS_PATH,
+    timeout_seconds: float | None = 30.0,
 ) -> web.Application:
-    """An application answering TF Serving's REST API for the given models (polling is added separately)."""
+    """An application answering TF Serving's REST API for the given models (polling is added by server.py).
+
+    ``batching`` gathers concurrent requests into one forward pass (TF's
+    --enable_batching); ``metrics_path`` None turns the Prometheus page off;
+    ``timeout_seconds`` is TF's rest_api_timeout_in_ms (504 when exceeded).
+    """
     by_name = _managers_by_name(managers)
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes <= 0:
         raise ValueError(f"max_body_bytes must be a positive int; received {max_body_bytes!r}.")
     if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
                                     or num_threads <= 0):
         raise ValueError(f"num_threads must be a positive int or None (default); received {num_threads!r}.")
+    if timeout_seconds is not None and not timeout_seconds > 0:
+        raise ValueError(f"timeout_seconds must be positive or None (no limit); received {timeout_seconds!r}.")
+    if metrics_path is not None and (not isinstance(metrics_path, str) or not metrics_path.startswith("/")
+                                     or metrics_path.lower().startswith("/v1/")):
+        raise ValueError(f"metrics_path must be an absolute path outside /v1/ (TF's is {DEFAULT_METRICS_PATH}); "
+                         f"received {metrics_path!r}.")
+    if batching is not None and not isinstance(batching, BatchingParameters):
+        raise TypeError(f"batching must be BatchingParameters or None; received {type(batching).__name__}.")
+    metrics = ServingMetrics()
     app = web.Application(client_max_size=max_body_bytes)
-    app[_MANAGERS] = by_name
-    app[_MAX_BODY] = max_body_bytes
-    app[_EXECUTOR] = concurrent.futures.ThreadPoolExecutor(
-        max_workers=num_threads or min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="torchestimator-serving")
-    app.router.add_route("*", "/{tail:.*}", _dispatch)  # one handler: TF's paths are case-insensitive
-    app.on_cleanup.append(_shutdown_executor)
+    app[_STATE] = _ServingState(
+        managers=by_name,
+        executor=concurrent.futures.ThreadPoolExecutor(
+            max_workers=num_threads or min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="torchestimator-serving"),
+        max_body_bytes=max_body_bytes,
+        timeout_seconds=timeout_seconds,
+        metrics=metrics,
+        metrics_path=metrics_path,
+        scheduler=None if batching is None else BatchScheduler(
+            batching, on_batch=lambda real, padded: metrics.observe_batch(None, real, padded)),
+    )
+    app.router.add_route("*", r"/{tail:[\s\S]*}", _dispatch)  # one handler: TF's paths are case-insensitive
+    app.on_cleanup.append(_shutdown)
     return app
 
 
-def add_polling(app: web.Application, file_system_poll_wait_seconds: float) -> None:
-    """Polls every manager for new versions while the app runs (0 or less: never, beyond the caller's first poll)."""
-    if file_system_poll_wait_seconds <= 0:
-        return
-
-    async def polling(app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(_poll_forever(list(app[_MANAGERS].values()), file_system_poll_wait_seconds))
-        yield
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
-
-    app.cleanup_ctx.append(polling)
-
-
-def serve(
-    model_name: str,
-    model_base_path: str | os.PathLike[str],
-    host: str = "127.0.0.1",
-    port: int = 8501,
-    file_system_poll_wait_seconds: float = 1,
-    *,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    num_threads: int | None = None,
-) -> None:
-    """Serves the latest version under ``model_base_path`` as ``model_name`` until interrupted (blocking)."""
-    manager = ModelManager(model_name, model_base_path)
-    if not manager.poll():
-        logger.warning("%s: no version could be loaded from %s yet; waiting for one (status: %s)",
-                       model_name, manager.base_path, manager.statuses())
-    app = make_app(manager, max_body_bytes=max_body_bytes, num_threads=num_threads)
-    add_polling(app, file_system_poll_wait_seconds)
-    logger.info("Serving %s at http://%s:%d/v1/models/%s", model_name, host, port, model_name)
-    web.run_app(app, host=host, port=port, print=None)
+def managers_of(app: web.Application) -> dict[str, ModelManager]:
+    """The app's models by name; server.py adds and removes entries when the model config file changes."""
+    return app[_STATE].managers
 
 
 async def _dispatch(request: web.Request) -> web.Response:
+    state: _ServingState = request.app[_STATE]
+    started = time.perf_counter()
     try:
-        return await _route(request)
+        response = await _route(request, state)
     except ServingError as error:
-        return _json_response({"error": error.message}, error.http_status)
+        response = _json_response({"error": error.message}, error.http_status)
     except web.HTTPRequestEntityTooLarge:
-        return _too_large(request.app[_MAX_BODY])
+        response = _too_large(state.max_body_bytes)
     except Exception:  # our bug, not the client's: answer and keep serving
         logger.exception("Internal error answering %s %s", request.method, request.path)
-        return _json_response({"error": "Internal server error; see the server log."}, 500)
+        response = _json_response({"error": "Internal server error; see the server log."}, 500)
+    call = request.get(_CALL_KEY)  # set by _route once it knows what the request is, errors included
+    if call is not None and call.model_name is not None:
+        state.metrics.observe_request(call.model_name, call.api, _status_code(response.status),
+                                      time.perf_counter() - started)
+    return response
 
 
-async def _route(request: web.Request) -> web.Response:
+async def _route(request: web.Request, state: _ServingState) -> web.Response:
     path, method = request.path, request.method
-    match = _PREDICT_PATH.fullmatch(path)
-    if match:
-        if method != "POST":
-            return _method_not_allowed(method, path, "POST")
-        name, version, label, verb = match.groups()
-        return await _predict(request, name, _version(version), label, verb.lower())
-    match = _MODEL_PATH.fullmatch(path)
-    if match:
+    if state.metrics_path is not None and path == state.metrics_path:
         if method != "GET":
             return _method_not_allowed(method, path, "GET")
+        body, content_type = state.metrics.render()
+        return web.Response(body=body, headers={"Content-Type": content_type})
+    match = _PREDICT_PATH.fullmatch(path)
+    if match:
+        name, version, label, verb = match.groups()
+        request[_CALL_KEY] = _Call(API_BY_VERB[verb.lower()], name)
+        if method != "POST":
+            return _method_not_allowed(method, path, "POST")
+        return await _infer(request, state, name, _version(version), label, verb.lower())
+    match = _MODEL_PATH.fullmatch(path)
+    if match:
         name, version, label, metadata = match.groups()
+        request[_CALL_KEY] = _Call("GetModelMetadata" if metadata else "GetModelStatus", name)
+        if method != "GET":
+            return _method_not_allowed(method, path, "GET")
         if name is None:
             raise invalid_argument("Missing model name in request.")
         if metadata:
-            return _metadata(request, name, _version(version), label)
-        return _status(request, name, _version(version), label)
+            return _metadata(state, name, _version(version), label)
+        return _status(state, name, _version(version), label)
+    if _BOTH_VERSION_AND_LABEL.fullmatch(path):
+        raise invalid_argument(f"Malformed request: {method} {path}: a request may name a version or a label, not both.")
     if path[:4].lower() in ("/v1/", "/v1"):
         raise invalid_argument(f"Malformed request: {method} {path}")
     raise not_found(f"Not found: {path}. The REST API lives under /v1/models/<name>.")
 
 
-async def _predict(request: web.Request, name: str, version: int | None, label: str | None, verb: str) -> web.Response:
-    model, _ = _servable(request, name, version, label)
-    if verb != "predict":
-        raise ServingError("UNIMPLEMENTED", f":{verb} is not implemented yet; use :predict with the same model.")
-    limit = request.app[_MAX_BODY]
-    if request.content_length is not None and request.content_length > limit:
-        return _too_large(limit)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Parsed:
+    """A checked request: what to run, and how to turn the outputs into the response bytes."""
+
+    signature_name: str
+    inputs: dict[str, torch.Tensor]
+    encode: Any
+    """outputs -> JSON bytes."""
+    examples: int | None = None
+    """How many tf.Examples a classify/regress request carried (TF counts them in its metrics)."""
+
+
+# Bodies up to this size are decoded on the event loop: a thread hop costs more than parsing them.
+_INLINE_BODY_BYTES = 16 * 1024
+
+
+async def _infer(request: web.Request, state: _ServingState, name: str, version: int | None, label: str | None,
+                 verb: str) -> web.Response:
+    model, _ = _servable(state, name, version, label)  # the request keeps this version through any swap
+    if request.content_length is not None and request.content_length > state.max_body_bytes:
+        return _too_large(state.max_body_bytes)
     body = await request.read()
     loop = asyncio.get_running_loop()
-    payload = await loop.run_in_executor(request.app[_EXECUTOR], _predict_sync, model, body)
+    if state.scheduler is None:  # one hop: parse, run and encode in a worker thread
+        work = loop.run_in_executor(state.executor, _parse_run_encode, model, body, verb)
+    else:
+        work = _run_batched(loop, state, model, body, verb)
+    try:
+        payload, examples = await asyncio.wait_for(work, state.timeout_seconds)
+    except asyncio.TimeoutError:
+        raise ServingError("DEADLINE_EXCEEDED", f"The request did not finish within {state.timeout_seconds} s "
+                                                "(--rest_api_timeout_in_ms).") from None
+    if examples is not None:
+        state.metrics.observe_examples(name, examples)
     return web.Response(body=payload, status=200, content_type="application/json")
 
 
-def _predict_sync(model: ExportedModel, body: bytes) -> bytes:
-    """Parse, run and encode in a worker thread: all the CPU work of a request."""
-    parsed: PredictRequest = parse_predict(decode_body(body), model)
+def _parse_run_encode(model: ExportedModel, body: bytes, verb: str) -> tuple[bytes, int | None]:
+    parsed = _parse(model, body, verb)
+    outputs = _run_model(lambda: model(parsed.inputs, signature_name=parsed.signature_name))
+    return parsed.encode(outputs), parsed.examples
+
+
+async def _run_batched(loop: asyncio.AbstractEventLoop, state: _ServingState, model: ExportedModel, body: bytes,
+                       verb: str) -> tuple[bytes, int | None]:
+    """Parse, then wait for the batch the scheduler puts the request in, then encode.
+
+    Small requests are parsed and encoded on the event loop, so a request
+    costs one hand-off to a batch thread and back rather than three.
+    """
+    assert state.scheduler is not None
+    small = len(body) <= _INLINE_BODY_BYTES
+    parsed = _parse(model, body, verb) if small else await loop.run_in_executor(
+        state.executor, _parse, model, body, verb)
+    future = state.scheduler.submit(model, parsed.signature_name, parsed.inputs)  # 429 when the queue is full
+    outputs = await asyncio.wrap_future(_translated(future))
+    if sum(array.nbytes for array in outputs.values()) <= _INLINE_BODY_BYTES:
+        return parsed.encode(outputs), parsed.examples
+    return await loop.run_in_executor(state.executor, parsed.encode, outputs), parsed.examples
+
+
+def _parse(model: ExportedModel, body: bytes, verb: str) -> _Parsed:
+    """Decode and check a request against the model's signature (in a worker thread: it is CPU work)."""
+    document = decode_body(body)
+    if verb == "predict":
+        predict = parse_predict(document, model)
+
+        def encode_predictions(outputs: Mapping[str, np.ndarray]) -> bytes:
+            return json.dumps(predict_response(outputs, predict.row_format)).encode()
+
+        return _Parsed(signature_name=predict.signature_name, encode=encode_predictions,
+                       inputs=_prepared(model, predict.inputs, predict.signature_name))
+    examples = parse_examples_request(document, model, verb)
+    results = classify_results if verb == "classify" else regress_results
+
+    def encode_results(outputs: Mapping[str, np.ndarray]) -> bytes:
+        return json.dumps(results(outputs, examples.count)).encode()
+
+    return _Parsed(signature_name=examples.signature_name, encode=encode_results, examples=examples.count,
+                   inputs=_prepared(model, examples.inputs, examples.signature_name))
+
+
+def _prepared(model: ExportedModel, inputs: Mapping[str, torch.Tensor], signature_name: str) -> dict[str, torch.Tensor]:
+    """The loader's checks (shape, shared batch size) before the request joins a batch; its errors name the input."""
     try:
-        outputs = model(parsed.inputs, signature_name=parsed.signature_name)
-    except (ValueError, TypeError) as error:  # the loader's checks: they name the input and the mismatch
+        return model.prepare_inputs(inputs, signature_name)
+    except (ValueError, TypeError) as error:
         raise invalid_argument(str(error)) from error
-    except (RuntimeError, IndexError) as error:  # e.g. an index out of range inside the program
-        raise invalid_argument(f"The model failed on these inputs: {error}") from error
-    return json.dumps(predict_response(outputs, parsed.row_format)).encode()
 
 
-def _status(request: web.Request, name: str, version: int | None, label: str | None) -> web.Response:
-    manager = request.app[_MANAGERS].get(name)
-    statuses = [] if manager is None else manager.statuses()
-    if label is not None:
-        raise not_found(f"Unrecognized servable version label: {label} (model {name} has no version labels).")
-    if not statuses:
+def _run_model(run: Any) -> Any:
+    try:
+        return run()
+    except Exception as error:
+        mapped = _as_serving_error(error)
+        if mapped is error:
+            raise
+        raise mapped from error
+
+
+def _as_serving_error(error: BaseException) -> BaseException:
+    """Model failures caused by the inputs are the client's (400); anything else stays a 500."""
+    if isinstance(error, (ValueError, TypeError)):  # the loader's checks: they name the input and the mismatch
+        return invalid_argument(str(error))
+    if isinstance(error, (RuntimeError, IndexError)):
+        return invalid_argument(f"The model failed on these inputs: {error}")  # e.g. an index out of range
+    if isinstance(error, AssertionError) and "Guard failed" in str(error):  # torch.export's shape guards
+        return invalid_argument(f"The model refused these inputs' shapes: {error}")
+    return error
+
+
+def _translated(future: concurrent.futures.Future) -> concurrent.futures.Future:
+    """The scheduler's future with model errors mapped as _run_model maps them without batching."""
+    translated: concurrent.futures.Future = concurrent.futures.Future()
+
+    def done(source: concurrent.futures.Future) -> None:
+        try:
+            if source.cancelled():
+                translated.cancel()
+            elif source.exception() is None:
+                translated.set_result(source.result())
+            else:
+                translated.set_exception(_as_serving_error(source.exception()))
+        except concurrent.futures.InvalidStateError:  # already cancelled by a timeout: nobody waits for it
+            pass
+
+    def cancel_source(translated: concurrent.futures.Future) -> None:
+        if translated.cancelled():  # the request timed out: the scheduler skips it if it has not started
+            future.cancel()
+
+    future.add_done_callback(done)
+    translated.add_done_callback(cancel_source)
+    return translated
+
+
+def _status(state: _ServingState, name: str, version: int | None, label: str | None) -> web.Response:
+    manager = state.managers.get(name)
+    if manager is None:
         raise not_found(f"Could not find any versions of model {name}")
-    if version is not None:
-        statuses = [status for status in statuses if status.version == version]
-        if not statuses:
-            raise not_found(f"Could not find version {version} of model {name}")
-    return _json_response(status_document(statuses), 200)
+    return _json_response(status_document(manager.statuses(version, label)), 200)
 
 
-def _metadata(request: web.Request, name: str, version: int | None, label: str | None) -> web.Response:
-    model, served_version = _servable(request, name, version, label)
+def _metadata(state: _ServingState, name: str, version: int | None, label: str | None) -> web.Response:
+    model, served_version = _servable(state, name, version, label)
     return _json_response(metadata_document(name, served_version, model), 200)
 
 
-def _servable(request: web.Request, name: str, version: int | None, label: str | None) -> tuple[ExportedModel, int]:
-    """The loaded model a request names (latest when no version is given), else a NOT_FOUND error."""
-    if label is not None:
-        raise not_found(f"Unrecognized servable version label: {label} (model {name} has no version labels).")
-    manager = request.app[_MANAGERS].get(name)
-    model = None if manager is None else manager.get(version)
-    if model is None:
-        spec = f"Latest({name})" if version is None else f"Specific({name}, {version})"
-        known = sorted(request.app[_MANAGERS])
-        raise not_found(f"Servable not found for request: {spec} (served models: {known})")
-    return model, model.version if model.version is not None else manager.served_version
+def _servable(state: _ServingState, name: str, version: int | None, label: str | None) -> tuple[ExportedModel, int]:
+    """The loaded model a request names (latest when no version or label is given), else NOT_FOUND."""
+    manager = state.managers.get(name)
+    if manager is None:
+        spec = f"Latest({name})" if version is None and label is None else \
+            f"Specific({name}, {version})" if label is None else f"Label({name}, {label})"
+        raise not_found(f"Servable not found for request: {spec} (served models: {sorted(state.managers)})")
+    served_version, model = manager.resolve(version, label)
+    return model, served_version
 
 
 def _version(text: str | None) -> int | None:
-    return None if text is None else int(text)
+    if text is None:
+        return None
+    version = int(text)
+    if version >= 2 ** 63:  # TF parses versions as int64
+        raise invalid_argument(f"Failed to convert version: {text} (versions are 64-bit signed integers).")
+    return version
+
+
+def _status_code(http_status: int) -> str:
+    """TF's canonical code name for the metrics' status label."""
+    return _CODE_NAMES.get(http_status, "UNKNOWN")
+
+
+_CODE_NAMES = {200: "OK", 400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 405: "INVALID_ARGUMENT", 413: "INVALID_ARGUMENT",
+               429: "RESOURCE_EXHAUSTED", 499: "CANCELLED", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE",
+               504: "DEADLINE_EXCEEDED"}
 
 
 def _managers_by_name(managers: Any) -> dict[str, ModelManager]:
@@ -226,19 +379,11 @@ def _managers_by_name(managers: Any) -> dict[str, ModelManager]:
     return by_name
 
 
-async def _poll_forever(managers: list[ModelManager], seconds: float) -> None:
-    loop = asyncio.get_running_loop()
-    while True:
-        await asyncio.sleep(seconds)
-        for manager in managers:
-            try:
-                await loop.run_in_executor(None, manager.poll)
-            except Exception:  # a broken file system must not stop polling for good
-                logger.exception("%s: polling %s failed", manager.name, manager.base_path)
-
-
-async def _shutdown_executor(app: web.Application) -> None:
-    app[_EXECUTOR].shutdown(wait=False, cancel_futures=True)
+async def _shutdown(app: web.Application) -> None:
+    state: _ServingState = app[_STATE]
+    if state.scheduler is not None:
+        state.scheduler.close(timeout=10)
+    state.executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _method_not_allowed(method: str, path: str, allowed: str) -> web.Response:

@@ -24,6 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
+try:
+    import orjson as _orjson
+except ImportError:  # optional (the serving extra installs it)
+    _orjson = None
+
 from torchestimator.export import DEFAULT_SERVING_SIGNATURE_DEF_KEY, ExportedModel, Signature, TensorInfo
 from torchestimator.export.receiver import parse_dtype
 from torchestimator.serving.errors import invalid_argument
@@ -52,23 +57,46 @@ class PredictRequest:
 
 
 def decode_body(body: bytes) -> dict[str, Any]:
-    """The request body as a JSON object (NaN and Infinity tokens accepted, as TF Serving does)."""
+    """The request body as a JSON object (NaN and Infinity tokens accepted, as TF Serving does).
+
+    Errors begin with TF Serving's "JSON Parse error: " so clients matching on it keep working.
+    """
+    if not body.strip():
+        raise invalid_argument("JSON Parse error: The document is empty. Expected a JSON object such as "
+                               '{"instances": [...]} or {"inputs": ...}.')
     try:
-        document = json.loads(body)
+        document = _loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise invalid_argument(f"Malformed JSON in request body: {error}. Expected a JSON object.") from error
+        raise invalid_argument(f"JSON Parse error: {error}. Malformed JSON in request body; expected a JSON "
+                               "object.") from error
     except RecursionError as error:
-        raise invalid_argument("Malformed JSON in request body: nested too deeply.") from error
+        raise invalid_argument("JSON Parse error: nested too deeply. Malformed JSON in request body.") from error
     if not isinstance(document, dict):
         raise invalid_argument(f"The request body must be a JSON object; received a JSON {type(document).__name__}.")
     return document
+
+
+def _loads(body: bytes) -> Any:
+    """orjson when installed (parsing floats is most of a request's cost), else json.
+
+    orjson is strict JSON: it refuses the NaN / Infinity tokens and numbers
+    beyond float64 or int64 that TF Serving accepts, so those bodies (and
+    every malformed one, for json's error message) go through json as well.
+    """
+    if _orjson is not None:
+        try:
+            return _orjson.loads(body)
+        except _orjson.JSONDecodeError:
+            pass
+    return json.loads(body)
 
 
 def parse_predict(document: Mapping[str, Any], model: ExportedModel) -> PredictRequest:
     """The tensors a predict request asks for, checked against the model's signature."""
     signature_name = document.get("signature_name", DEFAULT_SERVING_SIGNATURE_DEF_KEY)
     if not isinstance(signature_name, str):
-        raise invalid_argument(f"'signature_name' must be a string; received {json.dumps(signature_name)[:100]}.")
+        raise invalid_argument(f"'signature_name' key must be a string value. Received "
+                               f"{json.dumps(signature_name)[:100]}.")
     if signature_name not in model.signature_names:
         raise invalid_argument(f'Serving signature name: "{signature_name}" not found in signature def '
                                f"(the model has {model.signature_names}).")
@@ -190,7 +218,9 @@ def _input_tensor(name: str, value: Any, info: TensorInfo) -> torch.Tensor:
     if array.size and kind not in "biuf":
         _refuse_b64(name, value, info)  # only searched for when numpy saw objects: numbers stay fast
         found = "null" if _contains(value, type(None)) else "strings" if kind in "US" else "non-numeric values"
-        raise invalid_argument(f"Input {name!r} holds {found} (or numbers out of range); expected {expected}.")
+        # TF's TypeError text first ("... is not of expected type: float"), then what we know more.
+        raise invalid_argument(f"Input {name!r} is not of expected type: {_tf_type_name(info.dtype)}: it holds "
+                               f"{found} (or numbers out of range); expected {expected}.")
     if array.size and kind == "b" and dtype != torch.bool:
         raise invalid_argument(f"Input {name!r} holds booleans; expected {expected}.")
     if array.size and kind in "iuf" and dtype == torch.bool:
@@ -203,6 +233,11 @@ def _input_tensor(name: str, value: Any, info: TensorInfo) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
     except (TypeError, RuntimeError) as error:
         raise invalid_argument(f"Input {name!r} could not be read as {expected}: {error}") from error
+
+
+def _tf_type_name(dtype: str) -> str:
+    """TF's C++ type name in its JSON type errors: float for float32, double, int64, bool, ..."""
+    return {"float32": "float", "float64": "double", "float16": "Eigen::half", "bool": "bool"}.get(dtype, dtype)
 
 
 def _refuse_b64(name: str, value: Any, info: TensorInfo) -> None:

@@ -1,11 +1,24 @@
-"""Which version of a model is served: discovery under a base path, load, warm-up, atomic swap.
+"""Which versions of a model are served: discovery under a base path, version policy, labels, load, swap.
 
-A ModelManager owns one model name and its ``model_base_path``. ``poll()``
-follows TensorFlow Serving's default policy (``latest { num_versions: 1 }``
-with AvailabilityPreservingPolicy): the highest integer version folder is
-loaded and warmed before it takes traffic, then the old one is released. A
-version that fails to load or warm never replaces the working one; its error
-shows in ``statuses()``. HTTP and JSON live in app.py and json_tensor.py.
+A ModelManager owns one model name and its ``model_base_path``, and plays the
+part of TF Serving's AspiredVersionsManager with AvailabilityPreservingPolicy:
+
+- ``poll()`` lists the integer version folders and asks the version policy
+  (config.py's VersionPolicy: ``latest {num_versions}``, ``all``,
+  ``specific {versions}``) which of them to serve (the *aspired* versions).
+- Each new aspired version is loaded and warmed before it takes traffic,
+  highest first. Versions no longer aspired are unloaded only once an aspired
+  version serves, so the model never goes dark during a swap; a version that
+  fails to load never removes a working one, and its error shows in
+  ``statuses()`` (it is retried once its files change).
+- The served versions are an immutable mapping replaced whole under the poll
+  lock: readers take no lock, and a request holding a model keeps it through
+  a swap (it is freed when the last request drops it).
+- Labels (``stable`` -> 42) name served versions; like TF, a label may only be
+  assigned to a loaded version unless the caller allows unavailable ones.
+
+HTTP and JSON live in app.py and json_tensor.py; config files in config.py.
+Errors raised for requests are ServingError with TF's wording (errors.py).
 """
 
 from __future__ import annotations
@@ -14,7 +27,8 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -22,15 +36,19 @@ import torch
 from torchestimator.export import ExportedModel, list_versions, load
 from torchestimator.export.receiver import parse_dtype
 from torchestimator.export.versions import _version_path
+from torchestimator.serving.config import ModelConfig, VersionPolicy
+from torchestimator.serving.errors import ServingError, invalid_argument, not_found
 
 __all__ = ["ModelManager", "VersionStatus"]
 
 logger = logging.getLogger(__name__)
 
 # TF Serving's ManagerState names (apis/get_model_status.proto).
-AVAILABLE = "AVAILABLE"
 LOADING = "LOADING"
+AVAILABLE = "AVAILABLE"
 END = "END"
+
+_EMPTY: Mapping[Any, Any] = MappingProxyType({})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,88 +66,265 @@ class VersionStatus:
 class ModelManager:
     """Serves one model name from the integer version folders under ``base_path``.
 
-    ``get(version)`` hands out the loaded model; a request keeps its reference
-    for its whole run, so unloading an old version never breaks a request in
-    flight (the object is freed when the last request drops it).
+    ``get(version)`` / ``resolve(version, label)`` hand out loaded models;
+    ``poll()`` (blocking: run it in a worker thread) follows the version policy.
     """
 
     def __init__(self, name: str, base_path: str | os.PathLike[str], *,
+                 version_policy: VersionPolicy | None = None,
+                 version_labels: Mapping[str, int] | None = None,
                  loader: Callable[[str], ExportedModel] = load) -> None:
         if not isinstance(name, str) or not name or "/" in name or ":" in name:
             raise ValueError(f"Model name must be a non-empty string without '/' or ':'; received {name!r}.")
+        if version_policy is not None and not isinstance(version_policy, VersionPolicy):
+            raise TypeError(f"version_policy must be a VersionPolicy or None (latest version only); "
+                            f"received {type(version_policy).__name__}.")
         self.name = name
         self.base_path = os.fspath(base_path)
+        self._policy = version_policy or VersionPolicy()
         self._loader = loader
-        self._poll_lock = threading.Lock()  # two polls never load the same version twice
-        self._served: tuple[int, ExportedModel] | None = None  # replaced whole: readers need no lock
-        self._statuses: dict[int, VersionStatus] = {}
-        self._failed_fingerprints: dict[int, tuple[Any, ...]] = {}
+        self._poll_lock = threading.RLock()  # two polls never load the same version twice
+        # Each of these is replaced whole, never mutated: readers need no lock.
+        self._served: Mapping[int, ExportedModel] = _EMPTY
+        self._statuses: Mapping[int, VersionStatus] = _EMPTY
+        self._labels: Mapping[str, int] = _EMPTY
+        self._failed_fingerprints: dict[int, tuple[Any, ...]] = {}  # only touched under the poll lock
+        if version_labels:
+            # Before the first poll nothing is loaded: labels given here are taken as they are.
+            self.set_version_labels(version_labels, allow_unavailable=True)
 
     def __repr__(self) -> str:
-        return f"ModelManager({self.name!r}, {self.base_path!r}, serving={self.served_version})"
+        return f"ModelManager({self.name!r}, {self.base_path!r}, serving={self.served_versions})"
+
+    # -- what is served ---------------------------------------------------------------------------
+
+    @property
+    def version_policy(self) -> VersionPolicy:
+        return self._policy
+
+    @property
+    def served_versions(self) -> list[int]:
+        """The versions that answer requests now, ascending."""
+        return sorted(self._served)
 
     @property
     def served_version(self) -> int | None:
+        """The highest served version (what a request without version or label gets), or None."""
         served = self._served
-        return None if served is None else served[0]
+        return max(served) if served else None
+
+    @property
+    def version_labels(self) -> dict[str, int]:
+        return dict(self._labels)
 
     def get(self, version: int | None = None) -> ExportedModel | None:
-        """The loaded model for ``version`` (the latest served when None), or None if it is not available."""
+        """The loaded model for ``version`` (the highest served when None), or None if it is not available."""
         served = self._served
-        if served is None or (version is not None and version != served[0]):
+        if not served:
             return None
-        return served[1]
+        return served[max(served)] if version is None else served.get(version)
 
-    def statuses(self) -> list[VersionStatus]:
-        """Every version this manager has tried, ascending: the served one AVAILABLE, others END (with errors)."""
-        statuses = dict(self._statuses)
-        return [statuses[version] for version in sorted(statuses)]
+    def resolve(self, version: int | None = None, label: str | None = None) -> tuple[int, ExportedModel]:
+        """The (version, model) a request names; ServingError with TF's code and wording when there is none."""
+        if version is not None and label is not None:
+            raise _both_given(version, label)
+        served = self._served  # one snapshot for the whole lookup
+        if label is not None:
+            version = self._label_version(label)
+            if version not in served:
+                state = self._state_words(version)
+                raise not_found(f"Servable not found for request: Specific({self.name}, {version}) "
+                                f"(label {label!r} points at version {version}, which is {state})")
+            return version, served[version]
+        if version is None:
+            if not served:
+                raise not_found(f"Servable not found for request: Latest({self.name})")
+            version = max(served)
+            return version, served[version]
+        if version not in served:
+            raise not_found(f"Servable not found for request: Specific({self.name}, {version})")
+        return version, served[version]
+
+    def statuses(self, version: int | None = None, label: str | None = None) -> list[VersionStatus]:
+        """Every version this manager has tried, ascending (GetModelStatus); filtered by version or label.
+
+        Raises ServingError as TF's GetModelStatus does: NOT_FOUND "Could not find
+        any versions of model <name>" when nothing was tried yet, "Could not find
+        version <v> of model <name>" for an unknown version, INVALID_ARGUMENT for an
+        unknown label or for both a version and a label.
+        """
+        if version is not None and label is not None:
+            raise _both_given(version, label)
+        statuses = self._statuses
+        if label is not None:
+            version = self._label_version(label)
+        if version is None:
+            if not statuses:
+                raise not_found(f"Could not find any versions of model {self.name}")
+            return [statuses[number] for number in sorted(statuses)]
+        if version not in statuses:
+            raise not_found(f"Could not find version {version} of model {self.name}")
+        return [statuses[version]]
+
+    # -- labels and configuration -----------------------------------------------------------------
+
+    def set_version_labels(self, labels: Mapping[str, int], *, allow_unavailable: bool = False) -> None:
+        """Replaces the label map (as each TF config reload does). All labels are checked before any changes.
+
+        As TF's ServerCore: each label must point at a version that is AVAILABLE now.
+        ``allow_unavailable`` (``--allow_version_labels_for_unavailable_models``)
+        lifts that for new labels and unchanged ones only, never for moving an
+        existing label, so a label never points at a version still loading.
+        """
+        checked = _checked_labels(labels, self.name)
+        with self._poll_lock:
+            served, current = self._served, self._labels
+            for label, version in checked.items():
+                if version in served:
+                    continue
+                if allow_unavailable and current.get(label, version) == version:
+                    continue
+                moving = f" (moving it from version {current[label]})" if label in current else ""
+                raise ValueError(
+                    f"Request to assign label {label!r} to version {version} of model {self.name}{moving}, "
+                    f"which is not currently available for inference (it is {self._state_words(version)}). "
+                    "Assign labels to loaded versions only: first make the version policy serve it and wait "
+                    "for it to load" + ("" if allow_unavailable else ", or allow labels for unavailable "
+                                        "versions (allow_unavailable=True) for a new label") + ".")
+            self._labels = MappingProxyType(checked)
+        if checked != dict(current):
+            logger.info("%s: version labels %s", self.name, checked or "cleared")
+
+    def apply_config(self, config: ModelConfig, *, allow_unavailable_labels: bool = False) -> bool:
+        """A config-file reload for this model: base path, version policy, then labels after the poll.
+
+        Returns what ``poll()`` returned. A ValueError from the labels leaves the
+        new policy in force (its versions loaded) and the previous labels in place.
+        """
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"apply_config takes a ModelConfig; received {type(config).__name__}.")
+        if config.name != self.name:
+            raise ValueError(f"apply_config got the config of model {config.name!r} for the manager of model "
+                             f"{self.name!r}; give each manager its own model's config.")
+        with self._poll_lock:
+            if config.base_path != self.base_path or config.version_policy != self._policy:
+                logger.info("%s: new configuration: base path %s, %s", self.name, config.base_path,
+                            config.version_policy)
+            self.base_path = config.base_path
+            self._policy = config.version_policy
+            changed = self.poll()
+            self.set_version_labels(config.version_labels, allow_unavailable=allow_unavailable_labels)
+        return changed
+
+    # -- polling: the aspired-versions loop -------------------------------------------------------
 
     def poll(self) -> bool:
-        """Loads the highest version if it is new; returns True when the served version changed.
+        """Loads new aspired versions and unloads those no longer aspired; True when the served set changed.
 
         Blocking (it loads and runs the model): call it from a worker thread in
         an event loop. A version that failed is retried only once its files change.
         """
         with self._poll_lock:
-            versions = list_versions(self.base_path)
-            if not versions:
-                if self._served is not None:
-                    logger.warning("%s: no integer version folders left under %s; still serving version %d.",
-                                   self.name, self.base_path, self._served[0])
+            on_disk = list_versions(self.base_path)
+            aspired = self._policy.aspired(on_disk)
+            if not aspired:
+                self._warn_nothing_aspired(on_disk)
                 return False
-            target = versions[-1]
-            if target == self.served_version:
-                return False
-            path = _version_path(self.base_path, target)
-            fingerprint = _fingerprint(path)
-            if self._failed_fingerprints.get(target) == fingerprint:
-                return False
-            return self._load(target, path, fingerprint)
+            loaded = [version for version in sorted(set(aspired) - set(self._served), reverse=True)
+                      if self._load(version)]
+            return bool(loaded) | self._unload_unaspired(set(aspired))
 
-    def _load(self, version: int, path: str, fingerprint: tuple[Any, ...]) -> bool:
-        self._statuses[version] = VersionStatus(version=version, state=LOADING)
+    def _load(self, version: int) -> bool:
+        path = _version_path(self.base_path, version)
+        fingerprint = _fingerprint(path)
+        if self._failed_fingerprints.get(version) == fingerprint:
+            return False
+        self._set_status(VersionStatus(version=version, state=LOADING))
         logger.info("%s: loading version %d from %s", self.name, version, path)
         try:
             model = self._loader(path)
             warm_up(model)
-        except Exception as error:  # any failure keeps the working version; the status carries the reason
+        except Exception as error:  # any failure keeps the working versions; the status carries the reason
             code = "INVALID_ARGUMENT" if isinstance(error, (ValueError, TypeError)) else "UNKNOWN"
             message = f"Failed to load version {version} of model {self.name} from {path}: {error}"
-            self._statuses[version] = VersionStatus(version=version, state=END, error_code=code, error_message=message)
+            self._set_status(VersionStatus(version=version, state=END, error_code=code, error_message=message))
             self._failed_fingerprints[version] = fingerprint
             logger.error("%s", message)
             return False
-        previous = self._served
-        self._served = (version, model)  # the swap: one reference assignment
-        self._statuses[version] = VersionStatus(version=version, state=AVAILABLE)
+        self._served = MappingProxyType({**self._served, version: model})  # the swap: one reference assignment
+        self._set_status(VersionStatus(version=version, state=AVAILABLE))
         self._failed_fingerprints.pop(version, None)
-        if previous is not None:
-            self._statuses[previous[0]] = VersionStatus(version=previous[0], state=END)
-            logger.info("%s: serving version %d; unloaded version %d", self.name, version, previous[0])
-        else:
-            logger.info("%s: serving version %d", self.name, version)
+        logger.info("%s: serving version %d", self.name, version)
         return True
+
+    def _unload_unaspired(self, aspired: set[int]) -> bool:
+        served = self._served
+        unaspired = sorted(set(served) - aspired)
+        if not unaspired:
+            return False
+        if not aspired & set(served):
+            # AvailabilityPreservingPolicy: no aspired version serves yet, so the old ones keep answering.
+            logger.warning("%s: keeping version(s) %s: none of the aspired versions %s could be loaded yet",
+                           self.name, unaspired, sorted(aspired))
+            return False
+        self._served = MappingProxyType({version: model for version, model in served.items()
+                                         if version in aspired})
+        for version in unaspired:
+            self._set_status(VersionStatus(version=version, state=END))
+        logger.info("%s: unloaded version(s) %s; serving %s", self.name, unaspired, self.served_versions)
+        return True
+
+    def _warn_nothing_aspired(self, on_disk: list[int]) -> None:
+        # TF would unload everything here; a server that answers nothing helps no one, so we keep serving.
+        if not self._served:
+            return
+        if not on_disk:
+            logger.warning("%s: no integer version folders left under %s; still serving version(s) %s.",
+                           self.name, self.base_path, self.served_versions)
+        else:
+            logger.warning("%s: the version policy %s matches none of the versions on disk %s; still serving "
+                           "version(s) %s.", self.name, self._policy, on_disk, self.served_versions)
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _set_status(self, status: VersionStatus) -> None:
+        self._statuses = MappingProxyType({**self._statuses, status.version: status})
+
+    def _label_version(self, label: str) -> int:
+        labels = self._labels
+        if label not in labels:
+            # TF's ServerCore::GetModelVersionForLabel: INVALID_ARGUMENT (REST 400), not NOT_FOUND.
+            raise invalid_argument(f"Unrecognized servable version label: {label}")
+        return labels[label]
+
+    def _state_words(self, version: int) -> str:
+        status = self._statuses.get(version)
+        if status is None:
+            return "not loaded (never tried)"
+        if status.error_code != "OK":
+            return f"{status.state} after a failed load: {status.error_message}"
+        return status.state
+
+
+def _both_given(version: int, label: str) -> ServingError:
+    # SRV http_rest_api_util.cc FillModelSpecWithNameVersionAndLabel
+    return invalid_argument(f"Both model version ({version}) and model version label ({label}) cannot be supplied.")
+
+
+def _checked_labels(labels: Mapping[str, int], name: str) -> dict[str, int]:
+    if not isinstance(labels, Mapping):
+        raise TypeError(f"Version labels of model {name} must be a mapping label -> version; "
+                        f"received {type(labels).__name__}.")
+    checked = {}
+    for label, version in labels.items():
+        if not isinstance(label, str) or not label or "/" in label or ":" in label:
+            raise ValueError(f"Version labels of model {name} must be non-empty strings without '/' or ':' "
+                             f"(they appear in /labels/<label> paths); received {label!r}.")
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise ValueError(f"Version label {label!r} of model {name} must map to an int version; "
+                             f"received {version!r}.")
+        checked[label] = version
+    return checked
 
 
 def warm_up(model: ExportedModel) -> None:

@@ -1,0 +1,232 @@
+"""Starting a server: which models (flags or a model config file), polling, blocking or in a thread.
+
+    serve("digits", "export/digits")                       # blocking, like tensorflow_model_server
+    with start("digits", "export/digits", port=0) as server:
+        Client(server.url, "digits").predict(...)          # embedded: a background thread
+
+Both poll every model's base path for new versions (file_system_poll_wait_seconds)
+and, with ``model_config_file_poll_wait_seconds`` > 0, re-read the model config
+file: models added are loaded, models removed are no longer served, policies and
+labels of the others change in place. The REST handling is app.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from torchestimator.serving.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_METRICS_PATH, make_app, managers_of
+from torchestimator.serving.batching import BatchingParameters
+from torchestimator.serving.config import ModelConfig, read_model_config_file
+from torchestimator.serving.errors import ServingError
+from torchestimator.serving.manager import ModelManager
+
+__all__ = ["RunningServer", "ServerSettings", "build_app", "serve", "start"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    """What ``torchestimator serve`` takes, under TF Serving's flag names where they exist."""
+
+    model_name: str | None = None
+    model_base_path: str | os.PathLike[str] | None = None
+    model_config_file: str | os.PathLike[str] | None = None
+    """TF's ModelServerConfig text format (model_config_list); instead of model_name + model_base_path."""
+    model_config_file_poll_wait_seconds: float = 0.0
+    """Re-read the model config file this often; 0: read it once (TF's default)."""
+    file_system_poll_wait_seconds: float = 1.0
+    """Look for new versions this often; 0 or less: only at start."""
+    batching: BatchingParameters | None = None
+    """TF's --enable_batching with its batching parameters; None: each request runs alone."""
+    allow_version_labels_for_unavailable_models: bool = False
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    num_threads: int | None = None
+    """Threads parsing, running and encoding requests (TF's --rest_api_num_threads)."""
+    timeout_seconds: float | None = 30.0
+    """TF's --rest_api_timeout_in_ms, in seconds: a slower request answers 504."""
+    metrics_path: str | None = DEFAULT_METRICS_PATH
+    """Where Prometheus reads the metrics; None: not served."""
+
+    def __post_init__(self) -> None:
+        has_flags = self.model_name is not None or self.model_base_path is not None
+        if self.model_config_file is not None and has_flags:
+            raise ValueError("Give either --model_config_file or --model_name with --model_base_path, not both "
+                             f"(received model_config_file={os.fspath(self.model_config_file)!r}, "
+                             f"model_name={self.model_name!r}, model_base_path={self.model_base_path!r}).")
+        if self.model_config_file is None and (self.model_name is None or self.model_base_path is None):
+            raise ValueError("Name the model to serve: --model_name and --model_base_path (a folder of integer "
+                             "version folders, e.g. an export base), or --model_config_file for several models.")
+
+
+def build_app(settings: ServerSettings) -> web.Application:
+    """The application with its models polled once, labels applied, and polling tasks attached."""
+    configs = _model_configs(settings)
+    managers = [_start_model(config, settings) for config in configs]
+    app = make_app(managers, max_body_bytes=settings.max_body_bytes, num_threads=settings.num_threads,
+                   batching=settings.batching, metrics_path=settings.metrics_path,
+                   timeout_seconds=settings.timeout_seconds)
+    app.cleanup_ctx.append(_background_polling(settings))
+    return app
+
+
+def serve(model_name: str | None = None, model_base_path: str | os.PathLike[str] | None = None,
+          host: str = "127.0.0.1", port: int = 8501, **settings: Any) -> None:
+    """Serves until interrupted (blocking). Keywords are ServerSettings' fields."""
+    app = build_app(ServerSettings(model_name=model_name, model_base_path=model_base_path, **settings))
+    logger.info("Serving %s at http://%s:%d/v1/models/", sorted(managers_of(app)), host, port)
+    web.run_app(app, host=host, port=port, print=None, handle_signals=True, access_log=None)  # as TF: no line per request
+
+
+class RunningServer:
+    """A server in a background thread; ``url`` is where it answers. ``stop()`` (or leaving ``with``) ends it."""
+
+    def __init__(self, app: web.Application, host: str, port: int) -> None:
+        self._app = app
+        self._loop = asyncio.new_event_loop()
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(host, port), name="torchestimator-server",
+                                        daemon=True)
+        self._thread.start()
+        self._started.wait()
+        if self._error is not None:
+            raise self._error
+        self.host, self.port = host, self._bound_port()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def managers(self) -> dict[str, ModelManager]:
+        return managers_of(self._app)
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+
+    def __enter__(self) -> RunningServer:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+    def _run(self, host: str, port: int) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._runner.setup())
+            self._loop.run_until_complete(web.TCPSite(self._runner, host, port).start())
+        except BaseException as error:  # e.g. the port is taken: raised in the caller's thread
+            self._error = error
+            self._started.set()
+            return
+        self._started.set()
+        self._loop.run_forever()
+        self._loop.close()
+
+    def _bound_port(self) -> int:
+        for site in self._runner.sites:
+            server = getattr(site, "_server", None)
+            if server is not None and server.sockets:
+                return server.sockets[0].getsockname()[1]
+        raise RuntimeError("The server started but has no listening socket.")
+
+
+def start(model_name: str | None = None, model_base_path: str | os.PathLike[str] | None = None,
+          host: str = "127.0.0.1", port: int = 0, **settings: Any) -> RunningServer:
+    """Starts serving in a background thread and returns once it listens (port 0: any free port)."""
+    app = build_app(ServerSettings(model_name=model_name, model_base_path=model_base_path, **settings))
+    return RunningServer(app, host, port)
+
+
+def _model_configs(settings: ServerSettings) -> list[ModelConfig]:
+    if settings.model_config_file is not None:
+        return read_model_config_file(settings.model_config_file)
+    assert settings.model_name is not None and settings.model_base_path is not None
+    return [ModelConfig(name=settings.model_name, base_path=os.fspath(settings.model_base_path))]
+
+
+def _start_model(config: ModelConfig, settings: ServerSettings) -> ModelManager:
+    """A manager for one model, polled once; its labels are applied after that poll, as TF applies them."""
+    manager = ModelManager(config.name, config.base_path, version_policy=config.version_policy)
+    manager.poll()
+    if not manager.served_versions:
+        try:
+            tried = [f"{status.version}: {status.error_message or status.state}" for status in manager.statuses()]
+        except ServingError:  # no version folder at all yet
+            tried = []
+        logger.warning("%s: no version could be loaded from %s yet; waiting for one (versions tried: %s)",
+                       config.name, config.base_path, tried or "none")
+    if config.version_labels:
+        manager.set_version_labels(config.version_labels,
+                                   allow_unavailable=settings.allow_version_labels_for_unavailable_models)
+    return manager
+
+
+def _background_polling(settings: ServerSettings) -> Any:
+    async def polling(app: web.Application) -> AsyncIterator[None]:
+        tasks = []
+        if settings.file_system_poll_wait_seconds > 0:
+            tasks.append(asyncio.create_task(_poll_versions(app, settings.file_system_poll_wait_seconds)))
+        if settings.model_config_file is not None and settings.model_config_file_poll_wait_seconds > 0:
+            tasks.append(asyncio.create_task(_poll_model_config(app, settings)))
+        yield
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    return polling
+
+
+async def _poll_versions(app: web.Application, seconds: float) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(seconds)
+        for manager in list(managers_of(app).values()):
+            try:
+                await loop.run_in_executor(None, manager.poll)
+            except Exception:  # a broken file system must not stop polling for good
+                logger.exception("%s: polling %s failed", manager.name, manager.base_path)
+
+
+async def _poll_model_config(app: web.Application, settings: ServerSettings) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(settings.model_config_file_poll_wait_seconds)
+        try:
+            configs = await loop.run_in_executor(None, read_model_config_file, settings.model_config_file)
+        except (OSError, ValueError) as error:  # keep serving the last good configuration
+            logger.error("Keeping the current models: the model config file could not be read: %s", error)
+            continue
+        await loop.run_in_executor(None, _apply_model_configs, managers_of(app), configs, settings)
+
+
+def _apply_model_configs(managers: dict[str, ModelManager], configs: list[ModelConfig],
+                         settings: ServerSettings) -> None:
+    """Adds, removes and updates models in place; a model that fails to update keeps its current versions."""
+    wanted = {config.name: config for config in configs}
+    for name in [name for name in managers if name not in wanted]:
+        logger.info("%s: no longer in the model config file; unloaded", name)
+        managers.pop(name)
+    for name, config in wanted.items():
+        try:
+            if name in managers:
+                managers[name].apply_config(
+                    config, allow_unavailable_labels=settings.allow_version_labels_for_unavailable_models)
+            else:
+                managers[name] = _start_model(config, settings)
+                logger.info("%s: added from the model config file", name)
+        except (OSError, ValueError) as error:
+            logger.error("%s: the new configuration was not applied: %s", name, error)

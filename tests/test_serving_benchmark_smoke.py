@@ -1,0 +1,248 @@
+"""Smoke tests for benchmarks/serving.py: its quick mode serves one model from our server and the FastAPI and
+Flask anchors and prints a parseable final line; its load loop is bounded in count and time, its server
+handling reports and stops what fails, and its checks and argument checks work. Timings are not asserted."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import json
+import math
+import re
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+from benchmark_scripts import final_line, imported_script
+
+FIGURE = r"\d+\.\d{3}|n/a"
+FINAL_LINE = re.compile(rf"^serving rps_vs_fastapi=({FIGURE}) rps_vs_flask=({FIGURE}) "
+                        rf"batching_gain_c8=({FIGURE}) p99_ms_c8=(\d+\.\d\d|n/a)$")
+
+
+@pytest.fixture(scope="module")
+def benchmark():
+    with imported_script("serving") as module:
+        yield module
+
+
+def _installed(*names: str) -> bool:
+    return all(importlib.util.find_spec(name) is not None for name in names)
+
+
+@contextlib.contextmanager
+def fake_server(status: int = 200, delay: float = 0.0):
+    """A loopback HTTP server answering every POST with `status` after `delay` seconds; yields its port."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the load threads expect
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            time.sleep(delay)
+            body = b'{"predictions": [[1.0]]}'
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *arguments):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _settings(benchmark, **changes):
+    return dataclasses.replace(benchmark.parse_settings(["--quick"]), **changes)
+
+
+# -- the whole script -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_quick_run_serves_every_server_and_prints_the_final_line(benchmark, capsys):
+    status = benchmark.main(["--quick"])
+    output = capsys.readouterr().out
+    assert status == 0, output
+    figures = _final_line_figures(output)
+    assert "mlp: predictions identical: yes" in output
+    assert re.search(r"^mlp\s+8\s+ours\s+\d+ ", output, re.M)
+    assert (figures["rps_vs_fastapi"] is not None) == _installed("fastapi", "uvicorn")
+    assert (figures["rps_vs_flask"] is not None) == _installed("flask")
+    assert re.search(r"^mlp\s+8\s+ours_batching\s+\d+ ", output, re.M)
+    assert figures["batching_gain_c8"] is not None and figures["p99_ms_c8"] is not None
+    assert "failed to start" not in output
+
+
+def _final_line_figures(output: str) -> dict[str, float | None]:
+    values = final_line(output, FINAL_LINE).groups()
+    names = ("rps_vs_fastapi", "rps_vs_flask", "batching_gain_c8", "p99_ms_c8")
+    figures = {name: None if value == "n/a" else float(value) for name, value in zip(names, values)}
+    assert all(value is None or (value > 0 and math.isfinite(value)) for value in figures.values())
+    return figures
+
+
+def test_format_figures_writes_the_issue_line(benchmark):
+    line = benchmark.format_figures({"rps_vs_fastapi": 1.23456, "rps_vs_flask": None, "batching_gain_c8": math.nan,
+                                     "p99_ms_c8": 12.345})
+    assert line == "serving rps_vs_fastapi=1.235 rps_vs_flask=n/a batching_gain_c8=n/a p99_ms_c8=12.35"
+    assert FINAL_LINE.match(line)
+
+
+# -- load --------------------------------------------------------------------------------
+
+
+def test_load_sends_the_fixed_count_per_thread(benchmark):
+    settings = _settings(benchmark, requests=7, warmup_requests=2, seconds=30.0)
+    with fake_server() as port:
+        run = benchmark.run_load(port, b"{}", 3, settings)
+    assert len(run.latencies) == 21 and run.errors == 0
+    assert run.rate > 0 and all(latency > 0 for latency in run.latencies)
+
+
+def test_load_stops_at_the_time_cap(benchmark):
+    settings = _settings(benchmark, requests=10_000, warmup_requests=0, seconds=0.3)
+    with fake_server(delay=0.02) as port:
+        started = time.perf_counter()
+        run = benchmark.run_load(port, b"{}", 2, settings)
+    assert time.perf_counter() - started < 3
+    assert 0 < len(run.latencies) < 100  # at 20 ms per request, two threads finish ~30 in 0.3 s
+
+
+def test_failed_requests_are_counted_not_timed(benchmark):
+    settings = _settings(benchmark, requests=4, warmup_requests=0, seconds=30.0)
+    with fake_server(status=500) as port:
+        run = benchmark.run_load(port, b"{}", 2, settings)
+    assert run.latencies == [] and run.errors == 8
+
+
+def test_ratio_pairs_rounds_and_latencies_pool_them(benchmark):
+    Run = benchmark.Run
+    measurement = benchmark.Measurement(runs={
+        ("ours", 8): [Run(latencies=[0.001] * 10, wall=1.0, errors=0), Run(latencies=[0.002] * 30, wall=1.0, errors=0)],
+        ("fastapi", 8): [Run(latencies=[0.001] * 5, wall=1.0, errors=0), Run(latencies=[0.004] * 20, wall=1.0, errors=1)],
+    })
+    assert measurement.ratio("ours", "fastapi", 8) == pytest.approx((10 / 5 + 30 / 20) / 2)
+    assert measurement.rate("ours", 8) == pytest.approx(20.0)
+    assert measurement.latency_ms("ours", 8, 0.5) == pytest.approx(2.0)
+    assert measurement.latency_ms("fastapi", 8, 0.1) == pytest.approx(1.0)
+    assert measurement.errors("fastapi", 8) == 1
+
+
+def test_geometric_mean_refuses_missing_or_bad_values(benchmark):
+    assert benchmark.geometric_mean([2.0, 8.0]) == pytest.approx(4.0)
+    assert benchmark.geometric_mean([]) is None
+    assert benchmark.geometric_mean([2.0, math.nan]) is None
+    assert benchmark.geometric_mean([2.0, 0.0]) is None
+
+
+# -- servers and checks ------------------------------------------------------------------
+
+
+def test_a_server_that_exits_is_reported_with_its_log(benchmark, tmp_path):
+    commands = {"broken": ([sys.executable, "-c", "print('no model here'); raise SystemExit(3)"],
+                           benchmark.free_port())}
+    with benchmark.running_servers(commands, b"{}", str(tmp_path), startup_seconds=30) as (servers, answers, failures):
+        assert servers == {} and answers == {}
+    assert "broken exited with status 3" in failures["broken"]
+    assert "no model here" in failures["broken"]
+
+
+def test_a_server_that_never_answers_times_out_and_is_stopped(benchmark, tmp_path):
+    commands = {"silent": ([sys.executable, "-c", "import time; time.sleep(60)"], benchmark.free_port())}
+    started = time.monotonic()
+    with benchmark.running_servers(commands, b"{}", str(tmp_path), startup_seconds=0.5) as (servers, _, failures):
+        assert "silent did not answer" in failures["silent"]
+    assert time.monotonic() - started < 10
+
+
+def test_running_servers_stops_its_servers_on_the_way_out(benchmark, tmp_path):
+    launched = []
+    real_server = benchmark.Server
+
+    def recording(*arguments):
+        launched.append(real_server(*arguments))
+        return launched[-1]
+
+    script = tmp_path / "answer.py"
+    script.write_text(
+        "import sys\nfrom http.server import BaseHTTPRequestHandler, HTTPServer\n"
+        "class H(BaseHTTPRequestHandler):\n"
+        "    def do_POST(self):\n"
+        "        self.rfile.read(int(self.headers['Content-Length'])); self.send_response(200)\n"
+        "        self.send_header('Content-Length', '2'); self.end_headers(); self.wfile.write(b'{}')\n"
+        "HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n")
+    port = benchmark.free_port()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(benchmark, "Server", recording)
+        with pytest.raises(KeyboardInterrupt):
+            with benchmark.running_servers({"toy": ([sys.executable, str(script), str(port)], port)}, b"{}",
+                                           str(tmp_path), startup_seconds=30) as (servers, answers, _):
+                assert answers == {"toy": b"{}"}
+                raise KeyboardInterrupt  # Ctrl-C while measuring
+    assert launched[0].process.poll() is not None
+
+
+def test_server_commands_serve_one_base_on_distinct_ports(benchmark, tmp_path):
+    scripts = {"batching": "b.txt", "fastapi": "f.py", "flask": "k.py"}
+    commands = benchmark.server_commands(str(tmp_path), scripts)
+    assert sorted(commands) == ["fastapi", "flask", "ours", "ours_batching"]
+    assert len({port for _, port in commands.values()}) == 4
+    ours, port = commands["ours"]
+    assert ours[ours.index("--rest_api_port") + 1] == str(port) and ours[ours.index("--model_base_path") + 1] == str(tmp_path)
+    assert ours[3] == "serve" and "--enable_batching" not in ours
+    assert commands["ours_batching"][0][-3:] == ["--enable_batching", "--batching_parameters_file", "b.txt"]
+    assert commands["flask"][0][1:] == ["k.py", str(tmp_path), str(commands["flask"][1])]
+
+
+def test_batching_parameters_file_is_tf_text_format(benchmark, tmp_path):
+    settings = _settings(benchmark, max_batch_size=8, batch_timeout_micros=0, fastapi=False, flask=False)
+    scripts = benchmark.write_scripts(str(tmp_path), settings)
+    assert sorted(scripts) == ["batching"]  # the skipped anchors get no script
+    text = open(scripts["batching"]).read()
+    assert "max_batch_size { value: 8 }" in text and "batch_timeout_micros { value: 0 }" in text
+    assert "num_batch_threads { value: 1 }" in text
+
+
+def test_check_predictions_names_the_disagreeing_server(benchmark):
+    expected = np.array([[0.25, 0.75]], dtype=np.float32)
+    answers = {"ours": json.dumps({"predictions": [[0.25, 0.75]]}).encode(),
+               "fastapi": json.dumps({"predictions": [[0.25, 0.7]]}).encode(),
+               "flask": b"<html>error</html>"}
+    problems = benchmark.check_predictions(answers, expected)
+    assert len(problems) == 2
+    assert problems[0].startswith("fastapi predicted [0.25, 0.7]")
+    assert problems[1].startswith("flask answered b'<html>error</html>'")
+    assert benchmark.check_predictions({"ours": answers["ours"]}, expected) == []
+
+
+def test_servers_that_did_not_start_fail_the_run(benchmark, capsys):
+    assert benchmark.explain_failures("mlp", {}) is False
+    assert benchmark.explain_failures("mlp", {"ours_batching": "ours_batching exited with status 2: usage"}) is True
+    assert "mlp: ours_batching failed to start: ours_batching exited with status 2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--models", "mlp,resnet"], "subset of mlp,cnn"),
+    (["--requests", "0"], "at least 1"),
+    (["--warmup-requests", "-1"], "--warmup-requests must be >= 0"),
+    (["--seconds", "1000"], "--seconds must be in (0, 600]"),
+    (["--max-batch-size", "0"], "--max-batch-size must be at least 1"),
+])
+def test_bad_arguments_are_refused(benchmark, capsys, arguments, message):
+    with pytest.raises(SystemExit) as raised:
+        benchmark.parse_settings(arguments)
+    assert raised.value.code == 2
+    assert message in capsys.readouterr().err
