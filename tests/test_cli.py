@@ -113,10 +113,52 @@ def test_demo_reaches_accuracy_and_resumes_when_rerun(tmp_path):
     assert "final export: " in first.stdout and "torchestimator predict --exported" in first.stdout
     assert "torchestimator serve --model_name digits" in first.stdout
     assert os.path.isfile(os.path.join(tmp_path, model_dir, "metrics.png"))
+    readme_serving_commands_answer(tmp_path, model_dir, first.stdout)
     second = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert second.returncode == 0, second.stderr
     assert "resumed from" in second.stdout and "instead of starting over" in second.stdout
     assert float(second.stdout.split("held-out accuracy ")[1].split(",")[0]) >= 0.95
+
+
+def readme_serving_commands_answer(cwd, model_dir, demo_output):
+    """The README's export, serve and curl commands, run as written (the port aside) after the demo."""
+    import json
+    import socket
+    import time
+    import urllib.request
+
+    request_file = demo_output.split("curl -d @")[1].split()[0]
+    assert request_file == os.path.join(model_dir, "serving_request.json")
+    export = subprocess.run([sys.executable, "-m", "torchestimator.cli", "export", "torchestimator.demo", "--model_dir",
+                             model_dir, "--export_dir", "export/digits"], capture_output=True, text=True, timeout=300,
+                            cwd=cwd)
+    assert export.returncode == 0, export.stderr
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "torchestimator.cli", "serve", "--model_name", "digits",
+                               "--model_base_path", "export/digits", "--rest_api_port", str(port)], cwd=cwd,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}/v1/models/digits:predict"
+        with open(os.path.join(cwd, request_file), "rb") as handle:
+            body = handle.read()
+        answer = None
+        for _ in range(300):
+            try:
+                with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=10) as response:
+                    answer = json.load(response)
+                break
+            except OSError:
+                assert server.poll() is None, server.stderr.read()
+                time.sleep(0.2)
+        assert answer is not None, "the server never answered"
+        predictions = answer["predictions"]
+        assert len(predictions) == 2 and all(0 <= row["class"] <= 9 for row in predictions)
+        assert all(abs(sum(row["probabilities"]) - 1) < 1e-5 for row in predictions)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def test_warm_start_dry_run_reports_without_loading(tmp_path, model_file, capsys):

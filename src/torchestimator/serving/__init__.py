@@ -28,6 +28,7 @@ from torchestimator.serving.config import (
 from torchestimator.serving.errors import ServingError
 from torchestimator.serving.manager import ModelManager, VersionStatus
 from torchestimator.serving.metrics import ServingMetrics
+from torchestimator.serving.openapi import openapi_document
 from torchestimator.serving.server import RunningServer, ServerSettings, build_app, serve, start
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "VersionStatus",
     "build_app",
     "make_app",
+    "openapi_document",
     "parse_model_server_config",
     "read_batching_parameters_file",
     "read_model_config_file",

@@ -35,7 +35,7 @@ import torch
 from torchestimator.export import DEFAULT_SERVING_SIGNATURE_DEF_KEY, ExportedModel, Signature, TensorInfo
 from torchestimator.export.receiver import parse_dtype
 from torchestimator.serving.errors import ServingError, invalid_argument
-from torchestimator.serving.json_tensor import TF_DTYPES, _describe, _preview
+from torchestimator.serving.json_tensor import TF_DTYPES, describe_inputs, preview_json
 
 __all__ = ["ExamplesRequest", "classify_results", "parse_examples_request", "regress_results"]
 
@@ -60,7 +60,7 @@ def parse_examples_request(document: Mapping[str, Any], model: ExportedModel, me
     # TF reads the JSON (signature name, context, examples) before it looks at the model.
     signature_name = document.get("signature_name", DEFAULT_SERVING_SIGNATURE_DEF_KEY)
     if not isinstance(signature_name, str):
-        raise invalid_argument(f"JSON Value: {_preview(document)} not formatted correctly. 'signature_name' key must "
+        raise invalid_argument(f"JSON Value: {preview_json(document)} not formatted correctly. 'signature_name' key must "
                                "be a string value.")
     context = _context(document)
     examples = _examples(document, method)
@@ -129,13 +129,13 @@ def _context(document: Mapping[str, Any]) -> dict[str, Any]:
 
 def _examples(document: Mapping[str, Any], method: str) -> list[dict[str, Any]]:
     if "examples" not in document:
-        raise invalid_argument(f"JSON Value: {_preview(document)} When method is {method}, key 'examples' is "
+        raise invalid_argument(f"JSON Value: {preview_json(document)} When method is {method}, key 'examples' is "
                                "expected and was not found")
     examples = document["examples"]
     if not isinstance(examples, list):
-        raise invalid_argument(f"JSON Value: {_preview(document)} Expecting 'examples' value to be an list/array")
+        raise invalid_argument(f"JSON Value: {preview_json(document)} Expecting 'examples' value to be an list/array")
     if not examples:
-        raise invalid_argument(f"JSON Value: {_preview(document)} 'examples' value is an empty array")
+        raise invalid_argument(f"JSON Value: {preview_json(document)} 'examples' value is an empty array")
     for index, example in enumerate(examples):
         if not isinstance(example, dict):
             raise invalid_argument(f"Example must be JSON object but got JSON {_json_type(example)} "
@@ -170,7 +170,7 @@ def _columns(context: Mapping[str, Any], examples: list[dict[str, Any]], signatu
         if missing or unexpected:
             raise invalid_argument(f"examples[{index}] (with 'context') has missing features {missing} and "
                                    f"unexpected features {unexpected}; signature {signature.name!r} takes "
-                                   f"{_describe(signature)}, one value or list per example.")
+                                   f"{describe_inputs(signature)}, one value or list per example.")
     return {name: [context[name]] * len(examples) if name in context else [example[name] for example in examples]
             for name in signature.inputs}
 

@@ -34,8 +34,8 @@ from torchestimator.export.receiver import parse_dtype
 from torchestimator.serving.errors import invalid_argument
 from torchestimator.serving.manager import VersionStatus
 
-__all__ = ["PredictRequest", "decode_body", "metadata_document", "parse_predict", "predict_response",
-           "status_document"]
+__all__ = ["PredictRequest", "decode_body", "describe_inputs", "metadata_document", "parse_predict",
+           "predict_response", "preview_json", "status_document"]
 
 # torch dtype names (signature.json) -> TF DataType names (metadata).
 TF_DTYPES = {
@@ -109,7 +109,7 @@ def parse_predict(document: Mapping[str, Any], model: ExportedModel) -> PredictR
         values, row_format = _columnar_inputs(document["inputs"], signature), False
     else:
         raise invalid_argument(f"Missing 'inputs' or 'instances' key. Signature {signature_name!r} takes "
-                               f"{_describe(signature)}.")
+                               f"{describe_inputs(signature)}.")
     tensors = {name: _input_tensor(name, values[name], signature.inputs[name]) for name in signature.inputs}
     return PredictRequest(signature_name=signature_name, inputs=tensors, row_format=row_format)
 
@@ -167,24 +167,24 @@ def _tensor_info(name: str, info: TensorInfo) -> dict[str, Any]:
 def _rows_to_columns(instances: Any, signature: Signature) -> dict[str, list[Any]]:
     if not isinstance(instances, list) or not instances:
         raise invalid_argument(f"'instances' must be a non-empty list with one element per example; received "
-                               f"{_preview(instances)}.")
+                               f"{preview_json(instances)}.")
     names = list(signature.inputs)
     named = [isinstance(row, dict) and not _is_b64(row) for row in instances]
     if not any(named):
         if len(names) != 1:
-            raise invalid_argument(f"Signature {signature.name!r} takes {len(names)} inputs {_describe(signature)}; "
+            raise invalid_argument(f"Signature {signature.name!r} takes {len(names)} inputs {describe_inputs(signature)}; "
                                    "each instance must be an object {input name: value}; received plain values.")
         return {names[0]: instances}
     if not all(named):
         raise invalid_argument(f"instances[{named.index(False)}] is a plain value while others are objects; every "
-                               f"instance must be an object {{input name: value}} for {_describe(signature)}.")
+                               f"instance must be an object {{input name: value}} for {describe_inputs(signature)}.")
     columns: dict[str, list[Any]] = {name: [] for name in names}
     for index, row in enumerate(instances):
         missing = [name for name in names if name not in row]
         unexpected = [name for name in row if name not in signature.inputs]
         if missing or unexpected:
             raise invalid_argument(f"instances[{index}] has missing inputs {missing} and unexpected inputs "
-                                   f"{unexpected}; signature {signature.name!r} takes {_describe(signature)}.")
+                                   f"{unexpected}; signature {signature.name!r} takes {describe_inputs(signature)}.")
         for name in names:
             columns[name].append(row[name])
     return columns
@@ -194,14 +194,14 @@ def _columnar_inputs(inputs: Any, signature: Signature) -> dict[str, Any]:
     names = list(signature.inputs)
     if not isinstance(inputs, dict) or _is_b64(inputs):
         if len(names) != 1:
-            raise invalid_argument(f"Signature {signature.name!r} takes {len(names)} inputs {_describe(signature)}; "
+            raise invalid_argument(f"Signature {signature.name!r} takes {len(names)} inputs {describe_inputs(signature)}; "
                                    "'inputs' must be an object {input name: value}.")
         return {names[0]: inputs}
     missing = [name for name in names if name not in inputs]
     unexpected = [name for name in inputs if name not in signature.inputs]
     if missing or unexpected:
         raise invalid_argument(f"'inputs' has missing inputs {missing} and unexpected inputs {unexpected}; "
-                               f"signature {signature.name!r} takes {_describe(signature)}.")
+                               f"signature {signature.name!r} takes {describe_inputs(signature)}.")
     return dict(inputs)
 
 
@@ -247,7 +247,7 @@ def _refuse_b64(name: str, value: Any, info: TensorInfo) -> None:
         return
     encoded = found.get("b64")
     if len(found) != 1 or not isinstance(encoded, str):
-        raise invalid_argument(f"Input {name!r} holds the object {_preview(found)}; only {{\"b64\": \"<base64>\"}} "
+        raise invalid_argument(f"Input {name!r} holds the object {preview_json(found)}; only {{\"b64\": \"<base64>\"}} "
                                f"objects are allowed in tensors, and the signature expects {info.dtype} values.")
     try:
         base64.b64decode(encoded, validate=True)
@@ -278,10 +278,12 @@ def _is_b64(value: Any) -> bool:
     return isinstance(value, dict) and list(value) == ["b64"]
 
 
-def _describe(signature: Signature) -> str:
+def describe_inputs(signature: Signature) -> str:
+    """{'name': dtype [shape], ...}: what a signature takes, for error messages."""
     return "{" + ", ".join(f"{name!r}: {info.dtype} {list(info.shape)}" for name, info in signature.inputs.items()) + "}"
 
 
-def _preview(value: Any) -> str:
+def preview_json(value: Any) -> str:
+    """A value as JSON, cut to 80 characters, for error messages."""
     text = json.dumps(value, default=str)
     return text if len(text) <= 80 else text[:77] + "..."
