@@ -155,6 +155,15 @@ def test_a_two_dimensional_instance_is_refused_where_tf_does_not_check_the_shape
     assert status == 400 and "[2, 2]" in document["error"] and "[-1]" in document["error"], document
 
 
+def test_the_documented_b64_request_is_refused_with_the_reason(app):
+    # DOC "Encoding binary values": {"instances": [{"b64": "aW1hZ2UgYnl0ZXM="}]} feeds a DT_STRING input. Exported
+    # torch programs take numbers only, so the bytes are decoded (validated) and refused naming the input's dtype,
+    # a 400 as TF gives for a type mismatch. A deliberate, documented difference (README, DESIGN.md).
+    [(status, document, _)] = call(app, ("POST", f"/v1/models/{TWO}:predict",
+                                         {"instances": [{"b64": "aW1hZ2UgYnl0ZXM="}]}))
+    assert status == 400 and "'x'" in document["error"] and "only accepted for string inputs" in document["error"]
+
+
 # -- classify and regress: DOC and TEST Regress / Classify ---------------------------------
 # These need :classify and :regress (serving/examples_json.py); app.py answered 501 for them before.
 

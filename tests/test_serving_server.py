@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -267,19 +265,19 @@ def test_a_request_slower_than_the_timeout_answers_504_and_the_server_goes_on(ba
         assert Client(server.url, "a").predict(bases["x"][:1])[0]["class"] == bases["expected"]["class"][0]
 
 
-def run_cli(*arguments, timeout=60):
-    return subprocess.run([sys.executable, "-m", "torchestimator.cli", "serve", *arguments],
-                          capture_output=True, text=True, timeout=timeout)
+def test_cli_refuses_inconsistent_flags_with_a_clear_error(bases, tmp_path, capsys):
+    from torchestimator.cli import main
 
-
-def test_cli_refuses_inconsistent_flags_with_a_clear_error(bases, tmp_path):
     parameters = write(tmp_path / "batching.config", "max_batch_size { value: 8 }")
-    refused = run_cli("--model_name", "a", "--model_base_path", str(bases["root"] / "a"),
-                      "--batching_parameters_file", parameters)
-    assert refused.returncode == 2 and "needs --enable_batching" in refused.stderr
-    both = run_cli("--model_name", "a", "--model_base_path", "x", "--model_config_file", parameters)
-    assert both.returncode == 2 and "not both" in both.stderr
+    base = str(bases["root"] / "a")
+    assert main(["serve", "--model_name", "a", "--model_base_path", base, "--batching_parameters_file", parameters]) == 2
+    assert "needs --enable_batching" in capsys.readouterr().err
+    assert main(["serve", "--model_name", "a", "--model_base_path", "x", "--model_config_file", parameters]) == 2
+    assert "not both" in capsys.readouterr().err
     broken = write(tmp_path / "broken.config", "max_batch_size { value: -1 }")
-    bad = run_cli("--model_name", "a", "--model_base_path", str(bases["root"] / "a"), "--enable_batching",
-                  "--batching_parameters_file", broken)
-    assert bad.returncode == 2 and "max_batch_size" in bad.stderr
+    assert main(["serve", "--model_name", "a", "--model_base_path", base, "--enable_batching",
+                 "--batching_parameters_file", broken]) == 2
+    assert "max_batch_size" in capsys.readouterr().err
+    assert main(["serve", "--model_name", "a", "--model_base_path", base, "--monitoring_config_file",
+                 str(tmp_path / "missing.config")]) == 2
+    assert "missing.config" in capsys.readouterr().err
