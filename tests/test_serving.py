@@ -170,6 +170,7 @@ BAD_REQUESTS = [
      ["batch size"]),
     ("POST", "/v1/models/ghost:predict", {"inputs": [[0.0] * 8]}, 404, ["Servable not found", "Latest(ghost)"]),
     ("POST", "/v1/models/mlp/versions/1:predict", {"inputs": [[0.0] * 8]}, 404, ["Specific(mlp, 1)"]),
+    ("POST", "/v1/models/mlp:predict", {"inputs": [[1e39] * 8]}, 400, ["'x'", "without loss of precision"]),
     ("POST", "/v1/models/mlp/labels/stable:predict", {"inputs": [[0.0] * 8]}, 400, ["Unrecognized servable version label: stable"]),
     ("GET", "/v1/models/ghost", None, 404, ["ghost"]),
     ("GET", "/v1/models/mlp/versions/1", None, 404, ["version 1 of model mlp"]),
@@ -301,3 +302,27 @@ def test_serve_command_answers_tf_serving_clients(exported):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_numbers_beyond_an_input_dtype_are_refused_not_wrapped():
+    """A cast would turn 2**41 into 0 for an int32 input, or -1 into 255 for uint8: refused, naming the value."""
+    from torchestimator.export import Signature, TensorInfo
+    from torchestimator.serving.json_tensor import parse_predict
+
+    class OneInput:
+        signature_names = ["serving_default"]
+
+        def __init__(self, dtype):
+            self.info = TensorInfo(dtype=dtype, shape=(-1,))
+
+        def signature(self, name):
+            return Signature(name=name, method="predict", method_name="tensorflow/serving/predict",
+                             inputs={"ids": self.info}, outputs={}, program_outputs={})
+
+    parsed = parse_predict({"instances": [1, -2, 2 ** 31 - 1]}, OneInput("int32"))
+    assert parsed.inputs["ids"].dtype == torch.int32 and parsed.inputs["ids"].tolist() == [1, -2, 2 ** 31 - 1]
+    with pytest.raises(ServingError, match=r"2199023255552 in input 'ids' to int32 without loss of precision"):
+        parse_predict({"instances": [1, 2 ** 41]}, OneInput("int32"))
+    with pytest.raises(ServingError, match=r"-1 in input 'ids' to uint8"):
+        parse_predict({"inputs": [-1, 3]}, OneInput("uint8"))
+    assert parse_predict({"inputs": [0, 255]}, OneInput("uint8")).inputs["ids"].tolist() == [0, 255]

@@ -240,7 +240,9 @@ async def _run_batched(loop: asyncio.AbstractEventLoop, state: _ServingState, mo
     small = len(body) <= _INLINE_BODY_BYTES
     parsed = _parse(model, body, verb) if small else await loop.run_in_executor(
         state.executor, _parse, model, body, verb)
-    future = state.scheduler.submit(model, parsed.signature_name, parsed.inputs)  # 429 when the queue is full
+    # submit checks the inputs against the signature (the model's own checks; 400 naming the input) and
+    # raises RESOURCE_EXHAUSTED (429) at once when the queue is full.
+    future = _run_model(lambda: state.scheduler.submit(model, parsed.signature_name, parsed.inputs))
     outputs = await asyncio.wrap_future(_translated(future))
     if sum(array.nbytes for array in outputs.values()) <= _INLINE_BODY_BYTES:
         return parsed.encode(outputs), parsed.examples
@@ -257,7 +259,7 @@ def _parse(model: ExportedModel, body: bytes, verb: str) -> _Parsed:
             return json.dumps(predict_response(outputs, predict.row_format)).encode()
 
         return _Parsed(signature_name=predict.signature_name, encode=encode_predictions,
-                       inputs=_prepared(model, predict.inputs, predict.signature_name))
+                       inputs=predict.inputs)
     examples = parse_examples_request(document, model, verb)
     results = classify_results if verb == "classify" else regress_results
 
@@ -265,15 +267,7 @@ def _parse(model: ExportedModel, body: bytes, verb: str) -> _Parsed:
         return json.dumps(results(outputs, examples.count)).encode()
 
     return _Parsed(signature_name=examples.signature_name, encode=encode_results, examples=examples.count,
-                   inputs=_prepared(model, examples.inputs, examples.signature_name))
-
-
-def _prepared(model: ExportedModel, inputs: Mapping[str, torch.Tensor], signature_name: str) -> dict[str, torch.Tensor]:
-    """The loader's checks (shape, shared batch size) before the request joins a batch; its errors name the input."""
-    try:
-        return model.prepare_inputs(inputs, signature_name)
-    except (ValueError, TypeError) as error:
-        raise invalid_argument(str(error)) from error
+                   inputs=examples.inputs)
 
 
 def _run_model(run: Any) -> Any:

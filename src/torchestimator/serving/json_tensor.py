@@ -46,6 +46,11 @@ TF_DTYPES = {
 }
 
 
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+                 torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
+                 torch.uint8: np.uint8, torch.bool: np.bool_}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PredictRequest:
     """A checked predict request: tensors in the signature's dtypes, and which response shape to answer in."""
@@ -230,9 +235,29 @@ def _input_tensor(name: str, value: Any, info: TensorInfo) -> torch.Tensor:
     if not array.size and array.dtype == np.float64 and not dtype.is_floating_point:
         array = array.astype(np.int64)  # [] reads as float64; its dtype carries no information
     try:
+        numpy_dtype = _NUMPY_DTYPES.get(dtype)
+        if array.size and kind in "iu" and numpy_dtype is not None and np.issubdtype(numpy_dtype, np.integer):
+            _check_integer_range(name, array, numpy_dtype, expected)
+        if numpy_dtype is not None:  # numpy converts small arrays without dropping the GIL; a torch op would
+            with np.errstate(over="raise"):
+                return torch.from_numpy(np.ascontiguousarray(array, dtype=numpy_dtype))
         return torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
-    except (TypeError, RuntimeError) as error:
+    except FloatingPointError as error:  # a finite JSON number beyond the dtype's range, as TF refuses it
+        raise invalid_argument(f"Cannot convert JSON value in input {name!r} to {info.dtype} without loss of "
+                               f"precision (a number beyond its range); expected {expected}.") from error
+    except (TypeError, RuntimeError, OverflowError) as error:
         raise invalid_argument(f"Input {name!r} could not be read as {expected}: {error}") from error
+
+
+def _check_integer_range(name: str, array: np.ndarray, numpy_dtype: Any, expected: str) -> None:
+    """Integers that do not fit the input's dtype are refused: a cast would wrap them silently."""
+    limits = np.iinfo(numpy_dtype)
+    low, high = int(array.min()), int(array.max())
+    if low < limits.min or high > limits.max:
+        value = low if low < limits.min else high
+        raise invalid_argument(f"Cannot convert JSON value: {value} in input {name!r} to {np.dtype(numpy_dtype).name} "
+                               f"without loss of precision (its range is {limits.min}..{limits.max}); "
+                               f"expected {expected}.")
 
 
 def _tf_type_name(dtype: str) -> str:
