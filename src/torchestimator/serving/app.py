@@ -250,7 +250,7 @@ async def _run_batched(loop: asyncio.AbstractEventLoop, state: _ServingState, mo
 
 
 def _parse(model: ExportedModel, body: bytes, verb: str) -> _Parsed:
-    """Decode and check a request against the model's signature (in a worker thread: it is CPU work)."""
+    """Decode and check a request against the model's signature (CPU work: off the event loop unless small)."""
     document = decode_body(body)
     if verb == "predict":
         predict = parse_predict(document, model)
