@@ -292,3 +292,15 @@ def test_constructor_checks_its_arguments(tmp_path):
     with pytest.raises(TypeError, match="version_policy must be a VersionPolicy"):
         ModelManager("a", tmp_path, version_policy="all")
     assert "serving=[]" in repr(ModelManager("a", tmp_path))
+
+
+def test_an_emptied_base_keeps_serving_and_says_so_once_not_every_poll(tmp_path, caplog):
+    manager, _ = manager_for(tmp_path, 1)
+    assert manager.poll() and manager.served_versions == [1]
+    shutil.rmtree(tmp_path / "base" / "1")
+    with caplog.at_level("WARNING", logger="torchestimator.serving.manager"):
+        for _ in range(3):
+            assert not manager.poll()
+    warnings = [record.getMessage() for record in caplog.records if "no integer version folders" in record.getMessage()]
+    assert len(warnings) == 1 and "still serving version(s) [1]" in warnings[0]
+    assert manager.served_versions == [1]

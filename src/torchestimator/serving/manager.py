@@ -89,6 +89,7 @@ class ModelManager:
         self._statuses: Mapping[int, VersionStatus] = _EMPTY
         self._labels: Mapping[str, int] = _EMPTY
         self._failed_fingerprints: dict[int, tuple[Any, ...]] = {}  # only touched under the poll lock
+        self._last_warning = ""
         if version_labels:
             # Before the first poll nothing is loaded: labels given here are taken as they are.
             self.set_version_labels(version_labels, allow_unavailable=True)
@@ -279,11 +280,14 @@ class ModelManager:
         if not self._served:
             return
         if not on_disk:
-            logger.warning("%s: no integer version folders left under %s; still serving version(s) %s.",
-                           self.name, self.base_path, self.served_versions)
+            message = (f"{self.name}: no integer version folders left under {self.base_path}; still serving "
+                       f"version(s) {self.served_versions}.")
         else:
-            logger.warning("%s: the version policy %s matches none of the versions on disk %s; still serving "
-                           "version(s) %s.", self.name, self._policy, on_disk, self.served_versions)
+            message = (f"{self.name}: the version policy {self._policy} matches none of the versions on disk "
+                       f"{on_disk}; still serving version(s) {self.served_versions}.")
+        if message != self._last_warning:  # polled every second: say it once, not once a second
+            logger.warning("%s", message)
+            self._last_warning = message
 
     # -- helpers ----------------------------------------------------------------------------------
 
