@@ -372,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "enable: true path: ... }); without it metrics are at --metrics_path")
     serve.add_argument("--metrics_path", default="/monitoring/prometheus/metrics",
                        help="Prometheus metrics page (TF Serving's path by default)")
-    serve.add_argument("--rest_api_num_threads", type=int, default=None)
+    serve.add_argument("--rest_api_num_threads", type=int, default=None,
+                       help="threads parsing, running and encoding requests (default: one per CPU core)")
     serve.add_argument("--rest_api_timeout_in_ms", type=int, default=30000, help="0: no limit")
     serve.add_argument("--max_body_bytes", type=int, default=64 * 1024 * 1024,
                        help="larger request bodies are refused with 413")

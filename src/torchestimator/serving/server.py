@@ -50,7 +50,7 @@ class ServerSettings:
     allow_version_labels_for_unavailable_models: bool = False
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     num_threads: int | None = None
-    """Threads parsing, running and encoding requests (TF's --rest_api_num_threads)."""
+    """Threads parsing, running and encoding requests (TF's --rest_api_num_threads); None: one per CPU core."""
     timeout_seconds: float | None = 30.0
     """TF's --rest_api_timeout_in_ms, in seconds: a slower request answers 504."""
     metrics_path: str | None = DEFAULT_METRICS_PATH
