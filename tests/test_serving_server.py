@@ -281,3 +281,22 @@ def test_cli_refuses_inconsistent_flags_with_a_clear_error(bases, tmp_path, caps
     assert main(["serve", "--model_name", "a", "--model_base_path", base, "--monitoring_config_file",
                  str(tmp_path / "missing.config")]) == 2
     assert "missing.config" in capsys.readouterr().err
+
+
+def test_cli_takes_a_tf_serving_command_line_and_passes_its_settings(bases, tmp_path, monkeypatch, caplog):
+    """The flags of a TF Serving Docker command line (`--port=8500 --rest_api_port=8501 ...`) are accepted."""
+    import torchestimator.serving as serving
+    from torchestimator.cli import main
+
+    received = {}
+    monkeypatch.setattr(serving, "serve", lambda *arguments, **settings: received.update(settings, args=arguments))
+    parameters = write(tmp_path / "batching.config", "max_batch_size { value: 8 } batch_timeout_micros { value: 0 }")
+    monitoring = write(tmp_path / "monitoring.config", 'prometheus_config { enable: true path: "/metrics" }')
+    with caplog.at_level("WARNING"):
+        assert main(["serve", "--port=8500", "--rest_api_port=8601", "--model_name=a", f"--model_base_path={tmp_path}",
+                     "--enable_batching", f"--batching_parameters_file={parameters}",
+                     f"--monitoring_config_file={monitoring}", "--rest_api_timeout_in_ms=0"]) == 0
+    assert "only the REST API is served" in caplog.text
+    assert received["args"] == ("a", str(tmp_path)) and received["port"] == 8601
+    assert received["batching"] == BatchingParameters(max_batch_size=8, batch_timeout_micros=0)
+    assert received["metrics_path"] == "/metrics" and received["timeout_seconds"] is None

@@ -209,6 +209,10 @@ def _serve(args: argparse.Namespace) -> int:
     from torchestimator.serving import BatchingParameters, read_batching_parameters_file, read_monitoring_config_file
     from torchestimator.serving import serve
 
+    if args.port:
+        logging.getLogger("torchestimator").warning(
+            "--port=%d (TF Serving's gRPC port) is accepted for compatibility, but only the REST API is served "
+            "(--rest_api_port=%d).", args.port, args.rest_api_port)
     if args.batching_parameters_file and not args.enable_batching:
         raise ValueError("--batching_parameters_file needs --enable_batching (as in TF Serving).")
     batching = None
@@ -359,6 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model_config_file_poll_wait_seconds", type=float, default=0.0,
                        help="re-read --model_config_file this often (0: once)")
     serve.add_argument("--rest_api_port", type=int, default=8501)
+    serve.add_argument("--port", type=int, default=0,
+                       help="TF Serving's gRPC port: accepted so TF command lines run unchanged; not served")
     serve.add_argument("--rest_api_host", default="127.0.0.1",
                        help="default 127.0.0.1: unlike TF Serving, not every interface unless asked")
     serve.add_argument("--file_system_poll_wait_seconds", type=float, default=1.0,
