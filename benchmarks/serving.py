@@ -542,8 +542,10 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
     parser.add_argument("--fastapi-endpoint", choices=("def", "async def"), default="def",
                         help="the anchor's endpoint: def (default; runs in the thread pool) or async def (on the loop)")
     parser.add_argument("--max-batch-size", type=int, default=32, help="batching parameters' max_batch_size (default 32)")
-    parser.add_argument("--batch-timeout-micros", type=int, default=500,
-                        help="batching parameters' batch_timeout_micros (default 500)")
+    # TF's default and its advice for CPUs: 0 (a batch runs as soon as a batch thread is free, holding what
+    # arrived meanwhile). Measured here: 0 gave batching_gain_c8 1.36 and 0.82 at c=1; 500 us gave 1.25 and 0.64.
+    parser.add_argument("--batch-timeout-micros", type=int, default=0,
+                        help="batching parameters' batch_timeout_micros (default 0, TF's)")
     parser.add_argument("--no-flask", action="store_true", help="skip the Flask anchor")
     arguments = parser.parse_args(argv)
     quick = arguments.quick
