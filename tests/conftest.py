@@ -59,6 +59,14 @@ def make_estimator(model_dir, *, model=None, optimizer=adam, model_fn=classifier
                         model_dir=str(model_dir), config=config)
 
 
+def trained_classifier(model_dir, model_fn=classifier_model_fn, steps: int = 5, n: int = 64):
+    """A SmallNet estimator trained a few steps (enough to export), and its training features."""
+    train, _, _, (x, _) = input_fns(n=n)
+    estimator = make_estimator(model_dir, model_fn=model_fn)
+    estimator.train(train, max_steps=steps)
+    return estimator, x
+
+
 def input_fns(n: int = 256, batch_size: int = 32, seed: int = 0):
     x, y = make_classification(n, seed=seed)
     train = te.numpy_input_fn({"x": x}, y, batch_size=batch_size, num_epochs=None, shuffle=True, seed=seed)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from aiohttp.test_utils import TestClient, TestServer
 
 import torchestimator as te
-from conftest import input_fns, make_estimator
+from conftest import trained_classifier
 from torchestimator.export import PredictOutput, TensorSpec, export_saved_model, load, serving_input_receiver
 from torchestimator.serving import ModelManager, ServingError, make_app
 
@@ -41,9 +41,7 @@ def model_fn(model, features, labels, mode):
 def exported(tmp_path_factory):
     """A single-input and a two-input export of one small trained classifier."""
     root = tmp_path_factory.mktemp("serving")
-    train, _, _, (x, _) = input_fns(n=64)
-    estimator = make_estimator(root / "model", model_fn=model_fn)
-    estimator.train(train, max_steps=5)
+    estimator, x = trained_classifier(root / "model", model_fn, steps=5)
     single = export_saved_model(estimator, root / "single", X_ONLY)
     pair = export_saved_model(estimator, root / "pair", X_AND_SHIFT)
     return {"single": single, "pair": pair, "x": x[:4], "root": root}

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import torchestimator as te
-from conftest import input_fns, make_estimator
+from conftest import trained_classifier
 from torchestimator.export import PredictOutput, TensorSpec, export_saved_model, load, serving_input_receiver
 from torchestimator.serving.errors import ServingError
 from torchestimator.serving.batching import QUEUE_FULL_CODE, BatchingParameters, BatchScheduler
@@ -40,9 +40,7 @@ def model_fn(model, features, labels, mode):
 def exported(tmp_path_factory):
     """One small trained classifier, exported with a dynamic batch dimension and with a fixed one."""
     root = tmp_path_factory.mktemp("batching")
-    train, _, _, (x, _) = input_fns(n=64)
-    estimator = make_estimator(root / "model", model_fn=model_fn)
-    estimator.train(train, max_steps=5)
+    estimator, x = trained_classifier(root / "model", model_fn, steps=5)
     dynamic = export_saved_model(estimator, root / "dynamic",
                                  serving_input_receiver({"x": TensorSpec(shape=(None, 8))}))
     fixed = export_saved_model(estimator, root / "fixed", serving_input_receiver({"x": TensorSpec(shape=(2, 8))}))

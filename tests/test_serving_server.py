@@ -13,7 +13,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import input_fns, make_estimator
+from conftest import trained_classifier
 from torchestimator.export import PredictOutput, RegressionOutput, TensorSpec, export_saved_model, load
 from torchestimator.export import serving_input_receiver
 from torchestimator.serving import (
@@ -48,9 +48,7 @@ def model_fn(model, features, labels, mode):
 def bases(tmp_path_factory):
     """Two model bases: 'a' with versions 1 and 2 (same weights), 'b' with version 7."""
     root = tmp_path_factory.mktemp("server")
-    train, _, _, (x, _) = input_fns(n=64)
-    estimator = make_estimator(root / "model", model_fn=model_fn)
-    estimator.train(train, max_steps=3)
+    estimator, x = trained_classifier(root / "model", model_fn, steps=3)
     exported = export_saved_model(estimator, root / "export", X_ONLY)
     for base, versions in (("a", (1, 2)), ("b", (7,))):
         for version in versions:
