@@ -31,3 +31,13 @@ def final_line(output: str, pattern: re.Pattern[str]) -> re.Match[str]:
     match = pattern.match(last)
     assert match, f"unexpected last line: {last!r}"
     return match
+
+
+def assert_arguments_refused(module: ModuleType, arguments: list[str], message: str, capsys) -> None:
+    """The script's parse_settings exits 2 for these arguments, saying ``message`` on stderr."""
+    import pytest
+
+    with pytest.raises(SystemExit) as raised:
+        module.parse_settings(arguments)
+    assert raised.value.code == 2
+    assert message in capsys.readouterr().err

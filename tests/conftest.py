@@ -44,6 +44,44 @@ def classifier_model_fn(model, features, labels, mode):
                             eval_metric_ops={"accuracy": te.metrics.accuracy(labels, predictions["class"])})
 
 
+def exporting_model_fn(extra_signatures):
+    """A SmallNet classifier model_fn whose PREDICT spec declares export signatures.
+
+    serving_default predicts every prediction ("class", "probabilities");
+    ``extra_signatures(logits, predictions)`` returns the others by name.
+    """
+    from torchestimator.export import PredictOutput
+
+    def model_fn(model, features, labels, mode):
+        logits = model(features["x"])
+        predictions = {"class": logits.argmax(-1), "probabilities": logits.softmax(-1)}
+        if mode == te.ModeKeys.PREDICT:
+            return te.EstimatorSpec(mode, predictions=predictions, export_outputs={
+                "serving_default": PredictOutput(predictions), **extra_signatures(logits, predictions)})
+        return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels))
+
+    return model_fn
+
+
+def call_app(app, *requests):
+    """Sends (method, path, body) requests to an aiohttp app; returns [(status, JSON body, Content-Type)]."""
+    import asyncio
+    import json
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    async def main():
+        async with TestClient(TestServer(app)) as client:
+            answers = []
+            for method, path, body in requests:
+                data = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
+                async with client.request(method, path, data=data) as response:
+                    answers.append((response.status, json.loads(await response.text()), response.content_type))
+            return answers
+
+    return asyncio.run(main())
+
+
 def adam(parameters):
     return torch.optim.Adam(parameters, lr=1e-2)
 

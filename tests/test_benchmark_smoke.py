@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from benchmark_scripts import final_line, imported_script
+from benchmark_scripts import assert_arguments_refused, final_line, imported_script
 import torch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "loop_overhead.py"
@@ -81,10 +81,7 @@ def test_ratio_pairs_rounds(benchmark):
     (["--threads", "0"], "at least 1"),
 ])
 def test_bad_arguments_are_refused(benchmark, capsys, arguments, message):
-    with pytest.raises(SystemExit) as raised:
-        benchmark.parse_settings(arguments)
-    assert raised.value.code == 2
-    assert message in capsys.readouterr().err
+    assert_arguments_refused(benchmark, arguments, message, capsys)
 
 
 @pytest.mark.slow

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import json
 import shutil
 
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
-from aiohttp.test_utils import TestClient, TestServer
 
-import torchestimator as te
-from conftest import trained_classifier
+from conftest import call_app, exporting_model_fn, trained_classifier
 from torchestimator.export import PredictOutput, TensorSpec, export_saved_model, load, serving_input_receiver
 from torchestimator.serving import ModelManager, ServingError, make_app
 
@@ -26,15 +21,8 @@ X_AND_SHIFT = serving_input_receiver(
 )
 
 
-def model_fn(model, features, labels, mode):
-    logits = model(features["x"])
-    predictions = {"class": logits.argmax(-1), "probabilities": logits.softmax(-1)}
-    if mode == te.ModeKeys.PREDICT:
-        return te.EstimatorSpec(mode, predictions=predictions, export_outputs={
-            "serving_default": PredictOutput(predictions),
-            "probabilities": PredictOutput({"probabilities": predictions["probabilities"]}),
-        })
-    return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels))
+model_fn = exporting_model_fn(lambda logits, predictions: {
+    "probabilities": PredictOutput({"probabilities": predictions["probabilities"]})})
 
 
 @pytest.fixture(scope="module")
@@ -56,17 +44,7 @@ def managers(exported):
 
 def call(app, *requests):
     """Sends (method, path, body) requests to the app; returns [(status, json body, content type)]."""
-    async def main():
-        async with TestClient(TestServer(app)) as client:
-            answers = []
-            for method, path, body in requests:
-                data = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
-                async with client.request(method, path, data=data) as response:
-                    answers.append((response.status, json.loads(await response.text()), response.content_type))
-            return answers
-
-    return asyncio.run(main())
-
+    return call_app(app, *requests)
 
 def one(app, method, path, body=None):
     return call(app, (method, path, body))[0][:2]

@@ -10,10 +10,8 @@ import time
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
-import torchestimator as te
-from conftest import trained_classifier
+from conftest import exporting_model_fn, trained_classifier
 from torchestimator.export import PredictOutput, TensorSpec, export_saved_model, load, serving_input_receiver
 from torchestimator.serving.errors import ServingError
 from torchestimator.serving.batching import QUEUE_FULL_CODE, BatchingParameters, BatchScheduler
@@ -22,18 +20,11 @@ WAIT = 10  # seconds a test waits for a future that should come at once; never r
 FOREVER = 60_000_000  # a batch timeout (micros) no test waits for: batches go when full or when a thread frees
 
 
-def model_fn(model, features, labels, mode):
-    logits = model(features["x"])
-    predictions = {"class": logits.argmax(-1), "probabilities": logits.softmax(-1)}
-    if mode == te.ModeKeys.PREDICT:
-        return te.EstimatorSpec(mode, predictions=predictions, export_outputs={
-            "serving_default": PredictOutput(predictions),
-            "probabilities": PredictOutput({"probabilities": predictions["probabilities"]}),
-            # One output without a batch dimension: the scheduler must find out and run such requests alone.
-            "with_total": PredictOutput({"probabilities": predictions["probabilities"],
-                                         "total": logits.sum()}),
-        })
-    return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels))
+model_fn = exporting_model_fn(lambda logits, predictions: {
+    "probabilities": PredictOutput({"probabilities": predictions["probabilities"]}),
+    # One output without a batch dimension: the scheduler must find out and run such requests alone.
+    "with_total": PredictOutput({"probabilities": predictions["probabilities"], "total": logits.sum()}),
+})
 
 
 @pytest.fixture(scope="module")

@@ -17,15 +17,13 @@ listed, with its reason, where it is asserted.
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import json
 import os
 
 import pytest
 import torch
-from aiohttp.test_utils import TestClient, TestServer
 from benchmark_scripts import imported_script
+from conftest import call_app
 
 import torchestimator as te
 from torchestimator.export import (
@@ -87,17 +85,7 @@ def app(managers):
 
 def call(app, *requests):
     """Sends (method, path, body) requests to a new app from ``app()``; returns [(status, JSON body, Content-Type)]."""
-    async def main():
-        async with TestClient(TestServer(app())) as client:
-            answers = []
-            for method, path, body in requests:
-                data = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
-                async with client.request(method, path, data=data) as response:
-                    answers.append((response.status, json.loads(await response.text()), response.content_type))
-            return answers
-
-    return asyncio.run(main())
-
+    return call_app(app(), *requests)
 
 def replay(app, cases):
     """Each (method, path, body, TF's status, TF's JSON) is answered with that status, that JSON, as JSON."""

@@ -13,8 +13,8 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import trained_classifier
-from torchestimator.export import PredictOutput, RegressionOutput, TensorSpec, export_saved_model, load
+from conftest import exporting_model_fn, trained_classifier
+from torchestimator.export import RegressionOutput, TensorSpec, export_saved_model, load
 from torchestimator.export import serving_input_receiver
 from torchestimator.serving import (
     BatchingParameters,
@@ -29,19 +29,7 @@ from torchestimator.serving import (
 X_ONLY = serving_input_receiver({"x": TensorSpec(shape=(None, 8), dtype=torch.float32)})
 
 
-def model_fn(model, features, labels, mode):
-    import torch.nn.functional as F
-
-    import torchestimator as te
-
-    logits = model(features["x"])
-    predictions = {"class": logits.argmax(-1), "probabilities": logits.softmax(-1)}
-    if mode == te.ModeKeys.PREDICT:
-        return te.EstimatorSpec(mode, predictions=predictions, export_outputs={
-            "serving_default": PredictOutput(predictions),
-            "score": RegressionOutput(logits[:, 0]),
-        })
-    return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels))
+model_fn = exporting_model_fn(lambda logits, predictions: {"score": RegressionOutput(logits[:, 0])})
 
 
 @pytest.fixture(scope="module")
