@@ -11,6 +11,7 @@ import torch
 
 from torchestimator.checkpoint import CheckpointStore
 from torchestimator.interop.source import TensorInfo, TensorNotFoundError, WeightSourceError
+from torchestimator.interop import torch_sources
 from torchestimator.interop.torch_sources import (
     is_safetensors,
     is_torch,
@@ -231,3 +232,35 @@ def test_safetensors_detection_by_magic_and_errors(tmp_path) -> None:
     with pytest.raises(WeightSourceError, match="no such file"):
         open_safetensors(tmp_path / "absent.safetensors")
     assert os.path.exists(unnamed)
+
+
+def test_safetensors_file_is_opened_once_per_source(tmp_path, monkeypatch) -> None:
+    # Re-opening per read re-parses the header each time: quadratic in the tensor count.
+    path = tmp_path / "many.safetensors"
+    safetensors.torch.save_file({f"t{index}": torch.full((2,), float(index)) for index in range(50)}, str(path))
+    opened = []
+    real_safe_open = torch_sources.safe_open
+    monkeypatch.setattr(torch_sources, "safe_open", lambda *args, **kwargs: opened.append(args) or real_safe_open(
+        *args, **kwargs))
+    with open_safetensors(path) as source:
+        values = source.read_all()
+    assert len(values) == 50 and float(values["t49"][0]) == 49.0
+    assert len(opened) == 1
+    with pytest.raises(WeightSourceError, match="the source is closed"):
+        source.read("t0")
+
+
+def test_warm_start_closes_the_safetensors_source_it_opened(tmp_path, monkeypatch) -> None:
+    from torchestimator.warm_start import warm_start
+
+    model = make_model()
+    path = tmp_path / "model.safetensors"
+    safetensors.torch.save_file(model.state_dict(), str(path))
+    closed = []
+    real_close = torch_sources.SafetensorsSource.close
+    monkeypatch.setattr(torch_sources.SafetensorsSource, "close", lambda self: closed.append(self) or real_close(self))
+    warm_start(make_model(), str(path))
+    assert len(closed) == 1
+    with pytest.raises(ValueError):
+        warm_start(torch.nn.Linear(7, 7), str(path))  # nothing matches: the plan fails, the file is closed anyway
+    assert len(closed) == 2

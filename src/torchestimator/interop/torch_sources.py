@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy
 import torch
+from safetensors import SafetensorError, safe_open
 
 from ..checkpoint import CheckpointError, CheckpointStore
 from .source import TensorInfo, WeightSource, WeightSourceError, missing_tensor_error
@@ -363,14 +364,20 @@ def is_safetensors(path: str | os.PathLike[str]) -> bool:
 
 
 class SafetensorsSource(WeightSource):
-    """A safetensors file: the header lists tensors, values are read one at a time."""
+    """A safetensors file, opened once: the header lists tensors, values are read one at a time.
 
-    def __init__(self, path: str, header: dict[str, Any]) -> None:
+    The file stays open (memory-mapped by safetensors) until `close()`, so a read
+    costs one copy, not a re-parse of the header: with 20k tensors, re-opening
+    per read made reading every tensor quadratic.
+    """
+
+    def __init__(self, path: str, handle: Any, header: dict[str, Any]) -> None:
         self.path = path
         self.format = "safetensors"
         self.notes: list[str] = []
         self.metadata: dict[str, str] = dict(header.pop("__metadata__", None) or {})
         self._header = header
+        self._handle: Any = handle
 
     def tensors(self) -> list[TensorInfo]:
         return [
@@ -385,33 +392,39 @@ class SafetensorsSource(WeightSource):
     def read(self, name: str) -> numpy.ndarray:
         if name not in self._header:
             raise missing_tensor_error(self.path, name, self._header)
-        from safetensors import SafetensorError, safe_open
-
+        if self._handle is None:
+            raise WeightSourceError(f"{self.path}: the source is closed; open it again to read {name!r}.")
         try:
-            with safe_open(self.path, framework="pt") as file:
-                return _to_numpy(file.get_tensor(name))
-        except (SafetensorError, OSError) as error:
+            return _to_numpy(self._handle.get_tensor(name))
+        except (SafetensorError, OSError, RuntimeError, TypeError) as error:
             raise WeightSourceError(f"{self.path}: cannot read tensor {name!r}: {error}") from None
+
+    def close(self) -> None:
+        # safe_open has no close(); leaving its context unmaps the file.
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.__exit__(None, None, None)
 
 
 def open_safetensors(path: str | os.PathLike[str]) -> SafetensorsSource:
-    """A safetensors file; its header is read and checked now, values on demand."""
+    """A safetensors file; its header is read and checked now, values on demand, until the source is closed."""
     given = os.fspath(path)
     if not os.path.isfile(given):
         raise WeightSourceError(f"{given}: no such file; expected a .safetensors file.")
-    from safetensors import SafetensorError, safe_open
-
+    handle = None
     try:
-        # safe_open validates the header against the file size (truncation shows here).
-        with safe_open(given, framework="pt"):
-            pass
+        # safe_open checks the header against the file: sizes, offsets, overlaps, shape x dtype overflow.
+        handle = safe_open(given, framework="pt")
         with open(given, "rb") as file:
             (header_size,) = struct.unpack("<Q", file.read(8))
             header = json.loads(file.read(header_size).decode("utf-8"))
     except (SafetensorError, OSError, struct.error, UnicodeDecodeError, json.JSONDecodeError) as error:
+        if handle is not None:
+            handle.__exit__(None, None, None)
         raise WeightSourceError(
             f"{given} is not a readable safetensors file (truncated or corrupt?): {type(error).__name__}: {error}"
         ) from None
     if not isinstance(header, dict):
+        handle.__exit__(None, None, None)
         raise WeightSourceError(f"{given}: the safetensors header is not a JSON object.")
-    return SafetensorsSource(given, header)
+    return SafetensorsSource(given, handle, header)
