@@ -57,7 +57,8 @@ def test_export_writes_an_integer_version_with_program_signature_metadata_and_as
     version = os.path.basename(export_dir)
     assert version.isdigit() and exported["before"] - 1 <= int(version) <= time.time()
     assert os.listdir(base) == [version]  # the temp folder was renamed, nothing else left behind
-    assert {"model.pt2", "signature.json", "metadata.json", "assets.extra"} <= set(os.listdir(export_dir))
+    assert set(os.listdir(export_dir)) == {"program.json", "tensors.safetensors", "signature.json", "metadata.json",
+                                          "assets.extra"}
     with open(os.path.join(export_dir, "assets.extra", "vocab", "words.txt")) as handle:
         assert handle.read() == "cat\ndog\n"
     with open(os.path.join(export_dir, "signature.json")) as handle:
@@ -112,27 +113,31 @@ def test_load_ignores_temp_and_non_integer_folders(exported, tmp_path):
     assert model.version == 100
     only_temp = tmp_path / "only_temp"
     (only_temp / "temp-1700000000").mkdir(parents=True)
-    with pytest.raises(ValueError, match="neither an export version.*temp-1700000000"):
+    (only_temp / "private-notes.txt").write_text("not for the status page")
+    with pytest.raises(ValueError, match="neither an export version") as raised:
         load(only_temp)
+    # What was expected, never what the folder holds: this message reaches the server's status page.
+    assert "program.json, tensors.safetensors and signature.json" in str(raised.value)
+    assert "private-notes" not in str(raised.value) and "temp-1700000000" not in str(raised.value)
 
 
 def test_an_exception_while_writing_leaves_no_version(exported, tmp_path, monkeypatch):
     base = tmp_path / "export"
     written = []
 
-    def write_json_then_fail(path, payload):
+    def write_then_fail(path, data):
         if path.endswith("metadata.json"):
-            written.extend(os.listdir(os.path.dirname(path)))  # model.pt2 and signature.json are already there
+            written.extend(os.listdir(os.path.dirname(path)))  # the program and signature.json are already there
             with open(path, "w") as handle:
                 handle.write('{"global_st')
             raise OSError("disk full")
-        return original(path, payload)
+        return original(path, data)
 
-    original = saved_model._write_json
-    monkeypatch.setattr(saved_model, "_write_json", write_json_then_fail)
+    original = saved_model._write_file
+    monkeypatch.setattr(saved_model, "_write_file", write_then_fail)
     with pytest.raises(OSError, match="disk full"):
         export_saved_model(exported["estimator"], base, RECEIVER)
-    assert "model.pt2" in written
+    assert "program.json" in written
     assert list_versions(base) == [] and os.listdir(base) == []
     with pytest.raises(ValueError, match="neither an export version"):
         load(base)
@@ -311,12 +316,12 @@ def test_a_process_killed_while_exporting_leaves_no_version(exported, tmp_path):
         from conftest import make_estimator
         from torchestimator.export import saved_model, serving_input_receiver, TensorSpec
         estimator = make_estimator({str(exported["root"] / "model")!r})
-        original = saved_model._write_json
-        def die_at_metadata(path, payload):
+        original = saved_model._write_file
+        def die_at_metadata(path, data):
             if path.endswith("metadata.json"):
                 os._exit(9)
-            original(path, payload)
-        saved_model._write_json = die_at_metadata
+            original(path, data)
+        saved_model._write_file = die_at_metadata
         saved_model.export_saved_model(estimator, {str(tmp_path / "export")!r},
                                        serving_input_receiver({{"x": TensorSpec(shape=(None, 8))}}))
     """)
@@ -324,7 +329,10 @@ def test_a_process_killed_while_exporting_leaves_no_version(exported, tmp_path):
     assert result.returncode == 9, result.stderr
     leftovers = os.listdir(tmp_path / "export")
     assert len(leftovers) == 1 and leftovers[0].startswith("temp-")
-    assert "model.pt2" in os.listdir(tmp_path / "export" / leftovers[0])
+    assert "program.json" in os.listdir(tmp_path / "export" / leftovers[0])
     assert list_versions(tmp_path / "export") == []
-    with pytest.raises(ValueError, match="Incomplete temp-\\* folders are never loaded"):
+    with pytest.raises(ValueError, match="incomplete temp-\\* folders are never loaded"):
         load(tmp_path / "export")
+    # The next export removes the dead writer's folder (its process is gone) and leaves only its own version.
+    export_dir = export_saved_model(exported["estimator"], tmp_path / "export", RECEIVER)
+    assert os.listdir(tmp_path / "export") == [os.path.basename(export_dir)]

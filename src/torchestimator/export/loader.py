@@ -1,10 +1,13 @@
 """Loading an exported version and running it, without the training code.
 
-``load(path)`` reads ``model.pt2`` with torch.export.load (a graph of ATen
-operations and weights: no user code and no pickles run) and
-``signature.json``, and returns an ExportedModel: a callable from named numpy
-arrays or tensors to named numpy arrays, checking names, dtypes and shapes
-against the signature first. ``read_inputs`` reads the JSON or NPZ inputs the
+``load(path)`` reads ``program.json`` and ``tensors.safetensors`` through
+program_format.decode (checked JSON and safetensors: nothing in the files is
+unpickled, eval'd or exec'd) and ``signature.json``, and returns an
+ExportedModel: a callable from named numpy arrays or tensors to named numpy
+arrays, checking names, dtypes and shapes against the signature first. A
+folder holding only ``model.pt2`` (torch.export.save's archive, which
+earlier torchestimator versions wrote) is refused without opening it: loading
+that archive unpickles parts of it, so it must be re-exported. ``read_inputs`` reads the JSON or NPZ inputs the
 CLI's ``predict --exported`` takes.
 """
 
@@ -21,7 +24,8 @@ import torch
 
 from torchestimator.export.outputs import DEFAULT_SERVING_SIGNATURE_DEF_KEY
 from torchestimator.export.receiver import parse_dtype
-from torchestimator.export.saved_model import METADATA_FILE, MODEL_FILE, SIGNATURE_FILE, SIGNATURE_FORMAT_VERSION
+from torchestimator.export.program_format import LEGACY_FILE, PROGRAM_FILE, TENSORS_FILE, decode
+from torchestimator.export.saved_model import METADATA_FILE, SIGNATURE_FILE, SIGNATURE_FORMAT_VERSION
 from torchestimator.export.versions import latest_version
 
 __all__ = ["ExportedModel", "Signature", "TensorInfo", "load", "read_inputs"]
@@ -121,14 +125,22 @@ def load(path: str | os.PathLike[str]) -> ExportedModel:
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise ValueError(f"Exported model path {path!r} is not a folder. Pass a version folder or its base.")
-    if not os.path.exists(os.path.join(path, MODEL_FILE)):
+    if not any(os.path.exists(os.path.join(path, name)) for name in (PROGRAM_FILE, LEGACY_FILE, SIGNATURE_FILE)):
         version = latest_version(path)
         if version is None:
+            # Never list the folder's contents: this message reaches the server's status page.
             raise ValueError(
-                f"{path} is neither an export version (no {MODEL_FILE}) nor a base holding integer version folders "
-                f"(found {sorted(os.listdir(path))[:20]}). Incomplete temp-* folders are never loaded."
+                f"{path} is neither an export version nor a base holding integer version folders: a version folder "
+                f"holds {PROGRAM_FILE}, {TENSORS_FILE} and {SIGNATURE_FILE}, as export_saved_model writes them. "
+                "Pass a version folder or its base; incomplete temp-* folders are never loaded."
             )
         path = version
+    if not os.path.exists(os.path.join(path, PROGRAM_FILE)) and os.path.exists(os.path.join(path, LEGACY_FILE)):
+        raise ValueError(
+            f"{path} holds {LEGACY_FILE}, the torch.export archive earlier torchestimator versions wrote; loading it "
+            f"would unpickle parts of it, and loading never runs code from a file, so it is not opened. Re-export the "
+            f"model with this torchestimator (it writes {PROGRAM_FILE} and {TENSORS_FILE})."
+        )
     document = _read_json(os.path.join(path, SIGNATURE_FILE))
     if document.get("format_version") != SIGNATURE_FORMAT_VERSION:
         raise ValueError(
@@ -137,7 +149,7 @@ def load(path: str | os.PathLike[str]) -> ExportedModel:
         )
     metadata_path = os.path.join(path, METADATA_FILE)
     metadata = _read_json(metadata_path) if os.path.exists(metadata_path) else {}
-    program = torch.export.load(os.path.join(path, MODEL_FILE))
+    program = decode(_read_bytes(os.path.join(path, PROGRAM_FILE)), _read_bytes(os.path.join(path, TENSORS_FILE)), path)
     return ExportedModel(path, program, document, metadata)
 
 
@@ -250,6 +262,14 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16
         tensor = tensor.float()
     return tensor.numpy()
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError as error:
+        raise ValueError(f"{path} is missing: the export folder is incomplete or not an export.") from error
 
 
 def _read_json(path: str) -> Any:

@@ -2,36 +2,45 @@
 
 A version folder holds:
 
-    model.pt2          the torch.export program with its weights (torch.export.save)
-    signature.json     each signature: method, inputs and outputs with dtype and shape (-1 dynamic)
-    metadata.json      checkpoint, global_step, versions, creation time
-    assets.extra/      copies of assets_extra
-    model.onnx         only with as_onnx=True and the onnx packages installed
+    program.json         the torch.export graph (torch's JSON schema; see program_format.py)
+    tensors.safetensors  its parameters, buffers and constants
+    signature.json       each signature: method, inputs and outputs with dtype and shape (-1 dynamic)
+    metadata.json        checkpoint, global_step, versions, creation time
+    assets.extra/        copies of assets_extra
+    model.onnx           only with as_onnx=True and the onnx packages installed
 
-It is written to a sibling ``temp-*`` folder and renamed to its integer
-version at the end, so a server polling the base never sees half a version.
-Reading it back lives in loader.py; when to export (latest, best, final) in
-exporters.py.
+Every file is encoded in memory first, the free space is checked, and the
+bytes are written with plain Python I/O, so a full disk is an OSError naming
+the file (torch's own zip writer aborted the process). It is written to a
+sibling ``temp-<ns>-<pid>-<host>`` folder and renamed to its integer version at
+the end, so a server polling the base never sees half a version; a failed
+export removes its temp folder, and the next export removes those of writers
+that were killed. Reading it back lives in loader.py; when to export (latest,
+best, final) in exporters.py.
 """
 
 from __future__ import annotations
 
 import datetime
+import errno
+import json
 import logging
 import os
+import re
 import shutil
+import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchestimator.export import program_format
 from torchestimator.export.outputs import resolve_export_outputs
 from torchestimator.export.receiver import ServingInputReceiver, as_receiver, dtype_name
 from torchestimator.spec import ModeKeys, validate_spec
 from torchestimator.state import TrainState
 from torchestimator.atomic import fsync_directory
-from torchestimator.atomic import write_json_atomically as _write_json
 
 if TYPE_CHECKING:
     from torchestimator.estimator import Estimator
@@ -40,13 +49,17 @@ __all__ = ["export_saved_model"]
 
 logger = logging.getLogger(__name__)
 
-MODEL_FILE = "model.pt2"
+PROGRAM_FILE = program_format.PROGRAM_FILE
+TENSORS_FILE = program_format.TENSORS_FILE
 SIGNATURE_FILE = "signature.json"
 METADATA_FILE = "metadata.json"
 ONNX_FILE = "model.onnx"
 ASSETS_EXTRA = "assets.extra"
 SIGNATURE_FORMAT_VERSION = 1
 _VERSION_ATTEMPTS = 10
+TEMP_PREFIX = "temp-"
+# Filesystems round each file up to whole blocks and need room for folder entries.
+_BLOCK = 4096
 
 
 def export_saved_model(
@@ -72,17 +85,19 @@ def export_saved_model(
         program, signatures, examples = _trace(estimator, module, receiver)
     finally:
         module.train(was_training)
+    files = {**program_format.encode(program), SIGNATURE_FILE: _json_bytes(signatures)}
     os.makedirs(export_dir_base, exist_ok=True)
-    temp_dir = os.path.join(export_dir_base, f"temp-{time.time_ns()}-{os.getpid()}")
+    remove_stale_temp_folders(export_dir_base)
+    temp_dir = os.path.join(export_dir_base, f"{TEMP_PREFIX}{time.time_ns()}-{os.getpid()}-{_host()}")
     try:
         os.makedirs(temp_dir)
-        onnx_written = _write_version(temp_dir, program, signatures, assets, as_onnx, receiver, examples)
+        onnx_written = _write_version(temp_dir, files, assets, as_onnx, program, receiver, examples)
         metadata = {**provenance, **_environment(), "signatures": sorted(signatures["signatures"]),
                     "receiver": receiver.describe(), "onnx": onnx_written}
-        _write_json(os.path.join(temp_dir, METADATA_FILE), metadata)
+        _write_file(os.path.join(temp_dir, METADATA_FILE), _json_bytes(metadata))
         export_dir = _rename_to_version(temp_dir, export_dir_base)
     except BaseException:
-        shutil.rmtree(temp_dir, ignore_errors=True)  # a kill leaves it behind; loaders ignore temp-* anyway
+        shutil.rmtree(temp_dir, ignore_errors=True)  # a kill leaves it: the next export removes it
         raise
     logger.info("Exported %s (global step %s) to %s.", provenance.get("checkpoint_path") or "the model",
                 provenance.get("global_step"), export_dir)
@@ -274,18 +289,95 @@ def _signature_document(plan: dict[str, dict[str, Any]], receiver: ServingInputR
             "signatures": signatures}
 
 
-def _write_version(folder: str, program: Any, signatures: dict[str, Any], assets: dict[str, str], as_onnx: bool,
+def _write_version(folder: str, files: Mapping[str, bytes], assets: dict[str, str], as_onnx: bool, program: Any,
                    receiver: ServingInputReceiver, examples: dict[str, torch.Tensor]) -> bool:
-    torch.export.save(program, os.path.join(folder, MODEL_FILE))
-    _write_json(os.path.join(folder, SIGNATURE_FILE), signatures)
+    asset_bytes = sum(_tree_size(source) for source in assets.values())
+    _check_free_space(folder, sum(len(data) for data in files.values()) + asset_bytes, len(files) + len(assets) + 2)
+    for name, data in files.items():
+        _write_file(os.path.join(folder, name), data)
     for destination, source in assets.items():
         target = os.path.join(folder, ASSETS_EXTRA, destination)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        if os.path.isdir(source):
-            shutil.copytree(source, target)
-        else:
-            shutil.copyfile(source, target)
+        try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if os.path.isdir(source):
+                shutil.copytree(source, target)
+            else:
+                shutil.copyfile(source, target)
+        except OSError as error:
+            raise OSError(error.errno, f"Could not copy asset {source} into the export ({_reason(error)})",
+                          target) from error
     return _write_onnx(folder, program, receiver, examples) if as_onnx else False
+
+
+def _json_bytes(payload: Any) -> bytes:
+    return json.dumps(payload, indent=2, sort_keys=True).encode("utf-8")
+
+
+def _write_file(path: str, data: bytes) -> None:
+    """Plain Python I/O, so that a full disk or a file size limit is an OSError naming the file."""
+    try:
+        with open(path, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as error:
+        raise OSError(error.errno, f"Could not write {len(data)} bytes of the export ({_reason(error)})",
+                      path) from error
+
+
+def _reason(error: OSError) -> str:
+    return "disk full" if error.errno == errno.ENOSPC else (error.strerror or str(error))
+
+
+def _check_free_space(folder: str, needed: int, files: int) -> None:
+    """Refuses before writing when the filesystem reports less room than the version needs."""
+    try:
+        stats = os.statvfs(folder)
+    except (AttributeError, OSError):  # no statvfs (Windows) or not answerable: the writes themselves will tell
+        return
+    free = stats.f_bavail * stats.f_frsize
+    required = needed + files * _BLOCK
+    if required > free:
+        raise OSError(errno.ENOSPC, f"Disk full: the export needs about {required} bytes and {free} are free under "
+                      f"{os.path.dirname(folder)}. Free some space or export elsewhere", folder)
+
+
+def _tree_size(path: str) -> int:
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
+
+
+def remove_stale_temp_folders(export_dir_base: str) -> list[str]:
+    """Removes the temp folders of exports on this host whose process is gone (killed mid-write); returns them.
+
+    A temp folder is named ``temp-<ns>-<pid>-<host>``: one from another host,
+    or from a process still alive, is left alone.
+    """
+    removed = []
+    for entry in os.listdir(export_dir_base):
+        parts = entry[len(TEMP_PREFIX):].split("-", 2) if entry.startswith(TEMP_PREFIX) else []
+        if len(parts) != 3 or not parts[1].isdigit() or parts[2] != _host() or _process_alive(int(parts[1])):
+            continue
+        shutil.rmtree(os.path.join(export_dir_base, entry), ignore_errors=True)
+        removed.append(entry)
+        logger.info("Removed %s under %s, left by an export that did not finish (process %s is gone).",
+                    entry, export_dir_base, parts[1])
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):  # someone else's process, or a platform that cannot tell: keep its folder
+        return True
+    return True
 
 
 def _write_onnx(folder: str, program: Any, receiver: ServingInputReceiver, examples: dict[str, torch.Tensor]) -> bool:
