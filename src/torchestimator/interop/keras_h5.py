@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import zipfile
@@ -74,6 +75,12 @@ ZIP_SIGNATURE = b"PK\x03\x04"
 ARCHIVE_WEIGHTS_MEMBER = "model.weights.h5"
 ARCHIVE_CONFIG_MEMBER = "config.json"
 KERAS_SUFFIXES = (".h5", ".hdf5", ".keras")
+# Bounds on what a file may declare, so that a small crafted file cannot make a read allocate gigabytes.
+# Deflate (gzip) cannot expand data more than 1032-fold; no HDF5 codec a weights file uses does more.
+MAX_COMPRESSION_RATIO = 1100
+MAX_CONFIG_BYTES = 64 << 20  # a .keras config.json is kilobytes; it is optional, so a bigger one is ignored
+_SIZE_KEEPING_FILTERS = (h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_FLETCHER32) if h5py is not None else ()
+_READ_ERRORS = (OSError, KeyError, ValueError, RuntimeError, TypeError, EOFError, zipfile.BadZipFile)
 
 # Save order of standard Keras 3 layers (their `save_own_variables`), by snake_case class name.
 _KNOWN_VARIABLES: dict[str, tuple[str, ...]] = {
@@ -116,8 +123,10 @@ class KerasH5Source(WeightSource):
         layer_order: list[tuple[str, list[str]]],
         aliases: dict[str, str],
         closers: list[Any],
+        real_size: int,
     ) -> None:
         self.path = path
+        self._real_size = real_size  # bytes of the HDF5 file (the member's size inside a .keras archive)
         self.format = layout
         self._handle = handle
         self._entries = {entry.name: entry for entry in entries}
@@ -143,13 +152,46 @@ class KerasH5Source(WeightSource):
         if self._handle is None:
             raise WeightSourceError(f"{self.path}: the source is closed; open it again to read {name!r}.")
         try:
-            value = self._handle[entry.h5_path][()]
-        except (OSError, KeyError, RuntimeError) as error:
+            dataset = self._handle[entry.h5_path]
+            self._check_declared_size(entry, dataset)
+            value = dataset[()]
+        except WeightSourceError:
+            raise
+        except _READ_ERRORS as error:
             raise WeightSourceError(
                 f"{self.path}: cannot read variable {entry.name!r} (HDF5 path {entry.h5_path!r}); "
                 f"the file is corrupt or truncated: {error}"
             ) from error
         return _bfloat16_to_float32(value) if entry.bfloat16 else numpy.asarray(value)
+
+    def _check_declared_size(self, entry: _Entry, dataset: Any) -> None:
+        """Refuse, before allocating, a dataset whose values are not in the file.
+
+        Keras writes every value of every variable, so a legitimate dataset's
+        bytes are all stored: exactly (uncompressed) or at most
+        ``MAX_COMPRESSION_RATIO`` times denser (compressed chunks), and the
+        storage lies inside the file. A dataset with no storage allocated would
+        read as its fill value, which is how a 4 KB file can declare 8 GB.
+        """
+        shape = dataset.shape or ()
+        needed = math.prod(shape) * dataset.dtype.itemsize
+        stored = dataset.id.get_storage_size()
+        plist = dataset.id.get_create_plist()
+        filters = [plist.get_filter(index)[0] for index in range(plist.get_nfilters())]
+        compressed = any(code not in _SIZE_KEEPING_FILTERS for code in filters)
+        ratio = MAX_COMPRESSION_RATIO if compressed else 1
+        problem = None
+        if stored > self._real_size:
+            problem = f"its storage is {stored} bytes, more than the whole file ({self._real_size} bytes)"
+        elif needed > stored * ratio:
+            how = f"compressed at most {ratio}-fold" if compressed else "uncompressed"
+            problem = (f"shape {list(shape)} of {dataset.dtype} needs {needed} bytes, but only {stored} bytes are "
+                       f"stored ({how}); the rest would be fill values no Keras writer leaves")
+        if problem:
+            raise WeightSourceError(
+                f"{self.path}: variable {entry.name!r} (HDF5 path {entry.h5_path!r}) declares more data than the "
+                f"file holds: {problem}. The file is corrupt or crafted."
+            )
 
     def close(self) -> None:
         if self._handle is None:
@@ -199,17 +241,17 @@ def open_keras_h5(path: str | os.PathLike[str]) -> KerasH5Source:
         raise WeightSourceError(f"{text}: is a directory. Expected a Keras .h5, .weights.h5 or .keras file.")
     closers: list[Any] = []
     try:
-        handle, config = _open_hdf5(text, closers)
+        handle, config, real_size = _open_hdf5(text, closers)
         closers.append(handle)
         layout, entries, layer_order, aliases = _read_layout(text, handle, config)
     except WeightSourceError:
         _close_all(closers)
         raise
-    except (OSError, KeyError, ValueError, RuntimeError, TypeError) as error:
+    except _READ_ERRORS as error:
         _close_all(closers)
         raise WeightSourceError(f"{text}: corrupt or truncated Keras HDF5 file: {error}") from error
     logger.debug("Opened %s as %s with %d tensors", text, layout, len(entries))
-    return KerasH5Source(text, layout, handle, entries, layer_order, aliases, closers)
+    return KerasH5Source(text, layout, handle, entries, layer_order, aliases, closers, real_size)
 
 
 def _close_all(closers: list[Any]) -> None:
@@ -220,14 +262,15 @@ def _close_all(closers: list[Any]) -> None:
             logger.debug("Ignoring an error while closing after a failed open", exc_info=True)
 
 
-def _open_hdf5(path: str, closers: list[Any]) -> tuple[Any, dict[str, Any] | None]:
-    """The open h5py.File, plus the archive's config.json for a .keras zip."""
+def _open_hdf5(path: str, closers: list[Any]) -> tuple[Any, dict[str, Any] | None, int]:
+    """The open h5py.File, the archive's config.json for a .keras zip, and the HDF5 file's size."""
     with open(path, "rb") as probe:
         head = probe.read(8)
+        size = os.fstat(probe.fileno()).st_size
     if head[:4] == ZIP_SIGNATURE:
         return _open_archive(path, closers)
     try:
-        return h5py.File(path, "r"), None
+        return h5py.File(path, "r"), None, size
     except OSError as error:
         if head != HDF5_SIGNATURE:
             raise WeightSourceError(
@@ -237,7 +280,7 @@ def _open_hdf5(path: str, closers: list[Any]) -> tuple[Any, dict[str, Any] | Non
         raise WeightSourceError(f"{path}: corrupt or truncated HDF5 file: {error}") from error
 
 
-def _open_archive(path: str, closers: list[Any]) -> tuple[Any, dict[str, Any] | None]:
+def _open_archive(path: str, closers: list[Any]) -> tuple[Any, dict[str, Any] | None, int]:
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as error:
@@ -249,21 +292,30 @@ def _open_archive(path: str, closers: list[Any]) -> tuple[Any, dict[str, Any] | 
             f"{path}: the .keras archive has no {ARCHIVE_WEIGHTS_MEMBER!r} (members: {', '.join(names)}). "
             "Was it saved by Keras 3 model.save('x.keras')?"
         )
-    config = None
-    if ARCHIVE_CONFIG_MEMBER in names:
-        try:
-            config = json.loads(archive.read(ARCHIVE_CONFIG_MEMBER))
-        except (ValueError, zipfile.BadZipFile) as error:
-            logger.warning("%s: ignoring unreadable config.json (%s); aliases use group names", path, error)
+    config = _read_archive_config(path, archive) if ARCHIVE_CONFIG_MEMBER in names else None
     try:
         member = archive.open(ARCHIVE_WEIGHTS_MEMBER)
         closers.append(member)
         # h5py reads the member through Python's file API, so nothing is extracted to disk.
-        return h5py.File(member, "r"), config
-    except (OSError, zipfile.BadZipFile) as error:
+        return h5py.File(member, "r"), config, archive.getinfo(ARCHIVE_WEIGHTS_MEMBER).file_size
+    except _READ_ERRORS as error:
         raise WeightSourceError(
             f"{path}: corrupt or truncated {ARCHIVE_WEIGHTS_MEMBER} inside the .keras archive: {error}"
         ) from error
+
+
+def _read_archive_config(path: str, archive: zipfile.ZipFile) -> dict[str, Any] | None:
+    """config.json of a .keras archive (JSON only, never deserialized into objects); None when unusable."""
+    declared = archive.getinfo(ARCHIVE_CONFIG_MEMBER).file_size
+    try:
+        if declared > MAX_CONFIG_BYTES:
+            raise ValueError(f"it declares {declared} bytes, over the {MAX_CONFIG_BYTES}-byte limit")
+        with archive.open(ARCHIVE_CONFIG_MEMBER) as member:
+            config = json.loads(member.read(MAX_CONFIG_BYTES + 1))
+    except (ValueError, RecursionError, EOFError, OSError, zipfile.BadZipFile) as error:
+        logger.warning("%s: ignoring unreadable config.json (%s); aliases use group names", path, error)
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def _read_layout(

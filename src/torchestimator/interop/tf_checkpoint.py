@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -58,6 +59,10 @@ _TRAILER_SIZE = 5
 _TABLE_MAGIC = 0xDB4775248B80FB57
 _DATA_SUFFIX = re.compile(r"\.data-\d{5}-of-\d{5}$")
 _UINT32 = struct.Struct("<I")
+# Snappy's densest element is a 3-byte copy of 64 bytes; a block declaring more than this ratio is corrupt.
+_SNAPPY_MAX_RATIO = 22
+# No array has more elements (numpy's own limit is 2**63 bytes); even zero-size shapes must stay below it.
+_MAX_ELEMENTS = 1 << 52
 
 # types.proto DataType -> numpy dtype name. Quantized types share their storage type's layout.
 _NUMPY_DTYPES = {
@@ -123,6 +128,8 @@ def _signed(value: int) -> int:
 
 def _fields(data: bytes) -> dict[int, list[Any]]:
     """Decode one message into {field number: [values]} (ints for scalars, bytes for sub-messages)."""
+    if not isinstance(data, bytes):
+        raise _WireError("a sub-message field holds a number")
     fields: dict[int, list[Any]] = {}
     position = 0
     while position < len(data):
@@ -147,8 +154,13 @@ def _fields(data: bytes) -> dict[int, list[Any]]:
 
 
 def _last(fields: dict[int, list[Any]], number: int, default: Any) -> Any:
+    """The last value of a field; its wire type must match the default's (bytes, else a number)."""
     values = fields.get(number)
-    return values[-1] if values else default
+    if not values:
+        return default
+    if isinstance(values[-1], bytes) != isinstance(default, bytes):
+        raise _WireError(f"field {number} has the wrong wire type")
+    return values[-1]
 
 
 # --------------------------------------------------------------------------- bundle entries
@@ -195,6 +207,24 @@ def _decode_entry(data: bytes) -> BundleEntry:
     )
 
 
+def _check_entry(index_path: str, key: bytes, entry: BundleEntry) -> None:
+    """Refuse negative dimensions, offsets and sizes now; sizes against the shards are checked on read."""
+    problems = []
+    if any(dim < 0 for dim in entry.shape):
+        problems.append(f"shape {list(entry.shape)} has a negative dimension")
+    elif math.prod(max(dim, 1) for dim in entry.shape) > _MAX_ELEMENTS:
+        problems.append(f"shape {list(entry.shape)} is beyond any array's size")
+    if entry.offset < 0 or entry.size < 0:
+        problems.append(f"negative offset {entry.offset} or size {entry.size}")
+    for extents in entry.slices:
+        if any(start < 0 or (length is not None and length < -1) for start, length in extents):
+            problems.append(f"slice '{_slice_spec(extents)}' does not fit shape {list(entry.shape)}")
+            break
+    if problems:
+        name = key.decode("utf-8", "backslashreplace")
+        raise WeightSourceError(f"{index_path}: the entry of {name!r} is corrupt: {'; '.join(problems)}.")
+
+
 # --------------------------------------------------------------------------- the .index SSTable
 
 
@@ -224,6 +254,8 @@ def _snappy_decompress(block: bytes, path: str, offset: int) -> bytes:
     """Raw snappy (no framing), as old TF index blocks of type 1 use; small blocks, so plain Python suffices."""
     try:
         expected, position = _varint(block, 0)
+        if expected > _SNAPPY_MAX_RATIO * len(block):
+            raise _WireError(f"it declares {expected} bytes, more than {len(block)} snappy bytes can hold")
         out = bytearray()
         while position < len(block):
             tag = block[position]
@@ -236,8 +268,8 @@ def _snappy_decompress(block: bytes, path: str, offset: int) -> bytes:
                     length = int.from_bytes(block[position:position + width], "little")
                     position += width
                 length += 1
-                if position + length > len(block):
-                    raise _WireError("a literal runs past the end of the block")
+                if position + length > len(block) or len(out) + length > expected:
+                    raise _WireError("a literal runs past the end of the block or of the declared size")
                 out += block[position:position + length]
                 position += length
                 continue
@@ -250,8 +282,14 @@ def _snappy_decompress(block: bytes, path: str, offset: int) -> bytes:
                 position += width
             if not 0 < distance <= len(out):
                 raise _WireError(f"a copy reaches {distance} bytes back, before the start")
-            for _ in range(length):  # byte by byte: a copy may overlap its own output
-                out.append(out[-distance])
+            if len(out) + length > expected:
+                raise _WireError(f"decompresses past the declared {expected} bytes")
+            if length <= distance:
+                start = len(out) - distance
+                out += out[start:start + length]
+            else:
+                for _ in range(length):  # byte by byte: the copy overlaps its own output
+                    out.append(out[-distance])
         if len(out) != expected:
             raise _WireError(f"decompressed to {len(out)} bytes, expected {expected}")
     except (_WireError, IndexError) as error:
@@ -334,8 +372,11 @@ def read_checkpoint_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = os.fspath(path)
     state: dict[str, Any] = {"model_checkpoint_path": "", "all_model_checkpoint_paths": [],
                              "all_model_checkpoint_timestamps": [], "last_preserved_timestamp": None}
-    with open(path, encoding="utf-8") as handle:
-        lines = handle.read().splitlines()
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read(_MAX_STATE_FILE + 1).splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise WeightSourceError(f"{path}: cannot read the checkpoint state file: {error}.") from None
     for number, line in enumerate(lines, 1):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -344,10 +385,13 @@ def read_checkpoint_state(path: str | os.PathLike[str]) -> dict[str, Any]:
         if not match:
             raise WeightSourceError(f"{path}, line {number}: expected 'field: value', found {line!r}.")
         field, raw = match.groups()
-        if raw[0] in "\"'":
-            value: Any = codecs.escape_decode(raw[1:-1].encode("utf-8"))[0].decode("utf-8")
-        else:
-            value = float(raw)
+        try:
+            if raw[0] in "\"'":
+                value: Any = codecs.escape_decode(raw[1:-1].encode("utf-8"))[0].decode("utf-8")
+            else:
+                value = float(raw)
+        except ValueError as error:  # UnicodeDecodeError included
+            raise WeightSourceError(f"{path}, line {number}: invalid value for {field}: {error}.") from None
         if isinstance(state.get(field), list):
             state[field].append(value)
         elif field in state:
@@ -488,12 +532,15 @@ class TensorFlowCheckpoint(WeightSource):
                 raise WeightSourceError(
                     f"{self.index_path}: cannot decode the entry of {key!r}: {error}; the .index is corrupt."
                 ) from None
+            _check_entry(self.index_path, key, entry)
             if key.startswith(b"\x00"):
                 self._slice_entries[key] = entry
             else:
                 self._entries[key.decode("utf-8", "backslashreplace")] = entry
-        missing = [self.shard_path(shard) for shard in range(self.num_shards)
-                   if not os.path.isfile(self.shard_path(shard))]
+        # Lazily, and at most 5: a corrupt header may declare billions of shards.
+        absent = (self.shard_path(shard) for shard in range(self.num_shards)
+                  if not os.path.isfile(self.shard_path(shard)))
+        missing = list(itertools.islice(absent, 5))
         if missing:
             raise WeightSourceError(
                 f"{self.prefix}: missing data shard file(s) {', '.join(missing)}; a checkpoint needs its .index "
@@ -504,11 +551,13 @@ class TensorFlowCheckpoint(WeightSource):
         try:
             fields = _fields(value)
             version = _fields(_last(fields, 3, b""))
+            self.num_shards = _signed(_last(fields, 1, 0))
+            self.big_endian = _last(fields, 2, 0) == 1
+            producer, min_consumer = _last(version, 1, 0), _last(version, 2, 0)
         except _WireError as error:
             raise WeightSourceError(f"{self.index_path}: unable to parse the bundle header: {error}.") from None
-        self.num_shards = _last(fields, 1, 0)
-        self.big_endian = _last(fields, 2, 0) == 1
-        producer, min_consumer = _last(version, 1, 0), _last(version, 2, 0)
+        if not 0 <= self.num_shards < 1 << 31:
+            raise WeightSourceError(f"{self.index_path}: the bundle header declares {self.num_shards} data shards.")
         if min_consumer > 1 or 1 in version.get(3, []):
             raise WeightSourceError(
                 f"{self.index_path}: written by a newer tensor bundle version (producer {producer}, min consumer "
@@ -539,6 +588,23 @@ class TensorFlowCheckpoint(WeightSource):
 
     def _read_sliced(self, name: str, entry: BundleEntry) -> np.ndarray:
         dtype = object if entry.dtype == _STRING else self._numpy_dtype(name, entry)
+        # Before allocating the whole: its slices are stored in the shards, so it cannot be bigger than them.
+        # (A string takes at least one byte, its length.)
+        needed = math.prod(entry.shape) * (1 if entry.dtype == _STRING else self._stored_itemsize(entry, dtype))
+        available = sum(self._shard_size(shard) for shard in range(self.num_shards))
+        if needed > available:
+            raise WeightSourceError(
+                f"{self.index_path}: partitioned variable {name!r} declares shape {list(entry.shape)} "
+                f"({needed} bytes), more than its {self.num_shards} data shard(s) hold ({available} bytes); "
+                "the .index is corrupt."
+            )
+        for extents in entry.slices:
+            if any(start + (0 if length in (None, -1) else length) > dim
+                   for (start, length), dim in zip(extents, entry.shape)):
+                raise WeightSourceError(
+                    f"{self.index_path}: slice '{_slice_spec(extents)}' of {name!r} reaches past its shape "
+                    f"{list(entry.shape)}; the .index is corrupt."
+                )
         result = np.zeros(entry.shape, dtype=dtype)
         covered = 0
         for extents in entry.slices:
@@ -575,11 +641,20 @@ class TensorFlowCheckpoint(WeightSource):
             )
         return np.dtype(_NUMPY_DTYPES[entry.dtype])
 
+    @staticmethod
+    def _stored_itemsize(entry: BundleEntry, dtype: np.dtype) -> int:
+        return 2 if entry.dtype == _BFLOAT16 else dtype.itemsize
+
     def _read_entry(self, name: str, entry: BundleEntry) -> np.ndarray:
         count = math.prod(entry.shape)
+        if entry.dtype == _STRING and count > entry.size:
+            raise WeightSourceError(
+                f"{self.index_path}: invalid size in bundle entry of {name!r}: {count} strings cannot fit in "
+                f"{entry.size} bytes (each needs at least its length byte)."
+            )
         if entry.dtype != _STRING:
             dtype = self._numpy_dtype(name, entry)
-            itemsize = 2 if entry.dtype == _BFLOAT16 else dtype.itemsize
+            itemsize = self._stored_itemsize(entry, dtype)
             if entry.size != count * itemsize:
                 raise WeightSourceError(
                     f"{self.index_path}: invalid size in bundle entry of {name!r}: stored size {entry.size}, "
@@ -605,10 +680,15 @@ class TensorFlowCheckpoint(WeightSource):
                 f"{self.num_shards} shard(s); the .index is corrupt."
             )
         path = self.shard_path(entry.shard_id)
-        handle = self._files.get(entry.shard_id)
+        end = entry.offset + entry.size
         try:
-            if handle is None:
-                handle = self._files[entry.shard_id] = open(path, "rb")  # noqa: SIM115 - kept until close()
+            handle = self._shard(entry.shard_id)
+            real_size = os.fstat(handle.fileno()).st_size
+            if end > real_size:  # checked before reading: a corrupt size must not become an allocation
+                raise WeightSourceError(
+                    f"{path}: variable {name!r} needs bytes {entry.offset}..{end}, but the file has {real_size} "
+                    "bytes; the data shard is truncated or the .index is corrupt."
+                )
             handle.seek(entry.offset)
             raw = handle.read(entry.size)
         except OSError as error:
@@ -619,6 +699,18 @@ class TensorFlowCheckpoint(WeightSource):
                 f"file ends at {entry.offset + len(raw)}; the data shard is truncated."
             )
         return raw
+
+    def _shard(self, shard_id: int) -> BinaryIO:
+        handle = self._files.get(shard_id)
+        if handle is None:
+            handle = self._files[shard_id] = open(self.shard_path(shard_id), "rb")  # noqa: SIM115 - until close()
+        return handle
+
+    def _shard_size(self, shard_id: int) -> int:
+        try:
+            return os.fstat(self._shard(shard_id).fileno()).st_size
+        except OSError as error:
+            raise WeightSourceError(f"{self.shard_path(shard_id)}: cannot read the data shard: {error}.") from error
 
     def _check_crc(self, name: str, entry: BundleEntry, checked: bytes) -> None:
         if masked_crc32c(checked) != entry.crc32c:
@@ -669,13 +761,21 @@ class TensorFlowCheckpoint(WeightSource):
         if self._graph is None:
             self._graph = []
             if OBJECT_GRAPH_KEY in self._entries:
+                entry = self._entries[OBJECT_GRAPH_KEY]
+                if entry.dtype != _STRING or math.prod(entry.shape) != 1:
+                    raise WeightSourceError(
+                        f"{self.index_path}: {OBJECT_GRAPH_KEY} is {entry.dtype_name} of shape {list(entry.shape)}, "
+                        "not one serialized string; the .index is corrupt."
+                    )
                 serialized = self.read(OBJECT_GRAPH_KEY).reshape(()).item()
                 try:
-                    self._graph = [_decode_node(node) for node in _fields(serialized).get(1, [])]
+                    graph = [_decode_node(node) for node in _fields(serialized).get(1, [])]
+                    _check_node_ids(graph)
                 except (_WireError, UnicodeDecodeError) as error:
                     raise WeightSourceError(
                         f"{self.prefix}: cannot decode {OBJECT_GRAPH_KEY}: {error}."
                     ) from None
+                self._graph = graph
         return self._graph
 
     def object_paths(self) -> dict[str, str]:
@@ -752,6 +852,7 @@ class TensorFlowCheckpoint(WeightSource):
 
 
 _MAX_PATHS = 100_000
+_MAX_STATE_FILE = 16 << 20  # a `checkpoint` text file lists a few paths; anything this long is not one
 
 
 def _decode_node(data: bytes) -> tuple[list[tuple[int, str]], list[tuple[str, str]], list[tuple[int, str, int]]]:
@@ -770,6 +871,15 @@ def _decode_node(data: bytes) -> tuple[list[tuple[int, str]], list[tuple[str, st
         slot_fields = _fields(slot)
         slots.append((_last(slot_fields, 1, 0), _last(slot_fields, 2, b"").decode("utf-8"), _last(slot_fields, 3, 0)))
     return children, attributes, slots
+
+
+def _check_node_ids(nodes: list[Any]) -> None:
+    """Every node a child or slot reference names exists (a corrupt graph must fail here, not as an IndexError)."""
+    for children, _, slots in nodes:
+        ids = [child for child, _ in children] + [ref for variable, _, slot in slots for ref in (variable, slot)]
+        bad = [node_id for node_id in ids if not 0 <= node_id < len(nodes)]
+        if bad:
+            raise _WireError(f"a reference to node {bad[0]}, but the graph has {len(nodes)} nodes")
 
 
 def _value_key(node: Any) -> str | None:
