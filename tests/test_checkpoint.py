@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import logging
 import math
 import os
 import struct
+import subprocess
+import sys
 
 import pytest
 import safetensors.torch
@@ -21,6 +25,7 @@ from torchestimator.checkpoint import (
     flatten_state,
     unflatten_state,
 )
+from torchestimator.checkpoint.errors import DiskFullError
 from torchestimator.checkpoint.storage import Storage
 
 STORE_LOGGER = "torchestimator.checkpoint.store"
@@ -337,6 +342,38 @@ def test_restore_from_another_local_model_dir(tmp_path):
         CheckpointStore(tmp_path / "mine").restore(str(tmp_path / "other" / "ckpt-9"))
 
 
+def test_identical_state_gives_identical_bytes(tmp_path):
+    # The safetensors library writes its metadata in hash-map order: about one save in two differed.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(5, 3)).sum().backward()
+    optimizer.step()
+    digests = set()
+    for index in range(12):
+        store = CheckpointStore(tmp_path / f"run-{index}", clock=FakeClock(1000.0 + index))
+        path = store.save(3, model.state_dict(), {"optimizer": optimizer.state_dict()}, {"input_position": 7})
+        digests.add(tuple(hashlib.sha256((tmp_path / path / name).read_bytes()).hexdigest()
+                          for name in sorted(os.listdir(path))))
+    assert len(digests) == 1
+
+
+def test_safetensors_files_read_back_with_the_safetensors_library(tmp_path):
+    from safetensors import safe_open
+
+    base = torch.arange(12, dtype=torch.float32)
+    state = {"view": base[2:5], "scalar": torch.tensor(2.5, dtype=torch.float64), "empty": torch.zeros(0, 3),
+             "flags": torch.tensor([True, False]), "half": torch.randn(2, 3).to(torch.bfloat16),
+             "byte": torch.tensor([7], dtype=torch.uint8), "tied": base}
+    path = CheckpointStore(tmp_path).save(1, state)
+    with safe_open(os.path.join(path, "model.safetensors"), "pt") as reader:
+        assert json.loads(reader.metadata()["order"]) == list(state)
+        assert reader.metadata()["format"] == "pt"
+        for name, tensor in state.items():
+            assert torch.equal(reader.get_tensor(name), tensor), name
+    assert list(safetensors.torch.load_file(os.path.join(path, "model.safetensors"))) != []
+
+
 # ------------------------------------------------------ atomicity, fallback
 
 
@@ -398,7 +435,8 @@ def test_checksum_mismatch_falls_back_with_warning(local_store, caplog):
     assert "ckpt-3/model.safetensors fails its checksum" in caplog.text
     # Without verification the flipped byte goes unnoticed: the checksum is what caught it.
     unverified = store.restore(str(model_dir / "ckpt-3"), verify=False)
-    assert not torch.equal(unverified.model_state["weight"], torch.full((2, 3), 3.0))
+    assert unverified.model_state.keys() == small_state(3.0).keys()
+    assert not all(torch.equal(unverified.model_state[name], value) for name, value in small_state(3.0).items())
 
 
 def test_explicit_corrupt_path_raises_naming_the_file(local_store):
@@ -573,3 +611,176 @@ def test_mark_best_rejects_unknown_steps(storage):
     store.save(1, small_state(1.0))
     with pytest.raises(ValueError, match=r"\[7\].*Available steps: \[1\]"):
         store.mark_best([7])
+
+
+# ------------------------------------------------------- state.json integrity
+
+
+def _edit_state(model_dir, step, edit):
+    state_file = model_dir / f"ckpt-{step}" / "state.json"
+    state = json.loads(state_file.read_text())
+    edit(state)
+    state_file.write_text(json.dumps(state, indent=1))
+
+
+def _set(path, value):
+    def edit(state):
+        node = state
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+    return edit
+
+
+@pytest.fixture
+def store_with_extra(tmp_path):
+    store = CheckpointStore(tmp_path / "model_dir", keep_checkpoint_max=None)
+    for step in (1, 2):
+        extra = {"rng": [{"torch": "AAAB", "python": [3, [1, 2, step], None]}], "input_position": {"batch": step}}
+        store.save(step, small_state(float(step)), {"momentum": {0: torch.full((2,), float(step))}}, extra)
+    return store, tmp_path / "model_dir"
+
+
+@pytest.mark.parametrize("edit", [
+    _set(["extra", "rng", 0, "torch"], "AAAC"),
+    _set(["extra", "rng", 0, "python", 1, 2], 9),
+    _set(["extra", "input_position", "batch"], 1),
+    _set(["extra", "surprise"], True),
+    _set(["files", "model.safetensors", "sha256"], "0" * 64),
+    lambda state: state.pop("state_sha256"),
+    lambda state: state.update(state_sha256="f" * 64),
+], ids=["rng-torch", "rng-python", "input-position", "new-key", "file-checksum", "no-own-checksum", "own-checksum"])
+def test_any_edited_value_of_state_json_is_detected(store_with_extra, edit, caplog):
+    store, model_dir = store_with_extra
+    _edit_state(model_dir, 2, edit)
+    with caplog.at_level(logging.WARNING, logger=STORE_LOGGER):
+        checkpoint = store.restore()
+    assert checkpoint.step == 1 and checkpoint.extra["input_position"] == {"batch": 1}
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert any(f"{model_dir / 'ckpt-2' / 'state.json'}" in message for message in warnings), warnings
+    with pytest.raises(CheckpointError, match=r"ckpt-2"):
+        store.restore(str(model_dir / "ckpt-2"))
+
+
+@pytest.mark.parametrize("rewrite", [
+    lambda text: text.replace("\n ", "\n  ", 1),  # whitespace only
+    lambda text: json.dumps(dict(reversed(list(json.loads(text).items()))), indent=1),  # key order only
+], ids=["whitespace", "key-order"])
+def test_state_json_must_be_byte_for_byte_as_written(store_with_extra, rewrite):
+    store, model_dir = store_with_extra
+    state_file = model_dir / "ckpt-2" / "state.json"
+    state_file.write_text(rewrite(state_file.read_text()))
+    with pytest.raises(CheckpointError, match=r"ckpt-2/state\.json (fails its checksum|is not byte for byte)"):
+        store.restore(str(model_dir / "ckpt-2"))
+
+
+def test_format_1_checkpoints_are_still_read(store_with_extra):
+    store, model_dir = store_with_extra
+
+    def as_format_1(state):
+        del state["state_sha256"]
+        state.update(format_version=1, save_time=1234.5)
+
+    _edit_state(model_dir, 2, as_format_1)
+    (model_dir / "checkpoint").unlink()  # the save time then comes from state.json, as format 1 kept it
+    checkpoint = store.restore()
+    assert checkpoint.step == 2 and checkpoint.extra["input_position"] == {"batch": 2}
+    assert store.history()[-1]["save_time"] == 1234.5
+
+
+def test_checkpoints_all_without_state_json_are_an_error_naming_each(local_store):
+    store, model_dir = local_store
+    for step in (1, 2, 3):
+        (model_dir / f"ckpt-{step}" / "state.json").unlink()
+    assert store.has_checkpoints() and store.latest_checkpoint() is None
+    with pytest.raises(CheckpointError) as raised:
+        store.restore()
+    message = str(raised.value)
+    assert "None of the 3 checkpoint(s)" in message
+    assert all(f"ckpt-{step}: {model_dir / f'ckpt-{step}' / 'state.json'} is missing" in message for step in (1, 2, 3))
+    assert "To start over from step 0, move the ckpt-* folders out of" in message
+    assert not CheckpointStore(model_dir.parent / "empty").has_checkpoints()
+
+
+def test_every_skipped_checkpoint_is_named_in_one_warning(local_store, caplog):
+    store, model_dir = local_store
+    unlisted = model_dir / "ckpt-9"
+    unlisted.mkdir()  # not in the manifest (a crash right after the rename would look like this, but complete)
+    (unlisted / "model.safetensors").write_bytes(b"junk")
+    with caplog.at_level(logging.WARNING, logger=STORE_LOGGER):
+        assert store.restore().step == 3
+        store.latest_checkpoint()
+        store.save(4, small_state(4.0))
+    named = [record for record in caplog.records if str(unlisted) in record.getMessage()]
+    assert len(named) == 1 and named[0].levelno == logging.WARNING
+    assert "ckpt-9/state.json is missing" in named[0].getMessage()
+
+
+# ------------------------------------------------------ leftovers, full disk
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_leftovers_of_dead_writers_are_removed_and_nothing_else(local_store):
+    store, model_dir = local_store
+    dead, alive = _dead_pid(), os.getppid()
+    leftovers = [f".tmp-ckpt-4-{dead}", f".old-ckpt-2-{dead}"]
+    for folder in leftovers + [f".tmp-ckpt-5-{alive}"]:
+        (model_dir / folder).mkdir()
+        (model_dir / folder / "model.safetensors").write_bytes(b"partial")
+    temporary_files = [f".checkpoint.tmp-{dead}", f".checkpoint.tmp-{dead}-1a2b3c4d", f".write-probe-{dead}",
+                       f".write-probe.tmp-{dead}-check", f".best.json.tmp-{dead}-00ff00ff"]
+    kept_files = [f".checkpoint.tmp-{alive}-1a2b3c4d", "notes.tmp-1", ".my-notes", f"tmp-{dead}"]
+    for name in temporary_files + kept_files:
+        (model_dir / name).write_bytes(b"x")
+    os.rename(model_dir / "ckpt-3", model_dir / f".old-ckpt-3-{dead}")  # killed between the two renames
+    store.remove_leftovers()
+    present = set(os.listdir(model_dir))
+    assert not present & set(leftovers + temporary_files)
+    assert set(kept_files) | {f".tmp-ckpt-5-{alive}", "ckpt-1", "ckpt-2", "ckpt-3"} <= present
+    assert store.restore().step == 3  # the set-aside checkpoint was put back
+
+
+class _FullStorage(InMemoryStorage):
+    """Runs out of room when a file named ``full_at`` is written."""
+
+    def __init__(self, full_at: str, error_number: int = errno.ENOSPC) -> None:
+        super().__init__()
+        self.full_at, self.error_number = full_at, error_number
+
+    def write_file(self, folder, filename, data):
+        if filename == self.full_at:
+            raise OSError(self.error_number, os.strerror(self.error_number))
+        super().write_file(folder, filename, data)
+
+    def replace_manifest(self, data):
+        if self.full_at == "checkpoint":
+            raise OSError(self.error_number, os.strerror(self.error_number))
+        super().replace_manifest(data)
+
+
+@pytest.mark.parametrize("full_at, error_number", [
+    ("model.safetensors", errno.ENOSPC), ("optimizer.json", errno.EDQUOT), ("state.json", errno.EFBIG),
+    ("checkpoint", errno.ENOSPC),
+])
+def test_no_room_names_path_step_and_bytes_and_keeps_the_previous_checkpoint(full_at, error_number):
+    storage = _FullStorage("none", error_number)
+    store = CheckpointStore(storage)
+    store.save(1, small_state(1.0), {"momentum": {0: torch.ones(2)}})
+    storage.full_at = full_at
+    with pytest.raises(DiskFullError) as raised:
+        store.save(2, small_state(2.0), {"momentum": {0: torch.ones(2)}})
+    error = raised.value
+    assert isinstance(error, OSError) and error.errno == error_number
+    message = str(error)
+    assert f"[Errno {error_number}]" in message and "the checkpoint of step 2" in message
+    assert "memory://model_dir/" + (full_at if full_at == "checkpoint" else f".tmp-ckpt-2-{os.getpid()}/{full_at}") \
+        in message
+    assert f"it needs {error.bytes_needed:,} bytes" in message and error.bytes_needed > 100
+    assert "The newest intact checkpoint is memory://model_dir/ckpt-1." in message
+    assert not [folder for folder in storage.list_folders() if folder.startswith(".")]
+    assert store.restore().step in (1, 2)

@@ -204,3 +204,71 @@ def test_lr_scheduler_steps_once_per_global_step_and_resumes(tmp_path):
     assert rates[5] == pytest.approx(0.05)
     assert rates[15] == pytest.approx(0.05 * 0.5)
     assert rates[25] == pytest.approx(0.05 * 0.5 ** 2)  # the scheduler's position survived the restart
+
+
+def test_model_dir_whose_checkpoints_are_all_damaged_is_an_error(tmp_path):
+    train, evaluate, _, _ = input_fns()
+    make_estimator(tmp_path, save_checkpoints_steps=5).train(train, max_steps=10)
+    for step in (5, 10):
+        os.remove(tmp_path / f"ckpt-{step}" / "state.json")
+    for call in (lambda estimator: estimator.train(train, max_steps=12), lambda estimator: estimator.evaluate(evaluate)):
+        with pytest.raises(te.checkpoint.CheckpointError) as raised:
+            call(make_estimator(tmp_path, save_checkpoints_steps=5))
+        message = str(raised.value)
+        assert "ckpt-5: " in message and "ckpt-10: " in message and "state.json is missing" in message
+        assert "move the ckpt-* folders out of" in message
+    # The documented way to start over: move them away.
+    os.makedirs(tmp_path / "damaged")
+    for step in (5, 10):
+        os.rename(tmp_path / f"ckpt-{step}", tmp_path / "damaged" / f"ckpt-{step}")
+    fresh = make_estimator(tmp_path, save_checkpoints_steps=5)
+    fresh.train(train, steps=5)
+    assert fresh.latest_checkpoint().endswith("ckpt-5")
+
+
+def test_train_start_removes_what_killed_runs_left(tmp_path):
+    import subprocess
+    import sys
+
+    train, _, _, _ = input_fns()
+    make_estimator(tmp_path).train(train, max_steps=10)
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    leftovers = [f".checkpoint.tmp-{process.pid}", f".write-probe-{process.pid}", f".params.json.tmp-{process.pid}-ab12"]
+    for name in leftovers:
+        (tmp_path / name).write_text("partial")
+    (tmp_path / f".tmp-ckpt-20-{process.pid}").mkdir()
+    make_estimator(tmp_path).train(train, max_steps=12)
+    assert sorted(name for name in os.listdir(tmp_path) if name.startswith(".")) == []
+
+
+def test_full_disk_at_start_says_disk_full_and_leaves_no_probe(tmp_path, monkeypatch):
+    import builtins
+    import errno
+
+    real_open = builtins.open
+
+    class FullFile:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            self.handle.close()
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def full_open(path, mode="r", *args, **kwargs):
+        handle = real_open(path, mode, *args, **kwargs)
+        return FullFile(handle) if "w" in mode else handle
+
+    monkeypatch.setattr("torchestimator.estimator.open", full_open, raising=False)
+    train, _, _, _ = input_fns()
+    with pytest.raises(OSError) as raised:
+        make_estimator(tmp_path).train(train, max_steps=2)
+    assert not isinstance(raised.value, PermissionError) and raised.value.errno == errno.ENOSPC
+    assert "disk full" in str(raised.value) and str(tmp_path) in str(raised.value)
+    assert [name for name in os.listdir(tmp_path) if name.startswith(".")] == []

@@ -140,3 +140,21 @@ def test_keep_checkpoint_max(tmp_path):
     estimator.train(train, max_steps=12)
     kept = sorted(name for name in os.listdir(tmp_path) if name.startswith("ckpt-"))
     assert kept == ["ckpt-10", "ckpt-12", "ckpt-8"]
+
+
+def test_edited_rng_state_in_the_newest_checkpoint_is_caught_and_resume_stays_exact(tmp_path, te_logs):
+    import json
+
+    train, _, _, _ = input_fns(n=256, batch_size=32)
+    straight = _dropout_estimator(tmp_path / "straight", save_checkpoints_steps=5)
+    straight.train(train, max_steps=15)
+    _dropout_estimator(tmp_path / "resumed", save_checkpoints_steps=5).train(train, max_steps=10)
+    state_file = tmp_path / "resumed" / "ckpt-10" / "state.json"
+    state = json.loads(state_file.read_text())
+    state["extra"]["rng"][0]["python"][1][5] ^= 1  # still valid JSON and a valid RNG state, only different
+    state["extra"]["input_position"]["batch"] += 1
+    state_file.write_text(json.dumps(state, indent=1))
+    resumed = _dropout_estimator(tmp_path / "resumed", save_checkpoints_steps=5)
+    resumed.train(train, max_steps=15)  # falls back to ckpt-5 and redoes steps 6..15
+    assert any(r.levelname == "WARNING" and str(state_file) in r.getMessage() for r in te_logs.records)
+    _assert_bit_identical(_weights(straight), _weights(resumed))

@@ -2,14 +2,26 @@
 
 A reader never sees half a file: write a temporary file next to the target,
 fsync it, rename it over the target, fsync the folder.
+
+Temporary names carry the writer's pid (``.<name>.tmp-<pid>-<random>``), so
+that what a killed writer left behind can be told from what a live one is
+writing: ``remove_stale_temporaries`` removes only the former.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import tempfile
+import re
+import secrets
 from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# .<target>.tmp-<pid>-<random> (this module) and the older .<target>.tmp-<pid> (the manifest's former name);
+# .write-probe-<pid> is the estimator's former write probe.
+_TEMPORARY_FILE = re.compile(r"\..+\.tmp-(?P<pid>\d+)(?:-[A-Za-z0-9_]+)?|\.write-probe-(?P<probe_pid>\d+)")
 
 
 def fsync_directory(path: str) -> None:
@@ -26,10 +38,17 @@ def fsync_directory(path: str) -> None:
         os.close(descriptor)
 
 
+def temporary_prefix(target_name: str) -> str:
+    """The start of a temporary name for `target_name` written by this process."""
+    return f".{target_name}.tmp-{os.getpid()}-"
+
+
 def write_bytes_atomically(path: str, data: bytes) -> None:
     """Replaces `path` with `data` so that readers see the old file or the new one, never a mix."""
     folder = os.path.dirname(os.path.abspath(path))
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    temporary = os.path.join(folder, temporary_prefix(os.path.basename(path)) + secrets.token_hex(4))
+    # Not mkstemp: its 0600 mode would make the file unreadable to others; 0666 & ~umask as for open().
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(data)
@@ -45,3 +64,48 @@ def write_bytes_atomically(path: str, data: bytes) -> None:
 
 def write_json_atomically(path: str, payload: Any, *, indent: int = 2) -> None:
     write_bytes_atomically(path, json.dumps(payload, indent=indent, sort_keys=True).encode("utf-8"))
+
+
+def writer_is_gone(pid: int) -> bool:
+    """True when `pid` is no live process other than this one (this process's own leftovers are stale at start-up).
+
+    A zombie counts as gone: it writes nothing more. A pid of another user's
+    live process (PermissionError) counts as alive.
+    """
+    if pid == os.getpid():
+        return True
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def remove_stale_temporaries(folder: str) -> list[str]:
+    """Removes the temporary files of dead writers in `folder` (names of this module's form only); returns them."""
+    try:
+        names = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    removed = []
+    for name in sorted(names):
+        match = _TEMPORARY_FILE.fullmatch(name)
+        path = os.path.join(folder, name)
+        if match is None or not os.path.isfile(path) or os.path.islink(path):
+            continue
+        if writer_is_gone(int(match.group("pid") or match.group("probe_pid"))):
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                continue
+            logger.info("Removed %s, left behind by an interrupted write.", path)
+            removed.append(path)
+    return removed

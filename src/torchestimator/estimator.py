@@ -20,8 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchestimator.atomic import temporary_prefix, write_bytes_atomically
 from torchestimator.calling import call_with, check_declared
 from torchestimator.checkpoint import CheckpointStore
+from torchestimator.checkpoint.errors import DiskFullError, is_no_room
 from torchestimator.config import RunConfig
 from torchestimator.distribute import OneDeviceStrategy
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, HookList
@@ -219,7 +221,8 @@ class Estimator:
         strategy = config.train_distribute or OneDeviceStrategy(config.device)
         strategy.setup()
         hook_list = self._train_hooks(HookList(hooks or ()))  # user hooks are checked before any work
-        checkpoint = self._store.restore() if self._store.latest_checkpoint() else None
+        # A model_dir whose checkpoints are all damaged raises here rather than silently starting over.
+        checkpoint = self._store.restore() if self._store.has_checkpoints() else None
         if max_steps is not None and checkpoint is not None and checkpoint.step >= max_steps:
             logger.info("Skipping training since max_steps has already saved (global step %d).", checkpoint.step)
             return None
@@ -301,19 +304,30 @@ class Estimator:
             )
 
     def _prepare_model_dir(self) -> None:
+        """Creates model_dir, clears what killed runs left there, checks it takes writes, records the settings."""
+        probe = os.path.join(self._model_dir, temporary_prefix("write-probe") + "check")
+        writing = self._model_dir
         try:
             os.makedirs(self._model_dir, exist_ok=True)
-            probe = os.path.join(self._model_dir, f".write-probe-{os.getpid()}")
-            with open(probe, "w") as handle:
-                handle.write("ok")
-            os.remove(probe)
+            self._store.remove_leftovers()
+            writing = probe
+            with open(probe, "wb") as handle:
+                handle.write(b"ok")
+            for name, payload in (("params.json", self._params), ("run_config.json", self._config.to_json_dict())):
+                writing = os.path.join(self._model_dir, name)
+                write_bytes_atomically(writing, json.dumps(payload, indent=2, sort_keys=True, default=repr).encode())
         except OSError as error:
+            if is_no_room(error):
+                raise DiskFullError(error, path=writing, what="the run's settings before training",
+                                    advice="Free some space (or choose another model_dir) and rerun.") from error
             raise PermissionError(
-                f"model_dir {self._model_dir!r} is not writable ({error.strerror}). Choose another model_dir."
+                f"model_dir {self._model_dir!r} is not writable ({error.strerror}: {writing}). Choose another model_dir."
             ) from error
-        for name, payload in (("params.json", self._params), ("run_config.json", self._config.to_json_dict())):
-            with open(os.path.join(self._model_dir, name), "w") as handle:
-                json.dump(payload, handle, indent=2, sort_keys=True, default=repr)
+        finally:
+            try:
+                os.remove(probe)
+            except OSError:
+                pass
 
     # -- evaluate and predict ------------------------------------------------
 
@@ -381,7 +395,7 @@ class Estimator:
 
     def _load_for_inference(self, module: torch.nn.Module, checkpoint_path: str | None, state: TrainState) -> None:
         path = checkpoint_path or self._store.latest_checkpoint()
-        if path is None:
+        if path is None and not self._store.has_checkpoints():
             if self._module_holds in ("trained", "warm_start"):
                 logger.info("No checkpoint in %s: using the weights %s in this process.", self._model_dir,
                             "trained" if self._module_holds == "trained" else "warm-started")
@@ -391,9 +405,10 @@ class Estimator:
             else:
                 logger.info("No checkpoint in %s: running on freshly initialised weights.", self._model_dir)
             return
-        if path == self._module_holds:
+        if path is not None and path == self._module_holds:
             state.global_step = self._held_step
             return
+        # With only damaged checkpoints (path None) this raises, naming each, instead of using fresh weights.
         checkpoint = self._store.restore(path if checkpoint_path else None, load_optimizer=False)
         self._restore_weights(module, checkpoint, state)
 

@@ -6,8 +6,21 @@ Files in a checkpoint folder::
     optimizer.safetensors   tensors of the optimizer/scheduler state tree (when saved)
     optimizer.json          the rest of that tree, see ``serialization.py``
     extra.safetensors       tensors inside the caller's ``extra`` tree (only when there are any)
-    state.json              format_version, global_step, save_time, extra, and
-                            {"files": {name: {"sha256", "size"}}}; written last
+    state.json              format_version, global_step, extra (RNG states, input positions...),
+                            {"files": {name: {"sha256", "size"}}} and state_sha256; written last
+
+Every byte that restore reads is covered by a checksum: the other files by
+their sha256 and size in ``state.json``; ``state.json`` itself by
+``state_sha256`` (the sha256 of the document without that key, as
+``_json_bytes`` encodes it) and by being byte for byte what ``_json_bytes``
+writes for its content, so an edited value, key order or whitespace is
+caught. ``format_version`` 1 files (no ``state_sha256``, a ``save_time``)
+are still read, without that check.
+
+The bytes are deterministic: identical state gives identical files in any
+process. Save times live in the manifest, not here, and safetensors files
+are encoded here (the safetensors library writes its metadata in hash-map
+order, which differs between processes).
 
 What belongs here: turning tensors and trees into file bytes and back, and
 deciding whether a folder is intact. Which folder to read, retention and the
@@ -29,7 +42,9 @@ from .errors import CheckpointError
 from .serialization import flatten_state, unflatten_state
 from .storage import Storage
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_UNCHECKED_FORMAT_VERSION = 1  # written before state.json had its own checksum
+STATE_CHECKSUM_KEY = "state_sha256"
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_TENSORS_FILE = "optimizer.safetensors"
 OPTIMIZER_TREE_FILE = "optimizer.json"
@@ -48,12 +63,12 @@ _DTYPES = {
     }.items()
     if hasattr(torch, name)
 }
+_DTYPE_CODES = {dtype: code for code, dtype in _DTYPES.items()}
 _MAX_HEADER_BYTES = 100_000_000
 
 
 def encode_checkpoint(
     step: int,
-    save_time: float,
     model_state: Mapping[str, torch.Tensor],
     optimizer_state: Mapping[str, Any] | None,
     extra: Mapping[str, Any] | None,
@@ -70,20 +85,24 @@ def encode_checkpoint(
     state = {
         "format_version": FORMAT_VERSION,
         "global_step": step,
-        "save_time": save_time,
         "extra": extra_tree,
         "files": {
             name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)} for name, data in files.items()
         },
     }
+    state[STATE_CHECKSUM_KEY] = hashlib.sha256(_json_bytes(state)).hexdigest()
     files[STATE_FILE] = _json_bytes(state)
     return files
 
 
 def tensors_to_bytes(tensors: Mapping[str, torch.Tensor], what: str) -> bytes:
-    """Serialize tensors to safetensors bytes: on CPU, contiguous, no two sharing storage."""
+    """Serialize dense tensors to safetensors bytes, the same bytes for the same tensors in any process.
+
+    The header lists ``__metadata__`` (format "pt" and the caller's order)
+    first, then the tensors in data order: widest elements first, as
+    safetensors does, so that every tensor stays aligned when memory-mapped.
+    """
     prepared: dict[str, torch.Tensor] = {}
-    seen_storages: set[int] = set()
     for name, tensor in tensors.items():
         if not isinstance(name, str):
             raise TypeError(f"{what} keys must be str; received {name!r} ({type(name).__name__}).")
@@ -94,26 +113,32 @@ def tensors_to_bytes(tensors: Mapping[str, torch.Tensor], what: str) -> bytes:
                 f"{what}[{name!r}] is a {tensor.layout} tensor on {tensor.device}; only dense tensors with "
                 "data can be saved. Convert it with .to_dense() or materialize it first."
             )
-        value = tensor.detach().to("cpu").contiguous()
-        storage = value.untyped_storage()
-        covers_storage = storage.nbytes() == value.numel() * value.element_size()
-        # Tied weights share one storage, which safetensors refuses; views of a
-        # larger storage would otherwise write (or refuse) the whole storage.
-        if storage.nbytes() and (storage.data_ptr() in seen_storages or not covers_storage):
-            value = value.clone()
-        seen_storages.add(value.untyped_storage().data_ptr())
-        prepared[name] = value
-    # safetensors sorts tensors by dtype and size; the metadata keeps the caller's order.
-    return safetensors.torch.save(prepared, metadata={"format": "pt", "order": json.dumps(list(prepared))})
+        if tensor.dtype not in _DTYPE_CODES:
+            raise TypeError(f"{what}[{name!r}] has dtype {tensor.dtype}, which safetensors cannot store.")
+        prepared[name] = tensor.detach().to("cpu").contiguous()
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", "order": json.dumps(list(prepared))}}
+    chunks, offset = [], 0
+    for name in sorted(prepared, key=lambda name: -prepared[name].element_size()):  # stable: ties keep caller order
+        value = prepared[name]
+        raw = value.reshape(-1).view(torch.uint8).numpy().tobytes() if value.numel() else b""
+        header[name] = {"dtype": _DTYPE_CODES[value.dtype], "shape": list(value.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        chunks.append(raw)
+        offset += len(raw)
+    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    header_bytes += b" " * (-len(header_bytes) % 8)  # the data starts 8-byte aligned, as safetensors pads it
+    return b"".join([struct.pack("<Q", len(header_bytes)), header_bytes, *chunks])
 
 
 def read_state(storage: Storage, folder: str, step: int) -> dict[str, Any]:
-    """Read and check ``state.json``; a folder without a valid one is incomplete."""
+    """Read and check ``state.json``; a folder without a valid one is incomplete or damaged."""
     where = f"{storage.location(folder)}/{STATE_FILE}"
     try:
-        state = json.loads(storage.read_file(folder, STATE_FILE).decode("utf-8"))
+        data = storage.read_file(folder, STATE_FILE)
     except FileNotFoundError:
-        raise CheckpointError(f"{where} is missing: the checkpoint is incomplete.") from None
+        raise CheckpointError(f"{where} is missing: the checkpoint is incomplete or damaged.") from None
+    try:
+        state = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CheckpointError(
             f"{where} is not valid JSON ({error}): the checkpoint is incomplete or damaged."
@@ -121,13 +146,15 @@ def read_state(storage: Storage, folder: str, step: int) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise CheckpointError(f"{where} should hold a JSON object; found {type(state).__name__}.")
     version = state.get("format_version")
-    if not isinstance(version, int) or version < 1:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise CheckpointError(f"{where} has no valid format_version (found {version!r}).")
     if version > FORMAT_VERSION:
         raise CheckpointError(
             f"{where} has format_version {version}, newer than this torchestimator reads ({FORMAT_VERSION}); "
             "upgrade torchestimator to read it."
         )
+    if version > _UNCHECKED_FORMAT_VERSION:
+        _check_own_checksum(state, data, where)
     if state.get("global_step") != step:
         raise CheckpointError(
             f"{where} says global_step {state.get('global_step')!r}, but the folder name says {step}."
@@ -138,7 +165,26 @@ def read_state(storage: Storage, folder: str, step: int) -> dict[str, Any]:
         for entry in files.values()
     ):
         raise CheckpointError(f"{where} lacks a valid 'files' table with {MODEL_FILE}'s sha256 and size.")
+    if not isinstance(state.get("extra", {}), dict):
+        raise CheckpointError(f"{where}: 'extra' should be a JSON object.")
     return state
+
+
+def _check_own_checksum(state: dict[str, Any], data: bytes, where: str) -> None:
+    recorded = state.get(STATE_CHECKSUM_KEY)
+    if not isinstance(recorded, str):
+        raise CheckpointError(f"{where} lacks its {STATE_CHECKSUM_KEY}: the file was edited or damaged.")
+    content = {key: value for key, value in state.items() if key != STATE_CHECKSUM_KEY}
+    digest = hashlib.sha256(_json_bytes(content)).hexdigest()
+    if digest != recorded:
+        raise CheckpointError(
+            f"{where} fails its checksum: the sha256 of its content is {digest}, it records {recorded} "
+            "(a value in it was edited or damaged)."
+        )
+    if _json_bytes(state) != data:
+        raise CheckpointError(
+            f"{where} is not byte for byte what torchestimator wrote for its content (edited or damaged)."
+        )
 
 
 def read_verified_file(storage: Storage, folder: str, filename: str, state: Mapping[str, Any], verify: bool) -> bytes:

@@ -13,7 +13,7 @@ import os
 import shutil
 from typing import Protocol, runtime_checkable
 
-from torchestimator.atomic import fsync_directory
+from torchestimator.atomic import fsync_directory, remove_stale_temporaries, write_bytes_atomically
 
 __all__ = ["Storage", "LocalStorage", "InMemoryStorage", "MANIFEST_NAME"]
 
@@ -57,6 +57,14 @@ class Storage(Protocol):
 
     def replace_manifest(self, data: bytes) -> None:
         """Replace the manifest atomically: readers see the old or the new one, never a mix."""
+        ...
+
+    def remove_stale_temporaries(self) -> list[str]:
+        """Remove the temporary files (not folders) that dead writers of this storage left; return their paths."""
+        ...
+
+    def free_bytes(self) -> int | None:
+        """Bytes free for new files, for error messages; None when unknown."""
         ...
 
 
@@ -117,15 +125,20 @@ class LocalStorage:
 
     def replace_manifest(self, data: bytes) -> None:
         os.makedirs(self.root, exist_ok=True)
-        final_path = os.path.join(self.root, MANIFEST_NAME)
-        temporary_path = os.path.join(self.root, f".{MANIFEST_NAME}.tmp-{os.getpid()}")
-        with open(temporary_path, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary_path, final_path)
-        fsync_directory(self.root)
+        write_bytes_atomically(os.path.join(self.root, MANIFEST_NAME), data)
 
+    def remove_stale_temporaries(self) -> list[str]:
+        return remove_stale_temporaries(self.root)
+
+    def free_bytes(self) -> int | None:
+        path = self.root
+        while not os.path.isdir(path) and os.path.dirname(path) != path:
+            path = os.path.dirname(path)  # model_dir may not exist yet: ask its file system
+        try:
+            stats = os.statvfs(path)
+        except (OSError, AttributeError):  # AttributeError: no statvfs on Windows
+            return None
+        return stats.f_bavail * stats.f_frsize
 
 
 class InMemoryStorage:
@@ -170,3 +183,9 @@ class InMemoryStorage:
 
     def replace_manifest(self, data: bytes) -> None:
         self.manifest = bytes(data)
+
+    def remove_stale_temporaries(self) -> list[str]:
+        return []  # the fake writes no temporary files
+
+    def free_bytes(self) -> int | None:
+        return None

@@ -13,6 +13,13 @@ Listing is the union of the manifest and the ``ckpt-*`` folders that have a
 valid ``state.json``, so a crash between rename and manifest loses nothing,
 and a missing or unreadable manifest is rebuilt by scanning.
 
+Every ``ckpt-<step>`` folder was complete when it appeared, so one that
+fails its checks is damage, never work in progress: each is named in a
+warning, restore falls back past it, and a ``model_dir`` whose checkpoints
+are all damaged is an error (starting over silently would discard the run).
+``remove_leftovers`` clears what killed writers left (staging folders,
+set-aside folders, temporary manifests).
+
 Saving a step that already exists replaces it (new folder written, then
 swapped in): the caller asked for the current state to be saved, and a stale
 folder with the same step would be silently wrong after a resume.
@@ -34,8 +41,10 @@ from typing import Any
 
 import torch
 
+from torchestimator.atomic import writer_is_gone
+
 from . import format as checkpoint_format
-from .errors import CheckpointError
+from .errors import CheckpointError, DiskFullError, is_no_room
 from .storage import LocalStorage, Storage
 
 __all__ = ["Checkpoint", "CheckpointStore"]
@@ -44,7 +53,7 @@ logger = logging.getLogger(__name__)
 
 _MANIFEST_VERSION = 1
 _CHECKPOINT_FOLDER = re.compile(r"ckpt-(\d+)")
-_LEFTOVER_FOLDER = re.compile(r"\.(tmp|old)-ckpt-\d+-\d+")
+_LEFTOVER_FOLDER = re.compile(r"\.(?P<kind>tmp|old)-ckpt-(?P<step>\d+)-(?P<pid>\d+)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,6 +117,7 @@ class CheckpointStore:
         self.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours
         self.protected = frozenset(_check_steps(protected, "protected"))
         self._clock = clock
+        self._warned: set[str] = set()  # listing runs at every save: each fault is told once per store
 
     def __repr__(self) -> str:
         return f"CheckpointStore({self.storage!r}, keep_checkpoint_max={self.keep_checkpoint_max})"
@@ -136,21 +146,38 @@ class CheckpointStore:
 
     def _save(self, step: int, model_state: Mapping[str, torch.Tensor], optimizer_state: Any, extra: Any) -> str:
         save_time = float(self._clock())
-        files = checkpoint_format.encode_checkpoint(step, save_time, model_state, optimizer_state, extra)
+        files = checkpoint_format.encode_checkpoint(step, model_state, optimizer_state, extra)
         folder = f"ckpt-{step}"
         # Read before publishing, so a first save does not look like a lost manifest.
         manifest = self._read_manifest()
         entries = {entry.step: entry for entry in self._entries(manifest)}
-        self._remove_leftovers()
+        self.remove_leftovers()
         staging = f".tmp-{folder}-{os.getpid()}"
         self.storage.delete_folder(staging)
-        # state.json last: on storages without atomic rename it marks completion.
-        for filename in sorted(files, key=lambda name: name == checkpoint_format.STATE_FILE):
-            self.storage.write_file(staging, filename, files[filename])
-        self._publish(staging, folder)
-        replaced = entries.get(step)
-        entries[step] = _Entry(step, folder, save_time, preserved=replaced is not None and replaced.preserved)
-        self._apply_retention(manifest, sorted(entries.values(), key=lambda entry: entry.step), newest=step)
+        writing = staging
+        try:
+            # state.json last: on storages without atomic rename it marks completion.
+            for filename in sorted(files, key=lambda name: name == checkpoint_format.STATE_FILE):
+                writing = f"{staging}/{filename}"
+                self.storage.write_file(staging, filename, files[filename])
+            writing = folder
+            self._publish(staging, folder)
+            replaced = entries.get(step)
+            entries[step] = _Entry(step, folder, save_time, preserved=replaced is not None and replaced.preserved)
+            writing = "checkpoint"
+            self._apply_retention(manifest, sorted(entries.values(), key=lambda entry: entry.step), newest=step)
+        except OSError as error:
+            if not is_no_room(error):
+                raise
+            self._delete_quietly(staging)  # gives back the space the partial checkpoint took
+            previous = [entry.folder for entry in entries.values() if entry.step != step]
+            raise DiskFullError(
+                error, path=self.storage.location(writing), what=f"the checkpoint of step {step}",
+                bytes_needed=sum(len(data) for data in files.values()), free_bytes=self.storage.free_bytes(),
+                advice=(f"The newest intact checkpoint is {self.storage.location(previous[-1])}. " if previous else "")
+                + "Free some space (or choose a model_dir with room) and rerun: training resumes from the newest "
+                "intact checkpoint.",
+            ) from error
         path = self.storage.location(folder)
         logger.info("Saved checkpoint for step %d to %s.", step, path)
         return path
@@ -167,11 +194,40 @@ class CheckpointStore:
         self.storage.delete_folder(previous)
         logger.info("Replaced the existing checkpoint %s.", self.storage.location(folder))
 
-    def _remove_leftovers(self) -> None:
-        for folder in self.storage.list_folders():
-            if _LEFTOVER_FOLDER.fullmatch(folder):
-                logger.debug("Removing %s, left behind by an interrupted save.", self.storage.location(folder))
-                self.storage.delete_folder(folder)
+    def remove_leftovers(self) -> None:
+        """Remove what saves killed midway left: staging and set-aside folders, temporary manifests.
+
+        Only names this store writes, and only those of writers that are gone
+        (a live process's pid is left alone). A set-aside ``.old-ckpt-<step>``
+        whose replacement never appeared is put back.
+        """
+        present = set(self.storage.list_folders())
+        for folder in sorted(present):
+            match = _LEFTOVER_FOLDER.fullmatch(folder)
+            if match is None or not writer_is_gone(int(match.group("pid"))):
+                continue
+            target, step = f"ckpt-{match.group('step')}", int(match.group("step"))
+            if match.group("kind") == "old" and target not in present and self._is_complete(folder, step):
+                self.storage.rename_folder(folder, target)
+                present.add(target)
+                logger.warning("Put back %s: a save that replaced it was interrupted.", self.storage.location(target))
+                continue
+            logger.info("Removing %s, left behind by an interrupted save.", self.storage.location(folder))
+            self._delete_quietly(folder)
+        self.storage.remove_stale_temporaries()
+
+    def _is_complete(self, folder: str, step: int) -> bool:
+        try:
+            checkpoint_format.read_state(self.storage, folder, step)
+        except CheckpointError:
+            return False
+        return True
+
+    def _delete_quietly(self, folder: str) -> None:
+        try:
+            self.storage.delete_folder(folder)
+        except OSError as error:
+            logger.warning("Could not delete %s: %s", self.storage.location(folder), error)
 
     def _apply_retention(self, manifest: dict[str, Any], entries: list[_Entry], *, newest: int) -> None:
         """Decide what to keep, write the manifest, then delete the rest."""
@@ -251,11 +307,19 @@ class CheckpointStore:
             for entry in self._entries(manifest)
         ]
 
+    def has_checkpoints(self) -> bool:
+        """True when ``model_dir`` holds any ``ckpt-<step>`` folder, intact or not."""
+        return any(_CHECKPOINT_FOLDER.fullmatch(folder) for folder in self.storage.list_folders())
+
     def _entries(self, manifest: dict[str, Any]) -> list[_Entry]:
-        """Complete checkpoints, by step: manifest entries and folders with a valid state.json."""
+        return self._scan(manifest)[0]
+
+    def _scan(self, manifest: dict[str, Any]) -> tuple[list[_Entry], dict[str, str]]:
+        """Intact checkpoints by step (manifest entries and folders with a valid state.json), and the
+        rejected folders with the reason, each named once in a warning."""
         listed = {item["folder"]: item for item in manifest["checkpoints"]}
         folders = self.storage.list_folders()
-        entries = []
+        entries, rejected = [], {}
         for folder in folders:
             match = _CHECKPOINT_FOLDER.fullmatch(folder)
             if match is None:
@@ -263,17 +327,22 @@ class CheckpointStore:
             try:
                 state = checkpoint_format.read_state(self.storage, folder, int(match.group(1)))
             except CheckpointError as error:
-                log = logger.warning if folder in listed else logger.debug
-                log("Ignoring incomplete checkpoint %s: %s", self.storage.location(folder), error)
+                rejected[folder] = str(error)
+                self._warn_once(f"Ignoring checkpoint {self.storage.location(folder)}, it is damaged: {error}")
                 continue
             item = listed.get(folder, {})
-            save_time = state.get("save_time", item.get("save_time", 0.0))
+            save_time = item.get("save_time", state.get("save_time"))  # format 1 kept it in state.json
+            if not isinstance(save_time, (int, float)):
+                save_time = self._clock()  # not in the manifest yet: found now
             entries.append(_Entry(state["global_step"], folder, float(save_time), bool(item.get("preserved"))))
         for folder in sorted(set(listed) - set(folders)):
-            logger.warning(
-                "The manifest lists %s, but the folder is missing; ignoring it.", self.storage.location(folder)
-            )
-        return sorted(entries, key=lambda entry: entry.step)
+            self._warn_once(f"The manifest lists {self.storage.location(folder)}, but the folder is missing; ignoring it.")
+        return sorted(entries, key=lambda entry: entry.step), rejected
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            logger.warning("%s", message)
 
     # ---------------------------------------------------------------- manifest
 
@@ -282,21 +351,18 @@ class CheckpointStore:
         data = self.storage.read_manifest()
         if data is None:
             if any(_CHECKPOINT_FOLDER.fullmatch(folder) for folder in self.storage.list_folders()):
-                logger.warning(
-                    "The manifest %s/checkpoint is missing; rebuilding the list of checkpoints by scanning "
-                    "the folders.",
-                    self.storage.root,
+                self._warn_once(
+                    f"The manifest {self.storage.root}/checkpoint is missing; rebuilding the list of checkpoints by "
+                    "scanning the folders."
                 )
             return empty
         try:
             manifest = json.loads(data.decode("utf-8"))
             _check_manifest(manifest)
         except (UnicodeDecodeError, json.JSONDecodeError, ValueError, TypeError, KeyError) as error:
-            logger.warning(
-                "The manifest %s/checkpoint is unreadable (%s); rebuilding the list of checkpoints by scanning "
-                "the folders.",
-                self.storage.root,
-                error,
+            self._warn_once(
+                f"The manifest {self.storage.root}/checkpoint is unreadable ({error}); rebuilding the list of "
+                "checkpoints by scanning the folders."
             )
             return empty
         return {**empty, **manifest}
@@ -334,27 +400,29 @@ class CheckpointStore:
         if path is not None and os.path.normpath(os.fspath(path)) != os.path.normpath(self.storage.root):
             storage, folder, step = self._locate(path)
             return _load(storage, folder, step, verify=verify, load_optimizer=load_optimizer)
-        entries = self._entries(self._read_manifest())
-        if not entries:
+        entries, rejected = self._scan(self._read_manifest())
+        if not entries and not rejected:
             raise CheckpointError(
                 f"No checkpoint in {self.storage.root}: nothing to restore. "
                 "Train first, or pass the path of a checkpoint."
             )
-        failures = []
+        failures = {folder: reason for folder, reason in rejected.items()}
         for entry in reversed(entries):
             try:
                 return _load(self.storage, entry.folder, entry.step, verify=verify, load_optimizer=load_optimizer)
             except CheckpointError as error:
-                failures.append(str(error))
+                failures[entry.folder] = str(error)
                 logger.warning(
                     "Checkpoint %s is unusable, falling back to the previous one: %s",
                     self.storage.location(entry.folder),
                     error,
                 )
+        ordered = sorted(failures, key=lambda folder: int(_CHECKPOINT_FOLDER.fullmatch(folder).group(1)))
         raise CheckpointError(
-            f"No intact checkpoint in {self.storage.root}; every one is damaged:\n  "
-            + "\n  ".join(failures)
-            + "\nRemove the damaged ckpt-* folders to start fresh, or restore from a copy."
+            f"None of the {len(failures)} checkpoint(s) in {self.storage.root} is intact; nothing was restored:\n  "
+            + "\n  ".join(f"{folder}: {failures[folder]}" for folder in ordered)
+            + f"\nTo keep this training, put back an intact copy of a checkpoint. To start over from step 0, move "
+            f"the ckpt-* folders out of {self.storage.root} (or use a new model_dir)."
         )
 
     def read_model_state(self, path: str | None = None) -> dict[str, torch.Tensor]:
@@ -411,8 +479,6 @@ def _load(storage: Storage, folder: str, step: int, *, verify: bool, load_optimi
     extra = checkpoint_format.read_tree(
         storage, folder, state, verify, tree_file=None, tensors_file=checkpoint_format.EXTRA_TENSORS_FILE
     )
-    if not isinstance(extra, dict):
-        raise CheckpointError(f"{location}/{checkpoint_format.STATE_FILE}: 'extra' should be an object.")
     return Checkpoint(path=location, step=step, model_state=model_state, optimizer_state=optimizer_state, extra=extra)
 
 
