@@ -109,7 +109,7 @@ def test_demo_reaches_accuracy_and_resumes_when_rerun(tmp_path):
     best_export = first.stdout.split("best export: ")[1].split()[0]
     assert os.path.dirname(best_export) == os.path.join(model_dir, "export", "best")
     assert os.path.basename(best_export).isdigit()
-    assert os.path.isfile(os.path.join(tmp_path, best_export, "model.pt2"))
+    assert os.path.isfile(os.path.join(tmp_path, best_export, "program.json"))
     assert "final export: " in first.stdout and "torchestimator predict --exported" in first.stdout
     assert "torchestimator serve --model_name digits" in first.stdout
     assert os.path.isfile(os.path.join(tmp_path, model_dir, "metrics.png"))

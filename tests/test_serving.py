@@ -221,7 +221,7 @@ def test_a_broken_version_does_not_replace_the_working_one_and_its_error_shows(e
     manager = ModelManager("mlp", base)
     assert manager.poll()
     shutil.copytree(exported["single"], base / "5")
-    (base / "5" / "model.pt2").write_bytes(b"not a zip archive")
+    (base / "5" / "program.json").write_bytes(b"not a JSON document")
     assert not manager.poll() and manager.served_version == 1
     assert not manager.poll()  # unchanged files are not retried on every poll
     (status, body, _), (predict_status, _, _) = call(
@@ -232,7 +232,7 @@ def test_a_broken_version_does_not_replace_the_working_one_and_its_error_shows(e
     assert entries["5"]["state"] == "END" and entries["5"]["status"]["error_code"] != "OK"
     assert "Failed to load version 5" in entries["5"]["status"]["error_message"]
     assert predict_status == 200
-    shutil.copyfile(exported["single"] + "/model.pt2", base / "5" / "model.pt2")  # repaired: retried
+    shutil.copyfile(exported["single"] + "/program.json", base / "5" / "program.json")  # repaired: retried
     assert manager.poll() and manager.served_version == 5
 
 
