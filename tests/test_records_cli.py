@@ -251,6 +251,21 @@ def test_verify_reports_counts_and_first_bad_offset(tmp_path: Path, capsys: Any)
     assert "2 file(s): 1 ok, 1 damaged" in out
 
 
+def test_verify_and_inspect_take_max_record_size(tmp_path: Path, capsys: Any) -> None:
+    path = tmp_path / "big.tfrecord"
+    big = encode_example({"image": [bytes(3 << 20)]})
+    with TFRecordWriter(path) as writer:
+        writer.write(big)
+    assert run(["records", "verify", "--max-record-size", str(1 << 20), str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"DAMAGED {path}: 0 good records, first bad record at offset 0: record too large at 0" in out
+    assert f"--max-record-size {len(big)}" in out
+    assert run(["records", "inspect", "--max-record-size", str(1 << 20), str(path)]) == 2
+    assert "record too large at 0" in capsys.readouterr().err
+    assert run(["records", "verify", "--max-record-size", str(len(big)), str(path)]) == 0
+    assert run(["records", "verify", str(path)]) == 0  # the default, 2 GiB - 1
+
+
 def test_verify_truncated_file_and_missing_file(tmp_path: Path, capsys: Any) -> None:
     path = tmp_path / "cut.tfrecord"
     write_examples(path)

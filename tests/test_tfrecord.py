@@ -275,6 +275,119 @@ def test_iter_records_skip_corrupt_stops_that_file_quietly(tmp_path):
     assert stats.skipped_files == 1 and stats.errors[0].offset == 39
 
 
+# --------------------------------------------------------------------------- declared lengths
+
+
+def test_a_length_past_the_end_of_a_plain_file_is_truncated_before_it_is_read(tmp_path):
+    path = write(tmp_path / "data", [b"abc", b"x" * (3 << 20)])
+    data = bytearray(open(path, "rb").read())
+    path = tmp_path / "long"
+    path.write_bytes(bytes(data[:19 + 16 + (2 << 20)]))  # the big record is cut 1 MiB short
+    records, error = collect(path)
+    assert records == [b"abc"] and error.offset == 19
+    assert str(error).startswith(f"truncated record at 19 in {path}")
+    assert f"declares {3 << 20} bytes of data but the file ends {16 + (2 << 20)} bytes into" in str(error)
+
+
+@pytest.mark.parametrize("compression", [None, "GZIP", "ZLIB"])
+def test_a_record_over_max_record_size_says_how_to_raise_the_limit(tmp_path, compression):
+    big = b"0123456789abcdef" * (3 << 16)  # 3 MiB, more than a read block
+    path = write(tmp_path / "data", [b"abc", big, b"after"], compression)
+    records, error = collect(path, compression=compression, max_record_size=1 << 20)
+    assert records == [b"abc"] and (error.path, error.offset) == (path, 19)
+    assert str(error).startswith(f"record too large at 19 in {path}: it declares {len(big)} bytes, "
+                                 f"more than max_record_size={1 << 20}")
+    assert f"pass max_record_size={len(big)} or more" in str(error)
+    assert f"--max-record-size {len(big)}" in str(error)
+    # A plain file is known to hold it; a compressed one may also just have a damaged length.
+    assert ("file holds a record this large" in str(error)) == (compression is None)
+    assert [r for _, r in iter_records(path, compression, max_record_size=len(big))] == [b"abc", big, b"after"]
+    with pytest.raises(ValueError, match="max_record_size must be an integer >= 0"):
+        list(iter_records(path, compression, max_record_size=-1))
+
+
+def test_the_default_limit_is_protobufs_and_small_records_never_look_it_up(tmp_path):
+    from torchestimator.data import tfrecord
+
+    assert tfrecord.DEFAULT_MAX_RECORD_SIZE == 2**31 - 1
+    # Records within a block are not checked at all: a limit of 0 only stops bigger ones.
+    path = write(tmp_path / "data", [b"abc", b"defg"])
+    assert list(read_records(path, max_record_size=0)) == [b"abc", b"defg"]
+
+
+def test_a_plain_file_that_grew_since_it_was_opened_is_read_whole(tmp_path):
+    big = os.urandom(3 << 20)
+    full = open(write(tmp_path / "full", [b"abc", big]), "rb").read()
+    path = tmp_path / "growing"
+    path.write_bytes(full[:19 + 100])  # a writer is still appending
+    blocks = iter_record_blocks(path, block_size=19)
+    assert next(blocks) == ([0], [b"abc"])  # the size is not looked up yet
+    with open(path, "ab") as file:
+        file.write(full[19 + 100:])
+    assert next(blocks) == ([19], [big])
+
+
+@pytest.fixture
+def small_probe(monkeypatch):
+    """Compressed records over 2 KiB go through the probe (64 MiB in real use)."""
+    from torchestimator.data import tfrecord
+
+    monkeypatch.setattr(tfrecord, "_PROBE_SIZE", 2048)
+
+
+@pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])
+def test_big_compressed_records_are_probed_then_read_exactly(tmp_path, compression, small_probe):
+    records = [b"a", os.urandom(50_000), b"b" * 3000, b"", os.urandom(9000)]
+    path = write(tmp_path / "data", records, compression)
+    for block_size in (100, 1 << 20):
+        blocks = list(iter_record_blocks(path, compression, block_size=block_size))
+        assert [record for _, chunk in blocks for record in chunk] == records
+    first = open(write(tmp_path / "a", records[:2], compression="GZIP"), "rb").read()
+    second = gzip.compress(open(write(tmp_path / "b", records[2:]), "rb").read())
+    joined = tmp_path / "joined.gz"  # the probe crosses from one gzip member into the next
+    joined.write_bytes(first[:-8] + first[-8:] + second)
+    assert [r for _, r in iter_records(joined, "GZIP")] == records
+
+
+@pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])
+def test_the_probe_finds_a_bad_data_crc_or_a_short_stream_before_reading(tmp_path, compression, small_probe):
+    from torchestimator.data import tfrecord
+
+    big = os.urandom(60_000)
+    stream = bytearray(open(write(tmp_path / "plain", [b"abc", big]), "rb").read())
+    stream[-1] ^= 1  # in the data CRC
+    path = tmp_path / "bad-crc"
+    path.write_bytes(tfrecord_bytes(bytes(stream), compression))
+    records, error = collect_blocks(path, compression, block_size=100)
+    assert records == [b"abc"] and error.offset == 19
+    assert str(error).startswith(f"corrupted record at 31 in {path}") and "data CRC" in str(error)
+    for cut in (len(stream) - 10_000, 19 + 12 + 5000):
+        short = tmp_path / f"short-{cut}"
+        short.write_bytes(tfrecord_bytes(bytes(stream[:cut]), compression))
+        records, error = collect_blocks(short, compression, block_size=100)
+        assert records == [b"abc"] and error.offset == 19
+        assert str(error).startswith(f"truncated record at 19 in {short}")
+        assert (f"declares {len(big)} bytes of data but the decompressed stream ends {cut - 19} bytes "
+                f"into the record") in str(error)
+    unverified = list(iter_record_blocks(path, compression, verify=False, block_size=100))
+    assert unverified == [([0], [b"abc"]), ([19], [big])]
+    assert tfrecord._PROBE_SIZE == 2048
+
+
+def collect_blocks(path, compression, **options):
+    records = []
+    with pytest.raises(DataLossError) as caught:
+        for _, chunk in iter_record_blocks(path, compression, **options):
+            records += chunk
+    return records, caught.value
+
+
+def tfrecord_bytes(stream, compression):
+    """A record stream as a properly ended GZIP/ZLIB file."""
+    compressor = zlib.compressobj(6, zlib.DEFLATED, 31 if compression == "GZIP" else 15)
+    return compressor.compress(stream) + compressor.flush()
+
+
 # --------------------------------------------------------------------------- files
 
 

@@ -99,6 +99,7 @@ def test_option_errors_name_the_option(tmp_path):
         ({"num_shards": 2}, "shard_index"),
         ({"num_shards": 2, "shard_index": 0, "input_context": InputContext()}, "not both"),
         ({"shard_by": "file", "num_shards": 2, "shard_index": 0}, "one file per process"),
+        ({"max_record_size": -1}, "max_record_size"),
     ]:
         with pytest.raises(ValueError, match=message):
             TFRecordDataset(pattern, **options)
@@ -128,6 +129,19 @@ def test_damaged_file_fails_or_is_skipped(tmp_path):
     with pytest.raises(DataLossError, match="corrupted record at 31 .* starts at byte 19"):
         list(TFRecordDataset(pattern))
     assert list(TFRecordDataset(pattern, skip_corrupt=True)) == [b"0-0"] + records[3:]
+
+
+def test_max_record_size_reaches_the_reader_in_workers_too(tmp_path):
+    path = tmp_path / "big.tfrecord"
+    big = b"x" * (2 << 20)
+    with TFRecordWriter(path) as writer:
+        for record in (b"small", big):
+            writer.write(record)
+    with pytest.raises(DataLossError, match=f"record too large at 21 .* max_record_size={1 << 20}"):
+        list(TFRecordDataset(path, max_record_size=1 << 20))
+    with pytest.raises(DataLossError, match="record too large at 21"):
+        list(TFRecordDataset(path, max_record_size=1 << 20).loader(num_workers=1))
+    assert list(TFRecordDataset(path)) == [b"small", big]
 
 
 # --------------------------------------------------------------------------- sharding

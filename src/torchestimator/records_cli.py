@@ -83,12 +83,22 @@ def add_subcommands(subparsers: Any) -> None:
     inspect.add_argument("file", metavar="FILE")
     inspect.add_argument("--limit", type=int, default=3, help="records to print (default 3)")
     inspect.add_argument("--compression", default="auto", help="auto (default), none, GZIP or ZLIB")
+    _add_max_record_size(inspect)
     inspect.set_defaults(handler=inspect_records)
 
     verify = records_commands.add_parser("verify", help="check every CRC; exit code 1 when a file is damaged")
     verify.add_argument("files", metavar="FILES", nargs="+", help="paths or glob patterns")
     verify.add_argument("--compression", default="auto", help="auto (default), none, GZIP or ZLIB")
+    _add_max_record_size(verify)
     verify.set_defaults(handler=verify_records)
+
+
+def _add_max_record_size(command: argparse.ArgumentParser) -> None:
+    from torchestimator.data.tfrecord import DEFAULT_MAX_RECORD_SIZE
+
+    command.add_argument("--max-record-size", type=int, default=DEFAULT_MAX_RECORD_SIZE, metavar="BYTES",
+                         help=f"a longer record is an error, so that a damaged length cannot exhaust "
+                              f"memory (default {DEFAULT_MAX_RECORD_SIZE}, protobuf's limit)")
 
 
 def _compression(text: str | None) -> str | None:
@@ -433,7 +443,8 @@ def inspect_records(args: argparse.Namespace) -> int:
     lists: dict[str, FeatureSummary] = {}
     shown: list[str] = []
     count, undecodable = 0, None
-    for offset, record in iter_records(args.file, _compression(args.compression)):
+    for offset, record in iter_records(args.file, _compression(args.compression),
+                                       max_record_size=args.max_record_size):
         count += 1
         try:
             features, feature_lists = summarize_record(record, context, lists)
@@ -481,7 +492,8 @@ def verify_records(args: argparse.Namespace) -> int:
     for path in paths:
         count = 0
         try:
-            for _ in iter_records(path, _compression(args.compression), verify=True):
+            for _ in iter_records(path, _compression(args.compression), verify=True,
+                                  max_record_size=args.max_record_size):
                 count += 1
         except DataLossError as error:
             damaged += 1

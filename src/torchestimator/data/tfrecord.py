@@ -24,6 +24,19 @@ Reading follows TensorFlow's record reader (`record_reader.cc`):
   the end of the file and the record is lost without a word. Here
   `strict=True` (the default) raises "truncated record" instead, because a cut
   file is almost always a half-written one; `strict=False` matches TensorFlow.
+- A declared length is bounded before memory is spent on it (a damaged or
+  crafted length must not become a huge allocation, the "decompression
+  bomb" of a few MB of GZIP declaring 2**60 bytes). A record longer than
+  `max_record_size` (default `DEFAULT_MAX_RECORD_SIZE`, 2 GiB - 1) raises
+  `DataLossError("record too large at N in FILE ...")` saying how to raise
+  the limit. In a plain file a record reaching past the end of the file is
+  "truncated" before anything is read (the file size is looked up only for
+  records bigger than a read block, and again only if one seems to reach
+  past it, so a growing file is not misjudged). In a compressed file a
+  record over 64 MiB is first decompressed and thrown away in 1 MiB pieces,
+  checking that the stream delivers all of it (and its CRC, with verify),
+  then read for real: memory stays bounded whatever the length says, at the
+  price of inflating such big records twice.
 - `skip_corrupt=True` is TensorFlow's `ignore_errors()`: the records before
   the damage are kept, the rest of that file is skipped, a warning names the
   file and offset, and `ReadStats` counts it (summarised in one warning at
@@ -43,6 +56,7 @@ import dataclasses
 import glob
 import logging
 import os
+import stat
 import struct
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -52,8 +66,12 @@ logger = logging.getLogger(__name__)
 
 try:  # Fastest on both small and large payloads (about 20 GB/s with SSE4.2/ARMv8 CRC).
     from crc32c import crc32c as _crc32c
+
+    def _crc32c_extend(crc: int, data: Any) -> int:
+        return _crc32c(data, crc)
 except ImportError:  # Apache-2.0 alternative, equally fast on small records.
     try:
+        from google_crc32c import extend as _crc32c_extend
         from google_crc32c import value as _crc32c
     except ImportError as error:
         raise ImportError(
@@ -62,6 +80,7 @@ except ImportError:  # Apache-2.0 alternative, equally fast on small records.
         ) from error
 
 __all__ = [
+    "DEFAULT_MAX_RECORD_SIZE",
     "DataLossError",
     "ReadStats",
     "TFRecordWriter",
@@ -81,6 +100,13 @@ _CRC = struct.Struct("<I")
 _HEADER_SIZE = 12
 _FOOTER_SIZE = 4
 _BLOCK_SIZE = 1 << 20
+DEFAULT_MAX_RECORD_SIZE = (1 << 31) - 1
+"""The largest record read unless `max_record_size` says otherwise: protobuf's limit on one message
+(2 GiB - 1), so every record TensorFlow can parse as a tf.train.Example is accepted."""
+# Compressed records larger than this are decompressed once and thrown away (checking that the
+# stream holds them and, with verify, their CRC) before memory is spent on them.
+_PROBE_SIZE = 64 << 20
+# Reads from a file whose size is unknown (not a regular file) are capped, so memory follows the data.
 _MAX_READ_SIZE = 256 << 20
 _COMPRESSED_BLOCK_SIZE = 256 << 10
 _WRITE_BUFFER_SIZE = 256 << 10
@@ -122,7 +148,8 @@ class DataLossError(ValueError):
     "corrupted record at N" / "truncated record at N", where for a *data* CRC
     mismatch TensorFlow's N is the data's offset, record start + 12 (its reader
     checks the data at `offset + kHeaderSize`); the message then names the
-    record start too.
+    record start too. A record longer than `max_record_size` gives
+    "record too large at N", with the declared length and how to raise the limit.
     """
 
     def __init__(self, message: str, path: str = "", offset: int = -1) -> None:
@@ -139,6 +166,21 @@ def _data_loss(kind: str, path: str, offset: int, detail: str, *, data_part: boo
         f"{kind} record at {number} in {path}{hint}: {detail} (the record starts at byte {offset}). "
         f"Records before it were read; pass skip_corrupt=True to skip the rest of a damaged file "
         f"instead of failing.",
+        path, offset,
+    )
+
+
+def _too_large(path: str, offset: int, length: int, limit: int, *, present: bool | None) -> DataLossError:
+    """`present`: whether the file really holds that many bytes (None: unknown, compressed)."""
+    if present:
+        cause = "the file holds a record this large"
+    else:
+        cause = "either its length field is damaged, or the file holds records this large"
+    return DataLossError(
+        f"record too large at {offset} in {path}: it declares {length} bytes, more than "
+        f"max_record_size={limit}. {cause[0].upper() + cause[1:]}: to read it, pass "
+        f"max_record_size={length} or more (read_records, iter_records, TFRecordDataset; "
+        f"`torchestimator records verify/inspect --max-record-size {length}`).",
         path, offset,
     )
 
@@ -357,6 +399,15 @@ class _InflateStream:
                 have += len(out)
         return b"".join(parts)
 
+    def mark(self) -> tuple[Any, ...]:
+        """The whole state, for `reset`: raw position, inflater copy, pending input, flags."""
+        return (self._raw.tell(), self._inflater.copy(), self._input, self._fed, self._truncated)
+
+    def reset(self, mark: tuple[Any, ...]) -> None:
+        position, inflater, self._input, self._fed, self._truncated = mark
+        self._inflater = inflater.copy()  # the mark stays usable
+        self._raw.seek(position)
+
 
 def _skip_to(stream: Any, path: str, start_offset: int, compression: str | None) -> None:
     """Positions the stream at `start_offset` (plain: seek; compressed: inflate and discard)."""
@@ -376,18 +427,95 @@ def _skip_to(stream: Any, path: str, start_offset: int, compression: str | None)
         remaining -= skipped
 
 
+class _LengthGuard:
+    """Bounds a declared record length before the reader spends memory on it (module docstring).
+
+    Consulted only for a record bigger than a read block, so the hot path pays nothing.
+    """
+
+    def __init__(self, stream: Any, raw: BinaryIO, path: str, compressed: bool, limit: int,
+                 verify: bool) -> None:
+        self._stream, self._raw, self._path = stream, raw, path
+        self._compressed, self._limit, self._verify = compressed, limit, verify
+        self._size: int | None = -1  # the plain file's size; -1: not looked up yet, None: not a regular file
+
+    def _file_size(self) -> int | None:
+        status = os.fstat(self._raw.fileno())
+        return status.st_size if stat.S_ISREG(status.st_mode) else None
+
+    def allowance(self, buffer: bytes, position: int, offset: int, need: int) -> int:
+        """Bytes to read next for the record at `buffer[position:]` (stream `offset`), which is
+        `need` bytes with its framing; raises DataLossError when it must not be read."""
+        length = need - _HEADER_SIZE - _FOOTER_SIZE
+        missing = need - (len(buffer) - position)
+        if self._compressed:
+            if length > self._limit:
+                raise _too_large(self._path, offset, length, self._limit, present=None)
+            if missing > _PROBE_SIZE:
+                self._probe(buffer, position, offset, length)
+            return missing
+        if self._size is not None and (self._size < 0 or offset + need > self._size):
+            self._size = self._file_size()  # first use, or the file may have grown since
+        if self._size is not None and offset + need > self._size:
+            raise _data_loss("truncated", self._path, offset,
+                             f"it declares {length} bytes of data but the file ends "
+                             f"{self._size - offset} bytes into the record")
+        if length > self._limit:
+            raise _too_large(self._path, offset, length, self._limit, present=self._size is not None)
+        return missing if self._size is not None else min(missing, _MAX_READ_SIZE)
+
+    def _probe(self, buffer: bytes, position: int, offset: int, length: int) -> None:
+        """Inflates the rest of the record in pieces and throws it away, checking it is all
+        there (and its CRC), then rewinds the stream so the record is read for real."""
+        stream, verify = self._stream, self._verify
+        mark = stream.mark()
+        data = buffer[position + _HEADER_SIZE:]  # at most about a block: the record is not read yet
+        crc = _crc32c(data) if verify else 0
+        have = len(data)
+        while have < length:
+            chunk = self._probe_read(min(length - have, _BLOCK_SIZE), offset, length, have)
+            if verify:
+                crc = _crc32c_extend(crc, chunk)
+            have += len(chunk)
+        footer = self._probe_read(_FOOTER_SIZE, offset, length, have)
+        if verify and _mask(crc) != _CRC.unpack(footer)[0]:
+            raise _data_loss("corrupted", self._path, offset, "the data CRC does not match", data_part=True)
+        stream.reset(mark)
+
+    def _probe_read(self, size: int, offset: int, length: int, have: int) -> bytes:
+        try:
+            chunk = self._stream.read(size)
+        except zlib.error as error:
+            raise _data_loss("corrupted", self._path, offset, f"inflate failed ({error})") from None
+        except _TruncatedStream:
+            chunk = b""
+        if len(chunk) < size:
+            raise _data_loss("truncated", self._path, offset,
+                             f"it declares {length} bytes of data but the decompressed stream ends "
+                             f"{_HEADER_SIZE + have + len(chunk)} bytes into the record")
+        return chunk
+
+
 def _file_blocks(
     path: str, compression: str | None, start_offset: int, verify: bool, strict: bool, block_size: int,
+    max_record_size: int,
 ) -> Iterator[tuple[list[int], list[bytes]]]:
     kind = _normalize_compression(compression, allow_auto=True)
     if kind == "AUTO":
         kind = _detect_compression(path)
     if not isinstance(start_offset, int) or isinstance(start_offset, bool) or start_offset < 0:
         raise ValueError(f"start_offset must be an integer >= 0; received {start_offset!r}.")
+    _check_max_record_size(max_record_size)
     with open(path, "rb", buffering=0) as raw:
         stream: Any = raw if kind is None else _InflateStream(raw, _WINDOW_BITS[kind])
         _skip_to(stream, path, start_offset, kind)
-        yield from _scan(stream, path, start_offset, verify, strict, max(block_size, _HEADER_SIZE))
+        guard = _LengthGuard(stream, raw, path, kind is not None, max_record_size, verify)
+        yield from _scan(stream, path, start_offset, verify, strict, max(block_size, _HEADER_SIZE), guard)
+
+
+def _check_max_record_size(value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"max_record_size must be an integer >= 0 (bytes); received {value!r}.")
 
 
 def _read_more(stream: Any, size: int, path: str, offset: int) -> bytes:
@@ -401,7 +529,7 @@ def _read_more(stream: Any, size: int, path: str, offset: int) -> bytes:
 
 
 def _scan(
-    stream: Any, path: str, offset: int, verify: bool, strict: bool, block_size: int,
+    stream: Any, path: str, offset: int, verify: bool, strict: bool, block_size: int, guard: _LengthGuard,
 ) -> Iterator[tuple[list[int], list[bytes]]]:
     """The hot loop: slices whole records out of each block, refilling when one is cut."""
     unpack_header, unpack_crc, crc32c = _HEADER.unpack_from, _CRC.unpack_from, _crc32c
@@ -409,8 +537,11 @@ def _scan(
     buffer, position, base, need = b"", 0, offset, _HEADER_SIZE  # base: stream offset of buffer[0]
     while True:
         end = len(buffer)
-        # The cap keeps a wild length (only possible with verify=False) from one giant allocation.
-        wanted = min(max(block_size, need - (end - position)), _MAX_READ_SIZE)
+        wanted = need - (end - position)
+        if wanted > block_size:  # a record bigger than a block: bound its length before reading it
+            wanted = guard.allowance(buffer, position, base + position, need)
+        else:
+            wanted = block_size
         more = _read_more(stream, wanted, path, base + position)
         if not more:
             if position == end or (not strict and end - position < _HEADER_SIZE):
@@ -464,6 +595,7 @@ def iter_record_blocks(
     strict: bool = True,
     stats: ReadStats | None = None,
     block_size: int = _BLOCK_SIZE,
+    max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
 ) -> Iterator[tuple[list[int], list[bytes]]]:
     """The records of one file a block at a time: `(offsets, records)`, lists of equal length.
 
@@ -475,7 +607,8 @@ def iter_record_blocks(
     stats = stats if stats is not None else ReadStats()
     stats.files += 1
     try:
-        for offsets, records in _file_blocks(path, compression, start_offset, verify, strict, block_size):
+        for offsets, records in _file_blocks(path, compression, start_offset, verify, strict, block_size,
+                                             max_record_size):
             stats.records += len(records)
             stats.bytes += sum(map(len, records))
             yield offsets, records
@@ -497,16 +630,17 @@ def iter_records(
     verify: bool = True,
     strict: bool = True,
     stats: ReadStats | None = None,
+    max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
 ) -> Iterator[tuple[int, bytes]]:
     """`(offset, record)` for each record of one file; the next record starts at
     `offset + 16 + len(record)`, which is what `start_offset` takes to resume.
 
     `verify=False` skips both CRC checks (framing is still checked). See the
-    module docstring for `strict` and `skip_corrupt`.
+    module docstring for `strict`, `skip_corrupt` and `max_record_size` (bytes).
     """
     for offsets, records in iter_record_blocks(
         path, compression, start_offset=start_offset, skip_corrupt=skip_corrupt, verify=verify,
-        strict=strict, stats=stats,
+        strict=strict, stats=stats, max_record_size=max_record_size,
     ):
         yield from zip(offsets, records)
 
@@ -519,17 +653,20 @@ def read_records(
     verify: bool = True,
     strict: bool = True,
     stats: ReadStats | None = None,
+    max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
 ) -> Iterator[bytes]:
     """Every record of every file (a path, glob, or list; see `list_files`), in order.
 
     With skip_corrupt=True, damaged files are cut short with a warning each, and
-    one warning at the end summarises what was skipped.
+    one warning at the end summarises what was skipped. A record longer than
+    `max_record_size` bytes is an error (see the module docstring).
     """
     stats = stats if stats is not None else ReadStats()
     paths = list_files(files)
     for path in paths:
         for _, records in iter_record_blocks(
             path, compression, skip_corrupt=skip_corrupt, verify=verify, strict=strict, stats=stats,
+            max_record_size=max_record_size,
         ):
             yield from records
     if stats.skipped_files:

@@ -83,6 +83,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
 from torchestimator.data.tfrecord import (
+    DEFAULT_MAX_RECORD_SIZE,
     ReadStats,
     _normalize_compression,
     iter_record_blocks,
@@ -122,6 +123,7 @@ class _Plan:
     skip_corrupt: bool
     verify: bool
     strict: bool
+    max_record_size: int
 
     def mode(self, num_shards: int) -> str:
         if self.shard_by != "auto":
@@ -161,7 +163,7 @@ class _OpenFile:
         self.index = 0
         self._blocks = iter_record_blocks(
             path, plan.compression, start_offset=offset, skip_corrupt=plan.skip_corrupt,
-            verify=plan.verify, strict=plan.strict, stats=stats,
+            verify=plan.verify, strict=plan.strict, stats=stats, max_record_size=plan.max_record_size,
         )
 
     def next_block(self) -> bool:
@@ -453,7 +455,8 @@ def _resolve_ranks(num_shards: int | None, shard_index: int | None,
 
 
 def _check_options(options: Mapping[str, Any]) -> None:
-    for name, minimum in (("shuffle_buffer_size", 0), ("interleave_cycle_length", 1), ("seed", 0)):
+    for name, minimum in (("shuffle_buffer_size", 0), ("interleave_cycle_length", 1), ("seed", 0),
+                          ("max_record_size", 0)):
         if not _is_int(options[name], minimum):
             raise ValueError(f"TFRecordDataset: {name} must be an integer >= {minimum}; "
                              f"received {options[name]!r}.")
@@ -475,7 +478,9 @@ class TFRecordDataset(IterableDataset):
 
     Iterating it in the main process yields this process's items and tracks
     the position (`state_dict`); `.loader(num_workers=...)` does the same over
-    DataLoader workers.
+    DataLoader workers. `compression`, `skip_corrupt`, `verify`, `strict` and
+    `max_record_size` (bytes; a longer record is a DataLossError) are
+    `iter_records`'s options.
     """
 
     def __init__(
@@ -499,6 +504,7 @@ class TFRecordDataset(IterableDataset):
         input_context: InputContext | None = None,
         verify: bool = True,
         strict: bool = True,
+        max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
     ) -> None:
         super().__init__()
         _check_options(locals())
@@ -509,7 +515,7 @@ class TFRecordDataset(IterableDataset):
             shuffle_files=bool(shuffle_files), shuffle_buffer_size=shuffle_buffer_size, seed=seed,
             num_epochs=num_epochs, interleave_cycle_length=interleave_cycle_length, shard_by=shard_by,
             num_ranks=num_ranks, rank=rank, skip_corrupt=bool(skip_corrupt), verify=bool(verify),
-            strict=bool(strict),
+            strict=bool(strict), max_record_size=max_record_size,
         )
         if shard_by == "file" and len(paths) < num_ranks:
             raise ValueError(f'TFRecordDataset: shard_by="file" needs at least one file per process; '
