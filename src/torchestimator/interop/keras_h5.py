@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy
 
-from torchestimator.interop.source import TensorInfo, WeightSource, WeightSourceError, missing_tensor_error
+from torchestimator.interop.source import ZIP_ERRORS, TensorInfo, WeightSource, WeightSourceError, missing_tensor_error
 
 try:  # h5py is the optional "keras" extra; the error comes when a file is opened.
     import h5py
@@ -80,7 +80,7 @@ KERAS_SUFFIXES = (".h5", ".hdf5", ".keras")
 MAX_COMPRESSION_RATIO = 1100
 MAX_CONFIG_BYTES = 64 << 20  # a .keras config.json is kilobytes; it is optional, so a bigger one is ignored
 _SIZE_KEEPING_FILTERS = (h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_FLETCHER32) if h5py is not None else ()
-_READ_ERRORS = (OSError, KeyError, ValueError, RuntimeError, TypeError, EOFError, zipfile.BadZipFile)
+_READ_ERRORS = (KeyError, RuntimeError, TypeError, *ZIP_ERRORS)
 
 # Save order of standard Keras 3 layers (their `save_own_variables`), by snake_case class name.
 _KNOWN_VARIABLES: dict[str, tuple[str, ...]] = {
@@ -222,7 +222,7 @@ def is_keras_h5(path: str | os.PathLike[str]) -> bool:
         try:
             with zipfile.ZipFile(text) as archive:
                 return ARCHIVE_WEIGHTS_MEMBER in archive.namelist()
-        except (zipfile.BadZipFile, OSError):
+        except ZIP_ERRORS:
             return False
     return False
 
@@ -283,7 +283,7 @@ def _open_hdf5(path: str, closers: list[Any]) -> tuple[Any, dict[str, Any] | Non
 def _open_archive(path: str, closers: list[Any]) -> tuple[Any, dict[str, Any] | None, int]:
     try:
         archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as error:
+    except ZIP_ERRORS as error:
         raise WeightSourceError(f"{path}: corrupt .keras archive (not a readable zip file): {error}") from error
     closers.append(archive)
     names = archive.namelist()
@@ -312,7 +312,7 @@ def _read_archive_config(path: str, archive: zipfile.ZipFile) -> dict[str, Any] 
             raise ValueError(f"it declares {declared} bytes, over the {MAX_CONFIG_BYTES}-byte limit")
         with archive.open(ARCHIVE_CONFIG_MEMBER) as member:
             config = json.loads(member.read(MAX_CONFIG_BYTES + 1))
-    except (ValueError, RecursionError, EOFError, OSError, zipfile.BadZipFile) as error:
+    except (RecursionError, *ZIP_ERRORS) as error:
         logger.warning("%s: ignoring unreadable config.json (%s); aliases use group names", path, error)
         return None
     return config if isinstance(config, dict) else None

@@ -12,18 +12,24 @@ from __future__ import annotations
 import abc
 import dataclasses
 import difflib
+import zipfile
 from collections.abc import Iterable
 from typing import Any
 
 import numpy
 
 __all__ = [
+    "ZIP_ERRORS",
     "TensorInfo",
     "TensorNotFoundError",
     "WeightSource",
     "WeightSourceError",
     "missing_tensor_error",
 ]
+
+# What zipfile raises on a damaged archive: besides BadZipFile, undecodable names (ValueError), short
+# reads (EOFError), unknown compression methods (NotImplementedError).
+ZIP_ERRORS = (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +42,12 @@ class TensorInfo:
 
 
 class WeightSourceError(ValueError):
-    """A weight file is missing, unreadable or corrupt; the message names the file (and variable/offset)."""
+    """A weight file is missing, unreadable, corrupt or crafted; the message names the file (and tensor/offset).
+
+    Every reader raises it, and only it, for a bad file: a declared size the file
+    cannot hold, a bad offset, a pickle that would need code to load. Anything
+    else escaping a reader is a bug (tools/faults_readers.py counts them).
+    """
 
 
 class TensorNotFoundError(KeyError):

@@ -27,6 +27,7 @@ dict by this rule, and the choice is recorded in ``source.notes``:
 from __future__ import annotations
 
 import abc
+import io
 import json
 import logging
 import os
@@ -42,7 +43,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..checkpoint import CheckpointError, CheckpointStore
-from .source import TensorInfo, WeightSource, WeightSourceError, missing_tensor_error
+from .source import ZIP_ERRORS, TensorInfo, WeightSource, WeightSourceError, missing_tensor_error
 
 __all__ = [
     "SafetensorsSource",
@@ -215,7 +216,7 @@ def is_torch(path: str | os.PathLike[str]) -> bool:
         if head.startswith(_ZIP_MAGIC):
             with zipfile.ZipFile(path) as archive:
                 return any(name.endswith("data.pkl") for name in archive.namelist())
-    except (OSError, zipfile.BadZipFile):
+    except ZIP_ERRORS:
         pass
     # The suffix catches damaged files, so that the user gets a torch-specific error, not "unknown format".
     return head == _LEGACY_TORCH_MAGIC or path.lower().endswith(TORCH_SUFFIXES)
@@ -224,15 +225,29 @@ def is_torch(path: str | os.PathLike[str]) -> bool:
 class TorchFileSource(_TensorDictSource):
     """The state dict in a torch.save file, loaded once (memory-mapped where the format allows)."""
 
-    def __init__(self, path: str, state: dict[str, torch.Tensor], notes: list[str], key: str | None) -> None:
+    def __init__(self, path: str, state: dict[str, torch.Tensor], notes: list[str], key: str | None,
+                 file_size: int) -> None:
         super().__init__(path, "torch")
         self._tensors = state
+        self._file_size = file_size
         self.notes = notes
         self.key = key
         """The top-level entry the state dict came from; None for a plain state dict or a flattened file."""
 
     def _state(self) -> Mapping[str, torch.Tensor]:
         return self._tensors
+
+    def read(self, name: str) -> numpy.ndarray:
+        tensor = self._tensors.get(name)
+        if tensor is not None and tensor.numel() * tensor.element_size() > self._file_size:
+            # Zero or overlapping strides let a few stored bytes declare any size; copying would allocate it.
+            raise WeightSourceError(
+                f"{self.path}: tensor {name!r} of shape {list(tensor.shape)} would take "
+                f"{tensor.numel() * tensor.element_size()} bytes, more than the whole file ({self._file_size} "
+                "bytes): its strides repeat stored values (an expanded view) or the file is crafted. Save a "
+                "contiguous copy (tensor.contiguous()) instead."
+            )
+        return super().read(name)
 
 
 def open_torch(path: str | os.PathLike[str], *, key: str | None = None) -> TorchFileSource:
@@ -258,7 +273,7 @@ def open_torch(path: str | os.PathLike[str], *, key: str | None = None) -> Torch
         raise WeightSourceError(f"{given} holds no tensors; expected a state dict (torch.save(model.state_dict())).")
     for note in notes:
         logger.info("%s: %s", given, note)
-    return TorchFileSource(given, state, notes, key)
+    return TorchFileSource(given, state, notes, key, os.path.getsize(given))
 
 
 def _load_torch_file(path: str) -> Any:
@@ -271,17 +286,37 @@ def _load_torch_file(path: str) -> Any:
             # Only the zip format can be memory-mapped; the legacy format loads into memory.
             if "mmap" not in str(error):
                 raise
-            return torch.load(path, map_location="cpu", weights_only=True)
+            with _BoundedFile(io.FileIO(path, "rb")) as file:
+                return torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         raise WeightSourceError(
             f"{path}: the file holds pickled objects beyond tensors and plain containers ({_unpickler_reason(error)}); "
             "loading them could run code from the file, so it is refused. Re-save the weights alone with "
             "torch.save(model.state_dict(), path), or as safetensors."
         ) from None
-    except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile) as error:
+    # torch's weights-only unpickler lets a damaged stream surface as a missing memo entry (KeyError),
+    # a short struct (struct.error), a bad opcode argument (TypeError, IndexError, AssertionError).
+    except (RuntimeError, KeyError, IndexError, TypeError, AssertionError, struct.error, *ZIP_ERRORS) as error:
         raise WeightSourceError(
             f"{path} is not a readable PyTorch file (truncated or corrupt?): {type(error).__name__}: {error}"
         ) from None
+
+
+class _BoundedFile(io.BufferedReader):
+    """A file whose ``read(n)`` asks for no more than what remains.
+
+    The legacy format's pickles are read straight from the file, and a corrupt
+    string length in them would otherwise become a buffer of that many bytes.
+    """
+
+    def __init__(self, raw: io.FileIO) -> None:
+        super().__init__(raw)
+        self._size = os.fstat(raw.fileno()).st_size
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is not None and size > 0:
+            size = max(0, min(size, self._size - self.tell()))
+        return super().read(size)
 
 
 def _unpickler_reason(error: pickle.UnpicklingError) -> str:
