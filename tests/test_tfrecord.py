@@ -342,11 +342,12 @@ def test_big_compressed_records_are_probed_then_read_exactly(tmp_path, compressi
     for block_size in (100, 1 << 20):
         blocks = list(iter_record_blocks(path, compression, block_size=block_size))
         assert [record for _, chunk in blocks for record in chunk] == records
-    first = open(write(tmp_path / "a", records[:2], compression="GZIP"), "rb").read()
-    second = gzip.compress(open(write(tmp_path / "b", records[2:]), "rb").read())
-    joined = tmp_path / "joined.gz"  # the probe crosses from one gzip member into the next
-    joined.write_bytes(first[:-8] + first[-8:] + second)
-    assert [r for _, r in iter_records(joined, "GZIP")] == records
+    stream = open(write(tmp_path / "plain", records), "rb").read()
+    joined = tmp_path / "joined.gz"  # gzip members split right after the big record's header
+    joined.write_bytes(gzip.compress(stream[:17 + 12]) + gzip.compress(stream[17 + 12:]))
+    for block_size in (17 + 12, 100):  # the probe starts at the end of a member, or inside the next
+        blocks = list(iter_record_blocks(joined, "GZIP", block_size=block_size))
+        assert [record for _, chunk in blocks for record in chunk] == records
 
 
 @pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])
