@@ -324,3 +324,39 @@ def test_source_type():
     with open_keras_h5(fixture("keras3_model.h5")) as source:
         assert isinstance(source, KerasH5Source)
         assert "keras3_model.h5" in repr(source)
+
+
+def _one_dense_layer(path, **dataset_options):
+    with h5py.File(path, "w") as file:
+        file.create_group("layers/dense/vars").create_dataset("0", **dataset_options)
+        file.create_group("vars")
+    return path
+
+
+def test_dataset_declaring_more_than_its_storage_is_refused_before_reading(tmp_path):
+    # Never written, so all fill value: 4 MB from a 2 KB file (the fault suite tries 8 GB under a memory limit).
+    path = _one_dense_layer(tmp_path / "fill.weights.h5", shape=(1 << 20,), dtype="float32")
+    with open_keras_h5(path) as source:
+        with pytest.raises(WeightSourceError, match=r"fill\.weights\.h5: variable 'layers/dense/vars/0' .*declares "
+                                                    r"more data than the file holds.*only 0 bytes are stored"):
+            source.read("layers/dense/vars/0")
+
+
+def test_compressed_and_filtered_datasets_within_the_ratio_still_read(tmp_path):
+    zeros = numpy.zeros(1 << 20, dtype="float32")  # gzip shrinks zeros ~1000-fold, the most deflate can
+    path = _one_dense_layer(tmp_path / "gzip.weights.h5", data=zeros, chunks=(1 << 20,), compression="gzip",
+                            shuffle=True, fletcher32=True)
+    with open_keras_h5(path) as source:
+        numpy.testing.assert_array_equal(source.read("layers/dense/vars/0"), zeros)
+
+
+def test_oversized_config_json_is_ignored_unread(tmp_path, caplog):
+    copy = tmp_path / "model.keras"
+    with zipfile.ZipFile(os.path.join(FIXTURES, "keras3_model.keras")) as original, \
+            zipfile.ZipFile(copy, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name in original.namelist():
+            data = original.read(name)
+            archive.writestr(name, data + b" " * (65 << 20) if name == "config.json" else data)
+    with open_keras_h5(copy) as source:
+        assert source.tensors()
+    assert "over the 67108864-byte limit" in caplog.text

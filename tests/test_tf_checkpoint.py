@@ -429,3 +429,63 @@ def test_entry_size_mismatch_is_an_error(tmp_path):
 
 def test_reader_class_is_a_weight_source():
     assert issubclass(TensorFlowCheckpoint, __import__("torchestimator.interop.source", fromlist=["x"]).WeightSource)
+
+
+# --------------------------------------------------------------------------- declared sizes (issue 10, point 7)
+
+
+def _tool():
+    import importlib.util
+    import sys
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "faults_readers.py")
+    spec = importlib.util.spec_from_file_location("faults_readers", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("entry, message", [
+    # A string tensor's size is not implied by its shape: 2**62 was read (a MemoryError) before this check.
+    ((7, [2], 0, 1 << 62), r"ckpt\.data-00000-of-00001: variable 'x' needs bytes 0\.\.4611686018427387904, but the "
+                           r"file has 8 bytes"),
+    ((1, [2], 1 << 40, 8), r"variable 'x' needs bytes 1099511627776\.\.1099511627784, but the file has 8 bytes"),
+    ((7, [1 << 40], 0, 8), r"1099511627776 strings cannot fit in 8 bytes"),
+    ((1, [1 << 25, 1 << 25], 0, 0, 0, [[(0, 1 << 25), (0, 1 << 25)]]), r"partitioned variable 'x' declares shape "
+                                                                        r"\[33554432, 33554432\].*more than"),
+    ((1, [2], 0, 0, 0, [[(1 << 40, 2)]]), r"slice '1099511627776,2' of 'x' reaches past its shape \[2\]"),
+])
+def test_declared_sizes_beyond_the_data_shard_are_refused_on_read(tmp_path, entry, message):
+    tool = _tool()
+    prefix = tool.tf_checkpoint(str(tmp_path / "ckpt"), {"x": tool.tf_entry(*entry)}, struct.pack("<2f", 1, 2))
+    with open_tensorflow(prefix) as checkpoint:
+        with pytest.raises(WeightSourceError, match=message):
+            checkpoint.read("x")
+
+
+@pytest.mark.parametrize("entry, message", [
+    ((1, [-2], 0, 8), r"the entry of 'x' is corrupt: shape \[-2\] has a negative dimension"),
+    ((1, [2], -4, 8), r"the entry of 'x' is corrupt: negative offset -4"),
+    ((1, [0, 1 << 62], 0, 0), r"the entry of 'x' is corrupt: shape \[0, 4611686018427387904\] is beyond"),
+])
+def test_impossible_entries_are_refused_on_open(tmp_path, entry, message):
+    tool = _tool()
+    prefix = tool.tf_checkpoint(str(tmp_path / "ckpt"), {"x": tool.tf_entry(*entry)}, struct.pack("<2f", 1, 2))
+    with pytest.raises(WeightSourceError, match=message):
+        open_tensorflow(prefix)
+
+
+def test_header_declaring_billions_of_shards_fails_fast(tmp_path):
+    tool = _tool()
+    prefix = tool.tf_checkpoint(str(tmp_path / "ckpt"), {"x": tool.tf_entry(1, [2], 0, 8)}, b"\0" * 8,
+                                num_shards=(1 << 31) - 1)
+    with pytest.raises(WeightSourceError, match=r"missing data shard file\(s\) .*ckpt\.data-00001-of-2147483647"):
+        open_tensorflow(prefix)
+
+
+def test_snappy_block_declaring_more_than_snappy_can_hold():
+    from torchestimator.interop.tf_checkpoint import _snappy_decompress
+
+    with pytest.raises(WeightSourceError, match="declares 4611686018427387904 bytes"):
+        _snappy_decompress(_varint(1 << 62) + b"\x00a", "f", 0)

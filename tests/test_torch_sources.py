@@ -264,3 +264,14 @@ def test_warm_start_closes_the_safetensors_source_it_opened(tmp_path, monkeypatc
     with pytest.raises(ValueError):
         warm_start(torch.nn.Linear(7, 7), str(path))  # nothing matches: the plan fails, the file is closed anyway
     assert len(closed) == 2
+
+
+def test_zero_stride_tensor_declaring_more_than_the_file_is_refused(tmp_path) -> None:
+    # Four stored floats viewed as 2**20 (stride 0): reading would copy what the file only declares.
+    path = tmp_path / "expanded.pt"
+    torch.save({"w": torch.zeros(4)[:1].expand(1 << 20)}, path)
+    with open_torch(path) as source:
+        assert source.tensors()[0].shape == (1 << 20,)
+        with pytest.raises(WeightSourceError, match=r"expanded\.pt: tensor 'w' of shape \[1048576\] would take "
+                                                    r"4194304 bytes, more than the whole file"):
+            source.read("w")
