@@ -275,3 +275,23 @@ def test_zero_stride_tensor_declaring_more_than_the_file_is_refused(tmp_path) ->
         with pytest.raises(WeightSourceError, match=r"expanded\.pt: tensor 'w' of shape \[1048576\] would take "
                                                     r"4194304 bytes, more than the whole file"):
             source.read("w")
+
+
+def test_a_plan_that_raises_while_being_built_still_closes_the_source(tmp_path, monkeypatch) -> None:
+    from torchestimator import warm_start as warm_start_module
+
+    path = tmp_path / "model.safetensors"
+    safetensors.torch.save_file(make_model().state_dict(), str(path))
+    closed = []
+    real_close = torch_sources.SafetensorsSource.close
+    monkeypatch.setattr(torch_sources.SafetensorsSource, "close", lambda self: closed.append(self) or real_close(self))
+
+    def broken_view(weights):
+        raise RuntimeError("view failed")
+
+    monkeypatch.setattr(warm_start_module, "_source_view", broken_view)
+    for build in (lambda: warm_start_module.warm_start(make_model(), str(path)),
+                  lambda: warm_start_module.init_from_checkpoint(make_model(), str(path), {"/": "/"})):
+        with pytest.raises(RuntimeError, match="view failed"):
+            build()
+    assert len(closed) == 2

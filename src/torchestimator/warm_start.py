@@ -553,7 +553,12 @@ def plan_init_from_checkpoint(
                 f"or '/' for the source root); received {pair[0]!r}."
             )
     weights = source if isinstance(source, WeightSource) else open_weights(source)
-    peek = _source_view(weights)
+    try:
+        peek = _source_view(weights)
+    except BaseException:
+        if not isinstance(source, WeightSource):
+            weights.close()
+        raise
     view_names = set(peek.infos) | set(peek.aliases)
     for pair in pairs:
         source_name, target_name = pair
@@ -615,6 +620,30 @@ def _build_plan(
     weights = source if isinstance(source, WeightSource) else open_weights(source)
     if owns_source is None:
         owns_source = not isinstance(source, WeightSource)
+    try:
+        return _plan_for(module, weights, selected, explicit, skipped=skipped, converters=converters,
+                         allow_missing=allow_missing, accept_proposals=accept_proposals, notes=notes,
+                         errors=errors, owns_source=owns_source)
+    except BaseException:
+        if owns_source:  # a source we opened is closed now, not whenever the garbage collector gets to it
+            weights.close()
+        raise
+
+
+def _plan_for(
+    module: torch.nn.Module,
+    weights: WeightSource,
+    selected: list[str],
+    explicit: Mapping[str, tuple[str, str]],
+    *,
+    skipped: list[str],
+    converters: Mapping[str, ConverterSpec],
+    allow_missing: bool,
+    accept_proposals: bool,
+    notes: list[str],
+    errors: list[str],
+    owns_source: bool,
+) -> WarmStartPlan:
     view = _source_view(weights)
     state = module.state_dict(keep_vars=True)
     resolved: dict[str, tuple[str, str]] = {}
