@@ -10,7 +10,9 @@ ZLIB, chosen at random), damages it one way, and reads it all through
   (2**60, just under the record limit, a little past the end, a little
   shorter), the declared-size bomb;
 - one Example's bytes mutated and re-framed with valid CRCs, so that only the
-  Example parser can notice.
+  Example parser can notice;
+- good records followed by a bomb: a header declaring 2**60 (or just under the
+  limit, or 100 MiB) bytes, then up to 160 MiB of zeros (compressed to ~160 KB).
 
 A trial ends in a *clean read* (the damage happened to leave a valid file,
 e.g. a cut at a record boundary), a *clean error* (`DataLossError` naming the
@@ -22,7 +24,8 @@ The module is also the toolbox of tests/faults/test_crafted_tfrecord.py
 (`record_header`, `zero_bomb`, `compress`, the mutations).
 
 Run:  python tools/faults_tfrecord.py [--trials N] [--seconds S] [--seed S] [--memory-mb M]
-Last line:  faults_tfrecord trials=N clean_errors=N clean_reads=N crashes=N max_rss_mb=M max_trial_ms=T
+Last line:  faults_tfrecord trials=N clean_errors=N clean_reads=N crashes=N max_rss_mb=M rss_growth_mb=G max_trial_ms=T
+(max_rss_mb includes the imports; rss_growth_mb is what the trials added to the high-water mark.)
 """
 
 from __future__ import annotations
@@ -77,14 +80,14 @@ def compress(data: bytes, compression: str | None) -> bytes:
     return compressor.compress(data) + compressor.flush()
 
 
-def zero_bomb(declared: int, zeros: int, compression: str | None) -> bytes:
-    """A header declaring `declared` bytes followed by `zeros` zero bytes, compressed as a
-    properly ended GZIP/ZLIB stream (about 1 KB per MiB of zeros) or plain.
+def zero_bomb(declared: int, zeros: int, compression: str | None, prefix: bytes = b"") -> bytes:
+    """`prefix` (e.g. good records), then a header declaring `declared` bytes followed by `zeros`
+    zero bytes, compressed as a properly ended GZIP/ZLIB stream (about 1 KB per MiB of zeros) or plain.
 
     Built fast: after a full flush deflate forgets its history, so the compressed form of
     one MiB of zeros can be repeated; only the trailer's checksum sees every byte.
     """
-    head = record_header(declared)
+    head = prefix + record_header(declared)
     if compression is None:
         return head + bytes(zeros)
     mebibytes, rest = divmod(zeros, 1 << 20)
@@ -167,9 +170,16 @@ def mutate_example(records: list[bytes], compression: str | None, rng: random.Ra
     return compress(b"".join(map(frame, damaged)), compression)
 
 
+def append_bomb(records: list[bytes], compression: str | None, rng: random.Random) -> bytes:
+    """Good records, then a header declaring a wild length followed by up to 160 MiB of zeros."""
+    declared = rng.choice([2**60, DEFAULT_MAX_RECORD_SIZE - 1, 100 << 20, 1 << 62])
+    zeros = rng.randrange(1 << 20) if compression is None else rng.randrange(160 << 20)
+    return zero_bomb(declared, zeros, compression, prefix=b"".join(map(frame, records)))
+
+
 MUTATIONS: dict[str, Callable[[list[bytes], str | None, random.Random], bytes]] = {
     "flip_bits": flip_bits, "truncate": truncate, "rewrite_length": rewrite_length,
-    "mutate_example": mutate_example,
+    "mutate_example": mutate_example, "append_bomb": append_bomb,
 }
 
 
@@ -207,6 +217,7 @@ def run(trials: int, seconds: float, seed: int, memory_mb: int) -> dict[str, int
     counts = {"trials": 0, "clean_errors": 0, "clean_reads": 0, "crashes": 0}
     slowest = 0.0
     limit_memory(memory_mb)
+    start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     deadline = time.monotonic() + seconds
     with tempfile.TemporaryDirectory(prefix="faults-tfrecord-") as folder:
         while counts["trials"] < trials and time.monotonic() < deadline:
@@ -227,7 +238,9 @@ def run(trials: int, seconds: float, seed: int, memory_mb: int) -> dict[str, int
             counts[{"clean_error": "clean_errors", "clean_read": "clean_reads"}.get(outcome, outcome)] += 1
             counts["trials"] += 1
             Path(path).unlink()
-    counts["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    counts["max_rss_mb"] = max_rss // 1024
+    counts["rss_growth_mb"] = (max_rss - start_rss) // 1024  # over the imports (torch) at start
     counts["max_trial_ms"] = round(slowest * 1000)
     return counts
 

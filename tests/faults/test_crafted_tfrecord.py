@@ -237,8 +237,9 @@ def test_random_damage_script_runs_and_reports_no_crash():
                                capture_output=True, text=True, timeout=120)
     last = completed.stdout.strip().splitlines()[-1]
     match = re.fullmatch(r"faults_tfrecord trials=(\d+) clean_errors=(\d+) clean_reads=(\d+) crashes=(\d+) "
-                         r"max_rss_mb=(\d+) max_trial_ms=(\d+)", last)
+                         r"max_rss_mb=(\d+) rss_growth_mb=(\d+) max_trial_ms=(\d+)", last)
     assert match, (last, completed.stderr[-2000:])
     trials, errors, reads, crashes = map(int, match.groups()[:4])
     assert completed.returncode == 0 and crashes == 0, completed.stderr[-2000:]
     assert trials == errors + reads and trials >= 10 and errors > reads
+    assert int(match.group(6)) < 250  # the bombs among the trials did not grow memory by what they declare
