@@ -79,8 +79,8 @@ def encode(program: Any) -> dict[str, bytes]:
                 "only (a TorchScript/custom object would need code to load). Compute it from tensors in model_fn."
             )
         tensors[_CONSTANTS + name] = value
-    return {PROGRAM_FILE: _to_json_bytes(serialized.exported_program),
-            TENSORS_FILE: tensors_to_bytes(tensors, "exported tensors")}
+    return {TENSORS_FILE: tensors_to_bytes(tensors, "exported tensors"),
+            PROGRAM_FILE: _to_json_bytes(serialized.exported_program)}
 
 
 def decode(program_bytes: bytes, tensor_bytes: bytes, folder: str) -> Any:

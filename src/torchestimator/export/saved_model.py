@@ -85,7 +85,7 @@ def export_saved_model(
         program, signatures, examples = _trace(estimator, module, receiver)
     finally:
         module.train(was_training)
-    files = {**program_format.encode(program), SIGNATURE_FILE: _json_bytes(signatures)}
+    files = {SIGNATURE_FILE: _json_bytes(signatures), **program_format.encode(program)}
     os.makedirs(export_dir_base, exist_ok=True)
     remove_stale_temp_folders(export_dir_base)
     temp_dir = os.path.join(export_dir_base, f"{TEMP_PREFIX}{time.time_ns()}-{os.getpid()}-{_host()}")

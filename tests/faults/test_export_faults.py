@@ -1,0 +1,167 @@
+"""Export faults: crafted version folders run nothing, full disks are OSErrors, kills leave complete versions only.
+
+The crafting, the workers and the checks live in tools/faults_export.py (the
+longer runs); these tests drive them with small bounds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchestimator.export import export_saved_model, list_versions, load
+from torchestimator.serving.config import VersionPolicy
+from torchestimator.serving.manager import ModelManager
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "faults_export.py"
+SUMMARY = re.compile(r"faults_export crafted_refused=(\d+)/(\d+) crafted_inert=(\d+)/(\d+) markers=(\d+) "
+                     r"kill_trials=(\d+) complete_only=(\d+) disk_full_oserror=(\d+)/(\d+) temp_left=(\d+)$")
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("faults_export", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tool():
+    module = _tool()
+    yield module
+    sys.modules.pop("faults_export", None)
+
+
+@pytest.fixture(scope="module")
+def good(tool, tmp_path_factory):
+    root = tmp_path_factory.mktemp("good")
+    estimator = tool.train_small(str(root / "model"))
+    version = export_saved_model(estimator, root / "export", tool.receiver())
+    return {"root": root, "estimator": estimator, "version": version}
+
+
+def test_crafted_versions_are_refused_naming_the_file_and_no_payload_runs(tool, good, tmp_path):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    variants = tool.craft_variants(good["version"], str(tmp_path / "crafted"), str(markers))
+    # The archives are real attacks: torch.export.load runs the payload of every one (in a throwaway process).
+    assert tool.prove_torch_runs_payloads(variants, str(markers)) == sum(variant.archive for variant in variants) == 5
+    refused, inert, created, problems = tool.check_crafted(variants, str(markers))
+    assert problems == [] and created == 0 and os.listdir(markers) == []
+    assert refused == len(variants) - 1 and inert == 1  # guards_code is never read from the file
+    with pytest.raises(ValueError, match=r"model\.pt2.*would unpickle.*Re-export"):
+        load(next(variant.folder for variant in variants if variant.name == "pickled_weight"))
+    with pytest.raises(ValueError, match=r"program\.json: \$\.graph_module.*expr_str is the expression"):
+        load(next(variant.folder for variant in variants if variant.name == "eval_in_expression"))
+
+
+def test_a_malicious_model_pt2_next_to_a_good_program_is_never_opened(tool, good, tmp_path):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    crafted = tool.craft_variants(good["version"], str(tmp_path / "crafted"), str(markers))
+    folder = tmp_path / "both"
+    shutil.copytree(good["version"], folder)
+    shutil.copyfile(Path(crafted[0].folder) / "model.pt2", folder / "model.pt2")
+    assert load(folder).signature_names == ["serving_default"] and os.listdir(markers) == []
+
+
+def test_the_server_keeps_serving_version_1_and_the_status_says_why_2_and_3_were_refused(tool, good, tmp_path):
+    base, markers = tmp_path / "base", tmp_path / "markers"
+    markers.mkdir()
+    shutil.copytree(good["version"], base / "1")
+    manager = ModelManager("m", base, version_policy=VersionPolicy(kind="all"))
+    assert manager.poll() and manager.served_version == 1
+    crafted = {variant.name: variant for variant in
+               tool.craft_variants(good["version"], str(tmp_path / "crafted"), str(markers))}
+    shutil.copytree(crafted["pickled_sample_inputs"].folder, base / "2")
+    (base / "3").mkdir()  # not an export: its file names must not reach the status page
+    (base / "3" / "secret-notes.txt").write_text("x")
+    (tmp_path / "private").mkdir()
+    (tmp_path / "private" / "id_rsa").write_text("x")
+    (base / "4").symlink_to(tmp_path / "private")
+    assert not manager.poll()  # nothing new could be loaded
+    assert manager.served_versions == [1] and os.listdir(markers) == []
+    statuses = {status.version: status for status in manager.statuses()}
+    assert statuses[1].state == "AVAILABLE"
+    assert "model.pt2" in statuses[2].error_message and "Re-export" in statuses[2].error_message
+    for version in (3, 4):
+        assert "a version folder holds program.json" in statuses[version].error_message
+    assert "secret-notes" not in statuses[3].error_message and "id_rsa" not in statuses[4].error_message
+    assert manager.get(1)({"x": [[0.0] * 8]})["class"].shape == (1,)
+
+
+def test_export_on_a_full_disk_is_an_oserror_naming_the_path_at_every_file(tool, good, tmp_path):
+    base = str(tmp_path / "limited")
+    old = export_saved_model(good["estimator"], base, tool.receiver())
+    limits = tool.file_limits(old)
+    assert len(limits) >= 4  # 0, and one byte short of each file: the failure lands in each file in turn
+    result = tool.run_worker("disk-full", "--model_dir", str(good["root"] / "model"), "--base", base,
+                             "--limits", ",".join(map(str, limits)))
+    ok, points, problems = tool.check_disk_full(result, base, old)
+    assert problems == [] and (ok, points) == (len(limits), len(limits))
+    errors = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert {error["type"] for error in errors} == {"OSError"} and list_versions(base) == [int(os.path.basename(old))]
+    for name in ("signature.json", "tensors.safetensors", "program.json"):  # written in this order
+        assert any(name in error["error"] for error in errors), name
+
+
+def test_export_on_a_small_tmpfs_is_an_oserror_with_and_without_the_free_space_check(tool, good, tmp_path):
+    with tool.small_tmpfs(str(tmp_path / "tmpfs"), "1m") as mounted:
+        if not mounted:
+            pytest.skip("mounting a tmpfs needs root (and a kernel that allows it here); RLIMIT_FSIZE covers the rest")
+        base = str(tmp_path / "tmpfs" / "export")
+        old = export_saved_model(good["estimator"], base, tool.receiver())
+        needed = sum(os.path.getsize(os.path.join(old, name)) for name in os.listdir(old))
+        fills = ",".join(str(free) for free in (0, needed // 3, needed))
+        for precheck in ([], ["--no_precheck"]):  # without the check, the writes themselves hit ENOSPC
+            result = tool.run_worker("disk-full", "--model_dir", str(good["root"] / "model"), "--base", base,
+                                     "--fill", fills, *precheck)
+            ok, points, problems = tool.check_disk_full(result, base, old)
+            assert problems == [] and (ok, points) == (3, 3), precheck
+            assert any("disk full" in line.lower() for line in result.stdout.splitlines())
+
+
+def test_training_with_an_exporter_on_a_full_disk_stops_with_the_oserror(tool, tmp_path):
+    # Deep and narrow: program.json (~110 kB) outgrows every checkpoint file (< 30 kB), so only the export fails.
+    model_dir = tmp_path / "model"
+    result = tool.run_worker("train-export", "--model_dir", str(model_dir), "--base", str(tmp_path / "unused"),
+                             "--depth", "30", "--limits", "60000")
+    assert result.returncode == 0, result.stderr[-2000:]
+    outcome = json.loads(result.stdout.splitlines()[-1])
+    assert outcome["type"] == "OSError" and str(model_dir / "export" / "latest") in outcome["error"]
+    assert not any(entry.startswith("temp-") for entry in os.listdir(model_dir / "export" / "latest"))
+
+
+def test_kill_9_inside_export_writes_leaves_only_complete_versions_and_the_next_export_cleans_up(
+        tool, good, tmp_path):
+    import random
+
+    base = str(tmp_path / "export")
+    trials, complete = tool.kill_trials(str(good["root"] / "model"), base, 3, 90, random.Random(0))
+    assert trials == complete == 3
+    export_saved_model(good["estimator"], base, tool.receiver())
+    assert not [entry for entry in os.listdir(base) if entry.startswith("temp-")]
+    for version in list_versions(base):
+        load(os.path.join(base, str(version)))
+
+
+def test_the_faults_script_runs_with_tiny_bounds_and_prints_its_summary(tmp_path):
+    result = subprocess.run([sys.executable, str(TOOL), "--trials", "1", "--seconds", "60", "--workdir",
+                             str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    match = SUMMARY.match(result.stdout.strip().splitlines()[-1])
+    assert match, result.stdout[-500:]
+    refused, crafted, inert, inert_total, markers, kills, complete, full_ok, full_points, temp_left = map(
+        int, match.groups())
+    assert refused == crafted > 0 and inert == inert_total and markers == 0
+    assert kills == complete == 1 and full_ok == full_points > 0 and temp_left == 0
+
