@@ -144,8 +144,13 @@ def managers_for(bases: dict[str, str]) -> list[ModelManager]:
 
 @contextlib.contextmanager
 def live_server(app: Any) -> Iterator[str]:
-    """Serves the aiohttp ``app`` on 127.0.0.1 (a free port) from a thread with its own loop; yields the base URL."""
+    """Serves the aiohttp ``app`` on 127.0.0.1 (a free port) from a thread with its own loop; yields the base URL.
+
+    The runner is the server's own (protocol.py), so protocol errors are answered as ``serve`` answers them.
+    """
     from aiohttp import web
+
+    from torchestimator.serving.protocol import ServingRunner
 
     loop = asyncio.new_event_loop()
     ready = threading.Event()
@@ -153,7 +158,7 @@ def live_server(app: Any) -> Iterator[str]:
 
     def run() -> None:
         asyncio.set_event_loop(loop)
-        runner = web.AppRunner(app, access_log=None)
+        runner = ServingRunner(app, access_log=None)
         try:
             loop.run_until_complete(runner.setup())
             site = web.TCPSite(runner, "127.0.0.1", 0)

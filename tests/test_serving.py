@@ -236,6 +236,42 @@ def test_a_broken_version_does_not_replace_the_working_one_and_its_error_shows(e
     assert manager.poll() and manager.served_version == 5
 
 
+def test_a_non_export_folder_or_symlink_under_the_base_shows_a_short_status_without_its_file_names(exported,
+                                                                                                   tmp_path):
+    base, outside = tmp_path / "base", tmp_path / "outside"
+    shutil.copytree(exported["single"], base / "1")
+    outside.mkdir()
+    for index in range(30):  # the loader once listed up to 20 of these names in the status
+        (outside / f"private-{index:02d}-{'x' * 60}.txt").write_text("not an export")
+    shutil.copytree(outside, base / "2")
+    manager = ModelManager("mlp", base)
+    assert manager.poll() is False and manager.served_versions == []  # latest = 2, which fails
+    (base / "3").symlink_to(outside, target_is_directory=True)
+    manager.poll()
+    (status, body, _), = call(make_app(manager), ("GET", "/v1/models/mlp", None))
+    assert status == 200
+    failed = {entry["version"]: entry["status"] for entry in body["model_version_status"]}
+    assert set(failed) == {"2", "3"}
+    for version, entry in failed.items():
+        message = entry["error_message"]
+        assert entry["error_code"] != "OK" and f"Failed to load version {version}" in message
+        assert "private-" not in message, message
+        assert len(message) <= 1000 and "export_saved_model" in message, message
+
+
+def test_a_load_error_of_any_length_is_cut_in_the_status(tmp_path):
+    (tmp_path / "base" / "1").mkdir(parents=True)
+
+    def loader(path):
+        raise ValueError("reason " * 10_000)
+
+    manager = ModelManager("mlp", tmp_path / "base", loader=loader)
+    manager.poll()
+    message = manager.statuses()[0].error_message
+    assert message.startswith("Failed to load version 1 of model mlp") and "reason reason" in message
+    assert len(message) <= 1000 and "export_saved_model" in message
+
+
 def test_no_version_yet_means_404_and_an_empty_manager_is_not_found(tmp_path):
     manager = ModelManager("mlp", tmp_path / "missing")
     assert not manager.poll() and manager.get() is None

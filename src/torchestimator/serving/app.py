@@ -34,6 +34,7 @@ from aiohttp import web
 
 from torchestimator.export import ExportedModel
 from torchestimator.serving.batching import BatchingParameters, BatchScheduler
+from torchestimator.serving.content_coding import BodyTooLarge, decode_content
 from torchestimator.serving.errors import ServingError, invalid_argument, not_found
 from torchestimator.serving.examples_json import classify_results, parse_examples_request, regress_results
 from torchestimator.serving.json_tensor import (
@@ -113,7 +114,8 @@ def make_app(
     if batching is not None and not isinstance(batching, BatchingParameters):
         raise TypeError(f"batching must be BatchingParameters or None; received {type(batching).__name__}.")
     metrics = ServingMetrics()
-    app = web.Application(client_max_size=max_body_bytes)
+    # Bodies are inflated by content_coding.py, not by aiohttp's parser (where a bad gzip body breaks the connection).
+    app = web.Application(client_max_size=max_body_bytes, handler_args={"auto_decompress": False})
     app[_STATE] = _ServingState(
         managers=by_name,
         executor=concurrent.futures.ThreadPoolExecutor(
@@ -153,8 +155,12 @@ async def _dispatch(request: web.Request) -> web.Response:
         response = await _route(request, state)
     except ServingError as error:
         response = _json_response({"error": error.message}, error.http_status)
-    except web.HTTPRequestEntityTooLarge:
+    except (web.HTTPRequestEntityTooLarge, BodyTooLarge):
         response = _too_large(state.max_body_bytes)
+    except ConnectionError as error:  # the client left mid-body: one line, no traceback; nobody reads the answer
+        logger.info("%s %s: the client disconnected before sending the whole body (%s)", request.method,
+                    request.path, error)
+        response = _json_response({"error": "The client disconnected before sending the whole body."}, 499)
     except Exception:  # our bug, not the client's: answer and keep serving
         logger.exception("Internal error answering %s %s", request.method, request.path)
         response = _json_response({"error": "Internal server error; see the server log."}, 500)
@@ -220,6 +226,9 @@ async def _infer(request: web.Request, state: _ServingState, name: str, version:
         return _too_large(state.max_body_bytes)
     body = await request.read()
     loop = asyncio.get_running_loop()
+    encoding = request.headers.get("Content-Encoding")
+    if encoding:  # inflating may take a while (up to the body limit): off the event loop
+        body = await loop.run_in_executor(state.executor, decode_content, body, encoding, state.max_body_bytes)
     if state.scheduler is None:  # one hop: parse, run and encode in a worker thread
         work = loop.run_in_executor(state.executor, _parse_run_encode, model, body, verb)
     else:
@@ -262,7 +271,14 @@ async def _run_batched(loop: asyncio.AbstractEventLoop, state: _ServingState, mo
 
 def _parse(model: ExportedModel, body: bytes, verb: str) -> _Parsed:
     """Decode and check a request against the model's signature (CPU work: off the event loop unless small)."""
-    document = decode_body(body)
+    try:
+        return _parse_document(model, decode_body(body), verb)
+    except RecursionError:  # no tensor nests deeper than 64 dimensions: any JSON that exhausts the stack is bad
+        raise invalid_argument("The request body nests JSON arrays or objects too deeply; tensors have at most "
+                               "64 dimensions.") from None
+
+
+def _parse_document(model: ExportedModel, document: dict[str, Any], verb: str) -> _Parsed:
     if verb == "predict":
         predict = parse_predict(document, model)
 

@@ -93,7 +93,19 @@ def _loads(body: bytes) -> Any:
             return _orjson.loads(body)
         except _orjson.JSONDecodeError:
             pass
-    return json.loads(body)
+    return json.loads(body, parse_int=_parse_int)
+
+
+# Beyond every tensor dtype (uint64 has 20 digits), yet far under Python's 4300-digit int() limit.
+_MAX_INTEGER_DIGITS = 100
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > _MAX_INTEGER_DIGITS:
+        raise invalid_argument(f"JSON Parse error: an integer with {digits} digits ({text[:20]}...) is beyond the "
+                               "range of every tensor dtype; send numbers that fit the input's dtype.")
+    return int(text)
 
 
 def parse_predict(document: Mapping[str, Any], model: ExportedModel) -> PredictRequest:
@@ -310,5 +322,8 @@ def describe_inputs(signature: Signature) -> str:
 
 def preview_json(value: Any) -> str:
     """A value as JSON, cut to 80 characters, for error messages."""
-    text = json.dumps(value, default=str)
+    try:
+        text = json.dumps(value, default=str)
+    except RecursionError:  # a client's document nested deeper than the stack allows
+        return f"a JSON {'array' if isinstance(value, list) else 'value'} nested too deeply to show"
     return text if len(text) <= 80 else text[:77] + "..."

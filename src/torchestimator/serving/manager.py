@@ -247,7 +247,7 @@ class ModelManager:
             warm_up(model)
         except Exception as error:  # any failure keeps the working versions; the status carries the reason
             code = "INVALID_ARGUMENT" if isinstance(error, (ValueError, TypeError)) else "UNKNOWN"
-            message = f"Failed to load version {version} of model {self.name} from {path}: {error}"
+            message = _load_error_message(self.name, version, path, error)
             self._set_status(VersionStatus(version=version, state=END, error_code=code, error_message=message))
             self._failed_fingerprints[version] = fingerprint
             logger.error("%s", message)
@@ -342,11 +342,30 @@ def warm_up(model: ExportedModel) -> None:
         model(inputs, signature_name=name)
 
 
+# A status is shown to every client and logged at each retry: the loader's reason, cut to this length.
+_MAX_ERROR_CHARS = 400
+
+
+def _load_error_message(name: str, version: int, path: str, error: BaseException) -> str:
+    """Why a version failed to load, bounded in length, and what the server expects instead."""
+    reason = " ".join(str(error).split()) or type(error).__name__
+    if len(reason) > _MAX_ERROR_CHARS:
+        reason = reason[:_MAX_ERROR_CHARS - 3] + "..."
+    return (f"Failed to load version {version} of model {name} from {path}: {reason} A version folder must hold "
+            "an export written by export_saved_model; fix or replace it (it is retried when its files change).")
+
+
+# A version folder holds a handful of files; a symlink to a big tree must not make every poll walk all of it.
+_MAX_FINGERPRINT_FILES = 1000
+
+
 def _fingerprint(path: str) -> tuple[Any, ...]:
     """Names, sizes and modification times of a version's files: a failed version is retried when they change."""
-    entries = []
+    entries: list[tuple[str, int, int]] = []
     for root, _, files in os.walk(path):
-        for file in sorted(files):
+        if len(entries) >= _MAX_FINGERPRINT_FILES:
+            break
+        for file in sorted(files)[:_MAX_FINGERPRINT_FILES - len(entries)]:
             try:
                 stat = os.stat(os.path.join(root, file))
             except OSError:

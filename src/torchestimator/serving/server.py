@@ -27,6 +27,7 @@ from torchestimator.serving.batching import BatchingParameters
 from torchestimator.serving.config import ModelConfig, read_model_config_file
 from torchestimator.serving.errors import ServingError
 from torchestimator.serving.manager import ModelManager
+from torchestimator.serving.protocol import ServingRunner
 
 __all__ = ["RunningServer", "ServerSettings", "build_app", "serve", "start"]
 
@@ -83,7 +84,21 @@ def serve(model_name: str | None = None, model_base_path: str | os.PathLike[str]
     """Serves until interrupted (blocking). Keywords are ServerSettings' fields."""
     app = build_app(ServerSettings(model_name=model_name, model_base_path=model_base_path, **settings))
     logger.info("Serving %s at http://%s:%d/v1/models/", sorted(managers_of(app)), host, port)
-    web.run_app(app, host=host, port=port, print=None, handle_signals=True, access_log=None)  # as TF: no line per request
+    try:
+        asyncio.run(_serve_forever(app, host, port))
+    except (web.GracefulExit, KeyboardInterrupt):  # SIGTERM / SIGINT: the runner has been cleaned up
+        logger.info("Stopped serving")
+
+
+async def _serve_forever(app: web.Application, host: str, port: int) -> None:
+    # web.run_app, with the runner that answers protocol errors in JSON (protocol.py).
+    runner = ServingRunner(app, handle_signals=True, access_log=None)  # as TF: no line per request
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        await asyncio.Event().wait()  # until a signal raises GracefulExit, which cancels this task
+    finally:
+        await runner.cleanup()
 
 
 class RunningServer:
@@ -92,7 +107,7 @@ class RunningServer:
     def __init__(self, app: web.Application, host: str, port: int) -> None:
         self._app = app
         self._loop = asyncio.new_event_loop()
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        self._runner = ServingRunner(app, handle_signals=False, access_log=None)
         self._started = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(host, port), name="torchestimator-server",
