@@ -19,7 +19,8 @@ It trains a small model once, exports a good version, then:
 
 It ends with one line:
 
-    faults_export crafted_refused=R/N crafted_inert=I/J markers=M kill_trials=K complete_only=C disk_full_oserror=D/P temp_left=T
+    faults_export crafted_refused=R/N crafted_inert=I/J markers=M kill_trials=K complete_only=C disk_full_oserror=D/P
+        files_hit=F temp_left=T [torch_ran_payloads=P/A with --prove]
 
 (inert: a crafted part that load never uses, e.g. guards_code, which is recomputed; it must load and run nothing)
 """
@@ -46,6 +47,7 @@ from pathlib import Path
 
 SCRIPT = Path(__file__).resolve()
 MARKER = "marker-{}"
+FILES_HIT: set[str] = set()  # which files of the version the disk-full errors named
 
 
 @dataclasses.dataclass(frozen=True)
@@ -466,6 +468,8 @@ def check_disk_full(result: subprocess.CompletedProcess[str], base: str, good_di
         problems.append(f"the worker died with return code {result.returncode}: {result.stderr[-2000:]}")
     outcomes = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     ok = sum(1 for outcome in outcomes if outcome["error"] and base in outcome["error"])
+    FILES_HIT.update(name for outcome in outcomes for name in ("signature.json", "tensors.safetensors", "program.json",
+                                                                "metadata.json") if name in (outcome["error"] or ""))
     problems += [f"not an OSError naming {base}: {outcome}" for outcome in outcomes
                  if not (outcome["error"] and base in outcome["error"])]
     leftovers = [entry for entry in os.listdir(base) if entry.startswith("temp-")]
@@ -511,14 +515,11 @@ def main(arguments: list[str] | None = None) -> int:
         marker_dir = os.path.join(root, "markers")
         os.makedirs(marker_dir)
         variants = craft_variants(good_dir, os.path.join(root, "crafted"), marker_dir)
-        if settings.prove:
-            proven = prove_torch_runs_payloads(variants, marker_dir)
-            print(f"torch.export.load ran {proven} of {sum(v.archive for v in variants)} archive payloads",
-                  file=sys.stderr)
+        archives = sum(variant.archive for variant in variants)
+        proven = prove_torch_runs_payloads(variants, marker_dir) if settings.prove else 0
         refused, inert, markers, problems = check_crafted(variants, marker_dir)
         inert_total = sum(not variant.refused_because for variant in variants)
-        for problem in problems:
-            print(problem, file=sys.stderr)
+        all_problems = list(problems)
 
         trials, complete = kill_trials(model_dir, base, settings.trials, settings.seconds, rng)
         export_saved_model(estimator, base, receiver())  # the next export cleans what the kills left
@@ -531,23 +532,26 @@ def main(arguments: list[str] | None = None) -> int:
                             "--limits", ",".join(map(str, file_limits(limited_good))))
         ok, points, problems = check_disk_full(result, limited, limited_good)
         full_ok, full_points = full_ok + ok, full_points + points
+        all_problems += problems
         with small_tmpfs(os.path.join(root, "tmpfs"), "1m") as mounted:
             if mounted:
                 small = os.path.join(root, "tmpfs", "export")
                 small_good = export_saved_model(estimator, small, receiver())
                 needed = sum(os.path.getsize(os.path.join(small_good, name)) for name in os.listdir(small_good))
-                fills = ",".join(str(free) for free in (0, needed // 4, needed // 2, needed))
+                fills = ",".join(str(free) for free in (needed // 4, needed))
                 for precheck in ([], ["--no_precheck"]):
                     result = run_worker("disk-full", "--model_dir", model_dir, "--base", small, "--fill", fills,
                                         *precheck)
-                    ok, points, more = check_disk_full(result, small, small_good)
-                    full_ok, full_points, problems = full_ok + ok, full_points + points, problems + more
-        for problem in problems:
+                    ok, points, problems = check_disk_full(result, small, small_good)
+                    full_ok, full_points = full_ok + ok, full_points + points
+                    all_problems += problems
+        for problem in all_problems:
             print(problem, file=sys.stderr)
     print(f"faults_export crafted_refused={refused}/{len(variants) - inert_total} crafted_inert={inert}/{inert_total} "
           f"markers={markers} kill_trials={trials} "
-          f"complete_only={complete} disk_full_oserror={full_ok}/{full_points} temp_left={temp_left}")
-    return 0
+          f"complete_only={complete} disk_full_oserror={full_ok}/{full_points} files_hit={len(FILES_HIT)} "
+          f"temp_left={temp_left}" + (f" torch_ran_payloads={proven}/{archives}" if settings.prove else ""))
+    return 1 if all_problems else 0
 
 
 if __name__ == "__main__":

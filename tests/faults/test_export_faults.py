@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from torchestimator.export import export_saved_model, list_versions, load
+from torchestimator.export import export_saved_model, load
 from torchestimator.serving.config import VersionPolicy
 from torchestimator.serving.manager import ModelManager
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "faults_export.py"
 SUMMARY = re.compile(r"faults_export crafted_refused=(\d+)/(\d+) crafted_inert=(\d+)/(\d+) markers=(\d+) "
-                     r"kill_trials=(\d+) complete_only=(\d+) disk_full_oserror=(\d+)/(\d+) temp_left=(\d+)$")
+                     r"kill_trials=(\d+) complete_only=(\d+) disk_full_oserror=(\d+)/(\d+) files_hit=(\d+) "
+                     r"temp_left=(\d+) torch_ran_payloads=(\d+)/(\d+)$")
 
 
 def _tool():
@@ -53,8 +54,6 @@ def test_crafted_versions_are_refused_naming_the_file_and_no_payload_runs(tool, 
     markers = tmp_path / "markers"
     markers.mkdir()
     variants = tool.craft_variants(good["version"], str(tmp_path / "crafted"), str(markers))
-    # The archives are real attacks: torch.export.load runs the payload of every one (in a throwaway process).
-    assert tool.prove_torch_runs_payloads(variants, str(markers)) == sum(variant.archive for variant in variants) == 5
     refused, inert, created, problems = tool.check_crafted(variants, str(markers))
     assert problems == [] and created == 0 and os.listdir(markers) == []
     assert refused == len(variants) - 1 and inert == 1  # guards_code is never read from the file
@@ -99,37 +98,6 @@ def test_the_server_keeps_serving_version_1_and_the_status_says_why_2_and_3_were
     assert manager.get(1)({"x": [[0.0] * 8]})["class"].shape == (1,)
 
 
-def test_export_on_a_full_disk_is_an_oserror_naming_the_path_at_every_file(tool, good, tmp_path):
-    base = str(tmp_path / "limited")
-    old = export_saved_model(good["estimator"], base, tool.receiver())
-    limits = tool.file_limits(old)
-    assert len(limits) >= 4  # 0, and one byte short of each file: the failure lands in each file in turn
-    result = tool.run_worker("disk-full", "--model_dir", str(good["root"] / "model"), "--base", base,
-                             "--limits", ",".join(map(str, limits)))
-    ok, points, problems = tool.check_disk_full(result, base, old)
-    assert problems == [] and (ok, points) == (len(limits), len(limits))
-    errors = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert {error["type"] for error in errors} == {"OSError"} and list_versions(base) == [int(os.path.basename(old))]
-    for name in ("signature.json", "tensors.safetensors", "program.json"):  # written in this order
-        assert any(name in error["error"] for error in errors), name
-
-
-def test_export_on_a_small_tmpfs_is_an_oserror_with_and_without_the_free_space_check(tool, good, tmp_path):
-    with tool.small_tmpfs(str(tmp_path / "tmpfs"), "1m") as mounted:
-        if not mounted:
-            pytest.skip("mounting a tmpfs needs root (and a kernel that allows it here); RLIMIT_FSIZE covers the rest")
-        base = str(tmp_path / "tmpfs" / "export")
-        old = export_saved_model(good["estimator"], base, tool.receiver())
-        needed = sum(os.path.getsize(os.path.join(old, name)) for name in os.listdir(old))
-        fills = ",".join(str(free) for free in (0, needed // 3, needed))
-        for precheck in ([], ["--no_precheck"]):  # without the check, the writes themselves hit ENOSPC
-            result = tool.run_worker("disk-full", "--model_dir", str(good["root"] / "model"), "--base", base,
-                                     "--fill", fills, *precheck)
-            ok, points, problems = tool.check_disk_full(result, base, old)
-            assert problems == [] and (ok, points) == (3, 3), precheck
-            assert any("disk full" in line.lower() for line in result.stdout.splitlines())
-
-
 def test_training_with_an_exporter_on_a_full_disk_stops_with_the_oserror(tool, tmp_path):
     # Deep and narrow: program.json (~110 kB) outgrows every checkpoint file (< 30 kB), so only the export fails.
     model_dir = tmp_path / "model"
@@ -141,27 +109,18 @@ def test_training_with_an_exporter_on_a_full_disk_stops_with_the_oserror(tool, t
     assert not any(entry.startswith("temp-") for entry in os.listdir(model_dir / "export" / "latest"))
 
 
-def test_kill_9_inside_export_writes_leaves_only_complete_versions_and_the_next_export_cleans_up(
-        tool, good, tmp_path):
-    import random
-
-    base = str(tmp_path / "export")
-    trials, complete = tool.kill_trials(str(good["root"] / "model"), base, 3, 90, random.Random(0))
-    assert trials == complete == 3
-    export_saved_model(good["estimator"], base, tool.receiver())
-    assert not [entry for entry in os.listdir(base) if entry.startswith("temp-")]
-    for version in list_versions(base):
-        load(os.path.join(base, str(version)))
-
-
-def test_the_faults_script_runs_with_tiny_bounds_and_prints_its_summary(tmp_path):
-    result = subprocess.run([sys.executable, str(TOOL), "--trials", "1", "--seconds", "60", "--workdir",
+def test_the_faults_script_kills_fills_and_crafts_with_tiny_bounds(tmp_path):
+    """The loops themselves, small: kill -9 inside export writes, full disks, crafted folders (see the tool)."""
+    result = subprocess.run([sys.executable, str(TOOL), "--trials", "2", "--seconds", "90", "--prove", "--workdir",
                              str(tmp_path)], capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, result.stderr[-3000:]  # 1 when any check found a problem (listed on stderr)
     match = SUMMARY.match(result.stdout.strip().splitlines()[-1])
     assert match, result.stdout[-500:]
-    refused, crafted, inert, inert_total, markers, kills, complete, full_ok, full_points, temp_left = map(
-        int, match.groups())
-    assert refused == crafted > 0 and inert == inert_total and markers == 0
-    assert kills == complete == 1 and full_ok == full_points > 0 and temp_left == 0
-
+    (refused, crafted, inert, inert_total, markers, kills, complete, full_ok, full_points, files_hit, temp_left,
+     ran, archives) = map(int, match.groups())
+    assert refused == crafted == 9 and inert == inert_total == 1 and markers == 0
+    assert ran == archives == 5  # the archives are real attacks: torch.export.load runs every payload
+    assert kills == complete == 2 and temp_left == 0  # after the kills, only complete versions; the next export cleans
+    # RLIMIT_FSIZE at 0 and one byte short of each file (5 points), and as root 4 on a small tmpfs: all OSErrors
+    # naming the base, with no signal death, no temp- folder, and the old version still loading.
+    assert full_ok == full_points >= 5 and files_hit == 3
