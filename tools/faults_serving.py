@@ -441,8 +441,8 @@ def random_requests(port: int, model_name: str, good_body: bytes, tally: Tally, 
 # -- hot swap under load -----------------------------------------------------------------------------
 
 def hot_swap(port: int, base: str, export: str, manager: Any, path: str, good_body: bytes, tally: Tally, *,
-             seconds: float) -> int:
-    """:predict from a client thread while versions come and go; returns how many swaps took place.
+             seconds: float) -> tuple[int, int]:
+    """:predict from a client thread while versions come and go; returns (swaps, requests sent during them).
 
     Each round adds version v+1 (copied under a temp- name, then renamed, as
     exports are written) and waits until it serves; sometimes drops a broken
@@ -451,6 +451,7 @@ def hot_swap(port: int, base: str, export: str, manager: Any, path: str, good_bo
     """
     stop = threading.Event()
     client = threading.Thread(target=_predict_until, args=(port, path, good_body, stop, tally), daemon=True)
+    requests_before = tally.requests
     client.start()
     deadline = time.monotonic() + seconds
     version, swaps = max(int(name) for name in os.listdir(base) if name.isdigit()), 0
@@ -477,7 +478,7 @@ def hot_swap(port: int, base: str, export: str, manager: Any, path: str, good_bo
     finally:
         stop.set()
         client.join(timeout=60)
-    return swaps
+    return swaps, tally.requests - requests_before
 
 
 def _predict_until(port: int, path: str, body: bytes, stop: threading.Event, tally: Tally) -> None:
@@ -618,13 +619,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             started = time.monotonic()
             run_hostile(server.port, MODEL_NAME, good_body, tally)
             random_requests(server.port, MODEL_NAME, good_body, tally, seconds=settings.seconds, seed=settings.seed)
-            swaps = hot_swap(server.port, base, export, server.managers[MODEL_NAME], path, good_body, tally,
+            swaps, swap_requests = hot_swap(server.port, base, export, server.managers[MODEL_NAME], path, good_body, tally,
                              seconds=settings.swap_seconds)
             check_next_request(RawConnection(server.port), good_request(path, good_body), "the whole run", tally)
             elapsed = time.monotonic() - started
     for problem in tally.problems:
         print(f"PROBLEM {problem}")
-    print(f"{tally.requests} requests and {swaps} version swaps in {elapsed:.1f} s (seed {settings.seed})")
+    print(f"{tally.requests} requests in {elapsed:.1f} s (seed {settings.seed}); {swaps} version swaps under "
+          f"{swap_requests} :predict requests")
     print(tally.summary())
     return 1 if tally.failures else 0
 

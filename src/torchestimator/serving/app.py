@@ -12,7 +12,9 @@ parsed tensors go to the BatchScheduler's threads), so the event loop only
 moves bytes. Every answer is JSON; a ServingError becomes ``{"error": ...}``
 with its HTTP status, anything else a logged 500. Which version serves a
 request is the ModelManager's business (manager.py); JSON shapes are
-json_tensor.py's and examples_json.py's; starting a server is server.py's.
+json_tensor.py's and examples_json.py's; gzip and deflate bodies are inflated
+by content_coding.py; requests too malformed to reach a handler are answered
+by protocol.py; starting a server is server.py's.
 """
 
 from __future__ import annotations

@@ -28,16 +28,18 @@ OPENAPI_VERSION = "3.0.3"
 
 # Every error status the server may answer with, and why (errors.py maps TF's codes to these).
 ERROR_STATUSES = {
-    "400": "Invalid argument: malformed JSON or path, or inputs that do not fit the signature.",
+    "400": "Invalid argument: a malformed HTTP request, JSON or path, a body that does not decode as its "
+           "Content-Encoding (gzip, deflate) says, or inputs that do not fit the signature.",
     "404": "Model, version or label not found.",
     "405": "Wrong HTTP method for this path.",
-    "413": "Request body larger than the server's limit.",
+    "413": "Request body larger than the server's limit (after inflating a gzip or deflate body).",
+    "417": "An Expect header other than 100-continue.",
     "429": "Resource exhausted: the request queue is full.",
     "501": "Not implemented.",
     "503": "Unavailable: the model is loading or the server is shutting down.",
 }
 
-_GET_ERRORS = ("400", "404", "405", "429", "503")
+_GET_ERRORS = ("400", "404", "405", "417", "429", "503")
 _POST_ERRORS = tuple(ERROR_STATUSES)
 
 # One path segment, as app.py's regexes take it: no slash, no colon.
