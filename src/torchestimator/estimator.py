@@ -235,7 +235,7 @@ class Estimator:
         hook_list.begin(state)
         self._restore_weights(module, checkpoint, state)  # on the plain module, before any wrapping
         if strategy.is_chief:  # after warm start, so a failed one leaves model_dir untouched
-            self._prepare_model_dir()
+            self._prepare_model_dir(state.global_step)
         training_objects = self._build_training_objects(module, strategy.device)
         if checkpoint is not None:
             restore_training_objects(checkpoint, training_objects)
@@ -303,7 +303,7 @@ class Estimator:
                 type(input_source).__name__, checkpoint.step,
             )
 
-    def _prepare_model_dir(self) -> None:
+    def _prepare_model_dir(self, step: int) -> None:
         """Creates model_dir, clears what killed runs left there, checks it takes writes, records the settings."""
         probe = os.path.join(self._model_dir, temporary_prefix("write-probe") + "check")
         writing = self._model_dir
@@ -318,7 +318,7 @@ class Estimator:
                 write_bytes_atomically(writing, json.dumps(payload, indent=2, sort_keys=True, default=repr).encode())
         except OSError as error:
             if is_no_room(error):
-                raise DiskFullError(error, path=writing, what="the run's settings before training",
+                raise DiskFullError(error, path=writing, what=f"the run's settings before training from step {step}",
                                     advice="Free some space (or choose another model_dir) and rerun.") from error
             raise PermissionError(
                 f"model_dir {self._model_dir!r} is not writable ({error.strerror}: {writing}). Choose another model_dir."

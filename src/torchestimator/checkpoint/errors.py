@@ -33,7 +33,7 @@ class DiskFullError(OSError):
         message = f"{_WHAT.get(cause.errno, 'no room')}: could not write {what} to {path} ({cause.strerror})"
         if bytes_needed is not None:
             message += f"; it needs {bytes_needed:,} bytes"
-            if free_bytes is not None:
+            if free_bytes is not None and cause.errno != errno_codes.EFBIG:  # EFBIG: the disk has room
                 message += f", {free_bytes:,} are free there"
         message += f". {advice}".rstrip()
         super().__init__(cause.errno, message, path)

@@ -10,12 +10,11 @@ Files in a checkpoint folder::
                             {"files": {name: {"sha256", "size"}}} and state_sha256; written last
 
 Every byte that restore reads is covered by a checksum: the other files by
-their sha256 and size in ``state.json``; ``state.json`` itself by
-``state_sha256`` (the sha256 of the document without that key, as
-``_json_bytes`` encodes it) and by being byte for byte what ``_json_bytes``
-writes for its content, so an edited value, key order or whitespace is
-caught. ``format_version`` 1 files (no ``state_sha256``, a ``save_time``)
-are still read, without that check.
+their sha256 and size in ``state.json``; ``state.json`` itself by its last
+key, ``state_sha256``: the sha256 of the file's exact bytes with that value
+written as 64 zeros. So an edited value, key order or whitespace is caught,
+and checking costs one hash, no re-encoding. ``format_version`` 1 files (no
+``state_sha256``, a ``save_time``) are still read, without that check.
 
 The bytes are deterministic: identical state gives identical files in any
 process. Save times live in the manifest, not here, and safetensors files
@@ -90,9 +89,34 @@ def encode_checkpoint(
             name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)} for name, data in files.items()
         },
     }
-    state[STATE_CHECKSUM_KEY] = hashlib.sha256(_json_bytes(state)).hexdigest()
-    files[STATE_FILE] = _json_bytes(state)
+    files[STATE_FILE] = sealed_json(state, STATE_CHECKSUM_KEY)
     return files
+
+
+_CHECKSUM_PLACEHOLDER = b"0" * 64
+
+
+def sealed_json(document: dict[str, Any], key: str) -> bytes:
+    """``document`` as JSON bytes ending with ``key``: the sha256 of these exact bytes with its value as 64 zeros."""
+    data = _json_bytes({**document, key: _CHECKSUM_PLACEHOLDER.decode()})
+    start = data.rindex(_checksum_marker(key)) + len(_checksum_marker(key))
+    return data[:start] + hashlib.sha256(data).hexdigest().encode() + data[start + 64 :]
+
+
+def seal_fault(data: bytes, document: dict[str, Any], key: str) -> str | None:
+    """Why ``data`` (parsed as ``document``) fails its ``sealed_json`` checksum; None when it holds."""
+    recorded, marker = document.get(key), _checksum_marker(key)
+    start = data.rfind(marker) + len(marker)
+    if not isinstance(recorded, str) or start < len(marker) or data[start : start + 64] != recorded.encode():
+        return f"it lacks its {key}: the file was edited or damaged"
+    digest = hashlib.sha256(data[:start] + _CHECKSUM_PLACEHOLDER + data[start + 64 :]).hexdigest()
+    if digest != recorded:
+        return f"it fails its checksum: sha256 is {digest}, it records {recorded} (its content was edited or damaged)"
+    return None
+
+
+def _checksum_marker(key: str) -> bytes:
+    return f'"{key}": "'.encode()
 
 
 def tensors_to_bytes(tensors: Mapping[str, torch.Tensor], what: str) -> bytes:
@@ -154,7 +178,11 @@ def read_state(storage: Storage, folder: str, step: int) -> dict[str, Any]:
             "upgrade torchestimator to read it."
         )
     if version > _UNCHECKED_FORMAT_VERSION:
-        _check_own_checksum(state, data, where)
+        fault = seal_fault(data, state, STATE_CHECKSUM_KEY)
+        if fault is not None:
+            raise CheckpointError(f"{where}: {fault}.")
+    elif STATE_CHECKSUM_KEY in state:  # format 1 never had one: its format_version was edited
+        raise CheckpointError(f"{where} says format_version 1 but carries a {STATE_CHECKSUM_KEY}: it was edited.")
     if state.get("global_step") != step:
         raise CheckpointError(
             f"{where} says global_step {state.get('global_step')!r}, but the folder name says {step}."
@@ -168,23 +196,6 @@ def read_state(storage: Storage, folder: str, step: int) -> dict[str, Any]:
     if not isinstance(state.get("extra", {}), dict):
         raise CheckpointError(f"{where}: 'extra' should be a JSON object.")
     return state
-
-
-def _check_own_checksum(state: dict[str, Any], data: bytes, where: str) -> None:
-    recorded = state.get(STATE_CHECKSUM_KEY)
-    if not isinstance(recorded, str):
-        raise CheckpointError(f"{where} lacks its {STATE_CHECKSUM_KEY}: the file was edited or damaged.")
-    content = {key: value for key, value in state.items() if key != STATE_CHECKSUM_KEY}
-    digest = hashlib.sha256(_json_bytes(content)).hexdigest()
-    if digest != recorded:
-        raise CheckpointError(
-            f"{where} fails its checksum: the sha256 of its content is {digest}, it records {recorded} "
-            "(a value in it was edited or damaged)."
-        )
-    if _json_bytes(state) != data:
-        raise CheckpointError(
-            f"{where} is not byte for byte what torchestimator wrote for its content (edited or damaged)."
-        )
 
 
 def read_verified_file(storage: Storage, folder: str, filename: str, state: Mapping[str, Any], verify: bool) -> bytes:

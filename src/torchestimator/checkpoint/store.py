@@ -17,8 +17,9 @@ Every ``ckpt-<step>`` folder was complete when it appeared, so one that
 fails its checks is damage, never work in progress: each is named in a
 warning, restore falls back past it, and a ``model_dir`` whose checkpoints
 are all damaged is an error (starting over silently would discard the run).
-``remove_leftovers`` clears what killed writers left (staging folders,
-set-aside folders, temporary manifests).
+``remove_leftovers`` clears what killed writers left (staging folders
+``.tmp-ckpt-*``, set-aside ``.old-ckpt-*``, ``.del-ckpt-*`` being deleted,
+temporary manifests).
 
 Saving a step that already exists replaces it (new folder written, then
 swapped in): the caller asked for the current state to be saved, and a stale
@@ -52,8 +53,9 @@ __all__ = ["Checkpoint", "CheckpointStore"]
 logger = logging.getLogger(__name__)
 
 _MANIFEST_VERSION = 1
+_MANIFEST_CHECKSUM_KEY = "sha256"
 _CHECKPOINT_FOLDER = re.compile(r"ckpt-(\d+)")
-_LEFTOVER_FOLDER = re.compile(r"\.(?P<kind>tmp|old)-ckpt-(?P<step>\d+)-(?P<pid>\d+)")
+_LEFTOVER_FOLDER = re.compile(r"\.(?P<kind>tmp|old|del)-ckpt-(?P<step>\d+)-(?P<pid>\d+)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,8 +253,11 @@ class CheckpointStore:
         manifest.update(hours_anchor=anchor)
         self._write_manifest(manifest, kept)
         for entry in deleted:
+            # Renamed first, so a kill during the deletion leaves a leftover to clear, not a half ckpt-<step>.
+            doomed = f".del-{entry.folder}-{os.getpid()}"
             try:
-                self.storage.delete_folder(entry.folder)
+                self.storage.rename_folder(entry.folder, doomed)
+                self.storage.delete_folder(doomed)
                 logger.debug("Deleted old checkpoint %s.", self.storage.location(entry.folder))
             except OSError as error:
                 logger.warning("Could not delete old checkpoint %s: %s", self.storage.location(entry.folder), error)
@@ -359,17 +364,21 @@ class CheckpointStore:
         try:
             manifest = json.loads(data.decode("utf-8"))
             _check_manifest(manifest)
+            fault = checkpoint_format.seal_fault(data, manifest, _MANIFEST_CHECKSUM_KEY)
+            if fault is not None and _MANIFEST_CHECKSUM_KEY in manifest:  # manifests written before it had none
+                raise ValueError(fault)
         except (UnicodeDecodeError, json.JSONDecodeError, ValueError, TypeError, KeyError) as error:
             self._warn_once(
                 f"The manifest {self.storage.root}/checkpoint is unreadable ({error}); rebuilding the list of "
                 "checkpoints by scanning the folders."
             )
             return empty
+        manifest.pop(_MANIFEST_CHECKSUM_KEY, None)
         return {**empty, **manifest}
 
     def _write_manifest(self, manifest: dict[str, Any], entries: list[_Entry]) -> None:
         document = self._manifest_document(manifest, entries)
-        self.storage.replace_manifest(json.dumps(document, indent=1, allow_nan=False).encode("utf-8"))
+        self.storage.replace_manifest(checkpoint_format.sealed_json(document, _MANIFEST_CHECKSUM_KEY))
 
     @staticmethod
     def _manifest_document(manifest: dict[str, Any], entries: list[_Entry]) -> dict[str, Any]:

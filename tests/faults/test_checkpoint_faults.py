@@ -1,0 +1,96 @@
+"""Checkpoint faults (issue 10): kill -9 mid-run and mid-write, damage to every file, full disks.
+
+The runs come from tools/faults_checkpoint.py (the longer version of these
+trials): children forked from one forkserver that imported torch once, so the
+whole module starts Python twice (the forkserver and one separate process for
+the byte-reproducibility check).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+sys.path.insert(0, str(TOOLS))  # the forkserver imports the children's target by this module name
+import faults_checkpoint as tool  # noqa: E402
+
+SUMMARY = re.compile(
+    r"^faults_checkpoint kill_trials=(\d+) in_write=(\d+) resumed_identical=(\d+) unloadable=(\d+) leftovers=(\d+) "
+    r"damage_kinds=(\d+) detected=(\d+) disk_full_points=(\d+) clean_errors=(\d+) resumed_after_full=(\d+) "
+    r"reproducible=(yes|no|n/a)$"
+)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("faults_checkpoint")
+    children = tool.Children(workdir / "reports")
+    tally = tool.Tally()
+    reference, duration = tool.run_reference(children, workdir, tally)
+    assert tally.problems == []  # two forked runs of the same training wrote the same bytes
+    return SimpleNamespace(children=children, workdir=workdir, reference=reference, duration=duration)
+
+
+def _deadline(seconds: float) -> float:
+    return time.monotonic() + seconds
+
+
+def test_kill_9_anywhere_then_rerun_ends_byte_identical_with_no_leftovers(runs):
+    tally = tool.Tally()
+    tool.kill_trials(runs.children, runs.workdir, runs.reference, runs.duration, 8, _deadline(60), random.Random(1),
+                     tally)
+    assert tally.problems == []
+    assert tally.kill_trials >= 4 and tally.resumed_identical == tally.kill_trials
+    assert tally.unloadable == 0 and tally.leftovers == 0
+
+
+def test_a_separate_process_writes_byte_identical_checkpoint_files(runs):
+    tally = tool.Tally()
+    tool.check_reproducible(runs.workdir, runs.reference, tally)
+    assert tally.reproducible == "yes", tally.problems
+    assert set(runs.reference) >= {"model.safetensors", "optimizer.safetensors", "optimizer.json", "state.json"}
+
+
+def test_damage_to_any_file_falls_back_with_a_warning_or_raises_naming_each(runs):
+    tally = tool.Tally()
+    tool.damage_trials(runs.children, runs.workdir, tally)
+    assert tally.problems == []
+    assert tally.damage_kinds >= 100 and tally.detected == tally.damage_kinds
+
+
+def test_file_size_limit_stops_with_disk_full_naming_path_and_step_then_resumes(runs):
+    tally = tool.Tally()
+    tool.file_size_limit_points(runs.children, runs.workdir, runs.reference, 4, _deadline(60), tally)
+    assert tally.problems == []
+    assert tally.disk_full_points >= 3
+    assert tally.clean_errors == tally.resumed_after_full == tally.disk_full_points
+    assert len(tally.full_at) >= 3, tally.full_at  # different files / steps
+
+
+def test_full_tmpfs_stops_with_disk_full_naming_path_and_step_then_resumes(runs):
+    tally = tool.Tally()
+    if not tool.tmpfs_points(runs.children, runs.workdir, runs.reference, 5, _deadline(60), tally):
+        pytest.skip("mounting a tmpfs needs root (CAP_SYS_ADMIN); the RLIMIT_FSIZE test covers disk full")
+    assert tally.problems == []
+    assert tally.disk_full_points >= 3
+    assert tally.clean_errors == tally.resumed_after_full == tally.disk_full_points
+
+
+def test_the_script_runs_with_tiny_bounds_and_ends_with_its_summary(runs, tmp_path, capsys):
+    # In this process the forkserver is already warm, so the script's own runs start at once.
+    status = tool.main(["--trials", "1", "--seconds", "60", "--no-damage", "--no-separate-process",
+                        "--workdir", str(tmp_path)])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    match = SUMMARY.match(last)
+    assert match, last
+    assert status == 0
+    kill_trials, _, identical, unloadable, leftovers = (int(value) for value in match.groups()[:5])
+    assert (kill_trials, identical, unloadable, leftovers) == (1, 1, 0, 0)
+    assert match.group(11) == "n/a"
