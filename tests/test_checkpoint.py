@@ -784,3 +784,17 @@ def test_no_room_names_path_step_and_bytes_and_keeps_the_previous_checkpoint(ful
     assert "The newest intact checkpoint is memory://model_dir/ckpt-1." in message
     assert not [folder for folder in storage.list_folders() if folder.startswith(".")]
     assert store.restore().step in (1, 2)
+
+
+def test_edited_manifest_is_caught_and_rebuilt_and_old_manifests_are_read(local_store, caplog):
+    store, model_dir = local_store
+    manifest_file = model_dir / "checkpoint"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["best"] = [2]  # valid JSON of the right shape: only the checksum tells
+    manifest_file.write_text(json.dumps(manifest, indent=1))
+    with caplog.at_level(logging.WARNING, logger=STORE_LOGGER):
+        assert steps_of(CheckpointStore(model_dir)) == [1, 2, 3]
+    assert "checkpoint is unreadable (it fails its checksum" in caplog.text
+    del manifest["sha256"]  # as written before manifests had one
+    manifest_file.write_text(json.dumps(manifest, indent=1))
+    assert CheckpointStore(model_dir).manifest["best"] == [2]

@@ -219,7 +219,7 @@ def check_reproducible(workdir: Path, reference: dict[str, str], tally: Tally) -
     same = checkpoint_digest(model_dir) == reference
     tally.reproducible = "yes" if same else "no"
     if not same:
-        tally.problems.append(f"a separate process wrote different bytes: {checkpoint_digest(model_dir)} vs {reference}")
+        tally.problems.append(f"a separate process wrote other bytes: {checkpoint_digest(model_dir)} vs {reference}")
 
 
 def kill_trials(children: Children, workdir: Path, reference: dict[str, str], duration: float, trials: int,
@@ -310,7 +310,7 @@ BYTE_DAMAGE: dict[str, Callable[[bytes], bytes] | None] = {
     "deleted": None,
 }
 STATE_EDITS: dict[str, Callable[[bytes], bytes]] = {
-    "rng-torch": _edit_json(_set(["extra", "rng", 0, "torch"], lambda text: ("B" if text[0] != "B" else "C") + text[1:])),
+    "rng-torch": _edit_json(_set(["extra", "rng", 0, "torch"], lambda text: "BC"[text[0] == "B"] + text[1:])),
     "rng-python": _edit_json(_set(["extra", "rng", 0, "python", 1, 7], lambda value: value ^ 1)),
     "rng-numpy": _edit_json(_set(["extra", "rng", 0, "numpy", 2], lambda value: value + 1)),
     "input-position": _edit_json(_set(["extra", "input_position", "batch"], lambda value: value + 1)),

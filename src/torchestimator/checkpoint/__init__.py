@@ -3,12 +3,13 @@
 Modules: ``store`` (CheckpointStore: save, list, restore with fallback,
 retention, manifest), ``format`` (the files of one ``ckpt-<step>`` folder),
 ``serialization`` (pickle-free state trees), ``storage`` (the Storage
-protocol, LocalStorage, InMemoryStorage), ``errors`` (CheckpointError).
+protocol, LocalStorage, InMemoryStorage), ``errors`` (CheckpointError,
+DiskFullError).
 """
 
 from __future__ import annotations
 
-from .errors import CheckpointError
+from .errors import CheckpointError, DiskFullError
 from .serialization import flatten_state, unflatten_state
 from .storage import InMemoryStorage, LocalStorage, Storage
 from .store import Checkpoint, CheckpointStore
@@ -17,6 +18,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "CheckpointStore",
+    "DiskFullError",
     "InMemoryStorage",
     "LocalStorage",
     "Storage",

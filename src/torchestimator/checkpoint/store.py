@@ -341,7 +341,8 @@ class CheckpointStore:
                 save_time = self._clock()  # not in the manifest yet: found now
             entries.append(_Entry(state["global_step"], folder, float(save_time), bool(item.get("preserved"))))
         for folder in sorted(set(listed) - set(folders)):
-            self._warn_once(f"The manifest lists {self.storage.location(folder)}, but the folder is missing; ignoring it.")
+            location = self.storage.location(folder)
+            self._warn_once(f"The manifest lists {location}, but the folder is missing; ignoring it.")
         return sorted(entries, key=lambda entry: entry.step), rejected
 
     def _warn_once(self, message: str) -> None:
