@@ -15,9 +15,11 @@ TensorBoard and TensorFlow's ``read_eval_metrics`` understand. The torch writer
 creates its event file as soon as it is constructed, so it is built lazily on
 the first write: an evaluation that writes nothing leaves no file behind.
 
-Reading uses TensorBoard's own ``event_file_loader`` file by file, rather than
-``EventAccumulator``, whose reservoir sampling and purging of "orphaned"
-steps after a restart would silently drop values.
+Reading frames records with our own TFRecord reader (a declared length is
+bounded by the file's size before anything is allocated) and parses them with
+TensorBoard's ``Event`` message, file by file, rather than ``EventAccumulator``,
+whose reservoir sampling and purging of "orphaned" steps after a restart would
+silently drop values.
 """
 
 from __future__ import annotations
@@ -164,10 +166,17 @@ class SummaryWriter:
 
 
 def _scalar_value(value: Any) -> float | None:
-    """The number in one summary value: a legacy ``simple_value`` or a scalar tensor (scalars plugin)."""
+    """The number in one summary value: a legacy ``simple_value`` or a scalar tensor (scalars plugin).
+
+    A tensor's declared shape is checked before it becomes an array: one
+    ``float_val`` under a shape of 2**31 elements would otherwise be repeated
+    into gigabytes (``make_ndarray`` fills the shape), from a record of a few bytes.
+    """
     if value.HasField("simple_value"):
         return float(value.simple_value)
     if value.HasField("tensor") and value.metadata.plugin_data.plugin_name in ("scalars", ""):
+        if any(dimension.size != 1 for dimension in value.tensor.tensor_shape.dim):
+            return None
         from tensorboard.util import tensor_util
 
         array = tensor_util.make_ndarray(value.tensor)
@@ -183,22 +192,25 @@ def read_scalars(logdir: str | os.PathLike[str]) -> dict[str, list[tuple[int, fl
     are read (not subdirectories), and when a step was written more than once
     (e.g. an evaluation repeated after a restart) the last write wins, judged
     by the events' wall time (file names only order files within a second).
-    A truncated or damaged file is read up to the damage (TensorBoard's reader
-    stops there). A missing ``logdir`` gives ``{}``.
+    A file is read up to its first damage, with a warning naming it; a record
+    cut at the end of a file (one being written now) ends it quietly, as in
+    TensorBoard. Records are framed by our own TFRecord reader, which bounds a
+    declared length by the file's size before reading it. A missing ``logdir`` gives ``{}``.
     """
     from google.protobuf.message import DecodeError
-    from tensorboard.backend.event_processing import event_file_loader
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    from torchestimator.data.tfrecord import DataLossError, iter_records
 
     # tag -> step -> ((wall_time, read order), value)
     latest: dict[str, dict[int, tuple[tuple[float, int], float]]] = {}
     order = 0
     for path in sorted(glob.glob(os.path.join(glob.escape(os.fspath(logdir)), EVENT_FILE_PATTERN))):
-        # Legacy loader: the compat layers would rewrite simple_value into tensors and
-        # drop plugin metadata after a tag's first event; we read both forms ourselves.
-        loader = event_file_loader.LegacyEventFileLoader(path)
+        offset = 0
         try:
-            for event in loader.Load():
+            for offset, record in iter_records(path, strict=False):
                 order += 1
+                event = Event.FromString(record)
                 if not event.HasField("summary"):
                     continue
                 for value in event.summary.value:
@@ -209,10 +221,12 @@ def read_scalars(logdir: str | os.PathLike[str]) -> dict[str, list[tuple[int, fl
                     written = (event.wall_time, order)
                     if event.step not in steps or written >= steps[event.step][0]:
                         steps[int(event.step)] = (written, number)
-        except (OSError, DecodeError) as error:
-            # TensorBoard's reader itself stops quietly at a truncated record or a bad
-            # checksum; what remains is an unreadable file or a record that is not an Event.
-            logger.warning("Skipping the rest of event file %s: it could not be read (%s).", path, error)
+        except DataLossError as error:
+            if not str(error).startswith("truncated"):  # a cut tail is a file still being written
+                logger.warning("Skipping the rest of event file %s: %s", path, error)
+        except (OSError, DecodeError, ValueError) as error:
+            logger.warning("Skipping the rest of event file %s: the record at byte %d could not be read as an "
+                           "Event (%s).", path, offset, error)
     return {
         tag: [(step, number) for step, (_, number) in sorted(steps.items())] for tag, steps in sorted(latest.items())
     }
