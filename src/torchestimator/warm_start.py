@@ -32,12 +32,13 @@ types; ``interop.WeightSourceError`` (a ValueError) for unreadable files.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Union
 
 import numpy
@@ -553,12 +554,8 @@ def plan_init_from_checkpoint(
                 f"or '/' for the source root); received {pair[0]!r}."
             )
     weights = source if isinstance(source, WeightSource) else open_weights(source)
-    try:
+    with _closed_on_error(weights, not isinstance(source, WeightSource)):
         peek = _source_view(weights)
-    except BaseException:
-        if not isinstance(source, WeightSource):
-            weights.close()
-        raise
     view_names = set(peek.infos) | set(peek.aliases)
     for pair in pairs:
         source_name, target_name = pair
@@ -603,6 +600,17 @@ def _scoped_name(root: str, remainder: str, known: set[str]) -> str:
 # ----------------------------------------------------------------------------- building the plan
 
 
+@contextlib.contextmanager
+def _closed_on_error(weights: WeightSource, owned: bool) -> Iterator[None]:
+    """Closes a source we opened when what uses it raises, instead of leaving it to the garbage collector."""
+    try:
+        yield
+    except BaseException:
+        if owned:
+            weights.close()
+        raise
+
+
 def _build_plan(
     module: torch.nn.Module,
     source: PathOrSource,
@@ -620,81 +628,58 @@ def _build_plan(
     weights = source if isinstance(source, WeightSource) else open_weights(source)
     if owns_source is None:
         owns_source = not isinstance(source, WeightSource)
-    try:
-        return _plan_for(module, weights, selected, explicit, skipped=skipped, converters=converters,
-                         allow_missing=allow_missing, accept_proposals=accept_proposals, notes=notes,
-                         errors=errors, owns_source=owns_source)
-    except BaseException:
-        if owns_source:  # a source we opened is closed now, not whenever the garbage collector gets to it
-            weights.close()
-        raise
-
-
-def _plan_for(
-    module: torch.nn.Module,
-    weights: WeightSource,
-    selected: list[str],
-    explicit: Mapping[str, tuple[str, str]],
-    *,
-    skipped: list[str],
-    converters: Mapping[str, ConverterSpec],
-    allow_missing: bool,
-    accept_proposals: bool,
-    notes: list[str],
-    errors: list[str],
-    owns_source: bool,
-) -> WarmStartPlan:
-    view = _source_view(weights)
-    state = module.state_dict(keep_vars=True)
-    resolved: dict[str, tuple[str, str]] = {}
-    unresolved: list[str] = []
-    for target in selected:
-        source_name, origin = explicit.get(target, (target, "same name"))
-        if view.resolve(source_name) is not None:
-            resolved[target] = (view.resolve(source_name), origin)
-        elif target in explicit:
-            resolved[target] = (source_name, origin)  # reported missing below, under the name the user gave
-        else:
-            unresolved.append(target)
-    # Proposals also supply converters for renamed TF/Keras tensors (dense/kernel needs a transpose).
-    wanted = selected if weights.format in _TF_FORMATS else unresolved
-    proposals = _proposals(module, view, wanted) if unresolved or weights.format in _TF_FORMATS else {}
-    for target in unresolved:
-        proposal = proposals.get(target)
-        usable = proposal is not None and proposal.source is not None and (
-            proposal.status == CONFIDENT or (proposal.status == AMBIGUOUS and target in converters))
-        if accept_proposals and usable:
-            resolved[target] = (view.resolve(proposal.source) or proposal.source, "proposal")
-    entries, kept_fresh, missing, resolved_converters = [], [], [], {}
-    for target in selected:
-        if target not in resolved:
-            _unresolved(target, view, proposals.get(target), allow_missing, accept_proposals, kept_fresh, missing)
-            continue
-        source_name, origin = resolved[target]
-        if source_name not in view.infos:
-            _missing_source(target, source_name, view, allow_missing, kept_fresh, missing)
-            continue
-        converter = _entry_converter(target, source_name, converters, proposals.get(target), view)
-        entry, problem = _entry(target, source_name, origin, converter, view, state[target])
-        entries.append(entry)
-        resolved_converters[target] = converter
-        if problem:
-            errors.append(problem)
-    errors += [why for _, why in missing]
-    used = {entry.source for entry in entries}
-    warnings = notes + _batchnorm_warnings(module, view, entries)
-    for warning in warnings:
-        logger.debug("%s", warning)
-    return WarmStartPlan(
-        source_path=os.fspath(weights.path), source_format=weights.format, entries=tuple(entries),
-        skipped=tuple(skipped), kept_fresh=tuple(kept_fresh), missing=tuple(missing),
-        unused_sources=tuple(name for name in view.infos if name not in used),
-        optimizer_sources=tuple(sorted(view.optimizer.items())),
-        proposals=tuple(proposals[name] for name in unresolved
-                        if name in proposals and name.rpartition(".")[2] != _COUNTER),
-        warnings=tuple(warnings), errors=tuple(errors), _source=weights, _converters=resolved_converters,
-        _owns_source=owns_source,
-    )  # fmt: skip
+    with _closed_on_error(weights, owns_source):
+        view = _source_view(weights)
+        state = module.state_dict(keep_vars=True)
+        resolved: dict[str, tuple[str, str]] = {}
+        unresolved: list[str] = []
+        for target in selected:
+            source_name, origin = explicit.get(target, (target, "same name"))
+            if view.resolve(source_name) is not None:
+                resolved[target] = (view.resolve(source_name), origin)
+            elif target in explicit:
+                resolved[target] = (source_name, origin)  # reported missing below, under the name the user gave
+            else:
+                unresolved.append(target)
+        # Proposals also supply converters for renamed TF/Keras tensors (dense/kernel needs a transpose).
+        wanted = selected if weights.format in _TF_FORMATS else unresolved
+        proposals = _proposals(module, view, wanted) if unresolved or weights.format in _TF_FORMATS else {}
+        for target in unresolved:
+            proposal = proposals.get(target)
+            usable = proposal is not None and proposal.source is not None and (
+                proposal.status == CONFIDENT or (proposal.status == AMBIGUOUS and target in converters))
+            if accept_proposals and usable:
+                resolved[target] = (view.resolve(proposal.source) or proposal.source, "proposal")
+        entries, kept_fresh, missing, resolved_converters = [], [], [], {}
+        for target in selected:
+            if target not in resolved:
+                _unresolved(target, view, proposals.get(target), allow_missing, accept_proposals, kept_fresh, missing)
+                continue
+            source_name, origin = resolved[target]
+            if source_name not in view.infos:
+                _missing_source(target, source_name, view, allow_missing, kept_fresh, missing)
+                continue
+            converter = _entry_converter(target, source_name, converters, proposals.get(target), view)
+            entry, problem = _entry(target, source_name, origin, converter, view, state[target])
+            entries.append(entry)
+            resolved_converters[target] = converter
+            if problem:
+                errors.append(problem)
+        errors += [why for _, why in missing]
+        used = {entry.source for entry in entries}
+        warnings = notes + _batchnorm_warnings(module, view, entries)
+        for warning in warnings:
+            logger.debug("%s", warning)
+        return WarmStartPlan(
+            source_path=os.fspath(weights.path), source_format=weights.format, entries=tuple(entries),
+            skipped=tuple(skipped), kept_fresh=tuple(kept_fresh), missing=tuple(missing),
+            unused_sources=tuple(name for name in view.infos if name not in used),
+            optimizer_sources=tuple(sorted(view.optimizer.items())),
+            proposals=tuple(proposals[name] for name in unresolved
+                            if name in proposals and name.rpartition(".")[2] != _COUNTER),
+            warnings=tuple(warnings), errors=tuple(errors), _source=weights, _converters=resolved_converters,
+            _owns_source=owns_source,
+        )  # fmt: skip
 
 
 def _proposals(module: torch.nn.Module, view: _SourceView, targets: list[str]) -> dict[str, Proposal]:
