@@ -1,6 +1,6 @@
 """Export to a versioned serving folder, the exporters, and the loader that runs an export alone.
 
-    export_dir_base/<int(time.time())>/   model.pt2, signature.json, metadata.json, assets.extra/
+    export_dir_base/<int(time.time())>/   program.json, tensors.safetensors, signature.json, metadata.json, assets.extra/
 
 Public surface: declare serving inputs with ``serving_input_receiver`` and
 ``TensorSpec``; shape signatures with ``PredictOutput``,
