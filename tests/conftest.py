@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +13,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torchestimator as te
+
+# The fault tools (tools/faults_*.py) are scripts and the fault tests' toolkits: importable by name,
+# as they are when run as scripts, so a forkserver child can find its target and they share faults_common.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 
 def make_classification(n: int = 256, features: int = 8, classes: int = 3, seed: int = 0):

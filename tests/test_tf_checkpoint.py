@@ -435,15 +435,9 @@ def test_reader_class_is_a_weight_source():
 
 
 def _tool():
-    import importlib.util
-    import sys
+    import faults_readers  # tools/ is on sys.path (tests/conftest.py)
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "faults_readers.py")
-    spec = importlib.util.spec_from_file_location("faults_readers", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return faults_readers
 
 
 @pytest.mark.parametrize("entry, message", [

@@ -51,20 +51,14 @@ import zipfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from faults_common import limit_memory  # tools/ is on sys.path: run as a script, or from the tests
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 HEADROOM_MB = 300
 
 
 # ----------------------------------------------------------------------------- reading under a memory limit
-
-
-def limit_memory(headroom_mb: int) -> None:
-    """Cap this process's address space at its current size plus ``headroom_mb``."""
-    with open("/proc/self/status") as status:
-        size_kb = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
-    limit = size_kb * 1024 + (headroom_mb << 20)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
 
 def outcome(path: str) -> dict[str, Any]:

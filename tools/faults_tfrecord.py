@@ -43,12 +43,13 @@ from pathlib import Path
 
 import numpy as np
 
+from faults_common import limit_memory  # tools/ is on sys.path: run as a script, or from the tests
+
 from torchestimator.data.example import encode_example
 from torchestimator.data.parsing import FixedLenFeature, VarLenFeature, parse_example
 from torchestimator.data.tfrecord import (
     DEFAULT_MAX_RECORD_SIZE,
     DataLossError,
-    TFRecordWriter,
     iter_records,
     masked_crc32c,
 )
@@ -203,13 +204,6 @@ def read_and_parse(path: str, compression: str | None) -> str:
             raise AssertionError(f"parse error without the record: {error}") from error
         return "clean_error"
     return "clean_read"
-
-
-def limit_memory(megabytes: int) -> None:
-    """Address space capped at what is mapped now plus `megabytes`, so a bomb is a MemoryError."""
-    mapped = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
-                  if line.startswith("VmSize:")) * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (mapped + (megabytes << 20), resource.RLIM_INFINITY))
 
 
 def run(trials: int, seconds: float, seed: int, memory_mb: int) -> dict[str, int]:

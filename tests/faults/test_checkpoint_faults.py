@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import random
 import re
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
-sys.path.insert(0, str(TOOLS))  # the forkserver imports the children's target by this module name
-import faults_checkpoint as tool  # noqa: E402
+import faults_checkpoint as tool  # tools/ is on sys.path (tests/conftest.py); the forkserver imports it by name
+
 
 SUMMARY = re.compile(
     r"^faults_checkpoint kill_trials=(\d+) in_write=(\d+) resumed_identical=(\d+) unloadable=(\d+) leftovers=(\d+) "

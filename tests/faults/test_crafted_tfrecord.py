@@ -13,7 +13,6 @@ that script runs random damage for longer (its smoke test is at the end).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+import faults_tfrecord as tool  # tools/ is on sys.path (tests/conftest.py)
 from torchestimator.data.example import encode_example
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "faults_tfrecord.py"
@@ -30,16 +30,6 @@ MEMORY_MB = 300
 BOMB_ZEROS = 256 << 20  # decompressed bytes behind a bomb's header: ~260 KB of GZIP
 SECONDS_PER_READ = 20.0  # generous for a shared 2-core machine; a read takes well under a second
 
-
-def load_tool():
-    spec = importlib.util.spec_from_file_location("faults_tfrecord", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = load_tool()
 
 CHILD = r"""
 import contextlib, io, json, resource, sys, time

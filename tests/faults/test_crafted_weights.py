@@ -9,10 +9,8 @@ cases plus random damage for longer.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,14 +20,9 @@ TOOL = Path(__file__).resolve().parents[2] / "tools" / "faults_readers.py"
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("faults_readers", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
+    import faults_readers  # tools/ is on sys.path (tests/conftest.py)
+
+    return faults_readers
 
 
 def test_crafted_files_end_in_the_readers_own_error_under_a_memory_limit(tool, tmp_path):

@@ -6,7 +6,6 @@ longer runs); these tests drive them with small bounds.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -27,19 +26,11 @@ SUMMARY = re.compile(r"faults_export crafted_refused=(\d+)/(\d+) crafted_inert=(
                      r"temp_left=(\d+) torch_ran_payloads=(\d+)/(\d+)$")
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location("faults_export", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def tool():
-    module = _tool()
-    yield module
-    sys.modules.pop("faults_export", None)
+    import faults_export  # tools/ is on sys.path (tests/conftest.py)
+
+    return faults_export
 
 
 @pytest.fixture(scope="module")

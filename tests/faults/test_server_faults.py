@@ -15,7 +15,6 @@ smoke test is at the end).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import re
@@ -28,6 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import faults_serving as tool  # tools/ is on sys.path (tests/conftest.py)
 from conftest import exporting_model_fn, trained_classifier
 from torchestimator.export import TensorSpec, export_saved_model, serving_input_receiver
 from torchestimator.serving import start
@@ -36,16 +36,6 @@ TOOL = Path(__file__).resolve().parents[2] / "tools" / "faults_serving.py"
 NAME = "m"
 GOOD_BODY = json.dumps({"instances": [[0.5] * 8, [-1.0] * 8]}).encode()
 
-
-def load_tool():
-    spec = importlib.util.spec_from_file_location("faults_serving", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = load_tool()
 CASES = tool.hostile_cases(NAME, GOOD_BODY)
 # Beyond "a JSON 4xx": what the fixes promise for these cases.
 EXPECTED = {
