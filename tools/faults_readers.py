@@ -51,7 +51,7 @@ import zipfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from faults_common import limit_memory  # tools/ is on sys.path: run as a script, or from the tests
+from faults_common import limit_memory, varint  # tools/ is on sys.path: run as a script, or from the tests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
@@ -156,20 +156,10 @@ def marker_pickle(marker: str, protocol: int = 2) -> bytes:
     return pickle.dumps(_MarkerPayload(marker), protocol=protocol)
 
 
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # negative numbers as protobuf's 64-bit two's complement
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def _field(number: int, payload: bytes | int) -> bytes:
     if isinstance(payload, int):
-        return _varint(number << 3) + _varint(payload)
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+        return varint(number << 3) + varint(payload)
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
 def tf_entry(dtype: int, shape: Sequence[int], offset: int, size: int, crc: int = 0,
@@ -196,12 +186,12 @@ def tf_checkpoint(prefix: str, entries: dict[str, bytes], data: bytes, num_shard
         restarts = []
         for key, value in pairs:
             restarts.append(len(body))
-            body += _varint(0) + _varint(len(key)) + _varint(len(value)) + key + value
+            body += varint(0) + varint(len(key)) + varint(len(value)) + key + value
         body += b"".join(struct.pack("<I", offset) for offset in restarts or [0])
         body += struct.pack("<I", len(restarts or [0]))
         offset = len(out)
         out.extend(bytes(body) + b"\x00" + struct.pack("<I", masked_crc32c(bytes(body) + b"\x00")))
-        return _varint(offset) + _varint(len(body))
+        return varint(offset) + varint(len(body))
 
     data_handle = block(items)
     metaindex = block([])
@@ -450,7 +440,7 @@ def crafted_cases(directory: str, marker: str) -> list[Case]:
     from torchestimator.data.tfrecord import masked_crc32c
 
     length_checksum = struct.pack("<I", masked_crc32c(struct.pack("<I", len(evil))))
-    strings = _varint(len(evil)) + length_checksum + evil
+    strings = varint(len(evil)) + length_checksum + evil
     entry_crc = masked_crc32c(struct.pack("<I", len(evil)) + length_checksum + evil)
     os.makedirs(at("tf_pickle_string"))
     cases.append(Case("tf_pickle_as_string_tensor", tf_checkpoint(os.path.join(at("tf_pickle_string"), "ckpt"), {

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 import faults_tfrecord as tool  # tools/ is on sys.path (tests/conftest.py)
+from faults_common import varint
 from torchestimator.data.example import encode_example
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "faults_tfrecord.py"
@@ -80,15 +81,6 @@ print(json.dumps(results))
 FRAMING = ("read_records", "dataset", "verify")
 GOOD = encode_example({"label": [3], "tokens": [1, 2, 3]}, kinds={"tokens": "int64"})
 SECOND = 16 + len(GOOD)  # where the second record starts
-
-
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        out.append(low | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
 
 
 def field(number: int, payload: bytes) -> bytes:
