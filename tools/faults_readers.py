@@ -409,6 +409,36 @@ def crafted_cases(directory: str, marker: str) -> list[Case]:
 
     # A pickle stored as a dataset's bytes is data: it reads back as bytes, never unpickled.
     cases.append(Case("keras3_pickle_as_data", keras3_weights(at("data.weights.h5"), pickle_dataset), "", data=True))
+    # Keras: values or groups that HDF5 would fetch from other files, and a group linked back into the tree
+    outside = _write(at("outside.bin"), numpy.arange(16, dtype="float32").tobytes())
+
+    def external_storage(group: Any) -> None:
+        group.create_dataset("0", shape=(16,), dtype="float32", external=[(outside, 0, 64)])
+
+    add("keras3_external_storage", keras3_weights(at("external.weights.h5"), external_storage), "outside.bin")
+    with h5py.File(at("passwd.h5"), "w") as file:
+        file.attrs["layer_names"] = [b"dense"]
+        group = file.create_group("dense")
+        group.attrs["weight_names"] = [b"kernel:0"]
+        group.create_dataset("kernel:0", shape=(64,), dtype="uint8", external=[("/etc/passwd", 0, 64)])
+    add("keras2_external_storage_etc_passwd", at("passwd.h5"), "/etc/passwd")
+    with h5py.File(at("linked_target.h5"), "w") as file:
+        file.create_dataset("k", data=numpy.arange(4.0))
+
+    def external_link(group: Any) -> None:
+        group["0"] = h5py.ExternalLink(at("linked_target.h5"), "/k")
+
+    add("keras3_external_link", keras3_weights(at("link.weights.h5"), external_link), "linked_target.h5")
+    layout = h5py.VirtualLayout(shape=(4,), dtype="float64")
+    layout[:] = h5py.VirtualSource(at("linked_target.h5"), "k", shape=(4,))
+    add("keras3_virtual_dataset", keras3_weights(at("virtual.weights.h5"),
+                                                 lambda group: group.create_virtual_dataset("0", layout)), "virtual dataset")
+
+    def cycle(group: Any) -> None:
+        group.create_dataset("0", data=numpy.ones(2, "float32"))
+        group.parent["loop"] = group.parent
+
+    add("keras3_link_cycle", keras3_weights(at("cycle.weights.h5"), cycle), "reached twice")
     with open(os.path.join(FIXTURES, "keras", "keras3_model.weights.h5"), "rb") as file:
         real = file.read()
     add("keras3_truncated", _write(at("cut.weights.h5"), real[: len(real) * 2 // 3]))

@@ -173,10 +173,11 @@ class KerasH5Source(WeightSource):
         storage lies inside the file. A dataset with no storage allocated would
         read as its fill value, which is how a 4 KB file can declare 8 GB.
         """
+        plist = dataset.id.get_create_plist()
+        _refuse_other_files(self.path, entry, plist)
         shape = dataset.shape or ()
         needed = math.prod(shape) * dataset.dtype.itemsize
         stored = dataset.id.get_storage_size()
-        plist = dataset.id.get_create_plist()
         filters = [plist.get_filter(index)[0] for index in range(plist.get_nfilters())]
         compressed = any(code not in _SIZE_KEEPING_FILTERS for code in filters)
         ratio = MAX_COMPRESSION_RATIO if compressed else 1
@@ -200,6 +201,43 @@ class KerasH5Source(WeightSource):
         for closer in reversed(self._closers):
             closer.close()
         self._closers = []
+
+
+def _refuse_other_files(path: str, entry: _Entry, plist: Any) -> None:
+    """Refuse a dataset whose values HDF5 would read from other files (external storage, virtual datasets).
+
+    Keras stores every value inside the weight file; a dataset pointing at
+    ``/etc/passwd`` or another HDF5 file would turn loading weights into
+    reading whatever file the writer named.
+    """
+    where = None
+    if plist.get_external_count():
+        files = [plist.get_external(index)[0].decode("utf-8", "replace") for index in range(plist.get_external_count())]
+        where = f"its values are stored in external file(s) {files}"
+    elif plist.get_layout() == h5py.h5d.VIRTUAL:
+        where = "it is a virtual dataset, whose values are mapped from other datasets or files"
+    if where:
+        raise WeightSourceError(
+            f"{path}: variable {entry.name!r} (HDF5 path {entry.h5_path!r}) is refused: {where}. Keras stores "
+            "every value inside the weight file; this file is crafted or not written by Keras."
+        )
+
+
+def _refuse_external_links(path: str, handle: Any) -> None:
+    """Refuse a file with external links before any lookup follows one (HDF5 opens the named file)."""
+    found: list[str] = []
+
+    def visit(name: str, link: Any) -> None:
+        if isinstance(link, h5py.ExternalLink):
+            found.append(f"{name!r} -> {link.filename}:{link.path}")
+        return None
+
+    handle.visititems_links(visit)
+    if found:
+        raise WeightSourceError(
+            f"{path}: refused: external link(s) to other files ({', '.join(found[:5])}). Keras weight files hold "
+            "all their groups and datasets themselves; this file is crafted or not written by Keras."
+        )
 
 
 def is_keras_h5(path: str | os.PathLike[str]) -> bool:
@@ -243,6 +281,7 @@ def open_keras_h5(path: str | os.PathLike[str]) -> KerasH5Source:
     try:
         handle, config, real_size = _open_hdf5(text, closers)
         closers.append(handle)
+        _refuse_external_links(text, handle)
         layout, entries, layer_order, aliases = _read_layout(text, handle, config)
     except WeightSourceError:
         _close_all(closers)
@@ -327,7 +366,7 @@ def _read_layout(
     if _has_chunked_attr(handle, "layer_names"):
         return ("keras_h5", *_read_legacy(path, handle, handle))
     if isinstance(handle.get("layers"), h5py.Group) or isinstance(handle.get("vars"), h5py.Group):
-        return ("keras3_weights_h5", *_read_keras3(handle, config))
+        return ("keras3_weights_h5", *_read_keras3(path, handle, config))
     raise WeightSourceError(
         f"{path}: an HDF5 file without Keras weights. Expected a 'model_weights' group or a 'layer_names' "
         "attribute (Keras .h5), or 'layers'/'vars' groups (Keras 3 .weights.h5); found top-level keys "
@@ -416,17 +455,29 @@ def _decode_strings(value: Any) -> list[str]:
 class _Keras3Walk:
     """What the walk over a Keras 3 tree collects."""
 
+    path: str
     config_index: dict[tuple[str, ...], dict[str, Any]]
     entries: list[_Entry] = dataclasses.field(default_factory=list)
     layer_order: list[tuple[str, list[str]]] = dataclasses.field(default_factory=list)
     aliases: dict[str, str] = dataclasses.field(default_factory=dict)
     clashing: set[str] = dataclasses.field(default_factory=set)
+    visited: set[int] = dataclasses.field(default_factory=set)  # object header addresses of groups walked
+
+    def enter(self, group: Any) -> None:
+        """Refuse a group reached twice: Keras writes a tree, and a link back up would walk forever."""
+        address = h5py.h5o.get_info(group.id).addr
+        if address in self.visited:
+            raise WeightSourceError(
+                f"{self.path}: group {group.name!r} is reached twice (a hard or soft link back into the tree); "
+                "Keras writes each group once. The file is crafted or not written by Keras."
+            )
+        self.visited.add(address)
 
 
 def _read_keras3(
-    handle: Any, config: dict[str, Any] | None
+    path: str, handle: Any, config: dict[str, Any] | None
 ) -> tuple[list[_Entry], list[tuple[str, list[str]]], dict[str, str]]:
-    walk = _Keras3Walk(config_index=_index_config(config))
+    walk = _Keras3Walk(path=path, config_index=_index_config(config))
     _walk_container(walk, handle, chain=())
     names = {entry.name for entry in walk.entries}
     aliases = {alias: name for alias, name in walk.aliases.items() if alias not in walk.clashing | names}
@@ -435,6 +486,7 @@ def _read_keras3(
 
 def _walk_container(walk: _Keras3Walk, group: Any, chain: tuple[str, ...]) -> None:
     """A model: its own variables, then its layers in model order, then its other attributes."""
+    walk.enter(group)
     own = _collect_vars(walk, group, chain, config=walk.config_index.get(chain))
     if own:
         walk.layer_order.append(("/".join(chain) or _saveable_name(group, "model"), own))
@@ -462,6 +514,7 @@ def _walk_layer(
     walk: _Keras3Walk, group: Any, chain: tuple[str, ...], config: dict[str, Any] | None, aliases: bool = True
 ) -> list[str]:
     """A layer's own variables, then those of its sub-objects (an RNN's ``cell``), in write order."""
+    walk.enter(group)
     names = _collect_vars(walk, group, chain, config, aliases)
     for key in _by_address(group, exclude=("vars",)):
         child = group[key]
