@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import torchestimator as te
 from conftest import SmallNet, adam, input_fns, make_classification, make_estimator
+import torchestimator.best as best_module
 from torchestimator.best import BEST_FILE, BestCheckpointPolicy, best_checkpoint, read_best
 from torchestimator.early_stopping import EarlyStopping, stop_if_higher_hook, stop_if_no_decrease_hook
 from torchestimator.summary import read_scalars
@@ -390,3 +391,61 @@ def test_early_stopping_stops_both_replicas_at_the_same_step(tmp_path):
     assert eval_steps(tmp_path) == [3, 6, 9]
     records = read_best(tmp_path)  # written once, by the chief
     assert len(records) == 1 and records[0].step in (3, 6, 9) and os.path.isdir(records[0].path)
+
+
+def test_a_kill_between_best_json_and_the_manifest_loses_no_best_checkpoint(tmp_path, monkeypatch):
+    train, _, _, _ = input_fns()
+    est = estimator(tmp_path, keep_checkpoint_max=1)
+    est.train(train, max_steps=10)
+    policy = BestCheckpointPolicy("score", higher_is_better=False)
+    policy.update(est, 10, {"score": 0.2})
+    est.train(train, max_steps=20)
+
+    write_best_file = best_module._write_best_file
+
+    def killed_after_writing(*arguments):
+        write_best_file(*arguments)
+        raise KeyboardInterrupt  # as a kill -9 right after best.json was replaced
+
+    monkeypatch.setattr(best_module, "_write_best_file", killed_after_writing)
+    with pytest.raises(KeyboardInterrupt):
+        policy.update(est, 20, {"score": 0.1})
+    assert [record.step for record in read_best(tmp_path)] == [20]
+    restarted = estimator(tmp_path, keep_checkpoint_max=1)
+    restarted.train(train, max_steps=40)
+    assert best_checkpoint(restarted).endswith("ckpt-20")
+    assert {entry["step"] for entry in restarted._store.history()} == {10, 20, 40}  # old and new best kept
+    # The next evaluation puts the manifest in line with best.json: step 10 is released to retention.
+    BestCheckpointPolicy("score", higher_is_better=False).update(restarted, 40, {"score": 0.5})
+    assert restarted._store.manifest["best"] == [20]
+    restarted.train(train, max_steps=50)
+    assert {entry["step"] for entry in restarted._store.history()} == {20, 50}
+
+
+def test_a_lost_manifest_keeps_the_best_checkpoints_recorded_in_best_json(tmp_path):
+    train, _, _, _ = input_fns()
+    est = estimator(tmp_path, keep_checkpoint_max=1)
+    est.train(train, max_steps=10)
+    BestCheckpointPolicy("score", higher_is_better=False).update(est, 10, {"score": 0.2})
+    os.remove(tmp_path / "checkpoint")  # rebuilt by scanning, which cannot know the best steps
+    restarted = estimator(tmp_path, keep_checkpoint_max=1)
+    restarted.train(train, max_steps=30)
+    assert best_checkpoint(restarted).endswith("ckpt-10")
+    assert restarted._store.manifest["best"] == [10]
+
+
+@pytest.mark.parametrize("item", [{"step": "ten", "value": 0.1}, {"step": [10], "value": 0.1},
+                                  {"step": 10, "value": "low"}, {"step": 10.5, "value": 0.1}, {"step": True, "value": 1},
+                                  {"step": -3, "value": 0.1}, {"step": 10, "value": [0.1]}])
+def test_a_crafted_best_json_is_compared_afresh_with_a_warning_naming_it(tmp_path, caplog, item):
+    train, _, _, _ = input_fns()
+    est = estimator(tmp_path, keep_checkpoint_max=1)
+    est.train(train, max_steps=10)
+    (tmp_path / BEST_FILE).write_text(json.dumps({"format_version": 1, "metric_name": "score",
+                                                  "higher_is_better": False, "best": [item]}))
+    assert read_best(tmp_path) == []
+    assert best_checkpoint(est) is None
+    with caplog.at_level("WARNING"):
+        assert BestCheckpointPolicy("score", higher_is_better=False).update(est, 10, {"score": 0.3}) is True
+    assert str(tmp_path / BEST_FILE) in caplog.text
+    assert [(record.step, record.value) for record in read_best(tmp_path)] == [(10, pytest.approx(0.3))]

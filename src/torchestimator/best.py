@@ -29,7 +29,7 @@ from torchestimator.atomic import write_json_atomically
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BEST_FILE", "BestCheckpointPolicy", "BestRecord", "best_checkpoint", "read_best"]
+__all__ = ["BEST_FILE", "BestCheckpointPolicy", "BestRecord", "best_checkpoint", "protect_recorded_best", "read_best"]
 
 BEST_FILE = "best.json"
 _FORMAT_VERSION = 1
@@ -94,9 +94,13 @@ class BestCheckpointPolicy:
         candidates.append(BestRecord(step=global_step, value=value))
         kept = sorted(candidates, key=self._rank)[: self.keep]
         joined = any(record.step == global_step for record in kept)
+        kept_steps = sorted(record.step for record in kept)
         if [(r.step, r.value) for r in kept] != [(r.step, r.value) for r in recorded]:
+            # Old and new best both protected while best.json changes: a kill between the two writes loses neither.
+            store.mark_best(sorted((set(store.manifest["best"]) & steps_on_disk) | set(kept_steps)))
             _write_best_file(estimator.model_dir, self, kept)
-            store.mark_best([record.step for record in kept])
+        if store.manifest["best"] != kept_steps:  # also repairs a manifest that lost or outlived best.json's steps
+            store.mark_best(kept_steps)
         if joined:
             logger.info("Global step %d is among the best %d by %s = %s; its checkpoint is kept.",
                         global_step, self.keep, self.metric_name, value)
@@ -140,6 +144,21 @@ def read_best(model_dir: str | os.PathLike[str]) -> list[BestRecord]:
     return records
 
 
+def protect_recorded_best(model_dir: str | os.PathLike[str], store: Any) -> None:
+    """Marks the steps recorded in best.json as best in the manifest, when they are on disk and not marked.
+
+    Called before training saves anything: a manifest rebuilt by scanning (deleted or damaged) has no best
+    steps, and retention would otherwise delete the best checkpoints at the next save.
+    """
+    recorded = {record.step for record in read_best(model_dir) if record.path is not None}
+    marked = set(store.manifest["best"])
+    if not recorded <= marked:
+        on_disk = {entry["step"] for entry in store.history()}
+        logger.warning("The manifest of %s does not protect the best checkpoints recorded in %s (steps %s); "
+                       "marking them again.", model_dir, BEST_FILE, sorted((recorded - marked) & on_disk))
+        store.mark_best(sorted((marked | recorded) & on_disk))
+
+
 def best_checkpoint(estimator: Any) -> str | None:
     """Path of the best checkpoint recorded for the estimator's model_dir; None when none is recorded."""
     for record in read_best(estimator.model_dir):
@@ -168,6 +187,13 @@ def _read_best_file(model_dir: str) -> dict[str, Any] | None:
     if not valid:
         logger.warning("%s does not have the expected layout; the best checkpoints are compared afresh.", path)
         return None
+    for index, item in enumerate(document["best"]):
+        step, value = item["step"], item["value"]
+        if (isinstance(step, bool) or not isinstance(step, int) or step < 0
+                or not (value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)))):
+            logger.warning("%s: entry %d (%r) needs an int step >= 0 and a number or null as value; the best "
+                           "checkpoints are compared afresh.", path, index, item)
+            return None
     return document
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from torchestimator.atomic import temporary_prefix, write_bytes_atomically
+from torchestimator.best import protect_recorded_best
 from torchestimator.calling import call_with, check_declared
 from torchestimator.checkpoint import CheckpointStore
 from torchestimator.checkpoint.errors import DiskFullError, is_no_room
@@ -310,6 +311,7 @@ class Estimator:
         try:
             os.makedirs(self._model_dir, exist_ok=True)
             self._store.remove_leftovers()
+            protect_recorded_best(self._model_dir, self._store)  # before any save's retention
             writing = probe
             with open(probe, "wb") as handle:
                 handle.write(b"ok")
