@@ -353,6 +353,15 @@ def crafted_cases(directory: str, marker: str) -> list[Case]:
     add("torch_zip_bad_offset", torch_zip_with_pickle(at("offset.pt"), offset_bomb, {"0": b"\0" * 16}))
     add("torch_legacy_numel_bomb", torch_legacy_file(at("legacy_numel.pth"), {"w": (1 << 40, (4,), (1,), 0)},
                                                      {"0": b"\0" * 16}))
+    # torch inflates a deflated record whole: 64 KB of data.pkl declaring 64 MB (a good pickle, then zeros)
+    torch.save({"w": torch.zeros(4)}, at("deflated.pt"))
+    with zipfile.ZipFile(at("deflated.pt")) as archive:
+        members = {info.filename: archive.read(info) for info in archive.infolist()}
+    with zipfile.ZipFile(at("deflated.pt"), "w") as archive:
+        for name, value in members.items():
+            padded = value + bytes(64 << 20) if name.endswith("/data.pkl") else value
+            archive.writestr(name, padded, compress_type=zipfile.ZIP_DEFLATED if padded is not value else None)
+    add("torch_zip_deflated_pickle_bomb", at("deflated.pt"), "data.pkl")
     torch.save({"w": torch.arange(1000.0)}, at("whole.pt"))
     with open(at("whole.pt"), "rb") as file:
         whole = file.read()

@@ -279,6 +279,7 @@ def open_torch(path: str | os.PathLike[str], *, key: str | None = None) -> Torch
 def _load_torch_file(path: str) -> Any:
     if not os.path.isfile(path):
         raise WeightSourceError(f"{path}: no such file; expected a PyTorch state dict (.pt, .pth or .bin).")
+    _check_zip_sizes(path)
     try:
         try:
             return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -300,6 +301,33 @@ def _load_torch_file(path: str) -> Any:
         raise WeightSourceError(
             f"{path} is not a readable PyTorch file (truncated or corrupt?): {type(error).__name__}: {error}"
         ) from None
+
+
+def _check_zip_sizes(path: str) -> None:
+    """Refuse a torch zip whose records declare more bytes than the file holds, before torch inflates any.
+
+    torch.save stores records uncompressed, so their sizes add up to less than
+    the file. torch's reader inflates a deflated record (data.pkl included)
+    into memory whole, so a 1 MB file could otherwise allocate 1 GB.
+    """
+    try:
+        with open(path, "rb") as file:
+            if file.read(len(_ZIP_MAGIC)) != _ZIP_MAGIC:
+                return
+            size = os.fstat(file.fileno()).st_size
+            with zipfile.ZipFile(file) as archive:
+                members = archive.infolist()
+    except ZIP_ERRORS as error:
+        raise WeightSourceError(f"{path} is not a readable PyTorch file (corrupt zip archive?): {error}") from None
+    declared = sum(member.file_size for member in members)
+    if declared > size:
+        largest = max(members, key=lambda member: member.file_size)
+        raise WeightSourceError(
+            f"{path}: its zip records declare {declared} bytes uncompressed, more than the whole file ({size} "
+            f"bytes; largest: {largest.filename!r}, {largest.file_size} bytes from {largest.compress_size} "
+            "compressed). torch.save stores records uncompressed; the file is crafted or was re-compressed. "
+            "Re-save it with torch.save."
+        )
 
 
 class _BoundedFile(io.BufferedReader):
