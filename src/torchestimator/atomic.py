@@ -48,18 +48,30 @@ def write_bytes_atomically(path: str, data: bytes) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     temporary = os.path.join(folder, temporary_prefix(os.path.basename(path)) + secrets.token_hex(4))
     # Not mkstemp: its 0600 mode would make the file unreadable to others; 0666 & ~umask as for open().
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as error:
+        raise _naming(error, path) from error
     try:
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         if os.path.exists(temporary):
             os.remove(temporary)
+        if isinstance(error, OSError) and error.filename is None:
+            raise _naming(error, path) from error  # a failed write() names no file
         raise
     fsync_directory(folder)
+
+
+def _naming(error: OSError, path: str) -> OSError:
+    """The same error (errno, so the same OSError subclass) naming `path`, the file being replaced."""
+    if error.filename is not None and error.filename != path and error.errno is not None:
+        return OSError(error.errno, f"{error.strerror} (while replacing {path})", error.filename)
+    return OSError(error.errno, error.strerror, path) if error.errno is not None else error
 
 
 def write_json_atomically(path: str, payload: Any, *, indent: int = 2) -> None:

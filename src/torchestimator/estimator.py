@@ -205,9 +205,15 @@ class Estimator:
         self._module_holds = None
         try:
             train_loop(run)
+        except BaseException:
+            try:
+                run.summary_writer.close()
+            except OSError as error:  # keep the error that stopped training (a full disk fails both)
+                logger.warning("%s", error)
+            raise
         finally:
-            run.summary_writer.close()
             run.module.eval()
+        run.summary_writer.close()
         run.strategy.barrier()  # the chief's final checkpoint is on disk before any replica reads it
         saved = run.checkpointer.last_saved_path if run.checkpointer else None
         self._module_holds, self._held_step = saved or "trained", run.state.global_step

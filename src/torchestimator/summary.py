@@ -13,7 +13,11 @@ text plugin expects, which tensorboard's bare ``EventFileWriter`` would leave
 to us. Scalars are written as ``simple_value`` (the TF 1.x form), which every
 TensorBoard and TensorFlow's ``read_eval_metrics`` understand. The torch writer
 creates its event file as soon as it is constructed, so it is built lazily on
-the first write: an evaluation that writes nothing leaves no file behind.
+the first write: an evaluation that writes nothing leaves no file behind. Its
+background thread's write errors surface at a later call as a bare OSError;
+here they become an error naming the event file (``DiskFullError`` when there
+is no room), and the writer is abandoned so that ``close`` does not raise the
+same error again over whatever is being raised.
 
 Reading frames records with our own TFRecord reader (a declared length is
 bounded by the file's size before anything is allocated) and parses them with
@@ -81,6 +85,7 @@ class SummaryWriter:
         self.enabled = enabled
         self._writer: Any = None
         self._closed = False
+        self._failure: OSError | None = None
 
     def _file_writer(self, method: str) -> Any:
         """The torch writer, built on first use so that the event file appears only when written to."""
@@ -93,9 +98,49 @@ class SummaryWriter:
             # non-chief processes never need.
             from torch.utils.tensorboard import SummaryWriter as TorchSummaryWriter
 
-            self._writer = TorchSummaryWriter(log_dir=self.logdir)
+            if self._failure is not None:
+                raise self._failure
+            self._writer = self._guarded(lambda: TorchSummaryWriter(log_dir=self.logdir), "the event file")
             logger.debug("Writing summaries to %s.", self.logdir)
         return self._writer
+
+    def _guarded(self, call: Any, what: str) -> Any:
+        """Runs a call into the torch writer; an OSError (its thread's included) names the event file."""
+        try:
+            return call()
+        except OSError as error:
+            from torchestimator.checkpoint.errors import DiskFullError, is_no_room
+
+            path = self._event_file()
+            if is_no_room(error):
+                failure: OSError = DiskFullError(
+                    error, path=path, what=what,
+                    advice="Free some space (or choose a model_dir with room) and rerun: training resumes from the "
+                    "newest intact checkpoint.")
+            else:
+                failure = OSError(error.errno, f"Could not write {what} to {path}: {error.strerror or error}", path)
+            self._abandon()
+            self._failure = failure
+            raise failure from error
+
+    def _event_file(self) -> str:
+        writers = getattr(self._writer, "all_writers", None) or {}
+        for writer in writers.values():
+            name = getattr(getattr(writer, "event_writer", None), "_file_name", None)
+            if name:
+                return name
+        return os.path.join(self.logdir, EVENT_FILE_PATTERN)
+
+    def _abandon(self) -> None:
+        """Drops a failed torch writer, closing its file without flushing again (its thread is gone)."""
+        writers = getattr(self._writer, "all_writers", None) or {}
+        for writer in writers.values():
+            stream = getattr(getattr(writer, "event_writer", None), "_general_file_writer", None)
+            try:
+                stream.close()
+            except Exception:  # the buffered bytes cannot be written either; the error was already raised
+                pass
+        self._writer = None
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         """Writes one scalar ``value`` for ``tag`` at ``step``."""
@@ -110,7 +155,8 @@ class SummaryWriter:
             )
         if not math.isfinite(number):
             logger.warning("Summary %r at step %d is %s.", tag, step, number)
-        self._file_writer("scalar").add_scalar(tag, number, global_step=step)
+        writer = self._file_writer("scalar")
+        self._guarded(lambda: writer.add_scalar(tag, number, global_step=step), f"summaries (at {tag!r}, step {step})")
 
     def scalars(self, values: Mapping[str, Any], step: int) -> None:
         """Writes every numeric entry of ``values`` (e.g. evaluation results) at ``step``.
@@ -139,19 +185,26 @@ class SummaryWriter:
         step = _check_step(step, "text")
         if not isinstance(text, str):
             raise TypeError(f"SummaryWriter.text: the text for tag {tag!r} must be a string; received {text!r}.")
-        self._file_writer("text").add_text(tag, text, global_step=step)
+        writer = self._file_writer("text")
+        self._guarded(lambda: writer.add_text(tag, text, global_step=step), f"summaries (at {tag!r}, step {step})")
 
     def flush(self) -> None:
         """Writes pending events to disk (does not create a file if nothing was written)."""
+        if self._failure is not None:
+            raise self._failure
         if self._writer is not None:
-            self._writer.flush()
+            self._guarded(self._writer.flush, "pending summaries")
 
     def close(self) -> None:
-        """Flushes and closes the event file; calling it again does nothing."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        """Flushes and closes the event file; calling it again does nothing.
+
+        After a write error was raised, closing is quiet: the file is already abandoned.
+        """
         self._closed = True
+        if self._writer is not None:
+            writer = self._writer
+            self._guarded(writer.close, "pending summaries")
+            self._writer = None
 
     def __enter__(self) -> SummaryWriter:
         return self

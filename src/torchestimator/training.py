@@ -48,6 +48,7 @@ from typing import Any
 
 from torchestimator.best import BestCheckpointPolicy
 from torchestimator.checkpoint import CheckpointError
+from torchestimator.checkpoint.errors import DiskFullError, is_no_room
 from torchestimator.distribute.launcher import EVALUATOR, PS, cluster_from_tf_config
 from torchestimator.early_stopping import EarlyStoppingRule
 from torchestimator.hooks.base import CheckpointSaverListener, Hook
@@ -391,12 +392,17 @@ class _LocalLoop:
     def _update_best(self, step: int, results: dict[str, Any]) -> None:
         self.best.check_results(step, results)  # every replica, before the chief writes
         outcome: tuple[bool | None, str | None] = (None, None)
+        failure: Exception | None = None
         if _is_chief(self.estimator):
             try:
                 outcome = (self.best.update(self.estimator, step, results), None)
             except (ValueError, OSError) as error:
-                outcome = (None, f"{type(error).__name__}: {error}")
+                outcome, failure = (None, f"{type(error).__name__}: {error}"), error
         _, error = _chief_decides(self.estimator, outcome)
+        if is_no_room(failure):  # the chief keeps the type (an OSError); the others learn it as a ValueError
+            raise DiskFullError(failure, path=failure.filename or self.estimator.model_dir,
+                                what=f"the best-checkpoint record of global step {step}",
+                                advice="Free some space (or choose a model_dir with room) and rerun.") from failure
         if error is not None:  # raised on every replica, so none waits on the others
             raise ValueError(f"The best-checkpoint policy failed at global step {step}: {error}")
 

@@ -13,6 +13,7 @@ import re
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 import faults_checkpoint as tool  # tools/ is on sys.path (tests/conftest.py); the forkserver imports it by name
@@ -91,3 +92,80 @@ def test_the_script_runs_with_tiny_bounds_and_ends_with_its_summary(runs, tmp_pa
     kill_trials, _, identical, unloadable, leftovers = (int(value) for value in match.groups()[:5])
     assert (kill_trials, identical, unloadable, leftovers) == (1, 1, 0, 0)
     assert match.group(11) == "n/a"
+
+
+@pytest.fixture
+def full_tmpfs(tmp_path):
+    """A 1 MiB tmpfs filled up to its last few bytes; skipped where mounting needs root."""
+    with tool.small_tmpfs(tmp_path, 1024 * 1024) as mount_point:
+        if mount_point is None:
+            pytest.skip("mounting a tmpfs needs root (CAP_SYS_ADMIN)")
+        (mount_point / "model_dir").mkdir()
+        yield mount_point / "model_dir", lambda: _fill(mount_point / "filler")
+
+
+def _fill(path):
+    with open(path, "wb", buffering=0) as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 4096)
+        except OSError:
+            pass
+
+
+def test_event_files_on_a_full_disk_raise_disk_full_naming_the_file_once(full_tmpfs):
+    from torchestimator.checkpoint import DiskFullError
+    from torchestimator.summary import SummaryWriter
+
+    model_dir, fill = full_tmpfs
+    writer = SummaryWriter(model_dir)
+    writer.scalar("loss", 1.0, 0)
+    writer.flush()
+    fill()
+    with pytest.raises(DiskFullError, match=r"disk full: could not write .*summaries.* to .*events\.out\.tfevents"):
+        for step in range(1, 100_000):  # the background thread's error surfaces at a later call
+            writer.scalar("loss", float(step), step)
+            if step % 50 == 0:
+                writer.flush()
+    writer.close()  # quiet: the error was raised once, the file is abandoned
+
+
+def test_best_json_on_a_full_disk_is_disk_full_naming_it_and_the_step(full_tmpfs, monkeypatch):
+    import torchestimator as te
+    from torchestimator.best import BestCheckpointPolicy
+    from torchestimator.checkpoint import DiskFullError
+    from torchestimator.training import EvalSpec, TrainSpec, train_and_evaluate
+
+    model_dir, fill = full_tmpfs
+    estimator, input_fn = tool._estimator(str(model_dir))
+    policy = BestCheckpointPolicy("loss")
+    update = policy.update
+
+    def update_on_a_full_disk(*arguments):
+        fill()  # after the checkpoint and the evaluation were written
+        return update(*arguments)
+
+    monkeypatch.setattr(policy, "update", update_on_a_full_disk)
+    features = np.random.default_rng(3).normal(size=(8, 6)).astype(np.float32)
+    evaluate = te.numpy_input_fn({"x": features}, (features[:, 0] > 0).astype(np.int64), batch_size=8,
+                                 num_epochs=1, shuffle=False)
+    with pytest.raises(DiskFullError, match=rf"best-checkpoint record of global step \d+ to {model_dir}/"):
+        train_and_evaluate(estimator, TrainSpec(input_fn, max_steps=2), EvalSpec(evaluate, throttle_secs=0),
+                           best=policy)
+
+
+def test_training_stopped_by_full_event_files_says_disk_full_with_the_path(full_tmpfs):
+    import torchestimator as te
+    from torchestimator.checkpoint import DiskFullError
+
+    model_dir, fill = full_tmpfs
+    estimator, input_fn = tool._estimator(str(model_dir))
+    estimator._config = estimator._config.replace(save_summary_steps=1, save_checkpoints_steps=10**9)
+
+    class FillTheDisk(te.Hook):
+        def after_step(self, run_context):
+            if run_context.state.global_step == 3:  # the event file exists by then
+                fill()
+
+    with pytest.raises(DiskFullError, match=rf"disk full: could not write summaries.* to {model_dir}/events"):
+        estimator.train(input_fn, hooks=[FillTheDisk()], max_steps=3000)
