@@ -336,3 +336,22 @@ def test_a_process_killed_while_exporting_leaves_no_version(exported, tmp_path):
     # The next export removes the dead writer's folder (its process is gone) and leaves only its own version.
     export_dir = export_saved_model(exported["estimator"], tmp_path / "export", RECEIVER)
     assert os.listdir(tmp_path / "export") == [os.path.basename(export_dir)]
+
+
+@pytest.mark.parametrize("expression", [
+    "9**999999999", "Pow(9, Pow(9, Pow(9, 9)))", "PowByNatural(9, 999999999)", "LShift(1, 99999999999)",
+    "9**(9*9*9)", "((s0**8)**8)**8", "9**s0", "Float(0.1, 999999999)", "99999999999999999999999", "1e999"])
+def test_expressions_that_would_make_sympy_build_a_huge_number_are_refused(expression):
+    # sympify evaluates numbers eagerly: without the check, loading the first one computes for minutes.
+    from torchestimator.export.program_format import _expression_problem
+
+    assert _expression_problem(expression) is not None
+
+
+@pytest.mark.parametrize("expression", [
+    "s48", "2*s0 + 1", "s0**2", "(s0**8)**8", "s0**-2", "s0**0.5", "FloorDiv(s0, 2) + 1", "PowByNatural(s0, 2)",
+    "LShift(s0, 3)", "Max(1, s0)", "Mod(s0*s1, 8)", "Eq(s0, 3)", "Symbol('s0', integer=True)", "Float(1.5)"])
+def test_expressions_torch_export_writes_stay_allowed(expression):
+    from torchestimator.export.program_format import _expression_problem
+
+    assert _expression_problem(expression) is None

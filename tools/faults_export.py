@@ -252,7 +252,41 @@ def craft_variants(good_dir: str, base: str, marker_dir: str, first_version: int
     folder = new_folder("pickled_tensors", keep=("signature.json", "metadata.json", PROGRAM_FILE))
     Path(folder, TENSORS_FILE).write_bytes(_pickled(marker("pickled_tensors")))
     variants.append(Variant("pickled_tensors", folder, TENSORS_FILE, archive=False))
+    _add_resource_variants(variants, new_folder, document_variant)
     return variants
+
+
+def _add_resource_variants(variants: list[Variant], new_folder, document_variant) -> None:
+    """Folders that would hang, block or fail obscurely rather than run code: each must be a clear refusal."""
+    from torchestimator.checkpoint.format import bytes_to_tensors, tensors_to_bytes
+    from torchestimator.export.program_format import PROGRAM_FILE, TENSORS_FILE
+
+    def power_in_expression(document, _):  # sympify would compute 9**999999999 (minutes, hundreds of MB)
+        values = document["graph_module"]["graph"]["tensor_values"]
+        size = next(size for value in values.values() for size in value["sizes"] if "as_expr" in size)
+        size["as_expr"]["expr_str"] = "9**999999999"
+
+    document_variant("power_in_expression", power_in_expression, "exponents must be numbers")
+    everything = ("signature.json", "metadata.json", PROGRAM_FILE, TENSORS_FILE)
+
+    def folder_variant(name: str, change, because: str, keep=everything) -> None:
+        folder = new_folder(name, keep=keep)
+        change(Path(folder))
+        variants.append(Variant(name, folder, because, archive=False))
+
+    def mismatched_tensors(folder: Path) -> None:  # the tensors of another export: a weight of another shape
+        tensors = bytes_to_tensors((folder / TENSORS_FILE).read_bytes(), "good")
+        name = next(key for key in tensors if key.endswith("weight"))
+        tensors[name] = tensors[name].reshape(-1)
+        (folder / TENSORS_FILE).write_bytes(tensors_to_bytes(tensors, "crafted"))
+
+    folder_variant("deep_json", lambda folder: (folder / PROGRAM_FILE).write_text(
+        '{"graph_module": ' + "[" * 100_000 + "]" * 100_000 + "}"), "nests its values too deeply")
+    folder_variant("fifo_program", lambda folder: os.mkfifo(folder / PROGRAM_FILE), "is not a regular file",
+                   keep=("signature.json", "metadata.json", TENSORS_FILE))  # opening it would wait for a writer
+    folder_variant("mismatched_tensors", mismatched_tensors, "the program declares")
+    folder_variant("malformed_signature", lambda folder: (folder / "signature.json").write_text("[]"),
+                   "signature.json must hold a JSON object")
 
 
 def _torch_archive(program) -> bytes:

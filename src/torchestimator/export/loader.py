@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import stat
 from collections.abc import Mapping
 from typing import Any
 
@@ -141,15 +142,13 @@ def load(path: str | os.PathLike[str]) -> ExportedModel:
             f"would unpickle parts of it, and loading never runs code from a file, so it is not opened. Re-export the "
             f"model with this torchestimator (it writes {PROGRAM_FILE} and {TENSORS_FILE})."
         )
-    document = _read_json(os.path.join(path, SIGNATURE_FILE))
-    if document.get("format_version") != SIGNATURE_FORMAT_VERSION:
-        raise ValueError(
-            f"{os.path.join(path, SIGNATURE_FILE)} has format_version {document.get('format_version')!r}; this "
-            f"torchestimator reads {SIGNATURE_FORMAT_VERSION}. Re-export with this version or upgrade torchestimator."
-        )
-    metadata_path = os.path.join(path, METADATA_FILE)
-    metadata = _read_json(metadata_path) if os.path.exists(metadata_path) else {}
-    program = decode(_read_bytes(os.path.join(path, PROGRAM_FILE)), _read_bytes(os.path.join(path, TENSORS_FILE)), path)
+    signature_path, metadata_path = os.path.join(path, SIGNATURE_FILE), os.path.join(path, METADATA_FILE)
+    document = _checked_signature_document(_read_json(signature_path, _read_export_file), signature_path)
+    metadata = _read_json(metadata_path, _read_export_file) if os.path.lexists(metadata_path) else {}
+    if not isinstance(metadata, dict):
+        raise ValueError(f"{metadata_path} must hold a JSON object; it holds {type(metadata).__name__}.")
+    program = decode(_read_export_file(os.path.join(path, PROGRAM_FILE), _MAX_PROGRAM_BYTES),
+                     _read_export_file(os.path.join(path, TENSORS_FILE)), path)
     return ExportedModel(path, program, document, metadata)
 
 
@@ -183,15 +182,21 @@ def read_inputs(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def _signature(name: str, entry: Mapping[str, Any], path: str) -> Signature:
     def infos(section: str) -> dict[str, TensorInfo]:
-        return {key: TensorInfo(dtype=value["dtype"], shape=tuple(value["shape"] or ()))
-                for key, value in entry[section].items()}
+        result = {key: TensorInfo(dtype=value["dtype"], shape=tuple(value["shape"] or ()))
+                  for key, value in entry[section].items()}
+        for key, info in result.items():
+            if not isinstance(info.dtype, str) or not all(
+                    type(size) is int and size >= -1 for size in info.shape):
+                raise ValueError(f"{section[:-1]} {key!r} has dtype {info.dtype!r} and shape {list(info.shape)[:8]}; "
+                                 "expected a dtype name and sizes that are integers (-1 where dynamic)")
+        return result
 
     try:
         return Signature(name=name, method=entry["method"], method_name=entry["method_name"], inputs=infos("inputs"),
                          outputs=infos("outputs"),
                          program_outputs={key: value["program_output"] for key, value in entry["outputs"].items()})
-    except (KeyError, TypeError) as error:
-        raise ValueError(f"{os.path.join(path, SIGNATURE_FILE)}: signature {name!r} is malformed ({error}).") from error
+    except (KeyError, TypeError, AttributeError, ValueError) as error:
+        raise ValueError(f"{os.path.join(path, SIGNATURE_FILE)}: signature {name!r} is malformed ({error}).") from None
 
 
 def _as_tensor(name: str, value: Any, info: TensorInfo) -> torch.Tensor:
@@ -264,6 +269,27 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
+# What a version's JSON files may hold: graphs of big models with their metadata stay far below these.
+_MAX_PROGRAM_BYTES = 1 << 30
+_MAX_JSON_BYTES = 64 << 20
+
+
+def _read_export_file(path: str, limit: int | None = _MAX_JSON_BYTES) -> bytes:
+    """A version folder's file: a regular file (a FIFO or device named program.json must not block or stream
+    forever), read up to its size, which must be within limit."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # opening a FIFO does not wait
+    except FileNotFoundError as error:
+        raise ValueError(f"{path} is missing: the export folder is incomplete or not an export.") from error
+    with open(descriptor, "rb") as handle:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path} is not a regular file (a FIFO, device or folder); an export holds files only.")
+        if limit is not None and info.st_size > limit:
+            raise ValueError(f"{path} holds {info.st_size} bytes, more than the {limit} an export's file may hold.")
+        return handle.read(info.st_size)
+
+
 def _read_bytes(path: str) -> bytes:
     try:
         with open(path, "rb") as handle:
@@ -272,11 +298,28 @@ def _read_bytes(path: str) -> bytes:
         raise ValueError(f"{path} is missing: the export folder is incomplete or not an export.") from error
 
 
-def _read_json(path: str) -> Any:
+def _read_json(path: str, read=_read_bytes) -> Any:
+    data = read(path)
     try:
-        with open(path) as handle:
-            return json.load(handle)
-    except FileNotFoundError as error:
-        raise ValueError(f"{path} is missing: the export folder is incomplete or not an export.") from error
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON ({error}).") from error
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError(f"{path} is not valid JSON: its values are nested too deeply.") from None
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, integers past Python's digit limit
+        raise ValueError(f"{path} is not valid JSON ({error}).") from None
+
+
+def _checked_signature_document(document: Any, path: str) -> dict[str, Any]:
+    """signature.json with the types ExportedModel reads, so a malformed one is an error naming the file."""
+    if not isinstance(document, dict):
+        raise ValueError(f"{path} must hold a JSON object; it holds {type(document).__name__}.")
+    if document.get("format_version") != SIGNATURE_FORMAT_VERSION:
+        raise ValueError(
+            f"{path} has format_version {document.get('format_version')!r}; this "
+            f"torchestimator reads {SIGNATURE_FORMAT_VERSION}. Re-export with this version or upgrade torchestimator."
+        )
+    inputs, signatures = document.get("program_inputs"), document.get("signatures")
+    if not isinstance(inputs, list) or not all(isinstance(name, str) for name in inputs):
+        raise ValueError(f"{path}: 'program_inputs' must be a list of input names; it is {str(inputs)[:80]}.")
+    if not isinstance(signatures, dict) or not all(isinstance(entry, dict) for entry in signatures.values()):
+        raise ValueError(f"{path}: 'signatures' must be an object of name -> signature objects.")
+    return document

@@ -22,6 +22,7 @@ safetensors (data only). No path in ``decode`` reaches pickle or torch.load.
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import re
@@ -59,6 +60,12 @@ _DOTTED_KEYS = {"parameter_name", "buffer_name", "tensor_constant_name", "fqn", 
 _NAMED_TABLES = {"tensor_values", "sym_int_values", "sym_float_values", "sym_bool_values", "opset_version"}
 _REFUSED_KEYS = {"as_custom_obj", "as_string_to_argument", "custom_obj_name", "token"}
 _MAX_EXPRESSION = 2000
+# sympify evaluates numbers eagerly: 9**999999999 or LShift(1, 2**40) would compute a huge integer. Sizes fit in
+# int64, exponents stay small, and the product of all exponents bounds how large any number can grow.
+_MAX_NUMBER = 2**63
+_MAX_EXPONENT = 64
+_MAX_EXPONENT_PRODUCT = 256
+_POWERS = {"Pow", "PowByNatural", "FloatPow", "LShift", "RShift"}  # sympy/torch calls that raise to a power
 
 
 class ExportFormatError(ValueError):
@@ -92,11 +99,16 @@ def decode(program_bytes: bytes, tensor_bytes: bytes, folder: str) -> Any:
     program_path, tensors_path = f"{folder}/{PROGRAM_FILE}", f"{folder}/{TENSORS_FILE}"
     try:
         document = json.loads(program_bytes)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        if not isinstance(document, dict) or not isinstance(document.get("graph_module"), dict):
+            raise ExportFormatError(f"{program_path} has no 'graph_module' object: it is not a torchestimator export.")
+        _check_document(document, program_path)
+    except RecursionError:
+        raise ExportFormatError(f"{program_path} nests its values too deeply to be an export. Re-export the model."
+                                ) from None
+    except ExportFormatError:
+        raise
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, integers past Python's digit limit
         raise ExportFormatError(f"{program_path} is not valid JSON ({error}). Re-export the model.") from None
-    if not isinstance(document, dict) or not isinstance(document.get("graph_module"), dict):
-        raise ExportFormatError(f"{program_path} has no 'graph_module' object: it is not a torchestimator export.")
-    _check_document(document, program_path)
     document["guards_code"] = []  # recomputed below from the checked graph; the file's copy would be exec'd
     try:
         tensors = bytes_to_tensors(tensor_bytes, tensors_path)
@@ -107,6 +119,7 @@ def decode(program_bytes: bytes, tensor_bytes: bytes, folder: str) -> Any:
         serialized = _dict_to_dataclass(schema.ExportedProgram, document)
         program = ExportedProgramDeserializer().deserialize(serialized, state_dict, constants, None)
         program._guards_code = _convert_guards_to_code(program.graph_module)
+        _check_tensors_match_graph(program, tensors_path)
     except ExportFormatError:
         raise
     except Exception as error:  # torch's deserializer raises many types for a document it cannot rebuild
@@ -182,6 +195,7 @@ def _operator_problem(target: str) -> str | None:
 
 def _allowed_expression_names() -> frozenset[str]:
     import sympy
+    import torch.utils._sympy.functions
     from sympy.core.assumptions import _assume_defined
 
     # Constructors that only build expressions; sympy's namespace also holds eval-like helpers (sympify, lambdify,
@@ -210,8 +224,6 @@ def _expression_problem(expression: str) -> str | None:
         _EXPRESSION_NAMES = _allowed_expression_names()
     if len(expression) > _MAX_EXPRESSION:
         return f"longer than {_MAX_EXPRESSION} characters"
-    if expression.count("**") > 4:
-        return "more than 4 powers"
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(expression).readline))
     except (tokenize.TokenError, SyntaxError, IndentationError) as error:
@@ -229,7 +241,76 @@ def _expression_problem(expression: str) -> str | None:
         if kind == tokenize.OP and text in _EXPRESSION_OPERATORS:
             continue
         return f"it contains {text!r}, which is not a sympy constructor, symbol, number or arithmetic"
+    return _number_problem(expression)
+
+
+def _number_problem(expression: str) -> str | None:
+    """Why evaluating the (token-checked) expression could build a huge number, or None."""
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")  # parsing only; the tokens are already checked
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
+        return f"not a sympy expression ({type(error).__name__}: {error})"
+    product = 1
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(
+                node.value, bool) and not abs(node.value) <= _MAX_NUMBER:
+            return f"it holds the number {str(node.value)[:40]}, beyond 2**63 (no tensor size is that large)"
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Float" and (
+                len(node.args) > 1 or node.keywords):
+            return "it gives Float a precision, which could make it compute millions of digits"
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            exponent = node.right
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _POWERS:
+            if len(node.args) != 2 or node.keywords:
+                return f"it calls {node.func.id} with other than 2 arguments"
+            exponent = node.args[1]
+        else:
+            continue
+        value = _literal(exponent)
+        if value is None or abs(value) > _MAX_EXPONENT:
+            return (f"it raises to the power (or shifts by) {ast.unparse(exponent)[:40]!r}; exponents must be "
+                    f"numbers of at most {_MAX_EXPONENT}, as sympy would compute the result")
+        product *= max(1, int(abs(value)))
+        if product > _MAX_EXPONENT_PRODUCT:
+            return f"its exponents multiply to more than {_MAX_EXPONENT_PRODUCT}, which could build a huge number"
     return None
+
+
+def _literal(node: ast.expr) -> float | None:
+    """The value of a plain number, or a negated one; None for anything else."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _literal(node.operand)
+        return None if value is None else -value
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+        return node.value
+    return None
+
+
+def _check_tensors_match_graph(program: Any, where: str) -> None:
+    """Each stored tensor has the dtype and sizes the graph declares for it (else the first request fails deep
+    inside an operator, naming no tensor)."""
+    signature = program.graph_signature
+    stored = {**{name: (_STATE + name, program.state_dict) for name in (
+                  *signature.inputs_to_parameters.values(), *signature.inputs_to_buffers.values())},
+              **{name: (_CONSTANTS + name, program.constants)
+                 for name in signature.inputs_to_lifted_tensor_constants.values()}}
+    targets = {**signature.inputs_to_parameters, **signature.inputs_to_buffers,
+               **signature.inputs_to_lifted_tensor_constants}
+    for node in program.graph.nodes:
+        if node.op != "placeholder" or node.name not in targets:
+            continue
+        key, table = stored[targets[node.name]]
+        declared, tensor = node.meta.get("val"), table.get(targets[node.name])
+        if not isinstance(declared, torch.Tensor) or not isinstance(tensor, torch.Tensor):
+            continue  # a missing tensor is already refused by torch's verifier
+        sizes = [size if isinstance(size, int) else None for size in declared.shape]
+        if tensor.dtype != declared.dtype or len(sizes) != tensor.dim() or any(
+                size is not None and size != actual for size, actual in zip(sizes, tensor.shape)):
+            raise ExportFormatError(
+                f"{where} holds {key!r} as {str(tensor.dtype).removeprefix('torch.')} {list(tensor.shape)}; the "
+                f"program declares {str(declared.dtype).removeprefix('torch.')} {list(declared.shape)}. The two "
+                "files come from different exports; re-export the model."
+            )
 
 
 def _split_tensors(tensors: dict[str, torch.Tensor], document: dict[str, Any], where: str,
