@@ -798,3 +798,33 @@ def test_edited_manifest_is_caught_and_rebuilt_and_old_manifests_are_read(local_
     del manifest["sha256"]  # as written before manifests had one
     manifest_file.write_text(json.dumps(manifest, indent=1))
     assert CheckpointStore(model_dir).manifest["best"] == [2]
+
+
+def test_a_checkpoint_folder_linked_from_elsewhere_is_unlinked_by_retention_never_emptied(local_store, tmp_path,
+                                                                                         caplog):
+    store, model_dir = local_store
+    elsewhere = tmp_path / "archive" / "ckpt-1"
+    elsewhere.parent.mkdir()
+    os.rename(model_dir / "ckpt-1", elsewhere)
+    os.symlink(elsewhere, model_dir / "ckpt-1")
+    assert store.restore(str(model_dir / "ckpt-1")).step == 1
+    retained = CheckpointStore(model_dir, keep_checkpoint_max=3)
+    with caplog.at_level(logging.WARNING, logger=STORE_LOGGER):
+        retained.save(4, small_state(4.0))
+    assert [entry["step"] for entry in retained.history()] == [2, 3, 4]
+    assert not [name for name in os.listdir(model_dir) if name.startswith(".del-")]  # no leftover warned at each save
+    assert "Could not delete" not in caplog.text
+    assert "state.json" in os.listdir(elsewhere)  # the linked files are untouched
+    assert CheckpointStore(elsewhere.parent).restore(str(elsewhere)).step == 1
+
+
+def test_symlink_loops_and_a_folder_named_like_the_manifest_are_not_fatal(local_store, caplog):
+    store, model_dir = local_store
+    os.symlink(model_dir / "ckpt-8", model_dir / "ckpt-8")  # ELOOP
+    os.symlink(model_dir / "missing", model_dir / "ckpt-9")
+    (model_dir / "checkpoint").unlink()
+    (model_dir / "checkpoint").mkdir()
+    with caplog.at_level(logging.WARNING, logger=STORE_LOGGER):
+        assert store.restore().step == 3
+    assert "checkpoint is unreadable" in caplog.text
+    assert [entry["step"] for entry in store.history()] == [1, 2, 3]

@@ -96,7 +96,7 @@ class LocalStorage:
     def list_folders(self) -> list[str]:
         try:
             with os.scandir(self.root) as entries:
-                return sorted(entry.name for entry in entries if entry.is_dir())
+                return sorted(entry.name for entry in entries if _is_folder(entry))
         except (FileNotFoundError, NotADirectoryError):
             # Nothing was ever saved there; whether it can be written is the writer's question.
             return []
@@ -111,8 +111,12 @@ class LocalStorage:
         fsync_directory(self.root)
 
     def delete_folder(self, folder: str) -> None:
+        path = self.location(folder)
         try:
-            shutil.rmtree(self.location(folder))
+            if os.path.islink(path):
+                os.unlink(path)  # a checkpoint folder linked from elsewhere: drop the link, never the files it points to
+            else:
+                shutil.rmtree(path)
         except FileNotFoundError:
             pass
 
@@ -122,6 +126,8 @@ class LocalStorage:
                 return stream.read()
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except IsADirectoryError:
+            return b""  # not a manifest: the store warns and rebuilds the list by scanning
 
     def replace_manifest(self, data: bytes) -> None:
         os.makedirs(self.root, exist_ok=True)
@@ -189,3 +195,10 @@ class InMemoryStorage:
 
     def free_bytes(self) -> int | None:
         return None
+
+
+def _is_folder(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:  # a symlink loop (ELOOP) or an unreadable link: not a folder the store can use
+        return False
