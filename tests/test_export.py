@@ -355,3 +355,13 @@ def test_expressions_torch_export_writes_stay_allowed(expression):
     from torchestimator.export.program_format import _expression_problem
 
     assert _expression_problem(expression) is None
+
+
+def test_read_inputs_names_an_npz_that_is_damaged_cut_or_holds_objects(tmp_path):
+    objects = tmp_path / "objects.npz"
+    np.savez(objects, x=np.array([{"a": 1}], dtype=object))  # only a pickle could restore it
+    (tmp_path / "damaged.npz").write_bytes(b"PK\x03\x04garbage")
+    (tmp_path / "cut.npz").write_bytes(objects.read_bytes()[:40])
+    for name in ("objects.npz", "damaged.npz", "cut.npz"):
+        with pytest.raises(ValueError, match=rf"{name} is not a readable \.npz"):
+            read_inputs(tmp_path / name)

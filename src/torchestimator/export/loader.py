@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import stat
+import zipfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -161,8 +162,11 @@ def read_inputs(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     path = os.fspath(path)
     if path.endswith(".npz"):
-        with np.load(path, allow_pickle=False) as archive:
-            return {name: archive[name] for name in archive.files}
+        try:
+            with np.load(path, allow_pickle=False) as archive:
+                return {name: archive[name] for name in archive.files}
+        except (zipfile.BadZipFile, EOFError, ValueError) as error:  # not a zip, cut short, object arrays, bad header
+            raise ValueError(f"{path} is not a readable .npz of plain arrays ({type(error).__name__}: {error}).") from None
     try:
         document = _read_json(path)
     except ValueError as error:
