@@ -365,3 +365,12 @@ def test_read_inputs_names_an_npz_that_is_damaged_cut_or_holds_objects(tmp_path)
     for name in ("objects.npz", "damaged.npz", "cut.npz"):
         with pytest.raises(ValueError, match=rf"{name} is not a readable \.npz"):
             read_inputs(tmp_path / name)
+
+
+@pytest.mark.parametrize("target", ["torch.ops.aten.from_file.default", "torch.ops.aten.from_file.out",
+                                    "torch.ops.aten.save.default"])
+def test_operators_that_read_or_write_a_named_file_are_refused_in_every_overload(target):
+    # torch.ops.aten.from_file.out(path, False, size, out=...) reads any file into a tensor the graph can return.
+    from torchestimator.export.program_format import _operator_problem
+
+    assert "a file named in the graph" in (_operator_problem(target) or "")

@@ -54,7 +54,8 @@ _BUILTINS = {f"_operator.{name}" for name in (
     "and_", "or_", "not_")} | {f"torch.{name}" for name in (
     "sym_int", "sym_float", "sym_ite", "sym_max", "sym_min", "sym_not", "sym_sqrt", "sym_sum")} | {
     "math.ceil", "math.floor", "math.trunc"}
-_REFUSED_OPERATORS = {"torch.ops.aten.from_file.default"}  # reads any path named in the graph
+# Every overload (from_file.out reads a file as well as from_file.default): they read or write a path named in the graph.
+_REFUSED_OPERATORS = {"torch.ops.aten.from_file", "torch.ops.aten.save"}
 _NAME_KEYS = {"name", "as_name"}
 _DOTTED_KEYS = {"parameter_name", "buffer_name", "tensor_constant_name", "fqn", "forward_arg_names"}
 _NAMED_TABLES = {"tensor_values", "sym_int_values", "sym_float_values", "sym_bool_values", "opset_version"}
@@ -185,8 +186,8 @@ def _problem(key: str | None, value: Any, path: str) -> str | None:
 
 
 def _operator_problem(target: str) -> str | None:
-    if target in _REFUSED_OPERATORS:
-        return f"calls {target}, which reads a file named in the graph"
+    if target.rsplit(".", 1)[0] in _REFUSED_OPERATORS:
+        return f"calls {target}, which reads or writes a file named in the graph"
     if _OPERATOR.match(target) or target in _HIGHER_ORDER or target in _BUILTINS:
         return None
     return (f"calls {target[:120]!r}, which is not an ATen or prims operator (nor a graph-only builtin); an export "
