@@ -272,3 +272,24 @@ def test_full_disk_at_start_says_disk_full_and_leaves_no_probe(tmp_path, monkeyp
     assert not isinstance(raised.value, PermissionError) and raised.value.errno == errno.ENOSPC
     assert "disk full" in str(raised.value) and str(tmp_path) in str(raised.value)
     assert [name for name in os.listdir(tmp_path) if name.startswith(".")] == []
+
+
+def test_variables_of_a_damaged_model_dir_fall_back_or_name_every_damaged_checkpoint(tmp_path, caplog):
+    from torchestimator.checkpoint import CheckpointError
+
+    train, _, _, _ = input_fns()
+    estimator = make_estimator(tmp_path, save_checkpoints_steps=1, keep_checkpoint_max=3)
+    estimator.train(train, max_steps=3)
+    model_file = tmp_path / "ckpt-3" / "model.safetensors"
+    data = bytearray(model_file.read_bytes())
+    data[-1] ^= 1
+    model_file.write_bytes(bytes(data))
+    reader = make_estimator(tmp_path)
+    with caplog.at_level("WARNING"):
+        value = reader.get_variable_value("net.0.weight")  # from ckpt-2, as evaluate would use
+    assert "ckpt-3" in caplog.text and value.shape == (16, 8)
+    for step in (1, 2, 3):
+        (tmp_path / f"ckpt-{step}" / "state.json").unlink()
+    for call in (reader.get_variable_names, lambda: reader.get_variable_value("net.0.weight")):
+        with pytest.raises(CheckpointError, match=r"None of the 3 checkpoint\(s\)[\s\S]*ckpt-1[\s\S]*ckpt-3"):
+            call()

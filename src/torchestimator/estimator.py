@@ -170,13 +170,16 @@ class Estimator:
         return [name for name, _, _ in self._store.list_variables(self._require_checkpoint())]
 
     def get_variable_value(self, name: str) -> np.ndarray:
-        state = self._store.read_model_state(self._require_checkpoint())
-        if name not in state:
-            raise ValueError(f"Variable {name!r} is not in {self.latest_checkpoint()}; it has {sorted(state)[:20]}.")
-        return state[name].numpy()
+        self._require_checkpoint()
+        checkpoint = self._store.restore(load_optimizer=False)  # past a damaged newest one, as evaluate does
+        if name not in checkpoint.model_state:
+            raise ValueError(f"Variable {name!r} is not in {checkpoint.path}; it has {sorted(checkpoint.model_state)[:20]}.")
+        return checkpoint.model_state[name].numpy()
 
     def _require_checkpoint(self) -> str:
         path = self.latest_checkpoint()
+        if path is None and self._store.has_checkpoints():
+            self._store.restore()  # raises, naming each damaged checkpoint
         if path is None:
             raise ValueError(f"Could not find trained model in model_dir: {self._model_dir}.")
         return path
