@@ -16,6 +16,7 @@ import pytest
 import safetensors.torch
 import torch
 
+from torchestimator.atomic import writer_tag
 from torchestimator.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -728,20 +729,25 @@ def _dead_pid() -> int:
 def test_leftovers_of_dead_writers_are_removed_and_nothing_else(local_store):
     store, model_dir = local_store
     dead, alive = _dead_pid(), os.getppid()
-    leftovers = [f".tmp-ckpt-4-{dead}", f".old-ckpt-2-{dead}"]
-    for folder in leftovers + [f".tmp-ckpt-5-{alive}"]:
+    here = writer_tag().split("-h")[1]
+    elsewhere = format((int(here, 16) + 1) % 2**32, "08x")  # another host: its writers' liveness cannot be seen
+    leftovers = [f".tmp-ckpt-4-{dead}", f".old-ckpt-2-{dead}", f".tmp-ckpt-6-{dead}-h{here}"]
+    kept_folders = [f".tmp-ckpt-5-{alive}", f".tmp-ckpt-7-{dead}-h{elsewhere}", f".del-ckpt-8-{dead}-h{elsewhere}"]
+    for folder in leftovers + kept_folders:
         (model_dir / folder).mkdir()
         (model_dir / folder / "model.safetensors").write_bytes(b"partial")
     temporary_files = [f".checkpoint.tmp-{dead}", f".checkpoint.tmp-{dead}-1a2b3c4d", f".write-probe-{dead}",
-                       f".write-probe.tmp-{dead}-check", f".best.json.tmp-{dead}-00ff00ff"]
-    kept_files = [f".checkpoint.tmp-{alive}-1a2b3c4d", "notes.tmp-1", ".my-notes", f"tmp-{dead}"]
+                       f".write-probe.tmp-{dead}-check", f".best.json.tmp-{dead}-00ff00ff",
+                       f".best.json.tmp-{dead}-h{here}-00ff00ff"]
+    kept_files = [f".checkpoint.tmp-{alive}-1a2b3c4d", "notes.tmp-1", ".my-notes", f"tmp-{dead}",
+                  f".best.json.tmp-{dead}-h{elsewhere}-00ff00ff", f".checkpoint.tmp-{alive}-h{here}-1a2b3c4d"]
     for name in temporary_files + kept_files:
         (model_dir / name).write_bytes(b"x")
     os.rename(model_dir / "ckpt-3", model_dir / f".old-ckpt-3-{dead}")  # killed between the two renames
     store.remove_leftovers()
     present = set(os.listdir(model_dir))
     assert not present & set(leftovers + temporary_files)
-    assert set(kept_files) | {f".tmp-ckpt-5-{alive}", "ckpt-1", "ckpt-2", "ckpt-3"} <= present
+    assert set(kept_files) | set(kept_folders) | {"ckpt-1", "ckpt-2", "ckpt-3"} <= present
     assert store.restore().step == 3  # the set-aside checkpoint was put back
 
 
@@ -778,7 +784,7 @@ def test_no_room_names_path_step_and_bytes_and_keeps_the_previous_checkpoint(ful
     assert isinstance(error, OSError) and error.errno == error_number
     message = str(error)
     assert f"[Errno {error_number}]" in message and "the checkpoint of step 2" in message
-    assert "memory://model_dir/" + (full_at if full_at == "checkpoint" else f".tmp-ckpt-2-{os.getpid()}/{full_at}") \
+    assert "memory://model_dir/" + (full_at if full_at == "checkpoint" else f".tmp-ckpt-2-{writer_tag()}/{full_at}") \
         in message
     assert f"it needs {error.bytes_needed:,} bytes" in message and error.bytes_needed > 100
     assert "The newest intact checkpoint is memory://model_dir/ckpt-1." in message

@@ -3,25 +3,32 @@
 A reader never sees half a file: write a temporary file next to the target,
 fsync it, rename it over the target, fsync the folder.
 
-Temporary names carry the writer's pid (``.<name>.tmp-<pid>-<random>``), so
-that what a killed writer left behind can be told from what a live one is
-writing: ``remove_stale_temporaries`` removes only the former.
+Temporary names carry the writer's pid and host (``.<name>.tmp-<pid>-h<host>-<random>``,
+``writer_tag``), so that what a killed writer left behind can be told from what
+a live one is writing: ``remove_stale_temporaries`` removes only the former. A
+name written on another host (a model_dir on a shared filesystem) is left alone:
+whether its writer lives cannot be seen from here.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import re
 import secrets
+import socket
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-# .<target>.tmp-<pid>-<random> (this module) and the older .<target>.tmp-<pid> (the manifest's former name);
-# .write-probe-<pid> is the estimator's former write probe.
-_TEMPORARY_FILE = re.compile(r"\..+\.tmp-(?P<pid>\d+)(?:-[A-Za-z0-9_]+)?|\.write-probe-(?P<probe_pid>\d+)")
+# Who writes a temporary name: "<pid>-h<host>", the host as 8 hex digits of its name's sha1.
+_HOST = hashlib.sha1(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
+WRITER_PATTERN = r"(?P<pid>\d+)(?:-h(?P<host>[0-9a-f]{8}))?"
+# .<target>.tmp-<writer>-<random> (this module); the older .<target>.tmp-<pid>[-<random>] (the manifest's
+# former name) and .write-probe-<pid> (the estimator's former write probe) have no host part.
+_TEMPORARY_FILE = re.compile(rf"\..+\.tmp-{WRITER_PATTERN}(?:-[A-Za-z0-9_]+)?|\.write-probe-(?P<probe_pid>\d+)")
 
 
 def fsync_directory(path: str) -> None:
@@ -38,9 +45,14 @@ def fsync_directory(path: str) -> None:
         os.close(descriptor)
 
 
+def writer_tag() -> str:
+    """``<pid>-h<host>``: this process, as temporary names carry it (``WRITER_PATTERN`` reads it back)."""
+    return f"{os.getpid()}-h{_HOST}"
+
+
 def temporary_prefix(target_name: str) -> str:
     """The start of a temporary name for `target_name` written by this process."""
-    return f".{target_name}.tmp-{os.getpid()}-"
+    return f".{target_name}.tmp-{writer_tag()}-"
 
 
 def write_bytes_atomically(path: str, data: bytes) -> None:
@@ -78,12 +90,15 @@ def write_json_atomically(path: str, payload: Any, *, indent: int = 2) -> None:
     write_bytes_atomically(path, json.dumps(payload, indent=indent, sort_keys=True).encode("utf-8"))
 
 
-def writer_is_gone(pid: int) -> bool:
+def writer_is_gone(pid: int, host: str | None = None) -> bool:
     """True when `pid` is no live process other than this one (this process's own leftovers are stale at start-up).
 
     A zombie counts as gone: it writes nothing more. A pid of another user's
-    live process (PermissionError) counts as alive.
+    live process (PermissionError) counts as alive, and so does any pid of
+    another host (`host` from the name differs from this one's).
     """
+    if host is not None and host != _HOST:
+        return False
     if pid == os.getpid():
         return True
     if pid <= 0:
@@ -113,7 +128,7 @@ def remove_stale_temporaries(folder: str) -> list[str]:
         path = os.path.join(folder, name)
         if match is None or not os.path.isfile(path) or os.path.islink(path):
             continue
-        if writer_is_gone(int(match.group("pid") or match.group("probe_pid"))):
+        if writer_is_gone(int(match.group("pid") or match.group("probe_pid")), match.group("host")):
             try:
                 os.remove(path)
             except FileNotFoundError:

@@ -6,7 +6,7 @@ retention (``keep_checkpoint_max``, ``keep_checkpoint_every_n_hours``, best
 and protected steps), and falling back past damaged checkpoints. The bytes of
 one checkpoint folder are ``format.py``'s business.
 
-Writes are atomic: files go to ``.tmp-ckpt-<step>-<pid>``, are fsynced, and the
+Writes are atomic: files go to ``.tmp-ckpt-<step>-<pid>-h<host>``, are fsynced, and the
 folder is renamed to ``ckpt-<step>`` only when complete (``state.json``, with
 the checksums, is written last); then the manifest is replaced atomically.
 Listing is the union of the manifest and the ``ckpt-*`` folders that have a
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from torchestimator.atomic import writer_is_gone
+from torchestimator.atomic import WRITER_PATTERN, writer_is_gone, writer_tag
 
 from . import format as checkpoint_format
 from .errors import CheckpointError, DiskFullError, is_no_room
@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 _MANIFEST_VERSION = 1
 _MANIFEST_CHECKSUM_KEY = "sha256"
 _CHECKPOINT_FOLDER = re.compile(r"ckpt-(\d+)")
-_LEFTOVER_FOLDER = re.compile(r"\.(?P<kind>tmp|old|del)-ckpt-(?P<step>\d+)-(?P<pid>\d+)")
+_LEFTOVER_FOLDER = re.compile(rf"\.(?P<kind>tmp|old|del)-ckpt-(?P<step>\d+)-{WRITER_PATTERN}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,7 +154,7 @@ class CheckpointStore:
         manifest = self._read_manifest()
         entries = {entry.step: entry for entry in self._entries(manifest)}
         self.remove_leftovers()
-        staging = f".tmp-{folder}-{os.getpid()}"
+        staging = f".tmp-{folder}-{writer_tag()}"
         self.storage.delete_folder(staging)
         writing = staging
         try:
@@ -189,7 +189,7 @@ class CheckpointStore:
             self.storage.rename_folder(staging, folder)
             return
         # A directory rename cannot replace a non-empty one: move the old aside, then swap.
-        previous = f".old-{folder}-{os.getpid()}"
+        previous = f".old-{folder}-{writer_tag()}"
         self.storage.delete_folder(previous)
         self.storage.rename_folder(folder, previous)
         self.storage.rename_folder(staging, folder)
@@ -206,7 +206,7 @@ class CheckpointStore:
         present = set(self.storage.list_folders())
         for folder in sorted(present):
             match = _LEFTOVER_FOLDER.fullmatch(folder)
-            if match is None or not writer_is_gone(int(match.group("pid"))):
+            if match is None or not writer_is_gone(int(match.group("pid")), match.group("host")):
                 continue
             target, step = f"ckpt-{match.group('step')}", int(match.group("step"))
             if match.group("kind") == "old" and target not in present and self._is_complete(folder, step):
@@ -254,7 +254,7 @@ class CheckpointStore:
         self._write_manifest(manifest, kept)
         for entry in deleted:
             # Renamed first, so a kill during the deletion leaves a leftover to clear, not a half ckpt-<step>.
-            doomed = f".del-{entry.folder}-{os.getpid()}"
+            doomed = f".del-{entry.folder}-{writer_tag()}"
             try:
                 self.storage.rename_folder(entry.folder, doomed)
                 self.storage.delete_folder(doomed)
