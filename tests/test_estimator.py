@@ -207,11 +207,21 @@ def test_lr_scheduler_steps_once_per_global_step_and_resumes(tmp_path):
 
 
 def test_model_dir_whose_checkpoints_are_all_damaged_is_an_error(tmp_path):
-    train, evaluate, _, _ = input_fns()
+    from torchestimator.export import TensorSpec, serving_input_receiver
+    from torchestimator.inspection import describe
+
+    train, evaluate, predict, _ = input_fns()
     make_estimator(tmp_path, save_checkpoints_steps=5).train(train, max_steps=10)
     for step in (5, 10):
         os.remove(tmp_path / f"ckpt-{step}" / "state.json")
-    for call in (lambda estimator: estimator.train(train, max_steps=12), lambda estimator: estimator.evaluate(evaluate)):
+    receiver = serving_input_receiver({"x": TensorSpec(shape=(None, 8), dtype=torch.float32)})
+    every_entry_point = (
+        lambda estimator: estimator.train(train, max_steps=12), lambda estimator: estimator.evaluate(evaluate),
+        lambda estimator: list(estimator.predict(predict)),
+        lambda estimator: estimator.export_saved_model(tmp_path / "export", receiver),
+        lambda estimator: estimator.get_variable_names(), lambda estimator: describe(str(tmp_path)),
+    )
+    for call in every_entry_point:
         with pytest.raises(te.checkpoint.CheckpointError) as raised:
             call(make_estimator(tmp_path, save_checkpoints_steps=5))
         message = str(raised.value)

@@ -176,10 +176,14 @@ class Estimator:
             raise ValueError(f"Variable {name!r} is not in {checkpoint.path}; it has {sorted(checkpoint.model_state)[:20]}.")
         return checkpoint.model_state[name].numpy()
 
+    def _raise_if_all_checkpoints_damaged(self) -> None:
+        """A model_dir holding checkpoints of which none is intact raises the CheckpointError naming each."""
+        if self.latest_checkpoint() is None and self._store.has_checkpoints():
+            self._store.restore()
+
     def _require_checkpoint(self) -> str:
+        self._raise_if_all_checkpoints_damaged()
         path = self.latest_checkpoint()
-        if path is None and self._store.has_checkpoints():
-            self._store.restore()  # raises, naming each damaged checkpoint
         if path is None:
             raise ValueError(f"Could not find trained model in model_dir: {self._model_dir}.")
         return path

@@ -32,8 +32,12 @@ def describe(path: str) -> str:
     if not os.path.exists(path) and not os.path.exists(path + ".index"):
         raise FileNotFoundError(f"inspect: {path} does not exist.")
     is_model_dir = os.path.isdir(path) and not os.path.basename(os.path.normpath(path)).startswith("ckpt-")
-    if is_model_dir and CheckpointStore(path).history():
-        return _describe_model_dir(path)
+    if is_model_dir:
+        store = CheckpointStore(path)
+        if store.history():
+            return _describe_model_dir(path)
+        if store.has_checkpoints():
+            store.restore()  # none is intact: the CheckpointError names each and why
     with open_weights(path) as source:
         rows = [(info.name, info.shape, info.dtype) for info in source.tensors()]
         return "\n".join([f"{path} ({source.format}):", *_variables_table(rows)])

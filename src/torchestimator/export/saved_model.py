@@ -111,6 +111,7 @@ def _restore_module(estimator: Estimator, checkpoint_path: str | None) -> tuple[
     latest = checkpoint_path or estimator.latest_checkpoint()
     warm_start = getattr(estimator, "_warm_start", None)
     if latest is None and warm_start is None:
+        estimator._raise_if_all_checkpoints_damaged()
         raise ValueError(
             f"Couldn't find trained model at {estimator.model_dir}: it has no checkpoint and the Estimator has no "
             "warm_start_from. Train first (with checkpoints enabled), pass checkpoint_path=..., or set warm_start_from."
