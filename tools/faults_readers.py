@@ -448,6 +448,16 @@ def crafted_cases(directory: str, marker: str) -> list[Case]:
         group.parent["loop"] = group.parent
 
     add("keras3_link_cycle", keras3_weights(at("cycle.weights.h5"), cycle), "reached twice")
+    # The `name` attribute's string type damaged into an invalid variable-length type: h5py segfaulted reading it
+    def named(group: Any) -> None:
+        group.attrs["name"] = "dense"
+        group.create_dataset("0", data=numpy.ones(2, "float32"))
+
+    with open(keras3_weights(at("bad_type.weights.h5"), named), "rb") as file:
+        damaged = bytearray(file.read())
+    string_type = damaged.index(b"name\0") + damaged[damaged.index(b"name\0"):].index(b"\x19\x01\x01\x00")
+    damaged[string_type + 1] = 9  # class bits: type 9, neither sequence (0) nor string (1)
+    add("keras3_damaged_string_type", _write(at("bad_type.weights.h5"), bytes(damaged)), "not stored as strings")
     with open(os.path.join(FIXTURES, "keras", "keras3_model.weights.h5"), "rb") as file:
         real = file.read()
     add("keras3_truncated", _write(at("cut.weights.h5"), real[: len(real) * 2 // 3]))

@@ -174,7 +174,7 @@ class KerasH5Source(WeightSource):
         read as its fill value, which is how a 4 KB file can declare 8 GB.
         """
         plist = dataset.id.get_create_plist()
-        _refuse_other_files(self.path, entry, plist)
+        _refuse_other_files(self.path, entry, plist, dataset.id.get_type().get_class())
         shape = dataset.shape or ()
         needed = math.prod(shape) * dataset.dtype.itemsize
         stored = dataset.id.get_storage_size()
@@ -203,15 +203,18 @@ class KerasH5Source(WeightSource):
         self._closers = []
 
 
-def _refuse_other_files(path: str, entry: _Entry, plist: Any) -> None:
-    """Refuse a dataset whose values HDF5 would read from other files (external storage, virtual datasets).
+def _refuse_other_files(path: str, entry: _Entry, plist: Any, dataset_type_class: int) -> None:
+    """Refuse a dataset whose values HDF5 would read from other files (external storage, virtual datasets)
+    or whose type is a variable-length sequence.
 
     Keras stores every value inside the weight file; a dataset pointing at
     ``/etc/passwd`` or another HDF5 file would turn loading weights into
     reading whatever file the writer named.
     """
     where = None
-    if plist.get_external_count():
+    if dataset_type_class == h5py.h5t.VLEN:  # h5py can crash on a damaged one; Keras writes none
+        where = "its values are variable-length sequences, which Keras never writes"
+    elif plist.get_external_count():
         files = [plist.get_external(index)[0].decode("utf-8", "replace") for index in range(plist.get_external_count())]
         where = f"its values are stored in external file(s) {files}"
     elif plist.get_layout() == h5py.h5d.VIRTUAL:
@@ -224,15 +227,25 @@ def _refuse_other_files(path: str, entry: _Entry, plist: Any) -> None:
 
 
 def _refuse_external_links(path: str, handle: Any) -> None:
-    """Refuse a file with external links before any lookup follows one (HDF5 opens the named file)."""
+    """Refuse a file with external links before any lookup follows one (HDF5 opens the named file).
+
+    Walked by hand rather than with ``visititems_links``: an HDF5 error inside
+    h5py's visit callback comes out as a SystemError.
+    """
     found: list[str] = []
-
-    def visit(name: str, link: Any) -> None:
-        if isinstance(link, h5py.ExternalLink):
-            found.append(f"{name!r} -> {link.filename}:{link.path}")
-        return None
-
-    handle.visititems_links(visit)
+    pending, seen = [handle], set()
+    while pending:
+        group = pending.pop()
+        address = h5py.h5o.get_info(group.id).addr
+        if address in seen:
+            continue
+        seen.add(address)
+        for key in group:
+            link = group.get(key, getlink=True)
+            if isinstance(link, h5py.ExternalLink):
+                found.append(f"{group.name.rstrip('/')}/{key} -> {link.filename}:{link.path}")
+            elif isinstance(link, h5py.HardLink) and isinstance(child := group.get(key), h5py.Group):
+                pending.append(child)  # soft links name paths inside this file, reached through hard links
     if found:
         raise WeightSourceError(
             f"{path}: refused: external link(s) to other files ({', '.join(found[:5])}). Keras weight files hold "
@@ -432,13 +445,30 @@ def _has_chunked_attr(group: Any, name: str) -> bool:
 def _read_chunked_attr(group: Any, name: str) -> list[str]:
     """A list-of-strings attribute, joined from ``name0``, ``name1``, ... when Keras split it."""
     if name in group.attrs:
-        return _decode_strings(group.attrs[name])
+        return _decode_strings(_string_attr(group, name))
     values: list[str] = []
     index = 0
     while f"{name}{index}" in group.attrs:
-        values.extend(_decode_strings(group.attrs[f"{name}{index}"]))
+        values.extend(_decode_strings(_string_attr(group, f"{name}{index}")))
         index += 1
     return values
+
+
+def _string_attr(obj: Any, name: str) -> Any:
+    """Attribute `name` of `obj`, read only when HDF5 stores it as strings (or as an empty list).
+
+    Keras writes names as string attributes. Reading one whose datatype was
+    damaged into a variable-length sequence crashed the process inside h5py
+    (a segmentation fault), so the type is looked at before the values.
+    """
+    attribute = h5py.h5a.open(obj.id, name.encode("utf-8"))
+    type_class = attribute.get_type().get_class()
+    if type_class == h5py.h5t.STRING or (attribute.get_space().get_simple_extent_npoints() == 0
+                                         and type_class in (h5py.h5t.FLOAT, h5py.h5t.INTEGER)):
+        return obj.attrs[name]
+    # TypeError: the caller names the file (open_keras_h5 turns it into "corrupt ... Keras HDF5 file: ...").
+    raise TypeError(f"attribute {name!r} of {obj.name!r} is not stored as strings (HDF5 type class {type_class}); "
+                    "Keras writes names as strings, so the file is corrupt or crafted")
 
 
 def _decode_strings(value: Any) -> list[str]:
@@ -571,7 +601,7 @@ def _saveable_name(group: Any, key: str) -> str:
     """The user's name of a saved object: the ``name`` attribute of its ``vars`` group."""
     variables = group.get("vars")
     if isinstance(variables, h5py.Group) and "name" in variables.attrs:
-        return _decode_strings(variables.attrs["name"])[0]
+        return (_decode_strings(_string_attr(variables, "name")) or [key])[0]
     return key
 
 
@@ -625,7 +655,7 @@ def _snake_case(name: str) -> str:
 
 
 def _make_entry(name: str, dataset: Any) -> _Entry:
-    bfloat16 = dataset.attrs.get("dtype") in ("bfloat16", b"bfloat16")
+    bfloat16 = "dtype" in dataset.attrs and _string_attr(dataset, "dtype") in ("bfloat16", b"bfloat16")
     dtype = "float32" if bfloat16 else _dtype_name(dataset.dtype)
     return _Entry(name, dataset.name, TensorInfo(name=name, shape=tuple(dataset.shape), dtype=dtype), bfloat16)
 
