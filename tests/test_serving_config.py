@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -286,3 +287,152 @@ def test_model_config_checks_its_fields():
     assert config.base_path == "relative/path"  # kept as given (TF refuses it without a root dir)
     with pytest.raises(TypeError):
         config.version_labels["stable"] = 2  # frozen all the way down
+
+
+# -- files that are not what they should be: every problem a ValueError naming the file ----------------
+
+READERS = [read_model_config_file, read_batching_parameters_file, read_monitoring_config_file]
+
+
+@pytest.mark.parametrize("reader", READERS, ids=lambda reader: reader.__name__)
+def test_a_folder_a_fifo_a_device_an_unreadable_and_a_huge_file_are_value_errors_naming_it(tmp_path, reader):
+    import os
+
+    from torchestimator.serving import config as config_module
+
+    with pytest.raises(ValueError, match=rf"{tmp_path} is a folder"):
+        reader(tmp_path)  # IsADirectoryError was raw
+    fifo = tmp_path / "fifo.config"
+    os.mkfifo(fifo)  # no writer: a blocking open would hang here for good
+    with pytest.raises(ValueError, match=r"fifo.config is not a regular file"):
+        reader(fifo)
+    with pytest.raises(ValueError, match=r"/dev/zero is not a regular file"):
+        reader("/dev/zero")  # would be read for ever
+    huge = tmp_path / "huge.config"
+    with open(huge, "wb") as file:
+        file.truncate(config_module.MAX_CONFIG_BYTES + 1)  # sparse: no disk used
+    with pytest.raises(ValueError, match=r"huge.config is larger than 16 MiB"):
+        reader(huge)
+    loop = tmp_path / "loop.config"
+    loop.symlink_to(loop)  # ELOOP: an OSError that is neither missing nor permission
+    with pytest.raises(ValueError, match=r"loop.config could not be opened"):
+        reader(loop)
+    too_long = tmp_path / ("x" * 300)  # ENAMETOOLONG
+    with pytest.raises(ValueError, match=r"could not be opened"):
+        reader(too_long)
+
+
+def test_an_unreadable_file_is_a_value_error_naming_it(tmp_path, monkeypatch):
+    import builtins
+    import os
+
+    path = write(tmp_path, BASIC_EXAMPLE)
+    real_open = os.open
+
+    def refusing_open(name, *arguments, **keywords):  # CI runs as root, so chmod 000 would still read
+        if os.fspath(name) == str(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(name, *arguments, **keywords)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    monkeypatch.setattr(builtins, "open", lambda name, *a, **k: refusing_open(name))  # the old reader's way in
+    with pytest.raises(ValueError, match=rf"{path} could not be opened \(Permission denied\)"):
+        read_model_config_file(path)
+
+
+# -- batching numbers out of TF's range ------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, words", [
+    ("max_batch_size { value: -5 }", "max_batch_size must be positive; was -5"),
+    ("max_batch_size { value: 0 }", "max_batch_size must be positive; was 0"),
+    ("batch_timeout_micros { value: -1 }", "batch_timeout_micros must be non-negative; was -1"),
+    ("num_batch_threads { value: 0 }", "num_batch_threads must be positive; was 0"),
+    ("max_enqueued_batches { value: 0 }", "max_enqueued_batches must be positive; was 0"),
+    ("max_execution_batch_size { value: -2 }", "max_execution_batch_size must be positive; was -2"),
+    ("max_batch_size { value: 4 } allowed_batch_sizes: 0 allowed_batch_sizes: 4",
+     r"allowed_batch_sizes\[0\] must be positive; was 0"),
+    ("max_batch_size { value: 4 } allowed_batch_sizes: 2 allowed_batch_sizes: 2 allowed_batch_sizes: 4",
+     "strictly increasing"),
+])
+def test_batching_numbers_out_of_range_are_refused_naming_file_field_and_value(tmp_path, text, words):
+    path = write(tmp_path, text, "batching.config")
+    with pytest.raises(ValueError, match=rf"{path}: .*{words}"):
+        read_batching_parameters_file(path)
+
+
+def test_batching_numbers_at_the_edge_of_the_range_are_accepted(tmp_path):
+    path = write(tmp_path, "max_batch_size { value: 1 } batch_timeout_micros { value: 0 } "
+                           "max_enqueued_batches { value: 1 } num_batch_threads { value: 1 } allowed_batch_sizes: 1",
+                 "batching.config")
+    assert read_batching_parameters_file(path) == {"max_batch_size": 1, "batch_timeout_micros": 0,
+                                                   "max_enqueued_batches": 1, "num_batch_threads": 1,
+                                                   "allowed_batch_sizes": (1,)}
+
+
+# -- names that cannot be routed ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, shown", [
+    ("a/b", "'/'"), ("a:predict", "':'"), ("a\\x00b", r"'\x00'"), ("a\\nb", r"'\n'"), ("a\\x7f", r"'\x7f'"),
+    ("..", "dot segment"),
+])
+def test_model_names_that_cannot_be_routed_are_refused_naming_file_and_line(tmp_path, name, shown):
+    text = ("model_config_list {\n  config { name: 'ok' base_path: '/ok' }\n  # name: 'a comment'\n"
+            f"  config {{\n    name: '{name}'\n    base_path: '/bad'\n  }}\n}}\n")
+    path = write(tmp_path, text)
+    with pytest.raises(ValueError) as raised:
+        read_model_config_file(path)
+    message = str(raised.value)
+    assert f"{path}:5: model_config_list.config[1]" in message, message
+    assert shown in message and "model name" in message, message
+
+
+def test_version_labels_that_cannot_be_routed_are_refused(tmp_path):
+    path = write(tmp_path, one_model("version_labels { key: 'can/ary' value: 1 }"))
+    with pytest.raises(ValueError, match=rf"{path}: model_config_list.config\[0\] .*version label 'can/ary' .*'/'"):
+        read_model_config_file(path)
+    with pytest.raises(ValueError, match="cannot be routed"):
+        ModelConfig(name="a", base_path="/a", version_labels={"x:y": 1})
+    with pytest.raises(ValueError, match="ModelConfig.name 'a/b'"):
+        ModelConfig(name="a/b", base_path="/a")  # --model_name goes through ModelConfig too
+    assert ModelConfig(name="my-model_1.v2 x", base_path="/a").name == "my-model_1.v2 x"  # what TF routes
+
+
+# -- a reload hitting a broken file keeps the running models --------------------------------------------
+
+def test_a_reload_hitting_a_folder_a_fifo_or_an_unroutable_name_keeps_the_running_models(tmp_path, caplog):
+    import os
+
+    from torchestimator.serving import start
+
+    config = tmp_path / "models.config"
+    config.write_text(f"model_config_list {{ config {{ name: 'a' base_path: '{tmp_path / 'a'}' }} }}")
+    broken = {
+        "a folder": lambda: (config.unlink(), config.mkdir()),
+        "a fifo": lambda: (config.rmdir(), os.mkfifo(config)),
+        "an unroutable name": lambda: (config.unlink(), config.write_text(
+            f"model_config_list {{ config {{ name: 'b/c' base_path: '{tmp_path / 'b'}' }} }}")),
+    }
+    caplog.set_level(logging.ERROR, logger="torchestimator.serving.server")
+
+    def keeps(words):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if any(words in record.getMessage() for record in caplog.records):
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"no reload refused {words!r}: {[r.getMessage() for r in caplog.records]}")
+
+    with start(model_config_file=str(config), model_config_file_poll_wait_seconds=0.05,
+               file_system_poll_wait_seconds=0) as server:
+        for kind, breaking in broken.items():
+            caplog.clear()
+            breaking()
+            keeps({"a folder": "is a folder", "a fifo": "not a regular file",
+                   "an unroutable name": "the model name 'b/c'"}[kind])
+            assert sorted(server.managers) == ["a"], kind
+        config.unlink()
+        config.write_text(f"model_config_list {{ config {{ name: 'b' base_path: '{tmp_path / 'b'}' }} }}")
+        deadline = time.monotonic() + 20
+        while sorted(server.managers) != ["b"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sorted(server.managers) == ["b"]  # and a good file is picked up again

@@ -36,6 +36,7 @@ import dataclasses
 import functools
 import logging
 import os
+import stat
 from collections.abc import Mapping
 from types import MappingProxyType, SimpleNamespace
 from typing import Any
@@ -100,6 +101,24 @@ class VersionPolicy:
         return [version for version in self.versions if version in present]
 
 
+def _url_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a model name or version label, or None: both are parts of URLs.
+
+    TF Serving's REST routes match them with ``[^/:]+`` (``/v1/models/<name>/labels/<label>:predict``), so a
+    name holding '/' or ':' is never routed; control characters (NUL included) and the dot segments '.' and
+    '..' are refused too, as no HTTP client sends them as a path segment.
+    """
+    if not name:
+        return "is empty; give a name"
+    bad = sorted({character for character in name if character in "/:" or ord(character) < 32 or ord(character) == 127})
+    if bad:
+        return (f"holds {', '.join(repr(character) for character in bad)}; names and labels are parts of "
+                "/v1/models/<name>/labels/<label> URLs, so '/', ':' and control characters cannot be routed")
+    if name in (".", ".."):
+        return "is a dot segment of a URL path and cannot be routed; choose another name"
+    return None
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """One model of a ``model_config_list``: its name, base path, version policy and labels."""
@@ -116,6 +135,9 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"ModelConfig.name must be a non-empty string; received {self.name!r}.")
+        problem = _url_name_problem(self.name)
+        if problem:
+            raise ValueError(f"ModelConfig.name {self.name!r} {problem}.")
         if not isinstance(self.base_path, str) or not self.base_path:
             raise ValueError(f"ModelConfig.base_path of model {self.name!r} must be a non-empty string; "
                              f"received {self.base_path!r}.")
@@ -127,6 +149,9 @@ class ModelConfig:
             if not isinstance(label, str) or not label:
                 raise ValueError(f"Version labels of model {self.name!r} must be non-empty strings; "
                                  f"received {label!r}.")
+            problem = _url_name_problem(label)
+            if problem:
+                raise ValueError(f"Version label {label!r} of model {self.name!r} {problem}.")
             if isinstance(version, bool) or not isinstance(version, int):
                 raise ValueError(f"Version label {label!r} of model {self.name!r} must map to an int version; "
                                  f"received {version!r}.")
@@ -159,8 +184,31 @@ def parse_model_server_config(text: str, source: str = "<string>") -> list[Model
         if config.name in seen:  # TF's ValidateModelConfigList wording
             raise ValueError(f"{source}: Illegal to list model {config.name} multiple times in config list.")
         seen.add(config.name)
+        problem = _url_name_problem(config.name) if config.name else None
+        if problem:
+            line = _field_lines(text, "name")[index:index + 1]
+            at = f"{source}:{line[0]}: model_config_list.config[{index}]" if line else where
+            raise ValueError(f"{at}: the model name {config.name!r} {problem}.")
+        for label in sorted(config.version_labels):
+            problem = _url_name_problem(label) if label else None  # an empty one: ModelConfig's own message
+            if problem:
+                raise ValueError(f"{where} (model {config.name!r}): the version label {label!r} {problem}.")
         configs.append(_model_config(config, where))
     return configs
+
+
+def _field_lines(text: str, field: str) -> list[int]:
+    """The 1-based line of each ``field:`` in the text, in order (comments skipped, as the parser skips them)."""
+    from google.protobuf import text_format
+
+    lines, previous = [], ""
+    tokenizer = text_format.Tokenizer(text.splitlines(True))
+    while not tokenizer.AtEnd():
+        if tokenizer.token == field and previous != ":":
+            lines.append(tokenizer._line + 1)
+        previous = tokenizer.token
+        tokenizer.NextToken()
+    return lines
 
 
 def read_model_config_file(path: str | os.PathLike[str]) -> list[ModelConfig]:
@@ -187,7 +235,15 @@ def read_batching_parameters_file(path: str | os.PathLike[str]) -> dict[str, Any
             parameters[field.name] = tuple(value)
         else:
             parameters[field.name] = value
+    for name, minimum in _BATCHING_MINIMUMS.items():
+        value = parameters.get(name)
+        if value is not None and value < minimum:  # TF's SharedBatchScheduler / BatchingSession wording
+            rule = "non-negative" if minimum == 0 else "positive"
+            raise ValueError(f"{path}: {name} must be {rule}; was {value}. Fix {name} {{ value: ... }} in the file.")
     sizes = parameters.get("allowed_batch_sizes", ())
+    for index, size in enumerate(sizes):
+        if size < 1:
+            raise ValueError(f"{path}: allowed_batch_sizes[{index}] must be positive; was {size}.")
     if sizes and list(sizes) != sorted(set(sizes)):
         raise ValueError(f"{path}: allowed_batch_sizes must be strictly increasing; received {list(sizes)}.")
     if sizes and "max_batch_size" in parameters and sizes[-1] != parameters["max_batch_size"]:
@@ -195,6 +251,11 @@ def read_batching_parameters_file(path: str | os.PathLike[str]) -> dict[str, Any
         raise ValueError(f"{path}: Last entry in allowed_batch_sizes must match max_batch_size; last entry was "
                          f"{sizes[-1]}; expected {parameters['max_batch_size']}.")
     return parameters
+
+
+_BATCHING_MINIMUMS = {"max_batch_size": 1, "batch_timeout_micros": 0, "max_enqueued_batches": 1,
+                      "num_batch_threads": 1, "max_execution_batch_size": 1}
+"""The least value of each BatchingParameters number TF accepts (the scheduler refuses the rest at load time)."""
 
 
 def read_monitoring_config_file(path: str | os.PathLike[str]) -> MonitoringConfig:
@@ -208,12 +269,41 @@ def read_monitoring_config_file(path: str | os.PathLike[str]) -> MonitoringConfi
     return MonitoringConfig(enable=prometheus.enable, path=metrics_path)
 
 
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+"""The largest config file read (16 MiB): TF Serving's config files are a few kilobytes; a bigger one is a mistake
+(the wrong file named), and reading it whole would hold the server up and its memory."""
+
+
 def _read_text(path: str, what: str) -> str:
+    """The file's text; every problem (missing, a folder, a FIFO or device, unreadable, too big, not UTF-8) is a
+    ValueError naming the file. Opened non-blocking and checked to be a regular file before it is read, so a FIFO
+    given by mistake cannot hold up the server."""
     try:
-        with open(path, encoding="utf-8") as file:
-            return file.read()
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise ValueError(f"The {what} {path} does not exist; check the path given on the command line.") from None
+    except OSError as error:
+        raise ValueError(f"The {what} {path} could not be opened ({error.strerror or error}); give the path of a "
+                         "readable text-format file.") from None
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+            raise ValueError(f"The {what} {path} is {kind}; give the path of a text-format file.")
+        with os.fdopen(descriptor, "rb") as file:
+            descriptor = -1  # the file object closes it now
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError as error:
+        raise ValueError(f"The {what} {path} could not be read ({error.strerror or error}); check the file and "
+                         "its permissions.") from None
+    finally:
+        if descriptor >= 0:
+            os.close(descriptor)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ValueError(f"The {what} {path} is larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB, the most read; "
+                         "TF Serving's config files are a few kilobytes: check that the right file is named.")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(f"The {what} {path} is not UTF-8 text ({error}); TF Serving reads an ASCII "
                          "(text-format) protocol buffer.") from None
