@@ -360,3 +360,27 @@ def test_oversized_config_json_is_ignored_unread(tmp_path, caplog):
     with open_keras_h5(copy) as source:
         assert source.tensors()
     assert "over the 67108864-byte limit" in caplog.text
+
+
+def test_global_heap_check_passes_keras_collections_and_refuses_ones_hdf5_would_spin_on():
+    """HDF5 steps through a global heap collection by declared sizes; a 0-byte free-space object spun it forever.
+
+    The end-to-end case (reading such a file ends in WeightSourceError) runs in tests/faults under a timeout.
+    """
+    from torchestimator.interop.keras_h5 import _global_heap_problem
+
+    with open(fixture("keras3_nested.weights.h5"), "rb") as handle:
+        data = handle.read()
+    start = data.index(b"GCOL")
+    collection = bytearray(data[start:start + int.from_bytes(data[start + 8:start + 16], "little")])
+    assert _global_heap_problem(memoryview(bytes(collection))) is None
+    free = 16
+    while int.from_bytes(collection[free:free + 2], "little") != 0:
+        free += 16 + (int.from_bytes(collection[free + 8:free + 16], "little") + 7) // 8 * 8
+    spinning = bytearray(collection)
+    spinning[free + 8:free + 16] = bytes(8)
+    assert "free-space object" in _global_heap_problem(memoryview(bytes(spinning)))
+    past_end = bytearray(collection)
+    past_end[16 + 8:16 + 16] = (1 << 63).to_bytes(8, "little")  # first object's size wraps HDF5's pointer
+    assert "past the collection's end" in _global_heap_problem(memoryview(bytes(past_end)))
+    assert _global_heap_problem(memoryview(bytes(collection[:64]))) is None  # a partial read: checked when whole

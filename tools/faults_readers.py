@@ -458,6 +458,19 @@ def crafted_cases(directory: str, marker: str) -> list[Case]:
     string_type = damaged.index(b"name\0") + damaged[damaged.index(b"name\0"):].index(b"\x19\x01\x01\x00")
     damaged[string_type + 1] = 9  # class bits: type 9, neither sequence (0) nor string (1)
     add("keras3_damaged_string_type", _write(at("bad_type.weights.h5"), bytes(damaged)), "not stored as strings")
+    # A damaged global heap (where the `name` strings live): HDF5 spun forever parsing it. The fuzzer's find, 5
+    # bytes of the nested fixture: object 5's size grows by 1024, so HDF5 meets a free-space object of 0 bytes.
+    with open(os.path.join(FIXTURES, "keras", "keras3_nested.weights.h5"), "rb") as file:
+        nested = bytearray(file.read())
+    for offset, value in ((2177, 4), (5236, 8), (16653, 8), (24997, 4), (37024, 2)):
+        assert nested[offset] == 0, "tests/fixtures/keras/keras3_nested.weights.h5 changed; re-derive this case"
+        nested[offset] = value
+    add("keras3_global_heap_spin", _write(at("heap_spin.weights.h5"), bytes(nested)),
+        "global heap collection at byte 2048 is damaged")
+    with zipfile.ZipFile(os.path.join(FIXTURES, "keras", "keras3_nested.keras")) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    members["model.weights.h5"] = zero_free_space(members["model.weights.h5"])
+    add("keras_archive_global_heap_spin", keras_archive(at("heap_spin.keras"), members), "free-space object")
     with open(os.path.join(FIXTURES, "keras", "keras3_model.weights.h5"), "rb") as file:
         real = file.read()
     add("keras3_truncated", _write(at("cut.weights.h5"), real[: len(real) * 2 // 3]))
@@ -504,6 +517,17 @@ def crafted_cases(directory: str, marker: str) -> list[Case]:
         file.truncate(os.path.getsize(shard) // 2)
     add("tf_truncated_shard", at("tf_truncated"), os.path.basename(shard))
     return cases
+
+
+def zero_free_space(data: bytes) -> bytes:
+    """The HDF5 file with the free-space object of its first global heap collection declaring 0 bytes."""
+    damaged = bytearray(data)
+    start = damaged.index(b"GCOL")
+    offset = start + 16
+    while int.from_bytes(damaged[offset:offset + 2], "little") != 0:  # bounded: each object moves 16+ bytes on
+        offset += 16 + (int.from_bytes(damaged[offset + 8:offset + 16], "little") + 7) // 8 * 8
+    damaged[offset + 8:offset + 16] = bytes(8)
+    return bytes(damaged)
 
 
 def _write(path: str, data: bytes) -> str:

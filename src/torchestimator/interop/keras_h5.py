@@ -53,6 +53,7 @@ import json
 import logging
 import math
 import os
+import io
 import re
 import zipfile
 from typing import Any
@@ -321,8 +322,10 @@ def _open_hdf5(path: str, closers: list[Any]) -> tuple[Any, dict[str, Any] | Non
         size = os.fstat(probe.fileno()).st_size
     if head[:4] == ZIP_SIGNATURE:
         return _open_archive(path, closers)
+    raw = open(path, "rb")  # noqa: SIM115 - closed with the source (closers)
+    closers.append(raw)
     try:
-        return h5py.File(path, "r"), None, size
+        return h5py.File(_HeapGuard(raw), "r"), None, size
     except OSError as error:
         if head != HDF5_SIGNATURE:
             raise WeightSourceError(
@@ -349,11 +352,84 @@ def _open_archive(path: str, closers: list[Any]) -> tuple[Any, dict[str, Any] | 
         member = archive.open(ARCHIVE_WEIGHTS_MEMBER)
         closers.append(member)
         # h5py reads the member through Python's file API, so nothing is extracted to disk.
-        return h5py.File(member, "r"), config, archive.getinfo(ARCHIVE_WEIGHTS_MEMBER).file_size
+        return h5py.File(_HeapGuard(member), "r"), config, archive.getinfo(ARCHIVE_WEIGHTS_MEMBER).file_size
     except _READ_ERRORS as error:
         raise WeightSourceError(
             f"{path}: corrupt or truncated {ARCHIVE_WEIGHTS_MEMBER} inside the .keras archive: {error}"
         ) from error
+
+
+class _DamagedHeapError(RuntimeError):
+    """A global heap collection HDF5 was about to parse would make it spin forever (raised from a read)."""
+
+
+class _HeapGuard(io.RawIOBase):
+    """The HDF5 file as h5py reads it (its ``fileobj`` driver), checking each global heap collection read.
+
+    Variable-length strings (Keras's ``name`` attributes) live in global heap
+    collections (``GCOL``). HDF5 2.0 parses a collection by stepping from
+    object to object by each object's declared size; a free-space object
+    declaring 0 bytes makes that loop spin forever at 100% CPU (it never ends,
+    and cannot be interrupted). HDF5 reads a collection whole before parsing
+    it, so the read is where the collection is checked, in at most 65,537
+    steps of 16 bytes or more.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self._inner = inner
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self._inner.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._inner.tell()
+
+    def readinto(self, buffer: Any) -> int:
+        start = self._inner.tell()
+        count = self._inner.readinto(buffer)
+        view = memoryview(buffer).cast("B")
+        if count and count >= 16 and view[:4] == b"GCOL":
+            problem = _global_heap_problem(view[:count])
+            if problem:
+                raise _DamagedHeapError(f"the global heap collection at byte {start} is damaged: {problem}")
+        return count
+
+
+def _global_heap_problem(data: memoryview) -> str | None:
+    """Why HDF5 could not parse this global heap collection in bounded steps; None when it can (or is not whole).
+
+    Layout (HDF5 format spec, "Global Heap"): ``GCOL``, version, 3 reserved
+    bytes, the collection size (8 bytes, as Keras's files use), then objects
+    of a 16-byte header (index u16, refcount u16, reserved u32, size u64) and
+    their data padded to 8 bytes. Index 0 is free space, whose size counts its
+    header. HDF5's own writer never leaves an object reaching past the end, a
+    free-space object smaller than a header, or over 65,535 objects.
+    """
+    size = int.from_bytes(data[8:16], "little")
+    if size > len(data):
+        return None  # HDF5 reads the whole declared size before parsing; that read is checked
+    offset, steps = 16, 0
+    while offset + 16 <= size:
+        steps += 1
+        index = int.from_bytes(data[offset:offset + 2], "little")
+        declared = int.from_bytes(data[offset + 8:offset + 16], "little")
+        need = declared if index == 0 else 16 + (declared + 7) // 8 * 8
+        if index == 0 and declared < 16:
+            return f"its free-space object at byte {offset} of the collection declares {declared} bytes"
+        if need > size - offset:
+            return (f"object {index} at byte {offset} of the collection declares {declared} bytes, past the "
+                    f"collection's end ({size} bytes)")
+        if steps > 65_536:
+            return "it lists more objects than an HDF5 global heap collection can hold"
+        offset += need
+    return None
 
 
 def _read_archive_config(path: str, archive: zipfile.ZipFile) -> dict[str, Any] | None:
@@ -465,7 +541,10 @@ def _string_attr(obj: Any, name: str) -> Any:
     type_class = attribute.get_type().get_class()
     if type_class == h5py.h5t.STRING or (attribute.get_space().get_simple_extent_npoints() == 0
                                          and type_class in (h5py.h5t.FLOAT, h5py.h5t.INTEGER)):
-        return obj.attrs[name]
+        try:
+            return obj.attrs[name]
+        except _DamagedHeapError as error:  # its strings are in a damaged global heap collection
+            raise TypeError(f"attribute {name!r} of {obj.name!r} cannot be read: {error}") from error
     # TypeError: the caller names the file (open_keras_h5 turns it into "corrupt ... Keras HDF5 file: ...").
     raise TypeError(f"attribute {name!r} of {obj.name!r} is not stored as strings (HDF5 type class {type_class}); "
                     "Keras writes names as strings, so the file is corrupt or crafted")
