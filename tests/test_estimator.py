@@ -303,3 +303,24 @@ def test_variables_of_a_damaged_model_dir_fall_back_or_name_every_damaged_checkp
     for call in (reader.get_variable_names, lambda: reader.get_variable_value("net.0.weight")):
         with pytest.raises(CheckpointError, match=r"None of the 3 checkpoint\(s\)[\s\S]*ckpt-1[\s\S]*ckpt-3"):
             call()
+
+
+def test_deterministic_algorithms_are_on_while_training_and_the_callers_setting_comes_back(tmp_path):
+    class Observe(te.Hook):
+        seen: list[bool] = []
+
+        def after_step(self, run_context):
+            self.seen.append(torch.are_deterministic_algorithms_enabled())
+
+    train, _, _, _ = input_fns()
+    assert not torch.are_deterministic_algorithms_enabled()
+    try:
+        observe = Observe()
+        make_estimator(tmp_path, deterministic=True).train(train, hooks=[observe], max_steps=3)
+        assert observe.seen == [True, True, True]
+        assert not torch.are_deterministic_algorithms_enabled()  # process-wide in torch: not left on for what follows
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        make_estimator(tmp_path / "second", deterministic=True).train(train, max_steps=2)
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)

@@ -8,6 +8,7 @@ checkpoint/; what goes into a checkpoint in persistence.py.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import json
@@ -206,22 +207,23 @@ class Estimator:
                 raise ValueError(f"Must specify {name} > 0; received {value}.")
         if self._optimizer_factory is None:
             raise ValueError("Estimator.train needs an optimizer factory: Estimator(..., optimizer=lambda parameters: ...).")
-        run = self._start_training(input_fn, hooks, steps, max_steps, saving_listeners)
-        if run is None:
-            return self
-        self._module_holds = None
-        try:
-            train_loop(run)
-        except BaseException:
+        with _deterministic_algorithms(self._config.deterministic):
+            run = self._start_training(input_fn, hooks, steps, max_steps, saving_listeners)
+            if run is None:
+                return self
+            self._module_holds = None
             try:
-                run.summary_writer.close()
-            except OSError as error:  # keep the error that stopped training (a full disk fails both)
-                logger.warning("%s", error)
-            raise
-        finally:
-            run.module.eval()
-        run.summary_writer.close()
-        run.strategy.barrier()  # the chief's final checkpoint is on disk before any replica reads it
+                train_loop(run)
+            except BaseException:
+                try:
+                    run.summary_writer.close()
+                except OSError as error:  # keep the error that stopped training (a full disk fails both)
+                    logger.warning("%s", error)
+                raise
+            finally:
+                run.module.eval()
+            run.summary_writer.close()
+            run.strategy.barrier()  # the chief's final checkpoint is on disk before any replica reads it
         saved = run.checkpointer.last_saved_path if run.checkpointer else None
         self._module_holds, self._held_step = saved or "trained", run.state.global_step
         return self
@@ -240,8 +242,6 @@ class Estimator:
         if max_steps is not None and checkpoint is not None and checkpoint.step >= max_steps:
             logger.info("Skipping training since max_steps has already saved (global step %d).", checkpoint.step)
             return None
-        if config.deterministic:
-            _enable_determinism()
         if config.random_seed is not None:
             seed_everything(config.random_seed)
         module = self._build_module(strategy.device)
@@ -567,8 +567,23 @@ def _resolve_model_dir(model_dir: str | os.PathLike[str] | None, config: RunConf
     return model_dir
 
 
-def _enable_determinism() -> None:
+@contextlib.contextmanager
+def _deterministic_algorithms(enabled: bool) -> Iterator[None]:
+    """torch's deterministic algorithms for one train call (RunConfig.deterministic), then the caller's setting back.
+
+    The switch is process-wide in torch; left on, it would change how the rest of the
+    process computes (evaluation, the user's own code, other estimators).
+    """
+    if not enabled:
+        yield
+        return
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.backends.cudnn.benchmark)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
-    if torch.backends.cudnn.is_available():
-        torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        torch.backends.cudnn.benchmark = previous[2]
