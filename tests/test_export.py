@@ -374,3 +374,25 @@ def test_operators_that_read_or_write_a_named_file_are_refused_in_every_overload
     from torchestimator.export.program_format import _operator_problem
 
     assert "a file named in the graph" in (_operator_problem(target) or "")
+
+
+@pytest.mark.slow
+def test_weights_larger_than_the_json_files_bound_load(tmp_path):
+    # 8 x 2.2M float32 = 70 MB of weights: over the 64 MiB bound on an export's JSON files, which must not apply
+    # to tensors.safetensors (a real model's weights are as big as the model).
+    class Wide(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = SmallNet()
+            self.register_buffer("table", torch.zeros(8, 2_200_000))
+
+        def forward(self, x):
+            return self.net(x) + self.table[:, :3].sum() * 0
+
+    train, _, _, (x, _) = input_fns(n=64)
+    estimator = make_estimator(tmp_path / "model", model=Wide, save_checkpoints_steps=2)
+    estimator.train(train, max_steps=2)
+    export_dir = export_saved_model(estimator, tmp_path / "export", RECEIVER)
+    assert os.path.getsize(os.path.join(export_dir, "tensors.safetensors")) > 64 << 20
+    predictions = load(export_dir)({"x": x[:4]})
+    assert predictions["probabilities"].shape == (4, 3)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import stat
+import sys
 import zipfile
 from collections.abc import Mapping
 from typing import Any
@@ -29,6 +29,7 @@ from torchestimator.export.receiver import parse_dtype
 from torchestimator.export.program_format import LEGACY_FILE, PROGRAM_FILE, TENSORS_FILE, decode
 from torchestimator.export.saved_model import METADATA_FILE, SIGNATURE_FILE, SIGNATURE_FORMAT_VERSION
 from torchestimator.export.versions import latest_version
+from torchestimator.regular_file import FileTooLargeError, NotARegularFileError, read_regular_file
 
 __all__ = ["ExportedModel", "Signature", "TensorInfo", "load", "read_inputs"]
 
@@ -149,7 +150,7 @@ def load(path: str | os.PathLike[str]) -> ExportedModel:
     if not isinstance(metadata, dict):
         raise ValueError(f"{metadata_path} must hold a JSON object; it holds {type(metadata).__name__}.")
     program = decode(_read_export_file(os.path.join(path, PROGRAM_FILE), _MAX_PROGRAM_BYTES),
-                     _read_export_file(os.path.join(path, TENSORS_FILE)), path)
+                     _read_export_file(os.path.join(path, TENSORS_FILE), _MAX_TENSORS_BYTES), path)
     return ExportedModel(path, program, document, metadata)
 
 
@@ -276,22 +277,22 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
 # What a version's JSON files may hold: graphs of big models with their metadata stay far below these.
 _MAX_PROGRAM_BYTES = 1 << 30
 _MAX_JSON_BYTES = 64 << 20
+_MAX_TENSORS_BYTES = sys.maxsize  # the weights are as big as the model; the file's real size bounds the read
 
 
-def _read_export_file(path: str, limit: int | None = _MAX_JSON_BYTES) -> bytes:
+def _read_export_file(path: str, limit: int = _MAX_JSON_BYTES) -> bytes:
     """A version folder's file: a regular file (a FIFO or device named program.json must not block or stream
-    forever), read up to its size, which must be within limit."""
+    forever) of at most ``limit`` bytes."""
     try:
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # opening a FIFO does not wait
+        return read_regular_file(path, limit)
     except FileNotFoundError as error:
         raise ValueError(f"{path} is missing: the export folder is incomplete or not an export.") from error
-    with open(descriptor, "rb") as handle:
-        info = os.fstat(descriptor)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{path} is not a regular file (a FIFO, device or folder); an export holds files only.")
-        if limit is not None and info.st_size > limit:
-            raise ValueError(f"{path} holds {info.st_size} bytes, more than the {limit} an export's file may hold.")
-        return handle.read(info.st_size)
+    except NotARegularFileError as error:
+        raise ValueError(f"{path} is not a regular file (a FIFO, device or folder); an export holds files only.") \
+            from error
+    except FileTooLargeError as error:
+        raise ValueError(f"{path} holds {error.size} bytes, more than the {limit} an export's file may hold.") \
+            from error
 
 
 def _read_bytes(path: str) -> bytes:

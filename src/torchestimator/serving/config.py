@@ -36,10 +36,11 @@ import dataclasses
 import functools
 import logging
 import os
-import stat
 from collections.abc import Mapping
 from types import MappingProxyType, SimpleNamespace
 from typing import Any
+
+from torchestimator.regular_file import FileTooLargeError, NotARegularFileError, open_regular_file, read_bounded
 
 __all__ = [
     "DEFAULT_PROMETHEUS_PATH",
@@ -279,29 +280,23 @@ def _read_text(path: str, what: str) -> str:
     ValueError naming the file. Opened non-blocking and checked to be a regular file before it is read, so a FIFO
     given by mistake cannot hold up the server."""
     try:
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        file = open_regular_file(path)
     except FileNotFoundError:
         raise ValueError(f"The {what} {path} does not exist; check the path given on the command line.") from None
+    except NotARegularFileError as error:
+        raise ValueError(f"The {what} {path} is {error.kind}; give the path of a text-format file.") from None
     except OSError as error:
         raise ValueError(f"The {what} {path} could not be opened ({error.strerror or error}); give the path of a "
                          "readable text-format file.") from None
     try:
-        mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
-            raise ValueError(f"The {what} {path} is {kind}; give the path of a text-format file.")
-        with os.fdopen(descriptor, "rb") as file:
-            descriptor = -1  # the file object closes it now
-            data = file.read(MAX_CONFIG_BYTES + 1)
+        with file:
+            data = read_bounded(file, path, MAX_CONFIG_BYTES)
+    except FileTooLargeError:
+        raise ValueError(f"The {what} {path} is larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB, the most read; "
+                         "TF Serving's config files are a few kilobytes: check that the right file is named.") from None
     except OSError as error:
         raise ValueError(f"The {what} {path} could not be read ({error.strerror or error}); check the file and "
                          "its permissions.") from None
-    finally:
-        if descriptor >= 0:
-            os.close(descriptor)
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ValueError(f"The {what} {path} is larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB, the most read; "
-                         "TF Serving's config files are a few kilobytes: check that the right file is named.")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
