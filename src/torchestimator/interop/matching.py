@@ -225,11 +225,8 @@ def _member_proposals(
 ) -> list[Proposal]:
     proposals = []
     for member, (target_name, target_shape) in target.members.items():
-        if source.torch_names:
-            source_member, converter = member, "identity"
-        else:
-            source_member, converter = _TF_MEMBERS.get(target.kind, {}).get(member, (None, None))
-        if source_member is None or source_member not in source.members:
+        source_member, converter = _source_member(target, source, member)
+        if source_member is None:
             reason = "torch-only counter, keeps its fresh value" if member == "num_batches_tracked" else (
                 f"{base}, but the source layer has no counterpart of {member!r}")
             proposals.append(_unmatched_name(target_name, reason))
@@ -289,15 +286,26 @@ def _align(targets: list[_Layer], sources: list[_Layer]) -> list[tuple[_Layer, _
 
 def _layers_fit(target: _Layer, source: _Layer) -> bool:
     for member, (_, target_shape) in target.members.items():
-        if source.torch_names:
-            source_member, converter = member, "identity"
-        else:
-            source_member, converter = _TF_MEMBERS.get(target.kind, {}).get(member, (None, None))
-        if source_member is None or source_member not in source.members:
+        source_member, converter = _source_member(target, source, member)
+        if source_member is None:
             continue
         if converted_shape(converter, source.members[source_member][1]) != target_shape:
             return False
     return True
+
+
+def _source_member(target: _Layer, source: _Layer, member: str) -> tuple[str | None, str | None]:
+    """The source layer's member that feeds ``member`` of the target, and its converter; (None, None) if none.
+
+    A torch source names its members as the target does; a TF/Keras one by its own names (kernel, gamma, ...).
+    """
+    if source.torch_names:
+        source_member, converter = member, "identity"
+    else:
+        source_member, converter = _TF_MEMBERS.get(target.kind, {}).get(member, (None, None))
+    if source_member is None or source_member not in source.members:
+        return None, None
+    return source_member, converter
 
 
 # ---------------------------------------------------------------- grouping
@@ -359,13 +367,20 @@ def _torch_kind(members: Mapping[str, tuple[str, Shape]]) -> str:
     if "running_mean" in members or "running_var" in members:
         return "batchnorm"
     weight = members.get("weight", ("", None))[1]
-    if weight is None:
+    depthwise = weight is not None and len(weight) > 1 and weight[1] == 1 and weight[0] > 1
+    return _kind_by_rank(weight, matrix="dense" if "bias" in members else "embedding",
+                         conv="depthwise" if depthwise else "conv", vector="layernorm")
+
+
+def _kind_by_rank(shape: Shape | None, *, matrix: str, conv: str, vector: str = "other") -> str:
+    """A layer's kind from the rank of its main weight: 2 is a matrix, 3 to 5 a convolution, 1 a vector."""
+    if shape is None:
         return "other"
-    if len(weight) == 2:
-        return "dense" if "bias" in members else "embedding"
-    if len(weight) in (3, 4, 5):
-        return "depthwise" if weight[1] == 1 and weight[0] > 1 else "conv"
-    return "layernorm" if len(weight) == 1 else "other"
+    if len(shape) == 2:
+        return matrix
+    if len(shape) in (3, 4, 5):
+        return conv
+    return vector if len(shape) == 1 else "other"
 
 
 def _source_layers(
@@ -410,13 +425,7 @@ def _tf_kind(layer: _Layer) -> str:
     if "gamma" in members or "beta" in members:
         return "layernorm"
     kernel = members.get("kernel", ("", None))[1]
-    if kernel is None:
-        return "other"
-    if len(kernel) == 2:
-        return "dense"
-    if len(kernel) in (3, 4, 5):
-        return "conv_transpose" if "transpose" in layer.path.lower() else "conv"
-    return "other"
+    return _kind_by_rank(kernel, matrix="dense", conv="conv_transpose" if "transpose" in layer.path.lower() else "conv")
 
 
 def _name_numbered_members(layer: _Layer) -> None:
