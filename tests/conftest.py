@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
+import os
+import stat
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +122,75 @@ def input_fns(n: int = 256, batch_size: int = 32, seed: int = 0):
     evaluate = te.numpy_input_fn({"x": x}, y, batch_size=batch_size, num_epochs=1, shuffle=False)
     predict = te.numpy_input_fn({"x": x}, batch_size=batch_size, num_epochs=1, shuffle=False)
     return train, evaluate, predict, (x, y)
+
+
+def wait_until(condition, *, timeout: float = 60.0, interval: float = 0.02, what: str = "the condition"):
+    """Polls `condition()` until it returns something true and returns that; fails naming `what` after `timeout` s.
+
+    The deadline is generous on purpose: a loaded CI machine makes a server or a thread slow, not wrong, and
+    a fixed sleep either wastes time or fails by chance.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout:g} s")
+        time.sleep(interval)
+
+
+_CAP_DAC_OVERRIDE = 1  # linux/capability.h
+_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _CapabilityHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapabilitySets(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+@contextlib.contextmanager
+def _without_dac_override():
+    """As root, drops CAP_DAC_OVERRIDE (which lets root write into read-only folders) for the block.
+
+    Only the effective set of the calling thread changes (capset acts per thread), so the capability is
+    still permitted and comes back at the end; other threads of the test process keep theirs.
+    """
+    if os.geteuid() != 0:
+        yield
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    header = _CapabilityHeader(_CAPABILITY_VERSION_3, 0)
+    saved = (_CapabilitySets * 2)()
+    if libc.capget(ctypes.byref(header), saved) != 0:
+        pytest.skip(f"capget failed ({os.strerror(ctypes.get_errno())}): cannot make a folder read-only for root")
+    lowered = (_CapabilitySets * 2)(*saved)
+    lowered[0].effective &= ~(1 << _CAP_DAC_OVERRIDE)
+    if libc.capset(ctypes.byref(header), lowered) != 0:
+        pytest.skip(f"capset failed ({os.strerror(ctypes.get_errno())}): cannot make a folder read-only for root")
+    try:
+        yield
+    finally:
+        if libc.capset(ctypes.byref(header), saved) != 0:
+            raise OSError(ctypes.get_errno(), "could not give CAP_DAC_OVERRIDE back to the test thread")
+
+
+@contextlib.contextmanager
+def read_only_directory(path: Path):
+    """Creates `path` as a folder that refuses writes inside the block, for root too (how CI runs).
+
+    chmod alone does not stop root, so as root the block also runs without CAP_DAC_OVERRIDE.
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(stat.S_IREAD | stat.S_IEXEC)
+    try:
+        with _without_dac_override():
+            yield path
+    finally:
+        path.chmod(stat.S_IRWXU)
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import stat
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torchestimator as te
-from conftest import SmallNet, classifier_model_fn, input_fns, make_classification, make_estimator
+from conftest import SmallNet, classifier_model_fn, input_fns, make_classification, make_estimator, read_only_directory
 from torchestimator.summary import read_scalars
 
 
@@ -239,13 +238,18 @@ def test_model_fn_without_labels_but_input_with_labels(tmp_path):
         make_estimator(tmp_path, model_fn=model_fn).train(train, max_steps=1)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
 def test_unwritable_model_dir_is_a_clear_error(tmp_path):
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(stat.S_IREAD | stat.S_IEXEC)
-    with pytest.raises(PermissionError, match="not writable"):
-        make_estimator(locked / "run").train(input_fns()[0], max_steps=1)
+    """A read-only folder, as root too: the model_dir to create in it, or the model_dir itself."""
+    train = input_fns()[0]
+    with read_only_directory(tmp_path / "locked") as locked:
+        with pytest.raises(PermissionError, match=r"model_dir '.*locked/run' is not writable \(Permission denied"):
+            make_estimator(locked / "run").train(train, max_steps=1)
+        with pytest.raises(PermissionError, match=r"model_dir '.*locked' is not writable \(Permission denied: .*locked/"):
+            make_estimator(locked).train(train, max_steps=1)
+        assert list(locked.iterdir()) == []
+    estimator = make_estimator(locked)  # the same folder made writable trains: the refusal was the folder's
+    estimator.train(train, max_steps=1)
+    assert estimator.latest_checkpoint().endswith("ckpt-1")
 
 
 def test_model_dir_that_is_a_file_is_a_clear_error(tmp_path):
