@@ -12,21 +12,9 @@ import os
 import stat
 from typing import BinaryIO
 
+from torchestimator.errors import FileTooLargeError, NotARegularFileError
 
-class NotARegularFileError(ValueError):
-    """The path names a folder, FIFO, device or socket; ``kind`` says which in words."""
-
-    def __init__(self, path: str, kind: str) -> None:
-        super().__init__(f"{path} is {kind}")
-        self.path, self.kind = path, kind
-
-
-class FileTooLargeError(ValueError):
-    """The file holds more than the caller's bound; ``size`` is what it declares, ``limit`` the bound."""
-
-    def __init__(self, path: str, size: int, limit: int) -> None:
-        super().__init__(f"{path} holds {size} bytes, more than {limit}")
-        self.path, self.size, self.limit = path, size, limit
+__all__ = ["FileTooLargeError", "NotARegularFileError", "open_regular_file", "read_bounded", "read_regular_file"]
 
 
 def open_regular_file(path: str) -> BinaryIO:

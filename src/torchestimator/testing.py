@@ -35,24 +35,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchestimator.distribute.launcher import find_free_port
+from torchestimator.errors import ReplicaFailedError
 
 __all__ = ["ReplicaFailedError", "run_in_processes"]
 
 _FAILURE_GRACE_SECONDS = 3.0
 """After one replica fails, how long to wait for the others' reports before stopping them."""
-
-
-class ReplicaFailedError(RuntimeError):
-    """A function run by ``run_in_processes`` raised (or its process died) in one replica."""
-
-    def __init__(self, message: str, *, rank: int, exception_type: str, traceback_text: str) -> None:
-        super().__init__(message)
-        self.rank = rank
-        """The replica that failed first."""
-        self.exception_type = exception_type
-        """Qualified name of the exception it raised (e.g. 'builtins.ValueError')."""
-        self.traceback_text = traceback_text
-        """Its traceback, formatted in the replica."""
 
 
 def run_in_processes(

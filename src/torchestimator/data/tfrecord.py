@@ -62,6 +62,8 @@ import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 
+from torchestimator.errors import DataLossError
+
 logger = logging.getLogger(__name__)
 
 try:  # Fastest on both small and large payloads (about 20 GB/s with SSE4.2/ARMv8 CRC).
@@ -137,25 +139,6 @@ def unmask_crc32c(value: int) -> int:
 
 
 # --------------------------------------------------------------------------- errors and stats
-
-
-class DataLossError(ValueError):
-    """A TFRecord file is damaged: a CRC mismatch, a cut record, or a broken compressed stream.
-
-    `path` names the file and `offset` is the byte offset of the damaged
-    record's start in the uncompressed stream (where a reader could resume or a
-    repair could cut). The message starts with TensorFlow's words and number:
-    "corrupted record at N" / "truncated record at N", where for a *data* CRC
-    mismatch TensorFlow's N is the data's offset, record start + 12 (its reader
-    checks the data at `offset + kHeaderSize`); the message then names the
-    record start too. A record longer than `max_record_size` gives
-    "record too large at N", with the declared length and how to raise the limit.
-    """
-
-    def __init__(self, message: str, path: str = "", offset: int = -1) -> None:
-        super().__init__(message)
-        self.path = path
-        self.offset = offset
 
 
 def _data_loss(kind: str, path: str, offset: int, detail: str, *, data_part: bool = False) -> DataLossError:

@@ -22,6 +22,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from torchestimator.errors import RelaunchError
+
 logger = logging.getLogger(__name__)
 
 CHIEF, WORKER, EVALUATOR, MASTER, PS = "chief", "worker", "evaluator", "master", "ps"
@@ -31,10 +33,6 @@ TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 """The variables torchrun sets that init_process_group(init_method="env://") needs."""
 
 _TF_CONFIG_HINT = "Note that these values may be coming from the TF_CONFIG environment variable."
-
-
-class RelaunchError(RuntimeError):
-    """The running program cannot be started again as the other replicas."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

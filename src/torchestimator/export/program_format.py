@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from torchestimator.checkpoint.format import bytes_to_tensors, tensors_to_bytes
+from torchestimator.errors import ExportFormatError
 
 __all__ = ["LEGACY_FILE", "PROGRAM_FILE", "TENSORS_FILE", "ExportFormatError", "decode", "encode"]
 
@@ -67,10 +68,6 @@ _MAX_NUMBER = 2**63
 _MAX_EXPONENT = 64
 _MAX_EXPONENT_PRODUCT = 256
 _POWERS = {"Pow", "PowByNatural", "FloatPow", "LShift", "RShift"}  # sympy/torch calls that raise to a power
-
-
-class ExportFormatError(ValueError):
-    """An export's program.json or tensors.safetensors is malformed or holds something that could run code."""
 
 
 def encode(program: Any) -> dict[str, bytes]:

@@ -20,17 +20,9 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from torchestimator.errors import ServingClientError
+
 __all__ = ["Client", "ServingClientError"]
-
-
-class ServingClientError(Exception):
-    """The server answered with an error: ``status`` is the HTTP status, ``message`` its ``{"error": ...}``."""
-
-    def __init__(self, status: int, message: str, url: str) -> None:
-        super().__init__(f"HTTP {status} from {url}: {message}")
-        self.status = status
-        self.message = message
-        self.url = url
 
 
 class Client:

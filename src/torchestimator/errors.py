@@ -1,0 +1,244 @@
+"""Every exception torchestimator defines, under one base class.
+
+What belongs here: the exception classes and the little they need to build
+their messages; nothing else, and no import from the package (every module may
+import this one, so it must not import them back). The modules that raise an
+error re-export it, so ``from torchestimator.data.tfrecord import
+DataLossError`` keeps working. Each class keeps the builtin it always was a
+kind of, so ``except ValueError`` code written before the base existed still
+catches it::
+
+    TorchEstimatorError(Exception)            catch-all for the package's own errors
+    ├── ConfigError(ValueError)               a setting refused where its object is built; .field, .value
+    │   └── ConfigTypeError(TypeError)        ... because of its type (a bool for a step count, a str for a float)
+    ├── CheckpointError(ValueError)           a checkpoint missing, incomplete, corrupt or from a newer version
+    ├── DiskFullError(OSError)                no room in model_dir; .errno (ENOSPC, EDQUOT, EFBIG), .filename
+    ├── NanLossDuringTrainingError(RuntimeError)   the loss (or a weight about to be saved) is not finite
+    ├── DataLossError(ValueError)             a damaged TFRecord file; .path, .offset (the record's start)
+    ├── ExampleDecodeError(ValueError)        bytes that are not a tf.train.Example / SequenceExample
+    ├── WeightSourceError(ValueError)         a weight file missing, unreadable, corrupt or crafted
+    ├── TensorNotFoundError(KeyError)         a weight source asked for a name it does not hold
+    ├── ExportFormatError(ValueError)         an export's program.json / tensors.safetensors refused
+    ├── NotARegularFileError(ValueError)      a named file is a folder, FIFO, device or socket; .path, .kind
+    ├── FileTooLargeError(ValueError)         a named file over its bound; .path, .size, .limit
+    ├── ServingError                          a request the server refuses; .code (TF's), .http_status
+    ├── ServingClientError                    the server answered an error; .status, .message, .url
+    ├── RelaunchError(RuntimeError)           the program cannot be started again as the other replicas
+    └── ReplicaFailedError(RuntimeError)      run_in_processes: a replica raised or died; .rank, .exception_type
+
+Mistakes in how the API is called (a wrong argument type, a hook that is not a
+Hook) stay plain ``TypeError``/``ValueError``: they are bugs in the caller's
+code, not conditions a program handles.
+"""
+
+from __future__ import annotations
+
+import errno as errno_codes
+from typing import Any
+
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "ConfigTypeError",
+    "DataLossError",
+    "DiskFullError",
+    "ExampleDecodeError",
+    "ExportFormatError",
+    "FileTooLargeError",
+    "HTTP_STATUS",
+    "NanLossDuringTrainingError",
+    "NotARegularFileError",
+    "RelaunchError",
+    "ReplicaFailedError",
+    "ServingClientError",
+    "ServingError",
+    "TensorNotFoundError",
+    "TorchEstimatorError",
+    "WeightSourceError",
+]
+
+
+class TorchEstimatorError(Exception):
+    """Base class of every exception torchestimator defines; ``except TorchEstimatorError`` catches them all."""
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+class ConfigError(TorchEstimatorError, ValueError):
+    """A setting refused when its object is built (RunConfig, a hook); ``field`` names it, ``value`` is what came."""
+
+    def __init__(self, message: str, *, field: str = "", value: Any = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.value = value
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """A setting of the wrong type (``save_checkpoints_steps=True``, ``clip_grad_norm="1"``)."""
+
+
+# --------------------------------------------------------------------------- training and checkpoints
+
+
+class CheckpointError(TorchEstimatorError, ValueError):
+    """A checkpoint is missing, incomplete or corrupt; the message names the file and the fault."""
+
+
+_NO_ROOM_WORDS = {errno_codes.ENOSPC: "disk full", errno_codes.EDQUOT: "disk quota exceeded",
+                  errno_codes.EFBIG: "file size limit reached (ulimit -f / RLIMIT_FSIZE)"}
+
+
+class DiskFullError(TorchEstimatorError, OSError):
+    """No room to write into model_dir; ``errno`` is the original one (ENOSPC, EDQUOT or EFBIG)."""
+
+    def __init__(self, cause: OSError, *, path: str, what: str, bytes_needed: int | None = None,
+                 free_bytes: int | None = None, advice: str = "") -> None:
+        message = f"{_NO_ROOM_WORDS.get(cause.errno, 'no room')}: could not write {what} to {path} ({cause.strerror})"
+        if bytes_needed is not None:
+            message += f"; it needs {bytes_needed:,} bytes"
+            if free_bytes is not None and cause.errno != errno_codes.EFBIG:  # EFBIG: the disk has room
+                message += f", {free_bytes:,} are free there"
+        message += f". {advice}".rstrip()
+        super().__init__(cause.errno, message, path)
+        self.bytes_needed = bytes_needed
+
+    def __str__(self) -> str:
+        return f"[Errno {self.errno}] {self.strerror}"
+
+
+class NanLossDuringTrainingError(TorchEstimatorError, RuntimeError):
+    """The loss (or a weight about to be saved) stopped being finite."""
+
+
+# --------------------------------------------------------------------------- data readers
+
+
+class DataLossError(TorchEstimatorError, ValueError):
+    """A TFRecord file is damaged: a CRC mismatch, a cut record, or a broken compressed stream.
+
+    `path` names the file and `offset` is the byte offset of the damaged
+    record's start in the uncompressed stream (where a reader could resume or a
+    repair could cut). The message starts with TensorFlow's words and number:
+    "corrupted record at N" / "truncated record at N", where for a *data* CRC
+    mismatch TensorFlow's N is the data's offset, record start + 12 (its reader
+    checks the data at `offset + kHeaderSize`); the message then names the
+    record start too. A record longer than `max_record_size` gives
+    "record too large at N", with the declared length and how to raise the limit.
+    """
+
+    def __init__(self, message: str, path: str = "", offset: int = -1) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+
+
+class ExampleDecodeError(TorchEstimatorError, ValueError):
+    """The bytes are not a valid serialized Example / SequenceExample."""
+
+
+class WeightSourceError(TorchEstimatorError, ValueError):
+    """A weight file is missing, unreadable, corrupt or crafted; the message names the file (and tensor/offset).
+
+    Every reader raises it, and only it, for a bad file: a declared size the file
+    cannot hold, a bad offset, a pickle that would need code to load. Anything
+    else escaping a reader is a bug (tools/faults_readers.py counts them).
+    """
+
+
+class TensorNotFoundError(TorchEstimatorError, KeyError):
+    """`WeightSource.read` was asked for a name the source does not hold."""
+
+    def __str__(self) -> str:
+        # KeyError's own __str__ shows repr(message), quotes and escapes included.
+        return str(self.args[0]) if self.args else ""
+
+
+class NotARegularFileError(TorchEstimatorError, ValueError):
+    """The path names a folder, FIFO, device or socket; ``kind`` says which in words."""
+
+    def __init__(self, path: str, kind: str) -> None:
+        super().__init__(f"{path} is {kind}")
+        self.path, self.kind = path, kind
+
+
+class FileTooLargeError(TorchEstimatorError, ValueError):
+    """The file holds more than the caller's bound; ``size`` is what it declares, ``limit`` the bound."""
+
+    def __init__(self, path: str, size: int, limit: int) -> None:
+        super().__init__(f"{path} holds {size} bytes, more than {limit}")
+        self.path, self.size, self.limit = path, size, limit
+
+
+# --------------------------------------------------------------------------- export and serving
+
+
+class ExportFormatError(TorchEstimatorError, ValueError):
+    """An export's program.json or tensors.safetensors is malformed or holds something that could run code."""
+
+
+HTTP_STATUS = {
+    "OK": 200,
+    "CANCELLED": 499,
+    "UNKNOWN": 500,
+    "INVALID_ARGUMENT": 400,
+    "DEADLINE_EXCEEDED": 504,
+    "NOT_FOUND": 404,
+    "ALREADY_EXISTS": 409,
+    "PERMISSION_DENIED": 403,
+    "RESOURCE_EXHAUSTED": 429,
+    "FAILED_PRECONDITION": 400,
+    "ABORTED": 409,
+    "OUT_OF_RANGE": 400,
+    "UNIMPLEMENTED": 501,
+    "INTERNAL": 500,
+    "UNAVAILABLE": 503,
+    "DATA_LOSS": 500,
+    "UNAUTHENTICATED": 401,
+}
+"""TF Serving's canonical status names and the HTTP status each answers with (model_servers/http_server.cc)."""
+
+
+class ServingError(TorchEstimatorError):
+    """A request the server answers with an error: ``code`` is TF's canonical status name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        if code not in HTTP_STATUS:
+            raise ValueError(f"Unknown status code {code!r}; expected one of {sorted(HTTP_STATUS)}.")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS[self.code]
+
+
+class ServingClientError(TorchEstimatorError):
+    """The server answered with an error: ``status`` is the HTTP status, ``message`` its ``{"error": ...}``."""
+
+    def __init__(self, status: int, message: str, url: str) -> None:
+        super().__init__(f"HTTP {status} from {url}: {message}")
+        self.status = status
+        self.message = message
+        self.url = url
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class RelaunchError(TorchEstimatorError, RuntimeError):
+    """The running program cannot be started again as the other replicas."""
+
+
+class ReplicaFailedError(TorchEstimatorError, RuntimeError):
+    """A function run by ``run_in_processes`` raised (or its process died) in one replica."""
+
+    def __init__(self, message: str, *, rank: int, exception_type: str, traceback_text: str) -> None:
+        super().__init__(message)
+        self.rank = rank
+        """The replica that failed first."""
+        self.exception_type = exception_type
+        """Qualified name of the exception it raised (e.g. 'builtins.ValueError')."""
+        self.traceback_text = traceback_text
+        """Its traceback, formatted in the replica."""
