@@ -10,7 +10,8 @@ the records (`tfrecord.py`).
 How: the message classes are built at runtime from a `FileDescriptorProto`
 that mirrors TensorFlow's `.proto` files (`example_protos()`; no protoc step,
 no TensorFlow), in a private descriptor pool so that they never clash with a
-real TensorFlow import in the same process. Records are parsed and serialized
+real TensorFlow import in the same process (both through
+`torchestimator._protobuf`, the one protobuf helper). Records are parsed and serialized
 by protobuf's C runtime (upb); numeric lists cross the Python boundary in bulk
 (float lists as packed little-endian bytes both ways), never one Python float
 at a time. Measured on one core for a typical record (an int64 label, 128
@@ -45,6 +46,8 @@ from types import SimpleNamespace
 from typing import Any, Union
 
 import numpy as np
+
+from torchestimator import _protobuf
 
 __all__ = [
     "ExampleDecodeError",
@@ -89,12 +92,10 @@ def _as_bytes(serialized: Any) -> bytes:
 
 
 def _parse_message(message_class, serialized: Any):
-    from google.protobuf.message import DecodeError
-
     try:
-        return message_class.FromString(_as_bytes(serialized))
-    except DecodeError as error:
-        raise ExampleDecodeError(f"not a valid serialized {message_class.__name__} ({error})") from None
+        return _protobuf.parse_binary(message_class, _as_bytes(serialized))
+    except _protobuf.MessageDecodeError as error:  # the one boundary where protobuf's error becomes ours
+        raise ExampleDecodeError(str(error)) from None
 
 
 def parse_example_proto(serialized: bytes):
@@ -126,17 +127,14 @@ def float_values(float_list) -> np.ndarray:
 
 
 def float_payload_start(data: bytes) -> int:
-    """Where the little-endian floats start in a serialized, non-empty FloatList (always packed)."""
-    start = 2  # tag 0x0a, then the payload length as a varint
-    while data[start - 1] >= 0x80:
-        start += 1
-    return start
+    """Where the little-endian floats start in a serialized, non-empty FloatList (always packed, field 1)."""
+    return _protobuf.length_delimited_start(data)
 
 
 def float_list_bytes(values: np.ndarray) -> bytes:
     """float32 values -> a serialized FloatList, as `FloatList.SerializeToString()` gives it (b"" when empty)."""
     payload = np.asarray(values, "<f4").tobytes()
-    return _length_delimited(0x0A, payload) if payload else b""
+    return _protobuf.length_delimited(1, payload) if payload else b""
 
 
 def int64_values(int64_list) -> np.ndarray:
@@ -194,26 +192,6 @@ def decode_sequence_example(serialized: bytes) -> tuple[dict[str, FeatureValues]
 
 # --------------------------------------------------------------------------------------------
 # Encoding.
-
-
-_ONE_BYTE = tuple(bytes((value,)) for value in range(256))
-
-
-def _varint(value: int) -> bytes:
-    if value < 0x80:
-        return _ONE_BYTE[value]
-    if value < 0x4000:
-        return bytes(((value & 0x7F) | 0x80, value >> 7))
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _length_delimited(tag: int, payload: bytes) -> bytes:
-    return _ONE_BYTE[tag] + _varint(len(payload)) + payload
 
 
 _BYTES_TYPES = (bytes, bytearray, memoryview, str)
@@ -325,7 +303,7 @@ def _fill_feature(feature, name: str, values: Any, kind: str | None = None) -> N
         feature.float_list.SetInParent()
         payload = _to_float32(name, flat).tobytes()
         if payload:  # protobuf parses packed float32 bytes at C speed; a float list never goes through Python floats
-            feature.float_list.MergeFromString(_length_delimited(0x0A, payload))
+            feature.float_list.MergeFromString(_protobuf.length_delimited(1, payload))
     else:
         feature.bytes_list.SetInParent()
         feature.bytes_list.value.extend(_to_bytes(name, flat))
@@ -405,63 +383,30 @@ def encode_sequence_example(context: Mapping[str, Any] | None, feature_lists: Ma
 # Protobuf message classes built from descriptors (no protoc, no TensorFlow).
 
 
-def _add_field(message, name: str, number: int, field_type: int, *, repeated: bool = False,
-               type_name: str = "", packed: bool = False, oneof_index: int | None = None) -> None:
-    from google.protobuf import descriptor_pb2
-
-    field = message.field.add(name=name, number=number, type=field_type)
-    field.label = (descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED if repeated
-                   else descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
-    if type_name:
-        field.type_name = type_name
-    if packed:
-        field.options.packed = True
-    if oneof_index is not None:
-        field.oneof_index = oneof_index
-
-
-def _add_map(message, field_name: str, entry_name: str, value_type: str) -> None:
-    from google.protobuf import descriptor_pb2
-
-    field_proto = descriptor_pb2.FieldDescriptorProto
-    entry = message.nested_type.add(name=entry_name)
-    entry.options.map_entry = True
-    _add_field(entry, "key", 1, field_proto.TYPE_STRING)
-    _add_field(entry, "value", 2, field_proto.TYPE_MESSAGE, type_name=value_type)
-    _add_field(message, field_name, 1, field_proto.TYPE_MESSAGE, repeated=True,
-               type_name=f".tensorflow.{message.name}.{entry_name}")
-
-
-def _file_descriptors():
+def _file_descriptors() -> tuple[Any, Any]:
     """FileDescriptorProtos equal to tensorflow/core/example/{feature,example}.proto."""
-    from google.protobuf import descriptor_pb2
-
-    field_proto = descriptor_pb2.FieldDescriptorProto
-    feature_file = descriptor_pb2.FileDescriptorProto(
-        name="tensorflow/core/example/feature.proto", package="tensorflow", syntax="proto3")
-    for name, field_type in (("BytesList", field_proto.TYPE_BYTES), ("FloatList", field_proto.TYPE_FLOAT),
-                             ("Int64List", field_proto.TYPE_INT64)):
-        message = feature_file.message_type.add(name=name)
-        _add_field(message, "value", 1, field_type, repeated=True, packed=field_type != field_proto.TYPE_BYTES)
+    add = _protobuf.add_field
+    feature_file = _protobuf.new_file("tensorflow/core/example/feature.proto", "tensorflow")
+    for name, field_type in (("BytesList", "bytes"), ("FloatList", "float"), ("Int64List", "int64")):
+        add(feature_file.message_type.add(name=name), "value", 1, field_type, repeated=True,
+            packed=field_type != "bytes")
     feature = feature_file.message_type.add(name="Feature")
     feature.oneof_decl.add(name="kind")
-    for name, number in (("bytes_list", 1), ("float_list", 2), ("int64_list", 3)):
-        type_name = ".tensorflow." + {1: "BytesList", 2: "FloatList", 3: "Int64List"}[number]
-        _add_field(feature, name, number, field_proto.TYPE_MESSAGE, type_name=type_name, oneof_index=0)
-    _add_map(feature_file.message_type.add(name="Features"), "feature", "FeatureEntry", ".tensorflow.Feature")
-    _add_field(feature_file.message_type.add(name="FeatureList"), "feature", 1, field_proto.TYPE_MESSAGE,
-               repeated=True, type_name=".tensorflow.Feature")
-    _add_map(feature_file.message_type.add(name="FeatureLists"), "feature_list", "FeatureListEntry",
-             ".tensorflow.FeatureList")
+    for name, number, type_name in (("bytes_list", 1, "BytesList"), ("float_list", 2, "FloatList"),
+                                    ("int64_list", 3, "Int64List")):
+        add(feature, name, number, "message", f".tensorflow.{type_name}", oneof=0)
+    _protobuf.add_map(feature_file.message_type.add(name="Features"), "tensorflow.Features", "feature", 1,
+                      "string", "message", ".tensorflow.Feature")
+    add(feature_file.message_type.add(name="FeatureList"), "feature", 1, "message", ".tensorflow.Feature",
+        repeated=True)
+    _protobuf.add_map(feature_file.message_type.add(name="FeatureLists"), "tensorflow.FeatureLists", "feature_list",
+                      1, "string", "message", ".tensorflow.FeatureList")
 
-    example_file = descriptor_pb2.FileDescriptorProto(
-        name="tensorflow/core/example/example.proto", package="tensorflow", syntax="proto3",
-        dependency=["tensorflow/core/example/feature.proto"])
-    _add_field(example_file.message_type.add(name="Example"), "features", 1, field_proto.TYPE_MESSAGE,
-               type_name=".tensorflow.Features")
+    example_file = _protobuf.new_file("tensorflow/core/example/example.proto", "tensorflow", feature_file.name)
+    add(example_file.message_type.add(name="Example"), "features", 1, "message", ".tensorflow.Features")
     sequence = example_file.message_type.add(name="SequenceExample")
-    _add_field(sequence, "context", 1, field_proto.TYPE_MESSAGE, type_name=".tensorflow.Features")
-    _add_field(sequence, "feature_lists", 2, field_proto.TYPE_MESSAGE, type_name=".tensorflow.FeatureLists")
+    add(sequence, "context", 1, "message", ".tensorflow.Features")
+    add(sequence, "feature_lists", 2, "message", ".tensorflow.FeatureLists")
     return feature_file, example_file
 
 
@@ -481,14 +426,7 @@ def example_protos() -> SimpleNamespace:
         example = protos.Example.FromString(record)
         example.features.feature["label"].int64_list.value
 
-    Needs the `protobuf` package. The classes live in a private descriptor pool,
-    so importing TensorFlow in the same process does not clash with them.
+    Needs the `protobuf` package. The classes live in a private descriptor pool
+    (`pool`), so importing TensorFlow in the same process does not clash with them.
     """
-    from google.protobuf import descriptor_pool, message_factory
-
-    pool = descriptor_pool.DescriptorPool()
-    for file_proto in _file_descriptors():
-        pool.Add(file_proto)
-    classes = {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"tensorflow.{name}"))
-               for name in _MESSAGE_NAMES}
-    return SimpleNamespace(**classes)
+    return _protobuf.message_classes(_file_descriptors(), [f"tensorflow.{name}" for name in _MESSAGE_NAMES])

@@ -9,7 +9,8 @@ versions, app.py serves paths, the CLI wires flags).
 How: the message classes are built at runtime from ``FileDescriptorProto``s
 that mirror TF Serving's ``.proto`` files field for field (names and numbers),
 in a private descriptor pool (no protoc step, no clash with a real TF Serving
-import), and the files are parsed by protobuf's own ``text_format``, so any
+import), and the files are parsed by protobuf's own ``text_format`` (both
+through ``torchestimator._protobuf``, the one protobuf helper), so any
 file TF Serving accepts parses here, comments, commas and all. Fields we do not
 act on (``model_platform``, ``logging_config``, ...) parse and are ignored; the
 ones that change TF's behaviour are logged.
@@ -40,6 +41,7 @@ from collections.abc import Mapping
 from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
+from torchestimator import _protobuf
 from torchestimator.regular_file import FileTooLargeError, NotARegularFileError, open_regular_file, read_bounded
 
 __all__ = [
@@ -187,7 +189,7 @@ def parse_model_server_config(text: str, source: str = "<string>") -> list[Model
         seen.add(config.name)
         problem = _url_name_problem(config.name) if config.name else None
         if problem:
-            line = _field_lines(text, "name")[index:index + 1]
+            line = _protobuf.text_field_lines(text, "name")[index:index + 1]
             at = f"{source}:{line[0]}: model_config_list.config[{index}]" if line else where
             raise ValueError(f"{at}: the model name {config.name!r} {problem}.")
         for label in sorted(config.version_labels):
@@ -196,20 +198,6 @@ def parse_model_server_config(text: str, source: str = "<string>") -> list[Model
                 raise ValueError(f"{where} (model {config.name!r}): the version label {label!r} {problem}.")
         configs.append(_model_config(config, where))
     return configs
-
-
-def _field_lines(text: str, field: str) -> list[int]:
-    """The 1-based line of each ``field:`` in the text, in order (comments skipped, as the parser skips them)."""
-    from google.protobuf import text_format
-
-    lines, previous = [], ""
-    tokenizer = text_format.Tokenizer(text.splitlines(True))
-    while not tokenizer.AtEnd():
-        if tokenizer.token == field and previous != ":":
-            lines.append(tokenizer._line + 1)
-        previous = tokenizer.token
-        tokenizer.NextToken()
-    return lines
 
 
 def read_model_config_file(path: str | os.PathLike[str]) -> list[ModelConfig]:
@@ -305,19 +293,13 @@ def _read_text(path: str, what: str) -> str:
 
 
 def _parse(text: str, message_class: Any, source: str) -> Any:
-    from google.protobuf import text_format
-
-    message = message_class()
     try:
-        text_format.Parse(text, message, descriptor_pool=_protos().pool)
-    except text_format.ParseError as error:
-        problem, line, column = str(error), error.GetLine(), error.GetColumn()
-        if line is not None:  # the message repeats "line:column : " in front of the problem
-            problem = problem.split(" : ", 1)[-1]
-            source = f"{source}:{line}:{column}"
-        raise ValueError(f"{source}: {problem} (expected a text-format {message_class.DESCRIPTOR.name}, "
+        return _protobuf.parse_text(text, message_class, _protos().pool)
+    except _protobuf.TextFormatError as error:  # the one boundary where protobuf's error becomes ours
+        if error.line is not None:
+            source = f"{source}:{error.line}:{error.column}"
+        raise ValueError(f"{source}: {error.problem} (expected a text-format {message_class.DESCRIPTOR.name}, "
                          "as TF Serving reads it).") from None
-    return message
 
 
 def _model_config(config: Any, where: str) -> ModelConfig:
@@ -360,24 +342,14 @@ def _version_policy(policy: Any) -> VersionPolicy:
 
 @functools.lru_cache(maxsize=1)
 def _protos() -> SimpleNamespace:
-    from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_factory, wrappers_pb2
-
-    pool = descriptor_pool.DescriptorPool()
-    for module in (any_pb2, wrappers_pb2):
-        file_proto = descriptor_pb2.FileDescriptorProto()
-        module.DESCRIPTOR.CopyToProto(file_proto)
-        pool.Add(file_proto)
-    for file_proto in _file_descriptors():
-        pool.Add(file_proto)
-    names = {"ModelServerConfig": "tensorflow.serving.ModelServerConfig",
-             "BatchingParameters": "tensorflow.serving.BatchingParameters",
-             "MonitoringConfig": "tensorflow.serving.MonitoringConfig"}
-    classes = {key: message_factory.GetMessageClass(pool.FindMessageTypeByName(name)) for key, name in names.items()}
-    return SimpleNamespace(pool=pool, **classes)
+    return _protobuf.message_classes(_file_descriptors(), ["tensorflow.serving.ModelServerConfig",
+                                                           "tensorflow.serving.BatchingParameters",
+                                                           "tensorflow.serving.MonitoringConfig"])
 
 
 _PREFIX = ".tensorflow.serving."
 _POLICY = ".tensorflow.serving.FileSystemStoragePathSourceConfig.ServableVersionPolicy"
+_add = _protobuf.add_field
 
 
 def _file_descriptors() -> list[Any]:
@@ -386,56 +358,41 @@ def _file_descriptors() -> list[Any]:
 
 
 def _new_file(name: str, *dependencies: str) -> Any:
-    from google.protobuf import descriptor_pb2
-
-    return descriptor_pb2.FileDescriptorProto(name=name, package="tensorflow.serving", syntax="proto3",
-                                              dependency=list(dependencies))
-
-
-def _types() -> SimpleNamespace:
-    from google.protobuf import descriptor_pb2
-
-    proto = descriptor_pb2.FieldDescriptorProto
-    return SimpleNamespace(string=proto.TYPE_STRING, int64=proto.TYPE_INT64, uint32=proto.TYPE_UINT32,
-                           int32=proto.TYPE_INT32, double=proto.TYPE_DOUBLE, bool=proto.TYPE_BOOL,
-                           message=proto.TYPE_MESSAGE, enum=proto.TYPE_ENUM)
+    return _protobuf.new_file(name, "tensorflow.serving", *dependencies)
 
 
 def _storage_path_file() -> Any:
     """sources/storage_path/file_system_storage_path_source.proto: the version policy part."""
-    types = _types()
     storage = _new_file("tensorflow_serving/sources/storage_path/file_system_storage_path_source.proto")
     policy = storage.message_type.add(name="FileSystemStoragePathSourceConfig").nested_type.add(
         name="ServableVersionPolicy")
-    _add(policy.nested_type.add(name="Latest"), "num_versions", 1, types.uint32)
+    _add(policy.nested_type.add(name="Latest"), "num_versions", 1, "uint32")
     policy.nested_type.add(name="All")
-    _add(policy.nested_type.add(name="Specific"), "versions", 1, types.int64, repeated=True)
+    _add(policy.nested_type.add(name="Specific"), "versions", 1, "int64", repeated=True)
     policy.oneof_decl.add(name="policy_choice")
     for name, number, type_name in (("latest", 100, "Latest"), ("all", 101, "All"), ("specific", 102, "Specific")):
-        _add(policy, name, number, types.message, f"{_POLICY}.{type_name}", oneof=0)
+        _add(policy, name, number, "message", f"{_POLICY}.{type_name}", oneof=0)
     return storage
 
 
 def _logging_files() -> list[Any]:
     """config/log_collector_config.proto and config/logging_config.proto."""
-    types = _types()
     collector = _new_file("tensorflow_serving/config/log_collector_config.proto")
     collector_message = collector.message_type.add(name="LogCollectorConfig")
-    _add(collector_message, "type", 1, types.string)
-    _add(collector_message, "filename_prefix", 2, types.string)
+    _add(collector_message, "type", 1, "string")
+    _add(collector_message, "filename_prefix", 2, "string")
     logging_file = _new_file("tensorflow_serving/config/logging_config.proto", collector.name)
     sampling = logging_file.message_type.add(name="SamplingConfig")
-    _add(sampling, "sampling_rate", 1, types.double)
-    _add(sampling, "attributes", 2, types.int32)
+    _add(sampling, "sampling_rate", 1, "double")
+    _add(sampling, "attributes", 2, "int32")
     logging_config = logging_file.message_type.add(name="LoggingConfig")
-    _add(logging_config, "log_collector_config", 1, types.message, _PREFIX + "LogCollectorConfig")
-    _add(logging_config, "sampling_config", 2, types.message, _PREFIX + "SamplingConfig")
+    _add(logging_config, "log_collector_config", 1, "message", _PREFIX + "LogCollectorConfig")
+    _add(logging_config, "sampling_config", 2, "message", _PREFIX + "SamplingConfig")
     return [collector, logging_file]
 
 
 def _model_server_file() -> Any:
     """config/model_server_config.proto."""
-    types = _types()
     server = _new_file("tensorflow_serving/config/model_server_config.proto", "google/protobuf/any.proto",
                        "tensorflow_serving/config/logging_config.proto",
                        "tensorflow_serving/sources/storage_path/file_system_storage_path_source.proto")
@@ -443,31 +400,26 @@ def _model_server_file() -> Any:
     for number, name in enumerate(("MODEL_TYPE_UNSPECIFIED", "TENSORFLOW", "OTHER")):
         model_type.value.add(name=name, number=number)
     model = server.message_type.add(name="ModelConfig")
-    _add(model, "name", 1, types.string)
-    _add(model, "base_path", 2, types.string)
-    _add(model, "model_type", 3, types.enum, _PREFIX + "ModelType")
-    _add(model, "model_platform", 4, types.string)
-    _add(model, "model_version_policy", 7, types.message, _POLICY)
-    labels_entry = model.nested_type.add(name="VersionLabelsEntry")  # map<string, int64> version_labels = 8
-    labels_entry.options.map_entry = True
-    _add(labels_entry, "key", 1, types.string)
-    _add(labels_entry, "value", 2, types.int64)
-    _add(model, "version_labels", 8, types.message, _PREFIX + "ModelConfig.VersionLabelsEntry", repeated=True)
-    _add(model, "logging_config", 6, types.message, _PREFIX + "LoggingConfig")
+    _add(model, "name", 1, "string")
+    _add(model, "base_path", 2, "string")
+    _add(model, "model_type", 3, "enum", _PREFIX + "ModelType")
+    _add(model, "model_platform", 4, "string")
+    _add(model, "model_version_policy", 7, "message", _POLICY)
+    _protobuf.add_map(model, "tensorflow.serving.ModelConfig", "version_labels", 8, "string", "int64")
+    _add(model, "logging_config", 6, "message", _PREFIX + "LoggingConfig")
     for reserved in (5, 9):
         model.reserved_range.add(start=reserved, end=reserved + 1)
-    _add(server.message_type.add(name="ModelConfigList"), "config", 1, types.message, _PREFIX + "ModelConfig",
+    _add(server.message_type.add(name="ModelConfigList"), "config", 1, "message", _PREFIX + "ModelConfig",
          repeated=True)
     server_config = server.message_type.add(name="ModelServerConfig")
     server_config.oneof_decl.add(name="config")
-    _add(server_config, "model_config_list", 1, types.message, _PREFIX + "ModelConfigList", oneof=0)
-    _add(server_config, "custom_model_config", 2, types.message, ".google.protobuf.Any", oneof=0)
+    _add(server_config, "model_config_list", 1, "message", _PREFIX + "ModelConfigList", oneof=0)
+    _add(server_config, "custom_model_config", 2, "message", ".google.protobuf.Any", oneof=0)
     return server
 
 
 def _batching_file() -> Any:
     """servables/tensorflow/session_bundle_config.proto: BatchingParameters only."""
-    types = _types()
     session = _new_file("tensorflow_serving/servables/tensorflow/session_bundle_config.proto",
                         "google/protobuf/wrappers.proto")
     batching = session.message_type.add(name="BatchingParameters")
@@ -476,37 +428,23 @@ def _batching_file() -> Any:
     for name, number, type_name in (("max_batch_size", 1, int64_value), ("batch_timeout_micros", 2, int64_value),
                                     ("max_enqueued_batches", 3, int64_value), ("num_batch_threads", 4, int64_value),
                                     ("thread_pool_name", 5, string_value)):
-        _add(batching, name, number, types.message, type_name)
-    _add(batching, "allowed_batch_sizes", 6, types.int64, repeated=True)
-    _add(batching, "pad_variable_length_inputs", 7, types.bool)
+        _add(batching, name, number, "message", type_name)
+    _add(batching, "allowed_batch_sizes", 6, "int64", repeated=True)
+    _add(batching, "pad_variable_length_inputs", 7, "bool")
     # Newer fields: names and wrapper types as TF Serving's saved_model_bundle_factory_test writes them
     # (`enable_large_batch_splitting { value: true }`); their numbers were not checked against the .proto,
     # which text format never uses.
-    _add(batching, "enable_large_batch_splitting", 8, types.message, bool_value)
-    _add(batching, "max_execution_batch_size", 9, types.message, int64_value)
+    _add(batching, "enable_large_batch_splitting", 8, "message", bool_value)
+    _add(batching, "max_execution_batch_size", 9, "message", int64_value)
     return session
 
 
 def _monitoring_file() -> Any:
     """config/monitoring_config.proto."""
-    types = _types()
     monitoring = _new_file("tensorflow_serving/config/monitoring_config.proto")
     prometheus = monitoring.message_type.add(name="PrometheusConfig")
-    _add(prometheus, "enable", 1, types.bool)
-    _add(prometheus, "path", 2, types.string)
-    _add(monitoring.message_type.add(name="MonitoringConfig"), "prometheus_config", 1, types.message,
+    _add(prometheus, "enable", 1, "bool")
+    _add(prometheus, "path", 2, "string")
+    _add(monitoring.message_type.add(name="MonitoringConfig"), "prometheus_config", 1, "message",
          _PREFIX + "PrometheusConfig")
     return monitoring
-
-
-def _add(message: Any, name: str, number: int, field_type: int, type_name: str = "", *,
-         repeated: bool = False, oneof: int | None = None) -> None:
-    from google.protobuf import descriptor_pb2
-
-    field = message.field.add(name=name, number=number, type=field_type)
-    field.label = (descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED if repeated
-                   else descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
-    if type_name:
-        field.type_name = type_name
-    if oneof is not None:
-        field.oneof_index = oneof
