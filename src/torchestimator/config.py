@@ -1,5 +1,10 @@
 """RunConfig: how a run is carried out (where, how often, how many to keep).
 
+Every field is checked when the config is built (and by ``replace``): a bad
+value raises ``ConfigError`` (a ValueError), a bad type ``ConfigTypeError``
+(also a TypeError), each naming the field and what it received, so a run
+never starts with a setting that would fail at its first checkpoint.
+
 What the model computes belongs to model_fn and params; how the cluster is
 discovered belongs to distribute/ (parsing TF_CONFIG is an explicit step
 there, never done here).
@@ -8,12 +13,51 @@ there, never done here).
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import os
 from typing import Any
+
+import torch
+
+from torchestimator.distribute.strategy import Strategy
+from torchestimator.errors import ConfigError, ConfigTypeError
 
 _UNSET: Any = "__unset__"
 DEFAULT_SAVE_CHECKPOINTS_SECS = 600
 MIXED_PRECISION_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+_INTEGER, _NUMBER, _FLAG = "an int", "a finite number", "a bool"
+_KINDS = {  # field: (what it must be, whether None is allowed)
+    "random_seed": (_INTEGER, True),
+    "save_summary_steps": (_INTEGER, True),
+    "save_checkpoints_steps": (_INTEGER, True),
+    "save_checkpoints_secs": (_NUMBER, True),
+    "keep_checkpoint_max": (_INTEGER, True),
+    "keep_checkpoint_every_n_hours": (_NUMBER, False),
+    "log_step_count_steps": (_INTEGER, True),
+    "gradient_accumulation_steps": (_INTEGER, False),
+    "clip_grad_norm": (_NUMBER, True),
+    "deterministic": (_FLAG, False),
+    "progress_bar": (_FLAG, True),
+    "checkpoint_on_interrupt": (_FLAG, False),
+}
+_LOWER_BOUNDS = {  # field: (bound, whether the bound itself is refused); None passes (it disables)
+    "save_summary_steps": (0, False),
+    "save_checkpoints_steps": (0, True),
+    "save_checkpoints_secs": (0, True),
+    "keep_checkpoint_max": (0, False),
+    "keep_checkpoint_every_n_hours": (0, True),
+    "log_step_count_steps": (0, True),
+    "gradient_accumulation_steps": (1, False),
+    "clip_grad_norm": (0, True),
+}
+_ADVICE = {
+    "save_checkpoints_steps": " To turn checkpoints off, pass save_checkpoints_steps=None, save_checkpoints_secs=None.",
+    "save_checkpoints_secs": " To turn checkpoints off, pass save_checkpoints_steps=None, save_checkpoints_secs=None.",
+    "log_step_count_steps": " To turn step logging off, pass None.",
+}
+_SEED_RANGE = (-(2**63), 2**64)  # what torch.manual_seed takes
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -27,9 +71,9 @@ class RunConfig:
     save_summary_steps: int | None = 100
     """Write the loss and learning rate to TensorBoard every this many steps; None or 0 disables."""
     save_checkpoints_steps: int | None = _UNSET
-    """Checkpoint every this many steps. Mutually exclusive with save_checkpoints_secs."""
-    save_checkpoints_secs: int | None = _UNSET
-    """Checkpoint every this many seconds; 600 when neither is given; both None disables."""
+    """Checkpoint every this many steps (> 0). Mutually exclusive with save_checkpoints_secs."""
+    save_checkpoints_secs: float | None = _UNSET
+    """Checkpoint every this many seconds (> 0); 600 when neither is given; both None disables."""
     keep_checkpoint_max: int | None = 5
     """Newest checkpoints kept; None or 0 keeps all. Best checkpoints are never deleted."""
     keep_checkpoint_every_n_hours: float = 10000
@@ -64,46 +108,43 @@ class RunConfig:
         elif secs is _UNSET:
             secs = None
         if steps is not None and secs is not None:
-            raise ValueError(
-                "save_checkpoints_steps and save_checkpoints_secs are mutually exclusive; "
-                f"received {steps} and {secs}. Set one of them (or both None to disable checkpoints)."
-            )
+            raise ConfigError(
+                "RunConfig: save_checkpoints_steps and save_checkpoints_secs are mutually exclusive; "
+                f"received {steps!r} and {secs!r}. Set one of them (or both None to disable checkpoints).",
+                field="save_checkpoints_steps", value=steps)
         object.__setattr__(self, "save_checkpoints_steps", steps)
         object.__setattr__(self, "save_checkpoints_secs", secs)
-        if self.model_dir is not None:
-            if os.fspath(self.model_dir) == "":
-                raise ValueError("model_dir must be a non-empty path or None.")
-            object.__setattr__(self, "model_dir", os.fspath(self.model_dir))
-        self._check_ranges()
+        object.__setattr__(self, "model_dir", _checked_model_dir(self.model_dir))
+        self._check_fields()
 
-    def _check_ranges(self) -> None:
-        non_negative = ("save_summary_steps", "save_checkpoints_steps", "save_checkpoints_secs", "keep_checkpoint_max")
-        for name in non_negative:
+    def _check_fields(self) -> None:
+        for name, (kind, optional) in _KINDS.items():
+            object.__setattr__(self, name, _checked_kind(name, getattr(self, name), kind, optional))
+        for name, (bound, strict) in _LOWER_BOUNDS.items():
             value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"RunConfig.{name} must be >= 0 or None; received {value}.")
-        if self.log_step_count_steps is not None and self.log_step_count_steps <= 0:
-            raise ValueError(f"RunConfig.log_step_count_steps must be > 0 or None; received {self.log_step_count_steps}.")
-        if self.keep_checkpoint_every_n_hours <= 0:
-            raise ValueError(f"RunConfig.keep_checkpoint_every_n_hours must be > 0; received {self.keep_checkpoint_every_n_hours}.")
-        if self.random_seed is not None and not isinstance(self.random_seed, int):
-            raise TypeError(f"RunConfig.random_seed must be an int; received {self.random_seed!r}.")
+            if value is not None and (value <= bound if strict else value < bound):
+                allowed = f"{'>' if strict else '>='} {bound}" + (" or None" if _KINDS[name][1] else "")
+                raise ConfigError(f"RunConfig.{name} must be {allowed}; received {value!r}.{_ADVICE.get(name, '')}",
+                                  field=name, value=value)
+        seed = self.random_seed
+        if seed is not None and not _SEED_RANGE[0] <= seed < _SEED_RANGE[1]:
+            raise ConfigError(f"RunConfig.random_seed must be in [-2**63, 2**64) (torch.manual_seed's range); "
+                              f"received {seed}.", field="random_seed", value=seed)
         if self.mixed_precision not in (None, *MIXED_PRECISION_DTYPES):
-            raise ValueError(
-                f"RunConfig.mixed_precision must be None, 'bf16' or 'fp16'; received {self.mixed_precision!r}."
-            )
-        if self.gradient_accumulation_steps < 1:
-            raise ValueError(
-                f"RunConfig.gradient_accumulation_steps must be >= 1; received {self.gradient_accumulation_steps}."
-            )
-        if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
-            raise ValueError(f"RunConfig.clip_grad_norm must be > 0 or None; received {self.clip_grad_norm}.")
+            raise ConfigError(
+                f"RunConfig.mixed_precision must be None, 'bf16' or 'fp16'; received {self.mixed_precision!r}.",
+                field="mixed_precision", value=self.mixed_precision)
+        _check_device(self.device)
+        for name in ("train_distribute", "eval_distribute"):
+            _check_strategy(name, getattr(self, name))
 
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with some fields changed; setting one checkpoint interval clears the other, as in TensorFlow."""
         unknown = set(changes) - {field.name for field in dataclasses.fields(self)}
         if unknown:
-            raise ValueError(f"RunConfig.replace got unknown fields {sorted(unknown)}.")
+            raise ConfigError(f"RunConfig.replace got unknown fields {sorted(unknown)}; RunConfig's fields are "
+                              f"{[field.name for field in dataclasses.fields(self)]}.", field=sorted(unknown)[0],
+                              value=changes[sorted(unknown)[0]])
         if "save_checkpoints_steps" in changes and "save_checkpoints_secs" not in changes:
             changes["save_checkpoints_secs"] = None
         if "save_checkpoints_secs" in changes and "save_checkpoints_steps" not in changes:
@@ -119,3 +160,55 @@ class RunConfig:
                 value = repr(value)
             result[field.name] = value
         return result
+
+
+def _checked_kind(name: str, value: Any, kind: str, optional: bool) -> Any:
+    """``value`` as a plain int/float/bool (numpy scalars are accepted), or ConfigTypeError naming the field."""
+    if value is None and optional:
+        return None
+    if kind == _FLAG:
+        if isinstance(value, bool):
+            return value
+    elif isinstance(value, bool):
+        pass  # True is an int to Python, never a step count or an interval here
+    elif kind == _INTEGER and isinstance(value, numbers.Integral):
+        return int(value)
+    elif kind == _NUMBER and isinstance(value, numbers.Real) and math.isfinite(value):
+        return value if type(value) in (int, float) else float(value)
+    expected = kind + (" or None" if optional else "")
+    raise ConfigTypeError(f"RunConfig.{name} must be {expected}; received {value!r} ({type(value).__name__}).",
+                          field=name, value=value)
+
+
+def _checked_model_dir(model_dir: Any) -> str | None:
+    if model_dir is None:
+        return None
+    path = os.fspath(model_dir) if isinstance(model_dir, (str, os.PathLike)) else None
+    if not isinstance(path, str):
+        raise ConfigTypeError(f"RunConfig.model_dir must be a str or os.PathLike path or None; received "
+                              f"{model_dir!r} ({type(model_dir).__name__}).", field="model_dir", value=model_dir)
+    if path == "":
+        raise ConfigError("RunConfig.model_dir must be a non-empty path or None; received ''.",
+                          field="model_dir", value=model_dir)
+    return path
+
+
+def _check_device(device: Any) -> None:
+    """Parsed, not looked for: a config may be built on a machine without the device it names."""
+    if device is None or isinstance(device, torch.device):
+        return
+    if not isinstance(device, str):
+        raise ConfigTypeError(f"RunConfig.device must be a str, a torch.device or None; received {device!r} "
+                              f"({type(device).__name__}).", field="device", value=device)
+    try:
+        torch.device(device)
+    except (RuntimeError, ValueError) as error:
+        raise ConfigError(f"RunConfig.device {device!r} is not a torch device string ({error}); expected e.g. "
+                          "'cpu', 'cuda' or 'cuda:1'.", field="device", value=device) from error
+
+
+def _check_strategy(name: str, strategy: Any) -> None:
+    if strategy is not None and not isinstance(strategy, Strategy):
+        raise ConfigTypeError(f"RunConfig.{name} must be a strategy (te.OneDeviceStrategy(), te.MirroredStrategy()) "
+                              f"or None; received {strategy!r} ({type(strategy).__name__}).", field=name,
+                              value=strategy)
