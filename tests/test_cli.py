@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 
+from conftest import wait_until
 from torchestimator.cli import main
 
 MODEL_FILE = textwrap.dedent('''
@@ -124,7 +125,6 @@ def readme_serving_commands_answer(cwd, model_dir, demo_output):
     """The README's export, serve and curl commands, run as written (the port aside) after the demo."""
     import json
     import socket
-    import time
     import urllib.request
 
     request_file = demo_output.split("curl -d @")[1].split()[0]
@@ -143,17 +143,17 @@ def readme_serving_commands_answer(cwd, model_dir, demo_output):
         url = f"http://127.0.0.1:{port}/v1/models/digits:predict"
         with open(os.path.join(cwd, request_file), "rb") as handle:
             body = handle.read()
-        answer = None
-        for _ in range(300):
+
+        def answer():
             try:
                 with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=10) as response:
-                    answer = json.load(response)
-                break
-            except OSError:
+                    return json.load(response)
+            except OSError:  # not listening yet
                 assert server.poll() is None, server.stderr.read()
-                time.sleep(0.2)
-        assert answer is not None, "the server never answered"
-        predictions = answer["predictions"]
+                return None
+
+        predictions = wait_until(answer, timeout=120, what="the served model answering the README's request")[
+            "predictions"]
         assert len(predictions) == 2 and all(0 <= row["class"] <= 9 for row in predictions)
         assert all(abs(sum(row["probabilities"]) - 1) < 1e-5 for row in predictions)
     finally:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import call_app, exporting_model_fn, trained_classifier
+from conftest import call_app, exporting_model_fn, trained_classifier, wait_until
 from torchestimator.export import PredictOutput, TensorSpec, export_saved_model, load, serving_input_receiver
 from torchestimator.serving import ModelManager, ServingError, make_app
 
@@ -288,7 +288,6 @@ def test_serve_command_answers_tf_serving_clients(exported):
     import socket
     import subprocess
     import sys
-    import time
     import urllib.request
 
     with socket.socket() as probe:
@@ -296,17 +295,19 @@ def test_serve_command_answers_tf_serving_clients(exported):
         port = probe.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "torchestimator.cli", "serve", "--model_name", "m",
                                "--model_base_path", str(exported["root"] / "single"), "--rest_api_port", str(port)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def model_status():
+        assert server.poll() is None, f"the server exited: {server.stderr.read()}"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models/m", timeout=2) as response:
+                return json.load(response)
+        except OSError:  # not listening yet
+            return None
+
     try:
-        status = None
-        for _ in range(100):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models/m", timeout=2) as response:
-                    status = json.load(response)
-                break
-            except OSError:
-                time.sleep(0.2)
-        assert status and status["model_version_status"][0]["state"] == "AVAILABLE"
+        status = wait_until(model_status, timeout=120, what="the server answering its status page")
+        assert status["model_version_status"][0]["state"] == "AVAILABLE"
         request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models/m:predict", method="POST",
                                          data=json.dumps({"instances": exported["x"][:2].tolist()}).encode())
         with urllib.request.urlopen(request, timeout=10) as response:

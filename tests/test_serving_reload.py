@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import shutil
-import time
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ import torch.nn.functional as F
 from aiohttp.test_utils import TestClient, TestServer
 
 import torchestimator as te
-from conftest import input_fns, make_estimator
+from conftest import input_fns, make_estimator, wait_until
 from torchestimator.export import PredictOutput, TensorSpec, export_saved_model, load, serving_input_receiver
 from torchestimator.serving import ModelManager, make_app
 from torchestimator.serving.config import ModelConfig, VersionPolicy
@@ -74,12 +73,16 @@ def test_no_request_fails_while_versions_are_swapped_under_load(versions, tmp_pa
     manager = ModelManager("m", base)
     assert manager.poll() and manager.served_versions == [VERSIONS[0]]
     body = json.dumps({"instances": versions["x"].tolist()})
+    answers: list[tuple[int, str, bool]] = []  # status, body, sent after the last swap
 
     def swap_all() -> list[int]:
         """Publishes each new version, polls, and deletes the old folder once it is unloaded."""
         unloaded = []
         for previous, version in zip(VERSIONS, VERSIONS[1:]):
-            time.sleep(0.05)  # let requests reach the previous version
+            # Each client has at most one request in flight, so CLIENTS + 1 more answers include one that
+            # was sent after `previous` became the served version: every version answers some traffic.
+            enough = len(answers) + CLIENTS + 1
+            wait_until(lambda: len(answers) >= enough, interval=0.005, what=f"requests reaching version {previous}")
             publish(versions["exports"], base, version)
             assert manager.poll() and manager.served_versions == [version]
             shutil.rmtree(base / str(previous))
@@ -87,7 +90,6 @@ def test_no_request_fails_while_versions_are_swapped_under_load(versions, tmp_pa
         return unloaded
 
     async def main():
-        answers: list[tuple[int, str, bool]] = []  # status, body, sent after the last swap
         done = asyncio.Event()
         async with TestClient(TestServer(make_app(manager))) as client:
             async def hammer():
@@ -105,14 +107,14 @@ def test_no_request_fails_while_versions_are_swapped_under_load(versions, tmp_pa
             finally:
                 done.set()
                 await asyncio.wait_for(asyncio.gather(*clients), TIME_LIMIT_SECONDS)
-        return answers, unloaded
+        return unloaded
 
-    answers, unloaded = asyncio.run(main())
+    unloaded = asyncio.run(main())
     failed = [(status, text) for status, text, _ in answers if status != 200]
     assert failed == []
     answered = [(version_answering(json.loads(text)["predictions"], versions["expected"]), after_swaps)
                 for _, text, after_swaps in answers]
-    assert len({version for version, _ in answered}) >= 2  # the swaps happened under traffic
+    assert {version for version, _ in answered} == set(VERSIONS)  # the swaps happened under traffic
     final = [version for version, after_swaps in answered if after_swaps]
     assert final == [VERSIONS[-1]] * CLIENTS and manager.served_version == VERSIONS[-1]
     assert unloaded == list(VERSIONS[:-1]) and os.listdir(base) == [str(VERSIONS[-1])]
