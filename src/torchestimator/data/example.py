@@ -48,6 +48,7 @@ from typing import Any, Union
 import numpy as np
 
 from torchestimator import _protobuf
+from torchestimator.errors import ExampleDecodeError  # defined there with every public error; re-exported here
 
 __all__ = [
     "ExampleDecodeError",
@@ -71,10 +72,6 @@ _KIND_ALIASES = {"bytes": "bytes", "string": "bytes", "str": "bytes", "float": "
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _LITTLE_ENDIAN = sys.byteorder == "little"
-
-
-class ExampleDecodeError(ValueError):
-    """The bytes are not a valid serialized Example / SequenceExample."""
 
 
 # --------------------------------------------------------------------------------------------

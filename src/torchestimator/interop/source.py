@@ -2,9 +2,9 @@
 
 What belongs here: `TensorInfo` (what a source holds, without reading values),
 the `WeightSource` base class every format reader implements, and the errors
-they raise. What does not: any file format (one module per format,
-each offering `open_<format>(path)` and `is_<format>(path)`), and anything that
-maps names onto a model (warm start).
+they raise (defined in `torchestimator.errors`, re-exported here). What does
+not: any file format (one module per format, each offering `open_<format>(path)`
+and `is_<format>(path)`), and anything that maps names onto a model (warm start).
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy
+
+# Defined with every public error in torchestimator.errors; re-exported here, where readers import them from.
+from torchestimator.errors import TensorNotFoundError, WeightSourceError
 
 __all__ = [
     "ZIP_ERRORS",
@@ -39,23 +42,6 @@ class TensorInfo:
     name: str  # the name in the source, e.g. "dense/kernel", "layer_with_weights-0/kernel", "net.0.weight"
     shape: tuple[int, ...]
     dtype: str  # numpy dtype name: "float32", "int64", ...; "string" for TF string tensors
-
-
-class WeightSourceError(ValueError):
-    """A weight file is missing, unreadable, corrupt or crafted; the message names the file (and tensor/offset).
-
-    Every reader raises it, and only it, for a bad file: a declared size the file
-    cannot hold, a bad offset, a pickle that would need code to load. Anything
-    else escaping a reader is a bug (tools/faults_readers.py counts them).
-    """
-
-
-class TensorNotFoundError(KeyError):
-    """`WeightSource.read` was asked for a name the source does not hold."""
-
-    def __str__(self) -> str:
-        # KeyError's own __str__ shows repr(message), quotes and escapes included.
-        return str(self.args[0]) if self.args else ""
 
 
 def missing_tensor_error(path: str, name: str, names: Iterable[str]) -> TensorNotFoundError:
