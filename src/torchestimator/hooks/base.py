@@ -109,6 +109,14 @@ class Hook:
     def end(self, state: TrainState) -> None:
         """After the last step."""
 
+    def check_config(self, config: Any) -> None:
+        """When the hook joins a run, before any work: raise ConfigError if this RunConfig cannot serve it.
+
+        A hook that needs something of the run (checkpoints, summaries) says so
+        here, so a wrong combination fails at registration rather than at the
+        step where the hook first acts.
+        """
+
 
 class CheckpointSaverListener:
     """Notified around checkpoint saves; after_save returning True stops training."""
@@ -129,49 +137,70 @@ class CheckpointSaverListener:
 _HOOK_METHODS = ("begin", "after_restore", "before_step", "after_step", "end")
 
 
-class HookList:
-    """Calls each hook method only on hooks that override it, so unused events cost nothing."""
+def _dispatcher(name: str) -> Callable[[HookList, Any], None]:
+    def dispatch(self: HookList, argument: Any) -> None:
+        for method in self._by_method[name]:
+            method(argument)
 
-    def __init__(self, hooks: Iterable[Any]) -> None:
+    dispatch.__name__ = dispatch.__qualname__ = name
+    dispatch.__doc__ = f"Calls ``{name}`` on the hooks that override it, in registration order."
+    return dispatch
+
+
+def check_hook(hook: Any, where: str = "hooks") -> None:
+    """TypeError unless ``hook`` is a Hook; ``where`` names the argument in the message."""
+    if isinstance(hook, Hook):
+        return
+    from torchestimator.early_stopping import EarlyStoppingRule  # only on this error path: no import cost or circle
+
+    if isinstance(hook, EarlyStoppingRule):
+        raise TypeError(
+            f"{where}: {hook!r} is an early-stopping rule, not a hook; rules are asked after each evaluation, "
+            "which a training hook never sees. Pass it as train_and_evaluate(estimator, train_spec, eval_spec, "
+            "early_stopping=[rule]) instead."
+        )
+    raise TypeError(
+        f"{where} must be te.Hook instances; received {type(hook).__name__} {hook!r}. "
+        "Subclass te.Hook and override the methods you need."
+    )
+
+
+class HookList:
+    """Calls each hook method only on hooks that override it, so unused events cost nothing.
+
+    Hooks are checked when they are added: their type, and, once the run's
+    RunConfig is known (``config=`` or ``check_config``), ``Hook.check_config``,
+    so a hook the run cannot serve fails before step 1.
+    """
+
+    def __init__(self, hooks: Iterable[Any], *, config: Any = None) -> None:
         self.hooks: list[Hook] = []
+        self.config = config
+        self._by_method: dict[str, list[Callable[[Any], None]]] = {name: [] for name in _HOOK_METHODS}
         for hook in hooks:
             self.add(hook)
 
     def add(self, hook: Any) -> None:
-        # Checked at registration so a wrong hook fails before step 1.
-        if not isinstance(hook, Hook):
-            raise TypeError(
-                f"Hooks must be instances of torchestimator.Hook; received {type(hook).__name__} {hook!r}. "
-                "Subclass te.Hook and override the methods you need."
-            )
+        check_hook(hook)
+        if self.config is not None:
+            hook.check_config(self.config)
         self.hooks.append(hook)
-        self._by_method = {
-            name: [h for h in self.hooks if getattr(type(h), name) is not getattr(Hook, name)] for name in _HOOK_METHODS
-        }
+        for name in _HOOK_METHODS:
+            if getattr(type(hook), name) is not getattr(Hook, name):
+                self._by_method[name].append(getattr(hook, name))
+
+    def check_config(self, config: Any) -> None:
+        """Checks every hook against the run's RunConfig (and every hook added later)."""
+        for hook in self.hooks:
+            hook.check_config(config)
+        self.config = config
 
     @property
     def wants_steps(self) -> bool:
-        return bool(self.hooks) and bool(self._by_method["before_step"] or self._by_method["after_step"])
+        return bool(self._by_method["before_step"] or self._by_method["after_step"])
 
-    def begin(self, state: TrainState) -> None:
-        for hook in self._for("begin"):
-            hook.begin(state)
-
-    def after_restore(self, state: TrainState) -> None:
-        for hook in self._for("after_restore"):
-            hook.after_restore(state)
-
-    def before_step(self, run_context: RunContext) -> None:
-        for hook in self._for("before_step"):
-            hook.before_step(run_context)
-
-    def after_step(self, run_context: RunContext) -> None:
-        for hook in self._for("after_step"):
-            hook.after_step(run_context)
-
-    def end(self, state: TrainState) -> None:
-        for hook in self._for("end"):
-            hook.end(state)
-
-    def _for(self, name: str) -> list[Hook]:
-        return self._by_method[name] if self.hooks else []
+    begin = _dispatcher("begin")
+    after_restore = _dispatcher("after_restore")
+    before_step = _dispatcher("before_step")
+    after_step = _dispatcher("after_step")
+    end = _dispatcher("end")

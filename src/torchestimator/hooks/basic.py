@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from torchestimator.errors import ConfigError
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, RunContext
 from torchestimator.hooks.triggers import Every
 from torchestimator.state import TrainState
@@ -163,12 +164,23 @@ class CheckpointSaverHook(PeriodicHook):
             if not isinstance(listener, CheckpointSaverListener):
                 raise TypeError(f"CheckpointSaverHook listeners must be CheckpointSaverListener; received {listener!r}.")
 
+    def check_config(self, config: Any) -> None:
+        # The loop writes the checkpoints this hook asks for; with none configured it has no store to write to.
+        if config.save_checkpoints_steps is None and config.save_checkpoints_secs is None:
+            raise ConfigError(
+                f"CheckpointSaverHook({self._schedule()}) needs checkpoints, but this run's RunConfig disables them "
+                "(save_checkpoints_steps=None and save_checkpoints_secs=None). Set one of them, or drop the hook.",
+                field="save_checkpoints_steps", value=None)
+
     def begin(self, state: TrainState) -> None:
         for listener in self.listeners:
             listener.begin()
 
     def on_trigger(self, run_context: RunContext) -> None:
         run_context.request_checkpoint(self.listeners)
+
+    def _schedule(self) -> str:
+        return f"save_steps={self.trigger.steps}" if self.trigger.steps is not None else f"save_secs={self.trigger.secs}"
 
     def end(self, state: TrainState) -> None:
         for listener in self.listeners:
