@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-import time
 import urllib.request
 
 import numpy as np
@@ -13,7 +12,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import exporting_model_fn, trained_classifier
+from conftest import exporting_model_fn, trained_classifier, wait_until
 from torchestimator.export import RegressionOutput, TensorSpec, export_saved_model, load
 from torchestimator.export import serving_input_receiver
 from torchestimator.serving import (
@@ -91,19 +90,16 @@ model_config_list {{ config {{ name: "a" base_path: "{bases['root'] / 'a'}"
         assert caught.value.status == 404
 
 
-def test_model_config_file_changes_are_picked_up_while_serving(bases, tmp_path):
+def test_model_config_file_changes_are_picked_up_while_serving(bases, tmp_path, te_logs):
     config = tmp_path / "models.config"
     config.write_text(f'model_config_list {{ config {{ name: "a" base_path: "{bases["root"] / "a"}" }} }}')
     with start(model_config_file=str(config), model_config_file_poll_wait_seconds=0.1,
                file_system_poll_wait_seconds=0) as server:
         config.write_text("this is not a config")  # a broken edit keeps the running models
-        time.sleep(0.4)
+        wait_until(lambda: "Keeping the current models" in te_logs.text, what="the poller reading the broken edit")
         assert sorted(server.managers) == ["a"]
         config.write_text(f'model_config_list {{ config {{ name: "b" base_path: "{bases["root"] / "b"}" }} }}')
-        deadline = time.monotonic() + 20
-        while sorted(server.managers) != ["b"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert sorted(server.managers) == ["b"]
+        wait_until(lambda: sorted(server.managers) == ["b"], what="model 'b' replacing 'a'")
         assert Client(server.url, "b").status()["model_version_status"][0]["version"] == "7"
         with pytest.raises(ServingClientError) as gone:
             Client(server.url, "a").predict(bases["x"])
@@ -117,9 +113,7 @@ def test_a_server_started_before_any_export_waits_and_serves_the_first_version(b
             Client(server.url, "late").predict(bases["x"])
         assert nothing_yet.value.status == 404
         shutil.copytree(bases["root"] / "b" / "7", base / "3")
-        deadline = time.monotonic() + 20
-        while server.managers["late"].served_version != 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: server.managers["late"].served_version == 3, what="version 3 being served")
         assert Client(server.url, "late").predict(bases["x"])[0]["class"] == bases["expected"]["class"][0]
 
 
@@ -220,12 +214,13 @@ def test_batching_gathers_concurrent_requests_and_a_full_queue_answers_429(bases
     with serve_app(make_app(manager, batching=batching)) as server:
         url = server.url + "/v1/models/a:predict"
         first, first_results = post_concurrently(url, [{"instances": bases["x"][:1].tolist()}])
-        deadline = time.monotonic() + 10
-        while not model.calls and time.monotonic() < deadline:  # the thread is now busy behind the gate
-            time.sleep(0.01)
+        wait_until(lambda: model.calls, what="the first request reaching the model")  # its thread waits at the gate
         rows = [{"instances": bases["x"][index:index + 1].tolist()} for index in range(3)]
         waiting, waiting_results = post_concurrently(url, rows + [{"instances": bases["x"][:2].tolist()}])
-        time.sleep(0.5)  # the four requests (five rows) fill the one open batch of four and overflow it
+        # Five rows in four requests: in any order of arrival the first three fit the one open batch of four,
+        # so the 429 answers the last to arrive, and once it is back all four are in.
+        wait_until(lambda: any(result and result[0] == 429 for result in waiting_results),
+                   what="the request that overflows the batch being refused")
         model.gate.set()
         for thread in first + waiting:
             thread.join(timeout=30)
