@@ -24,7 +24,9 @@ strings. Per spec, for one record and for a batch of B records:
   TensorFlow's fast parser.
 
 Errors are ValueError, keep TensorFlow's wording (so its messages can still be
-searched) and add the record index and what to do. Only int64, float32 and
+searched) and add the record index and what to do. Bytes that are not an
+Example at all raise ExampleDecodeError (a ValueError and a
+TorchEstimatorError) naming the record: protobuf's own error never escapes. Only int64, float32 and
 string exist in an Example: other dtypes are refused when the spec is made.
 
 `to_torch` converts numeric arrays to tensors, `SparseValue` to
@@ -525,8 +527,9 @@ def _raise_record_error(record: Any, index: int) -> None:
     try:
         parse_example_proto(record)
     except ExampleDecodeError as error:
-        raise ValueError(f"Could not parse example input, value: {_preview(record)} (record {index}: {error}). "
-                         f"Is this a tf.train.Example (and not a SequenceExample or a TFRecord frame)?") from None
+        raise ExampleDecodeError(
+            f"Could not parse example input, value: {_preview(record)} (record {index}: {error}). "
+            f"Is this a tf.train.Example (and not a SequenceExample or a TFRecord frame)?") from None
     except TypeError as error:
         raise TypeError(f"record {index}: {error}") from None
     raise AssertionError("a record failed to parse once and parsed the second time")
@@ -616,8 +619,8 @@ def parse_single_sequence_example(serialized: bytes, context_features: Mapping[s
     try:
         message = parse_sequence_example_proto(serialized)
     except ExampleDecodeError as error:
-        raise ValueError(f"Could not parse sequence example input, value: {_preview(serialized)} ({where}: "
-                         f"{error}).") from None
+        raise ExampleDecodeError(f"Could not parse sequence example input, value: {_preview(serialized)} "
+                                 f"({where}: {error}).") from None
     context_columns = _example_columns(context_features or {}, 1, "context_features")
     context_map = message.context.feature
     for column in context_columns:

@@ -37,6 +37,11 @@ Reading follows TensorFlow's record reader (`record_reader.cc`):
   checking that the stream delivers all of it (and its CRC, with verify),
   then read for real: memory stays bounded whatever the length says, at the
   price of inflating such big records twice.
+- The layers below never show through: a broken compressed stream (zlib's
+  error) is "corrupted record at N", a failing read (an OSError such as EIO;
+  the original is the error's `__cause__`) is "unreadable record at N", both
+  DataLossError with the file and the record's start. Opening a missing or
+  forbidden file stays FileNotFoundError/PermissionError, which name it.
 - `skip_corrupt=True` is TensorFlow's `ignore_errors()`: the records before
   the damage are kept, the rest of that file is skipped, a warning names the
   file and offset, and `ReadStats` counts it (summarised in one warning at
@@ -60,9 +65,12 @@ import stat
 import struct
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TypedDict
 
 from torchestimator.errors import DataLossError
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; annotations are not evaluated at run time
+    from typing_extensions import Unpack
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +92,7 @@ except ImportError:  # Apache-2.0 alternative, equally fast on small records.
 __all__ = [
     "DEFAULT_MAX_RECORD_SIZE",
     "DataLossError",
+    "ReadOptions",
     "ReadStats",
     "TFRecordWriter",
     "iter_record_blocks",
@@ -466,12 +475,7 @@ class _LengthGuard:
         stream.reset(mark)
 
     def _probe_read(self, size: int, offset: int, length: int, have: int) -> bytes:
-        try:
-            chunk = self._stream.read(size)
-        except zlib.error as error:
-            raise _data_loss("corrupted", self._path, offset, f"inflate failed ({error})") from None
-        except _TruncatedStream:
-            chunk = b""
+        chunk = _read_more(self._stream, size, self._path, offset, cut_is_end=True)
         if len(chunk) < size:
             raise _data_loss("truncated", self._path, offset,
                              f"it declares {length} bytes of data but the decompressed stream ends "
@@ -501,14 +505,20 @@ def _check_max_record_size(value: Any) -> None:
         raise ValueError(f"max_record_size must be an integer >= 0 (bytes); received {value!r}.")
 
 
-def _read_more(stream: Any, size: int, path: str, offset: int) -> bytes:
+def _read_more(stream: Any, size: int, path: str, offset: int, *, cut_is_end: bool = False) -> bytes:
+    """The one place reading meets the layers below: zlib's and the file system's errors become
+    DataLossError naming the file and the record's start (`cut_is_end`: a cut stream reads as b"")."""
     try:
         return stream.read(size)
     except zlib.error as error:
         raise _data_loss("corrupted", path, offset, f"inflate failed ({error})") from None
     except _TruncatedStream:
+        if cut_is_end:
+            return b""
         raise _data_loss("truncated", path, offset,
                          "the compressed stream ends before its end marker") from None
+    except OSError as error:  # EIO from a failing disk or a network file system; the cause keeps the errno
+        raise _data_loss("unreadable", path, offset, f"reading the file failed ({error})") from error
 
 
 def _scan(
@@ -568,6 +578,30 @@ def _scan(
             raise error
 
 
+class ReadOptions(TypedDict, total=False):
+    """The reading options `iter_records` and `read_records` pass on to `iter_record_blocks`,
+    which holds their defaults (module docstring: what each one does)."""
+
+    skip_corrupt: bool
+    """False: damage raises DataLossError. True: the rest of a damaged file is skipped, with a warning."""
+    verify: bool
+    """True: check both CRCs of every record (framing is checked either way)."""
+    strict: bool
+    """True: a file cut inside a record header is "truncated"; False: TensorFlow's silent end of file."""
+    stats: ReadStats | None
+    """Counts to update in place, across files."""
+    max_record_size: int
+    """The largest record length accepted, in bytes."""
+
+
+def _check_options(options: dict[str, Any], caller: str) -> None:
+    # **options would pass start_offset or block_size through unnoticed; refuse them as a signature would.
+    unknown = sorted(set(options) - ReadOptions.__optional_keys__)
+    if unknown:
+        raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}; its options are "
+                        f"{sorted(ReadOptions.__optional_keys__)}.")
+
+
 def iter_record_blocks(
     path: str | os.PathLike[str],
     compression: str | None = None,
@@ -605,38 +639,23 @@ def iter_record_blocks(
 
 
 def iter_records(
-    path: str | os.PathLike[str],
-    compression: str | None = None,
-    *,
-    start_offset: int = 0,
-    skip_corrupt: bool = False,
-    verify: bool = True,
-    strict: bool = True,
-    stats: ReadStats | None = None,
-    max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
+    path: str | os.PathLike[str], compression: str | None = None, *, start_offset: int = 0,
+    **options: Unpack[ReadOptions],
 ) -> Iterator[tuple[int, bytes]]:
     """`(offset, record)` for each record of one file; the next record starts at
     `offset + 16 + len(record)`, which is what `start_offset` takes to resume.
 
-    `verify=False` skips both CRC checks (framing is still checked). See the
-    module docstring for `strict`, `skip_corrupt` and `max_record_size` (bytes).
+    `options` are `ReadOptions` (`verify=False` skips both CRC checks; framing is
+    still checked); see the module docstring for what they do.
     """
-    for offsets, records in iter_record_blocks(
-        path, compression, start_offset=start_offset, skip_corrupt=skip_corrupt, verify=verify,
-        strict=strict, stats=stats, max_record_size=max_record_size,
-    ):
+    _check_options(options, "iter_records")
+    for offsets, records in iter_record_blocks(path, compression, start_offset=start_offset, **options):
         yield from zip(offsets, records)
 
 
 def read_records(
-    files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-    compression: str | None = None,
-    *,
-    skip_corrupt: bool = False,
-    verify: bool = True,
-    strict: bool = True,
-    stats: ReadStats | None = None,
-    max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
+    files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], compression: str | None = None,
+    **options: Unpack[ReadOptions],
 ) -> Iterator[bytes]:
     """Every record of every file (a path, glob, or list; see `list_files`), in order.
 
@@ -644,13 +663,13 @@ def read_records(
     one warning at the end summarises what was skipped. A record longer than
     `max_record_size` bytes is an error (see the module docstring).
     """
-    stats = stats if stats is not None else ReadStats()
+    _check_options(options, "read_records")
+    if options.get("stats") is None:
+        options["stats"] = ReadStats()
+    stats = options["stats"]
     paths = list_files(files)
     for path in paths:
-        for _, records in iter_record_blocks(
-            path, compression, skip_corrupt=skip_corrupt, verify=verify, strict=strict, stats=stats,
-            max_record_size=max_record_size,
-        ):
+        for _, records in iter_record_blocks(path, compression, **options):
             yield from records
     if stats.skipped_files:
         logger.warning("Read %s.", stats.summary())
