@@ -7,7 +7,7 @@ import io
 import pytest
 
 import torchestimator as te
-from conftest import input_fns, make_estimator
+from conftest import classifier_model_fn, input_fns, make_estimator
 from torchestimator.progress import Progress
 from torchestimator.summary import read_scalars
 
@@ -61,9 +61,25 @@ def test_public_surface_is_pinned():
         "stop_if_higher_hook", "stop_if_lower_hook", "stop_if_no_decrease_hook", "stop_if_no_increase_hook",
         "train_and_evaluate",
     ])
-    for name in te.__all__:
-        assert getattr(te, name) is not None
-    assert (te.ModeKeys.TRAIN, te.ModeKeys.EVAL, te.ModeKeys.PREDICT) == ("train", "eval", "infer")
+    assert [name for name in te.__all__ if not hasattr(te, name)] == []  # `from torchestimator import *` works
+
+
+def test_model_fn_gets_tf_mode_strings_in_each_mode(tmp_path):
+    """model_fns written for tf.estimator compare mode to "train" / "eval" / "infer"; those are what arrive."""
+    train, evaluate, predict, _ = input_fns(n=32)
+    modes = []
+
+    def model_fn(model, features, labels, mode):
+        modes.append(mode)
+        return classifier_model_fn(model, features, labels, mode)
+
+    estimator = make_estimator(tmp_path, model_fn=model_fn)
+    estimator.train(train, max_steps=1)
+    estimator.evaluate(evaluate)
+    list(estimator.predict(predict))
+    assert sorted(set(modes)) == ["eval", "infer", "train"]
+    assert modes[0] == te.ModeKeys.TRAIN and modes[-1] == te.ModeKeys.PREDICT
+    assert te.ModeKeys.EVAL in modes
 
 
 def test_every_fires_on_step_multiples_and_once_per_step():

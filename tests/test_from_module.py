@@ -53,7 +53,9 @@ def test_regression_with_mse_and_a_custom_metric(tmp_path):
     estimator.train(te.numpy_input_fn(x, y, batch_size=20, num_epochs=None, shuffle=True), max_steps=100)
     results = estimator.evaluate(te.numpy_input_fn(x, y, batch_size=50, shuffle=False))
     assert results["loss"] < 1e-3
-    assert "mean_prediction" in results
+    outputs = np.concatenate([batch["outputs"] for batch in estimator.predict(
+        te.numpy_input_fn(x, batch_size=200, shuffle=False), yield_single_examples=False)])
+    assert results["mean_prediction"] == pytest.approx(float(outputs.mean()), abs=1e-6)
 
 
 def test_from_module_refuses_what_cannot_work(tmp_path):

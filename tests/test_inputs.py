@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import itertools
 import json
 import logging
@@ -14,8 +13,9 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
+from conftest import make_estimator
+from torchestimator import EstimatorSpec
 from torchestimator.data.inputs import (
-    ResumableIterable,
     dataset_input_fn,
     describe_batch_sizes,
     numpy_input_fn,
@@ -131,19 +131,63 @@ def test_dict_y_gives_dict_labels():
     assert labels["count"].tolist() == [0, 1, 2, 3]
 
 
-def test_input_fn_declares_only_input_context_and_config():
-    x, y = _arrays(4)
-    input_fn = numpy_input_fn(x, y, batch_size=2, shuffle=False)
-    assert list(inspect.signature(input_fn).parameters) == ["input_context", "config"]
+def test_the_estimator_hands_the_input_fn_the_runs_seed(tmp_path):
+    """numpy_input_fn without a seed of its own shuffles by RunConfig.random_seed, which the Estimator passes in."""
+    x, y = _arrays(8)
+    input_fn = numpy_input_fn(x, y, batch_size=4, num_epochs=1, shuffle=True)
+    seen = []
+
+    def model_fn(model, features, labels, mode):
+        seen.append((labels - 100).tolist())
+        return EstimatorSpec(mode, loss=model(features["age"].float()[:, None]).mean())
+
+    make_estimator(tmp_path, model=lambda: torch.nn.Linear(1, 1), model_fn=model_fn, random_seed=7).train(input_fn)
+    assert seen == _ids(input_fn(config=_Config(random_seed=7)))
+    assert seen != _ids(input_fn(config=_Config(random_seed=8)))  # so the seed, not luck, made the order
 
 
-def test_iterables_follow_the_resumable_protocol_and_restart_when_iterated_again():
+def test_iterating_again_restarts_from_the_first_batch():
     x, y = _arrays(6)
     batches = numpy_input_fn(x, y, batch_size=4, shuffle=False)()
-    assert isinstance(batches, ResumableIterable)
-    assert isinstance(dataset_input_fn(_PairDataset(3), 2, shuffle=False)(), ResumableIterable)
-    assert not isinstance([1, 2], ResumableIterable)
     assert _ids(batches) == _ids(batches) == [[0, 1, 2, 3], [4, 5]]
+    pairs = dataset_input_fn(_PairDataset(3), 2, shuffle=False)()
+    assert _ids(pairs) == _ids(pairs) == [[0, 1], [2]]
+
+
+class _NumberedBatches:
+    """A user's own ResumableIterable: batch i holds two rows of value i; its position is the next i."""
+
+    def __init__(self) -> None:
+        self.next, self.loaded, self.yielded = 0, [], []
+
+    def __iter__(self):
+        while True:
+            index = self.next
+            self.next += 1
+            self.yielded.append(index)
+            yield {"x": torch.full((2, 8), float(index))}, torch.tensor([index % 3, (index + 1) % 3])
+
+    def state_dict(self):
+        return {"next": self.next}
+
+    def load_state_dict(self, state) -> None:
+        self.loaded.append(dict(state))
+        self.next = state["next"]
+
+
+def test_an_iterable_of_ones_own_with_the_protocol_is_resumed_by_the_estimator(tmp_path):
+    """What ResumableIterable promises: the position goes into the checkpoint and comes back before iter()."""
+    sources: list[_NumberedBatches] = []
+
+    def input_fn():
+        sources.append(_NumberedBatches())
+        return sources[-1]
+
+    make_estimator(tmp_path).train(input_fn, max_steps=4)
+    make_estimator(tmp_path).train(input_fn, max_steps=7)
+    first, second = sources
+    assert first.loaded == [] and first.yielded == [0, 1, 2, 3]
+    assert second.loaded == [{"next": 4}] and second.yielded == [4, 5, 6]
 
 
 # --------------------------------------------------------------------------- errors

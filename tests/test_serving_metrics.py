@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import threading
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from torchestimator.serving.metrics import (
-    DEFAULT_METRICS_PATH,
-    LATENCY_BUCKETS_MICROSECONDS,
     ServingMetrics,
     exponential_buckets,
     prometheus_name,
@@ -29,8 +28,8 @@ def samples(family, name: str) -> dict:
     return {tuple(sorted(sample.labels.items())): sample.value for sample in family.samples if sample.name == name}
 
 
-def test_names_follow_tf_prometheus_exporter_and_the_default_path():
-    assert DEFAULT_METRICS_PATH == "/monitoring/prometheus/metrics"
+def test_names_follow_tf_prometheus_exporter():
+    # The default path, /monitoring/prometheus/metrics, is fetched from a running server in test_serving_server.
     assert prometheus_name("/tensorflow/serving/request_count") == REQUEST_COUNT
     assert prometheus_name("/tensorflow/serving/batching/padding_size_v2") == \
         ":tensorflow:serving:batching:padding_size_v2"
@@ -74,10 +73,15 @@ def test_latency_is_a_microsecond_histogram_of_successful_requests_only():
     assert buckets["6426.84"] == 2.0
 
 
-def test_buckets_are_tf_exponential_buckets():
-    assert exponential_buckets(10, 1.8, 33) == LATENCY_BUCKETS_MICROSECONDS
-    assert LATENCY_BUCKETS_MICROSECONDS[:3] == (10, 18.0, 32.4) and len(LATENCY_BUCKETS_MICROSECONDS) == 33
-    assert exponential_buckets(1, 2, 15)[-1] == 16384
+def test_the_latency_page_has_tfs_exponential_buckets():
+    """TF's request_latency buckets: 33 limits of 10 * 1.8**i microseconds (ExponentialBuckets(10, 1.8, 33)), +Inf."""
+    metrics = ServingMetrics()
+    metrics.observe_request("mlp", "Predict", "OK", 0.001)
+    limits = [float(sample.labels["le"]) for sample in families(metrics)[LATENCY].samples
+              if sample.name == LATENCY + "_bucket"]
+    assert limits[-1] == math.inf
+    assert limits[:-1] == pytest.approx([10 * 1.8 ** index for index in range(33)], rel=1e-5)  # the page rounds
+    assert exponential_buckets(1, 2, 15) == pytest.approx([2.0 ** index for index in range(15)])
 
 
 def test_example_counts_and_total_use_tf_label_model():
