@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from torchestimator.data.tfrecord import masked_crc32c
+from torchestimator.interop import _sstable
+from torchestimator.interop._sstable import snappy_decompress
 from torchestimator.interop.source import TensorInfo, WeightSourceError
 from torchestimator.interop.tf_checkpoint import (
     TensorFlowCheckpoint,
@@ -22,6 +24,7 @@ from torchestimator.interop.tf_checkpoint import (
 )
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "tf_checkpoint")
+SNAPPY = os.path.join(os.path.dirname(__file__), "fixtures", "snappy")  # made by cramjam; see its README.md
 
 # formats.md 3.3: SaveV2(prefix, ["x", "s"], ["", ""], [float32 [1, 2], string ["ab", ""]]).
 WORKED_INDEX = bytes.fromhex(
@@ -168,25 +171,69 @@ def _with_snappy_data_block(compressed: bytes) -> bytes:
     return compressed + trailer + bytes(rest[:-48]) + footer
 
 
-def test_snappy_compressed_block(tmp_path):
-    block = WORKED_INDEX[:57]
-    # A literal for the first 10 bytes, then a 2-byte-offset copy is not possible here; use literal runs.
-    compressed = b"\x39" + bytes([(10 - 1) << 2]) + block[:10] + bytes([(47 - 1) << 2]) + block[10:]
+def _fixture_bytes(name: str) -> bytes:
+    with open(os.path.join(SNAPPY, name), "rb") as handle:
+        return handle.read()
+
+
+def _counting_snappy(monkeypatch) -> list[int]:
+    """Counts the snappy blocks the table reader decompresses (so a fixture stored uncompressed cannot pass)."""
+    calls = []
+    real = _sstable.snappy_decompress
+    monkeypatch.setattr(_sstable, "snappy_decompress", lambda block, path, offset: calls.append(offset)
+                        or real(block, path, offset))
+    return calls
+
+
+def test_snappy_compressed_block(tmp_path, monkeypatch):
+    compressed = _fixture_bytes("worked_block.snappy")  # the worked data block, compressed by a reference encoder
+    assert snappy_decompress(compressed, "f", 0) == WORKED_INDEX[:57]
+    calls = _counting_snappy(monkeypatch)
     prefix = write_worked(tmp_path, _with_snappy_data_block(compressed))
     with open_tensorflow(prefix) as checkpoint:
         assert checkpoint.read("x").tolist() == [1.0, 2.0]
         assert checkpoint.read("s").tolist() == [b"ab", b""]
+    assert calls == [0]
+
+
+def test_snappy_reference_stream_with_every_element_kind():
+    # Literals short and over 60 bytes, copies with 1- and 2-byte offsets, copies overlapping their output.
+    raw, compressed = _fixture_bytes("mixed.bin"), _fixture_bytes("mixed.snappy")
+    assert len(compressed) < len(raw) - 1000  # literals alone cannot be shorter than the data: copies are in there
+    assert snappy_decompress(compressed, "f", 0) == raw
+
+
+def test_table_whose_every_block_is_snappy_compressed(monkeypatch):
+    calls = _counting_snappy(monkeypatch)
+    with open(os.path.join(SNAPPY, "table", "expected.json")) as handle:
+        expected = json.load(handle)
+    with open_tensorflow(os.path.join(SNAPPY, "table", "ckpt")) as checkpoint:
+        assert [info.name for info in checkpoint.tensors()] == sorted(expected)
+        for name, values in expected.items():
+            assert checkpoint.read(name).tolist() == values
+    assert len(calls) == 5  # the index block and four data blocks (the metaindex is never read)
+
+
+@pytest.mark.parametrize("damage, message", [
+    # The stream ends in a 2-byte-offset copy: cut short, its offset must not read as a smaller one.
+    (lambda stream: stream[:-1], "a copy's offset runs past the end of the block"),
+    (lambda stream: stream[:1500], "a literal runs past the end of the block"),
+    (lambda stream: b"\xbb\x22" + stream[2:], "decompressed to 4410 bytes, expected 4411"),  # declared 4411
+    (lambda stream: b"\xb9\x22" + stream[2:], "decompresses past the declared 4409 bytes"),
+])
+def test_damaged_reference_stream_is_refused_naming_file_and_offset(damage, message):
+    stream = _fixture_bytes("mixed.snappy")
+    assert stream[:2] == b"\xba\x22"  # the declared size, 4410, as a varint
+    with pytest.raises(WeightSourceError, match=f"f: the snappy-compressed block at offset 7 is corrupt: {message}"):
+        snappy_decompress(damage(stream), "f", 7)
 
 
 def test_snappy_copies_and_corruption(tmp_path):
-    from torchestimator.interop.tf_checkpoint import _snappy_decompress
-
-    stream = bytes([10, 2 << 2]) + b"abc" + bytes([((6 - 4) << 2) | 1, 3, 0]) + b"d"
-    assert _snappy_decompress(stream, "f", 0) == b"abcabcabcd"
-    two_byte = bytes([7, 0]) + b"a" + bytes([((6 - 1) << 2) | 2, 1, 0])
-    assert _snappy_decompress(two_byte, "f", 0) == b"aaaaaaa"
+    # Hand-made: the 4-byte-offset copy no reference encoder emits (it compresses in 64 KiB fragments).
+    four_byte = bytes([8, 3 << 2]) + b"abcd" + bytes([((4 - 1) << 2) | 3]) + (4).to_bytes(4, "little")
+    assert snappy_decompress(four_byte, "f", 0) == b"abcdabcd"
     with pytest.raises(WeightSourceError, match="f: the snappy-compressed block at offset 9 is corrupt"):
-        _snappy_decompress(bytes([10, ((6 - 4) << 2) | 1, 3]), "f", 9)
+        snappy_decompress(bytes([10, ((6 - 4) << 2) | 1, 3]), "f", 9)
 
 
 # --------------------------------------------------------------------------- real TensorFlow fixtures
@@ -266,9 +313,19 @@ def test_checkpoint_state_text_format(tmp_path):
     assert state["all_model_checkpoint_paths"] == ["ckpt-2", "ckpt-3"]
     assert state["all_model_checkpoint_timestamps"] == [1795942350.9146118]
     assert state["last_preserved_timestamp"] == 1795942349.864094
-    (tmp_path / "checkpoint").write_text("model_checkpoint_path\n")
-    with pytest.raises(WeightSourceError, match="line 1: expected 'field: value'"):
+    # Protobuf's text format, as TensorFlow reads it: comments, single quotes, escapes.
+    (tmp_path / "checkpoint").write_text("# written by hand\nmodel_checkpoint_path: 'ckpt-\\0613'\n")
+    assert read_checkpoint_state(tmp_path / "checkpoint")["model_checkpoint_path"] == "ckpt-13"
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "a"\nmodel_checkpoint_pth: "b"\n')
+    with pytest.raises(WeightSourceError, match=r"checkpoint, line 2: not a CheckpointState text file: .*no field "
+                                                r"named \"model_checkpoint_pth\""):
         read_checkpoint_state(tmp_path / "checkpoint")
+    (tmp_path / "checkpoint").write_text("model_checkpoint_path\n")
+    with pytest.raises(WeightSourceError, match=r"line 2: not a CheckpointState text file: .*Expected \":\""):
+        read_checkpoint_state(tmp_path / "checkpoint")
+    os.mkfifo(tmp_path / "fifo")  # a FIFO named by mistake must not block the reader
+    with pytest.raises(WeightSourceError, match="fifo: cannot read the checkpoint state file: .*not a regular file"):
+        read_checkpoint_state(tmp_path / "fifo")
 
 
 def test_checkpoint_file_with_moved_absolute_path(tmp_path):
@@ -479,7 +536,5 @@ def test_header_declaring_billions_of_shards_fails_fast(tmp_path):
 
 
 def test_snappy_block_declaring_more_than_snappy_can_hold():
-    from torchestimator.interop.tf_checkpoint import _snappy_decompress
-
     with pytest.raises(WeightSourceError, match="declares 4611686018427387904 bytes"):
-        _snappy_decompress(_varint(1 << 62) + b"\x00a", "f", 0)
+        snappy_decompress(_varint(1 << 62) + b"\x00a", "f", 0)

@@ -1,19 +1,19 @@
 """TensorFlow checkpoints (tensor bundle V2) read in pure Python, without TensorFlow.
 
 What belongs here: locating a checkpoint (prefix, directory with a `checkpoint`
-file, or `.index` path), the `.index` SSTable (LevelDB table format: footer,
-index block, data blocks with prefix-compressed keys, CRC32C block trailers),
-the BundleHeaderProto / BundleEntryProto records in it, the tensor bytes in the
+file, or `.index` path), the `checkpoint` file itself (CheckpointState in
+protobuf text format), and the reader: the tensor bytes in the
 `.data-NNNNN-of-NNNNN` shards (numeric, bool and DT_STRING, each checked against
-its CRC32C), partitioned variables saved as slices, and the TF2 object graph
-(`_CHECKPOINTABLE_OBJECT_GRAPH`) that maps object paths to checkpoint keys.
-What does not: mapping names or layouts onto a PyTorch model (warm start and
-the layout converters), and writing checkpoints.
+its CRC32C) and partitioned variables saved as slices, assembled. What does
+not: the `.index` table (`_sstable.py`), its records (`_tf_bundle.py`), which
+keys are model variables and their TF2 object paths (`_tf_variables.py`),
+mapping names or layouts onto a PyTorch model (warm start and the layout
+converters), and writing checkpoints.
 
-The byte-level format is in formats.md section 3. The few protobuf messages
-are decoded by a small wire-format decoder: their fields are plain scalars and
-sub-messages, and a hand decoder keeps every failure attributable to a file
-and offset.
+The byte-level format is in formats.md section 3. The protobuf records are
+parsed by the protobuf runtime from field tables in `_tf_protos.py`; each
+refusal becomes a `WeightSourceError` naming the file and record in one place
+(`TensorFlowCheckpoint._decoded`, and `read_checkpoint_state` for the text file).
 
 Values: numeric tensors come back as native-endian numpy arrays of the
 matching dtype; DT_STRING tensors as numpy object arrays of `bytes`; bfloat16
@@ -23,21 +23,44 @@ matching dtype; DT_STRING tensors as numpy object arrays of `bytes`; bfloat16
 
 from __future__ import annotations
 
-import codecs
-import dataclasses
 import itertools
 import logging
 import math
 import os
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 import numpy as np
 
+from torchestimator import _protobuf
 from torchestimator.data.tfrecord import masked_crc32c
+from torchestimator.interop._sstable import FOOTER_SIZE, TABLE_MAGIC, VarintError, read_table, read_varint
+from torchestimator.interop._tf_bundle import (
+    BFLOAT16,
+    NUMPY_DTYPES,
+    STRING,
+    BundleEntry,
+    check_entry,
+    decode_entry,
+    decode_header,
+    slice_index,
+    slice_keys,
+    slice_spec,
+)
+from torchestimator.interop._tf_protos import tf_protos
+from torchestimator.interop._tf_variables import (
+    OBJECT_GRAPH_KEY,
+    Node,
+    decode_object_graph,
+    is_optimizer_variable,
+    model_variables,
+    object_paths,
+    optimizer_slots,
+)
 from torchestimator.interop.source import TensorInfo, WeightSource, WeightSourceError, missing_tensor_error
+from torchestimator.regular_file import read_regular_file
 
 __all__ = [
     "BundleEntry",
@@ -52,312 +75,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
-
-_FOOTER_SIZE = 48
-_TRAILER_SIZE = 5
-_TABLE_MAGIC = 0xDB4775248B80FB57
 _DATA_SUFFIX = re.compile(r"\.data-\d{5}-of-\d{5}$")
 _UINT32 = struct.Struct("<I")
-# Snappy's densest element is a 3-byte copy of 64 bytes; a block declaring more than this ratio is corrupt.
-_SNAPPY_MAX_RATIO = 22
-# No array has more elements (numpy's own limit is 2**63 bytes); even zero-size shapes must stay below it.
-_MAX_ELEMENTS = 1 << 52
-
-# types.proto DataType -> numpy dtype name. Quantized types share their storage type's layout.
-_NUMPY_DTYPES = {
-    1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8", 8: "complex64", 9: "int64",
-    10: "bool", 11: "int8", 12: "uint8", 13: "int32", 15: "int16", 16: "uint16", 17: "uint16",
-    18: "complex128", 19: "float16", 22: "uint32", 23: "uint64",
-}
-_STRING, _BFLOAT16 = 7, 14
-_OTHER_DTYPES = {
-    0: "invalid", 7: "string", 14: "bfloat16", 20: "resource", 21: "variant", 24: "float8_e5m2",
-    25: "float8_e4m3fn", 26: "float8_e4m3fnuz", 27: "float8_e4m3b11fnuz", 28: "float8_e5m2fnuz", 29: "int4",
-    30: "uint4", 31: "int2", 32: "uint2", 33: "float4_e2m1fn",
-}
-
-# TF1 optimizer slots are `<variable>/<SlotName>`; repeated optimizers add `_1`, `_2`, ...
-_TF1_SLOT = re.compile(
-    r"/(Adam|RMSProp|Adadelta|Ftrl|LazyAdam|Momentum|Adagrad|AdagradDA|ProximalAdagrad|"
-    r"ExponentialMovingAverage|GradientDescent|Nadam|Adamax)(_\d+)?$"
-)
-_TF1_SCALARS = re.compile(r"^(beta1_power|beta2_power|global_step|save_counter)(_\d+)?$")
-_TF2_OPTIMIZER = re.compile(r"(^|/)\.OPTIMIZER_SLOT/|^optimizer(_\d+)?/|^save_counter/|^training/")
-
-
-def is_optimizer_variable(name: str) -> bool:
-    """Whether a checkpoint key is optimizer state or bookkeeping rather than a model variable.
-
-    Covers TF1 names (`<var>/Adam`, `<var>/Adam_1`, `<var>/Momentum`, `beta1_power`,
-    `global_step`, ...) and TF2 object keys (`.OPTIMIZER_SLOT`, `optimizer/...`,
-    `save_counter`, the object graph itself). Keras 3 may store model weights
-    under `optimizer/_trainable_variables/N`; use
-    `TensorFlowCheckpoint.model_variables()`, which reads the object graph, for those.
-    """
-    return bool(name == OBJECT_GRAPH_KEY or _TF1_SLOT.search(name) or _TF1_SCALARS.match(name)
-                or _TF2_OPTIMIZER.search(name))
-
-
-# --------------------------------------------------------------------------- protobuf wire format
-
-
-class _WireError(ValueError):
-    """Malformed protobuf or varint bytes; callers add the file and offset."""
-
-
-def _varint(data: bytes, position: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if position >= len(data):
-            raise _WireError("a varint runs past the end of its buffer")
-        byte = data[position]
-        position += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, position
-        shift += 7
-        if shift > 63:
-            raise _WireError("a varint is longer than 10 bytes")
-
-
-def _signed(value: int) -> int:
-    # int32/int64 fields hold negative numbers as 64-bit two's complement varints.
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def _fields(data: bytes) -> dict[int, list[Any]]:
-    """Decode one message into {field number: [values]} (ints for scalars, bytes for sub-messages)."""
-    if not isinstance(data, bytes):
-        raise _WireError("a sub-message field holds a number")
-    fields: dict[int, list[Any]] = {}
-    position = 0
-    while position < len(data):
-        tag, position = _varint(data, position)
-        number, wire_type = tag >> 3, tag & 7
-        if wire_type == 0:
-            value, position = _varint(data, position)
-        elif wire_type == 2:
-            length, position = _varint(data, position)
-            value = data[position:position + length]
-            position += length
-        elif wire_type in (1, 5):
-            width = 8 if wire_type == 1 else 4
-            value = int.from_bytes(data[position:position + width], "little")
-            position += width
-        else:
-            raise _WireError(f"unsupported wire type {wire_type} for field {number}")
-        if position > len(data) or number == 0:
-            raise _WireError(f"field {number} runs past the end of the message")
-        fields.setdefault(number, []).append(value)
-    return fields
-
-
-def _last(fields: dict[int, list[Any]], number: int, default: Any) -> Any:
-    """The last value of a field; its wire type must match the default's (bytes, else a number)."""
-    values = fields.get(number)
-    if not values:
-        return default
-    if isinstance(values[-1], bytes) != isinstance(default, bytes):
-        raise _WireError(f"field {number} has the wrong wire type")
-    return values[-1]
-
-
-# --------------------------------------------------------------------------- bundle entries
-
-
-@dataclasses.dataclass(frozen=True)
-class BundleEntry:
-    """One BundleEntryProto: where a tensor lives in the data shards."""
-
-    dtype: int  # TensorFlow DataType enum value
-    shape: tuple[int, ...]
-    shard_id: int
-    offset: int
-    size: int
-    crc32c: int  # masked, as stored
-    slices: tuple[tuple[tuple[int, int | None], ...], ...]  # per slice, per dim (start, length or None = all)
-
-    @property
-    def dtype_name(self) -> str:
-        return _NUMPY_DTYPES.get(self.dtype) or _OTHER_DTYPES.get(self.dtype, f"dtype_{self.dtype}")
-
-
-def _decode_shape(data: bytes) -> tuple[int, ...]:
-    fields = _fields(data)
-    if _last(fields, 3, 0):
-        raise _WireError("the shape has unknown rank")
-    return tuple(_signed(_last(_fields(dim), 1, 0)) for dim in fields.get(2, []))
-
-
-def _decode_entry(data: bytes) -> BundleEntry:
-    fields = _fields(data)
-    slices = []
-    for slice_bytes in fields.get(7, []):
-        extents = []
-        for extent in _fields(slice_bytes).get(1, []):
-            extent_fields = _fields(extent)
-            length = _last(extent_fields, 2, None)
-            extents.append((_signed(_last(extent_fields, 1, 0)), None if length is None else _signed(length)))
-        slices.append(tuple(extents))
-    return BundleEntry(
-        dtype=_last(fields, 1, 0), shape=_decode_shape(_last(fields, 2, b"")), shard_id=_last(fields, 3, 0),
-        offset=_signed(_last(fields, 4, 0)), size=_signed(_last(fields, 5, 0)), crc32c=_last(fields, 6, 0),
-        slices=tuple(slices),
-    )
-
-
-def _check_entry(index_path: str, key: bytes, entry: BundleEntry) -> None:
-    """Refuse negative dimensions, offsets and sizes now; sizes against the shards are checked on read."""
-    problems = []
-    if any(dim < 0 for dim in entry.shape):
-        problems.append(f"shape {list(entry.shape)} has a negative dimension")
-    elif math.prod(max(dim, 1) for dim in entry.shape) > _MAX_ELEMENTS:
-        problems.append(f"shape {list(entry.shape)} is beyond any array's size")
-    if entry.offset < 0 or entry.size < 0:
-        problems.append(f"negative offset {entry.offset} or size {entry.size}")
-    for extents in entry.slices:
-        if any(start < 0 or (length is not None and length < -1) for start, length in extents):
-            problems.append(f"slice '{_slice_spec(extents)}' does not fit shape {list(entry.shape)}")
-            break
-    if problems:
-        name = key.decode("utf-8", "backslashreplace")
-        raise WeightSourceError(f"{index_path}: the entry of {name!r} is corrupt: {'; '.join(problems)}.")
-
-
-# --------------------------------------------------------------------------- the .index SSTable
-
-
-def _read_block(data: bytes, path: str, offset: int, size: int, kind: str) -> bytes:
-    end = offset + size + _TRAILER_SIZE
-    if offset < 0 or end > len(data) - _FOOTER_SIZE:
-        raise WeightSourceError(
-            f"{path}: the {kind} at offset {offset} ({size} bytes plus a 5-byte trailer) runs past the end of the "
-            f"table ({len(data)} bytes); the .index file is truncated or corrupt."
-        )
-    block = data[offset:offset + size]
-    block_type = data[offset + size]
-    stored = _UINT32.unpack_from(data, offset + size + 1)[0]
-    if masked_crc32c(block + bytes([block_type])) != stored:
-        raise WeightSourceError(
-            f"{path}: CRC32C mismatch in the {kind} at offset {offset} ({size} bytes); the .index file is "
-            "corrupt. Restore it from a backup or re-save the checkpoint."
-        )
-    if block_type == 0:
-        return block
-    if block_type == 1:
-        return _snappy_decompress(block, path, offset)
-    raise WeightSourceError(f"{path}: the {kind} at offset {offset} has unknown compression type {block_type}.")
-
-
-def _snappy_decompress(block: bytes, path: str, offset: int) -> bytes:
-    """Raw snappy (no framing), as old TF index blocks of type 1 use; small blocks, so plain Python suffices."""
-    try:
-        expected, position = _varint(block, 0)
-        if expected > _SNAPPY_MAX_RATIO * len(block):
-            raise _WireError(f"it declares {expected} bytes, more than {len(block)} snappy bytes can hold")
-        out = bytearray()
-        while position < len(block):
-            tag = block[position]
-            position += 1
-            kind = tag & 3
-            if kind == 0:
-                length = tag >> 2
-                if length >= 60:
-                    width = length - 59
-                    length = int.from_bytes(block[position:position + width], "little")
-                    position += width
-                length += 1
-                if position + length > len(block) or len(out) + length > expected:
-                    raise _WireError("a literal runs past the end of the block or of the declared size")
-                out += block[position:position + length]
-                position += length
-                continue
-            if kind == 1:
-                length, distance = ((tag >> 2) & 7) + 4, ((tag >> 5) << 8) | block[position]
-                position += 1
-            else:
-                width = 2 if kind == 2 else 4
-                length, distance = (tag >> 2) + 1, int.from_bytes(block[position:position + width], "little")
-                position += width
-            if not 0 < distance <= len(out):
-                raise _WireError(f"a copy reaches {distance} bytes back, before the start")
-            if len(out) + length > expected:
-                raise _WireError(f"decompresses past the declared {expected} bytes")
-            if length <= distance:
-                start = len(out) - distance
-                out += out[start:start + length]
-            else:
-                for _ in range(length):  # byte by byte: the copy overlaps its own output
-                    out.append(out[-distance])
-        if len(out) != expected:
-            raise _WireError(f"decompressed to {len(out)} bytes, expected {expected}")
-    except (_WireError, IndexError) as error:
-        raise WeightSourceError(
-            f"{path}: the snappy-compressed block at offset {offset} is corrupt: {error}."
-        ) from None
-    return bytes(out)
-
-
-def _block_entries(block: bytes, path: str, offset: int) -> Iterator[tuple[bytes, bytes]]:
-    where = f"{path}: the block at offset {offset}"
-    if len(block) < 4:
-        raise WeightSourceError(f"{where} has {len(block)} bytes, too few for its restart count; corrupt .index.")
-    restarts = _UINT32.unpack_from(block, len(block) - 4)[0]
-    limit = len(block) - 4 - 4 * restarts
-    if restarts < 1 or limit < 0:
-        raise WeightSourceError(f"{where} declares {restarts} restart points, impossible for {len(block)} bytes.")
-    key = b""
-    position = 0
-    try:
-        while position < limit:
-            shared, position = _varint(block, position)
-            unshared, position = _varint(block, position)
-            value_length, position = _varint(block, position)
-            end = position + unshared + value_length
-            if shared > len(key) or end > limit:
-                raise _WireError(f"an entry at block byte {position} overruns its block or shared key")
-            key = key[:shared] + block[position:position + unshared]
-            yield key, block[position + unshared:end]
-            position = end
-    except _WireError as error:
-        raise WeightSourceError(f"{where} is corrupt: {error}.") from None
-
-
-def _read_table(path: str) -> list[tuple[bytes, bytes]]:
-    """Every (key, value) of an SSTable, in key order, with each block's CRC checked."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except OSError as error:
-        raise WeightSourceError(f"{path}: cannot read the checkpoint index: {error}.") from error
-    if len(data) < _FOOTER_SIZE:
-        raise WeightSourceError(
-            f"{path}: {len(data)} bytes, shorter than the 48-byte table footer; the .index file is truncated."
-        )
-    footer = data[-_FOOTER_SIZE:]
-    if int.from_bytes(footer[40:], "little") != _TABLE_MAGIC:
-        raise WeightSourceError(
-            f"{path}: not an sstable (bad magic number in the footer at offset {len(data) - _FOOTER_SIZE}); "
-            "the .index file is truncated, corrupt, or not a TensorFlow checkpoint index."
-        )
-    try:
-        position = _varint(footer, _varint(footer, 0)[1])[1]  # skip the metaindex handle
-        index_offset, position = _varint(footer, position)
-        index_size, _ = _varint(footer, position)
-    except _WireError as error:
-        raise WeightSourceError(f"{path}: corrupt table footer: {error}.") from None
-    index = _read_block(data, path, index_offset, index_size, "index block")
-    entries: list[tuple[bytes, bytes]] = []
-    for _, handle_bytes in _block_entries(index, path, index_offset):
-        try:
-            block_offset, position = _varint(handle_bytes, 0)
-            block_size, _ = _varint(handle_bytes, position)
-        except _WireError as error:
-            raise WeightSourceError(f"{path}: corrupt block handle in the index block: {error}.") from None
-        block = _read_block(data, path, block_offset, block_size, "data block")
-        entries.extend(_block_entries(block, path, block_offset))
-    return entries
+_MAX_STATE_FILE = 16 << 20  # a `checkpoint` text file lists a few paths; anything this long is not one
 
 
 # --------------------------------------------------------------------------- locating checkpoints
@@ -367,36 +87,26 @@ def read_checkpoint_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Parse a `checkpoint` file (CheckpointState in protobuf text format) into a dict.
 
     Keys: `model_checkpoint_path` (str), `all_model_checkpoint_paths` (list),
-    `all_model_checkpoint_timestamps` (list of float), `last_preserved_timestamp`.
+    `all_model_checkpoint_timestamps` (list of float), `last_preserved_timestamp`
+    (float, None when absent or 0). Parsed as TensorFlow parses it (protobuf's
+    text format: comments, either quote, escapes); a field CheckpointState lacks is an error, as in TensorFlow.
     """
     path = os.fspath(path)
-    state: dict[str, Any] = {"model_checkpoint_path": "", "all_model_checkpoint_paths": [],
-                             "all_model_checkpoint_timestamps": [], "last_preserved_timestamp": None}
     try:
-        with open(path, encoding="utf-8") as handle:
-            lines = handle.read(_MAX_STATE_FILE + 1).splitlines()
-    except (OSError, UnicodeDecodeError) as error:
+        text = read_regular_file(path, _MAX_STATE_FILE).decode("utf-8")
+    except (OSError, ValueError) as error:  # not a regular file, too big, not UTF-8
         raise WeightSourceError(f"{path}: cannot read the checkpoint state file: {error}.") from None
-    for number, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = re.fullmatch(r"(\w+)\s*:\s*(\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|\S+)", line)
-        if not match:
-            raise WeightSourceError(f"{path}, line {number}: expected 'field: value', found {line!r}.")
-        field, raw = match.groups()
-        try:
-            if raw[0] in "\"'":
-                value: Any = codecs.escape_decode(raw[1:-1].encode("utf-8"))[0].decode("utf-8")
-            else:
-                value = float(raw)
-        except ValueError as error:  # UnicodeDecodeError included
-            raise WeightSourceError(f"{path}, line {number}: invalid value for {field}: {error}.") from None
-        if isinstance(state.get(field), list):
-            state[field].append(value)
-        elif field in state:
-            state[field] = value
-    return state
+    try:
+        state = _protobuf.parse_text(text, tf_protos().CheckpointState)
+    except _protobuf.TextFormatError as error:
+        where = f"{path}, line {error.line}" if error.line is not None else path
+        raise WeightSourceError(f"{where}: not a CheckpointState text file: {error.problem}") from None
+    return {
+        "model_checkpoint_path": state.model_checkpoint_path,
+        "all_model_checkpoint_paths": list(state.all_model_checkpoint_paths),
+        "all_model_checkpoint_timestamps": list(state.all_model_checkpoint_timestamps),
+        "last_preserved_timestamp": state.last_preserved_timestamp or None,  # proto3: 0 and absent are one
+    }
 
 
 def locate_checkpoint(path: str | os.PathLike[str]) -> str:
@@ -446,10 +156,10 @@ def is_tensorflow(path: str | os.PathLike[str]) -> bool:
         prefix = locate_checkpoint(path)
         with open(prefix + ".index", "rb") as handle:
             handle.seek(0, os.SEEK_END)
-            if handle.tell() < _FOOTER_SIZE:
+            if handle.tell() < FOOTER_SIZE:
                 return False
             handle.seek(-8, os.SEEK_END)
-            return int.from_bytes(handle.read(8), "little") == _TABLE_MAGIC
+            return int.from_bytes(handle.read(8), "little") == TABLE_MAGIC
     except (OSError, ValueError, UnicodeDecodeError):
         return False
 
@@ -457,45 +167,6 @@ def is_tensorflow(path: str | os.PathLike[str]) -> bool:
 def open_tensorflow(path: str | os.PathLike[str]) -> TensorFlowCheckpoint:
     """Open a TensorFlow checkpoint (tensor bundle V2) for reading; see `locate_checkpoint` for `path`."""
     return TensorFlowCheckpoint(path)
-
-
-# --------------------------------------------------------------------------- slices
-
-
-def _ordered_signed(value: int) -> bytes:
-    # OrderedCode::WriteSignedNumIncreasing: n bytes whose first n bits are ones, negatives bit-inverted.
-    magnitude = ~value if value < 0 else value
-    for length in range(1, 9):
-        if magnitude < 1 << (7 * length - 1):
-            encoded = bytearray(magnitude.to_bytes(length, "big"))
-            encoded[0] |= (0xFF << (8 - length)) & 0xFF
-            return bytes(byte ^ 0xFF for byte in encoded) if value < 0 else bytes(encoded)
-    raise ValueError(f"slice bound {value} is too large")
-
-
-def _ordered_unsigned(value: int) -> bytes:
-    payload = value.to_bytes((value.bit_length() + 7) // 8, "big") if value else b""
-    return bytes([len(payload)]) + payload
-
-
-def _slice_keys(name: str, shape: tuple[int, ...], extents: tuple[tuple[int, int | None], ...]) -> list[bytes]:
-    """Candidate keys of one slice (EncodeTensorNameSlice); a full extent may be stored as -1 or as the size."""
-    escaped = name.encode("utf-8").replace(b"\xff", b"\xff\x00").replace(b"\x00", b"\x00\xff")
-    head = b"\x00" + escaped + b"\x00\x01" + _ordered_unsigned(len(extents))
-    keys = [head]
-    for dim, (start, length) in enumerate(extents):
-        lengths = [length] if length is not None else [-1, shape[dim] - start]
-        keys = [key + _ordered_signed(start) + _ordered_signed(option) for key in keys for option in lengths]
-    return keys
-
-
-def _slice_index(shape: tuple[int, ...], extents: tuple[tuple[int, int | None], ...]) -> tuple[slice, ...]:
-    return tuple(slice(start, shape[dim] if length in (None, -1) else start + length)
-                 for dim, (start, length) in enumerate(extents))
-
-
-def _slice_spec(extents: tuple[tuple[int, int | None], ...]) -> str:
-    return ":".join("-" if length in (None, -1) else f"{start},{length}" for start, length in extents)
 
 
 # --------------------------------------------------------------------------- the reader
@@ -511,7 +182,7 @@ class TensorFlowCheckpoint(WeightSource):
         self.prefix = locate_checkpoint(self.path)
         self.index_path = self.prefix + ".index"
         self._files: dict[int, BinaryIO] = {}
-        self._graph: list[Any] | None = None
+        self._graph: list[Node] | None = None
         self._entries: dict[str, BundleEntry] = {}
         self._slice_entries: dict[bytes, BundleEntry] = {}
         self._load_index()
@@ -519,20 +190,19 @@ class TensorFlowCheckpoint(WeightSource):
     # ----------------------------------------------------------------- index
 
     def _load_index(self) -> None:
-        table = _read_table(self.index_path)
+        table = read_table(self.index_path)
         if not table or table[0][0] != b"":
             raise WeightSourceError(
                 f"{self.index_path}: the table has no header entry (key ''); it is not a tensor bundle index."
             )
-        self._load_header(table[0][1])
+        header = self._decoded(decode_header, table[0][1], "the bundle header")
+        problem = header.problem()
+        if problem:
+            raise WeightSourceError(f"{self.index_path}: {problem}.")
+        self.num_shards, self.big_endian = header.num_shards, header.big_endian
         for key, value in table[1:]:
-            try:
-                entry = _decode_entry(value)
-            except _WireError as error:
-                raise WeightSourceError(
-                    f"{self.index_path}: cannot decode the entry of {key!r}: {error}; the .index is corrupt."
-                ) from None
-            _check_entry(self.index_path, key, entry)
+            entry = self._decoded(decode_entry, value, f"the entry of {key!r}")
+            check_entry(self.index_path, key, entry)
             if key.startswith(b"\x00"):
                 self._slice_entries[key] = entry
             else:
@@ -547,22 +217,14 @@ class TensorFlowCheckpoint(WeightSource):
                 f"and all {self.num_shards} .data shard(s). Copy the whole checkpoint, not just the .index."
             )
 
-    def _load_header(self, value: bytes) -> None:
+    def _decoded(self, decode: Callable[[bytes], Any], data: bytes, what: str, path: str | None = None) -> Any:
+        """``decode(data)``; the one place where the protobuf runtime's refusal becomes a WeightSourceError."""
         try:
-            fields = _fields(value)
-            version = _fields(_last(fields, 3, b""))
-            self.num_shards = _signed(_last(fields, 1, 0))
-            self.big_endian = _last(fields, 2, 0) == 1
-            producer, min_consumer = _last(version, 1, 0), _last(version, 2, 0)
-        except _WireError as error:
-            raise WeightSourceError(f"{self.index_path}: unable to parse the bundle header: {error}.") from None
-        if not 0 <= self.num_shards < 1 << 31:
-            raise WeightSourceError(f"{self.index_path}: the bundle header declares {self.num_shards} data shards.")
-        if min_consumer > 1 or 1 in version.get(3, []):
+            return decode(data)
+        except _protobuf.MessageDecodeError as error:
             raise WeightSourceError(
-                f"{self.index_path}: written by a newer tensor bundle version (producer {producer}, min consumer "
-                f"{min_consumer}); this reader understands version 1."
-            )
+                f"{path or self.index_path}: cannot decode {what}: {error}; the checkpoint is corrupt."
+            ) from None
 
     def shard_path(self, shard_id: int) -> str:
         """The file name of one data shard."""
@@ -587,10 +249,10 @@ class TensorFlowCheckpoint(WeightSource):
         return self._read_entry(name, entry)
 
     def _read_sliced(self, name: str, entry: BundleEntry) -> np.ndarray:
-        dtype = object if entry.dtype == _STRING else self._numpy_dtype(name, entry)
+        dtype = object if entry.dtype == STRING else self._numpy_dtype(name, entry)
         # Before allocating the whole: its slices are stored in the shards, so it cannot be bigger than them.
         # (A string takes at least one byte, its length.)
-        needed = math.prod(entry.shape) * (1 if entry.dtype == _STRING else self._stored_itemsize(entry, dtype))
+        needed = math.prod(entry.shape) * (1 if entry.dtype == STRING else self._stored_itemsize(entry, dtype))
         available = sum(self._shard_size(shard) for shard in range(self.num_shards))
         if needed > available:
             raise WeightSourceError(
@@ -602,21 +264,21 @@ class TensorFlowCheckpoint(WeightSource):
             if any(start + (0 if length in (None, -1) else length) > dim
                    for (start, length), dim in zip(extents, entry.shape)):
                 raise WeightSourceError(
-                    f"{self.index_path}: slice '{_slice_spec(extents)}' of {name!r} reaches past its shape "
+                    f"{self.index_path}: slice '{slice_spec(extents)}' of {name!r} reaches past its shape "
                     f"{list(entry.shape)}; the .index is corrupt."
                 )
         result = np.zeros(entry.shape, dtype=dtype)
         covered = 0
         for extents in entry.slices:
-            spec = _slice_spec(extents)
-            found = [key for key in _slice_keys(name, entry.shape, extents) if key in self._slice_entries]
+            spec = slice_spec(extents)
+            found = [key for key in slice_keys(name, entry.shape, extents) if key in self._slice_entries]
             if len(extents) != len(entry.shape) or not found:
                 raise WeightSourceError(
                     f"{self.index_path}: partitioned variable {name!r} lists slice '{spec}' of shape "
                     f"{list(entry.shape)}, but no entry for that slice is in the index; cannot assemble it."
                 )
             part = self._read_entry(f"{name} (slice {spec})", self._slice_entries[found[0]])
-            index = _slice_index(entry.shape, extents)
+            index = slice_index(entry.shape, extents)
             if result[index].shape != part.shape:
                 raise WeightSourceError(
                     f"{self.index_path}: slice '{spec}' of {name!r} holds shape {list(part.shape)}, expected "
@@ -632,27 +294,27 @@ class TensorFlowCheckpoint(WeightSource):
         return result
 
     def _numpy_dtype(self, name: str, entry: BundleEntry) -> np.dtype:
-        if entry.dtype == _BFLOAT16:
+        if entry.dtype == BFLOAT16:
             return np.dtype(np.float32)
-        if entry.dtype not in _NUMPY_DTYPES:
+        if entry.dtype not in NUMPY_DTYPES:
             raise WeightSourceError(
                 f"{self.prefix}: variable {name!r} has dtype {entry.dtype_name} (DataType {entry.dtype}), which "
                 "this reader cannot convert to numpy; skip it (e.g. exclude it from the warm-start selection)."
             )
-        return np.dtype(_NUMPY_DTYPES[entry.dtype])
+        return np.dtype(NUMPY_DTYPES[entry.dtype])
 
     @staticmethod
     def _stored_itemsize(entry: BundleEntry, dtype: np.dtype) -> int:
-        return 2 if entry.dtype == _BFLOAT16 else dtype.itemsize
+        return 2 if entry.dtype == BFLOAT16 else dtype.itemsize
 
     def _read_entry(self, name: str, entry: BundleEntry) -> np.ndarray:
         count = math.prod(entry.shape)
-        if entry.dtype == _STRING and count > entry.size:
+        if entry.dtype == STRING and count > entry.size:
             raise WeightSourceError(
                 f"{self.index_path}: invalid size in bundle entry of {name!r}: {count} strings cannot fit in "
                 f"{entry.size} bytes (each needs at least its length byte)."
             )
-        if entry.dtype != _STRING:
+        if entry.dtype != STRING:
             dtype = self._numpy_dtype(name, entry)
             itemsize = self._stored_itemsize(entry, dtype)
             if entry.size != count * itemsize:
@@ -661,11 +323,11 @@ class TensorFlowCheckpoint(WeightSource):
                     f"expected {count * itemsize} for shape {list(entry.shape)} of {entry.dtype_name}."
                 )
         raw = self._read_bytes(name, entry)
-        if entry.dtype == _STRING:
+        if entry.dtype == STRING:
             return self._decode_strings(name, entry, raw, count)
         self._check_crc(name, entry, raw)
         order = ">" if self.big_endian else "<"
-        if entry.dtype == _BFLOAT16:
+        if entry.dtype == BFLOAT16:
             bits = np.frombuffer(raw, dtype=order + "u2").astype(np.uint32) << 16
             return bits.view(np.float32).reshape(entry.shape)
         stored = np.frombuffer(raw, dtype=dtype.newbyteorder(order) if dtype.itemsize > 1 else dtype)
@@ -724,9 +386,9 @@ class TensorFlowCheckpoint(WeightSource):
         position = 0
         try:
             for _ in range(count):
-                length, position = _varint(raw, position)
+                length, position = read_varint(raw, position)
                 lengths.append(length)
-        except _WireError:
+        except VarintError:
             raise WeightSourceError(
                 f"{self.shard_path(entry.shard_id)}: the string lengths of {name!r} at offset {entry.offset} run "
                 "past the entry; the data shard is corrupt."
@@ -756,26 +418,20 @@ class TensorFlowCheckpoint(WeightSource):
 
     # ----------------------------------------------------------------- TF2 object graph
 
-    def _object_graph(self) -> list[Any]:
-        """Nodes of `_CHECKPOINTABLE_OBJECT_GRAPH` as (children, attributes, slot variables); [] for TF1."""
+    def _object_graph(self) -> list[Node]:
+        """Nodes of `_CHECKPOINTABLE_OBJECT_GRAPH` (see `_tf_variables`); [] for TF1."""
         if self._graph is None:
             self._graph = []
             if OBJECT_GRAPH_KEY in self._entries:
                 entry = self._entries[OBJECT_GRAPH_KEY]
-                if entry.dtype != _STRING or math.prod(entry.shape) != 1:
+                if entry.dtype != STRING or math.prod(entry.shape) != 1:
                     raise WeightSourceError(
                         f"{self.index_path}: {OBJECT_GRAPH_KEY} is {entry.dtype_name} of shape {list(entry.shape)}, "
                         "not one serialized string; the .index is corrupt."
                     )
                 serialized = self.read(OBJECT_GRAPH_KEY).reshape(()).item()
-                try:
-                    graph = [_decode_node(node) for node in _fields(serialized).get(1, [])]
-                    _check_node_ids(graph)
-                except (_WireError, UnicodeDecodeError) as error:
-                    raise WeightSourceError(
-                        f"{self.prefix}: cannot decode {OBJECT_GRAPH_KEY}: {error}."
-                    ) from None
-                self._graph = graph
+                self._graph = self._decoded(decode_object_graph, serialized, OBJECT_GRAPH_KEY,
+                                            self.shard_path(entry.shard_id))
         return self._graph
 
     def object_paths(self) -> dict[str, str]:
@@ -788,23 +444,7 @@ class TensorFlowCheckpoint(WeightSource):
         `<variable path>/.OPTIMIZER_SLOT/<optimizer path>/<slot name>`. Empty for
         TF1 checkpoints (no object graph): use the raw names there.
         """
-        nodes = self._object_graph()
-        if not nodes:
-            return {}
-        node_paths = _all_paths(nodes, self.prefix)
-        result: dict[str, str] = {}
-        for node_id, paths in node_paths.items():
-            for attribute_name, key in nodes[node_id][1]:
-                suffix = "" if attribute_name == "VARIABLE_VALUE" else f"/.ATTRIBUTES/{attribute_name}"
-                for path in paths:
-                    result[path + suffix] = key
-        for optimizer_id, (_, _, slots) in enumerate(nodes):
-            optimizer_path = min(node_paths.get(optimizer_id, [""]), key=lambda p: (p.count("/"), p))
-            for variable_id, slot_name, slot_id in slots:
-                slot_keys = [key for attribute, key in nodes[slot_id][1] if attribute == "VARIABLE_VALUE"]
-                for path in node_paths.get(variable_id, []) if slot_keys else []:
-                    result[f"{path}/.OPTIMIZER_SLOT/{optimizer_path}/{slot_name}"] = slot_keys[0]
-        return dict(sorted(result.items()))
+        return object_paths(self._object_graph(), self.prefix)
 
     def optimizer_slots(self) -> dict[str, dict[str, str]]:
         """Checkpoint key of each variable -> {slot name: checkpoint key of the slot}.
@@ -813,23 +453,7 @@ class TensorFlowCheckpoint(WeightSource):
         lists (`_momentums/i`, `_velocities/i` belong to `_trainable_variables/i`,
         slot names without the underscore), or `<var>/<Slot>` names (TF1).
         """
-        nodes = self._object_graph()
-        slots: dict[str, dict[str, str]] = {}
-        if nodes:
-            for _, _, node_slots in nodes:
-                for variable_id, slot_name, slot_id in node_slots:
-                    variable_keys = [key for name, key in nodes[variable_id][1] if name == "VARIABLE_VALUE"]
-                    slot_keys = [key for name, key in nodes[slot_id][1] if name == "VARIABLE_VALUE"]
-                    if variable_keys and slot_keys:
-                        slots.setdefault(variable_keys[0], {})[slot_name] = slot_keys[0]
-            for variable_key, slot_name, slot_key in _keras3_slots(nodes):
-                slots.setdefault(variable_key, {})[slot_name] = slot_key
-            return slots
-        for name in self._entries:
-            match = _TF1_SLOT.search(name)
-            if match and name[:match.start()] in self._entries:
-                slots.setdefault(name[:match.start()], {})[name[match.start() + 1:]] = name
-        return slots
+        return optimizer_slots(self._object_graph(), self._entries)
 
     def model_variables(self) -> dict[str, str]:
         """Model variables only (no optimizer slots, optimizer scalars, step counters): name -> checkpoint key.
@@ -839,90 +463,4 @@ class TensorFlowCheckpoint(WeightSource):
         or `model/layer_with_weights-0/kernel`) maps to its checkpoint key, so
         Keras 3 weights saved under `optimizer/_trainable_variables/N` are found.
         """
-        if not self._object_graph():
-            return {name: name for name in sorted(self._entries) if not is_optimizer_variable(name)}
-        slot_keys = {key for slots in self.optimizer_slots().values() for key in slots.values()}
-        best: dict[str, str] = {}
-        for path, key in self.object_paths().items():
-            if key in slot_keys or "/.ATTRIBUTES/" in path or _TF2_OPTIMIZER.search(path + "/"):
-                continue
-            if key not in best or (path.count("/"), path) < (best[key].count("/"), best[key]):
-                best[key] = path
-        return {path: key for key, path in sorted(best.items(), key=lambda item: item[1])}
-
-
-_MAX_PATHS = 100_000
-_MAX_STATE_FILE = 16 << 20  # a `checkpoint` text file lists a few paths; anything this long is not one
-
-
-def _decode_node(data: bytes) -> tuple[list[tuple[int, str]], list[tuple[str, str]], list[tuple[int, str, int]]]:
-    fields = _fields(data)
-    children = []
-    for child in fields.get(1, []):
-        child_fields = _fields(child)
-        children.append((_last(child_fields, 1, 0), _last(child_fields, 2, b"").decode("utf-8")))
-    attributes = []
-    for attribute in fields.get(2, []):
-        attribute_fields = _fields(attribute)
-        attributes.append((_last(attribute_fields, 1, b"").decode("utf-8"),
-                           _last(attribute_fields, 3, b"").decode("utf-8")))
-    slots = []
-    for slot in fields.get(3, []):
-        slot_fields = _fields(slot)
-        slots.append((_last(slot_fields, 1, 0), _last(slot_fields, 2, b"").decode("utf-8"), _last(slot_fields, 3, 0)))
-    return children, attributes, slots
-
-
-def _check_node_ids(nodes: list[Any]) -> None:
-    """Every node a child or slot reference names exists (a corrupt graph must fail here, not as an IndexError)."""
-    for children, _, slots in nodes:
-        ids = [child for child, _ in children] + [ref for variable, _, slot in slots for ref in (variable, slot)]
-        bad = [node_id for node_id in ids if not 0 <= node_id < len(nodes)]
-        if bad:
-            raise _WireError(f"a reference to node {bad[0]}, but the graph has {len(nodes)} nodes")
-
-
-def _value_key(node: Any) -> str | None:
-    keys = [key for name, key in node[1] if name == "VARIABLE_VALUE"]
-    return keys[0] if keys else None
-
-
-def _keras3_slots(nodes: list[Any]) -> Iterator[tuple[str, str, str]]:
-    """(variable key, slot name, slot key) from Keras 3 optimizers' index-aligned slot lists."""
-    for children, _, _ in nodes:
-        lists = {name: dict(
-            (local, child) for child, local in nodes[node_id][0] if local.isdigit()
-        ) for node_id, name in children if 0 <= node_id < len(nodes)}
-        trainable = lists.get("_trainable_variables")
-        if not trainable:
-            continue
-        for list_name, members in lists.items():
-            if list_name in ("_trainable_variables", "_variables") or not members:
-                continue
-            for index, slot_id in members.items():
-                variable_id = trainable.get(index)
-                if variable_id is None:
-                    continue
-                variable_key, slot_key = _value_key(nodes[variable_id]), _value_key(nodes[slot_id])
-                if variable_key and slot_key:
-                    yield variable_key, list_name.lstrip("_"), slot_key
-
-
-def _all_paths(nodes: list[Any], prefix: str) -> dict[int, list[str]]:
-    """Every cycle-free path of local names from the root (node 0) to each node."""
-    paths: dict[int, list[str]] = {}
-    stack: list[tuple[int, str, frozenset[int]]] = [(0, "", frozenset([0]))]
-    count = 0
-    while stack:
-        node_id, path, seen = stack.pop()
-        for child_id, local_name in nodes[node_id][0]:
-            if child_id in seen or not 0 <= child_id < len(nodes):
-                continue
-            child_path = f"{path}/{local_name}" if path else local_name
-            paths.setdefault(child_id, []).append(child_path)
-            count += 1
-            if count > _MAX_PATHS:
-                logger.warning("%s: object graph has over %d paths; listing the first ones only", prefix, _MAX_PATHS)
-                return paths
-            stack.append((child_id, child_path, seen | {child_id}))
-    return paths
+        return model_variables(self._object_graph(), self._entries, self.prefix)
