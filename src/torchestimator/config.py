@@ -28,35 +28,35 @@ DEFAULT_SAVE_CHECKPOINTS_SECS = 600
 MIXED_PRECISION_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 _INTEGER, _NUMBER, _FLAG = "an int", "a finite number", "a bool"
-_KINDS = {  # field: (what it must be, whether None is allowed)
-    "random_seed": (_INTEGER, True),
-    "save_summary_steps": (_INTEGER, True),
-    "save_checkpoints_steps": (_INTEGER, True),
-    "save_checkpoints_secs": (_NUMBER, True),
-    "keep_checkpoint_max": (_INTEGER, True),
-    "keep_checkpoint_every_n_hours": (_NUMBER, False),
-    "log_step_count_steps": (_INTEGER, True),
-    "gradient_accumulation_steps": (_INTEGER, False),
-    "clip_grad_norm": (_NUMBER, True),
-    "deterministic": (_FLAG, False),
-    "progress_bar": (_FLAG, True),
-    "checkpoint_on_interrupt": (_FLAG, False),
-}
-_LOWER_BOUNDS = {  # field: (bound, whether the bound itself is refused); None passes (it disables)
-    "save_summary_steps": (0, False),
-    "save_checkpoints_steps": (0, True),
-    "save_checkpoints_secs": (0, True),
-    "keep_checkpoint_max": (0, False),
-    "keep_checkpoint_every_n_hours": (0, True),
-    "log_step_count_steps": (0, True),
-    "gradient_accumulation_steps": (1, False),
-    "clip_grad_norm": (0, True),
-}
-_ADVICE = {
-    "save_checkpoints_steps": " To turn checkpoints off, pass save_checkpoints_steps=None, save_checkpoints_secs=None.",
-    "save_checkpoints_secs": " To turn checkpoints off, pass save_checkpoints_steps=None, save_checkpoints_secs=None.",
-    "log_step_count_steps": " To turn step logging off, pass None.",
-}
+_CHECKPOINTS_OFF = " To turn checkpoints off, pass save_checkpoints_steps=None, save_checkpoints_secs=None."
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rule:
+    """What one RunConfig field must hold; ``__post_init__`` applies it (None passes where optional: it disables)."""
+
+    kind: str
+    optional: bool
+    bound: float | None  # the lowest value allowed, or (strict) the highest refused
+    strict: bool
+    advice: str
+
+    def allowed(self, *, with_kind: bool = True) -> str:
+        """E.g. "an int > 0 or None"; without the kind ("> 0 or None") once the type is known to be right."""
+        parts = [self.kind] if with_kind or self.bound is None else []
+        if self.bound is not None:
+            parts.append(f"{'>' if self.strict else '>='} {self.bound}")
+        return " ".join(parts) + (" or None" if self.optional else "")
+
+
+def _checked(default: Any, kind: str, *, optional: bool = True, above: float | None = None,
+             at_least: float | None = None, advice: str = "") -> Any:
+    """A field whose value __post_init__ checks against ``kind`` and its bound (``above`` or ``at_least``)."""
+    bound = above if above is not None else at_least
+    rule = _Rule(kind, optional, bound, above is not None, advice)
+    return dataclasses.field(default=default, metadata={"rule": rule})
+
+
 _SEED_RANGE = (-(2**63), 2**64)  # what torch.manual_seed takes
 
 
@@ -66,19 +66,19 @@ class RunConfig:
 
     model_dir: str | None = None
     """Where checkpoints, summaries and exports live; must agree with Estimator(model_dir=...)."""
-    random_seed: int | None = None
+    random_seed: int | None = _checked(None, _INTEGER)
     """Seeds python, numpy and torch at the start of train (tf_random_seed in TensorFlow)."""
-    save_summary_steps: int | None = 100
+    save_summary_steps: int | None = _checked(100, _INTEGER, at_least=0)
     """Write the loss and learning rate to TensorBoard every this many steps; None or 0 disables."""
-    save_checkpoints_steps: int | None = _UNSET
+    save_checkpoints_steps: int | None = _checked(_UNSET, _INTEGER, above=0, advice=_CHECKPOINTS_OFF)
     """Checkpoint every this many steps (> 0). Mutually exclusive with save_checkpoints_secs."""
-    save_checkpoints_secs: float | None = _UNSET
+    save_checkpoints_secs: float | None = _checked(_UNSET, _NUMBER, above=0, advice=_CHECKPOINTS_OFF)
     """Checkpoint every this many seconds (> 0); 600 when neither is given; both None disables."""
-    keep_checkpoint_max: int | None = 5
+    keep_checkpoint_max: int | None = _checked(5, _INTEGER, at_least=0)
     """Newest checkpoints kept; None or 0 keeps all. Best checkpoints are never deleted."""
-    keep_checkpoint_every_n_hours: float = 10000
+    keep_checkpoint_every_n_hours: float = _checked(10000, _NUMBER, optional=False, above=0)
     """Additionally keep one checkpoint per this many hours (10000 effectively disables)."""
-    log_step_count_steps: int | None = 100
+    log_step_count_steps: int | None = _checked(100, _INTEGER, above=0, advice=" To turn step logging off, pass None.")
     """Log loss and steps/s, and write global_step/sec, every this many steps; None disables."""
     train_distribute: Any = None
     """A distribute strategy for training (OneDeviceStrategy, MirroredStrategy); None is one device."""
@@ -88,15 +88,15 @@ class RunConfig:
     """torch device for OneDevice runs ("cpu", "cuda", "cuda:1"); None picks CUDA when present."""
     mixed_precision: str | None = None
     """None, "bf16" or "fp16" (fp16 adds a gradient scaler, saved in checkpoints)."""
-    gradient_accumulation_steps: int = 1
+    gradient_accumulation_steps: int = _checked(1, _INTEGER, optional=False, at_least=1)
     """Micro-batches per optimizer step; one global step consumes this many batches."""
-    clip_grad_norm: float | None = None
+    clip_grad_norm: float | None = _checked(None, _NUMBER, above=0)
     """Clip the global gradient norm to this value before each optimizer step."""
-    deterministic: bool = False
+    deterministic: bool = _checked(False, _FLAG, optional=False)
     """Deterministic algorithms (torch.use_deterministic_algorithms) for bit-exact resume."""
-    progress_bar: bool | None = None
+    progress_bar: bool | None = _checked(None, _FLAG)
     """Show a progress bar; None shows it only when stderr is a terminal."""
-    checkpoint_on_interrupt: bool = True
+    checkpoint_on_interrupt: bool = _checked(True, _FLAG, optional=False)
     """On Ctrl-C, finish the current step and write a checkpoint before stopping."""
 
     def __post_init__(self) -> None:
@@ -118,14 +118,10 @@ class RunConfig:
         self._check_fields()
 
     def _check_fields(self) -> None:
-        for name, (kind, optional) in _KINDS.items():
-            object.__setattr__(self, name, _checked_kind(name, getattr(self, name), kind, optional))
-        for name, (bound, strict) in _LOWER_BOUNDS.items():
-            value = getattr(self, name)
-            if value is not None and (value <= bound if strict else value < bound):
-                allowed = f"{'>' if strict else '>='} {bound}" + (" or None" if _KINDS[name][1] else "")
-                raise ConfigError(f"RunConfig.{name} must be {allowed}; received {value!r}.{_ADVICE.get(name, '')}",
-                                  field=name, value=value)
+        for field in dataclasses.fields(self):
+            rule = field.metadata.get("rule")
+            if rule is not None:
+                object.__setattr__(self, field.name, _checked_value(field.name, getattr(self, field.name), rule))
         seed = self.random_seed
         if seed is not None and not _SEED_RANGE[0] <= seed < _SEED_RANGE[1]:
             raise ConfigError(f"RunConfig.random_seed must be in [-2**63, 2**64) (torch.manual_seed's range); "
@@ -162,22 +158,29 @@ class RunConfig:
         return result
 
 
-def _checked_kind(name: str, value: Any, kind: str, optional: bool) -> Any:
-    """``value`` as a plain int/float/bool (numpy scalars are accepted), or ConfigTypeError naming the field."""
-    if value is None and optional:
+def _checked_value(name: str, value: Any, rule: _Rule) -> Any:
+    """``value`` as a plain int/float/bool (numpy scalars are accepted), or the error naming the field."""
+    if value is None and rule.optional:
         return None
-    if kind == _FLAG:
-        if isinstance(value, bool):
-            return value
-    elif isinstance(value, bool):
-        pass  # True is an int to Python, never a step count or an interval here
-    elif kind == _INTEGER and isinstance(value, numbers.Integral):
-        return int(value)
-    elif kind == _NUMBER and isinstance(value, numbers.Real) and math.isfinite(value):
-        return value if type(value) in (int, float) else float(value)
-    expected = kind + (" or None" if optional else "")
-    raise ConfigTypeError(f"RunConfig.{name} must be {expected}; received {value!r} ({type(value).__name__}).",
+    checked = _of_kind(value, rule.kind)
+    if checked is None:
+        raise ConfigTypeError(f"RunConfig.{name} must be {rule.allowed()}; received {value!r} "
+                              f"({type(value).__name__}).", field=name, value=value)
+    if rule.bound is not None and (checked <= rule.bound if rule.strict else checked < rule.bound):
+        raise ConfigError(f"RunConfig.{name} must be {rule.allowed(with_kind=False)}; received {value!r}.{rule.advice}",
                           field=name, value=value)
+    return checked
+
+
+def _of_kind(value: Any, kind: str) -> Any:
+    """The value as that kind, or None when it is not one (True is an int to Python, never a count here)."""
+    if isinstance(value, bool):
+        return value if kind == _FLAG else None
+    if kind == _INTEGER and isinstance(value, numbers.Integral):
+        return int(value)
+    if kind == _NUMBER and isinstance(value, numbers.Real) and math.isfinite(value):
+        return value if type(value) in (int, float) else float(value)
+    return None
 
 
 def _checked_model_dir(model_dir: Any) -> str | None:
