@@ -117,16 +117,16 @@ def resolve_export_outputs(spec: Any) -> dict[str, ExportOutput]:
             "EstimatorSpec.export_outputs must be a non-empty dict of signature name -> ExportOutput "
             f"(PredictOutput, ClassificationOutput, RegressionOutput); received {export_outputs!r:.200}."
         )
-    resolved: dict[str, ExportOutput] = {}
-    for name, output in export_outputs.items():
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"export_outputs keys must be non-empty signature names; received {name!r}.")
-        if not isinstance(output, ExportOutput):
-            raise TypeError(
-                f"export_outputs[{name!r}] must be a PredictOutput, ClassificationOutput or RegressionOutput "
-                f"(from torchestimator.export); received {type(output).__name__}."
-            )
-        resolved[name] = output
+    bad_names = [name for name in export_outputs if not isinstance(name, str) or not name]
+    if bad_names:
+        raise ValueError(f"export_outputs keys must be non-empty signature names; received {bad_names[0]!r}.")
+    # Every wrong entry in one message: a spec usually builds them all the same way.
+    wrong = [f"export_outputs[{name!r}] is a {type(output).__name__}" for name, output in export_outputs.items()
+             if not isinstance(output, ExportOutput)]
+    if wrong:
+        raise TypeError(f"{'; '.join(wrong)}: each must be a PredictOutput, ClassificationOutput or "
+                        "RegressionOutput (from torchestimator.export).")
+    resolved: dict[str, ExportOutput] = dict(export_outputs)
     if DEFAULT_SERVING_SIGNATURE_DEF_KEY not in resolved:
         if len(resolved) > 1:
             raise ValueError(

@@ -22,8 +22,6 @@ FAILED_PRECONDITION for a signature without TF's output names, as TF).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import math
 from collections.abc import Mapping
@@ -35,7 +33,7 @@ import torch
 from torchestimator.export import DEFAULT_SERVING_SIGNATURE_DEF_KEY, ExportedModel, Signature, TensorInfo
 from torchestimator.export.receiver import parse_dtype
 from torchestimator.serving.errors import ServingError, invalid_argument
-from torchestimator.serving.json_tensor import TF_DTYPES, describe_inputs, preview_json
+from torchestimator.serving.json_tensor import TF_DTYPES, check_b64_object, describe_inputs, preview_json
 
 __all__ = ["ExamplesRequest", "classify_results", "parse_examples_request", "regress_results"]
 
@@ -227,14 +225,11 @@ def _refuse_non_numbers(name: str, value: Any, where: str) -> None:
         if item is None:
             raise invalid_argument(f"Feature: {name} has element with unexpected JSON type: Null ({where}).")
         if isinstance(item, dict):
-            encoded = item.get("b64")
-            if len(item) != 1 or not isinstance(encoded, str):
-                raise invalid_argument(f"Feature: {name} has element with unexpected JSON type: Object ({where}); "
-                                       "the only object allowed is {\"b64\": \"<base64>\"}.")
-            try:
-                base64.b64decode(encoded, validate=True)
-            except (binascii.Error, ValueError) as error:
-                raise invalid_argument(f"Feature {name!r} of {where}: Unable to base64 decode ({error}).") from error
+            check_b64_object(
+                item,
+                malformed=lambda: (f"Feature: {name} has element with unexpected JSON type: Object ({where}); "
+                                   "the only object allowed is {\"b64\": \"<base64>\"}."),
+                undecodable=lambda error: f"Feature {name!r} of {where}: Unable to base64 decode ({error}).")
             raise invalid_argument(f"Feature {name!r} of {where} holds bytes ({{\"b64\": ...}}); exported torch "
                                    "programs take numeric tensors only. Send the numbers as JSON numbers.")
         if isinstance(item, str):

@@ -18,7 +18,7 @@ import base64
 import binascii
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -282,16 +282,30 @@ def _refuse_b64(name: str, value: Any, info: TensorInfo) -> None:
     found = _find_b64(value)
     if found is None:
         return
+    check_b64_object(
+        found,
+        malformed=lambda: (f"Input {name!r} holds the object {preview_json(found)}; only {{\"b64\": \"<base64>\"}} "
+                           f"objects are allowed in tensors, and the signature expects {info.dtype} values."),
+        undecodable=lambda error: f"Input {name!r} holds invalid base64 in {{\"b64\": ...}}: {error}.")
+    raise invalid_argument(f"Input {name!r} has dtype {info.dtype}; {{\"b64\": ...}} bytes are only accepted for "
+                           "string inputs. Send the numbers as JSON numbers.")
+
+
+def check_b64_object(found: dict[str, Any], *, malformed: Callable[[], str],
+                     undecodable: Callable[[Exception], str]) -> None:
+    """INVALID_ARGUMENT unless ``found`` is ``{"b64": "<valid base64>"}``; the callers word the message.
+
+    Shared by predict's tensors and classify/regress features, which refuse
+    even valid b64 afterwards (torch programs take no strings) but first say
+    what TF Serving would have said about a broken one.
+    """
     encoded = found.get("b64")
     if len(found) != 1 or not isinstance(encoded, str):
-        raise invalid_argument(f"Input {name!r} holds the object {preview_json(found)}; only {{\"b64\": \"<base64>\"}} "
-                               f"objects are allowed in tensors, and the signature expects {info.dtype} values.")
+        raise invalid_argument(malformed())
     try:
         base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError) as error:
-        raise invalid_argument(f"Input {name!r} holds invalid base64 in {{\"b64\": ...}}: {error}.") from error
-    raise invalid_argument(f"Input {name!r} has dtype {info.dtype}; {{\"b64\": ...}} bytes are only accepted for "
-                           "string inputs. Send the numbers as JSON numbers.")
+        raise invalid_argument(undecodable(error)) from error
 
 
 def _find_b64(value: Any, depth: int = 0) -> dict[str, Any] | None:
