@@ -1,9 +1,19 @@
-"""Early-stopping rules: TensorFlow's stop_if_* semantics and the patience form, fed results directly."""
+"""Early-stopping rules: TensorFlow's stop_if_* semantics and the patience form, fed results directly; and the one
+rule of "better" they share with best-checkpoint keeping and BestExporter."""
 
 from __future__ import annotations
 
-import pytest
+import inspect
+import math
+import os
 
+import pytest
+import torch
+
+from torchestimator.best import BestCheckpointPolicy, best_checkpoint
+from torchestimator.checkpoint import CheckpointStore
+from torchestimator.export import BestExporter, TensorSpec, read_best_eval, saved_model, serving_input_receiver
+from torchestimator.improvement import Objective
 from torchestimator.early_stopping import (
     EarlyStopping,
     stop_if_higher_hook,
@@ -120,12 +130,83 @@ def test_wrong_positional_count_is_a_type_error():
 def test_tensorflow_keyword_call_forms_are_accepted():
     from torchestimator import early_stopping as es
 
+    values = [(10, 1.0), (50, 0.9), (100, 0.95), (160, 0.92)]
     by_keyword = es.stop_if_no_decrease_hook(None, metric_name="loss", max_steps_without_decrease=100, min_steps=10)
     by_position = es.stop_if_no_decrease_hook("loss", 100, min_steps=10)
-    assert type(by_keyword) is type(by_position)
-    es.stop_if_higher_hook(metric_name="accuracy", threshold=0.9)
-    es.stop_if_no_increase_hook("accuracy", max_steps_without_increase=50)
+    assert feed(by_keyword, values) == feed(by_position, values) == 160
+    assert feed(es.stop_if_higher_hook(metric_name="accuracy", threshold=0.9), [(1, 0.9), (2, 0.91)], "accuracy") == 2
+    increase = es.stop_if_no_increase_hook("accuracy", max_steps_without_increase=50)
+    assert feed(increase, [(10, 0.5), (40, 0.4), (60, 0.45)], "accuracy") == 60
     with pytest.raises(TypeError, match="needs threshold"):
         es.stop_if_lower_hook("loss")
     with pytest.raises(TypeError, match="both by position and by keyword"):
         es.stop_if_lower_hook("loss", 0.1, threshold=0.2)
+    with pytest.raises(TypeError, match=r"stop_if_lower_hook: .*unexpected keyword argument 'min_step'"):
+        es.stop_if_lower_hook("loss", 0.1, min_step=5)
+    parameters = inspect.signature(es.stop_if_no_increase_hook).parameters
+    assert list(parameters)[1:3] == ["metric_name", "max_steps_without_increase"]  # what help() shows
+
+
+def test_nan_never_improves_and_a_nan_first_value_is_beaten_by_any_number():
+    nan = math.nan
+    # All NaN: the first evaluation is the baseline, so the steps without improvement count from it.
+    assert feed(stop_if_no_decrease_hook("loss", 20), [(10, nan), (20, nan), (30, nan)]) == 30
+    # 0.5 beats the NaN baseline at step 20; 40 is 20 steps after it.
+    assert feed(stop_if_no_decrease_hook("loss", 20), [(10, nan), (20, 0.5), (30, 0.6), (40, 0.55)]) == 40
+    assert feed(stop_if_lower_hook("loss", 0.2), [(10, nan), (20, 0.1)]) == 20  # NaN is not below any threshold
+    assert feed(stop_if_higher_hook("loss", 0.2), [(10, nan)]) is None
+    assert feed(EarlyStopping("loss", patience=2), [(1, 1.0), (2, nan), (3, nan)]) == 3
+
+
+# -- one rule of "better" for best checkpoints, BestExporter and early stopping ------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "best_step"),
+    [
+        ([(10, 0.5), (20, 0.5), (30, 0.7)], 10),  # a tie keeps the earlier step
+        ([(10, 0.5), (15, math.nan), (30, 0.4), (40, 0.45)], 30),  # NaN is never better
+        ([(10, math.nan), (20, 0.9), (30, 0.9)], 20),  # any number beats a NaN best
+    ],
+)
+def test_best_checkpoint_best_exporter_and_early_stopping_agree_on_the_best(tmp_path, monkeypatch, values,
+                                                                            best_step):
+    store = CheckpointStore(str(tmp_path / "model"))
+    policy = BestCheckpointPolicy("loss", higher_is_better=False)
+    for step, value in values:
+        store.save(step, {"w": torch.full((1,), float(step))})
+        policy.update(store, step, {"loss": value})
+    assert best_checkpoint(store) == os.path.join(store.model_dir, f"ckpt-{best_step}")
+    assert store.manifest["best"] == [best_step]
+
+    def fake_export(estimator, base, receiver, checkpoint_path=None, assets_extra=None):
+        os.makedirs(os.path.join(base, checkpoint_path))  # the comparison is under test, not the writing
+        return os.path.join(base, checkpoint_path)
+
+    monkeypatch.setattr(saved_model, "export_saved_model", fake_export)
+    exporter = BestExporter(serving_input_receiver=serving_input_receiver({"x": TensorSpec(shape=(None, 1))}))
+    for step, value in values:
+        exporter.export(None, str(tmp_path / "export"), f"ckpt-{step}", {"loss": value}, False)
+    assert read_best_eval(tmp_path / "export")["checkpoint_path"] == f"ckpt-{best_step}"
+
+    # The rule counts steps without improvement from the best step: it stops at the last step when allowed
+    # exactly last - best steps, and never when allowed one more.
+    last = values[-1][0]
+    assert feed(stop_if_no_decrease_hook("loss", last - best_step), values) == last
+    assert feed(stop_if_no_decrease_hook("loss", last - best_step + 1), values) is None
+
+
+def test_objective_is_checked_when_built_and_names_the_field():
+    with pytest.raises(ValueError, match="metric_name must be a non-empty string"):
+        Objective(metric_name="", higher_is_better=True)
+    with pytest.raises(TypeError, match="higher_is_better must be True or False; received 'yes'"):
+        Objective(metric_name="loss", higher_is_better="yes")
+    with pytest.raises(ValueError, match="min_delta must be a number >= 0; received nan"):
+        Objective(metric_name="loss", higher_is_better=False, min_delta=math.nan)
+    with pytest.raises(ValueError, match="mode must be 'min'"):
+        Objective.from_mode("loss", "lowest")
+    assert Objective.from_mode("accuracy", "max", 0.1) == Objective(metric_name="accuracy", higher_is_better=True,
+                                                                    min_delta=0.1)
+    with pytest.raises(ValueError, match=r"Early stopping metric 'loss' must be a number; in the evaluation results "
+                                         r"at global step 3 it is 'low'"):
+        stop_if_lower_hook("loss", 0.5).observe(3, {"loss": "low"})

@@ -1,10 +1,13 @@
-"""LatestExporter, BestExporter, FinalExporter: when they export, what they keep, and the best surviving a restart."""
+"""LatestExporter, BestExporter, FinalExporter: when they export, which versions stay on disk, whose weights they
+hold, and the best surviving a restart."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,8 +26,33 @@ from torchestimator.export import (
     serving_input_receiver,
 )
 from torchestimator.export import saved_model
+from torchestimator.training import EvalSpec
 
 RECEIVER = serving_input_receiver({"x": TensorSpec(shape=(None, 8), dtype=torch.float32)})
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """An estimator trained 30 steps (ckpt-10, ckpt-20, ckpt-30), its features, and each checkpoint's predictions."""
+    train, _, predict, (x, _) = input_fns(n=64)
+    estimator = make_estimator(tmp_path_factory.mktemp("model"))
+    estimator.train(train, max_steps=30)
+    checkpoints = {step: os.path.join(estimator.model_dir, f"ckpt-{step}") for step in (10, 20, 30)}
+    probabilities = {
+        step: np.stack([p["probabilities"] for p in estimator.predict(predict, checkpoint_path=path)])
+        for step, path in checkpoints.items()
+    }
+    # The checkpoints must tell apart, or "the export holds ckpt-30's weights" would prove nothing.
+    assert not np.allclose(probabilities[10], probabilities[30], atol=1e-4)
+    return estimator, x, checkpoints, probabilities
+
+
+def exported_probabilities(version_dir, x):
+    return load(version_dir)({"x": x})["probabilities"]
+
+
+def version_dirs(export_path):
+    return [os.path.join(export_path, str(version)) for version in list_versions(export_path)]
 
 
 @pytest.fixture
@@ -43,59 +71,67 @@ def fake_exports(monkeypatch):
     return calls
 
 
-def test_latest_exporter_exports_every_time_and_keeps_the_newest(tmp_path, fake_exports):
-    (tmp_path / "temp-5").mkdir(parents=True)
-    (tmp_path / "notes").mkdir()
-    exporter = LatestExporter("latest", RECEIVER, exports_to_keep=2)
-    paths = [exporter.export(None, str(tmp_path), f"ckpt-{step}", {"loss": 1.0}, False) for step in (10, 20, 30)]
-    assert paths == [call["path"] for call in fake_exports] and fake_exports[-1]["checkpoint_path"] == "ckpt-30"
-    assert list_versions(tmp_path) == [1001, 1002]
-    assert (tmp_path / "temp-5").exists() and (tmp_path / "notes").exists()  # only integer versions are collected
-    assert exporter.name == "latest"
+# -- BestExporter ---------------------------------------------------------------------------------
 
 
-def test_final_exporter_exports_only_the_final_evaluation(tmp_path, fake_exports):
-    exporter = FinalExporter("final", RECEIVER)
-    assert exporter.export(None, str(tmp_path), "ckpt-10", {"loss": 1.0}, is_the_final_export=False) is None
-    path = exporter.export(None, str(tmp_path), "ckpt-20", {"loss": 1.0}, is_the_final_export=True)
-    assert path == fake_exports[0]["path"] and len(fake_exports) == 1
-
-
-def test_best_exporter_exports_only_improvements_and_records_the_best(tmp_path, fake_exports):
+def test_best_exporter_exports_only_improvements_with_the_best_checkpoints_weights(trained, tmp_path):
+    estimator, x, checkpoints, probabilities = trained
+    export_path = str(tmp_path / "best")
     exporter = BestExporter(serving_input_receiver=RECEIVER)
-    assert exporter.name == "best_exporter"
-    first = exporter.export(None, str(tmp_path), "ckpt-10", {"loss": 0.5, "global_step": 10}, False)
-    assert first is not None  # nothing recorded yet: the first result is the best so far
-    assert exporter.export(None, str(tmp_path), "ckpt-20", {"loss": 0.7, "global_step": 20}, False) is None
-    better = exporter.export(None, str(tmp_path), "ckpt-30", {"loss": torch.tensor(0.3), "global_step": 30}, False)
-    assert better == fake_exports[-1]["path"] and len(fake_exports) == 2
-    record = read_best_eval(tmp_path)
+    first = exporter.export(estimator, export_path, checkpoints[10], {"loss": 0.5, "global_step": 10}, False)
+    worse = exporter.export(estimator, export_path, checkpoints[20], {"loss": 0.7, "global_step": 20}, False)
+    better = exporter.export(estimator, export_path, checkpoints[30], {"loss": torch.tensor(0.3), "global_step": 30},
+                             False)
+    assert worse is None and first is not None and better is not None
+    assert version_dirs(export_path) == [first, better]  # nothing was written for the worse evaluation
+    np.testing.assert_allclose(exported_probabilities(first, x), probabilities[10], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(exported_probabilities(better, x), probabilities[30], rtol=0, atol=1e-6)
+    record = read_best_eval(export_path)
     assert record["eval_result"] == {"loss": pytest.approx(0.3), "global_step": 30}
-    assert record["checkpoint_path"] == "ckpt-30" and record["export_dir"] == os.path.abspath(better)
-    assert not any(name.startswith("best_eval.json.tmp") for name in os.listdir(tmp_path))
+    assert record["checkpoint_path"] == checkpoints[30] and record["export_dir"] == os.path.abspath(better)
+    assert sorted(os.listdir(export_path)) == sorted([os.path.basename(first), os.path.basename(better),
+                                                      "best_eval.json"])  # no temporary file left
 
 
 def test_best_exporter_after_a_restart_compares_with_the_recorded_best(tmp_path, fake_exports):
     # tensorflow/tensorflow#47396: TF's BestExporter exported the first result it saw after a restart.
-    BestExporter(serving_input_receiver=RECEIVER).export(None, str(tmp_path), "ckpt-10", {"loss": 0.2}, False)
+    first = BestExporter(serving_input_receiver=RECEIVER).export(None, str(tmp_path), "ckpt-10", {"loss": 0.2}, False)
     restarted = BestExporter(serving_input_receiver=RECEIVER)
     assert restarted.export(None, str(tmp_path), "ckpt-20", {"loss": 0.4}, False) is None
-    assert len(fake_exports) == 1
-    assert restarted.export(None, str(tmp_path), "ckpt-30", {"loss": 0.1}, False) is not None
-    assert read_best_eval(tmp_path)["eval_result"]["loss"] == 0.1
+    assert version_dirs(tmp_path) == [first]
+    better = restarted.export(None, str(tmp_path), "ckpt-30", {"loss": 0.1}, False)
+    assert version_dirs(tmp_path) == [first, better]
+    assert read_best_eval(tmp_path)["checkpoint_path"] == "ckpt-30"
+
+
+def test_best_exporter_ties_and_nan_are_not_improvements(tmp_path, fake_exports):
+    exporter = BestExporter(serving_input_receiver=RECEIVER)
+    first = exporter.export(None, str(tmp_path), "ckpt-10", {"loss": 0.5}, False)
+    assert exporter.export(None, str(tmp_path), "ckpt-20", {"loss": 0.5}, False) is None  # a tie keeps the earlier
+    assert exporter.export(None, str(tmp_path), "ckpt-30", {"loss": math.nan}, False) is None
+    assert version_dirs(tmp_path) == [first] and read_best_eval(tmp_path)["checkpoint_path"] == "ckpt-10"
+    # A NaN that was recorded first (nothing to compare with) is beaten by any number.
+    nan_first = tmp_path / "nan_first"
+    assert exporter.export(None, str(nan_first), "ckpt-10", {"loss": math.nan}, False) is not None
+    assert exporter.export(None, str(nan_first), "ckpt-20", {"loss": 9.0}, False) is not None
+    assert read_best_eval(nan_first)["checkpoint_path"] == "ckpt-20"
 
 
 def test_best_exporter_by_metric_name_and_missing_metrics(tmp_path, fake_exports):
     exporter = BestExporter(serving_input_receiver=RECEIVER, metric_name="accuracy", higher_is_better=True)
-    assert exporter.export(None, str(tmp_path), "c1", {"accuracy": 0.8, "loss": 0.5}, False) is not None
+    first = exporter.export(None, str(tmp_path), "c1", {"accuracy": 0.8, "loss": 0.5}, False)
     assert exporter.export(None, str(tmp_path), "c2", {"accuracy": 0.7, "loss": 0.1}, False) is None
-    assert exporter.export(None, str(tmp_path), "c3", {"accuracy": 0.9, "loss": 0.9}, False) is not None
+    third = exporter.export(None, str(tmp_path), "c3", {"accuracy": 0.9, "loss": 0.9}, False)
+    assert version_dirs(tmp_path) == [first, third]
     missing = BestExporter(serving_input_receiver=RECEIVER, metric_name="auc", higher_is_better=True)
-    with pytest.raises(ValueError, match=r"metric_name 'auc' is not in the .* evaluation result; .*\['accuracy', 'loss'\]"):
+    with pytest.raises(ValueError, match=r"BestExporter metric 'auc' is not in current_eval_result .*"
+                                         r"produced \['accuracy', 'loss'\]"):
         missing.export(None, str(tmp_path / "other"), "c1", {"accuracy": 0.8, "loss": 0.5}, False)
-    with pytest.raises(ValueError, match=r"no 'loss' for the default compare_fn; it has \['accuracy'\]"):
-        BestExporter(serving_input_receiver=RECEIVER).export(None, str(tmp_path / "third"), "c1", {"accuracy": 1.0}, False)
-    assert len(fake_exports) == 2 and not (tmp_path / "other").exists()
+    with pytest.raises(ValueError, match=r"default compare_fn metric 'loss' is not in .*produced \['accuracy'\]. "
+                                         r"Pass compare_fn=\.\.\., or metric_name=\.\.\."):
+        BestExporter(serving_input_receiver=RECEIVER).export(None, str(tmp_path / "third"), "c1", {"accuracy": 1.0},
+                                                             False)
+    assert len(fake_exports) == 2 and not (tmp_path / "other").exists() and not (tmp_path / "third").exists()
 
 
 def test_custom_compare_fn_and_a_damaged_record(tmp_path, fake_exports):
@@ -103,18 +139,60 @@ def test_custom_compare_fn_and_a_damaged_record(tmp_path, fake_exports):
         return current_eval_result["global_step"] > best_eval_result["global_step"]
 
     exporter = BestExporter(serving_input_receiver=RECEIVER, compare_fn=step_larger)
-    assert exporter.export(None, str(tmp_path), "c1", {"global_step": 5}, False) is not None
+    first = exporter.export(None, str(tmp_path), "c1", {"global_step": 5}, False)
     assert exporter.export(None, str(tmp_path), "c2", {"global_step": 4}, False) is None
+    assert version_dirs(tmp_path) == [first]
     (tmp_path / "best_eval.json").write_text('{"eval_res')
     with pytest.raises(ValueError, match="best_eval.json is unreadable.*Delete it"):
         exporter.export(None, str(tmp_path), "c3", {"global_step": 9}, False)
+    assert version_dirs(tmp_path) == [first]
 
 
 def test_loss_smaller_is_tensorflows_default():
     assert loss_smaller({"loss": 1.0}, {"loss": 0.5}) is True
     assert loss_smaller({"loss": 0.5}, {"loss": 0.5}) is False
-    with pytest.raises(ValueError, match="current_eval_result has no 'loss'"):
+    assert loss_smaller({"loss": 0.5}, {"loss": 1.0}) is False
+    with pytest.raises(ValueError, match=r"'loss' is not in current_eval_result .*produced \['accuracy'\]"):
         loss_smaller({"loss": 1.0}, {"accuracy": 0.5})
+    with pytest.raises(ValueError, match=r"'loss' is not in best_eval_result"):
+        loss_smaller(None, {"loss": 0.5})
+
+
+# -- LatestExporter and FinalExporter ----------------------------------------------------------------
+
+
+def test_latest_exporter_exports_every_evaluation_and_keeps_the_newest(trained, tmp_path):
+    estimator, x, checkpoints, probabilities = trained
+    export_path = tmp_path / "latest"
+    (export_path / "temp-5").mkdir(parents=True)
+    (export_path / "notes").mkdir()
+    exporter = LatestExporter("latest", lambda: RECEIVER, exports_to_keep=2)  # TF's serving_input_receiver_fn form
+    paths = [exporter.export(estimator, str(export_path), checkpoints[step], {"loss": 1.0, "global_step": step}, False)
+             for step in (10, 20, 30)]
+    assert version_dirs(export_path) == paths[1:] and not os.path.exists(paths[0])
+    assert (export_path / "temp-5").exists() and (export_path / "notes").exists()  # only integer versions are collected
+    for path, step in zip(paths[1:], (20, 30)):
+        model = load(path)
+        assert model.metadata["checkpoint_path"] == os.path.abspath(checkpoints[step])
+        assert model.metadata["global_step"] == step
+        np.testing.assert_allclose(model({"x": x})["probabilities"], probabilities[step], rtol=0, atol=1e-6)
+    assert load(export_path).path == paths[-1]  # the base folder serves the newest
+    with open(os.path.join(paths[-1], "signature.json")) as handle:
+        assert json.load(handle)["signatures"]["serving_default"]["inputs"]["x"]["shape"] == [-1, 8]
+
+
+def test_final_exporter_exports_only_the_final_evaluation(trained, tmp_path):
+    estimator, x, checkpoints, probabilities = trained
+    export_path = str(tmp_path / "final")
+    exporter = FinalExporter("final", RECEIVER)
+    assert exporter.export(estimator, export_path, checkpoints[10], {"loss": 1.0}, is_the_final_export=False) is None
+    assert not os.path.exists(export_path)  # not even the folder
+    path = exporter.export(estimator, export_path, checkpoints[20], {"loss": 1.0}, is_the_final_export=True)
+    assert version_dirs(export_path) == [path]
+    np.testing.assert_allclose(exported_probabilities(path, x), probabilities[20], rtol=0, atol=1e-6)
+
+
+# -- arguments, retention, the interface -------------------------------------------------------------
 
 
 def test_exporter_arguments_are_checked_at_construction():
@@ -142,29 +220,13 @@ def test_garbage_collection_keeps_the_newest_integer_versions(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["10", "9", "best_eval.json", "temp-11"]
 
 
-def test_a_custom_exporter_implements_the_interface(tmp_path):
-    class Recording(Exporter):
-        name = "recording"
+def test_an_exporter_must_implement_name_and_export():
+    class Forgetful(Exporter):  # a user's exporter without export()
+        name = "forgetful"
 
-        def export(self, estimator, export_path, checkpoint_path, eval_result, is_the_final_export):
-            return os.path.join(export_path, "1")
-
-    assert Recording().export(None, str(tmp_path), None, {}, True) == os.path.join(str(tmp_path), "1")
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="abstract method.*export"):
+        Forgetful()
+    with pytest.raises(TypeError, match="abstract method"):
         Exporter()
-
-
-def test_latest_exporter_exports_the_evaluated_checkpoint_for_real(tmp_path):
-    train, _, _, (x, _) = input_fns(n=64)
-    estimator = make_estimator(tmp_path / "model")
-    estimator.train(train, max_steps=20)
-    evaluated = os.path.join(str(tmp_path / "model"), "ckpt-10")
-    export_path = os.path.join(estimator.model_dir, "export", "latest")
-    exporter = LatestExporter("latest", lambda: RECEIVER)  # TF's serving_input_receiver_fn form
-    path = exporter.export(estimator, export_path, evaluated, {"loss": 0.5, "global_step": 10}, False)
-    model = load(export_path)
-    assert model.path == path and model.metadata["checkpoint_path"] == os.path.abspath(evaluated)
-    assert model.metadata["global_step"] == 10
-    assert model({"x": x[:4]})["probabilities"].shape == (4, 3)
-    with open(os.path.join(path, "signature.json")) as handle:
-        assert json.load(handle)["signatures"]["serving_default"]["inputs"]["x"]["shape"] == [-1, 8]
+    latest = LatestExporter("latest", RECEIVER)
+    assert EvalSpec(lambda: [], exporters=latest).exporters == (latest,)

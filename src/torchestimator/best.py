@@ -1,6 +1,7 @@
 """The best-checkpoint policy: which checkpoints scored best, recorded so that a restart remembers.
 
-What belongs here: comparing an evaluation against the recorded best, the
+What belongs here: comparing an evaluation against the recorded best (by
+``improvement.Objective``, the rule early stopping and BestExporter share), the
 record itself (``model_dir/best.json``: step and metric value of each best
 checkpoint, replaced atomically), and marking those steps as ``best`` in the
 checkpoint manifest so that retention never deletes them. What does not: when
@@ -24,8 +25,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from torchestimator.early_stopping import metric_value
 from torchestimator.atomic import write_json_atomically
+from torchestimator.checkpoint.store import CheckpointStore
+from torchestimator.improvement import Objective
 
 logger = logging.getLogger(__name__)
 
@@ -56,15 +58,18 @@ class BestCheckpointPolicy:
     """
 
     def __init__(self, metric_name: str = "loss", higher_is_better: bool = False, keep: int = 1) -> None:
-        if not isinstance(metric_name, str) or not metric_name:
-            raise ValueError(f"metric_name must be a non-empty string such as 'loss'; received {metric_name!r}.")
-        if not isinstance(higher_is_better, bool):
-            raise TypeError(f"higher_is_better must be True or False; received {higher_is_better!r}.")
+        self.objective = Objective(metric_name=metric_name, higher_is_better=higher_is_better)
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"keep must be an int >= 1 (how many best checkpoints to keep); received {keep!r}.")
-        self.metric_name = metric_name
-        self.higher_is_better = higher_is_better
         self.keep = keep
+
+    @property
+    def metric_name(self) -> str:
+        return self.objective.metric_name
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.objective.higher_is_better
 
     def __repr__(self) -> str:
         return (f"BestCheckpointPolicy(metric_name={self.metric_name!r}, higher_is_better={self.higher_is_better}, "
@@ -72,24 +77,28 @@ class BestCheckpointPolicy:
 
     def check_results(self, global_step: int, results: Mapping[str, Any]) -> float:
         """The metric's value in ``results``; ValueError listing the available names when it is absent."""
-        return metric_value(results, self.metric_name, global_step, "Best-checkpoint")
+        return self.objective.value(results, role="Best-checkpoint",
+                                    source=f"the evaluation results at global step {global_step}")
 
-    def update(self, estimator: Any, global_step: int, results: Mapping[str, Any]) -> bool:
+    def update(self, store: CheckpointStore, global_step: int, results: Mapping[str, Any]) -> bool:
         """Compares the evaluation of ``global_step`` with the recorded best; True if it joined the best.
 
-        Writes ``best.json`` and the manifest's ``best`` list when they change. Call it in the
-        chief only (the store has one writer); the other replicas get the answer from the chief.
+        ``store`` is the CheckpointStore of the model_dir (an object holding it as ``_store``, the
+        estimator, is still accepted). Writes ``best.json`` and the manifest's ``best`` list when they
+        change. Call it in the chief only (the store has one writer); the other replicas get the answer
+        from the chief.
         """
         value = self.check_results(global_step, results)
-        store = estimator._store
+        store = _as_store(store)
+        model_dir = store.model_dir
         steps_on_disk = {entry["step"] for entry in store.history()}
         if global_step not in steps_on_disk:
             raise ValueError(
-                f"Cannot record global step {global_step} as a best checkpoint: {estimator.model_dir} has no "
+                f"Cannot record global step {global_step} as a best checkpoint: {model_dir} has no "
                 f"checkpoint of that step (it has {sorted(steps_on_disk)}). The best-checkpoint policy needs "
                 "checkpoints: set save_checkpoints_steps or save_checkpoints_secs in RunConfig."
             )
-        recorded = self._recorded(estimator.model_dir, steps_on_disk)
+        recorded = self._recorded(model_dir, steps_on_disk)
         candidates = [record for record in recorded if record.step != global_step]
         candidates.append(BestRecord(step=global_step, value=value))
         kept = sorted(candidates, key=self._rank)[: self.keep]
@@ -98,7 +107,7 @@ class BestCheckpointPolicy:
         if [(r.step, r.value) for r in kept] != [(r.step, r.value) for r in recorded]:
             # Old and new best both protected while best.json changes: a kill between the two writes loses neither.
             store.mark_best(sorted((set(store.manifest["best"]) & steps_on_disk) | set(kept_steps)))
-            _write_best_file(estimator.model_dir, self, kept)
+            _write_best_file(model_dir, self, kept)
         if store.manifest["best"] != kept_steps:  # also repairs a manifest that lost or outlived best.json's steps
             store.mark_best(kept_steps)
         if joined:
@@ -107,8 +116,7 @@ class BestCheckpointPolicy:
         return joined
 
     def _rank(self, record: BestRecord) -> tuple[bool, float, int]:
-        value = record.value
-        return (math.isnan(value), -value if self.higher_is_better else value, record.step)
+        return self.objective.rank(record.value, record.step)
 
     def _recorded(self, model_dir: str, steps_on_disk: set[int]) -> list[BestRecord]:
         """The recorded best of earlier evaluations (this or an earlier process) still on disk."""
@@ -159,12 +167,25 @@ def protect_recorded_best(model_dir: str | os.PathLike[str], store: Any) -> None
         store.mark_best(sorted((marked | recorded) & on_disk))
 
 
-def best_checkpoint(estimator: Any) -> str | None:
-    """Path of the best checkpoint recorded for the estimator's model_dir; None when none is recorded."""
-    for record in read_best(estimator.model_dir):
+def best_checkpoint(store: CheckpointStore) -> str | None:
+    """Path of the best checkpoint recorded for the store's model_dir; None when none is recorded.
+
+    An object holding the store as ``_store`` (the estimator) is still accepted.
+    """
+    for record in read_best(_as_store(store).model_dir):
         if record.path is not None:
             return record.path
     return None
+
+
+def _as_store(owner: Any) -> CheckpointStore:
+    """The CheckpointStore itself, or the one an estimator holds (the call shape before the store was passed)."""
+    if isinstance(owner, CheckpointStore):
+        return owner
+    store = getattr(owner, "_store", None)
+    if isinstance(store, CheckpointStore):
+        return store
+    raise TypeError(f"Expected the model_dir's CheckpointStore (estimator's checkpoint store); received {owner!r}.")
 
 
 def _stored_value(item: Mapping[str, Any]) -> float:

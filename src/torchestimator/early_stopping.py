@@ -18,15 +18,22 @@ Differences from ``tf.estimator.experimental``:
   ``stop_if_higher_hook("loss", 0.5)`` are the same rule.
 - A metric the evaluation does not produce is a ValueError at the first
   evaluation, listing the names it does produce (TensorFlow raised KeyError).
+
+What counts as an improvement (strictly better, by more than ``min_delta``;
+NaN never better) is ``improvement.Objective``'s rule, the same one the best
+checkpoint and ``BestExporter`` use.
 """
 
 from __future__ import annotations
 
 import abc
+import inspect
 import logging
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from torchestimator.improvement import BestSoFar, Objective, metric_value
 
 logger = logging.getLogger(__name__)
 
@@ -41,24 +48,6 @@ __all__ = [
     "stop_if_no_decrease_hook",
     "stop_if_no_increase_hook",
 ]
-
-
-def metric_value(results: Mapping[str, Any], metric_name: str, global_step: int, role: str) -> float:
-    """``results[metric_name]`` as a float; a ValueError naming the available metrics when absent."""
-    if metric_name not in results:
-        available = sorted(name for name in results if name != "global_step")
-        raise ValueError(
-            f"{role} metric {metric_name!r} is not in the evaluation results at global step {global_step}; "
-            f"the evaluation produced {available}. Use one of these names, or add the metric to "
-            "the model_fn's eval_metric_ops."
-        )
-    value = results[metric_name]
-    try:
-        return float(value)
-    except (TypeError, ValueError) as error:
-        raise ValueError(
-            f"{role} metric {metric_name!r} must be a number; at global step {global_step} it is {value!r}."
-        ) from error
 
 
 def _check_int(name: str, value: Any, minimum: int, *, optional: bool = False) -> None:
@@ -139,11 +128,10 @@ class ThresholdRule(EarlyStoppingRule):
             raise ValueError(f"threshold must be a number; received {threshold!r}.")
         self.threshold = float(threshold)
         self.higher = higher
+        self.objective = Objective(metric_name=metric_name, higher_is_better=higher)
 
     def _decide(self, history: list[tuple[int, float]]) -> bool:
-        if self.higher:
-            return any(value > self.threshold for _, value in history)
-        return any(value < self.threshold for _, value in history)
+        return any(self.objective.is_better(value, than=self.threshold) for _, value in history)
 
     def __repr__(self) -> str:
         return f"stop_if_{'higher' if self.higher else 'lower'}({self.metric_name!r}, {self.threshold})"
@@ -164,14 +152,13 @@ class NoImprovementRule(EarlyStoppingRule):
         _check_int(f"max_steps_without_{'increase' if increase else 'decrease'}", max_steps_without_improvement, 1)
         self.max_steps_without_improvement = max_steps_without_improvement
         self.increase = increase
+        self.objective = Objective(metric_name=metric_name, higher_is_better=increase)
 
     def _decide(self, history: list[tuple[int, float]]) -> bool:
-        best_value, best_step = None, None
+        best = BestSoFar(objective=self.objective)
         for step, value in history:
-            better = best_value is None or (value > best_value if self.increase else value < best_value)
-            if better:
-                best_value, best_step = value, step
-            if step - best_step >= self.max_steps_without_improvement:
+            best.offer(step, value)
+            if step - best.step >= self.max_steps_without_improvement:
                 return True
         return False
 
@@ -192,26 +179,16 @@ class EarlyStopping(EarlyStoppingRule):
     def __init__(self, metric_name: str, mode: str = "min", patience: int = 1, min_delta: float = 0.0, *,
                  min_steps: int = 0) -> None:
         super().__init__(metric_name, min_steps=min_steps)
-        if mode not in ("min", "max"):
-            raise ValueError(f"mode must be 'min' (lower is better) or 'max' (higher is better); received {mode!r}.")
+        self.objective = Objective.from_mode(metric_name, mode, min_delta)
         _check_int("patience", patience, 1)
-        if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or not min_delta >= 0:
-            raise ValueError(f"min_delta must be a number >= 0; received {min_delta!r}.")
         self.mode = mode
         self.patience = patience
-        self.min_delta = float(min_delta)
+        self.min_delta = self.objective.min_delta
 
     def _decide(self, history: list[tuple[int, float]]) -> bool:
-        best, waited = None, 0
-        for _, value in history:
-            if best is None:
-                best = value
-                continue
-            improved = value < best - self.min_delta if self.mode == "min" else value > best + self.min_delta
-            if improved:
-                best, waited = value, 0
-            else:
-                waited += 1
+        best, waited = BestSoFar(objective=self.objective), 0
+        for step, value in history:
+            waited = 0 if best.offer(step, value) else waited + 1
         return waited >= self.patience
 
     def __repr__(self) -> str:
@@ -238,47 +215,54 @@ def _arguments(function: str, args: tuple[Any, ...], keywords: dict[str, Any], n
     return values[names[0]], values[names[1]]
 
 
-def stop_if_higher_hook(*args: Any, metric_name: str | None = None, threshold: float | None = None,
-                        eval_dir: str | None = None, min_steps: int = 0, run_every_secs: float | None = None,
-                        run_every_steps: int | None = None) -> ThresholdRule:
-    """``stop_if_higher_hook([estimator,] metric_name, threshold, *, min_steps=0, ...)``: stop once the metric
-    of an evaluation at step >= min_steps exceeds threshold. ``estimator`` and ``eval_dir`` are ignored."""
-    name, value = _arguments("stop_if_higher_hook", args, {"metric_name": metric_name, "threshold": threshold},
-                             ("metric_name", "threshold"))
-    return ThresholdRule(name, value, higher=True, min_steps=min_steps,
-                         run_every_steps=run_every_steps, run_every_secs=run_every_secs)
+_Rule = TypeVar("_Rule", bound=EarlyStoppingRule)
+_OPTIONS = (("eval_dir", None), ("min_steps", 0), ("run_every_secs", None), ("run_every_steps", None))
 
 
-def stop_if_lower_hook(*args: Any, metric_name: str | None = None, threshold: float | None = None,
-                       eval_dir: str | None = None, min_steps: int = 0, run_every_secs: float | None = None,
-                       run_every_steps: int | None = None) -> ThresholdRule:
-    """``stop_if_lower_hook([estimator,] metric_name, threshold, *, min_steps=0, ...)``: stop once the metric
-    of an evaluation at step >= min_steps falls below threshold."""
-    name, value = _arguments("stop_if_lower_hook", args, {"metric_name": metric_name, "threshold": threshold},
-                             ("metric_name", "threshold"))
-    return ThresholdRule(name, value, higher=False, min_steps=min_steps,
-                         run_every_steps=run_every_steps, run_every_secs=run_every_secs)
+def _tensorflow_form(function: str, second: str, rule: type[_Rule], direction: dict[str, bool],
+                     summary: str) -> Callable[..., _Rule]:
+    """TensorFlow's ``function([estimator,] metric_name, <second>, *, eval_dir=None, min_steps=0, run_every_secs=None,
+    run_every_steps=None)``, building ``rule(metric_name, <second>, **direction, min_steps=..., ...)``.
+
+    The four stop_if_*_hook functions differ only in their name, their second argument and the rule they
+    build, so they are made here from one table rather than written out four times.
+    """
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    signature = inspect.Signature(
+        [inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+         inspect.Parameter("metric_name", keyword, default=None), inspect.Parameter(second, keyword, default=None),
+         *(inspect.Parameter(name, keyword, default=default) for name, default in _OPTIONS)],
+        return_annotation=rule,
+    )
+
+    def make_rule(*args: Any, **keywords: Any) -> _Rule:
+        try:
+            given = signature.bind(*args, **keywords).arguments
+        except TypeError as error:  # an unknown keyword: say whose
+            raise TypeError(f"{function}: {error}; it takes ([estimator,] metric_name, {second}, *, "
+                            f"{', '.join(name for name, _ in _OPTIONS)}).") from None
+        name, value = _arguments(function, given.get("args", ()),
+                                 {"metric_name": given.get("metric_name"), second: given.get(second)},
+                                 ("metric_name", second))
+        options = {key: given.get(key, default) for key, default in _OPTIONS if key != "eval_dir"}  # eval_dir: unused
+        return rule(name, value, **direction, **options)
+
+    make_rule.__name__ = make_rule.__qualname__ = function
+    make_rule.__signature__ = signature  # type: ignore[attr-defined]  # what help() and inspect show
+    make_rule.__doc__ = (f"``{function}([estimator,] metric_name, {second}, *, min_steps=0, ...)``: {summary} "
+                         "``estimator`` and ``eval_dir`` are accepted for TensorFlow's call form and ignored.")
+    return make_rule
 
 
-def stop_if_no_increase_hook(*args: Any, metric_name: str | None = None, max_steps_without_increase: int | None = None,
-                             eval_dir: str | None = None, min_steps: int = 0, run_every_secs: float | None = None,
-                             run_every_steps: int | None = None) -> NoImprovementRule:
-    """``stop_if_no_increase_hook([estimator,] metric_name, max_steps_without_increase, *, min_steps=0, ...)``:
-    stop when the metric has not increased for that many global steps."""
-    name, steps = _arguments("stop_if_no_increase_hook", args,
-                             {"metric_name": metric_name, "max_steps_without_increase": max_steps_without_increase},
-                             ("metric_name", "max_steps_without_increase"))
-    return NoImprovementRule(name, steps, increase=True, min_steps=min_steps,
-                             run_every_steps=run_every_steps, run_every_secs=run_every_secs)
-
-
-def stop_if_no_decrease_hook(*args: Any, metric_name: str | None = None, max_steps_without_decrease: int | None = None,
-                             eval_dir: str | None = None, min_steps: int = 0, run_every_secs: float | None = None,
-                             run_every_steps: int | None = None) -> NoImprovementRule:
-    """``stop_if_no_decrease_hook([estimator,] metric_name, max_steps_without_decrease, *, min_steps=0, ...)``:
-    stop when the metric has not decreased for that many global steps."""
-    name, steps = _arguments("stop_if_no_decrease_hook", args,
-                             {"metric_name": metric_name, "max_steps_without_decrease": max_steps_without_decrease},
-                             ("metric_name", "max_steps_without_decrease"))
-    return NoImprovementRule(name, steps, increase=False, min_steps=min_steps,
-                             run_every_steps=run_every_steps, run_every_secs=run_every_secs)
+stop_if_higher_hook = _tensorflow_form(
+    "stop_if_higher_hook", "threshold", ThresholdRule, {"higher": True},
+    "stop once the metric of an evaluation at step >= min_steps exceeds threshold.")
+stop_if_lower_hook = _tensorflow_form(
+    "stop_if_lower_hook", "threshold", ThresholdRule, {"higher": False},
+    "stop once the metric of an evaluation at step >= min_steps falls below threshold.")
+stop_if_no_increase_hook = _tensorflow_form(
+    "stop_if_no_increase_hook", "max_steps_without_increase", NoImprovementRule, {"increase": True},
+    "stop when the metric has not increased for that many global steps.")
+stop_if_no_decrease_hook = _tensorflow_form(
+    "stop_if_no_decrease_hook", "max_steps_without_decrease", NoImprovementRule, {"increase": False},
+    "stop when the metric has not decreased for that many global steps.")

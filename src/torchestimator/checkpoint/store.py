@@ -124,6 +124,11 @@ class CheckpointStore:
     def __repr__(self) -> str:
         return f"CheckpointStore({self.storage!r}, keep_checkpoint_max={self.keep_checkpoint_max})"
 
+    @property
+    def model_dir(self) -> str:
+        """The folder this store keeps its checkpoints in (the storage's root), for files kept beside them."""
+        return self.storage.root
+
     # ----------------------------------------------------------------- writing
 
     def save(

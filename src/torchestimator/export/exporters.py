@@ -5,6 +5,8 @@ checkpoint_path, eval_result, is_the_final_export)`` returns the new version
 folder or None. Unlike TF, BestExporter records the best evaluation result in
 ``export_path/best_eval.json`` and compares against it after a restart rather
 than exporting whatever result comes first (tensorflow/tensorflow#47396).
+"Better" is ``improvement.Objective``'s rule (strict, NaN never better), the
+one best-checkpoint keeping and early stopping use.
 Writing a version is saved_model.py's job. Call exporters from one process
 (the chief) only.
 """
@@ -15,7 +17,6 @@ import abc
 import inspect
 import json
 import logging
-import math
 import os
 import shutil
 from collections.abc import Callable, Mapping
@@ -28,6 +29,7 @@ from torchestimator.export import saved_model
 from torchestimator.export.receiver import ServingInputReceiver, as_receiver
 from torchestimator.export.versions import list_versions
 from torchestimator.atomic import write_json_atomically as _write_json_atomically
+from torchestimator.improvement import Objective
 
 if TYPE_CHECKING:
     from torchestimator.estimator import Estimator
@@ -38,36 +40,37 @@ logger = logging.getLogger(__name__)
 
 BEST_EVAL_FILE = "best_eval.json"
 CompareFn = Callable[[Mapping[str, Any], Mapping[str, Any]], bool]
+_LOWER_LOSS = Objective(metric_name="loss", higher_is_better=False)
 
 
 def loss_smaller(best_eval_result: Mapping[str, Any], current_eval_result: Mapping[str, Any]) -> bool:
     """True when the current evaluation's loss is lower than the best one's (TF's default compare_fn)."""
-    for which, result in (("best_eval_result", best_eval_result), ("current_eval_result", current_eval_result)):
-        if not result or "loss" not in result:
-            raise ValueError(
-                f"{which} has no 'loss' for the default compare_fn; it has {sorted(result or {})}. "
-                "Pass compare_fn=..., or metric_name=... with higher_is_better=..."
-            )
-    return float(best_eval_result["loss"]) > float(current_eval_result["loss"])
+    return _compare_results(_LOWER_LOSS, best_eval_result, current_eval_result, "BestExporter's default compare_fn",
+                            "Pass compare_fn=..., or metric_name=... with higher_is_better=...")
 
 
 def metric_compare_fn(metric_name: str, higher_is_better: bool) -> CompareFn:
     """A compare_fn on one metric: True when the current result improves on the best."""
+    objective = Objective(metric_name=metric_name, higher_is_better=higher_is_better)
 
     def compare(best_eval_result: Mapping[str, Any], current_eval_result: Mapping[str, Any]) -> bool:
-        for which, result in (("best", best_eval_result), ("current", current_eval_result)):
-            if metric_name not in result:
-                raise ValueError(
-                    f"BestExporter metric_name {metric_name!r} is not in the {which} evaluation result; "
-                    f"evaluation produces {sorted(result)}."
-                )
-        best, current = float(best_eval_result[metric_name]), float(current_eval_result[metric_name])
-        if math.isnan(current):
-            return False
-        return current > best if higher_is_better else current < best
+        return _compare_results(objective, best_eval_result, current_eval_result, "BestExporter",
+                                "Use one of these names as metric_name.")
 
     compare.__name__ = f"{'higher' if higher_is_better else 'lower'}_{metric_name}"
     return compare
+
+
+def _compare_results(objective: Objective, best_eval_result: Mapping[str, Any],
+                     current_eval_result: Mapping[str, Any], role: str, advice: str) -> bool:
+    # The current result first: before anything is recorded it is compared with itself, and a missing metric is
+    # then the current evaluation's fault.
+    current, best = (
+        objective.value(result or {}, role=role, source=f"{which} (the {kind} evaluation)", advice=advice)
+        for which, kind, result in (("current_eval_result", "current", current_eval_result),
+                                    ("best_eval_result", "recorded best", best_eval_result))
+    )
+    return objective.is_better(current, than=best)
 
 
 class Exporter(abc.ABC):
