@@ -279,6 +279,7 @@ def test_zero_stride_tensor_declaring_more_than_the_file_is_refused(tmp_path) ->
 
 def test_a_plan_that_raises_while_being_built_still_closes_the_source(tmp_path, monkeypatch) -> None:
     from torchestimator import warm_start as warm_start_module
+    from torchestimator.warm_start import _view
 
     path = tmp_path / "model.safetensors"
     safetensors.torch.save_file(make_model().state_dict(), str(path))
@@ -289,7 +290,7 @@ def test_a_plan_that_raises_while_being_built_still_closes_the_source(tmp_path, 
     def broken_view(weights):
         raise RuntimeError("view failed")
 
-    monkeypatch.setattr(warm_start_module, "_source_view", broken_view)
+    monkeypatch.setattr(_view, "source_view", broken_view)  # both plan builders look it up there
     for build in (lambda: warm_start_module.warm_start(make_model(), str(path)),
                   lambda: warm_start_module.init_from_checkpoint(make_model(), str(path), {"/": "/"})):
         with pytest.raises(RuntimeError, match="view failed"):
