@@ -484,8 +484,16 @@ def test_entry_size_mismatch_is_an_error(tmp_path):
             checkpoint.read("x")
 
 
-def test_reader_class_is_a_weight_source():
-    assert issubclass(TensorFlowCheckpoint, __import__("torchestimator.interop.source", fromlist=["x"]).WeightSource)
+def test_open_weights_gives_the_reader_and_close_releases_its_shards(tmp_path):
+    from torchestimator.interop import open_weights
+
+    prefix = write_worked(tmp_path)
+    with open_weights(prefix + ".index") as source:
+        assert isinstance(source, TensorFlowCheckpoint) and source.format == "tensorflow"
+        assert source.read_all()["x"].tolist() == [1.0, 2.0]
+        shard = source._files[0]
+        assert not shard.closed
+    assert shard.closed and source._files == {}
 
 
 # --------------------------------------------------------------------------- declared sizes (issue 10, point 7)
