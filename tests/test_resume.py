@@ -151,8 +151,9 @@ def test_edited_rng_state_in_the_newest_checkpoint_is_caught_and_resume_stays_ex
     _dropout_estimator(tmp_path / "resumed", save_checkpoints_steps=5).train(train, max_steps=10)
     state_file = tmp_path / "resumed" / "ckpt-10" / "state.json"
     state = json.loads(state_file.read_text())
-    state["extra"]["rng"][0]["python"][1][5] ^= 1  # still valid JSON and a valid RNG state, only different
-    state["extra"]["input_position"]["batch"] += 1
+    replica = state["extra"]["replicas"][0]
+    replica["train_state"]["rng"]["python"][1][5] ^= 1  # still valid JSON and a valid RNG state, only different
+    replica["input_source"]["batch"] += 1
     state_file.write_text(json.dumps(state, indent=1))
     resumed = _dropout_estimator(tmp_path / "resumed", save_checkpoints_steps=5)
     resumed.train(train, max_steps=15)  # falls back to ckpt-5 and redoes steps 6..15

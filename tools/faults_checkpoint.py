@@ -309,12 +309,15 @@ BYTE_DAMAGE: dict[str, Callable[[bytes], bytes] | None] = {
     "json-wrong-types": lambda data: json.dumps({"format_version": "2", "global_step": [], "files": 3}).encode(),
     "deleted": None,
 }
+_REPLICA_0 = ["extra", "replicas", 0]  # state.json's per-replica state (checkpoint/parts.py)
 STATE_EDITS: dict[str, Callable[[bytes], bytes]] = {
-    "rng-torch": _edit_json(_set(["extra", "rng", 0, "torch"], lambda text: "BC"[text[0] == "B"] + text[1:])),
-    "rng-python": _edit_json(_set(["extra", "rng", 0, "python", 1, 7], lambda value: value ^ 1)),
-    "rng-numpy": _edit_json(_set(["extra", "rng", 0, "numpy", 2], lambda value: value + 1)),
-    "input-position": _edit_json(_set(["extra", "input_position", "batch"], lambda value: value + 1)),
-    "input-positions": _edit_json(_set(["extra", "input_positions", 0, "epoch"], lambda value: value + 1)),
+    "rng-torch": _edit_json(_set([*_REPLICA_0, "train_state", "rng", "torch"],
+                                 lambda text: "BC"[text[0] == "B"] + text[1:])),
+    "rng-python": _edit_json(_set([*_REPLICA_0, "train_state", "rng", "python", 1, 7], lambda value: value ^ 1)),
+    "rng-numpy": _edit_json(_set([*_REPLICA_0, "train_state", "rng", "numpy", 2], lambda value: value + 1)),
+    "input-position": _edit_json(_set([*_REPLICA_0, "input_source", "batch"], lambda value: value + 1)),
+    "train-state-position": _edit_json(_set([*_REPLICA_0, "train_state", "input_position", "epoch"],
+                                            lambda value: value + 1)),
     "global-step": _edit_json(_set(["global_step"], lambda value: value - 1)),
     "optimizer-signature": _edit_json(_set(["extra", "optimizer_signature", "class"], "torch.optim.sgd.SGD")),
     "file-sha256": _edit_json(_set(["files", "model.safetensors", "sha256"], lambda text: text[::-1])),

@@ -28,7 +28,7 @@ from torchestimator.hooks import (
     StopAtStepHook,
     SummarySaverHook,
 )
-from torchestimator.persistence import NanLossDuringTrainingError
+from torchestimator.errors import NanLossDuringTrainingError
 from torchestimator.spec import EstimatorSpec, ModeKeys
 from torchestimator.state import TrainState
 from torchestimator.training import EvalSpec, TrainSpec, run_evaluator, train_and_evaluate

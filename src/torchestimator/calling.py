@@ -42,6 +42,25 @@ def call_with(function: Callable[..., Any], declared: set[str], available: Mappi
     return function(**{name: value for name, value in available.items() if name in declared})
 
 
+def call_factory(factory: Callable[..., Any], first: Any, params: Any, *, first_is_params: bool = False) -> Any:
+    """Calls a user factory (model, optimizer, scheduler) with (first) or (first, params), whichever it accepts.
+
+    With ``first_is_params`` (a model factory) ``first`` is the params dict, passed only if the factory takes
+    an argument.
+    """
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return factory(first)
+    required = [p for p in signature.parameters.values()
+                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if first_is_params:
+        return factory(first) if required else factory()
+    if len(required) >= 2:
+        return factory(first, params)
+    return factory(first)
+
+
 def split_batch(batch: Any, index: int) -> tuple[Any, Any]:
     """(features, labels) from one element of the input; features alone gives labels None."""
     if isinstance(batch, (tuple, list)):

@@ -185,14 +185,14 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _warm_start(args: argparse.Namespace) -> int:
-    from torchestimator.estimator import _call_factory
+    from torchestimator.calling import call_factory
     from torchestimator.warm_start import WarmStartSettings, plan_warm_start
 
     module_file = load_model_file(args.model)
     params = {**getattr(module_file, "params", {}), **_parse_overrides(args.param)}
     source = _require(module_file, "model")
-    model = source if not callable(source) or hasattr(source, "state_dict") else _call_factory(
-        source, params, None, "model", first_is_params=True)
+    model = source if not callable(source) or hasattr(source, "state_dict") else call_factory(
+        source, params, None, first_is_params=True)
     renames = dict(pair.split("=", 1) for pair in args.rename)
     selection: str | list[str] = args.vars[0] if len(args.vars) == 1 and not args.include_buffers else args.vars
     settings = WarmStartSettings(args.source, vars_to_warm_start=selection, var_name_to_prev_var_name=renames or None,

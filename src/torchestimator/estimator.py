@@ -3,14 +3,13 @@
 It resolves the strategy, builds the model once per process, restores
 (checkpoint in model_dir, else fresh init), wraps for distribution and hands
 a run to loop.py. The loops themselves live in loop.py; checkpoint files in
-checkpoint/; what goes into a checkpoint in persistence.py.
+checkpoint/ (checkpoint/parts.py: what goes into one and comes back).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import json
 import logging
 import os
@@ -23,23 +22,19 @@ import torch
 
 from torchestimator.atomic import temporary_prefix, write_bytes_atomically
 from torchestimator.best import protect_recorded_best
-from torchestimator.calling import call_with, check_declared
+from torchestimator.calling import call_factory, call_with, check_declared
 from torchestimator.checkpoint import CheckpointStore
+from torchestimator.checkpoint.checkpointer import Checkpointer
+from torchestimator.checkpoint.parts import TrainingParts, load_model_state, restore_shared, resumable
 from torchestimator.checkpoint.errors import DiskFullError, is_no_room
 from torchestimator.config import RunConfig
 from torchestimator.distribute import OneDeviceStrategy
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, HookList
 from torchestimator.interop import open_weights
 from torchestimator.hooks.basic import LoggingTensorHook, StepCounterHook
-from torchestimator.loop import EvalRun, TrainingRun, eval_loop, predict_loop, train_loop
-from torchestimator.metrics import MetricAccumulators
-from torchestimator.persistence import (
-    Checkpointer,
-    input_position_for,
-    load_model_state,
-    restore_rng,
-    restore_training_objects,
-)
+from torchestimator.eval_loops import EvalRun, predict_loop
+from torchestimator.inference import FRESH, InferenceBundle, WeightsOrigin
+from torchestimator.loop import InLoopEvaluation, TrainingRun, train_loop
 from torchestimator.spec import EstimatorSpec, ModeKeys
 from torchestimator.state import TrainState, seed_everything
 from torchestimator.summary import SummaryWriter
@@ -100,10 +95,9 @@ class Estimator:
         self._optimizer_factory = optimizer
         self._scheduler_factory = lr_scheduler
         self._module: torch.nn.Module | None = None
-        # Which weights the built module holds: a checkpoint path, "trained" (trained here without
-        # checkpoints) or None; with the step they belong to. Saves re-reading an unchanged checkpoint.
-        self._module_holds: str | None = None
-        self._held_step = 0
+        # Where the built module's weights came from; saves re-reading an unchanged checkpoint.
+        self._weights: WeightsOrigin = FRESH
+        self._live_run: TrainingRun | None = None  # while train() runs: the weights change under the record
         self._store = CheckpointStore(
             self._model_dir,
             keep_checkpoint_max=self._config.keep_checkpoint_max,
@@ -161,11 +155,16 @@ class Estimator:
     def latest_checkpoint(self) -> str | None:
         return self._store.latest_checkpoint()
 
+    @property
+    def checkpoint_store(self) -> CheckpointStore:
+        """model_dir's checkpoints: listing, history, retention and the best marks (one writer: the chief)."""
+        return self._store
+
     def best_checkpoint(self) -> str | None:
         """The best checkpoint recorded by train_and_evaluate's BestCheckpointPolicy, or None."""
         from torchestimator.best import best_checkpoint
 
-        return best_checkpoint(self)
+        return best_checkpoint(self._store)
 
     def get_variable_names(self) -> list[str]:
         return [name for name, _, _ in self._store.list_variables(self._require_checkpoint())]
@@ -198,8 +197,14 @@ class Estimator:
         steps: int | None = None,
         max_steps: int | None = None,
         saving_listeners: Iterable[CheckpointSaverListener] | None = None,
+        *,
+        evaluation: InLoopEvaluation | None = None,
     ) -> Estimator:
-        """Trains until max_steps (absolute), for `steps` more steps, or until the input ends."""
+        """Trains until max_steps (absolute), for `steps` more steps, or until the input ends.
+
+        ``evaluation`` (train_and_evaluate's) evaluates inside the loop on the live module; it is
+        handed the live InferenceBundle before step one (``evaluation.begin(bundle, state)``).
+        """
         if steps is not None and max_steps is not None:
             raise ValueError("Can not provide both steps and max_steps.")
         for name, value in (("steps", steps), ("max_steps", max_steps)):
@@ -208,10 +213,10 @@ class Estimator:
         if self._optimizer_factory is None:
             raise ValueError("Estimator.train needs an optimizer factory: Estimator(..., optimizer=lambda parameters: ...).")
         with _deterministic_algorithms(self._config.deterministic):
-            run = self._start_training(input_fn, hooks, steps, max_steps, saving_listeners)
+            run = self._start_training(input_fn, hooks, steps, max_steps, saving_listeners, evaluation)
             if run is None:
                 return self
-            self._module_holds = None
+            self._live_run = run
             try:
                 train_loop(run)
             except BaseException:
@@ -221,16 +226,25 @@ class Estimator:
                     logger.warning("%s", error)
                 raise
             finally:
-                run.module.eval()
+                self._weights, self._live_run = self._weights_now(), None
+                run.parts.model.eval()
             run.summary_writer.close()
             run.strategy.barrier()  # the chief's final checkpoint is on disk before any replica reads it
-        saved = run.checkpointer.last_saved_path if run.checkpointer else None
-        self._module_holds, self._held_step = saved or "trained", run.state.global_step
         return self
+
+    def _weights_now(self) -> WeightsOrigin:
+        """Where the built module's weights come from now; during training, from the live run."""
+        run = self._live_run
+        if run is None:
+            return self._weights
+        checkpointer, step = run.checkpointer, run.state.global_step
+        if checkpointer is not None and checkpointer.last_saved_step == step and checkpointer.last_saved_path:
+            return WeightsOrigin("checkpoint", step, checkpointer.last_saved_path)
+        return WeightsOrigin("training", step)
 
     def _start_training(self, input_fn: Callable[..., Any], hooks: Iterable[Hook] | None, steps: int | None,
                         max_steps: int | None, saving_listeners: Iterable[CheckpointSaverListener] | None,
-                        ) -> TrainingRun | None:
+                        evaluation: InLoopEvaluation | None) -> TrainingRun | None:
         """Everything before step one, in the order DESIGN.md gives; None when max_steps is already reached."""
         input_fn_args = check_declared(input_fn, "input_fn", _INPUT_FN_ARGS)
         config = self._config
@@ -250,23 +264,29 @@ class Estimator:
         self._restore_weights(module, checkpoint, state)  # on the plain module, before any wrapping
         if strategy.is_chief:  # after warm start, so a failed one leaves model_dir untouched
             self._prepare_model_dir(state.global_step)
-        training_objects = self._build_training_objects(module, strategy.device)
-        if checkpoint is not None:
-            restore_training_objects(checkpoint, training_objects)
-            restore_rng(checkpoint, strategy.replica_id, strategy.num_replicas)
+        parts = self._build_parts(module, state, strategy.device)
+        position = None
+        if checkpoint is not None:  # generator states before input_fn runs: it may draw from them
+            position = parts.restore(checkpoint, strategy.replica_id, strategy.num_replicas)
         elif self._warm_start is not None and self._warm_start.warm_start_optimizer:
-            restore_training_objects(self._warm_start_checkpoint(), training_objects)
+            restore_shared(self._warm_start_checkpoint(), parts.shared_parts(), parts.optimizer)
         state.start_step = state.global_step
         input_source = self._call_input_fn(input_fn, input_fn_args, ModeKeys.TRAIN, strategy)
-        self._resume_input(input_source, checkpoint, strategy)
+        parts.input_source = resumable(input_source)
+        self._resume_input(input_source, parts, position, checkpoint)
         last_step = max_steps if max_steps is not None else (state.global_step + steps if steps is not None else None)
-        return TrainingRun(
-            config=config, strategy=strategy, module=module, wrapped=strategy.wrap(module),
-            call_model_fn=self._model_fn_caller(), training_objects=training_objects, hooks=hook_list, state=state,
+        run = TrainingRun(
+            config=config, strategy=strategy, parts=parts, wrapped=strategy.wrap(module),
+            call_model_fn=self._model_fn_caller(), hooks=hook_list,
             checkpointer=self._checkpointer(strategy, saving_listeners),
             summary_writer=SummaryWriter(self._model_dir, enabled=strategy.is_chief),
-            input_source=input_source, last_step=last_step,
+            input_source=input_source, last_step=last_step, evaluation=evaluation,
         )
+        if evaluation is not None:
+            eval_strategy = config.eval_distribute or strategy
+            eval_strategy.setup()
+            evaluation.begin(self._bundle(module, WeightsOrigin("training", state.global_step), eval_strategy), state)
+        return run
 
     def _train_hooks(self, user_hooks: HookList) -> HookList:
         config = self._config
@@ -289,33 +309,33 @@ class Estimator:
             return None
         for listener in listeners:
             listener.begin()
-        return Checkpointer(self._store, is_chief=strategy.is_chief, num_replicas=strategy.num_replicas, listeners=listeners)
+        return Checkpointer(self._store, strategy, listeners=listeners)
 
-    def _build_training_objects(self, module: torch.nn.Module, device: torch.device) -> dict[str, Any]:
-        optimizer = _call_factory(self._optimizer_factory, module.parameters(), self._params, "optimizer")
+    def _build_parts(self, module: torch.nn.Module, state: TrainState, device: torch.device) -> TrainingParts:
+        """The run's stateful parts: the model, and the optimizer, scheduler and scaler built for it."""
+        optimizer = call_factory(self._optimizer_factory, module.parameters(), self._params)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"The optimizer factory must return a torch.optim.Optimizer; it returned {optimizer!r}.")
-        objects: dict[str, Any] = {"optimizer": optimizer, "lr_scheduler": None, "grad_scaler": None}
+        parts = TrainingParts(model=module, optimizer=optimizer, train_state=state)
         if self._scheduler_factory is not None:
-            objects["lr_scheduler"] = _call_factory(self._scheduler_factory, optimizer, self._params, "lr_scheduler")
+            parts.lr_scheduler = call_factory(self._scheduler_factory, optimizer, self._params)
         if self._config.mixed_precision == "fp16":
-            objects["grad_scaler"] = torch.amp.GradScaler(device.type)
-        return objects
+            parts.grad_scaler = torch.amp.GradScaler(device.type)
+        return parts
 
-    def _resume_input(self, input_source: Any, checkpoint: Any, strategy: Any) -> None:
+    def _resume_input(self, input_source: Any, parts: TrainingParts, position: dict[str, Any] | None,
+                      checkpoint: Any) -> None:
         if checkpoint is None:
             return
-        position = input_position_for(checkpoint, strategy.replica_id, strategy.num_replicas)
-        resumable = hasattr(input_source, "state_dict") and hasattr(input_source, "load_state_dict")
-        if resumable and position is not None:
-            input_source.load_state_dict(position)
-            logger.info("Input resumes at %s.", position)
-        elif not resumable:
+        if parts.input_source is None:
             logger.warning(
                 "The input_fn returned a %s, which cannot resume: it restarts from its beginning at global step %d. "
                 "Use te.numpy_input_fn or te.dataset_input_fn for exact resume.",
                 type(input_source).__name__, checkpoint.step,
             )
+        elif position is not None:
+            parts.input_source.load_state_dict(position)
+            logger.info("Input resumes at %s.", position)
 
     def _prepare_model_dir(self, step: int) -> None:
         """Creates model_dir, clears what killed runs left there, checks it takes writes, records the settings."""
@@ -357,15 +377,10 @@ class Estimator:
         """Evaluates over the whole input (or `steps` batches); returns every metric, loss and global_step."""
         if steps is not None and steps <= 0:
             raise ValueError(f"Must specify steps > 0; received {steps}.")
-        run = self._inference_run(input_fn, ModeKeys.EVAL, hooks, checkpoint_path, steps)
-        accumulators = MetricAccumulators(run.strategy.device)
-        results = eval_loop(run, accumulators)
-        writer = SummaryWriter(self.eval_dir(name), enabled=run.strategy.is_chief)
-        writer.scalars({key: value for key, value in results.items() if key != "global_step"}, results["global_step"])
-        writer.close()
-        logger.info("Saving dict for global step %d: %s", results["global_step"],
-                    ", ".join(f"{key} = {value}" for key, value in sorted(results.items())))
-        return results
+        check_declared(input_fn, "input_fn", _INPUT_FN_ARGS)
+        HookList(hooks or ())  # a wrong hook fails before any checkpoint is read
+        bundle = self.inference_bundle(checkpoint_path, mode=ModeKeys.EVAL)
+        return bundle.evaluate(input_fn, steps=steps, hooks=hooks, name=name)
 
     def predict(
         self,
@@ -378,24 +393,39 @@ class Estimator:
         """Yields predictions (numpy) per example, or per batch with yield_single_examples=False."""
         if isinstance(predict_keys, str):
             predict_keys = [predict_keys]
-        run = self._inference_run(input_fn, ModeKeys.PREDICT, hooks, checkpoint_path, None)
+        check_declared(input_fn, "input_fn", _INPUT_FN_ARGS)
+        hook_list = HookList(hooks or ())
+        bundle = self.inference_bundle(checkpoint_path, mode=ModeKeys.PREDICT)
+        state = TrainState(global_step=bundle.global_step, mode=ModeKeys.PREDICT)
+        hook_list.begin(state)
+        run = EvalRun(strategy=bundle.strategy, module=bundle.module, call_model_fn=bundle.call_model_fn,
+                      hooks=hook_list, state=state,
+                      input_source=self._input_caller(input_fn, ModeKeys.PREDICT, bundle.strategy), steps=None,
+                      progress_bar=self._config.progress_bar, mixed_precision_config=self._config)
         yield from predict_loop(run, predict_keys, yield_single_examples)
 
-    def _inference_run(self, input_fn: Callable[..., Any], mode: str, hooks: Iterable[Hook] | None,
-                       checkpoint_path: str | None, steps: int | None) -> EvalRun:
-        input_fn_args = check_declared(input_fn, "input_fn", _INPUT_FN_ARGS)
-        strategy = self._inference_strategy(mode)
+    def inference_bundle(self, checkpoint_path: str | None = None, *, mode: str = ModeKeys.PREDICT,
+                         device: torch.device | str | None = None, require_weights: bool = False) -> InferenceBundle:
+        """The built module holding the weights to evaluate, predict with or export, and how to call model_fn.
+
+        Weights: ``checkpoint_path``, else the newest checkpoint, else those trained or warm-started in this
+        process, else the warm-start source, else fresh ones (refused with ``require_weights``). While train()
+        runs, a module on another device or with other weights is a copy: the live one is never changed.
+        """
+        strategy = self._inference_strategy(mode) if device is None else OneDeviceStrategy(device, warn_if_launched=False)
         strategy.setup()
-        hook_list = HookList(hooks or ())
-        module = self._build_module(strategy.device)
-        state = TrainState(mode=mode)
-        self._load_for_inference(module, checkpoint_path, state)
-        hook_list.begin(state)
-        source = self._call_input_fn(input_fn, input_fn_args, mode, strategy)
-        config = self._config
-        return EvalRun(strategy=strategy, module=module, call_model_fn=self._model_fn_caller(), hooks=hook_list,
-                       state=state, input_source=source, steps=steps, progress_bar=config.progress_bar,
-                       mixed_precision_config=config)
+        if require_weights and checkpoint_path is None and self.latest_checkpoint() is None and self._warm_start is None:
+            self._raise_if_all_checkpoints_damaged()
+            raise ValueError(
+                f"Couldn't find trained model at {self._model_dir}: it has no checkpoint and the Estimator has no "
+                "warm_start_from. Train first (with checkpoints enabled), pass checkpoint_path=..., or set warm_start_from."
+            )
+        module = self._module_on(strategy.device)
+        return self._bundle(module, self._load_for_inference(module, checkpoint_path), strategy)
+
+    def _bundle(self, module: torch.nn.Module, weights: WeightsOrigin, strategy: Any) -> InferenceBundle:
+        return InferenceBundle(module=module, call_model_fn=self._model_fn_caller(), weights=weights, strategy=strategy,
+                               call_input_fn=self._input_caller, config=self._config, eval_dir=self.eval_dir)
 
     def _inference_strategy(self, mode: str) -> Any:
         """Evaluation is sharded across the training replicas; predict runs whole in every process,
@@ -408,66 +438,87 @@ class Estimator:
             return OneDeviceStrategy(distributed.device, warn_if_launched=False)
         return OneDeviceStrategy(config.device)
 
-    def _load_for_inference(self, module: torch.nn.Module, checkpoint_path: str | None, state: TrainState) -> None:
+    def _load_for_inference(self, module: torch.nn.Module, checkpoint_path: str | None) -> WeightsOrigin:
+        """Puts the weights inference uses into ``module``; returns where they came from."""
+        current = self._weights_now() if module is self._module else FRESH
         path = checkpoint_path or self._store.latest_checkpoint()
         if path is None and not self._store.has_checkpoints():
-            if self._module_holds in ("trained", "warm_start"):
+            if current.in_process:
                 logger.info("No checkpoint in %s: using the weights %s in this process.", self._model_dir,
-                            "trained" if self._module_holds == "trained" else "warm-started")
-                state.global_step = self._held_step
-            elif self._warm_start is not None:
-                self._apply_warm_start(module)  # as tf.estimator: evaluate/predict without a checkpoint use it
-            else:
-                logger.info("No checkpoint in %s: running on freshly initialised weights.", self._model_dir)
-            return
-        if path is not None and path == self._module_holds:
-            state.global_step = self._held_step
-            return
+                            "trained" if current.source == "training" else "warm-started")
+                return current
+            if self._warm_start is not None:
+                return self._apply_warm_start(module)  # as tf.estimator: evaluate/predict without a checkpoint use it
+            logger.info("No checkpoint in %s: running on freshly initialised weights.", self._model_dir)
+            return current
+        if current.holds(path):
+            return current
         # With only damaged checkpoints (path None) this raises, naming each, instead of using fresh weights.
         checkpoint = self._store.restore(path if checkpoint_path else None, load_optimizer=False)
-        self._restore_weights(module, checkpoint, state)
+        return current if current.holds(checkpoint.path) else self._load_checkpoint(module, checkpoint, current)
 
     # -- model, restore, calling ------------------------------------------------
 
     def _build_module(self, device: torch.device) -> torch.nn.Module:
         if self._module is None:
-            source = self._model_source
-            if isinstance(source, torch.nn.Module):
-                module = source
-            else:
-                module = _call_factory(source, self._params, None, "model", first_is_params=True)
-                if not isinstance(module, torch.nn.Module):
-                    raise TypeError(f"The model factory must return an nn.Module; it returned {module!r}.")
-            self._module = module
+            self._module = self._new_module()
         return self._module.to(device)
+
+    def _new_module(self) -> torch.nn.Module:
+        source = self._model_source
+        if isinstance(source, torch.nn.Module):
+            return source
+        module = call_factory(source, self._params, None, first_is_params=True)
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"The model factory must return an nn.Module; it returned {module!r}.")
+        return module
+
+    def _module_on(self, device: torch.device) -> torch.nn.Module:
+        """The module for inference on ``device``; a copy while training runs, so the live module stays put."""
+        if self._live_run is None:
+            return self._build_module(device)
+        live = self._live_run.parts.model
+        first = next(iter(live.state_dict().values()), None)
+        if first is None or first.device == torch.device(device):
+            return live
+        return copy.deepcopy(live).to(device)
 
     def _restore_weights(self, module: torch.nn.Module, checkpoint: Any, state: TrainState) -> None:
         """Loads a checkpoint into the plain module (before any distribution wrapping)."""
+        current = self._weights
         if checkpoint is None:
-            if self._module_holds is not None:
+            if current.source != "init":
                 # Trained (or warm-started) in this process without checkpoints: keep those weights.
-                state.global_step = self._held_step
+                state.global_step = current.step
             elif self._warm_start is not None:
                 self._apply_warm_start(module)
             else:
                 logger.info("No checkpoint in %s: starting from freshly initialised weights.", self._model_dir)
             return
-        if self._warm_start is not None and self._module_holds is None:
+        if not current.holds(checkpoint.path):
+            self._load_checkpoint(module, checkpoint, current)
+        state.global_step = checkpoint.step
+
+    def _load_checkpoint(self, module: torch.nn.Module, checkpoint: Any, current: WeightsOrigin) -> WeightsOrigin:
+        if self._warm_start is not None and current.source == "init":
             logger.info("model_dir %s has a checkpoint (step %d): it wins over warm_start_from %s, which is not applied.",
                         self._model_dir, checkpoint.step, self._warm_start.ckpt_to_initialize_from)
-        if self._module_holds != checkpoint.path:
-            load_model_state(module, checkpoint.model_state, checkpoint.path)
-            self._module_holds, self._held_step = checkpoint.path, checkpoint.step
-            logger.info("Restored weights from %s (global step %d).", checkpoint.path, checkpoint.step)
-        state.global_step = checkpoint.step
-        state.input_position = checkpoint.extra.get("input_position")
+        load_model_state(module, checkpoint.model_state, checkpoint.path)
+        logger.info("Restored weights from %s (global step %d).", checkpoint.path, checkpoint.step)
+        weights = WeightsOrigin("checkpoint", checkpoint.step, checkpoint.path)
+        if module is self._module:
+            self._weights = weights
+        return weights
 
-    def _apply_warm_start(self, module: torch.nn.Module) -> None:
+    def _apply_warm_start(self, module: torch.nn.Module) -> WeightsOrigin:
         """Warm start on the plain module, all or nothing; model_dir is not touched here."""
         plan = warm_start(module, self._warm_start)
         logger.info("model_dir %s has no checkpoint: warm-started %d variables from %s.", self._model_dir,
                     len(plan.entries), self._warm_start.ckpt_to_initialize_from)
-        self._module_holds, self._held_step = "warm_start", 0
+        weights = WeightsOrigin("warm_start", 0, warm_start_from=str(self._warm_start.ckpt_to_initialize_from))
+        if module is self._module:
+            self._weights = weights
+        return weights
 
     def _warm_start_checkpoint(self) -> Any:
         """The torchestimator checkpoint warm_start_optimizer takes optimizer state from."""
@@ -485,8 +536,7 @@ class Estimator:
                            assets_extra: Mapping[str, str] | None = None, as_onnx: bool = False) -> str:
         """Writes `export_dir_base/<version>/` (torch.export program, signature.json, metadata); returns its path.
 
-        Uses `checkpoint_path`, else the latest checkpoint, else the warm-start source. Do not call it while
-        train() runs (it loads weights into the shared module).
+        Uses `checkpoint_path`, else the latest checkpoint, else the warm-start source.
         """
         from torchestimator.export import export_saved_model
 
@@ -497,10 +547,7 @@ class Estimator:
         """What warm_start_from would load, from where, with which conversion, and what stays fresh (a dry run)."""
         if self._warm_start is None:
             raise ValueError("This Estimator has no warm_start_from to report on.")
-        source = self._model_source
-        module = source if isinstance(source, torch.nn.Module) else _call_factory(source, self._params, None, "model",
-                                                                                   first_is_params=True)
-        return plan_warm_start(module, self._warm_start)
+        return plan_warm_start(self._new_module(), self._warm_start)
 
     def _model_fn_caller(self) -> Callable[..., EstimatorSpec]:
         declared, model_fn = self._model_fn_args, self._model_fn
@@ -517,6 +564,9 @@ class Estimator:
 
         return call
 
+    def _input_caller(self, input_fn: Callable[..., Any], mode: str, strategy: Any) -> Any:
+        return self._call_input_fn(input_fn, check_declared(input_fn, "input_fn", _INPUT_FN_ARGS), mode, strategy)
+
     def _call_input_fn(self, input_fn: Callable[..., Any], declared: set[str], mode: str, strategy: Any) -> Any:
         context = strategy.input_context()
         source = call_with(input_fn, declared, {"params": self._params, "mode": mode, "config": self._config,
@@ -530,21 +580,6 @@ class Estimator:
             logger.warning("input_fn does not take input_context: every one of the %d replicas reads the same batches.",
                            context.num_replicas_in_sync)
         return source
-
-
-def _call_factory(factory: Callable[..., Any], first: Any, params: Any, role: str, *, first_is_params: bool = False) -> Any:
-    """Calls a factory with (first) or (first, params), whichever it accepts."""
-    try:
-        signature = inspect.signature(factory)
-    except (TypeError, ValueError):
-        return factory(first)
-    required = [p for p in signature.parameters.values()
-                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if first_is_params:
-        return factory(first) if required else factory()
-    if len(required) >= 2:
-        return factory(first, params)
-    return factory(first)
 
 
 def _resolve_model_dir(model_dir: str | os.PathLike[str] | None, config: RunConfig) -> str:

@@ -1,35 +1,50 @@
-"""The train, eval and predict loops: one of each, with the framework's policy in plain sight.
+"""The training loop, with the framework's policy in plain sight.
 
-The Estimator builds everything (strategy, model, optimizer, restore,
-hooks) and hands a TrainingRun here. Each loop reads top to bottom:
-next batch -> model_fn -> step -> hooks -> summaries -> checkpoint -> stop.
+The Estimator builds everything (strategy, parts, restore, hooks) and hands a
+TrainingRun here. Each step reads top to bottom: next batch -> model_fn ->
+backward -> optimizer -> hooks -> summaries -> agree (stop, save, NaN) ->
+checkpoint -> evaluation -> stop. Every collective goes through the Strategy.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
 import signal
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
-import torch.distributed as dist
 
-from torchestimator.calling import batch_length, split_batch, to_device
-from torchestimator.config import MIXED_PRECISION_DTYPES, RunConfig
+from torchestimator.batches import NO_CONTEXT, DeviceBatches, autocast_factory
+from torchestimator.checkpoint.checkpointer import Checkpointer
+from torchestimator.checkpoint.parts import TrainingParts
+from torchestimator.config import RunConfig
+from torchestimator.errors import NanLossDuringTrainingError
+from torchestimator.eval_loops import adopt_spec_hooks
 from torchestimator.finetune import apply_frozen_modes
 from torchestimator.hooks.base import HookList, RunContext
 from torchestimator.hooks.triggers import Every
-from torchestimator.persistence import Checkpointer, NanLossDuringTrainingError
 from torchestimator.progress import Progress
 from torchestimator.spec import EstimatorSpec, ModeKeys, validate_spec
-from torchestimator.state import TrainState
+from torchestimator.state import TrainState, rng_preserved
 
 logger = logging.getLogger("torchestimator")
+
+
+class InLoopEvaluation(Protocol):
+    """Evaluations the loop runs on the live module (train_and_evaluate's; see training.py)."""
+
+    def wants_checkpoint(self, step: int) -> bool:
+        """An evaluation is due at ``step`` by step count: the loop writes a checkpoint there first."""
+
+    def due(self, step: int, saved: bool) -> bool:
+        """Whether to evaluate now; ``saved``: a checkpoint of ``step`` was just written. Same on every replica."""
+
+    def evaluate(self, step: int, *, final: bool) -> bool:
+        """Evaluates what is due on the live module; True asks training to stop (early stopping)."""
 
 
 @dataclasses.dataclass
@@ -38,18 +53,19 @@ class TrainingRun:
 
     config: RunConfig
     strategy: Any
-    module: torch.nn.Module
+    parts: TrainingParts
     wrapped: torch.nn.Module
     call_model_fn: Callable[..., EstimatorSpec]
-    training_objects: dict[str, Any]
     hooks: HookList
-    state: TrainState
     checkpointer: Checkpointer | None
     summary_writer: Any
     input_source: Any
     last_step: int | None
-    batches: _Batches | None = None
-    autocast: Callable[[], Any] | None = None
+    evaluation: InLoopEvaluation | None = None
+
+    @property
+    def state(self) -> TrainState:
+        return self.parts.train_state
 
 
 class _InterruptFlag:
@@ -76,57 +92,56 @@ class _InterruptFlag:
             signal.signal(signal.SIGINT, self._previous)
 
 
-def _agree(strategy: Any, flags: list[bool]) -> list[bool]:
-    """One small all-reduce per step so every replica stops and saves together."""
-    if strategy.num_replicas == 1 or not dist.is_initialized():
-        return flags
-    tensor = torch.tensor([int(flag) for flag in flags], dtype=torch.int32, device=strategy.device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return [bool(value) for value in tensor.tolist()]
+class _HostLossWatch:
+    """Finds the first step whose loss is NaN or infinite, reading each loss on the host.
+
+    Used on the CPU, where reading a loss costs no device synchronisation.
+    """
+
+    def __init__(self) -> None:
+        self._first_bad: int | None = None
+
+    def observe(self, loss: torch.Tensor, step: int) -> None:
+        if self._first_bad is None and not math.isfinite(float(loss)):
+            self._first_bad = step
+
+    def flag(self) -> bool:
+        return self._first_bad is not None
+
+    def first_bad_step(self) -> int | None:
+        return self._first_bad
 
 
-def _autocast_factory(config: RunConfig, device: torch.device) -> Callable[[], Any] | None:
-    """A maker of autocast contexts for mixed precision, or None when running in full precision."""
-    if config.mixed_precision is None:
-        return None
-    dtype = getattr(torch, MIXED_PRECISION_DTYPES[config.mixed_precision])
-    return lambda: torch.autocast(device.type, dtype=dtype)
+class _DeviceLossWatch:
+    """The same on an accelerator, without a host read per step: the first bad step stays on the device,
+    and the loop reads it only where it synchronises anyway (logging, checkpoints, stop agreement, the end)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._first_bad = torch.full((), -1, dtype=torch.int64, device=device)
+
+    def observe(self, loss: torch.Tensor, step: int) -> None:
+        newly_bad = torch.logical_and(torch.logical_not(torch.isfinite(loss)), self._first_bad < 0)
+        self._first_bad = torch.where(newly_bad, step, self._first_bad)
+
+    def flag(self) -> torch.Tensor:
+        return self._first_bad >= 0
+
+    def first_bad_step(self) -> int | None:
+        step = int(self._first_bad)
+        return step if step >= 0 else None
 
 
-def _autocast(config: RunConfig, device: torch.device) -> contextlib.AbstractContextManager:
-    factory = _autocast_factory(config, device)
-    return _NO_CONTEXT if factory is None else factory()
+def _loss_watch(device: torch.device) -> _HostLossWatch | _DeviceLossWatch:
+    return _HostLossWatch() if device.type == "cpu" else _DeviceLossWatch(device)
 
 
-class _Batches:
-    """Next (features, labels) on the device, counting batches for error messages."""
-
-    def __init__(self, iterable: Any, device: torch.device) -> None:
-        self.iterator: Iterator[Any] = iter(iterable)
-        self.device = device
-        self.index = 0
-
-    def next(self) -> tuple[Any, Any]:
-        batch = next(self.iterator)
-        if type(batch) is tuple and len(batch) == 2:  # the common case, without the checks' cost
-            features, labels = batch
-        else:
-            features, labels = split_batch(batch, self.index)
-        self.index += 1
-        if self.device.type == "cpu":
-            return features, labels
-        return to_device(features, self.device), to_device(labels, self.device)
-
-
-_NO_CONTEXT = contextlib.nullcontext()  # reusable; saves building one per step
-
-
-def _micro_step(run: TrainingRun, accumulation: int, last: bool) -> tuple[EstimatorSpec, torch.Tensor | None]:
+def _micro_step(run: TrainingRun, batches: DeviceBatches, autocast: Any, accumulation: int, last: bool,
+                ) -> tuple[EstimatorSpec, torch.Tensor | None]:
     """Forward and backward on one batch; returns the spec and the detached loss (None after a train_op)."""
-    features, labels = run.batches.next()
-    sync = _NO_CONTEXT if last else run.strategy.no_sync(run.wrapped)
+    features, labels = batches.next()
+    sync = NO_CONTEXT if last else run.strategy.no_sync(run.wrapped)
     with sync:
-        with run.autocast() if run.autocast is not None else _NO_CONTEXT:
+        with autocast() if autocast is not None else NO_CONTEXT:
             spec = validate_spec(run.call_model_fn(run.wrapped, features, labels, ModeKeys.TRAIN), ModeKeys.TRAIN)
         if spec.train_op is not None:
             if accumulation > 1:
@@ -136,54 +151,179 @@ def _micro_step(run: TrainingRun, accumulation: int, last: bool) -> tuple[Estima
         loss = spec.loss if spec.loss.dim() == 0 else spec.loss.reshape(())
         if accumulation > 1:
             loss = loss / accumulation
-        scaler = run.training_objects["grad_scaler"]
+        scaler = run.parts.grad_scaler
         (scaler.scale(loss) if scaler is not None else loss).backward()
     return spec, loss.detach()
 
 
-def _train_step(run: TrainingRun) -> tuple[EstimatorSpec, torch.Tensor]:
+def _train_step(run: TrainingRun, batches: DeviceBatches, autocast: Any) -> tuple[EstimatorSpec, torch.Tensor]:
     """One optimizer step over gradient_accumulation_steps micro-batches; StopIteration when input ends."""
     accumulation = run.config.gradient_accumulation_steps
-    spec, total_loss = _micro_step(run, accumulation, accumulation == 1)
+    spec, total_loss = _micro_step(run, batches, autocast, accumulation, accumulation == 1)
     if total_loss is None:  # the spec's train_op did the whole step
         return spec, spec.loss.detach()
     for micro_step in range(1, accumulation):
-        spec, loss = _micro_step(run, accumulation, micro_step == accumulation - 1)
+        spec, loss = _micro_step(run, batches, autocast, accumulation, micro_step == accumulation - 1)
         total_loss = total_loss + loss
-    optimizer = run.training_objects["optimizer"]
-    scaler = run.training_objects["grad_scaler"]
+    parts = run.parts
+    optimizer, scaler = parts.optimizer, parts.grad_scaler
     if run.config.clip_grad_norm is not None:
         if scaler is not None:
             scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(run.module.parameters(), run.config.clip_grad_norm)
+        torch.nn.utils.clip_grad_norm_(parts.model.parameters(), run.config.clip_grad_norm)
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    if run.training_objects["lr_scheduler"] is not None:
-        run.training_objects["lr_scheduler"].step()
+    if parts.lr_scheduler is not None:
+        parts.lr_scheduler.step()
     return spec, total_loss
 
 
-def _adopt_spec_hooks(hooks: HookList, spec_hooks: tuple[Any, ...], state: TrainState) -> None:
-    """Hooks from the first batch's EstimatorSpec join the run (model_fn runs per batch, so later
-    batches' hook objects would be new copies of the same hooks)."""
-    for hook in spec_hooks:
-        hooks.add(hook)
-        hook.begin(state)
-        hook.after_restore(state)
+class _Schedules:
+    """When this run checkpoints, writes summaries and logs: the steps every replica agrees on."""
+
+    def __init__(self, run: TrainingRun) -> None:
+        config, step = run.config, run.state.global_step
+        self.checkpoint: Every | None = None
+        if run.checkpointer is not None:
+            self.checkpoint = Every(steps=config.save_checkpoints_steps, secs=config.save_checkpoints_secs)
+            self.checkpoint.start(step)
+        self.summary = Every(steps=config.save_summary_steps) if config.save_summary_steps else None
+        # Logging steps are multiples of log_step_count_steps (the built-in logging hooks fire there): the loss is
+        # reduced over replicas at these steps only, and read on the host there.
+        self.log_every = config.log_step_count_steps
+        # Seconds-based checkpoints differ between processes: the chief's clock decides (agreed with the flags).
+        self.chief_clock = config.save_checkpoints_steps is None
+
+    def is_logging_step(self, step: int) -> bool:
+        return bool(self.log_every and step % self.log_every == 0) or bool(
+            self.summary is not None and self.summary.should_fire(step))
 
 
-def _input_position(source: Any) -> dict[str, Any] | None:
-    return source.state_dict() if hasattr(source, "state_dict") and hasattr(source, "load_state_dict") else None
+class _TrainLoop:
+    """One train call's steps; see the module docstring for the order within a step."""
+
+    def __init__(self, run: TrainingRun) -> None:
+        self.run = run
+        self.state = run.state
+        self.strategy = run.strategy
+        self.batches = DeviceBatches(run.input_source, run.strategy.device)
+        self.autocast = autocast_factory(run.config, run.strategy.device)
+        self.schedules = _Schedules(run)
+        self.watch = _loss_watch(run.strategy.device)
+        self.context = RunContext(self.state, is_chief=run.strategy.is_chief, summary_writer=run.summary_writer)
+        self.pending_listeners: list[Any] = []
+        self.context._request_checkpoint = self.pending_listeners.append
+        self.steps_this_call = 0
+
+    def run_steps(self, interrupt: _InterruptFlag, progress: Progress) -> None:
+        run, state = self.run, self.state
+        while run.last_step is None or state.global_step < run.last_step:
+            run.hooks.before_step(self.context)
+            try:
+                spec, loss = _train_step(run, self.batches, self.autocast)
+            except StopIteration:
+                logger.info("Input ended after %d steps in this call (global step %d).", self.steps_this_call,
+                            state.global_step)
+                break
+            state.global_step += 1
+            self.steps_this_call += 1
+            if self.steps_this_call == 1:
+                adopt_spec_hooks(run.hooks, spec.training_hooks, state)
+            self.watch.observe(loss, state.global_step)
+            logging_step = self.schedules.is_logging_step(state.global_step)
+            self._report(spec, loss, logging_step)
+            stop, interrupted = self._agree_and_save(interrupt.raised, logging_step)
+            progress.update(state.global_step, loss=self.context._loss_value)
+            if stop or interrupted:
+                break
+
+    def _report(self, spec: EstimatorSpec, loss: torch.Tensor, logging_step: bool) -> None:
+        """Hooks and summaries for this step; at logging steps the loss is the mean over replicas."""
+        run, step = self.run, self.state.global_step
+        several = self.strategy.num_replicas > 1
+        value = self.strategy.reduce_mean(loss) if several and logging_step else None
+        self.context._set_step_outputs(spec, loss=loss, loss_value=value)
+        run.hooks.after_step(self.context)
+        summary = self.schedules.summary
+        if summary is not None and summary.should_fire(step):
+            summary.mark(step)
+            if self.strategy.is_chief:
+                _write_train_summaries(run, self.context.loss, step)
+
+    def _agree_and_save(self, interrupt_raised: bool, logging_step: bool) -> tuple[bool, bool]:
+        """Every replica agrees on stop / save / NaN, then saves and evaluates together; returns (stop, interrupted)."""
+        run, step, schedules = self.run, self.state.global_step, self.schedules
+        evaluation = run.evaluation
+        eval_wants_checkpoint = evaluation is not None and run.checkpointer is not None and evaluation.wants_checkpoint(step)
+        due = schedules.checkpoint is not None and schedules.checkpoint.should_fire(step)
+        due_here = due and (self.strategy.is_chief or not schedules.chief_clock)
+        save_wanted = due_here or bool(self.pending_listeners) or eval_wants_checkpoint
+        flags = [self.context.stop_requested, interrupt_raised, save_wanted]
+        if self.strategy.num_replicas > 1:
+            stop, interrupted, save, not_finite = self.strategy.all_agree([*flags, self.watch.flag()])
+        else:
+            stop, interrupted, save = flags
+            # A device watch is read where the loop synchronises anyway; the host watch costs nothing to read.
+            read_point = stop or interrupted or save or logging_step or isinstance(self.watch, _HostLossWatch)
+            not_finite = bool(self.watch.flag()) if read_point else False
+        if not_finite:  # on any replica: all of them stop here, before anything is saved
+            self._raise_not_finite()
+        saved = False
+        if save or (interrupted and run.checkpointer is not None):
+            stop |= self._save()
+            saved = True
+        if evaluation is not None and evaluation.due(step, saved):
+            stop |= self._evaluate(final=run.last_step is not None and step >= run.last_step)
+        return stop, interrupted
+
+    def _save(self) -> bool:
+        run = self.run
+        if run.checkpointer is None:
+            raise ValueError("A hook asked for a checkpoint but checkpoints are disabled in RunConfig.")
+        self.schedules.checkpoint.mark(self.state.global_step)
+        listeners = [listener for group in self.pending_listeners for listener in group]
+        self.pending_listeners.clear()
+        return run.checkpointer.save(run.parts, listeners)
+
+    def _evaluate(self, *, final: bool) -> bool:
+        """Evaluates on the live module without moving training's random streams, then back to training mode."""
+        model = self.run.parts.model
+        try:
+            with rng_preserved():
+                return self.run.evaluation.evaluate(self.state.global_step, final=final)
+        finally:
+            model.train()
+            apply_frozen_modes(model)
+
+    def _raise_not_finite(self) -> None:
+        bad_step = self.watch.first_bad_step()  # this replica's; None when another replica's loss went bad
+        checkpointer = self.run.checkpointer
+        last_good = checkpointer.last_good() if checkpointer is not None else "none (checkpoints are disabled)"
+        where = f"at step {bad_step}" if bad_step is not None else f"on another replica by step {self.state.global_step}"
+        raise NanLossDuringTrainingError(
+            f"NaN or infinite loss {where}; training stopped at step {self.state.global_step} and no checkpoint was "
+            f"written for a step after it. The last good checkpoint is {last_good}."
+        )
+
+    def finish(self) -> None:
+        """The final checkpoint (unless this step was just saved), after a last check that the loss stayed finite."""
+        checkpointer, state = self.run.checkpointer, self.state
+        several = self.strategy.num_replicas > 1
+        if self.steps_this_call and (self.strategy.all_agree(self.watch.flag()) if several else bool(self.watch.flag())):
+            self._raise_not_finite()
+        if checkpointer is not None and checkpointer.last_saved_step != state.global_step and self.steps_this_call:
+            self.pending_listeners.clear()
+            checkpointer.save(self.run.parts)
 
 
-def _write_train_summaries(run: TrainingRun, loss: torch.Tensor, step: int) -> None:
+def _write_train_summaries(run: TrainingRun, loss: float, step: int) -> None:
     writer = run.summary_writer
-    writer.scalar("loss", float(loss), step)
-    for index, group in enumerate(run.training_objects["optimizer"].param_groups):
+    writer.scalar("loss", loss, step)
+    for index, group in enumerate(run.parts.optimizer.param_groups):
         tag = "learning_rate" if index == 0 else f"learning_rate/group_{index}"
         writer.scalar(tag, float(group["lr"]), step)
 
@@ -191,200 +331,21 @@ def _write_train_summaries(run: TrainingRun, loss: torch.Tensor, step: int) -> N
 def train_loop(run: TrainingRun) -> TrainState:
     """Runs steps until last_step, the end of input, a stop request or Ctrl-C; returns the final state."""
     state, config, strategy = run.state, run.config, run.strategy
-    run.batches = _Batches(run.input_source, strategy.device)
-    run.autocast = _autocast_factory(config, strategy.device)
-    checkpointer = run.checkpointer
-    checkpoint_every = None
-    if checkpointer is not None:
-        checkpoint_every = Every(steps=config.save_checkpoints_steps, secs=config.save_checkpoints_secs)
-        checkpoint_every.start(state.global_step)
-    summary_every = Every(steps=config.save_summary_steps) if config.save_summary_steps else None
-    context = RunContext(state, is_chief=strategy.is_chief, summary_writer=run.summary_writer)
-    pending_listeners: list[Any] = []
-    context._request_checkpoint = pending_listeners.append
+    loop = _TrainLoop(run)
     run.hooks.after_restore(state)
     # The framework owns the mode: TRAIN updates BatchNorm statistics, EVAL and PREDICT never do.
-    run.module.train()
-    apply_frozen_modes(run.module)  # frozen BatchNorm layers keep their statistics
-    total = None if run.last_step is None else run.last_step
-    progress = Progress("train", total=total, initial=state.global_step, enabled=config.progress_bar and strategy.is_chief)
-    steps_this_call = 0
-    several_replicas = strategy.num_replicas > 1
+    run.parts.model.train()
+    apply_frozen_modes(run.parts.model)  # frozen BatchNorm layers keep their statistics
+    progress = Progress("train", total=run.last_step, initial=state.global_step,
+                        enabled=config.progress_bar and strategy.is_chief)
     with _InterruptFlag(config.checkpoint_on_interrupt) as interrupt, progress:
-        while run.last_step is None or state.global_step < run.last_step:
-            run.hooks.before_step(context)
-            try:
-                spec, loss = _train_step(run)
-            except StopIteration:
-                logger.info("Input ended after %d steps in this call (global step %d).", steps_this_call, state.global_step)
-                break
-            state.global_step += 1
-            steps_this_call += 1
-            if steps_this_call == 1:
-                _adopt_spec_hooks(run.hooks, spec.training_hooks, state)
-            # The NaN guard needs the loss on the host each step (one sync; free on CPU).
-            state.last_loss = float(loss)
-            context._set_step_outputs(spec, loss=loss, loss_value=state.last_loss)
-            run.hooks.after_step(context)
-            if summary_every is not None and strategy.is_chief and summary_every.should_fire(state.global_step):
-                summary_every.mark(state.global_step)
-                _write_train_summaries(run, loss, state.global_step)
-            due = checkpoint_every is not None and checkpoint_every.should_fire(state.global_step)
-            # Seconds-based triggers differ between processes: the chief's clock decides.
-            due_here = due and (strategy.is_chief or config.save_checkpoints_steps is not None)
-            flags = [context.stop_requested, interrupt.raised, due_here or bool(pending_listeners),
-                     not math.isfinite(context._loss_value)]
-            stop, interrupted, save, not_finite = _agree(strategy, flags) if several_replicas else flags
-            if not_finite:  # on any replica: all of them stop here, before anything is saved
-                raise NanLossDuringTrainingError(
-                    f"NaN or infinite loss at step {state.global_step}; training stopped and no checkpoint was "
-                    f"written for this step. The last good checkpoint is "
-                    f"{checkpointer.last_saved_path if checkpointer and checkpointer.last_saved_path else 'the newest in model_dir'}."
-                )
-            if save or (interrupted and checkpointer is not None):
-                if checkpointer is None:
-                    raise ValueError("A hook asked for a checkpoint but checkpoints are disabled in RunConfig.")
-                checkpoint_every.mark(state.global_step)
-                stop |= checkpointer.save(state, run.module, run.training_objects, _input_position(run.input_source),
-                                          [listener for group in pending_listeners for listener in group])
-                pending_listeners.clear()
-            progress.update(state.global_step, loss=context._loss_value)
-            if stop or interrupted:
-                break
-        if checkpointer is not None and checkpointer.last_saved_step != state.global_step and steps_this_call:
-            checkpointer.save(state, run.module, run.training_objects, _input_position(run.input_source))
+        loop.run_steps(interrupt, progress)
+        loop.finish()
     if interrupt.raised:
         raise KeyboardInterrupt(f"Training interrupted at step {state.global_step}; the checkpoint of that step was written.")
-    if steps_this_call == 0:
+    if loop.steps_this_call == 0:
         logger.warning("Training made no steps: the input was empty or max_steps was already reached.")
-    elif context._loss_tensor is not None:
-        logger.info("Loss for final step: %s.", float(context._loss_tensor))
+    elif loop.context._loss_tensor is not None:
+        logger.info("Loss for final step: %s.", loop.context.loss)
     run.hooks.end(state)
     return state
-
-
-@dataclasses.dataclass
-class EvalRun:
-    """Everything one evaluate or predict call needs."""
-
-    strategy: Any
-    module: torch.nn.Module
-    call_model_fn: Callable[..., EstimatorSpec]
-    hooks: HookList
-    state: TrainState
-    input_source: Any
-    steps: int | None
-    progress_bar: bool | None
-    mixed_precision_config: RunConfig
-
-
-def eval_loop(run: EvalRun, accumulators: Any) -> dict[str, Any]:
-    """Evaluates until `steps` batches or the end of input; returns metrics, loss and global_step."""
-    strategy, state = run.strategy, run.state
-    batches = _Batches(run.input_source, strategy.device)
-    context = RunContext(state, is_chief=strategy.is_chief)
-    loss_sum = torch.zeros((), dtype=torch.float64, device=strategy.device)
-    example_count = torch.zeros((), dtype=torch.float64, device=strategy.device)
-    run.module.eval()
-    run.hooks.after_restore(state)
-    batches_seen = 0
-    with torch.no_grad(), Progress("evaluate", total=run.steps, enabled=run.progress_bar and strategy.is_chief) as progress:
-        while run.steps is None or batches_seen < run.steps:
-            run.hooks.before_step(context)
-            try:
-                features, labels = batches.next()
-            except StopIteration:
-                break
-            with _autocast(run.mixed_precision_config, strategy.device):
-                spec = validate_spec(run.call_model_fn(run.module, features, labels, ModeKeys.EVAL), ModeKeys.EVAL)
-            # The loss is weighted by batch size, so it is the per-example mean even with a short last batch.
-            rows = batch_length(labels if labels is not None else features)
-            rows = 1 if rows is None else rows
-            if rows:  # a replica's share of a short last batch may be empty; its loss is NaN
-                loss_sum += spec.loss.detach().double().reshape(()) * rows
-                example_count += rows
-            if spec.eval_metric_ops:
-                accumulators.update(spec.eval_metric_ops)
-            batches_seen += 1
-            if batches_seen == 1:
-                _adopt_spec_hooks(run.hooks, spec.evaluation_hooks, state)
-            context._set_step_outputs(spec, features, labels)
-            run.hooks.after_step(context)
-            progress.update(batches_seen)
-            if context.stop_requested:
-                break
-    if strategy.num_replicas > 1 and dist.is_initialized():
-        totals = torch.stack([loss_sum, example_count])
-        dist.all_reduce(totals)
-        loss_sum, example_count = totals[0], totals[1]
-    if float(example_count) == 0:
-        raise ValueError("evaluate's input_fn yielded no batches; there is nothing to evaluate.")
-    results = accumulators.compute()
-    results["loss"] = float(loss_sum / example_count)
-    results["global_step"] = state.global_step
-    run.hooks.end(state)
-    return results
-
-
-def predict_loop(run: EvalRun, predict_keys: list[str] | None, yield_single_examples: bool) -> Iterator[Any]:
-    """Yields predictions per example (or per batch), filtered to predict_keys."""
-    strategy, state = run.strategy, run.state
-    batches = _Batches(run.input_source, strategy.device)
-    context = RunContext(state, is_chief=strategy.is_chief)
-    run.module.eval()
-    run.hooks.after_restore(state)
-    with Progress("predict", total=None, enabled=run.progress_bar and strategy.is_chief) as progress:
-        while True:
-            run.hooks.before_step(context)
-            try:
-                features, _ = batches.next()
-            except StopIteration:
-                break
-            with torch.no_grad(), _autocast(run.mixed_precision_config, strategy.device):
-                spec = validate_spec(run.call_model_fn(run.module, features, None, ModeKeys.PREDICT), ModeKeys.PREDICT)
-            predictions = _select_keys(spec.predictions, predict_keys)
-            if batches.index == 1:
-                _adopt_spec_hooks(run.hooks, spec.prediction_hooks, state)
-            context._set_step_outputs(spec, features, None)
-            run.hooks.after_step(context)
-            progress.update(batches.index)
-            if yield_single_examples:
-                yield from _split_examples(predictions)
-            else:
-                yield _to_numpy(predictions)
-            if context.stop_requested:
-                break
-    run.hooks.end(state)
-
-
-def _select_keys(predictions: Any, predict_keys: list[str] | None) -> Any:
-    if predict_keys is None:
-        return predictions
-    if not isinstance(predictions, Mapping):
-        raise ValueError(f"predict_keys {predict_keys} was given but model_fn's predictions are not a dict.")
-    selected = {key: value for key, value in predictions.items() if key in predict_keys}
-    if not selected:
-        raise ValueError(f"None of predict_keys {predict_keys} is among the predictions {sorted(predictions)}.")
-    return selected
-
-
-def _to_numpy(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {key: _to_numpy(item) for key, item in value.items()}
-    return value.detach().cpu().numpy()
-
-
-def _split_examples(predictions: Any) -> Iterator[Any]:
-    arrays = _to_numpy(predictions)
-    if not isinstance(arrays, dict):
-        yield from arrays
-        return
-    lengths = {key: (array.shape[0] if array.ndim else None) for key, array in arrays.items()}
-    distinct = set(lengths.values())
-    if len(distinct) != 1 or None in distinct:
-        raise ValueError(
-            f"With yield_single_examples=True every prediction must share its first dimension; found {lengths}. "
-            "Use yield_single_examples=False to get whole batches."
-        )
-    for row in range(distinct.pop()):
-        yield {key: array[row] for key, array in arrays.items()}

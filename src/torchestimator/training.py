@@ -6,20 +6,20 @@ not: the training and evaluation loops themselves (Estimator.train and
 Estimator.evaluate), the stop rules (early_stopping.py), the best record
 (best.py), the exporters (export/).
 
-Local mode trains in chunks, each one an ``Estimator.train`` call that ends
-at the next evaluation point, then evaluates the weights the module holds.
-Every chunk ends with a checkpoint (train always saves its last step), which
-is what lets the next chunk resume optimizer, RNG and input position exactly:
-with a resumable input_fn (te.numpy_input_fn, te.dataset_input_fn) the weights
-are the same as those of one uninterrupted train call. An input_fn that cannot
-resume restarts from its beginning at each evaluation.
+Local mode is one ``Estimator.train`` call that evaluates inside its loop:
+at an evaluation point the loop runs the due EvalSpecs on the live module
+(eval mode, no grad, BatchNorm statistics untouched, generator states put
+back after), then the best-checkpoint policy, early stopping and exporters,
+and carries on training with the same optimizer and input iterator. So the
+weights are those of training without evaluations, also with an input_fn
+that cannot resume (it is never restarted for an evaluation).
 
 Evaluation points, per EvalSpec:
 
 - ``every_n_steps=None`` (TensorFlow's rule): at each new checkpoint (the
   RunConfig cadence), at most once every ``throttle_secs``;
 - ``every_n_steps=N``: at every multiple of N global steps (a checkpoint is
-  written there, since a chunk ends there);
+  written there first, so that the best one can be kept);
 - always a final evaluation when training ends (max_steps reached, input
   ended, early stopping, a hook's stop request), unless that step was just
   evaluated. Exporters get ``is_the_final_export=True`` there, also when
@@ -52,6 +52,7 @@ from torchestimator.checkpoint.errors import DiskFullError, is_no_room
 from torchestimator.distribute.launcher import EVALUATOR, PS, cluster_from_tf_config
 from torchestimator.early_stopping import EarlyStoppingRule
 from torchestimator.hooks.base import CheckpointSaverListener, Hook
+from torchestimator.inference import InferenceBundle
 from torchestimator.state import TrainState
 from torchestimator.summary import read_scalars
 
@@ -196,8 +197,10 @@ def train_and_evaluate(
     if cluster.task_type == PS:
         raise ValueError("TF_CONFIG task type 'ps': torch.distributed has no parameter servers. Start only chief, "
                          "worker and evaluator tasks.")
-    loop = _LocalLoop(estimator, train_spec, specs, best, rules, clock)
-    loop.run()
+    loop = _Evaluations(estimator, train_spec, specs, best, rules, clock)
+    estimator.train(train_spec.input_fn, hooks=train_spec.hooks, max_steps=train_spec.max_steps,
+                    saving_listeners=train_spec.saving_listeners, evaluation=loop)
+    loop.finish()
     if isinstance(eval_spec, EvalSpec):
         return loop.results[0], loop.exports[0]
     return ({spec.name: loop.results[i] for i, spec in enumerate(specs)},
@@ -263,48 +266,13 @@ def _chief_decides(estimator: Any, value: Any) -> Any:
 # -- local mode --------------------------------------------------------------------------
 
 
-class _StepWatcher(Hook):
-    """Records the global step a train call ended at (None when train was skipped)."""
+class _Evaluations:
+    """train_and_evaluate's evaluations, run by the training loop on the live module (loop.InLoopEvaluation).
 
-    def __init__(self) -> None:
-        self.step: int | None = None
-
-    def end(self, state: TrainState) -> None:
-        self.step = state.global_step
-
-
-class _EvaluationSchedule(CheckpointSaverListener):
-    """At each checkpoint, decides which checkpoint-driven EvalSpecs evaluate it (throttle_secs, the chief's
-    clock) and pauses training when any does."""
-
-    def __init__(self, estimator: Any, specs: list[EvalSpec], clock: Callable[[], float]) -> None:
-        self._estimator = estimator
-        self._specs = specs
-        self._clock = clock
-        self._last_time: dict[int, float] = {}
-        self.due: dict[int, tuple[int, ...]] = {}
-        self.paused_at: int | None = None
-
-    def after_save(self, state: TrainState, global_step: int) -> bool:
-        now = self._clock()
-        candidates = [index for index, spec in enumerate(self._specs) if spec.every_n_steps is None]
-        due = tuple(index for index in candidates if index not in self._last_time
-                    or now - self._last_time[index] >= self._specs[index].throttle_secs)
-        due = _chief_decides(self._estimator, due)
-        for index in candidates:
-            if index in due:
-                self._last_time[index] = now
-            else:
-                logger.info("Skip the current checkpoint eval (%s, step %d) due to throttle secs.",
-                            self._specs[index].name or "eval", global_step)
-        self.due[global_step] = due
-        if due:
-            self.paused_at = global_step
-        return bool(due)
-
-
-class _LocalLoop:
-    """Train a chunk, evaluate what is due, apply best/early stopping/exporters; until training ends."""
+    Decides which EvalSpecs are due at a step (every_n_steps multiples; checkpoint-driven ones at most every
+    throttle_secs, on the chief's clock), evaluates them, then applies the best-checkpoint policy, early
+    stopping and the exporters. ``finish`` runs the final evaluation once training has ended.
+    """
 
     def __init__(self, estimator: Any, train_spec: TrainSpec, specs: list[EvalSpec],
                  best: BestCheckpointPolicy | None, rules: list[EarlyStoppingRule], clock: Callable[[], float]) -> None:
@@ -314,65 +282,90 @@ class _LocalLoop:
             raise ValueError(
                 "train_and_evaluate with a best-checkpoint policy or EvalSpec(every_n_steps=...) needs checkpoints: "
                 "set RunConfig(save_checkpoints_steps=...) or save_checkpoints_secs. Each evaluation point is a "
-                "checkpoint, so that training resumes exactly after evaluating."
+                "checkpoint, so that the best one can be kept and training resumes exactly after a restart."
             )
         self.estimator, self.train_spec, self.specs = estimator, train_spec, specs
-        self.best, self.rules = best, rules
-        self.schedule = _EvaluationSchedule(estimator, specs, clock)
+        self.best, self.rules, self.clock = best, rules, clock
         self.results: list[dict[str, Any] | None] = [None] * len(specs)
         self.exports: list[list[Any]] = [[] for _ in specs]
         self.evaluated_step: list[int | None] = [None] * len(specs)
-        self.start_step = _latest_step(estimator)
+        self.bundle: InferenceBundle | None = None
+        self.state: TrainState | None = None
+        self.start_step = 0
         self.history_seeded = False
+        self.finalized_step: int | None = None
+        self._last_time: dict[int, float] = {}
+        self._due: tuple[int, ...] = ()
 
-    def run(self) -> None:
-        step, max_steps = self.start_step, self.train_spec.max_steps
-        while True:
-            target = self._next_pause(step) if self.checkpoints else max_steps
-            watcher = _StepWatcher()
-            self.schedule.paused_at = None
-            listeners = self.train_spec.saving_listeners + ((self.schedule,) if self.checkpoints else ())
-            self.estimator.train(self.train_spec.input_fn, hooks=(*self.train_spec.hooks, watcher),
-                                 max_steps=target, saving_listeners=listeners)
-            new_step = watcher.step if watcher.step is not None else _latest_step(self.estimator)
-            paused = watcher.step is not None and new_step > step and new_step in (self.schedule.paused_at, target)
-            finished = not paused or (max_steps is not None and new_step >= max_steps)
-            due = set(self.schedule.due.pop(new_step, ()))
-            due |= {i for i, spec in enumerate(self.specs) if spec.every_n_steps and new_step % spec.every_n_steps == 0}
-            if self._evaluate_round(new_step, due, finished):
-                return
-            step = new_step
+    # -- what the training loop calls (loop.InLoopEvaluation) ----------------------------
 
-    def _next_pause(self, step: int) -> int | None:
-        """The next every_n_steps multiple or max_steps, whichever comes first; None for neither."""
-        candidates = [(step // spec.every_n_steps + 1) * spec.every_n_steps
-                      for spec in self.specs if spec.every_n_steps]
-        if self.train_spec.max_steps is not None:
-            candidates.append(self.train_spec.max_steps)
-        return min(candidates) if candidates else None
+    def begin(self, bundle: InferenceBundle, state: TrainState) -> None:
+        self.bundle, self.state, self.start_step = bundle, state, state.global_step
 
-    def _evaluate_round(self, step: int, due: set[int], finished: bool) -> bool:
-        """Evaluates what is due at ``step``; returns True when training is over."""
+    def wants_checkpoint(self, step: int) -> bool:
+        return any(spec.every_n_steps and step % spec.every_n_steps == 0 for spec in self.specs)
+
+    def due(self, step: int, saved: bool) -> bool:
+        by_steps = {i for i, spec in enumerate(self.specs) if spec.every_n_steps and step % spec.every_n_steps == 0}
+        by_checkpoint = self._due_after_checkpoint(step) if saved else ()
+        self._due = tuple(sorted(by_steps | set(by_checkpoint)))
+        return bool(self._due)
+
+    def evaluate(self, step: int, *, final: bool) -> bool:
+        return self._round(step, set(self._due), final)
+
+    # -- after training ---------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """The final evaluation (of every spec not evaluated at the last step), exporters told it is final."""
+        step = self.state.global_step if self.state is not None else _latest_step(self.estimator)
+        if self.finalized_step != step:
+            self._round(step, set(), final=True)
+
+    # -- the policy --------------------------------------------------------------------------
+
+    def _due_after_checkpoint(self, step: int) -> tuple[int, ...]:
+        """Checkpoint-driven specs due now: at most one evaluation per throttle_secs, by the chief's clock."""
+        now = self.clock()
+        candidates = [index for index, spec in enumerate(self.specs) if spec.every_n_steps is None]
+        due = tuple(index for index in candidates if index not in self._last_time
+                    or now - self._last_time[index] >= self.specs[index].throttle_secs)
+        due = _chief_decides(self.estimator, due)
+        for index in candidates:
+            if index in due:
+                self._last_time[index] = now
+            else:
+                logger.info("Skip the current checkpoint eval (%s, step %d) due to throttle secs.",
+                            self.specs[index].name or "eval", step)
+        return due
+
+    def _round(self, step: int, due: set[int], final: bool) -> bool:
+        """Evaluates what is due at ``step``, then best/early stopping/exporters; True when training is over."""
         evaluated = [index for index in sorted(due) if self._evaluate(index, step)]
-        if 0 in evaluated and self._after_primary(step, check_rules=not finished):
+        if 0 in evaluated and self._after_primary(step, check_rules=not final):
             logger.info("Early stopping at global step %d.", step)
-            finished = True
-        if finished:
-            final = [index for index in range(len(self.specs)) if self._evaluate(index, step)]
-            if 0 in final:
+            final = True
+        if final:
+            last = [index for index in range(len(self.specs)) if self._evaluate(index, step)]
+            if 0 in last:
                 self._after_primary(step, check_rules=False)
-            evaluated += final
+            evaluated += last
+            self.finalized_step = step
         for index in evaluated:
-            self._export(index, step, finished)
-        return finished
+            self._export(index, step, final)
+        return final
 
     def _evaluate(self, index: int, step: int) -> bool:
         """Evaluates spec ``index`` unless it already evaluated ``step``; True if it ran."""
         if self.evaluated_step[index] == step:
             return False
         spec = self.specs[index]
-        self.results[index] = self.estimator.evaluate(spec.input_fn, steps=spec.steps, hooks=spec.hooks,
-                                                      name=spec.name)
+        if self.bundle is not None:  # the live module, as training left it at ``step``
+            self.results[index] = self.bundle.evaluate(spec.input_fn, steps=spec.steps, hooks=spec.hooks,
+                                                       name=spec.name, global_step=step)
+        else:  # training was skipped (max_steps already reached): the newest checkpoint
+            self.results[index] = self.estimator.evaluate(spec.input_fn, steps=spec.steps, hooks=spec.hooks,
+                                                          name=spec.name)
         self.evaluated_step[index] = step
         return True
 
@@ -395,7 +388,7 @@ class _LocalLoop:
         failure: Exception | None = None
         if _is_chief(self.estimator):
             try:
-                outcome = (self.best.update(self.estimator, step, results), None)
+                outcome = (self.best.update(self.estimator.checkpoint_store, step, results), None)
             except (ValueError, OSError) as error:
                 outcome, failure = (None, f"{type(error).__name__}: {error}"), error
         _, error = _chief_decides(self.estimator, outcome)
@@ -435,7 +428,7 @@ def _run_exporters(estimator: Any, spec: EvalSpec, checkpoint_path: str | None, 
 
 
 def _latest_step(estimator: Any) -> int:
-    history = estimator._store.history()
+    history = estimator.checkpoint_store.history()
     return history[-1]["step"] if history else 0
 
 

@@ -156,22 +156,43 @@ class Strategy(abc.ABC):
     # ------------------------------------------------------------ collectives
 
     def reduce_mean(self, value: float | torch.Tensor) -> float:
-        """The mean over replicas of a scalar (a loss to log)."""
+        """The mean over replicas of a scalar (the loss to log); a collective every replica calls at the same step."""
         placement = self.placement
         if isinstance(value, torch.Tensor) and value.numel() != 1:
             raise ValueError(f"reduce_mean expects a scalar; received a tensor of shape {tuple(value.shape)}.")
         if placement.num_replicas == 1:
             return float(value)
-        tensor = torch.tensor(float(value), dtype=torch.float64, device=placement.device)
-        return float(self._all_reduce(tensor, distributed.ReduceOp.SUM)) / placement.num_replicas
+        tensor = torch.as_tensor(value).detach().to(device=placement.device, dtype=torch.float64).reshape(())
+        return float(self._all_reduce(tensor.clone(), distributed.ReduceOp.SUM)) / placement.num_replicas
 
-    def all_agree(self, flag: bool) -> bool:
-        """True on every replica if any replica says True (stop requested, NaN seen), so all stop together."""
-        placement = self.placement
-        if placement.num_replicas == 1:
-            return bool(flag)
-        tensor = torch.tensor(1 if flag else 0, dtype=torch.int32, device=placement.device)
-        return bool(self._all_reduce(tensor, distributed.ReduceOp.MAX))
+    def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The elementwise sum over replicas of ``tensor`` (evaluation's loss and example counts)."""
+        if self.placement.num_replicas == 1:
+            return tensor
+        return self._all_reduce(tensor.clone(), distributed.ReduceOp.SUM)
+
+    def all_agree(self, flags: bool | torch.Tensor | Sequence[bool | torch.Tensor]) -> Any:
+        """For each flag, True on every replica if any replica says True, so that all stop or save together.
+
+        Takes one flag (returns a bool) or a sequence (returns a list, one collective for all of them).
+        A flag may be a 0-d tensor on the device (a NaN watch), so reading it costs no extra host sync.
+        """
+        single = not isinstance(flags, Sequence)
+        values = [flags] if single else list(flags)
+        if self.placement.num_replicas == 1:
+            answers = [bool(value) for value in values]
+        else:
+            device = self.placement.device
+            tensor = torch.stack([torch.as_tensor(value).to(device=device, dtype=torch.int32).reshape(())
+                                  for value in values])
+            answers = [bool(value) for value in self._all_reduce(tensor, distributed.ReduceOp.MAX).tolist()]
+        return answers[0] if single else answers
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every replica's ``obj``, in replica order (pickled in memory between our own processes)."""
+        if self.placement.num_replicas == 1:
+            return [obj]
+        return self._all_gather_object(obj)
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Replica ``src``'s ``obj`` on every replica (pickled in memory between our own processes)."""
@@ -209,6 +230,9 @@ class Strategy(abc.ABC):
         raise RuntimeError(f"{type(self).__name__} runs one replica and has no collectives.")
 
     def _barrier(self) -> None:
+        raise RuntimeError(f"{type(self).__name__} runs one replica and has no collectives.")
+
+    def _all_gather_object(self, obj: Any) -> list[Any]:
         raise RuntimeError(f"{type(self).__name__} runs one replica and has no collectives.")
 
 
@@ -450,6 +474,11 @@ class MirroredStrategy(Strategy):
         objects = [obj if self.placement.replica_id == src else None]
         distributed.broadcast_object_list(objects, src=src, device=self.placement.device)
         return objects[0]
+
+    def _all_gather_object(self, obj: Any) -> list[Any]:
+        gathered: list[Any] = [None] * self.placement.num_replicas
+        distributed.all_gather_object(gathered, obj)
+        return gathered
 
     def _barrier(self) -> None:
         device = self.placement.device

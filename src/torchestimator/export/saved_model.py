@@ -31,19 +31,16 @@ import shutil
 import socket
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from torchestimator.export import program_format
 from torchestimator.export.outputs import resolve_export_outputs
 from torchestimator.export.receiver import ServingInputReceiver, as_receiver, dtype_name
+from torchestimator.inference import BundleSource, InferenceBundle
 from torchestimator.spec import ModeKeys, validate_spec
-from torchestimator.state import TrainState
 from torchestimator.atomic import fsync_directory
-
-if TYPE_CHECKING:
-    from torchestimator.estimator import Estimator
 
 __all__ = ["export_saved_model"]
 
@@ -63,7 +60,7 @@ _BLOCK = 4096
 
 
 def export_saved_model(
-    estimator: Estimator,
+    estimator: BundleSource,
     export_dir_base: str | os.PathLike[str],
     serving_input_receiver: ServingInputReceiver | Callable[[], ServingInputReceiver],
     checkpoint_path: str | os.PathLike[str] | None = None,
@@ -78,11 +75,12 @@ def export_saved_model(
     receiver = as_receiver(serving_input_receiver)
     assets = _check_assets(assets_extra)
     export_dir_base = os.fspath(export_dir_base)
-    module, provenance = _restore_module(estimator, None if checkpoint_path is None else os.fspath(checkpoint_path))
+    bundle, provenance = _restore_module(estimator, None if checkpoint_path is None else os.fspath(checkpoint_path))
+    module = bundle.module
     was_training = module.training
     module.eval()  # BatchNorm and dropout in inference behaviour, as predict runs them
     try:
-        program, signatures, examples = _trace(estimator, module, receiver)
+        program, signatures, examples = _trace(bundle, receiver)
     finally:
         module.train(was_training)
     files = {SIGNATURE_FILE: _json_bytes(signatures), **program_format.encode(program)}
@@ -104,30 +102,21 @@ def export_saved_model(
     return export_dir
 
 
-def _restore_module(estimator: Estimator, checkpoint_path: str | None) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """The plain module holding the weights to export, and where they came from."""
+def _restore_module(estimator: BundleSource, checkpoint_path: str | None) -> tuple[InferenceBundle, dict[str, Any]]:
+    """The bundle holding the weights to export (its module on the CPU), and where the weights came from."""
     if checkpoint_path is not None and not os.path.exists(checkpoint_path):
         raise ValueError(f"Couldn't find trained model at {checkpoint_path}: no such checkpoint.")
-    latest = checkpoint_path or estimator.latest_checkpoint()
-    warm_start = getattr(estimator, "_warm_start", None)
-    if latest is None and warm_start is None:
-        estimator._raise_if_all_checkpoints_damaged()
-        raise ValueError(
-            f"Couldn't find trained model at {estimator.model_dir}: it has no checkpoint and the Estimator has no "
-            "warm_start_from. Train first (with checkpoints enabled), pass checkpoint_path=..., or set warm_start_from."
-        )
     # Exported programs run on CPU wherever they are loaded; the estimator moves its module back when it next runs.
-    module = estimator._build_module(torch.device("cpu"))
-    state = TrainState(mode=ModeKeys.PREDICT)
-    estimator._load_for_inference(module, checkpoint_path, state)
-    holds = getattr(estimator, "_module_holds", None)
-    provenance: dict[str, Any] = {"model_dir": os.path.abspath(estimator.model_dir), "global_step": state.global_step}
-    if latest is not None:
-        provenance["checkpoint_path"] = os.path.abspath(holds if holds not in (None, "trained", "warm_start") else latest)
+    bundle = estimator.inference_bundle(checkpoint_path, device=torch.device("cpu"), require_weights=True)
+    weights = bundle.weights
+    provenance: dict[str, Any] = {"model_dir": os.path.abspath(estimator.model_dir), "global_step": weights.step}
+    if weights.checkpoint_path is not None:
+        provenance["checkpoint_path"] = os.path.abspath(weights.checkpoint_path)
     else:
         provenance["checkpoint_path"] = None
-        provenance["warm_start_from"] = str(warm_start.ckpt_to_initialize_from)
-    return module, provenance
+        if weights.warm_start_from is not None:
+            provenance["warm_start_from"] = weights.warm_start_from
+    return bundle, provenance
 
 
 class _ServingModule(torch.nn.Module):
@@ -148,9 +137,8 @@ class _ServingModule(torch.nn.Module):
         return {key: resolved[signature].outputs[alias] for key, (signature, alias) in self._selection.items()}
 
 
-def _trace(estimator: Estimator, module: torch.nn.Module, receiver: ServingInputReceiver,
-           ) -> tuple[Any, dict[str, Any], dict[str, torch.Tensor]]:
-    call_model_fn = estimator._model_fn_caller()
+def _trace(bundle: InferenceBundle, receiver: ServingInputReceiver) -> tuple[Any, dict[str, Any], dict[str, torch.Tensor]]:
+    module, call_model_fn = bundle.module, bundle.call_model_fn
     examples = receiver.example_inputs()
     spec = _probe(call_model_fn, module, receiver, examples)
     plan, selection = _plan_signatures(spec)

@@ -29,10 +29,11 @@ def latest_version(export_dir_base: str | os.PathLike[str]) -> str | None:
     versions = list_versions(base)
     if not versions:
         return None
-    return _version_path(base, versions[-1])
+    return version_path(base, versions[-1])
 
 
-def _version_path(base: str, version: int) -> str:
+def version_path(base: str, version: int) -> str:
+    """The folder of ``version`` under ``base``."""
     # Keep the folder's own spelling (leading zeros are legal, if odd).
     for entry in os.listdir(base):
         if entry.isascii() and entry.isdigit() and int(entry) == version:

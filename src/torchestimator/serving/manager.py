@@ -35,7 +35,7 @@ import torch
 
 from torchestimator.export import ExportedModel, list_versions, load
 from torchestimator.export.receiver import parse_dtype
-from torchestimator.export.versions import _version_path
+from torchestimator.export.versions import version_path
 from torchestimator.serving.config import ModelConfig, VersionPolicy
 from torchestimator.serving.errors import ServingError, invalid_argument, not_found
 
@@ -236,7 +236,7 @@ class ModelManager:
             return bool(loaded) | self._unload_unaspired(set(aspired))
 
     def _load(self, version: int) -> bool:
-        path = _version_path(self.base_path, version)
+        path = version_path(self.base_path, version)
         fingerprint = _fingerprint(path)
         if self._failed_fingerprints.get(version) == fingerprint:
             return False

@@ -1,0 +1,177 @@
+"""The stateful parts of a training run, and how they become one checkpoint and come back from it.
+
+Every part has ``state_dict()`` / ``load_state_dict()``, the protocol
+``torch.distributed.checkpoint`` calls ``Stateful``. The parts are typed
+fields of ``TrainingParts`` rather than entries of a dict, and each has a
+scope:
+
+- shared, the same on every replica: the model's weights, the optimizer, the
+  learning-rate scheduler, the grad scaler. The chief writes them once.
+- per replica: the TrainState (step, generator states) and the input source's
+  position (TFRecord shards differ per replica). Every replica's is gathered
+  and written, and each replica gets its own back.
+
+This module decides compatibility (weights must fit exactly, optimizer state
+only if it fits, else it starts fresh with one warning); the store
+(store.py) knows files, atomicity and retention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import torch
+
+from torchestimator.state import TrainState
+
+logger = logging.getLogger("torchestimator")
+
+FORMAT_VERSION = 2
+"""Of state.json's ``extra``: 2 keeps per-replica states under ``replicas``; 1 (read too) kept parallel lists."""
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """What a part of a checkpoint provides (torch.distributed.checkpoint.stateful.Stateful)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None: ...
+
+
+def resumable(source: Any) -> Stateful | None:
+    """The input source as a stateful part, or None for inputs that cannot resume (a plain DataLoader)."""
+    return source if hasattr(source, "state_dict") and hasattr(source, "load_state_dict") else None
+
+
+@dataclasses.dataclass
+class TrainingParts:
+    """The registered stateful parts of one train call."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    train_state: TrainState
+    lr_scheduler: Stateful | None = None
+    grad_scaler: torch.amp.GradScaler | None = None
+    input_source: Stateful | None = None
+
+    SHARED: ClassVar[tuple[str, ...]] = ("optimizer", "lr_scheduler", "grad_scaler")
+    """Parts besides the weights that are the same on every replica; their names name their state on disk."""
+
+    def shared_parts(self) -> dict[str, Stateful]:
+        return {name: getattr(self, name) for name in self.SHARED if getattr(self, name) is not None}
+
+    def replica_state(self) -> dict[str, Any]:
+        """This replica's own state: the train state and where its input stands."""
+        position = self.input_source.state_dict() if self.input_source is not None else None
+        self.train_state.input_position = position
+        return {"train_state": self.train_state.state_dict(), "input_source": position}
+
+    def payload(self, replica_states: list[dict[str, Any]]) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+        """(weights, shared training state, state.json extra) for the checkpoint store; chief only."""
+        extra = {
+            "format_version": FORMAT_VERSION,
+            "global_step": self.train_state.global_step,
+            "replicas": replica_states,
+            "num_replicas": len(replica_states),
+            "optimizer_signature": optimizer_signature(self.optimizer),
+            "torch_version": torch.__version__,
+        }
+        return self.model.state_dict(), {name: part.state_dict() for name, part in self.shared_parts().items()}, extra
+
+    def restore(self, checkpoint: Any, replica_id: int, num_replicas: int) -> dict[str, Any] | None:
+        """The shared parts and the train state (generator states too) from ``checkpoint``; returns this
+        replica's saved input position, for the input source built after (input_fn may draw random numbers).
+
+        The weights are not restored here: the Estimator loads them into the plain module before wrapping.
+        """
+        restore_shared(checkpoint, self.shared_parts(), self.optimizer)
+        replicas = replica_states(checkpoint)
+        if len(replicas) == num_replicas:
+            mine, same_replicas = replicas[replica_id], True
+        else:
+            # Global positions (numpy_input_fn's) are the same on every replica; per-shard ones refuse a foreign one.
+            mine, same_replicas = replicas[0], False
+            logger.warning(
+                "Random number generator states were not restored: %s was written by %d replica(s), this run has %d. "
+                "Resume is not bit-exact.", checkpoint.path, len(replicas), num_replicas,
+            )
+        self.train_state.load_state_dict(mine["train_state"], restore_rng=same_replicas)
+        self.train_state.global_step = checkpoint.step
+        return mine.get("input_source")
+
+
+def restore_shared(checkpoint: Any, parts: Mapping[str, Stateful], optimizer: torch.optim.Optimizer) -> None:
+    """Restores optimizer, scheduler and scaler state if they fit; otherwise they start fresh with one warning."""
+    saved_signature = checkpoint.extra.get("optimizer_signature")
+    current_signature = optimizer_signature(optimizer)
+    saved_state = checkpoint.optimizer_state or {}
+    if saved_signature != current_signature or "optimizer" not in saved_state:
+        logger.warning(
+            "The optimizer changed since %s (was %s with parameter groups %s, now %s with %s): model weights and "
+            "global_step are restored, the optimizer state starts fresh.",
+            checkpoint.path, (saved_signature or {}).get("class", "no optimizer state"),
+            (saved_signature or {}).get("param_group_sizes"),
+            current_signature["class"], current_signature["param_group_sizes"],
+        )
+        return
+    for name, part in parts.items():
+        if name not in saved_state:
+            logger.warning("Checkpoint %s has no %s state; it starts fresh.", checkpoint.path, name)
+            continue
+        part.load_state_dict(saved_state[name])
+
+
+def replica_states(checkpoint: Any) -> list[dict[str, Any]]:
+    """Each replica's saved state, in rank order, from either format of state.json's extra."""
+    extra = checkpoint.extra
+    if isinstance(extra.get("replicas"), list) and extra["replicas"]:
+        return extra["replicas"]
+    # Format 1: parallel lists of RNG states and input positions.
+    rngs = extra.get("rng") or [None]
+    positions = extra.get("input_positions")
+    if not isinstance(positions, list) or len(positions) != len(rngs):
+        positions = [extra.get("input_position")] * len(rngs)
+    return [{"train_state": {"global_step": checkpoint.step, "input_position": position, "rng": rng},
+             "input_source": position} for rng, position in zip(rngs, positions)]
+
+
+def optimizer_signature(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """What must match for optimizer state to be reusable: its class and its parameter groups' sizes."""
+    cls = type(optimizer)
+    return {
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "param_group_sizes": [len(group["params"]) for group in optimizer.param_groups],
+    }
+
+
+def load_model_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
+    """Loads weights strictly, naming the variable and both shapes on any mismatch."""
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(
+            f"The checkpoint {source} does not fit this model. Variables the model has but the checkpoint lacks: "
+            f"{missing[:10]}{' ...' if len(missing) > 10 else ''}; variables in the checkpoint the model lacks: "
+            f"{unexpected[:10]}{' ...' if len(unexpected) > 10 else ''}. Use a fresh model_dir, or warm start "
+            "to load a different model's weights."
+        )
+    for name, tensor in expected.items():
+        if tuple(tensor.shape) != tuple(state[name].shape):
+            raise ValueError(
+                f"The checkpoint {source} does not fit this model: variable {name!r} has shape "
+                f"{list(state[name].shape)} in the checkpoint and {list(tensor.shape)} in the model."
+            )
+    module.load_state_dict(state, strict=True)
+
+
+def first_non_finite(module: torch.nn.Module) -> str | None:
+    """The name of the first floating-point variable holding a NaN or an infinity, or None."""
+    for name, tensor in module.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return name
+    return None
