@@ -546,3 +546,21 @@ def test_header_declaring_billions_of_shards_fails_fast(tmp_path):
 def test_snappy_block_declaring_more_than_snappy_can_hold():
     with pytest.raises(WeightSourceError, match="declares 4611686018427387904 bytes"):
         snappy_decompress(_varint(1 << 62) + b"\x00a", "f", 0)
+
+
+def test_record_the_protobuf_runtime_refuses_is_an_error_naming_file_and_key(tmp_path):
+    tool = _tool()
+    # The shape field declares 5 bytes and 1 follows.
+    prefix = tool.tf_checkpoint(str(tmp_path / "ckpt"), {"x": b"\x08\x01\x12\x05\x12"}, b"")
+    with pytest.raises(WeightSourceError, match=r"ckpt\.index: cannot decode the entry of b'x': not a valid "
+                                                r"serialized BundleEntryProto .*; the checkpoint is corrupt"):
+        open_tensorflow(prefix)
+    graph = b"\x0a\x04\x0a\x02\x08\x07"  # node 0 has a child, node 7, in a graph of one node
+    data = tool.varint(len(graph)) + struct.pack("<I", masked_crc32c(struct.pack("<I", len(graph)))) + graph
+    entry = tool.tf_entry(7, [], 0, len(data), masked_crc32c(struct.pack("<I", len(graph)) + data[-4 - len(graph):]))
+    prefix = tool.tf_checkpoint(str(tmp_path / "graph"), {"_CHECKPOINTABLE_OBJECT_GRAPH": entry}, data)
+    with open_tensorflow(prefix) as checkpoint:
+        with pytest.raises(WeightSourceError, match=r"graph\.data-00000-of-00001: cannot decode "
+                                                    r"_CHECKPOINTABLE_OBJECT_GRAPH: a reference to node 7, but the "
+                                                    r"graph has 1 nodes"):
+            checkpoint.model_variables()
