@@ -22,6 +22,7 @@ catches it::
     ├── NotARegularFileError(ValueError)      a named file is a folder, FIFO, device or socket; .path, .kind
     ├── FileTooLargeError(ValueError)         a named file over its bound; .path, .size, .limit
     ├── ServingError                          a request the server refuses; .code (TF's), .http_status
+    ├── BodyTooLarge(ValueError)              a request body that inflates past the server's limit (answered 413)
     ├── ServingClientError                    the server answered an error; .status, .message, .url
     ├── RelaunchError(RuntimeError)           the program cannot be started again as the other replicas
     └── ReplicaFailedError(RuntimeError)      run_in_processes: a replica raised or died; .rank, .exception_type
@@ -37,6 +38,7 @@ import errno as errno_codes
 from typing import Any
 
 __all__ = [
+    "BodyTooLarge",
     "CheckpointError",
     "ConfigError",
     "ConfigTypeError",
@@ -212,6 +214,10 @@ class ServingError(TorchEstimatorError):
     @property
     def http_status(self) -> int:
         return HTTP_STATUS[self.code]
+
+
+class BodyTooLarge(TorchEstimatorError, ValueError):
+    """The decoded body would exceed the server's limit (app.py answers 413, as for a large raw body)."""
 
 
 class ServingClientError(TorchEstimatorError):
