@@ -122,9 +122,12 @@ def test_mirrored_strategy_checks_its_arguments(arguments: dict, message: str) -
         MirroredStrategy(**arguments)
 
 
-def test_mirrored_strategy_reads_no_environment_when_built(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RANK", "not a number")
-    strategy = MirroredStrategy(num_replicas=2)  # the environment is read by setup(), not here
+def test_mirrored_strategy_reads_the_environment_in_setup_not_when_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {"RANK": "not a number", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    strategy = MirroredStrategy(num_replicas=2)  # builds although the environment is broken: nothing read yet
+    with pytest.raises(ValueError, match="RANK must be an integer"):
+        strategy.setup()
     assert not strategy.is_set_up
 
 
