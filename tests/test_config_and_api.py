@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 import pytest
+import torch
 
 import torchestimator as te
 from conftest import classifier_model_fn, input_fns, make_estimator
@@ -59,7 +60,7 @@ def test_public_surface_is_pinned():
         "TrainState", "dataset_input_fn", "export", "freeze", "metrics", "numpy_input_fn", "pandas_input_fn",
         "param_groups", "unfreeze", "BestCheckpointPolicy", "EarlyStopping", "EvalSpec", "TrainSpec", "run_evaluator",
         "stop_if_higher_hook", "stop_if_lower_hook", "stop_if_no_decrease_hook", "stop_if_no_increase_hook",
-        "train_and_evaluate",
+        "train_and_evaluate", "TorchEstimatorError", "WarmStartSettings", "errors", "init_from_checkpoint",
     ])
     assert [name for name in te.__all__ if not hasattr(te, name)] == []  # `from torchestimator import *` works
 
@@ -140,11 +141,23 @@ def test_progress_bar_only_when_asked_or_on_a_terminal(monkeypatch, capsys):
     assert "train:" in buffer.getvalue() and "/3" in buffer.getvalue()
 
 
-def test_fp16_mixed_precision_saves_and_restores_the_grad_scaler(tmp_path):
+def test_fp16_mixed_precision_saves_and_restores_the_grad_scaler(tmp_path, monkeypatch):
+    scalers: list[torch.amp.GradScaler] = []
+
+    class GrowingScaler(torch.amp.GradScaler):
+        """Changes its scale at every step, so a scaler that started fresh after resume would differ."""
+
+        def __init__(self, device: str) -> None:
+            super().__init__(device, growth_interval=1)
+            scalers.append(self)
+
+    monkeypatch.setattr(torch.amp, "GradScaler", GrowingScaler)
     train, _, _, _ = input_fns()
-    estimator = make_estimator(tmp_path, mixed_precision="fp16", save_checkpoints_steps=5)
-    estimator.train(train, max_steps=5)
-    checkpoint = estimator._store.restore()
-    assert "grad_scaler" in checkpoint.optimizer_state
-    assert checkpoint.optimizer_state["grad_scaler"]["scale"] > 0
-    make_estimator(tmp_path, mixed_precision="fp16", save_checkpoints_steps=5).train(train, max_steps=8)
+    make_estimator(tmp_path / "straight", mixed_precision="fp16", save_checkpoints_steps=5).train(train, max_steps=8)
+    straight_scale = scalers[-1].get_scale()
+    make_estimator(tmp_path / "resumed", mixed_precision="fp16", save_checkpoints_steps=5).train(train, max_steps=5)
+    saved_scale = scalers[-1].get_scale()
+    make_estimator(tmp_path / "resumed", mixed_precision="fp16", save_checkpoints_steps=5).train(train, max_steps=8)
+    assert saved_scale != 65536.0  # it moved in the first 5 steps
+    assert scalers[-1].get_scale() == straight_scale
+    assert scalers[-1].state_dict() == scalers[0].state_dict()

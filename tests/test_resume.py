@@ -91,11 +91,30 @@ def test_optimizer_change_keeps_weights_and_step_and_resets_state(tmp_path, te_l
     assert np.abs(after["net.0.weight"] - saved["net.0.weight"]).max() < 0.2
 
 
+def _recording_adam(built):
+    def optimizer(parameters):
+        built.append(torch.optim.Adam(parameters, lr=1e-2))
+        return built[-1]
+
+    return optimizer
+
+
 def test_same_optimizer_restores_its_state(tmp_path, te_logs):
     train, _, _, _ = input_fns()
-    make_estimator(tmp_path).train(train, max_steps=5)
-    make_estimator(tmp_path).train(train, max_steps=6)
+    straight: list[torch.optim.Optimizer] = []
+    make_estimator(tmp_path / "straight", optimizer=_recording_adam(straight)).train(train, max_steps=6)
+    resumed: list[torch.optim.Optimizer] = []
+    make_estimator(tmp_path / "resumed", optimizer=_recording_adam(resumed)).train(train, max_steps=5)
+    make_estimator(tmp_path / "resumed", optimizer=_recording_adam(resumed)).train(train, max_steps=6)
     assert "optimizer changed" not in te_logs.text
+    # Adam's moments and step counts after the resumed step equal those of the uninterrupted run: a state that
+    # started fresh at step 5 would have step 1 and other moments.
+    expected, actual = straight[-1].state_dict()["state"], resumed[-1].state_dict()["state"]
+    assert sorted(actual) == sorted(expected) and len(expected) > 0
+    for index, slots in expected.items():
+        for slot, tensor in slots.items():
+            torch.testing.assert_close(actual[index][slot], tensor, rtol=0, atol=0, msg=f"param {index} {slot}")
+    assert int(actual[0]["step"]) == 6
 
 
 def test_checkpoint_from_a_different_model_names_variable_and_shapes(tmp_path):

@@ -3,7 +3,7 @@
 The public API, re-exported; nothing else lives here.
 """
 
-from torchestimator import export, metrics
+from torchestimator import errors, export, metrics
 from torchestimator.config import RunConfig
 from torchestimator.data.inputs import dataset_input_fn, numpy_input_fn, pandas_input_fn
 from torchestimator.distribute import InputContext, MirroredStrategy, OneDeviceStrategy
@@ -28,10 +28,11 @@ from torchestimator.hooks import (
     StopAtStepHook,
     SummarySaverHook,
 )
-from torchestimator.errors import NanLossDuringTrainingError
+from torchestimator.errors import NanLossDuringTrainingError, TorchEstimatorError
 from torchestimator.spec import EstimatorSpec, ModeKeys
 from torchestimator.state import TrainState
 from torchestimator.training import EvalSpec, TrainSpec, run_evaluator, train_and_evaluate
+from torchestimator.warm_start import WarmStartSettings, init_from_checkpoint
 
 __version__ = "0.1.0"
 
@@ -56,11 +57,15 @@ __all__ = [
     "StepCounterHook",
     "StopAtStepHook",
     "SummarySaverHook",
+    "TorchEstimatorError",
     "TrainSpec",
     "TrainState",
+    "WarmStartSettings",
     "dataset_input_fn",
+    "errors",
     "export",
     "freeze",
+    "init_from_checkpoint",
     "metrics",
     "numpy_input_fn",
     "pandas_input_fn",

@@ -294,7 +294,7 @@ class Estimator:
         if config.log_step_count_steps is not None:
             hooks.append(LoggingTensorHook({"loss": "loss", "step": "step"}, every_n_iter=config.log_step_count_steps))
             hooks.append(StepCounterHook(every_n_steps=config.log_step_count_steps))
-        return HookList([*hooks, *user_hooks.hooks])
+        return HookList([*hooks, *user_hooks.hooks], config=config)
 
     def _checkpointer(self, strategy: Any, saving_listeners: Iterable[CheckpointSaverListener] | None) -> Checkpointer | None:
         config = self._config

@@ -51,7 +51,7 @@ from torchestimator.checkpoint import CheckpointError
 from torchestimator.checkpoint.errors import DiskFullError, is_no_room
 from torchestimator.distribute.launcher import EVALUATOR, PS, cluster_from_tf_config
 from torchestimator.early_stopping import EarlyStoppingRule
-from torchestimator.hooks.base import CheckpointSaverListener, Hook
+from torchestimator.hooks.base import CheckpointSaverListener, Hook, check_hook
 from torchestimator.inference import InferenceBundle
 from torchestimator.state import TrainState
 from torchestimator.summary import read_scalars
@@ -92,8 +92,7 @@ class TrainSpec:
         object.__setattr__(self, "hooks", tuple(self.hooks or ()))
         object.__setattr__(self, "saving_listeners", tuple(self.saving_listeners or ()))
         for hook in self.hooks:
-            if not isinstance(hook, Hook):
-                raise TypeError(f"TrainSpec: hooks must be te.Hook instances; received {hook!r}.")
+            check_hook(hook, "TrainSpec: hooks")
         for listener in self.saving_listeners:
             if not isinstance(listener, CheckpointSaverListener):
                 raise TypeError(
@@ -134,8 +133,7 @@ class EvalSpec:
         _check_non_negative("EvalSpec", "throttle_secs", self.throttle_secs)
         object.__setattr__(self, "hooks", tuple(self.hooks or ()))
         for hook in self.hooks:
-            if not isinstance(hook, Hook):
-                raise TypeError(f"EvalSpec: hooks must be te.Hook instances; received {hook!r}.")
+            check_hook(hook, "EvalSpec: hooks")
         object.__setattr__(self, "exporters", _check_exporters(self.exporters))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import zlib
 
+from torchestimator.errors import BodyTooLarge
 from torchestimator.serving.errors import invalid_argument
 
 __all__ = ["SUPPORTED_CODINGS", "BodyTooLarge", "decode_content"]
@@ -20,10 +21,6 @@ __all__ = ["SUPPORTED_CODINGS", "BodyTooLarge", "decode_content"]
 # Content coding -> zlib's wbits: gzip's header and trailer, or zlib's (RFC 9110 8.4.1).
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 SUPPORTED_CODINGS = ("identity", *_WBITS)
-
-
-class BodyTooLarge(ValueError):
-    """The decoded body would exceed the server's limit (app.py answers 413, as for a large raw body)."""
 
 
 def decode_content(body: bytes, content_encoding: str | None, limit: int) -> bytes:
