@@ -139,3 +139,20 @@ def test_one_replica_strategy_answers_its_collectives_locally():
     assert strategy.all_gather_object({"rank": 0}) == [{"rank": 0}]
     totals = torch.tensor([3.0, 4.0])
     assert strategy.reduce_sum(totals) is totals
+
+
+def _threads_around_a_strategy():
+    torch.set_num_threads(2)
+    strategy = te.MirroredStrategy(num_replicas=2)
+    strategy.setup()
+    during = torch.get_num_threads()
+    strategy.teardown()
+    return during, torch.get_num_threads()
+
+
+@pytest.mark.slow
+def test_a_strategy_gives_back_the_thread_count_it_lowered():
+    from torchestimator.testing import run_in_processes
+
+    # OMP_NUM_THREADS=1 in each replica (as torchrun sets it): setup lowers torch's process-wide count, teardown restores it.
+    assert run_in_processes(_threads_around_a_strategy, nprocs=2, timeout=120) == [(1, 2), (1, 2)]

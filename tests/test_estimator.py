@@ -305,20 +305,22 @@ def test_variables_of_a_damaged_model_dir_fall_back_or_name_every_damaged_checkp
             call()
 
 
-def test_deterministic_algorithms_are_on_while_training_and_the_callers_setting_comes_back(tmp_path):
+def test_deterministic_algorithms_are_on_while_training_and_the_callers_setting_comes_back(tmp_path, monkeypatch):
     class Observe(te.Hook):
-        seen: list[bool] = []
+        seen: list[tuple[bool, str | None]] = []
 
         def after_step(self, run_context):
-            self.seen.append(torch.are_deterministic_algorithms_enabled())
+            self.seen.append((torch.are_deterministic_algorithms_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
 
     train, _, _, _ = input_fns()
     assert not torch.are_deterministic_algorithms_enabled()
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     try:
         observe = Observe()
         make_estimator(tmp_path, deterministic=True).train(train, hooks=[observe], max_steps=3)
-        assert observe.seen == [True, True, True]
+        assert observe.seen == [(True, ":4096:8")] * 3
         assert not torch.are_deterministic_algorithms_enabled()  # process-wide in torch: not left on for what follows
+        assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
         torch.use_deterministic_algorithms(True, warn_only=True)
         make_estimator(tmp_path / "second", deterministic=True).train(train, max_steps=2)
         assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()

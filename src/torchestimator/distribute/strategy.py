@@ -338,6 +338,7 @@ class MirroredStrategy(Strategy):
         self._find_unused_parameters = find_unused_parameters
         self._timeout = datetime.timedelta(seconds=timeout_seconds)
         self._created_group = False
+        self._threads_before: int | None = None  # the process-wide thread count setup lowered, for teardown
 
     def __repr__(self) -> str:
         return f"MirroredStrategy(num_replicas={self._requested_replicas}, backend={self._backend!r})"
@@ -433,7 +434,7 @@ class MirroredStrategy(Strategy):
         local_rank = cluster.local_rank if cluster is not None else rank
         local_world_size = cluster.local_world_size if cluster is not None else world_size
         device = self._pick_device(local_rank, local_world_size)
-        _limit_threads(local_world_size)
+        self._threads_before = _limit_threads(local_world_size)
         return Placement(
             device=device, num_replicas=world_size, replica_id=rank,
             local_replica_id=local_rank, local_num_replicas=local_world_size,
@@ -442,9 +443,12 @@ class MirroredStrategy(Strategy):
     def _after_group_created(self, local_world_size: int) -> None:
         self._created_group = True
         atexit.register(self.teardown)
-        _limit_threads(local_world_size)
+        self._threads_before = _limit_threads(local_world_size)
 
     def _teardown(self) -> None:
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
         if self._created_group:
             atexit.unregister(self.teardown)
             if distributed.is_initialized():
@@ -498,11 +502,17 @@ def _as_device(device: str | int | torch.device) -> torch.device:
     )
 
 
-def _limit_threads(local_world_size: int) -> None:
-    """Share the CPU cores among the local replicas, never raising a count the user set."""
+def _limit_threads(local_world_size: int) -> int | None:
+    """Share the CPU cores among the local replicas, never raising a count the user set.
+
+    Returns the count before, when it changed, for teardown to put back (the count is process-wide).
+    """
     configured = os.environ.get("OMP_NUM_THREADS", "")
     target = int(configured) if configured.isdigit() and int(configured) > 0 else None
     if target is None:
         target = max(1, (os.cpu_count() or 1) // local_world_size)
-    if torch.get_num_threads() > target:
+    before = torch.get_num_threads()
+    if before > target:
         torch.set_num_threads(target)
+        return before
+    return None
