@@ -222,9 +222,29 @@ def storage(request, tmp_path) -> Storage:
     return make_storage(request.param, tmp_path)
 
 
-def test_storages_satisfy_the_protocol(tmp_path):
-    assert isinstance(InMemoryStorage(), Storage)
-    assert isinstance(LocalStorage(tmp_path), Storage)
+def test_storages_behave_alike_behind_the_protocol(storage):
+    # The store's policy is written once against Storage, so the fake must answer as the disk does.
+    assert storage.read_manifest() is None and storage.list_folders() == []
+    storage.write_file(".tmp-ckpt-1-x", "a.bin", b"0123456789")
+    storage.write_file(".tmp-ckpt-1-x", "a.bin", b"abcdef")  # rewritten whole, not patched
+    assert storage.read_file(".tmp-ckpt-1-x", "a.bin") == b"abcdef"
+    assert storage.read_file(".tmp-ckpt-1-x", "a.bin", start=2, length=3) == b"cde"
+    with pytest.raises(FileNotFoundError):
+        storage.read_file(".tmp-ckpt-1-x", "missing.bin")
+    storage.rename_folder(".tmp-ckpt-1-x", "ckpt-1")
+    storage.write_file("ckpt-2", "a.bin", b"2")
+    assert storage.list_folders() == ["ckpt-1", "ckpt-2"]
+    with pytest.raises(FileExistsError):
+        storage.rename_folder("ckpt-1", "ckpt-2")
+    assert storage.read_file("ckpt-2", "a.bin") == b"2" and storage.read_file("ckpt-1", "a.bin") == b"abcdef"
+    storage.delete_folder("ckpt-2")
+    storage.delete_folder("ckpt-2")  # a missing folder is not an error
+    assert storage.list_folders() == ["ckpt-1"]
+    storage.replace_manifest(b"one")
+    storage.replace_manifest(b"two")
+    assert storage.read_manifest() == b"two"
+    assert storage.remove_stale_temporaries() == []  # this process's writes left no temporary behind
+    assert storage.location("ckpt-1") == f"{storage.root}/ckpt-1"
 
 
 def test_weights_round_trip_bit_exact(storage):
@@ -384,6 +404,22 @@ def local_store(tmp_path):
     for step in (1, 2, 3):
         store.save(step, small_state(float(step)), {"momentum": {0: torch.full((2,), float(step))}})
     return store, tmp_path / "model_dir"
+
+
+def test_a_failed_atomic_write_keeps_the_old_file_and_names_the_target(tmp_path, monkeypatch):
+    import torchestimator.atomic as atomic
+
+    target = tmp_path / "best.json"
+    atomic.write_bytes_atomically(str(target), b"old")
+
+    def no_room(descriptor):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(atomic.os, "fsync", no_room)
+    with pytest.raises(OSError) as raised:
+        atomic.write_bytes_atomically(str(target), b"new")
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(target)
+    assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["best.json"]  # no temporary left
 
 
 def test_staging_folder_left_by_a_crash_is_ignored_then_removed(local_store):

@@ -1,7 +1,11 @@
-"""Durable, atomic file writes shared by the checkpoint store, exports and the best-model records.
+"""Durable, atomic file writes: the one implementation the checkpoint store's ``LocalStorage``, exports,
+the run's settings and the best-model records all call.
 
 A reader never sees half a file: write a temporary file next to the target,
-fsync it, rename it over the target, fsync the folder.
+fsync it, rename it over the target, fsync the folder (``write_bytes_atomically``).
+A checkpoint folder is published the same way, one level up: its files are
+written and fsynced in a staging folder (``write_durably``), which is then
+renamed whole (``rename_durably``).
 
 Temporary names carry the writer's pid and host (``.<name>.tmp-<pid>-h<host>-<random>``,
 ``writer_tag``), so that what a killed writer left behind can be told from what
@@ -55,28 +59,44 @@ def temporary_prefix(target_name: str) -> str:
     return f".{target_name}.tmp-{writer_tag()}-"
 
 
+def write_durably(path: str, data: bytes, *, exclusive: bool = False) -> None:
+    """Writes `data` to `path` and fsyncs it: the bytes are on disk when this returns.
+
+    Not atomic by itself: `write_bytes_atomically` writes a temporary name with it, and a checkpoint's
+    files are written with it into a staging folder that is renamed whole (`rename_durably`).
+    `exclusive`: fail if `path` exists (a temporary name is never reused).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
+    # Not mkstemp: its 0600 mode would make the file unreadable to others; 0666 & ~umask as for open().
+    descriptor = os.open(path, flags, 0o666)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def rename_durably(source: str, target: str) -> None:
+    """Renames `source` (a file, or a folder whose entries are first made durable) over `target`, then makes
+    the rename itself durable by fsyncing the folder that holds `target`."""
+    if os.path.isdir(source):
+        fsync_directory(source)  # a folder's entries must be on disk before the rename makes it visible
+    os.replace(source, target)
+    fsync_directory(os.path.dirname(os.path.abspath(target)))
+
+
 def write_bytes_atomically(path: str, data: bytes) -> None:
     """Replaces `path` with `data` so that readers see the old file or the new one, never a mix."""
     folder = os.path.dirname(os.path.abspath(path))
     temporary = os.path.join(folder, temporary_prefix(os.path.basename(path)) + secrets.token_hex(4))
-    # Not mkstemp: its 0600 mode would make the file unreadable to others; 0666 & ~umask as for open().
     try:
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except OSError as error:
-        raise _naming(error, path) from error
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
+        write_durably(temporary, data, exclusive=True)
+        rename_durably(temporary, path)
     except BaseException as error:
         if os.path.exists(temporary):
             os.remove(temporary)
-        if isinstance(error, OSError) and error.filename is None:
-            raise _naming(error, path) from error  # a failed write() names no file
+        if isinstance(error, OSError) and error.filename in (None, temporary):
+            raise _naming(error, path) from error  # a failed write() names no file, a failed open the temporary
         raise
-    fsync_directory(folder)
 
 
 def _naming(error: OSError, path: str) -> OSError:

@@ -3,8 +3,9 @@
 A storage holds a flat set of folders (``ckpt-100``, ``.tmp-ckpt-200-4242``),
 each a set of files, plus one manifest. It knows nothing about steps,
 retention or checksums: that policy is written once, in ``store.py``, against
-this protocol. ``LocalStorage`` is the real one (a directory on disk, with
-fsync and atomic renames); ``InMemoryStorage`` is a fake for tests.
+this protocol. ``LocalStorage`` is the real one (a directory on disk; its
+fsyncs and renames are ``atomic.py``'s, the one durable writer of the
+package); ``InMemoryStorage`` is a fake for tests.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 import shutil
 from typing import Protocol, runtime_checkable
 
-from torchestimator.atomic import fsync_directory, remove_stale_temporaries, write_bytes_atomically
+from torchestimator.atomic import remove_stale_temporaries, rename_durably, write_bytes_atomically, write_durably
 
 __all__ = ["Storage", "LocalStorage", "InMemoryStorage", "MANIFEST_NAME"]
 
@@ -83,10 +84,7 @@ class LocalStorage:
     def write_file(self, folder: str, filename: str, data: bytes) -> None:
         directory = self.location(folder)
         os.makedirs(directory, exist_ok=True)
-        with open(os.path.join(directory, filename), "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
+        write_durably(os.path.join(directory, filename), data)
 
     def read_file(self, folder: str, filename: str, start: int = 0, length: int | None = None) -> bytes:
         with open(os.path.join(self.location(folder), filename), "rb") as stream:
@@ -105,10 +103,7 @@ class LocalStorage:
         source_path, target_path = self.location(source), self.location(target)
         if os.path.exists(target_path):
             raise FileExistsError(f"Cannot rename {source_path} to {target_path}: the target exists.")
-        # The folder's entries must be durable before the rename makes it visible.
-        fsync_directory(source_path)
-        os.rename(source_path, target_path)
-        fsync_directory(self.root)
+        rename_durably(source_path, target_path)
 
     def delete_folder(self, folder: str) -> None:
         path = self.location(folder)
