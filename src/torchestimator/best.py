@@ -63,13 +63,9 @@ class BestCheckpointPolicy:
             raise ValueError(f"keep must be an int >= 1 (how many best checkpoints to keep); received {keep!r}.")
         self.keep = keep
 
-    @property
-    def metric_name(self) -> str:
-        return self.objective.metric_name
-
-    @property
-    def higher_is_better(self) -> bool:
-        return self.objective.higher_is_better
+    # Read from the objective, so that the policy and its comparison cannot disagree.
+    metric_name = property(lambda self: self.objective.metric_name, doc="The compared metric (read-only).")
+    higher_is_better = property(lambda self: self.objective.higher_is_better, doc="Its direction (read-only).")
 
     def __repr__(self) -> str:
         return (f"BestCheckpointPolicy(metric_name={self.metric_name!r}, higher_is_better={self.higher_is_better}, "

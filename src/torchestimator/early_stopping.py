@@ -217,10 +217,15 @@ def _arguments(function: str, args: tuple[Any, ...], keywords: dict[str, Any], n
 
 _Rule = TypeVar("_Rule", bound=EarlyStoppingRule)
 _OPTIONS = (("eval_dir", None), ("min_steps", 0), ("run_every_secs", None), ("run_every_steps", None))
+_SUMMARIES = {
+    "stop_if_higher_hook": "stop once the metric of an evaluation at step >= min_steps exceeds threshold.",
+    "stop_if_lower_hook": "stop once the metric of an evaluation at step >= min_steps falls below threshold.",
+    "stop_if_no_increase_hook": "stop when the metric has not increased for that many global steps.",
+    "stop_if_no_decrease_hook": "stop when the metric has not decreased for that many global steps.",
+}
 
 
-def _tensorflow_form(function: str, second: str, rule: type[_Rule], direction: dict[str, bool],
-                     summary: str) -> Callable[..., _Rule]:
+def _tensorflow_form(function: str, second: str, rule: type[_Rule], **direction: bool) -> Callable[..., _Rule]:
     """TensorFlow's ``function([estimator,] metric_name, <second>, *, eval_dir=None, min_steps=0, run_every_secs=None,
     run_every_steps=None)``, building ``rule(metric_name, <second>, **direction, min_steps=..., ...)``.
 
@@ -249,20 +254,14 @@ def _tensorflow_form(function: str, second: str, rule: type[_Rule], direction: d
 
     make_rule.__name__ = make_rule.__qualname__ = function
     make_rule.__signature__ = signature  # type: ignore[attr-defined]  # what help() and inspect show
-    make_rule.__doc__ = (f"``{function}([estimator,] metric_name, {second}, *, min_steps=0, ...)``: {summary} "
-                         "``estimator`` and ``eval_dir`` are accepted for TensorFlow's call form and ignored.")
+    make_rule.__doc__ = (f"``{function}([estimator,] metric_name, {second}, *, min_steps=0, ...)``: "
+                         f"{_SUMMARIES[function]} ``estimator`` and ``eval_dir`` are accepted for TensorFlow's call form and ignored.")
     return make_rule
 
 
-stop_if_higher_hook = _tensorflow_form(
-    "stop_if_higher_hook", "threshold", ThresholdRule, {"higher": True},
-    "stop once the metric of an evaluation at step >= min_steps exceeds threshold.")
-stop_if_lower_hook = _tensorflow_form(
-    "stop_if_lower_hook", "threshold", ThresholdRule, {"higher": False},
-    "stop once the metric of an evaluation at step >= min_steps falls below threshold.")
-stop_if_no_increase_hook = _tensorflow_form(
-    "stop_if_no_increase_hook", "max_steps_without_increase", NoImprovementRule, {"increase": True},
-    "stop when the metric has not increased for that many global steps.")
-stop_if_no_decrease_hook = _tensorflow_form(
-    "stop_if_no_decrease_hook", "max_steps_without_decrease", NoImprovementRule, {"increase": False},
-    "stop when the metric has not decreased for that many global steps.")
+stop_if_higher_hook = _tensorflow_form("stop_if_higher_hook", "threshold", ThresholdRule, higher=True)
+stop_if_lower_hook = _tensorflow_form("stop_if_lower_hook", "threshold", ThresholdRule, higher=False)
+stop_if_no_increase_hook = _tensorflow_form("stop_if_no_increase_hook", "max_steps_without_increase",
+                                            NoImprovementRule, increase=True)
+stop_if_no_decrease_hook = _tensorflow_form("stop_if_no_decrease_hook", "max_steps_without_decrease",
+                                            NoImprovementRule, increase=False)
