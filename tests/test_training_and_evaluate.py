@@ -242,12 +242,12 @@ def test_best_checkpoint_survives_restart_and_is_protected_from_retention(tmp_pa
     first = estimator(tmp_path, keep_checkpoint_max=1)
     train_and_evaluate(first, TrainSpec(train, max_steps=20), EvalSpec(scored_eval_input(0.2), throttle_secs=0),
                        best=policy)
-    assert best_checkpoint(first).endswith("ckpt-10")  # ties keep the earlier step
+    assert best_checkpoint(first.checkpoint_store).endswith("ckpt-10")  # ties keep the earlier step
     # A new estimator and policy (as a new process) compare against the record, not the first result they see.
     second = estimator(tmp_path, keep_checkpoint_max=1)
     train_and_evaluate(second, TrainSpec(train, max_steps=40), EvalSpec(scored_eval_input(0.6), throttle_secs=0),
                        best=BestCheckpointPolicy("score", higher_is_better=False))
-    assert best_checkpoint(second).endswith("ckpt-10")
+    assert best_checkpoint(second.checkpoint_store).endswith("ckpt-10")
     assert [(record.step, record.value) for record in read_best(tmp_path)] == [(10, pytest.approx(0.2))]
     assert second._store.manifest["best"] == [10]
     assert sorted(os.listdir(tmp_path / "ckpt-10")) and {e["step"] for e in second._store.history()} == {10, 40}
@@ -255,7 +255,7 @@ def test_best_checkpoint_survives_restart_and_is_protected_from_retention(tmp_pa
     third = estimator(tmp_path, keep_checkpoint_max=1)
     train_and_evaluate(third, TrainSpec(train, max_steps=60), EvalSpec(scored_eval_input(0.1), throttle_secs=10_000),
                        best=BestCheckpointPolicy("score", higher_is_better=False))
-    assert best_checkpoint(third).endswith("ckpt-50")
+    assert best_checkpoint(third.checkpoint_store).endswith("ckpt-50")
     third.train(train, max_steps=70)
     assert {e["step"] for e in third._store.history()} == {50, 70}
 
@@ -267,19 +267,19 @@ def test_best_policy_keeps_several_and_records_atomically(tmp_path):
     est.train(train, max_steps=40)
     policy = BestCheckpointPolicy("accuracy", higher_is_better=True, keep=2)
     with pytest.raises(ValueError, match="no checkpoint of that step"):
-        policy.update(est, 30, {"accuracy": 0.9})
+        policy.update(est.checkpoint_store, 30, {"accuracy": 0.9})
     est._store.save(30, {"w": torch.zeros(1)})  # a checkpoint to rank (retention would otherwise have removed it)
-    assert policy.update(est, 30, {"accuracy": 0.8}) is True
-    assert policy.update(est, 40, {"accuracy": 0.7}) is True
+    assert policy.update(est.checkpoint_store, 30, {"accuracy": 0.8}) is True
+    assert policy.update(est.checkpoint_store, 40, {"accuracy": 0.7}) is True
     est._store.save(50, {"w": torch.zeros(1)})
-    assert policy.update(est, 50, {"accuracy": 0.9}) is True  # pushes out 40
+    assert policy.update(est.checkpoint_store, 50, {"accuracy": 0.9}) is True  # pushes out 40
     assert [record.step for record in read_best(tmp_path)] == [50, 30]
     assert est._store.manifest["best"] == [30, 50]
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".best-")]  # no temporary file left
     document = json.loads((tmp_path / BEST_FILE).read_text())
     assert document["metric_name"] == "accuracy" and document["higher_is_better"] is True
     # A policy on another metric does not compare against this record.
-    assert BestCheckpointPolicy("loss").update(est, 50, {"loss": 3.0}) is True
+    assert BestCheckpointPolicy("loss").update(est.checkpoint_store, 50, {"loss": 3.0}) is True
     assert [record.step for record in read_best(tmp_path)] == [50]
 
 
@@ -291,7 +291,7 @@ def test_best_policy_argument_errors():
 
 
 def test_best_checkpoint_is_none_without_a_record(tmp_path):
-    assert best_checkpoint(estimator(tmp_path)) is None
+    assert best_checkpoint(estimator(tmp_path).checkpoint_store) is None
 
 
 # -- the evaluator process ------------------------------------------------------------------------
@@ -398,7 +398,7 @@ def test_a_kill_between_best_json_and_the_manifest_loses_no_best_checkpoint(tmp_
     est = estimator(tmp_path, keep_checkpoint_max=1)
     est.train(train, max_steps=10)
     policy = BestCheckpointPolicy("score", higher_is_better=False)
-    policy.update(est, 10, {"score": 0.2})
+    policy.update(est.checkpoint_store, 10, {"score": 0.2})
     est.train(train, max_steps=20)
 
     write_best_file = best_module._write_best_file
@@ -409,14 +409,14 @@ def test_a_kill_between_best_json_and_the_manifest_loses_no_best_checkpoint(tmp_
 
     monkeypatch.setattr(best_module, "_write_best_file", killed_after_writing)
     with pytest.raises(KeyboardInterrupt):
-        policy.update(est, 20, {"score": 0.1})
+        policy.update(est.checkpoint_store, 20, {"score": 0.1})
     assert [record.step for record in read_best(tmp_path)] == [20]
     restarted = estimator(tmp_path, keep_checkpoint_max=1)
     restarted.train(train, max_steps=40)
-    assert best_checkpoint(restarted).endswith("ckpt-20")
+    assert best_checkpoint(restarted.checkpoint_store).endswith("ckpt-20")
     assert {entry["step"] for entry in restarted._store.history()} == {10, 20, 40}  # old and new best kept
     # The next evaluation puts the manifest in line with best.json: step 10 is released to retention.
-    BestCheckpointPolicy("score", higher_is_better=False).update(restarted, 40, {"score": 0.5})
+    BestCheckpointPolicy("score", higher_is_better=False).update(restarted.checkpoint_store, 40, {"score": 0.5})
     assert restarted._store.manifest["best"] == [20]
     restarted.train(train, max_steps=50)
     assert {entry["step"] for entry in restarted._store.history()} == {20, 50}
@@ -426,11 +426,11 @@ def test_a_lost_manifest_keeps_the_best_checkpoints_recorded_in_best_json(tmp_pa
     train, _, _, _ = input_fns()
     est = estimator(tmp_path, keep_checkpoint_max=1)
     est.train(train, max_steps=10)
-    BestCheckpointPolicy("score", higher_is_better=False).update(est, 10, {"score": 0.2})
+    BestCheckpointPolicy("score", higher_is_better=False).update(est.checkpoint_store, 10, {"score": 0.2})
     os.remove(tmp_path / "checkpoint")  # rebuilt by scanning, which cannot know the best steps
     restarted = estimator(tmp_path, keep_checkpoint_max=1)
     restarted.train(train, max_steps=30)
-    assert best_checkpoint(restarted).endswith("ckpt-10")
+    assert best_checkpoint(restarted.checkpoint_store).endswith("ckpt-10")
     assert restarted._store.manifest["best"] == [10]
 
 
@@ -444,8 +444,8 @@ def test_a_crafted_best_json_is_compared_afresh_with_a_warning_naming_it(tmp_pat
     (tmp_path / BEST_FILE).write_text(json.dumps({"format_version": 1, "metric_name": "score",
                                                   "higher_is_better": False, "best": [item]}))
     assert read_best(tmp_path) == []
-    assert best_checkpoint(est) is None
+    assert best_checkpoint(est.checkpoint_store) is None
     with caplog.at_level("WARNING"):
-        assert BestCheckpointPolicy("score", higher_is_better=False).update(est, 10, {"score": 0.3}) is True
+        assert BestCheckpointPolicy("score", higher_is_better=False).update(est.checkpoint_store, 10, {"score": 0.3}) is True
     assert str(tmp_path / BEST_FILE) in caplog.text
     assert [(record.step, record.value) for record in read_best(tmp_path)] == [(10, pytest.approx(0.3))]

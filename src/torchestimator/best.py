@@ -79,9 +79,8 @@ class BestCheckpointPolicy:
     def update(self, store: CheckpointStore, global_step: int, results: Mapping[str, Any]) -> bool:
         """Compares the evaluation of ``global_step`` with the recorded best; True if it joined the best.
 
-        ``store`` is the CheckpointStore of the model_dir (an object holding it as ``_store``, the
-        estimator, is still accepted). Writes ``best.json`` and the manifest's ``best`` list when they
-        change. Call it in the chief only (the store has one writer); the other replicas get the answer
+        ``store`` is the model_dir's CheckpointStore (``Estimator.checkpoint_store``). Writes
+        ``best.json`` and the manifest's ``best`` list when they change. Call it in the chief only (the store has one writer); the other replicas get the answer
         from the chief.
         """
         value = self.check_results(global_step, results)
@@ -164,10 +163,7 @@ def protect_recorded_best(model_dir: str | os.PathLike[str], store: Any) -> None
 
 
 def best_checkpoint(store: CheckpointStore) -> str | None:
-    """Path of the best checkpoint recorded for the store's model_dir; None when none is recorded.
-
-    An object holding the store as ``_store`` (the estimator) is still accepted.
-    """
+    """Path of the best checkpoint recorded for the store's model_dir; None when none is recorded."""
     for record in read_best(_as_store(store).model_dir):
         if record.path is not None:
             return record.path
@@ -175,13 +171,9 @@ def best_checkpoint(store: CheckpointStore) -> str | None:
 
 
 def _as_store(owner: Any) -> CheckpointStore:
-    """The CheckpointStore itself, or the one an estimator holds (the call shape before the store was passed)."""
     if isinstance(owner, CheckpointStore):
         return owner
-    store = getattr(owner, "_store", None)
-    if isinstance(store, CheckpointStore):
-        return store
-    raise TypeError(f"Expected the model_dir's CheckpointStore (estimator's checkpoint store); received {owner!r}.")
+    raise TypeError(f"Expected the model_dir's CheckpointStore (Estimator.checkpoint_store); received {owner!r}.")
 
 
 def _stored_value(item: Mapping[str, Any]) -> float:

@@ -40,7 +40,7 @@ from torchestimator.export.outputs import resolve_export_outputs
 from torchestimator.export.receiver import ServingInputReceiver, as_receiver, dtype_name
 from torchestimator.inference import BundleSource, InferenceBundle
 from torchestimator.spec import ModeKeys, validate_spec
-from torchestimator.atomic import fsync_directory
+from torchestimator.atomic import fsync_directory, write_durably
 
 __all__ = ["export_saved_model"]
 
@@ -305,10 +305,7 @@ def _json_bytes(payload: Any) -> bytes:
 def _write_file(path: str, data: bytes) -> None:
     """Plain Python I/O, so that a full disk or a file size limit is an OSError naming the file."""
     try:
-        with open(path, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        write_durably(path, data)
     except OSError as error:
         raise OSError(error.errno, f"Could not write {len(data)} bytes of the export ({_reason(error)})",
                       path) from error
