@@ -16,7 +16,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from torchestimator.atomic import writer_tag
+from torchestimator._io.atomic import writer_tag
 from torchestimator.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -407,7 +407,7 @@ def local_store(tmp_path):
 
 
 def test_a_failed_atomic_write_keeps_the_old_file_and_names_the_target(tmp_path, monkeypatch):
-    import torchestimator.atomic as atomic
+    import torchestimator._io.atomic as atomic
 
     target = tmp_path / "best.json"
     atomic.write_bytes_atomically(str(target), b"old")

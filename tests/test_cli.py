@@ -129,7 +129,7 @@ def readme_serving_commands_answer(cwd, model_dir, demo_output):
 
     request_file = demo_output.split("curl -d @")[1].split()[0]
     assert request_file == os.path.join(model_dir, "serving_request.json")
-    export = subprocess.run([sys.executable, "-m", "torchestimator.cli", "export", "torchestimator.demo", "--model_dir",
+    export = subprocess.run([sys.executable, "-m", "torchestimator.cli", "export", "torchestimator.cli.demo", "--model_dir",
                              model_dir, "--export_dir", "export/digits"], capture_output=True, text=True, timeout=300,
                             cwd=cwd)
     assert export.returncode == 0, export.stderr
@@ -196,7 +196,7 @@ def test_train_and_evaluate_command(tmp_path, model_file, capsys):
     assert main(["train-and-evaluate", model_file, "--model_dir", model_dir, "--max_steps", "10"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["results"]["global_step"] == 10 and "accuracy" in printed["results"]
-    from torchestimator.summary import read_scalars
+    from torchestimator._io.summary import read_scalars
 
     assert [step for step, _ in read_scalars(os.path.join(model_dir, "eval"))["accuracy"]] == [5, 10]
 

@@ -9,8 +9,8 @@ import torch
 
 import torchestimator as te
 from conftest import classifier_model_fn, input_fns, make_estimator
-from torchestimator.progress import Progress
-from torchestimator.summary import read_scalars
+from torchestimator._core.progress import Progress
+from torchestimator._io.summary import read_scalars
 
 
 def test_run_config_defaults_follow_tensorflow():

@@ -8,10 +8,10 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchestimator as te
-from torchestimator import loop
+from torchestimator._core import loop
 from torchestimator.checkpoint import CheckpointStore
 from torchestimator.export import LatestExporter, TensorSpec, serving_input_receiver
-from torchestimator.summary import read_scalars
+from torchestimator._io.summary import read_scalars
 
 from conftest import SmallNet, classifier_model_fn, make_classification, make_estimator
 

@@ -91,7 +91,7 @@ def test_two_replicas_match_one_replica_with_twice_the_batch(tmp_path):
     assert results_0["global_step"] == 12
     assert len([f for f in files if f.startswith("events.out.tfevents")]) == 1  # only the chief writes
     # TensorBoard's loss is the mean over both replicas' shards, which is the loss of the whole global batch.
-    from torchestimator.summary import read_scalars
+    from torchestimator._io.summary import read_scalars
 
     two_losses, one_losses = read_scalars(str(tmp_path / "two"))["loss"], read_scalars(str(tmp_path / "one"))["loss"]
     assert [step for step, _ in two_losses] == [step for step, _ in one_losses] == [4, 8, 12]

@@ -10,11 +10,11 @@ import os
 import pytest
 import torch
 
-from torchestimator.best import BestCheckpointPolicy, best_checkpoint
+from torchestimator._policy.best import BestCheckpointPolicy, best_checkpoint
 from torchestimator.checkpoint import CheckpointStore
 from torchestimator.export import BestExporter, TensorSpec, read_best_eval, saved_model, serving_input_receiver
-from torchestimator.improvement import Objective
-from torchestimator.early_stopping import (
+from torchestimator._policy.improvement import Objective
+from torchestimator._policy.early_stopping import (
     EarlyStopping,
     stop_if_higher_hook,
     stop_if_lower_hook,
@@ -128,7 +128,7 @@ def test_wrong_positional_count_is_a_type_error():
 
 
 def test_tensorflow_keyword_call_forms_are_accepted():
-    from torchestimator import early_stopping as es
+    from torchestimator._policy import early_stopping as es
 
     values = [(10, 1.0), (50, 0.9), (100, 0.95), (160, 0.92)]
     by_keyword = es.stop_if_no_decrease_hook(None, metric_name="loss", max_steps_without_decrease=100, min_steps=10)

@@ -198,7 +198,7 @@ def test_lr_scheduler_steps_once_per_global_step_and_resumes(tmp_path):
     build(tmp_path).train(train, max_steps=15)
     estimator = build(tmp_path)
     estimator.train(train, max_steps=25)
-    from torchestimator.summary import read_scalars
+    from torchestimator._io.summary import read_scalars
 
     rates = dict(read_scalars(str(tmp_path))["learning_rate"])
     assert rates[5] == pytest.approx(0.05)
@@ -208,7 +208,7 @@ def test_lr_scheduler_steps_once_per_global_step_and_resumes(tmp_path):
 
 def test_model_dir_whose_checkpoints_are_all_damaged_is_an_error(tmp_path):
     from torchestimator.export import TensorSpec, serving_input_receiver
-    from torchestimator.inspection import describe
+    from torchestimator.cli.inspection import describe
 
     train, evaluate, predict, _ = input_fns()
     make_estimator(tmp_path, save_checkpoints_steps=5).train(train, max_steps=10)
@@ -275,7 +275,7 @@ def test_full_disk_at_start_says_disk_full_and_leaves_no_probe(tmp_path, monkeyp
         handle = real_open(path, mode, *args, **kwargs)
         return FullFile(handle) if "w" in mode else handle
 
-    monkeypatch.setattr("torchestimator.estimator.open", full_open, raising=False)
+    monkeypatch.setattr("torchestimator._core.estimator.open", full_open, raising=False)
     train, _, _, _ = input_fns()
     with pytest.raises(OSError) as raised:
         make_estimator(tmp_path).train(train, max_steps=2)

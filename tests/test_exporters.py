@@ -26,7 +26,7 @@ from torchestimator.export import (
     serving_input_receiver,
 )
 from torchestimator.export import saved_model
-from torchestimator.training import EvalSpec
+from torchestimator._policy.train_and_evaluate import EvalSpec
 
 RECEIVER = serving_input_receiver({"x": TensorSpec(shape=(None, 8), dtype=torch.float32)})
 

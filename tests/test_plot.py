@@ -21,7 +21,7 @@ def test_plot_writes_a_png_with_train_and_eval_panels(tmp_path, capsys):
     path = capsys.readouterr().out.strip().split()[-1]
     with open(path, "rb") as handle:
         assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
-    from torchestimator.plot import _evaluation_dirs
+    from torchestimator.cli.plot import _evaluation_dirs
 
     assert set(_evaluation_dirs(str(tmp_path / "run"))) == {"eval", "eval_holdout"}
 

@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from torchestimator import cli, records_cli
+from torchestimator import cli
+
+from torchestimator.cli import records as records_cli
 from torchestimator.data.example import decode_example, encode_example, encode_sequence_example
 from torchestimator.data.tfrecord import TFRecordWriter, iter_records
 

@@ -1,4 +1,4 @@
-"""Tests for torchestimator.summary: event files written lazily and read back with TensorBoard's readers."""
+"""Tests for torchestimator._io.summary: event files written lazily and read back with TensorBoard's readers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 
-from torchestimator.summary import EVENT_FILE_PATTERN, SummaryWriter, read_scalars
+from torchestimator._io.summary import EVENT_FILE_PATTERN, SummaryWriter, read_scalars
 
 
 def _event_files(logdir):

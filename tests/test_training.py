@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import torchestimator as te
 from conftest import SmallNet, classifier_model_fn, input_fns, make_classification, make_estimator, read_only_directory
-from torchestimator.summary import read_scalars
+from torchestimator._io.summary import read_scalars
 
 
 # -- BatchNorm -----------------------------------------------------------------

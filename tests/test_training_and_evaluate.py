@@ -14,12 +14,12 @@ import torch.nn.functional as F
 
 import torchestimator as te
 from conftest import SmallNet, adam, input_fns, make_classification, make_estimator
-import torchestimator.best as best_module
-from torchestimator.best import BEST_FILE, BestCheckpointPolicy, best_checkpoint, read_best
-from torchestimator.early_stopping import EarlyStopping, stop_if_higher_hook, stop_if_no_decrease_hook
-from torchestimator.summary import read_scalars
+import torchestimator._policy.best as best_module
+from torchestimator._policy.best import BEST_FILE, BestCheckpointPolicy, best_checkpoint, read_best
+from torchestimator._policy.early_stopping import EarlyStopping, stop_if_higher_hook, stop_if_no_decrease_hook
+from torchestimator._io.summary import read_scalars
 from torchestimator.testing import run_in_processes
-from torchestimator.training import EvalSpec, TrainSpec, run_evaluator, train_and_evaluate
+from torchestimator._policy.train_and_evaluate import EvalSpec, TrainSpec, run_evaluator, train_and_evaluate
 
 
 def scored_model_fn(model, features, labels, mode):

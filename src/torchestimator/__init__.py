@@ -4,19 +4,19 @@ The public API, re-exported; nothing else lives here.
 """
 
 from torchestimator import errors, export, metrics
-from torchestimator.config import RunConfig
+from torchestimator._core.config import RunConfig
 from torchestimator.data.inputs import dataset_input_fn, numpy_input_fn, pandas_input_fn
 from torchestimator.distribute import InputContext, MirroredStrategy, OneDeviceStrategy
-from torchestimator.estimator import Estimator
-from torchestimator.best import BestCheckpointPolicy
-from torchestimator.early_stopping import (
+from torchestimator._core.estimator import Estimator
+from torchestimator._policy.best import BestCheckpointPolicy
+from torchestimator._policy.early_stopping import (
     EarlyStopping,
     stop_if_higher_hook,
     stop_if_lower_hook,
     stop_if_no_decrease_hook,
     stop_if_no_increase_hook,
 )
-from torchestimator.finetune import freeze, param_groups, unfreeze
+from torchestimator._core.finetune import freeze, param_groups, unfreeze
 from torchestimator.hooks import (
     CheckpointSaverHook,
     CheckpointSaverListener,
@@ -29,9 +29,9 @@ from torchestimator.hooks import (
     SummarySaverHook,
 )
 from torchestimator.errors import NanLossDuringTrainingError, TorchEstimatorError
-from torchestimator.spec import EstimatorSpec, ModeKeys
-from torchestimator.state import TrainState
-from torchestimator.training import EvalSpec, TrainSpec, run_evaluator, train_and_evaluate
+from torchestimator._core.spec import EstimatorSpec, ModeKeys
+from torchestimator._core.state import TrainState
+from torchestimator._policy.train_and_evaluate import EvalSpec, TrainSpec, run_evaluator, train_and_evaluate
 from torchestimator.warm_start import WarmStartSettings, init_from_checkpoint
 
 __version__ = "0.1.0"

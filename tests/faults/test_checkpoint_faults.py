@@ -115,7 +115,7 @@ def _fill(path):
 
 def test_event_files_on_a_full_disk_raise_disk_full_naming_the_file_once(full_tmpfs):
     from torchestimator.checkpoint import DiskFullError
-    from torchestimator.summary import SummaryWriter
+    from torchestimator._io.summary import SummaryWriter
 
     model_dir, fill = full_tmpfs
     writer = SummaryWriter(model_dir)
@@ -132,9 +132,9 @@ def test_event_files_on_a_full_disk_raise_disk_full_naming_the_file_once(full_tm
 
 def test_best_json_on_a_full_disk_is_disk_full_naming_it_and_the_step(full_tmpfs, monkeypatch):
     import torchestimator as te
-    from torchestimator.best import BestCheckpointPolicy
+    from torchestimator._policy.best import BestCheckpointPolicy
     from torchestimator.checkpoint import DiskFullError
-    from torchestimator.training import EvalSpec, TrainSpec, train_and_evaluate
+    from torchestimator._policy.train_and_evaluate import EvalSpec, TrainSpec, train_and_evaluate
 
     model_dir, fill = full_tmpfs
     estimator, input_fn = tool._estimator(str(model_dir))

@@ -19,7 +19,7 @@ from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
 from torchestimator.data.tfrecord import TFRecordWriter, masked_crc32c
-from torchestimator.summary import SummaryWriter
+from torchestimator._io.summary import SummaryWriter
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 EVENT_NAME = "events.out.tfevents.1700000000.host.1.0"
@@ -28,7 +28,7 @@ CHILD = r"""
 import json, logging, sys
 sys.path.insert(0, sys.argv[1])
 from faults_common import limit_memory
-from torchestimator.summary import read_scalars
+from torchestimator._io.summary import read_scalars
 
 warnings = []
 

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from torchestimator.state import TrainState
+from torchestimator._core.state import TrainState
 
 logger = logging.getLogger("torchestimator")
 

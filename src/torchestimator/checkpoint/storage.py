@@ -14,7 +14,7 @@ import os
 import shutil
 from typing import Protocol, runtime_checkable
 
-from torchestimator.atomic import remove_stale_temporaries, rename_durably, write_bytes_atomically, write_durably
+from torchestimator._io.atomic import remove_stale_temporaries, rename_durably, write_bytes_atomically, write_durably
 
 __all__ = ["Storage", "LocalStorage", "InMemoryStorage", "MANIFEST_NAME"]
 

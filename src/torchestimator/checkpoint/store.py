@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from torchestimator.atomic import WRITER_PATTERN, writer_is_gone, writer_tag
+from torchestimator._io.atomic import WRITER_PATTERN, writer_is_gone, writer_tag
 
 from . import format as checkpoint_format
 from .errors import CheckpointError, DiskFullError, is_no_room

@@ -11,7 +11,7 @@ How: the message classes are built at runtime from a `FileDescriptorProto`
 that mirrors TensorFlow's `.proto` files (`example_protos()`; no protoc step,
 no TensorFlow), in a private descriptor pool so that they never clash with a
 real TensorFlow import in the same process (both through
-`torchestimator._protobuf`, the one protobuf helper). Records are parsed and serialized
+`torchestimator._io.protobuf`, the one protobuf helper). Records are parsed and serialized
 by protobuf's C runtime (upb); numeric lists cross the Python boundary in bulk
 (float lists as packed little-endian bytes both ways), never one Python float
 at a time. Measured on one core for a typical record (an int64 label, 128
@@ -47,7 +47,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from torchestimator import _protobuf
+from torchestimator._io import protobuf as _protobuf
 from torchestimator.errors import ExampleDecodeError  # defined there with every public error; re-exported here
 
 __all__ = [

@@ -28,11 +28,11 @@ import torch
 from torchestimator.export import saved_model
 from torchestimator.export.receiver import ServingInputReceiver, as_receiver
 from torchestimator.export.versions import list_versions
-from torchestimator.atomic import write_json_atomically as _write_json_atomically
-from torchestimator.improvement import Objective
+from torchestimator._io.atomic import write_json_atomically as _write_json_atomically
+from torchestimator._policy.improvement import Objective
 
 if TYPE_CHECKING:
-    from torchestimator.estimator import Estimator
+    from torchestimator._core.estimator import Estimator
 
 __all__ = ["BestExporter", "Exporter", "FinalExporter", "LatestExporter", "garbage_collect_exports", "loss_smaller"]
 

@@ -29,7 +29,7 @@ from torchestimator.export.receiver import parse_dtype
 from torchestimator.export.program_format import LEGACY_FILE, PROGRAM_FILE, TENSORS_FILE, decode
 from torchestimator.export.saved_model import METADATA_FILE, SIGNATURE_FILE, SIGNATURE_FORMAT_VERSION
 from torchestimator.export.versions import latest_version
-from torchestimator.regular_file import FileTooLargeError, NotARegularFileError, read_regular_file
+from torchestimator._io.regular_file import FileTooLargeError, NotARegularFileError, read_regular_file
 
 __all__ = ["ExportedModel", "Signature", "TensorInfo", "load", "read_inputs"]
 

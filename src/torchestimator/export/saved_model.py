@@ -38,9 +38,9 @@ import torch
 from torchestimator.export import program_format
 from torchestimator.export.outputs import resolve_export_outputs
 from torchestimator.export.receiver import ServingInputReceiver, as_receiver, dtype_name
-from torchestimator.inference import BundleSource, InferenceBundle
-from torchestimator.spec import ModeKeys, validate_spec
-from torchestimator.atomic import fsync_directory, write_durably
+from torchestimator._core.inference import BundleSource, InferenceBundle
+from torchestimator._core.spec import ModeKeys, validate_spec
+from torchestimator._io.atomic import fsync_directory, write_durably
 
 __all__ = ["export_saved_model"]
 

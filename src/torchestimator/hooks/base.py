@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from torchestimator.state import TrainState
+from torchestimator._core.state import TrainState
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def check_hook(hook: Any, where: str = "hooks") -> None:
     """TypeError unless ``hook`` is a Hook; ``where`` names the argument in the message."""
     if isinstance(hook, Hook):
         return
-    from torchestimator.early_stopping import EarlyStoppingRule  # only on this error path: no import cost or circle
+    from torchestimator._policy.early_stopping import EarlyStoppingRule  # only on this error path: no import cost or circle
 
     if isinstance(hook, EarlyStoppingRule):
         raise TypeError(

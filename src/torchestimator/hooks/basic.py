@@ -12,7 +12,7 @@ import torch
 from torchestimator.errors import ConfigError
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, RunContext
 from torchestimator.hooks.triggers import Every
-from torchestimator.state import TrainState
+from torchestimator._core.state import TrainState
 
 logger = logging.getLogger("torchestimator")
 

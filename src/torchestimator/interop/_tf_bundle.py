@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from torchestimator import _protobuf
+from torchestimator._io import protobuf as _protobuf
 from torchestimator.interop._tf_protos import tf_protos
 from torchestimator.interop.source import WeightSourceError
 

@@ -1,7 +1,7 @@
 """The protobuf messages of a TensorFlow checkpoint, defined field for field as TensorFlow's .proto files define them.
 
 What belongs here: the field tables (names and numbers as in TensorFlow's
-sources) and the message classes built from them by `torchestimator._protobuf`,
+sources) and the message classes built from them by `torchestimator._io.protobuf`,
 parsed by the protobuf runtime. What does not: the table and block bytes around
 the records (`_sstable.py`), and what the records mean (`_tf_bundle.py`,
 `_tf_variables.py`, `tf_checkpoint.py`).
@@ -23,7 +23,7 @@ import functools
 from types import SimpleNamespace
 from typing import Any
 
-from torchestimator import _protobuf
+from torchestimator._io import protobuf as _protobuf
 
 __all__ = ["tf_protos"]
 

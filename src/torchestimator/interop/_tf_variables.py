@@ -19,7 +19,7 @@ import logging
 import re
 from collections.abc import Collection, Iterator
 
-from torchestimator import _protobuf
+from torchestimator._io import protobuf as _protobuf
 from torchestimator.interop._tf_protos import tf_protos
 
 __all__ = [

@@ -34,7 +34,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from torchestimator import _protobuf
+from torchestimator._io import protobuf as _protobuf
 from torchestimator.data.tfrecord import masked_crc32c
 from torchestimator.interop._sstable import FOOTER_SIZE, TABLE_MAGIC, VarintError, read_table, read_varint
 from torchestimator.interop._tf_bundle import (
@@ -60,7 +60,7 @@ from torchestimator.interop._tf_variables import (
     optimizer_slots,
 )
 from torchestimator.interop.source import TensorInfo, WeightSource, WeightSourceError, missing_tensor_error
-from torchestimator.regular_file import read_regular_file
+from torchestimator._io.regular_file import read_regular_file
 
 __all__ = [
     "BundleEntry",

@@ -10,7 +10,7 @@ How: the message classes are built at runtime from ``FileDescriptorProto``s
 that mirror TF Serving's ``.proto`` files field for field (names and numbers),
 in a private descriptor pool (no protoc step, no clash with a real TF Serving
 import), and the files are parsed by protobuf's own ``text_format`` (both
-through ``torchestimator._protobuf``, the one protobuf helper), so any
+through ``torchestimator._io.protobuf``, the one protobuf helper), so any
 file TF Serving accepts parses here, comments, commas and all. Fields we do not
 act on (``model_platform``, ``logging_config``, ...) parse and are ignored; the
 ones that change TF's behaviour are logged.
@@ -41,8 +41,8 @@ from collections.abc import Mapping
 from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
-from torchestimator import _protobuf
-from torchestimator.regular_file import FileTooLargeError, NotARegularFileError, open_regular_file, read_bounded
+from torchestimator._io import protobuf as _protobuf
+from torchestimator._io.regular_file import FileTooLargeError, NotARegularFileError, open_regular_file, read_bounded
 
 __all__ = [
     "DEFAULT_PROMETHEUS_PATH",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 
-from torchestimator.summary import read_scalars
+from torchestimator._io.summary import read_scalars
 
 
 def _evaluation_dirs(model_dir: str) -> dict[str, str]:

@@ -17,11 +17,11 @@ from typing import Any, Literal, Protocol
 import torch
 
 from torchestimator.hooks.base import Hook, HookList
-from torchestimator.eval_loops import EvalRun, eval_loop
+from torchestimator._core.eval_loops import EvalRun, eval_loop
 from torchestimator.metrics import MetricAccumulators
-from torchestimator.spec import EstimatorSpec, ModeKeys
-from torchestimator.state import TrainState
-from torchestimator.summary import SummaryWriter
+from torchestimator._core.spec import EstimatorSpec, ModeKeys
+from torchestimator._core.state import TrainState
+from torchestimator._io.summary import SummaryWriter
 
 logger = logging.getLogger("torchestimator")
 

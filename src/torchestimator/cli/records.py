@@ -5,7 +5,7 @@ What belongs here: argument parsing and the command handlers for
 `torchestimator records verify`, plus what only they need (reading an index
 CSV, typing its columns, decoding images, summarising a file's schema). What
 does not: the record format and the Example codec (`torchestimator.data`).
-`add_subcommands(subparsers)` adds the commands to cli.py's parser; each
+`add_subcommands(subparsers)` adds the commands to the cli package's parser; each
 handler takes the argparse Namespace and returns the exit code.
 
 `convert csv-to-tfrecord` writes one tf.train.Example per CSV row:
@@ -59,12 +59,12 @@ _EIGHT_BIT_MODES = {"L": "L", "RGB": "RGB", "RGBA": "RGBA", "1": "L", "P": "RGB"
 
 
 def add_subcommands(subparsers: Any) -> None:
-    """Adds `convert` and `records` (with their own subcommands) to cli.py's subparsers."""
+    """Adds `convert` and `records` (with their own subcommands) to the `torchestimator` parser's subparsers."""
     convert = subparsers.add_parser("convert", help="convert data to TFRecord files")
     convert_commands = convert.add_subparsers(dest="convert_command", required=True)
     csv_command = convert_commands.add_parser(
         "csv-to-tfrecord", help="an index CSV (label, file path, other columns) to sharded TFRecords of tf.train.Example",
-        description="One tf.train.Example per CSV row; see the torchestimator.records_cli docstring for the schema.")
+        description="One tf.train.Example per CSV row; see the torchestimator.cli.records docstring for the schema.")
     csv_command.add_argument("index", metavar="INDEX.csv", help="CSV with a header row")
     csv_command.add_argument("out_prefix", metavar="OUT_PREFIX", help="shards are OUT_PREFIX-00000-of-0000N.tfrecord")
     csv_command.add_argument("--num-shards", type=int, default=1, help="number of output files (default 1)")

@@ -12,13 +12,13 @@ from typing import Any
 
 import torch
 
-from torchestimator.batches import DeviceBatches, autocast
-from torchestimator.calling import batch_length
-from torchestimator.config import RunConfig
+from torchestimator._core.batches import DeviceBatches, autocast
+from torchestimator._core.calling import batch_length
+from torchestimator._core.config import RunConfig
 from torchestimator.hooks.base import HookList, RunContext
-from torchestimator.progress import Progress
-from torchestimator.spec import EstimatorSpec, ModeKeys, validate_spec
-from torchestimator.state import TrainState
+from torchestimator._core.progress import Progress
+from torchestimator._core.spec import EstimatorSpec, ModeKeys, validate_spec
+from torchestimator._core.state import TrainState
 
 
 def adopt_spec_hooks(hooks: HookList, spec_hooks: tuple[Any, ...], state: TrainState) -> None:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from torchestimator import metrics as metric_ops
-from torchestimator.spec import EstimatorSpec, ModeKeys
+from torchestimator._core.spec import EstimatorSpec, ModeKeys
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

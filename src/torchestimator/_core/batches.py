@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from torchestimator.calling import split_batch, to_device
-from torchestimator.config import MIXED_PRECISION_DTYPES, RunConfig
+from torchestimator._core.calling import split_batch, to_device
+from torchestimator._core.config import MIXED_PRECISION_DTYPES, RunConfig
 
 NO_CONTEXT = contextlib.nullcontext()  # reusable; saves building one per step
 

@@ -18,18 +18,18 @@ from typing import Any, Protocol
 
 import torch
 
-from torchestimator.batches import NO_CONTEXT, DeviceBatches, autocast_factory
+from torchestimator._core.batches import NO_CONTEXT, DeviceBatches, autocast_factory
 from torchestimator.checkpoint.checkpointer import Checkpointer
 from torchestimator.checkpoint.parts import TrainingParts
-from torchestimator.config import RunConfig
+from torchestimator._core.config import RunConfig
 from torchestimator.errors import NanLossDuringTrainingError
-from torchestimator.eval_loops import adopt_spec_hooks
-from torchestimator.finetune import apply_frozen_modes
+from torchestimator._core.eval_loops import adopt_spec_hooks
+from torchestimator._core.finetune import apply_frozen_modes
 from torchestimator.hooks.base import HookList, RunContext
 from torchestimator.hooks.triggers import Every
-from torchestimator.progress import Progress
-from torchestimator.spec import EstimatorSpec, ModeKeys, validate_spec
-from torchestimator.state import TrainState, rng_preserved
+from torchestimator._core.progress import Progress
+from torchestimator._core.spec import EstimatorSpec, ModeKeys, validate_spec
+from torchestimator._core.state import TrainState, rng_preserved
 
 logger = logging.getLogger("torchestimator")
 

@@ -46,15 +46,15 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from torchestimator.best import BestCheckpointPolicy
+from torchestimator._policy.best import BestCheckpointPolicy
 from torchestimator.checkpoint import CheckpointError
 from torchestimator.checkpoint.errors import DiskFullError, is_no_room
 from torchestimator.distribute.launcher import EVALUATOR, PS, cluster_from_tf_config
-from torchestimator.early_stopping import EarlyStoppingRule
+from torchestimator._policy.early_stopping import EarlyStoppingRule
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, check_hook
-from torchestimator.inference import InferenceBundle
-from torchestimator.state import TrainState
-from torchestimator.summary import read_scalars
+from torchestimator._core.inference import InferenceBundle
+from torchestimator._core.state import TrainState
+from torchestimator._io.summary import read_scalars
 
 logger = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from torchestimator.atomic import write_json_atomically
+from torchestimator._io.atomic import write_json_atomically
 from torchestimator.checkpoint.store import CheckpointStore
-from torchestimator.improvement import Objective
+from torchestimator._policy.improvement import Objective
 
 logger = logging.getLogger(__name__)
 

@@ -20,24 +20,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchestimator.atomic import temporary_prefix, write_bytes_atomically
-from torchestimator.best import protect_recorded_best
-from torchestimator.calling import call_factory, call_with, check_declared
+from torchestimator._io.atomic import temporary_prefix, write_bytes_atomically
+from torchestimator._policy.best import protect_recorded_best
+from torchestimator._core.calling import call_factory, call_with, check_declared
 from torchestimator.checkpoint import CheckpointStore
 from torchestimator.checkpoint.checkpointer import Checkpointer
 from torchestimator.checkpoint.parts import TrainingParts, load_model_state, restore_shared, resumable
 from torchestimator.checkpoint.errors import DiskFullError, is_no_room
-from torchestimator.config import RunConfig
+from torchestimator._core.config import RunConfig
 from torchestimator.distribute import OneDeviceStrategy
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, HookList
 from torchestimator.interop import open_weights
 from torchestimator.hooks.basic import LoggingTensorHook, StepCounterHook
-from torchestimator.eval_loops import EvalRun, predict_loop
-from torchestimator.inference import FRESH, InferenceBundle, WeightsOrigin
-from torchestimator.loop import InLoopEvaluation, TrainingRun, train_loop
-from torchestimator.spec import EstimatorSpec, ModeKeys
-from torchestimator.state import TrainState, seed_everything
-from torchestimator.summary import SummaryWriter
+from torchestimator._core.eval_loops import EvalRun, predict_loop
+from torchestimator._core.inference import FRESH, InferenceBundle, WeightsOrigin
+from torchestimator._core.loop import InLoopEvaluation, TrainingRun, train_loop
+from torchestimator._core.spec import EstimatorSpec, ModeKeys
+from torchestimator._core.state import TrainState, seed_everything
+from torchestimator._io.summary import SummaryWriter
 from torchestimator.warm_start import WarmStartPlan, as_warm_start_settings, plan_warm_start, warm_start
 
 logger = logging.getLogger("torchestimator")
@@ -127,7 +127,7 @@ class Estimator:
         precision, recall, auc, mse, mae, rmse) or {name: callable(labels, predictions) -> metric op}.
         Predictions are {"outputs"}, plus "class" and "probabilities" for classification losses.
         """
-        from torchestimator.module_estimator import build_model_fn, resolve_optimizer
+        from torchestimator._core.module_estimator import build_model_fn, resolve_optimizer
 
         model_fn = build_model_fn(loss, list(metrics) if metrics is not None and not isinstance(metrics, Mapping) else metrics)
         return cls(model_fn=model_fn, model=module, optimizer=resolve_optimizer(optimizer, learning_rate),
@@ -162,7 +162,7 @@ class Estimator:
 
     def best_checkpoint(self) -> str | None:
         """The best checkpoint recorded by train_and_evaluate's BestCheckpointPolicy, or None."""
-        from torchestimator.best import best_checkpoint
+        from torchestimator._policy.best import best_checkpoint
 
         return best_checkpoint(self._store)
 

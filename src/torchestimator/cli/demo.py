@@ -1,7 +1,7 @@
 """The digits demo: scikit-learn's 8x8 digits (shipped inside the package), a small MLP with BatchNorm.
 
 This module is also a model file for the CLI: `torchestimator train
-torchestimator.demo` finds model, model_fn, optimizer and the input
+torchestimator.cli.demo` finds model, model_fn, optimizer and the input
 functions here by name, as it would in a user's FILE.py.
 """
 
@@ -111,7 +111,7 @@ def run(model_dir: str = "runs/digits", steps: int = max_steps, progress_bar: bo
         estimator, te.TrainSpec(train_input_fn, max_steps=steps), eval_spec,
         best=te.BestCheckpointPolicy("accuracy", higher_is_better=True),
         early_stopping=te.stop_if_no_increase_hook("accuracy", max_steps_without_increase=600))
-    from torchestimator.best import read_best
+    from torchestimator._policy.best import read_best
 
     best = read_best(model_dir)
     export_base = os.path.join(model_dir, "export")

@@ -33,7 +33,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from torchestimator.improvement import BestSoFar, Objective, metric_value
+from torchestimator._policy.improvement import BestSoFar, Objective, metric_value
 
 logger = logging.getLogger(__name__)
 

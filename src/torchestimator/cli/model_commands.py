@@ -1,0 +1,166 @@
+"""The commands that run a model file's Estimator: train, train-and-evaluate, evaluate, predict, export."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+from torchestimator.cli.model_file import add_model_flags, build_estimator, jsonable, load_model_file, require
+
+
+def add_commands(commands: Any) -> None:
+    """Adds this module's subcommands to the `torchestimator` parser."""
+    for add in (_add_train, _add_train_and_evaluate, _add_evaluate, _add_predict, _add_export):
+        add(commands)
+
+
+def _add_train(commands: Any) -> None:
+    train = commands.add_parser("train", help="train (resuming from model_dir)")
+    add_model_flags(train)
+    train.add_argument("--max_steps", type=int, help="absolute global step to train to")
+    train.add_argument("--steps", type=int, help="steps to train beyond the current global step")
+    train.set_defaults(handler=_train)
+
+
+def _add_train_and_evaluate(commands: Any) -> None:
+    both = commands.add_parser("train-and-evaluate", help="train, evaluating (and exporting) along the way")
+    add_model_flags(both)
+    both.add_argument("--max_steps", type=int, help="absolute global step to train to")
+    both.add_argument("--evaluator", action="store_true",
+                      help="only evaluate: follow model_dir and evaluate each new checkpoint until max_steps")
+    both.add_argument("--poll_secs", type=float, default=None, help="with --evaluator: seconds between looks")
+    both.set_defaults(handler=_train_and_evaluate)
+
+
+def _add_evaluate(commands: Any) -> None:
+    evaluate = commands.add_parser("evaluate", help="evaluate the latest (or a given) checkpoint")
+    add_model_flags(evaluate)
+    evaluate.add_argument("--steps", type=int, help="evaluate this many batches (default: the whole input)")
+    evaluate.add_argument("--checkpoint_path")
+    evaluate.add_argument("--name", help="named evaluation: summaries go to model_dir/eval_<name>")
+    evaluate.set_defaults(handler=_evaluate)
+
+
+def _add_predict(commands: Any) -> None:
+    predict = commands.add_parser("predict", help="write predictions as JSON lines, or run an exported model")
+    predict.add_argument("model_file", nargs="?", help="FILE.py or module (not needed with --exported)")
+    predict.add_argument("--model_dir")
+    predict.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    predict.add_argument("--no_progress", action="store_true")
+    predict.add_argument("--exported", help="an exported model: a version folder or its base (newest version)")
+    predict.add_argument("--input", help="with --exported: inputs as .npz or .json")
+    predict.add_argument("--signature_name", default="serving_default")
+    predict.add_argument("--checkpoint_path")
+    predict.add_argument("--predict_keys", nargs="*")
+    predict.add_argument("--output", help="file for the JSON lines (default stdout)")
+    predict.add_argument("--limit", type=int, help="stop after this many examples")
+    predict.set_defaults(handler=_predict)
+
+
+def _add_export(commands: Any) -> None:
+    export = commands.add_parser("export", help="export the latest (or a given) checkpoint for serving")
+    add_model_flags(export)
+    export.add_argument("--export_dir", required=True, help="base folder; a new integer version is written inside")
+    export.add_argument("--checkpoint_path")
+    export.add_argument("--onnx", action="store_true", help="also write model.onnx where the model exports")
+    export.set_defaults(handler=_export)
+
+
+def _train(args: argparse.Namespace) -> int:
+    module = load_model_file(args.model_file)
+    estimator = build_estimator(module, args)
+    max_steps = args.max_steps if args.max_steps is not None else (None if args.steps else getattr(module, "max_steps", None))
+    estimator.train(require(module, "train_input_fn"), steps=args.steps, max_steps=max_steps)
+    print(f"trained to global step {_global_step(estimator)}; checkpoint {estimator.latest_checkpoint()}")
+    return 0
+
+
+def _global_step(estimator: Any) -> int | str:
+    path = estimator.latest_checkpoint()
+    return int(path.rsplit("-", 1)[-1]) if path else "?"
+
+
+def _train_and_evaluate(args: argparse.Namespace) -> int:
+    """FILE.py's train_spec / eval_spec(s) / best / early_stopping when it defines them, else ones built from
+    its input functions (evaluate the whole eval input at every checkpoint)."""
+    import torchestimator as te
+
+    module = load_model_file(args.model_file)
+    estimator = build_estimator(module, args)
+    max_steps = args.max_steps if args.max_steps is not None else getattr(module, "max_steps", None)
+    train_spec = getattr(module, "train_spec", None) or te.TrainSpec(require(module, "train_input_fn"),
+                                                                       max_steps=max_steps)
+    eval_spec = getattr(module, "eval_specs", None) or getattr(module, "eval_spec", None) or te.EvalSpec(
+        require(module, "eval_input_fn"), steps=None, throttle_secs=0, start_delay_secs=0)
+    if args.evaluator:  # a separate process following model_dir, as TF_CONFIG's evaluator task
+        results = te.run_evaluator(estimator, train_spec, eval_spec, poll_secs=args.poll_secs)
+        print(json.dumps({"results": results}, indent=2, sort_keys=True, default=str))
+        return 0
+    results, exports = te.train_and_evaluate(estimator, train_spec, eval_spec, best=getattr(module, "best", None),
+                                             early_stopping=getattr(module, "early_stopping", ()))
+    print(json.dumps({"results": results, "exports": exports}, indent=2, sort_keys=True, default=str))
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    module = load_model_file(args.model_file)
+    estimator = build_estimator(module, args)
+    results = estimator.evaluate(require(module, "eval_input_fn"), steps=args.steps,
+                                 checkpoint_path=args.checkpoint_path, name=args.name)
+    print(json.dumps(results, indent=2, sort_keys=True, default=float))
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    if args.exported:
+        return _predict_exported(args)
+    if args.model_file is None or args.model_dir is None:
+        raise SystemExit("torchestimator predict: give FILE.py and --model_dir, or --exported PATH --input FILE.")
+    module = load_model_file(args.model_file)
+    estimator = build_estimator(module, args)
+    out = open(args.output, "w") if args.output else sys.stdout
+    try:
+        for index, prediction in enumerate(estimator.predict(require(module, "predict_input_fn"),
+                                                             predict_keys=args.predict_keys,
+                                                             checkpoint_path=args.checkpoint_path)):
+            out.write(json.dumps(jsonable(prediction)) + "\n")
+            if args.limit is not None and index + 1 >= args.limit:
+                break
+    finally:
+        if args.output:
+            out.close()
+    return 0
+
+
+def _predict_exported(args: argparse.Namespace) -> int:
+    """Runs an exported model alone: no model file, no training code."""
+    from torchestimator.export import load, read_inputs
+
+    if not args.input:
+        raise SystemExit("torchestimator predict --exported needs --input FILE (.npz or .json).")
+    model = load(args.exported)
+    outputs = model(read_inputs(args.input), signature_name=args.signature_name)
+    if args.output and args.output.endswith(".npz"):
+        np.savez(args.output, **outputs)
+    else:
+        text = json.dumps(jsonable(outputs))
+        if args.output:
+            with open(args.output, "w") as handle:
+                handle.write(text + "\n")
+        else:
+            print(text)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    module = load_model_file(args.model_file)
+    estimator = build_estimator(module, args)
+    receiver = require(module, "serving_input_receiver")
+    path = estimator.export_saved_model(args.export_dir, receiver, checkpoint_path=args.checkpoint_path,
+                                        as_onnx=args.onnx)
+    print(f"exported {path}")
+    return 0

@@ -1,0 +1,72 @@
+"""`torchestimator serve`: TensorFlow Serving's REST API for exported models, with TF Serving's flags."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+
+def add_command(commands: Any) -> None:
+    serve = commands.add_parser("serve", help="TensorFlow Serving REST API for exported models")
+    serve.add_argument("--model_name", help="the name clients use in /v1/models/<name> (or --model_config_file)")
+    serve.add_argument("--model_base_path", help="folder of integer version folders (an export base)")
+    serve.add_argument("--model_config_file", help="TF Serving's model_config_list text file: several models, "
+                       "version policies (latest/all/specific) and version labels")
+    serve.add_argument("--model_config_file_poll_wait_seconds", type=float, default=0.0,
+                       help="re-read --model_config_file this often (0: once)")
+    serve.add_argument("--rest_api_port", type=int, default=8501)
+    serve.add_argument("--port", type=int, default=0,
+                       help="TF Serving's gRPC port: accepted so TF command lines run unchanged; not served")
+    serve.add_argument("--rest_api_host", default="127.0.0.1",
+                       help="default 127.0.0.1: unlike TF Serving, not every interface unless asked")
+    serve.add_argument("--file_system_poll_wait_seconds", type=float, default=1.0,
+                       help="look for new versions this often (0: only at start)")
+    serve.add_argument("--enable_batching", action="store_true",
+                       help="gather concurrent requests into one forward pass")
+    serve.add_argument("--batching_parameters_file", help="TF's BatchingParameters text file (max_batch_size { "
+                       "value: 32 } batch_timeout_micros { value: 1000 } ...); needs --enable_batching")
+    serve.add_argument("--allow_version_labels_for_unavailable_models", action="store_true")
+    serve.add_argument("--monitoring_config_file", help="TF's MonitoringConfig text file (prometheus_config { "
+                       "enable: true path: ... }); without it metrics are at --metrics_path")
+    serve.add_argument("--metrics_path", default="/monitoring/prometheus/metrics",
+                       help="Prometheus metrics page (TF Serving's path by default)")
+    serve.add_argument("--rest_api_num_threads", type=int, default=None,
+                       help="threads parsing, running and encoding requests (default: one per CPU core)")
+    serve.add_argument("--rest_api_timeout_in_ms", type=int, default=30000, help="0: no limit")
+    serve.add_argument("--max_body_bytes", type=int, default=64 * 1024 * 1024,
+                       help="larger request bodies are refused with 413")
+    serve.set_defaults(handler=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from torchestimator.serving import BatchingParameters, read_batching_parameters_file, read_monitoring_config_file
+    from torchestimator.serving import serve
+
+    if args.port:
+        logging.getLogger("torchestimator").warning(
+            "--port=%d (TF Serving's gRPC port) is accepted for compatibility, but only the REST API is served "
+            "(--rest_api_port=%d).", args.port, args.rest_api_port)
+    if args.batching_parameters_file and not args.enable_batching:
+        raise ValueError("--batching_parameters_file needs --enable_batching (as in TF Serving).")
+    batching = None
+    if args.enable_batching:
+        fields = read_batching_parameters_file(args.batching_parameters_file) if args.batching_parameters_file else {}
+        batching = BatchingParameters.from_fields(fields, source=args.batching_parameters_file or "defaults")
+    metrics_path = args.metrics_path
+    if args.monitoring_config_file:
+        monitoring = read_monitoring_config_file(args.monitoring_config_file)
+        metrics_path = monitoring.path if monitoring.enable else None
+    models = (f"the models in {args.model_config_file}" if args.model_config_file
+              else f"{args.model_name} from {args.model_base_path}")
+    print(f"serving {models} at http://{args.rest_api_host}:{args.rest_api_port}/v1/models/"
+          + ("" if args.model_config_file else args.model_name), flush=True)
+    serve(args.model_name, args.model_base_path, host=args.rest_api_host, port=args.rest_api_port,
+          model_config_file=args.model_config_file,
+          model_config_file_poll_wait_seconds=args.model_config_file_poll_wait_seconds,
+          file_system_poll_wait_seconds=args.file_system_poll_wait_seconds, batching=batching,
+          allow_version_labels_for_unavailable_models=args.allow_version_labels_for_unavailable_models,
+          num_threads=args.rest_api_num_threads, max_body_bytes=args.max_body_bytes,
+          timeout_seconds=args.rest_api_timeout_in_ms / 1000 if args.rest_api_timeout_in_ms > 0 else None,
+          metrics_path=metrics_path)
+    return 0

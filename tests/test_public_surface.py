@@ -1,0 +1,89 @@
+"""The public surface, pinned: what `import torchestimator` shows, and each public subpackage's `__all__`.
+
+A change here is an API change: add the name on purpose, with its docs, or keep it private (a leading underscore).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import torchestimator as te
+
+PUBLIC_SUBPACKAGES = {
+    "export": [
+        "BestExporter", "ClassificationOutput", "DEFAULT_SERVING_SIGNATURE_DEF_KEY", "ExportOutput",
+        "ExportedModel", "Exporter", "FinalExporter", "LatestExporter", "PredictOutput", "RegressionOutput",
+        "ServingInputReceiver", "Signature", "TensorInfo", "TensorSpec", "export_saved_model",
+        "garbage_collect_exports", "latest_version", "list_versions", "load", "loss_smaller", "read_best_eval",
+        "read_inputs", "serving_input_receiver"
+    ],
+    "serving": [
+        "BatchScheduler", "BatchingParameters", "Client", "DEFAULT_MAX_BODY_BYTES", "DEFAULT_METRICS_PATH",
+        "ModelConfig", "ModelManager", "MonitoringConfig", "RunningServer", "ServerSettings", "ServingClientError",
+        "ServingError", "ServingMetrics", "VersionPolicy", "VersionStatus", "build_app", "make_app",
+        "openapi_document", "parse_model_server_config", "read_batching_parameters_file", "read_model_config_file",
+        "read_monitoring_config_file", "serve", "start"
+    ],
+    "data": [
+        "DataLossError", "ExampleDecodeError", "FixedLenFeature", "FixedLenSequenceFeature", "RaggedFeature",
+        "RaggedValue", "ReadStats", "ResumableIterable", "SparseValue", "TFRecordDataset", "TFRecordLoader",
+        "TFRecordWriter", "VarLenFeature", "dataset_input_fn", "decode_example", "decode_raw",
+        "decode_sequence_example", "describe_batch_sizes", "encode_example", "encode_sequence_example",
+        "example_kinds", "example_protos", "iter_record_blocks", "iter_records", "list_files", "masked_crc32c",
+        "numpy_input_fn", "pandas_input_fn", "parse_example", "parse_single_example",
+        "parse_single_sequence_example", "read_records", "to_torch", "unmask_crc32c"
+    ],
+    "interop": [
+        "FORMATS", "TensorInfo", "TensorNotFoundError", "WeightSource", "WeightSourceError", "open_weights"
+    ],
+    "hooks": [
+        "CheckpointSaverHook", "CheckpointSaverListener", "Every", "Hook", "HookList", "LoggingTensorHook",
+        "PeriodicHook", "RunContext", "StepCounterHook", "StopAtStepHook", "SummarySaverHook"
+    ],
+    "distribute": [
+        "ClusterSpec", "InputContext", "MirroredStrategy", "OneDeviceStrategy", "Placement", "RelaunchError",
+        "Strategy", "cluster_from_tf_config", "cluster_from_torchrun", "find_free_port", "launch"
+    ],
+    "warm_start": [
+        "PlanEntry", "WarmStartPlan", "WarmStartSettings", "as_warm_start_settings", "init_from_checkpoint",
+        "plan_init_from_checkpoint", "plan_warm_start", "warm_start"
+    ],
+    "checkpoint": [
+        "Checkpoint", "CheckpointError", "CheckpointStore", "DiskFullError", "InMemoryStorage", "LocalStorage",
+        "Storage", "flatten_state", "unflatten_state"
+    ],
+    "errors": [
+        "BodyTooLarge", "CheckpointError", "ConfigError", "ConfigTypeError", "DataLossError", "DiskFullError",
+        "ExampleDecodeError", "ExportFormatError", "FileTooLargeError", "HTTP_STATUS", "NanLossDuringTrainingError",
+        "NotARegularFileError", "RelaunchError", "ReplicaFailedError", "ServingClientError", "ServingError",
+        "TensorNotFoundError", "TorchEstimatorError", "WeightSourceError"
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC_SUBPACKAGES))
+def test_a_public_subpackage_pins_its_names(name):
+    module = importlib.import_module(f"torchestimator.{name}")
+    assert sorted(module.__all__) == PUBLIC_SUBPACKAGES[name]
+    assert [item for item in module.__all__ if not hasattr(module, item)] == []
+
+
+def test_dir_of_the_package_shows_the_api_and_the_public_subpackages_only():
+    import torchestimator.serving  # noqa: F401  (imported subpackages become attributes; still public)
+
+    shown = {name for name in dir(te) if not name.startswith("_")}
+    allowed = set(te.__all__) | set(PUBLIC_SUBPACKAGES) | {"metrics", "testing", "cli"}
+    assert shown - allowed == set(), "an internal module shows in dir(torchestimator): give it a leading underscore"
+    # Everything the engine imports lives in the private packages, so none of it leaks into dir().
+    assert {"_core", "_io", "_policy"} <= set(dir(te))
+
+
+def test_the_top_level_names_are_the_objects_of_their_subpackages():
+    from torchestimator import warm_start
+
+    assert te.WarmStartSettings is warm_start.WarmStartSettings
+    assert te.init_from_checkpoint is warm_start.init_from_checkpoint
+    assert te.TorchEstimatorError is te.errors.TorchEstimatorError
+    assert te.Estimator.__module__ == "torchestimator._core.estimator"
