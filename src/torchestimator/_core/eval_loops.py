@@ -75,7 +75,7 @@ def eval_loop(run: EvalRun, accumulators: Any) -> dict[str, Any]:
             batches_seen += 1
             if batches_seen == 1:
                 adopt_spec_hooks(run.hooks, spec.evaluation_hooks, state)
-            context._set_step_outputs(spec, features, labels)
+            context.set_step_outputs(spec, features, labels)
             run.hooks.after_step(context)
             progress.update(batches_seen)
             if context.stop_requested:
@@ -109,7 +109,7 @@ def predict_loop(run: EvalRun, predict_keys: list[str] | None, yield_single_exam
             predictions = _select_keys(spec.predictions, predict_keys)
             if batches.index == 1:
                 adopt_spec_hooks(run.hooks, spec.prediction_hooks, state)
-            context._set_step_outputs(spec, features, None)
+            context.set_step_outputs(spec, features, None)
             run.hooks.after_step(context)
             progress.update(batches.index)
             if yield_single_examples:

@@ -4,7 +4,7 @@
 from; ``InferenceBundle`` is what the Estimator hands out: the plain module
 holding known weights, how to call model_fn on it, and how to evaluate it.
 Export (export/saved_model.py) and train_and_evaluate's evaluations inside the
-training loop (training.py) use the bundle instead of the Estimator's internals.
+training loop (_policy/train_and_evaluate.py) use the bundle instead of the Estimator's internals.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ logger = logging.getLogger("torchestimator")
 
 
 class InLoopEvaluation(Protocol):
-    """Evaluations the loop runs on the live module (train_and_evaluate's; see training.py)."""
+    """Evaluations the loop runs on the live module (train_and_evaluate's; see _policy/train_and_evaluate.py)."""
 
     def wants_checkpoint(self, step: int) -> bool:
         """An evaluation is due at ``step`` by step count: the loop writes a checkpoint there first."""
@@ -214,9 +214,13 @@ class _TrainLoop:
         self.autocast = autocast_factory(run.config, run.strategy.device)
         self.schedules = _Schedules(run)
         self.watch = _loss_watch(run.strategy.device)
-        self.context = RunContext(self.state, is_chief=run.strategy.is_chief, summary_writer=run.summary_writer)
+        # Asked every step: looked up once (the strategy's properties check it is set up on each call).
+        self.several = run.strategy.num_replicas > 1
+        self.is_chief = run.strategy.is_chief
+        self.watch_is_free = isinstance(self.watch, _HostLossWatch)  # the host watch costs nothing to read
         self.pending_listeners: list[Any] = []
-        self.context._request_checkpoint = self.pending_listeners.append
+        self.context = RunContext(self.state, is_chief=self.is_chief, summary_writer=run.summary_writer,
+                                  on_checkpoint_request=self.pending_listeners.append)
         self.steps_this_call = 0
 
     def run_steps(self, interrupt: _InterruptFlag, progress: Progress) -> None:
@@ -237,21 +241,20 @@ class _TrainLoop:
             logging_step = self.schedules.is_logging_step(state.global_step)
             self._report(spec, loss, logging_step)
             stop, interrupted = self._agree_and_save(interrupt.raised, logging_step)
-            progress.update(state.global_step, loss=self.context._loss_value)
+            progress.update(state.global_step, loss=self.context.loss_if_read)
             if stop or interrupted:
                 break
 
     def _report(self, spec: EstimatorSpec, loss: torch.Tensor, logging_step: bool) -> None:
         """Hooks and summaries for this step; at logging steps the loss is the mean over replicas."""
         run, step = self.run, self.state.global_step
-        several = self.strategy.num_replicas > 1
-        value = self.strategy.reduce_mean(loss) if several and logging_step else None
-        self.context._set_step_outputs(spec, loss=loss, loss_value=value)
+        value = self.strategy.reduce_mean(loss) if self.several and logging_step else None
+        self.context.set_step_outputs(spec, loss=loss, loss_value=value)
         run.hooks.after_step(self.context)
         summary = self.schedules.summary
         if summary is not None and summary.should_fire(step):
             summary.mark(step)
-            if self.strategy.is_chief:
+            if self.is_chief:
                 _write_train_summaries(run, self.context.loss, step)
 
     def _agree_and_save(self, interrupt_raised: bool, logging_step: bool) -> tuple[bool, bool]:
@@ -260,15 +263,15 @@ class _TrainLoop:
         evaluation = run.evaluation
         eval_wants_checkpoint = evaluation is not None and run.checkpointer is not None and evaluation.wants_checkpoint(step)
         due = schedules.checkpoint is not None and schedules.checkpoint.should_fire(step)
-        due_here = due and (self.strategy.is_chief or not schedules.chief_clock)
+        due_here = due and (self.is_chief or not schedules.chief_clock)
         save_wanted = due_here or bool(self.pending_listeners) or eval_wants_checkpoint
         flags = [self.context.stop_requested, interrupt_raised, save_wanted]
-        if self.strategy.num_replicas > 1:
+        if self.several:
             stop, interrupted, save, not_finite = self.strategy.all_agree([*flags, self.watch.flag()])
         else:
             stop, interrupted, save = flags
-            # A device watch is read where the loop synchronises anyway; the host watch costs nothing to read.
-            read_point = stop or interrupted or save or logging_step or isinstance(self.watch, _HostLossWatch)
+            # A device watch is read only where the loop synchronises anyway.
+            read_point = self.watch_is_free or stop or interrupted or save or logging_step
             not_finite = bool(self.watch.flag()) if read_point else False
         if not_finite:  # on any replica: all of them stop here, before anything is saved
             self._raise_not_finite()
@@ -312,8 +315,7 @@ class _TrainLoop:
     def finish(self) -> None:
         """The final checkpoint (unless this step was just saved), after a last check that the loss stayed finite."""
         checkpointer, state = self.run.checkpointer, self.state
-        several = self.strategy.num_replicas > 1
-        if self.steps_this_call and (self.strategy.all_agree(self.watch.flag()) if several else bool(self.watch.flag())):
+        if self.steps_this_call and (self.strategy.all_agree(self.watch.flag()) if self.several else bool(self.watch.flag())):
             self._raise_not_finite()
         if checkpointer is not None and checkpointer.last_saved_step != state.global_step and self.steps_this_call:
             self.pending_listeners.clear()
@@ -345,7 +347,7 @@ def train_loop(run: TrainingRun) -> TrainState:
         raise KeyboardInterrupt(f"Training interrupted at step {state.global_step}; the checkpoint of that step was written.")
     if loop.steps_this_call == 0:
         logger.warning("Training made no steps: the input was empty or max_steps was already reached.")
-    elif loop.context._loss_tensor is not None:
+    elif loop.context.loss is not None:
         logger.info("Loss for final step: %s.", loop.context.loss)
     run.hooks.end(state)
     return state

@@ -5,13 +5,13 @@ What belongs here: comparing an evaluation against the recorded best (by
 record itself (``model_dir/best.json``: step and metric value of each best
 checkpoint, replaced atomically), and marking those steps as ``best`` in the
 checkpoint manifest so that retention never deletes them. What does not: when
-to evaluate (training.py) and exporting (export/).
+to evaluate (train_and_evaluate.py) and exporting (export/).
 
 After a restart the policy compares against the recorded best rather than
 taking the first result it sees as the best (TensorFlow issue 47396).
 
 Rule: the evaluated step must have a checkpoint. ``train_and_evaluate``
-guarantees it, since each of its training chunks ends with a checkpoint; with
+guarantees it, since the loop writes a checkpoint at every evaluation point; with
 checkpoints disabled in RunConfig a policy is refused up front.
 """
 

@@ -76,7 +76,7 @@ class TrainSpec:
     """What to train on and for how long (tf.estimator.TrainSpec)."""
 
     input_fn: Callable[..., Any]
-    """Returns the training batches; called at the start of each training chunk, resumed from the checkpoint."""
+    """Returns the training batches; called once when training starts, resumed from the checkpoint's position."""
     _: dataclasses.KW_ONLY
     max_steps: int | None = None
     """Absolute global step to stop at; None trains until the input ends (or a stop rule fires)."""

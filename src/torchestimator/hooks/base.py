@@ -30,6 +30,7 @@ class RunContext:
         *,
         is_chief: bool = True,
         summary_writer: Any = None,
+        on_checkpoint_request: Callable[[tuple[Any, ...]], None] | None = None,
     ) -> None:
         self.state = state
         self.is_chief = is_chief
@@ -39,12 +40,13 @@ class RunContext:
         self.labels: Any = None
         self._loss_tensor: torch.Tensor | None = None
         self._loss_value: float | None = None
-        self._request_checkpoint: Callable[[tuple[Any, ...]], None] | None = None
+        self._request_checkpoint = on_checkpoint_request  # the training loop's; None in evaluation and prediction
         self._stop_requested = False
 
-    def _set_step_outputs(self, spec: Any, features: Any = None, labels: Any = None,
-                          loss: torch.Tensor | None = None, loss_value: float | None = None) -> None:
-        """This step's outputs; `loss` overrides the spec's (the mean over accumulated micro-batches)."""
+    def set_step_outputs(self, spec: Any, features: Any = None, labels: Any = None,
+                         loss: torch.Tensor | None = None, loss_value: float | None = None) -> None:
+        """Called by the loops after each step: this step's outputs. `loss` overrides the spec's (the mean over
+        accumulated micro-batches); `loss_value`, when given, is what `loss` answers (the mean over replicas)."""
         self.spec = spec
         self.features = features
         self.labels = labels
@@ -54,6 +56,11 @@ class RunContext:
     @property
     def global_step(self) -> int:
         return self.state.global_step
+
+    @property
+    def loss_if_read(self) -> float | None:
+        """This step's loss as a float if something already read it, else None (never synchronises)."""
+        return self._loss_value
 
     @property
     def loss(self) -> float | None:
