@@ -13,62 +13,18 @@ from torchestimator.cli.model_file import add_model_flags, build_estimator, json
 
 
 def add_commands(commands: Any) -> None:
-    """Adds this module's subcommands to the `torchestimator` parser."""
-    for add in (_add_train, _add_train_and_evaluate, _add_evaluate, _add_predict, _add_export):
-        add(commands)
+    """Adds this module's subcommands to the `torchestimator` parser (one table row per command)."""
+    for name, (help_text, handler, takes_model_flags, flags) in _COMMANDS.items():
+        command = commands.add_parser(name, help=help_text)
+        if takes_model_flags:
+            add_model_flags(command)
+        for flag, options in flags:
+            command.add_argument(*flag, **options)
+        command.set_defaults(handler=handler)
 
 
-def _add_train(commands: Any) -> None:
-    train = commands.add_parser("train", help="train (resuming from model_dir)")
-    add_model_flags(train)
-    train.add_argument("--max_steps", type=int, help="absolute global step to train to")
-    train.add_argument("--steps", type=int, help="steps to train beyond the current global step")
-    train.set_defaults(handler=_train)
-
-
-def _add_train_and_evaluate(commands: Any) -> None:
-    both = commands.add_parser("train-and-evaluate", help="train, evaluating (and exporting) along the way")
-    add_model_flags(both)
-    both.add_argument("--max_steps", type=int, help="absolute global step to train to")
-    both.add_argument("--evaluator", action="store_true",
-                      help="only evaluate: follow model_dir and evaluate each new checkpoint until max_steps")
-    both.add_argument("--poll_secs", type=float, default=None, help="with --evaluator: seconds between looks")
-    both.set_defaults(handler=_train_and_evaluate)
-
-
-def _add_evaluate(commands: Any) -> None:
-    evaluate = commands.add_parser("evaluate", help="evaluate the latest (or a given) checkpoint")
-    add_model_flags(evaluate)
-    evaluate.add_argument("--steps", type=int, help="evaluate this many batches (default: the whole input)")
-    evaluate.add_argument("--checkpoint_path")
-    evaluate.add_argument("--name", help="named evaluation: summaries go to model_dir/eval_<name>")
-    evaluate.set_defaults(handler=_evaluate)
-
-
-def _add_predict(commands: Any) -> None:
-    predict = commands.add_parser("predict", help="write predictions as JSON lines, or run an exported model")
-    predict.add_argument("model_file", nargs="?", help="FILE.py or module (not needed with --exported)")
-    predict.add_argument("--model_dir")
-    predict.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
-    predict.add_argument("--no_progress", action="store_true")
-    predict.add_argument("--exported", help="an exported model: a version folder or its base (newest version)")
-    predict.add_argument("--input", help="with --exported: inputs as .npz or .json")
-    predict.add_argument("--signature_name", default="serving_default")
-    predict.add_argument("--checkpoint_path")
-    predict.add_argument("--predict_keys", nargs="*")
-    predict.add_argument("--output", help="file for the JSON lines (default stdout)")
-    predict.add_argument("--limit", type=int, help="stop after this many examples")
-    predict.set_defaults(handler=_predict)
-
-
-def _add_export(commands: Any) -> None:
-    export = commands.add_parser("export", help="export the latest (or a given) checkpoint for serving")
-    add_model_flags(export)
-    export.add_argument("--export_dir", required=True, help="base folder; a new integer version is written inside")
-    export.add_argument("--checkpoint_path")
-    export.add_argument("--onnx", action="store_true", help="also write model.onnx where the model exports")
-    export.set_defaults(handler=_export)
-
+_MAX_STEPS = (("--max_steps",), {"type": int, "help": "absolute global step to train to"})
+_CHECKPOINT_PATH = (("--checkpoint_path",), {})
 
 def _train(args: argparse.Namespace) -> int:
     module = load_model_file(args.model_file)
@@ -164,3 +120,41 @@ def _export(args: argparse.Namespace) -> int:
                                         as_onnx=args.onnx)
     print(f"exported {path}")
     return 0
+
+
+# name -> (help, handler, takes the model file flags, [(flag names, add_argument options)])
+_COMMANDS: dict[str, tuple[str, Any, bool, list[tuple[tuple[str, ...], dict[str, Any]]]]] = {
+    "train": ("train (resuming from model_dir)", _train, True, [
+        _MAX_STEPS,
+        (("--steps",), {"type": int, "help": "steps to train beyond the current global step"}),
+    ]),
+    "train-and-evaluate": ("train, evaluating (and exporting) along the way", _train_and_evaluate, True, [
+        _MAX_STEPS,
+        (("--evaluator",), {"action": "store_true",
+                            "help": "only evaluate: follow model_dir and evaluate each new checkpoint until max_steps"}),
+        (("--poll_secs",), {"type": float, "default": None, "help": "with --evaluator: seconds between looks"}),
+    ]),
+    "evaluate": ("evaluate the latest (or a given) checkpoint", _evaluate, True, [
+        (("--steps",), {"type": int, "help": "evaluate this many batches (default: the whole input)"}),
+        _CHECKPOINT_PATH,
+        (("--name",), {"help": "named evaluation: summaries go to model_dir/eval_<name>"}),
+    ]),
+    "predict": ("write predictions as JSON lines, or run an exported model", _predict, False, [
+        (("model_file",), {"nargs": "?", "help": "FILE.py or module (not needed with --exported)"}),
+        (("--model_dir",), {}),
+        (("--param",), {"action": "append", "default": [], "metavar": "NAME=VALUE"}),
+        (("--no_progress",), {"action": "store_true"}),
+        (("--exported",), {"help": "an exported model: a version folder or its base (newest version)"}),
+        (("--input",), {"help": "with --exported: inputs as .npz or .json"}),
+        (("--signature_name",), {"default": "serving_default"}),
+        _CHECKPOINT_PATH,
+        (("--predict_keys",), {"nargs": "*"}),
+        (("--output",), {"help": "file for the JSON lines (default stdout)"}),
+        (("--limit",), {"type": int, "help": "stop after this many examples"}),
+    ]),
+    "export": ("export the latest (or a given) checkpoint for serving", _export, True, [
+        (("--export_dir",), {"required": True, "help": "base folder; a new integer version is written inside"}),
+        _CHECKPOINT_PATH,
+        (("--onnx",), {"action": "store_true", "help": "also write model.onnx where the model exports"}),
+    ]),
+}
