@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
+from conftest import wait_until
 
 from torchestimator.serving.config import (
     DEFAULT_PROMETHEUS_PATH,
@@ -415,12 +415,8 @@ def test_a_reload_hitting_a_folder_a_fifo_or_an_unroutable_name_keeps_the_runnin
     caplog.set_level(logging.ERROR, logger="torchestimator.serving.server")
 
     def keeps(words):
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if any(words in record.getMessage() for record in caplog.records):
-                return
-            time.sleep(0.02)
-        raise AssertionError(f"no reload refused {words!r}: {[r.getMessage() for r in caplog.records]}")
+        wait_until(lambda: any(words in record.getMessage() for record in caplog.records), timeout=20,
+                   what=f"a reload refused with {words!r}")
 
     with start(model_config_file=str(config), model_config_file_poll_wait_seconds=0.05,
                file_system_poll_wait_seconds=0) as server:
@@ -432,7 +428,4 @@ def test_a_reload_hitting_a_folder_a_fifo_or_an_unroutable_name_keeps_the_runnin
             assert sorted(server.managers) == ["a"], kind
         config.unlink()
         config.write_text(f"model_config_list {{ config {{ name: 'b' base_path: '{tmp_path / 'b'}' }} }}")
-        deadline = time.monotonic() + 20
-        while sorted(server.managers) != ["b"] and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert sorted(server.managers) == ["b"]  # and a good file is picked up again
+        wait_until(lambda: sorted(server.managers) == ["b"], timeout=20, what="the good config file picked up again")

@@ -21,14 +21,13 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import faults_serving as tool  # tools/ is on sys.path (tests/conftest.py)
-from conftest import exporting_model_fn, trained_classifier
+from conftest import exporting_model_fn, trained_classifier, wait_until
 from torchestimator.export import TensorSpec, export_saved_model, serving_input_receiver
 from torchestimator.serving import start
 
@@ -110,10 +109,7 @@ def test_pipelined_requests_are_answered_in_order_on_one_connection(served, tall
 def test_a_client_leaving_mid_body_is_one_log_line_and_no_traceback(served, tally, caplog):
     caplog.set_level(logging.INFO, logger="torchestimator")
     tool.leave_mid_body(served[0].port, tool.predict_path(NAME), tally)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not _disconnect_lines(caplog):
-        time.sleep(0.05)  # polling the log with a deadline
-    lines = _disconnect_lines(caplog)
+    lines = wait_until(lambda: _disconnect_lines(caplog), timeout=30, what="the server's disconnect log line")
     assert len(lines) == 1 and lines[0].exc_info is None, [record.getMessage() for record in lines]
 
 
