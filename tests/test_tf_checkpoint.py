@@ -10,6 +10,8 @@ import struct
 import numpy as np
 import pytest
 
+from faults_common import WORKED_INDEX, table_block, varint
+
 from torchestimator.data.tfrecord import masked_crc32c
 from torchestimator.interop import _sstable
 from torchestimator.interop._sstable import snappy_decompress
@@ -26,17 +28,6 @@ from torchestimator.interop.tf_checkpoint import (
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "tf_checkpoint")
 SNAPPY = os.path.join(os.path.dirname(__file__), "fixtures", "snappy")  # made by cramjam; see its README.md
 
-# formats.md 3.3: SaveV2(prefix, ["x", "s"], ["", ""], [float32 [1, 2], string ["ab", ""]]).
-WORKED_INDEX = bytes.fromhex(
-    "000006" "08011a020801"
-    "000111" "73" "0807120412020802200828083591 88b04d".replace(" ", "")
-    + "00010f" "78" "08011204120208022808355 93ce535".replace(" ", "")
-    + "00000000" "01000000"
-    "00" "d5d43377"
-    "0000000001000000" "00c0f2a1b0"
-    "000102" "79" "0039" "00000000" "01000000" "00704c70b5"
-    "3e084b0e" + "00" * 36 + "57fb808b247547db"
-)
 WORKED_DATA = bytes.fromhex("0000803f00000040" "0200" "78270b34" "6162")
 
 
@@ -99,31 +90,6 @@ def test_missing_tensor_is_a_key_error_naming_nearest(tmp_path):
 # --------------------------------------------------------------------------- a synthetic multi-block table
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _block(items, restart_interval):
-    body, restarts, previous = bytearray(), [], b""
-    for number, (key, value) in enumerate(items):
-        shared = 0
-        if number % restart_interval:
-            while shared < min(len(key), len(previous)) and key[shared] == previous[shared]:
-                shared += 1
-        else:
-            restarts.append(len(body))
-        body += _varint(shared) + _varint(len(key) - shared) + _varint(len(value)) + key[shared:] + value
-        previous = key
-    body += b"".join(struct.pack("<I", offset) for offset in restarts) + struct.pack("<I", len(restarts))
-    return bytes(body)
-
-
 def _table(items, per_block=3, restart_interval=2):
     """A LevelDB table the way TF lays it out, small blocks so that there are several."""
     out, index_items = bytearray(), []
@@ -131,13 +97,13 @@ def _table(items, per_block=3, restart_interval=2):
     def emit(block):
         offset = len(out)
         out.extend(block + b"\x00" + struct.pack("<I", masked_crc32c(block + b"\x00")))
-        return _varint(offset) + _varint(len(block))
+        return varint(offset) + varint(len(block))
 
     for start in range(0, len(items), per_block):
         chunk = items[start:start + per_block]
-        index_items.append((chunk[-1][0], emit(_block(chunk, restart_interval))))
-    metaindex = emit(_block([], 1))
-    index = emit(_block(index_items, 1))
+        index_items.append((chunk[-1][0], emit(table_block(chunk, restart_interval))))
+    metaindex = emit(table_block([], 1))
+    index = emit(table_block(index_items, 1))
     footer = metaindex + index
     return bytes(out) + footer + b"\x00" * (40 - len(footer)) + struct.pack("<Q", 0xDB4775248B80FB57)
 
@@ -148,7 +114,7 @@ def test_multi_block_table_with_prefix_compression(tmp_path):
     items = [(b"", bytes.fromhex("08011a020801"))]
     for number, name in enumerate(names):
         raw = struct.pack("<f", number + 0.5)
-        entry = (b"\x08\x01\x12\x04\x12\x02\x08\x01" + b"\x20" + _varint(len(data)) + b"\x28\x04"
+        entry = (b"\x08\x01\x12\x04\x12\x02\x08\x01" + b"\x20" + varint(len(data)) + b"\x28\x04"
                  + b"\x35" + struct.pack("<I", masked_crc32c(raw)))
         items.append((name.encode(), entry))
         data += raw
@@ -158,7 +124,7 @@ def test_multi_block_table_with_prefix_compression(tmp_path):
         assert [checkpoint.read(name)[0] for name in names] == [number + 0.5 for number in range(10)]
 
 
-def _with_snappy_data_block(compressed: bytes) -> bytes:
+def _with_snappy_datatable_block(compressed: bytes) -> bytes:
     index = bytearray(WORKED_INDEX)
     # Replace the 57-byte data block with a snappy (type 1) block; the index handle gets its new size.
     trailer = b"\x01" + struct.pack("<I", masked_crc32c(compressed + b"\x01"))
@@ -185,11 +151,11 @@ def _counting_snappy(monkeypatch) -> list[int]:
     return calls
 
 
-def test_snappy_compressed_block(tmp_path, monkeypatch):
+def test_snappy_compressedtable_block(tmp_path, monkeypatch):
     compressed = _fixture_bytes("worked_block.snappy")  # the worked data block, compressed by a reference encoder
     assert snappy_decompress(compressed, "f", 0) == WORKED_INDEX[:57]
     calls = _counting_snappy(monkeypatch)
-    prefix = write_worked(tmp_path, _with_snappy_data_block(compressed))
+    prefix = write_worked(tmp_path, _with_snappy_datatable_block(compressed))
     with open_tensorflow(prefix) as checkpoint:
         assert checkpoint.read("x").tolist() == [1.0, 2.0]
         assert checkpoint.read("s").tolist() == [b"ab", b""]
@@ -545,7 +511,7 @@ def test_header_declaring_billions_of_shards_fails_fast(tmp_path):
 
 def test_snappy_block_declaring_more_than_snappy_can_hold():
     with pytest.raises(WeightSourceError, match="declares 4611686018427387904 bytes"):
-        snappy_decompress(_varint(1 << 62) + b"\x00a", "f", 0)
+        snappy_decompress(varint(1 << 62) + b"\x00a", "f", 0)
 
 
 def test_record_the_protobuf_runtime_refuses_is_an_error_naming_file_and_key(tmp_path):

@@ -1,4 +1,5 @@
-"""What the fault tools share: reading under a memory cap, and protobuf varints for crafting records.
+"""What the fault tools and fixture makers share: reading under a memory cap, protobuf varints and LevelDB-style
+table blocks (a TF checkpoint's .index) for crafting files.
 
 A reader that allocates what a crafted length declares should fail here with
 MemoryError instead of taking the machine, so the fault tools and tests run
@@ -9,6 +10,21 @@ already plus some headroom.
 from __future__ import annotations
 
 import resource
+import struct
+
+
+# formats.md 3.3's worked TF checkpoint .index: SaveV2(prefix, ["x", "s"], ["", ""], [float32 [1, 2], string
+# ["ab", ""]]); its first 57 bytes are the data block.
+WORKED_INDEX = bytes.fromhex(
+    "000006" "08011a020801"
+    "000111" "73" "0807120412020802200828083591 88b04d".replace(" ", "")
+    + "00010f" "78" "08011204120208022808355 93ce535".replace(" ", "")
+    + "00000000" "01000000"
+    "00" "d5d43377"
+    "0000000001000000" "00c0f2a1b0"
+    "000102" "79" "0039" "00000000" "01000000" "00704c70b5"
+    "3e084b0e" + "00" * 36 + "57fb808b247547db"
+)
 
 
 def limit_memory(headroom_mb: int) -> None:
@@ -28,3 +44,19 @@ def varint(value: int) -> bytes:
         out.append(byte | (0x80 if value else 0))
         if not value:
             return bytes(out)
+
+
+def table_block(items: list[tuple[bytes, bytes]], restart_interval: int) -> bytes:
+    """A table block as TF's .index holds them: keys prefix-compressed between restart points, then the restart
+    offsets and their count (little-endian uint32)."""
+    body, restarts, previous = bytearray(), [], b""
+    for number, (key, value) in enumerate(items):
+        shared = 0
+        if number % restart_interval:
+            while shared < min(len(key), len(previous)) and key[shared] == previous[shared]:
+                shared += 1
+        else:
+            restarts.append(len(body))
+        body += varint(shared) + varint(len(key) - shared) + varint(len(value)) + key[shared:] + value
+        previous = key
+    return bytes(body + b"".join(struct.pack("<I", offset) for offset in restarts) + struct.pack("<I", len(restarts)))
