@@ -156,3 +156,98 @@ def test_a_strategy_gives_back_the_thread_count_it_lowered():
 
     # OMP_NUM_THREADS=1 in each replica (as torchrun sets it): setup lowers torch's process-wide count, teardown restores it.
     assert run_in_processes(_threads_around_a_strategy, nprocs=2, timeout=120) == [(1, 2), (1, 2)]
+
+
+class _CallsTheEstimatorMidTraining(te.Hook):
+    """A user's hook that evaluates and predicts while training runs (on a copy: training must not notice)."""
+
+    def __init__(self, estimator, at_step):
+        self.estimator, self.at_step, self.results = estimator, at_step, None
+
+    def after_step(self, run_context):
+        if run_context.global_step == self.at_step:
+            # An input that draws no random numbers: a hook's own draws would (rightly) move training's streams.
+            x, y = make_classification(64, seed=2)
+            self.results = self.estimator.evaluate(te.numpy_input_fn({"x": x}, y, batch_size=32, shuffle=False))
+            list(self.estimator.predict(lambda: [({"x": torch.zeros(2, 8)}, None)]))
+
+
+def test_evaluate_and_predict_from_a_hook_leave_the_live_module_alone(tmp_path):
+    plain = _dropout_estimator(tmp_path / "plain")
+    plain.train(_loader_input_fn, max_steps=30)
+    busy = _dropout_estimator(tmp_path / "busy")
+    hook = _CallsTheEstimatorMidTraining(busy, at_step=15)  # step 15 has no checkpoint: step 10's is read
+    busy.train(_loader_input_fn, hooks=[hook], max_steps=30)
+    assert hook.results["global_step"] == 10
+    # A reload of ckpt-10 into the live module, or eval mode left on (dropout off), would change these.
+    for name, value in _weights(plain).items():
+        np.testing.assert_array_equal(_weights(busy)[name], value, err_msg=name)
+
+
+class _ExportsAnOlderCheckpoint(LatestExporter):
+    def export(self, estimator, export_path, checkpoint_path, eval_result, is_the_final_export):
+        older = estimator.checkpoint_store.all_checkpoints()[0]
+        return estimator.export_saved_model(export_path, self._receiver, checkpoint_path=older)
+
+
+def test_an_exporter_exporting_an_older_checkpoint_during_training_leaves_training_alone(tmp_path):
+    plain = _dropout_estimator(tmp_path / "plain")
+    plain.train(_loader_input_fn, max_steps=30)
+    exporting = _dropout_estimator(tmp_path / "exporting")
+    receiver = serving_input_receiver({"x": TensorSpec(shape=(None, 8), dtype=torch.float32)})
+    te.train_and_evaluate(exporting, te.TrainSpec(_loader_input_fn, max_steps=30),
+                          te.EvalSpec(_eval_input_fn, steps=None, every_n_steps=20,
+                                      exporters=_ExportsAnOlderCheckpoint("older", receiver)))
+    for name, value in _weights(plain).items():
+        np.testing.assert_array_equal(_weights(exporting)[name], value, err_msg=name)
+
+
+class _RecordingFinalExporter(te.export.FinalExporter):
+    def __init__(self, name, receiver, calls):
+        super().__init__(name, receiver)
+        self.calls = calls
+
+    def export(self, estimator, export_path, checkpoint_path, eval_result, is_the_final_export):
+        self.calls.append((eval_result["global_step"], is_the_final_export))
+        return super().export(estimator, export_path, checkpoint_path, eval_result, is_the_final_export)
+
+
+@pytest.mark.parametrize("ending", ["input ends", "a hook stops"])
+def test_a_final_exporter_exports_once_when_training_ends_at_an_evaluation_step(tmp_path, ending):
+    x, y = make_classification(256)
+    calls: list[tuple[int, bool]] = []
+    receiver = serving_input_receiver({"x": TensorSpec(shape=(None, 8), dtype=torch.float32)})
+    if ending == "input ends":  # 8 steps in one epoch; the loop learns of the end after evaluating step 8
+        spec = te.TrainSpec(te.numpy_input_fn({"x": x}, y, batch_size=32, num_epochs=1, shuffle=True))
+    else:
+        spec = te.TrainSpec(te.numpy_input_fn({"x": x}, y, batch_size=32, num_epochs=None, shuffle=True),
+                            hooks=[te.StopAtStepHook(last_step=8)])
+    estimator = make_estimator(tmp_path, save_checkpoints_steps=4)
+    te.train_and_evaluate(estimator, spec, te.EvalSpec(_eval_input_fn, steps=None, every_n_steps=4,
+                                                       exporters=_RecordingFinalExporter("final", receiver, calls)))
+    assert [final for _, final in calls].count(True) == 1 and calls[-1] == (8, True)
+    assert len(te.export.list_versions(tmp_path / "export" / "final")) == 1
+
+
+def test_random_seed_gives_the_same_training_whichever_call_builds_the_model(tmp_path):
+    trained_first = _dropout_estimator(tmp_path / "train-first")
+    trained_first.train(_loader_input_fn, max_steps=10)
+    torch.manual_seed(1234)  # whatever the process drew before
+    evaluated_first = _dropout_estimator(tmp_path / "evaluate-first")
+    evaluated_first.evaluate(_eval_input_fn)  # builds the model (no checkpoint yet: fresh weights)
+    evaluated_first.train(_loader_input_fn, max_steps=10)
+    for name, value in _weights(trained_first).items():
+        np.testing.assert_array_equal(_weights(evaluated_first)[name], value, err_msg=name)
+
+
+def test_without_checkpoints_the_final_export_holds_the_weights_trained_in_this_process(tmp_path):
+    estimator = make_estimator(tmp_path, save_checkpoints_steps=None)
+    receiver = serving_input_receiver({"x": TensorSpec(shape=(None, 8), dtype=torch.float32)})
+    _, exports = te.train_and_evaluate(estimator, te.TrainSpec(_loader_input_fn, max_steps=12),
+                                       te.EvalSpec(_eval_input_fn, steps=None,
+                                                   exporters=te.export.FinalExporter("final", receiver)))
+    x = torch.from_numpy(make_classification(4, seed=3)[0])
+    expected = next(estimator.predict(lambda: [({"x": x}, None)], yield_single_examples=False))
+    exported = te.export.load(exports[0])
+    assert exported.metadata["global_step"] == 12 and exported.metadata["checkpoint_path"] is None
+    np.testing.assert_allclose(exported({"x": x.numpy()})["probabilities"], expected["probabilities"], rtol=1e-6)

@@ -208,3 +208,44 @@ def test_warm_start_under_two_replicas(tmp_path):
     assert results_0["loss"] == pytest.approx(expected["loss"], rel=1e-5)
     for name in weights_0:
         np.testing.assert_array_equal(weights_0[name], weights_1[name])
+
+
+def _bn_estimator(model_dir, strategy=None):
+    torch.manual_seed(0)
+    config = te.RunConfig(train_distribute=strategy, save_checkpoints_steps=4, log_step_count_steps=None,
+                          progress_bar=False, random_seed=0)
+    return te.Estimator(model_fn=_model_fn, model=lambda: nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16),
+                                                                        nn.Tanh(), nn.Linear(16, 2)),
+                        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1, momentum=0.9),
+                        model_dir=model_dir, config=config)
+
+
+def _train_and_evaluate_two_replicas_with_batch_norm(model_dir):
+    from torchestimator.export import FinalExporter, LatestExporter, TensorSpec, serving_input_receiver
+
+    receiver = serving_input_receiver({"x": TensorSpec(shape=(None, 6), dtype=torch.float32)})
+    estimator = _bn_estimator(model_dir, te.MirroredStrategy(num_replicas=2))
+    results, exports = te.train_and_evaluate(
+        estimator, te.TrainSpec(_train_input_fn, max_steps=12),
+        te.EvalSpec(_eval_input_fn, steps=None, every_n_steps=8,
+                    exporters=[LatestExporter("latest", receiver), FinalExporter("final", receiver)]))
+    return results, exports
+
+
+def test_train_and_evaluate_under_two_replicas_evaluates_the_checkpoint_and_exports_once(tmp_path):
+    model_dir = str(tmp_path / "two")
+    (results_0, exports_0), (results_1, exports_1) = run_in_processes(
+        _train_and_evaluate_two_replicas_with_batch_norm, nprocs=2, args=(model_dir,), timeout=300)
+    assert results_0 == results_1 and exports_0 == exports_1
+    # The evaluation inside the loop saw the chief's BatchNorm statistics: those of the checkpoint.
+    alone = _bn_estimator(model_dir).evaluate(_eval_input_fn, checkpoint_path=os.path.join(model_dir, "ckpt-12"))
+    assert results_0["accuracy"] == pytest.approx(alone["accuracy"], abs=1e-6)
+    assert results_0["loss"] == pytest.approx(alone["loss"], rel=1e-5)
+    # Only the chief exports: one version per evaluation (steps 8 and 12) and one final one.
+    latest = te.export.list_versions(os.path.join(model_dir, "export", "latest"))
+    assert len(latest) == 2 and len(te.export.list_versions(os.path.join(model_dir, "export", "final"))) == 1
+    x = _data()[0][:16]
+    expected = next(_bn_estimator(model_dir).predict(lambda: [({"x": torch.from_numpy(x)}, None)],
+                                                     yield_single_examples=False))
+    exported = te.export.load(os.path.join(model_dir, "export", "final"))
+    np.testing.assert_array_equal(exported({"x": x})["class"], expected["class"])

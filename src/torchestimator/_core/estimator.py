@@ -256,9 +256,10 @@ class Estimator:
         if max_steps is not None and checkpoint is not None and checkpoint.step >= max_steps:
             logger.info("Skipping training since max_steps has already saved (global step %d).", checkpoint.step)
             return None
+        module = self._build_module(strategy.device)  # with random_seed, the first build is seeded: same weights
         if config.random_seed is not None:
+            # Training's random streams start from the seed, whichever call (train, evaluate, export) built the model.
             seed_everything(config.random_seed)
-        module = self._build_module(strategy.device)
         state = TrainState(mode=ModeKeys.TRAIN)
         hook_list.begin(state)
         self._restore_weights(module, checkpoint, state)  # on the plain module, before any wrapping
@@ -410,18 +411,21 @@ class Estimator:
 
         Weights: ``checkpoint_path``, else the newest checkpoint, else those trained or warm-started in this
         process, else the warm-start source, else fresh ones (refused with ``require_weights``). While train()
-        runs, a module on another device or with other weights is a copy: the live one is never changed.
+        runs (a hook, an exporter), the bundle holds a copy of the live module: training's weights and
+        train/eval mode are never changed by it.
         """
         strategy = self._inference_strategy(mode) if device is None else OneDeviceStrategy(device, warn_if_launched=False)
         strategy.setup()
-        if require_weights and checkpoint_path is None and self.latest_checkpoint() is None and self._warm_start is None:
+        module, current = self._module_on(strategy.device)
+        if require_weights and checkpoint_path is None and self.latest_checkpoint() is None and (
+                self._warm_start is None and not current.in_process):
             self._raise_if_all_checkpoints_damaged()
             raise ValueError(
-                f"Couldn't find trained model at {self._model_dir}: it has no checkpoint and the Estimator has no "
-                "warm_start_from. Train first (with checkpoints enabled), pass checkpoint_path=..., or set warm_start_from."
+                f"Couldn't find trained model at {self._model_dir}: it has no checkpoint, no weights were trained in "
+                "this process and the Estimator has no warm_start_from. Train first, pass checkpoint_path=..., or set "
+                "warm_start_from."
             )
-        module = self._module_on(strategy.device)
-        return self._bundle(module, self._load_for_inference(module, checkpoint_path), strategy)
+        return self._bundle(module, self._load_for_inference(module, current, checkpoint_path), strategy)
 
     def _bundle(self, module: torch.nn.Module, weights: WeightsOrigin, strategy: Any) -> InferenceBundle:
         return InferenceBundle(module=module, call_model_fn=self._model_fn_caller(), weights=weights, strategy=strategy,
@@ -438,9 +442,9 @@ class Estimator:
             return OneDeviceStrategy(distributed.device, warn_if_launched=False)
         return OneDeviceStrategy(config.device)
 
-    def _load_for_inference(self, module: torch.nn.Module, checkpoint_path: str | None) -> WeightsOrigin:
-        """Puts the weights inference uses into ``module``; returns where they came from."""
-        current = self._weights_now() if module is self._module else FRESH
+    def _load_for_inference(self, module: torch.nn.Module, current: WeightsOrigin,
+                            checkpoint_path: str | None) -> WeightsOrigin:
+        """Puts the weights inference uses into ``module`` (which holds ``current``); returns where they came from."""
         path = checkpoint_path or self._store.latest_checkpoint()
         if path is None and not self._store.has_checkpoints():
             if current.in_process:
@@ -461,6 +465,8 @@ class Estimator:
 
     def _build_module(self, device: torch.device) -> torch.nn.Module:
         if self._module is None:
+            if self._config.random_seed is not None:  # the initial weights are the seed's whichever call builds them
+                seed_everything(self._config.random_seed)
             self._module = self._new_module()
         return self._module.to(device)
 
@@ -473,15 +479,15 @@ class Estimator:
             raise TypeError(f"The model factory must return an nn.Module; it returned {module!r}.")
         return module
 
-    def _module_on(self, device: torch.device) -> torch.nn.Module:
-        """The module for inference on ``device``; a copy while training runs, so the live module stays put."""
+    def _module_on(self, device: torch.device) -> tuple[torch.nn.Module, WeightsOrigin]:
+        """The module for inference on ``device`` and the weights it holds.
+
+        While training runs it is a copy of the live module (its weights now), so that loading other
+        weights, moving it or switching it to eval mode leaves training alone.
+        """
         if self._live_run is None:
-            return self._build_module(device)
-        live = self._live_run.parts.model
-        first = next(iter(live.state_dict().values()), None)
-        if first is None or first.device == torch.device(device):
-            return live
-        return copy.deepcopy(live).to(device)
+            return self._build_module(device), self._weights
+        return copy.deepcopy(self._live_run.parts.model).to(device), self._weights_now()
 
     def _restore_weights(self, module: torch.nn.Module, checkpoint: Any, state: TrainState) -> None:
         """Loads a checkpoint into the plain module (before any distribution wrapping)."""

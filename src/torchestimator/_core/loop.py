@@ -280,7 +280,8 @@ class _TrainLoop:
             stop |= self._save()
             saved = True
         if evaluation is not None and evaluation.due(step, saved):
-            stop |= self._evaluate(final=run.last_step is not None and step >= run.last_step)
+            # Final when training ends at this step anyway: max_steps, or a stop every replica agreed on.
+            stop |= self._evaluate(final=stop or (run.last_step is not None and step >= run.last_step))
         return stop, interrupted
 
     def _save(self) -> bool:
@@ -290,7 +291,13 @@ class _TrainLoop:
         self.schedules.checkpoint.mark(self.state.global_step)
         listeners = [listener for group in self.pending_listeners for listener in group]
         self.pending_listeners.clear()
+        self._agree_on_buffers()
         return run.checkpointer.save(run.parts, listeners)
+
+    def _agree_on_buffers(self) -> None:
+        """Every replica's module holds the chief's buffers, as the checkpoint will (see Strategy.broadcast_buffers)."""
+        if self.several:
+            self.strategy.broadcast_buffers(self.run.parts.model)
 
     def _evaluate(self, *, final: bool) -> bool:
         """Evaluates on the live module without moving training's random streams, then back to training mode."""
@@ -317,6 +324,8 @@ class _TrainLoop:
         checkpointer, state = self.run.checkpointer, self.state
         if self.steps_this_call and (self.strategy.all_agree(self.watch.flag()) if self.several else bool(self.watch.flag())):
             self._raise_not_finite()
+        if self.steps_this_call:
+            self._agree_on_buffers()  # also without a checkpoint: the module train() leaves is the chief's
         if checkpointer is not None and checkpointer.last_saved_step != state.global_step and self.steps_this_call:
             self.pending_listeners.clear()
             checkpointer.save(self.run.parts)

@@ -347,7 +347,9 @@ class _Evaluations:
             last = [index for index in range(len(self.specs)) if self._evaluate(index, step)]
             if 0 in last:
                 self._after_primary(step, check_rules=False)
-            evaluated += last
+            # Every spec evaluated at the last step exports as final, also one evaluated there before training
+            # was known to end (the input ran out right after): FinalExporter exports exactly once.
+            evaluated = [index for index in range(len(self.specs)) if self.evaluated_step[index] == step]
             self.finalized_step = step
         for index in evaluated:
             self._export(index, step, final)
@@ -411,9 +413,30 @@ class _Evaluations:
                     rule.seed(step, results)
 
     def _export(self, index: int, step: int, final: bool) -> None:
+        """The spec's exporters, run by the chief only (one writer of export/); every replica gets their results."""
         spec = self.specs[index]
-        checkpoint_path = self.estimator.latest_checkpoint()
-        self.exports[index] = _run_exporters(self.estimator, spec, checkpoint_path, self.results[index], final)
+        self.exports[index] = _on_chief(
+            self.estimator, lambda: _run_exporters(self.estimator, spec, self.estimator.latest_checkpoint(),
+                                                   self.results[index], final),
+            f"Exporting {spec.name or 'eval'} at global step {step}")
+
+
+def _on_chief(estimator: Any, action: Callable[[], Any], what: str) -> Any:
+    """``action()`` run by the chief, its result given to every replica; a failure is raised on every replica
+    (the chief's own error there, a RuntimeError naming it elsewhere), so that none waits for the others."""
+    outcome: tuple[Any, str | None] = (None, None)
+    failure: Exception | None = None
+    if _is_chief(estimator):
+        try:
+            outcome = (action(), None)
+        except Exception as error:
+            outcome, failure = (None, f"{type(error).__name__}: {error}"), error
+    value, error = _chief_decides(estimator, outcome)
+    if failure is not None:
+        raise failure
+    if error is not None:
+        raise RuntimeError(f"{what} failed on the chief: {error}")
+    return value
 
 
 def _run_exporters(estimator: Any, spec: EvalSpec, checkpoint_path: str | None, results: dict[str, Any],

@@ -205,6 +205,18 @@ class Strategy(abc.ABC):
             return obj
         return self._broadcast_object(obj, src)
 
+    def broadcast_buffers(self, module: nn.Module, src: int = 0) -> None:
+        """Replica ``src``'s buffers (BatchNorm statistics) in every replica's ``module``, in place.
+
+        DistributedDataParallel copies them from replica 0 at the start of each forward pass, so after the
+        last step each replica holds its own; before a checkpoint is saved or the live module evaluated,
+        every replica must hold what the checkpoint holds.
+        """
+        if self.placement.num_replicas == 1:
+            return
+        for buffer in module.buffers():
+            self._broadcast_tensor(buffer, src)
+
     def barrier(self) -> None:
         """Wait until every replica gets here."""
         if self.placement.num_replicas > 1:
@@ -233,6 +245,9 @@ class Strategy(abc.ABC):
         raise RuntimeError(f"{type(self).__name__} runs one replica and has no collectives.")
 
     def _all_gather_object(self, obj: Any) -> list[Any]:
+        raise RuntimeError(f"{type(self).__name__} runs one replica and has no collectives.")
+
+    def _broadcast_tensor(self, tensor: torch.Tensor, src: int) -> None:
         raise RuntimeError(f"{type(self).__name__} runs one replica and has no collectives.")
 
 
@@ -478,6 +493,9 @@ class MirroredStrategy(Strategy):
         objects = [obj if self.placement.replica_id == src else None]
         distributed.broadcast_object_list(objects, src=src, device=self.placement.device)
         return objects[0]
+
+    def _broadcast_tensor(self, tensor: torch.Tensor, src: int) -> None:
+        distributed.broadcast(tensor, src=src)
 
     def _all_gather_object(self, obj: Any) -> list[Any]:
         gathered: list[Any] = [None] * self.placement.num_replicas
