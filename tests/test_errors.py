@@ -70,15 +70,25 @@ def test_the_table_covers_every_class_errors_exports():
     assert exported - {TorchEstimatorError} == {row[0] for row in RAISED}
 
 
+# Raised inside the protobuf helper and the .index table reader and translated by each reader into its own error
+# (naming file and record): they never reach users, so they stay out of the tree.
+TRANSLATED_AT_THE_BOUNDARY = {"torchestimator._io.protobuf.MessageDecodeError",
+                              "torchestimator._io.protobuf.TextFormatError",
+                              "torchestimator.interop._sstable.VarintError"}
+
+
 def test_every_exception_a_public_module_defines_lives_in_errors():
     """A new public exception defined anywhere else escapes the tree (and ``except TorchEstimatorError``)."""
     outside = set()
     for module_info in pkgutil.walk_packages(te.__path__, "torchestimator."):
+        if module_info.name.endswith(".__main__"):  # running it is running the command
+            continue
         module = importlib.import_module(module_info.name)
         for name, obj in vars(module).items():
+            # Internal packages (_core, _io, _policy) count too: what they raise reaches users.
             if (inspect.isclass(obj) and issubclass(obj, BaseException) and not name.startswith("_")
-                    and obj.__module__.startswith("torchestimator.")
-                    and not any(part.startswith("_") for part in obj.__module__.split("."))):
+                    and not obj.__name__.startswith("_") and obj.__module__.startswith("torchestimator.")
+                    and f"{obj.__module__}.{obj.__qualname__}" not in TRANSLATED_AT_THE_BOUNDARY):
                 if obj.__module__ != "torchestimator.errors":
                     outside.add(f"{obj.__module__}.{obj.__qualname__}")
                 assert issubclass(obj, TorchEstimatorError), f"{module_info.name}.{name}"
