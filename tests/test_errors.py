@@ -124,7 +124,7 @@ BAD_FIELDS = [
     ("gradient_accumulation_steps", True, ConfigTypeError),
     ("clip_grad_norm", 0.0, ConfigError), ("clip_grad_norm", -1, ConfigError),
     ("clip_grad_norm", float("nan"), ConfigTypeError), ("clip_grad_norm", "1.0", ConfigTypeError),
-    ("random_seed", 1.5, ConfigTypeError), ("random_seed", True, ConfigTypeError), ("random_seed", 2**64, ConfigError),
+    ("random_seed", 1.5, ConfigTypeError), ("random_seed", True, ConfigTypeError), ("random_seed", 2**64, ConfigError), ("random_seed", -1, ConfigError),
     ("mixed_precision", "fp8", ConfigError), ("mixed_precision", True, ConfigError),
     ("device", "gpu", ConfigError), ("device", "cuda:x", ConfigError), ("device", 0, ConfigTypeError),
     ("train_distribute", "mirrored", ConfigTypeError), ("eval_distribute", object(), ConfigTypeError),
@@ -146,7 +146,7 @@ def test_run_config_refuses_each_bad_field_where_it_is_built_and_in_replace(fiel
 
 def test_run_config_accepts_numpy_scalars_as_plain_numbers():
     config = te.RunConfig(save_checkpoints_steps=np.int64(7), clip_grad_norm=np.float32(0.5), keep_checkpoint_max=0,
-                          save_summary_steps=0, device=torch.device("cpu"), random_seed=-1)
+                          save_summary_steps=0, device=torch.device("cpu"), random_seed=np.uint32(5))
     assert (config.save_checkpoints_steps, config.clip_grad_norm) == (7, 0.5)
     assert type(config.save_checkpoints_steps) is int and type(config.clip_grad_norm) is float
     assert json.loads(json.dumps(config.to_json_dict()))["save_checkpoints_steps"] == 7

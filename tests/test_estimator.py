@@ -31,8 +31,18 @@ def test_train_argument_errors(tmp_path):
     estimator = make_estimator(tmp_path)
     with pytest.raises(ValueError, match="both steps and max_steps"):
         estimator.train(train, steps=1, max_steps=2)
-    with pytest.raises(ValueError, match="steps > 0"):
+    with pytest.raises(te.errors.ConfigError, match=r"Estimator.train\(steps=...\) must be > 0; received 0"):
         estimator.train(train, steps=0)
+    for bad in (1.5, True, "3"):  # a step count is a whole number, not a bool
+        with pytest.raises(te.errors.ConfigTypeError, match="must be a whole number of steps"):
+            estimator.train(train, max_steps=bad)
+    with pytest.raises(te.errors.ConfigTypeError, match="Estimator.evaluate"):
+        estimator.evaluate(train, steps=True)
+    with pytest.raises(te.errors.ConfigTypeError, match=r"StopAtStepHook\(last_step=...\)"):
+        te.StopAtStepHook(last_step=2.5)
+    for secs in (float("nan"), float("inf"), True):
+        with pytest.raises(te.errors.ConfigError, match="secs"):
+            te.Every(secs=secs)
 
 
 def test_train_until_input_ends_when_no_steps_given(tmp_path):

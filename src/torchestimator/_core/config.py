@@ -57,7 +57,7 @@ def _checked(default: Any, kind: str, *, optional: bool = True, above: float | N
     return dataclasses.field(default=default, metadata={"rule": rule})
 
 
-_SEED_RANGE = (-(2**63), 2**64)  # what torch.manual_seed takes
+_SEED_RANGE = (0, 2**64)  # torch.manual_seed takes up to 2**64; the input functions need a non-negative seed
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -124,8 +124,8 @@ class RunConfig:
                 object.__setattr__(self, field.name, _checked_value(field.name, getattr(self, field.name), rule))
         seed = self.random_seed
         if seed is not None and not _SEED_RANGE[0] <= seed < _SEED_RANGE[1]:
-            raise ConfigError(f"RunConfig.random_seed must be in [-2**63, 2**64) (torch.manual_seed's range); "
-                              f"received {seed}.", field="random_seed", value=seed)
+            raise ConfigError(f"RunConfig.random_seed must be in [0, 2**64) (non-negative for the input functions, "
+                              f"below 2**64 for torch.manual_seed); received {seed}.", field="random_seed", value=seed)
         if self.mixed_precision not in (None, *MIXED_PRECISION_DTYPES):
             raise ConfigError(
                 f"RunConfig.mixed_precision must be None, 'bf16' or 'fp16'; received {self.mixed_precision!r}.",

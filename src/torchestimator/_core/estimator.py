@@ -32,6 +32,7 @@ from torchestimator.distribute import OneDeviceStrategy
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, HookList
 from torchestimator.interop import open_weights
 from torchestimator.hooks.basic import LoggingTensorHook, StepCounterHook
+from torchestimator.hooks.triggers import check_step_count
 from torchestimator._core.eval_loops import EvalRun, predict_loop
 from torchestimator._core.inference import FRESH, InferenceBundle, WeightsOrigin
 from torchestimator._core.loop import InLoopEvaluation, TrainingRun, train_loop
@@ -208,8 +209,8 @@ class Estimator:
         if steps is not None and max_steps is not None:
             raise ValueError("Can not provide both steps and max_steps.")
         for name, value in (("steps", steps), ("max_steps", max_steps)):
-            if value is not None and value <= 0:
-                raise ValueError(f"Must specify {name} > 0; received {value}.")
+            if value is not None:
+                check_step_count("Estimator.train", name, value)
         if self._optimizer_factory is None:
             raise ValueError("Estimator.train needs an optimizer factory: Estimator(..., optimizer=lambda parameters: ...).")
         with _deterministic_algorithms(self._config.deterministic):
@@ -376,8 +377,8 @@ class Estimator:
         name: str | None = None,
     ) -> dict[str, Any]:
         """Evaluates over the whole input (or `steps` batches); returns every metric, loss and global_step."""
-        if steps is not None and steps <= 0:
-            raise ValueError(f"Must specify steps > 0; received {steps}.")
+        if steps is not None:
+            check_step_count("Estimator.evaluate", "steps", steps)
         check_declared(input_fn, "input_fn", _INPUT_FN_ARGS)
         HookList(hooks or ())  # a wrong hook fails before any checkpoint is read
         bundle = self.inference_bundle(checkpoint_path, mode=ModeKeys.EVAL)

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from torchestimator.cli.model_file import load_model_file
+from torchestimator.errors import TorchEstimatorError
 
 __all__ = ["build_parser", "load_model_file", "main"]
 
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.verbosity.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.handler(args)
-    except (ValueError, TypeError, PermissionError, FileNotFoundError) as error:
+    except (TorchEstimatorError, ValueError, TypeError, OSError) as error:  # one line; --verbosity DEBUG: traceback
         logging.getLogger("torchestimator").debug("details", exc_info=True)
         print(f"torchestimator {args.command}: error: {error}", file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -50,6 +51,8 @@ def _train_and_evaluate(args: argparse.Namespace) -> int:
     max_steps = args.max_steps if args.max_steps is not None else getattr(module, "max_steps", None)
     train_spec = getattr(module, "train_spec", None) or te.TrainSpec(require(module, "train_input_fn"),
                                                                        max_steps=max_steps)
+    if args.max_steps is not None:  # the flag wins over the file's train_spec too
+        train_spec = dataclasses.replace(train_spec, max_steps=args.max_steps)
     eval_spec = getattr(module, "eval_specs", None) or getattr(module, "eval_spec", None) or te.EvalSpec(
         require(module, "eval_input_fn"), steps=None, throttle_secs=0, start_delay_secs=0)
     if args.evaluator:  # a separate process following model_dir, as TF_CONFIG's evaluator task

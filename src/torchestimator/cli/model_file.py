@@ -32,7 +32,13 @@ def load_model_file(location: str) -> ModuleType:
         sys.path.insert(0, os.path.dirname(os.path.abspath(location)))
         spec.loader.exec_module(module)
         return module
-    return importlib.import_module(location)
+    try:
+        return importlib.import_module(location)
+    except ModuleNotFoundError as error:
+        if error.name is None or not location.startswith(error.name):
+            raise  # the module exists and imports something missing: its own traceback says what
+        raise SystemExit(f"torchestimator: no model file or module {location!r} (no module named {error.name!r}). "
+                         "Give FILE.py or an importable module name.") from error
 
 
 def require(module: ModuleType, name: str) -> Any:

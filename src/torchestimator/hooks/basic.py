@@ -11,7 +11,7 @@ import torch
 
 from torchestimator.errors import ConfigError
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, RunContext
-from torchestimator.hooks.triggers import Every
+from torchestimator.hooks.triggers import Every, check_step_count
 from torchestimator._core.state import TrainState
 
 logger = logging.getLogger("torchestimator")
@@ -48,9 +48,8 @@ class StopAtStepHook(Hook):
     def __init__(self, num_steps: int | None = None, last_step: int | None = None) -> None:
         if (num_steps is None) == (last_step is None):
             raise ValueError(f"StopAtStepHook needs exactly one of num_steps and last_step; received {num_steps}, {last_step}.")
-        for name, value in (("num_steps", num_steps), ("last_step", last_step)):
-            if value is not None and value <= 0:
-                raise ValueError(f"StopAtStepHook.{name} must be > 0; received {value}.")
+        num_steps = None if num_steps is None else check_step_count("StopAtStepHook", "num_steps", num_steps)
+        last_step = None if last_step is None else check_step_count("StopAtStepHook", "last_step", last_step)
         self.num_steps = num_steps
         self.last_step = last_step
 
