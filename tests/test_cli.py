@@ -95,6 +95,15 @@ def test_cli_errors_are_reported_without_traceback(tmp_path, model_file, capsys)
         broken = tmp_path / "broken.py"
         broken.write_text(MODEL_FILE.replace("def eval_input_fn", "def other_input_fn"))
         main(["evaluate", str(broken), "--model_dir", str(tmp_path / "run")])
+    with pytest.raises(SystemExit, match="no model file or module 'no_such_module.demo'"):
+        main(["export", "no_such_module.demo", "--model_dir", str(tmp_path / "run"), "--export_dir", str(tmp_path)])
+    # A NaN loss (a TorchEstimatorError that is no ValueError) is one line too, naming the step.
+    nan = tmp_path / "nan.py"
+    nan.write_text(MODEL_FILE.replace("loss=F.cross_entropy(logits, labels)", "loss=F.cross_entropy(logits, labels) * float('nan')"))
+    capsys.readouterr()
+    assert main(["train", str(nan), "--model_dir", str(tmp_path / "nan_run")]) == 2
+    error = capsys.readouterr().err
+    assert "NaN or infinite loss at step 1" in error and "Traceback" not in error and len(error.splitlines()) == 1
 
 
 @pytest.mark.slow
@@ -199,6 +208,11 @@ def test_train_and_evaluate_command(tmp_path, model_file, capsys):
     from torchestimator._io.summary import read_scalars
 
     assert [step for step, _ in read_scalars(os.path.join(model_dir, "eval"))["accuracy"]] == [5, 10]
+    # --max_steps wins over a model file's own train_spec.
+    with_spec = tmp_path / "with_spec.py"
+    with_spec.write_text(MODEL_FILE + "\ntrain_spec = te.TrainSpec(train_input_fn, max_steps=5)\n")
+    assert main(["train-and-evaluate", str(with_spec), "--model_dir", str(tmp_path / "spec_run"), "--max_steps", "15"]) == 0
+    assert json.loads(capsys.readouterr().out)["results"]["global_step"] == 15
 
 
 def test_evaluator_flag_evaluates_existing_checkpoints(tmp_path, model_file, capsys):
