@@ -198,9 +198,10 @@ class _Schedules:
         # Seconds-based checkpoints differ between processes: the chief's clock decides (agreed with the flags).
         self.chief_clock = config.save_checkpoints_steps is None
 
-    def is_logging_step(self, step: int) -> bool:
-        return bool(self.log_every and step % self.log_every == 0) or bool(
-            self.summary is not None and self.summary.should_fire(step))
+    def due_at(self, step: int) -> tuple[bool, bool]:
+        """(logging step, summary step): asked once per step, the answers passed on."""
+        summary_due = self.summary is not None and self.summary.should_fire(step)
+        return bool(self.log_every and step % self.log_every == 0) or summary_due, summary_due
 
 
 class _TrainLoop:
@@ -238,22 +239,21 @@ class _TrainLoop:
             if self.steps_this_call == 1:
                 adopt_spec_hooks(run.hooks, spec.training_hooks, state)
             self.watch.observe(loss, state.global_step)
-            logging_step = self.schedules.is_logging_step(state.global_step)
-            self._report(spec, loss, logging_step)
+            logging_step, summary_due = self.schedules.due_at(state.global_step)
+            self._report(spec, loss, logging_step, summary_due)
             stop, interrupted = self._agree_and_save(interrupt.raised, logging_step)
             progress.update(state.global_step, loss=self.context.loss_if_read)
             if stop or interrupted:
                 break
 
-    def _report(self, spec: EstimatorSpec, loss: torch.Tensor, logging_step: bool) -> None:
+    def _report(self, spec: EstimatorSpec, loss: torch.Tensor, logging_step: bool, summary_due: bool) -> None:
         """Hooks and summaries for this step; at logging steps the loss is the mean over replicas."""
         run, step = self.run, self.state.global_step
         value = self.strategy.reduce_mean(loss) if self.several and logging_step else None
         self.context.set_step_outputs(spec, loss=loss, loss_value=value)
         run.hooks.after_step(self.context)
-        summary = self.schedules.summary
-        if summary is not None and summary.should_fire(step):
-            summary.mark(step)
+        if summary_due:
+            self.schedules.summary.mark(step)
             if self.is_chief:
                 _write_train_summaries(run, self.context.loss, step)
 

@@ -301,13 +301,16 @@ class _Evaluations:
         self.bundle, self.state, self.start_step = bundle, state, state.global_step
 
     def wants_checkpoint(self, step: int) -> bool:
-        return any(spec.every_n_steps and step % spec.every_n_steps == 0 for spec in self.specs)
+        return bool(self._due_by_steps(step))
 
     def due(self, step: int, saved: bool) -> bool:
-        by_steps = {i for i, spec in enumerate(self.specs) if spec.every_n_steps and step % spec.every_n_steps == 0}
         by_checkpoint = self._due_after_checkpoint(step) if saved else ()
-        self._due = tuple(sorted(by_steps | set(by_checkpoint)))
+        self._due = tuple(sorted(set(self._due_by_steps(step)) | set(by_checkpoint)))
         return bool(self._due)
+
+    def _due_by_steps(self, step: int) -> list[int]:
+        """The specs with every_n_steps whose multiple ``step`` is."""
+        return [index for index, spec in enumerate(self.specs) if spec.every_n_steps and step % spec.every_n_steps == 0]
 
     def evaluate(self, step: int, *, final: bool) -> bool:
         return self._round(step, set(self._due), final)
