@@ -98,6 +98,10 @@ class RunConfig:
     """Show a progress bar; None shows it only when stderr is a terminal."""
     checkpoint_on_interrupt: bool = _checked(True, _FLAG, optional=False)
     """On Ctrl-C, finish the current step and write a checkpoint before stopping."""
+    sync_batch_norm: bool = _checked(False, _FLAG, optional=False)
+    """With several replicas, BatchNorm layers use the statistics of the global batch (SyncBatchNorm)."""
+    async_checkpoint: bool = _checked(False, _FLAG, optional=False)
+    """Multi-process runs write checkpoints in the background; the loop waits only for the copy to CPU."""
 
     def __post_init__(self) -> None:
         steps, secs = self.save_checkpoints_steps, self.save_checkpoints_secs

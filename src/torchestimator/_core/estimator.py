@@ -22,6 +22,7 @@ import torch
 
 from torchestimator._io.atomic import temporary_prefix, write_bytes_atomically
 from torchestimator._policy.best import protect_recorded_best
+from torchestimator._core.agreement import check_start_agreement
 from torchestimator._core.calling import call_factory, call_with, check_declared
 from torchestimator.checkpoint import CheckpointStore
 from torchestimator.checkpoint.checkpointer import Checkpointer
@@ -29,6 +30,7 @@ from torchestimator.checkpoint.parts import TrainingParts, load_model_state, res
 from torchestimator.checkpoint.errors import DiskFullError, is_no_room
 from torchestimator._core.config import RunConfig
 from torchestimator.distribute import OneDeviceStrategy
+from torchestimator.distribute.sync_batch_norm import prepare_batch_norm
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, HookList
 from torchestimator.interop import open_weights
 from torchestimator.hooks.basic import LoggingTensorHook, StepCounterHook
@@ -254,6 +256,8 @@ class Estimator:
         hook_list = self._train_hooks(HookList(hooks or ()))  # user hooks are checked before any work
         # A model_dir whose checkpoints are all damaged raises here rather than silently starting over.
         checkpoint = self._store.restore() if self._store.has_checkpoints() else None
+        # Every replica must start from the same checkpoint in the same model_dir, or fail here, naming who differs.
+        check_start_agreement(strategy, self._model_dir, checkpoint)
         if max_steps is not None and checkpoint is not None and checkpoint.step >= max_steps:
             logger.info("Skipping training since max_steps has already saved (global step %d).", checkpoint.step)
             return None
@@ -266,6 +270,7 @@ class Estimator:
         self._restore_weights(module, checkpoint, state)  # on the plain module, before any wrapping
         if strategy.is_chief:  # after warm start, so a failed one leaves model_dir untouched
             self._prepare_model_dir(state.global_step)
+        module = prepare_batch_norm(module, strategy, sync=config.sync_batch_norm)
         parts = self._build_parts(module, state, strategy.device)
         position = None
         if checkpoint is not None:  # generator states before input_fn runs: it may draw from them
