@@ -51,10 +51,13 @@ def _add_demo(commands: Any) -> None:
 
 
 def _add_launch(commands: Any) -> None:
-    launch = commands.add_parser("launch", help="run a script in N processes (torchrun)")
-    launch.add_argument("--nproc_per_node", type=int, default=2)
-    launch.add_argument("script")
-    launch.add_argument("script_args", nargs=argparse.REMAINDER)
+    from torchestimator.distribute.launcher import launch_parser
+
+    # torchrun's own parser is the parent, so every torchrun option (--nnodes MIN:MAX, --node_rank,
+    # --rdzv_backend/--rdzv_endpoint/--rdzv_id, --max_restarts, ...) is accepted in both spellings.
+    torchrun = launch_parser()
+    launch = commands.add_parser("launch", parents=[torchrun], add_help=False, description=torchrun.description,
+                                 help="run a script in N processes per node, on one or several machines (torchrun)")
     launch.set_defaults(handler=_launch)
 
 
@@ -97,9 +100,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from torchestimator.distribute.launcher import launch
+    from torchestimator.distribute.launcher import prepare_torchrun_arguments, run_torchrun
 
-    return launch(args.nproc_per_node, [args.script, *args.script_args])
+    return run_torchrun(prepare_torchrun_arguments(args))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,27 +2,39 @@
 
 from __future__ import annotations
 
-from torchestimator.distribute.input_context import InputContext
-from torchestimator.distribute.launcher import (
+from torchestimator.distribute.cluster import (
     ClusterSpec,
-    RelaunchError,
+    cluster_from_slurm,
     cluster_from_tf_config,
     cluster_from_torchrun,
-    find_free_port,
-    launch,
+    expand_hostlist,
+    resolve_cluster,
 )
-from torchestimator.distribute.strategy import MirroredStrategy, OneDeviceStrategy, Placement, Strategy
+from torchestimator.distribute.input_context import InputContext
+from torchestimator.distribute.launcher import RelaunchError, find_free_port, launch, launch_command
+from torchestimator.distribute.strategy import (
+    MirroredStrategy,
+    MultiWorkerMirroredStrategy,
+    OneDeviceStrategy,
+    Placement,
+    Strategy,
+)
 
 __all__ = [
     "ClusterSpec",
     "InputContext",
     "MirroredStrategy",
+    "MultiWorkerMirroredStrategy",
     "OneDeviceStrategy",
     "Placement",
     "RelaunchError",
     "Strategy",
+    "cluster_from_slurm",
     "cluster_from_tf_config",
     "cluster_from_torchrun",
+    "expand_hostlist",
     "find_free_port",
     "launch",
+    "launch_command",
+    "resolve_cluster",
 ]

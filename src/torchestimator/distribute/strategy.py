@@ -3,9 +3,11 @@
 Belongs here: the ``Strategy`` interface the training loop talks to (setup,
 device, replica ids, wrap/unwrap, no_sync, small collectives for logging and
 stopping together, teardown) and its implementations, ``OneDeviceStrategy`` and
-``MirroredStrategy`` (DistributedDataParallel over local processes). Differences
-between backends live behind this interface, never in ``if`` chains in the loop.
-Does not belong here: reading clusters and starting processes (``launcher.py``),
+``MirroredStrategy`` (DistributedDataParallel over processes on one or several
+machines; ``MultiWorkerMirroredStrategy`` is TF's name for the same), and the
+collective timeout. Differences between backends live behind this interface,
+never in ``if`` chains in the loop. Does not belong here: reading clusters
+(``cluster.py``: ``resolve_cluster``) and starting processes (``launcher.py``),
 restoring or warm-starting weights (done on the plain module before ``wrap``).
 
 The public methods check their preconditions once (set up? a module?) and call
@@ -21,8 +23,9 @@ import contextlib
 import dataclasses
 import datetime
 import logging
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ContextManager
 
 import torch
@@ -30,13 +33,53 @@ import torch.distributed as distributed
 from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
+from torchestimator.distribute.cluster import (
+    EVALUATOR,
+    PS,
+    PS_ADVICE,
+    ClusterSpec,
+    cluster_from_slurm,
+    cluster_from_tf_config,
+    cluster_from_torchrun,
+    resolve_cluster,
+)
 from torchestimator.distribute.input_context import InputContext
-from torchestimator.distribute.launcher import ClusterSpec, cluster_from_torchrun, start_local_replicas
+from torchestimator.distribute.launcher import start_local_replicas
+from torchestimator.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 """torch.distributed backends a MirroredStrategy accepts."""
+
+DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = 300.0
+"""How long a collective waits for the other replicas by default: 5 minutes, so a dead replica fails the
+others in time for torchrun's elastic restart (torch's own default is 30 minutes). Also how long the
+first process waits for the others to join at start-up."""
+
+COLLECTIVE_TIMEOUT_VARIABLE = "TORCHESTIMATOR_COLLECTIVE_TIMEOUT"
+"""Environment variable (seconds) that sets the collective timeout when the constructor does not."""
+
+
+def collective_timeout_seconds(requested: float | None, environ: Mapping[str, str] | None = None) -> float:
+    """The collective timeout: ``requested`` if given, else TORCHESTIMATOR_COLLECTIVE_TIMEOUT, else 300 s."""
+    if requested is not None:
+        return requested
+    environ = os.environ if environ is None else environ
+    text = environ.get(COLLECTIVE_TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigError(
+            f"{COLLECTIVE_TIMEOUT_VARIABLE} must be a positive number of seconds; received {text!r}. "
+            f"Unset it for the default ({DEFAULT_COLLECTIVE_TIMEOUT_SECONDS:g} s).",
+            field=COLLECTIVE_TIMEOUT_VARIABLE, value=text,
+        )
+    return seconds
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -251,6 +294,40 @@ class Strategy(abc.ABC):
         raise RuntimeError(f"{type(self).__name__} runs one replica and has no collectives.")
 
 
+def _refuse_one_of_several_tasks(environ: Mapping[str, str] | None = None) -> None:
+    """A OneDeviceStrategy in one of several launched processes: an error under TF_CONFIG, a warning else.
+
+    TF_CONFIG with chief + workers is how TF users ask for multi-worker training: under tf.estimator the
+    tasks trained together (through parameter servers, or a strategy). Training each task alone would
+    silently give N different models written into one model_dir, so this is an error, as issue 12 asks.
+    torchrun and srun also start processes that only read a model (predict, export), so there a warning.
+    """
+    environ = os.environ if environ is None else environ
+    launched = cluster_from_torchrun(environ) or cluster_from_slurm(environ)
+    if launched is not None:
+        if launched.spans_several_processes:
+            logger.warning(
+                "%s says this program runs as %d processes (this is rank %d), but OneDeviceStrategy trains each "
+                "alone and every process will write model_dir. Use MirroredStrategy.",
+                "torchrun (WORLD_SIZE)" if launched.source == "torchrun" else "SLURM (SLURM_NTASKS)",
+                launched.world_size, launched.rank,
+            )
+        return
+    cluster = cluster_from_tf_config(environ)
+    if cluster.task_type == PS:
+        raise ConfigError(f"TF_CONFIG says this task is a 'ps' (parameter server). {PS_ADVICE}",
+                          field='TF_CONFIG["task"]["type"]', value=PS)
+    if cluster.in_training_group and cluster.spans_several_processes:
+        raise ConfigError(
+            f"TF_CONFIG describes {cluster.world_size} training tasks (chief + workers; this is "
+            f"{cluster.task_type}:{cluster.task_index}), but this Estimator trains on one device "
+            "(RunConfig.train_distribute is None or a OneDeviceStrategy): each task would train alone and all would "
+            "write model_dir. Set RunConfig(train_distribute=te.MultiWorkerMirroredStrategy()) (or "
+            "te.MirroredStrategy()) so the tasks train as one group, or remove \"cluster\" from TF_CONFIG to train "
+            "this task alone.", field="TF_CONFIG", value=environ.get("TF_CONFIG"),
+        )
+
+
 def _check_device_exists(device: torch.device, where: str) -> None:
     if device.type != "cuda":
         return
@@ -263,7 +340,13 @@ def _check_device_exists(device: torch.device, where: str) -> None:
 
 
 class OneDeviceStrategy(Strategy):
-    """One process on one device; ``wrap`` only moves the module there."""
+    """One process on one device; ``wrap`` only moves the module there.
+
+    ``setup()`` refuses to run as one task of a ``TF_CONFIG`` cluster with several training tasks
+    (chief + workers), and warns when torchrun or srun started several processes: each would train
+    alone and write model_dir. Use ``MirroredStrategy``; ``warn_if_launched=False`` (what predict
+    uses, which runs whole in every process on purpose) skips the check.
+    """
 
     def __init__(self, device: str | torch.device | None = None, *, warn_if_launched: bool = True) -> None:
         super().__init__()
@@ -281,12 +364,8 @@ class OneDeviceStrategy(Strategy):
         _check_device_exists(device, "OneDeviceStrategy")
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)
-        world_size = os.environ.get("WORLD_SIZE", "1")
-        if self._warn_if_launched and world_size.isdigit() and int(world_size) > 1:
-            logger.warning(
-                "WORLD_SIZE=%s says this program was launched as several processes, but OneDeviceStrategy "
-                "trains each alone and every process will write model_dir. Use MirroredStrategy.", world_size,
-            )
+        if self._warn_if_launched:
+            _refuse_one_of_several_tasks()
         return Placement(device=device)
 
     def _wrap(self, module: nn.Module) -> nn.Module:
@@ -296,17 +375,25 @@ class OneDeviceStrategy(Strategy):
 class MirroredStrategy(Strategy):
     """Data parallel training: one process per replica, gradients averaged by DistributedDataParallel.
 
-    ``setup()`` finds its processes in one of three ways:
+    ``setup()`` finds its processes (``resolve_cluster``) in the first of these that applies:
 
-    * a process group already exists (``torchestimator.testing.run_in_processes``): it is used
-      as is and left for its creator to destroy;
+    * a process group already exists (``torchestimator.testing.run_in_processes``, Ray Train): it
+      is used as is and left for its creator to destroy;
     * the program was started by ``torchrun`` or ``torchestimator launch`` (RANK, WORLD_SIZE,
-      MASTER_ADDR, MASTER_PORT are set): each process joins the group from those variables;
-    * a plain ``python script.py`` (as with tf.estimator): this process becomes replica 0 and
-      runs the same command line again as replicas 1..N-1, then all join the group. Code before
-      ``setup()`` therefore runs in every replica, as under torchrun. At exit, replica 0 waits for
-      the others and exits with status 1 if one failed. Programs that cannot be re-run
-      (``python -c``, stdin, notebooks) get a ``RelaunchError`` that says to use the launcher.
+      MASTER_ADDR, MASTER_PORT are set; Kubeflow's PyTorchJob sets them too): each process joins
+      the group from those variables;
+    * ``TF_CONFIG`` names several training tasks (chief + workers), as TF users run them: a plain
+      ``python train.py`` in each task; the chief is rank 0 and serves the group's store at its
+      TF_CONFIG address, worker i is rank i + 1. A ``ps`` task is refused (there are no parameter
+      servers); the ``evaluator`` task never joins the group and runs one local replica;
+    * ``srun`` started several tasks (SLURM_PROCID, SLURM_NTASKS): the group is formed at the first
+      host of SLURM_NODELIST, port MASTER_PORT or 15000 + the job id's last 4 digits;
+    * otherwise a plain ``python script.py`` (as with tf.estimator): with ``num_replicas`` > 1 this
+      process becomes replica 0 and runs the same command line again as replicas 1..N-1, then all
+      join the group. Code before ``setup()`` therefore runs in every replica, as under torchrun. At
+      exit, replica 0 waits for the others and exits with status 1 if one failed. Programs that
+      cannot be re-run (``python -c``, stdin, notebooks) get a ``RelaunchError`` that says to use
+      the launcher.
 
     Args:
         num_replicas: replicas to train. None means the launched world size, else one per
@@ -317,7 +404,10 @@ class MirroredStrategy(Strategy):
             ``cuda:<LOCAL_RANK>`` when CUDA is available, else the CPU.
         find_unused_parameters: passed to DistributedDataParallel, for models whose forward
             skips some parameters.
-        timeout_seconds: how long a collective waits for the other replicas before failing.
+        timeout_seconds: how long a collective (and the start-up join) waits for the other replicas
+            before failing. None reads TORCHESTIMATOR_COLLECTIVE_TIMEOUT (seconds) at ``setup()``, else
+            300 s: short enough that a dead replica fails the others and torchrun's elastic restart
+            fires within minutes, long enough for the chief to write a checkpoint while the others wait.
     """
 
     def __init__(
@@ -327,7 +417,7 @@ class MirroredStrategy(Strategy):
         devices: Sequence[str | int | torch.device] | None = None,
         *,
         find_unused_parameters: bool = False,
-        timeout_seconds: float = 1800.0,
+        timeout_seconds: float | None = None,
     ) -> None:
         super().__init__()
         if num_replicas is not None and (
@@ -338,8 +428,13 @@ class MirroredStrategy(Strategy):
             )
         if backend is not None and backend not in BACKENDS:
             raise ValueError(f"MirroredStrategy backend must be one of {BACKENDS} or None; received {backend!r}.")
-        if timeout_seconds <= 0:
-            raise ValueError(f"MirroredStrategy timeout_seconds must be positive; received {timeout_seconds!r}.")
+        if timeout_seconds is not None and (
+            isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, (int, float))
+            or not math.isfinite(timeout_seconds) or timeout_seconds <= 0
+        ):
+            raise ValueError(
+                f"{type(self).__name__} timeout_seconds must be positive seconds or None; received {timeout_seconds!r}."
+            )
         self._devices = None if devices is None else tuple(_as_device(device) for device in devices)
         if self._devices is not None and not self._devices:
             raise ValueError("MirroredStrategy devices must name at least one device, or be None.")
@@ -351,27 +446,46 @@ class MirroredStrategy(Strategy):
         self._requested_replicas = num_replicas
         self._backend = backend
         self._find_unused_parameters = find_unused_parameters
-        self._timeout = datetime.timedelta(seconds=timeout_seconds)
+        self._requested_timeout = timeout_seconds
+        self._timeout = datetime.timedelta(seconds=DEFAULT_COLLECTIVE_TIMEOUT_SECONDS)  # setup() resolves it
         self._created_group = False
         self._threads_before: int | None = None  # the process-wide thread count setup lowered, for teardown
 
     def __repr__(self) -> str:
-        return f"MirroredStrategy(num_replicas={self._requested_replicas}, backend={self._backend!r})"
+        return f"{type(self).__name__}(num_replicas={self._requested_replicas}, backend={self._backend!r})"
+
+    @property
+    def timeout_seconds(self) -> float:
+        """The collective timeout in force (resolved from the environment by ``setup()``)."""
+        return self._timeout.total_seconds()
 
     # ------------------------------------------------------------ setup
 
     def _setup(self) -> Placement:
         if distributed.is_initialized():
             return self._adopt_group()
-        cluster = cluster_from_torchrun(os.environ)
-        if cluster is None:
-            num_replicas = self._default_num_replicas()
-            if num_replicas == 1:
-                return self._single_process_group()
-            start_local_replicas(num_replicas)
-            cluster = cluster_from_torchrun(os.environ)
-            assert cluster is not None, "start_local_replicas sets the torchrun variables"
-        return self._join_group(cluster)
+        self._timeout = datetime.timedelta(seconds=collective_timeout_seconds(self._requested_timeout))
+        cluster = resolve_cluster(os.environ)
+        if cluster.task_type == PS:
+            raise ConfigError(f"TF_CONFIG says this task is a 'ps' (parameter server). {PS_ADVICE}",
+                              field='TF_CONFIG["task"]["type"]', value=PS)
+        if cluster.task_type == EVALUATOR:
+            # TF's evaluator is outside the training cluster: it evaluates checkpoints with one replica.
+            logger.info("%r: TF_CONFIG says this task is the evaluator, which never joins the training group; "
+                        "it runs one local replica.", self)
+            return self._single_process_group()
+        if cluster.source == "torchrun" or cluster.spans_several_processes:
+            if cluster.num_ps_replicas:
+                logger.warning("TF_CONFIG names %d 'ps' task(s); they are not used: chief and workers train "
+                               "synchronously (DistributedDataParallel).", cluster.num_ps_replicas)
+            return self._join_group(cluster)
+        num_replicas = self._default_num_replicas()
+        if num_replicas == 1:
+            return self._single_process_group()
+        start_local_replicas(num_replicas)
+        launched = cluster_from_torchrun(os.environ)
+        assert launched is not None, "start_local_replicas sets the torchrun variables"
+        return self._join_group(launched)
 
     def _default_num_replicas(self) -> int:
         if self._requested_replicas is not None:
@@ -388,7 +502,7 @@ class MirroredStrategy(Strategy):
     def _check_world_size(self, world_size: int, where: str) -> None:
         if self._requested_replicas is not None and self._requested_replicas != world_size:
             raise ValueError(
-                f"MirroredStrategy(num_replicas={self._requested_replicas}) but {where} has {world_size} "
+                f"{type(self).__name__}(num_replicas={self._requested_replicas}) but {where} has {world_size} "
                 f"processes. Launch {self._requested_replicas} processes, or use num_replicas=None to take "
                 "the launched count."
             )
@@ -415,10 +529,19 @@ class MirroredStrategy(Strategy):
 
     def _join_group(self, cluster: ClusterSpec) -> Placement:
         assert cluster.rank is not None and cluster.world_size is not None
-        self._check_world_size(cluster.world_size, "the launched run (WORLD_SIZE)")
+        self._check_world_size(cluster.world_size, _GROUP_DESCRIPTIONS[cluster.source])
         device = self._pick_device(cluster.local_rank, cluster.local_world_size)
+        if cluster.source == "torchrun":
+            # env:// lets torchrun hand its agent's store to the workers (TORCHELASTIC_USE_AGENT_STORE).
+            init_method = "env://"
+        else:
+            assert cluster.master_addr is not None and cluster.master_port is not None
+            host = f"[{cluster.master_addr}]" if ":" in cluster.master_addr else cluster.master_addr
+            init_method = f"tcp://{host}:{cluster.master_port}"
+            logger.info("%r: %s rank %d of %d joins the group at %s (waits up to %g s for the others).", self,
+                        cluster.source, cluster.rank, cluster.world_size, init_method, self.timeout_seconds)
         distributed.init_process_group(
-            self._backend_for(device), init_method="env://", rank=cluster.rank,
+            self._backend_for(device), init_method=init_method, rank=cluster.rank,
             world_size=cluster.world_size, timeout=self._timeout,
         )
         self._after_group_created(cluster.local_world_size)
@@ -508,6 +631,22 @@ class MirroredStrategy(Strategy):
             distributed.barrier(device_ids=[device.index])
         else:
             distributed.barrier()
+
+
+class MultiWorkerMirroredStrategy(MirroredStrategy):
+    """TensorFlow's name for ``MirroredStrategy`` across machines; the same strategy.
+
+    ``tf.distribute.MultiWorkerMirroredStrategy`` reads the cluster from ``TF_CONFIG``; so does this
+    one (and torchrun's and SLURM's variables), through ``MirroredStrategy.setup()``. TF users' launch
+    scripts work unchanged: ``python train.py`` in each task with its TF_CONFIG.
+    """
+
+
+_GROUP_DESCRIPTIONS = {
+    "torchrun": "the launched run (WORLD_SIZE)",
+    "tf_config": 'the TF_CONFIG cluster (its chief and workers)',
+    "slurm": "the srun step (SLURM_NTASKS)",
+}
 
 
 def _as_device(device: str | int | torch.device) -> torch.device:
