@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import datetime
 import json
 import logging
 import os
@@ -39,7 +40,7 @@ from torchestimator._core.eval_loops import EvalRun, predict_loop
 from torchestimator._core.inference import FRESH, InferenceBundle, WeightsOrigin
 from torchestimator._core.loop import InLoopEvaluation, TrainingRun, train_loop
 from torchestimator._core.spec import EstimatorSpec, ModeKeys
-from torchestimator._core.state import TrainState, seed_everything
+from torchestimator._core.state import TrainState, rng_preserved, seed_everything
 from torchestimator._io.summary import SummaryWriter
 from torchestimator.warm_start import WarmStartPlan, as_warm_start_settings, plan_warm_start, warm_start
 
@@ -101,6 +102,8 @@ class Estimator:
         # Where the built module's weights came from; saves re-reading an unchanged checkpoint.
         self._weights: WeightsOrigin = FRESH
         self._live_run: TrainingRun | None = None  # while train() runs: the weights change under the record
+        # A copy of a user-given module taken before FSDP2 sharded it in place: plain modules are made from it.
+        self._plain_template: torch.nn.Module | None = None
         self._store = CheckpointStore(
             self._model_dir,
             keep_checkpoint_max=self._config.keep_checkpoint_max,
@@ -222,16 +225,24 @@ class Estimator:
             self._live_run = run
             try:
                 train_loop(run)
+                if run.checkpointer is not None:
+                    run.checkpointer.close()  # a background save: the final checkpoint is complete before return
             except BaseException:
+                if run.checkpointer is not None:
+                    run.checkpointer.close(raise_errors=False)
                 try:
                     run.summary_writer.close()
                 except OSError as error:  # keep the error that stopped training (a full disk fails both)
                     logger.warning("%s", error)
+                if _holds_shards(run.parts.model):
+                    self._module = None  # a sharded module is no module to evaluate: the next call rebuilds it
                 raise
             finally:
                 self._weights, self._live_run = self._weights_now(), None
                 run.parts.model.eval()
             run.summary_writer.close()
+            if _holds_shards(run.parts.model):
+                self._module = self._gathered_copy(run.parts.model, run.strategy.device)  # every replica, together
             run.strategy.barrier()  # the chief's final checkpoint is on disk before any replica reads it
         return self
 
@@ -241,7 +252,7 @@ class Estimator:
         if run is None:
             return self._weights
         checkpointer, step = run.checkpointer, run.state.global_step
-        if checkpointer is not None and checkpointer.last_saved_step == step and checkpointer.last_saved_path:
+        if checkpointer is not None and checkpointer.published_step == step and checkpointer.last_saved_path:
             return WeightsOrigin("checkpoint", step, checkpointer.last_saved_path)
         return WeightsOrigin("training", step)
 
@@ -271,21 +282,26 @@ class Estimator:
         if strategy.is_chief:  # after warm start, so a failed one leaves model_dir untouched
             self._prepare_model_dir(state.global_step)
         module = prepare_batch_norm(module, strategy, sync=config.sync_batch_norm)
+        if self._model_source is module and _shards_parameters(strategy):
+            self._plain_template = copy.deepcopy(module)  # FSDP2 shards the user's module in place
+        # Wrapped before the optimizer is built: FSDP2 replaces the parameters by shards, and the optimizer
+        # must hold those (DDP keeps the parameters, so the order changes nothing for it).
+        wrapped = strategy.wrap(module)
         parts = self._build_parts(module, state, strategy.device)
         position = None
         if checkpoint is not None:  # generator states before input_fn runs: it may draw from them
             position = parts.restore(checkpoint, strategy.replica_id, strategy.num_replicas)
         elif self._warm_start is not None and self._warm_start.warm_start_optimizer:
-            restore_shared(self._warm_start_checkpoint(), parts.shared_parts(), parts.optimizer)
+            restore_shared(self._warm_start_checkpoint(), parts.shared_parts(), parts.optimizer, parts.model)
         state.start_step = state.global_step
         input_source = self._call_input_fn(input_fn, input_fn_args, ModeKeys.TRAIN, strategy)
         parts.input_source = resumable(input_source)
         self._resume_input(input_source, parts, position, checkpoint)
         last_step = max_steps if max_steps is not None else (state.global_step + steps if steps is not None else None)
         run = TrainingRun(
-            config=config, strategy=strategy, parts=parts, wrapped=strategy.wrap(module),
+            config=config, strategy=strategy, parts=parts, wrapped=wrapped,
             call_model_fn=self._model_fn_caller(), hooks=hook_list,
-            checkpointer=self._checkpointer(strategy, saving_listeners),
+            checkpointer=self._checkpointer(strategy, saving_listeners, module, evaluation),
             summary_writer=SummaryWriter(self._model_dir, enabled=strategy.is_chief),
             input_source=input_source, last_step=last_step, evaluation=evaluation,
         )
@@ -303,7 +319,8 @@ class Estimator:
             hooks.append(StepCounterHook(every_n_steps=config.log_step_count_steps))
         return HookList([*hooks, *user_hooks.hooks], config=config)
 
-    def _checkpointer(self, strategy: Any, saving_listeners: Iterable[CheckpointSaverListener] | None) -> Checkpointer | None:
+    def _checkpointer(self, strategy: Any, saving_listeners: Iterable[CheckpointSaverListener] | None,
+                      module: torch.nn.Module, evaluation: InLoopEvaluation | None) -> Checkpointer | None:
         config = self._config
         listeners = list(saving_listeners or ())
         for listener in listeners:
@@ -316,7 +333,18 @@ class Estimator:
             return None
         for listener in listeners:
             listener.begin()
-        return Checkpointer(self._store, strategy, listeners=listeners)
+        # Several processes (or sharded parameters) write through torch.distributed.checkpoint, each rank its share.
+        sharded = strategy.num_replicas > 1 or _holds_shards(module)
+        asynchronous = config.async_checkpoint and sharded
+        if config.async_checkpoint and not sharded:
+            logger.info("async_checkpoint: one process writes its single-file checkpoints synchronously.")
+        elif asynchronous and evaluation is not None:
+            # Each evaluation marks and exports the checkpoint of its step: it must be on disk first.
+            logger.info("async_checkpoint: saves are synchronous while train_and_evaluate evaluates during training.")
+            asynchronous = False
+        timeout = getattr(strategy, "timeout_seconds", None)
+        return Checkpointer(self._store, strategy, listeners=listeners, sharded=sharded, asynchronous=asynchronous,
+                            timeout=None if timeout is None else datetime.timedelta(seconds=timeout))
 
     def _build_parts(self, module: torch.nn.Module, state: TrainState, device: torch.device) -> TrainingParts:
         """The run's stateful parts: the model, and the optimizer, scheduler and scaler built for it."""
@@ -493,7 +521,27 @@ class Estimator:
         """
         if self._live_run is None:
             return self._build_module(device), self._weights
-        return copy.deepcopy(self._live_run.parts.model).to(device), self._weights_now()
+        live = self._live_run.parts.model
+        if _holds_shards(live):
+            # A copy would hold this replica's shards only: inference gets a plain module and a checkpoint's weights.
+            return self._plain_module().to(device), FRESH
+        return copy.deepcopy(live).to(device), self._weights_now()
+
+    def _plain_module(self) -> torch.nn.Module:
+        """A new, unsharded module of this Estimator's model (its weights are the caller's to load)."""
+        if self._plain_template is not None:
+            return copy.deepcopy(self._plain_template)
+        with rng_preserved():  # building draws initial weights; training's random streams stay where they are
+            return self._new_module()
+
+    def _gathered_copy(self, sharded: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+        """A plain module holding a sharded module's whole weights; a collective, every replica calls it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        whole = get_model_state_dict(sharded, options=StateDictOptions(full_state_dict=True))
+        plain = self._plain_module().to(device)
+        plain.load_state_dict(whole)
+        return plain
 
     def _restore_weights(self, module: torch.nn.Module, checkpoint: Any, state: TrainState) -> None:
         """Loads a checkpoint into the plain module (before any distribution wrapping)."""
@@ -592,6 +640,18 @@ class Estimator:
             logger.warning("input_fn does not take input_context: every one of the %d replicas reads the same batches.",
                            context.num_replicas_in_sync)
         return source
+
+
+def _holds_shards(module: torch.nn.Module) -> bool:
+    """Whether FSDP2 sharded ``module``'s parameters (each replica holds a shard, as DTensors)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(parameter, DTensor) for parameter in module.parameters())
+
+
+def _shards_parameters(strategy: Any) -> bool:
+    """Whether ``strategy.wrap`` shards the module in place (FullyShardedStrategy)."""
+    return bool(getattr(strategy, "shards_parameters", False))
 
 
 def _resolve_model_dir(model_dir: str | os.PathLike[str] | None, config: RunConfig) -> str:

@@ -1,13 +1,19 @@
 """Checkpointer: writes the checkpoints of one training run from its registered parts.
 
 Every replica calls ``save`` at the same step (the loop agrees on it first);
-one gather brings every replica's own state to the chief, which writes, and
-one broadcast tells every replica the path once it is on disk; the listeners
-hear before_save/after_save on every replica.
+one gather brings every replica's own state to the chief. With one process
+the chief writes the safetensors format and one broadcast tells every replica
+the path once it is on disk. With several (``sharded``), every rank writes its
+share through torch.distributed.checkpoint (``sharded.py``), synchronously or,
+with ``asynchronous``, in the background: then the listeners hear
+``after_save`` when that checkpoint is published (at the next save, or at
+``close`` at the end of training). Listeners hear before_save/after_save on
+every replica.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -20,29 +26,91 @@ logger = logging.getLogger("torchestimator")
 
 
 class Checkpointer:
-    """Writes checkpoints of a training run; all replicas call save together, only the chief writes."""
+    """Writes checkpoints of a training run; all replicas call save together.
 
-    def __init__(self, store: Any, strategy: Any, *, listeners: Iterable[CheckpointSaverListener] = ()) -> None:
+    Args:
+        sharded: write with torch.distributed.checkpoint, every rank its share (several processes, FSDP2).
+        asynchronous: with ``sharded``, write in the background; the loop waits only for the copy to CPU.
+        timeout: how long the background's collectives wait for the other replicas.
+    """
+
+    def __init__(self, store: Any, strategy: Any, *, listeners: Iterable[CheckpointSaverListener] = (),
+                 sharded: bool = False, asynchronous: bool = False, timeout: datetime.timedelta | None = None) -> None:
         self.store = store
         self.strategy = strategy
         self.listeners = list(listeners)
         self.last_saved_step: int | None = None
+        """The newest step saved, or being saved in the background (the loop saves a step once)."""
         self.last_saved_path: str | None = None
+        """The newest checkpoint on disk (published)."""
+        self.published_step: int | None = None
+        self._sharded = None
+        if sharded:
+            from torchestimator.checkpoint.sharded import ShardedSaves  # DCP: seconds to import, only when used
+
+            self._sharded = ShardedSaves(store, strategy, asynchronous=asynchronous, timeout=timeout)
+        elif asynchronous:
+            raise ValueError("Checkpointer: asynchronous saves are written by DCP; they need sharded=True.")
+        self._waiting_listeners: list[CheckpointSaverListener] = []
+        self._state: Any = None
+
+    @property
+    def asynchronous(self) -> bool:
+        return self._sharded is not None and self._sharded.asynchronous
 
     def save(self, parts: TrainingParts, extra_listeners: Iterable[CheckpointSaverListener] = ()) -> bool:
         """Saves the current step; returns True if a listener asked to stop."""
         state = parts.train_state
         step = state.global_step
-        bad_variable = first_non_finite(parts.model)
-        if bad_variable is not None:
-            raise NanLossDuringTrainingError(
-                f"Variable {bad_variable!r} is not finite at step {step}; no checkpoint was written. "
-                f"The last good checkpoint is {self.last_good()}."
-            )
+        self._check_finite(parts, step)
         listeners = [*self.listeners, *extra_listeners]
         replica_states = self.strategy.all_gather_object(parts.replica_state())
+        stop = self._take_in_flight()  # at most one save in flight: the previous one is published first
         for listener in listeners:
             listener.before_save(state, step)
+        if self._sharded is None:
+            path = self._write_on_chief(step, parts, replica_states)
+        else:
+            path = self._sharded.save(step, *parts.sharded_payload(replica_states))
+        self.last_saved_step = step
+        if path is None:  # written in the background; its listeners hear when it is published
+            self._waiting_listeners, self._state = listeners, state
+            return stop
+        return self._published(state, step, path, listeners) or stop
+
+    def close(self, *, raise_errors: bool = True) -> None:
+        """Publishes the save in flight (the final checkpoint is complete when train returns), then releases
+        the background thread; ``raise_errors=False`` (training already failed) logs its error instead."""
+        if self._sharded is None:
+            return
+        try:
+            self._take_in_flight()
+        except BaseException as error:
+            if raise_errors:
+                raise
+            logger.error("The checkpoint being written in the background failed too: %s", error)
+        finally:
+            self._sharded.close()
+
+    def last_good(self) -> str:
+        """The checkpoint a failed run can go back to, in words."""
+        return self.last_saved_path or self.store.latest_checkpoint() or "none (model_dir has no checkpoint)"
+
+    # ------------------------------------------------------------------ steps
+
+    def _check_finite(self, parts: TrainingParts, step: int) -> None:
+        bad_variable = first_non_finite(parts.model)
+        bad = bad_variable is not None
+        if self._sharded is not None:
+            bad = self.strategy.all_agree(bad)  # shards differ: every replica must stop if one finds a NaN
+        if bad:
+            where = repr(bad_variable) if bad_variable is not None else "on another replica"
+            raise NanLossDuringTrainingError(
+                f"Variable {where} is not finite at step {step}; no checkpoint was written. "
+                f"The last good checkpoint is {self.last_good()}."
+            )
+
+    def _write_on_chief(self, step: int, parts: TrainingParts, replica_states: list[Any]) -> str:
         path, failure = None, None
         if self.strategy.is_chief:
             try:
@@ -57,11 +125,18 @@ class Checkpointer:
             raise failure
         if chief_error is not None:
             raise CheckpointError(f"The chief could not write the checkpoint of global step {step}: {chief_error}")
-        self.last_saved_path = path
-        self.last_saved_step = step
-        stop = [bool(listener.after_save(state, step)) for listener in listeners]
-        return any(stop)
+        return path
 
-    def last_good(self) -> str:
-        """The checkpoint a failed run can go back to, in words."""
-        return self.last_saved_path or self.store.latest_checkpoint() or "none (model_dir has no checkpoint)"
+    def _take_in_flight(self) -> bool:
+        """Waits for the background save (raising its error) and tells its listeners; True if one asks to stop."""
+        if self._sharded is None:
+            return False
+        done = self._sharded.wait()
+        if done is None:
+            return False
+        listeners, self._waiting_listeners = self._waiting_listeners, []
+        return self._published(self._state, *done, listeners)
+
+    def _published(self, state: Any, step: int, path: str, listeners: list[CheckpointSaverListener]) -> bool:
+        self.last_saved_path, self.published_step = path, step
+        return any([bool(listener.after_save(state, step)) for listener in listeners])

@@ -16,6 +16,16 @@ written as 64 zeros. So an edited value, key order or whitespace is caught,
 and checking costs one hash, no re-encoding. ``format_version`` 1 files (no
 ``state_sha256``, a ``save_time``) are still read, without that check.
 
+A checkpoint written by several processes (``layout: "dcp"``, format_version 3)
+holds DCP's files instead of the safetensors ones (``dcp_format.py`` reads and
+writes them)::
+
+    .metadata               DCP's index of every tensor and where its pieces are
+    __<rank>_<n>.distcp     the tensors each rank wrote: ``model.<state_dict key>`` and
+                            ``shared.<path>`` (the tensors of optimizer.json's tree)
+    optimizer.json          the optimizer/scheduler/scaler tree, its tensors named by DCP key
+    extra.safetensors, state.json   as above; state.json lists every file's sha256 and size
+
 The bytes are deterministic: identical state gives identical files in any
 process. Save times live in the manifest, not here, and safetensors files
 are encoded here (the safetensors library writes its metadata in hash-map
@@ -42,7 +52,13 @@ from .serialization import flatten_state, unflatten_state
 from .storage import Storage
 
 FORMAT_VERSION = 2
+SHARDED_FORMAT_VERSION = 3
+"""state.json of a checkpoint whose tensors DCP wrote; older readers then ask for an upgrade instead of
+calling the folder damaged."""
 _UNCHECKED_FORMAT_VERSION = 1  # written before state.json had its own checksum
+LAYOUT_KEY = "layout"
+DCP_LAYOUT = "dcp"
+DCP_METADATA_FILE = ".metadata"
 STATE_CHECKSUM_KEY = "state_sha256"
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_TENSORS_FILE = "optimizer.safetensors"
@@ -91,6 +107,33 @@ def encode_checkpoint(
     }
     files[STATE_FILE] = sealed_json(state, STATE_CHECKSUM_KEY)
     return files
+
+
+def encode_sharded_state(
+    step: int, shared_tree: Any, extra: Mapping[str, Any] | None, shard_files: Mapping[str, Mapping[str, Any]],
+) -> dict[str, bytes]:
+    """The files the chief adds to a folder DCP wrote: optimizer.json, extra.safetensors and state.json last.
+
+    ``shard_files`` are DCP's files ({name: {"sha256", "size"}}, gathered from the ranks that wrote them);
+    ``shared_tree`` is the JSON tree of the optimizer/scheduler/scaler state, its tensors in DCP.
+    """
+    if DCP_METADATA_FILE not in shard_files:
+        raise CheckpointError(f"The sharded checkpoint of step {step} lacks DCP's {DCP_METADATA_FILE}: it is incomplete.")
+    files = {OPTIMIZER_TREE_FILE: _json_bytes({"format_version": SHARDED_FORMAT_VERSION, "tree": shared_tree})}
+    extra_tree, extra_tensors = flatten_state(dict(extra or {}), root="extra")
+    if extra_tensors:
+        files[EXTRA_TENSORS_FILE] = tensors_to_bytes(extra_tensors, "extra")
+    table = {name: {"sha256": entry["sha256"], "size": entry["size"]} for name, entry in sorted(shard_files.items())}
+    table.update({name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)} for name, data in files.items()})
+    state = {"format_version": SHARDED_FORMAT_VERSION, LAYOUT_KEY: DCP_LAYOUT, "global_step": step,
+             "extra": extra_tree, "files": table}
+    files[STATE_FILE] = sealed_json(state, STATE_CHECKSUM_KEY)
+    return files
+
+
+def is_sharded(state: Mapping[str, Any]) -> bool:
+    """Whether a checked state.json (``read_state``) describes a checkpoint DCP wrote."""
+    return state.get(LAYOUT_KEY) == DCP_LAYOUT
 
 
 _CHECKSUM_PLACEHOLDER = b"0" * 64
@@ -172,9 +215,9 @@ def read_state(storage: Storage, folder: str, step: int) -> dict[str, Any]:
     version = state.get("format_version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise CheckpointError(f"{where} has no valid format_version (found {version!r}).")
-    if version > FORMAT_VERSION:
+    if version > SHARDED_FORMAT_VERSION:
         raise CheckpointError(
-            f"{where} has format_version {version}, newer than this torchestimator reads ({FORMAT_VERSION}); "
+            f"{where} has format_version {version}, newer than this torchestimator reads ({SHARDED_FORMAT_VERSION}); "
             "upgrade torchestimator to read it."
         )
     if version > _UNCHECKED_FORMAT_VERSION:
@@ -187,15 +230,51 @@ def read_state(storage: Storage, folder: str, step: int) -> dict[str, Any]:
         raise CheckpointError(
             f"{where} says global_step {state.get('global_step')!r}, but the folder name says {step}."
         )
+    layout = state.get(LAYOUT_KEY)
+    if (version == SHARDED_FORMAT_VERSION) != (layout == DCP_LAYOUT):
+        raise CheckpointError(
+            f"{where} says format_version {version} with layout {layout!r}; format_version "
+            f"{SHARDED_FORMAT_VERSION} goes with layout {DCP_LAYOUT!r} only: the file was edited."
+        )
+    required = DCP_METADATA_FILE if layout == DCP_LAYOUT else MODEL_FILE
     files = state.get("files")
-    if not isinstance(files, dict) or MODEL_FILE not in files or not all(
+    if not isinstance(files, dict) or required not in files or not all(
         isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and isinstance(entry.get("size"), int)
         for entry in files.values()
     ):
-        raise CheckpointError(f"{where} lacks a valid 'files' table with {MODEL_FILE}'s sha256 and size.")
+        raise CheckpointError(f"{where} lacks a valid 'files' table with {required}'s sha256 and size.")
     if not isinstance(state.get("extra", {}), dict):
         raise CheckpointError(f"{where}: 'extra' should be a JSON object.")
     return state
+
+
+_VERIFY_CHUNK_BYTES = 16 << 20
+
+
+def verify_listed_files(storage: Storage, folder: str, state: Mapping[str, Any], names: list[str]) -> None:
+    """Check the size and sha256 of files state.json lists, reading each in chunks (DCP shards can be large)."""
+    for filename in names:
+        where = f"{storage.location(folder)}/{filename}"
+        expected = state["files"][filename]
+        digest, size = hashlib.sha256(), 0
+        try:
+            while True:
+                chunk = storage.read_file(folder, filename, size, _VERIFY_CHUNK_BYTES)
+                if not chunk:
+                    break
+                digest.update(chunk)
+                size += len(chunk)
+        except FileNotFoundError:
+            raise CheckpointError(f"{where} is missing although state.json lists it.") from None
+        if size != expected["size"]:
+            raise CheckpointError(
+                f"{where} has {size} bytes; state.json expects {expected['size']} (truncated or overwritten)."
+            )
+        if digest.hexdigest() != expected["sha256"]:
+            raise CheckpointError(
+                f"{where} fails its checksum: sha256 is {digest.hexdigest()}, state.json expects {expected['sha256']} "
+                "(the file is corrupt)."
+            )
 
 
 def read_verified_file(storage: Storage, folder: str, filename: str, state: Mapping[str, Any], verify: bool) -> bytes:
@@ -247,16 +326,21 @@ def read_tree(storage: Storage, folder: str, state: Mapping[str, Any], verify: b
     if tree_file is None:
         tree, where = state.get("extra", {}), f"{location}/{STATE_FILE} (extra)"
     else:
-        where = f"{location}/{tree_file}"
-        data = read_verified_file(storage, folder, tree_file, state, verify)
-        try:
-            tree = json.loads(data.decode("utf-8"))["tree"]
-        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
-            raise CheckpointError(f"{where} is not a valid state tree file: {error!r}.") from None
+        where, tree = f"{location}/{tree_file}", read_json_tree(storage, folder, state, verify, tree_file)
     try:
         return unflatten_state(tree, tensors)
     except (ValueError, TypeError) as error:
         raise CheckpointError(f"{where}: {error}") from None
+
+
+def read_json_tree(storage: Storage, folder: str, state: Mapping[str, Any], verify: bool, tree_file: str) -> Any:
+    """The JSON tree of a state tree file (optimizer.json), its tensors still placeholders."""
+    where = f"{storage.location(folder)}/{tree_file}"
+    data = read_verified_file(storage, folder, tree_file, state, verify)
+    try:
+        return json.loads(data.decode("utf-8"))["tree"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{where} is not a valid state tree file: {error!r}.") from None
 
 
 def read_safetensors_header(storage: Storage, folder: str, filename: str) -> list[tuple[str, tuple[int, ...], Any]]:

@@ -6,7 +6,10 @@ fields of ``TrainingParts`` rather than entries of a dict, and each has a
 scope:
 
 - shared, the same on every replica: the model's weights, the optimizer, the
-  learning-rate scheduler, the grad scaler. The chief writes them once.
+  learning-rate scheduler, the grad scaler. One process: the chief writes them
+  once (``payload``, safetensors). Several processes: DCP writes them
+  (``sharded_payload``), each rank its share; under FSDP2 each rank holds a
+  different shard of them.
 - per replica: the TrainState (step, generator states) and the input source's
   position (TFRecord shards differ per replica). Every replica's is gathered
   and written, and each replica gets its own back.
@@ -26,6 +29,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import torch
 
 from torchestimator._core.state import TrainState
+
+from .serialization import flatten_state
 
 logger = logging.getLogger("torchestimator")
 
@@ -72,7 +77,26 @@ class TrainingParts:
 
     def payload(self, replica_states: list[dict[str, Any]]) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
         """(weights, shared training state, state.json extra) for the checkpoint store; chief only."""
-        extra = {
+        shared = {name: part.state_dict() for name, part in self.shared_parts().items()}
+        return self.model.state_dict(), shared, self._extra(replica_states)
+
+    def sharded_payload(self, replica_states: list[dict[str, Any]]) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+        """(DCP state dict, optimizer.json tree, state.json extra) for a checkpoint DCP writes; every replica calls.
+
+        The optimizer state is keyed by parameter name (``get_optimizer_state_dict``), so that it reshards;
+        its tensors go to DCP under ``shared``, the rest of the tree (hyperparameters) to JSON.
+        """
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        from .dcp_format import MODEL_KEY, SHARED_KEY
+
+        shared = {name: part.state_dict() for name, part in self.shared_parts().items()}
+        shared["optimizer"] = get_optimizer_state_dict(self.model, self.optimizer)
+        tree, tensors = flatten_state(shared, root=SHARED_KEY)
+        return {MODEL_KEY: get_model_state_dict(self.model), SHARED_KEY: tensors}, tree, self._extra(replica_states)
+
+    def _extra(self, replica_states: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
             "format_version": FORMAT_VERSION,
             "global_step": self.train_state.global_step,
             "replicas": replica_states,
@@ -80,7 +104,6 @@ class TrainingParts:
             "optimizer_signature": optimizer_signature(self.optimizer),
             "torch_version": torch.__version__,
         }
-        return self.model.state_dict(), {name: part.state_dict() for name, part in self.shared_parts().items()}, extra
 
     def restore(self, checkpoint: Any, replica_id: int, num_replicas: int) -> dict[str, Any] | None:
         """The shared parts and the train state (generator states too) from ``checkpoint``; returns this
@@ -88,7 +111,7 @@ class TrainingParts:
 
         The weights are not restored here: the Estimator loads them into the plain module before wrapping.
         """
-        restore_shared(checkpoint, self.shared_parts(), self.optimizer)
+        restore_shared(checkpoint, self.shared_parts(), self.optimizer, self.model)
         replicas = replica_states(checkpoint)
         if len(replicas) == num_replicas:
             mine, same_replicas = replicas[replica_id], True
@@ -104,8 +127,13 @@ class TrainingParts:
         return mine.get("input_source")
 
 
-def restore_shared(checkpoint: Any, parts: Mapping[str, Stateful], optimizer: torch.optim.Optimizer) -> None:
-    """Restores optimizer, scheduler and scaler state if they fit; otherwise they start fresh with one warning."""
+def restore_shared(checkpoint: Any, parts: Mapping[str, Stateful], optimizer: torch.optim.Optimizer,
+                   model: torch.nn.Module | None = None) -> None:
+    """Restores optimizer, scheduler and scaler state if they fit; otherwise they start fresh with one warning.
+
+    ``model`` (the module the optimizer trains) is needed for checkpoints keyed by parameter name (DCP's) and
+    for optimizers over sharded parameters (FSDP2).
+    """
     saved_signature = checkpoint.extra.get("optimizer_signature")
     current_signature = optimizer_signature(optimizer)
     saved_state = checkpoint.optimizer_state or {}
@@ -118,11 +146,59 @@ def restore_shared(checkpoint: Any, parts: Mapping[str, Stateful], optimizer: to
             current_signature["class"], current_signature["param_group_sizes"],
         )
         return
+    if model is None and (getattr(checkpoint, "sharded", False) or _has_sharded_parameters(optimizer)):
+        raise ValueError(f"restoring {checkpoint.path} into this optimizer needs the model it trains (model=...).")
+    if getattr(checkpoint, "sharded", False):
+        saved_state = saved_state.load(_live_optimizer_tensors(model, optimizer))
     for name, part in parts.items():
         if name not in saved_state:
             logger.warning("Checkpoint %s has no %s state; it starts fresh.", checkpoint.path, name)
             continue
-        part.load_state_dict(saved_state[name])
+        if name == "optimizer" and getattr(checkpoint, "sharded", False):
+            _set_named_optimizer_state(model, optimizer, saved_state[name], full=False)
+        elif name == "optimizer" and _has_sharded_parameters(optimizer):
+            # A one-process (safetensors) checkpoint, keyed by parameter position, read into FSDP2's shards.
+            _set_named_optimizer_state(model, optimizer, _named_by_position(model, optimizer, saved_state[name]),
+                                       full=True)
+        else:
+            part.load_state_dict(saved_state[name])
+
+
+def _has_sharded_parameters(optimizer: torch.optim.Optimizer) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(parameter, DTensor) for group in optimizer.param_groups for parameter in group["params"])
+
+
+def _live_optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """This run's optimizer tensors named as a DCP checkpoint names them, for reading shards into place (FSDP2).
+
+    Empty for optimizers over whole tensors: those read whole tensors from the checkpoint, and asking
+    get_optimizer_state_dict would initialise their state with a zero step first.
+    """
+    if not _has_sharded_parameters(optimizer):
+        return {}
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    from .dcp_format import SHARED_KEY
+
+    return flatten_state({"optimizer": get_optimizer_state_dict(model, optimizer)}, root=SHARED_KEY)[1]
+
+
+def _set_named_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: Any, *,
+                               full: bool) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=full))
+
+
+def _named_by_position(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> dict:
+    """torch's optimizer state (parameters by position) keyed by parameter name, as get_optimizer_state_dict keys it."""
+    names = {id(parameter): name for name, parameter in model.named_parameters()}
+    position_names = [names[id(parameter)] for group in optimizer.param_groups for parameter in group["params"]]
+    groups = [{**group, "params": [position_names[index] for index in group["params"]]}
+              for group in state["param_groups"]]
+    return {"state": {position_names[index]: value for index, value in state["state"].items()}, "param_groups": groups}
 
 
 def replica_states(checkpoint: Any) -> list[dict[str, Any]]:
@@ -171,7 +247,10 @@ def load_model_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor],
 
 def first_non_finite(module: torch.nn.Module) -> str | None:
     """The name of the first floating-point variable holding a NaN or an infinity, or None."""
+    from torch.distributed.tensor import DTensor
+
     for name, tensor in module.state_dict().items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor  # a shard: this replica checks its own
+        if local.is_floating_point() and not bool(torch.isfinite(local).all()):
             return name
     return None

@@ -25,8 +25,17 @@ Saving a step that already exists replaces it (new folder written, then
 swapped in): the caller asked for the current state to be saved, and a stale
 folder with the same step would be silently wrong after a resume.
 
-Only one process may write (``save``, ``mark_best``); the store does not know
-about ranks, the caller guards. Any process may read.
+A checkpoint of several processes is written by ``torch.distributed.checkpoint``
+(DCP): the chief asks ``begin_sharded_save`` for the staging folder, every rank
+writes its shards into it, and the chief's ``finish_sharded_save`` seals
+state.json over the files the ranks report, then publishes by rename as above.
+A staging folder without its sealed state.json (a rank killed during the save)
+is never listed, so never restored, and is cleared as a leftover. Reading picks
+the format per checkpoint (state.json's ``layout``): a model_dir may hold both
+after the world size changed.
+
+Only one process may write (``save``, ``mark_best``, ``finish_sharded_save``); the
+store does not know about ranks, the caller guards. Any process may read.
 """
 
 from __future__ import annotations
@@ -68,6 +77,9 @@ class Checkpoint:
     optimizer_state: Any | None = None
     """The tree given to ``save``; None when none was saved or it was not requested."""
     extra: dict[str, Any] = field(default_factory=dict)
+    sharded: bool = False
+    """Written by torch.distributed.checkpoint (several processes); ``optimizer_state`` is then a
+    ``dcp_format.ShardedSharedState``, read into the live optimizer by ``parts.restore_shared``."""
 
 
 @dataclass(frozen=True)
@@ -152,15 +164,45 @@ class CheckpointStore:
         return self._save(step, model_state, optimizer_state, extra)
 
     def _save(self, step: int, model_state: Mapping[str, torch.Tensor], optimizer_state: Any, extra: Any) -> str:
-        save_time = float(self._clock())
         files = checkpoint_format.encode_checkpoint(step, model_state, optimizer_state, extra)
+        return self._complete(step, self._new_staging(step), files, already_written=0)
+
+    def begin_sharded_save(self, step: int) -> str:
+        """The staging folder (a local path) every rank's DCP writer fills; the chief calls it, then
+        ``finish_sharded_save``. Leftovers of killed saves are cleared first."""
+        _check_steps([step], "step")
+        if not isinstance(self.storage, LocalStorage):
+            raise CheckpointError(
+                f"Checkpoints of several processes are written by torch.distributed.checkpoint, which needs a model_dir "
+                f"on a file system; {self.storage!r} is not one."
+            )
+        return self.storage.location(self._new_staging(step))
+
+    def finish_sharded_save(self, step: int, staging_path: str, shard_files: Mapping[str, Mapping[str, Any]],
+                            shared_tree: Any, extra: Mapping[str, Any] | None) -> str:
+        """Seal state.json over the files the ranks wrote into ``staging_path``, publish, apply retention.
+
+        ``shard_files``: DCP's files, {name: {"sha256", "size"}}, gathered from the ranks; chief only.
+        """
+        staging = os.path.basename(os.path.normpath(staging_path))
+        if os.path.normpath(self.storage.location(staging)) != os.path.normpath(staging_path):
+            raise ValueError(f"{staging_path} is not a staging folder of {self.storage.root}.")
+        files = checkpoint_format.encode_sharded_state(step, shared_tree, extra, shard_files)
+        return self._complete(step, staging, files, already_written=sum(entry["size"] for entry in shard_files.values()))
+
+    def _new_staging(self, step: int) -> str:
+        self.remove_leftovers()
+        staging = f".tmp-ckpt-{step}-{writer_tag()}"
+        self.storage.delete_folder(staging)
+        return staging
+
+    def _complete(self, step: int, staging: str, files: Mapping[str, bytes], *, already_written: int) -> str:
+        """Write ``files`` into ``staging`` (state.json last), publish it as ``ckpt-<step>``, update the manifest."""
+        save_time = float(self._clock())
         folder = f"ckpt-{step}"
         # Read before publishing, so a first save does not look like a lost manifest.
         manifest = self._read_manifest()
         entries = {entry.step: entry for entry in self._entries(manifest)}
-        self.remove_leftovers()
-        staging = f".tmp-{folder}-{writer_tag()}"
-        self.storage.delete_folder(staging)
         writing = staging
         try:
             # state.json last: on storages without atomic rename it marks completion.
@@ -180,7 +222,8 @@ class CheckpointStore:
             previous = [entry.folder for entry in entries.values() if entry.step != step]
             raise DiskFullError(
                 error, path=self.storage.location(writing), what=f"the checkpoint of step {step}",
-                bytes_needed=sum(len(data) for data in files.values()), free_bytes=self.storage.free_bytes(),
+                bytes_needed=already_written + sum(len(data) for data in files.values()),
+                free_bytes=self.storage.free_bytes(),
                 advice=(f"The newest intact checkpoint is {self.storage.location(previous[-1])}. " if previous else "")
                 + "Free some space (or choose a model_dir with room) and rerun: training resumes from the newest "
                 "intact checkpoint.",
@@ -188,6 +231,10 @@ class CheckpointStore:
         path = self.storage.location(folder)
         logger.info("Saved checkpoint for step %d to %s.", step, path)
         return path
+
+    def discard_staging(self, staging_path: str) -> None:
+        """Remove a staging folder whose save failed (a rank could not write its shards)."""
+        self._delete_quietly(os.path.basename(os.path.normpath(staging_path)))
 
     def _publish(self, staging: str, folder: str) -> None:
         if folder not in self.storage.list_folders():
@@ -453,6 +500,12 @@ class CheckpointStore:
             storage, folder = self.storage, entries[-1].folder
         else:
             storage, folder, _ = self._locate(path)
+        match = _CHECKPOINT_FOLDER.fullmatch(folder)
+        state = checkpoint_format.read_state(storage, folder, int(match.group(1)))
+        if checkpoint_format.is_sharded(state):
+            from . import dcp_format  # torch.distributed.checkpoint takes seconds to import: only when needed
+
+            return dcp_format.variables(dcp_format.read_metadata(storage.location(folder)))
         return checkpoint_format.read_safetensors_header(storage, folder, checkpoint_format.MODEL_FILE)
 
     def _locate(self, path: str | os.PathLike[str]) -> tuple[Storage, str, int]:
@@ -477,6 +530,8 @@ class CheckpointStore:
 
 def _load(storage: Storage, folder: str, step: int, *, verify: bool, load_optimizer: bool) -> Checkpoint:
     state = checkpoint_format.read_state(storage, folder, step)
+    if checkpoint_format.is_sharded(state):
+        return _load_sharded(storage, folder, step, state, verify=verify, load_optimizer=load_optimizer)
     location = storage.location(folder)
     model_file = checkpoint_format.MODEL_FILE
     model_bytes = checkpoint_format.read_verified_file(storage, folder, model_file, state, verify)
@@ -495,6 +550,30 @@ def _load(storage: Storage, folder: str, step: int, *, verify: bool, load_optimi
         storage, folder, state, verify, tree_file=None, tensors_file=checkpoint_format.EXTRA_TENSORS_FILE
     )
     return Checkpoint(path=location, step=step, model_state=model_state, optimizer_state=optimizer_state, extra=extra)
+
+
+def _load_sharded(storage: Storage, folder: str, step: int, state: dict[str, Any], *, verify: bool,
+                  load_optimizer: bool) -> Checkpoint:
+    """A checkpoint DCP wrote: whole weights read here (resharded, whatever number of ranks wrote them); the
+    optimizer's tensors are read later, into the live optimizer (``parts.restore_shared``)."""
+    from . import dcp_format  # torch.distributed.checkpoint takes seconds to import: only when needed
+
+    location = storage.location(folder)
+    if not isinstance(storage, LocalStorage):
+        raise CheckpointError(f"{location} was written by torch.distributed.checkpoint, which reads local folders only.")
+    if verify:
+        checkpoint_format.verify_listed_files(storage, folder, state, sorted(state["files"]))
+    metadata = dcp_format.read_metadata(location)
+    model_state = dcp_format.load_full_tensors(location, metadata)
+    shared = None
+    if load_optimizer and checkpoint_format.OPTIMIZER_TREE_FILE in state["files"]:
+        tree = checkpoint_format.read_json_tree(storage, folder, state, verify, checkpoint_format.OPTIMIZER_TREE_FILE)
+        shared = dcp_format.ShardedSharedState(path=location, tree=tree, metadata=metadata)
+    extra = checkpoint_format.read_tree(
+        storage, folder, state, verify, tree_file=None, tensors_file=checkpoint_format.EXTRA_TENSORS_FILE
+    )
+    return Checkpoint(path=location, step=step, model_state=model_state, optimizer_state=shared, extra=extra,
+                      sharded=True)
 
 
 def _check_steps(steps: Iterable[Any], name: str) -> list[int]:
