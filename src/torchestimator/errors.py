@@ -25,7 +25,9 @@ catches it::
     ├── BodyTooLarge(ValueError)              a request body that inflates past the server's limit (answered 413)
     ├── ServingClientError                    the server answered an error; .status, .message, .url
     ├── RelaunchError(RuntimeError)           the program cannot be started again as the other replicas
-    └── ReplicaFailedError(RuntimeError)      run_in_processes: a replica raised or died; .rank, .exception_type
+    ├── ReplicaFailedError(RuntimeError)      run_in_processes: a replica raised or died; .rank, .exception_type
+    ├── ReplicasDisagreeError(RuntimeError)   before step 1, replicas saw different model_dirs or checkpoints; .views
+    └── ReplicaLostError(RuntimeError)        during training, another replica died or stopped answering; .lost_ranks
 
 Mistakes in how the API is called (a wrong argument type, a hook that is not a
 Hook) stay plain ``TypeError``/``ValueError``: they are bugs in the caller's
@@ -52,6 +54,8 @@ __all__ = [
     "NotARegularFileError",
     "RelaunchError",
     "ReplicaFailedError",
+    "ReplicaLostError",
+    "ReplicasDisagreeError",
     "ServingClientError",
     "ServingError",
     "TensorNotFoundError",
@@ -248,3 +252,30 @@ class ReplicaFailedError(TorchEstimatorError, RuntimeError):
         """Qualified name of the exception it raised (e.g. 'builtins.ValueError')."""
         self.traceback_text = traceback_text
         """Its traceback, formatted in the replica."""
+
+
+class ReplicasDisagreeError(TorchEstimatorError, RuntimeError):
+    """Before step 1, the replicas of a run saw different states: model_dir not shared, another checkpoint, max_steps.
+
+    Raised on every replica with the same message, naming the ranks and what each saw.
+    """
+
+    def __init__(self, message: str, *, views: Any = ()) -> None:
+        super().__init__(message)
+        self.views = list(views)
+        """What each replica saw (``_core.agreement.ReplicaView``), in rank order; empty when it could not be found out."""
+
+
+class ReplicaLostError(TorchEstimatorError, RuntimeError):
+    """During training, a collective failed because another replica died or stopped answering.
+
+    The message names the replicas found gone where this host can tell (those on the same host), and
+    keeps the backend's own message (its ``__cause__``).
+    """
+
+    def __init__(self, message: str, *, lost_ranks: Any = (), step: int | None = None) -> None:
+        super().__init__(message)
+        self.lost_ranks = tuple(lost_ranks)
+        """Ranks found gone (on this host); empty when none could be checked or all still ran."""
+        self.step = step
+        """The global step this replica had reached."""

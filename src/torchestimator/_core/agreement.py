@@ -1,14 +1,292 @@
 """The start-up agreement: every replica of a run starts from the same checkpoint of the same model_dir.
 
-(Placeholder while issue 12 builds it: one replica passes at once.)
+Belongs here: what each replica saw before step 1 (``ReplicaView``), the probe file that tells whether
+every replica sees the same model_dir, the comparison and the one error that names who differs
+(``check_start_agreement``); and the roster of replicas (rank, host, pid) that the training loop uses
+to name a replica that died (``ReplicaRoster``). Does not belong here: choosing the checkpoint (the
+checkpoint store), the collectives themselves (the Strategy), the loop.
+
+model_dir must be storage every node sees (one shared file system mounted on every node: NFS, Lustre,
+a cloud bucket mount). With a model_dir on each node's local disk, the node that finds a checkpoint
+restores it and the others start at step 0: they would train in lockstep from different states, write
+a mixed checkpoint and then wait in a collective until the timeout. The agreement turns that into one
+error before step 1, on every replica, naming the replicas and what each saw.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import os
+import re
+import secrets
+import socket
+import time
+from collections.abc import Sequence
 from typing import Any
 
+from torchestimator._io.atomic import temporary_prefix, writer_is_gone, writer_tag
+from torchestimator.checkpoint.errors import is_no_room
+from torchestimator.errors import DiskFullError, ReplicaLostError, ReplicasDisagreeError, TorchEstimatorError
 
-def check_start_agreement(strategy: Any, model_dir: str, checkpoint: Any) -> None:
-    """Fails fast, naming the replicas that disagree, when the replicas would start from different states."""
+logger = logging.getLogger("torchestimator")
+
+PROBE_VISIBILITY_SECONDS = 5.0
+"""How long a replica that does not see the chief's probe file looks again before it says so.
+
+Shared file systems with close-to-open consistency (NFS) show a new name at once; object-store
+mounts may show it a moment later. Replicas that see it at once do not wait.
+"""
+
+_PROBE_POLL_SECONDS = 0.05
+
+# What gloo and NCCL say when a peer's process is gone or silent ("Connection reset by peer", "Connection closed
+# by peer", "Timed out waiting 300000ms for recv operation"); DDP's reducer raises them as plain RuntimeErrors.
+_BACKEND_FAILURE = re.compile(r"gloo|nccl|connection (?:reset|closed|refused)|broken pipe|timed out", re.IGNORECASE)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaView:
+    """What one replica saw before step 1: the facts every replica must share, and where it runs."""
+
+    rank: int
+    host: str
+    pid: int
+    model_dir: str
+    """model_dir as this replica names it (an absolute path; mount points may differ between nodes)."""
+    sees_probe: bool
+    """Whether this replica sees the probe file the chief wrote into its model_dir."""
+    checkpoint_name: str | None
+    """The checkpoint folder it restores (``ckpt-40``), None when it finds none."""
+    checkpoint_step: int | None
+    num_replicas: int
+    max_steps: int | None
+    steps: int | None
+
+    @property
+    def skips_training(self) -> bool:
+        """The Estimator's max_steps skip: the checkpoint already reached max_steps."""
+        return self.max_steps is not None and self.checkpoint_step is not None and self.checkpoint_step >= self.max_steps
+
+    def starting_point(self) -> tuple[Any, ...]:
+        """What must be equal on every replica (host, pid and the path's spelling may differ)."""
+        return (self.checkpoint_name, self.checkpoint_step, self.num_replicas, self.max_steps, self.steps,
+                self.skips_training)
+
+    def describe(self) -> str:
+        if self.checkpoint_name is None:
+            start = f"finds no checkpoint in {self.model_dir}"
+        else:
+            start = f"restores {self.checkpoint_name} (step {self.checkpoint_step}) from {self.model_dir}"
+        if not self.sees_probe:
+            start += " and does not see the probe file rank 0 wrote into its model_dir"
+        if self.max_steps is not None or self.steps is not None:
+            start += f" with max_steps={self.max_steps}, steps={self.steps}"
+        if self.skips_training:
+            start += " (so it skips training)"
+        return f"{start}, in a world of {self.num_replicas}"
+
+
+def check_start_agreement(strategy: Any, model_dir: str, checkpoint: Any, *, max_steps: int | None = None,
+                          steps: int | None = None) -> None:
+    """Fails fast, on every replica, naming the replicas that disagree, when they would start from different states.
+
+    Every replica calls it after choosing the checkpoint to restore and before the max_steps skip. It
+    costs nothing with one replica; with several, one broadcast and one gather, and a probe file the
+    chief writes into model_dir (creating it) and removes before returning: every replica must see it,
+    else model_dir is not the same storage everywhere. Then the restored checkpoint (name and step),
+    the world size and the step limits must be equal.
+
+    Raises:
+        ReplicasDisagreeError: on every replica, with the same message: which ranks saw what.
+    """
     if strategy.num_replicas == 1:
         return
+    model_dir = os.path.abspath(os.fspath(model_dir))
+    probe_name = _place_probe(strategy, model_dir)
+    try:
+        view = _this_view(strategy, model_dir, probe_name, checkpoint, max_steps, steps)
+        views = strategy.all_gather_object(view)
+    finally:
+        if strategy.is_chief:  # after the gather: every replica has looked for it
+            _remove_quietly(os.path.join(model_dir, probe_name))
+    message = disagreement(views)
+    if message is not None:
+        raise ReplicasDisagreeError(message, views=views)
+    logger.debug("The %d replicas agree on how to start: %s", len(views), views[0].describe())
+
+
+def _place_probe(strategy: Any, model_dir: str) -> str:
+    """The chief creates model_dir and a probe file with a random name; every replica gets the name."""
+    name, failure = "", None
+    if strategy.is_chief:
+        # A temporary name of atomic.py's form: never a checkpoint, and removed at start-up if a kill left it.
+        name = temporary_prefix("agreement-probe") + secrets.token_hex(8)
+        try:
+            os.makedirs(model_dir, exist_ok=True)
+            with open(os.path.join(model_dir, name), "xb") as handle:
+                handle.write(b"every replica of a run must see this file\n")
+        except OSError as error:
+            failure = error
+    name, chief_error = strategy.broadcast_object(
+        (name, None if failure is None else f"{type(failure).__name__}: {failure}"), 0)
+    if failure is not None:
+        if is_no_room(failure):
+            raise DiskFullError(failure, path=model_dir, what="the probe that checks every replica shares model_dir",
+                                advice="Free some space (or choose another model_dir) and rerun.") from failure
+        raise PermissionError(
+            failure.errno, f"model_dir {model_dir!r} is not writable, so the replicas cannot check that they share it "
+            f"({failure.strerror}). Choose another model_dir.", failure.filename,
+        ) from failure
+    if chief_error is not None:
+        raise ReplicasDisagreeError(
+            f"Rank 0 could not write into its model_dir ({chief_error}), so this replica (rank {strategy.replica_id}) "
+            "cannot check that every replica shares it; every replica stops. Fix model_dir on rank 0's host.",
+            views=[],
+        )
+    return name
+
+
+def _this_view(strategy: Any, model_dir: str, probe_name: str, checkpoint: Any, max_steps: int | None,
+               steps: int | None) -> ReplicaView:
+    return ReplicaView(
+        rank=strategy.replica_id, host=socket.gethostname(), pid=os.getpid(), model_dir=model_dir,
+        sees_probe=_sees(os.path.join(model_dir, probe_name)),
+        checkpoint_name=None if checkpoint is None else os.path.basename(os.path.normpath(checkpoint.path)),
+        checkpoint_step=None if checkpoint is None else int(checkpoint.step),
+        num_replicas=strategy.num_replicas, max_steps=max_steps, steps=steps,
+    )
+
+
+def _sees(path: str) -> bool:
+    # A lookup of the exact (new, random) name: no cached directory listing can hide it on NFS.
+    deadline = time.monotonic() + PROBE_VISIBILITY_SECONDS
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(_PROBE_POLL_SECONDS)
+    return True
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError as error:  # a leftover of this form is removed by the next start-up's clean-up
+        logger.warning("Could not remove the agreement probe %s: %s", path, error)
+
+
+def disagreement(views: Sequence[ReplicaView]) -> str | None:
+    """The message naming who saw what, or None when every replica agrees."""
+    everyone_sees = all(view.sees_probe for view in views)
+    if everyone_sees and len({view.starting_point() for view in views}) == 1:
+        return None
+    groups: dict[tuple[Any, ...], list[ReplicaView]] = {}
+    for view in views:
+        groups.setdefault((view.sees_probe, view.model_dir, *view.starting_point()), []).append(view)
+    lines = [f"{_ranks(group)} {group[0].describe()}" for group in groups.values()]
+    return (f"The {len(views)} replicas disagree on how to start training, so every replica stops before step 1: "
+            + "; ".join(lines) + ". " + _advice(views, everyone_sees))
+
+
+def _ranks(group: Sequence[ReplicaView]) -> str:
+    ranks = [view.rank for view in group]
+    hosts = sorted({view.host for view in group})
+    shown = ", ".join(str(rank) for rank in ranks[:8]) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+    where = ", ".join(hosts[:4]) + (f" and {len(hosts) - 4} more" if len(hosts) > 4 else "")
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {shown} (on {where})"
+
+
+def _advice(views: Sequence[ReplicaView], everyone_sees: bool) -> str:
+    if not everyone_sees:
+        return ("model_dir must be storage every node sees (one shared file system mounted on every node, e.g. "
+                "NFS): give every replica the same shared model_dir.")
+    if len({(view.max_steps, view.steps) for view in views}) > 1:
+        return "Every replica must call train with the same max_steps and steps."
+    if len({view.num_replicas for view in views}) > 1:
+        return "The replicas were launched with different world sizes; launch them as one group."
+    return ("They share model_dir but read different checkpoints: another run may be writing into it, or a "
+            "checkpoint looks damaged from some hosts only. Run one training per model_dir and check the warnings "
+            "each replica logged about damaged checkpoints.")
+
+
+# ---------------------------------------------------------------------------- the roster
+
+
+@dataclasses.dataclass(frozen=True)
+class RosterEntry:
+    rank: int
+    host: str
+    """The host name, for messages."""
+    writer: str
+    """``<pid>-h<host hash>`` (atomic.writer_tag): what tells a process on this host, and whether it lives."""
+
+    @property
+    def pid(self) -> int:
+        return int(self.writer.split("-h", 1)[0])
+
+    @property
+    def host_hash(self) -> str:
+        return self.writer.split("-h", 1)[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaRoster:
+    """Who the replicas are (rank, host, pid), gathered once, to name a replica that dies during training."""
+
+    entries: tuple[RosterEntry, ...]
+    own_rank: int
+
+    @classmethod
+    def gather(cls, strategy: Any) -> ReplicaRoster:
+        """Every replica's host and pid; one all_gather_object (call it on every replica)."""
+        entries = strategy.all_gather_object(RosterEntry(strategy.replica_id, socket.gethostname(), writer_tag()))
+        return cls(tuple(entries), strategy.replica_id)
+
+    def _on_this_host(self) -> list[RosterEntry]:
+        here = writer_tag().split("-h", 1)[1]
+        return [entry for entry in self.entries if entry.rank != self.own_rank and entry.host_hash == here]
+
+    def gone_ranks(self) -> list[int]:
+        """Ranks on this host whose process no longer runs (killed, exited, or a zombie not yet reaped)."""
+        return [entry.rank for entry in self._on_this_host() if writer_is_gone(entry.pid, entry.host_hash)]
+
+    def describe_loss(self) -> str:
+        """Which replicas are gone, as far as this host can tell, in words."""
+        gone = set(self.gone_ranks())
+        local = {entry.rank for entry in self._on_this_host()}
+        remote = [entry for entry in self.entries if entry.rank != self.own_rank and entry.rank not in local]
+        parts = []
+        if gone:
+            named = [f"rank {entry.rank} (pid {entry.pid} on {entry.host})" for entry in self.entries if entry.rank in gone]
+            parts.append(", ".join(named) + (" is gone" if len(named) == 1 else " are gone"))
+        elif local:
+            parts.append(f"the replicas on this host ({_rank_list(sorted(local))}) still run")
+        if remote:
+            hosts = sorted({entry.host for entry in remote})
+            parts.append(f"{_rank_list([entry.rank for entry in remote])} on {', '.join(hosts[:4])}"
+                         f"{' and more' if len(hosts) > 4 else ''} cannot be checked from this host")
+        return "; ".join(parts) if parts else "no other replica is known"
+
+    def lost_replica_error(self, error: BaseException, step: int) -> ReplicaLostError | None:
+        """The ReplicaLostError that explains ``error`` (raised by a collective at ``step``), or None when
+        ``error`` is not a replica going away (a bug in a model_fn raises as it is)."""
+        if isinstance(error, TorchEstimatorError) or not isinstance(error, RuntimeError):
+            return None
+        gone = self.gone_ranks()
+        import torch.distributed as distributed  # only to recognise its error classes
+
+        if not gone and not isinstance(error, distributed.DistError) and not _BACKEND_FAILURE.search(str(error)):
+            return None
+        said = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+        return ReplicaLostError(
+            f"Replica {self.own_rank} stops at global step {step}: a collective failed because another replica "
+            f"died or stopped answering ({self.describe_loss()}). Under torchrun the agent's log names the process "
+            "that failed first, and --max-restarts restarts the group, which resumes from the newest checkpoint. "
+            f"The backend said: {said}",
+            lost_ranks=gone, step=step,
+        )
+
+
+def _rank_list(ranks: Sequence[int]) -> str:
+    shown = ", ".join(str(rank) for rank in ranks[:8]) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {shown}"

@@ -8,16 +8,18 @@ checkpoint -> evaluation -> stop. Every collective goes through the Strategy.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
 
+from torchestimator._core.agreement import ReplicaRoster
 from torchestimator._core.batches import NO_CONTEXT, DeviceBatches, autocast_factory
 from torchestimator.checkpoint.checkpointer import Checkpointer
 from torchestimator.checkpoint.parts import TrainingParts
@@ -339,17 +341,32 @@ def _write_train_summaries(run: TrainingRun, loss: float, step: int) -> None:
         writer.scalar(tag, float(group["lr"]), step)
 
 
+@contextlib.contextmanager
+def _naming_lost_replicas(roster: ReplicaRoster | None, state: TrainState) -> Iterator[None]:
+    """A collective that fails because another replica died becomes one ReplicaLostError that names it
+    (gloo says only "Connection reset by peer [127.0.0.1]:port"); other errors pass unchanged."""
+    try:
+        yield
+    except RuntimeError as error:
+        lost = None if roster is None else roster.lost_replica_error(error, state.global_step)
+        if lost is None:
+            raise
+        raise lost from error
+
+
 def train_loop(run: TrainingRun) -> TrainState:
     """Runs steps until last_step, the end of input, a stop request or Ctrl-C; returns the final state."""
     state, config, strategy = run.state, run.config, run.strategy
     loop = _TrainLoop(run)
+    # Who the replicas are (host, pid), so that one dying mid-training can be named by the others.
+    roster = ReplicaRoster.gather(strategy) if loop.several else None
     run.hooks.after_restore(state)
     # The framework owns the mode: TRAIN updates BatchNorm statistics, EVAL and PREDICT never do.
     run.parts.model.train()
     apply_frozen_modes(run.parts.model)  # frozen BatchNorm layers keep their statistics
     progress = Progress("train", total=run.last_step, initial=state.global_step,
                         enabled=config.progress_bar and strategy.is_chief)
-    with _InterruptFlag(config.checkpoint_on_interrupt) as interrupt, progress:
+    with _InterruptFlag(config.checkpoint_on_interrupt) as interrupt, progress, _naming_lost_replicas(roster, state):
         loop.run_steps(interrupt, progress)
         loop.finish()
     if interrupt.raised:
