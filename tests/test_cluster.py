@@ -92,7 +92,8 @@ def test_tf_config_with_a_cluster_wins_over_slurm() -> None:
 
 
 def test_the_evaluator_task_is_outside_the_group_and_says_so_by_task_type() -> None:
-    cluster = resolve_cluster(_tf_config({**TWO_TASKS, "evaluator": ["127.0.0.1:1"]}, {"type": "evaluator", "index": 0}))
+    environ = _tf_config({**TWO_TASKS, "evaluator": ["127.0.0.1:1"]}, {"type": "evaluator", "index": 0})
+    cluster = resolve_cluster(environ)
     assert (cluster.source, cluster.task_type, cluster.rank, cluster.in_training_group) == (
         "tf_config", "evaluator", None, False)
 
@@ -160,7 +161,8 @@ def test_slurm_overrides_and_fallbacks() -> None:
               "SLURM_NTASKS": "7", "SLURM_LOCALID": "0", "SLURM_NODELIST": "gpu[7,9-10]"}
     cluster = cluster_from_slurm(uneven)
     assert (cluster.local_world_size, cluster.master_addr) == (1, "gpu7")
-    assert cluster_from_slurm({**SLURM, "SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "x"}).local_world_size == 2
+    per_node = cluster_from_slurm({**SLURM, "SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "x"})
+    assert per_node.local_world_size == 2
     steered = cluster_from_slurm({**SLURM, "MASTER_ADDR": "login1", "MASTER_PORT": "29400"})
     assert (steered.master_addr, steered.master_port) == ("login1", 29400)
     job_nodelist = {name: value for name, value in SLURM.items() if name not in ("SLURM_NODELIST", "SLURM_JOB_ID")}
@@ -351,7 +353,8 @@ def test_one_device_strategy_warns_under_several_srun_tasks(clean_environment: p
 def test_multi_worker_mirrored_strategy_is_the_public_tf_name() -> None:
     assert issubclass(te.MultiWorkerMirroredStrategy, te.MirroredStrategy)
     assert te.MultiWorkerMirroredStrategy is MultiWorkerMirroredStrategy
-    assert repr(MultiWorkerMirroredStrategy(num_replicas=2)) == "MultiWorkerMirroredStrategy(num_replicas=2, backend=None)"
+    assert repr(MultiWorkerMirroredStrategy(num_replicas=2)) == (
+        "MultiWorkerMirroredStrategy(num_replicas=2, backend=None)")
 
 
 # ---------------------------------------------------------------- launch: torchrun's options
@@ -434,3 +437,21 @@ def test_the_cli_launch_command_takes_torchrun_options(clean_environment: pytest
         "2", 2, "c10d", "h:29400", True)
     assert (args.training_script, args.training_script_args, args.nproc_per_node) == (
         "package.train", ["--lr", "0.1"], "2")
+
+
+def test_launch_marks_this_node_as_the_rendezvous_host_when_torchrun_misses_it(
+        clean_environment: pytest.MonkeyPatch) -> None:
+    # torchrun matches the endpoint against the host name's addresses only; in a network namespace, a
+    # container, or with Debian's 127.0.1.1 it misses this machine's other interfaces and no node serves.
+    import torch.distributed.elastic.rendezvous.utils as rendezvous_utils
+
+    clean_environment.setattr(rendezvous_utils, "_matches_machine_hostname", lambda host: False)
+
+    def conf(endpoint: str, *extra: str) -> str:
+        return _launch_arguments(["--nnodes=2", "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", *extra,
+                                  "t.py"]).rdzv_conf
+
+    assert conf("127.0.0.1:29400") == "is_host=1"  # an address a socket here can bind to
+    assert conf("127.0.0.1:29400", "--rdzv_conf=join_timeout=90") == "join_timeout=90,is_host=1"
+    assert conf("192.0.2.1:29400") == ""  # TEST-NET-1: never this machine's
+    assert conf("127.0.0.1:29400", "--rdzv_conf=is_host=0") == "is_host=0"  # the user's word stands

@@ -199,7 +199,8 @@ def _load_tf_config(text: str) -> dict[str, Any]:
     try:
         tf_config = json.loads(text)
     except json.JSONDecodeError as error:
-        raise _tf_config_error(f"TF_CONFIG is not valid JSON ({error}); received {text!r}.", "TF_CONFIG", text) from error
+        raise _tf_config_error(f"TF_CONFIG is not valid JSON ({error}); received {text!r}.",
+                               "TF_CONFIG", text) from error
     if not isinstance(tf_config, dict):
         raise _tf_config_error(
             f"TF_CONFIG must be a JSON object with 'cluster' and 'task'; received {text!r}.", "TF_CONFIG", text

@@ -290,7 +290,44 @@ def prepare_torchrun_arguments(
     elif _one_node_without_rendezvous(arguments):
         # torchrun's --standalone: a c10d store on a free local port, so runs never collide.
         arguments.standalone = True
+    else:
+        _mark_the_rendezvous_host(arguments)
     return arguments
+
+
+def _mark_the_rendezvous_host(arguments: argparse.Namespace) -> None:
+    """Tell c10d's rendezvous it serves the store when the endpoint is one of this machine's addresses.
+
+    torchrun decides by resolving this machine's host name, which misses addresses of other interfaces
+    (Debian maps the host name to 127.0.1.1; containers and network namespaces resolve it elsewhere): then
+    no node serves the store and every node waits for the join timeout. An address is this machine's
+    when a socket can bind to it. Left alone when torchrun already agrees or ``is_host`` is given.
+    """
+    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname, parse_rendezvous_endpoint
+
+    if arguments.rdzv_backend != "c10d" or not arguments.rdzv_endpoint or "is_host" in arguments.rdzv_conf:
+        return
+    host, _ = parse_rendezvous_endpoint(arguments.rdzv_endpoint, default_port=29400)
+    if _matches_machine_hostname(host) or not _is_this_machines_address(host):
+        return
+    arguments.rdzv_conf = ",".join(filter(None, [arguments.rdzv_conf, "is_host=1"]))
+    logger.info("The rendezvous endpoint %s is an address of this machine: this node serves the store "
+                "(--rdzv_conf is_host=1).", arguments.rdzv_endpoint)
+
+
+def _is_this_machines_address(host: str) -> bool:
+    try:
+        addresses = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError):
+        return False
+    for family, _, _, _, address in addresses:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((address[0], 0))
+            except OSError:
+                continue
+            return True
+    return False
 
 
 def _one_node_without_rendezvous(arguments: argparse.Namespace) -> bool:

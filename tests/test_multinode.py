@@ -1,0 +1,274 @@
+"""Several machines, as users start them: two `torchestimator launch --nnodes=2` nodes (on loopback, then
+across two network namespaces joined by a veth pair), and TF_CONFIG / SLURM tasks as plain `python train.py`
+processes. Each run's final weights must equal one process's with the same global batch (1e-6).
+
+Every process runs in its own session and is stopped (SIGTERM, then SIGKILL) when the deadline passes, so
+a hang fails the test with the processes' logs instead of blocking CI; the collective timeout is lowered
+so that workers torchrun left behind exit on their own too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from torchestimator.distribute.launcher import find_free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+DEADLINE_SECONDS = 120.0
+"""How long one multi-process run may take before its processes are stopped."""
+
+TRAIN_SCRIPT = textwrap.dedent('''
+    import json, os, sys
+    import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
+    import torchestimator as te
+
+    mode, model_dir, output = sys.argv[1], sys.argv[2], sys.argv[3]
+
+    def model_fn(model, features, labels, mode):
+        logits = model(features["x"])
+        return te.EstimatorSpec(mode, predictions={"class": logits.argmax(-1)}, loss=F.cross_entropy(logits, labels))
+
+    def input_fn(input_context=None):
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(128, 6)).astype(np.float32)
+        y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+        # batch_size is global: 2 replicas take 16 rows each of the 32 one process takes.
+        return te.numpy_input_fn({"x": x}, y, batch_size=32, num_epochs=None, shuffle=True, seed=5)(
+            input_context=input_context)
+
+    strategy = {"single": None, "mirrored": te.MirroredStrategy, "multi_worker": te.MultiWorkerMirroredStrategy}[mode]
+    strategy = strategy() if strategy else None
+    config = te.RunConfig(train_distribute=strategy, save_checkpoints_steps=5, save_summary_steps=5,
+                          log_step_count_steps=None, progress_bar=False, random_seed=0)
+    estimator = te.Estimator(model_fn=model_fn,
+                             model=lambda: nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2)),
+                             optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), model_dir=model_dir,
+                             config=config)
+    estimator.train(input_fn, max_steps=10)
+    rank, replicas = (strategy.replica_id, strategy.num_replicas) if strategy else (0, 1)
+    np.savez(os.path.join(output, f"rank{rank}.npz"),
+             **{name: estimator.get_variable_value(name) for name in estimator.get_variable_names()})
+    with open(os.path.join(output, f"rank{rank}.json"), "w") as meta:
+        json.dump({"replicas": replicas, "source": te.distribute.resolve_cluster().source,
+                   "latest": os.path.basename(estimator.latest_checkpoint() or "")}, meta)
+''')
+
+_LAUNCH_VARIABLE_PREFIXES = ("SLURM_", "PET_", "TORCHELASTIC_")
+_LAUNCH_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                     "MASTER_ADDR", "MASTER_PORT", "TF_CONFIG", "GLOO_SOCKET_IFNAME"}
+
+
+def _environment(**extra: str) -> dict[str, str]:
+    """This test's environment without any cluster description, one thread per process, short collectives."""
+    environ = {name: value for name, value in os.environ.items()
+               if name not in _LAUNCH_VARIABLES and not name.startswith(_LAUNCH_VARIABLE_PREFIXES)}
+    environ.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCHESTIMATOR_COLLECTIVE_TIMEOUT="60")
+    environ.update(extra)
+    return environ
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the process's session (torchrun stops its workers on it), then SIGKILL."""
+    for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        if process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(grace)
+
+
+def _run_together(commands: list[tuple[list[str], dict[str, str]]], logs: Path) -> None:
+    """Start every command at once; fail (with their logs) unless all exit 0 within DEADLINE_SECONDS."""
+    logs.mkdir(parents=True, exist_ok=True)
+    processes = []
+    try:
+        for index, (command, environ) in enumerate(commands):
+            with open(logs / f"process{index}.log", "wb") as log:
+                processes.append(subprocess.Popen(command, env=environ, stdout=log, stderr=subprocess.STDOUT,
+                                                  stdin=subprocess.DEVNULL, start_new_session=True))
+        deadline = time.monotonic() + DEADLINE_SECONDS
+        while time.monotonic() < deadline and any(process.poll() is None for process in processes):
+            time.sleep(0.2)
+    finally:
+        timed_out = [index for index, process in enumerate(processes) if process.poll() is None]
+        for process in processes:
+            _stop(process)
+    codes = [process.returncode for process in processes]
+    if timed_out or any(codes):
+        tails = "\n".join(f"--- process {index} ({' '.join(commands[index][0][-6:])}) exit {code}:\n"
+                          + (logs / f"process{index}.log").read_text(errors="replace")[-3000:]
+                          for index, code in enumerate(codes))
+        reason = f"processes {timed_out} still running after {DEADLINE_SECONDS:g} s" if timed_out else "a failure"
+        pytest.fail(f"{reason}; exit codes {codes}\n{tails}")
+
+
+def _read_run(output: Path, replicas: int) -> tuple[dict[str, np.ndarray], list[dict]]:
+    weights = [dict(np.load(output / f"rank{rank}.npz")) for rank in range(replicas)]
+    for other in weights[1:]:
+        assert other.keys() == weights[0].keys()
+        for name in weights[0]:
+            np.testing.assert_array_equal(other[name], weights[0][name])  # replicas hold one model
+    return weights[0], [json.loads((output / f"rank{rank}.json").read_text()) for rank in range(replicas)]
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("multinode") / "train.py"
+    path.write_text(TRAIN_SCRIPT)
+    return path
+
+
+@pytest.fixture(scope="module")
+def one_process_weights(script: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    """The reference: one process, the same global batch of 32."""
+    folder = tmp_path_factory.mktemp("single")
+    _run_together([([sys.executable, str(script), "single", str(folder / "model"), str(folder)], _environment())],
+                  folder / "logs")
+    weights, (meta,) = _read_run(folder, 1)
+    assert meta == {"replicas": 1, "source": "local", "latest": "ckpt-10"}
+    return weights
+
+
+def _event_files(model_dir: Path) -> int:
+    return len([name for name in os.listdir(model_dir) if name.startswith("events.out.tfevents")])
+
+
+def _assert_same_weights(weights: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    assert weights.keys() == expected.keys()
+    for name in expected:
+        np.testing.assert_allclose(weights[name], expected[name], rtol=0, atol=1e-6, err_msg=name)
+
+
+def _launch_node(script: Path, endpoint: str, run_id: str, model_dir: Path, output: Path,
+                 local_addr: str | None = None) -> list[str]:
+    command = [sys.executable, "-m", "torchestimator", "launch", "--nnodes=2", "--nproc_per_node=1",
+               "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", f"--rdzv_id={run_id}",
+               "--rdzv_conf=join_timeout=90", "--monitor_interval=0.5", "--max_restarts=0"]
+    if local_addr is not None:
+        command.append(f"--local_addr={local_addr}")  # the address this node's workers are reached at
+    return [*command, str(script), "mirrored", str(model_dir), str(output)]
+
+
+def test_two_launched_nodes_on_loopback_equal_one_process(script, one_process_weights, tmp_path):
+    endpoint = f"127.0.0.1:{find_free_port()}"
+    output = tmp_path / "output"
+    output.mkdir()
+    node = _launch_node(script, endpoint, f"loopback-{secrets.token_hex(4)}", tmp_path / "model", output)
+    _run_together([(node, _environment()), (node, _environment())], tmp_path / "logs")
+    weights, metas = _read_run(output, 2)
+    assert [meta["source"] for meta in metas] == ["torchrun", "torchrun"]
+    assert [meta["replicas"] for meta in metas] == [2, 2] and metas[0]["latest"] == "ckpt-10"
+    assert _event_files(tmp_path / "model") == 1  # only the chief writes model_dir
+    _assert_same_weights(weights, one_process_weights)
+
+
+@pytest.mark.parametrize("source", ["tf_config", "slurm"])
+def test_plain_python_tasks_form_one_group(script, one_process_weights, tmp_path, source):
+    """TF users' launch: `python train.py` in each task with its TF_CONFIG (or each srun task's variables)."""
+    port = find_free_port()
+    cluster = {"chief": [f"127.0.0.1:{port}"], "worker": [f"127.0.0.1:{find_free_port()}"]}
+    tasks = []
+    for rank in range(2):
+        if source == "tf_config":
+            task = {"type": "chief", "index": 0} if rank == 0 else {"type": "worker", "index": 0}
+            extra = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": task})}
+        else:
+            extra = {"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_NTASKS": "2", "SLURM_NODEID": "0",
+                     "SLURM_TASKS_PER_NODE": "2", "SLURM_NODELIST": "127.0.0.1", "SLURM_JOB_ID": "4242",
+                     "SLURM_JOB_NAME": "train", "MASTER_PORT": str(port)}
+        tasks.append(extra)
+    output = tmp_path / "output"
+    output.mkdir()
+    mode = "multi_worker" if source == "tf_config" else "mirrored"
+    command = [sys.executable, str(script), mode, str(tmp_path / "model"), str(output)]
+    _run_together([(command, _environment(**extra)) for extra in tasks], tmp_path / "logs")
+    weights, metas = _read_run(output, 2)
+    assert [meta["source"] for meta in metas] == [source, source] and [meta["replicas"] for meta in metas] == [2, 2]
+    assert _event_files(tmp_path / "model") == 1  # only the chief writes model_dir
+    _assert_same_weights(weights, one_process_weights)
+
+
+# ---------------------------------------------------------------- two network namespaces
+
+
+def _ip(*arguments: str) -> None:
+    subprocess.run(["ip", *arguments], check=True, capture_output=True, timeout=30)
+
+
+@contextlib.contextmanager
+def _two_namespaces() -> Iterator[list[tuple[str, str, str]]]:
+    """Two network namespaces joined by a veth pair: [(namespace, interface, address)] for each side.
+
+    Created here and always deleted (deleting a namespace deletes the veth end inside it).
+    """
+    tag = secrets.token_hex(3)
+    subnet = f"10.213.{secrets.randbelow(254) + 1}"
+    sides = [(f"te{tag}{side}", f"vte{tag}{side}", f"{subnet}.{number}") for number, side in ((1, "a"), (2, "b"))]
+    created: list[str] = []
+    try:
+        for namespace, _, _ in sides:
+            _ip("netns", "add", namespace)
+            created.append(namespace)
+        (namespace_a, veth_a, _), (namespace_b, veth_b, _) = sides
+        _ip("link", "add", veth_a, "type", "veth", "peer", "name", veth_b)
+        _ip("link", "set", veth_a, "netns", namespace_a)
+        _ip("link", "set", veth_b, "netns", namespace_b)
+        for namespace, veth, address in sides:
+            _ip("-n", namespace, "addr", "add", f"{address}/24", "dev", veth)
+            _ip("-n", namespace, "link", "set", veth, "up")
+            _ip("-n", namespace, "link", "set", "lo", "up")
+        yield sides
+    finally:
+        for namespace in created:
+            subprocess.run(["ip", "netns", "delete", namespace], capture_output=True, timeout=30)
+        for _, veth, _ in sides:  # only left when it was never moved into a namespace
+            subprocess.run(["ip", "link", "delete", veth], capture_output=True, timeout=30)
+
+
+def _network_namespaces_unavailable() -> str | None:
+    if shutil.which("ip") is None:
+        return "the `ip` command (iproute2) is not installed"
+    if os.geteuid() != 0:
+        return "creating network namespaces needs root"
+    probe = f"teprobe{secrets.token_hex(3)}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=30)
+    if made.returncode != 0:
+        return f"`ip netns add` is refused here: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "delete", probe], capture_output=True, timeout=30)
+    return None
+
+
+def test_two_launched_nodes_across_network_namespaces_equal_one_process(script, one_process_weights, tmp_path):
+    reason = _network_namespaces_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    output = tmp_path / "output"
+    output.mkdir()
+    with _two_namespaces() as sides:
+        endpoint = f"{sides[0][2]}:29400"  # inside namespace a: no other program has it
+        run_id = f"netns-{secrets.token_hex(4)}"
+        commands = []
+        for namespace, veth, address in sides:
+            node = _launch_node(script, endpoint, run_id, tmp_path / "model", output, local_addr=address)
+            # gloo takes its interface from the host name, which resolves outside the namespace: name it.
+            commands.append((["ip", "netns", "exec", namespace, *node], _environment(GLOO_SOCKET_IFNAME=veth)))
+        _run_together(commands, tmp_path / "logs")
+    weights, metas = _read_run(output, 2)
+    assert [meta["replicas"] for meta in metas] == [2, 2]
+    _assert_same_weights(weights, one_process_weights)
