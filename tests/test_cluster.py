@@ -455,3 +455,12 @@ def test_launch_marks_this_node_as_the_rendezvous_host_when_torchrun_misses_it(
     assert conf("127.0.0.1:29400", "--rdzv_conf=join_timeout=90") == "join_timeout=90,is_host=1"
     assert conf("192.0.2.1:29400") == ""  # TEST-NET-1: never this machine's
     assert conf("127.0.0.1:29400", "--rdzv_conf=is_host=0") == "is_host=0"  # the user's word stands
+
+
+def test_kubeflow_pytorchjob_variables_are_one_process_per_pod() -> None:
+    # PyTorchJob sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and no LOCAL_RANK: pod 3 has one process, GPU 0.
+    cluster = resolve_cluster({"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456"})
+    assert (cluster.source, cluster.rank, cluster.world_size, cluster.local_rank, cluster.local_world_size) == (
+        "torchrun", 3, 4, 0, 1)
+    assert (cluster.master_addr, cluster.master_port, cluster.task_type, cluster.task_index) == (
+        "job-master-0", 23456, "worker", 2)

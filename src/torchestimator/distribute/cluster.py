@@ -378,7 +378,9 @@ def cluster_from_torchrun(environ: Mapping[str, str] | None = None) -> ClusterSp
 
     RANK or WORLD_SIZE mark a launched process (MASTER_ADDR/MASTER_PORT alone do not: under
     SLURM they only override the rendezvous address). Rank 0 is the chief; rank r > 0 is
-    worker r - 1, as in a TF_CONFIG cluster.
+    worker r - 1, as in a TF_CONFIG cluster. Without LOCAL_RANK (Kubeflow's PyTorchJob sets
+    only RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, one process per pod) the process is
+    alone on its machine: local rank 0 of 1.
     """
     environ = os.environ if environ is None else environ
     if not (environ.get("RANK") or environ.get("WORLD_SIZE")):
@@ -392,8 +394,9 @@ def cluster_from_torchrun(environ: Mapping[str, str] | None = None) -> ClusterSp
             "`torchestimator launch`, or unset the partial variables to run in one process.", field=missing[0],
         )
     rank, world_size = _integer(environ, "RANK"), _integer(environ, "WORLD_SIZE")
-    local_rank = _integer(environ, "LOCAL_RANK", default=rank)
-    local_world_size = _integer(environ, "LOCAL_WORLD_SIZE", default=world_size)
+    # Without LOCAL_RANK each process is alone on its machine: Kubeflow's PyTorchJob runs one per pod.
+    local_rank = _integer(environ, "LOCAL_RANK", default=0)
+    local_world_size = _integer(environ, "LOCAL_WORLD_SIZE", default=world_size if environ.get("LOCAL_RANK") else 1)
     if world_size < 1 or not 0 <= rank < world_size or not 0 <= local_rank < local_world_size:
         raise ConfigError(
             f"Inconsistent distributed variables: RANK={rank}, WORLD_SIZE={world_size}, "
