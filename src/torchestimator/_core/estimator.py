@@ -27,8 +27,8 @@ from torchestimator._core.agreement import check_start_agreement
 from torchestimator._core.calling import call_factory, call_with, check_declared
 from torchestimator.checkpoint import CheckpointStore
 from torchestimator.checkpoint.checkpointer import Checkpointer
-from torchestimator.checkpoint.parts import TrainingParts, load_model_state, restore_shared, resumable
-from torchestimator.checkpoint.errors import DiskFullError, is_no_room
+from torchestimator.checkpoint.parts import TrainingParts, load_model_state, replica_states, restore_shared, resumable
+from torchestimator.checkpoint.errors import CheckpointError, DiskFullError, is_no_room
 from torchestimator._core.config import RunConfig
 from torchestimator.distribute import OneDeviceStrategy
 from torchestimator.distribute.sync_batch_norm import prepare_batch_norm
@@ -296,7 +296,7 @@ class Estimator:
         state.start_step = state.global_step
         input_source = self._call_input_fn(input_fn, input_fn_args, ModeKeys.TRAIN, strategy)
         parts.input_source = resumable(input_source)
-        self._resume_input(input_source, parts, position, checkpoint)
+        self._resume_input(input_source, parts, position, checkpoint, strategy.num_replicas)
         last_step = max_steps if max_steps is not None else (state.global_step + steps if steps is not None else None)
         run = TrainingRun(
             config=config, strategy=strategy, parts=parts, wrapped=wrapped,
@@ -308,7 +308,16 @@ class Estimator:
         if evaluation is not None:
             eval_strategy = config.eval_distribute or strategy
             eval_strategy.setup()
-            evaluation.begin(self._bundle(module, WeightsOrigin("training", state.global_step), eval_strategy), state)
+            eval_module = module
+            if _holds_shards(module):
+                # Sharded layers gather their weights in every forward, a collective that replicas with uneven
+                # evaluation shares would not pair: evaluations run on a plain copy, refreshed at each checkpoint
+                # (every evaluated step has one).
+                gathered = _GatheredWeights(module, self._plain_module().to(strategy.device))
+                run.checkpointer.listeners.append(gathered)
+                eval_module = gathered.plain
+            evaluation.begin(self._bundle(eval_module, WeightsOrigin("training", state.global_step), eval_strategy),
+                             state)
         return run
 
     def _train_hooks(self, user_hooks: HookList) -> HookList:
@@ -359,7 +368,7 @@ class Estimator:
         return parts
 
     def _resume_input(self, input_source: Any, parts: TrainingParts, position: dict[str, Any] | None,
-                      checkpoint: Any) -> None:
+                      checkpoint: Any, num_replicas: int) -> None:
         if checkpoint is None:
             return
         if parts.input_source is None:
@@ -369,7 +378,20 @@ class Estimator:
                 type(input_source).__name__, checkpoint.step,
             )
         elif position is not None:
-            parts.input_source.load_state_dict(position)
+            saved_replicas = len(replica_states(checkpoint))
+            try:
+                parts.input_source.load_state_dict(position)
+            except ValueError as error:
+                if saved_replicas == num_replicas:
+                    raise
+                # A per-replica position (a TFRecord shard's) means nothing to a different number of replicas.
+                raise CheckpointError(
+                    f"{checkpoint.path} was written by {saved_replicas} replica(s), each with its own input position, "
+                    f"and this run has {num_replicas}: the input cannot resume ({error}). Resume with "
+                    f"{saved_replicas} replica(s); or use an input whose position is global (te.numpy_input_fn, "
+                    "te.pandas_input_fn); or train in a new model_dir with warm_start_from="
+                    f"{checkpoint.path!r} (weights only, the input starts over)."
+                ) from error
             logger.info("Input resumes at %s.", position)
 
     def _prepare_model_dir(self, step: int) -> None:
@@ -640,6 +662,25 @@ class Estimator:
             logger.warning("input_fn does not take input_context: every one of the %d replicas reads the same batches.",
                            context.num_replicas_in_sync)
         return source
+
+
+class _GatheredWeights(CheckpointSaverListener):
+    """A plain module holding a sharded module's whole weights, as of the last checkpoint (and of now).
+
+    Refreshing is a collective: every replica's Checkpointer calls ``after_save`` at the same step.
+    """
+
+    def __init__(self, sharded: torch.nn.Module, plain: torch.nn.Module) -> None:
+        self.sharded, self.plain = sharded, plain
+        self.refresh()
+
+    def refresh(self) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        self.plain.load_state_dict(get_model_state_dict(self.sharded, options=StateDictOptions(full_state_dict=True)))
+
+    def after_save(self, state: TrainState, global_step: int) -> None:
+        self.refresh()
 
 
 def _holds_shards(module: torch.nn.Module) -> bool:

@@ -26,13 +26,14 @@ belong to ``store.py``; when and how a run saves to ``sharded.py``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import io
 import os
 import pickle
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -156,11 +157,17 @@ def _empty(entry: dcp_metadata.TensorStorageMetadata) -> torch.Tensor:
     return torch.empty(tuple(entry.size), dtype=entry.properties.dtype)
 
 
+@contextlib.contextmanager
+def alone_is_intended() -> Iterator[None]:
+    """Silences DCP's warning that, without a process group, it saves or loads in a single process: we mean it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to (load|save) in a single process.*")
+        yield
+
+
 def _load(path: str, metadata: dcp_metadata.Metadata, state_dict: dict[str, Any], *, collective: bool) -> None:
     try:
-        with warnings.catch_warnings():
-            # Reading alone is the intent (no_dist); DCP warns about it when no process group exists.
-            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
+        with alone_is_intended():
             dcp.load(state_dict, storage_reader=_IndexedReader(path, metadata), no_dist=not collective)
     except (dcp.CheckpointException, RuntimeError, OSError, ValueError, AssertionError) as error:
         raise CheckpointError(f"Could not read the sharded checkpoint {path}: {error}") from error

@@ -31,7 +31,7 @@ from typing import Any
 import torch.distributed as distributed
 import torch.distributed.checkpoint as dcp
 
-from .dcp_format import ShardWriter, file_digests
+from .dcp_format import ShardWriter, alone_is_intended, file_digests
 from .errors import CheckpointError, DiskFullError, is_no_room
 from .format import DCP_METADATA_FILE
 
@@ -102,7 +102,8 @@ class ShardedSaves:
         writer = ShardWriter(staging)
         if self._executor is None:
             try:
-                dcp.save(state_dict, storage_writer=writer)
+                with alone_is_intended():  # one replica (a sharded module on one process) has no group to save with
+                    dcp.save(state_dict, storage_writer=writer)
             except _DCP_ERRORS as error:
                 raise self._write_failed(error, step, staging) from error
             return self._publish(step, staging, writer, shared_tree, extra, self.strategy)
