@@ -464,3 +464,10 @@ def test_kubeflow_pytorchjob_variables_are_one_process_per_pod() -> None:
         "torchrun", 3, 4, 0, 1)
     assert (cluster.master_addr, cluster.master_port, cluster.task_type, cluster.task_index) == (
         "job-master-0", 23456, "worker", 2)
+
+
+def test_launch_command_parses_like_the_cli_and_checks_before_starting_anything() -> None:
+    from torchestimator.distribute import launch_command
+
+    with pytest.raises(ConfigError, match='TF_CONFIG has no "cluster"'):
+        launch_command(["--from_tf_config", "--nproc_per_node=2", "train.py"], environ={})

@@ -299,8 +299,8 @@ def _refuse_one_of_several_tasks(environ: Mapping[str, str] | None = None) -> No
 
     TF_CONFIG with chief + workers is how TF users ask for multi-worker training: under tf.estimator the
     tasks trained together (through parameter servers, or a strategy). Training each task alone would
-    silently give N different models written into one model_dir, so this is an error, as issue 12 asks.
-    torchrun and srun also start processes that only read a model (predict, export), so there a warning.
+    silently give N different models written into one model_dir, so it is an error. torchrun and srun
+    also start programs that only read a model (predict, export) in every process: there, a warning.
     """
     environ = os.environ if environ is None else environ
     launched = cluster_from_torchrun(environ) or cluster_from_slurm(environ)
