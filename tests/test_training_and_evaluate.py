@@ -344,8 +344,16 @@ def test_tf_config_evaluator_task_runs_the_evaluator(tmp_path, monkeypatch):
     est = estimator(tmp_path)
     results, _ = train_and_evaluate(est, TrainSpec(train, max_steps=20), EvalSpec(evaluate, start_delay_secs=0))
     assert results["global_step"] == 20 and est.latest_checkpoint().endswith("ckpt-20")  # evaluated, not trained
-    with pytest.raises(ValueError, match="this process is the evaluator"):
-        train_and_evaluate(est, TrainSpec(train, max_steps=20), EvalSpec(evaluate), best=BestCheckpointPolicy())
+    # The evaluator keeps the best (best.json) but leaves the manifest to the training chief, its one writer.
+    manifest = est.checkpoint_store.manifest
+    train_and_evaluate(est, TrainSpec(train, max_steps=20), EvalSpec(evaluate, start_delay_secs=0),
+                       best=BestCheckpointPolicy())
+    assert [record.step for record in read_best(tmp_path)] == [20]
+    assert est.checkpoint_store.manifest == manifest
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["localhost:2222"]},
+                                                "task": {"type": "evaluator", "index": 1}}))
+    with pytest.raises(te.errors.ConfigError, match="runs one evaluator"):
+        train_and_evaluate(est, TrainSpec(train, max_steps=20), EvalSpec(evaluate))
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["localhost:2222"], "ps": ["localhost:2224"]},
                                                 "task": {"type": "ps", "index": 0}}))
     with pytest.raises(ValueError, match="no parameter servers"):

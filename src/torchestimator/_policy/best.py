@@ -13,6 +13,11 @@ taking the first result it sees as the best (TensorFlow issue 47396).
 Rule: the evaluated step must have a checkpoint. ``train_and_evaluate``
 guarantees it, since the loop writes a checkpoint at every evaluation point; with
 checkpoints disabled in RunConfig a policy is refused up front.
+
+With an evaluator task the record has two writers' worth of work split in two:
+the evaluator owns best.json (``update_record``) and the training chief, which
+owns the manifest, copies best.json's steps into it before each save
+(``mark_recorded_best``), so that its retention never deletes them.
 """
 
 from __future__ import annotations
@@ -31,7 +36,10 @@ from torchestimator._policy.improvement import Objective
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BEST_FILE", "BestCheckpointPolicy", "BestRecord", "best_checkpoint", "protect_recorded_best", "read_best"]
+__all__ = [
+    "BEST_FILE", "BestCheckpointPolicy", "BestRecord", "best_checkpoint", "mark_recorded_best", "protect_recorded_best",
+    "read_best",
+]
 
 BEST_FILE = "best.json"
 _FORMAT_VERSION = 1
@@ -80,8 +88,8 @@ class BestCheckpointPolicy:
         """Compares the evaluation of ``global_step`` with the recorded best; True if it joined the best.
 
         ``store`` is the model_dir's CheckpointStore (``Estimator.checkpoint_store``). Writes
-        ``best.json`` and the manifest's ``best`` list when they change. Call it in the chief only (the store has one writer); the other replicas get the answer
-        from the chief.
+        ``best.json`` and the manifest's ``best`` list when they change. Call it in the chief only (the store
+        has one writer); the other replicas get the answer from the chief.
         """
         value = self.check_results(global_step, results)
         store = _as_store(store)
@@ -93,22 +101,52 @@ class BestCheckpointPolicy:
                 f"checkpoint of that step (it has {sorted(steps_on_disk)}). The best-checkpoint policy needs "
                 "checkpoints: set save_checkpoints_steps or save_checkpoints_secs in RunConfig."
             )
-        recorded = self._recorded(model_dir, steps_on_disk)
-        candidates = [record for record in recorded if record.step != global_step]
-        candidates.append(BestRecord(step=global_step, value=value))
-        kept = sorted(candidates, key=self._rank)[: self.keep]
-        joined = any(record.step == global_step for record in kept)
+        recorded, kept, joined = self._compare(model_dir, steps_on_disk, global_step, value)
         kept_steps = sorted(record.step for record in kept)
-        if [(r.step, r.value) for r in kept] != [(r.step, r.value) for r in recorded]:
+        if _changed(recorded, kept):
             # Old and new best both protected while best.json changes: a kill between the two writes loses neither.
             store.mark_best(sorted((set(store.manifest["best"]) & steps_on_disk) | set(kept_steps)))
             _write_best_file(model_dir, self, kept)
         if store.manifest["best"] != kept_steps:  # also repairs a manifest that lost or outlived best.json's steps
             store.mark_best(kept_steps)
+        self._log(global_step, value, joined)
+        return joined
+
+    def update_record(self, store: CheckpointStore, global_step: int, results: Mapping[str, Any]) -> bool:
+        """The evaluator task's update: compares as ``update`` does, but writes best.json only.
+
+        The manifest has one writer, the training chief, which marks the recorded steps as best before each
+        of its saves (``mark_recorded_best``). Meanwhile the evaluator's ``evaluator.json`` names the step
+        under evaluation, which the chief also keeps. A step whose checkpoint is already gone cannot be kept:
+        it is skipped with a warning (False), the evaluation itself stands.
+        """
+        value = self.check_results(global_step, results)
+        store = _as_store(store)
+        model_dir = store.model_dir
+        steps_on_disk = {entry["step"] for entry in store.history()}
+        if global_step not in steps_on_disk:
+            logger.warning("The checkpoint of global step %d left %s before it could be recorded as a best one "
+                           "(retention deleted it during its evaluation); it is not compared.", global_step, model_dir)
+            return False
+        recorded, kept, joined = self._compare(model_dir, steps_on_disk, global_step, value)
+        if _changed(recorded, kept):
+            _write_best_file(model_dir, self, kept)
+        self._log(global_step, value, joined)
+        return joined
+
+    def _compare(self, model_dir: str, steps_on_disk: set[int], global_step: int, value: float,
+                 ) -> tuple[list[BestRecord], list[BestRecord], bool]:
+        """(the recorded best, the best once ``value`` of ``global_step`` is offered, whether it joined them)."""
+        recorded = self._recorded(model_dir, steps_on_disk)
+        candidates = [record for record in recorded if record.step != global_step]
+        candidates.append(BestRecord(step=global_step, value=value))
+        kept = sorted(candidates, key=self._rank)[: self.keep]
+        return recorded, kept, any(record.step == global_step for record in kept)
+
+    def _log(self, global_step: int, value: float, joined: bool) -> None:
         if joined:
             logger.info("Global step %d is among the best %d by %s = %s; its checkpoint is kept.",
                         global_step, self.keep, self.metric_name, value)
-        return joined
 
     def _rank(self, record: BestRecord) -> tuple[bool, float, int]:
         return self.objective.rank(record.value, record.step)
@@ -162,6 +200,23 @@ def protect_recorded_best(model_dir: str | os.PathLike[str], store: Any) -> None
         store.mark_best(sorted((marked | recorded) & on_disk))
 
 
+def mark_recorded_best(store: CheckpointStore) -> None:
+    """Makes the manifest's best steps those best.json records (the ones still on disk); the training chief's
+    side of the evaluator task's ``update_record``, called before each save.
+
+    Unlike ``protect_recorded_best`` it also releases steps best.json no longer lists (a better one replaced
+    them), so that retention can delete them. A missing or unreadable best.json changes nothing.
+    """
+    store = _as_store(store)
+    document = _read_best_file(store.model_dir)
+    if document is None:
+        return
+    on_disk = {entry["step"] for entry in store.history()}
+    steps = sorted({int(item["step"]) for item in document["best"]} & on_disk)
+    if sorted(store.manifest["best"]) != steps:
+        store.mark_best(steps)
+
+
 def best_checkpoint(store: CheckpointStore) -> str | None:
     """Path of the best checkpoint recorded for the store's model_dir; None when none is recorded."""
     for record in read_best(_as_store(store).model_dir):
@@ -174,6 +229,10 @@ def _as_store(owner: Any) -> CheckpointStore:
     if isinstance(owner, CheckpointStore):
         return owner
     raise TypeError(f"Expected the model_dir's CheckpointStore (Estimator.checkpoint_store); received {owner!r}.")
+
+
+def _changed(recorded: list[BestRecord], kept: list[BestRecord]) -> bool:
+    return [(r.step, r.value) for r in kept] != [(r.step, r.value) for r in recorded]
 
 
 def _stored_value(item: Mapping[str, Any]) -> float:

@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "EarlyStopping",
+    "as_rules",
     "EarlyStoppingRule",
     "NoImprovementRule",
     "ThresholdRule",
@@ -193,6 +194,17 @@ class EarlyStopping(EarlyStoppingRule):
 
     def __repr__(self) -> str:
         return f"EarlyStopping({self.metric_name!r}, mode={self.mode!r}, patience={self.patience}, min_delta={self.min_delta})"
+
+
+def as_rules(early_stopping: Any) -> list[Any]:
+    """One rule or an iterable of them, as a list; TypeError for anything that is not a rule."""
+    rules = [early_stopping] if isinstance(early_stopping, EarlyStoppingRule) else list(early_stopping or ())
+    for rule in rules:
+        if not (callable(getattr(rule, "observe", None)) and callable(getattr(rule, "should_stop", None))):
+            raise TypeError(
+                f"early_stopping takes rules made by te.stop_if_*_hook or te.EarlyStopping; received {rule!r}."
+            )
+    return rules
 
 
 def _arguments(function: str, args: tuple[Any, ...], keywords: dict[str, Any], names: tuple[str, str]) -> tuple[Any, Any]:

@@ -1,10 +1,12 @@
-"""train_and_evaluate: TrainSpec, EvalSpec, the local train/evaluate loop and the evaluator process.
+"""train_and_evaluate: which task this process is, and the evaluations inside the training loop.
 
-What belongs here: when to evaluate, which evaluation sets, and what follows
-an evaluation (best-checkpoint policy, early stopping, exporters). What does
-not: the training and evaluation loops themselves (Estimator.train and
-Estimator.evaluate), the stop rules (early_stopping.py), the best record
-(best.py), the exporters (export/).
+What belongs here: the dispatch on TF_CONFIG's task, and, in local mode, when
+to evaluate, which evaluation sets, and what follows an evaluation
+(best-checkpoint policy, early stopping, exporters). What does not: the
+training and evaluation loops themselves (Estimator.train and
+Estimator.evaluate), the specs (specs.py), the stop rules (early_stopping.py),
+the best record (best.py), the evaluator task (evaluator.py) and the
+trainers beside it (trainer_task.py), the exporters (export/).
 
 Local mode is one ``Estimator.train`` call that evaluates inside its loop:
 at an evaluation point the loop runs the due EvalSpecs on the live module
@@ -31,129 +33,44 @@ replicas, and each decision taken on a clock or on files (throttle, early
 stopping, best checkpoint) is the chief's, broadcast, so all replicas stop at
 the same step.
 
-``TF_CONFIG`` is parsed in one explicit step: task type ``evaluator`` runs
-``run_evaluator``, which follows model_dir and evaluates each new checkpoint
-once (TensorFlow's continuous evaluation); ``ps`` is refused; chief and
-worker tasks run the local loop above.
+``TF_CONFIG`` is parsed in one explicit step (``cluster_from_tf_config``):
+
+- task type ``evaluator`` (index 0 only) runs ``run_evaluator``: it follows
+  model_dir, evaluates each new checkpoint once (TensorFlow's continuous
+  evaluation), writes eval/, runs the exporters, keeps the best checkpoints
+  and takes the early-stopping decisions, which it sends to the trainers as a
+  stop signal (evaluator.py, evaluator_channel.py);
+- chief and workers of a cluster that has an ``evaluator`` job only train:
+  no evaluation, no eval/, no exporters; they stop when the evaluator says so,
+  all at the same step, and return ``(None, None)`` (trainer_task.py);
+- chief and workers of a cluster without one run the local loop above
+  (the chief records its run, so that an evaluator started anyway refuses to
+  be a second writer of eval/);
+- ``ps`` is refused.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from torchestimator._policy.best import BestCheckpointPolicy
-from torchestimator.checkpoint import CheckpointError
-from torchestimator.checkpoint.errors import DiskFullError, is_no_room
-from torchestimator.distribute.launcher import EVALUATOR, PS, cluster_from_tf_config
-from torchestimator._policy.early_stopping import EarlyStoppingRule
-from torchestimator.hooks.base import CheckpointSaverListener, Hook, check_hook
 from torchestimator._core.inference import InferenceBundle
 from torchestimator._core.state import TrainState
-from torchestimator._io.summary import read_scalars
+from torchestimator._policy.best import BestCheckpointPolicy
+from torchestimator._policy.early_stopping import EarlyStoppingRule, as_rules
+from torchestimator._policy.evaluator import run_evaluator
+from torchestimator._policy.history import eval_history, latest_step, seed_rules
+from torchestimator._policy.specs import EvalSpec, TrainSpec, as_spec_list, by_spec, run_exporters
+from torchestimator._policy.trainer_task import TrainingRunHook, train_for_evaluator
+from torchestimator.checkpoint.errors import DiskFullError, is_no_room
+from torchestimator.distribute.cluster import EVALUATOR, PS, PS_ADVICE, cluster_from_tf_config
+from torchestimator.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["EvalSpec", "TrainSpec", "run_evaluator", "train_and_evaluate"]
-
-
-def _check_positive_int(owner: str, name: str, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-        raise ValueError(f"{owner}: {name} must be a positive int or None; received {value!r}.")
-
-
-def _check_non_negative(owner: str, name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"{owner}: {name} must be a number of seconds >= 0; received {value!r}.")
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainSpec:
-    """What to train on and for how long (tf.estimator.TrainSpec)."""
-
-    input_fn: Callable[..., Any]
-    """Returns the training batches; called once when training starts, resumed from the checkpoint's position."""
-    _: dataclasses.KW_ONLY
-    max_steps: int | None = None
-    """Absolute global step to stop at; None trains until the input ends (or a stop rule fires)."""
-    hooks: Sequence[Hook] = ()
-    """Training hooks, passed to each Estimator.train call."""
-    saving_listeners: Sequence[CheckpointSaverListener] = ()
-    """Checkpoint listeners, passed to each Estimator.train call."""
-
-    def __post_init__(self) -> None:
-        if not callable(self.input_fn):
-            raise TypeError(f"TrainSpec: input_fn must be callable; received {self.input_fn!r}.")
-        _check_positive_int("TrainSpec", "max_steps", self.max_steps)
-        object.__setattr__(self, "hooks", tuple(self.hooks or ()))
-        object.__setattr__(self, "saving_listeners", tuple(self.saving_listeners or ()))
-        for hook in self.hooks:
-            check_hook(hook, "TrainSpec: hooks")
-        for listener in self.saving_listeners:
-            if not isinstance(listener, CheckpointSaverListener):
-                raise TypeError(
-                    f"TrainSpec: saving_listeners must be te.CheckpointSaverListener instances; received {listener!r}."
-                )
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalSpec:
-    """What to evaluate on, how often, and what to export afterwards (tf.estimator.EvalSpec)."""
-
-    input_fn: Callable[..., Any]
-    """Returns the evaluation batches; called for each evaluation."""
-    _: dataclasses.KW_ONLY
-    steps: int | None = 100
-    """Batches per evaluation (TensorFlow's default 100); None evaluates until the input ends."""
-    name: str | None = None
-    """Names the evaluation: summaries go to model_dir/eval_<name> (model_dir/eval when None)."""
-    hooks: Sequence[Hook] = ()
-    """Evaluation hooks."""
-    exporters: Any = ()
-    """An exporter or a sequence of them, each with a unique, non-empty ``name`` and an ``export`` method."""
-    start_delay_secs: float = 120
-    """Evaluator process only: seconds to wait before the first evaluation."""
-    throttle_secs: float = 600
-    """At most one evaluation per this many seconds (checkpoint-driven evaluation and the evaluator process)."""
-    every_n_steps: int | None = None
-    """Evaluate every this many global steps instead of at checkpoints (throttle_secs then does not apply)."""
-
-    def __post_init__(self) -> None:
-        if not callable(self.input_fn):
-            raise TypeError(f"EvalSpec: input_fn must be callable; received {self.input_fn!r}.")
-        _check_positive_int("EvalSpec", "steps", self.steps)
-        _check_positive_int("EvalSpec", "every_n_steps", self.every_n_steps)
-        if self.name is not None and (not isinstance(self.name, str) or not self.name):
-            raise TypeError(f"EvalSpec: name must be a non-empty string or None; received {self.name!r}.")
-        _check_non_negative("EvalSpec", "start_delay_secs", self.start_delay_secs)
-        _check_non_negative("EvalSpec", "throttle_secs", self.throttle_secs)
-        object.__setattr__(self, "hooks", tuple(self.hooks or ()))
-        for hook in self.hooks:
-            check_hook(hook, "EvalSpec: hooks")
-        object.__setattr__(self, "exporters", _check_exporters(self.exporters))
-
-
-def _check_exporters(exporters: Any) -> tuple[Any, ...]:
-    if exporters is None:
-        return ()
-    if hasattr(exporters, "export") and hasattr(exporters, "name"):
-        exporters = (exporters,)
-    exporters = tuple(exporters)
-    names: set[str] = set()
-    for exporter in exporters:
-        if not callable(getattr(exporter, "export", None)):
-            raise TypeError(f"EvalSpec: exporters must have an export(...) method; received {exporter!r}.")
-        name = getattr(exporter, "name", None)
-        if not isinstance(name, str) or not name.strip():
-            raise ValueError(f"EvalSpec: an exporter's name must be a non-empty string; {exporter!r} has {name!r}.")
-        if name in names:
-            raise ValueError(f"EvalSpec: exporter names must be unique; {name!r} appears more than once.")
-        names.add(name)
-    return exporters
 
 
 # -- the entry point ----------------------------------------------------------------
@@ -179,30 +96,38 @@ def train_and_evaluate(
 
     Returns:
         ``(results, exports)``: the last evaluation results and the values the exporters returned at
-        that evaluation; for a list of EvalSpecs, dicts keyed by EvalSpec name.
+        that evaluation; for a list of EvalSpecs, dicts keyed by EvalSpec name. Chief and workers of a
+        cluster with an evaluator task return ``(None, None)``: the evaluations are the evaluator's.
     """
     specs, rules = _check_arguments(estimator, train_spec, eval_spec, best, early_stopping)
-    cluster = cluster_from_tf_config()  # the one place TF_CONFIG is read
+    cluster = cluster_from_tf_config()  # this process's task, read in one explicit step
     if cluster.task_type == EVALUATOR:
-        if best is not None or rules:
-            raise ValueError(
-                "TF_CONFIG says this process is the evaluator: best-checkpoint policies and early stopping run in "
-                "the training processes (the chief owns the manifest and only trainers can stop). Pass them there."
-            )
+        if cluster.task_index != 0:
+            raise ConfigError(
+                f'TF_CONFIG["task"] is evaluator {cluster.task_index}: train_and_evaluate runs one evaluator '
+                "(index 0), the one writer of eval/, best.json and the stop signal. Start only evaluator 0.",
+                field="TF_CONFIG", value=cluster.task_index)
         logger.info("TF_CONFIG task type is evaluator: following %s and evaluating each new checkpoint.",
                     estimator.model_dir)
-        return run_evaluator(estimator, train_spec, eval_spec, clock=clock)
+        return run_evaluator(estimator, train_spec, eval_spec, best=best, early_stopping=rules, clock=clock)
     if cluster.task_type == PS:
-        raise ValueError("TF_CONFIG task type 'ps': torch.distributed has no parameter servers. Start only chief, "
-                         "worker and evaluator tasks.")
+        raise ConfigError(f"TF_CONFIG task type 'ps': {PS_ADVICE}", field="TF_CONFIG", value=PS)
+    if EVALUATOR in cluster.jobs:
+        if best is not None or rules:
+            logger.info("TF_CONFIG's cluster has an evaluator task: it keeps the best checkpoints and decides early "
+                        "stopping; this %s only trains, and stops when the evaluator says so.", cluster.task_type)
+        train_for_evaluator(estimator, train_spec, is_chief=cluster.is_chief)
+        return None, None
+    # A TF_CONFIG cluster without an evaluator job: the trainers evaluate; the chief records its run so that an
+    # evaluator started against this model_dir anyway refuses to be a second writer of eval/.
+    recorder = TrainingRunHook(estimator.model_dir, evaluator_task=False) if cluster.jobs and cluster.is_chief else None
     loop = _Evaluations(estimator, train_spec, specs, best, rules, clock)
-    estimator.train(train_spec.input_fn, hooks=train_spec.hooks, max_steps=train_spec.max_steps,
-                    saving_listeners=train_spec.saving_listeners, evaluation=loop)
+    estimator.train(train_spec.input_fn, hooks=[*train_spec.hooks, *([recorder] if recorder else [])],
+                    max_steps=train_spec.max_steps, saving_listeners=train_spec.saving_listeners, evaluation=loop)
     loop.finish()
-    if isinstance(eval_spec, EvalSpec):
-        return loop.results[0], loop.exports[0]
-    return ({spec.name: loop.results[i] for i, spec in enumerate(specs)},
-            {spec.name: loop.exports[i] for i, spec in enumerate(specs)})
+    if recorder is not None:
+        recorder.record_end(latest_step(estimator.checkpoint_store), train_spec.max_steps)
+    return by_spec(eval_spec, specs, loop.results, loop.exports)
 
 
 def _check_arguments(estimator: Any, train_spec: Any, eval_spec: Any, best: Any, early_stopping: Any,
@@ -211,33 +136,10 @@ def _check_arguments(estimator: Any, train_spec: Any, eval_spec: Any, best: Any,
         raise TypeError(f"train_and_evaluate needs a te.Estimator; received {type(estimator).__name__}.")
     if not isinstance(train_spec, TrainSpec):
         raise TypeError(f"train_spec must be a te.TrainSpec; received {type(train_spec).__name__}.")
-    specs = _as_spec_list(eval_spec)
+    specs = as_spec_list(eval_spec)
     if best is not None and not isinstance(best, BestCheckpointPolicy):
         raise TypeError(f"best must be a BestCheckpointPolicy or None; received {best!r}.")
-    rules = [early_stopping] if isinstance(early_stopping, EarlyStoppingRule) else list(early_stopping or ())
-    for rule in rules:
-        if not (callable(getattr(rule, "observe", None)) and callable(getattr(rule, "should_stop", None))):
-            raise TypeError(
-                f"early_stopping takes rules made by te.stop_if_*_hook or te.EarlyStopping; received {rule!r}."
-            )
-    return specs, rules
-
-
-def _as_spec_list(eval_spec: Any) -> list[EvalSpec]:
-    specs = [eval_spec] if isinstance(eval_spec, EvalSpec) else list(eval_spec or ())
-    if not specs:
-        raise ValueError("eval_spec must be an EvalSpec or a non-empty list of them.")
-    for spec in specs:
-        if not isinstance(spec, EvalSpec):
-            raise TypeError(f"eval_spec must contain te.EvalSpec instances; received {spec!r}.")
-    names = [spec.name for spec in specs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"Each EvalSpec needs its own name (it names the eval dir); received names {names}.")
-    exporter_names = [exporter.name for spec in specs for exporter in spec.exporters]
-    if len(set(exporter_names)) != len(exporter_names):
-        raise ValueError(f"Exporter names must be unique across EvalSpecs (each exports to model_dir/export/<name>); "
-                         f"received {exporter_names}.")
-    return specs
+    return specs, as_rules(early_stopping)
 
 
 # -- replicas agree --------------------------------------------------------------------
@@ -319,7 +221,7 @@ class _Evaluations:
 
     def finish(self) -> None:
         """The final evaluation (of every spec not evaluated at the last step), exporters told it is final."""
-        step = self.state.global_step if self.state is not None else _latest_step(self.estimator)
+        step = self.state.global_step if self.state is not None else latest_step(self.estimator.checkpoint_store)
         if self.finalized_step != step:
             self._round(step, set(), final=True)
 
@@ -409,17 +311,14 @@ class _Evaluations:
         self.history_seeded = True
         history = None
         if _is_chief(self.estimator):
-            history = _eval_history(self.estimator.eval_dir(self.specs[0].name), up_to=self.start_step)
-        for step, results in _chief_decides(self.estimator, history) or ():
-            for rule in self.rules:
-                if hasattr(rule, "seed"):
-                    rule.seed(step, results)
+            history = eval_history(self.estimator.eval_dir(self.specs[0].name), up_to=self.start_step)
+        seed_rules(self.rules, _chief_decides(self.estimator, history) or ())
 
     def _export(self, index: int, step: int, final: bool) -> None:
         """The spec's exporters, run by the chief only (one writer of export/); every replica gets their results."""
         spec = self.specs[index]
         self.exports[index] = _on_chief(
-            self.estimator, lambda: _run_exporters(self.estimator, spec, self.estimator.latest_checkpoint(),
+            self.estimator, lambda: run_exporters(self.estimator, spec, self.estimator.latest_checkpoint(),
                                                    self.results[index], final),
             f"Exporting {spec.name or 'eval'} at global step {step}")
 
@@ -440,96 +339,3 @@ def _on_chief(estimator: Any, action: Callable[[], Any], what: str) -> Any:
     if error is not None:
         raise RuntimeError(f"{what} failed on the chief: {error}")
     return value
-
-
-def _run_exporters(estimator: Any, spec: EvalSpec, checkpoint_path: str | None, results: dict[str, Any],
-                   final: bool) -> list[Any]:
-    exports = []
-    for exporter in spec.exporters:
-        export_path = os.path.join(estimator.model_dir, "export", exporter.name)
-        exports.append(exporter.export(estimator, export_path, checkpoint_path, results, final))
-    return exports
-
-
-def _latest_step(estimator: Any) -> int:
-    history = estimator.checkpoint_store.history()
-    return history[-1]["step"] if history else 0
-
-
-def _eval_history(eval_dir: str, *, up_to: int) -> list[tuple[int, dict[str, float]]]:
-    """Evaluations written to ``eval_dir`` at steps <= up_to, as (step, {metric: value}) in step order."""
-    by_step: dict[int, dict[str, float]] = {}
-    for tag, points in read_scalars(eval_dir).items():
-        for step, value in points:
-            if step <= up_to:
-                by_step.setdefault(step, {})[tag] = value
-    return sorted(by_step.items())
-
-
-# -- evaluator mode -------------------------------------------------------------------------
-
-
-def run_evaluator(
-    estimator: Any,
-    train_spec: TrainSpec,
-    eval_spec: EvalSpec | Sequence[EvalSpec],
-    *,
-    poll_secs: float | None = None,
-    timeout_secs: float | None = None,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> tuple[Any, Any]:
-    """Follows model_dir and evaluates each new checkpoint once, as TensorFlow's evaluator task.
-
-    Waits ``start_delay_secs`` (of the first EvalSpec), then polls every ``poll_secs`` (default: the
-    smallest throttle_secs); stops once an evaluated checkpoint's global_step >= train_spec.max_steps,
-    or, with ``timeout_secs``, once no new checkpoint appeared for that long (useful when max_steps is
-    None). A checkpoint removed by retention before it could be read is skipped. Exporters run after
-    each evaluation. Returns what train_and_evaluate returns.
-    """
-    if not isinstance(train_spec, TrainSpec):
-        raise TypeError(f"train_spec must be a te.TrainSpec; received {type(train_spec).__name__}.")
-    specs = _as_spec_list(eval_spec)
-    for name, value in (("poll_secs", poll_secs), ("timeout_secs", timeout_secs)):
-        if value is not None:
-            _check_non_negative("run_evaluator", name, value)
-    interval = poll_secs if poll_secs is not None else min(spec.throttle_secs for spec in specs)
-    sleep(specs[0].start_delay_secs)
-    results: list[Any] = [None] * len(specs)
-    exports: list[list[Any]] = [[] for _ in specs]
-    last_path, last_new = None, clock()
-    while True:
-        started = clock()
-        path = estimator.latest_checkpoint()
-        if path is not None and path != last_path:
-            step = _evaluate_checkpoint(estimator, train_spec, specs, path, results, exports)
-            if step is not None:
-                last_path, last_new = path, clock()
-                if train_spec.max_steps is not None and step >= train_spec.max_steps:
-                    break
-        elif timeout_secs is not None and clock() - last_new >= timeout_secs:
-            logger.info("No new checkpoint in %s for %s seconds: the evaluator stops.", estimator.model_dir, timeout_secs)
-            break
-        sleep(max(0.0, interval - (clock() - started)))
-    if isinstance(eval_spec, EvalSpec):
-        return results[0], exports[0]
-    return ({spec.name: results[i] for i, spec in enumerate(specs)},
-            {spec.name: exports[i] for i, spec in enumerate(specs)})
-
-
-def _evaluate_checkpoint(estimator: Any, train_spec: TrainSpec, specs: list[EvalSpec], path: str,
-                         results: list[Any], exports: list[list[Any]]) -> int | None:
-    """Evaluates ``path`` with every spec and runs their exporters; its global step, or None if it vanished."""
-    for index, spec in enumerate(specs):
-        try:
-            results[index] = estimator.evaluate(spec.input_fn, steps=spec.steps, hooks=spec.hooks,
-                                                checkpoint_path=path, name=spec.name)
-        except CheckpointError as error:
-            logger.warning("Could not evaluate %s (removed or damaged while being read): %s", path, error)
-            return None
-    step = results[0]["global_step"]
-    final = train_spec.max_steps is not None and step >= train_spec.max_steps
-    for index, spec in enumerate(specs):
-        exports[index] = _run_exporters(estimator, spec, path, results[index], final)
-    logger.info("Evaluated %s (global step %d).", path, step)
-    return step

@@ -1,0 +1,233 @@
+"""The files through which the evaluator task and the trainers talk, in model_dir.
+
+What belongs here: the three documents, how they are written (one writer each, replaced atomically with
+``_io.atomic``, so a reader sees the old or the new document, never half of one), read (a regular file
+within a bound; a damaged one is warned about and counts as absent), and the cheap poll the trainers use.
+What does not: what the evaluator decides (evaluator.py) and what the trainers do about it (trainer_task.py).
+
+::
+
+    training_run.json   written by the training chief: this run's id, whether an evaluator task evaluates
+                        it, the step it started from and, once train returns, the step it ended at and why.
+    stop_signal.json    written by the evaluator: stop, addressed to one training run by its id, with the
+                        evaluated step that decided it and the rule that said so.
+    evaluator.json      written by the evaluator: the checkpoint step it is evaluating now, which the chief
+                        keeps from retention until the evaluation is done.
+
+(``best.json``, the best steps, is the evaluator's too in this setup; see best.py.)
+
+Why a stop signal names a run: a model_dir outlives its runs. A signal addressed to an earlier run (the
+job that stopped early last week) must not stop the run that continues it; trainers only obey a signal
+addressed to their own run id, which the chief draws afresh at every start. The evaluator addresses its
+decision to the run training now, and readdresses it if the trainers restart while it waits for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+from torchestimator._io.atomic import write_json_atomically
+from torchestimator._io.regular_file import read_regular_file
+from torchestimator.errors import FileTooLargeError, NotARegularFileError
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "EVALUATOR_FILE",
+    "STOP_POLL_SECS",
+    "STOP_SIGNAL_FILE",
+    "TRAINING_RUN_FILE",
+    "StopSignal",
+    "StopSignalWatch",
+    "TrainingRun",
+    "new_run_id",
+    "read_evaluating_step",
+    "read_stop_signal",
+    "read_training_run",
+    "write_evaluating_step",
+    "write_stop_signal",
+    "write_training_run",
+]
+
+TRAINING_RUN_FILE = "training_run.json"
+STOP_SIGNAL_FILE = "stop_signal.json"
+EVALUATOR_FILE = "evaluator.json"
+STOP_POLL_SECS = 1.0
+"""How often the trainers look for a stop signal (one stat of a file), and the evaluator for the trainers' end."""
+
+_FORMAT_VERSION = 1
+_MAX_BYTES = 64 * 1024  # these documents are a few hundred bytes; a bigger file is not one of ours
+
+
+def new_run_id() -> str:
+    """A fresh id for one training run (32 hex digits)."""
+    return secrets.token_hex(16)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainingRun:
+    """The training chief's record of one run (training_run.json)."""
+
+    run_id: str
+    evaluator_task: bool
+    """True when an evaluator task evaluates this run (the trainers do not evaluate themselves)."""
+    start_step: int
+    end_step: int | None = None
+    """The step training ended at (its final checkpoint); None while it trains."""
+    end_reason: str | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.end_step is not None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StopSignal:
+    """The evaluator's decision to stop one training run (stop_signal.json)."""
+
+    run_id: str
+    """The training run it is addressed to; trainers of any other run ignore it."""
+    step: int
+    """The evaluated checkpoint's step whose results decided it."""
+    rule: str
+    """The early-stopping rule that said stop, as its repr (``stop_if_no_decrease('loss', 100)``)."""
+
+
+def write_training_run(model_dir: str, run: TrainingRun) -> None:
+    _write(model_dir, TRAINING_RUN_FILE, dataclasses.asdict(run))
+
+
+def read_training_run(model_dir: str) -> TrainingRun | None:
+    document = _read(model_dir, TRAINING_RUN_FILE)
+    if document is None:
+        return None
+    return _build(model_dir, TRAINING_RUN_FILE, TrainingRun, document, {
+        "run_id": (str,), "evaluator_task": (bool,), "start_step": (int,), "end_step": (int, None),
+        "end_reason": (str, None)})
+
+
+def write_stop_signal(model_dir: str, signal: StopSignal) -> None:
+    _write(model_dir, STOP_SIGNAL_FILE, dataclasses.asdict(signal))
+
+
+def read_stop_signal(model_dir: str) -> StopSignal | None:
+    document = _read(model_dir, STOP_SIGNAL_FILE)
+    if document is None:
+        return None
+    return _build(model_dir, STOP_SIGNAL_FILE, StopSignal, document, {"run_id": (str,), "step": (int,), "rule": (str,)})
+
+
+def write_evaluating_step(model_dir: str, step: int | None) -> None:
+    """The evaluator says which checkpoint it is evaluating (None: none), so that retention keeps it meanwhile."""
+    _write(model_dir, EVALUATOR_FILE, {"evaluating_step": step})
+
+
+def read_evaluating_step(model_dir: str) -> int | None:
+    document = _read(model_dir, EVALUATOR_FILE)
+    if document is None:
+        return None
+    step = document.get("evaluating_step")
+    if step is not None and not _is_step(step):
+        logger.warning("%s: evaluating_step must be a step (an int >= 0) or null; received %r. Ignored.",
+                       os.path.join(model_dir, EVALUATOR_FILE), step)
+        return None
+    return step
+
+
+class StopSignalWatch:
+    """Whether the evaluator told this training run to stop; cheap enough to ask after every step.
+
+    Each call reads the clock; at most every ``poll_secs`` it stats stop_signal.json, and it reads the
+    file only when the stat shows a new one (an atomic replace is a new inode). A signal addressed to
+    another run is logged once and ignored. Once this run's signal is found, every call returns it.
+    """
+
+    def __init__(self, model_dir: str, run_id: str, *, poll_secs: float = STOP_POLL_SECS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.model_dir, self.run_id, self.poll_secs, self.clock = model_dir, run_id, poll_secs, clock
+        self.path = os.path.join(model_dir, STOP_SIGNAL_FILE)
+        self.signal: StopSignal | None = None
+        self._last_poll: float | None = None
+        self._seen: tuple[int, int, int] | None = None
+
+    def check(self) -> StopSignal | None:
+        if self.signal is not None:
+            return self.signal
+        now = self.clock()
+        if self._last_poll is not None and now - self._last_poll < self.poll_secs:
+            return None
+        self._last_poll = now
+        try:
+            status = os.stat(self.path)
+        except OSError:  # absent (the usual case), or unreachable for now: asked again at the next poll
+            self._seen = None
+            return None
+        identity = (status.st_ino, status.st_mtime_ns, status.st_size)
+        if identity == self._seen:
+            return None
+        self._seen = identity
+        signal = read_stop_signal(self.model_dir)
+        if signal is not None and signal.run_id != self.run_id:
+            logger.info("%s is addressed to training run %s, not to this one (%s): it is an earlier run's, and is "
+                        "ignored.", self.path, signal.run_id, self.run_id)
+            return None
+        self.signal = signal
+        return signal
+
+
+# -- reading and writing one document ---------------------------------------------------------
+
+
+def _write(model_dir: str, name: str, fields: dict[str, Any]) -> None:
+    write_json_atomically(os.path.join(model_dir, name), {"format_version": _FORMAT_VERSION, **fields})
+
+
+def _read(model_dir: str, name: str) -> dict[str, Any] | None:
+    """The document, or None when absent; a damaged one is warned about (naming the file) and counts as absent."""
+    path = os.path.join(model_dir, name)
+    try:
+        document = json.loads(read_regular_file(path, _MAX_BYTES))
+    except FileNotFoundError:
+        return None
+    except (OSError, NotARegularFileError, FileTooLargeError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        logger.warning("%s is unreadable (%s); it is ignored.", path, error)
+        return None
+    if not isinstance(document, dict) or document.get("format_version") != _FORMAT_VERSION:
+        logger.warning("%s is not a format %d document of torchestimator's; it is ignored.", path, _FORMAT_VERSION)
+        return None
+    return document
+
+
+def _build(model_dir: str, name: str, kind: type, document: dict[str, Any],
+           fields: dict[str, tuple[type | None, ...]]) -> Any:
+    """``kind(**fields)`` from the document when each field has one of its types; else a warning and None."""
+    values = {}
+    for field, types in fields.items():
+        value = document.get(field)
+        if not _has_type(value, types):
+            logger.warning("%s: field %r must be %s; received %r. The file is ignored.", os.path.join(model_dir, name),
+                           field, " or ".join("null" if kind_ is None else kind_.__name__ for kind_ in types), value)
+            return None
+        values[field] = value
+    return kind(**values)
+
+
+def _has_type(value: Any, types: tuple[type | None, ...]) -> bool:
+    if value is None:
+        return None in types
+    if isinstance(value, bool):
+        return bool in types
+    if isinstance(value, int):
+        return int in types and value >= 0
+    return any(kind is not None and kind not in (bool, int) and isinstance(value, kind) for kind in types)
+
+
+def _is_step(value: Any) -> bool:
+    return _has_type(value, (int,))

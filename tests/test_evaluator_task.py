@@ -1,0 +1,493 @@
+"""The evaluator task, TensorFlow's way: the files it shares with the trainers (stop signal, training run,
+the step under evaluation), its decisions (best, early stopping, the final evaluation, bounded waits), the
+trainers' side (stop at the signal, keep what the evaluator needs), and TF_CONFIG chief + worker + evaluator
+as three plain `python script.py` processes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch.nn.functional as F
+
+import torchestimator as te
+from conftest import input_fns, make_classification, make_estimator
+from torchestimator._io.summary import read_scalars
+from torchestimator._policy.best import BEST_FILE, BestCheckpointPolicy, read_best
+from torchestimator._policy.early_stopping import EarlyStopping, stop_if_higher_hook
+from torchestimator._policy.evaluator_channel import (
+    EVALUATOR_FILE,
+    STOP_SIGNAL_FILE,
+    TRAINING_RUN_FILE,
+    StopSignal,
+    StopSignalWatch,
+    TrainingRun,
+    read_evaluating_step,
+    read_stop_signal,
+    read_training_run,
+    write_evaluating_step,
+    write_stop_signal,
+    write_training_run,
+)
+from torchestimator._policy.train_and_evaluate import EvalSpec, TrainSpec, run_evaluator, train_and_evaluate
+from torchestimator._policy import trainer_task
+from torchestimator._policy.trainer_task import EvaluatorRecordsKeeper, train_for_evaluator
+from torchestimator.distribute.launcher import find_free_port
+from torchestimator.errors import ConfigError
+
+
+def scored_model_fn(model, features, labels, mode):
+    """A classifier whose `score` metric is the eval input's constant `score` column (a metric tests control)."""
+    logits = model(features["x"])
+    predictions = {"class": logits.argmax(-1)}
+    if mode == te.ModeKeys.PREDICT:
+        return te.EstimatorSpec(mode, predictions=predictions)
+    metrics = {"score": te.metrics.mean(features["score"])} if "score" in features else {}
+    return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels), eval_metric_ops=metrics)
+
+
+def scored_eval_input(score=0.5, n=64):
+    x, y = make_classification(n, seed=1)
+    return te.numpy_input_fn({"x": x, "score": np.full(n, score, np.float32)}, y, batch_size=32, num_epochs=1,
+                             shuffle=False)
+
+
+def estimator(model_dir, **config):
+    return make_estimator(model_dir, model_fn=scored_model_fn, **{"keep_checkpoint_max": None, **config})
+
+
+class FakeExporter:
+    """The Exporter interface, recording (step, final) of each call."""
+
+    def __init__(self):
+        self.name, self.calls = "fake", []
+
+    def export(self, estimator, export_path, checkpoint_path, eval_result, is_the_final_export):
+        self.calls.append((eval_result["global_step"], is_the_final_export))
+        return checkpoint_path
+
+
+def eval_steps(model_dir):
+    return [step for step, _ in read_scalars(os.path.join(model_dir, "eval")).get("loss", [])]
+
+
+class SimulatedTrainers:
+    """Stands in for the training chief, driven by the evaluator's sleeps (one thread, no races).
+
+    At each sleep: trains ``steps`` more steps as run ``run_ids[0]`` (training_run.json kept as the chief
+    keeps it); once a stop signal addressed to the current run appears, trains ``steps`` more (trainers
+    notice it a little later) and ends there, or restarts as the next run id if there is one (a crash and
+    an elastic restart). ``start_after`` sleeps pass before the first run starts; with ``end_at`` the run
+    ends (its input ran out) at the sleep after it reached that step.
+    """
+
+    def __init__(self, model_dir, *, run_ids=("run-1",), steps=10, start_after=0, end_at=None, ends=True):
+        self.model_dir, self.run_ids, self.steps, self.end_at, self.ends = model_dir, list(run_ids), steps, end_at, ends
+        self.trainer = estimator(model_dir)
+        self.train, _, _, _ = input_fns()
+        self.step, self.run_id, self.ended, self.waits = 0, None, False, start_after
+        self.signals: list[StopSignal | None] = []
+
+    def __call__(self, seconds):
+        # Bounds for a broken evaluator: one that never stops them, or never stops following them.
+        assert self.step < 300 and len(self.signals) < 500, "the evaluator did not end (see SimulatedTrainers)"
+        self.signals.append(read_stop_signal(self.model_dir))
+        if self.ended:
+            return
+        if self.waits:
+            self.waits -= 1
+            return
+        if self.run_id is None:
+            self._start(self.run_ids.pop(0))
+        if self.end_at is not None and self.step >= self.end_at:  # the input ended at the previous sleep
+            self._end()
+            return
+        signal = self.signals[-1]
+        told = signal is not None and signal.run_id == self.run_id
+        self.step += self.steps
+        self.trainer.train(self.train, max_steps=self.step)
+        if told and self.run_ids:
+            self._start(self.run_ids.pop(0))
+        elif told and self.ends:
+            self._end()
+
+    def _end(self):
+        self.ended = True
+        write_training_run(self.model_dir, TrainingRun(run_id=self.run_id, evaluator_task=True, start_step=0,
+                                                       end_step=self.step, end_reason="test"))
+
+    def _start(self, run_id):
+        self.run_id = run_id
+        write_training_run(self.model_dir, TrainingRun(run_id=run_id, evaluator_task=True, start_step=self.step))
+
+
+def follow(model_dir, trainers, *, rules=(), best=None, exporter=None, max_steps=None, **options):
+    exporter = exporter or FakeExporter()
+    results, _ = run_evaluator(estimator(model_dir), TrainSpec(trainers.train, max_steps=max_steps),
+                               EvalSpec(scored_eval_input(), start_delay_secs=0, exporters=exporter), best=best,
+                               early_stopping=rules, poll_secs=0, sleep=trainers, **options)
+    return results, exporter
+
+
+# -- the files ---------------------------------------------------------------------------------
+
+
+def test_the_three_documents_round_trip(tmp_path):
+    model_dir = str(tmp_path)
+    assert read_training_run(model_dir) is None and read_stop_signal(model_dir) is None
+    run = TrainingRun(run_id="abc", evaluator_task=True, start_step=20, end_step=40, end_reason="max_steps 40 reached")
+    write_training_run(model_dir, run)
+    write_stop_signal(model_dir, StopSignal(run_id="abc", step=30, rule="stop_if_higher('score', 0.4)"))
+    write_evaluating_step(model_dir, 30)
+    assert read_training_run(model_dir) == run and read_training_run(model_dir).ended
+    assert read_stop_signal(model_dir) == StopSignal(run_id="abc", step=30, rule="stop_if_higher('score', 0.4)")
+    assert read_evaluating_step(model_dir) == 30
+    write_evaluating_step(model_dir, None)
+    assert read_evaluating_step(model_dir) is None
+    assert not [name for name in os.listdir(model_dir) if ".tmp-" in name]  # written atomically, nothing left over
+
+
+@pytest.mark.parametrize("content, complaint", [
+    (b"{not json", "unreadable"),
+    (b'{"format_version": 7, "run_id": "a", "step": 1, "rule": "r"}', "not a format 1 document"),
+    (b'{"format_version": 1, "run_id": "a", "step": -1, "rule": "r"}', "field 'step' must be int"),
+    (b'{"format_version": 1, "run_id": "a", "step": true, "rule": "r"}', "field 'step' must be int"),
+    (b'{"format_version": 1, "run_id": 5, "step": 1, "rule": "r"}', "field 'run_id' must be str"),
+    (b" " * (65 * 1024), "unreadable"),
+])
+def test_a_damaged_stop_signal_is_ignored_with_a_warning_naming_it(tmp_path, caplog, content, complaint):
+    (tmp_path / STOP_SIGNAL_FILE).write_bytes(content)
+    with caplog.at_level(logging.WARNING):
+        assert read_stop_signal(str(tmp_path)) is None
+    assert STOP_SIGNAL_FILE in caplog.text and complaint in caplog.text
+
+
+def test_a_fifo_in_place_of_a_signal_does_not_block_the_trainers(tmp_path, caplog):
+    os.mkfifo(tmp_path / STOP_SIGNAL_FILE)
+    with caplog.at_level(logging.WARNING):
+        assert read_stop_signal(str(tmp_path)) is None  # returns at once: no writer is waited for
+    assert "not a regular file" in caplog.text
+
+
+def test_the_watch_stats_at_most_every_poll_secs_and_obeys_only_its_own_run(tmp_path, monkeypatch, caplog):
+    model_dir, now = str(tmp_path), [0.0]
+    reads = []
+    import torchestimator._policy.evaluator_channel as channel
+
+    real_read = channel.read_stop_signal
+    monkeypatch.setattr(channel, "read_stop_signal", lambda folder: reads.append(folder) or real_read(folder))
+    watch = StopSignalWatch(model_dir, "this-run", poll_secs=5, clock=lambda: now[0])
+    assert watch.check() is None  # first poll: no file
+    write_stop_signal(model_dir, StopSignal(run_id="earlier-run", step=10, rule="r"))
+    now[0] = 4.0
+    assert watch.check() is None and reads == []  # within poll_secs of the last poll: not even a stat
+    now[0] = 5.0
+    with caplog.at_level(logging.INFO):
+        assert watch.check() is None and len(reads) == 1  # an earlier run's signal: read once, ignored
+    assert "earlier-run" in caplog.text and "ignored" in caplog.text
+    now[0] = 10.0
+    assert watch.check() is None and len(reads) == 1  # unchanged file: a stat, no read
+    write_stop_signal(model_dir, StopSignal(run_id="this-run", step=20, rule="r"))
+    now[0] = 15.0
+    assert watch.check() == StopSignal(run_id="this-run", step=20, rule="r") and len(reads) == 2
+    assert watch.check() is watch.signal  # once found, kept
+
+
+# -- the evaluator's decisions -------------------------------------------------------------------
+
+
+def test_early_stopping_signals_the_run_then_evaluates_its_final_checkpoint(tmp_path):
+    trainers = SimulatedTrainers(str(tmp_path))
+    # A constant score never improves: patience 2 stops at the third evaluation (steps 10, 20, 30).
+    results, exporter = follow(tmp_path, trainers, rules=[EarlyStopping("score", mode="max", patience=2)])
+    assert read_stop_signal(str(tmp_path)) == StopSignal(
+        run_id="run-1", step=30, rule="EarlyStopping('score', mode='max', patience=2, min_delta=0.0)")
+    # The trainers ended at 40, after the signal: the evaluator evaluated that checkpoint, as the final one.
+    assert results["global_step"] == 40 and eval_steps(tmp_path) == [10, 20, 30, 40]
+    assert exporter.calls == [(10, False), (20, False), (30, False), (40, True)]
+
+
+def test_a_decision_waits_for_a_run_to_address_and_an_earlier_jobs_end_does_not_end_the_evaluator(tmp_path):
+    model_dir = str(tmp_path)
+    estimator(model_dir).train(input_fns()[0], max_steps=10)  # an earlier job, stopped early by its evaluator
+    write_training_run(model_dir, TrainingRun(run_id="old", evaluator_task=True, start_step=0, end_step=10,
+                                              end_reason="stopped by the evaluator"))
+    write_stop_signal(model_dir, StopSignal(run_id="old", step=10, rule="old rule"))
+    trainers = SimulatedTrainers(model_dir, run_ids=("new",), start_after=2)
+    trainers.step = 10
+    results, exporter = follow(tmp_path, trainers, rules=[stop_if_higher_hook("score", 0.4)])
+    # The rule fired at the first evaluation (step 10), before the new run existed: the old signal stayed as it
+    # was until the new run started, and then the decision was addressed to it.
+    assert [signal.run_id for signal in trainers.signals[:3]] == ["old", "old", "old"]
+    assert read_stop_signal(model_dir).run_id == "new" and read_stop_signal(model_dir).step == 10
+    assert results["global_step"] == trainers.step == 30 and exporter.calls[-1] == (30, True)
+
+
+def test_a_decision_is_readdressed_when_the_trainers_restart_as_a_new_run(tmp_path):
+    trainers = SimulatedTrainers(str(tmp_path), run_ids=("first", "after-restart"))
+    results, _ = follow(tmp_path, trainers, rules=[stop_if_higher_hook("score", 0.4)])
+    addressed = [signal.run_id for signal in trainers.signals if signal is not None]
+    assert addressed[0] == "first" and addressed[-1] == "after-restart"
+    assert read_training_run(str(tmp_path)).run_id == "after-restart" and results["global_step"] == trainers.step
+
+
+def test_trainers_that_do_not_answer_leave_the_evaluator_after_stop_timeout_secs(tmp_path, caplog):
+    trainers = SimulatedTrainers(str(tmp_path), ends=False)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        results, exporter = follow(tmp_path, trainers, rules=[stop_if_higher_hook("score", 0.4)],
+                                   stop_timeout_secs=0)
+    assert time.monotonic() - started < 60
+    assert "did not end their run within 0 s" in caplog.text
+    # The newest checkpoint, evaluated as the final one.
+    assert exporter.calls[-1] == (results["global_step"], True) and results["global_step"] == trainers.step
+
+
+def test_without_max_steps_the_evaluator_ends_with_training(tmp_path):
+    """TensorFlow's evaluator waited forever when max_steps was None; here the chief's end record ends it."""
+    trainers = SimulatedTrainers(str(tmp_path), end_at=20)
+    results, exporter = follow(tmp_path, trainers)
+    assert results["global_step"] == 20 and eval_steps(tmp_path) == [10, 20]  # 20 evaluated once...
+    assert exporter.calls == [(10, False), (20, False), (20, True)]  # ...and exported again as the final one
+
+
+def test_an_evaluator_refuses_trainers_that_evaluate_themselves(tmp_path):
+    estimator(tmp_path).train(input_fns()[0], max_steps=10)
+    write_training_run(str(tmp_path), TrainingRun(run_id="r", evaluator_task=False, start_step=0))
+    with pytest.raises(ConfigError, match=r"lists no 'evaluator' job.*\"evaluator\": \[\"host:port\"\]"):
+        follow(tmp_path, SimulatedTrainers(str(tmp_path), start_after=10**9))  # the record above stays
+
+
+def test_the_evaluator_records_the_best_in_best_json_and_names_the_step_it_evaluates(tmp_path):
+    model_dir = str(tmp_path)
+    seen_during_evaluation = []
+
+    class ReadsEvaluatorFile(te.Hook):
+        def begin(self, state):
+            seen_during_evaluation.append(read_evaluating_step(model_dir))
+
+    def manifest_is_the_chiefs(steps):
+        raise AssertionError(f"the evaluator marked {steps} in the manifest, which has one writer: the chief")
+
+    trainers = SimulatedTrainers(model_dir, end_at=30)
+    evaluating = estimator(model_dir)
+    evaluating.checkpoint_store.mark_best = manifest_is_the_chiefs
+    run_evaluator(evaluating, TrainSpec(trainers.train),
+                  EvalSpec(scored_eval_input(), start_delay_secs=0, hooks=[ReadsEvaluatorFile()]),
+                  best=BestCheckpointPolicy("loss", keep=2), poll_secs=0, sleep=trainers)
+    assert seen_during_evaluation == [10, 20, 30] and read_evaluating_step(model_dir) is None
+    losses = {step: values["loss"] for step, values in
+              ((step, dict(loss=value)) for step, value in read_scalars(os.path.join(model_dir, "eval"))["loss"])}
+    assert [record.step for record in read_best(model_dir)] == sorted(losses, key=losses.get)[:2]
+
+
+def test_the_chief_keeps_the_recorded_best_and_the_step_under_evaluation_from_retention(tmp_path):
+    model_dir = str(tmp_path)
+    train, _, _, _ = input_fns()
+    estimator(model_dir).train(train, max_steps=20)  # ckpt-10 and ckpt-20
+    trainer = estimator(model_dir, keep_checkpoint_max=1)
+    store = trainer.checkpoint_store
+    BestCheckpointPolicy("loss").update_record(store, 10, {"loss": 0.1, "global_step": 10})  # the evaluator's
+    write_evaluating_step(model_dir, 20)
+    keeper = EvaluatorRecordsKeeper(store)
+    trainer.train(train, max_steps=40, saving_listeners=[keeper])
+    assert [entry["step"] for entry in store.history()] == [10, 20, 40] and store.manifest["best"] == [10]
+    # The evaluation of 20 is done and 40 is the new best: at the next save 10 and 20 are released.
+    BestCheckpointPolicy("loss").update_record(store, 40, {"loss": 0.01, "global_step": 40})
+    write_evaluating_step(model_dir, None)
+    trainer.train(train, max_steps=50, saving_listeners=[keeper])
+    assert [entry["step"] for entry in store.history()] == [40, 50] and store.manifest["best"] == [40]
+    keeper.release()
+    assert store.protected == frozenset()
+
+
+# -- the trainers ---------------------------------------------------------------------------------
+
+
+class SignalsAtStep(te.Hook):
+    """Plays the evaluator: at ``step`` it writes a stop signal addressed to the run the chief recorded."""
+
+    def __init__(self, model_dir, step):
+        self.model_dir, self.step = model_dir, step
+
+    def after_step(self, run_context):
+        if run_context.global_step == self.step:
+            run_id = read_training_run(self.model_dir).run_id
+            write_stop_signal(self.model_dir, StopSignal(run_id=run_id, step=self.step - 2, rule="a rule"))
+
+
+def test_a_chief_beside_an_evaluator_trains_only_and_stops_at_its_runs_signal(tmp_path, monkeypatch):
+    model_dir = str(tmp_path)
+    write_stop_signal(model_dir, StopSignal(run_id="an-earlier-run", step=1, rule="stale"))  # must not stop it
+    monkeypatch.setattr(trainer_task, "STOP_POLL_SECS", 0)  # a stat after every step: these steps take microseconds
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["127.0.0.1:2222"], "evaluator": ["127.0.0.1:2223"]},
+                                                "task": {"type": "chief", "index": 0}}))
+    train, _, _, _ = input_fns()
+    exporter = FakeExporter()
+    answer = train_and_evaluate(estimator(model_dir), TrainSpec(train, max_steps=100, hooks=[SignalsAtStep(model_dir, 7)]),
+                                EvalSpec(scored_eval_input(), exporters=exporter),
+                                early_stopping=stop_if_higher_hook("score", 0.4), best=BestCheckpointPolicy())
+    assert answer == (None, None)
+    assert estimator(model_dir).latest_checkpoint().endswith("ckpt-7")  # the final checkpoint, at the stop
+    run = read_training_run(model_dir)
+    assert run.evaluator_task and run.end_step == 7 and "a rule at global step 5" in run.end_reason
+    assert not os.path.exists(os.path.join(model_dir, "eval")) and exporter.calls == []
+    assert not os.path.exists(os.path.join(model_dir, BEST_FILE))
+
+
+def test_trainers_beside_an_evaluator_need_checkpoints(tmp_path):
+    train, _, _, _ = input_fns()
+    with pytest.raises(ConfigError, match="checkpoints are disabled"):
+        train_for_evaluator(estimator(tmp_path, save_checkpoints_steps=None), TrainSpec(train, max_steps=5),
+                            is_chief=False)
+
+
+def test_a_chief_without_an_evaluator_job_evaluates_and_records_it_for_a_stray_evaluator(tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["127.0.0.1:2222"]},
+                                                "task": {"type": "chief", "index": 0}}))
+    train, _, _, _ = input_fns()
+    results, _ = train_and_evaluate(estimator(tmp_path), TrainSpec(train, max_steps=10),
+                                    EvalSpec(scored_eval_input(), throttle_secs=0))
+    assert results["global_step"] == 10 and eval_steps(tmp_path) == [10]
+    run = read_training_run(str(tmp_path))
+    assert run.evaluator_task is False and run.end_step == 10
+
+
+def test_a_training_run_already_at_max_steps_still_records_its_end(tmp_path, monkeypatch):
+    train, _, _, _ = input_fns()
+    estimator(tmp_path).train(train, max_steps=10)
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["127.0.0.1:2222"], "evaluator": ["127.0.0.1:2223"]},
+                                                "task": {"type": "chief", "index": 0}}))
+    train_and_evaluate(estimator(tmp_path), TrainSpec(train, max_steps=10), EvalSpec(scored_eval_input()))
+    run = read_training_run(str(tmp_path))
+    assert run.end_step == 10 and run.end_reason == "max_steps 10 reached"
+
+
+# -- three plain processes --------------------------------------------------------------------------
+
+_SCRIPT = textwrap.dedent('''
+    """A TF user's launch script, run unchanged by every task: the task comes from TF_CONFIG."""
+    import json, os, sys
+    import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
+    import torchestimator as te
+
+    model_dir, out = sys.argv[1], sys.argv[2]
+    task = json.loads(os.environ["TF_CONFIG"])["task"]["type"]
+
+    centers = np.random.default_rng(0).normal(0, 3, size=(3, 8))
+
+    def data(n, seed):
+        rng = np.random.default_rng(seed)
+        y = rng.integers(0, 3, size=n)
+        return (centers[y] + rng.normal(0, 1, size=(n, 8))).astype(np.float32), y.astype(np.int64)
+
+    def model_fn(model, features, labels, mode):
+        logits = model(features["x"])
+        if mode == te.ModeKeys.PREDICT:
+            return te.EstimatorSpec(mode, predictions={"class": logits.argmax(-1)})
+        metrics = {"score": te.metrics.mean(features["score"])} if "score" in features else {}
+        return te.EstimatorSpec(mode, loss=F.cross_entropy(logits, labels), eval_metric_ops=metrics)
+
+    x, y = data(512, 0)
+    ex, ey = data(64, 1)
+    train_input = te.numpy_input_fn({"x": x}, y, batch_size=32, num_epochs=None, shuffle=True, seed=0)
+    eval_input = te.numpy_input_fn({"x": ex, "score": np.full(64, 0.5, np.float32)}, ey, batch_size=32,
+                                   num_epochs=1, shuffle=False)
+
+    class RecordingExporter:
+        name = "recording"
+        def export(self, estimator, export_path, checkpoint_path, eval_result, is_the_final_export):
+            os.makedirs(export_path, exist_ok=True)
+            with open(os.path.join(export_path, "calls.jsonl"), "a") as calls:
+                calls.write(json.dumps({"task": task, "pid": os.getpid(), "step": eval_result["global_step"],
+                                        "final": is_the_final_export}) + "\\n")
+            return checkpoint_path
+
+    class LastStep(te.Hook):
+        def end(self, state):
+            self.step = state.global_step
+
+    last = LastStep()
+    config = te.RunConfig(train_distribute=te.MirroredStrategy(), save_checkpoints_steps=5, keep_checkpoint_max=3,
+                          log_step_count_steps=None, progress_bar=False, random_seed=0)
+    estimator = te.Estimator(model_fn=model_fn, model=lambda: nn.Sequential(nn.Linear(8, 16), nn.ReLU(),
+                             nn.Linear(16, 3)), optimizer=lambda p: torch.optim.SGD(p, lr=0.05),
+                             model_dir=model_dir, config=config)
+    answer = te.train_and_evaluate(
+        estimator, te.TrainSpec(train_input, max_steps=1_000_000, hooks=[last]),
+        te.EvalSpec(eval_input, steps=None, start_delay_secs=0, throttle_secs=0, exporters=[RecordingExporter()]),
+        # A constant score never improves: the first evaluation stays the best (ties keep the earlier step), and
+        # patience 2 stops training at the third.
+        best=te.BestCheckpointPolicy("score", higher_is_better=True),
+        early_stopping=te.EarlyStopping("score", mode="max", patience=2))
+    results = answer[0]
+    with open(out, "w") as handle:
+        json.dump({"task": task, "pid": os.getpid(), "final_step": getattr(last, "step", None),
+                   "evaluated_step": None if results is None else results["global_step"]}, handle)
+''')
+
+
+def _start(script, model_dir, out, tf_config, tmp_path):
+    env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+           "TORCHESTIMATOR_COLLECTIVE_TIMEOUT": "60"}
+    env.pop("RANK", None), env.pop("WORLD_SIZE", None)
+    log = open(tmp_path / f"{tf_config['task']['type']}.log", "wb")
+    return subprocess.Popen([sys.executable, str(script), model_dir, str(out)], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, cwd=str(tmp_path)), log
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_chief_worker_and_evaluator_as_three_plain_processes(tmp_path):
+    script, model_dir = tmp_path / "train.py", str(tmp_path / "model")
+    script.write_text(_SCRIPT)
+    cluster = {"chief": [f"127.0.0.1:{find_free_port()}"], "worker": [f"127.0.0.1:{find_free_port()}"],
+               "evaluator": [f"127.0.0.1:{find_free_port()}"]}
+    tasks = [("chief", 0), ("worker", 0), ("evaluator", 0)]
+    processes = [_start(script, model_dir, tmp_path / f"{kind}.json",
+                        {"cluster": cluster, "task": {"type": kind, "index": index}}, tmp_path)
+                 for kind, index in tasks]
+    deadline = time.monotonic() + 150
+    try:
+        for process, _ in processes:
+            process.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for process, log in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=30)
+            log.close()
+    logs = {kind: (tmp_path / f"{kind}.log").read_text(errors="replace")[-3000:] for kind, _ in tasks}
+    codes = {kind: process.returncode for (kind, _), (process, _) in zip(tasks, processes)}
+    assert codes == {"chief": 0, "worker": 0, "evaluator": 0}, (codes, logs)
+    chief, worker, evaluator = (json.loads((tmp_path / f"{kind}.json").read_text()) for kind, _ in tasks)
+    # The trainers stopped together, early (max_steps was a million), at the evaluator's word.
+    signal = read_stop_signal(model_dir)
+    assert chief["final_step"] == worker["final_step"] < 1_000_000 and signal.step <= chief["final_step"]
+    run = read_training_run(model_dir)
+    assert run.run_id == signal.run_id and run.end_step == chief["final_step"] and "EarlyStopping" in run.end_reason
+    # The evaluator evaluated the final checkpoint, then exited; it alone wrote eval/ and ran the exporters.
+    assert evaluator["evaluated_step"] == chief["final_step"] and chief["evaluated_step"] is None
+    steps = eval_steps(model_dir)
+    assert steps == sorted(set(steps)) and len(steps) >= 4 and steps[-1] == chief["final_step"]
+    event_files = os.listdir(os.path.join(model_dir, "eval"))  # torch names them ...<host>.<pid>.<n>
+    assert event_files and all(f".{evaluator['pid']}." in name for name in event_files)
+    calls = [json.loads(line) for line in open(os.path.join(model_dir, "export", "recording", "calls.jsonl"))]
+    assert {call["task"] for call in calls} == {"evaluator"} and calls[-1] == {
+        "task": "evaluator", "pid": evaluator["pid"], "step": chief["final_step"], "final": True}
+    # The evaluator's best, its first evaluation, survived the chief's retention (keep_checkpoint_max=3).
+    best = read_best(model_dir)
+    assert [record.step for record in best] == steps[:1] and os.path.isdir(best[0].path)
+    newest = [entry["step"] for entry in te.checkpoint.CheckpointStore(model_dir).history()][-3:]
+    assert steps[0] not in newest
+    assert not os.path.exists(os.path.join(model_dir, EVALUATOR_FILE)) or read_evaluating_step(model_dir) is None
+    assert TRAINING_RUN_FILE in os.listdir(model_dir)
