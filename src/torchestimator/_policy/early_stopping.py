@@ -5,7 +5,11 @@ patience/min_delta form) and nothing else. ``train_and_evaluate`` feeds each
 rule every evaluation of its first EvalSpec as ``observe(global_step,
 results)`` and then asks ``should_stop()``; the rule never scrapes event files
 and never touches the model. Every replica feeds its rule the same synced
-results, so every replica reaches the same decision at the same step.
+results, so every replica reaches the same decision at the same step. With
+an evaluator task the evaluator asks the rules and sends the decision to the
+trainers as a stop signal (evaluator.py), which also stops the evaluator once
+the trainers' final checkpoint is evaluated (TensorFlow's evaluator kept
+waiting).
 
 Differences from ``tf.estimator.experimental``:
 
