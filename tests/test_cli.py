@@ -222,4 +222,14 @@ def test_evaluator_flag_evaluates_existing_checkpoints(tmp_path, model_file, cap
     assert main(["train-and-evaluate", model_file, "--model_dir", model_dir, "--max_steps", "10", "--evaluator",
                  "--poll_secs", "0.1"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert "10" in json.dumps(printed)  # the evaluator reached the final step and stopped
+    assert printed["results"]["global_step"] == 10  # the evaluator reached the final step and stopped
+    # The model file's best policy reaches the evaluator: it records the best in best.json.
+    with_best = tmp_path / "with_best.py"
+    with_best.write_text(MODEL_FILE + "\nbest = te.BestCheckpointPolicy('loss')\n")
+    assert main(["train-and-evaluate", str(with_best), "--model_dir", model_dir, "--max_steps", "10", "--evaluator",
+                 "--poll_secs", "0.1"]) == 0
+    capsys.readouterr()
+    from torchestimator._policy.best import best_checkpoint
+    from torchestimator.checkpoint import CheckpointStore
+
+    assert best_checkpoint(CheckpointStore(model_dir)).endswith("ckpt-10")

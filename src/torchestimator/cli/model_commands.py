@@ -55,12 +55,13 @@ def _train_and_evaluate(args: argparse.Namespace) -> int:
         train_spec = dataclasses.replace(train_spec, max_steps=args.max_steps)
     eval_spec = getattr(module, "eval_specs", None) or getattr(module, "eval_spec", None) or te.EvalSpec(
         require(module, "eval_input_fn"), steps=None, throttle_secs=0, start_delay_secs=0)
+    policies = {"best": getattr(module, "best", None), "early_stopping": getattr(module, "early_stopping", ())}
     if args.evaluator:  # a separate process following model_dir, as TF_CONFIG's evaluator task
-        results = te.run_evaluator(estimator, train_spec, eval_spec, poll_secs=args.poll_secs)
-        print(json.dumps({"results": results}, indent=2, sort_keys=True, default=str))
+        # It keeps the best and decides early stopping, as the evaluator task of train_and_evaluate does.
+        results, exports = te.run_evaluator(estimator, train_spec, eval_spec, poll_secs=args.poll_secs, **policies)
+        print(json.dumps({"results": results, "exports": exports}, indent=2, sort_keys=True, default=str))
         return 0
-    results, exports = te.train_and_evaluate(estimator, train_spec, eval_spec, best=getattr(module, "best", None),
-                                             early_stopping=getattr(module, "early_stopping", ()))
+    results, exports = te.train_and_evaluate(estimator, train_spec, eval_spec, **policies)
     print(json.dumps({"results": results, "exports": exports}, indent=2, sort_keys=True, default=str))
     return 0
 
