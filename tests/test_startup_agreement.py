@@ -106,7 +106,8 @@ def test_roster_names_a_gone_local_replica_and_leaves_other_errors_alone():
     assert "rank 2 on far cannot be checked from this host" in str(lost)
 
 
-def test_roster_recognises_backend_failures_when_no_local_replica_is_gone():
+def test_roster_recognises_backend_failures_when_no_local_replica_is_gone(monkeypatch):
+    monkeypatch.setattr(agreement, "_EXIT_SECONDS", 0.2)  # how long it looks for the local replica to finish exiting
     here = writer_tag().split("-h", 1)[1]
     roster = ReplicaRoster((RosterEntry(0, "me", writer_tag()), RosterEntry(1, "me", f"{os.getppid()}-h{here}")),
                            own_rank=0)
@@ -150,8 +151,11 @@ def _agreement_scenarios(root: str) -> dict:
         check_start_agreement(strategy, shared, checkpoint, max_steps=12)
     results["agreement_seconds"] = (time.monotonic() - started) / 5
     # Each rank its own model_dir: rank 0's holds a checkpoint, rank 1's is empty (a node-local disk).
-    attempt("per_rank", lambda: _estimator(os.path.join(root, f"node-local-{rank}"), strategy).train(_input_fn, max_steps=8))
-    attempt("both_empty", lambda: _estimator(os.path.join(root, f"empty-{rank}"), strategy).train(_input_fn, max_steps=8))
+    def train_in(folder):
+        return lambda: _estimator(os.path.join(root, folder), strategy).train(_input_fn, max_steps=8)
+
+    attempt("per_rank", train_in(f"node-local-{rank}"))
+    attempt("both_empty", train_in(f"empty-{rank}"))
     # The same checkpoint, but max_steps says skip on rank 0 and train on rank 1.
     attempt("max_steps", lambda: check_start_agreement(strategy, shared, checkpoint, max_steps=8 if rank == 0 else 12))
     own = os.path.join(root, f"node-local-{rank}")

@@ -26,8 +26,8 @@ catches it::
     ├── ServingClientError                    the server answered an error; .status, .message, .url
     ├── RelaunchError(RuntimeError)           the program cannot be started again as the other replicas
     ├── ReplicaFailedError(RuntimeError)      run_in_processes: a replica raised or died; .rank, .exception_type
-    ├── ReplicasDisagreeError(RuntimeError)   before step 1, replicas saw different model_dirs or checkpoints; .views
-    └── ReplicaLostError(RuntimeError)        during training, another replica died or stopped answering; .lost_ranks
+    ├── ReplicasDisagreeError(RuntimeError)   before step 1, replicas saw other model_dirs or checkpoints; .views
+    └── ReplicaLostError(RuntimeError)        in training, another replica died or stopped answering; .lost_ranks
 
 Mistakes in how the API is called (a wrong argument type, a hook that is not a
 Hook) stay plain ``TypeError``/``ValueError``: they are bugs in the caller's
@@ -263,7 +263,7 @@ class ReplicasDisagreeError(TorchEstimatorError, RuntimeError):
     def __init__(self, message: str, *, views: Any = ()) -> None:
         super().__init__(message)
         self.views = list(views)
-        """What each replica saw (``_core.agreement.ReplicaView``), in rank order; empty when it could not be found out."""
+        """What each replica saw (``_core.agreement.ReplicaView``), in rank order; empty when unknown."""
 
 
 class ReplicaLostError(TorchEstimatorError, RuntimeError):

@@ -40,6 +40,9 @@ mounts may show it a moment later. Replicas that see it at once do not wait.
 
 _PROBE_POLL_SECONDS = 0.05
 
+_EXIT_SECONDS = 2.0
+"""After a backend failure, how long to look for a replica on this host to finish exiting before naming none."""
+
 # What gloo and NCCL say when a peer's process is gone or silent ("Connection reset by peer", "Connection closed
 # by peer", "Timed out waiting 300000ms for recv operation"); DDP's reducer raises them as plain RuntimeErrors.
 _BACKEND_FAILURE = re.compile(r"gloo|nccl|connection (?:reset|closed|refused)|broken pipe|timed out", re.IGNORECASE)
@@ -66,7 +69,9 @@ class ReplicaView:
     @property
     def skips_training(self) -> bool:
         """The Estimator's max_steps skip: the checkpoint already reached max_steps."""
-        return self.max_steps is not None and self.checkpoint_step is not None and self.checkpoint_step >= self.max_steps
+        if self.max_steps is None or self.checkpoint_step is None:
+            return False
+        return self.checkpoint_step >= self.max_steps
 
     def starting_point(self) -> tuple[Any, ...]:
         """What must be equal on every replica (host, pid and the path's spelling may differ)."""
@@ -246,18 +251,30 @@ class ReplicaRoster:
         here = writer_tag().split("-h", 1)[1]
         return [entry for entry in self.entries if entry.rank != self.own_rank and entry.host_hash == here]
 
-    def gone_ranks(self) -> list[int]:
-        """Ranks on this host whose process no longer runs (killed, exited, or a zombie not yet reaped)."""
-        return [entry.rank for entry in self._on_this_host() if writer_is_gone(entry.pid, entry.host_hash)]
+    def gone_ranks(self, wait_seconds: float = 0.0) -> list[int]:
+        """Ranks on this host whose process no longer runs (killed, exited, or a zombie not yet reaped).
 
-    def describe_loss(self) -> str:
-        """Which replicas are gone, as far as this host can tell, in words."""
-        gone = set(self.gone_ranks())
+        ``wait_seconds``: look again until one is gone, for at most this long. A process killed with
+        SIGKILL closes its sockets (the peers see the reset) before it becomes a zombie, so the
+        survivors may ask a moment too early.
+        """
+        deadline = time.monotonic() + wait_seconds
+        local = self._on_this_host()
+        while True:
+            gone = [entry.rank for entry in local if writer_is_gone(entry.pid, entry.host_hash)]
+            if gone or not local or time.monotonic() >= deadline:
+                return gone
+            time.sleep(_PROBE_POLL_SECONDS)
+
+    def describe_loss(self, gone: Sequence[int]) -> str:
+        """``gone`` (from ``gone_ranks``) and the replicas this host cannot check, in words."""
+        gone = set(gone)
         local = {entry.rank for entry in self._on_this_host()}
         remote = [entry for entry in self.entries if entry.rank != self.own_rank and entry.rank not in local]
         parts = []
         if gone:
-            named = [f"rank {entry.rank} (pid {entry.pid} on {entry.host})" for entry in self.entries if entry.rank in gone]
+            named = [f"rank {entry.rank} (pid {entry.pid} on {entry.host})"
+                     for entry in self.entries if entry.rank in gone]
             parts.append(", ".join(named) + (" is gone" if len(named) == 1 else " are gone"))
         elif local:
             parts.append(f"the replicas on this host ({_rank_list(sorted(local))}) still run")
@@ -272,15 +289,16 @@ class ReplicaRoster:
         ``error`` is not a replica going away (a bug in a model_fn raises as it is)."""
         if isinstance(error, TorchEstimatorError) or not isinstance(error, RuntimeError):
             return None
-        gone = self.gone_ranks()
         import torch.distributed as distributed  # only to recognise its error classes
 
-        if not gone and not isinstance(error, distributed.DistError) and not _BACKEND_FAILURE.search(str(error)):
-            return None
+        backend_failure = isinstance(error, distributed.DistError) or bool(_BACKEND_FAILURE.search(str(error)))
+        gone = self.gone_ranks(wait_seconds=_EXIT_SECONDS if backend_failure else 0.0)
+        if not gone and not backend_failure:
+            return None  # a bug in a model_fn, say: raised as it is
         said = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
         return ReplicaLostError(
             f"Replica {self.own_rank} stops at global step {step}: a collective failed because another replica "
-            f"died or stopped answering ({self.describe_loss()}). Under torchrun the agent's log names the process "
+            f"died or stopped answering ({self.describe_loss(gone)}). Under torchrun the agent's log names the process "
             "that failed first, and --max-restarts restarts the group, which resumes from the newest checkpoint. "
             f"The backend said: {said}",
             lost_ranks=gone, step=step,
