@@ -3,6 +3,7 @@ step 1, on every replica, naming who saw what; and the roster that names a repli
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -78,6 +79,8 @@ def test_equal_views_agree_and_each_difference_is_named():
     assert "same max_steps and steps" in message
     message = disagreement([_view(0), _view(1, checkpoint_name="ckpt-36", checkpoint_step=36)])
     assert "restores ckpt-36 (step 36)" in message and "another run may be writing" in message
+    message = disagreement([_view(0), _view(1, num_replicas=3)])
+    assert "in a world of 3" in message and "different world sizes" in message
 
 
 def test_many_ranks_are_grouped_by_what_they_saw():
@@ -86,6 +89,44 @@ def test_many_ranks_are_grouped_by_what_they_saw():
     message = disagreement(views)
     assert "ranks 0, 1, 2, 3, 4, 5, 6, 7 and 4 more (on node0, node1, node2) restores ckpt-40" in message
     assert "rank 12 (on node9) finds no checkpoint" in message
+
+
+class _OneOfTwo:
+    """Replica ``rank`` of two, its collectives answered in this process: the chief's broadcast is ``chief_sends``
+    (or what this replica sends, on the chief); the gather returns this replica's view twice, or raises ``fails``."""
+
+    num_replicas = 2
+
+    def __init__(self, rank: int, chief_sends=None, fails: BaseException | None = None) -> None:
+        self.replica_id, self.is_chief = rank, rank == 0
+        self.chief_sends, self.fails = chief_sends, fails
+
+    def broadcast_object(self, obj, src=0):
+        return obj if self.is_chief else self.chief_sends
+
+    def all_gather_object(self, obj):
+        if self.fails is not None:
+            raise self.fails
+        return [dataclasses.replace(obj, rank=0), dataclasses.replace(obj, rank=1)]
+
+
+def test_the_chief_creates_model_dir_and_removes_its_probe_even_when_the_gather_fails(tmp_path):
+    model_dir = tmp_path / "new" / "model"
+    check_start_agreement(_OneOfTwo(0), str(model_dir), None)
+    assert model_dir.is_dir() and os.listdir(model_dir) == []
+    with pytest.raises(RuntimeError, match="Connection reset"):
+        check_start_agreement(_OneOfTwo(0, fails=RuntimeError("Connection reset by peer")), str(model_dir), None)
+    assert os.listdir(model_dir) == []
+
+
+def test_a_chief_that_cannot_write_model_dir_stops_every_replica(tmp_path):
+    (tmp_path / "a-file").write_bytes(b"")
+    model_dir = str(tmp_path / "a-file" / "model")
+    with pytest.raises(PermissionError, match="is not writable, so the replicas cannot check that they share it"):
+        check_start_agreement(_OneOfTwo(0), model_dir, None)
+    with pytest.raises(ReplicasDisagreeError, match=r"Rank 0 could not write into its model_dir \(NotADirectoryError"):
+        check_start_agreement(_OneOfTwo(1, chief_sends=("", "NotADirectoryError: [Errno 20] Not a directory")),
+                              model_dir, None)
 
 
 def _exiting_child_pid() -> int:
@@ -209,7 +250,7 @@ def test_unshared_empty_model_dirs_fail_on_the_probe(scenarios):
         kind, message, seconds, _ = result["both_empty"]
         assert kind == "ReplicasDisagreeError" and seconds < 30.0
         assert f"finds no checkpoint in {root / 'empty-1'} and does not see the probe file" in message
-        assert f"finds no checkpoint in {root / 'empty-0'}," in message  # rank 0 wrote it, so it sees it
+        assert f"finds no checkpoint in {root / 'empty-0'}; rank 1" in message  # rank 0 wrote it, so it sees it
 
 
 @pytest.mark.slow

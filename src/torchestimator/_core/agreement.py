@@ -78,7 +78,8 @@ class ReplicaView:
         return (self.checkpoint_name, self.checkpoint_step, self.num_replicas, self.max_steps, self.steps,
                 self.skips_training)
 
-    def describe(self) -> str:
+    def describe(self, *, world: bool = False) -> str:
+        """This view in words; ``world``: say the world size too (when the replicas differ on it)."""
         if self.checkpoint_name is None:
             start = f"finds no checkpoint in {self.model_dir}"
         else:
@@ -89,7 +90,7 @@ class ReplicaView:
             start += f" with max_steps={self.max_steps}, steps={self.steps}"
         if self.skips_training:
             start += " (so it skips training)"
-        return f"{start}, in a world of {self.num_replicas}"
+        return f"{start} in a world of {self.num_replicas}" if world else start
 
 
 def check_start_agreement(strategy: Any, model_dir: str, checkpoint: Any, *, max_steps: int | None = None,
@@ -188,7 +189,8 @@ def disagreement(views: Sequence[ReplicaView]) -> str | None:
     groups: dict[tuple[Any, ...], list[ReplicaView]] = {}
     for view in views:
         groups.setdefault((view.sees_probe, view.model_dir, *view.starting_point()), []).append(view)
-    lines = [f"{_ranks(group)} {group[0].describe()}" for group in groups.values()]
+    several_worlds = len({view.num_replicas for view in views}) > 1
+    lines = [f"{_ranks(group)} {group[0].describe(world=several_worlds)}" for group in groups.values()]
     return (f"The {len(views)} replicas disagree on how to start training, so every replica stops before step 1: "
             + "; ".join(lines) + ". " + _advice(views, everyone_sees))
 
