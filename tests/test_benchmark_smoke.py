@@ -92,3 +92,51 @@ def test_script_runs_as_a_program_with_lightning_when_installed():
     installed = importlib.util.find_spec("lightning") is not None or importlib.util.find_spec("pytorch_lightning") is not None
     assert (lightning != "n/a") == installed
     assert "weights identical: yes" in result.stdout
+
+
+# -- benchmarks/scaling.py -------------------------------------------------------------------------------------
+
+SCALING_LINE = re.compile(rf"^scaling ddp_efficiency_2p=({RATIO}) fsdp_vs_ddp=({RATIO}) "
+                          rf"async_ckpt_stall_ratio=({RATIO})$")
+
+
+@pytest.fixture(scope="module")
+def scaling():
+    with imported_script("scaling") as module:
+        yield module
+
+
+def test_scaling_times_steps_past_the_warm_up(scaling):
+    after = {step: 10.0 + 0.5 * step for step in range(1, 9)}
+    assert scaling.steps_per_second(after, skip=3) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="timed steps"):
+        scaling.steps_per_second({1: 0.0, 2: 1.0}, skip=3)
+
+
+def test_scaling_stall_is_the_save_steps_extra_gap(scaling):
+    gaps = {3: 0.01, 4: 0.5, 5: 0.02, 6: 0.01, 8: 0.7, 9: 0.01}
+    assert scaling.stall_seconds(gaps, [4, 8]) == pytest.approx(0.6 - 0.01)
+    assert scaling.stall_seconds({3: 0.02, 4: 0.01}, [4]) == 0.0  # never negative
+
+
+def test_scaling_model_has_the_parameters_it_says(scaling):
+    settings = scaling.parse_settings([])
+    assert scaling.parameter_count(settings) == sum(p.numel() for p in scaling.build_model(settings).parameters())
+    assert 24_000_000 < scaling.parameter_count(settings) < 26_000_000
+
+
+@pytest.mark.parametrize("arguments, message", [(["--steps", "1"], "at least 2"), (["--saves", "0"], "at least 1")])
+def test_scaling_bad_arguments_are_refused(scaling, capsys, arguments, message):
+    assert_arguments_refused(scaling, arguments, message, capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_scaling_quick_run_prints_its_ratios():
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "scaling.py"
+    result = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=420)
+    assert result.returncode == 0, result.stderr[-2000:]
+    efficiency, fsdp_vs_ddp, stall_ratio = (float(value) for value in final_line(result.stdout, SCALING_LINE).groups())
+    assert efficiency > 0 and fsdp_vs_ddp > 0 and stall_ratio >= 0
+    assert re.search(r"^2 processes, FSDP2: +\d+\.\d{3} steps/s", result.stdout, re.M)
+    assert re.search(r"sync \d+\.\d{3} s, async \d+\.\d{3} s", result.stdout)

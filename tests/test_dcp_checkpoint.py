@@ -273,6 +273,32 @@ def test_a_failed_final_background_write_is_raised_by_close(tmp_path, monkeypatc
         checkpointer.close()
 
 
+def test_ranks_share_the_replicated_tensors_once_each_and_evenly():
+    from torchestimator.checkpoint.dcp_format import share_of_replicated
+
+    state = {"model": {f"w{index}": torch.zeros(size) for index, size in enumerate([64, 8, 32, 16, 16, 4])},
+             "shared": {"step": torch.zeros(()), "momentum": torch.zeros(40)}}
+    shares = [share_of_replicated(state, rank, 2) for rank in range(2)]
+    for top, entries in state.items():
+        names = [name for share in shares for name in share[top]]
+        assert sorted(names) == sorted(entries)  # every tensor saved, by one rank only
+    sizes = [sum(tensor.numel() for entries in share.values() for tensor in entries.values()) for share in shares]
+    assert abs(sizes[0] - sizes[1]) <= 8 and sum(sizes) == 181
+
+
+def test_the_finite_check_before_a_save_finds_what_a_sum_would_hide_or_invent():
+    from torchestimator.checkpoint.parts import first_non_finite
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    with torch.no_grad():
+        model[1].weight[0, :2] = 3e38  # finite values whose sum overflows: no NaN to report
+    assert first_non_finite(model) is None
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        with torch.no_grad():
+            model[1].weight[1, 3] = bad
+        assert first_non_finite(model) == "1.weight"
+
+
 def _tfrecord_input_fn(params, input_context=None):
     from torchestimator.data import FixedLenFeature, TFRecordDataset, parse_example, to_torch
 

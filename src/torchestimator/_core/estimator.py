@@ -27,7 +27,8 @@ from torchestimator._core.agreement import check_start_agreement
 from torchestimator._core.calling import call_factory, call_with, check_declared
 from torchestimator.checkpoint import CheckpointStore
 from torchestimator.checkpoint.checkpointer import Checkpointer
-from torchestimator.checkpoint.parts import TrainingParts, load_model_state, replica_states, restore_shared, resumable
+from torchestimator.checkpoint.parts import (TrainingParts, holds_shards, load_model_state, replica_states,
+                                             restore_shared, resumable)
 from torchestimator.checkpoint.errors import CheckpointError, DiskFullError, is_no_room
 from torchestimator._core.config import RunConfig
 from torchestimator.distribute import OneDeviceStrategy
@@ -234,14 +235,14 @@ class Estimator:
                     run.summary_writer.close()
                 except OSError as error:  # keep the error that stopped training (a full disk fails both)
                     logger.warning("%s", error)
-                if _holds_shards(run.parts.model):
+                if holds_shards(run.parts.model):
                     self._module = None  # a sharded module is no module to evaluate: the next call rebuilds it
                 raise
             finally:
                 self._weights, self._live_run = self._weights_now(), None
                 run.parts.model.eval()
             run.summary_writer.close()
-            if _holds_shards(run.parts.model):
+            if holds_shards(run.parts.model):
                 self._module = self._gathered_copy(run.parts.model, run.strategy.device)  # every replica, together
             run.strategy.barrier()  # the chief's final checkpoint is on disk before any replica reads it
         return self
@@ -309,7 +310,7 @@ class Estimator:
             eval_strategy = config.eval_distribute or strategy
             eval_strategy.setup()
             eval_module = module
-            if _holds_shards(module):
+            if holds_shards(module):
                 # Sharded layers gather their weights in every forward, a collective that replicas with uneven
                 # evaluation shares would not pair: evaluations run on a plain copy, refreshed at each checkpoint
                 # (every evaluated step has one).
@@ -343,7 +344,7 @@ class Estimator:
         for listener in listeners:
             listener.begin()
         # Several processes (or sharded parameters) write through torch.distributed.checkpoint, each rank its share.
-        sharded = strategy.num_replicas > 1 or _holds_shards(module)
+        sharded = strategy.num_replicas > 1 or holds_shards(module)
         asynchronous = config.async_checkpoint and sharded
         if config.async_checkpoint and not sharded:
             logger.info("async_checkpoint: one process writes its single-file checkpoints synchronously.")
@@ -544,7 +545,7 @@ class Estimator:
         if self._live_run is None:
             return self._build_module(device), self._weights
         live = self._live_run.parts.model
-        if _holds_shards(live):
+        if holds_shards(live):
             # A copy would hold this replica's shards only: inference gets a plain module and a checkpoint's weights.
             return self._plain_module().to(device), FRESH
         return copy.deepcopy(live).to(device), self._weights_now()
@@ -681,13 +682,6 @@ class _GatheredWeights(CheckpointSaverListener):
 
     def after_save(self, state: TrainState, global_step: int) -> None:
         self.refresh()
-
-
-def _holds_shards(module: torch.nn.Module) -> bool:
-    """Whether FSDP2 sharded ``module``'s parameters (each replica holds a shard, as DTensors)."""
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(parameter, DTensor) for parameter in module.parameters())
 
 
 def _shards_parameters(strategy: Any) -> bool:

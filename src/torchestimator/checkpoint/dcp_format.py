@@ -55,6 +55,7 @@ __all__ = [
     "is_sharded_tensor",
     "load_full_tensors",
     "read_metadata",
+    "share_of_replicated",
     "variables",
 ]
 
@@ -67,6 +68,26 @@ _HASH_CHUNK_BYTES = 16 << 20
 def is_sharded_tensor(tensor: Any) -> bool:
     """A DTensor (FSDP2's parameters and their optimizer state): each rank holds only its shard."""
     return isinstance(tensor, DTensor)
+
+
+def share_of_replicated(state_dict: Mapping[str, Mapping[str, Any]], rank: int, num_ranks: int) -> dict[str, dict]:
+    """This rank's part of a two-level state dict in which every rank holds the same plain tensors (DDP's
+    replicas) and its own DTensor shards: each plain tensor goes to one rank, balancing bytes, the shards stay.
+
+    Every rank computes the same split (same names and sizes everywhere), so the ranks together save every
+    tensor once, and each stages (async) and writes only its share. DCP would dedup the same way, but only
+    after each rank had copied everything.
+    """
+    plain = [(top, name, tensor) for top, entries in state_dict.items() for name, tensor in entries.items()
+             if not is_sharded_tensor(tensor)]
+    plain.sort(key=lambda item: (-item[2].numel() * item[2].element_size(), item[0], item[1]))
+    loads, owner = [0] * num_ranks, {}
+    for top, name, tensor in plain:
+        chosen = min(range(num_ranks), key=lambda candidate: (loads[candidate], candidate))
+        loads[chosen] += tensor.numel() * tensor.element_size()
+        owner[top, name] = chosen
+    return {top: {name: tensor for name, tensor in entries.items() if owner.get((top, name), rank) == rank}
+            for top, entries in state_dict.items()}
 
 
 class ShardWriter(FileSystemWriter):

@@ -5,6 +5,9 @@ then each reports the checksums of the files it wrote, the chief seals
 state.json over them and publishes the folder by rename (``store.py``). The
 staging folder's name is the chief's, agreed before anyone writes.
 
+Each plain tensor (the same on every DDP replica) is saved by one rank, the
+ranks sharing the bytes evenly; DTensor shards (FSDP2) by their owners.
+
 Synchronously, the loop waits for all of it. Asynchronously
 (``RunConfig(async_checkpoint=True)``) the loop waits only for DCP's copy of
 the state into CPU memory (``dcp.async_save``); the write, the checksums and
@@ -28,10 +31,12 @@ import datetime
 import logging
 from typing import Any
 
+import torch
 import torch.distributed as distributed
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from .dcp_format import ShardWriter, alone_is_intended, file_digests
+from .dcp_format import ShardWriter, alone_is_intended, file_digests, share_of_replicated
 from .errors import CheckpointError, DiskFullError, is_no_room
 from .format import DCP_METADATA_FILE
 
@@ -79,11 +84,17 @@ class ShardedSaves:
         self.strategy = strategy
         self._group: Any = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._stager: DefaultStager | None = None
         self._in_flight: _InFlight | None = None
         if asynchronous:
             # Created by every rank at the same point (the run's start); gloo: async_save needs a CPU backend.
             self._group = distributed.new_group(backend="gloo", **({"timeout": timeout} if timeout else {}))
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torchestimator-checkpoint")
+            # One stager for the run: it keeps the CPU copies and refills them at each save (no new pages to
+            # fault in); safe because the next save starts only once the previous one is written.
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=torch.cuda.is_available(),
+                                                        use_shared_memory=False, use_async_staging=False,
+                                                        use_non_blocking_copy=False))
 
     @property
     def asynchronous(self) -> bool:
@@ -100,6 +111,7 @@ class ShardedSaves:
             raise RuntimeError("ShardedSaves.save: call wait() for the save in flight first (one at a time).")
         staging = self._agree_on_staging(step)
         writer = ShardWriter(staging)
+        state_dict = share_of_replicated(state_dict, self.strategy.replica_id, self.strategy.num_replicas)
         if self._executor is None:
             try:
                 with alone_is_intended():  # one replica (a sharded module on one process) has no group to save with
@@ -108,7 +120,8 @@ class ShardedSaves:
                 raise self._write_failed(error, step, staging) from error
             return self._publish(step, staging, writer, shared_tree, extra, self.strategy)
         try:
-            upload = dcp.async_save(state_dict, storage_writer=writer, process_group=self._group)
+            upload = dcp.async_save(state_dict, storage_writer=writer, process_group=self._group,
+                                    async_stager=self._stager)
         except _DCP_ERRORS as error:
             raise self._write_failed(error, step, staging) from error
         collectives = _GroupCollectives(self._group, self.strategy.num_replicas)
@@ -132,6 +145,9 @@ class ShardedSaves:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
             if self._group is not None and distributed.is_initialized():
                 distributed.destroy_process_group(self._group)
             self._group = None
