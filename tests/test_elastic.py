@@ -53,15 +53,24 @@ def _torchrun(model_dir: Path, log: Path, *, max_restarts: int, extra: list[str]
                "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--monitor-interval", "0.2",
                SCRIPT, "--model_dir", str(model_dir), "--max_steps", "12", *extra]
     with open(log, "wb") as handle:
-        return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=_environment(**NO_SHARED_STORE))
+        return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=_environment(**NO_SHARED_STORE),
+                                start_new_session=True)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Kills the process and what it started (its own session: torchrun's workers, a script's replicas)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=30)
 
 
 def _finish(process: subprocess.Popen, log: Path, timeout: float) -> str:
     try:
         process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=30)
+        _stop(process)
         raise AssertionError(f"{process.args[2]} did not finish within {timeout} s; its log:\n"
                              f"{log.read_text()[-4000:]}")
     return log.read_text(errors="replace")
@@ -87,9 +96,7 @@ def test_a_worker_killed_mid_training_is_restarted_and_resumes_bit_exact(tmp_pat
         reference_log = _finish(reference, tmp_path / "uninterrupted.log", timeout=120)
     finally:
         for process in (elastic, reference):
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=30)
+            _stop(process)  # also workers a failed run left behind
     assert reference.returncode == 0, reference_log[-4000:]
     assert elastic.returncode == 0, elastic_log[-4000:]
     # The agent saw the kill, and the restarted group resumed from ckpt-4 on both ranks.
@@ -111,10 +118,15 @@ def test_a_rank_that_dies_stops_the_others_at_once_naming_it(tmp_path):
                    "--num_replicas", "2", "--die_rank", "1", "--die_at_step", "5", "--die_how", how,
                    "--die_file", str(die_file)]
         with open(log, "wb") as handle:
-            runs[how] = (subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=_environment()),
-                         die_file, log)
-    for how, (process, die_file, log) in runs.items():
-        output = _finish(process, log, timeout=180)
+            runs[how] = (subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=_environment(),
+                                          start_new_session=True), die_file, log)
+    try:
+        outputs = {how: _finish(process, log, timeout=180) for how, (process, _, log) in runs.items()}
+    finally:
+        for process, _, _ in runs.values():
+            _stop(process)
+    for how, (process, die_file, _) in runs.items():
+        output = outputs[how]
         assert process.returncode != 0, output[-4000:]
         assert "ReplicaLostError: Replica 0 stops at global step 5" in output, output[-4000:]
         assert re.search(r"rank 1 \(pid \d+ on [^)]+\) is gone", output), output[-4000:]
