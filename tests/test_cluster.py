@@ -471,3 +471,12 @@ def test_launch_command_parses_like_the_cli_and_checks_before_starting_anything(
 
     with pytest.raises(ConfigError, match='TF_CONFIG has no "cluster"'):
         launch_command(["--from_tf_config", "--nproc_per_node=2", "train.py"], environ={})
+
+
+def test_launch_gives_restarts_a_fresh_store_unless_the_user_chose() -> None:
+    from torchestimator.distribute.launcher import SHARED_STORE_SWITCH, restart_environment
+
+    restarting = launch_parser().parse_args(["--max_restarts", "2", "train.py"])
+    assert restart_environment(restarting, {}) == {SHARED_STORE_SWITCH: "1"}
+    assert restart_environment(restarting, {SHARED_STORE_SWITCH: "0"}) == {}  # the user's choice stands
+    assert restart_environment(launch_parser().parse_args(["train.py"]), {}) == {}  # no restarts: torch's default

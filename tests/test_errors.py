@@ -50,6 +50,9 @@ RAISED = [
     (errors.ReplicaFailedError, RuntimeError,
      lambda: errors.ReplicaFailedError("rank 1 failed", rank=1, exception_type="builtins.ValueError", traceback_text="tb"),
      {"rank": 1, "exception_type": "builtins.ValueError"}),
+    (errors.ReplicasDisagreeError, RuntimeError, lambda: errors.ReplicasDisagreeError("m", views=[]), {"views": []}),
+    (errors.ReplicaLostError, RuntimeError, lambda: errors.ReplicaLostError("m", lost_ranks=[1], step=5),
+     {"lost_ranks": (1,), "step": 5}),
 ]
 
 

@@ -43,8 +43,9 @@ PUBLIC_SUBPACKAGES = {
         "PeriodicHook", "RunContext", "StepCounterHook", "StopAtStepHook", "SummarySaverHook"
     ],
     "distribute": [
-        "ClusterSpec", "InputContext", "MirroredStrategy", "OneDeviceStrategy", "Placement", "RelaunchError",
-        "Strategy", "cluster_from_tf_config", "cluster_from_torchrun", "find_free_port", "launch"
+        "ClusterSpec", "InputContext", "MirroredStrategy", "MultiWorkerMirroredStrategy", "OneDeviceStrategy",
+        "Placement", "RelaunchError", "Strategy", "cluster_from_slurm", "cluster_from_tf_config",
+        "cluster_from_torchrun", "expand_hostlist", "find_free_port", "launch", "launch_command", "resolve_cluster"
     ],
     "warm_start": [
         "PlanEntry", "WarmStartPlan", "WarmStartSettings", "as_warm_start_settings", "init_from_checkpoint",
@@ -57,7 +58,7 @@ PUBLIC_SUBPACKAGES = {
     "errors": [
         "BodyTooLarge", "CheckpointError", "ConfigError", "ConfigTypeError", "DataLossError", "DiskFullError",
         "ExampleDecodeError", "ExportFormatError", "FileTooLargeError", "HTTP_STATUS", "NanLossDuringTrainingError",
-        "NotARegularFileError", "RelaunchError", "ReplicaFailedError", "ServingClientError", "ServingError",
+        "NotARegularFileError", "RelaunchError", "ReplicaFailedError", "ReplicaLostError", "ReplicasDisagreeError", "ServingClientError", "ServingError",
         "TensorNotFoundError", "TorchEstimatorError", "WeightSourceError"
     ],
 }
