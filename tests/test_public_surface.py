@@ -58,8 +58,8 @@ PUBLIC_SUBPACKAGES = {
     "errors": [
         "BodyTooLarge", "CheckpointError", "ConfigError", "ConfigTypeError", "DataLossError", "DiskFullError",
         "ExampleDecodeError", "ExportFormatError", "FileTooLargeError", "HTTP_STATUS", "NanLossDuringTrainingError",
-        "NotARegularFileError", "RelaunchError", "ReplicaFailedError", "ReplicaLostError", "ReplicasDisagreeError", "ServingClientError", "ServingError",
-        "TensorNotFoundError", "TorchEstimatorError", "WeightSourceError"
+        "NotARegularFileError", "RelaunchError", "ReplicaFailedError", "ReplicaLostError", "ReplicasDisagreeError",
+        "ServingClientError", "ServingError", "TensorNotFoundError", "TorchEstimatorError", "WeightSourceError"
     ],
 }
 
