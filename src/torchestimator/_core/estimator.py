@@ -1,8 +1,9 @@
 """Estimator: the public train / evaluate / predict surface; owns model_dir.
 
 It resolves the strategy, builds the model once per process, restores
-(checkpoint in model_dir, else fresh init), wraps for distribution and hands
-a run to loop.py. The loops themselves live in loop.py; checkpoint files in
+(checkpoint in model_dir, else fresh init) into the plain module, wraps it for
+distribution, builds the optimizer over the wrapped parameters (FSDP2's shards)
+and restores its state, and hands a run to loop.py. The loops themselves live in loop.py; checkpoint files in
 checkpoint/ (checkpoint/parts.py: what goes into one and comes back).
 """
 
@@ -30,6 +31,7 @@ from torchestimator.checkpoint.checkpointer import Checkpointer
 from torchestimator.checkpoint.parts import (TrainingParts, holds_shards, load_model_state, replica_states,
                                              restore_shared, resumable)
 from torchestimator.checkpoint.errors import CheckpointError, DiskFullError, is_no_room
+from torchestimator.errors import ConfigError
 from torchestimator._core.config import RunConfig
 from torchestimator.distribute import OneDeviceStrategy
 from torchestimator.distribute.sync_batch_norm import prepare_batch_norm
@@ -314,6 +316,11 @@ class Estimator:
                 # Sharded layers gather their weights in every forward, a collective that replicas with uneven
                 # evaluation shares would not pair: evaluations run on a plain copy, refreshed at each checkpoint
                 # (every evaluated step has one).
+                if run.checkpointer is None:
+                    raise ConfigError(
+                        "train_and_evaluate under FullyShardedStrategy evaluates the weights of each checkpoint, "
+                        "but checkpoints are disabled in RunConfig; set save_checkpoints_steps.",
+                        field="save_checkpoints_steps", value=None)
                 gathered = _GatheredWeights(module, self._plain_module().to(strategy.device))
                 run.checkpointer.listeners.append(gathered)
                 eval_module = gathered.plain
