@@ -56,6 +56,7 @@ def test_public_surface_is_pinned():
     assert sorted(te.__all__) == sorted([
         "CheckpointSaverHook", "CheckpointSaverListener", "Estimator", "EstimatorSpec", "Every", "Hook",
         "InputContext", "LoggingTensorHook", "MirroredStrategy", "ModeKeys", "NanLossDuringTrainingError",
+        "FullyShardedStrategy", "MultiWorkerMirroredStrategy",
         "OneDeviceStrategy", "RunConfig", "RunContext", "StepCounterHook", "StopAtStepHook", "SummarySaverHook",
         "TrainState", "dataset_input_fn", "export", "freeze", "metrics", "numpy_input_fn", "pandas_input_fn",
         "param_groups", "unfreeze", "BestCheckpointPolicy", "EarlyStopping", "EvalSpec", "TrainSpec", "run_evaluator",

@@ -43,7 +43,8 @@ PUBLIC_SUBPACKAGES = {
         "PeriodicHook", "RunContext", "StepCounterHook", "StopAtStepHook", "SummarySaverHook"
     ],
     "distribute": [
-        "ClusterSpec", "InputContext", "MirroredStrategy", "MultiWorkerMirroredStrategy", "OneDeviceStrategy",
+        "ClusterSpec", "CrossReplicaBatchNorm", "DEFAULT_LAYER_TYPES", "FullyShardedStrategy", "InputContext",
+        "MirroredStrategy", "MultiWorkerMirroredStrategy", "OneDeviceStrategy",
         "Placement", "RelaunchError", "Strategy", "cluster_from_slurm", "cluster_from_tf_config",
         "cluster_from_torchrun", "expand_hostlist", "find_free_port", "launch", "launch_command", "resolve_cluster"
     ],

@@ -6,7 +6,8 @@ The public API, re-exported; nothing else lives here.
 from torchestimator import errors, export, metrics
 from torchestimator._core.config import RunConfig
 from torchestimator.data.inputs import dataset_input_fn, numpy_input_fn, pandas_input_fn
-from torchestimator.distribute import InputContext, MirroredStrategy, MultiWorkerMirroredStrategy, OneDeviceStrategy
+from torchestimator.distribute import (FullyShardedStrategy, InputContext, MirroredStrategy, MultiWorkerMirroredStrategy,
+                                       OneDeviceStrategy)
 from torchestimator._core.estimator import Estimator
 from torchestimator._policy.best import BestCheckpointPolicy
 from torchestimator._policy.early_stopping import (
@@ -45,6 +46,7 @@ __all__ = [
     "EstimatorSpec",
     "EvalSpec",
     "Every",
+    "FullyShardedStrategy",
     "Hook",
     "InputContext",
     "LoggingTensorHook",

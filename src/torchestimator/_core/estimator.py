@@ -271,7 +271,7 @@ class Estimator:
         # A model_dir whose checkpoints are all damaged raises here rather than silently starting over.
         checkpoint = self._store.restore() if self._store.has_checkpoints() else None
         # Every replica must start from the same checkpoint in the same model_dir, or fail here, naming who differs.
-        check_start_agreement(strategy, self._model_dir, checkpoint)
+        check_start_agreement(strategy, self._model_dir, checkpoint, max_steps=max_steps, steps=steps)
         if max_steps is not None and checkpoint is not None and checkpoint.step >= max_steps:
             logger.info("Skipping training since max_steps has already saved (global step %d).", checkpoint.step)
             return None
@@ -504,7 +504,8 @@ class Estimator:
             return distributed
         if distributed is not None and distributed.is_set_up:
             return OneDeviceStrategy(distributed.device, warn_if_launched=False)
-        return OneDeviceStrategy(config.device)
+        # Inference in one process of a launched run is legitimate (it writes nothing): only training refuses.
+        return OneDeviceStrategy(config.device, warn_if_launched=False)
 
     def _load_for_inference(self, module: torch.nn.Module, current: WeightsOrigin,
                             checkpoint_path: str | None) -> WeightsOrigin:
@@ -693,7 +694,7 @@ class _GatheredWeights(CheckpointSaverListener):
 
 def _shards_parameters(strategy: Any) -> bool:
     """Whether ``strategy.wrap`` shards the module in place (FullyShardedStrategy)."""
-    return bool(getattr(strategy, "shards_parameters", False))
+    return bool(strategy.shards_parameters)
 
 
 def _resolve_model_dir(model_dir: str | os.PathLike[str] | None, config: RunConfig) -> str:

@@ -10,8 +10,10 @@ from torchestimator.distribute.cluster import (
     expand_hostlist,
     resolve_cluster,
 )
+from torchestimator.distribute.fsdp import DEFAULT_LAYER_TYPES, FullyShardedStrategy
 from torchestimator.distribute.input_context import InputContext
 from torchestimator.distribute.launcher import RelaunchError, find_free_port, launch, launch_command
+from torchestimator.distribute.sync_batch_norm import CrossReplicaBatchNorm
 from torchestimator.distribute.strategy import (
     MirroredStrategy,
     MultiWorkerMirroredStrategy,
@@ -22,6 +24,9 @@ from torchestimator.distribute.strategy import (
 
 __all__ = [
     "ClusterSpec",
+    "CrossReplicaBatchNorm",
+    "DEFAULT_LAYER_TYPES",
+    "FullyShardedStrategy",
     "InputContext",
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",

@@ -106,6 +106,10 @@ class Strategy(abc.ABC):
     more than one replica.
     """
 
+    shards_parameters: bool = False
+    """True when ``wrap`` replaces the parameters with shards (FSDP2): the Estimator then builds the optimizer
+    after wrapping, over the sharded parameters."""
+
     def __init__(self) -> None:
         self._placement: Placement | None = None
 
