@@ -181,7 +181,7 @@ def test_slurm_is_ignored_outside_a_step_and_in_interactive_allocations() -> Non
     "changes, field",
     [
         ({"SLURM_PROCID": "4"}, "SLURM_PROCID"),
-        ({"SLURM_LOCALID": "2"}, "SLURM_PROCID"),
+        ({"SLURM_LOCALID": "2"}, "SLURM_LOCALID"),
         ({"SLURM_NTASKS": "four"}, "SLURM_NTASKS"),
         ({"SLURM_NODEID": "2"}, "SLURM_NODEID"),
         ({"SLURM_TASKS_PER_NODE": "2(x)"}, "SLURM_TASKS_PER_NODE"),
@@ -480,3 +480,58 @@ def test_launch_gives_restarts_a_fresh_store_unless_the_user_chose() -> None:
     assert restart_environment(restarting, {}) == {SHARED_STORE_SWITCH: "1"}
     assert restart_environment(restarting, {SHARED_STORE_SWITCH: "0"}) == {}  # the user's choice stands
     assert restart_environment(launch_parser().parse_args(["train.py"]), {}) == {}  # no restarts: torch's default
+
+
+CHIEF_AND_WORKER_CONFIG = {"cluster": {"chief": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]},
+             "task": {"type": "worker", "index": 0}}
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--nproc_per_node", "0", "t.py"], "nproc_per_node"),
+    (["--nnodes", "3:1", "t.py"], "launch"),
+    (["--max_restarts", "-1", "t.py"], "launch"),
+])
+def test_launch_refuses_values_torchrun_would_assert_on_in_one_line(argv: list, field: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        prepare_torchrun_arguments(launch_parser().parse_args(argv), {})
+    assert raised.value.field == field
+
+
+def test_launch_refuses_a_multi_task_tf_config_it_would_ignore() -> None:
+    arguments = launch_parser().parse_args(["--nproc_per_node", "1", "t.py"])
+    with pytest.raises(ConfigError, match="--from_tf_config") as raised:
+        prepare_torchrun_arguments(arguments, {"TF_CONFIG": json.dumps(CHIEF_AND_WORKER_CONFIG)})
+    assert raised.value.field == "TF_CONFIG"
+    assert prepare_torchrun_arguments(arguments, {}).standalone  # without TF_CONFIG: one standalone node
+
+
+def test_estimator_train_refuses_the_evaluator_and_ps_tasks(tmp_path, monkeypatch) -> None:
+    import torch
+
+    for task in ({"type": "evaluator", "index": 0}, {"type": "ps", "index": 0}):
+        cluster = {"chief": ["127.0.0.1:2222"], "ps": ["127.0.0.1:2224"]}
+        monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": task}))
+        estimator = te.Estimator(model_fn=lambda model, features, labels, mode: None, model=torch.nn.Linear(1, 1),
+                                 optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
+                                 model_dir=str(tmp_path / task["type"]))
+        with pytest.raises(ConfigError, match="does not train") as raised:
+            estimator.train(lambda: [(torch.ones(1, 1), torch.ones(1, 1))], max_steps=1)
+        assert raised.value.value == task["type"]
+        assert not (tmp_path / task["type"]).exists()  # nothing written into model_dir
+
+
+def test_a_group_that_never_forms_names_the_missing_tasks_and_the_timeout(monkeypatch) -> None:
+    from torchestimator.distribute import find_free_port
+    from torchestimator.errors import ReplicaLostError
+
+    port = find_free_port()
+    cluster = {"chief": [f"127.0.0.1:{port}"], "worker": ["127.0.0.1:1"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}}))
+    monkeypatch.setenv("TORCHESTIMATOR_COLLECTIVE_TIMEOUT", "2")
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ReplicaLostError) as raised:
+        te.MirroredStrategy().setup()
+    message = str(raised.value)
+    assert "chief:0" in message and "worker: 127.0.0.1:1" in message and "TORCHESTIMATOR_COLLECTIVE_TIMEOUT" in message
+    assert not distributed.is_initialized()

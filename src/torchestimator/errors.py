@@ -267,7 +267,8 @@ class ReplicasDisagreeError(TorchEstimatorError, RuntimeError):
 
 
 class ReplicaLostError(TorchEstimatorError, RuntimeError):
-    """During training, a collective failed because another replica died or stopped answering.
+    """A collective failed because another replica died or stopped answering during training, or the
+    group never formed at start-up because a replica did not come (within the collective timeout).
 
     The message names the replicas found gone where this host can tell (those on the same host), and
     keeps the backend's own message (its ``__cause__``).

@@ -34,6 +34,7 @@ from torchestimator.checkpoint.errors import CheckpointError, DiskFullError, is_
 from torchestimator.errors import ConfigError
 from torchestimator._core.config import RunConfig
 from torchestimator.distribute import OneDeviceStrategy
+from torchestimator.distribute.cluster import EVALUATOR, PS, cluster_from_tf_config
 from torchestimator.distribute.sync_batch_norm import prepare_batch_norm
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, HookList
 from torchestimator.interop import open_weights
@@ -221,6 +222,7 @@ class Estimator:
                 check_step_count("Estimator.train", name, value)
         if self._optimizer_factory is None:
             raise ValueError("Estimator.train needs an optimizer factory: Estimator(..., optimizer=lambda parameters: ...).")
+        _refuse_non_training_task()
         with _deterministic_algorithms(self._config.deterministic):
             run = self._start_training(input_fn, hooks, steps, max_steps, saving_listeners, evaluation)
             if run is None:
@@ -690,6 +692,18 @@ class _GatheredWeights(CheckpointSaverListener):
 
     def after_save(self, state: TrainState, global_step: int) -> None:
         self.refresh()
+
+
+def _refuse_non_training_task() -> None:
+    """As tf.estimator's train: an evaluator or ps task of TF_CONFIG does not train (it would write model_dir
+    beside the chief as a group of its own)."""
+    task_type = cluster_from_tf_config().task_type
+    if task_type in (EVALUATOR, PS):
+        raise ConfigError(
+            f"Estimator.train was called in TF_CONFIG's {task_type!r} task, which does not train: it would train "
+            "alone and write the chief's model_dir. Call te.train_and_evaluate in every task (the evaluator task "
+            "then evaluates the chief's checkpoints), or train only in the chief and worker tasks.",
+            field="TF_CONFIG", value=task_type)
 
 
 def _shards_parameters(strategy: Any) -> bool:

@@ -456,7 +456,9 @@ def cluster_from_slurm(environ: Mapping[str, str] | None = None) -> ClusterSpec 
             f"Inconsistent SLURM variables: SLURM_PROCID={rank}, SLURM_NTASKS={world_size}, "
             f"SLURM_LOCALID={local_rank}, tasks on this node={local_world_size}; expected "
             "0 <= SLURM_PROCID < SLURM_NTASKS and 0 <= SLURM_LOCALID < tasks per node.",
-            field="SLURM_PROCID", value=rank,
+            # The field to fix: the local rank when the global one is in range.
+            field="SLURM_PROCID" if world_size < 1 or not 0 <= rank < world_size else "SLURM_LOCALID",
+            value=rank if world_size < 1 or not 0 <= rank < world_size else local_rank,
         )
     return ClusterSpec(
         task_type=CHIEF if rank == 0 else WORKER, task_index=0 if rank == 0 else rank - 1,

@@ -285,14 +285,44 @@ def prepare_torchrun_arguments(
     """The arguments torchrun runs with: the TF_CONFIG cluster when ``--from_tf_config`` asks for it, else
     what was given, made ``--standalone`` when it describes one node without a rendezvous."""
     arguments = argparse.Namespace(**vars(arguments))
+    environ = os.environ if environ is None else environ
+    _check_values(arguments)
     if getattr(arguments, "from_tf_config", False):
-        _take_nodes_from_tf_config(arguments, os.environ if environ is None else environ)
+        _take_nodes_from_tf_config(arguments, environ)
     elif _one_node_without_rendezvous(arguments):
+        _refuse_an_ignored_tf_config(environ)
         # torchrun's --standalone: a c10d store on a free local port, so runs never collide.
         arguments.standalone = True
     else:
         _mark_the_rendezvous_host(arguments)
     return arguments
+
+
+def _check_values(arguments: argparse.Namespace) -> None:
+    """torchrun's own checks (config_from_args), as one ConfigError line instead of an AssertionError traceback."""
+    from torch.distributed.run import config_from_args
+
+    nproc = str(arguments.nproc_per_node)
+    if nproc.isdigit() and int(nproc) < 1:
+        raise ConfigError(f"--nproc_per_node must be a positive number of processes; received {nproc}.",
+                          field="nproc_per_node", value=nproc)
+    try:
+        config_from_args(argparse.Namespace(**vars(arguments)))
+    except AssertionError as error:
+        raise ConfigError(f"torchrun refuses these options: {error or 'a value out of range'} (--nnodes "
+                          f"{arguments.nnodes}, --max_restarts {arguments.max_restarts}).", field="launch") from error
+
+
+def _refuse_an_ignored_tf_config(environ: Mapping[str, str]) -> None:
+    """A TF_CONFIG of several training tasks, launched as one standalone node, would make each task a group of
+    its own, all writing model_dir: the silent single replica issue 12 forbids."""
+    cluster = cluster_from_tf_config(environ)
+    if cluster.in_training_group and (cluster.world_size or 1) > 1:
+        raise ConfigError(
+            f"TF_CONFIG describes {cluster.world_size} training tasks (this is {cluster.task_type}:"
+            f"{cluster.task_index}), but launch was given no nodes: each task would train as a group of its own "
+            "and all would write model_dir. Pass --from_tf_config to take the nodes from TF_CONFIG, or unset "
+            "TF_CONFIG.", field="TF_CONFIG", value=environ.get("TF_CONFIG"))
 
 
 def _mark_the_rendezvous_host(arguments: argparse.Namespace) -> None:

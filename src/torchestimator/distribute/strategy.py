@@ -45,7 +45,7 @@ from torchestimator.distribute.cluster import (
 )
 from torchestimator.distribute.input_context import InputContext
 from torchestimator.distribute.launcher import start_local_replicas
-from torchestimator.errors import ConfigError
+from torchestimator.errors import ConfigError, ReplicaLostError
 
 logger = logging.getLogger(__name__)
 
@@ -544,10 +544,13 @@ class MirroredStrategy(Strategy):
             init_method = f"tcp://{host}:{cluster.master_port}"
             logger.info("%r: %s rank %d of %d joins the group at %s (waits up to %g s for the others).", self,
                         cluster.source, cluster.rank, cluster.world_size, init_method, self.timeout_seconds)
-        distributed.init_process_group(
-            self._backend_for(device), init_method=init_method, rank=cluster.rank,
-            world_size=cluster.world_size, timeout=self._timeout,
-        )
+        try:
+            distributed.init_process_group(
+                self._backend_for(device), init_method=init_method, rank=cluster.rank,
+                world_size=cluster.world_size, timeout=self._timeout,
+            )
+        except (distributed.DistStoreError, distributed.DistNetworkError) as error:
+            raise ReplicaLostError(_group_did_not_form(cluster, init_method, self.timeout_seconds, error)) from error
         self._after_group_created(cluster.local_world_size)
         return Placement(
             device=device, num_replicas=cluster.world_size, replica_id=cluster.rank,
@@ -651,6 +654,22 @@ _GROUP_DESCRIPTIONS = {
     "tf_config": 'the TF_CONFIG cluster (its chief and workers)',
     "slurm": "the srun step (SLURM_NTASKS)",
 }
+
+
+def _group_did_not_form(cluster: ClusterSpec, init_method: str, timeout_seconds: float, error: Exception) -> str:
+    """What to tell a replica whose group never formed: who was expected, where, and the wait to change."""
+    if cluster.jobs:
+        expected = "; ".join(f"{job}: {', '.join(addresses)}" for job, addresses in sorted(cluster.jobs.items())
+                             if job not in ("evaluator", "ps"))
+        who = f"TF_CONFIG task {cluster.task_type}:{cluster.task_index} (rank {cluster.rank})"
+        advice = f"Start every training task of TF_CONFIG's cluster ({expected}) with the same cluster"
+    else:
+        who = f"{cluster.source} rank {cluster.rank}"
+        advice = f"Start all {cluster.world_size} processes with the same rendezvous"
+    return (f"The process group of {cluster.world_size} replicas did not form: {who} waited at {init_method} "
+            f"({type(error).__name__}: {error}). {advice}, check that the chief's address is reachable from every "
+            f"node, or wait longer: MirroredStrategy(timeout_seconds=...) or TORCHESTIMATOR_COLLECTIVE_TIMEOUT "
+            f"(now {timeout_seconds:g} s).")
 
 
 def _as_device(device: str | int | torch.device) -> torch.device:
