@@ -311,24 +311,30 @@ class Estimator:
             input_source=input_source, last_step=last_step, evaluation=evaluation,
         )
         if evaluation is not None:
-            eval_strategy = config.eval_distribute or strategy
-            eval_strategy.setup()
-            eval_module = module
-            if holds_shards(module):
-                # Sharded layers gather their weights in every forward, a collective that replicas with uneven
-                # evaluation shares would not pair: evaluations run on a plain copy, refreshed at each checkpoint
-                # (every evaluated step has one).
-                if run.checkpointer is None:
-                    raise ConfigError(
-                        "train_and_evaluate under FullyShardedStrategy evaluates the weights of each checkpoint, "
-                        "but checkpoints are disabled in RunConfig; set save_checkpoints_steps.",
-                        field="save_checkpoints_steps", value=None)
-                gathered = _GatheredWeights(module, self._plain_module().to(strategy.device))
-                run.checkpointer.listeners.append(gathered)
-                eval_module = gathered.plain
-            evaluation.begin(self._bundle(eval_module, WeightsOrigin("training", state.global_step), eval_strategy),
-                             state)
+            self._begin_evaluation(run, module, evaluation)
         return run
+
+    def _begin_evaluation(self, run: TrainingRun, module: torch.nn.Module, evaluation: InLoopEvaluation) -> None:
+        """Hands train_and_evaluate's evaluation the bundle it evaluates with: the live module, or under a sharded
+        strategy a plain copy refreshed at each checkpoint."""
+        config, strategy, state = self._config, run.strategy, run.state
+        eval_strategy = config.eval_distribute or strategy
+        eval_strategy.setup()
+        eval_module = module
+        if holds_shards(module):
+            # Sharded layers gather their weights in every forward, a collective that replicas with uneven
+            # evaluation shares would not pair: evaluations run on a plain copy, refreshed at each checkpoint
+            # (every evaluated step has one).
+            if run.checkpointer is None:
+                raise ConfigError(
+                    "train_and_evaluate under FullyShardedStrategy evaluates the weights of each checkpoint, "
+                    "but checkpoints are disabled in RunConfig; set save_checkpoints_steps.",
+                    field="save_checkpoints_steps", value=None)
+            gathered = _GatheredWeights(module, self._plain_module().to(strategy.device))
+            run.checkpointer.listeners.append(gathered)
+            eval_module = gathered.plain
+        evaluation.begin(self._bundle(eval_module, WeightsOrigin("training", state.global_step), eval_strategy),
+                         state)
 
     def _train_hooks(self, user_hooks: HookList) -> HookList:
         config = self._config
