@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -23,6 +24,7 @@ from torchestimator._io.summary import read_scalars
 from torchestimator._policy.best import BEST_FILE, BestCheckpointPolicy, read_best
 from torchestimator._policy.early_stopping import EarlyStopping, stop_if_higher_hook
 from torchestimator._policy.evaluator_channel import (
+    EVALUATING_STEP_MAX_AGE_SECS,
     EVALUATOR_FILE,
     STOP_SIGNAL_FILE,
     TRAINING_RUN_FILE,
@@ -85,11 +87,14 @@ class SimulatedTrainers:
     keeps it); once a stop signal addressed to the current run appears, trains ``steps`` more (trainers
     notice it a little later) and ends there, or restarts as the next run id if there is one (a crash and
     an elastic restart). ``start_after`` sleeps pass before the first run starts; with ``end_at`` the run
-    ends (its input ran out) at the sleep after it reached that step.
+    ends (its input ran out) at the sleep after it reached that step. With ``records=False`` they are
+    plain trainers: no training_run.json, no ear for a stop signal.
     """
 
-    def __init__(self, model_dir, *, run_ids=("run-1",), steps=10, start_after=0, end_at=None, ends=True):
+    def __init__(self, model_dir, *, run_ids=("run-1",), steps=10, start_after=0, end_at=None, ends=True,
+                 records=True):
         self.model_dir, self.run_ids, self.steps, self.end_at, self.ends = model_dir, list(run_ids), steps, end_at, ends
+        self.records = records  # False: plain trainers (`torchestimator train`): no training_run.json, deaf to signals
         self.trainer = estimator(model_dir)
         self.train, _, _, _ = input_fns()
         self.step, self.run_id, self.ended, self.waits = 0, None, False, start_after
@@ -110,7 +115,7 @@ class SimulatedTrainers:
             self._end()
             return
         signal = self.signals[-1]
-        told = signal is not None and signal.run_id == self.run_id
+        told = self.records and signal is not None and signal.run_id == self.run_id
         self.step += self.steps
         self.trainer.train(self.train, max_steps=self.step)
         if told and self.run_ids:
@@ -120,12 +125,14 @@ class SimulatedTrainers:
 
     def _end(self):
         self.ended = True
-        write_training_run(self.model_dir, TrainingRun(run_id=self.run_id, evaluator_task=True, start_step=0,
-                                                       end_step=self.step, end_reason="test"))
+        if self.records:
+            write_training_run(self.model_dir, TrainingRun(run_id=self.run_id, evaluator_task=True, start_step=0,
+                                                           end_step=self.step, end_reason="test"))
 
     def _start(self, run_id):
         self.run_id = run_id
-        write_training_run(self.model_dir, TrainingRun(run_id=run_id, evaluator_task=True, start_step=self.step))
+        if self.records:
+            write_training_run(self.model_dir, TrainingRun(run_id=run_id, evaluator_task=True, start_step=self.step))
 
 
 def follow(model_dir, trainers, *, rules=(), best=None, exporter=None, max_steps=None, **options):
@@ -214,20 +221,125 @@ def test_early_stopping_signals_the_run_then_evaluates_its_final_checkpoint(tmp_
     assert exporter.calls == [(10, False), (20, False), (30, False), (40, True)]
 
 
-def test_a_decision_waits_for_a_run_to_address_and_an_earlier_jobs_end_does_not_end_the_evaluator(tmp_path):
+def test_an_evaluator_restarted_after_the_trainers_ended_finishes_their_run_at_once(tmp_path):
     model_dir = str(tmp_path)
-    estimator(model_dir).train(input_fns()[0], max_steps=10)  # an earlier job, stopped early by its evaluator
+    estimator(model_dir).train(input_fns()[0], max_steps=10)  # a job stopped by its evaluator, killed before the end
+    write_training_run(model_dir, TrainingRun(run_id="done", evaluator_task=True, start_step=0, end_step=10,
+                                              end_reason="stopped by the evaluator"))
+    write_stop_signal(model_dir, StopSignal(run_id="done", step=10, rule="a rule"))
+    trainers = SimulatedTrainers(model_dir, start_after=10**9)  # nobody trains any more
+    results, exporter = follow(tmp_path, trainers, rules=[stop_if_higher_hook("score", 0.4)])
+    # The run's final checkpoint, evaluated and exported as final, then returned: no wait for an answer.
+    assert results["global_step"] == 10 and exporter.calls == [(10, True)] and len(trainers.signals) <= 1
+    assert read_stop_signal(model_dir) == StopSignal(run_id="done", step=10, rule="a rule")
+
+
+def test_a_decision_reaching_no_run_is_given_to_the_run_that_starts_later(tmp_path, caplog):
+    model_dir = str(tmp_path)
+    estimator(model_dir).train(input_fns()[0], max_steps=10)  # an earlier job, stopped early by its evaluator...
     write_training_run(model_dir, TrainingRun(run_id="old", evaluator_task=True, start_step=0, end_step=10,
                                               end_reason="stopped by the evaluator"))
     write_stop_signal(model_dir, StopSignal(run_id="old", step=10, rule="old rule"))
+    estimator(model_dir).train(input_fns()[0], max_steps=20)  # ...then trained on by a plain `train`
     trainers = SimulatedTrainers(model_dir, run_ids=("new",), start_after=2)
-    trainers.step = 10
-    results, exporter = follow(tmp_path, trainers, rules=[stop_if_higher_hook("score", 0.4)])
-    # The rule fired at the first evaluation (step 10), before the new run existed: the old signal stayed as it
-    # was until the new run started, and then the decision was addressed to it.
+    trainers.step = 20
+    with caplog.at_level(logging.WARNING):
+        results, exporter = follow(tmp_path, trainers, rules=[stop_if_higher_hook("score", 0.4)])
+    # The old run ended at 10, before the newest checkpoint: an earlier job's, whose end does not end this one.
+    # The rule fired at the first evaluation (20), before the new run existed: the old signal stayed as it was
+    # until the new run started, and then the decision was addressed to it.
     assert [signal.run_id for signal in trainers.signals[:3]] == ["old", "old", "old"]
-    assert read_stop_signal(model_dir).run_id == "new" and read_stop_signal(model_dir).step == 10
-    assert results["global_step"] == trainers.step == 30 and exporter.calls[-1] == (30, True)
+    assert read_stop_signal(model_dir).run_id == "new" and read_stop_signal(model_dir).step == 20
+    assert results["global_step"] == trainers.step == 40 and exporter.calls[-1] == (40, True)
+    assert caplog.text.count("no training run in") == 1 and "reaches no one" not in caplog.text
+
+
+def test_beside_plain_trainers_the_evaluator_says_so_once_and_evaluates_up_to_max_steps(tmp_path, caplog):
+    trainers = SimulatedTrainers(str(tmp_path), records=False)  # `torchestimator train FILE`: no run record
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        results, exporter = follow(tmp_path, trainers, rules=[stop_if_higher_hook("score", 0.4)], max_steps=40)
+    # The rule said stop at 10, but nobody listens: no signal written, no wait for an answer (stop_timeout_secs is
+    # 600), every checkpoint evaluated up to max_steps.
+    assert time.monotonic() - started < 60 and not os.path.exists(tmp_path / STOP_SIGNAL_FILE)
+    assert eval_steps(tmp_path) == [10, 20, 30, 40] and exporter.calls[-1] == (40, True)
+    warning = [record.getMessage() for record in caplog.records if "listens to this evaluator" in record.getMessage()]
+    assert len(warning) == 1 and 'train_and_evaluate' in warning[0] and '"evaluator": ["host:port"]' in warning[0]
+    assert "no training run listens" in caplog.text  # the decision says it reached no one
+
+
+def test_an_evaluator_refuses_trainers_in_local_mode(tmp_path, monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    train, _, _, _ = input_fns()
+    train_and_evaluate(estimator(tmp_path), TrainSpec(train, max_steps=10), EvalSpec(scored_eval_input(), throttle_secs=0))
+    run = read_training_run(str(tmp_path))
+    assert run.evaluator_task is False and run.end_step == 10  # local mode records that it evaluates itself
+    with pytest.raises(ConfigError, match="train_and_evaluate without TF_CONFIG"):
+        follow(tmp_path, SimulatedTrainers(str(tmp_path), start_after=10**9))
+    assert eval_steps(tmp_path) == [10]  # the trainer's evaluation only
+
+
+def test_an_evaluator_with_tf1_layout_refuses_at_start_up(tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]},
+                                                "task": {"type": "evaluator", "index": 0}}))
+    from torchestimator._policy import train_and_evaluate as module
+
+    def follows(*args, **kwargs):
+        raise AssertionError("the evaluator started following model_dir instead of refusing")
+
+    monkeypatch.setattr(module, "run_evaluator", follows)
+    train, _, _, _ = input_fns()
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=r"lists no 'evaluator' job.*\"evaluator\": \[\"host:port\"\].*every task"):
+        train_and_evaluate(estimator(tmp_path), TrainSpec(train, max_steps=10), EvalSpec(scored_eval_input()))
+    assert time.monotonic() - started < 5 and not os.path.exists(tmp_path / "eval")
+
+
+def test_the_step_stays_protected_while_its_exporters_run_and_a_vanished_one_is_skipped(tmp_path, caplog):
+    model_dir = str(tmp_path)
+
+    class DeletesUnderItself(FakeExporter):
+        """Sees evaluator.json during export; at step 10 plays the chief's retention and then fails as a loader would."""
+
+        def __init__(self):
+            super().__init__()
+            self.protected = []
+
+        def export(self, estimator, export_path, checkpoint_path, eval_result, is_the_final_export):
+            self.protected.append(read_evaluating_step(model_dir))
+            if eval_result["global_step"] == 10:
+                shutil.rmtree(checkpoint_path)
+                raise ValueError(f"Couldn't find trained model at {checkpoint_path}")
+            return super().export(estimator, export_path, checkpoint_path, eval_result, is_the_final_export)
+
+    exporter = DeletesUnderItself()
+    with caplog.at_level(logging.WARNING):
+        results, _ = follow(tmp_path, SimulatedTrainers(model_dir, end_at=20), exporter=exporter)
+    # Protected while exported, 10 and 20; the re-export of 20 as final comes after the run ended (no saves left).
+    assert exporter.protected == [10, 20, None] and read_evaluating_step(model_dir) is None
+    assert "Skipped the exports of" in caplog.text and "ckpt-10" in caplog.text
+    assert results["global_step"] == 20 and exporter.calls == [(20, False), (20, True)]
+
+
+def test_a_stale_evaluator_file_protects_nothing(tmp_path):
+    from torchestimator._io import atomic
+
+    model_dir = str(tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+
+    def written_by(pid):
+        write_evaluating_step(model_dir, 30)
+        document = json.loads((tmp_path / EVALUATOR_FILE).read_text())
+        (tmp_path / EVALUATOR_FILE).write_text(json.dumps({**document, "writer": f"{pid}-h{atomic._HOST}"}))
+
+    written_by(dead.pid)  # an evaluator killed mid-evaluation
+    assert read_evaluating_step(model_dir) is None
+    written_by(os.getppid())  # a live evaluator on this host
+    assert read_evaluating_step(model_dir) == 30
+    assert read_evaluating_step(model_dir, now=lambda: time.time() + EVALUATING_STEP_MAX_AGE_SECS + 60) is None
+    write_evaluating_step(model_dir, 30)  # this process, evaluator and chief in one: alive
+    assert read_evaluating_step(model_dir) == 30
 
 
 def test_a_decision_is_readdressed_when_the_trainers_restart_as_a_new_run(tmp_path):

@@ -339,7 +339,8 @@ def test_evaluator_stops_after_timeout_without_new_checkpoints(tmp_path):
 def test_tf_config_evaluator_task_runs_the_evaluator(tmp_path, monkeypatch):
     train, evaluate, _, _ = input_fns()
     estimator(tmp_path).train(train, max_steps=20)
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["localhost:2222"], "worker": ["localhost:2223"]},
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["localhost:2222"], "worker": ["localhost:2223"],
+                                                            "evaluator": ["localhost:2224"]},
                                                 "task": {"type": "evaluator", "index": 0}}))
     est = estimator(tmp_path)
     results, _ = train_and_evaluate(est, TrainSpec(train, max_steps=20), EvalSpec(evaluate, start_delay_secs=0))

@@ -17,14 +17,29 @@ The evaluator stops:
   final and a warning says the trainers did not answer;
 - with ``timeout_secs``, once no new checkpoint appeared for that long.
 
-A training run that had already ended when the evaluator started belongs to an earlier job: its end does
-not stop this evaluator (the job may be starting again to continue it). While it waits the evaluator reads
-training_run.json once a second (``STOP_POLL_SECS``), so it notices the end without waiting a throttle.
+An evaluator started after its trainers ended (training_run.json records the end, and the newest checkpoint
+is the one that run ended with) evaluates that checkpoint as the final one and returns at once. A run that
+ended at an older step than the newest checkpoint belongs to an earlier job: its end does not stop this
+evaluator. While it waits the evaluator reads training_run.json once a second (``STOP_POLL_SECS``), so it
+notices the end without waiting a throttle.
+
+Stop signals and the protection of the best checkpoints (and of the one under evaluation) need trainers
+that listen: started by train_and_evaluate with the evaluator listed in their TF_CONFIG, whose chief records
+its run in training_run.json. When a checkpoint is evaluated and no such run is recorded (trainers started
+with ``torchestimator train FILE``, or ``Estimator.train``), a warning says so once; an early-stopping
+decision then reaches no one, so the evaluator does not wait for an answer but goes on evaluating each new
+checkpoint up to max_steps (or ``timeout_secs``); the decision is delivered if such a run starts later.
+Trainers that evaluate themselves (train_and_evaluate without TF_CONFIG, or whose cluster lists no
+evaluator; their record says ``evaluator_task: false``) are refused with a ConfigError: eval/ has one writer.
+
+A checkpoint deleted under the evaluator (by retention, when its protection lapsed) is skipped with a
+warning, whether it vanished during the evaluation or under an exporter.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -109,11 +124,16 @@ class _Evaluator:
         self.last_step: int | None = None
         self.final_step: int | None = None  # the step whose exporters were told is_the_final_export
         self.decision: StopSignal | None = None  # run_id "" until addressed to a training run
-        self.decided_at = 0.0
+        self.decided_at = 0.0  # when the decision was last addressed to a run
         self.history_seeded = False
-        self.training: TrainingRun | None = None  # as read at the top of the latest round
+        self.warned_unlistened = False
+        self.training: TrainingRun | None = None  # as read at the top of the latest round (and after an evaluation)
         earlier = read_training_run(self.model_dir)
-        self.earlier_run_id = earlier.run_id if earlier is not None and earlier.ended else None
+        newest = self._newest()
+        # A run that ended with the newest checkpoint is this evaluator's to finish (restarted after the trainers
+        # ended); one that ended before it belongs to an earlier job and does not end this evaluator.
+        finished_here = earlier is not None and earlier.ended and newest is not None and newest[0] == earlier.end_step
+        self.earlier_run_id = earlier.run_id if earlier is not None and earlier.ended and not finished_here else None
 
     def run(self) -> None:
         self.sleep(self.specs[0].start_delay_secs)
@@ -124,7 +144,7 @@ class _Evaluator:
                 self._finish(training)
                 return
             now = self.clock()
-            if self.decision is not None:
+            if self.decision is not None and training is not None:  # a run listens: wait for its answer
                 self._address(training)
                 if now - self.decided_at >= self.stop_timeout_secs:
                     logger.warning("The trainers did not end their run within %s s of the stop signal (%s): "
@@ -141,7 +161,7 @@ class _Evaluator:
                         if self._reaches_max_steps(step):
                             return
                         self._decide(step)
-                        self._address(training)
+                        self._address(self.training)
                 elif self.timeout_secs is not None and now - last_new >= self.timeout_secs:
                     logger.info("No new checkpoint in %s for %s seconds: the evaluator stops.", self.model_dir,
                                 self.timeout_secs)
@@ -150,7 +170,7 @@ class _Evaluator:
             self.sleep(self._pause(next_evaluation))
 
     def _pause(self, next_evaluation: float) -> float:
-        if self.decision is not None:
+        if self.decision is not None and self.training is not None:
             return STOP_POLL_SECS
         return max(0.0, min(next_evaluation - self.clock(), STOP_POLL_SECS))
 
@@ -166,14 +186,31 @@ class _Evaluator:
         training = read_training_run(self.model_dir)
         if training is None or training.run_id == self.earlier_run_id:
             return None
-        if not training.evaluator_task and not training.ended:
+        if not training.evaluator_task:
             raise ConfigError(
                 f"{self.model_dir}/{TRAINING_RUN_FILE}: the trainers of run {training.run_id} evaluate inside their "
-                "training loop, because their TF_CONFIG cluster lists no 'evaluator' job; with this evaluator, "
-                "model_dir/eval would get events from two processes. Add the evaluator's address to the cluster "
-                '("evaluator": ["host:port"]) in the TF_CONFIG of every task, chief and workers included.',
+                "training loop (train_and_evaluate without TF_CONFIG, or with a TF_CONFIG cluster that lists no "
+                "'evaluator' job); with this evaluator, model_dir/eval would get events from two processes. Add the "
+                'evaluator\'s address to the cluster ("evaluator": ["host:port"]) in the TF_CONFIG of every task, '
+                "chief and workers included, or stop this evaluator.",
                 field="TF_CONFIG", value=training.run_id)
         return training
+
+    def _note_listeners(self, step: int) -> None:
+        """Re-reads the training run after evaluating ``step``; says once, loudly, when no run listens."""
+        self.training = self._training_run()
+        if self.training is not None or self.warned_unlistened:
+            return
+        self.warned_unlistened = True
+        logger.warning(
+            "Global step %d was evaluated, but no training run in %s listens to this evaluator (no %s from "
+            "trainers started by train_and_evaluate with the evaluator in TF_CONFIG; e.g. `torchestimator train "
+            "FILE` or Estimator.train wrote these checkpoints). Early-stopping decisions reach no one and the "
+            "trainers' retention may delete the best checkpoints: both need trainers started by train_and_evaluate "
+            '(`torchestimator train-and-evaluate FILE`) with "evaluator": ["host:port"] in the cluster of every '
+            "task's TF_CONFIG. This evaluator goes on evaluating each new checkpoint up to max_steps (%s)%s.",
+            step, self.model_dir, TRAINING_RUN_FILE, self.train_spec.max_steps,
+            "" if self.timeout_secs is None else f" or until none appears for {self.timeout_secs} s")
 
     # -- one evaluation and what follows it ------------------------------------------------------
 
@@ -198,17 +235,27 @@ class _Evaluator:
             step = self.results[0]["global_step"]
             if self.best is not None:
                 self.best.update_record(self.estimator.checkpoint_store, step, self.results[0])
+            self.last_path, self.last_step = path, step
+            self._export(path, final)  # still protected: exporters read the checkpoint too
         finally:
             if keeps:
                 write_evaluating_step(self.model_dir, None)
-        self.last_path, self.last_step = path, step
-        self._export(path, final)
         logger.info("Evaluated %s (global step %d).", path, step)
+        self._note_listeners(step)
         return step
 
     def _export(self, path: str, final: bool) -> None:
         for index, spec in enumerate(self.specs):
-            self.exports[index] = run_exporters(self.estimator, spec, path, self.results[index], final)
+            try:
+                self.exports[index] = run_exporters(self.estimator, spec, path, self.results[index], final)
+            except Exception as error:
+                if os.path.exists(path):
+                    raise
+                # Retention deleted it under the exporter (its protection lapsed): a skipped export, not a crash.
+                logger.warning("Skipped the exports of %s (global step %s): the checkpoint was removed while the "
+                               "exporters of %s read it (%s: %s).", path, self.last_step, spec.name or "eval",
+                               type(error).__name__, error)
+                self.exports[index] = []
         if final:
             self.final_step = self.last_step
 
@@ -222,16 +269,21 @@ class _Evaluator:
         for rule in self.rules:
             rule.observe(step, self.results[0])
         stopping = [rule for rule in self.rules if rule.should_stop()]  # every rule asked: each keeps its state
-        if stopping:
+        if stopping and self.decision is None:  # the first decision stands; a later run gets it when it starts
             self.decision = StopSignal(run_id="", step=step, rule=repr(stopping[0]))
-            self.decided_at = self.clock()
-            logger.info("Early stopping: %s says stop at global step %d; telling the trainers.", stopping[0], step)
+            if self.training is not None:
+                logger.info("Early stopping: %s says stop at global step %d; telling the trainers.", stopping[0], step)
+            else:
+                logger.warning("Early stopping: %s says stop at global step %d, but no training run listens (see "
+                               "the warning above): evaluating on; the decision goes to a run that starts later.",
+                               stopping[0], step)
 
     def _address(self, training: TrainingRun | None) -> None:
         """Writes the stop signal for the run training now (again if the trainers restarted as a new run)."""
         if self.decision is None or training is None or training.ended or training.run_id == self.decision.run_id:
             return
         self.decision = StopSignal(run_id=training.run_id, step=self.decision.step, rule=self.decision.rule)
+        self.decided_at = self.clock()
         write_stop_signal(self.model_dir, self.decision)
         logger.info("Stop signal written for training run %s (%s at global step %d).", training.run_id,
                     self.decision.rule, self.decision.step)

@@ -11,10 +11,16 @@ What does not: what the evaluator decides (evaluator.py) and what the trainers d
                         it, the step it started from and, once train returns, the step it ended at and why.
     stop_signal.json    written by the evaluator: stop, addressed to one training run by its id, with the
                         evaluated step that decided it and the rule that said so.
-    evaluator.json      written by the evaluator: the checkpoint step it is evaluating now, which the chief
-                        keeps from retention until the evaluation is done.
+    evaluator.json      written by the evaluator: the checkpoint step it is evaluating now (and exporting),
+                        which the chief keeps from retention until that is done, and who wrote it.
 
 (``best.json``, the best steps, is the evaluator's too in this setup; see best.py.)
+
+A killed evaluator cannot clear evaluator.json, so its step would stay protected across runs. The chief
+ignores the file when its writer is gone (the pid it names is no live process on this host, see
+``_io.atomic.writer_is_gone``) or when it was written more than ``EVALUATING_STEP_MAX_AGE_SECS`` ago (a
+writer on another host, whose pid cannot be checked from here). An evaluation that outlasts that bound
+loses its protection; if retention then deletes its checkpoint, the evaluator skips it with a warning.
 
 Why a stop signal names a run: a model_dir outlives its runs. A signal addressed to an earlier run (the
 job that stopped early last week) must not stop the run that continues it; trainers only obey a signal
@@ -28,18 +34,20 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import secrets
 import time
 from collections.abc import Callable
 from typing import Any
 
-from torchestimator._io.atomic import write_json_atomically
+from torchestimator._io.atomic import WRITER_PATTERN, write_json_atomically, writer_is_gone, writer_tag
 from torchestimator._io.regular_file import read_regular_file
 from torchestimator.errors import FileTooLargeError, NotARegularFileError
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "EVALUATING_STEP_MAX_AGE_SECS",
     "EVALUATOR_FILE",
     "STOP_POLL_SECS",
     "STOP_SIGNAL_FILE",
@@ -61,6 +69,9 @@ STOP_SIGNAL_FILE = "stop_signal.json"
 EVALUATOR_FILE = "evaluator.json"
 STOP_POLL_SECS = 1.0
 """How often the trainers look for a stop signal (one stat of a file), and the evaluator for the trainers' end."""
+
+EVALUATING_STEP_MAX_AGE_SECS = 6 * 3600.0
+"""evaluator.json older than this (by its modification time) protects nothing: its writer is taken to be gone."""
 
 _FORMAT_VERSION = 1
 _MAX_BYTES = 64 * 1024  # these documents are a few hundred bytes; a bigger file is not one of ours
@@ -126,19 +137,42 @@ def read_stop_signal(model_dir: str) -> StopSignal | None:
 
 def write_evaluating_step(model_dir: str, step: int | None) -> None:
     """The evaluator says which checkpoint it is evaluating (None: none), so that retention keeps it meanwhile."""
-    _write(model_dir, EVALUATOR_FILE, {"evaluating_step": step})
+    _write(model_dir, EVALUATOR_FILE, {"evaluating_step": step, "writer": writer_tag()})
 
 
-def read_evaluating_step(model_dir: str) -> int | None:
+def read_evaluating_step(model_dir: str, *, now: Callable[[], float] = time.time) -> int | None:
+    """The step evaluator.json protects; None when none, or when the file is stale (see the module docstring)."""
+    path = os.path.join(model_dir, EVALUATOR_FILE)
     document = _read(model_dir, EVALUATOR_FILE)
     if document is None:
         return None
     step = document.get("evaluating_step")
     if step is not None and not _is_step(step):
-        logger.warning("%s: evaluating_step must be a step (an int >= 0) or null; received %r. Ignored.",
-                       os.path.join(model_dir, EVALUATOR_FILE), step)
+        logger.warning("%s: evaluating_step must be a step (an int >= 0) or null; received %r. Ignored.", path, step)
+        return None
+    if step is not None and _is_stale(path, document.get("writer"), now()):
         return None
     return step
+
+
+def _is_stale(path: str, writer: Any, now: float) -> bool:
+    """True when evaluator.json's writer is gone (a dead pid on this host) or the file is older than the bound."""
+    match = re.fullmatch(WRITER_PATTERN, writer) if isinstance(writer, str) else None
+    # This very process wrote it (evaluator and chief in one process): alive, though writer_is_gone says
+    # otherwise of its own pid (its own leftovers are stale at start-up).
+    if match is not None and writer != writer_tag() and writer_is_gone(int(match.group("pid")), match.group("host")):
+        logger.info("%s was written by process %s, which is gone (an evaluator killed mid-evaluation): the step "
+                    "it names is not protected from retention.", path, writer)
+        return True
+    try:
+        age = now - os.stat(path).st_mtime
+    except OSError:  # replaced or removed since it was read: the next save reads it again
+        return False
+    if age > EVALUATING_STEP_MAX_AGE_SECS:
+        logger.info("%s was written %.0f s ago, more than %.0f s: its writer is taken to be gone and the step it "
+                    "names is not protected from retention.", path, age, EVALUATING_STEP_MAX_AGE_SECS)
+        return True
+    return False
 
 
 class StopSignalWatch:

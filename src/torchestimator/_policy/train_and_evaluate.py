@@ -43,15 +43,20 @@ the same step.
 - chief and workers of a cluster that has an ``evaluator`` job only train:
   no evaluation, no eval/, no exporters; they stop when the evaluator says so,
   all at the same step, and return ``(None, None)`` (trainer_task.py);
-- chief and workers of a cluster without one run the local loop above
-  (the chief records its run, so that an evaluator started anyway refuses to
-  be a second writer of eval/);
+- chief and workers of a cluster without one, and local mode, run the local
+  loop above (the chief records its run with ``evaluator_task: false``, so
+  that an evaluator started anyway refuses to be a second writer of eval/);
+- an evaluator whose own TF_CONFIG cluster lists no ``evaluator`` job (TF
+  1.x's layout) is refused at start-up: the trainers' TF_CONFIG must list it
+  too, or they evaluate themselves;
 - ``ps`` is refused.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -107,6 +112,7 @@ def train_and_evaluate(
                 f'TF_CONFIG["task"] is evaluator {cluster.task_index}: train_and_evaluate runs one evaluator '
                 "(index 0), the one writer of eval/, best.json and the stop signal. Start only evaluator 0.",
                 field="TF_CONFIG", value=cluster.task_index)
+        _require_evaluator_in_cluster()
         logger.info("TF_CONFIG task type is evaluator: following %s and evaluating each new checkpoint.",
                     estimator.model_dir)
         return run_evaluator(estimator, train_spec, eval_spec, best=best, early_stopping=rules, clock=clock)
@@ -118,9 +124,10 @@ def train_and_evaluate(
                         "stopping; this %s only trains, and stops when the evaluator says so.", cluster.task_type)
         train_for_evaluator(estimator, train_spec, is_chief=cluster.is_chief)
         return None, None
-    # A TF_CONFIG cluster without an evaluator job: the trainers evaluate; the chief records its run so that an
-    # evaluator started against this model_dir anyway refuses to be a second writer of eval/.
-    recorder = TrainingRunHook(estimator.model_dir, evaluator_task=False) if cluster.jobs and cluster.is_chief else None
+    # Local mode or a TF_CONFIG cluster without an evaluator job: the trainers evaluate; the chief records its run
+    # so that an evaluator started against this model_dir anyway refuses to be a second writer of eval/.
+    recorder = TrainingRunHook(estimator.model_dir, evaluator_task=False,
+                               is_chief=lambda: _is_chief(estimator)) if cluster.is_chief else None
     loop = _Evaluations(estimator, train_spec, specs, best, rules, clock)
     estimator.train(train_spec.input_fn, hooks=[*train_spec.hooks, *([recorder] if recorder else [])],
                     max_steps=train_spec.max_steps, saving_listeners=train_spec.saving_listeners, evaluation=loop)
@@ -128,6 +135,22 @@ def train_and_evaluate(
     if recorder is not None:
         recorder.record_end(latest_step(estimator.checkpoint_store), train_spec.max_steps)
     return by_spec(eval_spec, specs, loop.results, loop.exports)
+
+
+def _require_evaluator_in_cluster() -> None:
+    """The evaluator's TF_CONFIG must list the evaluator job, as the trainers' must (else they evaluate too).
+
+    TensorFlow 1.x's docs left it out of the cluster; here the trainers learn of the evaluator from their
+    cluster, so a layout without it has two writers of eval/. Read from the raw TF_CONFIG: the parsed
+    ClusterSpec drops the cluster for the evaluator, as TensorFlow does.
+    """
+    jobs = (json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster") or {})
+    if jobs and EVALUATOR not in jobs:
+        raise ConfigError(
+            f"TF_CONFIG's cluster lists no 'evaluator' job (it has {sorted(jobs)}): the trainers, reading the same "
+            "cluster, would evaluate inside their own loop, and model_dir/eval would get events from two processes. "
+            'Add the evaluator\'s address to the cluster ("evaluator": ["host:port"]) in the TF_CONFIG of every '
+            "task, chief and workers included.", field='TF_CONFIG["cluster"]', value=sorted(jobs))
 
 
 def _check_arguments(estimator: Any, train_spec: Any, eval_spec: Any, best: Any, early_stopping: Any,

@@ -76,18 +76,22 @@ def train_for_evaluator(estimator: Any, train_spec: TrainSpec, *, is_chief: bool
 class TrainingRunHook(Hook):
     """The chief's record of its run in training_run.json and, with an evaluator task, its ear for a stop signal.
 
-    With ``evaluator_task=False`` (a TF_CONFIG cluster without an evaluator job: the trainers evaluate
-    themselves) it only records, so that an evaluator started against this model_dir can refuse to be a
-    second writer of eval/.
+    With ``evaluator_task=False`` (train_and_evaluate in local mode, or a TF_CONFIG cluster without an
+    evaluator job: the trainers evaluate themselves) it only records, so that an evaluator started against
+    this model_dir can refuse to be a second writer of eval/. ``is_chief`` is asked once training started
+    (replicas are placed by then): only the chief replica writes.
     """
 
     def __init__(self, model_dir: str, *, evaluator_task: bool, poll_secs: float = STOP_POLL_SECS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, is_chief: Callable[[], bool] = lambda: True) -> None:
         self.model_dir, self.evaluator_task, self.poll_secs, self.clock = model_dir, evaluator_task, poll_secs, clock
+        self.is_chief = is_chief
         self.run: TrainingRun | None = None
         self.watch: StopSignalWatch | None = None
 
     def after_restore(self, state: Any) -> None:
+        if not self.is_chief():
+            return
         # After restore, model_dir exists and is the chief's to write; the step is the one training resumes from.
         self.run = TrainingRun(run_id=new_run_id(), evaluator_task=self.evaluator_task, start_step=state.global_step)
         write_training_run(self.model_dir, self.run)
@@ -113,6 +117,8 @@ class TrainingRunHook(Hook):
         else:
             reason = "the input ended or a hook stopped training"
         run = self.run
+        if run is None and not self.is_chief():
+            return
         if run is None:  # training made no step (max_steps already reached): the record still tells the evaluator
             run = TrainingRun(run_id=new_run_id(), evaluator_task=self.evaluator_task, start_step=end_step)
         self.run = TrainingRun(run_id=run.run_id, evaluator_task=run.evaluator_task, start_step=run.start_step,
