@@ -566,6 +566,16 @@ def test_manifest_is_rebuilt_by_scanning(storage, damage, caplog, tmp_path):
     assert steps_of(store) == [3, 4]
 
 
+def test_a_reader_between_the_first_publish_and_its_manifest_is_not_warned(tmp_path, caplog):
+    store = CheckpointStore(str(tmp_path / "model_dir"))
+    store.save(1, small_state(1.0))
+    os.remove(tmp_path / "model_dir" / "checkpoint")  # as a reader sees it before the first manifest is written
+    reader = CheckpointStore(str(tmp_path / "model_dir"))
+    with caplog.at_level(logging.WARNING, logger=STORE_LOGGER):
+        assert reader.latest_checkpoint().endswith("ckpt-1")
+    assert "rebuilding" not in caplog.text
+
+
 def test_complete_folder_missing_from_manifest_is_still_found(storage):
     store = CheckpointStore(storage)
     store.save(1, small_state(1.0))

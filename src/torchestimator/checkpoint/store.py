@@ -408,7 +408,12 @@ class CheckpointStore:
         empty = {"format_version": _MANIFEST_VERSION, "checkpoints": [], "best": [], "hours_anchor": None}
         data = self.storage.read_manifest()
         if data is None:
-            if any(_CHECKPOINT_FOLDER.fullmatch(folder) for folder in self.storage.list_folders()):
+            folders = [folder for folder in self.storage.list_folders() if _CHECKPOINT_FOLDER.fullmatch(folder)]
+            if len(folders) == 1:
+                # The first save publishes its folder, then writes the manifest: a reader (the evaluator task)
+                # in between sees this, and the scan finds what the manifest will say. Not damage.
+                logger.debug("No manifest yet in %s beside %s; scanning the folders.", self.storage.root, folders[0])
+            elif folders:
                 self._warn_once(
                     f"The manifest {self.storage.root}/checkpoint is missing; rebuilding the list of checkpoints by "
                     "scanning the folders."
