@@ -78,15 +78,16 @@ class ReplicaView:
         return (self.checkpoint_name, self.checkpoint_step, self.num_replicas, self.max_steps, self.steps,
                 self.skips_training)
 
-    def describe(self, *, world: bool = False) -> str:
-        """This view in words; ``world``: say the world size too (when the replicas differ on it)."""
+    def describe(self, *, world: bool = False, steps: bool = False) -> str:
+        """This view in words; ``world``, ``steps``: say the world size, the step arguments too (when the
+        replicas differ on them)."""
         if self.checkpoint_name is None:
             start = f"finds no checkpoint in {self.model_dir}"
         else:
             start = f"restores {self.checkpoint_name} (step {self.checkpoint_step}) from {self.model_dir}"
         if not self.sees_probe:
             start += " and does not see the probe file rank 0 wrote into its model_dir"
-        if self.max_steps is not None or self.steps is not None:
+        if steps:
             start += f" with max_steps={self.max_steps}, steps={self.steps}"
         if self.skips_training:
             start += " (so it skips training)"
@@ -190,7 +191,9 @@ def disagreement(views: Sequence[ReplicaView]) -> str | None:
     for view in views:
         groups.setdefault((view.sees_probe, view.model_dir, *view.starting_point()), []).append(view)
     several_worlds = len({view.num_replicas for view in views}) > 1
-    lines = [f"{_ranks(group)} {group[0].describe(world=several_worlds)}" for group in groups.values()]
+    several_steps = len({(view.max_steps, view.steps, view.skips_training) for view in views}) > 1
+    lines = [f"{_ranks(group)} {group[0].describe(world=several_worlds, steps=several_steps)}"
+             for group in groups.values()]
     return (f"The {len(views)} replicas disagree on how to start training, so every replica stops before step 1: "
             + "; ".join(lines) + ". " + _advice(views, everyone_sees))
 
