@@ -6,11 +6,11 @@ import json
 import os
 import subprocess
 import sys
+import select
 import textwrap
 
 import pytest
 
-from conftest import wait_until
 from torchestimator.cli import main
 
 MODEL_FILE = textwrap.dedent('''
@@ -147,22 +147,18 @@ def readme_serving_commands_answer(cwd, model_dir, demo_output):
         port = probe.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "torchestimator.cli", "serve", "--model_name", "digits",
                                "--model_base_path", "export/digits", "--rest_api_port", str(port)], cwd=cwd,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{port}/v1/models/digits:predict"
         with open(os.path.join(cwd, request_file), "rb") as handle:
             body = handle.read()
-
-        def answer():
-            try:
-                with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=10) as response:
-                    return json.load(response)
-            except OSError:  # not listening yet
-                assert server.poll() is None, server.stderr.read()
-                return None
-
-        predictions = wait_until(answer, timeout=120, what="the served model answering the README's request")[
-            "predictions"]
+        # The "serving ..." line comes only once the port answers with the model loaded: one request, no retry.
+        ready, _, _ = select.select([server.stdout], [], [], 120)
+        assert ready, "serve printed nothing within 120 s"
+        line = server.stdout.readline()
+        assert line.startswith("serving digits (version ") and "AVAILABLE) at http://127.0.0.1:" in line, line
+        with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=30) as response:
+            predictions = json.load(response)["predictions"]
         assert len(predictions) == 2 and all(0 <= row["class"] <= 9 for row in predictions)
         assert all(abs(sum(row["probabilities"]) - 1) < 1e-5 for row in predictions)
     finally:

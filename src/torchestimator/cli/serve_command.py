@@ -57,11 +57,19 @@ def _serve(args: argparse.Namespace) -> int:
     if args.monitoring_config_file:
         monitoring = read_monitoring_config_file(args.monitoring_config_file)
         metrics_path = monitoring.path if monitoring.enable else None
-    models = (f"the models in {args.model_config_file}" if args.model_config_file
-              else f"{args.model_name} from {args.model_base_path}")
-    print(f"serving {models} at http://{args.rest_api_host}:{args.rest_api_port}/v1/models/"
-          + ("" if args.model_config_file else args.model_name), flush=True)
+    url = f"http://{args.rest_api_host}:{args.rest_api_port}/v1/models/" + (
+        "" if args.model_config_file else args.model_name)
+
+    def announce(app: Any) -> None:
+        # Printed once the port answers, with the versions that are AVAILABLE: a script waiting for this
+        # line can send its first request at once.
+        from torchestimator.serving.app import managers_of
+
+        versions = {name: manager.served_versions for name, manager in sorted(managers_of(app).items())}
+        print(f"serving {versions_text(versions)} at {url}", flush=True)
+
     serve(args.model_name, args.model_base_path, host=args.rest_api_host, port=args.rest_api_port,
+          on_listening=announce,
           model_config_file=args.model_config_file,
           model_config_file_poll_wait_seconds=args.model_config_file_poll_wait_seconds,
           file_system_poll_wait_seconds=args.file_system_poll_wait_seconds, batching=batching,
@@ -70,3 +78,16 @@ def _serve(args: argparse.Namespace) -> int:
           timeout_seconds=args.rest_api_timeout_in_ms / 1000 if args.rest_api_timeout_in_ms > 0 else None,
           metrics_path=metrics_path)
     return 0
+
+
+def versions_text(versions: dict[str, Any]) -> str:
+    """"digits (version 1796137644 AVAILABLE)", or "digits (no version AVAILABLE yet)", for each model."""
+    parts = []
+    for name, served in versions.items():
+        served = sorted(served)
+        if not served:
+            parts.append(f"{name} (no version AVAILABLE yet)")
+        else:
+            label = "version" if len(served) == 1 else "versions"
+            parts.append(f"{name} ({label} {', '.join(map(str, served))} AVAILABLE)")
+    return ", ".join(parts)

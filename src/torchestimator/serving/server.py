@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiohttp import web
@@ -80,22 +80,30 @@ def build_app(settings: ServerSettings) -> web.Application:
 
 
 def serve(model_name: str | None = None, model_base_path: str | os.PathLike[str] | None = None,
-          host: str = "127.0.0.1", port: int = 8501, **settings: Any) -> None:
-    """Serves until interrupted (blocking). Keywords are ServerSettings' fields."""
+          host: str = "127.0.0.1", port: int = 8501, *, on_listening: Callable[[web.Application], None] | None = None,
+          **settings: Any) -> None:
+    """Serves until interrupted (blocking). Keywords are ServerSettings' fields.
+
+    ``on_listening(app)`` is called once the port accepts connections, with the models loaded (build_app
+    polls every model first), so whatever it announces (the CLI's "serving ..." line) is true when said.
+    """
     app = build_app(ServerSettings(model_name=model_name, model_base_path=model_base_path, **settings))
-    logger.info("Serving %s at http://%s:%d/v1/models/", sorted(managers_of(app)), host, port)
     try:
-        asyncio.run(_serve_forever(app, host, port))
+        asyncio.run(_serve_forever(app, host, port, on_listening))
     except (web.GracefulExit, KeyboardInterrupt):  # SIGTERM / SIGINT: the runner has been cleaned up
         logger.info("Stopped serving")
 
 
-async def _serve_forever(app: web.Application, host: str, port: int) -> None:
+async def _serve_forever(app: web.Application, host: str, port: int,
+                         on_listening: Callable[[web.Application], None] | None) -> None:
     # web.run_app, with the runner that answers protocol errors in JSON (protocol.py).
     runner = ServingRunner(app, handle_signals=True, access_log=None)  # as TF: no line per request
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
+        logger.info("Serving %s at http://%s:%d/v1/models/", sorted(managers_of(app)), host, port)
+        if on_listening is not None:
+            on_listening(app)
         await asyncio.Event().wait()  # until a signal raises GracefulExit, which cancels this task
     finally:
         await runner.cleanup()
