@@ -230,3 +230,20 @@ def test_an_exporter_must_implement_name_and_export():
         Exporter()
     latest = LatestExporter("latest", RECEIVER)
     assert EvalSpec(lambda: [], exporters=latest).exporters == (latest,)
+
+
+def test_an_exporter_does_not_export_the_same_checkpoint_twice(trained, tmp_path):
+    estimator, x, checkpoints, probabilities = trained
+    export_path = str(tmp_path / "final")
+    final = FinalExporter("final", RECEIVER)
+    first = final.export(estimator, export_path, checkpoints[20], {"loss": 1.0}, is_the_final_export=True)
+    # A rerun of a finished job evaluates and exports its last checkpoint again: the version it has is returned.
+    again = FinalExporter("final", RECEIVER).export(estimator, export_path, checkpoints[20], {"loss": 1.0},
+                                                    is_the_final_export=True)
+    assert again == first and version_dirs(export_path) == [first]
+    newer = final.export(estimator, export_path, checkpoints[30], {"loss": 1.0}, is_the_final_export=True)
+    assert newer != first and version_dirs(export_path) == [first, newer]
+    fixed_batch = serving_input_receiver({"x": TensorSpec(shape=(4, 8), dtype=torch.float32)})
+    changed = FinalExporter("final", fixed_batch).export(estimator, export_path, checkpoints[30],
+                                                                  {"loss": 1.0}, is_the_final_export=True)
+    assert changed not in (first, newer)  # another serving signature is another export

@@ -111,6 +111,10 @@ class _SavedModelExporter(Exporter):
         export_path = os.fspath(export_path)
         if not self._should_export(export_path, eval_result, is_the_final_export):
             return None
+        already = _newest_export_of(export_path, checkpoint_path, self._receiver)
+        if already is not None:  # a rerun evaluating the same checkpoint again: one version is enough
+            logger.info("%s: %s is already exported as %s; not exported again.", self._name, checkpoint_path, already)
+            return already
         export_dir = saved_model.export_saved_model(estimator, export_path, self._receiver,
                                                     checkpoint_path=checkpoint_path, assets_extra=self._assets_extra)
         self._after_export(export_path, export_dir, checkpoint_path, eval_result)
@@ -183,6 +187,23 @@ class BestExporter(_SavedModelExporter):
             "eval_result": _jsonable_result(eval_result or {}), "export_dir": os.path.abspath(export_dir),
             "checkpoint_path": checkpoint_path,
         })
+
+
+def _newest_export_of(export_path: str, checkpoint_path: str | None, receiver: ServingInputReceiver) -> str | None:
+    """The newest version under ``export_path`` when it was exported from ``checkpoint_path`` with the same
+    receiver, else None (weights without a checkpoint, or anything unreadable, export again)."""
+    versions = list_versions(export_path)
+    if checkpoint_path is None or not versions:
+        return None
+    newest = os.path.join(export_path, str(versions[-1]))
+    try:
+        with open(os.path.join(newest, saved_model.METADATA_FILE), encoding="utf-8") as handle:
+            metadata = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    same = (isinstance(metadata, dict) and metadata.get("checkpoint_path") == os.path.abspath(checkpoint_path)
+            and metadata.get("receiver") == json.loads(json.dumps(receiver.describe())))
+    return newest if same else None
 
 
 def read_best_eval(export_path: str | os.PathLike[str]) -> dict[str, Any] | None:
