@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -229,3 +230,16 @@ def test_evaluator_flag_evaluates_existing_checkpoints(tmp_path, model_file, cap
     from torchestimator.checkpoint import CheckpointStore
 
     assert best_checkpoint(CheckpointStore(model_dir)).endswith("ckpt-10")
+
+
+def test_predict_refuses_random_weights_unless_allowed(tmp_path, model_file, capsys, caplog):
+    empty = str(tmp_path / "never_trained")
+    output = tmp_path / "rows.jsonl"
+    with pytest.raises(SystemExit) as refused:
+        main(["predict", model_file, "--model_dir", empty, "--output", str(output)])
+    assert "--allow_untrained" in str(refused.value.code) and empty in str(refused.value.code)
+    assert not output.exists()  # nothing written
+    with caplog.at_level(logging.WARNING, logger="torchestimator"):
+        assert main(["predict", model_file, "--model_dir", empty, "--output", str(output), "--allow_untrained"]) == 0
+    assert len(output.read_text().splitlines()) > 0
+    assert "freshly initialised (random) weights" in caplog.text  # the library says so too

@@ -526,7 +526,9 @@ class Estimator:
                 return current
             if self._warm_start is not None:
                 return self._apply_warm_start(module)  # as tf.estimator: evaluate/predict without a checkpoint use it
-            logger.info("No checkpoint in %s: running on freshly initialised weights.", self._model_dir)
+            # As TensorFlow, which says it runs the initializers: results from random weights are rarely wanted.
+            logger.warning("No checkpoint in %s and no warm_start_from: evaluating or predicting with freshly "
+                           "initialised (random) weights.", self._model_dir)
             return current
         if current.holds(path):
             return current

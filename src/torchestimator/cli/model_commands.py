@@ -82,6 +82,14 @@ def _predict(args: argparse.Namespace) -> int:
         raise SystemExit("torchestimator predict: give FILE.py and --model_dir, or --exported PATH --input FILE.")
     module = load_model_file(args.model_file)
     estimator = build_estimator(module, args)
+    if not args.allow_untrained:
+        from torchestimator import ModeKeys
+
+        try:  # random weights are refused here, before any output is written
+            estimator.inference_bundle(args.checkpoint_path, mode=ModeKeys.PREDICT, require_weights=True)
+        except ValueError as error:
+            raise SystemExit(f"torchestimator predict: {error} Or pass --allow_untrained to predict with "
+                             "freshly initialised weights.") from error
     out = open(args.output, "w") if args.output else sys.stdout
     try:
         for index, prediction in enumerate(estimator.predict(require(module, "predict_input_fn"),
@@ -155,6 +163,8 @@ _COMMANDS: dict[str, tuple[str, Any, bool, list[tuple[tuple[str, ...], dict[str,
         (("--predict_keys",), {"nargs": "*"}),
         (("--output",), {"help": "file for the JSON lines (default stdout)"}),
         (("--limit",), {"type": int, "help": "stop after this many examples"}),
+        (("--allow_untrained",), {"action": "store_true",
+                                  "help": "predict even when model_dir has no checkpoint (random weights)"}),
     ]),
     "export": ("export the latest (or a given) checkpoint for serving", _export, True, [
         (("--export_dir",), {"required": True, "help": "base folder; a new integer version is written inside"}),
