@@ -287,7 +287,7 @@ class Estimator:
         if strategy.is_chief:  # after warm start, so a failed one leaves model_dir untouched
             self._prepare_model_dir(state.global_step)
         module = prepare_batch_norm(module, strategy, sync=config.sync_batch_norm)
-        if self._model_source is module and _shards_parameters(strategy):
+        if self._model_source is module and strategy.shards_parameters:
             self._plain_template = copy.deepcopy(module)  # FSDP2 shards the user's module in place
         # Wrapped before the optimizer is built: FSDP2 replaces the parameters by shards, and the optimizer
         # must hold those (DDP keeps the parameters, so the order changes nothing for it).
@@ -712,11 +712,6 @@ def _refuse_non_training_task() -> None:
             "alone and write the chief's model_dir. Call te.train_and_evaluate in every task (the evaluator task "
             "then evaluates the chief's checkpoints), or train only in the chief and worker tasks.",
             field="TF_CONFIG", value=task_type)
-
-
-def _shards_parameters(strategy: Any) -> bool:
-    """Whether ``strategy.wrap`` shards the module in place (FullyShardedStrategy)."""
-    return bool(strategy.shards_parameters)
 
 
 def _resolve_model_dir(model_dir: str | os.PathLike[str] | None, config: RunConfig) -> str:
