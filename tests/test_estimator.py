@@ -19,7 +19,7 @@ def test_train_max_steps_is_absolute_and_steps_incremental(tmp_path, te_logs):
     estimator.train(train, max_steps=20)
     assert estimator.latest_checkpoint().endswith("ckpt-20")
     estimator.train(train, max_steps=20)
-    assert "Skipping training since max_steps has already saved" in te_logs.text
+    assert f"skipped training: {tmp_path} is already at step 20 (max_steps=20)" in te_logs.text
     estimator.train(train, steps=5)
     assert estimator.latest_checkpoint().endswith("ckpt-25")
     estimator.train(train, steps=5)
@@ -336,3 +336,45 @@ def test_deterministic_algorithms_are_on_while_training_and_the_callers_setting_
         assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("argument, value, expected", [
+    ("model_dir", 123, "a str or os.PathLike path"),
+    ("config", {"save_checkpoints_steps": 10}, "a te.RunConfig"),
+    ("params", [("hidden", 8)], "a dict"),
+    ("model", "SmallNet", "an nn.Module or a factory"),
+    ("optimizer", "adam", "a factory building the optimizer"),
+    ("lr_scheduler", 0.1, "a factory building the scheduler"),
+])
+def test_an_argument_of_the_wrong_type_is_a_config_type_error_naming_it(tmp_path, argument, value, expected):
+    arguments = {"model_fn": classifier_model_fn, "model": SmallNet(), "optimizer": adam, "model_dir": str(tmp_path)}
+    with pytest.raises(te.errors.ConfigTypeError, match=rf"Estimator\({argument}=\.\.\.\) must be {expected}") as caught:
+        te.Estimator(**{**arguments, argument: value})
+    assert caught.value.field == argument and caught.value.value == value
+    assert isinstance(caught.value, TypeError)  # code catching TypeError keeps working
+
+
+def test_model_dir_may_be_a_path_object(tmp_path):
+    from pathlib import Path
+
+    estimator = te.Estimator(model_fn=classifier_model_fn, model=SmallNet(), model_dir=Path(tmp_path) / "run")
+    assert estimator.model_dir == str(tmp_path / "run")
+    with pytest.raises(te.errors.ConfigError, match="non-empty") as caught:
+        te.Estimator(model_fn=classifier_model_fn, model=SmallNet(), model_dir="")
+    assert caught.value.field == "model_dir"
+
+
+@pytest.mark.parametrize("arguments, error, field, message", [
+    ({"loss": 5}, te.errors.ConfigTypeError, "loss", "loss must be a name or a callable"),
+    ({"optimizer": 5}, te.errors.ConfigTypeError, "optimizer", "optimizer must be a name"),
+    ({"metrics": 5}, te.errors.ConfigTypeError, "metrics", "metrics must be a list of names"),
+    ({"metrics": "mse"}, te.errors.ConfigTypeError, "metrics", r"metrics=\['mse'\]"),
+    ({"learning_rate": "0.1"}, te.errors.ConfigTypeError, "learning_rate", "learning_rate must be a positive number"),
+    ({"learning_rate": -1.0}, te.errors.ConfigError, "learning_rate", "learning_rate must be a positive number"),
+    ({"optimizer": adam, "learning_rate": 0.1}, te.errors.ConfigError, "learning_rate", "a factory sets its own"),
+    ({"model_dir": 5}, te.errors.ConfigTypeError, "model_dir", r"Estimator\(model_dir=\.\.\.\)"),
+])
+def test_from_module_names_the_argument_of_a_wrong_value(arguments, error, field, message):
+    with pytest.raises(error, match=message) as caught:
+        te.Estimator.from_module(torch.nn.Linear(3, 1), **{"loss": "mse", **arguments})
+    assert caught.value.field == field

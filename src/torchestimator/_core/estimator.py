@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -31,8 +32,10 @@ from torchestimator.checkpoint.checkpointer import Checkpointer
 from torchestimator.checkpoint.parts import (TrainingParts, holds_shards, load_model_state, replica_states,
                                              restore_shared, resumable)
 from torchestimator.checkpoint.errors import CheckpointError, DiskFullError, is_no_room
-from torchestimator.errors import ConfigError
+from torchestimator.errors import ConfigError, ConfigTypeError
 from torchestimator._core.config import RunConfig
+from torchestimator._core.console import (TrainOutcome, describe_evaluation, describe_training, log_summary,
+                                          show_summaries)
 from torchestimator.distribute import OneDeviceStrategy
 from torchestimator.distribute.cluster import EVALUATOR, PS, cluster_from_tf_config
 from torchestimator.distribute.sync_batch_norm import prepare_batch_norm
@@ -84,19 +87,16 @@ class Estimator:
     ) -> None:
         if model_fn is None:
             raise ValueError("model_fn must be provided.")
+        _check_argument_types(model=model, optimizer=optimizer, model_dir=model_dir, config=config, params=params,
+                              lr_scheduler=lr_scheduler)
         self._model_fn_args = check_declared(model_fn, "model_fn", _MODEL_FN_ARGS, {"features"})
-        if config is None:
-            config = RunConfig()
-        elif not isinstance(config, RunConfig):
-            raise TypeError(f"config must be a te.RunConfig; received {type(config).__name__}.")
+        config = RunConfig() if config is None else config
         self._model_fn = model_fn
         self._params = copy.deepcopy(dict(params or {}))
         if params and "params" not in self._model_fn_args:
             logger.debug("params given but model_fn does not take them; they still reach model and optimizer factories.")
         self._model_dir = _resolve_model_dir(model_dir, config)
         self._config = config.replace(model_dir=self._model_dir) if config.model_dir != self._model_dir else config
-        if not isinstance(model, torch.nn.Module) and not callable(model):
-            raise TypeError(f"model must be an nn.Module or a factory returning one; received {model!r}.")
         self._model_source = model
         # A path (any format open_weights reads) or WarmStartSettings; used only while model_dir has no checkpoint.
         self._warm_start = None if warm_start_from is None else as_warm_start_settings(warm_start_from)
@@ -139,7 +139,7 @@ class Estimator:
         """
         from torchestimator._core.module_estimator import build_model_fn, resolve_optimizer
 
-        model_fn = build_model_fn(loss, list(metrics) if metrics is not None and not isinstance(metrics, Mapping) else metrics)
+        model_fn = build_model_fn(loss, metrics)
         return cls(model_fn=model_fn, model=module, optimizer=resolve_optimizer(optimizer, learning_rate),
                    model_dir=model_dir, config=config, params=params, lr_scheduler=lr_scheduler,
                    warm_start_from=warm_start_from)
@@ -212,8 +212,10 @@ class Estimator:
     ) -> Estimator:
         """Trains until max_steps (absolute), for `steps` more steps, or until the input ends.
 
+        Logs one summary line (trained / resumed / skipped, see _core/console.py), on the chief.
         ``evaluation`` (train_and_evaluate's) evaluates inside the loop on the live module; it is
-        handed the live InferenceBundle before step one (``evaluation.begin(bundle, state)``).
+        handed the live InferenceBundle before step one (``evaluation.begin(bundle, state)``) and
+        the call's outcome at the end (``evaluation.training_ended(outcome)``) instead of a summary line.
         """
         if steps is not None and max_steps is not None:
             raise ValueError("Can not provide both steps and max_steps.")
@@ -223,9 +225,12 @@ class Estimator:
         if self._optimizer_factory is None:
             raise ValueError("Estimator.train needs an optimizer factory: Estimator(..., optimizer=lambda parameters: ...).")
         _refuse_non_training_task()
+        show_summaries()
+        started = time.monotonic()
         with _deterministic_algorithms(self._config.deterministic):
             run = self._start_training(input_fn, hooks, steps, max_steps, saving_listeners, evaluation)
-            if run is None:
+            if isinstance(run, TrainOutcome):  # max_steps already reached
+                self._report_training(run, evaluation)
                 return self
             self._live_run = run
             try:
@@ -249,7 +254,19 @@ class Estimator:
             if holds_shards(run.parts.model):
                 self._module = self._gathered_copy(run.parts.model, run.strategy.device)  # every replica, together
             run.strategy.barrier()  # the chief's final checkpoint is on disk before any replica reads it
+        state = run.state
+        self._report_training(TrainOutcome(
+            model_dir=self._model_dir, start_step=state.start_step, end_step=state.global_step,
+            seconds=time.monotonic() - started, resumed_from=run.resumed_from, last_step=run.last_step,
+            ended_by=run.ended_by, final_loss=state.last_loss), evaluation)
         return self
+
+    def _report_training(self, outcome: TrainOutcome, evaluation: InLoopEvaluation | None) -> None:
+        """The call's summary line, on the chief; train_and_evaluate's evaluation reports it with its results."""
+        if evaluation is not None:
+            evaluation.training_ended(outcome)
+        elif _is_chief(self._config) and (outcome.skipped or outcome.end_step > outcome.start_step):
+            log_summary(describe_training(outcome))  # no step at all: the loop's warning says so
 
     def _weights_now(self) -> WeightsOrigin:
         """Where the built module's weights come from now; during training, from the live run."""
@@ -263,8 +280,9 @@ class Estimator:
 
     def _start_training(self, input_fn: Callable[..., Any], hooks: Iterable[Hook] | None, steps: int | None,
                         max_steps: int | None, saving_listeners: Iterable[CheckpointSaverListener] | None,
-                        evaluation: InLoopEvaluation | None) -> TrainingRun | None:
-        """Everything before step one, in the order DESIGN.md gives; None when max_steps is already reached."""
+                        evaluation: InLoopEvaluation | None) -> TrainingRun | TrainOutcome:
+        """Everything before step one, in the order DESIGN.md gives; the skipped call's outcome when max_steps is
+        already reached."""
         input_fn_args = check_declared(input_fn, "input_fn", _INPUT_FN_ARGS)
         config = self._config
         strategy = config.train_distribute or OneDeviceStrategy(config.device)
@@ -275,8 +293,8 @@ class Estimator:
         # Every replica must start from the same checkpoint in the same model_dir, or fail here, naming who differs.
         check_start_agreement(strategy, self._model_dir, checkpoint, max_steps=max_steps, steps=steps)
         if max_steps is not None and checkpoint is not None and checkpoint.step >= max_steps:
-            logger.info("Skipping training since max_steps has already saved (global step %d).", checkpoint.step)
-            return None
+            return TrainOutcome(model_dir=self._model_dir, start_step=checkpoint.step, end_step=checkpoint.step,
+                                seconds=0.0, last_step=max_steps, skipped=True)
         module = self._build_module(strategy.device)  # with random_seed, the first build is seeded: same weights
         if config.random_seed is not None:
             # Training's random streams start from the seed, whichever call (train, evaluate, export) built the model.
@@ -309,6 +327,7 @@ class Estimator:
             checkpointer=self._checkpointer(strategy, saving_listeners, module, evaluation),
             summary_writer=SummaryWriter(self._model_dir, enabled=strategy.is_chief),
             input_source=input_source, last_step=last_step, evaluation=evaluation,
+            resumed_from=None if checkpoint is None else checkpoint.path,
         )
         if evaluation is not None:
             self._begin_evaluation(run, module, evaluation)
@@ -452,8 +471,12 @@ class Estimator:
             check_step_count("Estimator.evaluate", "steps", steps)
         check_declared(input_fn, "input_fn", _INPUT_FN_ARGS)
         HookList(hooks or ())  # a wrong hook fails before any checkpoint is read
+        show_summaries()
         bundle = self.inference_bundle(checkpoint_path, mode=ModeKeys.EVAL)
-        return bundle.evaluate(input_fn, steps=steps, hooks=hooks, name=name)
+        results = bundle.evaluate(input_fn, steps=steps, hooks=hooks, name=name)
+        if bundle.strategy.is_chief:
+            log_summary(describe_evaluation(bundle.weights, self._model_dir, results, name))
+        return results
 
     def predict(
         self,
@@ -468,6 +491,7 @@ class Estimator:
             predict_keys = [predict_keys]
         check_declared(input_fn, "input_fn", _INPUT_FN_ARGS)
         hook_list = HookList(hooks or ())
+        show_summaries()  # predict has no summary line; its warnings look like train's and evaluate's
         bundle = self.inference_bundle(checkpoint_path, mode=ModeKeys.PREDICT)
         state = TrainState(global_step=bundle.global_step, mode=ModeKeys.PREDICT)
         hook_list.begin(state)
@@ -702,6 +726,12 @@ class _GatheredWeights(CheckpointSaverListener):
         self.refresh()
 
 
+def _is_chief(config: RunConfig) -> bool:
+    """Whether this process is the chief of the training replicas (one that is not set up yet: it will be)."""
+    strategy = config.train_distribute
+    return strategy is None or not strategy.is_set_up or strategy.is_chief
+
+
 def _refuse_non_training_task() -> None:
     """As tf.estimator's train: an evaluator or ps task of TF_CONFIG does not train (it would write model_dir
     beside the chief as a group of its own)."""
@@ -714,18 +744,47 @@ def _refuse_non_training_task() -> None:
             field="TF_CONFIG", value=task_type)
 
 
+def _check_argument_types(*, model: Any, optimizer: Any, model_dir: Any, config: Any, params: Any,
+                          lr_scheduler: Any) -> None:
+    """Each Estimator argument of the wrong type is a ConfigTypeError naming it (a TypeError too), before any
+    work; the value checks (an empty model_dir, a model_fn's arguments) follow where each is used."""
+
+    def refuse(field: str, expected: str, value: Any) -> None:
+        raise ConfigTypeError(f"Estimator({field}=...) must be {expected}; received {value!r} "
+                              f"({type(value).__name__}).", field=field, value=value)
+
+    if not isinstance(model, torch.nn.Module) and not callable(model):
+        refuse("model", "an nn.Module or a factory returning one (lambda params: MyNet(params))", model)
+    if optimizer is not None and not callable(optimizer):  # an optimizer object: it needs the parameters first
+        refuse("optimizer", "a factory building the optimizer from the parameters (lambda parameters: "
+               "torch.optim.Adam(parameters)), or None", optimizer)
+    if model_dir is not None and not isinstance(model_dir, (str, os.PathLike)):
+        refuse("model_dir", "a str or os.PathLike path, or None for a temporary folder", model_dir)
+    if config is not None and not isinstance(config, RunConfig):
+        refuse("config", "a te.RunConfig or None", config)
+    if params is not None and not isinstance(params, Mapping):
+        refuse("params", "a dict (a Mapping) of hyperparameters, or None", params)
+    if lr_scheduler is not None and not callable(lr_scheduler):
+        refuse("lr_scheduler", "a factory building the scheduler from the optimizer (lambda optimizer: "
+               "torch.optim.lr_scheduler.StepLR(optimizer, 100)), or None", lr_scheduler)
+
+
 def _resolve_model_dir(model_dir: str | os.PathLike[str] | None, config: RunConfig) -> str:
     if model_dir is not None:
         model_dir = os.fspath(model_dir)
+        if not isinstance(model_dir, str):  # a PathLike of bytes
+            raise ConfigTypeError(f"Estimator(model_dir=...) must be a str path; received {model_dir!r} (bytes).",
+                                  field="model_dir", value=model_dir)
         if model_dir == "":
-            raise ValueError("model_dir must be a non-empty path.")
+            raise ConfigError("Estimator(model_dir=...) must be a non-empty path, or None for a temporary folder.",
+                              field="model_dir", value=model_dir)
         if os.path.exists(model_dir) and not os.path.isdir(model_dir):
-            raise ValueError(f"model_dir {model_dir!r} exists and is not a directory. Choose another model_dir.")
+            raise ConfigError(f"model_dir {model_dir!r} exists and is not a directory. Choose another model_dir.",
+                              field="model_dir", value=model_dir)
         if config.model_dir is not None and os.path.abspath(config.model_dir) != os.path.abspath(model_dir):
-            raise ValueError(
+            raise ConfigError(
                 f"model_dir is set both in Estimator ({model_dir!r}) and in RunConfig ({config.model_dir!r}) and they "
-                "differ. Set it in one place."
-            )
+                "differ. Set it in one place.", field="model_dir", value=model_dir)
         return model_dir
     if config.model_dir is not None:
         return config.model_dir

@@ -24,6 +24,7 @@ from torchestimator._core.batches import NO_CONTEXT, DeviceBatches, autocast_fac
 from torchestimator.checkpoint.checkpointer import Checkpointer
 from torchestimator.checkpoint.parts import TrainingParts
 from torchestimator._core.config import RunConfig
+from torchestimator._core.console import TrainOutcome
 from torchestimator.errors import NanLossDuringTrainingError
 from torchestimator._core.eval_loops import adopt_spec_hooks
 from torchestimator._core.finetune import apply_frozen_modes
@@ -48,6 +49,9 @@ class InLoopEvaluation(Protocol):
     def evaluate(self, step: int, *, final: bool) -> bool:
         """Evaluates what is due on the live module; True asks training to stop (early stopping)."""
 
+    def training_ended(self, outcome: TrainOutcome) -> None:
+        """What the train call did (also when it was skipped): its summary line is the evaluation's caller's."""
+
 
 @dataclasses.dataclass
 class TrainingRun:
@@ -64,6 +68,10 @@ class TrainingRun:
     input_source: Any
     last_step: int | None
     evaluation: InLoopEvaluation | None = None
+    resumed_from: str | None = None
+    """The checkpoint this call restored, for its summary line; None for fresh, warm-started or in-process weights."""
+    ended_by: str | None = None
+    """Set by the loop when training stops before last_step: why, in words ("the input ended", "early stopping")."""
 
     @property
     def state(self) -> TrainState:
@@ -225,6 +233,7 @@ class _TrainLoop:
         self.context = RunContext(self.state, is_chief=self.is_chief, summary_writer=run.summary_writer,
                                   on_checkpoint_request=self.pending_listeners.append)
         self.steps_this_call = 0
+        self.stop_reason: str | None = None  # who stopped training when not a hook: for TrainingRun.ended_by
 
     def run_steps(self, interrupt: _InterruptFlag, progress: Progress) -> None:
         run, state = self.run, self.state
@@ -235,6 +244,7 @@ class _TrainLoop:
             except StopIteration:
                 logger.info("Input ended after %d steps in this call (global step %d).", self.steps_this_call,
                             state.global_step)
+                run.ended_by = "the input ended"
                 break
             state.global_step += 1
             self.steps_this_call += 1
@@ -245,6 +255,8 @@ class _TrainLoop:
             self._report(spec, loss, logging_step, summary_due)
             stop, interrupted = self._agree_and_save(interrupt.raised, logging_step)
             progress.update(state.global_step, loss=self.context.loss_if_read)
+            if stop and (run.last_step is None or state.global_step < run.last_step):
+                run.ended_by = self.stop_reason or "a hook asked to stop"
             if stop or interrupted:
                 break
 
@@ -279,11 +291,13 @@ class _TrainLoop:
             self._raise_not_finite()
         saved = False
         if save or (interrupted and run.checkpointer is not None):
-            stop |= self._save()
+            if self._save() and not stop:
+                stop, self.stop_reason = True, "a checkpoint listener asked to stop"
             saved = True
         if evaluation is not None and evaluation.due(step, saved):
             # Final when training ends at this step anyway: max_steps, or a stop every replica agreed on.
-            stop |= self._evaluate(final=stop or (run.last_step is not None and step >= run.last_step))
+            if self._evaluate(final=stop or (run.last_step is not None and step >= run.last_step)) and not stop:
+                stop, self.stop_reason = True, "early stopping"
         return stop, interrupted
 
     def _save(self) -> bool:

@@ -7,6 +7,8 @@ metrics deserves a hand-written model_fn.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -15,6 +17,7 @@ import torch.nn.functional as F
 
 from torchestimator import metrics as metric_ops
 from torchestimator._core.spec import EstimatorSpec, ModeKeys
+from torchestimator.errors import ConfigError, ConfigTypeError
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -53,10 +56,12 @@ OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], float]] = {
 def resolve_loss(loss: str | LossFn) -> tuple[LossFn, str]:
     if isinstance(loss, str):
         if loss not in LOSSES:
-            raise ValueError(f"Unknown loss {loss!r}. Expected one of {sorted(LOSSES)} or a callable (outputs, labels) -> loss.")
+            raise ConfigError(f"Unknown loss {loss!r}. Expected one of {sorted(LOSSES)} or a callable (outputs, "
+                              "labels) -> loss.", field="loss", value=loss)
         return LOSSES[loss]
     if not callable(loss):
-        raise TypeError(f"loss must be a name or a callable (outputs, labels) -> scalar tensor; received {loss!r}.")
+        raise ConfigTypeError(f"loss must be a name or a callable (outputs, labels) -> scalar tensor; received "
+                              f"{loss!r} ({type(loss).__name__}).", field="loss", value=loss)
     name = getattr(loss, "__name__", type(loss).__name__).lower()
     task = "multiclass" if "cross_entropy" in name or "crossentropy" in name else "custom"
     if "binary" in name:
@@ -65,10 +70,17 @@ def resolve_loss(loss: str | LossFn) -> tuple[LossFn, str]:
 
 
 def resolve_optimizer(optimizer: Any, learning_rate: float | None) -> Callable[..., torch.optim.Optimizer]:
+    if learning_rate is not None and (isinstance(learning_rate, bool) or not isinstance(learning_rate, numbers.Real)
+                                      or not math.isfinite(learning_rate) or learning_rate <= 0):
+        kind = ConfigError if isinstance(learning_rate, numbers.Real) and not isinstance(learning_rate, bool) \
+            else ConfigTypeError
+        raise kind(f"learning_rate must be a positive number or None (the optimizer's default); received "
+                   f"{learning_rate!r}.", field="learning_rate", value=learning_rate)
     if isinstance(optimizer, str):
         key = optimizer.lower()
         if key not in OPTIMIZERS:
-            raise ValueError(f"Unknown optimizer {optimizer!r}. Expected one of {sorted(OPTIMIZERS)} or a factory.")
+            raise ConfigError(f"Unknown optimizer {optimizer!r}. Expected one of {sorted(OPTIMIZERS)} or a factory.",
+                              field="optimizer", value=optimizer)
         cls, default_rate = OPTIMIZERS[key]
         rate = default_rate if learning_rate is None else learning_rate
         return lambda parameters: cls(parameters, lr=rate)
@@ -76,9 +88,33 @@ def resolve_optimizer(optimizer: Any, learning_rate: float | None) -> Callable[.
         if learning_rate is None:
             return lambda parameters: optimizer(parameters)
         return lambda parameters: optimizer(parameters, lr=learning_rate)
-    if callable(optimizer):
+    if callable(optimizer) and learning_rate is None:
         return optimizer
-    raise TypeError(f"optimizer must be a name, an Optimizer class or a factory; received {optimizer!r}.")
+    if callable(optimizer):
+        raise ConfigError("learning_rate is for an optimizer name or class; a factory sets its own learning rate.",
+                          field="learning_rate", value=learning_rate)
+    raise ConfigTypeError(f"optimizer must be a name, an Optimizer class or a factory; received {optimizer!r} "
+                          f"({type(optimizer).__name__}).", field="optimizer", value=optimizer)
+
+
+def resolve_metrics(metrics: Any) -> Mapping[str, Callable[..., Any]] | list[str]:
+    """Metric names (a list or tuple of str) or {name: callable(labels, predictions)}, checked."""
+    if metrics is None:
+        return []
+    if isinstance(metrics, Mapping):
+        bad = [name for name, op in metrics.items() if not isinstance(name, str) or not callable(op)]
+        if bad:
+            raise ConfigTypeError(f"metrics as a dict maps names to callables (labels, predictions) -> metric op; "
+                                  f"{bad[0]!r} does not.", field="metrics", value=metrics)
+        return metrics
+    if isinstance(metrics, str):
+        raise ConfigTypeError(f"metrics must be a list of names (metrics=[{metrics!r}]) or a dict; received the "
+                              f"str {metrics!r}.", field="metrics", value=metrics)
+    if not isinstance(metrics, (list, tuple, set, frozenset)) or not all(isinstance(name, str) for name in metrics):
+        raise ConfigTypeError(f"metrics must be a list of names (accuracy, precision, recall, auc, mse, mae, rmse), "
+                              f"a dict of callables or None; received {metrics!r} ({type(metrics).__name__}).",
+                              field="metrics", value=metrics)
+    return list(metrics)
 
 
 def _predictions(outputs: torch.Tensor, task: str) -> dict[str, torch.Tensor]:
@@ -127,6 +163,7 @@ def _call_module(model: torch.nn.Module, features: Any) -> torch.Tensor:
 def build_model_fn(loss: str | LossFn, metrics: Sequence[str] | Mapping[str, Callable[..., Any]] | None) -> Callable[..., EstimatorSpec]:
     """A model_fn: outputs = module(features); loss(outputs, labels); named metrics on the outputs."""
     loss_fn, task = resolve_loss(loss)
+    metrics = resolve_metrics(metrics)
     if isinstance(metrics, Mapping):
         named = dict(metrics)
     else:

@@ -61,7 +61,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from torchestimator._core.console import TrainOutcome, describe_results, describe_training, log_summary
 from torchestimator._core.inference import InferenceBundle
+from torchestimator._core.spec import ModeKeys
 from torchestimator._core.state import TrainState
 from torchestimator._policy.best import BestCheckpointPolicy
 from torchestimator._policy.early_stopping import EarlyStoppingRule, as_rules
@@ -132,6 +134,8 @@ def train_and_evaluate(
     estimator.train(train_spec.input_fn, hooks=[*train_spec.hooks, *([recorder] if recorder else [])],
                     max_steps=train_spec.max_steps, saving_listeners=train_spec.saving_listeners, evaluation=loop)
     loop.finish()
+    if _is_chief(estimator):
+        log_summary(loop.summary())
     if recorder is not None:
         recorder.record_end(latest_step(estimator.checkpoint_store), train_spec.max_steps)
     return by_spec(eval_spec, specs, loop.results, loop.exports)
@@ -219,6 +223,8 @@ class _Evaluations:
         self.finalized_step: int | None = None
         self._last_time: dict[int, float] = {}
         self._due: tuple[int, ...] = ()
+        self.training: TrainOutcome | None = None
+        self.primary_evaluations = 0  # for the summary line
 
     # -- what the training loop calls (loop.InLoopEvaluation) ----------------------------
 
@@ -239,6 +245,23 @@ class _Evaluations:
 
     def evaluate(self, step: int, *, final: bool) -> bool:
         return self._round(step, set(self._due), final)
+
+    def training_ended(self, outcome: TrainOutcome) -> None:
+        self.training = outcome
+
+    # -- the summary line ---------------------------------------------------------------------
+
+    def summary(self) -> str:
+        """train_and_evaluate's one line: the training (or its skip) and the primary evaluation's last results,
+        e.g. "trained runs/x from step 0 to 1000 in 9.8 s (final loss 0.03); evaluated 5 times, at step 1000:
+        accuracy = 0.97, loss = 0.08"."""
+        parts = [describe_training(self.training)] if self.training is not None else []
+        results, step = self.results[0], self.evaluated_step[0]
+        if results is not None:
+            times = f"{self.primary_evaluations} times, " if self.primary_evaluations > 1 else ""
+            name = f" ({self.specs[0].name})" if self.specs[0].name else ""
+            parts.append(f"evaluated{name} {times}at step {step}: {describe_results(results)}")
+        return "; ".join(parts)
 
     # -- after training ---------------------------------------------------------------------
 
@@ -291,10 +314,11 @@ class _Evaluations:
         if self.bundle is not None:  # the live module, as training left it at ``step``
             self.results[index] = self.bundle.evaluate(spec.input_fn, steps=spec.steps, hooks=spec.hooks,
                                                        name=spec.name, global_step=step)
-        else:  # training was skipped (max_steps already reached): the newest checkpoint
-            self.results[index] = self.estimator.evaluate(spec.input_fn, steps=spec.steps, hooks=spec.hooks,
-                                                          name=spec.name)
+        else:  # training was skipped (max_steps already reached): the newest checkpoint (no summary line of its own)
+            bundle = self.estimator.inference_bundle(mode=ModeKeys.EVAL)
+            self.results[index] = bundle.evaluate(spec.input_fn, steps=spec.steps, hooks=spec.hooks, name=spec.name)
         self.evaluated_step[index] = step
+        self.primary_evaluations += index == 0
         return True
 
     def _after_primary(self, step: int, *, check_rules: bool) -> bool:
