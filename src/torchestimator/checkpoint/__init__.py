@@ -8,14 +8,11 @@ DiskFullError); ``parts`` (a run's stateful parts), ``checkpointer`` (a run's
 saves); for several processes ``dcp_format`` (the files
 torch.distributed.checkpoint writes, read safely and resharded) and
 ``sharded`` (every rank writes its share, sync or async, the chief seals).
+
+Names are imported on first use (``torchestimator._lazy``), like the rest of the package.
 """
 
-from __future__ import annotations
-
-from .errors import CheckpointError, DiskFullError
-from .serialization import flatten_state, unflatten_state
-from .storage import InMemoryStorage, LocalStorage, Storage
-from .store import Checkpoint, CheckpointStore
+from torchestimator._lazy import lazy_exports
 
 __all__ = [
     "Checkpoint",
@@ -28,3 +25,13 @@ __all__ = [
     "flatten_state",
     "unflatten_state",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "torchestimator.checkpoint.errors": ["CheckpointError", "DiskFullError"],
+        "torchestimator.checkpoint.serialization": ["flatten_state", "unflatten_state"],
+        "torchestimator.checkpoint.storage": ["InMemoryStorage", "LocalStorage", "Storage"],
+        "torchestimator.checkpoint.store": ["Checkpoint", "CheckpointStore"],
+    },
+)

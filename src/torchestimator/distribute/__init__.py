@@ -1,26 +1,11 @@
-"""Distribution: strategies, the InputContext given to input_fns, cluster descriptions, the launcher."""
+"""Distribution: strategies, the InputContext given to input_fns, cluster descriptions, the launcher.
 
-from __future__ import annotations
+Names are imported on first use (``torchestimator._lazy``): FullyShardedStrategy
+pulls in torch.distributed.fsdp and torch.distributed.tensor (about a second),
+which a run with one device or DDP never needs.
+"""
 
-from torchestimator.distribute.cluster import (
-    ClusterSpec,
-    cluster_from_slurm,
-    cluster_from_tf_config,
-    cluster_from_torchrun,
-    expand_hostlist,
-    resolve_cluster,
-)
-from torchestimator.distribute.fsdp import DEFAULT_LAYER_TYPES, FullyShardedStrategy
-from torchestimator.distribute.input_context import InputContext
-from torchestimator.distribute.launcher import RelaunchError, find_free_port, launch, launch_command
-from torchestimator.distribute.sync_batch_norm import CrossReplicaBatchNorm
-from torchestimator.distribute.strategy import (
-    MirroredStrategy,
-    MultiWorkerMirroredStrategy,
-    OneDeviceStrategy,
-    Placement,
-    Strategy,
-)
+from torchestimator._lazy import lazy_exports
 
 __all__ = [
     "ClusterSpec",
@@ -43,3 +28,28 @@ __all__ = [
     "launch_command",
     "resolve_cluster",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "torchestimator.distribute.cluster": [
+            "ClusterSpec",
+            "cluster_from_slurm",
+            "cluster_from_tf_config",
+            "cluster_from_torchrun",
+            "expand_hostlist",
+            "resolve_cluster",
+        ],
+        "torchestimator.distribute.fsdp": ["DEFAULT_LAYER_TYPES", "FullyShardedStrategy"],
+        "torchestimator.distribute.input_context": ["InputContext"],
+        "torchestimator.distribute.launcher": ["RelaunchError", "find_free_port", "launch", "launch_command"],
+        "torchestimator.distribute.sync_batch_norm": ["CrossReplicaBatchNorm"],
+        "torchestimator.distribute.strategy": [
+            "MirroredStrategy",
+            "MultiWorkerMirroredStrategy",
+            "OneDeviceStrategy",
+            "Placement",
+            "Strategy",
+        ],
+    },
+)

@@ -7,28 +7,12 @@ Public surface: declare serving inputs with ``serving_input_receiver`` and
 ``ClassificationOutput``, ``RegressionOutput`` in EstimatorSpec.export_outputs;
 write with ``export_saved_model``; choose when with ``LatestExporter``,
 ``BestExporter``, ``FinalExporter``; read back with ``load``.
+
+Names are imported on first use (``torchestimator._lazy``), so reading an
+export (``load``) does not import the Estimator's engine that writing one needs.
 """
 
-from torchestimator.export.exporters import (
-    BestExporter,
-    Exporter,
-    FinalExporter,
-    LatestExporter,
-    garbage_collect_exports,
-    loss_smaller,
-    read_best_eval,
-)
-from torchestimator.export.loader import ExportedModel, Signature, TensorInfo, load, read_inputs
-from torchestimator.export.outputs import (
-    DEFAULT_SERVING_SIGNATURE_DEF_KEY,
-    ClassificationOutput,
-    ExportOutput,
-    PredictOutput,
-    RegressionOutput,
-)
-from torchestimator.export.receiver import ServingInputReceiver, TensorSpec, serving_input_receiver
-from torchestimator.export.saved_model import export_saved_model
-from torchestimator.export.versions import latest_version, list_versions
+from torchestimator._lazy import lazy_exports
 
 __all__ = [
     "DEFAULT_SERVING_SIGNATURE_DEF_KEY",
@@ -55,3 +39,29 @@ __all__ = [
     "read_inputs",
     "serving_input_receiver",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "torchestimator.export.exporters": [
+            "BestExporter",
+            "Exporter",
+            "FinalExporter",
+            "LatestExporter",
+            "garbage_collect_exports",
+            "loss_smaller",
+            "read_best_eval",
+        ],
+        "torchestimator.export.loader": ["ExportedModel", "Signature", "TensorInfo", "load", "read_inputs"],
+        "torchestimator.export.outputs": [
+            "DEFAULT_SERVING_SIGNATURE_DEF_KEY",
+            "ClassificationOutput",
+            "ExportOutput",
+            "PredictOutput",
+            "RegressionOutput",
+        ],
+        "torchestimator.export.receiver": ["ServingInputReceiver", "TensorSpec", "serving_input_receiver"],
+        "torchestimator.export.saved_model": ["export_saved_model"],
+        "torchestimator.export.versions": ["latest_version", "list_versions"],
+    },
+)

@@ -1,15 +1,9 @@
-"""Hooks: the base class, the run context, triggers and the built-in hooks."""
+"""Hooks: the base class, the run context, triggers and the built-in hooks.
 
-from torchestimator.hooks.base import CheckpointSaverListener, Hook, HookList, RunContext
-from torchestimator.hooks.basic import (
-    PeriodicHook,
-    CheckpointSaverHook,
-    LoggingTensorHook,
-    StepCounterHook,
-    StopAtStepHook,
-    SummarySaverHook,
-)
-from torchestimator.hooks.triggers import Every
+Names are imported on first use (``torchestimator._lazy``), like the rest of the package.
+"""
+
+from torchestimator._lazy import lazy_exports
 
 __all__ = [
     "CheckpointSaverHook",
@@ -24,3 +18,19 @@ __all__ = [
     "StopAtStepHook",
     "SummarySaverHook",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "torchestimator.hooks.base": ["CheckpointSaverListener", "Hook", "HookList", "RunContext"],
+        "torchestimator.hooks.basic": [
+            "CheckpointSaverHook",
+            "LoggingTensorHook",
+            "PeriodicHook",
+            "StepCounterHook",
+            "StopAtStepHook",
+            "SummarySaverHook",
+        ],
+        "torchestimator.hooks.triggers": ["Every"],
+    },
+)

@@ -11,25 +11,13 @@ config.py (TF's text-format config files), batching.py (request batching),
 json_tensor.py (predict JSON), examples_json.py (classify/regress JSON),
 metrics.py (Prometheus), errors.py (ServingError and TF's status mapping),
 openapi.py (the API's OpenAPI description), client.py.
+
+Names are imported on first use (``torchestimator._lazy``): the Client and the config readers
+work without the ``serving`` extra; the server itself needs aiohttp and prometheus-client
+(``pip install 'torchestimator[serving]'``), and says so in one line when they are missing.
 """
 
-from torchestimator.serving.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_METRICS_PATH, make_app
-from torchestimator.serving.batching import BatchingParameters, BatchScheduler
-from torchestimator.serving.client import Client, ServingClientError
-from torchestimator.serving.config import (
-    ModelConfig,
-    MonitoringConfig,
-    VersionPolicy,
-    parse_model_server_config,
-    read_batching_parameters_file,
-    read_model_config_file,
-    read_monitoring_config_file,
-)
-from torchestimator.serving.errors import ServingError
-from torchestimator.serving.manager import ModelManager, VersionStatus
-from torchestimator.serving.metrics import ServingMetrics
-from torchestimator.serving.openapi import openapi_document
-from torchestimator.serving.server import RunningServer, ServerSettings, build_app, serve, start
+from torchestimator._lazy import lazy_exports
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -57,3 +45,26 @@ __all__ = [
     "serve",
     "start",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "torchestimator.serving.app": ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_METRICS_PATH", "make_app"],
+        "torchestimator.serving.batching": ["BatchScheduler", "BatchingParameters"],
+        "torchestimator.serving.client": ["Client", "ServingClientError"],
+        "torchestimator.serving.config": [
+            "ModelConfig",
+            "MonitoringConfig",
+            "VersionPolicy",
+            "parse_model_server_config",
+            "read_batching_parameters_file",
+            "read_model_config_file",
+            "read_monitoring_config_file",
+        ],
+        "torchestimator.serving.errors": ["ServingError"],
+        "torchestimator.serving.manager": ["ModelManager", "VersionStatus"],
+        "torchestimator.serving.metrics": ["ServingMetrics"],
+        "torchestimator.serving.openapi": ["openapi_document"],
+        "torchestimator.serving.server": ["RunningServer", "ServerSettings", "build_app", "serve", "start"],
+    },
+)
