@@ -44,15 +44,14 @@ import numbers
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torchmetrics import Metric
-from torchmetrics.aggregation import MeanMetric
-from torchmetrics.classification import BinaryAUROC, BinaryAveragePrecision
-from torchmetrics.utilities.data import apply_to_collection
+
+if TYPE_CHECKING:
+    from torchmetrics import Metric
 
 __all__ = [
     "MetricOp",
@@ -96,62 +95,29 @@ class MetricOp:
 
 
 # --- the torchmetrics metrics behind the functions -------------------------
+# They live in _torchmetrics.py: importing torchmetrics takes seconds (scipy, matplotlib), and
+# model_fn calls the functions below on every batch, in training too, where no metric is built.
 
 
-class _Mean(MeanMetric):
-    """A weighted mean in float64 that is 0 when no weight was seen.
+def _factory(class_name: str, **settings: Any) -> Callable[[], Metric]:
+    """Builds ``_torchmetrics.<class_name>(**settings)``, importing torchmetrics only when called (the eval loop)."""
 
-    ``nan_strategy`` is a float (NaN) on purpose: with ``"disable"``
-    torchmetrics 1.x silently ignores the weights, and ``"warn"``/``"ignore"``
-    drop NaNs, hiding a diverged model; replacing NaN by NaN keeps both the
-    weights and TensorFlow's NaN propagation.
-    """
+    def build() -> Metric:
+        from torchestimator import _torchmetrics
 
-    def __init__(self, *, root: bool = False) -> None:
-        super().__init__(nan_strategy=float("nan"))
-        self._root = root
-        self.set_dtype(torch.float64)
+        return getattr(_torchmetrics, class_name)(**settings)
 
-    def update(self, values: torch.Tensor, weights: torch.Tensor | None = None) -> None:  # type: ignore[override]
-        super().update(values.to(self.dtype), None if weights is None else weights.to(self.dtype))
-
-    def compute(self) -> torch.Tensor:
-        if self.weight == 0:
-            return torch.zeros((), dtype=self.dtype, device=self.device)
-        value = self.mean_value / self.weight
-        return value.sqrt() if self._root else value
+    build.__qualname__ = f"{class_name}({', '.join(f'{key}={value!r}' for key, value in settings.items())})"
+    return build
 
 
-class _Accuracy(_Mean):
-    def update(self, labels, predictions, weights=None) -> None:  # type: ignore[override]
-        super().update(labels == predictions, weights)
-
-
-class _Precision(_Mean):
-    """Weighted mean of the labels over the predicted positives: TP / (TP + FP)."""
-
-    def update(self, labels, predictions, weights=None) -> None:  # type: ignore[override]
-        # Zero weight for predicted negatives avoids boolean indexing, which would sync the device.
-        selected = predictions.bool().to(self.dtype)
-        super().update(labels.bool(), selected if weights is None else selected * weights.to(self.dtype))
-
-
-class _Recall(_Mean):
-    """Weighted mean of the predictions over the actual positives: TP / (TP + FN)."""
-
-    def update(self, labels, predictions, weights=None) -> None:  # type: ignore[override]
-        selected = labels.bool().to(self.dtype)
-        super().update(predictions.bool(), selected if weights is None else selected * weights.to(self.dtype))
-
-
-class _SquaredError(_Mean):
-    def update(self, labels, predictions, weights=None) -> None:  # type: ignore[override]
-        super().update((predictions.to(self.dtype) - labels.to(self.dtype)).square(), weights)
-
-
-class _AbsoluteError(_Mean):
-    def update(self, labels, predictions, weights=None) -> None:  # type: ignore[override]
-        super().update((predictions.to(self.dtype) - labels.to(self.dtype)).abs(), weights)
+_new_mean = _factory("Mean")
+_new_accuracy = _factory("Accuracy")
+_new_precision = _factory("Precision")
+_new_recall = _factory("Recall")
+_new_squared_error = _factory("SquaredError")
+_new_root_squared_error = _factory("SquaredError", root=True)
+_new_absolute_error = _factory("AbsoluteError")
 
 
 # --- input checks ----------------------------------------------------------
@@ -212,7 +178,7 @@ def _labelled_op(kind: str, factory: Callable[[], Metric], labels: Any, predicti
 def mean(values: Any, weights: Any = None) -> MetricOp:
     """The (weighted) mean of all ``values`` seen in the evaluation, like ``tf.metrics.mean``."""
     values_tensor = _to_tensor(values, "mean", "values")
-    return MetricOp(kind="mean", factory=_Mean, args=(values_tensor, _weights("mean", weights, values_tensor.shape)))
+    return MetricOp(kind="mean", factory=_new_mean, args=(values_tensor, _weights("mean", weights, values_tensor.shape)))
 
 
 def accuracy(labels: Any, predictions: Any, weights: Any = None) -> MetricOp:
@@ -220,7 +186,7 @@ def accuracy(labels: Any, predictions: Any, weights: Any = None) -> MetricOp:
 
     ``predictions`` are class ids (or booleans), not scores: pass ``logits.argmax(-1)``.
     """
-    return _labelled_op("accuracy", _Accuracy, labels, predictions, weights)
+    return _labelled_op("accuracy", _new_accuracy, labels, predictions, weights)
 
 
 def precision(labels: Any, predictions: Any, weights: Any = None) -> MetricOp:
@@ -228,7 +194,7 @@ def precision(labels: Any, predictions: Any, weights: Any = None) -> MetricOp:
 
     Is 0 when nothing was predicted positive.
     """
-    return _labelled_op("precision", _Precision, labels, predictions, weights)
+    return _labelled_op("precision", _new_precision, labels, predictions, weights)
 
 
 def recall(labels: Any, predictions: Any, weights: Any = None) -> MetricOp:
@@ -236,26 +202,22 @@ def recall(labels: Any, predictions: Any, weights: Any = None) -> MetricOp:
 
     Is 0 when no label was positive.
     """
-    return _labelled_op("recall", _Recall, labels, predictions, weights)
+    return _labelled_op("recall", _new_recall, labels, predictions, weights)
 
 
 def mean_squared_error(labels: Any, predictions: Any, weights: Any = None) -> MetricOp:
     """The (weighted) mean of ``(predictions - labels) ** 2`` over all elements."""
-    return _labelled_op("mean_squared_error", _SquaredError, labels, predictions, weights)
+    return _labelled_op("mean_squared_error", _new_squared_error, labels, predictions, weights)
 
 
 def root_mean_squared_error(labels: Any, predictions: Any, weights: Any = None) -> MetricOp:
     """The square root of the whole evaluation's mean squared error (not a mean of per-batch roots)."""
-    return _labelled_op("root_mean_squared_error", _root_squared_error, labels, predictions, weights)
-
-
-def _root_squared_error() -> Metric:
-    return _SquaredError(root=True)
+    return _labelled_op("root_mean_squared_error", _new_root_squared_error, labels, predictions, weights)
 
 
 def mean_absolute_error(labels: Any, predictions: Any, weights: Any = None) -> MetricOp:
     """The (weighted) mean of ``|predictions - labels|`` over all elements."""
-    return _labelled_op("mean_absolute_error", _AbsoluteError, labels, predictions, weights)
+    return _labelled_op("mean_absolute_error", _new_absolute_error, labels, predictions, weights)
 
 
 def auc(
@@ -297,9 +259,11 @@ def auc(
             f"{kind}: `predictions` must be scores in [0, 1]; received values from {predictions_tensor.min().item()} "
             f"to {predictions_tensor.max().item()}. Pass probabilities, e.g. torch.sigmoid(logits)."
         )
-    metric_class = BinaryAUROC if curve == "ROC" else BinaryAveragePrecision
 
     def factory() -> Metric:
+        from torchmetrics.classification import BinaryAUROC, BinaryAveragePrecision
+
+        metric_class = BinaryAUROC if curve == "ROC" else BinaryAveragePrecision
         return metric_class(thresholds=num_thresholds, validate_args=False)
 
     return MetricOp(kind=kind, factory=factory, args=(predictions_tensor, labels_tensor.bool().long()))
@@ -314,6 +278,8 @@ def from_torchmetrics(factory: Callable[[], Metric], *update_args: Any, **update
     for a name throughout the evaluation. Tensors are detached and moved to the
     accumulators' device; NumPy arrays become tensors.
     """
+    from torchmetrics import Metric  # the caller's factory makes torchmetrics metrics: already imported
+
     if not callable(factory) or isinstance(factory, Metric):
         raise TypeError(
             "from_torchmetrics: `factory` must be a zero-argument callable returning a torchmetrics.Metric "
@@ -328,6 +294,8 @@ def from_torchmetrics(factory: Callable[[], Metric], *update_args: Any, **update
 
 def _detached(arguments: Any) -> Any:
     """Detaches the tensors in ``arguments`` and turns its NumPy arrays into tensors."""
+    from torchmetrics.utilities.data import apply_to_collection
+
     detached = apply_to_collection(arguments, torch.Tensor, torch.Tensor.detach)
     return apply_to_collection(detached, np.ndarray, torch.as_tensor)
 
@@ -389,6 +357,8 @@ class MetricAccumulators:
                 "eval_metric_ops must be a dict of name -> MetricOp (e.g. {'accuracy': te.metrics.accuracy(labels, "
                 f"predictions)}}); received {type(eval_metric_ops).__name__}."
             )
+        from torchmetrics.utilities.data import apply_to_collection  # imported by _metric_for's first metric
+
         for name, op in eval_metric_ops.items():
             metric = self._metric_for(name, op)
             args = apply_to_collection(op.args, torch.Tensor, self._to_device)
@@ -426,6 +396,8 @@ class MetricAccumulators:
                 )
             return self._metrics[name]
         metric = op.factory()
+        from torchmetrics import Metric  # imported by the factory (see _factory)
+
         if not isinstance(metric, Metric):
             raise TypeError(
                 f"eval_metric_ops[{name!r}]: the factory of {op.kind} must return a torchmetrics.Metric; "
