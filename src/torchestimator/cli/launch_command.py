@@ -1,19 +1,40 @@
-"""`torchestimator launch`: torchrun, plus --from_tf_config."""
+"""`torchestimator launch`: torchrun, plus --from_tf_config.
+
+torchrun's own parser defines the options, so every torchrun option (--nnodes MIN:MAX, --node_rank,
+--rdzv_backend/--rdzv_endpoint/--rdzv_id, --max_restarts, ...) is accepted in both spellings. Building
+it imports torch (seconds), so it is built only when `launch` is the command: `torchestimator --help`
+and the other commands never wait for it.
+"""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
+_NO_OPTION_PREFIX = "\0"
+"""`launch`'s own prefix character: no argument can contain NUL, so the whole rest of the command line,
+options included, reaches torchrun's parser untouched."""
+
+
+class _TorchrunArguments(argparse.Action):
+    """Parses the words after `launch` with torchrun's parser (the usage, the errors and --help are torchrun's)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from torchestimator.distribute.launcher import launch_parser
+
+        parsed = launch_parser(parser.prog).parse_args(list(values))
+        for name, value in vars(parsed).items():
+            setattr(namespace, name, value)
+
 
 def add_command(commands: Any) -> None:
-    from torchestimator.distribute.launcher import launch_parser
-
-    # torchrun's own parser is the parent, so every torchrun option (--nnodes MIN:MAX, --node_rank,
-    # --rdzv_backend/--rdzv_endpoint/--rdzv_id, --max_restarts, ...) is accepted in both spellings.
-    torchrun = launch_parser()
-    launch = commands.add_parser("launch", parents=[torchrun], add_help=False, description=torchrun.description,
-                                 help="run a script in N processes per node, on one or several machines (torchrun)")
+    launch = commands.add_parser(
+        "launch", add_help=False, prefix_chars=_NO_OPTION_PREFIX,
+        help="run a script in N processes per node, on one or several machines (torchrun); "
+             "torchestimator launch --help lists torchrun's options")
+    launch.add_argument("torchrun_arguments", nargs=argparse.REMAINDER, action=_TorchrunArguments,
+                        default=argparse.SUPPRESS, help="torchrun's options, then the script and its arguments")
     launch.set_defaults(handler=_launch)
 
 
