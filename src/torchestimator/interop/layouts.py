@@ -3,8 +3,9 @@
 What belongs here: one small pure function per layer layout (Dense, Conv1D/2D/3D,
 depthwise and transposed convolutions, Embedding), the BatchNormalization name
 map and its convention check, the Flatten-order helper for a Dense layer that
-follows a convolution, and the registry (``CONVERTERS``) that gives each
-converter the name the warm-start report shows. What does not: reading files
+follows a convolution, the registry (``CONVERTERS``) that gives each
+converter the name the warm-start report shows, and converters named as text
+(``converter_from_spec("flatten_dense:4,6,6")``, the CLI's ``--converter``). What does not: reading files
 (the format modules) and deciding which tensor goes where (``matching.py`` and
 warm start).
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -41,12 +43,14 @@ import numpy
 __all__ = [
     "BATCHNORM_NAMES",
     "CONVERTERS",
+    "CONVERTER_SPECS",
     "Converter",
     "batchnorm_names",
     "check_batchnorm_conventions",
     "conv_to_torch",
     "conv_transpose_to_torch",
     "converted_shape",
+    "converter_from_spec",
     "dense_to_linear",
     "depthwise_conv_to_torch",
     "embedding",
@@ -269,6 +273,56 @@ def flatten_dense_converter(channels: int, height: int, width: int) -> Converter
         function=convert,
         output_shape=output_shape,
     )
+
+
+# ------------------------------------------------------------- converters as text
+
+# Short names for the registry's converters, as the CLI's --converter TARGET=NAME[:ARGS] takes them.
+_SHORT_NAMES: Mapping[str, str] = {
+    "identity": "identity",
+    "dense": "dense_to_linear",
+    "conv": "conv_to_torch",
+    "depthwise": "depthwise_conv_to_torch",
+    "conv_transpose": "conv_transpose_to_torch",
+    "embedding": "embedding",
+}
+# Converters that take arguments: name -> (argument names, factory of ints).
+_WITH_ARGUMENTS: Mapping[str, tuple[tuple[str, ...], Callable[..., Converter]]] = {
+    "flatten_dense": (("C", "H", "W"), flatten_dense_converter),
+}
+
+CONVERTER_SPECS: tuple[str, ...] = (
+    *(f"{short} ({name})" if short != name else short for short, name in _SHORT_NAMES.items()),
+    *(f"{name}:{','.join(arguments)}" for name, (arguments, _) in _WITH_ARGUMENTS.items()),
+)
+"""The converters ``converter_from_spec`` knows, as text: ``dense (dense_to_linear)`` (either name works),
+``flatten_dense:C,H,W`` (a Dense kernel after a Flatten of a C x H x W feature map)."""
+
+
+def converter_from_spec(spec: str) -> Converter:
+    """The converter that ``spec`` names: ``NAME`` or ``NAME:ARG,ARG,...`` (see ``CONVERTER_SPECS``).
+
+    ``"dense"`` and ``"dense_to_linear"`` are the same converter; ``"flatten_dense:4,6,6"`` is
+    ``flatten_dense_converter(4, 6, 6)``. ValueError (one line, listing the known specs) otherwise.
+    """
+    if not isinstance(spec, str):
+        raise TypeError(f"a converter spec must be a str such as 'dense'; received {type(spec).__name__}.")
+    name, colon, text = spec.strip().partition(":")
+    if name in _WITH_ARGUMENTS:
+        arguments, factory = _WITH_ARGUMENTS[name]
+        values = [part.strip() for part in text.split(",")] if colon else []
+        if len(values) != len(arguments) or not all(re.fullmatch("[0-9]+", v) and int(v) > 0 for v in values):
+            raise ValueError(
+                f"converter {name!r} takes {len(arguments)} positive ints, {name}:{','.join(arguments)}; "
+                f"received {spec!r}."
+            )
+        return factory(*(int(value) for value in values))
+    registered = _SHORT_NAMES.get(name, name)
+    if registered not in CONVERTERS:
+        raise ValueError(f"Unknown layout converter {spec!r}; known converters: {', '.join(CONVERTER_SPECS)}.")
+    if colon:
+        raise ValueError(f"converter {name!r} takes no arguments; received {spec!r}.")
+    return CONVERTERS[registered]
 
 
 # ------------------------------------------------------------------ batch norm

@@ -17,7 +17,7 @@ from typing import Any, Union
 import numpy
 
 from torchestimator.interop import WeightSource
-from torchestimator.interop.layouts import Converter, get_converter
+from torchestimator.interop.layouts import Converter, converter_from_spec
 
 __all__ = ["ConverterSpec", "PathOrSource", "WarmStartSettings", "as_warm_start_settings", "compile_pattern",
            "pattern_list", "resolve_converter"]
@@ -63,8 +63,9 @@ class WarmStartSettings:
     confirms it). Proposals are always computed for targets left without a
     source and shown in the report.
 
-    Layout converter of an entry: ``converters[target]`` (a name in
-    ``interop.layouts.CONVERTERS``, a ``Converter``, or any function of a numpy
+    Layout converter of an entry: ``converters[target]`` (a name as
+    ``interop.layouts.CONVERTER_SPECS`` lists them, e.g. ``"dense_to_linear"`` or
+    ``"flatten_dense:4,6,6"``; a ``Converter``; or any function of a numpy
     array); else the proposal's converter when the proposal pairs the same two
     names; else none (identity).
     """
@@ -81,7 +82,7 @@ class WarmStartSettings:
     mapping_fn: Callable[[str], str | None] | None = None
     """target name -> source name, or None to fall through to the other rules."""
     converters: Mapping[str, ConverterSpec] | None = None
-    """Target name -> layout converter (name, ``Converter`` or function of a numpy array)."""
+    """Target name -> layout converter (a spec such as ``"flatten_dense:4,6,6"``, a ``Converter`` or a function)."""
     accept_proposed_mapping: bool = False
     """Use the matcher's proposals for targets no other rule resolves (see the class docstring)."""
     warm_start_optimizer: bool = False
@@ -165,7 +166,10 @@ def resolve_converter(spec: ConverterSpec | None, target: str) -> Converter | No
     if isinstance(spec, Converter):
         return spec
     if isinstance(spec, str):
-        return get_converter(spec)
+        try:
+            return converter_from_spec(spec)
+        except ValueError as error:
+            raise ValueError(f"converters[{target!r}]: {error}") from None
     if callable(spec):
         name = getattr(spec, "__name__", type(spec).__name__)
         return Converter(name=name, description="user function", function=spec, output_shape=lambda shape: None)
