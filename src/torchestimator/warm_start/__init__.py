@@ -29,7 +29,11 @@ Layout of this package: ``_settings`` (the settings and their checks),
 ``_selection`` (``plan_warm_start``, ``warm_start``), ``_assignment_map``
 (``init_from_checkpoint``), ``_view`` (the source under the report's names),
 ``_build`` (resolving names, converters and shapes into a plan), ``_plan``
-(the plan, its report and its apply). Import from the package, not the modules.
+(the plan, its report and its apply), ``_spelling`` (advice worded as Python
+arguments or as the CLI's flags: ``plan.format(for_cli=True)``), ``_write``
+(the warm-started weights as a fresh model_dir's step-0 checkpoint or a
+safetensors file: ``torchestimator warm-start --write``). Import from the
+package, not the modules (the CLI imports ``_write`` itself).
 
 Exceptions: ``ValueError`` for every user mistake (a bad pattern, a plan with
 errors when applied, a bad assignment map), ``TypeError`` for wrong argument

@@ -19,6 +19,7 @@ from torchestimator.warm_start import _view
 from torchestimator.warm_start._build import build_plan, closed_on_error
 from torchestimator.warm_start._plan import WarmStartPlan
 from torchestimator.warm_start._settings import ConverterSpec, PathOrSource
+from torchestimator.warm_start._spelling import Problem
 
 __all__ = ["init_from_checkpoint", "plan_init_from_checkpoint"]
 
@@ -72,7 +73,8 @@ def plan_init_from_checkpoint(
     selected = [name for name in state if name in explicit]
     return build_plan(
         module, weights, selected, explicit, skipped=[name for name in state if name not in explicit],
-        converters=converters or {}, allow_missing=allow_missing, accept_proposals=False, notes=[], errors=errors,
+        converters=converters or {}, allow_missing=allow_missing, accept_proposals=False, notes=[],
+        errors=[Problem.plain(error) for error in errors],
         owns_source=not isinstance(source, WeightSource),
     )  # fmt: skip
 

@@ -23,6 +23,7 @@ from torchestimator.interop.matching import AMBIGUOUS, CONFIDENT, Proposal, near
 from torchestimator.warm_start import _view
 from torchestimator.warm_start._plan import PlanEntry, WarmStartPlan
 from torchestimator.warm_start._settings import ConverterSpec, PathOrSource, resolve_converter
+from torchestimator.warm_start._spelling import PYTHON, Problem, Spelling, flatten_feature_map, reworded_reason
 from torchestimator.warm_start._view import TF_FORMATS, SourceView
 
 __all__ = ["COUNTER", "build_plan", "closed_on_error"]
@@ -54,7 +55,7 @@ def build_plan(
     allow_missing: bool,
     accept_proposals: bool,
     notes: list[str],
-    errors: list[str],
+    errors: list[Problem],
     owns_source: bool | None = None,
 ) -> WarmStartPlan:
     weights = source if isinstance(source, WeightSource) else open_weights(source)
@@ -69,7 +70,8 @@ def build_plan(
         proposals = _proposals(module, view, wanted) if unresolved or weights.format in TF_FORMATS else {}
         if accept_proposals:
             resolved.update(_usable_proposals(unresolved, proposals, converters, view))
-        entries, kept_fresh, missing, resolved_converters = [], [], [], {}
+        entries, kept_fresh, resolved_converters = [], [], {}
+        missing: list[tuple[str, Problem]] = []
         for target in selected:
             if target not in resolved:
                 _unresolved(target, view, proposals.get(target), allow_missing, accept_proposals, kept_fresh, missing)
@@ -84,19 +86,21 @@ def build_plan(
             resolved_converters[target] = converter
             if problem:
                 errors.append(problem)
-        errors += [why for _, why in missing]
+        errors += [problem for _, problem in missing]
         used = {entry.source for entry in entries}
         warnings = notes + _batchnorm_warnings(module, view, entries)
         for warning in warnings:
             logger.debug("%s", warning)
         return WarmStartPlan(
             source_path=os.fspath(weights.path), source_format=weights.format, entries=tuple(entries),
-            skipped=tuple(skipped), kept_fresh=tuple(kept_fresh), missing=tuple(missing),
+            skipped=tuple(skipped), kept_fresh=tuple(kept_fresh),
+            missing=tuple((target, problem.text(PYTHON)) for target, problem in missing),
             unused_sources=tuple(name for name in view.infos if name not in used),
             optimizer_sources=tuple(sorted(view.optimizer.items())),
             proposals=tuple(proposals[name] for name in unresolved
                             if name in proposals and name.rpartition(".")[2] != COUNTER),
-            warnings=tuple(warnings), errors=tuple(errors), _source=weights, _converters=resolved_converters,
+            warnings=tuple(warnings), _problems=tuple(errors), _missing_problems=tuple(p for _, p in missing),
+            _source=weights, _converters=resolved_converters,
             _owns_source=owns_source,
         )  # fmt: skip
 
@@ -146,7 +150,7 @@ def _unresolved(
     allow_missing: bool,
     accept_proposals: bool,
     kept_fresh: list[tuple[str, str]],
-    missing: list[tuple[str, str]],
+    missing: list[tuple[str, Problem]],
 ) -> None:
     if target.rpartition(".")[2] == COUNTER:
         kept_fresh.append((target, "torch-only BatchNorm counter; the source has none, it keeps its value"))
@@ -155,20 +159,32 @@ def _unresolved(
         kept_fresh.append((target, "not in the source (allow_missing=True)"))
         return
     nearest = nearest_names(target, view.infos)
-    why = f"{target}: selected, but the source has no tensor of that name; nearest source names: {_names(nearest)}."
-    if proposal is not None and proposal.source is not None:
-        if proposal.status == CONFIDENT:
-            how = "pass accept_proposed_mapping=True to use the proposals" if not accept_proposals else ""
-        elif proposal.status == AMBIGUOUS:
-            how = (f"confirm with converters={{{target!r}: ...}} (with accept_proposed_mapping=True) or "
-                   f"var_name_to_prev_var_name={{{target!r}: {proposal.source!r}}}")  # fmt: skip
-        else:
-            how = "the proposal's shapes disagree"
-        why += f" Proposed: {proposal.source} ({proposal.status}, {proposal.converter}: {proposal.reason})"
-        why += f"; {how}." if how else "."
-    else:
-        why += " Map it with var_name_to_prev_var_name or mapping_fn, or pass allow_missing=True."
-    missing.append((target, why))
+    fact = f"{target}: selected, but the source has no tensor of that name; nearest source names: {_names(nearest)}."
+
+    def words(spelling: Spelling) -> str:
+        if proposal is None or proposal.source is None:
+            return f"{fact} Map it with {spelling.name_rules}, or pass {spelling.allow_missing}."
+        how = _how_to_take(target, proposal, accept_proposals, spelling)
+        proposed = (f" Proposed: {proposal.source} ({proposal.status}, {proposal.converter}: "
+                    f"{reworded_reason(proposal.reason, spelling)})")  # fmt: skip
+        return f"{fact}{proposed}; {how}." if how else f"{fact}{proposed}."
+
+    missing.append((target, Problem(words)))
+
+
+def _how_to_take(target: str, proposal: Proposal, accept_proposals: bool, spelling: Spelling) -> str:
+    """What turns this proposal into a mapping, in ``spelling``'s words ("" when nothing is left to do)."""
+    if proposal.status == CONFIDENT:
+        return f"pass {spelling.accept_proposed} to use the proposals" if not accept_proposals else ""
+    if proposal.status != AMBIGUOUS:
+        return "the proposal's shapes disagree"
+    with_accept = f" (with {spelling.accept_proposed})"
+    feature_map = flatten_feature_map(proposal.reason)
+    if feature_map is not None:
+        # A rename alone would load the kernel with the proposal's plain transpose: rows in the wrong order.
+        return f"confirm with {spelling.converter(target, spelling.flatten_value(*feature_map))}{with_accept}"
+    return (f"confirm with {spelling.converter(target, spelling.converter_placeholder)}{with_accept} or "
+            f"{spelling.rename(target, proposal.source or '')}")  # fmt: skip
 
 
 def _missing_source(
@@ -177,14 +193,14 @@ def _missing_source(
     view: SourceView,
     allow_missing: bool,
     kept_fresh: list[tuple[str, str]],
-    missing: list[tuple[str, str]],
+    missing: list[tuple[str, Problem]],
 ) -> None:
     if allow_missing:
         kept_fresh.append((target, f"{source_name} not in the source (allow_missing=True)"))
         return
     nearest = nearest_names(source_name, view.infos)
-    missing.append((target, f"Tensor {source_name} (for {target}) is not found in {view.source.path}; nearest "
-                            f"source names: {_names(nearest)}."))  # fmt: skip
+    missing.append((target, Problem.plain(f"Tensor {source_name} (for {target}) is not found in {view.source.path}; "
+                                          f"nearest source names: {_names(nearest)}.")))  # fmt: skip
 
 
 def _names(names: list[str]) -> str:
@@ -205,13 +221,13 @@ def _entry_converter(
 def _entry(
     target: str, source_name: str, origin: str, converter: Converter | None, view: SourceView,
     tensor: torch.Tensor,
-) -> tuple[PlanEntry, str | None]:
+) -> tuple[PlanEntry, Problem | None]:
     info = view.infos[source_name]
     target_shape = tuple(tensor.shape)
     shape: tuple[int, ...] | None = tuple(info.shape)
-    problem = None
+    problem: Problem | None = None
     if info.dtype == "string":
-        problem = f"{source_name} holds strings; it cannot load into {target}."
+        problem = Problem.plain(f"{source_name} holds strings; it cannot load into {target}.")
     elif converter is not None:
         shape = converter.output_shape(tuple(info.shape))
         if shape is None:
@@ -219,11 +235,13 @@ def _entry(
             try:
                 shape = tuple(converter(view.read(source_name)).shape)
             except (ValueError, TypeError) as error:
-                problem = f"{converter.name} cannot convert {source_name} {tuple(info.shape)} for {target}: {error}"
+                problem = Problem.plain(
+                    f"{converter.name} cannot convert {source_name} {tuple(info.shape)} for {target}: {error}")
     if problem is None and shape != target_shape:
         after = f" ({tuple(info.shape)} before {converter.name})" if converter is not None else ""
-        problem = (f"Shape of {target} {target_shape} doesn't match {source_name} {shape}{after}. Pick another "
-                   "source name or converter, or leave it out of vars_to_warm_start.")  # fmt: skip
+        fact = f"Shape of {target} {target_shape} doesn't match {source_name} {shape}{after}."
+        problem = Problem(lambda s: f"{fact} Pick another source name ({s.renames}) or converter ({s.converters}), "
+                                    f"or leave it out of {s.selection}.")  # fmt: skip
     entry = PlanEntry(
         target=target, source=source_name, source_key=info.name, origin=origin,
         converter=converter.name if converter is not None else "identity", source_shape=tuple(info.shape),

@@ -2,8 +2,10 @@
 
 What belongs here: ``PlanEntry``, ``WarmStartPlan`` (``apply``: the
 all-or-nothing copy into the plain module; ``format``: the dry run;
-``to_dict``/``to_json``). What does not: making a plan (``_build``), the
-selection rules (``_selection``, ``_assignment_map``).
+``to_dict``/``to_json``; each with its advice worded for Python or, with
+``for_cli=True``, for the ``torchestimator warm-start`` flags). What does not: making a plan
+(``_build``), the selection rules (``_selection``, ``_assignment_map``), the words
+(``_spelling``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from torchestimator.interop import WeightSource
 from torchestimator.interop.layouts import Converter
 from torchestimator.interop.matching import Proposal
+from torchestimator.warm_start._spelling import Problem, Spelling, reworded_reason, spelling_for
 
 __all__ = ["PlanEntry", "WarmStartPlan"]
 
@@ -58,7 +61,8 @@ class WarmStartPlan:
     kept_fresh: tuple[tuple[str, str], ...]
     """(target, why): selected but not loaded, and not an error (allow_missing, num_batches_tracked)."""
     missing: tuple[tuple[str, str], ...]
-    """(target, explanation with the nearest source names): selected, no source tensor; an error."""
+    """(target, explanation with the nearest source names): selected, no source tensor; an error.
+    The explanation's advice names the Python settings (``to_dict(for_cli=True)`` names the flags)."""
     unused_sources: tuple[str, ...]
     """Source model variables nothing loads from."""
     optimizer_sources: tuple[tuple[str, str], ...]
@@ -66,14 +70,26 @@ class WarmStartPlan:
     proposals: tuple[Proposal, ...]
     """The matcher's proposals for targets no name rule resolved."""
     warnings: tuple[str, ...]
-    errors: tuple[str, ...]
+    _problems: tuple[Problem, ...] = dataclasses.field(repr=False, compare=False)
+    _missing_problems: tuple[Problem, ...] = dataclasses.field(repr=False, compare=False)
+    """The problems of ``missing``, in its order."""
     _source: WeightSource = dataclasses.field(repr=False, compare=False)
     _converters: Mapping[str, Converter | None] = dataclasses.field(repr=False, compare=False)
     _owns_source: bool = dataclasses.field(default=False, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
-        return not self.errors
+        return not self._problems
+
+    @property
+    def errors(self) -> tuple[str, ...]:
+        """Every problem, its advice naming the Python settings (``WarmStartSettings``' arguments)."""
+        return self.error_messages()
+
+    def error_messages(self, *, for_cli: bool = False) -> tuple[str, ...]:
+        """Every problem; with ``for_cli`` its advice names ``torchestimator warm-start``'s flags instead."""
+        spelling = spelling_for(for_cli)
+        return tuple(problem.text(spelling) for problem in self._problems)
 
     def raise_for_errors(self) -> None:
         """ValueError listing every problem of the plan; nothing when the plan is sound."""
@@ -133,8 +149,9 @@ class WarmStartPlan:
         if self._owns_source:
             self._source.close()
 
-    def to_dict(self) -> dict[str, Any]:
-        """The plan as JSON-ready data (for tools and the CLI's --json)."""
+    def to_dict(self, *, for_cli: bool = False) -> dict[str, Any]:
+        """The plan as JSON-ready data (for tools and the CLI's --json: ``for_cli`` words the advice as flags)."""
+        spelling = spelling_for(for_cli)
         return {
             "source": self.source_path,
             "format": self.source_format,
@@ -142,26 +159,32 @@ class WarmStartPlan:
             "load": [dataclasses.asdict(entry) for entry in self.entries],
             "skipped": list(self.skipped),
             "kept_fresh": [{"target": target, "why": why} for target, why in self.kept_fresh],
-            "missing": [{"target": target, "why": why} for target, why in self.missing],
+            "missing": [{"target": target, "why": problem.text(spelling)}
+                        for (target, _), problem in zip(self.missing, self._missing_problems)],
             "unused_sources": list(self.unused_sources),
             "optimizer_sources": [{"source": name, "why": why} for name, why in self.optimizer_sources],
-            "proposals": [dataclasses.asdict(proposal) for proposal in self.proposals],
+            "proposals": [{**dataclasses.asdict(proposal), "reason": reworded_reason(proposal.reason, spelling)}
+                          for proposal in self.proposals],
             "warnings": list(self.warnings),
-            "errors": list(self.errors),
+            "errors": list(self.error_messages(for_cli=for_cli)),
         }
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1)
+    def to_json(self, *, for_cli: bool = False) -> str:
+        return json.dumps(self.to_dict(for_cli=for_cli), indent=1)
 
-    def format(self) -> str:
-        """The dry run: a text report of what loads, from where, with which conversion, and what stays fresh."""
-        return format_plan(self)
+    def format(self, *, for_cli: bool = False) -> str:
+        """The dry run: a text report of what loads, from where, with which conversion, and what stays fresh.
+
+        ``for_cli``: the advice names ``torchestimator warm-start``'s flags (``--converter``) rather than
+        ``WarmStartSettings``' arguments (``converters=``).
+        """
+        return format_plan(self, spelling_for(for_cli))
 
 
 # ----------------------------------------------------------------------------- report
 
 
-def format_plan(plan: WarmStartPlan) -> str:
+def format_plan(plan: WarmStartPlan, spelling: Spelling) -> str:
     lines = [f"Warm start from {plan.source_path} ({plan.source_format})"]
     lines.append(f"  {len(plan.entries)} to load, {len(plan.skipped)} not selected, {len(plan.kept_fresh)} kept "
                  f"fresh, {len(plan.missing)} missing, {len(plan.unused_sources)} source tensors unused, "
@@ -177,9 +200,10 @@ def format_plan(plan: WarmStartPlan) -> str:
         ("Optimizer slots and bookkeeping (not loaded, not an error):",
          [f"{name} ({why})" for name, why in plan.optimizer_sources]),
         ("Proposed mapping (by layer kind, order and shape):",
-         [f"{p.target} <- {p.source or '-'} [{p.status}, {p.converter or '-'}] {p.reason}" for p in plan.proposals]),
+         [f"{p.target} <- {p.source or '-'} [{p.status}, {p.converter or '-'}] {reworded_reason(p.reason, spelling)}"
+          for p in plan.proposals]),
         ("Warnings:", list(plan.warnings)),
-        ("ERRORS (nothing will be loaded):", list(plan.errors)),
+        ("ERRORS (nothing will be loaded):", [problem.text(spelling) for problem in plan._problems]),
     ]  # fmt: skip
     for title, items in sections:
         if items:

@@ -21,6 +21,7 @@ from torchestimator.warm_start._settings import (
     compile_pattern,
     pattern_list,
 )
+from torchestimator.warm_start._spelling import Problem, Spelling
 
 __all__ = ["plan_warm_start", "warm_start"]
 
@@ -37,16 +38,12 @@ def plan_warm_start(
     renames = dict(settings.var_name_to_prev_var_name or {})
     unused_keys = sorted(set(renames) - set(selected))
     if unused_keys:
-        errors.append(
-            f"var_name_to_prev_var_name keys {unused_keys} were not used. Perhaps you misspelled them? "
-            "Keys are target (module) names among the selected tensors."
-        )
+        errors.append(Problem(lambda s: f"{s.renames} keys {unused_keys} were not used. Perhaps you misspelled them? "
+                                        "Keys are target (module) names among the selected tensors."))
     unused_converters = sorted(set(settings.converters or {}) - set(selected))
     if unused_converters:
-        errors.append(
-            f"converters keys {unused_converters} were not used: they name no selected target. "
-            "Perhaps you misspelled them?"
-        )
+        errors.append(Problem(lambda s: f"{s.converters} keys {unused_converters} were not used: they name no "
+                                        "selected target. Perhaps you misspelled them?"))
     explicit: dict[str, tuple[str, str]] = {}
     for target in selected:
         if target in renames:
@@ -63,7 +60,9 @@ def plan_warm_start(
     )  # fmt: skip
 
 
-def _select(module: torch.nn.Module, patterns: str | Sequence[str] | None) -> tuple[list[str], list[str], list[str]]:
+def _select(
+    module: torch.nn.Module, patterns: str | Sequence[str] | None
+) -> tuple[list[str], list[str], list[Problem]]:
     """TF's selection: (selected target names, notes, errors)."""
     if isinstance(patterns, str):
         candidates = [name for name, parameter in module.named_parameters() if parameter.requires_grad]
@@ -72,18 +71,20 @@ def _select(module: torch.nn.Module, patterns: str | Sequence[str] | None) -> tu
     regexes = [compile_pattern(pattern) for pattern in pattern_list(patterns)]
     selected = [name for name in candidates if any(regex.match(name) for regex in regexes)]
     notes: list[str] = []
-    errors: list[str] = []
+    errors: list[Problem] = []
     if patterns is None:
         message = "vars_to_warm_start=None: nothing is warm-started."
         logger.warning(message)
         notes.append(message)
     elif not selected:
         kind = "trainable parameters" if isinstance(patterns, str) else "parameters and buffers"
-        errors.append(
-            f"vars_to_warm_start={patterns!r} selects none of the module's {len(candidates)} {kind} "
-            f"(re.match, anchored at the start; e.g. {candidates[:3]}). A pattern that warm-starts nothing "
-            "is almost always a mistake."
-        )
+        facts = (f"selects none of the module's {len(candidates)} {kind} (re.match, anchored at the start; e.g. "
+                 f"{candidates[:3]}). A pattern that warm-starts nothing is almost always a mistake.")
+
+        def words(spelling: Spelling) -> str:
+            return f"{spelling.selected_by(patterns)} {facts}"
+
+        errors.append(Problem(words))
     elif not isinstance(patterns, str):
         for pattern, regex in zip(patterns, regexes):
             if not any(regex.match(name) for name in candidates):
