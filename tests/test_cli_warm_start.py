@@ -8,6 +8,7 @@ from (the same run as Estimator(warm_start_from=...)) or a safetensors file.
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import textwrap
@@ -123,7 +124,7 @@ def test_converter_and_accept_proposed_make_it_sound_and_a_dry_run_writes_nothin
     assert sorted(name for name in os.listdir(".") if name != "__pycache__") == ["model.py"]
 
 
-def test_write_model_dir_then_train_resumes_exactly_as_warm_start_from_does(model_file, capsys):
+def test_write_model_dir_then_train_resumes_exactly_as_warm_start_from_does(model_file, capsys, caplog):
     assert warm_start_cli(model_file, "--write", "runs/x", *SOUND) == 0
     out = capsys.readouterr().out
     store = CheckpointStore("runs/x")
@@ -151,7 +152,12 @@ def test_write_model_dir_then_train_resumes_exactly_as_warm_start_from_does(mode
     # The printed hint runs as printed, and resumes from step 0 exactly as warm_start_from in a fresh model_dir.
     hint = out.rsplit("Train from it: ", 1)[1].strip()
     assert hint == "torchestimator train model.py --model_dir runs/x"
-    assert main(shlex.split(hint)[1:]) == 0
+    with caplog.at_level(logging.INFO, logger="torchestimator"):
+        assert main(shlex.split(hint)[1:]) == 0
+    # A weights-only checkpoint is not "the optimizer changed": one INFO line says the optimizer starts fresh.
+    assert any("holds no optimizer state" in record.getMessage() and record.levelno == logging.INFO
+               for record in caplog.records)
+    assert not [record for record in caplog.records if "optimizer changed" in record.getMessage()]
     python_run = te.Estimator(
         model_fn=module_file.model_fn, model=module_file.model, optimizer=module_file.optimizer,
         config=module_file.config.replace(model_dir="runs/python"),

@@ -138,6 +138,11 @@ def restore_shared(checkpoint: Any, parts: Mapping[str, Stateful], optimizer: to
     saved_signature = checkpoint.extra.get("optimizer_signature")
     current_signature = optimizer_signature(optimizer)
     saved_state = checkpoint.optimizer_state or {}
+    if saved_signature is None and "optimizer" not in saved_state:
+        # A weights-only checkpoint (`torchestimator warm-start --write`): nothing changed, there is nothing to load.
+        logger.info("Checkpoint %s holds no optimizer state: model weights and global_step are restored, "
+                    "the optimizer starts fresh.", checkpoint.path)
+        return
     if saved_signature != current_signature or "optimizer" not in saved_state:
         logger.warning(
             "The optimizer changed since %s (was %s with parameter groups %s, now %s with %s): model weights and "
