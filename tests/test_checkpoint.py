@@ -880,3 +880,25 @@ def test_symlink_loops_and_a_folder_named_like_the_manifest_are_not_fatal(local_
         assert store.restore().step == 3
     assert "checkpoint is unreadable" in caplog.text
     assert [entry["step"] for entry in store.history()] == [1, 2, 3]
+
+
+def test_a_save_failing_for_another_reason_than_space_leaves_no_staging_folder(local_store, monkeypatch):
+    """An OSError mid-save (here a permission error on the second file) removes the partial checkpoint at once,
+    not at the next start-up; the error is raised as it was and the previous checkpoints stay intact."""
+    store, model_dir = local_store
+    real_write = type(store.storage).write_file
+    calls = []
+
+    def failing_write(self, folder, filename, data):
+        calls.append(filename)
+        if len(calls) == 2:
+            raise PermissionError(errno.EACCES, "Permission denied", os.path.join(folder, filename))
+        return real_write(self, folder, filename, data)
+
+    monkeypatch.setattr(type(store.storage), "write_file", failing_write)
+    with pytest.raises(PermissionError):
+        store.save(4, small_state(4.0))
+    assert sorted(name for name in os.listdir(model_dir) if name.startswith(".tmp-")) == []
+    assert not (model_dir / "ckpt-4").exists()
+    monkeypatch.undo()
+    assert store.restore().step == 3

@@ -216,9 +216,11 @@ class CheckpointStore:
             writing = "checkpoint"
             self._apply_retention(manifest, sorted(entries.values(), key=lambda entry: entry.step), newest=step)
         except OSError as error:
+            # Whatever failed, the partial checkpoint goes now rather than at the next start-up
+            # (after the rename there is no staging folder left, and deleting it is a no-op).
+            self._delete_quietly(staging)  # also gives back the space the partial checkpoint took
             if not is_no_room(error):
                 raise
-            self._delete_quietly(staging)  # gives back the space the partial checkpoint took
             previous = [entry.folder for entry in entries.values() if entry.step != step]
             raise DiskFullError(
                 error, path=self.storage.location(writing), what=f"the checkpoint of step {step}",
