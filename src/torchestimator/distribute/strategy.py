@@ -25,7 +25,9 @@ import datetime
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ContextManager
 
 import torch
@@ -33,6 +35,7 @@ import torch.distributed as distributed
 from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
+from torchestimator._core.console import log_summary, show_summaries
 from torchestimator.distribute.cluster import (
     EVALUATOR,
     PS,
@@ -394,8 +397,11 @@ class MirroredStrategy(Strategy):
       host of SLURM_NODELIST, port MASTER_PORT or 15000 + the job id's last 4 digits;
     * otherwise a plain ``python script.py`` (as with tf.estimator): with ``num_replicas`` > 1 this
       process becomes replica 0 and runs the same command line again as replicas 1..N-1, then all
-      join the group. Code before ``setup()`` therefore runs in every replica, as under torchrun. At
-      exit, replica 0 waits for the others and exits with status 1 if one failed. Programs that
+      join the group. Code before ``setup()`` therefore runs in every replica, as under torchrun, but
+      what the program prints shows once: replicas 1..N-1's standard output goes to a file named in a log
+      line (``TORCHESTIMATOR_REPLICA_STDOUT=all`` shows it here), their standard error shows here, each
+      line prefixed with ``[rankN]:``. At exit, replica 0 waits for the others and exits with status 1
+      if one failed. Programs that
       cannot be re-run (``python -c``, stdin, notebooks) get a ``RelaunchError`` that says to use
       the launcher.
 
@@ -479,6 +485,8 @@ class MirroredStrategy(Strategy):
                         "it runs one local replica.", self)
             return self._single_process_group()
         if cluster.source == "torchrun" or cluster.spans_several_processes:
+            if os.environ.get(_STARTED_BY_VARIABLE) and cluster.rank:
+                _prefix_errors_with_rank(cluster.rank)  # a replica a plain script started (see _start_quiet_replicas)
             if cluster.num_ps_replicas:
                 logger.warning("TF_CONFIG names %d 'ps' task(s); they are not used: chief and workers train "
                                "synchronously (DistributedDataParallel).", cluster.num_ps_replicas)
@@ -486,7 +494,7 @@ class MirroredStrategy(Strategy):
         num_replicas = self._default_num_replicas()
         if num_replicas == 1:
             return self._single_process_group()
-        start_local_replicas(num_replicas)
+        _start_quiet_replicas(num_replicas)
         launched = cluster_from_torchrun(os.environ)
         assert launched is not None, "start_local_replicas sets the torchrun variables"
         return self._join_group(launched)
@@ -654,6 +662,98 @@ _GROUP_DESCRIPTIONS = {
     "tf_config": 'the TF_CONFIG cluster (its chief and workers)',
     "slurm": "the srun step (SLURM_NTASKS)",
 }
+
+
+# ------------------------------------------------------------ what the replicas a plain script starts print
+
+REPLICA_STDOUT_VARIABLE = "TORCHESTIMATOR_REPLICA_STDOUT"
+"""``all``: the replicas a plain ``python script.py`` starts itself print their standard output to the terminal
+too. Unset (or ``file``): only replica 0's shows; the others' goes to a file that a log line names. Their
+standard error (warnings, errors, tracebacks) always shows, each line prefixed with ``[rankN]:``. Runs
+started by torchrun are torchrun's to filter (``--local-ranks-filter``, ``--tee``)."""
+_STARTED_BY_VARIABLE = "TORCHESTIMATOR_STARTED_REPLICA_OF"
+"""Set, to the chief's pid, in the environment of the replicas ``_start_quiet_replicas`` starts."""
+
+
+def _start_quiet_replicas(num_replicas: int) -> None:
+    """Starts replicas 1..N-1 of this program (launcher.start_local_replicas), so that what the program prints
+    (``print(estimator.evaluate(...))``) shows once, as torchrun's ``--local-ranks-filter 0`` would.
+
+    start_local_replicas gives its processes this process's standard output, so fd 1 points at the file while they
+    start: they inherit it from their first line. This process's own stdout is back before it prints again.
+    """
+    mode = os.environ.get(REPLICA_STDOUT_VARIABLE, "file").strip().lower() or "file"
+    if mode not in ("file", "all"):
+        raise ConfigError(f"{REPLICA_STDOUT_VARIABLE} must be 'all' (every replica prints here) or 'file' (the "
+                          f"default: replicas 1..N-1 print to a file); received {mode!r}.",
+                          field=REPLICA_STDOUT_VARIABLE, value=mode)
+    others = "replica 1" if num_replicas == 2 else f"replicas 1-{num_replicas - 1}"
+    target = None
+    if mode == "file":
+        folder = tempfile.mkdtemp(prefix=f"torchestimator-replicas-{os.getpid()}-")
+        target = os.path.join(folder, "stdout.txt")
+    os.environ[_STARTED_BY_VARIABLE] = str(os.getpid())
+    try:
+        with _standard_output_to(target) as redirected:
+            start_local_replicas(num_replicas)
+    finally:
+        os.environ.pop(_STARTED_BY_VARIABLE, None)
+    show_summaries()  # said by default, also when no train() call attached the console handler yet
+    if redirected:
+        log_summary(f"{others}: standard output goes to {target}; errors show here, as [rankN]: lines "
+                    f"({REPLICA_STDOUT_VARIABLE}=all prints every replica's output here)")
+    elif target is not None:
+        log_summary(f"{others}: standard output could not be sent to a file (this process has no file "
+                    "descriptor 1); every replica prints here")
+
+
+@contextlib.contextmanager
+def _standard_output_to(path: str | None) -> Iterator[bool]:
+    """fd 1 is the file at ``path`` inside the block (True), then this process's own again; None: unchanged."""
+    if path is None:
+        yield False
+        return
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:
+        yield False
+        return
+    try:
+        with open(path, "ab") as target:
+            os.dup2(target.fileno(), 1)
+        yield True
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+class _RankPrefixedStream:
+    """A replica's sys.stderr: each line it writes starts with ``[rankN]:``, so the errors of several replicas
+    sharing one terminal say whose they are. torch's own excepthook prefixes tracebacks the same way; those lines
+    are not prefixed twice. Everything but ``write`` is the wrapped stream's."""
+
+    def __init__(self, stream: Any, rank: int) -> None:
+        self._stream = stream
+        self._prefix = f"[rank{rank}]: "
+        self._at_line_start = True
+
+    def write(self, text: str) -> int:
+        pieces = []
+        for line in text.splitlines(keepends=True):
+            prefixed = self._at_line_start and not line.startswith(self._prefix)
+            pieces.append(self._prefix + line if prefixed else line)
+            self._at_line_start = line.endswith(("\n", "\r"))
+        self._stream.write("".join(pieces))  # one write: lines of two replicas interleave whole
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _prefix_errors_with_rank(rank: int) -> None:
+    if not isinstance(sys.stderr, _RankPrefixedStream):
+        sys.stderr = _RankPrefixedStream(sys.stderr, rank)
 
 
 def _group_did_not_form(cluster: ClusterSpec, init_method: str, timeout_seconds: float, error: Exception) -> str:
