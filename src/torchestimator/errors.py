@@ -19,6 +19,7 @@ catches it::
     ├── WeightSourceError(ValueError)         a weight file missing, unreadable, corrupt or crafted
     ├── TensorNotFoundError(KeyError)         a weight source asked for a name it does not hold
     ├── ExportFormatError(ValueError)         an export's program.json / tensors.safetensors refused
+    ├── MissingExtraError(ImportError)        an optional dependency is not installed; .module, .extra (the pip extra)
     ├── NotARegularFileError(ValueError)      a named file is a folder, FIFO, device or socket; .path, .kind
     ├── FileTooLargeError(ValueError)         a named file over its bound; .path, .size, .limit
     ├── ServingError                          a request the server refuses; .code (TF's), .http_status
@@ -50,6 +51,7 @@ __all__ = [
     "ExportFormatError",
     "FileTooLargeError",
     "HTTP_STATUS",
+    "MissingExtraError",
     "NanLossDuringTrainingError",
     "NotARegularFileError",
     "RelaunchError",
@@ -174,6 +176,24 @@ class FileTooLargeError(TorchEstimatorError, ValueError):
     def __init__(self, path: str, size: int, limit: int) -> None:
         super().__init__(f"{path} holds {size} bytes, more than {limit}")
         self.path, self.size, self.limit = path, size, limit
+
+
+# --------------------------------------------------------------------------- optional dependencies
+
+
+class MissingExtraError(TorchEstimatorError, ImportError):
+    """An optional dependency is not installed; the message names the pip extra that installs it.
+
+    Raised by ``torchestimator._extras.import_extra`` where the feature needs it (``serve``, the demo,
+    ``plot``, ``pandas_input_fn``, Keras HDF5 files), not at ``import torchestimator``.
+    """
+
+    def __init__(self, message: str, *, module: str, extra: str) -> None:
+        super().__init__(message, name=module)
+        self.module = module
+        """The module that could not be imported (``aiohttp.web``)."""
+        self.extra = extra
+        """The extra of ``pip install 'torchestimator[<extra>]'`` that installs it (``serving``)."""
 
 
 # --------------------------------------------------------------------------- export and serving

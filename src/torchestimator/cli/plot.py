@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 
+from torchestimator._extras import import_extra
 from torchestimator._io.summary import read_scalars
 
 
@@ -27,13 +28,9 @@ def plot_model_dir(model_dir: str, output: str | None = None) -> str:
     """Writes the PNG (default MODEL_DIR/metrics.png) and returns its path."""
     if not os.path.isdir(model_dir):
         raise FileNotFoundError(f"plot: {model_dir} is not a directory.")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as error:
-        raise ImportError("plot needs matplotlib: pip install 'torchestimator[plot]'.") from error
+    matplotlib = import_extra("matplotlib", extra="plot", feature="plotting")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     panels: dict[str, list[tuple[str, list[tuple[int, float]]]]] = {}
     training = read_scalars(model_dir)
     if "loss" in training:

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, default_collate
 
+from torchestimator._extras import import_extra
 from torchestimator.distribute.input_context import InputContext
 
 logger = logging.getLogger(__name__)
@@ -509,7 +510,7 @@ def pandas_input_fn(
     else is as `numpy_input_fn`.
     """
     caller = "pandas_input_fn"
-    import pandas as pd  # optional dependency, needed only here
+    pd = import_extra("pandas", extra="pandas", feature=caller)  # the only user of pandas
 
     options = _BatchOptions(
         caller=caller, batch_size=batch_size, num_epochs=num_epochs, shuffle=shuffle,

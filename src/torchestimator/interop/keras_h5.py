@@ -60,9 +60,10 @@ from typing import Any
 
 import numpy
 
+from torchestimator._extras import import_extra
 from torchestimator.interop.source import ZIP_ERRORS, TensorInfo, WeightSource, WeightSourceError, missing_tensor_error
 
-try:  # h5py is the optional "keras" extra; the error comes when a file is opened.
+try:  # h5py is the optional "keras" extra; the error comes when a file is opened (open_keras_h5).
     import h5py
 except ImportError:  # pragma: no cover - exercised only without the extra
     h5py = None
@@ -280,12 +281,10 @@ def is_keras_h5(path: str | os.PathLike[str]) -> bool:
 
 
 def open_keras_h5(path: str | os.PathLike[str]) -> KerasH5Source:
-    """Open a Keras ``.h5``, ``.weights.h5`` or ``.keras`` file; `WeightSourceError` naming the file if unusable."""
-    if h5py is None:
-        raise WeightSourceError(
-            f"{os.fspath(path)}: reading Keras HDF5 files needs h5py, which is not installed. "
-            "Install the extra: pip install 'torchestimator[keras]'."
-        )
+    """Open a Keras ``.h5``, ``.weights.h5`` or ``.keras`` file; `WeightSourceError` naming the file if unusable,
+    `MissingExtraError` without h5py (the ``keras`` extra)."""
+    if h5py is None:  # the import failed when this module loaded: trying it again raises, saying why in one line
+        import_extra("h5py", extra="keras", feature=f"reading the Keras file {os.fspath(path)}")
     text = os.fspath(path)
     if not os.path.exists(text):
         raise WeightSourceError(f"{text}: no such file. Expected a Keras .h5, .weights.h5 or .keras file.")

@@ -32,7 +32,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from aiohttp import web
+
+from torchestimator._extras import import_extra
+
+web = import_extra("aiohttp.web", extra="serving", feature="the model server")
 
 from torchestimator.export import ExportedModel
 from torchestimator.serving.batching import BatchingParameters, BatchScheduler

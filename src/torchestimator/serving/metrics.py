@@ -50,9 +50,12 @@ import bisect
 import threading
 from collections.abc import Iterable, Sequence
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
-from prometheus_client.metrics_core import HistogramMetricFamily, Metric, UnknownMetricFamily
+from torchestimator._extras import import_extra
+
+import_extra("prometheus_client", extra="serving", feature="the model server")  # one line if it is missing
+from prometheus_client import CollectorRegistry  # noqa: E402
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest  # noqa: E402
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric, UnknownMetricFamily  # noqa: E402
 
 __all__ = ["API_BY_VERB", "DEFAULT_METRICS_PATH", "DEFAULT_OP_NAME", "ServingMetrics", "exponential_buckets",
            "prometheus_name"]

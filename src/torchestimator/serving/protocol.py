@@ -26,8 +26,10 @@ from typing import Any
 
 from collections.abc import Awaitable, Callable
 
-from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
+from torchestimator._extras import import_extra
+
+web = import_extra("aiohttp.web", extra="serving", feature="the model server")
+from aiohttp.web_protocol import RequestHandler  # noqa: E402  (aiohttp is there: import_extra said so)
 
 __all__ = ["ServingRunner", "error_body"]
 

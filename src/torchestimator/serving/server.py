@@ -20,7 +20,9 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from aiohttp import web
+from torchestimator._extras import import_extra
+
+web = import_extra("aiohttp.web", extra="serving", feature="the model server")
 
 from torchestimator.serving.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_METRICS_PATH, make_app, managers_of
 from torchestimator.serving.batching import BatchingParameters
