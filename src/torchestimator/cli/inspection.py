@@ -1,6 +1,8 @@
 """`torchestimator inspect`: what a checkpoint or model_dir holds, as text.
 
-Reads headers and manifests only; it never loads a model or runs code.
+Reads headers and manifests only; it never loads a model or runs code. The
+readers are imported when a path is described, so the parser can take
+PATH_HELP from here without them.
 """
 
 from __future__ import annotations
@@ -8,8 +10,10 @@ from __future__ import annotations
 import datetime
 import os
 
-from torchestimator.checkpoint import CheckpointStore
-from torchestimator.interop import open_weights
+PATH_HELP = ("a model_dir (its checkpoint history too), a ckpt-<step> folder, a TensorFlow checkpoint (prefix, "
+             ".index file, or a folder with its 'checkpoint' file), a Keras .h5/.weights.h5/.keras file, "
+             "a .safetensors file, or a PyTorch .pt/.pth/.bin state_dict")
+"""What `inspect PATH` reads: every format interop.open_weights opens."""
 
 
 def _variables_table(rows: list[tuple[str, tuple[int, ...], object]]) -> list[str]:
@@ -29,10 +33,16 @@ def _variables_table(rows: list[tuple[str, tuple[int, ...], object]]) -> list[st
 
 def describe(path: str) -> str:
     """Variables with shapes and dtypes of any weights file; plus the checkpoint history of a model_dir."""
+    from torchestimator.checkpoint import CheckpointStore
+    from torchestimator.interop import open_weights
+    from torchestimator.interop.torch_sources import is_torchestimator
+
     if not os.path.exists(path) and not os.path.exists(path + ".index"):
         raise FileNotFoundError(f"inspect: {path} does not exist.")
     is_model_dir = os.path.isdir(path) and not os.path.basename(os.path.normpath(path)).startswith("ckpt-")
-    if is_model_dir:
+    # Only a folder that is ours is read as a model_dir: a TensorFlow checkpoint folder's 'checkpoint' text
+    # file has our manifest's name, and the store would warn that it is a damaged manifest.
+    if is_model_dir and is_torchestimator(path):
         store = CheckpointStore(path)
         if store.history():
             return _describe_model_dir(path)
@@ -44,6 +54,8 @@ def describe(path: str) -> str:
 
 
 def _describe_model_dir(path: str) -> str:
+    from torchestimator.checkpoint import CheckpointStore
+
     store = CheckpointStore(path)
     history = store.history()
     lines = [f"model_dir {path}: {len(history)} checkpoint(s)"]

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from torchestimator.cli.model_file import add_model_flags, build_estimator, jsonable, load_model_file, require
+from torchestimator.errors import ConfigError
 
 
 def add_commands(commands: Any) -> None:
@@ -25,7 +26,8 @@ def add_commands(commands: Any) -> None:
 
 
 _MAX_STEPS = (("--max_steps",), {"type": int, "help": "absolute global step to train to"})
-_CHECKPOINT_PATH = (("--checkpoint_path",), {})
+_CHECKPOINT_PATH = (("--checkpoint_path",), {"help": "a ckpt-<step> folder (default: the latest in model_dir)"})
+
 
 def _train(args: argparse.Namespace) -> int:
     module = load_model_file(args.model_file)
@@ -79,7 +81,7 @@ def _predict(args: argparse.Namespace) -> int:
     if args.exported:
         return _predict_exported(args)
     if args.model_file is None or args.model_dir is None:
-        raise SystemExit("torchestimator predict: give FILE.py and --model_dir, or --exported PATH --input FILE.")
+        raise ConfigError("give FILE.py and --model_dir, or --exported PATH --input FILE.", field="model_file")
     module = load_model_file(args.model_file)
     estimator = build_estimator(module, args)
     if not args.allow_untrained:
@@ -88,8 +90,8 @@ def _predict(args: argparse.Namespace) -> int:
         try:  # random weights are refused here, before any output is written
             estimator.inference_bundle(args.checkpoint_path, mode=ModeKeys.PREDICT, require_weights=True)
         except ValueError as error:
-            raise SystemExit(f"torchestimator predict: {error} Or pass --allow_untrained to predict with "
-                             "freshly initialised weights.") from error
+            raise ConfigError(f"{error} Or pass --allow_untrained to predict with freshly initialised weights.",
+                              field="model_dir", value=args.model_dir) from error
     out = open(args.output, "w") if args.output else sys.stdout
     try:
         for index, prediction in enumerate(estimator.predict(require(module, "predict_input_fn"),
@@ -105,23 +107,59 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _predict_exported(args: argparse.Namespace) -> int:
-    """Runs an exported model alone: no model file, no training code."""
-    from torchestimator.export import load, read_inputs
+    """Runs an exported model alone: no model file, no training code.
+
+    A .json input is a TF Serving predict request, read by the server's own parser, and the answer is what the
+    server's :predict answers ({"predictions": ...} for "instances", {"outputs": ...} for "inputs"); an .npz
+    input holds one array per input name, and the answer is {output name: values}.
+    """
+    from torchestimator.export import load
+    from torchestimator.export.outputs import DEFAULT_SERVING_SIGNATURE_DEF_KEY
 
     if not args.input:
-        raise SystemExit("torchestimator predict --exported needs --input FILE (.npz or .json).")
+        raise ConfigError("predict --exported needs --input FILE: a TF Serving request (.json with \"instances\" "
+                          "or \"inputs\") or an .npz of named arrays.", field="input")
     model = load(args.exported)
-    outputs = model(read_inputs(args.input), signature_name=args.signature_name)
+    if args.input.endswith(".npz"):
+        from torchestimator.export import read_inputs
+
+        signature_name = args.signature_name or DEFAULT_SERVING_SIGNATURE_DEF_KEY
+        outputs = model(read_inputs(args.input), signature_name=signature_name)
+        answer = jsonable(outputs)
+    else:
+        outputs, answer = _answer_request(model, args.input, args.signature_name)
     if args.output and args.output.endswith(".npz"):
         np.savez(args.output, **outputs)
+    elif args.output:
+        with open(args.output, "w") as handle:
+            handle.write(json.dumps(answer) + "\n")
     else:
-        text = json.dumps(jsonable(outputs))
-        if args.output:
-            with open(args.output, "w") as handle:
-                handle.write(text + "\n")
-        else:
-            print(text)
+        print(json.dumps(answer))
     return 0
+
+
+# As much JSON as the server takes in one request (serve's --max_body_bytes default).
+_MAX_REQUEST_BYTES = 64 * 1024 * 1024
+
+
+def _answer_request(model: Any, path: str, signature_name: str | None) -> tuple[dict[str, np.ndarray], dict]:
+    """The outputs for a TF Serving predict request file, and the server's JSON answer to it."""
+    from torchestimator._io.regular_file import read_regular_file
+    from torchestimator.errors import ServingError
+    from torchestimator.serving.json_tensor import decode_body, parse_predict, predict_response
+
+    try:
+        document = decode_body(read_regular_file(path, _MAX_REQUEST_BYTES))
+        if signature_name is not None:
+            if document.get("signature_name", signature_name) != signature_name:
+                raise ConfigError(f"--signature_name {signature_name!r} differs from the request's signature_name "
+                                  f"{document['signature_name']!r}; give one of them.", field="signature_name")
+            document = {**document, "signature_name": signature_name}
+        request = parse_predict(document, model)
+        outputs = model(request.inputs, signature_name=request.signature_name)  # checks shapes, as the server
+    except (ServingError, ValueError, TypeError) as error:  # the server's words, naming the file they are about
+        raise ConfigError(f"{path}: {error}", field="input", value=path) from error
+    return outputs, predict_response(outputs, request.row_format)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -153,15 +191,19 @@ _COMMANDS: dict[str, tuple[str, Any, bool, list[tuple[tuple[str, ...], dict[str,
     ]),
     "predict": ("write predictions as JSON lines, or run an exported model", _predict, False, [
         (("model_file",), {"nargs": "?", "help": "FILE.py or module (not needed with --exported)"}),
-        (("--model_dir",), {}),
-        (("--param",), {"action": "append", "default": [], "metavar": "NAME=VALUE"}),
-        (("--no_progress",), {"action": "store_true"}),
+        (("--model_dir",), {"help": "with FILE.py: where its checkpoints live"}),
+        (("--param",), {"action": "append", "default": [], "metavar": "NAME=VALUE",
+                        "help": "override params[NAME] (VALUE parsed as JSON when it can be)"}),
+        (("--no_progress",), {"action": "store_true", "help": "no progress bar"}),
         (("--exported",), {"help": "an exported model: a version folder or its base (newest version)"}),
-        (("--input",), {"help": "with --exported: inputs as .npz or .json"}),
-        (("--signature_name",), {"default": "serving_default"}),
+        (("--input",), {"help": "with --exported: a TF Serving predict request (.json: {\"instances\": [...]} or "
+                                "{\"inputs\": ...}, as curl sends to serve) or an .npz of named arrays"}),
+        (("--signature_name",), {"help": "with --exported: the signature to run (default: the request's "
+                                         "signature_name, else serving_default)"}),
         _CHECKPOINT_PATH,
-        (("--predict_keys",), {"nargs": "*"}),
-        (("--output",), {"help": "file for the JSON lines (default stdout)"}),
+        (("--predict_keys",), {"nargs": "*", "metavar": "KEY", "help": "only these prediction keys (default all)"}),
+        (("--output",), {"help": "file for the predictions (default stdout): JSON lines, or with --exported the "
+                                 "server's JSON answer (.npz: the output arrays)"}),
         (("--limit",), {"type": int, "help": "stop after this many examples"}),
         (("--allow_untrained",), {"action": "store_true",
                                   "help": "predict even when model_dir has no checkpoint (random weights)"}),

@@ -4,54 +4,174 @@ A model file defines, by name: model, model_fn, optimizer, and the input
 functions train_input_fn, eval_input_fn, predict_input_fn; optionally params
 (dict), config (RunConfig), lr_scheduler and max_steps. Flags override what
 the file sets.
+
+Messages name a model file as the user gave it (``model.py does not define
+'eval_input_fn'``), never by the module name it is imported under. That name
+is the file's own (``model`` for model.py, as ``import model`` would give, so
+its loggers, classes and pickles read naturally) unless another module
+already has it (a file called json.py becomes ``json_py``).
+
+What the file raises while it is imported is shown where it happened: a
+torchestimator error as one line naming the file and line, anything else
+with the traceback of the file's own frames (its bug is what to fix).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
 import importlib
 import importlib.util
 import json
 import os
+import pkgutil
+import re
 import sys
+import traceback
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from torchestimator.errors import ConfigError, TorchEstimatorError
+
+_EXAMPLE_MODULE = "torchestimator.cli.demo"
+
+
+@dataclasses.dataclass(frozen=True)
+class _ModelFileOrigin:
+    """Kept as the module spec's loader_state: marks a module this loader made, and how the user named it."""
+
+    location: str
+
 
 def load_model_file(location: str) -> ModuleType:
     """Imports FILE.py by path, or a module by dotted name."""
     if location.endswith(".py") or os.sep in location:
-        if not os.path.isfile(location):
-            raise SystemExit(f"torchestimator: model file {location!r} does not exist.")
-        name = "torchestimator_model_file_" + os.path.splitext(os.path.basename(location))[0]
-        spec = importlib.util.spec_from_file_location(name, location)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        sys.path.insert(0, os.path.dirname(os.path.abspath(location)))
-        spec.loader.exec_module(module)
-        return module
-    try:
-        return importlib.import_module(location)
-    except ModuleNotFoundError as error:
-        if error.name is None or not location.startswith(error.name):
-            raise  # the module exists and imports something missing: its own traceback says what
-        raise SystemExit(f"torchestimator: no model file or module {location!r} (no module named {error.name!r}). "
-                         "Give FILE.py or an importable module name.") from error
+        return _load_file(location)
+    return _import_module(location)
+
+
+def describe(module: ModuleType) -> str:
+    """How the user named the model file: the path they gave for FILE.py, else the module name."""
+    origin = getattr(getattr(module, "__spec__", None), "loader_state", None)
+    return origin.location if isinstance(origin, _ModelFileOrigin) else module.__name__
 
 
 def require(module: ModuleType, name: str) -> Any:
     if not hasattr(module, name):
-        raise SystemExit(f"torchestimator: {module.__name__} does not define {name!r}, which this command needs.")
+        raise ConfigError(f"{describe(module)} does not define {name!r}, which this command needs.",
+                          field=name, value=describe(module))
     return getattr(module, name)
+
+
+def _load_file(location: str) -> ModuleType:
+    if not os.path.isfile(location):
+        raise ConfigError(f"model file {location!r} does not exist (relative to {os.getcwd()}). Give FILE.py or "
+                          f"an importable module name such as {_EXAMPLE_MODULE}.", field="model_file", value=location)
+    name = _module_name(location)
+    spec = importlib.util.spec_from_file_location(name, location)
+    spec.loader_state = _ModelFileOrigin(location)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses, pickle and typing look the module up by name
+    folder = os.path.dirname(os.path.abspath(location))
+    if folder not in sys.path:  # so the file imports its neighbours, as `python FILE.py` would
+        sys.path.insert(0, folder)
+    try:
+        _run_module_code(location, os.path.abspath(location), lambda: spec.loader.exec_module(module))
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _module_name(location: str) -> str:
+    """The file's stem as a module name, unless a module other than this file already has it."""
+    stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(location))[0])
+    stem = stem if stem and not stem[0].isdigit() else "_" + stem
+    candidates = [stem, f"{stem}_py"] + [f"{stem}_py{number}" for number in range(2, 100)]
+    return next(name for name in candidates if _name_is_free(name, location))
+
+
+def _name_is_free(name: str, location: str) -> bool:
+    loaded = sys.modules.get(name)
+    if loaded is not None:  # a model file loaded earlier in this process may be replaced; a real module may not
+        return isinstance(getattr(getattr(loaded, "__spec__", None), "loader_state", None), _ModelFileOrigin)
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    if found is None:
+        return True
+    return found.origin is not None and os.path.isfile(found.origin) and os.path.samefile(found.origin, location)
+
+
+def _import_module(location: str) -> ModuleType:
+    try:
+        return _run_module_code(location, None, lambda: importlib.import_module(location))
+    except ModuleNotFoundError as error:  # the module itself (or its package) is missing; see _run_module_code
+        missing = error.name or location
+        raise ConfigError(f"no model file or module {location!r}: no module named {missing!r}{_nearest(missing)}. "
+                          f"Give FILE.py or an importable module name such as {_EXAMPLE_MODULE}.",
+                          field="model_file", value=location) from None
+
+
+def _nearest(missing: str) -> str:
+    """' (did you mean torchestimator.cli.demo?)' from the modules beside the missing one, if one is close."""
+    parent, _, leaf = missing.rpartition(".")
+    try:
+        package = importlib.import_module(parent) if parent else None
+    except Exception:  # the parent is the user's and may be broken; a suggestion is not worth its error
+        return ""
+    search = getattr(package, "__path__", None) if package is not None else None
+    if parent and search is None:
+        return ""
+    names = [info.name for info in pkgutil.iter_modules(search)]
+    close = difflib.get_close_matches(leaf, names, n=1)
+    return f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
+
+
+def _run_module_code(location: str, path: str | None, run: Callable[[], ModuleType | None]) -> Any:
+    """Runs the model file's code; what it raises names the file (see the module docstring)."""
+    try:
+        return run()
+    except ModuleNotFoundError as error:
+        if path is None and error.name and (location == error.name or location.startswith(error.name + ".")):
+            raise  # the module itself is missing: _import_module words that
+        raise ConfigError(_raised_while_importing(location, error), field="model_file", value=location) from error
+    except TorchEstimatorError as error:  # e.g. a RunConfig refused at the file's top level: one line, with where
+        raise ConfigError(f"{location}{_where(error, path)}: {error}", field="model_file", value=location) from error
+    except Exception as error:
+        raise ConfigError(_raised_while_importing(location, error), field="model_file", value=location) from error
+
+
+def _raised_while_importing(location: str, error: BaseException) -> str:
+    report = traceback.TracebackException.from_exception(error)
+    frames = list(report.stack)
+    # Drop our frames and importlib's, above the first frame of the model file's own code.
+    while frames and (frames[0].filename == __file__ or frames[0].filename.startswith("<frozen importlib")):
+        frames.pop(0)
+    report.stack = traceback.StackSummary.from_list(frames)
+    details = "".join(report.format()).rstrip()
+    return f"{location} raised {type(error).__name__} while being imported:\n{details}"
+
+
+def _where(error: BaseException, path: str | None) -> str:
+    """', line 12' of the deepest frame in the model file (path), or '' when unknown."""
+    if path is None:
+        return ""
+    lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
+             if os.path.abspath(frame.filename) == path]
+    return f", line {lines[-1]}" if lines else ""
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
-            raise SystemExit(f"torchestimator: --param expects NAME=VALUE; received {pair!r}.")
+            raise ConfigError(f"--param expects NAME=VALUE; received {pair!r}.", field="param", value=pair)
         key, text = pair.split("=", 1)
         try:
             overrides[key] = json.loads(text)
@@ -92,5 +212,3 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return value
-
-
