@@ -4,6 +4,11 @@ Each group of subcommands lives in its own module and adds itself to the parser
 (model_commands.py, serve_command.py, weights_commands.py, records.py, demo_command.py,
 launch_command.py); a
 command imports what it runs only when it runs, so `--help` stays light.
+
+Two rules hold for every subcommand, applied here once the parser is built so a new flag
+gets them for free: flags are spelled TF's way (`--num_shards`, `--no_progress`) and the
+dashed spelling (`--num-shards`) is accepted as an alias; `--verbosity` is accepted before
+and after the subcommand. `launch` keeps torchrun's own parser, which takes both spellings.
 """
 
 from __future__ import annotations
@@ -15,14 +20,29 @@ import sys
 from torchestimator.cli.model_file import load_model_file
 from torchestimator.errors import TorchEstimatorError
 
-__all__ = ["build_parser", "load_model_file", "main"]
+__all__ = ["LOG_LEVELS", "build_parser", "load_model_file", "main"]
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_VERBOSITY_HELP = f"logging level: {', '.join(LOG_LEVELS)} (default INFO); before or after the subcommand"
+# Subcommands whose parser is someone else's and already has its own spelling rules (torchrun's).
+_OWN_FLAG_RULES = frozenset({"launch"})
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, where a prefix matching both spellings of ONE flag (`--num` for `--num_shards` and
+    `--num-shards`) means that flag; argparse would call it ambiguous, since the alias is a second string."""
+
+    def _get_option_tuples(self, option_string: str) -> list:
+        matches = super()._get_option_tuples(option_string)
+        by_action = {id(match[0]): match for match in matches}
+        return list(by_action.values())
 
 
 def build_parser() -> argparse.ArgumentParser:
     from torchestimator.cli import demo_command, launch_command, model_commands, records, serve_command, weights_commands
 
-    parser = argparse.ArgumentParser(prog="torchestimator", description="The TensorFlow Estimator workflow on PyTorch.")
-    parser.add_argument("--verbosity", default="INFO", help="logging level (DEBUG, INFO, WARNING)")
+    parser = _Parser(prog="torchestimator", description="The TensorFlow Estimator workflow on PyTorch.")
+    parser.add_argument("--verbosity", default="INFO", help=_VERBOSITY_HELP)
     commands = parser.add_subparsers(dest="command", required=True)
     model_commands.add_commands(commands)  # train, train-and-evaluate, evaluate, predict, export
     weights_commands.add_commands(commands)  # inspect, warm-start
@@ -30,12 +50,57 @@ def build_parser() -> argparse.ArgumentParser:
     demo_command.add_commands(commands)  # plot, demo
     records.add_subcommands(commands)  # convert csv-to-tfrecord, records inspect, records verify
     launch_command.add_command(commands)
+    for subparser in _subparsers(parser):
+        _accept_verbosity(subparser)
+        _accept_both_spellings(subparser)
     return parser
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser below `parser` (`records`, `records inspect`, ...), except those with their own flag rules."""
+    found: dict[int, argparse.ArgumentParser] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, subparser in action.choices.items():  # aliases map to the same parser: kept once
+                if name not in _OWN_FLAG_RULES and id(subparser) not in found:
+                    found[id(subparser)] = subparser
+                    found.update((id(below), below) for below in _subparsers(subparser))
+    return list(found.values())
+
+
+def _accept_verbosity(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: the subcommand's namespace has no verbosity unless it was given there, so a value given
+    # before the subcommand (or the default) is not overwritten.
+    if "--verbosity" not in parser._option_string_actions:
+        parser.add_argument("--verbosity", default=argparse.SUPPRESS, help=_VERBOSITY_HELP)
+
+
+def _accept_both_spellings(parser: argparse.ArgumentParser) -> None:
+    """`--a_b` primary (first in help and usage), `--a-b` an alias of the same flag, whichever was declared."""
+    for action in parser._actions:
+        spellings: list[str] = [option for option in action.option_strings if not option.startswith("--")]
+        for option in action.option_strings:
+            if option.startswith("--"):
+                body = option[2:]
+                spellings += ["--" + body.replace("-", "_"), "--" + body.replace("_", "-")]
+        spellings = list(dict.fromkeys(spellings))
+        for option in spellings:
+            owner = parser._option_string_actions.setdefault(option, action)
+            # Our invariant: no two flags of one command differ only in spelling.
+            assert owner is action, f"{parser.prog}: {option} names two flags ({owner.dest}, {action.dest})"
+        action.option_strings = spellings
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.verbosity.upper(), format="%(levelname)s %(name)s: %(message)s")
+    level = str(args.verbosity).upper()
+    if level == "WARN":
+        level = "WARNING"
+    if level not in LOG_LEVELS:
+        print(f"torchestimator {args.command}: error: --verbosity {args.verbosity!r} is not a logging level; "
+              f"use one of {', '.join(LOG_LEVELS)}.", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.handler(args)
     except (TorchEstimatorError, ValueError, TypeError, OSError) as error:  # one line; --verbosity DEBUG: traceback

@@ -10,12 +10,12 @@ handler takes the argparse Namespace and returns the exit code.
 
 `convert csv-to-tfrecord` writes one tf.train.Example per CSV row:
 
-- the label column (`--label-column`, default `label`) under its own name;
-- the path column (`--path-column`, default `path`) under its own name, as
+- the label column (`--label_column`, default `label`) under its own name;
+- the path column (`--path_column`, default `path`) under its own name, as
   written in the CSV (relative paths are resolved against the CSV's folder);
-- `image`: the file's bytes as they are (`--image-mode encoded`, the default)
+- `image`: the file's bytes as they are (`--image_mode encoded`, the default)
   with `image/format` (the lower-case file extension, e.g. `png`); or the
-  decoded pixels (`--image-mode raw`, needs Pillow) as uint8 bytes in
+  decoded pixels (`--image_mode raw`, needs Pillow) as uint8 bytes in
   row-major height x width x channels order with `image/shape` = [H, W, C]
   (read back with `decode_raw(value, "uint8", shape)`);
 - every other column as a one-value feature typed by its column: int64 when
@@ -67,20 +67,20 @@ def add_subcommands(subparsers: Any) -> None:
         description="One tf.train.Example per CSV row; see the torchestimator.cli.records docstring for the schema.")
     csv_command.add_argument("index", metavar="INDEX.csv", help="CSV with a header row")
     csv_command.add_argument("out_prefix", metavar="OUT_PREFIX", help="shards are OUT_PREFIX-00000-of-0000N.tfrecord")
-    csv_command.add_argument("--num-shards", type=int, default=1, help="number of output files (default 1)")
-    csv_command.add_argument("--label-column", default="label", help="column holding the label (default label)")
-    csv_command.add_argument("--path-column", default="path", help="column holding the image file path (default path)")
-    csv_command.add_argument("--image-mode", choices=["encoded", "raw"], default="encoded",
+    csv_command.add_argument("--num_shards", type=int, default=1, help="number of output files (default 1)")
+    csv_command.add_argument("--label_column", default="label", help="column holding the label (default label)")
+    csv_command.add_argument("--path_column", default="path", help="column holding the image file path (default path)")
+    csv_command.add_argument("--image_mode", choices=["encoded", "raw"], default="encoded",
                              help="encoded: the file bytes as they are; raw: decoded uint8 pixels plus image/shape")
     csv_command.add_argument("--compression", type=str.upper, choices=["NONE", "GZIP", "ZLIB"], default="NONE",
                              help="compress each shard (default none)")
-    csv_command.add_argument("--no-progress", action="store_true", help="no progress bar")
+    csv_command.add_argument("--no_progress", action="store_true", help="no progress bar")
     csv_command.set_defaults(handler=convert_csv_to_tfrecord)
 
     records = subparsers.add_parser("records", help="look into TFRecord files")
     records_commands = records.add_subparsers(dest="records_command", required=True)
     inspect = records_commands.add_parser("inspect", help="schema summary and the first records as JSON")
-    inspect.add_argument("file", metavar="FILE")
+    inspect.add_argument("file", metavar="FILE", help="a TFRecord file (GZIP or ZLIB compressed ones too)")
     inspect.add_argument("--limit", type=int, default=3, help="records to print (default 3)")
     inspect.add_argument("--compression", default="auto", help="auto (default), none, GZIP or ZLIB")
     _add_max_record_size(inspect)
@@ -96,7 +96,7 @@ def add_subcommands(subparsers: Any) -> None:
 def _add_max_record_size(command: argparse.ArgumentParser) -> None:
     from torchestimator.data.tfrecord import DEFAULT_MAX_RECORD_SIZE
 
-    command.add_argument("--max-record-size", type=int, default=DEFAULT_MAX_RECORD_SIZE, metavar="BYTES",
+    command.add_argument("--max_record_size", type=int, default=DEFAULT_MAX_RECORD_SIZE, metavar="BYTES",
                          help=f"a longer record is an error, so that a damaged length cannot exhaust "
                               f"memory (default {DEFAULT_MAX_RECORD_SIZE}, protobuf's limit)")
 
@@ -128,12 +128,12 @@ def read_index(path: str, *, label_column: str, path_column: str) -> IndexTable:
         reader = csv.DictReader(file)
         columns = list(reader.fieldnames or [])
         rows = list(reader)
-    for role, name in (("--label-column", label_column), ("--path-column", path_column)):
+    for role, name in (("--label_column", label_column), ("--path_column", path_column)):
         if name not in columns:
             raise ValueError(f"{path}: {role} {name!r} is not a column; the header has {columns}. "
                              f"Pass {role} with one of those names.")
     if label_column == path_column:
-        raise ValueError(f"--label-column and --path-column are both {label_column!r}; they must differ.")
+        raise ValueError(f"--label_column and --path_column are both {label_column!r}; they must differ.")
     taken = {IMAGE_FEATURE, f"{IMAGE_FEATURE}/shape", f"{IMAGE_FEATURE}/format"} & set(columns)
     if taken:
         raise ValueError(f"{path}: column(s) {sorted(taken)} clash with the image features the converter writes "
@@ -213,9 +213,9 @@ def _pillow_image() -> Any:
     try:
         from PIL import Image
     except ImportError:
-        raise ValueError("--image-mode raw decodes images with Pillow, which is not installed. Install it "
+        raise ValueError("--image_mode raw decodes images with Pillow, which is not installed. Install it "
                          "(pip install 'torchestimator[images]' or pip install pillow), or pass "
-                         "--image-mode encoded to store the file bytes as they are.") from None
+                         "--image_mode encoded to store the file bytes as they are.") from None
     return Image
 
 
@@ -239,13 +239,13 @@ def decode_image(path: str, where: str) -> np.ndarray:
             image.load()
             if image.mode not in _EIGHT_BIT_MODES:
                 raise ValueError(f"{where}: image {path} has mode {image.mode!r} (more than 8 bits per channel); "
-                                 f"--image-mode raw stores uint8 pixels. Use --image-mode encoded to keep it exact.")
+                                 f"--image_mode raw stores uint8 pixels. Use --image_mode encoded to keep it exact.")
             target = _EIGHT_BIT_MODES[image.mode]
             if image.mode == "P" and "transparency" in image.info:
                 target = "RGBA"
             pixels = np.asarray(image.convert(target) if target != image.mode else image, dtype=np.uint8)
     except image_module.UnidentifiedImageError:
-        raise ValueError(f"{where}: {path} is not an image Pillow can decode; use --image-mode encoded "
+        raise ValueError(f"{where}: {path} is not an image Pillow can decode; use --image_mode encoded "
                          f"to store the bytes as they are.") from None
     return pixels[:, :, None] if pixels.ndim == 2 else pixels
 
@@ -279,11 +279,11 @@ def row_example(table: IndexTable, index: int, image_path: str, image_mode: str)
 
 
 def convert_csv_to_tfrecord(args: argparse.Namespace) -> int:
-    """`torchestimator convert csv-to-tfrecord INDEX.csv OUT_PREFIX --num-shards N`."""
+    """`torchestimator convert csv-to-tfrecord INDEX.csv OUT_PREFIX --num_shards N`."""
     from torchestimator.data.tfrecord import TFRecordWriter
 
     if args.num_shards < 1:
-        raise ValueError(f"--num-shards must be at least 1; received {args.num_shards}.")
+        raise ValueError(f"--num_shards must be at least 1; received {args.num_shards}.")
     if args.image_mode == "raw":
         _pillow_image()  # fail before reading anything when Pillow is missing
     table = read_index(args.index, label_column=args.label_column, path_column=args.path_column)

@@ -15,7 +15,8 @@ def add_command(commands: Any) -> None:
                        "version policies (latest/all/specific) and version labels")
     serve.add_argument("--model_config_file_poll_wait_seconds", type=float, default=0.0,
                        help="re-read --model_config_file this often (0: once)")
-    serve.add_argument("--rest_api_port", type=int, default=8501)
+    serve.add_argument("--rest_api_port", type=int, default=8501, help="port of the REST API (default 8501, "
+                       "TF Serving's)")
     serve.add_argument("--port", type=int, default=0,
                        help="TF Serving's gRPC port: accepted so TF command lines run unchanged; not served")
     serve.add_argument("--rest_api_host", default="127.0.0.1",
@@ -26,7 +27,8 @@ def add_command(commands: Any) -> None:
                        help="gather concurrent requests into one forward pass")
     serve.add_argument("--batching_parameters_file", help="TF's BatchingParameters text file (max_batch_size { "
                        "value: 32 } batch_timeout_micros { value: 1000 } ...); needs --enable_batching")
-    serve.add_argument("--allow_version_labels_for_unavailable_models", action="store_true")
+    serve.add_argument("--allow_version_labels_for_unavailable_models", action="store_true",
+                       help="let --model_config_file's version_labels name versions not loaded yet (as TF Serving)")
     serve.add_argument("--monitoring_config_file", help="TF's MonitoringConfig text file (prometheus_config { "
                        "enable: true path: ... }); without it metrics are at --metrics_path")
     serve.add_argument("--metrics_path", default="/monitoring/prometheus/metrics",
