@@ -7,8 +7,9 @@ ExportedModel: a callable from named numpy arrays or tensors to named numpy
 arrays, checking names, dtypes and shapes against the signature first. A
 folder holding only ``model.pt2`` (torch.export.save's archive, which
 earlier torchestimator versions wrote) is refused without opening it: loading
-that archive unpickles parts of it, so it must be re-exported. ``read_inputs`` reads the JSON or NPZ inputs the
-CLI's ``predict --exported`` takes.
+that archive unpickles parts of it, so it must be re-exported. ``read_inputs`` reads named inputs from an .npz
+file (what the CLI's ``predict --exported`` does with one) or a JSON file; the CLI reads a JSON request with the
+server's own parser instead (serving/json_tensor.py), which knows the signature, so rows of plain values work.
 """
 
 from __future__ import annotations
