@@ -111,8 +111,6 @@ def test_verbosity_after_the_subcommand_sets_the_level(tmp_path, monkeypatch):
     assert configured["level"] == "WARNING"
 
 
-@pytest.mark.xfail(strict=True, reason="inspect's parser is in cli/weights_commands.py (the warm-start helper's): "
-                   "its path argument must take help=inspection.PATH_HELP; then drop this mark")
 def test_inspect_help_names_every_format_it_reads(capsys):
     from torchestimator.cli.inspection import PATH_HELP
 

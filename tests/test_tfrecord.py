@@ -298,7 +298,7 @@ def test_a_record_over_max_record_size_says_how_to_raise_the_limit(tmp_path, com
     assert str(error).startswith(f"record too large at 19 in {path}: it declares {len(big)} bytes, "
                                  f"more than max_record_size={1 << 20}")
     assert f"pass max_record_size={len(big)} or more" in str(error)
-    assert f"--max-record-size {len(big)}" in str(error)
+    assert f"--max_record_size {len(big)}" in str(error)
     # A plain file is known to hold it; a compressed one may also just have a damaged length.
     assert ("file holds a record this large" in str(error)) == (compression is None)
     assert [r for _, r in iter_records(path, compression, max_record_size=len(big))] == [b"abc", big, b"after"]

@@ -16,6 +16,7 @@ import shlex
 import sys
 from typing import Any
 
+from torchestimator.cli.inspection import PATH_HELP
 from torchestimator.cli.model_file import load_model_file, parse_overrides, require
 from torchestimator.errors import ConfigError
 
@@ -23,7 +24,7 @@ from torchestimator.errors import ConfigError
 def add_commands(commands: Any) -> None:
     """`inspect` (a checkpoint or model_dir) and `warm-start` (plan, and with --write apply, a warm start)."""
     inspect = commands.add_parser("inspect", help="list variables of a checkpoint and the history of a model_dir")
-    inspect.add_argument("path", help="a model_dir, a ckpt-<step> folder or a .safetensors file")
+    inspect.add_argument("path", help=PATH_HELP)
     inspect.set_defaults(handler=_inspect)
     _add_warm_start(commands)
 
@@ -142,14 +143,9 @@ def _build_model(location: str, param_flags: list[str]) -> tuple[Any, Any]:
     from torchestimator._core.calling import call_factory
     from torchestimator._core.state import seed_everything
 
-    try:
-        module_file = load_model_file(location)
-        params = {**getattr(module_file, "params", {}), **parse_overrides(param_flags)}
-        source = require(module_file, "model")
-    except SystemExit as stop:  # model_file's refusals, as this command's one-line error with exit status 2
-        if isinstance(stop.code, str):
-            raise ConfigError(stop.code.removeprefix("torchestimator: "), field="--model", value=location) from None
-        raise
+    module_file = load_model_file(location)  # its refusals are ConfigErrors: one line, exit status 2
+    params = {**getattr(module_file, "params", {}), **parse_overrides(param_flags)}
+    source = require(module_file, "model")
     seed = getattr(getattr(module_file, "config", None), "random_seed", None)
     if seed is not None:  # the fresh (not warm-started) tensors are then those the Estimator would build
         seed_everything(seed)

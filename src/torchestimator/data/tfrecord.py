@@ -172,7 +172,7 @@ def _too_large(path: str, offset: int, length: int, limit: int, *, present: bool
         f"record too large at {offset} in {path}: it declares {length} bytes, more than "
         f"max_record_size={limit}. {cause[0].upper() + cause[1:]}: to read it, pass "
         f"max_record_size={length} or more (read_records, iter_records, TFRecordDataset; "
-        f"`torchestimator records verify/inspect --max-record-size {length}`).",
+        f"`torchestimator records verify/inspect --max_record_size {length}`).",
         path, offset,
     )
 
