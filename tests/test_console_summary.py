@@ -68,7 +68,7 @@ PROGRAM = textwrap.dedent("""
     print("done")
 """)
 
-NUMBER = r"\d+(\.\d+)?(e-?\d+)?"
+NUMBER = r"(?:\d+\.\d+(?:e[+-]?\d+)?|\d+e[+-]?\d+)"  # as console.format_value writes floats
 
 
 def _write(tmp_path: Path) -> dict[str, str]:
@@ -133,3 +133,21 @@ def test_the_cli_shows_each_line_once(tmp_path):
     assert len(re.findall(rf"trained {cli} from step 0 to 10 in", trained.stderr)) == 1, trained.stderr
     assert len(re.findall(rf"evaluated {cli}/ckpt-10: accuracy = ", evaluated.stderr)) == 1, evaluated.stderr
     assert "INFO torchestimator" in trained.stderr  # the CLI's own logging (--verbosity INFO) shows the rest
+
+
+def test_the_lines_name_what_the_user_named_and_say_why_training_stopped(tmp_path, monkeypatch):
+    from torchestimator._core.console import TrainOutcome, describe_evaluation, describe_training, format_value
+    from torchestimator._core.inference import WeightsOrigin
+
+    monkeypatch.chdir(tmp_path)
+    checkpoint = WeightsOrigin("checkpoint", 1000, str(tmp_path / "runs" / "q" / "ckpt-1000"))
+    assert describe_evaluation(checkpoint, "runs/q", {"accuracy": 1.0, "loss": 0.012345678, "global_step": 1000}) == (
+        "evaluated runs/q/ckpt-1000: accuracy = 1.0, loss = 0.01235")  # relative, as model_dir was given
+    assert describe_evaluation(WeightsOrigin("init"), "runs/q", {"loss": 2.0}, "holdout") == (
+        "evaluated freshly initialised weights (no checkpoint in runs/q) (holdout): loss = 2.0")
+    stopped = TrainOutcome(model_dir="runs/q", start_step=0, end_step=640, seconds=3.04, last_step=1000,
+                           ended_by="early stopping", final_loss=0.5)
+    assert describe_training(stopped) == (
+        "trained runs/q from step 0 to 640 in 3.0 s (final loss 0.5); stopped at step 640 of 1000: early stopping")
+    assert [format_value(value) for value in (1.0, 12345.6, float("nan"), 7, True)] == [
+        "1.0", "1.235e+04", "nan", "7", "True"]

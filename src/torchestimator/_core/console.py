@@ -161,8 +161,12 @@ def describe_results(results: Mapping[str, Any]) -> str:
 
 
 def format_value(value: Any) -> str:
+    """A float with 4 significant digits, still reading as a float (1.0, not 1); anything else as str()."""
     if isinstance(value, numbers.Real) and not isinstance(value, bool) and not isinstance(value, numbers.Integral):
-        return f"{float(value):.4g}" if math.isfinite(value) else str(float(value))
+        if not math.isfinite(value):
+            return str(float(value))
+        text = f"{float(value):.4g}"
+        return text if any(mark in text for mark in ".e") else f"{text}.0"
     if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # a 0-d tensor or array
         return format_value(value.item())
     return str(value)
@@ -176,7 +180,10 @@ def describe_evaluation(weights: Any, model_dir: str, results: Mapping[str, Any]
 def describe_weights(weights: Any, model_dir: str) -> str:
     """Which weights a WeightsOrigin names, in words."""
     if weights.source == "checkpoint":
-        return str(weights.checkpoint_path)
+        path = str(weights.checkpoint_path)
+        if os.path.dirname(os.path.abspath(path)) == os.path.abspath(model_dir):  # as the user named model_dir
+            return os.path.join(model_dir, os.path.basename(path))
+        return path
     if weights.source == "training":
         return f"the weights trained in this process (step {weights.step}, {model_dir})"
     if weights.source == "warm_start":
