@@ -281,3 +281,28 @@ def test_cli_takes_a_tf_serving_command_line_and_passes_its_settings(bases, tmp_
     assert received["args"] == ("a", str(tmp_path)) and received["port"] == 8601
     assert received["batching"] == BatchingParameters(max_batch_size=8, batch_timeout_micros=0)
     assert received["metrics_path"] == "/metrics" and received["timeout_seconds"] is None
+
+
+@pytest.mark.slow
+def test_cli_serve_on_port_zero_announces_the_port_it_bound(bases):
+    """`--rest_api_port 0` lets the system pick a free port; the announce line names that port, not 0, and a
+    request sent to the announced URL is answered by this server."""
+    import os
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "torchestimator.cli", "serve", "--model_name", "a",
+               "--model_base_path", str(bases["root"] / "a"), "--rest_api_port", "0"]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        line = server.stdout.readline()  # the announce line; readline returns "" if the server dies first
+        assert line.startswith("serving a (version 2 AVAILABLE) at http://127.0.0.1:"), line
+        url = line.split(" at ", 1)[1].strip()
+        port = int(url.split(":")[2].split("/")[0])
+        assert port != 0
+        predicted = Client(url.rsplit("/v1/models/", 1)[0], "a").predict(bases["x"])
+        assert [row["class"] for row in predicted] == list(bases["expected"]["class"])
+    finally:
+        server.terminate()
+        server.wait(timeout=60)

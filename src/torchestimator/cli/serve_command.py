@@ -59,15 +59,13 @@ def _serve(args: argparse.Namespace) -> int:
     if args.monitoring_config_file:
         monitoring = read_monitoring_config_file(args.monitoring_config_file)
         metrics_path = monitoring.path if monitoring.enable else None
-    url = f"http://{args.rest_api_host}:{args.rest_api_port}/v1/models/" + (
-        "" if args.model_config_file else args.model_name)
-
-    def announce(app: Any) -> None:
+    def announce(app: Any, port: int) -> None:
         # Printed once the port answers, with the versions that are AVAILABLE: a script waiting for this
         # line can send its first request at once.
         from torchestimator.serving.app import managers_of
 
         versions = {name: manager.served_versions for name, manager in sorted(managers_of(app).items())}
+        url = f"http://{args.rest_api_host}:{port}/v1/models/" + ("" if args.model_config_file else args.model_name)
         print(f"serving {versions_text(versions)} at {url}", flush=True)
 
     serve(args.model_name, args.model_base_path, host=args.rest_api_host, port=args.rest_api_port,

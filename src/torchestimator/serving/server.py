@@ -82,12 +82,14 @@ def build_app(settings: ServerSettings) -> web.Application:
 
 
 def serve(model_name: str | None = None, model_base_path: str | os.PathLike[str] | None = None,
-          host: str = "127.0.0.1", port: int = 8501, *, on_listening: Callable[[web.Application], None] | None = None,
+          host: str = "127.0.0.1", port: int = 8501, *,
+          on_listening: Callable[[web.Application, int], None] | None = None,
           **settings: Any) -> None:
     """Serves until interrupted (blocking). Keywords are ServerSettings' fields.
 
-    ``on_listening(app)`` is called once the port accepts connections, with the models loaded (build_app
-    polls every model first), so whatever it announces (the CLI's "serving ..." line) is true when said.
+    ``on_listening(app, port)`` is called once the port accepts connections, with the models loaded (build_app
+    polls every model first), so whatever it announces (the CLI's "serving ..." line) is true when said;
+    ``port`` is the one bound (``port=0`` asks the system for a free one).
     """
     app = build_app(ServerSettings(model_name=model_name, model_base_path=model_base_path, **settings))
     try:
@@ -97,15 +99,16 @@ def serve(model_name: str | None = None, model_base_path: str | os.PathLike[str]
 
 
 async def _serve_forever(app: web.Application, host: str, port: int,
-                         on_listening: Callable[[web.Application], None] | None) -> None:
+                         on_listening: Callable[[web.Application, int], None] | None) -> None:
     # web.run_app, with the runner that answers protocol errors in JSON (protocol.py).
     runner = ServingRunner(app, handle_signals=True, access_log=None)  # as TF: no line per request
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
+        port = bound_port(runner)
         logger.info("Serving %s at http://%s:%d/v1/models/", sorted(managers_of(app)), host, port)
         if on_listening is not None:
-            on_listening(app)
+            on_listening(app, port)
         await asyncio.Event().wait()  # until a signal raises GracefulExit, which cancels this task
     finally:
         await runner.cleanup()
@@ -126,7 +129,7 @@ class RunningServer:
         self._started.wait()
         if self._error is not None:
             raise self._error
-        self.host, self.port = host, self._bound_port()
+        self.host, self.port = host, bound_port(self._runner)
 
     @property
     def url(self) -> str:
@@ -161,12 +164,15 @@ class RunningServer:
         self._loop.run_forever()
         self._loop.close()
 
-    def _bound_port(self) -> int:
-        for site in self._runner.sites:
-            server = getattr(site, "_server", None)
-            if server is not None and server.sockets:
-                return server.sockets[0].getsockname()[1]
-        raise RuntimeError("The server started but has no listening socket.")
+
+
+def bound_port(runner: web.BaseRunner) -> int:
+    """The port a started runner listens on (the one the system chose when asked for port 0)."""
+    for site in runner.sites:
+        server = getattr(site, "_server", None)
+        if server is not None and server.sockets:
+            return server.sockets[0].getsockname()[1]
+    raise RuntimeError("The server started but has no listening socket.")
 
 
 def start(model_name: str | None = None, model_base_path: str | os.PathLike[str] | None = None,
