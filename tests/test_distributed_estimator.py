@@ -135,7 +135,8 @@ def test_plain_script_with_mirrored_strategy_launches_its_replicas(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     model_dir = tmp_path / "run"
-    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # TORCHESTIMATOR_REPLICA_STDOUT=all: replica 1's prints show too (by default only the chief's do).
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHESTIMATOR_REPLICA_STDOUT": "all"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         environment.pop(name, None)
     done = subprocess.run([sys.executable, str(script), str(model_dir)], capture_output=True, text=True,
