@@ -410,3 +410,18 @@ def test_predict_refuses_random_weights_unless_allowed(tmp_path, model_file, cap
         assert main(["predict", model_file, "--model_dir", empty, "--output", str(output), "--allow_untrained"]) == 0
     assert len(output.read_text().splitlines()) > 0
     assert "freshly initialised (random) weights" in caplog.text  # the library says so too
+
+
+def test_demo_reads_the_digits_load_digits_gives():
+    """The demo reads scikit-learn's digits file directly (importing sklearn.datasets costs seconds): the same
+    pixels and targets as sklearn.datasets.load_digits()."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from torchestimator.cli import demo
+
+    pixels, targets = demo._read_digits()
+    expected = load_digits()
+    np.testing.assert_array_equal(pixels, expected.data)
+    np.testing.assert_array_equal(targets, expected.target)
+    assert targets.dtype == np.int64 and pixels.shape == (1797, 64)
