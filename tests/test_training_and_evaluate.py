@@ -221,6 +221,30 @@ def test_early_stopping_sees_evaluations_of_an_earlier_run(tmp_path):
     assert results["global_step"] == 15  # the best is still step 5 of the first run
 
 
+def test_a_rerun_after_early_stopping_takes_no_step_and_says_why(tmp_path, caplog):
+    """The rules, seeded with the earlier run's evaluations, are asked before step one: a run that early stopping
+    ended stays at its step (TF's stop hook took one more step), the final evaluation still runs, and the
+    summary line says training was skipped and why."""
+    train, _, _, _ = input_fns()
+    spec = EvalSpec(scored_eval_input(0.5), every_n_steps=5)
+    rule = lambda: stop_if_no_decrease_hook("score", 10)  # noqa: E731 - a fresh rule per run, as a rerun builds
+    first, _ = train_and_evaluate(estimator(tmp_path), TrainSpec(train, max_steps=100), spec, early_stopping=rule())
+    assert first["global_step"] == 15
+    checkpoints = sorted(os.listdir(tmp_path))
+    with caplog.at_level("INFO", logger="torchestimator"):
+        again, _ = train_and_evaluate(estimator(tmp_path), TrainSpec(train, max_steps=100), spec,
+                                      early_stopping=rule())
+    assert again["global_step"] == 15 and again["score"] == pytest.approx(0.5)
+    assert sorted(os.listdir(tmp_path)) == checkpoints  # no new checkpoint: not one step was taken
+    messages = [record.getMessage() for record in caplog.records]
+    assert any(message.startswith(f"skipped training: {tmp_path} stays at step 15: early stopping stopped it in an "
+                                  "earlier run (stop_if_no_decrease('score', 10))") for message in messages), messages
+    assert not any("Training made no steps" in message for message in messages)
+    # Without the rule the same model_dir trains on: the skip is the rule's decision, not the model_dir's.
+    onward, _ = train_and_evaluate(estimator(tmp_path), TrainSpec(train, max_steps=20), spec)
+    assert onward["global_step"] == 20
+
+
 def test_missing_metric_fails_at_the_first_evaluation_listing_names(tmp_path):
     train, evaluate, _, _ = input_fns()
     est = estimator(tmp_path)

@@ -138,6 +138,8 @@ def describe_training(outcome: TrainOutcome) -> str:
     if outcome.skipped:
         return (f"skipped training: {outcome.model_dir} is already at step {outcome.end_step} "
                 f"(max_steps={outcome.last_step})")
+    if outcome.ended_by is not None and outcome.end_step == outcome.start_step:  # over before step one
+        return f"skipped training: {outcome.model_dir} stays at step {outcome.end_step}: {outcome.ended_by}"
     if outcome.resumed_from is not None:
         text = f"resumed {outcome.model_dir} from {os.path.basename(outcome.resumed_from)} and trained to step " \
                f"{outcome.end_step}"

@@ -352,8 +352,8 @@ class Estimator:
             gathered = _GatheredWeights(module, self._plain_module().to(strategy.device))
             run.checkpointer.listeners.append(gathered)
             eval_module = gathered.plain
-        evaluation.begin(self._bundle(eval_module, WeightsOrigin("training", state.global_step), eval_strategy),
-                         state)
+        run.ended_by = evaluation.begin(
+            self._bundle(eval_module, WeightsOrigin("training", state.global_step), eval_strategy), state)
 
     def _train_hooks(self, user_hooks: HookList) -> HookList:
         config = self._config

@@ -40,6 +40,10 @@ logger = logging.getLogger("torchestimator")
 class InLoopEvaluation(Protocol):
     """Evaluations the loop runs on the live module (train_and_evaluate's; see _policy/train_and_evaluate.py)."""
 
+    def begin(self, bundle: Any, state: TrainState) -> str | None:
+        """Before step one, with the live module's InferenceBundle: why training is over already (an earlier
+        run's evaluations say stop), or None to train."""
+
     def wants_checkpoint(self, step: int) -> bool:
         """An evaluation is due at ``step`` by step count: the loop writes a checkpoint there first."""
 
@@ -237,7 +241,8 @@ class _TrainLoop:
 
     def run_steps(self, interrupt: _InterruptFlag, progress: Progress) -> None:
         run, state = self.run, self.state
-        while run.last_step is None or state.global_step < run.last_step:
+        # ended_by set before step one: the evaluation's begin said training is over already.
+        while run.ended_by is None and (run.last_step is None or state.global_step < run.last_step):
             run.hooks.before_step(self.context)
             try:
                 spec, loss = _train_step(run, self.batches, self.autocast)
@@ -385,7 +390,7 @@ def train_loop(run: TrainingRun) -> TrainState:
         loop.finish()
     if interrupt.raised:
         raise KeyboardInterrupt(f"Training interrupted at step {state.global_step}; the checkpoint of that step was written.")
-    if loop.steps_this_call == 0:
+    if loop.steps_this_call == 0 and run.ended_by is None:
         logger.warning("Training made no steps: the input was empty or max_steps was already reached.")
     elif loop.context.loss is not None:
         logger.info("Loss for final step: %s.", loop.context.loss)

@@ -228,8 +228,23 @@ class _Evaluations:
 
     # -- what the training loop calls (loop.InLoopEvaluation) ----------------------------
 
-    def begin(self, bundle: InferenceBundle, state: TrainState) -> None:
+    def begin(self, bundle: InferenceBundle, state: TrainState) -> str | None:
+        """Takes the live bundle; returns why training is over already, or None.
+
+        A rerun after early stopping stops before step one: the rules, seeded with the evaluations in the
+        primary eval dir, are asked first (TF's stop hook stopped after one more step; here no step is taken).
+        """
         self.bundle, self.state, self.start_step = bundle, state, state.global_step
+        if not self.rules or self.start_step == 0:
+            return None
+        self._seed_history()
+        verdicts = [rule.should_stop() for rule in self.rules]  # every rule asked: each keeps its own state
+        if not _chief_decides(self.estimator, any(verdicts)):
+            return None
+        said = ", ".join(repr(rule) for rule, stop in zip(self.rules, verdicts) if stop) or "the chief's rules"
+        logger.info("Early stopping: the evaluations in %s already say stop at global step %d (%s); not training.",
+                    self.estimator.eval_dir(self.specs[0].name), self.start_step, said)
+        return f"early stopping stopped it in an earlier run ({said})"
 
     def wants_checkpoint(self, step: int) -> bool:
         return bool(self._due_by_steps(step))
