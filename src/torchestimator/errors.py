@@ -30,9 +30,12 @@ catches it::
     ├── ReplicasDisagreeError(RuntimeError)   before step 1, replicas saw other model_dirs or checkpoints; .views
     └── ReplicaLostError(RuntimeError)        in training, another replica died or stopped answering; .lost_ranks
 
-Mistakes in how the API is called (a wrong argument type, a hook that is not a
-Hook) stay plain ``TypeError``/``ValueError``: they are bugs in the caller's
-code, not conditions a program handles.
+The arguments of ``Estimator`` and ``Estimator.from_module`` (model_dir, config,
+params, model, optimizer, ...) are settings: a wrong type is a ConfigTypeError
+naming the argument (``.field``), still a TypeError. Other mistakes in how the API
+is called (a hook that is not a Hook, a rule passed as a hook) stay plain
+``TypeError``/``ValueError``: they are bugs in the caller's code, not conditions
+a program handles.
 """
 
 from __future__ import annotations
