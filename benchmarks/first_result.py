@@ -77,7 +77,6 @@ def run_child(model_dir: str, max_steps: int | None, plot: bool) -> dict[str, An
     import torch  # noqa: F401  (timed on its own: the floor every torch program pays)
 
     marks["torch_s"] = time.perf_counter() - started
-    marks["threads"] = torch.get_num_threads()
     import torchestimator  # noqa: F401
 
     marks["torchestimator_s"] = time.perf_counter() - started - marks["torch_s"]
@@ -87,6 +86,13 @@ def run_child(model_dir: str, max_steps: int | None, plot: bool) -> dict[str, An
     from torchestimator.cli import demo
     from torchestimator.export import saved_model
 
+    original_train_loop = estimator_module.train_loop
+
+    def train_loop_noting_threads(run: Any) -> Any:
+        marks["threads"] = torch.get_num_threads()  # as the steps run them (the demo sets its own)
+        return original_train_loop(run)
+
+    estimator_module.train_loop = train_loop_noting_threads
     phases = _Phases()
     phases.wrap(demo, "load_digits_split", "data")
     phases.wrap(estimator_module.Estimator, "_start_training", "train start-up")
@@ -198,7 +204,7 @@ def _table(report: dict[str, Any], rerun: dict[str, Any] | None, serve_s: float 
         ("imports of the modules the demo uses (lazy ones)", marks["modules_s"]),
         (f"data: load_digits_split ({calls.get('data', 0)} calls)", seconds.get("data", 0.0)),
         ("train start-up (before step 1)", seconds.get("train start-up", 0.0)),
-        (f"training steps (to step {report['global_step']}, {marks['threads']} torch threads)",
+        (f"training steps (to step {report['global_step']}, {marks.get('threads', '?')} torch threads)",
          seconds.get("training steps", 0.0)),
         (f"checkpoint saves ({calls.get('checkpoint saves', 0)})", seconds.get("checkpoint saves", 0.0)),
         (f"evaluations ({calls.get('evaluations', 0)})", seconds.get("evaluations", 0.0)),
@@ -223,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no_rerun", action="store_true", help="skip the rerun that resumes")
     parser.add_argument("--no_serve", action="store_true", help="skip the server's time to AVAILABLE")
     parser.add_argument("--threads", type=int, default=None,
-                        help="OMP_NUM_THREADS for the demo's processes (default: inherited, torch's own choice)")
+                        help="OMP_NUM_THREADS for the demo's processes (default: inherited; the demo trains on one thread itself)")
     settings = parser.parse_args(arguments)
     if settings.max_steps is not None and settings.max_steps < 1:
         parser.error("--max_steps must be a positive number of steps")

@@ -140,3 +140,23 @@ def test_scaling_quick_run_prints_its_ratios():
     assert efficiency > 0 and fsdp_vs_ddp > 0 and stall_ratio >= 0
     assert re.search(r"^2 processes, FSDP2: +\d+\.\d{3} steps/s", result.stdout, re.M)
     assert re.search(r"sync \d+\.\d{3} s, async \d+\.\d{3} s", result.stdout)
+
+
+# -- benchmarks/first_result.py --------------------------------------------------------------------------------
+
+FIRST_RESULT_LINE = re.compile(r"^first_result demo_s=([0-9.]+) import_s=([0-9.]+) train_s=([0-9.]+) "
+                               r"eval_s=([0-9.]+) export_s=([0-9.]+) serve_available_s=(n/a|[0-9.]+) "
+                               r"accuracy=([0-9.]+)$")
+
+
+@pytest.mark.slow
+def test_first_result_short_run_prints_where_the_demo_time_goes():
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "first_result.py"
+    result = subprocess.run([sys.executable, str(script), "--max_steps", "20", "--no_rerun", "--no_serve"],
+                            capture_output=True, text=True, timeout=420)
+    assert result.returncode == 0, result.stderr[-2000:]
+    demo_s, import_s, train_s, eval_s, export_s, serve_s, accuracy = final_line(result.stdout,
+                                                                                FIRST_RESULT_LINE).groups()
+    assert float(demo_s) > float(train_s) > 0 and float(eval_s) > 0 and float(export_s) > 0
+    assert serve_s == "n/a" and 0.0 < float(accuracy) <= 1.0
+    assert "training steps (to step 20, 1 torch threads)" in result.stdout  # the demo's own thread setting
