@@ -372,9 +372,87 @@ def test_model_dir_may_be_a_path_object(tmp_path):
     ({"learning_rate": "0.1"}, te.errors.ConfigTypeError, "learning_rate", "learning_rate must be a positive number"),
     ({"learning_rate": -1.0}, te.errors.ConfigError, "learning_rate", "learning_rate must be a positive number"),
     ({"optimizer": adam, "learning_rate": 0.1}, te.errors.ConfigError, "learning_rate", "a factory sets its own"),
-    ({"model_dir": 5}, te.errors.ConfigTypeError, "model_dir", r"Estimator\(model_dir=\.\.\.\)"),
+    ({"model_dir": 5}, te.errors.ConfigTypeError, "model_dir", r"Estimator\.from_module\(model_dir=\.\.\.\)"),
+    ({"module": 5}, te.errors.ConfigTypeError, "module", r"Estimator\.from_module\(module=\.\.\.\) must be an nn"),
+    ({"module": torch.nn.Linear}, te.errors.ConfigTypeError, "module",
+     r"from_module\(module=\.\.\.\) received the class Linear, whose constructor needs in_features, out_features"),
+    ({"loss": torch.nn.CrossEntropyLoss}, te.errors.ConfigTypeError, "loss",
+     r"from_module\(loss=CrossEntropyLoss\) is a class; pass an instance \(loss=CrossEntropyLoss\(\)\)"),
 ])
 def test_from_module_names_the_argument_of_a_wrong_value(arguments, error, field, message):
     with pytest.raises(error, match=message) as caught:
-        te.Estimator.from_module(torch.nn.Linear(3, 1), **{"loss": "mse", **arguments})
+        te.Estimator.from_module(**{"module": torch.nn.Linear(3, 1), "loss": "mse", **arguments})
     assert caught.value.field == field
+    assert "Estimator(" not in str(caught.value)  # from_module's arguments, as the user wrote them
+
+
+class _NetOfParams(torch.nn.Module):  # a class built as _NetOfParams(params): a legitimate model factory
+    def __init__(self, params):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, params["classes"])
+
+    def forward(self, x):
+        return self.layer(x)
+
+
+class _NetOfNothing(_NetOfParams):  # built as _NetOfNothing()
+    def __init__(self):
+        super().__init__({"classes": 3})
+
+
+@pytest.mark.parametrize("argument, value, message", [
+    ("model", torch.nn.Linear, r"Estimator\(model=\.\.\.\) received the class Linear, whose constructor needs "
+     r"in_features, out_features; .* Pass an instance \(model=Linear\(\.\.\.\)\) or a factory \(model=lambda params"),
+    ("model", torch.nn.BatchNorm1d, r"class BatchNorm1d, whose constructor needs num_features"),  # never params
+    ("model", dict, r"received the class dict, which is not an nn.Module"),
+    ("model", lambda params, other: None, r"cannot be called as a model factory is"),
+    ("lr_scheduler", torch.optim.lr_scheduler.StepLR, r"Estimator\(lr_scheduler=\.\.\.\) received StepLR, a class whose "
+     r"constructor also needs step_size; pass a factory: lr_scheduler=lambda optimizer: StepLR\(optimizer, step_size"),
+    ("lr_scheduler", torch.optim.SGD, r"received the class SGD, which is not a torch.optim.lr_scheduler.LRScheduler"),
+    ("optimizer", lambda: None, r"Estimator\(optimizer=\.\.\.\) cannot be called as the framework calls it, with "
+     r"\(parameters\) or \(parameters, params\)"),
+    ("optimizer", torch.nn.Linear, r"received the class Linear, which is not a torch.optim.optimizer.Optimizer"),
+])
+def test_a_class_or_factory_that_cannot_work_is_refused_when_the_estimator_is_built(tmp_path, argument, value,
+                                                                                    message):
+    arguments = {"model_fn": classifier_model_fn, "model": SmallNet(), "optimizer": adam, "model_dir": str(tmp_path)}
+    with pytest.raises(te.errors.ConfigTypeError, match=message) as caught:
+        te.Estimator(**{**arguments, argument: value})
+    assert caught.value.field == argument and caught.value.value is value
+
+
+def test_classes_that_work_as_factories_are_accepted(tmp_path):
+    train, _, _, _ = input_fns()
+    for model, params in ((_NetOfParams, {"classes": 3}), (_NetOfNothing, {})):
+        estimator = te.Estimator(model_fn=classifier_model_fn, model=model, params=params,
+                                 optimizer=torch.optim.Adam,  # an Optimizer class needing only the parameters
+                                 lr_scheduler=torch.optim.lr_scheduler.ConstantLR,  # needs only the optimizer
+                                 model_dir=str(tmp_path / model.__name__))
+        estimator.train(train, max_steps=1)
+        assert estimator.get_variable_value("layer.weight").shape == (3, 8)
+
+
+@pytest.mark.parametrize("argument, value, field, returned", [
+    ("model", lambda params: 5, "model", r"Estimator\(model=\.\.\.\) returned 5 \(int\); it must return an nn.Module"),
+    ("model", lambda: SmallNet, "model", r"Estimator\(model=\.\.\.\) returned <class .*SmallNet.> \(a class\); it must return an nn.Module"),
+    ("optimizer", lambda parameters: 5, "optimizer", r"Estimator\(optimizer=\.\.\.\) returned 5 \(int\); it must "
+     r"return a torch.optim.Optimizer"),
+    ("lr_scheduler", lambda optimizer: 5, "lr_scheduler", r"Estimator\(lr_scheduler=\.\.\.\) returned 5 \(int\); it "
+     r"must return a learning-rate scheduler"),
+])
+def test_a_factory_returning_the_wrong_thing_names_its_argument(tmp_path, argument, value, field, returned):
+    train, _, _, _ = input_fns()
+    arguments = {"model_fn": classifier_model_fn, "model": SmallNet, "optimizer": adam, "model_dir": str(tmp_path)}
+    estimator = te.Estimator(**{**arguments, argument: value})
+    with pytest.raises(te.errors.ConfigTypeError, match=rf"The factory given as {returned}") as caught:
+        estimator.train(train, max_steps=1)
+    assert caught.value.field == field
+    assert not any(name.startswith("ckpt-") for name in os.listdir(tmp_path))  # refused before any step
+
+
+def test_from_module_names_its_module_argument_when_the_factory_returns_the_wrong_thing(tmp_path):
+    train, _, _, _ = input_fns()
+    estimator = te.Estimator.from_module(lambda: 5, loss="cross_entropy", model_dir=str(tmp_path))
+    with pytest.raises(te.errors.ConfigTypeError, match=r"Estimator\.from_module\(module=\.\.\.\) returned 5") as caught:
+        estimator.train(train, max_steps=1)
+    assert caught.value.field == "module"

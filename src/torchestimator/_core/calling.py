@@ -48,17 +48,42 @@ def call_factory(factory: Callable[..., Any], first: Any, params: Any, *, first_
     With ``first_is_params`` (a model factory) ``first`` is the params dict, passed only if the factory takes
     an argument.
     """
+    count = factory_argument_count(factory, first_is_params=first_is_params)
+    return factory(*(first, params)[:1 if count is None else count])
+
+
+def required_positionals(function: Callable[..., Any]) -> list[str] | None:
+    """The positional parameters a call must fill (no default), in order; None when the signature cannot be read."""
     try:
-        signature = inspect.signature(factory)
+        signature = inspect.signature(function)
     except (TypeError, ValueError):
-        return factory(first)
-    required = [p for p in signature.parameters.values()
-                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return None
+    return [name for name, p in signature.parameters.items()
+            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def factory_argument_count(factory: Callable[..., Any], *, first_is_params: bool = False) -> int | None:
+    """How many positional arguments ``call_factory`` passes to ``factory``; None when its signature cannot be read
+    (then it passes the first one)."""
+    required = required_positionals(factory)
+    if required is None:
+        return None
     if first_is_params:
-        return factory(first) if required else factory()
-    if len(required) >= 2:
-        return factory(first, params)
-    return factory(first)
+        return 1 if required else 0
+    return 2 if len(required) >= 2 else 1
+
+
+def factory_call_refusal(factory: Callable[..., Any], *, first_is_params: bool = False) -> str | None:
+    """Why ``call_factory``'s call cannot bind to ``factory``'s signature ("missing a required argument: 'x'",
+    "too many positional arguments"), or None when it can (or the signature cannot be read)."""
+    count = factory_argument_count(factory, first_is_params=first_is_params)
+    if count is None:
+        return None
+    try:
+        inspect.signature(factory).bind(*range(count))
+    except TypeError as error:
+        return str(error)
+    return None
 
 
 def split_batch(batch: Any, index: int) -> tuple[Any, Any]:

@@ -26,7 +26,8 @@ import torch
 from torchestimator._io.atomic import temporary_prefix, write_bytes_atomically
 from torchestimator._policy.best import protect_recorded_best
 from torchestimator._core.agreement import check_start_agreement
-from torchestimator._core.calling import call_factory, call_with, check_declared
+from torchestimator._core.calling import (call_factory, call_with, check_declared, factory_call_refusal,
+                                          required_positionals)
 from torchestimator.checkpoint import CheckpointStore
 from torchestimator.checkpoint.checkpointer import Checkpointer
 from torchestimator.checkpoint.parts import (TrainingParts, holds_shards, load_model_state, replica_states,
@@ -98,6 +99,8 @@ class Estimator:
         self._model_dir = _resolve_model_dir(model_dir, config)
         self._config = config.replace(model_dir=self._model_dir) if config.model_dir != self._model_dir else config
         self._model_source = model
+        # The call and argument the user named the model in, for errors about what its factory returns.
+        self._model_argument = ("Estimator", "model")
         # A path (any format open_weights reads) or WarmStartSettings; used only while model_dir has no checkpoint.
         self._warm_start = None if warm_start_from is None else as_warm_start_settings(warm_start_from)
         self._optimizer_factory = optimizer
@@ -139,10 +142,16 @@ class Estimator:
         """
         from torchestimator._core.module_estimator import build_model_fn, resolve_optimizer
 
+        call = "Estimator.from_module"
+        # Checked as from_module's arguments, so that errors name them as the user wrote them (module=, not model=).
+        _check_argument_types(model=module, optimizer=None, model_dir=model_dir, config=config, params=params,
+                              lr_scheduler=lr_scheduler, call=call, model_field="module")
         model_fn = build_model_fn(loss, metrics)
-        return cls(model_fn=model_fn, model=module, optimizer=resolve_optimizer(optimizer, learning_rate),
-                   model_dir=model_dir, config=config, params=params, lr_scheduler=lr_scheduler,
-                   warm_start_from=warm_start_from)
+        estimator = cls(model_fn=model_fn, model=module, optimizer=resolve_optimizer(optimizer, learning_rate),
+                        model_dir=model_dir, config=config, params=params, lr_scheduler=lr_scheduler,
+                        warm_start_from=warm_start_from)
+        estimator._model_argument = (call, "module")
+        return estimator
 
     # -- properties -------------------------------------------------------
 
@@ -392,12 +401,17 @@ class Estimator:
 
     def _build_parts(self, module: torch.nn.Module, state: TrainState, device: torch.device) -> TrainingParts:
         """The run's stateful parts: the model, and the optimizer, scheduler and scaler built for it."""
-        optimizer = call_factory(self._optimizer_factory, module.parameters(), self._params)
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"The optimizer factory must return a torch.optim.Optimizer; it returned {optimizer!r}.")
+        call = self._model_argument[0]
+        optimizer = _checked_factory_result(
+            call_factory(self._optimizer_factory, module.parameters(), self._params), f"{call}(optimizer=...)",
+            "optimizer", "a torch.optim.Optimizer over the parameters it received",
+            lambda built: isinstance(built, torch.optim.Optimizer))
         parts = TrainingParts(model=module, optimizer=optimizer, train_state=state)
         if self._scheduler_factory is not None:
-            parts.lr_scheduler = call_factory(self._scheduler_factory, optimizer, self._params)
+            parts.lr_scheduler = _checked_factory_result(
+                call_factory(self._scheduler_factory, optimizer, self._params), f"{call}(lr_scheduler=...)",
+                "lr_scheduler", "a learning-rate scheduler over the optimizer it received (a torch.optim.lr_scheduler."
+                "LRScheduler, or an object with step, state_dict and load_state_dict)", _is_scheduler)
         if self._config.mixed_precision == "fp16":
             parts.grad_scaler = torch.amp.GradScaler(device.type)
         return parts
@@ -573,10 +587,10 @@ class Estimator:
         source = self._model_source
         if isinstance(source, torch.nn.Module):
             return source
+        call, field = self._model_argument
         module = call_factory(source, self._params, None, first_is_params=True)
-        if not isinstance(module, torch.nn.Module):
-            raise TypeError(f"The model factory must return an nn.Module; it returned {module!r}.")
-        return module
+        return _checked_factory_result(module, f"{call}({field}=...)", field, "an nn.Module (a model instance)",
+                                       lambda built: isinstance(built, torch.nn.Module))
 
     def _module_on(self, device: torch.device) -> tuple[torch.nn.Module, WeightsOrigin]:
         """The module for inference on ``device`` and the weights it holds.
@@ -745,16 +759,21 @@ def _refuse_non_training_task() -> None:
 
 
 def _check_argument_types(*, model: Any, optimizer: Any, model_dir: Any, config: Any, params: Any,
-                          lr_scheduler: Any) -> None:
+                          lr_scheduler: Any, call: str = "Estimator", model_field: str = "model") -> None:
     """Each Estimator argument of the wrong type is a ConfigTypeError naming it (a TypeError too), before any
-    work; the value checks (an empty model_dir, a model_fn's arguments) follow where each is used."""
+    work; the value checks (an empty model_dir, a model_fn's arguments) follow where each is used. ``call`` and
+    ``model_field`` name the call the user made (``Estimator.from_module(module=...)``).
+
+    Factories are refused here when their signature shows that the framework's call cannot work (a class whose
+    constructor needs what the framework never passes: ``model=nn.Linear``, ``lr_scheduler=StepLR``); what they
+    return is checked when they are called (``_checked_factory_result``)."""
 
     def refuse(field: str, expected: str, value: Any) -> None:
-        raise ConfigTypeError(f"Estimator({field}=...) must be {expected}; received {value!r} "
+        raise ConfigTypeError(f"{call}({field}=...) must be {expected}; received {value!r} "
                               f"({type(value).__name__}).", field=field, value=value)
 
     if not isinstance(model, torch.nn.Module) and not callable(model):
-        refuse("model", "an nn.Module or a factory returning one (lambda params: MyNet(params))", model)
+        refuse(model_field, "an nn.Module or a factory returning one (lambda params: MyNet(params))", model)
     if optimizer is not None and not callable(optimizer):  # an optimizer object: it needs the parameters first
         refuse("optimizer", "a factory building the optimizer from the parameters (lambda parameters: "
                "torch.optim.Adam(parameters)), or None", optimizer)
@@ -767,6 +786,88 @@ def _check_argument_types(*, model: Any, optimizer: Any, model_dir: Any, config:
     if lr_scheduler is not None and not callable(lr_scheduler):
         refuse("lr_scheduler", "a factory building the scheduler from the optimizer (lambda optimizer: "
                "torch.optim.lr_scheduler.StepLR(optimizer, 100)), or None", lr_scheduler)
+    if not isinstance(model, torch.nn.Module):
+        _check_model_factory(model, f"{call}({model_field}=...)", model_field)
+    if optimizer is not None:
+        _check_factory(optimizer, f"{call}(optimizer=...)", "optimizer", torch.optim.Optimizer, "parameters",
+                       "torch.optim.Adam(parameters, lr=1e-3)")
+    if lr_scheduler is not None:
+        _check_factory(lr_scheduler, f"{call}(lr_scheduler=...)", "lr_scheduler",
+                       torch.optim.lr_scheduler.LRScheduler, "optimizer",
+                       "torch.optim.lr_scheduler.StepLR(optimizer, step_size=100)")
+
+
+def _check_model_factory(model: Any, where: str, field: str) -> None:
+    """A model factory is called as ``model(params)`` when it takes an argument, else ``model()``.
+
+    An nn.Module class is such a factory when its constructor needs nothing (``class Net(nn.Module): def
+    __init__(self)``) or one argument, which receives params (``def __init__(self, params)``). Refused: a class
+    that is no nn.Module, a constructor needing two or more arguments (``nn.Linear``: in_features,
+    out_features), and torch's own layers needing any (``nn.BatchNorm1d``: num_features, never params)."""
+    name = _name_of(model)
+    if isinstance(model, type):
+        if not issubclass(model, torch.nn.Module):
+            raise ConfigTypeError(f"{where} received the class {name}, which is not an nn.Module; pass an nn.Module "
+                                  f"or a factory returning one ({field}=lambda params: MyNet(params)).",
+                                  field=field, value=model)
+        required = required_positionals(model) or []
+        from_torch = model.__module__.split(".")[0] == "torch"
+        if len(required) > 1 or (required and from_torch):
+            raise ConfigTypeError(
+                f"{where} received the class {name}, whose constructor needs {', '.join(required)}; a model class is "
+                f"built as {name}(params) (or {name}() when it takes no argument). Pass an instance ({field}="
+                f"{name}(...)) or a factory ({field}=lambda params: {name}(...)).", field=field, value=model)
+    refusal = factory_call_refusal(model, first_is_params=True)
+    if refusal is not None:
+        raise ConfigTypeError(f"{where} cannot be called as a model factory is, with params or with nothing "
+                              f"({name}: {refusal}); pass lambda params: MyNet(...) or lambda: MyNet(...).",
+                              field=field, value=model)
+
+
+def _check_factory(factory: Any, where: str, field: str, builds: type, first: str, example: str) -> None:
+    """An optimizer or scheduler factory is called with ``(first)`` or ``(first, params)``: a class of what it builds
+    whose constructor needs only ``first`` is such a factory (``optimizer=torch.optim.Adam``); other classes, and
+    callables that cannot take that call, are refused with the lambda to write instead."""
+    name = _name_of(factory)
+    if isinstance(factory, type):
+        expected = f"{builds.__module__}.{builds.__qualname__}"
+        if not issubclass(factory, builds):
+            raise ConfigTypeError(f"{where} received the class {name}, which is not a {expected}; pass a factory: "
+                                  f"lambda {first}: {example}.", field=field, value=factory)
+        required = required_positionals(factory) or []
+        if len(required) > 1:
+            extra = ", ".join(f"{argument}=..." for argument in required[1:])
+            raise ConfigTypeError(
+                f"{where} received {name}, a class whose constructor also needs {', '.join(required[1:])}; pass a "
+                f"factory: {field}=lambda {first}: {name}({first}, {extra}).", field=field, value=factory)
+    refusal = factory_call_refusal(factory)
+    if refusal is not None:
+        raise ConfigTypeError(f"{where} cannot be called as the framework calls it, with ({first}) or ({first}, "
+                              f"params) ({name}: {refusal}); pass lambda {first}: {example}.",
+                              field=field, value=factory)
+
+
+def _checked_factory_result(result: Any, where: str, field: str, expected: str,
+                            fits: Callable[[Any], bool]) -> Any:
+    """A factory's result, or a ConfigTypeError naming the argument when it is not what the framework needs."""
+    if not fits(result):
+        kind = "a class" if isinstance(result, type) else type(result).__name__
+        raise ConfigTypeError(f"The factory given as {where} returned {result!r:.100} ({kind}); it must return "
+                              f"{expected}.", field=field, value=result)
+    return result
+
+
+def _is_scheduler(value: Any) -> bool:
+    """A torch LRScheduler, or an object that steps and checkpoints like one."""
+    if isinstance(value, type):
+        return False
+    if isinstance(value, torch.optim.lr_scheduler.LRScheduler):
+        return True
+    return all(callable(getattr(value, method, None)) for method in ("step", "state_dict", "load_state_dict"))
+
+
+def _name_of(value: Any) -> str:
+    return getattr(value, "__qualname__", None) or type(value).__name__
 
 
 def _resolve_model_dir(model_dir: str | os.PathLike[str] | None, config: RunConfig) -> str:

@@ -62,6 +62,10 @@ def resolve_loss(loss: str | LossFn) -> tuple[LossFn, str]:
     if not callable(loss):
         raise ConfigTypeError(f"loss must be a name or a callable (outputs, labels) -> scalar tensor; received "
                               f"{loss!r} ({type(loss).__name__}).", field="loss", value=loss)
+    if isinstance(loss, type):  # nn.CrossEntropyLoss, not nn.CrossEntropyLoss(): calling it builds a module
+        raise ConfigTypeError(f"Estimator.from_module(loss={loss.__name__}) is a class; pass an instance (loss="
+                              f"{loss.__name__}()), a function (outputs, labels) -> scalar tensor, or a name "
+                              "('cross_entropy', 'binary_crossentropy', 'mse', 'mae').", field="loss", value=loss)
     name = getattr(loss, "__name__", type(loss).__name__).lower()
     task = "multiclass" if "cross_entropy" in name or "crossentropy" in name else "custom"
     if "binary" in name:
