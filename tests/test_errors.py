@@ -3,10 +3,12 @@ and real failures (a damaged TFRecord, a missing variable) caught by ``except To
 
 from __future__ import annotations
 
+import copy
 import errno
 import importlib
 import inspect
 import json
+import pickle
 import pkgutil
 
 import numpy as np
@@ -114,6 +116,77 @@ def test_every_exception_a_public_module_defines_lives_in_errors():
 ])
 def test_old_import_paths_give_the_same_class(module, name):
     assert getattr(importlib.import_module(module), name) is getattr(errors, name)
+
+
+# --------------------------------------------------------------------------- pickle and copy
+
+# The exceptions defined outside errors.py (internal: translated before users see them, or control flow),
+# each made as its module makes it. A worker process can still raise one, so they must pickle too.
+OUTSIDE_THE_TREE = [
+    ("torchestimator._io.protobuf", "MessageDecodeError", lambda cls: cls("Error parsing message")),
+    ("torchestimator._io.protobuf", "TextFormatError", lambda cls: cls("Expected \"}\".", 3, 7)),
+    ("torchestimator.interop._sstable", "VarintError", lambda cls: cls("varint runs past the block")),
+    ("torchestimator.interop.keras_h5", "_DamagedHeapError", lambda cls: cls("global heap at 4096")),
+    ("torchestimator.data.tfrecord", "_TruncatedStream", lambda cls: cls()),
+]
+# TextFormatError(problem, line, column) passes one formatted message to ValueError, so pickle's
+# cls(*args) rebuild fails; the fix (mix errors.PicklableError in) is in _io/protobuf.py, not ours here.
+_NOT_YET_PICKLABLE = {"TextFormatError"}
+
+
+def _outside_the_tree_case(module: str, name: str, make):
+    marks = [pytest.mark.xfail(strict=True, raises=TypeError, reason="_io/protobuf.py: mix in PicklableError")] \
+        if name in _NOT_YET_PICKLABLE else []
+    return pytest.param(lambda: make(getattr(importlib.import_module(module), name)), id=name, marks=marks)
+
+
+PICKLING_CASES = [pytest.param(lambda: TorchEstimatorError("m"), id="TorchEstimatorError")]
+PICKLING_CASES += [pytest.param(make, id=cls.__name__) for cls, _, make, _ in RAISED]
+PICKLING_CASES += [_outside_the_tree_case(*row) for row in OUTSIDE_THE_TREE]
+
+_ABSENT = object()
+
+
+def _public_state(error: BaseException) -> dict:
+    """Every public non-method attribute: the class's own (``.extra``) and the builtin's (errno, name, args)."""
+    values = {name: getattr(error, name, _ABSENT) for name in dir(error) if not name.startswith("_")}
+    return {name: value for name, value in values.items() if not callable(value)}
+
+
+@pytest.mark.parametrize("make", PICKLING_CASES)
+def test_an_error_survives_pickle_and_copy_with_its_type_message_and_attributes(make):
+    """Python rebuilds an unpickled error as cls(*args): a required keyword (MissingExtraError's extra=)
+    made that a TypeError, which broke a spawn ProcessPoolExecutor and multiprocessing.Pool's result thread."""
+    error = make()
+    error.note = "set after raising"  # an attribute the class did not define survives too
+    for how, rebuilt in [("pickle", pickle.loads(pickle.dumps(error))), ("copy", copy.copy(error)),
+                         ("deepcopy", copy.deepcopy(error))]:
+        assert type(rebuilt) is type(error), how
+        assert (str(rebuilt), rebuilt.args) == (str(error), error.args), how
+        assert _public_state(rebuilt) == _public_state(error), how
+        assert vars(rebuilt) == vars(error), how
+
+
+def test_the_pickling_cases_cover_every_exception_class_the_package_defines():
+    defined = set()
+    for module_info in pkgutil.walk_packages(te.__path__, "torchestimator."):
+        if module_info.name.endswith(".__main__"):  # running it is running the command
+            continue
+        for obj in vars(importlib.import_module(module_info.name)).values():
+            if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__.startswith("torchestimator."):
+                defined.add(f"{obj.__module__}.{obj.__qualname__}")
+    covered = {f"{cls.__module__}.{cls.__qualname__}" for cls in [TorchEstimatorError] + [row[0] for row in RAISED]}
+    covered |= {f"{module}.{name}" for module, name, _ in OUTSIDE_THE_TREE}
+    assert defined - covered == set(), "add a case to RAISED (errors.py) or OUTSIDE_THE_TREE"
+
+
+def test_a_disk_full_error_rebuilt_from_a_pickle_keeps_errno_filename_and_message():
+    cause = OSError(errno.EDQUOT, "Disk quota exceeded")
+    error = errors.DiskFullError(cause, path="/m/ckpt-3", what="a checkpoint", bytes_needed=4096, free_bytes=10)
+    rebuilt = pickle.loads(pickle.dumps(error))
+    assert (rebuilt.errno, rebuilt.filename, rebuilt.bytes_needed) == (errno.EDQUOT, "/m/ckpt-3", 4096)
+    assert str(rebuilt) == str(error) and str(error).startswith(f"[Errno {errno.EDQUOT}] disk quota exceeded: ")
+    assert isinstance(rebuilt, OSError) and isinstance(rebuilt, TorchEstimatorError)
 
 
 # --------------------------------------------------------------------------- RunConfig, refused when built

@@ -36,6 +36,10 @@ naming the argument (``.field``), still a TypeError. Other mistakes in how the A
 is called (a hook that is not a Hook, a rule passed as a hook) stay plain
 ``TypeError``/``ValueError``: they are bugs in the caller's code, not conditions
 a program handles.
+
+Every class pickles and copies as itself, with its message and attributes (``PicklableError``), so
+an error raised in a worker process (a spawn ProcessPoolExecutor, multiprocessing.Pool, a replica)
+reaches the parent as the same error.
 """
 
 from __future__ import annotations
@@ -69,7 +73,36 @@ __all__ = [
 ]
 
 
-class TorchEstimatorError(Exception):
+class PicklableError:
+    """Mixin: pickle and ``copy`` rebuild the error from its state, not by calling ``cls(*args)`` again.
+
+    Why: Python rebuilds an unpickled exception as ``cls(*self.args)``, and ``args`` is what the class passed
+    to its builtin base (the message), not the arguments of its own ``__init__``; a class with a required
+    keyword (``MissingExtraError(message, module=..., extra=...)``) or other positional arguments
+    (``DiskFullError(cause, path=..., what=...)``) then failed with TypeError. Raised in a worker process
+    (a spawn ProcessPoolExecutor, multiprocessing.Pool), that TypeError broke the pool instead of reaching
+    the caller. Here the builtin base is rebuilt from the builtin's own reduction (``args``; errno and
+    filename for OSError; name and path for ImportError) and the class's attributes (``__dict__``) are
+    put back as they were, so type, ``str()`` and every attribute survive. Every TorchEstimatorError has it;
+    an exception class outside the tree can mix it in before its builtin base.
+    """
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        _, builtin_args, *state = super().__reduce__()  # type: ignore[misc]
+        return (_rebuilt_error, (type(self), builtin_args), *state)
+
+
+def _rebuilt_error(cls: type[BaseException], builtin_args: tuple[Any, ...]) -> BaseException:
+    """An instance of ``cls`` whose builtin part is made from ``builtin_args``, without ``cls.__init__``."""
+    builtin = next(base for base in cls.__mro__ if base.__module__ == "builtins")
+    error = builtin.__new__(cls, *builtin_args)
+    builtin.__init__(error, *builtin_args)  # OSError parses errno, strerror and filename here
+    return error
+
+
+class TorchEstimatorError(PicklableError, Exception):
     """Base class of every exception torchestimator defines; ``except TorchEstimatorError`` catches them all."""
 
 
