@@ -151,3 +151,49 @@ def test_the_lines_name_what_the_user_named_and_say_why_training_stopped(tmp_pat
         "trained runs/q from step 0 to 640 in 3.0 s (final loss 0.5); stopped at step 640 of 1000: early stopping")
     assert [format_value(value) for value in (1.0, 12345.6, float("nan"), 7, True)] == [
         "1.0", "1.235e+04", "nan", "7", "True"]
+
+
+def test_a_train_call_that_takes_no_step_still_says_so(tmp_path, te_logs):
+    """An input that ends before the first batch (empty, or a num_epochs input resumed at its end) gives its summary
+    line and the warning; an input that ends later says so after the trained range."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    import torchestimator as te
+
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(64, 4)).astype(np.float32)
+    labels = (features[:, 0] > 0).astype(np.int64)
+
+    def model_fn(model, features, labels, mode):
+        return te.EstimatorSpec(mode, loss=F.cross_entropy(model(features["x"]), labels))
+
+    def estimator(name):
+        return te.Estimator(model_fn=model_fn, model=lambda: torch.nn.Linear(4, 2),
+                            optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
+                            model_dir=str(tmp_path / name), config=te.RunConfig(progress_bar=False))
+
+    def one_epoch():
+        return te.numpy_input_fn({"x": features}, labels, batch_size=16, num_epochs=1, shuffle=False)
+
+    def summaries():
+        return [record.getMessage() for record in te_logs.records if getattr(record, "torchestimator_summary", False)]
+
+    def warnings():
+        return [record.getMessage() for record in te_logs.records if record.levelname == "WARNING"]
+
+    resumed = estimator("resumed")
+    resumed.train(one_epoch(), max_steps=1000)
+    resumed.train(one_epoch(), max_steps=1000)  # resumes at the end of its one epoch
+    first, second = summaries()
+    assert re.fullmatch(rf"trained {re.escape(str(tmp_path / 'resumed'))} from step 0 to 4 in {NUMBER} s \(final loss "
+                        rf"{NUMBER}\); stopped at step 4 of 1000: the input ended", first), first
+    assert second == f"trained no step: {tmp_path / 'resumed'} stays at step 4: the input ended before its first batch"
+    assert len([text for text in warnings() if text.startswith("Training made no steps: the input ended before its "
+                                                               "first batch")]) == 1
+    te_logs.clear()
+    estimator("empty").train(lambda: [], max_steps=50)
+    assert summaries() == [f"trained no step: {tmp_path / 'empty'} stays at step 0: the input ended before its first "
+                           "batch"]
+    assert any(text.startswith("Training made no steps") for text in warnings())

@@ -131,6 +131,9 @@ class TrainOutcome:
     ended_by: str | None = None
     """Why training stopped before its last step ("the input ended", "a stop was requested"), else None."""
     final_loss: float | None = None
+    """The last step's loss (the mean over replicas where the loop read it so)."""
+    input_ended_first: bool = False
+    """The input ended before the call's first step: it was empty, or resumed at its end."""
 
 
 def describe_training(outcome: TrainOutcome) -> str:
@@ -138,6 +141,8 @@ def describe_training(outcome: TrainOutcome) -> str:
     if outcome.skipped:
         return (f"skipped training: {outcome.model_dir} is already at step {outcome.end_step} "
                 f"(max_steps={outcome.last_step})")
+    if outcome.input_ended_first:
+        return f"trained no step: {outcome.model_dir} stays at step {outcome.end_step}: {outcome.ended_by}"
     if outcome.ended_by is not None and outcome.end_step == outcome.start_step:  # over before step one
         return f"skipped training: {outcome.model_dir} stays at step {outcome.end_step}: {outcome.ended_by}"
     if outcome.resumed_from is not None:

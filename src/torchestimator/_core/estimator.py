@@ -264,18 +264,22 @@ class Estimator:
                 self._module = self._gathered_copy(run.parts.model, run.strategy.device)  # every replica, together
             run.strategy.barrier()  # the chief's final checkpoint is on disk before any replica reads it
         state = run.state
+        # No step and no reason: the weights trained in this process (no checkpoints) are already at max_steps.
+        already_there = state.global_step == state.start_step and run.ended_by is None
         self._report_training(TrainOutcome(
             model_dir=self._model_dir, start_step=state.start_step, end_step=state.global_step,
             seconds=time.monotonic() - started, resumed_from=run.resumed_from, last_step=run.last_step,
-            ended_by=run.ended_by, final_loss=state.last_loss), evaluation)
+            skipped=already_there, ended_by=run.ended_by, final_loss=state.last_loss,
+            input_ended_first=run.input_ended_first), evaluation)
         return self
 
     def _report_training(self, outcome: TrainOutcome, evaluation: InLoopEvaluation | None) -> None:
-        """The call's summary line, on the chief; train_and_evaluate's evaluation reports it with its results."""
+        """The call's summary line, on the chief, also when no step was taken; train_and_evaluate's evaluation
+        reports it with its results."""
         if evaluation is not None:
             evaluation.training_ended(outcome)
-        elif _is_chief(self._config) and (outcome.skipped or outcome.end_step > outcome.start_step):
-            log_summary(describe_training(outcome))  # no step at all: the loop's warning says so
+        elif _is_chief(self._config):
+            log_summary(describe_training(outcome))
 
     def _weights_now(self) -> WeightsOrigin:
         """Where the built module's weights come from now; during training, from the live run."""

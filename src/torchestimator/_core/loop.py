@@ -76,6 +76,8 @@ class TrainingRun:
     """The checkpoint this call restored, for its summary line; None for fresh, warm-started or in-process weights."""
     ended_by: str | None = None
     """Set by the loop when training stops before last_step: why, in words ("the input ended", "early stopping")."""
+    input_ended_first: bool = False
+    """Set by the loop when the input ended before this call's first step (empty, or resumed at its end)."""
 
     @property
     def state(self) -> TrainState:
@@ -238,6 +240,7 @@ class _TrainLoop:
                                   on_checkpoint_request=self.pending_listeners.append)
         self.steps_this_call = 0
         self.stop_reason: str | None = None  # who stopped training when not a hook: for TrainingRun.ended_by
+        self.last_loss: torch.Tensor | None = None  # the latest step's (detached), for the final loss
 
     def run_steps(self, interrupt: _InterruptFlag, progress: Progress) -> None:
         run, state = self.run, self.state
@@ -249,10 +252,12 @@ class _TrainLoop:
             except StopIteration:
                 logger.info("Input ended after %d steps in this call (global step %d).", self.steps_this_call,
                             state.global_step)
-                run.ended_by = "the input ended"
+                run.input_ended_first = self.steps_this_call == 0
+                run.ended_by = "the input ended before its first batch" if run.input_ended_first else "the input ended"
                 break
             state.global_step += 1
             self.steps_this_call += 1
+            self.last_loss = loss
             if self.steps_this_call == 1:
                 adopt_spec_hooks(run.hooks, spec.training_hooks, state)
             self.watch.observe(loss, state.global_step)
@@ -350,6 +355,16 @@ class _TrainLoop:
         if checkpointer is not None and checkpointer.last_saved_step != state.global_step and self.steps_this_call:
             self.pending_listeners.clear()
             checkpointer.save(self.run.parts)
+        if self.last_loss is not None:
+            state.last_loss = self._final_loss()
+
+    def _final_loss(self) -> float:
+        """The last step's loss: the value the hooks read, else the mean over replicas (a collective every replica
+        reaches here, as the NaN check above), else this process's."""
+        value = self.context.loss_if_read
+        if value is None and self.several:
+            value = self.strategy.reduce_mean(self.last_loss)
+        return float(self.last_loss) if value is None else value
 
 
 def _write_train_summaries(run: TrainingRun, loss: float, step: int) -> None:
@@ -390,9 +405,11 @@ def train_loop(run: TrainingRun) -> TrainState:
         loop.finish()
     if interrupt.raised:
         raise KeyboardInterrupt(f"Training interrupted at step {state.global_step}; the checkpoint of that step was written.")
-    if loop.steps_this_call == 0 and run.ended_by is None:
-        logger.warning("Training made no steps: the input was empty or max_steps was already reached.")
-    elif loop.context.loss is not None:
-        logger.info("Loss for final step: %s.", loop.context.loss)
+    if run.input_ended_first:
+        logger.warning("Training made no steps: the input ended before its first batch. It is empty, or it resumed "
+                       "at its end (an input with num_epochs resumes where the previous train call in this model_dir "
+                       "stopped; for more epochs give it a larger num_epochs, or num_epochs=None and max_steps).")
+    elif state.last_loss is not None and loop.steps_this_call:
+        logger.info("Loss for final step: %s.", state.last_loss)
     run.hooks.end(state)
     return state
