@@ -6,6 +6,9 @@ A change here is an API change: add the name on purpose, with its docs, or keep 
 from __future__ import annotations
 
 import importlib
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -93,3 +96,38 @@ def test_the_top_level_names_are_the_objects_of_their_subpackages():
     assert te.init_from_checkpoint is warm_start.init_from_checkpoint
     assert te.TorchEstimatorError is te.errors.TorchEstimatorError
     assert te.Estimator.__module__ == "torchestimator._core.estimator"
+
+
+SUBMODULE_ATTRIBUTES = """
+import json, torchestimator as te
+found = {path: getattr(eval(path, {"te": te}), "__name__", None)
+         for path in ["te.data.tfrecord", "te.export.saved_model", "te.serving.client", "te.checkpoint.store",
+                      "te.distribute.launcher", "te.export.program_format"]}
+typos = {}
+for package, name in [(te, "Estimatr"), (te.data, "tfrecrd"), (te, "__wrapped__")]:
+    try:
+        getattr(package, name)
+    except AttributeError as error:
+        typos[name] = str(error)
+print(json.dumps({"found": found, "typos": typos, "listed": "tfrecord" in dir(te.data)}))
+"""
+
+
+def test_every_submodule_is_an_attribute_as_with_the_eager_package_and_typos_stay_attribute_errors():
+    """`te.data.tfrecord` worked when the eager __init__ had imported it; the lazy package imports it when read.
+
+    A fresh interpreter: in this one, other tests imported the submodules already (which sets the attributes).
+    """
+    done = subprocess.run([sys.executable, "-c", SUBMODULE_ATTRIBUTES], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["found"] == {"te.data.tfrecord": "torchestimator.data.tfrecord",
+                               "te.export.saved_model": "torchestimator.export.saved_model",
+                               "te.serving.client": "torchestimator.serving.client",
+                               "te.checkpoint.store": "torchestimator.checkpoint.store",
+                               "te.distribute.launcher": "torchestimator.distribute.launcher",
+                               "te.export.program_format": "torchestimator.export.program_format"}
+    assert report["typos"] == {"Estimatr": "module 'torchestimator' has no attribute 'Estimatr'",
+                               "tfrecrd": "module 'torchestimator.data' has no attribute 'tfrecrd'",
+                               "__wrapped__": "module 'torchestimator' has no attribute '__wrapped__'"}
+    assert report["listed"] is False  # dir() lists the public names (and the public subpackages) only
