@@ -5,16 +5,19 @@
     Client(server.url, "digits").predict([[0.0] * 64])     # a client for ours or TF Serving
     server.stop()
 
-Modules: server.py (settings, polling, serve/start), app.py (paths, dispatch,
+Modules: server.py (polling, serve/start), settings.py (ServerSettings and the defaults), app.py (paths, dispatch,
 metrics page), manager.py (versions, policies, labels, load, warm-up, swap),
 config.py (TF's text-format config files), batching.py (request batching),
 json_tensor.py (predict JSON), examples_json.py (classify/regress JSON),
 metrics.py (Prometheus), errors.py (ServingError and TF's status mapping),
 openapi.py (the API's OpenAPI description), client.py.
 
-Names are imported on first use (``torchestimator._lazy``): the Client and the config readers
-work without the ``serving`` extra; the server itself needs aiohttp and prometheus-client
-(``pip install 'torchestimator[serving]'``), and says so in one line when they are missing.
+Names are imported on first use (``torchestimator._lazy``): the Client, the config readers,
+ServerSettings and the defaults work without the ``serving`` extra; the server itself needs aiohttp
+and prometheus-client (``pip install 'torchestimator[serving]'``). Without them its names are still
+there (``from torchestimator.serving import *``, ``help()`` work) and calling one (``serve``,
+``start``, ``make_app``, ``RunningServer``, ``ServingMetrics``) raises MissingExtraError, one line
+naming the extra.
 """
 
 from torchestimator._lazy import lazy_exports
@@ -49,7 +52,7 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "torchestimator.serving.app": ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_METRICS_PATH", "make_app"],
+        "torchestimator.serving.app": ["make_app"],
         "torchestimator.serving.batching": ["BatchScheduler", "BatchingParameters"],
         "torchestimator.serving.client": ["Client", "ServingClientError"],
         "torchestimator.serving.config": [
@@ -65,6 +68,7 @@ __getattr__, __dir__ = lazy_exports(
         "torchestimator.serving.manager": ["ModelManager", "VersionStatus"],
         "torchestimator.serving.metrics": ["ServingMetrics"],
         "torchestimator.serving.openapi": ["openapi_document"],
-        "torchestimator.serving.server": ["RunningServer", "ServerSettings", "build_app", "serve", "start"],
+        "torchestimator.serving.server": ["RunningServer", "build_app", "serve", "start"],
+        "torchestimator.serving.settings": ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_METRICS_PATH", "ServerSettings"],
     },
 )

@@ -50,13 +50,12 @@ from torchestimator.serving.json_tensor import (
     status_document,
 )
 from torchestimator.serving.manager import ModelManager
-from torchestimator.serving.metrics import API_BY_VERB, DEFAULT_METRICS_PATH, ServingMetrics
+from torchestimator.serving.metrics import API_BY_VERB, ServingMetrics
+from torchestimator.serving.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_METRICS_PATH  # re-exported: they lived here
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_METRICS_PATH", "make_app"]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 
 _PREDICT_PATH = re.compile(r"/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?:(classify|regress|predict)",
                            re.IGNORECASE)

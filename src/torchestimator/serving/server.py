@@ -7,13 +7,13 @@
 Both poll every model's base path for new versions (file_system_poll_wait_seconds)
 and, with ``model_config_file_poll_wait_seconds`` > 0, re-read the model config
 file: models added are loaded, models removed are no longer served, policies and
-labels of the others change in place. The REST handling is app.py's.
+labels of the others change in place. The REST handling is app.py's; ServerSettings is settings.py's
+(importable without aiohttp).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import threading
@@ -24,50 +24,16 @@ from torchestimator._extras import import_extra
 
 web = import_extra("aiohttp.web", extra="serving", feature="the model server")
 
-from torchestimator.serving.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_METRICS_PATH, make_app, managers_of
-from torchestimator.serving.batching import BatchingParameters
+from torchestimator.serving.app import make_app, managers_of
 from torchestimator.serving.config import ModelConfig, read_model_config_file
 from torchestimator.serving.errors import ServingError
 from torchestimator.serving.manager import ModelManager
 from torchestimator.serving.protocol import ServingRunner
+from torchestimator.serving.settings import ServerSettings  # re-exported: it lived here
 
 __all__ = ["RunningServer", "ServerSettings", "build_app", "serve", "start"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ServerSettings:
-    """What ``torchestimator serve`` takes, under TF Serving's flag names where they exist."""
-
-    model_name: str | None = None
-    model_base_path: str | os.PathLike[str] | None = None
-    model_config_file: str | os.PathLike[str] | None = None
-    """TF's ModelServerConfig text format (model_config_list); instead of model_name + model_base_path."""
-    model_config_file_poll_wait_seconds: float = 0.0
-    """Re-read the model config file this often; 0: read it once (TF's default)."""
-    file_system_poll_wait_seconds: float = 1.0
-    """Look for new versions this often; 0 or less: only at start."""
-    batching: BatchingParameters | None = None
-    """TF's --enable_batching with its batching parameters; None: each request runs alone."""
-    allow_version_labels_for_unavailable_models: bool = False
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    num_threads: int | None = None
-    """Threads parsing, running and encoding requests (TF's --rest_api_num_threads); None: one per CPU core."""
-    timeout_seconds: float | None = 30.0
-    """TF's --rest_api_timeout_in_ms, in seconds: a slower request answers 504."""
-    metrics_path: str | None = DEFAULT_METRICS_PATH
-    """Where Prometheus reads the metrics; None: not served."""
-
-    def __post_init__(self) -> None:
-        has_flags = self.model_name is not None or self.model_base_path is not None
-        if self.model_config_file is not None and has_flags:
-            raise ValueError("Give either --model_config_file or --model_name with --model_base_path, not both "
-                             f"(received model_config_file={os.fspath(self.model_config_file)!r}, "
-                             f"model_name={self.model_name!r}, model_base_path={self.model_base_path!r}).")
-        if self.model_config_file is None and (self.model_name is None or self.model_base_path is None):
-            raise ValueError("Name the model to serve: --model_name and --model_base_path (a folder of integer "
-                             "version folders, e.g. an export base), or --model_config_file for several models.")
 
 
 def build_app(settings: ServerSettings) -> web.Application:
