@@ -8,6 +8,7 @@ again; monkeypatch puts everything back. The CLI cases run in a fresh interprete
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 import textwrap
@@ -60,8 +61,11 @@ def test_the_api_raises_one_line_naming_the_extra(blocked, call, message, monkey
 
             _forget(monkeypatch, "torchestimator.serving.server", "torchestimator.serving.app",
                     "torchestimator.serving.protocol", "torchestimator.serving.metrics")
-            monkeypatch.delattr(serving, "start", raising=False)
-            from torchestimator.serving import start  # noqa: F401
+            if "start" in vars(serving):  # stored by an earlier read: read it through the lazy __getattr__ again
+                monkeypatch.delattr(serving, "start")
+            from torchestimator.serving import start  # importable: a stand-in that raises when called
+
+            start("digits", str(tmp_path))
         elif call == "demo":
             _forget(monkeypatch, "torchestimator.cli.demo")
             importlib.import_module("torchestimator.cli.demo")
@@ -76,6 +80,89 @@ def test_the_api_raises_one_line_naming_the_extra(blocked, call, message, monkey
     assert error.extra == message.split("[")[1].split("]")[0] and error.name == error.module
     assert isinstance(error, ImportError) and isinstance(error, TorchEstimatorError)
     assert error.__suppress_context__  # no "During handling of the above exception" chain under it
+
+
+# A fresh interpreter: the serving modules this process imported with aiohttp must not answer.
+SERVING_WITHOUT = """
+import contextlib, inspect, io, json, pydoc, sys
+for name in {blocked!r}:
+    sys.modules[name] = None
+import torchestimator.serving as serving
+namespace = {{}}
+exec("from torchestimator.serving import *", namespace)
+report = {{"star": sorted(name for name in namespace if not name.startswith("__")),
+          "hasattr": {{name: hasattr(serving, name) for name in ("serve", "start", "ServerSettings")}},
+          "members": len(inspect.getmembers(serving)), "help": "serve" in pydoc.render_doc(serving),
+          "defaults": [serving.DEFAULT_MAX_BODY_BYTES, serving.DEFAULT_METRICS_PATH],
+          "settings": serving.ServerSettings(model_name="m", model_base_path="/b").max_body_bytes,
+          "called": {{}}}}
+for name in ("serve", "start", "build_app", "make_app", "RunningServer", "ServingMetrics"):
+    try:
+        getattr(serving, name)("m", "/nowhere")
+    except Exception as error:
+        report["called"][name] = [type(error).__name__, str(error), getattr(error, "extra", None)]
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.parametrize("blocked, needing_it", [
+    (["aiohttp"], ["RunningServer", "build_app", "make_app", "serve", "start"]),
+    (["prometheus_client"], ["RunningServer", "ServingMetrics", "build_app", "make_app", "serve", "start"]),
+], ids=["aiohttp", "prometheus_client"])
+def test_the_serving_package_without_the_extra_lists_everything_and_raises_only_when_called(blocked, needing_it):
+    script = SERVING_WITHOUT.format(blocked=blocked)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["star"] == sorted(te.serving.__all__)  # from torchestimator.serving import * works
+    assert report["hasattr"] == {"serve": True, "start": True, "ServerSettings": True}
+    assert report["members"] > len(te.serving.__all__) and report["help"]  # getmembers and help() do not raise
+    assert report["defaults"] == [64 * 1024 * 1024, "/monitoring/prometheus/metrics"]
+    assert report["settings"] == 64 * 1024 * 1024  # ServerSettings builds (and checks) without the extra
+    missing = {"aiohttp": "aiohttp", "prometheus_client": "prometheus-client"}[blocked[0]]
+    line = f"the model server needs {missing}: pip install 'torchestimator[serving]'"
+    called = {name: outcome for name, outcome in report["called"].items() if outcome[0] == "MissingExtraError"}
+    assert called == {name: ["MissingExtraError", line, "serving"] for name in needing_it}
+
+
+def test_the_serving_defaults_have_one_value():
+    """settings.py holds them without the extra; metrics.py keeps its own name for the metrics path."""
+    from torchestimator.serving import app, metrics, server, settings
+
+    assert metrics.DEFAULT_METRICS_PATH == settings.DEFAULT_METRICS_PATH == app.DEFAULT_METRICS_PATH
+    assert app.DEFAULT_MAX_BODY_BYTES is settings.DEFAULT_MAX_BODY_BYTES
+    assert server.ServerSettings is settings.ServerSettings is te.serving.ServerSettings
+
+
+PILLOW_LINE = ("decoding images (--image_mode raw) needs Pillow: pip install 'torchestimator[images]'; "
+               "or pass --image_mode encoded to store the file bytes as they are")
+
+
+def test_raw_images_without_pillow_raise_missing_extra_even_with_pil_image_loaded(monkeypatch, tmp_path):
+    pytest.importorskip("PIL.Image")  # loaded: blocking only the package must still be seen (as `import` sees it)
+    from torchestimator.cli.records import decode_image
+
+    monkeypatch.setitem(sys.modules, "PIL", None)
+    with pytest.raises(MissingExtraError) as raised:
+        decode_image(str(tmp_path / "a.png"), "row 1")
+    assert (str(raised.value), raised.value.extra, raised.value.module) == (PILLOW_LINE, "images", "PIL.Image")
+
+
+def test_a_broken_pillow_is_reported_as_broken_not_as_missing(monkeypatch, tmp_path):
+    fake = tmp_path / "PIL"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "Image.py").write_text("from PIL import _imaging  # noqa  (the compiled part, missing)\n")
+    _forget(monkeypatch, *[name for name in sys.modules if name.split(".")[0] == "PIL"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from torchestimator.cli.records import decode_image
+
+    with pytest.raises(MissingExtraError) as raised:
+        decode_image(str(tmp_path / "a.png"), "row 1")
+    assert str(raised.value) == (
+        "decoding images (--image_mode raw) needs Pillow, which could not be imported (cannot import name "
+        "'_imaging' from 'PIL' (" + str(fake / "__init__.py") + ")): pip install --upgrade 'torchestimator[images]'; "
+        "or pass --image_mode encoded to store the file bytes as they are")
 
 
 def test_keras_files_without_h5py_name_the_file_and_the_extra(monkeypatch, tmp_path):
@@ -129,7 +216,9 @@ sys.exit(main({argv!r}))
      "torchestimator demo: error: the digits demo needs scikit-learn: pip install 'torchestimator[demo]'"),
     (["matplotlib"], ["plot", "{tmp}"],
      "torchestimator plot: error: plotting needs matplotlib: pip install 'torchestimator[plot]'"),
-], ids=["serve", "demo", "plot"])
+    (["PIL"], ["convert", "csv-to-tfrecord", "{tmp}/index.csv", "{tmp}/digits/train", "--image_mode", "raw"],
+     f"torchestimator convert: error: {PILLOW_LINE}"),
+], ids=["serve", "demo", "plot", "pillow"])
 def test_the_cli_prints_one_line_and_exits_2(blocked, argv, line, tmp_path):
     argv = [word.replace("{tmp}", str(tmp_path)) for word in argv]
     script = textwrap.dedent(BLOCKED_CLI.format(blocked=blocked, argv=argv))

@@ -29,19 +29,24 @@ EXTRAS = {
 }
 """Each extra of pyproject.toml and the distributions it installs (kept equal by tests/test_extras.py)."""
 
-_DISTRIBUTION_OF_MODULE = {"PIL": "pillow", "prometheus_client": "prometheus-client", "sklearn": "scikit-learn"}
-"""Where the name one imports differs from the name one installs."""
+_DISTRIBUTION_OF_MODULE = {"PIL": "Pillow", "prometheus_client": "prometheus-client", "sklearn": "scikit-learn"}
+"""Where the name one imports differs from the name one installs (as its project spells it; pip ignores case)."""
 
 
-def import_extra(module: str, *, extra: str, feature: str) -> ModuleType:
+def import_extra(module: str, *, extra: str, feature: str, alternative: str = "") -> ModuleType:
     """``importlib.import_module(module)``, or MissingExtraError naming ``feature`` and ``pip install`` of ``extra``.
 
     ``feature`` is what the user asked for, as they would say it: ``"the model server"``, ``"the digits demo"``.
+    ``alternative``, when the feature has a way around the extra, ends the message after the pip command:
+    ``"pass --image_mode encoded to store the file bytes as they are"``.
     """
     if extra not in EXTRAS:  # our own call sites: a typo here would print a pip command that fails
         raise AssertionError(f"import_extra({module!r}): {extra!r} is not an extra of pyproject.toml ({sorted(EXTRAS)})")
     top_level = module.partition(".")[0]
     try:
+        # The top-level package first, as the import statement does: a submodule already in sys.modules
+        # (PIL.Image) must not hide that its package is gone (blocked, uninstalled since).
+        importlib.import_module(top_level)
         return importlib.import_module(module)
     except ImportError as error:
         distribution = _DISTRIBUTION_OF_MODULE.get(top_level, top_level)
@@ -52,5 +57,7 @@ def import_extra(module: str, *, extra: str, feature: str) -> ModuleType:
             cause = " ".join(str(error).split())  # one line, whatever the library's message
             message = f"{feature} needs {distribution}, which could not be imported ({cause}): " \
                       f"pip install --upgrade 'torchestimator[{extra}]'"
+        if alternative:
+            message += f"; or {alternative}"
         # from None: the message says all; the original stays in __context__ for --verbosity DEBUG.
         raise MissingExtraError(message, module=module, extra=extra) from None

@@ -46,6 +46,8 @@ from typing import Any
 
 import numpy as np
 
+from torchestimator._extras import import_extra
+
 logger = logging.getLogger(__name__)
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -210,13 +212,9 @@ def resolve_image_paths(table: IndexTable, path_column: str) -> list[str]:
 
 
 def _pillow_image() -> Any:
-    try:
-        from PIL import Image
-    except ImportError:
-        raise ValueError("--image_mode raw decodes images with Pillow, which is not installed. Install it "
-                         "(pip install 'torchestimator[images]' or pip install pillow), or pass "
-                         "--image_mode encoded to store the file bytes as they are.") from None
-    return Image
+    """PIL.Image, or MissingExtraError naming the images extra (and saying why: missing, or installed but broken)."""
+    return import_extra("PIL.Image", extra="images", feature="decoding images (--image_mode raw)",
+                        alternative="pass --image_mode encoded to store the file bytes as they are")
 
 
 def image_features(path: str, mode: str, where: str) -> dict[str, list[Any]]:
