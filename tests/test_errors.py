@@ -131,7 +131,7 @@ OUTSIDE_THE_TREE = [
 ]
 # TextFormatError(problem, line, column) passes one formatted message to ValueError, so pickle's
 # cls(*args) rebuild fails; the fix (mix errors.PicklableError in) is in _io/protobuf.py, not ours here.
-_NOT_YET_PICKLABLE = {"TextFormatError"}
+_NOT_YET_PICKLABLE: set[str] = set()
 
 
 def _outside_the_tree_case(module: str, name: str, make):

@@ -23,6 +23,8 @@ from collections.abc import Iterable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
+from torchestimator.errors import PicklableError
+
 __all__ = [
     "MessageDecodeError",
     "TextFormatError",
@@ -43,7 +45,7 @@ class MessageDecodeError(ValueError):
     """Bytes the protobuf runtime refused as a serialized message; the reader adds where they came from."""
 
 
-class TextFormatError(ValueError):
+class TextFormatError(PicklableError, ValueError):
     """Text the protobuf runtime refused as a text-format message.
 
     ``problem`` is the runtime's message without its location; ``line`` and

@@ -57,11 +57,11 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest  # noqa: E402
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric, UnknownMetricFamily  # noqa: E402
 
+from torchestimator.serving.settings import DEFAULT_METRICS_PATH  # noqa: E402  (TF Serving's default metrics path)
+
 __all__ = ["API_BY_VERB", "DEFAULT_METRICS_PATH", "DEFAULT_OP_NAME", "ServingMetrics", "exponential_buckets",
            "prometheus_name"]
 
-DEFAULT_METRICS_PATH = "/monitoring/prometheus/metrics"
-"""PrometheusExporter::kPrometheusPath, the path TF Serving serves metrics at by default."""
 
 API_BY_VERB = {"predict": "Predict", "classify": "Classify", "regress": "Regress",
                "status": "GetModelStatus", "metadata": "GetModelMetadata"}
