@@ -306,13 +306,32 @@ def test_a_record_over_max_record_size_says_how_to_raise_the_limit(tmp_path, com
         list(iter_records(path, compression, max_record_size=-1))
 
 
-def test_the_default_limit_is_protobufs_and_small_records_never_look_it_up(tmp_path):
+def test_the_default_limit_is_protobufs(tmp_path):
     from torchestimator.data import tfrecord
 
     assert tfrecord.DEFAULT_MAX_RECORD_SIZE == 2**31 - 1
-    # Records within a block are not checked at all: a limit of 0 only stops bigger ones.
-    path = write(tmp_path / "data", [b"abc", b"defg"])
-    assert list(read_records(path, max_record_size=0)) == [b"abc", b"defg"]
+    path = write(tmp_path / "data", [b"abc", b"x" * 5000])
+    assert list(read_records(path)) == [b"abc", b"x" * 5000]
+
+
+@pytest.mark.parametrize("compression", [None, "GZIP"])
+def test_every_record_over_max_record_size_is_refused_however_small(tmp_path, compression):
+    """A record inside a read block is bounded too (it once passed unless it was bigger than a block)."""
+    path = write(tmp_path / "data", [b"abc", b"y" * 157, b"z" * 488, b"after"], compression)
+    records, error = collect(path, compression=compression, max_record_size=10)
+    assert records == [b"abc"] and (error.path, error.offset) == (path, 19)
+    assert str(error).startswith(f"record too large at 19 in {path}: it declares 157 bytes, more than "
+                                 "max_record_size=10. The file holds a record this large")
+    assert "--max_record_size 157" in str(error)
+    records, error = collect(path, compression=compression, max_record_size=157)
+    assert records == [b"abc", b"y" * 157] and error.offset == 19 + 157 + 16
+    assert "it declares 488 bytes" in str(error)
+    assert list(read_records(path, compression, max_record_size=488)) == [b"abc", b"y" * 157, b"z" * 488, b"after"]
+    with pytest.raises(DataLossError, match="record too large at 0 .* declares 3 bytes, more than max_record_size=0"):
+        list(read_records(path, compression, max_record_size=0))
+    # The limit is the data's length, as the message says: a record of exactly max_record_size bytes is read.
+    assert list(read_records(write(tmp_path / "exact", [b"0123456789"], compression), compression,
+                             max_record_size=10)) == [b"0123456789"]
 
 
 def test_a_plain_file_that_grew_since_it_was_opened_is_read_whole(tmp_path):

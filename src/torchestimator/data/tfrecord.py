@@ -29,7 +29,8 @@ Reading follows TensorFlow's record reader (`record_reader.cc`):
   bomb" of a few MB of GZIP declaring 2**60 bytes). A record longer than
   `max_record_size` (default `DEFAULT_MAX_RECORD_SIZE`, 2 GiB - 1) raises
   `DataLossError("record too large at N in FILE ...")` saying how to raise
-  the limit. In a plain file a record reaching past the end of the file is
+  the limit, whatever its size (a record inside a read block is compared
+  too: one integer compare per record). In a plain file a record reaching past the end of the file is
   "truncated" before anything is read (the file size is looked up only for
   records bigger than a read block, and again only if one seems to reach
   past it, so a growing file is not misjudged). In a compressed file a
@@ -422,13 +423,16 @@ def _skip_to(stream: Any, path: str, start_offset: int, compression: str | None)
 class _LengthGuard:
     """Bounds a declared record length before the reader spends memory on it (module docstring).
 
-    Consulted only for a record bigger than a read block, so the hot path pays nothing.
+    Consulted only for a record bigger than a read block; `_scan` compares every other record's length
+    with `limit` itself (one integer compare per record).
     """
 
     def __init__(self, stream: Any, raw: BinaryIO, path: str, compressed: bool, limit: int,
                  verify: bool) -> None:
         self._stream, self._raw, self._path = stream, raw, path
-        self._compressed, self._limit, self._verify = compressed, limit, verify
+        self._compressed, self._verify = compressed, verify
+        self.limit = limit
+        """max_record_size: the longest record data, in bytes."""
         self._size: int | None = -1  # the plain file's size; -1: not looked up yet, None: not a regular file
 
     def _file_size(self) -> int | None:
@@ -441,8 +445,8 @@ class _LengthGuard:
         length = need - _HEADER_SIZE - _FOOTER_SIZE
         missing = need - (len(buffer) - position)
         if self._compressed:
-            if length > self._limit:
-                raise _too_large(self._path, offset, length, self._limit, present=None)
+            if length > self.limit:
+                raise _too_large(self._path, offset, length, self.limit, present=None)
             if missing > _PROBE_SIZE:
                 self._probe(buffer, position, offset, length)
             return missing
@@ -452,8 +456,8 @@ class _LengthGuard:
             raise _data_loss("truncated", self._path, offset,
                              f"it declares {length} bytes of data but the file ends "
                              f"{self._size - offset} bytes into the record")
-        if length > self._limit:
-            raise _too_large(self._path, offset, length, self._limit, present=self._size is not None)
+        if length > self.limit:
+            raise _too_large(self._path, offset, length, self.limit, present=self._size is not None)
         return missing if self._size is not None else min(missing, _MAX_READ_SIZE)
 
     def _probe(self, buffer: bytes, position: int, offset: int, length: int) -> None:
@@ -526,6 +530,7 @@ def _scan(
 ) -> Iterator[tuple[list[int], list[bytes]]]:
     """The hot loop: slices whole records out of each block, refilling when one is cut."""
     unpack_header, unpack_crc, crc32c = _HEADER.unpack_from, _CRC.unpack_from, _crc32c
+    limit = guard.limit
     length_crcs: dict[int, int] = {}
     buffer, position, base, need = b"", 0, offset, _HEADER_SIZE  # base: stream offset of buffer[0]
     while True:
@@ -559,6 +564,9 @@ def _scan(
             stop = start + length
             if stop + _FOOTER_SIZE > end:
                 need = stop + _FOOTER_SIZE - position
+                break
+            if length > limit:  # whole in the buffer, so present; bigger ones met the guard before
+                error = _too_large(path, base + position, length, limit, present=True)
                 break
             record = buffer[start:stop]
             if verify:
