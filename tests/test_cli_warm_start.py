@@ -268,3 +268,23 @@ def test_every_flag_has_help_and_the_converter_names_are_listed():
     assert all(spec in converter_help for spec in CONVERTER_SPECS)
     assert converter_from_spec("dense") is converter_from_spec("dense_to_linear")
     assert converter_from_spec(" flatten_dense:4,6,6 ").output_shape((144, 5)) == (5, 144)
+
+
+KERAS_MAPS = ["--map", "0.weight=conv/kernel", "--map", "0.bias=conv/bias", "--map", "1.weight=bn/gamma",
+              "--map", "1.bias=bn/beta", "--map", "1.running_mean=bn/moving_mean",
+              "--map", "1.running_var=bn/moving_variance", "--map", "4.weight=fc/kernel", "--map", "4.bias=fc/bias"]
+
+
+def test_map_of_the_dense_after_flatten_is_refused_until_its_converter_is_named(model_file, capsys):
+    """--map names the tensor, not its row order (it wrote NHWC rows into the NCHW Linear, exit 0)."""
+    assert warm_start_cli(model_file, "--vars", ".*", "--include_buffers", *KERAS_MAPS, "--write", "mapped") == 1
+    captured = capsys.readouterr()
+    errors = captured.out.split("ERRORS (nothing will be loaded):\n")[1].strip().splitlines()
+    assert len(errors) == 1 and errors[0].strip().startswith("4.weight <- fc/kernel: this Linear follows a Flatten")
+    assert ("confirm with --converter 4.weight=flatten_dense:4,H,W where H*W = 36 (4,6,6 if the feature map is "
+            "square), or --converter 4.weight=dense_to_linear") in errors[0]
+    assert "converters=" not in captured.out and "nothing was written" in captured.err
+    assert not os.path.exists("mapped")
+    assert warm_start_cli(model_file, "--vars", ".*", "--include_buffers", *KERAS_MAPS, "--write", "mapped",
+                          "--converter", "4.weight=flatten_dense:4,6,6") == 0
+    assert_same_tensors(CheckpointStore("mapped").restore().model_state, expected_state())

@@ -436,3 +436,49 @@ def test_tf1_checkpoint_reproduces_tensorflow_inference_output():
     model.train()
     with torch.no_grad():
         assert not numpy.allclose(model(inputs).numpy(), reference["outputs"], atol=1e-3)
+
+
+KERAS_NAMES = {"0.weight": "conv/kernel", "0.bias": "conv/bias", "1.weight": "bn/gamma", "1.bias": "bn/beta",
+               "1.running_mean": "bn/moving_mean", "1.running_var": "bn/moving_variance",
+               "4.weight": "fc/kernel", "4.bias": "fc/bias"}
+
+
+def test_a_rename_of_the_dense_after_flatten_needs_its_converter_as_a_proposal_does():
+    """A rename names the tensor, not its row order: loading Keras's NHWC-flattened kernel with the plain
+    transpose wrote wrong weights without a word. The plan refuses it as the proposal route does."""
+    model = keras_equivalent()
+    before = snapshot(model)
+    plan = plan_warm_start(model, WarmStartSettings(KERAS3_WEIGHTS, [".*"], var_name_to_prev_var_name=KERAS_NAMES))
+    assert not plan.ok and len(plan.errors) == 1
+    assert plan.errors[0].startswith("4.weight <- fc/kernel: this Linear follows a Flatten of a 4-channel feature map")
+    assert ("confirm with converters={'4.weight': layouts.flatten_dense_converter(4, height, width)} where "
+            "height*width = 36, or converters={'4.weight': 'dense_to_linear'}") in plan.errors[0]
+    assert "--converter" not in plan.errors[0]
+    with pytest.raises(ValueError, match="4.weight <- fc/kernel"):
+        plan.apply(model)
+    assert not changed(model, before)
+    # mapping_fn is a name rule too.
+    plan = plan_warm_start(model, WarmStartSettings(KERAS3_WEIGHTS, [".*"], mapping_fn=KERAS_NAMES.get))
+    assert [error.split(":")[0] for error in plan.errors] == ["4.weight <- fc/kernel"]
+    # Naming the converter decides, either way; the other targets never needed one.
+    reference = numpy.load(KERAS_REFERENCE)
+    plan = warm_start(model, WarmStartSettings(KERAS3_WEIGHTS, [".*"], var_name_to_prev_var_name=KERAS_NAMES,
+                                               converters={"4.weight": "flatten_dense:4,6,6"}))
+    assert plan.ok and {e.target: e.converter for e in plan.entries}["4.weight"].startswith("flatten_nhwc_to_nchw")
+    model.eval()
+    with torch.no_grad():
+        output = model(torch.from_numpy(reference["input"]).permute(0, 3, 1, 2))
+    numpy.testing.assert_allclose(output.numpy(), reference["keras3_output"], atol=1e-5, rtol=0)
+    plan = plan_warm_start(keras_equivalent(), WarmStartSettings(
+        KERAS3_WEIGHTS, [".*"], var_name_to_prev_var_name=KERAS_NAMES, converters={"4.weight": "dense"}))
+    assert plan.ok and {e.target: e.converter for e in plan.entries}["4.weight"] == "dense_to_linear"
+    plan.close()
+
+
+def test_a_rename_of_a_linear_not_after_a_convolution_needs_no_converter():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8, eps=1e-3, momentum=0.01),
+                                torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    names = {entry.target: entry.source for entry in plan_warm_start(
+        model, WarmStartSettings(TF1, [".*"], accept_proposed_mapping=True)).entries}
+    plan = warm_start(model, WarmStartSettings(TF1, [".*"], var_name_to_prev_var_name=names))
+    assert plan.ok and {entry.origin for entry in plan.entries} == {"renamed"} and len(plan.entries) == 8

@@ -82,6 +82,8 @@ def build_plan(
                 continue
             converter = _entry_converter(target, source_name, converters, proposals.get(target), view)
             entry, problem = _entry(target, source_name, origin, converter, view, state[target])
+            if target not in converters:  # a name says which tensor, never which row order
+                problem = _unconfirmed_flatten(target, source_name, proposals.get(target)) or problem
             entries.append(entry)
             resolved_converters[target] = converter
             if problem:
@@ -216,6 +218,31 @@ def _entry_converter(
     if proposal is not None and proposal.converter and view.resolve(proposal.source or "") == source_name:
         return None if proposal.converter == "identity" else get_converter(proposal.converter)
     return None
+
+
+def _unconfirmed_flatten(target: str, source_name: str, proposal: Proposal | None) -> Problem | None:
+    """The problem of a Linear after a Flatten of a feature map loaded from a TF/Keras Dense kernel, when no
+    converter was named for it; None for any other target.
+
+    Whatever named the source (a rename, mapping_fn, an assignment map, the same name), the kernel's rows are in
+    the order the source flattened its feature map: NHWC for Keras's default, NCHW for torch. The plain
+    transpose a rename would get loads NHWC rows into an NCHW model without an error, so only a converter named
+    for the target decides, as with accept_proposed_mapping.
+    """
+    feature_map = flatten_feature_map(proposal.reason) if proposal is not None else None
+    if feature_map is None:
+        return None
+    channels, positions = feature_map
+    fact = (f"{target} <- {source_name}: this Linear follows a Flatten of a {channels}-channel feature map, so the "
+            "source's Dense kernel rows are in the order the source flattened it (NHWC for Keras's default), "
+            "which a name cannot tell; the plain transpose would load them in the wrong order, silently.")
+
+    def words(spelling: Spelling) -> str:
+        plain = spelling.converter(target, spelling.converter_name("dense_to_linear"))
+        return (f"{fact} Name its converter: confirm with {spelling.flatten_setting(target, channels, positions)}, "
+                f"or {plain} if the source flattened channels first.")
+
+    return Problem(words)
 
 
 def _entry(

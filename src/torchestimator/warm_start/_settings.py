@@ -67,7 +67,12 @@ class WarmStartSettings:
     ``interop.layouts.CONVERTER_SPECS`` lists them, e.g. ``"dense_to_linear"`` or
     ``"flatten_dense:4,6,6"``; a ``Converter``; or any function of a numpy
     array); else the proposal's converter when the proposal pairs the same two
-    names; else none (identity).
+    names; else none (identity). A Linear after a Flatten of a convolution's
+    feature map, loaded from a TF/Keras Dense kernel, needs its converter
+    named whatever rule named its source (a rename, ``mapping_fn``, the same
+    name): the kernel's rows are in the order the source flattened (NHWC for
+    Keras), which no name tells, so the plan has an error until
+    ``converters[target]`` says ``flatten_dense:C,H,W`` or ``dense_to_linear``.
     """
 
     ckpt_to_initialize_from: PathOrSource

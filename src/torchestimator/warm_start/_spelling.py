@@ -41,10 +41,14 @@ class Spelling:
     """(target, converter) -> the setting that gives this target this converter."""
     converter_placeholder: str
     """Stands for "a converter" in advice that cannot name one."""
+    converter_name: Callable[[str], str]
+    """A registered converter's name as the converter setting's value ('dense_to_linear' / dense_to_linear)."""
     flatten_converter: Callable[[int, int], str]
     """(channels, height*width) -> the converter of a Dense after an NHWC Flatten, explained."""
     flatten_value: Callable[[int, int], str]
     """(channels, height*width) -> that converter as the converter setting's value in advice."""
+    flatten_setting: Callable[[str, int, int], str]
+    """(target, channels, height*width) -> the converter setting giving the target that converter, explained."""
 
 
 def _python_flatten(channels: int, positions: int) -> str:
@@ -55,6 +59,11 @@ def _cli_flatten(channels: int, positions: int) -> str:
     side = int(round(positions ** 0.5))
     square = f" ({channels},{side},{side} if the feature map is square)" if side * side == positions else ""
     return f"flatten_dense:{channels},H,W where H*W = {positions}{square}"
+
+
+def _python_flatten_setting(target: str, channels: int, positions: int) -> str:
+    return (f"converters={{{target!r}: layouts.flatten_dense_converter({channels}, height, width)}} "
+            f"where height*width = {positions}")
 
 
 def _cli_selection(patterns: str | Sequence[str]) -> str:
@@ -72,8 +81,10 @@ PYTHON = Spelling(
     rename=lambda target, source: f"var_name_to_prev_var_name={{{target!r}: {source!r}}}",
     converter=lambda target, converter: f"converters={{{target!r}: {converter}}}",
     converter_placeholder="...",
+    converter_name=repr,
     flatten_converter=_python_flatten,
     flatten_value=lambda channels, positions: "...",  # the reason next to it names the function
+    flatten_setting=_python_flatten_setting,
 )
 
 CLI = Spelling(
@@ -87,8 +98,10 @@ CLI = Spelling(
     rename=lambda target, source: f"--map {target}={source}",
     converter=lambda target, converter: f"--converter {target}={converter}",
     converter_placeholder="NAME[:ARGS]",
+    converter_name=str,
     flatten_converter=_cli_flatten,
     flatten_value=lambda channels, positions: f"flatten_dense:{channels},H,W",
+    flatten_setting=lambda target, channels, positions: f"--converter {target}={_cli_flatten(channels, positions)}",
 )
 
 
