@@ -152,6 +152,18 @@ def test_the_documented_b64_request_is_refused_with_the_reason(app):
     assert status == 400 and "'x'" in document["error"] and "only accepted for string inputs" in document["error"]
 
 
+def test_an_empty_signature_name_is_the_default_signature(app):
+    # servables/tensorflow/predict_util.cc: signature_name().empty() ? kDefaultServingSignatureDefKey (it was
+    # 400 'Serving signature name: "" not found'); classifier.cc and regressor.cc read it the same way.
+    replay(app, [
+        ("POST", f"/v1/models/{TWO}:predict", {"signature_name": "", "instances": [1.0, 2.0]}, 200,
+         {"predictions": [2.5, 3.0]}),
+        ("POST", f"/v1/models/{TWO}:predict", {"signature_name": "", "inputs": [3.0]}, 200, {"outputs": [3.5]}),
+    ])
+    status, message = error_of(app, "POST", f"/v1/models/{TWO}:regress", {"signature_name": "", "examples": [{"x": 1.0}]})
+    assert status == 400 and "Signature 'serving_default' is a predict signature" in message, message
+
+
 # -- classify and regress: DOC and TEST Regress / Classify ---------------------------------
 # These need :classify and :regress (serving/examples_json.py); app.py answered 501 for them before.
 

@@ -114,6 +114,8 @@ def parse_predict(document: Mapping[str, Any], model: ExportedModel) -> PredictR
     if not isinstance(signature_name, str):
         raise invalid_argument(f"'signature_name' key must be a string value. Received "
                                f"{json.dumps(signature_name)[:100]}.")
+    # TF Serving (predict_util.cc): an empty name is the default signature, as a missing one is.
+    signature_name = signature_name or DEFAULT_SERVING_SIGNATURE_DEF_KEY
     if signature_name not in model.signature_names:
         raise invalid_argument(f'Serving signature name: "{signature_name}" not found in signature def '
                                f"(the model has {model.signature_names}).")
