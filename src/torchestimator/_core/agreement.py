@@ -303,11 +303,20 @@ class ReplicaRoster:
         said = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
         return ReplicaLostError(
             f"Replica {self.own_rank} stops at global step {step}: a collective failed because another replica "
-            f"died or stopped answering ({self.describe_loss(gone)}). Under torchrun the agent's log names the process "
-            "that failed first, and --max-restarts restarts the group, which resumes from the newest checkpoint. "
-            f"The backend said: {said}",
+            f"died or stopped answering ({self.describe_loss(gone)}). {_where_to_look()} The backend said: {said}",
             lost_ranks=gone, step=step,
         )
+
+
+def _where_to_look() -> str:
+    """Where the first failure shows, for the launcher this run has."""
+    from torchestimator.distribute.launcher import is_started_replica, started_replicas
+
+    if started_replicas() is not None or is_started_replica():
+        return ("A plain script's replicas show their errors in replica 0's standard error, in lines marked [rankN]:; "
+                "running the program again resumes from the newest checkpoint.")
+    return ("Under torchrun the agent's log names the process that failed first, and --max-restarts restarts the "
+            "group, which resumes from the newest checkpoint.")
 
 
 def _rank_list(ranks: Sequence[int]) -> str:

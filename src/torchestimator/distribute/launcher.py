@@ -13,13 +13,19 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import logging
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from torchestimator.distribute.cluster import (  # noqa: F401  (re-exported: older imports name launcher)
     CHIEF,
@@ -32,7 +38,7 @@ from torchestimator.distribute.cluster import (  # noqa: F401  (re-exported: old
     cluster_from_tf_config,
     cluster_from_torchrun,
 )
-from torchestimator.errors import ConfigError, RelaunchError
+from torchestimator.errors import ConfigError, RelaunchError, ReplicaLostError
 
 logger = logging.getLogger(__name__)
 
@@ -101,34 +107,187 @@ def current_rerun_command() -> list[str]:
     )
 
 
+STARTED_REPLICA_VARIABLE = "TORCHESTIMATOR_STARTED_REPLICA_OF"
+"""Set, to replica 0's pid, in the environment of the replicas ``start_local_replicas`` starts."""
+
+REPLICA_FOLDER_PREFIX = "torchestimator-replicas-"
+"""Temporary folders ``replica_stdout_path`` makes: ``torchestimator-replicas-<pid of replica 0>-<random>``."""
+
+KEPT_REPLICA_FOLDERS = 5
+"""How many finished runs' replica stdout folders stay in the temporary folder (the newest; see
+``replica_stdout_path``)."""
+
+_RELAY_CHUNK = 65536
+
+
+def is_started_replica(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is one of the replicas a plain script started itself (``start_local_replicas``).
+
+    The variable is inherited by whatever such a replica starts in turn, so its value must also be this
+    process's parent: the replica the variable names started it directly.
+    """
+    environ = os.environ if environ is None else environ
+    return environ.get(STARTED_REPLICA_VARIABLE, "") == str(os.getppid())
+
+
+def started_replicas() -> LocalReplicas | None:
+    """The replicas this process started as replica 0 of a plain script, or None."""
+    return _started
+
+
+class _StderrRelay(threading.Thread):
+    """Copies one replica's standard error (a pipe) to this process's file descriptor 2, each line starting with
+    ``[rankN]: ``.
+
+    Prefixing the file descriptor, not ``sys.stderr`` inside the replica, marks what every writer of fd 2 writes:
+    a logging handler built before training (holding the original ``sys.stderr``), C++ warnings, a traceback at
+    start-up. Lines torch's excepthook already prefixed are left as they are. Each batch of whole lines is one
+    ``os.write``, so the lines of two replicas interleave whole.
+    """
+
+    def __init__(self, pipe: Any, rank: int, ended: threading.Event) -> None:
+        super().__init__(name=f"torchestimator-replica-{rank}-stderr", daemon=True)
+        self._pipe = pipe
+        self._prefix = f"[rank{rank}]: ".encode()
+        self._ended = ended
+        self.rank = rank
+        self.lines = 0
+        """Lines relayed so far."""
+        self.last_line: str | None = None
+        """The last non-blank line relayed (without its prefix), to quote when the replica fails."""
+
+    def run(self) -> None:
+        pending = b""
+        try:
+            while chunk := self._read():
+                pending += chunk
+                whole, newline, pending = pending.rpartition(b"\n")
+                if newline:
+                    self._forward(whole + newline)
+                if len(pending) > _RELAY_CHUNK:  # a very long line without an end: pass it on in pieces
+                    self._forward(pending + b"\n")
+                    pending = b""
+            if pending:
+                self._forward(pending + b"\n")
+        finally:
+            self._pipe.close()
+            self._ended.set()
+
+    def _read(self) -> bytes:
+        try:
+            return os.read(self._pipe.fileno(), _RELAY_CHUNK)
+        except OSError:
+            return b""
+
+    def _forward(self, data: bytes) -> None:
+        lines = data.splitlines(keepends=True)
+        for line in lines:
+            text = line.removeprefix(self._prefix).decode(errors="replace").strip()
+            if text:
+                self.last_line = text
+        self.lines += len(lines)
+        marked = b"".join(line if line.startswith(self._prefix) else self._prefix + line for line in lines)
+        while marked:
+            try:
+                written = os.write(2, marked)
+            except OSError:  # this process has no fd 2 (closed): nowhere to show it
+                return
+            marked = marked[written:]
+
+    def what_it_wrote(self) -> str:
+        """For the line saying a replica ended: where its errors are, or that it wrote none."""
+        if self.lines == 0:
+            return "it wrote nothing to its standard error"
+        return f"its standard error is above, in [rank{self.rank}]: lines, ending: {self.last_line}"
+
+
+def describe_exit(code: int) -> str:
+    """'exited with code 3', 'was killed by SIGKILL'."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"was killed by signal {-code}"
+
+
 class LocalReplicas:
     """Replicas 1..N-1 of a plain ``python script.py`` run; this process is replica 0.
 
-    At interpreter exit this process waits for them and reports any that failed.
+    Their standard error comes through a pipe each and shows on this process's, every line marked ``[rankN]:``;
+    their standard output goes to ``stdout_path`` when given (else where this process's goes). At interpreter exit
+    this process waits for them and reports, once, each one that failed or that it had to stop.
     """
 
-    def __init__(self, processes: list[subprocess.Popen], command: list[str]) -> None:
+    def __init__(self, processes: list[subprocess.Popen], command: list[str], relays: list[_StderrRelay],
+                 stdout_path: str | None = None, ended: threading.Event | None = None) -> None:
         self.processes = processes
         self.command = command
+        self.relays = relays
+        self.stdout_path = stdout_path
+        self._ended = ended or threading.Event()
+        self._reported: set[int] = set()  # ranks whose end an error already told (not repeated at exit)
+
+    def raise_if_exited(self, ranks: Sequence[int], before: str) -> None:
+        """ReplicaLostError naming the first of ``ranks`` whose process has ended (``before``: what it did not do)."""
+        for rank in ranks:
+            process = self.processes[rank - 1]
+            if process.poll() is None:
+                continue
+            relay = self.relays[rank - 1]
+            relay.join(2.0)  # its last lines show before this process's error
+            self._reported.add(rank)
+            raise ReplicaLostError(
+                f"Replica {rank} of {len(self.processes) + 1} (pid {process.pid}) {describe_exit(process.returncode)} "
+                f"before {before}; {relay.what_it_wrote()}. This process (replica 0) stops too. Fix what stopped "
+                f"replica {rank} and run the program again: every replica re-runs it from its start.",
+                lost_ranks=[rank])
+
+    def wait_for_an_end(self, seconds: float) -> None:
+        """Returns after ``seconds``, or sooner when a replica closes its standard error (it ends)."""
+        self._ended.wait(seconds)
+        self._ended.clear()
 
     def finish(self, failure_grace_seconds: float = 5.0) -> list[int | None]:
         """Wait for the replicas (stopping them when this process failed); their exit codes."""
-        this_process_failed = getattr(sys, "last_value", None) is not None
+        failure = getattr(sys, "last_value", None)
         # Replicas blocked in a collective with this process only notice its end when
         # its connections close, so close them before waiting.
         _destroy_process_group()
-        deadline = time.monotonic() + failure_grace_seconds if this_process_failed else None
-        for process in self.processes:
-            _wait_or_stop(process, deadline)
+        deadline = time.monotonic() + failure_grace_seconds if failure is not None else None
+        stopped = [_wait_or_stop(process, deadline) for process in self.processes]
+        for relay in self.relays:
+            relay.join(5.0)  # a process the replica started may hold the pipe open: do not wait on it for long
         codes = [process.returncode for process in self.processes]
-        for rank, code in enumerate(codes, start=1):
-            if code:
-                logger.error(
-                    "Replica %d of %d (process %d) exited with code %d; its error is printed above. "
-                    "Command: %s", rank, len(codes) + 1, self.processes[rank - 1].pid, code,
-                    " ".join(self.command),
-                )
+        for rank, (process, was_stopped) in enumerate(zip(self.processes, stopped), start=1):
+            if not process.returncode or rank in self._reported:
+                continue
+            if was_stopped:
+                said = f"{type(failure).__name__}: {str(failure).strip()[:200]}" if str(failure).strip() else \
+                    type(failure).__name__
+                logger.error("Replica 0 (this process) failed (%s; its traceback is above), so it stopped replica "
+                             "%d of %d (process %d), still running %g s later.", said, rank, len(codes) + 1,
+                             process.pid, failure_grace_seconds)
+            elif isinstance(failure, KeyboardInterrupt) and process.returncode == -signal.SIGINT:
+                continue  # Ctrl-C reached every replica: nothing to report
+            else:
+                logger.error("Replica %d of %d (process %d) %s; %s. Command: %s", rank, len(codes) + 1, process.pid,
+                             describe_exit(process.returncode), self.relays[rank - 1].what_it_wrote(),
+                             " ".join(self.command))
+        self._remove_stdout_if_empty()
         return codes
+
+    def _remove_stdout_if_empty(self) -> None:
+        """An empty stdout file says nothing: it goes, with its folder. One with output stays to be read (the log
+        line named it), until later runs prune it (``replica_stdout_path``)."""
+        path = self.stdout_path
+        try:
+            if path is None or os.path.getsize(path) > 0:
+                return
+            os.remove(path)
+            os.rmdir(os.path.dirname(path))
+        except OSError:
+            pass
 
     def _finish_at_exit(self) -> None:
         codes = self.finish()
@@ -141,6 +300,9 @@ class LocalReplicas:
             os._exit(1)
 
 
+_started: LocalReplicas | None = None
+
+
 def _destroy_process_group() -> None:
     import torch.distributed as distributed
 
@@ -148,10 +310,11 @@ def _destroy_process_group() -> None:
         distributed.destroy_process_group()
 
 
-def _wait_or_stop(process: subprocess.Popen, deadline: float | None) -> None:
+def _wait_or_stop(process: subprocess.Popen, deadline: float | None) -> bool:
+    """Waits for ``process`` until ``deadline`` (None: no limit), then stops it; True when it had to be stopped."""
     try:
         process.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return
+        return False
     except subprocess.TimeoutExpired:
         process.terminate()
     try:
@@ -159,15 +322,60 @@ def _wait_or_stop(process: subprocess.Popen, deadline: float | None) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+    return True
 
 
-def start_local_replicas(num_replicas: int) -> LocalReplicas:
+def replica_stdout_path(keep: int = KEPT_REPLICA_FOLDERS) -> str:
+    """A new ``<tmp>/torchestimator-replicas-<pid>-<random>/stdout.txt`` for the replicas' standard output.
+
+    The folder goes at exit when the file stayed empty (``LocalReplicas.finish``); one with output stays for the
+    user to read. Before making a new one, the folders of finished runs beyond the ``keep - 1`` newest are removed,
+    so at most ``keep`` runs' files remain: only this user's, only of runs whose replica 0 no longer runs, and only
+    folders holding nothing but that file.
+    """
+    base = tempfile.gettempdir()
+    finished = []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        entries = []
+    for entry in entries:
+        pid_text = entry.name[len(REPLICA_FOLDER_PREFIX):].split("-", 1)[0]
+        if not entry.name.startswith(REPLICA_FOLDER_PREFIX) or not pid_text.isdigit() or _is_running(int(pid_text)):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if entry.is_dir(follow_symlinks=False) and info.st_uid == os.getuid() and \
+                    set(os.listdir(entry.path)) <= {"stdout.txt"}:
+                finished.append((info.st_mtime, entry.path))
+        except OSError:
+            continue
+    for _, path in sorted(finished, reverse=True)[max(0, keep - 1):]:
+        shutil.rmtree(path, ignore_errors=True)
+    return os.path.join(tempfile.mkdtemp(prefix=f"{REPLICA_FOLDER_PREFIX}{os.getpid()}-"), "stdout.txt")
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists but belongs to someone else
+        return True
+    return True
+
+
+def start_local_replicas(num_replicas: int, stdout_path: str | None = None) -> LocalReplicas:
     """Start replicas 1..num_replicas-1 running this program; set this process up as replica 0.
 
     Each replica gets the variables torchrun would set (RANK, LOCAL_RANK, WORLD_SIZE,
     LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=a free port), and so does this
-    process's ``os.environ``, so every later ``setup()`` here and there finds a launched run.
+    process's ``os.environ``, so every later ``setup()`` here and there finds a launched run;
+    they also get STARTED_REPLICA_VARIABLE (this process's pid). Their standard output goes to
+    ``stdout_path`` (appended), or where this process's goes when None; their standard error is
+    relayed here with ``[rankN]:`` marks from their first line on.
     """
+    global _started
     if num_replicas < 2:
         raise ValueError(f"start_local_replicas needs at least 2 replicas; received {num_replicas}.")
     command = current_rerun_command()
@@ -178,16 +386,26 @@ def start_local_replicas(num_replicas: int) -> LocalReplicas:
     if "OMP_NUM_THREADS" not in os.environ:
         # Like torchrun: N processes each using every core would oversubscribe the CPU.
         shared["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // num_replicas))
-    processes = []
-    for rank in range(1, num_replicas):
-        environ = {**os.environ, **shared, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-        processes.append(subprocess.Popen(command, env=environ, stdin=subprocess.DEVNULL))
+    processes, relays, ended = [], [], threading.Event()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with contextlib.ExitStack() as files:
+        stdout = None if stdout_path is None else files.enter_context(open(stdout_path, "ab"))
+        for rank in range(1, num_replicas):
+            environ = {**os.environ, **shared, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                       STARTED_REPLICA_VARIABLE: str(os.getpid())}
+            process = subprocess.Popen(command, env=environ, stdin=subprocess.DEVNULL, stdout=stdout,
+                                       stderr=subprocess.PIPE)
+            processes.append(process)
+            relays.append(_StderrRelay(process.stderr, rank, ended))
+            relays[-1].start()
     logger.info(
         "Started %d more replica(s) of this program (processes %s) for %d-replica training: %s",
         num_replicas - 1, [process.pid for process in processes], num_replicas, " ".join(command),
     )
     os.environ.update({**shared, "RANK": "0", "LOCAL_RANK": "0"})
-    replicas = LocalReplicas(processes, command)
+    replicas = LocalReplicas(processes, command, relays, stdout_path, ended)
+    _started = replicas
     atexit.register(replicas._finish_at_exit)
     return replicas
 

@@ -25,9 +25,8 @@ import datetime
 import logging
 import math
 import os
-import sys
-import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any, ContextManager
 
 import torch
@@ -47,7 +46,8 @@ from torchestimator.distribute.cluster import (
     resolve_cluster,
 )
 from torchestimator.distribute.input_context import InputContext
-from torchestimator.distribute.launcher import start_local_replicas
+from torchestimator.distribute.launcher import (STARTED_REPLICA_VARIABLE, LocalReplicas, is_started_replica,
+                                                replica_stdout_path, start_local_replicas)
 from torchestimator.errors import ConfigError, ReplicaLostError
 
 logger = logging.getLogger(__name__)
@@ -399,9 +399,12 @@ class MirroredStrategy(Strategy):
       process becomes replica 0 and runs the same command line again as replicas 1..N-1, then all
       join the group. Code before ``setup()`` therefore runs in every replica, as under torchrun, but
       what the program prints shows once: replicas 1..N-1's standard output goes to a file named in a log
-      line (``TORCHESTIMATOR_REPLICA_STDOUT=all`` shows it here), their standard error shows here, each
-      line prefixed with ``[rankN]:``. At exit, replica 0 waits for the others and exits with status 1
-      if one failed. Programs that
+      line (``TORCHESTIMATOR_REPLICA_STDOUT=all`` shows it here; the folder goes at exit when the file
+      stayed empty, and only the newest runs' files stay), their standard error shows here through
+      replica 0, each line prefixed with ``[rankN]:`` from their first line on. A replica that exits
+      before the group forms stops replica 0 at once with a ``ReplicaLostError`` naming it. At exit,
+      replica 0 waits for the others, says which failed (or that it stopped them, when it failed
+      itself) and exits with status 1 if one failed. Programs that
       cannot be re-run (``python -c``, stdin, notebooks) get a ``RelaunchError`` that says to use
       the launcher.
 
@@ -485,8 +488,8 @@ class MirroredStrategy(Strategy):
                         "it runs one local replica.", self)
             return self._single_process_group()
         if cluster.source == "torchrun" or cluster.spans_several_processes:
-            if os.environ.get(_STARTED_BY_VARIABLE) and cluster.rank:
-                _prefix_errors_with_rank(cluster.rank)  # a replica a plain script started (see _start_quiet_replicas)
+            if cluster.source == "torchrun" and is_started_replica():  # one a plain script started (replica 0 waits)
+                return self._join_group(cluster, own_replicas=True)
             if cluster.num_ps_replicas:
                 logger.warning("TF_CONFIG names %d 'ps' task(s); they are not used: chief and workers train "
                                "synchronously (DistributedDataParallel).", cluster.num_ps_replicas)
@@ -494,10 +497,10 @@ class MirroredStrategy(Strategy):
         num_replicas = self._default_num_replicas()
         if num_replicas == 1:
             return self._single_process_group()
-        _start_quiet_replicas(num_replicas)
+        replicas = _start_quiet_replicas(num_replicas)
         launched = cluster_from_torchrun(os.environ)
         assert launched is not None, "start_local_replicas sets the torchrun variables"
-        return self._join_group(launched)
+        return self._join_group(launched, own_replicas=replicas)
 
     def _default_num_replicas(self) -> int:
         if self._requested_replicas is not None:
@@ -539,10 +542,49 @@ class MirroredStrategy(Strategy):
     def _backend_for(self, device: torch.device) -> str:
         return self._backend or ("nccl" if device.type == "cuda" else "gloo")
 
-    def _join_group(self, cluster: ClusterSpec) -> Placement:
+    def _join_group(self, cluster: ClusterSpec, own_replicas: LocalReplicas | bool = False) -> Placement:
+        """Joins the group the cluster describes; ``own_replicas``: a plain script's own group (replica 0 passes the
+        replicas it started, the others True), formed so that replica 0 watches the others' processes."""
         assert cluster.rank is not None and cluster.world_size is not None
         self._check_world_size(cluster.world_size, _GROUP_DESCRIPTIONS[cluster.source])
         device = self._pick_device(cluster.local_rank, cluster.local_world_size)
+        if own_replicas:
+            self._form_own_group(cluster, device, own_replicas if isinstance(own_replicas, LocalReplicas) else None)
+        else:
+            self._init_group(cluster, device)
+        self._after_group_created(cluster.local_world_size)
+        return Placement(
+            device=device, num_replicas=cluster.world_size, replica_id=cluster.rank,
+            local_replica_id=cluster.local_rank, local_num_replicas=cluster.local_world_size,
+        )
+
+    def _form_own_group(self, cluster: ClusterSpec, device: torch.device, replicas: LocalReplicas | None) -> None:
+        """A plain script's group, over a store replica 0 serves: each other replica marks its arrival there, and
+        replica 0 creates the group only once all have, watching their processes meanwhile (init_process_group
+        itself would wait the whole timeout for a replica that already exited)."""
+        assert cluster.master_addr is not None and cluster.master_port is not None and cluster.world_size is not None
+        chief = cluster.rank == 0
+        try:
+            store = distributed.TCPStore(cluster.master_addr, cluster.master_port, cluster.world_size,
+                                         is_master=chief, timeout=self._timeout, wait_for_workers=False)
+        except (distributed.DistStoreError, distributed.DistNetworkError) as error:
+            where = f"{cluster.master_addr}:{cluster.master_port}"
+            what = ("could not serve the group's store at" if chief else
+                    f"did not reach the group's store within {self.timeout_seconds:g} s: replica 0, which serves it "
+                    "(and started this process), is gone or never got there; the store is at")
+            raise ReplicaLostError(f"Replica {cluster.rank} of {cluster.world_size} {what} {where} "
+                                   f"({type(error).__name__}: {error}).") from error
+        if chief:
+            assert replicas is not None, "replica 0 passes the replicas it started"
+            _wait_for_own_replicas(store, replicas, cluster.world_size, self.timeout_seconds)
+        else:
+            store.set(_JOINED_KEY.format(rank=cluster.rank), str(os.getpid()))
+        distributed.init_process_group(
+            self._backend_for(device), store=distributed.PrefixStore("default_pg", store), rank=cluster.rank,
+            world_size=cluster.world_size, timeout=self._timeout,
+        )
+
+    def _init_group(self, cluster: ClusterSpec, device: torch.device) -> None:
         if cluster.source == "torchrun":
             # env:// lets torchrun hand its agent's store to the workers (TORCHELASTIC_USE_AGENT_STORE).
             init_method = "env://"
@@ -559,11 +601,6 @@ class MirroredStrategy(Strategy):
             )
         except (distributed.DistStoreError, distributed.DistNetworkError) as error:
             raise ReplicaLostError(_group_did_not_form(cluster, init_method, self.timeout_seconds, error)) from error
-        self._after_group_created(cluster.local_world_size)
-        return Placement(
-            device=device, num_replicas=cluster.world_size, replica_id=cluster.rank,
-            local_replica_id=cluster.local_rank, local_num_replicas=cluster.local_world_size,
-        )
 
     def _single_process_group(self) -> Placement:
         # DDP needs a process group even for one replica; an in-memory store needs no port.
@@ -664,96 +701,60 @@ _GROUP_DESCRIPTIONS = {
 }
 
 
-# ------------------------------------------------------------ what the replicas a plain script starts print
+# ------------------------------------------------------------ a plain script's own replicas
 
 REPLICA_STDOUT_VARIABLE = "TORCHESTIMATOR_REPLICA_STDOUT"
 """``all``: the replicas a plain ``python script.py`` starts itself print their standard output to the terminal
 too. Unset (or ``file``): only replica 0's shows; the others' goes to a file that a log line names. Their
 standard error (warnings, errors, tracebacks) always shows, each line prefixed with ``[rankN]:``. Runs
 started by torchrun are torchrun's to filter (``--local-ranks-filter``, ``--tee``)."""
-_STARTED_BY_VARIABLE = "TORCHESTIMATOR_STARTED_REPLICA_OF"
-"""Set, to the chief's pid, in the environment of the replicas ``_start_quiet_replicas`` starts."""
+
+_JOINED_KEY = "torchestimator/replica_joined/{rank}"
+"""Set by each replica a plain script started once it reaches the group's store: replica 0 waits for these keys
+(watching the processes) before the group forms."""
+
+_JOIN_POLL_SECONDS = 0.1
 
 
-def _start_quiet_replicas(num_replicas: int) -> None:
+def _start_quiet_replicas(num_replicas: int) -> LocalReplicas:
     """Starts replicas 1..N-1 of this program (launcher.start_local_replicas), so that what the program prints
-    (``print(estimator.evaluate(...))``) shows once, as torchrun's ``--local-ranks-filter 0`` would.
-
-    start_local_replicas gives its processes this process's standard output, so fd 1 points at the file while they
-    start: they inherit it from their first line. This process's own stdout is back before it prints again.
-    """
+    (``print(estimator.evaluate(...))``) shows once, as torchrun's ``--local-ranks-filter 0`` would: their
+    standard output goes to a file (``replica_stdout_path``), their standard error shows here, marked per line."""
     mode = os.environ.get(REPLICA_STDOUT_VARIABLE, "file").strip().lower() or "file"
     if mode not in ("file", "all"):
         raise ConfigError(f"{REPLICA_STDOUT_VARIABLE} must be 'all' (every replica prints here) or 'file' (the "
                           f"default: replicas 1..N-1 print to a file); received {mode!r}.",
                           field=REPLICA_STDOUT_VARIABLE, value=mode)
     others = "replica 1" if num_replicas == 2 else f"replicas 1-{num_replicas - 1}"
-    target = None
-    if mode == "file":
-        folder = tempfile.mkdtemp(prefix=f"torchestimator-replicas-{os.getpid()}-")
-        target = os.path.join(folder, "stdout.txt")
-    os.environ[_STARTED_BY_VARIABLE] = str(os.getpid())
-    try:
-        with _standard_output_to(target) as redirected:
-            start_local_replicas(num_replicas)
-    finally:
-        os.environ.pop(_STARTED_BY_VARIABLE, None)
+    target = replica_stdout_path() if mode == "file" else None
+    replicas = start_local_replicas(num_replicas, stdout_path=target)
     show_summaries()  # said by default, also when no train() call attached the console handler yet
-    if redirected:
+    if target is not None:
         log_summary(f"{others}: standard output goes to {target}; errors show here, as [rankN]: lines "
                     f"({REPLICA_STDOUT_VARIABLE}=all prints every replica's output here)")
-    elif target is not None:
-        log_summary(f"{others}: standard output could not be sent to a file (this process has no file "
-                    "descriptor 1); every replica prints here")
+    return replicas
 
 
-@contextlib.contextmanager
-def _standard_output_to(path: str | None) -> Iterator[bool]:
-    """fd 1 is the file at ``path`` inside the block (True), then this process's own again; None: unchanged."""
-    if path is None:
-        yield False
-        return
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:
-        yield False
-        return
-    try:
-        with open(path, "ab") as target:
-            os.dup2(target.fileno(), 1)
-        yield True
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-class _RankPrefixedStream:
-    """A replica's sys.stderr: each line it writes starts with ``[rankN]:``, so the errors of several replicas
-    sharing one terminal say whose they are. torch's own excepthook prefixes tracebacks the same way; those lines
-    are not prefixed twice. Everything but ``write`` is the wrapped stream's."""
-
-    def __init__(self, stream: Any, rank: int) -> None:
-        self._stream = stream
-        self._prefix = f"[rank{rank}]: "
-        self._at_line_start = True
-
-    def write(self, text: str) -> int:
-        pieces = []
-        for line in text.splitlines(keepends=True):
-            prefixed = self._at_line_start and not line.startswith(self._prefix)
-            pieces.append(self._prefix + line if prefixed else line)
-            self._at_line_start = line.endswith(("\n", "\r"))
-        self._stream.write("".join(pieces))  # one write: lines of two replicas interleave whole
-        return len(text)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-
-def _prefix_errors_with_rank(rank: int) -> None:
-    if not isinstance(sys.stderr, _RankPrefixedStream):
-        sys.stderr = _RankPrefixedStream(sys.stderr, rank)
+def _wait_for_own_replicas(store: Any, replicas: LocalReplicas, world_size: int, timeout_seconds: float) -> None:
+    """Replica 0's side of forming a plain script's group: until every replica has reached the store, watch their
+    processes, so that one that exits first (its module code raised) stops this one at once, naming it, instead
+    of after the whole collective timeout."""
+    deadline = time.monotonic() + timeout_seconds
+    waiting = list(range(1, world_size))
+    while True:
+        waiting = [rank for rank in waiting if not store.check([_JOINED_KEY.format(rank=rank)])]
+        if not waiting:
+            return
+        replicas.raise_if_exited(waiting, before="joining the group")
+        if time.monotonic() >= deadline:
+            pids = ", ".join(str(replicas.processes[rank - 1].pid) for rank in waiting)
+            raise ReplicaLostError(
+                f"{'Replica' if len(waiting) == 1 else 'Replicas'} {', '.join(map(str, waiting))} of {world_size} "
+                f"(pid {pids}) still {'runs' if len(waiting) == 1 else 'run'} but did not reach train() within "
+                f"{timeout_seconds:g} s. Each replica runs this program from its start, so what comes before "
+                "train() (loading data, building the model) runs in each; if that takes longer, wait longer: "
+                "MirroredStrategy(timeout_seconds=...) or TORCHESTIMATOR_COLLECTIVE_TIMEOUT.", lost_ranks=waiting)
+        replicas.wait_for_an_end(_JOIN_POLL_SECONDS)
 
 
 def _group_did_not_form(cluster: ClusterSpec, init_method: str, timeout_seconds: float, error: Exception) -> str:
