@@ -241,6 +241,7 @@ class _TrainLoop:
         self.steps_this_call = 0
         self.stop_reason: str | None = None  # who stopped training when not a hook: for TrainingRun.ended_by
         self.last_loss: torch.Tensor | None = None  # the latest step's (detached), for the final loss
+        self.last_loss_mean: float | None = None  # its mean over replicas, when that step was a logging step
 
     def run_steps(self, interrupt: _InterruptFlag, progress: Progress) -> None:
         run, state = self.run, self.state
@@ -274,6 +275,7 @@ class _TrainLoop:
         """Hooks and summaries for this step; at logging steps the loss is the mean over replicas."""
         run, step = self.run, self.state.global_step
         value = self.strategy.reduce_mean(loss) if self.several and logging_step else None
+        self.last_loss_mean = value
         self.context.set_step_outputs(spec, loss=loss, loss_value=value)
         run.hooks.after_step(self.context)
         if summary_due:
@@ -359,11 +361,12 @@ class _TrainLoop:
             state.last_loss = self._final_loss()
 
     def _final_loss(self) -> float:
-        """The last step's loss: the value the hooks read, else the mean over replicas (a collective every replica
-        reaches here, as the NaN check above), else this process's."""
+        """The last step's loss; with several replicas their mean: the one of its logging step, else one more
+        collective, which every replica reaches here as the NaN check above (decided by the step, never by what a
+        hook read on one replica only)."""
+        if self.several:
+            return self.last_loss_mean if self.last_loss_mean is not None else self.strategy.reduce_mean(self.last_loss)
         value = self.context.loss_if_read
-        if value is None and self.several:
-            value = self.strategy.reduce_mean(self.last_loss)
         return float(self.last_loss) if value is None else value
 
 

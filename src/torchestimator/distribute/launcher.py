@@ -201,6 +201,15 @@ class _StderrRelay(threading.Thread):
         return f"its standard error is above, in [rank{self.rank}]: lines, ending: {self.last_line}"
 
 
+def _quoted(error: BaseException, limit: int = 160) -> str:
+    """'ValueError: its message', the message's first line cut to ``limit`` characters."""
+    lines = str(error).strip().splitlines()
+    if not lines:
+        return type(error).__name__
+    text = lines[0] if len(lines[0]) <= limit else lines[0][:limit - 3] + "..."
+    return f"{type(error).__name__}: {text}"
+
+
 def describe_exit(code: int) -> str:
     """'exited with code 3', 'was killed by SIGKILL'."""
     if code >= 0:
@@ -263,8 +272,7 @@ class LocalReplicas:
             if not process.returncode or rank in self._reported:
                 continue
             if was_stopped:
-                said = f"{type(failure).__name__}: {str(failure).strip()[:200]}" if str(failure).strip() else \
-                    type(failure).__name__
+                said = _quoted(failure)
                 logger.error("Replica 0 (this process) failed (%s; its traceback is above), so it stopped replica "
                              "%d of %d (process %d), still running %g s later.", said, rank, len(codes) + 1,
                              process.pid, failure_grace_seconds)
