@@ -406,7 +406,8 @@ class _NetOfNothing(_NetOfParams):  # built as _NetOfNothing()
     ("model", torch.nn.BatchNorm1d, r"class BatchNorm1d, whose constructor needs num_features"),  # never params
     ("model", dict, r"received the class dict, which is not an nn.Module"),
     ("model", lambda params, other: None, r"cannot be called as a model factory is"),
-    ("lr_scheduler", torch.optim.lr_scheduler.StepLR, r"Estimator\(lr_scheduler=\.\.\.\) received StepLR, a class whose "
+    ("lr_scheduler", torch.optim.lr_scheduler.StepLR,
+     r"Estimator\(lr_scheduler=\.\.\.\) received StepLR, a class whose "
      r"constructor also needs step_size; pass a factory: lr_scheduler=lambda optimizer: StepLR\(optimizer, step_size"),
     ("lr_scheduler", torch.optim.SGD, r"received the class SGD, which is not a torch.optim.lr_scheduler.LRScheduler"),
     ("optimizer", lambda: None, r"Estimator\(optimizer=\.\.\.\) cannot be called as the framework calls it, with "
@@ -434,7 +435,8 @@ def test_classes_that_work_as_factories_are_accepted(tmp_path):
 
 @pytest.mark.parametrize("argument, value, field, returned", [
     ("model", lambda params: 5, "model", r"Estimator\(model=\.\.\.\) returned 5 \(int\); it must return an nn.Module"),
-    ("model", lambda: SmallNet, "model", r"Estimator\(model=\.\.\.\) returned <class .*SmallNet.> \(a class\); it must return an nn.Module"),
+    ("model", lambda: SmallNet, "model",
+     r"Estimator\(model=\.\.\.\) returned <class .*SmallNet.> \(a class\); it must return an nn.Module"),
     ("optimizer", lambda parameters: 5, "optimizer", r"Estimator\(optimizer=\.\.\.\) returned 5 \(int\); it must "
      r"return a torch.optim.Optimizer"),
     ("lr_scheduler", lambda optimizer: 5, "lr_scheduler", r"Estimator\(lr_scheduler=\.\.\.\) returned 5 \(int\); it "
@@ -453,6 +455,7 @@ def test_a_factory_returning_the_wrong_thing_names_its_argument(tmp_path, argume
 def test_from_module_names_its_module_argument_when_the_factory_returns_the_wrong_thing(tmp_path):
     train, _, _, _ = input_fns()
     estimator = te.Estimator.from_module(lambda: 5, loss="cross_entropy", model_dir=str(tmp_path))
-    with pytest.raises(te.errors.ConfigTypeError, match=r"Estimator\.from_module\(module=\.\.\.\) returned 5") as caught:
+    returned = r"Estimator\.from_module\(module=\.\.\.\) returned 5"
+    with pytest.raises(te.errors.ConfigTypeError, match=returned) as caught:
         estimator.train(train, max_steps=1)
     assert caught.value.field == "module"
