@@ -65,6 +65,7 @@ def _environment(**environ: str) -> dict[str, str]:
 
 def _run(tmp_path, *arguments: str, **environ: str) -> subprocess.CompletedProcess:
     (tmp_path / "train.py").write_text(PROGRAM)
+    environ.setdefault("TMPDIR", str(tmp_path))  # the replica's stdout folder, which stays when it printed
     return subprocess.run([sys.executable, str(tmp_path / "train.py"), str(tmp_path / "run"), *arguments],
                           cwd=tmp_path, env=_environment(**environ), capture_output=True, text=True, timeout=150)
 
@@ -81,7 +82,7 @@ def _stdout_file(stderr: str) -> str:
 def test_a_plain_script_prints_its_results_once_and_a_failing_replica_still_shows_its_error(tmp_path):
     completed = _run(tmp_path, "fail")  # replica 1 warns and raises after printing its results
     assert completed.stdout == "starting\nglobal step 4\n"  # once: the chief's
-    with open(_stdout_file(completed.stderr)) as replica_output:  # nothing lost: replica 1's is in the file
+    with open(_stdout_file(completed.stderr)) as replica_output:  # nothing lost: replica 1's is in the file, kept
         assert replica_output.read() == "starting\nglobal step 4\n"
     # The summary lines are the chief's only, with the final loss (the mean over replicas: step 4 logs it).
     assert len(re.findall(r"^torchestimator: trained .* from step 0 to 4 in [\d.]+ s \(final loss \d\.\d+\)$",
