@@ -9,6 +9,10 @@ Two rules hold for every subcommand, applied here once the parser is built so a 
 gets them for free: flags are spelled TF's way (`--num_shards`, `--no_progress`) and the
 dashed spelling (`--num-shards`) is accepted as an alias; `--verbosity` is accepted before
 and after the subcommand. `launch` keeps torchrun's own parser, which takes both spellings.
+
+A failing command ends by whose mistake it is (``_report``): our error, one line, exit status 2;
+an error that passed through the user's model file, its traceback and then one line saying where,
+exit status 1; Ctrl-C, 130.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import traceback
 
+from torchestimator.cli import model_file
 from torchestimator.cli.model_file import load_model_file
 from torchestimator.errors import TorchEstimatorError
 
@@ -103,10 +109,47 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.handler(args)
-    except (TorchEstimatorError, ValueError, TypeError, OSError) as error:  # one line; --verbosity DEBUG: traceback
-        logging.getLogger("torchestimator").debug("details", exc_info=True)
-        print(f"torchestimator {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as interrupt:
-        print(f"torchestimator {args.command}: {interrupt or 'interrupted'}", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:  # str(): the exception object itself is always true
+        print(f"torchestimator {args.command}: {str(interrupt) or 'interrupted'}", file=sys.stderr)
         return 130
+    except Exception as error:
+        return _report(args, error)
+
+
+def _report(args: argparse.Namespace, error: Exception) -> int:
+    """What a failed command prints, by whose mistake it is.
+
+    Ours (a TorchEstimatorError): one line, since it names what is wrong and what to do. The user's (the
+    error passed through their model file): its traceback, since the frames are what they need, then one
+    line saying where. Any other ValueError/TypeError/OSError of our code (a bad path, a refused value): one
+    line, the traceback with --verbosity DEBUG. Anything else is our bug: raised, with its traceback.
+    """
+    prefix = f"torchestimator {args.command}: error:"
+    found = None if isinstance(error, TorchEstimatorError) else model_file.user_frame(error)
+    if found is not None:
+        where, frame = found
+        traceback.print_exception(error, file=sys.stderr)
+        print(f"{prefix} {type(error).__name__} in {where}, line {frame.lineno}, in {frame.name} "
+              f"(the traceback above){_param_note(args)}: {_first_line(error)}", file=sys.stderr)
+        return 1
+    if isinstance(error, (TorchEstimatorError, ValueError, TypeError, OSError)):
+        logging.getLogger("torchestimator").debug("details", exc_info=True)
+        print(f"{prefix} {error}", file=sys.stderr)
+        return 2
+    raise error
+
+
+def _param_note(args: argparse.Namespace) -> str:
+    """'; params from --param: hidden='abc'' when the command took --param flags (a bad one often ends here)."""
+    flags = getattr(args, "param", None) or []
+    try:
+        overrides = model_file.parse_overrides(flags)
+    except TorchEstimatorError:
+        return ""
+    return ("; params from --param: " + ", ".join(f"{name}={value!r}" for name, value in overrides.items())
+            if overrides else "")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "(no message)"

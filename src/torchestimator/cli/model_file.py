@@ -14,6 +14,9 @@ already has it (a file called json.py becomes ``json_py``).
 What the file raises while it is imported is shown where it happened: a
 torchestimator error as one line naming the file and line, anything else
 with the traceback of the file's own frames (its bug is what to fix).
+Later, while a command runs, ``user_frame`` tells the CLI's ``main`` whether
+an error passed through a model file this process loaded (each is recorded
+here when it is loaded), so the user's own bug keeps its traceback.
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ import difflib
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import pkgutil
 import re
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -38,6 +42,11 @@ import numpy as np
 from torchestimator.errors import ConfigError, TorchEstimatorError
 
 _EXAMPLE_MODULE = "torchestimator.cli.demo"
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+# The model files loaded in this process, real path -> as the user named it: the CLI runs one command per
+# process, and the error handler of main() needs them after the command's frames are gone.
+_loaded_paths: dict[str, str] = {}
+logger = logging.getLogger("torchestimator.cli")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,9 +58,47 @@ class _ModelFileOrigin:
 
 def load_model_file(location: str) -> ModuleType:
     """Imports FILE.py by path, or a module by dotted name."""
-    if location.endswith(".py") or os.sep in location:
-        return _load_file(location)
-    return _import_module(location)
+    if location.endswith(".py") or os.sep in location or (os.altsep and os.altsep in location):
+        module = _load_file(location)
+    elif _MODULE_NAME.fullmatch(location):
+        module = _import_module(location)
+    elif os.path.isdir(location):  # ".", ".."
+        raise _a_folder(location)
+    else:  # ".tiny", "my model": importlib would fail with its own words (a TypeError for a leading dot)
+        raise ConfigError(f"no model file or module {location!r}: it is neither FILE.py nor a module name "
+                          f"(letters, digits and _ between dots). Give FILE.py or an importable module name such "
+                          f"as {_EXAMPLE_MODULE}.", field="model_file", value=location)
+    path = getattr(module, "__file__", None)
+    if path:
+        _loaded_paths[os.path.realpath(path)] = describe(module)
+    return module
+
+
+def user_frame(error: BaseException) -> tuple[str, traceback.FrameSummary] | None:
+    """(the model file as the user named it, its deepest frame) that ``error``, or an error it was raised
+    from, passed through; None when it passed through no model file this process loaded."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        frames = [(_loaded_paths[os.path.realpath(frame.filename)], frame)
+                  for frame in traceback.extract_tb(current.__traceback__)
+                  if os.path.realpath(frame.filename) in _loaded_paths]
+        if frames:
+            return frames[-1]
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _a_folder(location: str) -> ConfigError:
+    try:
+        scripts = sorted(name for name in os.listdir(location) if name.endswith(".py"))[:5]
+    except OSError:  # an unreadable folder: the refusal stands without the listing
+        scripts = []
+    inside = f" (its .py files: {', '.join(scripts)})" if scripts else ""
+    return ConfigError(f"model file {location!r} is a folder, not a model file{inside}. Give the FILE.py that "
+                       f"defines model and model_fn, or an importable module name such as {_EXAMPLE_MODULE}.",
+                       field="model_file", value=location)
 
 
 def describe(module: ModuleType) -> str:
@@ -68,6 +115,8 @@ def require(module: ModuleType, name: str) -> Any:
 
 
 def _load_file(location: str) -> ModuleType:
+    if os.path.isdir(location):
+        raise _a_folder(location)
     if not os.path.isfile(location):
         raise ConfigError(f"model file {location!r} does not exist (relative to {os.getcwd()}). Give FILE.py or "
                           f"an importable module name such as {_EXAMPLE_MODULE}.", field="model_file", value=location)
@@ -113,8 +162,9 @@ def _import_module(location: str) -> ModuleType:
         return _run_module_code(location, None, lambda: importlib.import_module(location))
     except ModuleNotFoundError as error:  # the module itself (or its package) is missing; see _run_module_code
         missing = error.name or location
-        raise ConfigError(f"no model file or module {location!r}: no module named {missing!r}{_nearest(missing)}. "
-                          f"Give FILE.py or an importable module name such as {_EXAMPLE_MODULE}.",
+        folder = f" ({location} here is a folder, not a model file)" if os.path.isdir(location) else ""
+        raise ConfigError(f"no model file or module {location!r}: no module named {missing!r}{_nearest(missing)}"
+                          f"{folder}. Give FILE.py or an importable module name such as {_EXAMPLE_MODULE}.",
                           field="model_file", value=location) from None
 
 
@@ -170,9 +220,9 @@ def _where(error: BaseException, path: str | None) -> str:
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     for pair in pairs:
-        if "=" not in pair:
+        key, equals, text = pair.partition("=")
+        if not equals or not key.strip():
             raise ConfigError(f"--param expects NAME=VALUE; received {pair!r}.", field="param", value=pair)
-        key, text = pair.split("=", 1)
         try:
             overrides[key] = json.loads(text)
         except json.JSONDecodeError:
@@ -180,10 +230,24 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     return overrides
 
 
+def model_params(module: ModuleType, param_flags: list[str]) -> dict[str, Any]:
+    """The file's params with the --param overrides; a name the file's params lacks is warned about (one line)
+    and passed on, as TF's hparams are passed freely, unless the file defines no params at all."""
+    defined = getattr(module, "params", None) or {}
+    overrides = parse_overrides(param_flags)
+    if isinstance(defined, Mapping) and defined:
+        for name in (name for name in overrides if name not in defined):
+            close = difflib.get_close_matches(name, [str(known) for known in defined], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            logger.warning("--param %s: %s's params has no %r%s; it has %s. Passed on as given.", name,
+                           describe(module), name, hint, ", ".join(map(str, defined)))
+    return {**defined, **overrides}
+
+
 def build_estimator(module: ModuleType, args: argparse.Namespace) -> Any:
     import torchestimator as te
 
-    params = {**getattr(module, "params", {}), **parse_overrides(args.param)}
+    params = model_params(module, args.param)
     config = getattr(module, "config", None) or te.RunConfig()
     changes: dict[str, Any] = {"model_dir": args.model_dir}
     if args.no_progress:
