@@ -288,3 +288,30 @@ def test_map_of_the_dense_after_flatten_is_refused_until_its_converter_is_named(
     assert warm_start_cli(model_file, "--vars", ".*", "--include_buffers", *KERAS_MAPS, "--write", "mapped",
                           "--converter", "4.weight=flatten_dense:4,6,6") == 0
     assert_same_tensors(CheckpointStore("mapped").restore().model_state, expected_state())
+
+
+def test_write_names_what_is_in_the_way_and_takes_the_suffix_in_any_case(model_file, capsys):
+    """afile/sub.safetensors said '[Errno 17] File exists', dir.safetensors 'the file exists', and
+    OUT.SAFETENSORS became a model_dir."""
+    open("afile", "w").close()
+    os.mkdir("dir.safetensors")
+    refusals = [("afile/sub.safetensors", "afile is a file, so nothing can be written inside it."),
+                ("afile/x/model_dir", "afile is a file, so nothing can be written inside it."),
+                ("dir.safetensors", "it is a folder, and a name ending in .safetensors names the weights file to "
+                                    "write.")]
+    for out, message in refusals:
+        assert warm_start_cli(model_file, "--write", out, *SOUND) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1, captured.err
+        assert captured.err.startswith(f"torchestimator warm-start: error: --write {out}: {message}"), captured.err
+    assert os.listdir("dir.safetensors") == [] and os.path.getsize("afile") == 0
+    assert warm_start_cli(model_file, "--write", "OUT.SAFETENSORS", *SOUND) == 0
+    assert "Wrote OUT.SAFETENSORS: the module's state_dict" in capsys.readouterr().out
+    assert os.path.isfile("OUT.SAFETENSORS")
+    assert_same_tensors(load_file("OUT.SAFETENSORS"), expected_state())
+
+
+def test_a_bad_vars_regex_names_the_flag(model_file, capsys):
+    assert warm_start_cli(model_file, "--vars", "[") == 2
+    assert capsys.readouterr().err == ("torchestimator warm-start: error: --vars '[' is not a valid regex: "
+                                       "unterminated character set at position 0.\n")

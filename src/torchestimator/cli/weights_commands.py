@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from torchestimator.cli.inspection import PATH_HELP
-from torchestimator.cli.model_file import load_model_file, parse_overrides, require
+from torchestimator.cli.model_file import load_model_file, model_params, require
 from torchestimator.errors import ConfigError
 
 
@@ -83,6 +83,7 @@ def _warm_start(args: argparse.Namespace) -> int:
 
     renames = _pairs(args.map, "--map", "TARGET=SOURCE (the module's tensor name = the source's)")
     converters = _converters(args.converter)
+    _check_patterns(args.vars)  # WarmStartSettings would name its argument, vars_to_warm_start
     if args.write is not None:
         check_output(args.write, label="--write")  # before the model is built and the source read
     module_file, model = _build_model(args.model, args.param)
@@ -107,6 +108,17 @@ def _warm_start(args: argparse.Namespace) -> int:
     finally:
         plan.close()
     return 0 if plan.ok else 1
+
+
+def _check_patterns(patterns: list[str]) -> None:
+    import re
+
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise ConfigError(f"--vars {pattern!r} is not a valid regex: {error}.", field="--vars",
+                              value=pattern) from None
 
 
 def _pairs(items: list[str], flag: str, form: str) -> dict[str, str]:
@@ -144,7 +156,7 @@ def _build_model(location: str, param_flags: list[str]) -> tuple[Any, Any]:
     from torchestimator._core.state import seed_everything
 
     module_file = load_model_file(location)  # its refusals are ConfigErrors: one line, exit status 2
-    params = {**getattr(module_file, "params", {}), **parse_overrides(param_flags)}
+    params = model_params(module_file, param_flags)
     source = require(module_file, "model")
     seed = getattr(getattr(module_file, "config", None), "random_seed", None)
     if seed is not None:  # the fresh (not warm-started) tensors are then those the Estimator would build
@@ -156,12 +168,12 @@ def _build_model(location: str, param_flags: list[str]) -> tuple[Any, Any]:
 
 def _outcome(plan: Any, args: argparse.Namespace, written: str | None, module_file: Any) -> str:
     """The line after a sound plan's report: what happened, and what to run next."""
-    from torchestimator.warm_start._write import SAFETENSORS_SUFFIX
+    from torchestimator.warm_start._write import is_safetensors_path
 
     loaded = f"{len(plan.entries)} tensors warm-started"
     if written is None:
         return f"\nDry run ({loaded} if applied); nothing was written. --write OUT writes the result."
-    if written.endswith(SAFETENSORS_SUFFIX):
+    if is_safetensors_path(written):
         return f"\nWrote {written}: the module's state_dict ({loaded}), under the module's names."
     line = f"\nWrote {written} (step 0, {loaded})."
     if hasattr(module_file, "model_fn") and hasattr(module_file, "train_input_fn"):

@@ -24,11 +24,16 @@ from torchestimator.checkpoint import CheckpointStore
 from torchestimator.checkpoint.format import tensors_to_bytes
 from torchestimator.errors import ConfigError
 
-__all__ = ["SAFETENSORS_SUFFIX", "check_output", "write_weights"]
+__all__ = ["SAFETENSORS_SUFFIX", "check_output", "is_safetensors_path", "write_weights"]
 
 SAFETENSORS_SUFFIX = ".safetensors"
 # Outputs named like weight files this module does not write: almost always a slip, never a model_dir.
 _OTHER_WEIGHT_FILES = (".pt", ".pth", ".bin", ".h5", ".keras", ".ckpt", ".npz", ".index", ".pb")
+
+
+def is_safetensors_path(out: str) -> bool:
+    """Whether ``out`` names a safetensors file (the suffix in any case: ``OUT.SAFETENSORS`` too)."""
+    return out.lower().endswith(SAFETENSORS_SUFFIX)
 
 
 def check_output(out: str, *, label: str = "out") -> None:
@@ -36,7 +41,12 @@ def check_output(out: str, *, label: str = "out") -> None:
     if not isinstance(out, str) or not out.strip():
         raise ConfigError(f"{label} must name a model_dir or a {SAFETENSORS_SUFFIX} file; received {out!r}.",
                           field=label, value=out)
-    if out.endswith(SAFETENSORS_SUFFIX):
+    _check_folders_above(out, label)
+    if is_safetensors_path(out):
+        if os.path.isdir(out):
+            raise ConfigError(f"{label} {out}: it is a folder, and a name ending in {SAFETENSORS_SUFFIX} names the "
+                              "weights file to write. Choose another name.",
+                              field=label, value=out)
         if os.path.lexists(out):
             raise ConfigError(f"{label} {out}: the file exists; warm start never overwrites weights. Remove it or "
                               "choose another name.", field=label, value=out)
@@ -58,6 +68,17 @@ def check_output(out: str, *, label: str = "out") -> None:
             "a new model_dir, or move the ckpt-* folders away.", field=label, value=out)
 
 
+def _check_folders_above(out: str, label: str) -> None:
+    """Refuses an output below something that is not a folder (``afile/sub``: afile is a regular file)."""
+    above = os.path.dirname(os.path.normpath(out))  # as given, so the message names it as the user did
+    while above and not os.path.isdir(above):
+        if os.path.lexists(above):
+            kind = "a file" if os.path.isfile(above) else "not a folder"
+            raise ConfigError(f"{label} {out}: {above} is {kind}, so nothing can be written inside it. Choose "
+                              "another name.", field=label, value=out)
+        above = os.path.dirname(above)
+
+
 def write_weights(module: torch.nn.Module, out: str, *, label: str = "out") -> str:
     """Writes ``module.state_dict()`` to ``out``: a safetensors file, else a model_dir's ``ckpt-0``; returns its path.
 
@@ -67,7 +88,7 @@ def write_weights(module: torch.nn.Module, out: str, *, label: str = "out") -> s
     """
     check_output(out, label=label)
     state = {name: tensor.detach() for name, tensor in module.state_dict().items()}
-    is_file = out.endswith(SAFETENSORS_SUFFIX)
+    is_file = is_safetensors_path(out)
     with _created_folders_removed_on_error(os.path.dirname(os.path.abspath(out)) if is_file else out):
         if is_file:
             write_bytes_atomically(out, tensors_to_bytes(state, "the warm-started state_dict"))
