@@ -27,6 +27,8 @@ def add_commands(commands: Any) -> None:
 
 _MAX_STEPS = (("--max_steps",), {"type": int, "help": "absolute global step to train to"})
 _CHECKPOINT_PATH = (("--checkpoint_path",), {"help": "a ckpt-<step> folder (default: the latest in model_dir)"})
+_PREDICT_CHECKPOINT_PATH = (("--checkpoint_path",), {"help": "with FILE.py: a ckpt-<step> folder (default: the latest "
+                                                             "in model_dir)"})
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -77,7 +79,33 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+# predict's flags that only one of its two ways takes: flag -> (dest, why it does not apply to the other way).
+_MODEL_FILE_ONLY = {
+    "FILE.py": ("model_file", "the export holds the model; give --exported PATH alone"),
+    "--model_dir": ("model_dir", "the export holds its weights"),
+    "--checkpoint_path": ("checkpoint_path", "the export holds the weights of the checkpoint it was made from"),
+    "--allow_untrained": ("allow_untrained", "the export holds the weights it was exported with"),
+    "--param": ("param", "params were fixed when the model was exported"),
+    "--limit": ("limit", "the request file says which rows to run; leave the others out of it"),
+}
+_EXPORTED_ONLY = {
+    "--input": ("input", "with FILE.py, its predict_input_fn gives the examples"),
+    "--signature_name": ("signature_name", "with FILE.py, its model_fn gives the predictions"),
+}
+
+
+def _refuse_flags_of_the_other_way(args: argparse.Namespace) -> None:
+    """One line naming the first flag given that the chosen way of predicting would silently ignore."""
+    for flag, (dest, why) in (_MODEL_FILE_ONLY if args.exported else _EXPORTED_ONLY).items():
+        value = getattr(args, dest)
+        if value not in (None, False, []):
+            shown = f"{flag} ({value!r})" if flag == "FILE.py" else flag
+            rule = "does not apply to --exported" if args.exported else "applies only with --exported"
+            raise ConfigError(f"{shown} {rule}: {why}.", field=dest, value=value)
+
+
 def _predict(args: argparse.Namespace) -> int:
+    _refuse_flags_of_the_other_way(args)
     if args.exported:
         return _predict_exported(args)
     if args.model_file is None or args.model_dir is None:
@@ -120,16 +148,20 @@ def _predict_exported(args: argparse.Namespace) -> int:
         raise ConfigError("predict --exported needs --input FILE: a TF Serving request (.json with \"instances\" "
                           "or \"inputs\") or an .npz of named arrays.", field="input")
     model = load(args.exported)
-    if args.input.endswith(".npz"):
+    # --signature_name "" is the default signature, as an empty signature_name in a request is (TF Serving's rule).
+    signature_name = None if args.signature_name is None else args.signature_name or DEFAULT_SERVING_SIGNATURE_DEF_KEY
+    if _is_npz(args.input):
         from torchestimator.export import read_inputs
 
-        signature_name = args.signature_name or DEFAULT_SERVING_SIGNATURE_DEF_KEY
-        outputs = model(read_inputs(args.input), signature_name=signature_name)
+        signature_name = signature_name or DEFAULT_SERVING_SIGNATURE_DEF_KEY
+        outputs = _selected(model(read_inputs(args.input), signature_name=signature_name), args.predict_keys,
+                            args.exported, signature_name)
         answer = jsonable(outputs)
     else:
-        outputs, answer = _answer_request(model, args.input, args.signature_name)
-    if args.output and args.output.endswith(".npz"):
-        np.savez(args.output, **outputs)
+        outputs, answer = _answer_request(model, args.input, signature_name, args.predict_keys, args.exported)
+    if args.output and _is_npz(args.output):
+        with open(args.output, "wb") as handle:  # a handle: np.savez would append .npz to OUT.NPZ
+            np.savez(handle, **outputs)
     elif args.output:
         with open(args.output, "w") as handle:
             handle.write(json.dumps(answer) + "\n")
@@ -142,23 +174,46 @@ def _predict_exported(args: argparse.Namespace) -> int:
 _MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
 
-def _answer_request(model: Any, path: str, signature_name: str | None) -> tuple[dict[str, np.ndarray], dict]:
+def _is_npz(path: str) -> bool:
+    return path.lower().endswith(".npz")
+
+
+def _selected(outputs: dict[str, np.ndarray], keys: list[str] | None, exported: str,
+              signature_name: str) -> dict[str, np.ndarray]:
+    """Only the outputs --predict_keys names (all without it); a name the signature lacks is refused."""
+    if not keys:
+        return outputs
+    unknown = [key for key in keys if key not in outputs]
+    if unknown:
+        raise ConfigError(f"--predict_keys {' '.join(unknown)}: not an output of {exported} (signature "
+                          f"{signature_name!r}); its outputs are {', '.join(outputs)}.", field="predict_keys",
+                          value=unknown)
+    return {key: outputs[key] for key in outputs if key in keys}
+
+
+def _answer_request(model: Any, path: str, signature_name: str | None, keys: list[str] | None,
+                    exported: str) -> tuple[dict[str, np.ndarray], dict]:
     """The outputs for a TF Serving predict request file, and the server's JSON answer to it."""
     from torchestimator._io.regular_file import read_regular_file
     from torchestimator.errors import ServingError
+    from torchestimator.export.outputs import DEFAULT_SERVING_SIGNATURE_DEF_KEY
     from torchestimator.serving.json_tensor import decode_body, parse_predict, predict_response
 
     try:
         document = decode_body(read_regular_file(path, _MAX_REQUEST_BYTES))
         if signature_name is not None:
-            if document.get("signature_name", signature_name) != signature_name:
+            asked = document.get("signature_name", signature_name)
+            if isinstance(asked, str) and (asked or DEFAULT_SERVING_SIGNATURE_DEF_KEY) != signature_name:
                 raise ConfigError(f"--signature_name {signature_name!r} differs from the request's signature_name "
-                                  f"{document['signature_name']!r}; give one of them.", field="signature_name")
+                                  f"{asked!r}; give one of them.", field="signature_name")
             document = {**document, "signature_name": signature_name}
         request = parse_predict(document, model)
         outputs = model(request.inputs, signature_name=request.signature_name)  # checks shapes, as the server
     except (ServingError, ValueError, TypeError) as error:  # the server's words, naming the file they are about
+        if isinstance(error, ConfigError):
+            raise
         raise ConfigError(f"{path}: {error}", field="input", value=path) from error
+    outputs = _selected(outputs, keys, exported, request.signature_name)
     return outputs, predict_response(outputs, request.row_format)
 
 
@@ -190,23 +245,25 @@ _COMMANDS: dict[str, tuple[str, Any, bool, list[tuple[tuple[str, ...], dict[str,
         (("--name",), {"help": "named evaluation: summaries go to model_dir/eval_<name>"}),
     ]),
     "predict": ("write predictions as JSON lines, or run an exported model", _predict, False, [
-        (("model_file",), {"nargs": "?", "help": "FILE.py or module (not needed with --exported)"}),
+        (("model_file",), {"nargs": "?", "help": "FILE.py or module (not with --exported)"}),
         (("--model_dir",), {"help": "with FILE.py: where its checkpoints live"}),
         (("--param",), {"action": "append", "default": [], "metavar": "NAME=VALUE",
-                        "help": "override params[NAME] (VALUE parsed as JSON when it can be)"}),
+                        "help": "with FILE.py: override params[NAME] (VALUE parsed as JSON when it can be)"}),
         (("--no_progress",), {"action": "store_true", "help": "no progress bar"}),
         (("--exported",), {"help": "an exported model: a version folder or its base (newest version)"}),
         (("--input",), {"help": "with --exported: a TF Serving predict request (.json: {\"instances\": [...]} or "
                                 "{\"inputs\": ...}, as curl sends to serve) or an .npz of named arrays"}),
         (("--signature_name",), {"help": "with --exported: the signature to run (default: the request's "
                                          "signature_name, else serving_default)"}),
-        _CHECKPOINT_PATH,
-        (("--predict_keys",), {"nargs": "*", "metavar": "KEY", "help": "only these prediction keys (default all)"}),
+        _PREDICT_CHECKPOINT_PATH,
+        (("--predict_keys",), {"nargs": "*", "metavar": "KEY",
+                               "help": "only these prediction keys (with --exported: outputs) (default all)"}),
         (("--output",), {"help": "file for the predictions (default stdout): JSON lines, or with --exported the "
                                  "server's JSON answer (.npz: the output arrays)"}),
-        (("--limit",), {"type": int, "help": "stop after this many examples"}),
+        (("--limit",), {"type": int, "help": "with FILE.py: stop after this many examples"}),
         (("--allow_untrained",), {"action": "store_true",
-                                  "help": "predict even when model_dir has no checkpoint (random weights)"}),
+                                  "help": "with FILE.py: predict even when model_dir has no checkpoint (random "
+                                          "weights)"}),
     ]),
     "export": ("export the latest (or a given) checkpoint for serving", _export, True, [
         (("--export_dir",), {"required": True, "help": "base folder; a new integer version is written inside"}),

@@ -163,7 +163,7 @@ def read_inputs(path: str | os.PathLike[str]) -> dict[str, Any]:
     them to the signature's dtype.
     """
     path = os.fspath(path)
-    if path.endswith(".npz"):
+    if path.lower().endswith(".npz"):  # INPUTS.NPZ too
         try:
             with np.load(path, allow_pickle=False) as archive:
                 return {name: archive[name] for name in archive.files}
