@@ -39,7 +39,8 @@ def _add_demo(commands: Any) -> None:
                       help="global step to train to (default: the demo's own, 1000)")
     demo.add_argument("--no_progress", action="store_true", help="no progress bar")
     demo.add_argument("--rest_api_port", type=int, default=DEFAULT_REST_API_PORT,
-                      help=f"the port in the printed serve and curl commands (default {DEFAULT_REST_API_PORT})")
+                      help=f"the port in the printed serve and curl commands, 1-65535 (default "
+                           f"{DEFAULT_REST_API_PORT})")
     demo.set_defaults(handler=_demo)
 
 
@@ -52,7 +53,10 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from torchestimator.cli import demo
+    from torchestimator.cli.serve_command import check_port
 
+    check_port(args.rest_api_port, "--rest_api_port", lowest=1,
+               why="cannot be printed in the serve and curl commands, which need one fixed port")
     steps = {} if args.max_steps is None else {"steps": args.max_steps}
     outcome = demo.run(model_dir=args.model_dir, progress_bar=False if args.no_progress else None, **steps)
     _print_results(outcome, args.model_dir)

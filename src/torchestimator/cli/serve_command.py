@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 from typing import Any
 
@@ -15,8 +16,8 @@ def add_command(commands: Any) -> None:
                        "version policies (latest/all/specific) and version labels")
     serve.add_argument("--model_config_file_poll_wait_seconds", type=float, default=0.0,
                        help="re-read --model_config_file this often (0: once)")
-    serve.add_argument("--rest_api_port", type=int, default=8501, help="port of the REST API (default 8501, "
-                       "TF Serving's)")
+    serve.add_argument("--rest_api_port", type=int, default=8501, help="port of the REST API, 0-65535 (default "
+                       "8501, TF Serving's; 0: any free port, announced when listening)")
     serve.add_argument("--port", type=int, default=0,
                        help="TF Serving's gRPC port: accepted so TF command lines run unchanged; not served")
     serve.add_argument("--rest_api_host", default="127.0.0.1",
@@ -41,7 +42,24 @@ def add_command(commands: Any) -> None:
     serve.set_defaults(handler=_serve)
 
 
+def check_port(port: int, flag: str, *, lowest: int, why: str = "") -> None:
+    """ConfigError naming ``flag`` unless ``lowest <= port <= 65535`` (checked before anything is loaded);
+    ``why`` says why ports below ``lowest`` are refused."""
+    from torchestimator.errors import ConfigError
+
+    if not lowest <= port <= _HIGHEST_PORT:
+        what = why if port < lowest and why else "is not a TCP port"
+        any_port = " (0: any free port, announced when listening)" if lowest == 0 else ""
+        raise ConfigError(f"{flag} {port} {what}: give {lowest}-{_HIGHEST_PORT}{any_port}.", field=flag, value=port)
+
+
+_HIGHEST_PORT = 65535
+_BIND_ERRORS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
+
+
 def _serve(args: argparse.Namespace) -> int:
+    check_port(args.rest_api_port, "--rest_api_port", lowest=0)
+    check_port(args.port, "--port", lowest=0)
     from torchestimator.serving import BatchingParameters, read_batching_parameters_file, read_monitoring_config_file
     from torchestimator.serving import serve
 
@@ -59,25 +77,48 @@ def _serve(args: argparse.Namespace) -> int:
     if args.monitoring_config_file:
         monitoring = read_monitoring_config_file(args.monitoring_config_file)
         metrics_path = monitoring.path if monitoring.enable else None
+    listening = False
+
     def announce(app: Any, port: int) -> None:
         # Printed once the port answers, with the versions that are AVAILABLE: a script waiting for this
         # line can send its first request at once.
         from torchestimator.serving.app import managers_of
 
+        nonlocal listening
+        listening = True
         versions = {name: manager.served_versions for name, manager in sorted(managers_of(app).items())}
         url = f"http://{args.rest_api_host}:{port}/v1/models/" + ("" if args.model_config_file else args.model_name)
         print(f"serving {versions_text(versions)} at {url}", flush=True)
 
-    serve(args.model_name, args.model_base_path, host=args.rest_api_host, port=args.rest_api_port,
-          on_listening=announce,
-          model_config_file=args.model_config_file,
-          model_config_file_poll_wait_seconds=args.model_config_file_poll_wait_seconds,
-          file_system_poll_wait_seconds=args.file_system_poll_wait_seconds, batching=batching,
-          allow_version_labels_for_unavailable_models=args.allow_version_labels_for_unavailable_models,
-          num_threads=args.rest_api_num_threads, max_body_bytes=args.max_body_bytes,
-          timeout_seconds=args.rest_api_timeout_in_ms / 1000 if args.rest_api_timeout_in_ms > 0 else None,
-          metrics_path=metrics_path)
+    try:
+        serve(args.model_name, args.model_base_path, host=args.rest_api_host, port=args.rest_api_port,
+              on_listening=announce,
+              model_config_file=args.model_config_file,
+              model_config_file_poll_wait_seconds=args.model_config_file_poll_wait_seconds,
+              file_system_poll_wait_seconds=args.file_system_poll_wait_seconds, batching=batching,
+              allow_version_labels_for_unavailable_models=args.allow_version_labels_for_unavailable_models,
+              num_threads=args.rest_api_num_threads, max_body_bytes=args.max_body_bytes,
+              timeout_seconds=args.rest_api_timeout_in_ms / 1000 if args.rest_api_timeout_in_ms > 0 else None,
+              metrics_path=metrics_path)
+    except OSError as error:
+        if listening or error.errno not in _BIND_ERRORS:
+            raise
+        raise _bind_refused(args, error) from error
     return 0
+
+
+def _bind_refused(args: argparse.Namespace, error: OSError) -> Exception:
+    """The bind's OSError in the flags' words: which address, and what to change."""
+    from torchestimator.errors import ConfigError
+
+    address = f"{args.rest_api_host}:{args.rest_api_port}"
+    why = {errno.EADDRINUSE: f"port {args.rest_api_port} is already in use on {args.rest_api_host} (another "
+                             "server, or an earlier serve still running); stop it or choose another --rest_api_port",
+           errno.EADDRNOTAVAIL: f"{args.rest_api_host} is not an address of this machine; choose another "
+                                "--rest_api_host",
+           errno.EACCES: f"this user may not listen on port {args.rest_api_port} (ports below 1024 need "
+                         "privileges); choose another --rest_api_port"}[error.errno]
+    return ConfigError(f"cannot listen on {address}: {why}.", field="rest_api_port", value=args.rest_api_port)
 
 
 def versions_text(versions: dict[str, Any]) -> str:
