@@ -277,3 +277,19 @@ def test_verify_truncated_file_and_missing_file(tmp_path: Path, capsys: Any) -> 
     assert "truncated record at" in capsys.readouterr().out
     assert run(["records", "verify", str(tmp_path / "missing.tfrecord")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_max_record_size_bounds_small_records_too(tmp_path: Path, capsys: Any) -> None:
+    """--max_record_size 10 let 157- and 488-byte records through: only records bigger than a read block were
+    compared with it."""
+    path = tmp_path / "small.tfrecord"
+    with TFRecordWriter(path) as writer:
+        for record in (b"tiny", bytes(157), bytes(488)):
+            writer.write(record)
+    assert run(["records", "verify", "--max_record_size", "10", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"DAMAGED {path}: 1 good records, first bad record at offset 20: record too large at 20" in out
+    assert "--max_record_size 157" in out
+    assert run(["records", "inspect", "--max_record_size", "10", str(path)]) == 2
+    assert "record too large at 20" in capsys.readouterr().err
+    assert run(["records", "verify", "--max_record_size", "488", str(path)]) == 0
