@@ -133,7 +133,7 @@ def _report(args: argparse.Namespace, error: Exception) -> int:
               f"(the traceback above){_param_note(args)}: {_first_line(error)}", file=sys.stderr)
         return 1
     if isinstance(error, (TorchEstimatorError, ValueError, TypeError, OSError)):
-        logging.getLogger("torchestimator").debug("details", exc_info=True)
+        logging.getLogger("torchestimator").debug("details", exc_info=error)
         print(f"{prefix} {error}", file=sys.stderr)
         return 2
     raise error
