@@ -26,8 +26,8 @@ import torch
 from torchestimator._io.atomic import temporary_prefix, write_bytes_atomically
 from torchestimator._policy.best import protect_recorded_best
 from torchestimator._core.agreement import check_start_agreement
-from torchestimator._core.calling import (call_factory, call_with, check_declared, factory_call_refusal,
-                                          required_positionals)
+from torchestimator._core.arguments import check_argument_types, checked_factory_result, is_scheduler
+from torchestimator._core.calling import call_factory, call_with, check_declared
 from torchestimator.checkpoint import CheckpointStore
 from torchestimator.checkpoint.checkpointer import Checkpointer
 from torchestimator.checkpoint.parts import (TrainingParts, holds_shards, load_model_state, replica_states,
@@ -88,7 +88,7 @@ class Estimator:
     ) -> None:
         if model_fn is None:
             raise ValueError("model_fn must be provided.")
-        _check_argument_types(model=model, optimizer=optimizer, model_dir=model_dir, config=config, params=params,
+        check_argument_types(model=model, optimizer=optimizer, model_dir=model_dir, config=config, params=params,
                               lr_scheduler=lr_scheduler)
         self._model_fn_args = check_declared(model_fn, "model_fn", _MODEL_FN_ARGS, {"features"})
         config = RunConfig() if config is None else config
@@ -144,7 +144,7 @@ class Estimator:
 
         call = "Estimator.from_module"
         # Checked as from_module's arguments, so that errors name them as the user wrote them (module=, not model=).
-        _check_argument_types(model=module, optimizer=None, model_dir=model_dir, config=config, params=params,
+        check_argument_types(model=module, optimizer=None, model_dir=model_dir, config=config, params=params,
                               lr_scheduler=lr_scheduler, call=call, model_field="module")
         model_fn = build_model_fn(loss, metrics)
         estimator = cls(model_fn=model_fn, model=module, optimizer=resolve_optimizer(optimizer, learning_rate),
@@ -406,16 +406,16 @@ class Estimator:
     def _build_parts(self, module: torch.nn.Module, state: TrainState, device: torch.device) -> TrainingParts:
         """The run's stateful parts: the model, and the optimizer, scheduler and scaler built for it."""
         call = self._model_argument[0]
-        optimizer = _checked_factory_result(
+        optimizer = checked_factory_result(
             call_factory(self._optimizer_factory, module.parameters(), self._params), f"{call}(optimizer=...)",
             "optimizer", "a torch.optim.Optimizer over the parameters it received",
             lambda built: isinstance(built, torch.optim.Optimizer))
         parts = TrainingParts(model=module, optimizer=optimizer, train_state=state)
         if self._scheduler_factory is not None:
-            parts.lr_scheduler = _checked_factory_result(
+            parts.lr_scheduler = checked_factory_result(
                 call_factory(self._scheduler_factory, optimizer, self._params), f"{call}(lr_scheduler=...)",
                 "lr_scheduler", "a learning-rate scheduler over the optimizer it received (a torch.optim.lr_scheduler."
-                "LRScheduler, or an object with step, state_dict and load_state_dict)", _is_scheduler)
+                "LRScheduler, or an object with step, state_dict and load_state_dict)", is_scheduler)
         if self._config.mixed_precision == "fp16":
             parts.grad_scaler = torch.amp.GradScaler(device.type)
         return parts
@@ -593,7 +593,7 @@ class Estimator:
             return source
         call, field = self._model_argument
         module = call_factory(source, self._params, None, first_is_params=True)
-        return _checked_factory_result(module, f"{call}({field}=...)", field, "an nn.Module (a model instance)",
+        return checked_factory_result(module, f"{call}({field}=...)", field, "an nn.Module (a model instance)",
                                        lambda built: isinstance(built, torch.nn.Module))
 
     def _module_on(self, device: torch.device) -> tuple[torch.nn.Module, WeightsOrigin]:
@@ -760,118 +760,6 @@ def _refuse_non_training_task() -> None:
             "alone and write the chief's model_dir. Call te.train_and_evaluate in every task (the evaluator task "
             "then evaluates the chief's checkpoints), or train only in the chief and worker tasks.",
             field="TF_CONFIG", value=task_type)
-
-
-def _check_argument_types(*, model: Any, optimizer: Any, model_dir: Any, config: Any, params: Any,
-                          lr_scheduler: Any, call: str = "Estimator", model_field: str = "model") -> None:
-    """Each Estimator argument of the wrong type is a ConfigTypeError naming it (a TypeError too), before any
-    work; the value checks (an empty model_dir, a model_fn's arguments) follow where each is used. ``call`` and
-    ``model_field`` name the call the user made (``Estimator.from_module(module=...)``).
-
-    Factories are refused here when their signature shows that the framework's call cannot work (a class whose
-    constructor needs what the framework never passes: ``model=nn.Linear``, ``lr_scheduler=StepLR``); what they
-    return is checked when they are called (``_checked_factory_result``)."""
-
-    def refuse(field: str, expected: str, value: Any) -> None:
-        raise ConfigTypeError(f"{call}({field}=...) must be {expected}; received {value!r} "
-                              f"({type(value).__name__}).", field=field, value=value)
-
-    if not isinstance(model, torch.nn.Module) and not callable(model):
-        refuse(model_field, "an nn.Module or a factory returning one (lambda params: MyNet(params))", model)
-    if optimizer is not None and not callable(optimizer):  # an optimizer object: it needs the parameters first
-        refuse("optimizer", "a factory building the optimizer from the parameters (lambda parameters: "
-               "torch.optim.Adam(parameters)), or None", optimizer)
-    if model_dir is not None and not isinstance(model_dir, (str, os.PathLike)):
-        refuse("model_dir", "a str or os.PathLike path, or None for a temporary folder", model_dir)
-    if config is not None and not isinstance(config, RunConfig):
-        refuse("config", "a te.RunConfig or None", config)
-    if params is not None and not isinstance(params, Mapping):
-        refuse("params", "a dict (a Mapping) of hyperparameters, or None", params)
-    if lr_scheduler is not None and not callable(lr_scheduler):
-        refuse("lr_scheduler", "a factory building the scheduler from the optimizer (lambda optimizer: "
-               "torch.optim.lr_scheduler.StepLR(optimizer, 100)), or None", lr_scheduler)
-    if not isinstance(model, torch.nn.Module):
-        _check_model_factory(model, f"{call}({model_field}=...)", model_field)
-    if optimizer is not None:
-        _check_factory(optimizer, f"{call}(optimizer=...)", "optimizer", torch.optim.Optimizer, "parameters",
-                       "torch.optim.Adam(parameters, lr=1e-3)")
-    if lr_scheduler is not None:
-        _check_factory(lr_scheduler, f"{call}(lr_scheduler=...)", "lr_scheduler",
-                       torch.optim.lr_scheduler.LRScheduler, "optimizer",
-                       "torch.optim.lr_scheduler.StepLR(optimizer, step_size=100)")
-
-
-def _check_model_factory(model: Any, where: str, field: str) -> None:
-    """A model factory is called as ``model(params)`` when it takes an argument, else ``model()``.
-
-    An nn.Module class is such a factory when its constructor needs nothing (``class Net(nn.Module): def
-    __init__(self)``) or one argument, which receives params (``def __init__(self, params)``). Refused: a class
-    that is no nn.Module, a constructor needing two or more arguments (``nn.Linear``: in_features,
-    out_features), and torch's own layers needing any (``nn.BatchNorm1d``: num_features, never params)."""
-    name = _name_of(model)
-    if isinstance(model, type):
-        if not issubclass(model, torch.nn.Module):
-            raise ConfigTypeError(f"{where} received the class {name}, which is not an nn.Module; pass an nn.Module "
-                                  f"or a factory returning one ({field}=lambda params: MyNet(params)).",
-                                  field=field, value=model)
-        required = required_positionals(model) or []
-        from_torch = model.__module__.split(".")[0] == "torch"
-        if len(required) > 1 or (required and from_torch):
-            raise ConfigTypeError(
-                f"{where} received the class {name}, whose constructor needs {', '.join(required)}; a model class is "
-                f"built as {name}(params) (or {name}() when it takes no argument). Pass an instance ({field}="
-                f"{name}(...)) or a factory ({field}=lambda params: {name}(...)).", field=field, value=model)
-    refusal = factory_call_refusal(model, first_is_params=True)
-    if refusal is not None:
-        raise ConfigTypeError(f"{where} cannot be called as a model factory is, with params or with nothing "
-                              f"({name}: {refusal}); pass lambda params: MyNet(...) or lambda: MyNet(...).",
-                              field=field, value=model)
-
-
-def _check_factory(factory: Any, where: str, field: str, builds: type, first: str, example: str) -> None:
-    """An optimizer or scheduler factory is called with ``(first)`` or ``(first, params)``: a class of what it builds
-    whose constructor needs only ``first`` is such a factory (``optimizer=torch.optim.Adam``); other classes, and
-    callables that cannot take that call, are refused with the lambda to write instead."""
-    name = _name_of(factory)
-    if isinstance(factory, type):
-        expected = f"{builds.__module__}.{builds.__qualname__}"
-        if not issubclass(factory, builds):
-            raise ConfigTypeError(f"{where} received the class {name}, which is not a {expected}; pass a factory: "
-                                  f"lambda {first}: {example}.", field=field, value=factory)
-        required = required_positionals(factory) or []
-        if len(required) > 1:
-            extra = ", ".join(f"{argument}=..." for argument in required[1:])
-            raise ConfigTypeError(
-                f"{where} received {name}, a class whose constructor also needs {', '.join(required[1:])}; pass a "
-                f"factory: {field}=lambda {first}: {name}({first}, {extra}).", field=field, value=factory)
-    refusal = factory_call_refusal(factory)
-    if refusal is not None:
-        raise ConfigTypeError(f"{where} cannot be called as the framework calls it, with ({first}) or ({first}, "
-                              f"params) ({name}: {refusal}); pass lambda {first}: {example}.",
-                              field=field, value=factory)
-
-
-def _checked_factory_result(result: Any, where: str, field: str, expected: str,
-                            fits: Callable[[Any], bool]) -> Any:
-    """A factory's result, or a ConfigTypeError naming the argument when it is not what the framework needs."""
-    if not fits(result):
-        kind = "a class" if isinstance(result, type) else type(result).__name__
-        raise ConfigTypeError(f"The factory given as {where} returned {result!r:.100} ({kind}); it must return "
-                              f"{expected}.", field=field, value=result)
-    return result
-
-
-def _is_scheduler(value: Any) -> bool:
-    """A torch LRScheduler, or an object that steps and checkpoints like one."""
-    if isinstance(value, type):
-        return False
-    if isinstance(value, torch.optim.lr_scheduler.LRScheduler):
-        return True
-    return all(callable(getattr(value, method, None)) for method in ("step", "state_dict", "load_state_dict"))
-
-
-def _name_of(value: Any) -> str:
-    return getattr(value, "__qualname__", None) or type(value).__name__
 
 
 def _resolve_model_dir(model_dir: str | os.PathLike[str] | None, config: RunConfig) -> str:
