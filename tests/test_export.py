@@ -143,6 +143,25 @@ def test_an_exception_while_writing_leaves_no_version(exported, tmp_path, monkey
         load(base)
 
 
+def test_no_usable_temporary_directory_while_tracing_is_an_oserror_naming_the_export(exported, tmp_path, monkeypatch):
+    """torch.export writes caches under the temporary directory: when none can be written (a full /tmp, a file
+    size limit), the error is the machine's (an OSError naming the export base), not "could not trace model_fn"
+    with advice about the model; nothing is written."""
+    import errno
+
+    def no_temporary_directory(*arguments, **options):
+        raise FileNotFoundError(errno.ENOENT, "No usable temporary directory found in ['/tmp', '/var/tmp']")
+
+    monkeypatch.setattr(torch.export, "export", no_temporary_directory)
+    base = tmp_path / "export"
+    with pytest.raises(FileNotFoundError) as raised:
+        export_saved_model(exported["estimator"], base, RECEIVER)
+    message = str(raised.value)
+    assert f"cannot export to {base}" in message and "No usable temporary directory" in message
+    assert "Common causes" not in message
+    assert not base.exists() or list_versions(base) == []
+
+
 def test_version_name_waits_a_second_when_taken_and_gives_up_after_ten(tmp_path):
     (tmp_path / "100").mkdir()
     (tmp_path / "temp-a").mkdir()

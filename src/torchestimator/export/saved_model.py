@@ -34,6 +34,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+# torch.export imports its tracer (and inductor's caches, which need a writable temporary directory) on the
+# first export() call. Imported with this module instead: an import that fails half-way (a full /tmp at the
+# first export after hours of training) leaves torch unable to import it again in this process.
+import torch.export._trace  # noqa: F401
 
 from torchestimator.export import program_format
 from torchestimator.export.outputs import resolve_export_outputs
@@ -81,6 +85,10 @@ def export_saved_model(
     module.eval()  # BatchNorm and dropout in inference behaviour, as predict runs them
     try:
         program, signatures, examples = _trace(bundle, receiver)
+    except OSError as error:  # the machine, not the model: torch writes caches under the temporary directory
+        raise OSError(error.errno, f"cannot export to {export_dir_base}: tracing the model needs a writable "
+                      f"temporary directory (TMPDIR) and free space: {error.strerror or error}", error.filename
+                      ) from error
     finally:
         module.train(was_training)
     files = {SIGNATURE_FILE: _json_bytes(signatures), **program_format.encode(program)}
@@ -145,7 +153,9 @@ def _trace(bundle: InferenceBundle, receiver: ServingInputReceiver) -> tuple[Any
     serving = _ServingModule(module, call_model_fn, receiver, selection)
     try:
         program = torch.export.export(serving, (examples,), dynamic_shapes=(receiver.dynamic_shapes(),))
-    except Exception as error:  # torch raises many types here; all mean "this model_fn does not trace"
+    except OSError:
+        raise  # not the model's fault (no usable temporary directory, a full disk): export_saved_model names it
+    except Exception as error:  # torch raises many other types here; all mean "this model_fn does not trace"
         raise ValueError(
             f"torch.export could not trace model_fn in PREDICT mode for the receiver inputs {{{receiver.describe()}}}: "
             f"{error}\nCommon causes: Python branching on tensor values, a fixed batch size inside the model "
