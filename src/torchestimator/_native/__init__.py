@@ -55,7 +55,10 @@ def load(name: str) -> ModuleType | None:
         try:
             module = importlib.import_module(f"{__name__}.{name}")
         except ImportError as error:  # not built (no compiler at install time) or built for another Python
-            _why_not[name] = " ".join(str(error).split()) or type(error).__name__
+            if isinstance(error, ModuleNotFoundError) and error.name == f"{__name__}.{name}":
+                _why_not[name] = "not built: the install found no working C compiler"
+            else:
+                _why_not[name] = " ".join(str(error).split()) or type(error).__name__
             logger.debug("torchestimator: compiled %s not available (%s); using pure Python", name, _why_not[name])
     _loaded[name] = module
     return module

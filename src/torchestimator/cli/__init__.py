@@ -44,11 +44,36 @@ class _Parser(argparse.ArgumentParser):
         return list(by_action.values())
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: worked out only when asked (reading package metadata, not importing torch)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(version_line())  # stdout, as argparse's own version action does
+        parser.exit()
+
+
+def version_line() -> str:
+    """``torchestimator 0.1.0 (torch 2.13.0; records: compiled, examples: compiled)``."""
+    from importlib import metadata
+
+    from torchestimator import _native
+
+    def installed(distribution: str) -> str:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return f"torchestimator {installed('torchestimator')} (torch {installed('torch')}; {_native.describe()})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from torchestimator.cli import demo_command, launch_command, model_commands, records, serve_command, weights_commands
 
     parser = _Parser(prog="torchestimator", description="The TensorFlow Estimator workflow on PyTorch.")
     parser.add_argument("--verbosity", default="INFO", help=_VERBOSITY_HELP)
+    parser.add_argument("--version", action=_VersionAction, nargs=0,
+                        help="print the version, torch's, and which path (compiled or pure Python) the data cores run")
     commands = parser.add_subparsers(dest="command", required=True)
     model_commands.add_commands(commands)  # train, train-and-evaluate, evaluate, predict, export
     weights_commands.add_commands(commands)  # inspect, warm-start
