@@ -68,6 +68,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO, TypedDict
 
+from torchestimator import _native
 from torchestimator.errors import DataLossError
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; annotations are not evaluated at run time
@@ -525,11 +526,82 @@ def _read_more(stream: Any, size: int, path: str, offset: int, *, cut_is_end: bo
         raise _data_loss("unreadable", path, offset, f"reading the file failed ({error})") from error
 
 
+# What a block scanner reports (the same numbers as in _native/records.c): why it stopped handing out records.
+_NEED_HEADER, _NEED_RECORD, _LENGTH_CRC_BAD, _TOO_LARGE, _DATA_CRC_BAD = range(5)
+_UINT64 = (1 << 64) - 1
+
+
+def _scan_block_python(
+    buffer: bytes, position: int, base: int, verify: bool, limit: int, length_crcs: dict[int, int],
+) -> tuple[list[int], list[bytes], int, int, int]:
+    """The pure-Python block scanner, the fallback of (and the reference for) the compiled `scan`.
+
+    Slices the whole records out of `buffer[position:]` (`base`: the stream offset of buffer[0]) and
+    returns `(offsets, records, position, status, detail)`: `position` is the start of the first record
+    not handed out and `status` says why (`_NEED_HEADER`; `_NEED_RECORD` with its declared length in
+    `detail`; `_LENGTH_CRC_BAD`; `_TOO_LARGE` with the length; `_DATA_CRC_BAD`). `length_crcs` caches
+    the length CRCs seen in this file (records of a file usually share a few lengths).
+    """
+    unpack_header, unpack_crc, crc32c = _HEADER.unpack_from, _CRC.unpack_from, _crc32c
+    end = len(buffer)
+    offsets: list[int] = []
+    records: list[bytes] = []
+    add_offset, add_record = offsets.append, records.append
+    while end - position >= _HEADER_SIZE:
+        length, stored = unpack_header(buffer, position)
+        if verify and length_crcs.get(length) != stored:
+            if _mask(crc32c(buffer[position:position + 8])) != stored:
+                return offsets, records, position, _LENGTH_CRC_BAD, 0
+            if len(length_crcs) < _LENGTH_CRC_CACHE_SIZE:
+                length_crcs[length] = stored
+        start = position + _HEADER_SIZE
+        stop = start + length
+        if stop + _FOOTER_SIZE > end:
+            return offsets, records, position, _NEED_RECORD, length
+        if length > limit:  # whole in the buffer, so present; bigger ones met the guard before
+            return offsets, records, position, _TOO_LARGE, length
+        record = buffer[start:stop]
+        if verify:
+            crc = crc32c(record)
+            if (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _UINT32 != unpack_crc(buffer, stop)[0]:
+                return offsets, records, position, _DATA_CRC_BAD, 0
+        add_offset(base + position)
+        add_record(record)
+        position = stop + _FOOTER_SIZE
+    return offsets, records, position, _NEED_HEADER, 0
+
+
+def _compiled_block_scanner() -> Any:
+    """The compiled scanner with `_scan_block_python`'s signature, or None (not built, or switched off)."""
+    module = _native.load("_records")
+    if module is None:
+        return None
+    scan = module.scan
+
+    def scan_block(buffer: bytes, position: int, base: int, verify: bool, limit: int,
+                   length_crcs: dict[int, int]) -> tuple[list[int], list[bytes], int, int, int]:
+        return scan(buffer, position, base, verify, limit if limit <= _UINT64 else _UINT64)
+
+    return scan_block
+
+
+_scan_block = _compiled_block_scanner() or _scan_block_python
+"""The block scanner `_scan` runs: the compiled one where `torchestimator._native` has it."""
+
+
+def _block_error(status: int, detail: int, path: str, offset: int, limit: int) -> DataLossError:
+    if status == _LENGTH_CRC_BAD:
+        return _data_loss("corrupted", path, offset, "the length CRC does not match")
+    if status == _TOO_LARGE:
+        return _too_large(path, offset, detail, limit, present=True)
+    return _data_loss("corrupted", path, offset, "the data CRC does not match", data_part=True)
+
+
 def _scan(
     stream: Any, path: str, offset: int, verify: bool, strict: bool, block_size: int, guard: _LengthGuard,
 ) -> Iterator[tuple[list[int], list[bytes]]]:
-    """The hot loop: slices whole records out of each block, refilling when one is cut."""
-    unpack_header, unpack_crc, crc32c = _HEADER.unpack_from, _CRC.unpack_from, _crc32c
+    """The hot loop: slices whole records out of each block (`_scan_block`), refilling when one is cut."""
+    scan_block = _scan_block
     limit = guard.limit
     length_crcs: dict[int, int] = {}
     buffer, position, base, need = b"", 0, offset, _HEADER_SIZE  # base: stream offset of buffer[0]
@@ -546,44 +618,16 @@ def _scan(
                 return
             raise _data_loss("truncated", path, base + position,
                              f"the file ends {end - position} bytes into the record")
-        buffer, base, position = buffer[position:] + more, base + position, 0
-        end = len(buffer)
-        offsets: list[int] = []
-        records: list[bytes] = []
-        add_offset, add_record = offsets.append, records.append
-        error = None
-        while end - position >= _HEADER_SIZE:
-            length, stored = unpack_header(buffer, position)
-            if verify and length_crcs.get(length) != stored:
-                if _mask(crc32c(buffer[position:position + 8])) != stored:
-                    error = _data_loss("corrupted", path, base + position, "the length CRC does not match")
-                    break
-                if len(length_crcs) < _LENGTH_CRC_CACHE_SIZE:
-                    length_crcs[length] = stored
-            start = position + _HEADER_SIZE
-            stop = start + length
-            if stop + _FOOTER_SIZE > end:
-                need = stop + _FOOTER_SIZE - position
-                break
-            if length > limit:  # whole in the buffer, so present; bigger ones met the guard before
-                error = _too_large(path, base + position, length, limit, present=True)
-                break
-            record = buffer[start:stop]
-            if verify:
-                crc = crc32c(record)
-                if (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _UINT32 != unpack_crc(buffer, stop)[0]:
-                    error = _data_loss("corrupted", path, base + position, "the data CRC does not match",
-                                       data_part=True)
-                    break
-            add_offset(base + position)
-            add_record(record)
-            position = stop + _FOOTER_SIZE
-        else:
-            need = _HEADER_SIZE
+        buffer, base = buffer[position:] + more, base + position
+        offsets, records, position, status, detail = scan_block(buffer, 0, base, verify, limit, length_crcs)
         if records:
             yield offsets, records
-        if error is not None:
-            raise error
+        if status == _NEED_HEADER:
+            need = _HEADER_SIZE
+        elif status == _NEED_RECORD:
+            need = detail + _HEADER_SIZE + _FOOTER_SIZE
+        else:
+            raise _block_error(status, detail, path, base + position, limit)
 
 
 class ReadOptions(TypedDict, total=False):
