@@ -38,11 +38,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from torchestimator import _native
 from torchestimator.data.example import (
     BYTES,
     FLOAT,
@@ -76,6 +78,7 @@ _KIND_OF_DTYPE = {"int64": INT64, "float32": FLOAT, "string": BYTES}
 _NUMPY_DTYPE = {"int64": np.dtype(np.int64), "float32": np.dtype(np.float32), "string": np.dtype(object)}
 _TF_TYPE_NAME = {"int64": "int64", "float32": "float", "string": "string"}  # as TF's messages spell them
 _LIST_NAME = {INT64: "int64_list", FLOAT: "float_list", BYTES: "bytes_list"}
+_LITTLE_ENDIAN = sys.byteorder == "little"  # the compiled pass copies float32 payloads as they are on the wire
 _DTYPE_ALIASES = {"int64": "int64", "float32": "float32", "float": "float32", "string": "string",
                   "bytes": "string", "str": "string", "object": "string"}
 
@@ -423,16 +426,7 @@ class _VarLenColumn(_Column):
         return np.array(self.counts, np.int64).reshape(self.count)
 
     def sparse(self, single: bool) -> SparseValue:
-        values = _values_array(self.parts, self.dtype)
-        if single:
-            return SparseValue(np.arange(len(values), dtype=np.int64).reshape(-1, 1), values,
-                               np.array([len(values)], np.int64))
-        lengths = self.lengths()
-        starts = np.cumsum(lengths) - lengths
-        rows = np.repeat(np.arange(self.count, dtype=np.int64), lengths)
-        positions = np.arange(len(values), dtype=np.int64) - np.repeat(starts, lengths)
-        width = int(lengths.max()) if self.count else 0
-        return SparseValue(np.stack([rows, positions], axis=1), values, np.array([self.count, width], np.int64))
+        return _sparse_value(_values_array(self.parts, self.dtype), self.lengths(), single)
 
     def result(self, single: bool) -> SparseValue:
         return self.sparse(single)
@@ -443,11 +437,7 @@ class _RaggedColumn(_VarLenColumn):
         super().__init__(name, spec, count, spec.value_key, location)
 
     def result(self, single: bool) -> Any:
-        values = _values_array(self.parts, self.dtype)
-        if single:
-            return values
-        row_splits = np.concatenate([[0], np.cumsum(self.lengths())]).astype(self.spec.row_splits_dtype)
-        return RaggedValue(values, row_splits)
+        return _ragged_value(_values_array(self.parts, self.dtype), self.lengths(), self.spec, single)
 
 
 class _SequenceColumn(_VarLenColumn):
@@ -467,18 +457,43 @@ class _SequenceColumn(_VarLenColumn):
                 f"Each row needs {self.row_size} values.")
 
     def result(self, single: bool) -> np.ndarray:
-        values = _values_array(self.parts, self.dtype)
-        if single:
-            return values.reshape(-1, *self.spec.shape)
-        lengths = self.lengths()
-        rows = lengths // max(self.row_size, 1)
-        width = int(rows.max()) if self.count else 0
-        out = np.full((self.count, width, self.row_size), self.spec._pad, _NUMPY_DTYPE[self.dtype])
-        starts = np.cumsum(lengths) - lengths
-        for index in np.flatnonzero(rows):
-            out[index, : rows[index]] = values[starts[index]: starts[index] + lengths[index]].reshape(
-                -1, self.row_size)
-        return out.reshape(self.count, width, *self.spec.shape)
+        return _sequence_value(_values_array(self.parts, self.dtype), self.lengths(), self.spec, single)
+
+
+# The results of the list-valued specs from all records' values and each record's count (shared
+# by the columns above and the compiled pass, so both build them the same way).
+
+
+def _sparse_value(values: np.ndarray, lengths: np.ndarray, single: bool) -> SparseValue:
+    if single:
+        return SparseValue(np.arange(len(values), dtype=np.int64).reshape(-1, 1), values,
+                           np.array([len(values)], np.int64))
+    count = len(lengths)
+    starts = np.cumsum(lengths) - lengths
+    rows = np.repeat(np.arange(count, dtype=np.int64), lengths)
+    positions = np.arange(len(values), dtype=np.int64) - np.repeat(starts, lengths)
+    width = int(lengths.max()) if count else 0
+    return SparseValue(np.stack([rows, positions], axis=1), values, np.array([count, width], np.int64))
+
+
+def _ragged_value(values: np.ndarray, lengths: np.ndarray, spec: RaggedFeature, single: bool) -> Any:
+    if single:
+        return values
+    return RaggedValue(values, np.concatenate([[0], np.cumsum(lengths)]).astype(spec.row_splits_dtype))
+
+
+def _sequence_value(values: np.ndarray, lengths: np.ndarray, spec: FixedLenSequenceFeature,
+                    single: bool) -> np.ndarray:
+    if single:
+        return values.reshape(-1, *spec.shape)
+    count, row_size = len(lengths), math.prod(spec.shape)
+    rows = lengths // max(row_size, 1)
+    width = int(rows.max()) if count else 0
+    out = np.full((count, width, row_size), spec._pad, _NUMPY_DTYPE[spec.dtype])
+    starts = np.cumsum(lengths) - lengths
+    for index in np.flatnonzero(rows):
+        out[index, : rows[index]] = values[starts[index]: starts[index] + lengths[index]].reshape(-1, row_size)
+    return out.reshape(count, width, *spec.shape)
 
 
 def _example_columns(features: Mapping[str, Any], count: int, what: str) -> list[_Column]:
@@ -510,6 +525,13 @@ def _preview(record: Any) -> str:
 
 
 def _parse_records(serialized: Sequence[bytes], features: Mapping[str, Any], single: bool) -> dict[str, Any]:
+    parsed = _parse_compiled(serialized, features, single)
+    return parsed if parsed is not None else _parse_records_python(serialized, features, single)
+
+
+def _parse_records_python(serialized: Sequence[bytes], features: Mapping[str, Any],
+                          single: bool) -> dict[str, Any]:
+    """The pure-Python parser: the reference for results and the only place errors are worded."""
     columns = _example_columns(features, len(serialized), "features")
     parse = example_protos().Example.FromString
     lookups = [(column.add, column.key) for column in columns]
@@ -533,6 +555,97 @@ def _raise_record_error(record: Any, index: int) -> None:
     except TypeError as error:
         raise TypeError(f"record {index}: {error}") from None
     raise AssertionError("a record failed to parse once and parsed the second time")
+
+
+# --------------------------------------------------------------------------------------------
+# The compiled pass (torchestimator._native._examples): one C call per batch fills the arrays.
+# It handles the plain, well-formed case only; for any record it does not (a malformed record,
+# a missing required feature, a wrong kind or count, anything unusual in the wire format) it
+# returns that record's index and the batch goes through `_parse_records_python`, which raises
+# its exact error or returns its result. So errors and results never differ between the paths.
+
+_NATIVE_KIND = {"string": BYTES, "float32": FLOAT, "int64": INT64}
+_PLAN_CACHE_SIZE = 64
+_plans: dict[tuple, "_Plan | None"] = {}
+
+
+class _Plan(NamedTuple):
+    """A features mapping compiled for `_examples.parse_examples`, once per mapping (cached)."""
+
+    keys: tuple[bytes, ...]
+    """The distinct feature keys the records are searched for, UTF-8."""
+    entries: tuple[tuple[str, Any, int, int, int, int, Any], ...]
+    """Per spec: (name, spec, slot in keys, kind, fixed, values per record, default for the C pass)."""
+
+
+def _compile_plan(features: Mapping[str, Any]) -> _Plan | None:
+    _example_columns(features, 0, "features")  # the pure path's spec errors, raised the same way
+    keys: dict[bytes, int] = {}
+    entries = []
+    for name, spec in features.items():
+        key = spec.value_key or name if isinstance(spec, RaggedFeature) else name
+        if not isinstance(key, str):
+            return None
+        try:
+            slot = keys.setdefault(key.encode("utf-8"), len(keys))
+        except UnicodeEncodeError:  # a lone surrogate: protobuf's own lookup decides
+            return None
+        fixed = isinstance(spec, FixedLenFeature)
+        size, fill = (math.prod(spec.shape), spec._default) if fixed else (0, None)
+        if fill is not None:
+            fill = tuple(fill.tolist()) if spec.dtype == "string" else fill.astype(_NUMPY_DTYPE[spec.dtype]).tobytes()
+        entries.append((name, spec, slot, _NATIVE_KIND[spec.dtype], int(fixed), size, fill))
+    return _Plan(tuple(keys), tuple(entries))
+
+
+def _plan_for(features: Any) -> _Plan | None:
+    if not isinstance(features, Mapping):
+        return None
+    try:
+        cache_key = tuple(features.items())  # the specs hash by identity (eq=False)
+        if cache_key in _plans:
+            return _plans[cache_key]
+    except TypeError:  # an unhashable spec: not a spec at all, the pure path says so
+        return None
+    plan = _compile_plan(features)
+    if len(_plans) >= _PLAN_CACHE_SIZE:
+        _plans.clear()
+    _plans[cache_key] = plan
+    return plan
+
+
+def _parse_compiled(serialized: Sequence[bytes], features: Any, single: bool) -> dict[str, Any] | None:
+    """The batch parsed by the compiled pass, or None where it does not apply (then the pure path runs)."""
+    native = _native.load("_examples")
+    plan = _plan_for(features) if native is not None and _LITTLE_ENDIAN else None
+    if plan is None:
+        return None
+    count = len(serialized)
+    outputs = [np.empty((count, size), _NUMPY_DTYPE[spec.dtype]) if fixed and kind != BYTES else None
+               for _, spec, _, kind, fixed, size, _ in plan.entries]
+    parts = native.parse_examples(serialized, plan.keys, tuple(
+        (slot, kind, fixed, size, out, fill) for (_, _, slot, kind, fixed, size, fill), out
+        in zip(plan.entries, outputs)))
+    if isinstance(parts, int):  # record `parts` is not the plain case: the pure path decides
+        return None
+    parsed = {}
+    for (name, spec, _, kind, fixed, size, _), out, part in zip(plan.entries, outputs, parts):
+        if fixed:
+            values = out if out is not None else _values_array(part, "string")
+            parsed[name] = values.reshape(spec.shape if single else (count, *spec.shape))
+            continue
+        values = _values_array(part[0], "string") if kind == BYTES else np.frombuffer(part[0], _NUMPY_DTYPE[spec.dtype])
+        lengths = np.frombuffer(part[1], np.int64)
+        if isinstance(spec, VarLenFeature):
+            parsed[name] = _sparse_value(values, lengths, single)
+        elif isinstance(spec, RaggedFeature):
+            parsed[name] = _ragged_value(values, lengths, spec, single)
+        else:
+            row_size = math.prod(spec.shape)
+            if np.any(lengths % max(row_size, 1)) or (row_size == 0 and np.any(lengths)):
+                return None  # a record of a partial row: an error the pure path words
+            parsed[name] = _sequence_value(values, lengths, spec, single)
+    return parsed
 
 
 def parse_single_example(serialized: bytes, features: Mapping[str, FeatureSpec]) -> dict[str, Any]:
