@@ -31,8 +31,19 @@ makes that moot.
 not global; `InputContext.get_per_replica_batch_size` gives it from a global one.
 Without batch_size, items are what `parse_fn` returns (records as bytes when
 there is none); with it, `collate_fn` (default `default_collate`) builds the
-batch. `collate_fn=lambda records: parse_example(records, spec)` with no
-parse_fn is the fast path: one batched parse per batch.
+batch.
+
+`features=` (a `parse_example` spec, instead of parse_fn/collate_fn) is the
+fast path: with batch_size, each batch is ONE `parse_example(records,
+features)` call converted by `to_torch` (numeric arrays become tensors,
+strings stay numpy object arrays, VarLen a sparse tensor, Ragged a
+RaggedValue of tensors); without batch_size each record is
+`to_torch(parse_single_example(record, features))`. Batches are cut out of
+the reader's blocks with list slices (`_dataset_records.py`), so there is no
+Python step per record between the file and the parser (except through an
+interleave of several files or the shuffle buffer, which draw per record).
+For FixedLen features the batches equal parse_fn=parse_single_example with
+the default collate, value for value and dtype for dtype.
 
 Position and resume. Each shard's position is kept on the consumer side, so
 items prefetched by DataLoader workers but not handed out are never counted.
@@ -47,11 +58,18 @@ shard starts right after its last delivered item. A shard position is:
 - without a shuffle buffer: the epoch, the open files with the byte offset
   of their next record, the next file and the interleave slot. Resume seeks
   there: exact and cheap.
-- with a shuffle buffer: the epoch and the count of records that left the
-  buffer. Resume replays that shard's epoch from its start with the same seed
-  and drops that many records: exact (the same records in the same order),
-  paid for by re-reading up to one epoch of the shard's data, not by storing
-  the buffer.
+- with a shuffle buffer, on uncompressed files: the epoch, the reader's
+  position, the RNG state and the (file, byte offset) of every record in the
+  buffer. Resume re-reads those records by offset: the same order as the
+  uninterrupted run, in time that depends on the buffer size, not on how far
+  into the epoch it stopped (`_dataset_shuffle.py`; ~140 KB of JSON for a
+  10k buffer).
+- with a shuffle buffer on GZIP/ZLIB files (no random access), and for
+  positions saved before the buffer was (`{"epoch", "delivered"}`): the epoch
+  and the count of records that left the buffer. Resume replays that shard's
+  epoch from its start with the same seed and drops that many records: exact,
+  but paid for by re-reading up to one epoch of the shard's data (logged once
+  at resume).
 
 The loader also rotates which worker plays which shard so that after a resume
 the round robin over workers continues with the shard that was next; the
@@ -71,24 +89,18 @@ across its workers, but it cannot report a position; use `.loader()`.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import os
-import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
-from torchestimator.data.tfrecord import (
-    DEFAULT_MAX_RECORD_SIZE,
-    ReadStats,
-    _normalize_compression,
-    iter_record_blocks,
-    list_files,
-)
+from torchestimator.data._dataset_records import _EpochRecords, _Plan
+from torchestimator.data._dataset_shuffle import _ShuffleBuffer
+from torchestimator.data.parsing import parse_example, parse_single_example, to_torch
+from torchestimator.data.tfrecord import DEFAULT_MAX_RECORD_SIZE, ReadStats, _normalize_compression, list_files
 from torchestimator.distribute.input_context import InputContext
 
 logger = logging.getLogger(__name__)
@@ -96,172 +108,10 @@ logger = logging.getLogger(__name__)
 __all__ = ["TFRecordDataset", "TFRecordLoader"]
 
 _FORMAT = "torchestimator.TFRecordDataset/1"
-_FRAMING = 16  # bytes of header and footer around each record
 
 
 def _is_int(value: Any, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-
-# --------------------------------------------------------------------------- the plan
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Plan:
-    """Everything that decides which records each shard yields, in which order."""
-
-    files: tuple[str, ...]
-    compression: str | None
-    shuffle_files: bool
-    shuffle_buffer_size: int
-    seed: int
-    num_epochs: int | None
-    interleave_cycle_length: int
-    shard_by: str
-    num_ranks: int
-    rank: int
-    skip_corrupt: bool
-    verify: bool
-    strict: bool
-    max_record_size: int
-
-    def mode(self, num_shards: int) -> str:
-        if self.shard_by != "auto":
-            return self.shard_by
-        return "file" if len(self.files) % num_shards == 0 else "record"
-
-    def epoch_files(self, epoch: int) -> list[str]:
-        if not self.shuffle_files:
-            return list(self.files)
-        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.files))
-        return [self.files[index] for index in order]
-
-    def shard_part(self, epoch: int, shard: int, num_shards: int) -> tuple[list[str], int]:
-        """The shard's files and the record modulus (1: keep every record of those files)."""
-        files = self.epoch_files(epoch)
-        if self.mode(num_shards) == "file":
-            return files[shard::num_shards], 1
-        return files, num_shards
-
-    def shuffle_rng(self, epoch: int, shard: int) -> random.Random:
-        # A str seed is hashed with SHA-512, so it is stable across runs and PYTHONHASHSEED.
-        return random.Random(f"tfrecord-shuffle:{self.seed}:{epoch}:{shard}")
-
-
-# --------------------------------------------------------------------------- one epoch of one shard
-
-
-class _OpenFile:
-    """One interleave slot: a file being read, a block at a time."""
-
-    def __init__(self, plan: _Plan, stats: ReadStats, file_index: int, path: str, offset: int) -> None:
-        self.file_index = file_index
-        self.path = path
-        self.offset = offset  # of the first record of the current block, or where reading starts
-        self.records: list[bytes] = []
-        self.offsets: list[int] = []
-        self.index = 0
-        self._blocks = iter_record_blocks(
-            path, plan.compression, start_offset=offset, skip_corrupt=plan.skip_corrupt,
-            verify=plan.verify, strict=plan.strict, stats=stats, max_record_size=plan.max_record_size,
-        )
-
-    def next_block(self) -> bool:
-        for offsets, records in self._blocks:
-            self.offset = self.next_offset()
-            self.offsets, self.records, self.index = offsets, records, 0
-            return True
-        return False
-
-    def next_offset(self) -> int:
-        """Byte offset of the record after the last one taken."""
-        if self.index < len(self.offsets):
-            return self.offsets[self.index]
-        if self.records:
-            return self.offsets[-1] + _FRAMING + len(self.records[-1])
-        return self.offset
-
-
-class _EpochRecords:
-    """A shard's records of one epoch in interleaved order, before the shuffle buffer."""
-
-    def __init__(self, plan: _Plan, files: list[str], modulus: int, remainder: int,
-                 start: Mapping[str, Any] | None, stats: ReadStats) -> None:
-        self._plan, self._files, self._stats = plan, files, stats
-        self._modulus, self._remainder = modulus, remainder
-        start = start or {}
-        self.next_file = int(start.get("next_file", 0))
-        self.slot = int(start.get("slot", 0))
-        self.stream_index = int(start.get("stream_index", 0))
-        self.slots = [self._open(int(index), int(offset)) for index, offset in start.get("open_files", [])]
-
-    def _open(self, file_index: int, offset: int) -> _OpenFile:
-        return _OpenFile(self._plan, self._stats, file_index, self._files[file_index], offset)
-
-    def position(self) -> dict[str, Any]:
-        return {
-            "next_file": self.next_file, "slot": self.slot, "stream_index": self.stream_index,
-            "open_files": [[slot.file_index, slot.next_offset()] for slot in self.slots],
-        }
-
-    def __iter__(self) -> Iterator[bytes]:
-        if self._plan.interleave_cycle_length == 1:
-            return self._sequential()
-        return self._interleaved()
-
-    def _sequential(self) -> Iterator[bytes]:
-        """One file at a time; the common case, with the least work per record."""
-        modulus, remainder, slots = self._modulus, self._remainder, self.slots
-        while slots or self.next_file < len(self._files):
-            if not slots:
-                slots.append(self._open(self.next_file, 0))
-                self.next_file += 1
-            current = slots[0]
-            while current.next_block():
-                records, base = current.records, self.stream_index
-                for index in range((remainder - base) % modulus, len(records), modulus):
-                    current.index = index + 1
-                    self.stream_index = base + index + 1
-                    yield records[index]
-                current.index = len(records)
-                self.stream_index = base + len(records)
-            del slots[0]
-
-    def _interleaved(self) -> Iterator[bytes]:
-        slots, cycle = self.slots, self._plan.interleave_cycle_length
-        modulus, remainder = self._modulus, self._remainder
-        while len(slots) < cycle and self.next_file < len(self._files):
-            slots.append(self._open(self.next_file, 0))
-            self.next_file += 1
-        while slots:
-            if self.slot >= len(slots):
-                self.slot = 0
-            current = slots[self.slot]
-            if current.index == len(current.records) and not current.next_block():
-                if self.next_file < len(self._files):  # the next file takes over the slot
-                    slots[self.slot] = self._open(self.next_file, 0)
-                    self.next_file += 1
-                else:
-                    del slots[self.slot]
-                continue
-            record = current.records[current.index]
-            current.index += 1
-            self.slot += 1
-            index = self.stream_index
-            self.stream_index = index + 1
-            if index % modulus == remainder:
-                yield record
-
-
-def _shuffled(records: Iterator[bytes], size: int, rng: random.Random) -> Iterator[bytes]:
-    """TF's shuffle buffer: fill `size`, then emit a random slot and refill it; drain shuffled."""
-    buffer: list[bytes] = list(itertools.islice(records, size))
-    for record in records:
-        slot = rng.randrange(size)
-        yield buffer[slot]
-        buffer[slot] = record
-    rng.shuffle(buffer)
-    yield from buffer
 
 
 # --------------------------------------------------------------------------- one shard, all epochs
@@ -269,10 +119,26 @@ def _shuffled(records: Iterator[bytes], size: int, rng: random.Random) -> Iterat
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Output:
+    """What becomes of the records: items one by one, or batches of batch_size."""
+
     parse_fn: Callable[[bytes], Any] | None
+    features: Mapping[str, Any] | None
     batch_size: int | None
     collate_fn: Callable[[list[Any]], Any]
     drop_remainder: bool
+
+    def item(self, record: bytes) -> Any:
+        if self.features is not None:
+            return to_torch(parse_single_example(record, self.features))
+        return record if self.parse_fn is None else self.parse_fn(record)
+
+    def batch(self, records: list[bytes]) -> Any:
+        if self.features is not None:  # one parse call for the whole batch
+            return to_torch(parse_example(records, self.features))
+        if self.parse_fn is None:
+            return self.collate_fn(records)
+        parse = self.parse_fn
+        return self.collate_fn([parse(record) for record in records])
 
 
 class _ShardStream:
@@ -289,21 +155,22 @@ class _ShardStream:
         self._start = dict(start) if start else None
         self._epoch = int(start["epoch"]) if start else 0
         self._reader: _EpochRecords | None = None
-        self._delivered = 0  # records out of the shuffle buffer this epoch (only kept with a buffer)
+        self._buffer: _ShuffleBuffer | None = None  # only with a shuffle buffer
+        self._random_access: dict[str, bool] = {}
         self.stats = ReadStats()
 
     def position(self) -> dict[str, Any] | None:
         if self._reader is None:
             return None if self._start is None else dict(self._start)
-        if self._plan.shuffle_buffer_size:
-            return {"epoch": self._epoch, "delivered": self._delivered}
+        if self._buffer is not None:
+            return {"epoch": self._epoch, **self._buffer.position()}
         return {"epoch": self._epoch, **self._reader.position()}
 
     def __iter__(self) -> Iterator[Any]:
         plan, start = self._plan, self._start
         while plan.num_epochs is None or self._epoch < plan.num_epochs:
             yielded = 0
-            for item in self._items(self._epoch_records(start)):
+            for item in self._items(start):
                 yielded += 1
                 yield item
             if start is None and not yielded and plan.num_epochs is None:
@@ -315,37 +182,59 @@ class _ShardStream:
             start = None
             self._epoch += 1
         self._reader = _EpochRecords(plan, [], 1, 0, None, self.stats)  # at the end: nothing left
-        self._delivered = 0
+        self._buffer = None
         if self.stats.skipped_files:
             logger.warning("TFRecordDataset shard %d: %s.", self._shard, self.stats.summary())
 
-    def _epoch_records(self, start: Mapping[str, Any] | None) -> Iterator[bytes]:
+    def _open_epoch(self, start: Mapping[str, Any] | None) -> None:
+        """Sets up the reader (and buffer) of the current epoch at `start` (None: its beginning)."""
         plan, shard = self._plan, self._shard
         files, modulus = plan.shard_part(self._epoch, shard, self._num_shards)
+        remainder = shard % modulus
+        self._buffer = None
         if not plan.shuffle_buffer_size:
-            self._reader = _EpochRecords(plan, files, modulus, shard % modulus, start, self.stats)
-            return iter(self._reader)
-        # Resume by replay: the same seed gives the same order; drop what was delivered.
-        self._reader = _EpochRecords(plan, files, modulus, shard % modulus, None, self.stats)
-        self._delivered = int(start.get("delivered", 0)) if start else 0
-        shuffled = _shuffled(iter(self._reader), plan.shuffle_buffer_size, plan.shuffle_rng(self._epoch, shard))
-        return itertools.islice(shuffled, self._delivered, None)
+            self._reader = _EpochRecords(plan, files, modulus, remainder, start, self.stats)
+            return
+        random_access = self._has_random_access(files)
+        saved_buffer = bool(start) and random_access and "buffer_files" in start
+        reader_start = start["reader"] if saved_buffer else None
+        self._reader = _EpochRecords(plan, files, modulus, remainder, reader_start, self.stats)
+        buffer = _ShuffleBuffer(self._reader, plan.shuffle_buffer_size, plan.shuffle_rng(self._epoch, shard),
+                                random_access)
+        if saved_buffer:
+            buffer.restore(start, ReadStats())  # re-reads count apart: stats say what the epoch read
+        elif start:  # no random access, or a position from before the buffer was saved: replay
+            buffer.skip(int(start.get("delivered", 0)))
+        self._buffer = buffer
 
-    def _items(self, records: Iterator[bytes]) -> Iterator[Any]:
-        output, counting = self._output, bool(self._plan.shuffle_buffer_size)
-        parse, batch_size = output.parse_fn, output.batch_size
+    def _has_random_access(self, files: list[str]) -> bool:
+        known = self._random_access
+        for path in files:
+            if path not in known:
+                known[path] = self._plan.random_access([path])
+        return all(known[path] for path in files)
+
+    def _take(self, count: int) -> list[bytes]:
+        if self._buffer is not None:
+            return self._buffer.take(count)
+        return self._reader.take(count).records
+
+    def _items(self, start: Mapping[str, Any] | None) -> Iterator[Any]:
+        self._open_epoch(start)
+        output = self._output
+        batch_size = output.batch_size
         if batch_size is not None:
-            while batch := list(itertools.islice(records, batch_size)):
+            while batch := self._take(batch_size):
                 if len(batch) < batch_size and output.drop_remainder:
                     return
-                self._delivered += len(batch)
-                yield output.collate_fn(batch if parse is None else [parse(record) for record in batch])
-        elif counting:
-            for record in records:
-                self._delivered += 1
-                yield record if parse is None else parse(record)
+                yield output.batch(batch)
+        elif self._buffer is not None:
+            while record := self._take(1):
+                yield output.item(record[0])
+        elif output.parse_fn is None and output.features is None:
+            yield from self._reader
         else:
-            yield from (records if parse is None else map(parse, records))
+            yield from map(output.item, self._reader)
 
 
 class _TaggedShards(IterableDataset):
@@ -473,12 +362,29 @@ def _check_options(options: Mapping[str, Any]) -> None:
                             f"{type(options[name]).__name__}.")
 
 
+def _checked_features(features: Mapping[str, Any] | None, parse_fn: Any, collate_fn: Any) -> Mapping[str, Any] | None:
+    """A parse_example spec, checked now (a bad spec fails here, not in the first batch of a worker)."""
+    if features is None:
+        return None
+    if parse_fn is not None or collate_fn is not None:
+        given = " and ".join(name for name, value in (("parse_fn", parse_fn), ("collate_fn", collate_fn))
+                             if value is not None)
+        raise ValueError(f"TFRecordDataset: features= parses the records itself, so it cannot be combined "
+                         f"with {given}; pass features alone, or parse_fn/collate_fn without features.")
+    if not isinstance(features, Mapping) or not features:
+        raise TypeError(f"TFRecordDataset: features must be a non-empty mapping of feature name to "
+                        f"FixedLenFeature/VarLenFeature/RaggedFeature...; received {features!r:.200}.")
+    parse_example([], features)  # raises TypeError/ValueError naming the bad entry
+    return dict(features)
+
+
 class TFRecordDataset(IterableDataset):
     """TFRecord files (paths, globs or a list) as a sharded, resumable stream; see the module docstring.
 
     Iterating it in the main process yields this process's items and tracks
     the position (`state_dict`); `.loader(num_workers=...)` does the same over
-    DataLoader workers. `compression`, `skip_corrupt`, `verify`, `strict` and
+    DataLoader workers. `features` (a parse_example spec) parses each batch
+    in one call, in place of parse_fn/collate_fn. `compression`, `skip_corrupt`, `verify`, `strict` and
     `max_record_size` (bytes; a longer record is a DataLossError) are
     `iter_records`'s options.
     """
@@ -493,6 +399,7 @@ class TFRecordDataset(IterableDataset):
         seed: int = 0,
         num_epochs: int | None = 1,
         parse_fn: Callable[[bytes], Any] | None = None,
+        features: Mapping[str, Any] | None = None,
         batch_size: int | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         drop_remainder: bool = False,
@@ -520,7 +427,8 @@ class TFRecordDataset(IterableDataset):
         if shard_by == "file" and len(paths) < num_ranks:
             raise ValueError(f'TFRecordDataset: shard_by="file" needs at least one file per process; '
                              f'received {len(paths)} files for {num_ranks} processes. Use shard_by="auto".')
-        self._output = _Output(parse_fn=parse_fn, batch_size=batch_size,
+        self._output = _Output(parse_fn=parse_fn, features=_checked_features(features, parse_fn, collate_fn),
+                               batch_size=batch_size,
                                collate_fn=collate_fn or default_collate, drop_remainder=bool(drop_remainder))
         self._positions = _Positions(self._plan, num_workers=1)
 

@@ -1,0 +1,261 @@
+"""One shard's records of one epoch, in interleaved order, before the shuffle buffer (TFRecordDataset).
+
+What belongs here: the plan that decides which records each shard reads
+(`_Plan`), and the reader that walks a shard's files for one epoch and can
+say, at any pause, where it stands (`_EpochRecords.position`). What does not:
+shuffling (`_dataset_shuffle.py`), batching and positions across epochs and
+workers (`tfrecord_dataset.py`), the byte format (`tfrecord.py`).
+
+The reader has two ways out, with the same order and the same positions:
+
+- iterating it yields one record at a time (the unbatched path);
+- `take(n)` returns the next `n` records of the shard as lists, slicing them
+  out of the blocks `iter_record_blocks` hands over, so a batch costs a few
+  list slices instead of a generator step per record. With `refs=True` it
+  also returns each record's `(file index, byte offset)`, which is what the
+  shuffle buffer saves to resume without replaying the epoch.
+
+Either way the reader's state after a record is handed out is the point just
+after that record, so a position read while the consumer holds a batch is
+exactly "after the last delivered record".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from torchestimator.data.tfrecord import ReadStats, _detect_compression, iter_record_blocks
+
+_FRAMING = 16  # bytes of header and footer around each record
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Plan:
+    """Everything that decides which records each shard yields, in which order."""
+
+    files: tuple[str, ...]
+    compression: str | None
+    shuffle_files: bool
+    shuffle_buffer_size: int
+    seed: int
+    num_epochs: int | None
+    interleave_cycle_length: int
+    shard_by: str
+    num_ranks: int
+    rank: int
+    skip_corrupt: bool
+    verify: bool
+    strict: bool
+    max_record_size: int
+
+    def mode(self, num_shards: int) -> str:
+        if self.shard_by != "auto":
+            return self.shard_by
+        return "file" if len(self.files) % num_shards == 0 else "record"
+
+    def epoch_files(self, epoch: int) -> list[str]:
+        if not self.shuffle_files:
+            return list(self.files)
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.files))
+        return [self.files[index] for index in order]
+
+    def shard_part(self, epoch: int, shard: int, num_shards: int) -> tuple[list[str], int]:
+        """The shard's files and the record modulus (1: keep every record of those files)."""
+        files = self.epoch_files(epoch)
+        if self.mode(num_shards) == "file":
+            return files[shard::num_shards], 1
+        return files, num_shards
+
+    def shuffle_rng(self, epoch: int, shard: int) -> random.Random:
+        # A str seed is hashed with SHA-512, so it is stable across runs and PYTHONHASHSEED.
+        return random.Random(f"tfrecord-shuffle:{self.seed}:{epoch}:{shard}")
+
+    def random_access(self, files: list[str]) -> bool:
+        """True when every file can be read at a byte offset without reading what comes before.
+
+        Compressed files (GZIP, ZLIB) have no random access: reaching an offset
+        means inflating the stream up to it.
+        """
+        if self.compression is None:
+            return True
+        if self.compression != "AUTO":
+            return False
+        return all(_detect_compression(path) is None for path in files)
+
+    def read_options(self) -> dict[str, Any]:
+        return {"compression": self.compression, "skip_corrupt": self.skip_corrupt, "verify": self.verify,
+                "strict": self.strict, "max_record_size": self.max_record_size}
+
+
+class _OpenFile:
+    """One interleave slot: a file being read, a block at a time."""
+
+    def __init__(self, plan: _Plan, stats: ReadStats, file_index: int, path: str, offset: int) -> None:
+        self.file_index = file_index
+        self.path = path
+        self.offset = offset  # of the first record of the current block, or where reading starts
+        self.records: list[bytes] = []
+        self.offsets: list[int] = []
+        self.index = 0
+        self._blocks = iter_record_blocks(
+            path, plan.compression, start_offset=offset, skip_corrupt=plan.skip_corrupt,
+            verify=plan.verify, strict=plan.strict, stats=stats, max_record_size=plan.max_record_size,
+        )
+
+    def next_block(self) -> bool:
+        for offsets, records in self._blocks:
+            self.offset = self.next_offset()
+            self.offsets, self.records, self.index = offsets, records, 0
+            return True
+        return False
+
+    def next_offset(self) -> int:
+        """Byte offset of the record after the last one taken."""
+        if self.index < len(self.offsets):
+            return self.offsets[self.index]
+        if self.records:
+            return self.offsets[-1] + _FRAMING + len(self.records[-1])
+        return self.offset
+
+
+class _Taken:
+    """What `_EpochRecords.take` hands out: records, and with refs their (file index, offset)."""
+
+    __slots__ = ("records", "files", "offsets")
+
+    def __init__(self) -> None:
+        self.records: list[bytes] = []
+        self.files: list[int] = []
+        self.offsets: list[int] = []
+
+
+class _EpochRecords:
+    """A shard's records of one epoch in interleaved order, before the shuffle buffer."""
+
+    def __init__(self, plan: _Plan, files: list[str], modulus: int, remainder: int,
+                 start: Mapping[str, Any] | None, stats: ReadStats) -> None:
+        self._plan, self._files, self._stats = plan, files, stats
+        self._modulus, self._remainder = modulus, remainder
+        start = start or {}
+        self.next_file = int(start.get("next_file", 0))
+        self.slot = int(start.get("slot", 0))
+        self.stream_index = int(start.get("stream_index", 0))
+        self.slots = [self._open(int(index), int(offset)) for index, offset in start.get("open_files", [])]
+
+    @property
+    def files(self) -> list[str]:
+        return self._files
+
+    def _open(self, file_index: int, offset: int) -> _OpenFile:
+        return _OpenFile(self._plan, self._stats, file_index, self._files[file_index], offset)
+
+    def position(self) -> dict[str, Any]:
+        return {
+            "next_file": self.next_file, "slot": self.slot, "stream_index": self.stream_index,
+            "open_files": [[slot.file_index, slot.next_offset()] for slot in self.slots],
+        }
+
+    # ------------------------------------------------------------------ many records per call
+
+    def take(self, count: int, refs: bool = False) -> _Taken:
+        """The next `count` records of this shard (fewer only at the end of the epoch)."""
+        taken = _Taken()
+        if count <= 0:
+            return taken
+        if self._plan.interleave_cycle_length == 1:
+            self._take_sequential(count, refs, taken)
+        else:
+            self._take_interleaved(count, refs, taken)
+        return taken
+
+    def _take_sequential(self, count: int, refs: bool, taken: _Taken) -> None:
+        """Slices of the current block: the same records and state as `_sequential`, without a step each."""
+        modulus, remainder, slots, records = self._modulus, self._remainder, self.slots, taken.records
+        while len(records) < count:
+            if not slots:
+                if self.next_file >= len(self._files):
+                    return
+                slots.append(self._open(self.next_file, 0))
+                self.next_file += 1
+            current = slots[0]
+            if current.index >= len(current.records) and not current.next_block():
+                del slots[0]
+                continue
+            block_start = self.stream_index - current.index  # stream index of the block's record 0
+            first = current.index + (remainder - self.stream_index) % modulus
+            stop = min(len(current.records), first + (count - len(records)) * modulus)
+            if first >= stop:  # no record of this block is this shard's
+                current.index = len(current.records)
+            else:
+                chunk = current.records[first:stop:modulus]
+                records += chunk
+                if refs:
+                    taken.offsets += current.offsets[first:stop:modulus]
+                    taken.files += [current.file_index] * len(chunk)
+                current.index = first + (len(chunk) - 1) * modulus + 1
+            self.stream_index = block_start + current.index
+
+    def _take_interleaved(self, count: int, refs: bool, taken: _Taken) -> None:
+        """Round robin, one record per slot: the loop of `_interleaved`, appending instead of yielding."""
+        slots, cycle = self.slots, self._plan.interleave_cycle_length
+        modulus, remainder, records = self._modulus, self._remainder, taken.records
+        while len(slots) < cycle and self.next_file < len(self._files):
+            slots.append(self._open(self.next_file, 0))
+            self.next_file += 1
+        while slots and len(records) < count:
+            if self.slot >= len(slots):
+                self.slot = 0
+            current = slots[self.slot]
+            if current.index == len(current.records) and not current.next_block():
+                if self.next_file < len(self._files):  # the next file takes over the slot
+                    slots[self.slot] = self._open(self.next_file, 0)
+                    self.next_file += 1
+                else:
+                    del slots[self.slot]
+                continue
+            index = current.index
+            current.index = index + 1
+            self.slot += 1
+            self.stream_index += 1
+            if (self.stream_index - 1) % modulus == remainder:
+                records.append(current.records[index])
+                if refs:
+                    taken.files.append(current.file_index)
+                    taken.offsets.append(current.offsets[index])
+
+    # ------------------------------------------------------------------ one record per step
+
+    def __iter__(self) -> Iterator[bytes]:
+        if self._plan.interleave_cycle_length == 1:
+            return self._sequential()
+        return self._interleaved()
+
+    def _sequential(self) -> Iterator[bytes]:
+        """One file at a time; the common case, with the least work per record."""
+        modulus, remainder, slots = self._modulus, self._remainder, self.slots
+        while slots or self.next_file < len(self._files):
+            if not slots:
+                slots.append(self._open(self.next_file, 0))
+                self.next_file += 1
+            current = slots[0]
+            while current.next_block():
+                records, base = current.records, self.stream_index
+                for index in range((remainder - base) % modulus, len(records), modulus):
+                    current.index = index + 1
+                    self.stream_index = base + index + 1
+                    yield records[index]
+                current.index = len(records)
+                self.stream_index = base + len(records)
+            del slots[0]
+
+    def _interleaved(self) -> Iterator[bytes]:
+        while True:
+            taken = self.take(1)
+            if not taken.records:
+                return
+            yield taken.records[0]

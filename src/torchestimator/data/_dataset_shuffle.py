@@ -1,0 +1,200 @@
+"""TFRecordDataset's shuffle buffer, and the position that resumes it without replaying the epoch.
+
+What belongs here: TF's shuffle buffer over one shard's epoch of records
+(`_ShuffleBuffer`), its JSON position, and reading back the records that
+were in the buffer by their byte offsets. What does not: which records the
+shard reads (`_dataset_records.py`), batching and workers
+(`tfrecord_dataset.py`).
+
+The algorithm is TF's, drawn from `random.Random` exactly as before: fill
+`size` records; then for each new record pick a random slot, hand out its
+record and put the new one there; at the end of the epoch shuffle what is
+left once and hand it out in order.
+
+The position after k delivered records is, on files with random access
+(uncompressed):
+
+    {"epoch", "delivered": k, "reader": <the reader's position>,
+     "rng": random.Random.getstate() as JSON (625 ints),
+     "buffer_files": [...], "buffer_offsets": [...]}    # each slot's record: file index, byte offset
+
+or, once the epoch's records are all in and the rest is being drained,
+`"draining": true` with the remaining records' refs in delivery order and no
+RNG state. Resuming re-reads those records by offset (`read_records_at`:
+a few block reads near each one, O(buffer) records, whatever k is), seeks
+the reader and restores the RNG: the same order as the uninterrupted run.
+The JSON grows with the buffer: about 13 bytes per slot plus ~7 KB of RNG
+state, ~140 KB for a 10k buffer.
+
+Compressed files (GZIP, ZLIB) have no random access, so there the position
+stays `{"epoch", "delivered"}` and resuming replays the shard's epoch from its
+start with the same seed, dropping the k delivered records (exact, but the
+cost grows with k: about a read and a random draw per record). Positions
+saved before this format existed are the same shape and resume the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torchestimator.data._dataset_records import _EpochRecords, _Plan
+from torchestimator.data.tfrecord import ReadStats, iter_record_blocks
+from torchestimator.errors import DataLossError
+
+logger = logging.getLogger("torchestimator.data.tfrecord_dataset")
+
+# A read by offset pulls this much: enough for the record and often for its neighbours in the
+# buffer (records that entered it close together), without reading a whole 1 MiB block for each.
+_REREAD_BLOCK_SIZE = 64 << 10
+
+
+def _rng_state_to_json(state: tuple[Any, ...]) -> list[Any]:
+    version, internal, gauss_next = state
+    return [version, list(internal), gauss_next]
+
+
+def _rng_state_from_json(state: Sequence[Any]) -> tuple[Any, ...]:
+    version, internal, gauss_next = state
+    return (int(version), tuple(int(word) for word in internal), gauss_next)
+
+
+def read_records_at(plan: _Plan, files: Sequence[str], file_indices: Sequence[int],
+                    offsets: Sequence[int], stats: ReadStats) -> list[bytes]:
+    """The records at (files[file_indices[i]], offsets[i]), in the order asked, with the plan's checks.
+
+    Refs are visited in file and offset order, so one read of a block serves
+    every wanted record inside it.
+    """
+    wanted = sorted(set(zip(file_indices, offsets)))
+    found: dict[tuple[int, int], bytes] = {}
+    options = plan.read_options()
+    options.pop("skip_corrupt")  # a record that was read once and is damaged now is an error, not a skip
+    index = 0
+    while index < len(wanted):
+        file_index, offset = wanted[index]
+        path = files[file_index]
+        blocks = iter_record_blocks(path, start_offset=offset, stats=stats, block_size=_REREAD_BLOCK_SIZE,
+                                    **options)
+        try:
+            block_offsets, block_records = next(blocks, ([], []))
+        finally:
+            blocks.close()  # the reader's file closes now, not when the generator is collected
+        if not block_offsets or block_offsets[0] != offset:
+            raise DataLossError(
+                f"The saved TFRecordDataset position holds a record at byte {offset} of {path}, but no "
+                f"record starts there: the file changed since the position was saved. Restore the "
+                f"files, or start the input from the beginning by not restoring its position.",
+                path=path, offset=offset)
+        for block_offset, record in zip(block_offsets, block_records):
+            if index == len(wanted) or wanted[index][0] != file_index or wanted[index][1] < block_offset:
+                break  # done, or the next ref lies between records here: its own read will say so
+            if wanted[index] == (file_index, block_offset):
+                found[wanted[index]] = record
+                index += 1
+    return [found[ref] for ref in zip(file_indices, offsets)]
+
+
+class _ShuffleBuffer:
+    """TF's shuffle buffer over one epoch's reader, handing out `take(n)` records at a time."""
+
+    def __init__(self, reader: _EpochRecords, size: int, rng: random.Random, random_access: bool) -> None:
+        self._reader, self._size, self._rng = reader, size, rng
+        self._refs = random_access  # keep each slot's (file, offset): the position can then name them
+        self.delivered = 0
+        self._filled = False
+        self._records: list[bytes] = []
+        self._files: list[int] = []
+        self._offsets: list[int] = []
+        self._draining = False
+        self._drain_index = 0
+
+    # ------------------------------------------------------------------ position
+
+    def position(self) -> dict[str, Any]:
+        if not self._refs or not self._filled:
+            return {"delivered": self.delivered}
+        if self._draining:
+            rest = slice(self._drain_index, None)
+            return {"delivered": self.delivered, "reader": self._reader.position(), "draining": True,
+                    "buffer_files": self._files[rest], "buffer_offsets": self._offsets[rest]}
+        return {"delivered": self.delivered, "reader": self._reader.position(),
+                "rng": _rng_state_to_json(self._rng.getstate()),
+                "buffer_files": list(self._files), "buffer_offsets": list(self._offsets)}
+
+    def restore(self, start: Mapping[str, Any], stats: ReadStats) -> None:
+        """Puts back the buffer `position()` described (the reader was built at start["reader"])."""
+        files = [int(index) for index in start["buffer_files"]]
+        offsets = [int(offset) for offset in start["buffer_offsets"]]
+        if len(files) != len(offsets) or (not start.get("draining") and len(files) > self._size):
+            raise ValueError(f"The saved TFRecordDataset shuffle buffer holds {len(files)} file indices and "
+                             f"{len(offsets)} offsets for a buffer of {self._size}: the position is damaged "
+                             f"or from another shuffle_buffer_size. Start the input from the beginning.")
+        self._records = read_records_at(self._reader._plan, self._reader.files, files, offsets, stats)
+        self._files, self._offsets = files, offsets
+        self.delivered = int(start["delivered"])
+        self._filled = True
+        self._draining = bool(start.get("draining"))
+        if not self._draining:
+            self._rng.setstate(_rng_state_from_json(start["rng"]))
+
+    def skip(self, count: int) -> None:
+        """Replays `count` deliveries (the resume of a source without random access)."""
+        if count:
+            logger.info("TFRecordDataset: resuming a shuffled epoch by replaying %d records (compressed "
+                        "files have no random access, or the position predates saving the buffer).", count)
+        while count > 0:
+            step = min(count, 1 << 14)
+            if not self.take(step):
+                break
+            count -= step
+
+    # ------------------------------------------------------------------ records out
+
+    def take(self, count: int) -> list[bytes]:
+        """The next `count` records out of the buffer (fewer only at the end of the epoch)."""
+        out: list[bytes] = []
+        if not self._filled:
+            taken = self._reader.take(self._size, refs=self._refs)
+            self._records, self._files, self._offsets = taken.records, taken.files, taken.offsets
+            self._filled = True
+            if len(self._records) < self._size:
+                self._start_draining()
+        if not self._draining:
+            self._exchange(count, out)
+        if self._draining and len(out) < count:
+            stop = self._drain_index + count - len(out)
+            out += self._records[self._drain_index:stop]
+            self._drain_index = min(stop, len(self._records))
+        self.delivered += len(out)
+        return out
+
+    def _exchange(self, count: int, out: list[bytes]) -> None:
+        """One new record in, one random slot out, `count` times (or until the reader runs dry)."""
+        taken = self._reader.take(count, refs=self._refs)
+        randrange, size, buffer = self._rng.randrange, self._size, self._records
+        if self._refs:
+            files, offsets = self._files, self._offsets
+            for record, file_index, offset in zip(taken.records, taken.files, taken.offsets):
+                slot = randrange(size)
+                out.append(buffer[slot])
+                buffer[slot], files[slot], offsets[slot] = record, file_index, offset
+        else:
+            for record in taken.records:
+                slot = randrange(size)
+                out.append(buffer[slot])
+                buffer[slot] = record
+        if len(taken.records) < count:
+            self._start_draining()
+
+    def _start_draining(self) -> None:
+        # The same draws as rng.shuffle(buffer), applied to records and refs alike.
+        order = list(range(len(self._records)))
+        self._rng.shuffle(order)
+        self._records = [self._records[index] for index in order]
+        if self._refs:
+            self._files = [self._files[index] for index in order]
+            self._offsets = [self._offsets[index] for index in order]
+        self._draining = True
