@@ -433,7 +433,7 @@ def _schema_lines(title: str, summaries: dict[str, FeatureSummary], total: int, 
 
 def inspect_records(args: argparse.Namespace) -> int:
     """`torchestimator records inspect FILE`: record count, schema summary, the first records as JSON."""
-    from torchestimator.data.tfrecord import iter_records
+    from torchestimator.data.tfrecord import describe_reader, iter_records
 
     if args.limit < 0:
         raise ValueError(f"--limit must be >= 0; received {args.limit}.")
@@ -462,6 +462,7 @@ def inspect_records(args: argparse.Namespace) -> int:
     if shown:
         print(f"first {len(shown)} records:")
         print("\n".join(shown))
+    print(f"reader: {describe_reader()}")
     return 0
 
 

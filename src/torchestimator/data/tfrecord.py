@@ -48,12 +48,19 @@ Reading follows TensorFlow's record reader (`record_reader.cc`):
   file and offset, and `ReadStats` counts it (summarised in one warning at
   the end of `read_records`).
 
-Speed: the reader pulls blocks of about 1 MiB, slices records out with
-`struct.unpack_from`, checks the data CRC with the C `crc32c` package and
-the length CRC through a small cache keyed by length (records of a file
-usually share a few lengths, so the second CRC per record is a dict lookup
-that was computed with the same CRC). `iter_record_blocks` hands records out
-a block at a time so callers can avoid one generator step per record.
+Speed: the reader pulls blocks of about 1 MiB and hands each to a block
+scanner that slices out every whole record in it and checks both CRCs. The
+compiled one (`torchestimator._native._records.scan`: CRC32C by the SSE4.2
+instruction or a slicing-by-8 table, the framing checked without the GIL)
+runs where it was built; `TORCHESTIMATOR_PURE_PYTHON=1` or a missing build
+gives `_scan_block_python`: `struct.unpack_from`, the C `crc32c` package
+for the data CRC and a cache keyed by length for the length CRC (records of
+a file usually share a few lengths). Both report where and why they stopped
+the same way; the errors are worded here, so their messages and offsets do
+not depend on the path (`describe_reader()` says which one runs). The writer
+frames records with the compiled `frame` the same way. `iter_record_blocks`
+hands records out a block at a time so callers can avoid one generator step
+per record.
 """
 
 from __future__ import annotations
@@ -97,6 +104,7 @@ __all__ = [
     "ReadOptions",
     "ReadStats",
     "TFRecordWriter",
+    "describe_reader",
     "iter_record_blocks",
     "iter_records",
     "list_files",
@@ -276,6 +284,32 @@ def _expand(pattern: str) -> list[str]:
 # --------------------------------------------------------------------------- writing
 
 
+def _frame_record_python(record: bytes | bytearray | memoryview) -> bytes:
+    """One record as it is written: length, its masked CRC, the data, the data's masked CRC."""
+    data = bytes(record)
+    length = _LENGTH.pack(len(data))
+    return b"".join((length, _CRC.pack(masked_crc32c(length)), data, _CRC.pack(masked_crc32c(data))))
+
+
+def _compiled_framer(module: Any) -> Any:
+    """`module.frame` (the compiled `_records`), for any bytes-like record; None for no module."""
+    if module is None:
+        return None
+    frame = module.frame
+
+    def frame_record(record: bytes | bytearray | memoryview) -> bytes:
+        # frame() reads a contiguous buffer; a strided memoryview is copied into bytes first, as bytes() does.
+        if isinstance(record, memoryview) and not record.c_contiguous:
+            record = record.tobytes()
+        return frame(record)
+
+    return frame_record
+
+
+_frame_record = _compiled_framer(_native.load("_records")) or _frame_record_python
+"""How `TFRecordWriter.write` frames a record: the compiled `frame` where `torchestimator._native` has it."""
+
+
 class TFRecordWriter:
     """Writes records to one file, byte-identical to `tf.io.TFRecordWriter`.
 
@@ -304,11 +338,9 @@ class TFRecordWriter:
                 f"TFRecordWriter.write expects bytes; received {type(record).__name__}. Encode "
                 f"text first (e.g. record.encode()) or serialize the example (encode_example)."
             )
-        data = bytes(record)
-        length = _LENGTH.pack(len(data))
-        self._pending += (length, _CRC.pack(masked_crc32c(length)), data,
-                          _CRC.pack(masked_crc32c(data)))
-        self._pending_size += len(data) + _HEADER_SIZE + _FOOTER_SIZE
+        framed = _frame_record(record)
+        self._pending.append(framed)
+        self._pending_size += len(framed)
         if self._pending_size >= _WRITE_BUFFER_SIZE:
             self._drain()
 
@@ -571,9 +603,8 @@ def _scan_block_python(
     return offsets, records, position, _NEED_HEADER, 0
 
 
-def _compiled_block_scanner() -> Any:
-    """The compiled scanner with `_scan_block_python`'s signature, or None (not built, or switched off)."""
-    module = _native.load("_records")
+def _compiled_block_scanner(module: Any) -> Any:
+    """`module.scan` (the compiled `_records`) with `_scan_block_python`'s signature; None for no module."""
     if module is None:
         return None
     scan = module.scan
@@ -585,8 +616,17 @@ def _compiled_block_scanner() -> Any:
     return scan_block
 
 
-_scan_block = _compiled_block_scanner() or _scan_block_python
+_scan_block = _compiled_block_scanner(_native.load("_records")) or _scan_block_python
 """The block scanner `_scan` runs: the compiled one where `torchestimator._native` has it."""
+
+
+def describe_reader() -> str:
+    """Which path reads and writes records in this process, for `records inspect` and debug logs:
+    e.g. "compiled (torchestimator._native._records, CRC32C by SSE4.2)" or "pure Python (...)"."""
+    module = _native.load("_records")
+    if module is not None and _scan_block is not _scan_block_python:
+        return f"compiled (torchestimator._native._records, CRC32C by {module.CRC32C_METHOD})"
+    return f"pure Python (torchestimator._native: {_native.describe()})"
 
 
 def _block_error(status: int, detail: int, path: str, offset: int, limit: int) -> DataLossError:
