@@ -41,15 +41,22 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-import safetensors.torch
 import torch
 
 from .errors import CheckpointError
+from .hashing import OverlappedSha256
 from .serialization import flatten_state, unflatten_state
 from .storage import Storage
+from .tensor_files import DTYPES as _DTYPES
+from .tensor_files import MAX_HEADER_BYTES as _MAX_HEADER_BYTES
+from .tensor_files import EncodedFile, bytes_to_tensors, encode_tensors, read_tensors, tensors_to_bytes
+
+__all__ = ["CheckpointFiles", "bytes_to_tensors", "tensors_to_bytes", "encode_checkpoint", "encode_sharded_state",
+           "read_state", "read_tensor_file", "read_tree", "read_json_tree", "read_verified_file"]
 
 FORMAT_VERSION = 2
 SHARDED_FORMAT_VERSION = 3
@@ -66,20 +73,40 @@ OPTIMIZER_TREE_FILE = "optimizer.json"
 EXTRA_TENSORS_FILE = "extra.safetensors"
 STATE_FILE = "state.json"
 
-# safetensors dtype codes; getattr because older torch builds lack some float8 types.
-_DTYPES = {
-    code: getattr(torch, name)
-    for code, name in {
-        "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-        "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
-        "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
-        "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-        "C64": "complex64", "C128": "complex128",
-    }.items()
-    if hasattr(torch, name)
-}
-_DTYPE_CODES = {dtype: code for code, dtype in _DTYPES.items()}
-_MAX_HEADER_BYTES = 100_000_000
+@dataclass(frozen=True)
+class CheckpointFiles:
+    """The files of one checkpoint before they are written: every one but state.json as content to stream
+    (``contents``, in write order), and state.json, sealed by ``seal`` over the digests taken while writing."""
+
+    state: dict[str, Any]
+    """state.json's document without its ``files`` table."""
+    contents: dict[str, EncodedFile]
+    known_files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Files already in the folder ({name: {"sha256", "size"}}): DCP's shards, written by the ranks."""
+
+    @property
+    def size(self) -> int:
+        """Bytes of the files still to write, state.json apart."""
+        return sum(content.size for content in self.contents.values())
+
+    def seal(self, digests: Mapping[str, Mapping[str, Any]]) -> bytes:
+        """state.json's bytes, listing ``known_files`` then ``contents`` with their ``digests``."""
+        table = {name: {"sha256": entry["sha256"], "size": entry["size"]} for name, entry in self.known_files.items()}
+        table.update({name: {"sha256": digests[name]["sha256"], "size": digests[name]["size"]}
+                      for name in self.contents})
+        return sealed_json({**self.state, "files": table}, STATE_CHECKSUM_KEY)
+
+
+def hashed_chunks(content: EncodedFile, digest_out: dict[str, Any]) -> Iterator[Any]:
+    """``content``'s buffers, hashed on a helper thread while the caller writes each one; once exhausted,
+    ``digest_out`` holds the {"sha256", "size"} of what was handed out."""
+    with OverlappedSha256() as digest:
+        size = 0
+        for chunk in content.chunks:
+            digest.update(chunk)  # hashes this chunk while the storage writes it
+            size += memoryview(chunk).nbytes
+            yield chunk
+        digest_out.update(sha256=digest.hexdigest(), size=size)
 
 
 def encode_checkpoint(
@@ -87,31 +114,23 @@ def encode_checkpoint(
     model_state: Mapping[str, torch.Tensor],
     optimizer_state: Mapping[str, Any] | None,
     extra: Mapping[str, Any] | None,
-) -> dict[str, bytes]:
-    """All files of one checkpoint as bytes, ``state.json`` (with checksums) included."""
-    files = {MODEL_FILE: tensors_to_bytes(model_state, "model_state")}
+) -> CheckpointFiles:
+    """The files of one checkpoint; the tensors are views of the caller's memory until written."""
+    contents = {MODEL_FILE: encode_tensors(model_state, "model_state")}
     if optimizer_state is not None:
         tree, tensors = flatten_state(optimizer_state, root="optimizer_state")
-        files[OPTIMIZER_TENSORS_FILE] = tensors_to_bytes(tensors, "optimizer_state")
-        files[OPTIMIZER_TREE_FILE] = _json_bytes({"format_version": FORMAT_VERSION, "tree": tree})
+        contents[OPTIMIZER_TENSORS_FILE] = encode_tensors(tensors, "optimizer_state")
+        contents[OPTIMIZER_TREE_FILE] = _small_file(_json_bytes({"format_version": FORMAT_VERSION, "tree": tree}))
     extra_tree, extra_tensors = flatten_state(dict(extra or {}), root="extra")
     if extra_tensors:
-        files[EXTRA_TENSORS_FILE] = tensors_to_bytes(extra_tensors, "extra")
-    state = {
-        "format_version": FORMAT_VERSION,
-        "global_step": step,
-        "extra": extra_tree,
-        "files": {
-            name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)} for name, data in files.items()
-        },
-    }
-    files[STATE_FILE] = sealed_json(state, STATE_CHECKSUM_KEY)
-    return files
+        contents[EXTRA_TENSORS_FILE] = encode_tensors(extra_tensors, "extra")
+    state = {"format_version": FORMAT_VERSION, "global_step": step, "extra": extra_tree}
+    return CheckpointFiles(state=state, contents=contents)
 
 
 def encode_sharded_state(
     step: int, shared_tree: Any, extra: Mapping[str, Any] | None, shard_files: Mapping[str, Mapping[str, Any]],
-) -> dict[str, bytes]:
+) -> CheckpointFiles:
     """The files the chief adds to a folder DCP wrote: optimizer.json, extra.safetensors and state.json last.
 
     ``shard_files`` are DCP's files ({name: {"sha256", "size"}}, gathered from the ranks that wrote them);
@@ -119,16 +138,19 @@ def encode_sharded_state(
     """
     if DCP_METADATA_FILE not in shard_files:
         raise CheckpointError(f"The sharded checkpoint of step {step} lacks DCP's {DCP_METADATA_FILE}: it is incomplete.")
-    files = {OPTIMIZER_TREE_FILE: _json_bytes({"format_version": SHARDED_FORMAT_VERSION, "tree": shared_tree})}
+    contents = {OPTIMIZER_TREE_FILE: _small_file(
+        _json_bytes({"format_version": SHARDED_FORMAT_VERSION, "tree": shared_tree}))}
     extra_tree, extra_tensors = flatten_state(dict(extra or {}), root="extra")
     if extra_tensors:
-        files[EXTRA_TENSORS_FILE] = tensors_to_bytes(extra_tensors, "extra")
-    table = {name: {"sha256": entry["sha256"], "size": entry["size"]} for name, entry in sorted(shard_files.items())}
-    table.update({name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)} for name, data in files.items()})
+        contents[EXTRA_TENSORS_FILE] = encode_tensors(extra_tensors, "extra")
+    known = {name: {"sha256": entry["sha256"], "size": entry["size"]} for name, entry in sorted(shard_files.items())}
     state = {"format_version": SHARDED_FORMAT_VERSION, LAYOUT_KEY: DCP_LAYOUT, "global_step": step,
-             "extra": extra_tree, "files": table}
-    files[STATE_FILE] = sealed_json(state, STATE_CHECKSUM_KEY)
-    return files
+             "extra": extra_tree}
+    return CheckpointFiles(state=state, contents=contents, known_files=known)
+
+
+def _small_file(data: bytes) -> EncodedFile:
+    return EncodedFile(chunks=(data,), size=len(data))
 
 
 def is_sharded(state: Mapping[str, Any]) -> bool:
@@ -139,9 +161,13 @@ def is_sharded(state: Mapping[str, Any]) -> bool:
 _CHECKSUM_PLACEHOLDER = b"0" * 64
 
 
-def sealed_json(document: dict[str, Any], key: str) -> bytes:
-    """``document`` as JSON bytes ending with ``key``: the sha256 of these exact bytes with its value as 64 zeros."""
-    data = _json_bytes({**document, key: _CHECKSUM_PLACEHOLDER.decode()})
+def sealed_json(document: dict[str, Any], key: str, *, compact: bool = False) -> bytes:
+    """``document`` as JSON bytes ending with ``key``: the sha256 of these exact bytes with its value as 64 zeros.
+
+    ``compact``: on one line (json's C encoder: the manifest of a model_dir keeping 1000 checkpoints is
+    written at every save); else indented for people reading it.
+    """
+    data = _json_bytes({**document, key: _CHECKSUM_PLACEHOLDER.decode()}, compact=compact)
     start = data.rindex(_checksum_marker(key)) + len(_checksum_marker(key))
     return data[:start] + hashlib.sha256(data).hexdigest().encode() + data[start + 64 :]
 
@@ -160,41 +186,6 @@ def seal_fault(data: bytes, document: dict[str, Any], key: str) -> str | None:
 
 def _checksum_marker(key: str) -> bytes:
     return f'"{key}": "'.encode()
-
-
-def tensors_to_bytes(tensors: Mapping[str, torch.Tensor], what: str) -> bytes:
-    """Serialize dense tensors to safetensors bytes, the same bytes for the same tensors in any process.
-
-    The header lists ``__metadata__`` (format "pt" and the caller's order)
-    first, then the tensors in data order: widest elements first, as
-    safetensors does, so that every tensor stays aligned when memory-mapped.
-    """
-    prepared: dict[str, torch.Tensor] = {}
-    for name, tensor in tensors.items():
-        if not isinstance(name, str):
-            raise TypeError(f"{what} keys must be str; received {name!r} ({type(name).__name__}).")
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{what}[{name!r}] must be a torch.Tensor; received {type(tensor).__name__}.")
-        if tensor.layout != torch.strided or tensor.is_meta:
-            raise TypeError(
-                f"{what}[{name!r}] is a {tensor.layout} tensor on {tensor.device}; only dense tensors with "
-                "data can be saved. Convert it with .to_dense() or materialize it first."
-            )
-        if tensor.dtype not in _DTYPE_CODES:
-            raise TypeError(f"{what}[{name!r}] has dtype {tensor.dtype}, which safetensors cannot store.")
-        prepared[name] = tensor.detach().to("cpu").contiguous()
-    header: dict[str, Any] = {"__metadata__": {"format": "pt", "order": json.dumps(list(prepared))}}
-    chunks, offset = [], 0
-    for name in sorted(prepared, key=lambda name: -prepared[name].element_size()):  # stable: ties keep caller order
-        value = prepared[name]
-        raw = value.reshape(-1).view(torch.uint8).numpy().tobytes() if value.numel() else b""
-        header[name] = {"dtype": _DTYPE_CODES[value.dtype], "shape": list(value.shape),
-                        "data_offsets": [offset, offset + len(raw)]}
-        chunks.append(raw)
-        offset += len(raw)
-    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    header_bytes += b" " * (-len(header_bytes) % 8)  # the data starts 8-byte aligned, as safetensors pads it
-    return b"".join([struct.pack("<Q", len(header_bytes)), header_bytes, *chunks])
 
 
 def read_state(storage: Storage, folder: str, step: int) -> dict[str, Any]:
@@ -299,20 +290,24 @@ def read_verified_file(storage: Storage, folder: str, filename: str, state: Mapp
     return data
 
 
-def bytes_to_tensors(data: bytes, where: str) -> dict[str, torch.Tensor]:
-    """Load safetensors bytes, in the order the tensors were saved."""
+def read_tensor_file(storage: Storage, folder: str, filename: str, state: Mapping[str, Any], verify: bool
+                     ) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file listed in ``state.json``: size checked first, sha256 (if ``verify``)
+    while reading, each tensor read straight into its own memory."""
+    where = f"{storage.location(folder)}/{filename}"
+    expected = state["files"][filename]
     try:
-        tensors = safetensors.torch.load(data)
-    except Exception as error:  # safetensors raises its own SafetensorError or OSError types
-        raise CheckpointError(f"{where} is not a readable safetensors file: {error}") from None
-    try:
-        (header_size,) = struct.unpack("<Q", data[:8])
-        order = json.loads(json.loads(data[8 : 8 + header_size])["__metadata__"]["order"])
-    except (KeyError, TypeError, ValueError):
-        return tensors  # written by another tool: no recorded order
-    if sorted(order) != sorted(tensors):
-        return tensors
-    return {name: tensors[name] for name in order}
+        stream = storage.open_file(folder, filename)
+    except FileNotFoundError:
+        raise CheckpointError(f"{where} is missing although state.json lists it.") from None
+    with stream:
+        size = stream.seek(0, 2)
+        if size != expected["size"]:
+            raise CheckpointError(
+                f"{where} has {size} bytes; state.json expects {expected['size']} (truncated or overwritten)."
+            )
+        stream.seek(0)
+        return read_tensors(stream, where, size=size, sha256=expected["sha256"] if verify else None)
 
 
 def read_tree(storage: Storage, folder: str, state: Mapping[str, Any], verify: bool, *, tree_file: str | None,
@@ -321,8 +316,7 @@ def read_tree(storage: Storage, folder: str, state: Mapping[str, Any], verify: b
     location = storage.location(folder)
     tensors: dict[str, torch.Tensor] = {}
     if tensors_file in state["files"]:
-        data = read_verified_file(storage, folder, tensors_file, state, verify)
-        tensors = bytes_to_tensors(data, f"{location}/{tensors_file}")
+        tensors = read_tensor_file(storage, folder, tensors_file, state, verify)
     if tree_file is None:
         tree, where = state.get("extra", {}), f"{location}/{STATE_FILE} (extra)"
     else:
@@ -368,6 +362,6 @@ def read_safetensors_header(storage: Storage, folder: str, filename: str) -> lis
     return sorted(variables, key=lambda variable: variable[0])
 
 
-def _json_bytes(value: Any) -> bytes:
+def _json_bytes(value: Any, *, compact: bool = False) -> bytes:
     # allow_nan=False: the serializer tags non-finite floats, so the files stay standard JSON.
-    return json.dumps(value, indent=1, allow_nan=False).encode("utf-8")
+    return json.dumps(value, indent=None if compact else 1, allow_nan=False).encode("utf-8")

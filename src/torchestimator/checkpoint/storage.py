@@ -5,20 +5,30 @@ each a set of files, plus one manifest. It knows nothing about steps,
 retention or checksums: that policy is written once, in ``store.py``, against
 this protocol. ``LocalStorage`` is the real one (a directory on disk; its
 fsyncs and renames are ``atomic.py``'s, the one durable writer of the
-package); ``InMemoryStorage`` is a fake for tests.
+package; a checkpoint's streamed files are written by ``_write_chunks_durably`` here, with the same
+open flags, mode and fsync); ``InMemoryStorage`` is a fake for tests.
+
+A file's content is ``bytes`` or ``Chunks``: buffers written in order (a safetensors header, then views of
+the tensors' own memory), so that a checkpoint is never joined into one copy in memory.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
-from typing import Protocol, runtime_checkable
+from collections.abc import Iterable
+from typing import Any, BinaryIO, Protocol, Union, runtime_checkable
 
 from torchestimator._io.atomic import remove_stale_temporaries, rename_durably, write_bytes_atomically, write_durably
 
 __all__ = ["Storage", "LocalStorage", "InMemoryStorage", "MANIFEST_NAME"]
 
 MANIFEST_NAME = "checkpoint"
+
+Chunks = Iterable[Any]
+"""Bytes-like buffers (bytes, memoryview) that make up a file, in order."""
+FileContent = Union[bytes, Chunks]
 
 
 @runtime_checkable
@@ -32,8 +42,13 @@ class Storage(Protocol):
         """The user-facing path of ``folder``."""
         ...
 
-    def write_file(self, folder: str, filename: str, data: bytes) -> None:
-        """Write ``data`` to ``folder/filename`` durably (fsynced); create ``folder`` if needed."""
+    def write_file(self, folder: str, filename: str, data: FileContent) -> None:
+        """Write ``data`` (bytes, or buffers in order) to ``folder/filename`` durably (fsynced); create
+        ``folder`` if needed. Each buffer is consumed before the next is asked for."""
+        ...
+
+    def open_file(self, folder: str, filename: str) -> BinaryIO:
+        """A binary stream reading the file (``readinto``, ``seek``); FileNotFoundError if absent."""
         ...
 
     def read_file(self, folder: str, filename: str, start: int = 0, length: int | None = None) -> bytes:
@@ -81,10 +96,16 @@ class LocalStorage:
     def location(self, folder: str) -> str:
         return os.path.join(self.root, folder)
 
-    def write_file(self, folder: str, filename: str, data: bytes) -> None:
+    def write_file(self, folder: str, filename: str, data: FileContent) -> None:
         directory = self.location(folder)
         os.makedirs(directory, exist_ok=True)
-        write_durably(os.path.join(directory, filename), data)
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            write_durably(os.path.join(directory, filename), data)
+        else:
+            _write_chunks_durably(os.path.join(directory, filename), data)
+
+    def open_file(self, folder: str, filename: str) -> BinaryIO:
+        return open(os.path.join(self.location(folder), filename), "rb", buffering=0)
 
     def read_file(self, folder: str, filename: str, start: int = 0, length: int | None = None) -> bytes:
         with open(os.path.join(self.location(folder), filename), "rb") as stream:
@@ -156,8 +177,13 @@ class InMemoryStorage:
     def location(self, folder: str) -> str:
         return f"{self.root}/{folder}"
 
-    def write_file(self, folder: str, filename: str, data: bytes) -> None:
+    def write_file(self, folder: str, filename: str, data: FileContent) -> None:
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            data = b"".join(bytes(chunk) for chunk in data)
         self.folders.setdefault(folder, {})[filename] = bytes(data)
+
+    def open_file(self, folder: str, filename: str) -> BinaryIO:
+        return io.BytesIO(self.read_file(folder, filename))
 
     def read_file(self, folder: str, filename: str, start: int = 0, length: int | None = None) -> bytes:
         try:
@@ -190,6 +216,18 @@ class InMemoryStorage:
 
     def free_bytes(self) -> int | None:
         return None
+
+
+def _write_chunks_durably(path: str, chunks: Chunks) -> None:
+    """``atomic.write_durably`` for buffers in order: each goes to the file as it comes, none is joined."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # as write_durably opens it
+    with open(descriptor, "wb", buffering=0, closefd=True) as handle:
+        for chunk in chunks:
+            view = memoryview(chunk).cast("B")
+            written = 0
+            while written < view.nbytes:  # a raw write may take part of a buffer
+                written += handle.write(view[written:])
+        os.fsync(handle.fileno())
 
 
 def _is_folder(entry: os.DirEntry[str]) -> bool:

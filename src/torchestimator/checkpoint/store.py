@@ -196,19 +196,30 @@ class CheckpointStore:
         self.storage.delete_folder(staging)
         return staging
 
-    def _complete(self, step: int, staging: str, files: Mapping[str, bytes], *, already_written: int) -> str:
-        """Write ``files`` into ``staging`` (state.json last), publish it as ``ckpt-<step>``, update the manifest."""
+    def _complete(self, step: int, staging: str, files: checkpoint_format.CheckpointFiles, *,
+                  already_written: int) -> str:
+        """Stream ``files`` into ``staging`` (hashed while written; state.json, sealed over those digests, last),
+        publish it as ``ckpt-<step>``, update the manifest."""
         save_time = float(self._clock())
         folder = f"ckpt-{step}"
         # Read before publishing, so a first save does not look like a lost manifest.
         manifest = self._read_manifest()
         entries = {entry.step: entry for entry in self._entries(manifest)}
-        writing = staging
+        writing, state_size = staging, 0
         try:
-            # state.json last: on storages without atomic rename it marks completion.
-            for filename in sorted(files, key=lambda name: name == checkpoint_format.STATE_FILE):
+            digests: dict[str, dict[str, Any]] = {}
+            for filename, content in files.contents.items():
                 writing = f"{staging}/{filename}"
-                self.storage.write_file(staging, filename, files[filename])
+                digests[filename] = {}
+                self.storage.write_file(staging, filename, checkpoint_format.hashed_chunks(content, digests[filename]))
+                if "sha256" not in digests[filename]:
+                    raise CheckpointError(f"{self.storage!r}.write_file returned before writing all of {filename}: "
+                                          "a Storage must consume every buffer it is given.")
+            # state.json last: on storages without atomic rename it marks completion.
+            writing = f"{staging}/{checkpoint_format.STATE_FILE}"
+            state_bytes = files.seal(digests)
+            state_size = len(state_bytes)
+            self.storage.write_file(staging, checkpoint_format.STATE_FILE, state_bytes)
             writing = folder
             self._publish(staging, folder)
             replaced = entries.get(step)
@@ -224,7 +235,7 @@ class CheckpointStore:
             previous = [entry.folder for entry in entries.values() if entry.step != step]
             raise DiskFullError(
                 error, path=self.storage.location(writing), what=f"the checkpoint of step {step}",
-                bytes_needed=already_written + sum(len(data) for data in files.values()),
+                bytes_needed=already_written + files.size + state_size,
                 free_bytes=self.storage.free_bytes(),
                 advice=(f"The newest intact checkpoint is {self.storage.location(previous[-1])}. " if previous else "")
                 + "Free some space (or choose a model_dir with room) and rerun: training resumes from the newest "
@@ -541,8 +552,7 @@ def _load(storage: Storage, folder: str, step: int, *, verify: bool, load_optimi
         return _load_sharded(storage, folder, step, state, verify=verify, load_optimizer=load_optimizer)
     location = storage.location(folder)
     model_file = checkpoint_format.MODEL_FILE
-    model_bytes = checkpoint_format.read_verified_file(storage, folder, model_file, state, verify)
-    model_state = checkpoint_format.bytes_to_tensors(model_bytes, f"{location}/{model_file}")
+    model_state = checkpoint_format.read_tensor_file(storage, folder, model_file, state, verify)
     optimizer_state = None
     if load_optimizer and checkpoint_format.OPTIMIZER_TREE_FILE in state["files"]:
         optimizer_state = checkpoint_format.read_tree(
