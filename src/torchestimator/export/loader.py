@@ -32,7 +32,7 @@ from torchestimator.export.saved_model import METADATA_FILE, SIGNATURE_FILE, SIG
 from torchestimator.export.versions import latest_version
 from torchestimator._io.regular_file import FileTooLargeError, NotARegularFileError, read_regular_file
 
-__all__ = ["ExportedModel", "Signature", "TensorInfo", "load", "read_inputs"]
+__all__ = ["ExportedModel", "LiftedCall", "Signature", "TensorInfo", "load", "read_inputs"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,6 +68,12 @@ class ExportedModel:
         self._module = _without_input_constraint_hook(program.module())
         self._program_inputs = list(document["program_inputs"])
         self._signatures = {name: _signature(name, entry, path) for name, entry in document["signatures"].items()}
+        # The graph itself, called without the unlifted module's pytree and attribute walk when its calling
+        # convention is the plain one (checked once here); None: every call goes through the module.
+        self._lifted = LiftedCall.build(program, self._program_inputs)
+        # Parsed once; a dtype name torch does not know stays None so the call reports it, as before.
+        self._input_dtypes = {(name, key): _known_dtype(info.dtype)
+                              for name, signature in self._signatures.items() for key, info in signature.inputs.items()}
 
     def __repr__(self) -> str:
         return f"ExportedModel({self.path!r}, signatures={self.signature_names})"
@@ -97,7 +103,10 @@ class ExportedModel:
         tensors = self.prepare_inputs(inputs, signature_name)
         wanted = _select_outputs(signature, output_keys, self.path)
         with torch.no_grad():
-            results = self._module({name: tensors[name] for name in self._program_inputs})
+            if self._lifted is not None:
+                results = self._lifted(tensors)
+            else:
+                results = self._module({name: tensors[name] for name in self._program_inputs})
         return {alias: _to_numpy(results[signature.program_outputs[alias]]) for alias in wanted}
 
     predict = __call__
@@ -119,9 +128,111 @@ class ExportedModel:
                 f"Signature {signature.name!r} of {self.path} takes inputs {_describe_inputs(signature)}; "
                 f"missing {missing}, unexpected {unexpected}."
             )
-        tensors = {name: _as_tensor(name, inputs[name], info) for name, info in signature.inputs.items()}
+        tensors = {name: _as_tensor(name, inputs[name], info, self._input_dtypes[signature.name, name])
+                   for name, info in signature.inputs.items()}
         _check_batch(tensors, signature)
         return tensors
+
+
+class LiftedCall:
+    """The exported graph called directly: parameters and buffers passed as its leading inputs, no pytree walk.
+
+    ``program.module()`` wraps the graph in a module that flattens the input
+    dict with pytree, fetches every parameter by attribute and unflattens the
+    outputs on each call (~100 us of Python per call, more than a small MLP's
+    forward). When the program's calling convention is the plain one (one
+    dict of tensors in, a flat dict of tensors out, no mutations, no tokens or
+    custom objects) ``build`` resolves all of that once and the call is the
+    graph's own ``forward``. The shape ranges torch.export recorded for the
+    inputs' symbolic sizes are checked here, since the module's guards are
+    skipped (prepare_inputs has checked names, dtypes and static sizes).
+    """
+
+    def __init__(self, forward: Any, constants: list[torch.Tensor], input_names: list[str],
+                 output_positions: dict[str, int], ranges: list[tuple[str, int, int, float]]) -> None:
+        self._forward = forward
+        self._constants = constants
+        self._input_names = input_names
+        self._output_positions = output_positions
+        self._ranges = ranges
+        """(input name, dim, lowest, highest) for every symbolic size with a bound that can be broken."""
+
+    @classmethod
+    def build(cls, program: Any, program_inputs: list[str]) -> LiftedCall | None:
+        """The direct call for this program, or None when its convention is not the plain one."""
+        try:
+            return cls._build(program, program_inputs)
+        except (AttributeError, KeyError, TypeError, ValueError):  # an unexpected program layout: the module path
+            return None
+
+    @classmethod
+    def _build(cls, program: Any, program_inputs: list[str]) -> LiftedCall | None:
+        import torch.utils._pytree as pytree
+        from torch.export.graph_signature import InputKind, OutputKind
+
+        if pytree.tree_structure((({name: 0 for name in program_inputs},), {})) != program.call_spec.in_spec:
+            return None
+        specs = program.graph_signature.input_specs
+        user = [index for index, spec in enumerate(specs) if spec.kind == InputKind.USER_INPUT]
+        if user != list(range(len(specs) - len(program_inputs), len(specs))):  # lifted state first, then ours
+            return None
+        state = {**program.state_dict, **program.constants}
+        lifted_kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+        if not all(spec.kind in lifted_kinds and isinstance(state.get(spec.target), torch.Tensor)
+                   for spec in specs[:user[0] if user else len(specs)]):
+            return None
+        constants = [state[spec.target].detach() for spec in specs if spec.kind != InputKind.USER_INPUT]
+        outputs = program.graph_signature.output_specs
+        if not all(spec.kind == OutputKind.USER_OUTPUT for spec in outputs):
+            return None
+        positions = pytree.tree_unflatten(list(range(len(outputs))), program.call_spec.out_spec)
+        if not isinstance(positions, dict) or not all(type(value) is int for value in positions.values()):
+            return None
+        placeholders = [node for node in program.graph.nodes if node.op == "placeholder"][len(constants):]
+        ranges = _symbolic_ranges(program, program_inputs, placeholders)
+        if ranges is None:
+            return None
+        return cls(program.graph_module.forward, constants, list(program_inputs), positions, ranges)
+
+    def __call__(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        for name, dim, lowest, highest in self._ranges:
+            size = tensors[name].shape[dim]
+            if not lowest <= size <= highest:
+                raise ValueError(f"Input {name!r} has size {size} in dimension {dim}; the exported program accepts "
+                                 f"{lowest} to {highest} there (the range torch.export recorded).")
+        flat = self._forward(*self._constants, *[tensors[name] for name in self._input_names])
+        return {key: flat[position] for key, position in self._output_positions.items()}
+
+
+def _symbolic_ranges(program: Any, names: list[str], placeholders: list[Any]) -> list[tuple[str, int, int, float]] | None:
+    """The breakable bounds of the user inputs' symbolic sizes; None when a size is an expression (not a symbol)."""
+    import sympy
+
+    if len(placeholders) != len(names):
+        return None
+    ranges = []
+    for name, node in zip(names, placeholders):
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            return None
+        for dim, size in enumerate(value.shape):
+            if isinstance(size, int):
+                continue  # static: prepare_inputs checks it against the signature
+            symbol = size.node.expr
+            if not isinstance(symbol, sympy.Symbol):
+                return None
+            bounds = program.range_constraints.get(symbol)
+            lowest = _finite_bound(bounds.lower, 0) if bounds is not None else 0
+            highest = _finite_bound(bounds.upper, float("inf")) if bounds is not None else float("inf")
+            if lowest > 0 or highest != float("inf"):
+                ranges.append((name, dim, lowest, highest))
+    return ranges
+
+
+def _finite_bound(value: Any, unbounded: float) -> float:
+    """A range bound as an int; sympy's (int_)oo, which int() cannot convert, as ``unbounded``."""
+    text = str(value)
+    return int(text) if text.lstrip("-").isdigit() else unbounded
 
 
 def load(path: str | os.PathLike[str]) -> ExportedModel:
@@ -205,8 +316,16 @@ def _signature(name: str, entry: Mapping[str, Any], path: str) -> Signature:
         raise ValueError(f"{os.path.join(path, SIGNATURE_FILE)}: signature {name!r} is malformed ({error}).") from None
 
 
-def _as_tensor(name: str, value: Any, info: TensorInfo) -> torch.Tensor:
-    dtype = parse_dtype(info.dtype, f"signature input {name!r} dtype")
+def _known_dtype(name: str) -> torch.dtype | None:
+    try:
+        return parse_dtype(name, "dtype")
+    except TypeError:
+        return None
+
+
+def _as_tensor(name: str, value: Any, info: TensorInfo, dtype: torch.dtype | None) -> torch.Tensor:
+    if dtype is None:
+        dtype = parse_dtype(info.dtype, f"signature input {name!r} dtype")
     if isinstance(value, torch.Tensor):
         tensor = value
     elif isinstance(value, (np.ndarray, np.generic)):
@@ -229,7 +348,7 @@ def _as_tensor(name: str, value: Any, info: TensorInfo) -> torch.Tensor:
         raise ValueError(
             f"Input {name!r} has shape {list(tensor.shape)}; the signature expects {list(expected)} (-1 = any size)."
         )
-    return tensor.cpu()
+    return tensor if tensor.device.type == "cpu" else tensor.cpu()
 
 
 def _check_batch(tensors: Mapping[str, torch.Tensor], signature: Signature) -> None:
@@ -269,7 +388,10 @@ def _without_input_constraint_hook(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    tensor = tensor.detach().cpu()
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
     if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16
         tensor = tensor.float()
     return tensor.numpy()
