@@ -41,14 +41,13 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from .errors import CheckpointError
-from .hashing import OverlappedSha256
 from .serialization import flatten_state, unflatten_state
 from .storage import Storage
 from .tensor_files import DTYPES as _DTYPES
@@ -95,18 +94,6 @@ class CheckpointFiles:
         table.update({name: {"sha256": digests[name]["sha256"], "size": digests[name]["size"]}
                       for name in self.contents})
         return sealed_json({**self.state, "files": table}, STATE_CHECKSUM_KEY)
-
-
-def hashed_chunks(content: EncodedFile, digest_out: dict[str, Any]) -> Iterator[Any]:
-    """``content``'s buffers, hashed on a helper thread while the caller writes each one; once exhausted,
-    ``digest_out`` holds the {"sha256", "size"} of what was handed out."""
-    with OverlappedSha256() as digest:
-        size = 0
-        for chunk in content.chunks:
-            digest.update(chunk)  # hashes this chunk while the storage writes it
-            size += memoryview(chunk).nbytes
-            yield chunk
-        digest_out.update(sha256=digest.hexdigest(), size=size)
 
 
 def encode_checkpoint(

@@ -55,6 +55,7 @@ from torchestimator._io.atomic import WRITER_PATTERN, writer_is_gone, writer_tag
 
 from . import format as checkpoint_format
 from .errors import CheckpointError, DiskFullError, is_no_room
+from .hashing import OverlappedSha256
 from .storage import LocalStorage, Storage
 
 __all__ = ["Checkpoint", "CheckpointStore"]
@@ -210,9 +211,10 @@ class CheckpointStore:
             digests: dict[str, dict[str, Any]] = {}
             for filename, content in files.contents.items():
                 writing = f"{staging}/{filename}"
-                digests[filename] = {}
-                self.storage.write_file(staging, filename, checkpoint_format.hashed_chunks(content, digests[filename]))
-                if "sha256" not in digests[filename]:
+                with OverlappedSha256() as digest:  # hashes behind the write and its fsync
+                    self.storage.write_file(staging, filename, digest.passing(content.chunks))
+                    digests[filename] = {"sha256": digest.hexdigest(), "size": digest.size}
+                if digest.size != content.size:
                     raise CheckpointError(f"{self.storage!r}.write_file returned before writing all of {filename}: "
                                           "a Storage must consume every buffer it is given.")
             # state.json last: on storages without atomic rename it marks completion.
@@ -347,10 +349,18 @@ class CheckpointStore:
     def latest_checkpoint(self) -> str | None:
         """Path of the newest checkpoint with a valid ``state.json``; None if there is none.
 
-        Checksums are verified by ``restore``, which falls back past a damaged one.
+        Checksums are verified by ``restore``, which falls back past a damaged one. The manifest is the
+        index: only the newest entries' state.json are read, until one is valid (usually one file).
         """
         entries = self._entries(self._read_manifest())
-        return self.storage.location(entries[-1].folder) if entries else None
+        for entry in reversed(entries):
+            try:
+                checkpoint_format.read_state(self.storage, entry.folder, entry.step)
+            except CheckpointError as error:
+                self._warn_once(f"Ignoring checkpoint {self.storage.location(entry.folder)}, it is damaged: {error}")
+                continue
+            return self.storage.location(entry.folder)
+        return None
 
     def all_checkpoints(self) -> list[str]:
         """Paths of all complete checkpoints, oldest (lowest step) first."""
@@ -385,8 +395,13 @@ class CheckpointStore:
         return self._scan(manifest)[0]
 
     def _scan(self, manifest: dict[str, Any]) -> tuple[list[_Entry], dict[str, str]]:
-        """Intact checkpoints by step (manifest entries and folders with a valid state.json), and the
-        rejected folders with the reason, each named once in a warning."""
+        """Checkpoints by step, and the rejected folders with the reason, each named once in a warning.
+
+        The manifest is the index: a folder it lists is taken as it says (it was complete when it appeared;
+        damage found later is restore's to skip), so listing reads one file however many checkpoints are
+        kept. Only a ``ckpt-*`` folder the manifest does not list (published just before a crash, or no
+        manifest at all) has its state.json read and checked.
+        """
         listed = {item["folder"]: item for item in manifest["checkpoints"]}
         folders = self.storage.list_folders()
         entries, rejected = [], {}
@@ -394,17 +409,19 @@ class CheckpointStore:
             match = _CHECKPOINT_FOLDER.fullmatch(folder)
             if match is None:
                 continue
-            try:
-                state = checkpoint_format.read_state(self.storage, folder, int(match.group(1)))
-            except CheckpointError as error:
-                rejected[folder] = str(error)
-                self._warn_once(f"Ignoring checkpoint {self.storage.location(folder)}, it is damaged: {error}")
-                continue
-            item = listed.get(folder, {})
-            save_time = item.get("save_time", state.get("save_time"))  # format 1 kept it in state.json
-            if not isinstance(save_time, (int, float)):
-                save_time = self._clock()  # not in the manifest yet: found now
-            entries.append(_Entry(state["global_step"], folder, float(save_time), bool(item.get("preserved"))))
+            step, item = int(match.group(1)), listed.get(folder, {})
+            save_time = item.get("save_time")
+            if item.get("step") != step or not isinstance(save_time, (int, float)) or isinstance(save_time, bool):
+                try:
+                    state = checkpoint_format.read_state(self.storage, folder, step)
+                except CheckpointError as error:
+                    rejected[folder] = str(error)
+                    self._warn_once(f"Ignoring checkpoint {self.storage.location(folder)}, it is damaged: {error}")
+                    continue
+                save_time = item.get("save_time", state.get("save_time"))  # format 1 kept it in state.json
+                if not isinstance(save_time, (int, float)):
+                    save_time = self._clock()  # not in the manifest yet: found now
+            entries.append(_Entry(step, folder, float(save_time), bool(item.get("preserved"))))
         for folder in sorted(set(listed) - set(folders)):
             location = self.storage.location(folder)
             self._warn_once(f"The manifest lists {location}, but the folder is missing; ignoring it.")
@@ -449,7 +466,7 @@ class CheckpointStore:
 
     def _write_manifest(self, manifest: dict[str, Any], entries: list[_Entry]) -> None:
         document = self._manifest_document(manifest, entries)
-        self.storage.replace_manifest(checkpoint_format.sealed_json(document, _MANIFEST_CHECKSUM_KEY))
+        self.storage.replace_manifest(checkpoint_format.sealed_json(document, _MANIFEST_CHECKSUM_KEY, compact=True))
 
     @staticmethod
     def _manifest_document(manifest: dict[str, Any], entries: list[_Entry]) -> dict[str, Any]:
@@ -512,10 +529,10 @@ class CheckpointStore:
     def list_variables(self, path: str | None = None) -> list[tuple[str, tuple[int, ...], Any]]:
         """(name, shape, dtype) of each model tensor, sorted by name, reading only the file header."""
         if path is None:
-            entries = self._entries(self._read_manifest())
-            if not entries:
+            latest = self.latest_checkpoint()
+            if latest is None:
                 raise CheckpointError(f"No checkpoint in {self.storage.root}: no variables to list.")
-            storage, folder = self.storage, entries[-1].folder
+            storage, folder = self.storage, os.path.basename(latest)
         else:
             storage, folder, _ = self._locate(path)
         match = _CHECKPOINT_FOLDER.fullmatch(folder)
