@@ -1,41 +1,57 @@
 """Benchmark: reading TFRecord files with torchestimator against tf.data and the `tfrecord` package.
 
-Two figures, measured on the same files in the same run:
+Figures, measured on the same files in the same run:
 
 - raw: records per second into Python bytes with every CRC checked.
   torchestimator's `read_records` against `tf.data.TFRecordDataset(files).batch(B)`
-  (each batch turned into numpy, an object array of bytes) and against the
-  `tfrecord` PyPI package's `tfrecord_iterator` (each record copied out of its
-  reused buffer into bytes; that reader does not check CRCs, which favours it).
-- parsed: examples per second into numpy arrays for a typical schema (an int64
-  label, a fixed-length float vector, raw image bytes, a variable-length int64
-  list): batches of B serialized records through torchestimator's `parse_example`
-  against `tf.data.TFRecordDataset(files).batch(B).map(tf.io.parse_example)`
-  with every output turned into numpy.
+  at the largest batch size (tf.data's fastest; each batch turned into numpy, an
+  object array of bytes) and against the `tfrecord` PyPI package's
+  `tfrecord_iterator` (each record copied out of its reused buffer into bytes;
+  that reader does not check CRCs, which favours it).
+- parsed, per batch size B (`--batch-sizes`, default 16,64,256,1024): examples
+  per second into numpy arrays for a typical schema (an int64 label, a
+  fixed-length float vector, raw image bytes, a variable-length int64 list):
+  batches of B records from `read_records` through torchestimator's
+  `parse_example` against `tf.data.TFRecordDataset(files).batch(B).map(tf.io.parse_example)`
+  with every output turned into numpy. Summed up as the geometric mean and the
+  worst of the per-size ratios (the target is >= 1 at every size).
+- dataset: the same schema through torchestimator's `TFRecordDataset(file,
+  features=spec, batch_size=B)` (parsed batches, as an input_fn hands them to the
+  loop) against the same tf.data pipeline, on one file of `--dataset-records`
+  records (default 100k: the shards' records repeated in order), B =
+  `--dataset-batch-size`.
 
 The records are generated once (seeded) and written with torchestimator's
 writer into `--files` shards. Every reader then reads all of them once per
 round; rounds are interleaved in rotating order and the first is dropped as
 warm-up. A reader's figure is the median over rounds of records / wall-clock
-second; a ratio is the median over rounds of ours / theirs within the same
-round, which cancels the slow swings in speed that other programs cause.
+second, with the median wall time of one pass and the CPU time it used per wall
+second beside it (so a reader that used more cores, or a run starved by other
+programs, shows it); a ratio is the median over rounds of ours / theirs within
+the same round, which cancels the slow swings in speed that other programs cause.
 Threads are pinned equal: `torch.set_num_threads(T)`, TensorFlow's intra- and
 inter-op pools set to T, tf.data's private thread pool and intra-op
 parallelism set to T, and tf.data's autotuning and injected prefetch off
 (with them, tf.data runs its pipeline on a second thread while Python
-consumes: about 1.5 cores at T=1; `--tfdata-defaults` keeps them). The CPU
-time each reader used per wall second is printed next to its figure, so a
-reader that used more cores shows it.
+consumes: about 1.5 cores at T=1; `--tfdata-defaults` keeps them).
 
 Before timing, every reader's records are checked identical (the same bytes in
-the same order), and the first parsed batch of ours is checked against the
-generated values and against TensorFlow's; the script exits 1 otherwise.
+the same order), and the first parsed batch of ours (from parse_example and from
+TFRecordDataset) is checked against the generated values and against
+TensorFlow's; the script exits 1 otherwise.
 
-TensorFlow and `tfrecord` are benchmark-only dependencies; without them the
-script says so and prints torchestimator's own figures, with n/a ratios.
+TensorFlow and `tfrecord` are benchmark-only dependencies (pinned in
+benchmarks/requirements-bench.txt); without them the script says so and prints
+torchestimator's own figures, with n/a ratios. Both run in one process: the
+`tfrecord` package's own copy of TensorFlow's example protos (which protobuf
+refuses beside TensorFlow's: "duplicate symbol") is replaced by a stand-in, since
+its record reader never uses them.
 
-Run:  python benchmarks/tfrecord_read.py [--records N] [--files F] [--batch-size B] [--rounds R] [--threads T] [--quick]
-Last line:  tfrecord_read raw_vs_tfdata=<ratio> parsed_vs_tfdata=<ratio> raw_vs_tfrecord_pkg=<ratio>
+Run:  python benchmarks/tfrecord_read.py [--records N] [--files F] [--batch-sizes 16,64,256,1024]
+          [--dataset-records N] [--dataset-batch-size B] [--rounds R] [--threads T] [--quick]
+Last line:  tfrecord_read raw_vs_tfdata=<ratio> parsed_vs_tfdata=<geometric mean over batch sizes>
+    raw_vs_tfrecord_pkg=<ratio> dataset_vs_tfdata=<ratio> parsed_vs_tfdata_worst=<ratio>
+    parsed_vs_tfdata_b16=<ratio> ... parsed_vs_tfdata_b1024=<ratio>
 """
 
 from __future__ import annotations
@@ -45,6 +61,7 @@ import dataclasses
 import gc
 import hashlib
 import itertools
+import math
 import os
 import statistics
 import sys
@@ -57,13 +74,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchestimator import _native
 from torchestimator.data.example import encode_example
 from torchestimator.data.parsing import FixedLenFeature, VarLenFeature, parse_example
 from torchestimator.data.tfrecord import TFRecordWriter, read_records
+from torchestimator.data.tfrecord_dataset import TFRecordDataset
 
-TARGETS = {"raw_vs_tfdata": 1.0, "parsed_vs_tfdata": 1.0, "raw_vs_tfrecord_pkg": 3.0}
-INSTALL_HINT = "pip install tensorflow-cpu tfrecord (the 'bench' extra)"
+TARGETS = {"raw_vs_tfdata": 1.3, "parsed_vs_tfdata_worst": 1.0, "raw_vs_tfrecord_pkg": 3.0, "dataset_vs_tfdata": 1.0}
+"""Issue 14's targets; parsed_vs_tfdata_worst >= 1 means ours is no slower than tf.data at any batch size."""
+INSTALL_HINT = "pip install -r benchmarks/requirements-bench.txt"
 KINDS = {"label": "int64", "dense": "float", "image": "bytes", "tokens": "int64"}
+DEFAULT_BATCH_SIZES = (16, 64, 256, 1024)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -71,10 +92,14 @@ class Settings:
     """What the command line chose."""
 
     records: int
-    """Records in all files together."""
+    """Records in all shards together (the raw and parsed figures)."""
     files: int
     """Shards the records are written into (read in order by every reader)."""
-    batch_size: int
+    batch_sizes: tuple[int, ...]
+    """One parsed figure per batch size."""
+    dataset_records: int
+    """Records in the one file of the dataset figure."""
+    dataset_batch_size: int
     rounds: int
     warmup_rounds: int
     threads: int
@@ -92,6 +117,11 @@ class Settings:
     """Compare against the `tfrecord` package when it is installed."""
     tfdata_defaults: bool
     """Leave tf.data's autotuning and injected prefetch on (it then uses more cores than --threads)."""
+
+    @property
+    def raw_batch_size(self) -> int:
+        """tf.data's raw reader batches by the largest size: its fastest, so the strongest anchor."""
+        return max(self.batch_sizes)
 
 
 # -- data ---------------------------------------------------------------------
@@ -144,6 +174,22 @@ def write_files(directory: str, records: Iterable[bytes], settings: Settings) ->
     return paths
 
 
+def write_dataset_file(directory: str, shards: Sequence[str], settings: Settings) -> str:
+    """One file of `dataset_records` records: the shards' records in order, repeated as often as needed.
+
+    Repeating them (rather than encoding more) keeps the data's make-up the same and the run short:
+    encoding is the slowest part of the set-up. Neither reader caches anything between records.
+    """
+    path = os.path.join(directory, "dataset.tfrecord")
+    written = 0
+    with TFRecordWriter(path) as writer:
+        while written < settings.dataset_records:
+            for record in itertools.islice(read_records(shards), settings.dataset_records - written):
+                writer.write(record)
+                written += 1
+    return path
+
+
 def ours_spec(settings: Settings) -> dict[str, Any]:
     return {
         "label": FixedLenFeature([], "int64"),
@@ -159,6 +205,7 @@ def batches(records: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
         yield batch
 
 
+# -- the optional competitors -------------------------------------------------
 # -- the optional competitors -------------------------------------------------
 
 
@@ -236,25 +283,31 @@ def tf_to_numpy(parsed: dict[str, Any]) -> dict[str, Any]:
     return converted
 
 
-# -- readers: each reads every file once and returns how many records it got -----
+# -- readers: each reads its files once per call and returns how many records it got -----
 
 
-Reader = Callable[[Sequence[str]], int]
+@dataclasses.dataclass(frozen=True)
+class Contender:
+    """One timed reader: a pass over its files, and how many records a pass must count."""
+
+    read: Callable[[], int]
+    records: int
 
 
-def ours_raw(files: Sequence[str]) -> int:
-    count = 0
-    for _ in read_records(files):
-        count += 1
-    return count
-
-
-def ours_parsed_reader(settings: Settings) -> Reader:
-    spec = ours_spec(settings)
-
-    def read(files: Sequence[str]) -> int:
+def ours_raw_reader(files: Sequence[str]) -> Callable[[], int]:
+    def read() -> int:
         count = 0
-        for batch in batches(read_records(files), settings.batch_size):
+        for _ in read_records(files):
+            count += 1
+        return count
+
+    return read
+
+
+def ours_parsed_reader(files: Sequence[str], spec: dict[str, Any], batch_size: int) -> Callable[[], int]:
+    def read() -> int:
+        count = 0
+        for batch in batches(read_records(files), batch_size):
             parse_example(batch, spec)
             count += len(batch)
         return count
@@ -262,11 +315,23 @@ def ours_parsed_reader(settings: Settings) -> Reader:
     return read
 
 
-def tfdata_raw_reader(tf: Any, settings: Settings, files: Sequence[str]) -> Reader:
-    dataset = tf.data.TFRecordDataset(list(files)).batch(settings.batch_size)
+def ours_dataset_reader(path: str, spec: dict[str, Any], batch_size: int) -> Callable[[], int]:
+    def read() -> int:
+        # A new dataset per pass: one that was read to the end resumes there (its position is kept).
+        dataset = TFRecordDataset(path, features=spec, batch_size=batch_size)
+        count = 0
+        for parsed in dataset:
+            count += len(parsed["label"])
+        return count
+
+    return read
+
+
+def tfdata_raw_reader(tf: Any, settings: Settings, files: Sequence[str]) -> Callable[[], int]:
+    dataset = tf.data.TFRecordDataset(list(files)).batch(settings.raw_batch_size)
     dataset = dataset.with_options(tfdata_options(tf, settings))
 
-    def read(_: Sequence[str]) -> int:
+    def read() -> int:
         count = 0
         for batch in dataset:
             count += len(batch.numpy())  # an object array of Python bytes
@@ -275,13 +340,13 @@ def tfdata_raw_reader(tf: Any, settings: Settings, files: Sequence[str]) -> Read
     return read
 
 
-def tfdata_parsed_reader(tf: Any, settings: Settings, files: Sequence[str]) -> Reader:
+def tfdata_parsed_reader(tf: Any, settings: Settings, files: Sequence[str], batch_size: int) -> Callable[[], int]:
     spec = tf_spec(tf, settings)
-    dataset = tf.data.TFRecordDataset(list(files)).batch(settings.batch_size)
+    dataset = tf.data.TFRecordDataset(list(files)).batch(batch_size)
     dataset = dataset.map(lambda serialized: tf.io.parse_example(serialized, spec))
     dataset = dataset.with_options(tfdata_options(tf, settings))
 
-    def read(_: Sequence[str]) -> int:
+    def read() -> int:
         count = 0
         for parsed in dataset:
             count += len(tf_to_numpy(parsed)["label"])
@@ -290,8 +355,9 @@ def tfdata_parsed_reader(tf: Any, settings: Settings, files: Sequence[str]) -> R
     return read
 
 
-def tfrecord_package_reader(tfrecord_iterator: Callable[[str], Iterator[memoryview]]) -> Reader:
-    def read(files: Sequence[str]) -> int:
+def tfrecord_package_reader(tfrecord_iterator: Callable[[str], Iterator[memoryview]],
+                            files: Sequence[str]) -> Callable[[], int]:
+    def read() -> int:
         count = 0
         for path in files:
             for view in tfrecord_iterator(path):
@@ -300,6 +366,28 @@ def tfrecord_package_reader(tfrecord_iterator: Callable[[str], Iterator[memoryvi
         return count
 
     return read
+
+
+def contenders(files: Sequence[str], dataset_file: str, settings: Settings, tf: Any,
+               tfrecord_iterator: Any) -> dict[str, Contender]:
+    """Every timed reader by name: ours_*/tfdata_* pairs (parsed_b<B> per batch size), then the tfrecord package."""
+    spec = ours_spec(settings)
+    found = {"ours_raw": Contender(ours_raw_reader(files), settings.records)}
+    if tf is not None:
+        found["tfdata_raw"] = Contender(tfdata_raw_reader(tf, settings, files), settings.records)
+    for size in settings.batch_sizes:
+        found[f"ours_parsed_b{size}"] = Contender(ours_parsed_reader(files, spec, size), settings.records)
+        if tf is not None:
+            found[f"tfdata_parsed_b{size}"] = Contender(tfdata_parsed_reader(tf, settings, files, size),
+                                                        settings.records)
+    found["ours_dataset"] = Contender(ours_dataset_reader(dataset_file, spec, settings.dataset_batch_size),
+                                      settings.dataset_records)
+    if tf is not None:
+        found["tfdata_dataset"] = Contender(
+            tfdata_parsed_reader(tf, settings, [dataset_file], settings.dataset_batch_size), settings.dataset_records)
+    if tfrecord_iterator is not None:
+        found["tfrecord_pkg_raw"] = Contender(tfrecord_package_reader(tfrecord_iterator, files), settings.records)
+    return found
 
 
 # -- checks ---------------------------------------------------------------------
@@ -354,7 +442,21 @@ def batch_mismatches(actual: dict[str, Any], expected: dict[str, Any]) -> list[s
     return wrong
 
 
-def check_readers(files: Sequence[str], columns: Columns, settings: Settings, tf: Any,
+def numpy_batch(parsed: dict[str, Any]) -> dict[str, Any]:
+    """A TFRecordDataset batch as numpy: dense tensors as arrays, sparse ones as (indices, values, dense_shape)."""
+    converted: dict[str, Any] = {}
+    for name, value in parsed.items():
+        if isinstance(value, torch.Tensor) and value.layout == torch.sparse_coo:
+            value = value.coalesce()  # row-major order of indices, as TensorFlow's
+            converted[name] = (value.indices().T.numpy(), value.values().numpy(), np.array(value.shape, np.int64))
+        elif isinstance(value, torch.Tensor):
+            converted[name] = value.numpy()
+        else:
+            converted[name] = value
+    return converted
+
+
+def check_readers(files: Sequence[str], dataset_file: str, columns: Columns, settings: Settings, tf: Any,
                   tfrecord_iterator: Any) -> list[str]:
     """One untimed read by each reader; returns what disagreed (empty when everything matched)."""
     problems = []
@@ -369,7 +471,7 @@ def check_readers(files: Sequence[str], columns: Columns, settings: Settings, tf
         theirs = records_digest(bytes(view) for path in files for view in tfrecord_iterator(path))
         if theirs != ours:
             problems.append("the tfrecord package read different records")
-    size = min(settings.batch_size, settings.records)
+    size = min(max(settings.batch_sizes), settings.records)
     first = list(itertools.islice(read_records(files), size))
     parsed = parse_example(first, ours_spec(settings))
     if wrong := batch_mismatches(parsed, expected_batch(columns, size)):
@@ -378,6 +480,21 @@ def check_readers(files: Sequence[str], columns: Columns, settings: Settings, tf
         theirs = tf_to_numpy(tf.io.parse_example(tf.constant(first), tf_spec(tf, settings)))
         if wrong := batch_mismatches(parsed, theirs):
             problems.append(f"torchestimator parsed {', '.join(wrong)} unlike tf.io.parse_example")
+    problems.extend(check_dataset(dataset_file, columns, settings))
+    return problems
+
+
+def check_dataset(dataset_file: str, columns: Columns, settings: Settings) -> list[str]:
+    """The dataset file holds dataset_records records, and TFRecordDataset's first batch is the generated values."""
+    problems = []
+    count = sum(1 for _ in read_records([dataset_file]))
+    if count != settings.dataset_records:
+        problems.append(f"the dataset file holds {count} records; {settings.dataset_records} were written")
+    size = min(settings.dataset_batch_size, settings.records, settings.dataset_records)
+    dataset = TFRecordDataset(dataset_file, features=ours_spec(settings), batch_size=size)
+    first = numpy_batch(next(iter(dataset)))
+    if wrong := batch_mismatches(first, expected_batch(columns, size)):
+        problems.append(f"TFRecordDataset parsed {', '.join(wrong)} unlike the generated values")
     return problems
 
 
@@ -386,13 +503,17 @@ def check_readers(files: Sequence[str], columns: Columns, settings: Settings, tf
 
 @dataclasses.dataclass
 class Measurement:
-    """Per reader, the records/s (wall clock) and CPU seconds per wall second of each kept round."""
+    """Per reader, of each kept round: records/s (wall clock), seconds of one pass, CPU seconds per wall second."""
 
     rates: dict[str, list[float]]
+    walls: dict[str, list[float]]
     cores: dict[str, list[float]]
 
     def rate(self, reader: str) -> float:
         return statistics.median(self.rates[reader])
+
+    def wall(self, reader: str) -> float:
+        return statistics.median(self.walls[reader])
 
     def cores_used(self, reader: str) -> float:
         return statistics.median(self.cores[reader])
@@ -402,21 +523,24 @@ class Measurement:
         return statistics.median(a / b for a, b in zip(self.rates[reader], self.rates[reference]))
 
 
-def measure(readers: dict[str, Reader], files: Sequence[str], settings: Settings) -> Measurement:
+def measure(readers: dict[str, Contender], settings: Settings) -> Measurement:
     names = list(readers)
-    measurement = Measurement(rates={name: [] for name in names}, cores={name: [] for name in names})
+    measurement = Measurement(rates={name: [] for name in names}, walls={name: [] for name in names},
+                              cores={name: [] for name in names})
     for round_index in range(settings.rounds):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
             torch.set_num_threads(settings.threads)
             gc.collect()
             wall, cpu = time.perf_counter(), time.process_time()
-            count = readers[name](files)
+            count = readers[name].read()
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            if count != settings.records:
-                raise RuntimeError(f"{name} read {count} records in round {round_index}; expected {settings.records}.")
+            if count != readers[name].records:
+                raise RuntimeError(f"{name} read {count} records in round {round_index}; expected "
+                                   f"{readers[name].records}.")
             if round_index >= settings.warmup_rounds:
                 measurement.rates[name].append(count / wall)
+                measurement.walls[name].append(wall)
                 measurement.cores[name].append(cpu / wall)
     return measurement
 
@@ -424,12 +548,28 @@ def measure(readers: dict[str, Reader], files: Sequence[str], settings: Settings
 # -- command line ------------------------------------------------------------------
 
 
-def parse_settings(argv: Sequence[str] | None) -> Settings:
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of integers, e.g. 16,64,256,1024; "
+                                         f"received {text!r}") from None
+    if any(size < 1 for size in sizes) or len(set(sizes)) != len(sizes):
+        raise argparse.ArgumentTypeError(f"every batch size must be at least 1 and appear once; received {text!r}")
+    return sizes
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=None, help="records in all files (default 50000; quick 600)")
+    parser.add_argument("--records", type=int, default=None, help="records in all shards (default 50000; quick 600)")
     parser.add_argument("--files", type=int, default=4, help="shards the records are written into (default 4)")
-    parser.add_argument("--batch-size", type=int, default=128, help="records per batch for tf.data and parsing (default 128)")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds of every reader, interleaved (default 7; quick 2)")
+    parser.add_argument("--batch-sizes", type=_batch_sizes, default=DEFAULT_BATCH_SIZES,
+                        help="records per batch of the parsed figures, comma-separated (default 16,64,256,1024)")
+    parser.add_argument("--dataset-records", type=int, default=None,
+                        help="records in the dataset figure's one file (default 100000; quick 1200)")
+    parser.add_argument("--dataset-batch-size", type=int, default=256,
+                        help="records per batch of the dataset figure (default 256)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of every reader, interleaved (default 5; quick 2)")
     parser.add_argument("--warmup-rounds", type=int, default=1, help="first rounds left out of the figures (default 1)")
     parser.add_argument("--threads", type=int, default=1, help="threads for torch and for TensorFlow's pools (default 1)")
     parser.add_argument("--dense-length", type=int, default=32, help="floats in the fixed-length feature (default 32)")
@@ -441,17 +581,24 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
     parser.add_argument("--no-tfrecord-package", action="store_true", help="skip the tfrecord package even when installed")
     parser.add_argument("--tfdata-defaults", action="store_true",
                         help="keep tf.data's autotuning and injected prefetch, which run it on more cores than --threads")
+    return parser
+
+
+def parse_settings(argv: Sequence[str] | None) -> Settings:
+    parser = _parser()
     arguments = parser.parse_args(argv)
     quick = arguments.quick
     settings = Settings(
         records=arguments.records or (600 if quick else 50_000), files=arguments.files,
-        batch_size=arguments.batch_size, rounds=arguments.rounds or (2 if quick else 7),
+        batch_sizes=arguments.batch_sizes,
+        dataset_records=arguments.dataset_records or (1_200 if quick else 100_000),
+        dataset_batch_size=arguments.dataset_batch_size, rounds=arguments.rounds or (2 if quick else 5),
         warmup_rounds=arguments.warmup_rounds, threads=arguments.threads, dense_length=arguments.dense_length,
         image_bytes=arguments.image_bytes, max_tokens=arguments.max_tokens, seed=arguments.seed, quick=quick,
         tensorflow=not arguments.no_tensorflow, tfrecord_package=not arguments.no_tfrecord_package,
         tfdata_defaults=arguments.tfdata_defaults,
     )
-    for flag, value in (("--files", settings.files), ("--batch-size", settings.batch_size),
+    for flag, value in (("--files", settings.files), ("--dataset-batch-size", settings.dataset_batch_size),
                         ("--threads", settings.threads), ("--dense-length", settings.dense_length)):
         if value < 1:
             parser.error(f"{flag} must be at least 1; received {value}.")
@@ -466,41 +613,93 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
     return settings
 
 
+# -- report ---------------------------------------------------------------------
+
+
 def _format_ratio(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def _report(measurement: Measurement, tf: Any, tfrecord_iterator: Any, settings: Settings) -> dict[str, float | None]:
-    """Prints one line per figure; returns the ratios (None where the other side is missing)."""
-    kept = settings.rounds - settings.warmup_rounds
-    missing_tf = "tensorflow not installed" if settings.tensorflow else "skipped (--no-tensorflow)"
-    missing_pkg = "tfrecord package not installed" if settings.tfrecord_package else "skipped (--no-tfrecord-package)"
+def _geometric_mean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(value) for value in values) / len(values))
 
-    def line(figure: str, unit: str, ours: str, theirs: str | None, label: str, why_missing: str, note: str = "") -> float | None:
-        head = (f"{figure}: torchestimator {measurement.rate(ours):.0f} {unit}/s "
-                f"(cpu/wall {measurement.cores_used(ours):.2f})")
-        if theirs is None:
+
+class _Report:
+    """Prints one line per figure and collects the ratios (None where the other side is missing)."""
+
+    def __init__(self, measurement: Measurement, settings: Settings, tf: Any, tfrecord_iterator: Any) -> None:
+        self.measurement, self.settings = measurement, settings
+        self.why_no_tf = None if tf else ("tensorflow not installed" if settings.tensorflow
+                                          else "skipped (--no-tensorflow)")
+        self.why_no_pkg = None if tfrecord_iterator else (
+            "tfrecord package not installed" if settings.tfrecord_package else "skipped (--no-tfrecord-package)")
+        self.ratios: dict[str, float | None] = {}
+
+    def _side(self, reader: str, unit: str) -> str:
+        m = self.measurement
+        return f"{m.rate(reader):.0f} {unit}/s ({m.wall(reader):.3f} s wall, cpu/wall {m.cores_used(reader):.2f})"
+
+    def line(self, name: str, figure: str, unit: str, ours: str, theirs: str, label: str, why_missing: str | None,
+             note: str = "") -> None:
+        head = f"{figure}: torchestimator {self._side(ours, unit)}"
+        if why_missing is not None:
             print(f"{head}, {label} n/a ({why_missing})")
-            return None
-        ratio = measurement.ratio(ours, theirs)
-        print(f"{head}, {label} {measurement.rate(theirs):.0f} {unit}/s (cpu/wall {measurement.cores_used(theirs):.2f}), "
-              f"ratio {ratio:.3f} ({kept} rounds{note})")
-        return ratio
+            self.ratios[name] = None
+            return
+        ratio = self.measurement.ratio(ours, theirs)
+        kept = self.settings.rounds - self.settings.warmup_rounds
+        print(f"{head}, {label} {self._side(theirs, unit)}, ratio {ratio:.3f} ({kept} rounds{note})")
+        self.ratios[name] = ratio
 
-    return {
-        "raw_vs_tfdata": line("raw", "records", "ours_raw", "tfdata_raw" if tf else None, "tf.data", missing_tf),
-        "parsed_vs_tfdata": line("parsed", "examples", "ours_parsed", "tfdata_parsed" if tf else None, "tf.data",
-                                 missing_tf),
-        "raw_vs_tfrecord_pkg": line("raw_tfrecord_pkg", "records", "ours_raw",
-                                    "tfrecord_pkg_raw" if tfrecord_iterator else None, "tfrecord package",
-                                    missing_pkg, note="; that reader does not check CRCs"),
-    }
+    def parsed_summary(self) -> None:
+        """parsed_vs_tfdata (geometric mean over batch sizes) and parsed_vs_tfdata_worst."""
+        by_size = {size: self.ratios[f"parsed_vs_tfdata_b{size}"] for size in self.settings.batch_sizes}
+        if self.why_no_tf is not None:
+            self.ratios["parsed_vs_tfdata"] = self.ratios["parsed_vs_tfdata_worst"] = None
+            return
+        worst = min(by_size, key=lambda size: by_size[size])
+        self.ratios["parsed_vs_tfdata"] = _geometric_mean(list(by_size.values()))
+        self.ratios["parsed_vs_tfdata_worst"] = by_size[worst]
+        print(f"parsed over batch sizes {','.join(map(str, by_size))}: geometric mean "
+              f"{self.ratios['parsed_vs_tfdata']:.3f}, worst {by_size[worst]:.3f} (batch {worst})")
 
 
-def _print_verdict(ratios: dict[str, float | None]) -> None:
+def report(measurement: Measurement, tf: Any, tfrecord_iterator: Any, settings: Settings) -> dict[str, float | None]:
+    """Prints one line per figure; returns the ratios in the final line's order."""
+    out = _Report(measurement, settings, tf, tfrecord_iterator)
+    out.line("raw_vs_tfdata", "raw", "records", "ours_raw", "tfdata_raw", "tf.data", out.why_no_tf)
+    for size in settings.batch_sizes:
+        out.line(f"parsed_vs_tfdata_b{size}", f"parsed_b{size}", "examples", f"ours_parsed_b{size}",
+                 f"tfdata_parsed_b{size}", "tf.data", out.why_no_tf)
+    out.parsed_summary()
+    out.line("dataset_vs_tfdata", "dataset", "examples", "ours_dataset", "tfdata_dataset", "tf.data", out.why_no_tf)
+    out.line("raw_vs_tfrecord_pkg", "raw_tfrecord_pkg", "records", "ours_raw", "tfrecord_pkg_raw",
+             "tfrecord package", out.why_no_pkg, note="; that reader does not check CRCs")
+    order = ["raw_vs_tfdata", "parsed_vs_tfdata", "raw_vs_tfrecord_pkg", "dataset_vs_tfdata", "parsed_vs_tfdata_worst",
+             *(f"parsed_vs_tfdata_b{size}" for size in settings.batch_sizes)]
+    return {name: out.ratios[name] for name in order}
+
+
+def print_verdict(ratios: dict[str, float | None]) -> None:
     verdicts = [f"{name}>={target:g} " + ("n/a" if ratios[name] is None else "met" if ratios[name] >= target else "MISSED")
                 for name, target in TARGETS.items()]
     print("targets: " + ", ".join(verdicts))
+
+
+def _print_header(settings: Settings, tf: Any, tfrecord_iterator: Any) -> None:
+    print(f"tfrecord_read: {settings.records} records in {settings.files} files (int64 label, {settings.dense_length} "
+          f"floats, {settings.image_bytes} image bytes, 0..{settings.max_tokens} int64 tokens), parsed at batch sizes "
+          f"{','.join(map(str, settings.batch_sizes))} (tf.data raw at {settings.raw_batch_size}), dataset figure "
+          f"on one {settings.dataset_records}-record file at batch {settings.dataset_batch_size}, {settings.threads} "
+          f"thread(s), {settings.rounds} interleaved rounds (first {settings.warmup_rounds} dropped), medians, tf.data "
+          f"{'defaults (autotune, injected prefetch)' if settings.tfdata_defaults else 'without autotune or injected prefetch'}")
+    print(f"versions: torch {torch.__version__}, tensorflow "
+          f"{getattr(tf, '__version__', 'not installed') if settings.tensorflow else 'skipped'}, tfrecord package "
+          f"{('installed' if tfrecord_iterator else 'not installed') if settings.tfrecord_package else 'skipped'}; "
+          f"torchestimator cores: {_native.describe()}")
+    if (settings.tensorflow and tf is None) or (settings.tfrecord_package and tfrecord_iterator is None):
+        print(f"note: some readers to compare against are missing ({INSTALL_HINT}); "
+              "torchestimator's own figures are still printed")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -508,34 +707,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(settings.threads)
     tf = import_tensorflow(settings.threads) if settings.tensorflow else None
     tfrecord_iterator = import_tfrecord_iterator() if settings.tfrecord_package else None
-    print(f"tfrecord_read: {settings.records} records in {settings.files} files (int64 label, {settings.dense_length} "
-          f"floats, {settings.image_bytes} image bytes, 0..{settings.max_tokens} int64 tokens), batch "
-          f"{settings.batch_size}, {settings.threads} thread(s), {settings.rounds} interleaved rounds (first "
-          f"{settings.warmup_rounds} dropped), median records per wall-clock second, tf.data "
-          f"{'defaults (autotune, injected prefetch)' if settings.tfdata_defaults else 'without autotune or injected prefetch'}")
-    print(f"versions: torch {torch.__version__}, tensorflow "
-          f"{getattr(tf, '__version__', 'not installed') if settings.tensorflow else 'skipped'}, tfrecord package "
-          f"{('installed' if tfrecord_iterator else 'not installed') if settings.tfrecord_package else 'skipped'}")
-    if (settings.tensorflow and tf is None) or (settings.tfrecord_package and tfrecord_iterator is None):
-        print(f"note: some readers to compare against are missing ({INSTALL_HINT}); "
-              "torchestimator's own figures are still printed")
+    _print_header(settings, tf, tfrecord_iterator)
     columns = make_columns(settings)
     with tempfile.TemporaryDirectory(prefix="tfrecord-read-") as directory:
         started = time.perf_counter()
         files = write_files(directory, serialize(columns), settings)
-        megabytes = sum(os.path.getsize(path) for path in files) / 2**20
+        dataset_file = write_dataset_file(directory, files, settings)
+        megabytes = sum(os.path.getsize(path) for path in [*files, dataset_file]) / 2**20
         print(f"data: {megabytes:.1f} MiB written by torchestimator in {time.perf_counter() - started:.1f} s")
-        problems = check_readers(files, columns, settings, tf, tfrecord_iterator)
+        problems = check_readers(files, dataset_file, columns, settings, tf, tfrecord_iterator)
         print(f"records identical: {'no: ' + '; '.join(problems) if problems else 'yes'}")
-        readers: dict[str, Reader] = {"ours_raw": ours_raw, "ours_parsed": ours_parsed_reader(settings)}
-        if tf is not None:
-            readers["tfdata_raw"] = tfdata_raw_reader(tf, settings, files)
-            readers["tfdata_parsed"] = tfdata_parsed_reader(tf, settings, files)
-        if tfrecord_iterator is not None:
-            readers["tfrecord_pkg_raw"] = tfrecord_package_reader(tfrecord_iterator)
-        measurement = measure(readers, files, settings)
-    ratios = _report(measurement, tf, tfrecord_iterator, settings)
-    _print_verdict(ratios)
+        measurement = measure(contenders(files, dataset_file, settings, tf, tfrecord_iterator), settings)
+    ratios = report(measurement, tf, tfrecord_iterator, settings)
+    print_verdict(ratios)
     print("tfrecord_read " + " ".join(f"{name}={_format_ratio(value)}" for name, value in ratios.items()))
     return 1 if problems else 0
 

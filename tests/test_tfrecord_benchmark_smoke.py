@@ -1,6 +1,7 @@
 """Smoke tests for benchmarks/tfrecord_read.py: it runs in its quick mode without TensorFlow, prints
-torchestimator's absolute figures and a parseable final line with n/a ratios, and its correctness
-checks and argument checks work. The timings themselves are not asserted."""
+torchestimator's absolute figures (every batch size, the dataset figure) with wall and CPU time, and a
+parseable final line naming every ratio (n/a without the competitors), and its correctness checks and
+argument checks work. The timings themselves are not asserted."""
 
 from __future__ import annotations
 
@@ -12,14 +13,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from benchmark_scripts import assert_arguments_refused, final_line, imported_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "tfrecord_read.py"
 RATIO = r"\d+\.\d{3}|n/a"
-FINAL_LINE = re.compile(rf"^tfrecord_read raw_vs_tfdata=({RATIO}) parsed_vs_tfdata=({RATIO}) "
-                        rf"raw_vs_tfrecord_pkg=({RATIO})$")
+RATIO_NAMES = ("raw_vs_tfdata", "parsed_vs_tfdata", "raw_vs_tfrecord_pkg", "dataset_vs_tfdata", "parsed_vs_tfdata_worst",
+               "parsed_vs_tfdata_b16", "parsed_vs_tfdata_b64", "parsed_vs_tfdata_b256", "parsed_vs_tfdata_b1024")
+FINAL_LINE = re.compile("^tfrecord_read " + " ".join(rf"{name}=({RATIO})" for name in RATIO_NAMES) + "$")
+ALL_NA = ("n/a",) * len(RATIO_NAMES)
 OURS_ONLY = ["--quick", "--no-tensorflow", "--no-tfrecord-package", "--records", "300", "--files", "3",
-             "--batch-size", "64", "--rounds", "2"]
+             "--dataset-records", "500", "--dataset-batch-size", "32", "--rounds", "2"]
+FIGURES = [("raw", "records"), ("parsed_b16", "examples"), ("parsed_b64", "examples"), ("parsed_b256", "examples"),
+           ("parsed_b1024", "examples"), ("dataset", "examples")]
 
 
 @pytest.fixture(scope="module")
@@ -33,21 +39,29 @@ def _final_line(output: str) -> re.Match:
 
 
 def _figure(output: str, figure: str, unit: str) -> float:
-    match = re.search(rf"^{figure}: torchestimator (\d+) {unit}/s \(cpu/wall \d+\.\d\d\)", output, re.M)
+    match = re.search(rf"^{figure}: torchestimator (\d+) {unit}/s \((\d+\.\d{{3}}) s wall, cpu/wall (\d+\.\d\d)\)",
+                      output, re.M)
     assert match, f"no {figure} line in:\n{output}"
+    assert float(match.group(2)) > 0 and float(match.group(3)) > 0, match.group(0)
     return float(match.group(1))
+
+
+def _every_figure_printed(output: str) -> None:
+    for figure, unit in FIGURES:
+        assert _figure(output, figure, unit) > 0, figure
 
 
 def test_quick_run_prints_our_figures_and_na_ratios(benchmark, capsys):
     status = benchmark.main(OURS_ONLY)
     output = capsys.readouterr().out
     assert status == 0
-    assert _final_line(output).groups() == ("n/a", "n/a", "n/a")
-    assert _figure(output, "raw", "records") > 0
-    assert _figure(output, "parsed", "examples") > 0
+    assert _final_line(output).groups() == ALL_NA
+    _every_figure_printed(output)
     assert "records identical: yes" in output
     assert "tf.data n/a (skipped (--no-tensorflow))" in output
     assert "300 records in 3 files" in output
+    assert "one 500-record file at batch 32" in output
+    assert "torchestimator cores: records: " in output
 
 
 def test_missing_competitors_are_named_and_ours_still_measured(benchmark, capsys, monkeypatch):
@@ -57,10 +71,10 @@ def test_missing_competitors_are_named_and_ours_still_measured(benchmark, capsys
     output = capsys.readouterr().out
     assert status == 0
     assert "tensorflow not installed" in output and "tfrecord package not installed" in output
-    assert "pip install tensorflow-cpu tfrecord" in output
-    assert _figure(output, "raw", "records") > 0 and _figure(output, "parsed", "examples") > 0
-    assert _final_line(output).groups() == ("n/a", "n/a", "n/a")
-    assert "targets: raw_vs_tfdata>=1 n/a" in output
+    assert "pip install -r benchmarks/requirements-bench.txt" in output
+    _every_figure_printed(output)
+    assert _final_line(output).groups() == ALL_NA
+    assert "targets: raw_vs_tfdata>=1.3 n/a" in output
 
 
 def test_a_wrong_parse_fails_the_run(benchmark, capsys, monkeypatch):
@@ -77,6 +91,72 @@ def test_a_wrong_parse_fails_the_run(benchmark, capsys, monkeypatch):
     assert status == 1
     assert "records identical: no: torchestimator parsed label unlike the generated values" in output
     _final_line(output)  # the figures are still printed
+
+
+def test_a_wrong_dataset_batch_fails_the_run(benchmark, capsys, monkeypatch):
+    real_dataset = benchmark.TFRecordDataset
+
+    class ShiftedLabels(real_dataset):
+        def __iter__(self):
+            for batch in super().__iter__():
+                yield {**batch, "label": batch["label"] + 1}
+
+    monkeypatch.setattr(benchmark, "TFRecordDataset", ShiftedLabels)
+    status = benchmark.main(OURS_ONLY)
+    output = capsys.readouterr().out
+    assert status == 1
+    assert "TFRecordDataset parsed label unlike the generated values" in output
+
+
+def _measurement(benchmark, rates):
+    """A Measurement whose every kept round gives each reader the rates listed for it."""
+    return benchmark.Measurement(rates={name: list(values) for name, values in rates.items()},
+                                 walls={name: [0.5] * len(values) for name, values in rates.items()},
+                                 cores={name: [1.0] * len(values) for name, values in rates.items()})
+
+
+def test_report_gives_every_ratio_the_geometric_mean_and_the_worst_batch_size(benchmark, capsys):
+    settings = benchmark.parse_settings(["--quick", "--batch-sizes", "16,256", "--rounds", "3"])
+    rates = {"ours_raw": [300, 300], "tfdata_raw": [100, 200], "tfrecord_pkg_raw": [100, 100],
+             "ours_parsed_b16": [200, 200], "tfdata_parsed_b16": [100, 100],
+             "ours_parsed_b256": [100, 100], "tfdata_parsed_b256": [200, 200],
+             "ours_dataset": [90, 90], "tfdata_dataset": [100, 100]}
+    ratios = benchmark.report(_measurement(benchmark, rates), object(), object(), settings)
+    assert list(ratios) == ["raw_vs_tfdata", "parsed_vs_tfdata", "raw_vs_tfrecord_pkg", "dataset_vs_tfdata",
+                            "parsed_vs_tfdata_worst", "parsed_vs_tfdata_b16", "parsed_vs_tfdata_b256"]
+    assert ratios["raw_vs_tfdata"] == pytest.approx(2.25)  # median of 3 and 1.5 in the same rounds
+    assert ratios["parsed_vs_tfdata_b16"] == pytest.approx(2.0)
+    assert ratios["parsed_vs_tfdata_b256"] == pytest.approx(0.5)
+    assert ratios["parsed_vs_tfdata"] == pytest.approx(1.0)  # sqrt(2 * 0.5)
+    assert ratios["parsed_vs_tfdata_worst"] == pytest.approx(0.5)
+    assert ratios["dataset_vs_tfdata"] == pytest.approx(0.9)
+    assert ratios["raw_vs_tfrecord_pkg"] == pytest.approx(3.0)
+    output = capsys.readouterr().out
+    assert "parsed over batch sizes 16,256: geometric mean 1.000, worst 0.500 (batch 256)" in output
+    assert re.search(r"^dataset: torchestimator 90 examples/s \(0\.500 s wall, cpu/wall 1\.00\), tf\.data 100 "
+                     r"examples/s \(0\.500 s wall, cpu/wall 1\.00\), ratio 0\.900 \(2 rounds\)$", output, re.M)
+    benchmark.print_verdict(ratios)
+    assert ("targets: raw_vs_tfdata>=1.3 met, parsed_vs_tfdata_worst>=1 MISSED, raw_vs_tfrecord_pkg>=3 met, "
+            "dataset_vs_tfdata>=1 MISSED") in capsys.readouterr().out
+
+
+def test_dataset_file_repeats_the_shards_records_in_order(benchmark, tmp_path):
+    settings = benchmark.parse_settings(["--quick", "--records", "30", "--files", "3", "--dataset-records", "70"])
+    columns = benchmark.make_columns(settings)
+    shards = benchmark.write_files(str(tmp_path), benchmark.serialize(columns), settings)
+    path = benchmark.write_dataset_file(str(tmp_path), shards, settings)
+    records = list(benchmark.read_records(shards))
+    assert list(benchmark.read_records([path])) == (records * 3)[:70]
+    assert benchmark.check_dataset(path, columns, settings) == []
+
+
+def test_numpy_batch_turns_sparse_tensors_into_tensorflow_parts(benchmark):
+    sparse = torch.sparse_coo_tensor(torch.tensor([[1, 0], [0, 2]]), torch.tensor([7, 5]), (2, 3),
+                                     check_invariants=True)
+    converted = benchmark.numpy_batch({"tokens": sparse, "label": torch.tensor([1, 2]), "image": np.array([b"x"])})
+    indices, values, shape = converted["tokens"]
+    assert indices.tolist() == [[0, 2], [1, 0]] and values.tolist() == [5, 7] and shape.tolist() == [2, 3]
+    assert converted["label"].tolist() == [1, 2] and converted["image"].tolist() == [b"x"]
 
 
 def test_records_digest_sees_order_and_boundaries(benchmark):
@@ -103,6 +183,10 @@ def test_batch_mismatches_names_the_differing_features(benchmark):
     (["--threads", "0"], "--threads must be at least 1"),
     (["--records", "3", "--files", "4"], "--records must be at least --files"),
     (["--image-bytes", "-1"], "must be >= 0"),
+    (["--batch-sizes", "16,x"], "comma-separated list of integers"),
+    (["--batch-sizes", "16,0"], "every batch size must be at least 1 and appear once"),
+    (["--batch-sizes", "64,64"], "every batch size must be at least 1 and appear once"),
+    (["--dataset-batch-size", "0"], "--dataset-batch-size must be at least 1"),
 ])
 def test_bad_arguments_are_refused(benchmark, capsys, arguments, message):
     assert_arguments_refused(benchmark, arguments, message, capsys)
@@ -113,9 +197,9 @@ def test_script_runs_as_a_program():
     """Compares against TensorFlow and the tfrecord package exactly when they are installed."""
     result = subprocess.run([sys.executable, str(SCRIPT), "--quick"], capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-2000:]
-    raw_vs_tfdata, parsed_vs_tfdata, raw_vs_package = _final_line(result.stdout).groups()
+    ratios = dict(zip(RATIO_NAMES, _final_line(result.stdout).groups()))
     has_tensorflow = importlib.util.find_spec("tensorflow") is not None
     has_package = importlib.util.find_spec("tfrecord") is not None
-    assert (raw_vs_tfdata != "n/a") == has_tensorflow and (parsed_vs_tfdata != "n/a") == has_tensorflow
-    assert (raw_vs_package != "n/a") == has_package
+    for name, value in ratios.items():
+        assert (value != "n/a") == (has_package if name == "raw_vs_tfrecord_pkg" else has_tensorflow), name
     assert "records identical: yes" in result.stdout
