@@ -380,3 +380,18 @@ def test_wrong_kind_with_matching_count_is_still_refused():
     with pytest.raises(ValueError, match=r"Key: a, record 1\.  Data types don't match\. Data type: int64 but "
                                          r"expected type: float"):
         parse_example([example(a=[1.0]), example(a=[1])], {"a": VarLenFeature("float32")})
+
+
+def test_unknown_fields_inside_a_float_list_are_skipped_not_read_as_floats():
+    # FloatList{value: [1.5] (unpacked), field 4 = 0x4000 (a 3-byte varint)}: protobuf keeps the
+    # unknown field and writes it back; it must not come out as a second float.
+    float_list = b"\x0d" + np.float32(1.5).tobytes() + b"\x20\x80\x80\x01"
+    feature = b"\x12" + bytes([len(float_list)]) + float_list
+    entry = b"\x0a\x01x\x12" + bytes([len(feature)]) + feature
+    record = b"\x0a" + bytes([len(entry) + 2]) + b"\x0a" + bytes([len(entry)]) + entry
+    assert parse_single_example(record, {"x": VarLenFeature("float32")})["x"].values.tolist() == [1.5]
+    assert parse_single_example(record, {"x": RaggedFeature("float32")})["x"].tolist() == [1.5]
+    assert parse_single_example(record, {"x": FixedLenFeature([1], "float32")})["x"].tolist() == [1.5]
+    # Two floats' worth of bytes (a 10-byte packed list), but one value: still a wrong count.
+    with pytest.raises(ValueError, match="needs 2 values, the record has 1"):
+        parse_single_example(record, {"x": FixedLenFeature([2], "float32")})

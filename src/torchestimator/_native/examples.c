@@ -7,8 +7,8 @@
  *
  * The rule that keeps both paths identical: this pass never words an error. Anything that is
  * not the plain, well-formed case (a missing required feature, a wrong kind or count, bytes
- * that are not an Example, a record that is not bytes, a map entry or Feature with a repeated
- * field, a non-ASCII key, groups, odd wire types) makes the call return the index of that
+ * that are not an Example, a record that is not bytes, a map entry with a repeated or unknown
+ * field, a Feature with a repeated kind field, a non-ASCII key, groups, odd wire types) makes the call return the index of that
  * record ("bail"), and parsing.py runs its pure-Python parser on the batch, which raises its
  * own exact error, or returns its own result where protobuf accepts what this pass refused.
  * So this pass may refuse more than protobuf does; it must never accept bytes that protobuf
@@ -211,12 +211,12 @@ typedef struct {
 
 typedef struct {
     Py_ssize_t slot, size;
-    int kind, fixed;
+    int kind, fixed, sparse; /* sparse: also each value's [record, position], as a SparseValue's indices */
     Py_buffer out;       /* FixedLen numeric: the caller's [B * size] array */
     int has_out;
     const char *fill;    /* FixedLen numeric default: size values, or NULL (required) */
     PyObject *fill_list; /* FixedLen bytes default: a tuple of size bytes, or NULL */
-    Sink values, lengths;
+    Sink values, lengths, indices;
 } Spec;
 
 typedef struct {
@@ -249,6 +249,7 @@ static void plan_free(Plan *plan) {
         if (spec->has_out) PyBuffer_Release(&spec->out);
         free(spec->values.data);
         free(spec->lengths.data);
+        free(spec->indices.data);
         Py_XDECREF(spec->values.list);
     }
     free(plan->specs);
@@ -279,13 +280,16 @@ static int plan_keys(Plan *plan, PyObject *keys) {
     return 0;
 }
 
-/* One spec tuple: (slot, kind, fixed, size, out, default); see parse_examples' docstring. */
+/* One spec tuple: (slot, kind, mode, size, out, default); see parse_examples' docstring. */
 static int plan_spec(Plan *plan, Spec *spec, PyObject *item, Py_ssize_t batch) {
     PyObject *out, *fill;
-    if (!PyArg_ParseTuple(item, "niinOO", &spec->slot, &spec->kind, &spec->fixed, &spec->size, &out, &fill))
-        return -1;
+    int mode;
+    if (!PyArg_ParseTuple(item, "niinOO", &spec->slot, &spec->kind, &mode, &spec->size, &out, &fill)) return -1;
+    spec->fixed = mode == 1;
+    spec->sparse = mode == 2;
+    spec->indices.growable = 1;
     if (spec->slot < 0 || spec->slot >= plan->slot_count || spec->kind < KIND_BYTES || spec->kind > KIND_INT64 ||
-        spec->size < 0) {
+        spec->size < 0 || mode < 0 || mode > 2) {
         PyErr_SetString(PyExc_ValueError, "_examples: spec out of range");
         return -1;
     }
@@ -357,8 +361,8 @@ static int read_entries(Plan *plan, Span features) {
                 if (wire_type != WT_LEN || *seen ||
                     read_length_delimited(&entry, entry_field == 1 ? &key : &value)) return BAIL;
                 *seen = 1;
-            } else if (skip_field(&entry, wire_type)) {
-                return BAIL;
+            } else {
+                return BAIL; /* upb drops a map entry holding an unknown field (to the unknown fields) */
             }
         }
         for (const uint8_t *c = key.p; c < key.end; c++)
@@ -417,6 +421,10 @@ static int read_spec(Plan *plan, Spec *spec, Py_ssize_t record) {
         return count == spec->size ? 0 : BAIL; /* a wrong count: an error Python words */
     }
     int64_t length = count;
+    for (int64_t position = 0; spec->sparse && position < length; position++) {
+        int64_t index[2] = {(int64_t)record, position};
+        if ((status = sink_append(&spec->indices, index, 16))) return status;
+    }
     return sink_append(&spec->lengths, &length, 8);
 }
 
@@ -445,11 +453,13 @@ static PyObject *spec_result(Spec *spec) {
                                                 : PyByteArray_FromStringAndSize(spec->values.data, spec->values.length);
     if (!values || spec->fixed) return values;
     PyObject *lengths = PyByteArray_FromStringAndSize(spec->lengths.data, spec->lengths.length);
-    if (!lengths) { Py_DECREF(values); return NULL; }
-    PyObject *pair = PyTuple_Pack(2, values, lengths);
+    PyObject *indices = spec->sparse ? PyByteArray_FromStringAndSize(spec->indices.data, spec->indices.length)
+                                     : Py_NewRef(Py_None);
+    PyObject *parts = lengths && indices ? PyTuple_Pack(3, values, lengths, indices) : NULL;
     Py_DECREF(values);
-    Py_DECREF(lengths);
-    return pair;
+    Py_XDECREF(lengths);
+    Py_XDECREF(indices);
+    return parts;
 }
 
 static PyObject *parse_examples(PyObject *self, PyObject *args) {
@@ -482,14 +492,16 @@ done:
 PyDoc_STRVAR(parse_examples_doc,
 "parse_examples(records, keys, specs) -> list | int\n\n"
 "Parse a batch of serialized tf.train.Example. keys: a tuple of distinct feature keys (bytes).\n"
-"specs: a tuple of (slot, kind, fixed, size, out, default): slot indexes keys; kind 1 bytes,\n"
-"2 float, 3 int64; fixed 1 for FixedLen (size values per record) else 0 (any count).\n"
+"specs: a tuple of (slot, kind, mode, size, out, default): slot indexes keys; kind 1 bytes,\n"
+"2 float, 3 int64; mode 1 for FixedLen (size values per record), 0 any count, 2 any count\n"
+"with sparse indices.\n"
 "FixedLen float/int64: out is a writable C-contiguous buffer of len(records) * size float32 /\n"
 "int64 values, filled in place; default is bytes of size values (native order) or None.\n"
 "FixedLen bytes: default is a tuple of size bytes or None. out is ignored elsewhere.\n"
 "Returns per spec: None (FixedLen numeric), a list of bytes (FixedLen bytes), or (values,\n"
-"lengths) with values a bytearray of float32/int64 or a list of bytes and lengths a bytearray\n"
-"of one int64 per record. Returns instead the int index of the first record it does not\n"
+"lengths, indices) with values a bytearray of float32/int64 or a list of bytes, lengths a\n"
+"bytearray of one int64 per record and indices (mode 2; else None) a bytearray of int64\n"
+"[record, position] pairs, one per value. Returns instead the int index of the first record it does not\n"
 "handle (malformed, missing required, wrong kind or count, not bytes): the caller then parses\n"
 "the batch its own way, which words the error.");
 

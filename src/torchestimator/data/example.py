@@ -116,11 +116,32 @@ def float_values(float_list) -> np.ndarray:
     Re-serializing the list (always packed) and viewing its payload costs a
     fraction of converting the repeated field element by element.
     """
-    data = float_list.SerializeToString()
-    if not data:
+    payload = float_payload(float_list)
+    if not payload:
         return np.empty(0, np.float32)
-    values = np.frombuffer(data, "<f4", offset=float_payload_start(data))
+    values = np.frombuffer(payload, "<f4")
     return values if _LITTLE_ENDIAN else values.astype(np.float32)
+
+
+def float_payload(float_list) -> bytes:
+    """A FloatList message's values as little-endian float32 bytes (b"" when empty).
+
+    Its serialization is one packed field, unless the list carried unknown
+    fields: protobuf keeps those and writes them back, so they are dropped from
+    a copy first rather than read as floats.
+    """
+    data = float_list.SerializeToString()
+    size = 4 * len(float_list.value)
+    if len(data) != (1 + _varint_size(size) + size if size else 0):  # more than the values: unknown fields
+        clean = type(float_list)()
+        clean.CopyFrom(float_list)
+        clean.DiscardUnknownFields()
+        data = clean.SerializeToString()
+    return data[float_payload_start(data):] if size else b""
+
+
+def _varint_size(value: int) -> int:
+    return max(1, -(-value.bit_length() // 7))
 
 
 def float_payload_start(data: bytes) -> int:

@@ -54,7 +54,7 @@ from torchestimator.data.example import (
     example_protos,
     feature_kind,
     float_list_bytes,
-    float_payload_start,
+    float_payload,
     float_values,
     parse_example_proto,
     parse_sequence_example_proto,
@@ -344,7 +344,9 @@ class _FixedLenColumn(_Column):
         if feature is not None:
             if self.kind == FLOAT:
                 data = feature.float_list.SerializeToString()
-                if len(data) == self.expected:  # the packed length grows with the count: same length, same count
+                # the packed length grows with the count: same length, same count (unless unknown fields
+                # in the list make up the difference: the count check tells)
+                if len(data) == self.expected and len(feature.float_list.value) == self.size:
                     self.parts.append(data)
                     return
             else:
@@ -407,9 +409,8 @@ class _VarLenColumn(_Column):
     def add(self, index: int, feature) -> None:
         if feature is not None:
             if self.kind == FLOAT:
-                data = feature.float_list.SerializeToString()
-                if data:
-                    payload = data[float_payload_start(data):]
+                payload = float_payload(feature.float_list)
+                if payload:
                     self.parts.append(payload)
                     self.counts.append(len(payload) >> 2)
                     return
@@ -575,7 +576,7 @@ class _Plan(NamedTuple):
     keys: tuple[bytes, ...]
     """The distinct feature keys the records are searched for, UTF-8."""
     entries: tuple[tuple[str, Any, int, int, int, int, Any], ...]
-    """Per spec: (name, spec, slot in keys, kind, fixed, values per record, default for the C pass)."""
+    """Per spec: (name, spec, slot in keys, kind, mode, values per record, default for the C pass)."""
 
 
 def _compile_plan(features: Mapping[str, Any]) -> _Plan | None:
@@ -594,7 +595,8 @@ def _compile_plan(features: Mapping[str, Any]) -> _Plan | None:
         size, fill = (math.prod(spec.shape), spec._default) if fixed else (0, None)
         if fill is not None:
             fill = tuple(fill.tolist()) if spec.dtype == "string" else fill.astype(_NUMPY_DTYPE[spec.dtype]).tobytes()
-        entries.append((name, spec, slot, _NATIVE_KIND[spec.dtype], int(fixed), size, fill))
+        mode = 1 if fixed else 2 if isinstance(spec, VarLenFeature) else 0  # 2: with SparseValue indices
+        entries.append((name, spec, slot, _NATIVE_KIND[spec.dtype], mode, size, fill))
     return _Plan(tuple(keys), tuple(entries))
 
 
@@ -621,22 +623,26 @@ def _parse_compiled(serialized: Sequence[bytes], features: Any, single: bool) ->
     if plan is None:
         return None
     count = len(serialized)
-    outputs = [np.empty((count, size), _NUMPY_DTYPE[spec.dtype]) if fixed and kind != BYTES else None
-               for _, spec, _, kind, fixed, size, _ in plan.entries]
+    outputs = [np.empty((count, size), _NUMPY_DTYPE[spec.dtype]) if mode == 1 and kind != BYTES else None
+               for _, spec, _, kind, mode, size, _ in plan.entries]
     parts = native.parse_examples(serialized, plan.keys, tuple(
-        (slot, kind, fixed, size, out, fill) for (_, _, slot, kind, fixed, size, fill), out
+        (slot, kind, mode, size, out, fill) for (_, _, slot, kind, mode, size, fill), out
         in zip(plan.entries, outputs)))
     if isinstance(parts, int):  # record `parts` is not the plain case: the pure path decides
         return None
     parsed = {}
-    for (name, spec, _, kind, fixed, size, _), out, part in zip(plan.entries, outputs, parts):
-        if fixed:
+    for (name, spec, _, kind, mode, size, _), out, part in zip(plan.entries, outputs, parts):
+        if mode == 1:
             values = out if out is not None else _values_array(part, "string")
             parsed[name] = values.reshape(spec.shape if single else (count, *spec.shape))
             continue
         values = _values_array(part[0], "string") if kind == BYTES else np.frombuffer(part[0], _NUMPY_DTYPE[spec.dtype])
         lengths = np.frombuffer(part[1], np.int64)
-        if isinstance(spec, VarLenFeature):
+        if mode == 2 and not single:  # the indices came from the C pass; the rest as _sparse_value has it
+            width = int(lengths.max()) if count else 0
+            parsed[name] = SparseValue(np.frombuffer(part[2], np.int64).reshape(-1, 2), values,
+                                       np.array([count, width], np.int64))
+        elif isinstance(spec, VarLenFeature):
             parsed[name] = _sparse_value(values, lengths, single)
         elif isinstance(spec, RaggedFeature):
             parsed[name] = _ragged_value(values, lengths, spec, single)
