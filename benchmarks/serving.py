@@ -1,34 +1,46 @@
-"""Benchmark: torchestimator's model server against a bare FastAPI/uvicorn app and a hand-written Flask app.
+"""Benchmark: torchestimator's model server against FastAPI on uvicorn and Flask on gunicorn, at 1, 8 and 32 clients.
 
 Every server runs in its own process on 127.0.0.1 and serves the same
-export of the same model: ours (`torchestimator serve`, with request
-batching off and on), a ten-line FastAPI app on one uvicorn worker (the floor
-a user could write: a plain `def` endpoint, so inference runs in Starlette's
-thread pool instead of blocking the event loop, as FastAPI's docs advise for
-blocking calls), and a hand-written Flask app on its threaded development
-server. The two anchors call `torchestimator.export.load`'s model directly and
-answer `{"predictions": ...}` like TF Serving's row format. All servers pin
-torch to one intra-op thread (OMP_NUM_THREADS=1, MKL_NUM_THREADS=1) and log no
-requests (ours never writes a line per request, like TF Serving), and all
-must give the same predictions for the same request before
-anything is timed (the script exits 1 otherwise).
+export of the same model: ours (`torchestimator serve`, request batching off
+and on), FastAPI written both ways a user would write it (an `async def`
+endpoint, inference on the event loop; a `def` endpoint, inference in
+Starlette's thread pool) on one uvicorn worker with its fast extras (httptools
+parser, uvloop loop) when installed, and Flask on gunicorn (one worker process
+like ours, the gthread worker with one thread per core). The anchors are ten
+lines around the same `torchestimator.export.load` model (so they get its
+direct graph call too) and answer `{"predictions": ...}` like TF Serving's row
+format. Every server pins torch to one intra-op thread (OMP_NUM_THREADS=1,
+MKL_NUM_THREADS=1), logs no requests, and must give the same predictions for
+the same request before anything is timed (the script exits 1 otherwise).
 
-Load: C threads (C = 1 and 8) in this process, each with its own keep-alive
-`http.client.HTTPConnection`, send the same pre-encoded one-instance body: a
-few warm-up requests, then a fixed count per thread, stopped early at a time
-cap. requests/s is completed requests over the wall time of the run; p50/p99
-are over every request of every kept round. Rounds rotate the servers' order;
-requests/s is the median over rounds, and a ratio is the median over rounds
-of the two servers' requests/s in the same round, then the geometric mean
-over the models. Load and servers share this machine's cores, equally for all.
+Models: "mlp" (64-256-256-10, a forward of ~0.2 ms: per-request costs
+dominate), "cnn" (two conv layers on 28x28, compute-bound: a batch costs
+about its rows times a row on one CPU thread) and "wide" (512-1536-1536-1536-10,
+~22 MB of weights, several ms per forward at batch 1 and read once per batch,
+so batching pays on a CPU as it does for most models on a GPU). The forward
+time at batch 1 and 32 is measured and printed first.
 
-Run:  python benchmarks/serving.py [--requests N] [--seconds S] [--rounds R] [--models mlp,cnn] [--quick]
-Last line:  serving rps_vs_fastapi=<ratio> rps_vs_flask=<ratio> batching_gain_c8=<ratio> p99_ms_c8=<ms>
+Load: C keep-alive connections (C = 1, 8, 32) from one asyncio client in this
+process (uvloop when installed; a raw HTTP/1.1 exchange of a pre-encoded
+one-instance body, so the client costs little), a few warm-up requests each,
+then requests until a time cap. requests/s is completed requests over the
+run's wall time; p50/p99 pool every request of every round; CPU is the server
+processes' CPU time (user + system, workers included) per request, beside the
+client's own. Rounds rotate the servers' order; a ratio is the median over
+rounds of two servers' requests/s in the same round, then the geometric mean
+over the models named. Load and servers share this machine's cores, equally
+for all.
+
+Run:  python benchmarks/serving.py [--seconds S] [--rounds R] [--models mlp,cnn,wide] [--quick]
+Last line:  serving rps_vs_fastapi=<ours / the faster FastAPI, c=8> rps_vs_flask=<c=8> batching_gain_c8=<mlp>
+            p99_ms_c8=<batching> batching_gain_c32=<mlp> big_batching_gain_c8=<wide> big_batching_gain_c32=<wide>
+            p99_ms_c32_batching=<ms> p99_ms_c32_plain=<ms>    (p99s: the worst over the models)
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import dataclasses
 import http.client
@@ -43,7 +55,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -56,19 +67,23 @@ import torch.nn.functional as F
 import torchestimator as te
 from torchestimator.export import PredictOutput, TensorSpec, export_saved_model, load, serving_input_receiver
 
-TARGETS = {"rps_vs_fastapi": 1.0, "batching_gain_c8": 2.0}
+TARGETS = {"rps_vs_fastapi": 1.2, "big_batching_gain_c32": 2.0}
 MODEL_NAME = "m"
 PREDICT_PATH = f"/v1/models/{MODEL_NAME}:predict"
-CONCURRENCIES = (1, 8)
+CONCURRENCIES = (1, 8, 32)
 CLASSES = 10
+BIG_MODEL = "wide"
+MODELS = ("mlp", "cnn", "wide")
 # TF Serving's BatchingParameters in protobuf text format, as --batching_parameters_file reads it.
 BATCHING_PARAMETERS = ("max_batch_size {{ value: {max_batch_size} }}\nbatch_timeout_micros {{ value: {timeout} }}\n"
                        "max_enqueued_batches {{ value: 100 }}\nnum_batch_threads {{ value: 1 }}\n")
 SERVER_ENVIRONMENT = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+FLASK_THREADS = os.cpu_count() or 1
+"""gunicorn's gthread worker threads: one per core, as our server's default request threads."""
 
 # The anchors: what a user writes in ten lines around the same loaded model.
 FASTAPI_APP = '''
-import sys, numpy as np, uvicorn
+import importlib.util, sys, numpy as np, uvicorn
 from fastapi import FastAPI
 from torchestimator.export import load
 model = load(sys.argv[1])
@@ -79,23 +94,28 @@ app = FastAPI()
     outputs = model(np.asarray(body["instances"], dtype=np.float32))
     return {"predictions": outputs["probabilities"].tolist()}
 
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), workers=1, access_log=False, log_level="warning")
+fast = {"loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        "http": "httptools" if importlib.util.find_spec("httptools") else "h11"}
+print("uvicorn", fast, flush=True)
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), workers=1, access_log=False, log_level="warning", **fast)
 '''
 FLASK_APP = '''
-import logging, sys, numpy as np
+import numpy as np
 from flask import Flask, jsonify, request
 from torchestimator.export import load
-model = load(sys.argv[1])
-app = Flask(__name__)
 
-@app.post("/v1/models/m:predict")
-def predict():
-    outputs = model(np.asarray(request.get_json()["instances"], dtype=np.float32))
-    return jsonify(predictions=outputs["probabilities"].tolist())
+def create_app(base):
+    model = load(base)
+    app = Flask(__name__)
 
-logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request, like the other servers
-app.run(host="127.0.0.1", port=int(sys.argv[2]), threaded=True)
+    @app.post("/v1/models/m:predict")
+    def predict():
+        outputs = model(np.asarray(request.get_json()["instances"], dtype=np.float32))
+        return jsonify(predictions=outputs["probabilities"].tolist())
+
+    return app
 '''
+ANCHORS = ("fastapi_async", "fastapi_def", "flask")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -103,7 +123,7 @@ class Workload:
     """One model, exported once and served by every server."""
 
     name: str
-    """Short name used in the output ("mlp", "cnn")."""
+    """Short name used in the output ("mlp", "cnn", "wide")."""
     build_model: Callable[[], nn.Module]
     """Builds the model with random weights."""
     example_shape: tuple[int, ...]
@@ -116,19 +136,17 @@ class Settings:
 
     models: tuple[str, ...]
     requests: int
-    """Requests per load thread in one run (after the warm-up)."""
+    """Most timed requests per connection in one run (after the warm-up)."""
     seconds: float
     """Time cap of one run; a run stops at its count or this, whichever comes first."""
     warmup_requests: int
-    """Untimed requests per load thread before each run."""
+    """Untimed requests per connection before each run."""
     rounds: int
     startup_seconds: float
     """How long a server may take to answer its first request."""
     seed: int
     quick: bool
     fastapi: bool
-    fastapi_endpoint: str
-    """"def" (inference in Starlette's thread pool) or "async def" (inference on the event loop)."""
     flask: bool
     max_batch_size: int
     batch_timeout_micros: int
@@ -137,11 +155,15 @@ class Settings:
 
 @dataclasses.dataclass
 class Run:
-    """One load run against one server: latencies of the completed requests, wall time, failures."""
+    """One load run against one server: latencies of the completed requests, wall time, failures, CPU seconds."""
 
     latencies: list[float]
     wall: float
     errors: int
+    server_cpu: float = math.nan
+    """CPU seconds the server's processes used during the run."""
+    client_cpu: float = math.nan
+    """CPU seconds this process (the load) used during the run."""
 
     @property
     def rate(self) -> float:
@@ -155,9 +177,10 @@ class ServerFailed(RuntimeError):
 # -- models and export -----------------------------------------------------------
 
 
-def small_mlp(features: int = 64, hidden: int = 256) -> nn.Module:
-    return nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                         nn.Linear(hidden, CLASSES))
+def small_mlp(features: int = 64, hidden: int = 256, layers: int = 2) -> nn.Module:
+    sizes = [features] + [hidden] * layers
+    body = [module for before, after in zip(sizes, sizes[1:]) for module in (nn.Linear(before, after), nn.ReLU())]
+    return nn.Sequential(*body, nn.Linear(hidden, CLASSES))
 
 
 def small_cnn(side: int = 28, channels: int = 16) -> nn.Module:
@@ -171,11 +194,26 @@ def small_cnn(side: int = 28, channels: int = 16) -> nn.Module:
 def workloads(settings: Settings) -> list[Workload]:
     if settings.quick:  # tiny models so the smoke test spends its time starting servers, not computing
         available = [Workload(name="mlp", build_model=lambda: small_mlp(8, 16), example_shape=(8,)),
-                     Workload(name="cnn", build_model=lambda: small_cnn(8, 4), example_shape=(1, 8, 8))]
+                     Workload(name="cnn", build_model=lambda: small_cnn(8, 4), example_shape=(1, 8, 8)),
+                     Workload(name="wide", build_model=lambda: small_mlp(16, 64, 3), example_shape=(16,))]
     else:
         available = [Workload(name="mlp", build_model=small_mlp, example_shape=(64,)),
-                     Workload(name="cnn", build_model=small_cnn, example_shape=(1, 28, 28))]
+                     Workload(name="cnn", build_model=small_cnn, example_shape=(1, 28, 28)),
+                     Workload(name="wide", build_model=lambda: small_mlp(512, 1536, 3), example_shape=(512,))]
     return [workload for workload in available if workload.name in settings.models]
+
+
+def forward_ms(base: str, example_shape: tuple[int, ...], rows: int, repeats: int = 20) -> float:
+    """Median milliseconds of one ExportedModel call at `rows` rows (one torch thread, as the servers)."""
+    model = load(base)
+    batch = np.random.default_rng(0).standard_normal((rows, *example_shape)).astype(np.float32)
+    model(batch)
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        model(batch)
+        times.append(time.perf_counter() - began)
+    return statistics.median(times) * 1e3
 
 
 def _model_fn(model: nn.Module, features: dict[str, torch.Tensor], labels: Any, mode: str) -> te.EstimatorSpec:
@@ -224,10 +262,16 @@ def server_commands(base: str, scripts: dict[str, str]) -> dict[str, tuple[list[
         commands[name] = ([sys.executable, "-m", "torchestimator.cli", "serve", "--model_name", MODEL_NAME,
                            "--model_base_path", base, "--rest_api_port", str(port)], port)
     commands["ours_batching"][0].extend(["--enable_batching", "--batching_parameters_file", scripts["batching"]])
-    for name in ("fastapi", "flask"):
+    for name in ("fastapi_async", "fastapi_def"):
         if name in scripts:
             port = free_port()
             commands[name] = ([sys.executable, scripts[name], base, str(port)], port)
+    if "flask" in scripts:
+        port = free_port()
+        folder, module = os.path.split(scripts["flask"])
+        commands["flask"] = ([sys.executable, "-m", "gunicorn", "--workers", "1", "--worker-class", "gthread",
+                              "--threads", str(FLASK_THREADS), "--bind", f"127.0.0.1:{port}", "--chdir", folder,
+                              "--log-level", "warning", f"{module.removesuffix('.py')}:create_app({base!r})"], port)
     return commands
 
 
@@ -259,6 +303,10 @@ class Server:
             time.sleep(0.1)
         raise ServerFailed(f"{self.name} did not answer {PREDICT_PATH} with 200 in time:\n{self.log_tail()}")
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds of the server's process and its children (gunicorn's worker), NaN if unknown."""
+        return process_tree_cpu_seconds(self.process.pid)
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -267,6 +315,33 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=5)
+
+
+def process_tree_cpu_seconds(root: int) -> float:
+    """CPU seconds (utime + stime) of `root` and its descendants, from /proc; NaN where /proc is missing."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent, cpu seconds)
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return math.nan
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as file:
+                fields = file.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        stats[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
+    if root not in stats:
+        return math.nan
+    total, frontier = 0.0, [root]
+    while frontier:
+        pid = frontier.pop()
+        total += stats[pid][1]
+        frontier.extend(child for child, (parent, _) in stats.items() if parent == pid)
+    return total
 
 
 def post_once(port: int, body: bytes, timeout: float) -> tuple[int, bytes]:
@@ -303,62 +378,108 @@ def running_servers(commands: dict[str, tuple[list[str], int]], body: bytes, dir
 # -- load ------------------------------------------------------------------------------
 
 
-def _client(port: int, body: bytes, warmup: int, count: int, start: threading.Barrier, deadline: list[float],
-            latencies: list[float], errors: list[int]) -> None:
-    """One load thread: a keep-alive connection, `warmup` untimed requests, then up to `count` timed ones."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    headers = {"Content-Type": "application/json"}
+def request_bytes(port: int, body: bytes) -> bytes:
+    return (f"POST {PREDICT_PATH} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
-    def send() -> bool:
+
+async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> bool:
+    """One request on a keep-alive connection; True when the answer is 200. Reads the whole answer either way."""
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head[9:12])
+    lower = head.lower()
+    at = lower.find(b"\r\ncontent-length:")
+    if at >= 0:
+        await reader.readexactly(int(lower[at + 17:lower.index(b"\r\n", at + 2)]))
+    elif b"transfer-encoding: chunked" in lower:
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            await reader.readexactly(size + 2)
+            if size == 0:
+                break
+    else:
+        raise ConnectionError("an answer without Content-Length or chunked encoding")
+    return status == 200
+
+
+async def _connection(port: int, request: bytes, warmup: int, count: int, warmed: Callable[[], None],
+                      start: asyncio.Event, deadline: list[float], latencies: list[float], errors: list[int]) -> None:
+    """One client connection: `warmup` untimed requests, then up to `count` timed ones until the deadline."""
+    connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def send() -> bool:
+        nonlocal connection
         try:
-            connection.request("POST", PREDICT_PATH, body=body, headers=headers)
-            response = connection.getresponse()
-            response.read()
-            return response.status == 200
-        except (OSError, http.client.HTTPException):
-            connection.close()  # the next request reconnects
+            if connection is None:
+                connection = await asyncio.open_connection("127.0.0.1", port)
+            return await asyncio.wait_for(_exchange(*connection, request), 10)
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError):
+            if connection is not None:
+                connection[1].close()
+            connection = None  # the next request reconnects
             return False
 
     try:
         for _ in range(warmup):
-            send()
-        start.wait()
+            await send()
+        warmed()
+        await start.wait()
         for _ in range(count):
             if time.perf_counter() >= deadline[0]:
                 break
             began = time.perf_counter()
-            if send():
+            if await send():
                 latencies.append(time.perf_counter() - began)
             else:
                 errors.append(1)
     finally:
-        connection.close()
+        if connection is not None:
+            connection[1].close()
 
 
-def run_load(port: int, body: bytes, concurrency: int, settings: Settings) -> Run:
-    """`concurrency` threads hammer one server; timing starts when all have warmed up."""
-    deadline = [math.inf]
-    start_time = [0.0]
-
-    def release() -> None:  # runs once, in the last thread to reach the barrier
-        start_time[0] = time.perf_counter()
-        deadline[0] = start_time[0] + settings.seconds
-
-    start = threading.Barrier(concurrency, action=release, timeout=settings.seconds + 60)
-    per_thread: list[list[float]] = [[] for _ in range(concurrency)]
+async def _load(port: int, body: bytes, concurrency: int, settings: Settings,
+                cpu_seconds: Callable[[], float]) -> Run:
+    request = request_bytes(port, body)
+    start, all_warm, deadline = asyncio.Event(), asyncio.Event(), [math.inf]
+    warm = [0]
+    latencies: list[float] = []
     errors: list[int] = []
-    threads = [threading.Thread(target=_client, daemon=True,
-                                args=(port, body, settings.warmup_requests, settings.requests, start, deadline,
-                                      per_thread[index], errors))
-               for index in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        # Each request has a 10 s socket timeout, so a thread ends at most that long after the cap.
-        thread.join(timeout=settings.seconds + 90)
-    wall = time.perf_counter() - start_time[0]
-    stuck = sum(thread.is_alive() for thread in threads)
-    return Run(latencies=[value for values in per_thread for value in values], wall=wall, errors=len(errors) + stuck)
+
+    def warmed() -> None:
+        warm[0] += 1
+        if warm[0] == concurrency:
+            all_warm.set()
+
+    tasks = [asyncio.ensure_future(_connection(port, request, settings.warmup_requests, settings.requests, warmed,
+                                               start, deadline, latencies, errors)) for _ in range(concurrency)]
+    # Every connection warms up first (bounded: each request has a 10 s limit), then all start together.
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(all_warm.wait(), settings.seconds + 60)
+    server_before, client_before = cpu_seconds(), time.process_time()
+    began = time.perf_counter()
+    deadline[0] = began + settings.seconds
+    start.set()
+    _, pending = await asyncio.wait(tasks, timeout=settings.seconds + 30)
+    wall = time.perf_counter() - began
+    for task in pending:
+        task.cancel()
+    return Run(latencies=latencies, wall=wall, errors=len(errors) + len(pending),
+               server_cpu=cpu_seconds() - server_before, client_cpu=time.process_time() - client_before)
+
+
+def run_load(port: int, body: bytes, concurrency: int, settings: Settings,
+             cpu_seconds: Callable[[], float] = lambda: math.nan) -> Run:
+    """`concurrency` keep-alive connections hammer one server; timing starts when all have warmed up."""
+    return _event_loop_runner()(_load(port, body, concurrency, settings, cpu_seconds))
+
+
+def _event_loop_runner() -> Callable[[Any], Any]:
+    """uvloop's run when installed (a cheaper client), else asyncio's."""
+    if importlib.util.find_spec("uvloop") is not None:
+        import uvloop
+        return uvloop.run
+    return asyncio.run
 
 
 # -- measuring ------------------------------------------------------------------------
@@ -388,6 +509,24 @@ class Measurement:
         return statistics.median(a.rate / b.rate if b.rate > 0 else math.nan for a, b in pairs)
 
 
+    def cpu_us_per_request(self, server: str, concurrency: int, side: str = "server") -> float:
+        """CPU microseconds per completed request, over every round (server: its processes; client: the load)."""
+        runs = self.runs[server, concurrency]
+        done = sum(len(run.latencies) for run in runs)
+        cpu = sum(run.server_cpu if side == "server" else run.client_cpu for run in runs)
+        return cpu / done * 1e6 if done else math.nan
+
+    def fastest_ratio(self, server: str, references: Sequence[str], concurrency: int) -> float:
+        """Median over rounds of server's requests/s over the best of `references` in the same round."""
+        present = [name for name in references if (name, concurrency) in self.runs]
+        rounds = zip(self.runs[server, concurrency], *(self.runs[name, concurrency] for name in present))
+        ratios = []
+        for ours, *others in rounds:
+            best = max(other.rate for other in others)
+            ratios.append(ours.rate / best if best > 0 else math.nan)
+        return statistics.median(ratios)
+
+
 def measure(servers: dict[str, Server], body: bytes, settings: Settings) -> Measurement:
     names = list(servers)
     measurement = Measurement(runs={(name, concurrency): [] for name in names for concurrency in CONCURRENCIES})
@@ -395,7 +534,9 @@ def measure(servers: dict[str, Server], body: bytes, settings: Settings) -> Meas
         shift = round_index % len(names)
         for concurrency in CONCURRENCIES:
             for name in names[shift:] + names[:shift]:
-                measurement.runs[name, concurrency].append(run_load(servers[name].port, body, concurrency, settings))
+                server = servers[name]
+                measurement.runs[name, concurrency].append(
+                    run_load(server.port, body, concurrency, settings, cpu_seconds=server.cpu_seconds))
     return measurement
 
 
@@ -423,9 +564,10 @@ def write_scripts(directory: str, settings: Settings) -> dict[str, str]:
     contents = {"batching": BATCHING_PARAMETERS.format(max_batch_size=settings.max_batch_size,
                                                        timeout=settings.batch_timeout_micros)}
     if settings.fastapi and have_packages("fastapi", "uvicorn"):
-        scripts["fastapi"] = os.path.join(directory, "fastapi_app.py")
-        contents["fastapi"] = FASTAPI_APP.replace("{endpoint}", settings.fastapi_endpoint)
-    if settings.flask and have_packages("flask"):
+        for name, endpoint in (("fastapi_async", "async def"), ("fastapi_def", "def")):
+            scripts[name] = os.path.join(directory, f"{name}_app.py")
+            contents[name] = FASTAPI_APP.replace("{endpoint}", endpoint)
+    if settings.flask and have_packages("flask", "gunicorn"):
         scripts["flask"], contents["flask"] = os.path.join(directory, "flask_app.py"), FLASK_APP
     for name, path in scripts.items():
         with open(path, "w") as file:
@@ -441,6 +583,9 @@ def run_workload(workload: Workload, directory: str, scripts: dict[str, str],
                  settings: Settings) -> tuple[Measurement | None, dict[str, str], list[str]]:
     """Exports, starts every server, checks their answers, measures; returns (measurement, failures, problems)."""
     base = export_workload(workload, directory, settings.seed)
+    print(f"{workload.name}: forward through the exported model, one torch thread: "
+          f"{forward_ms(base, workload.example_shape, 1):.2f} ms at batch 1, "
+          f"{forward_ms(base, workload.example_shape, 32):.2f} ms at batch 32", flush=True)
     instance = np.random.default_rng(settings.seed + 1).standard_normal((1, *workload.example_shape)).astype(np.float32)
     expected = load(base)(instance)["probabilities"]
     body = json.dumps({"instances": instance.tolist()}).encode()
@@ -458,11 +603,14 @@ def run_workload(workload: Workload, directory: str, scripts: dict[str, str],
 
 # -- report ---------------------------------------------------------------------------------
 
-SERVERS = ("ours", "ours_batching", "fastapi", "flask")
+SERVERS = ("ours", "ours_batching", "fastapi_async", "fastapi_def", "flask")
+FIGURES = ("rps_vs_fastapi", "rps_vs_flask", "batching_gain_c8", "p99_ms_c8", "batching_gain_c32",
+           "big_batching_gain_c8", "big_batching_gain_c32", "p99_ms_c32_batching", "p99_ms_c32_plain")
 
 
 def print_table(measurements: dict[str, Measurement]) -> None:
-    print(f"{'model':<6} {'conc':>4}  {'server':<14} {'requests/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
+    print(f"{'model':<6} {'conc':>4}  {'server':<14} {'requests/s':>10} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'srv cpu us/req':>14} {'load cpu us/req':>15} {'errors':>6}")
     for model, measurement in measurements.items():
         for concurrency in CONCURRENCIES:
             for server in SERVERS:
@@ -471,6 +619,8 @@ def print_table(measurements: dict[str, Measurement]) -> None:
                 print(f"{model:<6} {concurrency:>4}  {server:<14} {measurement.rate(server, concurrency):>10.0f} "
                       f"{measurement.latency_ms(server, concurrency, 0.50):>8.2f} "
                       f"{measurement.latency_ms(server, concurrency, 0.99):>8.2f} "
+                      f"{measurement.cpu_us_per_request(server, concurrency):>14.0f} "
+                      f"{measurement.cpu_us_per_request(server, concurrency, 'client'):>15.0f} "
                       f"{measurement.errors(server, concurrency):>6}")
 
 
@@ -480,41 +630,72 @@ def geometric_mean(values: Sequence[float]) -> float | None:
     return math.exp(sum(math.log(value) for value in values) / len(values))
 
 
+def _ratio(measurement: Measurement, server: str, references: Sequence[str], concurrency: int) -> float | None:
+    if (server, concurrency) not in measurement.runs or not any((name, concurrency) in measurement.runs
+                                                                for name in references):
+        return None
+    return measurement.fastest_ratio(server, references, concurrency)
+
+
 def summarize(measurements: dict[str, Measurement]) -> dict[str, float | None]:
     """Prints each model's ratios; returns the final line's figures (None where a side is missing)."""
-    pairs = {"rps_vs_fastapi": ("ours", "fastapi"), "rps_vs_flask": ("ours", "flask"),
-             "batching_gain_c8": ("ours_batching", "ours")}
-    per_model: dict[str, list[float]] = {name: [] for name in pairs}
+    rows = {"ours/fastest fastapi": ("ours", ("fastapi_async", "fastapi_def")),
+            "ours/fastapi async": ("ours", ("fastapi_async",)), "ours/fastapi def": ("ours", ("fastapi_def",)),
+            "ours/flask": ("ours", ("flask",)), "batching gain": ("ours_batching", ("ours",)),
+            "ours_batching/fastest fastapi": ("ours_batching", ("fastapi_async", "fastapi_def"))}
     for model, measurement in measurements.items():
         parts = []
-        for name, (server, reference) in pairs.items():
-            if (server, 8) in measurement.runs and (reference, 8) in measurement.runs:
-                per_model[name].append(measurement.ratio(server, reference, 8))
-                at_one = measurement.ratio(server, reference, 1)
-                parts.append(f"{server}/{reference} {per_model[name][-1]:.3f} (c=1: {at_one:.3f})")
-            else:
-                parts.append(f"{server}/{reference} n/a")
-        print(f"{model}: requests/s at c=8, median over rounds of paired ratios: " + ", ".join(parts))
-    figures: dict[str, float | None] = {name: geometric_mean(values) if len(values) == len(measurements) else None
-                                        for name, values in per_model.items()}
-    tails = [measurement.latency_ms("ours_batching", 8, 0.99) for measurement in measurements.values()
-             if ("ours_batching", 8) in measurement.runs]
-    figures["p99_ms_c8"] = max(tails) if tails and len(tails) == len(measurements) else None
+        for label, (server, references) in rows.items():
+            values = [_ratio(measurement, server, references, concurrency) for concurrency in CONCURRENCIES]
+            parts.append(f"{label} " + "/".join("n/a" if value is None else f"{value:.2f}" for value in values))
+        print(f"{model}: requests/s ratios at c={'/'.join(map(str, CONCURRENCIES))} (median over rounds): "
+              + ", ".join(parts))
+
+    def over_models(server: str, references: Sequence[str], concurrency: int, models: Sequence[str]) -> float | None:
+        values = [_ratio(measurements[model], server, references, concurrency) for model in models
+                  if model in measurements]
+        return geometric_mean(values) if values and None not in values else None
+
+    small = [model for model in measurements if model != BIG_MODEL]
+    fastapi = ("fastapi_async", "fastapi_def")
+    figures: dict[str, float | None] = {
+        "rps_vs_fastapi": over_models("ours", fastapi, 8, list(measurements)),
+        "rps_vs_flask": over_models("ours", ("flask",), 8, list(measurements)),
+        "batching_gain_c8": over_models("ours_batching", ("ours",), 8, ["mlp"]),
+        "p99_ms_c8": _worst_p99(measurements, "ours_batching", 8),
+        "batching_gain_c32": over_models("ours_batching", ("ours",), 32, ["mlp"]),
+        "big_batching_gain_c8": over_models("ours_batching", ("ours",), 8, [BIG_MODEL]),
+        "big_batching_gain_c32": over_models("ours_batching", ("ours",), 32, [BIG_MODEL]),
+        "p99_ms_c32_batching": _worst_p99(measurements, "ours_batching", 32),
+        "p99_ms_c32_plain": _worst_p99(measurements, "ours", 32),
+    }
+    if "mlp" not in measurements and small:  # --models without mlp: the small models' figures
+        figures["batching_gain_c8"] = over_models("ours_batching", ("ours",), 8, small)
+        figures["batching_gain_c32"] = over_models("ours_batching", ("ours",), 32, small)
     return figures
+
+
+def _worst_p99(measurements: dict[str, Measurement], server: str, concurrency: int) -> float | None:
+    tails = [measurement.latency_ms(server, concurrency, 0.99) for measurement in measurements.values()
+             if (server, concurrency) in measurement.runs]
+    return max(tails) if tails and len(tails) == len(measurements) else None
 
 
 def format_figures(figures: dict[str, float | None]) -> str:
     def text(name: str, value: float | None) -> str:
         if value is None or not math.isfinite(value):
             return "n/a"
-        return f"{value:.2f}" if name == "p99_ms_c8" else f"{value:.3f}"
+        return f"{value:.2f}" if name.startswith("p99_ms") else f"{value:.3f}"
 
     return "serving " + " ".join(f"{name}={text(name, value)}" for name, value in figures.items())
 
 
 def print_verdict(figures: dict[str, float | None]) -> None:
-    verdicts = [f"{name}>={target:g} " + ("n/a" if figures[name] is None else "met" if figures[name] >= target
+    verdicts = [f"{name}>={target:g} " + ("n/a" if figures.get(name) is None else "met" if figures[name] >= target
                                           else "MISSED") for name, target in TARGETS.items()]
+    batching, plain = figures.get("p99_ms_c32_batching"), figures.get("p99_ms_c32_plain")
+    verdicts.append("p99_ms_c32_batching<=p99_ms_c32_plain " + (
+        "n/a" if batching is None or plain is None else "met" if batching <= plain else "MISSED"))
     print("targets: " + ", ".join(verdicts))
 
 
@@ -530,41 +711,41 @@ def explain_failures(model: str, failures: dict[str, str]) -> bool:
 
 def parse_settings(argv: Sequence[str] | None) -> Settings:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=None, help="comma-separated models to serve (default mlp,cnn; quick mlp)")
-    parser.add_argument("--requests", type=int, default=None, help="timed requests per load thread (default 300; quick 10)")
-    parser.add_argument("--seconds", type=float, default=None, help="time cap of one load run (default 5; quick 2)")
-    parser.add_argument("--warmup-requests", type=int, default=None, help="untimed requests per thread first (default 20; quick 2)")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds of every server, interleaved (default 3; quick 1)")
+    parser.add_argument("--models", default=None,
+                        help="comma-separated models to serve (default mlp,cnn,wide; quick mlp)")
+    parser.add_argument("--requests", type=int, default=None,
+                        help="most timed requests per connection in one run (default 100000; quick 2000)")
+    parser.add_argument("--seconds", type=float, default=None, help="time cap of one load run (default 1; quick 0.4)")
+    parser.add_argument("--warmup-requests", type=int, default=None,
+                        help="untimed requests per connection first (default 5; quick 2)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of every server, interleaved (default 2; quick 1)")
     parser.add_argument("--startup-seconds", type=float, default=120.0, help="how long a server may take to answer (default 120)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="tiny model and counts, for the smoke test")
-    parser.add_argument("--no-fastapi", action="store_true", help="skip the FastAPI/uvicorn anchor")
-    parser.add_argument("--fastapi-endpoint", choices=("def", "async def"), default="def",
-                        help="the anchor's endpoint: def (default; runs in the thread pool) or async def (on the loop)")
+    parser.add_argument("--no-fastapi", action="store_true", help="skip the FastAPI/uvicorn anchors")
     parser.add_argument("--max-batch-size", type=int, default=32, help="batching parameters' max_batch_size (default 32)")
     # TF's default and its advice for CPUs: 0 (a batch runs as soon as a batch thread is free, holding what
-    # arrived meanwhile). Measured here: 0 gave batching_gain_c8 1.36 and 0.82 at c=1; 500 us gave 1.25 and 0.64.
+    # arrived meanwhile), so a lone request never waits for company.
     parser.add_argument("--batch-timeout-micros", type=int, default=0,
                         help="batching parameters' batch_timeout_micros (default 0, TF's)")
-    parser.add_argument("--no-flask", action="store_true", help="skip the Flask anchor")
+    parser.add_argument("--no-flask", action="store_true", help="skip the Flask/gunicorn anchor")
     arguments = parser.parse_args(argv)
     quick = arguments.quick
 
     def chosen(value: Any, default: Any, quick_default: Any) -> Any:
         return value if value is not None else quick_default if quick else default
 
-    models = tuple(name.strip() for name in chosen(arguments.models, "mlp,cnn", "mlp").split(","))
+    models = tuple(name.strip() for name in chosen(arguments.models, ",".join(MODELS), "mlp").split(","))
     settings = Settings(
-        models=models, requests=chosen(arguments.requests, 300, 10), seconds=chosen(arguments.seconds, 5.0, 2.0),
-        warmup_requests=chosen(arguments.warmup_requests, 20, 2), rounds=chosen(arguments.rounds, 3, 1),
+        models=models, requests=chosen(arguments.requests, 100_000, 2000), seconds=chosen(arguments.seconds, 1.0, 0.4),
+        warmup_requests=chosen(arguments.warmup_requests, 5, 2), rounds=chosen(arguments.rounds, 2, 1),
         startup_seconds=arguments.startup_seconds, seed=arguments.seed, quick=quick,
-        fastapi=not arguments.no_fastapi, fastapi_endpoint=arguments.fastapi_endpoint, flask=not arguments.no_flask,
-        max_batch_size=arguments.max_batch_size,
-        batch_timeout_micros=arguments.batch_timeout_micros,
+        fastapi=not arguments.no_fastapi, flask=not arguments.no_flask,
+        max_batch_size=arguments.max_batch_size, batch_timeout_micros=arguments.batch_timeout_micros,
     )
-    unknown = [name for name in settings.models if name not in ("mlp", "cnn")]
+    unknown = [name for name in settings.models if name not in MODELS]
     if unknown or not settings.models:
-        parser.error(f"--models takes a comma-separated subset of mlp,cnn; received {arguments.models!r}.")
+        parser.error(f"--models takes a comma-separated subset of {','.join(MODELS)}; received {arguments.models!r}.")
     if settings.requests < 1 or settings.rounds < 1:
         parser.error(f"--requests and --rounds must be at least 1; received {settings.requests} and {settings.rounds}.")
     if settings.max_batch_size < 1 or settings.batch_timeout_micros < 0:
@@ -581,20 +762,23 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
     torch.set_num_threads(1)
-    print(f"serving: models {','.join(settings.models)}, concurrency {' and '.join(map(str, CONCURRENCIES))}, "
-          f"{settings.requests} requests per thread (cap {settings.seconds:g} s) after {settings.warmup_requests} "
-          f"warm-up, {settings.rounds} interleaved round(s), one instance per request, loopback, servers on 1 torch "
-          f"thread each, batching max_batch_size {settings.max_batch_size} batch_timeout_micros "
-          f"{settings.batch_timeout_micros}, FastAPI endpoint `{settings.fastapi_endpoint}`, no request logging")
+    wall_started, cpu_started = time.perf_counter(), time.process_time()
+    fast = [name for name in ("httptools", "uvloop", "gunicorn") if have_packages(name)]
+    print(f"serving: models {','.join(settings.models)}, concurrency {'/'.join(map(str, CONCURRENCIES))}, runs of "
+          f"{settings.seconds:g} s after {settings.warmup_requests} warm-up requests per connection, {settings.rounds} "
+          f"interleaved round(s), one instance per request, loopback, every server 1 process on 1 torch thread, "
+          f"batching max_batch_size {settings.max_batch_size} batch_timeout_micros {settings.batch_timeout_micros} "
+          f"num_batch_threads 1, Flask on gunicorn 1 worker x {FLASK_THREADS} threads, installed: "
+          f"{', '.join(fast) or 'none of httptools, uvloop, gunicorn'}, no request logging", flush=True)
     status = 0
     measurements: dict[str, Measurement] = {}
     with tempfile.TemporaryDirectory(prefix="serving-bench-") as directory, \
             _quiet_logs(["torchestimator"]):
         scripts = write_scripts(directory, settings)
         missing = [name for name, wanted in (("fastapi", settings.fastapi), ("flask", settings.flask))
-                   if wanted and name not in scripts]
+                   if wanted and not any(script.startswith(name) for script in scripts)]
         if missing:
-            print(f"note: {', '.join(missing)} not installed (pip install 'torchestimator[bench]'); "
+            print(f"note: {', '.join(missing)} not installed (pip install -r benchmarks/requirements-bench.txt); "
                   "its ratio is n/a")
         for workload in workloads(settings):
             measurement, failures, problems = run_workload(workload, directory, scripts, settings)
@@ -609,9 +793,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(measurement.errors(*key) for measurement in measurements.values() for key in measurement.runs):
         print("some requests failed (see the errors column)")
         status = 1
-    figures = summarize(measurements) if measurements else dict.fromkeys(
-        ("rps_vs_fastapi", "rps_vs_flask", "batching_gain_c8", "p99_ms_c8"))
+    figures = summarize(measurements) if measurements else dict.fromkeys(FIGURES)
     print_verdict(figures)
+    print(f"benchmark took {time.perf_counter() - wall_started:.0f} s wall, {time.process_time() - cpu_started:.0f} s "
+          "CPU in this process (the load and the exports)")
     print(format_figures(figures))
     return status
 
