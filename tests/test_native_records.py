@@ -39,20 +39,19 @@ records_c = pytest.importorskip(
     "torchestimator._native._records",
     reason="the compiled TFRecord core is not built (run `python setup.py build_ext --inplace`)")
 
-COMPILED = tfrecord._compiled_block_scanner(records_c)
-PURE = tfrecord._scan_block_python
-SCANNERS = {"compiled": COMPILED, "pure": PURE}
+COMPILED = records_c  # what tfrecord._core holds when the package runs the compiled path
+PURE = None  # tfrecord._core when it runs the pure-Python one
 QUICK = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @contextlib.contextmanager
-def scanner(scan: Any) -> Iterator[None]:
-    saved = tfrecord._scan_block
-    tfrecord._scan_block = scan
+def scanner(core: Any) -> Iterator[None]:
+    saved = tfrecord._core
+    tfrecord._core = core
     try:
         yield
     finally:
-        tfrecord._scan_block = saved
+        tfrecord._core = saved
 
 
 def read_with(scan: Any, path: str, compression: str | None = None, **options: Any) -> tuple[Any, ...]:
@@ -145,9 +144,11 @@ def test_writer_bytes_are_the_same_both_ways(tmp_path: Any, monkeypatch: Any, co
 
 
 def both_scans(buffer: bytes, position: int, base: int, verify: bool, limit: int) -> tuple[Any, ...]:
-    pure = PURE(buffer, position, base, verify, limit, {})
-    compiled = COMPILED(buffer, position, base, verify, limit, {})
+    pure = tfrecord._scan_block_python(buffer, position, base, verify, limit, {})
+    compiled = records_c.scan(buffer, position, len(buffer), base, verify, limit)
     assert compiled == pure
+    # the reader's reused bytearray, with stale bytes after `end` that must not be read
+    assert records_c.scan(bytearray(buffer) + b"\xff" * 20, position, len(buffer), base, verify, limit) == pure
     return pure
 
 
@@ -279,9 +280,16 @@ def test_random_files_read_the_same_and_as_written(tmp_path: Any, records, compr
 # --------------------------------------------------------------------------- which path is active
 
 
+def test_scan_refuses_positions_outside_the_buffer() -> None:
+    with pytest.raises(ValueError, match="0 <= position <= end <= 4"):
+        records_c.scan(b"abcd", 0, 5, 0, True, 10)
+    with pytest.raises(ValueError, match="position 3 and end 2"):
+        records_c.scan(b"abcd", 3, 2, 0, True, 10)
+
+
 def test_the_package_runs_the_compiled_scanner_unless_switched_off() -> None:
     compiled = _native.load("_records") is not None
-    assert (tfrecord._scan_block is not PURE) == compiled
+    assert (tfrecord._core is not None) == compiled
     assert (tfrecord._frame_record is not tfrecord._frame_record_python) == compiled
     assert describe_reader().startswith("compiled (" if compiled else "pure Python (")
     if not compiled and os.environ.get(_native.DISABLE_VARIABLE):

@@ -7,8 +7,9 @@
  * message; those stay in torchestimator/data/tfrecord.py, which calls `scan`
  * on blocks it has read (decompressed) and words what `scan` reports.
  *
- * scan(buffer, position, base, verify, limit) -> (offsets, records, position, status, detail)
- *   Records are sliced from buffer[position:] until one cannot be handed out:
+ * scan(buffer, position, end, base, verify, limit) -> (offsets, records, position, status, detail)
+ *   Records are sliced from buffer[position:end] until one cannot be handed out
+ *   (buffer: any bytes-like object, e.g. the reader's reused bytearray):
  *   offsets[i] = base + start of record i in buffer, records[i] its data
  *   (bytes). The returned position is the start of the first record not
  *   handed out, and status says why it was not:
@@ -178,24 +179,25 @@ fail:
 
 static PyObject *records_scan(PyObject *module, PyObject *args) {
     Py_buffer buffer;
-    Py_ssize_t position;
+    Py_ssize_t position, end;
     long long base;
     int verify;
     unsigned long long limit;
-    if (!PyArg_ParseTuple(args, "y*nLpK:scan", &buffer, &position, &base, &verify, &limit)) return NULL;
-    if (position < 0 || position > buffer.len) {
-        PyErr_Format(PyExc_ValueError, "scan: position %zd is outside the buffer of %zd bytes", position, buffer.len);
+    if (!PyArg_ParseTuple(args, "y*nnLpK:scan", &buffer, &position, &end, &base, &verify, &limit)) return NULL;
+    if (end < 0 || end > buffer.len || position < 0 || position > end) {
+        PyErr_Format(PyExc_ValueError, "scan: position %zd and end %zd must satisfy 0 <= position <= end <= %zd "
+                     "(the buffer's size)", position, end, buffer.len);
         PyBuffer_Release(&buffer);
         return NULL;
     }
     const unsigned char *data = buffer.buf;
     ScanResult result;
-    if (buffer.len - position >= RELEASE_GIL_BYTES) {
+    if (end - position >= RELEASE_GIL_BYTES) {
         Py_BEGIN_ALLOW_THREADS
-        result = scan_framing(data, buffer.len, position, verify, limit);
+        result = scan_framing(data, end, position, verify, limit);
         Py_END_ALLOW_THREADS
     } else {
-        result = scan_framing(data, buffer.len, position, verify, limit);
+        result = scan_framing(data, end, position, verify, limit);
     }
     PyObject *offsets, *records, *answer = NULL;
     if (collect(data, position, result.count, base, &offsets, &records) == 0) {
@@ -256,8 +258,8 @@ static PyObject *records_frame(PyObject *module, PyObject *arg) {
 
 static PyMethodDef records_methods[] = {
     {"scan", records_scan, METH_VARARGS,
-     "scan(buffer, position, base, verify, limit) -> (offsets, records, position, status, detail)\n\n"
-     "Slices whole TFRecord records out of buffer[position:]; see the module source for the statuses."},
+     "scan(buffer, position, end, base, verify, limit) -> (offsets, records, position, status, detail)\n\n"
+     "Slices whole TFRecord records out of buffer[position:end]; see the module source for the statuses."},
     {"crc32c", (PyCFunction)(void (*)(void))records_crc32c, METH_VARARGS | METH_KEYWORDS,
      "crc32c(data, crc=0) -> int: the CRC32C of data, continuing from crc (as google_crc32c.extend)."},
     {"masked_crc32c", records_masked_crc32c, METH_O, "masked_crc32c(data) -> int: TensorFlow's masked CRC32C."},

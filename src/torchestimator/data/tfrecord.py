@@ -543,19 +543,37 @@ def _check_max_record_size(value: Any) -> None:
 
 
 def _read_more(stream: Any, size: int, path: str, offset: int, *, cut_is_end: bool = False) -> bytes:
-    """The one place reading meets the layers below: zlib's and the file system's errors become
-    DataLossError naming the file and the record's start (`cut_is_end`: a cut stream reads as b"")."""
+    """Where reading meets the layers below (with `_read_into`): zlib's and the file system's errors
+    become DataLossError naming the file and the record's start (`cut_is_end`: a cut stream reads as b"")."""
     try:
         return stream.read(size)
-    except zlib.error as error:
-        raise _data_loss("corrupted", path, offset, f"inflate failed ({error})") from None
     except _TruncatedStream:
         if cut_is_end:
             return b""
-        raise _data_loss("truncated", path, offset,
-                         "the compressed stream ends before its end marker") from None
-    except OSError as error:  # EIO from a failing disk or a network file system; the cause keeps the errno
-        raise _data_loss("unreadable", path, offset, f"reading the file failed ({error})") from error
+        raise _read_error(_TruncatedStream(), path, offset) from None
+    except (zlib.error, OSError) as error:
+        raise _read_error(error, path, offset) from (error if isinstance(error, OSError) else None)
+
+
+def _read_into(stream: Any, buffer: bytearray, end: int, size: int, path: str, offset: int) -> int:
+    """Reads up to `size` bytes into `buffer[end:]` (which has room), errors as `_read_more`'s."""
+    try:
+        if isinstance(stream, _InflateStream):
+            more = stream.read(size)
+            buffer[end:end + len(more)] = more
+            return len(more)
+        return stream.readinto(memoryview(buffer)[end:end + size]) or 0
+    except (zlib.error, OSError, _TruncatedStream) as error:
+        raise _read_error(error, path, offset) from (error if isinstance(error, OSError) else None)
+
+
+def _read_error(error: Exception, path: str, offset: int) -> DataLossError:
+    if isinstance(error, zlib.error):
+        return _data_loss("corrupted", path, offset, f"inflate failed ({error})")
+    if isinstance(error, _TruncatedStream):
+        return _data_loss("truncated", path, offset, "the compressed stream ends before its end marker")
+    # EIO from a failing disk or a network file system; the caller keeps the OSError as the cause (errno)
+    return _data_loss("unreadable", path, offset, f"reading the file failed ({error})")
 
 
 # What a block scanner reports (the same numbers as in _native/records.c): why it stopped handing out records.
@@ -603,29 +621,15 @@ def _scan_block_python(
     return offsets, records, position, _NEED_HEADER, 0
 
 
-def _compiled_block_scanner(module: Any) -> Any:
-    """`module.scan` (the compiled `_records`) with `_scan_block_python`'s signature; None for no module."""
-    if module is None:
-        return None
-    scan = module.scan
-
-    def scan_block(buffer: bytes, position: int, base: int, verify: bool, limit: int,
-                   length_crcs: dict[int, int]) -> tuple[list[int], list[bytes], int, int, int]:
-        return scan(buffer, position, base, verify, limit if limit <= _UINT64 else _UINT64)
-
-    return scan_block
-
-
-_scan_block = _compiled_block_scanner(_native.load("_records")) or _scan_block_python
-"""The block scanner `_scan` runs: the compiled one where `torchestimator._native` has it."""
+_core = _native.load("_records")
+"""The compiled `_records` module `_scan` runs on (`_scan_compiled`), or None: `_scan_block_python`."""
 
 
 def describe_reader() -> str:
     """Which path reads and writes records in this process, for `records inspect` and debug logs:
     e.g. "compiled (torchestimator._native._records, CRC32C by SSE4.2)" or "pure Python (...)"."""
-    module = _native.load("_records")
-    if module is not None and _scan_block is not _scan_block_python:
-        return f"compiled (torchestimator._native._records, CRC32C by {module.CRC32C_METHOD})"
+    if _core is not None:
+        return f"compiled (torchestimator._native._records, CRC32C by {_core.CRC32C_METHOD})"
     return f"pure Python (torchestimator._native: {_native.describe()})"
 
 
@@ -640,8 +644,14 @@ def _block_error(status: int, detail: int, path: str, offset: int, limit: int) -
 def _scan(
     stream: Any, path: str, offset: int, verify: bool, strict: bool, block_size: int, guard: _LengthGuard,
 ) -> Iterator[tuple[list[int], list[bytes]]]:
-    """The hot loop: slices whole records out of each block (`_scan_block`), refilling when one is cut."""
-    scan_block = _scan_block
+    """The hot loop: slices whole records out of each block, refilling when one is cut.
+
+    Runs `_scan_compiled` where the compiled core is loaded, else this pure-Python loop. Both read the
+    same sizes, consult the guard for the same records and report through `_block_error` the same way.
+    """
+    if _core is not None:
+        yield from _scan_compiled(_core.scan, stream, path, offset, verify, strict, block_size, guard)
+        return
     limit = guard.limit
     length_crcs: dict[int, int] = {}
     buffer, position, base, need = b"", 0, offset, _HEADER_SIZE  # base: stream offset of buffer[0]
@@ -654,20 +664,76 @@ def _scan(
             wanted = block_size
         more = _read_more(stream, wanted, path, base + position)
         if not more:
-            if position == end or (not strict and end - position < _HEADER_SIZE):
-                return
-            raise _data_loss("truncated", path, base + position,
-                             f"the file ends {end - position} bytes into the record")
+            _check_end(path, base + position, end - position, strict)
+            return
         buffer, base = buffer[position:] + more, base + position
-        offsets, records, position, status, detail = scan_block(buffer, 0, base, verify, limit, length_crcs)
+        offsets, records, position, status, detail = _scan_block_python(buffer, 0, base, verify, limit, length_crcs)
         if records:
             yield offsets, records
-        if status == _NEED_HEADER:
-            need = _HEADER_SIZE
-        elif status == _NEED_RECORD:
-            need = detail + _HEADER_SIZE + _FOOTER_SIZE
+        need = _need_after(status, detail, path, base + position, limit)
+
+
+def _scan_compiled(
+    scan: Any, stream: Any, path: str, offset: int, verify: bool, strict: bool, block_size: int,
+    guard: _LengthGuard,
+) -> Iterator[tuple[list[int], list[bytes]]]:
+    """`_scan` on the compiled scanner, reading into one reused bytearray.
+
+    A fresh 1 MiB bytes object per block (the read, then the cut record joined to it) costs a page
+    fault per 4 KiB on glibc, which took more time than checking and slicing out the records; the
+    reused buffer is allocated once per file (again only for a record bigger than it).
+    """
+    limit = guard.limit
+    scan_limit = min(limit, _UINT64)  # the C side compares with a uint64; a larger limit bounds nothing more
+    buffer = bytearray()
+    start, end, base, need = 0, 0, offset, _HEADER_SIZE  # records from buffer[start:end]; base: offset of buffer[0]
+    while True:
+        tail = end - start
+        wanted = need - tail
+        if wanted > block_size:  # a record bigger than a block: bound its length before reading it
+            wanted = guard.allowance(bytes(buffer[start:end]), 0, base + start, need)
         else:
-            raise _block_error(status, detail, path, base + position, limit)
+            wanted = block_size
+        buffer = _compact(buffer, start, end, tail + wanted, block_size)
+        base, start, end = base + start, 0, tail
+        got = _read_into(stream, buffer, end, wanted, path, base)
+        if not got:
+            _check_end(path, base, tail, strict)
+            return
+        end += got
+        offsets, records, start, status, detail = scan(buffer, 0, end, base, verify, scan_limit)
+        if records:
+            yield offsets, records
+        need = _need_after(status, detail, path, base + start, limit)
+
+
+def _compact(buffer: bytearray, start: int, end: int, size: int, block_size: int) -> bytearray:
+    """`buffer[start:end]` moved to the front of a buffer holding at least `size` bytes: the same one
+    unless it is too small, or much bigger than needed after a big record (memory follows the data)."""
+    if size <= len(buffer) <= 4 * max(size, block_size):
+        if start:
+            buffer[:end - start] = buffer[start:end]  # the cut record only: usually less than one record
+        return buffer
+    fresh = bytearray(max(size, 2 * block_size))
+    fresh[:end - start] = buffer[start:end]
+    return fresh
+
+
+def _check_end(path: str, offset: int, left: int, strict: bool) -> None:
+    """The stream ended with `left` bytes of a record at `offset`: nothing, or a cut header without
+    `strict`, is the end of the file; anything else is a truncated record."""
+    if left and (strict or left >= _HEADER_SIZE):
+        raise _data_loss("truncated", path, offset, f"the file ends {left} bytes into the record")
+
+
+def _need_after(status: int, detail: int, path: str, offset: int, limit: int) -> int:
+    """Bytes the record at `offset` needs from the stream (framing included), from a scanner's status;
+    raises the damage it reports."""
+    if status == _NEED_HEADER:
+        return _HEADER_SIZE
+    if status == _NEED_RECORD:
+        return detail + _HEADER_SIZE + _FOOTER_SIZE
+    raise _block_error(status, detail, path, offset, limit)
 
 
 class ReadOptions(TypedDict, total=False):
