@@ -111,6 +111,14 @@ def test_crc32c_equals_google_crc32c(data: bytes, crc: int, skip: int) -> None:
     assert records_c.masked_crc32c(data) == masked_crc32c(data)
 
 
+@pytest.mark.parametrize("size", [767, 768, 769, 1000, 24575, 24576, 24577, 2 * 24576 + 768 + 13])
+def test_crc32c_at_the_edges_of_the_three_stream_stretches(size: int) -> None:
+    data = os.urandom(size + 7)
+    for skip in (0, 1, 5):
+        view = memoryview(data)[skip:skip + size]
+        assert records_c.crc32c(view, 0x1234567) == google_crc32c.extend(0x1234567, bytes(view))
+
+
 def test_crc32c_of_big_buffers_and_the_check_value() -> None:
     big = os.urandom((1 << 20) + 13)  # above the size where the GIL is released
     assert records_c.crc32c(big) == google_crc32c.value(big)

@@ -1,7 +1,7 @@
 /* torchestimator._native._records: the inner loop of TFRecord reading, and CRC32C.
  *
- * What belongs here: CRC32C (the SSE4.2 instruction where the CPU has it, a
- * slicing-by-8 table otherwise), the masked CRC TensorFlow stores, and a block
+ * What belongs here: CRC32C (the SSE4.2 instruction where the CPU has it, three
+ * streams at a time, a slicing-by-8 table otherwise), the masked CRC TensorFlow stores, and a block
  * scanner that slices whole records out of a buffer checking both CRCs. What
  * does not: reading files, compression, the length guard and every error
  * message; those stay in torchestimator/data/tfrecord.py, which calls `scan`
@@ -92,9 +92,74 @@ static uint32_t crc32c_table(uint32_t crc, const unsigned char *data, size_t siz
 }
 
 #ifdef HAVE_X86_CRC
+/* The instruction has a latency of 3 cycles and a throughput of 1 per cycle, so three independent
+ * streams over three adjacent stretches run about 3x faster than one; their CRCs are then joined by
+ * shifting a CRC over a stretch of zeros (a linear map, applied by table: shift_long, shift_short). */
+#define LONG_STRETCH 8192
+#define SHORT_STRETCH 256
+static uint32_t shift_long[4][256], shift_short[4][256];
+
+static uint32_t gf2_times(const uint32_t *matrix, uint32_t vector) {
+    uint32_t sum = 0;
+    for (; vector; vector >>= 1, matrix++)
+        if (vector & 1) sum ^= *matrix;
+    return sum;
+}
+
+static void gf2_square(uint32_t *square, const uint32_t *matrix) {
+    for (int n = 0; n < 32; n++) square[n] = gf2_times(matrix, matrix[n]);
+}
+
+/* The matrix that runs the CRC register over `size` zero bytes (`size` a power of two). */
+static void zeros_operator(uint32_t *even, size_t size) {
+    uint32_t odd[32];
+    odd[0] = 0x82F63B78u; /* one zero bit: the register shifts right, the polynomial comes in */
+    for (int n = 1; n < 32; n++) odd[n] = 1u << (n - 1);
+    gf2_square(even, odd); /* two bits */
+    gf2_square(odd, even); /* four bits */
+    for (;;) {
+        gf2_square(even, odd); /* 8, 32, ... bits */
+        size >>= 1;
+        if (size == 0) return;
+        gf2_square(odd, even); /* 16, 64, ... bits */
+        size >>= 1;
+        if (size == 0) break;
+    }
+    memcpy(even, odd, sizeof(odd));
+}
+
+static void build_shift(uint32_t table[4][256], size_t size) {
+    uint32_t matrix[32];
+    zeros_operator(matrix, size);
+    for (uint32_t n = 0; n < 256; n++)
+        for (int slice = 0; slice < 4; slice++) table[slice][n] = gf2_times(matrix, n << (8 * slice));
+}
+
+static inline uint32_t shift(uint32_t table[4][256], uint32_t crc) {
+    return table[0][crc & 0xFF] ^ table[1][(crc >> 8) & 0xFF] ^ table[2][(crc >> 16) & 0xFF] ^ table[3][crc >> 24];
+}
+
+#if defined(__x86_64__)
+#define STRETCHES(stretch, table)                                                                    \
+    while (size >= 3 * (stretch)) {                                                                  \
+        uint64_t one = crc, two = 0, three = 0;                                                      \
+        for (const unsigned char *stop = data + (stretch); data < stop; data += 8) {                 \
+            one = _mm_crc32_u64(one, load_le64(data));                                               \
+            two = _mm_crc32_u64(two, load_le64(data + (stretch)));                                   \
+            three = _mm_crc32_u64(three, load_le64(data + 2 * (stretch)));                           \
+        }                                                                                            \
+        crc = shift(table, shift(table, (uint32_t)one) ^ (uint32_t)two) ^ (uint32_t)three;           \
+        data += 2 * (stretch);                                                                       \
+        size -= 3 * (stretch);                                                                       \
+    }
+#endif
+
 __attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc, const unsigned char *data, size_t size) {
     crc = ~crc;
 #if defined(__x86_64__)
+    while (size && ((uintptr_t)data & 7)) { crc = _mm_crc32_u8(crc, *data++); size--; }
+    STRETCHES(LONG_STRETCH, shift_long)
+    STRETCHES(SHORT_STRETCH, shift_short)
     uint64_t wide = crc;
     while (size >= 8) { wide = _mm_crc32_u64(wide, load_le64(data)); data += 8; size -= 8; }
     crc = (uint32_t)wide;
@@ -277,6 +342,8 @@ PyMODINIT_FUNC PyInit__records(void) {
 #ifdef HAVE_X86_CRC
     __builtin_cpu_init();
     if (__builtin_cpu_supports("sse4.2")) {
+        build_shift(shift_long, LONG_STRETCH);
+        build_shift(shift_short, SHORT_STRETCH);
         crc32c_extend = crc32c_sse42;
         crc32c_method = "SSE4.2";
     }
