@@ -1,0 +1,162 @@
+"""TFRecordDataset(features=..., batch_size=...): one parse_example call per batch, the same items as
+parsing record by record, under sharding, workers, interleave, drop_remainder, epochs and skip_corrupt."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import default_collate
+
+import torchestimator.data.tfrecord_dataset as tfrecord_dataset
+from torchestimator.data.example import encode_example
+from torchestimator.data.parsing import (
+    FixedLenFeature,
+    RaggedFeature,
+    RaggedValue,
+    VarLenFeature,
+    parse_example,
+    parse_single_example,
+    to_torch,
+)
+from torchestimator.data.tfrecord import TFRecordWriter
+from torchestimator.data.tfrecord_dataset import TFRecordDataset
+
+NUMERIC = {"file": FixedLenFeature([], "int64"), "row": FixedLenFeature([], "int64"),
+           "dense": FixedLenFeature([3], "float32")}
+FULL = {**NUMERIC, "name": FixedLenFeature([], "string"), "tokens": VarLenFeature("int64"),
+        "ragged": RaggedFeature("float32", value_key="tokens_f")}
+KINDS = {"file": "int64", "row": "int64", "dense": "float", "name": "bytes", "tokens": "int64",
+         "tokens_f": "float"}
+
+
+def make_example_files(directory, counts, compression=None):
+    """File f, row r: an Example whose values say where it came from (and vary in length)."""
+    for index, count in enumerate(counts):
+        with TFRecordWriter(directory / f"part-{index:02d}.tfrecord", compression) as writer:
+            for row in range(count):
+                tokens = list(range(row % 4))
+                writer.write(encode_example({
+                    "file": [index], "row": [row], "dense": [row, index, row * 0.5],
+                    "name": [f"{index}-{row}".encode()], "tokens": tokens,
+                    "tokens_f": [float(token) for token in tokens]}, kinds=KINDS))
+    return os.fspath(directory / "part-*.tfrecord")
+
+
+def per_record(record):
+    return parse_single_example(record, NUMERIC)
+
+
+def as_lists(value):
+    """Tensors, sparse tensors, ragged values and object arrays as comparable (value, dtype) pairs."""
+    if isinstance(value, dict):
+        return {key: as_lists(item) for key, item in value.items()}
+    if isinstance(value, RaggedValue):
+        return ("ragged", as_lists(value.values), as_lists(value.row_splits))
+    if isinstance(value, torch.Tensor) and value.is_sparse:
+        return ("sparse", value._indices().tolist(), value._values().tolist(), str(value.dtype), value.shape)
+    if isinstance(value, torch.Tensor):
+        return (value.tolist(), str(value.dtype), tuple(value.shape))
+    if isinstance(value, np.ndarray):
+        return (value.tolist(), str(value.dtype), value.shape)
+    return value
+
+
+CASES = {
+    "plain": {},
+    "epochs_and_remainder": {"num_epochs": 2, "drop_remainder": True},
+    "interleave": {"interleave_cycle_length": 2, "shuffle_files": True},
+    "record_shards": {"num_shards": 2, "shard_index": 1, "interleave_cycle_length": 3},
+    "file_shards": {"num_shards": 3, "shard_index": 2, "shard_by": "file"},
+    "record_shards_sequential": {"num_shards": 2, "shard_index": 0, "shard_by": "record", "num_epochs": 2},
+    "buffer": {"shuffle_buffer_size": 6, "shuffle_files": True, "num_epochs": 2},
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_batched_parse_equals_per_record_parse_and_default_collate(tmp_path, case):
+    pattern = make_example_files(tmp_path, [7, 5, 6])
+    options = CASES[case]
+    batched = list(TFRecordDataset(pattern, features=NUMERIC, batch_size=4, **options))
+    reference = list(TFRecordDataset(pattern, parse_fn=per_record, batch_size=4, **options))
+    assert len(batched) == len(reference) > 0
+    assert [as_lists(item) for item in batched] == [as_lists(item) for item in reference]
+    assert batched[0]["row"].dtype == torch.int64 and batched[0]["dense"].dtype == torch.float32
+
+
+@pytest.mark.parametrize("case", ["plain", "interleave", "record_shards", "buffer"])
+def test_strings_varlen_and_ragged_are_to_torch_of_one_parse_example(tmp_path, case):
+    pattern = make_example_files(tmp_path, [7, 5, 6])
+    options = CASES[case]
+    batched = list(TFRecordDataset(pattern, features=FULL, batch_size=5, **options))
+    groups = list(TFRecordDataset(pattern, batch_size=5, collate_fn=list, **options))
+    expected = [to_torch(parse_example(records, FULL)) for records in groups]
+    assert [as_lists(item) for item in batched] == [as_lists(item) for item in expected]
+    assert batched[0]["tokens"].is_sparse and isinstance(batched[0]["ragged"], RaggedValue)
+    assert batched[0]["name"].dtype == object
+
+
+def test_one_parse_example_call_per_batch(tmp_path, monkeypatch):
+    pattern = make_example_files(tmp_path, [9, 8])
+    calls = []
+    real = tfrecord_dataset.parse_example
+
+    def counting(records, features):
+        calls.append(len(records))
+        return real(records, features)
+
+    monkeypatch.setattr(tfrecord_dataset, "parse_example", counting)
+    batches = list(TFRecordDataset(pattern, features=NUMERIC, batch_size=4))
+    # The spec is checked at construction with an empty batch; then one call per batch, across files.
+    assert calls == [0, 4, 4, 4, 4, 1] and len(batches) == 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", [{}, {"interleave_cycle_length": 2, "num_shards": 2, "shard_index": 1},
+                                     {"shuffle_buffer_size": 5, "num_epochs": 2}])
+def test_through_loader_workers_the_batches_are_the_in_process_ones(tmp_path, options):
+    pattern = make_example_files(tmp_path, [6, 5, 4, 7])
+    workers = list(TFRecordDataset(pattern, features=FULL, batch_size=3, **options).loader(num_workers=2))
+    # Each worker is its own shard; DataLoader takes from them in turn, skipping one that ran out.
+    rank, ranks = options.get("shard_index", 0), options.get("num_shards", 1)
+    shards = [list(TFRecordDataset(pattern, features=FULL, batch_size=3, **{
+        **options, "num_shards": 2 * ranks, "shard_index": 2 * rank + worker})) for worker in range(2)]
+    in_turn = [item for pair in itertools.zip_longest(*shards) for item in pair if item is not None]
+    assert len(workers) == len(in_turn) > 2
+    assert [as_lists(item) for item in workers] == [as_lists(item) for item in in_turn]
+
+
+def test_unbatched_features_parse_each_record(tmp_path):
+    pattern = make_example_files(tmp_path, [3, 2])
+    items = list(TFRecordDataset(pattern, features=FULL))
+    records = list(TFRecordDataset(pattern))
+    assert [as_lists(item) for item in items] == [as_lists(to_torch(parse_single_example(record, FULL)))
+                                                  for record in records]
+    assert items[4]["row"].tolist() == 1 and items[4]["file"].dtype == torch.int64
+
+
+def test_skip_corrupt_with_features_keeps_the_records_before_the_damage(tmp_path):
+    pattern = make_example_files(tmp_path, [4, 3])
+    damaged = tmp_path / "part-00.tfrecord"
+    records = list(TFRecordDataset(os.fspath(damaged)))
+    data = bytearray(damaged.read_bytes())
+    data[2 * 16 + len(records[0]) + len(records[1]) + 20] ^= 1  # payload of record 0-2
+    damaged.write_bytes(bytes(data))
+    batches = list(TFRecordDataset(pattern, features=NUMERIC, batch_size=3, skip_corrupt=True))
+    rows = [(f, r) for batch in batches for f, r in zip(batch["file"].tolist(), batch["row"].tolist())]
+    assert rows == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
+
+
+def test_features_errors_name_the_problem(tmp_path):
+    pattern = make_example_files(tmp_path, [1])
+    with pytest.raises(ValueError, match="cannot be combined with parse_fn"):
+        TFRecordDataset(pattern, features=NUMERIC, parse_fn=per_record)
+    with pytest.raises(ValueError, match="collate_fn"):
+        TFRecordDataset(pattern, features=NUMERIC, batch_size=2, collate_fn=default_collate)
+    with pytest.raises(TypeError, match="features must be a non-empty mapping"):
+        TFRecordDataset(pattern, features={})
+    with pytest.raises(TypeError, match=r"features\['row'\]"):
+        TFRecordDataset(pattern, features={"row": "int64"})
