@@ -38,7 +38,7 @@ pytestmark = pytest.mark.skipif(_native.load("_examples") is None,
                                 reason="the compiled _examples core is not built (or TORCHESTIMATOR_PURE_PYTHON=1)")
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tfrecord"
-HYPOTHESIS = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+HYPOTHESIS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 # ----------------------------------------------------------------------------- wire bytes, by hand

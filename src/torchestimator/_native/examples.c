@@ -38,7 +38,8 @@ typedef struct { const uint8_t *p, *end; } Span;
 
 /* ------------------------------------------------------------------ wire primitives */
 
-static int read_varint(Span *s, uint64_t *out) {
+static inline int read_varint(Span *s, uint64_t *out) {
+    if (s->p < s->end && *s->p < 0x80) { *out = *s->p++; return 0; } /* most tags and lengths: one byte */
     uint64_t value = 0;
     for (int i = 0; i < 10; i++) {
         if (s->p >= s->end) return BAIL;
@@ -51,7 +52,7 @@ static int read_varint(Span *s, uint64_t *out) {
 }
 
 /* The next field's number and wire type; BAIL at field 0, groups and invalid wire types. */
-static int read_tag(Span *s, uint32_t *field, int *wire_type) {
+static inline int read_tag(Span *s, uint32_t *field, int *wire_type) {
     uint64_t tag;
     const uint8_t *start = s->p;
     /* a tag takes at most 5 bytes in protobuf's decoders; an overlong one is left to them */
@@ -63,7 +64,7 @@ static int read_tag(Span *s, uint32_t *field, int *wire_type) {
     return 0;
 }
 
-static int read_length_delimited(Span *s, Span *inner) {
+static inline int read_length_delimited(Span *s, Span *inner) {
     uint64_t length;
     if (read_varint(s, &length) || length > (uint64_t)(s->end - s->p)) return BAIL;
     inner->p = s->p;
@@ -163,8 +164,19 @@ static int walk_list(int kind, Span list, Sink *sink, Py_ssize_t *count) {
         } else if (kind == KIND_INT64 && wire_type == WT_LEN) {
             Span packed;
             if (read_length_delimited(&list, &packed)) return BAIL;
+            if (sink) { /* at most one value per byte: make room once, then write in place */
+                Py_ssize_t most = (packed.end - packed.p) * 8, room = sink->capacity - sink->length;
+                if ((status = sink_reserve(sink, most < room || !sink->growable ? 0 : most))) return status;
+            }
             while (packed.p < packed.end) {
-                if ((status = append_int64(&packed, sink))) return status;
+                uint64_t value;
+                if (read_varint(&packed, &value)) return BAIL;
+                if (sink) {
+                    if (sink->length + 8 > sink->capacity) return BAIL; /* more values than the FixedLen shape */
+                    int64_t signed_value = (int64_t)value; /* two's complement, as TF writes int64 */
+                    memcpy(sink->data + sink->length, &signed_value, 8);
+                    sink->length += 8;
+                }
                 (*count)++;
             }
         } else {
