@@ -70,7 +70,8 @@ class Settings:
     sizes_mb: tuple[int, ...]
     rounds: int
     many_saves: int
-    """Timed saves in each of the 10- and 1000-checkpoint model_dirs."""
+    """Timed saves in each of the 10- and ``many_count``-checkpoint model_dirs."""
+    many_count: int
     directory: str | None
     threads: int
 
@@ -249,11 +250,11 @@ def copy_checkpoint(source: str, target: str, step: int) -> None:
 
 
 def many_checkpoints(root: str, settings: Settings) -> dict[int, list[float]]:
-    """Wall seconds of each timed save in a model_dir holding 10 and 1000 checkpoints, interleaved."""
+    """Wall seconds of each timed save in a model_dir holding 10 and ``many_count`` checkpoints, interleaved."""
     model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
     optimizer = torch.optim.Adam(model.parameters())
-    stores = {}
-    for count in (10, 1000):
+    stores, counts = {}, (10, settings.many_count)
+    for count in counts:
         model_dir = os.path.join(root, f"many-{count}")
         store = CheckpointStore(model_dir, keep_checkpoint_max=count)
         first = store.save(1, model.state_dict(), {"optimizer": optimizer.state_dict()}, replica_extra(1))
@@ -262,9 +263,9 @@ def many_checkpoints(root: str, settings: Settings) -> dict[int, list[float]]:
         store.save(count, model.state_dict(), {"optimizer": optimizer.state_dict()}, replica_extra(count))
         assert len(store.all_checkpoints()) == count, store.all_checkpoints()[:3]
         stores[count] = CheckpointStore(model_dir, keep_checkpoint_max=count)  # a fresh store: nothing cached
-    times: dict[int, list[float]] = {10: [], 1000: []}
+    times: dict[int, list[float]] = {count: [] for count in counts}
     for index in range(settings.many_saves + 1):
-        for count in ((10, 1000) if index % 2 else (1000, 10)):
+        for count in (counts if index % 2 else counts[::-1]):
             step = count + 1 + index
             wall, _ = timed(lambda: stores[count].save(step, model.state_dict(), {"optimizer": optimizer.state_dict()},
                                                        replica_extra(step)))
@@ -276,11 +277,12 @@ def many_checkpoints(root: str, settings: Settings) -> dict[int, list[float]]:
 # -- main ----------------------------------------------------------------------------------------
 
 
-def parse(argv: list[str] | None) -> Settings:
+def parse_settings(argv: list[str] | None) -> Settings:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=None, help="state sizes (default 100 500; quick 20 100)")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per size (default 3; quick 2)")
     parser.add_argument("--many-saves", type=int, default=None, help="timed saves per model_dir (default 15; quick 6)")
+    parser.add_argument("--many-count", type=int, default=1000, help="checkpoints in the large model_dir (default 1000)")
     parser.add_argument("--dir", default=None, help="scratch folder (default: a temporary one; it needs 2.5x the largest size)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every contestant (default 1)")
     parser.add_argument("--quick", action="store_true", help="smaller states and fewer rounds, for the smoke test")
@@ -289,15 +291,18 @@ def parse(argv: list[str] | None) -> Settings:
     settings = Settings(
         sizes_mb=tuple(arguments.sizes_mb or ((20, 100) if quick else (100, 500))),
         rounds=arguments.rounds or (2 if quick else 3), many_saves=arguments.many_saves or (6 if quick else 15),
+        many_count=arguments.many_count,
         directory=arguments.dir, threads=arguments.threads,
     )
     if settings.rounds < 1 or settings.many_saves < 1 or min(settings.sizes_mb) < 1 or settings.threads < 1:
         parser.error("--sizes-mb, --rounds, --many-saves and --threads must be at least 1.")
+    if settings.many_count < 11:
+        parser.error(f"--many-count must be above 10 (it is compared with 10 checkpoints); received {settings.many_count}.")
     return settings
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = parse(argv)
+    settings = parse_settings(argv)
     torch.set_num_threads(settings.threads)
     began = stamp()
     root = tempfile.mkdtemp(prefix="checkpoint_io-", dir=settings.directory)
@@ -328,15 +333,17 @@ def main(argv: list[str] | None = None) -> int:
             del contestants, model, optimizer
             shutil.rmtree(folder, ignore_errors=True)
         many = many_checkpoints(root, settings)
-        at_10, at_1000 = statistics.median(many[10]), statistics.median(many[1000])
-        print(f"  one save in a model_dir with 10 checkpoints: {at_10 * 1e3:.1f} ms, with 1000: {at_1000 * 1e3:.1f} ms "
+        at_10, at_many = statistics.median(many[10]), statistics.median(many[settings.many_count])
+        print(f"  one save in a model_dir with 10 checkpoints: {at_10 * 1e3:.1f} ms [{min(many[10]) * 1e3:.1f}-"
+              f"{max(many[10]) * 1e3:.1f}], with {settings.many_count}: {at_many * 1e3:.1f} ms "
+              f"[{min(many[settings.many_count]) * 1e3:.1f}-{max(many[settings.many_count]) * 1e3:.1f}] "
               f"(medians of {settings.many_saves})")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     ended = stamp()
     print(f"  total: {ended[0] - began[0]:.1f}s wall, {ended[1] - began[1]:.1f}s cpu")
     print(f"checkpoint_io save_vs_torch={max(save_ratios):.2f} load_vs_torch={max(load_ratios):.2f} "
-          f"peak_mb_500={peak[0]:.1f} save_1000_vs_10={at_1000 / at_10:.2f}")
+          f"peak_mb_500={peak[0]:.1f} save_{settings.many_count}_vs_10={at_many / at_10:.2f}")
     return 0
 
 

@@ -47,7 +47,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -83,8 +83,9 @@ class Checkpoint:
     ``dcp_format.ShardedSharedState``, read into the live optimizer by ``parts.restore_shared``."""
 
 
-@dataclass(frozen=True)
-class _Entry:
+class _Entry(NamedTuple):
+    """One checkpoint in the manifest (a tuple: a model_dir may list thousands, built at every save)."""
+
     step: int
     folder: str
     save_time: float
@@ -133,6 +134,9 @@ class CheckpointStore:
         self.protected = frozenset(_check_steps(protected, "protected"))
         self._clock = clock
         self._warned: set[str] = set()  # listing runs at every save: each fault is told once per store
+        self._leftovers_cleared = False
+        self._leftovers_seen = False
+        """The last listing saw a folder named like a killed save's leftover."""
 
     def __repr__(self) -> str:
         return f"CheckpointStore({self.storage!r}, keep_checkpoint_max={self.keep_checkpoint_max})"
@@ -192,7 +196,11 @@ class CheckpointStore:
         return self._complete(step, staging, files, already_written=sum(entry["size"] for entry in shard_files.values()))
 
     def _new_staging(self, step: int) -> str:
-        self.remove_leftovers()
+        if not self._leftovers_cleared:
+            # Once per store: what killed writers left stays until then. Later leftovers (a writer killed
+            # meanwhile) are seen by the listing of each save (``_scan``), which clears them after publishing.
+            self.remove_leftovers()
+            self._leftovers_cleared = True
         staging = f".tmp-ckpt-{step}-{writer_tag()}"
         self.storage.delete_folder(staging)
         return staging
@@ -228,6 +236,8 @@ class CheckpointStore:
             entries[step] = _Entry(step, folder, save_time, preserved=replaced is not None and replaced.preserved)
             writing = "checkpoint"
             self._apply_retention(manifest, sorted(entries.values(), key=lambda entry: entry.step), newest=step)
+            if self._leftovers_seen:
+                self.remove_leftovers()
         except OSError as error:
             # Whatever failed, the partial checkpoint goes now rather than at the next start-up
             # (after the rename there is no staging folder left, and deleting it is a no-op).
@@ -252,9 +262,11 @@ class CheckpointStore:
         self._delete_quietly(os.path.basename(os.path.normpath(staging_path)))
 
     def _publish(self, staging: str, folder: str) -> None:
-        if folder not in self.storage.list_folders():
+        try:
             self.storage.rename_folder(staging, folder)
             return
+        except FileExistsError:
+            pass
         # A directory rename cannot replace a non-empty one: move the old aside, then swap.
         previous = f".old-{folder}-{writer_tag()}"
         self.storage.delete_folder(previous)
@@ -405,9 +417,11 @@ class CheckpointStore:
         listed = {item["folder"]: item for item in manifest["checkpoints"]}
         folders = self.storage.list_folders()
         entries, rejected = [], {}
+        self._leftovers_seen = False
         for folder in folders:
             match = _CHECKPOINT_FOLDER.fullmatch(folder)
             if match is None:
+                self._leftovers_seen = self._leftovers_seen or _LEFTOVER_FOLDER.fullmatch(folder) is not None
                 continue
             step, item = int(match.group(1)), listed.get(folder, {})
             save_time = item.get("save_time")
