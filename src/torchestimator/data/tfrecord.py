@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import io
 import logging
 import os
 import stat
@@ -558,11 +559,11 @@ def _read_more(stream: Any, size: int, path: str, offset: int, *, cut_is_end: bo
 def _read_into(stream: Any, buffer: bytearray, end: int, size: int, path: str, offset: int) -> int:
     """Reads up to `size` bytes into `buffer[end:]` (which has room), errors as `_read_more`'s."""
     try:
-        if isinstance(stream, _InflateStream):
-            more = stream.read(size)
-            buffer[end:end + len(more)] = more
-            return len(more)
-        return stream.readinto(memoryview(buffer)[end:end + size]) or 0
+        if type(stream) is io.FileIO:  # what _file_blocks opens: read straight into the buffer
+            return stream.readinto(memoryview(buffer)[end:end + size]) or 0
+        more = stream.read(size)  # _InflateStream, or any file-like object standing in for the file
+        buffer[end:end + len(more)] = more
+        return len(more)
     except (zlib.error, OSError, _TruncatedStream) as error:
         raise _read_error(error, path, offset) from (error if isinstance(error, OSError) else None)
 
