@@ -110,6 +110,9 @@ class _ShuffleBuffer:
         self._offsets: list[int] = []
         self._draining = False
         self._drain_index = 0
+        self._tagging = False  # set by track_changes(): tag() then sends only what changed
+        self._send_all = True  # the next tag carries every slot (after the fill, a restore, the drain)
+        self._changed: list[int] = []  # slots replaced since the last tag
 
     # ------------------------------------------------------------------ position
 
@@ -123,6 +126,31 @@ class _ShuffleBuffer:
         return {"delivered": self.delivered, "reader": self._reader.position(),
                 "rng": _rng_state_to_json(self._rng.getstate()),
                 "buffer_files": list(self._files), "buffer_offsets": list(self._offsets)}
+
+    def track_changes(self) -> None:
+        """Items will be tagged with `tag()` (DataLoader workers): remember which slots change."""
+        self._tagging = True
+
+    def tag(self) -> dict[str, Any]:
+        """`position()` as sent along with every item from a worker: the slots changed since the last
+        tag instead of all of them (a 10k buffer would otherwise cost ~150 KB per item), the RNG
+        state as a tuple. `_TaggedBufferPosition` on the consumer side rebuilds `position()` from them.
+        """
+        if not self._refs or not self._filled:
+            return self.position()
+        tag: dict[str, Any] = {"tagged": True, "delivered": self.delivered, "reader": self._reader.position()}
+        if self._draining:
+            tag["drain_index"] = self._drain_index
+        else:
+            tag["rng"] = self._rng.getstate()
+        if self._send_all:
+            tag["all"] = (list(self._files), list(self._offsets))
+            self._send_all = False
+        else:
+            slots = self._changed
+            tag["changes"] = (slots, [self._files[slot] for slot in slots], [self._offsets[slot] for slot in slots])
+        self._changed = []
+        return tag
 
     def restore(self, start: Mapping[str, Any], stats: ReadStats) -> None:
         """Puts back the buffer `position()` described (the reader was built at start["reader"])."""
@@ -177,10 +205,12 @@ class _ShuffleBuffer:
         randrange, size, buffer = self._rng.randrange, self._size, self._records
         if self._refs:
             files, offsets = self._files, self._offsets
+            changed = self._changed if self._tagging else []
             for record, file_index, offset in zip(taken.records, taken.files, taken.offsets):
                 slot = randrange(size)
                 out.append(buffer[slot])
                 buffer[slot], files[slot], offsets[slot] = record, file_index, offset
+                changed.append(slot)
         else:
             for record in taken.records:
                 slot = randrange(size)
@@ -198,3 +228,47 @@ class _ShuffleBuffer:
             self._files = [self._files[index] for index in order]
             self._offsets = [self._offsets[index] for index in order]
         self._draining = True
+        self._send_all = True
+
+
+class _TaggedBufferPosition:
+    """The consumer's copy of a worker's buffered position, patched by each item's `tag()`."""
+
+    def __init__(self) -> None:
+        self._files: list[int] = []
+        self._offsets: list[int] = []
+        self._tag: dict[str, Any] = {}
+
+    def apply(self, tag: Mapping[str, Any]) -> None:
+        if "all" in tag:
+            self._files, self._offsets = list(tag["all"][0]), list(tag["all"][1])
+        else:
+            files, offsets = self._files, self._offsets
+            for slot, file_index, offset in zip(*tag["changes"]):
+                files[slot], offsets[slot] = file_index, offset
+        self._tag = dict(tag)
+
+    def to_json(self) -> dict[str, Any]:
+        """The `{"epoch", **_ShuffleBuffer.position()}` this tag stands for."""
+        tag = self._tag
+        position = {"epoch": tag["epoch"], "delivered": tag["delivered"], "reader": tag["reader"]}
+        if "drain_index" in tag:
+            rest = slice(tag["drain_index"], None)
+            position.update(draining=True, buffer_files=self._files[rest], buffer_offsets=self._offsets[rest])
+        else:
+            position.update(rng=_rng_state_to_json(tag["rng"]), buffer_files=list(self._files),
+                            buffer_offsets=list(self._offsets))
+        return position
+
+
+def position_from_tag(previous: Any, tag: dict[str, Any]) -> Any:
+    """What the consumer keeps for a shard after an item tagged `tag` (see `_ShuffleBuffer.tag`)."""
+    if not tag.get("tagged"):
+        return tag
+    kept = previous if isinstance(previous, _TaggedBufferPosition) else _TaggedBufferPosition()
+    kept.apply(tag)
+    return kept
+
+
+def position_to_json(kept: Any) -> dict[str, Any]:
+    return kept.to_json() if isinstance(kept, _TaggedBufferPosition) else dict(kept)

@@ -98,7 +98,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
 from torchestimator.data._dataset_records import _EpochRecords, _Plan
-from torchestimator.data._dataset_shuffle import _ShuffleBuffer
+from torchestimator.data._dataset_shuffle import _ShuffleBuffer, position_from_tag, position_to_json
 from torchestimator.data.parsing import parse_example, parse_single_example, to_torch
 from torchestimator.data.tfrecord import DEFAULT_MAX_RECORD_SIZE, ReadStats, _normalize_compression, list_files
 from torchestimator.distribute.input_context import InputContext
@@ -149,8 +149,8 @@ class _ShardStream:
     """
 
     def __init__(self, plan: _Plan, output: _Output, shard: int, num_shards: int,
-                 start: Mapping[str, Any] | None) -> None:
-        self._plan, self._output = plan, output
+                 start: Mapping[str, Any] | None, tagged: bool = False) -> None:
+        self._plan, self._output, self._tagged = plan, output, tagged
         self._shard, self._num_shards = shard, num_shards
         self._start = dict(start) if start else None
         self._epoch = int(start["epoch"]) if start else 0
@@ -165,6 +165,12 @@ class _ShardStream:
         if self._buffer is not None:
             return {"epoch": self._epoch, **self._buffer.position()}
         return {"epoch": self._epoch, **self._reader.position()}
+
+    def tag(self) -> dict[str, Any] | None:
+        """`position()` as sent with each item from a worker: a buffer sends only what changed."""
+        if self._buffer is not None and self._reader is not None:
+            return {"epoch": self._epoch, **self._buffer.tag()}
+        return self.position()
 
     def __iter__(self) -> Iterator[Any]:
         plan, start = self._plan, self._start
@@ -205,6 +211,8 @@ class _ShardStream:
             buffer.restore(start, ReadStats())  # re-reads count apart: stats say what the epoch read
         elif start:  # no random access, or a position from before the buffer was saved: replay
             buffer.skip(int(start.get("delivered", 0)))
+        if self._tagged:
+            buffer.track_changes()
         self._buffer = buffer
 
     def _has_random_access(self, files: list[str]) -> bool:
@@ -251,10 +259,11 @@ class _TaggedShards(IterableDataset):
         worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
         shard = self._plan.rank * num_workers + (worker + self._rotation) % num_workers
         num_shards = self._plan.num_ranks * num_workers
-        stream = _ShardStream(self._plan, self._output, shard, num_shards, self._starts.get(shard))
+        stream = _ShardStream(self._plan, self._output, shard, num_shards, self._starts.get(shard),
+                              tagged=self._tagged)
         if not self._tagged:
             return iter(stream)
-        return ((shard, stream.position(), item) for item in stream)
+        return ((shard, stream.tag(), item) for item in stream)
 
 
 def _untouched(item: Any) -> Any:
@@ -278,8 +287,8 @@ class _Positions:
         """Reads this shard's position from `stream` itself (same process: no tags needed)."""
         self._live = (shard, stream)
 
-    def record(self, shard: int, position: dict[str, Any]) -> None:
-        self.shards[shard] = position
+    def record(self, shard: int, tag: dict[str, Any]) -> None:
+        self.shards[shard] = position_from_tag(self.shards.get(shard), tag)
         self.next_worker_shard = (shard - self._plan.rank * self._num_workers + 1) % self._num_workers
 
     def state_dict(self) -> dict[str, Any]:
@@ -294,7 +303,7 @@ class _Positions:
             "rank": plan.rank, "num_workers": self._num_workers,
             "shard_mode": plan.mode(plan.num_ranks * self._num_workers),
             "next_worker_shard": self.next_worker_shard,
-            "shards": {str(shard): dict(position) for shard, position in sorted(self.shards.items())},
+            "shards": {str(shard): position_to_json(position) for shard, position in sorted(self.shards.items())},
         }
 
     def load(self, state: Mapping[str, Any]) -> None:
@@ -320,7 +329,7 @@ class _Positions:
         if not self.pending:
             self.shards, self.next_worker_shard = {}, 0
         self.pending, self._live = False, None
-        return dict(self.shards), self.next_worker_shard
+        return {shard: position_to_json(kept) for shard, kept in self.shards.items()}, self.next_worker_shard
 
 
 # --------------------------------------------------------------------------- public classes
