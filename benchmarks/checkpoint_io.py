@@ -2,7 +2,7 @@
 and the cost of one save in a model_dir that keeps many checkpoints.
 
 The state is a model plus its Adam state (weights, exp_avg, exp_avg_sq: three times the weights), built
-from 2048x2048 linear layers to the size asked (100 MB and 500 MB by default), one optimizer step taken.
+from 2048x2048 linear layers (512x512 for the small states of the smoke test) to the size asked (100 MB and 500 MB by default), one optimizer step taken.
 What each contestant writes and reads:
 
 - ours: ``CheckpointStore.save(step, model.state_dict(), {"optimizer": optimizer.state_dict()}, extra)``,
@@ -62,7 +62,6 @@ from torchestimator.checkpoint.serialization import flatten_state
 TARGETS = {"save_vs_torch": 1.1, "load_vs_torch": 1.1, "peak_mb_500": 64.0, "save_1000_vs_10": 1.2}
 """Issue 14: no slower than 1.1x torch with checksums and fsync included; peak under 64 MB above the state;
 a save at 1000 checkpoints within 1.2x of one at 10."""
-LAYER_BYTES = 2048 * 2048 * 4 * 3  # weights + exp_avg + exp_avg_sq of one 2048x2048 float32 layer
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -92,9 +91,11 @@ def timed(action: Callable[[], Any]) -> tuple[float, float]:
 
 
 def build_state(size_mb: int) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """A model of 2048x2048 layers and its Adam state, about ``size_mb`` MB together, one step taken."""
-    layers = max(1, round(size_mb * 1e6 / LAYER_BYTES))
-    model = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(layers)])
+    """A model of square layers (2048 wide; 512 below 50 MB) and its Adam state, about ``size_mb`` MB
+    together, one step taken."""
+    width = 2048 if size_mb >= 50 else 512
+    layers = max(1, round(size_mb * 1e6 / (width * width * 4 * 3)))
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     for parameter in model.parameters():
         parameter.grad = torch.randn_like(parameter)

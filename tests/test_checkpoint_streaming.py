@@ -12,6 +12,7 @@ import os
 import tarfile
 import threading
 import time
+import zlib
 
 import pytest
 import safetensors.torch
@@ -19,7 +20,7 @@ import torch
 
 from torchestimator.checkpoint import CheckpointError, CheckpointStore, InMemoryStorage
 from torchestimator.checkpoint import format as checkpoint_format
-from torchestimator.checkpoint.hashing import OverlappedSha256
+from torchestimator.checkpoint.hashing import OverlappedChecksums
 from torchestimator.checkpoint.tensor_files import encode_tensors
 
 # A model_dir saved by the previous version's CheckpointStore (git show 4ffab83:src/torchestimator/checkpoint/*):
@@ -102,14 +103,21 @@ def test_the_new_writer_continues_a_model_dir_of_the_previous_version(previous_m
     assert_state_equal(CheckpointStore(previous_model_dir).restore(), 4)
 
 
-def test_new_checkpoint_files_are_byte_identical_to_the_previous_versions(previous_model_dir, tmp_path):
-    """The previous reader reads what the new writer writes: every file of a checkpoint has the same bytes."""
+def test_new_checkpoint_files_are_those_of_the_previous_version_plus_a_crc32(previous_model_dir, tmp_path):
+    """The previous reader reads what the new writer writes: every file but state.json has the same bytes, and
+    state.json differs only by each file's added crc32 (the previous reader checks sha256 and size, which stay)."""
     store = CheckpointStore(tmp_path / "new")
     store.save(3, *fixture_state(3))
     old, new = previous_model_dir / "ckpt-3", tmp_path / "new" / "ckpt-3"
     assert sorted(os.listdir(new)) == sorted(os.listdir(old))
     for name in os.listdir(old):
-        assert (new / name).read_bytes() == (old / name).read_bytes(), name
+        if name != checkpoint_format.STATE_FILE:
+            assert (new / name).read_bytes() == (old / name).read_bytes(), name
+    old_state, new_state = (json.loads((folder / checkpoint_format.STATE_FILE).read_bytes()) for folder in (old, new))
+    for name, entry in new_state["files"].items():
+        assert entry.pop("crc32") == zlib.crc32((new / name).read_bytes())
+    assert {key: value for key, value in new_state.items() if key != "state_sha256"} == {
+        key: value for key, value in old_state.items() if key != "state_sha256"}
 
 
 def test_the_compact_manifest_keeps_the_previous_versions_shape_and_seal(tmp_path):
@@ -242,12 +250,16 @@ def test_a_storage_that_stops_consuming_is_an_error_and_publishes_nothing():
     assert store.all_checkpoints() == []
 
 
-def test_overlapped_sha256_is_sha256_of_the_buffers_in_order():
+def test_overlapped_checksums_are_those_of_the_buffers_in_order():
     buffers = [b"x" * 10, memoryview(bytes(range(256)) * 9000), b"", b"tail" * 3, bytearray(3 << 20)]
-    with OverlappedSha256() as digest:
-        assert list(digest.passing(buffers)) == buffers
-        assert digest.hexdigest() == hashlib.sha256(b"".join(bytes(buffer) for buffer in buffers)).hexdigest()
-        assert digest.size == sum(len(buffer) for buffer in buffers)
+    joined = b"".join(bytes(buffer) for buffer in buffers)
+    with OverlappedChecksums() as checksums:
+        assert list(checksums.passing(buffers)) == buffers
+        assert checksums.result() == {"sha256": hashlib.sha256(joined).hexdigest(), "crc32": zlib.crc32(joined),
+                                      "size": len(joined)}
+    with OverlappedChecksums(["crc32"]) as checksums:
+        checksums.update(joined)
+        assert checksums.result() == {"crc32": zlib.crc32(joined), "size": len(joined)}
 
 
 def test_encoded_files_join_to_what_the_store_writes():

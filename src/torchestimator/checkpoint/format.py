@@ -27,9 +27,14 @@ writes them)::
     extra.safetensors, state.json   as above; state.json lists every file's sha256 and size
 
 The bytes are deterministic: identical state gives identical files in any
-process. Save times live in the manifest, not here, and safetensors files
-are encoded here (the safetensors library writes its metadata in hash-map
-order, which differs between processes).
+process. Save times live in the manifest, not here. safetensors files are
+encoded by ``tensor_files.py`` (the safetensors library writes its metadata in
+hash-map order, which differs between processes), as views of the tensors'
+memory: ``encode_checkpoint`` returns ``CheckpointFiles``, whose contents the
+store streams to disk while hashing them, then ``seal`` writes state.json over
+those digests. Reading a tensor file checks its size, then its sha256 while
+the tensors are read (``read_tensor_file``). The bytes are the same as before
+streaming: a previous version reads these checkpoints.
 
 What belongs here: turning tensors and trees into file bytes and back, and
 deciding whether a folder is intact. Which folder to read, retention and the
@@ -48,6 +53,7 @@ from typing import Any
 import torch
 
 from .errors import CheckpointError
+from .hashing import CRC32, SHA256
 from .serialization import flatten_state, unflatten_state
 from .storage import Storage
 from .tensor_files import DTYPES as _DTYPES
@@ -91,8 +97,8 @@ class CheckpointFiles:
     def seal(self, digests: Mapping[str, Mapping[str, Any]]) -> bytes:
         """state.json's bytes, listing ``known_files`` then ``contents`` with their ``digests``."""
         table = {name: {"sha256": entry["sha256"], "size": entry["size"]} for name, entry in self.known_files.items()}
-        table.update({name: {"sha256": digests[name]["sha256"], "size": digests[name]["size"]}
-                      for name in self.contents})
+        table.update({name: {"sha256": digests[name]["sha256"], "size": digests[name]["size"],
+                             "crc32": digests[name]["crc32"]} for name in self.contents})
         return sealed_json({**self.state, "files": table}, STATE_CHECKSUM_KEY)
 
 
@@ -294,7 +300,15 @@ def read_tensor_file(storage: Storage, folder: str, filename: str, state: Mappin
                 f"{where} has {size} bytes; state.json expects {expected['size']} (truncated or overwritten)."
             )
         stream.seek(0)
-        return read_tensors(stream, where, size=size, sha256=expected["sha256"] if verify else None)
+        return read_tensors(stream, where, size=size, expected=_checksum_to_verify(expected) if verify else None)
+
+
+def _checksum_to_verify(entry: Mapping[str, Any]) -> tuple[str, Any]:
+    """crc32 where the writer recorded it (since streaming: several times faster), else sha256."""
+    crc32 = entry.get(CRC32)
+    if isinstance(crc32, int) and not isinstance(crc32, bool):
+        return CRC32, crc32
+    return SHA256, entry["sha256"]
 
 
 def read_tree(storage: Storage, folder: str, state: Mapping[str, Any], verify: bool, *, tree_file: str | None,

@@ -11,7 +11,13 @@ folder is renamed to ``ckpt-<step>`` only when complete (``state.json``, with
 the checksums, is written last); then the manifest is replaced atomically.
 Listing is the union of the manifest and the ``ckpt-*`` folders that have a
 valid ``state.json``, so a crash between rename and manifest loses nothing,
-and a missing or unreadable manifest is rebuilt by scanning.
+and a missing or unreadable manifest is rebuilt by scanning. The manifest is
+the index: a folder it lists is taken as listed (one directory listing and one
+file read per save, start or listing, however many checkpoints are kept); only
+folders it does not list have their state.json read, ``latest_checkpoint``
+reads the newest ones' until one is valid, and restore checks everything it
+reads. A file's sha256 is computed while it is written (``hashing.py``), not in
+a pass of its own.
 
 Every ``ckpt-<step>`` folder was complete when it appeared, so one that
 fails its checks is damage, never work in progress: each is named in a
@@ -55,7 +61,7 @@ from torchestimator._io.atomic import WRITER_PATTERN, writer_is_gone, writer_tag
 
 from . import format as checkpoint_format
 from .errors import CheckpointError, DiskFullError, is_no_room
-from .hashing import OverlappedSha256
+from .hashing import OverlappedChecksums
 from .storage import LocalStorage, Storage
 
 __all__ = ["Checkpoint", "CheckpointStore"]
@@ -219,10 +225,10 @@ class CheckpointStore:
             digests: dict[str, dict[str, Any]] = {}
             for filename, content in files.contents.items():
                 writing = f"{staging}/{filename}"
-                with OverlappedSha256() as digest:  # hashes behind the write and its fsync
-                    self.storage.write_file(staging, filename, digest.passing(content.chunks))
-                    digests[filename] = {"sha256": digest.hexdigest(), "size": digest.size}
-                if digest.size != content.size:
+                with OverlappedChecksums() as checksums:  # computed behind the write and its fsync
+                    self.storage.write_file(staging, filename, checksums.passing(content.chunks))
+                    digests[filename] = checksums.result()
+                if digests[filename]["size"] != content.size:
                     raise CheckpointError(f"{self.storage!r}.write_file returned before writing all of {filename}: "
                                           "a Storage must consume every buffer it is given.")
             # state.json last: on storages without atomic rename it marks completion.

@@ -28,7 +28,7 @@ import safetensors.torch
 import torch
 
 from .errors import CheckpointError
-from .hashing import OverlappedSha256
+from .hashing import OverlappedChecksums
 
 __all__ = ["EncodedFile", "encode_tensors", "tensors_to_bytes", "bytes_to_tensors", "read_tensors", "DTYPES"]
 
@@ -150,10 +150,12 @@ class _Entry:
     end: int
 
 
-def read_tensors(stream: BinaryIO, where: str, *, size: int, sha256: str | None) -> dict[str, torch.Tensor]:
+def read_tensors(stream: BinaryIO, where: str, *, size: int, expected: tuple[str, Any] | None
+                 ) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file open in ``stream`` (at its start), ``size`` bytes long (checked by
-    the caller), checked against ``sha256`` while reading unless it is None."""
-    with OverlappedSha256() as digest:
+    the caller), checked while reading against ``expected`` ("sha256" or "crc32", its value) unless None."""
+    kinds = () if expected is None else (expected[0],)
+    with OverlappedChecksums(kinds) as checksums:
         prefix = _read_exactly(stream, min(8, size), where, size)
         header_size = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else None
         layout = None
@@ -161,21 +163,22 @@ def read_tensors(stream: BinaryIO, where: str, *, size: int, sha256: str | None)
             header_bytes = _read_exactly(stream, header_size, where, size)
             prefix += header_bytes
             layout = _layout(header_bytes, size - 8 - header_size)
-        if layout is None:  # not our layout, or a damaged header: the safetensors library decides, after the hash
-            data = prefix + _read_exactly(stream, size - len(prefix), where, size)
-            _check_digest(sha256, _sha256_of(data) if sha256 is not None else None, where)
-            return bytes_to_tensors(data, where)
-        digest.update(prefix)
+        checksums.update(prefix)
+        if layout is None:  # not our layout, or a damaged header: the safetensors library decides, after the check
+            rest = _read_exactly(stream, size - len(prefix), where, size)
+            checksums.update(rest)
+            _check(expected, checksums.result(), where)
+            return bytes_to_tensors(prefix + rest, where)
         entries, order = layout
         tensors = {}
         for entry in entries:
             tensor = torch.empty(entry.shape, dtype=entry.dtype)
             for piece in _pieces(_byte_view(tensor)):
                 _read_into(stream, piece, where, size)
-                if sha256 is not None:
-                    digest.update(piece)
+                if kinds:
+                    checksums.update(piece)  # checked behind the reading of the next piece
             tensors[entry.name] = tensor
-        _check_digest(sha256, digest.hexdigest() if sha256 is not None else None, where)
+        _check(expected, checksums.result(), where)
     return _in_order(tensors, order)
 
 
@@ -226,14 +229,11 @@ def _read_into(stream: BinaryIO, view: memoryview, where: str, size: int) -> Non
         filled += count
 
 
-def _sha256_of(data: bytes) -> str:
-    with OverlappedSha256() as digest:
-        digest.update(data)
-        return digest.hexdigest()
-
-
-def _check_digest(expected: str | None, actual: str | None, where: str) -> None:
-    if expected is not None and actual != expected:
+def _check(expected: tuple[str, Any] | None, computed: dict[str, Any], where: str) -> None:
+    if expected is None:
+        return
+    kind, value = expected
+    if computed[kind] != value:
         raise CheckpointError(
-            f"{where} fails its checksum: sha256 is {actual}, state.json expects {expected} (the file is corrupt)."
+            f"{where} fails its checksum: {kind} is {computed[kind]}, state.json expects {value} (the file is corrupt)."
         )
