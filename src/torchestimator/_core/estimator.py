@@ -699,6 +699,13 @@ class Estimator:
         fixed = {name: value for name, value in (("params", self._params), ("config", self._config)) if name in declared}
         per_batch = [name for name in ("model", "features", "labels", "mode") if name in declared]
 
+        if per_batch == ["model", "features", "labels", "mode"] and not fixed:
+            # The usual signature: called directly, without building the argument dict for every batch.
+            def call_all(model: torch.nn.Module, features: Any, labels: Any, mode: str) -> EstimatorSpec:
+                return model_fn(model=model, features=features, labels=labels, mode=mode)
+
+            return call_all
+
         def call(model: torch.nn.Module, features: Any, labels: Any, mode: str) -> EstimatorSpec:
             if labels is not None and not takes_labels:
                 raise ValueError("model_fn does not take labels, but input_fn returns labels.")

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from torchestimator._core.agreement import ReplicaRoster
-from torchestimator._core.batches import NO_CONTEXT, DeviceBatches, autocast_factory
+from torchestimator._core.batches import DeviceBatches, autocast_factory
 from torchestimator.checkpoint.checkpointer import Checkpointer
 from torchestimator.checkpoint.parts import TrainingParts
 from torchestimator._core.config import RunConfig
@@ -31,7 +31,7 @@ from torchestimator._core.finetune import apply_frozen_modes
 from torchestimator.hooks.base import HookList, RunContext
 from torchestimator.hooks.triggers import Every
 from torchestimator._core.progress import Progress
-from torchestimator._core.spec import EstimatorSpec, ModeKeys, validate_spec
+from torchestimator._core.spec import EstimatorSpec, ModeKeys, TrainSpecCheck
 from torchestimator._core.state import TrainState, rng_preserved
 
 logger = logging.getLogger("torchestimator")
@@ -118,7 +118,7 @@ class _HostLossWatch:
         self._first_bad: int | None = None
 
     def observe(self, loss: torch.Tensor, step: int) -> None:
-        if self._first_bad is None and not math.isfinite(float(loss)):
+        if self._first_bad is None and not math.isfinite(loss.item()):
             self._first_bad = step
 
     def flag(self) -> bool:
@@ -152,34 +152,45 @@ def _loss_watch(device: torch.device) -> _HostLossWatch | _DeviceLossWatch:
 
 
 def _micro_step(run: TrainingRun, batches: DeviceBatches, autocast: Any, accumulation: int, last: bool,
-                ) -> tuple[EstimatorSpec, torch.Tensor | None]:
+                check_spec: TrainSpecCheck) -> tuple[EstimatorSpec, torch.Tensor | None]:
     """Forward and backward on one batch; returns the spec and the detached loss (None after a train_op)."""
     features, labels = batches.next()
-    sync = NO_CONTEXT if last else run.strategy.no_sync(run.wrapped)
-    with sync:
-        with autocast() if autocast is not None else NO_CONTEXT:
-            spec = validate_spec(run.call_model_fn(run.wrapped, features, labels, ModeKeys.TRAIN), ModeKeys.TRAIN)
-        if spec.train_op is not None:
-            if accumulation > 1:
-                raise ValueError("EstimatorSpec.train_op cannot be combined with gradient_accumulation_steps > 1.")
-            spec.train_op()
-            return spec, None
-        loss = spec.loss if spec.loss.dim() == 0 else spec.loss.reshape(())
+    if last:  # the common case (no accumulation): no gradient-sync context to enter
+        return _forward_backward(run, features, labels, autocast, accumulation, check_spec)
+    with run.strategy.no_sync(run.wrapped):
+        return _forward_backward(run, features, labels, autocast, accumulation, check_spec)
+
+
+def _forward_backward(run: TrainingRun, features: Any, labels: Any, autocast: Any, accumulation: int,
+                      check_spec: TrainSpecCheck) -> tuple[EstimatorSpec, torch.Tensor | None]:
+    if autocast is None:
+        spec = run.call_model_fn(run.wrapped, features, labels, ModeKeys.TRAIN)
+    else:
+        with autocast():
+            spec = run.call_model_fn(run.wrapped, features, labels, ModeKeys.TRAIN)
+    spec = check_spec(spec)  # in full at step one, then a few identity tests unless the spec changed (spec.py)
+    if spec.train_op is not None:
         if accumulation > 1:
-            loss = loss / accumulation
-        scaler = run.parts.grad_scaler
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+            raise ValueError("EstimatorSpec.train_op cannot be combined with gradient_accumulation_steps > 1.")
+        spec.train_op()
+        return spec, None
+    loss = spec.loss if spec.loss.dim() == 0 else spec.loss.reshape(())
+    if accumulation > 1:
+        loss = loss / accumulation
+    scaler = run.parts.grad_scaler
+    (scaler.scale(loss) if scaler is not None else loss).backward()
     return spec, loss.detach()
 
 
-def _train_step(run: TrainingRun, batches: DeviceBatches, autocast: Any) -> tuple[EstimatorSpec, torch.Tensor]:
+def _train_step(run: TrainingRun, batches: DeviceBatches, autocast: Any, check_spec: TrainSpecCheck,
+                ) -> tuple[EstimatorSpec, torch.Tensor]:
     """One optimizer step over gradient_accumulation_steps micro-batches; StopIteration when input ends."""
     accumulation = run.config.gradient_accumulation_steps
-    spec, total_loss = _micro_step(run, batches, autocast, accumulation, accumulation == 1)
+    spec, total_loss = _micro_step(run, batches, autocast, accumulation, accumulation == 1, check_spec)
     if total_loss is None:  # the spec's train_op did the whole step
         return spec, spec.loss.detach()
     for micro_step in range(1, accumulation):
-        spec, loss = _micro_step(run, batches, autocast, accumulation, micro_step == accumulation - 1)
+        spec, loss = _micro_step(run, batches, autocast, accumulation, micro_step == accumulation - 1, check_spec)
         total_loss = total_loss + loss
     parts = run.parts
     optimizer, scaler = parts.optimizer, parts.grad_scaler
@@ -238,18 +249,24 @@ class _TrainLoop:
         self.pending_listeners: list[Any] = []
         self.context = RunContext(self.state, is_chief=self.is_chief, summary_writer=run.summary_writer,
                                   on_checkpoint_request=self.pending_listeners.append)
+        # Dispatched from the loop itself: HookList's live lists of the hooks that override these (hooks the first
+        # spec brings join them), so a step with no hook due costs an empty loop, not a call.
+        self.before_step_hooks = run.hooks.overriding("before_step")
+        self.after_step_hooks = run.hooks.overriding("after_step")
+        self.check_spec = TrainSpecCheck()
         self.steps_this_call = 0
         self.stop_reason: str | None = None  # who stopped training when not a hook: for TrainingRun.ended_by
         self.last_loss: torch.Tensor | None = None  # the latest step's (detached), for the final loss
         self.last_loss_mean: float | None = None  # its mean over replicas, when that step was a logging step
 
     def run_steps(self, interrupt: _InterruptFlag, progress: Progress) -> None:
-        run, state = self.run, self.state
+        run, state, context = self.run, self.state, self.context
         # ended_by set before step one: the evaluation's begin said training is over already.
         while run.ended_by is None and (run.last_step is None or state.global_step < run.last_step):
-            run.hooks.before_step(self.context)
+            for before_step in self.before_step_hooks:
+                before_step(context)
             try:
-                spec, loss = _train_step(run, self.batches, self.autocast)
+                spec, loss = _train_step(run, self.batches, self.autocast, self.check_spec)
             except StopIteration:
                 logger.info("Input ended after %d steps in this call (global step %d).", self.steps_this_call,
                             state.global_step)
@@ -265,7 +282,7 @@ class _TrainLoop:
             logging_step, summary_due = self.schedules.due_at(state.global_step)
             self._report(spec, loss, logging_step, summary_due)
             stop, interrupted = self._agree_and_save(interrupt.raised, logging_step)
-            progress.update(state.global_step, loss=self.context.loss_if_read)
+            progress.update(state.global_step, loss=context.loss_if_read)
             if stop and (run.last_step is None or state.global_step < run.last_step):
                 run.ended_by = self.stop_reason or "a hook asked to stop"
             if stop or interrupted:
@@ -276,8 +293,10 @@ class _TrainLoop:
         run, step = self.run, self.state.global_step
         value = self.strategy.reduce_mean(loss) if self.several and logging_step else None
         self.last_loss_mean = value
-        self.context.set_step_outputs(spec, loss=loss, loss_value=value)
-        run.hooks.after_step(self.context)
+        context = self.context
+        context.set_step_outputs(spec, loss=loss, loss_value=value)
+        for after_step in self.after_step_hooks:
+            after_step(context)
         if summary_due:
             self.schedules.summary.mark(step)
             if self.is_chief:

@@ -202,6 +202,11 @@ class HookList:
             hook.check_config(config)
         self.config = config
 
+    def overriding(self, name: str) -> list[Callable[[Any], None]]:
+        """The bound ``name`` methods of the hooks that override it, in registration order: the live list, which
+        hooks added later join (the training loop iterates it each step instead of calling the dispatcher)."""
+        return self._by_method[name]
+
     @property
     def wants_steps(self) -> bool:
         return bool(self._by_method["before_step"] or self._by_method["after_step"])
