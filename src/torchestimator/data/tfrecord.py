@@ -51,8 +51,8 @@ Reading follows TensorFlow's record reader (`record_reader.cc`):
 Speed: the reader pulls blocks of about 1 MiB and hands each to a block
 scanner that slices out every whole record in it and checks both CRCs. The
 compiled one (`torchestimator._native._records.scan`: CRC32C by the SSE4.2
-instruction or a slicing-by-8 table, the framing checked without the GIL)
-runs where it was built; `TORCHESTIMATOR_PURE_PYTHON=1` or a missing build
+instruction or a slicing-by-8 table, the framing checked without the GIL,
+blocks read into one reused buffer) runs where it was built; `TORCHESTIMATOR_PURE_PYTHON=1` or a missing build
 gives `_scan_block_python`: `struct.unpack_from`, the C `crc32c` package
 for the data CRC and a cache keyed by length for the length CRC (records of
 a file usually share a few lengths). Both report where and why they stopped
