@@ -1,0 +1,196 @@
+"""The training loop's cheaper per-step path (issue 14) keeps every behaviour: hooks fire at their steps, the spec
+is still checked at every step (in full at step one and whenever it changes), summaries land at their steps, NaN
+stops at its step, and a hook's stop request is honoured with one replica."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchestimator as te
+from torchestimator._core.spec import TrainSpecCheck
+from torchestimator._io.summary import read_scalars
+
+
+def _batches(count: int = 40):
+    generator = torch.Generator().manual_seed(0)
+    return [({"x": torch.randn(4, 3, generator=generator)}, torch.randint(0, 2, (4,), generator=generator))
+            for _ in range(count)]
+
+
+def _config(**changes):
+    settings = dict(random_seed=0, save_checkpoints_steps=None, save_checkpoints_secs=None, save_summary_steps=None,
+                    log_step_count_steps=None, progress_bar=False, device="cpu")
+    return te.RunConfig(**(settings | changes))
+
+
+def _estimator(tmp_path, model_fn, **config):
+    return te.Estimator(model_fn=model_fn, model=lambda: nn.Linear(3, 2),
+                        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
+                        model_dir=str(tmp_path / "model"), config=_config(**config))
+
+
+def _model_fn(model, features, labels, mode):
+    return te.EstimatorSpec(mode, loss=F.cross_entropy(model(features["x"]), labels))
+
+
+class _Steps(te.Hook):
+    """Records the global step seen by before_step and after_step."""
+
+    def __init__(self) -> None:
+        self.before: list[int] = []
+        self.after: list[int] = []
+
+    def before_step(self, run_context):
+        self.before.append(run_context.global_step)
+
+    def after_step(self, run_context):
+        self.after.append(run_context.global_step)
+
+
+class _EverySeven(te.Hook):
+    def __init__(self) -> None:
+        self.fired: list[tuple[int, float]] = []
+
+    def after_step(self, run_context):
+        if run_context.global_step % 7 == 0:
+            self.fired.append((run_context.global_step, run_context.loss))
+
+
+def test_a_hook_due_at_step_seven_fires_at_step_seven_with_that_steps_loss(tmp_path):
+    every_seven, steps = _EverySeven(), _Steps()
+    _estimator(tmp_path, _model_fn).train(lambda: iter(_batches()), hooks=[every_seven, steps], max_steps=21)
+    assert [step for step, _ in every_seven.fired] == [7, 14, 21]
+    assert all(isinstance(loss, float) and loss > 0 for _, loss in every_seven.fired)
+    assert steps.before == list(range(0, 21)) and steps.after == list(range(1, 22))
+
+
+def test_hooks_from_the_first_spec_join_the_per_step_dispatch(tmp_path):
+    spec_hook = _Steps()
+
+    def model_fn(model, features, labels, mode):
+        return te.EstimatorSpec(mode, loss=F.cross_entropy(model(features["x"]), labels), training_hooks=[spec_hook])
+
+    _estimator(tmp_path, model_fn).train(lambda: iter(_batches()), max_steps=5)
+    assert spec_hook.after == [1, 2, 3, 4, 5]  # its after_step already at step one
+    assert spec_hook.before == [1, 2, 3, 4]  # joined after step one's before_step
+
+
+def _turning_bad_at_step_three(bad):
+    calls = []
+
+    def model_fn(model, features, labels, mode):
+        calls.append(1)
+        loss = F.cross_entropy(model(features["x"]), labels)
+        return bad(mode, loss) if len(calls) == 3 else te.EstimatorSpec(mode, loss=loss)
+
+    return model_fn, calls
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    (lambda mode, loss: te.EstimatorSpec(mode, loss=loss.expand(2)), ValueError, "must be a scalar"),
+    (lambda mode, loss: te.EstimatorSpec(mode, loss=loss.round().long()), TypeError, "floating-point"),
+    (lambda mode, loss: te.EstimatorSpec(mode, loss=float(loss.detach())), TypeError, "must be a scalar tensor"),
+    (lambda mode, loss: te.EstimatorSpec(mode), ValueError, "loss is required"),
+    (lambda mode, loss: {"loss": loss}, TypeError, "must return an EstimatorSpec"),
+    (lambda mode, loss: te.EstimatorSpec(te.ModeKeys.EVAL, loss=loss), ValueError, "returned an EstimatorSpec for mode"),
+    (lambda mode, loss: te.EstimatorSpec(mode, loss=loss, train_op="step"), TypeError, "train_op must be"),
+])
+def test_a_spec_that_turns_bad_at_step_three_raises_at_step_three(tmp_path, bad, error, message):
+    model_fn, calls = _turning_bad_at_step_three(bad)
+    with pytest.raises(error, match=message):
+        _estimator(tmp_path, model_fn).train(lambda: iter(_batches()), max_steps=10)
+    assert len(calls) == 3
+
+
+def test_a_spec_whose_loss_changes_shape_but_stays_valid_still_trains(tmp_path):
+    calls = []
+
+    def model_fn(model, features, labels, mode):
+        calls.append(1)
+        loss = F.cross_entropy(model(features["x"]), labels)
+        return te.EstimatorSpec(mode, loss=loss.reshape(1) if len(calls) % 2 else loss.double())
+
+    estimator = _estimator(tmp_path, model_fn)
+    estimator.train(lambda: iter(_batches()), max_steps=6)
+    assert len(calls) == 6
+
+
+def test_spec_check_passes_the_same_shape_by_identity_and_checks_any_change_in_full():
+    check = TrainSpecCheck()
+    first = te.EstimatorSpec(te.ModeKeys.TRAIN, loss=torch.tensor(1.0))
+    assert check(first) is first
+    assert check(te.EstimatorSpec(te.ModeKeys.TRAIN, loss=torch.tensor(2.0))).loss.item() == 2.0
+    with pytest.raises(TypeError, match="floating-point"):
+        check(te.EstimatorSpec(te.ModeKeys.TRAIN, loss=torch.tensor(2)))
+    with pytest.raises(ValueError, match="must be a scalar"):
+        check(te.EstimatorSpec(te.ModeKeys.TRAIN, loss=torch.zeros(3)))
+
+
+def test_nan_at_step_five_stops_at_step_five(tmp_path):
+    calls = []
+
+    def model_fn(model, features, labels, mode):
+        calls.append(1)
+        loss = F.cross_entropy(model(features["x"]), labels)
+        return te.EstimatorSpec(mode, loss=loss * float("nan") if len(calls) == 5 else loss)
+
+    with pytest.raises(te.NanLossDuringTrainingError, match="at step 5"):
+        _estimator(tmp_path, model_fn).train(lambda: iter(_batches()), max_steps=10)
+    assert len(calls) == 5
+
+
+def test_summaries_are_written_at_their_steps(tmp_path):
+    estimator = _estimator(tmp_path, _model_fn, save_summary_steps=3)
+    estimator.train(lambda: iter(_batches()), max_steps=9)
+    scalars = read_scalars(str(tmp_path / "model"))
+    assert [step for step, _ in scalars["loss"]] == [3, 6, 9]
+    assert [step for step, _ in scalars["learning_rate"]] == [3, 6, 9]
+
+
+def test_a_stop_request_with_one_replica_stops_at_that_step(tmp_path):
+    class StopAtFour(te.Hook):
+        def after_step(self, run_context):
+            if run_context.global_step == 4:
+                run_context.request_stop()
+
+    steps = _Steps()
+    _estimator(tmp_path, _model_fn).train(lambda: iter(_batches()), hooks=[StopAtFour(), steps], max_steps=10)
+    assert steps.after == [1, 2, 3, 4]
+
+
+def test_estimator_spec_stays_a_frozen_dataclass():
+    spec = te.EstimatorSpec(te.ModeKeys.TRAIN, loss=torch.tensor(1.0), training_hooks=[_Steps()])
+    assert isinstance(spec.training_hooks, tuple) and len(spec.training_hooks) == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.loss = torch.tensor(2.0)
+    changed = dataclasses.replace(spec, mode=te.ModeKeys.EVAL)
+    assert changed.mode == te.ModeKeys.EVAL and changed.loss is spec.loss
+    assert te.EstimatorSpec(te.ModeKeys.PREDICT, predictions=None) == te.EstimatorSpec(te.ModeKeys.PREDICT)
+    assert [field.name for field in dataclasses.fields(spec)][:3] == ["mode", "predictions", "loss"]
+    with pytest.raises(ValueError, match="mode must be one of"):
+        te.EstimatorSpec("training")
+    with pytest.raises(TypeError, match="iterable of hooks"):
+        te.EstimatorSpec(te.ModeKeys.TRAIN, evaluation_hooks=3)
+
+
+def test_model_fn_gets_its_arguments_by_name_on_both_call_paths(tmp_path):
+    seen = []
+
+    def all_four(model, features, labels, mode):
+        seen.append(("all", type(model).__name__, features["x"].shape[0], labels.shape[0], mode))
+        return _model_fn(model, features, labels, mode)
+
+    def with_params(features, labels, mode, params, model):
+        seen.append(("params", params["p"], mode))
+        return _model_fn(model, features, labels, mode)
+
+    _estimator(tmp_path / "a", all_four).train(lambda: iter(_batches()), max_steps=1)
+    te.Estimator(model_fn=with_params, model=lambda: nn.Linear(3, 2), params={"p": 7},
+                 optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1), model_dir=str(tmp_path / "b"),
+                 config=_config()).train(lambda: iter(_batches()), max_steps=1)
+    assert seen == [("all", "Linear", 4, 4, te.ModeKeys.TRAIN), ("params", 7, te.ModeKeys.TRAIN)]
