@@ -108,6 +108,7 @@ def test_crc32c_equals_google_crc32c(data: bytes, crc: int, skip: int) -> None:
     view = memoryview(data)[min(skip, len(data)):]  # unaligned starts take the bytewise head
     assert records_c.crc32c(view) == google_crc32c.value(bytes(view))
     assert records_c.crc32c(view, crc) == google_crc32c.extend(crc, bytes(view))
+    assert records_c.crc32c_table(view, crc) == google_crc32c.extend(crc, bytes(view))  # the fallback method
     assert records_c.masked_crc32c(data) == masked_crc32c(data)
 
 
@@ -116,7 +117,8 @@ def test_crc32c_at_the_edges_of_the_three_stream_stretches(size: int) -> None:
     data = os.urandom(size + 7)
     for skip in (0, 1, 5):
         view = memoryview(data)[skip:skip + size]
-        assert records_c.crc32c(view, 0x1234567) == google_crc32c.extend(0x1234567, bytes(view))
+        expected = google_crc32c.extend(0x1234567, bytes(view))
+        assert records_c.crc32c(view, 0x1234567) == expected == records_c.crc32c_table(view, 0x1234567)
 
 
 def test_crc32c_of_big_buffers_and_the_check_value() -> None:

@@ -292,6 +292,17 @@ static PyObject *records_crc32c(PyObject *module, PyObject *args, PyObject *kwar
     return PyLong_FromUnsignedLong(value);
 }
 
+/* crc32c_table(data, crc=0): the slicing-by-8 method whatever the CPU, so tests check the fallback too. */
+static PyObject *records_crc32c_table(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"data", "crc", NULL};
+    Py_buffer buffer;
+    unsigned long crc = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*|k:crc32c_table", keywords, &buffer, &crc)) return NULL;
+    uint32_t value = crc32c_table((uint32_t)crc, buffer.buf, (size_t)buffer.len);
+    PyBuffer_Release(&buffer);
+    return PyLong_FromUnsignedLong(value);
+}
+
 static PyObject *records_masked_crc32c(PyObject *module, PyObject *arg) {
     Py_buffer buffer;
     if (PyObject_GetBuffer(arg, &buffer, PyBUF_SIMPLE) < 0) return NULL;
@@ -327,6 +338,8 @@ static PyMethodDef records_methods[] = {
      "Slices whole TFRecord records out of buffer[position:end]; see the module source for the statuses."},
     {"crc32c", (PyCFunction)(void (*)(void))records_crc32c, METH_VARARGS | METH_KEYWORDS,
      "crc32c(data, crc=0) -> int: the CRC32C of data, continuing from crc (as google_crc32c.extend)."},
+    {"crc32c_table", (PyCFunction)(void (*)(void))records_crc32c_table, METH_VARARGS | METH_KEYWORDS,
+     "crc32c_table(data, crc=0) -> int: crc32c by the slicing-by-8 table (the fallback), whatever the CPU."},
     {"masked_crc32c", records_masked_crc32c, METH_O, "masked_crc32c(data) -> int: TensorFlow's masked CRC32C."},
     {"frame", records_frame, METH_O, "frame(data) -> bytes: the framed record (header, data, data CRC)."},
     {NULL, NULL, 0, NULL},
