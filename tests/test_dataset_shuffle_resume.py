@@ -73,16 +73,18 @@ def test_loader_with_workers_resumes_a_shuffled_input_in_the_uninterrupted_order
         assert all("buffer_offsets" in position for position in state["shards"].values())
 
 
-def test_loader_positions_rebuilt_from_tags_equal_the_in_process_ones(tmp_path):
+@pytest.mark.parametrize("batch_size", [2, None])
+def test_loader_positions_rebuilt_from_tags_equal_the_in_process_ones(tmp_path, batch_size):
     # Workers send only the buffer slots that changed with each item; the loader's position must
     # still be the whole one, through the fill, the exchanges, the drain and the next epoch.
     pattern = make_files(tmp_path, [9, 6])
-    options = {"shuffle_buffer_size": 5, "batch_size": 2, "collate_fn": list, "num_epochs": 2}
+    options = {"shuffle_buffer_size": 5, "batch_size": batch_size, "num_epochs": 2,
+               "collate_fn": list if batch_size else None}
     dataset, loader = TFRecordDataset(pattern, **options), TFRecordDataset(pattern, **options).loader()
     for stop, (ours, theirs) in enumerate(zip(dataset, loader), start=1):
         assert ours == theirs
         assert loader.state_dict()["shards"] == dataset.state_dict()["shards"], f"after {stop} items"
-    assert stop == 16
+    assert stop == (16 if batch_size else 30)
 
 
 def count_records_read(monkeypatch):

@@ -173,6 +173,24 @@ class _EpochRecords:
             self._take_interleaved(count, refs, taken)
         return taken
 
+    def take_one(self) -> tuple[bytes, int, int] | None:
+        """The next record with its file index and offset (None at the end of the epoch).
+
+        The unbatched shuffle buffer's step: within a block of a file read
+        whole by this shard it is a few attribute updates, not a `take(1)`.
+        """
+        if self._modulus == 1 and self._plan.interleave_cycle_length == 1 and self.slots:
+            current = self.slots[0]
+            index = current.index
+            if index < len(current.records):
+                current.index = index + 1
+                self.stream_index += 1
+                return current.records[index], current.file_index, current.offsets[index]
+        taken = self.take(1, refs=True)
+        if not taken.records:
+            return None
+        return taken.records[0], taken.files[0], taken.offsets[0]
+
     def _take_sequential(self, count: int, refs: bool, taken: _Taken) -> None:
         """Slices of the current block: the same records and state as `_sequential`, without a step each."""
         modulus, remainder, slots, records = self._modulus, self._remainder, self.slots, taken.records
@@ -218,11 +236,11 @@ class _EpochRecords:
                 else:
                     del slots[self.slot]
                 continue
-            index = current.index
+            index, stream_index = current.index, self.stream_index
             current.index = index + 1
             self.slot += 1
-            self.stream_index += 1
-            if (self.stream_index - 1) % modulus == remainder:
+            self.stream_index = stream_index + 1
+            if stream_index % modulus == remainder:
                 records.append(current.records[index])
                 if refs:
                     taken.files.append(current.file_index)
@@ -254,8 +272,26 @@ class _EpochRecords:
             del slots[0]
 
     def _interleaved(self) -> Iterator[bytes]:
-        while True:
-            taken = self.take(1)
-            if not taken.records:
-                return
-            yield taken.records[0]
+        slots, cycle = self.slots, self._plan.interleave_cycle_length
+        modulus, remainder = self._modulus, self._remainder
+        while len(slots) < cycle and self.next_file < len(self._files):
+            slots.append(self._open(self.next_file, 0))
+            self.next_file += 1
+        while slots:
+            if self.slot >= len(slots):
+                self.slot = 0
+            current = slots[self.slot]
+            if current.index == len(current.records) and not current.next_block():
+                if self.next_file < len(self._files):  # the next file takes over the slot
+                    slots[self.slot] = self._open(self.next_file, 0)
+                    self.next_file += 1
+                else:
+                    del slots[self.slot]
+                continue
+            record = current.records[current.index]
+            current.index += 1
+            self.slot += 1
+            index = self.stream_index
+            self.stream_index = index + 1
+            if index % modulus == remainder:
+                yield record

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from torchestimator.data._dataset_records import _EpochRecords, _Plan
@@ -198,6 +198,34 @@ class _ShuffleBuffer:
             self._drain_index = min(stop, len(self._records))
         self.delivered += len(out)
         return out
+
+    def one_by_one(self) -> Iterator[bytes]:
+        """The records one at a time, the state exact at every pause (the unbatched path)."""
+        reader, size, randrange = self._reader, self._size, self._rng.randrange
+        buffer = None
+        while True:
+            if not self._filled or self._draining:
+                out = self.take(1)
+                if not out:
+                    return
+                yield out[0]
+                continue
+            if buffer is not self._records:  # taken after the fill (or a restore)
+                buffer, files, offsets = self._records, self._files, self._offsets
+            step = reader.take_one()
+            if step is None:
+                self._start_draining()
+                continue
+            record, file_index, offset = step
+            slot = randrange(size)
+            out_record = buffer[slot]
+            buffer[slot] = record
+            if self._refs:
+                files[slot], offsets[slot] = file_index, offset
+                if self._tagging:
+                    self._changed.append(slot)
+            self.delivered += 1
+            yield out_record
 
     def _exchange(self, count: int, out: list[bytes]) -> None:
         """One new record in, one random slot out, `count` times (or until the reader runs dry)."""

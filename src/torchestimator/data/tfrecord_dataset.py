@@ -237,8 +237,9 @@ class _ShardStream:
                     return
                 yield output.batch(batch)
         elif self._buffer is not None:
-            while record := self._take(1):
-                yield output.item(record[0])
+            records = self._buffer.one_by_one()
+            yield from (records if output.parse_fn is None and output.features is None
+                        else map(output.item, records))
         elif output.parse_fn is None and output.features is None:
             yield from self._reader
         else:
