@@ -29,6 +29,8 @@ second, with the median wall time of one pass and the CPU time it used per wall
 second beside it (so a reader that used more cores, or a run starved by other
 programs, shows it); a ratio is the median over rounds of ours / theirs within
 the same round, which cancels the slow swings in speed that other programs cause.
+Each figure line also gives the ratio of records per CPU second, which a busy
+machine disturbs far less (the final line's ratios are the wall-clock ones).
 Threads are pinned equal: `torch.set_num_threads(T)`, TensorFlow's intra- and
 inter-op pools set to T, tf.data's private thread pool and intra-op
 parallelism set to T, and tf.data's autotuning and injected prefetch off
@@ -503,7 +505,11 @@ def check_dataset(dataset_file: str, columns: Columns, settings: Settings) -> li
 
 @dataclasses.dataclass
 class Measurement:
-    """Per reader, of each kept round: records/s (wall clock), seconds of one pass, CPU seconds per wall second."""
+    """Per reader, of each kept round: records/s (wall clock), seconds of one pass, CPU seconds per wall second.
+
+    The rates per CPU second (`cpu_ratio`) are what a busy machine disturbs least: other programs take wall
+    time from a reader, not CPU time. They also show a reader that spent more cores to be faster.
+    """
 
     rates: dict[str, list[float]]
     walls: dict[str, list[float]]
@@ -521,6 +527,12 @@ class Measurement:
     def ratio(self, reader: str, reference: str) -> float:
         """Median over rounds of reader's rate / reference's rate in the same round."""
         return statistics.median(a / b for a, b in zip(self.rates[reader], self.rates[reference]))
+
+    def cpu_ratio(self, reader: str, reference: str) -> float:
+        """Median over rounds of reader's records per CPU second / reference's, in the same round."""
+        def per_cpu_second(name: str) -> list[float]:
+            return [rate / max(cores, 1e-9) for rate, cores in zip(self.rates[name], self.cores[name])]
+        return statistics.median(a / b for a, b in zip(per_cpu_second(reader), per_cpu_second(reference)))
 
 
 def measure(readers: dict[str, Contender], settings: Settings) -> Measurement:
@@ -648,7 +660,8 @@ class _Report:
             return
         ratio = self.measurement.ratio(ours, theirs)
         kept = self.settings.rounds - self.settings.warmup_rounds
-        print(f"{head}, {label} {self._side(theirs, unit)}, ratio {ratio:.3f} ({kept} rounds{note})")
+        print(f"{head}, {label} {self._side(theirs, unit)}, ratio {ratio:.3f} (per CPU second "
+              f"{self.measurement.cpu_ratio(ours, theirs):.3f}; {kept} rounds{note})")
         self.ratios[name] = ratio
 
     def parsed_summary(self) -> None:
@@ -692,7 +705,8 @@ def _print_header(settings: Settings, tf: Any, tfrecord_iterator: Any) -> None:
           f"{','.join(map(str, settings.batch_sizes))} (tf.data raw at {settings.raw_batch_size}), dataset figure "
           f"on one {settings.dataset_records}-record file at batch {settings.dataset_batch_size}, {settings.threads} "
           f"thread(s), {settings.rounds} interleaved rounds (first {settings.warmup_rounds} dropped), medians, tf.data "
-          f"{'defaults (autotune, injected prefetch)' if settings.tfdata_defaults else 'without autotune or injected prefetch'}")
+          + ("defaults (autotune, injected prefetch)" if settings.tfdata_defaults
+             else "without autotune or injected prefetch"))
     print(f"versions: torch {torch.__version__}, tensorflow "
           f"{getattr(tf, '__version__', 'not installed') if settings.tensorflow else 'skipped'}, tfrecord package "
           f"{('installed' if tfrecord_iterator else 'not installed') if settings.tfrecord_package else 'skipped'}; "
