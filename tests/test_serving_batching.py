@@ -340,3 +340,67 @@ def test_scheduler_refuses_what_is_not_parameters():
         BatchScheduler({"max_batch_size": 4})
     with pytest.raises(TypeError, match="on_batch"):
         BatchScheduler(BatchingParameters(num_batch_threads=1), on_batch=3)
+
+
+# -- results back to the event loop ----------------------------------------------------------
+
+def test_a_batch_of_results_wakes_the_event_loop_once_and_settles_every_request():
+    """The batching p99 fault: one loop wake-up per request made the batch thread wait for the GIL each time."""
+    import asyncio
+
+    from torchestimator.serving.completions import LoopCompletions
+
+    loop = asyncio.new_event_loop()
+    try:
+        wakeups = []
+        real_call_soon_threadsafe = loop.call_soon_threadsafe
+
+        def counting(callback, *arguments, **keywords):
+            wakeups.append(callback)
+            return real_call_soon_threadsafe(callback, *arguments, **keywords)
+
+        loop.call_soon_threadsafe = counting
+        completions = LoopCompletions(loop)
+        sources = [concurrent.futures.Future() for _ in range(32)]
+        targets = [completions.wrap(source, translate=lambda error: ServingError("INVALID_ARGUMENT", str(error)))
+                   for source in sources]
+
+        def batch_thread():  # finishes the whole batch while the loop is busy elsewhere (not running here)
+            for index, source in enumerate(sources):
+                if index == 5:
+                    source.set_exception(ValueError("row 5 refused"))
+                elif source.set_running_or_notify_cancel():
+                    source.set_result({"row": index})
+
+        targets[7].cancel()  # a request that timed out: its source is cancelled, the batch thread skips it
+        for _ in range(3):  # the loop runs the cancellation's callbacks (one wake-up for it, counted apart)
+            loop.run_until_complete(asyncio.sleep(0))
+        wakeups.clear()
+        before = completions.wakeups
+        thread = threading.Thread(target=batch_thread)
+        thread.start()
+        thread.join(WAIT)
+        assert sources[7].cancelled()
+        results = loop.run_until_complete(asyncio.wait_for(
+            asyncio.gather(*targets, return_exceptions=True), WAIT))
+    finally:
+        loop.close()
+    assert len(wakeups) == 1 and completions.wakeups == before + 1  # asyncio.wrap_future: 31 wake-ups
+    assert isinstance(results[5], ServingError) and results[5].message == "row 5 refused"
+    assert isinstance(results[7], asyncio.CancelledError)
+    assert [result["row"] for index, result in enumerate(results) if index not in (5, 7)] == \
+        [index for index in range(32) if index not in (5, 7)]
+
+
+def test_completions_after_the_loop_closed_are_dropped_quietly():
+    import asyncio
+
+    from torchestimator.serving.completions import LoopCompletions
+
+    loop = asyncio.new_event_loop()
+    completions = LoopCompletions(loop)
+    source = concurrent.futures.Future()
+    completions.wrap(source)
+    loop.close()
+    source.set_result({"late": 1})  # the server stopped: no error in the batch thread
+    assert source.done()

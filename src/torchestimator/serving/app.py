@@ -39,6 +39,7 @@ web = import_extra("aiohttp.web", extra="serving", feature="the model server")
 
 from torchestimator.export import ExportedModel
 from torchestimator.serving.batching import BatchingParameters, BatchScheduler
+from torchestimator.serving.completions import LoopCompletions
 from torchestimator.serving.content_coding import BodyTooLarge, decode_content
 from torchestimator.serving.errors import ServingError, invalid_argument, not_found
 from torchestimator.serving.examples_json import classify_results, parse_examples_request, regress_results
@@ -78,6 +79,13 @@ class _ServingState:
     metrics: ServingMetrics
     metrics_path: str | None
     scheduler: BatchScheduler | None
+    completions: LoopCompletions | None = None
+    """Batch results to the event loop serving the app (made on its first batched request)."""
+
+    def completions_for(self, loop: asyncio.AbstractEventLoop) -> LoopCompletions:
+        if self.completions is None or self.completions.loop is not loop:
+            self.completions = LoopCompletions(loop)
+        return self.completions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,7 +275,8 @@ async def _run_batched(loop: asyncio.AbstractEventLoop, state: _ServingState, mo
     # submit checks the inputs against the signature (the model's own checks; 400 naming the input) and
     # raises RESOURCE_EXHAUSTED (429) at once when the queue is full.
     future = _run_model(lambda: state.scheduler.submit(model, parsed.signature_name, parsed.inputs))
-    outputs = await asyncio.wrap_future(_translated(future))
+    # One wake-up of the loop per batch, not per request (completions.py says why that matters).
+    outputs = await state.completions_for(loop).wrap(future, _as_serving_error)
     if sum(array.nbytes for array in outputs.values()) <= _INLINE_BODY_BYTES:
         return parsed.encode(outputs), parsed.examples
     return await loop.run_in_executor(state.executor, parsed.encode, outputs), parsed.examples
@@ -320,30 +329,6 @@ def _as_serving_error(error: BaseException) -> BaseException:
     if isinstance(error, AssertionError) and "Guard failed" in str(error):  # torch.export's shape guards
         return invalid_argument(f"The model refused these inputs' shapes: {error}")
     return error
-
-
-def _translated(future: concurrent.futures.Future) -> concurrent.futures.Future:
-    """The scheduler's future with model errors mapped as _run_model maps them without batching."""
-    translated: concurrent.futures.Future = concurrent.futures.Future()
-
-    def done(source: concurrent.futures.Future) -> None:
-        try:
-            if source.cancelled():
-                translated.cancel()
-            elif source.exception() is None:
-                translated.set_result(source.result())
-            else:
-                translated.set_exception(_as_serving_error(source.exception()))
-        except concurrent.futures.InvalidStateError:  # already cancelled by a timeout: nobody waits for it
-            pass
-
-    def cancel_source(translated: concurrent.futures.Future) -> None:
-        if translated.cancelled():  # the request timed out: the scheduler skips it if it has not started
-            future.cancel()
-
-    future.add_done_callback(done)
-    translated.add_done_callback(cancel_source)
-    return translated
 
 
 def _status(state: _ServingState, name: str, version: int | None, label: str | None) -> web.Response:
