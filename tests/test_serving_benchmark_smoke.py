@@ -1,5 +1,5 @@
-"""Smoke tests for benchmarks/serving.py: its quick mode serves one model from our server and the FastAPI and
-Flask anchors and prints a parseable final line; its load loop is bounded in count and time, its server
+"""Smoke tests for benchmarks/serving.py: its quick mode serves one model from our server (batching off and on), the
+FastAPI anchors (async def and def) and Flask on gunicorn, and prints a parseable final line; its load loop is bounded in count and time, its server
 handling reports and stops what fails, and its checks and argument checks work. Timings are not asserted."""
 
 from __future__ import annotations
@@ -20,8 +20,13 @@ import pytest
 from benchmark_scripts import assert_arguments_refused, final_line, imported_script
 
 FIGURE = r"\d+\.\d{3}|n/a"
+MILLISECONDS = r"\d+\.\d\d|n/a"
 FINAL_LINE = re.compile(rf"^serving rps_vs_fastapi=({FIGURE}) rps_vs_flask=({FIGURE}) "
-                        rf"batching_gain_c8=({FIGURE}) p99_ms_c8=(\d+\.\d\d|n/a)$")
+                        rf"batching_gain_c8=({FIGURE}) p99_ms_c8=({MILLISECONDS}) batching_gain_c32=({FIGURE}) "
+                        rf"big_batching_gain_c8=({FIGURE}) big_batching_gain_c32=({FIGURE}) "
+                        rf"p99_ms_c32_batching=({MILLISECONDS}) p99_ms_c32_plain=({MILLISECONDS})$")
+NAMES = ("rps_vs_fastapi", "rps_vs_flask", "batching_gain_c8", "p99_ms_c8", "batching_gain_c32",
+         "big_batching_gain_c8", "big_batching_gain_c32", "p99_ms_c32_batching", "p99_ms_c32_plain")
 
 
 @pytest.fixture(scope="module")
@@ -78,38 +83,51 @@ def test_quick_run_serves_every_server_and_prints_the_final_line(benchmark, caps
     assert status == 0, output
     figures = _final_line_figures(output)
     assert "mlp: predictions identical: yes" in output
-    assert re.search(r"^mlp\s+8\s+ours\s+\d+ ", output, re.M)
+    for concurrency in (1, 8, 32):
+        assert re.search(rf"^mlp\s+{concurrency}\s+ours\s+\d+ ", output, re.M)
+        assert re.search(rf"^mlp\s+{concurrency}\s+ours_batching\s+\d+ ", output, re.M)
     assert (figures["rps_vs_fastapi"] is not None) == _installed("fastapi", "uvicorn")
-    assert (figures["rps_vs_flask"] is not None) == _installed("flask")
-    assert re.search(r"^mlp\s+8\s+ours_batching\s+\d+ ", output, re.M)
-    assert figures["batching_gain_c8"] is not None and figures["p99_ms_c8"] is not None
+    if _installed("fastapi", "uvicorn"):
+        assert re.search(r"^mlp\s+8\s+fastapi_async\s+\d+ ", output, re.M)
+        assert re.search(r"^mlp\s+8\s+fastapi_def\s+\d+ ", output, re.M)
+    assert (figures["rps_vs_flask"] is not None) == _installed("flask", "gunicorn")
+    for name in ("batching_gain_c8", "p99_ms_c8", "batching_gain_c32", "p99_ms_c32_batching", "p99_ms_c32_plain"):
+        assert figures[name] is not None, name
+    assert figures["big_batching_gain_c32"] is None  # quick serves the mlp only
+    assert re.search(r"^mlp: forward through the exported model, one torch thread: \d+\.\d\d ms at batch 1", output,
+                     re.M)
     assert "failed to start" not in output
 
 
 def _final_line_figures(output: str) -> dict[str, float | None]:
     values = final_line(output, FINAL_LINE).groups()
-    names = ("rps_vs_fastapi", "rps_vs_flask", "batching_gain_c8", "p99_ms_c8")
-    figures = {name: None if value == "n/a" else float(value) for name, value in zip(names, values)}
+    figures = {name: None if value == "n/a" else float(value) for name, value in zip(NAMES, values)}
     assert all(value is None or (value > 0 and math.isfinite(value)) for value in figures.values())
     return figures
 
 
 def test_format_figures_writes_the_issue_line(benchmark):
-    line = benchmark.format_figures({"rps_vs_fastapi": 1.23456, "rps_vs_flask": None, "batching_gain_c8": math.nan,
-                                     "p99_ms_c8": 12.345})
-    assert line == "serving rps_vs_fastapi=1.235 rps_vs_flask=n/a batching_gain_c8=n/a p99_ms_c8=12.35"
+    figures = dict.fromkeys(NAMES)
+    figures.update({"rps_vs_fastapi": 1.23456, "batching_gain_c8": math.nan, "p99_ms_c8": 12.345,
+                    "big_batching_gain_c32": 2.5, "p99_ms_c32_plain": 30.0})
+    line = benchmark.format_figures(figures)
+    assert line == ("serving rps_vs_fastapi=1.235 rps_vs_flask=n/a batching_gain_c8=n/a p99_ms_c8=12.35 "
+                    "batching_gain_c32=n/a big_batching_gain_c8=n/a big_batching_gain_c32=2.500 "
+                    "p99_ms_c32_batching=n/a p99_ms_c32_plain=30.00")
     assert FINAL_LINE.match(line)
+    assert tuple(benchmark.FIGURES) == NAMES
 
 
 # -- load --------------------------------------------------------------------------------
 
 
-def test_load_sends_the_fixed_count_per_thread(benchmark):
+def test_load_sends_the_fixed_count_per_connection_and_measures_cpu(benchmark):
     settings = _settings(benchmark, requests=7, warmup_requests=2, seconds=30.0)
     with fake_server() as port:
-        run = benchmark.run_load(port, b"{}", 3, settings)
+        run = benchmark.run_load(port, b"{}", 3, settings, cpu_seconds=lambda: 4.0)
     assert len(run.latencies) == 21 and run.errors == 0
     assert run.rate > 0 and all(latency > 0 for latency in run.latencies)
+    assert run.server_cpu == 0.0 and run.client_cpu >= 0.0
 
 
 def test_load_stops_at_the_time_cap(benchmark):
@@ -196,15 +214,20 @@ def test_running_servers_stops_its_servers_on_the_way_out(benchmark, tmp_path):
 
 
 def test_server_commands_serve_one_base_on_distinct_ports(benchmark, tmp_path):
-    scripts = {"batching": "b.txt", "fastapi": "f.py", "flask": "k.py"}
+    scripts = {"batching": "b.txt", "fastapi_async": "fa.py", "fastapi_def": "fd.py", "flask": "/apps/k.py"}
     commands = benchmark.server_commands(str(tmp_path), scripts)
-    assert sorted(commands) == ["fastapi", "flask", "ours", "ours_batching"]
-    assert len({port for _, port in commands.values()}) == 4
+    assert sorted(commands) == ["fastapi_async", "fastapi_def", "flask", "ours", "ours_batching"]
+    assert len({port for _, port in commands.values()}) == 5
     ours, port = commands["ours"]
     assert ours[ours.index("--rest_api_port") + 1] == str(port) and ours[ours.index("--model_base_path") + 1] == str(tmp_path)
     assert ours[3] == "serve" and "--enable_batching" not in ours
     assert commands["ours_batching"][0][-3:] == ["--enable_batching", "--batching_parameters_file", "b.txt"]
-    assert commands["flask"][0][1:] == ["k.py", str(tmp_path), str(commands["flask"][1])]
+    assert commands["fastapi_async"][0][1:] == ["fa.py", str(tmp_path), str(commands["fastapi_async"][1])]
+    flask = commands["flask"][0]
+    assert flask[1:3] == ["-m", "gunicorn"] and flask[flask.index("--workers") + 1] == "1"
+    assert flask[flask.index("--worker-class") + 1] == "gthread"
+    assert flask[flask.index("--bind") + 1] == f"127.0.0.1:{commands['flask'][1]}"
+    assert flask[flask.index("--chdir") + 1] == "/apps" and flask[-1] == f"k:create_app({str(tmp_path)!r})"
 
 
 def test_batching_parameters_file_is_tf_text_format(benchmark, tmp_path):
@@ -235,7 +258,7 @@ def test_servers_that_did_not_start_fail_the_run(benchmark, capsys):
 
 
 @pytest.mark.parametrize("arguments, message", [
-    (["--models", "mlp,resnet"], "subset of mlp,cnn"),
+    (["--models", "mlp,resnet"], "subset of mlp,cnn,wide"),
     (["--requests", "0"], "at least 1"),
     (["--warmup-requests", "-1"], "--warmup-requests must be >= 0"),
     (["--seconds", "1000"], "--seconds must be in (0, 600]"),
@@ -243,3 +266,33 @@ def test_servers_that_did_not_start_fail_the_run(benchmark, capsys):
 ])
 def test_bad_arguments_are_refused(benchmark, capsys, arguments, message):
     assert_arguments_refused(benchmark, arguments, message, capsys)
+
+
+def test_the_fastapi_ratio_takes_the_faster_anchor_of_each_round(benchmark):
+    Run = benchmark.Run
+    measurement = benchmark.Measurement(runs={
+        ("ours", 8): [Run(latencies=[0.001] * 30, wall=1.0, errors=0, server_cpu=0.03),
+                      Run(latencies=[0.001] * 40, wall=1.0, errors=0, server_cpu=0.05)],
+        ("fastapi_async", 8): [Run(latencies=[0.001] * 20, wall=1.0, errors=0),
+                               Run(latencies=[0.001] * 10, wall=1.0, errors=0)],
+        ("fastapi_def", 8): [Run(latencies=[0.001] * 10, wall=1.0, errors=0),
+                             Run(latencies=[0.001] * 20, wall=1.0, errors=0)],
+    })
+    assert measurement.fastest_ratio("ours", ("fastapi_async", "fastapi_def"), 8) == pytest.approx((1.5 + 2.0) / 2)
+    assert measurement.cpu_us_per_request("ours", 8) == pytest.approx(0.08 / 70 * 1e6)
+
+
+def test_process_tree_cpu_counts_children(benchmark):
+    import subprocess
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run([sys.executable, '-c', "
+                              "'import time\\nend = time.process_time() + 0.3\\nwhile time.process_time() < end: pass'])"])
+    try:
+        deadline = time.monotonic() + 30
+        total = 0.0
+        while time.monotonic() < deadline and child.poll() is None:
+            total = max(total, benchmark.process_tree_cpu_seconds(child.pid))
+            time.sleep(0.02)
+    finally:
+        child.wait(timeout=30)
+    assert total >= 0.2  # the grandchild's busy loop is counted under the child
+    assert math.isnan(benchmark.process_tree_cpu_seconds(2 ** 22 + 12345))
