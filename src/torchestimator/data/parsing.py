@@ -29,6 +29,16 @@ Example at all raise ExampleDecodeError (a ValueError and a
 TorchEstimatorError) naming the record: protobuf's own error never escapes. Only int64, float32 and
 string exist in an Example: other dtypes are refused when the spec is made.
 
+Two paths, one behaviour: where the compiled core `torchestimator._native._examples`
+is built (and TORCHESTIMATOR_PURE_PYTHON is not set), `parse_example` and
+`parse_single_example` parse a whole batch in one C call that fills the
+arrays directly (FixedLen, VarLen, Ragged and FixedLenSequence specs; the spec
+is compiled once per features mapping). That pass handles only the plain,
+well-formed case: for any batch it does not (a missing required feature, a
+wrong kind or count, a malformed record, unusual wire forms) the pure-Python
+parser below runs instead, and it alone words errors, so results and errors
+are the same on both paths.
+
 `to_torch` converts numeric arrays to tensors, `SparseValue` to
 `torch.sparse_coo_tensor` and `RaggedValue` to a `RaggedValue` of tensors;
 strings stay numpy object arrays (torch has no string tensors).
