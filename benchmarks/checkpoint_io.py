@@ -250,8 +250,9 @@ def copy_checkpoint(source: str, target: str, step: int) -> None:
         stream.write(checkpoint_format.sealed_json(state, checkpoint_format.STATE_CHECKSUM_KEY))
 
 
-def many_checkpoints(root: str, settings: Settings) -> dict[int, list[float]]:
-    """Wall seconds of each timed save in a model_dir holding 10 and ``many_count`` checkpoints, interleaved."""
+def many_checkpoints(root: str, settings: Settings) -> dict[int, list[tuple[float, float]]]:
+    """(wall, cpu) seconds of each timed save in a model_dir holding 10 and ``many_count`` checkpoints,
+    interleaved."""
     model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
     optimizer = torch.optim.Adam(model.parameters())
     stores, counts = {}, (10, settings.many_count)
@@ -264,14 +265,14 @@ def many_checkpoints(root: str, settings: Settings) -> dict[int, list[float]]:
         store.save(count, model.state_dict(), {"optimizer": optimizer.state_dict()}, replica_extra(count))
         assert len(store.all_checkpoints()) == count, store.all_checkpoints()[:3]
         stores[count] = CheckpointStore(model_dir, keep_checkpoint_max=count)  # a fresh store: nothing cached
-    times: dict[int, list[float]] = {count: [] for count in counts}
+    times: dict[int, list[tuple[float, float]]] = {count: [] for count in counts}
     for index in range(settings.many_saves + 1):
         for count in (counts if index % 2 else counts[::-1]):
             step = count + 1 + index
-            wall, _ = timed(lambda: stores[count].save(step, model.state_dict(), {"optimizer": optimizer.state_dict()},
-                                                       replica_extra(step)))
+            result = timed(lambda: stores[count].save(step, model.state_dict(), {"optimizer": optimizer.state_dict()},
+                                                      replica_extra(step)))
             if index:
-                times[count].append(wall)
+                times[count].append(result)
     return times
 
 
@@ -334,11 +335,14 @@ def main(argv: list[str] | None = None) -> int:
             del contestants, model, optimizer
             shutil.rmtree(folder, ignore_errors=True)
         many = many_checkpoints(root, settings)
-        at_10, at_many = statistics.median(many[10]), statistics.median(many[settings.many_count])
-        print(f"  one save in a model_dir with 10 checkpoints: {at_10 * 1e3:.1f} ms [{min(many[10]) * 1e3:.1f}-"
-              f"{max(many[10]) * 1e3:.1f}], with {settings.many_count}: {at_many * 1e3:.1f} ms "
-              f"[{min(many[settings.many_count]) * 1e3:.1f}-{max(many[settings.many_count]) * 1e3:.1f}] "
-              f"(medians of {settings.many_saves})")
+        at_10, at_many = (median_of(many[count], 0) for count in (10, settings.many_count))
+        for count in (10, settings.many_count):
+            walls = [wall for wall, _ in many[count]]
+            print(f"  one save in a model_dir with {count} checkpoints: {median_of(many[count], 0) * 1e3:.1f} ms "
+                  f"[{min(walls) * 1e3:.1f}-{max(walls) * 1e3:.1f}] (cpu {median_of(many[count], 1) * 1e3:.1f} ms), "
+                  f"median of {settings.many_saves}")
+        cpu_ratio = median_of(many[settings.many_count], 1) / median_of(many[10], 1)
+        print(f"  save_{settings.many_count}_vs_10 on the cpu clock: {cpu_ratio:.2f}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     ended = stamp()

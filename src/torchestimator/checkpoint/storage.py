@@ -115,6 +115,11 @@ class LocalStorage:
     def list_folders(self) -> list[str]:
         try:
             with os.scandir(self.root) as entries:
+                try:
+                    return sorted([entry.name for entry in entries if entry.is_dir()])  # model_dir may hold thousands
+                except OSError:
+                    pass  # a symlink loop or an unreadable link: list again, entry by entry
+            with os.scandir(self.root) as entries:
                 return sorted(entry.name for entry in entries if _is_folder(entry))
         except (FileNotFoundError, NotADirectoryError):
             # Nothing was ever saved there; whether it can be written is the writer's question.

@@ -141,6 +141,11 @@ class CheckpointStore:
         self._clock = clock
         self._warned: set[str] = set()  # listing runs at every save: each fault is told once per store
         self._leftovers_cleared = False
+        self._scan_cache: tuple[list[Any], set[str], list[_Entry], dict[str, str]] | None = None
+        """The manifest's entries and the folders of this store's last listing, and what it found."""
+        self._manifest_cache: tuple[bytes, dict[str, Any]] | None = None
+        """The manifest's bytes as this store last wrote or read them, and their parsed document: the next
+        save reads the file (one small read) and parses it again only when its bytes differ."""
         self._leftovers_seen = False
         """The last listing saw a folder named like a killed save's leftover."""
 
@@ -420,32 +425,44 @@ class CheckpointStore:
         kept. Only a ``ckpt-*`` folder the manifest does not list (published just before a crash, or no
         manifest at all) has its state.json read and checked.
         """
+        folders = set(self.storage.list_folders())
+        cache = self._scan_cache
+        if cache is not None and cache[1] == folders and cache[0] == manifest["checkpoints"]:
+            return list(cache[2]), dict(cache[3])  # nothing changed since this store's last listing
+        entries, rejected = self._scan_folders(manifest, folders)
+        self._scan_cache = (list(manifest["checkpoints"]), folders, entries, rejected)
+        return list(entries), dict(rejected)
+
+    def _scan_folders(self, manifest: dict[str, Any], folders: set[str]) -> tuple[list[_Entry], dict[str, str]]:
         listed = {item["folder"]: item for item in manifest["checkpoints"]}
-        folders = self.storage.list_folders()
         entries, rejected = [], {}
+        for folder, item in listed.items():  # the index: no file read
+            save_time = item.get("save_time")
+            if (folder in folders and folder == f"ckpt-{item['step']}" and isinstance(save_time, (int, float))
+                    and not isinstance(save_time, bool)):
+                entries.append(_Entry(item["step"], folder, float(save_time), bool(item.get("preserved"))))
+        found = {entry.folder for entry in entries}
         self._leftovers_seen = False
-        for folder in folders:
+        for folder in sorted(folders - found):  # not in the manifest (or listed wrongly): read and checked
             match = _CHECKPOINT_FOLDER.fullmatch(folder)
             if match is None:
                 self._leftovers_seen = self._leftovers_seen or _LEFTOVER_FOLDER.fullmatch(folder) is not None
                 continue
             step, item = int(match.group(1)), listed.get(folder, {})
-            save_time = item.get("save_time")
-            if item.get("step") != step or not isinstance(save_time, (int, float)) or isinstance(save_time, bool):
-                try:
-                    state = checkpoint_format.read_state(self.storage, folder, step)
-                except CheckpointError as error:
-                    rejected[folder] = str(error)
-                    self._warn_once(f"Ignoring checkpoint {self.storage.location(folder)}, it is damaged: {error}")
-                    continue
-                save_time = item.get("save_time", state.get("save_time"))  # format 1 kept it in state.json
-                if not isinstance(save_time, (int, float)):
-                    save_time = self._clock()  # not in the manifest yet: found now
+            try:
+                state = checkpoint_format.read_state(self.storage, folder, step)
+            except CheckpointError as error:
+                rejected[folder] = str(error)
+                self._warn_once(f"Ignoring checkpoint {self.storage.location(folder)}, it is damaged: {error}")
+                continue
+            save_time = item.get("save_time", state.get("save_time"))  # format 1 kept it in state.json
+            if not isinstance(save_time, (int, float)) or isinstance(save_time, bool):
+                save_time = self._clock()  # not in the manifest yet: found now
             entries.append(_Entry(step, folder, float(save_time), bool(item.get("preserved"))))
-        for folder in sorted(set(listed) - set(folders)):
+        for folder in sorted(set(listed) - folders):
             location = self.storage.location(folder)
             self._warn_once(f"The manifest lists {location}, but the folder is missing; ignoring it.")
-        return sorted(entries, key=lambda entry: entry.step), rejected
+        return sorted(entries), rejected
 
     def _warn_once(self, message: str) -> None:
         if message not in self._warned:
@@ -469,6 +486,10 @@ class CheckpointStore:
                     "scanning the folders."
                 )
             return empty
+        if self._manifest_cache is not None and self._manifest_cache[0] == data:
+            # The bytes this store last wrote or read (its own save wrote them): parsed and checked then.
+            cached = self._manifest_cache[1]
+            return {**cached, "checkpoints": list(cached["checkpoints"]), "best": list(cached["best"])}
         try:
             manifest = json.loads(data.decode("utf-8"))
             _check_manifest(manifest)
@@ -482,11 +503,16 @@ class CheckpointStore:
             )
             return empty
         manifest.pop(_MANIFEST_CHECKSUM_KEY, None)
-        return {**empty, **manifest}
+        manifest = {**empty, **manifest}
+        self._manifest_cache = (data, manifest)
+        return {**manifest, "checkpoints": list(manifest["checkpoints"]), "best": list(manifest["best"])}
 
     def _write_manifest(self, manifest: dict[str, Any], entries: list[_Entry]) -> None:
         document = self._manifest_document(manifest, entries)
-        self.storage.replace_manifest(checkpoint_format.sealed_json(document, _MANIFEST_CHECKSUM_KEY, compact=True))
+        data = checkpoint_format.sealed_json(document, _MANIFEST_CHECKSUM_KEY, compact=True)
+        self._manifest_cache = None  # until the new bytes are in place
+        self.storage.replace_manifest(data)
+        self._manifest_cache = (data, document)
 
     @staticmethod
     def _manifest_document(manifest: dict[str, Any], entries: list[_Entry]) -> dict[str, Any]:
