@@ -1,8 +1,20 @@
 """Benchmark: the per-step cost of Estimator.train against a hand-written PyTorch loop.
 
-Only the framework's per-step dispatch is measured: both loops get the same
-model, seed, thread count and pre-built in-memory batches, and the Estimator
-runs with checkpoints, summaries, step logging and the progress bar disabled.
+Three comparisons, each against the strongest honest hand-written loop (the
+same work without the framework, and no per-step `.item()`: on an accelerator
+that sync would be the framework's cost, not the anchor's):
+
+* `mlp`, `cnn`: the framework's per-step dispatch alone. Both loops get the
+  same model, seed, thread count and pre-built in-memory batches; the
+  Estimator runs with checkpoints, summaries, step logging and the progress
+  bar disabled. Median step time.
+* `mlp_defaults`: the Estimator with its default chores on (a checkpoint every
+  100 steps, summaries and a log line every 100 steps; the progress bar off),
+  against a hand loop doing the same chores (torch.save + fsync of model and
+  optimizer, a torch SummaryWriter scalar for the loss and the learning rate,
+  a log line). Mean step time, since the chores are rare and long.
+* `input_fn_mlp`: the Estimator reading `te.numpy_input_fn(...)` against a
+  hand loop slicing the same arrays with `torch.from_numpy`. Median step time.
 
 Method: many short rounds of each loop, interleaved in rotating order, the
 first dropped as warm-up. A loop's time in a round is the median of its step
@@ -15,7 +27,7 @@ must be bit-identical in every round (the script exits 1 otherwise). When
 PyTorch Lightning is installed (the `bench` extra) its Trainer runs the MLP too.
 
 Run:  python benchmarks/loop_overhead.py [--steps N] [--cnn-steps N] [--rounds R] [--threads T] [--quick]
-Last line:  loop_overhead mlp=<ratio> cnn=<ratio> lightning_mlp=<ratio or n/a>
+Last line:  loop_overhead mlp=<ratio> cnn=<ratio> mlp_defaults=<ratio> input_fn_mlp=<ratio> lightning_mlp=<ratio or n/a>
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import dataclasses
 import gc
 import logging
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -41,7 +54,9 @@ import torch.nn.functional as F
 import torchestimator as te
 
 Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
-TARGETS = {"mlp": 1.05, "cnn": 1.01}
+TARGETS = {"mlp": 1.02, "cnn": 1.01}
+CHORE_EVERY = 100
+"""Steps between checkpoints, summaries and log lines in the default-settings comparison (both loops; quick: 10)."""
 LEARNING_RATE = 1e-3
 CLASSES = 10
 
@@ -75,6 +90,8 @@ class Settings:
     seed: int
     quick: bool
     lightning: bool
+    chore_every: int = CHORE_EVERY
+    """Steps between the chores of the default-settings comparison; it runs three times as many steps."""
 
 
 @dataclasses.dataclass
@@ -149,16 +166,94 @@ def run_hand(workload: Workload, batches: Sequence[Batch], seed: int) -> RoundRe
     optimizer = make_optimizer(model.parameters())
     model.train()
     stamps = []
+    loss = None
     for features, labels in batches:
         loss = F.cross_entropy(model(features["x"]), labels)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        # The framework's NaN guard reads the loss every step; so does this loop.
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(f"{workload.name}: loss is not finite at step {len(stamps) + 1}.")
         stamps.append(stamp())
+    _check_finite(workload, loss)
     return RoundResult(stamps=stamps, model=model)
+
+
+def _check_finite(workload: Workload, loss: torch.Tensor | None) -> None:
+    """One read after the loop: no per-step sync in the anchor (the framework's NaN guard is its own cost)."""
+    if loss is not None and not math.isfinite(loss.item()):
+        raise FloatingPointError(f"{workload.name}: the hand loop's final loss is not finite.")
+
+
+_hand_logger = logging.getLogger("loop_overhead.hand")
+
+
+def run_hand_with_chores(workload: Workload, batches: Sequence[Batch], seed: int, root: str,
+                         every: int = CHORE_EVERY) -> RoundResult:
+    """The hand loop with the chores the Estimator's defaults do, at the same steps: a checkpoint of model and
+    optimizer (torch.save, then fsync), summaries of the loss and learning rate, a log line with the loss."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    torch.manual_seed(seed)
+    model = workload.build_model()
+    optimizer = make_optimizer(model.parameters())
+    model.train()
+    os.makedirs(root)
+    writer = SummaryWriter(log_dir=root)
+    stamps = []
+    loss = None
+    for step, (features, labels) in enumerate(batches, start=1):
+        loss = F.cross_entropy(model(features["x"]), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        stamps.append(stamp())
+        if step % every == 0:
+            value = loss.item()
+            writer.add_scalar("loss", value, step)
+            writer.add_scalar("learning_rate", optimizer.param_groups[0]["lr"], step)
+            _hand_logger.info("loss = %s, step = %d", value, step)
+            _save_and_sync({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                           os.path.join(root, f"checkpoint-{step}.pt"))
+    if len(batches) % every:  # the Estimator writes a final checkpoint too
+        _save_and_sync({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, os.path.join(root, "final.pt"))
+    writer.close()
+    _check_finite(workload, loss)
+    return RoundResult(stamps=stamps, model=model)
+
+
+def _save_and_sync(state: dict[str, Any], path: str) -> None:
+    with open(path, "wb") as file:
+        torch.save(state, file)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def _batch_arrays(batches: Sequence[Batch]) -> tuple[Any, Any]:
+    """The batches as two numpy arrays (features, labels), rows in batch order, for the input_fn comparison."""
+    features = torch.cat([features["x"] for features, _ in batches]).numpy()
+    labels = torch.cat([labels for _, labels in batches]).numpy()
+    return features, labels
+
+
+def run_hand_from_arrays(workload: Workload, batches: Sequence[Batch], seed: int) -> RoundResult:
+    """The hand loop reading numpy arrays the way a user would: consecutive slices through torch.from_numpy."""
+    features, labels = _batch_arrays(batches)
+    size = len(batches[0][1])
+    sliced = ((({"x": torch.from_numpy(features[start:start + size])}, torch.from_numpy(labels[start:start + size]))
+               for start in range(0, len(labels), size)))
+    return run_hand(workload, _Sliced(sliced, len(batches)), seed)
+
+
+class _Sliced:
+    """A generator of batches with a length (run_hand iterates it once)."""
+
+    def __init__(self, batches: Iterator[Batch], length: int) -> None:
+        self.batches, self.length = batches, length
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self.batches
+
+    def __len__(self) -> int:
+        return self.length
 
 
 class _StepStamps(te.Hook):
@@ -175,22 +270,37 @@ def _classifier_model_fn(model, features, labels, mode):
     return te.EstimatorSpec(mode, loss=F.cross_entropy(model(features["x"]), labels))
 
 
-def run_estimator(workload: Workload, batches: Sequence[Batch], seed: int, model_dir: str) -> RoundResult:
-    """Estimator.train on the same batches; the framework seeds and builds the model itself."""
+CHORES_OFF = dict(save_checkpoints_steps=None, save_checkpoints_secs=None, save_summary_steps=None,
+                  log_step_count_steps=None)
+
+
+def default_chores(every: int) -> dict[str, Any]:
+    """RunConfig's defaults but for the intervals, which both loops share (keep_checkpoint_max stays 5)."""
+    return dict(save_checkpoints_steps=every, save_summary_steps=every, log_step_count_steps=every)
+
+
+def run_estimator(workload: Workload, batches: Sequence[Batch], seed: int, model_dir: str, *,
+                  chores: dict[str, Any] = CHORES_OFF, from_arrays: bool = False) -> RoundResult:
+    """Estimator.train on the same batches (or, ``from_arrays``, on te.numpy_input_fn over the same rows); the
+    framework seeds and builds the model itself."""
     built: list[nn.Module] = []
 
     def build() -> nn.Module:
         built.append(workload.build_model())
         return built[-1]
 
-    config = te.RunConfig(
-        random_seed=seed, save_checkpoints_steps=None, save_checkpoints_secs=None, save_summary_steps=None,
-        log_step_count_steps=None, progress_bar=False, device="cpu",
-    )
+    config = te.RunConfig(random_seed=seed, progress_bar=False, device="cpu", **chores)
     estimator = te.Estimator(model_fn=_classifier_model_fn, model=build, optimizer=make_optimizer,
                              model_dir=model_dir, config=config)
     stamps = _StepStamps()
-    estimator.train(lambda: iter(batches), hooks=[stamps], max_steps=len(batches))
+    if from_arrays:
+        features, labels = _batch_arrays(batches)
+        input_fn = te.numpy_input_fn({"x": features}, labels, batch_size=len(batches[0][1]), num_epochs=1,
+                                     shuffle=False)
+    else:
+        def input_fn() -> Iterator[Batch]:
+            return iter(batches)
+    estimator.train(input_fn, hooks=[stamps], max_steps=len(batches))
     return RoundResult(stamps=stamps.stamps, model=built[0])
 
 
@@ -259,8 +369,8 @@ CLOCKS = ("wall", "cpu")  # the order of stamp()'s values
 
 @dataclasses.dataclass
 class Measurement:
-    """Median step time of each kept round, per loop and clock, and whether each loop ended with the
-    reference loop's weights in every round."""
+    """Each kept round's step time (the median of its steps, or their mean where rare chores must count), per
+    loop and clock, and whether each loop ended with the reference loop's weights in every round."""
 
     round_medians: dict[str, dict[str, list[float]]]
     identical: dict[str, bool]
@@ -294,8 +404,9 @@ def same_weights(first: nn.Module, second: nn.Module) -> bool:
 
 
 def measure(workload: Workload, settings: Settings, loops: dict[str, Callable[..., RoundResult]],
-            reference: str = "hand") -> Measurement:
-    """Runs every loop once per round, rotating their order, and checks each against `reference`'s weights."""
+            reference: str = "hand", statistic: Callable[[list[float]], float] = statistics.median) -> Measurement:
+    """Runs every loop once per round, rotating their order, and checks each against `reference`'s weights;
+    `statistic` makes one round's step times into that round's figure."""
     batches = make_batches(workload, settings)
     names = list(loops)
     measurement = Measurement(round_medians={name: {clock: [] for clock in CLOCKS} for name in names},
@@ -318,7 +429,7 @@ def measure(workload: Workload, settings: Settings, loops: dict[str, Callable[..
         if round_index >= settings.warmup_rounds:
             for name in names:
                 for clock, values in step_times(results[name].stamps, skip).items():
-                    measurement.round_medians[name][clock].append(statistics.median(values))
+                    measurement.round_medians[name][clock].append(statistic(values))
     return measurement
 
 
@@ -329,7 +440,7 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=None, help="steps per round for the MLP (default 200; quick 30)")
     parser.add_argument("--cnn-steps", type=int, default=None, help="steps per round for the CNN (default 20; quick 10)")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds of each loop, interleaved (default 25; quick 3)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of each loop, interleaved (default 15; quick 3)")
     parser.add_argument("--warmup-rounds", type=int, default=1, help="first rounds left out of the figures (default 1)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every loop (default 1)")
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
@@ -343,9 +454,10 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
     settings = Settings(
         steps=arguments.steps or (30 if quick else 200),
         cnn_steps=arguments.cnn_steps or (10 if quick else 20),
-        rounds=arguments.rounds or (3 if quick else 25),
+        rounds=arguments.rounds or (3 if quick else 15),
         warmup_rounds=arguments.warmup_rounds, threads=arguments.threads, clock=arguments.clock,
         batch_size=arguments.batch_size, seed=arguments.seed, quick=quick, lightning=not arguments.no_lightning,
+        chore_every=10 if quick else CHORE_EVERY,
     )
     if min(settings.steps, settings.cnn_steps) < 3:
         parser.error(f"--steps and --cnn-steps must be at least 3; received {settings.steps} and {settings.cnn_steps}.")
@@ -367,6 +479,51 @@ def _loops(workload: Workload, root: str, lightning: Any) -> dict[str, Callable[
     if workload.name == "mlp" and lightning is not None:
         loops["lightning"] = lambda w, b, s: run_lightning(lightning, w, b, s, f"{root}/{w.name}-lightning-{next(counter)}")
     return loops
+
+
+@dataclasses.dataclass(frozen=True)
+class Extra:
+    """One of the MLP's further comparisons: its loops and how a round's step times become its figure."""
+
+    name: str
+    what: str
+    workload: Workload
+    loops: dict[str, Callable[..., RoundResult]]
+    statistic: Callable[[list[float]], float]
+
+
+def _extras(mlp: Workload, settings: Settings, root: str) -> list[Extra]:
+    """The default-settings comparison (3x the chore interval in steps, so two chores fall inside the timed
+    steps) and the input_fn comparison."""
+    counter = iter(range(10**9))
+    every = settings.chore_every
+    chores = default_chores(every)
+    defaults = dataclasses.replace(mlp, steps=3 * every)
+    return [
+        Extra(name="mlp_defaults", what=f"checkpoint, summaries and log line every {every} steps, mean step time",
+              workload=defaults, statistic=statistics.fmean, loops={
+                  "hand": lambda w, b, s: run_hand_with_chores(w, b, s, f"{root}/hand-chores-{next(counter)}", every),
+                  "estimator": lambda w, b, s: run_estimator(w, b, s, f"{root}/estimator-chores-{next(counter)}",
+                                                             chores=chores),
+              }),
+        Extra(name="input_fn_mlp", what="te.numpy_input_fn against slices through torch.from_numpy",
+              workload=mlp, statistic=statistics.median, loops={
+                  "hand": run_hand_from_arrays,
+                  "estimator": lambda w, b, s: run_estimator(w, b, s, f"{root}/estimator-arrays-{next(counter)}",
+                                                             from_arrays=True),
+              }),
+    ]
+
+
+def _report_extra(extra: Extra, measurement: Measurement, clock: str) -> float:
+    other = "wall" if clock == "cpu" else "cpu"
+    ratio = measurement.ratio("estimator", "hand", clock)
+    print(f"{extra.name}: hand {measurement.median_ms('hand', clock):.3f} ms/step, estimator "
+          f"{measurement.median_ms('estimator', clock):.3f} ms/step, ratio {ratio:.3f} ({clock} time; on the {other} "
+          f"clock {measurement.median_ms('hand', other):.3f} vs {measurement.median_ms('estimator', other):.3f}, "
+          f"ratio {measurement.ratio('estimator', 'hand', other):.3f}; {extra.workload.steps} steps/round; {extra.what})")
+    print(f"{extra.name}: weights identical: {'yes' if measurement.identical['estimator'] else 'no'}")
+    return ratio
 
 
 def _report(workload: Workload, measurement: Measurement, clock: str) -> dict[str, float]:
@@ -420,7 +577,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     lightning = _import_lightning() if settings.lightning else None
     # The Estimator warns on every train call that checkpoints are off, and Lightning describes
     # the hardware on every fit: both intended here.
-    with _quiet_logs(("torchestimator", "lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning")):
+    quiet = ("torchestimator", "loop_overhead.hand", "lightning", "lightning.pytorch", "lightning.fabric",
+             "pytorch_lightning")
+    with _quiet_logs(quiet):
         return _run(settings, lightning)
 
 
@@ -429,18 +588,28 @@ def _run(settings: Settings, lightning: Any) -> int:
     print(f"loop_overhead: torch {torch.__version__}, lightning {version}, {settings.threads} thread(s), batch "
           f"{settings.batch_size}, {settings.rounds} interleaved rounds (first {settings.warmup_rounds} dropped as "
           f"warm-up), median step time on the {settings.clock} clock")
-    print("estimator: checkpoints, summaries, step logging and progress bar disabled; data pre-built in memory")
+    print("mlp, cnn: checkpoints, summaries, step logging and progress bar disabled; data pre-built in memory; "
+          "no per-step .item() in the hand loop")
     ratios: dict[str, float] = {}
     identical = True
+    started = stamp()
     with tempfile.TemporaryDirectory(prefix="loop-overhead-") as root:
-        for workload in workloads(settings):
+        mlp, cnn = workloads(settings)
+        for workload in (mlp, cnn):
             measurement = measure(workload, settings, _loops(workload, root, lightning))
             ratios |= _report(workload, measurement, settings.clock)
             identical &= measurement.identical["estimator"]
+        for extra in _extras(mlp, settings, root):
+            measurement = measure(extra.workload, settings, extra.loops, statistic=extra.statistic)
+            ratios[extra.name] = _report_extra(extra, measurement, settings.clock)
+            identical &= measurement.identical["estimator"]
+    finished = stamp()
     _print_verdict(ratios, lightning is not None)
     print(f"weights identical: {'yes' if identical else 'no'}")
+    print(f"benchmark time: {finished[0] - started[0]:.1f} s wall, {finished[1] - started[1]:.1f} s CPU")
     lightning_ratio = f"{ratios['lightning_mlp']:.3f}" if "lightning_mlp" in ratios else "n/a"
-    print(f"loop_overhead mlp={ratios['mlp']:.3f} cnn={ratios['cnn']:.3f} lightning_mlp={lightning_ratio}")
+    print(f"loop_overhead mlp={ratios['mlp']:.3f} cnn={ratios['cnn']:.3f} mlp_defaults={ratios['mlp_defaults']:.3f} "
+          f"input_fn_mlp={ratios['input_fn_mlp']:.3f} lightning_mlp={lightning_ratio}")
     return 0 if identical else 1
 
 

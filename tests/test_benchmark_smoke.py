@@ -16,7 +16,8 @@ import torch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "loop_overhead.py"
 RATIO = r"\d+\.\d{3}"
-FINAL_LINE = re.compile(rf"^loop_overhead mlp=({RATIO}) cnn=({RATIO}) lightning_mlp=({RATIO}|n/a)$")
+FINAL_LINE = re.compile(rf"^loop_overhead mlp=({RATIO}) cnn=({RATIO}) mlp_defaults=({RATIO}) "
+                        rf"input_fn_mlp=({RATIO}) lightning_mlp=({RATIO}|n/a)$")
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +36,14 @@ def test_quick_run_prints_ratios_and_identical_weights(benchmark, capsys):
     status = benchmark.main(["--quick", "--no-lightning", "--rounds", "2", "--steps", "12", "--cnn-steps", "6"])
     output = capsys.readouterr().out
     assert status == 0
-    mlp, cnn, lightning = _final_line(output).groups()
-    assert float(mlp) > 0 and float(cnn) > 0
+    mlp, cnn, defaults, input_fn, lightning = _final_line(output).groups()
+    assert min(float(mlp), float(cnn), float(defaults), float(input_fn)) > 0
     assert lightning == "n/a"
     assert "weights identical: yes" in output and "weights identical: no" not in output
-    assert re.search(rf"^mlp: hand {RATIO} ms/step, estimator {RATIO} ms/step, ratio {RATIO}", output, re.M)
+    for name in ("mlp", "cnn", "mlp_defaults", "input_fn_mlp"):
+        assert re.search(rf"^{name}: hand {RATIO} ms/step, estimator {RATIO} ms/step, ratio {RATIO} \(cpu time; "
+                         rf"on the wall clock {RATIO} vs {RATIO}", output, re.M), name
+    assert re.search(r"^benchmark time: [0-9.]+ s wall, [0-9.]+ s CPU$", output, re.M)
     assert "checkpoints, summaries, step logging and progress bar disabled" in output
     assert logger.level == level_before  # the benchmark quiets the library's logs only while it runs
 
@@ -61,6 +65,42 @@ def test_differing_weights_fail_the_run(benchmark, capsys, monkeypatch):
     assert status == 1
     assert "weights identical: no" in output
     _final_line(output)  # the ratios are still printed
+
+
+def _counting_items(monkeypatch):
+    calls = []
+    item = torch.Tensor.item
+    # Reads of the loss only (it requires grad); the optimizer reads its own step counters.
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: (self.requires_grad and calls.append(1)) or item(self))
+    return calls
+
+
+def test_the_hand_loop_reads_the_loss_once_not_every_step(benchmark, monkeypatch):
+    settings = benchmark.parse_settings(["--quick", "--steps", "12"])
+    workload = benchmark.workloads(settings)[0]
+    calls = _counting_items(monkeypatch)
+    result = benchmark.run_hand(workload, benchmark.make_batches(workload, settings), seed=0)
+    assert len(result.stamps) == 12 and len(calls) == 1  # the NaN check after the loop only
+
+
+def test_the_hand_loop_with_chores_saves_and_summarises_at_the_chore_steps(benchmark, monkeypatch, tmp_path):
+    settings = benchmark.parse_settings(["--quick", "--steps", "25"])
+    workload = benchmark.workloads(settings)[0]
+    calls = _counting_items(monkeypatch)
+    benchmark.run_hand_with_chores(workload, benchmark.make_batches(workload, settings), 0, str(tmp_path / "h"), 10)
+    saved = sorted(path.name for path in (tmp_path / "h").glob("*.pt"))
+    assert saved == ["checkpoint-10.pt", "checkpoint-20.pt", "final.pt"]
+    assert torch.load(tmp_path / "h" / "checkpoint-20.pt")["step"] == 20
+    assert len(list((tmp_path / "h").glob("events.out.tfevents.*"))) == 1
+    assert len(calls) == 3  # the loss read at steps 10 and 20 for the summary and log line, and once at the end
+
+
+def test_the_array_hand_loop_sees_the_batches_in_order(benchmark):
+    settings = benchmark.parse_settings(["--quick", "--steps", "9"])
+    workload = benchmark.workloads(settings)[0]
+    batches = benchmark.make_batches(workload, settings)
+    from_arrays = benchmark.run_hand_from_arrays(workload, batches, seed=0)
+    assert benchmark.same_weights(from_arrays.model, benchmark.run_hand(workload, batches, seed=0).model)
 
 
 def test_step_times_skip_warm_up_and_pair_clocks(benchmark):
