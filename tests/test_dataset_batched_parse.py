@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
+import torchestimator.data._dataset_records as dataset_records
 import torchestimator.data.tfrecord_dataset as tfrecord_dataset
 from torchestimator.data.example import encode_example
 from torchestimator.data.parsing import (
@@ -160,3 +161,24 @@ def test_features_errors_name_the_problem(tmp_path):
         TFRecordDataset(pattern, features={})
     with pytest.raises(TypeError, match=r"features\['row'\]"):
         TFRecordDataset(pattern, features={"row": "int64"})
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("block_size", [64, None])
+def test_batches_cut_from_blocks_hold_the_records_of_the_one_by_one_order(tmp_path, monkeypatch, case,
+                                                                          block_size):
+    # Batches are sliced out of blocks (whole interleave rounds at once); records are otherwise
+    # stepped one by one. Small blocks put block and file boundaries inside batches and rounds.
+    if block_size:
+        real = dataset_records.iter_record_blocks
+
+        def small_blocks(path, compression=None, **options):
+            return real(path, compression, **{**options, "block_size": block_size})
+
+        monkeypatch.setattr(dataset_records, "iter_record_blocks", small_blocks)
+    pattern = make_example_files(tmp_path, [23, 9, 17])
+    options = {key: value for key, value in CASES[case].items() if key != "drop_remainder"}
+    one_by_one = list(TFRecordDataset(pattern, **options))
+    for batch_size in (1, 4, 7):
+        batches = list(TFRecordDataset(pattern, batch_size=batch_size, collate_fn=list, **options))
+        assert [record for batch in batches for record in batch] == one_by_one, batch_size

@@ -218,14 +218,43 @@ class _EpochRecords:
                 current.index = first + (len(chunk) - 1) * modulus + 1
             self.stream_index = block_start + current.index
 
+    def _take_rounds(self, count: int, refs: bool, taken: _Taken) -> bool:
+        """Whole rounds over the slots at once, while every slot's block has records left.
+
+        k rounds starting at `self.slot` take k records of each slot and leave
+        `self.slot` where it was: the state k x len(slots) single steps reach.
+        False when no whole round fits (a block or file boundary is next).
+        """
+        slots, modulus = self.slots, self._modulus
+        rounds = min(len(slot.records) - slot.index for slot in slots)
+        rounds = min(rounds, (count - len(taken.records)) * modulus // len(slots))
+        if rounds <= 0:
+            return False
+        order = slots[self.slot:] + slots[:self.slot]
+        columns = [slot.records[slot.index:slot.index + rounds] for slot in order]
+        stream = [record for row in zip(*columns) for record in row]
+        first = (self._remainder - self.stream_index) % modulus
+        taken.records += stream[first::modulus]
+        if refs:
+            offsets = [slot.offsets[slot.index:slot.index + rounds] for slot in order]
+            taken.offsets += [offset for row in zip(*offsets) for offset in row][first::modulus]
+            taken.files += [slot.file_index for _ in range(rounds) for slot in order][first::modulus]
+        for slot in slots:
+            slot.index += rounds
+        self.stream_index += rounds * len(slots)
+        return True
+
     def _take_interleaved(self, count: int, refs: bool, taken: _Taken) -> None:
-        """Round robin, one record per slot: the loop of `_interleaved`, appending instead of yielding."""
+        """Round robin, one record per slot: whole rounds sliced at once where the blocks allow,
+        else the loop of `_interleaved`, appending instead of yielding."""
         slots, cycle = self.slots, self._plan.interleave_cycle_length
         modulus, remainder, records = self._modulus, self._remainder, taken.records
         while len(slots) < cycle and self.next_file < len(self._files):
             slots.append(self._open(self.next_file, 0))
             self.next_file += 1
         while slots and len(records) < count:
+            if self.slot < len(slots) and self._take_rounds(count, refs, taken):
+                continue
             if self.slot >= len(slots):
                 self.slot = 0
             current = slots[self.slot]
