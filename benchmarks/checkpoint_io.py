@@ -292,7 +292,7 @@ def parse_settings(argv: list[str] | None) -> Settings:
     quick = arguments.quick
     settings = Settings(
         sizes_mb=tuple(arguments.sizes_mb or ((20, 100) if quick else (100, 500))),
-        rounds=arguments.rounds or (2 if quick else 3), many_saves=arguments.many_saves or (6 if quick else 15),
+        rounds=_given(arguments.rounds, 2 if quick else 3), many_saves=_given(arguments.many_saves, 6 if quick else 15),
         many_count=arguments.many_count,
         directory=arguments.dir, threads=arguments.threads,
     )
@@ -301,6 +301,10 @@ def parse_settings(argv: list[str] | None) -> Settings:
     if settings.many_count < 11:
         parser.error(f"--many-count must be above 10 (it is compared with 10 checkpoints); received {settings.many_count}.")
     return settings
+
+
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value  # not `or`: a 0 given is refused, not replaced
 
 
 def main(argv: list[str] | None = None) -> int:
