@@ -332,3 +332,105 @@ def test_one_save_costs_the_same_at_10_and_at_300_checkpoints(tmp_path):
 
     few, many = save_times(tmp_path / "few", 10), save_times(tmp_path / "many", 300)
     assert many < 2.5 * few + 0.002, (few, many)
+
+
+# ------------------------------------------------------------- single-file saves in the background
+
+
+class _GatedStore(CheckpointStore):
+    """A store whose saves wait for ``gate`` (the background write is still pending while it is closed)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+
+    def save(self, *args, **kwargs):
+        assert self.gate.wait(60), "the test never opened the gate"
+        return super().save(*args, **kwargs)
+
+
+def _training_parts():
+    from torch import nn
+
+    from torchestimator._core.state import TrainState
+    from torchestimator.checkpoint.parts import TrainingParts
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    return TrainingParts(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01),
+                         train_state=TrainState())
+
+
+def _train_step(parts) -> None:
+    parts.model(torch.randn(5, 4)).pow(2).mean().backward()
+    parts.optimizer.step()
+    parts.optimizer.zero_grad(set_to_none=True)
+    parts.train_state.global_step += 1
+
+
+def test_one_process_saves_in_the_background_from_a_copy_taken_at_the_save(tmp_path):
+    from torchestimator.checkpoint.checkpointer import Checkpointer
+    from torchestimator.distribute import OneDeviceStrategy
+    from torchestimator.hooks.base import CheckpointSaverListener
+
+    class Heard(CheckpointSaverListener):
+        saved: list = []
+
+        def after_save(self, state, global_step):
+            Heard.saved.append(global_step)
+
+    strategy = OneDeviceStrategy("cpu")
+    strategy.setup()
+    store = _GatedStore(tmp_path, keep_checkpoint_max=None)
+    checkpointer = Checkpointer(store, strategy, listeners=[Heard()], asynchronous=True)
+    assert checkpointer.asynchronous
+    parts = _training_parts()
+    _train_step(parts)
+    at_save = {name: tensor.clone() for name, tensor in parts.model.state_dict().items()}
+    exp_avg_at_save = parts.optimizer.state_dict()["state"][0]["exp_avg"].clone()
+    checkpointer.save(parts)  # returns while the write waits at the closed gate: the loop goes on
+    assert checkpointer.published_step is None and not (tmp_path / "ckpt-1").exists() and Heard.saved == []
+    _train_step(parts)  # the live tensors change in place; the save holds its copy
+    store.gate.set()
+    checkpointer.save(parts)  # publishes step 1 first: one save in flight
+    assert Heard.saved == [1] and (tmp_path / "ckpt-1").is_dir()
+    checkpointer.close()
+    assert Heard.saved == [1, 2] and checkpointer.published_step == 2
+    first = store.restore(str(tmp_path / "ckpt-1"))
+    assert all(torch.equal(first.model_state[name], at_save[name]) for name in at_save)
+    assert torch.equal(first.optimizer_state["optimizer"]["state"][0]["exp_avg"], exp_avg_at_save)
+    assert not torch.equal(first.model_state["0.weight"], parts.model.state_dict()["0.weight"])
+    assert torch.equal(store.restore().model_state["0.weight"], parts.model.state_dict()["0.weight"])
+
+
+def test_a_failed_background_save_is_raised_at_the_next_save_and_leaves_no_folder(tmp_path):
+    import errno
+
+    from torchestimator.checkpoint import DiskFullError
+    from torchestimator.checkpoint.background import BackgroundSaves
+    from torchestimator.checkpoint.storage import LocalStorage
+
+    class Full(LocalStorage):
+        def write_file(self, folder, filename, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    saves = BackgroundSaves(CheckpointStore(Full(str(tmp_path))))
+    saves.save(1, {"weight": torch.ones(3)})
+    with pytest.raises(DiskFullError, match="checkpoint of step 1"):
+        saves.wait()
+    saves.save(2, {"weight": torch.ones(3)})
+    with pytest.raises(DiskFullError, match="checkpoint of step 2"):
+        saves.close()
+    assert not [name for name in os.listdir(tmp_path) if "ckpt-" in name]
+    with pytest.raises(RuntimeError, match="closed"):
+        saves.save(3, {"weight": torch.ones(3)})
+
+
+def test_background_saves_of_several_processes_need_dcp():
+    from torchestimator.checkpoint.checkpointer import Checkpointer
+
+    class TwoReplicas:
+        num_replicas = 2
+
+    with pytest.raises(ValueError, match="need sharded=True \\(2 replicas here\\)"):
+        Checkpointer(CheckpointStore(InMemoryStorage()), TwoReplicas(), asynchronous=True)

@@ -7,8 +7,10 @@ the path once it is on disk. With several (``sharded``), every rank writes its
 share through torch.distributed.checkpoint (``sharded.py``), synchronously or,
 with ``asynchronous``, in the background: then the listeners hear
 ``after_save`` when that checkpoint is published (at the next save, or at
-``close`` at the end of training). Listeners hear before_save/after_save on
-every replica.
+``close`` at the end of training). One process with ``asynchronous`` writes its
+single-file checkpoints in the background too (``background.py``): the loop
+waits for the copy of the state to new CPU memory only. Listeners hear
+before_save/after_save on every replica.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ class Checkpointer:
 
     Args:
         sharded: write with torch.distributed.checkpoint, every rank its share (several processes, FSDP2).
-        asynchronous: with ``sharded``, write in the background; the loop waits only for the copy to CPU.
+        asynchronous: write in the background (DCP with ``sharded``, else ``BackgroundSaves``, one process only);
+            the loop waits only for the copy to CPU.
         timeout: how long the background's collectives wait for the other replicas.
     """
 
@@ -45,18 +48,24 @@ class Checkpointer:
         """The newest checkpoint on disk (published)."""
         self.published_step: int | None = None
         self._sharded = None
+        self._background = None
         if sharded:
             from torchestimator.checkpoint.sharded import ShardedSaves  # DCP: seconds to import, only when used
 
             self._sharded = ShardedSaves(store, strategy, asynchronous=asynchronous, timeout=timeout)
         elif asynchronous:
-            raise ValueError("Checkpointer: asynchronous saves are written by DCP; they need sharded=True.")
+            if strategy.num_replicas != 1:
+                raise ValueError("Checkpointer: asynchronous saves of several processes are written by DCP; "
+                                 f"they need sharded=True ({strategy.num_replicas} replicas here).")
+            from torchestimator.checkpoint.background import BackgroundSaves
+
+            self._background = BackgroundSaves(store)
         self._waiting_listeners: list[CheckpointSaverListener] = []
         self._state: Any = None
 
     @property
     def asynchronous(self) -> bool:
-        return self._sharded is not None and self._sharded.asynchronous
+        return self._background is not None or (self._sharded is not None and self._sharded.asynchronous)
 
     def save(self, parts: TrainingParts, extra_listeners: Iterable[CheckpointSaverListener] = ()) -> bool:
         """Saves the current step; returns True if a listener asked to stop."""
@@ -68,7 +77,10 @@ class Checkpointer:
         stop = self._take_in_flight()  # at most one save in flight: the previous one is published first
         for listener in listeners:
             listener.before_save(state, step)
-        if self._sharded is None:
+        if self._background is not None:  # one process: the loop waits for the copy of the state only
+            self._background.save(step, *parts.payload(replica_states))
+            path = None
+        elif self._sharded is None:
             path = self._write_on_chief(step, parts, replica_states)
         else:
             path = self._sharded.save(step, *parts.sharded_payload(replica_states))
@@ -81,7 +93,8 @@ class Checkpointer:
     def close(self, *, raise_errors: bool = True) -> None:
         """Publishes the save in flight (the final checkpoint is complete when train returns), then releases
         the background thread; ``raise_errors=False`` (training already failed) logs its error instead."""
-        if self._sharded is None:
+        saves = self._sharded if self._sharded is not None else self._background
+        if saves is None:
             return
         try:
             self._take_in_flight()
@@ -90,7 +103,7 @@ class Checkpointer:
                 raise
             logger.error("The checkpoint being written in the background failed too: %s", error)
         finally:
-            self._sharded.close()
+            saves.close()
 
     def last_good(self) -> str:
         """The checkpoint a failed run can go back to, in words."""
@@ -129,9 +142,10 @@ class Checkpointer:
 
     def _take_in_flight(self) -> bool:
         """Waits for the background save (raising its error) and tells its listeners; True if one asks to stop."""
-        if self._sharded is None:
+        saves = self._sharded if self._sharded is not None else self._background
+        if saves is None:
             return False
-        done = self._sharded.wait()
+        done = saves.wait()
         if done is None:
             return False
         listeners, self._waiting_listeners = self._waiting_listeners, []
