@@ -35,10 +35,13 @@ saved before this format existed are the same shape and resume the same way.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from torchestimator.data._dataset_records import _EpochRecords, _Plan
 from torchestimator.data.tfrecord import ReadStats, iter_record_blocks
@@ -61,6 +64,13 @@ def _rng_state_from_json(state: Sequence[Any]) -> tuple[Any, ...]:
     return (int(version), tuple(int(word) for word in internal), gauss_next)
 
 
+def _no_record_at(path: str, offset: int) -> DataLossError:
+    return DataLossError(
+        f"The saved TFRecordDataset position holds a record at byte {offset} of {path}, but no record "
+        f"starts there: the file changed since the position was saved. Restore the files, or start "
+        f"the input from the beginning by not restoring its position.", path=path, offset=offset)
+
+
 def read_records_at(plan: _Plan, files: Sequence[str], file_indices: Sequence[int],
                     offsets: Sequence[int], stats: ReadStats) -> list[bytes]:
     """The records at (files[file_indices[i]], offsets[i]), in the order asked, with the plan's checks.
@@ -68,13 +78,18 @@ def read_records_at(plan: _Plan, files: Sequence[str], file_indices: Sequence[in
     Refs are visited in file and offset order, so one read of a block serves
     every wanted record inside it.
     """
-    wanted = sorted(set(zip(file_indices, offsets)))
-    found: dict[tuple[int, int], bytes] = {}
+    count = len(offsets)
+    # Sorted with numpy: 10k (file, offset) tuples sorted in Python cost more than all the reads.
+    order = np.lexsort((np.asarray(offsets, dtype=np.int64), np.asarray(file_indices, dtype=np.int64)))
+    sorted_files = np.asarray(file_indices, dtype=np.int64)[order].tolist()
+    sorted_offsets = np.asarray(offsets, dtype=np.int64)[order].tolist()
+    order = order.tolist()
+    records: list[Any] = [None] * count
     options = plan.read_options()
     options.pop("skip_corrupt")  # a record that was read once and is damaged now is an error, not a skip
     index = 0
-    while index < len(wanted):
-        file_index, offset = wanted[index]
+    while index < count:
+        file_index, offset = sorted_files[index], sorted_offsets[index]
         path = files[file_index]
         blocks = iter_record_blocks(path, start_offset=offset, stats=stats, block_size=_REREAD_BLOCK_SIZE,
                                     **options)
@@ -82,19 +97,18 @@ def read_records_at(plan: _Plan, files: Sequence[str], file_indices: Sequence[in
             block_offsets, block_records = next(blocks, ([], []))
         finally:
             blocks.close()  # the reader's file closes now, not when the generator is collected
-        if not block_offsets or block_offsets[0] != offset:
-            raise DataLossError(
-                f"The saved TFRecordDataset position holds a record at byte {offset} of {path}, but no "
-                f"record starts there: the file changed since the position was saved. Restore the "
-                f"files, or start the input from the beginning by not restoring its position.",
-                path=path, offset=offset)
-        for block_offset, record in zip(block_offsets, block_records):
-            if index == len(wanted) or wanted[index][0] != file_index or wanted[index][1] < block_offset:
-                break  # done, or the next ref lies between records here: its own read will say so
-            if wanted[index] == (file_index, block_offset):
-                found[wanted[index]] = record
-                index += 1
-    return [found[ref] for ref in zip(file_indices, offsets)]
+        if not block_offsets:
+            raise _no_record_at(path, offset)
+        last = block_offsets[-1]
+        # Every wanted record of this file up to the block's last one is in the block (bisect, in C).
+        while index < count and sorted_files[index] == file_index and sorted_offsets[index] <= last:
+            wanted = sorted_offsets[index]
+            position = bisect.bisect_left(block_offsets, wanted)
+            if block_offsets[position] != wanted:
+                raise _no_record_at(path, wanted)
+            records[order[index]] = block_records[position]
+            index += 1
+    return records
 
 
 class _ShuffleBuffer:
