@@ -39,9 +39,10 @@ features)` call converted by `to_torch` (numeric arrays become tensors,
 strings stay numpy object arrays, VarLen a sparse tensor, Ragged a
 RaggedValue of tensors); without batch_size each record is
 `to_torch(parse_single_example(record, features))`. Batches are cut out of
-the reader's blocks with list slices (`_dataset_records.py`), so there is no
-Python step per record between the file and the parser (except through an
-interleave of several files or the shuffle buffer, which draw per record).
+the reader's blocks with list slices (`_dataset_records.py`; through an
+interleave, whole rounds over the open files at once), so there is no
+Python step per record between the file and the parser, except in the
+shuffle buffer (one random draw per record, as TF's).
 For FixedLen features the batches equal parse_fn=parse_single_example with
 the default collate, value for value and dtype for dtype.
 
@@ -51,7 +52,9 @@ Iterated in one process, the dataset reads the position off its paused
 generator when `state_dict()` is called (no per-item cost). Through
 `.loader(num_workers=...)` (a `TFRecordLoader`), each worker tags every item
 with (shard, the shard's position after this item) and the loader strips the
-tag and keeps the latest position per shard. `state_dict()` is
+tag and keeps the latest position per shard (a shuffle buffer's tag carries
+only the slots that changed since the worker's previous item, and the
+loader patches its copy). `state_dict()` is
 `{"shards": {shard: position}, ...}` (JSON); after `load_state_dict()` every
 shard starts right after its last delivered item. A shard position is:
 
