@@ -230,6 +230,17 @@ def test_errors_are_the_pure_paths(records: list[Any]) -> None:
     assert_same(records[-1:], SCHEMA, single=True)
 
 
+def test_memoryviews_of_plain_bytes_are_compiled_others_agree() -> None:
+    record = encode_example({"label": [4], "ids": [1, 2], "words": [b"x"]})
+    assert assert_compiled([memoryview(record), memoryview(bytearray(record))], SCHEMA)["label"].tolist() == [4, 4]
+    released = memoryview(record)
+    released.release()
+    strided = memoryview(record * 2)[::2]
+    for view in (released, strided, memoryview(record).cast("c"), memoryview(np.frombuffer(record[:8], np.int64))):
+        assert_same([record, view], SCHEMA)
+    assert_same([record, np.frombuffer(record, np.uint8)], SCHEMA)
+
+
 def test_unusual_wire_forms_fall_back_and_agree() -> None:
     label = entry("label", feature(3, int64_list([1])))
     crafted = [

@@ -440,20 +440,36 @@ static int read_spec(Plan *plan, Spec *spec, Py_ssize_t record) {
     return sink_append(&spec->lengths, &length, 8);
 }
 
+/* A memoryview of plain contiguous bytes (as a block reader may hand out); any other is left to
+ * Python (released, strided, or of another format), as is every other type but bytes/bytearray. */
+static int memoryview_bytes(PyObject *item, Py_buffer *view) {
+    if (PyObject_GetBuffer(item, view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS)) { PyErr_Clear(); return BAIL; }
+    if (view->itemsize == 1 && view->format && strcmp(view->format, "B") == 0) return 0;
+    PyBuffer_Release(view);
+    return BAIL;
+}
+
 static int read_record(Plan *plan, PyObject *item, Py_ssize_t record) {
     Span span;
+    Py_buffer view = {0};
+    int has_view = 0;
     if (PyBytes_Check(item)) {
         span.p = (const uint8_t *)PyBytes_AS_STRING(item);
         span.end = span.p + PyBytes_GET_SIZE(item);
     } else if (PyByteArray_Check(item)) {
         span.p = (const uint8_t *)PyByteArray_AS_STRING(item);
         span.end = span.p + PyByteArray_GET_SIZE(item);
+    } else if (PyMemoryView_Check(item) && memoryview_bytes(item, &view) == 0) {
+        has_view = 1;
+        span.p = (const uint8_t *)view.buf;
+        span.end = span.p + view.len;
     } else {
-        return BAIL; /* Python raises its TypeError for this record */
+        return BAIL; /* Python raises its TypeError for this record, or reads it its own way */
     }
     for (Py_ssize_t i = 0; i < plan->slot_count; i++) plan->slots[i].present = 0;
     int status = read_example(plan, span);
     for (Py_ssize_t i = 0; !status && i < plan->spec_count; i++) status = read_spec(plan, &plan->specs[i], record);
+    if (has_view) PyBuffer_Release(&view);
     return status;
 }
 
@@ -514,7 +530,8 @@ PyDoc_STRVAR(parse_examples_doc,
 "lengths, indices) with values a bytearray of float32/int64 or a list of bytes, lengths a\n"
 "bytearray of one int64 per record and indices (mode 2; else None) a bytearray of int64\n"
 "[record, position] pairs, one per value. Returns instead the int index of the first record it does not\n"
-"handle (malformed, missing required, wrong kind or count, not bytes): the caller then parses\n"
+"handle (malformed, missing required, wrong kind or count, not bytes, bytearray or a plain\n"
+"memoryview): the caller then parses\n"
 "the batch its own way, which words the error.");
 
 static PyMethodDef methods[] = {
