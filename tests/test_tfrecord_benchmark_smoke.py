@@ -5,6 +5,7 @@ argument checks work. The timings themselves are not asserted."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import re
 import subprocess
@@ -163,6 +164,22 @@ def test_numpy_batch_turns_sparse_tensors_into_tensorflow_parts(benchmark):
     indices, values, shape = converted["tokens"]
     assert indices.tolist() == [[0, 2], [1, 0]] and values.tolist() == [5, 7] and shape.tolist() == [2, 3]
     assert converted["label"].tolist() == [1, 2] and converted["image"].tolist() == [b"x"]
+
+
+def test_measure_times_every_reader_with_the_heap_frozen_and_unfreezes_it(benchmark):
+    settings = benchmark.parse_settings(["--quick", "--rounds", "3"])
+    frozen_during = []
+
+    def read() -> int:
+        frozen_during.append(gc.get_freeze_count())
+        return 5
+
+    measurement = benchmark.measure({"a": benchmark.Contender(read, 5), "b": benchmark.Contender(read, 5)}, settings)
+    assert len(frozen_during) == 6 and min(frozen_during) > 0
+    assert gc.get_freeze_count() == 0
+    assert len(measurement.rates["a"]) == len(measurement.walls["b"]) == 2  # the warm-up round left out
+    with pytest.raises(RuntimeError, match="a read 4 records in round 0; expected 5"):
+        benchmark.measure({"a": benchmark.Contender(lambda: 4, 5)}, settings)
 
 
 def test_records_digest_sees_order_and_boundaries(benchmark):
