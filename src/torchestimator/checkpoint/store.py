@@ -71,6 +71,7 @@ logger = logging.getLogger(__name__)
 _MANIFEST_VERSION = 1
 _MANIFEST_CHECKSUM_KEY = "sha256"
 _CHECKPOINT_FOLDER = re.compile(r"ckpt-(\d+)")
+_WRITTEN_ENTRIES = "__written_entries__"  # in a manifest read back from this store's own write; never written
 _LEFTOVER_FOLDER = re.compile(rf"\.(?P<kind>tmp|old|del)-ckpt-(?P<step>\d+)-{WRITER_PATTERN}")
 
 
@@ -143,7 +144,7 @@ class CheckpointStore:
         self._leftovers_cleared = False
         self._scan_cache: tuple[list[Any], set[str], list[_Entry], dict[str, str]] | None = None
         """The manifest's entries and the folders of this store's last listing, and what it found."""
-        self._manifest_cache: tuple[bytes, dict[str, Any]] | None = None
+        self._manifest_cache: tuple[bytes, dict[str, Any], tuple[_Entry, ...] | None] | None = None
         """The manifest's bytes as this store last wrote or read them, and their parsed document: the next
         save reads the file (one small read) and parses it again only when its bytes differ."""
         self._leftovers_seen = False
@@ -436,7 +437,10 @@ class CheckpointStore:
     def _scan_folders(self, manifest: dict[str, Any], folders: set[str]) -> tuple[list[_Entry], dict[str, str]]:
         listed = {item["folder"]: item for item in manifest["checkpoints"]}
         entries, rejected = [], {}
-        for folder, item in listed.items():  # the index: no file read
+        written = manifest.get(_WRITTEN_ENTRIES)
+        if written is not None:  # this store wrote the manifest: its entries are at hand
+            entries = [entry for entry in written if entry.folder in folders]
+        for folder, item in listed.items() if written is None else ():  # the index: no file read
             save_time = item.get("save_time")
             if (folder in folders and folder == f"ckpt-{item['step']}" and isinstance(save_time, (int, float))
                     and not isinstance(save_time, bool)):
@@ -488,8 +492,11 @@ class CheckpointStore:
             return empty
         if self._manifest_cache is not None and self._manifest_cache[0] == data:
             # The bytes this store last wrote or read (its own save wrote them): parsed and checked then.
-            cached = self._manifest_cache[1]
-            return {**cached, "checkpoints": list(cached["checkpoints"]), "best": list(cached["best"])}
+            cached, entries = self._manifest_cache[1], self._manifest_cache[2]
+            manifest = {**cached, "checkpoints": list(cached["checkpoints"]), "best": list(cached["best"])}
+            if entries is not None:
+                manifest[_WRITTEN_ENTRIES] = entries  # the entries those bytes were made of: no item to check again
+            return manifest
         try:
             manifest = json.loads(data.decode("utf-8"))
             _check_manifest(manifest)
@@ -504,7 +511,7 @@ class CheckpointStore:
             return empty
         manifest.pop(_MANIFEST_CHECKSUM_KEY, None)
         manifest = {**empty, **manifest}
-        self._manifest_cache = (data, manifest)
+        self._manifest_cache = (data, manifest, None)
         return {**manifest, "checkpoints": list(manifest["checkpoints"]), "best": list(manifest["best"])}
 
     def _write_manifest(self, manifest: dict[str, Any], entries: list[_Entry]) -> None:
@@ -512,7 +519,7 @@ class CheckpointStore:
         data = checkpoint_format.sealed_json(document, _MANIFEST_CHECKSUM_KEY, compact=True)
         self._manifest_cache = None  # until the new bytes are in place
         self.storage.replace_manifest(data)
-        self._manifest_cache = (data, document)
+        self._manifest_cache = (data, document, tuple(entries))
 
     @staticmethod
     def _manifest_document(manifest: dict[str, Any], entries: list[_Entry]) -> dict[str, Any]:
