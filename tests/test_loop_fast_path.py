@@ -5,6 +5,7 @@ stops at its step, and a hook's stop request is honoured with one replica."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -194,3 +195,26 @@ def test_model_fn_gets_its_arguments_by_name_on_both_call_paths(tmp_path):
                  optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1), model_dir=str(tmp_path / "b"),
                  config=_config()).train(lambda: iter(_batches()), max_steps=1)
     assert seen == [("all", "Linear", 4, 4, te.ModeKeys.TRAIN), ("params", 7, te.ModeKeys.TRAIN)]
+
+
+def test_the_loss_is_read_without_gradient_warnings_and_the_final_loss_is_the_last_steps(tmp_path):
+    class LastLoss(te.Hook):
+        def after_step(self, run_context):
+            self.loss = run_context.loss
+
+    last = LastLoss()
+    estimator = _estimator(tmp_path, _model_fn, save_summary_steps=2, log_step_count_steps=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # float() of a tensor that requires grad warns
+        estimator.train(lambda: iter(_batches()), hooks=[last], max_steps=5)
+    assert read_scalars(str(tmp_path / "model"))["loss"][-1][0] == 4
+    assert isinstance(last.loss, float) and last.loss > 0
+
+
+def test_the_final_loss_without_a_hook_reading_it(tmp_path, caplog):
+    estimator = _estimator(tmp_path, _model_fn)
+    with warnings.catch_warnings(), caplog.at_level("INFO", logger="torchestimator"):
+        warnings.simplefilter("error")
+        estimator.train(lambda: iter(_batches()), max_steps=3)
+    final = [record.getMessage() for record in caplog.records if record.getMessage().startswith("Loss for final step")]
+    assert len(final) == 1 and float(final[0].split(": ")[1].rstrip(".")) > 0

@@ -153,7 +153,8 @@ def _loss_watch(device: torch.device) -> _HostLossWatch | _DeviceLossWatch:
 
 def _micro_step(run: TrainingRun, batches: DeviceBatches, autocast: Any, accumulation: int, last: bool,
                 check_spec: TrainSpecCheck) -> tuple[EstimatorSpec, torch.Tensor | None]:
-    """Forward and backward on one batch; returns the spec and the detached loss (None after a train_op)."""
+    """Forward and backward on one batch; returns the spec and the loss (None after a train_op; see
+    _forward_backward)."""
     features, labels = batches.next()
     if last:  # the common case (no accumulation): no gradient-sync context to enter
         return _forward_backward(run, features, labels, autocast, accumulation, check_spec)
@@ -163,6 +164,9 @@ def _micro_step(run: TrainingRun, batches: DeviceBatches, autocast: Any, accumul
 
 def _forward_backward(run: TrainingRun, features: Any, labels: Any, autocast: Any, accumulation: int,
                       check_spec: TrainSpecCheck) -> tuple[EstimatorSpec, torch.Tensor | None]:
+    """model_fn and backward on one batch. The loss returned is the spec's own tensor when there is no
+    accumulation (no detach per step: the spec holds it anyway, and it is read with .item(), which does not
+    track gradients); a micro-batch's share is detached, since the shares are summed."""
     if autocast is None:
         spec = run.call_model_fn(run.wrapped, features, labels, ModeKeys.TRAIN)
     else:
@@ -179,14 +183,18 @@ def _forward_backward(run: TrainingRun, features: Any, labels: Any, autocast: An
         loss = loss / accumulation
     scaler = run.parts.grad_scaler
     (scaler.scale(loss) if scaler is not None else loss).backward()
-    return spec, loss.detach()
+    return spec, loss if accumulation == 1 else loss.detach()
 
 
 def _train_step(run: TrainingRun, batches: DeviceBatches, autocast: Any, check_spec: TrainSpecCheck,
                 ) -> tuple[EstimatorSpec, torch.Tensor]:
     """One optimizer step over gradient_accumulation_steps micro-batches; StopIteration when input ends."""
     accumulation = run.config.gradient_accumulation_steps
-    spec, total_loss = _micro_step(run, batches, autocast, accumulation, accumulation == 1, check_spec)
+    if accumulation == 1:  # the common case, one call shorter
+        features, labels = batches.next()
+        spec, total_loss = _forward_backward(run, features, labels, autocast, 1, check_spec)
+    else:
+        spec, total_loss = _micro_step(run, batches, autocast, accumulation, False, check_spec)
     if total_loss is None:  # the spec's train_op did the whole step
         return spec, spec.loss.detach()
     for micro_step in range(1, accumulation):
@@ -246,6 +254,9 @@ class _TrainLoop:
         self.several = run.strategy.num_replicas > 1
         self.is_chief = run.strategy.is_chief
         self.watch_is_free = isinstance(self.watch, _HostLossWatch)  # the host watch costs nothing to read
+        # One replica, no checkpoints, no in-loop evaluation: a step with no stop, interrupt or checkpoint request
+        # has nothing to agree on or save, only the NaN guard to read (see _agree_and_save's first lines).
+        self.alone_without_saves = not self.several and run.checkpointer is None and run.evaluation is None
         self.pending_listeners: list[Any] = []
         self.context = RunContext(self.state, is_chief=self.is_chief, summary_writer=run.summary_writer,
                                   on_checkpoint_request=self.pending_listeners.append)
@@ -256,7 +267,7 @@ class _TrainLoop:
         self.check_spec = TrainSpecCheck()
         self.steps_this_call = 0
         self.stop_reason: str | None = None  # who stopped training when not a hook: for TrainingRun.ended_by
-        self.last_loss: torch.Tensor | None = None  # the latest step's (detached), for the final loss
+        self.last_loss: torch.Tensor | None = None  # the latest step's (read with .item()), for the final loss
         self.last_loss_mean: float | None = None  # its mean over replicas, when that step was a logging step
 
     def run_steps(self, interrupt: _InterruptFlag, progress: Progress) -> None:
@@ -304,6 +315,12 @@ class _TrainLoop:
 
     def _agree_and_save(self, interrupt_raised: bool, logging_step: bool) -> tuple[bool, bool]:
         """Every replica agrees on stop / save / NaN, then saves and evaluates together; returns (stop, interrupted)."""
+        if self.alone_without_saves and not (interrupt_raised or self.context.stop_requested or self.pending_listeners):
+            # What the general path below does in this case: nothing to save or evaluate, the watch read at its
+            # read points.
+            if (self.watch_is_free or logging_step) and self.watch.flag():
+                self._raise_not_finite()
+            return False, False
         run, step, schedules = self.run, self.state.global_step, self.schedules
         evaluation = run.evaluation
         eval_wants_checkpoint = evaluation is not None and run.checkpointer is not None and evaluation.wants_checkpoint(step)
@@ -386,7 +403,7 @@ class _TrainLoop:
         if self.several:
             return self.last_loss_mean if self.last_loss_mean is not None else self.strategy.reduce_mean(self.last_loss)
         value = self.context.loss_if_read
-        return float(self.last_loss) if value is None else value
+        return self.last_loss.item() if value is None else value
 
 
 def _write_train_summaries(run: TrainingRun, loss: float, step: int) -> None:
