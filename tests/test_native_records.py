@@ -2,8 +2,8 @@
 
 Both paths run in this one process: the compiled module is imported directly
 (so these comparisons run even with TORCHESTIMATOR_PURE_PYTHON=1, which only
-stops the package from *choosing* it) and `tfrecord._scan_block` is switched
-between the compiled scanner and `_scan_block_python` for each read. Every read
+stops the package from *choosing* it) and `tfrecord._core` is switched
+between the compiled scanner and `_tfrecord_scan._scan_block_python` for each read. Every read
 must give the same records at the same offsets, the same stats, and the same
 error: class, message, offset and file.
 """
@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from torchestimator import _native
 from torchestimator.cli import main
-from torchestimator.data import tfrecord
+from torchestimator.data import _tfrecord_scan, tfrecord
 from torchestimator.data.tfrecord import (
     DataLossError,
     ReadStats,
@@ -154,7 +154,7 @@ def test_writer_bytes_are_the_same_both_ways(tmp_path: Any, monkeypatch: Any, co
 
 
 def both_scans(buffer: bytes, position: int, base: int, verify: bool, limit: int) -> tuple[Any, ...]:
-    pure = tfrecord._scan_block_python(buffer, position, base, verify, limit, {})
+    pure = _tfrecord_scan._scan_block_python(buffer, position, base, verify, limit, {})
     compiled = records_c.scan(buffer, position, len(buffer), base, verify, limit)
     assert compiled == pure
     # the reader's reused bytearray, with stale bytes after `end` that must not be read
@@ -184,19 +184,20 @@ def test_scan_equals_the_python_scanner_on_noise(buffer: bytes, verify: bool) ->
 def test_scan_reports_each_status_where_the_python_scanner_does() -> None:
     good = framed(b"hello")
     limit = tfrecord.DEFAULT_MAX_RECORD_SIZE
-    assert both_scans(good * 2, 0, 100, True, limit) == ([100, 121], [b"hello"] * 2, 42, tfrecord._NEED_HEADER, 0)
-    assert both_scans(good + good[:15], 0, 0, True, limit)[2:] == (21, tfrecord._NEED_RECORD, 5)
-    assert both_scans(good + good[:1] + b"\x09" + good[2:], 0, 0, True, limit)[2:] == (21, tfrecord._LENGTH_CRC_BAD, 0)
-    assert both_scans(good + good[:-1] + b"\x00", 0, 0, True, limit)[2:] == (21, tfrecord._DATA_CRC_BAD, 0)
-    assert both_scans(good + framed(b"too long"), 0, 0, True, 5)[2:] == (21, tfrecord._TOO_LARGE, 8)
+    assert both_scans(good * 2, 0, 100, True, limit) == ([100, 121], [b"hello"] * 2, 42, _tfrecord_scan._NEED_HEADER, 0)
+    assert both_scans(good + good[:15], 0, 0, True, limit)[2:] == (21, _tfrecord_scan._NEED_RECORD, 5)
+    bad_length_crc = good + good[:1] + b"\x09" + good[2:]
+    assert both_scans(bad_length_crc, 0, 0, True, limit)[2:] == (21, _tfrecord_scan._LENGTH_CRC_BAD, 0)
+    assert both_scans(good + good[:-1] + b"\x00", 0, 0, True, limit)[2:] == (21, _tfrecord_scan._DATA_CRC_BAD, 0)
+    assert both_scans(good + framed(b"too long"), 0, 0, True, 5)[2:] == (21, _tfrecord_scan._TOO_LARGE, 8)
     huge = framed(b"", length=(1 << 64) - 1)
-    assert both_scans(huge, 0, 0, True, limit)[2:] == (0, tfrecord._NEED_RECORD, (1 << 64) - 1)
+    assert both_scans(huge, 0, 0, True, limit)[2:] == (0, _tfrecord_scan._NEED_RECORD, (1 << 64) - 1)
 
 
 def test_scan_of_a_big_buffer_releases_the_gil_and_agrees() -> None:
     buffer = b"".join(framed(os.urandom(n)) for n in range(0, 3000, 7))  # about 640 KB
     offsets, records, position, status, _ = both_scans(buffer, 0, 0, True, tfrecord.DEFAULT_MAX_RECORD_SIZE)
-    assert len(records) == len(range(0, 3000, 7)) and position == len(buffer) and status == tfrecord._NEED_HEADER
+    assert len(records) == len(range(0, 3000, 7)) and position == len(buffer) and status == _tfrecord_scan._NEED_HEADER
 
 
 # --------------------------------------------------------------------------- whole files, damaged
