@@ -24,9 +24,9 @@ MILLISECONDS = r"\d+\.\d\d|n/a"
 FINAL_LINE = re.compile(rf"^serving rps_vs_fastapi=({FIGURE}) rps_vs_flask=({FIGURE}) "
                         rf"batching_gain_c8=({FIGURE}) p99_ms_c8=({MILLISECONDS}) batching_gain_c32=({FIGURE}) "
                         rf"big_batching_gain_c8=({FIGURE}) big_batching_gain_c32=({FIGURE}) "
-                        rf"p99_ms_c32_batching=({MILLISECONDS}) p99_ms_c32_plain=({MILLISECONDS})$")
+                        rf"p99_ms_c32_batching=({MILLISECONDS}) p99_ms_c32_plain=({MILLISECONDS}) cpu_vs_fastapi=({FIGURE})$")
 NAMES = ("rps_vs_fastapi", "rps_vs_flask", "batching_gain_c8", "p99_ms_c8", "batching_gain_c32",
-         "big_batching_gain_c8", "big_batching_gain_c32", "p99_ms_c32_batching", "p99_ms_c32_plain")
+         "big_batching_gain_c8", "big_batching_gain_c32", "p99_ms_c32_batching", "p99_ms_c32_plain", "cpu_vs_fastapi")
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +91,9 @@ def test_quick_run_serves_every_server_and_prints_the_final_line(benchmark, caps
         assert re.search(r"^mlp\s+8\s+fastapi_async\s+\d+ ", output, re.M)
         assert re.search(r"^mlp\s+8\s+fastapi_def\s+\d+ ", output, re.M)
     assert (figures["rps_vs_flask"] is not None) == _installed("flask", "gunicorn")
+    assert (figures["cpu_vs_fastapi"] is not None) == _installed("fastapi", "uvicorn")
+    assert re.search(r"^mlp: server CPU per request, the leaner FastAPI's over ours at c=1/8/32: ", output, re.M)
+    assert re.search(r"^mlp\s+8\s+ours\s+\d+ .* 0 +[2-9]\d*$", output, re.M)  # errors 0, then its threads (>= 2)
     for name in ("batching_gain_c8", "p99_ms_c8", "batching_gain_c32", "p99_ms_c32_batching", "p99_ms_c32_plain"):
         assert figures[name] is not None, name
     assert figures["big_batching_gain_c32"] is None  # quick serves the mlp only
@@ -109,11 +112,11 @@ def _final_line_figures(output: str) -> dict[str, float | None]:
 def test_format_figures_writes_the_issue_line(benchmark):
     figures = dict.fromkeys(NAMES)
     figures.update({"rps_vs_fastapi": 1.23456, "batching_gain_c8": math.nan, "p99_ms_c8": 12.345,
-                    "big_batching_gain_c32": 2.5, "p99_ms_c32_plain": 30.0})
+                    "big_batching_gain_c32": 2.5, "p99_ms_c32_plain": 30.0, "cpu_vs_fastapi": 1.5})
     line = benchmark.format_figures(figures)
     assert line == ("serving rps_vs_fastapi=1.235 rps_vs_flask=n/a batching_gain_c8=n/a p99_ms_c8=12.35 "
                     "batching_gain_c32=n/a big_batching_gain_c8=n/a big_batching_gain_c32=2.500 "
-                    "p99_ms_c32_batching=n/a p99_ms_c32_plain=30.00")
+                    "p99_ms_c32_batching=n/a p99_ms_c32_plain=30.00 cpu_vs_fastapi=1.500")
     assert FINAL_LINE.match(line)
     assert tuple(benchmark.FIGURES) == NAMES
 
@@ -280,6 +283,35 @@ def test_the_fastapi_ratio_takes_the_faster_anchor_of_each_round(benchmark):
     })
     assert measurement.fastest_ratio("ours", ("fastapi_async", "fastapi_def"), 8) == pytest.approx((1.5 + 2.0) / 2)
     assert measurement.cpu_us_per_request("ours", 8) == pytest.approx(0.08 / 70 * 1e6)
+
+
+def test_cpu_efficiency_takes_the_leanest_anchor_pooled_over_rounds(benchmark):
+    Run = benchmark.Run
+    measurement = benchmark.Measurement(runs={
+        ("ours", 8): [Run(latencies=[0.001] * 10, wall=1.0, errors=0, server_cpu=0.02, server_threads=4),
+                      Run(latencies=[0.001] * 30, wall=1.0, errors=0, server_cpu=0.02, server_threads=3)],
+        ("fastapi_async", 8): [Run(latencies=[0.001] * 10, wall=1.0, errors=0, server_cpu=0.03)],
+        ("fastapi_def", 8): [Run(latencies=[0.001] * 10, wall=1.0, errors=0, server_cpu=0.05)],
+    })
+    # ours: 0.04 s over 40 requests = 1000 us; the leaner anchor (async): 3000 us
+    assert measurement.cpu_efficiency_ratio("ours", ("fastapi_async", "fastapi_def"), 8) == pytest.approx(3.0)
+    assert measurement.threads("ours", 8) == 4
+
+
+def test_process_tree_threads_counts_a_childs_threads(benchmark):
+    import subprocess
+    child = subprocess.Popen([sys.executable, "-c", "import threading, sys\n"
+                              "stop = threading.Event()\n"
+                              "for _ in range(3): threading.Thread(target=stop.wait, daemon=True).start()\n"
+                              "print('up', flush=True); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"up\n"
+        assert benchmark.process_tree_threads(child.pid) == 4  # the main thread and three waiting
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+    assert benchmark.process_tree_threads(2 ** 22 + 12345) == 0
 
 
 def test_process_tree_cpu_counts_children(benchmark):
