@@ -1,8 +1,8 @@
 """Checksums of a file's bytes computed beside its I/O, so that checking a checkpoint costs no extra pass.
 
 A checkpoint's files are checksummed as they are written and as they are read
-back (``store.py``, ``tensor_files.py``). The buffers go to a helper thread in
-order and the caller does not wait for them: it writes (and fsyncs) or reads on
+back (``store.py``, ``tensor_files.py``). The buffers go to a helper thread per
+checksum, in order, and the caller does not wait for them: it writes (and fsyncs) or reads on
 while the thread hashes behind it; ``hashlib``, ``zlib`` and file I/O all
 release the GIL for large buffers, so the two overlap, and a save or restore
 takes about the longer of the two, not their sum.
@@ -32,7 +32,7 @@ _OVERLAP_MIN_BYTES = 1 << 20
 
 
 class OverlappedChecksums:
-    """sha256 and/or crc32 of the buffers given to ``update``, in order, computed on a helper thread.
+    """sha256 and/or crc32 of the buffers given to ``update``, in order, computed on helper threads.
 
     A buffer handed to ``update`` must stay unchanged until ``result`` (or ``close``) returns: the views
     of a checkpoint's tensors are, since the save or restore holds them. Use as a context manager, so the
@@ -46,8 +46,9 @@ class OverlappedChecksums:
             raise ValueError(f"OverlappedChecksums: unknown checksum kinds {sorted(unknown)}; use sha256, crc32.")
         self._sha256 = hashlib.sha256() if SHA256 in self.kinds else None
         self._crc32 = 0
-        self._executor: ThreadPoolExecutor | None = None
-        self._last: Future[None] | None = None
+        # One thread per kind: each sees the buffers in order, and the two kinds run side by side.
+        self._executors: dict[str, ThreadPoolExecutor] = {}
+        self._pending: list[Future[None]] = []
         self.size = 0
         """Bytes given so far."""
 
@@ -61,13 +62,16 @@ class OverlappedChecksums:
         """Queue ``buffer`` (bytes-like) after the ones before it; returns at once."""
         nbytes = memoryview(buffer).nbytes
         self.size += nbytes
-        if nbytes < _OVERLAP_MIN_BYTES and self._last is None:
-            self._add(buffer)  # nothing queued before it: the order holds
+        if nbytes < _OVERLAP_MIN_BYTES and not self._executors:
+            for kind in self.kinds:  # nothing queued before it: the order holds
+                self._add(kind, buffer)
             return
-        if self._executor is None:
-            # One worker: the buffers are checksummed in the order they were queued.
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-checksum")
-        self._last = self._executor.submit(self._add, buffer)
+        for kind in self.kinds:
+            executor = self._executors.get(kind)
+            if executor is None:
+                executor = self._executors[kind] = ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix=f"checkpoint-{kind}")
+            self._pending.append(executor.submit(self._add, kind, buffer))
 
     def passing(self, buffers: Iterable[Any]) -> Iterator[Any]:
         """``buffers`` as they are, each queued for checksumming as it is handed on (to a storage writing it)."""
@@ -90,16 +94,16 @@ class OverlappedChecksums:
         """Waits for the buffers queued (none is read after the caller lets them go), stops the thread."""
         self._drain()
 
-    def _add(self, buffer: Any) -> None:
-        if self._sha256 is not None:
+    def _add(self, kind: str, buffer: Any) -> None:
+        if kind == SHA256:
             self._sha256.update(buffer)
-        if CRC32 in self.kinds:
+        else:
             self._crc32 = zlib.crc32(buffer, self._crc32)
 
     def _drain(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)  # every queued buffer done, in order
-            self._executor = None
-        last, self._last = self._last, None
-        if last is not None:
-            last.result()  # raises only for a buffer that is not bytes-like: the caller's error
+        executors, self._executors = self._executors, {}
+        for executor in executors.values():
+            executor.shutdown(wait=True)  # every queued buffer done, in order
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()  # raises only for a buffer that is not bytes-like: the caller's error
