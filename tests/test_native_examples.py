@@ -1,11 +1,11 @@
 """The compiled Example parser (torchestimator._native._examples) against the pure-Python one.
 
-Both paths run in this one process: `parsing._parse_records` takes the compiled pass when it
-applies, `parsing._parse_records_python` is the pure path. Every test holds them to the same
-results (dtype, shape, values, SparseValue/RaggedValue parts, bit for bit) and the same errors
-(type and message), on hand-made wire bytes (packed and unpacked lists, duplicate keys, unknown
-fields, missing features, defaults, wrong kinds and counts, truncated and crafted bytes),
-hypothesis-generated Examples and the TF-made fixtures.
+Both paths run in this one process: `parsing._parse_records` takes the compiled pass
+(`_parsing_compiled.parse_compiled`) when it applies, `parsing._parse_records_python` is the pure
+path. Every test holds them to the same results (dtype, shape, values, SparseValue/RaggedValue
+parts, bit for bit) and the same errors (type and message), on hand-made wire bytes (packed and
+unpacked lists, duplicate keys, unknown fields, missing features, defaults, wrong kinds and counts,
+truncated and crafted bytes), hypothesis-generated Examples and the TF-made fixtures.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from torchestimator import _native
-from torchestimator.data import parsing
+from torchestimator.data import _parsing_compiled, parsing
 from torchestimator.data.example import encode_example
 from torchestimator.data.parsing import (
     FixedLenFeature,
@@ -132,7 +132,7 @@ def assert_same(records: list[Any], features: Any, single: bool = False) -> tupl
 
 def assert_compiled(records: list[bytes], features: Any, single: bool = False) -> dict[str, Any]:
     """The compiled pass handles these records (no fallback) and agrees with the pure path."""
-    assert parsing._parse_compiled(list(records), features, single) is not None, "the compiled pass fell back"
+    assert _parsing_compiled.parse_compiled(list(records), features, single) is not None, "the compiled pass fell back"
     return assert_same(records, features, single)[1]
 
 
@@ -265,7 +265,7 @@ def test_unusual_wire_forms_fall_back_and_agree() -> None:
     for record in crafted:
         assert_same([record], SCHEMA)
         assert_same([encode_example({"label": [1]}), record], SCHEMA)
-    assert parsing._parse_compiled(crafted[-1:], SCHEMA, False) is not None  # valid, so still compiled
+    assert _parsing_compiled.parse_compiled(crafted[-1:], SCHEMA, False) is not None  # valid, so still compiled
 
 
 def test_spec_errors_are_the_pure_paths() -> None:

@@ -33,7 +33,7 @@ Two paths, one behaviour: where the compiled core `torchestimator._native._examp
 is built (and TORCHESTIMATOR_PURE_PYTHON is not set), `parse_example` and
 `parse_single_example` parse a whole batch in one C call that fills the
 arrays directly (FixedLen, VarLen, Ragged and FixedLenSequence specs; the spec
-is compiled once per features mapping). That pass handles only the plain,
+is compiled once per features mapping, in `_parsing_compiled.py`). That pass handles only the plain,
 well-formed case: for any batch it does not (a missing required feature, a
 wrong kind or count, a malformed record, unusual wire forms) the pure-Python
 parser below runs instead, and it alone words errors, so results and errors
@@ -48,13 +48,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from torchestimator import _native
 from torchestimator.data.example import (
     BYTES,
     FLOAT,
@@ -88,7 +86,6 @@ _KIND_OF_DTYPE = {"int64": INT64, "float32": FLOAT, "string": BYTES}
 _NUMPY_DTYPE = {"int64": np.dtype(np.int64), "float32": np.dtype(np.float32), "string": np.dtype(object)}
 _TF_TYPE_NAME = {"int64": "int64", "float32": "float", "string": "string"}  # as TF's messages spell them
 _LIST_NAME = {INT64: "int64_list", FLOAT: "float_list", BYTES: "bytes_list"}
-_LITTLE_ENDIAN = sys.byteorder == "little"  # the compiled pass copies float32 payloads as they are on the wire
 _DTYPE_ALIASES = {"int64": "int64", "float32": "float32", "float": "float32", "string": "string",
                   "bytes": "string", "str": "string", "object": "string"}
 
@@ -472,7 +469,7 @@ class _SequenceColumn(_VarLenColumn):
 
 
 # The results of the list-valued specs from all records' values and each record's count (shared
-# by the columns above and the compiled pass, so both build them the same way).
+# by the columns above and the compiled pass in _parsing_compiled.py, so both build them the same way).
 
 
 def _sparse_value(values: np.ndarray, lengths: np.ndarray, single: bool) -> SparseValue:
@@ -536,7 +533,10 @@ def _preview(record: Any) -> str:
 
 
 def _parse_records(serialized: Sequence[bytes], features: Mapping[str, Any], single: bool) -> dict[str, Any]:
-    parsed = _parse_compiled(serialized, features, single)
+    # Imported here, not at the top: _parsing_compiled builds on this module's specs and helpers.
+    from torchestimator.data._parsing_compiled import parse_compiled
+
+    parsed = parse_compiled(serialized, features, single)
     return parsed if parsed is not None else _parse_records_python(serialized, features, single)
 
 
@@ -566,137 +566,6 @@ def _raise_record_error(record: Any, index: int) -> None:
     except TypeError as error:
         raise TypeError(f"record {index}: {error}") from None
     raise AssertionError("a record failed to parse once and parsed the second time")
-
-
-# --------------------------------------------------------------------------------------------
-# The compiled pass (torchestimator._native._examples): one C call per batch fills the arrays.
-# It handles the plain, well-formed case only; for any record it does not (a malformed record,
-# a missing required feature, a wrong kind or count, anything unusual in the wire format) it
-# returns that record's index and the batch goes through `_parse_records_python`, which raises
-# its exact error or returns its result. So errors and results never differ between the paths.
-
-_NATIVE_KIND = {"string": BYTES, "float32": FLOAT, "int64": INT64}
-_PLAN_CACHE_SIZE = 64
-_plans: dict[tuple, "_Plan | None"] = {}
-
-
-# How each spec's part of the C pass's answer becomes its result: finish(spec, part, count, single),
-# None when the pure path must decide after all.
-
-def _finish_dense(spec: FixedLenFeature, out: np.ndarray, count: int, single: bool) -> np.ndarray:
-    return out.reshape(spec.shape if single else (count, *spec.shape))
-
-
-def _finish_strings(spec: FixedLenFeature, values: list, count: int, single: bool) -> np.ndarray:
-    return _values_array(values, "string").reshape(spec.shape if single else (count, *spec.shape))
-
-
-def _list_parts(spec: Any, part: tuple) -> tuple[np.ndarray, np.ndarray]:
-    values = _values_array(part[0], "string") if spec.dtype == "string" else np.frombuffer(
-        part[0], _NUMPY_DTYPE[spec.dtype])
-    return values, np.frombuffer(part[1], np.int64)
-
-
-def _finish_sparse(spec: VarLenFeature, part: tuple, count: int, single: bool) -> SparseValue:
-    values, lengths = _list_parts(spec, part)
-    if single:
-        return _sparse_value(values, lengths, single)
-    width = int(lengths.max()) if count else 0  # the indices came from the C pass, as _sparse_value has them
-    return SparseValue(np.frombuffer(part[2], np.int64).reshape(-1, 2), values, np.array([count, width], np.int64))
-
-
-def _finish_ragged(spec: RaggedFeature, part: tuple, count: int, single: bool) -> Any:
-    return _ragged_value(*_list_parts(spec, part), spec, single)
-
-
-def _finish_sequence(spec: FixedLenSequenceFeature, part: tuple, count: int, single: bool) -> np.ndarray | None:
-    values, lengths = _list_parts(spec, part)
-    row_size = math.prod(spec.shape)
-    if np.any(lengths % max(row_size, 1)) or (row_size == 0 and np.any(lengths)):
-        return None  # a record of a partial row: an error the pure path words
-    return _sequence_value(values, lengths, spec, single)
-
-
-class _Plan(NamedTuple):
-    """A features mapping compiled for `_examples.parse_examples`, once per mapping (cached)."""
-
-    keys: tuple[bytes, ...]
-    """The distinct feature keys the records are searched for, UTF-8."""
-    specs: tuple[tuple, ...]
-    """Per spec, the C pass's (slot in keys, kind, mode, values per record, None, default)."""
-    arrays: tuple[tuple[int, np.dtype, int], ...]
-    """(position in specs, dtype, values per record) of the FixedLen numeric specs, filled in place."""
-    finishers: tuple[tuple[str, Any, Any], ...]
-    """Per spec, (name, spec, finish function)."""
-
-
-def _compile_plan(features: Mapping[str, Any]) -> _Plan | None:
-    _example_columns(features, 0, "features")  # the pure path's spec errors, raised the same way
-    keys: dict[bytes, int] = {}
-    specs, arrays, finishers = [], [], []
-    for name, spec in features.items():
-        key = spec.value_key or name if isinstance(spec, RaggedFeature) else name
-        if not isinstance(key, str):
-            return None
-        try:
-            slot = keys.setdefault(key.encode("utf-8"), len(keys))
-        except UnicodeEncodeError:  # a lone surrogate: protobuf's own lookup decides
-            return None
-        size, fill, mode = 0, None, 0
-        if isinstance(spec, FixedLenFeature):
-            size, fill, mode = math.prod(spec.shape), spec._default, 1
-            if fill is not None:
-                fill = tuple(fill.tolist()) if spec.dtype == "string" else fill.astype(
-                    _NUMPY_DTYPE[spec.dtype]).tobytes()
-            if spec.dtype != "string":
-                arrays.append((len(specs), _NUMPY_DTYPE[spec.dtype], size))
-            finish = _finish_strings if spec.dtype == "string" else _finish_dense
-        elif isinstance(spec, VarLenFeature):
-            mode, finish = 2, _finish_sparse  # 2: the C pass also writes the SparseValue indices
-        else:
-            finish = _finish_ragged if isinstance(spec, RaggedFeature) else _finish_sequence
-        specs.append((slot, _NATIVE_KIND[spec.dtype], mode, size, None, fill))
-        finishers.append((name, spec, finish))
-    return _Plan(tuple(keys), tuple(specs), tuple(arrays), tuple(finishers))
-
-
-def _plan_for(features: Any) -> _Plan | None:
-    if not isinstance(features, Mapping):
-        return None
-    try:
-        cache_key = tuple(features.items())  # the specs hash by identity (eq=False)
-        plan = _plans.get(cache_key, False)
-    except TypeError:  # an unhashable spec: not a spec at all, the pure path says so
-        return None
-    if plan is False:
-        plan = _compile_plan(features)
-        if len(_plans) >= _PLAN_CACHE_SIZE:
-            _plans.clear()
-        _plans[cache_key] = plan
-    return plan
-
-
-def _parse_compiled(serialized: Sequence[bytes], features: Any, single: bool) -> dict[str, Any] | None:
-    """The batch parsed by the compiled pass, or None where it does not apply (then the pure path runs)."""
-    native = _native.load("_examples")
-    plan = _plan_for(features) if native is not None and _LITTLE_ENDIAN else None
-    if plan is None:
-        return None
-    count = len(serialized)
-    specs = list(plan.specs)
-    for position, dtype, size in plan.arrays:
-        slot, kind, mode, _, _, fill = specs[position]
-        specs[position] = (slot, kind, mode, size, np.empty((count, size), dtype), fill)
-    parts = native.parse_examples(serialized, plan.keys, tuple(specs))
-    if isinstance(parts, int):  # record `parts` is not the plain case: the pure path decides
-        return None
-    parsed = {}
-    for (name, spec, finish), part, spec_tuple in zip(plan.finishers, parts, specs):
-        value = finish(spec, spec_tuple[4] if part is None else part, count, single)
-        if value is None:
-            return None
-        parsed[name] = value
-    return parsed
 
 
 def parse_single_example(serialized: bytes, features: Mapping[str, FeatureSpec]) -> dict[str, Any]:
