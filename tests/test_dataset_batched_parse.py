@@ -182,3 +182,44 @@ def test_batches_cut_from_blocks_hold_the_records_of_the_one_by_one_order(tmp_pa
     for batch_size in (1, 4, 7):
         batches = list(TFRecordDataset(pattern, batch_size=batch_size, collate_fn=list, **options))
         assert [record for batch in batches for record in batch] == one_by_one, batch_size
+
+
+def test_label_key_hands_out_the_pair_an_input_fn_returns(tmp_path):
+    pattern = make_example_files(tmp_path, [3, 2])
+    pairs = list(TFRecordDataset(pattern, features=NUMERIC, label_key="row", batch_size=2))
+    plain = list(TFRecordDataset(pattern, features=NUMERIC, batch_size=2))
+    assert len(pairs) == len(plain) == 3
+    for (features, labels), batch in zip(pairs, plain):
+        assert set(features) == {"file", "dense"}
+        assert torch.equal(labels, batch["row"]) and torch.equal(features["dense"], batch["dense"])
+    features, label = next(iter(TFRecordDataset(pattern, features=NUMERIC, label_key="row")))
+    assert label.tolist() == 0 and set(features) == {"file", "dense"}
+
+
+def test_label_key_errors_name_the_problem(tmp_path):
+    pattern = make_example_files(tmp_path, [1])
+    with pytest.raises(ValueError, match=r"label_key 'label' is not one of features= \(\['dense', 'file', 'row'\]\)"):
+        TFRecordDataset(pattern, features=NUMERIC, label_key="label")
+    with pytest.raises(ValueError, match="pass features= too"):
+        TFRecordDataset(pattern, label_key="row", parse_fn=per_record)
+
+
+def test_an_estimator_trains_on_features_with_label_key(tmp_path):
+    from conftest import make_estimator
+    from torchestimator import EstimatorSpec
+
+    pattern = make_example_files(tmp_path, [6, 6])
+    seen = []
+
+    def model_fn(model, features, labels, mode):
+        seen.append(labels.tolist())
+        prediction = model(features["dense"]).squeeze(1)
+        return EstimatorSpec(mode, loss=((prediction - labels.float()) ** 2).mean())
+
+    def input_fn(input_context):
+        return TFRecordDataset(pattern, features=NUMERIC, label_key="row", batch_size=4,
+                               input_context=input_context)
+
+    estimator = make_estimator(tmp_path / "model", model=lambda: torch.nn.Linear(3, 1), model_fn=model_fn)
+    estimator.train(input_fn)
+    assert seen == [[0, 1, 2, 3], [4, 5, 0, 1], [2, 3, 4, 5]]

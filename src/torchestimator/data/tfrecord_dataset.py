@@ -38,7 +38,10 @@ fast path: with batch_size, each batch is ONE `parse_example(records,
 features)` call converted by `to_torch` (numeric arrays become tensors,
 strings stay numpy object arrays, VarLen a sparse tensor, Ragged a
 RaggedValue of tensors); without batch_size each record is
-`to_torch(parse_single_example(record, features))`. Batches are cut out of
+`to_torch(parse_single_example(record, features))`. `label_key="label"`
+makes each item the pair `(features without label, label)` that an
+input_fn returns (TF's `make_batched_features_dataset(label_key=)`).
+Batches are cut out of
 the reader's blocks with list slices (`_dataset_records.py`; through an
 interleave, whole rounds over the open files at once), so there is no
 Python step per record between the file and the parser, except in the
@@ -126,22 +129,30 @@ class _Output:
 
     parse_fn: Callable[[bytes], Any] | None
     features: Mapping[str, Any] | None
+    label_key: str | None
     batch_size: int | None
     collate_fn: Callable[[list[Any]], Any]
     drop_remainder: bool
 
     def item(self, record: bytes) -> Any:
         if self.features is not None:
-            return to_torch(parse_single_example(record, self.features))
+            return self._split_label(to_torch(parse_single_example(record, self.features)))
         return record if self.parse_fn is None else self.parse_fn(record)
 
     def batch(self, records: list[bytes]) -> Any:
         if self.features is not None:  # one parse call for the whole batch
-            return to_torch(parse_example(records, self.features))
+            return self._split_label(to_torch(parse_example(records, self.features)))
         if self.parse_fn is None:
             return self.collate_fn(records)
         parse = self.parse_fn
         return self.collate_fn([parse(record) for record in records])
+
+    def _split_label(self, parsed: dict[str, Any]) -> Any:
+        # (features, labels), the pair an input_fn returns, as TF's make_batched_features_dataset(label_key=)
+        if self.label_key is None:
+            return parsed
+        label = parsed.pop(self.label_key)
+        return parsed, label
 
 
 class _ShardStream:
@@ -375,6 +386,18 @@ def _check_options(options: Mapping[str, Any]) -> None:
                             f"{type(options[name]).__name__}.")
 
 
+def _checked_label_key(label_key: Any, features: Mapping[str, Any] | None) -> str | None:
+    if label_key is None:
+        return None
+    if features is None:
+        raise ValueError("TFRecordDataset: label_key names one of features= to hand out as the label; "
+                         "pass features= too (with parse_fn/collate_fn, return (features, label) yourself).")
+    if label_key not in features:
+        raise ValueError(f"TFRecordDataset: label_key {label_key!r} is not one of features= "
+                         f"({sorted(features)}).")
+    return label_key
+
+
 def _checked_features(features: Mapping[str, Any] | None, parse_fn: Any, collate_fn: Any) -> Mapping[str, Any] | None:
     """A parse_example spec, checked now (a bad spec fails here, not in the first batch of a worker)."""
     if features is None:
@@ -397,7 +420,8 @@ class TFRecordDataset(IterableDataset):
     Iterating it in the main process yields this process's items and tracks
     the position (`state_dict`); `.loader(num_workers=...)` does the same over
     DataLoader workers. `features` (a parse_example spec) parses each batch
-    in one call, in place of parse_fn/collate_fn. `compression`, `skip_corrupt`, `verify`, `strict` and
+    in one call, in place of parse_fn/collate_fn; `label_key` (one of its
+    names) makes each item `(features, label)`, as an input_fn returns. `compression`, `skip_corrupt`, `verify`, `strict` and
     `max_record_size` (bytes; a longer record is a DataLossError) are
     `iter_records`'s options.
     """
@@ -413,6 +437,7 @@ class TFRecordDataset(IterableDataset):
         num_epochs: int | None = 1,
         parse_fn: Callable[[bytes], Any] | None = None,
         features: Mapping[str, Any] | None = None,
+        label_key: str | None = None,
         batch_size: int | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         drop_remainder: bool = False,
@@ -440,8 +465,9 @@ class TFRecordDataset(IterableDataset):
         if shard_by == "file" and len(paths) < num_ranks:
             raise ValueError(f'TFRecordDataset: shard_by="file" needs at least one file per process; '
                              f'received {len(paths)} files for {num_ranks} processes. Use shard_by="auto".')
-        self._output = _Output(parse_fn=parse_fn, features=_checked_features(features, parse_fn, collate_fn),
-                               batch_size=batch_size,
+        checked_features = _checked_features(features, parse_fn, collate_fn)
+        self._output = _Output(parse_fn=parse_fn, features=checked_features,
+                               label_key=_checked_label_key(label_key, checked_features), batch_size=batch_size,
                                collate_fn=collate_fn or default_collate, drop_remainder=bool(drop_remainder))
         self._positions = _Positions(self._plan, num_workers=1)
 
