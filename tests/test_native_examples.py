@@ -96,6 +96,9 @@ def example_bytes(*entries: bytes) -> bytes:
 
 def assert_same_value(ours: Any, pure: Any, where: str) -> None:
     assert type(ours) is type(pure), f"{where}: {type(ours).__name__} != {type(pure).__name__}"
+    if isinstance(pure, SparseValue):
+        for path, value in (("compiled", ours), ("pure", pure)):
+            assert_coalesced_layout(value, f"{where} ({path})")
     if isinstance(pure, (SparseValue, RaggedValue)):
         for part, (mine, theirs) in zip(pure._fields, zip(ours, pure)):
             assert_same_value(mine, theirs, f"{where}.{part}")
@@ -107,6 +110,17 @@ def assert_same_value(ours: Any, pure: Any, where: str) -> None:
         assert ours.tolist() == pure.tolist(), where
     else:
         assert ours.tobytes() == pure.tobytes(), f"{where}: {ours!r} != {pure!r}"  # NaN payloads and -0.0 too
+
+
+def assert_coalesced_layout(value: SparseValue, where: str) -> None:
+    """What to_torch relies on to skip torch's checks: int64 indices whose transpose is C-contiguous
+    [rank, nnz] (no copy for torch), row-major sorted and unique, inside dense_shape."""
+    indices = value.indices.T
+    assert indices.dtype == np.int64 and indices.flags.c_contiguous and indices.shape[1] == len(value.values), where
+    if indices.shape[1]:
+        assert indices.min() >= 0 and np.all(indices.max(axis=1) < value.dense_shape), where
+        linear = np.ravel_multi_index(tuple(indices), tuple(value.dense_shape))
+        assert np.all(np.diff(linear) > 0), f"{where}: indices not row-major sorted and unique"
 
 
 def outcome(call: Any) -> tuple:

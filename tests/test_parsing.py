@@ -331,6 +331,31 @@ def test_to_torch_converts_numeric_values():
     assert context["len"].item() == 2 and sequences["one"].tolist() == [1.0, 2.0]
 
 
+def test_to_torch_trusts_parsed_indices_and_shares_them():
+    records = [example(v=[1, 2]), example(), example(v=[3, 4, 5])]
+    parsed = parse_example(records, {"v": VarLenFeature("int64")})["v"]
+    assert parsed.indices.T.flags.c_contiguous and parsed.indices.shape == (5, 2)  # [rank, nnz] underneath
+    tensor = to_torch(parsed)
+    assert tensor.is_coalesced() and tensor.to_dense().tolist() == [[1, 2, 0], [0, 0, 0], [3, 4, 5]]
+    assert tensor._indices().data_ptr() == parsed.indices.ctypes.data  # no transpose copy
+    assert torch.equal(tensor._indices(), tensor.coalesce()._indices())
+    single = to_torch(parse_single_example(records[2], {"v": VarLenFeature("int64")})["v"])
+    assert single.is_coalesced() and single.to_dense().tolist() == [3, 4, 5]
+    empty = to_torch(parse_example([example()], {"v": VarLenFeature("int64")})["v"])
+    assert empty.is_coalesced() and empty.shape == (1, 0) and empty._nnz() == 0
+
+
+def test_to_torch_checks_sparse_values_it_did_not_parse():
+    parsed = parse_example([example(v=[1, 2])], {"v": VarLenFeature("int64")})["v"]
+    unsorted = SparseValue(np.array([[0, 1], [0, 0]]), np.array([2, 1]), np.array([1, 2]))
+    tensor = to_torch(unsorted)
+    assert not tensor.is_coalesced() and tensor.to_dense().tolist() == [[1, 2]]
+    with pytest.raises(RuntimeError, match="inconsistent with indices"):  # torch's own check, kept for these
+        to_torch(parsed._replace(indices=np.array([[0, 0], [0, 5]])))
+    with pytest.raises(RuntimeError, match="inconsistent with indices"):
+        to_torch(SparseValue(np.array([[3, 0]]), np.array([1]), np.array([1, 2])))
+
+
 def test_parse_empty_batch():
     parsed = parse_example([], {"x": FixedLenFeature([3], "float32"), "v": VarLenFeature("int64"),
                                 "s": FixedLenSequenceFeature([], "int64", allow_missing=True)})

@@ -223,12 +223,12 @@ typedef struct {
 
 typedef struct {
     Py_ssize_t slot, size;
-    int kind, fixed, sparse; /* sparse: also each value's [record, position], as a SparseValue's indices */
+    int kind, fixed, sparse; /* sparse: also the SparseValue's indices, built from lengths at the end */
     Py_buffer out;       /* FixedLen numeric: the caller's [B * size] array */
     int has_out;
     const char *fill;    /* FixedLen numeric default: size values, or NULL (required) */
     PyObject *fill_list; /* FixedLen bytes default: a tuple of size bytes, or NULL */
-    Sink values, lengths, indices;
+    Sink values, lengths;
 } Spec;
 
 typedef struct {
@@ -261,7 +261,6 @@ static void plan_free(Plan *plan) {
         if (spec->has_out) PyBuffer_Release(&spec->out);
         free(spec->values.data);
         free(spec->lengths.data);
-        free(spec->indices.data);
         Py_XDECREF(spec->values.list);
     }
     free(plan->specs);
@@ -299,7 +298,6 @@ static int plan_spec(Plan *plan, Spec *spec, PyObject *item, Py_ssize_t batch) {
     if (!PyArg_ParseTuple(item, "niinOO", &spec->slot, &spec->kind, &mode, &spec->size, &out, &fill)) return -1;
     spec->fixed = mode == 1;
     spec->sparse = mode == 2;
-    spec->indices.growable = 1;
     if (spec->slot < 0 || spec->slot >= plan->slot_count || spec->kind < KIND_BYTES || spec->kind > KIND_INT64 ||
         spec->size < 0 || mode < 0 || mode > 2) {
         PyErr_SetString(PyExc_ValueError, "_examples: spec out of range");
@@ -433,10 +431,6 @@ static int read_spec(Plan *plan, Spec *spec, Py_ssize_t record) {
         return count == spec->size ? 0 : BAIL; /* a wrong count: an error Python words */
     }
     int64_t length = count;
-    for (int64_t position = 0; spec->sparse && position < length; position++) {
-        int64_t index[2] = {(int64_t)record, position};
-        if ((status = sink_append(&spec->indices, index, 16))) return status;
-    }
     return sink_append(&spec->lengths, &length, 8);
 }
 
@@ -475,14 +469,30 @@ static int read_record(Plan *plan, PyObject *item, Py_ssize_t record) {
 
 /* ------------------------------------------------------------------ the Python function */
 
+/* A SparseValue's indices as torch takes them, [2, nnz] row-major: every value's record, then its
+ * position in the record; sorted and unique by construction (coalesced). */
+static PyObject *sparse_indices(const Spec *spec) {
+    const int64_t *lengths = (const int64_t *)spec->lengths.data;
+    Py_ssize_t records = spec->lengths.length / 8, total = 0;
+    for (Py_ssize_t record = 0; record < records; record++) total += (Py_ssize_t)lengths[record];
+    PyObject *indices = PyByteArray_FromStringAndSize(NULL, total * 16);
+    if (!indices) return NULL;
+    int64_t *rows = (int64_t *)PyByteArray_AS_STRING(indices), *positions = rows + total;
+    for (Py_ssize_t record = 0; record < records; record++)
+        for (int64_t position = 0; position < lengths[record]; position++) {
+            *rows++ = (int64_t)record;
+            *positions++ = position;
+        }
+    return indices;
+}
+
 static PyObject *spec_result(Spec *spec) {
     if (spec->fixed && spec->kind != KIND_BYTES) Py_RETURN_NONE;
     PyObject *values = spec->kind == KIND_BYTES ? Py_NewRef(spec->values.list)
                                                 : PyByteArray_FromStringAndSize(spec->values.data, spec->values.length);
     if (!values || spec->fixed) return values;
     PyObject *lengths = PyByteArray_FromStringAndSize(spec->lengths.data, spec->lengths.length);
-    PyObject *indices = spec->sparse ? PyByteArray_FromStringAndSize(spec->indices.data, spec->indices.length)
-                                     : Py_NewRef(Py_None);
+    PyObject *indices = spec->sparse ? sparse_indices(spec) : Py_NewRef(Py_None);
     PyObject *parts = lengths && indices ? PyTuple_Pack(3, values, lengths, indices) : NULL;
     Py_DECREF(values);
     Py_XDECREF(lengths);
@@ -529,7 +539,7 @@ PyDoc_STRVAR(parse_examples_doc,
 "Returns per spec: None (FixedLen numeric), a list of bytes (FixedLen bytes), or (values,\n"
 "lengths, indices) with values a bytearray of float32/int64 or a list of bytes, lengths a\n"
 "bytearray of one int64 per record and indices (mode 2; else None) a bytearray of int64\n"
-"[record, position] pairs, one per value. Returns instead the int index of the first record it does not\n"
+"[2, nnz] row-major: each value's record, then each value's position in it. Returns instead the int index of the first record it does not\n"
 "handle (malformed, missing required, wrong kind or count, not bytes, bytearray or a plain\n"
 "memoryview): the caller then parses\n"
 "the batch its own way, which words the error.");

@@ -32,6 +32,7 @@ from torchestimator.data.parsing import (
     SparseValue,
     VarLenFeature,
     _example_columns,
+    _parsed_sparse,
     _ragged_value,
     _sequence_value,
     _sparse_value,
@@ -69,7 +70,7 @@ def _finish_sparse(spec: VarLenFeature, part: tuple, count: int, single: bool) -
     if single:
         return _sparse_value(values, lengths, single)
     width = int(lengths.max()) if count else 0  # the indices came from the C pass, as _sparse_value has them
-    return SparseValue(np.frombuffer(part[2], np.int64).reshape(-1, 2), values, np.array([count, width], np.int64))
+    return _parsed_sparse(np.frombuffer(part[2], np.int64).reshape(2, -1), values, np.array([count, width], np.int64))
 
 
 def _finish_ragged(spec: RaggedFeature, part: tuple, count: int, single: bool) -> Any:

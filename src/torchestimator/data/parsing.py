@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -243,7 +244,8 @@ class SparseValue(NamedTuple):
     """COO sparse result, like `tf.compat.v1.SparseTensorValue`."""
 
     indices: np.ndarray
-    """int64 [n, rank]: the position of each value, row-major."""
+    """int64 [n, rank]: the position of each value, row-major (from the parsers: sorted and unique, and
+    the transposed view of a C-contiguous [rank, n] array, which torch takes as it is)."""
     values: np.ndarray
     """[n] values."""
     dense_shape: np.ndarray
@@ -472,16 +474,29 @@ class _SequenceColumn(_VarLenColumn):
 # by the columns above and the compiled pass in _parsing_compiled.py, so both build them the same way).
 
 
+# The SparseValues the parsers build, by the id of their indices (a weak reference tells a reused
+# id apart): `to_torch` trusts these indices, valid and coalesced by construction, and checks others.
+_parsed_indices: dict[int, weakref.ref] = {}
+
+
+def _parsed_sparse(indices: np.ndarray, values: np.ndarray, dense_shape: np.ndarray) -> SparseValue:
+    """A parser's SparseValue from its int64 [rank, n] C-contiguous, row-major sorted, unique indices."""
+    view = indices.T  # [n, rank] as TF has it; its .T is `indices` again, no copy for torch
+    key = id(view)
+    _parsed_indices[key] = weakref.ref(view, lambda _, key=key: _parsed_indices.pop(key, None))
+    return SparseValue(view, values, dense_shape)
+
+
 def _sparse_value(values: np.ndarray, lengths: np.ndarray, single: bool) -> SparseValue:
     if single:
-        return SparseValue(np.arange(len(values), dtype=np.int64).reshape(-1, 1), values,
-                           np.array([len(values)], np.int64))
+        return _parsed_sparse(np.arange(len(values), dtype=np.int64).reshape(1, -1), values,
+                              np.array([len(values)], np.int64))
     count = len(lengths)
-    starts = np.cumsum(lengths) - lengths
-    rows = np.repeat(np.arange(count, dtype=np.int64), lengths)
-    positions = np.arange(len(values), dtype=np.int64) - np.repeat(starts, lengths)
+    indices = np.empty((2, len(values)), np.int64)  # the layout the C pass writes: records, then positions
+    indices[0] = np.repeat(np.arange(count, dtype=np.int64), lengths)
+    indices[1] = np.arange(len(values), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     width = int(lengths.max()) if count else 0
-    return SparseValue(np.stack([rows, positions], axis=1), values, np.array([count, width], np.int64))
+    return _parsed_sparse(indices, values, np.array([count, width], np.int64))
 
 
 def _ragged_value(values: np.ndarray, lengths: np.ndarray, spec: RaggedFeature, single: bool) -> Any:
@@ -733,25 +748,42 @@ def decode_raw(data: Any, dtype: Any, shape: Sequence[int] | None = None, little
     return values.reshape(shape)
 
 
-def _to_torch_value(value: Any) -> Any:
-    import torch
+def _tensor(torch: Any, array: np.ndarray) -> Any:
+    """A numeric array as a tensor sharing its memory (a copy where it is read-only, which torch refuses)."""
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
 
+
+def _sparse_tensor(torch: Any, value: SparseValue) -> Any:
+    shape = tuple(np.asarray(value.dense_shape).tolist())
+    reference = _parsed_indices.get(id(value.indices))
+    if reference is not None and reference() is value.indices:
+        # A parser's indices: in bounds, row-major sorted and unique by construction, so torch's checks
+        # (tens of us per batch, far more with several OpenMP threads on a busy machine) are skipped.
+        return torch.sparse_coo_tensor(torch.from_numpy(value.indices.T), _tensor(torch, value.values), shape,
+                                       check_invariants=False, is_coalesced=True)
+    indices = torch.from_numpy(np.ascontiguousarray(value.indices.T, dtype=np.int64))
+    return torch.sparse_coo_tensor(indices, torch.from_numpy(np.array(value.values)), shape,
+                                   check_invariants=True)
+
+
+def _to_torch_value(value: Any, torch: Any) -> Any:
+    kind = type(value)
+    if kind is np.ndarray:  # the common cases first, by exact type
+        return value if value.dtype == object else _tensor(torch, value)
+    if kind is dict:
+        return {name: _to_torch_value(item, torch) for name, item in value.items()}
     if isinstance(value, SparseValue):
-        if value.values.dtype == object:
-            return value
-        indices = torch.from_numpy(np.ascontiguousarray(value.indices.T, dtype=np.int64))
-        return torch.sparse_coo_tensor(indices, torch.from_numpy(np.array(value.values)),
-                                       tuple(int(dim) for dim in value.dense_shape), check_invariants=True)
+        return value if value.values.dtype == object else _sparse_tensor(torch, value)
     if isinstance(value, RaggedValue):
         if getattr(value.values, "dtype", None) == object:
             return value
         return RaggedValue(torch.from_numpy(np.array(value.values)), torch.from_numpy(np.array(value.row_splits)))
     if isinstance(value, np.ndarray) and value.dtype != object:
-        return torch.from_numpy(value if value.flags.writeable else value.copy())
+        return _tensor(torch, value)
     if isinstance(value, Mapping):
-        return {name: _to_torch_value(item) for name, item in value.items()}
+        return {name: _to_torch_value(item, torch) for name, item in value.items()}
     if isinstance(value, tuple):
-        return tuple(_to_torch_value(item) for item in value)
+        return tuple(_to_torch_value(item, torch) for item in value)
     return value
 
 
@@ -759,8 +791,15 @@ def to_torch(parsed: Any) -> Any:
     """Parsed results -> torch: numeric arrays to tensors (sharing memory where writable).
 
     `SparseValue` -> `torch.sparse_coo_tensor(indices.T, values, dense_shape)`
-    (uncoalesced, in TF's row-major order), `RaggedValue` -> a `RaggedValue` of
-    tensors; string values stay numpy object arrays. Works on a dict, on the
-    `(context, sequences)` pair, or on one value.
+    in TF's row-major order. One the parsers made is coalesced by construction
+    and converted without torch's checks (`is_coalesced=True`, its values and
+    indices shared with the tensor); any other SparseValue (built by hand, or
+    with `_replace`) is checked by torch and left uncoalesced, its values copied.
+    Change a parse result's indices in place only through a new SparseValue.
+    `RaggedValue` -> a `RaggedValue` of tensors; string values stay numpy
+    object arrays. Works on a dict, on the `(context, sequences)` pair, or on
+    one value.
     """
-    return _to_torch_value(parsed)
+    import torch
+
+    return _to_torch_value(parsed, torch)
