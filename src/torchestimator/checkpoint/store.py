@@ -376,19 +376,26 @@ class CheckpointStore:
         Checksums are verified by ``restore``, which falls back past a damaged one. The manifest is the
         index: only the newest entries' state.json are read, until one is valid (usually one file).
         """
-        entries = self._entries(self._read_manifest())
-        for entry in reversed(entries):
-            try:
-                checkpoint_format.read_state(self.storage, entry.folder, entry.step)
-            except CheckpointError as error:
-                self._warn_once(f"Ignoring checkpoint {self.storage.location(entry.folder)}, it is damaged: {error}")
-                continue
-            return self.storage.location(entry.folder)
-        return None
+        entries = self._entries_to_newest_intact(self._read_manifest())
+        return self.storage.location(entries[-1].folder) if entries else None
 
     def all_checkpoints(self) -> list[str]:
-        """Paths of all complete checkpoints, oldest (lowest step) first."""
-        return [self.storage.location(entry.folder) for entry in self._entries(self._read_manifest())]
+        """Paths of all complete checkpoints, oldest (lowest step) first (up to the newest intact one)."""
+        return [self.storage.location(entry.folder) for entry in self._entries_to_newest_intact(self._read_manifest())]
+
+    def _entries_to_newest_intact(self, manifest: dict[str, Any]) -> list[_Entry]:
+        """The listed checkpoints, less those newer than the newest whose state.json is valid: what a reader
+        is offered agrees with ``latest_checkpoint``; an older damaged one is restore's to skip."""
+        entries = self._entries(manifest)
+        while entries:
+            try:
+                checkpoint_format.read_state(self.storage, entries[-1].folder, entries[-1].step)
+                break
+            except CheckpointError as error:
+                self._warn_once(
+                    f"Ignoring checkpoint {self.storage.location(entries[-1].folder)}, it is damaged: {error}")
+                entries.pop()
+        return entries
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -408,7 +415,7 @@ class CheckpointStore:
                 "best": entry.step in best,
                 "preserved": entry.preserved,
             }
-            for entry in self._entries(manifest)
+            for entry in self._entries_to_newest_intact(manifest)
         ]
 
     def has_checkpoints(self) -> bool:
