@@ -275,11 +275,15 @@ def test_unusual_wire_forms_fall_back_and_agree() -> None:
         example_bytes(label, entry("ids", feature(3, tag(1, 1) + b"12345678"))),         # int64 as fixed64
         example_bytes(label, entry("ids", feature(3, b"\x08" + b"\xff" * 9 + b"\x7f"))),  # varint past 64 bits
         example_bytes(label, entry("ids", feature(3, delimited(1, b"")))),               # empty packed chunk
+        bytes.fromhex("0a110a0f0a0161120a1a080a81808080800007"),  # a list's length in 6 bytes: protobuf refuses
+        example_bytes(label, entry("ids", feature(3, b"\x0a\x81\x80\x80\x80\x00" + b"\x07"))),  # 5 bytes: fine
+        example_bytes(label, entry("scores", feature(2, delimited(1, b"")))),            # empty floats, no buffer
     ]
     for record in crafted:
         assert_same([record], SCHEMA)
         assert_same([encode_example({"label": [1]}), record], SCHEMA)
-    assert _parsing_compiled.parse_compiled(crafted[-1:], SCHEMA, False) is not None  # valid, so still compiled
+    for valid in (crafted[-4], crafted[-2], crafted[-1]):  # valid, so still compiled
+        assert _parsing_compiled.parse_compiled([valid], SCHEMA, False) is not None
 
 
 def test_spec_errors_are_the_pure_paths() -> None:

@@ -66,7 +66,10 @@ static inline int read_tag(Span *s, uint32_t *field, int *wire_type) {
 
 static inline int read_length_delimited(Span *s, Span *inner) {
     uint64_t length;
-    if (read_varint(s, &length) || length > (uint64_t)(s->end - s->p)) return BAIL;
+    const uint8_t *start = s->p;
+    /* protobuf refuses a length written in more than 5 bytes ("wire format was corrupt"): so do we,
+       by leaving the record to the pure path, which words protobuf's error */
+    if (read_varint(s, &length) || s->p - start > 5 || length > (uint64_t)(s->end - s->p)) return BAIL;
     inner->p = s->p;
     inner->end = s->p + length;
     s->p += length;
@@ -109,6 +112,7 @@ static int sink_reserve(Sink *sink, Py_ssize_t extra) {
 }
 
 static int sink_append(Sink *sink, const void *bytes, Py_ssize_t size) {
+    if (size == 0) return 0; /* memcpy from/to NULL is undefined even for 0 bytes (an empty list, no buffer yet) */
     int status = sink_reserve(sink, size);
     if (status) return status;
     memcpy(sink->data + sink->length, bytes, (size_t)size);
