@@ -31,6 +31,13 @@ rounds of two servers' requests/s in the same round, then the geometric mean
 over the models named. Load and servers share this machine's cores, equally
 for all.
 
+Rounds (the time budget: a full run under 3 minutes, --quick under 1, on 2 shared cores): every server is
+started once and serves all the models (ours from a model config file, the anchors from a dict of loaded
+models keyed by the path's name), so startup is paid once, not per model. A round is, for each model and
+each concurrency, one run of every server: 2 warm-up requests per connection, then 0.4 s timed. The default
+is 3 rounds (a median of 3 rather than the mean of 2 long ones: a disturbed run moves it less); --quick is 1
+round of 0.25 s on tiny models, the mlp only, for the smoke test.
+
 Why ours trailed FastAPI `def` on the wide model with batching off (0.46 and 0.84 at c=8 in issue 14's two
 runs): checked, and not a fault of ours. Every server runs torch on one intra-op thread (the environment
 above; torch's inter-op pool is never started by a forward); the threads column shows each server's pools as
@@ -52,17 +59,14 @@ Last line:  serving rps_vs_fastapi=<ours / the faster FastAPI, c=8> rps_vs_flask
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import dataclasses
-import http.client
 import importlib.util
 import json
 import logging
 import math
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -79,9 +83,18 @@ import torch.nn.functional as F
 import torchestimator as te
 from torchestimator.export import PredictOutput, TensorSpec, export_saved_model, load, serving_input_receiver
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the helper beside this script, however it is loaded
+from _serving_load import (  # noqa: E402  (re-exported: the smoke tests and other scripts use them from here)
+    Measurement,
+    Run,
+    free_port,
+    post_once,
+    process_tree_cpu_seconds,
+    process_tree_threads,
+    run_load,
+)
+
 TARGETS = {"rps_vs_fastapi": 1.2, "big_batching_gain_c32": 2.0}
-MODEL_NAME = "m"
-PREDICT_PATH = f"/v1/models/{MODEL_NAME}:predict"
 CONCURRENCIES = (1, 8, 32)
 CLASSES = 10
 BIG_MODEL = "wide"
@@ -94,35 +107,36 @@ FLASK_THREADS = os.cpu_count() or 1
 """gunicorn's gthread worker threads: one per core, as our server's default request threads."""
 
 # The anchors: what a user writes in ten lines around the same loaded model.
+# Each serves every model at once (argv: port, then name=base pairs), as ours does from its model config file.
 FASTAPI_APP = '''
 import importlib.util, sys, numpy as np, uvicorn
 from fastapi import FastAPI
 from torchestimator.export import load
-model = load(sys.argv[1])
+models = {name: load(base) for name, base in (pair.split("=", 1) for pair in sys.argv[2:])}
 app = FastAPI()
 
-@app.post("/v1/models/m:predict")
-{endpoint} predict(body: dict):
-    outputs = model(np.asarray(body["instances"], dtype=np.float32))
+@app.post("/v1/models/{name}:predict")
+{endpoint} predict(name: str, body: dict):
+    outputs = models[name](np.asarray(body["instances"], dtype=np.float32))
     return {"predictions": outputs["probabilities"].tolist()}
 
 fast = {"loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         "http": "httptools" if importlib.util.find_spec("httptools") else "h11"}
 print("uvicorn", fast, flush=True)
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), workers=1, access_log=False, log_level="warning", **fast)
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), workers=1, access_log=False, log_level="warning", **fast)
 '''
 FLASK_APP = '''
 import numpy as np
 from flask import Flask, jsonify, request
 from torchestimator.export import load
 
-def create_app(base):
-    model = load(base)
+def create_app(bases):
+    models = {name: load(base) for name, base in bases.items()}
     app = Flask(__name__)
 
-    @app.post("/v1/models/m:predict")
-    def predict():
-        outputs = model(np.asarray(request.get_json()["instances"], dtype=np.float32))
+    @app.post("/v1/models/<name>:predict")
+    def predict(name):
+        outputs = models[name](np.asarray(request.get_json()["instances"], dtype=np.float32))
         return jsonify(predictions=outputs["probabilities"].tolist())
 
     return app
@@ -163,25 +177,6 @@ class Settings:
     max_batch_size: int
     batch_timeout_micros: int
     """The batching parameters file's fields (the others: max_enqueued_batches 100, num_batch_threads 1)."""
-
-
-@dataclasses.dataclass
-class Run:
-    """One load run against one server: latencies of the completed requests, wall time, failures, CPU seconds."""
-
-    latencies: list[float]
-    wall: float
-    errors: int
-    server_cpu: float = math.nan
-    """CPU seconds the server's processes used during the run."""
-    client_cpu: float = math.nan
-    """CPU seconds this process (the load) used during the run."""
-    server_threads: int = 0
-    """Threads of the server's processes at the end of the run (its pools as the load grew them)."""
-
-    @property
-    def rate(self) -> float:
-        return len(self.latencies) / self.wall if self.wall > 0 else 0.0
 
 
 class ServerFailed(RuntimeError):
@@ -261,31 +256,41 @@ def export_workload(workload: Workload, directory: str, seed: int) -> str:
 # -- server processes ---------------------------------------------------------------
 
 
-def free_port() -> int:
-    """A port nothing listens on now (the OS picks it); the server binds it a moment later."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+
+def predict_path(model: str) -> str:
+    return f"/v1/models/{model}:predict"
 
 
-def server_commands(base: str, scripts: dict[str, str]) -> dict[str, tuple[list[str], int]]:
-    """(command line, port) of each server, keyed by the name used in the output."""
+def write_model_config(directory: str, bases: dict[str, str]) -> str:
+    """TF's model config file (text format) serving every model at once; returns its path."""
+    path = os.path.join(directory, "models.config")
+    entries = "".join(f"  config {{ name: {json.dumps(name)} base_path: {json.dumps(base)} }}\n"
+                      for name, base in bases.items())
+    with open(path, "w") as file:
+        file.write(f"model_config_list {{\n{entries}}}\n")
+    return path
+
+
+def server_commands(bases: dict[str, str], scripts: dict[str, str],
+                    model_config: str) -> dict[str, tuple[list[str], int]]:
+    """(command line, port) of each server, keyed by the name used in the output; each serves every model."""
     commands = {}
     for name in ("ours", "ours_batching"):
         port = free_port()
-        commands[name] = ([sys.executable, "-m", "torchestimator.cli", "serve", "--model_name", MODEL_NAME,
-                           "--model_base_path", base, "--rest_api_port", str(port)], port)
+        commands[name] = ([sys.executable, "-m", "torchestimator.cli", "serve", "--model_config_file", model_config,
+                           "--rest_api_port", str(port)], port)
     commands["ours_batching"][0].extend(["--enable_batching", "--batching_parameters_file", scripts["batching"]])
+    pairs = [f"{name}={base}" for name, base in bases.items()]
     for name in ("fastapi_async", "fastapi_def"):
         if name in scripts:
             port = free_port()
-            commands[name] = ([sys.executable, scripts[name], base, str(port)], port)
+            commands[name] = ([sys.executable, scripts[name], str(port), *pairs], port)
     if "flask" in scripts:
         port = free_port()
         folder, module = os.path.split(scripts["flask"])
         commands["flask"] = ([sys.executable, "-m", "gunicorn", "--workers", "1", "--worker-class", "gthread",
                               "--threads", str(FLASK_THREADS), "--bind", f"127.0.0.1:{port}", "--chdir", folder,
-                              "--log-level", "warning", f"{module.removesuffix('.py')}:create_app({base!r})"], port)
+                              "--log-level", "warning", f"{module.removesuffix('.py')}:create_app({bases!r})"], port)
     return commands
 
 
@@ -303,19 +308,19 @@ class Server:
         with open(self.log_path, "rb") as log:
             return log.read().decode(errors="replace")[-characters:]
 
-    def wait_ready(self, body: bytes, deadline: float) -> bytes:
+    def wait_ready(self, path: str, body: bytes, deadline: float) -> bytes:
         """Polls with a predict request until it answers 200; returns that answer's body."""
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise ServerFailed(f"{self.name} exited with status {self.process.returncode}:\n{self.log_tail()}")
             try:
-                status, answer = post_once(self.port, body, timeout=5)
+                status, answer = post_once(self.port, path, body, timeout=5)
                 if status == 200:
                     return answer
             except OSError:
                 pass  # not listening yet
             time.sleep(0.1)
-        raise ServerFailed(f"{self.name} did not answer {PREDICT_PATH} with 200 in time:\n{self.log_tail()}")
+        raise ServerFailed(f"{self.name} did not answer {path} with 200 in time:\n{self.log_tail()}")
 
     def cpu_seconds(self) -> float:
         """User + system CPU seconds of the server's process and its children (gunicorn's worker), NaN if unknown."""
@@ -335,63 +340,12 @@ class Server:
                 self.process.wait(timeout=5)
 
 
-def process_tree_cpu_seconds(root: int) -> float:
-    """CPU seconds (utime + stime) of `root` and its descendants, from /proc; NaN where /proc is missing."""
-    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent, cpu seconds)
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return math.nan
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as file:
-                fields = file.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue  # ended meanwhile
-        stats[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
-    if root not in stats:
-        return math.nan
-    total, frontier = 0.0, [root]
-    while frontier:
-        pid = frontier.pop()
-        total += stats[pid][1]
-        frontier.extend(child for child, (parent, _) in stats.items() if parent == pid)
-    return total
-
-
-def process_tree_threads(root: int) -> int:
-    """Threads of `root` and its descendants, from /proc/<pid>/task; 0 where /proc is missing."""
-    try:
-        parents = {int(name): int(open(f"/proc/{name}/stat", "rb").read().rsplit(b")", 1)[1].split()[1])
-                   for name in os.listdir("/proc") if name.isdigit() and os.path.exists(f"/proc/{name}/stat")}
-    except OSError:
-        return 0
-    total, frontier = 0, [root]
-    while frontier:
-        pid = frontier.pop()
-        with contextlib.suppress(OSError):
-            total += len(os.listdir(f"/proc/{pid}/task"))
-        frontier.extend(child for child, parent in parents.items() if parent == pid)
-    return total
-
-
-def post_once(port: int, body: bytes, timeout: float) -> tuple[int, bytes]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        connection.request("POST", PREDICT_PATH, body=body, headers={"Content-Type": "application/json"})
-        response = connection.getresponse()
-        return response.status, response.read()
-    finally:
-        connection.close()
-
 
 @contextlib.contextmanager
-def running_servers(commands: dict[str, tuple[list[str], int]], body: bytes, directory: str,
+def running_servers(commands: dict[str, tuple[list[str], int]], path: str, body: bytes, directory: str,
                     startup_seconds: float) -> Iterator[tuple[dict[str, Server], dict[str, bytes], dict[str, str]]]:
-    """Starts all servers at once; yields (the ones that answered, their first answers, why the others failed)."""
+    """Starts all servers at once; yields (the ones that answered `body` at `path`, those answers, why the others
+    failed)."""
     servers = {name: Server(name, command, port, os.path.join(directory, f"{name}.log"))
                for name, (command, port) in commands.items()}
     try:
@@ -399,7 +353,7 @@ def running_servers(commands: dict[str, tuple[list[str], int]], body: bytes, dir
         deadline = time.monotonic() + startup_seconds
         for name, server in servers.items():
             try:
-                answers[name] = server.wait_ready(body, deadline)
+                answers[name] = server.wait_ready(path, body, deadline)
             except ServerFailed as failure:
                 failures[name] = str(failure)
                 server.stop()
@@ -409,175 +363,7 @@ def running_servers(commands: dict[str, tuple[list[str], int]], body: bytes, dir
             server.stop()
 
 
-# -- load ------------------------------------------------------------------------------
-
-
-def request_bytes(port: int, body: bytes) -> bytes:
-    return (f"POST {PREDICT_PATH} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-
-
-async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> bool:
-    """One request on a keep-alive connection; True when the answer is 200. Reads the whole answer either way."""
-    writer.write(request)
-    head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head[9:12])
-    lower = head.lower()
-    at = lower.find(b"\r\ncontent-length:")
-    if at >= 0:
-        await reader.readexactly(int(lower[at + 17:lower.index(b"\r\n", at + 2)]))
-    elif b"transfer-encoding: chunked" in lower:
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-            await reader.readexactly(size + 2)
-            if size == 0:
-                break
-    else:
-        raise ConnectionError("an answer without Content-Length or chunked encoding")
-    return status == 200
-
-
-async def _connection(port: int, request: bytes, warmup: int, count: int, warmed: Callable[[], None],
-                      start: asyncio.Event, deadline: list[float], latencies: list[float], errors: list[int]) -> None:
-    """One client connection: `warmup` untimed requests, then up to `count` timed ones until the deadline."""
-    connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-
-    async def send() -> bool:
-        nonlocal connection
-        try:
-            if connection is None:
-                connection = await asyncio.open_connection("127.0.0.1", port)
-            return await asyncio.wait_for(_exchange(*connection, request), 10)
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError):
-            if connection is not None:
-                connection[1].close()
-            connection = None  # the next request reconnects
-            return False
-
-    try:
-        for _ in range(warmup):
-            await send()
-        warmed()
-        await start.wait()
-        for _ in range(count):
-            if time.perf_counter() >= deadline[0]:
-                break
-            began = time.perf_counter()
-            if await send():
-                latencies.append(time.perf_counter() - began)
-            else:
-                errors.append(1)
-    finally:
-        if connection is not None:
-            connection[1].close()
-
-
-async def _load(port: int, body: bytes, concurrency: int, settings: Settings,
-                cpu_seconds: Callable[[], float]) -> Run:
-    request = request_bytes(port, body)
-    start, all_warm, deadline = asyncio.Event(), asyncio.Event(), [math.inf]
-    warm = [0]
-    latencies: list[float] = []
-    errors: list[int] = []
-
-    def warmed() -> None:
-        warm[0] += 1
-        if warm[0] == concurrency:
-            all_warm.set()
-
-    tasks = [asyncio.ensure_future(_connection(port, request, settings.warmup_requests, settings.requests, warmed,
-                                               start, deadline, latencies, errors)) for _ in range(concurrency)]
-    # Every connection warms up first (bounded: each request has a 10 s limit), then all start together.
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(all_warm.wait(), settings.seconds + 60)
-    server_before, client_before = cpu_seconds(), time.process_time()
-    began = time.perf_counter()
-    deadline[0] = began + settings.seconds
-    start.set()
-    _, pending = await asyncio.wait(tasks, timeout=settings.seconds + 30)
-    wall = time.perf_counter() - began
-    for task in pending:
-        task.cancel()
-    return Run(latencies=latencies, wall=wall, errors=len(errors) + len(pending),
-               server_cpu=cpu_seconds() - server_before, client_cpu=time.process_time() - client_before)
-
-
-def run_load(port: int, body: bytes, concurrency: int, settings: Settings,
-             cpu_seconds: Callable[[], float] = lambda: math.nan, threads: Callable[[], int] = lambda: 0) -> Run:
-    """`concurrency` keep-alive connections hammer one server; timing starts when all have warmed up."""
-    run = _event_loop_runner()(_load(port, body, concurrency, settings, cpu_seconds))
-    run.server_threads = threads()
-    return run
-
-
-def _event_loop_runner() -> Callable[[Any], Any]:
-    """uvloop's run when installed (a cheaper client), else asyncio's."""
-    if importlib.util.find_spec("uvloop") is not None:
-        import uvloop
-        return uvloop.run
-    return asyncio.run
-
-
-# -- measuring ------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Measurement:
-    """Per (server, concurrency): every kept round's run."""
-
-    runs: dict[tuple[str, int], list[Run]]
-
-    def rate(self, server: str, concurrency: int) -> float:
-        return statistics.median(run.rate for run in self.runs[server, concurrency])
-
-    def latency_ms(self, server: str, concurrency: int, quantile: float) -> float:
-        values = sorted(value for run in self.runs[server, concurrency] for value in run.latencies)
-        if not values:
-            return math.nan
-        return values[min(len(values) - 1, int(quantile * len(values)))] * 1e3
-
-    def errors(self, server: str, concurrency: int) -> int:
-        return sum(run.errors for run in self.runs[server, concurrency])
-
-    def threads(self, server: str, concurrency: int) -> int:
-        """Most threads the server had at the end of a run at this concurrency."""
-        return max(run.server_threads for run in self.runs[server, concurrency])
-
-    def ratio(self, server: str, reference: str, concurrency: int) -> float:
-        """Median over rounds of server's requests/s / reference's requests/s in the same round."""
-        pairs = zip(self.runs[server, concurrency], self.runs[reference, concurrency])
-        return statistics.median(a.rate / b.rate if b.rate > 0 else math.nan for a, b in pairs)
-
-
-    def cpu_us_per_request(self, server: str, concurrency: int, side: str = "server") -> float:
-        """CPU microseconds per completed request, over every round (server: its processes; client: the load)."""
-        runs = self.runs[server, concurrency]
-        done = sum(len(run.latencies) for run in runs)
-        cpu = sum(run.server_cpu if side == "server" else run.client_cpu for run in runs)
-        return cpu / done * 1e6 if done else math.nan
-
-    def cpu_efficiency_ratio(self, server: str, references: Sequence[str], concurrency: int) -> float:
-        """The leanest reference's server CPU per request over `server`'s (above 1: `server` spends less per request).
-
-        A server's CPU time per request is what a busy machine disturbs least: other processes take wall time
-        from a run, not CPU time from its requests.
-        """
-        present = [name for name in references if (name, concurrency) in self.runs]
-        leanest = min(self.cpu_us_per_request(name, concurrency) for name in present)
-        return leanest / self.cpu_us_per_request(server, concurrency)
-
-    def fastest_ratio(self, server: str, references: Sequence[str], concurrency: int) -> float:
-        """Median over rounds of server's requests/s over the best of `references` in the same round."""
-        present = [name for name in references if (name, concurrency) in self.runs]
-        rounds = zip(self.runs[server, concurrency], *(self.runs[name, concurrency] for name in present))
-        ratios = []
-        for ours, *others in rounds:
-            best = max(other.rate for other in others)
-            ratios.append(ours.rate / best if best > 0 else math.nan)
-        return statistics.median(ratios)
-
-
-def measure(servers: dict[str, Server], body: bytes, settings: Settings) -> Measurement:
+def measure(servers: dict[str, Server], path: str, body: bytes, settings: Settings) -> Measurement:
     names = list(servers)
     measurement = Measurement(runs={(name, concurrency): [] for name in names for concurrency in CONCURRENCIES})
     for round_index in range(settings.rounds):
@@ -586,7 +372,7 @@ def measure(servers: dict[str, Server], body: bytes, settings: Settings) -> Meas
             for name in names[shift:] + names[:shift]:
                 server = servers[name]
                 measurement.runs[name, concurrency].append(
-                    run_load(server.port, body, concurrency, settings, cpu_seconds=server.cpu_seconds,
+                    run_load(server.port, body, concurrency, settings, path=path, cpu_seconds=server.cpu_seconds,
                              threads=server.threads))
     return measurement
 
@@ -630,26 +416,61 @@ def have_packages(*names: str) -> bool:
     return all(importlib.util.find_spec(name) is not None for name in names)
 
 
-def run_workload(workload: Workload, directory: str, scripts: dict[str, str],
-                 settings: Settings) -> tuple[Measurement | None, dict[str, str], list[str]]:
-    """Exports, starts every server, checks their answers, measures; returns (measurement, failures, problems)."""
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """One exported model: where it lies, the request every client sends and the answer it must get."""
+
+    name: str
+    base: str
+    body: bytes
+    expected: np.ndarray
+
+
+def prepare_workload(workload: Workload, directory: str, settings: Settings) -> Prepared:
+    """Exports the model, prints its forward time, and computes the one-instance request and its answer."""
     base = export_workload(workload, directory, settings.seed)
     print(f"{workload.name}: forward through the exported model, one torch thread: "
           f"{forward_ms(base, workload.example_shape, 1):.2f} ms at batch 1, "
           f"{forward_ms(base, workload.example_shape, 32):.2f} ms at batch 32", flush=True)
     instance = np.random.default_rng(settings.seed + 1).standard_normal((1, *workload.example_shape)).astype(np.float32)
     expected = load(base)(instance)["probabilities"]
-    body = json.dumps({"instances": instance.tolist()}).encode()
-    logs = os.path.join(directory, f"{workload.name}-logs")
+    return Prepared(workload.name, base, json.dumps({"instances": instance.tolist()}).encode(), expected)
+
+
+def first_answers(servers: dict[str, Server], prepared: Prepared) -> dict[str, bytes]:
+    """Each server's answer to the model's request (an unreachable server's error text, which then fails the check)."""
+    answers = {}
+    for name, server in servers.items():
+        try:
+            answers[name] = post_once(server.port, predict_path(prepared.name), prepared.body, timeout=30)[1]
+        except OSError as error:
+            answers[name] = f"no answer: {error}".encode()
+    return answers
+
+
+def serve_and_measure(prepared: list[Prepared], directory: str, scripts: dict[str, str],
+                      settings: Settings) -> tuple[dict[str, Measurement], bool]:
+    """Starts every server once for all models, checks each model's answers, measures; (measurements, all well)."""
+    bases = {model.name: model.base for model in prepared}
+    commands = server_commands(bases, scripts, write_model_config(directory, bases))
+    logs = os.path.join(directory, "logs")
     os.makedirs(logs)
-    commands = server_commands(base, scripts)
-    with running_servers(commands, body, logs, settings.startup_seconds) as (servers, answers, failures):
-        problems = check_predictions(answers, expected)
-        if "ours" not in servers:
-            problems.append("our server did not start (see above)")
-        if problems:
-            return None, failures, problems
-        return measure(servers, body, settings), failures, []
+    measurements, healthy = {}, True
+    first = prepared[0]
+    with running_servers(commands, predict_path(first.name), first.body, logs,
+                         settings.startup_seconds) as (servers, _, failures):
+        healthy = not explain_failures("servers", failures)
+        for model in prepared:
+            problems = check_predictions(first_answers(servers, model), model.expected)
+            if "ours" not in servers:
+                problems.append("our server did not start (see above)")
+            print(f"{model.name}: predictions identical: {'no: ' + '; '.join(problems) if problems else 'yes'}",
+                  flush=True)
+            if problems:
+                healthy = False
+                continue
+            measurements[model.name] = measure(servers, predict_path(model.name), model.body, settings)
+    return measurements, healthy
 
 
 # -- report ---------------------------------------------------------------------------------
@@ -778,10 +599,10 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
                         help="comma-separated models to serve (default mlp,cnn,wide; quick mlp)")
     parser.add_argument("--requests", type=int, default=None,
                         help="most timed requests per connection in one run (default 100000; quick 2000)")
-    parser.add_argument("--seconds", type=float, default=None, help="time cap of one load run (default 1; quick 0.4)")
+    parser.add_argument("--seconds", type=float, default=None, help="time cap of one load run (default 0.4; quick 0.25)")
     parser.add_argument("--warmup-requests", type=int, default=None,
-                        help="untimed requests per connection first (default 5; quick 2)")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds of every server, interleaved (default 2; quick 1)")
+                        help="untimed requests per connection first (default 2; quick 1)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of every server, interleaved (default 3; quick 1)")
     parser.add_argument("--startup-seconds", type=float, default=120.0, help="how long a server may take to answer (default 120)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="tiny model and counts, for the smoke test")
@@ -800,8 +621,8 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
 
     models = tuple(name.strip() for name in chosen(arguments.models, ",".join(MODELS), "mlp").split(","))
     settings = Settings(
-        models=models, requests=chosen(arguments.requests, 100_000, 2000), seconds=chosen(arguments.seconds, 1.0, 0.4),
-        warmup_requests=chosen(arguments.warmup_requests, 5, 2), rounds=chosen(arguments.rounds, 2, 1),
+        models=models, requests=chosen(arguments.requests, 100_000, 2000), seconds=chosen(arguments.seconds, 0.4, 0.25),
+        warmup_requests=chosen(arguments.warmup_requests, 2, 1), rounds=chosen(arguments.rounds, 3, 1),
         startup_seconds=arguments.startup_seconds, seed=arguments.seed, quick=quick,
         fastapi=not arguments.no_fastapi, flask=not arguments.no_flask,
         max_batch_size=arguments.max_batch_size, batch_timeout_micros=arguments.batch_timeout_micros,
@@ -834,7 +655,6 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"num_batch_threads 1, Flask on gunicorn 1 worker x {FLASK_THREADS} threads, installed: "
           f"{', '.join(fast) or 'none of httptools, uvloop, gunicorn'}, no request logging", flush=True)
     status = 0
-    measurements: dict[str, Measurement] = {}
     with tempfile.TemporaryDirectory(prefix="serving-bench-") as directory, \
             _quiet_logs(["torchestimator"]):
         scripts = write_scripts(directory, settings)
@@ -843,15 +663,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if missing:
             print(f"note: {', '.join(missing)} not installed (pip install -r benchmarks/requirements-bench.txt); "
                   "its ratio is n/a")
-        for workload in workloads(settings):
-            measurement, failures, problems = run_workload(workload, directory, scripts, settings)
-            if explain_failures(workload.name, failures):
-                status = 1
-            print(f"{workload.name}: predictions identical: {'no: ' + '; '.join(problems) if problems else 'yes'}")
-            if measurement is None:
-                status = 1
-                continue
-            measurements[workload.name] = measurement
+        prepared = [prepare_workload(workload, directory, settings) for workload in workloads(settings)]
+        measurements, healthy = serve_and_measure(prepared, directory, scripts, settings)
+        if not healthy:
+            status = 1
     print_table(measurements)
     if any(measurement.errors(*key) for measurement in measurements.values() for key in measurement.runs):
         print("some requests failed (see the errors column)")

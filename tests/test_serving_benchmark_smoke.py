@@ -127,7 +127,7 @@ def test_format_figures_writes_the_issue_line(benchmark):
 def test_load_sends_the_fixed_count_per_connection_and_measures_cpu(benchmark):
     settings = _settings(benchmark, requests=7, warmup_requests=2, seconds=30.0)
     with fake_server() as port:
-        run = benchmark.run_load(port, b"{}", 3, settings, cpu_seconds=lambda: 4.0)
+        run = benchmark.run_load(port, b"{}", 3, settings, path="/v1/models/m:predict", cpu_seconds=lambda: 4.0)
     assert len(run.latencies) == 21 and run.errors == 0
     assert run.rate > 0 and all(latency > 0 for latency in run.latencies)
     assert run.server_cpu == 0.0 and run.client_cpu >= 0.0
@@ -137,7 +137,7 @@ def test_load_stops_at_the_time_cap(benchmark):
     settings = _settings(benchmark, requests=10_000, warmup_requests=0, seconds=0.3)
     with fake_server(delay=0.02) as port:
         started = time.perf_counter()
-        run = benchmark.run_load(port, b"{}", 2, settings)
+        run = benchmark.run_load(port, b"{}", 2, settings, path="/v1/models/m:predict")
     assert time.perf_counter() - started < 3
     assert 0 < len(run.latencies) < 100  # at 20 ms per request, two threads finish ~30 in 0.3 s
 
@@ -145,7 +145,7 @@ def test_load_stops_at_the_time_cap(benchmark):
 def test_failed_requests_are_counted_not_timed(benchmark):
     settings = _settings(benchmark, requests=4, warmup_requests=0, seconds=30.0)
     with fake_server(status=500) as port:
-        run = benchmark.run_load(port, b"{}", 2, settings)
+        run = benchmark.run_load(port, b"{}", 2, settings, path="/v1/models/m:predict")
     assert run.latencies == [] and run.errors == 8
 
 
@@ -175,7 +175,8 @@ def test_geometric_mean_refuses_missing_or_bad_values(benchmark):
 def test_a_server_that_exits_is_reported_with_its_log(benchmark, tmp_path):
     commands = {"broken": ([sys.executable, "-c", "print('no model here'); raise SystemExit(3)"],
                            benchmark.free_port())}
-    with benchmark.running_servers(commands, b"{}", str(tmp_path), startup_seconds=30) as (servers, answers, failures):
+    with benchmark.running_servers(commands, "/p", b"{}", str(tmp_path), startup_seconds=30) as (servers, answers,
+                                                                                                failures):
         assert servers == {} and answers == {}
     assert "broken exited with status 3" in failures["broken"]
     assert "no model here" in failures["broken"]
@@ -184,7 +185,7 @@ def test_a_server_that_exits_is_reported_with_its_log(benchmark, tmp_path):
 def test_a_server_that_never_answers_times_out_and_is_stopped(benchmark, tmp_path):
     commands = {"silent": ([sys.executable, "-c", "import time; time.sleep(60)"], benchmark.free_port())}
     started = time.monotonic()
-    with benchmark.running_servers(commands, b"{}", str(tmp_path), startup_seconds=0.5) as (servers, _, failures):
+    with benchmark.running_servers(commands, "/p", b"{}", str(tmp_path), startup_seconds=0.5) as (servers, _, failures):
         assert "silent did not answer" in failures["silent"]
     assert time.monotonic() - started < 10
 
@@ -209,28 +210,40 @@ def test_running_servers_stops_its_servers_on_the_way_out(benchmark, tmp_path):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(benchmark, "Server", recording)
         with pytest.raises(KeyboardInterrupt):
-            with benchmark.running_servers({"toy": ([sys.executable, str(script), str(port)], port)}, b"{}",
+            with benchmark.running_servers({"toy": ([sys.executable, str(script), str(port)], port)}, "/p", b"{}",
                                            str(tmp_path), startup_seconds=30) as (servers, answers, _):
                 assert answers == {"toy": b"{}"}
                 raise KeyboardInterrupt  # Ctrl-C while measuring
     assert launched[0].process.poll() is not None
 
 
-def test_server_commands_serve_one_base_on_distinct_ports(benchmark, tmp_path):
+def test_server_commands_serve_every_model_on_distinct_ports(benchmark, tmp_path):
     scripts = {"batching": "b.txt", "fastapi_async": "fa.py", "fastapi_def": "fd.py", "flask": "/apps/k.py"}
-    commands = benchmark.server_commands(str(tmp_path), scripts)
+    bases = {"mlp": str(tmp_path / "mlp"), "wide": str(tmp_path / "wide")}
+    commands = benchmark.server_commands(bases, scripts, "models.config")
     assert sorted(commands) == ["fastapi_async", "fastapi_def", "flask", "ours", "ours_batching"]
     assert len({port for _, port in commands.values()}) == 5
     ours, port = commands["ours"]
-    assert ours[ours.index("--rest_api_port") + 1] == str(port) and ours[ours.index("--model_base_path") + 1] == str(tmp_path)
+    assert ours[ours.index("--rest_api_port") + 1] == str(port)
+    assert ours[ours.index("--model_config_file") + 1] == "models.config"
     assert ours[3] == "serve" and "--enable_batching" not in ours
     assert commands["ours_batching"][0][-3:] == ["--enable_batching", "--batching_parameters_file", "b.txt"]
-    assert commands["fastapi_async"][0][1:] == ["fa.py", str(tmp_path), str(commands["fastapi_async"][1])]
+    assert commands["fastapi_async"][0][1:] == ["fa.py", str(commands["fastapi_async"][1]),
+                                                f"mlp={bases['mlp']}", f"wide={bases['wide']}"]
     flask = commands["flask"][0]
     assert flask[1:3] == ["-m", "gunicorn"] and flask[flask.index("--workers") + 1] == "1"
     assert flask[flask.index("--worker-class") + 1] == "gthread"
     assert flask[flask.index("--bind") + 1] == f"127.0.0.1:{commands['flask'][1]}"
-    assert flask[flask.index("--chdir") + 1] == "/apps" and flask[-1] == f"k:create_app({str(tmp_path)!r})"
+    assert flask[flask.index("--chdir") + 1] == "/apps" and flask[-1] == f"k:create_app({bases!r})"
+
+
+def test_the_model_config_file_lists_every_model_for_our_server(benchmark, tmp_path):
+    from torchestimator.serving.config import read_model_config_file
+
+    bases = {"mlp": str(tmp_path / "mlp"), "cnn": str(tmp_path / "c n n")}
+    configs = read_model_config_file(benchmark.write_model_config(str(tmp_path), bases))
+    assert [(config.name, config.base_path) for config in configs] == list(bases.items())
+    assert benchmark.predict_path("cnn") == "/v1/models/cnn:predict"
 
 
 def test_batching_parameters_file_is_tf_text_format(benchmark, tmp_path):
