@@ -341,6 +341,10 @@ def test_to_torch_trusts_parsed_indices_and_shares_them():
     assert torch.equal(tensor._indices(), tensor.coalesce()._indices())
     single = to_torch(parse_single_example(records[2], {"v": VarLenFeature("int64")})["v"])
     assert single.is_coalesced() and single.to_dense().tolist() == [3, 4, 5]
+    ragged = parse_example(records, {"v": RaggedFeature("int64")})["v"]
+    assert to_torch(ragged).values.data_ptr() == ragged.values.ctypes.data  # shared, not copied
+    reversed_rows = to_torch(RaggedValue(np.arange(4)[::-1], [0, 1, 4]))  # a user's strided arrays still work
+    assert reversed_rows.values.tolist() == [3, 2, 1, 0] and reversed_rows.row_splits.tolist() == [0, 1, 4]
     empty = to_torch(parse_example([example()], {"v": VarLenFeature("int64")})["v"])
     assert empty.is_coalesced() and empty.shape == (1, 0) and empty._nnz() == 0
 

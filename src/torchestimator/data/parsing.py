@@ -777,7 +777,8 @@ def _to_torch_value(value: Any, torch: Any) -> Any:
     if isinstance(value, RaggedValue):
         if getattr(value.values, "dtype", None) == object:
             return value
-        return RaggedValue(torch.from_numpy(np.array(value.values)), torch.from_numpy(np.array(value.row_splits)))
+        return RaggedValue(_tensor(torch, np.ascontiguousarray(value.values)),  # a parse's: no copy
+                           _tensor(torch, np.ascontiguousarray(value.row_splits)))
     if isinstance(value, np.ndarray) and value.dtype != object:
         return _tensor(torch, value)
     if isinstance(value, Mapping):
