@@ -1,7 +1,7 @@
 """Benchmark: torchestimator's model server against FastAPI on uvicorn and Flask on gunicorn, at 1, 8 and 32 clients.
 
 Every server runs in its own process on 127.0.0.1 and serves the same
-export of the same model: ours (`torchestimator serve`, request batching off
+exports of the same models (all of them, at /v1/models/<model>:predict): ours (`torchestimator serve`, request batching off
 and on), FastAPI written both ways a user would write it (an `async def`
 endpoint, inference on the event loop; a `def` endpoint, inference in
 Starlette's thread pool) on one uvicorn worker with its fast extras (httptools
@@ -47,7 +47,11 @@ the other's way. Per request our server spends no more CPU than FastAPI `def` (2
 on a ~2.1 ms forward, probes of 4 interleaved rounds), logs nothing and observes two metrics. What moved the
 figure was the machine: on a shared 2-core machine a 1-second run of one server swings 2x between rounds, and
 the median of two rounds is their mean. Hence cpu_vs_fastapi (CPU per request, which other processes disturb
-far less than wall time) beside the rate ratios, and more, shorter rounds.
+far less than wall time) beside the rate ratios, and more, shorter rounds. One effect remains open: on the
+busy machine (load 6-10) the wide model's requests/s rises with forwards in flight (5 interleaved rounds at
+c=8/32: FastAPI `def` above ours in 9 of 10 pairs, ours at --request-threads 4 above ours at 2 in 8 of 10, at
+equal CPU per request), while the default's own measurement (one thread per core beat three per core on the
+small MLP) favours fewer; --request-threads N runs ours with N request threads so a quiet machine can decide.
 
 Run:  python benchmarks/serving.py [--seconds S] [--rounds R] [--models mlp,cnn,wide] [--quick]
 Last line:  serving rps_vs_fastapi=<ours / the faster FastAPI, c=8> rps_vs_flask=<c=8> batching_gain_c8=<mlp>
@@ -174,6 +178,8 @@ class Settings:
     quick: bool
     fastapi: bool
     flask: bool
+    request_threads: int | None
+    """Our server's --rest_api_num_threads (None: its default, one per core)."""
     max_batch_size: int
     batch_timeout_micros: int
     """The batching parameters file's fields (the others: max_enqueued_batches 100, num_batch_threads 1)."""
@@ -271,14 +277,15 @@ def write_model_config(directory: str, bases: dict[str, str]) -> str:
     return path
 
 
-def server_commands(bases: dict[str, str], scripts: dict[str, str],
-                    model_config: str) -> dict[str, tuple[list[str], int]]:
+def server_commands(bases: dict[str, str], scripts: dict[str, str], model_config: str,
+                    request_threads: int | None = None) -> dict[str, tuple[list[str], int]]:
     """(command line, port) of each server, keyed by the name used in the output; each serves every model."""
     commands = {}
+    threads = [] if request_threads is None else ["--rest_api_num_threads", str(request_threads)]
     for name in ("ours", "ours_batching"):
         port = free_port()
         commands[name] = ([sys.executable, "-m", "torchestimator.cli", "serve", "--model_config_file", model_config,
-                           "--rest_api_port", str(port)], port)
+                           "--rest_api_port", str(port), *threads], port)
     commands["ours_batching"][0].extend(["--enable_batching", "--batching_parameters_file", scripts["batching"]])
     pairs = [f"{name}={base}" for name, base in bases.items()]
     for name in ("fastapi_async", "fastapi_def"):
@@ -452,7 +459,7 @@ def serve_and_measure(prepared: list[Prepared], directory: str, scripts: dict[st
                       settings: Settings) -> tuple[dict[str, Measurement], bool]:
     """Starts every server once for all models, checks each model's answers, measures; (measurements, all well)."""
     bases = {model.name: model.base for model in prepared}
-    commands = server_commands(bases, scripts, write_model_config(directory, bases))
+    commands = server_commands(bases, scripts, write_model_config(directory, bases), settings.request_threads)
     logs = os.path.join(directory, "logs")
     os.makedirs(logs)
     measurements, healthy = {}, True
@@ -613,6 +620,8 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
     parser.add_argument("--batch-timeout-micros", type=int, default=0,
                         help="batching parameters' batch_timeout_micros (default 0, TF's)")
     parser.add_argument("--no-flask", action="store_true", help="skip the Flask/gunicorn anchor")
+    parser.add_argument("--request-threads", type=int, default=None,
+                        help="our server's --rest_api_num_threads (default: its own, one per core)")
     arguments = parser.parse_args(argv)
     quick = arguments.quick
 
@@ -626,6 +635,7 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
         startup_seconds=arguments.startup_seconds, seed=arguments.seed, quick=quick,
         fastapi=not arguments.no_fastapi, flask=not arguments.no_flask,
         max_batch_size=arguments.max_batch_size, batch_timeout_micros=arguments.batch_timeout_micros,
+        request_threads=arguments.request_threads,
     )
     unknown = [name for name in settings.models if name not in MODELS]
     if unknown or not settings.models:
@@ -635,6 +645,8 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
     if settings.max_batch_size < 1 or settings.batch_timeout_micros < 0:
         parser.error(f"--max-batch-size must be at least 1 and --batch-timeout-micros >= 0; received "
                      f"{settings.max_batch_size} and {settings.batch_timeout_micros}.")
+    if settings.request_threads is not None and settings.request_threads < 1:
+        parser.error(f"--request-threads must be at least 1; received {settings.request_threads}.")
     if settings.warmup_requests < 0:
         parser.error(f"--warmup-requests must be >= 0; received {settings.warmup_requests}.")
     if not 0 < settings.seconds <= 600 or settings.startup_seconds <= 0:

@@ -235,6 +235,10 @@ def test_server_commands_serve_every_model_on_distinct_ports(benchmark, tmp_path
     assert flask[flask.index("--worker-class") + 1] == "gthread"
     assert flask[flask.index("--bind") + 1] == f"127.0.0.1:{commands['flask'][1]}"
     assert flask[flask.index("--chdir") + 1] == "/apps" and flask[-1] == f"k:create_app({bases!r})"
+    assert "--rest_api_num_threads" not in ours  # the server's own default unless asked
+    for name in ("ours", "ours_batching"):
+        command = benchmark.server_commands(bases, scripts, "models.config", request_threads=4)[name][0]
+        assert command[command.index("--rest_api_num_threads") + 1] == "4"
 
 
 def test_the_model_config_file_lists_every_model_for_our_server(benchmark, tmp_path):
@@ -279,6 +283,7 @@ def test_servers_that_did_not_start_fail_the_run(benchmark, capsys):
     (["--warmup-requests", "-1"], "--warmup-requests must be >= 0"),
     (["--seconds", "1000"], "--seconds must be in (0, 600]"),
     (["--max-batch-size", "0"], "--max-batch-size must be at least 1"),
+    (["--request-threads", "0"], "--request-threads must be at least 1"),
 ])
 def test_bad_arguments_are_refused(benchmark, capsys, arguments, message):
     assert_arguments_refused(benchmark, arguments, message, capsys)
