@@ -18,20 +18,55 @@ The reader has two ways out, with the same order and the same positions:
 Either way the reader's state after a record is handed out is the point just
 after that record, so a position read while the consumer holds a batch is
 exactly "after the last delivered record".
+
+A position's offsets mean something only in the files they were taken in, so
+the reader also records what identifies each file it opens (`file_identity`:
+its size and a CRC32C of its first and last 4 KiB, computed once per open) and
+its position carries them for the open files; a reader resumed on a file whose
+identity differs raises `DataLossError` instead of reading other records.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
+from torchestimator.data._tfrecord_scan import _crc32c
 from torchestimator.data.tfrecord import ReadStats, _detect_compression, iter_record_blocks
+from torchestimator.errors import DataLossError
 
 _FRAMING = 16  # bytes of header and footer around each record
+_IDENTITY_BYTES = 4096  # hashed at each end of a file: two small reads, yet any rewrite that moves a byte shows
+
+
+def file_identity(path: str) -> list[int]:
+    """[size, crc32c of the first 4 KiB, crc32c of the last 4 KiB]: what a saved position checks
+    to know the file is still the one its offsets were taken in (JSON-ready)."""
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        head = file.read(min(size, _IDENTITY_BYTES))
+        file.seek(max(size - _IDENTITY_BYTES, 0))
+        tail = file.read(_IDENTITY_BYTES)
+    return [size, _crc32c(head), _crc32c(tail)]
+
+
+def check_file_identity(path: str, saved: Any, found: list[int]) -> None:
+    """Raises DataLossError when `found` (file_identity now) is not the identity the position saved."""
+    if [int(value) for value in saved] == found:
+        return
+    def describe(identity: Any) -> str:
+        size, head, tail = (int(value) for value in identity)
+        return f"{size} bytes, crc32c of the first/last 4 KiB {head:08x}/{tail:08x}"
+    raise DataLossError(
+        f"The saved TFRecordDataset position points into {path}, which changed since the position was "
+        f"saved (saved: {describe(saved)}; found: {describe(found)}), so its byte offsets would resume "
+        f"with other records. Restore the files as they were when the position was saved, or start the "
+        f"input afresh by not loading its position.", path=path)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -141,23 +176,53 @@ class _EpochRecords:
                  start: Mapping[str, Any] | None, stats: ReadStats) -> None:
         self._plan, self._files, self._stats = plan, files, stats
         self._modulus, self._remainder = modulus, remainder
+        self.identities: dict[int, list[int]] = {}  # file index -> file_identity, once per file
+        self.opened: list[int] = []  # the keys of `identities` in the order they came (tags send the new ones)
         start = start or {}
         self.next_file = int(start.get("next_file", 0))
         self.slot = int(start.get("slot", 0))
         self.stream_index = int(start.get("stream_index", 0))
-        self.slots = [self._open(int(index), int(offset)) for index, offset in start.get("open_files", [])]
+        open_files = [(int(index), int(offset)) for index, offset in start.get("open_files", [])]
+        self.check_identities((index for index, _ in open_files), start.get("file_ids"))
+        self.slots = [self._open(index, offset) for index, offset in open_files]
 
     @property
     def files(self) -> list[str]:
         return self._files
 
+    def identity(self, file_index: int) -> list[int]:
+        """The file's `file_identity`, read the first time this epoch's reader asks for it."""
+        identity = self.identities.get(file_index)
+        if identity is None:
+            identity = self.identities[file_index] = file_identity(self._files[file_index])
+            self.opened.append(file_index)
+        return identity
+
+    def identities_of(self, file_indices: Any) -> dict[str, list[int]]:
+        """{"file index": identity} for the given files (the JSON form a position carries)."""
+        return {str(index): self.identity(index) for index in set(file_indices)}
+
+    def check_identities(self, file_indices: Any, saved: Mapping[str, Any] | None) -> None:
+        """DataLossError naming the first of these files that differs from the identity `saved` for it.
+
+        A position saved before identities were (no "file_ids") cannot be checked.
+        """
+        if saved is None:
+            return
+        for index in sorted(set(file_indices)):
+            if str(index) in saved:
+                check_file_identity(self._files[index], saved[str(index)], self.identity(index))
+
     def _open(self, file_index: int, offset: int) -> _OpenFile:
+        self.identity(file_index)
         return _OpenFile(self._plan, self._stats, file_index, self._files[file_index], offset)
 
     def position(self) -> dict[str, Any]:
+        identities = self.identities
         return {
             "next_file": self.next_file, "slot": self.slot, "stream_index": self.stream_index,
             "open_files": [[slot.file_index, slot.next_offset()] for slot in self.slots],
+            "file_ids": {str(slot.file_index): identities[slot.file_index] for slot in self.slots},
         }
 
     # ------------------------------------------------------------------ many records per call

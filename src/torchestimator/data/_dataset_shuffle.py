@@ -16,7 +16,8 @@ The position after k delivered records is, on files with random access
 
     {"epoch", "delivered": k, "reader": <the reader's position>,
      "rng": random.Random.getstate() as JSON (625 ints),
-     "buffer_files": [...], "buffer_offsets": [...]}    # each slot's record: file index, byte offset
+     "buffer_files": [...], "buffer_offsets": [...],    # each slot's record: file index, byte offset
+     "file_ids": {"file index": [size, crc32c head, crc32c tail]}}  # each file the buffer points into
 
 or, once the epoch's records are all in and the rest is being drained,
 `"draining": true` with the remaining records' refs in delivery order and no
@@ -31,6 +32,13 @@ stays `{"epoch", "delivered"}` and resuming replays the shard's epoch from its
 start with the same seed, dropping the k delivered records (exact, but the
 cost grows with k: about a read and a random draw per record). Positions
 saved before this format existed are the same shape and resume the same way.
+
+Resuming first checks every file the buffer (and the reader) points into
+against its saved `file_ids` (`_dataset_records.file_identity`): a file
+rewritten, truncated or grown since is a DataLossError naming it, whatever
+`skip_corrupt` says (that option is for damaged data, not for a position that
+no longer fits its files). Positions without `file_ids` (saved by earlier
+versions) resume unchecked.
 """
 
 from __future__ import annotations
@@ -127,6 +135,7 @@ class _ShuffleBuffer:
         self._tagging = False  # set by track_changes(): tag() then sends only what changed
         self._send_all = True  # the next tag carries every slot (after the fill, a restore, the drain)
         self._changed: list[int] = []  # slots replaced since the last tag
+        self._identities_sent = 0  # how many of the reader's file identities tags have carried
 
     # ------------------------------------------------------------------ position
 
@@ -136,10 +145,12 @@ class _ShuffleBuffer:
         if self._draining:
             rest = slice(self._drain_index, None)
             return {"delivered": self.delivered, "reader": self._reader.position(), "draining": True,
-                    "buffer_files": self._files[rest], "buffer_offsets": self._offsets[rest]}
+                    "buffer_files": self._files[rest], "buffer_offsets": self._offsets[rest],
+                    "file_ids": self._reader.identities_of(self._files[rest])}
         return {"delivered": self.delivered, "reader": self._reader.position(),
                 "rng": _rng_state_to_json(self._rng.getstate()),
-                "buffer_files": list(self._files), "buffer_offsets": list(self._offsets)}
+                "buffer_files": list(self._files), "buffer_offsets": list(self._offsets),
+                "file_ids": self._reader.identities_of(self._files)}
 
     def track_changes(self) -> None:
         """Items will be tagged with `tag()` (DataLoader workers): remember which slots change."""
@@ -152,7 +163,11 @@ class _ShuffleBuffer:
         """
         if not self._refs or not self._filled:
             return self.position()
-        tag: dict[str, Any] = {"tagged": True, "delivered": self.delivered, "reader": self._reader.position()}
+        reader = self._reader
+        tag: dict[str, Any] = {"tagged": True, "delivered": self.delivered, "reader": reader.position()}
+        if self._identities_sent < len(reader.opened):  # a file opened since the last tag: its identity, once
+            tag["new_ids"] = [(index, reader.identities[index]) for index in reader.opened[self._identities_sent:]]
+            self._identities_sent = len(reader.opened)
         if self._draining:
             tag["drain_index"] = self._drain_index
         else:
@@ -174,6 +189,7 @@ class _ShuffleBuffer:
             raise ValueError(f"The saved TFRecordDataset shuffle buffer holds {len(files)} file indices and "
                              f"{len(offsets)} offsets for a buffer of {self._size}: the position is damaged "
                              f"or from another shuffle_buffer_size. Start the input from the beginning.")
+        self._reader.check_identities(files, start.get("file_ids"))
         self._records = read_records_at(self._reader._plan, self._reader.files, files, offsets, stats)
         self._files, self._offsets = files, offsets
         self.delivered = int(start["delivered"])
@@ -280,8 +296,12 @@ class _TaggedBufferPosition:
         self._files: list[int] = []
         self._offsets: list[int] = []
         self._tag: dict[str, Any] = {}
+        self._identities: dict[int, Any] = {}  # of the files opened in the tag's epoch (each sent once)
 
     def apply(self, tag: Mapping[str, Any]) -> None:
+        if tag["epoch"] != self._tag.get("epoch"):  # a new epoch's reader: its file indices mean other files
+            self._identities = {}
+        self._identities.update(tag.get("new_ids", ()))
         if "all" in tag:
             self._files, self._offsets = list(tag["all"][0]), list(tag["all"][1])
         else:
@@ -300,6 +320,9 @@ class _TaggedBufferPosition:
         else:
             position.update(rng=_rng_state_to_json(tag["rng"]), buffer_files=list(self._files),
                             buffer_offsets=list(self._offsets))
+        identities = self._identities
+        position["file_ids"] = {str(index): list(identities[index]) for index in set(position["buffer_files"])
+                                if index in identities}
         return position
 
 

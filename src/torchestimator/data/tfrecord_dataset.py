@@ -81,6 +81,17 @@ The loader also rotates which worker plays which shard so that after a resume
 the round robin over workers continues with the shard that was next; the
 order of items is then the uninterrupted one (not only the set).
 
+A position names the files it points into, not only their count:
+`files_digest` hashes the ordered list of file basenames (paths may move
+between machines; names and order may not), and each shard position carries
+`file_ids`, the size and a CRC32C of the first and last 4 KiB of every file it
+points into (open files and, with a buffer, the files of buffered records;
+computed once per file open). Loading under renamed or reordered files is a
+ValueError; resuming on a file rewritten, truncated or grown since is a
+DataLossError naming the file, even with skip_corrupt. Either way: restore the
+files, or start the input afresh by not loading the position. Positions saved
+before these fields resume unchecked (logged once at INFO).
+
 A position belongs to one process: it records `shard_index`/`num_shards` and
 the worker count, and loading it under another sharding raises ValueError
 rather than silently repeating or skipping data. Under several processes each
@@ -95,6 +106,7 @@ across its workers, but it cannot report a position; use `.loader()`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -114,6 +126,13 @@ logger = logging.getLogger(__name__)
 __all__ = ["TFRecordDataset", "TFRecordLoader"]
 
 _FORMAT = "torchestimator.TFRecordDataset/1"
+_unchecked_logged = False  # the INFO line for a position without file identities, once per process
+
+
+def _files_digest(files: Sequence[str]) -> str:
+    """A short hash of the ordered file basenames: a position's file indices mean these files."""
+    names = "\0".join(os.path.basename(path) for path in files)
+    return hashlib.sha256(names.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
 def _is_int(value: Any, minimum: int) -> bool:
@@ -293,6 +312,7 @@ class _Positions:
 
     def __init__(self, plan: _Plan, num_workers: int) -> None:
         self._plan, self._num_workers = plan, num_workers
+        self._files_digest = _files_digest(plan.files)
         self.shards: dict[int, dict[str, Any]] = {}
         self.next_worker_shard = 0
         self.pending = False  # set by load(): the next iteration resumes instead of restarting
@@ -314,7 +334,8 @@ class _Positions:
             if position is not None:
                 self.shards[shard] = position
         return {
-            "format": _FORMAT, "num_files": len(plan.files), "num_ranks": plan.num_ranks,
+            "format": _FORMAT, "num_files": len(plan.files), "files_digest": self._files_digest,
+            "num_ranks": plan.num_ranks,
             "rank": plan.rank, "num_workers": self._num_workers,
             "shard_mode": plan.mode(plan.num_ranks * self._num_workers),
             "next_worker_shard": self.next_worker_shard,
@@ -334,10 +355,30 @@ class _Positions:
                     f"files, processes (each rank its own position) and DataLoader workers; keep them, "
                     f"or start the input from the beginning by not restoring its position."
                 )
+        self._check_files_digest(state)
         self.shards = {int(shard): dict(position) for shard, position in state["shards"].items()}
         self.next_worker_shard = int(state.get("next_worker_shard", 0))
         self.pending = True
         self._live = None
+
+    def _check_files_digest(self, state: Mapping[str, Any]) -> None:
+        global _unchecked_logged
+        saved = state.get("files_digest")
+        if saved is None:
+            if not _unchecked_logged:
+                _unchecked_logged = True
+                logger.info("TFRecordDataset: this position was saved without file identities (an earlier "
+                            "version), so resuming cannot check that its files are the ones it was saved over.")
+            return
+        if saved != self._files_digest:
+            names = [os.path.basename(path) for path in self._plan.files]
+            shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+            raise ValueError(
+                f"The saved TFRecordDataset position was made over files whose ordered names hash to "
+                f"{saved!r}; this input's {len(names)} files ({shown}) hash to {self._files_digest!r}: they "
+                f"were renamed, replaced or passed in another order, so the position's file indices would "
+                f"point into other files. Pass the files of the run that saved the position, in its order, "
+                f"or start the input afresh by not loading its position.")
 
     def starts(self) -> tuple[dict[int, dict[str, Any]], int]:
         """Start positions and worker rotation for a new iteration (fresh unless just loaded)."""
