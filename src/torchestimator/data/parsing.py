@@ -757,20 +757,18 @@ def _sparse_tensor(torch: Any, value: SparseValue) -> Any:
     shape = tuple(np.asarray(value.dense_shape).tolist())
     reference = _parsed_indices.get(id(value.indices))
     if reference is not None and reference() is value.indices:
-        # A parser's indices: in bounds, row-major sorted and unique by construction, so torch's checks
-        # (tens of us per batch, far more with several OpenMP threads on a busy machine) are skipped.
+        # A parser's: in bounds, sorted, unique; torch's checks cost tens of us a batch (ms with OpenMP threads).
         return torch.sparse_coo_tensor(torch.from_numpy(value.indices.T), _tensor(torch, value.values), shape,
                                        check_invariants=False, is_coalesced=True)
     indices = torch.from_numpy(np.ascontiguousarray(value.indices.T, dtype=np.int64))
-    return torch.sparse_coo_tensor(indices, torch.from_numpy(np.array(value.values)), shape,
-                                   check_invariants=True)
+    return torch.sparse_coo_tensor(indices, torch.from_numpy(np.array(value.values)), shape, check_invariants=True)
 
 
 def _to_torch_value(value: Any, torch: Any) -> Any:
     kind = type(value)
     if kind is np.ndarray:  # the common cases first, by exact type
         return value if value.dtype == object else _tensor(torch, value)
-    if kind is dict:
+    if kind is dict or isinstance(value, Mapping):
         return {name: _to_torch_value(item, torch) for name, item in value.items()}
     if isinstance(value, SparseValue):
         return value if value.values.dtype == object else _sparse_tensor(torch, value)
@@ -781,8 +779,6 @@ def _to_torch_value(value: Any, torch: Any) -> Any:
                            _tensor(torch, np.ascontiguousarray(value.row_splits)))
     if isinstance(value, np.ndarray) and value.dtype != object:
         return _tensor(torch, value)
-    if isinstance(value, Mapping):
-        return {name: _to_torch_value(item, torch) for name, item in value.items()}
     if isinstance(value, tuple):
         return tuple(_to_torch_value(item, torch) for item in value)
     return value
@@ -791,15 +787,12 @@ def _to_torch_value(value: Any, torch: Any) -> Any:
 def to_torch(parsed: Any) -> Any:
     """Parsed results -> torch: numeric arrays to tensors (sharing memory where writable).
 
-    `SparseValue` -> `torch.sparse_coo_tensor(indices.T, values, dense_shape)`
-    in TF's row-major order. One the parsers made is coalesced by construction
-    and converted without torch's checks (`is_coalesced=True`, its values and
-    indices shared with the tensor); any other SparseValue (built by hand, or
-    with `_replace`) is checked by torch and left uncoalesced, its values copied.
-    Change a parse result's indices in place only through a new SparseValue.
-    `RaggedValue` -> a `RaggedValue` of tensors; string values stay numpy
-    object arrays. Works on a dict, on the `(context, sequences)` pair, or on
-    one value.
+    `SparseValue` -> `torch.sparse_coo_tensor(indices.T, values, dense_shape)` in TF's row-major
+    order: one the parsers made is coalesced by construction and converted without torch's checks
+    (`is_coalesced=True`, sharing its arrays), any other (built by hand, or by `_replace`) is checked
+    by torch and left uncoalesced. Change a parse result's indices only through a new SparseValue.
+    `RaggedValue` -> a `RaggedValue` of tensors; string values stay numpy object arrays. Works on a
+    dict, on the `(context, sequences)` pair, or on one value.
     """
     import torch
 
