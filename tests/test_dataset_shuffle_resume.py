@@ -8,6 +8,7 @@ import itertools
 import json
 import logging
 import os
+import shutil
 
 import pytest
 
@@ -183,3 +184,110 @@ def test_a_file_changed_since_the_position_was_saved_is_an_error_naming_it(tmp_p
     resumed.load_state_dict(state)
     with pytest.raises(DataLossError, match="part-00.tfrecord"):
         next(iter(resumed))
+
+
+# ---------------------------------------------------------------------- a position fits only its own files
+
+UNBUFFERED_AND_BUFFERED = {"unbuffered": {}, "buffered": {"shuffle_buffer_size": 8}}
+
+
+def rewrite_with_same_sizes(path, count):
+    """The file's records replaced by others of the same length: every saved offset still frames a record."""
+    with TFRecordWriter(path) as writer:
+        for row in range(count):
+            writer.write(f"x-{row:05d}".encode())
+
+
+def position_after(pattern, options, stop, *, loader=False):
+    dataset = TFRecordDataset(pattern, **options)
+    source = dataset.loader() if loader else dataset
+    list(itertools.islice(source, stop))
+    return json.loads(json.dumps(source.state_dict()))
+
+
+def resume_first(pattern, options, state, **more):
+    resumed = TFRecordDataset(pattern, **{**options, **more})
+    resumed.load_state_dict(state)
+    return next(iter(resumed))
+
+
+@pytest.mark.parametrize("kind", sorted(UNBUFFERED_AND_BUFFERED))
+@pytest.mark.parametrize("loader", [False, True])
+def test_a_file_rewritten_with_same_size_records_is_refused_at_resume(tmp_path, kind, loader):
+    pattern = make_files(tmp_path, [30, 30])
+    options = UNBUFFERED_AND_BUFFERED[kind]
+    state = position_after(pattern, options, 12, loader=loader)
+    rewrite_with_same_sizes(tmp_path / "part-00.tfrecord", 30)
+    with pytest.raises(DataLossError, match=r"part-00\.tfrecord, which changed.*Restore the files"):
+        resume_first(pattern, options, state)
+
+
+@pytest.mark.parametrize("loader", [False, True])
+def test_a_rewritten_file_known_only_by_buffered_records_is_refused(tmp_path, loader):
+    # The reader has moved on to part-01; part-00 is closed but the buffer still holds its records.
+    pattern = make_files(tmp_path, [10, 10])
+    options = {"shuffle_buffer_size": 8}
+    state = position_after(pattern, options, 5, loader=loader)
+    position = state["shards"]["0"]
+    assert [index for index, _ in position["reader"]["open_files"]] == [1] and 0 in position["buffer_files"]
+    rewrite_with_same_sizes(tmp_path / "part-00.tfrecord", 10)
+    with pytest.raises(DataLossError, match=r"part-00\.tfrecord, which changed"):
+        resume_first(pattern, options, state)
+
+
+@pytest.mark.parametrize("kind", sorted(UNBUFFERED_AND_BUFFERED))
+def test_files_passed_in_another_order_are_refused_at_load(tmp_path, kind):
+    make_files(tmp_path, [30, 30])
+    files = [os.fspath(tmp_path / "part-00.tfrecord"), os.fspath(tmp_path / "part-01.tfrecord")]
+    options = UNBUFFERED_AND_BUFFERED[kind]
+    state = position_after(files, options, 12)
+    (tmp_path / "moved").mkdir()
+    for path in files:  # the same files under another directory (another machine): the position still fits
+        shutil.copy(path, tmp_path / "moved")
+    moved = TFRecordDataset(os.fspath(tmp_path / "moved" / "part-*.tfrecord"), **options)
+    moved.load_state_dict(state)
+    assert next(iter(moved)) == resume_first(files, options, state)
+    swapped = TFRecordDataset(files[::-1], **options)
+    with pytest.raises(ValueError, match="another order.*not loading its position"):
+        swapped.load_state_dict(state)
+
+
+def open_offset(state):
+    position = state["shards"]["0"]
+    open_files = (position["reader"] if "reader" in position else position)["open_files"]
+    assert open_files and open_files[0][0] == 0, position
+    return open_files[0][1]
+
+
+@pytest.mark.parametrize("kind", sorted(UNBUFFERED_AND_BUFFERED))
+@pytest.mark.parametrize("cut", ["at_the_offset", "mid_record"])
+def test_a_file_truncated_since_the_position_is_refused_even_with_skip_corrupt(tmp_path, kind, cut):
+    pattern = make_files(tmp_path, [40])
+    options = {**UNBUFFERED_AND_BUFFERED[kind], "skip_corrupt": True}
+    state = position_after(pattern, options, 12)
+    offset = open_offset(state)
+    os.truncate(tmp_path / "part-00.tfrecord", offset + (5 if cut == "mid_record" else 0))
+    with pytest.raises(DataLossError, match=r"part-00\.tfrecord, which changed.*saved: 920 bytes"):
+        resume_first(pattern, options, state)
+
+
+@pytest.mark.parametrize("kind", sorted(UNBUFFERED_AND_BUFFERED))
+def test_an_old_position_without_file_identities_still_resumes(tmp_path, kind, monkeypatch, caplog):
+    import torchestimator.data.tfrecord_dataset as tfrecord_dataset
+
+    monkeypatch.setattr(tfrecord_dataset, "_unchecked_logged", False)
+    pattern = make_files(tmp_path, [30, 30])
+    options = UNBUFFERED_AND_BUFFERED[kind]
+    expected = list(TFRecordDataset(pattern, **options))
+    state = position_after(pattern, options, 12)
+    state.pop("files_digest", None)
+    for position in state["shards"].values():  # as the previous version saved it
+        position.pop("file_ids", None)
+        position.get("reader", {}).pop("file_ids", None)
+    for _ in range(2):
+        resumed = TFRecordDataset(pattern, **options)
+        with caplog.at_level(logging.INFO, logger="torchestimator.data.tfrecord_dataset"):
+            resumed.load_state_dict(state)
+        assert list(resumed) == expected[12:]
+    unchecked = [record for record in caplog.records if "without file identities" in record.getMessage()]
+    assert len(unchecked) == 1
