@@ -14,6 +14,7 @@ import threading
 import time
 import zlib
 
+import google_crc32c
 import pytest
 import safetensors.torch
 import torch
@@ -103,9 +104,9 @@ def test_the_new_writer_continues_a_model_dir_of_the_previous_version(previous_m
     assert_state_equal(CheckpointStore(previous_model_dir).restore(), 4)
 
 
-def test_new_checkpoint_files_are_those_of_the_previous_version_plus_a_crc32(previous_model_dir, tmp_path):
+def test_new_checkpoint_files_are_those_of_the_previous_version_plus_a_crc32c(previous_model_dir, tmp_path):
     """The previous reader reads what the new writer writes: every file but state.json has the same bytes, and
-    state.json differs only by each file's added crc32 (the previous reader checks sha256 and size, which stay)."""
+    state.json differs only by each file's added crc32c (the previous reader checks sha256 and size, which stay)."""
     store = CheckpointStore(tmp_path / "new")
     store.save(3, *fixture_state(3))
     old, new = previous_model_dir / "ckpt-3", tmp_path / "new" / "ckpt-3"
@@ -115,7 +116,7 @@ def test_new_checkpoint_files_are_those_of_the_previous_version_plus_a_crc32(pre
             assert (new / name).read_bytes() == (old / name).read_bytes(), name
     old_state, new_state = (json.loads((folder / checkpoint_format.STATE_FILE).read_bytes()) for folder in (old, new))
     for name, entry in new_state["files"].items():
-        assert entry.pop("crc32") == zlib.crc32((new / name).read_bytes())
+        assert entry.pop("crc32c") == google_crc32c.value((new / name).read_bytes())
     assert {key: value for key, value in new_state.items() if key != "state_sha256"} == {
         key: value for key, value in old_state.items() if key != "state_sha256"}
 
@@ -172,6 +173,38 @@ def test_a_flipped_byte_anywhere_is_found_while_reading(tmp_path, offset, caplog
     else:  # verify=False reads the damaged values as they are
         unverified = store.restore(path, verify=False).model_state
         assert not all(torch.equal(unverified[name], tensor) for name, tensor in big_state(2).items())
+
+
+def _record_only(path: str, kind: str) -> None:
+    """Rewrite state.json as an earlier writer left it: only sha256 (before streaming), or crc32 instead of
+    crc32c (the first streaming version), resealed."""
+    state_file = os.path.join(path, checkpoint_format.STATE_FILE)
+    with open(state_file, "rb") as stream:
+        state = json.load(stream)
+    for name, entry in state["files"].items():
+        del entry["crc32c"]
+        if kind == "crc32":
+            with open(os.path.join(path, name), "rb") as stream:
+                entry["crc32"] = zlib.crc32(stream.read())
+    with open(state_file, "wb") as stream:
+        stream.write(checkpoint_format.sealed_json(state, checkpoint_format.STATE_CHECKSUM_KEY))
+
+
+@pytest.mark.parametrize("kind", ["crc32c", "crc32", "sha256"])
+def test_each_recorded_checksum_kind_verifies_and_finds_a_flipped_byte(tmp_path, kind):
+    store = CheckpointStore(tmp_path)
+    path = store.save(1, big_state(1))
+    if kind != "crc32c":
+        _record_only(path, kind)
+    assert all(torch.equal(store.restore(path).model_state[name], big_state(1)[name]) for name in big_state(1))
+    model_file = os.path.join(path, checkpoint_format.MODEL_FILE)
+    with open(model_file, "r+b") as stream:
+        stream.seek(-100, 2)
+        byte = stream.read(1)
+        stream.seek(-1, 1)
+        stream.write(bytes([byte[0] ^ 0x01]))
+    with pytest.raises(CheckpointError, match=rf"{model_file} fails its checksum: {kind} is "):
+        store.restore(path)
 
 
 def test_a_file_of_the_wrong_size_is_refused_before_reading(tmp_path):
@@ -251,15 +284,17 @@ def test_a_storage_that_stops_consuming_is_an_error_and_publishes_nothing():
 
 
 def test_overlapped_checksums_are_those_of_the_buffers_in_order():
-    buffers = [b"x" * 10, memoryview(bytes(range(256)) * 9000), b"", b"tail" * 3, bytearray(3 << 20)]
+    tensor_bytes = memoryview(torch.arange(700_000, dtype=torch.int32).view(torch.uint8).numpy()).cast("B")
+    buffers = [b"x" * 10, memoryview(bytes(range(256)) * 9000), b"", b"tail" * 3, bytearray(3 << 20), tensor_bytes]
     joined = b"".join(bytes(buffer) for buffer in buffers)
     with OverlappedChecksums() as checksums:
         assert list(checksums.passing(buffers)) == buffers
-        assert checksums.result() == {"sha256": hashlib.sha256(joined).hexdigest(), "crc32": zlib.crc32(joined),
-                                      "size": len(joined)}
-    with OverlappedChecksums(["crc32"]) as checksums:
+        assert checksums.result() == {"sha256": hashlib.sha256(joined).hexdigest(),
+                                      "crc32c": google_crc32c.value(joined), "size": len(joined)}
+    with OverlappedChecksums(["crc32", "crc32c"]) as checksums:
         checksums.update(joined)
-        assert checksums.result() == {"crc32": zlib.crc32(joined), "size": len(joined)}
+        assert checksums.result() == {"crc32": zlib.crc32(joined), "crc32c": google_crc32c.value(joined),
+                                      "size": len(joined)}
 
 
 def test_encoded_files_join_to_what_the_store_writes():

@@ -7,7 +7,7 @@ Files in a checkpoint folder::
     optimizer.json          the rest of that tree, see ``serialization.py``
     extra.safetensors       tensors inside the caller's ``extra`` tree (only when there are any)
     state.json              format_version, global_step, extra (RNG states, input positions...),
-                            {"files": {name: {"sha256", "size"}}} and state_sha256; written last
+                            {"files": {name: {"sha256", "size", "crc32c"}}} and state_sha256; written last
 
 Every byte that restore reads is covered by a checksum: the other files by
 their sha256 and size in ``state.json``; ``state.json`` itself by its last
@@ -32,9 +32,10 @@ encoded by ``tensor_files.py`` (the safetensors library writes its metadata in
 hash-map order, which differs between processes), as views of the tensors'
 memory: ``encode_checkpoint`` returns ``CheckpointFiles``, whose contents the
 store streams to disk while hashing them, then ``seal`` writes state.json over
-those digests. Reading a tensor file checks its size, then its sha256 while
-the tensors are read (``read_tensor_file``). The bytes are the same as before
-streaming: a previous version reads these checkpoints.
+those digests. Reading a tensor file checks its size, then its fastest recorded
+checksum (crc32c, else crc32, else sha256) while the tensors are read
+(``read_tensor_file``). The bytes are the same as before streaming, and sha256
+is still recorded: a previous version reads and verifies these checkpoints.
 
 What belongs here: turning tensors and trees into file bytes and back, and
 deciding whether a folder is intact. Which folder to read, retention and the
@@ -53,7 +54,7 @@ from typing import Any
 import torch
 
 from .errors import CheckpointError
-from .hashing import CRC32, SHA256
+from .hashing import CRC32, CRC32C, SHA256
 from .serialization import flatten_state, unflatten_state
 from .storage import Storage
 from .tensor_files import DTYPES as _DTYPES
@@ -98,7 +99,7 @@ class CheckpointFiles:
         """state.json's bytes, listing ``known_files`` then ``contents`` with their ``digests``."""
         table = {name: {"sha256": entry["sha256"], "size": entry["size"]} for name, entry in self.known_files.items()}
         table.update({name: {"sha256": digests[name]["sha256"], "size": digests[name]["size"],
-                             "crc32": digests[name]["crc32"]} for name in self.contents})
+                             "crc32c": digests[name]["crc32c"]} for name in self.contents})
         return sealed_json({**self.state, "files": table}, STATE_CHECKSUM_KEY)
 
 
@@ -304,10 +305,12 @@ def read_tensor_file(storage: Storage, folder: str, filename: str, state: Mappin
 
 
 def _checksum_to_verify(entry: Mapping[str, Any]) -> tuple[str, Any]:
-    """crc32 where the writer recorded it (since streaming: several times faster), else sha256."""
-    crc32 = entry.get(CRC32)
-    if isinstance(crc32, int) and not isinstance(crc32, bool):
-        return CRC32, crc32
+    """The fastest checksum the writer recorded: crc32c (this version), else crc32 (the first streaming
+    version's), else sha256 (every earlier version's)."""
+    for kind in (CRC32C, CRC32):
+        value = entry.get(kind)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return kind, value
     return SHA256, entry["sha256"]
 
 

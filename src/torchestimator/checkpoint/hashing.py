@@ -7,12 +7,17 @@ while the thread hashes behind it; ``hashlib``, ``zlib`` and file I/O all
 release the GIL for large buffers, so the two overlap, and a save or restore
 takes about the longer of the two, not their sum.
 
-Two checksums: ``sha256``, which state.json has always recorded (previous
-versions and other tools check it), and ``crc32`` (zlib's), recorded beside it
-since streaming and checked on restore: it finds the same accidental damage
-(any flipped bit, any burst up to 32 bits, other damage with probability
-1 - 2**-32) at several times sha256's speed. Neither guards against someone
-rewriting a file on purpose: state.json's own seal is a plain sha256 too.
+Checksums written: ``sha256``, which state.json has always recorded (previous
+versions and other tools check it), and ``crc32c`` (CRC-32C, Castagnoli, as
+TensorFlow's tensor bundles and TFRecord use), recorded beside it and checked on
+restore. google_crc32c computes it with the CPU's CRC instruction at ~0.3 s/GB
+(zlib's crc32 ~1.8 s/GB, sha256 ~2.5 s/GB on the same loaded machine), the same
+code whether or not torchestimator's compiled cores are on. A CRC finds the
+accidental damage a checkpoint meets (any flipped bit, any burst up to 32 bits,
+other damage with probability 1 - 2**-32). ``crc32`` (zlib's) is still read:
+checkpoints of the first streaming version recorded it instead. None of them
+guards against someone rewriting a file on purpose: state.json's own seal is a
+plain sha256 too.
 """
 
 from __future__ import annotations
@@ -23,29 +28,39 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["OverlappedChecksums", "SHA256", "CRC32"]
+import google_crc32c
+import numpy
+
+__all__ = ["OverlappedChecksums", "SHA256", "CRC32", "CRC32C", "WRITTEN_KINDS"]
 
 SHA256 = "sha256"
 CRC32 = "crc32"
+CRC32C = "crc32c"
+KINDS = (SHA256, CRC32C, CRC32)
+WRITTEN_KINDS = (SHA256, CRC32C)
+"""What a save records for each file: sha256 for every earlier reader, crc32c for fast verification."""
+# google_crc32c holds the GIL (it releases it for bytes objects only): pieces this size let other threads
+# run between calls, at ~0.3 ms each.
+_CRC32C_STEP_BYTES = 1 << 20
 # Below this a buffer is checksummed at once: handing it to the thread costs more than hashing it.
 _OVERLAP_MIN_BYTES = 1 << 20
 
 
 class OverlappedChecksums:
-    """sha256 and/or crc32 of the buffers given to ``update``, in order, computed on helper threads.
+    """The checksums (``kinds``) of the buffers given to ``update``, in order, computed on helper threads.
 
     A buffer handed to ``update`` must stay unchanged until ``result`` (or ``close``) returns: the views
     of a checkpoint's tensors are, since the save or restore holds them. Use as a context manager, so the
     thread is released and no buffer is read after an error.
     """
 
-    def __init__(self, kinds: Iterable[str] = (SHA256, CRC32)) -> None:
+    def __init__(self, kinds: Iterable[str] = WRITTEN_KINDS) -> None:
         self.kinds = tuple(kinds)
-        unknown = set(self.kinds) - {SHA256, CRC32}
+        unknown = set(self.kinds) - set(KINDS)
         if unknown:
-            raise ValueError(f"OverlappedChecksums: unknown checksum kinds {sorted(unknown)}; use sha256, crc32.")
+            raise ValueError(f"OverlappedChecksums: unknown checksum kinds {sorted(unknown)}; use {', '.join(KINDS)}.")
         self._sha256 = hashlib.sha256() if SHA256 in self.kinds else None
-        self._crc32 = 0
+        self._crcs = {CRC32: 0, CRC32C: 0}
         # One thread per kind: each sees the buffers in order, and the two kinds run side by side.
         self._executors: dict[str, ThreadPoolExecutor] = {}
         self._pending: list[Future[None]] = []
@@ -80,13 +95,12 @@ class OverlappedChecksums:
             yield buffer
 
     def result(self) -> dict[str, Any]:
-        """{"sha256": hex digest, "crc32": int, "size": bytes} of every buffer so far (the kinds asked for)."""
+        """{"sha256": hex digest, "crc32c": int, "crc32": int, "size": bytes} of every buffer so far (the kinds
+        asked for)."""
         self._drain()
         result: dict[str, Any] = {}
-        if self._sha256 is not None:
-            result[SHA256] = self._sha256.hexdigest()
-        if CRC32 in self.kinds:
-            result[CRC32] = self._crc32
+        for kind in self.kinds:
+            result[kind] = self._sha256.hexdigest() if kind == SHA256 else self._crcs[kind]
         result["size"] = self.size
         return result
 
@@ -97,8 +111,10 @@ class OverlappedChecksums:
     def _add(self, kind: str, buffer: Any) -> None:
         if kind == SHA256:
             self._sha256.update(buffer)
+        elif kind == CRC32C:
+            self._crcs[CRC32C] = _crc32c(buffer, self._crcs[CRC32C])
         else:
-            self._crc32 = zlib.crc32(buffer, self._crc32)
+            self._crcs[CRC32] = zlib.crc32(buffer, self._crcs[CRC32])
 
     def _drain(self) -> None:
         executors, self._executors = self._executors, {}
@@ -107,3 +123,18 @@ class OverlappedChecksums:
         pending, self._pending = self._pending, []
         for future in pending:
             future.result()  # raises only for a buffer that is not bytes-like: the caller's error
+
+
+def _crc32c(buffer: Any, crc: int) -> int:
+    """google_crc32c.extend over any bytes-like buffer without copying it.
+
+    google_crc32c parses its argument as ``y#``, which refuses memoryviews and bytearrays (writable tensor
+    memory, the pieces a save streams); a numpy array over the same memory is accepted as it is.
+    """
+    if not isinstance(buffer, bytes):
+        buffer = numpy.frombuffer(buffer, dtype=numpy.uint8)
+    if len(buffer) <= _CRC32C_STEP_BYTES:
+        return google_crc32c.extend(crc, buffer)
+    for start in range(0, len(buffer), _CRC32C_STEP_BYTES):
+        crc = google_crc32c.extend(crc, buffer[start : start + _CRC32C_STEP_BYTES])
+    return crc

@@ -16,7 +16,7 @@ the index: a folder it lists is taken as listed (one directory listing and one
 file read per save, start or listing, however many checkpoints are kept); only
 folders it does not list have their state.json read, ``latest_checkpoint``
 reads the newest ones' until one is valid, and restore checks everything it
-reads. A file's sha256 is computed while it is written (``hashing.py``), not in
+reads. A file's checksums (sha256, crc32c) are computed while it is written (``hashing.py``), not in
 a pass of its own.
 
 Every ``ckpt-<step>`` folder was complete when it appeared, so one that

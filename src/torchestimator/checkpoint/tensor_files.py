@@ -7,7 +7,7 @@ memory; the store hashes the views while the storage writes them.
 Reading: ``read_tensors`` reads the header, then each tensor straight into a
 new tensor with ``readinto`` (one copy, disk to tensor, as ``torch.load``
 makes), hashing each piece while the next is read. The tensors are used only
-once the whole file's sha256 matches. A file whose layout this reader does not
+once the whole file's checksum matches. A file whose layout this reader does not
 follow (another tool's, or a damaged header) is read whole and handed to the
 safetensors library after its checksum, as before.
 
@@ -153,7 +153,7 @@ class _Entry:
 def read_tensors(stream: BinaryIO, where: str, *, size: int, expected: tuple[str, Any] | None
                  ) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file open in ``stream`` (at its start), ``size`` bytes long (checked by
-    the caller), checked while reading against ``expected`` ("sha256" or "crc32", its value) unless None."""
+    the caller), checked while reading against ``expected`` ("crc32c", "crc32" or "sha256", its value) unless None."""
     kinds = () if expected is None else (expected[0],)
     with OverlappedChecksums(kinds) as checksums:
         prefix = _read_exactly(stream, min(8, size), where, size)
