@@ -2,13 +2,15 @@
 
 What belongs here: the type checks of Estimator(...) / Estimator.from_module(...) arguments, the refusal of
 factories whose signature cannot take the framework's call (``model=nn.Linear``, ``lr_scheduler=StepLR``),
-and the check of what a factory returned. What does not: value checks of settings (RunConfig) and of
+the check of what a factory returned, and which model_dir a run uses. What does not: value checks of settings (RunConfig) and of
 model_fn's arguments (calling.py).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -16,9 +18,11 @@ import torch
 
 from torchestimator._core.calling import factory_call_refusal, required_positionals
 from torchestimator._core.config import RunConfig
-from torchestimator.errors import ConfigTypeError
+from torchestimator.errors import ConfigError, ConfigTypeError
 
-__all__ = ["check_argument_types", "checked_factory_result", "is_scheduler"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["check_argument_types", "checked_factory_result", "is_scheduler", "resolve_model_dir"]
 
 
 def check_argument_types(*, model: Any, optimizer: Any, model_dir: Any, config: Any, params: Any,
@@ -131,3 +135,28 @@ def is_scheduler(value: Any) -> bool:
 
 def _name_of(value: Any) -> str:
     return getattr(value, "__qualname__", None) or type(value).__name__
+
+
+def resolve_model_dir(model_dir: str | os.PathLike[str] | None, config: RunConfig) -> str:
+    """Estimator(model_dir=) or RunConfig.model_dir (not both, unless equal), or a new temporary folder."""
+    if model_dir is not None:
+        model_dir = os.fspath(model_dir)
+        if not isinstance(model_dir, str):  # a PathLike of bytes
+            raise ConfigTypeError(f"Estimator(model_dir=...) must be a str path; received {model_dir!r} (bytes).",
+                                  field="model_dir", value=model_dir)
+        if model_dir == "":
+            raise ConfigError("Estimator(model_dir=...) must be a non-empty path, or None for a temporary folder.",
+                              field="model_dir", value=model_dir)
+        if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+            raise ConfigError(f"model_dir {model_dir!r} exists and is not a directory. Choose another model_dir.",
+                              field="model_dir", value=model_dir)
+        if config.model_dir is not None and os.path.abspath(config.model_dir) != os.path.abspath(model_dir):
+            raise ConfigError(
+                f"model_dir is set both in Estimator ({model_dir!r}) and in RunConfig ({config.model_dir!r}) and they "
+                "differ. Set it in one place.", field="model_dir", value=model_dir)
+        return model_dir
+    if config.model_dir is not None:
+        return config.model_dir
+    model_dir = tempfile.mkdtemp(prefix="torchestimator-")
+    logger.warning("Using temporary folder as model directory: %s", model_dir)
+    return model_dir

@@ -101,9 +101,10 @@ class RunConfig:
     sync_batch_norm: bool = _checked(False, _FLAG, optional=False)
     """With several replicas, BatchNorm layers use the statistics of the global batch (SyncBatchNorm)."""
     async_checkpoint: bool = _checked(False, _FLAG, optional=False)
-    """Multi-process runs write checkpoints in the background (DCP async_save); the loop waits only for the copy
-    to CPU. Saves stay synchronous with one process and under train_and_evaluate (an evaluation reads its step's
-    checkpoint from disk); the final checkpoint is complete before train returns."""
+    """Write checkpoints in the background: the loop waits only for the copy of the state to CPU memory (one
+    process: a writer thread through the checkpoint store; several: DCP's async_save). Saves stay synchronous
+    under train_and_evaluate (an evaluation reads its step's checkpoint from disk); the final checkpoint is
+    complete before train returns."""
 
     def __post_init__(self) -> None:
         steps, secs = self.save_checkpoints_steps, self.save_checkpoints_secs

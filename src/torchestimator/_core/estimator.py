@@ -15,7 +15,6 @@ import datetime
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -26,14 +25,14 @@ import torch
 from torchestimator._io.atomic import temporary_prefix, write_bytes_atomically
 from torchestimator._policy.best import protect_recorded_best
 from torchestimator._core.agreement import check_start_agreement
-from torchestimator._core.arguments import check_argument_types, checked_factory_result, is_scheduler
+from torchestimator._core.arguments import check_argument_types, checked_factory_result, is_scheduler, resolve_model_dir
 from torchestimator._core.calling import call_factory, call_with, check_declared
 from torchestimator.checkpoint import CheckpointStore
 from torchestimator.checkpoint.checkpointer import Checkpointer
 from torchestimator.checkpoint.parts import (TrainingParts, holds_shards, load_model_state, replica_states,
                                              restore_shared, resumable)
 from torchestimator.checkpoint.errors import CheckpointError, DiskFullError, is_no_room
-from torchestimator.errors import ConfigError, ConfigTypeError
+from torchestimator.errors import ConfigError
 from torchestimator._core.config import RunConfig
 from torchestimator._core.console import (TrainOutcome, describe_evaluation, describe_training, log_summary,
                                           show_summaries)
@@ -96,7 +95,7 @@ class Estimator:
         self._params = copy.deepcopy(dict(params or {}))
         if params and "params" not in self._model_fn_args:
             logger.debug("params given but model_fn does not take them; they still reach model and optimizer factories.")
-        self._model_dir = _resolve_model_dir(model_dir, config)
+        self._model_dir = resolve_model_dir(model_dir, config)
         self._config = config.replace(model_dir=self._model_dir) if config.model_dir != self._model_dir else config
         self._model_source = model
         # The call and argument the user named the model in, for errors about what its factory returns.
@@ -392,10 +391,8 @@ class Estimator:
             listener.begin()
         # Several processes (or sharded parameters) write through torch.distributed.checkpoint, each rank its share.
         sharded = strategy.num_replicas > 1 or holds_shards(module)
-        asynchronous = config.async_checkpoint and sharded
-        if config.async_checkpoint and not sharded:
-            logger.info("async_checkpoint: one process writes its single-file checkpoints synchronously.")
-        elif asynchronous and evaluation is not None:
+        asynchronous = config.async_checkpoint
+        if asynchronous and evaluation is not None:
             # Each evaluation marks and exports the checkpoint of its step: it must be on disk first.
             logger.info("async_checkpoint: saves are synchronous while train_and_evaluate evaluates during training.")
             asynchronous = False
@@ -767,30 +764,6 @@ def _refuse_non_training_task() -> None:
             "alone and write the chief's model_dir. Call te.train_and_evaluate in every task (the evaluator task "
             "then evaluates the chief's checkpoints), or train only in the chief and worker tasks.",
             field="TF_CONFIG", value=task_type)
-
-
-def _resolve_model_dir(model_dir: str | os.PathLike[str] | None, config: RunConfig) -> str:
-    if model_dir is not None:
-        model_dir = os.fspath(model_dir)
-        if not isinstance(model_dir, str):  # a PathLike of bytes
-            raise ConfigTypeError(f"Estimator(model_dir=...) must be a str path; received {model_dir!r} (bytes).",
-                                  field="model_dir", value=model_dir)
-        if model_dir == "":
-            raise ConfigError("Estimator(model_dir=...) must be a non-empty path, or None for a temporary folder.",
-                              field="model_dir", value=model_dir)
-        if os.path.exists(model_dir) and not os.path.isdir(model_dir):
-            raise ConfigError(f"model_dir {model_dir!r} exists and is not a directory. Choose another model_dir.",
-                              field="model_dir", value=model_dir)
-        if config.model_dir is not None and os.path.abspath(config.model_dir) != os.path.abspath(model_dir):
-            raise ConfigError(
-                f"model_dir is set both in Estimator ({model_dir!r}) and in RunConfig ({config.model_dir!r}) and they "
-                "differ. Set it in one place.", field="model_dir", value=model_dir)
-        return model_dir
-    if config.model_dir is not None:
-        return config.model_dir
-    model_dir = tempfile.mkdtemp(prefix="torchestimator-")
-    logger.warning("Using temporary folder as model directory: %s", model_dir)
-    return model_dir
 
 
 @contextlib.contextmanager
