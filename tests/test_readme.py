@@ -121,6 +121,21 @@ def cpu_install_pins_the_locked_torch(block: Block) -> None:
     assert f"pip install torch=={pinned} --index-url https://download.pytorch.org/whl/cpu" in block.text
 
 
+def bench_environment_is_pinned(block: Block) -> None:
+    """The comparison environment installs the lock of benchmarks/ (exact pins: the CPU torch of the test lock,
+    TensorFlow, the tfrecord package) and runs a benchmark that exists."""
+    bash_syntax_is_valid(block)
+    lock = (ROOT / "benchmarks" / "requirements-bench.txt").read_text()
+    pins = {line.split("==")[0].lower().replace("_", "-"): line.split("==")[1] for line in lock.splitlines()
+            if "==" in line and not line.startswith("#")}
+    assert pins.get("torch") == re.search(r"^torch==(\S+)$", (ROOT / "requirements-lock.txt").read_text(),
+                                          re.MULTILINE).group(1)
+    assert {"tensorflow-cpu", "tfrecord", "fastapi", "uvicorn", "httptools", "uvloop", "flask", "gunicorn"} <= set(pins)
+    assert "-r benchmarks/requirements-bench.txt" in block.text
+    for script in re.findall(r"benchmarks/\w+\.py", block.text):
+        assert (ROOT / script).is_file(), script
+
+
 @contextlib.contextmanager
 def environ_restored():
     """torchrun's argument checks set OMP_NUM_THREADS in os.environ; the test process keeps its own."""
@@ -230,6 +245,10 @@ NOT_RUNNABLE: dict[str, NotRunnable] = {
                     setup_command_uses_the_lock),
     SETUP + ".venv/bin/python -m pytest -q":
         NotRunnable("the README's own test command, which is what CI runs (.ci/run)", setup_command_is_ci_command),
+    "python3 -m venv /tmp/benchenv && /tmp/benchenv/bin/pip install -r benchmarks/requirements-bench.txt && "
+    "/tmp/benchenv/bin/pip install --no-deps -e . && /tmp/benchenv/bin/python benchmarks/tfrecord_read.py":
+        NotRunnable("installs TensorFlow and the other anchors from PyPI into a venv of its own (20 minutes)",
+                    bench_environment_is_pinned),
     "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu":
         NotRunnable("installs from the network into the current environment", cpu_install_pins_the_locked_torch),
     "torchestimator launch --nnodes 2 --nproc_per_node 4 \\":
