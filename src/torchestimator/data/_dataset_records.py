@@ -178,6 +178,8 @@ class _EpochRecords:
         self._modulus, self._remainder = modulus, remainder
         self.identities: dict[int, list[int]] = {}  # file index -> file_identity, once per file
         self.opened: list[int] = []  # the keys of `identities` in the order they came (tags send the new ones)
+        self._open_ids_key: tuple[int, int] | None = None
+        self._open_ids: dict[str, list[int]] = {}  # position()'s "file_ids", rebuilt only when the slots change
         start = start or {}
         self.next_file = int(start.get("next_file", 0))
         self.slot = int(start.get("slot", 0))
@@ -218,11 +220,16 @@ class _EpochRecords:
         return _OpenFile(self._plan, self._stats, file_index, self._files[file_index], offset)
 
     def position(self) -> dict[str, Any]:
-        identities = self.identities
+        # Slots are opened only with next_file advancing (after __init__) and closed only with their count
+        # falling, so (next_file, count) names the set of open files: the tag of every item reuses the dict.
+        key = (self.next_file, len(self.slots))
+        if key != self._open_ids_key:
+            self._open_ids_key = key
+            self._open_ids = {str(slot.file_index): self.identities[slot.file_index] for slot in self.slots}
         return {
             "next_file": self.next_file, "slot": self.slot, "stream_index": self.stream_index,
             "open_files": [[slot.file_index, slot.next_offset()] for slot in self.slots],
-            "file_ids": {str(slot.file_index): identities[slot.file_index] for slot in self.slots},
+            "file_ids": self._open_ids,
         }
 
     # ------------------------------------------------------------------ many records per call
