@@ -203,3 +203,20 @@ def _quiet_torch_threads():
 def te_logs(caplog):
     caplog.set_level(logging.INFO, logger="torchestimator")
     return caplog
+
+
+# The modules whose tests reach the compiled cores (TFRecord framing, Example parsing) whatever their speed:
+# the pure-Python pass of the test command (TORCHESTIMATOR_PURE_PYTHON=1 ... -m "not slow or compiled_path")
+# runs them all, slow ones included, with every fast test of the rest of the suite.
+_COMPILED_PATH_MODULES = frozenset({
+    "test_tfrecord.py", "test_tfrecord_dataset.py", "test_tfrecord_benchmark_smoke.py", "test_dataset_batched_parse.py",
+    "test_dataset_shuffle_resume.py", "test_records_cli.py", "test_native.py", "test_native_records.py",
+    "test_native_examples.py", "test_parsing.py", "test_example.py", "test_inputs.py", "test_tf_interop.py",
+    "test_serving_classify_regress.py", "test_crafted_tfrecord.py",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in _COMPILED_PATH_MODULES:
+            item.add_marker(pytest.mark.compiled_path)
