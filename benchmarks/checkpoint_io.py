@@ -6,8 +6,9 @@ from 2048x2048 linear layers (512x512 for the small states of the smoke test) to
 What each contestant writes and reads:
 
 - ours: ``CheckpointStore.save(step, model.state_dict(), {"optimizer": optimizer.state_dict()}, extra)``,
-  which writes the safetensors files, the sha256 of every byte, fsyncs each file, renames the folder,
-  fsyncs the folders and replaces the manifest; ``restore(path)`` reads it back verifying every checksum.
+  which writes the safetensors files, the sha256 and crc32c of every byte (computed behind the write),
+  fsyncs each file, renames the folder, fsyncs the folders and replaces the manifest; ``restore(path)``
+  reads it back verifying each file's crc32c.
 - torch: ``torch.save({"model": ..., "optimizer": ...})`` then fsync of the file and its folder;
   ``torch.load(weights_only=True)``. The anchor of the ratios.
 - safetensors: ``safetensors.torch.save_file`` of the same tensors, fsync; ``load_file``. For reference.

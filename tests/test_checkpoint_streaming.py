@@ -470,3 +470,44 @@ def test_background_saves_of_several_processes_need_dcp():
 
     with pytest.raises(ValueError, match="need sharded=True \\(2 replicas here\\)"):
         Checkpointer(CheckpointStore(InMemoryStorage()), TwoReplicas(), asynchronous=True)
+
+
+# ------------------------------------------------------------- fixed costs of a save
+
+
+def test_plain_lists_and_tuples_are_taken_whole_and_the_rest_item_by_item(tmp_path):
+    import enum
+    import random
+
+    class Level(enum.IntEnum):
+        HIGH = 7
+
+    extra = {"python": random.getstate(), "ints": list(range(700)), "mixed": [1, "a", None, True, (2, 3)],
+             "floats": [0.5, float("nan"), -0.0], "enum": [Level.HIGH], "tensor": [1, torch.ones(2)]}
+    store = CheckpointStore(tmp_path)
+    store.save(1, {"weight": torch.ones(2)}, extra=extra)
+    restored = store.restore().extra
+    assert restored["python"] == random.getstate() and type(restored["python"][1]) is tuple
+    assert restored["ints"] == list(range(700)) and restored["mixed"] == [1, "a", None, True, (2, 3)]
+    assert restored["floats"][0] == 0.5 and restored["floats"][1] != restored["floats"][1]
+    assert str(restored["floats"][2]) == "-0.0"
+    assert restored["enum"] == [7] and type(restored["enum"][0]) is int
+    assert restored["tensor"][0] == 1 and torch.equal(restored["tensor"][1], torch.ones(2))
+
+
+def test_state_json_has_one_top_level_key_per_line_and_its_seal(tmp_path):
+    store = CheckpointStore(tmp_path)
+    path = store.save(1, {"weight": torch.ones(2)}, extra={"rng": list(range(50))})
+    data = open(os.path.join(path, checkpoint_format.STATE_FILE), "rb").read()
+    state = json.loads(data)
+    assert data.count(b"\n") == len(state) + 1  # "{", a line per key, "}"
+    assert checkpoint_format.seal_fault(data, state, checkpoint_format.STATE_CHECKSUM_KEY) is None
+
+
+def test_saves_reuse_the_checksum_threads(tmp_path):
+    store = CheckpointStore(tmp_path)
+    for step in range(1, 4):
+        store.save(step, big_state(step))
+    kinds = [thread.name.split("_")[0] for thread in threading.enumerate() if thread.name.startswith("checkpoint-")]
+    assert {"checkpoint-crc32c", "checkpoint-sha256"} <= set(kinds)
+    assert len(kinds) == len(set(kinds))  # one thread per kind, however many files and saves

@@ -158,10 +158,12 @@ _CHECKSUM_PLACEHOLDER = b"0" * 64
 def sealed_json(document: dict[str, Any], key: str, *, compact: bool = False) -> bytes:
     """``document`` as JSON bytes ending with ``key``: the sha256 of these exact bytes with its value as 64 zeros.
 
-    ``compact``: on one line (json's C encoder: the manifest of a model_dir keeping 1000 checkpoints is
-    written at every save); else indented for people reading it.
+    ``compact``: on one line (the manifest of a model_dir keeping 1000 checkpoints is written at every
+    save); else one top-level key per line for people reading it (``_json_lines``). Both are json's C
+    encoder: indenting every level takes its pure-Python one, 7 ms per save for state.json's RNG states.
     """
-    data = _json_bytes({**document, key: _CHECKSUM_PLACEHOLDER.decode()}, compact=compact)
+    sealed = {**document, key: _CHECKSUM_PLACEHOLDER.decode()}
+    data = _json_bytes(sealed, compact=True) if compact else _json_lines(sealed)
     start = data.rindex(_checksum_marker(key)) + len(_checksum_marker(key))
     return data[:start] + hashlib.sha256(data).hexdigest().encode() + data[start + 64 :]
 
@@ -364,6 +366,12 @@ def read_safetensors_header(storage: Storage, folder: str, filename: str) -> lis
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as error:
         raise CheckpointError(f"{where} has an unreadable safetensors header: {error!r}.") from None
     return sorted(variables, key=lambda variable: variable[0])
+
+
+def _json_lines(document: dict[str, Any]) -> bytes:
+    """``document`` as JSON with one top-level key per line, each value on its line (json's C encoder)."""
+    lines = (f" {json.dumps(key)}: {json.dumps(value, allow_nan=False)}" for key, value in document.items())
+    return ("{\n" + ",\n".join(lines) + "\n}").encode("utf-8")
 
 
 def _json_bytes(value: Any, *, compact: bool = False) -> bytes:

