@@ -330,12 +330,7 @@ class _EpochRecords:
             if self.slot >= len(slots):
                 self.slot = 0
             current = slots[self.slot]
-            if current.index == len(current.records) and not current.next_block():
-                if self.next_file < len(self._files):  # the next file takes over the slot
-                    slots[self.slot] = self._open(self.next_file, 0)
-                    self.next_file += 1
-                else:
-                    del slots[self.slot]
+            if not self._slot_has_record(current):
                 continue
             index, stream_index = current.index, self.stream_index
             current.index = index + 1
@@ -346,6 +341,18 @@ class _EpochRecords:
                 if refs:
                     taken.files.append(current.file_index)
                     taken.offsets.append(current.offsets[index])
+
+    def _slot_has_record(self, current: Any) -> bool:
+        """Whether the current slot's file has a record at its index; if its file is done, the next file takes
+        over the slot (or the slot goes when there is none) and the caller looks again."""
+        if current.index < len(current.records) or current.next_block():
+            return True
+        if self.next_file < len(self._files):
+            self.slots[self.slot] = self._open(self.next_file, 0)
+            self.next_file += 1
+        else:
+            del self.slots[self.slot]
+        return False
 
     # ------------------------------------------------------------------ one record per step
 
@@ -382,12 +389,7 @@ class _EpochRecords:
             if self.slot >= len(slots):
                 self.slot = 0
             current = slots[self.slot]
-            if current.index == len(current.records) and not current.next_block():
-                if self.next_file < len(self._files):  # the next file takes over the slot
-                    slots[self.slot] = self._open(self.next_file, 0)
-                    self.next_file += 1
-                else:
-                    del slots[self.slot]
+            if not self._slot_has_record(current):
                 continue
             record = current.records[current.index]
             current.index += 1
