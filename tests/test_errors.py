@@ -127,7 +127,7 @@ OUTSIDE_THE_TREE = [
     ("torchestimator._io.protobuf", "TextFormatError", lambda cls: cls("Expected \"}\".", 3, 7)),
     ("torchestimator.interop._sstable", "VarintError", lambda cls: cls("varint runs past the block")),
     ("torchestimator.interop.keras_h5", "_DamagedHeapError", lambda cls: cls("global heap at 4096")),
-    ("torchestimator.data.tfrecord", "_TruncatedStream", lambda cls: cls()),
+    ("torchestimator.data._tfrecord_scan", "_TruncatedStream", lambda cls: cls()),
 ]
 # TextFormatError(problem, line, column) passes one formatted message to ValueError, so pickle's
 # cls(*args) rebuild fails; the fix (mix errors.PicklableError in) is in _io/protobuf.py, not ours here.
