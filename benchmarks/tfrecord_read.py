@@ -661,7 +661,7 @@ class _Report:
 
     def _side(self, reader: str, unit: str) -> str:
         m = self.measurement
-        return f"{m.rate(reader):.0f} {unit}/s ({m.wall(reader):.3f} s wall, cpu/wall {m.cores_used(reader):.2f})"
+        return f"{m.rate(reader):.0f} {unit}/s ({m.wall(reader) * 1000:.2f} ms wall, cpu/wall {m.cores_used(reader):.2f})"
 
     def line(self, name: str, figure: str, unit: str, ours: str, theirs: str, label: str, why_missing: str | None,
              note: str = "") -> None:
