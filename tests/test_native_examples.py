@@ -21,6 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from faults_common import varint  # protobuf's varint (tools/, on the path through conftest)
+
 from torchestimator import _native
 from torchestimator.data import _parsing_compiled, parsing
 from torchestimator.data.example import encode_example
@@ -42,16 +44,6 @@ HYPOTHESIS = settings(max_examples=120, deadline=None, suppress_health_check=[He
 
 
 # ----------------------------------------------------------------------------- wire bytes, by hand
-
-
-def varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # int64 as two's complement: a negative takes 10 bytes
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
 
 
 def tag(field: int, wire_type: int) -> bytes:
