@@ -192,7 +192,7 @@ class Estimator:
         checkpoint = self._store.restore(load_optimizer=False)  # past a damaged newest one, as evaluate does
         if name not in checkpoint.model_state:
             raise ValueError(f"Variable {name!r} is not in {checkpoint.path}; it has {sorted(checkpoint.model_state)[:20]}.")
-        return checkpoint.model_state[name].numpy()
+        return checkpoint.model_state[name].numpy().copy()  # the tensor may be a view of the checkpoint's file
 
     def _raise_if_all_checkpoints_damaged(self) -> None:
         """A model_dir holding checkpoints of which none is intact raises the CheckpointError naming each."""

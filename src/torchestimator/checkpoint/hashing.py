@@ -33,7 +33,7 @@ from typing import Any
 import google_crc32c
 import numpy
 
-__all__ = ["OverlappedChecksums", "SHA256", "CRC32", "CRC32C", "WRITTEN_KINDS"]
+__all__ = ["OverlappedChecksums", "checksum_of", "SHA256", "CRC32", "CRC32C", "WRITTEN_KINDS"]
 
 SHA256 = "sha256"
 CRC32 = "crc32"
@@ -120,6 +120,18 @@ class OverlappedChecksums:
         for error in errors:
             if error is not None:
                 raise error  # only a buffer that is not bytes-like: the caller's error
+
+
+def checksum_of(kind: str, buffer: Any) -> Any:
+    """One checksum (``kind``) of a whole bytes-like buffer, on this thread: a hex digest for sha256, an int
+    for the CRCs."""
+    if kind == SHA256:
+        return hashlib.sha256(buffer).hexdigest()
+    if kind == CRC32C:
+        return _crc32c(buffer, 0)
+    if kind == CRC32:
+        return zlib.crc32(buffer)
+    raise ValueError(f"checksum_of: unknown checksum kind {kind!r}; use {', '.join(KINDS)}.")
 
 
 _helpers: dict[str, tuple[int, ThreadPoolExecutor]] = {}

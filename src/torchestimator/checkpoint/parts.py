@@ -32,6 +32,7 @@ import torch
 from torchestimator._core.state import TrainState
 
 from .serialization import flatten_state
+from .tensor_files import is_file_mapped
 
 logger = logging.getLogger("torchestimator")
 
@@ -167,7 +168,23 @@ def restore_shared(checkpoint: Any, parts: Mapping[str, Stateful], optimizer: to
             _set_named_optimizer_state(model, optimizer, _named_by_position(model, optimizer, saved_state[name]),
                                        full=True)
         else:
-            part.load_state_dict(saved_state[name])
+            part.load_state_dict(owning_memory(saved_state[name]))
+
+
+def owning_memory(tree: Any) -> Any:
+    """``tree`` with every tensor that is a view of a mapped checkpoint file (``tensor_files.read_tensors``)
+    copied into memory of its own; other tensors pass unchanged.
+
+    For state kept as long as the run: an optimizer keeps the tensors it is given, and a mapping would keep
+    the checkpoint's disk space after retention deletes the files.
+    """
+    if isinstance(tree, torch.Tensor):
+        return tree.clone() if is_file_mapped(tree) else tree
+    if isinstance(tree, dict):
+        return {key: owning_memory(value) for key, value in tree.items()}
+    if type(tree) in (list, tuple):
+        return type(tree)(owning_memory(value) for value in tree)
+    return tree
 
 
 def is_shard(tensor: Any) -> bool:

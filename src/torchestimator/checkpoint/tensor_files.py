@@ -4,12 +4,19 @@ Writing: ``encode_tensors`` gives the file as a header plus zero-copy views of
 each tensor's bytes (``EncodedFile``), so a save never builds the file in
 memory; the store hashes the views while the storage writes them.
 
-Reading: ``read_tensors`` reads the header, then each tensor straight into a
-new tensor with ``readinto`` (one copy, disk to tensor, as ``torch.load``
-makes), hashing each piece while the next is read. The tensors are used only
-once the whole file's checksum matches. A file whose layout this reader does not
-follow (another tool's, or a damaged header) is read whole and handed to the
-safetensors library after its checksum, as before.
+Reading: ``read_tensors`` maps a local file into memory copy-on-write (as
+``safetensors.torch.load_file`` and ``torch.load(mmap=True)`` do), checks the
+whole file's checksum over the mapping, and gives tensors that are views of it:
+no copy is made, pages come from the page cache, and writing to a tensor copies
+only the page written (the file never changes). Whoever keeps the tensors for
+long (an optimizer's state) copies them (``parts.restore_shared``): a mapping
+keeps a deleted checkpoint's disk space until it is released. A stream that
+cannot be mapped (in-memory storage, a file system without mmap) is read
+piece by piece into new tensors with ``readinto`` (one copy, as ``torch.load``
+makes), hashing each piece while the next is read. Either way the tensors are
+given only once the whole file's checksum matches. A file whose layout this
+reader does not follow (another tool's, or a damaged header) is read whole and
+handed to the safetensors library after its checksum, as before.
 
 The bytes are those of ``safetensors.torch.save`` up to the header's key order
 (see ``encode_tensors``): other tools read them.
@@ -17,9 +24,13 @@ The bytes are those of ``safetensors.torch.save`` up to the header's key order
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import mmap
 import struct
+import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -28,9 +39,10 @@ import safetensors.torch
 import torch
 
 from .errors import CheckpointError
-from .hashing import OverlappedChecksums
+from .hashing import OverlappedChecksums, checksum_of
 
-__all__ = ["EncodedFile", "encode_tensors", "tensors_to_bytes", "bytes_to_tensors", "read_tensors", "DTYPES"]
+__all__ = ["EncodedFile", "encode_tensors", "tensors_to_bytes", "bytes_to_tensors", "read_tensors", "is_file_mapped",
+           "DTYPES"]
 
 # safetensors dtype codes; getattr because older torch builds lack some float8 types.
 DTYPES = {
@@ -154,6 +166,12 @@ def read_tensors(stream: BinaryIO, where: str, *, size: int, expected: tuple[str
                  ) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file open in ``stream`` (at its start), ``size`` bytes long (checked by
     the caller), checked while reading against ``expected`` ("crc32c", "crc32" or "sha256", its value) unless None."""
+    mapping = _mapped(stream, size)
+    if mapping is not None:
+        tensors = _read_mapped(mapping, where, size, expected)
+        if tensors is not None:
+            return tensors
+    stream.seek(0)
     kinds = () if expected is None else (expected[0],)
     with OverlappedChecksums(kinds) as checksums:
         prefix = _read_exactly(stream, min(8, size), where, size)
@@ -179,6 +197,73 @@ def read_tensors(stream: BinaryIO, where: str, *, size: int, expected: tuple[str
                     checksums.update(piece)  # checked behind the reading of the next piece
             tensors[entry.name] = tensor
         _check(expected, checksums.result(), where)
+    return _in_order(tensors, order)
+
+
+def _mapped(stream: BinaryIO, size: int) -> mmap.mmap | None:
+    """A private (copy-on-write) mapping of the file open in ``stream``, or None when it has no file
+    descriptor or cannot be mapped."""
+    try:
+        descriptor = stream.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        return None
+    if size == 0:
+        return None  # mmap refuses empty files; the streamed path says what is wrong with one
+    try:
+        mapping = mmap.mmap(descriptor, size, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError):
+        return None
+    if hasattr(mapping, "madvise") and hasattr(mmap, "MADV_WILLNEED"):
+        mapping.madvise(mmap.MADV_WILLNEED)  # a file not in the page cache is read ahead, not page by page
+    return mapping
+
+
+# The mappings whose views read_tensors gave and that are still alive (a view keeps its mapping), with the
+# address range of each: what tells a tensor backed by a checkpoint file from one in torch's own memory.
+_live_mappings: weakref.WeakKeyDictionary[mmap.mmap, tuple[int, int]] = weakref.WeakKeyDictionary()
+_live_mappings_lock = threading.Lock()
+
+
+def is_file_mapped(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a view of a checkpoint file mapped by ``read_tensors`` (still alive)."""
+    if tensor.device.type != "cpu" or tensor.numel() == 0:
+        return False
+    address = tensor.data_ptr()
+    with _live_mappings_lock:
+        ranges = list(_live_mappings.values())
+    return any(start <= address < end for start, end in ranges)
+
+
+def _read_mapped(mapping: mmap.mmap, where: str, size: int, expected: tuple[str, Any] | None
+                 ) -> dict[str, torch.Tensor] | None:
+    """The tensors of a mapped file as views of the mapping, after the whole file's checksum; None when the
+    layout is not ours (the streamed path handles it and words its errors)."""
+    if size < 8:
+        return None
+    (header_size,) = struct.unpack_from("<Q", mapping, 0)
+    data_start = 8 + header_size
+    if data_start > min(size, 8 + MAX_HEADER_BYTES) or data_start % 8:
+        return None
+    layout = _layout(mapping[8:data_start], size - data_start)
+    if layout is None:
+        return None
+    entries, order = layout
+    if any((data_start + entry.start) % entry.dtype.itemsize for entry in entries):
+        return None  # a tensor off its alignment: the copying path gives aligned memory
+    if expected is not None:
+        with memoryview(mapping) as whole:
+            _check(expected, {expected[0]: checksum_of(expected[0], whole)}, where)
+    start = torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()
+    with _live_mappings_lock:
+        _live_mappings[mapping] = (start, start + size)
+    tensors = {}
+    for entry in entries:
+        count = math.prod(entry.shape)
+        if count == 0:
+            tensors[entry.name] = torch.empty(entry.shape, dtype=entry.dtype)
+        else:
+            flat = torch.frombuffer(mapping, dtype=entry.dtype, count=count, offset=data_start + entry.start)
+            tensors[entry.name] = flat.view(entry.shape)
     return _in_order(tensors, order)
 
 
