@@ -8,10 +8,14 @@ What each contestant writes and reads:
 - ours: ``CheckpointStore.save(step, model.state_dict(), {"optimizer": optimizer.state_dict()}, extra)``,
   which writes the safetensors files, the sha256 and crc32c of every byte (computed behind the write),
   fsyncs each file, renames the folder, fsyncs the folders and replaces the manifest; ``restore(path)``
-  reads it back verifying each file's crc32c.
+  maps each file copy-on-write, verifies its crc32c over the whole mapping and gives tensors that are views
+  of it (as ``load_file`` and ``torch.load(mmap=True)`` do: nothing is copied until a tensor is written).
 - torch: ``torch.save({"model": ..., "optimizer": ...})`` then fsync of the file and its folder;
-  ``torch.load(weights_only=True)``. The anchor of the ratios.
-- safetensors: ``safetensors.torch.save_file`` of the same tensors, fsync; ``load_file``. For reference.
+  ``torch.load(weights_only=True)``, which copies every byte into new memory. The anchor of the ratios.
+- torch_mmap (loads only): ``torch.load(weights_only=True, mmap=True)`` of the same file, for reference:
+  torch's own mapped load, which checks nothing.
+- safetensors: ``safetensors.torch.save_file`` of the same tensors, fsync; ``load_file`` (mapped, checks
+  nothing). For reference.
 
 Method: after a dropped warm-up round, each round runs the three saves and then the three loads in an order
 that rotates from round to round, so a change in the machine's load touches all of them alike; each file is
@@ -182,6 +186,9 @@ class Contestants:
     def load_torch(self) -> None:
         torch.load(self.torch_path, weights_only=True)
 
+    def load_torch_mmap(self) -> None:
+        torch.load(self.torch_path, weights_only=True, mmap=True)
+
     def save_safetensors(self) -> None:
         _, tensors = flatten_state({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})
         safetensors.torch.save_file(tensors, self.safetensors_path)
@@ -192,17 +199,17 @@ class Contestants:
         safetensors.torch.load_file(self.safetensors_path)
 
 
-NAMES = ("ours", "torch", "safetensors")
+NAMES = {"save": ("ours", "torch", "safetensors"), "load": ("ours", "torch", "torch_mmap", "safetensors")}
 
 
 def run_rounds(contestants: Contestants, rounds: int) -> dict[str, dict[str, list[tuple[float, float]]]]:
     """{"save"|"load": {name: [(wall, cpu) per round]}}, the first round dropped."""
-    times: dict[str, dict[str, list[tuple[float, float]]]] = {"save": {n: [] for n in NAMES},
-                                                              "load": {n: [] for n in NAMES}}
+    times: dict[str, dict[str, list[tuple[float, float]]]] = {kind: {n: [] for n in names}
+                                                              for kind, names in NAMES.items()}
     for index in range(rounds + 1):
-        order = NAMES[index % 3:] + NAMES[: index % 3]
-        for kind in ("save", "load"):
-            for name in order:
+        for kind, names in NAMES.items():
+            shift = index % len(names)
+            for name in names[shift:] + names[:shift]:
                 result = timed(getattr(contestants, f"{kind}_{name}"))
                 if index:
                     times[kind][name].append(result)
@@ -343,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             times = run_rounds(contestants, settings.rounds)
             for kind in ("save", "load"):
                 line = " ".join(f"{name}={median_of(times[kind][name], 0):.3f}s(cpu {median_of(times[kind][name], 1):.3f}s)"
-                                for name in NAMES)
+                                for name in NAMES[kind])
                 middle, low, high = ratio(times[kind])
                 print(f"  {kind} {megabytes:.0f} MB: {line} ours/torch={middle:.2f} [{low:.2f}-{high:.2f}]")
                 (save_ratios if kind == "save" else load_ratios).append(middle)

@@ -155,17 +155,33 @@ def is_sharded(state: Mapping[str, Any]) -> bool:
 _CHECKSUM_PLACEHOLDER = b"0" * 64
 
 
-def sealed_json(document: dict[str, Any], key: str, *, compact: bool = False) -> bytes:
+def sealed_json(document: dict[str, Any], key: str, *, compact: bool = False,
+                encoded: Mapping[str, str] | None = None) -> bytes:
     """``document`` as JSON bytes ending with ``key``: the sha256 of these exact bytes with its value as 64 zeros.
 
     ``compact``: on one line (the manifest of a model_dir keeping 1000 checkpoints is written at every
     save); else one top-level key per line for people reading it (``_json_lines``). Both are json's C
     encoder: indenting every level takes its pure-Python one, 7 ms per save for state.json's RNG states.
+    ``encoded`` (compact only): top-level values given as their JSON text, exactly as ``json.dumps`` writes
+    them (the manifest's list of 1000 checkpoints, kept encoded between saves); the bytes are the same as
+    for the document alone.
     """
     sealed = {**document, key: _CHECKSUM_PLACEHOLDER.decode()}
+    if encoded:
+        if not compact:
+            raise ValueError("sealed_json: encoded values are for the compact form")
+        sealed.update({name: _stand_in(name) for name in encoded})
     data = _json_bytes(sealed, compact=True) if compact else _json_lines(sealed)
+    for name, text in (encoded or {}).items():
+        data = data.replace(json.dumps(_stand_in(name)).encode(), text.encode("utf-8"), 1)
     start = data.rindex(_checksum_marker(key)) + len(_checksum_marker(key))
     return data[:start] + hashlib.sha256(data).hexdigest().encode() + data[start + 64 :]
+
+
+def _stand_in(name: str) -> str:
+    # Written in place of an encoded value, then replaced by its text: no value of a manifest or state.json
+    # is a string like it (names of folders and files, dtypes, digests).
+    return f"\u2063encoded {name}\u2063"
 
 
 def seal_fault(data: bytes, document: dict[str, Any], key: str) -> str | None:

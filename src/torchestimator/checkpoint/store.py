@@ -149,6 +149,9 @@ class CheckpointStore:
         save reads the file (one small read) and parses it again only when its bytes differ."""
         self._leftovers_seen = False
         """The last listing saw a folder named like a killed save's leftover."""
+        self._encoded_entries: dict[_Entry, tuple[dict[str, Any], str]] = {}
+        """Each checkpoint of the last manifest written, as its item and that item's JSON: a save in a model_dir
+        of 1000 checkpoints encodes only the new one."""
 
     def __repr__(self) -> str:
         return f"CheckpointStore({self.storage!r}, keep_checkpoint_max={self.keep_checkpoint_max})"
@@ -225,7 +228,7 @@ class CheckpointStore:
         folder = f"ckpt-{step}"
         # Read before publishing, so a first save does not look like a lost manifest.
         manifest = self._read_manifest()
-        entries = {entry.step: entry for entry in self._entries(manifest)}
+        listed = self._entries(manifest)
         writing, state_size = staging, 0
         try:
             digests: dict[str, dict[str, Any]] = {}
@@ -244,10 +247,8 @@ class CheckpointStore:
             self.storage.write_file(staging, checkpoint_format.STATE_FILE, state_bytes)
             writing = folder
             self._publish(staging, folder)
-            replaced = entries.get(step)
-            entries[step] = _Entry(step, folder, save_time, preserved=replaced is not None and replaced.preserved)
             writing = "checkpoint"
-            self._apply_retention(manifest, sorted(entries.values(), key=lambda entry: entry.step), newest=step)
+            self._apply_retention(manifest, _with_entry(listed, step, folder, save_time), newest=step)
             if self._leftovers_seen:
                 self.remove_leftovers()
         except OSError as error:
@@ -256,7 +257,7 @@ class CheckpointStore:
             self._delete_quietly(staging)  # also gives back the space the partial checkpoint took
             if not is_no_room(error):
                 raise
-            previous = [entry.folder for entry in entries.values() if entry.step != step]
+            previous = [entry.folder for entry in listed if entry.step != step]
             raise DiskFullError(
                 error, path=self.storage.location(writing), what=f"the checkpoint of step {step}",
                 bytes_needed=already_written + files.size + state_size,
@@ -329,11 +330,11 @@ class CheckpointStore:
         anchor = manifest.get("hours_anchor")
         if anchor is None and entries:
             anchor = min(entry.save_time for entry in entries)
-        window = entries if self.keep_checkpoint_max is None else entries[-self.keep_checkpoint_max :]
-        window_steps = {entry.step for entry in window} | {newest}
+        # The newest keep_checkpoint_max stay; only those before them are looked at (usually one).
+        split = 0 if self.keep_checkpoint_max is None else max(0, len(entries) - self.keep_checkpoint_max)
         kept, deleted = [], []
-        for entry in entries:
-            if entry.step in window_steps or entry.preserved or entry.step in best or entry.step in self.protected:
+        for entry in entries[:split]:
+            if entry.step == newest or entry.preserved or entry.step in best or entry.step in self.protected:
                 kept.append(entry)
             elif interval is not None and entry.save_time >= anchor + interval:
                 # Like tf.train.Saver: the first checkpoint leaving the window an interval after the last one kept.
@@ -341,6 +342,7 @@ class CheckpointStore:
                 anchor = entry.save_time
             else:
                 deleted.append(entry)
+        kept.extend(entries[split:])
         manifest.update(hours_anchor=anchor)
         self._write_manifest(manifest, kept)
         for entry in deleted:
@@ -442,12 +444,16 @@ class CheckpointStore:
         return list(entries), dict(rejected)
 
     def _scan_folders(self, manifest: dict[str, Any], folders: set[str]) -> tuple[list[_Entry], dict[str, str]]:
-        listed = {item["folder"]: item for item in manifest["checkpoints"]}
         entries, rejected = [], {}
         written = manifest.get(_WRITTEN_ENTRIES)
-        if written is not None:  # this store wrote the manifest: its entries are at hand
+        if written is not None:  # this store wrote the manifest: its entries are at hand, in order
             entries = [entry for entry in written if entry.folder in folders]
-        for folder, item in listed.items() if written is None else ():  # the index: no file read
+            listed: dict[str, Any] = {}  # what the entries say: nothing more to take from the items
+            missing = sorted({entry.folder for entry in written} - folders)
+        else:
+            listed = {item["folder"]: item for item in manifest["checkpoints"]}
+            missing = sorted(set(listed) - folders)
+        for folder, item in listed.items():  # the index: no file read
             save_time = item.get("save_time")
             if (folder in folders and folder == f"ckpt-{item['step']}" and isinstance(save_time, (int, float))
                     and not isinstance(save_time, bool)):
@@ -470,7 +476,7 @@ class CheckpointStore:
             if not isinstance(save_time, (int, float)) or isinstance(save_time, bool):
                 save_time = self._clock()  # not in the manifest yet: found now
             entries.append(_Entry(step, folder, float(save_time), bool(item.get("preserved"))))
-        for folder in sorted(set(listed) - folders):
+        for folder in missing:
             location = self.storage.location(folder)
             self._warn_once(f"The manifest lists {location}, but the folder is missing; ignoring it.")
         return sorted(entries), rejected
@@ -522,21 +528,28 @@ class CheckpointStore:
         return {**manifest, "checkpoints": list(manifest["checkpoints"]), "best": list(manifest["best"])}
 
     def _write_manifest(self, manifest: dict[str, Any], entries: list[_Entry]) -> None:
-        document = self._manifest_document(manifest, entries)
-        data = checkpoint_format.sealed_json(document, _MANIFEST_CHECKSUM_KEY, compact=True)
+        items, texts = self._encode_entries(entries)
+        document = self._manifest_document(manifest, entries, items)
+        data = checkpoint_format.sealed_json(document, _MANIFEST_CHECKSUM_KEY, compact=True,
+                                             encoded={"checkpoints": "[" + ", ".join(texts) + "]"})
         self._manifest_cache = None  # until the new bytes are in place
         self.storage.replace_manifest(data)
         self._manifest_cache = (data, document, tuple(entries))
 
+    def _encode_entries(self, entries: list[_Entry]) -> tuple[list[dict[str, Any]], list[str]]:
+        """The manifest items of ``entries`` and their JSON, reusing those of the last manifest written."""
+        known = self._encoded_entries.get
+        pairs = [known(entry) or _encoded_item(entry) for entry in entries]
+        self._encoded_entries = dict(zip(entries, pairs))  # only those listed now: it never outgrows the manifest
+        return [item for item, _ in pairs], [text for _, text in pairs]
+
     @staticmethod
-    def _manifest_document(manifest: dict[str, Any], entries: list[_Entry]) -> dict[str, Any]:
+    def _manifest_document(manifest: dict[str, Any], entries: list[_Entry],
+                           items: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         return {
             "format_version": _MANIFEST_VERSION,
             "latest": entries[-1].folder if entries else None,
-            "checkpoints": [
-                {"step": e.step, "folder": e.folder, "save_time": e.save_time, "preserved": e.preserved}
-                for e in entries
-            ],
+            "checkpoints": [_manifest_item(entry) for entry in entries] if items is None else items,
             "best": sorted(manifest["best"]),
             "hours_anchor": manifest.get("hours_anchor"),
         }
@@ -668,6 +681,26 @@ def _load_sharded(storage: Storage, folder: str, step: int, state: dict[str, Any
     )
     return Checkpoint(path=location, step=step, model_state=model_state, optimizer_state=shared, extra=extra,
                       sharded=True)
+
+
+def _manifest_item(entry: _Entry) -> dict[str, Any]:
+    return {"step": entry.step, "folder": entry.folder, "save_time": entry.save_time, "preserved": entry.preserved}
+
+
+def _encoded_item(entry: _Entry) -> tuple[dict[str, Any], str]:
+    item = _manifest_item(entry)
+    return item, json.dumps(item, allow_nan=False)
+
+
+def _with_entry(entries: list[_Entry], step: int, folder: str, save_time: float) -> list[_Entry]:
+    """``entries`` (by step) with the checkpoint just published: appended when it is the newest (every save of
+    a training), else put in its place, replacing one of the same step (it keeps that one's ``preserved``)."""
+    if not entries or entries[-1].step < step:
+        return [*entries, _Entry(step, folder, save_time)]
+    by_step = {entry.step: entry for entry in entries}
+    replaced = by_step.get(step)
+    by_step[step] = _Entry(step, folder, save_time, preserved=replaced is not None and replaced.preserved)
+    return sorted(by_step.values(), key=lambda entry: entry.step)
 
 
 def _check_steps(steps: Iterable[Any], name: str) -> list[int]:
