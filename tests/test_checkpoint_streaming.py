@@ -131,6 +131,30 @@ def test_the_compact_manifest_keeps_the_previous_versions_shape_and_seal(tmp_pat
     assert checkpoint_format.seal_fault(data, manifest, "sha256") is None  # what the previous reader checks
 
 
+def test_a_manifest_built_from_kept_entry_texts_is_the_one_json_would_write(tmp_path):
+    """The store re-encodes only the newest entry; the bytes must be those of encoding the whole document, through
+    saves that append, replace a step, delete by retention and mark best ones."""
+    clock = iter(float(second) for second in range(1000, 2000))
+    store = CheckpointStore(tmp_path, keep_checkpoint_max=3, clock=lambda: next(clock))
+    for step in (1, 2, 3, 4, 5, 3, 6):  # 3 again: an older step saved anew lands in its place
+        store.save(step, {"weight": torch.full((2,), float(step))})
+        if step == 2:
+            store.mark_best([2])
+        data = (tmp_path / "checkpoint").read_bytes()
+        manifest = json.loads(data)
+        manifest.pop("sha256")
+        assert data == checkpoint_format.sealed_json(manifest, "sha256", compact=True), step
+    assert [item["step"] for item in json.loads(data)["checkpoints"]] == [2, 4, 5, 6]  # 2 is best: kept
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint", "ckpt-2", "ckpt-4", "ckpt-5", "ckpt-6"]
+
+
+def test_sealed_json_with_encoded_values_gives_the_same_bytes():
+    document = {"format_version": 1, "checkpoints": [{"step": 1, "folder": "ckpt-1", "save_time": 1.5}], "best": []}
+    encoded = {"checkpoints": json.dumps(document["checkpoints"])}
+    assert (checkpoint_format.sealed_json(document, "sha256", compact=True, encoded=encoded)
+            == checkpoint_format.sealed_json(document, "sha256", compact=True))
+
+
 # ------------------------------------------------------------- streamed writing and reading
 
 BIG = 3 * (1 << 20) + 17  # float32 elements: 12 MB, more than one 8 MB piece, not a multiple of it
