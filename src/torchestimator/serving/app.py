@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import time
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -52,7 +53,11 @@ from torchestimator.serving.json_tensor import (
 )
 from torchestimator.serving.manager import ModelManager
 from torchestimator.serving.metrics import API_BY_VERB, ServingMetrics
-from torchestimator.serving.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_METRICS_PATH  # re-exported: they lived here
+from torchestimator.serving.settings import (  # the first two re-exported: they lived here
+    DEFAULT_INLINE_FORWARD_MICROS,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_METRICS_PATH,
+)
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_METRICS_PATH", "make_app"]
 
@@ -79,6 +84,11 @@ class _ServingState:
     metrics: ServingMetrics
     metrics_path: str | None
     scheduler: BatchScheduler | None
+    inline_forward_seconds: float
+    """Requests whose estimated forward is at most this run on the event loop (0: never); see _fast_model."""
+    slow_inline_calls: weakref.WeakKeyDictionary[Any, int] = dataclasses.field(
+        default_factory=weakref.WeakKeyDictionary)
+    """Per model, its inline forwards found slow (_run_inline); at _DEMOTION_SLOW_CALLS, worker threads only."""
     completions: LoopCompletions | None = None
     """Batch results to the event loop serving the app (made on its first batched request)."""
 
@@ -104,12 +114,17 @@ def make_app(
     batching: BatchingParameters | None = None,
     metrics_path: str | None = DEFAULT_METRICS_PATH,
     timeout_seconds: float | None = 30.0,
+    inline_forward_micros: int = DEFAULT_INLINE_FORWARD_MICROS,
 ) -> web.Application:
     """An application answering TF Serving's REST API for the given models (polling is added by server.py).
 
     ``batching`` gathers concurrent requests into one forward pass (TF's
     --enable_batching); ``metrics_path`` None turns the Prometheus page off;
-    ``timeout_seconds`` is TF's rest_api_timeout_in_ms (504 when exceeded).
+    ``timeout_seconds`` is TF's rest_api_timeout_in_ms (504 when exceeded);
+    ``inline_forward_micros``: a small request (body up to 16 KiB) to a model
+    whose forward, measured at load on a batch of one, times the request's
+    rows is at most this many microseconds runs on the event loop instead of
+    a worker thread (0: always a worker thread). Batching ignores it.
     """
     by_name = _managers_by_name(managers)
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes <= 0:
@@ -123,6 +138,10 @@ def make_app(
                                      or metrics_path.lower().startswith("/v1/")):
         raise ValueError(f"metrics_path must be an absolute path outside /v1/ (TF's is {DEFAULT_METRICS_PATH}); "
                          f"received {metrics_path!r}.")
+    if isinstance(inline_forward_micros, bool) or not isinstance(inline_forward_micros, int) \
+            or inline_forward_micros < 0:
+        raise ValueError(f"inline_forward_micros must be an int >= 0 (0: never run a forward on the event loop); "
+                         f"received {inline_forward_micros!r}.")
     if batching is not None and not isinstance(batching, BatchingParameters):
         raise TypeError(f"batching must be BatchingParameters or None; received {type(batching).__name__}.")
     metrics = ServingMetrics()
@@ -136,6 +155,7 @@ def make_app(
         timeout_seconds=timeout_seconds,
         metrics=metrics,
         metrics_path=metrics_path,
+        inline_forward_seconds=inline_forward_micros * 1e-6,
         scheduler=None if batching is None else BatchScheduler(
             batching, on_batch=lambda real, padded: metrics.observe_batch(None, real, padded)),
     )
@@ -233,7 +253,7 @@ _INLINE_BODY_BYTES = 16 * 1024
 
 async def _infer(request: web.Request, state: _ServingState, name: str, version: int | None, label: str | None,
                  verb: str) -> web.Response:
-    model, _ = _servable(state, name, version, label)  # the request keeps this version through any swap
+    model, served_version = _servable(state, name, version, label)  # kept through any swap
     if request.content_length is not None and request.content_length > state.max_body_bytes:
         return _too_large(state.max_body_bytes)
     body = await request.read()
@@ -241,10 +261,19 @@ async def _infer(request: web.Request, state: _ServingState, name: str, version:
     encoding = request.headers.get("Content-Encoding")
     if encoding:  # inflating may take a while (up to the body limit): off the event loop
         body = await loop.run_in_executor(state.executor, decode_content, body, encoding, state.max_body_bytes)
-    if state.scheduler is None:  # one hop: parse, run and encode in a worker thread
-        work = loop.run_in_executor(state.executor, _parse_run_encode, model, body, verb)
-    else:
+    if state.scheduler is not None:
         work = _run_batched(loop, state, model, body, verb)
+    elif len(body) <= _INLINE_BODY_BYTES and \
+            (forward_seconds := _fast_model(state, model, name, served_version)) is not None:
+        parsed = _parse(model, body, verb)  # small: cheaper here than a thread hop
+        if forward_seconds * _rows(parsed) <= state.inline_forward_seconds:  # rows x batch-of-one: an upper bound
+            payload = _run_inline(state, model, parsed, name, served_version)
+            if parsed.examples is not None:
+                state.metrics.observe_examples(name, parsed.examples)
+            return web.Response(body=payload, status=200, content_type="application/json")
+        work = loop.run_in_executor(state.executor, _run_encode_counted, model, parsed)
+    else:  # one hop: parse, run and encode in a worker thread
+        work = loop.run_in_executor(state.executor, _parse_run_encode, model, body, verb)
     try:
         payload, examples = await asyncio.wait_for(work, state.timeout_seconds)
     except asyncio.TimeoutError:
@@ -256,9 +285,61 @@ async def _infer(request: web.Request, state: _ServingState, name: str, version:
 
 
 def _parse_run_encode(model: ExportedModel, body: bytes, verb: str) -> tuple[bytes, int | None]:
-    parsed = _parse(model, body, verb)
+    return _run_encode_counted(model, _parse(model, body, verb))
+
+
+def _run_encode_counted(model: ExportedModel, parsed: _Parsed) -> tuple[bytes, int | None]:
+    return _run_encode(model, parsed), parsed.examples
+
+
+def _run_encode(model: ExportedModel, parsed: _Parsed) -> bytes:
     outputs = _run_model(lambda: model(parsed.inputs, signature_name=parsed.signature_name))
-    return parsed.encode(outputs), parsed.examples
+    return parsed.encode(outputs)
+
+
+def _fast_model(state: _ServingState, model: Any, name: str, version: int) -> float | None:
+    """The version's batch-of-one forward seconds when its requests may run on the event loop, else None.
+
+    Inline runs are for models whose forward costs less than handing the
+    request to a worker thread and back (the hop's wake-ups and GIL
+    hand-offs were ~160 us of a ~620 us small-MLP request on 2 cores); a
+    slower model keeps the worker threads, so the loop stays responsive.
+    Only torch.export programs (ExportedModel) qualify: their graph has no
+    data-dependent control flow, so the time measured at load, times the
+    rows, bounds a request's forward. Whatever a custom loader returns may
+    wait on I/O or locks, and keeps the threads and the request timeout.
+    """
+    if type(model) is not ExportedModel or state.slow_inline_calls.get(model, 0) >= _DEMOTION_SLOW_CALLS:
+        return None
+    manager = state.managers.get(name)
+    seconds = None if manager is None else manager.forward_seconds(version)
+    return seconds if seconds is not None and seconds <= state.inline_forward_seconds else None
+
+
+# Inline forwards this many times over the limit (the model or the machine is slower than at load; one
+# preempted call on a busy machine is not that) send that model's later requests to the worker threads.
+_DEMOTION_FACTOR = 20
+_DEMOTION_SLOW_CALLS = 3
+
+
+def _run_inline(state: _ServingState, model: ExportedModel, parsed: _Parsed, name: str, version: int) -> bytes:
+    started = time.perf_counter()
+    try:
+        return _run_encode(model, parsed)
+    finally:
+        took = time.perf_counter() - started
+        if took > _DEMOTION_FACTOR * state.inline_forward_seconds:
+            slow_calls = state.slow_inline_calls[model] = state.slow_inline_calls.get(model, 0) + 1
+            if slow_calls == _DEMOTION_SLOW_CALLS:
+                logger.warning("%s version %d: %d requests on the event loop took over %.0f ms (the last %.1f ms; "
+                               "the limit is %.1f ms); its requests run in worker threads from now on.", name,
+                               version, slow_calls, _DEMOTION_FACTOR * state.inline_forward_seconds * 1e3,
+                               took * 1e3, state.inline_forward_seconds * 1e3)
+
+
+def _rows(parsed: _Parsed) -> int:
+    """The request's batch size (its inputs' largest leading dimension; 1 for scalars)."""
+    return max((tensor.shape[0] for tensor in parsed.inputs.values() if tensor.dim()), default=1)
 
 
 async def _run_batched(loop: asyncio.AbstractEventLoop, state: _ServingState, model: ExportedModel, body: bytes,

@@ -26,7 +26,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import statistics
 import threading
+import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -88,6 +90,7 @@ class ModelManager:
         self._served: Mapping[int, ExportedModel] = _EMPTY
         self._statuses: Mapping[int, VersionStatus] = _EMPTY
         self._labels: Mapping[str, int] = _EMPTY
+        self._forward_seconds: Mapping[int, float] = _EMPTY  # per loaded version: warm_up's batch-of-one time
         self._failed_fingerprints: dict[int, tuple[Any, ...]] = {}  # only touched under the poll lock
         self._last_warning = ""
         if version_labels:
@@ -145,6 +148,10 @@ class ModelManager:
         if version not in served:
             raise not_found(f"Servable not found for request: Specific({self.name}, {version})")
         return version, served[version]
+
+    def forward_seconds(self, version: int) -> float | None:
+        """Seconds of one batch-of-one forward of a loaded version, measured when it loaded; None if unknown."""
+        return self._forward_seconds.get(version)
 
     def statuses(self, version: int | None = None, label: str | None = None) -> list[VersionStatus]:
         """Every version this manager has tried, ascending (GetModelStatus); filtered by version or label.
@@ -244,7 +251,7 @@ class ModelManager:
         logger.info("%s: loading version %d from %s", self.name, version, path)
         try:
             model = self._loader(path)
-            warm_up(model)
+            forward_seconds = warm_up(model)
         except Exception as error:  # any failure keeps the working versions; the status carries the reason
             code = "INVALID_ARGUMENT" if isinstance(error, (ValueError, TypeError)) else "UNKNOWN"
             message = _load_error_message(self.name, version, path, error)
@@ -252,6 +259,8 @@ class ModelManager:
             self._failed_fingerprints[version] = fingerprint
             logger.error("%s", message)
             return False
+        # Before the swap, so a request that finds the version finds its time too.
+        self._forward_seconds = MappingProxyType({**self._forward_seconds, version: forward_seconds})
         self._served = MappingProxyType({**self._served, version: model})  # the swap: one reference assignment
         self._set_status(VersionStatus(version=version, state=AVAILABLE))
         self._failed_fingerprints.pop(version, None)
@@ -270,6 +279,8 @@ class ModelManager:
             return False
         self._served = MappingProxyType({version: model for version, model in served.items()
                                          if version in aspired})
+        self._forward_seconds = MappingProxyType({version: seconds for version, seconds in
+                                                  self._forward_seconds.items() if version in aspired})
         for version in unaspired:
             self._set_status(VersionStatus(version=version, state=END))
         logger.info("%s: unloaded version(s) %s; serving %s", self.name, unaspired, self.served_versions)
@@ -331,8 +342,14 @@ def _checked_labels(labels: Mapping[str, int], name: str) -> dict[str, int]:
     return checked
 
 
-def warm_up(model: ExportedModel) -> None:
-    """Runs each signature once on a batch of one (zeros), so the first request pays no first-call cost."""
+def warm_up(model: ExportedModel) -> float:
+    """Runs each signature on a batch of one (zeros), so the first request pays no first-call cost; returns the
+    seconds of one such forward (the slowest signature's median of a few timed calls after the first).
+
+    The time decides whether requests to this model may run on the event loop (app.py's inline path):
+    only a model measured fast is ever run there.
+    """
+    slowest = 0.0
     for name in model.signature_names:
         signature = model.signature(name)
         inputs = {}
@@ -340,6 +357,25 @@ def warm_up(model: ExportedModel) -> None:
             shape = [1 if size == -1 else size for size in info.shape]
             inputs[input_name] = torch.zeros(shape, dtype=parse_dtype(info.dtype, f"signature input {input_name!r}"))
         model(inputs, signature_name=name)
+        slowest = max(slowest, _median_call_seconds(lambda: model(inputs, signature_name=name)))
+    return slowest
+
+
+# Timed forwards per signature at load: enough for a median that one disturbed call does not move, and
+# never more than about _TIMING_BUDGET_SECONDS of a slow model's load.
+_TIMED_CALLS = 5
+_TIMING_BUDGET_SECONDS = 0.25
+
+
+def _median_call_seconds(call: Callable[[], Any]) -> float:
+    times: list[float] = []
+    spent = 0.0
+    while len(times) < _TIMED_CALLS and (spent < _TIMING_BUDGET_SECONDS or not times):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+        spent += times[-1]
+    return statistics.median(times)
 
 
 # A status is shown to every client and logged at each retry: the loader's reason, cut to this length.

@@ -27,6 +27,7 @@ web = import_extra("aiohttp.web", extra="serving", feature="the model server")
 from torchestimator.serving.app import make_app, managers_of
 from torchestimator.serving.config import ModelConfig, read_model_config_file
 from torchestimator.serving.errors import ServingError
+from torchestimator.serving.event_loop import loop_factory, loop_name
 from torchestimator.serving.manager import ModelManager
 from torchestimator.serving.protocol import ServingRunner
 from torchestimator.serving.settings import ServerSettings  # re-exported: it lived here
@@ -42,7 +43,7 @@ def build_app(settings: ServerSettings) -> web.Application:
     managers = [_start_model(config, settings) for config in configs]
     app = make_app(managers, max_body_bytes=settings.max_body_bytes, num_threads=settings.num_threads,
                    batching=settings.batching, metrics_path=settings.metrics_path,
-                   timeout_seconds=settings.timeout_seconds)
+                   timeout_seconds=settings.timeout_seconds, inline_forward_micros=settings.inline_forward_micros)
     app.cleanup_ctx.append(_background_polling(settings))
     return app
 
@@ -59,7 +60,8 @@ def serve(model_name: str | None = None, model_base_path: str | os.PathLike[str]
     """
     app = build_app(ServerSettings(model_name=model_name, model_base_path=model_base_path, **settings))
     try:
-        asyncio.run(_serve_forever(app, host, port, on_listening))
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop when installed (event_loop.py)
+            runner.run(_serve_forever(app, host, port, on_listening))
     except (web.GracefulExit, KeyboardInterrupt):  # SIGTERM / SIGINT: the runner has been cleaned up
         logger.info("Stopped serving")
 
@@ -72,7 +74,8 @@ async def _serve_forever(app: web.Application, host: str, port: int,
     try:
         await web.TCPSite(runner, host, port).start()
         port = bound_port(runner)
-        logger.info("Serving %s at http://%s:%d/v1/models/", sorted(managers_of(app)), host, port)
+        logger.info("Serving %s at http://%s:%d/v1/models/ (event loop: %s)", sorted(managers_of(app)), host, port,
+                    loop_name())
         if on_listening is not None:
             on_listening(app, port)
         await asyncio.Event().wait()  # until a signal raises GracefulExit, which cancels this task
@@ -85,7 +88,7 @@ class RunningServer:
 
     def __init__(self, app: web.Application, host: str, port: int) -> None:
         self._app = app
-        self._loop = asyncio.new_event_loop()
+        self._loop = loop_factory()()
         self._runner = ServingRunner(app, handle_signals=False, access_log=None)
         self._started = threading.Event()
         self._error: BaseException | None = None

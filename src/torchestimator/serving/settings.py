@@ -16,13 +16,17 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # only an annotation here; batching.py loads torch
     from torchestimator.serving.batching import BatchingParameters
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_METRICS_PATH", "ServerSettings"]
+__all__ = ["DEFAULT_INLINE_FORWARD_MICROS", "DEFAULT_MAX_BODY_BYTES", "DEFAULT_METRICS_PATH", "ServerSettings"]
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 """The largest request body the server reads (after inflating gzip/deflate); larger ones answer 413."""
 
 DEFAULT_METRICS_PATH = "/monitoring/prometheus/metrics"
 """PrometheusExporter::kPrometheusPath, the path TF Serving serves metrics at by default."""
+
+DEFAULT_INLINE_FORWARD_MICROS = 1000
+"""Small requests whose forward (rows x the batch-of-one time measured at load) fits in this run on the event
+loop, not a worker thread: below ~1 ms the thread hop costs more than the loop's wait (app.py's _fast_model)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -47,6 +51,9 @@ class ServerSettings:
     """TF's --rest_api_timeout_in_ms, in seconds: a slower request answers 504."""
     metrics_path: str | None = DEFAULT_METRICS_PATH
     """Where Prometheus reads the metrics; None: not served."""
+    inline_forward_micros: int = DEFAULT_INLINE_FORWARD_MICROS
+    """Small requests to a model this fast (per request, from its forward time measured at load) run on the
+    event loop; 0: every forward runs in a worker thread."""
 
     def __post_init__(self) -> None:
         has_flags = self.model_name is not None or self.model_base_path is not None

@@ -1,0 +1,174 @@
+"""Fast models' requests run on the event loop (app.py's inline path); slow models, big requests and custom
+loaders' objects keep the worker threads; the server's loop is uvloop when installed (event_loop.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import math
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from conftest import exporting_model_fn, trained_classifier
+from torchestimator.errors import ConfigError
+from torchestimator.export import ExportedModel, TensorSpec, export_saved_model, serving_input_receiver
+from torchestimator.serving import ModelManager, make_app
+from torchestimator.serving.event_loop import LOOP_ENVIRONMENT_VARIABLE, loop_factory, loop_name
+from torchestimator.serving.manager import warm_up
+from torchestimator.serving.server import RunningServer
+
+model_fn = exporting_model_fn(lambda logits, predictions: {})
+LOOP_THREAD = "torchestimator-server"  # RunningServer's event loop thread
+WORKER_PREFIX = "torchestimator-serving"  # app.py's request threads
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inline")
+    estimator, x = trained_classifier(root / "model", model_fn, steps=2)
+    export_saved_model(estimator, root / "export", serving_input_receiver({"x": TensorSpec(shape=(None, 8))}))
+    return root / "export", x
+
+
+@pytest.fixture
+def forward_threads(monkeypatch):
+    """The name of the thread each ExportedModel call ran on, in order (the class stays ExportedModel)."""
+    names: list[str] = []
+    original = ExportedModel.__call__
+
+    def recording(self, *args, **kwargs):
+        names.append(threading.current_thread().name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ExportedModel, "__call__", recording)
+    return names
+
+
+def polled(base_path) -> ModelManager:
+    manager = ModelManager("m", base_path)
+    assert manager.poll()
+    return manager
+
+
+def post(server, rows, x):
+    body = json.dumps({"instances": x[:rows].tolist()}).encode()
+    request = urllib.request.Request(server.url + "/v1/models/m:predict", data=body, method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.status, response.read()
+
+
+def test_warm_up_measures_a_batch_of_one_and_the_manager_keeps_it_per_version(base):
+    base_path, _ = base
+    manager = polled(base_path)
+    version = manager.served_version
+    seconds = manager.forward_seconds(version)
+    assert seconds is not None and 0 < seconds < 1.0  # a SmallNet forward: well under a second
+    assert manager.forward_seconds(version + 1) is None  # never loaded: unknown
+    model = manager.get(version)
+    assert 0 < warm_up(model) < 1.0
+
+
+def test_a_fast_model_runs_small_requests_on_the_loop_and_answers_as_the_threads_do(base, forward_threads):
+    base_path, x = base
+    manager = polled(base_path)
+    forward_threads.clear()  # the load's warm-up calls
+    with RunningServer(make_app(manager), "127.0.0.1", 0) as inline_server:  # default limit: 1 ms
+        inline = post(inline_server, 2, x)
+    with RunningServer(make_app(manager, inline_forward_micros=0), "127.0.0.1", 0) as threaded_server:
+        threaded = post(threaded_server, 2, x)
+    assert forward_threads[0] == LOOP_THREAD
+    assert forward_threads[1].startswith(WORKER_PREFIX)
+    assert inline == threaded and inline[0] == 200
+    assert len(json.loads(inline[1])["predictions"]) == 2
+
+
+def test_requests_whose_rows_times_the_measured_forward_exceed_the_limit_go_to_a_worker(base, forward_threads):
+    base_path, x = base
+    manager = polled(base_path)
+    limit_micros = math.ceil(manager.forward_seconds(manager.served_version) * 1e6 * 3)  # 3 rows fit, 30 do not
+    forward_threads.clear()
+    with RunningServer(make_app(manager, inline_forward_micros=limit_micros), "127.0.0.1", 0) as server:
+        assert post(server, 1, x)[0] == 200
+        status, body = post(server, 30, x)
+    assert status == 200 and len(json.loads(body)["predictions"]) == 30
+    assert forward_threads[0] == LOOP_THREAD
+    assert forward_threads[1].startswith(WORKER_PREFIX)
+
+
+def test_a_model_slower_than_the_limit_keeps_the_worker_threads(base, forward_threads):
+    base_path, x = base
+    manager = polled(base_path)
+    forward_threads.clear()
+    with RunningServer(make_app(manager, inline_forward_micros=1), "127.0.0.1", 0) as server:  # 1 us: none is
+        assert post(server, 1, x)[0] == 200
+    assert forward_threads == [forward_threads[0]] and forward_threads[0].startswith(WORKER_PREFIX)
+
+
+def test_a_model_found_slow_on_the_loop_is_sent_back_to_the_threads(base, monkeypatch, caplog):
+    base_path, x = base
+    manager = polled(base_path)
+    names: list[str] = []
+    original = ExportedModel.__call__
+
+    def slow_on_the_loop(self, *args, **kwargs):  # slower than measured at load: 25 ms against a 1 ms limit
+        names.append(threading.current_thread().name)
+        time.sleep(0.025)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ExportedModel, "__call__", slow_on_the_loop)
+    with RunningServer(make_app(manager), "127.0.0.1", 0) as server:
+        for _ in range(4):
+            assert post(server, 1, x)[0] == 200
+    assert names[:3] == [LOOP_THREAD] * 3  # three slow calls on the loop, then the threads
+    assert names[3].startswith(WORKER_PREFIX)
+    assert "run in worker threads from now on" in caplog.text
+
+
+def test_objects_from_a_custom_loader_never_run_on_the_loop(base, forward_threads):
+    base_path, x = base
+
+    class Wrapped:  # not an ExportedModel: it may wait on anything, so it keeps the threads and the timeout
+        def __init__(self, model):
+            self._model = model
+            self.signature_names, self.signature = model.signature_names, model.signature
+
+        def __call__(self, inputs, signature_name="serving_default", output_keys=None):
+            return self._model(inputs, signature_name=signature_name, output_keys=output_keys)
+
+    from torchestimator.export import load
+
+    manager = ModelManager("m", base_path, loader=lambda path: Wrapped(load(path)))
+    assert manager.poll()
+    forward_threads.clear()
+    with RunningServer(make_app(manager), "127.0.0.1", 0) as server:
+        assert post(server, 1, x)[0] == 200
+    assert len(forward_threads) == 1 and forward_threads[0].startswith(WORKER_PREFIX)
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "1000"])
+def test_make_app_refuses_a_bad_inline_limit_naming_it(base, value):
+    with pytest.raises(ValueError, match="inline_forward_micros"):
+        make_app(polled(base[0]), inline_forward_micros=value)
+
+
+def test_the_server_loop_is_uvloop_when_installed_and_asyncio_when_asked(base, monkeypatch):
+    monkeypatch.delenv(LOOP_ENVIRONMENT_VARIABLE, raising=False)
+    has_uvloop = importlib.util.find_spec("uvloop") is not None
+    assert loop_name() == ("uvloop" if has_uvloop else "asyncio")
+    with RunningServer(make_app(polled(base[0])), "127.0.0.1", 0) as server:
+        assert type(server._loop).__module__.startswith("uvloop" if has_uvloop else "asyncio")
+        assert post(server, 1, base[1])[0] == 200
+    monkeypatch.setenv(LOOP_ENVIRONMENT_VARIABLE, "asyncio")
+    assert loop_name() == "asyncio"
+    loop = loop_factory()()
+    try:
+        assert isinstance(loop, asyncio.BaseEventLoop)
+    finally:
+        loop.close()
+    monkeypatch.setenv(LOOP_ENVIRONMENT_VARIABLE, "trio")
+    with pytest.raises(ConfigError, match=LOOP_ENVIRONMENT_VARIABLE):
+        loop_name()
