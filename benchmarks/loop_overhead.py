@@ -16,8 +16,11 @@ that sync would be the framework's cost, not the anchor's):
 * `input_fn_mlp`: the Estimator reading `te.numpy_input_fn(...)` against a
   hand loop slicing the same arrays with `torch.from_numpy`. Median step time.
 
-Method: many short rounds of each loop, interleaved in rotating order, the
-first dropped as warm-up. A loop's time in a round is the median of its step
+Method: many short rounds of each loop, interleaved (each round takes the
+next permutation of the loops, so every loop follows every other equally
+often), the first dropped as warm-up. glibc malloc's thresholds are pinned
+for the whole run (see pin_allocator; --allocator default leaves them), and
+each loop's minor page faults per step are printed. A loop's time in a round is the median of its step
 times (on the process CPU clock by default, which leaves out the time other
 programs hold the cores); a ratio is the median over rounds of the two loops'
 times in the same round. The hand loop also runs against itself, and that
@@ -26,7 +29,7 @@ from 1 are not resolved. The final weights of the Estimator and the hand loop
 must be bit-identical in every round (the script exits 1 otherwise). When
 PyTorch Lightning is installed (the `bench` extra) its Trainer runs the MLP too.
 
-Run:  python benchmarks/loop_overhead.py [--steps N] [--cnn-steps N] [--rounds R] [--threads T] [--quick]
+Run:  python benchmarks/loop_overhead.py [--steps N] [--cnn-steps N] [--rounds R] [--threads T] [--allocator pinned|default] [--quick]
 Last line:  loop_overhead mlp=<ratio> cnn=<ratio> mlp_defaults=<ratio> input_fn_mlp=<ratio> lightning_mlp=<ratio or n/a>
 """
 
@@ -34,11 +37,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import dataclasses
 import gc
+import itertools
 import logging
 import math
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -90,6 +96,8 @@ class Settings:
     seed: int
     quick: bool
     lightning: bool
+    allocator: str = "pinned"
+    """"pinned" (glibc malloc's thresholds fixed by pin_allocator) or "default"."""
     chore_every: int = CHORE_EVERY
     """Steps between the chores of the default-settings comparison; it runs three times as many steps."""
 
@@ -98,18 +106,56 @@ class Settings:
 class RoundResult:
     """One loop's run of one round: the clocks after each step and the trained model."""
 
-    stamps: list[tuple[float, float]]
+    stamps: list[tuple[float, float, int]]
     model: nn.Module
 
 
-def stamp() -> tuple[float, float]:
-    """(wall clock, this process's CPU time) in seconds.
+def stamp() -> tuple[float, float, int]:
+    """(wall clock, this process's CPU time) in seconds, and the process's minor page faults so far.
 
     CPU time leaves out the time the process waits while other programs run,
     which on a shared machine is most of the noise in wall-clock step times;
     the framework's per-step work is CPU work, so CPU time still counts it.
+    The page faults say how often the step touched memory fresh from the
+    kernel (see pin_allocator): printed per loop, so that a difference in
+    them is seen rather than read as the framework's cost.
     """
-    return time.perf_counter(), time.process_time()
+    return time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+# glibc's mallopt parameters (malloc.h).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+PINNED_MMAP_THRESHOLD = 32 << 20
+"""Allocations up to this size come from the heap (glibc's largest allowed value on 64-bit)."""
+PINNED_TRIM_THRESHOLD = 256 << 20
+"""Free memory the heap keeps before it is handed back to the kernel."""
+
+
+def pin_allocator() -> str:
+    """Fixes glibc malloc's thresholds for the whole run, the same for every loop; says what it did.
+
+    By default glibc moves its mmap and trim thresholds as a process frees
+    large blocks, and returns free heap to the kernel: the next step then
+    page-faults its activations in again. On the CNN that is ~1000-2000 faults
+    (4-8 MB) per step, 10-30% of a step's time, and how many depends on the
+    heap left by whatever ran before (another loop, a gc), not on the loop
+    being timed: the same hand loop varied from 100 to 3000 faults per step
+    between rounds. Fixed thresholds give every loop the steady state of a
+    long training run (the freed memory kept and reused), which is also what
+    jemalloc or tcmalloc give. --allocator default keeps glibc's behaviour.
+    """
+    if not sys.platform.startswith("linux"):
+        return "the platform's default (not Linux)"
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        pinned = (libc.mallopt(_M_MMAP_THRESHOLD, PINNED_MMAP_THRESHOLD) == 1
+                  and libc.mallopt(_M_TRIM_THRESHOLD, PINNED_TRIM_THRESHOLD) == 1)
+    except (OSError, AttributeError):  # not glibc (musl has no libc.so.6, or no mallopt)
+        pinned = False
+    if not pinned:
+        return "the platform's default (glibc's mallopt unavailable)"
+    return (f"glibc malloc pinned (mmap threshold {PINNED_MMAP_THRESHOLD >> 20} MiB, trim threshold "
+            f"{PINNED_TRIM_THRESHOLD >> 20} MiB) for every loop")
 
 
 # -- models and data ---------------------------------------------------------
@@ -260,7 +306,7 @@ class _StepStamps(te.Hook):
     """Records the time after every step; the differences are the step times."""
 
     def __init__(self) -> None:
-        self.stamps: list[tuple[float, float]] = []
+        self.stamps: list[tuple[float, float, int]] = []
 
     def after_step(self, run_context: te.RunContext) -> None:
         self.stamps.append(stamp())
@@ -343,7 +389,7 @@ def run_lightning(lightning: Any, workload: Workload, batches: Sequence[Batch], 
 
     class Stamps(lightning.Callback):
         def __init__(self) -> None:
-            self.stamps: list[tuple[float, float]] = []
+            self.stamps: list[tuple[float, float, int]] = []
 
         def on_train_batch_end(self, *args: Any) -> None:
             self.stamps.append(stamp())
@@ -370,14 +416,20 @@ CLOCKS = ("wall", "cpu")  # the order of stamp()'s values
 @dataclasses.dataclass
 class Measurement:
     """Each kept round's step time (the median of its steps, or their mean where rare chores must count), per
-    loop and clock, and whether each loop ended with the reference loop's weights in every round."""
+    loop and clock, its minor page faults per step, and whether each loop ended with the reference loop's weights
+    in every round."""
 
     round_medians: dict[str, dict[str, list[float]]]
     identical: dict[str, bool]
+    faults: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
     def median_ms(self, loop: str, clock: str) -> float:
         """Median over kept rounds of each round's median step time, in milliseconds."""
         return statistics.median(self.round_medians[loop][clock]) * 1e3
+
+    def median_faults(self, loop: str) -> float:
+        """Median over kept rounds of the minor page faults per step."""
+        return statistics.median(self.faults[loop])
 
     def ratio(self, loop: str, reference: str, clock: str) -> float:
         """Median over rounds of loop / reference within the same round.
@@ -390,11 +442,17 @@ class Measurement:
         return statistics.median(value / reference_value for value, reference_value in pairs)
 
 
-def step_times(stamps: Sequence[tuple[float, float]], skip: int) -> dict[str, list[float]]:
+def step_times(stamps: Sequence[tuple[float, ...]], skip: int) -> dict[str, list[float]]:
     """Seconds per step on each clock from consecutive stamps, leaving out the first `skip` steps."""
     kept = stamps[skip:]
     return {clock: [later[index] - earlier[index] for earlier, later in zip(kept, kept[1:])]
             for index, clock in enumerate(CLOCKS)}
+
+
+def faults_per_step(stamps: Sequence[tuple[float, float, int]], skip: int) -> float:
+    """Minor page faults per step over the steps step_times keeps."""
+    kept = stamps[skip:]
+    return (kept[-1][2] - kept[0][2]) / max(1, len(kept) - 1)
 
 
 def same_weights(first: nn.Module, second: nn.Module) -> bool:
@@ -403,19 +461,31 @@ def same_weights(first: nn.Module, second: nn.Module) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
 
 
+def round_orders(names: Sequence[str]) -> Iterator[tuple[str, ...]]:
+    """The order of the loops in each round: every permutation in turn, endlessly.
+
+    A plain rotation (a b c, b c a, c a b) always runs each loop after the
+    same other one (here c after b, a after c), so whatever one loop leaves
+    behind (heap, caches, garbage) always falls on the same next loop; all
+    permutations give each loop every predecessor equally often per cycle.
+    """
+    return itertools.cycle(itertools.permutations(names))
+
+
 def measure(workload: Workload, settings: Settings, loops: dict[str, Callable[..., RoundResult]],
             reference: str = "hand", statistic: Callable[[list[float]], float] = statistics.median) -> Measurement:
-    """Runs every loop once per round, rotating their order, and checks each against `reference`'s weights;
-    `statistic` makes one round's step times into that round's figure."""
+    """Runs every loop once per round, in the order round_orders gives, and checks each against `reference`'s
+    weights; `statistic` makes one round's step times into that round's figure."""
     batches = make_batches(workload, settings)
     names = list(loops)
     measurement = Measurement(round_medians={name: {clock: [] for clock in CLOCKS} for name in names},
-                              identical={name: True for name in names if name != reference})
+                              identical={name: True for name in names if name != reference},
+                              faults={name: [] for name in names})
     skip = min(10, workload.steps // 10)  # the first steps of a round run colder
+    orders = round_orders(names)
     for round_index in range(settings.rounds):
-        shift = round_index % len(names)
         results: dict[str, RoundResult] = {}
-        for name in names[shift:] + names[:shift]:
+        for name in next(orders):
             torch.set_num_threads(settings.threads)  # a framework may change it; every loop starts equal
             gc.collect()
             results[name] = loops[name](workload, batches, settings.seed)
@@ -430,6 +500,7 @@ def measure(workload: Workload, settings: Settings, loops: dict[str, Callable[..
             for name in names:
                 for clock, values in step_times(results[name].stamps, skip).items():
                     measurement.round_medians[name][clock].append(statistic(values))
+                measurement.faults[name].append(faults_per_step(results[name].stamps, skip))
     return measurement
 
 
@@ -440,11 +511,14 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=None, help="steps per round for the MLP (default 200; quick 30)")
     parser.add_argument("--cnn-steps", type=int, default=None, help="steps per round for the CNN (default 20; quick 10)")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds of each loop, interleaved (default 15; quick 3)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of each loop, interleaved (default 18; quick 3)")
     parser.add_argument("--warmup-rounds", type=int, default=1, help="first rounds left out of the figures (default 1)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every loop (default 1)")
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                         help="which clock the ratios use: process CPU time (default; robust on a busy machine; with --threads > 1 it sums all threads) or wall")
+    parser.add_argument("--allocator", choices=("pinned", "default"), default="pinned",
+                        help="pinned (default): glibc malloc's thresholds fixed for every loop, so no loop pays for the "
+                             "heap another left (see pin_allocator); default: glibc's moving thresholds")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="tiny models and few steps, for the smoke test")
@@ -454,9 +528,10 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
     settings = Settings(
         steps=arguments.steps or (30 if quick else 200),
         cnn_steps=arguments.cnn_steps or (10 if quick else 20),
-        rounds=arguments.rounds or (3 if quick else 15),
+        rounds=arguments.rounds or (3 if quick else 18),
         warmup_rounds=arguments.warmup_rounds, threads=arguments.threads, clock=arguments.clock,
         batch_size=arguments.batch_size, seed=arguments.seed, quick=quick, lightning=not arguments.no_lightning,
+        allocator=arguments.allocator,
         chore_every=10 if quick else CHORE_EVERY,
     )
     if min(settings.steps, settings.cnn_steps) < 3:
@@ -515,6 +590,11 @@ def _extras(mlp: Workload, settings: Settings, root: str) -> list[Extra]:
     ]
 
 
+def _faults_line(measurement: Measurement, loops: Sequence[str]) -> str:
+    faults = ", ".join(f"{loop} {measurement.median_faults(loop):.0f}" for loop in loops)
+    return f"minor page faults per step (median of rounds): {faults}"
+
+
 def _report_extra(extra: Extra, measurement: Measurement, clock: str) -> float:
     other = "wall" if clock == "cpu" else "cpu"
     ratio = measurement.ratio("estimator", "hand", clock)
@@ -522,6 +602,7 @@ def _report_extra(extra: Extra, measurement: Measurement, clock: str) -> float:
           f"{measurement.median_ms('estimator', clock):.3f} ms/step, ratio {ratio:.3f} ({clock} time; on the {other} "
           f"clock {measurement.median_ms('hand', other):.3f} vs {measurement.median_ms('estimator', other):.3f}, "
           f"ratio {measurement.ratio('estimator', 'hand', other):.3f}; {extra.workload.steps} steps/round; {extra.what})")
+    print(f"{extra.name}: {_faults_line(measurement, ('hand', 'estimator'))}")
     print(f"{extra.name}: weights identical: {'yes' if measurement.identical['estimator'] else 'no'}")
     return ratio
 
@@ -538,6 +619,7 @@ def _report(workload: Workload, measurement: Measurement, clock: str) -> dict[st
           f"{workload.steps} steps/round)")
     print(f"{name}: noise floor, the hand loop against itself: ratio {measurement.ratio('hand_again', 'hand', clock):.3f} "
           f"({other} clock {measurement.ratio('hand_again', 'hand', other):.3f})")
+    print(f"{name}: {_faults_line(measurement, list(measurement.faults))}")
     print(f"{name}: weights identical: {'yes' if measurement.identical['estimator'] else 'no'}")
     if "lightning" in measurement.round_medians:
         ratios[f"lightning_{name}"] = measurement.ratio("lightning", "hand", clock)
@@ -573,6 +655,7 @@ def _quiet_logs(names: Sequence[str]) -> Iterator[None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
+    allocator = pin_allocator() if settings.allocator == "pinned" else "glibc's default (moving thresholds)"
     torch.set_num_threads(settings.threads)
     lightning = _import_lightning() if settings.lightning else None
     # The Estimator warns on every train call that checkpoints are off, and Lightning describes
@@ -580,14 +663,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet = ("torchestimator", "loop_overhead.hand", "lightning", "lightning.pytorch", "lightning.fabric",
              "pytorch_lightning")
     with _quiet_logs(quiet):
-        return _run(settings, lightning)
+        return _run(settings, lightning, allocator)
 
 
-def _run(settings: Settings, lightning: Any) -> int:
+def _run(settings: Settings, lightning: Any, allocator: str) -> int:
     version = getattr(lightning, "__version__", "?") if lightning is not None else "not installed"
     print(f"loop_overhead: torch {torch.__version__}, lightning {version}, {settings.threads} thread(s), batch "
           f"{settings.batch_size}, {settings.rounds} interleaved rounds (first {settings.warmup_rounds} dropped as "
           f"warm-up), median step time on the {settings.clock} clock")
+    print(f"allocator: {allocator}")
     print("mlp, cnn: checkpoints, summaries, step logging and progress bar disabled; data pre-built in memory; "
           "no per-step .item() in the hand loop")
     ratios: dict[str, float] = {}

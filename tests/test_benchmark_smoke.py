@@ -3,7 +3,9 @@ and its weight check and argument checks work. The timings themselves are not as
 
 from __future__ import annotations
 
+import collections
 import importlib.util
+import itertools
 import logging
 import re
 import subprocess
@@ -33,7 +35,9 @@ def _final_line(output: str) -> re.Match:
 def test_quick_run_prints_ratios_and_identical_weights(benchmark, capsys):
     logger = logging.getLogger("torchestimator")
     level_before = logger.level
-    status = benchmark.main(["--quick", "--no-lightning", "--rounds", "2", "--steps", "12", "--cnn-steps", "6"])
+    # --allocator default: the pinned allocator (tested in a child process below) would stay pinned in this one.
+    status = benchmark.main(["--quick", "--no-lightning", "--allocator", "default", "--rounds", "2", "--steps", "12",
+                             "--cnn-steps", "6"])
     output = capsys.readouterr().out
     assert status == 0
     mlp, cnn, defaults, input_fn, lightning = _final_line(output).groups()
@@ -43,6 +47,10 @@ def test_quick_run_prints_ratios_and_identical_weights(benchmark, capsys):
     for name in ("mlp", "cnn", "mlp_defaults", "input_fn_mlp"):
         assert re.search(rf"^{name}: hand {RATIO} ms/step, estimator {RATIO} ms/step, ratio {RATIO} \(cpu time; "
                          rf"on the wall clock {RATIO} vs {RATIO}", output, re.M), name
+    for name in ("mlp", "cnn"):
+        assert re.search(rf"^{name}: minor page faults per step \(median of rounds\): hand \d+, hand_again \d+, "
+                         rf"estimator \d+$", output, re.M), name
+    assert "allocator: glibc's default (moving thresholds)" in output
     assert re.search(r"^benchmark time: [0-9.]+ s wall, [0-9.]+ s CPU$", output, re.M)
     assert "checkpoints, summaries, step logging and progress bar disabled" in output
     assert logger.level == level_before  # the benchmark quiets the library's logs only while it runs
@@ -60,7 +68,8 @@ def test_weight_check_sees_a_single_changed_value(benchmark):
 
 def test_differing_weights_fail_the_run(benchmark, capsys, monkeypatch):
     monkeypatch.setattr(benchmark, "same_weights", lambda first, second: False)
-    status = benchmark.main(["--quick", "--no-lightning", "--rounds", "2", "--steps", "5", "--cnn-steps", "3"])
+    status = benchmark.main(["--quick", "--no-lightning", "--allocator", "default", "--rounds", "2", "--steps", "5",
+                             "--cnn-steps", "3"])
     output = capsys.readouterr().out
     assert status == 1
     assert "weights identical: no" in output
@@ -106,6 +115,48 @@ def test_the_array_hand_loop_sees_the_batches_in_order(benchmark):
 def test_step_times_skip_warm_up_and_pair_clocks(benchmark):
     stamps = [(0.0, 10.0), (1.0, 10.5), (3.0, 11.5), (6.0, 13.0)]
     assert benchmark.step_times(stamps, skip=1) == {"wall": [2.0, 3.0], "cpu": [1.0, 1.5]}
+
+
+def test_faults_per_step_counts_the_kept_steps(benchmark):
+    stamps = [(0.0, 0.0, 100), (1.0, 1.0, 500), (2.0, 2.0, 520), (3.0, 3.0, 560)]
+    assert benchmark.faults_per_step(stamps, skip=1) == 30.0  # (560 - 500) over the two steps after the skipped one
+
+
+def test_round_orders_give_every_loop_each_predecessor_equally_often(benchmark):
+    names = ["hand", "hand_again", "estimator"]
+    orders = benchmark.round_orders(names)
+    cycle = [next(orders) for _ in range(6)]
+    assert sorted(cycle) == sorted(itertools.permutations(names))  # every order once per cycle
+    follows = collections.Counter(pair for order in cycle for pair in zip(order, order[1:]))
+    assert set(follows.values()) == {2} and len(follows) == 6  # each loop after each other loop twice
+    assert next(orders) == cycle[0]
+
+
+PINNED_CHURN = """
+import resource, sys, torch
+sys.path.insert(0, sys.argv[1])
+import loop_overhead
+print(loop_overhead.pin_allocator())
+def churn():
+    return [torch.ones(1 << 20) for _ in range(4)]  # 4 x 4 MiB, every page written
+churn(); churn()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    churn()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt is glibc's")
+def test_pinned_allocator_reuses_freed_activations_without_page_faults():
+    """In a child process: pinning is for the whole process. 16 MiB freed and allocated again must come back
+    from the heap, not as fresh pages (4096 faults per round if they did)."""
+    result = subprocess.run([sys.executable, "-c", PINNED_CHURN, str(SCRIPT.parent)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    described, faults = result.stdout.strip().splitlines()[-2:]
+    assert described.startswith("glibc malloc pinned (mmap threshold 32 MiB, trim threshold 256 MiB)")
+    assert float(faults) < 16
 
 
 def test_ratio_pairs_rounds(benchmark):
