@@ -535,3 +535,25 @@ def test_saves_reuse_the_checksum_threads(tmp_path):
     kinds = [thread.name.split("_")[0] for thread in threading.enumerate() if thread.name.startswith("checkpoint-")]
     assert {"checkpoint-crc32c", "checkpoint-sha256"} <= set(kinds)
     assert len(kinds) == len(set(kinds))  # one thread per kind, however many files and saves
+
+
+def test_a_local_save_lists_the_folders_beside_its_writes_and_still_sees_changes_made_by_hand(tmp_path, caplog):
+    store = CheckpointStore(tmp_path, keep_checkpoint_max=None)
+    listed_on = []
+    list_folders = store.storage.list_folders
+
+    def recording_list_folders():
+        listed_on.append(threading.current_thread().name)
+        return list_folders()
+
+    store.save(1, {"weight": torch.ones(2)})  # the first also clears leftovers and finds no manifest yet
+    store.storage.list_folders = recording_list_folders
+    for step in (2, 3):
+        store.save(step, {"weight": torch.full((2,), float(step))})
+    assert [name.split("_")[0] for name in listed_on] == ["checkpoint-listing"] * 2  # one listing a save, behind
+    import shutil
+
+    shutil.rmtree(tmp_path / "ckpt-2")  # by hand, between saves
+    store.save(4, {"weight": torch.zeros(2)})
+    assert [item["step"] for item in json.loads((tmp_path / "checkpoint").read_bytes())["checkpoints"]] == [1, 3, 4]
+    assert "ckpt-2, but the folder is missing" in caplog.text

@@ -23,8 +23,6 @@ plain sha256 too.
 from __future__ import annotations
 
 import hashlib
-import os
-import threading
 import zlib
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,6 +30,8 @@ from typing import Any
 
 import google_crc32c
 import numpy
+
+from ._threads import process_thread
 
 __all__ = ["OverlappedChecksums", "checksum_of", "SHA256", "CRC32", "CRC32C", "WRITTEN_KINDS"]
 
@@ -134,20 +134,10 @@ def checksum_of(kind: str, buffer: Any) -> Any:
     raise ValueError(f"checksum_of: unknown checksum kind {kind!r}; use {', '.join(KINDS)}.")
 
 
-_helpers: dict[str, tuple[int, ThreadPoolExecutor]] = {}
-_helpers_lock = threading.Lock()
-
-
 def _helper(kind: str) -> ThreadPoolExecutor:
     """The process's one thread for checksums of ``kind``: tasks run one at a time, in the order given, so
-    each ``OverlappedChecksums`` sees its buffers in order even when several share it. A child made by
-    fork (a DataLoader worker) gets its own: the parent's thread does not exist there."""
-    with _helpers_lock:
-        owner, executor = _helpers.get(kind, (None, None))
-        if owner != os.getpid() or executor is None:
-            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"checkpoint-{kind}")
-            _helpers[kind] = (os.getpid(), executor)
-        return executor
+    each ``OverlappedChecksums`` sees its buffers in order even when several share it."""
+    return process_thread(kind)
 
 
 def _crc32c(buffer: Any, crc: int) -> int:
