@@ -139,3 +139,23 @@ def test_get_variable_value_is_a_copy_not_a_view_of_the_file(tmp_path):
     assert value.flags.owndata and value.flags.writeable
     gc.collect()
     assert os.path.join(tmp_path, "ckpt-1", checkpoint_format.MODEL_FILE) not in _mapped_files()
+
+
+def test_a_resumed_training_holds_no_checkpoint_file_mapped_while_it_runs(tmp_path):
+    """Resume maps the checkpoint, copies what it keeps and lets the rest go: retention can free the old files."""
+    import torchestimator as te
+    from conftest import input_fns, make_estimator
+
+    train, _, _, _ = input_fns(n=64)
+    make_estimator(tmp_path, keep_checkpoint_max=1).train(train, max_steps=10)
+
+    class MappedFiles(te.Hook):
+        seen: list[list[str]] = []
+
+        def after_step(self, run_context):
+            gc.collect()
+            self.seen.append([name for name in _mapped_files() if os.fspath(tmp_path) in name])
+
+    make_estimator(tmp_path, keep_checkpoint_max=1).train(train, max_steps=30, hooks=[MappedFiles()])
+    assert len(MappedFiles.seen) == 20 and not any(MappedFiles.seen), MappedFiles.seen[:3]
+    assert sorted(path.name for path in tmp_path.glob("ckpt-*")) == ["ckpt-30"]  # ckpt-10 went, nothing holds it
