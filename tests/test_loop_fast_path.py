@@ -218,3 +218,57 @@ def test_the_final_loss_without_a_hook_reading_it(tmp_path, caplog):
         estimator.train(lambda: iter(_batches()), max_steps=3)
     final = [record.getMessage() for record in caplog.records if record.getMessage().startswith("Loss for final step")]
     assert len(final) == 1 and float(final[0].split(": ")[1].rstrip(".")) > 0
+
+
+def test_a_model_fn_taking_the_four_arguments_in_order_is_called_itself(tmp_path):
+    def in_order(model, features, labels, mode):
+        return _model_fn(model, features, labels, mode)
+
+    def other_order(features, labels, mode, model):
+        return ("other", type(model).__name__, features, labels, mode)
+
+    def keyword_mode(model, features, labels, *, mode):
+        return ("keyword", type(model).__name__, features, labels, mode)
+
+    assert _estimator(tmp_path / "a", in_order)._model_fn_caller() is in_order
+    for model_fn, tag in ((other_order, "other"), (keyword_mode, "keyword")):
+        caller = _estimator(tmp_path / tag, model_fn)._model_fn_caller()
+        assert caller is not model_fn  # called by name: positionally the values would land in the wrong places
+        assert caller(nn.Linear(1, 1), "f", "l", te.ModeKeys.TRAIN) == (tag, "Linear", "f", "l", te.ModeKeys.TRAIN)
+
+
+def test_takes_in_order_only_for_exactly_those_positional_parameters():
+    from torchestimator._core.calling import takes_in_order
+
+    names = ["model", "features", "labels", "mode"]
+    assert takes_in_order(lambda model, features, labels, mode=None: None, names)
+    assert not takes_in_order(lambda model, features, labels, mode, *rest: None, names)
+    assert not takes_in_order(lambda model, features, labels, mode, **rest: None, names)
+    assert not takes_in_order(lambda model, labels, features, mode: None, names)
+    assert not takes_in_order(print, names)  # a builtin whose signature inspect may not read
+
+
+def _recording_progress(monkeypatch):
+    from torchestimator._core.progress import Progress
+
+    positions = []
+    update = Progress.update
+    monkeypatch.setattr(Progress, "update", lambda self, position, loss=None: (positions.append(position),
+                                                                                 update(self, position, loss)))
+    return positions
+
+
+def test_the_progress_bar_updates_at_every_step_when_shown_and_is_not_asked_when_off(tmp_path, monkeypatch):
+    positions = _recording_progress(monkeypatch)
+    _estimator(tmp_path / "shown", _model_fn, progress_bar=True).train(lambda: iter(_batches()), max_steps=4)
+    assert positions == [1, 2, 3, 4]
+    positions.clear()
+    _estimator(tmp_path / "off", _model_fn).train(lambda: iter(_batches()), max_steps=4)
+    assert positions == []
+
+
+def test_with_logging_only_the_loss_is_logged_at_its_steps(tmp_path, caplog):
+    with caplog.at_level("INFO", logger="torchestimator"):
+        _estimator(tmp_path, _model_fn, log_step_count_steps=3).train(lambda: iter(_batches()), max_steps=7)
+    logged = [record.getMessage() for record in caplog.records if record.getMessage().startswith("loss = ")]
+    assert [int(message.rsplit("step = ", 1)[1].split()[0].rstrip(",(")) for message in logged] == [3, 6]

@@ -21,6 +21,17 @@ def declared_parameters(function: Callable[..., Any]) -> tuple[set[str], bool]:
     return names, takes_kwargs
 
 
+def takes_in_order(function: Callable[..., Any], names: list[str]) -> bool:
+    """Whether ``function(*values)`` binds the values to ``names``: its parameters are exactly these, positional,
+    in this order (no *args or **kwargs to catch them otherwise)."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):  # a signature inspect cannot read: the caller calls by name
+        return False
+    return [parameter.name for parameter in parameters] == names and all(
+        parameter.kind is parameter.POSITIONAL_OR_KEYWORD for parameter in parameters)
+
+
 def check_declared(function: Callable[..., Any], role: str, allowed: set[str], required: set[str] = frozenset()) -> set[str]:
     """Refuses arguments the framework cannot supply, before anything runs."""
     if not callable(function):

@@ -26,7 +26,7 @@ from torchestimator._io.atomic import temporary_prefix, write_bytes_atomically
 from torchestimator._policy.best import protect_recorded_best
 from torchestimator._core.agreement import check_start_agreement
 from torchestimator._core.arguments import check_argument_types, checked_factory_result, is_scheduler, resolve_model_dir
-from torchestimator._core.calling import call_factory, call_with, check_declared
+from torchestimator._core.calling import call_factory, call_with, check_declared, takes_in_order
 from torchestimator.checkpoint import CheckpointStore
 from torchestimator.checkpoint.checkpointer import Checkpointer
 from torchestimator.checkpoint.parts import (TrainingParts, holds_shards, load_model_state, replica_states,
@@ -697,7 +697,11 @@ class Estimator:
         per_batch = [name for name in ("model", "features", "labels", "mode") if name in declared]
 
         if per_batch == ["model", "features", "labels", "mode"] and not fixed:
-            # The usual signature: called directly, without building the argument dict for every batch.
+            if takes_in_order(model_fn, per_batch):
+                # The usual signature, in the usual order: the loops call model_fn itself, positionally.
+                return model_fn
+
+            # The four arguments in another order: by name, without building the argument dict for every batch.
             def call_all(model: torch.nn.Module, features: Any, labels: Any, mode: str) -> EstimatorSpec:
                 return model_fn(model=model, features=features, labels=labels, mode=mode)
 

@@ -233,6 +233,11 @@ class _Schedules:
         # Seconds-based checkpoints differ between processes: the chief's clock decides (agreed with the flags).
         self.chief_clock = config.save_checkpoints_steps is None
 
+    @property
+    def any_scheduled(self) -> bool:
+        """Whether any step can be a logging or summary step (else due_at is (False, False) at every step)."""
+        return self.summary is not None or bool(self.log_every)
+
     def due_at(self, step: int) -> tuple[bool, bool]:
         """(logging step, summary step): asked once per step, the answers passed on."""
         summary_due = self.summary is not None and self.summary.should_fire(step)
@@ -272,6 +277,10 @@ class _TrainLoop:
 
     def run_steps(self, interrupt: _InterruptFlag, progress: Progress) -> None:
         run, state, context = self.run, self.state, self.context
+        # Asked every step, so settled once: without logging or summaries no step is due for either, and a
+        # progress bar that is off has nothing to update.
+        due_at = self.schedules.due_at if self.schedules.any_scheduled else None
+        update_progress = progress.update if progress.enabled else None
         # ended_by set before step one: the evaluation's begin said training is over already.
         while run.ended_by is None and (run.last_step is None or state.global_step < run.last_step):
             for before_step in self.before_step_hooks:
@@ -290,10 +299,11 @@ class _TrainLoop:
             if self.steps_this_call == 1:
                 adopt_spec_hooks(run.hooks, spec.training_hooks, state)
             self.watch.observe(loss, state.global_step)
-            logging_step, summary_due = self.schedules.due_at(state.global_step)
+            logging_step, summary_due = (False, False) if due_at is None else due_at(state.global_step)
             self._report(spec, loss, logging_step, summary_due)
             stop, interrupted = self._agree_and_save(interrupt.raised, logging_step)
-            progress.update(state.global_step, loss=context.loss_if_read)
+            if update_progress is not None:
+                update_progress(state.global_step, loss=context.loss_if_read)
             if stop and (run.last_step is None or state.global_step < run.last_step):
                 run.ended_by = self.stop_reason or "a hook asked to stop"
             if stop or interrupted:

@@ -19,6 +19,11 @@ class Progress:
         if enabled:
             self._bar = tqdm(total=total, initial=initial, desc=description, unit="step", dynamic_ncols=True, leave=False)
 
+    @property
+    def enabled(self) -> bool:
+        """Whether a bar is shown (update does nothing otherwise)."""
+        return self._bar is not None
+
     def update(self, position: int, loss: float | None = None) -> None:
         if self._bar is None:
             return
