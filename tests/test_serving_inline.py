@@ -172,3 +172,21 @@ def test_the_server_loop_is_uvloop_when_installed_and_asyncio_when_asked(base, m
     monkeypatch.setenv(LOOP_ENVIRONMENT_VARIABLE, "trio")
     with pytest.raises(ConfigError, match=LOOP_ENVIRONMENT_VARIABLE):
         loop_name()
+
+
+def test_answers_are_encoded_by_orjson_with_json_values_and_tf_tokens_for_non_finite_numbers():
+    import numpy as np
+
+    from torchestimator.serving.json_tensor import predict_response, predict_response_bytes
+
+    rows = np.random.default_rng(0).standard_normal((3, 10)).astype(np.float32) * 1e-5
+    outputs = {"p": rows, "class": np.array([1, 2, 2 ** 40])}
+    encoded = predict_response_bytes(outputs, row_format=True)
+    assert json.loads(encoded) == predict_response(outputs, row_format=True)  # the very same float64 values
+    if importlib.util.find_spec("orjson") is not None:
+        assert b'", "' not in encoded and b'":[' in encoded  # orjson's compact separators
+    for value, token in ((np.nan, b"NaN"), (np.inf, b"Infinity"), (-np.inf, b"-Infinity")):
+        answer = predict_response_bytes({"p": np.array([[0.5, value]], np.float32)}, row_format=False)
+        assert answer == b'{"outputs": [[0.5, ' + token + b"]]}"  # TF Serving's tokens, never null
+    with pytest.raises(TypeError, match="complex"):
+        predict_response_bytes({"p": np.array([[1j]])}, row_format=True)

@@ -48,7 +48,7 @@ from torchestimator.serving.json_tensor import (
     decode_body,
     metadata_document,
     parse_predict,
-    predict_response,
+    predict_response_bytes,
     status_document,
 )
 from torchestimator.serving.manager import ModelManager
@@ -377,7 +377,7 @@ def _parse_document(model: ExportedModel, document: dict[str, Any], verb: str) -
         predict = parse_predict(document, model)
 
         def encode_predictions(outputs: Mapping[str, np.ndarray]) -> bytes:
-            return json.dumps(predict_response(outputs, predict.row_format)).encode()
+            return predict_response_bytes(outputs, predict.row_format)
 
         return _Parsed(signature_name=predict.signature_name, encode=encode_predictions,
                        inputs=predict.inputs)
