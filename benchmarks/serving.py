@@ -53,6 +53,16 @@ c=8/32: FastAPI `def` above ours in 9 of 10 pairs, ours at --request-threads 4 a
 equal CPU per request), while the default's own measurement (one thread per core beat three per core on the
 small MLP) favours fewer; --request-threads N runs ours with N request threads so a quiet machine can decide.
 
+Where a request's time went (issue 14; py-spy of our server at c=8 on the mlp, 2 shared cores): with every
+forward in a request thread the server spent ~620-800 us of CPU per request, of which the forward (graph call
+and its checks) ~100 us, parse and encode ~40 us, and the hop to the thread and back (executor submit, the
+worker's wake-up, call_soon_threadsafe's self-pipe write and the loop's wake-up, the GIL passed back and forth)
+~160 us; the rest is aiohttp (parsing, routing, the response) and the socket calls. Now a model whose forward,
+measured at load on a batch of one, times the request's rows is at most 1 ms runs on the event loop (as FastAPI
+`async def` does; slower models keep the threads so the loop stays responsive), the loop is uvloop when
+installed, and answers are encoded by orjson: ~470 us per request, against ~650-800 us for FastAPI async in the
+same runs. The mlp and the cnn (0.5 ms at batch 1) run inline, the wide model (2.2 ms) in threads.
+
 Run:  python benchmarks/serving.py [--seconds S] [--rounds R] [--models mlp,cnn,wide] [--quick]
 Last line:  serving rps_vs_fastapi=<ours / the faster FastAPI, c=8> rps_vs_flask=<c=8> batching_gain_c8=<mlp>
             p99_ms_c8=<batching> batching_gain_c32=<mlp> big_batching_gain_c8=<wide> big_batching_gain_c32=<wide>
@@ -86,6 +96,8 @@ import torch.nn.functional as F
 
 import torchestimator as te
 from torchestimator.export import PredictOutput, TensorSpec, export_saved_model, load, serving_input_receiver
+from torchestimator.serving.event_loop import loop_name
+from torchestimator.serving.settings import DEFAULT_INLINE_FORWARD_MICROS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the helper beside this script, however it is loaded
 from _serving_load import (  # noqa: E402  (re-exported: the smoke tests and other scripts use them from here)
@@ -665,7 +677,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"interleaved round(s), one instance per request, loopback, every server 1 process on 1 torch thread, "
           f"batching max_batch_size {settings.max_batch_size} batch_timeout_micros {settings.batch_timeout_micros} "
           f"num_batch_threads 1, Flask on gunicorn 1 worker x {FLASK_THREADS} threads, installed: "
-          f"{', '.join(fast) or 'none of httptools, uvloop, gunicorn'}, no request logging", flush=True)
+          f"{', '.join(fast) or 'none of httptools, uvloop, gunicorn'}, no request logging; ours on the "
+          f"{loop_name()} loop, forwards up to {DEFAULT_INLINE_FORWARD_MICROS} us (rows x batch-of-one time "
+          "measured at load) on the loop, slower ones in its request threads", flush=True)
     status = 0
     with tempfile.TemporaryDirectory(prefix="serving-bench-") as directory, \
             _quiet_logs(["torchestimator"]):
