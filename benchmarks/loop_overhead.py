@@ -462,14 +462,27 @@ def same_weights(first: nn.Module, second: nn.Module) -> bool:
 
 
 def round_orders(names: Sequence[str]) -> Iterator[tuple[str, ...]]:
-    """The order of the loops in each round: every permutation in turn, endlessly.
+    """The order of the loops in each round, endlessly: a Williams design (balanced for what ran just before).
 
     A plain rotation (a b c, b c a, c a b) always runs each loop after the
     same other one (here c after b, a after c), so whatever one loop leaves
-    behind (heap, caches, garbage) always falls on the same next loop; all
-    permutations give each loop every predecessor equally often per cycle.
+    behind (heap, caches, garbage) always falls on the same next loop. In a
+    Williams design every loop follows every other one equally often per
+    cycle: n orders for an even number of loops, 2n for an odd one (for three
+    loops, all six permutations).
     """
-    return itertools.cycle(itertools.permutations(names))
+    count = len(names)
+    pattern, low, high = [0], 1, count - 1  # 0, 1, n-1, 2, n-2, ...
+    while low <= high:
+        pattern.append(low)
+        low += 1
+        if low <= high:
+            pattern.append(high)
+            high -= 1
+    rows = [[(index + shift) % count for index in pattern] for shift in range(count)]
+    if count % 2:
+        rows += [row[::-1] for row in rows]
+    return itertools.cycle([tuple(names[index] for index in row) for row in rows])
 
 
 def measure(workload: Workload, settings: Settings, loops: dict[str, Callable[..., RoundResult]],

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import importlib.util
-import itertools
 import logging
 import re
 import subprocess
@@ -122,35 +121,37 @@ def test_faults_per_step_counts_the_kept_steps(benchmark):
     assert benchmark.faults_per_step(stamps, skip=1) == 30.0  # (560 - 500) over the two steps after the skipped one
 
 
-def test_round_orders_give_every_loop_each_predecessor_equally_often(benchmark):
-    names = ["hand", "hand_again", "estimator"]
+@pytest.mark.parametrize("names, cycle_length", [
+    (["hand", "hand_again", "estimator"], 6), (["hand", "hand_again", "estimator", "lightning"], 4), (["a", "b"], 2)])
+def test_round_orders_give_every_loop_each_predecessor_equally_often(benchmark, names, cycle_length):
     orders = benchmark.round_orders(names)
-    cycle = [next(orders) for _ in range(6)]
-    assert sorted(cycle) == sorted(itertools.permutations(names))  # every order once per cycle
+    cycle = [next(orders) for _ in range(cycle_length)]
+    assert all(sorted(order) == sorted(names) for order in cycle) and len(set(cycle)) == cycle_length
     follows = collections.Counter(pair for order in cycle for pair in zip(order, order[1:]))
-    assert set(follows.values()) == {2} and len(follows) == 6  # each loop after each other loop twice
+    assert len(follows) == len(names) * (len(names) - 1) and len(set(follows.values())) == 1  # every pair, as often
     assert next(orders) == cycle[0]
 
 
 PINNED_CHURN = """
-import resource, sys, torch
+import resource, statistics, sys, torch
 sys.path.insert(0, sys.argv[1])
 import loop_overhead
 print(loop_overhead.pin_allocator())
 def churn():
     return [torch.ones(1 << 20) for _ in range(4)]  # 4 x 4 MiB, every page written
-churn(); churn()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+faults = []
 for _ in range(20):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     churn()
-print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(statistics.median(faults))
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt is glibc's")
 def test_pinned_allocator_reuses_freed_activations_without_page_faults():
-    """In a child process: pinning is for the whole process. 16 MiB freed and allocated again must come back
-    from the heap, not as fresh pages (4096 faults per round if they did)."""
+    """In a child process: pinning is for the whole process. 16 MiB freed and allocated again comes back from the
+    heap, not as fresh pages (4096 faults per round if it did); the median round leaves out the heap's growth."""
     result = subprocess.run([sys.executable, "-c", PINNED_CHURN, str(SCRIPT.parent)], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
