@@ -100,7 +100,7 @@ class ExportedModel:
     ) -> dict[str, np.ndarray]:
         """Runs one batch. Arrays and tensors must have the signature's dtype; lists are converted to it."""
         signature = self.signature(signature_name)
-        tensors = self.prepare_inputs(inputs, signature_name)
+        tensors = self._prepare(inputs, signature)
         wanted = _select_outputs(signature, output_keys, self.path)
         with torch.no_grad():
             if self._lifted is not None:
@@ -113,17 +113,19 @@ class ExportedModel:
 
     def prepare_inputs(self, inputs: Any, signature_name: str = DEFAULT_SERVING_SIGNATURE_DEF_KEY) -> dict[str, torch.Tensor]:
         """The inputs as tensors, checked against the signature; errors name the input and the mismatch."""
-        signature = self.signature(signature_name)
-        if not isinstance(inputs, Mapping):
+        return self._prepare(inputs, self.signature(signature_name))
+
+    def _prepare(self, inputs: Any, signature: Signature) -> dict[str, torch.Tensor]:
+        if type(inputs) is not dict and not isinstance(inputs, Mapping):  # a plain dict skips the ABC check
             if len(signature.inputs) != 1:
                 raise TypeError(
                     f"Inputs must be a dict of name -> array for signature {signature.name!r}, which takes "
                     f"{_describe_inputs(signature)}; received {type(inputs).__name__}."
                 )
             inputs = {next(iter(signature.inputs)): inputs}
-        missing = [name for name in signature.inputs if name not in inputs]
-        unexpected = [name for name in inputs if name not in signature.inputs]
-        if missing or unexpected:
+        if inputs.keys() != signature.inputs.keys():
+            missing = [name for name in signature.inputs if name not in inputs]
+            unexpected = [name for name in inputs if name not in signature.inputs]
             raise ValueError(
                 f"Signature {signature.name!r} of {self.path} takes inputs {_describe_inputs(signature)}; "
                 f"missing {missing}, unexpected {unexpected}."

@@ -247,45 +247,49 @@ def _columnar_inputs(inputs: Any, signature: Signature) -> dict[str, Any]:
 
 
 def _input_tensor(name: str, value: Any, info: TensorInfo) -> torch.Tensor:
-    """JSON values as a tensor of the signature's dtype; shape is checked later by the loader."""
-    expected = f"{info.dtype} values of shape {list(info.shape)} (-1 = any size)"
+    """JSON values as a tensor of the signature's dtype; shape is checked later by the loader.
+
+    Error texts are built only when raised (each f-string cost ~1 us of a request).
+    """
     try:
         array = np.array(value)
     except (ValueError, OverflowError) as error:  # numpy refuses ragged nesting
         _refuse_b64(name, value, info)
-        raise invalid_argument(f"Input {name!r} is ragged or mis-nested ({error}); expected {expected}.") from error
-    dtype = parse_dtype(info.dtype, f"signature input {name!r} dtype")
+        raise invalid_argument(f"Input {name!r} is ragged or mis-nested ({error}); expected {_expected(info)}.") from error
+    dtype = _TORCH_DTYPES.get(info.dtype) or parse_dtype(info.dtype, f"signature input {name!r} dtype")
     kind = array.dtype.kind
     if array.size and kind not in "biuf":
         _refuse_b64(name, value, info)  # only searched for when numpy saw objects: numbers stay fast
         found = "null" if _contains(value, type(None)) else "strings" if kind in "US" else "non-numeric values"
         # TF's TypeError text first ("... is not of expected type: float"), then what we know more.
         raise invalid_argument(f"Input {name!r} is not of expected type: {_tf_type_name(info.dtype)}: it holds "
-                               f"{found} (or numbers out of range); expected {expected}.")
+                               f"{found} (or numbers out of range); expected {_expected(info)}.")
     if array.size and kind == "b" and dtype != torch.bool:
-        raise invalid_argument(f"Input {name!r} holds booleans; expected {expected}.")
+        raise invalid_argument(f"Input {name!r} holds booleans; expected {_expected(info)}.")
     if array.size and kind in "iuf" and dtype == torch.bool:
-        raise invalid_argument(f"Input {name!r} holds numbers; expected {expected} (true/false).")
+        raise invalid_argument(f"Input {name!r} holds numbers; expected {_expected(info)} (true/false).")
     if array.size and kind == "f" and not (dtype.is_floating_point or dtype.is_complex):
-        raise invalid_argument(f"Input {name!r} holds non-integer numbers; expected {expected}.")
+        raise invalid_argument(f"Input {name!r} holds non-integer numbers; expected {_expected(info)}.")
     if not array.size and array.dtype == np.float64 and not dtype.is_floating_point:
         array = array.astype(np.int64)  # [] reads as float64; its dtype carries no information
     try:
         numpy_dtype = _NUMPY_DTYPES.get(dtype)
         if array.size and kind in "iu" and numpy_dtype is not None and np.issubdtype(numpy_dtype, np.integer):
-            _check_integer_range(name, array, numpy_dtype, expected)
+            _check_integer_range(name, array, numpy_dtype, info)
         if numpy_dtype is not None:  # numpy converts small arrays without dropping the GIL; a torch op would
+            if numpy_dtype not in _NARROW_FLOATS:  # nothing to overflow (integer ranges are checked above)
+                return torch.from_numpy(np.ascontiguousarray(array, dtype=numpy_dtype))
             with np.errstate(over="raise"):
                 return torch.from_numpy(np.ascontiguousarray(array, dtype=numpy_dtype))
         return torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
     except FloatingPointError as error:  # a finite JSON number beyond the dtype's range, as TF refuses it
         raise invalid_argument(f"Cannot convert JSON value in input {name!r} to {info.dtype} without loss of "
-                               f"precision (a number beyond its range); expected {expected}.") from error
+                               f"precision (a number beyond its range); expected {_expected(info)}.") from error
     except (TypeError, RuntimeError, OverflowError) as error:
-        raise invalid_argument(f"Input {name!r} could not be read as {expected}: {error}") from error
+        raise invalid_argument(f"Input {name!r} could not be read as {_expected(info)}: {error}") from error
 
 
-def _check_integer_range(name: str, array: np.ndarray, numpy_dtype: Any, expected: str) -> None:
+def _check_integer_range(name: str, array: np.ndarray, numpy_dtype: Any, info: TensorInfo) -> None:
     """Integers that do not fit the input's dtype are refused: a cast would wrap them silently."""
     limits = np.iinfo(numpy_dtype)
     low, high = int(array.min()), int(array.max())
@@ -293,7 +297,17 @@ def _check_integer_range(name: str, array: np.ndarray, numpy_dtype: Any, expecte
         value = low if low < limits.min else high
         raise invalid_argument(f"Cannot convert JSON value: {value} in input {name!r} to {np.dtype(numpy_dtype).name} "
                                f"without loss of precision (its range is {limits.min}..{limits.max}); "
-                               f"expected {expected}.")
+                               f"expected {_expected(info)}.")
+
+
+def _expected(info: TensorInfo) -> str:
+    return f"{info.dtype} values of shape {list(info.shape)} (-1 = any size)"
+
+
+# Signature dtype names -> torch dtypes, looked up per request (parse_dtype for any other name, and its error).
+_TORCH_DTYPES = {str(dtype).removeprefix("torch."): dtype for dtype in _NUMPY_DTYPES}
+# Targets a finite number can overflow when cast (to inf): float64 values and big ints into these.
+_NARROW_FLOATS = (np.float32, np.float16)
 
 
 def _tf_type_name(dtype: str) -> str:
