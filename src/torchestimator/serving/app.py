@@ -9,7 +9,12 @@ Paths follow SRV ``model_servers/http_rest_api_util.cc`` (case-insensitive):
 
 Parsing, inference and encoding run in a thread pool (or, with batching, the
 parsed tensors go to the BatchScheduler's threads), so the event loop only
-moves bytes. Every answer is JSON; a ServingError becomes ``{"error": ...}``
+moves bytes; except for small requests to a model measured fast at load (a
+forward of at most ``inline_forward_micros`` for the request's rows), which
+run on the loop: for them the hop to a thread and back costs more than the
+forward (see _fast_model). Those requests cannot be cut at the request
+timeout; they are bounded by the estimate instead, and a model whose inline
+calls turn out slow goes back to the threads. Every answer is JSON; a ServingError becomes ``{"error": ...}``
 with its HTTP status, anything else a logged 500. Which version serves a
 request is the ModelManager's business (manager.py); JSON shapes are
 json_tensor.py's and examples_json.py's; gzip and deflate bodies are inflated
