@@ -78,3 +78,19 @@ def _tiny_export(folder) -> str:
     estimator.train(lambda: [({"x": torch.ones(4, 2)}, torch.ones(4, 1))], max_steps=1)
     return os.path.dirname(estimator.export_saved_model(
         str(folder / "export"), serving_input_receiver({"x": TensorSpec(shape=(None, 2))})))
+
+
+def test_serve_passes_inline_forward_micros_and_refuses_a_negative_one(tmp_path, monkeypatch, capsys):
+    import torchestimator.serving as serving
+    from torchestimator.serving.settings import DEFAULT_INLINE_FORWARD_MICROS
+
+    received = []
+    monkeypatch.setattr(serving, "serve", lambda *args, **settings: received.append(settings))
+    missing = str(tmp_path / "no_export")
+    assert main(["serve", "--model_name", "m", "--model_base_path", missing]) == 0
+    assert main(["serve", "--model_name", "m", "--model_base_path", missing, "--inline_forward_micros", "0"]) == 0
+    assert [settings["inline_forward_micros"] for settings in received] == [DEFAULT_INLINE_FORWARD_MICROS, 0]
+    capsys.readouterr()
+    assert main(["serve", "--model_name", "m", "--model_base_path", missing, "--inline_forward_micros", "-5"]) == 2
+    assert one_line(capsys) == ("torchestimator serve: error: --inline_forward_micros -5 is negative: give 0 (every "
+                                "forward on a request thread) or more.")

@@ -7,6 +7,8 @@ import errno
 import logging
 from typing import Any
 
+from torchestimator.serving.settings import DEFAULT_INLINE_FORWARD_MICROS
+
 
 def add_command(commands: Any) -> None:
     serve = commands.add_parser("serve", help="TensorFlow Serving REST API for exported models")
@@ -39,6 +41,9 @@ def add_command(commands: Any) -> None:
     serve.add_argument("--rest_api_timeout_in_ms", type=int, default=30000, help="0: no limit")
     serve.add_argument("--max_body_bytes", type=int, default=64 * 1024 * 1024,
                        help="larger request bodies are refused with 413")
+    serve.add_argument("--inline_forward_micros", type=int, default=DEFAULT_INLINE_FORWARD_MICROS,
+                       help="a small request to a model whose forward (measured at load) takes at most this many "
+                            "microseconds for its rows runs on the event loop, not a request thread (0: never)")
     serve.set_defaults(handler=_serve)
 
 
@@ -60,6 +65,12 @@ _BIND_ERRORS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
 def _serve(args: argparse.Namespace) -> int:
     check_port(args.rest_api_port, "--rest_api_port", lowest=0)
     check_port(args.port, "--port", lowest=0)
+    if args.inline_forward_micros < 0:
+        from torchestimator.errors import ConfigError
+
+        raise ConfigError(f"--inline_forward_micros {args.inline_forward_micros} is negative: give 0 (every forward "
+                          "on a request thread) or more.", field="--inline_forward_micros",
+                          value=args.inline_forward_micros)
     from torchestimator.serving import BatchingParameters, read_batching_parameters_file, read_monitoring_config_file
     from torchestimator.serving import serve
 
@@ -99,7 +110,7 @@ def _serve(args: argparse.Namespace) -> int:
               allow_version_labels_for_unavailable_models=args.allow_version_labels_for_unavailable_models,
               num_threads=args.rest_api_num_threads, max_body_bytes=args.max_body_bytes,
               timeout_seconds=args.rest_api_timeout_in_ms / 1000 if args.rest_api_timeout_in_ms > 0 else None,
-              metrics_path=metrics_path)
+              metrics_path=metrics_path, inline_forward_micros=args.inline_forward_micros)
     except OSError as error:
         if listening or error.errno not in _BIND_ERRORS:
             raise
