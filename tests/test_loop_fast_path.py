@@ -5,6 +5,7 @@ stops at its step, and a hook's stop request is honoured with one replica."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import warnings
 
 import pytest
@@ -246,6 +247,34 @@ def test_takes_in_order_only_for_exactly_those_positional_parameters():
     assert not takes_in_order(lambda model, features, labels, mode, **rest: None, names)
     assert not takes_in_order(lambda model, labels, features, mode: None, names)
     assert not takes_in_order(print, names)  # a builtin whose signature inspect may not read
+
+
+def test_a_decorated_model_fn_forwarding_keywords_is_called_by_name(tmp_path):
+    """functools.wraps shows the inner function's (model, features, labels, mode); the wrapper takes keywords."""
+    import functools
+
+    def forwarding_keywords(function):
+        @functools.wraps(function)
+        def wrapper(**arguments):
+            assert arguments["mode"] in (te.ModeKeys.TRAIN, te.ModeKeys.EVAL)
+            return function(**arguments)
+        return wrapper
+
+    decorated = forwarding_keywords(_model_fn)
+    estimator = _estimator(tmp_path, decorated)
+    assert estimator._model_fn_caller() is not decorated
+    estimator.train(lambda: iter(_batches(10)), max_steps=10)
+    assert estimator.evaluate(lambda: iter(_batches(3)))["global_step"] == 10
+
+    from torchestimator._core.calling import takes_in_order
+
+    class Declared:
+        __signature__ = inspect.signature(_model_fn)
+
+        def __call__(self, **arguments):
+            return arguments
+
+    assert not takes_in_order(Declared(), ["model", "features", "labels", "mode"])
 
 
 def _recording_progress(monkeypatch):

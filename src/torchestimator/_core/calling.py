@@ -23,9 +23,16 @@ def declared_parameters(function: Callable[..., Any]) -> tuple[set[str], bool]:
 
 def takes_in_order(function: Callable[..., Any], names: list[str]) -> bool:
     """Whether ``function(*values)`` binds the values to ``names``: its parameters are exactly these, positional,
-    in this order (no *args or **kwargs to catch them otherwise)."""
+    in this order (no *args or **kwargs to catch them otherwise).
+
+    Asked of the callable itself: a decorator's wrapper (``functools.wraps`` sets ``__wrapped__``) or an
+    object declaring a ``__signature__`` may take its arguments otherwise than the signature it shows (a
+    wrapper forwarding ``**kwargs``), so those are called by name.
+    """
+    if getattr(function, "__signature__", None) is not None:
+        return False
     try:
-        parameters = list(inspect.signature(function).parameters.values())
+        parameters = list(inspect.signature(function, follow_wrapped=False).parameters.values())
     except (TypeError, ValueError):  # a signature inspect cannot read: the caller calls by name
         return False
     return [parameter.name for parameter in parameters] == names and all(
