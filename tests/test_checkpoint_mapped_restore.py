@@ -159,3 +159,37 @@ def test_a_resumed_training_holds_no_checkpoint_file_mapped_while_it_runs(tmp_pa
     make_estimator(tmp_path, keep_checkpoint_max=1).train(train, max_steps=30, hooks=[MappedFiles()])
     assert len(MappedFiles.seen) == 20 and not any(MappedFiles.seen), MappedFiles.seen[:3]
     assert sorted(path.name for path in tmp_path.glob("ckpt-*")) == ["ckpt-30"]  # ckpt-10 went, nothing holds it
+
+
+def test_a_save_from_an_atexit_handler_is_written_and_restores(tmp_path):
+    """Thread pools take no work once the interpreter shuts down: the listing and checksums run on the caller."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import atexit, torch
+        from torchestimator.checkpoint import CheckpointStore
+        store = CheckpointStore({os.fspath(tmp_path)!r})
+        store.save(1, {{"w": torch.ones(4 << 20)}})
+        atexit.register(lambda: print("saved", store.save(2, {{"w": torch.full((4 << 20,), 2.0)}})))
+    """)
+    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0 and "saved" in finished.stdout, finished.stderr[-2000:]
+    checkpoint = CheckpointStore(tmp_path).restore()  # every checksum verified
+    assert checkpoint.step == 2 and torch.equal(checkpoint.model_state["w"], torch.full((4 << 20,), 2.0))
+
+
+@pytest.mark.parametrize("shape", [[0, 2**62, 2**62], [0, 2**40, 2**40, 2**10]])
+def test_a_shape_no_tensor_can_hold_is_a_checkpoint_error(tmp_path, shape):
+    import json
+    import struct
+
+    from torchestimator.checkpoint.tensor_files import read_tensors
+
+    header = json.dumps({"a": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}}).encode()
+    header += b" " * (-len(header) % 8)
+    path = tmp_path / "crafted.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header)
+    with open(path, "rb") as stream, pytest.raises(CheckpointError, match="crafted is not a readable safetensors"):
+        read_tensors(stream, "crafted", size=path.stat().st_size, expected=None)

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
-__all__ = ["process_thread"]
+__all__ = ["process_thread", "run_behind"]
+
+_Result = TypeVar("_Result")
 
 _threads: dict[str, tuple[int, ThreadPoolExecutor]] = {}
 _threads_lock = threading.Lock()
@@ -25,3 +29,17 @@ def process_thread(job: str) -> ThreadPoolExecutor:
             executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"checkpoint-{job}")
             _threads[job] = (os.getpid(), executor)
         return executor
+
+
+def run_behind(job: str, action: Callable[..., _Result], *arguments: Any) -> Future[_Result]:
+    """``action(*arguments)`` on the ``job`` thread; run here and now once the interpreter is shutting down (a
+    save from an atexit handler: thread pools take no new work then), its outcome in the future alike."""
+    try:
+        return process_thread(job).submit(action, *arguments)
+    except RuntimeError:  # "cannot schedule new futures after (interpreter) shutdown"
+        done: Future[_Result] = Future()
+        try:
+            done.set_result(action(*arguments))
+        except BaseException as error:  # the caller's result() raises it, as from the thread
+            done.set_exception(error)
+        return done

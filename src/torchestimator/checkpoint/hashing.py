@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import zlib
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import google_crc32c
@@ -53,7 +53,7 @@ class OverlappedChecksums:
 
     A buffer handed to ``update`` must stay unchanged until ``result`` (or ``close``) returns: the views
     of a checkpoint's tensors are, since the save or restore holds them. Use as a context manager, so no
-    buffer is read after an error. The threads (one per kind, ``_helper``) are the process's, kept between
+    buffer is read after an error. The threads (one per kind, ``_threads.process_thread``) are the process's, kept between
     saves: starting two per file cost ~3 ms each on a loaded machine.
     """
 
@@ -84,7 +84,11 @@ class OverlappedChecksums:
                 self._add(kind, buffer)
             return
         for kind in self.kinds:
-            self._pending.append(_helper(kind).submit(self._add, kind, buffer))
+            try:
+                self._pending.append(process_thread(kind).submit(self._add, kind, buffer))
+            except RuntimeError:  # shutting down (a save from an atexit handler): thread pools take no work
+                self._drain()  # what was queued before it first, so the order holds
+                self._add(kind, buffer)
 
     def passing(self, buffers: Iterable[Any]) -> Iterator[Any]:
         """``buffers`` as they are, each queued for checksumming as it is handed on (to a storage writing it)."""
@@ -132,12 +136,6 @@ def checksum_of(kind: str, buffer: Any) -> Any:
     if kind == CRC32:
         return zlib.crc32(buffer)
     raise ValueError(f"checksum_of: unknown checksum kind {kind!r}; use {', '.join(KINDS)}.")
-
-
-def _helper(kind: str) -> ThreadPoolExecutor:
-    """The process's one thread for checksums of ``kind``: tasks run one at a time, in the order given, so
-    each ``OverlappedChecksums`` sees its buffers in order even when several share it."""
-    return process_thread(kind)
 
 
 def _crc32c(buffer: Any, crc: int) -> int:

@@ -62,7 +62,7 @@ from torchestimator._io.atomic import WRITER_PATTERN, writer_is_gone, writer_tag
 
 from . import format as checkpoint_format
 from .errors import CheckpointError, DiskFullError, is_no_room
-from ._threads import process_thread
+from ._threads import run_behind
 from .hashing import OverlappedChecksums
 from .storage import LocalStorage, Storage
 
@@ -438,7 +438,7 @@ class CheckpointStore:
         file system, as the writes beside it do); at once for any other storage, whose listing may not be
         safe beside its writes."""
         if isinstance(self.storage, LocalStorage):
-            return process_thread("listing").submit(self.storage.list_folders)
+            return run_behind("listing", self.storage.list_folders)
         listed: Future[list[str]] = Future()
         listed.set_result(self.storage.list_folders())
         return listed
@@ -580,6 +580,15 @@ class CheckpointStore:
         missing or truncated file, bad JSON) is skipped with a warning naming
         it and the fault, and the previous one is tried. An explicit ``path``
         is never replaced by another checkpoint: its damage raises.
+
+        The tensors of a local model_dir are copy-on-write views of the files,
+        checked whole first (``tensor_files.read_tensors``): writing to them
+        never changes a file, and a file deleted stays readable through them.
+        A published file is never rewritten by the store; a tool that rewrites
+        one in place (``rsync --inplace``, a restore from backup) changes what
+        such tensors read, or ends the process with SIGBUS if it truncates the
+        file. To keep tensors apart from the files, copy them
+        (``parts.owning_memory``), as resuming does for the optimizer's state.
 
         Raises:
             CheckpointError: no intact checkpoint, or ``path`` is damaged.

@@ -294,6 +294,8 @@ def _entry(name: str, value: Any) -> _Entry:
         raise ValueError(f"bad entry for {name!r}")
     if end - start != math.prod(shape) * dtype.itemsize:
         raise ValueError(f"{name!r}: offsets do not match its shape")
+    if math.prod(max(size, 1) for size in shape) * dtype.itemsize >= 2**63:
+        raise ValueError(f"{name!r}: its shape {list(shape)} has strides no tensor can hold")  # even with a 0 in it
     return _Entry(name, dtype, shape, start, end)
 
 

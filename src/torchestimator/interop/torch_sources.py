@@ -43,6 +43,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..checkpoint import CheckpointError, CheckpointStore
+from ..checkpoint.parts import owning_memory
 from .source import ZIP_ERRORS, TensorInfo, WeightSource, WeightSourceError, missing_tensor_error
 
 __all__ = [
@@ -168,7 +169,8 @@ class TorchestimatorSource(_TensorDictSource):
                 checkpoint = self._store.restore(self.checkpoint_path, load_optimizer=False)
             except CheckpointError as error:
                 raise WeightSourceError(f"{self.checkpoint_path}: cannot read the checkpoint: {error}") from None
-            self._loaded = dict(checkpoint.model_state)
+            # Copied out of the mapped files: a source (and the tensors it hands out) may be kept for long.
+            self._loaded = owning_memory(dict(checkpoint.model_state))
         return self._loaded
 
 
