@@ -301,3 +301,16 @@ def test_with_logging_only_the_loss_is_logged_at_its_steps(tmp_path, caplog):
         _estimator(tmp_path, _model_fn, log_step_count_steps=3).train(lambda: iter(_batches()), max_steps=7)
     logged = [record.getMessage() for record in caplog.records if record.getMessage().startswith("loss = ")]
     assert [int(message.rsplit("step = ", 1)[1].split()[0].rstrip(",(")) for message in logged] == [3, 6]
+
+
+@pytest.mark.parametrize("every_n_iter, steps_logged", [(None, [10]), (4, [4, 8, 10])])
+def test_logging_tensor_hook_at_end_logs_the_final_steps_values(tmp_path, caplog, every_n_iter, steps_logged):
+    """As tf.estimator's: at_end logs the last step's values, alone or after the every-N lines."""
+    import logging
+    import re
+
+    hook = te.LoggingTensorHook(("step", "loss"), every_n_iter=every_n_iter, at_end=True)
+    with caplog.at_level(logging.INFO, logger="torchestimator"):
+        _estimator(tmp_path, _model_fn).train(lambda: iter(_batches(10)), max_steps=10, hooks=[hook])
+    lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("step = ")]
+    assert [int(re.match(r"step = (\d+), loss = ", line).group(1)) for line in lines] == steps_logged, lines

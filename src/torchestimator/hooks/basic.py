@@ -78,7 +78,7 @@ class LoggingTensorHook(Hook):
             every_n_iter, every_n_secs, "LoggingTensorHook")
         self.at_end = at_end
         self.formatter = formatter
-        self._last_values: dict[str, Any] = {}
+        self._last_context: RunContext | None = None
         self._last_time = time.monotonic()
 
     def after_restore(self, state: TrainState) -> None:
@@ -87,14 +87,16 @@ class LoggingTensorHook(Hook):
         self._last_time = time.monotonic()
 
     def after_step(self, run_context: RunContext) -> None:
+        self._last_context = run_context  # read only at the end (at_end): no value is taken from it per step
         if self.trigger is None or not self.trigger.should_fire(run_context.global_step):
             return
         self.trigger.mark(run_context.global_step)
         self._log(self._values(run_context))
 
     def end(self, state: TrainState) -> None:
-        if self.at_end and self._last_values:
-            self._log(self._last_values)
+        # As tf.estimator's hook: the final step's values, whether or not the trigger logged that step.
+        if self.at_end and self._last_context is not None:
+            self._log(self._values(self._last_context))
 
     def _values(self, run_context: RunContext) -> dict[str, Any]:
         values: dict[str, Any] = {}
@@ -107,7 +109,6 @@ class LoggingTensorHook(Hook):
                 values[tag] = run_context.predictions[name].detach().cpu().tolist()
             else:
                 raise KeyError(f"LoggingTensorHook: {name!r} is neither 'loss', 'step' nor a key of the predictions.")
-        self._last_values = values
         return values
 
     def _log(self, values: dict[str, Any]) -> None:
