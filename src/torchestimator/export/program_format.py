@@ -275,12 +275,22 @@ def _number_problem(expression: str) -> str | None:
 
 
 def _literal(node: ast.expr) -> float | None:
-    """The value of a plain number, or a negated one; None for anything else."""
+    """The value of a plain number, a negated one, or sympy's spelling of one (``Integer(2)``,
+    ``Rational(1, 2)``, ``Float(0.5)``: how srepr writes an exponent); None for anything else."""
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         value = _literal(node.operand)
         return None if value is None else -value
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
         return node.value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
+        values = [_literal(argument) for argument in node.args]
+        if node.func.id == "Integer" and len(values) == 1 and isinstance(values[0], int):
+            return values[0]
+        if node.func.id == "Rational" and len(values) == 2 and all(isinstance(value, int) for value in values) \
+                and values[1] != 0:
+            return values[0] / values[1]
+        if node.func.id == "Float" and len(values) == 1 and values[0] is not None:
+            return values[0]
     return None
 
 
