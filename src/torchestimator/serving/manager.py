@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import statistics
 import threading
@@ -347,7 +348,10 @@ def warm_up(model: ExportedModel) -> float:
     seconds of one such forward (the slowest signature's median of a few timed calls after the first).
 
     The time decides whether requests to this model may run on the event loop (app.py's inline path):
-    only a model measured fast is ever run there.
+    only a model measured fast is ever run there, and only when rows times this time bounds a request's
+    forward. That holds when every input has fixed sizes past the batch dimension; an input with a free
+    size past it (a sequence length, an image side) makes a batch of one as slow as its request makes it,
+    so such a model's time is infinite here: it keeps the worker threads and the request timeout.
     """
     slowest = 0.0
     for name in model.signature_names:
@@ -356,6 +360,8 @@ def warm_up(model: ExportedModel) -> float:
         for input_name, info in signature.inputs.items():
             shape = [1 if size == -1 else size for size in info.shape]
             inputs[input_name] = torch.zeros(shape, dtype=parse_dtype(info.dtype, f"signature input {input_name!r}"))
+            if any(size == -1 for size in info.shape[1:]):
+                slowest = math.inf
         model(inputs, signature_name=name)
         slowest = max(slowest, _median_call_seconds(lambda: model(inputs, signature_name=name)))
     return slowest

@@ -58,9 +58,10 @@ def serve(model_name: str | None = None, model_base_path: str | os.PathLike[str]
     polls every model first), so whatever it announces (the CLI's "serving ..." line) is true when said;
     ``port`` is the one bound (``port=0`` asks the system for a free one).
     """
+    make_loop = loop_factory()  # a bad TORCHESTIMATOR_SERVING_LOOP is refused before any model loads
     app = build_app(ServerSettings(model_name=model_name, model_base_path=model_base_path, **settings))
     try:
-        with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop when installed (event_loop.py)
+        with asyncio.Runner(loop_factory=make_loop) as runner:  # uvloop when installed (event_loop.py)
             runner.run(_serve_forever(app, host, port, on_listening))
     except (web.GracefulExit, KeyboardInterrupt):  # SIGTERM / SIGINT: the runner has been cleaned up
         logger.info("Stopped serving")
@@ -147,6 +148,7 @@ def bound_port(runner: web.BaseRunner) -> int:
 def start(model_name: str | None = None, model_base_path: str | os.PathLike[str] | None = None,
           host: str = "127.0.0.1", port: int = 0, **settings: Any) -> RunningServer:
     """Starts serving in a background thread and returns once it listens (port 0: any free port)."""
+    loop_factory()  # a bad TORCHESTIMATOR_SERVING_LOOP is refused before any model loads
     app = build_app(ServerSettings(model_name=model_name, model_base_path=model_base_path, **settings))
     return RunningServer(app, host, port)
 
