@@ -24,7 +24,7 @@ EXTRAS = {
     "images": ("pillow",),
     "keras": ("h5py",),
     "plot": ("matplotlib",),
-    "serving": ("aiohttp", "prometheus-client", "orjson"),
+    "serving": ("aiohttp", "prometheus-client", "orjson", "uvloop"),
     "demo": ("scikit-learn",),
 }
 """Each extra of pyproject.toml and the distributions it installs (kept equal by tests/test_extras.py)."""
