@@ -151,9 +151,9 @@ class CheckpointStore:
         save reads the file (one small read) and parses it again only when its bytes differ."""
         self._leftovers_seen = False
         """The last listing saw a folder named like a killed save's leftover."""
-        self._encoded_entries: dict[_Entry, tuple[dict[str, Any], str]] = {}
-        """Each checkpoint of the last manifest written, as its item and that item's JSON: a save in a model_dir
-        of 1000 checkpoints encodes only the new one."""
+        self._encoded_entries: tuple[list[_Entry], list[dict[str, Any]], list[str]] = ([], [], [])
+        """The checkpoints of the last manifest written and, for each, its item and that item's JSON: a save in a
+        model_dir of 1000 checkpoints encodes only the new one."""
 
     def __repr__(self) -> str:
         return f"CheckpointStore({self.storage!r}, keep_checkpoint_max={self.keep_checkpoint_max})"
@@ -554,11 +554,24 @@ class CheckpointStore:
         self._manifest_cache = (data, document, tuple(entries))
 
     def _encode_entries(self, entries: list[_Entry]) -> tuple[list[dict[str, Any]], list[str]]:
-        """The manifest items of ``entries`` and their JSON, reusing those of the last manifest written."""
-        known = self._encoded_entries.get
-        pairs = [known(entry) or _encoded_item(entry) for entry in entries]
-        self._encoded_entries = dict(zip(entries, pairs))  # only those listed now: it never outgrows the manifest
-        return [item for item, _ in pairs], [text for _, text in pairs]
+        """The manifest items of ``entries`` and their JSON, reusing those of the last manifest written.
+
+        A training's save lists what the last one did, less the oldest (retention) and plus the newest: that
+        run of entries is found by comparing the lists (C loops over the same objects), and only the rest is
+        looked up entry by entry.
+        """
+        previous, previous_items, previous_texts = self._encoded_entries
+        start = _run_start(previous, entries)
+        if start is None:
+            known = dict(zip(previous, zip(previous_items, previous_texts))).get
+            pairs = [known(entry) or _encoded_item(entry) for entry in entries]
+            items, texts = [item for item, _ in pairs], [text for _, text in pairs]
+        else:
+            new = [_encoded_item(entry) for entry in entries[len(previous) - start:]]
+            items = previous_items[start:] + [item for item, _ in new]
+            texts = previous_texts[start:] + [text for _, text in new]
+        self._encoded_entries = (list(entries), items, texts)  # only those listed now: never more than the manifest
+        return items, texts
 
     @staticmethod
     def _manifest_document(manifest: dict[str, Any], entries: list[_Entry],
@@ -711,6 +724,19 @@ def _load_sharded(storage: Storage, folder: str, step: int, state: dict[str, Any
 
 def _manifest_item(entry: _Entry) -> dict[str, Any]:
     return {"step": entry.step, "folder": entry.folder, "save_time": entry.save_time, "preserved": entry.preserved}
+
+
+def _run_start(previous: list[_Entry], entries: list[_Entry]) -> int | None:
+    """Where in ``previous`` a run begins that ``entries`` starts with and that lasts to the end of ``previous``
+    (``entries`` may go on after it); None when there is none."""
+    if not previous or not entries:
+        return None
+    try:
+        start = previous.index(entries[0])
+    except ValueError:
+        return None
+    kept = len(previous) - start
+    return start if len(entries) >= kept and entries[:kept] == previous[start:] else None
 
 
 def _encoded_item(entry: _Entry) -> tuple[dict[str, Any], str]:
