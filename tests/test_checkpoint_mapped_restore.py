@@ -11,6 +11,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from test_checkpoint import flip_byte
 from torch import nn
 
 from torchestimator._core.state import TrainState
@@ -64,11 +65,7 @@ def test_a_flipped_byte_is_found_before_any_tensor_is_given(tmp_path):
     store = CheckpointStore(tmp_path)
     path = store.save(1, _state())
     model_file = os.path.join(path, checkpoint_format.MODEL_FILE)
-    with open(model_file, "r+b") as stream:
-        stream.seek(-9, 2)
-        byte = stream.read(1)
-        stream.seek(-1, 1)
-        stream.write(bytes([byte[0] ^ 0x40]))
+    flip_byte(model_file, offset_from_end=9)
     with pytest.raises(CheckpointError, match=rf"{model_file} fails its checksum: crc32c is "):
         store.restore(path)
     gc.collect()
@@ -143,8 +140,9 @@ def test_get_variable_value_is_a_copy_not_a_view_of_the_file(tmp_path):
 
 def test_a_resumed_training_holds_no_checkpoint_file_mapped_while_it_runs(tmp_path):
     """Resume maps the checkpoint, copies what it keeps and lets the rest go: retention can free the old files."""
-    import torchestimator as te
     from conftest import input_fns, make_estimator
+
+    import torchestimator as te
 
     train, _, _, _ = input_fns(n=64)
     make_estimator(tmp_path, keep_checkpoint_max=1).train(train, max_steps=10)
