@@ -122,6 +122,11 @@ class ModelManager:
     def version_labels(self) -> dict[str, int]:
         return dict(self._labels)
 
+    def served_models(self) -> list[ExportedModel]:
+        """The loaded models that answer requests now, by ascending version."""
+        served = self._served
+        return [served[version] for version in sorted(served)]
+
     def get(self, version: int | None = None) -> ExportedModel | None:
         """The loaded model for ``version`` (the highest served when None), or None if it is not available."""
         served = self._served

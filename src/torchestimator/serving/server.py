@@ -28,6 +28,7 @@ from torchestimator.serving.app import make_app, managers_of
 from torchestimator.serving.config import ModelConfig, read_model_config_file
 from torchestimator.serving.errors import ServingError
 from torchestimator.serving.event_loop import loop_factory, loop_name
+from torchestimator.serving.heap import FrozenHeap
 from torchestimator.serving.manager import ModelManager
 from torchestimator.serving.protocol import ServingRunner
 from torchestimator.serving.settings import ServerSettings  # re-exported: it lived here
@@ -35,6 +36,9 @@ from torchestimator.serving.settings import ServerSettings  # re-exported: it li
 __all__ = ["RunningServer", "ServerSettings", "build_app", "serve", "start"]
 
 logger = logging.getLogger(__name__)
+
+# Set only by serve(): the process is the server's, so its heap may be frozen (heap.py).
+_HEAP = web.AppKey("frozen_heap", FrozenHeap)
 
 
 def build_app(settings: ServerSettings) -> web.Application:
@@ -60,6 +64,8 @@ def serve(model_name: str | None = None, model_base_path: str | os.PathLike[str]
     """
     make_loop = loop_factory()  # a bad TORCHESTIMATOR_SERVING_LOOP is refused before any model loads
     app = build_app(ServerSettings(model_name=model_name, model_base_path=model_base_path, **settings))
+    app[_HEAP] = FrozenHeap()
+    _settle_heap(app)  # the first models loaded: frozen before the first request
     try:
         with asyncio.Runner(loop_factory=make_loop) as runner:  # uvloop when installed (event_loop.py)
             runner.run(_serve_forever(app, host, port, on_listening))
@@ -201,6 +207,7 @@ async def _poll_versions(app: web.Application, seconds: float) -> None:
                 await loop.run_in_executor(None, manager.poll)
             except Exception:  # a broken file system must not stop polling for good
                 logger.exception("%s: polling %s failed", manager.name, manager.base_path)
+        await loop.run_in_executor(None, _settle_heap, app)
 
 
 async def _poll_model_config(app: web.Application, settings: ServerSettings) -> None:
@@ -213,6 +220,15 @@ async def _poll_model_config(app: web.Application, settings: ServerSettings) -> 
             logger.error("Keeping the current models: the model config file could not be read: %s", error)
             continue
         await loop.run_in_executor(None, _apply_model_configs, managers_of(app), configs, settings)
+        await loop.run_in_executor(None, _settle_heap, app)
+
+
+def _settle_heap(app: web.Application) -> None:
+    """Freezes newly loaded models and collects unloaded ones, when this process's heap is ours (serve())."""
+    heap = app.get(_HEAP)
+    if heap is not None:
+        heap.settle((manager.name, model) for manager in list(managers_of(app).values())
+                    for model in manager.served_models())
 
 
 def _apply_model_configs(managers: dict[str, ModelManager], configs: list[ModelConfig],
