@@ -15,6 +15,15 @@ that sync would be the framework's cost, not the anchor's):
   a log line). Mean step time, since the chores are rare and long.
 * `input_fn_mlp`: the Estimator reading `te.numpy_input_fn(...)` against a
   hand loop slicing the same arrays with `torch.from_numpy`. Median step time.
+* `mlp_paired`: the `mlp` comparison step by step instead of round by round.
+  A hook runs one hand-loop step (its own model and optimizer, the batch the
+  Estimator just took) after every Estimator step, so each Estimator step is
+  timed next to a hand step taken the moment after. This machine's speed
+  drifts by up to +-30% between rounds of a fraction of a second (the same
+  loop on the same model, round after round); pairing steps cancels that drift,
+  which the round medians only average over. Both sides see the other's
+  cache footprint between their steps. Median over 3 runs of the ratio of
+  median step times.
 
 Method: many short rounds of each loop, interleaved (each round takes the
 next permutation of the loops, so every loop follows every other equally
@@ -30,7 +39,7 @@ must be bit-identical in every round (the script exits 1 otherwise). When
 PyTorch Lightning is installed (the `bench` extra) its Trainer runs the MLP too.
 
 Run:  python benchmarks/loop_overhead.py [--steps N] [--cnn-steps N] [--rounds R] [--threads T] [--allocator pinned|default] [--quick]
-Last line:  loop_overhead mlp=<ratio> cnn=<ratio> mlp_defaults=<ratio> input_fn_mlp=<ratio> lightning_mlp=<ratio or n/a>
+Last line:  loop_overhead mlp=<ratio> cnn=<ratio> mlp_defaults=<ratio> input_fn_mlp=<ratio> lightning_mlp=<ratio or n/a> mlp_paired=<ratio>
 """
 
 from __future__ import annotations
@@ -100,6 +109,8 @@ class Settings:
     """"pinned" (glibc malloc's thresholds fixed by pin_allocator) or "default"."""
     chore_every: int = CHORE_EVERY
     """Steps between the chores of the default-settings comparison; it runs three times as many steps."""
+    paired_steps: int = 1500
+    """Estimator steps per run of the step-by-step comparison (mlp_paired)."""
 
 
 @dataclasses.dataclass
@@ -517,6 +528,63 @@ def measure(workload: Workload, settings: Settings, loops: dict[str, Callable[..
     return measurement
 
 
+# -- step by step -----------------------------------------------------------
+
+
+class _PairedHandSteps(te.Hook):
+    """After each Estimator step: times it, then takes one hand-loop step on the batch the Estimator just took
+    and times that."""
+
+    def __init__(self, workload: Workload, batches: Sequence[Batch], seed: int, clock: Callable[[], float]) -> None:
+        torch.manual_seed(seed)  # as run_hand: the hand model starts with the Estimator's weights
+        self.model = workload.build_model()
+        self.optimizer = make_optimizer(self.model.parameters())
+        self.model.train()
+        self.batches, self.clock = iter(batches), clock
+        self.estimator_steps: list[float] = []
+        self.hand_steps: list[float] = []
+        self.hand_finished: float | None = None
+
+    def after_step(self, run_context: te.RunContext) -> None:
+        started = self.clock()
+        if self.hand_finished is not None:
+            self.estimator_steps.append(started - self.hand_finished)
+        features, labels = next(self.batches)
+        loss = F.cross_entropy(self.model(features["x"]), labels)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        finished = self.clock()
+        self.hand_steps.append(finished - started)
+        self.hand_finished = finished
+
+
+def measure_paired(workload: Workload, settings: Settings, root: str, runs: int = 3) -> tuple[list[float], bool]:
+    """Per run, the Estimator's median step time over the paired hand loop's (the first steps left out); and
+    whether both ended with identical weights in every run."""
+    clock = time.process_time if settings.clock == "cpu" else time.perf_counter
+    batches = make_batches(workload, settings)
+    skip = min(20, workload.steps // 10)
+    ratios, identical = [], True
+    for run in range(runs):
+        torch.set_num_threads(settings.threads)
+        gc.collect()
+        paired = _PairedHandSteps(workload, batches, settings.seed, clock)
+        built: list[nn.Module] = []
+
+        def build() -> nn.Module:
+            built.append(workload.build_model())
+            return built[-1]
+
+        config = te.RunConfig(random_seed=settings.seed, progress_bar=False, device="cpu", **CHORES_OFF)
+        estimator = te.Estimator(model_fn=_classifier_model_fn, model=build, optimizer=make_optimizer,
+                                 model_dir=f"{root}/{workload.name}-paired-{run}", config=config)
+        estimator.train(lambda: iter(batches), hooks=[paired], max_steps=len(batches))
+        ratios.append(statistics.median(paired.estimator_steps[skip:]) / statistics.median(paired.hand_steps[skip + 1:]))
+        identical &= same_weights(paired.model, built[0])
+    return ratios, identical
+
+
 # -- command line ------------------------------------------------------------
 
 
@@ -532,6 +600,8 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
     parser.add_argument("--allocator", choices=("pinned", "default"), default="pinned",
                         help="pinned (default): glibc malloc's thresholds fixed for every loop, so no loop pays for the "
                              "heap another left (see pin_allocator); default: glibc's moving thresholds")
+    parser.add_argument("--paired-steps", type=int, default=None,
+                        help="Estimator steps per run of the step-by-step MLP comparison (default 1500; quick 30)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="tiny models and few steps, for the smoke test")
@@ -546,6 +616,7 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
         batch_size=arguments.batch_size, seed=arguments.seed, quick=quick, lightning=not arguments.no_lightning,
         allocator=arguments.allocator,
         chore_every=10 if quick else CHORE_EVERY,
+        paired_steps=arguments.paired_steps or (30 if quick else 1500),
     )
     if min(settings.steps, settings.cnn_steps) < 3:
         parser.error(f"--steps and --cnn-steps must be at least 3; received {settings.steps} and {settings.cnn_steps}.")
@@ -700,13 +771,19 @@ def _run(settings: Settings, lightning: Any, allocator: str) -> int:
             measurement = measure(extra.workload, settings, extra.loops, statistic=extra.statistic)
             ratios[extra.name] = _report_extra(extra, measurement, settings.clock)
             identical &= measurement.identical["estimator"]
+        paired, paired_identical = measure_paired(dataclasses.replace(mlp, steps=settings.paired_steps), settings, root)
+        ratios["mlp_paired"] = statistics.median(paired)
+        identical &= paired_identical
+        print(f"mlp_paired: each Estimator step beside a hand step taken right after it, {settings.paired_steps} steps, "
+              f"{len(paired)} runs: ratio {ratios['mlp_paired']:.3f} (runs: {', '.join(f'{r:.3f}' for r in paired)}; "
+              f"{settings.clock} clock); weights identical: {'yes' if paired_identical else 'no'}")
     finished = stamp()
     _print_verdict(ratios, lightning is not None)
     print(f"weights identical: {'yes' if identical else 'no'}")
     print(f"benchmark time: {finished[0] - started[0]:.1f} s wall, {finished[1] - started[1]:.1f} s CPU")
     lightning_ratio = f"{ratios['lightning_mlp']:.3f}" if "lightning_mlp" in ratios else "n/a"
     print(f"loop_overhead mlp={ratios['mlp']:.3f} cnn={ratios['cnn']:.3f} mlp_defaults={ratios['mlp_defaults']:.3f} "
-          f"input_fn_mlp={ratios['input_fn_mlp']:.3f} lightning_mlp={lightning_ratio}")
+          f"input_fn_mlp={ratios['input_fn_mlp']:.3f} lightning_mlp={lightning_ratio} mlp_paired={ratios['mlp_paired']:.3f}")
     return 0 if identical else 1
 
 

@@ -18,7 +18,7 @@ import torch
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "loop_overhead.py"
 RATIO = r"\d+\.\d{3}"
 FINAL_LINE = re.compile(rf"^loop_overhead mlp=({RATIO}) cnn=({RATIO}) mlp_defaults=({RATIO}) "
-                        rf"input_fn_mlp=({RATIO}) lightning_mlp=({RATIO}|n/a)$")
+                        rf"input_fn_mlp=({RATIO}) lightning_mlp=({RATIO}|n/a) mlp_paired=({RATIO})$")
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +39,8 @@ def test_quick_run_prints_ratios_and_identical_weights(benchmark, capsys):
                              "--cnn-steps", "6"])
     output = capsys.readouterr().out
     assert status == 0
-    mlp, cnn, defaults, input_fn, lightning = _final_line(output).groups()
-    assert min(float(mlp), float(cnn), float(defaults), float(input_fn)) > 0
+    mlp, cnn, defaults, input_fn, lightning, paired = _final_line(output).groups()
+    assert min(float(mlp), float(cnn), float(defaults), float(input_fn), float(paired)) > 0
     assert lightning == "n/a"
     assert "weights identical: yes" in output and "weights identical: no" not in output
     for name in ("mlp", "cnn", "mlp_defaults", "input_fn_mlp"):
@@ -52,6 +52,8 @@ def test_quick_run_prints_ratios_and_identical_weights(benchmark, capsys):
     assert "allocator: glibc's default (moving thresholds)" in output
     assert re.search(r"^benchmark time: [0-9.]+ s wall, [0-9.]+ s CPU$", output, re.M)
     assert "checkpoints, summaries, step logging and progress bar disabled" in output
+    assert re.search(rf"^mlp_paired: each Estimator step beside a hand step taken right after it, 30 steps, 3 runs: "
+                     rf"ratio {RATIO} \(runs: {RATIO}, {RATIO}, {RATIO}; cpu clock\); weights identical: yes$", output, re.M)
     assert logger.level == level_before  # the benchmark quiets the library's logs only while it runs
 
 
@@ -101,6 +103,22 @@ def test_the_hand_loop_with_chores_saves_and_summarises_at_the_chore_steps(bench
     assert torch.load(tmp_path / "h" / "checkpoint-20.pt")["step"] == 20
     assert len(list((tmp_path / "h").glob("events.out.tfevents.*"))) == 1
     assert len(calls) == 3  # the loss read at steps 10 and 20 for the summary and log line, and once at the end
+
+
+def test_the_paired_hand_steps_take_the_estimators_batches_and_time_every_step(benchmark, tmp_path):
+    settings = benchmark.parse_settings(["--quick", "--paired-steps", "9"])
+    workload = benchmark.dataclasses.replace(benchmark.workloads(settings)[0], steps=9)
+    ratios, identical = benchmark.measure_paired(workload, settings, str(tmp_path), runs=2)
+    assert identical and len(ratios) == 2 and min(ratios) > 0  # the same batches in the same order: same weights
+    batches = benchmark.make_batches(workload, settings)
+    clock_values = iter(range(100))
+    paired = benchmark._PairedHandSteps(workload, batches, 0, clock=lambda: float(next(clock_values)))
+    for _ in range(3):
+        paired.after_step(None)
+    # clock reads 0,1 | 2,3 | 4,5: hand steps 0->1, 2->3, 4->5; Estimator steps between them: 1->2, 3->4.
+    assert paired.hand_steps == [1.0, 1.0, 1.0] and paired.estimator_steps == [1.0, 1.0]
+    assert benchmark.same_weights(paired.model, benchmark.run_hand(
+        benchmark.dataclasses.replace(workload, steps=3), batches[:3], seed=0).model)
 
 
 def test_the_array_hand_loop_sees_the_batches_in_order(benchmark):
