@@ -177,6 +177,12 @@ def test_unknown_model_fn_argument_is_refused(tmp_path):
         te.Estimator(model_fn=model_fn, model=SmallNet(), model_dir=str(tmp_path))
 
 
+def test_a_module_given_as_model_fn_is_refused_when_the_estimator_is_built(tmp_path):
+    with pytest.raises(TypeError, match="received the module SmallNet. Pass the module as model="):
+        te.Estimator(model_fn=SmallNet(), model=SmallNet(), model_dir=str(tmp_path))
+    assert not os.listdir(tmp_path)  # refused before anything was written
+
+
 def test_model_dir_conflict_and_temporary_default(tmp_path, te_logs):
     with pytest.raises(ValueError, match="differ"):
         te.Estimator(model_fn=classifier_model_fn, model=SmallNet(), model_dir=str(tmp_path / "a"),

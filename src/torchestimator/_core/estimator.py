@@ -87,6 +87,13 @@ class Estimator:
     ) -> None:
         if model_fn is None:
             raise ValueError("model_fn must be provided.")
+        if isinstance(model_fn, torch.nn.Module):
+            # A module is callable, so it would pass the signature check and fail only inside train.
+            raise TypeError(
+                f"model_fn must be a function (model, features, labels, mode) -> EstimatorSpec; received the module "
+                f"{type(model_fn).__name__}. Pass the module as model= and a model_fn that calls it, or use "
+                "Estimator.from_module(module, loss=...)."
+            )
         check_argument_types(model=model, optimizer=optimizer, model_dir=model_dir, config=config, params=params,
                               lr_scheduler=lr_scheduler)
         self._model_fn_args = check_declared(model_fn, "model_fn", _MODEL_FN_ARGS, {"features"})
