@@ -6,6 +6,7 @@ import logging
 
 import pytest
 from conftest import wait_until
+from torchestimator.errors import ConfigError
 
 from torchestimator.serving.config import (
     DEFAULT_PROMETHEUS_PATH,
@@ -229,8 +230,12 @@ def test_a_label_on_a_version_outside_a_specific_policy_parses_tf_checks_it_at_l
 
 
 def test_missing_and_non_text_files_are_value_errors(tmp_path):
-    with pytest.raises(ValueError, match="model config file .*missing.config does not exist"):
+    with pytest.raises(ValueError, match="model config file .*missing.config does not exist") as raised:
         read_model_config_file(tmp_path / "missing.config")
+    assert isinstance(raised.value, ConfigError)  # ours: `except TorchEstimatorError` catches it, the CLI says one line
+    with pytest.raises(ConfigError, match="multiple times"):
+        parse_model_server_config("model_config_list { config { name: 'm' base_path: '/a' } "
+                                  "config { name: 'm' base_path: '/b' } }")
     binary = tmp_path / "binary.config"
     binary.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ValueError, match="not UTF-8 text"):

@@ -79,7 +79,10 @@ def _serve(args: argparse.Namespace) -> int:
             "--port=%d (TF Serving's gRPC port) is accepted for compatibility, but only the REST API is served "
             "(--rest_api_port=%d).", args.port, args.rest_api_port)
     if args.batching_parameters_file and not args.enable_batching:
-        raise ValueError("--batching_parameters_file needs --enable_batching (as in TF Serving).")
+        from torchestimator.errors import ConfigError
+
+        raise ConfigError("--batching_parameters_file needs --enable_batching (as in TF Serving).",
+                          field="--batching_parameters_file", value=args.batching_parameters_file)
     batching = None
     if args.enable_batching:
         fields = read_batching_parameters_file(args.batching_parameters_file) if args.batching_parameters_file else {}

@@ -43,6 +43,7 @@ from typing import Any
 
 from torchestimator._io import protobuf as _protobuf
 from torchestimator._io.regular_file import FileTooLargeError, NotARegularFileError, open_regular_file, read_bounded
+from torchestimator.errors import ConfigError, ConfigTypeError
 
 __all__ = [
     "DEFAULT_PROMETHEUS_PATH",
@@ -76,21 +77,21 @@ class VersionPolicy:
 
     def __post_init__(self) -> None:
         if self.kind not in _POLICY_KINDS:
-            raise ValueError(f"VersionPolicy.kind must be one of {list(_POLICY_KINDS)}; received {self.kind!r}.")
+            raise ConfigError(f"VersionPolicy.kind must be one of {list(_POLICY_KINDS)}; received {self.kind!r}.")
         if isinstance(self.num_versions, bool) or not isinstance(self.num_versions, int) or self.num_versions < 1:
-            raise ValueError(f"VersionPolicy.num_versions must be an int >= 1; received {self.num_versions!r}.")
+            raise ConfigError(f"VersionPolicy.num_versions must be an int >= 1; received {self.num_versions!r}.")
         versions = tuple(self.versions)
         if not all(isinstance(version, int) and not isinstance(version, bool) for version in versions):
-            raise ValueError(f"VersionPolicy.versions must be ints; received {self.versions!r}.")
+            raise ConfigError(f"VersionPolicy.versions must be ints; received {self.versions!r}.")
         object.__setattr__(self, "versions", tuple(sorted(set(versions))))
         if self.kind == "specific" and not self.versions:
-            raise ValueError("VersionPolicy(kind='specific') needs at least one version in versions=(...); "
+            raise ConfigError("VersionPolicy(kind='specific') needs at least one version in versions=(...); "
                              "list the versions to serve, or use kind='latest' or 'all'.")
         if self.kind != "specific" and self.versions:
-            raise ValueError(f"VersionPolicy.versions is only for kind='specific'; received kind={self.kind!r} "
+            raise ConfigError(f"VersionPolicy.versions is only for kind='specific'; received kind={self.kind!r} "
                              f"with versions={self.versions}.")
         if self.kind != "latest" and self.num_versions != 1:
-            raise ValueError(f"VersionPolicy.num_versions is only for kind='latest'; received kind={self.kind!r} "
+            raise ConfigError(f"VersionPolicy.num_versions is only for kind='latest'; received kind={self.kind!r} "
                              f"with num_versions={self.num_versions}.")
 
     def aspired(self, on_disk: list[int]) -> list[int]:
@@ -137,26 +138,26 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"ModelConfig.name must be a non-empty string; received {self.name!r}.")
+            raise ConfigError(f"ModelConfig.name must be a non-empty string; received {self.name!r}.")
         problem = _url_name_problem(self.name)
         if problem:
-            raise ValueError(f"ModelConfig.name {self.name!r} {problem}.")
+            raise ConfigError(f"ModelConfig.name {self.name!r} {problem}.")
         if not isinstance(self.base_path, str) or not self.base_path:
-            raise ValueError(f"ModelConfig.base_path of model {self.name!r} must be a non-empty string; "
+            raise ConfigError(f"ModelConfig.base_path of model {self.name!r} must be a non-empty string; "
                              f"received {self.base_path!r}.")
         if not isinstance(self.version_policy, VersionPolicy):
-            raise TypeError(f"ModelConfig.version_policy must be a VersionPolicy; "
+            raise ConfigTypeError(f"ModelConfig.version_policy must be a VersionPolicy; "
                             f"received {type(self.version_policy).__name__}.")
         labels = dict(self.version_labels)
         for label, version in labels.items():
             if not isinstance(label, str) or not label:
-                raise ValueError(f"Version labels of model {self.name!r} must be non-empty strings; "
+                raise ConfigError(f"Version labels of model {self.name!r} must be non-empty strings; "
                                  f"received {label!r}.")
             problem = _url_name_problem(label)
             if problem:
-                raise ValueError(f"Version label {label!r} of model {self.name!r} {problem}.")
+                raise ConfigError(f"Version label {label!r} of model {self.name!r} {problem}.")
             if isinstance(version, bool) or not isinstance(version, int):
-                raise ValueError(f"Version label {label!r} of model {self.name!r} must map to an int version; "
+                raise ConfigError(f"Version label {label!r} of model {self.name!r} must map to an int version; "
                                  f"received {version!r}.")
         object.__setattr__(self, "version_labels", MappingProxyType(labels))
 
@@ -172,30 +173,30 @@ class MonitoringConfig:
 # -- reading files ------------------------------------------------------------------------------------
 
 def parse_model_server_config(text: str, source: str = "<string>") -> list[ModelConfig]:
-    """The models of a text-format ``ModelServerConfig``; ValueError naming ``source`` on any problem."""
+    """The models of a text-format ``ModelServerConfig``; ConfigError (a ValueError) naming ``source`` on any problem."""
     message = _parse(text, _protos().ModelServerConfig, source)
     choice = message.WhichOneof("config")
     if choice is None:
         logger.info("%s: empty model server config; no models to serve.", source)  # TF takes no action either
         return []
     if choice == "custom_model_config":
-        raise ValueError(f"{source}: custom_model_config is not supported (TF Serving needs a custom loader "
+        raise ConfigError(f"{source}: custom_model_config is not supported (TF Serving needs a custom loader "
                          "linked into the server for it); list the models in model_config_list { config { ... } }.")
     configs, seen = [], set()
     for index, config in enumerate(message.model_config_list.config):
         where = f"{source}: model_config_list.config[{index}]"
         if config.name in seen:  # TF's ValidateModelConfigList wording
-            raise ValueError(f"{source}: Illegal to list model {config.name} multiple times in config list.")
+            raise ConfigError(f"{source}: Illegal to list model {config.name} multiple times in config list.")
         seen.add(config.name)
         problem = _url_name_problem(config.name) if config.name else None
         if problem:
             line = _protobuf.text_field_lines(text, "name")[index:index + 1]
             at = f"{source}:{line[0]}: model_config_list.config[{index}]" if line else where
-            raise ValueError(f"{at}: the model name {config.name!r} {problem}.")
+            raise ConfigError(f"{at}: the model name {config.name!r} {problem}.")
         for label in sorted(config.version_labels):
             problem = _url_name_problem(label) if label else None  # an empty one: ModelConfig's own message
             if problem:
-                raise ValueError(f"{where} (model {config.name!r}): the version label {label!r} {problem}.")
+                raise ConfigError(f"{where} (model {config.name!r}): the version label {label!r} {problem}.")
         configs.append(_model_config(config, where))
     return configs
 
@@ -228,16 +229,16 @@ def read_batching_parameters_file(path: str | os.PathLike[str]) -> dict[str, Any
         value = parameters.get(name)
         if value is not None and value < minimum:  # TF's SharedBatchScheduler / BatchingSession wording
             rule = "non-negative" if minimum == 0 else "positive"
-            raise ValueError(f"{path}: {name} must be {rule}; was {value}. Fix {name} {{ value: ... }} in the file.")
+            raise ConfigError(f"{path}: {name} must be {rule}; was {value}. Fix {name} {{ value: ... }} in the file.")
     sizes = parameters.get("allowed_batch_sizes", ())
     for index, size in enumerate(sizes):
         if size < 1:
-            raise ValueError(f"{path}: allowed_batch_sizes[{index}] must be positive; was {size}.")
+            raise ConfigError(f"{path}: allowed_batch_sizes[{index}] must be positive; was {size}.")
     if sizes and list(sizes) != sorted(set(sizes)):
-        raise ValueError(f"{path}: allowed_batch_sizes must be strictly increasing; received {list(sizes)}.")
+        raise ConfigError(f"{path}: allowed_batch_sizes must be strictly increasing; received {list(sizes)}.")
     if sizes and "max_batch_size" in parameters and sizes[-1] != parameters["max_batch_size"]:
         # TF's CreateBatchScheduler check, made when the file is read rather than at the first load.
-        raise ValueError(f"{path}: Last entry in allowed_batch_sizes must match max_batch_size; last entry was "
+        raise ConfigError(f"{path}: Last entry in allowed_batch_sizes must match max_batch_size; last entry was "
                          f"{sizes[-1]}; expected {parameters['max_batch_size']}.")
     return parameters
 
@@ -254,7 +255,7 @@ def read_monitoring_config_file(path: str | os.PathLike[str]) -> MonitoringConfi
     prometheus = message.prometheus_config
     metrics_path = prometheus.path or DEFAULT_PROMETHEUS_PATH
     if not metrics_path.startswith("/"):
-        raise ValueError(f"{path}: prometheus_config.path must start with '/'; received {prometheus.path!r}.")
+        raise ConfigError(f"{path}: prometheus_config.path must start with '/'; received {prometheus.path!r}.")
     return MonitoringConfig(enable=prometheus.enable, path=metrics_path)
 
 
@@ -265,30 +266,30 @@ MAX_CONFIG_BYTES = 16 * 1024 * 1024
 
 def _read_text(path: str, what: str) -> str:
     """The file's text; every problem (missing, a folder, a FIFO or device, unreadable, too big, not UTF-8) is a
-    ValueError naming the file. Opened non-blocking and checked to be a regular file before it is read, so a FIFO
+    ConfigError (a ValueError) naming the file. Opened non-blocking and checked to be a regular file before it is read, so a FIFO
     given by mistake cannot hold up the server."""
     try:
         file = open_regular_file(path)
     except FileNotFoundError:
-        raise ValueError(f"The {what} {path} does not exist; check the path given on the command line.") from None
+        raise ConfigError(f"The {what} {path} does not exist; check the path given on the command line.") from None
     except NotARegularFileError as error:
-        raise ValueError(f"The {what} {path} is {error.kind}; give the path of a text-format file.") from None
+        raise ConfigError(f"The {what} {path} is {error.kind}; give the path of a text-format file.") from None
     except OSError as error:
-        raise ValueError(f"The {what} {path} could not be opened ({error.strerror or error}); give the path of a "
+        raise ConfigError(f"The {what} {path} could not be opened ({error.strerror or error}); give the path of a "
                          "readable text-format file.") from None
     try:
         with file:
             data = read_bounded(file, path, MAX_CONFIG_BYTES)
     except FileTooLargeError:
-        raise ValueError(f"The {what} {path} is larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB, the most read; "
+        raise ConfigError(f"The {what} {path} is larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB, the most read; "
                          "TF Serving's config files are a few kilobytes: check that the right file is named.") from None
     except OSError as error:
-        raise ValueError(f"The {what} {path} could not be read ({error.strerror or error}); check the file and "
+        raise ConfigError(f"The {what} {path} could not be read ({error.strerror or error}); check the file and "
                          "its permissions.") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise ValueError(f"The {what} {path} is not UTF-8 text ({error}); TF Serving reads an ASCII "
+        raise ConfigError(f"The {what} {path} is not UTF-8 text ({error}); TF Serving reads an ASCII "
                          "(text-format) protocol buffer.") from None
 
 
@@ -298,15 +299,15 @@ def _parse(text: str, message_class: Any, source: str) -> Any:
     except _protobuf.TextFormatError as error:  # the one boundary where protobuf's error becomes ours
         if error.line is not None:
             source = f"{source}:{error.line}:{error.column}"
-        raise ValueError(f"{source}: {error.problem} (expected a text-format {message_class.DESCRIPTOR.name}, "
+        raise ConfigError(f"{source}: {error.problem} (expected a text-format {message_class.DESCRIPTOR.name}, "
                          "as TF Serving reads it).") from None
 
 
 def _model_config(config: Any, where: str) -> ModelConfig:
     if not config.name:
-        raise ValueError(f"{where} has no name; give every model a name: '...'.")
+        raise ConfigError(f"{where} has no name; give every model a name: '...'.")
     if not config.base_path:
-        raise ValueError(f"{where} (model {config.name}) has no base_path; give the folder holding its "
+        raise ConfigError(f"{where} (model {config.name}) has no base_path; give the folder holding its "
                          "integer version folders.")
     if config.model_type:  # deprecated ModelType enum: TF warns and maps TENSORFLOW to model_platform
         logger.warning("%s: deprecated model_type field used (model %s); prefer model_platform.", where, config.name)
@@ -321,7 +322,7 @@ def _model_config(config: Any, where: str) -> ModelConfig:
                            version_policy=_version_policy(config.model_version_policy),
                            version_labels=dict(config.version_labels))
     except ValueError as error:
-        raise ValueError(f"{where} (model {config.name}): {error}") from None
+        raise ConfigError(f"{where} (model {config.name}): {error}") from None
 
 
 def _version_policy(policy: Any) -> VersionPolicy:
@@ -334,7 +335,7 @@ def _version_policy(policy: Any) -> VersionPolicy:
     if choice == "all":
         return VersionPolicy(kind="all")
     if not policy.specific.versions:
-        raise ValueError("model_version_policy { specific { } } lists no versions; add versions: <number>.")
+        raise ConfigError("model_version_policy { specific { } } lists no versions; add versions: <number>.")
     return VersionPolicy(kind="specific", versions=tuple(policy.specific.versions))
 
 
