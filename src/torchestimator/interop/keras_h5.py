@@ -42,6 +42,21 @@ available, else the order the groups were written in, recovered from their
 object header addresses (HDF5 lists links alphabetically, and Keras does not
 turn on creation-order tracking). That holds for files Keras wrote in one go.
 
+Depthwise kernels: Keras 3 calls a DepthwiseConv1D/2D weight ``kernel`` (Keras 2
+``depthwise_kernel``), though its layout is ``[*spatial, in, multiplier]``, not a
+Conv's. Such a kernel also gets the alias ``<layer>/depthwise_kernel``, listed
+after ``<layer>/kernel`` (so a view keeping one name per tensor shows it), for a
+legacy file too. The layer's class comes from the file's config (``config.json``,
+legacy ``model_config``), else, in a ``.weights.h5``, from its group name
+(``depthwise_conv2d_3``: Keras names groups after the class); a layer of a custom
+class in a file without config gets no alias (the matcher's advice then names
+the kernels whose shape would fit).
+
+`layer_config(name)` gives the config entry of the layer holding a tensor
+(BatchNormalization's ``epsilon``/``momentum`` for the warm-start advice); None
+without a config. Sharded Keras 3 weights (``x.weights.json`` and its parts) are
+read as one source by ``keras_shards``; `open_keras_h5` hands them over.
+
 Nothing in a file is evaluated: only arrays, string attributes and JSON are
 read, so Lambda layers or custom objects in a config are never deserialized.
 """
@@ -53,7 +68,6 @@ import json
 import logging
 import math
 import os
-import io
 import re
 import zipfile
 from typing import Any
@@ -61,6 +75,17 @@ from typing import Any
 import numpy
 
 from torchestimator._extras import import_extra
+from torchestimator.interop.keras_config import (
+    MAX_CONFIG_BYTES,
+    class_of,
+    depthwise_alias,
+    index_layer_configs,
+    layer_config_for,
+    parse_config,
+    snake_case,
+)
+from torchestimator.interop.keras_hdf5_guard import DamagedHeapError, HeapGuard
+from torchestimator.interop.keras_hdf5_guard import global_heap_problem as _global_heap_problem  # noqa: F401 - tests
 from torchestimator.interop.source import ZIP_ERRORS, TensorInfo, WeightSource, WeightSourceError, missing_tensor_error
 
 try:  # h5py is the optional "keras" extra; the error comes when a file is opened (open_keras_h5).
@@ -76,11 +101,12 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 ZIP_SIGNATURE = b"PK\x03\x04"
 ARCHIVE_WEIGHTS_MEMBER = "model.weights.h5"
 ARCHIVE_CONFIG_MEMBER = "config.json"
-KERAS_SUFFIXES = (".h5", ".hdf5", ".keras")
+SHARDED_SUFFIX = ".weights.json"  # Keras 3 save_weights(..., max_shard_size=...): the index of the parts
+KERAS_SUFFIXES = (".h5", ".hdf5", ".keras", SHARDED_SUFFIX)
+_SHARD_PART = re.compile(r"(?P<base>.+)_\d{5}\.weights\.h5$")  # Keras's name of one part: x_00001.weights.h5
 # Bounds on what a file may declare, so that a small crafted file cannot make a read allocate gigabytes.
 # Deflate (gzip) cannot expand data more than 1032-fold; no HDF5 codec a weights file uses does more.
 MAX_COMPRESSION_RATIO = 1100
-MAX_CONFIG_BYTES = 64 << 20  # a .keras config.json is kilobytes; it is optional, so a bigger one is ignored
 _SIZE_KEEPING_FILTERS = (h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_FLETCHER32) if h5py is not None else ()
 _READ_ERRORS = (KeyError, RuntimeError, TypeError, *ZIP_ERRORS)
 
@@ -113,27 +139,29 @@ class _Entry:
     bfloat16: bool = False
 
 
+@dataclasses.dataclass
+class _Layout:
+    """What reading a file's tree gives: its layout name, tensors, layer order, aliases and layer configs."""
+
+    format: str
+    entries: list[_Entry]
+    layer_order: list[tuple[str, list[str]]]
+    aliases: dict[str, str]
+    layer_configs: dict[str, dict[str, Any]]  # tensor name -> its layer's config entry
+
+
 class KerasH5Source(WeightSource):
     """Tensors of one Keras weight file, read lazily from the open HDF5 file."""
 
-    def __init__(
-        self,
-        path: str,
-        layout: str,
-        handle: Any,
-        entries: list[_Entry],
-        layer_order: list[tuple[str, list[str]]],
-        aliases: dict[str, str],
-        closers: list[Any],
-        real_size: int,
-    ) -> None:
+    def __init__(self, path: str, layout: _Layout, handle: Any, closers: list[Any], real_size: int) -> None:
         self.path = path
         self._real_size = real_size  # bytes of the HDF5 file (the member's size inside a .keras archive)
-        self.format = layout
+        self.format = layout.format
         self._handle = handle
-        self._entries = {entry.name: entry for entry in entries}
-        self._layer_order = layer_order
-        self._aliases = aliases
+        self._entries = {entry.name: entry for entry in layout.entries}
+        self._layer_order = layout.layer_order
+        self._aliases = layout.aliases
+        self._layer_configs = layout.layer_configs
         self._closers = closers
 
     def tensors(self) -> list[TensorInfo]:
@@ -144,8 +172,14 @@ class KerasH5Source(WeightSource):
         return [(layer, [self._entries[name].info for name in names]) for layer, names in self._layer_order]
 
     def aliases(self) -> dict[str, str]:
-        """Friendly name (e.g. ``conv/kernel``) -> tensor name; empty for legacy files, whose names are friendly."""
+        """Friendly name (e.g. ``conv/kernel``) -> tensor name; for legacy files, whose names are friendly, only
+        the ``depthwise_kernel`` names of Keras 3 depthwise kernels."""
         return dict(self._aliases)
+
+    def layer_config(self, name: str) -> dict[str, Any] | None:
+        """The config entry (``{"class_name": ..., "config": {...}}``) of the layer holding tensor `name` (a
+        tensor name or alias), as the file records it; None when it records none (a ``.weights.h5``)."""
+        return self._layer_configs.get(self._aliases.get(name, name))
 
     def read(self, name: str) -> numpy.ndarray:
         entry = self._entries.get(self._aliases.get(name, name))
@@ -154,8 +188,8 @@ class KerasH5Source(WeightSource):
         if self._handle is None:
             raise WeightSourceError(f"{self.path}: the source is closed; open it again to read {name!r}.")
         try:
-            dataset = self._handle[entry.h5_path]
-            self._check_declared_size(entry, dataset)
+            dataset, real_size = self._dataset(entry)
+            self._check_declared_size(entry, dataset, real_size)
             value = dataset[()]
         except WeightSourceError:
             raise
@@ -166,7 +200,11 @@ class KerasH5Source(WeightSource):
             ) from error
         return _bfloat16_to_float32(value) if entry.bfloat16 else numpy.asarray(value)
 
-    def _check_declared_size(self, entry: _Entry, dataset: Any) -> None:
+    def _dataset(self, entry: _Entry) -> tuple[Any, int]:
+        """The HDF5 dataset holding `entry`, and the size of the file it is in (a sharded source overrides)."""
+        return self._handle[entry.h5_path], self._real_size
+
+    def _check_declared_size(self, entry: _Entry, dataset: Any, real_size: int) -> None:
         """Refuse, before allocating, a dataset whose values are not in the file.
 
         Keras writes every value of every variable, so a legitimate dataset's
@@ -184,8 +222,8 @@ class KerasH5Source(WeightSource):
         compressed = any(code not in _SIZE_KEEPING_FILTERS for code in filters)
         ratio = MAX_COMPRESSION_RATIO if compressed else 1
         problem = None
-        if stored > self._real_size:
-            problem = f"its storage is {stored} bytes, more than the whole file ({self._real_size} bytes)"
+        if stored > real_size:
+            problem = f"its storage is {stored} bytes, more than the whole file ({real_size} bytes)"
         elif needed > stored * ratio:
             how = f"compressed at most {ratio}-fold" if compressed else "uncompressed"
             problem = (f"shape {list(shape)} of {dataset.dtype} needs {needed} bytes, but only {stored} bytes are "
@@ -281,29 +319,50 @@ def is_keras_h5(path: str | os.PathLike[str]) -> bool:
 
 
 def open_keras_h5(path: str | os.PathLike[str]) -> KerasH5Source:
-    """Open a Keras ``.h5``, ``.weights.h5`` or ``.keras`` file; `WeightSourceError` naming the file if unusable,
-    `MissingExtraError` without h5py (the ``keras`` extra)."""
+    """Open a Keras ``.h5``, ``.weights.h5``, ``.keras`` or sharded ``.weights.json``; `WeightSourceError` naming
+    the file if unusable, `MissingExtraError` without h5py (the ``keras`` extra)."""
     if h5py is None:  # the import failed when this module loaded: trying it again raises, saying why in one line
         import_extra("h5py", extra="keras", feature=f"reading the Keras file {os.fspath(path)}")
     text = os.fspath(path)
+    expected = "Expected a Keras .h5, .weights.h5, .keras or sharded .weights.json file."
     if not os.path.exists(text):
-        raise WeightSourceError(f"{text}: no such file. Expected a Keras .h5, .weights.h5 or .keras file.")
+        raise WeightSourceError(f"{text}: no such file. {expected}")
     if os.path.isdir(text):
-        raise WeightSourceError(f"{text}: is a directory. Expected a Keras .h5, .weights.h5 or .keras file.")
+        raise WeightSourceError(f"{text}: is a directory. {expected}")
+    if text.lower().endswith(SHARDED_SUFFIX):
+        from torchestimator.interop.keras_shards import open_sharded_keras  # builds on this module
+
+        return open_sharded_keras(text)
+    _warn_if_one_part(text)
     closers: list[Any] = []
     try:
-        handle, config, real_size = _open_hdf5(text, closers)
-        closers.append(handle)
-        _refuse_external_links(text, handle)
-        layout, entries, layer_order, aliases = _read_layout(text, handle, config)
+        handle, config, real_size = _open_checked(text, closers)
+        layout = _read_layout(text, handle, config)
     except WeightSourceError:
         _close_all(closers)
         raise
     except _READ_ERRORS as error:
         _close_all(closers)
         raise WeightSourceError(f"{text}: corrupt or truncated Keras HDF5 file: {error}") from error
-    logger.debug("Opened %s as %s with %d tensors", text, layout, len(entries))
-    return KerasH5Source(text, layout, handle, entries, layer_order, aliases, closers, real_size)
+    logger.debug("Opened %s as %s with %d tensors", text, layout.format, len(layout.entries))
+    return KerasH5Source(text, layout, handle, closers, real_size)
+
+
+def _open_checked(path: str, closers: list[Any]) -> tuple[Any, dict[str, Any] | None, int]:
+    """`_open_hdf5`, the handle added to `closers`, files with external links refused."""
+    handle, config, real_size = _open_hdf5(path, closers)
+    closers.append(handle)
+    _refuse_external_links(path, handle)
+    return handle, config, real_size
+
+
+def _warn_if_one_part(path: str) -> None:
+    """Say so when `path` is one part of sharded weights: it holds only some of the model's tensors."""
+    match = _SHARD_PART.match(os.path.basename(path))
+    index = os.path.join(os.path.dirname(path), f"{match['base']}{SHARDED_SUFFIX}") if match else None
+    if index is not None and os.path.isfile(index):
+        logger.warning("%s is one part of the sharded Keras weights %s and holds only some of the tensors; "
+                       "open %s to read them all.", path, index, index)
 
 
 def _close_all(closers: list[Any]) -> None:
@@ -324,7 +383,7 @@ def _open_hdf5(path: str, closers: list[Any]) -> tuple[Any, dict[str, Any] | Non
     raw = open(path, "rb")  # noqa: SIM115 - closed with the source (closers)
     closers.append(raw)
     try:
-        return h5py.File(_HeapGuard(raw), "r"), None, size
+        return h5py.File(HeapGuard(raw), "r"), None, size
     except OSError as error:
         if head != HDF5_SIGNATURE:
             raise WeightSourceError(
@@ -351,84 +410,11 @@ def _open_archive(path: str, closers: list[Any]) -> tuple[Any, dict[str, Any] | 
         member = archive.open(ARCHIVE_WEIGHTS_MEMBER)
         closers.append(member)
         # h5py reads the member through Python's file API, so nothing is extracted to disk.
-        return h5py.File(_HeapGuard(member), "r"), config, archive.getinfo(ARCHIVE_WEIGHTS_MEMBER).file_size
+        return h5py.File(HeapGuard(member), "r"), config, archive.getinfo(ARCHIVE_WEIGHTS_MEMBER).file_size
     except _READ_ERRORS as error:
         raise WeightSourceError(
             f"{path}: corrupt or truncated {ARCHIVE_WEIGHTS_MEMBER} inside the .keras archive: {error}"
         ) from error
-
-
-class _DamagedHeapError(RuntimeError):
-    """A global heap collection HDF5 was about to parse would make it spin forever (raised from a read)."""
-
-
-class _HeapGuard(io.RawIOBase):
-    """The HDF5 file as h5py reads it (its ``fileobj`` driver), checking each global heap collection read.
-
-    Variable-length strings (Keras's ``name`` attributes) live in global heap
-    collections (``GCOL``). HDF5 2.0 parses a collection by stepping from
-    object to object by each object's declared size; a free-space object
-    declaring 0 bytes makes that loop spin forever at 100% CPU (it never ends,
-    and cannot be interrupted). HDF5 reads a collection whole before parsing
-    it, so the read is where the collection is checked, in at most 65,537
-    steps of 16 bytes or more.
-    """
-
-    def __init__(self, inner: Any) -> None:
-        super().__init__()
-        self._inner = inner
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        return self._inner.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._inner.tell()
-
-    def readinto(self, buffer: Any) -> int:
-        start = self._inner.tell()
-        count = self._inner.readinto(buffer)
-        view = memoryview(buffer).cast("B")
-        if count and count >= 16 and view[:4] == b"GCOL":
-            problem = _global_heap_problem(view[:count])
-            if problem:
-                raise _DamagedHeapError(f"the global heap collection at byte {start} is damaged: {problem}")
-        return count
-
-
-def _global_heap_problem(data: memoryview) -> str | None:
-    """Why HDF5 could not parse this global heap collection in bounded steps; None when it can (or is not whole).
-
-    Layout (HDF5 format spec, "Global Heap"): ``GCOL``, version, 3 reserved
-    bytes, the collection size (8 bytes, as Keras's files use), then objects
-    of a 16-byte header (index u16, refcount u16, reserved u32, size u64) and
-    their data padded to 8 bytes. Index 0 is free space, whose size counts its
-    header. HDF5's own writer never leaves an object reaching past the end, a
-    free-space object smaller than a header, or over 65,535 objects.
-    """
-    size = int.from_bytes(data[8:16], "little")
-    if size > len(data):
-        return None  # HDF5 reads the whole declared size before parsing; that read is checked
-    offset, steps = 16, 0
-    while offset + 16 <= size:
-        steps += 1
-        index = int.from_bytes(data[offset:offset + 2], "little")
-        declared = int.from_bytes(data[offset + 8:offset + 16], "little")
-        need = declared if index == 0 else 16 + (declared + 7) // 8 * 8
-        if index == 0 and declared < 16:
-            return f"its free-space object at byte {offset} of the collection declares {declared} bytes"
-        if need > size - offset:
-            return (f"object {index} at byte {offset} of the collection declares {declared} bytes, past the "
-                    f"collection's end ({size} bytes)")
-        if steps > 65_536:
-            return "it lists more objects than an HDF5 global heap collection can hold"
-        offset += need
-    return None
 
 
 def _read_archive_config(path: str, archive: zipfile.ZipFile) -> dict[str, Any] | None:
@@ -445,16 +431,14 @@ def _read_archive_config(path: str, archive: zipfile.ZipFile) -> dict[str, Any] 
     return config if isinstance(config, dict) else None
 
 
-def _read_layout(
-    path: str, handle: Any, config: dict[str, Any] | None
-) -> tuple[str, list[_Entry], list[tuple[str, list[str]]], dict[str, str]]:
-    """Which of the Keras layouts the file holds, and its tensors, layer order and aliases."""
+def _read_layout(path: str, handle: Any, config: dict[str, Any] | None) -> _Layout:
+    """Which of the Keras layouts the file holds, and its tensors, layer order, aliases and layer configs."""
     if "model_weights" in handle and _has_chunked_attr(handle["model_weights"], "layer_names"):
-        return ("keras_h5", *_read_legacy(path, handle, handle["model_weights"]))
+        return _read_legacy(path, handle, handle["model_weights"])
     if _has_chunked_attr(handle, "layer_names"):
-        return ("keras_h5", *_read_legacy(path, handle, handle))
+        return _read_legacy(path, handle, handle)
     if isinstance(handle.get("layers"), h5py.Group) or isinstance(handle.get("vars"), h5py.Group):
-        return ("keras3_weights_h5", *_read_keras3(path, handle, config))
+        return _read_keras3(path, handle, config)
     raise WeightSourceError(
         f"{path}: an HDF5 file without Keras weights. Expected a 'model_weights' group or a 'layer_names' "
         "attribute (Keras .h5), or 'layers'/'vars' groups (Keras 3 .weights.h5); found top-level keys "
@@ -465,9 +449,7 @@ def _read_layout(
 # ----------------------------------------------------------------------------- legacy layout
 
 
-def _read_legacy(
-    path: str, handle: Any, root: Any
-) -> tuple[list[_Entry], list[tuple[str, list[str]]], dict[str, str]]:
+def _read_legacy(path: str, handle: Any, root: Any) -> _Layout:
     entries: list[_Entry] = []
     layer_order: list[tuple[str, list[str]]] = []
     layer_names = _read_chunked_attr(root, "layer_names")
@@ -484,12 +466,38 @@ def _read_legacy(
             names.append(entry.name)
         if names:
             layer_order.append((layer, names))
+    model_entries = list(entries)
     if isinstance(handle.get("optimizer_weights"), h5py.Group):
         group = handle["optimizer_weights"]
         for weight_name in _read_chunked_attr(group, "weight_names"):
             entries.append(_legacy_entry(path, group, "optimizer_weights", weight_name, prefix_always=True))
     _check_unique(path, entries)
-    return entries, layer_order, {}
+    layer_configs, aliases = _legacy_configs(path, handle, model_entries)
+    return _Layout("keras_h5", entries, layer_order, aliases, layer_configs)
+
+
+def _legacy_configs(
+    path: str, handle: Any, entries: list[_Entry]
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Each tensor's layer config from ``model_config`` (``model.save('x.h5')``; Keras 2 ``save_weights('x.h5')``
+    writes none), and the ``depthwise_kernel`` aliases of Keras 3 depthwise kernels."""
+    if "model_config" not in handle.attrs:
+        return {}, {}
+    text = _decode_strings(_string_attr(handle, "model_config"))
+    index = index_layer_configs(parse_config(path, text[0], "model_config") if text else None)
+    names = {entry.name for entry in entries}
+    configs: dict[str, dict[str, Any]] = {}
+    aliases: dict[str, str] = {}
+    for entry in entries:
+        layer_path, _, variable = entry.name.rpartition("/")
+        config = layer_config_for(index, tuple(layer_path.split("/")))
+        if config is None:
+            continue
+        configs[entry.name] = config
+        alias = depthwise_alias(layer_path, variable, class_of(config))
+        if alias is not None and alias not in names:
+            aliases[alias] = entry.name
+    return configs, aliases
 
 
 def _legacy_entry(path: str, group: Any, layer: str, weight_name: str, prefix_always: bool = False) -> _Entry:
@@ -542,7 +550,7 @@ def _string_attr(obj: Any, name: str) -> Any:
                                          and type_class in (h5py.h5t.FLOAT, h5py.h5t.INTEGER)):
         try:
             return obj.attrs[name]
-        except _DamagedHeapError as error:  # its strings are in a damaged global heap collection
+        except DamagedHeapError as error:  # its strings are in a damaged global heap collection
             raise TypeError(f"attribute {name!r} of {obj.name!r} cannot be read: {error}") from error
     # TypeError: the caller names the file (open_keras_h5 turns it into "corrupt ... Keras HDF5 file: ...").
     raise TypeError(f"attribute {name!r} of {obj.name!r} is not stored as strings (HDF5 type class {type_class}); "
@@ -568,6 +576,7 @@ class _Keras3Walk:
     entries: list[_Entry] = dataclasses.field(default_factory=list)
     layer_order: list[tuple[str, list[str]]] = dataclasses.field(default_factory=list)
     aliases: dict[str, str] = dataclasses.field(default_factory=dict)
+    layer_configs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     clashing: set[str] = dataclasses.field(default_factory=set)
     visited: set[int] = dataclasses.field(default_factory=set)  # object header addresses of groups walked
 
@@ -581,15 +590,19 @@ class _Keras3Walk:
             )
         self.visited.add(address)
 
+    def add_alias(self, alias: str, name: str) -> None:
+        """An alias; one that two tensors would share is dropped later rather than pointing at either."""
+        if alias in self.aliases:
+            self.clashing.add(alias)
+        self.aliases[alias] = name
 
-def _read_keras3(
-    path: str, handle: Any, config: dict[str, Any] | None
-) -> tuple[list[_Entry], list[tuple[str, list[str]]], dict[str, str]]:
-    walk = _Keras3Walk(path=path, config_index=_index_config(config))
+
+def _read_keras3(path: str, handle: Any, config: dict[str, Any] | None) -> _Layout:
+    walk = _Keras3Walk(path=path, config_index=index_layer_configs(config))
     _walk_container(walk, handle, chain=())
     names = {entry.name for entry in walk.entries}
     aliases = {alias: name for alias, name in walk.aliases.items() if alias not in walk.clashing | names}
-    return walk.entries, walk.layer_order, aliases
+    return _Layout("keras3_weights_h5", walk.entries, walk.layer_order, aliases, walk.layer_configs)
 
 
 def _walk_container(walk: _Keras3Walk, group: Any, chain: tuple[str, ...]) -> None:
@@ -644,21 +657,26 @@ def _collect_vars(
         entry = _make_entry(variables[key].name.lstrip("/"), variables[key])
         walk.entries.append(entry)
         names.append(entry.name)
+    if config is not None:
+        walk.layer_configs.update(dict.fromkeys(names, config))
     if aliases and chain:
-        for alias, name in zip(_variable_names(group, config, len(names)), names):
-            full = "/".join((*chain, alias))
-            if full in walk.aliases:
-                walk.clashing.add(full)
-            walk.aliases[full] = name
+        layer_class, variable_names = _variable_names(group, config, len(names))
+        layer_path = "/".join(chain)
+        for alias, name in zip(variable_names, names):
+            walk.add_alias(f"{layer_path}/{alias}", name)
+            depthwise = depthwise_alias(layer_path, alias, layer_class)
+            if depthwise is not None:  # after `kernel`: the name a view keeping one per tensor shows
+                walk.add_alias(depthwise, name)
     return names
 
 
-def _variable_names(group: Any, config: dict[str, Any] | None, count: int) -> list[str]:
-    """Keras's names for the `count` saved variables of this layer, or [] when unsure."""
+def _variable_names(group: Any, config: dict[str, Any] | None, count: int) -> tuple[str | None, list[str]]:
+    """The layer's snake_case class (from its config, else its group name) and Keras's names for its `count`
+    saved variables; (class, []) when unsure of the names, (None, []) when the class is not a known one."""
     key = group.name.rsplit("/", 1)[-1]
     candidates = [re.sub(r"_\d+$", "", key)]
     if config is not None and group.name.rsplit("/", 2)[-2] == "layers":
-        candidates.insert(0, _snake_case(str(config.get("class_name", ""))))
+        candidates.insert(0, snake_case(str(config.get("class_name", ""))))
     if key == "cell":
         candidates.append(re.sub(r"_\d+$", "", _saveable_name(group, key)))
     for candidate in candidates:
@@ -668,11 +686,11 @@ def _variable_names(group: Any, config: dict[str, Any] | None, count: int) -> li
         flags = (config or {}).get("config", {})
         known = tuple(name for name in known if flags.get(_OPTIONAL_VARIABLES.get(name, ""), True) is not False)
         if len(known) == count:
-            return list(known)
+            return candidate, list(known)
         if config is None and count == len(known) - 1 and known[-1] == "bias":
-            return list(known[:-1])  # use_bias=False, the one drop that is unambiguous without a config
-        return []
-    return []
+            return candidate, list(known[:-1])  # use_bias=False, the one drop that is unambiguous without a config
+        return candidate, []
+    return None, []
 
 
 def _saveable_name(group: Any, key: str) -> str:
@@ -695,38 +713,19 @@ def _ordered_layer_keys(walk: _Keras3Walk, layers: Any, chain: tuple[str, ...]) 
 
 
 def _by_address(group: Any, exclude: tuple[str, ...] = ()) -> list[str]:
-    """Child groups in the order they were written (HDF5 itself lists them alphabetically)."""
+    """Child groups in the order they were written: creation order where the group tracks it (the merged tree
+    of sharded weights), else by object header address (HDF5 lists untracked links alphabetically)."""
     keys = [key for key in group if key not in exclude and isinstance(group[key], h5py.Group)]
+    if group.id.get_create_plist().get_link_creation_order() & h5py.h5p.CRT_ORDER_TRACKED:
+        created: list[str] = []
+        group.id.links.iterate(lambda name: created.append(name.decode("utf-8")), idx_type=h5py.h5.INDEX_CRT_ORDER)
+        wanted = set(keys)
+        return [key for key in created if key in wanted]
     return sorted(keys, key=lambda key: h5py.h5o.get_info(group[key].id).addr)
 
 
 def _numeric_first(key: str) -> tuple[int, int, str]:
     return (0, int(key), key) if key.isdigit() else (1, 0, key)
-
-
-def _index_config(config: dict[str, Any] | None) -> dict[tuple[str, ...], dict[str, Any]]:
-    """Layer configs by user-name path, in model order, from a .keras config.json (JSON only)."""
-    index: dict[tuple[str, ...], dict[str, Any]] = {}
-
-    def visit(layers: Any, prefix: tuple[str, ...]) -> None:
-        for layer in layers if isinstance(layers, list) else []:
-            inner = layer.get("config", {}) if isinstance(layer, dict) else {}
-            if not isinstance(inner, dict) or "name" not in inner:
-                continue
-            path = (*prefix, str(inner["name"]))
-            index[path] = layer
-            visit(inner.get("layers"), path)
-
-    if isinstance(config, dict) and isinstance(config.get("config"), dict):
-        visit(config["config"].get("layers"), ())
-    return index
-
-
-def _snake_case(name: str) -> str:
-    """Keras 3's `to_snake_case`: ``Conv2D`` -> ``conv2d``, ``BatchNormalization`` -> ``batch_normalization``."""
-    name = re.sub(r"\W+", "", name)
-    name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
-    return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
 
 
 # ----------------------------------------------------------------------------- values

@@ -42,10 +42,12 @@ import numpy
 
 __all__ = [
     "BATCHNORM_NAMES",
+    "BatchNormSettings",
     "CONVERTERS",
     "CONVERTER_SPECS",
     "Converter",
     "batchnorm_names",
+    "batchnorm_settings",
     "check_batchnorm_conventions",
     "conv_to_torch",
     "conv_transpose_to_torch",
@@ -344,10 +346,45 @@ def batchnorm_names(source_prefix: str, target_prefix: str, *, separator: str = 
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class BatchNormSettings:
+    """The epsilon and momentum (Keras's convention) a source BatchNormalization layer ran with, and whence."""
+
+    epsilon: float
+    momentum: float
+    origin: str
+    """Where the numbers come from, for the advice: the file's config, or Keras's defaults."""
+
+
+def batchnorm_settings(layer_config: Mapping[str, Any] | None) -> BatchNormSettings:
+    """The settings a BatchNormalization layer's config entry records (``.keras`` config.json, legacy ``.h5``
+    model_config), each falling back to Keras's default (epsilon 1e-3, momentum 0.99) where not recorded.
+
+    ResNet50, for one, records epsilon=1.001e-5: advising Keras's default there would make outputs worse.
+    """
+    inner = layer_config.get("config") if isinstance(layer_config, Mapping) else None
+    inner = inner if isinstance(inner, Mapping) else {}
+    recorded = {key: inner[key] for key in ("epsilon", "momentum")
+                if isinstance(inner.get(key), (int, float)) and not isinstance(inner.get(key), bool)}
+    if not recorded:
+        origin = "Keras's default; the source records no layer settings (a .weights.h5 or TF checkpoint has none)"
+    elif len(recorded) == 2:
+        origin = "as recorded in the file's model config"
+    else:
+        origin = f"{next(iter(recorded))} as recorded in the file's model config, the other Keras's default"
+    return BatchNormSettings(
+        epsilon=float(recorded.get("epsilon", KERAS_BATCHNORM_EPSILON)),
+        momentum=float(recorded.get("momentum", KERAS_BATCHNORM_MOMENTUM)),
+        origin=origin,
+    )
+
+
 def check_batchnorm_conventions(
     tf_epsilon: float | None = KERAS_BATCHNORM_EPSILON,
     tf_momentum: float | None = KERAS_BATCHNORM_MOMENTUM,
     torch_module: Any = None,
+    *,
+    origin: str | None = None,
 ) -> list[str]:
     """Warnings where a torch BatchNorm layer would not behave like the Keras/TF layer it is loaded from.
 
@@ -359,30 +396,33 @@ def check_batchnorm_conventions(
     (torch also updates ``running_var`` with the unbiased batch variance,
     Keras with the biased one; the difference is ``n/(n-1)`` per batch.)
     ``None`` for either TF value means unknown: that check is skipped.
+    ``origin`` says where the TF values come from (``BatchNormSettings.origin``); the warnings quote it.
     """
     if torch_module is None or not hasattr(torch_module, "eps") or not hasattr(torch_module, "momentum"):
         raise TypeError(
             "check_batchnorm_conventions: torch_module must be a torch.nn.BatchNorm1d/2d/3d (with eps and "
             f"momentum); received {type(torch_module).__name__}."
         )
+    whence = f" ({origin})" if origin else ""
     warnings = []
     if tf_epsilon is not None and not math.isclose(torch_module.eps, tf_epsilon, rel_tol=1e-6):
         warnings.append(
-            f"BatchNorm epsilon differs: the source layer used epsilon={tf_epsilon:g}, the torch layer has "
+            f"BatchNorm epsilon differs: the source layer used epsilon={tf_epsilon:g}{whence}, the torch layer has "
             f"eps={torch_module.eps:g}; inference outputs will differ. Build the torch layer with eps={tf_epsilon:g}."
         )
     if tf_momentum is not None:
         expected = 1.0 - tf_momentum
         if torch_module.momentum is None:
             warnings.append(
-                f"BatchNorm momentum differs: the source used a moving average with momentum={tf_momentum:g}, "
-                f"the torch layer uses a cumulative average (momentum=None). Use momentum={expected:g}."
+                f"BatchNorm momentum differs: the source used a moving average with momentum={tf_momentum:g}"
+                f"{whence}, the torch layer uses a cumulative average (momentum=None). Use momentum={expected:g}."
             )
         elif not math.isclose(torch_module.momentum, expected, rel_tol=1e-6, abs_tol=1e-9):
             warnings.append(
-                f"BatchNorm momentum differs: TF/Keras momentum={tf_momentum:g} is torch momentum={expected:g} "
-                f"(torch weights the new batch, Keras the old average), but the torch layer has "
-                f"momentum={torch_module.momentum:g}. This only matters when fine-tuning the statistics."
+                f"BatchNorm momentum differs: TF/Keras momentum={tf_momentum:g}{whence} is torch "
+                f"momentum={expected:g} (torch weights the new batch, Keras the old average), but the torch layer "
+                f"has momentum={torch_module.momentum:g}. Build it with momentum={expected:g}; this only matters "
+                "when fine-tuning the statistics."
             )
     # Returned, not logged as warnings: the warm-start report shows them once, next to the layer.
     for warning in warnings:

@@ -16,7 +16,11 @@ How ``propose_mapping`` decides:
    are set aside and reported, never matched.
 2. Each layer gets a kind (dense, conv, depthwise, conv_transpose, batchnorm,
    layernorm, embedding) from its module type or its member names and shapes;
-   convolutions are further split by rank.
+   convolutions are further split by rank. A source's depthwise layers are
+   told by their ``depthwise_kernel`` (Keras 2's name; the Keras reader gives
+   Keras 3's depthwise ``kernel`` that alias from the layer's class); where the
+   source has none, unmatched depthwise targets name, as advice only, the
+   Conv-looking source layers whose kernel would fit them.
 3. Within each kind, layers are paired in order: the target's module order,
    and the source's ``source_order`` if given, else its names sorted with
    numbers compared as numbers (``dense``, ``dense_1``, ..., ``dense_10``;
@@ -183,7 +187,10 @@ def propose_mapping(
     for family in families:
         targets = [layer for layer in target_layers if layer.family == family]
         sources = [layer for layer in source_layers if layer.family == family]
-        proposals += _match_family(family, targets, sources, used)
+        found = _match_family(family, targets, sources, used)
+        if not sources and family.startswith("depthwise"):
+            found = _depthwise_hint(found, targets, source_layers)
+        proposals += found
     order = {name: index for index, name in enumerate(_target_names(target_layers))}
     proposals.sort(key=lambda proposal: order.get(proposal.target, len(order)))
     unused = sorted(
@@ -218,6 +225,21 @@ def _match_family(family: str, targets: list[_Layer], sources: list[_Layer], use
         if id(layer) not in paired:
             proposals += _unmatched(layer, f"no {family} layer left in the source ({len(sources)} there)")
     return proposals
+
+
+def _depthwise_hint(proposals: list[Proposal], targets: list[_Layer], sources: list[_Layer]) -> list[Proposal]:
+    """Unmatched depthwise targets: name the source Conv-looking layers whose kernel fits them as a depthwise
+    kernel ``[*spatial, in, multiplier]``. A Keras 3 ``.weights.h5`` of a custom layer class records no class,
+    and its ``kernel`` reads as a Conv's; the shape alone cannot tell, so this is advice, never a mapping."""
+    wanted = {layer.members["weight"][1] for layer in targets if "weight" in layer.members}
+    fitting = [layer.path for layer in sources if layer.kind == "conv" and "kernel" in layer.members
+               and converted_shape("depthwise_conv_to_torch", layer.members["kernel"][1]) in wanted]
+    if not fitting:
+        return proposals
+    hint = (f"; assuming nothing, the source layer(s) {', '.join(fitting[:5])} hold kernels that fit as depthwise "
+            "kernels [*spatial, in, multiplier] (the file records no layer class saying so): if they are "
+            "DepthwiseConv layers, map each by name with the converter depthwise_conv_to_torch")
+    return [dataclasses.replace(p, reason=p.reason + hint) if p.status == UNMATCHED else p for p in proposals]
 
 
 def _member_proposals(

@@ -75,6 +75,11 @@ class WeightSource(abc.ABC):
         """Every tensor's values, by name."""
         return {info.name: self.read(info.name) for info in self.tensors()}
 
+    def layer_config(self, name: str) -> dict[str, Any] | None:
+        """The recorded config of the layer holding tensor `name` (Keras files with a model config give
+        ``{"class_name": ..., "config": {...}}``); None where the format records none, as by default."""
+        return None
+
     def close(self) -> None:
         """Release open files; the default holds none."""
 

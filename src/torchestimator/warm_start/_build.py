@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from torchestimator.interop import WeightSource, open_weights
-from torchestimator.interop.layouts import Converter, check_batchnorm_conventions, get_converter
+from torchestimator.interop.layouts import Converter, batchnorm_settings, check_batchnorm_conventions, get_converter
 from torchestimator.interop.matching import AMBIGUOUS, CONFIDENT, Proposal, nearest_names, propose_mapping
 from torchestimator.warm_start import _view
 from torchestimator.warm_start._plan import PlanEntry, WarmStartPlan
@@ -281,13 +281,18 @@ def _entry(
 def _batchnorm_warnings(module: torch.nn.Module, view: SourceView, entries: list[PlanEntry]) -> list[str]:
     if view.source.format not in TF_FORMATS:
         return []
-    loaded = {entry.target for entry in entries}
+    loaded = {entry.target: entry.source_key for entry in entries}
     warnings = []
     for path, layer in module.named_modules():
         if not isinstance(layer, torch.nn.modules.batchnorm._BatchNorm):
             continue
         prefix = f"{path}." if path else ""
-        if not any(f"{prefix}{member}" in loaded for member in ("weight", "bias", "running_mean", "running_var")):
+        sources = [loaded[name] for member in ("weight", "bias", "running_mean", "running_var")
+                   if (name := f"{prefix}{member}") in loaded]
+        if not sources:
             continue
-        warnings += [f"{path or '(root)'}: {warning}" for warning in check_batchnorm_conventions(torch_module=layer)]
+        # The epsilon/momentum the file records for that layer (ResNet50: 1.001e-5), else Keras's defaults.
+        settings = batchnorm_settings(view.source.layer_config(sources[0]))
+        found = check_batchnorm_conventions(settings.epsilon, settings.momentum, layer, origin=settings.origin)
+        warnings += [f"{path or '(root)'}: {warning}" for warning in found]
     return warnings

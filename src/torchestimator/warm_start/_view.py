@@ -83,5 +83,8 @@ def _keras_view(source: Any, infos: dict[str, TensorInfo]) -> SourceView:
         name = by_raw.get(raw, raw)
         view[name] = info
         aliases[raw] = name
+    for alias, raw in source.aliases().items():  # a tensor with two aliases (a depthwise `kernel`) answers to both
+        if raw in aliases:
+            aliases.setdefault(alias, aliases[raw])
     order = [layer for layer, _ in source.layers()]
     return SourceView(source, view, aliases, optimizer, order)
