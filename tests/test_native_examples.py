@@ -187,6 +187,29 @@ def test_last_duplicate_key_wins_and_unknown_fields_are_skipped() -> None:
     assert assert_compiled([record], SCHEMA)["label"].tolist() == [2]
 
 
+def test_a_later_copy_without_a_list_is_left_to_the_pure_path() -> None:
+    """TF skips a Feature() with no list for an earlier copy of the key (FixedLen and FixedLenSequence
+    specs; every spec in parse_single_example): the compiled pass hands the record back, and both
+    paths read the copy TF reads (tests/test_parse_edge_cases.py has TF's own results)."""
+    record = (example_bytes(entry("label", feature(3, int64_list([4]))), entry("ids", feature(3, int64_list([1]))))
+              + example_bytes(entry("label", b""), entry("ids", b"")))
+    features = {"label": FixedLenFeature([], "int64"), "ids": VarLenFeature("int64")}
+    assert _parsing_compiled.parse_compiled([record], features, False) is None
+    batch = assert_same([record, record], features)[1]
+    assert batch["label"].tolist() == [4, 4] and batch["ids"].values.tolist() == []
+    single = assert_same([record], features, single=True)[1]
+    assert single["label"].tolist() == 4 and single["ids"].values.tolist() == [1]
+
+
+def test_a_zero_element_default_is_no_default() -> None:
+    features = {"empty": FixedLenFeature([0], "float32", default_value=[])}
+    present = example_bytes(entry("empty", feature(2, b"")))
+    assert assert_compiled([present], features)["empty"].shape == (1, 0)
+    error = assert_same([present, example_bytes()], features)
+    assert error[0] == "error" and "Feature: empty (data type: float) is required but could not be found" in error[2]
+    assert "record 1" in error[2]
+
+
 def test_missing_and_kindless_features_take_defaults() -> None:
     record = example_bytes(entry("label", feature(3, int64_list([1]))), entry("name", b""), entry("ids", b""))
     parsed = assert_compiled([record, record], SCHEMA)

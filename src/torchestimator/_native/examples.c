@@ -21,7 +21,8 @@
  *   Int64List { repeated int64 value = 1 [packed]; }
  * Repeated scalars may come packed or unpacked (and mixed); a repeated embedded message field
  * merges (so map entries of several `features` fields all count); a repeated map key: the last
- * entry wins. Int64 varints are two's complement (negatives take 10 bytes).
+ * entry wins, except where TF's parsers read an earlier copy (see read_entries). Int64 varints
+ * are two's complement (negatives take 10 bytes).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -216,6 +217,13 @@ static int validate_feature(Span feature) {
     return kind ? walk_list(kind, list, NULL, &count) : 0;
 }
 
+/* Whether a (valid) Feature has a list set; a malformed one counts as not. */
+static int has_list(Span feature) {
+    int kind;
+    Span list;
+    return read_feature(feature, &kind, &list) == 0 && kind != 0;
+}
+
 /* ------------------------------------------------------------------ the compiled spec */
 
 typedef struct {
@@ -383,7 +391,10 @@ static int read_entries(Plan *plan, Span features) {
             if (*c >= 0x80) return BAIL; /* proto3 checks UTF-8; leave that to protobuf */
         Slot *slot = find_slot(plan, (const char *)key.p, key.end - key.p);
         if (!slot) { if (validate_feature(value)) return BAIL; continue; }
-        if (slot->present && validate_feature(slot->value)) return BAIL;
+        /* A key present twice (Examples' bytes concatenated, or one map holding it twice): protobuf keeps
+           the last copy, and so do TF's parsers unless that copy is a Feature() with no list, which they
+           (but the batched one for VarLen/Ragged) skip for an earlier copy: Python reads those records. */
+        if (slot->present && (validate_feature(slot->value) || !has_list(value))) return BAIL;
         slot->value = value;
         slot->present = 1;
     }

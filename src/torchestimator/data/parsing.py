@@ -22,6 +22,17 @@ strings. Per spec, for one record and for a batch of B records:
   record; a `RaggedValue(values, row_splits)` for a batch or a feature list.
 - A `tf.train.Feature()` with no list set counts as missing, as in
   TensorFlow's fast parser.
+- A zero-element default (`FixedLenFeature([0], dtype, default_value=[])`)
+  is no default: a record without the feature is an error, as in TF (which
+  checks `default_value.NumElements() == 0`). An empty list present is fine.
+- A key present more than once in one record (Examples' bytes concatenated,
+  or one map holding it twice): TF reads the copies last to first. The last
+  copy is read, except that a `Feature()` with no list is skipped for the
+  last earlier copy that has one (an empty list of any kind is not skipped):
+  by `parse_single_example` for every spec, by `parse_example` for FixedLen
+  and FixedLenSequence specs; `parse_example` gives VarLen/Ragged specs the
+  last copy whatever it holds (empty when it has no list). Copies before the
+  one read are not checked (their kind or count may be anything).
 
 Errors are ValueError, keep TensorFlow's wording (so its messages can still be
 searched) and add the record index and what to do. Bytes that are not an
@@ -47,6 +58,7 @@ strings stay numpy object arrays (torch has no string tensors).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import weakref
 from collections.abc import Mapping, Sequence
@@ -54,6 +66,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from torchestimator._io import protobuf as _protobuf
 from torchestimator.data.example import (
     BYTES,
     FLOAT,
@@ -137,7 +150,7 @@ def _as_array(value: Any, dtype: str, spec: str) -> np.ndarray:
         return converted
     try:
         array = np.asarray(value)
-        if dtype == "int64" and array.dtype.kind not in "iub":
+        if dtype == "int64" and array.dtype.kind not in "iub" and array.size:  # [] is float64 to numpy
             raise TypeError
         return array.astype(numpy_dtype)
     except (TypeError, ValueError):
@@ -160,7 +173,8 @@ class FixedLenFeature:
     dtype: Any
     """"int64", "float32" or "string" (numpy/torch int64 and float32, bytes, str and object also work)."""
     default_value: Any = None
-    """Used when a record lacks the feature (prod(shape) values); None makes the feature required."""
+    """Used when a record lacks the feature (prod(shape) values); None makes the feature required, and so
+    does a zero-element default (shape [0] with default_value=[]), as in TensorFlow."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", _normalize_shape(self.shape, "FixedLenFeature"))
@@ -171,7 +185,8 @@ class FixedLenFeature:
             if default.size != math.prod(self.shape):
                 raise ValueError(f"FixedLenFeature: default_value has {default.size} values but shape "
                                  f"{_shape_string(self.shape)} needs {math.prod(self.shape)}.")
-            default = default.reshape(-1)
+            # TF's parsers take a default of no elements for no default (`NumElements() == 0`): required.
+            default = default.reshape(-1) if default.size else None
         object.__setattr__(self, "_default", default)
 
 
@@ -307,6 +322,48 @@ def _mismatch(key: str, where: str, found: int, dtype: str) -> ValueError:
         f"matching dtype or fix the writer.")
 
 
+class _RecordSource:
+    """The record the Example parsers are on, shared by their columns (read only to look back)."""
+
+    __slots__ = ("record",)
+
+    def __init__(self) -> None:
+        self.record: Any = b""
+
+
+@functools.cache
+def _entries_message() -> Any:
+    """Example/SequenceExample field 1 seen as its map entries in wire order, copies of a key apart."""
+    add = _protobuf.add_field
+    file = _protobuf.new_file("torchestimator/data/feature_entries.proto", "torchestimator_entries")
+    entry = file.message_type.add(name="Entry")
+    add(entry, "key", 1, "string")
+    add(entry, "value", 2, "bytes")
+    add(file.message_type.add(name="Entries"), "feature", 1, "message", ".torchestimator_entries.Entry", repeated=True)
+    add(file.message_type.add(name="Record"), "features", 1, "message", ".torchestimator_entries.Entries",
+        repeated=True)
+    return _protobuf.message_classes([file], ["torchestimator_entries.Record"]).Record
+
+
+def _last_listed_copy(record: Any, key: str) -> Any:
+    """The last copy of `key` in `record` with a list set (a `Feature`), None when no copy has one.
+
+    A key can be present several times in one record: Examples' bytes concatenated (protobuf merges
+    their maps) or one map holding it twice. Protobuf keeps the last copy; TensorFlow's fast parsers read
+    the copies last to first and skip a `Feature()` with no list (`DT_INVALID`), except the batched
+    parser for VarLen and Ragged specs, which takes the last copy whatever it holds (so protobuf's). The
+    columns come here only when the copy protobuf kept has no list, and only where TF looks further.
+    """
+    listed = None
+    for features in _entries_message().FromString(bytes(record)).features:
+        for entry in features.feature:
+            if entry.key == key:
+                feature = example_protos().Feature.FromString(entry.value)
+                if feature.WhichOneof("kind") is not None:
+                    listed = feature
+    return listed
+
+
 class _Column:
     """Values of one spec over the records of a batch (or over the frames of a feature list).
 
@@ -324,17 +381,29 @@ class _Column:
         self.kind = _KIND_OF_DTYPE[spec.dtype]
         self.list_name = _LIST_NAME[self.kind]
         self.parts: list = []
+        # Set by the Example parsers: the record being parsed, and whether a Feature() with no list defers
+        # to an earlier copy of the key in it (`_last_listed_copy`). Feature lists' frames never do.
+        self.source: _RecordSource | None = None
+        self.looks_back = False
 
-    def checked_values(self, index: int, feature) -> Any:
-        """The feature's values, None when it counts as missing; checks the kind."""
+    def resolved(self, index: int, feature) -> Any:
+        """The copy of the feature TF reads (None when it counts as missing); checks its kind."""
         if feature is None:
             return None
         found = feature.WhichOneof("kind")
+        if found is None and self.looks_back:
+            feature = _last_listed_copy(self.source.record, self.key)
+            found = None if feature is None else feature.WhichOneof("kind")
         if found != self.list_name:
             if found is None:
                 return None
             raise _mismatch(self.key, self.location.format(index), feature_kind(feature), self.dtype)
-        return _list_values(feature, self.kind)
+        return feature
+
+    def checked_values(self, index: int, feature) -> Any:
+        """The feature's values, None when it counts as missing; checks the kind."""
+        feature = self.resolved(index, feature)
+        return None if feature is None else _list_values(feature, self.kind)
 
 
 class _FixedLenColumn(_Column):
@@ -382,10 +451,13 @@ class _FixedLenColumn(_Column):
 
     def default(self, index: int) -> np.ndarray:
         if self.spec._default is None:
+            advice = ("Give its FixedLenFeature a default_value, or parse it with VarLenFeature, to accept "
+                      "records without it." if self.size else
+                      "Its shape has no elements, so no default_value can stand in (TensorFlow takes [] for no "
+                      "default): parse it with VarLenFeature to accept records without it.")
             raise ValueError(
                 f"Feature: {self.key} (data type: {_TF_TYPE_NAME[self.dtype]}) is required but could not be "
-                f"found ({self.location.format(index)}). Give its FixedLenFeature a default_value, or parse it "
-                f"with VarLenFeature, to accept records without it.")
+                f"found ({self.location.format(index)}). {advice}")
         return self.spec._default
 
     def result(self, single: bool) -> np.ndarray:
@@ -429,7 +501,10 @@ class _VarLenColumn(_Column):
                     self.parts += values
                     self.counts.append(len(values))
                     return
-        self.checked_values(index, feature)  # only for its kind check: a list with values took the path above
+        listed = self.resolved(index, feature)  # the kind check (a list with values took the path above)
+        if listed is not None and listed is not feature:
+            self.add(index, listed)  # an earlier copy's list, where TF reads that one
+            return
         self.counts.append(0)
 
     def lengths(self) -> np.ndarray:
@@ -559,9 +634,14 @@ def _parse_records_python(serialized: Sequence[bytes], features: Mapping[str, An
                           single: bool) -> dict[str, Any]:
     """The pure-Python parser: the reference for results and the only place errors are worded."""
     columns = _example_columns(features, len(serialized), "features")
+    source = _RecordSource()
+    for column in columns:  # which copy of a repeated key TF reads: the module docstring's table
+        column.source = source
+        column.looks_back = single or isinstance(column, (_FixedLenColumn, _SequenceColumn))
     parse = example_protos().Example.FromString
     lookups = [(column.add, column.key) for column in columns]
     for index, record in enumerate(serialized):
+        source.record = record
         try:
             feature_map = parse(record).features.feature
         except Exception:  # noqa: BLE001 - re-parsed below for a precise error
