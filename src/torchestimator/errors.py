@@ -236,7 +236,8 @@ class MissingExtraError(TorchEstimatorError, ImportError):
 
 
 class ExportFormatError(TorchEstimatorError, ValueError):
-    """An export's program.json or tensors.safetensors is malformed or holds something that could run code."""
+    """An export folder is not one (missing or incomplete files), or its files are malformed or hold something
+    that could run code; the message names the file."""
 
 
 HTTP_STATUS = {

@@ -31,6 +31,7 @@ from torchestimator.export.program_format import LEGACY_FILE, PROGRAM_FILE, TENS
 from torchestimator.export.saved_model import METADATA_FILE, SIGNATURE_FILE, SIGNATURE_FORMAT_VERSION
 from torchestimator.export.versions import latest_version
 from torchestimator._io.regular_file import FileTooLargeError, NotARegularFileError, read_regular_file
+from torchestimator.errors import ExportFormatError
 
 __all__ = ["ExportedModel", "LiftedCall", "Signature", "TensorInfo", "load", "read_inputs"]
 
@@ -241,28 +242,30 @@ def load(path: str | os.PathLike[str]) -> ExportedModel:
     """Loads a version folder, or the highest integer version under a base folder."""
     path = os.fspath(path)
     if not os.path.isdir(path):
-        raise ValueError(f"Exported model path {path!r} is not a folder. Pass a version folder or its base.")
+        raise ExportFormatError(f"Exported model path {path!r} is not a folder. Pass a version folder or its base.")
     if not any(os.path.exists(os.path.join(path, name)) for name in (PROGRAM_FILE, LEGACY_FILE, SIGNATURE_FILE)):
         version = latest_version(path)
         if version is None:
             # Never list the folder's contents: this message reaches the server's status page.
-            raise ValueError(
+            raise ExportFormatError(
                 f"{path} is neither an export version nor a base holding integer version folders: a version folder "
                 f"holds {PROGRAM_FILE}, {TENSORS_FILE} and {SIGNATURE_FILE}, as export_saved_model writes them. "
                 "Pass a version folder or its base; incomplete temp-* folders are never loaded."
             )
         path = version
     if not os.path.exists(os.path.join(path, PROGRAM_FILE)) and os.path.exists(os.path.join(path, LEGACY_FILE)):
-        raise ValueError(
+        raise ExportFormatError(
             f"{path} holds {LEGACY_FILE}, the torch.export archive earlier torchestimator versions wrote; loading it "
             f"would unpickle parts of it, and loading never runs code from a file, so it is not opened. Re-export the "
             f"model with this torchestimator (it writes {PROGRAM_FILE} and {TENSORS_FILE})."
         )
     signature_path, metadata_path = os.path.join(path, SIGNATURE_FILE), os.path.join(path, METADATA_FILE)
-    document = _checked_signature_document(_read_json(signature_path, _read_export_file), signature_path)
-    metadata = _read_json(metadata_path, _read_export_file) if os.path.lexists(metadata_path) else {}
+    document = _checked_signature_document(_read_json(signature_path, _read_export_file, ExportFormatError),
+                                           signature_path)
+    metadata = (_read_json(metadata_path, _read_export_file, ExportFormatError) if os.path.lexists(metadata_path)
+                else {})
     if not isinstance(metadata, dict):
-        raise ValueError(f"{metadata_path} must hold a JSON object; it holds {type(metadata).__name__}.")
+        raise ExportFormatError(f"{metadata_path} must hold a JSON object; it holds {type(metadata).__name__}.")
     program = decode(_read_export_file(os.path.join(path, PROGRAM_FILE), _MAX_PROGRAM_BYTES),
                      _read_export_file(os.path.join(path, TENSORS_FILE), _MAX_TENSORS_BYTES), path)
     return ExportedModel(path, program, document, metadata)
@@ -315,7 +318,7 @@ def _signature(name: str, entry: Mapping[str, Any], path: str) -> Signature:
                          outputs=infos("outputs"),
                          program_outputs={key: value["program_output"] for key, value in entry["outputs"].items()})
     except (KeyError, TypeError, AttributeError, ValueError) as error:
-        raise ValueError(f"{os.path.join(path, SIGNATURE_FILE)}: signature {name!r} is malformed ({error}).") from None
+        raise ExportFormatError(f"{os.path.join(path, SIGNATURE_FILE)}: signature {name!r} is malformed ({error}).") from None
 
 
 def _known_dtype(name: str) -> torch.dtype | None:
@@ -411,12 +414,12 @@ def _read_export_file(path: str, limit: int = _MAX_JSON_BYTES) -> bytes:
     try:
         return read_regular_file(path, limit)
     except FileNotFoundError as error:
-        raise ValueError(f"{path} is missing: the export folder is incomplete or not an export.") from error
+        raise ExportFormatError(f"{path} is missing: the export folder is incomplete or not an export.") from error
     except NotARegularFileError as error:
-        raise ValueError(f"{path} is not a regular file (a FIFO, device or folder); an export holds files only.") \
+        raise ExportFormatError(f"{path} is not a regular file (a FIFO, device or folder); an export holds files only.") \
             from error
     except FileTooLargeError as error:
-        raise ValueError(f"{path} holds {error.size} bytes, more than the {limit} an export's file may hold.") \
+        raise ExportFormatError(f"{path} holds {error.size} bytes, more than the {limit} an export's file may hold.") \
             from error
 
 
@@ -425,31 +428,32 @@ def _read_bytes(path: str) -> bytes:
         with open(path, "rb") as handle:
             return handle.read()
     except FileNotFoundError as error:
-        raise ValueError(f"{path} is missing: the export folder is incomplete or not an export.") from error
+        raise ValueError(f"{path} does not exist; give the path of a .npz or JSON file of inputs.") from error
 
 
-def _read_json(path: str, read=_read_bytes) -> Any:
+def _read_json(path: str, read=_read_bytes, error_class: type[ValueError] = ValueError) -> Any:
+    """``path``'s JSON; ``error_class`` (ExportFormatError for an export's own files) names the file otherwise."""
     data = read(path)
     try:
         return json.loads(data)
     except RecursionError:
-        raise ValueError(f"{path} is not valid JSON: its values are nested too deeply.") from None
+        raise error_class(f"{path} is not valid JSON: its values are nested too deeply.") from None
     except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, integers past Python's digit limit
-        raise ValueError(f"{path} is not valid JSON ({error}).") from None
+        raise error_class(f"{path} is not valid JSON ({error}).") from None
 
 
 def _checked_signature_document(document: Any, path: str) -> dict[str, Any]:
     """signature.json with the types ExportedModel reads, so a malformed one is an error naming the file."""
     if not isinstance(document, dict):
-        raise ValueError(f"{path} must hold a JSON object; it holds {type(document).__name__}.")
+        raise ExportFormatError(f"{path} must hold a JSON object; it holds {type(document).__name__}.")
     if document.get("format_version") != SIGNATURE_FORMAT_VERSION:
-        raise ValueError(
+        raise ExportFormatError(
             f"{path} has format_version {document.get('format_version')!r}; this "
             f"torchestimator reads {SIGNATURE_FORMAT_VERSION}. Re-export with this version or upgrade torchestimator."
         )
     inputs, signatures = document.get("program_inputs"), document.get("signatures")
     if not isinstance(inputs, list) or not all(isinstance(name, str) for name in inputs):
-        raise ValueError(f"{path}: 'program_inputs' must be a list of input names; it is {str(inputs)[:80]}.")
+        raise ExportFormatError(f"{path}: 'program_inputs' must be a list of input names; it is {str(inputs)[:80]}.")
     if not isinstance(signatures, dict) or not all(isinstance(entry, dict) for entry in signatures.values()):
-        raise ValueError(f"{path}: 'signatures' must be an object of name -> signature objects.")
+        raise ExportFormatError(f"{path}: 'signatures' must be an object of name -> signature objects.")
     return document
