@@ -4,7 +4,7 @@ tests/fixtures/parse_edge/tf_parse_edge.json (made by make_fixtures.py there, wi
 hand-made records (a zero-element FixedLenFeature missing or present, a feature present two or three
 times in one record) and, per spec and API, TF's result or error. Every case is checked through the
 public functions (the compiled pass where it is built), the pure-Python parser directly (what
-TORCHESTIMATOR_PURE_PYTHON=1 runs), and TFRecordDataset(features=...) on the
+TORCHESTIMATOR_PURE_PYTHON=1 runs), SequenceExample contexts, and TFRecordDataset(features=...) on the
 TFRecord file TF wrote with these records.
 """
 
@@ -187,6 +187,14 @@ def test_both_paths_give_the_same_result_or_error(case: dict[str, Any], single: 
             if public[0] == "result":
                 for name in pure[1]:
                     assert repr(public[1][name]) == repr(pure[1][name]), f"{case['name']} {spec_name}"
+
+
+@pytest.mark.parametrize("case", cases())
+def test_sequence_example_context_like_tensorflow(case: dict[str, Any]) -> None:
+    record = base64.b64decode(case["sequence_example"])
+    for spec_name in spec_names(context=True):
+        ours = outcome_of(lambda: parsing.parse_single_sequence_example(record, features_for(spec_name))[0])
+        assert_like_tf(ours, case["parse_single_sequence_example"][spec_name], f"{case['name']} {spec_name} context")
 
 
 def test_the_tfrecord_file_holds_the_cases_in_order() -> None:

@@ -25,6 +25,10 @@ strings. Per spec, for one record and for a batch of B records:
 - A zero-element default (`FixedLenFeature([0], dtype, default_value=[])`)
   is no default: a record without the feature is an error, as in TF (which
   checks `default_value.NumElements() == 0`). An empty list present is fine.
+- A SequenceExample's context is read as TF's sequence parser does: the last
+  copy of a repeated key whatever it holds, and a `Feature()` with no list is
+  present with no values (an error for a FixedLenFeature with elements, even
+  one with a default; VarLen/Ragged give empty).
 - A key present more than once in one record (Examples' bytes concatenated,
   or one map holding it twice): TF reads the copies last to first. The last
   copy is read, except that a `Feature()` with no list is skipped for the
@@ -444,6 +448,9 @@ class _FixedLenColumn(_Column):
                 f"{_count_phrase(self.kind)} FixedLenFeature shape {_shape_string(self.spec.shape)} needs "
                 f"{self.size} values, the record has {len(values)}. Fix the shape, or parse lists of varying "
                 f"length with VarLenFeature or RaggedFeature.")
+        self.append_values(values)
+
+    def append_values(self, values: Any) -> None:
         if self.kind == FLOAT:
             self.parts.append(float_list_bytes(values) if self.size else b"")
         else:
@@ -470,6 +477,32 @@ class _FixedLenColumn(_Column):
         else:
             values = _values_array(self.parts, self.dtype)
         return values.reshape(self.spec.shape if single else (self.count, *self.spec.shape))
+
+
+class _ContextFixedLenColumn(_FixedLenColumn):
+    """A SequenceExample context's FixedLenFeature, as TF's sequence parser reads it: the last copy of a
+    repeated key whatever it holds, a Feature() with no list present with no values (not missing), and
+    the count checked against the most values a record has (at least the default's size), in its words."""
+
+    def add_checked(self, index: int, feature) -> None:
+        values = [] if feature is not None and feature.WhichOneof("kind") is None else self.checked_values(
+            index, feature)
+        found = 0 if values is None else len(values)
+        most = max(found, self.size) if self.spec._default is not None else found
+        where, shape = self.location.format(index), _shape_string(self.spec.shape)
+        if most != self.size:
+            lacks = ("the context lacks it, or holds a Feature() with no list, and its FixedLenFeature has no "
+                     "default_value" if not found else f"the context holds {found} values")
+            raise ValueError(
+                f"Key: {self.key}, {where}.  Inconsistent max number of elements for feature {self.key}: expected "
+                f"{self.size}, but found {most} ({lacks}; shape {shape} needs {self.size}).")
+        if values is None:
+            values = self.default(index)
+        elif found != self.size:
+            raise ValueError(
+                f"Key: {self.key}, {where}.  Unexpected number of elements in example: the context holds {found} "
+                f"values (a Feature() with no list holds none), shape {shape} needs {self.size}.")
+        self.append_values(values)
 
 
 def _count_phrase(kind: int) -> str:
@@ -600,7 +633,8 @@ def _example_columns(features: Mapping[str, Any], count: int, what: str) -> list
     columns: list[_Column] = []
     for name, spec in features.items():
         if isinstance(spec, FixedLenFeature):
-            columns.append(_FixedLenColumn(name, spec, count))
+            column_class = _ContextFixedLenColumn if what == "context_features" else _FixedLenColumn
+            columns.append(column_class(name, spec, count))
         elif isinstance(spec, VarLenFeature):
             columns.append(_VarLenColumn(name, spec, count))
         elif isinstance(spec, RaggedFeature):
