@@ -331,3 +331,16 @@ def test_a_closed_sharded_source_refuses_reads():
     source.close()
     with pytest.raises(WeightSourceError, match="closed"):
         source.read(name)
+
+
+def test_without_a_config_each_class_keeps_keras_counter_order_whatever_the_addresses(tmp_path):
+    """HDF5 reuses freed space in big files (MobileNetV2's .weights.h5 listed Conv_1 18th of 35 Conv2D groups by
+    address); Keras's class counters (conv2d, conv2d_1, ...) are in model order."""
+    path = tmp_path / "reused.weights.h5"
+    with h5py.File(path, "w") as handle:  # written against the counters, as a reused lower address would list them
+        for group, user_name in (("conv2d_1", "second"), ("dense", "head"), ("conv2d", "first")):
+            variables = handle.create_group(f"layers/{group}/vars")
+            variables.attrs["name"] = user_name
+            variables.create_dataset("0", data=numpy.zeros((1, 1, 2, 2) if group != "dense" else (2, 2), "float32"))
+    with open_keras_h5(path) as source:
+        assert [layer for layer, _ in source.layers()] == ["first", "head", "second"]

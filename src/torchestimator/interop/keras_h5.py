@@ -704,12 +704,34 @@ def _saveable_name(group: Any, key: str) -> str:
 def _ordered_layer_keys(walk: _Keras3Walk, layers: Any, chain: tuple[str, ...]) -> list[str]:
     keys = _by_address(layers)
     if not walk.config_index:
-        return keys
+        return _class_counters_in_order(keys)
     position = {names: index for index, names in enumerate(walk.config_index)}
     placed = [(position.get((*chain, _saveable_name(layers[key], key))), key) for key in keys]
     if any(index is None for index, _ in placed):
         return keys  # config and file disagree; the write order is the better guess
     return [key for _, key in sorted(placed)]
+
+
+def _class_counters_in_order(keys: list[str]) -> list[str]:
+    """`keys` with each class's groups put back in Keras's counter order, in the places the addresses gave them.
+
+    Keras names a container's layer groups after their class, counting in model order (``conv2d``,
+    ``conv2d_1``, ..., ``conv2d_34``). Object header addresses follow the write order only until HDF5 reuses
+    freed space, which it does in a model of a few dozen layers (MobileNetV2's ``.weights.h5`` put ``Conv_1``
+    18th of its 35 Conv2D groups); the counter is exact within a class, which is what matchers pair by.
+    """
+    def split(key: str) -> tuple[str, int]:
+        match = re.fullmatch(r"(.+?)(?:_(\d+))?", key)
+        return (match.group(1), int(match.group(2) or 0)) if match else (key, 0)
+
+    places: dict[str, list[int]] = {}
+    for place, key in enumerate(keys):
+        places.setdefault(split(key)[0], []).append(place)
+    ordered = list(keys)
+    for class_places in places.values():
+        for place, key in zip(class_places, sorted((keys[p] for p in class_places), key=lambda k: split(k)[1])):
+            ordered[place] = key
+    return ordered
 
 
 def _by_address(group: Any, exclude: tuple[str, ...] = ()) -> list[str]:
