@@ -8,7 +8,8 @@
  * The rule that keeps both paths identical: this pass never words an error. Anything that is
  * not the plain, well-formed case (a missing required feature, a wrong kind or count, bytes
  * that are not an Example, a record that is not bytes, a map entry with a repeated or unknown
- * field, a Feature with a repeated kind field, a non-ASCII key, groups, odd wire types) makes the call return the index of that
+ * field, a Feature with a repeated kind field, a requested key repeated with a later Feature() that
+ * has no list, a non-ASCII key, groups, odd wire types) makes the call return the index of that
  * record ("bail"), and parsing.py runs its pure-Python parser on the batch, which raises its
  * own exact error, or returns its own result where protobuf accepts what this pass refused.
  * So this pass may refuse more than protobuf does; it must never accept bytes that protobuf
@@ -555,7 +556,8 @@ PyDoc_STRVAR(parse_examples_doc,
 "lengths, indices) with values a bytearray of float32/int64 or a list of bytes, lengths a\n"
 "bytearray of one int64 per record and indices (mode 2; else None) a bytearray of int64\n"
 "[2, nnz] row-major: each value's record, then each value's position in it. Returns instead the int index of the first record it does not\n"
-"handle (malformed, missing required, wrong kind or count, not bytes, bytearray or a plain\n"
+"handle (malformed, missing required, wrong kind or count, a key repeated with a later Feature()\n"
+"that has no list, not bytes, bytearray or a plain\n"
 "memoryview): the caller then parses\n"
 "the batch its own way, which words the error.");
 
