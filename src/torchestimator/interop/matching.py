@@ -236,9 +236,9 @@ def _depthwise_hint(proposals: list[Proposal], targets: list[_Layer], sources: l
                and converted_shape("depthwise_conv_to_torch", layer.members["kernel"][1]) in wanted]
     if not fitting:
         return proposals
-    hint = (f"; assuming nothing, the source layer(s) {', '.join(fitting[:5])} hold kernels that fit as depthwise "
-            "kernels [*spatial, in, multiplier] (the file records no layer class saying so): if they are "
-            "DepthwiseConv layers, map each by name with the converter depthwise_conv_to_torch")
+    hint = (f"; the source layer(s) {', '.join(fitting[:5])} hold kernels that would fit as depthwise kernels "
+            "[*spatial, in, multiplier], but the file records no layer class saying so (nothing was assumed): if "
+            "they are DepthwiseConv layers, map each by name with the converter depthwise_conv_to_torch")
     return [dataclasses.replace(p, reason=p.reason + hint) if p.status == UNMATCHED else p for p in proposals]
 
 
