@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import subprocess
@@ -228,12 +227,20 @@ def model_fn_with_signatures(model, features, labels, mode):
     return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels))
 
 
-def test_export_outputs_become_signatures_and_onnx_is_optional(tmp_path, caplog):
+def test_export_outputs_become_signatures_and_the_onnx_copy_names_them_alike(tmp_path):
+    """Signatures from export_outputs; with the onnx packages (else tests/test_export_onnx.py says why not), model.onnx
+    has one output per program output, each signature's alias naming it as signature.json does."""
+    try:
+        import onnx  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError:
+        as_onnx = False  # as_onnx=True without them is a MissingExtraError, tested in test_export_onnx.py
+    else:
+        as_onnx = True
     train, _, _, (x, _) = input_fns(n=64)
     estimator = make_estimator(tmp_path / "model", model_fn=model_fn_with_signatures)
     estimator.train(train, max_steps=10)
-    caplog.set_level(logging.WARNING, logger="torchestimator.export")
-    export_dir = export_saved_model(estimator, tmp_path / "export", RECEIVER, as_onnx=True)
+    export_dir = export_saved_model(estimator, tmp_path / "export", RECEIVER, as_onnx=as_onnx)
     model = load(export_dir)
     assert model.signature_names == ["classification", "regression", "serving_default"]
     classification = model.signature("classification")
@@ -244,15 +251,27 @@ def test_export_outputs_become_signatures_and_onnx_is_optional(tmp_path, caplog)
     regressed = model({"x": x[:6]}, signature_name="regression")
     np.testing.assert_array_equal(classified["classes"], predicted["class"])
     np.testing.assert_allclose(regressed["outputs"], predicted["probabilities"][:, 0], rtol=1e-6)
+    if not as_onnx:
+        assert "model.onnx" not in os.listdir(export_dir) and model.metadata["onnx"] is None
+        return
+    record = model.metadata["onnx"]
+    assert "model.onnx" in os.listdir(export_dir) and record["inputs"] == [{"name": "x", "dtype": "float32", "shape": [-1, 8]}]
+    for name in model.signature_names:
+        signature = model.signature(name)
+        assert record["signatures"][name] == {"method": signature.method, "outputs": signature.program_outputs}
+    # classification's classes is serving_default's class tensor: ONNX still gives each program output its own name.
+    assert sorted(output["name"] for output in record["outputs"]) == ["classification/classes", "classification/scores", "regression/outputs",
+                                         "serving_default/class", "serving_default/probabilities"]
     try:
-        import onnx  # noqa: F401
-        import onnxscript  # noqa: F401
+        import onnxruntime
     except ImportError:
-        assert not os.path.exists(os.path.join(export_dir, "model.onnx"))
-        assert "onnx and onnxscript packages are not installed" in caplog.text
-        assert model.metadata["onnx"] is False
-    else:
-        assert os.path.exists(os.path.join(export_dir, "model.onnx")) == model.metadata["onnx"]
+        return
+    session = onnxruntime.InferenceSession(os.path.join(export_dir, "model.onnx"), providers=["CPUExecutionProvider"])
+    answered = dict(zip([output.name for output in session.get_outputs()], session.run(None, {"x": x[:6]})))
+    np.testing.assert_array_equal(answered[record["signatures"]["classification"]["outputs"]["classes"]],
+                                  classified["classes"])
+    np.testing.assert_allclose(answered[record["signatures"]["regression"]["outputs"]["outputs"]],
+                               regressed["outputs"], atol=1e-5)
 
 
 def test_default_signature_rules_follow_tensorflow():

@@ -268,6 +268,8 @@ _COMMANDS: dict[str, tuple[str, Any, bool, list[tuple[tuple[str, ...], dict[str,
     "export": ("export the latest (or a given) checkpoint for serving", _export, True, [
         (("--export_dir",), {"required": True, "help": "base folder; a new integer version is written inside"}),
         _CHECKPOINT_PATH,
-        (("--onnx",), {"action": "store_true", "help": "also write model.onnx where the model exports"}),
+        (("--onnx",), {"action": "store_true",
+                       "help": "also write model.onnx, named as signature.json (needs pip install "
+                               "'torchestimator[onnx]'; a model ONNX cannot express is an error, nothing written)"}),
     ]),
 }

@@ -7,7 +7,7 @@ A version folder holds:
     signature.json       each signature: method, inputs and outputs with dtype and shape (-1 dynamic)
     metadata.json        checkpoint, global_step, versions, creation time
     assets.extra/        copies of assets_extra
-    model.onnx           only with as_onnx=True and the onnx packages installed
+    model.onnx           only with as_onnx=True (onnx_export.py: how it is named and called)
 
 Every file is encoded in memory first, the free space is checked, and the
 bytes are written with plain Python I/O, so a full disk is an OSError naming
@@ -39,7 +39,7 @@ import torch
 # first export after hours of training) leaves torch unable to import it again in this process.
 import torch.export._trace  # noqa: F401
 
-from torchestimator.export import program_format
+from torchestimator.export import onnx_export, program_format
 from torchestimator.export.outputs import resolve_export_outputs
 from torchestimator.export.receiver import ServingInputReceiver, as_receiver, dtype_name
 from torchestimator._core.inference import BundleSource, InferenceBundle
@@ -54,7 +54,7 @@ PROGRAM_FILE = program_format.PROGRAM_FILE
 TENSORS_FILE = program_format.TENSORS_FILE
 SIGNATURE_FILE = "signature.json"
 METADATA_FILE = "metadata.json"
-ONNX_FILE = "model.onnx"
+ONNX_FILE = onnx_export.ONNX_FILE
 ASSETS_EXTRA = "assets.extra"
 SIGNATURE_FORMAT_VERSION = 1
 _VERSION_ATTEMPTS = 10
@@ -75,9 +75,13 @@ def export_saved_model(
 
     Weights come from ``checkpoint_path``, else the latest checkpoint in
     model_dir, else the warm-start source; with none of them it is an error.
+    ``as_onnx=True`` also writes model.onnx (onnx_export.py); without the
+    onnx packages, or for a model torch.onnx cannot convert, it is an error.
     """
     receiver = as_receiver(serving_input_receiver)
     assets = _check_assets(assets_extra)
+    if as_onnx:
+        onnx_export.require_onnx_packages()  # before restoring and tracing: a missing package is said at once
     export_dir_base = os.fspath(export_dir_base)
     bundle, provenance = _restore_module(estimator, None if checkpoint_path is None else os.fspath(checkpoint_path))
     module = bundle.module
@@ -92,14 +96,16 @@ def export_saved_model(
     finally:
         module.train(was_training)
     files = {SIGNATURE_FILE: _json_bytes(signatures), **program_format.encode(program)}
+    onnx_model = (onnx_export.convert_to_onnx(program, receiver, examples, signatures, type(module).__name__)
+                  if as_onnx else None)
     os.makedirs(export_dir_base, exist_ok=True)
     remove_stale_temp_folders(export_dir_base)
     temp_dir = os.path.join(export_dir_base, f"{TEMP_PREFIX}{time.time_ns()}-{os.getpid()}-{_host()}")
     try:
         os.makedirs(temp_dir)
-        onnx_written = _write_version(temp_dir, files, assets, as_onnx, program, receiver, examples)
+        _write_version(temp_dir, files, assets, onnx_model)
         metadata = {**provenance, **_environment(), "signatures": sorted(signatures["signatures"]),
-                    "receiver": receiver.describe(), "onnx": onnx_written}
+                    "receiver": receiver.describe(), "onnx": None if onnx_model is None else onnx_model.record}
         _write_file(os.path.join(temp_dir, METADATA_FILE), _json_bytes(metadata))
         export_dir = _rename_to_version(temp_dir, export_dir_base)
     except BaseException:
@@ -288,10 +294,12 @@ def _signature_document(plan: dict[str, dict[str, Any]], receiver: ServingInputR
             "signatures": signatures}
 
 
-def _write_version(folder: str, files: Mapping[str, bytes], assets: dict[str, str], as_onnx: bool, program: Any,
-                   receiver: ServingInputReceiver, examples: dict[str, torch.Tensor]) -> bool:
+def _write_version(folder: str, files: Mapping[str, bytes], assets: dict[str, str],
+                   onnx_model: onnx_export.OnnxModel | None) -> None:
     asset_bytes = sum(_tree_size(source) for source in assets.values())
-    _check_free_space(folder, sum(len(data) for data in files.values()) + asset_bytes, len(files) + len(assets) + 2)
+    onnx_bytes = 0 if onnx_model is None else onnx_model.estimated_bytes()
+    _check_free_space(folder, sum(len(data) for data in files.values()) + asset_bytes + onnx_bytes,
+                      len(files) + len(assets) + 4)
     for name, data in files.items():
         _write_file(os.path.join(folder, name), data)
     for destination, source in assets.items():
@@ -305,7 +313,8 @@ def _write_version(folder: str, files: Mapping[str, bytes], assets: dict[str, st
         except OSError as error:
             raise OSError(error.errno, f"Could not copy asset {source} into the export ({_reason(error)})",
                           target) from error
-    return _write_onnx(folder, program, receiver, examples) if as_onnx else False
+    if onnx_model is not None:
+        onnx_model.write(folder, _write_file)
 
 
 def _json_bytes(payload: Any) -> bytes:
@@ -373,27 +382,6 @@ def _process_alive(pid: int) -> bool:
         return False
     except (PermissionError, OSError):  # someone else's process, or a platform that cannot tell: keep its folder
         return True
-    return True
-
-
-def _write_onnx(folder: str, program: Any, receiver: ServingInputReceiver, examples: dict[str, torch.Tensor]) -> bool:
-    """ONNX next to the program, where the optional packages exist and the model converts; never fatal."""
-    try:
-        import onnx  # noqa: F401
-        import onnxscript  # noqa: F401
-    except ImportError:
-        logger.warning("as_onnx=True but the onnx and onnxscript packages are not installed: model.onnx skipped "
-                       "(pip install onnx onnxscript). The torch.export program is written as usual.")
-        return False
-    try:
-        torch.onnx.export(program, (examples,), os.path.join(folder, ONNX_FILE), dynamo=True,
-                          input_names=list(receiver.receiver_tensors))
-    except Exception as error:  # the converter raises many types; the main export must not fail for it
-        logger.warning("ONNX export failed, model.onnx skipped (the torch.export program is unaffected): %s", error)
-        for leftover in (ONNX_FILE, ONNX_FILE + ".data"):
-            if os.path.exists(os.path.join(folder, leftover)):
-                os.remove(os.path.join(folder, leftover))
-        return False
     return True
 
 
