@@ -126,7 +126,7 @@ OUTSIDE_THE_TREE = [
     ("torchestimator._io.protobuf", "MessageDecodeError", lambda cls: cls("Error parsing message")),
     ("torchestimator._io.protobuf", "TextFormatError", lambda cls: cls("Expected \"}\".", 3, 7)),
     ("torchestimator.interop._sstable", "VarintError", lambda cls: cls("varint runs past the block")),
-    ("torchestimator.interop.keras_h5", "_DamagedHeapError", lambda cls: cls("global heap at 4096")),
+    ("torchestimator.interop.keras_hdf5_guard", "_DamagedHeapError", lambda cls: cls("global heap at 4096")),
     ("torchestimator.data._tfrecord_scan", "_TruncatedStream", lambda cls: cls()),
 ]
 # TextFormatError(problem, line, column) passes one formatted message to ValueError, so pickle's

@@ -84,7 +84,7 @@ from torchestimator.interop.keras_config import (
     parse_config,
     snake_case,
 )
-from torchestimator.interop.keras_hdf5_guard import DamagedHeapError, HeapGuard
+from torchestimator.interop.keras_hdf5_guard import _DamagedHeapError, HeapGuard
 from torchestimator.interop.keras_hdf5_guard import global_heap_problem as _global_heap_problem  # noqa: F401 - tests
 from torchestimator.interop.source import ZIP_ERRORS, TensorInfo, WeightSource, WeightSourceError, missing_tensor_error
 
@@ -550,7 +550,7 @@ def _string_attr(obj: Any, name: str) -> Any:
                                          and type_class in (h5py.h5t.FLOAT, h5py.h5t.INTEGER)):
         try:
             return obj.attrs[name]
-        except DamagedHeapError as error:  # its strings are in a damaged global heap collection
+        except _DamagedHeapError as error:  # its strings are in a damaged global heap collection
             raise TypeError(f"attribute {name!r} of {obj.name!r} cannot be read: {error}") from error
     # TypeError: the caller names the file (open_keras_h5 turns it into "corrupt ... Keras HDF5 file: ...").
     raise TypeError(f"attribute {name!r} of {obj.name!r} is not stored as strings (HDF5 type class {type_class}); "

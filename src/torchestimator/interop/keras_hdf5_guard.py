@@ -10,10 +10,10 @@ import io
 import os
 from typing import Any
 
-__all__ = ["DamagedHeapError", "HeapGuard", "global_heap_problem"]
+__all__ = ["HeapGuard", "global_heap_problem"]
 
 
-class DamagedHeapError(RuntimeError):
+class _DamagedHeapError(RuntimeError):
     """A global heap collection HDF5 was about to parse would make it spin forever (raised from a read)."""
 
 
@@ -52,7 +52,7 @@ class HeapGuard(io.RawIOBase):
         if count and count >= 16 and view[:4] == b"GCOL":
             problem = global_heap_problem(view[:count])
             if problem:
-                raise DamagedHeapError(f"the global heap collection at byte {start} is damaged: {problem}")
+                raise _DamagedHeapError(f"the global heap collection at byte {start} is damaged: {problem}")
         return count
 
 
