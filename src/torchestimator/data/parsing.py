@@ -62,7 +62,6 @@ strings stay numpy object arrays (torch has no string tensors).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import weakref
 from collections.abc import Mapping, Sequence
@@ -70,7 +69,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from torchestimator._io import protobuf as _protobuf
+from torchestimator.data._decode_raw import decode_raw
+from torchestimator.data._parsing_copies import RecordSource, last_listed_copy
 from torchestimator.data.example import (
     BYTES,
     FLOAT,
@@ -326,48 +326,6 @@ def _mismatch(key: str, where: str, found: int, dtype: str) -> ValueError:
         f"matching dtype or fix the writer.")
 
 
-class _RecordSource:
-    """The record the Example parsers are on, shared by their columns (read only to look back)."""
-
-    __slots__ = ("record",)
-
-    def __init__(self) -> None:
-        self.record: Any = b""
-
-
-@functools.cache
-def _entries_message() -> Any:
-    """Example/SequenceExample field 1 seen as its map entries in wire order, copies of a key apart."""
-    add = _protobuf.add_field
-    file = _protobuf.new_file("torchestimator/data/feature_entries.proto", "torchestimator_entries")
-    entry = file.message_type.add(name="Entry")
-    add(entry, "key", 1, "string")
-    add(entry, "value", 2, "bytes")
-    add(file.message_type.add(name="Entries"), "feature", 1, "message", ".torchestimator_entries.Entry", repeated=True)
-    add(file.message_type.add(name="Record"), "features", 1, "message", ".torchestimator_entries.Entries",
-        repeated=True)
-    return _protobuf.message_classes([file], ["torchestimator_entries.Record"]).Record
-
-
-def _last_listed_copy(record: Any, key: str) -> Any:
-    """The last copy of `key` in `record` with a list set (a `Feature`), None when no copy has one.
-
-    A key can be present several times in one record: Examples' bytes concatenated (protobuf merges
-    their maps) or one map holding it twice. Protobuf keeps the last copy; TensorFlow's fast parsers read
-    the copies last to first and skip a `Feature()` with no list (`DT_INVALID`), except the batched
-    parser for VarLen and Ragged specs, which takes the last copy whatever it holds (so protobuf's). The
-    columns come here only when the copy protobuf kept has no list, and only where TF looks further.
-    """
-    listed = None
-    for features in _entries_message().FromString(bytes(record)).features:
-        for entry in features.feature:
-            if entry.key == key:
-                feature = example_protos().Feature.FromString(entry.value)
-                if feature.WhichOneof("kind") is not None:
-                    listed = feature
-    return listed
-
-
 class _Column:
     """Values of one spec over the records of a batch (or over the frames of a feature list).
 
@@ -386,8 +344,8 @@ class _Column:
         self.list_name = _LIST_NAME[self.kind]
         self.parts: list = []
         # Set by the Example parsers: the record being parsed, and whether a Feature() with no list defers
-        # to an earlier copy of the key in it (`_last_listed_copy`). Feature lists' frames never do.
-        self.source: _RecordSource | None = None
+        # to an earlier copy of the key in it (`last_listed_copy`). Feature lists' frames never do.
+        self.source: RecordSource | None = None
         self.looks_back = False
 
     def resolved(self, index: int, feature) -> Any:
@@ -396,7 +354,7 @@ class _Column:
             return None
         found = feature.WhichOneof("kind")
         if found is None and self.looks_back:
-            feature = _last_listed_copy(self.source.record, self.key)
+            feature = last_listed_copy(self.source.record, self.key)
             found = None if feature is None else feature.WhichOneof("kind")
         if found != self.list_name:
             if found is None:
@@ -668,7 +626,7 @@ def _parse_records_python(serialized: Sequence[bytes], features: Mapping[str, An
                           single: bool) -> dict[str, Any]:
     """The pure-Python parser: the reference for results and the only place errors are worded."""
     columns = _example_columns(features, len(serialized), "features")
-    source = _RecordSource()
+    source = RecordSource()
     for column in columns:  # which copy of a repeated key TF reads: the module docstring's table
         column.source = source
         column.looks_back = single or isinstance(column, (_FixedLenColumn, _SequenceColumn))
@@ -801,65 +759,7 @@ def parse_single_sequence_example(serialized: bytes, context_features: Mapping[s
 
 
 # --------------------------------------------------------------------------------------------
-# decode_raw and torch conversion.
-
-
-def _raw_dtype(dtype: Any) -> np.dtype:
-    name = str(dtype).removeprefix("torch.") if type(dtype).__module__ == "torch" else dtype
-    try:
-        numpy_dtype = np.dtype(name)
-    except TypeError:
-        raise ValueError(f"decode_raw: {dtype!r} is not a numeric dtype numpy knows (e.g. 'uint8', 'float32', "
-                         f"np.int16, torch.float32).") from None
-    if numpy_dtype.kind not in "biufc":
-        raise ValueError(f"decode_raw: dtype must be numeric; received {numpy_dtype}.")
-    return numpy_dtype
-
-
-def _fitting_dtypes(byte_count: int) -> str:
-    fits = [f"{byte_count // size} {name}" for name, size in (("uint8", 1), ("int16/float16", 2),
-                                                                 ("int32/float32", 4), ("int64/float64", 8))
-            if byte_count % size == 0]
-    return ", ".join(fits) if fits else "nothing"
-
-
-def decode_raw(data: Any, dtype: Any, shape: Sequence[int] | None = None, little_endian: bool = True) -> np.ndarray:
-    """Bytes -> numeric array, checking the byte count (`tf.io.decode_raw` without its silent-garbage trap).
-
-    `data` is bytes, or a batch (list or object array) of bytes all of one
-    length, giving [B] + shape. The byte count must be a multiple of the
-    dtype's size and, with `shape` (one -1 allowed), equal prod(shape) x size;
-    otherwise a ValueError names both numbers and which dtypes would fit.
-    The result is a writable array in native byte order.
-    """
-    numpy_dtype = _raw_dtype(dtype).newbyteorder("<" if little_endian else ">")
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        items = list(np.asarray(data, dtype=object).reshape(-1)) if not isinstance(data, list) else data
-        lengths = {len(item) for item in items}
-        if len(lengths) > 1:
-            raise ValueError(f"decode_raw: the records have different lengths {sorted(lengths)[:5]} bytes; a batch "
-                             f"needs one length (DecodeRaw requires input strings to all be the same size).")
-        rows = [decode_raw(item, dtype, shape, little_endian) for item in items]
-        size_shape = rows[0].shape if rows else tuple(shape or (0,))
-        return np.stack(rows) if rows else np.empty((0, *size_shape), numpy_dtype.newbyteorder("="))
-    byte_count, itemsize = len(data), numpy_dtype.itemsize
-    if byte_count % itemsize:
-        raise ValueError(f"decode_raw: {byte_count} bytes is not a multiple of {itemsize} (the size of one "
-                         f"{numpy_dtype.name}); the data was written with another dtype. {byte_count} bytes would "
-                         f"be: {_fitting_dtypes(byte_count)}.")
-    values = np.frombuffer(data, numpy_dtype).astype(numpy_dtype.newbyteorder("="))
-    if shape is None:
-        return values
-    shape = tuple(int(dim) for dim in shape)
-    known = math.prod(dim for dim in shape if dim != -1)
-    expected = known * itemsize
-    if shape.count(-1) > 1 or (-1 in shape and (known == 0 or len(values) % known)) or (
-            -1 not in shape and expected != byte_count):
-        raise ValueError(f"decode_raw: shape {list(shape)} of {numpy_dtype.name} needs "
-                         f"{expected if -1 not in shape else f'a multiple of {expected}'} bytes, received "
-                         f"{byte_count} bytes. {byte_count} bytes would be: {_fitting_dtypes(byte_count)}. Check "
-                         f"the dtype and shape the data was written with.")
-    return values.reshape(shape)
+# torch conversion (decode_raw lives in _decode_raw.py and is re-exported here).
 
 
 def _tensor(torch: Any, array: np.ndarray) -> Any:
