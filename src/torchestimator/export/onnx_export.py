@@ -56,6 +56,8 @@ _EXTRA = "onnx"
 # Above this many bytes of weights the file keeps them in model.onnx.data: one protobuf message cannot pass 2 GiB
 # (the threshold torch.onnx uses itself).
 SINGLE_FILE_LIMIT = 1536 * 1024 * 1024
+# The loggers of the ONNX optimizer's passes (onnxscript's rewriter and constant folding, onnx_ir's passes).
+_OPTIMIZER_LOGGERS = ("onnxscript", "onnx_ir")
 _NO_TRANSLATION = re.compile(r"No ONNX function found for <OpOverload\(op='([^']+)', overload='([^']+)'\)>")
 
 
@@ -151,14 +153,20 @@ class _TorchvisionAbsent(logging.Filter):
 
 @contextlib.contextmanager
 def _converter_noise_dropped() -> Iterator[None]:
-    """The conversion without two messages about torch itself, not the model.
+    """The conversion without the messages about the converter itself, not the model.
 
     torch 2.13's converter deep-copies the program, and copying its pytree spec trips torch's own deprecation of
-    LeafSpec (a FutureWarning from copyreg): under ``-W error`` that warning would fail every conversion.
+    LeafSpec (a FutureWarning from copyreg): under ``-W error`` that warning would fail every conversion. The
+    optimizer's passes log a dozen INFO lines each export ("Removed 20 unused nodes"), which the CLI would print
+    between its own; their warnings still come through.
     """
     registration = logging.getLogger("torch.onnx._internal.exporter._registration")
     absent = _TorchvisionAbsent()
     registration.addFilter(absent)
+    passes = [logging.getLogger(name) for name in _OPTIMIZER_LOGGERS]
+    levels = [logger.level for logger in passes]
+    for logger in passes:
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
@@ -166,6 +174,8 @@ def _converter_noise_dropped() -> Iterator[None]:
             yield
     finally:
         registration.removeFilter(absent)
+        for logger, level in zip(passes, levels):
+            logger.setLevel(level)
 
 
 def _axis_names(receiver: Any) -> dict[str, dict[int, str]]:
