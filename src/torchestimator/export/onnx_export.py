@@ -9,10 +9,13 @@ onnxruntime and other ONNX runtimes; torchestimator never loads it).
 How model.onnx is called:
 
     inputs   the receiver's input names, in the receiver's order, with its dtypes;
-             the batch axis is symbolic (a dim_param), every other size as the receiver gives it
+             the batch axis is the dim_param "batch" (other dynamic axes are named as the program's
+             Dims), every other size as the receiver gives it
     outputs  named by the program output keys of signature.json, ``<signature>/<alias>``
              (``serving_default/class``): each signature's ``program_output`` is the ONNX output
              name of that alias, as it is the program's
+    files    model.onnx alone; with more than SINGLE_FILE_LIMIT (1.5 GiB) of weights also model.onnx.data
+             (one protobuf message cannot pass 2 GiB), which ONNX runtimes read from beside it
 
 The same record (inputs, outputs, signatures -> {alias: output name}) is
 written to metadata.json's ``onnx`` entry and into the file itself, as the
