@@ -526,6 +526,12 @@ def export_loads_and_predicts(run: ReadmeRun, outcome: Outcome) -> None:
     assert re.fullmatch(r"(tensor\()?\[(\d[ ,]*){3}\]\)?\n", outcome.output), outcome.output  # three classes
 
 
+def onnx_gives_the_exported_classes(run: ReadmeRun, outcome: Outcome) -> None:
+    namespace = run.namespace
+    expected = namespace["model"]({"image": namespace["x"][:3]})["class"]
+    assert [int(value) for value in namespace["outputs"]["serving_default/class"]] == [int(value) for value in expected]
+
+
 def records_are_written_and_verified(run: ReadmeRun, outcome: Outcome) -> None:
     from torchestimator.data import read_records
 
@@ -576,6 +582,7 @@ CHECKS_AFTER: dict[str, Callable[[ReadmeRun, Outcome], None]] = {
     "from torchestimator.warm_start import WarmStartSettings": warm_start_loads_the_quickstart,
     "from torchestimator.export import TensorSpec, serving_input_receiver": best_model_is_kept,
     "from torchestimator.export import TensorSpec, serving_input_receiver, load": export_loads_and_predicts,
+    "import onnxruntime": onnx_gives_the_exported_classes,
     "torchestimator convert csv-to-tfrecord index.csv out/train --num_shards 4   # label,path[,other columns]":
         records_are_written_and_verified,
     "torchestimator warm-start --dry_run --model model.py keras_model.weights.h5 --accept_proposed \\":

@@ -26,6 +26,7 @@ EXTRAS = {
     "plot": ("matplotlib",),
     "serving": ("aiohttp", "prometheus-client", "orjson", "uvloop"),
     "demo": ("scikit-learn",),
+    "onnx": ("onnx", "onnxscript", "onnxruntime"),
 }
 """Each extra of pyproject.toml and the distributions it installs (kept equal by tests/test_extras.py)."""
 
