@@ -63,6 +63,7 @@ read, so Lambda layers or custom objects in a config are never deserialized.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -70,6 +71,7 @@ import math
 import os
 import re
 import zipfile
+from collections.abc import Iterator
 from typing import Any
 
 import numpy
@@ -335,15 +337,9 @@ def open_keras_h5(path: str | os.PathLike[str]) -> KerasH5Source:
         return open_sharded_keras(text)
     _warn_if_one_part(text)
     closers: list[Any] = []
-    try:
+    with _closed_on_error(closers, f"{text}: corrupt or truncated Keras HDF5 file"):
         handle, config, real_size = _open_checked(text, closers)
         layout = _read_layout(text, handle, config)
-    except WeightSourceError:
-        _close_all(closers)
-        raise
-    except _READ_ERRORS as error:
-        _close_all(closers)
-        raise WeightSourceError(f"{text}: corrupt or truncated Keras HDF5 file: {error}") from error
     logger.debug("Opened %s as %s with %d tensors", text, layout.format, len(layout.entries))
     return KerasH5Source(text, layout, handle, closers, real_size)
 
@@ -363,6 +359,20 @@ def _warn_if_one_part(path: str) -> None:
     if index is not None and os.path.isfile(index):
         logger.warning("%s is one part of the sharded Keras weights %s and holds only some of the tensors; "
                        "open %s to read them all.", path, index, index)
+
+
+@contextlib.contextmanager
+def _closed_on_error(closers: list[Any], corrupt: str) -> Iterator[None]:
+    """Closes what the body opened if it fails; an HDF5 or zip read error becomes a WeightSourceError that
+    starts with ``corrupt`` (the file, and what is wrong with it)."""
+    try:
+        yield
+    except WeightSourceError:
+        _close_all(closers)
+        raise
+    except _READ_ERRORS as error:
+        _close_all(closers)
+        raise WeightSourceError(f"{corrupt}: {error}") from error
 
 
 def _close_all(closers: list[Any]) -> None:

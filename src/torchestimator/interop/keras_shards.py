@@ -36,9 +36,8 @@ from typing import Any
 
 from torchestimator.interop.keras_config import MAX_CONFIG_BYTES
 from torchestimator.interop.keras_h5 import (
-    _READ_ERRORS,
     KerasH5Source,
-    _close_all,
+    _closed_on_error,
     _Entry,
     _Layout,
     _open_checked,
@@ -83,20 +82,13 @@ class ShardedKerasSource(KerasH5Source):
 def open_sharded_keras(path: str) -> ShardedKerasSource:
     """Open ``x.weights.json`` and every part it lists; `WeightSourceError` naming the index if unusable."""
     closers: list[Any] = []
-    try:
+    with _closed_on_error(closers, f"{path}: a part of these sharded Keras weights is corrupt or truncated"):
         weight_map = _read_index(path)
         names = list(dict.fromkeys(name for names in weight_map.values() for name in names))
         parts = [_open_part(path, name, closers) for name in names]
         _check_weight_map(path, weight_map, parts)
         merged, owner = _merge(path, weight_map, parts, closers)
         layout = _read_layout(path, merged, None)
-    except WeightSourceError:
-        _close_all(closers)
-        raise
-    except _READ_ERRORS as error:
-        _close_all(closers)
-        raise WeightSourceError(f"{path}: a part of these sharded Keras weights is corrupt or truncated: {error}") \
-            from error
     return ShardedKerasSource(path, layout, merged, closers, parts, owner)
 
 
