@@ -550,6 +550,7 @@ class _PairedHandSteps(te.Hook):
         if self.hand_finished is not None:
             self.estimator_steps.append(started - self.hand_finished)
         features, labels = next(self.batches)
+        # run_hand's loop body written out, not shared through a function: a call per step would slow the anchor.
         loss = F.cross_entropy(self.model(features["x"]), labels)
         loss.backward()
         self.optimizer.step()
