@@ -18,7 +18,8 @@ PUBLIC_SUBPACKAGES = {
     "export": [
         "BestExporter", "ClassificationOutput", "DEFAULT_SERVING_SIGNATURE_DEF_KEY", "ExportOutput",
         "ExportedModel", "Exporter", "FinalExporter", "LatestExporter", "PredictOutput", "RegressionOutput",
-        "ServingInputReceiver", "Signature", "TensorInfo", "TensorSpec", "export_saved_model",
+        "ServingInputReceiver", "Signature", "TensorInfo", "TensorSpec", "build_image_serving_input_receiver",
+        "build_parsing_serving_input_receiver", "export_saved_model",
         "garbage_collect_exports", "latest_version", "list_versions", "load", "loss_smaller", "read_best_eval",
         "read_inputs", "serving_input_receiver"
     ],

@@ -181,7 +181,7 @@ def test_features_must_match_the_signature_inputs(models):
 
 
 @pytest.mark.parametrize("value, message", [
-    ("one", "holds strings; exported torch programs take numeric tensors only"),
+    ("one", "holds strings; signature input 'x' takes numeric tensors only"),
     ({"b64": "AAAA"}, "holds bytes"),
     ({"b64": "not base64!"}, "Unable to base64 decode"),
     ({"value": 1}, "Feature: x has element with unexpected JSON type: Object"),

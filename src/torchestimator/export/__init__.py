@@ -3,7 +3,10 @@
     export_dir_base/<int(time.time())>/   program.json, tensors.safetensors, signature.json, metadata.json, assets.extra/
 
 Public surface: declare serving inputs with ``serving_input_receiver`` and
-``TensorSpec``; shape signatures with ``PredictOutput``,
+``TensorSpec``, or take bytes as TF's clients send them with
+``build_parsing_serving_input_receiver`` (serialized tf.Examples) and
+``build_image_serving_input_receiver`` (encoded images; their decode steps run
+outside the program, recorded as data: decoders.py); shape signatures with ``PredictOutput``,
 ``ClassificationOutput``, ``RegressionOutput`` in EstimatorSpec.export_outputs;
 write with ``export_saved_model``; choose when with ``LatestExporter``,
 ``BestExporter``, ``FinalExporter``; read back with ``load``.
@@ -29,6 +32,8 @@ __all__ = [
     "Signature",
     "TensorInfo",
     "TensorSpec",
+    "build_image_serving_input_receiver",
+    "build_parsing_serving_input_receiver",
     "export_saved_model",
     "garbage_collect_exports",
     "latest_version",
@@ -60,7 +65,13 @@ __getattr__, __dir__ = lazy_exports(
             "PredictOutput",
             "RegressionOutput",
         ],
-        "torchestimator.export.receiver": ["ServingInputReceiver", "TensorSpec", "serving_input_receiver"],
+        "torchestimator.export.receiver": [
+            "ServingInputReceiver",
+            "TensorSpec",
+            "build_image_serving_input_receiver",
+            "build_parsing_serving_input_receiver",
+            "serving_input_receiver",
+        ],
         "torchestimator.export.saved_model": ["export_saved_model"],
         "torchestimator.export.versions": ["latest_version", "list_versions"],
     },

@@ -7,7 +7,10 @@ ExportedModel: a callable from named numpy arrays or tensors to named numpy
 arrays, checking names, dtypes and shapes against the signature first. A
 folder holding only ``model.pt2`` (torch.export.save's archive, which
 earlier torchestimator versions wrote) is refused without opening it: loading
-that archive unpickles parts of it, so it must be re-exported. ``read_inputs`` reads named inputs from an .npz
+that archive unpickles parts of it, so it must be re-exported. A string input (dtype "string", a batch of bytes) is decoded by the decode step signature.json records
+(decoders.py: rebuilt from checked JSON, never code) into the tensors the program takes, before the program
+runs; ``prepare_inputs`` returns those tensors, and a call given them (the batch scheduler concatenates them)
+runs the program directly. ``read_inputs`` reads named inputs from an .npz
 file (what the CLI's ``predict --exported`` does with one) or a JSON file; the CLI reads a JSON request with the
 server's own parser instead (serving/json_tensor.py), which knows the signature, so rows of plain values work.
 """
@@ -25,10 +28,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchestimator.export.decoders import STRING, DecodeStep, decoder_from_json
 from torchestimator.export.outputs import DEFAULT_SERVING_SIGNATURE_DEF_KEY
-from torchestimator.export.receiver import parse_dtype
+from torchestimator.export.receiver import dtype_name, parse_dtype
 from torchestimator.export.program_format import LEGACY_FILE, PROGRAM_FILE, TENSORS_FILE, decode
-from torchestimator.export.saved_model import METADATA_FILE, SIGNATURE_FILE, SIGNATURE_FORMAT_VERSION
+from torchestimator.export.saved_model import (
+    METADATA_FILE,
+    SIGNATURE_FILE,
+    SIGNATURE_FORMAT_VERSION,
+    SIGNATURE_FORMAT_WITH_DECODERS,
+)
 from torchestimator.export.versions import latest_version
 from torchestimator._io.regular_file import FileTooLargeError, NotARegularFileError, read_regular_file
 from torchestimator.errors import ExportFormatError
@@ -69,12 +78,14 @@ class ExportedModel:
         self._module = _without_input_constraint_hook(program.module())
         self._program_inputs = list(document["program_inputs"])
         self._signatures = {name: _signature(name, entry, path) for name, entry in document["signatures"].items()}
+        self._decoders, self._program_infos = _decode_plan(document, self._signatures, path)
         # The graph itself, called without the unlifted module's pytree and attribute walk when its calling
         # convention is the plain one (checked once here); None: every call goes through the module.
         self._lifted = LiftedCall.build(program, self._program_inputs)
         # Parsed once; a dtype name torch does not know stays None so the call reports it, as before.
         self._input_dtypes = {(name, key): _known_dtype(info.dtype)
                               for name, signature in self._signatures.items() for key, info in signature.inputs.items()}
+        self._program_dtypes = {key: _known_dtype(info.dtype) for key, info in self._program_infos.items()}
 
     def __repr__(self) -> str:
         return f"ExportedModel({self.path!r}, signatures={self.signature_names})"
@@ -88,6 +99,17 @@ class ExportedModel:
     def signature_names(self) -> list[str]:
         return sorted(self._signatures)
 
+    @property
+    def program_inputs(self) -> dict[str, TensorInfo]:
+        """The tensors the program takes: the signature's inputs, each string input replaced by what its decode
+        step makes (the same as the signature's inputs when there is no string input)."""
+        return dict(self._program_infos)
+
+    @property
+    def decode_steps(self) -> dict[str, DecodeStep]:
+        """string input name -> the decode step signature.json records for it (empty without string inputs)."""
+        return dict(self._decoders)
+
     def signature(self, name: str = DEFAULT_SERVING_SIGNATURE_DEF_KEY) -> Signature:
         if name not in self._signatures:
             raise ValueError(f"{self.path} has no signature {name!r}; it has {self.signature_names}.")
@@ -99,7 +121,12 @@ class ExportedModel:
         signature_name: str = DEFAULT_SERVING_SIGNATURE_DEF_KEY,
         output_keys: list[str] | None = None,
     ) -> dict[str, np.ndarray]:
-        """Runs one batch. Arrays and tensors must have the signature's dtype; lists are converted to it."""
+        """Runs one batch. Arrays and tensors must have the signature's dtype; lists are converted to it.
+
+        A string input takes a list of bytes (str is encoded UTF-8) or a 1-D
+        bytes/object array; its decode step runs first. The program's own
+        inputs (``prepare_inputs``' result) are taken as they are.
+        """
         signature = self.signature(signature_name)
         tensors = self._prepare(inputs, signature)
         wanted = _select_outputs(signature, output_keys, self.path)
@@ -113,7 +140,12 @@ class ExportedModel:
     predict = __call__
 
     def prepare_inputs(self, inputs: Any, signature_name: str = DEFAULT_SERVING_SIGNATURE_DEF_KEY) -> dict[str, torch.Tensor]:
-        """The inputs as tensors, checked against the signature; errors name the input and the mismatch."""
+        """The program's input tensors, checked against the signature; errors name the input and the mismatch.
+
+        String inputs are decoded here (their decode step), so what comes back
+        is plain tensors that concatenate along the batch; given those tensors
+        again, it checks them and hands them back.
+        """
         return self._prepare(inputs, self.signature(signature_name))
 
     def _prepare(self, inputs: Any, signature: Signature) -> dict[str, torch.Tensor]:
@@ -124,6 +156,8 @@ class ExportedModel:
                     f"{_describe_inputs(signature)}; received {type(inputs).__name__}."
                 )
             inputs = {next(iter(signature.inputs)): inputs}
+        if self._decoders:
+            return self._prepare_decoded(inputs, signature)
         if inputs.keys() != signature.inputs.keys():
             missing = [name for name in signature.inputs if name not in inputs]
             unexpected = [name for name in inputs if name not in signature.inputs]
@@ -135,6 +169,42 @@ class ExportedModel:
                    for name, info in signature.inputs.items()}
         _check_batch(tensors, signature)
         return tensors
+
+
+    def _prepare_decoded(self, inputs: Mapping[str, Any], signature: Signature) -> dict[str, torch.Tensor]:
+        """The program's tensors from the signature's inputs (decoding the strings), or checked when given them."""
+        if inputs.keys() == self._program_infos.keys():  # already decoded (a batch the scheduler concatenated)
+            tensors = {name: _as_tensor(name, inputs[name], info, self._program_dtypes[name])
+                       for name, info in self._program_infos.items()}
+            _check_batch(tensors, Signature(name=signature.name, method=signature.method, method_name="",
+                                            inputs=self._program_infos, outputs={}, program_outputs={}))
+            return tensors
+        if inputs.keys() != signature.inputs.keys():
+            missing = [name for name in signature.inputs if name not in inputs]
+            unexpected = [name for name in inputs if name not in signature.inputs]
+            raise ValueError(
+                f"Signature {signature.name!r} of {self.path} takes inputs {_describe_inputs(signature)}; "
+                f"missing {missing}, unexpected {unexpected}."
+            )
+        tensors: dict[str, torch.Tensor] = {}
+        sizes: dict[str, int] = {}
+        for name, info in signature.inputs.items():
+            if info.dtype == STRING:
+                values = _string_values(name, inputs[name])
+                sizes[name] = len(values)
+                decoded = self._decoders[name].decode(values, name)
+                for key, array in decoded.items():
+                    tensors[key] = torch.from_numpy(np.ascontiguousarray(array))
+            else:
+                tensors[name] = _as_tensor(name, inputs[name], info, self._input_dtypes[signature.name, name])
+                if info.shape and info.shape[0] == -1:
+                    sizes[name] = int(tensors[name].shape[0])
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"Inputs must share one batch size; received {sizes}.")
+        missing = [name for name in self._program_infos if name not in tensors]
+        if missing:  # a decode step that made fewer arrays than it declares: ours, not the caller's
+            raise AssertionError(f"the decode steps of {self.path} did not make {missing}")
+        return {name: tensors[name] for name in self._program_infos}
 
 
 class LiftedCall:
@@ -321,6 +391,63 @@ def _signature(name: str, entry: Mapping[str, Any], path: str) -> Signature:
         raise ExportFormatError(f"{os.path.join(path, SIGNATURE_FILE)}: signature {name!r} is malformed ({error}).") from None
 
 
+def _decode_plan(document: Mapping[str, Any], signatures: Mapping[str, Signature],
+                 path: str) -> tuple[dict[str, DecodeStep], dict[str, TensorInfo]]:
+    """The decode steps of the string inputs, rebuilt from signature.json, and the program's input infos.
+
+    Checked against each other: the program inputs must be the tensor inputs
+    followed by the decoded tensors, so a hand-edited file cannot feed the
+    program tensors of another shape than it was traced on.
+    """
+    where = os.path.join(path, SIGNATURE_FILE)
+    entries = document.get("decoders", {})
+    decoders = {name: decoder_from_json(entry, f"{where}: decoders[{name!r}]") for name, entry in entries.items()}
+    first = next(iter(signatures.values()), None)
+    if first is None:
+        return decoders, {}
+    for signature in signatures.values():
+        strings = sorted(name for name, info in signature.inputs.items() if info.dtype == STRING)
+        if strings != sorted(decoders):
+            raise ExportFormatError(f"{where}: signature {signature.name!r} has string inputs {strings}, and the "
+                                    f"file has decode steps for {sorted(decoders)}; each string input needs one.")
+        for name in strings:
+            if signature.inputs[name].shape != (-1,):
+                raise ExportFormatError(f"{where}: string input {name!r} has shape {list(signature.inputs[name].shape)}"
+                                        "; string inputs are a batch of bytes, shape [-1].")
+    infos = {name: info for name, info in first.inputs.items() if info.dtype != STRING}
+    for step in decoders.values():
+        for name, (dtype, shape) in step.outputs().items():
+            infos[name] = TensorInfo(dtype=dtype_name(dtype), shape=tuple(-1 if size is None else size for size in shape))
+    program_inputs = list(document["program_inputs"])
+    if sorted(infos) != sorted(program_inputs):  # signature.json's objects are written with sorted keys
+        raise ExportFormatError(f"{where}: 'program_inputs' is {program_inputs[:16]}, but the signature's inputs "
+                                f"and decode steps make {sorted(infos)[:16]}.")
+    return decoders, {name: infos[name] for name in program_inputs}
+
+
+def _string_values(name: str, value: Any) -> list[bytes]:
+    """A string input's batch as a list of bytes: from bytes/str items (str is UTF-8), or a 1-D bytes/object array."""
+    if isinstance(value, np.ndarray):
+        if value.ndim != 1 or value.dtype.kind not in "OSU":
+            raise TypeError(f"Input {name!r} is a string input (a batch of bytes, shape [-1]); received a numpy "
+                            f"array of dtype {value.dtype} and shape {list(value.shape)}. Pass a list of bytes or a "
+                            "1-D array of bytes.")
+        value = value.tolist()
+    if isinstance(value, (bytes, bytearray, str)) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"Input {name!r} is a string input (a batch of bytes, shape [-1]); received "
+                        f"{type(value).__name__}. Pass a list with one bytes value per instance, e.g. [png_bytes].")
+    values = []
+    for index, item in enumerate(value):
+        if isinstance(item, str):
+            values.append(item.encode("utf-8"))
+        elif isinstance(item, (bytes, bytearray, memoryview)):
+            values.append(bytes(item))
+        else:
+            raise TypeError(f"Input {name!r}, instance {index}: expected bytes (or str); received "
+                            f"{type(item).__name__}. A string input takes one bytes value per instance.")
+    return values
+
+
 def _known_dtype(name: str) -> torch.dtype | None:
     try:
         return parse_dtype(name, "dtype")
@@ -446,11 +573,18 @@ def _checked_signature_document(document: Any, path: str) -> dict[str, Any]:
     """signature.json with the types ExportedModel reads, so a malformed one is an error naming the file."""
     if not isinstance(document, dict):
         raise ExportFormatError(f"{path} must hold a JSON object; it holds {type(document).__name__}.")
-    if document.get("format_version") != SIGNATURE_FORMAT_VERSION:
+    version = document.get("format_version")
+    if version not in (SIGNATURE_FORMAT_VERSION, SIGNATURE_FORMAT_WITH_DECODERS):
         raise ExportFormatError(
-            f"{path} has format_version {document.get('format_version')!r}; this "
-            f"torchestimator reads {SIGNATURE_FORMAT_VERSION}. Re-export with this version or upgrade torchestimator."
+            f"{path} has format_version {version!r}; this torchestimator reads {SIGNATURE_FORMAT_VERSION} and "
+            f"{SIGNATURE_FORMAT_WITH_DECODERS}. Re-export with this version or upgrade torchestimator."
         )
+    decoders = document.get("decoders")
+    if (version == SIGNATURE_FORMAT_WITH_DECODERS) != isinstance(decoders, dict) or (decoders is not None and (
+            not isinstance(decoders, dict) or not decoders)):
+        raise ExportFormatError(f"{path}: format_version {SIGNATURE_FORMAT_WITH_DECODERS} and a non-empty 'decoders' "
+                                "object (the decode steps of string inputs) go together; this file has "
+                                f"format_version {version!r} and 'decoders' {str(decoders)[:60]}.")
     inputs, signatures = document.get("program_inputs"), document.get("signatures")
     if not isinstance(inputs, list) or not all(isinstance(name, str) for name in inputs):
         raise ExportFormatError(f"{path}: 'program_inputs' must be a list of input names; it is {str(inputs)[:80]}.")

@@ -3,8 +3,13 @@
 This is the counterpart of tf.estimator's ServingInputReceiver, declared as
 specs rather than placeholders: each receiver input has a dtype and a shape
 whose ``None`` entries are dynamic (the first one is the batch dimension).
-Tracing and writing the export lives in saved_model.py; reading it back in
-loader.py.
+A string input (dtype "string", shape (None,): a batch of bytes, TF's
+DT_STRING) comes with a decode step (decoders.py) that turns it into tensors
+outside the program; the program is traced on those tensors
+(``program_specs``). The two receivers TF users know are built here:
+``build_parsing_serving_input_receiver`` (serialized tf.Examples) and
+``build_image_serving_input_receiver`` (encoded images). Tracing and writing
+the export lives in saved_model.py; reading it back in loader.py.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["ServingInputReceiver", "TensorSpec", "dtype_name", "parse_dtype", "serving_input_receiver"]
+from torchestimator.export.decoders import STRING, DecodeStep, ExampleParsing, ImageDecode
+
+__all__ = ["ServingInputReceiver", "TensorSpec", "build_image_serving_input_receiver",
+           "build_parsing_serving_input_receiver", "dtype_name", "parse_dtype", "serving_input_receiver"]
 
 # The size given to dynamic dimensions in example inputs: torch.export specialises sizes 0 and 1.
 EXAMPLE_DYNAMIC_SIZE = 2
@@ -35,8 +43,9 @@ def parse_dtype(dtype: Any, where: str) -> torch.dtype:
     raise TypeError(f"{where} must be a torch dtype such as torch.float32 or a name such as 'float32'; received {dtype!r}.")
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    """The name written to signature.json: torch's, without the 'torch.' prefix (matches numpy's where one exists)."""
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """The name written to signature.json: torch's, without the 'torch.' prefix (matches numpy's where one exists);
+    "string" for string inputs."""
     return str(dtype).removeprefix("torch.")
 
 
@@ -46,11 +55,15 @@ class TensorSpec:
 
     shape: tuple[int | None, ...]
     """Sizes per dimension; None is dynamic. A leading None is the batch dimension, shared by all inputs."""
-    dtype: torch.dtype = torch.float32
-    """A torch dtype, or its name ("float32", "int64")."""
+    dtype: torch.dtype | str = torch.float32
+    """A torch dtype, or its name ("float32", "int64"); "string" (or bytes) for a batch of bytes values, which
+    needs shape (None,) and a decode step (the receivers built by build_*_serving_input_receiver)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", parse_dtype(self.dtype, "TensorSpec.dtype"))
+        if self.dtype in (STRING, bytes, str):
+            object.__setattr__(self, "dtype", STRING)
+        else:
+            object.__setattr__(self, "dtype", parse_dtype(self.dtype, "TensorSpec.dtype"))
         if isinstance(self.shape, (str, bytes)) or not hasattr(self.shape, "__iter__"):
             raise TypeError(f"TensorSpec.shape must be a tuple of sizes (None for dynamic); received {self.shape!r}.")
         shape = tuple(self.shape)
@@ -59,7 +72,13 @@ class TensorSpec:
                 raise ValueError(
                     f"TensorSpec.shape entries must be non-negative ints or None (dynamic); received {shape!r}."
                 )
+        if self.dtype == STRING and shape != (None,):
+            raise ValueError(f"A string TensorSpec is a batch of bytes values: shape (None,); received {shape!r}.")
         object.__setattr__(self, "shape", shape)
+
+    @property
+    def is_string(self) -> bool:
+        return self.dtype == STRING
 
     def signature_shape(self) -> list[int]:
         """The shape as signature.json writes it: -1 for dynamic sizes."""
@@ -73,14 +92,18 @@ class TensorSpec:
 class ServingInputReceiver:
     """The inputs an exported model takes, and how they become model_fn's features.
 
-    Without ``receiver_fn`` the features are the dict of receiver tensors.
-    ``receiver_fn`` maps that dict to features (a dict of tensors or a tensor);
-    it is traced into the exported program, so it must be torch code (no numpy,
-    no Python branching on tensor values).
+    Without ``receiver_fn`` the features are the dict of the program's input
+    tensors. ``receiver_fn`` maps that dict to features (a dict of tensors or
+    a tensor); it is traced into the exported program, so it must be torch
+    code (no numpy, no Python branching on tensor values). The program's
+    inputs are the receiver's tensor inputs plus, for each string input, the
+    tensors its decode step makes (``decoders``, run outside the program).
     """
 
     receiver_tensors: Mapping[str, TensorSpec]
     receiver_fn: ReceiverFn | None = None
+    decoders: Mapping[str, DecodeStep] | None = None
+    """string input name -> its decode step (decoders.py); every string input needs one."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.receiver_tensors, Mapping) or not self.receiver_tensors:
@@ -98,11 +121,29 @@ class ServingInputReceiver:
         if self.receiver_fn is not None and not callable(self.receiver_fn):
             raise TypeError(f"receiver_fn must be callable (dict of tensors -> features); received {self.receiver_fn!r}.")
         object.__setattr__(self, "receiver_tensors", dict(self.receiver_tensors))
+        object.__setattr__(self, "decoders", _checked_decoders(self.receiver_tensors, self.decoders))
+        self.program_specs()  # names clash-checked now, not at export
+
+    def program_specs(self) -> dict[str, TensorSpec]:
+        """The traced program's inputs: tensor receiver inputs, then each string input's decoded tensors.
+
+        A decoded name must differ from every receiver input's name, so a dict
+        of inputs says by its keys alone whether it is still to be decoded.
+        """
+        specs = {name: spec for name, spec in self.receiver_tensors.items() if not spec.is_string}
+        for input_name, step in (self.decoders or {}).items():
+            for name, (dtype, shape) in step.outputs().items():
+                if name in specs or name in self.receiver_tensors:
+                    raise ValueError(
+                        f"The decode step of string input {input_name!r} makes a tensor named {name!r}, which is "
+                        f"already a receiver input or another decoded tensor; give them different names.")
+                specs[name] = TensorSpec(shape=shape, dtype=dtype)
+        return specs
 
     def example_inputs(self) -> dict[str, torch.Tensor]:
-        """Tensors matching the specs, dynamic sizes set to 2; integer inputs are zeros (valid as indices)."""
+        """Program inputs matching the specs, dynamic sizes set to 2; integer inputs are zeros (valid as indices)."""
         examples = {}
-        for name, spec in self.receiver_tensors.items():
+        for name, spec in self.program_specs().items():
             shape = [EXAMPLE_DYNAMIC_SIZE if size is None else size for size in spec.shape]
             if spec.dtype.is_floating_point or spec.dtype.is_complex:
                 # A fixed generator: exporting twice traces the same values.
@@ -116,7 +157,7 @@ class ServingInputReceiver:
         """torch.export dynamic shapes: every leading None shares one batch Dim; other Nones get their own."""
         batch = torch.export.Dim("batch")
         shapes: dict[str, dict[int, Any]] = {}
-        for index, (name, spec) in enumerate(self.receiver_tensors.items()):
+        for index, (name, spec) in enumerate(self.program_specs().items()):
             dims = {}
             for axis, size in enumerate(spec.shape):
                 if size is None:
@@ -128,7 +169,33 @@ class ServingInputReceiver:
         return receiver_tensors if self.receiver_fn is None else self.receiver_fn(receiver_tensors)
 
     def describe(self) -> str:
-        return ", ".join(f"{name!r}: {spec.describe()}" for name, spec in self.receiver_tensors.items())
+        described = []
+        for name, spec in self.receiver_tensors.items():
+            step = (self.decoders or {}).get(name)
+            described.append(f"{name!r}: {spec.describe()}" + (f" ({step.describe()})" if step is not None else ""))
+        return ", ".join(described)
+
+
+def _checked_decoders(receiver_tensors: Mapping[str, TensorSpec],
+                      decoders: Mapping[str, DecodeStep] | None) -> dict[str, DecodeStep] | None:
+    if decoders is not None and not isinstance(decoders, Mapping):
+        raise TypeError(f"decoders must be a dict of string input name -> decode step; received {decoders!r}.")
+    decoders = dict(decoders or {})
+    for name, step in decoders.items():
+        if not isinstance(step, DecodeStep):
+            raise TypeError(f"decoders[{name!r}] must be a decode step (torchestimator.export.decoders); received "
+                            f"{step!r}.")
+        spec = receiver_tensors.get(name)
+        if spec is None or not spec.is_string:
+            raise ValueError(f"decoders[{name!r}] decodes a string input, but the receiver has no string input "
+                             f"{name!r}.")
+    undecoded = [name for name, spec in receiver_tensors.items() if spec.is_string and name not in decoders]
+    if undecoded:
+        raise ValueError(
+            f"Receiver string inputs {undecoded} have no decode step: strings cannot enter a torch.export program. "
+            "Use te.export.build_parsing_serving_input_receiver (serialized tf.Examples) or "
+            "build_image_serving_input_receiver (encoded images).")
+    return decoders or None
 
 
 def serving_input_receiver(
@@ -144,6 +211,52 @@ def serving_input_receiver(
             spec = TensorSpec(shape=spec[0], dtype=spec[1])
         specs[name] = spec
     return ServingInputReceiver(receiver_tensors=specs, receiver_fn=receiver_fn)
+
+
+def build_parsing_serving_input_receiver(
+    feature_spec: Mapping[str, Any],
+    receiver_fn: ReceiverFn | None = None,
+    *,
+    input_name: str = "examples",
+) -> ServingInputReceiver:
+    """Serialized tf.Examples in, parsed with ``feature_spec``, then the model (TF's build_parsing_serving_input_receiver_fn).
+
+    The receiver input ``input_name`` is a batch of serialized Examples
+    (signature dtype string, DT_STRING, shape [-1]); each request runs
+    ``te.data.parse_example(serialized, feature_spec)`` outside the program
+    (TF's parse errors, naming the record), and each FixedLenFeature becomes a
+    program input of shape [-1, *shape]. The features model_fn gets are those
+    tensors, or ``receiver_fn(tensors)``. Only int64/float32 FixedLenFeature
+    specs can be program inputs: VarLen, Ragged and sequence features are
+    refused here, naming the feature. :classify and :regress then take TF
+    Serving's ``examples`` as TF does.
+    """
+    if not isinstance(input_name, str) or not input_name:
+        raise ValueError(f"input_name must be a non-empty string; received {input_name!r}.")
+    return ServingInputReceiver(receiver_tensors={input_name: TensorSpec(shape=(None,), dtype=STRING)},
+                                receiver_fn=receiver_fn, decoders={input_name: ExampleParsing(features=feature_spec)})
+
+
+def build_image_serving_input_receiver(
+    decoding: Any,
+    *,
+    input_name: str = "image_bytes",
+    feature_name: str = "image",
+    receiver_fn: ReceiverFn | None = None,
+) -> ServingInputReceiver:
+    """Encoded images in (PNG, JPEG, GIF, BMP bytes), decoded as ``decoding`` says, then the model.
+
+    ``decoding`` is the te.data.ImageDecoding the input_fn decodes with
+    (channels, size, resize method, layout, scale), so serving sees the
+    tensors training saw. The receiver input ``input_name`` is a batch of
+    bytes (REST: ``{"instances": [{"b64": "..."}]}``); the decoded float32
+    batch is the program input and feature ``feature_name``.
+    """
+    if not isinstance(input_name, str) or not input_name:
+        raise ValueError(f"input_name must be a non-empty string; received {input_name!r}.")
+    return ServingInputReceiver(receiver_tensors={input_name: TensorSpec(shape=(None,), dtype=STRING)},
+                                receiver_fn=receiver_fn,
+                                decoders={input_name: ImageDecode(decoding=decoding, feature_name=feature_name)})
 
 
 def as_receiver(value: Any) -> ServingInputReceiver:

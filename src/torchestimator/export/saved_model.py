@@ -4,7 +4,8 @@ A version folder holds:
 
     program.json         the torch.export graph (torch's JSON schema; see program_format.py)
     tensors.safetensors  its parameters, buffers and constants
-    signature.json       each signature: method, inputs and outputs with dtype and shape (-1 dynamic)
+    signature.json       each signature: method, inputs and outputs with dtype and shape (-1 dynamic); with
+                         string inputs, the decode step of each (``decoders``: data, see decoders.py)
     metadata.json        checkpoint, global_step, versions, creation time
     assets.extra/        copies of assets_extra
     model.onnx           only with as_onnx=True (onnx_export.py: how it is named and called)
@@ -57,6 +58,9 @@ METADATA_FILE = "metadata.json"
 ONNX_FILE = onnx_export.ONNX_FILE
 ASSETS_EXTRA = "assets.extra"
 SIGNATURE_FORMAT_VERSION = 1
+# Written when the receiver has string inputs: their decode steps are in the file, and a reader that knew only
+# format 1 would take the decoded tensors for the inputs, so it must refuse the file instead.
+SIGNATURE_FORMAT_WITH_DECODERS = 2
 _VERSION_ATTEMPTS = 10
 TEMP_PREFIX = "temp-"
 # Filesystems round each file up to whole blocks and need room for folder entries.
@@ -290,8 +294,12 @@ def _signature_document(plan: dict[str, dict[str, Any]], receiver: ServingInputR
                    for alias, key in entry["outputs"].items()}
         signatures[name] = {"method": entry["method"], "method_name": entry["method_name"],
                             "inputs": inputs, "outputs": outputs}
-    return {"format_version": SIGNATURE_FORMAT_VERSION, "program_inputs": list(receiver.receiver_tensors),
-            "signatures": signatures}
+    document = {"format_version": SIGNATURE_FORMAT_VERSION, "program_inputs": list(receiver.program_specs()),
+                "signatures": signatures}
+    if receiver.decoders:
+        document["format_version"] = SIGNATURE_FORMAT_WITH_DECODERS
+        document["decoders"] = {name: step.to_json() for name, step in receiver.decoders.items()}
+    return document
 
 
 def _write_version(folder: str, files: Mapping[str, bytes], assets: dict[str, str],

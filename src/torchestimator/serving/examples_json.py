@@ -1,11 +1,24 @@
-"""TF Serving's Classify and Regress REST requests, for exports that take named tensors.
+"""TF Serving's Classify and Regress requests: examples (+ context) to the tensors a signature takes.
 
     {"signature_name": "...", "context": {feature: value|list}, "examples": [{feature: value|list}, ...]}
       -> :classify  {"results": [[[label, score], ...] per example]}
       -> :regress   {"results": [value per example]}
 
-TF feeds serialized tf.Example protos to a signature with one string input;
-torch programs have no string inputs, so here an example's features feed the
+``examples_request`` is the transport-independent entry (REST's JSON and
+gRPC's Example protos both reach it, as decode_example's values per feature).
+
+An export whose signature takes one string input parsed as tf.Examples
+(build_parsing_serving_input_receiver) gets them exactly as TF Serving feeds
+them: each example is made a tf.Example (JSON values by TF's
+AddValueToFeature rules: a number with a fraction or exponent is a
+float_list, an integer or bool an int64_list, a string or {"b64"} a
+bytes_list, an empty list a Feature with no list), the context's serialized
+bytes are put before each example's (InputToSerializedExampleTensor: the
+example's copy of a repeated feature wins when parsed), and the batch of
+serialized Examples goes through the export's parse step, whose errors are
+TF's parse errors.
+
+Other exports take named tensors: an example's features feed the
 signature's inputs by name: context features are merged into every example,
 each input's values are stacked along a new batch dimension, and a value's
 list is reshaped to the input's per-example shape as a FixedLenFeature is
@@ -24,18 +37,27 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from torchestimator.export import DEFAULT_SERVING_SIGNATURE_DEF_KEY, ExportedModel, Signature, TensorInfo
+from torchestimator.export.decoders import STRING, ExampleParsing
 from torchestimator.export.receiver import parse_dtype
 from torchestimator.serving.errors import ServingError, invalid_argument
-from torchestimator.serving.json_tensor import TF_DTYPES, check_b64_object, describe_inputs, preview_json
+from torchestimator.serving.json_tensor import (
+    TF_DTYPES,
+    b64_bytes,
+    check_b64_object,
+    decoded_inputs,
+    describe_inputs,
+    preview_json,
+)
 
-__all__ = ["ExamplesRequest", "classify_results", "parse_examples_request", "regress_results"]
+__all__ = ["ExamplesRequest", "classify_results", "example_from_json", "examples_request", "parse_examples_request",
+           "regress_results", "serialized_examples"]
 
 _METHOD_NAMES = {"classify": ("classification", "tensorflow/serving/classify"),
                  "regress": ("regression", "tensorflow/serving/regress")}
@@ -52,7 +74,7 @@ class ExamplesRequest:
 
 
 def parse_examples_request(document: Mapping[str, Any], model: ExportedModel, method: str) -> ExamplesRequest:
-    """The tensors a Classify (``method="classify"``) or Regress (``"regress"``) request feeds its signature."""
+    """The tensors a Classify (``method="classify"``) or Regress (``"regress"``) REST request feeds its signature."""
     if method not in _METHOD_NAMES:
         raise ValueError(f"method must be 'classify' or 'regress'; received {method!r}.")
     # TF reads the JSON (signature name, context, examples) before it looks at the model.
@@ -63,10 +85,132 @@ def parse_examples_request(document: Mapping[str, Any], model: ExportedModel, me
     context = _context(document)
     examples = _examples(document, method)
     signature = _signature(model, signature_name or DEFAULT_SERVING_SIGNATURE_DEF_KEY, method)
+    if _parsed_input(model, signature) is not None:  # JSON -> tf.Example values, by TF's rules
+        context = example_from_json(context, "'context'")
+        examples = [example_from_json(example, f"examples[{index}]") for index, example in enumerate(examples)]
+    return examples_request(context, examples, model, method, signature.name)
+
+
+def examples_request(context: Mapping[str, Any], examples: Sequence[Mapping[str, Any]], model: ExportedModel,
+                     method: str, signature_name: str) -> ExamplesRequest:
+    """The program's tensors for a Classify or Regress request's examples and context.
+
+    Values per feature are what ``te.data.decode_example`` returns (int64 or
+    float32 array, list of bytes; [] for a Feature with no list); for an
+    export without a parsing receiver, JSON values as REST sends them work too.
+    With a parsing receiver the examples are serialized (context first, as
+    TF) and parsed by the export's parse step; otherwise features feed the
+    signature's inputs by name (the module docstring).
+    """
+    if method not in _METHOD_NAMES:
+        raise ValueError(f"method must be 'classify' or 'regress'; received {method!r}.")
+    signature = _signature(model, signature_name or DEFAULT_SERVING_SIGNATURE_DEF_KEY, method)
+    if not examples:
+        raise invalid_argument("Input is empty.")  # TF's InputToSerializedExampleTensor
+    parsed = _parsed_input(model, signature)
+    if parsed is not None:
+        inputs = decoded_inputs(model, {parsed: serialized_examples(context, examples)}, signature.name)
+        return ExamplesRequest(signature_name=signature.name, inputs=inputs, count=len(examples))
     columns = _columns(context, examples, signature)
-    inputs = {name: _feature_tensor(name, columns[name], info, "'context'" if name in context else None)
+    inputs = {name: _string_feature(name, columns[name], "'context'" if name in context else None)
+              if info.dtype == STRING else
+              _feature_tensor(name, columns[name], info, "'context'" if name in context else None)
               for name, info in signature.inputs.items()}
+    if any(info.dtype == STRING for info in signature.inputs.values()):
+        inputs = decoded_inputs(model, inputs, signature.name)
     return ExamplesRequest(signature_name=signature.name, inputs=inputs, count=len(examples))
+
+
+def _parsed_input(model: ExportedModel, signature: Signature) -> str | None:
+    """The signature's one input when it is a string input parsed as tf.Examples (TF's classify/regress form)."""
+    if len(signature.inputs) != 1:
+        return None
+    name, info = next(iter(signature.inputs.items()))
+    step = getattr(model, "decode_steps", {}).get(name) if info.dtype == STRING else None
+    return name if isinstance(step, ExampleParsing) else None
+
+
+# -- tf.Examples -----------------------------------------------------------------------
+
+def serialized_examples(context: Mapping[str, Any], examples: Sequence[Mapping[str, Any]]) -> list[bytes]:
+    """Each example serialized as a tf.Example after the context's bytes (TF Serving's merge: one message, the
+    example's copy of a feature read last)."""
+    prefix = _example_bytes(context, "'context'") if context else b""
+    return [prefix + _example_bytes(example, f"examples[{index}]") for index, example in enumerate(examples)]
+
+
+def _example_bytes(features: Mapping[str, Any], where: str) -> bytes:
+    from torchestimator.data.example import example_protos
+
+    message = example_protos().Example()
+    feature_map = message.features.feature
+    for name, values in features.items():
+        feature = feature_map[name]  # created even when it stays without a list: Feature(), as TF keeps it
+        if isinstance(values, np.ndarray) and values.dtype.kind in "iub":
+            feature.int64_list.SetInParent()
+            feature.int64_list.value.extend(values.astype(np.int64).reshape(-1).tolist())
+        elif isinstance(values, np.ndarray) and values.dtype.kind == "f":
+            feature.float_list.SetInParent()
+            feature.float_list.value.extend(values.astype(np.float32).reshape(-1).tolist())
+        elif isinstance(values, (list, tuple)) and all(isinstance(value, bytes) for value in values):
+            if values:
+                feature.bytes_list.value.extend(values)
+            else:
+                feature.SetInParent()
+        else:
+            raise TypeError(f"Feature {name!r} of {where}: expected decode_example's values (an int64 or float32 "
+                            f"array, or a list of bytes); received {type(values).__name__}.")
+    return message.SerializeToString(deterministic=True)
+
+
+_INT64_MIN, _INT64_MAX, _UINT64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def example_from_json(features: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A JSON example's features as tf.Example values, by TF Serving's MakeExampleFromJsonObject and
+    AddValueToFeature (util/json_tensor.cc); errors in TF's words, then ``where``."""
+    return {name: _feature_from_json(name, value, where) for name, value in features.items()}
+
+
+def _feature_from_json(name: str, value: Any, where: str) -> Any:
+    kind, values = None, []
+    for item in value if isinstance(value, list) else [value]:
+        item_kind, converted = _json_feature_value(name, item, where)
+        if kind is not None and item_kind != kind:
+            raise invalid_argument(f"Unexpected element type in feature: {name} expecting type: {kind} ({where}).")
+        kind = item_kind
+        values.append(converted)
+    if kind is None:
+        return []  # an empty list: a Feature with no list set
+    if kind == "int64":
+        return np.array(values, np.int64)
+    if kind == "float":
+        return np.array(values, np.float32)
+    return values
+
+
+def _json_feature_value(name: str, item: Any, where: str) -> tuple[str, Any]:
+    if isinstance(item, bool):
+        return "int64", int(item)
+    if isinstance(item, int):
+        if _INT64_MIN <= item <= _INT64_MAX:
+            return "int64", item
+        if 0 < item <= _UINT64_MAX:
+            raise invalid_argument(f"Feature: {name} has uint64 element. Only int64 is supported ({where}).")
+        item = float(item)  # beyond 64 bits rapidjson reads the number as a double
+    if isinstance(item, float):
+        if math.isfinite(item) and abs(item) > _FLOAT32_MAX:
+            raise invalid_argument(f"Cannot convert JSON value: {item!r} to float without loss of precision "
+                                   f"(feature {name!r}, {where}).")
+        return "float", item
+    if isinstance(item, str):
+        return "bytes", item.encode("utf-8")
+    if isinstance(item, dict) and list(item) == ["b64"] and isinstance(item["b64"], str):
+        return "bytes", b64_bytes(item, f"feature {name!r}, {where}")
+    kind = "Null" if item is None else "Object" if isinstance(item, dict) else "Array" if isinstance(item, list) \
+        else type(item).__name__
+    raise invalid_argument(f"Feature: {name} has element with unexpected JSON type: {kind} ({where}).")
 
 
 def classify_results(outputs: Mapping[str, np.ndarray], count: int) -> dict[str, Any]:
@@ -175,6 +319,24 @@ def _columns(context: Mapping[str, Any], examples: list[dict[str, Any]], signatu
 
 # -- feature values --------------------------------------------------------------------
 
+def _string_feature(name: str, values: list[Any], source: str | None) -> list[bytes]:
+    """A string input's feature across examples: one bytes value each (a string, {"b64"}, or a list of one)."""
+    column = []
+    for index, value in enumerate(values):
+        where = source or f"examples[{index}]"
+        item = value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value
+        if isinstance(item, bytes):
+            column.append(item)
+        elif isinstance(item, str):
+            column.append(item.encode("utf-8"))
+        elif isinstance(item, dict):
+            column.append(b64_bytes(item, f"feature {name!r}, {where}"))
+        else:
+            raise invalid_argument(f"Feature {name!r} of {where} feeds the string input {name!r}: give one string or "
+                                   f"{{\"b64\": ...}} per example; received {preview_json(value)}.")
+    return column
+
+
 def _feature_tensor(name: str, values: list[Any], info: TensorInfo, source: str | None) -> torch.Tensor:
     """One input's values across examples, stacked to [count, *per-example shape] in the signature's dtype."""
     dtype = parse_dtype(info.dtype, f"signature input {name!r} dtype")
@@ -232,9 +394,10 @@ def _refuse_non_numbers(name: str, value: Any, where: str) -> None:
                 undecodable=lambda error: f"Feature {name!r} of {where}: Unable to base64 decode ({error}).")
             raise invalid_argument(f"Feature {name!r} of {where} holds bytes ({{\"b64\": ...}}); exported torch "
                                    "programs take numeric tensors only. Send the numbers as JSON numbers.")
-        if isinstance(item, str):
-            raise invalid_argument(f"Feature {name!r} of {where} holds strings; exported torch programs take numeric "
-                                   "tensors only. Send the numbers as JSON numbers.")
+        if isinstance(item, (str, bytes)):
+            raise invalid_argument(f"Feature {name!r} of {where} holds strings; signature input {name!r} takes "
+                                   "numeric tensors only. Send the numbers as JSON numbers (or export with "
+                                   "build_parsing_serving_input_receiver to take tf.Examples as TF does).")
 
 
 def _leaves(value: Any, depth: int = 0):

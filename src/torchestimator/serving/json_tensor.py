@@ -7,9 +7,12 @@ what the signature expects (SRV ``util/json_tensor.cc`` semantics):
 * row format ``{"instances": [...]}``: one element per example, plain values
   for a single-input signature, ``{name: value}`` objects otherwise;
 * columnar format ``{"inputs": value | {name: value}}``;
-* ``{"b64": "..."}`` stands for bytes and is only valid for string inputs,
-  which torch.export programs do not have yet, so it is always refused with
-  the reason (after its base64 is checked).
+* string inputs (dtype "string", DT_STRING: a receiver with a decode step)
+  take a list with one value per instance: ``{"b64": "..."}`` is bytes, a
+  plain JSON string its UTF-8 bytes, as TF reads them; the decode step then
+  runs here (``ExportedModel.prepare_inputs``), so the request carries the
+  program's tensors and batches like any other. ``{"b64": ...}`` for a
+  numeric input is refused with the reason (after its base64 is checked).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ except ImportError:  # optional (the serving extra installs it)
     _orjson = None
 
 from torchestimator.export import DEFAULT_SERVING_SIGNATURE_DEF_KEY, ExportedModel, Signature, TensorInfo
+from torchestimator.export.decoders import STRING
 from torchestimator.export.receiver import parse_dtype
 from torchestimator.serving.errors import invalid_argument
 from torchestimator.serving.manager import VersionStatus
@@ -42,7 +46,7 @@ TF_DTYPES = {
     "float32": "DT_FLOAT", "float64": "DT_DOUBLE", "float16": "DT_HALF", "bfloat16": "DT_BFLOAT16",
     "int8": "DT_INT8", "int16": "DT_INT16", "int32": "DT_INT32", "int64": "DT_INT64", "uint8": "DT_UINT8",
     "uint16": "DT_UINT16", "uint32": "DT_UINT32", "uint64": "DT_UINT64", "bool": "DT_BOOL",
-    "complex64": "DT_COMPLEX64", "complex128": "DT_COMPLEX128",
+    "complex64": "DT_COMPLEX64", "complex128": "DT_COMPLEX128", "string": "DT_STRING",
 }
 
 
@@ -129,8 +133,61 @@ def parse_predict(document: Mapping[str, Any], model: ExportedModel) -> PredictR
     else:
         raise invalid_argument(f"Missing 'inputs' or 'instances' key. Signature {signature_name!r} takes "
                                f"{describe_inputs(signature)}.")
-    tensors = {name: _input_tensor(name, values[name], signature.inputs[name]) for name in signature.inputs}
+    tensors = {name: _string_input(name, values[name]) if info.dtype == STRING else
+               _input_tensor(name, values[name], info) for name, info in signature.inputs.items()}
+    if any(info.dtype == STRING for info in signature.inputs.values()):
+        tensors = decoded_inputs(model, tensors, signature_name)
     return PredictRequest(signature_name=signature_name, inputs=tensors, row_format=row_format)
+
+
+def decoded_inputs(model: ExportedModel, inputs: Mapping[str, Any], signature_name: str) -> dict[str, torch.Tensor]:
+    """The program's tensors for inputs holding string values: the decode step's errors are the client's."""
+    try:
+        return model.prepare_inputs(inputs, signature_name)
+    except (ValueError, TypeError) as error:  # a record that does not parse, bytes that are no image: named
+        raise invalid_argument(str(error)) from error
+
+
+def _string_input(name: str, value: Any) -> list[bytes]:
+    """A string input's JSON values as bytes: {"b64": ...} decoded, a JSON string as its UTF-8 bytes (as TF)."""
+    if not isinstance(value, list):
+        raise invalid_argument(f"Input {name!r} is a string input of shape [-1]: send a list with one string or "
+                               f"{{\"b64\": ...}} object per instance; received {preview_json(value)}.")
+    values = []
+    for index, item in enumerate(value):
+        if isinstance(item, str):
+            values.append(item.encode("utf-8"))
+        elif isinstance(item, dict):
+            values.append(b64_bytes(item, f"input {name!r}, instance {index}"))
+        elif isinstance(item, list):
+            raise invalid_argument(f"Encountered list at unexpected level: 1 expected < 1 (input {name!r}, instance "
+                                   f"{index}): a string input takes one string or {{\"b64\": ...}} per instance.")
+        else:  # TF's TypeError wording (json_tensor.cc), then where
+            raise invalid_argument(f"JSON Value: {preview_json(item)} Type: {_json_type_name(item)} is not of "
+                                   f"expected type: string (input {name!r}, instance {index}).")
+    return values
+
+
+def b64_bytes(found: dict[str, Any], where: str) -> bytes:
+    """The bytes of a ``{"b64": "..."}`` object; TF's errors for anything else. Padding may be left out, as
+    TF's decoder (absl::Base64Unescape) allows."""
+    encoded = found.get("b64")
+    if len(found) != 1 or not isinstance(encoded, str):
+        raise invalid_argument(f"JSON Value: {preview_json(found)} not formatted correctly for base64 data ({where}): "
+                               'expected {"b64": "<base64 string>"}.')
+    try:
+        return base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+    except (binascii.Error, ValueError) as error:
+        raise invalid_argument(f"Unable to base64 decode ({where}: {error}).") from error
+
+
+def _json_type_name(value: Any) -> str:
+    """json_tensor.cc's JsonTypeString."""
+    if value is None:
+        return "Null"
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    return {dict: "Object", list: "Array", str: "String"}.get(type(value), "Number")
 
 
 def predict_response(outputs: Mapping[str, np.ndarray], row_format: bool) -> dict[str, Any]:

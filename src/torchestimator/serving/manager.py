@@ -362,7 +362,9 @@ def warm_up(model: ExportedModel) -> float:
     for name in model.signature_names:
         signature = model.signature(name)
         inputs = {}
-        for input_name, info in signature.inputs.items():
+        # String inputs are decoded before the program runs: warm up the program on its own (decoded) inputs.
+        infos = getattr(model, "program_inputs", None) or signature.inputs
+        for input_name, info in infos.items():
             shape = [1 if size == -1 else size for size in info.shape]
             inputs[input_name] = torch.zeros(shape, dtype=parse_dtype(info.dtype, f"signature input {input_name!r}"))
             if any(size == -1 for size in info.shape[1:]):
