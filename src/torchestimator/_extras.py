@@ -21,7 +21,7 @@ __all__ = ["EXTRAS", "import_extra"]
 
 EXTRAS = {
     "pandas": ("pandas",),
-    "images": ("pillow",),
+    "images": ("pillow", "simplejpeg"),
     "keras": ("h5py",),
     "plot": ("matplotlib",),
     "serving": ("aiohttp", "prometheus-client", "orjson", "uvloop"),

@@ -16,6 +16,7 @@ catches it::
     ├── NanLossDuringTrainingError(RuntimeError)   the loss (or a weight about to be saved) is not finite
     ├── DataLossError(ValueError)             a damaged TFRecord file; .path, .offset (the record's start)
     ├── ExampleDecodeError(ValueError)        bytes that are not a tf.train.Example / SequenceExample
+    ├── ImageDecodeError(ValueError)          bytes that are not an image decode_image can decode; .where, .format
     ├── WeightSourceError(ValueError)         a weight file missing, unreadable, corrupt or crafted
     ├── TensorNotFoundError(KeyError)         a weight source asked for a name it does not hold
     ├── ExportFormatError(ValueError)         an export's program.json / tensors.safetensors refused
@@ -58,6 +59,7 @@ __all__ = [
     "ExportFormatError",
     "FileTooLargeError",
     "HTTP_STATUS",
+    "ImageDecodeError",
     "MissingExtraError",
     "NanLossDuringTrainingError",
     "NotARegularFileError",
@@ -179,6 +181,19 @@ class DataLossError(TorchEstimatorError, ValueError):
 
 class ExampleDecodeError(TorchEstimatorError, ValueError):
     """The bytes are not a valid serialized Example / SequenceExample."""
+
+
+class ImageDecodeError(TorchEstimatorError, ValueError):
+    """Bytes that decode_image cannot decode, or a decode option their format refuses.
+
+    ``where`` names the bytes (a file, a record, a request input and its index) and ``format`` the format
+    seen in them (``"png"``, ``"jpeg"``, ``"gif"``, ``"bmp"``, ``"webp"`` or ``"unknown"``).
+    """
+
+    def __init__(self, message: str, *, where: str = "", format: str = "") -> None:  # noqa: A002 (TF's word)
+        super().__init__(message)
+        self.where = where
+        self.format = format
 
 
 class WeightSourceError(TorchEstimatorError, ValueError):
