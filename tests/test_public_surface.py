@@ -31,13 +31,15 @@ PUBLIC_SUBPACKAGES = {
         "read_monitoring_config_file", "serve", "start"
     ],
     "data": [
-        "DataLossError", "ExampleDecodeError", "FixedLenFeature", "FixedLenSequenceFeature", "RaggedFeature",
+        "DataLossError", "ExampleDecodeError", "FixedLenFeature", "FixedLenSequenceFeature", "ImageDecodeError",
+        "ImageDecoding", "RaggedFeature",
         "RaggedValue", "ReadStats", "ResumableIterable", "SparseValue", "TFRecordDataset", "TFRecordLoader",
-        "TFRecordWriter", "VarLenFeature", "dataset_input_fn", "decode_example", "decode_raw",
+        "TFRecordWriter", "VarLenFeature", "dataset_input_fn", "decode_example", "decode_image", "decode_jpeg",
+        "decode_png", "decode_raw",
         "decode_sequence_example", "describe_batch_sizes", "encode_example", "encode_sequence_example",
         "example_kinds", "example_protos", "iter_record_blocks", "iter_records", "list_files", "masked_crc32c",
         "numpy_input_fn", "pandas_input_fn", "parse_example", "parse_single_example",
-        "parse_single_sequence_example", "read_records", "to_torch", "unmask_crc32c"
+        "parse_single_sequence_example", "read_records", "resize_image", "to_torch", "unmask_crc32c"
     ],
     "interop": [
         "FORMATS", "TensorInfo", "TensorNotFoundError", "WeightSource", "WeightSourceError", "open_weights"
@@ -62,7 +64,8 @@ PUBLIC_SUBPACKAGES = {
     ],
     "errors": [
         "BodyTooLarge", "CheckpointError", "ConfigError", "ConfigTypeError", "DataLossError", "DiskFullError",
-        "ExampleDecodeError", "ExportFormatError", "FileTooLargeError", "HTTP_STATUS", "MissingExtraError",
+        "ExampleDecodeError", "ExportFormatError", "FileTooLargeError", "HTTP_STATUS", "ImageDecodeError",
+        "MissingExtraError",
         "NanLossDuringTrainingError", "NotARegularFileError", "RelaunchError", "ReplicaFailedError", "ReplicaLostError",
         "ReplicasDisagreeError", "ServingClientError", "ServingError", "TensorNotFoundError", "TorchEstimatorError",
         "WeightSourceError"
