@@ -3,17 +3,20 @@
     serve("digits", "export/digits")                       # blocking, like tensorflow_model_server
     with start("digits", "export/digits", port=0) as server:
         Client(server.url, "digits").predict(...)          # embedded: a background thread
+    serve("digits", "export/digits", grpc_port=8500)       # TF Serving's gRPC API too (grpc_server.py)
 
 Both poll every model's base path for new versions (file_system_poll_wait_seconds)
 and, with ``model_config_file_poll_wait_seconds`` > 0, re-read the model config
 file: models added are loaded, models removed are no longer served, policies and
-labels of the others change in place. The REST handling is app.py's; ServerSettings is settings.py's
+labels of the others change in place. The REST handling is app.py's, the gRPC API grpc_server.py's (started
+on the same event loop, over the same request core, and stopped before it); ServerSettings is settings.py's
 (importable without aiohttp).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import threading
@@ -24,21 +27,38 @@ from torchestimator._extras import import_extra
 
 web = import_extra("aiohttp.web", extra="serving", feature="the model server")
 
-from torchestimator.serving.app import make_app, managers_of
+from torchestimator.serving.app import make_app, managers_of, request_core_of
 from torchestimator.serving.config import ModelConfig, read_model_config_file
 from torchestimator.serving.errors import ServingError
 from torchestimator.serving.event_loop import loop_factory, loop_name
 from torchestimator.serving.heap import FrozenHeap
 from torchestimator.serving.manager import ModelManager
 from torchestimator.serving.protocol import ServingRunner
-from torchestimator.serving.settings import ServerSettings  # re-exported: it lived here
+from torchestimator.serving.settings import DEFAULT_MAX_BODY_BYTES, ServerSettings  # the latter re-exported: it lived here
 
-__all__ = ["RunningServer", "ServerSettings", "build_app", "serve", "start"]
+__all__ = ["RunningServer", "ServerSettings", "build_app", "grpc_port_of", "serve", "start"]
 
 logger = logging.getLogger(__name__)
 
 # Set only by serve(): the process is the server's, so its heap may be frozen (heap.py).
 _HEAP = web.AppKey("frozen_heap", FrozenHeap)
+_MAX_MESSAGE = web.AppKey("grpc_max_message_bytes", int)
+
+
+@dataclasses.dataclass
+class _GrpcSlot:
+    """Hung on the app before it starts (aiohttp warns when a started app's keys change); filled by _start_grpc."""
+
+    port: int | None = None
+
+
+_GRPC = web.AppKey("grpc", _GrpcSlot)
+
+
+def grpc_port_of(app: web.Application) -> int | None:
+    """The port the app's gRPC API listens on (the one bound when asked for 0), or None when it has none."""
+    slot = app.get(_GRPC)
+    return None if slot is None else slot.port
 
 
 def build_app(settings: ServerSettings) -> web.Application:
@@ -49,14 +69,18 @@ def build_app(settings: ServerSettings) -> web.Application:
                    batching=settings.batching, metrics_path=settings.metrics_path,
                    timeout_seconds=settings.timeout_seconds, inline_forward_micros=settings.inline_forward_micros)
     app.cleanup_ctx.append(_background_polling(settings))
+    app[_MAX_MESSAGE] = settings.max_body_bytes
+    app[_GRPC] = _GrpcSlot()
     return app
 
 
 def serve(model_name: str | None = None, model_base_path: str | os.PathLike[str] | None = None,
           host: str = "127.0.0.1", port: int = 8501, *,
           on_listening: Callable[[web.Application, int], None] | None = None,
-          **settings: Any) -> None:
+          grpc_port: int | None = None, **settings: Any) -> None:
     """Serves until interrupted (blocking). Keywords are ServerSettings' fields.
+
+    ``grpc_port`` also serves TF Serving's gRPC API on ``host`` (0: a free port, see ``grpc_port_of``; None: none).
 
     ``on_listening(app, port)`` is called once the port accepts connections, with the models loaded (build_app
     polls every model first), so whatever it announces (the CLI's "serving ..." line) is true when said;
@@ -68,33 +92,51 @@ def serve(model_name: str | None = None, model_base_path: str | os.PathLike[str]
     _settle_heap(app)  # the first models loaded: frozen before the first request
     try:
         with asyncio.Runner(loop_factory=make_loop) as runner:  # uvloop when installed (event_loop.py)
-            runner.run(_serve_forever(app, host, port, on_listening))
+            runner.run(_serve_forever(app, host, port, on_listening, grpc_port))
     except (web.GracefulExit, KeyboardInterrupt):  # SIGTERM / SIGINT: the runner has been cleaned up
         logger.info("Stopped serving")
 
 
 async def _serve_forever(app: web.Application, host: str, port: int,
-                         on_listening: Callable[[web.Application, int], None] | None) -> None:
+                         on_listening: Callable[[web.Application, int], None] | None, grpc_port: int | None) -> None:
     # web.run_app, with the runner that answers protocol errors in JSON (protocol.py).
     runner = ServingRunner(app, handle_signals=True, access_log=None)  # as TF: no line per request
     await runner.setup()
+    grpc_server = None
     try:
         await web.TCPSite(runner, host, port).start()
         port = bound_port(runner)
+        grpc_server = await _start_grpc(app, host, grpc_port)
         logger.info("Serving %s at http://%s:%d/v1/models/ (event loop: %s)", sorted(managers_of(app)), host, port,
                     loop_name())
         if on_listening is not None:
             on_listening(app, port)
         await asyncio.Event().wait()  # until a signal raises GracefulExit, which cancels this task
     finally:
+        if grpc_server is not None:  # before the core's threads stop: calls in flight finish first
+            await grpc_server.stop()
         await runner.cleanup()
+
+
+async def _start_grpc(app: web.Application, host: str, grpc_port: int | None) -> Any:
+    if grpc_port is None:
+        return None
+    from torchestimator.serving.grpc_server import GrpcServer  # grpcio is imported only when asked for
+
+    grpc_server = GrpcServer(request_core_of(app), host, grpc_port, max_message_bytes=app.get(_MAX_MESSAGE, DEFAULT_MAX_BODY_BYTES))
+    app[_GRPC].port = await grpc_server.start()
+    return grpc_server
 
 
 class RunningServer:
     """A server in a background thread; ``url`` is where it answers. ``stop()`` (or leaving ``with``) ends it."""
 
-    def __init__(self, app: web.Application, host: str, port: int) -> None:
+    def __init__(self, app: web.Application, host: str, port: int, *, grpc_port: int | None = None) -> None:
         self._app = app
+        self._grpc_port = grpc_port
+        if _GRPC not in app:  # an app of make_app's: the slot goes on before it starts
+            app[_GRPC] = _GrpcSlot()
+        self._grpc_server: Any = None
         self._loop = loop_factory()()
         self._runner = ServingRunner(app, handle_signals=False, access_log=None)
         self._started = threading.Event()
@@ -108,6 +150,17 @@ class RunningServer:
         self.host, self.port = host, bound_port(self._runner)
 
     @property
+    def grpc_port(self) -> int | None:
+        """Where the gRPC API listens, or None without one."""
+        return grpc_port_of(self._app)
+
+    @property
+    def grpc_target(self) -> str | None:
+        """``host:port`` for ``grpc.insecure_channel``, or None without a gRPC API."""
+        port = self.grpc_port
+        return None if port is None else f"{self.host}:{port}"
+
+    @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
@@ -117,6 +170,8 @@ class RunningServer:
 
     def stop(self) -> None:
         if self._thread.is_alive():
+            if self._grpc_server is not None:
+                asyncio.run_coroutine_threadsafe(self._grpc_server.stop(), self._loop).result(timeout=30)
             asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
@@ -132,8 +187,13 @@ class RunningServer:
         try:
             self._loop.run_until_complete(self._runner.setup())
             self._loop.run_until_complete(web.TCPSite(self._runner, host, port).start())
+            self._grpc_server = self._loop.run_until_complete(_start_grpc(self._app, host, self._grpc_port))
         except BaseException as error:  # e.g. the port is taken: raised in the caller's thread
             self._error = error
+            try:  # a REST port already bound (gRPC's was refused) is let go
+                self._loop.run_until_complete(self._runner.cleanup())
+            except Exception:  # nothing was set up: nothing to let go
+                pass
             self._started.set()
             return
         self._started.set()
@@ -152,11 +212,15 @@ def bound_port(runner: web.BaseRunner) -> int:
 
 
 def start(model_name: str | None = None, model_base_path: str | os.PathLike[str] | None = None,
-          host: str = "127.0.0.1", port: int = 0, **settings: Any) -> RunningServer:
-    """Starts serving in a background thread and returns once it listens (port 0: any free port)."""
+          host: str = "127.0.0.1", port: int = 0, *, grpc_port: int | None = None,
+          **settings: Any) -> RunningServer:
+    """Starts serving in a background thread and returns once it listens (port 0: any free port).
+
+    ``grpc_port`` also serves TF Serving's gRPC API (0: a free port, ``server.grpc_target``; None: none).
+    """
     loop_factory()  # a bad TORCHESTIMATOR_SERVING_LOOP is refused before any model loads
     app = build_app(ServerSettings(model_name=model_name, model_base_path=model_base_path, **settings))
-    return RunningServer(app, host, port)
+    return RunningServer(app, host, port, grpc_port=grpc_port)
 
 
 def _model_configs(settings: ServerSettings) -> list[ModelConfig]:

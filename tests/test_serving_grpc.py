@@ -1,0 +1,319 @@
+"""TF Serving's gRPC API (serving/grpc_server.py): a real grpcio client made from protos.py's messages against a
+served export, every RPC, version and label selection, every error code, and answers equal to REST's."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchestimator as te
+from conftest import make_estimator
+from torchestimator.data.example import encode_example
+from torchestimator.export import (
+    ClassificationOutput,
+    PredictOutput,
+    RegressionOutput,
+    TensorSpec,
+    export_saved_model,
+    serving_input_receiver,
+)
+from torchestimator.serving import start
+from torchestimator.serving.grpc_client import ModelServiceStub, PredictionServiceStub
+from torchestimator.serving.protos import DATA_TYPES, serving_protos
+from torchestimator.serving.tensor_proto import TensorProtoError, make_tensor_proto, tensor_proto_to_numpy
+
+protos = serving_protos()
+
+
+class HalfPlusThree(nn.Module):
+    """y = 0.5 x + shift + 3 (TF Serving's test model, with an int64 second input); lr 0 keeps it exact."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(0.5))
+        self.bias = nn.Parameter(torch.tensor(3.0))
+
+    def forward(self, x):
+        return x * self.scale + self.bias
+
+
+def model_fn(model, features, labels, mode):
+    y = model(features["x"])
+    if mode == te.ModeKeys.PREDICT:
+        scores = torch.stack([y, 2 * y], dim=1)
+        classes = torch.zeros_like(scores, dtype=torch.int64) + torch.arange(2)
+        return te.EstimatorSpec(mode, predictions={"y": y}, export_outputs={
+            "serving_default": PredictOutput({"y": y, "twice": 2 * y}),
+            "tensorflow/serving/regress": RegressionOutput(y),
+            "tensorflow/serving/classify": ClassificationOutput(scores=scores, classes=classes),
+        })
+    return te.EstimatorSpec(mode, predictions={"y": y}, loss=F.mse_loss(y, labels))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """Versions 1 and 2 of one export (labels stable -> 1, canary -> 2), served over REST and gRPC."""
+    root = tmp_path_factory.mktemp("grpc")
+    x = np.arange(8, dtype=np.float32)
+    train = te.numpy_input_fn({"x": x}, 0.5 * x + 3, batch_size=4, num_epochs=None, shuffle=False)
+    estimator = make_estimator(root / "model", model=HalfPlusThree,
+                               optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.0), model_fn=model_fn)
+    estimator.train(train, max_steps=1)
+    receiver = serving_input_receiver(
+        {"x": TensorSpec(shape=(None, 1)), "shift": TensorSpec(shape=(None,), dtype=torch.int64)},
+        receiver_fn=lambda tensors: {"x": tensors["x"][:, 0] + tensors["shift"].to(torch.float32)})
+    exported = export_saved_model(estimator, root / "exports", receiver)
+    base = root / "half"
+    for version in (1, 2):
+        shutil.copytree(exported, base / str(version))
+    config = root / "models.config"
+    config.write_text(f'model_config_list {{ config {{ name: "half" base_path: "{base}" '
+                      'model_version_policy { all {} } version_labels { key: "stable" value: 1 } '
+                      'version_labels { key: "canary" value: 2 } } }')
+    with start(model_config_file=str(config), grpc_port=0, file_system_poll_wait_seconds=0) as server:
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            yield {"server": server, "predict": PredictionServiceStub(channel), "model": ModelServiceStub(channel)}
+
+
+def predict_request(x, shift, **spec):
+    request = protos.PredictRequest()
+    request.model_spec.name = spec.pop("name", "half")
+    if "version" in spec:
+        request.model_spec.version.value = spec.pop("version")
+    if "label" in spec:
+        request.model_spec.version_label = spec.pop("label")
+    request.model_spec.signature_name = spec.pop("signature_name", "")
+    content = spec.pop("tensor_content", False)
+    request.inputs["x"].CopyFrom(make_tensor_proto(np.asarray(x, np.float32), tensor_content=content))
+    request.inputs["shift"].CopyFrom(make_tensor_proto(np.asarray(shift, np.int64), tensor_content=content))
+    request.output_filter.extend(spec.pop("output_filter", []))
+    assert not spec
+    return request
+
+
+def rest(server, path, document):
+    request = urllib.request.Request(server.url + path, data=json.dumps(document).encode(), method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def grpc_error(call, request):
+    with pytest.raises(grpc.RpcError) as caught:
+        call(request, timeout=30)
+    return caught.value.code(), caught.value.details()
+
+
+# -- Predict ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tensor_content", [False, True])
+def test_predict_equals_rest_with_typed_fields_and_tensor_content(served, tensor_content):
+    x, shift = [[1.0], [2.0], [5.0]], [0, 1, 2]
+    response = served["predict"].Predict(predict_request(x, shift, tensor_content=tensor_content), timeout=30)
+    assert response.model_spec.name == "half" and response.model_spec.version.value == 2  # the latest
+    assert response.model_spec.signature_name == "serving_default"
+    y = response.outputs["y"]
+    assert y.dtype == DATA_TYPES["DT_FLOAT"] and [dim.size for dim in y.tensor_shape.dim] == [3]
+    assert len(y.float_val) == 3 and not y.tensor_content  # TF Serving answers in typed fields (AsProtoField)
+    expected = rest(served["server"], "/v1/models/half:predict", {"inputs": {"x": x, "shift": shift}})["outputs"]
+    assert tensor_proto_to_numpy(y).tolist() == expected["y"] == [3.5, 4.5, 6.5]
+    assert tensor_proto_to_numpy(response.outputs["twice"]).tolist() == expected["twice"]
+
+
+def test_output_filter_version_and_label_select_what_answers(served):
+    stub = served["predict"]
+    response = stub.Predict(predict_request([[1.0]], [0], output_filter=["twice"]), timeout=30)
+    assert list(response.outputs) == ["twice"] and list(response.outputs["twice"].float_val) == [7.0]
+    assert stub.Predict(predict_request([[1.0]], [0], version=1), timeout=30).model_spec.version.value == 1
+    assert stub.Predict(predict_request([[1.0]], [0], label="stable"), timeout=30).model_spec.version.value == 1
+    assert stub.Predict(predict_request([[1.0]], [0], label="canary"), timeout=30).model_spec.version.value == 2
+
+
+@pytest.mark.parametrize("change, code, words", [
+    (dict(name="nope"), grpc.StatusCode.NOT_FOUND, "Servable not found for request: Latest(nope)"),
+    (dict(version=7), grpc.StatusCode.NOT_FOUND, "Servable not found for request: Specific(half, 7)"),
+    (dict(label="gone"), grpc.StatusCode.INVALID_ARGUMENT, "Unrecognized servable version label: gone"),
+    (dict(signature_name="nope"), grpc.StatusCode.INVALID_ARGUMENT, 'Serving signature name: "nope" not found'),
+    (dict(output_filter=["nope"]), grpc.StatusCode.INVALID_ARGUMENT, "output tensor alias not found in signature: "
+                                                                      "nope Outputs expected to be in the set {twice,y}"),
+    (dict(output_filter=["y", "y"]), grpc.StatusCode.INVALID_ARGUMENT, "duplicate output tensor alias: y"),
+])
+def test_predict_errors_carry_tf_serving_codes_and_words(served, change, code, words):
+    found_code, details = grpc_error(served["predict"].Predict, predict_request([[1.0]], [0], **change))
+    assert found_code == code and words in details
+
+
+def test_bad_tensors_are_invalid_argument_naming_the_input(served):
+    stub = served["predict"]
+    request = predict_request([[1.0]], [0])
+    request.inputs["x"].CopyFrom(make_tensor_proto(np.ones((1, 1), np.float64)))
+    code, details = grpc_error(stub.Predict, request)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "Expects arg[1] to be float but double is provided" in details
+    request = predict_request([[1.0], [2.0]], [0, 1])
+    request.inputs["x"].float_val.append(3.0)  # 3 values for 2 elements
+    code, details = grpc_error(stub.Predict, request)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "input 'x': float_val holds 3 values; shape [2, 1] needs 2" \
+        in details
+    request = predict_request([[1.0]], [0])
+    del request.inputs["shift"]
+    code, details = grpc_error(stub.Predict, request)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "Missing but required: ['shift']" in details
+    request = predict_request([[1.0, 2.0]], [0])  # x is [-1, 1]: the loader's shape check
+    code, details = grpc_error(stub.Predict, request)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "'x'" in details
+    request = predict_request([[1.0]], [0])
+    request.ClearField("model_spec")
+    assert grpc_error(stub.Predict, request) == (grpc.StatusCode.INVALID_ARGUMENT, "Missing ModelSpec")
+
+
+def test_garbage_bytes_are_invalid_argument(served):
+    with grpc.insecure_channel(served["server"].grpc_target) as channel:
+        raw = channel.unary_unary("/tensorflow.serving.PredictionService/Predict")
+        with pytest.raises(grpc.RpcError) as caught:
+            raw(b"\xff\xff\xff", timeout=30)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not a valid serialized" in \
+            caught.value.details()
+        unknown = channel.unary_unary("/tensorflow.serving.PredictionService/MultiInference")
+        with pytest.raises(grpc.RpcError) as caught:
+            unknown(b"", timeout=30)
+        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+# -- Classify and Regress -----------------------------------------------------------------------
+
+
+def examples_input(message, examples, context=None):
+    if context is None:
+        message.input.example_list.examples.extend(encode_example(example) for example in examples)
+    else:
+        listed = message.input.example_list_with_context
+        listed.examples.extend(encode_example(example) for example in examples)
+        listed.context = encode_example(context)
+
+
+def test_classify_and_regress_take_examples_with_context_as_rest_does(served):
+    stub = served["predict"]
+    request = protos.RegressionRequest()
+    request.model_spec.name = "half"
+    request.model_spec.signature_name = "tensorflow/serving/regress"
+    examples_input(request, [{"x": [1.0]}, {"x": [5.0]}], context={"shift": [1]})
+    response = stub.Regress(request, timeout=30)
+    values = [regression.value for regression in response.result.regressions]
+    expected = rest(served["server"], "/v1/models/half:regress",
+                    {"signature_name": "tensorflow/serving/regress", "context": {"shift": 1},
+                     "examples": [{"x": 1.0}, {"x": 5.0}]})["results"]
+    assert values == expected == [4.0, 6.0]
+    assert response.model_spec.signature_name == "tensorflow/serving/regress"
+    request = protos.ClassificationRequest()
+    request.model_spec.name = "half"
+    request.model_spec.version_label = "stable"
+    request.model_spec.signature_name = "tensorflow/serving/classify"
+    examples_input(request, [{"x": [1.0], "shift": [0]}])
+    response = stub.Classify(request, timeout=30)
+    assert response.model_spec.version.value == 1
+    assert [[(c.label, c.score) for c in row.classes] for row in response.result.classifications] == \
+        [[("0", 3.5), ("1", 7.0)]]
+    request.ClearField("input")
+    code, details = grpc_error(stub.Classify, request)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "Input is empty" in details
+    request.input.example_list.examples.append(b"\xff\x01")
+    code, details = grpc_error(stub.Classify, request)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "input.example_list.examples[0]" in details
+
+
+# -- GetModelMetadata and GetModelStatus --------------------------------------------------------
+
+
+def test_metadata_packs_the_signature_def_map_as_tf_serving(served):
+    request = protos.GetModelMetadataRequest()
+    request.model_spec.name = "half"
+    request.metadata_field.append("signature_def")
+    response = served["predict"].GetModelMetadata(request, timeout=30)
+    assert response.model_spec.version.value == 2
+    packed = response.metadata["signature_def"]
+    assert packed.type_url == "type.googleapis.com/tensorflow.serving.SignatureDefMap"
+    signatures = protos.SignatureDefMap.FromString(packed.value).signature_def
+    assert sorted(signatures) == ["serving_default", "tensorflow/serving/classify", "tensorflow/serving/regress"]
+    shift = signatures["serving_default"].inputs["shift"]
+    assert shift.dtype == DATA_TYPES["DT_INT64"] and [dim.size for dim in shift.tensor_shape.dim] == [-1]
+    assert signatures["tensorflow/serving/regress"].method_name == "tensorflow/serving/regress"
+    request.metadata_field[:] = ["nope"]
+    code, details = grpc_error(served["predict"].GetModelMetadata, request)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "Metadata field nope is not supported" in details
+
+
+def test_model_status_lists_versions_and_errors_as_tf(served):
+    request = protos.GetModelStatusRequest()
+    request.model_spec.name = "half"
+    statuses = served["model"].GetModelStatus(request, timeout=30).model_version_status
+    assert [(status.version, status.state, status.status.error_code) for status in statuses] == [(1, 30, 0), (2, 30, 0)]
+    request.model_spec.version.value = 9
+    assert grpc_error(served["model"].GetModelStatus, request) == (grpc.StatusCode.NOT_FOUND,
+                                                                   "Could not find version 9 of model half")
+    request.model_spec.name = "nope"
+    assert grpc_error(served["model"].GetModelStatus, request)[0] == grpc.StatusCode.NOT_FOUND
+
+
+def test_grpc_requests_are_counted_in_the_metrics_with_entrypoint_grpc(served):
+    def grpc_predictions():
+        with urllib.request.urlopen(served["server"].url + "/monitoring/prometheus/metrics", timeout=30) as page:
+            text = page.read().decode()
+        series = ':tensorflow:serving:request_latency_count{API="Predict",entrypoint="GRPC",model_name="half"} '
+        return float(text.split(series)[1].split()[0]) if series in text else 0.0
+
+    before = grpc_predictions()
+    for _ in range(3):
+        served["predict"].Predict(predict_request([[1.0]], [0]), timeout=30)
+    assert grpc_predictions() == before + 3
+
+
+# -- TensorProto conversion ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int16, np.int8, np.uint8, np.uint16,
+                                   np.int64, np.bool_, np.float16, np.uint32, np.uint64, np.complex64])
+def test_tensor_proto_round_trips_every_dtype_both_ways(dtype):
+    array = (np.arange(6).reshape(2, 3) % 3 == 1) if dtype is np.bool_ else \
+        (np.arange(6).reshape(2, 3) * (1 + 1j) if dtype is np.complex64 else np.arange(6).reshape(2, 3)).astype(dtype)
+    for content in (False, True):
+        back = tensor_proto_to_numpy(protos.TensorProto.FromString(
+            make_tensor_proto(array, tensor_content=content).SerializeToString()))
+        assert back.dtype == array.dtype and back.shape == (2, 3) and np.array_equal(back, array)
+
+
+def test_one_value_fills_the_shape_and_strings_and_bad_shapes_are_named():
+    proto = make_tensor_proto(np.array([2.5], np.float32))
+    proto.tensor_shape.dim[0].size = 4
+    assert tensor_proto_to_numpy(proto).tolist() == [2.5] * 4
+    strings = make_tensor_proto([b"a", "b"])
+    assert strings.dtype == DATA_TYPES["DT_STRING"] and tensor_proto_to_numpy(strings).tolist() == [b"a", b"b"]
+    bfloat = protos.TensorProto(dtype=DATA_TYPES["DT_BFLOAT16"], half_val=[0x3F80])  # 1.0
+    bfloat.tensor_shape.dim.add(size=1)
+    assert tensor_proto_to_numpy(bfloat).tolist() == [0x3F80]
+    proto.tensor_shape.unknown_rank = True
+    with pytest.raises(TensorProtoError, match="in: tensor_shape has unknown_rank"):
+        tensor_proto_to_numpy(proto, where="in")
+    content = make_tensor_proto(np.ones(3, np.float32), tensor_content=True)
+    content.tensor_content = content.tensor_content[:-1]
+    with pytest.raises(TensorProtoError, match="tensor_content holds 11 bytes; shape \\[3\\] of DT_FLOAT needs 12"):
+        tensor_proto_to_numpy(content)
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+def test_a_busy_grpc_port_is_one_clear_error(served):
+    busy = served["server"].grpc_port
+    with pytest.raises(OSError, match=f"cannot listen for gRPC on 127.0.0.1:{busy}: the port is in use"):
+        start("half", served["server"].managers["half"].base_path, grpc_port=busy, file_system_poll_wait_seconds=0)
+    with socket.create_connection(("127.0.0.1", served["server"].port), timeout=5):
+        pass  # the first server still answers
