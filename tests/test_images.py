@@ -1,0 +1,267 @@
+"""data/images.py against TensorFlow 2.21's own outputs (tests/fixtures/images, made by tools/make_image_fixtures.py).
+
+Every decode rule (channels, 16-bit, dtype, palettes, tRNS, GIF frames, JPEG DCT methods) and every resize
+method is compared with what tf.io / tf.image gave for the same bytes; then the errors, ImageDecoding and
+its JSON form.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import pathlib
+
+import numpy as np
+import pytest
+
+from torchestimator.data import images
+from torchestimator.data.images import ImageDecoding, decode_image, decode_jpeg, decode_png, resize_image
+from torchestimator.errors import ConfigError, ConfigTypeError, ImageDecodeError, TorchEstimatorError
+
+Image = pytest.importorskip("PIL.Image")
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "images"
+EXPECTED = dict(np.load(FIXTURES / "expected.npz"))
+DECODE_KEYS = sorted(key for key in EXPECTED if not key.startswith("resize|"))
+RESIZE_KEYS = sorted(key for key in EXPECTED if key.startswith("resize|") and key != "resize|input")
+
+
+def _ours(key: str) -> np.ndarray:
+    name, op, channels, option = key.split("|")
+    data = (FIXTURES / name).read_bytes()
+    if op == "decode_png":
+        return decode_png(data, channels=int(channels), dtype=option, where=name)
+    if op == "decode_jpeg":
+        return decode_jpeg(data, channels=int(channels), dct_method=option, where=name)
+    if op == "decode_image_first":
+        return decode_image(data, expand_animations=False, where=name)
+    return decode_image(data, channels=int(channels), dtype=option, where=name)
+
+
+def _png(array: np.ndarray, mode: str | None = None) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(array, mode).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("key", DECODE_KEYS)
+def test_decoding_gives_tensorflows_values_dtype_and_shape(key):
+    pytest.importorskip("simplejpeg")  # TF's default JPEG DCT needs it; the Pillow path is tested below
+    got, want = _ours(key), EXPECTED[key]
+    assert (got.shape, got.dtype) == (want.shape, want.dtype)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_the_fixtures_cover_every_rule_the_module_claims():
+    names = {key.split("|")[0] for key in DECODE_KEYS}
+    assert {"gray16.png", "gray_alpha16.png", "rgb16.png", "rgba16.png", "gray_alpha.png", "palette_trns.png",
+            "rgb_trns.png", "bilevel.png", "photo420.jpg", "photo444.jpg", "gray.jpg", "animated.gif"} <= names
+    assert EXPECTED["gray_alpha.png|decode_png|0|uint8"].shape[-1] == 2  # stays 2 channels
+    assert EXPECTED["animated.gif|decode_image|0|uint8"].shape[0] == 3
+
+
+@pytest.fixture
+def pillow_jpeg(monkeypatch, caplog):
+    """JPEGs through Pillow, as without simplejpeg; the one warning re-armed."""
+    monkeypatch.setattr(images, "_simplejpeg", lambda: None)
+    monkeypatch.setattr(images, "_warned_accurate_fallback", False)
+    caplog.set_level(logging.WARNING, logger=images.__name__)
+    return caplog
+
+
+@pytest.mark.parametrize("name", ["photo420.jpg", "photo444.jpg", "photo422.jpg", "gray.jpg"])
+def test_pillow_gives_tensorflows_integer_accurate_jpeg_pixels_and_the_default_within_6(pillow_jpeg, name):
+    data = (FIXTURES / name).read_bytes()
+    for channels in (0, 1, 3):
+        accurate = decode_jpeg(data, channels=channels, dct_method="INTEGER_ACCURATE")
+        np.testing.assert_array_equal(accurate, EXPECTED[f"{name}|decode_jpeg|{channels}|INTEGER_ACCURATE"])
+        default = decode_jpeg(data, channels=channels).astype(int)
+        tf_default = EXPECTED[f"{name}|decode_jpeg|{channels}|"].astype(int)
+        assert default.shape == tf_default.shape and np.abs(default - tf_default).max() <= 6  # documented bound
+    assert [record.getMessage()[:50] for record in pillow_jpeg.records] == [
+        "decode_jpeg: simplejpeg is not installed, so JPEGs"]
+
+
+def test_simplejpeg_and_pillow_agree_exactly_on_integer_accurate(pillow_jpeg):
+    simplejpeg = pytest.importorskip("simplejpeg")
+    data = (FIXTURES / "photo420.jpg").read_bytes()
+    through_pillow = decode_jpeg(data, dct_method="INTEGER_ACCURATE")
+    through_simplejpeg = images._jpeg_simplejpeg(simplejpeg, data, 0, "INTEGER_ACCURATE", None)
+    np.testing.assert_array_equal(through_pillow, through_simplejpeg)
+
+
+@pytest.mark.parametrize("key", RESIZE_KEYS)
+def test_resize_gives_tensorflows_values(key):
+    _, method, size = key.split("|")
+    height, width = map(int, size.split("x"))
+    got = resize_image(EXPECTED["resize|input"], (height, width), method=method)
+    assert got.dtype == np.float32 and got.shape == EXPECTED[key].shape
+    if method in ("bilinear", "nearest"):
+        np.testing.assert_array_equal(got, EXPECTED[key])
+    else:  # TF sums in another order: float32 rounding, documented as < 1e-4 on 0..255
+        np.testing.assert_allclose(got, EXPECTED[key], rtol=0, atol=1e-4)
+
+
+def test_bilinear_equals_torch_interpolate_within_float_rounding_and_batches_resize_alike():
+    import torch
+
+    image = EXPECTED["resize|input"]
+    ours = resize_image(image, (20, 23))
+    theirs = torch.nn.functional.interpolate(torch.from_numpy(image).permute(2, 0, 1)[None].float(), size=(20, 23),
+                                             mode="bilinear", align_corners=False)[0].permute(1, 2, 0).numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=0)  # float32 rounding: measured 2e-6 relative
+    np.testing.assert_array_equal(resize_image(np.stack([image, image]), (20, 23))[1], ours)
+
+
+def test_resize_refuses_bad_arguments():
+    image = np.zeros((4, 4, 3), np.uint8)
+    with pytest.raises(ValueError, match=r"method must be one of \['bilinear', 'nearest', 'bicubic', 'area'\]"):
+        resize_image(image, (2, 2), method="lanczos3")
+    with pytest.raises(ValueError, match=r"size must be \(height, width\), two integers > 0; received \(2, 0\)"):
+        resize_image(image, (2, 0))
+    with pytest.raises(ValueError, match=r"received shape \[4, 4\]"):
+        resize_image(image[..., 0], (2, 2))
+    with pytest.raises(TypeError, match="must hold numbers"):
+        resize_image(np.array([[["a"]]]), (2, 2))
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_every_refusal_is_an_image_decode_error_naming_where_and_the_format():
+    png = (FIXTURES / "rgb.png").read_bytes()
+    jpeg = (FIXTURES / "photo420.jpg").read_bytes()
+    gif = (FIXTURES / "animated.gif").read_bytes()
+    cases = [
+        (lambda: decode_image(b"hello world", where="f.csv row 3"), "unknown",
+         r"^f\.csv row 3: unknown image file format: one of PNG, JPEG or GIF is required"),
+        (lambda: decode_image(png[:60], where="a.png"), "png", r"^a\.png: the PNG data cannot be decoded"),
+        (lambda: decode_image(png[:20], where="a.png"), "png", r"IHDR chunk is missing or cut short"),
+        (lambda: decode_image(jpeg[:300], where="b.jpg"), "jpeg", r"^b\.jpg: the JPEG data cannot be decoded"),
+        (lambda: decode_image(jpeg, channels=4, where="b.jpg"), "jpeg", "JPEG does not support 4 channels"),
+        (lambda: decode_image(png, channels=2, where="a.png"), "png",
+         r"channels must be one of \[0, 1, 3, 4\] for PNG; received 2"),
+        (lambda: decode_image(gif, channels=1, where="c.gif"), "gif",
+         r"channels must be one of \[0, 3\] for GIF; received 1"),
+        (lambda: decode_png(gif, where="c.gif"), "gif", r"got 3 frames, but an animated GIF can only be decoded"),
+        (lambda: decode_image(png, dtype="float64", where="x"), "png", r"dtype must be one of"),
+        (lambda: decode_png(png, dtype="float32", where="x"), "png", r'dtype must be "uint8" or "uint16"'),
+        (lambda: decode_jpeg(jpeg, dct_method="FAST", where="x"), "jpeg", r"dct_method must be one of"),
+        (lambda: decode_image(b"BM" + bytes(60), where="d.bmp"), "bmp", r"BMP images are not decoded here"),
+        (lambda: decode_image(b"RIFF\0\0\0\0WEBPVP8 ", where="e"), "webp", r"WEBP images are not decoded here"),
+        (lambda: decode_image("not bytes", where="request input 'image' [0]"), "unknown",
+         r"^request input 'image' \[0\]: expected the encoded image as bytes; received str"),
+        (lambda: decode_image(gif[:40], where="c.gif"), "gif", r"^c\.gif: "),
+    ]
+    for call, fmt, pattern in cases:
+        with pytest.raises(ImageDecodeError, match=pattern) as raised:
+            call()
+        assert isinstance(raised.value, (TorchEstimatorError, ValueError)) and raised.value.format == fmt
+        assert raised.value.where == str(raised.value).split(": ")[0]
+
+
+def test_the_pillow_jpeg_path_refuses_damaged_bytes_and_cmyk(pillow_jpeg):
+    with pytest.raises(ImageDecodeError, match=r"^b\.jpg: the JPEG data cannot be decoded"):
+        decode_jpeg((FIXTURES / "photo420.jpg").read_bytes()[:300], where="b.jpg")
+    buffer = io.BytesIO()
+    Image.new("CMYK", (8, 8)).save(buffer, "JPEG")
+    with pytest.raises(ImageDecodeError, match=r"CMYK JPEGs are not decoded here"):
+        decode_jpeg(buffer.getvalue())
+
+
+def test_cmyk_jpegs_are_refused_through_simplejpeg_too():
+    pytest.importorskip("simplejpeg")
+    buffer = io.BytesIO()
+    Image.new("CMYK", (8, 8)).save(buffer, "JPEG")
+    with pytest.raises(ImageDecodeError, match=r"^image: CMYK JPEGs are not decoded here"):
+        decode_image(buffer.getvalue())
+
+
+def test_image_decode_error_pickles_as_itself():
+    import pickle
+
+    error = pickle.loads(pickle.dumps(ImageDecodeError("x: bad", where="x", format="png")))
+    assert (type(error), str(error), error.where, error.format) == (ImageDecodeError, "x: bad", "x", "png")
+
+
+# --------------------------------------------------------------------------- ImageDecoding
+
+
+def test_image_decoding_is_decode_resize_scale_and_layout():
+    data = (FIXTURES / "rgba.png").read_bytes()
+    decoding = ImageDecoding(size=(5, 7), channels=3, scale=1 / 255, layout="CHW")
+    expected = resize_image(decode_image(data, channels=3), (5, 7)) * np.float32(1 / 255)
+    got = decoding.decode(data)
+    assert got.dtype == np.float32 and got.shape == decoding.shape == (3, 5, 7)
+    np.testing.assert_array_equal(got, expected.transpose(2, 0, 1))
+    batch = decoding.decode_batch([data, (FIXTURES / "gray.png").read_bytes()])
+    assert batch.shape == (2, 3, 5, 7)
+    np.testing.assert_array_equal(batch[0], got)
+    hwc = ImageDecoding(size=(5, 7), channels=1, method="nearest")
+    np.testing.assert_array_equal(hwc.decode(data), resize_image(decode_image(data, channels=1), (5, 7),
+                                                                 method="nearest"))
+
+
+def test_image_decoding_uses_its_dct_method_for_jpegs():
+    pytest.importorskip("simplejpeg")
+    data = (FIXTURES / "photo420.jpg").read_bytes()
+    for dct in ("", "INTEGER_ACCURATE"):
+        decoding = ImageDecoding(size=(24, 40), dct_method=dct)
+        np.testing.assert_array_equal(decoding.decode(data),
+                                      resize_image(EXPECTED[f"photo420.jpg|decode_jpeg|3|{dct}"], (24, 40)))
+
+
+def test_decode_batch_names_the_item_that_fails():
+    decoding = ImageDecoding(size=(4, 4))
+    good = (FIXTURES / "rgb.png").read_bytes()
+    with pytest.raises(ImageDecodeError, match=r"^request input 'image' \[1\]: unknown image file format") as raised:
+        decoding.decode_batch([good, b"junk"], where="request input 'image'")
+    assert raised.value.where == "request input 'image' [1]"
+
+
+def test_image_decoding_json_round_trips_through_text():
+    decoding = ImageDecoding(size=(224, 224), channels=1, method="area", layout="CHW", scale=0.5,
+                             dct_method="INTEGER_ACCURATE")
+    text = json.dumps(decoding.to_json())
+    assert ImageDecoding.from_json(json.loads(text)) == decoding
+    assert ImageDecoding.from_json({"size": [8, 9]}) == ImageDecoding(size=(8, 9))
+
+
+@pytest.mark.parametrize(("data", "error", "pattern"), [
+    ({"size": [8, 8], "colour": 3}, ConfigError,
+     r"^signature.json inputs\.image: unknown key\(s\) \['colour'\]; an image decoding has"),
+    ({"channels": 3}, ConfigError, r"^signature.json inputs\.image: the key 'size' is missing"),
+    ([8, 8], ConfigError, r"expected an object with"),
+    ({"size": [8, -1]}, ConfigError, r"inputs\.image: ImageDecoding\.size must be \(height, width\)"),
+    ({"size": [8, 8], "channels": 2}, ConfigError, r"inputs\.image: ImageDecoding\.channels must be one of \[1, 3, 4\]"),
+    ({"size": [8, 8], "channels": True}, ConfigError, r"channels must be one of"),
+    ({"size": [8, 8], "method": "lanczos"}, ConfigError, r"ImageDecoding\.method must be one of"),
+    ({"size": [8, 8], "layout": "NHWC"}, ConfigError, r"ImageDecoding\.layout must be one of \['HWC', 'CHW'\]"),
+    ({"size": [8, 8], "scale": "1/255"}, ConfigTypeError, r"ImageDecoding\.scale must be a number or None"),
+    ({"size": [8, 8], "scale": float("nan")}, ConfigError, r"ImageDecoding\.scale must be finite"),
+    ({"size": [8, 8], "dct_method": "fast"}, ConfigError, r"ImageDecoding\.dct_method must be one of"),
+])
+def test_image_decoding_from_json_refuses_what_it_did_not_write(data, error, pattern):
+    with pytest.raises(error, match=pattern):
+        ImageDecoding.from_json(data, where="signature.json inputs.image")
+
+
+def test_image_decoding_is_frozen_and_keyword_only():
+    with pytest.raises(TypeError):
+        ImageDecoding((8, 8))  # type: ignore[misc]
+    decoding = ImageDecoding(size=[8, 9])
+    assert decoding.size == (8, 9)
+    with pytest.raises(AttributeError):
+        decoding.size = (1, 1)  # type: ignore[misc]
+
+
+def test_gray_alpha_and_sixteen_bit_pngs_made_here_follow_the_same_rules():
+    """Beyond the fixtures: Pillow-written LA and I;16 PNGs of another size."""
+    rng = np.random.default_rng(3)
+    gray_alpha = rng.integers(0, 256, (5, 9, 2), dtype=np.uint8)
+    np.testing.assert_array_equal(decode_image(_png(gray_alpha, "LA")), gray_alpha)
+    gray16 = rng.integers(0, 65536, (5, 9), dtype=np.uint16)
+    data = _png(gray16)
+    np.testing.assert_array_equal(decode_png(data, dtype="uint16")[..., 0], gray16)
+    np.testing.assert_array_equal(decode_png(data)[..., 0], (gray16 >> 8).astype(np.uint8))
