@@ -174,9 +174,7 @@ class ImageDecode(DecodeStep):
                              "channels=0 keeps each file's own, and one batch of a program input has one shape.")
 
     def image_shape(self) -> tuple[int, ...]:
-        height, width = self.decoding.size
-        channels = self.decoding.channels
-        return (channels, height, width) if self.decoding.layout == "CHW" else (height, width, channels)
+        return tuple(self.decoding.shape)
 
     def outputs(self) -> dict[str, tuple[torch.dtype, tuple[int | None, ...]]]:
         return {self.feature_name: (torch.float32, (None, *self.image_shape()))}

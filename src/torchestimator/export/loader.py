@@ -79,6 +79,8 @@ class ExportedModel:
         self._program_inputs = list(document["program_inputs"])
         self._signatures = {name: _signature(name, entry, path) for name, entry in document["signatures"].items()}
         self._decoders, self._program_infos = _decode_plan(document, self._signatures, path)
+        if self._decoders:
+            _check_decoded_against_program(program, self._program_infos, path)
         # The graph itself, called without the unlifted module's pytree and attribute walk when its calling
         # convention is the plain one (checked once here); None: every call goes through the module.
         self._lifted = LiftedCall.build(program, self._program_inputs)
@@ -346,7 +348,8 @@ def read_inputs(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     JSON: {"inputs": {name: values}} (columnar), {"instances": [{name: value}, ...]}
     (row), or a plain {name: values}. JSON values stay lists so the model casts
-    them to the signature's dtype.
+    them to the signature's dtype; ``{"b64": "..."}`` objects become bytes (for
+    string inputs, as TF Serving reads them).
     """
     path = os.fspath(path)
     if path.lower().endswith(".npz"):  # INPUTS.NPZ too
@@ -365,11 +368,31 @@ def read_inputs(path: str | os.PathLike[str]) -> dict[str, Any]:
         instances = document["instances"]
         if not isinstance(instances, list) or not instances or not all(isinstance(row, Mapping) for row in instances):
             raise ValueError(f"{path}: 'instances' must be a non-empty list of {{name: value}} objects.")
-        return {name: [row.get(name) for row in instances] for name in instances[0]}
+        if any(list(row) == ["b64"] for row in instances):
+            raise ValueError(f"{path}: 'instances' are {{\"b64\": ...}} values without an input name, which only a "
+                             "reader that knows the signature can place; name the input ({\"instances\": "
+                             "[{\"image_bytes\": {\"b64\": ...}}]}), or run `torchestimator predict --exported DIR "
+                             "--input FILE`, which reads the request as the server does.")
+        return {name: _b64_to_bytes([row.get(name) for row in instances], path) for name in instances[0]}
     inputs = document.get("inputs", document)
     if not isinstance(inputs, Mapping):
         raise ValueError(f"{path}: 'inputs' must be an object of name -> values.")
-    return dict(inputs)
+    return {name: _b64_to_bytes(value, path) for name, value in inputs.items()}
+
+
+def _b64_to_bytes(value: Any, path: str, depth: int = 0) -> Any:
+    """JSON values with every {"b64": "..."} object decoded to bytes (padding optional, as TF Serving)."""
+    if isinstance(value, list) and depth < 64:
+        return [_b64_to_bytes(item, path, depth + 1) for item in value]
+    if isinstance(value, dict) and list(value) == ["b64"] and isinstance(value["b64"], str):
+        import base64
+        import binascii
+
+        try:
+            return base64.b64decode(value["b64"] + "=" * (-len(value["b64"]) % 4), validate=True)
+        except (binascii.Error, ValueError) as error:
+            raise ValueError(f"{path}: invalid base64 in {{\"b64\": ...}} ({error}).") from None
+    return value
 
 
 def _signature(name: str, entry: Mapping[str, Any], path: str) -> Signature:
@@ -423,6 +446,27 @@ def _decode_plan(document: Mapping[str, Any], signatures: Mapping[str, Signature
         raise ExportFormatError(f"{where}: 'program_inputs' is {program_inputs[:16]}, but the signature's inputs "
                                 f"and decode steps make {sorted(infos)[:16]}.")
     return decoders, {name: infos[name] for name in program_inputs}
+
+
+def _check_decoded_against_program(program: Any, infos: Mapping[str, TensorInfo], path: str) -> None:
+    """The decode steps make what the program was traced on: dtype and every static size of each input."""
+    try:
+        names = list(program.graph_signature.user_inputs)
+        nodes = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
+        traced = [nodes[name].meta["val"] for name in names]
+    except (AttributeError, KeyError):  # an unexpected program layout: the call's own guards still check
+        return
+    if len(traced) != len(infos):
+        raise ExportFormatError(f"{os.path.join(path, SIGNATURE_FILE)}: the program takes {len(traced)} inputs and "
+                                f"'program_inputs' names {len(infos)}.")
+    for (name, info), value in zip(infos.items(), traced):
+        sizes = [size if isinstance(size, int) else -1 for size in value.shape]
+        if dtype_name(value.dtype) != info.dtype or len(sizes) != len(info.shape) or any(
+                want not in (-1, size) for want, size in zip(info.shape, sizes)):
+            raise ExportFormatError(
+                f"{os.path.join(path, SIGNATURE_FILE)}: the decode steps make {name!r} as {info.dtype} "
+                f"{list(info.shape)}, but the program was traced on {dtype_name(value.dtype)} {sizes}; the file was "
+                "changed after export. Re-export the model.")
 
 
 def _string_values(name: str, value: Any) -> list[bytes]:

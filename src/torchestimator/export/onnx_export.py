@@ -8,9 +8,13 @@ onnxruntime and other ONNX runtimes; torchestimator never loads it).
 
 How model.onnx is called:
 
-    inputs   the receiver's input names, in the receiver's order, with its dtypes;
-             the batch axis is the dim_param "batch" (other dynamic axes are named as the program's
-             Dims), every other size as the receiver gives it
+    inputs   the program's inputs (signature.json's program_inputs), in the receiver's order, with their
+             dtypes; the batch axis is the dim_param "batch" (other dynamic axes are named as the program's
+             Dims), every other size as the receiver gives it. For a receiver with string inputs
+             (build_parsing_serving_input_receiver, build_image_serving_input_receiver) these are the decoded
+             tensors: the decode step runs outside the program, so model.onnx takes what it makes (parsed
+             features, decoded images), and the record's ``decoded_outside`` says which string input each came
+             from and by which step (signature.json's ``decoders`` holds the step itself)
     outputs  named by the program output keys of signature.json, ``<signature>/<alias>``
              (``serving_default/class``): each signature's ``program_output`` is the ONNX output
              name of that alias, as it is the program's
@@ -119,7 +123,7 @@ def convert_to_onnx(program: Any, receiver: Any, examples: Mapping[str, torch.Te
     """
     import torch.onnx
 
-    input_names = list(receiver.receiver_tensors)
+    input_names = list(receiver.program_specs())
     output_names = _program_output_keys(program)
     try:
         # verbose=False: the converter otherwise prints its progress to stdout, where `export` prints the path.
@@ -209,7 +213,7 @@ def _record(receiver: Any, signatures: Mapping[str, Any], output_names: list[str
     """How to call model.onnx: its inputs and outputs in the file's order (lists: JSON keeps their order), each with
     dtype and shape (-1 dynamic), and each signature's {alias: ONNX output name}."""
     inputs = [{"name": name, "dtype": dtype_name(spec.dtype), "shape": spec.signature_shape()}
-              for name, spec in receiver.receiver_tensors.items()]
+              for name, spec in receiver.program_specs().items()]
     described: dict[str, Any] = {}
     by_signature: dict[str, Any] = {}
     for signature_name, signature in signatures["signatures"].items():
@@ -219,9 +223,13 @@ def _record(receiver: Any, signatures: Mapping[str, Any], output_names: list[str
             described.setdefault(info["program_output"], {"dtype": info.get("dtype"), "shape": info.get("shape")})
         by_signature[signature_name] = {"method": signature["method"], "outputs": aliases}
     outputs = [{"name": name, **described.get(name, {"dtype": None, "shape": None})} for name in output_names]
-    return {"format_version": RECORD_FORMAT_VERSION, "file": ONNX_FILE,
-            "opset": int(onnx_program.model.opset_imports.get("", 0)), "inputs": inputs, "outputs": outputs,
-            "signatures": by_signature}
+    record = {"format_version": RECORD_FORMAT_VERSION, "file": ONNX_FILE,
+              "opset": int(onnx_program.model.opset_imports.get("", 0)), "inputs": inputs, "outputs": outputs,
+              "signatures": by_signature}
+    if receiver.decoders:  # model.onnx starts after the decode step: say which of its inputs each string becomes
+        record["decoded_outside"] = {name: {"kind": step.kind, "inputs": list(step.outputs())}
+                                     for name, step in receiver.decoders.items()}
+    return record
 
 
 def _nbytes(value: Any) -> int:
