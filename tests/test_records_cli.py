@@ -18,6 +18,9 @@ from torchestimator.cli import records as records_cli
 from torchestimator.data.example import decode_example, encode_example, encode_sequence_example
 from torchestimator.data.tfrecord import TFRecordWriter, iter_records
 
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
 def run(argv: list[str]) -> int:
     """Runs a command exactly as `torchestimator ...` does."""
     return cli.main(argv)
@@ -92,6 +95,30 @@ def test_csv_to_tfrecord_raw_pixels_with_shape(index: dict[str, Any], tmp_path: 
         assert "image/format" not in example
 
 
+def test_raw_mode_keeps_gray_alpha_as_two_channels_and_every_16_bit_png_as_its_high_byte(tmp_path: Path) -> None:
+    """TF's decode_image rules (data/images.py), the same for every colour type: no mode becomes 8-bit another way."""
+    Image = pytest.importorskip("PIL.Image")
+    from torchestimator.data.images import decode_png
+
+    rng = np.random.default_rng(5)
+    gray_alpha = rng.integers(0, 256, (3, 4, 2), dtype=np.uint8)
+    Image.fromarray(gray_alpha, "LA").save(tmp_path / "la.png")
+    gray16 = rng.integers(0, 65536, (3, 4), dtype=np.uint16)
+    Image.fromarray(gray16).save(tmp_path / "gray16.png")
+    rgb16 = (FIXTURES / "images" / "rgb16.png").read_bytes()  # Pillow cannot write one; the fixture's
+    (tmp_path / "rgb16.png").write_bytes(rgb16)
+    (tmp_path / "i.csv").write_text("label,path\n1,la.png\n2,gray16.png\n3,rgb16.png\n", encoding="utf-8")
+    assert run(["convert", "csv-to-tfrecord", str(tmp_path / "i.csv"), str(tmp_path / "o"), "--image-mode", "raw",
+                "--no-progress"]) == 0
+    examples = read_shards([tmp_path / "o-00000-of-00001.tfrecord"])
+    expected = [gray_alpha, (gray16 >> 8).astype(np.uint8)[..., None],
+                (decode_png(rgb16, dtype="uint16") >> 8).astype(np.uint8)]
+    for example, pixels in zip(examples, expected, strict=True):
+        assert example["image/shape"].tolist() == list(pixels.shape)
+        np.testing.assert_array_equal(
+            np.frombuffer(example["image"][0], np.uint8).reshape(example["image/shape"]), pixels)
+
+
 def test_csv_to_tfrecord_gzip_and_other_column_names(tmp_path: Path) -> None:
     (tmp_path / "a.bin").write_bytes(b"not an image, stored as it is")
     index = tmp_path / "files.csv"
@@ -150,7 +177,8 @@ def test_undecodable_image_in_raw_mode(tmp_path: Path, capsys: Any) -> None:
     (tmp_path / "i.csv").write_text("label,path\n1,a.png\n", encoding="utf-8")
     assert run(["convert", "csv-to-tfrecord", str(tmp_path / "i.csv"), str(tmp_path / "o"), "--image-mode", "raw"]) == 2
     error = capsys.readouterr().err
-    assert "row 1" in error and "not an image" in error and "--image_mode encoded" in error
+    assert "row 1 (line 2): " in error and "a.png is not an image --image_mode raw can decode (unknown image " \
+           "file format" in error and "--image_mode encoded" in error
     assert not list(tmp_path.glob("o-*"))
 
 

@@ -17,7 +17,11 @@ handler takes the argparse Namespace and returns the exit code.
   with `image/format` (the lower-case file extension, e.g. `png`); or the
   decoded pixels (`--image_mode raw`, needs Pillow) as uint8 bytes in
   row-major height x width x channels order with `image/shape` = [H, W, C]
-  (read back with `decode_raw(value, "uint8", shape)`);
+  (read back with `decode_raw(value, "uint8", shape)`). Raw pixels are
+  `data.images.decode_image(bytes)`'s, TF's tf.io.decode_image default: the
+  file's own channels (gray 1, gray+alpha 2, RGB 3, RGBA 4, palette 3 or 4),
+  16-bit PNGs of every colour type as their high byte (dtype uint8), a GIF's
+  first frame; PNG, JPEG and GIF files only;
 - every other column as a one-value feature typed by its column: int64 when
   every non-empty cell is an integer (written without leading zeros, within
   int64), float when every one is a number, bytes (UTF-8) otherwise; an
@@ -55,9 +59,6 @@ IMAGE_FEATURE = "image"
 SHARD_SUFFIX = ".tfrecord"
 _PREVIEW_VALUES = 16
 _PREVIEW_BYTES = 48
-_EIGHT_BIT_MODES = {"L": "L", "RGB": "RGB", "RGBA": "RGBA", "1": "L", "P": "RGB", "LA": "RGBA",
-                    "CMYK": "RGB", "YCbCr": "RGB", "LAB": "RGB", "HSV": "RGB", "RGBX": "RGB", "RGBa": "RGBA",
-                    "La": "RGBA", "PA": "RGBA"}
 
 
 def add_subcommands(subparsers: Any) -> None:
@@ -73,7 +74,9 @@ def add_subcommands(subparsers: Any) -> None:
     csv_command.add_argument("--label_column", default="label", help="column holding the label (default label)")
     csv_command.add_argument("--path_column", default="path", help="column holding the image file path (default path)")
     csv_command.add_argument("--image_mode", choices=["encoded", "raw"], default="encoded",
-                             help="encoded: the file bytes as they are; raw: decoded uint8 pixels plus image/shape")
+                             help="encoded: the file bytes as they are; raw: uint8 pixels as tf.io.decode_image gives "
+                                  "them (the file's channels; 16-bit PNGs keep their high byte, TF's uint8 "
+                                  "default; a GIF its first frame) plus image/shape")
     csv_command.add_argument("--compression", type=str.upper, choices=["NONE", "GZIP", "ZLIB"], default="NONE",
                              help="compress each shard (default none)")
     csv_command.add_argument("--no_progress", action="store_true", help="no progress bar")
@@ -230,22 +233,20 @@ def image_features(path: str, mode: str, where: str) -> dict[str, list[Any]]:
 
 
 def decode_image(path: str, where: str) -> np.ndarray:
-    """uint8 pixels, height x width x channels."""
-    image_module = _pillow_image()
+    """uint8 pixels, height x width x channels, as tf.io.decode_image(contents) gives them (data/images.py)."""
+    from torchestimator.data.images import ImageDecodeError
+    from torchestimator.data.images import decode_image as decode
+
+    _pillow_image()
+    with open(path, "rb") as file:
+        contents = file.read()
     try:
-        with image_module.open(path) as image:
-            image.load()
-            if image.mode not in _EIGHT_BIT_MODES:
-                raise ValueError(f"{where}: image {path} has mode {image.mode!r} (more than 8 bits per channel); "
-                                 f"--image_mode raw stores uint8 pixels. Use --image_mode encoded to keep it exact.")
-            target = _EIGHT_BIT_MODES[image.mode]
-            if image.mode == "P" and "transparency" in image.info:
-                target = "RGBA"
-            pixels = np.asarray(image.convert(target) if target != image.mode else image, dtype=np.uint8)
-    except image_module.UnidentifiedImageError:
-        raise ValueError(f"{where}: {path} is not an image Pillow can decode; use --image_mode encoded "
-                         f"to store the bytes as they are.") from None
-    return pixels[:, :, None] if pixels.ndim == 2 else pixels
+        return decode(contents, expand_animations=False, where=f"{where}: {path}")
+    except ImageDecodeError as error:
+        reason = str(error).removeprefix(f"{error.where}: ")
+        raise ImageDecodeError(f"{error.where} is not an image --image_mode raw can decode ({reason.rstrip('.')}); "
+                               f"use --image_mode encoded to store the bytes as they are.",
+                               where=error.where, format=error.format) from None
 
 
 def shard_paths(out_prefix: str, num_shards: int) -> list[str]:
