@@ -213,7 +213,7 @@ _COMPILED_PATH_MODULES = frozenset({
     "test_tfrecord.py", "test_tfrecord_dataset.py", "test_tfrecord_benchmark_smoke.py", "test_dataset_batched_parse.py",
     "test_dataset_shuffle_resume.py", "test_records_cli.py", "test_native.py", "test_native_records.py",
     "test_native_examples.py", "test_parsing.py", "test_example.py", "test_inputs.py", "test_tf_interop.py",
-    "test_serving_classify_regress.py", "test_crafted_tfrecord.py",
+    "test_serving_classify_regress.py", "test_crafted_tfrecord.py", "test_serving_bytes.py",
     # Found by the check below: event files are TFRecords, and these read or write them in the test's process.
     "test_crafted_events.py", "test_distributed_estimator.py", "test_evaluator_task.py", "test_readme.py",
     "test_training_and_evaluate.py",
