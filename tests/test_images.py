@@ -265,3 +265,92 @@ def test_gray_alpha_and_sixteen_bit_pngs_made_here_follow_the_same_rules():
     data = _png(gray16)
     np.testing.assert_array_equal(decode_png(data, dtype="uint16")[..., 0], gray16)
     np.testing.assert_array_equal(decode_png(data)[..., 0], (gray16 >> 8).astype(np.uint8))
+
+
+# --------------------------------------------------------------------------- TFRecordDataset(images=...)
+
+
+def _image_records(tmp_path, names):
+    from torchestimator.data import TFRecordWriter, encode_example
+
+    path = tmp_path / "images.tfrecord"
+    contents = [(FIXTURES / name).read_bytes() for name in names]
+    with TFRecordWriter(str(path)) as writer:
+        for label, data in enumerate(contents):
+            writer.write(encode_example({"image": [data], "label": [label]}, kinds={"image": "bytes", "label": "int64"}))
+    return path, contents
+
+
+IMAGE_NAMES = ["rgb.png", "gray.png", "rgba16.png", "palette_trns.png", "gray_alpha.png", "photo420.jpg", "still.gif"]
+
+
+def test_a_tfrecord_of_images_batches_as_decode_batch_of_the_same_bytes_and_resumes_exactly(tmp_path):
+    import torch
+
+    from torchestimator.data import FixedLenFeature, TFRecordDataset
+
+    path, contents = _image_records(tmp_path, IMAGE_NAMES)
+    decoding = ImageDecoding(size=(6, 5), layout="CHW", scale=1 / 255)
+    features = {"image": FixedLenFeature([], "string"), "label": FixedLenFeature([], "int64")}
+    dataset = TFRecordDataset(str(path), features=features, label_key="label", images={"image": decoding},
+                              batch_size=3)
+    batches = list(dataset)
+    assert [tuple(images["image"].shape) for images, _ in batches] == [(3, 3, 6, 5), (3, 3, 6, 5), (1, 3, 6, 5)]
+    assert batches[0][0]["image"].dtype == torch.float32
+    np.testing.assert_array_equal(torch.cat([images["image"] for images, _ in batches]).numpy(),
+                                  decoding.decode_batch(contents))
+    assert torch.cat([labels for _, labels in batches]).tolist() == list(range(len(contents)))
+    iterator = iter(dataset)
+    next(iterator)
+    state = dataset.state_dict()
+    resumed = TFRecordDataset(str(path), features=features, label_key="label", images={"image": decoding},
+                              batch_size=3)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert len(rest) == 2 and all(torch.equal(a[0]["image"], b[0]["image"]) for a, b in zip(rest, batches[1:]))
+    single = TFRecordDataset(str(path), features=features, images={"image": decoding})
+    np.testing.assert_array_equal(next(iter(single))["image"].numpy(), decoding.decode(contents[0]))
+    shuffled = TFRecordDataset(str(path), features=features, images={"image": decoding}, batch_size=4,
+                               shuffle_buffer_size=3, seed=1)
+    plain = TFRecordDataset(str(path), features=features, batch_size=4, shuffle_buffer_size=3, seed=1)
+    for with_images, without in zip(shuffled, plain, strict=True):  # same records, same order
+        np.testing.assert_array_equal(with_images["image"].numpy(), decoding.decode_batch(list(without["image"])))
+
+
+def test_a_bad_image_in_a_tfrecord_names_the_file_offset_and_feature(tmp_path):
+    from torchestimator.data import FixedLenFeature, TFRecordDataset, TFRecordWriter, encode_example
+
+    path = tmp_path / "bad.tfrecord"
+    records = [encode_example({"image": [data]}, kinds={"image": "bytes"})
+               for data in ((FIXTURES / "rgb.png").read_bytes(), b"not an image")]
+    with TFRecordWriter(str(path)) as writer:
+        for record in records:
+            writer.write(record)
+    features = {"image": FixedLenFeature([], "string")}
+    offset = 16 + len(records[0])
+    for batch_size in (2, None):
+        dataset = TFRecordDataset(str(path), features=features, images={"image": ImageDecoding(size=(2, 2))},
+                                  batch_size=batch_size)
+        with pytest.raises(ImageDecodeError, match=rf"^{path}: record at offset {offset}, feature 'image': unknown"):
+            list(dataset)
+    buffered = TFRecordDataset(str(path), features=features, images={"image": ImageDecoding(size=(2, 2))},
+                               batch_size=2, shuffle_buffer_size=2, seed=0)
+    with pytest.raises(ImageDecodeError, match=r"^TFRecordDataset shard 0, epoch 0: record [01] of the shard's epoch"):
+        list(buffered)
+
+
+@pytest.mark.parametrize(("options", "error", "pattern"), [
+    ({"images": {"image": ImageDecoding(size=(2, 2))}}, ValueError, r"images= decodes features that features= parses"),
+    ({"images": {}, "with_features": True}, TypeError, r"images must be a non-empty mapping of feature name"),
+    ({"images": {"label": ImageDecoding(size=(2, 2))}, "with_features": True}, ValueError,
+     r"images\['label'\] needs features\['label'\] to be FixedLenFeature\(\[\], \"string\"\)"),
+    ({"images": {"image": (2, 2)}, "with_features": True}, TypeError, r"images\['image'\] must be an ImageDecoding"),
+])
+def test_tfrecord_dataset_refuses_images_it_cannot_decode(tmp_path, options, error, pattern):
+    from torchestimator.data import FixedLenFeature, TFRecordDataset
+
+    path, _ = _image_records(tmp_path, ["rgb.png"])
+    if options.pop("with_features", False):
+        options["features"] = {"image": FixedLenFeature([], "string"), "label": FixedLenFeature([], "int64")}
+    with pytest.raises(error, match=pattern):
+        TFRecordDataset(str(path), **options)

@@ -49,6 +49,15 @@ shuffle buffer (one random draw per record, as TF's).
 For FixedLen features the batches equal parse_fn=parse_single_example with
 the default collate, value for value and dtype for dtype.
 
+`images={"image": ImageDecoding(size=(224, 224))}` (with features=, each name
+a `FixedLenFeature([], "string")` of encoded PNG/JPEG/GIF bytes) decodes those
+features after parsing, into a float32 tensor [N, ...] per batch
+(`ImageDecoding.decode_batch` of the same bytes: HWC or CHW), or one image per
+item without batch_size. Decoding happens on the batch output only, so
+sharding and positions are untouched; a bad image is an ImageDecodeError
+naming the feature and, without a shuffle buffer (or with one over
+uncompressed files), the file and byte offset of its record.
+
 Position and resume. Each shard's position is kept on the consumer side, so
 items prefetched by DataLoader workers but not handed out are never counted.
 Iterated in one process, the dataset reads the position off its paused
@@ -112,12 +121,14 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
 from torchestimator.data._dataset_records import _EpochRecords, _Plan
 from torchestimator.data._dataset_shuffle import _ShuffleBuffer, position_from_tag, position_to_json
 from torchestimator.data.parsing import parse_example, parse_single_example, to_torch
+from torchestimator.data.images import ImageDecoding
 from torchestimator.data.tfrecord import DEFAULT_MAX_RECORD_SIZE, ReadStats, _normalize_compression, list_files
 from torchestimator.distribute.input_context import InputContext
 
@@ -152,19 +163,33 @@ class _Output:
     batch_size: int | None
     collate_fn: Callable[[list[Any]], Any]
     drop_remainder: bool
+    images: Mapping[str, ImageDecoding] | None = None
 
-    def item(self, record: bytes) -> Any:
+    def item(self, record: bytes, where: Callable[[int], str] | None = None) -> Any:
         if self.features is not None:
-            return self._split_label(to_torch(parse_single_example(record, self.features)))
+            parsed = to_torch(parse_single_example(record, self.features))
+            for name, decoding in (self.images or {}).items():
+                parsed[name] = torch.from_numpy(decoding.decode(parsed[name].item(), _image_where(where, 0, name)))
+            return self._split_label(parsed)
         return record if self.parse_fn is None else self.parse_fn(record)
 
-    def batch(self, records: list[bytes]) -> Any:
+    def batch(self, records: list[bytes], where: Callable[[int], str] | None = None) -> Any:
         if self.features is not None:  # one parse call for the whole batch
-            return self._split_label(to_torch(parse_example(records, self.features)))
+            parsed = to_torch(parse_example(records, self.features))
+            for name, decoding in (self.images or {}).items():
+                parsed[name] = torch.from_numpy(self._decoded(decoding, parsed[name], name, where))
+            return self._split_label(parsed)
         if self.parse_fn is None:
             return self.collate_fn(records)
         parse = self.parse_fn
         return self.collate_fn([parse(record) for record in records])
+
+    @staticmethod
+    def _decoded(decoding: ImageDecoding, values: Any, name: str, where: Callable[[int], str] | None) -> Any:
+        out = np.empty((len(values), *decoding.shape), dtype=np.float32)
+        for index, contents in enumerate(values):
+            out[index] = decoding.decode(contents, _image_where(where, index, name))
+        return out
 
     def _split_label(self, parsed: dict[str, Any]) -> Any:
         # (features, labels), the pair an input_fn returns, as TF's make_batched_features_dataset(label_key=)
@@ -172,6 +197,10 @@ class _Output:
             return parsed
         label = parsed.pop(self.label_key)
         return parsed, label
+
+
+def _image_where(where: Callable[[int], str] | None, index: int, name: str) -> str:
+    return f"{where(index) if where else 'TFRecordDataset record'}, feature {name!r}"
 
 
 class _ShardStream:
@@ -260,11 +289,39 @@ class _ShardStream:
             return self._buffer.take(count)
         return self._reader.take(count).records
 
+    def _record_names(self, files: list[int], offsets: list[int]) -> Callable[[int], str]:
+        """Names a batch's records by file and offset, for image decode errors."""
+        paths = self._reader.files if self._reader is not None else []
+        return lambda index: f"{paths[files[index]]}: record at offset {offsets[index]}"
+
+    def _batch_position_names(self, first: int) -> Callable[[int], str]:
+        """Without (file, offset) refs: the shard, epoch and the record's place in its epoch."""
+        shard, epoch = self._shard, self._epoch
+        return lambda index: (f"TFRecordDataset shard {shard}, epoch {epoch}: record {first + index} of the "
+                              f"shard's epoch (after the shuffle buffer)")
+
+    def _image_items(self) -> Iterator[Any]:
+        """The items of an output with images=: the same records, each batch named for its errors."""
+        output, batch_size, delivered = self._output, self._output.batch_size, 0
+        while True:
+            if self._buffer is None:
+                taken = self._reader.take(batch_size or 1, refs=True)
+                records, where = taken.records, self._record_names(taken.files, taken.offsets)
+            else:
+                records = self._buffer.take(batch_size or 1)
+                where = self._batch_position_names(delivered)
+            if not records or (batch_size and len(records) < batch_size and output.drop_remainder):
+                return
+            delivered += len(records)
+            yield output.batch(records, where) if batch_size else output.item(records[0], where)
+
     def _items(self, start: Mapping[str, Any] | None) -> Iterator[Any]:
         self._open_epoch(start)
         output = self._output
         batch_size = output.batch_size
-        if batch_size is not None:
+        if output.images:
+            yield from self._image_items()
+        elif batch_size is not None:
             while batch := self._take(batch_size):
                 if len(batch) < batch_size and output.drop_remainder:
                     return
@@ -455,6 +512,29 @@ def _checked_features(features: Mapping[str, Any] | None, parse_fn: Any, collate
     return dict(features)
 
 
+def _checked_images(images: Any, features: Mapping[str, Any] | None) -> dict[str, ImageDecoding] | None:
+    """images= checked now: each name a scalar string feature of features=, each value an ImageDecoding."""
+    if images is None:
+        return None
+    if features is None:
+        raise ValueError("TFRecordDataset: images= decodes features that features= parses; pass features= too, "
+                         "with each image a FixedLenFeature([], \"string\").")
+    if not isinstance(images, Mapping) or not images:
+        raise TypeError(f"TFRecordDataset: images must be a non-empty mapping of feature name to ImageDecoding; "
+                        f"received {images!r:.200}.")
+    for name, decoding in images.items():
+        if not isinstance(decoding, ImageDecoding):
+            raise TypeError(f"TFRecordDataset: images[{name!r}] must be an ImageDecoding; received "
+                            f"{type(decoding).__name__}.")
+        feature = features.get(name)
+        if (type(feature).__name__ != "FixedLenFeature" or tuple(feature.shape) != ()
+                or feature.dtype != "string"):
+            raise ValueError(f"TFRecordDataset: images[{name!r}] needs features[{name!r}] to be "
+                             f"FixedLenFeature([], \"string\") (one encoded image per record); received "
+                             f"{feature!r}.")
+    return dict(images)
+
+
 class TFRecordDataset(IterableDataset):
     """TFRecord files (paths, globs or a list) as a sharded, resumable stream; see the module docstring.
 
@@ -462,7 +542,8 @@ class TFRecordDataset(IterableDataset):
     the position (`state_dict`); `.loader(num_workers=...)` does the same over
     DataLoader workers. `features` (a parse_example spec) parses each batch
     in one call, in place of parse_fn/collate_fn; `label_key` (one of its
-    names) makes each item `(features, label)`, as an input_fn returns. `compression`, `skip_corrupt`, `verify`, `strict` and
+    names) makes each item `(features, label)`, as an input_fn returns. `images` (name -> ImageDecoding)
+    decodes those encoded-image features of each batch into float32 tensors. `compression`, `skip_corrupt`, `verify`, `strict` and
     `max_record_size` (bytes; a longer record is a DataLossError) are
     `iter_records`'s options.
     """
@@ -479,6 +560,7 @@ class TFRecordDataset(IterableDataset):
         parse_fn: Callable[[bytes], Any] | None = None,
         features: Mapping[str, Any] | None = None,
         label_key: str | None = None,
+        images: Mapping[str, ImageDecoding] | None = None,
         batch_size: int | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         drop_remainder: bool = False,
@@ -509,7 +591,8 @@ class TFRecordDataset(IterableDataset):
         checked_features = _checked_features(features, parse_fn, collate_fn)
         self._output = _Output(parse_fn=parse_fn, features=checked_features,
                                label_key=_checked_label_key(label_key, checked_features), batch_size=batch_size,
-                               collate_fn=collate_fn or default_collate, drop_remainder=bool(drop_remainder))
+                               collate_fn=collate_fn or default_collate, drop_remainder=bool(drop_remainder),
+                               images=_checked_images(images, checked_features))
         self._positions = _Positions(self._plan, num_workers=1)
 
     @property
