@@ -277,7 +277,7 @@ def test_cli_takes_a_tf_serving_command_line_and_passes_its_settings(bases, tmp_
         assert main(["serve", "--port=8500", "--rest_api_port=8601", "--model_name=a", f"--model_base_path={tmp_path}",
                      "--enable_batching", f"--batching_parameters_file={parameters}",
                      f"--monitoring_config_file={monitoring}", "--rest_api_timeout_in_ms=0"]) == 0
-    assert "only the REST API is served" in caplog.text
+    assert received["grpc_port"] == 8500 and received["enable_model_warmup"] is True  # --port: the gRPC API
     assert received["args"] == ("a", str(tmp_path)) and received["port"] == 8601
     assert received["batching"] == BatchingParameters(max_batch_size=8, batch_timeout_micros=0)
     assert received["metrics_path"] == "/metrics" and received["timeout_seconds"] is None

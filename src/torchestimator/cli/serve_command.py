@@ -1,17 +1,16 @@
-"""`torchestimator serve`: TensorFlow Serving's REST API for exported models, with TF Serving's flags."""
+"""`torchestimator serve`: TensorFlow Serving's REST and gRPC APIs for exported models, with TF Serving's flags."""
 
 from __future__ import annotations
 
 import argparse
 import errno
-import logging
 from typing import Any
 
 from torchestimator.serving.settings import DEFAULT_INLINE_FORWARD_MICROS
 
 
 def add_command(commands: Any) -> None:
-    serve = commands.add_parser("serve", help="TensorFlow Serving REST API for exported models")
+    serve = commands.add_parser("serve", help="TensorFlow Serving REST (and gRPC) API for exported models")
     serve.add_argument("--model_name", help="the name clients use in /v1/models/<name> (or --model_config_file)")
     serve.add_argument("--model_base_path", help="folder of integer version folders (an export base)")
     serve.add_argument("--model_config_file", help="TF Serving's model_config_list text file: several models, "
@@ -21,9 +20,10 @@ def add_command(commands: Any) -> None:
     serve.add_argument("--rest_api_port", type=int, default=8501, help="port of the REST API, 0-65535 (default "
                        "8501, TF Serving's; 0: any free port, announced when listening)")
     serve.add_argument("--port", type=int, default=0,
-                       help="TF Serving's gRPC port: accepted so TF command lines run unchanged; not served")
+                       help="TF Serving's gRPC API (PredictionService, ModelService) on this port, e.g. 8500, on "
+                            "--rest_api_host; 0 (the default here; TF's is 8500): no gRPC API")
     serve.add_argument("--rest_api_host", default="127.0.0.1",
-                       help="default 127.0.0.1: unlike TF Serving, not every interface unless asked")
+                       help="default 127.0.0.1: unlike TF Serving, not every interface unless asked (gRPC too)")
     serve.add_argument("--file_system_poll_wait_seconds", type=float, default=1.0,
                        help="look for new versions this often (0: only at start)")
     serve.add_argument("--enable_batching", action="store_true",
@@ -44,7 +44,21 @@ def add_command(commands: Any) -> None:
     serve.add_argument("--inline_forward_micros", type=int, default=DEFAULT_INLINE_FORWARD_MICROS,
                        help="a small request to a model whose forward (measured at load) takes at most this many "
                             "microseconds for its rows runs on the event loop, not a request thread (0: never)")
+    serve.add_argument("--enable_model_warmup", type=_boolean, nargs="?", const=True, default=True,
+                       metavar="true|false",
+                       help="replay each version's assets.extra/tf_serving_warmup_requests before it serves "
+                            "(TF Serving's default: true; --enable_model_warmup=false turns it off)")
     serve.set_defaults(handler=_serve)
+
+
+def _boolean(text: str) -> bool:
+    """A TF-style boolean flag value: true/false (also 1/0, yes/no), any case."""
+    value = text.strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false; received {text!r}")
 
 
 def check_port(port: int, flag: str, *, lowest: int, why: str = "") -> None:
@@ -74,10 +88,6 @@ def _serve(args: argparse.Namespace) -> int:
     from torchestimator.serving import BatchingParameters, read_batching_parameters_file, read_monitoring_config_file
     from torchestimator.serving import serve
 
-    if args.port:
-        logging.getLogger("torchestimator").warning(
-            "--port=%d (TF Serving's gRPC port) is accepted for compatibility, but only the REST API is served "
-            "(--rest_api_port=%d).", args.port, args.rest_api_port)
     if args.batching_parameters_file and not args.enable_batching:
         from torchestimator.errors import ConfigError
 
@@ -97,12 +107,15 @@ def _serve(args: argparse.Namespace) -> int:
         # Printed once the port answers, with the versions that are AVAILABLE: a script waiting for this
         # line can send its first request at once.
         from torchestimator.serving.app import managers_of
+        from torchestimator.serving.server import grpc_port_of
 
         nonlocal listening
         listening = True
         versions = {name: manager.served_versions for name, manager in sorted(managers_of(app).items())}
         url = f"http://{args.rest_api_host}:{port}/v1/models/" + ("" if args.model_config_file else args.model_name)
-        print(f"serving {versions_text(versions)} at {url}", flush=True)
+        grpc_port = grpc_port_of(app)
+        grpc = "" if grpc_port is None else f" and gRPC {args.rest_api_host}:{grpc_port}"
+        print(f"serving {versions_text(versions)} at {url}{grpc}", flush=True)
 
     try:
         serve(args.model_name, args.model_base_path, host=args.rest_api_host, port=args.rest_api_port,
@@ -113,9 +126,16 @@ def _serve(args: argparse.Namespace) -> int:
               allow_version_labels_for_unavailable_models=args.allow_version_labels_for_unavailable_models,
               num_threads=args.rest_api_num_threads, max_body_bytes=args.max_body_bytes,
               timeout_seconds=args.rest_api_timeout_in_ms / 1000 if args.rest_api_timeout_in_ms > 0 else None,
-              metrics_path=metrics_path, inline_forward_micros=args.inline_forward_micros)
+              metrics_path=metrics_path, inline_forward_micros=args.inline_forward_micros,
+              grpc_port=args.port or None, enable_model_warmup=args.enable_model_warmup)
     except OSError as error:
-        if listening or error.errno not in _BIND_ERRORS:
+        if listening:
+            raise
+        if str(error).startswith("cannot listen for gRPC"):  # grpc_server.py's words: which address, what to do
+            from torchestimator.errors import ConfigError
+
+            raise ConfigError(f"{error}; choose another --port.", field="port", value=args.port) from error
+        if error.errno not in _BIND_ERRORS:
             raise
         raise _bind_refused(args, error) from error
     return 0

@@ -7,7 +7,10 @@ part of TF Serving's AspiredVersionsManager with AvailabilityPreservingPolicy:
   (config.py's VersionPolicy: ``latest {num_versions}``, ``all``,
   ``specific {versions}``) which of them to serve (the *aspired* versions).
 - Each new aspired version is loaded and warmed before it takes traffic,
-  highest first. Versions no longer aspired are unloaded only once an aspired
+  highest first: its warm-up file's requests are replayed first when it has
+  one (TF's --enable_model_warmup, on by default; serving/warmup.py), then
+  each signature runs on a batch of one (warm_up). A failing warm-up fails
+  the load. Versions no longer aspired are unloaded only once an aspired
   version serves, so the model never goes dark during a swap; a version that
   fails to load never removes a working one, and its error shows in
   ``statuses()`` (it is retried once its files change).
@@ -76,7 +79,7 @@ class ModelManager:
     def __init__(self, name: str, base_path: str | os.PathLike[str], *,
                  version_policy: VersionPolicy | None = None,
                  version_labels: Mapping[str, int] | None = None,
-                 loader: Callable[[str], ExportedModel] = load) -> None:
+                 loader: Callable[[str], ExportedModel] = load, model_warmup: bool = True) -> None:
         if not isinstance(name, str) or not name or "/" in name or ":" in name:
             raise ValueError(f"Model name must be a non-empty string without '/' or ':'; received {name!r}.")
         if version_policy is not None and not isinstance(version_policy, VersionPolicy):
@@ -86,6 +89,7 @@ class ModelManager:
         self.base_path = os.fspath(base_path)
         self._policy = version_policy or VersionPolicy()
         self._loader = loader
+        self._model_warmup = model_warmup  # replay assets.extra/tf_serving_warmup_requests before serving
         self._poll_lock = threading.RLock()  # two polls never load the same version twice
         # Each of these is replaced whole, never mutated: readers need no lock.
         self._served: Mapping[int, ExportedModel] = _EMPTY
@@ -257,6 +261,12 @@ class ModelManager:
         logger.info("%s: loading version %d from %s", self.name, version, path)
         try:
             model = self._loader(path)
+            if self._model_warmup:
+                from torchestimator.serving.warmup import replay_warmup  # protobuf only when versions load
+
+                replayed = replay_warmup(model, path)
+                if replayed:
+                    logger.info("%s: version %d replayed %d warm-up request(s)", self.name, version, replayed)
             forward_seconds = warm_up(model)
         except Exception as error:  # any failure keeps the working versions; the status carries the reason
             code = "INVALID_ARGUMENT" if isinstance(error, (ValueError, TypeError)) else "UNKNOWN"

@@ -232,7 +232,8 @@ def _model_configs(settings: ServerSettings) -> list[ModelConfig]:
 
 def _start_model(config: ModelConfig, settings: ServerSettings) -> ModelManager:
     """A manager for one model, polled once; its labels are applied after that poll, as TF applies them."""
-    manager = ModelManager(config.name, config.base_path, version_policy=config.version_policy)
+    manager = ModelManager(config.name, config.base_path, version_policy=config.version_policy,
+                           model_warmup=settings.enable_model_warmup)
     manager.poll()
     if not manager.served_versions:
         try:

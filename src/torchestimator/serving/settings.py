@@ -51,6 +51,8 @@ class ServerSettings:
     """TF's --rest_api_timeout_in_ms, in seconds: a slower request answers 504."""
     metrics_path: str | None = DEFAULT_METRICS_PATH
     """Where Prometheus reads the metrics; None: not served."""
+    enable_model_warmup: bool = True
+    """Replay each version's assets.extra/tf_serving_warmup_requests before it serves (TF's default: on)."""
     inline_forward_micros: int = DEFAULT_INLINE_FORWARD_MICROS
     """Small requests to a model this fast (per request, from its forward time measured at load) run on the
     event loop; 0: every forward runs in a worker thread."""
