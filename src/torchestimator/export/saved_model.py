@@ -74,8 +74,12 @@ def export_saved_model(
     checkpoint_path: str | os.PathLike[str] | None = None,
     assets_extra: Mapping[str, str | os.PathLike[str]] | None = None,
     as_onnx: bool = False,
+    warmup_requests: Any = None,
 ) -> str:
     """Exports the model in PREDICT mode to ``export_dir_base/<int(time.time())>``; returns that path.
+
+    ``warmup_requests`` (dicts of input arrays, or serving protos) are written to
+    assets.extra/tf_serving_warmup_requests, which a server with model warm-up replays (export/warmup.py).
 
     Weights come from ``checkpoint_path``, else the latest checkpoint in
     model_dir, else the warm-start source; with none of them it is an error.
@@ -108,6 +112,9 @@ def export_saved_model(
     try:
         os.makedirs(temp_dir)
         _write_version(temp_dir, files, assets, onnx_model)
+        if warmup_requests is not None:
+            from torchestimator.export.warmup import write_warmup_file
+            write_warmup_file(temp_dir, warmup_requests, signatures["signatures"])
         metadata = {**provenance, **_environment(), "signatures": sorted(signatures["signatures"]),
                     "receiver": receiver.describe(), "onnx": None if onnx_model is None else onnx_model.record}
         _write_file(os.path.join(temp_dir, METADATA_FILE), _json_bytes(metadata))
