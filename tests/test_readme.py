@@ -574,6 +574,24 @@ def client_gets_predictions(run: ReadmeRun, outcome: Outcome) -> None:
     assert "'AVAILABLE'" in outcome.output.splitlines()[1]
 
 
+def examples_receiver_answers_as_the_model(run: ReadmeRun, outcome: Outcome) -> None:
+    """Serialized Examples sent as {"b64"} through the server give the classes of the export fed x[:3]."""
+    from torchestimator.export import load
+
+    rows = printed_literal(outcome.output, "[")
+    model = load(run.workdir / "export" / "digits_examples")
+    assert [row["class"] for row in rows] == model({"image": run.namespace["x"][:3]})["class"].tolist()
+
+
+def image_request_answers_as_the_model(run: ReadmeRun, outcome: Outcome) -> None:
+    """predict --exported on the {"b64"} image request answers the classes of the export fed the PNG bytes."""
+    from torchestimator.export import load
+
+    answer = json.loads(outcome.output)
+    model = load(run.workdir / "export" / "digits_images")
+    assert [row["class"] for row in answer["predictions"]] == model(run.namespace["pngs"])["class"].tolist()
+
+
 CHECKS_AFTER: dict[str, Callable[[ReadmeRun, Outcome], None]] = {
     "import numpy as np, torch, torch.nn as nn, torch.nn.functional as F": quickstart_learns_and_predicts,
     "config = te.RunConfig(train_distribute=te.MirroredStrategy(num_replicas=2))": config_has_two_replicas,
@@ -590,6 +608,8 @@ CHECKS_AFTER: dict[str, Callable[[ReadmeRun, Outcome], None]] = {
     "torchestimator export torchestimator.cli.demo --model_dir runs/digits --export_dir export/digits":
         server_answers_the_request,
     "from torchestimator.cli.demo import load_digits_split": client_gets_predictions,
+    "import base64, io, json": examples_receiver_answers_as_the_model,
+    "torchestimator predict --exported export/digits_images --input image_request.json": image_request_answers_as_the_model,
 }
 
 # Blocks waiting on a feature another change is adding: block key -> "waiting on: ..." (xfail while it fails).
