@@ -354,3 +354,17 @@ def test_tfrecord_dataset_refuses_images_it_cannot_decode(tmp_path, options, err
         options["features"] = {"image": FixedLenFeature([], "string"), "label": FixedLenFeature([], "int64")}
     with pytest.raises(error, match=pattern):
         TFRecordDataset(str(path), **options)
+
+
+def test_the_decode_benchmark_runs_checks_and_prints_its_ratio_line(capsys):
+    import importlib.util
+
+    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "image_decode.py"
+    spec = importlib.util.spec_from_file_location("image_decode_benchmark", path)
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    assert benchmark.main(["--quick"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("image_decode jpeg_vs_pillow=") and " png_vs_pillow=" in last
+    figures = dict(item.split("=") for item in last.split()[1:])
+    assert float(figures["png_vs_pillow"]) > 0 and (figures["jpeg_vs_pillow"] == "n/a" or float(figures["jpeg_vs_pillow"]) > 0)

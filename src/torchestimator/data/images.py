@@ -45,8 +45,8 @@ TF for both, every pixel, on 4:2:0, 4:2:2, 4:4:4 and grayscale files. Pillow
 has no IFAST option: without simplejpeg, dct_method "" decodes as
 INTEGER_ACCURATE (identical to TF's INTEGER_ACCURATE; against TF's default
 about 60 % of the values differ, by at most 5-6 levels in 0..255), with one
-warning per process. simplejpeg is also 1.5-2x Pillow's speed
-(benchmarks/image_decode.py). CMYK/YCCK JPEGs are refused.
+warning per process. simplejpeg is also about 1.3x Pillow's speed on JPEGs
+(benchmarks/image_decode.py: 224x224 and 640x480, one core). CMYK/YCCK JPEGs are refused.
 
 resize_image returns float32 as tf.image.resize does (also for nearest, where
 TF keeps the input dtype: the values are the same). bilinear and nearest are
