@@ -25,10 +25,12 @@ PUBLIC_SUBPACKAGES = {
     ],
     "serving": [
         "BatchScheduler", "BatchingParameters", "Client", "DEFAULT_MAX_BODY_BYTES", "DEFAULT_METRICS_PATH",
-        "ModelConfig", "ModelManager", "MonitoringConfig", "RunningServer", "ServerSettings", "ServingClientError",
+        "GrpcServer", "ModelConfig", "ModelManager", "ModelServiceStub", "MonitoringConfig", "PredictionServiceStub",
+        "RunningServer", "ServerSettings", "ServingClientError",
         "ServingError", "ServingMetrics", "VersionPolicy", "VersionStatus", "build_app", "make_app",
-        "openapi_document", "parse_model_server_config", "read_batching_parameters_file", "read_model_config_file",
-        "read_monitoring_config_file", "serve", "start"
+        "make_tensor_proto", "openapi_document", "parse_model_server_config", "read_batching_parameters_file",
+        "read_model_config_file", "read_monitoring_config_file", "serve", "serving_protos", "start",
+        "tensor_proto_to_numpy"
     ],
     "data": [
         "DataLossError", "ExampleDecodeError", "FixedLenFeature", "FixedLenSequenceFeature", "ImageDecodeError",

@@ -24,13 +24,14 @@ EXTRAS = {
     "images": ("pillow", "simplejpeg"),
     "keras": ("h5py",),
     "plot": ("matplotlib",),
-    "serving": ("aiohttp", "prometheus-client", "orjson", "uvloop"),
+    "serving": ("aiohttp", "prometheus-client", "orjson", "uvloop", "grpcio"),
     "demo": ("scikit-learn",),
     "onnx": ("onnx", "onnxscript", "onnxruntime"),
 }
 """Each extra of pyproject.toml and the distributions it installs (kept equal by tests/test_extras.py)."""
 
-_DISTRIBUTION_OF_MODULE = {"PIL": "Pillow", "prometheus_client": "prometheus-client", "sklearn": "scikit-learn"}
+_DISTRIBUTION_OF_MODULE = {"PIL": "Pillow", "prometheus_client": "prometheus-client", "sklearn": "scikit-learn",
+                           "grpc": "grpcio"}
 """Where the name one imports differs from the name one installs (as its project spells it; pip ignores case)."""
 
 

@@ -4,13 +4,16 @@
     server = start("digits", "export/digits", port=0)      # embedded in a background thread
     Client(server.url, "digits").predict([[0.0] * 64])     # a client for ours or TF Serving
     server.stop()
+    serve("digits", "export/digits", grpc_port=8500)       # TF Serving's gRPC API too (serve --port 8500)
 
 Modules: server.py (polling, serve/start), settings.py (ServerSettings and the defaults), app.py (paths, dispatch,
 metrics page), manager.py (versions, policies, labels, load, warm-up, swap),
 config.py (TF's text-format config files), batching.py (request batching),
 json_tensor.py (predict JSON), examples_json.py (classify/regress JSON),
 metrics.py (Prometheus), errors.py (ServingError and TF's status mapping),
-openapi.py (the API's OpenAPI description), client.py.
+openapi.py (the API's OpenAPI description), client.py; the gRPC API: request_core.py (what REST and gRPC
+share), grpc_server.py, grpc_requests.py, protos.py (TF Serving's messages), tensor_proto.py (TensorProto <->
+numpy), grpc_client.py (PredictionServiceStub, ModelServiceStub), warmup.py (the warm-up file's replay).
 
 Names are imported on first use (``torchestimator._lazy``): the Client, the config readers,
 ServerSettings and the defaults work without the ``serving`` extra; the server itself needs aiohttp
@@ -28,9 +31,12 @@ __all__ = [
     "BatchScheduler",
     "BatchingParameters",
     "Client",
+    "GrpcServer",
     "ModelConfig",
+    "ModelServiceStub",
     "ModelManager",
     "MonitoringConfig",
+    "PredictionServiceStub",
     "RunningServer",
     "ServerSettings",
     "ServingClientError",
@@ -40,13 +46,16 @@ __all__ = [
     "VersionStatus",
     "build_app",
     "make_app",
+    "make_tensor_proto",
     "openapi_document",
     "parse_model_server_config",
     "read_batching_parameters_file",
     "read_model_config_file",
     "read_monitoring_config_file",
     "serve",
+    "serving_protos",
     "start",
+    "tensor_proto_to_numpy",
 ]
 
 __getattr__, __dir__ = lazy_exports(
@@ -65,10 +74,14 @@ __getattr__, __dir__ = lazy_exports(
             "read_monitoring_config_file",
         ],
         "torchestimator.serving.errors": ["ServingError"],
+        "torchestimator.serving.grpc_client": ["ModelServiceStub", "PredictionServiceStub"],
+        "torchestimator.serving.grpc_server": ["GrpcServer"],
         "torchestimator.serving.manager": ["ModelManager", "VersionStatus"],
         "torchestimator.serving.metrics": ["ServingMetrics"],
         "torchestimator.serving.openapi": ["openapi_document"],
+        "torchestimator.serving.protos": ["serving_protos"],
         "torchestimator.serving.server": ["RunningServer", "build_app", "serve", "start"],
         "torchestimator.serving.settings": ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_METRICS_PATH", "ServerSettings"],
+        "torchestimator.serving.tensor_proto": ["make_tensor_proto", "tensor_proto_to_numpy"],
     },
 )
