@@ -17,12 +17,14 @@ import torch.nn.functional as F
 
 import torchestimator as te
 from conftest import make_estimator
+from torchestimator.data import FixedLenFeature
 from torchestimator.data.example import encode_example
 from torchestimator.export import (
     ClassificationOutput,
     PredictOutput,
     RegressionOutput,
     TensorSpec,
+    build_parsing_serving_input_receiver,
     export_saved_model,
     serving_input_receiver,
 )
@@ -75,10 +77,13 @@ def served(tmp_path_factory):
     base = root / "half"
     for version in (1, 2):
         shutil.copytree(exported, base / str(version))
+    parsing = build_parsing_serving_input_receiver({"x": FixedLenFeature([], "float32")})
+    shutil.copytree(export_saved_model(estimator, root / "parsing", parsing), root / "parsed" / "1")
     config = root / "models.config"
     config.write_text(f'model_config_list {{ config {{ name: "half" base_path: "{base}" '
                       'model_version_policy { all {} } version_labels { key: "stable" value: 1 } '
-                      'version_labels { key: "canary" value: 2 } } }')
+                      'version_labels { key: "canary" value: 2 } } '
+                      f'config {{ name: "parsed" base_path: "{root / "parsed"}" }} }}')
     with start(model_config_file=str(config), grpc_port=0, file_system_poll_wait_seconds=0) as server:
         with grpc.insecure_channel(server.grpc_target) as channel:
             yield {"server": server, "predict": PredictionServiceStub(channel), "model": ModelServiceStub(channel)}
@@ -228,6 +233,29 @@ def test_classify_and_regress_take_examples_with_context_as_rest_does(served):
     request.input.example_list.examples.append(b"\xff\x01")
     code, details = grpc_error(stub.Classify, request)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "input.example_list.examples[0]" in details
+
+
+def test_a_parsing_receiver_takes_examples_and_dt_string_tensors(served):
+    """The export's string input (serialized tf.Examples): Classify's Examples and a Predict DT_STRING tensor."""
+    stub = served["predict"]
+    request = protos.ClassificationRequest()
+    request.model_spec.name = "parsed"
+    request.model_spec.signature_name = "tensorflow/serving/classify"
+    examples_input(request, [{"x": [1.0]}, {"x": [3.0]}])
+    rows = [[(c.label, c.score) for c in row.classes] for row in stub.Classify(request, timeout=30)
+            .result.classifications]
+    expected = rest(served["server"], "/v1/models/parsed:classify", {
+        "signature_name": "tensorflow/serving/classify", "examples": [{"x": 1.0}, {"x": 3.0}]})["results"]
+    assert rows == [[tuple(pair) for pair in row] for row in expected] == [[("0", 3.5), ("1", 7.0)],
+                                                                            [("0", 4.5), ("1", 9.0)]]
+    request = protos.PredictRequest()
+    request.model_spec.name = "parsed"
+    request.inputs["examples"].CopyFrom(make_tensor_proto([encode_example({"x": [x]}) for x in (1.0, 3.0)]))
+    y = served["predict"].Predict(request, timeout=30).outputs["y"]
+    assert tensor_proto_to_numpy(y).tolist() == [3.5, 4.5]
+    request.inputs["examples"].CopyFrom(make_tensor_proto(np.ones(2, np.float32)))
+    code, details = grpc_error(stub.Predict, request)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "to be string but float is provided" in details
 
 
 # -- GetModelMetadata and GetModelStatus --------------------------------------------------------

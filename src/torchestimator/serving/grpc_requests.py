@@ -172,7 +172,9 @@ def parse_examples(data: bytes, model: ExportedModel, name: str, version: int, m
                             data)
     signature_name = request.model_spec.signature_name or DEFAULT_SERVING_SIGNATURE_DEF_KEY
     context, examples = _decoded_input(request.input)
-    examples_request = _examples_request(context, examples, model, method, signature_name)
+    # The one entry point REST shares: with a parsing receiver the Examples are serialized again (context merged,
+    # as TF) for its string input; otherwise their features feed the signature's inputs by name.
+    examples_request = examples_json.examples_request(context, examples, model, method, signature_name)
     count = examples_request.count
 
     def encode(outputs: Mapping[str, np.ndarray]) -> bytes:
@@ -212,20 +214,6 @@ def _decode(serialized: bytes, where: str) -> dict[str, Any]:
         return decode_example(serialized)
     except ExampleDecodeError as error:
         raise invalid_argument(f"{where}: {error}") from None
-
-
-def _examples_request(context: dict[str, Any], examples: list[dict[str, Any]], model: ExportedModel, method: str,
-                      signature_name: str) -> Any:
-    build = getattr(examples_json, "examples_request", None)
-    if build is not None:  # the shared entry point (examples_json.py): parsing receivers get serialized Examples
-        return build(context, examples, model, method, signature_name)
-    document = {"signature_name": signature_name, "context": _as_json(context),  # before that entry point
-                "examples": [_as_json(example) for example in examples]}
-    return examples_json.parse_examples_request(document, model, method)
-
-
-def _as_json(features: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: value.tolist() if isinstance(value, np.ndarray) else value for key, value in features.items()}
 
 
 # -- GetModelMetadata and GetModelStatus --------------------------------------------------------
