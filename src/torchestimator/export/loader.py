@@ -470,7 +470,11 @@ def _check_decoded_against_program(program: Any, infos: Mapping[str, TensorInfo]
 
 
 def _string_values(name: str, value: Any) -> list[bytes]:
-    """A string input's batch as a list of bytes: from bytes/str items (str is UTF-8), or a 1-D bytes/object array."""
+    """A string input's batch as a list of bytes: from bytes/str items (str is UTF-8), or a 1-D bytes/object array.
+
+    A fixed-width bytes array (dtype 'S') cannot hold trailing NUL bytes (numpy drops them), so serialized
+    records that may end in one belong in a list or an object array.
+    """
     if isinstance(value, np.ndarray):
         if value.ndim != 1 or value.dtype.kind not in "OSU":
             raise TypeError(f"Input {name!r} is a string input (a batch of bytes, shape [-1]); received a numpy "

@@ -38,8 +38,8 @@ from torchestimator.export.receiver import parse_dtype
 from torchestimator.serving.errors import invalid_argument
 from torchestimator.serving.manager import VersionStatus
 
-__all__ = ["PredictRequest", "decode_body", "describe_inputs", "metadata_document", "parse_predict",
-           "predict_response", "predict_response_bytes", "preview_json", "status_document"]
+__all__ = ["PredictRequest", "b64_bytes", "decode_body", "decoded_inputs", "describe_inputs", "metadata_document",
+           "parse_predict", "predict_response", "predict_response_bytes", "preview_json", "status_document"]
 
 # torch dtype names (signature.json) -> TF DataType names (metadata).
 TF_DTYPES = {
