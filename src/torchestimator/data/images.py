@@ -44,8 +44,9 @@ installed, JPEGs decode through it with fastdct matching the method: equal to
 TF for both, every pixel, on 4:2:0, 4:2:2, 4:4:4 and grayscale files. Pillow
 has no IFAST option: without simplejpeg, dct_method "" decodes as
 INTEGER_ACCURATE (identical to TF's INTEGER_ACCURATE; against TF's default
-about 60 % of the values differ, by at most 5-6 levels in 0..255), with one
-warning per process. simplejpeg is also about 1.3x Pillow's speed on JPEGs
+60-70 % of the values differ: by at most 6 levels in 0..255 on the quality-85
+fixtures, by up to 15 and 18 on scikit-learn's two sample photos, china.jpg
+and flower.jpg), with one warning per process. simplejpeg is also about 1.3x Pillow's speed on JPEGs
 (benchmarks/image_decode.py: 224x224 and 640x480, one core). CMYK/YCCK JPEGs are refused.
 
 resize_image returns float32 as tf.image.resize does (also for nearest, where
@@ -314,8 +315,8 @@ def _warn_accurate_fallback() -> None:
     if not _warned_accurate_fallback:
         _warned_accurate_fallback = True
         logger.warning("decode_jpeg: simplejpeg is not installed, so JPEGs decode through Pillow with "
-                       "dct_method INTEGER_ACCURATE, not TF's default INTEGER_FAST (values differ by up to 6 "
-                       "levels); pip install 'torchestimator[images]' for TF's exact pixels.")
+                       "dct_method INTEGER_ACCURATE, not TF's default INTEGER_FAST (most values differ, by up "
+                       "to ~20 levels on photos); pip install 'torchestimator[images]' for TF's exact pixels.")
 
 
 def _jpeg_simplejpeg(simplejpeg: Any, contents: bytes, channels: int, dct_method: str,
