@@ -7,12 +7,14 @@
     client.regress([{"x": 1.0}]), client.classify([{"x": [..]}])
 
 Standard library only (urllib), so it runs wherever a client does. Numpy
-arrays and tensors are sent as nested lists. An error answer raises
+arrays and tensors are sent as nested lists; bytes as ``{"b64": ...}`` (TF
+Serving's JSON for bytes, which string inputs take: serialized Examples, images). An error answer raises
 ServingClientError carrying the HTTP status and the server's message.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import urllib.error
 import urllib.parse
@@ -103,8 +105,10 @@ class Client:
 
 def _plain(value: Any) -> Any:
     """Arrays and tensors as nested lists. Non-finite floats go out as NaN / Infinity, which TF Serving accepts."""
+    if isinstance(value, (bytes, bytearray)):
+        return {"b64": base64.b64encode(value).decode("ascii")}
     if hasattr(value, "tolist"):
-        return value.tolist()
+        return _plain(value.tolist()) if getattr(value, "dtype", None) == object else value.tolist()
     if isinstance(value, Mapping):
         return {key: _plain(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
