@@ -295,7 +295,9 @@ def _image_model_fn(model, features, labels, mode):
     logits = model(features["image"])
     predictions = {"class": logits.argmax(-1)}
     if mode == te.ModeKeys.PREDICT:
-        return te.EstimatorSpec(mode, predictions=predictions)
+        return te.EstimatorSpec(mode, predictions=predictions, export_outputs={
+            "serving_default": te.export.PredictOutput(predictions),
+            "classify": ClassificationOutput(scores=logits.softmax(-1))})
     return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels))
 
 
@@ -344,3 +346,16 @@ def test_an_image_that_does_not_decode_is_refused_naming_the_instance(images):
         from torchestimator.export.decoders import ImageDecode
 
         ImageDecode(decoding=images["decoding"], feature_name="")
+
+
+def test_classify_on_an_image_receiver_takes_one_image_per_example(images):
+    """Without a parsing receiver, features feed inputs by name: the string input takes one bytes value each."""
+    model, encoded = images["model"], images["encoded"]
+    document = {"signature_name": "classify", "examples": [{"image_bytes": b64(item)} for item in encoded[:2]] + [
+        {"image_bytes": [b64(encoded[2])]}]}
+    request = parse_examples_request(document, model, "classify")
+    scores = classify_results(model(request.inputs, signature_name="classify"), request.count)["results"]
+    assert [int(np.argmax([score for _, score in row])) for row in scores] == images["expected"][:3]
+    message = refused(lambda: parse_examples_request({"signature_name": "classify", "examples": [
+        {"image_bytes": [b64(encoded[0]), b64(encoded[1])]}]}, model, "classify"))
+    assert "give one string or" in message
