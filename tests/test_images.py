@@ -56,7 +56,7 @@ def test_decoding_gives_tensorflows_values_dtype_and_shape(key):
 def test_the_fixtures_cover_every_rule_the_module_claims():
     names = {key.split("|")[0] for key in DECODE_KEYS}
     assert {"gray16.png", "gray_alpha16.png", "rgb16.png", "rgba16.png", "gray_alpha.png", "palette_trns.png",
-            "rgb_trns.png", "bilevel.png", "photo420.jpg", "photo444.jpg", "gray.jpg", "animated.gif"} <= names
+            "rgb_trns.png", "bilevel.png", "rgb16_interlaced.png", "gray_alpha16_interlaced.png", "photo420.jpg", "photo444.jpg", "gray.jpg", "animated.gif"} <= names
     assert EXPECTED["gray_alpha.png|decode_png|0|uint8"].shape[-1] == 2  # stays 2 channels
     assert EXPECTED["animated.gif|decode_image|0|uint8"].shape[0] == 3
 

@@ -31,13 +31,15 @@ def _photo(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
     return np.clip(image + rng.normal(0, 10, image.shape), 0, 255).astype(np.uint8)
 
 
-def _png16(pixels: np.ndarray) -> bytes:
-    """A 16-bit PNG of [H, W, C] uint16, rows filtered in turn with None, Sub, Up, Average and Paeth."""
-    height, width, channels = pixels.shape
-    color_type = {1: 0, 2: 4, 3: 2, 4: 6}[channels]
-    bpp = 2 * channels
-    rows = [pixels[y].astype(">u2").tobytes() for y in range(height)]
-    out, previous = [], bytes(len(rows[0]))
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+
+
+def _filtered_rows(pixels: np.ndarray) -> bytes:
+    """[h, w, c] uint8/uint16 as PNG scanlines, rows filtered in turn with None, Sub, Up, Average and Paeth."""
+    height, _, channels = pixels.shape
+    bpp = pixels.dtype.itemsize * channels
+    rows = [pixels[y].astype(pixels.dtype.newbyteorder(">")).tobytes() for y in range(height)]
+    out, previous = [], bytes(len(rows[0]) if rows else 0)
     for y, row in enumerate(rows):
         kind = y % 5
         raw, prior = np.frombuffer(row, np.uint8).astype(np.int32), np.frombuffer(previous, np.uint8).astype(np.int32)
@@ -57,12 +59,24 @@ def _png16(pixels: np.ndarray) -> bytes:
             predictor = np.where((pa <= pb) & (pa <= pc), left, np.where(pb <= pc, prior, upper_left))
         out.append(bytes([kind]) + ((raw - predictor) % 256).astype(np.uint8).tobytes())
         previous = row
+    return b"".join(out)
 
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    header = struct.pack(">IIBBBBB", width, height, 16, color_type, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"".join(out), 9))
+def _png16(pixels: np.ndarray, interlaced: bool = False) -> bytes:
+    """A PNG of [H, W, C] uint16 (16-bit) or uint8 (8-bit), written here; Adam7-interlaced if asked."""
+    height, width, channels = pixels.shape
+    color_type = {1: 0, 2: 4, 3: 2, 4: 6}[channels]
+    if interlaced:
+        passes = [pixels[y0::dy, x0::dx] for x0, y0, dx, dy in _ADAM7]
+        data = b"".join(_filtered_rows(part) for part in passes if part.size)
+    else:
+        data = _filtered_rows(pixels)
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    header = struct.pack(">IIBBBBB", width, height, 8 * pixels.dtype.itemsize, color_type, 0, 0, int(interlaced))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(data, 9))
             + chunk(b"IEND", b""))
 
 
@@ -93,6 +107,9 @@ def make_images() -> dict[str, bytes]:
         "gray_alpha16.png": _png16(rng.integers(0, 65536, (6, 8, 2), dtype=np.uint16)),
         "rgb16.png": _png16(rng.integers(0, 65536, (6, 8, 3), dtype=np.uint16)),
         "rgba16.png": _png16(rng.integers(0, 65536, (6, 8, 4), dtype=np.uint16)),
+        "rgb16_interlaced.png": _png16(rng.integers(0, 65536, (11, 13, 3), dtype=np.uint16), interlaced=True),
+        "gray_alpha16_interlaced.png": _png16(rng.integers(0, 65536, (9, 10, 2), dtype=np.uint16), interlaced=True),
+        "rgb_interlaced.png": _png16(rng.integers(0, 256, (11, 13, 3), dtype=np.uint8), interlaced=True),
     }
     photo = _photo(rng, 24, 40)
     files["photo420.jpg"] = _saved(Image.fromarray(photo), "JPEG", quality=85, subsampling=2)
@@ -114,8 +131,9 @@ def expected_outputs(files: dict[str, bytes]) -> dict[str, np.ndarray]:
             for channels in (0, 1, 3, 4):
                 for dtype in ("uint8", "uint16"):
                     out[f"{name}|decode_png|{channels}|{dtype}"] = tf.io.decode_png(data, channels, dtype).numpy()
-                out[f"{name}|decode_image|{channels}|float32"] = tf.io.decode_image(
-                    data, channels, tf.float32).numpy()
+                if channels in (0, 4):  # float32 is the uint16 image scaled: two channel counts show it
+                    out[f"{name}|decode_image|{channels}|float32"] = tf.io.decode_image(
+                        data, channels, tf.float32).numpy()
             out[f"{name}|decode_jpeg|0|"] = tf.io.decode_jpeg(data).numpy()
         elif name.endswith(".jpg"):
             for channels in (0, 1, 3):
