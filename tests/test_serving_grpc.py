@@ -345,3 +345,72 @@ def test_a_busy_grpc_port_is_one_clear_error(served):
         start("half", served["server"].managers["half"].base_path, grpc_port=busy, file_system_poll_wait_seconds=0)
     with socket.create_connection(("127.0.0.1", served["server"].port), timeout=5):
         pass  # the first server still answers
+
+
+def test_batching_serves_grpc_and_rest_requests_in_the_same_batches(served, tmp_path):
+    """--enable_batching: concurrent gRPC and REST requests go through the one batch scheduler."""
+    import concurrent.futures
+
+    from torchestimator.serving import BatchingParameters
+
+    base = served["server"].managers["half"].base_path
+    batching = BatchingParameters(max_batch_size=8, batch_timeout_micros=20000)
+    with start("half", base, grpc_port=0, batching=batching, file_system_poll_wait_seconds=0) as server:
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            stub = PredictionServiceStub(channel)
+
+            def one(index):
+                if index % 2:
+                    return rest(server, "/v1/models/half:predict",
+                                {"inputs": {"x": [[float(index)]], "shift": [0]}})["outputs"]["y"]
+                return list(stub.Predict(predict_request([[float(index)]], [0]), timeout=30).outputs["y"].float_val)
+
+            with concurrent.futures.ThreadPoolExecutor(6) as pool:
+                answers = list(pool.map(one, range(6)))
+        assert answers == [[0.5 * index + 3] for index in range(6)]
+        batches = request_core_of_server(server).metrics.value(
+            ":tensorflow:serving:batching:batch_size_count", {"model_name": "model_name_unset",
+                                                              "op_name": "torchestimator_batcher"})
+        assert batches is not None and 1 <= batches < 6  # some requests shared a batch
+
+
+def request_core_of_server(server):
+    from torchestimator.serving.app import request_core_of
+
+    return request_core_of(server._app)
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_the_cli_serves_grpc_on_port_and_refuses_a_busy_one_in_one_line(served):
+    """`serve --port P` as a user runs it: announced, answered by TF's method path, stopped by SIGTERM; a second
+    serve on the same --port exits 2 with one line naming the address."""
+    import os
+    import subprocess
+    import sys
+
+    base = served["server"].managers["half"].base_path
+    port = free_port()
+    command = [sys.executable, "-m", "torchestimator.cli", "serve", "--model_name", "half", "--model_base_path",
+               base, "--rest_api_port", "0", "--port", str(port), "--file_system_poll_wait_seconds", "0"]
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=environment)
+    try:
+        line = server.stdout.readline()
+        assert line.rstrip().endswith(f" and gRPC 127.0.0.1:{port}"), line
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            response = PredictionServiceStub(channel).Predict(predict_request([[1.0]], [0]), timeout=30)
+        assert list(response.outputs["y"].float_val) == [3.5]
+        busy = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=120)
+        assert busy.returncode == 2
+        assert busy.stderr.strip().splitlines()[-1].startswith(
+            f"torchestimator serve: error: cannot listen for gRPC on 127.0.0.1:{port}: the port is in use"), busy.stderr
+        assert busy.stderr.strip().endswith("choose another --port.")
+    finally:
+        server.terminate()
+        assert server.wait(timeout=60) in (0, -15)
