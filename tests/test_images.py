@@ -368,3 +368,51 @@ def test_the_decode_benchmark_runs_checks_and_prints_its_ratio_line(capsys):
     assert last.startswith("image_decode jpeg_vs_pillow=") and " png_vs_pillow=" in last
     figures = dict(item.split("=") for item in last.split()[1:])
     assert float(figures["png_vs_pillow"]) > 0 and (figures["jpeg_vs_pillow"] == "n/a" or float(figures["jpeg_vs_pillow"]) > 0)
+
+
+def test_damaged_bytes_raise_image_decode_error_and_nothing_else():
+    """Seeded mutations of every fixture (flipped bytes, cuts, insertions): decoded, or ImageDecodeError."""
+    import warnings
+
+    rng = np.random.default_rng(15)
+    originals = [path.read_bytes() for path in sorted(FIXTURES.iterdir()) if path.suffix in (".png", ".jpg", ".gif")]
+    decoding = ImageDecoding(size=(5, 5))
+    calls = (decode_image, lambda data: decode_png(data, channels=1), decoding.decode,
+             lambda data: decode_jpeg(data, dct_method="INTEGER_ACCURATE"))
+    refused = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Pillow's DecompressionBombWarning on a mutated size
+        for _ in range(300):
+            data = bytearray(originals[rng.integers(len(originals))])
+            position = int(rng.integers(len(data)))
+            kind = rng.integers(3)
+            if kind == 0:
+                data[position] = int(rng.integers(256))
+            elif kind == 1:
+                del data[max(position, 1):]
+            else:
+                data[position:position] = rng.integers(0, 256, 8, dtype=np.uint8).tobytes()
+            for call in calls:
+                try:
+                    call(bytes(data))
+                except ImageDecodeError:
+                    refused += 1
+    assert refused > 300  # the mutations did reach the error paths
+
+
+def test_bytes_claiming_a_huge_image_are_refused_before_decoding():
+    import struct
+    import zlib
+
+    header = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)
+    def chunk(kind, payload):
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(bytes(64))) + chunk(b"IEND", b"")
+    with pytest.raises(ImageDecodeError, match=r"^big\.png: the PNG image is too large to decode .*images\.MAX_PIXELS"):
+        decode_image(png, where="big.png")
+    jpeg = bytearray((FIXTURES / "photo420.jpg").read_bytes())
+    start = jpeg.index(b"\xff\xc0") + 5  # SOF0: precision, then height and width
+    jpeg[start:start + 4] = struct.pack(">HH", 60_000, 60_000)
+    with pytest.raises(ImageDecodeError, match=r"the JPEG image is too large to decode"):
+        decode_image(bytes(jpeg))

@@ -81,6 +81,10 @@ LAYOUTS = ("HWC", "CHW")
 _DTYPES = ("uint8", "uint16", "float32")
 _GRAY = {8: (9797, 19234, 3737, 0), 16: (9797, 19234, 3737, 16384)}  # libpng's rgb_to_gray as TF sets it
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MAX_PIXELS = 2 * 89_478_485
+"""The most pixels (all of a GIF's frames together) one image may decode to: Pillow's decompression-bomb
+limit, applied to the JPEG decoder and GIF frames too, so bytes that claim a huge image are refused before
+memory is taken (TF has no such bound)."""
 _warned_accurate_fallback = False
 
 
@@ -193,11 +197,18 @@ def _pillow_open(contents: bytes, fmt: str, where: str | None, low_bytes: bool =
         if low_bytes:
             image.tile = [tile._replace(args=tile.args.replace(";16B", ";16L")) for tile in image.tile]
         image.load()
+    except image_module.DecompressionBombError as error:
+        raise _too_large(where, fmt, str(error)) from None
     except (image_module.UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError,
             zlib.error, struct.error) as error:
         raise _error(where, fmt, f"the {fmt.upper()} data cannot be decoded ({' '.join(str(error).split())}); "
                                  f"the bytes are damaged or cut short.") from None
     return image
+
+
+def _too_large(where: str | None, fmt: str, size: str) -> ImageDecodeError:
+    return _error(where, fmt, f"the {fmt.upper()} image is too large to decode ({' '.join(size.split())}); "
+                              f"the limit is {MAX_PIXELS} pixels (images.MAX_PIXELS).")
 
 
 def _png_transparent_color(contents: bytes, color_type: int, bit_depth: int) -> tuple[int, ...] | None:
@@ -277,8 +288,9 @@ def decode_png(contents: bytes, *, channels: int = 0, dtype: str = "uint8", wher
         raise _error(where, sniff_format(contents), f'decode_png: dtype must be "uint8" or "uint16"; '
                                                     f'received {dtype!r}.')
     fmt = sniff_format(contents)
-    if fmt != "png":
-        return _to_depth(_decode_3d(contents, fmt, channels, "", where), dtype)
+    if fmt != "png":  # JPEG, GIF: 8-bit, to uint16 by convert_image_dtype's shift, as decode_image
+        pixels = _decode_3d(contents, fmt, channels, "", where)
+        return pixels.astype(np.uint16) << 8 if dtype == "uint16" else pixels
     channels = _check_channels(channels, (0, 1, 3, 4), "png", where)
     # libpng converts colour at the file's depth, then strips or expands to the wanted one.
     return np.ascontiguousarray(_to_depth(_png_for_channels(contents, channels, where), dtype))
@@ -322,7 +334,9 @@ def _warn_accurate_fallback() -> None:
 def _jpeg_simplejpeg(simplejpeg: Any, contents: bytes, channels: int, dct_method: str,
                      where: str | None) -> np.ndarray:
     try:
-        _, _, colorspace, _ = simplejpeg.decode_jpeg_header(contents)
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(contents)
+        if height * width > MAX_PIXELS:
+            raise _too_large(where, "jpeg", f"{width}x{height} pixels")
         if colorspace not in ("Gray", "YCbCr", "RGB"):
             raise _error(where, "jpeg", f"{colorspace} JPEGs are not decoded here (TF converts them with "
                                         f"libjpeg's CMYK rules); convert the file to RGB first.")
@@ -347,7 +361,11 @@ def _jpeg_pillow(contents: bytes, channels: int, where: str | None) -> np.ndarra
         if channels == 1 and image.mode == "RGB":
             image.draft("L", image.size)  # libjpeg's own grayscale output: the Y plane, as TF's channels=1
         image.load()
-    except (image_module.UnidentifiedImageError, OSError, SyntaxError, struct.error) as error:
+    except image_module.DecompressionBombError as error:
+        raise _too_large(where, "jpeg", str(error)) from None
+    except (image_module.UnidentifiedImageError, OSError, SyntaxError, ValueError, struct.error) as error:
+        if isinstance(error, ImageDecodeError):
+            raise
         raise _error(where, "jpeg", f"the JPEG data cannot be decoded ({' '.join(str(error).split())}); "
                                     f"the bytes are damaged or cut short.") from None
     pixels = np.asarray(image, dtype=np.uint8)
@@ -360,14 +378,28 @@ def _jpeg_pillow(contents: bytes, channels: int, where: str | None) -> np.ndarra
 
 def _gif_frames(contents: bytes, first_only: bool, where: str | None) -> np.ndarray:
     """[frames, H, W, 3] uint8, each frame composed over the previous as GIF players (and giflib) do."""
+    image_module = _pillow()
     image = _pillow_open(contents, "gif", where)
-    frames = []
+    frames: list[np.ndarray] = []
     try:
-        for index in range(1 if first_only else getattr(image, "n_frames", 1)):
+        count = 1 if first_only else image.n_frames
+        if count * image.width * image.height > MAX_PIXELS:
+            raise _too_large(where, "gif", f"{count} frames of {image.width}x{image.height} pixels")
+        for index in range(count):
             image.seek(index)
             frames.append(np.asarray(image.convert("RGB"), dtype=np.uint8))
-    except (OSError, ValueError, EOFError) as error:
-        raise _error(where, "gif", f"frame {len(frames)} of the GIF cannot be decoded ({error}).") from None
+            if frames[-1].shape != frames[0].shape:
+                raise _error(where, "gif", f"frame {index} is {frames[-1].shape[1]}x{frames[-1].shape[0]} "
+                                           f"pixels, frame 0 {frames[0].shape[1]}x{frames[0].shape[0]}: a frame "
+                                           f"reaches outside the GIF's screen.")
+    except ImageDecodeError:
+        raise
+    except image_module.DecompressionBombError as error:
+        raise _too_large(where, "gif", str(error)) from None
+    except (OSError, ValueError, EOFError, IndexError, struct.error) as error:
+        raise _error(where, "gif", f"frame {len(frames)} of the GIF cannot be decoded "
+                                   f"({' '.join(str(error).split()) or type(error).__name__}); the bytes are "
+                                   f"damaged or cut short.") from None
     return np.stack(frames)
 
 
