@@ -142,13 +142,17 @@ def expected_outputs(files: dict[str, bytes]) -> dict[str, np.ndarray]:
                         data, channels, dct_method=dct).numpy()
             for dtype in ("uint8", "uint16", "float32"):
                 out[f"{name}|decode_image|0|{dtype}"] = tf.io.decode_image(data, 0, getattr(tf, dtype)).numpy()
-            out[f"{name}|decode_png|0|uint8"] = tf.io.decode_png(data).numpy()
+            for dtype in ("uint8", "uint16"):  # decode_png takes JPEGs too ("the interface is the same")
+                out[f"{name}|decode_png|0|{dtype}"] = tf.io.decode_png(data, dtype=getattr(tf, dtype)).numpy()
         else:
             for channels in (0, 3):
                 for dtype in ("uint8", "uint16", "float32"):
                     out[f"{name}|decode_image|{channels}|{dtype}"] = tf.io.decode_image(
                         data, channels, getattr(tf, dtype)).numpy()
             out[f"{name}|decode_image_first|0|uint8"] = tf.io.decode_image(data, expand_animations=False).numpy()
+            if name == "still.gif":  # decode_png/decode_jpeg take a one-frame GIF
+                out[f"{name}|decode_png|0|uint16"] = tf.io.decode_png(data, dtype=tf.uint16).numpy()
+                out[f"{name}|decode_jpeg|3|"] = tf.io.decode_jpeg(data, channels=3).numpy()
     return out
 
 
