@@ -43,6 +43,7 @@ from torchestimator.serving.examples_json import (
     examples_request,
     parse_examples_request,
     regress_results,
+    serialized_examples,
 )
 from torchestimator.serving.json_tensor import metadata_document, parse_predict
 from torchestimator.serving.manager import warm_up
@@ -359,3 +360,13 @@ def test_classify_on_an_image_receiver_takes_one_image_per_example(images):
     message = refused(lambda: parse_examples_request({"signature_name": "classify", "examples": [
         {"image_bytes": [b64(encoded[0]), b64(encoded[1])]}]}, model, "classify"))
     assert "give one string or" in message
+
+
+def test_decoded_examples_serialize_back_to_tfs_bytes():
+    """gRPC hands examples_request decode_example's values; serialized again they are TF's own bytes, and a
+    Feature with no list (or an empty typed list) keeps what it was."""
+    assert serialized_examples({}, [decode_example(item) for item in TF_EXAMPLES]) == TF_EXAMPLES
+    context = base64.b64decode(TF["context"])
+    assert serialized_examples(decode_example(context), [{}]) == [context]
+    kept = decode_example(serialized_examples({}, [{"a": [], "b": np.array([], np.int64)}])[0])
+    assert kept["a"] == [] and kept["b"].dtype == np.int64 and kept["b"].size == 0
