@@ -252,7 +252,8 @@ _COMMANDS: dict[str, tuple[str, Any, bool, list[tuple[tuple[str, ...], dict[str,
         (("--no_progress",), {"action": "store_true", "help": "no progress bar"}),
         (("--exported",), {"help": "an exported model: a version folder or its base (newest version)"}),
         (("--input",), {"help": "with --exported: a TF Serving predict request (.json: {\"instances\": [...]} or "
-                                "{\"inputs\": ...}, as curl sends to serve) or an .npz of named arrays"}),
+                                "{\"inputs\": ...}, as curl sends to serve; {\"b64\": ...} for string inputs: "
+                                "serialized Examples, images) or an .npz of named arrays"}),
         (("--signature_name",), {"help": "with --exported: the signature to run (default: the request's "
                                          "signature_name, else serving_default)"}),
         _PREDICT_CHECKPOINT_PATH,
