@@ -370,3 +370,14 @@ def test_decoded_examples_serialize_back_to_tfs_bytes():
     assert serialized_examples(decode_example(context), [{}]) == [context]
     kept = decode_example(serialized_examples({}, [{"a": [], "b": np.array([], np.int64)}])[0])
     assert kept["a"] == [] and kept["b"].dtype == np.int64 and kept["b"].size == 0
+
+
+def test_an_edited_image_decoding_is_refused_naming_the_file(images, tmp_path):
+    copy = tmp_path / "edited"
+    shutil.copytree(images["path"], copy)
+    document = json.load(open(copy / "signature.json"))
+    document["decoders"]["image_bytes"]["decoding"]["plugin"] = "evil.so"
+    (copy / "signature.json").write_text(json.dumps(document))
+    with pytest.raises(ExportFormatError) as raised:
+        load(copy)
+    assert str(copy / "signature.json") in str(raised.value) and "plugin" in str(raised.value)
