@@ -228,6 +228,17 @@ def synopsis_flags_exist(block: Block) -> None:
             assert flag in parser._option_string_actions, f"README.md:{block.line}: {words[1]} has no {flag} ({line})"
 
 
+def tf_client_calls_are_the_tools(block: Block) -> None:
+    """TF Serving's own client (needs TensorFlow): valid Python whose TF calls tools/check_tf_serving_grpc_client.py
+    makes against serve --port in the comparison environment."""
+    tree = ast.parse(block.text)
+    called = {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call)
+              and isinstance(node.func, ast.Attribute)}
+    tool = (ROOT / "tools" / "check_tf_serving_grpc_client.py").read_text()
+    for name in ("PredictionServiceStub", "make_tensor_proto", "make_ndarray", "Predict"):
+        assert name in called and f".{name}(" in tool, f"README.md:{block.line}: {name} is not what the tool checks"
+
+
 @dataclasses.dataclass(frozen=True)
 class NotRunnable:
     reason: str
@@ -261,6 +272,9 @@ NOT_RUNNABLE: dict[str, NotRunnable] = {
         NotRunnable("needs Ray (not a dependency) and a Ray cluster with /shared", names_are_defined_above),
     "# on host0, the chief:":
         NotRunnable("two hosts (host0, host1), one command on each", tf_config_tasks_resolve),
+    "import grpc, numpy as np, tensorflow as tf":
+        NotRunnable("TF Serving's own client needs TensorFlow and tensorflow-serving-api, not dependencies; "
+                    "tools/check_tf_serving_grpc_client.py runs it against serve --port", tf_client_calls_are_the_tools),
     "torchestimator serve --model_config_file models.config [--model_config_file_poll_wait_seconds 30] \\":
         NotRunnable("a synopsis: [optional] flags and config files of the reader's own", synopsis_flags_exist),
     "torchestimator train FILE.py --model_dir runs/x [--max_steps N | --steps N] [--param lr=0.01]":

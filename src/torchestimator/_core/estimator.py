@@ -680,15 +680,17 @@ class Estimator:
         return CheckpointStore(os.path.dirname(path)).restore(path)
 
     def export_saved_model(self, export_dir_base: str, serving_input_receiver: Any, checkpoint_path: str | None = None,
-                           assets_extra: Mapping[str, str] | None = None, as_onnx: bool = False) -> str:
+                           assets_extra: Mapping[str, str] | None = None, as_onnx: bool = False,
+                           warmup_requests: Any = None) -> str:
         """Writes `export_dir_base/<version>/` (torch.export program, signature.json, metadata); returns its path.
 
-        Uses `checkpoint_path`, else the latest checkpoint, else the warm-start source.
+        Uses `checkpoint_path`, else the latest checkpoint, else the warm-start source; `warmup_requests` become
+        TF Serving's warm-up file (export/warmup.py).
         """
         from torchestimator.export import export_saved_model
 
         return export_saved_model(self, export_dir_base, serving_input_receiver, checkpoint_path=checkpoint_path,
-                                  assets_extra=assets_extra, as_onnx=as_onnx)
+                                  assets_extra=assets_extra, as_onnx=as_onnx, warmup_requests=warmup_requests)
 
     def warm_start_report(self) -> WarmStartPlan:
         """What warm_start_from would load, from where, with which conversion, and what stays fresh (a dry run)."""

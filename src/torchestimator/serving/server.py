@@ -104,9 +104,10 @@ async def _serve_forever(app: web.Application, host: str, port: int,
     await runner.setup()
     grpc_server = None
     try:
+        # gRPC first: once the REST port answers (what scripts wait for), both APIs do.
+        grpc_server = await _start_grpc(app, host, grpc_port)
         await web.TCPSite(runner, host, port).start()
         port = bound_port(runner)
-        grpc_server = await _start_grpc(app, host, grpc_port)
         logger.info("Serving %s at http://%s:%d/v1/models/ (event loop: %s)", sorted(managers_of(app)), host, port,
                     loop_name())
         if on_listening is not None:
@@ -186,11 +187,13 @@ class RunningServer:
         asyncio.set_event_loop(self._loop)
         try:
             self._loop.run_until_complete(self._runner.setup())
-            self._loop.run_until_complete(web.TCPSite(self._runner, host, port).start())
             self._grpc_server = self._loop.run_until_complete(_start_grpc(self._app, host, self._grpc_port))
+            self._loop.run_until_complete(web.TCPSite(self._runner, host, port).start())
         except BaseException as error:  # e.g. the port is taken: raised in the caller's thread
             self._error = error
-            try:  # a REST port already bound (gRPC's was refused) is let go
+            if self._grpc_server is not None:  # gRPC listened, REST's port was refused: let it go
+                self._loop.run_until_complete(self._grpc_server.stop(0))
+            try:  # what setup made is let go
                 self._loop.run_until_complete(self._runner.cleanup())
             except Exception:  # nothing was set up: nothing to let go
                 pass
