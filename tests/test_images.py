@@ -56,7 +56,8 @@ def test_decoding_gives_tensorflows_values_dtype_and_shape(key):
 def test_the_fixtures_cover_every_rule_the_module_claims():
     names = {key.split("|")[0] for key in DECODE_KEYS}
     assert {"gray16.png", "gray_alpha16.png", "rgb16.png", "rgba16.png", "gray_alpha.png", "palette_trns.png",
-            "rgb_trns.png", "bilevel.png", "rgb16_interlaced.png", "gray_alpha16_interlaced.png", "photo420.jpg", "photo444.jpg", "gray.jpg", "animated.gif"} <= names
+            "rgb_trns.png", "bilevel.png", "rgb16_interlaced.png", "gray_alpha16_interlaced.png", "photo420.jpg",
+            "photo444.jpg", "gray.jpg", "animated.gif", "rgb.bmp", "rgba.bmp", "palette.bmp", "top_down.bmp"} <= names
     assert EXPECTED["gray_alpha.png|decode_png|0|uint8"].shape[-1] == 2  # stays 2 channels
     assert EXPECTED["animated.gif|decode_image|0|uint8"].shape[0] == 3
 
@@ -133,9 +134,10 @@ def test_every_refusal_is_an_image_decode_error_naming_where_and_the_format():
     png = (FIXTURES / "rgb.png").read_bytes()
     jpeg = (FIXTURES / "photo420.jpg").read_bytes()
     gif = (FIXTURES / "animated.gif").read_bytes()
+    bmp = (FIXTURES / "rgb.bmp").read_bytes()
     cases = [
         (lambda: decode_image(b"hello world", where="f.csv row 3"), "unknown",
-         r"^f\.csv row 3: unknown image file format: one of PNG, JPEG or GIF is required"),
+         r"^f\.csv row 3: unknown image file format: one of PNG, JPEG, GIF or BMP is required"),
         (lambda: decode_image(png[:60], where="a.png"), "png", r"^a\.png: the PNG data cannot be decoded"),
         (lambda: decode_image(png[:20], where="a.png"), "png", r"IHDR chunk is missing or cut short"),
         (lambda: decode_image(jpeg[:300], where="b.jpg"), "jpeg", r"^b\.jpg: the JPEG data cannot be decoded"),
@@ -148,7 +150,11 @@ def test_every_refusal_is_an_image_decode_error_naming_where_and_the_format():
         (lambda: decode_image(png, dtype="float64", where="x"), "png", r"dtype must be one of"),
         (lambda: decode_png(png, dtype="float32", where="x"), "png", r'dtype must be "uint8" or "uint16"'),
         (lambda: decode_jpeg(jpeg, dct_method="FAST", where="x"), "jpeg", r"dct_method must be one of"),
-        (lambda: decode_image(b"BM" + bytes(60), where="d.bmp"), "bmp", r"BMP images are not decoded here"),
+        (lambda: decode_image(b"BM" + bytes(60), where="d.bmp"), "bmp", r"^d\.bmp: a BMP with 0 bits per pixel"),
+        (lambda: decode_image(bmp[:-1], where="d.bmp"), "bmp", r"the BMP is \d+ bytes, its header says \d+ \+ 5 rows"),
+        (lambda: decode_image(bmp[:20], where="d.bmp"), "bmp", r"incomplete BMP: the header needs 32 bytes"),
+        (lambda: decode_image(bmp, channels=1, where="d.bmp"), "bmp", r"channels must be one of \[0, 3, 4\] for BMP"),
+        (lambda: decode_png(bmp, where="d.bmp"), "bmp", r"decode_png and decode_jpeg do not decode BMP .*decode_image"),
         (lambda: decode_image(b"RIFF\0\0\0\0WEBPVP8 ", where="e"), "webp", r"WEBP images are not decoded here"),
         (lambda: decode_image("not bytes", where="request input 'image' [0]"), "unknown",
          r"^request input 'image' \[0\]: expected the encoded image as bytes; received str"),
@@ -375,7 +381,7 @@ def test_damaged_bytes_raise_image_decode_error_and_nothing_else():
     import warnings
 
     rng = np.random.default_rng(15)
-    originals = [path.read_bytes() for path in sorted(FIXTURES.iterdir()) if path.suffix in (".png", ".jpg", ".gif")]
+    originals = [path.read_bytes() for path in sorted(FIXTURES.iterdir()) if path.suffix in (".png", ".jpg", ".gif", ".bmp")]
     decoding = ImageDecoding(size=(5, 5))
     calls = (decode_image, lambda data: decode_png(data, channels=1), decoding.decode,
              lambda data: decode_jpeg(data, dct_method="INTEGER_ACCURATE"))

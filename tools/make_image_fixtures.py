@@ -80,6 +80,14 @@ def _png16(pixels: np.ndarray, interlaced: bool = False) -> bytes:
             + chunk(b"IEND", b""))
 
 
+def _top_down(bmp: bytes) -> bytes:
+    """The same 24-bit BMP with a negative height: rows stored top row first."""
+    offset, width, height = struct.unpack_from("<i", bmp, 10)[0], *struct.unpack_from("<ii", bmp, 18)
+    row_size = (3 * width + 3) // 4 * 4
+    rows = [bmp[offset + index * row_size:offset + (index + 1) * row_size] for index in range(height)]
+    return bmp[:22] + struct.pack("<i", -height) + bmp[26:offset] + b"".join(reversed(rows))
+
+
 def _saved(image, fmt: str, **options) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, fmt, **options)
@@ -93,6 +101,7 @@ def make_images() -> dict[str, bytes]:
     rgb = _photo(rng, 6, 8)
     rgba = np.concatenate([rgb, rng.integers(0, 256, (6, 8, 1), dtype=np.uint8)], -1)
     gray = rgb[..., 1].copy()
+    photo = _photo(rng, 24, 40)
     files = {
         "gray.png": _saved(Image.fromarray(gray), "PNG"),
         "gray_alpha.png": _saved(Image.fromarray(rgba[..., 1::2], "LA"), "PNG"),
@@ -111,11 +120,14 @@ def make_images() -> dict[str, bytes]:
         "gray_alpha16_interlaced.png": _png16(rng.integers(0, 65536, (9, 10, 2), dtype=np.uint16), interlaced=True),
         "rgb_interlaced.png": _png16(rng.integers(0, 256, (11, 13, 3), dtype=np.uint8), interlaced=True),
     }
-    photo = _photo(rng, 24, 40)
     files["photo420.jpg"] = _saved(Image.fromarray(photo), "JPEG", quality=85, subsampling=2)
     files["photo444.jpg"] = _saved(Image.fromarray(photo[:21, :27]), "JPEG", quality=85, subsampling=0)
     files["photo422.jpg"] = _saved(Image.fromarray(photo[:17, :30]), "JPEG", quality=85, subsampling=1)
     files["gray.jpg"] = _saved(Image.fromarray(photo[..., 0]), "JPEG", quality=85)
+    files["rgb.bmp"] = _saved(Image.fromarray(photo[:5, :7]), "BMP")  # 21-byte rows padded to 24
+    files["rgba.bmp"] = _saved(Image.fromarray(rgba[:5, :7], "RGBA"), "BMP")  # 32-bit, BGRA
+    files["palette.bmp"] = _saved(Image.fromarray(photo[:5, :7]).quantize(12), "BMP")  # TF: the raw indices
+    files["top_down.bmp"] = _top_down(files["rgb.bmp"])
     frames = [Image.fromarray(_photo(rng, 6, 8)).quantize(16) for _ in range(3)]
     files["animated.gif"] = _saved(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
     files["still.gif"] = _saved(frames[0], "GIF")
@@ -144,6 +156,12 @@ def expected_outputs(files: dict[str, bytes]) -> dict[str, np.ndarray]:
                 out[f"{name}|decode_image|0|{dtype}"] = tf.io.decode_image(data, 0, getattr(tf, dtype)).numpy()
             for dtype in ("uint8", "uint16"):  # decode_png takes JPEGs too ("the interface is the same")
                 out[f"{name}|decode_png|0|{dtype}"] = tf.io.decode_png(data, dtype=getattr(tf, dtype)).numpy()
+        elif name.endswith(".bmp"):
+            for channels in (0, 3, 4):
+                out[f"{name}|decode_image|{channels}|uint8"] = tf.io.decode_image(data, channels).numpy()
+            if name != "top_down.bmp":  # TF's float/uint16 path sizes its buffer by the signed height
+                for dtype in ("uint16", "float32"):
+                    out[f"{name}|decode_image|0|{dtype}"] = tf.io.decode_image(data, 0, getattr(tf, dtype)).numpy()
         else:
             for channels in (0, 3):
                 for dtype in ("uint8", "uint16", "float32"):

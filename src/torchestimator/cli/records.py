@@ -21,7 +21,7 @@ handler takes the argparse Namespace and returns the exit code.
   `data.images.decode_image(bytes)`'s, TF's tf.io.decode_image default: the
   file's own channels (gray 1, gray+alpha 2, RGB 3, RGBA 4, palette 3 or 4),
   16-bit PNGs of every colour type as their high byte (dtype uint8), a GIF's
-  first frame; PNG, JPEG and GIF files only;
+  first frame; PNG, JPEG, GIF and BMP files;
 - every other column as a one-value feature typed by its column: int64 when
   every non-empty cell is an integer (written without leading zeros, within
   int64), float when every one is a number, bytes (UTF-8) otherwise; an

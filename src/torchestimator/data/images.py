@@ -28,12 +28,13 @@ made by TensorFlow 2.21 (tests/fixtures/images/README.md):
   convert_image_dtype shift). decode_image(dtype="float32") is the uint16
   image times float32(1/65535) for PNG (TF's kernel goes through uint16: 8-bit
   v becomes 257 v / 65535, one ulp off v / 255 at powers of two), and the
-  uint8 image times float32(1/255) for JPEG and GIF.
+  uint8 image times float32(1/255) for JPEG, GIF and BMP.
 - GIF: decode_image gives [frames, H, W, 3] (also for one frame); with
   expand_animations=False, and in decode_png/decode_jpeg, the first frame as
   [H, W, 3] (TF refuses an animated GIF there; so do we).
-- BMP and WebP: refused with an ImageDecodeError (TF decodes them; 8-bit BMPs
-  come out as raw palette indices there, which no model wants).
+- BMP (decode_image only, as TF): uncompressed 8/24/32-bit, read as TF's own
+  reader does, an 8-bit file's palette indices included (`_bmp`); channels 0,
+  3 or 4. WebP is refused with an ImageDecodeError.
 - decode_png and decode_jpeg accept any of PNG, JPEG and one-frame GIF, as TF's
   ops do ("the interface is the same").
 
@@ -92,16 +93,16 @@ _warned_accurate_fallback = False
 
 
 def sniff_format(contents: bytes) -> str:
-    """The format of encoded image bytes by their magic number, as TF classifies them."""
-    if contents.startswith(_PNG_SIGNATURE):
-        return "png"
+    """The format of encoded image bytes by their magic number, as TF classifies them (JPEG first)."""
     if contents.startswith(b"\xff\xd8\xff"):
         return "jpeg"
-    if contents[:6] in (b"GIF87a", b"GIF89a"):
+    if contents.startswith(_PNG_SIGNATURE):
+        return "png"
+    if contents.startswith(b"GIF8"):
         return "gif"
     if contents.startswith(b"BM"):
         return "bmp"
-    if contents[:4] == b"RIFF" and contents[8:12] == b"WEBP":
+    if contents[:4] == b"RIFF" and len(contents) > 12 and contents[8:12] == b"WEBP":
         return "webp"
     return "unknown"
 
@@ -403,6 +404,47 @@ def _gif_frames(contents: bytes, first_only: bool, where: str | None) -> np.ndar
     return np.stack(frames)
 
 
+def _bmp(contents: bytes, channels: int, where: str | None) -> np.ndarray:
+    """TF's BMP reader: uncompressed 8/24/32-bit rows, the header's data offset, no palette lookup.
+
+    As tf.io.decode_bmp: the bits per pixel say the channels (8: one channel holding the raw palette
+    indices, 24: BGR, 32: BGRA), rows are padded to 4 bytes and stored bottom-up unless the height is
+    negative, and the file must end right after the last row. channels=1 is refused; 3 from 1 repeats,
+    4 adds an opaque alpha, 3 from 4 drops it.
+    """
+    channels = _check_channels(channels, (0, 3, 4), "bmp", where)
+    if len(contents) < 32:
+        raise _error(where, "bmp", f"incomplete BMP: the header needs 32 bytes, there are {len(contents)}.")
+    data_offset, width, height, bits = (struct.unpack_from("<i", contents, 10)[0],
+                                        *struct.unpack_from("<ii", contents, 18), struct.unpack_from("<h", contents, 28)[0])
+    file_channels = int(bits / 8)  # C's division, truncating toward zero
+    if file_channels not in (1, 3, 4):
+        raise _error(where, "bmp", f"a BMP with {bits} bits per pixel; 8, 24 and 32 are decoded.")
+    if width <= 0 or height == 0 or data_offset < 0:
+        raise _error(where, "bmp", f"the BMP header is invalid (width {width}, height {height}, data offset "
+                                   f"{data_offset}).")
+    rows = abs(height)
+    if width * rows > MAX_PIXELS:
+        raise _too_large(where, "bmp", f"{width}x{rows} pixels")
+    row_size = (file_channels * width + 3) // 4 * 4
+    if len(contents) - data_offset - row_size * rows != 0:
+        raise _error(where, "bmp", f"the BMP is {len(contents)} bytes, its header says {data_offset} + "
+                                   f"{rows} rows of {row_size}; the file is cut short or carries more.")
+    pixels = np.frombuffer(contents, np.uint8, count=row_size * rows, offset=data_offset).reshape(rows, row_size)
+    pixels = pixels[:, :width * file_channels].reshape(rows, width, file_channels)
+    if height > 0:
+        pixels = pixels[::-1]  # bottom-up rows
+    if file_channels > 1:
+        pixels = pixels[..., [2, 1, 0, 3][:file_channels]]  # BGR(A) to RGB(A)
+    wanted = channels or file_channels
+    if wanted == file_channels:
+        return np.ascontiguousarray(pixels)
+    if wanted == 3:
+        return np.ascontiguousarray(pixels[..., :3] if file_channels == 4 else np.repeat(pixels, 3, axis=-1))
+    color = pixels if file_channels == 3 else np.repeat(pixels, 3, axis=-1)
+    return np.concatenate([color, np.full((rows, width, 1), 255, np.uint8)], axis=-1)
+
+
 def _decode_3d(contents: bytes, fmt: str, channels: int, dct_method: str, where: str | None) -> np.ndarray:
     """One [H, W, C] image of any format decode_png/decode_jpeg take: PNG at its depth, JPEG, a 1-frame GIF."""
     if fmt == "png":
@@ -421,11 +463,14 @@ def _decode_3d(contents: bytes, fmt: str, channels: int, dct_method: str, where:
 
 
 def _unsupported(fmt: str, where: str | None) -> ImageDecodeError:
-    if fmt in ("bmp", "webp"):
-        return _error(where, fmt, f"{fmt.upper()} images are not decoded here (PNG, JPEG and GIF are); "
-                                  f"convert them to PNG.")
-    return _error(where, fmt, "unknown image file format: one of PNG, JPEG or GIF is required (the bytes start "
-                              "with none of their signatures).")
+    if fmt == "bmp":
+        return _error(where, fmt, "BMP bytes: decode_png and decode_jpeg do not decode BMP (TF's rule); use "
+                                  "decode_image.")
+    if fmt == "webp":
+        return _error(where, fmt, "WEBP images are not decoded here (PNG, JPEG, GIF and BMP are); convert them "
+                                  "to PNG.")
+    return _error(where, fmt, "unknown image file format: one of PNG, JPEG, GIF or BMP is required (the bytes "
+                              "start with none of their signatures).")
 
 
 def decode_image(contents: bytes, *, channels: int = 0, dtype: str = "uint8", expand_animations: bool = True,
@@ -441,6 +486,8 @@ def decode_image(contents: bytes, *, channels: int = 0, dtype: str = "uint8", ex
         pixels = pixels if expand_animations else pixels[0]
     elif fmt in ("png", "jpeg"):
         pixels = _decode_3d(contents, fmt, channels, "", where)
+    elif fmt == "bmp":
+        pixels = _bmp(contents, channels, where)
     else:
         raise _unsupported(fmt, where)
     if fmt == "png" and dtype != "uint8":
@@ -448,7 +495,7 @@ def decode_image(contents: bytes, *, channels: int = 0, dtype: str = "uint8", ex
     if dtype == "float32":
         scale = np.float32(1 / 65535) if pixels.dtype == np.uint16 else np.float32(1 / 255)
         return pixels.astype(np.float32) * scale
-    if dtype == "uint16" and pixels.dtype == np.uint8:  # JPEG, GIF: convert_image_dtype's shift, 256 v
+    if dtype == "uint16" and pixels.dtype == np.uint8:  # JPEG, GIF, BMP: convert_image_dtype's shift, 256 v
         return pixels.astype(np.uint16) << 8
     return np.ascontiguousarray(_to_depth(pixels, dtype))
 
