@@ -129,9 +129,10 @@ def area(images: np.ndarray, height: int, width: int) -> np.ndarray:
     rows = _area_weights(in_height, height)
     columns = _area_weights(in_width, width)
     norm = _F32(1.0) / (_scale(in_height, height) * _scale(in_width, width))
-    summed = np.einsum("hy,nywc->nhwc", rows, images, dtype=_F32)
-    summed = np.einsum("wx,nhxc->nhwc", columns, summed, dtype=_F32)
-    return (summed * norm).astype(_F32)
+    batch, _, _, channels = images.shape
+    summed = np.matmul(rows, images.reshape(batch, in_height, in_width * channels))  # [N, h, W * C]
+    summed = summed.reshape(batch, height, in_width, channels).transpose(0, 1, 3, 2) @ columns.T  # [N, h, C, w]
+    return np.ascontiguousarray((summed * norm).astype(_F32).transpose(0, 1, 3, 2))
 
 
 KERNELS = {"bilinear": bilinear, "nearest": nearest, "bicubic": bicubic, "area": area}
