@@ -577,7 +577,7 @@ class ImageDecoding:
         return (height, width, self.channels) if self.layout == "HWC" else (self.channels, height, width)
 
     def decode(self, contents: bytes, where: str | None = None) -> np.ndarray:
-        """One image's bytes to float32 of `shape`."""
+        """One image's bytes (PNG, JPEG, GIF: its first frame, BMP) to float32 of `shape`."""
         if sniff_format(_as_bytes(contents, where)) == "jpeg":
             pixels = _jpeg(bytes(contents), self.channels, self.dct_method, where)
         else:
