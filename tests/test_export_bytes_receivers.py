@@ -304,12 +304,10 @@ def _image_model_fn(model, features, labels, mode):
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    from torchestimator.data.images import ImageDecoding
-
     root = tmp_path_factory.mktemp("images")
     pixels = np.random.default_rng(0).integers(0, 256, size=(6, 10, 12, 3), dtype=np.uint8)
     encoded = [_png(item) for item in pixels]
-    decoding = ImageDecoding(size=(8, 8), channels=3, layout="CHW", scale=1 / 255)
+    decoding = te.data.ImageDecoding(size=(8, 8), channels=3, layout="CHW", scale=1 / 255)
     x = decoding.decode_batch(encoded)
     estimator = make_estimator(root / "model", model_fn=_image_model_fn, model=lambda: nn.Sequential(
         nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)))

@@ -83,12 +83,10 @@ def _optimizer(parameters):
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """Both models exported and served by one `torchestimator serve --enable_batching` process."""
-    from torchestimator.data.images import ImageDecoding
-
     root = tmp_path_factory.mktemp("bytes")
     pixels, labels, flat = _digits()
     encoded = [_encode(image, index) for index, image in enumerate(pixels)]
-    decoding = ImageDecoding(size=(12, 12), channels=1, layout="CHW", scale=1 / 255)
+    decoding = te.data.ImageDecoding(size=(12, 12), channels=1, layout="CHW", scale=1 / 255)
 
     def image_input_fn(mode_labels):
         # The input_fn decodes as the receiver will: the one ImageDecoding both share.
