@@ -414,3 +414,15 @@ def test_the_cli_serves_grpc_on_port_and_refuses_a_busy_one_in_one_line(served):
     finally:
         server.terminate()
         assert server.wait(timeout=60) in (0, -15)
+
+
+def test_a_request_over_the_body_limit_is_resource_exhausted(served):
+    """The largest gRPC request is the REST body limit (--max_body_bytes), as grpcio words it."""
+    base = served["server"].managers["half"].base_path
+    with start("half", base, grpc_port=0, max_body_bytes=4096, file_system_poll_wait_seconds=0) as server:
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            stub = PredictionServiceStub(channel)
+            assert stub.Predict(predict_request([[1.0]], [0]), timeout=30).outputs["y"].float_val[0] == 3.5
+            big = predict_request(np.ones((1000, 1)), np.zeros(1000), tensor_content=True)  # ~12 KB
+            code, details = grpc_error(stub.Predict, big)
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "4096" in details
