@@ -30,6 +30,7 @@ UNIMPLEMENTED (grpcio's answer for a method not in the table).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -111,6 +112,9 @@ class GrpcServer:
                 target = grpc_requests.request_target(data)
                 name.append(target[0])
                 return await answer(data, *target)
+            except asyncio.CancelledError:  # the client went away or its deadline passed: grpcio answers it
+                code = "CANCELLED"
+                raise
             except ServingError as error:
                 code, details = error.code, error.message
             except Exception:  # our bug, not the client's: answer and keep serving

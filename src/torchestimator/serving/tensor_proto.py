@@ -78,8 +78,7 @@ def data_type(array: np.ndarray) -> str:
     """The DataType name of a numpy array (object, bytes and str arrays are DT_STRING)."""
     if array.dtype.kind in "OSU":
         return "DT_STRING"
-    name = _BY_NUMPY.get(array.dtype.newbyteorder("=")) if array.dtype.byteorder not in "=|" else \
-        _BY_NUMPY.get(array.dtype)
+    name = _BY_NUMPY.get(array.dtype.newbyteorder("="))  # a big-endian array is the same DataType
     if name is None:
         raise TensorProtoError(f"numpy dtype {array.dtype} has no TensorFlow DataType.")
     return name
@@ -200,9 +199,10 @@ def make_tensor_proto(values: Any, *, dtype: str | None = None, tensor_content: 
 
 def _as_array(values: Any, dtype: str | None) -> np.ndarray:
     if dtype == "DT_STRING" or (dtype is None and _is_strings(values)):
-        array = np.empty(np.shape(values) if isinstance(values, np.ndarray) else (len(values),), object)
-        array.reshape(-1)[:] = list(np.asarray(values, object).reshape(-1)) if isinstance(values, np.ndarray) \
-            else list(values)
+        if isinstance(values, np.ndarray):  # any shape; S/U arrays become objects, item by item
+            return values.astype(object)
+        array = np.empty(len(values), object)  # a list of bytes: one dimension (np.array would make S, cut NULs)
+        array[:] = list(values)
         return array
     array = np.asarray(values)
     if dtype is not None and dtype in DATA_TYPES and DATA_TYPES[dtype] in _FIELDS:
