@@ -426,3 +426,46 @@ def test_a_request_over_the_body_limit_is_resource_exhausted(served):
             big = predict_request(np.ones((1000, 1)), np.zeros(1000), tensor_content=True)  # ~12 KB
             code, details = grpc_error(stub.Predict, big)
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "4096" in details
+
+
+def test_an_image_client_over_grpc_gets_the_classes_estimator_predict_gives(tmp_path):
+    """TF Serving's image-classification client over gRPC: encoded PNG/JPEG bytes as a DT_STRING tensor."""
+    import io
+
+    from PIL import Image
+
+    from torchestimator.data import ImageDecoding
+    from torchestimator.export import build_image_serving_input_receiver
+
+    generator = np.random.default_rng(0)
+    encoded = []
+    for index in range(6):
+        buffer = io.BytesIO()
+        Image.fromarray(generator.integers(0, 256, (10, 10), dtype=np.uint8)).save(
+            buffer, format="PNG" if index % 2 else "JPEG", quality=95)
+        encoded.append(buffer.getvalue())
+    decoding = ImageDecoding(size=(8, 8), channels=1, layout="CHW", scale=1 / 255)
+
+    def image_model_fn(model, features, labels, mode):
+        logits = model(features["image"])
+        predictions = {"class": logits.argmax(-1), "probabilities": logits.softmax(-1)}
+        if mode == te.ModeKeys.PREDICT:
+            return te.EstimatorSpec(mode, predictions=predictions)
+        return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels))
+
+    estimator = make_estimator(tmp_path / "model", model=lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 5)),
+                               model_fn=image_model_fn)
+    images = decoding.decode_batch(encoded)
+    estimator.train(te.numpy_input_fn({"image": images}, np.arange(6) % 5, batch_size=6, num_epochs=None,
+                                        shuffle=False),
+                    max_steps=3)
+    expected = [row["class"] for row in estimator.predict(te.numpy_input_fn({"image": images}, shuffle=False))]
+    estimator.export_saved_model(str(tmp_path / "images"), build_image_serving_input_receiver(decoding))
+    with start("images", tmp_path / "images", grpc_port=0, file_system_poll_wait_seconds=0) as server:
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            request = protos.PredictRequest()
+            request.model_spec.name = "images"
+            request.inputs["image_bytes"].CopyFrom(make_tensor_proto(encoded))
+            response = PredictionServiceStub(channel).Predict(request, timeout=30)
+    assert tensor_proto_to_numpy(response.outputs["class"]).tolist() == expected
+    assert len(set(expected)) > 1  # the images tell apart: a wrong decode would not match by chance
