@@ -456,9 +456,9 @@ def test_an_image_client_over_grpc_gets_the_classes_estimator_predict_gives(tmp_
     estimator = make_estimator(tmp_path / "model", model=lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 5)),
                                model_fn=image_model_fn)
     images = decoding.decode_batch(encoded)
-    estimator.train(te.numpy_input_fn({"image": images}, np.arange(6) % 5, batch_size=6, num_epochs=None,
-                                        shuffle=False),
-                    max_steps=3)
+    # Trained until it tells the six images apart (3 classes), so a wrong decode cannot match by chance.
+    estimator.train(te.numpy_input_fn({"image": images}, np.arange(6) % 3, batch_size=6, num_epochs=None,
+                                      shuffle=False), max_steps=60)
     expected = [row["class"] for row in estimator.predict(te.numpy_input_fn({"image": images}, shuffle=False))]
     estimator.export_saved_model(str(tmp_path / "images"), build_image_serving_input_receiver(decoding))
     with start("images", tmp_path / "images", grpc_port=0, file_system_poll_wait_seconds=0) as server:
