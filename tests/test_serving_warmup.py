@@ -20,7 +20,8 @@ from torchestimator.export.warmup import MAX_WARMUP_RECORDS, WARMUP_FILE, warmup
 from torchestimator.serving import ModelManager
 from torchestimator.serving.protos import serving_protos
 from torchestimator.serving.tensor_proto import make_tensor_proto, tensor_proto_to_numpy
-from torchestimator.serving.warmup import WarmupError, replay_warmup, warmup_path
+from torchestimator.errors import ExportFormatError
+from torchestimator.serving.warmup import replay_warmup, warmup_path
 
 TF_FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "tf_warmup", WARMUP_FILE)
 protos = serving_protos()
@@ -114,7 +115,7 @@ def test_a_bad_file_or_failing_request_fails_the_load_naming_file_and_record(exp
     [status] = manager.statuses()
     assert status.state == "END" and status.error_code == "INVALID_ARGUMENT"
     assert words in status.error_message and WARMUP_FILE in status.error_message
-    with pytest.raises(WarmupError, match=str(warmup_path(version)).replace("\\", "\\\\")):
+    with pytest.raises(ExportFormatError, match=str(warmup_path(version)).replace("\\", "\\\\")):
         replay_warmup(manager._loader(str(version)), version)
     # warm-up off (--enable_model_warmup=false): the same version serves
     assert ModelManager("half", base, model_warmup=False).poll()
@@ -125,7 +126,7 @@ def test_a_damaged_tfrecord_is_a_warmup_error(exported, tmp_path):
     data = bytearray(open(warmup_path(version), "rb").read())
     data[20] ^= 0xFF
     open(warmup_path(version), "wb").write(bytes(data))
-    with pytest.raises(WarmupError, match="is not a readable TFRecord file"):
+    with pytest.raises(ExportFormatError, match="is not a readable TFRecord file"):
         replay_warmup(te.export.load(version), version)
 
 

@@ -39,8 +39,7 @@ from torchestimator.serving.json_tensor import TF_DTYPES, describe_inputs
 from torchestimator.serving.manager import VersionStatus
 from torchestimator.serving.protos import DATA_TYPES, ERROR_CODES, VERSION_STATES, serving_protos
 from torchestimator.serving.request_core import Parsed, parse_version
-from torchestimator.serving.tensor_proto import DTYPE_NAMES, TensorProtoError, make_tensor_proto, \
-    tensor_proto_to_numpy
+from torchestimator.serving.tensor_proto import DTYPE_NAMES, make_tensor_proto, tensor_proto_to_numpy
 
 __all__ = ["metadata_response", "parse_examples", "parse_message", "parse_predict", "predict_inputs",
            "request_target", "status_response"]
@@ -132,7 +131,7 @@ def _input_value(alias: str, proto: Any, signature: Signature) -> Any:
                                f"{expected}; send a TensorProto of that dtype.")
     try:
         array = tensor_proto_to_numpy(proto, where=f"input {alias!r}")
-    except TensorProtoError as error:
+    except ValueError as error:  # tensor_proto's words: which input, what is wrong
         raise invalid_argument(str(error)) from None
     if expected == "DT_STRING":
         return array  # an object array of bytes: the export's decode step takes it (ExportedModel)

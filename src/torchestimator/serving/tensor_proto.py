@@ -18,6 +18,9 @@ field of the dtype holds them (``int_val`` for int32/int16/int8/uint8/uint16,
 error naming the tensor: TF's C++ pads a short list with its last value and
 cuts a long one, which hides a client's bug; ``tf.make_ndarray`` refuses both.
 
+A TensorProto that does not hold a tensor is a ValueError naming it (a mistake in how the message was built,
+which errors.py leaves a plain ValueError); the gRPC API answers it INVALID_ARGUMENT.
+
 Writing follows TF Serving's default answer (``Tensor::AsProtoField``): every
 value in its typed field. float and double values go in as one packed field
 (``MergeFromString`` of their bytes) rather than one Python float at a time.
@@ -35,11 +38,7 @@ import numpy as np
 from torchestimator._io import protobuf as _protobuf
 from torchestimator.serving.protos import DATA_TYPES, serving_protos
 
-__all__ = ["DTYPE_NAMES", "TensorProtoError", "data_type", "make_tensor_proto", "tensor_proto_to_numpy"]
-
-
-class TensorProtoError(ValueError):
-    """A TensorProto that does not hold a tensor (shape, dtype or value count); the message names it."""
+__all__ = ["DTYPE_NAMES", "data_type", "make_tensor_proto", "tensor_proto_to_numpy"]
 
 
 # DataType -> (numpy dtype read from the proto, typed field, numpy dtype of that field's values).
@@ -80,7 +79,7 @@ def data_type(array: np.ndarray) -> str:
         return "DT_STRING"
     name = _BY_NUMPY.get(array.dtype.newbyteorder("="))  # a big-endian array is the same DataType
     if name is None:
-        raise TensorProtoError(f"numpy dtype {array.dtype} has no TensorFlow DataType.")
+        raise ValueError(f"numpy dtype {array.dtype} has no TensorFlow DataType.")
     return name
 
 
@@ -90,24 +89,24 @@ def data_type(array: np.ndarray) -> str:
 def tensor_proto_to_numpy(proto: Any, where: str = "tensor") -> np.ndarray:
     """The tensor a TensorProto holds; DT_STRING as a numpy object array of bytes, DT_BFLOAT16 as uint16 bits.
 
-    TensorProtoError (naming ``where``) for an unknown rank or dtype, a
+    ValueError (naming ``where``) for an unknown rank or dtype, a
     negative size, or a value count that neither fills the shape nor is one.
     """
     dtype_number = proto.dtype
     if dtype_number not in _FIELDS:
         name = DTYPE_NAMES.get(dtype_number, f"DataType {dtype_number}")
-        raise TensorProtoError(f"{where}: {name} tensors are not supported; send one of "
+        raise ValueError(f"{where}: {name} tensors are not supported; send one of "
                                f"{sorted(DTYPE_NAMES[number] for number in _FIELDS)}.")
     numpy_dtype, field, field_dtype = _FIELDS[dtype_number]
     shape = _shape(proto, where)
     count = math.prod(shape)
     if proto.tensor_content:
         if field == "string_val":
-            raise TensorProtoError(f"{where}: a DT_STRING tensor cannot be given as tensor_content; put the "
+            raise ValueError(f"{where}: a DT_STRING tensor cannot be given as tensor_content; put the "
                                    "strings in string_val (tf.make_tensor_proto does).")
         content = proto.tensor_content
         if len(content) != count * numpy_dtype.itemsize:
-            raise TensorProtoError(f"{where}: tensor_content holds {len(content)} bytes; shape {list(shape)} of "
+            raise ValueError(f"{where}: tensor_content holds {len(content)} bytes; shape {list(shape)} of "
                                    f"{DTYPE_NAMES[dtype_number]} needs {count * numpy_dtype.itemsize}.")
         array = np.frombuffer(content, numpy_dtype).reshape(shape)
         return array if _LITTLE_ENDIAN else array.astype(numpy_dtype.newbyteorder("="))
@@ -123,9 +122,9 @@ def tensor_proto_to_numpy(proto: Any, where: str = "tensor") -> np.ndarray:
     if flat.size == 1:  # one value fills the shape (tf.make_ndarray; tf.make_tensor_proto(0.0, shape=...))
         return np.full(shape, flat[0], dtype=flat.dtype)
     if field in ("scomplex_val", "dcomplex_val") and len(values) % 2:
-        raise TensorProtoError(f"{where}: {field} holds {len(values)} numbers; complex values come as (real, "
+        raise ValueError(f"{where}: {field} holds {len(values)} numbers; complex values come as (real, "
                                "imaginary) pairs.")
-    raise TensorProtoError(f"{where}: {field} holds {flat.size} values; shape {list(shape)} needs {count} (or one "
+    raise ValueError(f"{where}: {field} holds {flat.size} values; shape {list(shape)} needs {count} (or one "
                            "value for all of them).")
 
 
@@ -146,10 +145,10 @@ def _from_field(flat: np.ndarray, dtype_number: int, numpy_dtype: np.dtype) -> n
 def _shape(proto: Any, where: str) -> tuple[int, ...]:
     shape = proto.tensor_shape
     if shape.unknown_rank:
-        raise TensorProtoError(f"{where}: tensor_shape has unknown_rank set; send the tensor's shape.")
+        raise ValueError(f"{where}: tensor_shape has unknown_rank set; send the tensor's shape.")
     sizes = tuple(dim.size for dim in shape.dim)
     if any(size < 0 for size in sizes):
-        raise TensorProtoError(f"{where}: tensor_shape {list(sizes)} has a negative size; a tensor's sizes are "
+        raise ValueError(f"{where}: tensor_shape {list(sizes)} has a negative size; a tensor's sizes are "
                                "known.")
     return sizes
 
@@ -172,7 +171,7 @@ def make_tensor_proto(values: Any, *, dtype: str | None = None, tensor_content: 
     array = _as_array(values, dtype)
     name = dtype or data_type(array)
     if name not in DATA_TYPES or DATA_TYPES[name] not in _FIELDS:
-        raise TensorProtoError(f"dtype {name!r} is not a supported DataType; use one of "
+        raise ValueError(f"dtype {name!r} is not a supported DataType; use one of "
                                f"{sorted(DTYPE_NAMES[number] for number in _FIELDS)}.")
     proto = serving_protos().TensorProto()
     proto.dtype = DATA_TYPES[name]
@@ -226,4 +225,4 @@ def _as_bytes(item: Any) -> bytes:
         return item.encode("utf-8")
     if isinstance(item, (bytearray, memoryview, np.bytes_)):
         return bytes(item)
-    raise TensorProtoError(f"A DT_STRING tensor holds bytes or str; received {type(item).__name__}.")
+    raise ValueError(f"A DT_STRING tensor holds bytes or str; received {type(item).__name__}.")
