@@ -9,8 +9,9 @@ PredictionLog records, written by ``export_saved_model(..., warmup_requests=...)
 gRPC API runs it (grpc_requests.py), its outputs encoded too, so a version
 that would fail its first requests fails its load instead.
 
-As TF Serving (servables/tensorflow/saved_model_warmup_util.cc): more than
-1000 records, a record that is not a PredictionLog, a log kind not supported
+As TF Serving (servables/tensorflow/saved_model_warmup_util.cc; it counts as it
+runs, here the records are counted before any runs, so an oversized file fails
+without running 1000 requests first): more than 1000 records, a record that is not a PredictionLog, a log kind not supported
 (multi_inference_log, session_run_log, ...) or a failing request fails the
 version's load with an ExportFormatError (an export's file refused; a
 ValueError, so the status says INVALID_ARGUMENT): ModelManager marks it END with this error, which names the
