@@ -160,13 +160,7 @@ class ExportedModel:
             inputs = {next(iter(signature.inputs)): inputs}
         if self._decoders:
             return self._prepare_decoded(inputs, signature)
-        if inputs.keys() != signature.inputs.keys():
-            missing = [name for name in signature.inputs if name not in inputs]
-            unexpected = [name for name in inputs if name not in signature.inputs]
-            raise ValueError(
-                f"Signature {signature.name!r} of {self.path} takes inputs {_describe_inputs(signature)}; "
-                f"missing {missing}, unexpected {unexpected}."
-            )
+        _check_input_names(inputs, signature, self.path)
         tensors = {name: _as_tensor(name, inputs[name], info, self._input_dtypes[signature.name, name])
                    for name, info in signature.inputs.items()}
         _check_batch(tensors, signature)
@@ -181,13 +175,7 @@ class ExportedModel:
             _check_batch(tensors, Signature(name=signature.name, method=signature.method, method_name="",
                                             inputs=self._program_infos, outputs={}, program_outputs={}))
             return tensors
-        if inputs.keys() != signature.inputs.keys():
-            missing = [name for name in signature.inputs if name not in inputs]
-            unexpected = [name for name in inputs if name not in signature.inputs]
-            raise ValueError(
-                f"Signature {signature.name!r} of {self.path} takes inputs {_describe_inputs(signature)}; "
-                f"missing {missing}, unexpected {unexpected}."
-            )
+        _check_input_names(inputs, signature, self.path)
         tensors: dict[str, torch.Tensor] = {}
         sizes: dict[str, int] = {}
         for name, info in signature.inputs.items():
@@ -494,6 +482,15 @@ def _string_values(name: str, value: Any) -> list[bytes]:
             raise TypeError(f"Input {name!r}, instance {index}: expected bytes (or str); received "
                             f"{type(item).__name__}. A string input takes one bytes value per instance.")
     return values
+
+
+def _check_input_names(inputs: Mapping[str, Any], signature: Signature, path: str) -> None:
+    """ValueError naming the missing and unexpected inputs unless ``inputs`` has exactly the signature's names."""
+    if inputs.keys() != signature.inputs.keys():
+        missing = [name for name in signature.inputs if name not in inputs]
+        unexpected = [name for name in inputs if name not in signature.inputs]
+        raise ValueError(f"Signature {signature.name!r} of {path} takes inputs {_describe_inputs(signature)}; "
+                         f"missing {missing}, unexpected {unexpected}.")
 
 
 def _known_dtype(name: str) -> torch.dtype | None:
