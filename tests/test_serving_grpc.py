@@ -253,6 +253,10 @@ def test_a_parsing_receiver_takes_examples_and_dt_string_tensors(served):
     request.inputs["examples"].CopyFrom(make_tensor_proto([encode_example({"x": [x]}) for x in (1.0, 3.0)]))
     y = served["predict"].Predict(request, timeout=30).outputs["y"]
     assert tensor_proto_to_numpy(y).tolist() == [3.5, 4.5]
+    request.inputs["examples"].CopyFrom(make_tensor_proto([encode_example({"x": [1.0]}), b"\xff\x01"]))
+    code, details = grpc_error(stub.Predict, request)  # the decode step's error names the record
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "Could not parse example input" in details \
+        and "(record 1: not a valid serialized Example" in details, details
     request.inputs["examples"].CopyFrom(make_tensor_proto(np.ones(2, np.float32)))
     code, details = grpc_error(stub.Predict, request)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "to be string but float is provided" in details
@@ -469,3 +473,25 @@ def test_an_image_client_over_grpc_gets_the_classes_estimator_predict_gives(tmp_
             response = PredictionServiceStub(channel).Predict(request, timeout=30)
     assert tensor_proto_to_numpy(response.outputs["class"]).tolist() == expected
     assert len(set(expected)) > 1  # the images tell apart: a wrong decode would not match by chance
+
+
+def test_string_inputs_are_decoded_before_batching(served):
+    """With --enable_batching, DT_STRING requests reach the batch scheduler as the program's tensors, as REST's do."""
+    import concurrent.futures
+
+    from torchestimator.serving import BatchingParameters
+
+    base = served["server"].managers["parsed"].base_path
+    batching = BatchingParameters(max_batch_size=8, batch_timeout_micros=20000)
+    with start("parsed", base, grpc_port=0, batching=batching, file_system_poll_wait_seconds=0) as server:
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            stub = PredictionServiceStub(channel)
+
+            def one(index):
+                request = protos.PredictRequest()
+                request.model_spec.name = "parsed"
+                request.inputs["examples"].CopyFrom(make_tensor_proto([encode_example({"x": [float(index)]})]))
+                return list(stub.Predict(request, timeout=30).outputs["y"].float_val)
+
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                assert list(pool.map(one, range(4))) == [[0.5 * index + 3] for index in range(4)]

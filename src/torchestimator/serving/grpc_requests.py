@@ -35,7 +35,7 @@ from torchestimator.errors import ExampleDecodeError
 from torchestimator.export import DEFAULT_SERVING_SIGNATURE_DEF_KEY, ExportedModel, Signature
 from torchestimator.serving import examples_json
 from torchestimator.serving.errors import invalid_argument
-from torchestimator.serving.json_tensor import TF_DTYPES, describe_inputs
+from torchestimator.serving.json_tensor import TF_DTYPES, decoded_inputs, describe_inputs
 from torchestimator.serving.manager import VersionStatus
 from torchestimator.serving.protos import DATA_TYPES, ERROR_CODES, VERSION_STATES, serving_protos
 from torchestimator.serving.request_core import Parsed, parse_version
@@ -96,6 +96,10 @@ def parse_predict(data: bytes, model: ExportedModel, name: str, version: int) ->
     signature_name = request.model_spec.signature_name or DEFAULT_SERVING_SIGNATURE_DEF_KEY
     signature = _signature(model, signature_name)
     inputs = predict_inputs(request.inputs, signature)
+    if any(info.dtype == "string" for info in signature.inputs.values()):
+        # The export's decode step (parse_example, decode_image) runs here, where the request is parsed, as for
+        # REST: its errors name the record, and the batch scheduler gets the program's tensors.
+        inputs = decoded_inputs(model, inputs, signature_name)
     output_keys = _output_filter(request.output_filter, signature)
 
     def encode(outputs: Mapping[str, np.ndarray]) -> bytes:
