@@ -13,11 +13,12 @@ Rounds alternate which API goes first; each is, for C = 1 and 8, 2 warm-up calls
 run. requests/s is completed calls over the run's wall time; a ratio is the median over rounds of gRPC's over
 REST's in the same round. CPU is the server process's CPU time (user + system) per request, and the client's.
 
-What it showed (2 shared cores, grpcio 1.85.3, uvloop): gRPC ~0.4-0.45x REST's requests/s, at ~380 us of server
-CPU per request against REST's ~150. Not our request path (request_target + parse + encode ~15 us, the forward
-~28 us, the same core as REST's): grpcio's Python server itself costs ~190 us of CPU per call even for an echo
-handler on grpc.aio (~120 us with the threaded grpc.server, which would need a second request path beside the
-event loop's), where aiohttp with the inline fast path answers a whole small REST request in ~150 us.
+What it showed (2 cores idle, grpcio 1.85.3, uvloop): gRPC ~0.49x REST's requests/s, at ~320-380 us of server
+CPU per request against REST's ~150. grpcio's Python server costs 128-162 us per call for an empty handler on
+grpc.aio (105-108 us on the threaded grpc.server), and torch work in its handlers several times its own cost
+(torch releases the GIL at each op; grpcio's second Python thread takes it): our Predict, ~50-60 us alone, adds
+~200-250. The threaded server calling the shared request core was no faster (~400-470 us per call), and
+grpcio's blocking stubs in threads as this client gave gRPC 0.36-0.40x instead of grpc.aio's 0.48-0.49x.
 
 Run:  python benchmarks/serving_grpc.py [--seconds S] [--rounds R]      (defaults 2 s, 3 rounds: under a minute)
 Last line:  serving_grpc rps_vs_rest=<c=8> rps_vs_rest_c1=<c=1> cpu_vs_rest=<REST server CPU per request over
