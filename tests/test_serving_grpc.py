@@ -495,3 +495,56 @@ def test_string_inputs_are_decoded_before_batching(served):
 
             with concurrent.futures.ThreadPoolExecutor(4) as pool:
                 assert list(pool.map(one, range(4))) == [[0.5 * index + 3] for index in range(4)]
+
+
+def test_stopping_the_server_answers_the_calls_in_flight_first(served):
+    """SIGTERM's path (serve's stop event): a gRPC call and a REST request waiting in a batch get their answers.
+
+    Before, aiohttp's signal handler raised out of the loop and asyncio.Runner cancelled every task at once: the
+    waiting gRPC call was cancelled (grpcio logged an unhandled CancelledError) instead of answered."""
+    import asyncio
+    import concurrent.futures
+    import threading
+    import time
+
+    from torchestimator.serving import BatchingParameters, ServerSettings, build_app
+    from torchestimator.serving.app import request_core_of
+    from torchestimator.serving.server import _serve_forever, grpc_port_of
+
+    base = served["server"].managers["half"].base_path
+    # A batch waits 2 s for company: long enough to stop the server while both requests are queued in it.
+    batching = BatchingParameters(max_batch_size=64, batch_timeout_micros=2_000_000)
+    app = build_app(ServerSettings(model_name="half", model_base_path=base, batching=batching,
+                                   file_system_poll_wait_seconds=0, inline_forward_micros=0))
+    listening, ports = threading.Event(), {}
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+
+    def on_listening(app, port):
+        ports["rest"], ports["grpc"] = port, grpc_port_of(app)
+        listening.set()
+
+    thread = threading.Thread(target=loop.run_until_complete,
+                              args=(_serve_forever(app, "127.0.0.1", 0, on_listening, 0, stop),))
+    thread.start()
+    try:
+        assert listening.wait(60)
+        scheduler = request_core_of(app).scheduler
+        with grpc.insecure_channel(f"127.0.0.1:{ports['grpc']}") as channel, \
+                concurrent.futures.ThreadPoolExecutor(2) as pool:
+            call = PredictionServiceStub(channel).Predict.future(predict_request([[2.0]], [1]), timeout=60)
+            server = type("Server", (), {"url": f"http://127.0.0.1:{ports['rest']}"})()
+            answer = pool.submit(rest, server, "/v1/models/half:predict",
+                                 {"inputs": {"x": [[4.0]], "shift": [0]}})
+            deadline = time.monotonic() + 30
+            while scheduler.num_enqueued_tasks < 2:  # both requests wait in the open batch
+                assert time.monotonic() < deadline, "the requests never reached the batch queue"
+                time.sleep(0.01)
+            loop.call_soon_threadsafe(stop.set)
+            assert list(call.result(timeout=60).outputs["y"].float_val) == [0.5 * (2 + 1) + 3]
+            assert answer.result(timeout=60)["outputs"]["y"] == [0.5 * 4 + 3]
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout=60)
+    assert not thread.is_alive()
+    loop.close()

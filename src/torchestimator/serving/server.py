@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import signal
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -93,14 +94,24 @@ def serve(model_name: str | None = None, model_base_path: str | os.PathLike[str]
     try:
         with asyncio.Runner(loop_factory=make_loop) as runner:  # uvloop when installed (event_loop.py)
             runner.run(_serve_forever(app, host, port, on_listening, grpc_port))
-    except (web.GracefulExit, KeyboardInterrupt):  # SIGTERM / SIGINT: the runner has been cleaned up
-        logger.info("Stopped serving")
+    except KeyboardInterrupt:  # a Ctrl-C before the loop's own handler was installed
+        pass
+    logger.info("Stopped serving")
 
 
 async def _serve_forever(app: web.Application, host: str, port: int,
-                         on_listening: Callable[[web.Application, int], None] | None, grpc_port: int | None) -> None:
-    # web.run_app, with the runner that answers protocol errors in JSON (protocol.py).
-    runner = ServingRunner(app, handle_signals=True, access_log=None)  # as TF: no line per request
+                         on_listening: Callable[[web.Application, int], None] | None, grpc_port: int | None,
+                         stop: asyncio.Event | None = None) -> None:
+    """Serves until SIGTERM/SIGINT (or ``stop`` is set), then shuts down in order: calls in flight are answered.
+
+    Why not aiohttp's handle_signals: its handler raises GracefulExit out of the loop, and asyncio.Runner then
+    cancels every task at once, so gRPC calls and REST requests still running (a batch waiting out its
+    timeout) were cancelled instead of answered, and grpcio logged each as an unhandled CancelledError.
+    """
+    stop = asyncio.Event() if stop is None else stop
+    _stop_on_signals(stop)
+    # web.run_app's steps, with the runner that answers protocol errors in JSON (protocol.py).
+    runner = ServingRunner(app, handle_signals=False, access_log=None)  # as TF: no line per request
     await runner.setup()
     grpc_server = None
     try:
@@ -112,11 +123,21 @@ async def _serve_forever(app: web.Application, host: str, port: int,
                     loop_name())
         if on_listening is not None:
             on_listening(app, port)
-        await asyncio.Event().wait()  # until a signal raises GracefulExit, which cancels this task
+        await stop.wait()
     finally:
         if grpc_server is not None:  # before the core's threads stop: calls in flight finish first
             await grpc_server.stop()
         await runner.cleanup()
+
+
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    """SIGTERM and SIGINT set ``stop``, where the loop can take signals (the main thread, not Windows)."""
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(signum, stop.set)
+        except (NotImplementedError, RuntimeError, ValueError):  # no signals here: stop is set by its owner
+            return
 
 
 async def _start_grpc(app: web.Application, host: str, grpc_port: int | None) -> Any:
