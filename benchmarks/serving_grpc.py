@@ -40,26 +40,16 @@ import time
 
 import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 import torchestimator as te
 from _serving_load import free_port, post_once, process_tree_cpu_seconds, run_load
-from torchestimator.export import PredictOutput, TensorSpec, export_saved_model, serving_input_receiver
+from serving import CLASSES, _model_fn, small_mlp  # the mlp and model_fn benchmarks/serving.py serves
+from torchestimator.export import TensorSpec, export_saved_model, serving_input_receiver
 from torchestimator.serving.protos import serving_protos
 from torchestimator.serving.tensor_proto import make_tensor_proto, tensor_proto_to_numpy
 
-FEATURES, HIDDEN, CLASSES = 64, 256, 10
+FEATURES, HIDDEN = 64, 256
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
-
-
-def _model_fn(model, features, labels, mode):
-    logits = model(features["x"])
-    probabilities = logits.softmax(-1)
-    if mode == te.ModeKeys.PREDICT:
-        return te.EstimatorSpec(mode, predictions={"probabilities": probabilities},
-                                export_outputs={"serving_default": PredictOutput({"probabilities": probabilities})})
-    return te.EstimatorSpec(mode, predictions={"probabilities": probabilities}, loss=F.cross_entropy(logits, labels))
 
 
 def export_mlp(directory: str) -> str:
@@ -69,8 +59,7 @@ def export_mlp(directory: str) -> str:
     config = te.RunConfig(random_seed=0, log_step_count_steps=None, save_summary_steps=None, progress_bar=False,
                           device="cpu")
     estimator = te.Estimator(
-        model_fn=_model_fn, model=lambda: nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN),
-                                                        nn.ReLU(), nn.Linear(HIDDEN, CLASSES)),
+        model_fn=_model_fn, model=lambda: small_mlp(FEATURES, HIDDEN),
         optimizer=lambda parameters: torch.optim.SGD(parameters, lr=1e-3), model_dir=os.path.join(directory, "model"),
         config=config)
     estimator.train(te.numpy_input_fn({"x": features}, labels, batch_size=8, num_epochs=None, shuffle=False),
