@@ -18,6 +18,7 @@ them (receiver.py), tracing (saved_model.py), running them on requests
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
@@ -34,21 +35,22 @@ STRING = "string"
 """The dtype name of string inputs (TF's DT_STRING): a 1-D batch of bytes values."""
 
 
-class DecodeStep:
+class DecodeStep(abc.ABC):
     """One string input's decode step: ``decode(values)`` gives named arrays the program takes."""
 
     kind: ClassVar[str]
 
+    @abc.abstractmethod
     def outputs(self) -> dict[str, tuple[torch.dtype, tuple[int | None, ...]]]:
         """{program input name: (dtype, shape with None for the batch)} this step makes, in order."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def decode(self, values: Sequence[bytes], input_name: str) -> dict[str, np.ndarray]:
         """The arrays for a batch of bytes; a ValueError naming ``input_name`` and the instance when one is bad."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def to_json(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The step as data, for signature.json's ``decoders`` (``decoder_from_json`` reads it back)."""
 
     def describe(self) -> str:
         return f"{self.kind} -> " + ", ".join(
