@@ -30,6 +30,7 @@ __all__ = [
     "TextFormatError",
     "add_field",
     "add_map",
+    "add_tensor_shape_proto",
     "encode_varint",
     "length_delimited",
     "length_delimited_start",
@@ -100,6 +101,20 @@ def add_map(message: Any, full_name: str, field_name: str, number: int, key_type
     add_field(entry, "key", 1, key_type)
     add_field(entry, "value", 2, value_type, value_type_name)
     add_field(message, field_name, number, "message", f".{full_name}.{entry_name}", repeated=True)
+
+
+def add_tensor_shape_proto(file: Any) -> None:
+    """tensorflow.TensorShapeProto (tensor_shape.proto) into ``file``, whose package must be "tensorflow".
+
+    Both readers that meet it (TF checkpoints' BundleEntryProto, TF Serving's TensorProto) define it in their own
+    pool, so the field table lives once, here.
+    """
+    shape = file.message_type.add(name="TensorShapeProto")
+    dim = shape.nested_type.add(name="Dim")
+    add_field(dim, "size", 1, "int64")
+    add_field(dim, "name", 2, "string")
+    add_field(shape, "dim", 2, "message", ".tensorflow.TensorShapeProto.Dim", repeated=True)
+    add_field(shape, "unknown_rank", 3, "bool")
 
 
 def message_classes(files: Iterable[Any], names: Sequence[str]) -> SimpleNamespace:

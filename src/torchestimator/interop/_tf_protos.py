@@ -33,12 +33,7 @@ _add = _protobuf.add_field
 def _framework_file() -> Any:
     """tensor_shape.proto, tensor_slice.proto and versions.proto in one file (the pool needs no split)."""
     framework = _protobuf.new_file("torchestimator/tf_framework.proto", "tensorflow")
-    shape = framework.message_type.add(name="TensorShapeProto")
-    dim = shape.nested_type.add(name="Dim")
-    _add(dim, "size", 1, "int64")
-    _add(dim, "name", 2, "string")
-    _add(shape, "dim", 2, "message", ".tensorflow.TensorShapeProto.Dim", repeated=True)
-    _add(shape, "unknown_rank", 3, "bool")
+    _protobuf.add_tensor_shape_proto(framework)
     slice_proto = framework.message_type.add(name="TensorSliceProto")
     extent = slice_proto.nested_type.add(name="Extent")
     _add(extent, "start", 1, "int64")

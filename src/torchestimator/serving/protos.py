@@ -136,12 +136,7 @@ def _types_file() -> Any:
 
 def _shape_file() -> Any:
     file = _protobuf.new_file("tensorflow/core/framework/tensor_shape.proto", "tensorflow")
-    shape = file.message_type.add(name="TensorShapeProto")
-    dim = shape.nested_type.add(name="Dim")
-    _add(dim, "size", 1, "int64")
-    _add(dim, "name", 2, "string")
-    _add(shape, "dim", 2, "message", ".tensorflow.TensorShapeProto.Dim", repeated=True)
-    _add(shape, "unknown_rank", 3, "bool")
+    _protobuf.add_tensor_shape_proto(file)
     return file
 
 
