@@ -41,6 +41,8 @@ RAISED = [
     (errors.WeightSourceError, ValueError, lambda: errors.WeightSourceError("bad file"), {}),
     (errors.TensorNotFoundError, KeyError, lambda: errors.TensorNotFoundError("dense/kernel not found"), {}),
     (errors.ExportFormatError, ValueError, lambda: errors.ExportFormatError("program.json"), {}),
+    (errors.InputError, ValueError, lambda: errors.InputError("Input 'x' has shape [4]"), {}),
+    (errors.InputTypeError, TypeError, lambda: errors.InputTypeError("Input 'x' has dtype float64"), {}),
     (errors.MissingExtraError, ImportError,
      lambda: errors.MissingExtraError("the model server needs aiohttp: pip install 'torchestimator[serving]'",
                                       module="aiohttp.web", extra="serving"),

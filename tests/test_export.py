@@ -86,17 +86,20 @@ def test_loaded_model_gives_the_estimators_predictions_for_any_batch_size(export
 
 
 def test_loader_names_the_input_and_the_mismatch(exported):
+    # InputError is a ValueError and InputTypeError also a TypeError: code catching the builtins still works.
     model = load(exported["export_dir"])
     x = exported["x"]
-    with pytest.raises(ValueError, match=r"missing \['x'\], unexpected \['image'\]"):
+    with pytest.raises(te.errors.InputError, match=r"missing \['x'\], unexpected \['image'\]"):
         model({"image": x})
-    with pytest.raises(TypeError, match=r"Input 'x' has dtype float64; the signature expects float32"):
+    with pytest.raises(te.errors.InputTypeError, match=r"Input 'x' has dtype float64; the signature expects float32"):
         model({"x": x.astype(np.float64)})
-    with pytest.raises(ValueError, match=r"Input 'x' has shape \[4, 5\]; the signature expects \[-1, 8\]"):
+    with pytest.raises(te.errors.InputError, match=r"Input 'x' has shape \[4, 5\]; the signature expects \[-1, 8\]"):
         model({"x": x[:4, :5]})
-    with pytest.raises(ValueError, match="no signature 'classify'.*serving_default"):
+    with pytest.raises(te.errors.InputError, match=r"Input 'x' could not be read as float32"):
+        model({"x": [[1.0, "a"]]})
+    with pytest.raises(te.errors.InputError, match="no signature 'classify'.*serving_default"):
         model({"x": x}, signature_name="classify")
-    with pytest.raises(ValueError, match=r"no outputs \['logits'\]"):
+    with pytest.raises(te.errors.InputError, match=r"no outputs \['logits'\]"):
         model({"x": x}, output_keys=["logits"])
 
 

@@ -20,6 +20,8 @@ catches it::
     ├── WeightSourceError(ValueError)         a weight file missing, unreadable, corrupt or crafted
     ├── TensorNotFoundError(KeyError)         a weight source asked for a name it does not hold
     ├── ExportFormatError(ValueError)         an export's program.json / tensors.safetensors refused
+    ├── InputError(ValueError)                inputs an exported model's signature does not take (load, predict, serve)
+    │   └── InputTypeError(TypeError)         ... because of their type or dtype
     ├── MissingExtraError(ImportError)        an optional dependency is not installed; .module, .extra (the pip extra)
     ├── NotARegularFileError(ValueError)      a named file is a folder, FIFO, device or socket; .path, .kind
     ├── FileTooLargeError(ValueError)         a named file over its bound; .path, .size, .limit
@@ -60,6 +62,8 @@ __all__ = [
     "FileTooLargeError",
     "HTTP_STATUS",
     "ImageDecodeError",
+    "InputError",
+    "InputTypeError",
     "MissingExtraError",
     "NanLossDuringTrainingError",
     "NotARegularFileError",
@@ -248,6 +252,19 @@ class MissingExtraError(TorchEstimatorError, ImportError):
 
 
 # --------------------------------------------------------------------------- export and serving
+
+
+class InputError(TorchEstimatorError, ValueError):
+    """Inputs given to an exported model do not fit its signature: a missing or unexpected name, a shape or batch
+    size it does not take, values that cannot be read, or a request file that is not one. Raised where the inputs
+    are checked (``te.export.load(...)(inputs)``, ``predict --exported``, a request to ``serve``, which answers it
+    with INVALID_ARGUMENT); the message names the input or the file."""
+
+
+class InputTypeError(InputError, TypeError):
+    """The same for an input of the wrong type or dtype (a float64 array where float32 is expected, a number
+    where a string input takes bytes): still an InputError, and a TypeError as before."""
+
 
 
 class ExportFormatError(TorchEstimatorError, ValueError):

@@ -40,7 +40,7 @@ from torchestimator.export.saved_model import (
 )
 from torchestimator.export.versions import latest_version
 from torchestimator._io.regular_file import FileTooLargeError, NotARegularFileError, read_regular_file
-from torchestimator.errors import ExportFormatError
+from torchestimator.errors import ExportFormatError, InputError, InputTypeError
 
 __all__ = ["ExportedModel", "LiftedCall", "Signature", "TensorInfo", "load", "read_inputs"]
 
@@ -114,7 +114,7 @@ class ExportedModel:
 
     def signature(self, name: str = DEFAULT_SERVING_SIGNATURE_DEF_KEY) -> Signature:
         if name not in self._signatures:
-            raise ValueError(f"{self.path} has no signature {name!r}; it has {self.signature_names}.")
+            raise InputError(f"{self.path} has no signature {name!r}; it has {self.signature_names}.")
         return self._signatures[name]
 
     def __call__(
@@ -153,7 +153,7 @@ class ExportedModel:
     def _prepare(self, inputs: Any, signature: Signature) -> dict[str, torch.Tensor]:
         if type(inputs) is not dict and not isinstance(inputs, Mapping):  # a plain dict skips the ABC check
             if len(signature.inputs) != 1:
-                raise TypeError(
+                raise InputTypeError(
                     f"Inputs must be a dict of name -> array for signature {signature.name!r}, which takes "
                     f"{_describe_inputs(signature)}; received {type(inputs).__name__}."
                 )
@@ -190,7 +190,7 @@ class ExportedModel:
                 if info.shape and info.shape[0] == -1:
                     sizes[name] = int(tensors[name].shape[0])
         if len(set(sizes.values())) > 1:
-            raise ValueError(f"Inputs must share one batch size; received {sizes}.")
+            raise InputError(f"Inputs must share one batch size; received {sizes}.")
         missing = [name for name in self._program_infos if name not in tensors]
         if missing:  # a decode step that made fewer arrays than it declares: ours, not the caller's
             raise AssertionError(f"the decode steps of {self.path} did not make {missing}")
@@ -261,7 +261,7 @@ class LiftedCall:
         for name, dim, lowest, highest in self._ranges:
             size = tensors[name].shape[dim]
             if not lowest <= size <= highest:
-                raise ValueError(f"Input {name!r} has size {size} in dimension {dim}; the exported program accepts "
+                raise InputError(f"Input {name!r} has size {size} in dimension {dim}; the exported program accepts "
                                  f"{lowest} to {highest} there (the range torch.export recorded).")
         flat = self._forward(*self._constants, *[tensors[name] for name in self._input_names])
         return {key: flat[position] for key, position in self._output_positions.items()}
@@ -345,26 +345,26 @@ def read_inputs(path: str | os.PathLike[str]) -> dict[str, Any]:
             with np.load(path, allow_pickle=False) as archive:
                 return {name: archive[name] for name in archive.files}
         except (zipfile.BadZipFile, EOFError, ValueError) as error:  # not a zip, cut short, object arrays, bad header
-            raise ValueError(f"{path} is not a readable .npz of plain arrays ({type(error).__name__}: {error}).") from None
+            raise InputError(f"{path} is not a readable .npz of plain arrays ({type(error).__name__}: {error}).") from None
     try:
         document = _read_json(path)
     except ValueError as error:
-        raise ValueError(f"{path} is neither .npz nor valid JSON: {error}") from error
+        raise InputError(f"{path} is neither .npz nor valid JSON: {error}") from error
     if not isinstance(document, Mapping):
-        raise ValueError(f"{path} must hold a JSON object ({{'inputs': ...}}, {{'instances': [...]}}, or name -> values).")
+        raise InputError(f"{path} must hold a JSON object ({{'inputs': ...}}, {{'instances': [...]}}, or name -> values).")
     if "instances" in document:
         instances = document["instances"]
         if not isinstance(instances, list) or not instances or not all(isinstance(row, Mapping) for row in instances):
-            raise ValueError(f"{path}: 'instances' must be a non-empty list of {{name: value}} objects.")
+            raise InputError(f"{path}: 'instances' must be a non-empty list of {{name: value}} objects.")
         if any(list(row) == ["b64"] for row in instances):
-            raise ValueError(f"{path}: 'instances' are {{\"b64\": ...}} values without an input name, which only a "
+            raise InputError(f"{path}: 'instances' are {{\"b64\": ...}} values without an input name, which only a "
                              "reader that knows the signature can place; name the input ({\"instances\": "
                              "[{\"image_bytes\": {\"b64\": ...}}]}), or run `torchestimator predict --exported DIR "
                              "--input FILE`, which reads the request as the server does.")
         return {name: _b64_to_bytes([row.get(name) for row in instances], path) for name in instances[0]}
     inputs = document.get("inputs", document)
     if not isinstance(inputs, Mapping):
-        raise ValueError(f"{path}: 'inputs' must be an object of name -> values.")
+        raise InputError(f"{path}: 'inputs' must be an object of name -> values.")
     return {name: _b64_to_bytes(value, path) for name, value in inputs.items()}
 
 
@@ -379,7 +379,7 @@ def _b64_to_bytes(value: Any, path: str, depth: int = 0) -> Any:
         try:
             return base64.b64decode(value["b64"] + "=" * (-len(value["b64"]) % 4), validate=True)
         except (binascii.Error, ValueError) as error:
-            raise ValueError(f"{path}: invalid base64 in {{\"b64\": ...}} ({error}).") from None
+            raise InputError(f"{path}: invalid base64 in {{\"b64\": ...}} ({error}).") from None
     return value
 
 
@@ -465,12 +465,12 @@ def _string_values(name: str, value: Any) -> list[bytes]:
     """
     if isinstance(value, np.ndarray):
         if value.ndim != 1 or value.dtype.kind not in "OSU":
-            raise TypeError(f"Input {name!r} is a string input (a batch of bytes, shape [-1]); received a numpy "
+            raise InputTypeError(f"Input {name!r} is a string input (a batch of bytes, shape [-1]); received a numpy "
                             f"array of dtype {value.dtype} and shape {list(value.shape)}. Pass a list of bytes or a "
                             "1-D array of bytes.")
         value = value.tolist()
     if isinstance(value, (bytes, bytearray, str)) or not isinstance(value, (list, tuple)):
-        raise TypeError(f"Input {name!r} is a string input (a batch of bytes, shape [-1]); received "
+        raise InputTypeError(f"Input {name!r} is a string input (a batch of bytes, shape [-1]); received "
                         f"{type(value).__name__}. Pass a list with one bytes value per instance, e.g. [png_bytes].")
     values = []
     for index, item in enumerate(value):
@@ -479,17 +479,17 @@ def _string_values(name: str, value: Any) -> list[bytes]:
         elif isinstance(item, (bytes, bytearray, memoryview)):
             values.append(bytes(item))
         else:
-            raise TypeError(f"Input {name!r}, instance {index}: expected bytes (or str); received "
+            raise InputTypeError(f"Input {name!r}, instance {index}: expected bytes (or str); received "
                             f"{type(item).__name__}. A string input takes one bytes value per instance.")
     return values
 
 
 def _check_input_names(inputs: Mapping[str, Any], signature: Signature, path: str) -> None:
-    """ValueError naming the missing and unexpected inputs unless ``inputs`` has exactly the signature's names."""
+    """InputError naming the missing and unexpected inputs unless ``inputs`` has exactly the signature's names."""
     if inputs.keys() != signature.inputs.keys():
         missing = [name for name in signature.inputs if name not in inputs]
         unexpected = [name for name in inputs if name not in signature.inputs]
-        raise ValueError(f"Signature {signature.name!r} of {path} takes inputs {_describe_inputs(signature)}; "
+        raise InputError(f"Signature {signature.name!r} of {path} takes inputs {_describe_inputs(signature)}; "
                          f"missing {missing}, unexpected {unexpected}.")
 
 
@@ -508,21 +508,21 @@ def _as_tensor(name: str, value: Any, info: TensorInfo, dtype: torch.dtype | Non
     elif isinstance(value, (np.ndarray, np.generic)):
         array = np.asarray(value)
         if array.dtype == object:
-            raise TypeError(f"Input {name!r} is an object array; expected {info.dtype}.")
+            raise InputTypeError(f"Input {name!r} is an object array; expected {info.dtype}.")
         tensor = torch.from_numpy(np.ascontiguousarray(array))
     else:  # lists and Python scalars (JSON) carry no dtype of their own: take the signature's
         try:
             tensor = torch.tensor(value, dtype=dtype)
         except (TypeError, ValueError, RuntimeError) as error:
-            raise ValueError(f"Input {name!r} could not be read as {info.dtype} {list(info.shape)}: {error}") from error
+            raise InputError(f"Input {name!r} could not be read as {info.dtype} {list(info.shape)}: {error}") from error
     if tensor.dtype != dtype:
-        raise TypeError(
+        raise InputTypeError(
             f"Input {name!r} has dtype {str(tensor.dtype).removeprefix('torch.')}; the signature expects {info.dtype}. "
             f"Convert it first (e.g. array.astype('{info.dtype}'))."
         )
     expected = info.shape
     if tensor.dim() != len(expected) or any(size != -1 and size != actual for size, actual in zip(expected, tensor.shape)):
-        raise ValueError(
+        raise InputError(
             f"Input {name!r} has shape {list(tensor.shape)}; the signature expects {list(expected)} (-1 = any size)."
         )
     return tensor if tensor.device.type == "cpu" else tensor.cpu()
@@ -532,7 +532,7 @@ def _check_batch(tensors: Mapping[str, torch.Tensor], signature: Signature) -> N
     sizes = {name: int(tensor.shape[0]) for name, tensor in tensors.items()
              if signature.inputs[name].shape and signature.inputs[name].shape[0] == -1}
     if len(set(sizes.values())) > 1:
-        raise ValueError(f"Inputs must share one batch size; received {sizes}.")
+        raise InputError(f"Inputs must share one batch size; received {sizes}.")
 
 
 def _select_outputs(signature: Signature, output_keys: list[str] | None, path: str) -> list[str]:
@@ -540,7 +540,7 @@ def _select_outputs(signature: Signature, output_keys: list[str] | None, path: s
         return list(signature.outputs)
     unknown = [key for key in output_keys if key not in signature.outputs]
     if unknown:
-        raise ValueError(
+        raise InputError(
             f"Signature {signature.name!r} of {path} has no outputs {unknown}; it has {sorted(signature.outputs)}."
         )
     return list(output_keys)
@@ -600,10 +600,10 @@ def _read_bytes(path: str) -> bytes:
         with open(path, "rb") as handle:
             return handle.read()
     except FileNotFoundError as error:
-        raise ValueError(f"{path} does not exist; give the path of a .npz or JSON file of inputs.") from error
+        raise InputError(f"{path} does not exist; give the path of a .npz or JSON file of inputs.") from error
 
 
-def _read_json(path: str, read=_read_bytes, error_class: type[ValueError] = ValueError) -> Any:
+def _read_json(path: str, read=_read_bytes, error_class: type[ValueError] = InputError) -> Any:
     """``path``'s JSON; ``error_class`` (ExportFormatError for an export's own files) names the file otherwise."""
     data = read(path)
     try:
