@@ -24,6 +24,13 @@ that sync would be the framework's cost, not the anchor's):
   which the round medians only average over. Both sides see the other's
   cache footprint between their steps. Median over 3 runs of the ratio of
   median step times.
+* `mlp_paired_floor`: the same pairing around the least any framework with
+  the model_fn API does per step (call model_fn, which builds an
+  EstimatorSpec; backward, step, zero_grad; call the hooks), its runs
+  interleaved with `mlp_paired`'s. What a model_fn framework cannot go
+  below on this machine; `mlp_paired` over it is what the Estimator's own
+  per-step work (spec check, NaN guard, hook context, step count, stop
+  agreement) costs.
 
 Method: many short rounds of each loop, interleaved (each round takes the
 next permutation of the loops, so every loop follows every other equally
@@ -39,7 +46,7 @@ must be bit-identical in every round (the script exits 1 otherwise). When
 PyTorch Lightning is installed (the `bench` extra) its Trainer runs the MLP too.
 
 Run:  python benchmarks/loop_overhead.py [--steps N] [--cnn-steps N] [--rounds R] [--threads T] [--allocator pinned|default] [--quick]
-Last line:  loop_overhead mlp=<ratio> cnn=<ratio> mlp_defaults=<ratio> input_fn_mlp=<ratio> lightning_mlp=<ratio or n/a> mlp_paired=<ratio>
+Last line:  loop_overhead mlp=<ratio> cnn=<ratio> mlp_defaults=<ratio> input_fn_mlp=<ratio> lightning_mlp=<ratio or n/a> mlp_paired=<ratio> mlp_paired_floor=<ratio>
 """
 
 from __future__ import annotations
@@ -560,30 +567,68 @@ class _PairedHandSteps(te.Hook):
         self.hand_finished = finished
 
 
-def measure_paired(workload: Workload, settings: Settings, root: str, runs: int = 3) -> tuple[list[float], bool]:
-    """Per run, the Estimator's median step time over the paired hand loop's (the first steps left out); and
-    whether both ended with identical weights in every run."""
+def run_model_fn_floor(workload: Workload, batches: Sequence[Batch], seed: int, hooks: Sequence[te.Hook]) -> nn.Module:
+    """The least any framework with this API does per step: call the user's model_fn, which builds an
+    EstimatorSpec, take its loss, backward, step, zero_grad, then call the after-step hooks. No spec check, no
+    NaN guard, no hook context, no step counting or stop agreement: the floor for `mlp_paired`, measured the same
+    way, so that what the Estimator adds above it is seen apart from what the API itself costs."""
+    torch.manual_seed(seed)  # as the Estimator's random_seed: the same first weights
+    model = workload.build_model()
+    optimizer = make_optimizer(model.parameters())
+    model.train()
+    mode = te.ModeKeys.TRAIN
+    for features, labels in batches:
+        spec = _classifier_model_fn(model, features, labels, mode)
+        spec.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        for hook in hooks:
+            hook.after_step(None)
+    return model
+
+
+PAIRED_DRIVERS = ("estimator", "model_fn_floor")
+"""What `measure_paired` pairs with the hand steps: Estimator.train, and the API's floor (run_model_fn_floor)."""
+
+
+def measure_paired(workload: Workload, settings: Settings, root: str, runs: int = 3
+                   ) -> tuple[dict[str, list[float]], bool]:
+    """Per driver and run, the driver's median step time over the paired hand loop's (the first steps left out),
+    the drivers' runs interleaved; and whether every driver ended with the hand loop's weights in every run."""
     clock = time.process_time if settings.clock == "cpu" else time.perf_counter
     batches = make_batches(workload, settings)
     skip = min(20, workload.steps // 10)
-    ratios, identical = [], True
+    ratios: dict[str, list[float]] = {driver: [] for driver in PAIRED_DRIVERS}
+    identical = True
     for run in range(runs):
-        torch.set_num_threads(settings.threads)
-        gc.collect()
-        paired = _PairedHandSteps(workload, batches, settings.seed, clock)
-        built: list[nn.Module] = []
-
-        def build() -> nn.Module:
-            built.append(workload.build_model())
-            return built[-1]
-
-        config = te.RunConfig(random_seed=settings.seed, progress_bar=False, device="cpu", **CHORES_OFF)
-        estimator = te.Estimator(model_fn=_classifier_model_fn, model=build, optimizer=make_optimizer,
-                                 model_dir=f"{root}/{workload.name}-paired-{run}", config=config)
-        estimator.train(lambda: iter(batches), hooks=[paired], max_steps=len(batches))
-        ratios.append(statistics.median(paired.estimator_steps[skip:]) / statistics.median(paired.hand_steps[skip + 1:]))
-        identical &= same_weights(paired.model, built[0])
+        for driver in PAIRED_DRIVERS if run % 2 == 0 else PAIRED_DRIVERS[::-1]:
+            torch.set_num_threads(settings.threads)
+            gc.collect()
+            paired = _PairedHandSteps(workload, batches, settings.seed, clock)
+            if driver == "estimator":
+                trained = _train_estimator_beside(paired, workload, batches, settings.seed,
+                                                  f"{root}/{workload.name}-paired-{run}")
+            else:
+                trained = run_model_fn_floor(workload, batches, settings.seed, [paired])
+            ratios[driver].append(statistics.median(paired.estimator_steps[skip:])
+                                  / statistics.median(paired.hand_steps[skip + 1:]))
+            identical &= same_weights(paired.model, trained)
     return ratios, identical
+
+
+def _train_estimator_beside(paired: _PairedHandSteps, workload: Workload, batches: Sequence[Batch], seed: int,
+                            model_dir: str) -> nn.Module:
+    built: list[nn.Module] = []
+
+    def build() -> nn.Module:
+        built.append(workload.build_model())
+        return built[-1]
+
+    config = te.RunConfig(random_seed=seed, progress_bar=False, device="cpu", **CHORES_OFF)
+    estimator = te.Estimator(model_fn=_classifier_model_fn, model=build, optimizer=make_optimizer,
+                             model_dir=model_dir, config=config)
+    estimator.train(lambda: iter(batches), hooks=[paired], max_steps=len(batches))
+    return built[0]
 
 
 # -- command line ------------------------------------------------------------
@@ -773,18 +818,24 @@ def _run(settings: Settings, lightning: Any, allocator: str) -> int:
             ratios[extra.name] = _report_extra(extra, measurement, settings.clock)
             identical &= measurement.identical["estimator"]
         paired, paired_identical = measure_paired(dataclasses.replace(mlp, steps=settings.paired_steps), settings, root)
-        ratios["mlp_paired"] = statistics.median(paired)
+        ratios["mlp_paired"] = statistics.median(paired["estimator"])
+        ratios["mlp_paired_floor"] = statistics.median(paired["model_fn_floor"])
         identical &= paired_identical
         print(f"mlp_paired: each Estimator step beside a hand step taken right after it, {settings.paired_steps} steps, "
-              f"{len(paired)} runs: ratio {ratios['mlp_paired']:.3f} (runs: {', '.join(f'{r:.3f}' for r in paired)}; "
-              f"{settings.clock} clock); weights identical: {'yes' if paired_identical else 'no'}")
+              f"{len(paired['estimator'])} runs: ratio {ratios['mlp_paired']:.3f} "
+              f"(runs: {', '.join(f'{r:.3f}' for r in paired['estimator'])}; {settings.clock} clock); "
+              f"weights identical: {'yes' if paired_identical else 'no'}")
+        print(f"mlp_paired_floor: the least a model_fn framework does (model_fn -> EstimatorSpec -> backward, step, "
+              f"hooks), measured the same way: ratio {ratios['mlp_paired_floor']:.3f} "
+              f"(runs: {', '.join(f'{r:.3f}' for r in paired['model_fn_floor'])}); the Estimator above it: "
+              f"{ratios['mlp_paired'] / ratios['mlp_paired_floor']:.3f}")
     finished = stamp()
     _print_verdict(ratios, lightning is not None)
     print(f"weights identical: {'yes' if identical else 'no'}")
     print(f"benchmark time: {finished[0] - started[0]:.1f} s wall, {finished[1] - started[1]:.1f} s CPU")
     lightning_ratio = f"{ratios['lightning_mlp']:.3f}" if "lightning_mlp" in ratios else "n/a"
     print(f"loop_overhead mlp={ratios['mlp']:.3f} cnn={ratios['cnn']:.3f} mlp_defaults={ratios['mlp_defaults']:.3f} "
-          f"input_fn_mlp={ratios['input_fn_mlp']:.3f} lightning_mlp={lightning_ratio} mlp_paired={ratios['mlp_paired']:.3f}")
+          f"input_fn_mlp={ratios['input_fn_mlp']:.3f} lightning_mlp={lightning_ratio} mlp_paired={ratios['mlp_paired']:.3f} mlp_paired_floor={ratios['mlp_paired_floor']:.3f}")
     return 0 if identical else 1
 
 

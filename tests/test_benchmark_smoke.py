@@ -18,7 +18,8 @@ import torch
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "loop_overhead.py"
 RATIO = r"\d+\.\d{3}"
 FINAL_LINE = re.compile(rf"^loop_overhead mlp=({RATIO}) cnn=({RATIO}) mlp_defaults=({RATIO}) "
-                        rf"input_fn_mlp=({RATIO}) lightning_mlp=({RATIO}|n/a) mlp_paired=({RATIO})$")
+                        rf"input_fn_mlp=({RATIO}) lightning_mlp=({RATIO}|n/a) mlp_paired=({RATIO}) "
+                        rf"mlp_paired_floor=({RATIO})$")
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +40,8 @@ def test_quick_run_prints_ratios_and_identical_weights(benchmark, capsys):
                              "--cnn-steps", "6"])
     output = capsys.readouterr().out
     assert status == 0
-    mlp, cnn, defaults, input_fn, lightning, paired = _final_line(output).groups()
-    assert min(float(mlp), float(cnn), float(defaults), float(input_fn), float(paired)) > 0
+    mlp, cnn, defaults, input_fn, lightning, paired, floor = _final_line(output).groups()
+    assert min(float(mlp), float(cnn), float(defaults), float(input_fn), float(paired), float(floor)) > 0
     assert lightning == "n/a"
     assert "weights identical: yes" in output and "weights identical: no" not in output
     for name in ("mlp", "cnn", "mlp_defaults", "input_fn_mlp"):
@@ -54,6 +55,8 @@ def test_quick_run_prints_ratios_and_identical_weights(benchmark, capsys):
     assert "checkpoints, summaries, step logging and progress bar disabled" in output
     assert re.search(rf"^mlp_paired: each Estimator step beside a hand step taken right after it, 30 steps, 3 runs: "
                      rf"ratio {RATIO} \(runs: {RATIO}, {RATIO}, {RATIO}; cpu clock\); weights identical: yes$", output, re.M)
+    assert re.search(rf"^mlp_paired_floor: .* ratio {RATIO} \(runs: {RATIO}, {RATIO}, {RATIO}\); the Estimator above "
+                     rf"it: {RATIO}$", output, re.M)
     assert logger.level == level_before  # the benchmark quiets the library's logs only while it runs
 
 
@@ -109,7 +112,9 @@ def test_the_paired_hand_steps_take_the_estimators_batches_and_time_every_step(b
     settings = benchmark.parse_settings(["--quick", "--paired-steps", "9"])
     workload = benchmark.dataclasses.replace(benchmark.workloads(settings)[0], steps=9)
     ratios, identical = benchmark.measure_paired(workload, settings, str(tmp_path), runs=2)
-    assert identical and len(ratios) == 2 and min(ratios) > 0  # the same batches in the same order: same weights
+    assert identical  # the same batches in the same order: same weights, for the Estimator and the floor
+    assert set(ratios) == {"estimator", "model_fn_floor"}
+    assert all(len(runs) == 2 and min(runs) > 0 for runs in ratios.values())
     batches = benchmark.make_batches(workload, settings)
     clock_values = iter(range(100))
     paired = benchmark._PairedHandSteps(workload, batches, 0, clock=lambda: float(next(clock_values)))
