@@ -37,6 +37,7 @@ from torchestimator.export.saved_model import (
     SIGNATURE_FILE,
     SIGNATURE_FORMAT_VERSION,
     SIGNATURE_FORMAT_WITH_DECODERS,
+    SIGNATURE_FORMAT_WITH_RECEIVER_INPUTS,
 )
 from torchestimator.export.versions import latest_version
 from torchestimator._io.regular_file import FileTooLargeError, NotARegularFileError, read_regular_file
@@ -66,6 +67,13 @@ class Signature:
     outputs: dict[str, TensorInfo]
     program_outputs: dict[str, str]
     """output alias -> the key the program returns it under."""
+    receiver_inputs: dict[str, str] = dataclasses.field(default_factory=dict)
+    """input name -> the receiver input it feeds, for inputs named otherwise (TF's "inputs" of a classify or
+    regress signature over one string input, such as build_parsing_serving_input_receiver's "examples")."""
+
+    def receiver_input(self, name: str) -> str:
+        """The receiver input (and so the decode step) that signature input ``name`` feeds."""
+        return self.receiver_inputs.get(name, name)
 
 
 class ExportedModel:
@@ -77,7 +85,9 @@ class ExportedModel:
         self._program = program
         self._module = _without_input_constraint_hook(program.module())
         self._program_inputs = list(document["program_inputs"])
-        self._signatures = {name: _signature(name, entry, path) for name, entry in document["signatures"].items()}
+        renames = document["format_version"] == SIGNATURE_FORMAT_WITH_RECEIVER_INPUTS
+        self._signatures = {name: _signature(name, entry, path, renames)
+                            for name, entry in document["signatures"].items()}
         self._decoders, self._program_infos = _decode_plan(document, self._signatures, path)
         if self._decoders:
             _check_decoded_against_program(program, self._program_infos, path)
@@ -127,7 +137,10 @@ class ExportedModel:
 
         A string input takes a list of bytes (str is encoded UTF-8) or a 1-D
         bytes/object array; its decode step runs first. The program's own
-        inputs (``prepare_inputs``' result) are taken as they are.
+        inputs (``prepare_inputs``' result) are taken as they are. An input the
+        signature names otherwise than the receiver (TF's "inputs" of a classify
+        or regress signature) may also be given under the receiver's name
+        ("examples"), as before signatures named it so.
         """
         signature = self.signature(signature_name)
         tensors = self._prepare(inputs, signature)
@@ -175,6 +188,8 @@ class ExportedModel:
             _check_batch(tensors, Signature(name=signature.name, method=signature.method, method_name="",
                                             inputs=self._program_infos, outputs={}, program_outputs={}))
             return tensors
+        if signature.receiver_inputs and inputs.keys() != signature.inputs.keys():
+            inputs = _under_signature_names(inputs, signature)
         _check_input_names(inputs, signature, self.path)
         tensors: dict[str, torch.Tensor] = {}
         sizes: dict[str, int] = {}
@@ -182,7 +197,7 @@ class ExportedModel:
             if info.dtype == STRING:
                 values = _string_values(name, inputs[name])
                 sizes[name] = len(values)
-                decoded = self._decoders[name].decode(values, name)
+                decoded = self._decoders[signature.receiver_input(name)].decode(values, name)
                 for key, array in decoded.items():
                     tensors[key] = torch.from_numpy(np.ascontiguousarray(array))
             else:
@@ -383,7 +398,18 @@ def _b64_to_bytes(value: Any, path: str, depth: int = 0) -> Any:
     return value
 
 
-def _signature(name: str, entry: Mapping[str, Any], path: str) -> Signature:
+def _under_signature_names(inputs: Mapping[str, Any], signature: Signature) -> dict[str, Any]:
+    """``inputs`` with each receiver name the signature calls otherwise put under the signature's name."""
+    renamed = dict(inputs)
+    for name, receiver_input in signature.receiver_inputs.items():
+        if receiver_input in renamed and name not in renamed and receiver_input not in signature.inputs:
+            renamed[name] = renamed.pop(receiver_input)
+    return renamed
+
+
+def _signature(name: str, entry: Mapping[str, Any], path: str, renames: bool) -> Signature:
+    """``renames``: the file's format records receiver_input (a signature input named otherwise than the
+    receiver input it feeds); in an older format the key is refused, as any hand-made key would be."""
     def infos(section: str) -> dict[str, TensorInfo]:
         result = {key: TensorInfo(dtype=value["dtype"], shape=tuple(value["shape"] or ()))
                   for key, value in entry[section].items()}
@@ -394,10 +420,25 @@ def _signature(name: str, entry: Mapping[str, Any], path: str) -> Signature:
                                  "expected a dtype name and sizes that are integers (-1 where dynamic)")
         return result
 
+    def receiver_inputs() -> dict[str, str]:
+        named = {key: value["receiver_input"] for key, value in entry["inputs"].items() if "receiver_input" in value}
+        for key, receiver_input in named.items():
+            if not renames:
+                raise ValueError(f"input {key!r} records a receiver_input, which only format_version "
+                                 f"{SIGNATURE_FORMAT_WITH_RECEIVER_INPUTS} files hold")
+            if not isinstance(receiver_input, str) or not receiver_input or receiver_input == key:
+                raise ValueError(f"input {key!r} has receiver_input {str(receiver_input)[:60]!r}; expected the name "
+                                 "of the receiver input it feeds, which differs from the input's own")
+            if entry["inputs"][key]["dtype"] != STRING:
+                raise ValueError(f"input {key!r} records a receiver_input but is not a string input; only a "
+                                 "string input is named otherwise than its receiver input")
+        return named
+
     try:
         return Signature(name=name, method=entry["method"], method_name=entry["method_name"], inputs=infos("inputs"),
                          outputs=infos("outputs"),
-                         program_outputs={key: value["program_output"] for key, value in entry["outputs"].items()})
+                         program_outputs={key: value["program_output"] for key, value in entry["outputs"].items()},
+                         receiver_inputs=receiver_inputs())
     except (KeyError, TypeError, AttributeError, ValueError) as error:
         raise ExportFormatError(f"{os.path.join(path, SIGNATURE_FILE)}: signature {name!r} is malformed ({error}).") from None
 
@@ -417,10 +458,16 @@ def _decode_plan(document: Mapping[str, Any], signatures: Mapping[str, Signature
     if first is None:
         return decoders, {}
     for signature in signatures.values():
-        strings = sorted(name for name, info in signature.inputs.items() if info.dtype == STRING)
-        if strings != sorted(decoders):
-            raise ExportFormatError(f"{where}: signature {signature.name!r} has string inputs {strings}, and the "
-                                    f"file has decode steps for {sorted(decoders)}; each string input needs one.")
+        for name, receiver_input in signature.receiver_inputs.items():
+            if receiver_input not in decoders:
+                raise ExportFormatError(f"{where}: signature {signature.name!r} input {name!r} feeds receiver input "
+                                        f"{receiver_input!r}, which has no decode step (the file has them for "
+                                        f"{sorted(decoders)}); the file was changed after export. Re-export the model.")
+        strings = [name for name, info in signature.inputs.items() if info.dtype == STRING]
+        fed = sorted(signature.receiver_input(name) for name in strings)
+        if fed != sorted(decoders):
+            raise ExportFormatError(f"{where}: signature {signature.name!r} has string inputs feeding {fed}, and "
+                                    f"the file has decode steps for {sorted(decoders)}; each string input needs one.")
         for name in strings:
             if signature.inputs[name].shape != (-1,):
                 raise ExportFormatError(f"{where}: string input {name!r} has shape {list(signature.inputs[name].shape)}"
@@ -619,16 +666,17 @@ def _checked_signature_document(document: Any, path: str) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise ExportFormatError(f"{path} must hold a JSON object; it holds {type(document).__name__}.")
     version = document.get("format_version")
-    if version not in (SIGNATURE_FORMAT_VERSION, SIGNATURE_FORMAT_WITH_DECODERS):
+    known = (SIGNATURE_FORMAT_VERSION, SIGNATURE_FORMAT_WITH_DECODERS, SIGNATURE_FORMAT_WITH_RECEIVER_INPUTS)
+    if version not in known:
         raise ExportFormatError(
-            f"{path} has format_version {version!r}; this torchestimator reads {SIGNATURE_FORMAT_VERSION} and "
-            f"{SIGNATURE_FORMAT_WITH_DECODERS}. Re-export with this version or upgrade torchestimator."
+            f"{path} has format_version {version!r}; this torchestimator reads {', '.join(map(str, known))}. "
+            "Re-export with this version or upgrade torchestimator."
         )
     decoders = document.get("decoders")
-    if (version == SIGNATURE_FORMAT_WITH_DECODERS) != isinstance(decoders, dict) or (decoders is not None and (
+    if (version != SIGNATURE_FORMAT_VERSION) != isinstance(decoders, dict) or (decoders is not None and (
             not isinstance(decoders, dict) or not decoders)):
-        raise ExportFormatError(f"{path}: format_version {SIGNATURE_FORMAT_WITH_DECODERS} and a non-empty 'decoders' "
-                                "object (the decode steps of string inputs) go together; this file has "
+        raise ExportFormatError(f"{path}: format_version {SIGNATURE_FORMAT_WITH_DECODERS} or later and a non-empty "
+                                "'decoders' object (the decode steps of string inputs) go together; this file has "
                                 f"format_version {version!r} and 'decoders' {str(decoders)[:60]}.")
     inputs, signatures = document.get("program_inputs"), document.get("signatures")
     if not isinstance(inputs, list) or not all(isinstance(name, str) for name in inputs):

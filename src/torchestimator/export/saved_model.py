@@ -61,6 +61,10 @@ SIGNATURE_FORMAT_VERSION = 1
 # Written when the receiver has string inputs: their decode steps are in the file, and a reader that knew only
 # format 1 would take the decoded tensors for the inputs, so it must refuse the file instead.
 SIGNATURE_FORMAT_WITH_DECODERS = 2
+# Format 2 plus signature inputs named otherwise than the receiver input they feed ("receiver_input": TF's "inputs"
+# of a classify/regress signature over one string input). Written only then: a reader of format 2 would look for
+# a decode step under the signature's name and refuse the file without saying it is newer.
+SIGNATURE_FORMAT_WITH_RECEIVER_INPUTS = 3
 _VERSION_ATTEMPTS = 10
 TEMP_PREFIX = "temp-"
 # Filesystems round each file up to whole blocks and need room for folder entries.

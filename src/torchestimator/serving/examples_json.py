@@ -19,11 +19,12 @@ serialized Examples goes through the export's parse step, whose errors are
 TF's parse errors.
 
 Other exports take named tensors: an example's features feed the
-signature's inputs by name: context features are merged into every example,
-each input's values are stacked along a new batch dimension, and a value's
-list is reshaped to the input's per-example shape as a FixedLenFeature is
-(``{"x": 1.0}`` feeds an input of shape [-1] or [-1, 1]). Nested lists are
-allowed for inputs with more dimensions.
+receiver's inputs by name (an image receiver's "image_bytes", even where the
+signature calls that input "inputs" as TF does): context features are merged
+into every example, each input's values are stacked along a new batch
+dimension, and a value's list is reshaped to the input's per-example shape as
+a FixedLenFeature is (``{"x": 1.0}`` feeds an input of shape [-1] or [-1, 1]).
+Nested lists are allowed for inputs with more dimensions.
 
 Pure functions over parsed JSON, an ExportedModel and output arrays; no HTTP
 here (app.py). Messages follow SRV ``util/json_tensor.cc``
@@ -52,7 +53,6 @@ from torchestimator.serving.json_tensor import (
     b64_bytes,
     check_b64_object,
     decoded_inputs,
-    describe_inputs,
     preview_json,
 )
 
@@ -111,11 +111,13 @@ def examples_request(context: Mapping[str, Any], examples: Sequence[Mapping[str,
     if parsed is not None:
         inputs = decoded_inputs(model, {parsed: serialized_examples(context, examples)}, signature.name)
         return ExamplesRequest(signature_name=signature.name, inputs=inputs, count=len(examples))
-    columns = _columns(context, examples, signature)
-    inputs = {name: _string_feature(name, columns[name], "'context'" if name in context else None)
-              if info.dtype == STRING else
-              _feature_tensor(name, columns[name], info, "'context'" if name in context else None)
-              for name, info in signature.inputs.items()}
+    features = _feature_names(signature)
+    columns = _columns(context, examples, signature, features)
+    inputs = {}
+    for feature, name in features.items():
+        info, source = signature.inputs[name], "'context'" if feature in context else None
+        inputs[name] = (_string_feature(feature, columns[feature], source) if info.dtype == STRING else
+                        _feature_tensor(feature, columns[feature], info, source))
     if any(info.dtype == STRING for info in signature.inputs.values()):
         inputs = decoded_inputs(model, inputs, signature.name)
     return ExamplesRequest(signature_name=signature.name, inputs=inputs, count=len(examples))
@@ -126,7 +128,7 @@ def _parsed_input(model: ExportedModel, signature: Signature) -> str | None:
     if len(signature.inputs) != 1:
         return None
     name, info = next(iter(signature.inputs.items()))
-    step = getattr(model, "decode_steps", {}).get(name) if info.dtype == STRING else None
+    step = getattr(model, "decode_steps", {}).get(signature.receiver_input(name)) if info.dtype == STRING else None
     return name if isinstance(step, ExampleParsing) else None
 
 
@@ -300,21 +302,30 @@ def _signature(model: ExportedModel, name: str, method: str) -> Signature:
     return signature
 
 
-def _columns(context: Mapping[str, Any], examples: list[dict[str, Any]], signature: Signature) -> dict[str, list]:
-    """Per input, its value in every example (context merged in); names are checked against the signature."""
+def _feature_names(signature: Signature) -> dict[str, str]:
+    """{feature name: signature input}: features are named as the receiver's inputs, even where the signature
+    calls its one string input "inputs" (TF's key, here over an image receiver: the feature stays "image_bytes")."""
+    return {signature.receiver_input(name): name for name in signature.inputs}
+
+
+def _columns(context: Mapping[str, Any], examples: list[dict[str, Any]], signature: Signature,
+             features: Mapping[str, str]) -> dict[str, list]:
+    """Per feature, its value in every example (context merged in); names are checked against ``features``."""
     for index, example in enumerate(examples):
         repeated = [name for name in example if name in context]
         if repeated:
             raise invalid_argument(f"Features {repeated} of examples[{index}] are also in 'context'; context "
                                    "features are shared by every example and must not repeat in one.")
-        missing = [name for name in signature.inputs if name not in example and name not in context]
-        unexpected = [name for name in (*context, *example) if name not in signature.inputs]
+        missing = [name for name in features if name not in example and name not in context]
+        unexpected = [name for name in (*context, *example) if name not in features]
         if missing or unexpected:
+            described = ", ".join(f"{feature!r}: {signature.inputs[name].dtype} {list(signature.inputs[name].shape)}"
+                                  for feature, name in features.items())
             raise invalid_argument(f"examples[{index}] (with 'context') has missing features {missing} and "
                                    f"unexpected features {unexpected}; signature {signature.name!r} takes "
-                                   f"{describe_inputs(signature)}, one value or list per example.")
+                                   f"{{{described}}}, one value or list per example.")
     return {name: [context[name]] * len(examples) if name in context else [example[name] for example in examples]
-            for name in signature.inputs}
+            for name in features}
 
 
 # -- feature values --------------------------------------------------------------------

@@ -237,8 +237,8 @@ def metadata_response(data: bytes, model: ExportedModel, name: str, version: int
         signature = model.signature(signature_name)
         definition = signatures.signature_def[signature_name]
         definition.method_name = signature.method_name
-        for alias, info in signature.inputs.items():
-            _tensor_info(definition.inputs[alias], alias, info)
+        for alias, info in signature.inputs.items():  # named by the receiver input, as the REST metadata
+            _tensor_info(definition.inputs[alias], signature.receiver_input(alias), info)
         for alias, info in signature.outputs.items():
             _tensor_info(definition.outputs[alias], signature.program_outputs.get(alias, alias), info)
     response = protos.GetModelMetadataResponse()

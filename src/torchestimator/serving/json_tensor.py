@@ -244,7 +244,9 @@ def metadata_document(model_name: str, version: int, model: ExportedModel) -> di
     for name in model.signature_names:
         signature = model.signature(name)
         definitions[name] = {
-            "inputs": {alias: _tensor_info(alias, info) for alias, info in signature.inputs.items()},
+            # The tensor's name is the receiver input's, as TF names the one tensor "inputs" and "examples" feed.
+            "inputs": {alias: _tensor_info(signature.receiver_input(alias), info)
+                       for alias, info in signature.inputs.items()},
             "outputs": {alias: _tensor_info(signature.program_outputs.get(alias, alias), info)
                         for alias, info in signature.outputs.items()},
             "method_name": signature.method_name,
