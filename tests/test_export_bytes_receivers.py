@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import torchestimator as te
 from conftest import exporting_model_fn, make_estimator, trained_classifier
 from torchestimator.cli import main
-from torchestimator.data import FixedLenFeature, VarLenFeature, decode_example, encode_example
+from torchestimator.data import FixedLenFeature, VarLenFeature, decode_example, encode_example, read_records
 from torchestimator.errors import ExampleDecodeError, ExportFormatError, ServingError
 from torchestimator.export import (
     ClassificationOutput,
@@ -47,6 +47,8 @@ from torchestimator.serving.examples_json import (
 )
 from torchestimator.serving.json_tensor import metadata_document, parse_predict
 from torchestimator.serving.manager import warm_up
+from torchestimator.serving.protos import serving_protos as protos
+from torchestimator.serving.warmup import replay_warmup, warmup_path
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "receivers", "tf_examples.json")
 TF = json.load(open(FIXTURES))
@@ -81,18 +83,80 @@ def refused(call) -> str:
 
 def test_the_parsing_receiver_is_a_string_input_recorded_with_its_parse_step(parsing):
     document = json.load(open(os.path.join(parsing["path"], "signature.json")))
-    assert document["format_version"] == 2 and document["program_inputs"] == ["x"]
-    assert {info["dtype"] for info in (signature["inputs"]["examples"] for signature in
-                                       document["signatures"].values())} == {"string"}
+    assert document["format_version"] == 3 and document["program_inputs"] == ["x"]
     assert document["signatures"]["serving_default"]["inputs"] == {"examples": {"dtype": "string", "shape": [-1]}}
+    # TF's classification/regression signature defs call their one input "inputs", whatever the receiver's name.
+    for name in ("tensorflow/serving/classify", "tensorflow/serving/regress"):
+        assert document["signatures"][name]["inputs"] == {
+            "inputs": {"dtype": "string", "shape": [-1], "receiver_input": "examples"}}
     assert document["decoders"] == {"examples": {"kind": "parse_example", "features": {
         "x": {"type": "FixedLenFeature", "shape": [8], "dtype": "float32", "default_value": None}}}}
     model = parsing["model"]
     assert model.signature().inputs["examples"].dtype == "string"
     assert {name: (info.dtype, info.shape) for name, info in model.program_inputs.items()} == {"x": ("float32", (-1, 8))}
-    definition = metadata_document("m", 1, model)["metadata"]["signature_def"]["signature_def"]["serving_default"]
+    definitions = metadata_document("m", 1, model)["metadata"]["signature_def"]["signature_def"]
+    definition = definitions["serving_default"]
     assert definition["inputs"]["examples"]["dtype"] == "DT_STRING"
     assert definition["inputs"]["examples"]["tensor_shape"]["dim"] == [{"size": "-1", "name": ""}]
+    for name in ("tensorflow/serving/classify", "tensorflow/serving/regress"):  # one tensor, two keys, as in TF
+        assert {key: info["name"] for key, info in definitions[name]["inputs"].items()} == {"inputs": "examples"}
+        assert definitions[name]["inputs"]["inputs"]["dtype"] == "DT_STRING"
+
+
+def test_classify_and_regress_signatures_take_inputs_and_load_takes_the_receivers_name_too(parsing):
+    """TF clients name the classify/regress input "inputs"; load() also takes "examples", as before."""
+    model = parsing["model"]
+    assert model.signature().inputs.keys() == {"examples"}
+    classify = model.signature("tensorflow/serving/classify")
+    assert classify.inputs.keys() == {"inputs"} and classify.receiver_input("inputs") == "examples"
+    expected = model({"examples": TF_EXAMPLES})["probabilities"]
+    for name in ("inputs", "examples"):
+        np.testing.assert_array_equal(
+            model({name: TF_EXAMPLES}, signature_name="tensorflow/serving/classify")["scores"], expected)
+        np.testing.assert_array_equal(model.prepare_inputs({name: TF_EXAMPLES}, "tensorflow/serving/regress")["x"],
+                                      np.array(TF["parsed_x"], np.float32))
+    with pytest.raises(ValueError, match="missing \\['examples'\\], unexpected \\['inputs'\\]"):
+        model({"inputs": TF_EXAMPLES})  # predict keeps the receiver's name, as TF's predict signature does
+    with pytest.raises(ValueError, match="missing \\[\\], unexpected \\['examples'\\]"):
+        model({"inputs": TF_EXAMPLES, "examples": TF_EXAMPLES}, signature_name="tensorflow/serving/classify")
+    # The server reads names as TF Serving does: the signature's only.
+    served = parse_predict({"signature_name": "tensorflow/serving/classify",
+                            "inputs": {"inputs": [b64(item) for item in TF_EXAMPLES]}}, model)
+    np.testing.assert_array_equal(served.inputs["x"].numpy(), np.array(TF["parsed_x"], np.float32))
+    assert "unexpected inputs ['examples']" in refused(lambda: parse_predict({
+        "signature_name": "tensorflow/serving/classify", "inputs": {"examples": [b64(TF_EXAMPLES[0])]}}, model))
+
+
+def test_warmup_requests_for_a_classify_serving_default_take_either_name_and_replay(parsing, tmp_path):
+    """A dict of inputs is a PredictRequest for serving_default; a classify one is written under "inputs"."""
+    classify_default = exporting_model_fn(lambda logits, predictions: {
+        "serving_default": ClassificationOutput(scores=predictions["probabilities"])})
+    estimator = make_estimator(parsing["root"] / "model", model_fn=classify_default)
+    path = export_saved_model(estimator, tmp_path / "export", build_parsing_serving_input_receiver(SPEC),
+                              warmup_requests=[{"examples": TF_EXAMPLES[:2]}, {"inputs": TF_EXAMPLES[2:]}])
+    logs = [protos().PredictionLog.FromString(record) for record in read_records(warmup_path(path))]
+    assert [list(log.predict_log.request.inputs) for log in logs] == [["inputs"], ["inputs"]]
+    assert replay_warmup(load(path), path) == 2
+
+
+def test_an_export_written_before_inputs_was_named_so_loads_and_serves_as_then(parsing, tmp_path):
+    """A format 2 signature.json (every signature named its input "examples") loads, and classify takes it."""
+    def as_written_before(document):
+        document["format_version"] = 2
+        for signature in document["signatures"].values():
+            signature["inputs"] = {"examples": {"dtype": "string", "shape": [-1]}}
+
+    model = load(_edited_copy(parsing, tmp_path, as_written_before))
+    classify = model.signature("tensorflow/serving/classify")
+    assert classify.inputs.keys() == {"examples"} and classify.receiver_inputs == {}
+    np.testing.assert_array_equal(model({"examples": TF_EXAMPLES}, signature_name="tensorflow/serving/classify")[
+        "scores"], parsing["model"]({"inputs": TF_EXAMPLES}, signature_name="tensorflow/serving/classify")["scores"])
+    definitions = metadata_document("m", 1, model)["metadata"]["signature_def"]["signature_def"]
+    assert definitions["tensorflow/serving/classify"]["inputs"].keys() == {"examples"}
+    rows = np.array(TF["parsed_x"], np.float32)
+    request = parse_examples_request({"signature_name": "tensorflow/serving/regress",
+                                      "examples": [{"x": row.tolist()} for row in rows]}, model, "regress")
+    np.testing.assert_array_equal(request.inputs["x"].numpy(), rows)
 
 
 def test_tf_made_examples_run_as_estimator_predict_does(parsing):
@@ -238,6 +302,15 @@ def _edited_copy(parsing, tmp_path, edit):
     (lambda d: d.update(format_version=1), "go together"),
     (lambda d: d.pop("decoders"), "go together"),
     (lambda d: d["program_inputs"].append("y"), "'program_inputs' is ['x', 'y']"),
+    (lambda d: d["signatures"]["tensorflow/serving/classify"]["inputs"]["inputs"].update(receiver_input="nowhere"),
+     "input 'inputs' feeds receiver input 'nowhere', which has no decode step"),
+    (lambda d: d["signatures"]["tensorflow/serving/classify"]["inputs"]["inputs"].update(receiver_input=7),
+     "has receiver_input '7'"),
+    (lambda d: d["signatures"]["tensorflow/serving/classify"]["inputs"]["inputs"].pop("receiver_input"),
+     "has string inputs feeding ['inputs'], and the file has decode steps for ['examples']"),
+    (lambda d: d["signatures"]["tensorflow/serving/classify"]["inputs"]["inputs"].update(dtype="float32"),
+     "records a receiver_input but is not a string input"),
+    (lambda d: d.update(format_version=2), "only format_version 3 files hold"),
 ])
 def test_a_decode_step_that_is_not_one_we_wrote_is_refused_naming_the_file(parsing, tmp_path, edit, message):
     copy = _edited_copy(parsing, tmp_path, edit)
@@ -348,8 +421,12 @@ def test_an_image_that_does_not_decode_is_refused_naming_the_instance(images):
 
 
 def test_classify_on_an_image_receiver_takes_one_image_per_example(images):
-    """Without a parsing receiver, features feed inputs by name: the string input takes one bytes value each."""
+    """Without a parsing receiver, features feed inputs by name: the string input takes one bytes value each.
+
+    The signature calls its one string input "inputs" (TF's rule); the examples' feature keeps the receiver's name.
+    """
     model, encoded = images["model"], images["encoded"]
+    assert model.signature("classify").inputs.keys() == {"inputs"}
     document = {"signature_name": "classify", "examples": [{"image_bytes": b64(item)} for item in encoded[:2]] + [
         {"image_bytes": [b64(encoded[2])]}]}
     request = parse_examples_request(document, model, "classify")

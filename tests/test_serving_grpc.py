@@ -3,6 +3,7 @@ served export, every RPC, version and label selection, every error code, and ans
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import socket
@@ -262,6 +263,30 @@ def test_a_parsing_receiver_takes_examples_and_dt_string_tensors(served):
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "to be string but float is provided" in details
 
 
+def test_predict_on_a_classify_signature_takes_tfs_input_name_inputs(served):
+    """TF names a classify/regress signature's one string input "inputs" (predict's keeps "examples")."""
+    request = protos.PredictRequest()
+    request.model_spec.name = "parsed"
+    request.model_spec.signature_name = "tensorflow/serving/classify"
+    request.inputs["inputs"].CopyFrom(make_tensor_proto([encode_example({"x": [x]}) for x in (1.0, 3.0)]))
+    outputs = served["predict"].Predict(request, timeout=30).outputs
+    assert tensor_proto_to_numpy(outputs["scores"]).tolist() == [[3.5, 7.0], [4.5, 9.0]]
+    serialized = [{"b64": base64.b64encode(encode_example({"x": [x]})).decode()} for x in (1.0, 3.0)]
+    assert rest(served["server"], "/v1/models/parsed:predict", {  # REST's named form, as TF's
+        "signature_name": "tensorflow/serving/classify", "inputs": {"inputs": serialized}})["outputs"]["scores"] \
+        == [[3.5, 7.0], [4.5, 9.0]]
+    with urllib.request.urlopen(served["server"].url + "/v1/models/parsed/metadata", timeout=30) as page:
+        definitions = json.loads(page.read())["metadata"]["signature_def"]["signature_def"]
+    assert [list(definitions[name]["inputs"]) for name in sorted(definitions)] == [["examples"], ["inputs"], ["inputs"]]
+    request.model_spec.signature_name = "tensorflow/serving/regress"
+    outputs = served["predict"].Predict(request, timeout=30).outputs
+    assert tensor_proto_to_numpy(outputs["outputs"]).tolist() == [3.5, 4.5]
+    request.inputs["examples"].CopyFrom(request.inputs.pop("inputs"))
+    code, details = grpc_error(served["predict"].Predict, request)  # TF Serving refuses it too
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "Sent extra: ['examples']" in details \
+        and "Missing but required: ['inputs']" in details, details
+
+
 # -- GetModelMetadata and GetModelStatus --------------------------------------------------------
 
 
@@ -278,6 +303,17 @@ def test_metadata_packs_the_signature_def_map_as_tf_serving(served):
     shift = signatures["serving_default"].inputs["shift"]
     assert shift.dtype == DATA_TYPES["DT_INT64"] and [dim.size for dim in shift.tensor_shape.dim] == [-1]
     assert signatures["tensorflow/serving/regress"].method_name == "tensorflow/serving/regress"
+    # Classify over tensor inputs (beyond TF) keeps the receiver's names.
+    assert sorted(signatures["tensorflow/serving/classify"].inputs) == ["shift", "x"]
+    request.model_spec.name = "parsed"
+    parsed = protos.SignatureDefMap.FromString(served["predict"].GetModelMetadata(request, timeout=30)
+                                               .metadata["signature_def"].value).signature_def
+    assert {name: {key: (info.name, info.dtype) for key, info in definition.inputs.items()}
+            for name, definition in parsed.items()} == {
+        "serving_default": {"examples": ("examples", DATA_TYPES["DT_STRING"])},
+        "tensorflow/serving/classify": {"inputs": ("examples", DATA_TYPES["DT_STRING"])},
+        "tensorflow/serving/regress": {"inputs": ("examples", DATA_TYPES["DT_STRING"])}}
+    request.model_spec.name = "half"
     request.metadata_field[:] = ["nope"]
     code, details = grpc_error(served["predict"].GetModelMetadata, request)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "Metadata field nope is not supported" in details

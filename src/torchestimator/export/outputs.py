@@ -3,7 +3,9 @@
 A model_fn puts ``{signature_name: ExportOutput}`` in EstimatorSpec.export_outputs
 to shape the served signatures; without it, one ``serving_default`` predict
 signature carries every prediction. The rules for defaults follow TF's
-``get_export_outputs``.
+``get_export_outputs``; how a signature names its inputs follows TF's
+``classification_signature_def`` / ``regression_signature_def``
+(``signature_input_names``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ __all__ = [
 ]
 
 DEFAULT_SERVING_SIGNATURE_DEF_KEY = "serving_default"
+EXAMPLES_INPUT_KEY = "inputs"
+"""TF's signature_constants.CLASSIFY_INPUTS and REGRESS_INPUTS: the key of the one input (serialized tf.Examples)
+of a classify or regress signature."""
 
 
 class ExportOutput(abc.ABC):
@@ -65,7 +70,9 @@ class ClassificationOutput(ExportOutput):
     """Class scores and/or class ids, under TF's output names "scores" and "classes".
 
     TF requires string classes and a single serialized-Example input; here
-    classes may be any tensor (ids or codes) and any receiver inputs are allowed.
+    classes may be any tensor (ids or codes) and any receiver inputs are allowed
+    (over one string input, the signature calls it "inputs" as TF does:
+    ``signature_input_names``).
     """
 
     method = "classify"
@@ -135,6 +142,24 @@ def resolve_export_outputs(spec: Any) -> dict[str, ExportOutput]:
             )
         resolved[DEFAULT_SERVING_SIGNATURE_DEF_KEY] = next(iter(resolved.values()))
     return resolved
+
+
+def signature_input_names(method: str, receiver_tensors: Mapping[str, Any]) -> dict[str, str]:
+    """{signature input name: receiver input name} for a signature of ``method`` over these receiver inputs.
+
+    A classify or regress signature over exactly one string input names it
+    "inputs", whatever the receiver calls it ("examples" for
+    build_parsing_serving_input_receiver), as TF's classification and
+    regression signature defs do, so clients written for TF Serving find it
+    there (metadata, Predict on that signature). Every other signature keeps
+    the receiver's names, classify and regress over tensor inputs included
+    (TF exports no such signature).
+    """
+    if method in ("classify", "regress") and len(receiver_tensors) == 1:
+        name, spec = next(iter(receiver_tensors.items()))
+        if spec.is_string:
+            return {EXAMPLES_INPUT_KEY: name}
+    return {name: name for name in receiver_tensors}
 
 
 def _describe(value: Any) -> str:

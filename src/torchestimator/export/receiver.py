@@ -229,7 +229,8 @@ def build_parsing_serving_input_receiver(
     tensors, or ``receiver_fn(tensors)``. Only int64/float32 FixedLenFeature
     specs can be program inputs: VarLen, Ragged and sequence features are
     refused here, naming the feature. :classify and :regress then take TF
-    Serving's ``examples`` as TF does.
+    Serving's ``examples`` as TF does. A classify or regress signature calls
+    this input "inputs", TF's key for it; a predict signature keeps ``input_name``.
     """
     if not isinstance(input_name, str) or not input_name:
         raise ValueError(f"input_name must be a non-empty string; received {input_name!r}.")

@@ -5,7 +5,9 @@ A version folder holds:
     program.json         the torch.export graph (torch's JSON schema; see program_format.py)
     tensors.safetensors  its parameters, buffers and constants
     signature.json       each signature: method, inputs and outputs with dtype and shape (-1 dynamic); with
-                         string inputs, the decode step of each (``decoders``: data, see decoders.py)
+                         string inputs, the decode step of each (``decoders``: data, see decoders.py); an
+                         input named otherwise than its receiver input records it (``receiver_input``:
+                         TF's "inputs" of classify/regress over one string input, outputs.py)
     metadata.json        checkpoint, global_step, versions, creation time
     assets.extra/        copies of assets_extra
     model.onnx           only with as_onnx=True (onnx_export.py: how it is named and called)
@@ -41,7 +43,7 @@ import torch
 import torch.export._trace  # noqa: F401
 
 from torchestimator.export import onnx_export, program_format
-from torchestimator.export.outputs import resolve_export_outputs
+from torchestimator.export.outputs import resolve_export_outputs, signature_input_names
 from torchestimator.export.receiver import ServingInputReceiver, as_receiver, dtype_name
 from torchestimator._core.inference import BundleSource, InferenceBundle
 from torchestimator._core.spec import ModeKeys, validate_spec
@@ -297,10 +299,17 @@ def _program_outputs(program: Any) -> dict[str, dict[str, Any]]:
 
 def _signature_document(plan: dict[str, dict[str, Any]], receiver: ServingInputReceiver,
                         program_outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    inputs = {name: {"dtype": dtype_name(spec.dtype), "shape": spec.signature_shape()}
-              for name, spec in receiver.receiver_tensors.items()}
+    described = {name: {"dtype": dtype_name(spec.dtype), "shape": spec.signature_shape()}
+                 for name, spec in receiver.receiver_tensors.items()}
     signatures = {}
+    renamed = False
     for name, entry in plan.items():
+        inputs = {}
+        for alias, receiver_input in signature_input_names(entry["method"], receiver.receiver_tensors).items():
+            inputs[alias] = dict(described[receiver_input])
+            if alias != receiver_input:  # recorded, so load and serve feed the receiver input (its decode step)
+                inputs[alias]["receiver_input"] = receiver_input
+                renamed = True
         outputs = {alias: {**program_outputs.get(key, {"dtype": None, "shape": None}), "program_output": key}
                    for alias, key in entry["outputs"].items()}
         signatures[name] = {"method": entry["method"], "method_name": entry["method_name"],
@@ -308,7 +317,7 @@ def _signature_document(plan: dict[str, dict[str, Any]], receiver: ServingInputR
     document = {"format_version": SIGNATURE_FORMAT_VERSION, "program_inputs": list(receiver.program_specs()),
                 "signatures": signatures}
     if receiver.decoders:
-        document["format_version"] = SIGNATURE_FORMAT_WITH_DECODERS
+        document["format_version"] = SIGNATURE_FORMAT_WITH_RECEIVER_INPUTS if renamed else SIGNATURE_FORMAT_WITH_DECODERS
         document["decoders"] = {name: step.to_json() for name, step in receiver.decoders.items()}
     return document
 

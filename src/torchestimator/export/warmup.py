@@ -84,6 +84,13 @@ def _predict_request(inputs: Mapping[str, Any], signatures: Mapping[str, Mapping
                          f"signature, which this export lacks (it has {sorted(signatures)}); give a PredictRequest "
                          "naming its signature instead.")
     expected = signatures[DEFAULT_SERVING_SIGNATURE_DEF_KEY]["inputs"]
+    # A classify/regress serving_default calls its one string input "inputs" (TF's name); the receiver's name,
+    # which the user built it with, is taken too and written under the signature's.
+    inputs = dict(inputs)
+    for name, info in expected.items():
+        receiver_input = info.get("receiver_input")
+        if receiver_input in inputs and name not in inputs and receiver_input not in expected:
+            inputs[name] = inputs.pop(receiver_input)
     if set(inputs) != set(expected):
         raise ValueError(f"warmup_requests[{index}] has inputs {sorted(inputs)}; the {DEFAULT_SERVING_SIGNATURE_DEF_KEY!r} "
                          f"signature takes {sorted(expected)}.")
