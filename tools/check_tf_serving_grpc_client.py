@@ -8,8 +8,10 @@ Run it in the comparison environment, which has TensorFlow and `pip install --no
 It trains and exports a half-plus-three model (y = 0.5 (x + shift) + 3, plus a parsing-receiver export) with the
 project's interpreter, starts `torchestimator serve --port <free> --rest_api_port <free>`, and then, with TF's stubs
 only: Predict (tf.make_tensor_proto inputs; the answer read with tf.make_ndarray), Predict with a version, Regress
-and Classify with tf.train.Examples (and a context), GetModelMetadata (the Any unpacked into TF's SignatureDefMap),
-GetModelStatus, an unknown model (NOT_FOUND). It also compares every message protos.py defines with TF's
+and Classify with tf.train.Examples (and a context), GetModelMetadata (the Any unpacked into TF's SignatureDefMap;
+the parsing export's classify/regress signatures take TF's input key "inputs", its predict signature "examples"),
+Predict on the classify signature with "inputs" (serialized tf.train.Examples), GetModelStatus, an unknown model
+(NOT_FOUND). It also compares every message protos.py defines with TF's
 descriptors field by field. Prints one line per check and "all checks passed"; exits 1 on the first failure.
 CI does not run it (no TensorFlow there).
 """
@@ -173,6 +175,23 @@ def main() -> None:
         check("GetModelMetadata: the Any unpacks into TF's SignatureDefMap",
               stub.GetModelMetadata(metadata, 10).metadata["signature_def"].Unpack(signatures)
               and signatures.signature_def["serving_default"].inputs["shift"].dtype == tf.int64.as_datatype_enum)
+
+        metadata.model_spec.name = "parsed"
+        parsed_signatures = get_model_metadata_pb2.SignatureDefMap()
+        stub.GetModelMetadata(metadata, 10).metadata["signature_def"].Unpack(parsed_signatures)
+        input_keys = {name: sorted(definition.inputs) for name, definition in parsed_signatures.signature_def.items()}
+        check("GetModelMetadata: classify/regress take 'inputs', predict 'examples' (TF's signature defs)",
+              input_keys == {"serving_default": ["examples"], "tensorflow/serving/classify": ["inputs"],
+                             "tensorflow/serving/regress": ["inputs"]}, input_keys)
+
+        example = tf.train.Example()
+        example.features.feature["x"].float_list.value.append(1.0)
+        by_name = predict_pb2.PredictRequest()
+        by_name.model_spec.name = "parsed"
+        by_name.model_spec.signature_name = "tensorflow/serving/classify"
+        by_name.inputs["inputs"].CopyFrom(tf.make_tensor_proto([example.SerializeToString()]))
+        scores = tf.make_ndarray(stub.Predict(by_name, 10).outputs["scores"]).tolist()
+        check("Predict on the classify signature with input 'inputs'", scores == [[3.5, 7.0]], scores)
 
         status_request = get_model_status_pb2.GetModelStatusRequest()
         status_request.model_spec.name = "half"
