@@ -66,8 +66,8 @@ PUBLIC_SUBPACKAGES = {
     ],
     "errors": [
         "BodyTooLarge", "CheckpointError", "ConfigError", "ConfigTypeError", "DataLossError", "DiskFullError",
-        "ExampleDecodeError", "ExportFormatError", "FileTooLargeError", "HTTP_STATUS", "ImageDecodeError",
-        "MissingExtraError",
+        "ExampleDecodeError", "ExportFormatError", "FileTooLargeError", "HTTP_STATUS", "ImageDecodeError", "InputError",
+        "InputTypeError", "MissingExtraError",
         "NanLossDuringTrainingError", "NotARegularFileError", "RelaunchError", "ReplicaFailedError", "ReplicaLostError",
         "ReplicasDisagreeError", "ServingClientError", "ServingError", "TensorNotFoundError", "TorchEstimatorError",
         "WeightSourceError"
