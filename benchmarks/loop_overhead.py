@@ -343,10 +343,10 @@ def default_chores(every: int) -> dict[str, Any]:
     return dict(save_checkpoints_steps=every, save_summary_steps=every, log_step_count_steps=every)
 
 
-def run_estimator(workload: Workload, batches: Sequence[Batch], seed: int, model_dir: str, *,
-                  chores: dict[str, Any] = CHORES_OFF, from_arrays: bool = False) -> RoundResult:
-    """Estimator.train on the same batches (or, ``from_arrays``, on te.numpy_input_fn over the same rows); the
-    framework seeds and builds the model itself."""
+def _estimator(workload: Workload, seed: int, model_dir: str, chores: dict[str, Any] = CHORES_OFF
+               ) -> tuple[te.Estimator, list[nn.Module]]:
+    """An Estimator training the workload's model with the benchmark's model_fn and optimizer, and the list its
+    model factory appends each model it builds to (the trained one is the first)."""
     built: list[nn.Module] = []
 
     def build() -> nn.Module:
@@ -354,8 +354,15 @@ def run_estimator(workload: Workload, batches: Sequence[Batch], seed: int, model
         return built[-1]
 
     config = te.RunConfig(random_seed=seed, progress_bar=False, device="cpu", **chores)
-    estimator = te.Estimator(model_fn=_classifier_model_fn, model=build, optimizer=make_optimizer,
-                             model_dir=model_dir, config=config)
+    return te.Estimator(model_fn=_classifier_model_fn, model=build, optimizer=make_optimizer, model_dir=model_dir,
+                        config=config), built
+
+
+def run_estimator(workload: Workload, batches: Sequence[Batch], seed: int, model_dir: str, *,
+                  chores: dict[str, Any] = CHORES_OFF, from_arrays: bool = False) -> RoundResult:
+    """Estimator.train on the same batches (or, ``from_arrays``, on te.numpy_input_fn over the same rows); the
+    framework seeds and builds the model itself."""
+    estimator, built = _estimator(workload, seed, model_dir, chores)
     stamps = _StepStamps()
     if from_arrays:
         features, labels = _batch_arrays(batches)
@@ -618,15 +625,7 @@ def measure_paired(workload: Workload, settings: Settings, root: str, runs: int 
 
 def _train_estimator_beside(paired: _PairedHandSteps, workload: Workload, batches: Sequence[Batch], seed: int,
                             model_dir: str) -> nn.Module:
-    built: list[nn.Module] = []
-
-    def build() -> nn.Module:
-        built.append(workload.build_model())
-        return built[-1]
-
-    config = te.RunConfig(random_seed=seed, progress_bar=False, device="cpu", **CHORES_OFF)
-    estimator = te.Estimator(model_fn=_classifier_model_fn, model=build, optimizer=make_optimizer,
-                             model_dir=model_dir, config=config)
+    estimator, built = _estimator(workload, seed, model_dir)
     estimator.train(lambda: iter(batches), hooks=[paired], max_steps=len(batches))
     return built[0]
 
