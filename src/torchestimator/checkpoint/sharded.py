@@ -36,6 +36,8 @@ import torch.distributed as distributed
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
+from torchestimator.distribute.collectives import all_gather_object, broadcast_object
+
 from .dcp_format import ShardWriter, alone_is_intended, file_digests, share_of_replicated
 from .errors import CheckpointError, DiskFullError, is_no_room
 from .format import DCP_METADATA_FILE
@@ -50,15 +52,12 @@ class _GroupCollectives:
         self.group = group
         self.num_replicas = num_replicas
 
+    # The group is gloo's: the pickles go through CPU tensors.
     def all_gather_object(self, obj: Any) -> list[Any]:
-        gathered: list[Any] = [None] * self.num_replicas
-        distributed.all_gather_object(gathered, obj, group=self.group)
-        return gathered
+        return all_gather_object(obj, torch.device("cpu"), group=self.group)
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        objects = [obj]
-        distributed.broadcast_object_list(objects, src=src, group=self.group)
-        return objects[0]
+        return broadcast_object(obj, src, torch.device("cpu"), group=self.group)
 
 
 @dataclasses.dataclass

@@ -35,6 +35,7 @@ from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 from torchestimator._core.console import log_summary, show_summaries
+from torchestimator.distribute import collectives
 from torchestimator.distribute.cluster import (
     EVALUATOR,
     PS,
@@ -660,22 +661,20 @@ class MirroredStrategy(Strategy):
             find_unused_parameters=self._find_unused_parameters,
         )
 
+    # Through collectives.py: its hand_over spares gloo's worker thread taking the GIL to let go of a tensor (when
+    # it waits for the GIL as the interpreter ends, CPython ends the thread and std::terminate aborts the process).
+
     def _all_reduce(self, tensor: torch.Tensor, op: Any) -> torch.Tensor:
-        distributed.all_reduce(tensor, op=op)
-        return tensor
+        return collectives.all_reduce(tensor, op)
 
     def _broadcast_object(self, obj: Any, src: int) -> Any:
-        objects = [obj if self.placement.replica_id == src else None]
-        distributed.broadcast_object_list(objects, src=src, device=self.placement.device)
-        return objects[0]
+        return collectives.broadcast_object(obj, src, self.placement.device)
 
     def _broadcast_tensor(self, tensor: torch.Tensor, src: int) -> None:
-        distributed.broadcast(tensor, src=src)
+        collectives.broadcast(tensor, src)
 
     def _all_gather_object(self, obj: Any) -> list[Any]:
-        gathered: list[Any] = [None] * self.placement.num_replicas
-        distributed.all_gather_object(gathered, obj)
-        return gathered
+        return collectives.all_gather_object(obj, self.placement.device)
 
     def _barrier(self) -> None:
         device = self.placement.device

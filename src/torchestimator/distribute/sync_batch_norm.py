@@ -15,8 +15,8 @@ the state_dict keys do not change, so checkpoints load into the plain model and 
 ``sync_batch_norm=False`` and several replicas, a one-shot hook warns when the per-replica batch is small.
 
 Does not belong here: the process group itself (the strategy's) and broadcasting buffers before a save
-(``Strategy.broadcast_buffers``). The layers call ``torch.distributed`` themselves, as torch's SyncBatchNorm
-does: a statistic computed inside ``forward`` cannot go through the strategy.
+(``Strategy.broadcast_buffers``). The layers all-reduce themselves (``collectives.all_reduce``), as torch's
+SyncBatchNorm does: a statistic computed inside ``forward`` cannot go through the strategy.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import torch.distributed as distributed
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from torchestimator.distribute import collectives
 from torchestimator.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -69,14 +70,12 @@ class _SumOverReplicas(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, group: Any) -> torch.Tensor:
         ctx.group = group
         total = tensor.clone(memory_format=torch.contiguous_format)
-        distributed.all_reduce(total, op=distributed.ReduceOp.SUM, group=group)
-        return total
+        return collectives.all_reduce(total, group=group)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
         total = grad_output.clone(memory_format=torch.contiguous_format)
-        distributed.all_reduce(total, op=distributed.ReduceOp.SUM, group=ctx.group)
-        return total, None
+        return collectives.all_reduce(total, group=ctx.group), None
 
 
 class _GroupReference:
