@@ -24,6 +24,8 @@ from torchestimator._io.summary import read_scalars
 from torchestimator._policy.best import BEST_FILE, BestCheckpointPolicy, read_best
 from torchestimator._policy.early_stopping import EarlyStopping, stop_if_higher_hook
 from torchestimator._policy.evaluator_channel import (
+    END_EARLY_STOPPING,
+    END_MAX_STEPS,
     EVALUATING_STEP_MAX_AGE_SECS,
     EVALUATOR_FILE,
     STOP_SIGNAL_FILE,
@@ -92,8 +94,9 @@ class SimulatedTrainers:
     """
 
     def __init__(self, model_dir, *, run_ids=("run-1",), steps=10, start_after=0, end_at=None, ends=True,
-                 records=True):
+                 records=True, end_cause=None):
         self.model_dir, self.run_ids, self.steps, self.end_at, self.ends = model_dir, list(run_ids), steps, end_at, ends
+        self.end_cause = end_cause
         self.records = records  # False: plain trainers (`torchestimator train`): no training_run.json, deaf to signals
         self.trainer = estimator(model_dir)
         self.train, _, _, _ = input_fns()
@@ -127,7 +130,8 @@ class SimulatedTrainers:
         self.ended = True
         if self.records:
             write_training_run(self.model_dir, TrainingRun(run_id=self.run_id, evaluator_task=True, start_step=0,
-                                                           end_step=self.step, end_reason="test"))
+                                                           end_step=self.step, end_reason="test",
+                                                           end_cause=self.end_cause))
 
     def _start(self, run_id):
         self.run_id = run_id
@@ -232,6 +236,106 @@ def test_an_evaluator_restarted_after_the_trainers_ended_finishes_their_run_at_o
     # The run's final checkpoint, evaluated and exported as final, then returned: no wait for an answer.
     assert results["global_step"] == 10 and exporter.calls == [(10, True)] and len(trainers.signals) <= 1
     assert read_stop_signal(model_dir) == StopSignal(run_id="done", step=10, rule="a rule")
+
+
+def an_earlier_job(model_dir, *, cause, rules=(), end_at=None, max_steps=None):
+    """A whole job that ran to its end beside its evaluator (eval/ has its checkpoints), recorded as ended by
+    ``cause``; returns the step it ended at."""
+    trainers = SimulatedTrainers(model_dir, run_ids=("earlier-job",), end_at=end_at)
+    follow(model_dir, trainers, rules=rules)
+    write_training_run(model_dir, TrainingRun(run_id="earlier-job", evaluator_task=True, start_step=0,
+                                              end_step=trainers.step, end_reason="the earlier job's end",
+                                              max_steps=max_steps, end_cause=cause))
+    return trainers.step
+
+
+# Started after the trainers (their new run is recorded before the evaluator first looks), with them (it sees the
+# earlier job's record first), or well before them.
+EVALUATOR_STARTS = pytest.mark.parametrize("start_after", [0, 1, 4], ids=["after", "with", "before"])
+
+
+@EVALUATOR_STARTS
+def test_a_job_restarted_with_a_higher_max_steps_is_followed_to_its_new_end(tmp_path, start_after):
+    model_dir = str(tmp_path)
+    assert an_earlier_job(model_dir, cause=END_MAX_STEPS, end_at=20, max_steps=20) == 20
+    rerun = SimulatedTrainers(model_dir, run_ids=("rerun",), start_after=start_after, end_at=40,
+                              end_cause=END_MAX_STEPS)
+    rerun.step = 20
+    results, exporter = follow(model_dir, rerun, max_steps=40)
+    # The earlier job's end at 20 is not this evaluator's: it followed the rerun to max_steps 40, and did not
+    # evaluate 20 again (eval/ had it).
+    assert results["global_step"] == 40 and exporter.calls == [(30, False), (40, True)]
+    assert eval_steps(model_dir) == [10, 20, 30, 40]
+
+
+@EVALUATOR_STARTS
+def test_a_rerun_with_relaxed_early_stopping_is_followed(tmp_path, start_after):
+    model_dir = str(tmp_path)
+    stop_at = an_earlier_job(model_dir, cause=END_EARLY_STOPPING,
+                             rules=[EarlyStopping("score", mode="max", patience=2)])
+    assert stop_at == 40  # the signal at 30, the trainers' answer at 40
+    rerun = SimulatedTrainers(model_dir, run_ids=("rerun",), start_after=start_after, end_at=60)
+    rerun.step = stop_at
+    results, exporter = follow(model_dir, rerun, rules=[EarlyStopping("score", mode="max", patience=10)],
+                               max_steps=60)
+    assert results["global_step"] == 60 and exporter.calls == [(50, False), (60, True)]
+
+
+@EVALUATOR_STARTS
+def test_a_rerun_after_early_stopping_with_the_same_rules_ends_the_evaluator_at_once(tmp_path, start_after):
+    model_dir = str(tmp_path)
+    rules = lambda: [EarlyStopping("score", mode="max", patience=2)]  # noqa: E731  (fresh state each job)
+    stop_at = an_earlier_job(model_dir, cause=END_EARLY_STOPPING, rules=rules())
+    # The trainers' rerun takes no step (its chief asks the same rules first): they only record a new run.
+    rerun = SimulatedTrainers(model_dir, run_ids=("rerun",), start_after=start_after, end_at=stop_at,
+                              end_cause=END_EARLY_STOPPING)
+    rerun.step = stop_at
+    results, exporter = follow(model_dir, rerun, rules=rules(), max_steps=1000)
+    assert results["global_step"] == stop_at and exporter.calls == [(stop_at, True)] and len(rerun.signals) <= 3
+    assert estimator(model_dir).latest_checkpoint().endswith(f"ckpt-{stop_at}")
+
+
+def test_the_evaluator_says_what_it_waits_for_at_start(tmp_path, caplog):
+    model_dir = str(tmp_path)
+    an_earlier_job(model_dir, cause=END_MAX_STEPS, end_at=20, max_steps=20)
+    rerun = SimulatedTrainers(model_dir, run_ids=("rerun",), start_after=1, end_at=30)
+    rerun.step = 20
+    with caplog.at_level(logging.INFO, logger="torchestimator"):
+        run_evaluator(estimator(model_dir), TrainSpec(rerun.train, max_steps=30),
+                      EvalSpec(scored_eval_input(), start_delay_secs=7, throttle_secs=3), sleep=rerun)
+    assert "waits start_delay_secs=7 s" in caplog.text and "then every 3 s" in caplog.text
+    assert "ended at global step 20 (the earlier job's end)" in caplog.text
+    assert "Waiting for the trainers' next run" in caplog.text
+
+
+def test_a_chief_beside_an_evaluator_takes_no_step_when_eval_already_says_stop(tmp_path, monkeypatch):
+    model_dir = str(tmp_path)
+    stop_at = an_earlier_job(model_dir, cause=END_EARLY_STOPPING,
+                             rules=[EarlyStopping("score", mode="max", patience=2)])
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["127.0.0.1:2222"], "evaluator": ["127.0.0.1:2223"]},
+                                                "task": {"type": "chief", "index": 0}}))
+    train, _, _, _ = input_fns()
+    answer = train_and_evaluate(estimator(model_dir), TrainSpec(train, max_steps=1000), EvalSpec(scored_eval_input()),
+                                early_stopping=EarlyStopping("score", mode="max", patience=2))
+    assert answer == (None, None) and estimator(model_dir).latest_checkpoint().endswith(f"ckpt-{stop_at}")
+    run = read_training_run(model_dir)
+    assert run.run_id != "earlier-job" and (run.start_step, run.end_step) == (stop_at, stop_at)
+    assert run.end_cause == END_EARLY_STOPPING and run.end_reason.startswith("took no step: early stopping")
+    assert run.max_steps == 1000
+    # With rules that now let it go on, the same chief trains, and its record says why it ended.
+    train_and_evaluate(estimator(model_dir), TrainSpec(train, max_steps=60), EvalSpec(scored_eval_input()),
+                       early_stopping=EarlyStopping("score", mode="max", patience=10))
+    run = read_training_run(model_dir)
+    assert (run.start_step, run.end_step, run.end_cause) == (stop_at, 60, END_MAX_STEPS)
+
+
+def test_a_training_run_with_an_unknown_end_cause_is_ignored_naming_it(tmp_path, caplog):
+    model_dir = str(tmp_path)
+    write_training_run(model_dir, TrainingRun(run_id="r", evaluator_task=True, start_step=0, end_step=5,
+                                              end_cause="a cosmic ray"))
+    with caplog.at_level(logging.WARNING):
+        assert read_training_run(model_dir) is None
+    assert "end_cause" in caplog.text and "a cosmic ray" in caplog.text and TRAINING_RUN_FILE in caplog.text
 
 
 def test_a_decision_reaching_no_run_is_given_to_the_run_that_starts_later(tmp_path, caplog):
@@ -491,6 +595,7 @@ _SCRIPT = textwrap.dedent('''
     import torchestimator as te
 
     model_dir, out = sys.argv[1], sys.argv[2]
+    max_steps, patience = (int(value) for value in (sys.argv[3:5] or (1_000_000, 2)))
     task = json.loads(os.environ["TF_CONFIG"])["task"]["type"]
 
     centers = np.random.default_rng(0).normal(0, 3, size=(3, 8))
@@ -533,12 +638,12 @@ _SCRIPT = textwrap.dedent('''
                              nn.Linear(16, 3)), optimizer=lambda p: torch.optim.SGD(p, lr=0.05),
                              model_dir=model_dir, config=config)
     answer = te.train_and_evaluate(
-        estimator, te.TrainSpec(train_input, max_steps=1_000_000, hooks=[last]),
+        estimator, te.TrainSpec(train_input, max_steps=max_steps, hooks=[last]),
         te.EvalSpec(eval_input, steps=None, start_delay_secs=0, throttle_secs=0, exporters=[RecordingExporter()]),
         # A constant score never improves: the first evaluation stays the best (ties keep the earlier step), and
         # patience 2 stops training at the third.
         best=te.BestCheckpointPolicy("score", higher_is_better=True),
-        early_stopping=te.EarlyStopping("score", mode="max", patience=2))
+        early_stopping=te.EarlyStopping("score", mode="max", patience=patience))
     results = answer[0]
     with open(out, "w") as handle:
         json.dump({"task": task, "pid": os.getpid(), "final_step": getattr(last, "step", None),
@@ -546,26 +651,29 @@ _SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _start(script, model_dir, out, tf_config, tmp_path):
+def _start(script, model_dir, out, tf_config, tmp_path, arguments=()):
     env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
            "TORCHESTIMATOR_COLLECTIVE_TIMEOUT": "60"}
     env.pop("RANK", None), env.pop("WORLD_SIZE", None)
     log = open(tmp_path / f"{tf_config['task']['type']}.log", "wb")
-    return subprocess.Popen([sys.executable, str(script), model_dir, str(out)], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, cwd=str(tmp_path)), log
+    return subprocess.Popen([sys.executable, str(script), model_dir, str(out), *map(str, arguments)], env=env,
+                            stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path)), log
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_chief_worker_and_evaluator_as_three_plain_processes(tmp_path):
-    script, model_dir = tmp_path / "train.py", str(tmp_path / "model")
+TASKS = [("chief", 0), ("worker", 0), ("evaluator", 0)]
+
+
+def run_job(tmp_path, model_dir, arguments=()):
+    """Chief, worker and evaluator of one job, started together on fresh ports; what each wrote to its json."""
+    script = tmp_path / "train.py"
     script.write_text(_SCRIPT)
     cluster = {"chief": [f"127.0.0.1:{find_free_port()}"], "worker": [f"127.0.0.1:{find_free_port()}"],
                "evaluator": [f"127.0.0.1:{find_free_port()}"]}
-    tasks = [("chief", 0), ("worker", 0), ("evaluator", 0)]
+    for kind, _ in TASKS:
+        (tmp_path / f"{kind}.json").unlink(missing_ok=True)
     processes = [_start(script, model_dir, tmp_path / f"{kind}.json",
-                        {"cluster": cluster, "task": {"type": kind, "index": index}}, tmp_path)
-                 for kind, index in tasks]
+                        {"cluster": cluster, "task": {"type": kind, "index": index}}, tmp_path, arguments)
+                 for kind, index in TASKS]
     deadline = time.monotonic() + 150
     try:
         for process, _ in processes:
@@ -578,10 +686,18 @@ def test_chief_worker_and_evaluator_as_three_plain_processes(tmp_path):
                 process.kill()
                 process.wait(timeout=30)
             log.close()
-    logs = {kind: (tmp_path / f"{kind}.log").read_text(errors="replace")[-3000:] for kind, _ in tasks}
-    codes = {kind: process.returncode for (kind, _), (process, _) in zip(tasks, processes)}
+    logs = {kind: (tmp_path / f"{kind}.log").read_text(errors="replace")[-3000:] for kind, _ in TASKS}
+    codes = {kind: process.returncode for (kind, _), (process, _) in zip(TASKS, processes)}
     assert codes == {"chief": 0, "worker": 0, "evaluator": 0}, (codes, logs)
-    chief, worker, evaluator = (json.loads((tmp_path / f"{kind}.json").read_text()) for kind, _ in tasks)
+    return [json.loads((tmp_path / f"{kind}.json").read_text()) for kind, _ in TASKS]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_chief_worker_and_evaluator_as_three_plain_processes(tmp_path):
+    model_dir = str(tmp_path / "model")
+    tasks = TASKS
+    chief, worker, evaluator = run_job(tmp_path, model_dir)
     # The trainers stopped together, early (max_steps was a million), at the evaluator's word.
     signal = read_stop_signal(model_dir)
     assert chief["final_step"] == worker["final_step"] < 1_000_000 and signal.step <= chief["final_step"]
@@ -603,3 +719,35 @@ def test_chief_worker_and_evaluator_as_three_plain_processes(tmp_path):
     assert steps[0] not in newest
     assert not os.path.exists(os.path.join(model_dir, EVALUATOR_FILE)) or read_evaluating_step(model_dir) is None
     assert TRAINING_RUN_FILE in os.listdir(model_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_whole_job_restarted_with_a_higher_max_steps_is_evaluated_to_its_new_end(tmp_path):
+    model_dir = str(tmp_path / "model")
+    never = 1000  # patience: no early stopping
+    chief, worker, evaluator = run_job(tmp_path, model_dir, (20, never))
+    assert chief["final_step"] == worker["final_step"] == evaluator["evaluated_step"] == 20
+    # The same three tasks again, with a higher max_steps: the evaluator follows the new run to its end.
+    chief, worker, evaluator = run_job(tmp_path, model_dir, (40, never))
+    assert chief["final_step"] == worker["final_step"] == evaluator["evaluated_step"] == 40
+    steps = eval_steps(model_dir)
+    assert steps[-1] == 40 and any(20 < step < 40 for step in steps) and steps.count(20) == 1
+    calls = [json.loads(line) for line in open(os.path.join(model_dir, "export", "recording", "calls.jsonl"))]
+    assert [call["step"] for call in calls if call["final"]] == [20, 40]
+    run = read_training_run(model_dir)
+    assert (run.start_step, run.end_step, run.end_cause, run.max_steps) == (20, 40, END_MAX_STEPS, 40)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_whole_job_rerun_after_early_stopping_takes_no_step_and_every_task_ends(tmp_path):
+    model_dir = str(tmp_path / "model")
+    chief, _, evaluator = run_job(tmp_path, model_dir)
+    stopped_at = chief["final_step"]
+    assert stopped_at < 1_000_000 and evaluator["evaluated_step"] == stopped_at
+    chief, worker, evaluator = run_job(tmp_path, model_dir)
+    newest = te.checkpoint.CheckpointStore(model_dir).history()[-1]["step"]
+    assert newest == stopped_at and evaluator["evaluated_step"] == stopped_at
+    run = read_training_run(model_dir)
+    assert (run.start_step, run.end_step, run.end_cause) == (stopped_at, stopped_at, END_EARLY_STOPPING)

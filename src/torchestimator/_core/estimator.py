@@ -356,10 +356,11 @@ class Estimator:
         """Hands train_and_evaluate's evaluation the bundle it evaluates with: the live module, or under a sharded
         strategy a plain copy refreshed at each checkpoint."""
         config, strategy, state = self._config, run.strategy, run.state
-        eval_strategy = config.eval_distribute or strategy
+        # One that never evaluates (it only answers begin) gets the training strategy, already set up.
+        eval_strategy = (config.eval_distribute or strategy) if evaluation.evaluates_during_training else strategy
         eval_strategy.setup()
         eval_module = module
-        if holds_shards(module):
+        if holds_shards(module) and evaluation.evaluates_during_training:
             # Sharded layers gather their weights in every forward, a collective that replicas with uneven
             # evaluation shares would not pair: evaluations run on a plain copy, refreshed at each checkpoint
             # (every evaluated step has one).
@@ -399,7 +400,7 @@ class Estimator:
         # Several processes (or sharded parameters) write through torch.distributed.checkpoint, each rank its share.
         sharded = strategy.num_replicas > 1 or holds_shards(module)
         asynchronous = config.async_checkpoint
-        if asynchronous and evaluation is not None:
+        if asynchronous and evaluation is not None and evaluation.evaluates_during_training:
             # Each evaluation marks and exports the checkpoint of its step: it must be on disk first.
             logger.info("async_checkpoint: saves are synchronous while train_and_evaluate evaluates during training.")
             asynchronous = False

@@ -40,6 +40,10 @@ logger = logging.getLogger("torchestimator")
 class InLoopEvaluation(Protocol):
     """Evaluations the loop runs on the live module (train_and_evaluate's; see _policy/train_and_evaluate.py)."""
 
+    evaluates_during_training: bool
+    """False for one that only answers ``begin`` (trainers beside an evaluator task): the Estimator then builds
+    no evaluation copy of sharded weights and keeps asynchronous saves."""
+
     def begin(self, bundle: Any, state: TrainState) -> str | None:
         """Before step one, with the live module's InferenceBundle: why training is over already (an earlier
         run's evaluations say stop), or None to train."""

@@ -47,6 +47,8 @@ from typing import Any
 from torchestimator._policy.best import BestCheckpointPolicy
 from torchestimator._policy.early_stopping import EarlyStoppingRule, as_rules
 from torchestimator._policy.evaluator_channel import (
+    END_EARLY_STOPPING,
+    END_MAX_STEPS,
     STOP_POLL_SECS,
     TRAINING_RUN_FILE,
     StopSignal,
@@ -128,15 +130,17 @@ class _Evaluator:
         self.history_seeded = False
         self.warned_unlistened = False
         self.training: TrainingRun | None = None  # as read at the top of the latest round (and after an evaluation)
-        earlier = read_training_run(self.model_dir)
-        newest = self._newest()
-        # A run that ended with the newest checkpoint is this evaluator's to finish (restarted after the trainers
-        # ended); one that ended before it belongs to an earlier job and does not end this evaluator.
-        finished_here = earlier is not None and earlier.ended and newest is not None and newest[0] == earlier.end_step
-        self.earlier_run_id = earlier.run_id if earlier is not None and earlier.ended and not finished_here else None
+        self.earlier_run_id: str | None = None  # an ended run of an earlier job: its end does not end this evaluator
+        self.skip_path: str | None = None  # that run's final checkpoint, evaluated by the earlier job's evaluator
 
     def run(self) -> None:
-        self.sleep(self.specs[0].start_delay_secs)
+        delay = self.specs[0].start_delay_secs
+        if delay:
+            logger.info("The evaluator waits start_delay_secs=%g s (EvalSpec's; TensorFlow's default is 120) before "
+                        "it first looks for a checkpoint in %s; then every %g s.", delay, self.model_dir,
+                        self.interval)
+        self.sleep(delay)
+        self._take_the_earlier_run()
         next_evaluation = last_new = self.clock()
         while True:
             training = self.training = self._training_run()
@@ -154,7 +158,7 @@ class _Evaluator:
                     return
             elif now >= next_evaluation:
                 newest = self._newest()
-                if newest is not None and newest[1] != self.last_path:
+                if newest is not None and newest[1] not in (self.last_path, self.skip_path):
                     step = self._evaluate(*newest, final=self._reaches_max_steps(newest[0]))
                     if step is not None:
                         last_new = self.clock()
@@ -168,6 +172,56 @@ class _Evaluator:
                     return
                 next_evaluation = now + self.interval
             self.sleep(self._pause(next_evaluation))
+
+    def _take_the_earlier_run(self) -> None:
+        """Decides, once at start, whether the ended run training_run.json records is this evaluator's to finish.
+
+        It is when it ended with the newest checkpoint and its job is over by this evaluator's own rules:
+        max_steps reached (this evaluator's max_steps; a rerun with a higher one is a new job), or the
+        early-stopping rules, seeded with eval/, still say stop (relaxed rules train on). Otherwise it belongs
+        to an earlier job (the whole job restarted, or only this evaluator started early): this evaluator
+        waits for the trainers' next run, and does not re-evaluate the checkpoint that run ended with when
+        eval/ already has it.
+        """
+        earlier = read_training_run(self.model_dir)
+        if earlier is None or not earlier.ended or not earlier.evaluator_task:  # the last is refused by _training_run
+            return
+        newest = self._newest()
+        if newest is not None and newest[0] == earlier.end_step and self._job_is_over(earlier):
+            logger.info("Training run %s ended at global step %d (%s) and its job is over: evaluating that "
+                        "checkpoint as the final one.", earlier.run_id, earlier.end_step, earlier.end_reason)
+            return
+        self.earlier_run_id = earlier.run_id
+        if newest is not None and newest[0] == earlier.end_step and earlier.end_step in self._evaluated_steps():
+            self.skip_path = newest[1]
+        limit = "no max_steps" if self.train_spec.max_steps is None else f"max_steps {self.train_spec.max_steps}"
+        logger.info("%s records training run %s, which ended at global step %d (%s); with this evaluator's %s and "
+                    "early-stopping rules it belongs to an earlier job. Waiting for the trainers' next run "
+                    "(a new %s) and evaluating each new checkpoint meanwhile.", TRAINING_RUN_FILE, earlier.run_id,
+                    earlier.end_step, earlier.end_reason, limit, TRAINING_RUN_FILE)
+
+    def _job_is_over(self, run: TrainingRun) -> bool:
+        if run.end_cause == END_MAX_STEPS:
+            return self._reaches_max_steps(run.end_step)
+        if run.end_cause == END_EARLY_STOPPING:
+            return self._verdict_stands(run.end_step)
+        # The input ended or a hook stopped it (or a record from before end_cause): over, as it said.
+        return True
+
+    def _verdict_stands(self, step: int) -> bool:
+        """The early-stopping rules, seeded with the evaluations in eval/ up to ``step``, still say stop there."""
+        if not self.rules:
+            return False
+        self._seed_history(step)
+        return any([rule.should_stop() for rule in self.rules])  # every rule asked: each keeps its own state
+
+    def _seed_history(self, step: int) -> None:
+        if not self.history_seeded:  # the evaluations of earlier runs in this model_dir, as in TensorFlow
+            self.history_seeded = True
+            seed_rules(self.rules, eval_history(self.estimator.eval_dir(self.specs[0].name), up_to=step))
+
+    def _evaluated_steps(self) -> set[int]:
+        return {step for step, _ in eval_history(self.estimator.eval_dir(self.specs[0].name), up_to=2**62)}
 
     def _pause(self, next_evaluation: float) -> float:
         if self.decision is not None and self.training is not None:
@@ -263,9 +317,7 @@ class _Evaluator:
         """The early-stopping rules on the primary results; a decision to stop is kept in ``self.decision``."""
         if not self.rules:
             return
-        if not self.history_seeded:  # the evaluations of earlier runs in this model_dir, as in TensorFlow
-            self.history_seeded = True
-            seed_rules(self.rules, eval_history(self.estimator.eval_dir(self.specs[0].name), up_to=step))
+        self._seed_history(step)
         for rule in self.rules:
             rule.observe(step, self.results[0])
         stopping = [rule for rule in self.rules if rule.should_stop()]  # every rule asked: each keeps its state

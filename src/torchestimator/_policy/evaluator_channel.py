@@ -8,7 +8,8 @@ What does not: what the evaluator decides (evaluator.py) and what the trainers d
 ::
 
     training_run.json   written by the training chief: this run's id, whether an evaluator task evaluates
-                        it, the step it started from and, once train returns, the step it ended at and why.
+                        it, the step it started from and its max_steps and, once train returns, the step it
+                        ended at and why (``end_cause``, one of ``END_CAUSES``, and the same in words).
     stop_signal.json    written by the evaluator: stop, addressed to one training run by its id, with the
                         evaluated step that decided it and the rule that said so.
     evaluator.json      written by the evaluator: the checkpoint step it is evaluating now (and exporting),
@@ -47,6 +48,10 @@ from torchestimator.errors import FileTooLargeError, NotARegularFileError
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "END_CAUSES",
+    "END_EARLY_STOPPING",
+    "END_INPUT_OR_HOOK",
+    "END_MAX_STEPS",
     "EVALUATING_STEP_MAX_AGE_SECS",
     "EVALUATOR_FILE",
     "STOP_POLL_SECS",
@@ -73,6 +78,15 @@ STOP_POLL_SECS = 1.0
 EVALUATING_STEP_MAX_AGE_SECS = 6 * 3600.0
 """evaluator.json older than this (by its modification time) protects nothing: its writer is taken to be gone."""
 
+END_MAX_STEPS = "max_steps"
+"""The run reached its max_steps."""
+END_EARLY_STOPPING = "early_stopping"
+"""The evaluator's early-stopping verdict ended it (a stop signal, or, before step one, the verdict of its
+evaluations in eval/ on a rerun)."""
+END_INPUT_OR_HOOK = "input_or_hook"
+"""The input ended, or a hook asked to stop."""
+END_CAUSES = (END_MAX_STEPS, END_EARLY_STOPPING, END_INPUT_OR_HOOK)
+
 _FORMAT_VERSION = 1
 _MAX_BYTES = 64 * 1024  # these documents are a few hundred bytes; a bigger file is not one of ours
 
@@ -93,6 +107,11 @@ class TrainingRun:
     end_step: int | None = None
     """The step training ended at (its final checkpoint); None while it trains."""
     end_reason: str | None = None
+    """Why it ended, in words, for people reading the file; code reads ``end_cause``."""
+    max_steps: int | None = None
+    """The trainers' max_steps (None: none, or a record written before it was recorded)."""
+    end_cause: str | None = None
+    """Why it ended, one of ``END_CAUSES``; None while it trains (and in records written before it existed)."""
 
     @property
     def ended(self) -> bool:
@@ -119,9 +138,14 @@ def read_training_run(model_dir: str) -> TrainingRun | None:
     document = _read(model_dir, TRAINING_RUN_FILE)
     if document is None:
         return None
-    return _build(model_dir, TRAINING_RUN_FILE, TrainingRun, document, {
+    run = _build(model_dir, TRAINING_RUN_FILE, TrainingRun, document, {
         "run_id": (str,), "evaluator_task": (bool,), "start_step": (int,), "end_step": (int, None),
-        "end_reason": (str, None)})
+        "end_reason": (str, None), "max_steps": (int, None), "end_cause": (str, None)})
+    if run is not None and run.end_cause is not None and run.end_cause not in END_CAUSES:
+        logger.warning("%s: field 'end_cause' must be one of %s or null; received %r. The file is ignored.",
+                       os.path.join(model_dir, TRAINING_RUN_FILE), ", ".join(END_CAUSES), run.end_cause)
+        return None
+    return run
 
 
 def write_stop_signal(model_dir: str, signal: StopSignal) -> None:

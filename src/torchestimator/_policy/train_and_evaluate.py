@@ -124,11 +124,12 @@ def train_and_evaluate(
         if best is not None or rules:
             logger.info("TF_CONFIG's cluster has an evaluator task: it keeps the best checkpoints and decides early "
                         "stopping; this %s only trains, and stops when the evaluator says so.", cluster.task_type)
-        train_for_evaluator(estimator, train_spec, is_chief=cluster.is_chief)
+        verdict = EarlierVerdict(estimator, train_spec, specs, None, rules, clock) if rules else None
+        train_for_evaluator(estimator, train_spec, is_chief=cluster.is_chief, verdict=verdict)
         return None, None
     # Local mode or a TF_CONFIG cluster without an evaluator job: the trainers evaluate; the chief records its run
     # so that an evaluator started against this model_dir anyway refuses to be a second writer of eval/.
-    recorder = TrainingRunHook(estimator.model_dir, evaluator_task=False,
+    recorder = TrainingRunHook(estimator.model_dir, evaluator_task=False, max_steps=train_spec.max_steps,
                                is_chief=lambda: _is_chief(estimator)) if cluster.is_chief else None
     loop = _Evaluations(estimator, train_spec, specs, best, rules, clock)
     estimator.train(train_spec.input_fn, hooks=[*train_spec.hooks, *([recorder] if recorder else [])],
@@ -137,7 +138,8 @@ def train_and_evaluate(
     if _is_chief(estimator):
         log_summary(loop.summary())
     if recorder is not None:
-        recorder.record_end(latest_step(estimator.checkpoint_store), train_spec.max_steps)
+        recorder.record_end(latest_step(estimator.checkpoint_store), stopped_before_step_one=loop.said_stop,
+                            stopped_early=loop.stopped_early)
     return by_spec(eval_spec, specs, loop.results, loop.exports)
 
 
@@ -201,6 +203,8 @@ class _Evaluations:
     stopping and the exporters. ``finish`` runs the final evaluation once training has ended.
     """
 
+    evaluates_during_training = True
+
     def __init__(self, estimator: Any, train_spec: TrainSpec, specs: list[EvalSpec],
                  best: BestCheckpointPolicy | None, rules: list[EarlyStoppingRule], clock: Callable[[], float]) -> None:
         config = estimator.config
@@ -225,6 +229,8 @@ class _Evaluations:
         self._due: tuple[int, ...] = ()
         self.training: TrainOutcome | None = None
         self.primary_evaluations = 0  # for the summary line
+        self.said_stop: str | None = None  # why begin stopped training before step one
+        self.stopped_early = False  # early stopping stopped training inside the loop
 
     # -- what the training loop calls (loop.InLoopEvaluation) ----------------------------
 
@@ -244,7 +250,8 @@ class _Evaluations:
         said = ", ".join(repr(rule) for rule, stop in zip(self.rules, verdicts) if stop) or "the chief's rules"
         logger.info("Early stopping: the evaluations in %s already say stop at global step %d (%s); not training.",
                     self.estimator.eval_dir(self.specs[0].name), self.start_step, said)
-        return f"early stopping stopped it in an earlier run ({said})"
+        self.said_stop = f"early stopping stopped it in an earlier run ({said})"
+        return self.said_stop
 
     def wants_checkpoint(self, step: int) -> bool:
         return bool(self._due_by_steps(step))
@@ -308,7 +315,7 @@ class _Evaluations:
         evaluated = [index for index in sorted(due) if self._evaluate(index, step)]
         if 0 in evaluated and self._after_primary(step, check_rules=not final):
             logger.info("Early stopping at global step %d.", step)
-            final = True
+            final = self.stopped_early = True
         if final:
             last = [index for index in range(len(self.specs)) if self._evaluate(index, step)]
             if 0 in last:
@@ -383,6 +390,23 @@ class _Evaluations:
             self.estimator, lambda: run_exporters(self.estimator, spec, self.estimator.latest_checkpoint(),
                                                    self.results[index], final),
             f"Exporting {spec.name or 'eval'} at global step {step}")
+
+
+class EarlierVerdict(_Evaluations):
+    """The trainers' one question when an evaluator task evaluates: do the evaluations already in eval/ say stop?
+
+    Asked before step one with the same rules, seeded the same way, as in local mode, and decided by the
+    chief for every replica: a rerun after early stopping takes no step, as in local mode, instead of
+    training on until the evaluator's first verdict. Nothing is evaluated here (the evaluator's job).
+    """
+
+    evaluates_during_training = False
+
+    def wants_checkpoint(self, step: int) -> bool:
+        return False
+
+    def due(self, step: int, saved: bool) -> bool:
+        return False
 
 
 def _on_chief(estimator: Any, action: Callable[[], Any], what: str) -> Any:

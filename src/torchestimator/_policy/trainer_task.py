@@ -27,6 +27,9 @@ from typing import Any
 
 from torchestimator._policy.best import mark_recorded_best
 from torchestimator._policy.evaluator_channel import (
+    END_EARLY_STOPPING,
+    END_INPUT_OR_HOOK,
+    END_MAX_STEPS,
     STOP_POLL_SECS,
     StopSignalWatch,
     TrainingRun,
@@ -45,10 +48,12 @@ __all__ = ["EvaluatorRecordsKeeper", "TrainingRunHook", "train_for_evaluator"]
 
 
 def train_for_evaluator(estimator: Any, train_spec: TrainSpec, *, is_chief: bool, poll_secs: float | None = None,
-                        clock: Callable[[], float] = time.monotonic) -> None:
+                        clock: Callable[[], float] = time.monotonic, verdict: Any = None) -> None:
     """Trains as a chief or worker of a cluster whose evaluator task evaluates (see the module docstring).
 
     ``poll_secs``: how often the chief looks for a stop signal (default ``STOP_POLL_SECS``, read at the call).
+    ``verdict``: train_and_evaluate's ``EarlierVerdict`` (loop.InLoopEvaluation), asked before step one
+    whether the evaluations already in eval/ say stop (a rerun after early stopping takes no step).
     """
     poll_secs = STOP_POLL_SECS if poll_secs is None else poll_secs
     config = estimator.config
@@ -60,17 +65,20 @@ def train_for_evaluator(estimator: Any, train_spec: TrainSpec, *, is_chief: bool
     hooks, listeners = list(train_spec.hooks), list(train_spec.saving_listeners)
     recorder = keeper = None
     if is_chief:
-        recorder = TrainingRunHook(estimator.model_dir, evaluator_task=True, poll_secs=poll_secs, clock=clock)
+        recorder = TrainingRunHook(estimator.model_dir, evaluator_task=True, max_steps=train_spec.max_steps,
+                                   poll_secs=poll_secs, clock=clock)
         keeper = EvaluatorRecordsKeeper(estimator.checkpoint_store)
         hooks.append(recorder)
         listeners.append(keeper)
     try:
-        estimator.train(train_spec.input_fn, hooks=hooks, max_steps=train_spec.max_steps, saving_listeners=listeners)
+        estimator.train(train_spec.input_fn, hooks=hooks, max_steps=train_spec.max_steps, saving_listeners=listeners,
+                        evaluation=verdict)
     finally:
         if keeper is not None:
             keeper.release()
     if recorder is not None:
-        recorder.record_end(latest_step(estimator.checkpoint_store), train_spec.max_steps)
+        recorder.record_end(latest_step(estimator.checkpoint_store),
+                            stopped_before_step_one=getattr(verdict, "said_stop", None))
 
 
 class TrainingRunHook(Hook):
@@ -82,9 +90,11 @@ class TrainingRunHook(Hook):
     (replicas are placed by then): only the chief replica writes.
     """
 
-    def __init__(self, model_dir: str, *, evaluator_task: bool, poll_secs: float = STOP_POLL_SECS,
-                 clock: Callable[[], float] = time.monotonic, is_chief: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, model_dir: str, *, evaluator_task: bool, max_steps: int | None = None,
+                 poll_secs: float = STOP_POLL_SECS, clock: Callable[[], float] = time.monotonic,
+                 is_chief: Callable[[], bool] = lambda: True) -> None:
         self.model_dir, self.evaluator_task, self.poll_secs, self.clock = model_dir, evaluator_task, poll_secs, clock
+        self.max_steps = max_steps
         self.is_chief = is_chief
         self.run: TrainingRun | None = None
         self.watch: StopSignalWatch | None = None
@@ -93,7 +103,8 @@ class TrainingRunHook(Hook):
         if not self.is_chief():
             return
         # After restore, model_dir exists and is the chief's to write; the step is the one training resumes from.
-        self.run = TrainingRun(run_id=new_run_id(), evaluator_task=self.evaluator_task, start_step=state.global_step)
+        self.run = TrainingRun(run_id=new_run_id(), evaluator_task=self.evaluator_task, start_step=state.global_step,
+                               max_steps=self.max_steps)
         write_training_run(self.model_dir, self.run)
         if self.evaluator_task:
             self.watch = StopSignalWatch(self.model_dir, self.run.run_id, poll_secs=self.poll_secs, clock=self.clock)
@@ -107,22 +118,32 @@ class TrainingRunHook(Hook):
                         signal.rule, signal.step, run_context.global_step)
             run_context.request_stop()
 
-    def record_end(self, end_step: int, max_steps: int | None) -> None:
-        """training_run.json says the run ended at ``end_step`` (its final checkpoint is on disk) and why."""
+    def record_end(self, end_step: int, *, stopped_before_step_one: str | None = None,
+                   stopped_early: bool = False) -> None:
+        """training_run.json says the run ended at ``end_step`` (its final checkpoint is on disk) and why.
+
+        ``stopped_before_step_one``: why the evaluations already in eval/ stopped a rerun before its first step;
+        ``stopped_early``: early stopping inside the loop stopped it (local mode).
+        """
         signal = self.watch.signal if self.watch is not None else None
         if signal is not None:
-            reason = f"stopped by the evaluator: {signal.rule} at global step {signal.step}"
-        elif max_steps is not None and end_step >= max_steps:
-            reason = f"max_steps {max_steps} reached"
+            cause, reason = END_EARLY_STOPPING, f"stopped by the evaluator: {signal.rule} at global step {signal.step}"
+        elif stopped_before_step_one is not None:
+            cause, reason = END_EARLY_STOPPING, f"took no step: {stopped_before_step_one}"
+        elif stopped_early:
+            cause, reason = END_EARLY_STOPPING, "early stopping"
+        elif self.max_steps is not None and end_step >= self.max_steps:
+            cause, reason = END_MAX_STEPS, f"max_steps {self.max_steps} reached"
         else:
-            reason = "the input ended or a hook stopped training"
+            cause, reason = END_INPUT_OR_HOOK, "the input ended or a hook stopped training"
         run = self.run
         if run is None and not self.is_chief():
             return
         if run is None:  # training made no step (max_steps already reached): the record still tells the evaluator
-            run = TrainingRun(run_id=new_run_id(), evaluator_task=self.evaluator_task, start_step=end_step)
+            run = TrainingRun(run_id=new_run_id(), evaluator_task=self.evaluator_task, start_step=end_step,
+                              max_steps=self.max_steps)
         self.run = TrainingRun(run_id=run.run_id, evaluator_task=run.evaluator_task, start_step=run.start_step,
-                               end_step=end_step, end_reason=reason)
+                               end_step=end_step, end_reason=reason, max_steps=run.max_steps, end_cause=cause)
         write_training_run(self.model_dir, self.run)
 
 
