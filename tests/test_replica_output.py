@@ -126,6 +126,9 @@ SETUP_PROGRAM = textwrap.dedent("""
         logging.getLogger("torchestimator").warning("a warning from rank %d", rank)
     if mode == "silent_exit" and rank == 1:
         os._exit(3)  # ends without a word
+    if mode == "exit_code" and rank == 1:
+        import atexit
+        atexit.register(lambda: print("replica one's atexit handler ran", file=sys.stderr))
     if mode == "chief_fails":
         if rank == 0:
             raise RuntimeError("replica zero cannot go on")
@@ -133,6 +136,8 @@ SETUP_PROGRAM = textwrap.dedent("""
     strategy.barrier()
     if rank == 0:
         print("done")
+    if mode == "exit_code" and rank == 1:
+        sys.exit(3)
 """)
 
 
@@ -190,6 +195,20 @@ def test_a_replica_that_exits_without_a_word_is_not_said_to_have_printed_its_err
     assert re.search(r"Replica 1 of 2 \(process \d+\) exited with code 3; it wrote nothing to its standard error\.",
                      completed.stderr), completed.stderr
     assert "printed above" not in completed.stderr and "is above, in [rank1]" not in completed.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_a_replicas_exit_code_and_atexit_handlers_survive_its_exit_without_finalizing(tmp_path):
+    """Replicas run through distribute/_replica_main.py, which ends them with os._exit (tests/test_replica_exit.py):
+    sys.exit(3) still reads 3 to the chief, and the program's atexit handler ran before the end."""
+    completed, _ = _run_setup_program(tmp_path, "exit_code")
+    assert completed.returncode == 1
+    assert re.search(r"Replica 1 of 2 \(process \d+\) exited with code 3; its standard error is above, in \[rank1\]: "
+                     r"lines, ending: replica one's atexit handler ran\. Command: \S+ -m torchestimator\.distribute\."
+                     r"_replica_main \S+setup_program\.py exit_code", completed.stderr), completed.stderr
+    assert completed.stdout == "done\n"
 
 
 @pytest.mark.slow

@@ -38,6 +38,7 @@ from torchestimator.distribute.cluster import (  # noqa: F401  (re-exported: old
     cluster_from_tf_config,
     cluster_from_torchrun,
 )
+from torchestimator.distribute._replica_main import REPLICA_MAIN
 from torchestimator.errors import ConfigError, RelaunchError, ReplicaLostError
 
 logger = logging.getLogger(__name__)
@@ -64,11 +65,14 @@ def rerun_command(
     main_file: str | None,
     main_spec_name: str | None,
     interactive: bool,
+    through: str | None = None,
 ) -> list[str]:
     """The command line that runs this program again, or RelaunchError if there is none.
 
     ``orig_argv`` keeps the interpreter's own options (``-u``, ``-X ...``) and ``-m``; the
     script path is made absolute from ``__main__.__file__`` so a later chdir does not matter.
+    ``through``: a module that runs the program (``python [options] -m THROUGH script.py args``), as
+    ``_replica_main`` does for the replicas.
     """
     advice = (
         "Start it with `torchestimator launch --nproc_per_node N your_script.py ...` or "
@@ -86,16 +90,24 @@ def rerun_command(
         )
     program_at = len(orig_argv) - len(argv)
     options = list(orig_argv[1:program_at])
+    runner = [] if through is None else ["-m", through]
     if main_spec_name is not None and main_spec_name != "__main__":
-        # `python -m package.module args`: orig_argv already ends with the module name.
-        return [executable, *options, *orig_argv[program_at:]]
+        # `python -m package.module args`: orig_argv ends with the module name, after -m (or in -mpackage.module).
+        module = orig_argv[program_at]
+        if module.startswith("-m"):
+            module = module[2:]
+        elif options and options[-1] == "-m":
+            options.pop()
+        elif options and options[-1].startswith("-") and options[-1].endswith("m"):
+            options[-1] = options[-1][:-1]  # grouped flags ending with m: "-um"
+        return [executable, *options, *runner, "-m", module, *argv[1:]]
     if main_spec_name == "__main__":
         # A directory or zip archive run as a program: re-run that, not its __main__.py.
-        return [executable, *options, os.path.abspath(orig_argv[program_at]), *argv[1:]]
-    return [executable, *options, os.path.abspath(main_file), *argv[1:]]
+        return [executable, *options, *runner, os.path.abspath(orig_argv[program_at]), *argv[1:]]
+    return [executable, *options, *runner, os.path.abspath(main_file), *argv[1:]]
 
 
-def current_rerun_command() -> list[str]:
+def current_rerun_command(through: str | None = None) -> list[str]:
     """rerun_command for the running interpreter."""
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
@@ -103,7 +115,7 @@ def current_rerun_command() -> list[str]:
     return rerun_command(
         executable=sys.executable, orig_argv=orig_argv, argv=sys.argv,
         main_file=getattr(main, "__file__", None), main_spec_name=getattr(spec, "name", None),
-        interactive=bool(sys.flags.interactive) or hasattr(sys, "ps1"),
+        interactive=bool(sys.flags.interactive) or hasattr(sys, "ps1"), through=through,
     )
 
 
@@ -386,7 +398,7 @@ def start_local_replicas(num_replicas: int, stdout_path: str | None = None) -> L
     global _started
     if num_replicas < 2:
         raise ValueError(f"start_local_replicas needs at least 2 replicas; received {num_replicas}.")
-    command = current_rerun_command()
+    command = current_rerun_command(through=REPLICA_MAIN)
     shared = {
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(find_free_port()), "WORLD_SIZE": str(num_replicas),
         "LOCAL_WORLD_SIZE": str(num_replicas), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
@@ -636,6 +648,22 @@ def restart_environment(arguments: argparse.Namespace, environ: Mapping[str, str
     return {}
 
 
+def through_replica_main(arguments: argparse.Namespace) -> argparse.Namespace:
+    """torchrun's arguments with the program run by ``_replica_main``, which ends each worker without finalizing
+    the interpreter (a C++ thread of torch meeting finalization aborts the worker after its work is done).
+
+    Left as they are for what it cannot run: ``--no-python`` (not a Python program), ``--run-path`` (in torchrun's
+    own process) and ``--no-use-env`` (torchrun puts ``--local-rank`` before the program's arguments).
+    """
+    from torch.distributed.run import get_use_env
+
+    if arguments.no_python or arguments.run_path or not get_use_env(arguments):
+        return arguments
+    program = ["-m", arguments.training_script] if arguments.module else [arguments.training_script]
+    return argparse.Namespace(**{**vars(arguments), "module": True, "training_script": REPLICA_MAIN,
+                                 "training_script_args": [*program, *arguments.training_script_args]})
+
+
 def run_torchrun(arguments: argparse.Namespace) -> int:
     """``torch.distributed.run.run``, with a failed child or rendezvous turned into an exit code and a log line."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -644,8 +672,9 @@ def run_torchrun(arguments: argparse.Namespace) -> int:
 
     os.environ.update(restart_environment(arguments, os.environ))
     try:
-        run(arguments)
+        run(through_replica_main(arguments))
     except ChildFailedError as error:
+        error.name = arguments.training_script  # torch names the entry point: _replica_main
         logger.error("%s", error.format_msg())
         exit_codes = [failure.exitcode for failure in error.failures.values() if failure.exitcode]
         return exit_codes[0] if exit_codes and exit_codes[0] > 0 else 1
