@@ -405,6 +405,12 @@ class MetricAccumulators:
             )
         if self._process_group is not None:
             metric.process_group = self._process_group
+        if metric.dist_sync_fn is None:
+            from torchestimator.distribute import collectives  # with the strategies, imported when one is used
+
+            # torchmetrics' own gather hands gloo tensors whose release by gloo's worker may take the GIL as the
+            # program ends, which aborts it (distribute/collectives.py).
+            metric.dist_sync_fn = collectives.gather_all_tensors
         self._metrics[name] = self._place(metric)
         self._kinds[name] = op.kind
         logger.debug("Metric %r is %s on %s.", name, op.kind, self.device)
@@ -437,7 +443,9 @@ class MetricAccumulators:
         # One all-reduce of [x, -x] with MAX gives the maximum and minus the minimum:
         # all processes agree exactly when they are equal.
         extremes = torch.tensor([checksum, -checksum], dtype=torch.int64, device=self.device)
-        dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=self._process_group)
+        from torchestimator.distribute import collectives
+
+        collectives.all_reduce(extremes, dist.ReduceOp.MAX, group=self._process_group)
         if extremes[0].item() != -extremes[1].item():
             raise ValueError(
                 "The processes of this evaluation saw different eval_metric_ops; this process saw "

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as distributed
 from torch.utils.dlpack import to_dlpack
 
-__all__ = ["all_gather_object", "all_reduce", "broadcast", "broadcast_object", "hand_over"]
+__all__ = ["all_gather_object", "all_reduce", "broadcast", "broadcast_object", "gather_all_tensors", "hand_over"]
 
 
 class _HandedOver:
@@ -120,6 +120,27 @@ def broadcast_object(obj: Any, src: int, device: torch.device, group: Any = None
     data = payload if payload is not None else torch.empty(int(size.item()), dtype=torch.uint8, device=device)
     broadcast(data, src, group)
     return obj if is_source else _unpickled(data)
+
+
+def gather_all_tensors(result: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
+    """Every replica's ``result`` (the same number of dimensions, each of any size), in rank order: torchmetrics'
+    ``gather_all_tensors`` through ``hand_over``, given to metrics as their ``dist_sync_fn``."""
+    result = result.contiguous()
+    world_size = distributed.get_world_size(group)
+    shape = torch.tensor(result.shape, dtype=torch.long, device=result.device)
+    shapes = [torch.zeros_like(shape) for _ in range(world_size)]
+    _all_gather(shapes, shape, group)
+    largest = torch.stack(shapes).max(dim=0).values if result.ndim else shape
+    padded = result
+    if result.ndim and not all(bool((each == largest).all()) for each in shapes):
+        padded = result.new_zeros(torch.Size(largest.tolist()))
+        padded[tuple(slice(size) for size in result.shape)] = result
+    gathered = [torch.empty_like(padded) for _ in range(world_size)]
+    with torch.no_grad():
+        _all_gather(gathered, padded, group)
+    gathered = [each[tuple(slice(int(size)) for size in sizes)] for each, sizes in zip(gathered, shapes)]
+    gathered[distributed.get_rank(group)] = result  # this replica's own, with its autograd graph (as torchmetrics)
+    return gathered
 
 
 def _all_gather(outputs: list[torch.Tensor], tensor: torch.Tensor, group: Any) -> None:
