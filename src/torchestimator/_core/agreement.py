@@ -95,7 +95,7 @@ class ReplicaView:
 
 
 def check_start_agreement(strategy: Any, model_dir: str, checkpoint: Any, *, max_steps: int | None = None,
-                          steps: int | None = None) -> None:
+                          steps: int | None = None) -> str | None:
     """Fails fast, on every replica, naming the replicas that disagree, when they would start from different states.
 
     Every replica calls it after choosing the checkpoint to restore and before the max_steps skip. It
@@ -103,6 +103,9 @@ def check_start_agreement(strategy: Any, model_dir: str, checkpoint: Any, *, max
     chief writes into model_dir (creating it) and removes before returning: every replica must see it,
     else model_dir is not the same storage everywhere. Then the restored checkpoint (name and step),
     the world size and the step limits must be equal.
+
+    Returns the probe's random name, which every replica of this start shares and no other start has (the
+    Estimator's exports after train() find the chief's version by it); None with one replica.
 
     Raises:
         ReplicasDisagreeError: on every replica, with the same message: which ranks saw what.
@@ -121,6 +124,7 @@ def check_start_agreement(strategy: Any, model_dir: str, checkpoint: Any, *, max
     if message is not None:
         raise ReplicasDisagreeError(message, views=views)
     logger.debug("The %d replicas agree on how to start: %s", len(views), views[0].describe())
+    return probe_name
 
 
 def _place_probe(strategy: Any, model_dir: str) -> str:

@@ -33,6 +33,7 @@ from torchestimator.checkpoint.parts import (TrainingParts, holds_shards, load_m
                                              restore_shared, resumable)
 from torchestimator.checkpoint.errors import CheckpointError, DiskFullError, is_no_room
 from torchestimator.errors import ConfigError
+from torchestimator.export.replicas import ReplicaExports
 from torchestimator._core.config import RunConfig
 from torchestimator._core.console import (TrainOutcome, describe_evaluation, describe_training, log_summary,
                                           show_summaries)
@@ -117,6 +118,8 @@ class Estimator:
         self._live_run: TrainingRun | None = None  # while train() runs: the weights change under the record
         # A copy of a user-given module taken before FSDP2 sharded it in place: plain modules are made from it.
         self._plain_template: torch.nn.Module | None = None
+        # After a train() of several replicas: the export of every replica's export_saved_model is replica 0's.
+        self._replica_exports: ReplicaExports | None = None
         self._store = CheckpointStore(
             self._model_dir,
             keep_checkpoint_max=self._config.keep_checkpoint_max,
@@ -310,7 +313,9 @@ class Estimator:
         # A model_dir whose checkpoints are all damaged raises here rather than silently starting over.
         checkpoint = self._store.restore() if self._store.has_checkpoints() else None
         # Every replica must start from the same checkpoint in the same model_dir, or fail here, naming who differs.
-        check_start_agreement(strategy, self._model_dir, checkpoint, max_steps=max_steps, steps=steps)
+        run_token = check_start_agreement(strategy, self._model_dir, checkpoint, max_steps=max_steps, steps=steps)
+        self._replica_exports = None if run_token is None else ReplicaExports(
+            run_token, strategy.replica_id, strategy.num_replicas, getattr(strategy, "timeout_seconds", 300.0))
         if max_steps is not None and checkpoint is not None and checkpoint.step >= max_steps:
             return TrainOutcome(model_dir=self._model_dir, start_step=checkpoint.step, end_step=checkpoint.step,
                                 seconds=0.0, last_step=max_steps, skipped=True)
@@ -686,10 +691,15 @@ class Estimator:
         """Writes `export_dir_base/<version>/` (torch.export program, signature.json, metadata); returns its path.
 
         Uses `checkpoint_path`, else the latest checkpoint, else the warm-start source; `warmup_requests` become
-        TF Serving's warm-up file (export/warmup.py).
+        TF Serving's warm-up file (export/warmup.py). After a train() of several replicas only replica 0 writes;
+        the other replicas that call it wait for that version and return its path (export/replicas.py).
         """
         from torchestimator.export import export_saved_model
 
+        if self._replica_exports is not None:
+            return self._replica_exports.export(self, export_dir_base, serving_input_receiver,
+                                                checkpoint_path=checkpoint_path, assets_extra=assets_extra,
+                                                as_onnx=as_onnx, warmup_requests=warmup_requests)
         return export_saved_model(self, export_dir_base, serving_input_receiver, checkpoint_path=checkpoint_path,
                                   assets_extra=assets_extra, as_onnx=as_onnx, warmup_requests=warmup_requests)
 

@@ -59,6 +59,8 @@ SIGNATURE_FILE = "signature.json"
 METADATA_FILE = "metadata.json"
 ONNX_FILE = onnx_export.ONNX_FILE
 ASSETS_EXTRA = "assets.extra"
+REPLICA_CALL_KEY = "replica_call"
+"""metadata.json's entry naming the several-replica export call a version answers (export/replicas.py)."""
 SIGNATURE_FORMAT_VERSION = 1
 # Written when the receiver has string inputs: their decode steps are in the file, and a reader that knew only
 # format 1 would take the decoded tensors for the inputs, so it must refuse the file instead.
@@ -81,6 +83,8 @@ def export_saved_model(
     assets_extra: Mapping[str, str | os.PathLike[str]] | None = None,
     as_onnx: bool = False,
     warmup_requests: Any = None,
+    *,
+    replica_call: str | None = None,
 ) -> str:
     """Exports the model in PREDICT mode to ``export_dir_base/<int(time.time())>``; returns that path.
 
@@ -91,6 +95,8 @@ def export_saved_model(
     model_dir, else the warm-start source; with none of them it is an error.
     ``as_onnx=True`` also writes model.onnx (onnx_export.py); without the
     onnx packages, or for a model torch.onnx cannot convert, it is an error.
+    ``replica_call`` is recorded in metadata.json: the other replicas of a run find this version by it
+    (``Estimator.export_saved_model`` after a several-replica train(); export/replicas.py).
     """
     receiver = as_receiver(serving_input_receiver)
     assets = _check_assets(assets_extra)
@@ -123,6 +129,8 @@ def export_saved_model(
             write_warmup_file(temp_dir, warmup_requests, signatures["signatures"])
         metadata = {**provenance, **_environment(), "signatures": sorted(signatures["signatures"]),
                     "receiver": receiver.describe(), "onnx": None if onnx_model is None else onnx_model.record}
+        if replica_call is not None:
+            metadata[REPLICA_CALL_KEY] = replica_call
         _write_file(os.path.join(temp_dir, METADATA_FILE), _json_bytes(metadata))
         export_dir = _rename_to_version(temp_dir, export_dir_base)
     except BaseException:
