@@ -426,3 +426,78 @@ def test_unsynced_two_replicas_differ_and_the_chief_warns_once(two_replicas, sin
     assert len(result["warnings"]) == 1 and two_replicas[1]["unsynced"]["warnings"] == []
     assert "'1' normalises with the statistics of 8 example(s) per replica (2 replicas)" in result["warnings"][0]
     assert "RunConfig(sync_batch_norm=True)" in result["warnings"][0]
+
+
+# --------------------------------------------------------------------------- torch's layer on a group, copied
+
+class _FrozenSyncNormNet(nn.Module):
+    """A fine-tuning model whose torch SyncBatchNorm, on a process group of its own, stays in eval mode (frozen
+    statistics), as detection backbones keep theirs: it trains on the CPU, where torch's layer refuses only
+    training-mode input, and holds a real process group, as the converted layers do on CUDA."""
+
+    def __init__(self, group):
+        super().__init__()
+        self.linear, self.norm, self.head = nn.Linear(6, 4), nn.SyncBatchNorm(4, process_group=group), nn.Linear(4, 2)
+
+    def train(self, mode=True):
+        super().train(mode)
+        self.norm.eval()
+        return self
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.norm(self.linear(x))))
+
+
+class _EvaluateAtStep(te.Hook):
+    """Evaluates during training, in every replica at one step: the Estimator evaluates a copy of the live module."""
+
+    def __init__(self, estimator, step):
+        self.estimator, self.step, self.seen = estimator, step, {}
+
+    def after_step(self, run_context):
+        if run_context.global_step != self.step:
+            return
+        live = self.estimator._live_run.parts.model
+        bundle = self.estimator.inference_bundle(mode=te.ModeKeys.EVAL)
+        self.seen = {
+            "copied": bundle.module is not live and bundle.module.norm is not live.norm,
+            "shares_group": bundle.module.norm.process_group is live.norm.process_group is not None,
+            "same_weights": all(torch.equal(a, b) for a, b in zip(bundle.module.state_dict().values(),
+                                                                  live.state_dict().values())),
+            "metrics": self.estimator.evaluate(te.numpy_input_fn({"x": _data()[0][:64]}, _data()[1][:64],
+                                                                 batch_size=32, shuffle=False)),
+        }
+
+
+class _MirroredWithoutDdp(te.MirroredStrategy):
+    """MirroredStrategy that does not wrap in DistributedDataParallel, which refuses torch's SyncBatchNorm off
+    CUDA. The copy under test is of the plain module (the Estimator's live model), wrapped or not."""
+
+    def _wrap(self, module):
+        return module.to(self.placement.device)
+
+
+def _evaluate_a_copy_of_torchs_sync_batch_norm_on_a_group(model_dir):
+    import torch.distributed as distributed
+
+    torch.manual_seed(0)
+    group = distributed.new_group([0, 1])
+    config = te.RunConfig(train_distribute=_MirroredWithoutDdp(num_replicas=2), save_checkpoints_steps=None,
+                          log_step_count_steps=None, progress_bar=False, random_seed=0)
+    estimator = te.Estimator(model_fn=_model_fn, model=_FrozenSyncNormNet(group),
+                             optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1), model_dir=model_dir,
+                             config=config)
+    hook = _EvaluateAtStep(estimator, step=2)
+    estimator.train(_train_input_fn, max_steps=3, hooks=[hook])
+    return hook.seen
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_torchs_sync_batch_norm_holding_a_group_is_copied_for_evaluation_during_training(tmp_path):
+    seen = run_in_processes(_evaluate_a_copy_of_torchs_sync_batch_norm_on_a_group, nprocs=2,
+                            args=(str(tmp_path / "run"),), timeout=180)
+    for rank in range(2):
+        assert seen[rank]["copied"] and seen[rank]["shares_group"] and seen[rank]["same_weights"], seen[rank]
+        assert seen[rank]["metrics"]["global_step"] == 2
+    assert seen[0]["metrics"] == seen[1]["metrics"]  # one evaluation, sharded across the replicas

@@ -39,7 +39,7 @@ from torchestimator._core.console import (TrainOutcome, describe_evaluation, des
                                           show_summaries)
 from torchestimator.distribute import OneDeviceStrategy
 from torchestimator.distribute.cluster import EVALUATOR, PS, cluster_from_tf_config
-from torchestimator.distribute.sync_batch_norm import prepare_batch_norm
+from torchestimator.distribute.sync_batch_norm import copy_sharing_process_groups, prepare_batch_norm
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, HookList
 from torchestimator.interop import open_weights
 from torchestimator.hooks.basic import LoggingTensorHook, StepCounterHook
@@ -330,7 +330,7 @@ class Estimator:
             self._prepare_model_dir(state.global_step)
         module = prepare_batch_norm(module, strategy, sync=config.sync_batch_norm)
         if self._model_source is module and strategy.shards_parameters:
-            self._plain_template = copy.deepcopy(module)  # FSDP2 shards the user's module in place
+            self._plain_template = copy_sharing_process_groups(module)  # FSDP2 shards the user's module in place
         # Wrapped before the optimizer is built: FSDP2 replaces the parameters by shards, and the optimizer
         # must hold those (DDP keeps the parameters, so the order changes nothing for it).
         wrapped = strategy.wrap(module)
@@ -618,12 +618,12 @@ class Estimator:
         if holds_shards(live):
             # A copy would hold this replica's shards only: inference gets a plain module and a checkpoint's weights.
             return self._plain_module().to(device), FRESH
-        return copy.deepcopy(live).to(device), self._weights_now()
+        return copy_sharing_process_groups(live).to(device), self._weights_now()
 
     def _plain_module(self) -> torch.nn.Module:
         """A new, unsharded module of this Estimator's model (its weights are the caller's to load)."""
         if self._plain_template is not None:
-            return copy.deepcopy(self._plain_template)
+            return copy_sharing_process_groups(self._plain_template)
         with rng_preserved():  # building draws initial weights; training's random streams stay where they are
             return self._new_module()
 

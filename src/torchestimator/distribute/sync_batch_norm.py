@@ -13,6 +13,8 @@ that normalise with the statistics of the global batch:
 In eval mode both are plain batch norm, so evaluation, predict and ``torch.export`` see ordinary layers;
 the state_dict keys do not change, so checkpoints load into the plain model and back. With
 ``sync_batch_norm=False`` and several replicas, a one-shot hook warns when the per-replica batch is small.
+``copy_sharing_process_groups`` is how the Estimator copies a module whose layers hold a process group
+(torch's SyncBatchNorm with ``process_group`` set, on CUDA or built by the user): a group cannot be copied.
 
 Does not belong here: the process group itself (the strategy's) and broadcasting buffers before a save
 (``Strategy.broadcast_buffers``). The layers all-reduce themselves (``collectives.all_reduce``), as torch's
@@ -21,6 +23,7 @@ SyncBatchNorm does: a statistic computed inside ``forward`` cannot go through th
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -35,7 +38,8 @@ from torchestimator.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SMALL_BATCH_PER_REPLICA", "CrossReplicaBatchNorm", "convert_batch_norm", "prepare_batch_norm"]
+__all__ = ["SMALL_BATCH_PER_REPLICA", "CrossReplicaBatchNorm", "convert_batch_norm", "copy_sharing_process_groups",
+           "prepare_batch_norm"]
 
 SMALL_BATCH_PER_REPLICA = 16
 """Below this many examples per replica, unsynchronised BatchNorm statistics are noisy enough to warn about."""
@@ -213,6 +217,23 @@ def _take_over(old: _BatchNorm, new: _BatchNorm) -> None:
     for name, value in vars(old).items():
         if name not in vars(new) and name not in ("process_group", "_group"):
             setattr(new, name, value)
+
+
+def copy_sharing_process_groups(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module`` whose layers hold the very process groups the original's hold.
+
+    A process group cannot be copied or pickled (``TypeError: cannot pickle ... ProcessGroup``), and torch's
+    ``nn.SyncBatchNorm`` keeps the one it was given in ``process_group``; the Estimator copies the live
+    module for inference during training (an exporter, a hook calling evaluate). ``CrossReplicaBatchNorm``
+    shares its group through ``_GroupReference``; this covers any layer holding a group as an attribute.
+    """
+    shared: dict[int, Any] = {}
+    if distributed.is_available():
+        for layer in module.modules():
+            for value in vars(layer).values():
+                if isinstance(value, distributed.ProcessGroup):
+                    shared[id(value)] = value
+    return copy.deepcopy(module, shared)
 
 
 # --------------------------------------------------------------------------- converting a model
