@@ -124,3 +124,49 @@ def test_every_replica_exporting_after_train_writes_one_version_and_gets_its_pat
     module.load_state_dict({name: torch.from_numpy(_estimator(str(tmp_path / "run")).get_variable_value(name))
                             for name in ("weight", "bias")})
     np.testing.assert_array_equal(load(first_0)({"x": x.numpy()})["class"], module(x).argmax(-1).numpy())
+
+
+SCRIPT = '''
+import sys, numpy as np, torch, torch.nn as nn, torch.nn.functional as F
+import torchestimator as te
+from torchestimator.export import TensorSpec, serving_input_receiver
+
+def model_fn(model, features, labels, mode):
+    logits = model(features["x"])
+    if mode == te.ModeKeys.PREDICT:
+        return te.EstimatorSpec(mode, predictions={"class": logits.argmax(-1)})
+    return te.EstimatorSpec(mode, predictions={"class": logits.argmax(-1)}, loss=F.cross_entropy(logits, labels))
+
+def input_fn(input_context):
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    return te.numpy_input_fn({"x": x}, (x[:, 0] > 0).astype(np.int64), batch_size=16, num_epochs=None,
+                             shuffle=True)(input_context=input_context)
+
+config = te.RunConfig(train_distribute=te.MirroredStrategy(num_replicas=2), save_checkpoints_steps=5,
+                      log_step_count_steps=None, progress_bar=False)
+estimator = te.Estimator(model_fn=model_fn, model=lambda: nn.Linear(4, 2),
+                         optimizer=lambda p: torch.optim.SGD(p, lr=0.1), model_dir=sys.argv[1], config=config)
+estimator.train(input_fn, max_steps=5)
+receiver = serving_input_receiver({"x": TensorSpec(shape=(None, 4), dtype=torch.float32)})
+path = estimator.export_saved_model(sys.argv[2], receiver)
+print(f"replica {config.train_distribute.replica_id} exported {path}", flush=True)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_plain_two_replica_script_exporting_in_every_replica_writes_one_version(tmp_path):
+    import subprocess
+    import sys
+
+    script, base = tmp_path / "train.py", tmp_path / "export"
+    script.write_text(SCRIPT)
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHESTIMATOR_REPLICA_STDOUT": "all"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TF_CONFIG"):
+        environment.pop(name, None)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "run"), str(base)], capture_output=True,
+                          text=True, timeout=180, env=environment)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [version] = list_versions(base)
+    for rank in range(2):
+        assert f"replica {rank} exported {os.path.join(str(base), str(version))}" in done.stdout, done.stdout
