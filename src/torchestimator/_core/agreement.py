@@ -27,7 +27,8 @@ from typing import Any
 
 from torchestimator._io.atomic import temporary_prefix, writer_is_gone, writer_tag
 from torchestimator.checkpoint.errors import is_no_room
-from torchestimator.errors import DiskFullError, ReplicaLostError, ReplicasDisagreeError, TorchEstimatorError
+from torchestimator.errors import (CheckpointError, DiskFullError, ReplicaLostError, ReplicasDisagreeError,
+                                   TorchEstimatorError)
 
 logger = logging.getLogger("torchestimator")
 
@@ -295,21 +296,58 @@ class ReplicaRoster:
 
     def lost_replica_error(self, error: BaseException, step: int) -> ReplicaLostError | None:
         """The ReplicaLostError that explains ``error`` (raised by a collective at ``step``), or None when
-        ``error`` is not a replica going away (a bug in a model_fn raises as it is)."""
-        if isinstance(error, TorchEstimatorError) or not isinstance(error, RuntimeError):
+        ``error`` is not a replica going away (a bug in a model_fn raises as it is).
+
+        A checkpoint save's CheckpointError counts when a collective inside the save failed (DCP wraps the
+        backend's error, per rank, in its own): the save's words stay in the message and as the cause."""
+        saving = isinstance(error, CheckpointError)
+        collective_error = _collective_failure_within(error) if saving else error
+        if collective_error is None or isinstance(collective_error, TorchEstimatorError) \
+                or not isinstance(collective_error, RuntimeError):
             return None
         import torch.distributed as distributed  # only to recognise its error classes
 
-        backend_failure = isinstance(error, distributed.DistError) or bool(_BACKEND_FAILURE.search(str(error)))
+        backend_failure = (isinstance(collective_error, distributed.DistError)
+                           or bool(_BACKEND_FAILURE.search(str(collective_error))))
+        if saving and not backend_failure:
+            return None  # a save that failed for its own reasons (a bad path, a crafted state) raises as it is
         gone = self.gone_ranks(wait_seconds=_EXIT_SECONDS if backend_failure else 0.0)
         if not gone and not backend_failure:
             return None  # a bug in a model_fn, say: raised as it is
-        said = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+        what = ("a collective of the checkpoint save failed" if saving else "a collective failed")
+        after = (" That checkpoint was not published: the next start resumes from the newest complete one."
+                 if saving else "")
         return ReplicaLostError(
-            f"Replica {self.own_rank} stops at global step {step}: a collective failed because another replica "
-            f"died or stopped answering ({self.describe_loss(gone)}). {_where_to_look()} The backend said: {said}",
+            f"Replica {self.own_rank} stops at global step {step}: {what} because another replica died or stopped "
+            f"answering ({self.describe_loss(gone)}).{after} {_where_to_look()} "
+            f"{'The save said' if saving else 'The backend said'}: {_first_line(error)}",
             lost_ranks=gone, step=step,
         )
+
+
+def _first_line(error: BaseException, limit: int = 300) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:limit] if text else type(error).__name__
+
+
+def _collective_failure_within(error: BaseException) -> BaseException | None:
+    """The RuntimeError of a collective behind a failed save: in its cause chain, or in DCP's per-rank failures
+    (``CheckpointException.failures``: rank -> the exception, or the exception and its traceback)."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [error]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, RuntimeError) and not isinstance(current, TorchEstimatorError):
+            return current
+        failures = getattr(current, "failures", None)
+        if isinstance(failures, dict):
+            pending.extend(value[0] if isinstance(value, tuple) else value for value in failures.values()
+                           if isinstance(value[0] if isinstance(value, tuple) else value, BaseException))
+        pending.extend(link for link in (current.__cause__, current.__context__) if link is not None)
+    return None
 
 
 def _where_to_look() -> str:

@@ -25,7 +25,7 @@ from torchestimator.checkpoint.checkpointer import Checkpointer
 from torchestimator.checkpoint.parts import TrainingParts
 from torchestimator._core.config import RunConfig
 from torchestimator._core.console import TrainOutcome
-from torchestimator.errors import NanLossDuringTrainingError
+from torchestimator.errors import CheckpointError, NanLossDuringTrainingError
 from torchestimator._core.eval_loops import adopt_spec_hooks
 from torchestimator._core.finetune import apply_frozen_modes
 from torchestimator.hooks.base import HookList, RunContext
@@ -407,6 +407,8 @@ class _TrainLoop:
         if checkpointer is not None and checkpointer.last_saved_step != state.global_step and self.steps_this_call:
             self.pending_listeners.clear()
             checkpointer.save(self.run.parts)
+        if checkpointer is not None:
+            checkpointer.publish_in_flight()  # here, where a replica lost during a background save is named
         if self.last_loss is not None:
             state.last_loss = self._final_loss()
 
@@ -431,10 +433,11 @@ def _write_train_summaries(run: TrainingRun, loss: float, step: int) -> None:
 @contextlib.contextmanager
 def _naming_lost_replicas(roster: ReplicaRoster | None, state: TrainState) -> Iterator[None]:
     """A collective that fails because another replica died becomes one ReplicaLostError that names it
-    (gloo says only "Connection reset by peer [127.0.0.1]:port"); other errors pass unchanged."""
+    (gloo says only "Connection reset by peer [127.0.0.1]:port"), also inside a checkpoint save (a
+    CheckpointError quoting gloo); other errors pass unchanged."""
     try:
         yield
-    except RuntimeError as error:
+    except (RuntimeError, CheckpointError) as error:
         lost = None if roster is None else roster.lost_replica_error(error, state.global_step)
         if lost is None:
             raise

@@ -90,6 +90,12 @@ class Checkpointer:
             return stop
         return self._published(state, step, path, listeners) or stop
 
+    def publish_in_flight(self) -> bool:
+        """Waits for the save being written in the background, if any, and tells its listeners (raising its
+        error, as the next save would); True if one asks to stop. The loop calls it at its end, so that a
+        failure of the last save is raised where the loop names a lost replica."""
+        return self._take_in_flight()
+
     def close(self, *, raise_errors: bool = True) -> None:
         """Publishes the save in flight (the final checkpoint is complete when train returns), then releases
         the background thread; ``raise_errors=False`` (training already failed) logs its error instead."""
