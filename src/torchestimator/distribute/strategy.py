@@ -25,6 +25,7 @@ import datetime
 import logging
 import math
 import os
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ContextManager
@@ -49,6 +50,7 @@ from torchestimator.distribute.cluster import (
 from torchestimator.distribute.input_context import InputContext
 from torchestimator.distribute.launcher import (STARTED_REPLICA_VARIABLE, LocalReplicas, is_started_replica,
                                                 replica_stdout_path, start_local_replicas)
+from torchestimator._io.atomic import writer_is_gone
 from torchestimator.errors import ConfigError, ReplicaLostError
 
 logger = logging.getLogger(__name__)
@@ -489,6 +491,8 @@ class MirroredStrategy(Strategy):
                         "it runs one local replica.", self)
             return self._single_process_group()
         if cluster.source == "torchrun" or cluster.spans_several_processes:
+            if cluster.source == "torchrun":
+                _raise_if_replica_zero_is_gone(cluster, "before joining the group")
             if cluster.source == "torchrun" and is_started_replica():  # one a plain script started (replica 0 waits)
                 return self._join_group(cluster, own_replicas=True)
             if cluster.num_ps_replicas:
@@ -565,6 +569,8 @@ class MirroredStrategy(Strategy):
         itself would wait the whole timeout for a replica that already exited)."""
         assert cluster.master_addr is not None and cluster.master_port is not None and cluster.world_size is not None
         chief = cluster.rank == 0
+        if not chief:  # replica 0 serves the store: while it is not up, watch that replica 0 still runs
+            _wait_for_replica_zeros_store(cluster, self.timeout_seconds)
         try:
             store = distributed.TCPStore(cluster.master_addr, cluster.master_port, cluster.world_size,
                                          is_master=chief, timeout=self._timeout, wait_for_workers=False)
@@ -578,12 +584,17 @@ class MirroredStrategy(Strategy):
         if chief:
             assert replicas is not None, "replica 0 passes the replicas it started"
             _wait_for_own_replicas(store, replicas, cluster.world_size, self.timeout_seconds)
-        else:
-            store.set(_JOINED_KEY.format(rank=cluster.rank), str(os.getpid()))
-        distributed.init_process_group(
-            self._backend_for(device), store=distributed.PrefixStore("default_pg", store), rank=cluster.rank,
-            world_size=cluster.world_size, timeout=self._timeout,
-        )
+        try:
+            if not chief:
+                store.set(_JOINED_KEY.format(rank=cluster.rank), str(os.getpid()))
+            distributed.init_process_group(
+                self._backend_for(device), store=distributed.PrefixStore("default_pg", store), rank=cluster.rank,
+                world_size=cluster.world_size, timeout=self._timeout,
+            )
+        except (distributed.DistStoreError, distributed.DistNetworkError) as error:
+            if not chief:  # the store went with replica 0's process
+                _raise_if_replica_zero_is_gone(cluster, "while the group formed", error)
+            raise
 
     def _init_group(self, cluster: ClusterSpec, device: torch.device) -> None:
         if cluster.source == "torchrun":
@@ -754,6 +765,45 @@ def _wait_for_own_replicas(store: Any, replicas: LocalReplicas, world_size: int,
                 "train() (loading data, building the model) runs in each; if that takes longer, wait longer: "
                 "MirroredStrategy(timeout_seconds=...) or TORCHESTIMATOR_COLLECTIVE_TIMEOUT.", lost_ranks=waiting)
         replicas.wait_for_an_end(_JOIN_POLL_SECONDS)
+
+
+_STORE_PROBE_SECONDS = 0.5
+"""How long one attempt to reach replica 0's store waits, between checks that replica 0 still runs."""
+
+
+def _replica_zero_pid() -> int | None:
+    """Replica 0's pid when this process is a replica a plain script started (``STARTED_REPLICA_VARIABLE``)."""
+    value = os.environ.get(STARTED_REPLICA_VARIABLE, "")
+    return int(value) if value.isdigit() else None
+
+
+def _raise_if_replica_zero_is_gone(cluster: ClusterSpec, when: str, error: BaseException | None = None) -> None:
+    """A replica a plain script started, whose replica 0 (its parent) no longer runs, stops at once naming it: no
+    store will ever be served, so joining would wait the whole collective timeout. Nothing for other processes."""
+    pid = _replica_zero_pid()
+    if pid is None or not writer_is_gone(pid):  # a zombie counts as gone
+        return
+    said = "" if error is None else f" ({type(error).__name__}: {str(error).strip().splitlines()[0][:200]})"
+    raise ReplicaLostError(
+        f"Replica {cluster.rank} of {cluster.world_size} stops {when}: replica 0 (pid {pid}), which started it and "
+        f"serves the group's store, is gone{said}. Replica 0's own output says why it ended (killed, out of "
+        "memory, an error before train()); run the program again: it resumes from the newest checkpoint.",
+        lost_ranks=[0],
+    ) from error
+
+
+def _wait_for_replica_zeros_store(cluster: ClusterSpec, timeout_seconds: float) -> None:
+    """Until replica 0's store accepts connections (for at most ``timeout_seconds``), look every half second
+    whether replica 0 still runs; the store's own connect would retry for the whole timeout."""
+    assert cluster.master_addr is not None and cluster.master_port is not None
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        _raise_if_replica_zero_is_gone(cluster, "before joining the group")
+        try:
+            with socket.create_connection((cluster.master_addr, cluster.master_port), timeout=_STORE_PROBE_SECONDS):
+                return
+        except OSError:
+            time.sleep(min(_STORE_PROBE_SECONDS, max(0.0, deadline - time.monotonic())))
 
 
 def _group_did_not_form(cluster: ClusterSpec, init_method: str, timeout_seconds: float, error: Exception) -> str:
