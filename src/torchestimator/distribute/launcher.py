@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from torchestimator.distribute.cluster import (  # noqa: F401  (re-exported: older imports name launcher)
@@ -648,6 +648,46 @@ def restart_environment(arguments: argparse.Namespace, environ: Mapping[str, str
     return {}
 
 
+SHUTDOWN_TIMEOUT_SECONDS = 5
+"""launch's default for torchrun's ``--shutdown_timeout``: how long the agent waits, after SIGTERM, before it
+SIGKILLs a worker when it stops the group (torch's default is 30 s). Workers end at once on SIGTERM unless
+they are stopped (SIGSTOP) or hung in the kernel, or the program handles SIGTERM itself: give such a
+program the time it needs with ``--shutdown_timeout`` or TORCH_ELASTIC_SHUTDOWN_TIMEOUT."""
+
+
+def shutdown_timeout(arguments: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """The agent's SIGTERM -> SIGKILL grace: the user's (option or TORCH_ELASTIC_SHUTDOWN_TIMEOUT), else launch's."""
+    given = getattr(arguments, "shutdown_timeout", None)
+    if given is not None:
+        return int(given)
+    configured = environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "").strip()
+    return int(configured) if configured.isdigit() else SHUTDOWN_TIMEOUT_SECONDS
+
+
+@contextlib.contextmanager
+def _restarts_use_the_shutdown_timeout(seconds: int) -> Iterator[None]:
+    """torch 2.13's agent stops a failed group with a fixed 30 s grace, whatever its shutdown timeout: the worker
+    processes' context closes the survivors of a failure with ``close()``'s default, and ``_stop_workers`` calls
+    ``_shutdown()`` without the agent's timeout. So a stopped worker (SIGSTOP, or hung in the kernel) delays every
+    restart by 30 s. For this launch only, both use ``seconds``."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    original_stop, original_close = LocalElasticAgent._stop_workers, PContext.close
+
+    def stop_workers(agent: Any, worker_group: Any) -> None:
+        agent._shutdown(timeout=getattr(agent, "_shutdown_timeout", seconds))
+
+    def close(context: Any, death_sig: Any = None, timeout: float = seconds) -> None:
+        original_close(context, death_sig, timeout)
+
+    LocalElasticAgent._stop_workers, PContext.close = stop_workers, close
+    try:
+        yield
+    finally:
+        LocalElasticAgent._stop_workers, PContext.close = original_stop, original_close
+
+
 def through_replica_main(arguments: argparse.Namespace) -> argparse.Namespace:
     """torchrun's arguments with the program run by ``_replica_main``, which ends each worker without finalizing
     the interpreter (a C++ thread of torch meeting finalization aborts the worker after its work is done).
@@ -671,8 +711,11 @@ def run_torchrun(arguments: argparse.Namespace) -> int:
     from torch.distributed.run import run
 
     os.environ.update(restart_environment(arguments, os.environ))
+    grace = shutdown_timeout(arguments, os.environ)
+    arguments = argparse.Namespace(**{**vars(arguments), "shutdown_timeout": grace})
     try:
-        run(through_replica_main(arguments))
+        with _restarts_use_the_shutdown_timeout(grace):
+            run(through_replica_main(arguments))
     except ChildFailedError as error:
         error.name = arguments.training_script  # torch names the entry point: _replica_main
         logger.error("%s", error.format_msg())
