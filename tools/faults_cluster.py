@@ -27,15 +27,15 @@ import argparse
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from faults_common import poll, run_trials  # tools/ is the script's folder (sys.path[0]) or on sys.path
 
 _KINDS = ("save_kill", "early_chief_kill", "stopped")
 _DEADLINE_S = 240.0
@@ -113,15 +113,6 @@ def _environment(**extra: str) -> dict[str, str]:
     return environ
 
 
-def _poll(condition, deadline: float, interval: float = 0.1):
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    return None
-
-
 def _running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -197,12 +188,12 @@ def trial_early_chief_kill(workdir: Path, tally: Tally, bound: float) -> None:
         process.wait(timeout=120)
         died = time.monotonic()
         replica = int((workdir / "replica1.pid").read_text())
-        if _poll(lambda: not _running(replica), died + bound) is None:
+        if poll(lambda: not _running(replica), died + bound) is None:
             tally.lingering += 1
             tally.problems.append(f"{where}: replica 1 (pid {replica}) still ran {bound:g} s after replica 0 died")
             os.kill(replica, signal.SIGKILL)
             return
-        said = (_poll(lambda: _errors(workdir), time.monotonic() + 10) or [{}])[0]
+        said = (poll(lambda: _errors(workdir), time.monotonic() + 10) or [{}])[0]
         if said.get("type") == "ReplicaLostError" and "replica 0 (pid" in said.get("message", ""):
             tally.named += 1
         else:
@@ -226,12 +217,12 @@ def trial_stopped(workdir: Path, tally: Tally, bound: float) -> None:
                                    env=_environment(TORCHESTIMATOR_COLLECTIVE_TIMEOUT="15"))
     try:
         deadline = time.monotonic() + _DEADLINE_S
-        if _poll(pid_file.exists, deadline, 0.05) is None:
+        if poll(pid_file.exists, deadline, 0.05) is None:
             tally.problems.append(f"{where}: rank 1 never paused")
             return
         stopped_at = time.monotonic()
         os.kill(int(pid_file.read_text()), signal.SIGSTOP)
-        restarted = _poll(lambda: b"start attempt=1 rank=" in log_path.read_bytes(), deadline, 0.05)
+        restarted = poll(lambda: b"start attempt=1 rank=" in log_path.read_bytes(), deadline, 0.05)
         if restarted is None:
             tally.problems.append(f"{where}: no restart within {_DEADLINE_S:g} s")
             return
@@ -262,19 +253,11 @@ def run_trial(workdir: Path, kind: str, number: int, tally: Tally, bound: float,
 
 def run(trials: int, seconds: float, kinds: tuple[str, ...], keep: bool, bound: float, restart_bound: float) -> Tally:
     tally = Tally()
-    stop_at = time.monotonic() + seconds
-    for number in range(trials):
-        if time.monotonic() > stop_at:
-            break
-        kind = kinds[number % len(kinds)]
-        workdir = Path(tempfile.mkdtemp(prefix=f"faults_cluster_{number}_{kind}_"))
-        problems = len(tally.problems)
-        try:
-            run_trial(workdir, kind, number // len(kinds), tally, bound, restart_bound)
-        finally:
-            tally.trials += 1
-            if not keep and len(tally.problems) == problems:
-                shutil.rmtree(workdir, ignore_errors=True)
+
+    def trial(number: int, workdir: Path) -> None:
+        run_trial(workdir, kinds[number % len(kinds)], number // len(kinds), tally, bound, restart_bound)
+
+    run_trials(tally, trials, seconds, keep, "faults_cluster", trial)
     return tally
 
 

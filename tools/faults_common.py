@@ -10,7 +10,13 @@ already plus some headroom.
 from __future__ import annotations
 
 import resource
+import shutil
 import struct
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 
 # formats.md 3.3's worked TF checkpoint .index: SaveV2(prefix, ["x", "s"], ["", ""], [float32 [1, 2], string
@@ -60,3 +66,33 @@ def table_block(items: list[tuple[bytes, bytes]], restart_interval: int) -> byte
         body += varint(shared) + varint(len(key) - shared) + varint(len(value)) + key[shared:] + value
         previous = key
     return bytes(body + b"".join(struct.pack("<I", offset) for offset in restarts) + struct.pack("<I", len(restarts)))
+
+
+def poll(condition: Callable[[], Any], deadline: float, interval: float = 0.1) -> Any:
+    """``condition()``'s first true value, asked every ``interval`` s until ``deadline`` (monotonic); else None."""
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    return None
+
+
+def run_trials(tally: Any, trials: int, seconds: float, keep: bool, prefix: str,
+               trial: Callable[[int, Path], None]) -> None:
+    """``trial(number, workdir)`` in a fresh folder each, at most ``trials``, none started after ``seconds``.
+
+    ``tally`` counts ``trials`` and collects ``problems``; a trial's folder (logs, model_dir) stays for reading
+    when it added a problem, or with ``keep``."""
+    stop_at = time.monotonic() + seconds
+    for number in range(trials):
+        if time.monotonic() > stop_at:
+            break
+        workdir = Path(tempfile.mkdtemp(prefix=f"{prefix}_{number}_"))
+        problems = len(tally.problems)
+        try:
+            trial(number, workdir)
+        finally:
+            tally.trials += 1
+            if not keep and len(tally.problems) == problems:
+                shutil.rmtree(workdir, ignore_errors=True)

@@ -31,16 +31,16 @@ import argparse
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from faults_common import poll, run_trials  # tools/ is the script's folder (sys.path[0]) or on sys.path
 
 _JOB_DEADLINE_S = 240.0
 _TASKS = ("chief", "worker", "evaluator")
@@ -163,14 +163,6 @@ class Job:
                 process.wait(timeout=30)
 
 
-def _poll(condition, deadline: float, interval: float = 0.1) -> bool:
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval)
-    return False
-
-
 def _training_run(model_dir: Path) -> dict | None:
     try:
         return json.loads((model_dir / "training_run.json").read_text())
@@ -193,7 +185,7 @@ def _start_in_order(job: Job, order: str, earlier_run: str | None, deadline: flo
     """Starts the job's three tasks: the evaluator before the trainers, with them, or after them."""
     if order == "before":
         job.start("evaluator")
-        _poll(lambda: any(sign in job.log("evaluator").read_bytes() for sign in _PAST_START_UP)
+        poll(lambda: any(sign in job.log("evaluator").read_bytes() for sign in _PAST_START_UP)
               or job.processes["evaluator"].poll() is not None, deadline)
     if order in ("before", "with"):
         job.start("chief"), job.start("worker")
@@ -201,7 +193,7 @@ def _start_in_order(job: Job, order: str, earlier_run: str | None, deadline: flo
         job.start("evaluator")
     if order == "after":
         job.start("chief"), job.start("worker")
-        _poll(lambda: (_training_run(job.model_dir) or {}).get("run_id") not in (None, earlier_run), deadline)
+        poll(lambda: (_training_run(job.model_dir) or {}).get("run_id") not in (None, earlier_run), deadline)
         job.start("evaluator")
 
 
@@ -214,7 +206,7 @@ def run_trial(workdir: Path, kind: str, order: str, rng: random.Random, tally: T
     for task in _TASKS:
         first.start(task)
     if kind == "kill":  # somewhere in its training, once it has checkpoints
-        _poll(lambda: len(_checkpoint_steps(model_dir)) >= 1 + rng.randrange(3), deadline, 0.02)
+        poll(lambda: len(_checkpoint_steps(model_dir)) >= 1 + rng.randrange(3), deadline, 0.02)
         first.kill()
     elif any(code != 0 for code in first.wait(deadline).values()):
         tally.problems.append(f"{kind}/{order}: the first job failed; see {workdir}/first.*.log")
@@ -254,20 +246,12 @@ def run_trial(workdir: Path, kind: str, order: str, rng: random.Random, tally: T
 
 def run(trials: int, seconds: float, seed: int, keep: bool, kinds_wanted: tuple[str, ...] = _KINDS) -> Tally:
     rng, tally = random.Random(seed), Tally()
-    stop_at = time.monotonic() + seconds
     kinds = [(kind, order) for order in _ORDERS for kind in kinds_wanted]
-    for number in range(trials):
-        if time.monotonic() > stop_at:
-            break
-        kind, order = kinds[number % len(kinds)]
-        workdir = Path(tempfile.mkdtemp(prefix=f"faults_evaluator_restart_{number}_"))
-        problems = len(tally.problems)
-        try:
-            run_trial(workdir, kind, order, rng, tally)
-        finally:
-            tally.trials += 1
-            if not keep and len(tally.problems) == problems:
-                shutil.rmtree(workdir, ignore_errors=True)
+
+    def trial(number: int, workdir: Path) -> None:
+        run_trial(workdir, *kinds[number % len(kinds)], rng, tally)
+
+    run_trials(tally, trials, seconds, keep, "faults_evaluator_restart", trial)
     return tally
 
 
