@@ -14,20 +14,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import torchestimator as te
 from torchestimator.export import TensorSpec, list_versions, load, serving_input_receiver
 from torchestimator.export.replicas import ReplicaExports
+from conftest import classifier_model_fn
 from torchestimator.testing import run_in_processes
-
-
-def _model_fn(model, features, labels, mode):
-    logits = model(features["x"])
-    predictions = {"class": logits.argmax(-1)}
-    if mode == te.ModeKeys.PREDICT:
-        return te.EstimatorSpec(mode, predictions=predictions)
-    return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels))
 
 
 def _input_fn(input_context=None):
@@ -41,7 +33,7 @@ def _input_fn(input_context=None):
 def _estimator(model_dir, strategy=None):
     config = te.RunConfig(train_distribute=strategy, save_checkpoints_steps=4, log_step_count_steps=None,
                           progress_bar=False, random_seed=0)
-    return te.Estimator(model_fn=_model_fn, model=lambda: nn.Linear(4, 2),
+    return te.Estimator(model_fn=classifier_model_fn, model=lambda: nn.Linear(4, 2),
                         optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1), model_dir=model_dir,
                         config=config)
 

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import torchestimator as te
+from conftest import classifier_model_fn
 from torchestimator.testing import run_in_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -31,11 +31,6 @@ def _data():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(256, 6)).astype(np.float32)
     return x, (x[:, 0] + x[:, 1] > 0).astype(np.int64)
-
-
-def _model_fn(model, features, labels, mode):
-    logits = model(features["x"])
-    return te.EstimatorSpec(mode, predictions={"class": logits.argmax(-1)}, loss=F.cross_entropy(logits, labels))
 
 
 def _input_fn(input_context=None):
@@ -61,7 +56,7 @@ def _optimizer(parameters):
 def _estimator(model_dir, strategy=None):
     config = te.RunConfig(train_distribute=strategy, save_checkpoints_steps=3, log_step_count_steps=None,
                           progress_bar=False, random_seed=0)
-    return te.Estimator(model_fn=_model_fn, model=_model, optimizer=_optimizer, model_dir=model_dir, config=config)
+    return te.Estimator(model_fn=classifier_model_fn, model=_model, optimizer=_optimizer, model_dir=model_dir, config=config)
 
 
 def _live_state() -> dict:
