@@ -186,6 +186,9 @@ def _agreement_scenarios(root: str) -> dict:
     attempt("shared", lambda: estimator.train(_input_fn, max_steps=8))
     results["shared_latest"] = os.path.basename(estimator.latest_checkpoint())
     results["shared_listing"] = sorted(os.listdir(shared))
+    # train() ends without a collective, so the chief may already be placing the next probe below while the
+    # other replica still lists: every replica lists before any goes on.
+    strategy.barrier()
     checkpoint = estimator.checkpoint_store.restore(load_optimizer=False)
     started = time.monotonic()
     for _ in range(5):
