@@ -268,3 +268,61 @@ def _compiled_path_declared(request):
         pytest.fail(f"{request.node.nodeid} is slow and reaches a compiled core ({_compiled_calls[0] - before} calls), "
                     f"but {request.node.path.name} is not in tests/conftest.py's _COMPILED_PATH_MODULES: the "
                     "pure-Python pass would skip it.", pytrace=False)
+
+
+# ---------------------------------------------------------------------------- object stores (tests/object_stores.py)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """moto's S3 server on 127.0.0.1, for the whole session."""
+    from object_stores import moto_s3_server
+
+    with moto_s3_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint, monkeypatch):
+    """``s3://<fresh bucket>`` on the session's S3 server; the AWS_* variables point every client (and child
+    process) at it, as a user's would."""
+    from object_stores import forget_filesystems, new_bucket, s3_environment
+
+    for name, value in s3_environment(s3_endpoint).items():
+        monkeypatch.setenv(name, value)
+    forget_filesystems()
+    yield new_bucket("s3")
+    forget_filesystems()
+
+
+@pytest.fixture(scope="session")
+def gcs_endpoint():
+    """gcp-storage-emulator's GCS server on 127.0.0.1, for the whole session."""
+    from object_stores import gcs_emulator_server
+
+    with gcs_emulator_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def gcs_bucket(gcs_endpoint, monkeypatch):
+    """``gs://<fresh bucket>`` on the session's GCS emulator, reached through STORAGE_EMULATOR_HOST."""
+    from object_stores import forget_filesystems, gcs_environment, new_bucket
+
+    for name, value in gcs_environment(gcs_endpoint).items():
+        monkeypatch.setenv(name, value)
+    forget_filesystems()
+    yield new_bucket("gs")
+    forget_filesystems()
+
+
+@pytest.fixture(params=["memory", "s3", "gs"])
+def store_url(request, tmp_path):
+    """A fresh model_dir URL on each kind of store: memory://, the S3 server, the GCS emulator."""
+    if request.param == "memory":
+        import uuid
+
+        yield f"memory://te-{uuid.uuid4().hex[:12]}"
+        return
+    bucket = request.getfixturevalue("s3_bucket" if request.param == "s3" else "gcs_bucket")
+    yield f"{bucket}/run"

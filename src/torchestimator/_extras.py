@@ -27,6 +27,9 @@ EXTRAS = {
     "serving": ("aiohttp", "prometheus-client", "orjson", "uvloop", "grpcio"),
     "demo": ("scikit-learn",),
     "onnx": ("onnx", "onnxscript", "onnxruntime"),
+    "s3": ("s3fs",),
+    "gcs": ("gcsfs",),
+    "azure": ("adlfs",),
 }
 """Each extra of pyproject.toml and the distributions it installs (kept equal by tests/test_extras.py)."""
 

@@ -50,6 +50,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
@@ -58,6 +59,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from torchestimator._io import filesystems
 from torchestimator._io.atomic import WRITER_PATTERN, writer_is_gone, writer_tag
 
 from . import format as checkpoint_format
@@ -72,7 +74,12 @@ logger = logging.getLogger(__name__)
 
 _MANIFEST_VERSION = 1
 _MANIFEST_CHECKSUM_KEY = "sha256"
-_CHECKPOINT_FOLDER = re.compile(r"ckpt-(\d+)")
+# ckpt-<step>, or on a storage without atomic rename ckpt-<step>.<writer>-<random>: a prefix no other save used.
+_CHECKPOINT_FOLDER = re.compile(rf"ckpt-(\d+)(?:\.{WRITER_PATTERN}-(?P<save>[0-9a-f]{{6}}))?")
+_STALE_UPLOAD_SECONDS = 3600.0
+"""On an object store, a prefix with no valid state.json whose writer runs on another machine is a leftover once
+nothing was written under it for this long (its writer's pid cannot be checked from here); a saving writer
+adds an object at least every part it uploads."""
 _WRITTEN_ENTRIES = "__written_entries__"  # in a manifest read back from this store's own write; never written
 _LEFTOVER_FOLDER = re.compile(rf"\.(?P<kind>tmp|old|del)-ckpt-(?P<step>\d+)-{WRITER_PATTERN}")
 
@@ -135,7 +142,7 @@ class CheckpointStore:
                 f"received {keep_checkpoint_every_n_hours!r}."
             )
         if isinstance(model_dir_or_storage, (str, os.PathLike)):
-            self.storage: Storage = LocalStorage(model_dir_or_storage)
+            self.storage: Storage = _storage_at(model_dir_or_storage)
         else:
             self.storage = model_dir_or_storage
         self.keep_checkpoint_max = keep_checkpoint_max or None
@@ -196,7 +203,8 @@ class CheckpointStore:
         if not isinstance(self.storage, LocalStorage):
             raise CheckpointError(
                 f"Checkpoints of several processes are written by torch.distributed.checkpoint, which needs a model_dir "
-                f"on a file system; {self.storage!r} is not one."
+                f"on a file system; {self.storage!r} is not one. Use a model_dir every node mounts, or "
+                "checkpoint_format='full' (the chief gathers and writes the whole state)."
             )
         return self.storage.location(self._new_staging(step))
 
@@ -218,6 +226,8 @@ class CheckpointStore:
             # meanwhile) are seen by the listing of each save (``_scan``), which clears them after publishing.
             self.remove_leftovers()
             self._leftovers_cleared = True
+        if not _renames(self.storage):
+            return f"ckpt-{step}.{writer_tag()}-{secrets.token_hex(3)}"  # never used before: written in place
         staging = f".tmp-ckpt-{step}-{writer_tag()}"
         self.storage.delete_folder(staging)
         return staging
@@ -227,12 +237,12 @@ class CheckpointStore:
         """Stream ``files`` into ``staging`` (hashed while written; state.json, sealed over those digests, last),
         publish it as ``ckpt-<step>``, update the manifest."""
         save_time = float(self._clock())
-        folder = f"ckpt-{step}"
+        folder = f"ckpt-{step}" if _renames(self.storage) else staging
         # Read before publishing, so a first save does not look like a lost manifest.
         manifest = self._read_manifest()
         listing = self._list_folders_behind()  # while the files are written: 1 ms at 1000 checkpoints
         listed: list[_Entry] | None = None
-        writing, state_size = staging, 0
+        writing, state_size, committed = staging, 0, False
         try:
             digests: dict[str, dict[str, Any]] = {}
             for filename, content in files.contents.items():
@@ -250,15 +260,21 @@ class CheckpointStore:
             self.storage.write_file(staging, checkpoint_format.STATE_FILE, state_bytes)
             listed = self._entries(manifest, set(listing.result()) - {staging})  # before this save's folder
             writing = folder
-            self._publish(staging, folder)
+            if staging != folder:
+                self._publish(staging, folder)
+            replaced = [entry.folder for entry in listed if entry.step == step and entry.folder != folder]
             writing = "checkpoint"
             self._apply_retention(manifest, _with_entry(listed, step, folder, save_time), newest=step)
+            committed = True  # the manifest lists it: never deleted as a failed save from here on
+            for previous in replaced:  # a store without rename: the earlier save of this step, now unlisted
+                self._delete_quietly(previous)
             if self._leftovers_seen:
                 self.remove_leftovers()
         except OSError as error:
             # Whatever failed, the partial checkpoint goes now rather than at the next start-up
             # (after the rename there is no staging folder left, and deleting it is a no-op).
-            self._delete_quietly(staging)  # also gives back the space the partial checkpoint took
+            if not committed:
+                self._delete_quietly(staging)  # also gives back the space the partial checkpoint took
             if not is_no_room(error):
                 raise
             previous = ([entry.folder for entry in listed] if listed is not None
@@ -302,6 +318,9 @@ class CheckpointStore:
         whose replacement never appeared is put back.
         """
         present = set(self.storage.list_folders())
+        if not _renames(self.storage):
+            self._remove_unsealed_prefixes(present)
+            return
         for folder in sorted(present):
             match = _LEFTOVER_FOLDER.fullmatch(folder)
             if match is None or not writer_is_gone(int(match.group("pid")), match.group("host")):
@@ -315,6 +334,22 @@ class CheckpointStore:
             logger.info("Removing %s, left behind by an interrupted save.", self.storage.location(folder))
             self._delete_quietly(folder)
         self.storage.remove_stale_temporaries()
+
+    def _remove_unsealed_prefixes(self, present: set[str]) -> None:
+        """On a storage without rename: remove the save prefixes without a valid state.json whose writer is gone
+        (its pid, on this machine; elsewhere, nothing written for ``_STALE_UPLOAD_SECONDS``)."""
+        for folder in sorted(present):
+            match = _CHECKPOINT_FOLDER.fullmatch(folder)
+            if match is None or match.group("save") is None or self._is_complete(folder, int(match.group(1))):
+                continue
+            if not writer_is_gone(int(match.group("pid")), match.group("host")):
+                if match.group("host") == writer_tag().split("-h", 1)[1]:
+                    continue  # a live process of this machine: a save in progress
+                age = getattr(self.storage, "folder_age_seconds", lambda _: None)(folder)
+                if age is None or age < _STALE_UPLOAD_SECONDS:
+                    continue
+            logger.info("Removing %s, left behind by an interrupted save.", self.storage.location(folder))
+            self._delete_quietly(folder)
 
     def _is_complete(self, folder: str, step: int) -> bool:
         try:
@@ -352,6 +387,9 @@ class CheckpointStore:
         manifest.update(hours_anchor=anchor)
         self._write_manifest(manifest, kept)
         for entry in deleted:
+            if not _renames(self.storage):  # its state.json goes first: a deletion cut short is no checkpoint
+                self._delete_quietly(entry.folder)
+                continue
             # Renamed first, so a kill during the deletion leaves a leftover to clear, not a half ckpt-<step>.
             doomed = f".del-{entry.folder}-{writer_tag()}"
             try:
@@ -472,8 +510,9 @@ class CheckpointStore:
             missing = sorted(set(listed) - folders)
         for folder, item in listed.items():  # the index: no file read
             save_time = item.get("save_time")
-            if (folder in folders and folder == f"ckpt-{item['step']}" and isinstance(save_time, (int, float))
-                    and not isinstance(save_time, bool)):
+            match = _CHECKPOINT_FOLDER.fullmatch(folder)
+            if (folder in folders and match is not None and int(match.group(1)) == item["step"]
+                    and isinstance(save_time, (int, float)) and not isinstance(save_time, bool)):
                 entries.append(_Entry(item["step"], folder, float(save_time), bool(item.get("preserved"))))
         found = {entry.folder for entry in entries}
         self._leftovers_seen = False
@@ -486,6 +525,9 @@ class CheckpointStore:
             try:
                 state = checkpoint_format.read_state(self.storage, folder, step)
             except CheckpointError as error:
+                if match.group("save") is not None and _unsealed(self.storage, folder):
+                    self._leftovers_seen = True  # a save in progress, or one cut short: never a checkpoint
+                    continue
                 rejected[folder] = str(error)
                 self._warn_once(f"Ignoring checkpoint {self.storage.location(folder)}, it is damaged: {error}")
                 continue
@@ -496,7 +538,7 @@ class CheckpointStore:
         for folder in missing:
             location = self.storage.location(folder)
             self._warn_once(f"The manifest lists {location}, but the folder is missing; ignoring it.")
-        return sorted(entries), rejected
+        return _one_per_step(entries, set(listed) or {entry.folder for entry in written or ()}), rejected
 
     def _warn_once(self, message: str) -> None:
         if message not in self._warned:
@@ -657,15 +699,21 @@ class CheckpointStore:
 
     def _locate(self, path: str | os.PathLike[str]) -> tuple[Storage, str, int]:
         """The storage, folder and step of a checkpoint path, inside this model_dir or another local one."""
-        normalized = os.path.normpath(os.fspath(path))
-        parent, folder = os.path.split(normalized)
+        if filesystems.is_url(path):
+            normalized = os.fspath(path).rstrip("/")
+            parent, folder = normalized.rsplit("/", 1)
+        else:
+            normalized = os.path.normpath(filesystems.local_path(path))
+            parent, folder = os.path.split(normalized)
         match = _CHECKPOINT_FOLDER.fullmatch(folder)
         if match is None:
             raise CheckpointError(
                 f"{path} is not a checkpoint path: expected .../ckpt-<step>, as returned by latest_checkpoint()."
             )
-        if parent == os.path.normpath(self.storage.root):
+        if parent in (self.storage.root, os.path.normpath(self.storage.root)):
             storage: Storage = self.storage
+        elif filesystems.is_url(parent):
+            storage = _storage_at(parent)
         elif os.path.isdir(normalized):
             storage = LocalStorage(parent)
         else:
@@ -720,6 +768,40 @@ def _load_sharded(storage: Storage, folder: str, step: int, state: dict[str, Any
     )
     return Checkpoint(path=location, step=step, model_state=model_state, optimizer_state=shared, extra=extra,
                       sharded=True)
+
+
+def _renames(storage: Storage) -> bool:
+    """Whether ``storage`` renames a folder atomically (a file system); an object store does not."""
+    return getattr(storage, "atomic_rename", True)
+
+
+def _storage_at(model_dir: str | os.PathLike[str]) -> Storage:
+    """The storage of a model_dir given as a path or URL: a folder on disk, or a prefix in an object store."""
+    if filesystems.is_url(model_dir):
+        from .object_storage import ObjectStorage
+
+        return ObjectStorage(os.fspath(model_dir))
+    return LocalStorage(filesystems.local_path(model_dir))
+
+
+def _unsealed(storage: Storage, folder: str) -> bool:
+    """Whether a save prefix has no state.json yet (in progress or cut short), as opposed to a damaged one."""
+    try:
+        storage.read_file(folder, checkpoint_format.STATE_FILE, 0, 1)
+    except FileNotFoundError:
+        return True
+    return False
+
+
+def _one_per_step(entries: list[_Entry], listed: set[str]) -> list[_Entry]:
+    """``entries`` sorted by step, one per step: on a storage without rename a step saved again has a second
+    prefix until the save that wrote it deletes the first; the one the manifest lists wins, else the newer."""
+    chosen: dict[int, _Entry] = {}
+    for entry in sorted(entries, key=lambda entry: (entry.folder in listed, entry.save_time)):
+        chosen[entry.step] = entry
+    if len(chosen) == len(entries):
+        return sorted(entries)
+    return sorted(chosen.values())
 
 
 def _manifest_item(entry: _Entry) -> dict[str, Any]:

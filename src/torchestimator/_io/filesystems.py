@@ -1,0 +1,302 @@
+"""Paths that may be URLs: one place that knows whether a path is on this machine or in an object store.
+
+Belongs here: telling a URL (``s3://b/run``, ``gs://``, ``az://``/``abfs://``, ``memory://``) from a local
+path (``file://`` URLs are local paths); the fsspec filesystem behind a URL, made once per protocol and
+options, with the backend's extra named when it is missing; the storage options a program configures
+(``RunConfig(storage_options=...)``); and the few file operations the package does on a path of either
+kind (join, exists, list, glob, read, write whole, open), each failure naming the URL. A local path
+goes straight to ``os`` and ``open``, as before this module existed: no fsspec on that path.
+
+Does not belong here: the crash-safe commit of a checkpoint or an export on a store that cannot rename
+(``checkpoint/object_storage.py``), reading records (``data/``), polling for versions (``serving/``).
+
+Credentials and endpoints are the backends' own: s3fs reads ``AWS_ENDPOINT_URL``, the ``AWS_*`` keys
+and profiles; gcsfs ``STORAGE_EMULATOR_HOST`` and ``GOOGLE_APPLICATION_CREDENTIALS``; adlfs
+``AZURE_STORAGE_CONNECTION_STRING`` and the account variables. Options given here are passed to the
+filesystem as keyword arguments and never appear in a message or a log line (they may hold secrets).
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import glob as local_glob
+import os
+import posixpath
+import threading
+from collections.abc import Mapping
+from typing import Any, BinaryIO
+
+from torchestimator._extras import import_extra
+from torchestimator.errors import ConfigError
+
+__all__ = [
+    "PROTOCOL_EXTRAS", "configure_storage_options", "exists", "filesystem", "glob", "is_dir", "is_url", "join",
+    "listdir", "local_path", "makedirs", "open_for_reading", "protocol_of", "read_bytes", "remove", "remove_tree",
+    "storage_options_for", "write_bytes",
+]
+
+PROTOCOL_EXTRAS: dict[str, tuple[str | None, str | None]] = {
+    "s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"),
+    "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
+    "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"), "abfss": ("adlfs", "azure"),
+    "memory": (None, None),
+}
+"""The URL schemes we take, and (module, extra) of their backend; None: fsspec's own, always installed."""
+
+_CANONICAL = {"s3a": "s3", "gcs": "gs", "abfs": "az", "abfss": "az"}
+"""Schemes that name the same store (fsspec registers them all); options given for one apply to the others."""
+
+_lock = threading.Lock()
+_configured: dict[str, dict[str, Any]] = {}
+_filesystems: dict[tuple[str, str], Any] = {}
+
+
+def protocol_of(path: str | os.PathLike[str]) -> str | None:
+    """The scheme of a URL we take (``"s3"``), ``None`` for a local path or ``file://`` URL.
+
+    A scheme we do not know (``hdfs://``) is a ConfigError, not a local folder named ``hdfs:``.
+    """
+    text = os.fspath(path)
+    if not isinstance(text, str) or "://" not in text:
+        return None
+    scheme = text.split("://", 1)[0].lower()
+    if scheme == "file":
+        return None
+    if scheme not in PROTOCOL_EXTRAS:
+        raise ConfigError(f"{text}: torchestimator reads and writes local paths and the URL schemes "
+                          f"{', '.join(s + '://' for s in sorted(PROTOCOL_EXTRAS))}; not {scheme}://.",
+                          field="path", value=text)
+    return scheme
+
+
+def is_url(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names an object in a store (not a local file, which ``file://`` URLs are)."""
+    return protocol_of(path) is not None
+
+
+def local_path(path: str | os.PathLike[str]) -> str:
+    """A local path as ``os`` takes it: ``file:///a/b`` becomes ``/a/b``; other local paths are unchanged."""
+    text = os.fspath(path)
+    if isinstance(text, str) and text[:7].lower() == "file://":
+        return text[7:]
+    return text
+
+
+def join(base: str | os.PathLike[str], *parts: str) -> str:
+    """``os.path.join`` for local paths; for a URL, joined with ``/`` whatever this machine's separator."""
+    text = os.fspath(base)
+    if is_url(text):
+        return posixpath.join(text, *parts)
+    return os.path.join(text, *parts)
+
+
+def configure_storage_options(options: Mapping[str, Any] | None) -> None:
+    """Set the options every filesystem this process makes from now on gets (``RunConfig(storage_options=...)``).
+
+    ``options`` is either one mapping for every store (``{"endpoint_url": ...}``) or one per scheme
+    (``{"s3": {...}, "gs": {...}}``). Filesystems made with the previous options are dropped.
+    """
+    per_protocol = _options_per_protocol(options)
+    with _lock:
+        _configured.clear()
+        _configured.update(per_protocol)
+        _filesystems.clear()
+
+
+def storage_options_for(protocol: str) -> dict[str, Any]:
+    """The configured options of ``protocol`` (a copy; empty when none were given)."""
+    with _lock:
+        return dict(_configured.get(_CANONICAL.get(protocol, protocol), {}))
+
+
+def _options_per_protocol(options: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"storage_options must be a dict (of filesystem arguments, or of those per URL scheme); "
+                          f"received a {type(options).__name__}.", field="storage_options", value=type(options).__name__)
+    schemes = [key for key in options if key in PROTOCOL_EXTRAS]
+    if not schemes:
+        return {"*": dict(options)}
+    if len(schemes) != len(options):
+        others = sorted(set(options) - set(schemes))
+        raise ConfigError(f"storage_options mixes URL schemes ({', '.join(schemes)}) with filesystem arguments "
+                          f"({', '.join(others)}): give either one dict for every store or one per scheme, "
+                          "as {'s3': {...}, 'gs': {...}}.", field="storage_options", value=sorted(options))
+    per_protocol: dict[str, dict[str, Any]] = {}
+    for scheme, value in options.items():
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"storage_options[{scheme!r}] must be a dict of filesystem arguments; received a "
+                              f"{type(value).__name__}.", field=f"storage_options.{scheme}", value=type(value).__name__)
+        per_protocol[_CANONICAL.get(scheme, scheme)] = dict(value)
+    return per_protocol
+
+
+def filesystem(path: str | os.PathLike[str]) -> tuple[Any, str]:
+    """The fsspec filesystem behind a URL and the path it takes (``bucket/key``: no scheme).
+
+    One filesystem per scheme and options in the process (fsspec's own instance cache is per arguments
+    too, but its async filesystems hold a loop: one instance keeps one connection pool). A missing
+    backend is a MissingExtraError naming the extra.
+    """
+    text = os.fspath(path)
+    protocol = protocol_of(text)
+    if protocol is None:
+        raise ValueError(f"{text} is a local path, not a URL.")
+    module, extra = PROTOCOL_EXTRAS[protocol]
+    if module is not None:
+        import_extra(module, extra=extra, feature=f"a {protocol}:// path ({text})")
+    canonical = _CANONICAL.get(protocol, protocol)
+    with _lock:
+        options = dict(_configured.get(canonical, _configured.get("*", {})))
+        key = (canonical, repr(sorted(options.items(), key=lambda item: item[0])))
+        instance = _filesystems.get(key)
+        if instance is None:
+            import fsspec
+
+            instance = fsspec.filesystem(protocol, **options)
+            _filesystems[key] = instance
+    return instance, instance._strip_protocol(text)
+
+
+def _named(error: BaseException, url: str, doing: str) -> OSError:
+    """An OSError that names the URL and what was being done; its errno kept, so callers can branch on it."""
+    if isinstance(error, FileNotFoundError):
+        return FileNotFoundError(errno.ENOENT, f"{doing} {url}: no such object or bucket ({_cause(error)})", url)
+    if isinstance(error, PermissionError):
+        return PermissionError(errno.EACCES, f"{doing} {url}: permission denied ({_cause(error)}); check the "
+                               "credentials and the bucket's access rules", url)
+    code = getattr(error, "errno", None) or errno.EIO
+    return OSError(code, f"{doing} {url} failed: {_cause(error)}", url)
+
+
+def _cause(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def _store_call(url: str, doing: str, call, *args, **kwargs):
+    try:
+        return call(*args, **kwargs)
+    except (OSError, ValueError, RuntimeError) as error:  # botocore and aiohttp errors are among these
+        raise _named(error, url, doing) from error
+    except Exception as error:  # a backend's own error type (google.auth, azure.core): still named
+        raise _named(error, url, doing) from error
+
+
+def exists(path: str | os.PathLike[str]) -> bool:
+    """Whether a file or folder (for a store: an object, or a prefix with objects under it) is there."""
+    if not is_url(path):
+        return os.path.exists(local_path(path))
+    fs, inner = filesystem(path)
+    return bool(_store_call(os.fspath(path), "looking for", fs.exists, inner))
+
+
+def is_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a folder (for a store: a prefix with objects under it, or a bucket)."""
+    if not is_url(path):
+        return os.path.isdir(local_path(path))
+    fs, inner = filesystem(path)
+    return bool(_store_call(os.fspath(path), "looking at", fs.isdir, inner))
+
+
+def listdir(path: str | os.PathLike[str]) -> list[str]:
+    """The names (not paths) in a folder; FileNotFoundError naming it when there is none."""
+    if not is_url(path):
+        return os.listdir(local_path(path))
+    url = os.fspath(path)
+    fs, inner = filesystem(url)
+    entries = _store_call(url, "listing", fs.ls, inner, detail=False, refresh=True)
+    names = sorted({posixpath.basename(entry.rstrip("/")) for entry in entries})
+    return [name for name in names if name]
+
+
+def glob(pattern: str | os.PathLike[str]) -> list[str]:
+    """Paths matching a glob pattern, sorted; for a URL, full URLs with the pattern's own scheme."""
+    text = os.fspath(pattern)
+    if not is_url(text):
+        return sorted(local_glob.glob(local_path(text)))
+    scheme = text.split("://", 1)[0]
+    fs, inner = filesystem(text)
+    if not any(character in inner for character in "*?["):
+        return [text] if _store_call(text, "looking for", fs.isfile, inner) else []
+    matches = _store_call(text, "listing", fs.glob, inner)
+    return sorted(f"{scheme}://{match}" for match in matches if fnmatch.fnmatchcase(match, inner))
+
+
+def makedirs(path: str | os.PathLike[str]) -> None:
+    """Create a folder and its parents; on a store there are no folders (a prefix exists with its objects)."""
+    if not is_url(path):
+        os.makedirs(local_path(path), exist_ok=True)
+
+
+def read_bytes(path: str | os.PathLike[str]) -> bytes:
+    """The whole file; FileNotFoundError/PermissionError/OSError naming the path."""
+    if not is_url(path):
+        with open(local_path(path), "rb") as handle:
+            return handle.read()
+    url = os.fspath(path)
+    fs, inner = filesystem(url)
+    return _store_call(url, "reading", fs.cat_file, inner)
+
+
+def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write a whole file so that readers see the old content or the new, never a part.
+
+    Local: ``atomic.write_bytes_atomically`` (temporary file, fsync, rename). A store: one PUT, which
+    object stores apply whole (an object is never seen half-written), with the backend's retries.
+    """
+    if not is_url(path):
+        from torchestimator._io.atomic import write_bytes_atomically
+
+        write_bytes_atomically(local_path(path), data)
+        return
+    url = os.fspath(path)
+    fs, inner = filesystem(url)
+    _store_call(url, "writing", fs.pipe_file, inner, bytes(data))
+
+
+def open_for_reading(path: str | os.PathLike[str]) -> BinaryIO:
+    """A binary stream (``read``, ``readinto``, ``seek``); for a URL, fsspec's buffered, ranged reader."""
+    if not is_url(path):
+        return open(local_path(path), "rb")
+    url = os.fspath(path)
+    fs, inner = filesystem(url)
+    return _store_call(url, "opening", fs.open, inner, "rb")
+
+
+def remove(path: str | os.PathLike[str]) -> None:
+    """Remove one file; a missing one is not an error."""
+    if not is_url(path):
+        try:
+            os.remove(local_path(path))
+        except FileNotFoundError:
+            pass
+        return
+    url = os.fspath(path)
+    fs, inner = filesystem(url)
+    try:
+        fs.rm_file(inner)
+    except FileNotFoundError:
+        pass
+    except Exception as error:
+        raise _named(error, url, "removing") from error
+
+
+def remove_tree(path: str | os.PathLike[str]) -> None:
+    """Remove a folder and everything under it; a missing one is not an error."""
+    if not is_url(path):
+        import shutil
+
+        if os.path.isdir(local_path(path)):
+            shutil.rmtree(local_path(path))
+        return
+    url = os.fspath(path)
+    fs, inner = filesystem(url)
+    try:
+        fs.rm(inner.rstrip("/") + "/", recursive=True)
+    except FileNotFoundError:
+        pass
+    except Exception as error:
+        raise _named(error, url, "removing") from error

@@ -1,0 +1,98 @@
+"""Real object-store protocol servers for the tests, started on 127.0.0.1 with a free port and stopped after.
+
+S3: moto in server mode (``ThreadedMotoServer``: the S3 REST API, multipart uploads included), reached by
+s3fs through ``AWS_ENDPOINT_URL`` as a user's client reaches it. GCS: gcp-storage-emulator's HTTP server,
+reached by gcsfs through ``STORAGE_EMULATOR_HOST``. Each test gets a bucket of its own (``new_bucket``);
+the servers live for the session (a few hundred ms to start). Child processes inherit the variables, so a
+training killed with SIGKILL in a subprocess talks to the same server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import sys
+import uuid
+from collections.abc import Iterator
+
+S3_ENVIRONMENT = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-secret",
+                  "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def moto_s3_server() -> Iterator[str]:
+    """An S3 server (moto) on loopback; yields its endpoint URL."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one access-log line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def gcs_emulator_server() -> Iterator[str]:
+    """A GCS JSON-API server (gcp-storage-emulator, in memory) on loopback; yields its endpoint URL."""
+    from gcp_storage_emulator.server import create_server
+
+    logging.getLogger("gcp_storage_emulator").setLevel(logging.WARNING)
+    port = free_port()
+    server = create_server("127.0.0.1", port, in_memory=True)
+    server.start()
+    httpd = server._api._httpd
+    report = httpd.handle_error
+
+    def handle_error(request, client_address):
+        # A client that stops reading a ranged GET early closes the connection: not the emulator's fault to print.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            report(request, client_address)
+
+    httpd.handle_error = handle_error
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def new_bucket(protocol: str) -> str:
+    """A fresh, empty bucket on the server the environment points at; returns ``protocol://name``."""
+    from torchestimator._io import filesystems
+
+    name = f"te-{uuid.uuid4().hex[:12]}"
+    fs, _ = filesystems.filesystem(f"{protocol}://{name}")
+    fs.mkdir(name)
+    return f"{protocol}://{name}"
+
+
+def s3_environment(endpoint: str) -> dict[str, str]:
+    return {**S3_ENVIRONMENT, "AWS_ENDPOINT_URL": endpoint}
+
+
+def gcs_environment(endpoint: str) -> dict[str, str]:
+    return {"STORAGE_EMULATOR_HOST": endpoint, "GOOGLE_CLOUD_PROJECT": "test-project"}
+
+
+def forget_filesystems() -> None:
+    """Drop the filesystems made so far (ours and fsspec's instance cache): the next use reads the environment."""
+    import fsspec
+
+    from torchestimator._io import filesystems
+
+    filesystems.configure_storage_options(None)
+    for name in ("s3", "gcs"):
+        try:
+            fsspec.get_filesystem_class(name).clear_instance_cache()
+        except (ImportError, ValueError):
+            pass

@@ -1,0 +1,122 @@
+"""Checkpoints in an object store (checkpoint/object_storage.py and the store's commit without rename), against
+real protocol servers: moto's S3 server and the GCS emulator (tests/object_stores.py), and memory://."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torchestimator._io import filesystems
+from torchestimator._io.atomic import writer_tag
+from torchestimator.checkpoint import CheckpointStore
+from torchestimator.checkpoint.object_storage import ObjectStorage
+from torchestimator.errors import CheckpointError
+
+
+def _weights(value: float) -> dict[str, torch.Tensor]:
+    return {"w": torch.full((4, 3), value), "b": torch.arange(3, dtype=torch.float64) * value}
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait(timeout=60)
+    return child.pid
+
+
+def test_saves_restore_bit_exact_and_retention_keeps_the_newest(store_url):
+    store = CheckpointStore(store_url, keep_checkpoint_max=2)
+    for step in (10, 20, 30):
+        path = store.save(step, _weights(step / 7), {"m": torch.ones(2) * step}, {"position": step})
+        assert path.startswith(store_url + f"/ckpt-{step}.")
+    assert [int(p.rsplit("ckpt-", 1)[1].split(".")[0]) for p in store.all_checkpoints()] == [20, 30]
+    assert len(store.storage.list_folders()) == 2  # the oldest is gone, objects and all
+    restored = CheckpointStore(store_url).restore()
+    assert restored.step == 30 and restored.extra["position"] == 30
+    for name, tensor in _weights(30 / 7).items():
+        assert torch.equal(restored.model_state[name], tensor) and restored.model_state[name].dtype == tensor.dtype
+    assert torch.equal(restored.optimizer_state["m"], torch.ones(2) * 30)
+    by_path = CheckpointStore(store_url).restore(store.all_checkpoints()[0])
+    assert by_path.step == 20 and torch.equal(by_path.model_state["w"], _weights(20 / 7)["w"])
+
+
+def test_saving_a_step_again_replaces_it_under_a_new_prefix(store_url):
+    store = CheckpointStore(store_url)
+    first = store.save(5, _weights(1.0))
+    second = store.save(5, _weights(2.0))
+    assert first != second and store.latest_checkpoint() == second
+    assert store.storage.list_folders() == [second.rsplit("/", 1)[1]]
+    assert torch.equal(CheckpointStore(store_url).restore().model_state["w"], _weights(2.0)["w"])
+
+
+def test_a_prefix_without_state_json_is_never_listed_and_goes_when_its_writer_is_gone(store_url):
+    store = CheckpointStore(store_url)
+    store.save(1, _weights(1.0))
+    storage = ObjectStorage(store_url)
+    host = writer_tag().split("-h", 1)[1]
+    dead = f"ckpt-2.{_dead_pid()}-h{host}-abcdef"
+    storage.write_file(dead, "model.safetensors", b"half of a checkpoint")
+    alive = f"ckpt-3.{writer_tag()}-fedcba"  # this very process: a save in progress on this machine
+    other_machine = "ckpt-4.77-h00000000-123456"  # another host, just written: maybe still uploading
+    storage.write_file(alive, "model.safetensors", b"being written")
+    storage.write_file(other_machine, "model.safetensors", b"being written elsewhere")
+    reader = CheckpointStore(store_url)
+    assert reader.latest_checkpoint().rsplit("/", 1)[1].startswith("ckpt-1.")
+    assert reader.restore().step == 1
+    store.save(6, _weights(6.0))  # a save clears the leftovers it sees
+    folders = storage.list_folders()
+    assert dead not in folders and other_machine in folders
+    assert [f for f in folders if f.startswith("ckpt-6.")]
+
+
+def test_a_checkpoint_sealed_before_the_manifest_was_written_is_found(store_url):
+    store = CheckpointStore(store_url)
+    store.save(1, _weights(1.0))
+    manifest = store.storage.read_manifest()
+    store.save(2, _weights(2.0))
+    store.storage.replace_manifest(manifest)  # as if killed between state.json and the manifest
+    assert CheckpointStore(store_url).restore().step == 2
+
+
+def test_a_damaged_newest_checkpoint_falls_back_with_a_warning(store_url, caplog):
+    store = CheckpointStore(store_url)
+    store.save(1, _weights(1.0))
+    newest = store.save(2, _weights(2.0)).rsplit("/", 1)[1]
+    store.storage.write_file(newest, "model.safetensors", b"\0" * 64)
+    restored = CheckpointStore(store_url).restore()
+    assert restored.step == 1 and torch.equal(restored.model_state["w"], _weights(1.0)["w"])
+    assert newest in caplog.text
+
+
+def test_a_missing_bucket_is_one_error_naming_the_url(s3_bucket):
+    url = s3_bucket + "-missing/run"
+    with pytest.raises(OSError, match=r"s3://te-[0-9a-f]+-missing/run.*no such object or bucket"):
+        CheckpointStore(url).save(1, _weights(1.0))
+    assert CheckpointStore(url).latest_checkpoint() is None  # reading: nothing there
+
+
+def test_a_sharded_save_to_a_store_says_what_to_do(store_url):
+    with pytest.raises(CheckpointError, match="checkpoint_format='full'"):
+        CheckpointStore(store_url).begin_sharded_save(1)
+
+
+def test_urls_paths_and_unknown_schemes():
+    assert filesystems.protocol_of("/a/b") is None and filesystems.protocol_of("file:///a/b") is None
+    assert filesystems.local_path("file:///a/b") == "/a/b"
+    assert filesystems.protocol_of("S3://b/k") == "s3" and filesystems.is_url("abfs://c/p")
+    assert filesystems.join("gs://b/run", "eval", "x") == "gs://b/run/eval/x"
+    with pytest.raises(ValueError, match=r"hdfs://.*not hdfs://|not hdfs://"):
+        filesystems.protocol_of("hdfs://namenode/x")
+
+
+def test_storage_options_per_scheme_or_for_all_and_never_mixed():
+    try:
+        filesystems.configure_storage_options({"s3": {"key": "k"}, "gcs": {"token": "anon"}})
+        assert filesystems.storage_options_for("s3a") == {"key": "k"}
+        assert filesystems.storage_options_for("gs") == {"token": "anon"}
+        with pytest.raises(ValueError, match="mixes URL schemes"):
+            filesystems.configure_storage_options({"s3": {}, "endpoint_url": "x"})
+    finally:
+        filesystems.configure_storage_options(None)
