@@ -250,7 +250,8 @@ _COMMANDS: dict[str, tuple[str, Any, bool, list[tuple[tuple[str, ...], dict[str,
         (("--param",), {"action": "append", "default": [], "metavar": "NAME=VALUE",
                         "help": "with FILE.py: override params[NAME] (VALUE parsed as JSON when it can be)"}),
         (("--no_progress",), {"action": "store_true", "help": "no progress bar"}),
-        (("--exported",), {"help": "an exported model: a version folder or its base (newest version)"}),
+        (("--exported",), {"help": "an exported model: a version folder or its base (newest version), local or an "
+                                    "object-store URL (s3://..., gs://...: copied to the local cache and verified)"}),
         (("--input",), {"help": "with --exported: a TF Serving predict request (.json: {\"instances\": [...]} or "
                                 "{\"inputs\": ...}, as curl sends to serve; {\"b64\": ...} for string inputs: "
                                 "serialized Examples, images) or an .npz of named arrays"}),
@@ -267,7 +268,8 @@ _COMMANDS: dict[str, tuple[str, Any, bool, list[tuple[tuple[str, ...], dict[str,
                                           "weights)"}),
     ]),
     "export": ("export the latest (or a given) checkpoint for serving", _export, True, [
-        (("--export_dir",), {"required": True, "help": "base folder; a new integer version is written inside"}),
+        (("--export_dir",), {"required": True, "help": "base folder (or object-store URL: s3://..., gs://...); "
+                                                    "a new integer version is written inside"}),
         _CHECKPOINT_PATH,
         (("--onnx",), {"action": "store_true",
                        "help": "also write model.onnx, named as signature.json (needs pip install "

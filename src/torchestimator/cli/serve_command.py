@@ -12,7 +12,9 @@ from torchestimator.serving.settings import DEFAULT_INLINE_FORWARD_MICROS
 def add_command(commands: Any) -> None:
     serve = commands.add_parser("serve", help="TensorFlow Serving REST (and gRPC) API for exported models")
     serve.add_argument("--model_name", help="the name clients use in /v1/models/<name> (or --model_config_file)")
-    serve.add_argument("--model_base_path", help="folder of integer version folders (an export base)")
+    serve.add_argument("--model_base_path", help="folder of integer version folders (an export base), or its "
+                       "URL in an object store (s3://bucket/models/m, gs://...): each version is copied to the local "
+                       "cache ($TORCHESTIMATOR_CACHE) and checked against its metadata.json before it loads")
     serve.add_argument("--model_config_file", help="TF Serving's model_config_list text file: several models, "
                        "version policies (latest/all/specific) and version labels")
     serve.add_argument("--model_config_file_poll_wait_seconds", type=float, default=0.0,
@@ -25,7 +27,8 @@ def add_command(commands: Any) -> None:
     serve.add_argument("--rest_api_host", default="127.0.0.1",
                        help="default 127.0.0.1: unlike TF Serving, not every interface unless asked (gRPC too)")
     serve.add_argument("--file_system_poll_wait_seconds", type=float, default=1.0,
-                       help="look for new versions this often (0: only at start)")
+                       help="look for new versions (on disk or in the store) this often (TF Serving's default: "
+                            "1 s; 0: only at start)")
     serve.add_argument("--enable_batching", action="store_true",
                        help="gather concurrent requests into one forward pass")
     serve.add_argument("--batching_parameters_file", help="TF's BatchingParameters text file (max_batch_size { "

@@ -11,6 +11,10 @@ outside the program, recorded as data: decoders.py); shape signatures with ``Pre
 write with ``export_saved_model``; choose when with ``LatestExporter``,
 ``BestExporter``, ``FinalExporter``; read back with ``load``.
 
+Every path may also be an object-store URL (s3://, gs://, az://): versions are
+uploaded with their metadata.json (checksums of every file) last, and loaded
+from a verified local copy (_store_versions.py).
+
 Names are imported on first use (``torchestimator._lazy``), so reading an
 export (``load``) does not import the Estimator's engine that writing one needs.
 """

@@ -8,7 +8,9 @@ than exporting whatever result comes first (tensorflow/tensorflow#47396).
 "Better" is ``improvement.Objective``'s rule (strict, NaN never better), the
 one best-checkpoint keeping and early stopping use.
 Writing a version is saved_model.py's job. Call exporters from one process
-(the chief) only.
+(the chief) only. An export path may be an object-store URL (a model_dir on
+s3:// or gs://): versions are uploaded (_store_versions.py), best_eval.json is
+one PUT, and retention deletes each version's metadata.json first.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +30,8 @@ import torch
 
 from torchestimator.export import saved_model
 from torchestimator.export.receiver import ServingInputReceiver, as_receiver
-from torchestimator.export.versions import list_versions
+from torchestimator.export.versions import list_versions, version_path
+from torchestimator._io import filesystems
 from torchestimator._io.atomic import write_json_atomically as _write_json_atomically
 from torchestimator._policy.improvement import Objective
 
@@ -183,10 +187,13 @@ class BestExporter(_SavedModelExporter):
 
     def _after_export(self, export_path: str, export_dir: str, checkpoint_path: str | None,
                       eval_result: Mapping[str, Any] | None) -> None:
-        _write_json_atomically(os.path.join(export_path, BEST_EVAL_FILE), {
-            "eval_result": _jsonable_result(eval_result or {}), "export_dir": os.path.abspath(export_dir),
-            "checkpoint_path": checkpoint_path,
-        })
+        record = {"eval_result": _jsonable_result(eval_result or {}), "export_dir": saved_model.absolute(export_dir),
+                  "checkpoint_path": checkpoint_path}
+        if filesystems.is_url(export_path):  # one PUT: whole or absent
+            filesystems.write_bytes(filesystems.join(export_path, BEST_EVAL_FILE),
+                                    json.dumps(record, sort_keys=True).encode("utf-8"))
+        else:
+            _write_json_atomically(os.path.join(export_path, BEST_EVAL_FILE), record)
 
 
 def _newest_export_of(export_path: str, checkpoint_path: str | None, receiver: ServingInputReceiver) -> str | None:
@@ -195,26 +202,26 @@ def _newest_export_of(export_path: str, checkpoint_path: str | None, receiver: S
     versions = list_versions(export_path)
     if checkpoint_path is None or not versions:
         return None
-    newest = os.path.join(export_path, str(versions[-1]))
+    newest = version_path(export_path, versions[-1])
     try:
-        with open(os.path.join(newest, saved_model.METADATA_FILE), encoding="utf-8") as handle:
-            metadata = json.load(handle)
+        metadata = json.loads(filesystems.read_bytes(filesystems.join(newest, saved_model.METADATA_FILE)))
     except (OSError, ValueError):
         return None
-    same = (isinstance(metadata, dict) and metadata.get("checkpoint_path") == os.path.abspath(checkpoint_path)
+    same = (isinstance(metadata, dict) and metadata.get("checkpoint_path") == saved_model.absolute(checkpoint_path)
             and metadata.get("receiver") == json.loads(json.dumps(receiver.describe())))
     return newest if same else None
 
 
 def read_best_eval(export_path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The best evaluation recorded under an exporter's folder, or None."""
-    path = os.path.join(os.fspath(export_path), BEST_EVAL_FILE)
-    if not os.path.exists(path):
+    path = filesystems.join(os.fspath(export_path), BEST_EVAL_FILE)
+    if not filesystems.is_url(path) and not os.path.exists(path):
         return None
     try:
-        with open(path) as handle:
-            record = json.load(handle)
-    except (OSError, json.JSONDecodeError) as error:
+        record = json.loads(filesystems.read_bytes(path))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
         raise ValueError(
             f"{path} is unreadable ({error}); it records the best evaluation so far. Delete it to start the "
             "comparison afresh (the next evaluation is then exported)."
@@ -225,8 +232,15 @@ def read_best_eval(export_path: str | os.PathLike[str]) -> dict[str, Any] | None
 
 
 def garbage_collect_exports(export_path: str | os.PathLike[str], exports_to_keep: int) -> list[str]:
-    """Deletes all but the newest ``exports_to_keep`` integer version folders; returns what was deleted."""
+    """Deletes all but the newest ``exports_to_keep`` integer version folders; returns what was deleted.
+
+    In an object store each version's metadata.json goes first (_store_versions.remove_version), and the
+    prefixes of uploads killed long ago (no metadata.json, numbered before the versions kept and more than
+    an hour ago) go too.
+    """
     export_path = os.fspath(export_path)
+    if filesystems.is_url(export_path):
+        return _garbage_collect_store_exports(export_path, exports_to_keep)
     deleted = []
     for version in list_versions(export_path)[:-exports_to_keep] if exports_to_keep > 0 else []:
         folder = os.path.join(export_path, str(version))
@@ -239,6 +253,28 @@ def garbage_collect_exports(export_path: str | os.PathLike[str], exports_to_keep
             logger.info("Deleted old export %s (keeping the newest %d).", folder, exports_to_keep)
         except OSError as error:
             logger.warning("Could not delete old export %s: %s", folder, error)
+    return deleted
+
+
+def _garbage_collect_store_exports(export_path: str, exports_to_keep: int) -> list[str]:
+    from torchestimator.export import _store_versions
+
+    complete = _store_versions.list_store_versions(export_path)
+    ordered = sorted(complete)
+    doomed = [complete[version] for version in (ordered[:-exports_to_keep] if exports_to_keep > 0 else [])]
+    oldest_kept = ordered[-exports_to_keep] if 0 < exports_to_keep <= len(ordered) else (ordered or [0])[0]
+    killed_before = min(oldest_kept, time.time() - _store_versions.STALE_UPLOAD_SECONDS)
+    doomed += [name for version, name in _store_versions.list_store_versions(export_path, complete=False).items()
+               if version < killed_before]
+    deleted = []
+    for name in doomed:
+        url = f"{export_path.rstrip('/')}/{name}"
+        try:
+            _store_versions.remove_version(url)
+            deleted.append(url)
+            logger.info("Deleted old export %s (keeping the newest %d).", url, exports_to_keep)
+        except OSError as error:
+            logger.warning("Could not delete old export %s: %s", url, error)
     return deleted
 
 

@@ -13,6 +13,8 @@ runs; ``prepare_inputs`` returns those tensors, and a call given them (the batch
 runs the program directly. ``read_inputs`` reads named inputs from an .npz
 file (what the CLI's ``predict --exported`` does with one) or a JSON file; the CLI reads a JSON request with the
 server's own parser instead (serving/json_tensor.py), which knows the signature, so rows of plain values work.
+A path in an object store (s3://, gs://, ...) is first copied to a local cache folder and verified against the
+sha256s of its metadata.json (_store_versions.py); what is loaded is that local copy.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from torchestimator.export.saved_model import (
     SIGNATURE_FORMAT_WITH_RECEIVER_INPUTS,
 )
 from torchestimator.export.versions import latest_version
+from torchestimator._io.filesystems import is_url, local_path
 from torchestimator._io.regular_file import FileTooLargeError, NotARegularFileError, read_regular_file
 from torchestimator.errors import ExportFormatError, InputError, InputTypeError
 
@@ -314,8 +317,16 @@ def _finite_bound(value: Any, unbounded: float) -> float:
 
 
 def load(path: str | os.PathLike[str]) -> ExportedModel:
-    """Loads a version folder, or the highest integer version under a base folder."""
+    """Loads a version folder, or the highest integer version under a base folder.
+
+    ``path`` may be an object-store URL (``s3://bucket/models/m`` or ``.../m/<version>``): the version is
+    copied to a local cache folder, each file checked against the sha256 its metadata.json records, and
+    loaded from there (_store_versions.py); a verified copy already cached is reused.
+    """
     path = os.fspath(path)
+    if is_url(path):
+        path = _local_copy(path)
+    path = local_path(path)
     if not os.path.isdir(path):
         raise ExportFormatError(f"Exported model path {path!r} is not a folder. Pass a version folder or its base.")
     if not any(os.path.exists(os.path.join(path, name)) for name in (PROGRAM_FILE, LEGACY_FILE, SIGNATURE_FILE)):
@@ -344,6 +355,24 @@ def load(path: str | os.PathLike[str]) -> ExportedModel:
     program = decode(_read_export_file(os.path.join(path, PROGRAM_FILE), _MAX_PROGRAM_BYTES),
                      _read_export_file(os.path.join(path, TENSORS_FILE), _MAX_TENSORS_BYTES), path)
     return ExportedModel(path, program, document, metadata)
+
+
+def _local_copy(url: str) -> str:
+    """The verified local copy of the version at ``url``, or of the newest complete version under it."""
+    from torchestimator.export import _store_versions
+
+    url = url.rstrip("/")
+    if not _store_versions.has_metadata(url):
+        newest = latest_version(url)
+        if newest is None and url.rsplit("/", 1)[-1].isdigit():
+            return _store_versions.fetch_version(url)  # says the version is incomplete
+        if newest is None:
+            raise ExportFormatError(
+                f"{url} is neither a complete export version nor a base holding one: a version in an object store "
+                f"counts once its {METADATA_FILE} is uploaded, after every other file (export_saved_model does "
+                "this); an upload in progress or cut short is never loaded.")
+        url = newest
+    return _store_versions.fetch_version(url)
 
 
 def read_inputs(path: str | os.PathLike[str]) -> dict[str, Any]:

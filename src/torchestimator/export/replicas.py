@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from torchestimator._io import filesystems
 from torchestimator.export.versions import list_versions, version_path
 
 __all__ = ["ReplicaExports"]
@@ -35,6 +36,7 @@ __all__ = ["ReplicaExports"]
 logger = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.1
+_STORE_POLL_SECONDS = 1.0  # each look at an object store is a LIST request
 
 
 class ReplicaExports:
@@ -75,7 +77,7 @@ class ReplicaExports:
             saved_model._check_assets(assets_extra)
             if as_onnx:
                 saved_model.onnx_export.require_onnx_packages()
-            if checkpoint_path is not None and not os.path.exists(checkpoint_path):
+            if checkpoint_path is not None and not filesystems.exists(checkpoint_path):
                 raise ValueError(f"Couldn't find trained model at {os.fspath(checkpoint_path)}: no such checkpoint.")
         call = self._next_call(base, checkpoint_path, estimator.latest_checkpoint(), receiver.describe(), as_onnx)
         if self.writes:
@@ -86,9 +88,9 @@ class ReplicaExports:
 
     def _next_call(self, base: str, checkpoint_path: Any, latest: str | None, receiver: str, as_onnx: bool) -> str:
         """The name of this call: equal on every replica for their n-th call with these arguments."""
-        arguments = json.dumps([os.path.normpath(base), None if checkpoint_path is None else
-                                os.path.normpath(os.fspath(checkpoint_path)),
-                                None if latest is None else os.path.basename(os.path.normpath(latest)),
+        arguments = json.dumps([_normalized(base), None if checkpoint_path is None else
+                                _normalized(os.fspath(checkpoint_path)),
+                                None if latest is None else _last_part(latest),
                                 receiver, bool(as_onnx)])
         digest = hashlib.sha256(arguments.encode("utf-8")).hexdigest()[:16]
         self._calls[digest] += 1
@@ -116,15 +118,23 @@ class ReplicaExports:
                     "that calls it: call it in every replica with the same arguments, or only in replica 0 "
                     "(strategy.is_chief), never only in the others; the export base must be storage every "
                     "replica sees. Replica 0 may also have failed: see its error.")
-            sleep(_POLL_SECONDS)
+            sleep(_STORE_POLL_SECONDS if filesystems.is_url(base) else _POLL_SECONDS)
+
+
+def _normalized(path: str) -> str:
+    """``os.path.normpath`` for a local path; a URL without its trailing '/' (normpath would fold its '//')."""
+    return path.rstrip("/") if filesystems.is_url(path) else os.path.normpath(path)
+
+
+def _last_part(path: str) -> str:
+    return _normalized(path).rsplit("/", 1)[-1] if filesystems.is_url(path) else os.path.basename(_normalized(path))
 
 
 def _answers(path: str, call: str) -> bool:
     from torchestimator.export import saved_model
 
     try:
-        with open(os.path.join(path, saved_model.METADATA_FILE), encoding="utf-8") as handle:
-            metadata = json.load(handle)
+        metadata = json.loads(filesystems.read_bytes(filesystems.join(path, saved_model.METADATA_FILE)))
     except (OSError, ValueError):  # a version of someone else's, hand-made or damaged: not ours
         return False
     return isinstance(metadata, dict) and metadata.get(saved_model.REPLICA_CALL_KEY) == call

@@ -8,7 +8,8 @@ A version folder holds:
                          string inputs, the decode step of each (``decoders``: data, see decoders.py); an
                          input named otherwise than its receiver input records it (``receiver_input``:
                          TF's "inputs" of classify/regress over one string input, outputs.py)
-    metadata.json        checkpoint, global_step, versions, creation time
+    metadata.json        checkpoint, global_step, versions, creation time; ``files``: the size and sha256 of
+                         every other file of the version (written last)
     assets.extra/        copies of assets_extra
     model.onnx           only with as_onnx=True (onnx_export.py: how it is named and called)
 
@@ -18,8 +19,11 @@ the file (torch's own zip writer aborted the process). It is written to a
 sibling ``temp-<ns>-<pid>-<host>`` folder and renamed to its integer version at
 the end, so a server polling the base never sees half a version; a failed
 export removes its temp folder, and the next export removes those of writers
-that were killed. Reading it back lives in loader.py; when to export (latest,
-best, final) in exporters.py.
+that were killed. An ``export_dir_base`` in an object store (s3://, gs://, ...)
+gets the same folder built in a local temporary folder, then uploaded file by
+file, metadata.json last (_store_versions.py): a version without it is not one.
+Reading it back lives in loader.py; when to export (latest, best, final) in
+exporters.py.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import os
 import re
 import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -42,11 +47,12 @@ import torch
 # first export after hours of training) leaves torch unable to import it again in this process.
 import torch.export._trace  # noqa: F401
 
-from torchestimator.export import onnx_export, program_format
+from torchestimator.export import _store_versions, onnx_export, program_format
 from torchestimator.export.outputs import resolve_export_outputs, signature_input_names
 from torchestimator.export.receiver import ServingInputReceiver, as_receiver, dtype_name
 from torchestimator._core.inference import BundleSource, InferenceBundle
 from torchestimator._core.spec import ModeKeys, validate_spec
+from torchestimator._io import filesystems
 from torchestimator._io.atomic import fsync_directory, write_durably
 
 __all__ = ["export_saved_model"]
@@ -88,6 +94,9 @@ def export_saved_model(
 ) -> str:
     """Exports the model in PREDICT mode to ``export_dir_base/<int(time.time())>``; returns that path.
 
+    ``export_dir_base`` may be an object-store URL (``s3://bucket/models/m``): the version is built locally,
+    then uploaded with its metadata.json last, and the URL of the version is returned.
+
     ``warmup_requests`` (dicts of input arrays, or serving protos) are written to
     assets.extra/tf_serving_warmup_requests, which a server with model warm-up replays (export/warmup.py).
 
@@ -118,9 +127,14 @@ def export_saved_model(
     files = {SIGNATURE_FILE: _json_bytes(signatures), **program_format.encode(program)}
     onnx_model = (onnx_export.convert_to_onnx(program, receiver, examples, signatures, type(module).__name__)
                   if as_onnx else None)
-    os.makedirs(export_dir_base, exist_ok=True)
-    remove_stale_temp_folders(export_dir_base)
-    temp_dir = os.path.join(export_dir_base, f"{TEMP_PREFIX}{time.time_ns()}-{os.getpid()}-{_host()}")
+    to_store = filesystems.is_url(export_dir_base)
+    if to_store:  # built on this machine as below, then uploaded: _store_versions.py
+        build_base = tempfile.mkdtemp(prefix="torchestimator-export-")
+    else:
+        os.makedirs(export_dir_base, exist_ok=True)
+        remove_stale_temp_folders(export_dir_base)
+        build_base = export_dir_base
+    temp_dir = os.path.join(build_base, f"{TEMP_PREFIX}{time.time_ns()}-{os.getpid()}-{_host()}")
     try:
         os.makedirs(temp_dir)
         _write_version(temp_dir, files, assets, onnx_model)
@@ -131,11 +145,19 @@ def export_saved_model(
                     "receiver": receiver.describe(), "onnx": None if onnx_model is None else onnx_model.record}
         if replica_call is not None:
             metadata[REPLICA_CALL_KEY] = replica_call
+        # Written last, with the size and sha256 of every other file: what makes a version in a store one.
+        metadata[_store_versions.FILES_KEY] = _store_versions.file_records(temp_dir)
         _write_file(os.path.join(temp_dir, METADATA_FILE), _json_bytes(metadata))
-        export_dir = _rename_to_version(temp_dir, export_dir_base)
+        if to_store:
+            export_dir = _store_versions.publish_version(temp_dir, export_dir_base)
+        else:
+            export_dir = _rename_to_version(temp_dir, export_dir_base)
     except BaseException:
         shutil.rmtree(temp_dir, ignore_errors=True)  # a kill leaves it: the next export removes it
         raise
+    finally:
+        if to_store:
+            shutil.rmtree(build_base, ignore_errors=True)
     logger.info("Exported %s (global step %s) to %s.", provenance.get("checkpoint_path") or "the model",
                 provenance.get("global_step"), export_dir)
     return export_dir
@@ -143,14 +165,14 @@ def export_saved_model(
 
 def _restore_module(estimator: BundleSource, checkpoint_path: str | None) -> tuple[InferenceBundle, dict[str, Any]]:
     """The bundle holding the weights to export (its module on the CPU), and where the weights came from."""
-    if checkpoint_path is not None and not os.path.exists(checkpoint_path):
+    if checkpoint_path is not None and not filesystems.exists(checkpoint_path):
         raise ValueError(f"Couldn't find trained model at {checkpoint_path}: no such checkpoint.")
     # Exported programs run on CPU wherever they are loaded; the estimator moves its module back when it next runs.
     bundle = estimator.inference_bundle(checkpoint_path, device=torch.device("cpu"), require_weights=True)
     weights = bundle.weights
-    provenance: dict[str, Any] = {"model_dir": os.path.abspath(estimator.model_dir), "global_step": weights.step}
+    provenance: dict[str, Any] = {"model_dir": absolute(estimator.model_dir), "global_step": weights.step}
     if weights.checkpoint_path is not None:
-        provenance["checkpoint_path"] = os.path.abspath(weights.checkpoint_path)
+        provenance["checkpoint_path"] = absolute(weights.checkpoint_path)
     else:
         provenance["checkpoint_path"] = None
         if weights.warm_start_from is not None:
@@ -387,6 +409,11 @@ def _tree_size(path: str) -> int:
     if not os.path.isdir(path):
         return os.path.getsize(path)
     return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+
+
+def absolute(path: str | os.PathLike[str]) -> str:
+    """``os.path.abspath`` for a local path; a URL (s3://...) as it is."""
+    return os.fspath(path) if filesystems.is_url(path) else os.path.abspath(path)
 
 
 def _host() -> str:

@@ -42,6 +42,7 @@ from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
 from torchestimator._io import protobuf as _protobuf
+from torchestimator._io.filesystems import protocol_of
 from torchestimator._io.regular_file import FileTooLargeError, NotARegularFileError, open_regular_file, read_bounded
 from torchestimator.errors import ConfigError, ConfigTypeError
 
@@ -131,7 +132,8 @@ class ModelConfig:
     base_path: str
     """As written in the file. TF Serving refuses a relative one ("Expected model <name> to have an
     absolute path or URI") unless the server has a ``model_config_list_root_dir``, which it then
-    prepends; here a relative path is kept as given and so resolves against the working directory."""
+    prepends; here a relative path is kept as given and so resolves against the working directory.
+    An object-store URL (s3://, gs://, az://) is polled like a folder (manager.py)."""
     version_policy: VersionPolicy = VersionPolicy()
     version_labels: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """Label -> version. TF checks at load time that each points at a loaded version (manager.py)."""
@@ -145,6 +147,7 @@ class ModelConfig:
         if not isinstance(self.base_path, str) or not self.base_path:
             raise ConfigError(f"ModelConfig.base_path of model {self.name!r} must be a non-empty string; "
                              f"received {self.base_path!r}.")
+        protocol_of(self.base_path)  # a URL of a scheme we do not read (hdfs://) is refused here, naming it
         if not isinstance(self.version_policy, VersionPolicy):
             raise ConfigTypeError(f"ModelConfig.version_policy must be a VersionPolicy; "
                             f"received {type(self.version_policy).__name__}.")

@@ -17,6 +17,11 @@ part of TF Serving's AspiredVersionsManager with AvailabilityPreservingPolicy:
 - The served versions are an immutable mapping replaced whole under the poll
   lock: readers take no lock, and a request holding a model keeps it through
   a swap (it is freed when the last request drops it).
+- A base path may be an object-store URL (s3://, gs://, ...): a version counts there once its
+  metadata.json is uploaded (an upload in progress is not listed, so it is waited for silently); it is
+  copied to the local cache and checked against metadata.json's sha256s before it loads (a damaged one
+  fails its load like a broken folder: END, logged once, the old version keeps serving). A store that
+  cannot be reached at a poll is logged once and the served versions keep answering.
 - Labels (``stable`` -> 42) name served versions; like TF, a label may only be
   assigned to a loaded version unless the caller allows unavailable ones.
 
@@ -39,7 +44,8 @@ from typing import Any
 
 import torch
 
-from torchestimator.export import ExportedModel, list_versions, load
+from torchestimator._io.filesystems import is_url
+from torchestimator.export import ExportedModel, _store_versions, list_versions, load
 from torchestimator.export.receiver import parse_dtype
 from torchestimator.export.versions import version_path
 from torchestimator.serving.config import ModelConfig, VersionPolicy
@@ -97,7 +103,8 @@ class ModelManager:
         self._labels: Mapping[str, int] = _EMPTY
         self._forward_seconds: Mapping[int, float] = _EMPTY  # per loaded version: warm_up's batch-of-one time
         self._failed_fingerprints: dict[int, tuple[Any, ...]] = {}  # only touched under the poll lock
-        self._last_warning = ""
+        self._said: dict[str, str] = {}  # topic -> the warning last logged about it (only under the poll lock)
+        self._unreachable = False  # a store base that failed its last listing
         if version_labels:
             # Before the first poll nothing is loaded: labels given here are taken as they are.
             self.set_version_labels(version_labels, allow_unavailable=True)
@@ -243,7 +250,14 @@ class ModelManager:
         an event loop. A version that failed is retried only once its files change.
         """
         with self._poll_lock:
-            on_disk = list_versions(self.base_path)
+            try:
+                on_disk = list_versions(self.base_path)
+            except OSError as error:
+                if not is_url(self.base_path):
+                    raise
+                self._store_unreachable(error)
+                return False
+            self._store_reachable()
             aspired = self._policy.aspired(on_disk)
             if not aspired:
                 self._warn_nothing_aspired(on_disk)
@@ -253,35 +267,59 @@ class ModelManager:
             return bool(loaded) | self._unload_unaspired(set(aspired))
 
     def _load(self, version: int) -> bool:
-        path = version_path(self.base_path, version)
-        fingerprint = _fingerprint(path)
+        in_store = is_url(self.base_path)
+        try:
+            path = version_path(self.base_path, version)
+            fingerprint = _store_versions.version_fingerprint(path) if in_store else _fingerprint(path)
+        except OSError as error:
+            if not in_store:
+                raise
+            self._store_unreachable(error)
+            return False
         if self._failed_fingerprints.get(version) == fingerprint:
             return False
+        previous = self._statuses.get(version)
         self._set_status(VersionStatus(version=version, state=LOADING))
         logger.info("%s: loading version %d from %s", self.name, version, path)
         try:
-            model = self._loader(path)
+            model = self._loader(path)  # from a store: copied to the local cache and verified first
             if self._model_warmup:
                 from torchestimator.serving.warmup import replay_warmup  # protobuf only when versions load
 
-                replayed = replay_warmup(model, path)
+                replayed = replay_warmup(model, getattr(model, "path", path) if in_store else path)
                 if replayed:
                     logger.info("%s: version %d replayed %d warm-up request(s)", self.name, version, replayed)
             forward_seconds = warm_up(model)
-        except Exception as error:  # any failure keeps the working versions; the status carries the reason
-            code = "INVALID_ARGUMENT" if isinstance(error, (ValueError, TypeError)) else "UNKNOWN"
-            message = _load_error_message(self.name, version, path, error)
-            self._set_status(VersionStatus(version=version, state=END, error_code=code, error_message=message))
-            self._failed_fingerprints[version] = fingerprint
-            logger.error("%s", message)
+        except OSError as error:
+            if not in_store:
+                return self._load_failed(version, path, fingerprint, error)
+            # The store or the cache, not the version: tried again at the next poll, said once until then.
+            self._statuses = MappingProxyType({**self._statuses, version: previous} if previous else
+                                              {number: status for number, status in self._statuses.items()
+                                               if number != version})
+            self._say_once(f"copy {version}", logging.ERROR, f"{self.name}: could not copy version {version} from "
+                           f"{path} (tried again at the next poll): {' '.join(str(error).split())}")
             return False
+        except Exception as error:  # any failure keeps the working versions; the status carries the reason
+            return self._load_failed(version, path, fingerprint, error)
         # Before the swap, so a request that finds the version finds its time too.
         self._forward_seconds = MappingProxyType({**self._forward_seconds, version: forward_seconds})
         self._served = MappingProxyType({**self._served, version: model})  # the swap: one reference assignment
         self._set_status(VersionStatus(version=version, state=AVAILABLE))
         self._failed_fingerprints.pop(version, None)
+        self._said.pop(f"copy {version}", None)
         logger.info("%s: serving version %d", self.name, version)
         return True
+
+    def _load_failed(self, version: int, path: str, fingerprint: tuple[Any, ...], error: Exception) -> bool:
+        """Records a version that failed (END, with the reason) and logs it once: it is tried again only
+        when its files change."""
+        code = "INVALID_ARGUMENT" if isinstance(error, (ValueError, TypeError)) else "UNKNOWN"
+        message = _load_error_message(self.name, version, path, error)
+        self._set_status(VersionStatus(version=version, state=END, error_code=code, error_message=message))
+        self._failed_fingerprints[version] = fingerprint
+        logger.error("%s", message)
+        return False
 
     def _unload_unaspired(self, aspired: set[int]) -> bool:
         served = self._served
@@ -290,8 +328,9 @@ class ModelManager:
             return False
         if not aspired & set(served):
             # AvailabilityPreservingPolicy: no aspired version serves yet, so the old ones keep answering.
-            logger.warning("%s: keeping version(s) %s: none of the aspired versions %s could be loaded yet",
-                           self.name, unaspired, sorted(aspired))
+            # Polled every second: said once for as long as it stays so.
+            self._say_once("keeping", logging.WARNING, f"{self.name}: keeping version(s) {unaspired}: none of the "
+                           f"aspired versions {sorted(aspired)} could be loaded yet")
             return False
         self._served = MappingProxyType({version: model for version, model in served.items()
                                          if version in aspired})
@@ -299,8 +338,30 @@ class ModelManager:
                                                   self._forward_seconds.items() if version in aspired})
         for version in unaspired:
             self._set_status(VersionStatus(version=version, state=END))
+        self._said.pop("keeping", None)
         logger.info("%s: unloaded version(s) %s; serving %s", self.name, unaspired, self.served_versions)
+        if is_url(self.base_path):  # their local copies (the cache) go with them
+            for version in unaspired:
+                _store_versions.forget_cached(f"{self.base_path.rstrip('/')}/{version}")
         return True
+
+    def _store_unreachable(self, error: OSError) -> None:
+        """A poll that could not list or read the store: the served versions keep answering; said once."""
+        if not self._unreachable:
+            logger.error("%s: could not reach %s (%s); still serving version(s) %s, trying again at each poll",
+                         self.name, self.base_path, " ".join(str(error).split()), self.served_versions or "none")
+            self._unreachable = True
+
+    def _store_reachable(self) -> None:
+        if self._unreachable:
+            logger.info("%s: %s answers again", self.name, self.base_path)
+            self._unreachable = False
+
+    def _say_once(self, topic: str, level: int, message: str) -> None:
+        """Logs ``message`` unless it is what was last said about ``topic`` (polls repeat every second)."""
+        if self._said.get(topic) != message:
+            logger.log(level, "%s", message)
+            self._said[topic] = message
 
     def _warn_nothing_aspired(self, on_disk: list[int]) -> None:
         # TF would unload everything here; a server that answers nothing helps no one, so we keep serving.
@@ -312,9 +373,7 @@ class ModelManager:
         else:
             message = (f"{self.name}: the version policy {self._policy} matches none of the versions on disk "
                        f"{on_disk}; still serving version(s) {self.served_versions}.")
-        if message != self._last_warning:  # polled every second: say it once, not once a second
-            logger.warning("%s", message)
-            self._last_warning = message
+        self._say_once("nothing aspired", logging.WARNING, message)  # polled every second: once, not once a second
 
     # -- helpers ----------------------------------------------------------------------------------
 
