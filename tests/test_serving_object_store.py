@@ -163,3 +163,21 @@ def test_torchestimator_serve_answers_rest_from_s3(exports, s3_bucket):
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_a_store_whose_endpoint_stops_answering_keeps_the_served_version(exports, s3_bucket, caplog, monkeypatch):
+    """The endpoint itself gone (s3fs's own retries and error, a few seconds), not a patched listing."""
+    from object_stores import forget_filesystems, free_port
+
+    base = f"{s3_bucket}/models/m"
+    upload(exports["folders"]["old"], f"{base}/100")
+    manager = ModelManager("m", base)
+    manager.poll()
+    caplog.set_level(logging.INFO, logger="torchestimator")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    forget_filesystems()
+    assert not manager.poll() and not manager.poll()
+    assert manager.served_versions == [100] and answers(manager, exports) == "old"
+    said = [message for message in problems(caplog) if "could not reach" in message]
+    assert len(said) == 1 and "Could not connect to the endpoint URL" in said[0], problems(caplog)

@@ -298,7 +298,7 @@ class ModelManager:
                                               {number: status for number, status in self._statuses.items()
                                                if number != version})
             self._say_once(f"copy {version}", logging.ERROR, f"{self.name}: could not copy version {version} from "
-                           f"{path} (tried again at the next poll): {' '.join(str(error).split())}")
+                           f"{path} (tried again at the next poll): {_reason(error)}")
             return False
         except Exception as error:  # any failure keeps the working versions; the status carries the reason
             return self._load_failed(version, path, fingerprint, error)
@@ -348,8 +348,10 @@ class ModelManager:
     def _store_unreachable(self, error: OSError) -> None:
         """A poll that could not list or read the store: the served versions keep answering; said once."""
         if not self._unreachable:
-            logger.error("%s: could not reach %s (%s); still serving version(s) %s, trying again at each poll",
-                         self.name, self.base_path, " ".join(str(error).split()), self.served_versions or "none")
+            serving = (f"still serving version(s) {self.served_versions}" if self._served else
+                       "no version is served yet")
+            logger.error("%s: could not reach %s (%s); %s, trying again at each poll", self.name, self.base_path,
+                         _reason(error), serving)
             self._unreachable = True
 
     def _store_reachable(self) -> None:
@@ -394,6 +396,11 @@ class ModelManager:
         if status.error_code != "OK":
             return f"{status.state} after a failed load: {status.error_message}"
         return status.state
+
+
+def _reason(error: OSError) -> str:
+    """An OSError's words on one line, without the "[Errno 5] ...: 'path'" frame (our messages name the URL)."""
+    return " ".join(str(error.strerror or error).split())
 
 
 def _both_given(version: int, label: str) -> ServingError:
