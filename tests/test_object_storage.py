@@ -120,3 +120,13 @@ def test_storage_options_per_scheme_or_for_all_and_never_mixed():
             filesystems.configure_storage_options({"s3": {}, "endpoint_url": "x"})
     finally:
         filesystems.configure_storage_options(None)
+
+
+def test_a_first_save_cut_short_is_no_checkpoint_and_training_starts_over(store_url):
+    storage = ObjectStorage(store_url)
+    host = writer_tag().split("-h", 1)[1]
+    storage.write_file(f"ckpt-1.{_dead_pid()}-h{host}-0a0b0c", "model.safetensors", b"the first save, cut short")
+    store = CheckpointStore(store_url)
+    assert not store.has_checkpoints() and store.latest_checkpoint() is None
+    store.save(1, _weights(1.0))
+    assert store.has_checkpoints() and len(storage.list_folders()) == 1

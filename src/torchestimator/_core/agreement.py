@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from torchestimator._io import filesystems
 from torchestimator._io.atomic import temporary_prefix, writer_is_gone, writer_tag
 from torchestimator.checkpoint.errors import is_no_room
 from torchestimator.errors import (CheckpointError, DiskFullError, ReplicaLostError, ReplicasDisagreeError,
@@ -113,14 +114,15 @@ def check_start_agreement(strategy: Any, model_dir: str, checkpoint: Any, *, max
     """
     if strategy.num_replicas == 1:
         return
-    model_dir = os.path.abspath(os.fspath(model_dir))
+    model_dir = os.fspath(model_dir)
+    model_dir = model_dir.rstrip("/") if filesystems.is_url(model_dir) else os.path.abspath(model_dir)
     probe_name = _place_probe(strategy, model_dir)
     try:
         view = _this_view(strategy, model_dir, probe_name, checkpoint, max_steps, steps)
         views = strategy.all_gather_object(view)
     finally:
         if strategy.is_chief:  # after the gather: every replica has looked for it
-            _remove_quietly(os.path.join(model_dir, probe_name))
+            _remove_quietly(filesystems.join(model_dir, probe_name))
     message = disagreement(views)
     if message is not None:
         raise ReplicasDisagreeError(message, views=views)
@@ -135,9 +137,12 @@ def _place_probe(strategy: Any, model_dir: str) -> str:
         # A temporary name of atomic.py's form: never a checkpoint, and removed at start-up if a kill left it.
         name = temporary_prefix("agreement-probe") + secrets.token_hex(8)
         try:
-            os.makedirs(model_dir, exist_ok=True)
-            with open(os.path.join(model_dir, name), "xb") as handle:
-                handle.write(b"every replica of a run must see this file\n")
+            if filesystems.is_url(model_dir):  # an object store: one PUT, seen by every node at once after it
+                filesystems.write_bytes(filesystems.join(model_dir, name), b"every replica of a run must see this\n")
+            else:
+                os.makedirs(model_dir, exist_ok=True)
+                with open(os.path.join(model_dir, name), "xb") as handle:
+                    handle.write(b"every replica of a run must see this file\n")
         except OSError as error:
             failure = error
     name, chief_error = strategy.broadcast_object(
@@ -163,8 +168,8 @@ def _this_view(strategy: Any, model_dir: str, probe_name: str, checkpoint: Any, 
                steps: int | None) -> ReplicaView:
     return ReplicaView(
         rank=strategy.replica_id, host=socket.gethostname(), pid=os.getpid(), model_dir=model_dir,
-        sees_probe=_sees(os.path.join(model_dir, probe_name)),
-        checkpoint_name=None if checkpoint is None else os.path.basename(os.path.normpath(checkpoint.path)),
+        sees_probe=_sees(filesystems.join(model_dir, probe_name)),
+        checkpoint_name=None if checkpoint is None else os.path.basename(checkpoint.path.rstrip("/")),
         checkpoint_step=None if checkpoint is None else int(checkpoint.step),
         num_replicas=strategy.num_replicas, max_steps=max_steps, steps=steps,
     )
@@ -173,7 +178,7 @@ def _this_view(strategy: Any, model_dir: str, probe_name: str, checkpoint: Any, 
 def _sees(path: str) -> bool:
     # A lookup of the exact (new, random) name: no cached directory listing can hide it on NFS.
     deadline = time.monotonic() + PROBE_VISIBILITY_SECONDS
-    while not os.path.exists(path):
+    while not filesystems.exists(path):
         if time.monotonic() > deadline:
             return False
         time.sleep(_PROBE_POLL_SECONDS)
@@ -182,7 +187,7 @@ def _sees(path: str) -> bool:
 
 def _remove_quietly(path: str) -> None:
     try:
-        os.remove(path)
+        filesystems.remove(path)
     except OSError as error:  # a leftover of this form is removed by the next start-up's clean-up
         logger.warning("Could not remove the agreement probe %s: %s", path, error)
 

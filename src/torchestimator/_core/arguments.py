@@ -18,6 +18,7 @@ import torch
 
 from torchestimator._core.calling import factory_call_refusal, required_positionals
 from torchestimator._core.config import RunConfig
+from torchestimator._io import filesystems
 from torchestimator.errors import ConfigError, ConfigTypeError
 
 logger = logging.getLogger(__name__)
@@ -147,16 +148,24 @@ def resolve_model_dir(model_dir: str | os.PathLike[str] | None, config: RunConfi
         if model_dir == "":
             raise ConfigError("Estimator(model_dir=...) must be a non-empty path, or None for a temporary folder.",
                               field="model_dir", value=model_dir)
+        if filesystems.is_url(model_dir):
+            if config.model_dir is not None and config.model_dir.rstrip("/") != model_dir.rstrip("/"):
+                raise ConfigError(
+                    f"model_dir is set both in Estimator ({model_dir!r}) and in RunConfig ({config.model_dir!r}) and "
+                    "they differ. Set it in one place.", field="model_dir", value=model_dir)
+            return model_dir.rstrip("/")
+        model_dir = filesystems.local_path(model_dir)
         if os.path.exists(model_dir) and not os.path.isdir(model_dir):
             raise ConfigError(f"model_dir {model_dir!r} exists and is not a directory. Choose another model_dir.",
                               field="model_dir", value=model_dir)
-        if config.model_dir is not None and os.path.abspath(config.model_dir) != os.path.abspath(model_dir):
+        if config.model_dir is not None and os.path.abspath(filesystems.local_path(config.model_dir)) != os.path.abspath(model_dir):
             raise ConfigError(
                 f"model_dir is set both in Estimator ({model_dir!r}) and in RunConfig ({config.model_dir!r}) and they "
                 "differ. Set it in one place.", field="model_dir", value=model_dir)
         return model_dir
     if config.model_dir is not None:
-        return config.model_dir
+        return config.model_dir.rstrip("/") if filesystems.is_url(config.model_dir) else filesystems.local_path(
+            config.model_dir)
     model_dir = tempfile.mkdtemp(prefix="torchestimator-")
     logger.warning("Using temporary folder as model directory: %s", model_dir)
     return model_dir

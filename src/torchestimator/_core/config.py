@@ -16,6 +16,7 @@ import dataclasses
 import math
 import numbers
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -105,6 +106,11 @@ class RunConfig:
     process: a writer thread through the checkpoint store; several: DCP's async_save). Saves stay synchronous
     under train_and_evaluate (an evaluation reads its step's checkpoint from disk); the final checkpoint is
     complete before train returns."""
+    storage_options: Mapping[str, Any] | None = dataclasses.field(default=None, hash=False)
+    """Arguments of the filesystem behind URL paths (model_dir, input files, exports): one dict for every store
+    (``{"endpoint_url": ...}``) or one per scheme (``{"s3": {...}, "gs": {...}}``). Without it, each backend's
+    own conventions apply (``AWS_*``, ``STORAGE_EMULATOR_HOST``, ``AZURE_STORAGE_CONNECTION_STRING``). Never
+    written to run_config.json with its values: they may hold secrets."""
 
     def __post_init__(self) -> None:
         steps, secs = self.save_checkpoints_steps, self.save_checkpoints_secs
@@ -122,6 +128,10 @@ class RunConfig:
         object.__setattr__(self, "save_checkpoints_steps", steps)
         object.__setattr__(self, "save_checkpoints_secs", secs)
         object.__setattr__(self, "model_dir", _checked_model_dir(self.model_dir))
+        if self.storage_options is not None:
+            from torchestimator._io.filesystems import checked_storage_options
+
+            checked_storage_options(self.storage_options)
         self._check_fields()
 
     def _check_fields(self) -> None:
@@ -159,10 +169,17 @@ class RunConfig:
         result: dict[str, Any] = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if value is not None and not isinstance(value, (bool, int, float, str)):
+            if field.name == "storage_options" and value is not None:
+                value = _without_values(value)
+            elif value is not None and not isinstance(value, (bool, int, float, str)):
                 value = repr(value)
             result[field.name] = value
         return result
+
+
+def _without_values(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of storage_options, each value hidden (keys, tokens and connection strings stay out of files)."""
+    return {key: _without_values(value) if isinstance(value, Mapping) else "<hidden>" for key, value in options.items()}
 
 
 def _checked_value(name: str, value: Any, rule: _Rule) -> Any:

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchestimator._io.atomic import temporary_prefix, write_bytes_atomically
+from torchestimator._io import filesystems
+from torchestimator._io.atomic import temporary_prefix
 from torchestimator._policy.best import protect_recorded_best
 from torchestimator._core.agreement import check_start_agreement
 from torchestimator._core.arguments import check_argument_types, checked_factory_result, is_scheduler, resolve_model_dir
@@ -103,6 +104,8 @@ class Estimator:
         self._params = copy.deepcopy(dict(params or {}))
         if params and "params" not in self._model_fn_args:
             logger.debug("params given but model_fn does not take them; they still reach model and optimizer factories.")
+        if config.storage_options is not None:
+            filesystems.configure_storage_options(config.storage_options)  # before model_dir is looked at
         self._model_dir = resolve_model_dir(model_dir, config)
         self._config = config.replace(model_dir=self._model_dir) if config.model_dir != self._model_dir else config
         self._model_source = model
@@ -178,7 +181,7 @@ class Estimator:
 
     def eval_dir(self, name: str | None = None) -> str:
         """model_dir/eval, or model_dir/eval_<name> for a named evaluation."""
-        return os.path.join(self._model_dir, f"eval_{name}" if name else "eval")
+        return filesystems.join(self._model_dir, f"eval_{name}" if name else "eval")
 
     def latest_checkpoint(self) -> str | None:
         return self._store.latest_checkpoint()
@@ -459,28 +462,35 @@ class Estimator:
 
     def _prepare_model_dir(self, step: int) -> None:
         """Creates model_dir, clears what killed runs left there, checks it takes writes, records the settings."""
-        probe = os.path.join(self._model_dir, temporary_prefix("write-probe") + "check")
+        probe = filesystems.join(self._model_dir, temporary_prefix("write-probe") + "check")
         writing = self._model_dir
         try:
-            os.makedirs(self._model_dir, exist_ok=True)
+            filesystems.makedirs(self._model_dir)
             self._store.remove_leftovers()
             protect_recorded_best(self._model_dir, self._store)  # before any save's retention
             writing = probe
-            with open(probe, "wb") as handle:
-                handle.write(b"ok")
+            if filesystems.is_url(probe):  # a missing bucket, no permission or bad credentials: now, not at a save
+                filesystems.write_bytes(probe, b"ok")
+            else:
+                with open(probe, "wb") as handle:
+                    handle.write(b"ok")
             for name, payload in (("params.json", self._params), ("run_config.json", self._config.to_json_dict())):
-                writing = os.path.join(self._model_dir, name)
-                write_bytes_atomically(writing, json.dumps(payload, indent=2, sort_keys=True, default=repr).encode())
+                writing = filesystems.join(self._model_dir, name)
+                filesystems.write_bytes(writing, json.dumps(payload, indent=2, sort_keys=True, default=repr).encode())
         except OSError as error:
             if is_no_room(error):
                 raise DiskFullError(error, path=writing, what=f"the run's settings before training from step {step}",
                                     advice="Free some space (or choose another model_dir) and rerun.") from error
+            if filesystems.is_url(self._model_dir):
+                raise type(error)(error.errno, f"model_dir {self._model_dir} cannot be written, so training does not "
+                                  f"start: {error.strerror or error}. Check that the bucket exists, the credentials "
+                                  "and their permission to write there, and the endpoint.", writing) from error
             raise PermissionError(
                 f"model_dir {self._model_dir!r} is not writable ({error.strerror}: {writing}). Choose another model_dir."
             ) from error
         finally:
             try:
-                os.remove(probe)
+                filesystems.remove(probe)
             except OSError:
                 pass
 
@@ -683,7 +693,7 @@ class Estimator:
                     "Optimizer state from other formats is not carried over."
                 )
             path = weights.checkpoint_path
-        return CheckpointStore(os.path.dirname(path)).restore(path)
+        return CheckpointStore(filesystems.parent(path)).restore(path)
 
     def export_saved_model(self, export_dir_base: str, serving_input_receiver: Any, checkpoint_path: str | None = None,
                            assets_extra: Mapping[str, str] | None = None, as_onnx: bool = False,

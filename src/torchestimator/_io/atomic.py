@@ -107,7 +107,14 @@ def _naming(error: OSError, path: str) -> OSError:
 
 
 def write_json_atomically(path: str, payload: Any, *, indent: int = 2) -> None:
-    write_bytes_atomically(path, json.dumps(payload, indent=indent, sort_keys=True).encode("utf-8"))
+    """A JSON document written whole: atomically on a file system; one PUT for a URL (``filesystems``)."""
+    data = json.dumps(payload, indent=indent, sort_keys=True).encode("utf-8")
+    from torchestimator._io import filesystems
+
+    if filesystems.is_url(path):
+        filesystems.write_bytes(path, data)
+    else:
+        write_bytes_atomically(filesystems.local_path(path), data)
 
 
 def writer_is_gone(pid: int, host: str | None = None) -> bool:

@@ -31,8 +31,8 @@ from torchestimator._extras import import_extra
 from torchestimator.errors import ConfigError
 
 __all__ = [
-    "PROTOCOL_EXTRAS", "configure_storage_options", "exists", "filesystem", "glob", "is_dir", "is_url", "join",
-    "listdir", "local_path", "makedirs", "open_for_reading", "protocol_of", "read_bytes", "remove", "remove_tree",
+    "PROTOCOL_EXTRAS", "checked_storage_options", "configure_storage_options", "exists", "filesystem", "glob", "is_dir", "is_url", "join",
+    "listdir", "local_path", "makedirs", "open_for_reading", "parent", "protocol_of", "read_bytes", "remove", "remove_tree",
     "storage_options_for", "write_bytes",
 ]
 
@@ -91,6 +91,14 @@ def join(base: str | os.PathLike[str], *parts: str) -> str:
     return os.path.join(text, *parts)
 
 
+def parent(path: str | os.PathLike[str]) -> str:
+    """The folder holding ``path``: ``os.path.dirname`` for local paths; for a URL, up to its last ``/``."""
+    text = os.fspath(path)
+    if is_url(text):
+        return text.rstrip("/").rsplit("/", 1)[0]
+    return os.path.dirname(text)
+
+
 def configure_storage_options(options: Mapping[str, Any] | None) -> None:
     """Set the options every filesystem this process makes from now on gets (``RunConfig(storage_options=...)``).
 
@@ -102,6 +110,11 @@ def configure_storage_options(options: Mapping[str, Any] | None) -> None:
         _configured.clear()
         _configured.update(per_protocol)
         _filesystems.clear()
+
+
+def checked_storage_options(options: Mapping[str, Any]) -> None:
+    """Raises the ConfigError ``configure_storage_options`` would, without configuring anything."""
+    _options_per_protocol(options)
 
 
 def storage_options_for(protocol: str) -> dict[str, Any]:

@@ -19,6 +19,12 @@ here they become an error naming the event file (``DiskFullError`` when there
 is no room), and the writer is abandoned so that ``close`` does not raise the
 same error again over whatever is being raised.
 
+A ``logdir`` in an object store (``s3://b/run``) cannot be appended to: the torch writer writes into a
+local folder, and every event file there is uploaded whole (one PUT, seen whole or not at all) at
+``flush``, ``close`` and at most every ``UPLOAD_SECONDS`` while scalars are written, which is how
+TensorFlow's own S3 writer behaves (it re-uploads the file at each flush). TensorBoard pointed at the
+bucket sees the run up to the last upload.
+
 Reading frames records with our own TFRecord reader (a declared length is
 bounded by the file's size before anything is allocated) and parses them with
 TensorBoard's ``Event`` message, file by file, rather than ``EventAccumulator``,
@@ -28,17 +34,24 @@ silently drop values.
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
 import glob
 import logging
 import math
 import numbers
 import os
-from collections.abc import Mapping
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 import torch
+
+from torchestimator._io import filesystems
 
 __all__ = ["SummaryWriter", "read_scalars", "EVENT_FILE_PATTERN"]
 
@@ -46,6 +59,9 @@ logger = logging.getLogger(__name__)
 
 EVENT_FILE_PATTERN = "events.out.tfevents.*"
 """The names of TensorBoard event files inside a log directory."""
+
+UPLOAD_SECONDS = 30.0
+"""With a logdir in an object store: the longest time written summaries stay local before being uploaded."""
 
 
 def _check_step(step: Any, method: str) -> int:
@@ -86,6 +102,8 @@ class SummaryWriter:
         self._writer: Any = None
         self._closed = False
         self._failure: OSError | None = None
+        self._mirror: str | None = None  # the local folder the torch writer fills, for a logdir in a store
+        self._uploaded_at = time.monotonic()
 
     def _file_writer(self, method: str) -> Any:
         """The torch writer, built on first use so that the event file appears only when written to."""
@@ -100,7 +118,12 @@ class SummaryWriter:
 
             if self._failure is not None:
                 raise self._failure
-            self._writer = self._guarded(lambda: TorchSummaryWriter(log_dir=self.logdir), "the event file")
+            local = self.logdir
+            if filesystems.is_url(self.logdir):
+                self._mirror = local = tempfile.mkdtemp(prefix="torchestimator-summaries-")
+            else:
+                local = filesystems.local_path(self.logdir)
+            self._writer = self._guarded(lambda: TorchSummaryWriter(log_dir=local), "the event file")
             logger.debug("Writing summaries to %s.", self.logdir)
         return self._writer
 
@@ -157,6 +180,8 @@ class SummaryWriter:
             logger.warning("Summary %r at step %d is %s.", tag, step, number)
         writer = self._file_writer("scalar")
         self._guarded(lambda: writer.add_scalar(tag, number, global_step=step), f"summaries (at {tag!r}, step {step})")
+        if self._mirror is not None and time.monotonic() - self._uploaded_at >= UPLOAD_SECONDS:
+            self.flush()
 
     def scalars(self, values: Mapping[str, Any], step: int) -> None:
         """Writes every numeric entry of ``values`` (e.g. evaluation results) at ``step``.
@@ -194,6 +219,16 @@ class SummaryWriter:
             raise self._failure
         if self._writer is not None:
             self._guarded(self._writer.flush, "pending summaries")
+            self._upload()
+
+    def _upload(self) -> None:
+        """Puts every event file of the local mirror into the store, whole (a logdir URL only)."""
+        if self._mirror is None:
+            return
+        for name in sorted(os.listdir(self._mirror)):
+            with open(os.path.join(self._mirror, name), "rb") as handle:
+                filesystems.write_bytes(filesystems.join(self.logdir, name), handle.read())
+        self._uploaded_at = time.monotonic()
 
     def close(self) -> None:
         """Flushes and closes the event file; calling it again does nothing.
@@ -205,6 +240,12 @@ class SummaryWriter:
             writer = self._writer
             self._guarded(writer.close, "pending summaries")
             self._writer = None
+            try:
+                self._upload()
+            finally:
+                if self._mirror is not None:
+                    shutil.rmtree(self._mirror, ignore_errors=True)
+                    self._mirror = None
 
     def __enter__(self) -> SummaryWriter:
         return self
@@ -250,36 +291,62 @@ def read_scalars(logdir: str | os.PathLike[str]) -> dict[str, list[tuple[int, fl
     TensorBoard. Records are framed by our own TFRecord reader, which bounds a
     declared length by the file's size before reading it. A missing ``logdir`` gives ``{}``.
     """
+    # tag -> step -> ((wall_time, read order), value)
+    latest: dict[str, dict[int, tuple[tuple[float, int], float]]] = {}
+    order = 0
+    with _local_copy(os.fspath(logdir)) as local_logdir:
+        for path in sorted(glob.glob(os.path.join(glob.escape(local_logdir), EVENT_FILE_PATTERN))):
+            order = _read_event_file(path, latest, order)
+    return {
+        tag: [(step, number) for step, (_, number) in sorted(steps.items())] for tag, steps in sorted(latest.items())
+    }
+
+
+@contextlib.contextmanager
+def _local_copy(logdir: str) -> Iterator[str]:
+    """``logdir`` itself when local; for a URL, a temporary folder holding a copy of its event files."""
+    if not filesystems.is_url(logdir):
+        yield filesystems.local_path(logdir)
+        return
+    with tempfile.TemporaryDirectory(prefix="torchestimator-events-") as folder:
+        try:
+            names = filesystems.listdir(logdir)
+        except FileNotFoundError:
+            names = []
+        for name in names:
+            if fnmatch.fnmatchcase(name, EVENT_FILE_PATTERN):
+                with open(os.path.join(folder, name), "wb") as handle:
+                    handle.write(filesystems.read_bytes(filesystems.join(logdir, name)))
+        yield folder
+
+
+def _read_event_file(path: str, latest: dict[str, dict[int, Any]], order: int) -> int:
+    """Adds one event file's scalars to ``latest`` (tag -> step -> ((wall_time, read order), value)); returns the
+    read order reached. A file is read up to its first damage, with a warning naming it."""
     from google.protobuf.message import DecodeError
     from tensorboard.compat.proto.event_pb2 import Event
 
     from torchestimator.data.tfrecord import DataLossError, iter_records
 
-    # tag -> step -> ((wall_time, read order), value)
-    latest: dict[str, dict[int, tuple[tuple[float, int], float]]] = {}
-    order = 0
-    for path in sorted(glob.glob(os.path.join(glob.escape(os.fspath(logdir)), EVENT_FILE_PATTERN))):
-        offset = 0
-        try:
-            for offset, record in iter_records(path, strict=False):
-                order += 1
-                event = Event.FromString(record)
-                if not event.HasField("summary"):
+    offset = 0
+    try:
+        for offset, record in iter_records(path, strict=False):
+            order += 1
+            event = Event.FromString(record)
+            if not event.HasField("summary"):
+                continue
+            for value in event.summary.value:
+                number = _scalar_value(value)
+                if number is None:
                     continue
-                for value in event.summary.value:
-                    number = _scalar_value(value)
-                    if number is None:
-                        continue
-                    steps = latest.setdefault(value.tag, {})
-                    written = (event.wall_time, order)
-                    if event.step not in steps or written >= steps[event.step][0]:
-                        steps[int(event.step)] = (written, number)
-        except DataLossError as error:
-            if not str(error).startswith("truncated"):  # a cut tail is a file still being written
-                logger.warning("Skipping the rest of event file %s: %s", path, error)
-        except (OSError, DecodeError, ValueError) as error:
-            logger.warning("Skipping the rest of event file %s: the record at byte %d could not be read as an "
-                           "Event (%s).", path, offset, error)
-    return {
-        tag: [(step, number) for step, (_, number) in sorted(steps.items())] for tag, steps in sorted(latest.items())
-    }
+                steps = latest.setdefault(value.tag, {})
+                written = (event.wall_time, order)
+                if event.step not in steps or written >= steps[event.step][0]:
+                    steps[int(event.step)] = (written, number)
+    except DataLossError as error:
+        if not str(error).startswith("truncated"):  # a cut tail is a file still being written
+            logger.warning("Skipping the rest of event file %s: %s", path, error)
+    except (OSError, DecodeError, ValueError) as error:
+        logger.warning("Skipping the rest of event file %s: the record at byte %d could not be read as an "
+                       "Event (%s).", path, offset, error)
+    return order

@@ -30,6 +30,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from torchestimator._io import filesystems
 from torchestimator._io.atomic import write_json_atomically
 from torchestimator.checkpoint.store import CheckpointStore
 from torchestimator._policy.improvement import Objective
@@ -159,7 +160,7 @@ class BestCheckpointPolicy:
         if (document.get("metric_name"), document.get("higher_is_better")) != (self.metric_name, self.higher_is_better):
             logger.warning(
                 "%s records the best by %s (higher_is_better=%s), but the policy now uses %s (higher_is_better=%s): "
-                "the old record is not comparable and is replaced.", os.path.join(model_dir, BEST_FILE),
+                "the old record is not comparable and is replaced.", filesystems.join(model_dir, BEST_FILE),
                 document.get("metric_name"), document.get("higher_is_better"), self.metric_name, self.higher_is_better,
             )
             return []
@@ -177,12 +178,15 @@ def read_best(model_dir: str | os.PathLike[str]) -> list[BestRecord]:
     document = _read_best_file(model_dir)
     if document is None:
         return []
-    records = []
-    for item in document["best"]:
-        path = os.path.join(model_dir, f"ckpt-{int(item['step'])}")
-        records.append(BestRecord(step=int(item["step"]), value=_stored_value(item),
-                                  path=path if os.path.isdir(path) else None))
-    return records
+    if filesystems.is_url(model_dir):  # folder names carry a save's own suffix there: the store knows them
+        paths = {entry["step"]: entry["path"] for entry in CheckpointStore(model_dir).history()}
+    else:
+        paths = {}
+        for item in document["best"]:
+            path = os.path.join(model_dir, f"ckpt-{int(item['step'])}")
+            paths[int(item["step"])] = path if os.path.isdir(path) else None
+    return [BestRecord(step=int(item["step"]), value=_stored_value(item), path=paths.get(int(item["step"])))
+            for item in document["best"]]
 
 
 def protect_recorded_best(model_dir: str | os.PathLike[str], store: Any) -> None:
@@ -240,10 +244,9 @@ def _stored_value(item: Mapping[str, Any]) -> float:
 
 
 def _read_best_file(model_dir: str) -> dict[str, Any] | None:
-    path = os.path.join(model_dir, BEST_FILE)
+    path = filesystems.join(model_dir, BEST_FILE)
     try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
+        document = json.loads(filesystems.read_bytes(path).decode("utf-8"))
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -274,4 +277,4 @@ def _write_best_file(model_dir: str, policy: BestCheckpointPolicy, records: list
         # JSON has no NaN; a NaN value (never better than a number) is written as null and read back as NaN.
         "best": [{"step": r.step, "value": None if math.isnan(r.value) else r.value} for r in records],
     }
-    write_json_atomically(os.path.join(model_dir, BEST_FILE), document, indent=1)
+    write_json_atomically(filesystems.join(model_dir, BEST_FILE), document, indent=1)

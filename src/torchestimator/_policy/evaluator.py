@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from torchestimator._io import filesystems
 from torchestimator._policy.best import BestCheckpointPolicy
 from torchestimator._policy.early_stopping import EarlyStoppingRule, as_rules
 from torchestimator._policy.evaluator_channel import (
@@ -303,7 +304,7 @@ class _Evaluator:
             try:
                 self.exports[index] = run_exporters(self.estimator, spec, path, self.results[index], final)
             except Exception as error:
-                if os.path.exists(path):
+                if filesystems.exists(path):
                     raise
                 # Retention deleted it under the exporter (its protection lapsed): a skipped export, not a crash.
                 logger.warning("Skipped the exports of %s (global step %s): the checkpoint was removed while the "

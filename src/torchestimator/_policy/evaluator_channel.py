@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from torchestimator._io import filesystems
 from torchestimator._io.atomic import WRITER_PATTERN, write_json_atomically, writer_is_gone, writer_tag
 from torchestimator._io.regular_file import read_regular_file
 from torchestimator.errors import FileTooLargeError, NotARegularFileError
@@ -143,7 +144,7 @@ def read_training_run(model_dir: str) -> TrainingRun | None:
         "end_reason": (str, None), "max_steps": (int, None), "end_cause": (str, None)})
     if run is not None and run.end_cause is not None and run.end_cause not in END_CAUSES:
         logger.warning("%s: field 'end_cause' must be one of %s or null; received %r. The file is ignored.",
-                       os.path.join(model_dir, TRAINING_RUN_FILE), ", ".join(END_CAUSES), run.end_cause)
+                       filesystems.join(model_dir, TRAINING_RUN_FILE), ", ".join(END_CAUSES), run.end_cause)
         return None
     return run
 
@@ -166,7 +167,7 @@ def write_evaluating_step(model_dir: str, step: int | None) -> None:
 
 def read_evaluating_step(model_dir: str, *, now: Callable[[], float] = time.time) -> int | None:
     """The step evaluator.json protects; None when none, or when the file is stale (see the module docstring)."""
-    path = os.path.join(model_dir, EVALUATOR_FILE)
+    path = filesystems.join(model_dir, EVALUATOR_FILE)
     document = _read(model_dir, EVALUATOR_FILE)
     if document is None:
         return None
@@ -210,7 +211,7 @@ class StopSignalWatch:
     def __init__(self, model_dir: str, run_id: str, *, poll_secs: float = STOP_POLL_SECS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.model_dir, self.run_id, self.poll_secs, self.clock = model_dir, run_id, poll_secs, clock
-        self.path = os.path.join(model_dir, STOP_SIGNAL_FILE)
+        self.path = filesystems.join(model_dir, STOP_SIGNAL_FILE)
         self.signal: StopSignal | None = None
         self._last_poll: float | None = None
         self._seen: tuple[int, int, int] | None = None
@@ -223,11 +224,10 @@ class StopSignalWatch:
             return None
         self._last_poll = now
         try:
-            status = os.stat(self.path)
+            identity = _identity(self.path)
         except OSError:  # absent (the usual case), or unreachable for now: asked again at the next poll
             self._seen = None
             return None
-        identity = (status.st_ino, status.st_mtime_ns, status.st_size)
         if identity == self._seen:
             return None
         self._seen = identity
@@ -243,15 +243,38 @@ class StopSignalWatch:
 # -- reading and writing one document ---------------------------------------------------------
 
 
+def _identity(path: str) -> Any:
+    """What tells a new stop_signal.json from the one seen before: inode, time and size on a file system; on an
+    object store, the object's ETag (or its bytes, where the store gives none)."""
+    if not filesystems.is_url(path):
+        status = os.stat(filesystems.local_path(path))
+        return (status.st_ino, status.st_mtime_ns, status.st_size)
+    fs, inner = filesystems.filesystem(path)
+    fs.invalidate_cache(inner)  # s3fs and gcsfs keep listings: ask the store
+    try:
+        info = fs.info(inner)
+    except FileNotFoundError:
+        raise
+    except Exception as error:
+        raise OSError(f"{path}: {error}") from error
+    return info.get("ETag") or info.get("etag") or info.get("md5Hash") or filesystems.read_bytes(path)
+
+
 def _write(model_dir: str, name: str, fields: dict[str, Any]) -> None:
-    write_json_atomically(os.path.join(model_dir, name), {"format_version": _FORMAT_VERSION, **fields})
+    write_json_atomically(filesystems.join(model_dir, name), {"format_version": _FORMAT_VERSION, **fields})
 
 
 def _read(model_dir: str, name: str) -> dict[str, Any] | None:
     """The document, or None when absent; a damaged one is warned about (naming the file) and counts as absent."""
-    path = os.path.join(model_dir, name)
+    path = filesystems.join(model_dir, name)
     try:
-        document = json.loads(read_regular_file(path, _MAX_BYTES))
+        if filesystems.is_url(path):
+            data = filesystems.read_bytes(path)
+            if len(data) > _MAX_BYTES:
+                raise FileTooLargeError(path, len(data), _MAX_BYTES)
+            document = json.loads(data)
+        else:
+            document = json.loads(read_regular_file(path, _MAX_BYTES))
     except FileNotFoundError:
         return None
     except (OSError, NotARegularFileError, FileTooLargeError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -270,7 +293,7 @@ def _build(model_dir: str, name: str, kind: type, document: dict[str, Any],
     for field, types in fields.items():
         value = document.get(field)
         if not _has_type(value, types):
-            logger.warning("%s: field %r must be %s; received %r. The file is ignored.", os.path.join(model_dir, name),
+            logger.warning("%s: field %r must be %s; received %r. The file is ignored.", filesystems.join(model_dir, name),
                            field, " or ".join("null" if kind_ is None else kind_.__name__ for kind_ in types), value)
             return None
         values[field] = value

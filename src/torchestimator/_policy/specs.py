@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from torchestimator._io import filesystems
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, check_hook
 
 __all__ = ["EvalSpec", "TrainSpec", "as_spec_list", "by_spec", "check_seconds", "run_exporters"]
@@ -137,7 +138,7 @@ def run_exporters(estimator: Any, spec: EvalSpec, checkpoint_path: str | None, r
     """The spec's exporters after an evaluation, each writing under model_dir/export/<name>; their return values."""
     exports = []
     for exporter in spec.exporters:
-        export_path = os.path.join(estimator.model_dir, "export", exporter.name)
+        export_path = filesystems.join(estimator.model_dir, "export", exporter.name)
         exports.append(exporter.export(estimator, export_path, checkpoint_path, results, final))
     return exports
 

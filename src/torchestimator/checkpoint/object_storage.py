@@ -14,6 +14,7 @@ midway aborts its upload, so no part of it becomes an object.
 from __future__ import annotations
 
 import logging
+import os
 import posixpath
 import time
 from typing import Any, BinaryIO
@@ -26,9 +27,10 @@ __all__ = ["ObjectStorage", "PART_BYTES"]
 
 logger = logging.getLogger(__name__)
 
-PART_BYTES = 64 * 2**20
+PART_BYTES = max(5 * 2**20, int(os.environ.get("TORCHESTIMATOR_UPLOAD_PART_BYTES", 64 * 2**20)))
 """Size of one part of a multipart upload: S3 takes 5 MiB to 5 GiB and at most 10,000 parts (so files up to
-640 GiB); bigger parts mean fewer requests, smaller ones less memory held per upload."""
+640 GiB at 64 MiB); bigger parts mean fewer requests, smaller ones less memory held per upload.
+``TORCHESTIMATOR_UPLOAD_PART_BYTES`` sets it (5 MiB at least)."""
 
 
 class ObjectStorage:

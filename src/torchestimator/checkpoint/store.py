@@ -465,8 +465,9 @@ class CheckpointStore:
         ]
 
     def has_checkpoints(self) -> bool:
-        """True when ``model_dir`` holds any ``ckpt-<step>`` folder, intact or not."""
-        return any(_CHECKPOINT_FOLDER.fullmatch(folder) for folder in self.storage.list_folders())
+        """True when ``model_dir`` holds any ``ckpt-<step>`` folder, intact or not (on an object store: with a
+        state.json; a save prefix without one is a save cut short, never a checkpoint)."""
+        return any(_is_checkpoint_folder(self.storage, folder) for folder in self.storage.list_folders())
 
     def _entries(self, manifest: dict[str, Any], folders: set[str] | None = None) -> list[_Entry]:
         return self._scan(manifest, folders)[0]
@@ -551,7 +552,7 @@ class CheckpointStore:
         empty = {"format_version": _MANIFEST_VERSION, "checkpoints": [], "best": [], "hours_anchor": None}
         data = self.storage.read_manifest()
         if data is None:
-            folders = [folder for folder in self.storage.list_folders() if _CHECKPOINT_FOLDER.fullmatch(folder)]
+            folders = [folder for folder in self.storage.list_folders() if _is_checkpoint_folder(self.storage, folder)]
             if len(folders) == 1:
                 # The first save publishes its folder, then writes the manifest: a reader (the evaluator task)
                 # in between sees this, and the scan finds what the manifest will say. Not damage.
@@ -782,6 +783,12 @@ def _storage_at(model_dir: str | os.PathLike[str]) -> Storage:
 
         return ObjectStorage(os.fspath(model_dir))
     return LocalStorage(filesystems.local_path(model_dir))
+
+
+def _is_checkpoint_folder(storage: Storage, folder: str) -> bool:
+    """A ``ckpt-<step>`` folder, intact or damaged; on an object store, a save prefix with its state.json."""
+    match = _CHECKPOINT_FOLDER.fullmatch(folder)
+    return match is not None and (match.group("save") is None or not _unsealed(storage, folder))
 
 
 def _unsealed(storage: Storage, folder: str) -> bool:

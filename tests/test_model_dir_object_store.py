@@ -1,0 +1,90 @@
+"""An Estimator whose model_dir is a URL (s3:// on moto's S3 server, gs:// on the GCS emulator, memory://):
+training, resume, evaluation, summaries, the run's settings and the write probe, as on a local disk."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import torchestimator as te
+from conftest import input_fns, make_estimator
+from torchestimator._io import filesystems
+from torchestimator._io.summary import SummaryWriter, read_scalars
+
+
+def _final_weights(estimator: te.Estimator) -> dict[str, torch.Tensor]:
+    return estimator.checkpoint_store.restore(load_optimizer=False).model_state
+
+
+def test_training_resumed_from_a_store_ends_bit_exact_as_an_uninterrupted_local_run(store_url, tmp_path):
+    train_fn, eval_fn, _, _ = input_fns()
+    reference = make_estimator(tmp_path / "local", save_checkpoints_steps=5)
+    reference.train(train_fn, max_steps=15)
+    make_estimator(store_url, save_checkpoints_steps=5, save_summary_steps=5).train(train_fn, max_steps=10)
+    resumed = make_estimator(store_url, save_checkpoints_steps=5, save_summary_steps=5)  # a new process would build it the same way
+    resumed.train(train_fn, max_steps=15)
+    assert resumed.latest_checkpoint().startswith(store_url + "/ckpt-15.")
+    expected, got = _final_weights(reference), _final_weights(resumed)
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[name], got[name]) for name in expected)
+    names = filesystems.listdir(store_url)
+    assert {"checkpoint", "params.json", "run_config.json"} <= set(names)
+    assert not [name for name in names if "probe" in name or name.startswith(".")]
+    results = resumed.evaluate(eval_fn, steps=2)
+    assert results["global_step"] == 15
+    assert read_scalars(resumed.eval_dir())["accuracy"] == [(15, pytest.approx(results["accuracy"]))]
+    assert [step for step, _ in read_scalars(store_url)["loss"]] == [5, 10, 15]  # both runs' event files
+
+
+def test_summaries_upload_whole_files_at_flush_and_close(store_url):
+    writer = SummaryWriter(store_url + "/logs")
+    writer.scalar("loss", 0.5, step=1)
+    writer.flush()
+    assert read_scalars(store_url + "/logs") == {"loss": [(1, 0.5)]}
+    writer.scalar("loss", 0.25, step=2)
+    writer.close()
+    assert read_scalars(store_url + "/logs") == {"loss": [(1, 0.5), (2, 0.25)]}
+    assert writer._mirror is None  # the local copy is gone
+
+
+def test_storage_options_reach_the_filesystem_and_stay_out_of_run_config(s3_bucket, s3_endpoint, monkeypatch):
+    # The endpoint and keys only through RunConfig: the environment has none.
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    options = {"s3": {"endpoint_url": s3_endpoint, "key": "testing", "secret": "a-secret-value"}}
+    try:
+        train_fn, _, _, _ = input_fns()
+        estimator = make_estimator(f"{s3_bucket}/run", storage_options=options, save_checkpoints_steps=3)
+        estimator.train(train_fn, max_steps=3)
+        saved = filesystems.read_bytes(f"{s3_bucket}/run/run_config.json").decode()
+        assert "a-secret-value" not in saved and "testing" not in saved
+        assert json.loads(saved)["storage_options"] == {"s3": {"endpoint_url": "<hidden>", "key": "<hidden>",
+                                                                "secret": "<hidden>"}}
+        assert estimator.latest_checkpoint().startswith(f"{s3_bucket}/run/ckpt-3.")
+    finally:
+        filesystems.configure_storage_options(None)
+
+
+def test_a_missing_bucket_stops_training_before_step_one_naming_the_url(s3_bucket):
+    train_fn, _, _, _ = input_fns()
+    url = s3_bucket + "-absent/run"
+    with pytest.raises(OSError, match=rf"model_dir {url} cannot be written.*Check that the bucket exists"):
+        make_estimator(url).train(train_fn, max_steps=2)
+
+
+def test_a_url_with_an_unknown_scheme_is_refused_not_made_a_local_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train_fn, _, _, _ = input_fns()
+    with pytest.raises(ValueError, match="not hdfs://"):
+        make_estimator("hdfs://namenode/run").train(train_fn, max_steps=1)
+    assert os.listdir(tmp_path) == []
+
+
+def test_file_urls_are_local_paths(tmp_path):
+    train_fn, _, _, _ = input_fns()
+    estimator = make_estimator(f"file://{tmp_path}/run", save_checkpoints_steps=2)
+    estimator.train(train_fn, max_steps=2)
+    assert estimator.latest_checkpoint() == str(tmp_path / "run" / "ckpt-2")
