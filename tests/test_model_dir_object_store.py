@@ -88,3 +88,46 @@ def test_file_urls_are_local_paths(tmp_path):
     estimator = make_estimator(f"file://{tmp_path}/run", save_checkpoints_steps=2)
     estimator.train(train_fn, max_steps=2)
     assert estimator.latest_checkpoint() == str(tmp_path / "run" / "ckpt-2")
+
+
+def _replicas_train_in_a_store(url: str, local: str) -> dict:
+    """In each of 2 replicas: an uninterrupted local run to step 9, and a run in the store stopped at 6 and resumed."""
+    from conftest import SmallNet, adam, classifier_model_fn
+
+    strategy = te.MirroredStrategy()
+
+    def estimator(model_dir):
+        config = te.RunConfig(train_distribute=strategy, save_checkpoints_steps=3, log_step_count_steps=None,
+                              save_summary_steps=None, progress_bar=False, random_seed=0)
+        return te.Estimator(model_fn=classifier_model_fn, model=SmallNet, optimizer=adam, model_dir=model_dir,
+                            config=config)
+
+    train_fn, _, _, _ = input_fns()
+    reference = estimator(local)
+    reference.train(train_fn, max_steps=9)
+    estimator(url).train(train_fn, max_steps=6)
+    resumed = estimator(url)
+    resumed.train(train_fn, max_steps=9)
+    return {"reference": {k: v.clone() for k, v in reference.checkpoint_store.restore().model_state.items()},
+            "resumed": {k: v.clone() for k, v in resumed.checkpoint_store.restore().model_state.items()},
+            "latest": resumed.latest_checkpoint()}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_replicas_share_an_s3_model_dir_and_resume_bit_exact(s3_bucket, tmp_path):
+    from torchestimator.testing import run_in_processes
+
+    url = f"{s3_bucket}/run"
+    per_rank = run_in_processes(_replicas_train_in_a_store, nprocs=2, args=(url, str(tmp_path / "local")),
+                                timeout=240)
+    for result in per_rank:
+        assert result["latest"].startswith(url + "/ckpt-9.")
+        assert all(torch.equal(result["reference"][name], result["resumed"][name]) for name in result["reference"])
+    # One process reads the 2-replica checkpoint back from the store (DCP resharded 2 -> 1, every file checked).
+    single = te.checkpoint.CheckpointStore(url).restore()
+    assert single.sharded and single.step == 9
+    assert all(torch.equal(single.model_state[name], per_rank[0]["resumed"][name]) for name in single.model_state)
+    names = filesystems.listdir(url)
+    assert not [name for name in names if "probe" in name]
+    assert len([name for name in names if name.startswith("ckpt-")]) == 3  # keep_checkpoint_max's... of 5: 3, 6, 9

@@ -181,8 +181,10 @@ class ShardedSaves:
         """Every rank reports its files' checksums; the chief seals and publishes; every rank learns the path."""
         is_chief = self.strategy.is_chief
         digests, fault = None, None
+        names = [*writer.written, *([DCP_METADATA_FILE] if is_chief else [])]
         try:
-            digests = file_digests(staging, [*writer.written, *([DCP_METADATA_FILE] if is_chief else [])])
+            digests = file_digests(staging, names)
+            self.store.upload_shards(staging, names)  # a model_dir in an object store: this rank's files go up
         except OSError as error:
             fault = f"{type(error).__name__}: {error}"
         reports = collectives.all_gather_object((digests, fault))
@@ -199,6 +201,7 @@ class ShardedSaves:
                 except Exception as error:
                     own_error, failure = error, f"{type(error).__name__}: {error}"
         path, failure = collectives.broadcast_object((path, failure), 0)
+        self.store.release_staging(staging)
         if own_error is not None:
             raise own_error
         if failure is not None:

@@ -200,6 +200,10 @@ class CheckpointStore:
         """The staging folder (a local path) every rank's DCP writer fills; the chief calls it, then
         ``finish_sharded_save``. Leftovers of killed saves are cleared first."""
         _check_steps([step], "step")
+        if _in_object_store(self.storage):  # each rank stages on its own disk and uploads what it wrote
+            from . import object_shards
+
+            return object_shards.local_staging(self.storage, self._new_staging(step))
         if not isinstance(self.storage, LocalStorage):
             raise CheckpointError(
                 f"Checkpoints of several processes are written by torch.distributed.checkpoint, which needs a model_dir "
@@ -215,7 +219,7 @@ class CheckpointStore:
         ``shard_files``: DCP's files, {name: {"sha256", "size"}}, gathered from the ranks; chief only.
         """
         staging = os.path.basename(os.path.normpath(staging_path))
-        if os.path.normpath(self.storage.location(staging)) != os.path.normpath(staging_path):
+        if os.path.normpath(self._staging_location(staging)) != os.path.normpath(staging_path):
             raise ValueError(f"{staging_path} is not a staging folder of {self.storage.root}.")
         files = checkpoint_format.encode_sharded_state(step, shared_tree, extra, shard_files)
         return self._complete(step, staging, files, already_written=sum(entry["size"] for entry in shard_files.values()))
@@ -295,6 +299,30 @@ class CheckpointStore:
     def discard_staging(self, staging_path: str) -> None:
         """Remove a staging folder whose save failed (a rank could not write its shards)."""
         self._delete_quietly(os.path.basename(os.path.normpath(staging_path)))
+        self.release_staging(staging_path)
+
+    def _staging_location(self, staging: str) -> str:
+        if _in_object_store(self.storage):
+            from . import object_shards
+
+            return object_shards.staging_path(self.storage, staging)
+        return self.storage.location(staging)
+
+    def upload_shards(self, staging_path: str, names: Iterable[str]) -> None:
+        """Every rank, after DCP wrote its files into ``staging_path``: with a model_dir in an object store, put
+        them under the save's prefix; nothing to do on a file system (they are in model_dir already)."""
+        if _in_object_store(self.storage):
+            from . import object_shards
+
+            object_shards.upload_shards(self.storage, os.path.basename(os.path.normpath(staging_path)), staging_path,
+                                        names)
+
+    def release_staging(self, staging_path: str) -> None:
+        """Every rank, once the save is published or abandoned: drop its local staging folder (object stores)."""
+        if _in_object_store(self.storage):
+            from . import object_shards
+
+            object_shards.remove_local_staging(staging_path)
 
     def _publish(self, staging: str, folder: str) -> None:
         try:
@@ -695,7 +723,14 @@ class CheckpointStore:
         if checkpoint_format.is_sharded(state):
             from . import dcp_format  # torch.distributed.checkpoint takes seconds to import: only when needed
 
-            return dcp_format.variables(dcp_format.read_metadata(storage.location(folder)))
+            location = storage.location(folder)
+            if _in_object_store(storage):
+                from . import object_shards
+
+                metadata_file = checkpoint_format.DCP_METADATA_FILE
+                location = object_shards.download_checkpoint(storage, folder,
+                                                             {metadata_file: state["files"][metadata_file]})
+            return dcp_format.variables(dcp_format.read_metadata(location))
         return checkpoint_format.read_safetensors_header(storage, folder, checkpoint_format.MODEL_FILE)
 
     def _locate(self, path: str | os.PathLike[str]) -> tuple[Storage, str, int]:
@@ -754,9 +789,13 @@ def _load_sharded(storage: Storage, folder: str, step: int, state: dict[str, Any
     from . import dcp_format  # torch.distributed.checkpoint takes seconds to import: only when needed
 
     location = storage.location(folder)
-    if not isinstance(storage, LocalStorage):
+    if _in_object_store(storage):  # DCP reads local folders: a copy, every file checked as it arrives
+        from . import object_shards
+
+        location = object_shards.download_checkpoint(storage, folder, state["files"])
+    elif not isinstance(storage, LocalStorage):
         raise CheckpointError(f"{location} was written by torch.distributed.checkpoint, which reads local folders only.")
-    if verify:
+    elif verify:
         checkpoint_format.verify_listed_files(storage, folder, state, sorted(state["files"]))
     metadata = dcp_format.read_metadata(location)
     model_state = dcp_format.load_full_tensors(location, metadata)
@@ -767,8 +806,13 @@ def _load_sharded(storage: Storage, folder: str, step: int, state: dict[str, Any
     extra = checkpoint_format.read_tree(
         storage, folder, state, verify, tree_file=None, tensors_file=checkpoint_format.EXTRA_TENSORS_FILE
     )
-    return Checkpoint(path=location, step=step, model_state=model_state, optimizer_state=shared, extra=extra,
-                      sharded=True)
+    return Checkpoint(path=storage.location(folder), step=step, model_state=model_state, optimizer_state=shared,
+                      extra=extra, sharded=True)
+
+
+def _in_object_store(storage: Storage) -> bool:
+    """An ObjectStorage: a model_dir at an s3://, gs://, az:// or memory:// URL."""
+    return not _renames(storage) and hasattr(storage, "_fs")
 
 
 def _renames(storage: Storage) -> bool:
