@@ -203,6 +203,7 @@ def exists(path: str | os.PathLike[str]) -> bool:
     if not is_url(path):
         return os.path.exists(local_path(path))
     fs, inner = filesystem(path)
+    fs.invalidate_cache(inner)  # s3fs and gcsfs answer from listings they cached: another process may have written
     return bool(_store_call(os.fspath(path), "looking for", fs.exists, inner))
 
 
@@ -211,6 +212,7 @@ def is_dir(path: str | os.PathLike[str]) -> bool:
     if not is_url(path):
         return os.path.isdir(local_path(path))
     fs, inner = filesystem(path)
+    fs.invalidate_cache(inner)
     return bool(_store_call(os.fspath(path), "looking at", fs.isdir, inner))
 
 
