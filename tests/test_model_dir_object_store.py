@@ -131,3 +131,32 @@ def test_replicas_share_an_s3_model_dir_and_resume_bit_exact(s3_bucket, tmp_path
     names = filesystems.listdir(url)
     assert not [name for name in names if "probe" in name]
     assert len([name for name in names if name.startswith("ckpt-")]) == 3  # keep_checkpoint_max's... of 5: 3, 6, 9
+
+
+def test_train_and_evaluate_keeps_and_exports_the_best_in_a_store(store_url):
+    from torchestimator.export import BestExporter, TensorSpec, serving_input_receiver
+
+    train_fn, eval_fn, _, (x, _) = input_fns()
+    receiver = serving_input_receiver({"x": TensorSpec(shape=(None, x.shape[1]), dtype=torch.float32)})
+    estimator = make_estimator(store_url, save_checkpoints_steps=4, keep_checkpoint_max=1)
+    stop = te.stop_if_no_decrease_hook(estimator, "loss", max_steps_without_decrease=1000)
+    results, exports = te.train_and_evaluate(
+        estimator, te.TrainSpec(train_fn, max_steps=12),
+        te.EvalSpec(eval_fn, steps=2, every_n_steps=4, exporters=[BestExporter("best", receiver)]), early_stopping=[stop],
+        best=te.BestCheckpointPolicy("loss"))
+    assert results["global_step"] == 12
+    history = read_scalars(estimator.eval_dir())["loss"]
+    assert [step for step, _ in history] == [4, 8, 12]
+    best_step = min(history, key=lambda item: item[1])[0]
+    # keep_checkpoint_max=1, but the best checkpoint is protected: it is still listed and restores.
+    listed = {int(path.rsplit("ckpt-", 1)[1].split(".")[0]): path for path in estimator.checkpoint_store.all_checkpoints()}
+    assert best_step in listed and 12 in listed
+    assert estimator.checkpoint_store.restore(listed[best_step]).step == best_step
+    from torchestimator._policy.best import read_best
+
+    best = read_best(store_url)
+    assert best[0].step == best_step and best[0].path == listed[best_step]
+    versions = te.export.list_versions(filesystems.join(store_url, "export", "best"))
+    assert versions, exports
+    exported = te.export.load(filesystems.join(store_url, "export", "best"))  # the newest complete version
+    assert exported({"x": x[:4]})["class"].shape == (4,)
