@@ -32,6 +32,13 @@ Rows are split into contiguous, near-equal shards named
 in order gives the rows in CSV order. Shards are written under a `.partial`
 name and renamed when all are complete, so a failed conversion leaves no
 half-written shard behind.
+
+Every file these commands read or write may be a URL (`s3://`, `gs://`,
+`az://`, `memory://`; `_io/filesystems.py`): `records verify/inspect` read
+objects and URL globs as files, `convert` reads the CSV and its images from a
+store and writes shards to one. A store publishes each shard whole when it is
+closed, so there shards are written under their own names (a rename is a copy
+there), and a failed conversion removes the shards it had finished.
 """
 
 from __future__ import annotations
@@ -39,10 +46,12 @@ from __future__ import annotations
 import argparse
 import base64
 import csv
+import io
 import json
 import logging
 import math
 import os
+import posixpath
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from torchestimator._extras import import_extra
+from torchestimator._io import filesystems
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +139,7 @@ class IndexTable:
 
 def read_index(path: str, *, label_column: str, path_column: str) -> IndexTable:
     """Reads the CSV, checks its columns and types each column."""
-    with open(path, newline="", encoding="utf-8-sig") as file:
+    with _open_text(path) as file:
         reader = csv.DictReader(file)
         columns = list(reader.fieldnames or [])
         rows = list(reader)
@@ -152,6 +162,13 @@ def read_index(path: str, *, label_column: str, path_column: str) -> IndexTable:
     kinds = {column: column_kind(row[column] for row in rows) for column in columns if column != path_column}
     kinds[path_column] = "bytes"
     return IndexTable(path=path, columns=columns, rows=rows, kinds=kinds)
+
+
+def _open_text(path: str) -> Any:
+    """The CSV as text: a local file, or an object read whole (a URL)."""
+    if filesystems.is_url(path):
+        return io.StringIO(filesystems.read_bytes(path).decode("utf-8-sig"), newline="")
+    return open(path, newline="", encoding="utf-8-sig")
 
 
 def _int_form(text: str) -> str | None:
@@ -200,18 +217,36 @@ def cell_values(text: str, kind: str) -> list[Any]:
 
 
 def resolve_image_paths(table: IndexTable, path_column: str) -> list[str]:
-    """Absolute image paths; the first missing file is an error naming its row."""
-    base = os.path.dirname(os.path.abspath(table.path))
+    """Absolute image paths (or URLs); the first missing file is an error naming its row.
+
+    A relative path is resolved against the CSV's folder, which for a CSV in a store is its URL's prefix;
+    a URL is taken as it is."""
     resolved = []
     for index, row in enumerate(table.rows):
         given = row[path_column].strip()
-        path = os.path.normpath(os.path.join(base, os.path.expanduser(given)))
-        if not given or not os.path.isfile(path):
+        path = _image_path(table.path, given)
+        if not given or not _is_file(path):
             raise ValueError(f"{table.path}: row {index + 1} (line {index + 2}): image file {given!r} "
                              f"{'is empty' if not given else f'does not exist (looked for {path})'}. "
                              f"Relative paths are resolved against the CSV's folder; fix the path or remove the row.")
         resolved.append(path)
     return resolved
+
+
+def _image_path(csv_path: str, given: str) -> str:
+    if filesystems.is_url(given):
+        return given
+    if filesystems.is_url(csv_path):
+        scheme, rest = csv_path.split("://", 1)
+        return f"{scheme}://{posixpath.normpath(posixpath.join(posixpath.dirname(rest), given))}"
+    base = os.path.dirname(os.path.abspath(csv_path))
+    return os.path.normpath(os.path.join(base, os.path.expanduser(given)))
+
+
+def _is_file(path: str) -> bool:
+    if filesystems.is_url(path):
+        return filesystems.exists(path) and not filesystems.is_dir(path)
+    return os.path.isfile(path)
 
 
 def _pillow_image() -> Any:
@@ -223,8 +258,7 @@ def _pillow_image() -> Any:
 def image_features(path: str, mode: str, where: str) -> dict[str, list[Any]]:
     """The image features of one row: encoded file bytes, or raw uint8 pixels plus their shape."""
     if mode == "encoded":
-        with open(path, "rb") as file:
-            content = file.read()
+        content = filesystems.read_bytes(path)
         extension = os.path.splitext(path)[1].lstrip(".").lower()
         return {IMAGE_FEATURE: [content], f"{IMAGE_FEATURE}/format": [extension.encode()]}
     pixels = decode_image(path, where)
@@ -238,8 +272,7 @@ def decode_image(path: str, where: str) -> np.ndarray:
     from torchestimator.data.images import decode_image as decode
 
     _pillow_image()
-    with open(path, "rb") as file:
-        contents = file.read()
+    contents = filesystems.read_bytes(path)
     try:
         return decode(contents, expand_animations=False, where=f"{where}: {path}")
     except ImageDecodeError as error:
@@ -288,26 +321,29 @@ def convert_csv_to_tfrecord(args: argparse.Namespace) -> int:
     table = read_index(args.index, label_column=args.label_column, path_column=args.path_column)
     image_paths = resolve_image_paths(table, args.path_column)
     paths = shard_paths(args.out_prefix, args.num_shards)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out_prefix)), exist_ok=True)
+    # A store publishes each shard whole when its writer closes: no ".partial" name to rename (a copy there)
+    remote = filesystems.is_url(args.out_prefix)
+    if not remote:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out_prefix)), exist_ok=True)
     progress = _progress_bar(len(table.rows), disabled=args.no_progress)
     compression = _compression(args.compression)
     written: list[str] = []
     try:
         for path, (start, stop) in zip(paths, shard_bounds(len(table.rows), args.num_shards)):
-            written.append(path + ".partial")
+            written.append(path if remote else path + ".partial")
             with TFRecordWriter(written[-1], compression=compression) as writer:
                 for index in range(start, stop):
                     writer.write(row_example(table, index, image_paths[index], args.image_mode))
                     progress.update(1)
     except BaseException:
         for partial in written:
-            if os.path.exists(partial):
-                os.remove(partial)
+            filesystems.remove(partial)  # a missing one (a store's aborted upload) is not an error
         raise
     finally:
         progress.close()
-    for partial, path in zip(written, paths):
-        os.replace(partial, path)
+    if not remote:
+        for partial, path in zip(written, paths):
+            os.replace(partial, path)
     schema = ", ".join(f"{name} {kind}" for name, kind in _converted_kinds(table, args.image_mode).items())
     print(f"wrote {len(table.rows)} records to {args.num_shards} shard(s) {paths[0]}"
           f"{' ... ' + paths[-1] if len(paths) > 1 else ''}; features: {schema}")

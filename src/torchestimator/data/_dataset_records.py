@@ -24,6 +24,11 @@ the reader also records what identifies each file it opens (`file_identity`:
 its size and a CRC32C of its first and last 4 KiB, computed once per open) and
 its position carries them for the open files; a reader resumed on a file whose
 identity differs raises `DataLossError` instead of reading other records.
+
+Files in a store (URLs) are opened one ahead: when the reader opens a file, a
+thread computes the identity of the one it will open next, opens it and starts
+its first ranged reads (`_open_ahead`), so a store's round trips per file
+overlap the reading of the file before. Local files are opened in their turn.
 """
 
 from __future__ import annotations
@@ -31,13 +36,23 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
+from torchestimator._io.filesystems import is_url, local_path
+from torchestimator.data import _remote_files
 from torchestimator.data._tfrecord_scan import _crc32c
-from torchestimator.data.tfrecord import ReadStats, _detect_compression, iter_record_blocks
+from torchestimator.data._remote_files import RemoteFile
+from torchestimator.data.tfrecord import (
+    _BLOCK_SIZE,
+    ReadStats,
+    _detect_compression,
+    _record_blocks,
+    iter_record_blocks,
+)
 from torchestimator.errors import DataLossError
 
 _FRAMING = 16  # bytes of header and footer around each record
@@ -46,8 +61,14 @@ _IDENTITY_BYTES = 4096  # hashed at each end of a file: two small reads, yet any
 
 def file_identity(path: str) -> list[int]:
     """[size, crc32c of the first 4 KiB, crc32c of the last 4 KiB]: what a saved position checks
-    to know the file is still the one its offsets were taken in (JSON-ready)."""
-    with open(path, "rb") as file:
+    to know the file is still the one its offsets were taken in (JSON-ready). The same for a URL (two
+    ranged reads), so a position saved over local files resumes over the same files uploaded to a store."""
+    if is_url(path):
+        size = _remote_files.remote_size(path)
+        head = _remote_files.read_range(path, 0, min(size, _IDENTITY_BYTES))
+        tail = _remote_files.read_range(path, max(size - _IDENTITY_BYTES, 0), size)
+        return [size, _crc32c(head), _crc32c(tail)]
+    with open(local_path(path), "rb") as file:
         size = os.fstat(file.fileno()).st_size
         head = file.read(min(size, _IDENTITY_BYTES))
         file.seek(max(size - _IDENTITY_BYTES, 0))
@@ -127,20 +148,31 @@ class _Plan:
                 "strict": self.strict, "max_record_size": self.max_record_size}
 
 
+def _open_ahead(path: str, identity: list[int] | None) -> tuple[list[int], RemoteFile]:
+    """What `_EpochRecords` does on its thread for the URL it will open next: the file's identity (unless
+    known) and the object opened, its first ranges on the way."""
+    if identity is None:
+        identity = file_identity(path)
+    raw = RemoteFile(path)
+    raw.start_reading()
+    return identity, raw
+
+
 class _OpenFile:
     """One interleave slot: a file being read, a block at a time."""
 
-    def __init__(self, plan: _Plan, stats: ReadStats, file_index: int, path: str, offset: int) -> None:
+    def __init__(self, plan: _Plan, stats: ReadStats, file_index: int, path: str, offset: int,
+                 raw: RemoteFile | None = None) -> None:
         self.file_index = file_index
         self.path = path
         self.offset = offset  # of the first record of the current block, or where reading starts
         self.records: list[bytes] = []
         self.offsets: list[int] = []
         self.index = 0
-        self._blocks = iter_record_blocks(
-            path, plan.compression, start_offset=offset, skip_corrupt=plan.skip_corrupt,
-            verify=plan.verify, strict=plan.strict, stats=stats, max_record_size=plan.max_record_size,
-        )
+        options = {"start_offset": offset, "skip_corrupt": plan.skip_corrupt, "verify": plan.verify,
+                   "strict": plan.strict, "stats": stats, "max_record_size": plan.max_record_size}
+        self._blocks = (iter_record_blocks(path, plan.compression, **options) if raw is None  # opened here
+                        else _record_blocks(path, raw, plan.compression, block_size=_BLOCK_SIZE, **options))
 
     def next_block(self) -> bool:
         for offsets, records in self._blocks:
@@ -180,6 +212,8 @@ class _EpochRecords:
         self.opened: list[int] = []  # the keys of `identities` in the order they came (tags send the new ones)
         self._open_ids_key: tuple[int, int] | None = None
         self._open_ids: dict[str, list[int]] = {}  # position()'s "file_ids", rebuilt only when the slots change
+        self._ahead: tuple[int, Future[tuple[list[int], RemoteFile]]] | None = None  # the URL file opened next
+        self._ahead_thread: ThreadPoolExecutor | None = None
         start = start or {}
         self.next_file = int(start.get("next_file", 0))
         self.slot = int(start.get("slot", 0))
@@ -216,8 +250,29 @@ class _EpochRecords:
                 check_file_identity(self._files[index], saved[str(index)], self.identity(index))
 
     def _open(self, file_index: int, offset: int) -> _OpenFile:
+        raw = None
+        if self._ahead is not None and self._ahead[0] == file_index and offset == 0:
+            identity, raw = self._ahead[1].result()  # its errors are raised here, where opening it would
+            self._ahead = None
+            if file_index not in self.identities:
+                self.identities[file_index] = identity
+                self.opened.append(file_index)
         self.identity(file_index)
-        return _OpenFile(self._plan, self._stats, file_index, self._files[file_index], offset)
+        opened = _OpenFile(self._plan, self._stats, file_index, self._files[file_index], offset, raw)
+        self._open_next_ahead(max(file_index + 1, self.next_file))
+        return opened
+
+    def _open_next_ahead(self, file_index: int) -> None:
+        """A URL opened next is opened now on a thread (identity, open, first ranges): a store's round trips
+        per file then overlap the reading of the file before it. Local files are opened when their turn comes."""
+        if file_index >= len(self._files) or not is_url(self._files[file_index]):
+            return
+        if self._ahead is not None and self._ahead[0] == file_index:
+            return
+        if self._ahead_thread is None:
+            self._ahead_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchestimator-open-ahead")
+        self._ahead = (file_index, self._ahead_thread.submit(_open_ahead, self._files[file_index],
+                                                             self.identities.get(file_index)))
 
     def position(self) -> dict[str, Any]:
         # Slots are opened only with next_file advancing (after __init__) and closed only with their count

@@ -22,8 +22,10 @@ The position after k delivered records is, on files with random access
 or, once the epoch's records are all in and the rest is being drained,
 `"draining": true` with the remaining records' refs in delivery order and no
 RNG state. Resuming re-reads those records by offset (`read_records_at`:
-a few block reads near each one, O(buffer) records, whatever k is), seeks
-the reader and restores the RNG: the same order as the uninterrupted run.
+a few block reads near each one, O(buffer) records, whatever k is; from a
+store, reads of 1 MiB, eight at a time, each serving the records within
+512 KiB of its first), seeks the reader and restores the RNG: the same order
+as the uninterrupted run.
 The JSON grows with the buffer: about 13 bytes per slot plus ~7 KB of RNG
 state, ~140 KB for a 10k buffer.
 
@@ -46,13 +48,16 @@ from __future__ import annotations
 import bisect
 import logging
 import random
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from torchestimator._io.filesystems import is_url
 from torchestimator.data._dataset_records import _EpochRecords, _Plan
-from torchestimator.data.tfrecord import ReadStats, iter_record_blocks
+from torchestimator.data._remote_files import RemoteFile
+from torchestimator.data.tfrecord import ReadStats, _record_blocks, iter_record_blocks
 from torchestimator.errors import DataLossError
 
 logger = logging.getLogger("torchestimator.data.tfrecord_dataset")
@@ -60,6 +65,10 @@ logger = logging.getLogger("torchestimator.data.tfrecord_dataset")
 # A read by offset pulls this much: enough for the record and often for its neighbours in the
 # buffer (records that entered it close together), without reading a whole 1 MiB block for each.
 _REREAD_BLOCK_SIZE = 64 << 10
+# From a store a read is a request (a round trip): larger reads, several at once, none read ahead.
+_REMOTE_REREAD_BLOCK_SIZE = 1 << 20
+_REMOTE_REREAD_SPAN = 512 << 10  # one read serves the records starting within this many bytes of its first
+_REMOTE_REREADS = 8  # reads in flight at once
 
 
 def _rng_state_to_json(state: tuple[Any, ...]) -> list[Any]:
@@ -95,6 +104,11 @@ def read_records_at(plan: _Plan, files: Sequence[str], file_indices: Sequence[in
     records: list[Any] = [None] * count
     options = plan.read_options()
     options.pop("skip_corrupt")  # a record that was read once and is damaged now is an error, not a skip
+    if any(is_url(path) for path in files):
+        found = _read_remote_records(files, sorted_files, sorted_offsets, options, stats)
+        for index, record in zip(order, found):
+            records[index] = record
+        return records
     index = 0
     while index < count:
         file_index, offset = sorted_files[index], sorted_offsets[index]
@@ -117,6 +131,52 @@ def read_records_at(plan: _Plan, files: Sequence[str], file_indices: Sequence[in
             records[order[index]] = block_records[position]
             index += 1
     return records
+
+
+def _read_remote_records(files: Sequence[str], sorted_files: list[int], sorted_offsets: list[int],
+                         options: dict[str, Any], stats: ReadStats) -> list[bytes]:
+    """`read_records_at` for files in a store: the refs (sorted by file and offset) grouped into reads of
+    `_REMOTE_REREAD_SPAN` bytes, `_REMOTE_REREADS` of them at once; the records in the refs' order."""
+    groups: list[tuple[str, list[int]]] = []
+    index, count = 0, len(sorted_offsets)
+    while index < count:
+        file_index, first, stop = sorted_files[index], sorted_offsets[index], index
+        while stop < count and sorted_files[stop] == file_index and sorted_offsets[stop] < first + _REMOTE_REREAD_SPAN:
+            stop += 1
+        groups.append((files[file_index], sorted_offsets[index:stop]))
+        index = stop
+    with ThreadPoolExecutor(max_workers=_REMOTE_REREADS, thread_name_prefix="torchestimator-reread") as pool:
+        results = list(pool.map(lambda group: _records_from(*group, options), groups))
+    out: list[bytes] = []
+    for records, own in results:  # each read counted in its own stats (threads), added up here
+        out += records
+        stats.files, stats.records, stats.bytes = (stats.files + own.files, stats.records + own.records,
+                                                   stats.bytes + own.bytes)
+    return out
+
+
+def _records_from(path: str, wanted: list[int], options: dict[str, Any]) -> tuple[list[bytes], ReadStats]:
+    """The records of `path` at the sorted offsets `wanted`, read from the first on (more than one block
+    only for records longer than one), the object opened without read-ahead."""
+    own, options = ReadStats(), dict(options)  # the threads share `options`
+    raw = RemoteFile(path, read_ahead=0) if is_url(path) else None
+    blocks = _record_blocks(path, raw, options.pop("compression"), start_offset=wanted[0], skip_corrupt=False,
+                            stats=own, block_size=_REMOTE_REREAD_BLOCK_SIZE, **options)
+    out: list[bytes] = []
+    try:
+        for block_offsets, block_records in blocks:
+            while len(out) < len(wanted) and wanted[len(out)] <= block_offsets[-1]:
+                position = bisect.bisect_left(block_offsets, wanted[len(out)])
+                if block_offsets[position] != wanted[len(out)]:
+                    raise _no_record_at(path, wanted[len(out)])
+                out.append(block_records[position])
+            if len(out) == len(wanted):
+                break
+    finally:
+        blocks.close()
+    if len(out) < len(wanted):
+        raise _no_record_at(path, wanted[len(out)])
+    return out, own
 
 
 class _ShuffleBuffer:

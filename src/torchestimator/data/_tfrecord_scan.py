@@ -7,7 +7,8 @@ compiled one (`torchestimator._native._records.scan`, driven by `_scan_compiled`
 buffer) and its pure-Python fallback and reference (`_scan_block_python`, driven by
 `_scan_python`); both stop with the same statuses and report through the same error builders
 here (`_data_loss`, `_too_large`, `_read_error`), so a message and its offset never depend on
-the path. `tfrecord.py` chooses the path, opens the file, bounds long records (its `_LengthGuard`,
+the path. An object deleted or replaced under the reader (`_remote_files.object_changed`)
+passes through as it is: it is not damage in the file. `tfrecord.py` chooses the path, opens the file, bounds long records (its `_LengthGuard`,
 passed in as `guard`) and keeps the public names.
 
 It is separate so the loops the speed work tunes sit together, apart from the file format's
@@ -23,6 +24,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+from torchestimator.data._remote_files import RemoteFile, object_changed
 from torchestimator.errors import DataLossError
 
 # The CRC32C backend of the whole TFRecord reader and writer (`_crc32c_extend` serves tfrecord.py's probe).
@@ -130,18 +132,22 @@ def _read_more(stream: Any, size: int, path: str, offset: int, *, cut_is_end: bo
             return b""
         raise _read_error(_TruncatedStream(), path, offset) from None
     except (zlib.error, OSError) as error:
+        if object_changed(error):
+            raise  # an object deleted or replaced under the reader: not damage in it (it names itself)
         raise _read_error(error, path, offset) from (error if isinstance(error, OSError) else None)
 
 
 def _read_into(stream: Any, buffer: bytearray, end: int, size: int, path: str, offset: int) -> int:
     """Reads up to `size` bytes into `buffer[end:]` (which has room), errors as `_read_more`'s."""
     try:
-        if type(stream) is io.FileIO:  # what _file_blocks opens: read straight into the buffer
+        if type(stream) is io.FileIO or type(stream) is RemoteFile:  # what _file_blocks opens: straight into the buffer
             return stream.readinto(memoryview(buffer)[end:end + size]) or 0
         more = stream.read(size)  # _InflateStream, or any file-like object standing in for the file
         buffer[end:end + len(more)] = more
         return len(more)
     except (zlib.error, OSError, _TruncatedStream) as error:
+        if object_changed(error):
+            raise
         raise _read_error(error, path, offset) from (error if isinstance(error, OSError) else None)
 
 

@@ -5,7 +5,17 @@ What belongs here: writing and reading the byte format of
 byte-identical both ways, including GZIP and ZLIB files; the masked CRC32C;
 `DataLossError`; expanding paths, globs and lists into files. What does not:
 the meaning of the records (`tf.train.Example` is in `example.py` and
-`parsing.py`) and feeding them to training (`tfrecord_dataset.py`).
+`parsing.py`), feeding them to training (`tfrecord_dataset.py`), and the
+byte streams of objects in a store (`_remote_files.py`).
+
+Every path may be a URL (`s3://`, `gs://`, `az://`, `memory://`; `file://`
+is the local path): reading, globs, GZIP/ZLIB, offsets and every error below
+are the same, the error naming the URL. A local path is opened with `open` as
+before (no fsspec); a URL is a `_remote_files.RemoteFile`, fetched ahead in
+16 MiB ranges while the records are scanned. An object deleted or replaced
+while it is read is a FileNotFoundError / an OSError (ESTALE) naming it, not
+damaged data. `TFRecordWriter` writes a URL as one upload, published whole when it
+closes and dropped when the `with` block raises.
 
 A file is records back to back, each::
 
@@ -77,6 +87,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO, TypedDict
 
 from torchestimator import _native
+from torchestimator._io.filesystems import is_url, local_path
+from torchestimator.data import _remote_files
 from torchestimator.data._tfrecord_scan import (
     _CRC,
     _FOOTER_SIZE,
@@ -193,8 +205,14 @@ def _normalize_compression(compression: str | None, *, allow_auto: bool) -> str 
 
 def _detect_compression(path: str) -> str | None:
     """GZIP/ZLIB by magic bytes, unless the file already starts with a valid record header."""
-    with open(path, "rb") as file:
-        head = file.read(_HEADER_SIZE)
+    if is_url(path):
+        return _compression_of(_remote_files.read_range(path, 0, _HEADER_SIZE))
+    with open(local_path(path), "rb") as file:
+        return _compression_of(file.read(_HEADER_SIZE))
+
+
+def _compression_of(head: bytes) -> str | None:
+    """`_detect_compression` of a file's first 12 bytes."""
     if len(head) == _HEADER_SIZE and masked_crc32c(head[:8]) == _CRC.unpack_from(head, 8)[0]:
         return None
     if head[:2] == b"\x1f\x8b":
@@ -205,12 +223,14 @@ def _detect_compression(path: str) -> str | None:
 
 
 def list_files(files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
-    """Paths from a path, a glob pattern, or a list of either.
+    """Paths from a path, a glob pattern, or a list of either; any of them may be a URL.
 
     Each glob expands to its matches in sorted order; a list keeps its own
     order (so an explicit list of shards is read as given). A pattern that
     matches nothing, or a path that does not exist, raises FileNotFoundError
-    naming it; a directory raises ValueError.
+    naming it; a directory raises ValueError. A URL (``s3://b/train-*.tfrecord``,
+    ``gs://``, ``az://``, ``memory://``) expands the same way into full URLs; a
+    ``file://`` URL is the local path it names.
     """
     if isinstance(files, (str, os.PathLike)):
         entries = [files]
@@ -231,6 +251,9 @@ def list_files(files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]])
 
 
 def _expand(pattern: str) -> list[str]:
+    if is_url(pattern):
+        return _remote_files.expand(pattern)
+    pattern = local_path(pattern)
     if glob.has_magic(pattern):
         matches = sorted(path for path in glob.glob(pattern) if not os.path.isdir(path))
         if not matches:
@@ -289,7 +312,8 @@ class TFRecordWriter:
         if self.compression is not None:
             self._compressor = zlib.compressobj(
                 _COMPRESSION_LEVEL, zlib.DEFLATED, _WINDOW_BITS[self.compression], _MEMORY_LEVEL)
-        self._file: BinaryIO | None = open(self.path, "wb")  # noqa: SIM115 (closed in close())
+        self._file: Any = (_remote_files.open_for_writing(self.path) if is_url(self.path)
+                           else open(local_path(self.path), "wb"))  # noqa: SIM115 (closed in close())
         self._pending: list[bytes] = []
         self._pending_size = 0
 
@@ -339,7 +363,12 @@ class TFRecordWriter:
     def __enter__(self) -> TFRecordWriter:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: Any, *exc_info: object) -> None:
+        if exc_type is not None and is_url(self.path) and self._file is not None:
+            # an object is published whole or not at all: a write that failed publishes nothing
+            handle, self._file = self._file, None
+            _remote_files.discard_writing(handle, self.path)
+            return
         self.close()
 
 
@@ -395,10 +424,23 @@ class _InflateStream:
         self._raw.seek(position)
 
 
+def _raw_size(raw: Any) -> int:
+    """The size of what `_open_raw` opened: fstat for a local file, the object's size for a URL."""
+    return raw.size if isinstance(raw, _remote_files.RemoteFile) else os.fstat(raw.fileno()).st_size
+
+
+def _open_raw(path: str) -> Any:
+    """The unbuffered stream the scanners read: a local file as always, or an object read ahead in
+    large ranges (`_remote_files.RemoteFile`)."""
+    if is_url(path):
+        return _remote_files.RemoteFile(path)
+    return open(local_path(path), "rb", buffering=0)
+
+
 def _skip_to(stream: Any, path: str, start_offset: int, compression: str | None) -> None:
     """Positions the stream at `start_offset` (plain: seek; compressed: inflate and discard)."""
     if compression is None:
-        size = os.fstat(stream.fileno()).st_size
+        size = _raw_size(stream)
         if start_offset > size:
             raise ValueError(f"start_offset {start_offset} is past the end of {path} ({size} "
                              f"bytes); pass an offset saved from reading this file.")
@@ -429,6 +471,8 @@ class _LengthGuard:
         self._size: int | None = -1  # the plain file's size; -1: not looked up yet, None: not a regular file
 
     def _file_size(self) -> int | None:
+        if isinstance(self._raw, _remote_files.RemoteFile):
+            return self._raw.size  # an object does not grow: its size at open is its size
         status = os.fstat(self._raw.fileno())
         return status.st_size if stat.S_ISREG(status.st_mode) else None
 
@@ -481,16 +525,20 @@ class _LengthGuard:
 
 
 def _file_blocks(
-    path: str, compression: str | None, start_offset: int, verify: bool, strict: bool, block_size: int,
+    path: str, raw: Any, compression: str | None, start_offset: int, verify: bool, strict: bool, block_size: int,
     max_record_size: int,
 ) -> Iterator[tuple[list[int], list[bytes]]]:
+    """`raw`: the file already opened (a URL's RemoteFile opened ahead of its turn), else None."""
     kind = _normalize_compression(compression, allow_auto=True)
-    if kind == "AUTO":
+    if kind == "AUTO" and raw is None:
         kind = _detect_compression(path)
     if not isinstance(start_offset, int) or isinstance(start_offset, bool) or start_offset < 0:
         raise ValueError(f"start_offset must be an integer >= 0; received {start_offset!r}.")
     _check_max_record_size(max_record_size)
-    with open(path, "rb", buffering=0) as raw:
+    with raw if raw is not None else _open_raw(path) as raw:
+        if kind == "AUTO":  # from the stream opened ahead: its first range is (being) fetched already
+            kind = _compression_of(raw.read(_HEADER_SIZE))
+            raw.seek(0)
         stream: Any = raw if kind is None else _InflateStream(raw, _WINDOW_BITS[kind])
         _skip_to(stream, path, start_offset, kind)
         guard = _LengthGuard(stream, raw, path, kind is not None, max_record_size, verify)
@@ -568,11 +616,21 @@ def iter_record_blocks(
     step per record. Every good record before damage is handed out before
     DataLossError is raised (or, with skip_corrupt, before the file is cut short).
     """
-    path = os.fspath(path)
+    yield from _record_blocks(os.fspath(path), None, compression, start_offset=start_offset,
+                              skip_corrupt=skip_corrupt, verify=verify, strict=strict, stats=stats,
+                              block_size=block_size, max_record_size=max_record_size)
+
+
+def _record_blocks(
+    path: str, raw: Any, compression: str | None, *, start_offset: int, skip_corrupt: bool, verify: bool,
+    strict: bool, stats: ReadStats | None, block_size: int, max_record_size: int,
+) -> Iterator[tuple[list[int], list[bytes]]]:
+    """`iter_record_blocks`, reading `raw` when it is given: a URL's `RemoteFile` that TFRecordDataset
+    opened (and started fetching) while the file before it was read."""
     stats = stats if stats is not None else ReadStats()
     stats.files += 1
     try:
-        for offsets, records in _file_blocks(path, compression, start_offset, verify, strict, block_size,
+        for offsets, records in _file_blocks(path, raw, compression, start_offset, verify, strict, block_size,
                                              max_record_size):
             stats.records += len(records)
             stats.bytes += sum(map(len, records))

@@ -7,6 +7,13 @@ position that lets a stopped run continue with the next record. What does not:
 the byte format (`tfrecord.py`) and the meaning of records (`example.py`,
 `parsing.py`).
 
+Files may be URLs (`gs://b/train-*.tfrecord`, `s3://`, `az://`): the same
+records, batches and positions as the same files on disk (a position saved over
+local files resumes over their copies in a bucket: names and bytes are what it
+checks). Each open object is fetched ahead in large ranges, the next file of the
+epoch is opened (and its first ranges fetched) while the one before it is read,
+and an interleave's files are fetched in parallel (`_remote_files.py`).
+
 Pipeline, per shard and per epoch (epochs never mix)::
 
     files (shuffled per epoch when shuffle_files, the same order on every shard)
