@@ -3,6 +3,7 @@ real protocol servers: moto's S3 server and the GCS emulator (tests/object_store
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -97,9 +98,14 @@ def test_a_missing_bucket_is_one_error_naming_the_url(s3_bucket):
     assert CheckpointStore(url).latest_checkpoint() is None  # reading: nothing there
 
 
-def test_a_sharded_save_to_a_store_says_what_to_do(store_url):
-    with pytest.raises(CheckpointError, match="checkpoint_format='full'"):
-        CheckpointStore(store_url).begin_sharded_save(1)
+def test_a_sharded_save_to_a_store_stages_on_local_disk_under_a_fresh_prefix_name(store_url):
+    store = CheckpointStore(store_url)
+    first, second = store.begin_sharded_save(1), store.begin_sharded_save(1)
+    assert os.path.isdir(first) and os.listdir(first) == [] and first != second
+    assert os.path.basename(first).startswith("ckpt-1.") and not filesystems.is_url(first)
+    store.discard_staging(first)
+    store.discard_staging(second)
+    assert not os.path.exists(first) and store.latest_checkpoint() is None
 
 
 def test_urls_paths_and_unknown_schemes():
@@ -130,3 +136,29 @@ def test_a_first_save_cut_short_is_no_checkpoint_and_training_starts_over(store_
     assert not store.has_checkpoints() and store.latest_checkpoint() is None
     store.save(1, _weights(1.0))
     assert store.has_checkpoints() and len(storage.list_folders()) == 1
+
+
+def _save_from_another_process(url: str, step: int) -> subprocess.Popen:
+    """A second run: saves ``step`` into ``url`` and stays alive until its stdin closes."""
+    code = ("import sys, torch; from torchestimator.checkpoint import CheckpointStore; "
+            f"CheckpointStore({url!r}).save({step}, {{'w': torch.zeros(2)}}); print('saved', flush=True); "
+            "sys.stdin.read()")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "saved"
+    return child
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_second_live_run_writing_the_model_dir_is_refused_at_the_next_save(where, tmp_path, request):
+    url = str(tmp_path / "run") if where == "local" else request.getfixturevalue("s3_bucket") + "/run"
+    store = CheckpointStore(url)
+    store.save(1, _weights(1.0))
+    other = _save_from_another_process(url, 2)
+    try:
+        with pytest.raises(CheckpointError, match=rf"Two runs are writing .*process {other.pid}-h"):
+            store.save(3, _weights(3.0))
+    finally:
+        other.stdin.close()
+        other.wait(timeout=60)
+    store.save(4, _weights(4.0))  # the other run is gone: this one takes over again
+    assert CheckpointStore(url).restore().step == 4

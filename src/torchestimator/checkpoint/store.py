@@ -151,6 +151,7 @@ class CheckpointStore:
         self._clock = clock
         self._warned: set[str] = set()  # listing runs at every save: each fault is told once per store
         self._leftovers_cleared = False
+        self._has_written = False  # a manifest another live process wrote after this store's is a second run
         self._scan_cache: tuple[list[Any], set[str], list[_Entry], dict[str, str]] | None = None
         """The manifest's entries and the folders of this store's last listing, and what it found."""
         self._manifest_cache: tuple[bytes, dict[str, Any], tuple[_Entry, ...] | None] | None = None
@@ -207,8 +208,7 @@ class CheckpointStore:
         if not isinstance(self.storage, LocalStorage):
             raise CheckpointError(
                 f"Checkpoints of several processes are written by torch.distributed.checkpoint, which needs a model_dir "
-                f"on a file system; {self.storage!r} is not one. Use a model_dir every node mounts, or "
-                "checkpoint_format='full' (the chief gathers and writes the whole state)."
+                f"on a file system or in an object store; {self.storage!r} is neither."
             )
         return self.storage.location(self._new_staging(step))
 
@@ -244,6 +244,7 @@ class CheckpointStore:
         folder = f"ckpt-{step}" if _renames(self.storage) else staging
         # Read before publishing, so a first save does not look like a lost manifest.
         manifest = self._read_manifest()
+        self._refuse_a_second_writer(manifest, step)
         listing = self._list_folders_behind()  # while the files are written: 1 ms at 1000 checkpoints
         listed: list[_Entry] | None = None
         writing, state_size, committed = staging, 0, False
@@ -295,6 +296,22 @@ class CheckpointStore:
         path = self.storage.location(folder)
         logger.info("Saved checkpoint for step %d to %s.", step, path)
         return path
+
+    def _refuse_a_second_writer(self, manifest: dict[str, Any], step: int) -> None:
+        """CheckpointError when another process that still runs wrote the manifest since this store last did: two
+        runs saving into one model_dir would each delete the other's checkpoints by retention and resume from a
+        mix. The first save of a run takes the model_dir over (its predecessor stopped or died)."""
+        other = manifest.get("writer")
+        if not self._has_written or not isinstance(other, str) or other == writer_tag():
+            return
+        match = re.fullmatch(WRITER_PATTERN, other)
+        if match is not None and writer_is_gone(int(match.group("pid")), match.group("host")):
+            return
+        raise CheckpointError(
+            f"Two runs are writing {self.storage.root}: this one (process {writer_tag()}) and process {other}, which "
+            f"saved a checkpoint since this one's last save. This run stops without saving step {step}. Give each "
+            "run its own model_dir (or stop the other run first: the next save of a run takes the model_dir over)."
+        )
 
     def discard_staging(self, staging_path: str) -> None:
         """Remove a staging folder whose save failed (a rank could not write its shards)."""
@@ -617,12 +634,13 @@ class CheckpointStore:
 
     def _write_manifest(self, manifest: dict[str, Any], entries: list[_Entry]) -> None:
         items, texts = self._encode_entries(entries)
-        document = self._manifest_document(manifest, entries, items)
+        document = {**self._manifest_document(manifest, entries, items), "writer": writer_tag()}
         data = checkpoint_format.sealed_json(document, _MANIFEST_CHECKSUM_KEY, compact=True,
                                              encoded={"checkpoints": "[" + ", ".join(texts) + "]"})
         self._manifest_cache = None  # until the new bytes are in place
         self.storage.replace_manifest(data)
         self._manifest_cache = (data, document, tuple(entries))
+        self._has_written = True
 
     def _encode_entries(self, entries: list[_Entry]) -> tuple[list[dict[str, Any]], list[str]]:
         """The manifest items of ``entries`` and their JSON, reusing those of the last manifest written.
