@@ -25,10 +25,11 @@ its size and a CRC32C of its first and last 4 KiB, computed once per open) and
 its position carries them for the open files; a reader resumed on a file whose
 identity differs raises `DataLossError` instead of reading other records.
 
-Files in a store (URLs) are opened one ahead: when the reader opens a file, a
+Files in a store (URLs) are opened ahead: when the reader opens a file, a
 thread computes the identity of the one it will open next, opens it and starts
 its first ranged reads (`_open_ahead`), so a store's round trips per file
-overlap the reading of the file before. Local files are opened in their turn.
+overlap the reading of the file before; the files filling an interleave's
+cycle are opened that way all at once. Local files are opened in their turn.
 """
 
 from __future__ import annotations
@@ -212,8 +213,8 @@ class _EpochRecords:
         self.opened: list[int] = []  # the keys of `identities` in the order they came (tags send the new ones)
         self._open_ids_key: tuple[int, int] | None = None
         self._open_ids: dict[str, list[int]] = {}  # position()'s "file_ids", rebuilt only when the slots change
-        self._ahead: tuple[int, Future[tuple[list[int], RemoteFile]]] | None = None  # the URL file opened next
-        self._ahead_thread: ThreadPoolExecutor | None = None
+        self._ahead: dict[int, Future[tuple[list[int], RemoteFile]]] = {}  # URL files opened before their turn
+        self._ahead_threads: ThreadPoolExecutor | None = None
         start = start or {}
         self.next_file = int(start.get("next_file", 0))
         self.slot = int(start.get("slot", 0))
@@ -251,28 +252,30 @@ class _EpochRecords:
 
     def _open(self, file_index: int, offset: int) -> _OpenFile:
         raw = None
-        if self._ahead is not None and self._ahead[0] == file_index and offset == 0:
-            identity, raw = self._ahead[1].result()  # its errors are raised here, where opening it would
-            self._ahead = None
+        ahead = self._ahead.pop(file_index, None)
+        if ahead is not None and offset == 0:
+            identity, raw = ahead.result()  # its errors are raised here, where opening it would
             if file_index not in self.identities:
                 self.identities[file_index] = identity
                 self.opened.append(file_index)
         self.identity(file_index)
         opened = _OpenFile(self._plan, self._stats, file_index, self._files[file_index], offset, raw)
-        self._open_next_ahead(max(file_index + 1, self.next_file))
+        following = max(file_index + 1, self.next_file)  # the file the reader opens after this one
+        self.open_ahead(range(following, following + 1))
         return opened
 
-    def _open_next_ahead(self, file_index: int) -> None:
-        """A URL opened next is opened now on a thread (identity, open, first ranges): a store's round trips
-        per file then overlap the reading of the file before it. Local files are opened when their turn comes."""
-        if file_index >= len(self._files) or not is_url(self._files[file_index]):
-            return
-        if self._ahead is not None and self._ahead[0] == file_index:
-            return
-        if self._ahead_thread is None:
-            self._ahead_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchestimator-open-ahead")
-        self._ahead = (file_index, self._ahead_thread.submit(_open_ahead, self._files[file_index],
-                                                             self.identities.get(file_index)))
+    def open_ahead(self, file_indices: range) -> None:
+        """These files, if URLs, are opened now on threads (identity, open, first ranges): a store's round trips
+        per file then overlap the reading of the file before (or, filling an interleave, of each other).
+        Local files are opened when their turn comes."""
+        for file_index in file_indices:
+            if file_index >= len(self._files) or file_index in self._ahead or not is_url(self._files[file_index]):
+                continue
+            if self._ahead_threads is None:
+                self._ahead_threads = ThreadPoolExecutor(max_workers=self._plan.interleave_cycle_length,
+                                                         thread_name_prefix="torchestimator-open-ahead")
+            self._ahead[file_index] = self._ahead_threads.submit(_open_ahead, self._files[file_index],
+                                                                 self.identities.get(file_index))
 
     def position(self) -> dict[str, Any]:
         # Slots are opened only with next_file advancing (after __init__) and closed only with their count
@@ -376,6 +379,7 @@ class _EpochRecords:
         else the loop of `_interleaved`, appending instead of yielding."""
         slots, cycle = self.slots, self._plan.interleave_cycle_length
         modulus, remainder, records = self._modulus, self._remainder, taken.records
+        self.open_ahead(range(self.next_file, self.next_file + cycle - len(slots)))  # the files filling the cycle
         while len(slots) < cycle and self.next_file < len(self._files):
             slots.append(self._open(self.next_file, 0))
             self.next_file += 1
@@ -437,6 +441,7 @@ class _EpochRecords:
     def _interleaved(self) -> Iterator[bytes]:
         slots, cycle = self.slots, self._plan.interleave_cycle_length
         modulus, remainder = self._modulus, self._remainder
+        self.open_ahead(range(self.next_file, self.next_file + cycle - len(slots)))  # the files filling the cycle
         while len(slots) < cycle and self.next_file < len(self._files):
             slots.append(self._open(self.next_file, 0))
             self.next_file += 1
