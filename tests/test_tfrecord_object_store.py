@@ -143,6 +143,26 @@ def test_interleaved_objects_are_fetched_at_the_same_time(tmp_path, monkeypatch)
     assert most >= 4  # several files' ranges (and several ranges of one file) in flight together
 
 
+@pytest.mark.parametrize("cycle", [1, 3])
+def test_the_files_after_the_first_are_opened_ahead_on_a_thread(tmp_path, monkeypatch, cycle):
+    from torchestimator.data import _dataset_records
+
+    urls = _upload(_write_files(tmp_path / "local", count=5), f"memory://te-ahead-{cycle}")
+    opened: list[tuple[str, str]] = []
+    original = _dataset_records._open_ahead
+
+    def spy(path, identity):
+        opened.append((path.rsplit("/", 1)[1], threading.current_thread().name))
+        return original(path, identity)
+
+    monkeypatch.setattr(_dataset_records, "_open_ahead", spy)
+    options = {"batch_size": 4, "collate_fn": list, "interleave_cycle_length": cycle}
+    assert list(TFRecordDataset(urls, **options)) == list(TFRecordDataset(str(tmp_path / "local" / "*"), **options))
+    ahead = sorted(name for name, _ in opened)
+    assert ahead == [f"train-{index:02d}.tfrecord" for index in range(1 if cycle == 1 else 0, 5)]
+    assert all(thread.startswith("torchestimator-open-ahead") for _, thread in opened)
+
+
 def test_a_position_resumes_bit_exactly_from_s3_with_a_shuffle_buffer(s3_bucket, tmp_path):
     local = _write_files(tmp_path / "local", count=3, records=60)
     urls = _upload(local, f"{s3_bucket}/data")

@@ -303,6 +303,8 @@ class TFRecordWriter:
     `compression` is None/"" (plain), "GZIP" or "ZLIB"; compressed files use
     TensorFlow's zlib settings (level 6, memLevel 9, gzip header with mtime 0),
     so the bytes equal TensorFlow's. Use as a context manager or call close().
+    `path` may be a URL: the object is uploaded as it grows and published whole
+    at close(); when the `with` block raises, nothing is published.
     """
 
     def __init__(self, path: str | os.PathLike[str], compression: str | None = None) -> None:
