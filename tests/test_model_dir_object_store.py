@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -160,3 +161,70 @@ def test_train_and_evaluate_keeps_and_exports_the_best_in_a_store(store_url):
     assert versions, exports
     exported = te.export.load(filesystems.join(store_url, "export", "best"))  # the newest complete version
     assert exported({"x": x[:4]})["class"].shape == (4,)
+
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+
+
+def _upload_folder(local: str, url: str) -> None:
+    for name in os.listdir(local):
+        with open(os.path.join(local, name), "rb") as handle:
+            filesystems.write_bytes(f"{url}/{name}", handle.read())
+
+
+def test_open_weights_reads_our_checkpoints_in_place_and_other_formats_from_a_copy(store_url, tmp_path):
+    from torchestimator.interop import open_weights
+
+    train_fn, _, _, _ = input_fns()
+    estimator = make_estimator(store_url, save_checkpoints_steps=3)
+    estimator.train(train_fn, max_steps=3)
+    trained = _final_weights(estimator)
+    for url in (store_url, estimator.latest_checkpoint()):
+        with open_weights(url) as source:
+            assert source.format == "torchestimator" and source.step == 3
+            assert all(np.array_equal(source.read(name), trained[name].numpy()) for name in trained)
+    # A TensorFlow model_dir (its `checkpoint` file names the prefix), a prefix, and a Keras file in the store.
+    _upload_folder(os.path.join(FIXTURES, "tf_checkpoint", "tf1"), f"{store_url}/tf1")
+    local = open_weights(os.path.join(FIXTURES, "tf_checkpoint", "tf1"))
+    expected = {info.name: local.read(info.name) for info in local.tensors()}
+    for url in (f"{store_url}/tf1", f"{store_url}/tf1/model.ckpt-2"):
+        with open_weights(url) as source:
+            assert source.format == "tensorflow"
+            assert {info.name for info in source.tensors()} == set(expected)
+            assert all(np.array_equal(source.read(name), value) for name, value in expected.items())
+    keras_file = os.path.join(FIXTURES, "keras", "keras3_model.weights.h5")
+    with open(keras_file, "rb") as handle:
+        filesystems.write_bytes(f"{store_url}/keras/model.weights.h5", handle.read())
+    with open_weights(f"{store_url}/keras/model.weights.h5") as source, open_weights(keras_file) as reference:
+        assert source.format.startswith("keras")
+        assert [info.name for info in source.tensors()] == [info.name for info in reference.tensors()]
+    with pytest.raises(te.interop.WeightSourceError, match=r"no such object"):
+        open_weights(f"{store_url}/absent.safetensors")
+
+
+def test_warm_start_from_a_model_dir_in_a_store(store_url, tmp_path):
+    from conftest import SmallNet, classifier_model_fn
+
+    train_fn, _, _, _ = input_fns()
+    source = make_estimator(store_url, save_checkpoints_steps=3)
+    source.train(train_fn, max_steps=3)
+    config = te.RunConfig(save_checkpoints_steps=1, log_step_count_steps=None, progress_bar=False, random_seed=1)
+    warm = te.Estimator(model_fn=classifier_model_fn, model=SmallNet, model_dir=str(tmp_path / "warm"), config=config,
+                        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.0), warm_start_from=store_url)
+    warm.train(train_fn, max_steps=1)  # lr 0: the weights stay those warm-started from the store
+    expected, got = _final_weights(source), _final_weights(warm)
+    parameters = [name for name, _ in SmallNet().named_parameters()]  # BatchNorm's running statistics move on
+    assert parameters and all(torch.equal(expected[name], got[name]) for name in parameters)
+
+
+def test_inspect_and_evaluate_take_urls(store_url):
+    from torchestimator.cli.inspection import describe
+
+    train_fn, eval_fn, _, _ = input_fns()
+    estimator = make_estimator(store_url, save_checkpoints_steps=2)
+    estimator.train(train_fn, max_steps=4)
+    text = describe(store_url)
+    assert text.startswith(f"model_dir {store_url}: 2 checkpoint(s)") and "net.0.weight" in text
+    first = estimator.checkpoint_store.all_checkpoints()[0]
+    assert describe(first).startswith(f"{first} (torchestimator):")
+    assert estimator.evaluate(eval_fn, steps=1, checkpoint_path=first)["global_step"] == 2

@@ -37,6 +37,16 @@ def describe(path: str) -> str:
     from torchestimator.interop import open_weights
     from torchestimator.interop.torch_sources import is_torchestimator
 
+    from torchestimator._io import filesystems
+
+    if filesystems.is_url(path):
+        from torchestimator.interop._remote import _is_our_model_dir
+
+        if _is_our_model_dir(path.rstrip("/")) and CheckpointStore(path).history():
+            return _describe_model_dir(path.rstrip("/"))
+        with open_weights(path) as source:
+            rows = [(info.name, info.shape, info.dtype) for info in source.tensors()]
+            return "\n".join([f"{path} ({source.format}):", *_variables_table(rows)])
     if not os.path.exists(path) and not os.path.exists(path + ".index"):
         raise FileNotFoundError(f"inspect: {path} does not exist.")
     is_model_dir = os.path.isdir(path) and not os.path.basename(os.path.normpath(path)).startswith("ckpt-")

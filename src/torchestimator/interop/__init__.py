@@ -37,6 +37,13 @@ FORMATS = ("torchestimator", "tensorflow", "safetensors", "keras", "torch")
 def open_weights(path: str | os.PathLike[str]) -> WeightSource:
     """The weights at `path`, whatever the format; an error naming the path if none fits."""
     location = os.fspath(path)
+    from torchestimator._io import filesystems
+
+    if filesystems.is_url(location):
+        from torchestimator.interop._remote import open_remote_weights
+
+        return open_remote_weights(location, open_weights)
+    location = filesystems.local_path(location)
     if not os.path.exists(location) and not os.path.exists(location + ".index"):
         raise WeightSourceError(f"{location}: no such file, directory or TensorFlow checkpoint prefix.")
     for _, detect, open_source in _detectors():

@@ -42,6 +42,7 @@ import numpy
 import torch
 from safetensors import SafetensorError, safe_open
 
+from .._io import filesystems
 from ..checkpoint import CheckpointError, CheckpointStore
 from ..checkpoint.parts import owning_memory
 from .source import ZIP_ERRORS, TensorInfo, WeightSource, WeightSourceError, missing_tensor_error
@@ -144,7 +145,8 @@ class TorchestimatorSource(_TensorDictSource):
         super().__init__(path, "torchestimator")
         self.checkpoint_path = checkpoint_path
         self.step = step
-        self._store = CheckpointStore(os.path.dirname(os.path.normpath(checkpoint_path)), keep_checkpoint_max=None)
+        self._store = CheckpointStore(filesystems.parent(checkpoint_path.rstrip("/")) if filesystems.is_url(
+            checkpoint_path) else os.path.dirname(os.path.normpath(checkpoint_path)), keep_checkpoint_max=None)
         self._loaded: dict[str, torch.Tensor] | None = None
 
     def tensors(self) -> list[TensorInfo]:
