@@ -46,7 +46,7 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _torchrun(model_dir: Path, log: Path, *, max_restarts: int, extra: list[str] = ()) -> subprocess.Popen:
+def _torchrun(model_dir: Path | str, log: Path, *, max_restarts: int, extra: list[str] = ()) -> subprocess.Popen:
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                "--max-restarts", str(max_restarts), "--rdzv-backend", "c10d",
                "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--monitor-interval", "0.2",
@@ -105,6 +105,35 @@ def test_a_worker_killed_mid_training_is_restarted_and_resumes_bit_exact(tmp_pat
     assert sorted(resumed) == sorted(uninterrupted)
     for name, tensor in uninterrupted.items():
         assert torch.equal(resumed[name], tensor), name
+
+
+def test_a_worker_killed_with_its_model_dir_in_s3_is_restarted_and_resumes_bit_exact(s3_bucket, tmp_path):
+    """The same with only an s3:// model_dir shared (moto's S3 server): no file system holds the run."""
+    pid_file, url = tmp_path / "paused-worker.pid", f"{s3_bucket}/elastic"
+    reference = _torchrun(tmp_path / "uninterrupted", tmp_path / "uninterrupted.log", max_restarts=0)
+    elastic = _torchrun(url, tmp_path / "elastic.log", max_restarts=1,
+                        extra=["--pause_rank", "1", "--pause_at_step", "7", "--pause_file", str(pid_file)])
+    try:
+        wait_until(pid_file.exists, timeout=180, what="rank 1 pausing after step 7 of the first attempt")
+        wait_until(lambda: CheckpointStore(url).latest_checkpoint() is not None, timeout=30, what="ckpt-4 in the store")
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        elastic_log = _finish(elastic, tmp_path / "elastic.log", timeout=240)
+        reference_log = _finish(reference, tmp_path / "uninterrupted.log", timeout=120)
+    finally:
+        for process in (elastic, reference):
+            _stop(process)
+    assert reference.returncode == 0, reference_log[-4000:]
+    assert elastic.returncode == 0, elastic_log[-4000:]
+    assert "start attempt=1 rank=0 step=4" in elastic_log and "start attempt=1 rank=1 step=4" in elastic_log
+    resumed, uninterrupted = _final_weights(url), _final_weights(tmp_path / "uninterrupted")
+    assert sorted(resumed) == sorted(uninterrupted)
+    for name, tensor in uninterrupted.items():
+        assert torch.equal(resumed[name], tensor), name
+    listed = {path.rsplit("/", 1)[1] for path in CheckpointStore(url).all_checkpoints()}
+    from torchestimator._io import filesystems
+
+    left = [name for name in filesystems.listdir(url) if name.startswith("ckpt-") and name not in listed]
+    assert left == []  # the killed attempt's unfinished save (if any) was cleared by the restarted one
 
 
 def test_a_rank_that_dies_stops_the_others_at_once_naming_it(tmp_path):

@@ -155,7 +155,7 @@ def _assert_same_weights(weights: dict[str, np.ndarray], expected: dict[str, np.
         np.testing.assert_allclose(weights[name], expected[name], rtol=0, atol=1e-6, err_msg=name)
 
 
-def _launch_node(script: Path, endpoint: str, run_id: str, model_dir: Path, output: Path,
+def _launch_node(script: Path, endpoint: str, run_id: str, model_dir: Path | str, output: Path,
                  local_addr: str | None = None) -> list[str]:
     command = [sys.executable, "-m", "torchestimator", "launch", "--nnodes=2", "--nproc_per_node=1",
                "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", f"--rdzv_id={run_id}",
@@ -271,4 +271,55 @@ def test_two_launched_nodes_across_network_namespaces_equal_one_process(script, 
         _run_together(commands, tmp_path / "logs")
     weights, metas = _read_run(output, 2)
     assert [meta["replicas"] for meta in metas] == [2, 2]
+    _assert_same_weights(weights, one_process_weights)
+
+
+_S3_VARIABLES = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-secret",
+                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+@contextlib.contextmanager
+def _s3_server_in(namespace: str, address: str, logs: Path) -> Iterator[str]:
+    """moto's S3 server inside ``namespace``, listening on ``address`` (the other namespace reaches it over the
+    veth pair); yields its endpoint once it answers, with a bucket ``run`` made."""
+    logs.mkdir(parents=True, exist_ok=True)
+    endpoint = f"http://{address}:29500"
+    with open(logs / "s3.log", "wb") as log:
+        server = subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-m", "moto.server", "-H", address,
+                                   "-p", "29500"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        make_bucket = ("import boto3, sys, time\n"
+                       "deadline = time.monotonic() + 60\n"
+                       "while True:\n"
+                       "    try:\n"
+                       f"        boto3.client('s3', endpoint_url={endpoint!r}).create_bucket(Bucket='run'); break\n"
+                       "    except Exception:\n"
+                       "        if time.monotonic() > deadline: raise\n"
+                       "        time.sleep(0.2)\n")
+        subprocess.run(["ip", "netns", "exec", namespace, sys.executable, "-c", make_bucket], check=True, timeout=90,
+                       env=_environment(**_S3_VARIABLES))
+        yield endpoint
+    finally:
+        _stop(server)
+
+
+def test_two_nodes_sharing_only_an_s3_model_dir_equal_one_process(script, one_process_weights, tmp_path):
+    """No file system is shared: model_dir is s3://run/model on an S3 server in node a's namespace."""
+    reason = _network_namespaces_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    output = tmp_path / "output"
+    output.mkdir()
+    with _two_namespaces() as sides, _s3_server_in(sides[0][0], sides[0][2], tmp_path / "logs") as endpoint:
+        endpoint_rdzv = f"{sides[0][2]}:29400"
+        run_id = f"netns-s3-{secrets.token_hex(4)}"
+        commands = []
+        for namespace, veth, address in sides:
+            node = _launch_node(script, endpoint_rdzv, run_id, "s3://run/model", output, local_addr=address)
+            environ = _environment(GLOO_SOCKET_IFNAME=veth, AWS_ENDPOINT_URL=endpoint, **_S3_VARIABLES)
+            commands.append((["ip", "netns", "exec", namespace, *node], environ))
+        _run_together(commands, tmp_path / "logs")
+    weights, metas = _read_run(output, 2)
+    assert [meta["replicas"] for meta in metas] == [2, 2]
+    assert [meta["latest"].split(".")[0] for meta in metas] == ["ckpt-10", "ckpt-10"]
     _assert_same_weights(weights, one_process_weights)
