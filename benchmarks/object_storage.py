@@ -25,9 +25,17 @@ ours/theirs in the same round (throughput: bytes per second). Before timing, the
 store are checked equal to the local ones (exit 1 otherwise). When the server's floor (s3fs_get_vs_local)
 is itself below the target, a line says so: the ratio then measures the server, not the reader.
 
+checkpoint (issue 27, point 2): a checkpoint of `--checkpoint-mb` MB of model tensors and as much optimizer
+state, saved and restored through CheckpointStore on local disk and on the server (the commit protocol
+without rename: a fresh prefix, state.json, the manifest), against s3fs's plain put/get of the same files
+(the server's floor); upload_gbps is our save's rate; list_calls_per_save counts the listing requests of
+one save with 50 checkpoints kept (bounded: not one per kept checkpoint).
+
 Run:  python benchmarks/object_storage.py [--mb 128] [--files 4] [--rounds 3] [--endpoint URL --bucket NAME]
 Last line:  object_storage tfrecord_vs_local=<ratio> tfrecord_vs_s3fs_get=<ratio> tfrecord_vs_s3fs_ranged=<ratio>
-    interleaved_vs_local=<ratio> parsed_vs_local=<ratio> s3fs_get_vs_local=<ratio>
+    interleaved_vs_local=<ratio> parsed_vs_local=<ratio> s3fs_get_vs_local=<ratio> ckpt_save_vs_local=<ratio>
+    ckpt_load_vs_local=<ratio> ckpt_save_vs_s3fs_put=<ratio> ckpt_load_vs_s3fs_get=<ratio> upload_gbps=<Gbit/s>
+    list_calls_per_save=<n>
 """
 
 from __future__ import annotations
@@ -82,6 +90,8 @@ class Settings:
     """An S3 endpoint to use instead of starting moto's server."""
     bucket: str | None
     seed: int
+    checkpoint_mb: float
+    """Megabytes of model tensors in the checkpoint measurement (the optimizer state adds as much)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -105,10 +115,11 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--endpoint", default=None, help="an S3 endpoint URL instead of a moto server")
     parser.add_argument("--bucket", default=None, help="with --endpoint: an existing bucket to write into")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint-mb", type=float, default=64.0, help="MB of model tensors (default 64)")
     parser.add_argument("--quick", action="store_true", help="8 MB, 2 files, 1 round: a smoke run")
     args = parser.parse_args(argv)
     if args.quick:
-        args.mb, args.files, args.rounds, args.warmup_rounds = 8.0, 2, 1, 0
+        args.mb, args.files, args.rounds, args.warmup_rounds, args.checkpoint_mb = 8.0, 2, 1, 0, 8.0
     for name in ("files", "rounds", "batch_size", "record_bytes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -120,7 +131,7 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         parser.error("--endpoint and --bucket go together")
     return Settings(mb=args.mb, files=args.files, rounds=args.rounds, warmup_rounds=args.warmup_rounds,
                     batch_size=args.batch_size, record_bytes=args.record_bytes, endpoint=args.endpoint,
-                    bucket=args.bucket, seed=args.seed)
+                    bucket=args.bucket, seed=args.seed, checkpoint_mb=args.checkpoint_mb)
 
 
 # --------------------------------------------------------------------------- the server
@@ -313,7 +324,114 @@ def measure_tfrecord(store: Store) -> dict[str, str]:
     return {name: f"{value:.3f}" for name, value in figures.items()}
 
 
-MEASUREMENTS: tuple[Callable[[Store], dict[str, str]], ...] = (measure_tfrecord,)
+# --------------------------------------------------------------------------- checkpoints
+
+
+def _checkpoint_state(mb: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Model tensors of ``mb`` MB and an optimizer state as big again (Adam keeps two moments: one here)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    count = max(1, int(mb * 1e6 / 4 / 4))
+    model = {f"layer{index}.weight": torch.randn(count, generator=generator) for index in range(4)}
+    optimizer = {"optimizer": {"state": {index: {"exp_avg": torch.randn(count, generator=generator)}
+                                         for index in range(4)}, "param_groups": [{"lr": 0.001, "params": [0, 1, 2, 3]}]}}
+    return model, optimizer
+
+
+class _CountedLists:
+    """Counts the listing requests a filesystem issues (ls, find, glob, info of a prefix) while installed."""
+
+    def __init__(self, fs: Any) -> None:
+        self.fs, self.calls, self.saved = fs, 0, {}
+
+    def __enter__(self) -> _CountedLists:
+        for name in ("ls", "find", "glob", "_ls", "_find", "_glob", "_lsdir"):
+            method = getattr(self.fs, name, None)
+            if method is None:
+                continue
+            self.saved[name] = method
+
+            def counted(*args: Any, __method: Callable[..., Any] = method, **kwargs: Any) -> Any:
+                self.calls += 1
+                return __method(*args, **kwargs)
+
+            setattr(self.fs, name, counted)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for name in self.saved:
+            delattr(self.fs, name)  # the instance attribute goes: the class's method is back
+
+
+def measure_checkpoint(store: Store) -> dict[str, str]:
+    """Saves and restores through CheckpointStore on local disk and on the server; s3fs's plain put/get of the
+    same files as the server's floor; LIST requests per save with many checkpoints kept."""
+    import torch
+
+    from torchestimator.checkpoint import CheckpointStore
+
+    settings = store.settings
+    model, optimizer = _checkpoint_state(settings.checkpoint_mb)
+    local = CheckpointStore(os.path.join(store.local_dir, "ckpt-bench"), keep_checkpoint_max=2)
+    remote = CheckpointStore(f"{store.bucket_url}/ckpt-bench", keep_checkpoint_max=2)
+    fs, _ = filesystems.filesystem(store.bucket_url)
+    step = iter(range(1, 10**6))
+    files: list[str] = []
+
+    def save(where: CheckpointStore) -> Callable[[], int]:
+        def run() -> int:
+            path = where.save(next(step), model, optimizer, {"position": 1})
+            files[:] = [f"{path}/{name}" for name in filesystems.listdir(path)] if where is remote else files
+            return 0
+        return run
+
+    def restore(where: CheckpointStore) -> Callable[[], int]:
+        return lambda: len(where.restore().model_state)
+
+    save(remote)()  # the files s3fs's plain put and get move
+    blobs = {url: filesystems.read_bytes(url) for url in files}
+    total = sum(len(blob) for blob in blobs.values())
+    plain = f"{store.bucket_url}/plain"
+
+    def plain_put() -> int:
+        fs.pipe({f"{plain}/{url.rsplit('/', 1)[1]}": blob for url, blob in blobs.items()})
+        return 0
+
+    def plain_get() -> int:
+        return len(fs.cat([f"{plain}/{url.rsplit('/', 1)[1]}" for url in blobs]))
+
+    plain_put()
+    seconds = run_rounds(settings, {"save_local": save(local), "save_s3": save(remote), "put_s3fs": plain_put,
+                                    "load_local": restore(local), "load_s3": restore(remote), "get_s3fs": plain_get})
+    restored = remote.restore()
+    if not all(torch.equal(restored.model_state[name], tensor) for name, tensor in model.items()):
+        print("FAILED: the checkpoint restored from the store differs from the one saved", file=sys.stderr)
+        raise SystemExit(1)
+    # Listing requests per save, steady state, with 50 checkpoints kept (a save must not list each of them).
+    many = CheckpointStore(f"{store.bucket_url}/many", keep_checkpoint_max=None)
+    small = {"w": torch.zeros(4)}
+    for index in range(50):
+        many.save(index + 1, small)
+    with _CountedLists(fs) as counted:
+        for index in range(10):
+            many.save(100 + index, small)
+    print(f"checkpoint: {total / 1e6:.1f} MB in {len(blobs)} files, {settings.rounds} rounds (median):")
+    for name, values in seconds.items():
+        median = statistics.median(values)
+        print(f"  {name:<12} {median:7.3f} s  {total / 1e6 / median:8.1f} MB/s")
+    figures = {
+        "ckpt_save_vs_local": ratio(seconds, "save_s3", "save_local"),
+        "ckpt_load_vs_local": ratio(seconds, "load_s3", "load_local"),
+        "ckpt_save_vs_s3fs_put": ratio(seconds, "save_s3", "put_s3fs"),
+        "ckpt_load_vs_s3fs_get": ratio(seconds, "load_s3", "get_s3fs"),
+        "upload_gbps": total * 8 / 1e9 / statistics.median(seconds["save_s3"]),
+        "list_calls_per_save": counted.calls / 10,
+    }
+    return {name: f"{value:.3f}" if name != "list_calls_per_save" else f"{value:g}" for name, value in figures.items()}
+
+
+MEASUREMENTS: tuple[Callable[[Store], dict[str, str]], ...] = (measure_tfrecord, measure_checkpoint)
 """One function per measurement, each returning its key=value pairs for the last line (in this order)."""
 
 
