@@ -606,7 +606,19 @@ def image_request_answers_as_the_model(run: ReadmeRun, outcome: Outcome) -> None
     assert [row["class"] for row in answer["predictions"]] == model(run.namespace["pngs"])["class"].tolist()
 
 
+def store_workflow_answers(run: ReadmeRun, outcome: Outcome) -> None:
+    """The object-storage block trained into the bucket, listed the run, and the server it started from the
+    bucket answered two predictions."""
+    assert "digits demo: trained from scratch to step 200 in s3://my-bucket/runs/digits" in outcome.output
+    assert "model_dir s3://my-bucket/runs/digits: 1 checkpoint(s)" in outcome.output
+    assert "best export: s3://my-bucket/runs/digits/export/best/" in outcome.output
+    answer, _ = json.JSONDecoder().raw_decode(outcome.output[outcome.output.index('{"predictions"'):])
+    assert len(answer["predictions"]) == 2 and {"class", "probabilities"} <= set(answer["predictions"][0])
+    assert "Found credentials" not in outcome.output  # the clients' INFO lines stay out of the CLI's output
+
+
 CHECKS_AFTER: dict[str, Callable[[ReadmeRun, Outcome], None]] = {
+    "python -m moto.server -p 9000 > moto.log 2>&1 &": store_workflow_answers,
     "import numpy as np, torch, torch.nn as nn, torch.nn.functional as F": quickstart_learns_and_predicts,
     "config = te.RunConfig(train_distribute=te.MirroredStrategy(num_replicas=2))": config_has_two_replicas,
     "from torchestimator.data import (FixedLenFeature, VarLenFeature, TFRecordDataset, TFRecordWriter,":

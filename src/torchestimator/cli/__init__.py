@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
               f"use one of {', '.join(LOG_LEVELS)}.", file=sys.stderr)
         return 2
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if level != "DEBUG":  # the store clients' INFO lines ("Found credentials in environment variables") are noise
+        for name in ("botocore", "aiobotocore", "s3fs", "gcsfs", "adlfs", "azure", "google", "urllib3"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return args.handler(args)
     except KeyboardInterrupt as interrupt:  # str(): the exception object itself is always true

@@ -16,6 +16,7 @@ import gzip
 import importlib.util
 import logging
 import os
+import tempfile
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 
 import torchestimator as te
 from torchestimator._extras import import_extra
+from torchestimator._io import filesystems
 
 # Checked with the module, not in the first input_fn: without scikit-learn the demo stops with one
 # line before it writes anything (MissingExtraError, "pip install 'torchestimator[demo]'"). Only
@@ -148,9 +150,9 @@ def run(model_dir: str = "runs/digits", steps: int = max_steps, progress_bar: bo
     from torchestimator._policy.best import read_best
 
     best = read_best(model_dir)
-    export_base = os.path.join(model_dir, "export")
-    exports = {name: latest_version(os.path.join(export_base, name))
-               for name in ("best", "final") if os.path.isdir(os.path.join(export_base, name))}
+    export_base = filesystems.join(model_dir, "export")
+    exports = {name: latest_version(filesystems.join(export_base, name))
+               for name in ("best", "final") if filesystems.is_dir(filesystems.join(export_base, name))}
     return {"results": results, "best_accuracy": best[0].value if best else None,
             "best_checkpoint": best[0].path if best else None, "exports": exports, "resumed_from": previous,
             "serving_request": write_serving_request(model_dir, params)}
@@ -161,7 +163,13 @@ def write_serving_request(model_dir: str, params: dict, count: int = 2) -> str:
     import json
 
     _, _, images, _ = load_digits_split(params["seed"])
-    path = os.path.join(model_dir, "serving_request.json")
-    with open(path, "w") as handle:
-        json.dump({"instances": images[:count].tolist()}, handle)
+    body = json.dumps({"instances": images[:count].tolist()}).encode()
+    if filesystems.is_url(model_dir):
+        # curl -d @FILE reads a local file: beside the store's copy, one in this machine's temporary folder.
+        filesystems.write_bytes(filesystems.join(model_dir, "serving_request.json"), body)
+        path = os.path.join(tempfile.gettempdir(), "torchestimator-digits-serving_request.json")
+    else:
+        path = os.path.join(model_dir, "serving_request.json")
+    with open(path, "wb") as handle:
+        handle.write(body)
     return path

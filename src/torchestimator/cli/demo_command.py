@@ -13,6 +13,8 @@ import os
 import shlex
 from typing import Any
 
+from torchestimator._io import filesystems
+
 NEXT_STEPS_HEADER = "next (each command runs as printed, from this folder):"
 DEFAULT_REST_API_PORT = 8501  # TF Serving's, and `serve`'s
 
@@ -62,7 +64,7 @@ def _demo(args: argparse.Namespace) -> int:
     _print_results(outcome, args.model_dir)
     curves, plot_problem = _draw_curves(args.model_dir)
     print(f"curves: {curves}" if curves else f"curves: not drawn ({plot_problem})")
-    print(f"event files for TensorBoard: {args.model_dir} (training), {os.path.join(args.model_dir, 'eval')} "
+    print(f"event files for TensorBoard: {args.model_dir} (training), {filesystems.join(args.model_dir, 'eval')} "
           "(evaluation)")
     steps_next = next_steps(outcome, args.model_dir, args.rest_api_port, plotted=curves is not None)
     if steps_next:

@@ -11,22 +11,23 @@ import math
 import os
 
 from torchestimator._extras import import_extra
+from torchestimator._io import filesystems
 from torchestimator._io.summary import read_scalars
 
 
 def _evaluation_dirs(model_dir: str) -> dict[str, str]:
     """eval -> model_dir/eval, and holdout -> model_dir/eval_holdout, for every folder with events."""
     found = {}
-    for entry in sorted(os.listdir(model_dir)):
-        path = os.path.join(model_dir, entry)
-        if os.path.isdir(path) and (entry == "eval" or entry.startswith("eval_")):
+    for entry in sorted(filesystems.listdir(model_dir)):
+        path = filesystems.join(model_dir, entry)
+        if (entry == "eval" or entry.startswith("eval_")) and filesystems.is_dir(path):
             found[entry] = path
     return found
 
 
 def plot_model_dir(model_dir: str, output: str | None = None) -> str:
     """Writes the PNG (default MODEL_DIR/metrics.png) and returns its path."""
-    if not os.path.isdir(model_dir):
+    if not filesystems.is_dir(model_dir):
         raise FileNotFoundError(f"plot: {model_dir} is not a directory.")
     matplotlib = import_extra("matplotlib", extra="plot", feature="plotting")
     matplotlib.use("Agg")
@@ -53,9 +54,16 @@ def plot_model_dir(model_dir: str, output: str | None = None) -> str:
         axis.legend(fontsize="small")
     for axis in list(axes.flat)[len(panels):]:
         axis.set_visible(False)
-    figure.suptitle(os.path.abspath(model_dir), fontsize="small")
+    figure.suptitle(model_dir if filesystems.is_url(model_dir) else os.path.abspath(model_dir), fontsize="small")
     figure.tight_layout()
-    output = output or os.path.join(model_dir, "metrics.png")
-    figure.savefig(output, dpi=100)
+    output = output or filesystems.join(model_dir, "metrics.png")
+    if filesystems.is_url(output):  # matplotlib writes files: the PNG goes up whole
+        import io
+
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=100)
+        filesystems.write_bytes(output, buffer.getvalue())
+    else:
+        figure.savefig(output, dpi=100)
     plt.close(figure)
     return output
