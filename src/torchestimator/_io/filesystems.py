@@ -14,12 +14,35 @@ Credentials and endpoints are the backends' own: s3fs reads ``AWS_ENDPOINT_URL``
 and profiles; gcsfs ``STORAGE_EMULATOR_HOST`` and ``GOOGLE_APPLICATION_CREDENTIALS``; adlfs
 ``AZURE_STORAGE_CONNECTION_STRING`` and the account variables. Options given here are passed to the
 filesystem as keyword arguments and never appear in a message or a log line (they may hold secrets).
+
+Transfers that cannot hang: each filesystem gets timeouts and retries unless the options set them
+(``transfer_defaults``). A request that sends or receives no byte for ``read_timeout`` seconds, or cannot
+connect in ``connect_timeout``, fails; throttling (503 SlowDown), 500s, resets and timeouts are retried with
+exponential backoff and jitter; what still fails is an OSError naming the URL (a ``TimeoutError`` saying
+"stalled" for a timeout). The keys, per backend (defaults in brackets):
+
+- s3 (s3fs): ``config_kwargs={"connect_timeout": 10, "read_timeout": 60, "retries": {"total_max_attempts": 4,
+  "mode": "standard"}}`` (botocore's, the first attempt counted; give any of them, the others keep their
+  default), and ``retries`` [2]: s3fs's own rounds around botocore's (they also retry a download whose body
+  was cut short). Sends have a deadline too (``http_session_cls``, see ``_s3_session_with_send_deadline``).
+  ``max_concurrency`` [10]: parts in flight at once for one file (uploads and ranged reads).
+- gs (gcsfs): ``requests_timeout`` [``aiohttp.ClientTimeout(sock_connect=10, sock_read=60)``; a number is
+  a total per request]; gcsfs retries 6 times with backoff (not settable).
+- az (adlfs): ``connection_timeout`` [10], ``read_timeout`` [60]; the Azure SDK's retry policy.
+
+The deadline of a stalled transfer: a request that never answers costs ``read_timeout`` per attempt, so it
+fails after at most ``retries * total_max_attempts * read_timeout`` plus backoff (8 minutes by default on S3;
+``{"config_kwargs": {"read_timeout": 5, "retries": {"total_max_attempts": 2}}, "retries": 1}`` makes it 10 s
+and a few seconds of backoff).
+A transfer that makes progress is never cut: there is no limit on a whole upload's time, which grows with
+its size.
 """
 
 from __future__ import annotations
 
 import errno
 import fnmatch
+import functools
 import glob as local_glob
 import os
 import posixpath
@@ -33,8 +56,16 @@ from torchestimator.errors import ConfigError
 __all__ = [
     "PROTOCOL_EXTRAS", "checked_storage_options", "configure_storage_options", "exists", "filesystem", "glob", "is_dir", "is_url", "join",
     "listdir", "local_path", "makedirs", "open_for_reading", "parent", "protocol_of", "read_bytes", "remove", "remove_tree",
-    "storage_options_for", "write_bytes",
+    "storage_options_for", "transfer_defaults", "write_bytes",
 ]
+
+CONNECT_TIMEOUT_SECONDS = 10
+READ_TIMEOUT_SECONDS = 60
+S3_MAX_ATTEMPTS = 4
+"""botocore's attempts per request, the first included (its ``total_max_attempts``; its ``max_attempts`` counts
+retries only); standard mode: exponential backoff with jitter, up to 20 s a wait."""
+S3FS_RETRIES = 2
+"""s3fs's rounds around botocore's attempts (its default, 5, made a stalled request cost 25 read timeouts)."""
 
 PROTOCOL_EXTRAS: dict[str, tuple[str | None, str | None]] = {
     "s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"),
@@ -168,9 +199,101 @@ def filesystem(path: str | os.PathLike[str]) -> tuple[Any, str]:
         if instance is None:
             import fsspec
 
-            instance = fsspec.filesystem(protocol, **options)
+            arguments, attributes = transfer_defaults(canonical, options)
+            instance = fsspec.filesystem(protocol, **arguments)
+            for name, value in attributes.items():
+                setattr(instance, name, value)
             _filesystems[key] = instance
     return instance, instance._strip_protocol(text)
+
+
+def transfer_defaults(protocol: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The filesystem arguments of ``options`` with our timeouts and retries where they set none, and the
+    attributes to set on the instance (s3fs's ``retries`` is a class attribute, not an argument).
+
+    The user's values win, key by key (``config_kwargs={"read_timeout": 5}`` keeps our connect timeout).
+    """
+    arguments = dict(options)
+    attributes: dict[str, Any] = {}
+    if protocol == "s3":
+        config = dict(arguments.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", CONNECT_TIMEOUT_SECONDS)
+        config.setdefault("read_timeout", READ_TIMEOUT_SECONDS)
+        config.setdefault("retries", {"total_max_attempts": S3_MAX_ATTEMPTS, "mode": "standard"})
+        config.setdefault("http_session_cls", _s3_session_with_send_deadline())
+        arguments["config_kwargs"] = config
+        attributes["retries"] = int(arguments.pop("retries", S3FS_RETRIES))
+        if attributes["retries"] < 1:
+            raise ConfigError(f"storage_options 'retries' must be at least 1 (one attempt); received "
+                              f"{attributes['retries']}.", field="storage_options.retries", value=attributes["retries"])
+    elif protocol == "gs" and "requests_timeout" not in arguments:
+        import aiohttp
+
+        arguments["requests_timeout"] = aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_SECONDS,
+                                                              sock_read=READ_TIMEOUT_SECONDS)
+    elif protocol == "az":
+        arguments.setdefault("connection_timeout", CONNECT_TIMEOUT_SECONDS)
+        arguments.setdefault("read_timeout", READ_TIMEOUT_SECONDS)
+    return arguments, attributes
+
+
+_SEND_SLICE_BYTES = 256 * 1024
+
+
+@functools.cache
+def _s3_session_with_send_deadline() -> type:
+    """aiobotocore's HTTP session, with a deadline on sending a request as aiohttp has on reading its answer.
+
+    aiohttp's ``sock_read`` timeout starts once the body is sent; until then nothing times out: a server
+    that never answers ``Expect: 100-continue`` (botocore asks it on every PUT) or stops reading mid-body
+    held the upload forever. Here the header is not sent (it is not signed; the body goes at once), and
+    the body is handed to aiohttp in slices: no slice taken for ``read_timeout`` seconds ends the attempt
+    with botocore's ReadTimeoutError, which its retries and s3fs's take as any other timeout.
+    """
+    import asyncio
+
+    from aiobotocore.httpsession import AIOHTTPSession
+    from botocore.exceptions import ReadTimeoutError
+
+    class SessionWithSendDeadline(AIOHTTPSession):
+        async def send(self, request):
+            request.headers.pop("Expect", None)
+            body = request.body
+            if isinstance(body, (bytes, bytearray, memoryview)):
+                view = memoryview(body).cast("B")
+                pieces = (view[start:start + _SEND_SLICE_BYTES] for start in range(0, view.nbytes, _SEND_SLICE_BYTES))
+            elif hasattr(body, "read") and "Content-Length" in request.headers:  # botocore's BytesIO, a file
+                pieces = iter(lambda: body.read(_SEND_SLICE_BYTES), b"")
+            else:
+                return await super().send(request)
+            stall_seconds = self._timeout.sock_read or READ_TIMEOUT_SECONDS
+            loop = asyncio.get_running_loop()
+            progress = {"at": loop.time(), "done": False}
+
+            async def slices():
+                for piece in pieces:
+                    progress["at"] = loop.time()
+                    yield piece
+                progress["done"] = True  # from here on aiohttp's read timeout watches the answer
+
+            request.body = slices()
+            sending = asyncio.ensure_future(super().send(request))
+            try:
+                while True:
+                    idle = loop.time() - progress["at"]
+                    await asyncio.wait({sending}, timeout=max(0.05, stall_seconds - idle))
+                    if sending.done():
+                        return sending.result()
+                    if not progress["done"] and loop.time() - progress["at"] >= stall_seconds:
+                        sending.cancel()
+                        raise ReadTimeoutError(endpoint_url=request.url, error=f"no byte of the request body "
+                                               f"could be sent for {stall_seconds:g} s")
+            finally:
+                if not sending.done():
+                    sending.cancel()
+                request.body = body  # botocore retries with the same request
+
+    return SessionWithSendDeadline
 
 
 def _named(error: BaseException, url: str, doing: str) -> OSError:
@@ -180,12 +303,40 @@ def _named(error: BaseException, url: str, doing: str) -> OSError:
     if isinstance(error, PermissionError):
         return PermissionError(errno.EACCES, f"{doing} {url}: permission denied ({_cause(error)}); check the "
                                "credentials and the bucket's access rules", url)
+    if _is_timeout(error):
+        return TimeoutError(errno.ETIMEDOUT, f"{doing} {url} timed out: the store stalled (no data within the read "
+                            f"or connect timeout, on every retry: {_cause(error)}); check the network and the "
+                            "endpoint, or raise read_timeout in storage_options", url)
+    if _is_unreachable(error):
+        return ConnectionError(errno.ECONNREFUSED, f"{doing} {url} failed: the store cannot be reached "
+                               f"({_cause(error)}); check the endpoint and the network", url)
     code = getattr(error, "errno", None) or errno.EIO
     return OSError(code, f"{doing} {url} failed: {_cause(error)}", url)
 
 
+def _chain(error: BaseException):
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _is_timeout(error: BaseException) -> bool:
+    """socket, asyncio and fsspec timeouts are TimeoutErrors; botocore's and aiohttp's are named so."""
+    return any(isinstance(link, TimeoutError) or "Timeout" in type(link).__name__ for link in _chain(error))
+
+
+def _is_unreachable(error: BaseException) -> bool:
+    """Refused or unresolvable endpoints: botocore's EndpointConnectionError, aiohttp's ClientConnectorError."""
+    return any(isinstance(link, ConnectionRefusedError)
+               or type(link).__name__ in ("EndpointConnectionError", "ClientConnectorError") for link in _chain(error))
+
+
 def _cause(error: BaseException) -> str:
-    text = " ".join(str(error).split()) or type(error).__name__
+    strerror = getattr(error, "strerror", None)  # an OSError's message without "[Errno N]" and its filename
+    message = strerror if isinstance(strerror, str) and strerror else str(error)
+    text = " ".join(message.split()) or type(error).__name__
     return text if len(text) <= 300 else text[:300] + "..."
 
 

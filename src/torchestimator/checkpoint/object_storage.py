@@ -7,12 +7,22 @@ under a prefix no save used before (``ckpt-<step>.<writer>-<random>``), its ``st
 checksums of every other file) last, then the model_dir's manifest is replaced by one PUT. A prefix
 without a valid state.json is never a checkpoint; one whose writer is gone is removed as a leftover.
 
-Big files go up as multipart uploads (the backend's, in parts of ``PART_BYTES``); a write that fails
-midway aborts its upload, so no part of it becomes an object.
+Big files go up as multipart uploads in parts of ``PART_BYTES``; a write that fails midway aborts its
+upload, so no part of it becomes an object, and the error names the file's URL. On S3 the parts of one file
+go up ``PARTS_IN_FLIGHT`` at a time (``_S3PartUpload``), each retried and bounded in time by the
+filesystem's settings (``_io/filesystems.py``: timeouts, retries, the deadline of a stalled send); other
+stores stream through their own writer (``fs.open(..., "wb")``), one part after the other.
+
+S3 takes at most ``MAX_PARTS`` parts of 5 MiB to 5 GiB each: a file may hold ``MAX_PARTS * PART_BYTES``
+bytes (625 GiB at the default 64 MiB, 48.8 GiB at the smallest part, 5 MiB); a bigger one fails at its
+10,001st part, naming the file and the setting to raise.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import errno
 import logging
 import os
 import posixpath
@@ -23,14 +33,22 @@ from torchestimator._io import filesystems
 
 from .storage import MANIFEST_NAME, FileContent
 
-__all__ = ["ObjectStorage", "PART_BYTES"]
+__all__ = ["MAX_PARTS", "ObjectStorage", "PARTS_IN_FLIGHT", "PART_BYTES"]
 
 logger = logging.getLogger(__name__)
 
-PART_BYTES = max(5 * 2**20, int(os.environ.get("TORCHESTIMATOR_UPLOAD_PART_BYTES", 64 * 2**20)))
+MAX_PARTS = 10_000
+"""S3's limit on the parts of one multipart upload."""
+
+PART_BYTES = min(5 * 2**30, max(5 * 2**20, int(os.environ.get("TORCHESTIMATOR_UPLOAD_PART_BYTES", 64 * 2**20))))
 """Size of one part of a multipart upload: S3 takes 5 MiB to 5 GiB and at most 10,000 parts (so files up to
-640 GiB at 64 MiB); bigger parts mean fewer requests, smaller ones less memory held per upload.
-``TORCHESTIMATOR_UPLOAD_PART_BYTES`` sets it (5 MiB at least)."""
+625 GiB at 64 MiB); bigger parts mean fewer requests, smaller ones less memory held per upload.
+``TORCHESTIMATOR_UPLOAD_PART_BYTES`` sets it (5 MiB to 5 GiB)."""
+
+PARTS_IN_FLIGHT = max(1, int(os.environ.get("TORCHESTIMATOR_UPLOAD_PARTS_IN_FLIGHT", 4)))
+"""Parts of one file uploading at once on S3 (no more than the filesystem's ``max_concurrency``): an upload
+holds up to ``(PARTS_IN_FLIGHT + 1) * PART_BYTES`` bytes (320 MiB by default).
+``TORCHESTIMATOR_UPLOAD_PARTS_IN_FLIGHT`` sets it."""
 
 
 class ObjectStorage:
@@ -63,20 +81,24 @@ class ObjectStorage:
         if isinstance(data, (bytes, bytearray, memoryview)):
             self._call("writing", url, self._fs.pipe_file, self._key(folder, filename), bytes(data))
             return
-        handle = self._call("writing", url, self._fs.open, self._key(folder, filename), "wb", block_size=PART_BYTES)
+        if hasattr(self._fs, "_call_s3"):  # s3fs: its client takes the parts of one file in parallel
+            handle: Any = _S3PartUpload(self._fs, self._key(folder, filename), url)
+        else:
+            handle = self._call("writing", url, self._fs.open, self._key(folder, filename), "wb", block_size=PART_BYTES)
         try:
             for chunk in data:
                 view = memoryview(chunk).cast("B")
                 if view.nbytes:
-                    handle.write(view)
+                    self._call("writing", url, handle.write, view)
+            self._call("writing", url, handle.close)
         except BaseException:
-            _discard(handle)  # an aborted multipart upload leaves no object
+            _discard(handle, url)  # an aborted multipart upload leaves no object
             raise
-        self._call("writing", url, handle.close)
 
     def open_file(self, folder: str, filename: str) -> BinaryIO:
         url = f"{self.location(folder)}/{filename}"
-        return self._call("reading", url, self._fs.open, self._key(folder, filename), "rb", block_size=PART_BYTES)
+        stream = self._call("reading", url, self._fs.open, self._key(folder, filename), "rb", block_size=PART_BYTES)
+        return _NamingErrors(stream, url)
 
     def read_file(self, folder: str, filename: str, start: int = 0, length: int | None = None) -> bytes:
         url = f"{self.location(folder)}/{filename}"
@@ -158,15 +180,115 @@ class ObjectStorage:
         return None
 
 
-def _discard(handle: Any) -> None:
-    discard = getattr(handle, "discard", None)  # s3fs, gcsfs, adlfs: abort the upload without committing it
+class _NamingErrors:
+    """A store's read stream whose failures (the object deleted or replaced under the reader, a body cut short
+    after the backend's retries, a timeout) are OSErrors naming the file's URL, as every other operation's."""
+
+    def __init__(self, stream: Any, url: str) -> None:
+        self._stream, self._url = stream, url
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def __enter__(self) -> _NamingErrors:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stream.close()
+
+    def read(self, size: int = -1) -> bytes:
+        return filesystems._store_call(self._url, "reading", self._stream.read, size)
+
+    def readinto(self, buffer: Any) -> int:
+        return filesystems._store_call(self._url, "reading", self._stream.readinto, buffer)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return filesystems._store_call(self._url, "reading", self._stream.seek, offset, whence)
+
+
+class _S3PartUpload:
+    """One file written to S3 as a multipart upload, ``PARTS_IN_FLIGHT`` parts at a time on s3fs's event loop.
+
+    A file smaller than one part is one PUT at ``close``. ``discard`` cancels the parts in flight and aborts the
+    upload: S3 then drops every part, and no object appears.
+    """
+
+    def __init__(self, fs: Any, key: str, url: str) -> None:
+        self._fs, self._url = fs, url
+        self._bucket, self._key, _ = fs.split_path(key)
+        self._buffer = bytearray()
+        self._upload_id: str | None = None
+        self._in_flight: list[tuple[int, Any]] = []
+        self._parts: list[dict[str, Any]] = []
+        self._next_part = 1
+        self._parallel = max(1, min(PARTS_IN_FLIGHT, getattr(fs, "max_concurrency", 1)))
+
+    def write(self, view: memoryview) -> None:
+        while view.nbytes:
+            room = PART_BYTES - len(self._buffer)
+            self._buffer += view[:room]
+            view = view[room:]
+            if len(self._buffer) == PART_BYTES:
+                part, self._buffer = bytes(self._buffer), bytearray()
+                self._send(part)
+
+    def close(self) -> None:
+        if self._upload_id is None:
+            self._fs.call_s3("put_object", Bucket=self._bucket, Key=self._key, Body=bytes(self._buffer))
+        else:
+            if self._buffer:
+                self._send(bytes(self._buffer))
+            while self._in_flight:
+                self._collect_oldest()
+            self._fs.call_s3("complete_multipart_upload", Bucket=self._bucket, Key=self._key,
+                             UploadId=self._upload_id, MultipartUpload={"Parts": self._parts})
+            self._upload_id = None
+        self._buffer = bytearray()
+        self._fs.invalidate_cache(f"{self._bucket}/{self._key}")
+
+    def discard(self) -> None:
+        for _, future in self._in_flight:
+            future.cancel()
+        if self._in_flight:
+            concurrent.futures.wait([future for _, future in self._in_flight], timeout=30)
+        self._in_flight.clear()
+        self._buffer = bytearray()
+        if self._upload_id is not None:
+            upload_id, self._upload_id = self._upload_id, None
+            self._fs.call_s3("abort_multipart_upload", Bucket=self._bucket, Key=self._key, UploadId=upload_id)
+
+    def _send(self, part: bytes) -> None:
+        if self._next_part > MAX_PARTS:
+            raise OSError(errno.EFBIG, f"more than {MAX_PARTS} parts of {PART_BYTES} bytes, S3's limit for one "
+                          "object; set TORCHESTIMATOR_UPLOAD_PART_BYTES higher (up to 5 GiB)", self._url)
+        if self._upload_id is None:
+            created = self._fs.call_s3("create_multipart_upload", Bucket=self._bucket, Key=self._key)
+            self._upload_id = created["UploadId"]
+        while len(self._in_flight) >= self._parallel:
+            self._collect_oldest()
+        coroutine = self._fs._call_s3("upload_part", Bucket=self._bucket, Key=self._key, UploadId=self._upload_id,
+                                      PartNumber=self._next_part, Body=part)
+        self._in_flight.append((self._next_part, asyncio.run_coroutine_threadsafe(coroutine, self._fs.loop)))
+        self._next_part += 1
+
+    def _collect_oldest(self) -> None:
+        number, future = self._in_flight[0]
+        answer = future.result()  # bounded: each request has its timeouts and retries (_io/filesystems.py)
+        self._in_flight.pop(0)
+        self._parts.append({"PartNumber": number, "ETag": answer["ETag"]})
+
+
+def _discard(handle: Any, url: str) -> None:
+    discard = getattr(handle, "discard", None)  # ours, s3fs, gcsfs, adlfs: abort the upload without committing it
     try:
         if discard is not None:
             discard()
         else:  # memory:// and other simple writers keep nothing until close
             handle.closed = True
-    except Exception as error:  # the upload is abandoned either way; the store expires unfinished ones
-        logger.debug("Could not abort an upload: %s", error)
+    except Exception as error:  # the object was not written either way; its parts may stay until a lifecycle rule
+        logger.warning("Could not abort the unfinished upload of %s (%s): its parts stay in the bucket, uncommitted, "
+                       "until the bucket's lifecycle rule for incomplete multipart uploads removes them.", url,
+                       filesystems._cause(error))
 
 
 def _modified(info: dict[str, Any]) -> float | None:
