@@ -373,6 +373,7 @@ def listdir(path: str | os.PathLike[str]) -> list[str]:
         return os.listdir(local_path(path))
     url = os.fspath(path)
     fs, inner = filesystem(url)
+    fs.invalidate_cache(inner)  # adlfs ignores refresh=; every fsspec store honours this
     entries = _store_call(url, "listing", fs.ls, inner, detail=False, refresh=True)
     names = sorted({posixpath.basename(entry.rstrip("/")) for entry in entries})
     return [name for name in names if name]

@@ -110,6 +110,7 @@ class ObjectStorage:
     def list_folders(self) -> list[str]:
         """The prefixes under model_dir: one LIST request (paged by the store per 1000 names)."""
         try:
+            self._fs.invalidate_cache(self._prefix)  # adlfs ignores refresh=; every fsspec store honours this
             entries = self._fs.ls(self._prefix, detail=True, refresh=True)
         except FileNotFoundError:
             return []  # nothing was ever saved there
