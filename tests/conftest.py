@@ -316,13 +316,37 @@ def gcs_bucket(gcs_endpoint, monkeypatch):
     forget_filesystems()
 
 
-@pytest.fixture(params=["memory", "s3", "gs"])
+@pytest.fixture(scope="session")
+def azure_connection_string(tmp_path_factory):
+    """Azurite's blob server on 127.0.0.1 for the whole session; skips (saying why) where it cannot run."""
+    from object_stores import azurite_missing, azurite_server
+
+    reason = azurite_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    with azurite_server(str(tmp_path_factory.mktemp("azurite"))) as connection_string:
+        yield connection_string
+
+
+@pytest.fixture
+def az_bucket(azure_connection_string, monkeypatch):
+    """``az://<fresh container>`` on Azurite, reached through AZURE_STORAGE_CONNECTION_STRING."""
+    from object_stores import azure_environment, forget_filesystems, new_bucket
+
+    for name, value in azure_environment(azure_connection_string).items():
+        monkeypatch.setenv(name, value)
+    forget_filesystems()
+    yield new_bucket("az")
+    forget_filesystems()
+
+
+@pytest.fixture(params=["memory", "s3", "gs", "az"])
 def store_url(request, tmp_path):
-    """A fresh model_dir URL on each kind of store: memory://, the S3 server, the GCS emulator."""
+    """A fresh model_dir URL on each kind of store: memory://, the S3 server, the GCS emulator, Azurite."""
     if request.param == "memory":
         import uuid
 
         yield f"memory://te-{uuid.uuid4().hex[:12]}"
         return
-    bucket = request.getfixturevalue("s3_bucket" if request.param == "s3" else "gcs_bucket")
+    bucket = request.getfixturevalue({"s3": "s3_bucket", "gs": "gcs_bucket", "az": "az_bucket"}[request.param])
     yield f"{bucket}/run"

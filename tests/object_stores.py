@@ -3,7 +3,9 @@
 S3: moto in server mode (``ThreadedMotoServer``: the S3 REST API, multipart uploads included), reached by
 s3fs through ``AWS_ENDPOINT_URL`` as a user's client reaches it. GCS: gcp-storage-emulator's HTTP server,
 reached by gcsfs through ``STORAGE_EMULATOR_HOST``. Each test gets a bucket of its own (``new_bucket``);
-the servers live for the session (a few hundred ms to start). Child processes inherit the variables, so a
+the servers live for the session (a few hundred ms to start). Azure: Azurite's blob server (the npm package,
+installed into tests/azurite/ by the README's test command), reached by adlfs through AZURE_STORAGE_CONNECTION_STRING;
+where node or the package is missing its tests skip, saying so. Child processes inherit the variables, so a
 training killed with SIGKILL in a subprocess talks to the same server.
 """
 
@@ -91,8 +93,61 @@ def forget_filesystems() -> None:
     from torchestimator._io import filesystems
 
     filesystems.configure_storage_options(None)
-    for name in ("s3", "gcs"):
+    for name in ("s3", "gcs", "abfs"):
         try:
             fsspec.get_filesystem_class(name).clear_instance_cache()
         except (ImportError, ValueError):
             pass
+
+
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+"""Azurite's well-known development account (published in its documentation; not a secret)."""
+AZURITE_BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "azurite", "node_modules", ".bin",
+                           "azurite-blob")
+"""Installed by the README's test command: ``npm ci --prefix tests/azurite`` (package-lock.json pins it)."""
+
+
+def azurite_missing() -> str | None:
+    """Why Azurite cannot run here, or None."""
+    import shutil
+
+    if shutil.which("node") is None:
+        return "node is not installed, so Azurite (the Azure Storage emulator, an npm package) cannot run"
+    if not os.path.exists(AZURITE_BIN):
+        return f"Azurite is not installed at {AZURITE_BIN} (the README's test command runs npm ci --prefix tests/azurite)"
+    return None
+
+
+@contextlib.contextmanager
+def azurite_server(workdir: str) -> Iterator[str]:
+    """Azurite's blob service on loopback, its data in ``workdir``; yields its connection string."""
+    import subprocess
+    import time
+
+    port = free_port()
+    log = open(os.path.join(workdir, "azurite.log"), "wb")
+    server = subprocess.Popen([AZURITE_BIN, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", workdir,
+                               "--silent", "--skipApiVersionCheck", "--loose"], stdout=log, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"Azurite did not start (exit {server.poll()}); see {workdir}/azurite.log")
+            time.sleep(0.1)
+        yield (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+               f"BlobEndpoint=http://127.0.0.1:{port}/{AZURITE_ACCOUNT};")
+    finally:
+        # Killed, not asked: on SIGTERM Azurite waits for the clients' keep-alive connections to close (30 s here),
+        # and its data is this test session's temporary folder.
+        server.kill()
+        server.wait(timeout=30)
+        log.close()
+
+
+def azure_environment(connection_string: str) -> dict[str, str]:
+    return {"AZURE_STORAGE_CONNECTION_STRING": connection_string}

@@ -254,7 +254,8 @@ NOT_RUNNABLE: dict[str, NotRunnable] = {
         NotRunnable("the README's own setup command: it creates a venv and installs from PyPI; CI runs it from a "
                     "fresh clone. Its last part, `torchestimator demo`, runs before the serving block here",
                     setup_command_uses_the_lock),
-    SETUP + '.venv/bin/python -m pytest -q && TORCHESTIMATOR_PURE_PYTHON=1 .venv/bin/python -m pytest -q -m '
+    SETUP + "{ ! command -v npm > /dev/null || npm ci --loglevel=error --no-audit --no-fund --prefix tests/azurite; } "
+            '&& .venv/bin/python -m pytest -q && TORCHESTIMATOR_PURE_PYTHON=1 .venv/bin/python -m pytest -q -m '
             '"not slow or compiled_path"':
         NotRunnable("the README's own test command, which is what CI runs (.ci/run)", setup_command_is_ci_command),
     "python3 -m venv /tmp/benchenv && /tmp/benchenv/bin/pip install -r benchmarks/requirements-bench.txt && "
