@@ -93,6 +93,9 @@ class FaultProxy:
         self._sockets: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self.log: list[tuple[Request, str]] = []
+        self.bytes_per_second: float | None = None
+        """When set, each request body is held as long as sending it at this rate takes, per connection (as
+        one TCP stream to a distant store is slower than the link): what parallel parts gain shows."""
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(_POLL_SECONDS)
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
@@ -195,13 +198,13 @@ class FaultProxy:
                     self._wait_for_release()
                     return
                 if fault in _ERRORS:
-                    client.sendall(_error_response(*_ERRORS[fault], target, with_body=method != "HEAD"))
+                    self._send(client, _error_response(*_ERRORS[fault], target, with_body=method != "HEAD"))
                     if expects:
                         return  # answered before the body was sent: the connection cannot be reused
                     reader.body(headers)
                     continue
                 if expects:
-                    client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    self._send(client, b"HTTP/1.1 100 Continue\r\n\r\n")
                     head = _without_expect(head)
                 if fault in (RESET_MID_BODY, STALL_MID_BODY):
                     reader.exactly(size // 2)
@@ -213,17 +216,30 @@ class FaultProxy:
                 if fault == RESET:
                     _reset(client)
                     return
+                if self.bytes_per_second:  # this connection's transfer time, each connection on its own
+                    self._stop.wait(len(body) / self.bytes_per_second)
                 response, body_start, body_length = self._forward(head + body, method)
                 if fault == CUT_BODY and body_length:
-                    client.sendall(response[:body_start + body_length // 2])
+                    self._send(client, response[:body_start + body_length // 2])
                     return  # closed with half the body sent: the client sees a payload cut short
-                client.sendall(response)
+                self._send(client, response)
                 if _wants_close(response[:body_start]):
                     return
         except (_Closed, OSError):
             return
         finally:
             self._untrack(client)
+
+    def _send(self, sock: socket.socket, data: bytes) -> None:
+        """``sendall`` through the sockets' poll timeout: a slow reader is waited for, a stopping proxy is not."""
+        view, deadline = memoryview(data), time.monotonic() + _LONGEST_WAIT_SECONDS
+        while view.nbytes:
+            if self._stop.is_set() or time.monotonic() > deadline:
+                raise _Closed()
+            try:
+                view = view[sock.send(view):]
+            except (TimeoutError, socket.timeout):
+                continue
 
     def _wait_for_release(self) -> None:
         deadline = time.monotonic() + _LONGEST_WAIT_SECONDS
@@ -236,7 +252,7 @@ class FaultProxy:
         """Send one request upstream on a fresh connection; the whole answer, where its body starts, its size."""
         upstream = self._track(socket.create_connection(self._upstream, timeout=_POLL_SECONDS * 10))
         try:
-            upstream.sendall(request)
+            self._send(upstream, request)
             reader = _Reader(upstream, self._stop)
             head = reader.until(b"\r\n\r\n", limit=64 * 1024, eof_ok=False)
             status = int(head.split(b" ", 2)[1])
