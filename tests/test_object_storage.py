@@ -162,3 +162,30 @@ def test_a_second_live_run_writing_the_model_dir_is_refused_at_the_next_save(whe
         other.wait(timeout=60)
     store.save(4, _weights(4.0))  # the other run is gone: this one takes over again
     assert CheckpointStore(url).restore().step == 4
+
+
+def _read_in_forked_child(url: str, queue) -> None:
+    queue.put(filesystems.read_bytes(url))
+
+
+def test_a_forked_child_reads_the_store_with_its_own_client(s3_bucket):
+    import multiprocessing
+
+    filesystems.write_bytes(f"{s3_bucket}/a", b"before the fork")
+    assert filesystems.read_bytes(f"{s3_bucket}/a") == b"before the fork"  # the parent's client exists now
+    context = multiprocessing.get_context("fork")  # as DataLoader workers start
+    queue = context.Queue()
+    child = context.Process(target=_read_in_forked_child, args=(f"{s3_bucket}/a", queue))
+    child.start()
+    try:
+        assert queue.get(timeout=60) == b"before the fork"
+    finally:
+        child.join(60)
+    assert child.exitcode == 0
+
+
+def test_globs_give_urls_as_written(store_url):
+    for name in ("a-1.tfrecord", "a-2.tfrecord", "b-1.tfrecord"):
+        filesystems.write_bytes(f"{store_url}/data/{name}", b"x")
+    assert filesystems.glob(f"{store_url}/data/a-*.tfrecord") == [f"{store_url}/data/a-1.tfrecord",
+                                                                   f"{store_url}/data/a-2.tfrecord"]

@@ -25,10 +25,14 @@ exponential backoff and jitter; what still fails is an OSError naming the URL (a
   "mode": "standard"}}`` (botocore's, the first attempt counted; give any of them, the others keep their
   default), and ``retries`` [2]: s3fs's own rounds around botocore's (they also retry a download whose body
   was cut short). Sends have a deadline too (``http_session_cls``, see ``_s3_session_with_send_deadline``).
-  ``max_concurrency`` [10]: parts in flight at once for one file (uploads and ranged reads).
+  ``max_concurrency`` [10]: s3fs's requests at once for one file (ranged reads, ``put``); checkpoint
+  uploads send at most ``TORCHESTIMATOR_UPLOAD_PARTS_IN_FLIGHT`` [4] of them (``checkpoint/object_storage.py``).
 - gs (gcsfs): ``requests_timeout`` [``aiohttp.ClientTimeout(sock_connect=10, sock_read=60)``; a number is
   a total per request]; gcsfs retries 6 times with backoff (not settable).
 - az (adlfs): ``connection_timeout`` [10], ``read_timeout`` [60]; the Azure SDK's retry policy.
+
+Only S3's sends have a deadline of ours: on gs:// a server that stops reading a request's body mid-way
+holds the upload until the OS gives up on the connection.
 
 The deadline of a stalled transfer: a request that never answers costs ``read_timeout`` per attempt, so it
 fails after at most ``retries * total_max_attempts * read_timeout`` plus backoff (8 minutes by default on S3;
@@ -194,7 +198,9 @@ def filesystem(path: str | os.PathLike[str]) -> tuple[Any, str]:
     canonical = _CANONICAL.get(protocol, protocol)
     with _lock:
         options = dict(_configured.get(canonical, _configured.get("*", {})))
-        key = (canonical, repr(sorted(options.items(), key=lambda item: item[0])))
+        # The pid too: an async filesystem holds an event loop and connections that a forked child (a DataLoader
+        # worker) must not share; fsspec makes the child its own instance.
+        key = (os.getpid(), canonical, repr(sorted(options.items(), key=lambda item: item[0])))
         instance = _filesystems.get(key)
         if instance is None:
             import fsspec
@@ -220,7 +226,9 @@ def transfer_defaults(protocol: str, options: Mapping[str, Any]) -> tuple[dict[s
         config.setdefault("connect_timeout", CONNECT_TIMEOUT_SECONDS)
         config.setdefault("read_timeout", READ_TIMEOUT_SECONDS)
         config.setdefault("retries", {"total_max_attempts": S3_MAX_ATTEMPTS, "mode": "standard"})
-        config.setdefault("http_session_cls", _s3_session_with_send_deadline())
+        session = _s3_session_with_send_deadline()
+        if session is not None:
+            config.setdefault("http_session_cls", session)
         arguments["config_kwargs"] = config
         attributes["retries"] = int(arguments.pop("retries", S3FS_RETRIES))
         if attributes["retries"] < 1:
@@ -241,7 +249,7 @@ _SEND_SLICE_BYTES = 256 * 1024
 
 
 @functools.cache
-def _s3_session_with_send_deadline() -> type:
+def _s3_session_with_send_deadline() -> type | None:
     """aiobotocore's HTTP session, with a deadline on sending a request as aiohttp has on reading its answer.
 
     aiohttp's ``sock_read`` timeout starts once the body is sent; until then nothing times out: a server
@@ -251,9 +259,14 @@ def _s3_session_with_send_deadline() -> type:
     with botocore's ReadTimeoutError, which its retries and s3fs's take as any other timeout.
     """
     import asyncio
+    import inspect
 
+    from aiobotocore.config import AioConfig
     from aiobotocore.httpsession import AIOHTTPSession
     from botocore.exceptions import ReadTimeoutError
+
+    if "http_session_cls" not in inspect.signature(AioConfig.__init__).parameters:
+        return None  # aiobotocore before 2.13 takes no session class: sends wait as aiohttp lets them
 
     class SessionWithSendDeadline(AIOHTTPSession):
         async def send(self, request):
@@ -389,7 +402,9 @@ def glob(pattern: str | os.PathLike[str]) -> list[str]:
     if not any(character in inner for character in "*?["):
         return [text] if _store_call(text, "looking for", fs.isfile, inner) else []
     matches = _store_call(text, "listing", fs.glob, inner)
-    return sorted(f"{scheme}://{match}" for match in matches if fnmatch.fnmatchcase(match, inner))
+    # memory:// paths come back rooted ("/bucket/key"): one "/" after the scheme's "//", as the pattern had it.
+    return sorted(f"{scheme}://{match.lstrip('/')}" for match in matches
+                  if fnmatch.fnmatchcase(match, inner) or fnmatch.fnmatchcase(match.lstrip("/"), inner.lstrip("/")))
 
 
 def makedirs(path: str | os.PathLike[str]) -> None:
