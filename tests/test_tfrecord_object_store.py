@@ -399,5 +399,9 @@ def test_the_benchmark_prints_its_figures_and_final_line():
     assert completed.returncode == 0, completed.stderr
     last = completed.stdout.strip().splitlines()[-1]
     names = ["tfrecord_vs_local", "tfrecord_vs_s3fs_get", "tfrecord_vs_s3fs_ranged", "interleaved_vs_local",
-             "parsed_vs_local", "s3fs_get_vs_local"]
-    assert re.fullmatch("object_storage " + " ".join(rf"{name}=\d+\.\d+" for name in names), last), last
+             "parsed_vs_local", "s3fs_get_vs_local", "ckpt_save_vs_local", "ckpt_load_vs_local",
+             "ckpt_save_vs_s3fs_put", "ckpt_load_vs_s3fs_get", "upload_gbps"]
+    pattern = "object_storage " + " ".join(rf"{name}=\d+\.\d+" for name in names) + r" list_calls_per_save=(\d+)"
+    match = re.fullmatch(pattern, last)
+    assert match, last
+    assert int(match.group(1)) <= 3  # a save lists model_dir a bounded number of times, with 50 checkpoints kept
