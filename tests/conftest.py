@@ -282,17 +282,23 @@ def s3_endpoint():
         yield endpoint
 
 
-@pytest.fixture
-def s3_bucket(s3_endpoint, monkeypatch):
-    """``s3://<fresh bucket>`` on the session's S3 server; the AWS_* variables point every client (and child
-    process) at it, as a user's would."""
-    from object_stores import forget_filesystems, new_bucket, s3_environment
+def _fresh_bucket(protocol: str, environment: dict[str, str], monkeypatch):
+    """A new bucket on the server ``environment`` points every client (and child process) at, as a user's would."""
+    from object_stores import forget_filesystems, new_bucket
 
-    for name, value in s3_environment(s3_endpoint).items():
+    for name, value in environment.items():
         monkeypatch.setenv(name, value)
     forget_filesystems()
-    yield new_bucket("s3")
+    yield new_bucket(protocol)
     forget_filesystems()
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint, monkeypatch):
+    """``s3://<fresh bucket>`` on the session's S3 server, reached through the AWS_* variables."""
+    from object_stores import s3_environment
+
+    yield from _fresh_bucket("s3", s3_environment(s3_endpoint), monkeypatch)
 
 
 @pytest.fixture(scope="session")
@@ -307,13 +313,9 @@ def gcs_endpoint():
 @pytest.fixture
 def gcs_bucket(gcs_endpoint, monkeypatch):
     """``gs://<fresh bucket>`` on the session's GCS emulator, reached through STORAGE_EMULATOR_HOST."""
-    from object_stores import forget_filesystems, gcs_environment, new_bucket
+    from object_stores import gcs_environment
 
-    for name, value in gcs_environment(gcs_endpoint).items():
-        monkeypatch.setenv(name, value)
-    forget_filesystems()
-    yield new_bucket("gs")
-    forget_filesystems()
+    yield from _fresh_bucket("gs", gcs_environment(gcs_endpoint), monkeypatch)
 
 
 @pytest.fixture(scope="session")
@@ -331,13 +333,9 @@ def azure_connection_string(tmp_path_factory):
 @pytest.fixture
 def az_bucket(azure_connection_string, monkeypatch):
     """``az://<fresh container>`` on Azurite, reached through AZURE_STORAGE_CONNECTION_STRING."""
-    from object_stores import azure_environment, forget_filesystems, new_bucket
+    from object_stores import azure_environment
 
-    for name, value in azure_environment(azure_connection_string).items():
-        monkeypatch.setenv(name, value)
-    forget_filesystems()
-    yield new_bucket("az")
-    forget_filesystems()
+    yield from _fresh_bucket("az", azure_environment(azure_connection_string), monkeypatch)
 
 
 @pytest.fixture(params=["memory", "s3", "gs", "az"])

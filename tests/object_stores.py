@@ -151,3 +151,21 @@ def azurite_server(workdir: str) -> Iterator[str]:
 
 def azure_environment(connection_string: str) -> dict[str, str]:
     return {"AZURE_STORAGE_CONNECTION_STRING": connection_string}
+
+
+def upload_version(local_version: str, url: str, *, metadata: bool = True, damage: str | None = None) -> str:
+    """Puts a local export version's files under ``url`` as another tool would (``aws s3 sync``); without
+    metadata.json it is an upload still in progress; ``damage`` names a file whose last byte is flipped."""
+    from torchestimator._io import filesystems
+    from torchestimator.export import _store_versions
+
+    for relative in _store_versions.file_records(local_version):
+        with open(os.path.join(local_version, relative), "rb") as handle:
+            data = handle.read()
+        if relative == damage:
+            data = data[:-1] + bytes([data[-1] ^ 1])
+        filesystems.write_bytes(f"{url}/{relative}", data)
+    if metadata:
+        with open(os.path.join(local_version, "metadata.json"), "rb") as handle:
+            filesystems.write_bytes(f"{url}/metadata.json", handle.read())
+    return url

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import trained_classifier
+from object_stores import upload_version
 from torchestimator._io import filesystems
 from torchestimator.cli import main
 from torchestimator.errors import ExportFormatError
@@ -47,16 +48,7 @@ def _cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def upload(local_version: str, url: str, *, metadata: bool = True, damage: str | None = None) -> str:
-    """Puts a local version's files under ``url`` as another tool (or a cut-short upload) would."""
-    for relative in _store_versions.file_records(local_version):
-        data = open(os.path.join(local_version, relative), "rb").read()
-        if relative == damage:
-            data = data[:-1] + bytes([data[-1] ^ 1])
-        filesystems.write_bytes(f"{url}/{relative}", data)
-    if metadata:
-        filesystems.write_bytes(f"{url}/metadata.json", open(os.path.join(local_version, "metadata.json"), "rb").read())
-    return url
+upload = upload_version  # tests/object_stores.py
 
 
 def test_an_export_to_s3_loads_and_predicts_as_the_local_export(exported, s3_bucket, _cache, capsys, tmp_path):

@@ -228,3 +228,15 @@ def test_inspect_and_evaluate_take_urls(store_url):
     first = estimator.checkpoint_store.all_checkpoints()[0]
     assert describe(first).startswith(f"{first} (torchestimator):")
     assert estimator.evaluate(eval_fn, steps=1, checkpoint_path=first)["global_step"] == 2
+
+
+def test_async_checkpoints_into_a_store_equal_synchronous_ones(store_url, tmp_path):
+    train_fn, _, _, _ = input_fns()
+    synchronous = make_estimator(tmp_path / "sync", save_checkpoints_steps=2)
+    synchronous.train(train_fn, max_steps=6)
+    background = make_estimator(store_url, save_checkpoints_steps=2, async_checkpoint=True)
+    background.train(train_fn, max_steps=6)
+    assert [path.rsplit("ckpt-", 1)[1].split(".")[0] for path in background.checkpoint_store.all_checkpoints()] == [
+        "2", "4", "6"]
+    expected, got = _final_weights(synchronous), _final_weights(background)
+    assert all(torch.equal(expected[name], got[name]) for name in expected)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import input_fns, make_estimator, wait_until
+from object_stores import upload_version
 from torchestimator._io import filesystems
 from torchestimator.errors import ConfigError
 from torchestimator.export import TensorSpec, _store_versions, export_saved_model, load, serving_input_receiver
@@ -44,16 +45,7 @@ def _cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def upload(local_version: str, url: str, *, metadata: bool = True, damage: str | None = None) -> str:
-    """Puts a local version's files under ``url``; without metadata.json it is an upload still in progress."""
-    for relative in _store_versions.file_records(local_version):
-        data = open(os.path.join(local_version, relative), "rb").read()
-        if relative == damage:
-            data = data[:-1] + bytes([data[-1] ^ 1])
-        filesystems.write_bytes(f"{url}/{relative}", data)
-    if metadata:
-        filesystems.write_bytes(f"{url}/metadata.json", open(os.path.join(local_version, "metadata.json"), "rb").read())
-    return url
+upload = upload_version  # tests/object_stores.py
 
 
 def answers(manager: ModelManager, exports) -> str:
