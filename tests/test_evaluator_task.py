@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 import torchestimator as te
 from conftest import input_fns, make_classification, make_estimator
+from torchestimator._io import filesystems
 from torchestimator._io.summary import read_scalars
 from torchestimator._policy.best import BEST_FILE, BestCheckpointPolicy, read_best
 from torchestimator._policy.early_stopping import EarlyStopping, stop_if_higher_hook
@@ -79,7 +80,7 @@ class FakeExporter:
 
 
 def eval_steps(model_dir):
-    return [step for step, _ in read_scalars(os.path.join(model_dir, "eval")).get("loss", [])]
+    return [step for step, _ in read_scalars(filesystems.join(os.fspath(model_dir), "eval")).get("loss", [])]
 
 
 class SimulatedTrainers:
@@ -621,8 +622,8 @@ _SCRIPT = textwrap.dedent('''
     class RecordingExporter:
         name = "recording"
         def export(self, estimator, export_path, checkpoint_path, eval_result, is_the_final_export):
-            os.makedirs(export_path, exist_ok=True)
-            with open(os.path.join(export_path, "calls.jsonl"), "a") as calls:
+            # Beside the task's json, not under export_path: model_dir may be in an object store.
+            with open(os.path.join(os.path.dirname(out), "calls.jsonl"), "a") as calls:
                 calls.write(json.dumps({"task": task, "pid": os.getpid(), "step": eval_result["global_step"],
                                         "final": is_the_final_export}) + "\\n")
             return checkpoint_path
@@ -709,7 +710,7 @@ def test_chief_worker_and_evaluator_as_three_plain_processes(tmp_path):
     assert steps == sorted(set(steps)) and len(steps) >= 4 and steps[-1] == chief["final_step"]
     event_files = os.listdir(os.path.join(model_dir, "eval"))  # torch names them ...<host>.<pid>.<n>
     assert event_files and all(f".{evaluator['pid']}." in name for name in event_files)
-    calls = [json.loads(line) for line in open(os.path.join(model_dir, "export", "recording", "calls.jsonl"))]
+    calls = [json.loads(line) for line in open(tmp_path / "calls.jsonl")]
     assert {call["task"] for call in calls} == {"evaluator"} and calls[-1] == {
         "task": "evaluator", "pid": evaluator["pid"], "step": chief["final_step"], "final": True}
     # The evaluator's best, its first evaluation, survived the chief's retention (keep_checkpoint_max=3).
@@ -733,7 +734,7 @@ def test_a_whole_job_restarted_with_a_higher_max_steps_is_evaluated_to_its_new_e
     assert chief["final_step"] == worker["final_step"] == evaluator["evaluated_step"] == 40
     steps = eval_steps(model_dir)
     assert steps[-1] == 40 and any(20 < step < 40 for step in steps) and steps.count(20) == 1
-    calls = [json.loads(line) for line in open(os.path.join(model_dir, "export", "recording", "calls.jsonl"))]
+    calls = [json.loads(line) for line in open(tmp_path / "calls.jsonl")]
     assert [call["step"] for call in calls if call["final"]] == [20, 40]
     run = read_training_run(model_dir)
     assert (run.start_step, run.end_step, run.end_cause, run.max_steps) == (20, 40, END_MAX_STEPS, 40)
@@ -751,3 +752,22 @@ def test_a_whole_job_rerun_after_early_stopping_takes_no_step_and_every_task_end
     assert newest == stopped_at and evaluator["evaluated_step"] == stopped_at
     run = read_training_run(model_dir)
     assert (run.start_step, run.end_step, run.end_cause) == (stopped_at, stopped_at, END_EARLY_STOPPING)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_chief_worker_and_evaluator_share_only_an_s3_model_dir(tmp_path, s3_bucket):
+    """The job of the test above with model_dir on moto's S3 server: the run record, the stop signal, best.json,
+    the evaluator's file and eval/ all go through the store."""
+    model_dir = f"{s3_bucket}/model"
+    chief, worker, evaluator = run_job(tmp_path, model_dir)
+    signal = read_stop_signal(model_dir)
+    assert chief["final_step"] == worker["final_step"] < 1_000_000 and signal.step <= chief["final_step"]
+    run = read_training_run(model_dir)
+    assert run.run_id == signal.run_id and run.end_step == chief["final_step"] and "EarlyStopping" in run.end_reason
+    assert evaluator["evaluated_step"] == chief["final_step"] and chief["evaluated_step"] is None
+    steps = eval_steps(model_dir)
+    assert len(steps) >= 4 and steps[-1] == chief["final_step"]
+    best = read_best(model_dir)
+    assert [record.step for record in best] == steps[:1] and best[0].path.startswith(f"{model_dir}/ckpt-{steps[0]}.")
+    assert te.checkpoint.CheckpointStore(model_dir).restore(best[0].path).step == steps[0]
