@@ -1,6 +1,8 @@
 """Several machines, as users start them: two `torchestimator launch --nnodes=2` nodes (on loopback, then
 across two network namespaces joined by a veth pair), and TF_CONFIG / SLURM tasks as plain `python train.py`
-processes. Each run's final weights must equal one process's with the same global batch (1e-6).
+processes. Each run's final weights must equal one process's with the same global batch (1e-6). Across the
+namespaces, with only an s3:// model_dir shared, a whole node is killed -9 and replaced: the run resumes from
+the committed checkpoint to the weights, bit for bit, of the same two nodes never interrupted.
 
 Every process runs in its own session and is stopped (SIGTERM, then SIGKILL) when the deadline passes, so
 a hang fails the test with the processes' logs instead of blocking CI; the collective timeout is lowered
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -25,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import wait_until
 from torchestimator.distribute.launcher import find_free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -33,11 +37,37 @@ DEADLINE_SECONDS = 120.0
 """How long one multi-process run may take before its processes are stopped."""
 
 TRAIN_SCRIPT = textwrap.dedent('''
-    import json, os, sys
+    import json, os, sys, time
     import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
     import torchestimator as te
 
     mode, model_dir, output = sys.argv[1], sys.argv[2], sys.argv[3]
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+    class ReportStart(te.hooks.Hook):
+        """Where this replica starts: the test sees a restarted group resume from a committed checkpoint."""
+        def after_restore(self, state):
+            rank = strategy.replica_id if strategy else 0
+            print(f"start attempt={attempt} rank={rank} step={state.global_step}", flush=True)
+
+    class PauseToBeKilled(te.hooks.Hook):
+        """TE_TEST_PAUSE_AT_STEP / TE_TEST_PAUSE_FILE, given to one node only: after that step, once the store
+        has a committed checkpoint, writes "<pid> <its name>" into the file and waits for the test's kill -9."""
+        def __init__(self, step, path):
+            self.step, self.path = step, path
+        def after_step(self, run_context):
+            if run_context.global_step != self.step:
+                return
+            deadline = time.monotonic() + 60
+            while (latest := te.checkpoint.CheckpointStore(model_dir).latest_checkpoint()) is None:
+                if time.monotonic() > deadline:
+                    os._exit(4)
+                time.sleep(0.1)
+            with open(self.path + ".tmp", "w") as handle:
+                handle.write(f"{os.getpid()} {os.path.basename(latest)}")
+            os.replace(self.path + ".tmp", self.path)
+            time.sleep(120)  # bounded: the test kills this process long before
+            os._exit(3)
 
     def model_fn(model, features, labels, mode):
         logits = model(features["x"])
@@ -59,8 +89,17 @@ TRAIN_SCRIPT = textwrap.dedent('''
                              model=lambda: nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2)),
                              optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), model_dir=model_dir,
                              config=config)
-    estimator.train(input_fn, max_steps=10)
+    hooks = [ReportStart()]
+    if os.environ.get("TE_TEST_PAUSE_FILE"):
+        hooks.append(PauseToBeKilled(int(os.environ["TE_TEST_PAUSE_AT_STEP"]), os.environ["TE_TEST_PAUSE_FILE"]))
+    estimator.train(input_fn, hooks=hooks, max_steps=10)
     rank, replicas = (strategy.replica_id, strategy.num_replicas) if strategy else (0, 1)
+    if model_dir.startswith("s3://"):  # the store as this replica sees it (the test's host cannot reach it)
+        from torchestimator._io import filesystems
+        with open(os.path.join(output, f"store{rank}.json"), "w") as listing:
+            json.dump({"checkpoints": [os.path.basename(path) for path in
+                                       te.checkpoint.CheckpointStore(model_dir).all_checkpoints()],
+                       "names": filesystems.listdir(model_dir)}, listing)
     np.savez(os.path.join(output, f"rank{rank}.npz"),
              **{name: estimator.get_variable_value(name) for name in estimator.get_variable_names()})
     with open(os.path.join(output, f"rank{rank}.json"), "w") as meta:
@@ -156,10 +195,11 @@ def _assert_same_weights(weights: dict[str, np.ndarray], expected: dict[str, np.
 
 
 def _launch_node(script: Path, endpoint: str, run_id: str, model_dir: Path | str, output: Path,
-                 local_addr: str | None = None) -> list[str]:
+                 local_addr: str | None = None, *, max_restarts: int = 0,
+                 rdzv_conf: str = "join_timeout=90") -> list[str]:
     command = [sys.executable, "-m", "torchestimator", "launch", "--nnodes=2", "--nproc_per_node=1",
                "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", f"--rdzv_id={run_id}",
-               "--rdzv_conf=join_timeout=90", "--monitor_interval=0.5", "--max_restarts=0"]
+               f"--rdzv_conf={rdzv_conf}", "--monitor_interval=0.5", f"--max_restarts={max_restarts}"]
     if local_addr is not None:
         command.append(f"--local_addr={local_addr}")  # the address this node's workers are reached at
     return [*command, str(script), "mirrored", str(model_dir), str(output)]
@@ -323,3 +363,122 @@ def test_two_nodes_sharing_only_an_s3_model_dir_equal_one_process(script, one_pr
     assert [meta["replicas"] for meta in metas] == [2, 2]
     assert [meta["latest"].split(".")[0] for meta in metas] == ["ckpt-10", "ckpt-10"]
     _assert_same_weights(weights, one_process_weights)
+
+
+# torch 2.13's c10d rendezvous keeps the rank-0 agent's TCPStore across restarts, and the workers' store on it
+# has no per-attempt prefix: a restarted group can read the dead workers' gloo addresses (see test_elastic.py).
+_NO_SHARED_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+# A dead node stays a participant of the finished round until its heartbeats are keep_alive_interval *
+# keep_alive_max_attempt seconds old (15 s by default): 3 s here, so the surviving node's next round starts soon.
+_ELASTIC_RDZV_CONF = "join_timeout=90,keep_alive_interval=1,keep_alive_max_attempt=3"
+
+
+def _start(command: list[str], environ: dict[str, str], log: Path) -> subprocess.Popen:
+    with open(log, "wb") as handle:
+        return subprocess.Popen(command, env=environ, stdout=handle, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _logs(logs: dict[str, Path]) -> str:
+    return "\n".join(f"--- {name}:\n" + (path.read_text(errors="replace")[-3000:] if path.exists() else "(none)")
+                     for name, path in logs.items())
+
+
+def _kill_the_whole_node(namespace: str, agent: subprocess.Popen, worker_pid: int) -> None:
+    """kill -9 of everything node ``namespace`` runs, as a machine that loses power: its launch agent (its own
+    session), its worker (torchrun starts each worker in a session of its own), then whatever else is left in
+    the namespace, until ``ip netns pids`` lists nothing."""
+    for group in (agent.pid, worker_pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+    agent.wait(30)
+    deadline = time.monotonic() + 30
+    while pids := subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, check=True,
+                                 timeout=30).stdout.split():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"processes {pids} still run in namespace {namespace} 30 s after kill -9")
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def test_a_whole_node_killed_with_only_s3_shared_is_replaced_and_the_run_resumes_bit_exact(script, tmp_path):
+    """Node b (launch agent and worker) is killed -9 after step 7, when ckpt-5 is committed to the s3:// model_dir;
+    node a's agent (--max_restarts=1) restarts its worker, a fresh node b joins the same rendezvous, and both
+    resume from ckpt-5 to weights equal, bit for bit, to those of the same two nodes never interrupted."""
+    reason = _network_namespaces_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    reference_output, output, pid_file = tmp_path / "reference", tmp_path / "output", tmp_path / "paused-worker"
+    reference_output.mkdir()
+    output.mkdir()
+    logs = {name: tmp_path / f"{name}.log" for name in ("node_a", "node_b", "fresh_node_b")}
+    processes: list[subprocess.Popen] = []
+    with _two_namespaces() as sides, _s3_server_in(sides[0][0], sides[0][2], tmp_path / "logs") as endpoint:
+        (_, _, address_a), (namespace_b, _, _) = sides
+
+        def node(namespace, veth, address, run_id, port, model_dir, folder, max_restarts=0, **extra):
+            command = _launch_node(script, f"{address_a}:{port}", run_id, model_dir, folder, local_addr=address,
+                                   max_restarts=max_restarts, rdzv_conf=_ELASTIC_RDZV_CONF)
+            environ = _environment(GLOO_SOCKET_IFNAME=veth, AWS_ENDPOINT_URL=endpoint,
+                                   TORCHESTIMATOR_COLLECTIVE_TIMEOUT="30", **_S3_VARIABLES, **_NO_SHARED_STORE, **extra)
+            return ["ip", "netns", "exec", namespace, *command], environ
+
+        # The reference: the same two nodes, never interrupted.
+        reference_id = f"netns-reference-{secrets.token_hex(4)}"
+        _run_together([node(*side, reference_id, 29400, "s3://run/reference", reference_output) for side in sides],
+                      tmp_path / "logs" / "reference")
+
+        run_id = f"netns-elastic-{secrets.token_hex(4)}"
+        try:
+            processes.append(_start(*node(*sides[0], run_id, 29401, "s3://run/model", output, max_restarts=1),
+                                    logs["node_a"]))
+            processes.append(_start(*node(*sides[1], run_id, 29401, "s3://run/model", output, TE_TEST_PAUSE_AT_STEP="7",
+                                          TE_TEST_PAUSE_FILE=str(pid_file)), logs["node_b"]))
+
+            def paused() -> bool:
+                if any(process.poll() is not None for process in processes):
+                    raise AssertionError(f"a node exited before node b paused\n{_logs(logs)}")
+                return pid_file.exists()
+
+            try:
+                wait_until(paused, timeout=DEADLINE_SECONDS, interval=0.1, what="node b's worker pausing after step 7")
+            except AssertionError as error:
+                raise AssertionError(f"{error}\n{_logs(logs)}") from None
+            worker_pid, committed = pid_file.read_text().split()
+            assert committed.split(".")[0] == "ckpt-5"  # committed to the store (ckpt-5.<save id>) before step 7
+            _kill_the_whole_node(namespace_b, processes[1], int(worker_pid))
+            processes.append(_start(*node(*sides[1], run_id, 29401, "s3://run/model", output), logs["fresh_node_b"]))
+            survivors = [processes[0], processes[2]]
+            try:
+                wait_until(lambda: all(process.poll() is not None for process in survivors),
+                           timeout=DEADLINE_SECONDS, interval=0.2, what="node a and the fresh node b finishing")
+            except AssertionError as error:
+                raise AssertionError(f"{error}\n{_logs(logs)}") from None
+        finally:
+            for process in processes:
+                _stop(process)
+    assert [process.returncode for process in survivors] == [0, 0], _logs(logs)
+    node_a, fresh_node_b = logs["node_a"].read_text(errors="replace"), logs["fresh_node_b"].read_text(errors="replace")
+    # Node a's first worker started afresh and stopped naming the lost replica; its restarted one and the fresh
+    # node b's resumed from ckpt-5.
+    assert re.search(r"start attempt=0 rank=\d step=0\b", node_a), node_a[-4000:]
+    assert "ReplicaLostError" in node_a, node_a[-4000:]
+    assert re.search(r"resumed s3://run/model from ckpt-5\.\S+ and trained to step 10", node_a), node_a[-4000:]
+    assert re.search(r"start attempt=1 rank=\d step=5\b", node_a), node_a[-4000:]
+    assert re.search(r"start attempt=0 rank=\d step=5\b", fresh_node_b), fresh_node_b[-4000:]
+
+    weights, metas = _read_run(output, 2)
+    reference, _ = _read_run(reference_output, 2)
+    assert [meta["latest"].split(".")[0] for meta in metas] == ["ckpt-10", "ckpt-10"]
+    assert weights.keys() == reference.keys()
+    for name in reference:
+        np.testing.assert_array_equal(weights[name], reference[name], err_msg=name)  # bit for bit
+    store = json.loads((output / "store0.json").read_text())
+    assert [name.split(".")[0] for name in store["checkpoints"]] == ["ckpt-5", "ckpt-10"]
+    assert store["checkpoints"][0] == committed  # the one the killed attempt had committed
+    # No unfinished checkpoint is left: every ckpt-* prefix in the store is a committed checkpoint (S3 saves are
+    # written in place as ckpt-<step>.<writer>-<save>), and there is no staging or set-aside one either.
+    assert sorted(name for name in store["names"] if name.startswith("ckpt-")) == sorted(store["checkpoints"])
+    assert [name for name in store["names"] if name.startswith((".tmp-ckpt-", ".old-ckpt-", ".del-ckpt-"))] == []
