@@ -3,9 +3,11 @@ real protocol servers: moto's S3 server and the GCS emulator (tests/object_store
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -189,3 +191,41 @@ def test_globs_give_urls_as_written(store_url):
         filesystems.write_bytes(f"{store_url}/data/{name}", b"x")
     assert filesystems.glob(f"{store_url}/data/a-*.tfrecord") == [f"{store_url}/data/a-1.tfrecord",
                                                                    f"{store_url}/data/a-2.tfrecord"]
+
+
+class _UploadsSideBySide(ObjectStorage):
+    """An ObjectStorage whose uploads of checkpoint files wait for one another: a save that sends them one after
+    the other never gets past the first (the barrier breaks). ``fail`` names a file whose upload then fails."""
+
+    def __init__(self, url: str, uploads: int, fail: str | None = None) -> None:
+        super().__init__(url)
+        self._together = threading.Barrier(uploads, timeout=60)
+        self._fail = fail
+
+    def write_file(self, folder, filename, data):
+        if filename != "state.json":
+            self._together.wait()  # every big file's upload has started before any goes on
+            if filename == self._fail:
+                raise OSError(errno.ECONNRESET, "Connection reset by peer", f"{self.location(folder)}/{filename}")
+        super().write_file(folder, filename, data)
+
+
+def test_the_files_of_one_save_upload_side_by_side(store_url):
+    storage = _UploadsSideBySide(store_url, uploads=3)  # model, optimizer tensors, optimizer tree
+    store = CheckpointStore(storage)
+    store.save(3, _weights(3.0), {"m": torch.ones(2) * 3})
+    restored = CheckpointStore(store_url).restore()
+    assert restored.step == 3 and torch.equal(restored.model_state["w"], _weights(3.0)["w"])
+    assert torch.equal(restored.optimizer_state["m"], torch.ones(2) * 3)
+
+
+def test_one_failed_upload_of_a_save_names_its_file_commits_nothing_and_leaves_no_object(store_url):
+    CheckpointStore(store_url).save(1, _weights(1.0))
+    storage = _UploadsSideBySide(store_url, uploads=3, fail="optimizer.safetensors")
+    with pytest.raises(OSError, match="optimizer.safetensors"):
+        CheckpointStore(storage).save(2, _weights(2.0), {"m": torch.ones(2)})
+    after = CheckpointStore(store_url)
+    assert [path.rsplit("/", 1)[1].split(".")[0] for path in after.all_checkpoints()] == ["ckpt-1"]
+    assert after.restore().step == 1
+    # The others' uploads ended before the prefix was cleared: nothing of the failed save is left.
+    assert len(ObjectStorage(store_url).list_folders()) == 1

@@ -11,7 +11,8 @@ Big files go up as multipart uploads in parts of ``PART_BYTES``; a write that fa
 upload, so no part of it becomes an object, and the error names the file's URL. On S3 the parts of one file
 go up ``PARTS_IN_FLIGHT`` at a time (``_S3PartUpload``), each retried and bounded in time by the
 filesystem's settings (``_io/filesystems.py``: timeouts, retries, the deadline of a stalled send); other
-stores stream through their own writer (``fs.open(..., "wb")``), one part after the other.
+stores stream through their own writer (``fs.open(..., "wb")``), one part after the other. The files of one save
+go up side by side, ``FILES_IN_FLIGHT`` at a time (state.json still last, after all of them).
 
 S3 takes at most ``MAX_PARTS`` parts of 5 MiB to 5 GiB each: a file may hold ``MAX_PARTS * PART_BYTES``
 bytes (625 GiB at the default 64 MiB, 48.8 GiB at the smallest part, 5 MiB); a bigger one fails at its
@@ -33,7 +34,7 @@ from torchestimator._io import filesystems
 
 from .storage import MANIFEST_NAME, FileContent
 
-__all__ = ["MAX_PARTS", "ObjectStorage", "PARTS_IN_FLIGHT", "PART_BYTES"]
+__all__ = ["FILES_IN_FLIGHT", "MAX_PARTS", "ObjectStorage", "PARTS_IN_FLIGHT", "PART_BYTES", "modified_time"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,12 +51,21 @@ PARTS_IN_FLIGHT = max(1, int(os.environ.get("TORCHESTIMATOR_UPLOAD_PARTS_IN_FLIG
 holds up to ``(PARTS_IN_FLIGHT + 1) * PART_BYTES`` bytes (320 MiB by default).
 ``TORCHESTIMATOR_UPLOAD_PARTS_IN_FLIGHT`` sets it."""
 
+FILES_IN_FLIGHT = max(1, int(os.environ.get("TORCHESTIMATOR_UPLOAD_FILES_IN_FLIGHT", 4)))
+"""Files of one checkpoint uploading at once (the model's, the optimizer's, ...): each is an upload of its own, so
+a save holds up to ``FILES_IN_FLIGHT * (PARTS_IN_FLIGHT + 1) * PART_BYTES`` bytes in buffers on S3 (a model and its
+optimizer state: 640 MiB at the defaults). ``TORCHESTIMATOR_UPLOAD_FILES_IN_FLIGHT`` sets it; 1 sends one file after
+the other."""
+
 
 class ObjectStorage:
     """A ``model_dir`` in an object store, through its fsspec filesystem (``_io/filesystems.py``)."""
 
     atomic_rename = False
     """There is no atomic rename: the store writes each save under a fresh prefix instead of renaming."""
+
+    files_in_flight = FILES_IN_FLIGHT
+    """The files of one save the store sends side by side (``CheckpointStore._write_contents``)."""
 
     def __init__(self, url: str) -> None:
         if not filesystems.is_url(url):
@@ -130,7 +140,7 @@ class ObjectStorage:
             raise filesystems._named(error, self.location(folder), "listing") from error
         newest = None
         for info in details.values():
-            stamp = _modified(info)
+            stamp = modified_time(info)
             if stamp is not None:
                 newest = stamp if newest is None else max(newest, stamp)
         return None if newest is None else max(0.0, time.time() - newest)
@@ -292,7 +302,8 @@ def _discard(handle: Any, url: str) -> None:
                        filesystems._cause(error))
 
 
-def _modified(info: dict[str, Any]) -> float | None:
+def modified_time(info: dict[str, Any]) -> float | None:
+    """An object's time of writing (seconds since the epoch) from an fsspec ``info``/``find`` entry of any store."""
     for key in ("LastModified", "last_modified", "updated", "mtime", "created"):
         value = info.get(key)
         if value is None:
