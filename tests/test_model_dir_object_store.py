@@ -240,3 +240,21 @@ def test_async_checkpoints_into_a_store_equal_synchronous_ones(store_url, tmp_pa
         "2", "4", "6"]
     expected, got = _final_weights(synchronous), _final_weights(background)
     assert all(torch.equal(expected[name], got[name]) for name in expected)
+
+
+def test_an_evaluator_file_in_a_store_protects_its_step_until_it_is_stale(store_url):
+    """A killed evaluator on another machine cannot be checked by pid: its evaluator.json stops protecting its
+    step once the object is older than the bound, by the store's own time of writing."""
+    import time
+
+    from torchestimator._policy import evaluator_channel as channel
+
+    channel.write_evaluating_step(store_url, 30)
+    written = json.loads(filesystems.read_bytes(f"{store_url}/{channel.EVALUATOR_FILE}"))
+    elsewhere = {**written, "writer": "4242-hanother-machine"}
+    filesystems.write_bytes(f"{store_url}/{channel.EVALUATOR_FILE}", json.dumps(elsewhere).encode())
+    assert channel.read_evaluating_step(store_url) == 30
+    later = time.time() + channel.EVALUATING_STEP_MAX_AGE_SECS + 60
+    assert channel.read_evaluating_step(store_url, now=lambda: later) is None
+    earlier = time.time() + channel.EVALUATING_STEP_MAX_AGE_SECS - 600
+    assert channel.read_evaluating_step(store_url, now=lambda: earlier) == 30

@@ -462,7 +462,10 @@ class Estimator:
 
     def _prepare_model_dir(self, step: int) -> None:
         """Creates model_dir, clears what killed runs left there, checks it takes writes, records the settings."""
-        probe = filesystems.join(self._model_dir, temporary_prefix("write-probe") + "check")
+        # On a store one name for every writer: a probe left by a run killed before removing it is replaced and
+        # removed by the next run's, where a per-writer name would stay for good (no listing looks for it).
+        probe = filesystems.join(self._model_dir, ".write-probe" if filesystems.is_url(self._model_dir)
+                                 else temporary_prefix("write-probe") + "check")
         writing = self._model_dir
         try:
             filesystems.makedirs(self._model_dir)

@@ -190,7 +190,7 @@ def _is_stale(path: str, writer: Any, now: float) -> bool:
                     "it names is not protected from retention.", path, writer)
         return True
     try:
-        age = now - os.stat(path).st_mtime
+        age = now - _modified_time(path)
     except OSError:  # replaced or removed since it was read: the next save reads it again
         return False
     if age > EVALUATING_STEP_MAX_AGE_SECS:
@@ -198,6 +198,26 @@ def _is_stale(path: str, writer: Any, now: float) -> bool:
                     "names is not protected from retention.", path, age, EVALUATING_STEP_MAX_AGE_SECS)
         return True
     return False
+
+
+def _modified_time(path: str) -> float:
+    """When ``path`` was last written, in seconds since the epoch: its mtime on a file system, the object's
+    LastModified (by the store's clock) on an object store. OSError when it is gone or the store gives no time."""
+    if not filesystems.is_url(path):
+        return os.stat(filesystems.local_path(path)).st_mtime
+    from torchestimator.checkpoint.object_storage import modified_time
+
+    fs, inner = filesystems.filesystem(path)
+    fs.invalidate_cache(inner)  # s3fs and gcsfs keep listings: ask the store
+    try:
+        stamp = modified_time(fs.info(inner))
+    except FileNotFoundError:
+        raise
+    except Exception as error:
+        raise OSError(f"{path}: {error}") from error
+    if stamp is None:
+        raise OSError(f"{path}: the store gives no modification time")
+    return stamp
 
 
 class StopSignalWatch:
