@@ -123,8 +123,10 @@ def test_conv_flatten_dense_is_flagged_with_the_helper_named() -> None:
     assert by_target["0.weight"].converter == "conv_to_torch" and by_target["0.weight"].status == "confident"
     assert by_target["1.running_var"].source.startswith("layer_with_weights-1/moving_variance")
     dense = by_target["3.weight"]
-    assert dense.status == "ambiguous" and "flatten_dense_converter(8, height, width)" in dense.reason
-    assert "height*width = 16" in dense.reason
+    assert dense.status == "ambiguous" and dense.flatten == (8, 16)  # code reads the field, not the words
+    assert "flatten_dense_converter(8, height, width) where height*width = 16" in dense.described()
+    assert "permutes to NHWC before flatten" in dense.described()
+    assert by_target["0.weight"].flatten is None and by_target["0.weight"].described() == by_target["0.weight"].reason
     assert len(result.ignored_sources) == 3
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -118,14 +119,22 @@ def test_read_scalars_ignores_subdirectories_and_missing_directories(tmp_path):
     assert read_scalars(tmp_path / "absent") == {}
 
 
-def test_a_truncated_file_is_read_up_to_the_damage(tmp_path):
+def test_a_truncated_file_is_read_up_to_the_damage(tmp_path, caplog):
     with SummaryWriter(tmp_path) as writer:
         writer.scalar("loss", 1.0, step=1)
         writer.scalar("loss", 2.0, step=2)
     (event_file,) = _event_files(tmp_path)
     content = event_file.read_bytes()
     event_file.write_bytes(content[:-3])  # e.g. a process killed while writing
-    assert read_scalars(tmp_path) == {"loss": [(1, 1.0)]}
+    with caplog.at_level(logging.WARNING):
+        assert read_scalars(tmp_path) == {"loss": [(1, 1.0)]}
+    assert "Skipping" not in caplog.text  # a cut tail is a file still being written: nothing to warn about
+    damaged = bytearray(content)
+    damaged[-10] ^= 0xFF  # the second record's data: a CRC mismatch is damage, and is named
+    event_file.write_bytes(bytes(damaged))
+    with caplog.at_level(logging.WARNING):
+        assert read_scalars(tmp_path) == {"loss": [(1, 1.0)]}
+    assert f"Skipping the rest of event file {event_file}" in caplog.text and "corrupted record" in caplog.text
 
 
 def test_non_finite_values_are_kept(tmp_path):

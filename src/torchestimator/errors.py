@@ -175,12 +175,16 @@ class DataLossError(TorchEstimatorError, ValueError):
     checks the data at `offset + kHeaderSize`); the message then names the
     record start too. A record longer than `max_record_size` gives
     "record too large at N", with the declared length and how to raise the limit.
+    `kind` says which, for code to read (never the message): ``"corrupted"``,
+    ``"truncated"`` (a cut record: a file still being written, or cut short),
+    ``"unreadable"``, ``"too large"``, or ``""`` (a saved position that no longer fits).
     """
 
-    def __init__(self, message: str, path: str = "", offset: int = -1) -> None:
+    def __init__(self, message: str, path: str = "", offset: int = -1, *, kind: str = "") -> None:
         super().__init__(message)
         self.path = path
         self.offset = offset
+        self.kind = kind
 
 
 class ExampleDecodeError(TorchEstimatorError, ValueError):

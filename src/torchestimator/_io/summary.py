@@ -344,7 +344,7 @@ def _read_event_file(path: str, latest: dict[str, dict[int, Any]], order: int) -
                 if event.step not in steps or written >= steps[event.step][0]:
                     steps[int(event.step)] = (written, number)
     except DataLossError as error:
-        if not str(error).startswith("truncated"):  # a cut tail is a file still being written
+        if error.kind != "truncated":  # a cut tail is a file still being written
             logger.warning("Skipping the rest of event file %s: %s", path, error)
     except (OSError, DecodeError, ValueError) as error:
         logger.warning("Skipping the rest of event file %s: the record at byte %d could not be read as an "

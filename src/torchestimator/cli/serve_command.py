@@ -134,7 +134,9 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as error:
         if listening:
             raise
-        if str(error).startswith("cannot listen for gRPC"):  # grpc_server.py's words: which address, what to do
+        from torchestimator.serving.errors import GrpcListenError
+
+        if isinstance(error, GrpcListenError):  # its message names the address and why
             from torchestimator.errors import ConfigError
 
             raise ConfigError(f"{error}; choose another --port.", field="port", value=args.port) from error

@@ -72,7 +72,7 @@ def _data_loss(kind: str, path: str, offset: int, detail: str, *, data_part: boo
         f"{kind} record at {number} in {path}{hint}: {detail} (the record starts at byte {offset}). "
         f"Records before it were read; pass skip_corrupt=True to skip the rest of a damaged file "
         f"instead of failing.",
-        path, offset,
+        path, offset, kind=kind,
     )
 
 
@@ -87,7 +87,7 @@ def _too_large(path: str, offset: int, length: int, limit: int, *, present: bool
         f"max_record_size={limit}. {cause[0].upper() + cause[1:]}: to read it, pass "
         f"max_record_size={length} or more (read_records, iter_records, TFRecordDataset; "
         f"`torchestimator records verify/inspect --max_record_size {length}`).",
-        path, offset,
+        path, offset, kind="too large",
     )
 
 def _read_error(error: Exception, path: str, offset: int) -> DataLossError:

@@ -103,6 +103,26 @@ class Proposal:
     status: str
     """``confident``, ``ambiguous``, ``mismatch`` or ``unmatched``."""
     reason: str
+    """Why, in words for people (code reads ``flatten``, never this text)."""
+    flatten: tuple[int, int] | None = None
+    """(channels, height*width) when the target is a Linear after a Flatten of a convolution's feature map and
+    the source a Dense kernel: its rows are in the order the source flattened, which no name tells."""
+
+    def described(self) -> str:
+        """``reason``, with the advice for a Linear after a Flatten in Python's words."""
+        if self.flatten is None:
+            return self.reason
+        channels, positions = self.flatten
+        return self.reason + flatten_advice(
+            f"layouts.flatten_dense_converter({channels}, height, width) where height*width = {positions}")
+
+
+def flatten_advice(converter: str) -> str:
+    """What to do about a Linear after a Flatten, naming ``converter`` (the flatten converter, in some words)."""
+    return ("; the proposed dense_to_linear is right if the source flattened channels first, or if this module "
+            "flattens in the source's order (e.g. permutes to NHWC before flatten, as a model mirroring Keras does); "
+            f"if the source flattened NHWC features (Keras's default) and this module flattens NCHW, convert with "
+            f"{converter}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -265,16 +285,14 @@ def _member_proposals(
         status, confidence, reason = CONFIDENT, 0.9, f"{base}: shapes agree"
         if ambiguous_reason is not None:
             status, confidence, reason = AMBIGUOUS, 0.5, f"{base}; {ambiguous_reason}"
+        flatten = None
         if target.flatten_channels and converter == "dense_to_linear" and member == "weight":
             channels = target.flatten_channels
+            flatten = (channels, target_shape[1] // channels)
             status, confidence = AMBIGUOUS, min(confidence, 0.5)
-            reason += (
-                f"; this Linear follows a convolution with {channels} channels and has {target_shape[1]} inputs: "
-                "if the source flattened NHWC features, convert with layouts.flatten_dense_converter("
-                f"{channels}, height, width) where height*width = {target_shape[1] // channels}"
-            )
+            reason += f"; this Linear follows a convolution with {channels} channels and has {target_shape[1]} inputs"
         proposals.append(Proposal(target=target_name, source=source_name, converter=converter,
-                                  confidence=confidence, status=status, reason=reason))  # fmt: skip
+                                  confidence=confidence, status=status, reason=reason, flatten=flatten))  # fmt: skip
     return proposals
 
 

@@ -12,7 +12,12 @@ from __future__ import annotations
 
 from torchestimator.errors import HTTP_STATUS, ServingError
 
-__all__ = ["HTTP_STATUS", "ServingError"]
+__all__ = ["GrpcListenError", "HTTP_STATUS", "ServingError"]
+
+
+class GrpcListenError(OSError):
+    """The gRPC port cannot be taken (in use, or the host is not this machine's); the message says which
+    address. Its own class so that ``serve`` can add its flag's advice without reading the words."""
 
 
 def invalid_argument(message: str) -> ServingError:

@@ -46,7 +46,7 @@ grpc = import_extra("grpc", extra="serving", feature="the gRPC API (serve --port
 import grpc.aio  # noqa: E402
 
 from torchestimator.serving import grpc_requests  # noqa: E402
-from torchestimator.serving.errors import ServingError  # noqa: E402
+from torchestimator.serving.errors import GrpcListenError, ServingError  # noqa: E402
 from torchestimator.serving.protos import MODEL_SERVICE, PREDICTION_SERVICE  # noqa: E402
 from torchestimator.serving.request_core import INLINE_BODY_BYTES, RequestCore  # noqa: E402
 from torchestimator.serving.settings import DEFAULT_MAX_BODY_BYTES  # noqa: E402
@@ -78,8 +78,9 @@ class GrpcServer:
         try:
             bound = server.add_insecure_port(address)
         except RuntimeError as error:  # grpcio says only "Failed to bind to address ..."
-            raise OSError(f"cannot listen for gRPC on {address}: the port is in use (another server, or an earlier "
-                          f"serve still running) or {self.host} is not an address of this machine ({error})") from None
+            raise GrpcListenError(f"cannot listen for gRPC on {address}: the port is in use (another server, or an "
+                                  f"earlier serve still running) or {self.host} is not an address of this machine "
+                                  f"({error})") from None
         await server.start()
         self._server, self.port = server, bound
         logger.info("Serving gRPC (tensorflow.serving.PredictionService, ModelService) at %s:%d", self.host, bound)

@@ -23,7 +23,7 @@ from torchestimator.interop.matching import AMBIGUOUS, CONFIDENT, Proposal, near
 from torchestimator.warm_start import _view
 from torchestimator.warm_start._plan import PlanEntry, WarmStartPlan
 from torchestimator.warm_start._settings import ConverterSpec, PathOrSource, resolve_converter
-from torchestimator.warm_start._spelling import PYTHON, Problem, Spelling, flatten_feature_map, reworded_reason
+from torchestimator.warm_start._spelling import PYTHON, Problem, Spelling, reason_in
 from torchestimator.warm_start._view import TF_FORMATS, SourceView
 
 __all__ = ["COUNTER", "build_plan", "closed_on_error"]
@@ -168,7 +168,7 @@ def _unresolved(
             return f"{fact} Map it with {spelling.name_rules}, or pass {spelling.allow_missing}."
         how = _how_to_take(target, proposal, accept_proposals, spelling)
         proposed = (f" Proposed: {proposal.source} ({proposal.status}, {proposal.converter}: "
-                    f"{reworded_reason(proposal.reason, spelling)})")  # fmt: skip
+                    f"{reason_in(proposal, spelling)})")  # fmt: skip
         return f"{fact}{proposed}; {how}." if how else f"{fact}{proposed}."
 
     missing.append((target, Problem(words)))
@@ -181,7 +181,7 @@ def _how_to_take(target: str, proposal: Proposal, accept_proposals: bool, spelli
     if proposal.status != AMBIGUOUS:
         return "the proposal's shapes disagree"
     with_accept = f" (with {spelling.accept_proposed})"
-    feature_map = flatten_feature_map(proposal.reason)
+    feature_map = proposal.flatten
     if feature_map is not None:
         # A rename alone would load the kernel with the proposal's plain transpose: rows in the wrong order.
         return f"confirm with {spelling.converter(target, spelling.flatten_value(*feature_map))}{with_accept}"
@@ -229,7 +229,7 @@ def _unconfirmed_flatten(target: str, source_name: str, proposal: Proposal | Non
     transpose a rename would get loads NHWC rows into an NCHW model without an error, so only a converter named
     for the target decides, as with accept_proposed_mapping.
     """
-    feature_map = flatten_feature_map(proposal.reason) if proposal is not None else None
+    feature_map = proposal.flatten if proposal is not None else None
     if feature_map is None:
         return None
     channels, positions = feature_map
@@ -240,7 +240,8 @@ def _unconfirmed_flatten(target: str, source_name: str, proposal: Proposal | Non
     def words(spelling: Spelling) -> str:
         plain = spelling.converter(target, spelling.converter_name("dense_to_linear"))
         return (f"{fact} Name its converter: confirm with {spelling.flatten_setting(target, channels, positions)}, "
-                f"or {plain} if the source flattened channels first.")
+                f"or {plain} if the source flattened channels first or this module flattens in the source's order "
+                "(e.g. permutes to NHWC before flatten).")
 
     return Problem(words)
 

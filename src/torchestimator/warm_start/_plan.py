@@ -22,7 +22,7 @@ import torch
 from torchestimator.interop import WeightSource
 from torchestimator.interop.layouts import Converter
 from torchestimator.interop.matching import Proposal
-from torchestimator.warm_start._spelling import Problem, Spelling, reworded_reason, spelling_for
+from torchestimator.warm_start._spelling import Problem, Spelling, reason_in, spelling_for
 
 __all__ = ["PlanEntry", "WarmStartPlan"]
 
@@ -163,7 +163,7 @@ class WarmStartPlan:
                         for (target, _), problem in zip(self.missing, self._missing_problems)],
             "unused_sources": list(self.unused_sources),
             "optimizer_sources": [{"source": name, "why": why} for name, why in self.optimizer_sources],
-            "proposals": [{**dataclasses.asdict(proposal), "reason": reworded_reason(proposal.reason, spelling)}
+            "proposals": [{**dataclasses.asdict(proposal), "reason": reason_in(proposal, spelling)}
                           for proposal in self.proposals],
             "warnings": list(self.warnings),
             "errors": list(self.error_messages(for_cli=for_cli)),
@@ -200,7 +200,7 @@ def format_plan(plan: WarmStartPlan, spelling: Spelling) -> str:
         ("Optimizer slots and bookkeeping (not loaded, not an error):",
          [f"{name} ({why})" for name, why in plan.optimizer_sources]),
         ("Proposed mapping (by layer kind, order and shape):",
-         [f"{p.target} <- {p.source or '-'} [{p.status}, {p.converter or '-'}] {reworded_reason(p.reason, spelling)}"
+         [f"{p.target} <- {p.source or '-'} [{p.status}, {p.converter or '-'}] {reason_in(p, spelling)}"
           for p in plan.proposals]),
         ("Warnings:", list(plan.warnings)),
         ("ERRORS (nothing will be loaded):", [problem.text(spelling) for problem in plan._problems]),

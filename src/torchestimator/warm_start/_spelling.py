@@ -10,9 +10,10 @@ deciding what is a problem (``_build``, ``_selection``) or the report's layout (
 from __future__ import annotations
 
 import dataclasses
-import re
 import shlex
 from collections.abc import Callable, Sequence
+
+from torchestimator.interop.matching import Proposal, flatten_advice
 
 __all__ = ["CLI", "PYTHON", "Problem", "Spelling", "spelling_for"]
 
@@ -124,21 +125,9 @@ class Problem:
         return cls(lambda spelling: message)
 
 
-# The matcher (interop.matching) ends the reason of a Linear after a convolution with advice in Python
-# terms; the CLI needs its converter named as --converter takes it.
-_FLATTEN_ADVICE = re.compile(
-    r"layouts\.flatten_dense_converter\((?P<channels>\d+), height, width\) where height\*width = (?P<positions>\d+)"
-)
-
-
-def reworded_reason(reason: str, spelling: Spelling) -> str:
-    """A proposal's reason with its Flatten advice in ``spelling``'s words (unchanged when there is none)."""
-    return _FLATTEN_ADVICE.sub(
-        lambda match: spelling.flatten_converter(int(match["channels"]), int(match["positions"])), reason
-    )
-
-
-def flatten_feature_map(reason: str) -> tuple[int, int] | None:
-    """(channels, height*width) when a proposal's reason says its Linear follows a Flatten; else None."""
-    match = _FLATTEN_ADVICE.search(reason)
-    return (int(match["channels"]), int(match["positions"])) if match else None
+def reason_in(proposal: Proposal, spelling: Spelling) -> str:
+    """A proposal's reason, with the advice for a Linear after a Flatten (``Proposal.flatten``) in ``spelling``'s
+    words."""
+    if proposal.flatten is None:
+        return proposal.reason
+    return proposal.reason + flatten_advice(spelling.flatten_converter(*proposal.flatten))
