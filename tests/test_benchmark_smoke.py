@@ -275,3 +275,95 @@ def test_first_result_short_run_prints_where_the_demo_time_goes():
     assert float(demo_s) > float(train_s) > 0 and float(eval_s) > 0 and float(export_s) > 0
     assert serve_s == "n/a" and 0.0 < float(accuracy) <= 1.0
     assert "training steps (to step 20, 1 torch threads)" in result.stdout  # the demo's own thread setting
+
+
+# -- benchmarks/object_storage.py ------------------------------------------------------------------------------
+
+OBJECT_STORAGE_KEYS = ("tfrecord_vs_local", "tfrecord_vs_{client}_get", "tfrecord_vs_{client}_ranged",
+                       "tfrecord_vs_tfdata", "interleaved_vs_local", "parsed_vs_local", "{client}_get_vs_local",
+                       "ckpt_save_vs_local", "ckpt_load_vs_local", "ckpt_save_vs_{client}_put",
+                       "ckpt_load_vs_{client}_get", "upload_gbps", "list_calls_per_save")
+"""The keys of each store's last line, in order; {client} is s3fs or gcsfs."""
+
+
+@pytest.fixture(scope="module")
+def object_storage():
+    with imported_script("object_storage") as module:
+        yield module
+
+
+@pytest.mark.slow
+def test_object_storage_quick_run_prints_one_last_line_per_store():
+    """Both servers (moto's and the GCS emulator) in processes of their own; tf.data measured only where this
+    Python imports tensorflow (the project's lock has none: n/a, and a line saying why)."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "object_storage.py"
+    result = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=420)
+    assert result.returncode == 0, result.stderr[-3000:]
+    has_tensorflow = importlib.util.find_spec("tensorflow") is not None
+    last_lines = result.stdout.strip().splitlines()[-2:]
+    for line, (store, client) in zip(last_lines, (("s3", "s3fs"), ("gs", "gcsfs"))):
+        values = {}
+        for key in OBJECT_STORAGE_KEYS:
+            key = key.format(client=client)
+            values[key] = rf"(?P<{key}>\d+\.\d{{3}}|n/a)" if key == "tfrecord_vs_tfdata" else rf"(?P<{key}>\d+(\.\d+)?)"
+        pattern = f"object_storage store={store} " + " ".join(f"{key}={value}" for key, value in values.items())
+        match = re.fullmatch(pattern, line)
+        assert match, line
+        assert float(match["list_calls_per_save"]) <= 3  # a save lists model_dir a bounded number of times
+        assert float(match["tfrecord_vs_local"]) > 0 and float(match[f"ckpt_load_vs_{client}_get"]) > 0
+        if store == "s3" or not has_tensorflow:
+            assert match["tfrecord_vs_tfdata"] == "n/a"
+            assert re.search(rf"^  tf\.data: not measured on {store}: ", result.stdout, re.M)
+    assert re.search(r"^tfrecord \(gs\): .* from http://127\.0\.0\.1:\d+", result.stdout, re.M)
+
+
+def test_object_storage_refuses_an_s3_endpoint_for_the_gcs_store_alone(object_storage, capsys):
+    assert_arguments_refused(object_storage, ["--store", "gs", "--endpoint", "http://x", "--bucket", "b"],
+                             "need --store s3 or both", capsys)
+    assert_arguments_refused(object_storage, ["--tensorflow-python", "/no/such/python"], "no such program", capsys)
+    assert object_storage.parse_settings(["--quick"]).stores == ("s3", "gs")
+    assert object_storage.parse_settings(["--store", "gs"]).stores == ("gs",)
+
+
+def test_object_storage_says_why_without_tensorflow(object_storage, monkeypatch, tmp_path):
+    settings = object_storage.parse_settings(["--quick"])
+    monkeypatch.setattr(object_storage.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(object_storage.TensorFlowUnavailable, match="--tensorflow-python"):
+        object_storage.tensorflow_python(settings)
+    if importlib.util.find_spec("tensorflow") is None:  # this Python, named as the TensorFlow one: its import fails
+        with pytest.raises(object_storage.TensorFlowUnavailable, match="import tensorflow failed"):
+            object_storage.TensorFlowProcess(sys.executable, {}, str(tmp_path / "tf.log"))
+
+
+def test_object_storage_tls_proxy_hands_the_gcs_hosts_to_the_emulator(object_storage, tmp_path):
+    """The path TensorFlow's GCS client takes to the emulator: CONNECT to the proxy, TLS for storage.googleapis.com
+    with the run's own CA, the request passed on as plain HTTP (here to a stand-in that serves one object)."""
+    import http.server
+    import threading
+
+    body = bytes(range(256)) * 4096
+    seen = []
+
+    class Object(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Object)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings = object_storage.parse_settings(["--quick"])
+        store = object_storage.Store(settings=settings, local_dir=str(tmp_path), bucket_url="gs://bucket",
+                                     endpoint=f"http://127.0.0.1:{server.server_port}", protocol="gs")
+        with object_storage.tls_proxy(store) as (port, ca):
+            assert object_storage._proxied_get(["gs://bucket/a b/x.tfrecord"] * 2, port, ca)() == 2 * len(body)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == ["/bucket/a%20b/x.tfrecord"] * 2
