@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import json
-import re
 import subprocess
 import sys
 import threading
@@ -389,19 +388,3 @@ def test_a_conversion_failing_in_its_second_shard_leaves_no_shard_in_the_store(s
     assert cli.main(["convert", "csv-to-tfrecord", f"{s3_bucket}/data/index.csv", f"{s3_bucket}/out/x",
                      "--num_shards", "2", "--image_mode", "raw", "--no_progress"]) == 2
     assert not filesystems.exists(f"{s3_bucket}/out")  # the finished first shard removed, the second never published
-
-
-@pytest.mark.slow
-def test_the_benchmark_prints_its_figures_and_final_line():
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "object_storage.py"
-    completed = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True,
-                               timeout=300, check=False)
-    assert completed.returncode == 0, completed.stderr
-    last = completed.stdout.strip().splitlines()[-1]
-    names = ["tfrecord_vs_local", "tfrecord_vs_s3fs_get", "tfrecord_vs_s3fs_ranged", "interleaved_vs_local",
-             "parsed_vs_local", "s3fs_get_vs_local", "ckpt_save_vs_local", "ckpt_load_vs_local",
-             "ckpt_save_vs_s3fs_put", "ckpt_load_vs_s3fs_get", "upload_gbps"]
-    pattern = "object_storage " + " ".join(rf"{name}=\d+\.\d+" for name in names) + r" list_calls_per_save=(\d+)"
-    match = re.fullmatch(pattern, last)
-    assert match, last
-    assert int(match.group(1)) <= 3  # a save lists model_dir a bounded number of times, with 50 checkpoints kept
