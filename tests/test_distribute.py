@@ -530,3 +530,37 @@ def test_launch_runs_the_program_under_torchrun(tmp_path) -> None:
                                env=_child_environment(), capture_output=True, text=True, timeout=80)
     assert completed.returncode == 0, completed.stderr
     assert sorted(path.name.split("-")[0] for path in output.iterdir()) == ["rank0", "rank1"]
+
+
+def _run_on_chief_outcomes() -> dict:
+    """In each replica: run_on_chief's answer for an action that succeeds, then for one that fails on the chief."""
+    from torchestimator.errors import ChiefFailedError
+
+    strategy = MirroredStrategy()
+    strategy.setup()
+    ran = []
+    value = strategy.run_on_chief(lambda: ran.append(strategy.replica_id) or "ckpt-3", "Writing ckpt-3")
+
+    def fail() -> None:
+        raise OSError(28, "No space left on device", "/m/ckpt-4")
+
+    try:
+        strategy.run_on_chief(fail, "Writing the checkpoint of global step 4")
+    except ChiefFailedError as error:
+        failure = ("ChiefFailedError", str(error), error.what)
+    except OSError as error:
+        failure = ("OSError", str(error), error.errno)
+    return {"value": value, "ran": ran, "failure": failure}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(90)
+def test_work_run_on_the_chief_reaches_every_replica_and_so_does_its_failure() -> None:
+    chief, other = run_in_processes(_run_on_chief_outcomes, nprocs=2, timeout=60)
+    assert chief["value"] == other["value"] == "ckpt-3"
+    assert chief["ran"] == [0] and other["ran"] == []  # the action runs once, on the chief
+    assert chief["failure"] == ("OSError", "[Errno 28] No space left on device: '/m/ckpt-4'", 28)  # its own error
+    assert other["failure"] == ("ChiefFailedError", "Writing the checkpoint of global step 4 failed on the chief: "
+                                "OSError: [Errno 28] No space left on device: '/m/ckpt-4'",
+                                "Writing the checkpoint of global step 4")

@@ -65,7 +65,8 @@ PUBLIC_SUBPACKAGES = {
         "Storage", "flatten_state", "unflatten_state"
     ],
     "errors": [
-        "BodyTooLarge", "CheckpointError", "ConfigError", "ConfigTypeError", "DataLossError", "DiskFullError",
+        "BodyTooLarge", "CheckpointError", "ChiefFailedError", "ConfigError", "ConfigTypeError", "DataLossError",
+        "DiskFullError",
         "ExampleDecodeError", "ExportFormatError", "FileTooLargeError", "HTTP_STATUS", "ImageDecodeError", "InputError",
         "InputTypeError", "MissingExtraError",
         "NanLossDuringTrainingError", "NotARegularFileError", "RelaunchError", "ReplicaFailedError", "ReplicaLostError",

@@ -31,6 +31,7 @@ catches it::
     ├── RelaunchError(RuntimeError)           the program cannot be started again as the other replicas
     ├── ReplicaFailedError(RuntimeError)      run_in_processes: a replica raised or died; .rank, .exception_type
     ├── ReplicasDisagreeError(RuntimeError)   before step 1, replicas saw other model_dirs or checkpoints; .views
+    ├── ChiefFailedError(RuntimeError)        on the other replicas: what the chief does for all of them failed; .what
     └── ReplicaLostError(RuntimeError)        in training, another replica died or stopped answering; .lost_ranks
 
 The arguments of ``Estimator`` and ``Estimator.from_module`` (model_dir, config,
@@ -53,6 +54,7 @@ from typing import Any
 __all__ = [
     "BodyTooLarge",
     "CheckpointError",
+    "ChiefFailedError",
     "ConfigError",
     "ConfigTypeError",
     "DataLossError",
@@ -373,3 +375,15 @@ class ReplicaLostError(TorchEstimatorError, RuntimeError):
         """Ranks found gone (on this host); empty when none could be checked or all still ran."""
         self.step = step
         """The global step this replica had reached."""
+
+
+class ChiefFailedError(TorchEstimatorError, RuntimeError):
+    """Raised on every replica but the chief when what the chief does for all of them (write a checkpoint, the
+    best-checkpoint record, an export) failed there; the chief raises its own error. ``what`` names the work,
+    ``chief_error`` is the chief's error as ``"Type: message"``. Every replica raises, so none waits for the others.
+    """
+
+    def __init__(self, message: str, *, what: str = "", chief_error: str = "") -> None:
+        super().__init__(message)
+        self.what = what
+        self.chief_error = chief_error

@@ -40,6 +40,7 @@ from torchestimator._core.console import (TrainOutcome, describe_evaluation, des
                                           show_summaries)
 from torchestimator.distribute import OneDeviceStrategy
 from torchestimator.distribute.cluster import EVALUATOR, PS, cluster_from_tf_config
+from torchestimator.distribute.strategy import is_chief
 from torchestimator.distribute.sync_batch_norm import copy_sharing_process_groups, prepare_batch_norm
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, HookList
 from torchestimator.interop import open_weights
@@ -290,7 +291,7 @@ class Estimator:
         reports it with its results."""
         if evaluation is not None:
             evaluation.training_ended(outcome)
-        elif _is_chief(self._config):
+        elif is_chief(self._config.train_distribute):
             log_summary(describe_training(outcome))
 
     def _weights_now(self) -> WeightsOrigin:
@@ -783,12 +784,6 @@ class _GatheredWeights(CheckpointSaverListener):
 
     def after_save(self, state: TrainState, global_step: int) -> None:
         self.refresh()
-
-
-def _is_chief(config: RunConfig) -> bool:
-    """Whether this process is the chief of the training replicas (one that is not set up yet: it will be)."""
-    strategy = config.train_distribute
-    return strategy is None or not strategy.is_set_up or strategy.is_chief
 
 
 def _refuse_non_training_task() -> None:

@@ -73,6 +73,7 @@ from torchestimator._policy.specs import EvalSpec, TrainSpec, as_spec_list, by_s
 from torchestimator._policy.trainer_task import TrainingRunHook, train_for_evaluator
 from torchestimator.checkpoint.errors import DiskFullError, is_no_room
 from torchestimator.distribute.cluster import EVALUATOR, PS, PS_ADVICE, cluster_from_tf_config
+from torchestimator.distribute.strategy import is_chief
 from torchestimator.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -129,13 +130,15 @@ def train_and_evaluate(
         return None, None
     # Local mode or a TF_CONFIG cluster without an evaluator job: the trainers evaluate; the chief records its run
     # so that an evaluator started against this model_dir anyway refuses to be a second writer of eval/.
-    recorder = TrainingRunHook(estimator.model_dir, evaluator_task=False, max_steps=train_spec.max_steps,
-                               is_chief=lambda: _is_chief(estimator)) if cluster.is_chief else None
+    recorder = None
+    if cluster.is_chief:
+        recorder = TrainingRunHook(estimator.model_dir, evaluator_task=False, max_steps=train_spec.max_steps,
+                                   is_chief=lambda: is_chief(estimator.config.train_distribute))
     loop = _Evaluations(estimator, train_spec, specs, best, rules, clock)
     estimator.train(train_spec.input_fn, hooks=[*train_spec.hooks, *([recorder] if recorder else [])],
                     max_steps=train_spec.max_steps, saving_listeners=train_spec.saving_listeners, evaluation=loop)
     loop.finish()
-    if _is_chief(estimator):
+    if is_chief(estimator.config.train_distribute):
         log_summary(loop.summary())
     if recorder is not None:
         recorder.record_end(latest_step(estimator.checkpoint_store), stopped_before_step_one=loop.said_stop,
@@ -179,11 +182,6 @@ def _strategy(estimator: Any) -> Any:
     if strategy is None or not strategy.is_set_up or strategy.num_replicas == 1:
         return None
     return strategy
-
-
-def _is_chief(estimator: Any) -> bool:
-    strategy = _strategy(estimator)
-    return True if strategy is None else strategy.is_chief
 
 
 def _chief_decides(estimator: Any, value: Any) -> Any:
@@ -358,20 +356,18 @@ class _Evaluations:
 
     def _update_best(self, step: int, results: dict[str, Any]) -> None:
         self.best.check_results(step, results)  # every replica, before the chief writes
-        outcome: tuple[bool | None, str | None] = (None, None)
-        failure: Exception | None = None
-        if _is_chief(self.estimator):
+
+        def update() -> bool | None:
             try:
-                outcome = (self.best.update(self.estimator.checkpoint_store, step, results), None)
-            except (ValueError, OSError) as error:
-                outcome, failure = (None, f"{type(error).__name__}: {error}"), error
-        _, error = _chief_decides(self.estimator, outcome)
-        if is_no_room(failure):  # the chief keeps the type (an OSError); the others learn it as a ValueError
-            raise DiskFullError(failure, path=failure.filename or self.estimator.model_dir,
-                                what=f"the best-checkpoint record of global step {step}",
-                                advice="Free some space (or choose a model_dir with room) and rerun.") from failure
-        if error is not None:  # raised on every replica, so none waits on the others
-            raise ValueError(f"The best-checkpoint policy failed at global step {step}: {error}")
+                return self.best.update(self.estimator.checkpoint_store, step, results)
+            except OSError as error:
+                if not is_no_room(error):
+                    raise
+                raise DiskFullError(error, path=error.filename or self.estimator.model_dir,
+                                    what=f"the best-checkpoint record of global step {step}",
+                                    advice="Free some space (or choose a model_dir with room) and rerun.") from error
+
+        _on_chief(self.estimator, update, f"The best-checkpoint policy at global step {step}")
 
     def _seed_history(self) -> None:
         """Early-stopping rules see the primary evaluations of earlier runs in this model_dir, as in TensorFlow."""
@@ -379,7 +375,7 @@ class _Evaluations:
             return
         self.history_seeded = True
         history = None
-        if _is_chief(self.estimator):
+        if is_chief(self.estimator.config.train_distribute):
             history = eval_history(self.estimator.eval_dir(self.specs[0].name), up_to=self.start_step)
         seed_rules(self.rules, _chief_decides(self.estimator, history) or ())
 
@@ -410,18 +406,6 @@ class EarlierVerdict(_Evaluations):
 
 
 def _on_chief(estimator: Any, action: Callable[[], Any], what: str) -> Any:
-    """``action()`` run by the chief, its result given to every replica; a failure is raised on every replica
-    (the chief's own error there, a RuntimeError naming it elsewhere), so that none waits for the others."""
-    outcome: tuple[Any, str | None] = (None, None)
-    failure: Exception | None = None
-    if _is_chief(estimator):
-        try:
-            outcome = (action(), None)
-        except Exception as error:
-            outcome, failure = (None, f"{type(error).__name__}: {error}"), error
-    value, error = _chief_decides(estimator, outcome)
-    if failure is not None:
-        raise failure
-    if error is not None:
-        raise RuntimeError(f"{what} failed on the chief: {error}")
-    return value
+    """``action()`` run by the chief, its result on every replica (``Strategy.run_on_chief``); one process runs it."""
+    strategy = _strategy(estimator)
+    return action() if strategy is None else strategy.run_on_chief(action, what)

@@ -130,21 +130,13 @@ class Checkpointer:
             )
 
     def _write_on_chief(self, step: int, parts: TrainingParts, replica_states: list[Any]) -> str:
-        path, failure = None, None
-        if self.strategy.is_chief:
-            try:
-                path = self.store.save(step, *parts.payload(replica_states))
-                logger.info("Saved checkpoint for step %d: %s", step, path)
-            except Exception as error:  # told to the other replicas first, so that none waits for the chief
-                failure = error
+        def write() -> str:
+            path = self.store.save(step, *parts.payload(replica_states))
+            logger.info("Saved checkpoint for step %d: %s", step, path)
+            return path
+
         # Every replica learns the path, and none goes on (to evaluate, export) before the chief's write is done.
-        path, chief_error = self.strategy.broadcast_object(
-            (path, None if failure is None else f"{type(failure).__name__}: {failure}"), 0)
-        if failure is not None:
-            raise failure
-        if chief_error is not None:
-            raise CheckpointError(f"The chief could not write the checkpoint of global step {step}: {chief_error}")
-        return path
+        return self.strategy.run_on_chief(write, f"Writing the checkpoint of global step {step}")
 
     def _take_in_flight(self) -> bool:
         """Waits for the background save (raising its error) and tells its listeners; True if one asks to stop."""

@@ -155,18 +155,8 @@ class ShardedSaves:
 
     def _agree_on_staging(self, step: int) -> str:
         """The chief's staging folder, on every rank (main thread, before anyone writes)."""
-        staging, failure, fault = None, None, None
-        if self.strategy.is_chief:
-            try:
-                staging = self.store.begin_sharded_save(step)
-            except Exception as error:  # told to the other ranks first, so that none waits for the chief
-                failure, fault = error, f"{type(error).__name__}: {error}"
-        staging, fault = self.strategy.broadcast_object((staging, fault), 0)
-        if failure is not None:
-            raise failure
-        if fault is not None:
-            raise CheckpointError(f"The chief could not prepare the checkpoint of global step {step}: {fault}")
-        return staging
+        return self.strategy.run_on_chief(lambda: self.store.begin_sharded_save(step),
+                                          f"Preparing the checkpoint of global step {step}")
 
     def _finish_in_background(self, step: int, staging: str, upload: Any, writer: ShardWriter, shared_tree: Any,
                               extra: dict[str, Any], collectives: _GroupCollectives) -> str:
@@ -188,25 +178,20 @@ class ShardedSaves:
         except OSError as error:
             fault = f"{type(error).__name__}: {error}"
         reports = collectives.all_gather_object((digests, fault))
-        path, failure, own_error = None, None, None
-        if is_chief:
-            faults = [f"replica {rank}: {fault}" for rank, (_, fault) in enumerate(reports) if fault is not None]
+
+        def seal() -> str:
+            faults = [f"replica {rank}: {problem}" for rank, (_, problem) in enumerate(reports) if problem is not None]
             if faults:
-                failure = "; ".join(faults)
                 self.store.discard_staging(staging)
-            else:
-                files = {name: entry for report, _ in reports for name, entry in report.items()}
-                try:
-                    path = self.store.finish_sharded_save(step, staging, files, shared_tree, extra)
-                except Exception as error:
-                    own_error, failure = error, f"{type(error).__name__}: {error}"
-        path, failure = collectives.broadcast_object((path, failure), 0)
-        self.store.release_staging(staging)
-        if own_error is not None:
-            raise own_error
-        if failure is not None:
-            raise CheckpointError(f"The checkpoint of global step {step} was not written: {failure}")
-        return path
+                raise CheckpointError(f"The checkpoint of global step {step} was not written: {'; '.join(faults)}")
+            files = {name: entry for report, _ in reports for name, entry in report.items()}
+            return self.store.finish_sharded_save(step, staging, files, shared_tree, extra)
+
+        try:
+            return self.strategy.run_on_chief(seal, f"Publishing the checkpoint of global step {step}",
+                                              broadcast_object=collectives.broadcast_object)
+        finally:
+            self.store.release_staging(staging)
 
     def _write_failed(self, error: BaseException, step: int, staging: str) -> BaseException:
         """The error to raise for a failed DCP write (a full disk as DiskFullError); the staging folder goes."""

@@ -27,7 +27,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ContextManager
 
 import torch
@@ -51,7 +51,7 @@ from torchestimator.distribute.input_context import InputContext
 from torchestimator.distribute.launcher import (STARTED_REPLICA_VARIABLE, LocalReplicas, is_started_replica,
                                                 replica_stdout_path, start_local_replicas)
 from torchestimator._io.atomic import writer_is_gone
-from torchestimator.errors import ConfigError, ReplicaLostError
+from torchestimator.errors import ChiefFailedError, ConfigError, ReplicaLostError
 
 logger = logging.getLogger(__name__)
 
@@ -247,6 +247,29 @@ class Strategy(abc.ABC):
             return [obj]
         return self._all_gather_object(obj)
 
+    def run_on_chief(self, action: Callable[[], Any], what: str, *,
+                     broadcast_object: Callable[[Any, int], Any] | None = None) -> Any:
+        """``action()`` run by the chief, its result returned on every replica: the one way work done once for
+        all (a checkpoint, the best-checkpoint record, an export) reaches the others.
+
+        A failure is raised on every replica, so that none waits on a collective the others left: the chief
+        raises its own error, every other replica a ``ChiefFailedError`` naming ``what`` and the chief's error.
+        ``broadcast_object``: the collective to answer with (a background save's own group); this strategy's
+        by default. Every replica must call it at the same point, as any collective.
+        """
+        value, failure, fault = None, None, None
+        if self.is_chief:
+            try:
+                value = action()
+            except Exception as error:  # told to the other replicas first, so that none waits for the chief
+                failure, fault = error, f"{type(error).__name__}: {error}"
+        value, fault = (broadcast_object or self.broadcast_object)((value, fault), 0)
+        if failure is not None:
+            raise failure
+        if fault is not None:
+            raise ChiefFailedError(f"{what} failed on the chief: {fault}", what=what, chief_error=fault)
+        return value
+
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Replica ``src``'s ``obj`` on every replica (pickled in memory between our own processes)."""
         placement = self.placement
@@ -302,6 +325,12 @@ class Strategy(abc.ABC):
 
     def _broadcast_tensor(self, tensor: torch.Tensor, src: int) -> None:
         raise RuntimeError(f"{type(self).__name__} runs one replica and has no collectives.")
+
+
+def is_chief(strategy: Strategy | None) -> bool:
+    """Whether this process writes for all replicas: no strategy, one not set up yet (it will be replica 0 of
+    its own or learn otherwise at set-up, before any write), or its replica 0."""
+    return strategy is None or not strategy.is_set_up or strategy.is_chief
 
 
 def _refuse_one_of_several_tasks(environ: Mapping[str, str] | None = None) -> None:
