@@ -54,6 +54,9 @@ def gcs_emulator_server() -> Iterator[str]:
     server = create_server("127.0.0.1", port, in_memory=True)
     server.start()
     httpd = server._api._httpd
+    # http.server listens with socketserver's backlog of 5: a client's burst of parallel requests then waits out a
+    # 1 s SYN retry per dropped connection. Listening again on Linux only raises the backlog.
+    httpd.socket.listen(128)
     report = httpd.handle_error
 
     def handle_error(request, client_address):
