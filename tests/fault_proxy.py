@@ -1,5 +1,5 @@
-"""A fault proxy of our own: HTTP/1.1 on 127.0.0.1 between a client and a real server (moto's S3), with faults
-switched on by the test.
+"""A fault proxy of our own: HTTP/1.1 on 127.0.0.1 between a client and a real server (moto's S3, the GCS emulator,
+Azurite), with faults switched on by the test.
 
 Each request the client sends is read whole (head and body, ``Content-Length`` or chunked), then either
 forwarded on a fresh connection to the server, the answer framed and sent back, or met with a fault:
@@ -9,8 +9,9 @@ forwarded on a fresh connection to the server, the answer framed and sent back, 
 - ``STALL``: the request's head is read and never answered, not even with ``100 Continue`` (the connection
   stays open until the proxy stops or ``release_stalls()``); ``STALL_MID_BODY``: half of the body is read,
   then nothing more;
-- ``SLOW_DOWN`` / ``INTERNAL_ERROR``: an S3 XML error body with 503 SlowDown / 500 InternalError, as S3 sends;
-- ``ACCESS_DENIED_KEY``: 403 InvalidAccessKeyId (bad credentials);
+- ``SLOW_DOWN`` / ``INTERNAL_ERROR``: 503 (throttling) / 500, with the error body the store sends (``dialect``:
+  S3's XML SlowDown / InternalError, GCS's JSON, Azure's XML ServerBusy / InternalError and x-ms-error-code);
+- ``ACCESS_DENIED_KEY``: 403 (bad credentials: S3's InvalidAccessKeyId, Azure's AuthenticationFailed);
 - ``CUT_BODY``: forwarded, then the answer's body cut at half and the connection closed.
 
 ``proxy.inject(fault, times=K, when=predicate, after=N)`` arms one rule: the K requests that match
@@ -23,6 +24,7 @@ and ``stop()`` (or leaving the ``with``) closes every socket and joins every thr
 from __future__ import annotations
 
 import dataclasses
+import json
 import socket
 import struct
 import threading
@@ -40,13 +42,17 @@ INTERNAL_ERROR = "internal_error"
 ACCESS_DENIED_KEY = "invalid_access_key"
 CUT_BODY = "cut_body"
 
-_ERRORS = {
-    SLOW_DOWN: (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
-    INTERNAL_ERROR: (500, "Internal Server Error", "InternalError",
+_ERRORS = {  # status, reason, the error code per dialect, message
+    SLOW_DOWN: (503, "Slow Down", {"s3": "SlowDown", "gcs": "backendError", "azure": "ServerBusy"},
+                "Please reduce your request rate."),
+    INTERNAL_ERROR: (500, "Internal Server Error", {"s3": "InternalError", "gcs": "internalError",
+                                                    "azure": "InternalError"},
                      "We encountered an internal error. Please try again."),
-    ACCESS_DENIED_KEY: (403, "Forbidden", "InvalidAccessKeyId",
-                        "The AWS Access Key Id you provided does not exist in our records."),
+    ACCESS_DENIED_KEY: (403, "Forbidden", {"s3": "InvalidAccessKeyId", "gcs": "forbidden",
+                                           "azure": "AuthenticationFailed"},
+                        "The access key you provided does not exist in our records."),
 }
+DIALECTS = ("s3", "gcs", "azure")
 _POLL_SECONDS = 0.2
 _LONGEST_WAIT_SECONDS = 120.0  # no thread of the proxy outlives a test by more than this, whatever happens
 
@@ -80,9 +86,13 @@ class _Closed(Exception):
 
 
 class FaultProxy:
-    """``with FaultProxy("http://127.0.0.1:5000") as proxy: ... proxy.url ...``"""
+    """``with FaultProxy("http://127.0.0.1:5000") as proxy: ... proxy.url ...``; ``dialect`` ("s3", "gcs",
+    "azure"): whose error bodies the faults answer with."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, *, dialect: str = "s3") -> None:
+        if dialect not in DIALECTS:
+            raise ValueError(f"dialect must be one of {DIALECTS}; received {dialect!r}")
+        self.dialect = dialect
         parts = urlsplit(upstream)
         self._upstream = (parts.hostname, parts.port)
         self._stop = threading.Event()
@@ -198,7 +208,8 @@ class FaultProxy:
                     self._wait_for_release()
                     return
                 if fault in _ERRORS:
-                    self._send(client, _error_response(*_ERRORS[fault], target, with_body=method != "HEAD"))
+                    self._send(client, _error_response(*_ERRORS[fault], target, dialect=self.dialect,
+                                                       with_body=method != "HEAD"))
                     if expects:
                         return  # answered before the body was sent: the connection cannot be reused
                     reader.body(headers)
@@ -350,11 +361,22 @@ def _wants_close(head: bytes) -> bool:
     return b"connection: close" in head.lower()
 
 
-def _error_response(status: int, reason: str, code: str, message: str, target: str, *, with_body: bool) -> bytes:
-    body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
-            f"<Resource>{target.split('?', 1)[0]}</Resource><RequestId>FAULTPROXY</RequestId></Error>").encode()
-    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}\r\n"
-            "x-amz-request-id: FAULTPROXY\r\n\r\n").encode()
+def _error_response(status: int, reason: str, codes: dict[str, str], message: str, target: str, *, dialect: str,
+                    with_body: bool) -> bytes:
+    code = codes[dialect]
+    if dialect == "gcs":  # the JSON API's error object
+        body = json.dumps({"error": {"code": status, "message": message,
+                                     "errors": [{"reason": code, "message": message}]}}).encode()
+        headers = "Content-Type: application/json; charset=UTF-8\r\n"
+    elif dialect == "azure":
+        body = (f'<?xml version="1.0" encoding="utf-8"?><Error><Code>{code}</Code><Message>{message}\n'
+                "RequestId:FAULTPROXY</Message></Error>").encode()
+        headers = f"Content-Type: application/xml\r\nx-ms-error-code: {code}\r\nx-ms-request-id: FAULTPROXY\r\n"
+    else:
+        body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
+                f"<Resource>{target.split('?', 1)[0]}</Resource><RequestId>FAULTPROXY</RequestId></Error>").encode()
+        headers = "Content-Type: application/xml\r\nx-amz-request-id: FAULTPROXY\r\n"
+    head = f"HTTP/1.1 {status} {reason}\r\n{headers}Content-Length: {len(body)}\r\n\r\n".encode()
     return head + body if with_body else head  # a HEAD's answer has no body, its Content-Length notwithstanding
 
 

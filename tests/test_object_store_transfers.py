@@ -1,15 +1,19 @@
 """Transfers to an object store that cannot hang or half-succeed (issue 27, point 3), proven through a fault
-proxy of our own (tests/fault_proxy.py) between s3fs and moto's S3 server: throttling, 500s and resets are
-retried and the checkpoint restores bit-exact; a stall ends within the deadline the options set, naming the
-object, and commits nothing; a big file goes up as a multipart upload, and one that fails midway leaves no
-upload open and no checkpoint; a missing bucket, bad credentials and an object deleted under a reader are
-each one error naming the URL."""
+proxy of our own (tests/fault_proxy.py) between the client and the server: s3fs and moto's S3 server, gcsfs and
+the GCS emulator, adlfs and Azurite. Throttling, 500s and resets are retried and the checkpoint restores
+bit-exact; a body cut short is read again or is an error, never wrong data; a stall ends within the deadline the
+options set, naming the object, and commits nothing. On S3 also: a big file goes up as a multipart upload, and
+one that fails midway leaves no upload open and no checkpoint; a missing bucket, bad credentials and an object
+deleted under a reader are each one error naming the URL."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import logging
 import time
 
+import aiohttp
 import pytest
 import torch
 
@@ -19,6 +23,8 @@ from fault_proxy import (ACCESS_DENIED_KEY, CUT_BODY, INTERNAL_ERROR, RESET, RES
 from torchestimator._io import filesystems
 from torchestimator.checkpoint import CheckpointStore, object_storage
 from torchestimator.checkpoint.object_storage import ObjectStorage
+
+pytestmark = pytest.mark.timeout(180)  # no test here may hang: each fault ends in a retry or an error well before
 
 READ_TIMEOUT = 2
 FAST_OPTIONS = {"config_kwargs": {"connect_timeout": 2, "read_timeout": READ_TIMEOUT,
@@ -228,17 +234,217 @@ def test_an_object_deleted_under_a_reader_is_one_error_naming_it(proxied, monkey
 
 
 def test_timeouts_and_retries_are_set_unless_the_options_set_them():
-    arguments, attributes = filesystems.transfer_defaults("s3", {"config_kwargs": {"read_timeout": 5}, "retries": 1})
+    arguments, settings = filesystems.transfer_defaults("s3", {"config_kwargs": {"read_timeout": 5}, "retries": 1})
     config = arguments["config_kwargs"]
     assert config["read_timeout"] == 5 and config["connect_timeout"] == filesystems.CONNECT_TIMEOUT_SECONDS
     assert config["retries"] == {"total_max_attempts": filesystems.S3_MAX_ATTEMPTS, "mode": "standard"}
-    assert "retries" not in arguments and attributes == {"retries": 1}
-    arguments, attributes = filesystems.transfer_defaults("s3", {})
-    assert attributes == {"retries": filesystems.S3FS_RETRIES} and arguments["config_kwargs"]["read_timeout"] == 60
+    assert "retries" not in arguments and settings == {"retries": 1}
+    arguments, settings = filesystems.transfer_defaults("s3", {})
+    assert settings == {"retries": filesystems.S3FS_RETRIES} and arguments["config_kwargs"]["read_timeout"] == 60
     with pytest.raises(ValueError, match="retries.*at least 1"):
         filesystems.transfer_defaults("s3", {"retries": 0})
-    gcs, _ = filesystems.transfer_defaults("gs", {})
+
+    gcs, settings = filesystems.transfer_defaults("gs", {})
     assert gcs["requests_timeout"].sock_read == 60 and gcs["requests_timeout"].total is None
-    assert filesystems.transfer_defaults("gs", {"requests_timeout": 9})[0] == {"requests_timeout": 9}
-    assert filesystems.transfer_defaults("az", {"read_timeout": 9})[0] == {"read_timeout": 9, "connection_timeout": 10}
+    assert gcs["session_kwargs"]["request_class"].__name__ == "RequestWithSendDeadline" and settings == {}
+    gcs, settings = filesystems.transfer_defaults("gs", {"requests_timeout": 9, "retries": 3,
+                                                         "session_kwargs": {"trust_env": True}})
+    assert gcs["requests_timeout"] == 9 and "retries" not in gcs and settings == {"retries": 3}
+    assert gcs["session_kwargs"]["trust_env"] is True and "request_class" in gcs["session_kwargs"]
+    with pytest.raises(ValueError, match="retries.*at least 1"):
+        filesystems.transfer_defaults("gs", {"retries": 0})
+
+    azure, settings = filesystems.transfer_defaults("az", {"read_timeout": 9, "retry_total": 2, "account_name": "a"})
+    assert azure == {"read_timeout": 9, "connection_timeout": 10, "account_name": "a"}
+    assert settings == {"read_timeout": 9, "connection_timeout": 10, "retry_total": 2}
+    with pytest.raises(ValueError, match="retry_total.*at least 0"):
+        filesystems.transfer_defaults("az", {"retry_total": -1})
     assert filesystems.transfer_defaults("memory", {}) == ({}, {})
+
+
+def test_an_azure_filesystem_gets_a_client_with_its_account_our_timeouts_and_the_retries_asked_for():
+    """adlfs takes neither the SDK's retry arguments nor timeouts for every request: its client is made again with
+    the same account, credential and secondary endpoint (no request is sent here)."""
+    import base64
+
+    key = base64.b64encode(b"not a real key, 32 bytes long...").decode()
+    filesystems.configure_storage_options({"az": {"account_name": "acct", "account_key": key, "read_timeout": 7,
+                                                  "retry_total": 1, "initial_backoff": 0.5}})
+    try:
+        fs, inner = filesystems.filesystem("az://container/run/file")
+        client = fs.service_client
+        assert inner == "container/run/file" and client.url.startswith("https://acct.blob.core.windows.net")
+        assert client.credential.account_name == "acct"
+        assert client.secondary_hostname == "acct-secondary.blob.core.windows.net"
+        transport = client._pipeline._transport
+        assert transport.connection_config.read_timeout == 7 and transport.connection_config.timeout == 10
+        assert client._config.retry_policy.total_retries == 1 and client._config.retry_policy.initial_backoff == 0.5
+        assert filesystems.filesystem("az://container/other")[0] is fs  # made once per options
+    finally:
+        filesystems.configure_storage_options(None)
+
+
+# ---------------------------------------------------------------------------- gs:// and az:// through the proxy
+
+
+@dataclasses.dataclass
+class _Store:
+    """One store behind the fault proxy: the model_dir URL, the proxy, and what its requests look like."""
+
+    kind: str  # "gs" or "az"
+    url: str
+    proxy: FaultProxy
+    secret: str | None  # a storage option's value that no error or log line may show
+
+    def use(self, *, read_timeout: float, tries: int) -> None:
+        """Reach the server through the proxy, with this read (and send) timeout and this many tries per request."""
+        if self.kind == "gs":
+            options = {"endpoint_url": self.proxy.url, "retries": tries,
+                       "requests_timeout": aiohttp.ClientTimeout(sock_connect=read_timeout, sock_read=read_timeout)}
+        else:
+            options = {"connection_string": self.secret, "connection_timeout": read_timeout,
+                       "read_timeout": read_timeout, "retry_total": tries - 1, "initial_backoff": 0.2,
+                       "increment_base": 2, "random_jitter_range": 0.2}
+        filesystems.configure_storage_options({self.kind: options})
+
+    def is_upload(self, request) -> bool:
+        """A request carrying an object's bytes (gcsfs: a POST to the upload API; Azure: a blob or block PUT)."""
+        if self.kind == "gs":
+            return request.method == "POST" and request.target.startswith("/upload/")
+        return request.method == "PUT" and "restype=container" not in request.target
+
+    def is_object_read(self, request) -> bool:
+        """A GET of an object's bytes (not a listing)."""
+        if self.kind == "gs":
+            return request.method == "GET" and "alt=media" in request.target
+        return request.method == "GET" and "comp=list" not in request.target and "restype=" not in request.target
+
+
+GENEROUS_READ_TIMEOUT = 30
+"""The success paths' timeout: far above any pause of a busy machine, so only the faults injected are retried."""
+GCS_STALL_DEADLINE = 2 * (READ_TIMEOUT + READ_TIMEOUT / 4) + 2 + 8
+"""Two tries of the read (or send) timeout, each seen up to a quarter late, gcsfs's backoff between them (1 to 2 s),
+and slack for a busy CPU."""
+AZURE_STALL_DEADLINE = 2 * (READ_TIMEOUT + READ_TIMEOUT / 4) + 0.4 + 8
+"""Two tries, the retry policy's first backoff (0.2 s, give or take 0.2 s), slack for a busy CPU."""
+
+
+@pytest.fixture(params=["gs", "az"])
+def proxied_store(request):
+    """gs:// (the GCS emulator) or az:// (Azurite) reached only through the fault proxy; success-path options."""
+    from object_stores import AZURITE_ACCOUNT
+
+    if request.param == "gs":
+        bucket = request.getfixturevalue("gcs_bucket")
+        upstream, dialect = request.getfixturevalue("gcs_endpoint"), "gcs"
+    else:
+        bucket = request.getfixturevalue("az_bucket")
+        connection_string = request.getfixturevalue("azure_connection_string")
+        endpoint = connection_string.split("BlobEndpoint=", 1)[1].split(";", 1)[0]
+        upstream, dialect = endpoint.rsplit(f"/{AZURITE_ACCOUNT}", 1)[0], "azure"
+    with FaultProxy(upstream, dialect=dialect) as proxy:
+        secret = None if request.param == "gs" else connection_string.replace(upstream, proxy.url)
+        store = _Store(request.param, f"{bucket}/run", proxy, secret)
+        store.use(read_timeout=GENEROUS_READ_TIMEOUT, tries=4)
+        try:
+            yield store
+        finally:
+            proxy.clear()
+            proxy.release_stalls()
+            filesystems.configure_storage_options(None)
+
+
+def _assert_no_secret(store: _Store, error: BaseException, caplog) -> None:
+    from object_stores import AZURITE_KEY
+
+    if store.secret is not None:
+        for text in (str(error), repr(error.args), caplog.text):
+            assert store.secret not in text and AZURITE_KEY not in text
+
+
+@pytest.mark.parametrize("fault", [SLOW_DOWN, INTERNAL_ERROR, RESET, RESET_MID_BODY])
+def test_gs_and_az_saves_and_restores_go_through_throttling_errors_and_resets(proxied_store, fault):
+    store, proxy = proxied_store, proxied_store.proxy
+    weights = _weights(1.5)
+    proxy.inject(fault, times=2, when=store.is_upload)
+    CheckpointStore(store.url).save(1, weights, {"m": torch.ones(3)}, {"position": 4})
+    assert proxy.faults_applied(fault) == 2
+    proxy.inject(fault, times=2, when=store.is_object_read)
+    restored = CheckpointStore(store.url).restore()
+    assert proxy.faults_applied(fault) == 4
+    assert restored.step == 1 and restored.extra["position"] == 4
+    _assert_same(restored.model_state, weights)
+    assert torch.equal(restored.optimizer_state["m"], torch.ones(3))
+
+
+def test_gs_and_az_bodies_cut_short_are_read_again_and_never_load_wrong_data(proxied_store, caplog):
+    store, proxy = proxied_store, proxied_store.proxy
+    weights = _weights(2.5, size=50_000)
+    CheckpointStore(store.url).save(3, weights)
+    proxy.inject(CUT_BODY, times=1, when=store.is_object_read)
+    _assert_same(CheckpointStore(store.url).restore().model_state, weights)
+    assert proxy.faults_applied(CUT_BODY) == 1
+    store.use(read_timeout=GENEROUS_READ_TIMEOUT, tries=2)
+    proxy.inject(CUT_BODY, times=1000, when=store.is_object_read)  # every read cut short: retries run out
+    with pytest.raises(OSError, match=rf"reading {store.url}/(checkpoint|ckpt-3\.[^ ]*/[a-z._]+)") as raised:
+        CheckpointStore(store.url).restore()
+    _assert_no_secret(store, raised.value, caplog)
+    proxy.clear()
+    _assert_same(CheckpointStore(store.url).restore().model_state, weights)
+
+
+@pytest.mark.parametrize("fault", [STALL, STALL_MID_BODY])
+def test_gs_and_az_stalled_saves_fail_within_the_deadline_naming_the_object_and_commit_nothing(proxied_store, fault,
+                                                                                             caplog):
+    store, proxy = proxied_store, proxied_store.proxy
+    CheckpointStore(store.url).save(1, _weights(1.0))
+    store.use(read_timeout=READ_TIMEOUT, tries=2)
+    proxy.inject(fault, times=1000, when=store.is_upload)
+    started = time.monotonic()
+    with caplog.at_level(logging.DEBUG), pytest.raises(
+            TimeoutError, match=rf"writing {store.url}/ckpt-2\.[^ ]+/[a-z._]+ timed out: the store stalled") as raised:
+        CheckpointStore(store.url).save(2, _weights(2.0, size=2**22))  # 16 MiB: more than the socket buffers hold
+    elapsed = time.monotonic() - started
+    deadline = GCS_STALL_DEADLINE if store.kind == "gs" else AZURE_STALL_DEADLINE
+    assert elapsed < deadline, f"the stalled save took {elapsed:.1f} s"
+    assert proxy.faults_applied(fault) >= 2  # each file stalled is tried twice
+    _assert_no_secret(store, raised.value, caplog)
+    proxy.clear()
+    proxy.release_stalls()
+    store.use(read_timeout=GENEROUS_READ_TIMEOUT, tries=4)
+    reader = CheckpointStore(store.url)
+    assert [path.rsplit("/", 1)[1].split(".")[0] for path in reader.all_checkpoints()] == ["ckpt-1"]
+    assert reader.restore().step == 1
+    assert [name for name in ObjectStorage(store.url).list_folders() if name.startswith("ckpt-2.")] == []
+
+
+def test_gs_and_az_stalled_reads_fail_within_the_deadline_naming_the_object(proxied_store, caplog):
+    store, proxy = proxied_store, proxied_store.proxy
+    path = CheckpointStore(store.url).save(1, _weights(1.0))
+    store.use(read_timeout=READ_TIMEOUT, tries=2)
+    proxy.inject(STALL, times=1000, when=store.is_object_read)
+    started = time.monotonic()
+    with caplog.at_level(logging.DEBUG), pytest.raises(
+            TimeoutError, match=rf"reading {store.url}/(checkpoint|ckpt-1\.[^ ]*/[a-z._]+) timed out") as raised:
+        CheckpointStore(store.url).restore(path)
+    elapsed = time.monotonic() - started
+    assert elapsed < (GCS_STALL_DEADLINE if store.kind == "gs" else AZURE_STALL_DEADLINE), f"took {elapsed:.1f} s"
+    _assert_no_secret(store, raised.value, caplog)
+
+
+@pytest.mark.parametrize("size", [1000, 2**24])
+def test_a_gs_or_az_send_the_server_stops_reading_is_a_timeout_not_a_hang(proxied_store, size):
+    """The send deadline alone (filesystems.write_bytes, one PUT or POST): a small body fits the socket buffers and
+    waits on the read timeout; a 16 MiB one stops mid-way, where only the send deadline ends it."""
+    store, proxy = proxied_store, proxied_store.proxy
+    store.use(read_timeout=READ_TIMEOUT, tries=1)
+    proxy.inject(STALL_MID_BODY, times=1000, when=store.is_upload)
+    url = f"{store.url}/one/object.bin"
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=rf"writing {url} timed out: the store stalled"):
+        filesystems.write_bytes(url, bytes(size))
+    assert time.monotonic() - started < READ_TIMEOUT + READ_TIMEOUT / 4 + 6
+    assert proxy.faults_applied(STALL_MID_BODY) == 1
+    proxy.clear()
+    proxy.release_stalls()
+    assert not filesystems.exists(url)  # half a body is never an object

@@ -28,16 +28,27 @@ exponential backoff and jitter; what still fails is an OSError naming the URL (a
   ``max_concurrency`` [10]: s3fs's requests at once for one file (ranged reads, ``put``); checkpoint
   uploads send at most ``TORCHESTIMATOR_UPLOAD_PARTS_IN_FLIGHT`` [4] of them (``checkpoint/object_storage.py``).
 - gs (gcsfs): ``requests_timeout`` [``aiohttp.ClientTimeout(sock_connect=10, sock_read=60)``; a number is
-  a total per request]; gcsfs retries 6 times with backoff (not settable).
-- az (adlfs): ``connection_timeout`` [10], ``read_timeout`` [60]; the Azure SDK's retry policy.
+  a total per request], ``retries`` [gcsfs's 6 tries per request, with its backoff: 1, 2, 4, 8, 16 s plus up to
+  1 s of jitter; 500-504, 408, 429, resets, timeouts and bodies cut short are retried].
+- az (adlfs): ``connection_timeout`` [10], ``read_timeout`` [60], now on every request (adlfs passes them to
+  whole-blob calls only; ``transfers.fit_azure_client`` gives it a client whose transport has them), and the
+  Azure SDK's retry policy, whose arguments storage_options may give: ``retry_total`` [3 retries, so 4 tries],
+  ``initial_backoff`` [15 s], ``increment_base`` [3: waits of 15, 18, 24 s], ``random_jitter_range`` [3 s], or a
+  whole ``retry_policy``; 408, 500s but 501/505, resets and timeouts are retried.
 
-Only S3's sends have a deadline of ours: on gs:// a server that stops reading a request's body mid-way
-holds the upload until the OS gives up on the connection.
+Sends have a deadline on every store: aiohttp (gcsfs, Azure) and aiobotocore time a request out only once its
+body is sent, so a server that stops reading mid-body held the upload forever. On S3 see
+``_s3_session_with_send_deadline``; on gs:// and az:// each request is ``transfers.request_class_with_send_deadline``,
+which ends a body that no byte of reaches the socket for ``read_timeout`` seconds with a retried timeout.
 
-The deadline of a stalled transfer: a request that never answers costs ``read_timeout`` per attempt, so it
-fails after at most ``retries * total_max_attempts * read_timeout`` plus backoff (8 minutes by default on S3;
-``{"config_kwargs": {"read_timeout": 5, "retries": {"total_max_attempts": 2}}, "retries": 1}`` makes it 10 s
-and a few seconds of backoff).
+The deadline of a stalled transfer: a request that never answers (or stops reading what is sent) costs
+``read_timeout`` per try, so it fails after at most the tries times ``read_timeout`` plus backoff: on S3
+``retries * total_max_attempts * read_timeout`` (8 minutes by default; ``{"config_kwargs": {"read_timeout": 5,
+"retries": {"total_max_attempts": 2}}, "retries": 1}`` makes it 10 s and a few seconds of backoff); on gs://
+``retries * read_timeout`` plus 31 to 36 s of backoff (about 7 minutes by default; ``{"retries": 2,
+"requests_timeout": aiohttp.ClientTimeout(sock_connect=5, sock_read=5)}``: 10 s and 1 to 2 s of backoff); on
+az:// ``(retry_total + 1) * read_timeout`` plus backoff (about 5 minutes by default; ``{"read_timeout": 5,
+"retry_total": 1, "initial_backoff": 1}``: 10 s and about 1 s of backoff).
 A transfer that makes progress is never cut: there is no limit on a whole upload's time, which grows with
 its size.
 """
@@ -205,22 +216,26 @@ def filesystem(path: str | os.PathLike[str]) -> tuple[Any, str]:
         if instance is None:
             import fsspec
 
-            arguments, attributes = transfer_defaults(canonical, options)
+            arguments, settings = transfer_defaults(canonical, options)
+            if canonical in ("gs", "az"):
+                # Ours alone: fsspec's cache would hand the same instance to options that differ only in the
+                # settings applied below (not arguments), and a setting applied for one would change the other.
+                arguments["skip_instance_cache"] = True
             instance = fsspec.filesystem(protocol, **arguments)
-            for name, value in attributes.items():
-                setattr(instance, name, value)
+            _apply_settings(canonical, instance, settings)
             _filesystems[key] = instance
     return instance, instance._strip_protocol(text)
 
 
 def transfer_defaults(protocol: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The filesystem arguments of ``options`` with our timeouts and retries where they set none, and the
-    attributes to set on the instance (s3fs's ``retries`` is a class attribute, not an argument).
+    settings to apply to the instance once made (``_apply_settings``: s3fs's and gcsfs's ``retries``, adlfs's
+    client timeouts and retry policy), which are not arguments of theirs.
 
     The user's values win, key by key (``config_kwargs={"read_timeout": 5}`` keeps our connect timeout).
     """
     arguments = dict(options)
-    attributes: dict[str, Any] = {}
+    settings: dict[str, Any] = {}
     if protocol == "s3":
         config = dict(arguments.get("config_kwargs") or {})
         config.setdefault("connect_timeout", CONNECT_TIMEOUT_SECONDS)
@@ -230,19 +245,64 @@ def transfer_defaults(protocol: str, options: Mapping[str, Any]) -> tuple[dict[s
         if session is not None:
             config.setdefault("http_session_cls", session)
         arguments["config_kwargs"] = config
-        attributes["retries"] = int(arguments.pop("retries", S3FS_RETRIES))
-        if attributes["retries"] < 1:
-            raise ConfigError(f"storage_options 'retries' must be at least 1 (one attempt); received "
-                              f"{attributes['retries']}.", field="storage_options.retries", value=attributes["retries"])
-    elif protocol == "gs" and "requests_timeout" not in arguments:
-        import aiohttp
+        settings["retries"] = _at_least_one(arguments.pop("retries", S3FS_RETRIES), "retries")
+    elif protocol == "gs":
+        if "requests_timeout" not in arguments:
+            import aiohttp
 
-        arguments["requests_timeout"] = aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_SECONDS,
-                                                              sock_read=READ_TIMEOUT_SECONDS)
+            arguments["requests_timeout"] = aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_SECONDS,
+                                                                  sock_read=READ_TIMEOUT_SECONDS)
+        from torchestimator._io.transfers import request_class_with_send_deadline
+
+        session_kwargs = dict(arguments.get("session_kwargs") or {})
+        session_kwargs.setdefault("request_class", request_class_with_send_deadline())
+        arguments["session_kwargs"] = session_kwargs
+        if "retries" in arguments:
+            settings["retries"] = _at_least_one(arguments.pop("retries"), "retries")
     elif protocol == "az":
         arguments.setdefault("connection_timeout", CONNECT_TIMEOUT_SECONDS)
         arguments.setdefault("read_timeout", READ_TIMEOUT_SECONDS)
-    return arguments, attributes
+        settings["connection_timeout"] = arguments["connection_timeout"]
+        settings["read_timeout"] = arguments["read_timeout"]
+        for name in AZURE_RETRY_OPTIONS:
+            if name in arguments:
+                settings[name] = arguments.pop(name)
+        if "retry_total" in settings and int(settings["retry_total"]) < 0:
+            raise ConfigError(f"storage_options 'retry_total' (retries after the first try) must be at least 0; "
+                              f"received {settings['retry_total']}.", field="storage_options.retry_total",
+                              value=settings["retry_total"])
+    return arguments, settings
+
+
+AZURE_RETRY_OPTIONS = ("retry_policy", "retry_total", "retry_connect", "retry_read", "retry_status", "initial_backoff",
+                       "increment_base", "random_jitter_range")
+"""The Azure SDK's retry settings (``azure.storage.blob.ExponentialRetry``'s arguments, or a whole policy) that
+storage_options may give for az://; adlfs takes none of them, so they go to the client ``_apply_settings`` makes."""
+
+
+def _at_least_one(value: Any, name: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ConfigError(f"storage_options {name!r} must be at least 1 (one attempt); received {value}.",
+                          field=f"storage_options.{name}", value=value)
+    return number
+
+
+def _apply_settings(protocol: str, instance: Any, settings: Mapping[str, Any]) -> None:
+    """What ``transfer_defaults`` could not pass as arguments, set on a filesystem just made."""
+    if protocol == "s3":
+        instance.retries = settings["retries"]
+    elif protocol == "gs" and "retries" in settings:
+        from torchestimator._io.transfers import set_gcs_retries
+
+        if not set_gcs_retries(instance, settings["retries"]):
+            raise ConfigError("storage_options 'retries' for gs:// cannot be applied: this gcsfs version's retrying "
+                              "methods are not the ones torchestimator knows; leave it out (gcsfs then tries each "
+                              "request 6 times).", field="storage_options.retries", value=settings["retries"])
+    elif protocol == "az":
+        from torchestimator._io.transfers import fit_azure_client
+
+        fit_azure_client(instance, **settings)
 
 
 _SEND_SLICE_BYTES = 256 * 1024
@@ -347,9 +407,15 @@ def _is_unreachable(error: BaseException) -> bool:
 
 
 def _cause(error: BaseException) -> str:
-    strerror = getattr(error, "strerror", None)  # an OSError's message without "[Errno N]" and its filename
-    message = strerror if isinstance(strerror, str) and strerror else str(error)
-    text = " ".join(message.split()) or type(error).__name__
+    """The error's message, or, where it has none (fsspec's FSTimeoutError), the first one down its chain."""
+    text = ""
+    for link in _chain(error):
+        strerror = getattr(link, "strerror", None)  # an OSError's message without "[Errno N]" and its filename
+        message = strerror if isinstance(strerror, str) and strerror else str(link)
+        text = " ".join(message.split())
+        if text:
+            break
+    text = text or type(error).__name__
     return text if len(text) <= 300 else text[:300] + "..."
 
 
