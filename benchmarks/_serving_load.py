@@ -39,7 +39,6 @@ class Run:
         return len(self.latencies) / self.wall if self.wall > 0 else 0.0
 
 
-
 def free_port() -> int:
     """A port nothing listens on now (the OS picks it); the server binds it a moment later."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -77,8 +76,11 @@ def process_tree_cpu_seconds(root: int) -> float:
 def process_tree_threads(root: int) -> int:
     """Threads of `root` and its descendants, from /proc/<pid>/task; 0 where /proc is missing."""
     try:
-        parents = {int(name): int(open(f"/proc/{name}/stat", "rb").read().rsplit(b")", 1)[1].split()[1])
-                   for name in os.listdir("/proc") if name.isdigit() and os.path.exists(f"/proc/{name}/stat")}
+        parents = {
+            int(name): int(open(f"/proc/{name}/stat", "rb").read().rsplit(b")", 1)[1].split()[1])
+            for name in os.listdir("/proc")
+            if name.isdigit() and os.path.exists(f"/proc/{name}/stat")
+        }
     except OSError:
         return 0
     total, frontier = 0, [root]
@@ -113,8 +115,10 @@ class LoadSettings(Protocol):
 
 
 def request_bytes(port: int, path: str, body: bytes) -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> bool:
@@ -125,7 +129,7 @@ async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
     lower = head.lower()
     at = lower.find(b"\r\ncontent-length:")
     if at >= 0:
-        await reader.readexactly(int(lower[at + 17:lower.index(b"\r\n", at + 2)]))
+        await reader.readexactly(int(lower[at + 17 : lower.index(b"\r\n", at + 2)]))
     elif b"transfer-encoding: chunked" in lower:
         while True:
             size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
@@ -137,8 +141,17 @@ async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
     return status == 200
 
 
-async def _connection(port: int, request: bytes, warmup: int, count: int, warmed: Callable[[], None],
-                      start: asyncio.Event, deadline: list[float], latencies: list[float], errors: list[int]) -> None:
+async def _connection(
+    port: int,
+    request: bytes,
+    warmup: int,
+    count: int,
+    warmed: Callable[[], None],
+    start: asyncio.Event,
+    deadline: list[float],
+    latencies: list[float],
+    errors: list[int],
+) -> None:
     """One client connection: `warmup` untimed requests, then up to `count` timed ones until the deadline."""
     connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
@@ -172,8 +185,9 @@ async def _connection(port: int, request: bytes, warmup: int, count: int, warmed
             connection[1].close()
 
 
-async def _load(port: int, path: str, body: bytes, concurrency: int, settings: LoadSettings,
-                cpu_seconds: Callable[[], float]) -> Run:
+async def _load(
+    port: int, path: str, body: bytes, concurrency: int, settings: LoadSettings, cpu_seconds: Callable[[], float]
+) -> Run:
     request = request_bytes(port, path, body)
     start, all_warm, deadline = asyncio.Event(), asyncio.Event(), [math.inf]
     warm = [0]
@@ -185,8 +199,14 @@ async def _load(port: int, path: str, body: bytes, concurrency: int, settings: L
         if warm[0] == concurrency:
             all_warm.set()
 
-    tasks = [asyncio.ensure_future(_connection(port, request, settings.warmup_requests, settings.requests, warmed,
-                                               start, deadline, latencies, errors)) for _ in range(concurrency)]
+    tasks = [
+        asyncio.ensure_future(
+            _connection(
+                port, request, settings.warmup_requests, settings.requests, warmed, start, deadline, latencies, errors
+            )
+        )
+        for _ in range(concurrency)
+    ]
     # Every connection warms up first (bounded: each request has a 10 s limit), then all start together.
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(all_warm.wait(), settings.seconds + 60)
@@ -198,12 +218,25 @@ async def _load(port: int, path: str, body: bytes, concurrency: int, settings: L
     wall = time.perf_counter() - began
     for task in pending:
         task.cancel()
-    return Run(latencies=latencies, wall=wall, errors=len(errors) + len(pending),
-               server_cpu=cpu_seconds() - server_before, client_cpu=time.process_time() - client_before)
+    return Run(
+        latencies=latencies,
+        wall=wall,
+        errors=len(errors) + len(pending),
+        server_cpu=cpu_seconds() - server_before,
+        client_cpu=time.process_time() - client_before,
+    )
 
 
-def run_load(port: int, body: bytes, concurrency: int, settings: LoadSettings, *, path: str,
-             cpu_seconds: Callable[[], float] = lambda: math.nan, threads: Callable[[], int] = lambda: 0) -> Run:
+def run_load(
+    port: int,
+    body: bytes,
+    concurrency: int,
+    settings: LoadSettings,
+    *,
+    path: str,
+    cpu_seconds: Callable[[], float] = lambda: math.nan,
+    threads: Callable[[], int] = lambda: 0,
+) -> Run:
     """`concurrency` keep-alive connections POST `body` to `path`; timing starts when all have warmed up."""
     run = _event_loop_runner()(_load(port, path, body, concurrency, settings, cpu_seconds))
     run.server_threads = threads()
@@ -214,9 +247,9 @@ def _event_loop_runner() -> Callable[[Any], Any]:
     """uvloop's run when installed (a cheaper client), else asyncio's."""
     if importlib.util.find_spec("uvloop") is not None:
         import uvloop
+
         return uvloop.run
     return asyncio.run
-
 
 
 # -- measuring ------------------------------------------------------------------------
@@ -249,7 +282,6 @@ class Measurement:
         """Median over rounds of server's requests/s / reference's requests/s in the same round."""
         pairs = zip(self.runs[server, concurrency], self.runs[reference, concurrency])
         return statistics.median(a.rate / b.rate if b.rate > 0 else math.nan for a, b in pairs)
-
 
     def cpu_us_per_request(self, server: str, concurrency: int, side: str = "server") -> float:
         """CPU microseconds per completed request, over every round (server: its processes; client: the load)."""

@@ -157,8 +157,9 @@ class Contestants:
     def save_ours(self) -> None:
         self.step += 1
         store = CheckpointStore(self.model_dir, keep_checkpoint_max=None)
-        self.saved = store.save(self.step, self.model.state_dict(), {"optimizer": self.optimizer.state_dict()},
-                                replica_extra(self.step))
+        self.saved = store.save(
+            self.step, self.model.state_dict(), {"optimizer": self.optimizer.state_dict()}, replica_extra(self.step)
+        )
 
     def background_save_ours(self) -> tuple[float, float]:
         """(seconds the loop waits: the copy of the state, seconds until the checkpoint is published)."""
@@ -166,8 +167,9 @@ class Contestants:
         saves = BackgroundSaves(CheckpointStore(self.model_dir, keep_checkpoint_max=None))
         try:
             start = time.perf_counter()
-            saves.save(self.step, self.model.state_dict(), {"optimizer": self.optimizer.state_dict()},
-                       replica_extra(self.step))
+            saves.save(
+                self.step, self.model.state_dict(), {"optimizer": self.optimizer.state_dict()}, replica_extra(self.step)
+            )
             returned = time.perf_counter()
             saves.wait()
             return returned - start, time.perf_counter() - start
@@ -204,8 +206,9 @@ NAMES = {"save": ("ours", "torch", "safetensors"), "load": ("ours", "torch", "to
 
 def run_rounds(contestants: Contestants, rounds: int) -> dict[str, dict[str, list[tuple[float, float]]]]:
     """{"save"|"load": {name: [(wall, cpu) per round]}}, the first round dropped."""
-    times: dict[str, dict[str, list[tuple[float, float]]]] = {kind: {n: [] for n in names}
-                                                              for kind, names in NAMES.items()}
+    times: dict[str, dict[str, list[tuple[float, float]]]] = {
+        kind: {n: [] for n in names} for kind, names in NAMES.items()
+    }
     for index in range(rounds + 1):
         for kind, names in NAMES.items():
             shift = index % len(names)
@@ -292,10 +295,13 @@ def many_checkpoints(root: str, settings: Settings) -> dict[int, list[tuple[floa
         stores[count] = CheckpointStore(model_dir, keep_checkpoint_max=count)  # a fresh store: nothing cached
     times: dict[int, list[tuple[float, float]]] = {count: [] for count in counts}
     for index in range(settings.many_saves + 1):
-        for count in (counts if index % 2 else counts[::-1]):
+        for count in counts if index % 2 else counts[::-1]:
             step = count + 1 + index
-            result = timed(lambda: stores[count].save(step, model.state_dict(), {"optimizer": optimizer.state_dict()},
-                                                      replica_extra(step)))
+            result = timed(
+                lambda: stores[count].save(
+                    step, model.state_dict(), {"optimizer": optimizer.state_dict()}, replica_extra(step)
+                )
+            )
             if index:
                 times[count].append(result)
     return times
@@ -306,25 +312,35 @@ def many_checkpoints(root: str, settings: Settings) -> dict[int, list[tuple[floa
 
 def parse_settings(argv: list[str] | None) -> Settings:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes-mb", type=int, nargs="+", default=None, help="state sizes (default 100 500; quick 20 100)")
+    parser.add_argument(
+        "--sizes-mb", type=int, nargs="+", default=None, help="state sizes (default 100 500; quick 20 100)"
+    )
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per size (default 3; quick 2)")
     parser.add_argument("--many-saves", type=int, default=None, help="timed saves per model_dir (default 15; quick 6)")
-    parser.add_argument("--many-count", type=int, default=1000, help="checkpoints in the large model_dir (default 1000)")
-    parser.add_argument("--dir", default=None, help="scratch folder (default: a temporary one; it needs 2.5x the largest size)")
+    parser.add_argument(
+        "--many-count", type=int, default=1000, help="checkpoints in the large model_dir (default 1000)"
+    )
+    parser.add_argument(
+        "--dir", default=None, help="scratch folder (default: a temporary one; it needs 2.5x the largest size)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every contestant (default 1)")
     parser.add_argument("--quick", action="store_true", help="smaller states and fewer rounds, for the smoke test")
     arguments = parser.parse_args(argv)
     quick = arguments.quick
     settings = Settings(
         sizes_mb=tuple(arguments.sizes_mb or ((20, 100) if quick else (100, 500))),
-        rounds=_given(arguments.rounds, 2 if quick else 3), many_saves=_given(arguments.many_saves, 6 if quick else 15),
+        rounds=_given(arguments.rounds, 2 if quick else 3),
+        many_saves=_given(arguments.many_saves, 6 if quick else 15),
         many_count=arguments.many_count,
-        directory=arguments.dir, threads=arguments.threads,
+        directory=arguments.dir,
+        threads=arguments.threads,
     )
     if settings.rounds < 1 or settings.many_saves < 1 or min(settings.sizes_mb) < 1 or settings.threads < 1:
         parser.error("--sizes-mb, --rounds, --many-saves and --threads must be at least 1.")
     if settings.many_count < 11:
-        parser.error(f"--many-count must be above 10 (it is compared with 10 checkpoints); received {settings.many_count}.")
+        parser.error(
+            f"--many-count must be above 10 (it is compared with 10 checkpoints); received {settings.many_count}."
+        )
     return settings
 
 
@@ -337,8 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(settings.threads)
     began = stamp()
     root = tempfile.mkdtemp(prefix="checkpoint_io-", dir=settings.directory)
-    print(f"checkpoint_io: torch {torch.__version__}, safetensors {safetensors.__version__}, "
-          f"{settings.threads} thread(s), {settings.rounds} round(s), scratch {root}")
+    print(
+        f"checkpoint_io: torch {torch.__version__}, safetensors {safetensors.__version__}, "
+        f"{settings.threads} thread(s), {settings.rounds} round(s), scratch {root}"
+    )
     try:
         save_ratios, load_ratios, peak = [], [], (0.0, 0.0)
         for size_mb in settings.sizes_mb:
@@ -349,8 +367,10 @@ def main(argv: list[str] | None = None) -> int:
             contestants = Contestants(folder, model, optimizer)
             times = run_rounds(contestants, settings.rounds)
             for kind in ("save", "load"):
-                line = " ".join(f"{name}={median_of(times[kind][name], 0):.3f}s(cpu {median_of(times[kind][name], 1):.3f}s)"
-                                for name in NAMES[kind])
+                line = " ".join(
+                    f"{name}={median_of(times[kind][name], 0):.3f}s(cpu {median_of(times[kind][name], 1):.3f}s)"
+                    for name in NAMES[kind]
+                )
                 middle, low, high = ratio(times[kind])
                 print(f"  {kind} {megabytes:.0f} MB: {line} ours/torch={middle:.2f} [{low:.2f}-{high:.2f}]")
                 (save_ratios if kind == "save" else load_ratios).append(middle)
@@ -358,31 +378,39 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(settings.rounds):
                 stalls.append(contestants.background_save_ours())
                 contestants.clear()
-            print(f"  stall {megabytes:.0f} MB: synchronous save {median_of(times['save']['ours'], 0):.3f}s (the loop "
-                  f"waits for all of it); async_checkpoint {median_of(stalls, 0):.3f}s [{min(s for s, _ in stalls):.3f}-"
-                  f"{max(s for s, _ in stalls):.3f}] (the copy of the state), published after {median_of(stalls, 1):.3f}s")
+            print(
+                f"  stall {megabytes:.0f} MB: synchronous save {median_of(times['save']['ours'], 0):.3f}s (the loop "
+                f"waits for all of it); async_checkpoint {median_of(stalls, 0):.3f}s [{min(s for s, _ in stalls):.3f}-"
+                f"{max(s for s, _ in stalls):.3f}] (the copy of the state), published after {median_of(stalls, 1):.3f}s"
+            )
             if size_mb == max(settings.sizes_mb):
                 peak = peak_memory(contestants.save_ours)
                 contestants.clear()
-                print(f"  peak memory of one save of {megabytes:.0f} MB: +{peak[0]:.1f} MB resident above the state, "
-                      f"tracemalloc peak {peak[1]:.1f} MB")
+                print(
+                    f"  peak memory of one save of {megabytes:.0f} MB: +{peak[0]:.1f} MB resident above the state, "
+                    f"tracemalloc peak {peak[1]:.1f} MB"
+                )
             del contestants, model, optimizer
             shutil.rmtree(folder, ignore_errors=True)
         many = many_checkpoints(root, settings)
         at_10, at_many = (median_of(many[count], 0) for count in (10, settings.many_count))
         for count in (10, settings.many_count):
             walls = [wall for wall, _ in many[count]]
-            print(f"  one save in a model_dir with {count} checkpoints: {median_of(many[count], 0) * 1e3:.1f} ms "
-                  f"[{min(walls) * 1e3:.1f}-{max(walls) * 1e3:.1f}] (cpu {median_of(many[count], 1) * 1e3:.1f} ms), "
-                  f"median of {settings.many_saves}")
+            print(
+                f"  one save in a model_dir with {count} checkpoints: {median_of(many[count], 0) * 1e3:.1f} ms "
+                f"[{min(walls) * 1e3:.1f}-{max(walls) * 1e3:.1f}] (cpu {median_of(many[count], 1) * 1e3:.1f} ms), "
+                f"median of {settings.many_saves}"
+            )
         cpu_ratio = median_of(many[settings.many_count], 1) / median_of(many[10], 1)
         print(f"  save_{settings.many_count}_vs_10 on the cpu clock: {cpu_ratio:.2f}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     ended = stamp()
     print(f"  total: {ended[0] - began[0]:.1f}s wall, {ended[1] - began[1]:.1f}s cpu")
-    print(f"checkpoint_io save_vs_torch={max(save_ratios):.2f} load_vs_torch={max(load_ratios):.2f} "
-          f"peak_mb_500={peak[0]:.1f} save_{settings.many_count}_vs_10={at_many / at_10:.2f}")
+    print(
+        f"checkpoint_io save_vs_torch={max(save_ratios):.2f} load_vs_torch={max(load_ratios):.2f} "
+        f"peak_mb_500={peak[0]:.1f} save_{settings.many_count}_vs_10={at_many / at_10:.2f}"
+    )
     return 0
 
 

@@ -74,7 +74,7 @@ def run_child(model_dir: str, max_steps: int | None, plot: bool) -> dict[str, An
     """One demo run in this (fresh) process; wall-clock marks so the parent can place the interpreter start."""
     marks = {"interpreter_up": time.time()}
     started = time.perf_counter()
-    import torch  # noqa: F401  (timed on its own: the floor every torch program pays)
+    import torch
 
     marks["torch_s"] = time.perf_counter() - started
     import torchestimator  # noqa: F401
@@ -115,9 +115,15 @@ def run_child(model_dir: str, max_steps: int | None, plot: bool) -> dict[str, An
             plot_model_dir(model_dir)
             marks["plot_s"] = time.perf_counter() - plot_started
     results = outcome["results"]
-    return {"marks": marks, "seconds": phases.seconds, "calls": phases.calls,
-            "accuracy": float(results["accuracy"]), "global_step": int(results["global_step"]),
-            "resumed_from": outcome["resumed_from"], "best_export": outcome["exports"].get("best")}
+    return {
+        "marks": marks,
+        "seconds": phases.seconds,
+        "calls": phases.calls,
+        "accuracy": float(results["accuracy"]),
+        "global_step": int(results["global_step"]),
+        "resumed_from": outcome["resumed_from"],
+        "best_export": outcome["exports"].get("best"),
+    }
 
 
 def _child_main(arguments: list[str]) -> int:
@@ -134,8 +140,15 @@ def _child_main(arguments: list[str]) -> int:
 def _run_demo_process(model_dir: str, max_steps: int | None, plot: bool, threads: int | None) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
         report_path = handle.name
-    command = [sys.executable, os.path.abspath(__file__), "--child", model_dir, report_path, str(max_steps or 0),
-               "plot" if plot else "no-plot"]
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        model_dir,
+        report_path,
+        str(max_steps or 0),
+        "plot" if plot else "no-plot",
+    ]
     environ = dict(os.environ)
     if threads is not None:
         environ["OMP_NUM_THREADS"] = str(threads)
@@ -168,8 +181,18 @@ def time_to_available(export_base: str) -> float | None:
     if importlib.util.find_spec("aiohttp") is None:
         return None
     port = _free_port()
-    command = [sys.executable, "-m", "torchestimator", "serve", "--model_name", "digits", "--model_base_path",
-               export_base, "--rest_api_port", str(port)]
+    command = [
+        sys.executable,
+        "-m",
+        "torchestimator",
+        "serve",
+        "--model_name",
+        "digits",
+        "--model_base_path",
+        export_base,
+        "--rest_api_port",
+        str(port),
+    ]
     started = time.perf_counter()
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/v1/models/digits"
@@ -204,8 +227,10 @@ def _table(report: dict[str, Any], rerun: dict[str, Any] | None, serve_s: float 
         ("imports of the modules the demo uses (lazy ones)", marks["modules_s"]),
         (f"data: load_digits_split ({calls.get('data', 0)} calls)", seconds.get("data", 0.0)),
         ("train start-up (before step 1)", seconds.get("train start-up", 0.0)),
-        (f"training steps (to step {report['global_step']}, {marks.get('threads', '?')} torch threads)",
-         seconds.get("training steps", 0.0)),
+        (
+            f"training steps (to step {report['global_step']}, {marks.get('threads', '?')} torch threads)",
+            seconds.get("training steps", 0.0),
+        ),
         (f"checkpoint saves ({calls.get('checkpoint saves', 0)})", seconds.get("checkpoint saves", 0.0)),
         (f"evaluations ({calls.get('evaluations', 0)})", seconds.get("evaluations", 0.0)),
         (f"exports ({calls.get('exports', 0)})", seconds.get("exports", 0.0)),
@@ -214,8 +239,12 @@ def _table(report: dict[str, Any], rerun: dict[str, Any] | None, serve_s: float 
         ("plot: the CLI's curves (matplotlib)", marks.get("plot_s")),
     ]
     if rerun is not None:
-        rows.append((f"rerun in a new process (resumed from {os.path.basename(rerun['resumed_from'] or '-')})",
-                     rerun["marks"]["demo_s"]))
+        rows.append(
+            (
+                f"rerun in a new process (resumed from {os.path.basename(rerun['resumed_from'] or '-')})",
+                rerun["marks"]["demo_s"],
+            )
+        )
     rows.append(("server: start to AVAILABLE (best export)", serve_s))
     return [(name, "n/a" if value is None else f"{value:.2f}") for name, value in rows]
 
@@ -228,8 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max_steps", type=int, default=None, help="the demo's max_steps (default: the demo's 1000)")
     parser.add_argument("--no_rerun", action="store_true", help="skip the rerun that resumes")
     parser.add_argument("--no_serve", action="store_true", help="skip the server's time to AVAILABLE")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="OMP_NUM_THREADS for the demo's processes (default: inherited; the demo trains on one thread itself)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="OMP_NUM_THREADS for the demo's processes (default: inherited; the demo trains on one thread itself)",
+    )
     settings = parser.parse_args(arguments)
     if settings.max_steps is not None and settings.max_steps < 1:
         parser.error("--max_steps must be a positive number of steps")
@@ -238,8 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="first_result-") as folder:
         model_dir = os.path.join(folder, "digits")
         report = _run_demo_process(model_dir, settings.max_steps, plot=True, threads=settings.threads)
-        rerun = None if settings.no_rerun else _run_demo_process(model_dir, settings.max_steps, plot=False,
-                                                                   threads=settings.threads)
+        rerun = (
+            None
+            if settings.no_rerun
+            else _run_demo_process(model_dir, settings.max_steps, plot=False, threads=settings.threads)
+        )
         best = report["best_export"]
         serve_s = None if settings.no_serve or best is None else time_to_available(os.path.dirname(best))
         rows = _table(report, rerun, serve_s)
@@ -250,9 +286,11 @@ def main(argv: list[str] | None = None) -> int:
         marks, seconds = report["marks"], report["seconds"]
         steps = seconds.get("training steps", 0.0)
         import_s = marks["interpreter_s"] + marks["torch_s"] + marks["torchestimator_s"] + marks["modules_s"]
-        print(f"first_result demo_s={marks['demo_s']:.2f} import_s={import_s:.2f} train_s={steps:.2f} "
-              f"eval_s={seconds.get('evaluations', 0.0):.2f} export_s={seconds.get('exports', 0.0):.2f} "
-              f"serve_available_s={'n/a' if serve_s is None else f'{serve_s:.2f}'} accuracy={report['accuracy']:.4f}")
+        print(
+            f"first_result demo_s={marks['demo_s']:.2f} import_s={import_s:.2f} train_s={steps:.2f} "
+            f"eval_s={seconds.get('evaluations', 0.0):.2f} export_s={seconds.get('exports', 0.0):.2f} "
+            f"serve_available_s={'n/a' if serve_s is None else f'{serve_s:.2f}'} accuracy={report['accuracy']:.4f}"
+        )
     return 0
 
 

@@ -59,6 +59,7 @@ VALID_PREDICT = ("/v1/models/half:predict", {"instances": [1.0, 2.0, 5.0]}, {"pr
 
 # -- models ------------------------------------------------------------------------------
 
+
 class HalfPlus(nn.Module):
     """y = slope * x + offset, with parameters so the Estimator can train (lr=0) and checkpoint it."""
 
@@ -85,9 +86,15 @@ class Pair(nn.Module):
 def _half_model_fn(model: nn.Module, features: dict[str, torch.Tensor], labels: Any, mode: str) -> te.EstimatorSpec:
     y = model(features["x"])
     if mode == te.ModeKeys.PREDICT:
-        return te.EstimatorSpec(mode, predictions={"y": y}, export_outputs={
-            "serving_default": PredictOutput({"y": y}), "regress_x_to_y": RegressionOutput(y),
-            "classify_x_to_y": ClassificationOutput(scores=y[:, None])})
+        return te.EstimatorSpec(
+            mode,
+            predictions={"y": y},
+            export_outputs={
+                "serving_default": PredictOutput({"y": y}),
+                "regress_x_to_y": RegressionOutput(y),
+                "classify_x_to_y": ClassificationOutput(scores=y[:, None]),
+            },
+        )
     return te.EstimatorSpec(mode, predictions={"y": y}, loss=((y - labels) ** 2).mean())
 
 
@@ -99,17 +106,26 @@ def _pair_model_fn(model: nn.Module, features: dict[str, torch.Tensor], labels: 
     return te.EstimatorSpec(mode, predictions=predictions, loss=((total - labels) ** 2).mean())
 
 
-def export_fixed(directory: str, model: nn.Module, model_fn: Any, receiver: Any, batch: dict[str, torch.Tensor],
-                 version: int | None = None) -> str:
+def export_fixed(
+    directory: str,
+    model: nn.Module,
+    model_fn: Any,
+    receiver: Any,
+    batch: dict[str, torch.Tensor],
+    version: int | None = None,
+) -> str:
     """Exports ``model`` unchanged (one training step at learning rate 0 writes the checkpoint export needs).
 
     With ``version`` the folder is renamed to that integer version (as TF's test models are 123, 124).
     """
     size = len(next(iter(batch.values())))
     estimator = te.Estimator(
-        model_fn=model_fn, model=lambda: model, optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.0),
+        model_fn=model_fn,
+        model=lambda: model,
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.0),
         model_dir=os.path.join(directory, "model_dir"),
-        config=te.RunConfig(save_checkpoints_steps=1, log_step_count_steps=None, progress_bar=False, random_seed=0))
+        config=te.RunConfig(save_checkpoints_steps=1, log_step_count_steps=None, progress_bar=False, random_seed=0),
+    )
     estimator.train(lambda: [(batch, torch.zeros(size))], max_steps=1)
     path = export_saved_model(estimator, os.path.join(directory, "export"), receiver)
     if version is None:
@@ -122,11 +138,17 @@ def export_fixed(directory: str, model: nn.Module, model_fn: Any, receiver: Any,
 def export_models(directory: str) -> dict[str, str]:
     """The fuzz targets, exported under ``directory``: {model name: base path}."""
     half = os.path.join(directory, "half")
-    export_fixed(half, HalfPlus(2.0), _half_model_fn, serving_input_receiver({"x": TensorSpec(shape=(None,))}),
-                 {"x": torch.zeros(2)})
+    export_fixed(
+        half,
+        HalfPlus(2.0),
+        _half_model_fn,
+        serving_input_receiver({"x": TensorSpec(shape=(None,))}),
+        {"x": torch.zeros(2)},
+    )
     pair = os.path.join(directory, "pair")
-    receiver = serving_input_receiver({"a": TensorSpec(shape=(None, 2)),
-                                       "b": TensorSpec(shape=(None,), dtype=torch.int64)})
+    receiver = serving_input_receiver(
+        {"a": TensorSpec(shape=(None, 2)), "b": TensorSpec(shape=(None,), dtype=torch.int64)}
+    )
     batch = {"a": torch.zeros(2, 2), "b": torch.zeros(2, dtype=torch.int64)}
     export_fixed(pair, Pair(), _pair_model_fn, receiver, batch)
     return {"half": os.path.join(half, "export"), "pair": os.path.join(pair, "export")}
@@ -141,6 +163,7 @@ def managers_for(bases: dict[str, str]) -> list[ModelManager]:
 
 
 # -- a live server -------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def live_server(app: Any) -> Iterator[str]:
@@ -190,6 +213,7 @@ def live_server(app: Any) -> Iterator[str]:
 
 # -- the fuzz ------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(kw_only=True)
 class FuzzReport:
     """What a fuzz run sent and saw."""
@@ -225,8 +249,15 @@ def answer_problems(response: Any) -> list[str]:
     return problems
 
 
-def fuzz(base_url: str, model_names: Sequence[str], *, examples: int, seed: int, max_seconds: float,
-         request_timeout: float = 30.0) -> FuzzReport:
+def fuzz(
+    base_url: str,
+    model_names: Sequence[str],
+    *,
+    examples: int,
+    seed: int,
+    max_seconds: float,
+    request_timeout: float = 30.0,
+) -> FuzzReport:
     """Sends about ``examples`` generated requests spread over every operation and both generation modes."""
     import hypothesis
     import hypothesis.errors
@@ -250,8 +281,13 @@ def fuzz(base_url: str, model_names: Sequence[str], *, examples: int, seed: int,
     session = requests.Session()  # keep-alive: one connection rather than one per case
     deadline = time.monotonic() + max_seconds
     settings = hypothesis.settings(
-        max_examples=per_run, database=None, deadline=None, phases=[hypothesis.Phase.generate],
-        suppress_health_check=list(hypothesis.HealthCheck), print_blob=False)
+        max_examples=per_run,
+        database=None,
+        deadline=None,
+        phases=[hypothesis.Phase.generate],
+        suppress_health_check=list(hypothesis.HealthCheck),
+        print_blob=False,
+    )
 
     for operation in operations:
         label = f"{operation.method.upper()} {operation.path}"
@@ -278,8 +314,10 @@ def fuzz(base_url: str, model_names: Sequence[str], *, examples: int, seed: int,
                 except FailureGroup as group:  # the checks that failed, as one group: record them and keep fuzzing
                     problems.extend(_failure_title(failure) for failure in group.exceptions)
                 if problems:
-                    report.failures.append(f"{label} ({mode.value}): {'; '.join(problems)}\n  reproduce: "
-                                           f"{case.as_curl_command(base_url=base_url)}")
+                    report.failures.append(
+                        f"{label} ({mode.value}): {'; '.join(problems)}\n  reproduce: "
+                        f"{case.as_curl_command(base_url=base_url)}"
+                    )
 
             try:
                 send()
@@ -312,15 +350,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float, default=600.0, help="stop generating after this (default 600)")
     arguments = parser.parse_args(argv)
     if arguments.examples <= 0 or arguments.max_seconds <= 0:
-        parser.error(f"--examples and --max-seconds must be positive; received {arguments.examples} and "
-                     f"{arguments.max_seconds}.")
+        parser.error(
+            f"--examples and --max-seconds must be positive; received {arguments.examples} and {arguments.max_seconds}."
+        )
     logging.getLogger("torchestimator").setLevel(logging.CRITICAL)  # expected 4xx would flood the output
     with tempfile.TemporaryDirectory() as directory:
         managers = managers_for(export_models(directory))
         with live_server(make_app(managers)) as base_url:
             started = time.monotonic()
-            report = fuzz(base_url, MODEL_NAMES, examples=arguments.examples, seed=arguments.seed,
-                          max_seconds=arguments.max_seconds)
+            report = fuzz(
+                base_url,
+                MODEL_NAMES,
+                examples=arguments.examples,
+                seed=arguments.seed,
+                max_seconds=arguments.max_seconds,
+            )
             elapsed = time.monotonic() - started
             problem = check_still_serving(base_url)
     if problem:
@@ -329,8 +373,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"FAILURE {failure}")
     for label, counter in report.by_operation.items():
         print(f"{label}: " + ", ".join(f"{status}x{count}" for status, count in sorted(counter.items())))
-    print(f"{report.cases} cases in {elapsed:.1f} s (seed {arguments.seed})"
-          + (", stopped at --max-seconds" if report.stopped_early else ""))
+    print(
+        f"{report.cases} cases in {elapsed:.1f} s (seed {arguments.seed})"
+        + (", stopped at --max-seconds" if report.stopped_early else "")
+    )
     print(report.summary())
     return 1 if report.failures else 0
 

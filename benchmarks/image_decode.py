@@ -51,9 +51,14 @@ def _photos(count: int, height: int, width: int, seed: int) -> list[np.ndarray]:
         digit = digits[rng.integers(len(digits))]
         base = np.kron(digit, np.ones((height // 8 + 1, width // 8 + 1)))[:height, :width]
         phase = rng.uniform(0, 6.28, 3)
-        image = np.stack([base * 12 + 60 * np.sin(xx / 23 + phase[0]) + 80,
-                          base * 8 + 50 * np.cos(yy / 31 + phase[1]) + 90,
-                          200 - base * 10 + 40 * np.sin((xx + yy) / 41 + phase[2])], -1)
+        image = np.stack(
+            [
+                base * 12 + 60 * np.sin(xx / 23 + phase[0]) + 80,
+                base * 8 + 50 * np.cos(yy / 31 + phase[1]) + 90,
+                200 - base * 10 + 40 * np.sin((xx + yy) / 41 + phase[2]),
+            ],
+            -1,
+        )
         photos.append(np.clip(image + rng.normal(0, 8, image.shape), 0, 255).astype(np.uint8))
     return photos
 
@@ -97,8 +102,9 @@ def _decoders() -> dict[str, Callable[[bytes], np.ndarray]]:
 
 def _check(decoders: dict[str, Callable[[bytes], np.ndarray]], sets: dict[str, list[bytes]]) -> bool:
     for name, images in sets.items():
-        reference = decoders["simplejpeg"] if name.startswith("jpeg") and "simplejpeg" in decoders \
-            else decoders["pillow"]
+        reference = (
+            decoders["simplejpeg"] if name.startswith("jpeg") and "simplejpeg" in decoders else decoders["pillow"]
+        )
         for data in images:
             if not np.array_equal(decoders["ours"](data), reference(data)):
                 print(f"error: decode_image differs from its reference decoder on a {name} image", file=sys.stderr)
@@ -113,17 +119,21 @@ def _rate(decode: Callable[[bytes], np.ndarray], images: list[bytes]) -> float:
     return len(images) / (time.perf_counter() - start)
 
 
-def _measure(decoders: dict[str, Callable[[bytes], np.ndarray]], sets: dict[str, list[bytes]],
-             rounds: int) -> dict[tuple[str, str], list[float]]:
+def _measure(
+    decoders: dict[str, Callable[[bytes], np.ndarray]], sets: dict[str, list[bytes]], rounds: int
+) -> dict[tuple[str, str], list[float]]:
     rates: dict[tuple[str, str], list[float]] = {}
     names = list(decoders)
     for round_index in range(rounds + 1):
-        order = names[round_index % len(names):] + names[:round_index % len(names)]
+        order = names[round_index % len(names) :] + names[: round_index % len(names)]
         for set_name, images in sets.items():
             for decoder in order:
-                if decoder.startswith(("simplejpeg", "opencv")) and not set_name.startswith("jpeg"):
-                    if decoder != "opencv":
-                        continue
+                if (
+                    decoder.startswith(("simplejpeg", "opencv"))
+                    and not set_name.startswith("jpeg")
+                    and decoder != "opencv"
+                ):
+                    continue
                 rate = _rate(decoders[decoder], images)
                 if round_index:  # the first round warms caches and code paths
                     rates.setdefault((set_name, decoder), []).append(rate)
@@ -166,12 +176,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     def shown(value: float | None) -> str:
         return "n/a" if value is None else f"{value:.2f}"
 
-    print(f"image_decode jpeg_vs_pillow={shown(_ratio(rates, jpeg_sets, 'ours'))} "
-          f"png_vs_pillow={shown(_ratio(rates, png_sets, 'ours'))} "
-          f"jpeg224_vs_pillow={shown(_ratio(rates, ['jpeg224'], 'ours'))} "
-          f"jpeg640_vs_pillow={shown(_ratio(rates, ['jpeg640'], 'ours'))} "
-          f"simplejpeg_accurate_vs_pillow={shown(_ratio(rates, jpeg_sets, 'simplejpeg_accurate'))} "
-          f"opencv_jpeg_vs_pillow={shown(_ratio(rates, jpeg_sets, 'opencv'))}")
+    print(
+        f"image_decode jpeg_vs_pillow={shown(_ratio(rates, jpeg_sets, 'ours'))} "
+        f"png_vs_pillow={shown(_ratio(rates, png_sets, 'ours'))} "
+        f"jpeg224_vs_pillow={shown(_ratio(rates, ['jpeg224'], 'ours'))} "
+        f"jpeg640_vs_pillow={shown(_ratio(rates, ['jpeg640'], 'ours'))} "
+        f"simplejpeg_accurate_vs_pillow={shown(_ratio(rates, jpeg_sets, 'simplejpeg_accurate'))} "
+        f"opencv_jpeg_vs_pillow={shown(_ratio(rates, jpeg_sets, 'opencv'))}"
+    )
     return 0
 
 

@@ -166,29 +166,39 @@ def pin_allocator() -> str:
         return "the platform's default (not Linux)"
     try:
         libc = ctypes.CDLL("libc.so.6")
-        pinned = (libc.mallopt(_M_MMAP_THRESHOLD, PINNED_MMAP_THRESHOLD) == 1
-                  and libc.mallopt(_M_TRIM_THRESHOLD, PINNED_TRIM_THRESHOLD) == 1)
+        pinned = (
+            libc.mallopt(_M_MMAP_THRESHOLD, PINNED_MMAP_THRESHOLD) == 1
+            and libc.mallopt(_M_TRIM_THRESHOLD, PINNED_TRIM_THRESHOLD) == 1
+        )
     except (OSError, AttributeError):  # not glibc (musl has no libc.so.6, or no mallopt)
         pinned = False
     if not pinned:
         return "the platform's default (glibc's mallopt unavailable)"
-    return (f"glibc malloc pinned (mmap threshold {PINNED_MMAP_THRESHOLD >> 20} MiB, trim threshold "
-            f"{PINNED_TRIM_THRESHOLD >> 20} MiB) for every loop")
+    return (
+        f"glibc malloc pinned (mmap threshold {PINNED_MMAP_THRESHOLD >> 20} MiB, trim threshold "
+        f"{PINNED_TRIM_THRESHOLD >> 20} MiB) for every loop"
+    )
 
 
 # -- models and data ---------------------------------------------------------
 
 
 def tiny_mlp(features: int = 32, hidden: int = 64) -> nn.Module:
-    return nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                         nn.Linear(hidden, CLASSES))
+    return nn.Sequential(
+        nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, CLASSES)
+    )
 
 
 def small_cnn(side: int = 28, channels: int = 16) -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(2 * channels * (side // 4) ** 2, CLASSES),
+        nn.Conv2d(1, channels, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(channels, 2 * channels, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(2 * channels * (side // 4) ** 2, CLASSES),
     )
 
 
@@ -197,7 +207,9 @@ def workloads(settings: Settings) -> list[Workload]:
         # Tiny sizes so the smoke test runs in seconds; the numbers mean little.
         return [
             Workload(name="mlp", build_model=lambda: tiny_mlp(8, 16), example_shape=(8,), steps=settings.steps),
-            Workload(name="cnn", build_model=lambda: small_cnn(8, 4), example_shape=(1, 8, 8), steps=settings.cnn_steps),
+            Workload(
+                name="cnn", build_model=lambda: small_cnn(8, 4), example_shape=(1, 8, 8), steps=settings.cnn_steps
+            ),
         ]
     return [
         Workload(name="mlp", build_model=tiny_mlp, example_shape=(32,), steps=settings.steps),
@@ -250,8 +262,9 @@ def _check_finite(workload: Workload, loss: torch.Tensor | None) -> None:
 _hand_logger = logging.getLogger("loop_overhead.hand")
 
 
-def run_hand_with_chores(workload: Workload, batches: Sequence[Batch], seed: int, root: str,
-                         every: int = CHORE_EVERY) -> RoundResult:
+def run_hand_with_chores(
+    workload: Workload, batches: Sequence[Batch], seed: int, root: str, every: int = CHORE_EVERY
+) -> RoundResult:
     """The hand loop with the chores the Estimator's defaults do, at the same steps: a checkpoint of model and
     optimizer (torch.save, then fsync), summaries of the loss and learning rate, a log line with the loss."""
     from torch.utils.tensorboard import SummaryWriter
@@ -275,10 +288,14 @@ def run_hand_with_chores(workload: Workload, batches: Sequence[Batch], seed: int
             writer.add_scalar("loss", value, step)
             writer.add_scalar("learning_rate", optimizer.param_groups[0]["lr"], step)
             _hand_logger.info("loss = %s, step = %d", value, step)
-            _save_and_sync({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
-                           os.path.join(root, f"checkpoint-{step}.pt"))
+            _save_and_sync(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                os.path.join(root, f"checkpoint-{step}.pt"),
+            )
     if len(batches) % every:  # the Estimator writes a final checkpoint too
-        _save_and_sync({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, os.path.join(root, "final.pt"))
+        _save_and_sync(
+            {"model": model.state_dict(), "optimizer": optimizer.state_dict()}, os.path.join(root, "final.pt")
+        )
     writer.close()
     _check_finite(workload, loss)
     return RoundResult(stamps=stamps, model=model)
@@ -302,8 +319,10 @@ def run_hand_from_arrays(workload: Workload, batches: Sequence[Batch], seed: int
     """The hand loop reading numpy arrays the way a user would: consecutive slices through torch.from_numpy."""
     features, labels = _batch_arrays(batches)
     size = len(batches[0][1])
-    sliced = ((({"x": torch.from_numpy(features[start:start + size])}, torch.from_numpy(labels[start:start + size]))
-               for start in range(0, len(labels), size)))
+    sliced = (
+        ({"x": torch.from_numpy(features[start : start + size])}, torch.from_numpy(labels[start : start + size]))
+        for start in range(0, len(labels), size)
+    )
     return run_hand(workload, _Sliced(sliced, len(batches)), seed)
 
 
@@ -334,8 +353,9 @@ def _classifier_model_fn(model, features, labels, mode):
     return te.EstimatorSpec(mode, loss=F.cross_entropy(model(features["x"]), labels))
 
 
-CHORES_OFF = dict(save_checkpoints_steps=None, save_checkpoints_secs=None, save_summary_steps=None,
-                  log_step_count_steps=None)
+CHORES_OFF = dict(
+    save_checkpoints_steps=None, save_checkpoints_secs=None, save_summary_steps=None, log_step_count_steps=None
+)
 
 
 def default_chores(every: int) -> dict[str, Any]:
@@ -343,8 +363,9 @@ def default_chores(every: int) -> dict[str, Any]:
     return dict(save_checkpoints_steps=every, save_summary_steps=every, log_step_count_steps=every)
 
 
-def _estimator(workload: Workload, seed: int, model_dir: str, chores: dict[str, Any] = CHORES_OFF
-               ) -> tuple[te.Estimator, list[nn.Module]]:
+def _estimator(
+    workload: Workload, seed: int, model_dir: str, chores: dict[str, Any] = CHORES_OFF
+) -> tuple[te.Estimator, list[nn.Module]]:
     """An Estimator training the workload's model with the benchmark's model_fn and optimizer, and the list its
     model factory appends each model it builds to (the trained one is the first)."""
     built: list[nn.Module] = []
@@ -354,23 +375,34 @@ def _estimator(workload: Workload, seed: int, model_dir: str, chores: dict[str, 
         return built[-1]
 
     config = te.RunConfig(random_seed=seed, progress_bar=False, device="cpu", **chores)
-    return te.Estimator(model_fn=_classifier_model_fn, model=build, optimizer=make_optimizer, model_dir=model_dir,
-                        config=config), built
+    return te.Estimator(
+        model_fn=_classifier_model_fn, model=build, optimizer=make_optimizer, model_dir=model_dir, config=config
+    ), built
 
 
-def run_estimator(workload: Workload, batches: Sequence[Batch], seed: int, model_dir: str, *,
-                  chores: dict[str, Any] = CHORES_OFF, from_arrays: bool = False) -> RoundResult:
+def run_estimator(
+    workload: Workload,
+    batches: Sequence[Batch],
+    seed: int,
+    model_dir: str,
+    *,
+    chores: dict[str, Any] = CHORES_OFF,
+    from_arrays: bool = False,
+) -> RoundResult:
     """Estimator.train on the same batches (or, ``from_arrays``, on te.numpy_input_fn over the same rows); the
     framework seeds and builds the model itself."""
     estimator, built = _estimator(workload, seed, model_dir, chores)
     stamps = _StepStamps()
     if from_arrays:
         features, labels = _batch_arrays(batches)
-        input_fn = te.numpy_input_fn({"x": features}, labels, batch_size=len(batches[0][1]), num_epochs=1,
-                                     shuffle=False)
+        input_fn = te.numpy_input_fn(
+            {"x": features}, labels, batch_size=len(batches[0][1]), num_epochs=1, shuffle=False
+        )
     else:
+
         def input_fn() -> Iterator[Batch]:
             return iter(batches)
+
     estimator.train(input_fn, hooks=[stamps], max_steps=len(batches))
     return RoundResult(stamps=stamps.stamps, model=built[0])
 
@@ -397,7 +429,9 @@ class _Batches:
         return len(self.batches)
 
 
-def run_lightning(lightning: Any, workload: Workload, batches: Sequence[Batch], seed: int, root_dir: str) -> RoundResult:
+def run_lightning(
+    lightning: Any, workload: Workload, batches: Sequence[Batch], seed: int, root_dir: str
+) -> RoundResult:
     """Lightning's Trainer on the same model and batches, with its logging and checkpoints off."""
 
     class Module(lightning.LightningModule):
@@ -423,8 +457,16 @@ def run_lightning(lightning: Any, workload: Workload, batches: Sequence[Batch], 
     net = workload.build_model()
     stamps = Stamps()
     trainer = lightning.Trainer(
-        max_steps=len(batches), max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, accelerator="cpu", devices=1, num_sanity_val_steps=0, callbacks=[stamps],
+        max_steps=len(batches),
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        num_sanity_val_steps=0,
+        callbacks=[stamps],
         default_root_dir=root_dir,
     )
     with warnings.catch_warnings():
@@ -470,8 +512,10 @@ class Measurement:
 def step_times(stamps: Sequence[tuple[float, ...]], skip: int) -> dict[str, list[float]]:
     """Seconds per step on each clock from consecutive stamps, leaving out the first `skip` steps."""
     kept = stamps[skip:]
-    return {clock: [later[index] - earlier[index] for earlier, later in zip(kept, kept[1:])]
-            for index, clock in enumerate(CLOCKS)}
+    return {
+        clock: [later[index] - earlier[index] for earlier, later in itertools.pairwise(kept)]
+        for index, clock in enumerate(CLOCKS)
+    }
 
 
 def faults_per_step(stamps: Sequence[tuple[float, float, int]], skip: int) -> float:
@@ -510,15 +554,22 @@ def round_orders(names: Sequence[str]) -> Iterator[tuple[str, ...]]:
     return itertools.cycle([tuple(names[index] for index in row) for row in rows])
 
 
-def measure(workload: Workload, settings: Settings, loops: dict[str, Callable[..., RoundResult]],
-            reference: str = "hand", statistic: Callable[[list[float]], float] = statistics.median) -> Measurement:
+def measure(
+    workload: Workload,
+    settings: Settings,
+    loops: dict[str, Callable[..., RoundResult]],
+    reference: str = "hand",
+    statistic: Callable[[list[float]], float] = statistics.median,
+) -> Measurement:
     """Runs every loop once per round, in the order round_orders gives, and checks each against `reference`'s
     weights; `statistic` makes one round's step times into that round's figure."""
     batches = make_batches(workload, settings)
     names = list(loops)
-    measurement = Measurement(round_medians={name: {clock: [] for clock in CLOCKS} for name in names},
-                              identical={name: True for name in names if name != reference},
-                              faults={name: [] for name in names})
+    measurement = Measurement(
+        round_medians={name: {clock: [] for clock in CLOCKS} for name in names},
+        identical={name: True for name in names if name != reference},
+        faults={name: [] for name in names},
+    )
     skip = min(10, workload.steps // 10)  # the first steps of a round run colder
     orders = round_orders(names)
     for round_index in range(settings.rounds):
@@ -598,8 +649,9 @@ PAIRED_DRIVERS = ("estimator", "model_fn_floor")
 """What `measure_paired` pairs with the hand steps: Estimator.train, and the API's floor (run_model_fn_floor)."""
 
 
-def measure_paired(workload: Workload, settings: Settings, root: str, runs: int = 3
-                   ) -> tuple[dict[str, list[float]], bool]:
+def measure_paired(
+    workload: Workload, settings: Settings, root: str, runs: int = 3
+) -> tuple[dict[str, list[float]], bool]:
     """Per driver and run, the driver's median step time over the paired hand loop's (the first steps left out),
     the drivers' runs interleaved; and whether every driver ended with the hand loop's weights in every run."""
     clock = time.process_time if settings.clock == "cpu" else time.perf_counter
@@ -613,18 +665,21 @@ def measure_paired(workload: Workload, settings: Settings, root: str, runs: int 
             gc.collect()
             paired = _PairedHandSteps(workload, batches, settings.seed, clock)
             if driver == "estimator":
-                trained = _train_estimator_beside(paired, workload, batches, settings.seed,
-                                                  f"{root}/{workload.name}-paired-{run}")
+                trained = _train_estimator_beside(
+                    paired, workload, batches, settings.seed, f"{root}/{workload.name}-paired-{run}"
+                )
             else:
                 trained = run_model_fn_floor(workload, batches, settings.seed, [paired])
-            ratios[driver].append(statistics.median(paired.estimator_steps[skip:])
-                                  / statistics.median(paired.hand_steps[skip + 1:]))
+            ratios[driver].append(
+                statistics.median(paired.estimator_steps[skip:]) / statistics.median(paired.hand_steps[skip + 1 :])
+            )
             identical &= same_weights(paired.model, trained)
     return ratios, identical
 
 
-def _train_estimator_beside(paired: _PairedHandSteps, workload: Workload, batches: Sequence[Batch], seed: int,
-                            model_dir: str) -> nn.Module:
+def _train_estimator_beside(
+    paired: _PairedHandSteps, workload: Workload, batches: Sequence[Batch], seed: int, model_dir: str
+) -> nn.Module:
     estimator, built = _estimator(workload, seed, model_dir)
     estimator.train(lambda: iter(batches), hooks=[paired], max_steps=len(batches))
     return built[0]
@@ -636,17 +691,33 @@ def _train_estimator_beside(paired: _PairedHandSteps, workload: Workload, batche
 def parse_settings(argv: Sequence[str] | None) -> Settings:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=None, help="steps per round for the MLP (default 200; quick 30)")
-    parser.add_argument("--cnn-steps", type=int, default=None, help="steps per round for the CNN (default 20; quick 10)")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds of each loop, interleaved (default 18; quick 3)")
+    parser.add_argument(
+        "--cnn-steps", type=int, default=None, help="steps per round for the CNN (default 20; quick 10)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="rounds of each loop, interleaved (default 18; quick 3)"
+    )
     parser.add_argument("--warmup-rounds", type=int, default=1, help="first rounds left out of the figures (default 1)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every loop (default 1)")
-    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
-                        help="which clock the ratios use: process CPU time (default; robust on a busy machine; with --threads > 1 it sums all threads) or wall")
-    parser.add_argument("--allocator", choices=("pinned", "default"), default="pinned",
-                        help="pinned (default): glibc malloc's thresholds fixed for every loop, so no loop pays for the "
-                             "heap another left (see pin_allocator); default: glibc's moving thresholds")
-    parser.add_argument("--paired-steps", type=int, default=None,
-                        help="Estimator steps per run of the step-by-step MLP comparison (default 1500; quick 30)")
+    parser.add_argument(
+        "--clock",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="which clock the ratios use: process CPU time (default; robust on a busy machine; with --threads > 1 it sums all threads) or wall",
+    )
+    parser.add_argument(
+        "--allocator",
+        choices=("pinned", "default"),
+        default="pinned",
+        help="pinned (default): glibc malloc's thresholds fixed for every loop, so no loop pays for the "
+        "heap another left (see pin_allocator); default: glibc's moving thresholds",
+    )
+    parser.add_argument(
+        "--paired-steps",
+        type=int,
+        default=None,
+        help="Estimator steps per run of the step-by-step MLP comparison (default 1500; quick 30)",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="tiny models and few steps, for the smoke test")
@@ -657,8 +728,13 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
         steps=arguments.steps or (30 if quick else 200),
         cnn_steps=arguments.cnn_steps or (10 if quick else 20),
         rounds=arguments.rounds or (3 if quick else 18),
-        warmup_rounds=arguments.warmup_rounds, threads=arguments.threads, clock=arguments.clock,
-        batch_size=arguments.batch_size, seed=arguments.seed, quick=quick, lightning=not arguments.no_lightning,
+        warmup_rounds=arguments.warmup_rounds,
+        threads=arguments.threads,
+        clock=arguments.clock,
+        batch_size=arguments.batch_size,
+        seed=arguments.seed,
+        quick=quick,
+        lightning=not arguments.no_lightning,
         allocator=arguments.allocator,
         chore_every=10 if quick else CHORE_EVERY,
         paired_steps=arguments.paired_steps or (30 if quick else 1500),
@@ -666,9 +742,13 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
     if min(settings.steps, settings.cnn_steps) < 3:
         parser.error(f"--steps and --cnn-steps must be at least 3; received {settings.steps} and {settings.cnn_steps}.")
     if settings.threads < 1 or settings.batch_size < 1:
-        parser.error(f"--threads and --batch-size must be at least 1; received {settings.threads} and {settings.batch_size}.")
+        parser.error(
+            f"--threads and --batch-size must be at least 1; received {settings.threads} and {settings.batch_size}."
+        )
     if not 0 <= settings.warmup_rounds < settings.rounds:
-        parser.error(f"--warmup-rounds must be >= 0 and below --rounds ({settings.rounds}); received {settings.warmup_rounds}.")
+        parser.error(
+            f"--warmup-rounds must be >= 0 and below --rounds ({settings.rounds}); received {settings.warmup_rounds}."
+        )
     return settings
 
 
@@ -681,7 +761,9 @@ def _loops(workload: Workload, root: str, lightning: Any) -> dict[str, Callable[
         "estimator": lambda w, b, s: run_estimator(w, b, s, f"{root}/{w.name}-estimator-{next(counter)}"),
     }
     if workload.name == "mlp" and lightning is not None:
-        loops["lightning"] = lambda w, b, s: run_lightning(lightning, w, b, s, f"{root}/{w.name}-lightning-{next(counter)}")
+        loops["lightning"] = lambda w, b, s: run_lightning(
+            lightning, w, b, s, f"{root}/{w.name}-lightning-{next(counter)}"
+        )
     return loops
 
 
@@ -704,18 +786,30 @@ def _extras(mlp: Workload, settings: Settings, root: str) -> list[Extra]:
     chores = default_chores(every)
     defaults = dataclasses.replace(mlp, steps=3 * every)
     return [
-        Extra(name="mlp_defaults", what=f"checkpoint, summaries and log line every {every} steps, mean step time",
-              workload=defaults, statistic=statistics.fmean, loops={
-                  "hand": lambda w, b, s: run_hand_with_chores(w, b, s, f"{root}/hand-chores-{next(counter)}", every),
-                  "estimator": lambda w, b, s: run_estimator(w, b, s, f"{root}/estimator-chores-{next(counter)}",
-                                                             chores=chores),
-              }),
-        Extra(name="input_fn_mlp", what="te.numpy_input_fn against slices through torch.from_numpy",
-              workload=mlp, statistic=statistics.median, loops={
-                  "hand": run_hand_from_arrays,
-                  "estimator": lambda w, b, s: run_estimator(w, b, s, f"{root}/estimator-arrays-{next(counter)}",
-                                                             from_arrays=True),
-              }),
+        Extra(
+            name="mlp_defaults",
+            what=f"checkpoint, summaries and log line every {every} steps, mean step time",
+            workload=defaults,
+            statistic=statistics.fmean,
+            loops={
+                "hand": lambda w, b, s: run_hand_with_chores(w, b, s, f"{root}/hand-chores-{next(counter)}", every),
+                "estimator": lambda w, b, s: run_estimator(
+                    w, b, s, f"{root}/estimator-chores-{next(counter)}", chores=chores
+                ),
+            },
+        ),
+        Extra(
+            name="input_fn_mlp",
+            what="te.numpy_input_fn against slices through torch.from_numpy",
+            workload=mlp,
+            statistic=statistics.median,
+            loops={
+                "hand": run_hand_from_arrays,
+                "estimator": lambda w, b, s: run_estimator(
+                    w, b, s, f"{root}/estimator-arrays-{next(counter)}", from_arrays=True
+                ),
+            },
+        ),
     ]
 
 
@@ -727,10 +821,12 @@ def _faults_line(measurement: Measurement, loops: Sequence[str]) -> str:
 def _report_extra(extra: Extra, measurement: Measurement, clock: str) -> float:
     other = "wall" if clock == "cpu" else "cpu"
     ratio = measurement.ratio("estimator", "hand", clock)
-    print(f"{extra.name}: hand {measurement.median_ms('hand', clock):.3f} ms/step, estimator "
-          f"{measurement.median_ms('estimator', clock):.3f} ms/step, ratio {ratio:.3f} ({clock} time; on the {other} "
-          f"clock {measurement.median_ms('hand', other):.3f} vs {measurement.median_ms('estimator', other):.3f}, "
-          f"ratio {measurement.ratio('estimator', 'hand', other):.3f}; {extra.workload.steps} steps/round; {extra.what})")
+    print(
+        f"{extra.name}: hand {measurement.median_ms('hand', clock):.3f} ms/step, estimator "
+        f"{measurement.median_ms('estimator', clock):.3f} ms/step, ratio {ratio:.3f} ({clock} time; on the {other} "
+        f"clock {measurement.median_ms('hand', other):.3f} vs {measurement.median_ms('estimator', other):.3f}, "
+        f"ratio {measurement.ratio('estimator', 'hand', other):.3f}; {extra.workload.steps} steps/round; {extra.what})"
+    )
     print(f"{extra.name}: {_faults_line(measurement, ('hand', 'estimator'))}")
     print(f"{extra.name}: weights identical: {'yes' if measurement.identical['estimator'] else 'no'}")
     return ratio
@@ -741,21 +837,27 @@ def _report(workload: Workload, measurement: Measurement, clock: str) -> dict[st
     other = "wall" if clock == "cpu" else "cpu"
     name = workload.name
     ratios = {name: measurement.ratio("estimator", "hand", clock)}
-    print(f"{name}: hand {measurement.median_ms('hand', clock):.3f} ms/step, estimator "
-          f"{measurement.median_ms('estimator', clock):.3f} ms/step, ratio {ratios[name]:.3f} "
-          f"({clock} time; on the {other} clock {measurement.median_ms('hand', other):.3f} vs "
-          f"{measurement.median_ms('estimator', other):.3f}, ratio {measurement.ratio('estimator', 'hand', other):.3f}; "
-          f"{workload.steps} steps/round)")
-    print(f"{name}: noise floor, the hand loop against itself: ratio {measurement.ratio('hand_again', 'hand', clock):.3f} "
-          f"({other} clock {measurement.ratio('hand_again', 'hand', other):.3f})")
+    print(
+        f"{name}: hand {measurement.median_ms('hand', clock):.3f} ms/step, estimator "
+        f"{measurement.median_ms('estimator', clock):.3f} ms/step, ratio {ratios[name]:.3f} "
+        f"({clock} time; on the {other} clock {measurement.median_ms('hand', other):.3f} vs "
+        f"{measurement.median_ms('estimator', other):.3f}, ratio {measurement.ratio('estimator', 'hand', other):.3f}; "
+        f"{workload.steps} steps/round)"
+    )
+    print(
+        f"{name}: noise floor, the hand loop against itself: ratio {measurement.ratio('hand_again', 'hand', clock):.3f} "
+        f"({other} clock {measurement.ratio('hand_again', 'hand', other):.3f})"
+    )
     print(f"{name}: {_faults_line(measurement, list(measurement.faults))}")
     print(f"{name}: weights identical: {'yes' if measurement.identical['estimator'] else 'no'}")
     if "lightning" in measurement.round_medians:
         ratios[f"lightning_{name}"] = measurement.ratio("lightning", "hand", clock)
-        print(f"lightning_{name}: lightning {measurement.median_ms('lightning', clock):.3f} ms/step, hand "
-              f"{measurement.median_ms('hand', clock):.3f} ms/step, ratio {ratios[f'lightning_{name}']:.3f} "
-              f"({other} clock {measurement.ratio('lightning', 'hand', other):.3f}; weights identical to hand: "
-              f"{'yes' if measurement.identical['lightning'] else 'no'})")
+        print(
+            f"lightning_{name}: lightning {measurement.median_ms('lightning', clock):.3f} ms/step, hand "
+            f"{measurement.median_ms('hand', clock):.3f} ms/step, ratio {ratios[f'lightning_{name}']:.3f} "
+            f"({other} clock {measurement.ratio('lightning', 'hand', other):.3f}; weights identical to hand: "
+            f"{'yes' if measurement.identical['lightning'] else 'no'})"
+        )
     return ratios
 
 
@@ -789,20 +891,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     lightning = _import_lightning() if settings.lightning else None
     # The Estimator warns on every train call that checkpoints are off, and Lightning describes
     # the hardware on every fit: both intended here.
-    quiet = ("torchestimator", "loop_overhead.hand", "lightning", "lightning.pytorch", "lightning.fabric",
-             "pytorch_lightning")
+    quiet = (
+        "torchestimator",
+        "loop_overhead.hand",
+        "lightning",
+        "lightning.pytorch",
+        "lightning.fabric",
+        "pytorch_lightning",
+    )
     with _quiet_logs(quiet):
         return _run(settings, lightning, allocator)
 
 
 def _run(settings: Settings, lightning: Any, allocator: str) -> int:
     version = getattr(lightning, "__version__", "?") if lightning is not None else "not installed"
-    print(f"loop_overhead: torch {torch.__version__}, lightning {version}, {settings.threads} thread(s), batch "
-          f"{settings.batch_size}, {settings.rounds} interleaved rounds (first {settings.warmup_rounds} dropped as "
-          f"warm-up), median step time on the {settings.clock} clock")
+    print(
+        f"loop_overhead: torch {torch.__version__}, lightning {version}, {settings.threads} thread(s), batch "
+        f"{settings.batch_size}, {settings.rounds} interleaved rounds (first {settings.warmup_rounds} dropped as "
+        f"warm-up), median step time on the {settings.clock} clock"
+    )
     print(f"allocator: {allocator}")
-    print("mlp, cnn: checkpoints, summaries, step logging and progress bar disabled; data pre-built in memory; "
-          "no per-step .item() in the hand loop")
+    print(
+        "mlp, cnn: checkpoints, summaries, step logging and progress bar disabled; data pre-built in memory; "
+        "no per-step .item() in the hand loop"
+    )
     ratios: dict[str, float] = {}
     identical = True
     started = stamp()
@@ -820,21 +932,27 @@ def _run(settings: Settings, lightning: Any, allocator: str) -> int:
         ratios["mlp_paired"] = statistics.median(paired["estimator"])
         ratios["mlp_paired_floor"] = statistics.median(paired["model_fn_floor"])
         identical &= paired_identical
-        print(f"mlp_paired: each Estimator step beside a hand step taken right after it, {settings.paired_steps} steps, "
-              f"{len(paired['estimator'])} runs: ratio {ratios['mlp_paired']:.3f} "
-              f"(runs: {', '.join(f'{r:.3f}' for r in paired['estimator'])}; {settings.clock} clock); "
-              f"weights identical: {'yes' if paired_identical else 'no'}")
-        print(f"mlp_paired_floor: the least a model_fn framework does (model_fn -> EstimatorSpec -> backward, step, "
-              f"hooks), measured the same way: ratio {ratios['mlp_paired_floor']:.3f} "
-              f"(runs: {', '.join(f'{r:.3f}' for r in paired['model_fn_floor'])}); the Estimator above it: "
-              f"{ratios['mlp_paired'] / ratios['mlp_paired_floor']:.3f}")
+        print(
+            f"mlp_paired: each Estimator step beside a hand step taken right after it, {settings.paired_steps} steps, "
+            f"{len(paired['estimator'])} runs: ratio {ratios['mlp_paired']:.3f} "
+            f"(runs: {', '.join(f'{r:.3f}' for r in paired['estimator'])}; {settings.clock} clock); "
+            f"weights identical: {'yes' if paired_identical else 'no'}"
+        )
+        print(
+            f"mlp_paired_floor: the least a model_fn framework does (model_fn -> EstimatorSpec -> backward, step, "
+            f"hooks), measured the same way: ratio {ratios['mlp_paired_floor']:.3f} "
+            f"(runs: {', '.join(f'{r:.3f}' for r in paired['model_fn_floor'])}); the Estimator above it: "
+            f"{ratios['mlp_paired'] / ratios['mlp_paired_floor']:.3f}"
+        )
     finished = stamp()
     _print_verdict(ratios, lightning is not None)
     print(f"weights identical: {'yes' if identical else 'no'}")
     print(f"benchmark time: {finished[0] - started[0]:.1f} s wall, {finished[1] - started[1]:.1f} s CPU")
     lightning_ratio = f"{ratios['lightning_mlp']:.3f}" if "lightning_mlp" in ratios else "n/a"
-    print(f"loop_overhead mlp={ratios['mlp']:.3f} cnn={ratios['cnn']:.3f} mlp_defaults={ratios['mlp_defaults']:.3f} "
-          f"input_fn_mlp={ratios['input_fn_mlp']:.3f} lightning_mlp={lightning_ratio} mlp_paired={ratios['mlp_paired']:.3f} mlp_paired_floor={ratios['mlp_paired_floor']:.3f}")
+    print(
+        f"loop_overhead mlp={ratios['mlp']:.3f} cnn={ratios['cnn']:.3f} mlp_defaults={ratios['mlp_defaults']:.3f} "
+        f"input_fn_mlp={ratios['input_fn_mlp']:.3f} lightning_mlp={lightning_ratio} mlp_paired={ratios['mlp_paired']:.3f} mlp_paired_floor={ratios['mlp_paired_floor']:.3f}"
+    )
     return 0 if identical else 1
 
 

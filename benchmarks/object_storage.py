@@ -122,18 +122,25 @@ from typing import Any
 import numpy as np
 
 from torchestimator._io import filesystems
+from torchestimator.data._remote_files import CHUNK_SIZE
 from torchestimator.data.example import encode_example
 from torchestimator.data.parsing import FixedLenFeature
 from torchestimator.data.tfrecord import TFRecordWriter
-from torchestimator.data._remote_files import CHUNK_SIZE
 from torchestimator.data.tfrecord_dataset import TFRecordDataset
 
 TARGETS = {"tfrecord_vs_local": 0.8}
 """Issue 27's target: TFRecords from a store at >= 0.8x the speed of the same files on local disk."""
-FEATURES = {"label": FixedLenFeature([], "int64"), "dense": FixedLenFeature([64], "float"),
-            "image": FixedLenFeature([], "string")}
-MOTO_ENVIRONMENT = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-secret",
-                    "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+FEATURES = {
+    "label": FixedLenFeature([], "int64"),
+    "dense": FixedLenFeature([64], "float"),
+    "image": FixedLenFeature([], "string"),
+}
+MOTO_ENVIRONMENT = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
 CLIENTS = {"s3": "s3fs", "gs": "gcsfs"}
 """The fsspec client of each store: its plain get/put are the floors, and it names those keys."""
 GCS_HOSTS = ("www.googleapis.com", "storage.googleapis.com")
@@ -186,8 +193,12 @@ class Store:
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", choices=("s3", "gs", "both"), default="both",
-                        help="the S3 server (moto's), the GCS emulator, or both (default)")
+    parser.add_argument(
+        "--store",
+        choices=("s3", "gs", "both"),
+        default="both",
+        help="the S3 server (moto's), the GCS emulator, or both (default)",
+    )
     parser.add_argument("--mb", type=float, default=128.0, help="MB of TFRecords (default 128)")
     parser.add_argument("--files", type=int, default=4, help="TFRecord files (default 4)")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (default 3)")
@@ -198,9 +209,12 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--bucket", default=None, help="with --endpoint: an existing bucket to write into")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint-mb", type=float, default=64.0, help="MB of model tensors (default 64)")
-    parser.add_argument("--tensorflow-python", default=None, metavar="PATH",
-                        help="a Python that imports tensorflow, for the tf.data comparison (default: this one, "
-                             "if it does)")
+    parser.add_argument(
+        "--tensorflow-python",
+        default=None,
+        metavar="PATH",
+        help="a Python that imports tensorflow, for the tf.data comparison (default: this one, if it does)",
+    )
     parser.add_argument("--quick", action="store_true", help="8 MB, 2 files, 1 round: a smoke run")
     args = parser.parse_args(argv)
     if args.quick:
@@ -218,11 +232,20 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         parser.error("--endpoint and --bucket name an S3 server: they need --store s3 or both")
     if args.tensorflow_python is not None and shutil.which(args.tensorflow_python) is None:
         parser.error(f"--tensorflow-python {args.tensorflow_python}: no such program")
-    return Settings(mb=args.mb, files=args.files, rounds=args.rounds, warmup_rounds=args.warmup_rounds,
-                    batch_size=args.batch_size, record_bytes=args.record_bytes, endpoint=args.endpoint,
-                    bucket=args.bucket, seed=args.seed, checkpoint_mb=args.checkpoint_mb,
-                    stores=("s3", "gs") if args.store == "both" else (args.store,),
-                    tensorflow_python=args.tensorflow_python)
+    return Settings(
+        mb=args.mb,
+        files=args.files,
+        rounds=args.rounds,
+        warmup_rounds=args.warmup_rounds,
+        batch_size=args.batch_size,
+        record_bytes=args.record_bytes,
+        endpoint=args.endpoint,
+        bucket=args.bucket,
+        seed=args.seed,
+        checkpoint_mb=args.checkpoint_mb,
+        stores=("s3", "gs") if args.store == "both" else (args.store,),
+        tensorflow_python=args.tensorflow_python,
+    )
 
 
 # --------------------------------------------------------------------------- the servers
@@ -259,8 +282,11 @@ def _server_process(command: list[str], port: int, name: str) -> Iterator[str]:
 def moto_server() -> contextlib.AbstractContextManager[str]:
     """moto's S3 server in its own process on loopback; yields its endpoint URL."""
     port = _free_port()
-    return _server_process([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port,
-                           "moto's S3 server (moto[server])")
+    return _server_process(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        port,
+        "moto's S3 server (moto[server])",
+    )
 
 
 EMULATOR_BACKLOG = 128
@@ -268,15 +294,31 @@ EMULATOR_BACKLOG = 128
 connections at once than that (a cat_ranges of 8 ranges, an interleave's read-ahead) overflow it, and each dropped
 SYN costs the client a 1 s retransmit (measured: every gcsfs_ranged round took 1.05 s). werkzeug's server, moto's,
 listens with 128; so does the emulator here."""
-GCS_EMULATOR_MAIN = (f"import http.server, sys; http.server.HTTPServer.request_queue_size = {EMULATOR_BACKLOG}; "
-                     "from gcp_storage_emulator.__main__ import main; main(sys.argv[1:])")
+GCS_EMULATOR_MAIN = (
+    f"import http.server, sys; http.server.HTTPServer.request_queue_size = {EMULATOR_BACKLOG}; "
+    "from gcp_storage_emulator.__main__ import main; main(sys.argv[1:])"
+)
 
 
 def gcs_emulator() -> contextlib.AbstractContextManager[str]:
     """gcp-storage-emulator in its own process on loopback, in memory, its backlog raised; yields its endpoint URL."""
     port = _free_port()
-    return _server_process([sys.executable, "-c", GCS_EMULATOR_MAIN, "start", "-H", "127.0.0.1", "--port",
-                            str(port), "--in-memory", "--quiet"], port, "gcp-storage-emulator")
+    return _server_process(
+        [
+            sys.executable,
+            "-c",
+            GCS_EMULATOR_MAIN,
+            "start",
+            "-H",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--in-memory",
+            "--quiet",
+        ],
+        port,
+        "gcp-storage-emulator",
+    )
 
 
 @contextlib.contextmanager
@@ -330,8 +372,10 @@ def _quiet_bucket_type_lookups() -> Iterator[None]:
     finally:
         logger.removeFilter(lookups)
         if lookups.dropped:
-            print(f"gcsfs: {lookups.dropped} failed bucket-type lookups (one per file opened or written: "
-                  "ExtendedGcsFileSystem asks the storage-control API, which the emulator lacks; warnings dropped)")
+            print(
+                f"gcsfs: {lookups.dropped} failed bucket-type lookups (one per file opened or written: "
+                "ExtendedGcsFileSystem asks the storage-control API, which the emulator lacks; warnings dropped)"
+            )
 
 
 @contextlib.contextmanager
@@ -345,8 +389,9 @@ def open_store(settings: Settings, protocol: str) -> Iterator[Store]:
         if protocol == "gs":
             stack.enter_context(_quiet_bucket_type_lookups())
             endpoint = stack.enter_context(gcs_emulator())
-            stack.enter_context(_environment({"STORAGE_EMULATOR_HOST": endpoint,
-                                              "GOOGLE_CLOUD_PROJECT": "test-project"}))
+            stack.enter_context(
+                _environment({"STORAGE_EMULATOR_HOST": endpoint, "GOOGLE_CLOUD_PROJECT": "test-project"})
+            )
         elif settings.endpoint is None:
             endpoint = stack.enter_context(moto_server())
             stack.enter_context(_environment({**MOTO_ENVIRONMENT, "AWS_ENDPOINT_URL": endpoint}))
@@ -361,8 +406,7 @@ def open_store(settings: Settings, protocol: str) -> Iterator[Store]:
             fs, _ = filesystems.filesystem(f"{protocol}://{bucket}")
             fs.mkdir(bucket)
             bucket_url = f"{protocol}://{bucket}"
-        yield Store(settings=settings, local_dir=local_dir, bucket_url=bucket_url, endpoint=endpoint,
-                    protocol=protocol)
+        yield Store(settings=settings, local_dir=local_dir, bucket_url=bucket_url, endpoint=endpoint, protocol=protocol)
 
 
 def s3_store(settings: Settings) -> contextlib.AbstractContextManager[Store]:
@@ -442,9 +486,14 @@ class TensorFlowProcess:
     def __init__(self, python: str, environment: dict[str, str], log_path: str) -> None:
         self.python, self.log_path = python, log_path
         self._log = open(log_path, "wb")
-        self._process = subprocess.Popen([python, "-c", TENSORFLOW_CHILD], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=self._log, text=True,
-                                         env={**os.environ, **environment})
+        self._process = subprocess.Popen(
+            [python, "-c", TENSORFLOW_CHILD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env={**os.environ, **environment},
+        )
         try:
             hello = self._answer()
         except TensorFlowUnavailable:
@@ -492,9 +541,11 @@ def tensorflow_python(settings: Settings) -> str:
         return settings.tensorflow_python
     if importlib.util.find_spec("tensorflow") is not None:
         return sys.executable
-    raise TensorFlowUnavailable("no TensorFlow: this Python does not import tensorflow (it is not in the project's "
-                                "lock); give --tensorflow-python PATH, a Python that does (pip install tensorflow-cpu "
-                                "into a venv of its own, or benchmarks/requirements-bench.txt)")
+    raise TensorFlowUnavailable(
+        "no TensorFlow: this Python does not import tensorflow (it is not in the project's "
+        "lock); give --tensorflow-python PATH, a Python that does (pip install tensorflow-cpu "
+        "into a venv of its own, or benchmarks/requirements-bench.txt)"
+    )
 
 
 def _tls_files(folder: str) -> tuple[str, str, str]:
@@ -508,35 +559,62 @@ def _tls_files(folder: str) -> tuple[str, str, str]:
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "object_storage benchmark CA (one run)")])
-    usage = {name: False for name in ("digital_signature", "content_commitment", "key_encipherment",
-                                      "data_encipherment", "key_agreement", "key_cert_sign", "crl_sign",
-                                      "encipher_only", "decipher_only")}
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-          .not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(**{**usage, "digital_signature": True, "key_cert_sign": True,
-                                          "crl_sign": True}), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-          .sign(ca_key, hashes.SHA256()))
-    certificate = (x509.CertificateBuilder()
-                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, GCS_HOSTS[0])]))
-                   .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(minutes=5))
-                   .not_valid_after(now + datetime.timedelta(days=1))
-                   .add_extension(x509.SubjectAlternativeName([x509.DNSName(host) for host in GCS_HOSTS]),
-                                  critical=False)
-                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                   .add_extension(x509.KeyUsage(**{**usage, "digital_signature": True}), critical=True)
-                   .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-                   .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                                  critical=False)
-                   .sign(ca_key, hashes.SHA256()))
+    usage = dict.fromkeys(
+        (
+            "digital_signature",
+            "content_commitment",
+            "key_encipherment",
+            "data_encipherment",
+            "key_agreement",
+            "key_cert_sign",
+            "crl_sign",
+            "encipher_only",
+            "decipher_only",
+        ),
+        False,
+    )
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(**{**usage, "digital_signature": True, "key_cert_sign": True, "crl_sign": True}),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, GCS_HOSTS[0])]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(host) for host in GCS_HOSTS]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(**{**usage, "digital_signature": True}), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     paths = tuple(os.path.join(folder, name) for name in ("ca.pem", "cert.pem", "key.pem"))
-    for path, data in zip(paths, (ca.public_bytes(serialization.Encoding.PEM),
-                                  certificate.public_bytes(serialization.Encoding.PEM),
-                                  key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                    serialization.NoEncryption()))):
+    for path, data in zip(
+        paths,
+        (
+            ca.public_bytes(serialization.Encoding.PEM),
+            certificate.public_bytes(serialization.Encoding.PEM),
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            ),
+        ),
+    ):
         with open(path, "wb") as file:
             file.write(data)
     return paths
@@ -594,15 +672,20 @@ def tls_proxy(store: Store) -> Iterator[tuple[int, str]]:
     """serve_tls_proxy in its own process, in front of the store's emulator; yields (its port, the CA's path)."""
     ca, certificate, key = _tls_files(os.path.join(store.local_dir, "tls"))
     upstream = urllib.parse.urlsplit(store.endpoint).port
-    proxy = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-tls-proxy", str(upstream),
-                              certificate, key], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             stdin=subprocess.DEVNULL, text=True)
+    proxy = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--serve-tls-proxy", str(upstream), certificate, key],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         ready, _, _ = select.select([proxy.stdout], [], [], 120)
         port = proxy.stdout.readline().strip() if ready else ""
         if not port.isdigit():
-            raise TensorFlowUnavailable(f"the TLS proxy in front of the GCS emulator did not start "
-                                        f"(exit {proxy.poll()})")
+            raise TensorFlowUnavailable(
+                f"the TLS proxy in front of the GCS emulator did not start (exit {proxy.poll()})"
+            )
         yield int(port), ca
     finally:
         proxy.terminate()
@@ -629,11 +712,13 @@ def _proxied_get(urls: list[str], port: int, ca: str) -> Callable[[], int]:
     def read() -> int:
         with ThreadPoolExecutor(len(urls)) as pool:
             return sum(pool.map(fetch, urls))
+
     return read
 
 
-def tensorflow_readers(store: Store, stack: contextlib.ExitStack, urls: list[str], local: list[str]
-                       ) -> tuple[dict[str, Callable[[], int]], str]:
+def tensorflow_readers(
+    store: Store, stack: contextlib.ExitStack, urls: list[str], local: list[str]
+) -> tuple[dict[str, Callable[[], int]], str]:
     """The readers tf.data adds to this store's rounds ({} when it cannot be measured) and a line saying how, or
     why not; the processes it starts (TensorFlow's, the TLS proxy) end with ``stack``."""
     settings = store.settings
@@ -643,22 +728,42 @@ def tensorflow_readers(store: Store, stack: contextlib.ExitStack, urls: list[str
         proxy: tuple[int, str] | None = None
         if store.protocol == "gs":
             proxy = stack.enter_context(tls_proxy(store))
-            environment.update({
-                "HTTPS_PROXY": f"http://127.0.0.1:{proxy[0]}", "https_proxy": f"http://127.0.0.1:{proxy[0]}",
-                "NO_PROXY": "", "no_proxy": "", "CURL_CA_BUNDLE": proxy[1],
-                "GOOGLE_AUTH_TOKEN_FOR_TESTING": "the-emulator-takes-any-token", "NO_GCE_CHECK": "true",
-                "GCS_READ_CACHE_MAX_SIZE_MB": "0", "GCS_RETRY_CONFIG_MAX_RETRIES": "2"})
+            environment.update(
+                {
+                    "HTTPS_PROXY": f"http://127.0.0.1:{proxy[0]}",
+                    "https_proxy": f"http://127.0.0.1:{proxy[0]}",
+                    "NO_PROXY": "",
+                    "no_proxy": "",
+                    "CURL_CA_BUNDLE": proxy[1],
+                    "GOOGLE_AUTH_TOKEN_FOR_TESTING": "the-emulator-takes-any-token",
+                    "NO_GCE_CHECK": "true",
+                    "GCS_READ_CACHE_MAX_SIZE_MB": "0",
+                    "GCS_RETRY_CONFIG_MAX_RETRIES": "2",
+                }
+            )
         else:
             endpoint = urllib.parse.urlsplit(store.endpoint)
-            environment.update({"S3_ENDPOINT": endpoint.netloc, "S3_USE_HTTPS": str(int(endpoint.scheme == "https")),
-                                "S3_VERIFY_SSL": "0", "AWS_REGION": os.environ.get("AWS_DEFAULT_REGION", "us-east-1")})
+            environment.update(
+                {
+                    "S3_ENDPOINT": endpoint.netloc,
+                    "S3_USE_HTTPS": str(int(endpoint.scheme == "https")),
+                    "S3_VERIFY_SSL": "0",
+                    "AWS_REGION": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+                }
+            )
         process = TensorFlowProcess(python, environment, os.path.join(store.local_dir, "tensorflow.log"))
         stack.callback(process.close)
         if store.protocol not in process.schemes:
-            why = (" (TF 2.x moved S3 to tensorflow-io, whose newest release, 0.37.1, requires tensorflow<2.17; its "
-                   "file-system plugins do not load into later ones)" if store.protocol == "s3" else "")
-            raise TensorFlowUnavailable(f"TensorFlow {process.version} at {python} has no {store.protocol}:// file "
-                                        f"system (it has {', '.join(process.schemes) or 'none listed'}){why}")
+            why = (
+                " (TF 2.x moved S3 to tensorflow-io, whose newest release, 0.37.1, requires tensorflow<2.17; its "
+                "file-system plugins do not load into later ones)"
+                if store.protocol == "s3"
+                else ""
+            )
+            raise TensorFlowUnavailable(
+                f"TensorFlow {process.version} at {python} has no {store.protocol}:// file "
+                f"system (it has {', '.join(process.schemes) or 'none listed'}){why}"
+            )
         digest = process.ask(op="digest", urls=urls)
         if digest != _records_digest(local, settings.batch_size):
             print("FAILED: the records tf.data read from the store differ from the local ones", file=sys.stderr)
@@ -666,12 +771,16 @@ def tensorflow_readers(store: Store, stack: contextlib.ExitStack, urls: list[str
     except TensorFlowUnavailable as error:
         return {}, f"tf.data: not measured on {store.protocol}: {error}"
     readers = {"tfdata": lambda: process.ask(op="count", urls=urls, batch_size=settings.batch_size)}
-    how = (f"tf.data: TensorFlow {process.version} ({python}), tf.data.TFRecordDataset(urls)"
-           f".batch({settings.batch_size}).prefetch(AUTOTUNE), the same records")
+    how = (
+        f"tf.data: TensorFlow {process.version} ({python}), tf.data.TFRecordDataset(urls)"
+        f".batch({settings.batch_size}).prefetch(AUTOTUNE), the same records"
+    )
     if proxy is not None:
         readers["proxied_get"] = _proxied_get(urls, *proxy)
-        how += (f"; TF's GCS client reaches the emulator through a TLS proxy (its URLs are fixed to "
-                f"{' and '.join(GCS_HOSTS)}): HTTPS_PROXY, CURL_CA_BUNDLE, GOOGLE_AUTH_TOKEN_FOR_TESTING")
+        how += (
+            f"; TF's GCS client reaches the emulator through a TLS proxy (its URLs are fixed to "
+            f"{' and '.join(GCS_HOSTS)}): HTTPS_PROXY, CURL_CA_BUNDLE, GOOGLE_AUTH_TOKEN_FOR_TESTING"
+        )
     return readers, how
 
 
@@ -692,8 +801,15 @@ def write_tfrecords(store: Store) -> tuple[list[str], list[str], int]:
         with TFRecordWriter(path) as writer:
             for index in range(per_file):
                 start = (index * 7) % settings.record_bytes
-                writer.write(encode_example({"label": [index % 1000], "dense": dense[index],
-                                             "image": [image[start:start + settings.record_bytes]]}))
+                writer.write(
+                    encode_example(
+                        {
+                            "label": [index % 1000],
+                            "dense": dense[index],
+                            "image": [image[start : start + settings.record_bytes]],
+                        }
+                    )
+                )
         with open(path, "rb") as file:
             data = file.read()
         total += len(data)
@@ -714,13 +830,17 @@ def _records_digest(files: list[str], batch_size: int) -> str:
 def _count(files: list[str], **options: Any) -> Callable[[], int]:
     def read() -> int:
         return sum(TFRecordDataset(files, collate_fn=len, **options))
+
     return read
 
 
 def _parsed(files: list[str], batch_size: int) -> Callable[[], int]:
     def read() -> int:
-        return sum(len(labels) for _, labels in TFRecordDataset(files, features=FEATURES, label_key="label",
-                                                                batch_size=batch_size))
+        return sum(
+            len(labels)
+            for _, labels in TFRecordDataset(files, features=FEATURES, label_key="label", batch_size=batch_size)
+        )
+
     return read
 
 
@@ -730,6 +850,7 @@ def _client_get(urls: list[str]) -> Callable[[], int]:
 
     def read() -> int:
         return sum(map(len, fs.cat(inner).values()))  # every object at once, as s3fs and gcsfs fetch a list
+
     return read
 
 
@@ -746,6 +867,7 @@ def _client_ranged(urls: list[str], total: int) -> Callable[[], int]:
 
     def read() -> int:
         return sum(map(len, fs.cat_ranges(paths, starts, ends)))
+
     return read
 
 
@@ -758,18 +880,23 @@ def measure_tfrecord(store: Store) -> dict[str, str]:
         raise SystemExit(1)
     batch, cycle, name, client = settings.batch_size, settings.files, store.protocol, store.client
     readers = {
-        "local": _count(local, batch_size=batch), name: _count(urls, batch_size=batch),
-        f"{client}_get": _client_get(urls), f"{client}_ranged": _client_ranged(urls, total),
+        "local": _count(local, batch_size=batch),
+        name: _count(urls, batch_size=batch),
+        f"{client}_get": _client_get(urls),
+        f"{client}_ranged": _client_ranged(urls, total),
         "interleaved_local": _count(local, batch_size=batch, interleave_cycle_length=cycle),
         f"interleaved_{name}": _count(urls, batch_size=batch, interleave_cycle_length=cycle),
-        "parsed_local": _parsed(local, batch), f"parsed_{name}": _parsed(urls, batch),
+        "parsed_local": _parsed(local, batch),
+        f"parsed_{name}": _parsed(urls, batch),
     }
     with contextlib.ExitStack() as stack:
         tensorflow, how = tensorflow_readers(store, stack, urls, local)
         readers.update(tensorflow)
         seconds = run_rounds(settings, readers)
-    print(f"tfrecord ({name}): {mb:.1f} MB in {settings.files} files from {store.endpoint}, batch {batch}, "
-          f"{settings.rounds} rounds (median):")
+    print(
+        f"tfrecord ({name}): {mb:.1f} MB in {settings.files} files from {store.endpoint}, batch {batch}, "
+        f"{settings.rounds} rounds (median):"
+    )
     for reader, values in seconds.items():
         median = statistics.median(values)
         print(f"  {reader:<18} {median:7.3f} s  {mb / median:8.1f} MB/s")
@@ -784,15 +911,19 @@ def measure_tfrecord(store: Store) -> dict[str, str]:
         f"{client}_get_vs_local": ratio(seconds, f"{client}_get", "local"),
     }
     if "proxied_get" in seconds:
-        print(f"  tfdata_vs_proxied_get={ratio(seconds, 'tfdata', 'proxied_get'):.3f} (tf.data's share of the floor "
-              f"of its path) proxied_get_vs_{client}_get={ratio(seconds, 'proxied_get', f'{client}_get'):.3f} "
-              f"(what the proxy costs that floor)")
+        print(
+            f"  tfdata_vs_proxied_get={ratio(seconds, 'tfdata', 'proxied_get'):.3f} (tf.data's share of the floor "
+            f"of its path) proxied_get_vs_{client}_get={ratio(seconds, 'proxied_get', f'{client}_get'):.3f} "
+            f"(what the proxy costs that floor)"
+        )
     floor = figures[f"{client}_get_vs_local"]
     if floor < TARGETS["tfrecord_vs_local"]:
-        print(f"  measured floor: {client}'s plain get from this server reaches {floor:.3f}x the local read, below "
-              f"the {TARGETS['tfrecord_vs_local']}x target: no reader of this server can meet it; "
-              f"tfrecord_vs_{client}_get={figures[f'tfrecord_vs_{client}_get']:.3f} is the reader's share of that "
-              "floor")
+        print(
+            f"  measured floor: {client}'s plain get from this server reaches {floor:.3f}x the local read, below "
+            f"the {TARGETS['tfrecord_vs_local']}x target: no reader of this server can meet it; "
+            f"tfrecord_vs_{client}_get={figures[f'tfrecord_vs_{client}_get']:.3f} is the reader's share of that "
+            "floor"
+        )
     return {key: "n/a" if value is None else f"{value:.3f}" for key, value in figures.items()}
 
 
@@ -806,8 +937,12 @@ def _checkpoint_state(mb: float) -> tuple[dict[str, Any], dict[str, Any]]:
     generator = torch.Generator().manual_seed(0)
     count = max(1, int(mb * 1e6 / 4 / 4))
     model = {f"layer{index}.weight": torch.randn(count, generator=generator) for index in range(4)}
-    optimizer = {"optimizer": {"state": {index: {"exp_avg": torch.randn(count, generator=generator)}
-                                         for index in range(4)}, "param_groups": [{"lr": 0.001, "params": [0, 1, 2, 3]}]}}
+    optimizer = {
+        "optimizer": {
+            "state": {index: {"exp_avg": torch.randn(count, generator=generator)} for index in range(4)},
+            "param_groups": [{"lr": 0.001, "params": [0, 1, 2, 3]}],
+        }
+    }
     return model, optimizer
 
 
@@ -857,6 +992,7 @@ def measure_checkpoint(store: Store) -> dict[str, str]:
             path = where.save(next(step), model, optimizer, {"position": 1})
             files[:] = [f"{path}/{name}" for name in filesystems.listdir(path)] if where is remote else files
             return 0
+
         return run
 
     def restore(where: CheckpointStore) -> Callable[[], int]:
@@ -875,9 +1011,17 @@ def measure_checkpoint(store: Store) -> dict[str, str]:
         return len(fs.cat([f"{plain}/{url.rsplit('/', 1)[1]}" for url in blobs]))
 
     plain_put()
-    seconds = run_rounds(settings, {"save_local": save(local), f"save_{name}": save(remote),
-                                    f"put_{client}": plain_put, "load_local": restore(local),
-                                    f"load_{name}": restore(remote), f"get_{client}": plain_get})
+    seconds = run_rounds(
+        settings,
+        {
+            "save_local": save(local),
+            f"save_{name}": save(remote),
+            f"put_{client}": plain_put,
+            "load_local": restore(local),
+            f"load_{name}": restore(remote),
+            f"get_{client}": plain_get,
+        },
+    )
     restored = remote.restore()
     if not all(torch.equal(restored.model_state[key], tensor) for key, tensor in model.items()):
         print("FAILED: the checkpoint restored from the store differs from the one saved", file=sys.stderr)

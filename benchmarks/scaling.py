@@ -64,9 +64,13 @@ class Settings:
 
 def build_model(settings: Settings) -> nn.Module:
     """features -> hidden -> hidden -> features: 25.2M parameters at the default 1024/4096."""
-    return nn.Sequential(nn.Linear(settings.features, settings.hidden), nn.ReLU(),
-                         nn.Linear(settings.hidden, settings.hidden), nn.ReLU(),
-                         nn.Linear(settings.hidden, settings.features))
+    return nn.Sequential(
+        nn.Linear(settings.features, settings.hidden),
+        nn.ReLU(),
+        nn.Linear(settings.hidden, settings.hidden),
+        nn.ReLU(),
+        nn.Linear(settings.hidden, settings.features),
+    )
 
 
 def parameter_count(settings: Settings) -> int:
@@ -119,18 +123,34 @@ def _model_fn(model: nn.Module, features: Any, labels: Any, mode: str) -> te.Est
     return te.EstimatorSpec(mode, predictions={"y": outputs}, loss=F.mse_loss(outputs, labels))
 
 
-def _train(settings: Settings, model_dir: str, strategy: Any, max_steps: int, save_every: int | None,
-           async_checkpoint: bool) -> StepClock:
+def _train(
+    settings: Settings, model_dir: str, strategy: Any, max_steps: int, save_every: int | None, async_checkpoint: bool
+) -> StepClock:
     torch.set_num_threads(1)
     generator = torch.Generator().manual_seed(0)
     batch = torch.randn(settings.batch_size, settings.features, generator=generator)
     batches = [({"x": batch}, batch)] * max_steps
-    checkpoints = {"save_checkpoints_steps": save_every} if save_every else {"save_checkpoints_steps": None,
-                                                                              "save_checkpoints_secs": None}
-    config = te.RunConfig(train_distribute=strategy, log_step_count_steps=None, save_summary_steps=None,
-                          progress_bar=False, random_seed=0, async_checkpoint=async_checkpoint, **checkpoints)
-    estimator = te.Estimator(_model_fn, model=lambda: build_model(settings), model_dir=model_dir, config=config,
-                             optimizer=lambda parameters: torch.optim.SGD(parameters, lr=1e-4, momentum=0.9))
+    checkpoints = (
+        {"save_checkpoints_steps": save_every}
+        if save_every
+        else {"save_checkpoints_steps": None, "save_checkpoints_secs": None}
+    )
+    config = te.RunConfig(
+        train_distribute=strategy,
+        log_step_count_steps=None,
+        save_summary_steps=None,
+        progress_bar=False,
+        random_seed=0,
+        async_checkpoint=async_checkpoint,
+        **checkpoints,
+    )
+    estimator = te.Estimator(
+        _model_fn,
+        model=lambda: build_model(settings),
+        model_dir=model_dir,
+        config=config,
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=1e-4, momentum=0.9),
+    )
     clock = StepClock()
     with quiet_logs():  # checkpoints off and one input for every replica: intended here, no warnings wanted
         estimator.train(lambda: batches, max_steps=max_steps, hooks=[clock])
@@ -144,16 +164,25 @@ def measure_in_processes(settings: Settings, root: str) -> dict[str, dict[str, f
     steps = WARMUP_STEPS + settings.steps
     if torch.distributed.get_rank() == 0:
         alone = OneDeviceStrategy("cpu", warn_if_launched=False)
-        figures["one"] = {"steps_per_second": steps_per_second(
-            _train(settings, os.path.join(root, "one"), alone, steps, None, False).after)}
+        figures["one"] = {
+            "steps_per_second": steps_per_second(
+                _train(settings, os.path.join(root, "one"), alone, steps, None, False).after
+            )
+        }
     torch.distributed.barrier()
     clock = _train(settings, os.path.join(root, "ddp"), te.MirroredStrategy(num_replicas=2), steps, None, False)
     figures["ddp"] = {"steps_per_second": steps_per_second(clock.after)}
     save_steps = [settings.save_every * index for index in range(1, settings.saves + 1)]
     last_step = save_steps[-1] + settings.save_every  # the final save (at the end of train) is not timed
     for mode, asynchronous in (("sync", False), ("async", True)):
-        clock = _train(settings, os.path.join(root, f"ddp-{mode}"), te.MirroredStrategy(num_replicas=2), last_step,
-                       settings.save_every, asynchronous)
+        clock = _train(
+            settings,
+            os.path.join(root, f"ddp-{mode}"),
+            te.MirroredStrategy(num_replicas=2),
+            last_step,
+            settings.save_every,
+            asynchronous,
+        )
         figures["ddp"][f"{mode}_stall"] = stall_seconds(clock.gaps, save_steps)
     clock = _train(settings, os.path.join(root, "fsdp"), FullyShardedStrategy(num_replicas=2), steps, None, False)
     figures["fsdp"] = {"steps_per_second": steps_per_second(clock.after)}
@@ -178,20 +207,30 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=None, help="timed steps per throughput run (default 20; quick 4)")
     parser.add_argument("--saves", type=int, default=None, help="timed checkpoints per mode (default 2; quick 1)")
-    parser.add_argument("--save-every", type=int, default=None,
-                        help="steps between checkpoints: room for an async write to finish (default 12; quick 4)")
+    parser.add_argument(
+        "--save-every",
+        type=int,
+        default=None,
+        help="steps between checkpoints: room for an async write to finish (default 12; quick 4)",
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="examples per replica and step (default 32)")
     parser.add_argument("--quick", action="store_true", help="a tiny model and few steps, for the smoke test")
     arguments = parser.parse_args(argv)
     quick = arguments.quick
     settings = Settings(
-        features=32 if quick else 1024, hidden=64 if quick else 4096,
-        steps=_given(arguments.steps, 4 if quick else 20), saves=_given(arguments.saves, 1 if quick else 2),
-        save_every=_given(arguments.save_every, 4 if quick else 12), batch_size=arguments.batch_size, quick=quick,
+        features=32 if quick else 1024,
+        hidden=64 if quick else 4096,
+        steps=_given(arguments.steps, 4 if quick else 20),
+        saves=_given(arguments.saves, 1 if quick else 2),
+        save_every=_given(arguments.save_every, 4 if quick else 12),
+        batch_size=arguments.batch_size,
+        quick=quick,
     )
     if settings.steps < 2 or settings.saves < 1 or settings.save_every < 2 or settings.batch_size < 1:
-        parser.error(f"--steps and --save-every must be at least 2, --saves and --batch-size at least 1; received "
-                     f"{settings.steps}, {settings.save_every}, {settings.saves} and {settings.batch_size}.")
+        parser.error(
+            f"--steps and --save-every must be at least 2, --saves and --batch-size at least 1; received "
+            f"{settings.steps}, {settings.save_every}, {settings.saves} and {settings.batch_size}."
+        )
     return settings
 
 
@@ -201,25 +240,37 @@ def _given(value: int | None, default: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
-    print(f"scaling: torch {torch.__version__}, MLP of {parameter_count(settings):,} parameters, per-replica batch "
-          f"{settings.batch_size}, 1 thread per process, gloo on CPU, {settings.steps} timed steps per run")
+    print(
+        f"scaling: torch {torch.__version__}, MLP of {parameter_count(settings):,} parameters, per-replica batch "
+        f"{settings.batch_size}, 1 thread per process, gloo on CPU, {settings.steps} timed steps per run"
+    )
     with tempfile.TemporaryDirectory(prefix="scaling-") as root:
         figures = run_in_processes(measure_in_processes, nprocs=2, args=(settings, root), timeout=1200)[0]
     one, ddp, fsdp = figures["one"], figures["ddp"], figures["fsdp"]
     examples = settings.batch_size
-    for name, figures, replicas in (("1 process", one, 1), ("2 processes, DDP", ddp, 2), ("2 processes, FSDP2", fsdp, 2)):
+    for name, figures, replicas in (
+        ("1 process", one, 1),
+        ("2 processes, DDP", ddp, 2),
+        ("2 processes, FSDP2", fsdp, 2),
+    ):
         rate = figures["steps_per_second"]
         print(f"{name + ':':<20} {rate:8.3f} steps/s  {rate * examples * replicas:10.1f} examples/s")
     efficiency = ratio(ddp["steps_per_second"] * 2 * examples, 2 * one["steps_per_second"] * examples)
     fsdp_vs_ddp = ratio(fsdp["steps_per_second"], ddp["steps_per_second"])
     stall_ratio = ratio(ddp["async_stall"], ddp["sync_stall"])
-    print(f"checkpoint stall, 2 DDP processes, weights + SGD momentum: sync {ddp['sync_stall']:.3f} s, "
-          f"async {ddp['async_stall']:.3f} s (the loop waits for the copy to CPU; the write goes on behind it)")
+    print(
+        f"checkpoint stall, 2 DDP processes, weights + SGD momentum: sync {ddp['sync_stall']:.3f} s, "
+        f"async {ddp['async_stall']:.3f} s (the loop waits for the copy to CPU; the write goes on behind it)"
+    )
     verdict = "meets" if stall_ratio <= ASYNC_STALL_TARGET else "misses"
-    print(f"async/sync stall {stall_ratio:.3f} {verdict} the target <= {ASYNC_STALL_TARGET}"
-          + (" (quick run: a tiny model, the figures mean little)" if settings.quick else ""))
-    print(f"scaling ddp_efficiency_2p={efficiency:.3f} fsdp_vs_ddp={fsdp_vs_ddp:.3f} "
-          f"async_ckpt_stall_ratio={stall_ratio:.3f}")
+    print(
+        f"async/sync stall {stall_ratio:.3f} {verdict} the target <= {ASYNC_STALL_TARGET}"
+        + (" (quick run: a tiny model, the figures mean little)" if settings.quick else "")
+    )
+    print(
+        f"scaling ddp_efficiency_2p={efficiency:.3f} fsdp_vs_ddp={fsdp_vs_ddp:.3f} "
+        f"async_ckpt_stall_ratio={stall_ratio:.3f}"
+    )
     return 0
 
 

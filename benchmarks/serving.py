@@ -76,6 +76,7 @@ import argparse
 import contextlib
 import dataclasses
 import importlib.util
+import itertools
 import json
 import logging
 import math
@@ -100,9 +101,9 @@ from torchestimator.serving.event_loop import loop_name
 from torchestimator.serving.settings import DEFAULT_INLINE_FORWARD_MICROS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the helper beside this script, however it is loaded
-from _serving_load import (  # noqa: E402  (re-exported: the smoke tests and other scripts use them from here)
+from _serving_load import (  # re-exported: the smoke tests and other scripts use them from here
     Measurement,
-    Run,
+    Run,  # noqa: F401
     free_port,
     post_once,
     process_tree_cpu_seconds,
@@ -116,15 +117,17 @@ CLASSES = 10
 BIG_MODEL = "wide"
 MODELS = ("mlp", "cnn", "wide")
 # TF Serving's BatchingParameters in protobuf text format, as --batching_parameters_file reads it.
-BATCHING_PARAMETERS = ("max_batch_size {{ value: {max_batch_size} }}\nbatch_timeout_micros {{ value: {timeout} }}\n"
-                       "max_enqueued_batches {{ value: 100 }}\nnum_batch_threads {{ value: 1 }}\n")
+BATCHING_PARAMETERS = (
+    "max_batch_size {{ value: {max_batch_size} }}\nbatch_timeout_micros {{ value: {timeout} }}\n"
+    "max_enqueued_batches {{ value: 100 }}\nnum_batch_threads {{ value: 1 }}\n"
+)
 SERVER_ENVIRONMENT = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 FLASK_THREADS = os.cpu_count() or 1
 """gunicorn's gthread worker threads: one per core, as our server's default request threads."""
 
 # The anchors: what a user writes in ten lines around the same loaded model.
 # Each serves every model at once (argv: port, then name=base pairs), as ours does from its model config file.
-FASTAPI_APP = '''
+FASTAPI_APP = """
 import importlib.util, sys, numpy as np, uvicorn
 from fastapi import FastAPI
 from torchestimator.export import load
@@ -140,8 +143,8 @@ fast = {"loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         "http": "httptools" if importlib.util.find_spec("httptools") else "h11"}
 print("uvicorn", fast, flush=True)
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), workers=1, access_log=False, log_level="warning", **fast)
-'''
-FLASK_APP = '''
+"""
+FLASK_APP = """
 import numpy as np
 from flask import Flask, jsonify, request
 from torchestimator.export import load
@@ -156,7 +159,7 @@ def create_app(bases):
         return jsonify(predictions=outputs["probabilities"].tolist())
 
     return app
-'''
+"""
 ANCHORS = ("fastapi_async", "fastapi_def", "flask")
 
 
@@ -206,27 +209,36 @@ class ServerFailed(RuntimeError):
 
 def small_mlp(features: int = 64, hidden: int = 256, layers: int = 2) -> nn.Module:
     sizes = [features] + [hidden] * layers
-    body = [module for before, after in zip(sizes, sizes[1:]) for module in (nn.Linear(before, after), nn.ReLU())]
+    body = [module for before, after in itertools.pairwise(sizes) for module in (nn.Linear(before, after), nn.ReLU())]
     return nn.Sequential(*body, nn.Linear(hidden, CLASSES))
 
 
 def small_cnn(side: int = 28, channels: int = 16) -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(2 * channels * (side // 4) ** 2, CLASSES),
+        nn.Conv2d(1, channels, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(channels, 2 * channels, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(2 * channels * (side // 4) ** 2, CLASSES),
     )
 
 
 def workloads(settings: Settings) -> list[Workload]:
     if settings.quick:  # tiny models so the smoke test spends its time starting servers, not computing
-        available = [Workload(name="mlp", build_model=lambda: small_mlp(8, 16), example_shape=(8,)),
-                     Workload(name="cnn", build_model=lambda: small_cnn(8, 4), example_shape=(1, 8, 8)),
-                     Workload(name="wide", build_model=lambda: small_mlp(16, 64, 3), example_shape=(16,))]
+        available = [
+            Workload(name="mlp", build_model=lambda: small_mlp(8, 16), example_shape=(8,)),
+            Workload(name="cnn", build_model=lambda: small_cnn(8, 4), example_shape=(1, 8, 8)),
+            Workload(name="wide", build_model=lambda: small_mlp(16, 64, 3), example_shape=(16,)),
+        ]
     else:
-        available = [Workload(name="mlp", build_model=small_mlp, example_shape=(64,)),
-                     Workload(name="cnn", build_model=small_cnn, example_shape=(1, 28, 28)),
-                     Workload(name="wide", build_model=lambda: small_mlp(512, 1536, 3), example_shape=(512,))]
+        available = [
+            Workload(name="mlp", build_model=small_mlp, example_shape=(64,)),
+            Workload(name="cnn", build_model=small_cnn, example_shape=(1, 28, 28)),
+            Workload(name="wide", build_model=lambda: small_mlp(512, 1536, 3), example_shape=(512,)),
+        ]
     return [workload for workload in available if workload.name in settings.models]
 
 
@@ -248,8 +260,11 @@ def _model_fn(model: nn.Module, features: dict[str, torch.Tensor], labels: Any, 
     probabilities = logits.softmax(-1)
     if mode == te.ModeKeys.PREDICT:
         # One output, so TF Serving's row format answers a plain list per instance, as the anchors do.
-        return te.EstimatorSpec(mode, predictions={"probabilities": probabilities},
-                                export_outputs={"serving_default": PredictOutput({"probabilities": probabilities})})
+        return te.EstimatorSpec(
+            mode,
+            predictions={"probabilities": probabilities},
+            export_outputs={"serving_default": PredictOutput({"probabilities": probabilities})},
+        )
     return te.EstimatorSpec(mode, predictions={"probabilities": probabilities}, loss=F.cross_entropy(logits, labels))
 
 
@@ -258,13 +273,19 @@ def export_workload(workload: Workload, directory: str, seed: int) -> str:
     generator = np.random.default_rng(seed)
     features = generator.standard_normal((16, *workload.example_shape)).astype(np.float32)
     labels = generator.integers(0, CLASSES, 16).astype(np.int64)
-    config = te.RunConfig(random_seed=seed, log_step_count_steps=None, save_summary_steps=None, progress_bar=False,
-                          device="cpu")
-    estimator = te.Estimator(model_fn=_model_fn, model=workload.build_model,
-                             optimizer=lambda parameters: torch.optim.SGD(parameters, lr=1e-3),
-                             model_dir=os.path.join(directory, f"{workload.name}-model"), config=config)
-    estimator.train(te.numpy_input_fn({"x": features}, labels, batch_size=8, num_epochs=None, shuffle=False),
-                    max_steps=1)
+    config = te.RunConfig(
+        random_seed=seed, log_step_count_steps=None, save_summary_steps=None, progress_bar=False, device="cpu"
+    )
+    estimator = te.Estimator(
+        model_fn=_model_fn,
+        model=workload.build_model,
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=1e-3),
+        model_dir=os.path.join(directory, f"{workload.name}-model"),
+        config=config,
+    )
+    estimator.train(
+        te.numpy_input_fn({"x": features}, labels, batch_size=8, num_epochs=None, shuffle=False), max_steps=1
+    )
     base = os.path.join(directory, workload.name)
     receiver = serving_input_receiver({"x": TensorSpec(shape=(None, *workload.example_shape), dtype=torch.float32)})
     export_saved_model(estimator, base, receiver)
@@ -274,7 +295,6 @@ def export_workload(workload: Workload, directory: str, seed: int) -> str:
 # -- server processes ---------------------------------------------------------------
 
 
-
 def predict_path(model: str) -> str:
     return f"/v1/models/{model}:predict"
 
@@ -282,22 +302,36 @@ def predict_path(model: str) -> str:
 def write_model_config(directory: str, bases: dict[str, str]) -> str:
     """TF's model config file (text format) serving every model at once; returns its path."""
     path = os.path.join(directory, "models.config")
-    entries = "".join(f"  config {{ name: {json.dumps(name)} base_path: {json.dumps(base)} }}\n"
-                      for name, base in bases.items())
+    entries = "".join(
+        f"  config {{ name: {json.dumps(name)} base_path: {json.dumps(base)} }}\n" for name, base in bases.items()
+    )
     with open(path, "w") as file:
         file.write(f"model_config_list {{\n{entries}}}\n")
     return path
 
 
-def server_commands(bases: dict[str, str], scripts: dict[str, str], model_config: str,
-                    request_threads: int | None = None) -> dict[str, tuple[list[str], int]]:
+def server_commands(
+    bases: dict[str, str], scripts: dict[str, str], model_config: str, request_threads: int | None = None
+) -> dict[str, tuple[list[str], int]]:
     """(command line, port) of each server, keyed by the name used in the output; each serves every model."""
     commands = {}
     threads = [] if request_threads is None else ["--rest_api_num_threads", str(request_threads)]
     for name in ("ours", "ours_batching"):
         port = free_port()
-        commands[name] = ([sys.executable, "-m", "torchestimator.cli", "serve", "--model_config_file", model_config,
-                           "--rest_api_port", str(port), *threads], port)
+        commands[name] = (
+            [
+                sys.executable,
+                "-m",
+                "torchestimator.cli",
+                "serve",
+                "--model_config_file",
+                model_config,
+                "--rest_api_port",
+                str(port),
+                *threads,
+            ],
+            port,
+        )
     commands["ours_batching"][0].extend(["--enable_batching", "--batching_parameters_file", scripts["batching"]])
     pairs = [f"{name}={base}" for name, base in bases.items()]
     for name in ("fastapi_async", "fastapi_def"):
@@ -307,9 +341,27 @@ def server_commands(bases: dict[str, str], scripts: dict[str, str], model_config
     if "flask" in scripts:
         port = free_port()
         folder, module = os.path.split(scripts["flask"])
-        commands["flask"] = ([sys.executable, "-m", "gunicorn", "--workers", "1", "--worker-class", "gthread",
-                              "--threads", str(FLASK_THREADS), "--bind", f"127.0.0.1:{port}", "--chdir", folder,
-                              "--log-level", "warning", f"{module.removesuffix('.py')}:create_app({bases!r})"], port)
+        commands["flask"] = (
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "--workers",
+                "1",
+                "--worker-class",
+                "gthread",
+                "--threads",
+                str(FLASK_THREADS),
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--chdir",
+                folder,
+                "--log-level",
+                "warning",
+                f"{module.removesuffix('.py')}:create_app({bases!r})",
+            ],
+            port,
+        )
     return commands
 
 
@@ -320,8 +372,14 @@ class Server:
         self.name, self.command, self.port, self.log_path = name, command, port, log_path
         with open(log_path, "wb") as log:
             # Its own session: Ctrl-C reaches only this script, whose `finally` then stops the server.
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env={**os.environ, **SERVER_ENVIRONMENT}, start_new_session=True)
+            self.process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **SERVER_ENVIRONMENT},
+                start_new_session=True,
+            )
 
     def log_tail(self, characters: int = 1500) -> str:
         with open(self.log_path, "rb") as log:
@@ -359,14 +417,16 @@ class Server:
                 self.process.wait(timeout=5)
 
 
-
 @contextlib.contextmanager
-def running_servers(commands: dict[str, tuple[list[str], int]], path: str, body: bytes, directory: str,
-                    startup_seconds: float) -> Iterator[tuple[dict[str, Server], dict[str, bytes], dict[str, str]]]:
+def running_servers(
+    commands: dict[str, tuple[list[str], int]], path: str, body: bytes, directory: str, startup_seconds: float
+) -> Iterator[tuple[dict[str, Server], dict[str, bytes], dict[str, str]]]:
     """Starts all servers at once; yields (the ones that answered `body` at `path`, those answers, why the others
     failed)."""
-    servers = {name: Server(name, command, port, os.path.join(directory, f"{name}.log"))
-               for name, (command, port) in commands.items()}
+    servers = {
+        name: Server(name, command, port, os.path.join(directory, f"{name}.log"))
+        for name, (command, port) in commands.items()
+    }
     try:
         answers, failures = {}, {}
         deadline = time.monotonic() + startup_seconds
@@ -391,8 +451,16 @@ def measure(servers: dict[str, Server], path: str, body: bytes, settings: Settin
             for name in names[shift:] + names[:shift]:
                 server = servers[name]
                 measurement.runs[name, concurrency].append(
-                    run_load(server.port, body, concurrency, settings, path=path, cpu_seconds=server.cpu_seconds,
-                             threads=server.threads))
+                    run_load(
+                        server.port,
+                        body,
+                        concurrency,
+                        settings,
+                        path=path,
+                        cpu_seconds=server.cpu_seconds,
+                        threads=server.threads,
+                    )
+                )
     return measurement
 
 
@@ -406,8 +474,9 @@ def check_predictions(answers: dict[str, bytes], expected: np.ndarray) -> list[s
             problems.append(f"{name} answered {answer[:200]!r} ({error})")
             continue
         if predictions.shape != expected.shape or not np.allclose(predictions, expected, rtol=1e-5, atol=1e-6):
-            problems.append(f"{name} predicted {predictions.ravel()[:4].tolist()}..., the model "
-                            f"{expected.ravel()[:4].tolist()}...")
+            problems.append(
+                f"{name} predicted {predictions.ravel()[:4].tolist()}..., the model {expected.ravel()[:4].tolist()}..."
+            )
     return problems
 
 
@@ -417,8 +486,11 @@ def check_predictions(answers: dict[str, bytes], expected: np.ndarray) -> list[s
 def write_scripts(directory: str, settings: Settings) -> dict[str, str]:
     """The batching parameters file and the anchor apps whose packages import."""
     scripts = {"batching": os.path.join(directory, "batching_parameters.txt")}
-    contents = {"batching": BATCHING_PARAMETERS.format(max_batch_size=settings.max_batch_size,
-                                                       timeout=settings.batch_timeout_micros)}
+    contents = {
+        "batching": BATCHING_PARAMETERS.format(
+            max_batch_size=settings.max_batch_size, timeout=settings.batch_timeout_micros
+        )
+    }
     if settings.fastapi and have_packages("fastapi", "uvicorn"):
         for name, endpoint in (("fastapi_async", "async def"), ("fastapi_def", "def")):
             scripts[name] = os.path.join(directory, f"{name}_app.py")
@@ -448,9 +520,12 @@ class Prepared:
 def prepare_workload(workload: Workload, directory: str, settings: Settings) -> Prepared:
     """Exports the model, prints its forward time, and computes the one-instance request and its answer."""
     base = export_workload(workload, directory, settings.seed)
-    print(f"{workload.name}: forward through the exported model, one torch thread: "
-          f"{forward_ms(base, workload.example_shape, 1):.2f} ms at batch 1, "
-          f"{forward_ms(base, workload.example_shape, 32):.2f} ms at batch 32", flush=True)
+    print(
+        f"{workload.name}: forward through the exported model, one torch thread: "
+        f"{forward_ms(base, workload.example_shape, 1):.2f} ms at batch 1, "
+        f"{forward_ms(base, workload.example_shape, 32):.2f} ms at batch 32",
+        flush=True,
+    )
     instance = np.random.default_rng(settings.seed + 1).standard_normal((1, *workload.example_shape)).astype(np.float32)
     expected = load(base)(instance)["probabilities"]
     return Prepared(workload.name, base, json.dumps({"instances": instance.tolist()}).encode(), expected)
@@ -467,8 +542,9 @@ def first_answers(servers: dict[str, Server], prepared: Prepared) -> dict[str, b
     return answers
 
 
-def serve_and_measure(prepared: list[Prepared], directory: str, scripts: dict[str, str],
-                      settings: Settings) -> tuple[dict[str, Measurement], bool]:
+def serve_and_measure(
+    prepared: list[Prepared], directory: str, scripts: dict[str, str], settings: Settings
+) -> tuple[dict[str, Measurement], bool]:
     """Starts every server once for all models, checks each model's answers, measures; (measurements, all well)."""
     bases = {model.name: model.base for model in prepared}
     commands = server_commands(bases, scripts, write_model_config(directory, bases), settings.request_threads)
@@ -476,15 +552,20 @@ def serve_and_measure(prepared: list[Prepared], directory: str, scripts: dict[st
     os.makedirs(logs)
     measurements, healthy = {}, True
     first = prepared[0]
-    with running_servers(commands, predict_path(first.name), first.body, logs,
-                         settings.startup_seconds) as (servers, _, failures):
+    with running_servers(commands, predict_path(first.name), first.body, logs, settings.startup_seconds) as (
+        servers,
+        _,
+        failures,
+    ):
         healthy = not explain_failures("servers", failures)
         for model in prepared:
             problems = check_predictions(first_answers(servers, model), model.expected)
             if "ours" not in servers:
                 problems.append("our server did not start (see above)")
-            print(f"{model.name}: predictions identical: {'no: ' + '; '.join(problems) if problems else 'yes'}",
-                  flush=True)
+            print(
+                f"{model.name}: predictions identical: {'no: ' + '; '.join(problems) if problems else 'yes'}",
+                flush=True,
+            )
             if problems:
                 healthy = False
                 continue
@@ -495,25 +576,38 @@ def serve_and_measure(prepared: list[Prepared], directory: str, scripts: dict[st
 # -- report ---------------------------------------------------------------------------------
 
 SERVERS = ("ours", "ours_batching", "fastapi_async", "fastapi_def", "flask")
-FIGURES = ("rps_vs_fastapi", "rps_vs_flask", "batching_gain_c8", "p99_ms_c8", "batching_gain_c32",
-           "big_batching_gain_c8", "big_batching_gain_c32", "p99_ms_c32_batching", "p99_ms_c32_plain",
-           "cpu_vs_fastapi")
+FIGURES = (
+    "rps_vs_fastapi",
+    "rps_vs_flask",
+    "batching_gain_c8",
+    "p99_ms_c8",
+    "batching_gain_c32",
+    "big_batching_gain_c8",
+    "big_batching_gain_c32",
+    "p99_ms_c32_batching",
+    "p99_ms_c32_plain",
+    "cpu_vs_fastapi",
+)
 
 
 def print_table(measurements: dict[str, Measurement]) -> None:
-    print(f"{'model':<6} {'conc':>4}  {'server':<14} {'requests/s':>10} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'srv cpu us/req':>14} {'load cpu us/req':>15} {'errors':>6} {'threads':>7}")
+    print(
+        f"{'model':<6} {'conc':>4}  {'server':<14} {'requests/s':>10} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'srv cpu us/req':>14} {'load cpu us/req':>15} {'errors':>6} {'threads':>7}"
+    )
     for model, measurement in measurements.items():
         for concurrency in CONCURRENCIES:
             for server in SERVERS:
                 if (server, concurrency) not in measurement.runs:
                     continue
-                print(f"{model:<6} {concurrency:>4}  {server:<14} {measurement.rate(server, concurrency):>10.0f} "
-                      f"{measurement.latency_ms(server, concurrency, 0.50):>8.2f} "
-                      f"{measurement.latency_ms(server, concurrency, 0.99):>8.2f} "
-                      f"{measurement.cpu_us_per_request(server, concurrency):>14.0f} "
-                      f"{measurement.cpu_us_per_request(server, concurrency, 'client'):>15.0f} "
-                      f"{measurement.errors(server, concurrency):>6} {measurement.threads(server, concurrency):>7}")
+                print(
+                    f"{model:<6} {concurrency:>4}  {server:<14} {measurement.rate(server, concurrency):>10.0f} "
+                    f"{measurement.latency_ms(server, concurrency, 0.50):>8.2f} "
+                    f"{measurement.latency_ms(server, concurrency, 0.99):>8.2f} "
+                    f"{measurement.cpu_us_per_request(server, concurrency):>14.0f} "
+                    f"{measurement.cpu_us_per_request(server, concurrency, 'client'):>15.0f} "
+                    f"{measurement.errors(server, concurrency):>6} {measurement.threads(server, concurrency):>7}"
+                )
 
 
 def geometric_mean(values: Sequence[float]) -> float | None:
@@ -522,11 +616,13 @@ def geometric_mean(values: Sequence[float]) -> float | None:
     return math.exp(sum(math.log(value) for value in values) / len(values))
 
 
-def _ratio(measurement: Measurement, server: str, references: Sequence[str], concurrency: int,
-           kind: str = "rate") -> float | None:
+def _ratio(
+    measurement: Measurement, server: str, references: Sequence[str], concurrency: int, kind: str = "rate"
+) -> float | None:
     """Requests/s over the faster reference ("rate") or the leanest reference's CPU per request over ours ("cpu")."""
-    if (server, concurrency) not in measurement.runs or not any((name, concurrency) in measurement.runs
-                                                                for name in references):
+    if (server, concurrency) not in measurement.runs or not any(
+        (name, concurrency) in measurement.runs for name in references
+    ):
         return None
     if kind == "cpu":
         return measurement.cpu_efficiency_ratio(server, references, concurrency)
@@ -535,27 +631,41 @@ def _ratio(measurement: Measurement, server: str, references: Sequence[str], con
 
 def summarize(measurements: dict[str, Measurement]) -> dict[str, float | None]:
     """Prints each model's ratios; returns the final line's figures (None where a side is missing)."""
-    rows = {"ours/fastest fastapi": ("ours", ("fastapi_async", "fastapi_def")),
-            "ours/fastapi async": ("ours", ("fastapi_async",)), "ours/fastapi def": ("ours", ("fastapi_def",)),
-            "ours/flask": ("ours", ("flask",)), "batching gain": ("ours_batching", ("ours",)),
-            "ours_batching/fastest fastapi": ("ours_batching", ("fastapi_async", "fastapi_def"))}
+    rows = {
+        "ours/fastest fastapi": ("ours", ("fastapi_async", "fastapi_def")),
+        "ours/fastapi async": ("ours", ("fastapi_async",)),
+        "ours/fastapi def": ("ours", ("fastapi_def",)),
+        "ours/flask": ("ours", ("flask",)),
+        "batching gain": ("ours_batching", ("ours",)),
+        "ours_batching/fastest fastapi": ("ours_batching", ("fastapi_async", "fastapi_def")),
+    }
     for model, measurement in measurements.items():
         parts = []
         for label, (server, references) in rows.items():
             values = [_ratio(measurement, server, references, concurrency) for concurrency in CONCURRENCIES]
             parts.append(f"{label} " + "/".join("n/a" if value is None else f"{value:.2f}" for value in values))
-        print(f"{model}: requests/s ratios at c={'/'.join(map(str, CONCURRENCIES))} (median over rounds): "
-              + ", ".join(parts))
-        lean = [_ratio(measurement, "ours", ("fastapi_async", "fastapi_def"), concurrency, "cpu")
-                for concurrency in CONCURRENCIES]
-        print(f"{model}: server CPU per request, the leaner FastAPI's over ours at c="
-              f"{'/'.join(map(str, CONCURRENCIES))}: " + "/".join("n/a" if value is None else f"{value:.2f}"
-                                                                  for value in lean))
+        print(
+            f"{model}: requests/s ratios at c={'/'.join(map(str, CONCURRENCIES))} (median over rounds): "
+            + ", ".join(parts)
+        )
+        lean = [
+            _ratio(measurement, "ours", ("fastapi_async", "fastapi_def"), concurrency, "cpu")
+            for concurrency in CONCURRENCIES
+        ]
+        print(
+            f"{model}: server CPU per request, the leaner FastAPI's over ours at c="
+            f"{'/'.join(map(str, CONCURRENCIES))}: "
+            + "/".join("n/a" if value is None else f"{value:.2f}" for value in lean)
+        )
 
-    def over_models(server: str, references: Sequence[str], concurrency: int, models: Sequence[str],
-                    kind: str = "rate") -> float | None:
-        values = [_ratio(measurements[model], server, references, concurrency, kind) for model in models
-                  if model in measurements]
+    def over_models(
+        server: str, references: Sequence[str], concurrency: int, models: Sequence[str], kind: str = "rate"
+    ) -> float | None:
+        values = [
+            _ratio(measurements[model], server, references, concurrency, kind)
+            for model in models
+            if model in measurements
+        ]
         return geometric_mean(values) if values and None not in values else None
 
     small = [model for model in measurements if model != BIG_MODEL]
@@ -579,8 +689,11 @@ def summarize(measurements: dict[str, Measurement]) -> dict[str, float | None]:
 
 
 def _worst_p99(measurements: dict[str, Measurement], server: str, concurrency: int) -> float | None:
-    tails = [measurement.latency_ms(server, concurrency, 0.99) for measurement in measurements.values()
-             if (server, concurrency) in measurement.runs]
+    tails = [
+        measurement.latency_ms(server, concurrency, 0.99)
+        for measurement in measurements.values()
+        if (server, concurrency) in measurement.runs
+    ]
     return max(tails) if tails and len(tails) == len(measurements) else None
 
 
@@ -594,11 +707,16 @@ def format_figures(figures: dict[str, float | None]) -> str:
 
 
 def print_verdict(figures: dict[str, float | None]) -> None:
-    verdicts = [f"{name}>={target:g} " + ("n/a" if figures.get(name) is None else "met" if figures[name] >= target
-                                          else "MISSED") for name, target in TARGETS.items()]
+    verdicts = [
+        f"{name}>={target:g} "
+        + ("n/a" if figures.get(name) is None else "met" if figures[name] >= target else "MISSED")
+        for name, target in TARGETS.items()
+    ]
     batching, plain = figures.get("p99_ms_c32_batching"), figures.get("p99_ms_c32_plain")
-    verdicts.append("p99_ms_c32_batching<=p99_ms_c32_plain " + (
-        "n/a" if batching is None or plain is None else "met" if batching <= plain else "MISSED"))
+    verdicts.append(
+        "p99_ms_c32_batching<=p99_ms_c32_plain "
+        + ("n/a" if batching is None or plain is None else "met" if batching <= plain else "MISSED")
+    )
     print("targets: " + ", ".join(verdicts))
 
 
@@ -614,26 +732,48 @@ def explain_failures(model: str, failures: dict[str, str]) -> bool:
 
 def parse_settings(argv: Sequence[str] | None) -> Settings:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=None,
-                        help="comma-separated models to serve (default mlp,cnn,wide; quick mlp)")
-    parser.add_argument("--requests", type=int, default=None,
-                        help="most timed requests per connection in one run (default 100000; quick 2000)")
-    parser.add_argument("--seconds", type=float, default=None, help="time cap of one load run (default 0.4; quick 0.25)")
-    parser.add_argument("--warmup-requests", type=int, default=None,
-                        help="untimed requests per connection first (default 2; quick 1)")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds of every server, interleaved (default 3; quick 1)")
-    parser.add_argument("--startup-seconds", type=float, default=120.0, help="how long a server may take to answer (default 120)")
+    parser.add_argument(
+        "--models", default=None, help="comma-separated models to serve (default mlp,cnn,wide; quick mlp)"
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="most timed requests per connection in one run (default 100000; quick 2000)",
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=None, help="time cap of one load run (default 0.4; quick 0.25)"
+    )
+    parser.add_argument(
+        "--warmup-requests", type=int, default=None, help="untimed requests per connection first (default 2; quick 1)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="rounds of every server, interleaved (default 3; quick 1)"
+    )
+    parser.add_argument(
+        "--startup-seconds", type=float, default=120.0, help="how long a server may take to answer (default 120)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="tiny model and counts, for the smoke test")
     parser.add_argument("--no-fastapi", action="store_true", help="skip the FastAPI/uvicorn anchors")
-    parser.add_argument("--max-batch-size", type=int, default=32, help="batching parameters' max_batch_size (default 32)")
+    parser.add_argument(
+        "--max-batch-size", type=int, default=32, help="batching parameters' max_batch_size (default 32)"
+    )
     # TF's default and its advice for CPUs: 0 (a batch runs as soon as a batch thread is free, holding what
     # arrived meanwhile), so a lone request never waits for company.
-    parser.add_argument("--batch-timeout-micros", type=int, default=0,
-                        help="batching parameters' batch_timeout_micros (default 0, TF's)")
+    parser.add_argument(
+        "--batch-timeout-micros",
+        type=int,
+        default=0,
+        help="batching parameters' batch_timeout_micros (default 0, TF's)",
+    )
     parser.add_argument("--no-flask", action="store_true", help="skip the Flask/gunicorn anchor")
-    parser.add_argument("--request-threads", type=int, default=None,
-                        help="our server's --rest_api_num_threads (default: its own, one per core)")
+    parser.add_argument(
+        "--request-threads",
+        type=int,
+        default=None,
+        help="our server's --rest_api_num_threads (default: its own, one per core)",
+    )
     arguments = parser.parse_args(argv)
     quick = arguments.quick
 
@@ -642,11 +782,18 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
 
     models = tuple(name.strip() for name in chosen(arguments.models, ",".join(MODELS), "mlp").split(","))
     settings = Settings(
-        models=models, requests=chosen(arguments.requests, 100_000, 2000), seconds=chosen(arguments.seconds, 0.4, 0.25),
-        warmup_requests=chosen(arguments.warmup_requests, 2, 1), rounds=chosen(arguments.rounds, 3, 1),
-        startup_seconds=arguments.startup_seconds, seed=arguments.seed, quick=quick,
-        fastapi=not arguments.no_fastapi, flask=not arguments.no_flask,
-        max_batch_size=arguments.max_batch_size, batch_timeout_micros=arguments.batch_timeout_micros,
+        models=models,
+        requests=chosen(arguments.requests, 100_000, 2000),
+        seconds=chosen(arguments.seconds, 0.4, 0.25),
+        warmup_requests=chosen(arguments.warmup_requests, 2, 1),
+        rounds=chosen(arguments.rounds, 3, 1),
+        startup_seconds=arguments.startup_seconds,
+        seed=arguments.seed,
+        quick=quick,
+        fastapi=not arguments.no_fastapi,
+        flask=not arguments.no_flask,
+        max_batch_size=arguments.max_batch_size,
+        batch_timeout_micros=arguments.batch_timeout_micros,
         request_threads=arguments.request_threads,
     )
     unknown = [name for name in settings.models if name not in MODELS]
@@ -655,15 +802,19 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
     if settings.requests < 1 or settings.rounds < 1:
         parser.error(f"--requests and --rounds must be at least 1; received {settings.requests} and {settings.rounds}.")
     if settings.max_batch_size < 1 or settings.batch_timeout_micros < 0:
-        parser.error(f"--max-batch-size must be at least 1 and --batch-timeout-micros >= 0; received "
-                     f"{settings.max_batch_size} and {settings.batch_timeout_micros}.")
+        parser.error(
+            f"--max-batch-size must be at least 1 and --batch-timeout-micros >= 0; received "
+            f"{settings.max_batch_size} and {settings.batch_timeout_micros}."
+        )
     if settings.request_threads is not None and settings.request_threads < 1:
         parser.error(f"--request-threads must be at least 1; received {settings.request_threads}.")
     if settings.warmup_requests < 0:
         parser.error(f"--warmup-requests must be >= 0; received {settings.warmup_requests}.")
     if not 0 < settings.seconds <= 600 or settings.startup_seconds <= 0:
-        parser.error(f"--seconds must be in (0, 600] and --startup-seconds above 0; received {settings.seconds} and "
-                     f"{settings.startup_seconds}.")
+        parser.error(
+            f"--seconds must be in (0, 600] and --startup-seconds above 0; received {settings.seconds} and "
+            f"{settings.startup_seconds}."
+        )
     return settings
 
 
@@ -672,23 +823,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
     wall_started, cpu_started = time.perf_counter(), time.process_time()
     fast = [name for name in ("httptools", "uvloop", "gunicorn") if have_packages(name)]
-    print(f"serving: models {','.join(settings.models)}, concurrency {'/'.join(map(str, CONCURRENCIES))}, runs of "
-          f"{settings.seconds:g} s after {settings.warmup_requests} warm-up requests per connection, {settings.rounds} "
-          f"interleaved round(s), one instance per request, loopback, every server 1 process on 1 torch thread, "
-          f"batching max_batch_size {settings.max_batch_size} batch_timeout_micros {settings.batch_timeout_micros} "
-          f"num_batch_threads 1, Flask on gunicorn 1 worker x {FLASK_THREADS} threads, installed: "
-          f"{', '.join(fast) or 'none of httptools, uvloop, gunicorn'}, no request logging; ours on the "
-          f"{loop_name()} loop, forwards up to {DEFAULT_INLINE_FORWARD_MICROS} us (rows x batch-of-one time "
-          "measured at load) on the loop, slower ones in its request threads", flush=True)
+    print(
+        f"serving: models {','.join(settings.models)}, concurrency {'/'.join(map(str, CONCURRENCIES))}, runs of "
+        f"{settings.seconds:g} s after {settings.warmup_requests} warm-up requests per connection, {settings.rounds} "
+        f"interleaved round(s), one instance per request, loopback, every server 1 process on 1 torch thread, "
+        f"batching max_batch_size {settings.max_batch_size} batch_timeout_micros {settings.batch_timeout_micros} "
+        f"num_batch_threads 1, Flask on gunicorn 1 worker x {FLASK_THREADS} threads, installed: "
+        f"{', '.join(fast) or 'none of httptools, uvloop, gunicorn'}, no request logging; ours on the "
+        f"{loop_name()} loop, forwards up to {DEFAULT_INLINE_FORWARD_MICROS} us (rows x batch-of-one time "
+        "measured at load) on the loop, slower ones in its request threads",
+        flush=True,
+    )
     status = 0
-    with tempfile.TemporaryDirectory(prefix="serving-bench-") as directory, \
-            _quiet_logs(["torchestimator"]):
+    with tempfile.TemporaryDirectory(prefix="serving-bench-") as directory, _quiet_logs(["torchestimator"]):
         scripts = write_scripts(directory, settings)
-        missing = [name for name, wanted in (("fastapi", settings.fastapi), ("flask", settings.flask))
-                   if wanted and not any(script.startswith(name) for script in scripts)]
+        missing = [
+            name
+            for name, wanted in (("fastapi", settings.fastapi), ("flask", settings.flask))
+            if wanted and not any(script.startswith(name) for script in scripts)
+        ]
         if missing:
-            print(f"note: {', '.join(missing)} not installed (pip install -r benchmarks/requirements-bench.txt); "
-                  "its ratio is n/a")
+            print(
+                f"note: {', '.join(missing)} not installed (pip install -r benchmarks/requirements-bench.txt); "
+                "its ratio is n/a"
+            )
         prepared = [prepare_workload(workload, directory, settings) for workload in workloads(settings)]
         measurements, healthy = serve_and_measure(prepared, directory, scripts, settings)
         if not healthy:
@@ -699,8 +857,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = 1
     figures = summarize(measurements) if measurements else dict.fromkeys(FIGURES)
     print_verdict(figures)
-    print(f"benchmark took {time.perf_counter() - wall_started:.0f} s wall, {time.process_time() - cpu_started:.0f} s "
-          "CPU in this process (the load and the exports)")
+    print(
+        f"benchmark took {time.perf_counter() - wall_started:.0f} s wall, {time.process_time() - cpu_started:.0f} s "
+        "CPU in this process (the load and the exports)"
+    )
     print(format_figures(figures))
     return status
 

@@ -40,10 +40,10 @@ import time
 
 import numpy as np
 import torch
-
-import torchestimator as te
 from _serving_load import free_port, post_once, process_tree_cpu_seconds, run_load
 from serving import CLASSES, _model_fn, small_mlp  # the mlp and model_fn benchmarks/serving.py serves
+
+import torchestimator as te
 from torchestimator.export import TensorSpec, export_saved_model, serving_input_receiver
 from torchestimator.serving.protos import serving_protos
 from torchestimator.serving.tensor_proto import make_tensor_proto, tensor_proto_to_numpy
@@ -56,14 +56,19 @@ def export_mlp(directory: str) -> str:
     generator = np.random.default_rng(0)
     features = generator.standard_normal((16, FEATURES)).astype(np.float32)
     labels = generator.integers(0, CLASSES, 16).astype(np.int64)
-    config = te.RunConfig(random_seed=0, log_step_count_steps=None, save_summary_steps=None, progress_bar=False,
-                          device="cpu")
+    config = te.RunConfig(
+        random_seed=0, log_step_count_steps=None, save_summary_steps=None, progress_bar=False, device="cpu"
+    )
     estimator = te.Estimator(
-        model_fn=_model_fn, model=lambda: small_mlp(FEATURES, HIDDEN),
-        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=1e-3), model_dir=os.path.join(directory, "model"),
-        config=config)
-    estimator.train(te.numpy_input_fn({"x": features}, labels, batch_size=8, num_epochs=None, shuffle=False),
-                    max_steps=1)
+        model_fn=_model_fn,
+        model=lambda: small_mlp(FEATURES, HIDDEN),
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=1e-3),
+        model_dir=os.path.join(directory, "model"),
+        config=config,
+    )
+    estimator.train(
+        te.numpy_input_fn({"x": features}, labels, batch_size=8, num_epochs=None, shuffle=False), max_steps=1
+    )
     base = os.path.join(directory, "mlp")
     export_saved_model(estimator, base, serving_input_receiver({"x": TensorSpec(shape=(None, FEATURES))}))
     return base
@@ -73,7 +78,7 @@ class Settings:
     """What _serving_load.run_load reads (its LoadSettings): the time cap ends a run, not the request count."""
 
     def __init__(self, seconds: float) -> None:
-        self.seconds, self.warmup_requests, self.requests = seconds, 2, 10 ** 7
+        self.seconds, self.warmup_requests, self.requests = seconds, 2, 10**7
 
 
 async def _grpc_load(target: str, body: bytes, concurrency: int, seconds: float, pid: int) -> dict[str, float]:
@@ -101,9 +106,13 @@ async def _grpc_load(target: str, body: bytes, concurrency: int, seconds: float,
 
         await asyncio.gather(*(worker(call) for call in calls))
         wall = time.perf_counter() - started
-        return {"rate": done / wall, "done": done, "errors": errors,
-                "server_cpu": process_tree_cpu_seconds(pid) - server_before,
-                "client_cpu": time.process_time() - client_before}
+        return {
+            "rate": done / wall,
+            "done": done,
+            "errors": errors,
+            "server_cpu": process_tree_cpu_seconds(pid) - server_before,
+            "client_cpu": time.process_time() - client_before,
+        }
     finally:
         for channel in channels:
             await channel.close()
@@ -112,24 +121,54 @@ async def _grpc_load(target: str, body: bytes, concurrency: int, seconds: float,
 def grpc_run(target: str, body: bytes, concurrency: int, seconds: float, pid: int) -> dict[str, float]:
     try:
         import uvloop
+
         return uvloop.run(_grpc_load(target, body, concurrency, seconds, pid))
     except ImportError:
         return asyncio.run(_grpc_load(target, body, concurrency, seconds, pid))
 
 
 def rest_run(port: int, body: bytes, concurrency: int, seconds: float, pid: int) -> dict[str, float]:
-    run = run_load(port, body, concurrency, Settings(seconds), path="/v1/models/mlp:predict",
-                   cpu_seconds=lambda: process_tree_cpu_seconds(pid))
-    return {"rate": run.rate, "done": len(run.latencies), "errors": run.errors, "server_cpu": run.server_cpu,
-            "client_cpu": run.client_cpu}
+    run = run_load(
+        port,
+        body,
+        concurrency,
+        Settings(seconds),
+        path="/v1/models/mlp:predict",
+        cpu_seconds=lambda: process_tree_cpu_seconds(pid),
+    )
+    return {
+        "rate": run.rate,
+        "done": len(run.latencies),
+        "errors": run.errors,
+        "server_cpu": run.server_cpu,
+        "client_cpu": run.client_cpu,
+    }
 
 
 def start_server(base: str, grpc_port: int, rest_port: int) -> subprocess.Popen:
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "torchestimator.cli", "serve", "--model_name", "mlp",
-                               "--model_base_path", base, "--port", str(grpc_port), "--rest_api_port", str(rest_port),
-                               "--file_system_poll_wait_seconds", "0"], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True, env=environment)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchestimator.cli",
+            "serve",
+            "--model_name",
+            "mlp",
+            "--model_base_path",
+            base,
+            "--port",
+            str(grpc_port),
+            "--rest_api_port",
+            str(rest_port),
+            "--file_system_poll_wait_seconds",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=environment,
+    )
     line = server.stdout.readline()
     if "gRPC" not in line:
         server.kill()
@@ -140,8 +179,9 @@ def start_server(base: str, grpc_port: int, rest_port: int) -> subprocess.Popen:
 def same_answers(row: np.ndarray, rest_port: int, grpc_body: bytes, target: str) -> bool:
     import grpc
 
-    status, answer = post_once(rest_port, "/v1/models/mlp:predict", json.dumps({"instances": row.tolist()}).encode(),
-                               timeout=30)
+    status, answer = post_once(
+        rest_port, "/v1/models/mlp:predict", json.dumps({"instances": row.tolist()}).encode(), timeout=30
+    )
     rest = np.array(json.loads(answer)["predictions"], np.float32)
     with grpc.insecure_channel(target) as channel:
         response = serving_protos().PredictResponse.FromString(channel.unary_unary(PREDICT)(grpc_body, timeout=30))
@@ -177,8 +217,11 @@ def main(argv: list[str] | None = None) -> int:
                 for concurrency in (1, 8):
                     order = ("rest", "grpc") if round_index % 2 == 0 else ("grpc", "rest")
                     for api in order:
-                        run = (rest_run(rest_port, rest_body, concurrency, args.seconds, server.pid) if api == "rest"
-                               else grpc_run(target, grpc_body, concurrency, args.seconds, server.pid))
+                        run = (
+                            rest_run(rest_port, rest_body, concurrency, args.seconds, server.pid)
+                            if api == "rest"
+                            else grpc_run(target, grpc_body, concurrency, args.seconds, server.pid)
+                        )
                         runs.setdefault((api, concurrency), []).append(run)
         finally:
             server.terminate()
@@ -186,10 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'api':5} {'c':>2} {'req/s':>8} {'server CPU us/req':>18} {'client CPU us/req':>18} {'errors':>6}")
     for (api, concurrency), measured in sorted(runs.items(), key=lambda item: (item[0][1], item[0][0])):
         done = sum(run["done"] for run in measured)
-        print(f"{api:5} {concurrency:>2} {statistics.median(run['rate'] for run in measured):>8.0f} "
-              f"{sum(run['server_cpu'] for run in measured) / done * 1e6:>18.0f} "
-              f"{sum(run['client_cpu'] for run in measured) / done * 1e6:>18.0f} "
-              f"{sum(run['errors'] for run in measured):>6}")
+        print(
+            f"{api:5} {concurrency:>2} {statistics.median(run['rate'] for run in measured):>8.0f} "
+            f"{sum(run['server_cpu'] for run in measured) / done * 1e6:>18.0f} "
+            f"{sum(run['client_cpu'] for run in measured) / done * 1e6:>18.0f} "
+            f"{sum(run['errors'] for run in measured):>6}"
+        )
 
     def ratio(concurrency: int) -> float:
         pairs = zip(runs["grpc", concurrency], runs["rest", concurrency])
@@ -200,8 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         return sum(run["server_cpu"] for run in measured) / max(1, sum(run["done"] for run in measured))
 
     print(f"({time.perf_counter() - began:.0f} s)")
-    print(f"serving_grpc rps_vs_rest={ratio(8):.3f} rps_vs_rest_c1={ratio(1):.3f} "
-          f"cpu_vs_rest={cpu_per_request('rest') / cpu_per_request('grpc'):.3f}")
+    print(
+        f"serving_grpc rps_vs_rest={ratio(8):.3f} rps_vs_rest_c1={ratio(1):.3f} "
+        f"cpu_vs_rest={cpu_per_request('rest') / cpu_per_request('grpc'):.3f}"
+    )
     return 0
 
 

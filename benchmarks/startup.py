@@ -86,12 +86,20 @@ def commands() -> dict[str, list[str]]:
 def time_command(name: str, command: list[str], timeout: float) -> float:
     """Seconds from start to exit of a fresh process running `command`."""
     started = time.perf_counter()
-    completed = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                               timeout=timeout, check=False)
+    completed = subprocess.run(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        timeout=timeout,
+        check=False,
+    )
     elapsed = time.perf_counter() - started
     if completed.returncode != 0:
-        raise StartupFailed(f"{name} ({' '.join(command)}) exited with status {completed.returncode}:\n"
-                            f"{completed.stderr.decode(errors='replace')[-1500:]}")
+        raise StartupFailed(
+            f"{name} ({' '.join(command)}) exited with status {completed.returncode}:\n"
+            f"{completed.stderr.decode(errors='replace')[-1500:]}"
+        )
     return elapsed
 
 
@@ -112,23 +120,30 @@ def export_tiny_model(directory: str) -> str:
         logits = model(features["x"])
         if mode == te.ModeKeys.PREDICT:
             return te.EstimatorSpec(mode, predictions={"probabilities": logits.softmax(-1)})
-        return te.EstimatorSpec(mode, predictions={"probabilities": logits.softmax(-1)},
-                                loss=F.cross_entropy(logits, labels))
+        return te.EstimatorSpec(
+            mode, predictions={"probabilities": logits.softmax(-1)}, loss=F.cross_entropy(logits, labels)
+        )
 
     generator = np.random.default_rng(0)
     features = generator.standard_normal((16, 8)).astype(np.float32)
     labels = generator.integers(0, 3, 16).astype(np.int64)
-    config = te.RunConfig(random_seed=0, log_step_count_steps=None, save_summary_steps=None, progress_bar=False,
-                          device="cpu")
+    config = te.RunConfig(
+        random_seed=0, log_step_count_steps=None, save_summary_steps=None, progress_bar=False, device="cpu"
+    )
     logger = logging.getLogger("torchestimator")
     level = logger.level
     logger.setLevel(logging.ERROR)  # the benchmark's output is its table; restored below
     try:
-        estimator = te.Estimator(model_fn=model_fn, model=lambda: torch.nn.Linear(8, 3),
-                                 optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
-                                 model_dir=os.path.join(directory, "model"), config=config)
-        estimator.train(te.numpy_input_fn({"x": features}, labels, batch_size=8, num_epochs=None, shuffle=False),
-                        max_steps=1)
+        estimator = te.Estimator(
+            model_fn=model_fn,
+            model=lambda: torch.nn.Linear(8, 3),
+            optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
+            model_dir=os.path.join(directory, "model"),
+            config=config,
+        )
+        estimator.train(
+            te.numpy_input_fn({"x": features}, labels, batch_size=8, num_epochs=None, shuffle=False), max_steps=1
+        )
         base = os.path.join(directory, "export")
         receiver = serving_input_receiver({"x": te.export.TensorSpec(shape=(None, 8), dtype=torch.float32)})
         export_saved_model(estimator, base, receiver)
@@ -163,8 +178,15 @@ def time_server(base: str, log_path: str, timeout: float) -> float:
     with open(log_path, "ab") as log:
         started = time.perf_counter()
         # Its own session: Ctrl-C reaches only this script, whose `finally` then stops the server.
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
-                                   env={**os.environ, **SERVER_ENVIRONMENT}, start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, **SERVER_ENVIRONMENT},
+            start_new_session=True,
+        )
     try:
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=_forward_lines, args=(process.stdout, lines), daemon=True).start()
@@ -175,11 +197,15 @@ def time_server(base: str, log_path: str, timeout: float) -> float:
             try:
                 line = lines.get(timeout=max(remaining, 0.0))
             except queue.Empty:
-                raise StartupFailed(f"the server printed no '{announced}...' line in {timeout:g} s "
-                                    f"({' '.join(command)}); its log ends:\n{log_tail(log_path)}") from None
+                raise StartupFailed(
+                    f"the server printed no '{announced}...' line in {timeout:g} s "
+                    f"({' '.join(command)}); its log ends:\n{log_tail(log_path)}"
+                ) from None
             if line is None:
-                raise StartupFailed(f"the server exited with status {process.wait(timeout=10)} before it announced "
-                                    f"itself ({' '.join(command)}); its log ends:\n{log_tail(log_path)}")
+                raise StartupFailed(
+                    f"the server exited with status {process.wait(timeout=10)} before it announced "
+                    f"itself ({' '.join(command)}); its log ends:\n{log_tail(log_path)}"
+                )
             if line.startswith(announced) and "AVAILABLE" in line:
                 elapsed = time.perf_counter() - started
                 break
@@ -239,14 +265,20 @@ def paired_ratio(times: dict[str, list[float]], name: str, reference: str) -> fl
 
 def figures_of(times: dict[str, list[float]]) -> dict[str, float | None]:
     serve = times.get("serve")
-    return {"import_vs_torch": paired_ratio(times, "import", "torch"),
-            "help_vs_torch": paired_ratio(times, "help", "torch"),
-            "serve_available_s": statistics.median(serve) if serve else None}
+    return {
+        "import_vs_torch": paired_ratio(times, "import", "torch"),
+        "help_vs_torch": paired_ratio(times, "help", "torch"),
+        "serve_available_s": statistics.median(serve) if serve else None,
+    }
 
 
 def print_times(times: dict[str, list[float]], rounds: int) -> None:
-    labels = {"torch": "import torch", "import": "import torchestimator", "help": "torchestimator --help",
-              "serve": "torchestimator serve to AVAILABLE"}
+    labels = {
+        "torch": "import torch",
+        "import": "import torchestimator",
+        "help": "torchestimator --help",
+        "serve": "torchestimator serve to AVAILABLE",
+    }
     print(f"median over {rounds} round(s), seconds (min-max):")
     for name, values in times.items():
         print(f"  {labels[name]:<34} {statistics.median(values):7.3f}  ({min(values):.3f}-{max(values):.3f})")
@@ -262,8 +294,10 @@ def format_figures(figures: dict[str, float | None]) -> str:
 
 
 def print_verdict(figures: dict[str, float | None]) -> None:
-    verdicts = [f"{name}<={target:g} " + ("n/a" if figures[name] is None else "met" if figures[name] <= target
-                                          else "MISSED") for name, target in TARGETS.items()]
+    verdicts = [
+        f"{name}<={target:g} " + ("n/a" if figures[name] is None else "met" if figures[name] <= target else "MISSED")
+        for name, target in TARGETS.items()
+    ]
     print("targets: " + ", ".join(verdicts))
 
 
@@ -275,8 +309,12 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds, interleaved (default 7; quick 3)")
     parser.add_argument("--quick", action="store_true", help="3 rounds, for a quick look")
     parser.add_argument("--no-serve", action="store_true", help="skip the server (serve_available_s=n/a)")
-    parser.add_argument("--startup-seconds", type=float, default=120.0,
-                        help="how long one command or server start may take (default 120)")
+    parser.add_argument(
+        "--startup-seconds",
+        type=float,
+        default=120.0,
+        help="how long one command or server start may take (default 120)",
+    )
     arguments = parser.parse_args(argv)
     rounds = arguments.rounds if arguments.rounds is not None else 3 if arguments.quick else 7
     if rounds < 1:
@@ -288,9 +326,11 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
-    print(f"startup: {settings.rounds} timed round(s) after one dropped warm-up round, fresh processes of "
-          f"{sys.executable}, order rotating; help: {' '.join(help_command())}"
-          + ("" if settings.serve else "; server not timed (--no-serve)"))
+    print(
+        f"startup: {settings.rounds} timed round(s) after one dropped warm-up round, fresh processes of "
+        f"{sys.executable}, order rotating; help: {' '.join(help_command())}"
+        + ("" if settings.serve else "; server not timed (--no-serve)")
+    )
     with tempfile.TemporaryDirectory(prefix="startup-bench-") as directory:
         base = export_tiny_model(directory) if settings.serve else None
         try:

@@ -159,14 +159,16 @@ def make_columns(settings: Settings) -> Columns:
 
 def serialize(columns: Columns) -> Iterator[bytes]:
     for label, dense, image, tokens in zip(columns.labels, columns.dense, columns.images, columns.token_slices()):
-        yield encode_example({"label": [int(label)], "dense": dense, "image": [image.tobytes()], "tokens": tokens},
-                             kinds=KINDS)
+        yield encode_example(
+            {"label": [int(label)], "dense": dense, "image": [image.tobytes()], "tokens": tokens}, kinds=KINDS
+        )
 
 
 def write_files(directory: str, records: Iterable[bytes], settings: Settings) -> list[str]:
     """Contiguous runs of records into `files` shards named like TF's ShardedFilename."""
-    paths = [os.path.join(directory, f"data-{index:05d}-of-{settings.files:05d}.tfrecord")
-             for index in range(settings.files)]
+    paths = [
+        os.path.join(directory, f"data-{index:05d}-of-{settings.files:05d}.tfrecord") for index in range(settings.files)
+    ]
     per_file = -(-settings.records // settings.files)
     iterator = iter(records)
     for path in paths:
@@ -239,8 +241,17 @@ def import_tfrecord_iterator() -> Callable[[str], Iterator[memoryview]] | None:
     in for them.
     """
     placeholder = types.ModuleType("tfrecord.example_pb2")
-    for name in ("BytesList", "FloatList", "Int64List", "Feature", "Features", "FeatureList",
-                 "FeatureLists", "Example", "SequenceExample"):
+    for name in (
+        "BytesList",
+        "FloatList",
+        "Int64List",
+        "Feature",
+        "Features",
+        "FeatureList",
+        "FeatureLists",
+        "Example",
+        "SequenceExample",
+    ):
         setattr(placeholder, name, _ProtoPlaceholder)
     previous = sys.modules.setdefault("tfrecord.example_pb2", placeholder)
     try:
@@ -357,8 +368,9 @@ def tfdata_parsed_reader(tf: Any, settings: Settings, files: Sequence[str], batc
     return read
 
 
-def tfrecord_package_reader(tfrecord_iterator: Callable[[str], Iterator[memoryview]],
-                            files: Sequence[str]) -> Callable[[], int]:
+def tfrecord_package_reader(
+    tfrecord_iterator: Callable[[str], Iterator[memoryview]], files: Sequence[str]
+) -> Callable[[], int]:
     def read() -> int:
         count = 0
         for path in files:
@@ -370,8 +382,9 @@ def tfrecord_package_reader(tfrecord_iterator: Callable[[str], Iterator[memoryvi
     return read
 
 
-def contenders(files: Sequence[str], dataset_file: str, settings: Settings, tf: Any,
-               tfrecord_iterator: Any) -> dict[str, Contender]:
+def contenders(
+    files: Sequence[str], dataset_file: str, settings: Settings, tf: Any, tfrecord_iterator: Any
+) -> dict[str, Contender]:
     """Every timed reader by name: ours_*/tfdata_* pairs (parsed_b<B> per batch size), then the tfrecord package."""
     spec = ours_spec(settings)
     found = {"ours_raw": Contender(ours_raw_reader(files), settings.records)}
@@ -380,13 +393,16 @@ def contenders(files: Sequence[str], dataset_file: str, settings: Settings, tf: 
     for size in settings.batch_sizes:
         found[f"ours_parsed_b{size}"] = Contender(ours_parsed_reader(files, spec, size), settings.records)
         if tf is not None:
-            found[f"tfdata_parsed_b{size}"] = Contender(tfdata_parsed_reader(tf, settings, files, size),
-                                                        settings.records)
-    found["ours_dataset"] = Contender(ours_dataset_reader(dataset_file, spec, settings.dataset_batch_size),
-                                      settings.dataset_records)
+            found[f"tfdata_parsed_b{size}"] = Contender(
+                tfdata_parsed_reader(tf, settings, files, size), settings.records
+            )
+    found["ours_dataset"] = Contender(
+        ours_dataset_reader(dataset_file, spec, settings.dataset_batch_size), settings.dataset_records
+    )
     if tf is not None:
         found["tfdata_dataset"] = Contender(
-            tfdata_parsed_reader(tf, settings, [dataset_file], settings.dataset_batch_size), settings.dataset_records)
+            tfdata_parsed_reader(tf, settings, [dataset_file], settings.dataset_batch_size), settings.dataset_records
+        )
     if tfrecord_iterator is not None:
         found["tfrecord_pkg_raw"] = Contender(tfrecord_package_reader(tfrecord_iterator, files), settings.records)
     return found
@@ -414,9 +430,11 @@ def expected_batch(columns: Columns, size: int) -> dict[str, Any]:
         "label": columns.labels[:size],
         "dense": columns.dense[:size],
         "image": np.array([image.tobytes() for image in columns.images[:size]], dtype=object),
-        "tokens": (np.array(indices, dtype=np.int64).reshape(-1, 2),
-                   np.concatenate(tokens) if tokens else np.zeros(0, np.int64),
-                   np.array([size, max((len(values) for values in tokens), default=0)], dtype=np.int64)),
+        "tokens": (
+            np.array(indices, dtype=np.int64).reshape(-1, 2),
+            np.concatenate(tokens) if tokens else np.zeros(0, np.int64),
+            np.array([size, max((len(values) for values in tokens), default=0)], dtype=np.int64),
+        ),
     }
 
 
@@ -438,8 +456,11 @@ def batch_mismatches(actual: dict[str, Any], expected: dict[str, Any]) -> list[s
                 wrong.append(name)
         else:
             got = np.asarray(actual[name])
-            if got.shape != wanted.shape or not np.array_equal(got, wanted) or (
-                    wanted.dtype != object and got.dtype != wanted.dtype):
+            if (
+                got.shape != wanted.shape
+                or not np.array_equal(got, wanted)
+                or (wanted.dtype != object and got.dtype != wanted.dtype)
+            ):
                 wrong.append(name)
     return wrong
 
@@ -458,8 +479,9 @@ def numpy_batch(parsed: dict[str, Any]) -> dict[str, Any]:
     return converted
 
 
-def check_readers(files: Sequence[str], dataset_file: str, columns: Columns, settings: Settings, tf: Any,
-                  tfrecord_iterator: Any) -> list[str]:
+def check_readers(
+    files: Sequence[str], dataset_file: str, columns: Columns, settings: Settings, tf: Any, tfrecord_iterator: Any
+) -> list[str]:
     """One untimed read by each reader; returns what disagreed (empty when everything matched)."""
     problems = []
     ours = records_digest(read_records(files))
@@ -530,15 +552,18 @@ class Measurement:
 
     def cpu_ratio(self, reader: str, reference: str) -> float:
         """Median over rounds of reader's records per CPU second / reference's, in the same round."""
+
         def per_cpu_second(name: str) -> list[float]:
             return [rate / max(cores, 1e-9) for rate, cores in zip(self.rates[name], self.cores[name])]
+
         return statistics.median(a / b for a, b in zip(per_cpu_second(reader), per_cpu_second(reference)))
 
 
 def measure(readers: dict[str, Contender], settings: Settings) -> Measurement:
     names = list(readers)
-    measurement = Measurement(rates={name: [] for name in names}, walls={name: [] for name in names},
-                              cores={name: [] for name in names})
+    measurement = Measurement(
+        rates={name: [] for name in names}, walls={name: [] for name in names}, cores={name: [] for name in names}
+    )
     # TensorFlow's import leaves ~500k objects (a full collection: 0.3 s of CPU). Frozen, they are out of
     # every collection: the one before each pass is then microseconds, and none inside a pass scans them.
     gc.collect()
@@ -550,8 +575,9 @@ def measure(readers: dict[str, Contender], settings: Settings) -> Measurement:
     return measurement
 
 
-def _timed_rounds(readers: dict[str, Contender], names: list[str], settings: Settings,
-                  measurement: Measurement) -> None:
+def _timed_rounds(
+    readers: dict[str, Contender], names: list[str], settings: Settings, measurement: Measurement
+) -> None:
     for round_index in range(settings.rounds):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
@@ -561,8 +587,9 @@ def _timed_rounds(readers: dict[str, Contender], names: list[str], settings: Set
             count = readers[name].read()
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             if count != readers[name].records:
-                raise RuntimeError(f"{name} read {count} records in round {round_index}; expected "
-                                   f"{readers[name].records}.")
+                raise RuntimeError(
+                    f"{name} read {count} records in round {round_index}; expected {readers[name].records}."
+                )
             if round_index >= settings.warmup_rounds:
                 measurement.rates[name].append(count / wall)
                 measurement.walls[name].append(wall)
@@ -576,8 +603,9 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"a comma-separated list of integers, e.g. 16,64,256,1024; "
-                                         f"received {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"a comma-separated list of integers, e.g. 16,64,256,1024; received {text!r}"
+        ) from None
     if any(size < 1 for size in sizes) or len(set(sizes)) != len(sizes):
         raise argparse.ArgumentTypeError(f"every batch size must be at least 1 and appear once; received {text!r}")
     return sizes
@@ -587,24 +615,44 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=None, help="records in all shards (default 50000; quick 600)")
     parser.add_argument("--files", type=int, default=4, help="shards the records are written into (default 4)")
-    parser.add_argument("--batch-sizes", type=_batch_sizes, default=DEFAULT_BATCH_SIZES,
-                        help="records per batch of the parsed figures, comma-separated (default 16,64,256,1024)")
-    parser.add_argument("--dataset-records", type=int, default=None,
-                        help="records in the dataset figure's one file (default 100000; quick 1200)")
-    parser.add_argument("--dataset-batch-size", type=int, default=256,
-                        help="records per batch of the dataset figure (default 256)")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds of every reader, interleaved (default 5; quick 2)")
+    parser.add_argument(
+        "--batch-sizes",
+        type=_batch_sizes,
+        default=DEFAULT_BATCH_SIZES,
+        help="records per batch of the parsed figures, comma-separated (default 16,64,256,1024)",
+    )
+    parser.add_argument(
+        "--dataset-records",
+        type=int,
+        default=None,
+        help="records in the dataset figure's one file (default 100000; quick 1200)",
+    )
+    parser.add_argument(
+        "--dataset-batch-size", type=int, default=256, help="records per batch of the dataset figure (default 256)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="rounds of every reader, interleaved (default 5; quick 2)"
+    )
     parser.add_argument("--warmup-rounds", type=int, default=1, help="first rounds left out of the figures (default 1)")
-    parser.add_argument("--threads", type=int, default=1, help="threads for torch and for TensorFlow's pools (default 1)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="threads for torch and for TensorFlow's pools (default 1)"
+    )
     parser.add_argument("--dense-length", type=int, default=32, help="floats in the fixed-length feature (default 32)")
     parser.add_argument("--image-bytes", type=int, default=784, help="bytes in the raw image feature (default 784)")
-    parser.add_argument("--max-tokens", type=int, default=20, help="most values in the variable-length list (default 20)")
+    parser.add_argument(
+        "--max-tokens", type=int, default=20, help="most values in the variable-length list (default 20)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="few records and rounds, for the smoke test")
     parser.add_argument("--no-tensorflow", action="store_true", help="skip tf.data even when TensorFlow is installed")
-    parser.add_argument("--no-tfrecord-package", action="store_true", help="skip the tfrecord package even when installed")
-    parser.add_argument("--tfdata-defaults", action="store_true",
-                        help="keep tf.data's autotuning and injected prefetch, which run it on more cores than --threads")
+    parser.add_argument(
+        "--no-tfrecord-package", action="store_true", help="skip the tfrecord package even when installed"
+    )
+    parser.add_argument(
+        "--tfdata-defaults",
+        action="store_true",
+        help="keep tf.data's autotuning and injected prefetch, which run it on more cores than --threads",
+    )
     return parser
 
 
@@ -613,27 +661,41 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
     arguments = parser.parse_args(argv)
     quick = arguments.quick
     settings = Settings(
-        records=arguments.records or (600 if quick else 50_000), files=arguments.files,
+        records=arguments.records or (600 if quick else 50_000),
+        files=arguments.files,
         batch_sizes=arguments.batch_sizes,
         dataset_records=arguments.dataset_records or (1_200 if quick else 100_000),
-        dataset_batch_size=arguments.dataset_batch_size, rounds=arguments.rounds or (2 if quick else 5),
-        warmup_rounds=arguments.warmup_rounds, threads=arguments.threads, dense_length=arguments.dense_length,
-        image_bytes=arguments.image_bytes, max_tokens=arguments.max_tokens, seed=arguments.seed, quick=quick,
-        tensorflow=not arguments.no_tensorflow, tfrecord_package=not arguments.no_tfrecord_package,
+        dataset_batch_size=arguments.dataset_batch_size,
+        rounds=arguments.rounds or (2 if quick else 5),
+        warmup_rounds=arguments.warmup_rounds,
+        threads=arguments.threads,
+        dense_length=arguments.dense_length,
+        image_bytes=arguments.image_bytes,
+        max_tokens=arguments.max_tokens,
+        seed=arguments.seed,
+        quick=quick,
+        tensorflow=not arguments.no_tensorflow,
+        tfrecord_package=not arguments.no_tfrecord_package,
         tfdata_defaults=arguments.tfdata_defaults,
     )
-    for flag, value in (("--files", settings.files), ("--dataset-batch-size", settings.dataset_batch_size),
-                        ("--threads", settings.threads), ("--dense-length", settings.dense_length)):
+    for flag, value in (
+        ("--files", settings.files),
+        ("--dataset-batch-size", settings.dataset_batch_size),
+        ("--threads", settings.threads),
+        ("--dense-length", settings.dense_length),
+    ):
         if value < 1:
             parser.error(f"{flag} must be at least 1; received {value}.")
     if settings.records < settings.files:
         parser.error(f"--records must be at least --files ({settings.files}); received {settings.records}.")
     if settings.image_bytes < 0 or settings.max_tokens < 0:
-        parser.error(f"--image-bytes and --max-tokens must be >= 0; received {settings.image_bytes} and "
-                     f"{settings.max_tokens}.")
+        parser.error(
+            f"--image-bytes and --max-tokens must be >= 0; received {settings.image_bytes} and {settings.max_tokens}."
+        )
     if not 0 <= settings.warmup_rounds < settings.rounds:
-        parser.error(f"--warmup-rounds must be >= 0 and below --rounds ({settings.rounds}); "
-                     f"received {settings.warmup_rounds}.")
+        parser.error(
+            f"--warmup-rounds must be >= 0 and below --rounds ({settings.rounds}); received {settings.warmup_rounds}."
+        )
     return settings
 
 
@@ -653,18 +715,33 @@ class _Report:
 
     def __init__(self, measurement: Measurement, settings: Settings, tf: Any, tfrecord_iterator: Any) -> None:
         self.measurement, self.settings = measurement, settings
-        self.why_no_tf = None if tf else ("tensorflow not installed" if settings.tensorflow
-                                          else "skipped (--no-tensorflow)")
-        self.why_no_pkg = None if tfrecord_iterator else (
-            "tfrecord package not installed" if settings.tfrecord_package else "skipped (--no-tfrecord-package)")
+        self.why_no_tf = (
+            None if tf else ("tensorflow not installed" if settings.tensorflow else "skipped (--no-tensorflow)")
+        )
+        self.why_no_pkg = (
+            None
+            if tfrecord_iterator
+            else ("tfrecord package not installed" if settings.tfrecord_package else "skipped (--no-tfrecord-package)")
+        )
         self.ratios: dict[str, float | None] = {}
 
     def _side(self, reader: str, unit: str) -> str:
         m = self.measurement
-        return f"{m.rate(reader):.0f} {unit}/s ({m.wall(reader) * 1000:.2f} ms wall, cpu/wall {m.cores_used(reader):.2f})"
+        return (
+            f"{m.rate(reader):.0f} {unit}/s ({m.wall(reader) * 1000:.2f} ms wall, cpu/wall {m.cores_used(reader):.2f})"
+        )
 
-    def line(self, name: str, figure: str, unit: str, ours: str, theirs: str, label: str, why_missing: str | None,
-             note: str = "") -> None:
+    def line(
+        self,
+        name: str,
+        figure: str,
+        unit: str,
+        ours: str,
+        theirs: str,
+        label: str,
+        why_missing: str | None,
+        note: str = "",
+    ) -> None:
         head = f"{figure}: torchestimator {self._side(ours, unit)}"
         if why_missing is not None:
             print(f"{head}, {label} n/a ({why_missing})")
@@ -672,8 +749,10 @@ class _Report:
             return
         ratio = self.measurement.ratio(ours, theirs)
         kept = self.settings.rounds - self.settings.warmup_rounds
-        print(f"{head}, {label} {self._side(theirs, unit)}, ratio {ratio:.3f} (per CPU second "
-              f"{self.measurement.cpu_ratio(ours, theirs):.3f}; {kept} rounds{note})")
+        print(
+            f"{head}, {label} {self._side(theirs, unit)}, ratio {ratio:.3f} (per CPU second "
+            f"{self.measurement.cpu_ratio(ours, theirs):.3f}; {kept} rounds{note})"
+        )
         self.ratios[name] = ratio
 
     def parsed_summary(self) -> None:
@@ -685,8 +764,10 @@ class _Report:
         worst = min(by_size, key=lambda size: by_size[size])
         self.ratios["parsed_vs_tfdata"] = _geometric_mean(list(by_size.values()))
         self.ratios["parsed_vs_tfdata_worst"] = by_size[worst]
-        print(f"parsed over batch sizes {','.join(map(str, by_size))}: geometric mean "
-              f"{self.ratios['parsed_vs_tfdata']:.3f}, worst {by_size[worst]:.3f} (batch {worst})")
+        print(
+            f"parsed over batch sizes {','.join(map(str, by_size))}: geometric mean "
+            f"{self.ratios['parsed_vs_tfdata']:.3f}, worst {by_size[worst]:.3f} (batch {worst})"
+        )
 
 
 def report(measurement: Measurement, tf: Any, tfrecord_iterator: Any, settings: Settings) -> dict[str, float | None]:
@@ -694,41 +775,75 @@ def report(measurement: Measurement, tf: Any, tfrecord_iterator: Any, settings: 
     out = _Report(measurement, settings, tf, tfrecord_iterator)
     out.line("raw_vs_tfdata", "raw", "records", "ours_raw", "tfdata_raw", "tf.data", out.why_no_tf)
     for size in settings.batch_sizes:
-        out.line(f"parsed_vs_tfdata_b{size}", f"parsed_b{size}", "examples", f"ours_parsed_b{size}",
-                 f"tfdata_parsed_b{size}", "tf.data", out.why_no_tf)
+        out.line(
+            f"parsed_vs_tfdata_b{size}",
+            f"parsed_b{size}",
+            "examples",
+            f"ours_parsed_b{size}",
+            f"tfdata_parsed_b{size}",
+            "tf.data",
+            out.why_no_tf,
+        )
     out.parsed_summary()
     out.line("dataset_vs_tfdata", "dataset", "examples", "ours_dataset", "tfdata_dataset", "tf.data", out.why_no_tf)
-    out.line("raw_vs_tfrecord_pkg", "raw_tfrecord_pkg", "records", "ours_raw", "tfrecord_pkg_raw",
-             "tfrecord package", out.why_no_pkg, note="; that reader does not check CRCs")
-    order = ["raw_vs_tfdata", "parsed_vs_tfdata", "raw_vs_tfrecord_pkg", "dataset_vs_tfdata", "parsed_vs_tfdata_worst",
-             *(f"parsed_vs_tfdata_b{size}" for size in settings.batch_sizes)]
+    out.line(
+        "raw_vs_tfrecord_pkg",
+        "raw_tfrecord_pkg",
+        "records",
+        "ours_raw",
+        "tfrecord_pkg_raw",
+        "tfrecord package",
+        out.why_no_pkg,
+        note="; that reader does not check CRCs",
+    )
+    order = [
+        "raw_vs_tfdata",
+        "parsed_vs_tfdata",
+        "raw_vs_tfrecord_pkg",
+        "dataset_vs_tfdata",
+        "parsed_vs_tfdata_worst",
+        *(f"parsed_vs_tfdata_b{size}" for size in settings.batch_sizes),
+    ]
     return {name: out.ratios[name] for name in order}
 
 
 def print_verdict(ratios: dict[str, float | None]) -> None:
-    verdicts = [f"{name}>={target:g} " + ("n/a" if ratios[name] is None else "met" if ratios[name] >= target else "MISSED")
-                for name, target in TARGETS.items()]
+    verdicts = [
+        f"{name}>={target:g} " + ("n/a" if ratios[name] is None else "met" if ratios[name] >= target else "MISSED")
+        for name, target in TARGETS.items()
+    ]
     print("targets: " + ", ".join(verdicts))
 
 
 def _print_header(settings: Settings, tf: Any, tfrecord_iterator: Any) -> None:
-    print(f"tfrecord_read: {settings.records} records in {settings.files} files (int64 label, {settings.dense_length} "
-          f"floats, {settings.image_bytes} image bytes, 0..{settings.max_tokens} int64 tokens), parsed at batch sizes "
-          f"{','.join(map(str, settings.batch_sizes))} (tf.data raw at {settings.raw_batch_size}), dataset figure "
-          f"on one {settings.dataset_records}-record file at batch {settings.dataset_batch_size}, {settings.threads} "
-          f"thread(s), {settings.rounds} interleaved rounds (first {settings.warmup_rounds} dropped), medians, tf.data "
-          + ("defaults (autotune, injected prefetch)" if settings.tfdata_defaults
-             else "without autotune or injected prefetch"))
-    print(f"versions: torch {torch.__version__}, tensorflow "
-          f"{getattr(tf, '__version__', 'not installed') if settings.tensorflow else 'skipped'}, tfrecord package "
-          f"{('installed' if tfrecord_iterator else 'not installed') if settings.tfrecord_package else 'skipped'}; "
-          f"torchestimator cores: {_native.describe()}")
+    print(
+        f"tfrecord_read: {settings.records} records in {settings.files} files (int64 label, {settings.dense_length} "
+        f"floats, {settings.image_bytes} image bytes, 0..{settings.max_tokens} int64 tokens), parsed at batch sizes "
+        f"{','.join(map(str, settings.batch_sizes))} (tf.data raw at {settings.raw_batch_size}), dataset figure "
+        f"on one {settings.dataset_records}-record file at batch {settings.dataset_batch_size}, {settings.threads} "
+        f"thread(s), {settings.rounds} interleaved rounds (first {settings.warmup_rounds} dropped), medians, tf.data "
+        + (
+            "defaults (autotune, injected prefetch)"
+            if settings.tfdata_defaults
+            else "without autotune or injected prefetch"
+        )
+    )
+    print(
+        f"versions: torch {torch.__version__}, tensorflow "
+        f"{getattr(tf, '__version__', 'not installed') if settings.tensorflow else 'skipped'}, tfrecord package "
+        f"{('installed' if tfrecord_iterator else 'not installed') if settings.tfrecord_package else 'skipped'}; "
+        f"torchestimator cores: {_native.describe()}"
+    )
     if settings.quick:
-        print("note: --quick reads too few records for its figures to mean anything (start-up costs dominate); "
-              "it checks that the script works")
+        print(
+            "note: --quick reads too few records for its figures to mean anything (start-up costs dominate); "
+            "it checks that the script works"
+        )
     if (settings.tensorflow and tf is None) or (settings.tfrecord_package and tfrecord_iterator is None):
-        print(f"note: some readers to compare against are missing ({INSTALL_HINT}); "
-              "torchestimator's own figures are still printed")
+        print(
+            f"note: some readers to compare against are missing ({INSTALL_HINT}); "
+            "torchestimator's own figures are still printed"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

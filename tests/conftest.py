@@ -34,7 +34,9 @@ def make_classification(n: int = 256, features: int = 8, classes: int = 3, seed:
 
 
 class SmallNet(nn.Module):
-    def __init__(self, features: int = 8, hidden: int = 16, classes: int = 3, batch_norm: bool = True, dropout: float = 0.0):
+    def __init__(
+        self, features: int = 8, hidden: int = 16, classes: int = 3, batch_norm: bool = True, dropout: float = 0.0
+    ):
         super().__init__()
         layers: list[nn.Module] = [nn.Linear(features, hidden)]
         if batch_norm:
@@ -52,8 +54,12 @@ def classifier_model_fn(model, features, labels, mode):
     if mode == te.ModeKeys.PREDICT:
         return te.EstimatorSpec(mode, predictions=predictions)
     loss = F.cross_entropy(logits, labels)
-    return te.EstimatorSpec(mode, predictions=predictions, loss=loss,
-                            eval_metric_ops={"accuracy": te.metrics.accuracy(labels, predictions["class"])})
+    return te.EstimatorSpec(
+        mode,
+        predictions=predictions,
+        loss=loss,
+        eval_metric_ops={"accuracy": te.metrics.accuracy(labels, predictions["class"])},
+    )
 
 
 def exporting_model_fn(extra_signatures):
@@ -68,8 +74,11 @@ def exporting_model_fn(extra_signatures):
         logits = model(features["x"])
         predictions = {"class": logits.argmax(-1), "probabilities": logits.softmax(-1)}
         if mode == te.ModeKeys.PREDICT:
-            return te.EstimatorSpec(mode, predictions=predictions, export_outputs={
-                "serving_default": PredictOutput(predictions), **extra_signatures(logits, predictions)})
+            return te.EstimatorSpec(
+                mode,
+                predictions=predictions,
+                export_outputs={"serving_default": PredictOutput(predictions), **extra_signatures(logits, predictions)},
+            )
         return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels))
 
     return model_fn
@@ -105,8 +114,13 @@ def sgd(parameters):
 def make_estimator(model_dir, *, model=None, optimizer=adam, model_fn=classifier_model_fn, **config_changes):
     settings = {"save_checkpoints_steps": 10, "log_step_count_steps": None, "progress_bar": False, "random_seed": 0}
     config = te.RunConfig(**{**settings, **config_changes})
-    return te.Estimator(model_fn=model_fn, model=model or (lambda: SmallNet()), optimizer=optimizer,
-                        model_dir=str(model_dir), config=config)
+    return te.Estimator(
+        model_fn=model_fn,
+        model=model or (lambda: SmallNet()),
+        optimizer=optimizer,
+        model_dir=str(model_dir),
+        config=config,
+    )
 
 
 def trained_classifier(model_dir, model_fn=classifier_model_fn, steps: int = 5, n: int = 64):
@@ -209,15 +223,32 @@ def te_logs(caplog):
 # The modules whose tests reach the compiled cores (TFRecord framing, Example parsing) whatever their speed:
 # the pure-Python pass of the test command (TORCHESTIMATOR_PURE_PYTHON=1 ... -m "not slow or compiled_path")
 # runs them all, slow ones included, with every fast test of the rest of the suite.
-_COMPILED_PATH_MODULES = frozenset({
-    "test_tfrecord.py", "test_tfrecord_dataset.py", "test_tfrecord_benchmark_smoke.py", "test_dataset_batched_parse.py",
-    "test_dataset_shuffle_resume.py", "test_records_cli.py", "test_native.py", "test_native_records.py",
-    "test_native_examples.py", "test_parsing.py", "test_example.py", "test_inputs.py", "test_tf_interop.py",
-    "test_serving_classify_regress.py", "test_crafted_tfrecord.py", "test_serving_bytes.py",
-    # Found by the check below: event files are TFRecords, and these read or write them in the test's process.
-    "test_crafted_events.py", "test_distributed_estimator.py", "test_evaluator_task.py", "test_readme.py",
-    "test_training_and_evaluate.py",
-})
+_COMPILED_PATH_MODULES = frozenset(
+    {
+        "test_tfrecord.py",
+        "test_tfrecord_dataset.py",
+        "test_tfrecord_benchmark_smoke.py",
+        "test_dataset_batched_parse.py",
+        "test_dataset_shuffle_resume.py",
+        "test_records_cli.py",
+        "test_native.py",
+        "test_native_records.py",
+        "test_native_examples.py",
+        "test_parsing.py",
+        "test_example.py",
+        "test_inputs.py",
+        "test_tf_interop.py",
+        "test_serving_classify_regress.py",
+        "test_crafted_tfrecord.py",
+        "test_serving_bytes.py",
+        # Found by the check below: event files are TFRecords, and these read or write them in the test's process.
+        "test_crafted_events.py",
+        "test_distributed_estimator.py",
+        "test_evaluator_task.py",
+        "test_readme.py",
+        "test_training_and_evaluate.py",
+    }
+)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -245,7 +276,10 @@ def _watch_compiled_cores() -> None:
     from torchestimator import _native
     from torchestimator.data import tfrecord
 
-    for name, functions in (("_records", ("scan", "frame", "crc32c", "masked_crc32c")), ("_examples", ("parse_examples",))):
+    for name, functions in (
+        ("_records", ("scan", "frame", "crc32c", "masked_crc32c")),
+        ("_examples", ("parse_examples",)),
+    ):
         module = _native.load(name)
         if module is not None:  # None in the pure pass: nothing to count
             for function in functions:
@@ -265,9 +299,12 @@ def _compiled_path_declared(request):
     before = _compiled_calls[0]
     yield
     if _compiled_calls[0] != before:
-        pytest.fail(f"{request.node.nodeid} is slow and reaches a compiled core ({_compiled_calls[0] - before} calls), "
-                    f"but {request.node.path.name} is not in tests/conftest.py's _COMPILED_PATH_MODULES: the "
-                    "pure-Python pass would skip it.", pytrace=False)
+        pytest.fail(
+            f"{request.node.nodeid} is slow and reaches a compiled core ({_compiled_calls[0] - before} calls), "
+            f"but {request.node.path.name} is not in tests/conftest.py's _COMPILED_PATH_MODULES: the "
+            "pure-Python pass would skip it.",
+            pytrace=False,
+        )
 
 
 # ---------------------------------------------------------------------------- object stores (tests/object_stores.py)

@@ -52,7 +52,8 @@ def _build_model() -> nn.Module:
 def _input_fn(input_context=None):
     x, y = _data()
     return te.numpy_input_fn({"x": x}, y, batch_size=16, num_epochs=None, shuffle=True, seed=11)(
-        input_context=input_context)
+        input_context=input_context
+    )
 
 
 def _write_atomically(path: str, text: str) -> None:
@@ -129,12 +130,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.die_rank == rank:
         hooks.append(_Die(args.die_at_step, args.die_how, args.die_file))
     config = te.RunConfig(
-        train_distribute=strategy, deterministic=True, random_seed=7,
-        save_checkpoints_steps=args.save_checkpoints_steps, keep_checkpoint_max=None,
-        log_step_count_steps=None, save_summary_steps=None, progress_bar=False,
+        train_distribute=strategy,
+        deterministic=True,
+        random_seed=7,
+        save_checkpoints_steps=args.save_checkpoints_steps,
+        keep_checkpoint_max=None,
+        log_step_count_steps=None,
+        save_summary_steps=None,
+        progress_bar=False,
     )
     estimator = te.Estimator(
-        model_fn=_model_fn, model=_build_model, model_dir=args.model_dir, config=config,
+        model_fn=_model_fn,
+        model=_build_model,
+        model_dir=args.model_dir,
+        config=config,
         optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1, momentum=0.9),
     )
     try:

@@ -43,14 +43,24 @@ ACCESS_DENIED_KEY = "invalid_access_key"
 CUT_BODY = "cut_body"
 
 _ERRORS = {  # status, reason, the error code per dialect, message
-    SLOW_DOWN: (503, "Slow Down", {"s3": "SlowDown", "gcs": "backendError", "azure": "ServerBusy"},
-                "Please reduce your request rate."),
-    INTERNAL_ERROR: (500, "Internal Server Error", {"s3": "InternalError", "gcs": "internalError",
-                                                    "azure": "InternalError"},
-                     "We encountered an internal error. Please try again."),
-    ACCESS_DENIED_KEY: (403, "Forbidden", {"s3": "InvalidAccessKeyId", "gcs": "forbidden",
-                                           "azure": "AuthenticationFailed"},
-                        "The access key you provided does not exist in our records."),
+    SLOW_DOWN: (
+        503,
+        "Slow Down",
+        {"s3": "SlowDown", "gcs": "backendError", "azure": "ServerBusy"},
+        "Please reduce your request rate.",
+    ),
+    INTERNAL_ERROR: (
+        500,
+        "Internal Server Error",
+        {"s3": "InternalError", "gcs": "internalError", "azure": "InternalError"},
+        "We encountered an internal error. Please try again.",
+    ),
+    ACCESS_DENIED_KEY: (
+        403,
+        "Forbidden",
+        {"s3": "InvalidAccessKeyId", "gcs": "forbidden", "azure": "AuthenticationFailed"},
+        "The access key you provided does not exist in our records.",
+    ),
 }
 DIALECTS = ("s3", "gcs", "azure")
 _POLL_SECONDS = 0.2
@@ -122,8 +132,9 @@ class FaultProxy:
     def start(self) -> None:
         self._spawn(self._accept_loop)
 
-    def inject(self, fault: str, *, times: int = 1, when: Callable[[Request], bool] | None = None,
-               after: int = 0) -> None:
+    def inject(
+        self, fault: str, *, times: int = 1, when: Callable[[Request], bool] | None = None, after: int = 0
+    ) -> None:
         with self._lock:
             self._rules.append(_Rule(fault, times, when or (lambda request: True), after))
 
@@ -173,7 +184,7 @@ class FaultProxy:
         while not self._stop.is_set():
             try:
                 client, _ = self._listener.accept()
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -208,8 +219,10 @@ class FaultProxy:
                     self._wait_for_release()
                     return
                 if fault in _ERRORS:
-                    self._send(client, _error_response(*_ERRORS[fault], target, dialect=self.dialect,
-                                                       with_body=method != "HEAD"))
+                    self._send(
+                        client,
+                        _error_response(*_ERRORS[fault], target, dialect=self.dialect, with_body=method != "HEAD"),
+                    )
                     if expects:
                         return  # answered before the body was sent: the connection cannot be reused
                     reader.body(headers)
@@ -231,7 +244,7 @@ class FaultProxy:
                     self._stop.wait(len(body) / self.bytes_per_second)
                 response, body_start, body_length = self._forward(head + body, method)
                 if fault == CUT_BODY and body_length:
-                    self._send(client, response[:body_start + body_length // 2])
+                    self._send(client, response[: body_start + body_length // 2])
                     return  # closed with half the body sent: the client sees a payload cut short
                 self._send(client, response)
                 if _wants_close(response[:body_start]):
@@ -248,16 +261,18 @@ class FaultProxy:
             if self._stop.is_set() or time.monotonic() > deadline:
                 raise _Closed()
             try:
-                view = view[sock.send(view):]
-            except (TimeoutError, socket.timeout):
+                view = view[sock.send(view) :]
+            except TimeoutError:
                 continue
 
     def _wait_for_release(self) -> None:
         deadline = time.monotonic() + _LONGEST_WAIT_SECONDS
         with self._released:
             stalled_at = self._release_count
-            self._released.wait_for(lambda: self._release_count != stalled_at or self._stop.is_set(),
-                                    timeout=max(0.0, deadline - time.monotonic()))
+            self._released.wait_for(
+                lambda: self._release_count != stalled_at or self._stop.is_set(),
+                timeout=max(0.0, deadline - time.monotonic()),
+            )
 
     def _forward(self, request: bytes, method: str) -> tuple[bytes, int, int]:
         """Send one request upstream on a fresh connection; the whole answer, where its body starts, its size."""
@@ -290,7 +305,7 @@ class _Reader:
         while not self._stop.is_set() and time.monotonic() < deadline:
             try:
                 data = self._sock.recv(1 << 20)
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             if not data:
                 return False
@@ -361,20 +376,26 @@ def _wants_close(head: bytes) -> bool:
     return b"connection: close" in head.lower()
 
 
-def _error_response(status: int, reason: str, codes: dict[str, str], message: str, target: str, *, dialect: str,
-                    with_body: bool) -> bytes:
+def _error_response(
+    status: int, reason: str, codes: dict[str, str], message: str, target: str, *, dialect: str, with_body: bool
+) -> bytes:
     code = codes[dialect]
     if dialect == "gcs":  # the JSON API's error object
-        body = json.dumps({"error": {"code": status, "message": message,
-                                     "errors": [{"reason": code, "message": message}]}}).encode()
+        body = json.dumps(
+            {"error": {"code": status, "message": message, "errors": [{"reason": code, "message": message}]}}
+        ).encode()
         headers = "Content-Type: application/json; charset=UTF-8\r\n"
     elif dialect == "azure":
-        body = (f'<?xml version="1.0" encoding="utf-8"?><Error><Code>{code}</Code><Message>{message}\n'
-                "RequestId:FAULTPROXY</Message></Error>").encode()
+        body = (
+            f'<?xml version="1.0" encoding="utf-8"?><Error><Code>{code}</Code><Message>{message}\n'
+            "RequestId:FAULTPROXY</Message></Error>"
+        ).encode()
         headers = f"Content-Type: application/xml\r\nx-ms-error-code: {code}\r\nx-ms-request-id: FAULTPROXY\r\n"
     else:
-        body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
-                f"<Resource>{target.split('?', 1)[0]}</Resource><RequestId>FAULTPROXY</RequestId></Error>").encode()
+        body = (
+            f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}</Message>'
+            f"<Resource>{target.split('?', 1)[0]}</Resource><RequestId>FAULTPROXY</RequestId></Error>"
+        ).encode()
         headers = "Content-Type: application/xml\r\nx-amz-request-id: FAULTPROXY\r\n"
     head = f"HTTP/1.1 {status} {reason}\r\n{headers}Content-Length: {len(body)}\r\n\r\n".encode()
     return head + body if with_body else head  # a HEAD's answer has no body, its Content-Length notwithstanding

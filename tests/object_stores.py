@@ -19,8 +19,12 @@ import sys
 import uuid
 from collections.abc import Iterator
 
-S3_ENVIRONMENT = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-secret",
-                  "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+S3_ENVIRONMENT = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
 
 
 def free_port() -> int:
@@ -106,8 +110,9 @@ def forget_filesystems() -> None:
 AZURITE_ACCOUNT = "devstoreaccount1"
 AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 """Azurite's well-known development account (published in its documentation; not a secret)."""
-AZURITE_BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "azurite", "node_modules", ".bin",
-                           "azurite-blob")
+AZURITE_BIN = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "azurite", "node_modules", ".bin", "azurite-blob"
+)
 """Installed by the README's test command: ``npm ci --prefix tests/azurite`` (package-lock.json pins it)."""
 
 
@@ -118,7 +123,9 @@ def azurite_missing() -> str | None:
     if shutil.which("node") is None:
         return "node is not installed, so Azurite (the Azure Storage emulator, an npm package) cannot run"
     if not os.path.exists(AZURITE_BIN):
-        return f"Azurite is not installed at {AZURITE_BIN} (the README's test command runs npm ci --prefix tests/azurite)"
+        return (
+            f"Azurite is not installed at {AZURITE_BIN} (the README's test command runs npm ci --prefix tests/azurite)"
+        )
     return None
 
 
@@ -130,9 +137,24 @@ def azurite_server(workdir: str) -> Iterator[str]:
 
     port = free_port()
     log = open(os.path.join(workdir, "azurite.log"), "wb")
-    server = subprocess.Popen([AZURITE_BIN, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", workdir,
-                               "--silent", "--skipApiVersionCheck", "--loose"], stdout=log, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, start_new_session=True)
+    server = subprocess.Popen(
+        [
+            AZURITE_BIN,
+            "--blobHost",
+            "127.0.0.1",
+            "--blobPort",
+            str(port),
+            "--location",
+            workdir,
+            "--silent",
+            "--skipApiVersionCheck",
+            "--loose",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -142,8 +164,10 @@ def azurite_server(workdir: str) -> Iterator[str]:
             if server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"Azurite did not start (exit {server.poll()}); see {workdir}/azurite.log")
             time.sleep(0.1)
-        yield (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
-               f"BlobEndpoint=http://127.0.0.1:{port}/{AZURITE_ACCOUNT};")
+        yield (
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+            f"BlobEndpoint=http://127.0.0.1:{port}/{AZURITE_ACCOUNT};"
+        )
     finally:
         # Killed, not asked: on SIGTERM Azurite waits for the clients' keep-alive connections to close (30 s here),
         # and its data is this test session's temporary folder.

@@ -8,8 +8,8 @@ import threading
 
 import numpy as np
 import torch
-
 from conftest import make_estimator
+
 from torchestimator import EstimatorSpec
 from torchestimator.checkpoint.store import CheckpointStore
 from torchestimator.data.inputs import numpy_input_fn
@@ -25,8 +25,15 @@ def _train(model_dir, steps, **config):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 4)).astype(np.float32)
     y = x.sum(axis=1).astype(np.float32)
-    estimator = make_estimator(model_dir, model=lambda: torch.nn.Linear(4, 1), model_fn=_model_fn,
-                               save_checkpoints_steps=5, keep_checkpoint_max=100, random_seed=3, **config)
+    estimator = make_estimator(
+        model_dir,
+        model=lambda: torch.nn.Linear(4, 1),
+        model_fn=_model_fn,
+        save_checkpoints_steps=5,
+        keep_checkpoint_max=100,
+        random_seed=3,
+        **config,
+    )
     estimator.train(numpy_input_fn(x, y, batch_size=8, num_epochs=None, shuffle=True), max_steps=steps)
     return estimator
 
@@ -58,8 +65,9 @@ def test_background_saves_give_the_synchronous_runs_checkpoints(tmp_path, monkey
     assert async_steps == sync_steps == ["ckpt-10", "ckpt-15", "ckpt-20", "ckpt-5"]
     for step in (5, 10, 15, 20):  # every background save is complete and holds the same tensors
         for file in ("model.safetensors", "optimizer.safetensors"):
-            assert (tmp_path / "sync" / f"ckpt-{step}" / file).read_bytes() == \
-                (tmp_path / "async" / f"ckpt-{step}" / file).read_bytes(), (step, file)
+            assert (tmp_path / "sync" / f"ckpt-{step}" / file).read_bytes() == (
+                tmp_path / "async" / f"ckpt-{step}" / file
+            ).read_bytes(), (step, file)
 
 
 def test_a_run_resumed_from_background_saves_continues_exactly(tmp_path):
@@ -69,5 +77,6 @@ def test_a_run_resumed_from_background_saves_continues_exactly(tmp_path):
     assert resumed.get_variable_names() == straight.get_variable_names()
     for name in straight.get_variable_names():
         np.testing.assert_array_equal(resumed.get_variable_value(name), straight.get_variable_value(name))
-    assert (tmp_path / "async" / "ckpt-20" / "model.safetensors").read_bytes() == \
-        (tmp_path / "sync" / "ckpt-20" / "model.safetensors").read_bytes()
+    assert (tmp_path / "async" / "ckpt-20" / "model.safetensors").read_bytes() == (
+        tmp_path / "sync" / "ckpt-20" / "model.safetensors"
+    ).read_bytes()

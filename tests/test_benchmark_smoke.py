@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import importlib.util
+import itertools
 import logging
 import re
 import subprocess
@@ -12,14 +13,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from benchmark_scripts import assert_arguments_refused, final_line, imported_script
 import torch
+from benchmark_scripts import assert_arguments_refused, final_line, imported_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "loop_overhead.py"
 RATIO = r"\d+\.\d{3}"
-FINAL_LINE = re.compile(rf"^loop_overhead mlp=({RATIO}) cnn=({RATIO}) mlp_defaults=({RATIO}) "
-                        rf"input_fn_mlp=({RATIO}) lightning_mlp=({RATIO}|n/a) mlp_paired=({RATIO}) "
-                        rf"mlp_paired_floor=({RATIO})$")
+FINAL_LINE = re.compile(
+    rf"^loop_overhead mlp=({RATIO}) cnn=({RATIO}) mlp_defaults=({RATIO}) "
+    rf"input_fn_mlp=({RATIO}) lightning_mlp=({RATIO}|n/a) mlp_paired=({RATIO}) "
+    rf"mlp_paired_floor=({RATIO})$"
+)
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +39,9 @@ def test_quick_run_prints_ratios_and_identical_weights(benchmark, capsys):
     logger = logging.getLogger("torchestimator")
     level_before = logger.level
     # --allocator default: the pinned allocator (tested in a child process below) would stay pinned in this one.
-    status = benchmark.main(["--quick", "--no-lightning", "--allocator", "default", "--rounds", "2", "--steps", "12",
-                             "--cnn-steps", "6"])
+    status = benchmark.main(
+        ["--quick", "--no-lightning", "--allocator", "default", "--rounds", "2", "--steps", "12", "--cnn-steps", "6"]
+    )
     output = capsys.readouterr().out
     assert status == 0
     mlp, cnn, defaults, input_fn, lightning, paired, floor = _final_line(output).groups()
@@ -45,18 +49,34 @@ def test_quick_run_prints_ratios_and_identical_weights(benchmark, capsys):
     assert lightning == "n/a"
     assert "weights identical: yes" in output and "weights identical: no" not in output
     for name in ("mlp", "cnn", "mlp_defaults", "input_fn_mlp"):
-        assert re.search(rf"^{name}: hand {RATIO} ms/step, estimator {RATIO} ms/step, ratio {RATIO} \(cpu time; "
-                         rf"on the wall clock {RATIO} vs {RATIO}", output, re.M), name
+        assert re.search(
+            rf"^{name}: hand {RATIO} ms/step, estimator {RATIO} ms/step, ratio {RATIO} \(cpu time; "
+            rf"on the wall clock {RATIO} vs {RATIO}",
+            output,
+            re.M,
+        ), name
     for name in ("mlp", "cnn"):
-        assert re.search(rf"^{name}: minor page faults per step \(median of rounds\): hand \d+, hand_again \d+, "
-                         rf"estimator \d+$", output, re.M), name
+        assert re.search(
+            rf"^{name}: minor page faults per step \(median of rounds\): hand \d+, hand_again \d+, "
+            rf"estimator \d+$",
+            output,
+            re.M,
+        ), name
     assert "allocator: glibc's default (moving thresholds)" in output
     assert re.search(r"^benchmark time: [0-9.]+ s wall, [0-9.]+ s CPU$", output, re.M)
     assert "checkpoints, summaries, step logging and progress bar disabled" in output
-    assert re.search(rf"^mlp_paired: each Estimator step beside a hand step taken right after it, 30 steps, 3 runs: "
-                     rf"ratio {RATIO} \(runs: {RATIO}, {RATIO}, {RATIO}; cpu clock\); weights identical: yes$", output, re.M)
-    assert re.search(rf"^mlp_paired_floor: .* ratio {RATIO} \(runs: {RATIO}, {RATIO}, {RATIO}\); the Estimator above "
-                     rf"it: {RATIO}$", output, re.M)
+    assert re.search(
+        rf"^mlp_paired: each Estimator step beside a hand step taken right after it, 30 steps, 3 runs: "
+        rf"ratio {RATIO} \(runs: {RATIO}, {RATIO}, {RATIO}; cpu clock\); weights identical: yes$",
+        output,
+        re.M,
+    )
+    assert re.search(
+        rf"^mlp_paired_floor: .* ratio {RATIO} \(runs: {RATIO}, {RATIO}, {RATIO}\); the Estimator above "
+        rf"it: {RATIO}$",
+        output,
+        re.M,
+    )
     assert logger.level == level_before  # the benchmark quiets the library's logs only while it runs
 
 
@@ -72,8 +92,9 @@ def test_weight_check_sees_a_single_changed_value(benchmark):
 
 def test_differing_weights_fail_the_run(benchmark, capsys, monkeypatch):
     monkeypatch.setattr(benchmark, "same_weights", lambda first, second: False)
-    status = benchmark.main(["--quick", "--no-lightning", "--allocator", "default", "--rounds", "2", "--steps", "5",
-                             "--cnn-steps", "3"])
+    status = benchmark.main(
+        ["--quick", "--no-lightning", "--allocator", "default", "--rounds", "2", "--steps", "5", "--cnn-steps", "3"]
+    )
     output = capsys.readouterr().out
     assert status == 1
     assert "weights identical: no" in output
@@ -122,8 +143,9 @@ def test_the_paired_hand_steps_take_the_estimators_batches_and_time_every_step(b
         paired.after_step(None)
     # clock reads 0,1 | 2,3 | 4,5: hand steps 0->1, 2->3, 4->5; Estimator steps between them: 1->2, 3->4.
     assert paired.hand_steps == [1.0, 1.0, 1.0] and paired.estimator_steps == [1.0, 1.0]
-    assert benchmark.same_weights(paired.model, benchmark.run_hand(
-        benchmark.dataclasses.replace(workload, steps=3), batches[:3], seed=0).model)
+    assert benchmark.same_weights(
+        paired.model, benchmark.run_hand(benchmark.dataclasses.replace(workload, steps=3), batches[:3], seed=0).model
+    )
 
 
 def test_the_array_hand_loop_sees_the_batches_in_order(benchmark):
@@ -144,13 +166,15 @@ def test_faults_per_step_counts_the_kept_steps(benchmark):
     assert benchmark.faults_per_step(stamps, skip=1) == 30.0  # (560 - 500) over the two steps after the skipped one
 
 
-@pytest.mark.parametrize("names, cycle_length", [
-    (["hand", "hand_again", "estimator"], 6), (["hand", "hand_again", "estimator", "lightning"], 4), (["a", "b"], 2)])
+@pytest.mark.parametrize(
+    "names, cycle_length",
+    [(["hand", "hand_again", "estimator"], 6), (["hand", "hand_again", "estimator", "lightning"], 4), (["a", "b"], 2)],
+)
 def test_round_orders_give_every_loop_each_predecessor_equally_often(benchmark, names, cycle_length):
     orders = benchmark.round_orders(names)
     cycle = [next(orders) for _ in range(cycle_length)]
     assert all(sorted(order) == sorted(names) for order in cycle) and len(set(cycle)) == cycle_length
-    follows = collections.Counter(pair for order in cycle for pair in zip(order, order[1:]))
+    follows = collections.Counter(pair for order in cycle for pair in itertools.pairwise(order))
     assert len(follows) == len(names) * (len(names) - 1) and len(set(follows.values())) == 1  # every pair, as often
     assert next(orders) == cycle[0]
 
@@ -175,8 +199,9 @@ print(statistics.median(faults))
 def test_pinned_allocator_reuses_freed_activations_without_page_faults():
     """In a child process: pinning is for the whole process. 16 MiB freed and allocated again comes back from the
     heap, not as fresh pages (4096 faults per round if it did); the median round leaves out the heap's growth."""
-    result = subprocess.run([sys.executable, "-c", PINNED_CHURN, str(SCRIPT.parent)], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", PINNED_CHURN, str(SCRIPT.parent)], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     described, faults = result.stdout.strip().splitlines()[-2:]
     assert described.startswith("glibc malloc pinned (mmap threshold 32 MiB, trim threshold 256 MiB)")
@@ -185,16 +210,20 @@ def test_pinned_allocator_reuses_freed_activations_without_page_faults():
 
 def test_ratio_pairs_rounds(benchmark):
     measurement = benchmark.Measurement(
-        round_medians={"hand": {"cpu": [1.0, 2.0, 4.0]}, "estimator": {"cpu": [1.1, 2.2, 4.4]}}, identical={})
+        round_medians={"hand": {"cpu": [1.0, 2.0, 4.0]}, "estimator": {"cpu": [1.1, 2.2, 4.4]}}, identical={}
+    )
     assert measurement.ratio("estimator", "hand", "cpu") == pytest.approx(1.1)
     assert measurement.median_ms("hand", "cpu") == pytest.approx(2000.0)
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (["--rounds", "2", "--warmup-rounds", "2"], "--warmup-rounds"),
-    (["--steps", "2"], "at least 3"),
-    (["--threads", "0"], "at least 1"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--rounds", "2", "--warmup-rounds", "2"], "--warmup-rounds"),
+        (["--steps", "2"], "at least 3"),
+        (["--threads", "0"], "at least 1"),
+    ],
+)
 def test_bad_arguments_are_refused(benchmark, capsys, arguments, message):
     assert_arguments_refused(benchmark, arguments, message, capsys)
 
@@ -204,15 +233,19 @@ def test_script_runs_as_a_program_with_lightning_when_installed():
     result = subprocess.run([sys.executable, str(SCRIPT), "--quick"], capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-2000:]
     lightning = _final_line(result.stdout).group(3)
-    installed = importlib.util.find_spec("lightning") is not None or importlib.util.find_spec("pytorch_lightning") is not None
+    installed = (
+        importlib.util.find_spec("lightning") is not None or importlib.util.find_spec("pytorch_lightning") is not None
+    )
     assert (lightning != "n/a") == installed
     assert "weights identical: yes" in result.stdout
 
 
 # -- benchmarks/scaling.py -------------------------------------------------------------------------------------
 
-SCALING_LINE = re.compile(rf"^scaling ddp_efficiency_2p=({RATIO}) fsdp_vs_ddp=({RATIO}) "
-                          rf"async_ckpt_stall_ratio=({RATIO})$")
+SCALING_LINE = re.compile(
+    rf"^scaling ddp_efficiency_2p=({RATIO}) fsdp_vs_ddp=({RATIO}) "
+    rf"async_ckpt_stall_ratio=({RATIO})$"
+)
 
 
 @pytest.fixture(scope="module")
@@ -259,19 +292,26 @@ def test_scaling_quick_run_prints_its_ratios():
 
 # -- benchmarks/first_result.py --------------------------------------------------------------------------------
 
-FIRST_RESULT_LINE = re.compile(r"^first_result demo_s=([0-9.]+) import_s=([0-9.]+) train_s=([0-9.]+) "
-                               r"eval_s=([0-9.]+) export_s=([0-9.]+) serve_available_s=(n/a|[0-9.]+) "
-                               r"accuracy=([0-9.]+)$")
+FIRST_RESULT_LINE = re.compile(
+    r"^first_result demo_s=([0-9.]+) import_s=([0-9.]+) train_s=([0-9.]+) "
+    r"eval_s=([0-9.]+) export_s=([0-9.]+) serve_available_s=(n/a|[0-9.]+) "
+    r"accuracy=([0-9.]+)$"
+)
 
 
 @pytest.mark.slow
 def test_first_result_short_run_prints_where_the_demo_time_goes():
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "first_result.py"
-    result = subprocess.run([sys.executable, str(script), "--max_steps", "20", "--no_rerun", "--no_serve"],
-                            capture_output=True, text=True, timeout=420)
+    result = subprocess.run(
+        [sys.executable, str(script), "--max_steps", "20", "--no_rerun", "--no_serve"],
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
-    demo_s, import_s, train_s, eval_s, export_s, serve_s, accuracy = final_line(result.stdout,
-                                                                                FIRST_RESULT_LINE).groups()
+    demo_s, _import_s, train_s, eval_s, export_s, serve_s, accuracy = final_line(
+        result.stdout, FIRST_RESULT_LINE
+    ).groups()
     assert float(demo_s) > float(train_s) > 0 and float(eval_s) > 0 and float(export_s) > 0
     assert serve_s == "n/a" and 0.0 < float(accuracy) <= 1.0
     assert "training steps (to step 20, 1 torch threads)" in result.stdout  # the demo's own thread setting
@@ -279,10 +319,21 @@ def test_first_result_short_run_prints_where_the_demo_time_goes():
 
 # -- benchmarks/object_storage.py ------------------------------------------------------------------------------
 
-OBJECT_STORAGE_KEYS = ("tfrecord_vs_local", "tfrecord_vs_{client}_get", "tfrecord_vs_{client}_ranged",
-                       "tfrecord_vs_tfdata", "interleaved_vs_local", "parsed_vs_local", "{client}_get_vs_local",
-                       "ckpt_save_vs_local", "ckpt_load_vs_local", "ckpt_save_vs_{client}_put",
-                       "ckpt_load_vs_{client}_get", "upload_gbps", "list_calls_per_save")
+OBJECT_STORAGE_KEYS = (
+    "tfrecord_vs_local",
+    "tfrecord_vs_{client}_get",
+    "tfrecord_vs_{client}_ranged",
+    "tfrecord_vs_tfdata",
+    "interleaved_vs_local",
+    "parsed_vs_local",
+    "{client}_get_vs_local",
+    "ckpt_save_vs_local",
+    "ckpt_load_vs_local",
+    "ckpt_save_vs_{client}_put",
+    "ckpt_load_vs_{client}_get",
+    "upload_gbps",
+    "list_calls_per_save",
+)
 """The keys of each store's last line, in order; {client} is s3fs or gcsfs."""
 
 
@@ -318,8 +369,9 @@ def test_object_storage_quick_run_prints_one_last_line_per_store():
 
 
 def test_object_storage_refuses_an_s3_endpoint_for_the_gcs_store_alone(object_storage, capsys):
-    assert_arguments_refused(object_storage, ["--store", "gs", "--endpoint", "http://x", "--bucket", "b"],
-                             "need --store s3 or both", capsys)
+    assert_arguments_refused(
+        object_storage, ["--store", "gs", "--endpoint", "http://x", "--bucket", "b"], "need --store s3 or both", capsys
+    )
     assert_arguments_refused(object_storage, ["--tensorflow-python", "/no/such/python"], "no such program", capsys)
     assert object_storage.parse_settings(["--quick"]).stores == ("s3", "gs")
     assert object_storage.parse_settings(["--store", "gs"]).stores == ("gs",)
@@ -359,8 +411,13 @@ def test_object_storage_tls_proxy_hands_the_gcs_hosts_to_the_emulator(object_sto
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         settings = object_storage.parse_settings(["--quick"])
-        store = object_storage.Store(settings=settings, local_dir=str(tmp_path), bucket_url="gs://bucket",
-                                     endpoint=f"http://127.0.0.1:{server.server_port}", protocol="gs")
+        store = object_storage.Store(
+            settings=settings,
+            local_dir=str(tmp_path),
+            bucket_url="gs://bucket",
+            endpoint=f"http://127.0.0.1:{server.server_port}",
+            protocol="gs",
+        )
         with object_storage.tls_proxy(store) as (port, ca):
             assert object_storage._proxied_get(["gs://bucket/a b/x.tfrecord"] * 2, port, ca)() == 2 * len(body)
     finally:

@@ -374,8 +374,11 @@ def test_identical_state_gives_identical_bytes(tmp_path):
     for index in range(12):
         store = CheckpointStore(tmp_path / f"run-{index}", clock=FakeClock(1000.0 + index))
         path = store.save(3, model.state_dict(), {"optimizer": optimizer.state_dict()}, {"input_position": 7})
-        digests.add(tuple(hashlib.sha256((tmp_path / path / name).read_bytes()).hexdigest()
-                          for name in sorted(os.listdir(path))))
+        digests.add(
+            tuple(
+                hashlib.sha256((tmp_path / path / name).read_bytes()).hexdigest() for name in sorted(os.listdir(path))
+            )
+        )
     assert len(digests) == 1
 
 
@@ -383,9 +386,15 @@ def test_safetensors_files_read_back_with_the_safetensors_library(tmp_path):
     from safetensors import safe_open
 
     base = torch.arange(12, dtype=torch.float32)
-    state = {"view": base[2:5], "scalar": torch.tensor(2.5, dtype=torch.float64), "empty": torch.zeros(0, 3),
-             "flags": torch.tensor([True, False]), "half": torch.randn(2, 3).to(torch.bfloat16),
-             "byte": torch.tensor([7], dtype=torch.uint8), "tied": base}
+    state = {
+        "view": base[2:5],
+        "scalar": torch.tensor(2.5, dtype=torch.float64),
+        "empty": torch.zeros(0, 3),
+        "flags": torch.tensor([True, False]),
+        "half": torch.randn(2, 3).to(torch.bfloat16),
+        "byte": torch.tensor([7], dtype=torch.uint8),
+        "tied": base,
+    }
     path = CheckpointStore(tmp_path).save(1, state)
     with safe_open(os.path.join(path, "model.safetensors"), "pt") as reader:
         assert json.loads(reader.metadata()["order"]) == list(state)
@@ -676,6 +685,7 @@ def _set(path, value):
         for key in path[:-1]:
             node = node[key]
         node[path[-1]] = value
+
     return edit
 
 
@@ -688,15 +698,19 @@ def store_with_extra(tmp_path):
     return store, tmp_path / "model_dir"
 
 
-@pytest.mark.parametrize("edit", [
-    _set(["extra", "rng", 0, "torch"], "AAAC"),
-    _set(["extra", "rng", 0, "python", 1, 2], 9),
-    _set(["extra", "input_position", "batch"], 1),
-    _set(["extra", "surprise"], True),
-    _set(["files", "model.safetensors", "sha256"], "0" * 64),
-    lambda state: state.pop("state_sha256"),
-    lambda state: state.update(state_sha256="f" * 64),
-], ids=["rng-torch", "rng-python", "input-position", "new-key", "file-checksum", "no-own-checksum", "own-checksum"])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        _set(["extra", "rng", 0, "torch"], "AAAC"),
+        _set(["extra", "rng", 0, "python", 1, 2], 9),
+        _set(["extra", "input_position", "batch"], 1),
+        _set(["extra", "surprise"], True),
+        _set(["files", "model.safetensors", "sha256"], "0" * 64),
+        lambda state: state.pop("state_sha256"),
+        lambda state: state.update(state_sha256="f" * 64),
+    ],
+    ids=["rng-torch", "rng-python", "input-position", "new-key", "file-checksum", "no-own-checksum", "own-checksum"],
+)
 def test_any_edited_value_of_state_json_is_detected(store_with_extra, edit, caplog):
     store, model_dir = store_with_extra
     _edit_state(model_dir, 2, edit)
@@ -709,10 +723,14 @@ def test_any_edited_value_of_state_json_is_detected(store_with_extra, edit, capl
         store.restore(str(model_dir / "ckpt-2"))
 
 
-@pytest.mark.parametrize("rewrite", [
-    lambda text: text.replace("\n ", "\n  ", 1),  # whitespace only
-    lambda text: json.dumps(dict(reversed(list(json.loads(text).items()))), indent=1),  # key order only
-], ids=["whitespace", "key-order"])
+@pytest.mark.parametrize(
+    "rewrite",
+    [
+        lambda text: text.replace("\n ", "\n  ", 1),  # whitespace only
+        lambda text: json.dumps(dict(reversed(list(json.loads(text).items()))), indent=1),  # key order only
+    ],
+    ids=["whitespace", "key-order"],
+)
 def test_state_json_checksum_covers_every_byte(store_with_extra, rewrite):
     store, model_dir = store_with_extra
     state_file = model_dir / "ckpt-2" / "state.json"
@@ -782,11 +800,22 @@ def test_leftovers_of_dead_writers_are_removed_and_nothing_else(local_store):
     for folder in leftovers + kept_folders:
         (model_dir / folder).mkdir()
         (model_dir / folder / "model.safetensors").write_bytes(b"partial")
-    temporary_files = [f".checkpoint.tmp-{dead}", f".checkpoint.tmp-{dead}-1a2b3c4d", f".write-probe-{dead}",
-                       f".write-probe.tmp-{dead}-check", f".best.json.tmp-{dead}-00ff00ff",
-                       f".best.json.tmp-{dead}-h{here}-00ff00ff"]
-    kept_files = [f".checkpoint.tmp-{alive}-1a2b3c4d", "notes.tmp-1", ".my-notes", f"tmp-{dead}",
-                  f".best.json.tmp-{dead}-h{elsewhere}-00ff00ff", f".checkpoint.tmp-{alive}-h{here}-1a2b3c4d"]
+    temporary_files = [
+        f".checkpoint.tmp-{dead}",
+        f".checkpoint.tmp-{dead}-1a2b3c4d",
+        f".write-probe-{dead}",
+        f".write-probe.tmp-{dead}-check",
+        f".best.json.tmp-{dead}-00ff00ff",
+        f".best.json.tmp-{dead}-h{here}-00ff00ff",
+    ]
+    kept_files = [
+        f".checkpoint.tmp-{alive}-1a2b3c4d",
+        "notes.tmp-1",
+        ".my-notes",
+        f"tmp-{dead}",
+        f".best.json.tmp-{dead}-h{elsewhere}-00ff00ff",
+        f".checkpoint.tmp-{alive}-h{here}-1a2b3c4d",
+    ]
     for name in temporary_files + kept_files:
         (model_dir / name).write_bytes(b"x")
     os.rename(model_dir / "ckpt-3", model_dir / f".old-ckpt-3-{dead}")  # killed between the two renames
@@ -815,10 +844,15 @@ class _FullStorage(InMemoryStorage):
         super().replace_manifest(data)
 
 
-@pytest.mark.parametrize("full_at, error_number", [
-    ("model.safetensors", errno.ENOSPC), ("optimizer.json", errno.EDQUOT), ("state.json", errno.EFBIG),
-    ("checkpoint", errno.ENOSPC),
-])
+@pytest.mark.parametrize(
+    "full_at, error_number",
+    [
+        ("model.safetensors", errno.ENOSPC),
+        ("optimizer.json", errno.EDQUOT),
+        ("state.json", errno.EFBIG),
+        ("checkpoint", errno.ENOSPC),
+    ],
+)
 def test_no_room_names_path_step_and_bytes_and_keeps_the_previous_checkpoint(full_at, error_number):
     storage = _FullStorage("none", error_number)
     store = CheckpointStore(storage)
@@ -830,8 +864,10 @@ def test_no_room_names_path_step_and_bytes_and_keeps_the_previous_checkpoint(ful
     assert isinstance(error, OSError) and error.errno == error_number
     message = str(error)
     assert f"[Errno {error_number}]" in message and "the checkpoint of step 2" in message
-    assert "memory://model_dir/" + (full_at if full_at == "checkpoint" else f".tmp-ckpt-2-{writer_tag()}/{full_at}") \
+    assert (
+        "memory://model_dir/" + (full_at if full_at == "checkpoint" else f".tmp-ckpt-2-{writer_tag()}/{full_at}")
         in message
+    )
     assert f"it needs {error.bytes_needed:,} bytes" in message and error.bytes_needed > 100
     assert "The newest intact checkpoint is memory://model_dir/ckpt-1." in message
     assert not [folder for folder in storage.list_folders() if folder.startswith(".")]
@@ -839,7 +875,7 @@ def test_no_room_names_path_step_and_bytes_and_keeps_the_previous_checkpoint(ful
 
 
 def test_edited_manifest_is_caught_and_rebuilt_and_old_manifests_are_read(local_store, caplog):
-    store, model_dir = local_store
+    _store, model_dir = local_store
     manifest_file = model_dir / "checkpoint"
     manifest = json.loads(manifest_file.read_text())
     manifest["best"] = [2]  # valid JSON of the right shape: only the checksum tells
@@ -852,8 +888,9 @@ def test_edited_manifest_is_caught_and_rebuilt_and_old_manifests_are_read(local_
     assert CheckpointStore(model_dir).manifest["best"] == [2]
 
 
-def test_a_checkpoint_folder_linked_from_elsewhere_is_unlinked_by_retention_never_emptied(local_store, tmp_path,
-                                                                                         caplog):
+def test_a_checkpoint_folder_linked_from_elsewhere_is_unlinked_by_retention_never_emptied(
+    local_store, tmp_path, caplog
+):
     store, model_dir = local_store
     elsewhere = tmp_path / "archive" / "ckpt-1"
     elsewhere.parent.mkdir()

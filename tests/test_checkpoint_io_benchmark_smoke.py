@@ -11,22 +11,43 @@ import pytest
 from benchmark_scripts import BENCHMARKS, final_line, imported_script
 
 NUMBER = r"\d+\.\d+"
-FINAL_LINE = re.compile(rf"^checkpoint_io save_vs_torch=({NUMBER}) load_vs_torch=({NUMBER}) peak_mb_500=(-?{NUMBER}) "
-                        rf"save_40_vs_10=({NUMBER})$")
+FINAL_LINE = re.compile(
+    rf"^checkpoint_io save_vs_torch=({NUMBER}) load_vs_torch=({NUMBER}) peak_mb_500=(-?{NUMBER}) "
+    rf"save_40_vs_10=({NUMBER})$"
+)
 
 
 @pytest.mark.slow
 def test_the_benchmark_prints_every_figure_and_its_final_line(tmp_path):
     completed = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "checkpoint_io.py"), "--sizes-mb", "3", "6", "--rounds", "1",
-         "--many-saves", "2", "--many-count", "40", "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=240, check=False)
+        [
+            sys.executable,
+            str(BENCHMARKS / "checkpoint_io.py"),
+            "--sizes-mb",
+            "3",
+            "6",
+            "--rounds",
+            "1",
+            "--many-saves",
+            "2",
+            "--many-count",
+            "40",
+            "--dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert completed.returncode == 0, completed.stderr
     output = completed.stdout
     match = final_line(output, FINAL_LINE)
     assert all(float(value) > 0 for value in (match.group(1), match.group(2), match.group(4)))
     for kind in ("save", "load"):
-        sizes = re.findall(rf"  {kind} (\d+) MB: ours=.*s\(cpu .*s\) torch=.*s\(cpu .*s\) safetensors=.*ours/torch=", output)
+        sizes = re.findall(
+            rf"  {kind} (\d+) MB: ours=.*s\(cpu .*s\) torch=.*s\(cpu .*s\) safetensors=.*ours/torch=", output
+        )
         assert [int(size) for size in sizes] == [3, 6], output
     assert re.search(r"stall 6 MB: synchronous save .*s .*async_checkpoint .*s .*published after .*s", output)
     assert "peak memory of one save of 6 MB" in output
@@ -35,9 +56,13 @@ def test_the_benchmark_prints_every_figure_and_its_final_line(tmp_path):
     assert list(tmp_path.iterdir()) == []  # the scratch folder is removed
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (["--rounds", "0"], "must be at least 1"), (["--many-count", "10"], "--many-count must be above 10"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--rounds", "0"], "must be at least 1"),
+        (["--many-count", "10"], "--many-count must be above 10"),
+    ],
+)
 def test_bad_arguments_are_refused(arguments, message, capsys):
     with imported_script("checkpoint_io") as module:
         with pytest.raises(SystemExit) as raised:

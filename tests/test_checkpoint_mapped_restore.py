@@ -28,9 +28,14 @@ from torchestimator.checkpoint.tensor_files import is_file_mapped
 
 def _state() -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(3)
-    return {"weight": torch.randn(64, 32, generator=generator), "steps": torch.arange(7, dtype=torch.int64),
-            "flags": torch.tensor([True, False, True]), "half": torch.randn(5, generator=generator).to(torch.bfloat16),
-            "empty": torch.zeros(0, 3), "scalar": torch.tensor(1.5, dtype=torch.float64)}
+    return {
+        "weight": torch.randn(64, 32, generator=generator),
+        "steps": torch.arange(7, dtype=torch.int64),
+        "flags": torch.tensor([True, False, True]),
+        "half": torch.randn(5, generator=generator).to(torch.bfloat16),
+        "empty": torch.zeros(0, 3),
+        "scalar": torch.tensor(1.5, dtype=torch.float64),
+    }
 
 
 def _mapped_files() -> list[str]:
@@ -93,8 +98,12 @@ def _parts(seed: int) -> TrainingParts:
 def test_the_optimizer_state_restored_owns_its_memory_and_holds_no_deleted_file(tmp_path):
     saved = _parts(0)
     store = CheckpointStore(tmp_path)
-    path = store.save(1, saved.model.state_dict(), {"optimizer": saved.optimizer.state_dict()},
-                      {"optimizer_signature": optimizer_signature(saved.optimizer)})
+    path = store.save(
+        1,
+        saved.model.state_dict(),
+        {"optimizer": saved.optimizer.state_dict()},
+        {"optimizer_signature": optimizer_signature(saved.optimizer)},
+    )
     optimizer_file = os.path.join(path, checkpoint_format.OPTIMIZER_TENSORS_FILE)
     fresh = _parts(1)
     checkpoint = store.restore(path)
@@ -129,8 +138,11 @@ def test_get_variable_value_is_a_copy_not_a_view_of_the_file(tmp_path):
 
     store = CheckpointStore(tmp_path)
     store.save(1, _state())
-    estimator = te.Estimator(model_fn=lambda features, labels, mode: None, model=nn.Linear(2, 1),  # never called
-                             model_dir=str(tmp_path))
+    estimator = te.Estimator(
+        model_fn=lambda features, labels, mode: None,
+        model=nn.Linear(2, 1),  # never called
+        model_dir=str(tmp_path),
+    )
     value = estimator.get_variable_value("weight")
     assert np.array_equal(value, _state()["weight"].numpy())
     assert value.flags.owndata and value.flags.writeable

@@ -54,13 +54,22 @@ PREVIOUS_VERSION_MODEL_DIR = (
 
 def fixture_state(step: int) -> tuple[dict, dict, dict]:
     """(model, optimizer tree, extra) as the fixture was saved, for a step."""
-    model = {"layer.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3) * step,
-             "layer.bias": torch.tensor([step, -step], dtype=torch.float64),
-             "count": torch.tensor(step, dtype=torch.int64), "half": torch.full((3,), step, dtype=torch.bfloat16)}
-    optimizer = {"optimizer": {"state": {0: {"step": torch.tensor(float(step)), "exp_avg": torch.ones(2, 3) * step}},
-                 "param_groups": [{"lr": 0.1, "params": [0]}]}}
-    extra = {"replicas": [{"global_step": step, "rng": {"torch": "AAEC"}, "input_position": {"batch": step}}],
-             "mask": torch.tensor([True, False])}
+    model = {
+        "layer.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3) * step,
+        "layer.bias": torch.tensor([step, -step], dtype=torch.float64),
+        "count": torch.tensor(step, dtype=torch.int64),
+        "half": torch.full((3,), step, dtype=torch.bfloat16),
+    }
+    optimizer = {
+        "optimizer": {
+            "state": {0: {"step": torch.tensor(float(step)), "exp_avg": torch.ones(2, 3) * step}},
+            "param_groups": [{"lr": 0.1, "params": [0]}],
+        }
+    }
+    extra = {
+        "replicas": [{"global_step": step, "rng": {"torch": "AAEC"}, "input_position": {"batch": step}}],
+        "mask": torch.tensor([True, False]),
+    }
     return model, optimizer, extra
 
 
@@ -118,7 +127,8 @@ def test_new_checkpoint_files_are_those_of_the_previous_version_plus_a_crc32c(pr
     for name, entry in new_state["files"].items():
         assert entry.pop("crc32c") == google_crc32c.value((new / name).read_bytes())
     assert {key: value for key, value in new_state.items() if key != "state_sha256"} == {
-        key: value for key, value in old_state.items() if key != "state_sha256"}
+        key: value for key, value in old_state.items() if key != "state_sha256"
+    }
 
 
 def test_the_compact_manifest_keeps_the_previous_versions_shape_and_seal(tmp_path):
@@ -127,7 +137,8 @@ def test_the_compact_manifest_keeps_the_previous_versions_shape_and_seal(tmp_pat
     data = (tmp_path / "checkpoint").read_bytes()
     manifest = json.loads(data)
     assert b"\n" not in data and manifest["checkpoints"] == [
-        {"step": 1, "folder": "ckpt-1", "save_time": 5.0, "preserved": False}]
+        {"step": 1, "folder": "ckpt-1", "save_time": 5.0, "preserved": False}
+    ]
     assert checkpoint_format.seal_fault(data, manifest, "sha256") is None  # what the previous reader checks
 
 
@@ -151,8 +162,9 @@ def test_a_manifest_built_from_kept_entry_texts_is_the_one_json_would_write(tmp_
 def test_sealed_json_with_encoded_values_gives_the_same_bytes():
     document = {"format_version": 1, "checkpoints": [{"step": 1, "folder": "ckpt-1", "save_time": 1.5}], "best": []}
     encoded = {"checkpoints": json.dumps(document["checkpoints"])}
-    assert (checkpoint_format.sealed_json(document, "sha256", compact=True, encoded=encoded)
-            == checkpoint_format.sealed_json(document, "sha256", compact=True))
+    assert checkpoint_format.sealed_json(
+        document, "sha256", compact=True, encoded=encoded
+    ) == checkpoint_format.sealed_json(document, "sha256", compact=True)
 
 
 # ------------------------------------------------------------- streamed writing and reading
@@ -162,8 +174,12 @@ BIG = 3 * (1 << 20) + 17  # float32 elements: 12 MB, more than one 8 MB piece, n
 
 def big_state(seed: int) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    return {"embedding": torch.randn(BIG, generator=generator), "small": torch.arange(5, dtype=torch.int16),
-            "empty": torch.zeros(0, 4), "scalar": torch.tensor(2.5, dtype=torch.float64)}
+    return {
+        "embedding": torch.randn(BIG, generator=generator),
+        "small": torch.arange(5, dtype=torch.int16),
+        "empty": torch.zeros(0, 4),
+        "scalar": torch.tensor(2.5, dtype=torch.float64),
+    }
 
 
 def test_large_tensors_round_trip_and_the_safetensors_library_reads_the_file(tmp_path):
@@ -242,6 +258,7 @@ def test_a_file_of_the_wrong_size_is_refused_before_reading(tmp_path):
 
 def _peak_resident_growth(action) -> float:
     """Peak RSS above the start while ``action`` runs, in MB (sampled every millisecond)."""
+
     def resident() -> int:
         with open("/proc/self/statm") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -271,7 +288,9 @@ def test_a_save_makes_no_copy_of_the_state_and_a_restore_only_the_tensors(tmp_pa
     assert _peak_resident_growth(lambda: store.save(2, state)) < 16  # the old writer held two copies: +128 MB
     result = {}
     growth = _peak_resident_growth(lambda: result.update(checkpoint=store.restore()))
-    assert growth < 64 + 16  # at most the restored tensors themselves: no file-sized buffer beside them (+128 MB before)
+    assert (
+        growth < 64 + 16
+    )  # at most the restored tensors themselves: no file-sized buffer beside them (+128 MB before)
     assert all(torch.equal(result["checkpoint"].model_state[name], state[name]) for name in state)
 
 
@@ -313,12 +332,18 @@ def test_overlapped_checksums_are_those_of_the_buffers_in_order():
     joined = b"".join(bytes(buffer) for buffer in buffers)
     with OverlappedChecksums() as checksums:
         assert list(checksums.passing(buffers)) == buffers
-        assert checksums.result() == {"sha256": hashlib.sha256(joined).hexdigest(),
-                                      "crc32c": google_crc32c.value(joined), "size": len(joined)}
+        assert checksums.result() == {
+            "sha256": hashlib.sha256(joined).hexdigest(),
+            "crc32c": google_crc32c.value(joined),
+            "size": len(joined),
+        }
     with OverlappedChecksums(["crc32", "crc32c"]) as checksums:
         checksums.update(joined)
-        assert checksums.result() == {"crc32": zlib.crc32(joined), "crc32c": google_crc32c.value(joined),
-                                      "size": len(joined)}
+        assert checksums.result() == {
+            "crc32": zlib.crc32(joined),
+            "crc32c": google_crc32c.value(joined),
+            "size": len(joined),
+        }
 
 
 def test_encoded_files_join_to_what_the_store_writes():
@@ -377,6 +402,7 @@ def test_latest_checkpoint_skips_a_damaged_newest_and_a_lost_manifest_is_rebuilt
 @pytest.mark.slow
 def test_one_save_costs_the_same_at_10_and_at_200_checkpoints(tmp_path):
     """The time of a save does not grow with the checkpoints kept (it read every state.json: 17x at 1000)."""
+
     def save_times(model_dir, count: int) -> list[float]:
         store = CheckpointStore(model_dir, keep_checkpoint_max=count)
         state = {"weight": torch.ones(16)}
@@ -417,8 +443,7 @@ def _training_parts():
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
-    return TrainingParts(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01),
-                         train_state=TrainState())
+    return TrainingParts(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01), train_state=TrainState())
 
 
 def _train_step(parts) -> None:
@@ -506,8 +531,14 @@ def test_plain_lists_and_tuples_are_taken_whole_and_the_rest_item_by_item(tmp_pa
     class Level(enum.IntEnum):
         HIGH = 7
 
-    extra = {"python": random.getstate(), "ints": list(range(700)), "mixed": [1, "a", None, True, (2, 3)],
-             "floats": [0.5, float("nan"), -0.0], "enum": [Level.HIGH], "tensor": [1, torch.ones(2)]}
+    extra = {
+        "python": random.getstate(),
+        "ints": list(range(700)),
+        "mixed": [1, "a", None, True, (2, 3)],
+        "floats": [0.5, float("nan"), -0.0],
+        "enum": [Level.HIGH],
+        "tensor": [1, torch.ones(2)],
+    }
     store = CheckpointStore(tmp_path)
     store.save(1, {"weight": torch.ones(2)}, extra=extra)
     restored = store.restore().extra

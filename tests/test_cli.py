@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import subprocess
 import sys
-import select
 import textwrap
 
 import pytest
 
 from torchestimator.cli import main
 
-MODEL_FILE = textwrap.dedent('''
+MODEL_FILE = textwrap.dedent("""
     import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
     import torchestimator as te
 
@@ -50,7 +50,7 @@ MODEL_FILE = textwrap.dedent('''
 
     from torchestimator import export as te_export
     serving_input_receiver = te_export.serving_input_receiver({"x": te_export.TensorSpec(shape=(None, 4))})
-''')
+""")
 
 
 @pytest.fixture
@@ -95,10 +95,13 @@ def test_cli_errors_are_reported_without_traceback(tmp_path, model_file, capsys)
     broken = tmp_path / "broken.py"
     broken.write_text(MODEL_FILE.replace("def eval_input_fn", "def other_input_fn"))
     assert main(["evaluate", str(broken), "--model_dir", str(tmp_path / "run")]) == 2
-    assert one_line_error(capsys) == (f"torchestimator evaluate: error: {broken} does not define 'eval_input_fn', "
-                                      "which this command needs.")
-    assert main(["export", "no_such_module.demo", "--model_dir", str(tmp_path / "run"), "--export_dir",
-                 str(tmp_path)]) == 2
+    assert one_line_error(capsys) == (
+        f"torchestimator evaluate: error: {broken} does not define 'eval_input_fn', which this command needs."
+    )
+    assert (
+        main(["export", "no_such_module.demo", "--model_dir", str(tmp_path / "run"), "--export_dir", str(tmp_path)])
+        == 2
+    )
     assert "no model file or module 'no_such_module.demo'" in one_line_error(capsys)
     assert main(["train", str(tmp_path / "missing.py"), "--model_dir", str(tmp_path / "run")]) == 2
     assert "missing.py' does not exist" in one_line_error(capsys)
@@ -106,7 +109,11 @@ def test_cli_errors_are_reported_without_traceback(tmp_path, model_file, capsys)
     assert "--param expects NAME=VALUE; received 'lr'" in one_line_error(capsys)
     # A NaN loss (a TorchEstimatorError that is no ValueError) is one line too, naming the step.
     nan = tmp_path / "nan.py"
-    nan.write_text(MODEL_FILE.replace("loss=F.cross_entropy(logits, labels)", "loss=F.cross_entropy(logits, labels) * float('nan')"))
+    nan.write_text(
+        MODEL_FILE.replace(
+            "loss=F.cross_entropy(logits, labels)", "loss=F.cross_entropy(logits, labels) * float('nan')"
+        )
+    )
     capsys.readouterr()
     assert main(["train", str(nan), "--model_dir", str(tmp_path / "nan_run")]) == 2
     assert "NaN or infinite loss at step 1" in one_line_error(capsys)
@@ -137,7 +144,9 @@ def test_messages_name_the_model_file_as_given_never_an_internal_module_name(tmp
     (tmp_path / "model.py").write_text(MODEL_FILE.replace("def eval_input_fn", "def other_input_fn"))
     assert main(["evaluate", "model.py", "--model_dir", "run"]) == 2
     error = one_line_error(capsys)
-    assert error == "torchestimator evaluate: error: model.py does not define 'eval_input_fn', which this command needs."
+    assert (
+        error == "torchestimator evaluate: error: model.py does not define 'eval_input_fn', which this command needs."
+    )
     # The module is named as `import model` would name it, so its loggers and classes read naturally...
     module = load_model_file("model.py")
     assert module.__name__ == "model" and sys.modules["model"] is module and module.model_fn.__module__ == "model"
@@ -166,7 +175,9 @@ def test_a_model_file_that_raises_at_import_shows_where(tmp_path, monkeypatch, c
     assert 'buggy.py", line 6, in <module>' in error and 'buggy.py", line 4, in scale' in error
     assert error.rstrip().endswith("ValueError: math domain error")
     assert "importlib" not in error and "model_file.py" not in error
-    (tmp_path / "refused.py").write_text("import torchestimator as te\n\nconfig = te.RunConfig(save_checkpoints_steps=-3)\n")
+    (tmp_path / "refused.py").write_text(
+        "import torchestimator as te\n\nconfig = te.RunConfig(save_checkpoints_steps=-3)\n"
+    )
     assert main(["train", "refused.py", "--model_dir", "run"]) == 2
     error = one_line_error(capsys)
     assert error.startswith("torchestimator train: error: refused.py, line 3: RunConfig.save_checkpoints_steps")
@@ -239,16 +250,45 @@ def readme_serving_commands_answer(cwd, model_dir, demo_output):
 
     request_file = demo_output.split("curl -d @")[1].split()[0]
     assert request_file == os.path.join(model_dir, "serving_request.json")
-    export = subprocess.run([sys.executable, "-m", "torchestimator.cli", "export", "torchestimator.cli.demo", "--model_dir",
-                             model_dir, "--export_dir", "export/digits"], capture_output=True, text=True, timeout=120,
-                            cwd=cwd)
+    export = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchestimator.cli",
+            "export",
+            "torchestimator.cli.demo",
+            "--model_dir",
+            model_dir,
+            "--export_dir",
+            "export/digits",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
     assert export.returncode == 0, export.stderr
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "torchestimator.cli", "serve", "--model_name", "digits",
-                               "--model_base_path", "export/digits", "--rest_api_port", str(port)], cwd=cwd,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchestimator.cli",
+            "serve",
+            "--model_name",
+            "digits",
+            "--model_base_path",
+            "export/digits",
+            "--rest_api_port",
+            str(port),
+        ],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}/v1/models/digits:predict"
         with open(os.path.join(cwd, request_file), "rb") as handle:
@@ -327,11 +367,35 @@ def test_predict_exported_answers_a_tf_serving_request_file_as_the_server_does(t
                 assert printed == json.load(response), name
     classes = json.loads(json.dumps(printed))["outputs"]
     assert len(classes) == 3 and all(value in (0, 1) for value in classes)
-    assert main(["predict", "--exported", export, "--input", str(tmp_path / "rows.json"), "--output",
-                 str(tmp_path / "answer.json")]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                "--exported",
+                export,
+                "--input",
+                str(tmp_path / "rows.json"),
+                "--output",
+                str(tmp_path / "answer.json"),
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "answer.json").read_text()) == {"predictions": classes}
-    assert main(["predict", "--exported", export, "--input", str(tmp_path / "columns.json"), "--output",
-                 str(tmp_path / "answer.npz")]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                "--exported",
+                export,
+                "--input",
+                str(tmp_path / "columns.json"),
+                "--output",
+                str(tmp_path / "answer.npz"),
+            ]
+        )
+        == 0
+    )
     assert np.load(tmp_path / "answer.npz")["class"].tolist() == classes
     # Mistakes name the file, in the server's words.
     (tmp_path / "wrong.json").write_text(json.dumps({"instances": [[1.0, 2.0]]}))
@@ -341,10 +405,15 @@ def test_predict_exported_answers_a_tf_serving_request_file_as_the_server_does(t
     (tmp_path / "neither.json").write_text(json.dumps({"x": x.tolist()}))
     assert main(["predict", "--exported", export, "--input", str(tmp_path / "neither.json")]) == 2
     assert "Missing 'inputs' or 'instances' key" in one_line_error(capsys)
-    assert main(["predict", "--exported", export, "--input", str(tmp_path / "named_rows.json"),
-                 "--signature_name", "other"]) == 2
-    assert "--signature_name 'other' differs from the request's signature_name 'serving_default'" in \
-        one_line_error(capsys)
+    assert (
+        main(
+            ["predict", "--exported", export, "--input", str(tmp_path / "named_rows.json"), "--signature_name", "other"]
+        )
+        == 2
+    )
+    assert "--signature_name 'other' differs from the request's signature_name 'serving_default'" in one_line_error(
+        capsys
+    )
     assert main(["predict", "--exported", export]) == 2
     assert "predict --exported needs --input FILE" in one_line_error(capsys)
 
@@ -352,10 +421,12 @@ def test_predict_exported_answers_a_tf_serving_request_file_as_the_server_does(t
 def test_inspect_reads_tensorflow_and_keras_files_without_a_manifest_warning(caplog, capsys):
     """A TF checkpoint folder's 'checkpoint' text file is not our manifest: no 'manifest unreadable' warning."""
     fixtures = os.path.join(os.path.dirname(__file__), "fixtures")
-    cases = {os.path.join("tf_checkpoint", "tf2"): "model/_functional/_operations/2/moving_mean",
-             os.path.join("tf_checkpoint", "tf1"): "batch_normalization/beta/Adam",
-             os.path.join("tf_checkpoint", "tf2", "ckpt-1.index"): "_CHECKPOINTABLE_OBJECT_GRAPH",
-             os.path.join("keras", "keras3_model.keras"): "layers/batch_normalization/vars/0"}
+    cases = {
+        os.path.join("tf_checkpoint", "tf2"): "model/_functional/_operations/2/moving_mean",
+        os.path.join("tf_checkpoint", "tf1"): "batch_normalization/beta/Adam",
+        os.path.join("tf_checkpoint", "tf2", "ckpt-1.index"): "_CHECKPOINTABLE_OBJECT_GRAPH",
+        os.path.join("keras", "keras3_model.keras"): "layers/batch_normalization/vars/0",
+    }
     for path, variable in cases.items():
         caplog.clear()
         with caplog.at_level(logging.INFO):
@@ -375,7 +446,10 @@ def test_train_and_evaluate_command(tmp_path, model_file, capsys):
     # --max_steps wins over a model file's own train_spec.
     with_spec = tmp_path / "with_spec.py"
     with_spec.write_text(MODEL_FILE + "\ntrain_spec = te.TrainSpec(train_input_fn, max_steps=5)\n")
-    assert main(["train-and-evaluate", str(with_spec), "--model_dir", str(tmp_path / "spec_run"), "--max_steps", "15"]) == 0
+    assert (
+        main(["train-and-evaluate", str(with_spec), "--model_dir", str(tmp_path / "spec_run"), "--max_steps", "15"])
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["results"]["global_step"] == 15
 
 
@@ -383,15 +457,43 @@ def test_evaluator_flag_evaluates_existing_checkpoints(tmp_path, model_file, cap
     model_dir = str(tmp_path / "run")
     assert main(["train", model_file, "--model_dir", model_dir, "--max_steps", "10"]) == 0
     capsys.readouterr()
-    assert main(["train-and-evaluate", model_file, "--model_dir", model_dir, "--max_steps", "10", "--evaluator",
-                 "--poll_secs", "0.1"]) == 0
+    assert (
+        main(
+            [
+                "train-and-evaluate",
+                model_file,
+                "--model_dir",
+                model_dir,
+                "--max_steps",
+                "10",
+                "--evaluator",
+                "--poll_secs",
+                "0.1",
+            ]
+        )
+        == 0
+    )
     printed = json.loads(capsys.readouterr().out)
     assert printed["results"]["global_step"] == 10  # the evaluator reached the final step and stopped
     # The model file's best policy reaches the evaluator: it records the best in best.json.
     with_best = tmp_path / "with_best.py"
     with_best.write_text(MODEL_FILE + "\nbest = te.BestCheckpointPolicy('loss')\n")
-    assert main(["train-and-evaluate", str(with_best), "--model_dir", model_dir, "--max_steps", "10", "--evaluator",
-                 "--poll_secs", "0.1"]) == 0
+    assert (
+        main(
+            [
+                "train-and-evaluate",
+                str(with_best),
+                "--model_dir",
+                model_dir,
+                "--max_steps",
+                "10",
+                "--evaluator",
+                "--poll_secs",
+                "0.1",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     from torchestimator._policy.best import best_checkpoint
     from torchestimator.checkpoint import CheckpointStore

@@ -15,7 +15,7 @@ import pytest
 
 from torchestimator.cli import main
 
-MODEL_FILE = textwrap.dedent('''
+MODEL_FILE = textwrap.dedent("""
     import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
     import torchestimator as te
 
@@ -42,10 +42,14 @@ MODEL_FILE = textwrap.dedent('''
 
     def predict_input_fn():
         return te.numpy_input_fn({"x": X}, batch_size=4, shuffle=False)()
-''')
-MODEL_FN_LINE = MODEL_FILE.splitlines().index("    logits = model(features[\"x\"])") + 1
-MODEL_LINE = MODEL_FILE.splitlines().index("    return nn.Sequential(nn.Linear(3, params[\"hidden\"]), nn.ReLU(), "
-                                           "nn.Linear(params[\"hidden\"], 2))") + 1
+""")
+MODEL_FN_LINE = MODEL_FILE.splitlines().index('    logits = model(features["x"])') + 1
+MODEL_LINE = (
+    MODEL_FILE.splitlines().index(
+        '    return nn.Sequential(nn.Linear(3, params["hidden"]), nn.ReLU(), nn.Linear(params["hidden"], 2))'
+    )
+    + 1
+)
 
 
 @pytest.fixture
@@ -67,15 +71,19 @@ def one_line(capsys) -> str:
 
 def test_a_bug_in_model_fn_shows_its_traceback_then_where_it_is(folder, capsys):
     """It printed 'torchestimator train: error: bad in model_fn': no file, no line."""
-    buggy = MODEL_FILE.replace('    logits = model(features["x"])\n',
-                               '    logits = model(features["x"])\n    raise ValueError("bad in model_fn")\n')
+    buggy = MODEL_FILE.replace(
+        '    logits = model(features["x"])\n',
+        '    logits = model(features["x"])\n    raise ValueError("bad in model_fn")\n',
+    )
     write_model(folder, buggy)
     assert main(["train", "model.py", "--model_dir", "run"]) == 1
     error = capsys.readouterr().err
     assert error.startswith("Traceback (most recent call last):\n")
     assert f'model.py", line {MODEL_FN_LINE + 1}, in model_fn\n' in error and "ValueError: bad in model_fn\n" in error
-    assert error.splitlines()[-1] == (f"torchestimator train: error: ValueError in model.py, line {MODEL_FN_LINE + 1}, "
-                                      "in model_fn (the traceback above): bad in model_fn")
+    assert error.splitlines()[-1] == (
+        f"torchestimator train: error: ValueError in model.py, line {MODEL_FN_LINE + 1}, "
+        "in model_fn (the traceback above): bad in model_fn"
+    )
 
 
 def test_a_bad_param_value_names_the_model_file_line_and_the_param(folder, capsys):
@@ -85,14 +93,18 @@ def test_a_bad_param_value_names_the_model_file_line_and_the_param(folder, capsy
     error = capsys.readouterr().err
     assert f'model.py", line {MODEL_LINE}, in model' in error
     last = error.splitlines()[-1]
-    assert last.startswith(f"torchestimator train: error: TypeError in model.py, line {MODEL_LINE}, in model (the "
-                           "traceback above); params from --param: hidden='abc': ")
+    assert last.startswith(
+        f"torchestimator train: error: TypeError in model.py, line {MODEL_LINE}, in model (the "
+        "traceback above); params from --param: hidden='abc': "
+    )
 
 
 def test_our_own_errors_stay_one_line_even_raised_inside_the_model_file(folder, capsys):
     # A TorchEstimatorError names what is wrong, wherever it was raised: one line, exit 2.
-    refusing = MODEL_FILE.replace('    logits = model(features["x"])\n',
-                                  '    logits = model(features["x"])\n    te.RunConfig(save_checkpoints_steps=-3)\n')
+    refusing = MODEL_FILE.replace(
+        '    logits = model(features["x"])\n',
+        '    logits = model(features["x"])\n    te.RunConfig(save_checkpoints_steps=-3)\n',
+    )
     write_model(folder, refusing, "refusing.py")
     assert main(["train", "refusing.py", "--model_dir", "run"]) == 2
     assert one_line(capsys).startswith("torchestimator train: error: RunConfig.save_checkpoints_steps")
@@ -112,8 +124,9 @@ def test_param_needs_a_name_and_an_unknown_name_is_a_warning(folder, capsys, cap
     with caplog.at_level(logging.WARNING, logger="torchestimator"):
         assert main(["train", "model.py", "--model_dir", "run", "--param", "hiden=8"]) == 0
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
-    assert warnings == ["--param hiden: model.py's params has no 'hiden' (did you mean 'hidden'?); it has hidden. "
-                        "Passed on as given."]
+    assert warnings == [
+        "--param hiden: model.py's params has no 'hiden' (did you mean 'hidden'?); it has hidden. Passed on as given."
+    ]
     assert json.load(open("run/params.json")) == {"hidden": 4, "hiden": 8}
     # A file that defines no params takes any name silently.
     write_model(folder, MODEL_FILE.replace('params = {"hidden": 4}', "").replace('params["hidden"]', "4"), "bare.py")
@@ -123,13 +136,16 @@ def test_param_needs_a_name_and_an_unknown_name_is_a_warning(folder, capsys, cap
     assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
 
 
-@pytest.mark.parametrize("location, message", [
-    (".", "model file '.' is a folder, not a model file (its .py files: model.py)."),
-    (".tiny", "no model file or module '.tiny': it is neither FILE.py nor a module name"),
-    ("my model", "no model file or module 'my model': it is neither FILE.py nor a module name"),
-    ("sub/", "model file 'sub/' is a folder, not a model file."),
-    ("sub", "no model file or module 'sub': no module named 'sub'"),
-])
+@pytest.mark.parametrize(
+    "location, message",
+    [
+        (".", "model file '.' is a folder, not a model file (its .py files: model.py)."),
+        (".tiny", "no model file or module '.tiny': it is neither FILE.py nor a module name"),
+        ("my model", "no model file or module 'my model': it is neither FILE.py nor a module name"),
+        ("sub/", "model file 'sub/' is a folder, not a model file."),
+        ("sub", "no model file or module 'sub': no module named 'sub'"),
+    ],
+)
 def test_a_model_file_that_is_a_folder_or_no_module_name_is_one_line(folder, capsys, location, message):
     """'.' and '.tiny' ended in importlib's TypeError; a folder was said not to exist."""
     write_model(folder)

@@ -30,15 +30,31 @@ def all_parsers() -> dict[str, argparse.ArgumentParser]:
 
 def test_the_walk_reaches_every_command():
     progs = set(all_parsers())
-    for command in ("train", "train-and-evaluate", "evaluate", "predict", "export", "inspect", "warm-start",
-                    "serve", "plot", "demo", "convert csv-to-tfrecord", "records inspect", "records verify"):
+    for command in (
+        "train",
+        "train-and-evaluate",
+        "evaluate",
+        "predict",
+        "export",
+        "inspect",
+        "warm-start",
+        "serve",
+        "plot",
+        "demo",
+        "convert csv-to-tfrecord",
+        "records inspect",
+        "records verify",
+    ):
         assert f"torchestimator {command}" in progs
 
 
 def test_every_flag_and_argument_of_every_command_has_help():
-    missing = [f"{prog} {'/'.join(action.option_strings) or action.dest}"
-               for prog, parser in all_parsers().items() for action in parser._actions
-               if not isinstance(action, argparse._SubParsersAction) and not (action.help or "").strip()]
+    missing = [
+        f"{prog} {'/'.join(action.option_strings) or action.dest}"
+        for prog, parser in all_parsers().items()
+        for action in parser._actions
+        if not isinstance(action, argparse._SubParsersAction) and not (action.help or "").strip()
+    ]
     assert missing == [], "flags without a help text: " + ", ".join(missing)
 
 
@@ -54,16 +70,21 @@ def test_underscore_spelling_comes_first_and_the_dashed_one_is_an_alias_of_the_s
             spelled = [option for option in long_options if "_" in option or "-" in option[2:]]
             if spelled:
                 checked += 1
-                assert "-" not in long_options[0][2:], f"{prog}: {long_options[0]} is shown first; the TF " \
-                                                       f"spelling {long_options[0].replace('-', '_')} should be"
+                assert "-" not in long_options[0][2:], (
+                    f"{prog}: {long_options[0]} is shown first; the TF "
+                    f"spelling {long_options[0].replace('-', '_')} should be"
+                )
     assert checked > 40  # every command has such flags: the rule reached them
 
 
-@pytest.mark.parametrize("argv", [
-    ["records", "verify", "--max-record-size", "5", "f.tfrecord"],
-    ["records", "verify", "--max_record_size", "5", "f.tfrecord"],
-    ["records", "verify", "--max_rec", "5", "f.tfrecord"],  # a prefix of both spellings is still that one flag
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["records", "verify", "--max-record-size", "5", "f.tfrecord"],
+        ["records", "verify", "--max_record_size", "5", "f.tfrecord"],
+        ["records", "verify", "--max_rec", "5", "f.tfrecord"],  # a prefix of both spellings is still that one flag
+    ],
+)
 def test_either_spelling_and_a_shared_prefix_parse_the_same(argv):
     assert build_parser().parse_args(argv).max_record_size == 5
 
@@ -84,13 +105,19 @@ def test_help_shows_the_underscore_spelling_first(capsys):
     assert "--num_shards NUM_SHARDS, --num-shards NUM_SHARDS" in text and "[--num_shards NUM_SHARDS]" in text
 
 
-@pytest.mark.parametrize(("argv", "level"), [
-    (["train", "m.py", "--model_dir", "x"], "INFO"),
-    (["--verbosity", "DEBUG", "train", "m.py", "--model_dir", "x"], "DEBUG"),
-    (["train", "m.py", "--model_dir", "x", "--verbosity", "WARNING"], "WARNING"),
-    (["--verbosity", "DEBUG", "train", "m.py", "--model_dir", "x", "--verbosity", "ERROR"], "ERROR"),  # nearest wins
-    (["records", "inspect", "f.tfrecord", "--verbosity", "ERROR"], "ERROR"),
-])
+@pytest.mark.parametrize(
+    ("argv", "level"),
+    [
+        (["train", "m.py", "--model_dir", "x"], "INFO"),
+        (["--verbosity", "DEBUG", "train", "m.py", "--model_dir", "x"], "DEBUG"),
+        (["train", "m.py", "--model_dir", "x", "--verbosity", "WARNING"], "WARNING"),
+        (
+            ["--verbosity", "DEBUG", "train", "m.py", "--model_dir", "x", "--verbosity", "ERROR"],
+            "ERROR",
+        ),  # nearest wins
+        (["records", "inspect", "f.tfrecord", "--verbosity", "ERROR"], "ERROR"),
+    ],
+)
 def test_verbosity_is_taken_before_and_after_the_subcommand(argv, level):
     assert build_parser().parse_args(argv).verbosity == level
 
@@ -98,8 +125,10 @@ def test_verbosity_is_taken_before_and_after_the_subcommand(argv, level):
 def test_a_bad_verbosity_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["inspect", str(tmp_path), "--verbosity", "LOUD"]) == 2
     error = capsys.readouterr().err
-    assert error == ("torchestimator inspect: error: --verbosity 'LOUD' is not a logging level; use one of "
-                     "DEBUG, INFO, WARNING, ERROR, CRITICAL.\n")
+    assert error == (
+        "torchestimator inspect: error: --verbosity 'LOUD' is not a logging level; use one of "
+        "DEBUG, INFO, WARNING, ERROR, CRITICAL.\n"
+    )
     assert cli.LOG_LEVELS == ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -114,8 +143,20 @@ def test_verbosity_after_the_subcommand_sets_the_level(tmp_path, monkeypatch):
 def test_inspect_help_names_every_format_it_reads(capsys):
     from torchestimator.cli.inspection import PATH_HELP
 
-    for reads in ("model_dir", "ckpt-<step>", "TensorFlow checkpoint", ".index", "'checkpoint' file", ".h5",
-                  ".weights.h5", ".keras", ".safetensors", ".pt", ".pth", ".bin"):
+    for reads in (
+        "model_dir",
+        "ckpt-<step>",
+        "TensorFlow checkpoint",
+        ".index",
+        "'checkpoint' file",
+        ".h5",
+        ".weights.h5",
+        ".keras",
+        ".safetensors",
+        ".pt",
+        ".pth",
+        ".bin",
+    ):
         assert reads in PATH_HELP
     with pytest.raises(SystemExit):
         main(["inspect", "--help"])

@@ -14,7 +14,7 @@ import pytest
 
 from torchestimator.cli import main
 
-MODEL_FILE = '''
+MODEL_FILE = """
 import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
 import torchestimator as te
 from torchestimator import export as te_export
@@ -44,7 +44,7 @@ def predict_input_fn():
     return te.numpy_input_fn({"x": X}, batch_size=4, shuffle=False)()
 
 serving_input_receiver = te_export.serving_input_receiver({"x": te_export.TensorSpec(shape=(None, 3))})
-'''
+"""
 ROWS = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)[:3].tolist()
 
 
@@ -74,17 +74,29 @@ def answer(capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--checkpoint_path", "run/ckpt-2"], "--checkpoint_path does not apply to --exported: the export holds the "
-                                          "weights of the checkpoint it was made from."),
-    (["--allow_untrained"], "--allow_untrained does not apply to --exported"),
-    (["--param", "hidden=3"], "--param does not apply to --exported: params were fixed when the model was exported."),
-    (["--model_dir", "run"], "--model_dir does not apply to --exported"),
-    (["model.py"], "FILE.py ('model.py') does not apply to --exported"),
-    (["--limit", "1"], "--limit does not apply to --exported: the request file says which rows to run"),
-    (["--predict_keys", "klass"], "--predict_keys klass: not an output of export (signature 'serving_default'); "
-                                  "its outputs are class, logits."),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--checkpoint_path", "run/ckpt-2"],
+            "--checkpoint_path does not apply to --exported: the export holds the "
+            "weights of the checkpoint it was made from.",
+        ),
+        (["--allow_untrained"], "--allow_untrained does not apply to --exported"),
+        (
+            ["--param", "hidden=3"],
+            "--param does not apply to --exported: params were fixed when the model was exported.",
+        ),
+        (["--model_dir", "run"], "--model_dir does not apply to --exported"),
+        (["model.py"], "FILE.py ('model.py') does not apply to --exported"),
+        (["--limit", "1"], "--limit does not apply to --exported: the request file says which rows to run"),
+        (
+            ["--predict_keys", "klass"],
+            "--predict_keys klass: not an output of export (signature 'serving_default'); "
+            "its outputs are class, logits.",
+        ),
+    ],
+)
 def test_flags_that_do_not_apply_are_one_line_exit_2(here, capsys, flags, message):
     assert predict_exported(*flags) == 2
     captured = capsys.readouterr()
@@ -94,8 +106,10 @@ def test_flags_that_do_not_apply_are_one_line_exit_2(here, capsys, flags, messag
 
 def test_flags_of_exported_are_refused_with_a_model_file(here, capsys):
     assert main(["predict", "model.py", "--model_dir", "run", "--input", "request.json"]) == 2
-    assert capsys.readouterr().err == ("torchestimator predict: error: --input applies only with --exported: with "
-                                       "FILE.py, its predict_input_fn gives the examples.\n")
+    assert capsys.readouterr().err == (
+        "torchestimator predict: error: --input applies only with --exported: with "
+        "FILE.py, its predict_input_fn gives the examples.\n"
+    )
     assert main(["predict", "model.py", "--model_dir", "run", "--signature_name", "serving_default"]) == 2
     assert "--signature_name applies only with --exported" in capsys.readouterr().err
 
@@ -122,8 +136,10 @@ def test_an_empty_signature_name_is_serving_default(here, capsys):
     assert answer(capsys) == expected
     assert predict_exported("--signature_name", "") == 0
     assert answer(capsys) == expected
-    assert main(["predict", "--exported", "export", "--input", "empty_name.json", "--signature_name",
-                 "serving_default"]) == 0
+    assert (
+        main(["predict", "--exported", "export", "--input", "empty_name.json", "--signature_name", "serving_default"])
+        == 0
+    )
     assert answer(capsys) == expected
 
 

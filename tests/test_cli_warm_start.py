@@ -29,7 +29,7 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "keras")
 KERAS3_WEIGHTS = os.path.join(FIXTURES, "keras3_model.weights.h5")
 KERAS_REFERENCE = os.path.join(FIXTURES, "reference.npz")
 
-MODEL_FILE = textwrap.dedent('''
+MODEL_FILE = textwrap.dedent("""
     import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
     import torchestimator as te
 
@@ -54,7 +54,7 @@ MODEL_FILE = textwrap.dedent('''
 
     def train_input_fn():
         return te.numpy_input_fn({"image": X}, Y, batch_size=8, num_epochs=None, shuffle=True)()
-''')
+""")
 
 # Every tensor, BatchNorm statistics included; the Linear after Flatten with the NHWC -> NCHW row order.
 SOUND = ["--vars", ".*", "--include_buffers", "--accept_proposed", "--converter", "4.weight=flatten_dense:4,6,6"]
@@ -75,8 +75,15 @@ def expected_state() -> dict[str, torch.Tensor]:
     """What the Python API warm-starts into the same model (built as the Estimator builds it: seed 0)."""
     torch.manual_seed(0)
     module = load_model_file("model.py").model({})
-    warm_start(module, WarmStartSettings(KERAS3_WEIGHTS, [".*"], accept_proposed_mapping=True,
-                                         converters={"4.weight": flatten_dense_converter(4, 6, 6)}))
+    warm_start(
+        module,
+        WarmStartSettings(
+            KERAS3_WEIGHTS,
+            [".*"],
+            accept_proposed_mapping=True,
+            converters={"4.weight": flatten_dense_converter(4, 6, 6)},
+        ),
+    )
     return module.state_dict()
 
 
@@ -104,8 +111,9 @@ def test_dry_run_of_the_readme_case_fails_naming_the_cli_flags(model_file, capsy
 
 def test_the_python_api_keeps_naming_its_arguments():
     torch.manual_seed(0)
-    module = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
-                                 torch.nn.Flatten(), torch.nn.Linear(144, 5))
+    module = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(144, 5)
+    )
     plan = plan_warm_start(module, WarmStartSettings(KERAS3_WEIGHTS, [".*"], accept_proposed_mapping=True))
     try:
         assert "converters={'4.weight': ...} (with accept_proposed_mapping=True)" in plan.errors[0]
@@ -135,8 +143,9 @@ def test_write_model_dir_then_train_resumes_exactly_as_warm_start_from_does(mode
     assert_same_tensors(checkpoint.model_state, expected)
     with open_weights(KERAS3_WEIGHTS) as keras:  # the source's own values, converted: not only "the same as Python"
         kernel = next(info.name for info in keras.tensors() if info.shape == (144, 5))
-        assert torch.equal(checkpoint.model_state["4.weight"],
-                           torch.from_numpy(flatten_dense_converter(4, 6, 6)(keras.read(kernel))))
+        assert torch.equal(
+            checkpoint.model_state["4.weight"], torch.from_numpy(flatten_dense_converter(4, 6, 6)(keras.read(kernel)))
+        )
 
     # An Estimator on the written model_dir restores these weights: its predictions are Keras's own.
     module_file = load_model_file("model.py")
@@ -145,8 +154,12 @@ def test_write_model_dir_then_train_resumes_exactly_as_warm_start_from_does(mode
     reference = numpy.load(KERAS_REFERENCE)
     images = numpy.ascontiguousarray(reference["input"].transpose(0, 3, 1, 2))  # NHWC -> NCHW
     estimator = te.Estimator(model_fn=module_file.model_fn, model=module_file.model, model_dir="runs/x")
-    logits = numpy.stack([row["logits"] for row in estimator.predict(
-        te.numpy_input_fn({"image": images}, batch_size=len(images), shuffle=False))])
+    logits = numpy.stack(
+        [
+            row["logits"]
+            for row in estimator.predict(te.numpy_input_fn({"image": images}, batch_size=len(images), shuffle=False))
+        ]
+    )
     numpy.testing.assert_allclose(logits, reference["keras3_output"], atol=1e-5, rtol=0)
 
     # The printed hint runs as printed, and resumes from step 0 exactly as warm_start_from in a fresh model_dir.
@@ -155,14 +168,20 @@ def test_write_model_dir_then_train_resumes_exactly_as_warm_start_from_does(mode
     with caplog.at_level(logging.INFO, logger="torchestimator"):
         assert main(shlex.split(hint)[1:]) == 0
     # A weights-only checkpoint is not "the optimizer changed": one INFO line says the optimizer starts fresh.
-    assert any("holds no optimizer state" in record.getMessage() and record.levelno == logging.INFO
-               for record in caplog.records)
+    assert any(
+        "holds no optimizer state" in record.getMessage() and record.levelno == logging.INFO
+        for record in caplog.records
+    )
     assert not [record for record in caplog.records if "optimizer changed" in record.getMessage()]
     python_run = te.Estimator(
-        model_fn=module_file.model_fn, model=module_file.model, optimizer=module_file.optimizer,
+        model_fn=module_file.model_fn,
+        model=module_file.model,
+        optimizer=module_file.optimizer,
         config=module_file.config.replace(model_dir="runs/python"),
-        warm_start_from=WarmStartSettings(KERAS3_WEIGHTS, [".*"], accept_proposed_mapping=True,
-                                          converters={"4.weight": "flatten_dense:4,6,6"}))
+        warm_start_from=WarmStartSettings(
+            KERAS3_WEIGHTS, [".*"], accept_proposed_mapping=True, converters={"4.weight": "flatten_dense:4,6,6"}
+        ),
+    )
     python_run.train(module_file.train_input_fn, max_steps=3)
     trained = CheckpointStore("runs/x").restore()
     assert trained.step == 3
@@ -191,11 +210,12 @@ def test_write_refuses_outputs_it_must_not_touch(model_file, capsys):
     capsys.readouterr()
     open("taken.safetensors", "wb").close()
     open("weights.pt", "wb").close()
-    refusals = [("runs/x", "this model_dir already has checkpoints (ckpt-0); warm start only applies to a fresh "
-                           "model_dir"),
-                ("taken.safetensors", "the file exists; warm start never overwrites weights"),
-                ("out.pt", "not a .pt file"),
-                ("weights.pt", "not a .pt file")]
+    refusals = [
+        ("runs/x", "this model_dir already has checkpoints (ckpt-0); warm start only applies to a fresh model_dir"),
+        ("taken.safetensors", "the file exists; warm start never overwrites weights"),
+        ("out.pt", "not a .pt file"),
+        ("weights.pt", "not a .pt file"),
+    ]
     for out, message in refusals:
         assert warm_start_cli(model_file, "--write", out, *SOUND) == 2
         captured = capsys.readouterr()
@@ -226,17 +246,24 @@ def test_nothing_is_written_when_the_plan_fails_or_the_write_does(model_file, ca
     assert not os.path.exists("runs")  # the folders this write created are gone again
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--converter", "4.weight=flaten_dense:4,6,6"],
-     "--converter 4.weight=flaten_dense:4,6,6: Unknown layout converter 'flaten_dense:4,6,6'; known converters: "
-     "identity, dense (dense_to_linear), conv (conv_to_torch), depthwise (depthwise_conv_to_torch), "
-     "conv_transpose (conv_transpose_to_torch), embedding, flatten_dense:C,H,W."),
-    (["--converter", "4.weight=flatten_dense:4,6"], "converter 'flatten_dense' takes 3 positive ints"),
-    (["--converter", "flatten_dense"], "--converter expects TARGET=NAME[:ARGS]"),
-    (["--map", "4.weight"], "--map expects TARGET=SOURCE (the module's tensor name = the source's); "
-                            "received '4.weight'."),
-    (["--map", "4.weight=fc/kernel", "--map", "4.weight=conv/kernel"], "--map gives 4.weight twice"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--converter", "4.weight=flaten_dense:4,6,6"],
+            "--converter 4.weight=flaten_dense:4,6,6: Unknown layout converter 'flaten_dense:4,6,6'; known converters: "
+            "identity, dense (dense_to_linear), conv (conv_to_torch), depthwise (depthwise_conv_to_torch), "
+            "conv_transpose (conv_transpose_to_torch), embedding, flatten_dense:C,H,W.",
+        ),
+        (["--converter", "4.weight=flatten_dense:4,6"], "converter 'flatten_dense' takes 3 positive ints"),
+        (["--converter", "flatten_dense"], "--converter expects TARGET=NAME[:ARGS]"),
+        (
+            ["--map", "4.weight"],
+            "--map expects TARGET=SOURCE (the module's tensor name = the source's); received '4.weight'.",
+        ),
+        (["--map", "4.weight=fc/kernel", "--map", "4.weight=conv/kernel"], "--map gives 4.weight twice"),
+    ],
+)
 def test_bad_flags_are_one_line_errors_naming_the_flag(model_file, capsys, flags, message):
     assert warm_start_cli(model_file, "--write", "runs/x", *flags) == 2
     captured = capsys.readouterr()
@@ -253,8 +280,19 @@ def test_plan_errors_from_cli_flags_name_the_flags(model_file, capsys):
 
 
 def test_old_and_dashed_spellings_still_work(model_file, capsys):
-    assert warm_start_cli(model_file, "--dry-run", "--vars", ".*", "--include_buffers", "--accept_proposed_mapping",
-                          "--converter", "4.weight=flatten_dense:4,6,6") == 0
+    assert (
+        warm_start_cli(
+            model_file,
+            "--dry-run",
+            "--vars",
+            ".*",
+            "--include_buffers",
+            "--accept_proposed_mapping",
+            "--converter",
+            "4.weight=flatten_dense:4,6,6",
+        )
+        == 0
+    )
     assert warm_start_cli(model_file, "--dry_run", "--rename", "4.bias=fc/bias", *SOUND) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  4.bias  ")]
     assert rows[-1] == ["4.bias", "<-", "fc/bias", "identity", "[5]", "renamed"]
@@ -270,9 +308,24 @@ def test_every_flag_has_help_and_the_converter_names_are_listed():
     assert converter_from_spec(" flatten_dense:4,6,6 ").output_shape((144, 5)) == (5, 144)
 
 
-KERAS_MAPS = ["--map", "0.weight=conv/kernel", "--map", "0.bias=conv/bias", "--map", "1.weight=bn/gamma",
-              "--map", "1.bias=bn/beta", "--map", "1.running_mean=bn/moving_mean",
-              "--map", "1.running_var=bn/moving_variance", "--map", "4.weight=fc/kernel", "--map", "4.bias=fc/bias"]
+KERAS_MAPS = [
+    "--map",
+    "0.weight=conv/kernel",
+    "--map",
+    "0.bias=conv/bias",
+    "--map",
+    "1.weight=bn/gamma",
+    "--map",
+    "1.bias=bn/beta",
+    "--map",
+    "1.running_mean=bn/moving_mean",
+    "--map",
+    "1.running_var=bn/moving_variance",
+    "--map",
+    "4.weight=fc/kernel",
+    "--map",
+    "4.bias=fc/bias",
+]
 
 
 def test_map_of_the_dense_after_flatten_is_refused_until_its_converter_is_named(model_file, capsys):
@@ -281,12 +334,26 @@ def test_map_of_the_dense_after_flatten_is_refused_until_its_converter_is_named(
     captured = capsys.readouterr()
     errors = captured.out.split("ERRORS (nothing will be loaded):\n")[1].strip().splitlines()
     assert len(errors) == 1 and errors[0].strip().startswith("4.weight <- fc/kernel: this Linear follows a Flatten")
-    assert ("confirm with --converter 4.weight=flatten_dense:4,H,W where H*W = 36 (4,6,6 if the feature map is "
-            "square), or --converter 4.weight=dense_to_linear") in errors[0]
+    assert (
+        "confirm with --converter 4.weight=flatten_dense:4,H,W where H*W = 36 (4,6,6 if the feature map is "
+        "square), or --converter 4.weight=dense_to_linear"
+    ) in errors[0]
     assert "converters=" not in captured.out and "nothing was written" in captured.err
     assert not os.path.exists("mapped")
-    assert warm_start_cli(model_file, "--vars", ".*", "--include_buffers", *KERAS_MAPS, "--write", "mapped",
-                          "--converter", "4.weight=flatten_dense:4,6,6") == 0
+    assert (
+        warm_start_cli(
+            model_file,
+            "--vars",
+            ".*",
+            "--include_buffers",
+            *KERAS_MAPS,
+            "--write",
+            "mapped",
+            "--converter",
+            "4.weight=flatten_dense:4,6,6",
+        )
+        == 0
+    )
     assert_same_tensors(CheckpointStore("mapped").restore().model_state, expected_state())
 
 
@@ -295,10 +362,11 @@ def test_write_names_what_is_in_the_way_and_takes_the_suffix_in_any_case(model_f
     OUT.SAFETENSORS became a model_dir."""
     open("afile", "w").close()
     os.mkdir("dir.safetensors")
-    refusals = [("afile/sub.safetensors", "afile is a file, so nothing can be written inside it."),
-                ("afile/x/model_dir", "afile is a file, so nothing can be written inside it."),
-                ("dir.safetensors", "it is a folder, and a name ending in .safetensors names the weights file to "
-                                    "write.")]
+    refusals = [
+        ("afile/sub.safetensors", "afile is a file, so nothing can be written inside it."),
+        ("afile/x/model_dir", "afile is a file, so nothing can be written inside it."),
+        ("dir.safetensors", "it is a folder, and a name ending in .safetensors names the weights file to write."),
+    ]
     for out, message in refusals:
         assert warm_start_cli(model_file, "--write", out, *SOUND) == 2
         captured = capsys.readouterr()
@@ -313,5 +381,6 @@ def test_write_names_what_is_in_the_way_and_takes_the_suffix_in_any_case(model_f
 
 def test_a_bad_vars_regex_names_the_flag(model_file, capsys):
     assert warm_start_cli(model_file, "--vars", "[") == 2
-    assert capsys.readouterr().err == ("torchestimator warm-start: error: --vars '[' is not a valid regex: "
-                                       "unterminated character set at position 0.\n")
+    assert capsys.readouterr().err == (
+        "torchestimator warm-start: error: --vars '[' is not a valid regex: unterminated character set at position 0.\n"
+    )

@@ -34,14 +34,33 @@ from torchestimator.distribute.strategy import (
 )
 from torchestimator.errors import ConfigError, TorchEstimatorError
 
-TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-            "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
-SLURM = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
-         "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_NODELIST": "node[01-02]", "SLURM_JOB_ID": "123456",
-         "SLURM_JOB_NAME": "train"}
+TORCHRUN = {
+    "RANK": "1",
+    "WORLD_SIZE": "2",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "2",
+    "MASTER_ADDR": "10.0.0.1",
+    "MASTER_PORT": "29500",
+}
+SLURM = {
+    "SLURM_PROCID": "3",
+    "SLURM_NTASKS": "4",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_TASKS_PER_NODE": "2(x2)",
+    "SLURM_NODELIST": "node[01-02]",
+    "SLURM_JOB_ID": "123456",
+    "SLURM_JOB_NAME": "train",
+}
 TWO_TASKS = {"chief": ["127.0.0.1:23456"], "worker": ["127.0.0.1:23457"]}
-ENVIRONMENT_NAMES = (*TORCHRUN, *SLURM, "TF_CONFIG", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_NODELIST",
-                     COLLECTIVE_TIMEOUT_VARIABLE)
+ENVIRONMENT_NAMES = (
+    *TORCHRUN,
+    *SLURM,
+    "TF_CONFIG",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_JOB_NODELIST",
+    COLLECTIVE_TIMEOUT_VARIABLE,
+)
 
 
 def _tf_config(cluster: dict | None, task: dict | None = None, **extra: object) -> dict[str, str]:
@@ -79,7 +98,12 @@ def test_torchrun_variables_win_over_tf_config_and_slurm() -> None:
     cluster = resolve_cluster(environ)
     assert cluster.source == "torchrun"
     assert (cluster.rank, cluster.world_size, cluster.local_rank, cluster.master_addr, cluster.master_port) == (
-        1, 2, 1, "10.0.0.1", 29500)
+        1,
+        2,
+        1,
+        "10.0.0.1",
+        29500,
+    )
 
 
 def test_tf_config_with_a_cluster_wins_over_slurm() -> None:
@@ -95,16 +119,26 @@ def test_the_evaluator_task_is_outside_the_group_and_says_so_by_task_type() -> N
     environ = _tf_config({**TWO_TASKS, "evaluator": ["127.0.0.1:1"]}, {"type": "evaluator", "index": 0})
     cluster = resolve_cluster(environ)
     assert (cluster.source, cluster.task_type, cluster.rank, cluster.in_training_group) == (
-        "tf_config", "evaluator", None, False)
+        "tf_config",
+        "evaluator",
+        None,
+        False,
+    )
 
 
 def test_tf_config_numbers_tasks_that_share_a_host() -> None:
     cluster = {"chief": ["a:1"], "worker": ["b:1", "a:2", "a:3", "b:2"]}
-    placed = {(task_type, index): cluster_from_tf_config(_tf_config(cluster, {"type": task_type, "index": index}))
-              for task_type, index in [("chief", 0), ("worker", 0), ("worker", 1), ("worker", 2), ("worker", 3)]}
+    placed = {
+        (task_type, index): cluster_from_tf_config(_tf_config(cluster, {"type": task_type, "index": index}))
+        for task_type, index in [("chief", 0), ("worker", 0), ("worker", 1), ("worker", 2), ("worker", 3)]
+    }
     assert {key: (spec.rank, spec.local_rank, spec.local_world_size) for key, spec in placed.items()} == {
-        ("chief", 0): (0, 0, 3), ("worker", 0): (1, 0, 2), ("worker", 1): (2, 1, 3), ("worker", 2): (3, 2, 3),
-        ("worker", 3): (4, 1, 2)}
+        ("chief", 0): (0, 0, 3),
+        ("worker", 0): (1, 0, 2),
+        ("worker", 1): (2, 1, 3),
+        ("worker", 2): (3, 2, 3),
+        ("worker", 3): (4, 1, 2),
+    }
 
 
 # ---------------------------------------------------------------- malformed descriptions: ours, quoting the field
@@ -114,20 +148,41 @@ def test_tf_config_numbers_tasks_that_share_a_host() -> None:
     "environ, field, message",
     [
         ({"TF_CONFIG": "{cluster"}, "TF_CONFIG", "TF_CONFIG is not valid JSON"),
-        (_tf_config({"chief": "h:1"}, {"type": "chief", "index": 0}), "TF_CONFIG[\"cluster\"]['chief']",
-         'must be a list of "host:port" strings'),
-        (_tf_config(TWO_TASKS, {"type": "worker", "index": 1}), 'TF_CONFIG["task"]["index"]',
-         "1 is not a valid task_id for task_type worker in the cluster_spec"),
-        (_tf_config(TWO_TASKS, {"type": "worker", "index": True}), 'TF_CONFIG["task"]["index"]',
-         'TF_CONFIG["task"]["index"] must be an integer'),
-        (_tf_config({"master": ["m:1"], "chief": ["c:1"]}, {"type": "master", "index": 0}), 'TF_CONFIG["cluster"]',
-         "If `master` node exists in `cluster`, job `chief` is not supported."),
-        (_tf_config(TWO_TASKS, {"type": "ps", "index": 0}), 'TF_CONFIG["task"]["type"]',
-         "ps is not a valid task_type in the cluster_spec"),
-        (_tf_config({"chief": ["h:99999"]}, {"type": "chief", "index": 0}), 'TF_CONFIG["cluster"]["chief"][0]',
-         'must be "host:port"'),
-        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "0"}, "MASTER_PORT",
-         "MASTER_PORT must be a TCP port"),
+        (
+            _tf_config({"chief": "h:1"}, {"type": "chief", "index": 0}),
+            "TF_CONFIG[\"cluster\"]['chief']",
+            'must be a list of "host:port" strings',
+        ),
+        (
+            _tf_config(TWO_TASKS, {"type": "worker", "index": 1}),
+            'TF_CONFIG["task"]["index"]',
+            "1 is not a valid task_id for task_type worker in the cluster_spec",
+        ),
+        (
+            _tf_config(TWO_TASKS, {"type": "worker", "index": True}),
+            'TF_CONFIG["task"]["index"]',
+            'TF_CONFIG["task"]["index"] must be an integer',
+        ),
+        (
+            _tf_config({"master": ["m:1"], "chief": ["c:1"]}, {"type": "master", "index": 0}),
+            'TF_CONFIG["cluster"]',
+            "If `master` node exists in `cluster`, job `chief` is not supported.",
+        ),
+        (
+            _tf_config(TWO_TASKS, {"type": "ps", "index": 0}),
+            'TF_CONFIG["task"]["type"]',
+            "ps is not a valid task_type in the cluster_spec",
+        ),
+        (
+            _tf_config({"chief": ["h:99999"]}, {"type": "chief", "index": 0}),
+            'TF_CONFIG["cluster"]["chief"][0]',
+            'must be "host:port"',
+        ),
+        (
+            {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "0"},
+            "MASTER_PORT",
+            "MASTER_PORT must be a TCP port",
+        ),
     ],
 )
 def test_malformed_descriptions_are_config_errors_naming_the_field(environ: dict, field: str, message: str) -> None:
@@ -151,14 +206,31 @@ def test_master_address_alone_is_no_torchrun_launch() -> None:
 def test_slurm_step_describes_rank_node_and_rendezvous() -> None:
     cluster = cluster_from_slurm(SLURM)
     assert cluster == ClusterSpec(
-        task_type="worker", task_index=2, is_chief=False, num_worker_replicas=4, global_id_in_cluster=3, rank=3,
-        world_size=4, local_rank=1, local_world_size=2, master_addr="node01", master_port=15000 + 3456,
-        source="slurm")
+        task_type="worker",
+        task_index=2,
+        is_chief=False,
+        num_worker_replicas=4,
+        global_id_in_cluster=3,
+        rank=3,
+        world_size=4,
+        local_rank=1,
+        local_world_size=2,
+        master_addr="node01",
+        master_port=15000 + 3456,
+        source="slurm",
+    )
 
 
 def test_slurm_overrides_and_fallbacks() -> None:
-    uneven = {**SLURM, "SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "3", "SLURM_PROCID": "6",
-              "SLURM_NTASKS": "7", "SLURM_LOCALID": "0", "SLURM_NODELIST": "gpu[7,9-10]"}
+    uneven = {
+        **SLURM,
+        "SLURM_TASKS_PER_NODE": "2(x3),1",
+        "SLURM_NODEID": "3",
+        "SLURM_PROCID": "6",
+        "SLURM_NTASKS": "7",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODELIST": "gpu[7,9-10]",
+    }
     cluster = cluster_from_slurm(uneven)
     assert (cluster.local_world_size, cluster.master_addr) == (1, "gpu7")
     per_node = cluster_from_slurm({**SLURM, "SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "x"})
@@ -274,8 +346,9 @@ def recorded_joins(clean_environment: pytest.MonkeyPatch) -> list[dict]:
     return joins
 
 
-def test_mirrored_strategy_forms_the_group_from_tf_config(recorded_joins: list[dict],
-                                                          clean_environment: pytest.MonkeyPatch) -> None:
+def test_mirrored_strategy_forms_the_group_from_tf_config(
+    recorded_joins: list[dict], clean_environment: pytest.MonkeyPatch
+) -> None:
     for name, value in _tf_config(TWO_TASKS, {"type": "worker", "index": 0}).items():
         clean_environment.setenv(name, value)
     clean_environment.setenv(COLLECTIVE_TIMEOUT_VARIABLE, "42")
@@ -288,8 +361,9 @@ def test_mirrored_strategy_forms_the_group_from_tf_config(recorded_joins: list[d
     assert not strategy.is_set_up
 
 
-def test_mirrored_strategy_forms_the_group_from_slurm(recorded_joins: list[dict],
-                                                      clean_environment: pytest.MonkeyPatch) -> None:
+def test_mirrored_strategy_forms_the_group_from_slurm(
+    recorded_joins: list[dict], clean_environment: pytest.MonkeyPatch
+) -> None:
     for name, value in SLURM.items():
         clean_environment.setenv(name, value)
     with pytest.raises(_Joined):
@@ -299,11 +373,13 @@ def test_mirrored_strategy_forms_the_group_from_slurm(recorded_joins: list[dict]
     assert join["timeout"].total_seconds() == 9
 
 
-def test_mirrored_strategy_checks_num_replicas_against_tf_config(recorded_joins: list[dict],
-                                                                 clean_environment: pytest.MonkeyPatch) -> None:
+def test_mirrored_strategy_checks_num_replicas_against_tf_config(
+    recorded_joins: list[dict], clean_environment: pytest.MonkeyPatch
+) -> None:
     clean_environment.setenv("TF_CONFIG", _tf_config(TWO_TASKS, {"type": "chief", "index": 0})["TF_CONFIG"])
-    with pytest.raises(ValueError, match=re.escape("num_replicas=3) but the TF_CONFIG cluster (its chief and workers) "
-                                                   "has 2 processes")):
+    with pytest.raises(
+        ValueError, match=re.escape("num_replicas=3) but the TF_CONFIG cluster (its chief and workers) has 2 processes")
+    ):
         MirroredStrategy(num_replicas=3).setup()
     assert recorded_joins == []
 
@@ -336,8 +412,10 @@ def test_one_device_strategy_refuses_a_trainer_of_a_multi_task_tf_config(clean_e
         OneDeviceStrategy("cpu").setup()
     assert raised.value.field == "TF_CONFIG"
     OneDeviceStrategy("cpu", warn_if_launched=False).setup()  # predict runs whole in every process on purpose
-    for alone in (_tf_config({"chief": ["h:1"], "evaluator": ["h:2"]}, {"type": "chief", "index": 0}),
-                  _tf_config({**TWO_TASKS, "evaluator": ["h:2"]}, {"type": "evaluator", "index": 0})):
+    for alone in (
+        _tf_config({"chief": ["h:1"], "evaluator": ["h:2"]}, {"type": "chief", "index": 0}),
+        _tf_config({**TWO_TASKS, "evaluator": ["h:2"]}, {"type": "evaluator", "index": 0}),
+    ):
         clean_environment.setenv("TF_CONFIG", alone["TF_CONFIG"])
         OneDeviceStrategy("cpu").setup()
 
@@ -354,7 +432,8 @@ def test_multi_worker_mirrored_strategy_is_the_public_tf_name() -> None:
     assert issubclass(te.MultiWorkerMirroredStrategy, te.MirroredStrategy)
     assert te.MultiWorkerMirroredStrategy is MultiWorkerMirroredStrategy
     assert repr(MultiWorkerMirroredStrategy(num_replicas=2)) == (
-        "MultiWorkerMirroredStrategy(num_replicas=2, backend=None)")
+        "MultiWorkerMirroredStrategy(num_replicas=2, backend=None)"
+    )
 
 
 # ---------------------------------------------------------------- launch: torchrun's options
@@ -379,20 +458,42 @@ def test_launch_is_standalone_on_one_node(clean_environment: pytest.MonkeyPatch)
 
 
 @pytest.mark.parametrize("spelling", ["_", "-"])
-def test_launch_passes_torchrun_multi_node_and_elastic_options(spelling: str,
-                                                               clean_environment: pytest.MonkeyPatch) -> None:
+def test_launch_passes_torchrun_multi_node_and_elastic_options(
+    spelling: str, clean_environment: pytest.MonkeyPatch
+) -> None:
     def flag(name: str) -> str:
         return "--" + name.replace("_", spelling)
 
-    arguments = _launch_arguments([
-        "--nnodes", "1:2", flag("nproc_per_node"), "1", flag("node_rank"), "1", flag("rdzv_backend"), "c10d",
-        flag("rdzv_endpoint"), "10.0.0.1:29400", flag("rdzv_id"), "job7", flag("max_restarts"), "3",
-        flag("monitor_interval"), "0.5", "train.py"])
+    arguments = _launch_arguments(
+        [
+            "--nnodes",
+            "1:2",
+            flag("nproc_per_node"),
+            "1",
+            flag("node_rank"),
+            "1",
+            flag("rdzv_backend"),
+            "c10d",
+            flag("rdzv_endpoint"),
+            "10.0.0.1:29400",
+            flag("rdzv_id"),
+            "job7",
+            flag("max_restarts"),
+            "3",
+            flag("monitor_interval"),
+            "0.5",
+            "train.py",
+        ]
+    )
     assert not arguments.standalone
     config, script_args = _torchrun_config(arguments, clean_environment)
     assert (config.min_nodes, config.max_nodes, config.nproc_per_node, config.max_restarts) == (1, 2, 1, 3)
     assert (config.rdzv_backend, config.rdzv_endpoint, config.run_id, config.monitor_interval) == (
-        "c10d", "10.0.0.1:29400", "job7", 0.5)
+        "c10d",
+        "10.0.0.1:29400",
+        "job7",
+        0.5,
+    )
     assert script_args[-1] == "train.py"
 
 
@@ -400,30 +501,44 @@ def test_launch_from_tf_config_makes_each_task_a_node(clean_environment: pytest.
     environ = _tf_config(TWO_TASKS, {"type": "worker", "index": 0})
     arguments = _launch_arguments(["--from_tf_config", "--nproc_per_node", "2", "train.py"], environ)
     assert (arguments.nnodes, arguments.node_rank, arguments.master_addr, arguments.master_port) == (
-        "2", 1, "127.0.0.1", 23456)
+        "2",
+        1,
+        "127.0.0.1",
+        23456,
+    )
     assert not arguments.standalone and arguments.rdzv_backend == "static"
     config, _ = _torchrun_config(arguments, clean_environment)
     assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (2, 2, 2)
-    alone = _launch_arguments(["--from-tf-config", "train.py"], _tf_config({"chief": ["h:1"]}, {"type": "chief",
-                                                                                                 "index": 0}))
+    alone = _launch_arguments(
+        ["--from-tf-config", "train.py"], _tf_config({"chief": ["h:1"]}, {"type": "chief", "index": 0})
+    )
     assert alone.standalone
 
 
 @pytest.mark.parametrize(
     "argv, environ, message",
     [
-        (["--from_tf_config", "--nnodes", "2", "t.py"], _tf_config(TWO_TASKS, {"type": "chief", "index": 0}),
-         "so --nnodes cannot be given too"),
-        (["--from_tf_config", "--rdzv_endpoint", "h:1", "t.py"], _tf_config(TWO_TASKS, {"type": "chief", "index": 0}),
-         "so --rdzv_endpoint cannot be given too"),
+        (
+            ["--from_tf_config", "--nnodes", "2", "t.py"],
+            _tf_config(TWO_TASKS, {"type": "chief", "index": 0}),
+            "so --nnodes cannot be given too",
+        ),
+        (
+            ["--from_tf_config", "--rdzv_endpoint", "h:1", "t.py"],
+            _tf_config(TWO_TASKS, {"type": "chief", "index": 0}),
+            "so --rdzv_endpoint cannot be given too",
+        ),
         (["--from_tf_config", "t.py"], {}, 'TF_CONFIG has no "cluster"'),
-        (["--from_tf_config", "t.py"], _tf_config({**TWO_TASKS, "evaluator": ["h:3"]}, {"type": "evaluator",
-                                                                                         "index": 0}),
-         "'evaluator' task does not join"),
+        (
+            ["--from_tf_config", "t.py"],
+            _tf_config({**TWO_TASKS, "evaluator": ["h:3"]}, {"type": "evaluator", "index": 0}),
+            "'evaluator' task does not join",
+        ),
     ],
 )
-def test_launch_from_tf_config_errors(argv: list[str], environ: dict, message: str,
-                                      clean_environment: pytest.MonkeyPatch) -> None:
+def test_launch_from_tf_config_errors(
+    argv: list[str], environ: dict, message: str, clean_environment: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         _launch_arguments(argv, environ)
 
@@ -431,16 +546,39 @@ def test_launch_from_tf_config_errors(argv: list[str], environ: dict, message: s
 def test_the_cli_launch_command_takes_torchrun_options(clean_environment: pytest.MonkeyPatch) -> None:
     from torchestimator.cli import build_parser
 
-    args = build_parser().parse_args(["launch", "--nnodes=2", "--max-restarts", "2", "--rdzv_backend", "c10d",
-                                      "--rdzv-endpoint", "h:29400", "-m", "package.train", "--lr", "0.1"])
+    args = build_parser().parse_args(
+        [
+            "launch",
+            "--nnodes=2",
+            "--max-restarts",
+            "2",
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "h:29400",
+            "-m",
+            "package.train",
+            "--lr",
+            "0.1",
+        ]
+    )
     assert (args.nnodes, args.max_restarts, args.rdzv_backend, args.rdzv_endpoint, args.module) == (
-        "2", 2, "c10d", "h:29400", True)
+        "2",
+        2,
+        "c10d",
+        "h:29400",
+        True,
+    )
     assert (args.training_script, args.training_script_args, args.nproc_per_node) == (
-        "package.train", ["--lr", "0.1"], "2")
+        "package.train",
+        ["--lr", "0.1"],
+        "2",
+    )
 
 
 def test_launch_marks_this_node_as_the_rendezvous_host_when_torchrun_misses_it(
-        clean_environment: pytest.MonkeyPatch) -> None:
+    clean_environment: pytest.MonkeyPatch,
+) -> None:
     # torchrun matches the endpoint against the host name's addresses only; in a network namespace, a
     # container, or with Debian's 127.0.1.1 it misses this machine's other interfaces and no node serves.
     import torch.distributed.elastic.rendezvous.utils as rendezvous_utils
@@ -448,8 +586,9 @@ def test_launch_marks_this_node_as_the_rendezvous_host_when_torchrun_misses_it(
     clean_environment.setattr(rendezvous_utils, "_matches_machine_hostname", lambda host: False)
 
     def conf(endpoint: str, *extra: str) -> str:
-        return _launch_arguments(["--nnodes=2", "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", *extra,
-                                  "t.py"]).rdzv_conf
+        return _launch_arguments(
+            ["--nnodes=2", "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", *extra, "t.py"]
+        ).rdzv_conf
 
     assert conf("127.0.0.1:29400") == "is_host=1"  # an address a socket here can bind to
     assert conf("127.0.0.1:29400", "--rdzv_conf=join_timeout=90") == "join_timeout=90,is_host=1"
@@ -461,9 +600,18 @@ def test_kubeflow_pytorchjob_variables_are_one_process_per_pod() -> None:
     # PyTorchJob sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and no LOCAL_RANK: pod 3 has one process, GPU 0.
     cluster = resolve_cluster({"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456"})
     assert (cluster.source, cluster.rank, cluster.world_size, cluster.local_rank, cluster.local_world_size) == (
-        "torchrun", 3, 4, 0, 1)
+        "torchrun",
+        3,
+        4,
+        0,
+        1,
+    )
     assert (cluster.master_addr, cluster.master_port, cluster.task_type, cluster.task_index) == (
-        "job-master-0", 23456, "worker", 2)
+        "job-master-0",
+        23456,
+        "worker",
+        2,
+    )
 
 
 def test_launch_command_parses_like_the_cli_and_checks_before_starting_anything() -> None:
@@ -482,15 +630,20 @@ def test_launch_gives_restarts_a_fresh_store_unless_the_user_chose() -> None:
     assert restart_environment(launch_parser().parse_args(["train.py"]), {}) == {}  # no restarts: torch's default
 
 
-CHIEF_AND_WORKER_CONFIG = {"cluster": {"chief": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]},
-             "task": {"type": "worker", "index": 0}}
+CHIEF_AND_WORKER_CONFIG = {
+    "cluster": {"chief": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]},
+    "task": {"type": "worker", "index": 0},
+}
 
 
-@pytest.mark.parametrize("argv, field", [
-    (["--nproc_per_node", "0", "t.py"], "nproc_per_node"),
-    (["--nnodes", "3:1", "t.py"], "launch"),
-    (["--max_restarts", "-1", "t.py"], "launch"),
-])
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["--nproc_per_node", "0", "t.py"], "nproc_per_node"),
+        (["--nnodes", "3:1", "t.py"], "launch"),
+        (["--max_restarts", "-1", "t.py"], "launch"),
+    ],
+)
 def test_launch_refuses_values_torchrun_would_assert_on_in_one_line(argv: list, field: str) -> None:
     with pytest.raises(ConfigError) as raised:
         prepare_torchrun_arguments(launch_parser().parse_args(argv), {})
@@ -511,9 +664,12 @@ def test_estimator_train_refuses_the_evaluator_and_ps_tasks(tmp_path, monkeypatc
     for task in ({"type": "evaluator", "index": 0}, {"type": "ps", "index": 0}):
         cluster = {"chief": ["127.0.0.1:2222"], "ps": ["127.0.0.1:2224"]}
         monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": task}))
-        estimator = te.Estimator(model_fn=lambda model, features, labels, mode: None, model=torch.nn.Linear(1, 1),
-                                 optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
-                                 model_dir=str(tmp_path / task["type"]))
+        estimator = te.Estimator(
+            model_fn=lambda model, features, labels, mode: None,
+            model=torch.nn.Linear(1, 1),
+            optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
+            model_dir=str(tmp_path / task["type"]),
+        )
         with pytest.raises(ConfigError, match="does not train") as raised:
             estimator.train(lambda: [(torch.ones(1, 1), torch.ones(1, 1))], max_steps=1)
         assert raised.value.value == task["type"]

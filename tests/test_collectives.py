@@ -32,7 +32,9 @@ def _collectives_across_replicas() -> dict:
     collectives.broadcast(sent, src=1)
     cpu = torch.device("cpu")
     return {
-        "summed": summed.tolist(), "largest": largest.tolist(), "broadcast": sent.tolist(),
+        "summed": summed.tolist(),
+        "largest": largest.tolist(),
+        "broadcast": sent.tolist(),
         # Pickles of different lengths per rank: the shorter ones are padded, then cut back.
         "gathered": collectives.all_gather_object({"rank": rank, "text": "x" * (100 * rank)}, cpu),
         "from_one": collectives.broadcast_object(("from", rank, list(range(rank * 50))), 1, cpu),
@@ -125,17 +127,22 @@ def _run_late_release(tmp_path, how: str, runner: tuple[str, ...] = ()) -> subpr
     """Runs LATE_RELEASE_PROGRAM in 2 processes; rank 0's command starts with ``runner`` (e.g. -m a module)."""
     program = tmp_path / "late_release.py"
     program.write_text(LATE_RELEASE_PROGRAM)
-    environ = {name: value for name, value in os.environ.items()
-               if name not in (*TORCHRUN_VARIABLES, "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    environ = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in (*TORCHRUN_VARIABLES, "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    }
     environ["OMP_NUM_THREADS"] = "1"
     port = str(find_free_port())
     command = [sys.executable, str(program), "{rank}", port, how]
-    other = subprocess.Popen([part.format(rank=1) for part in command], env=environ, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    other = subprocess.Popen(
+        [part.format(rank=1) for part in command], env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         first = [command[0], *runner, *command[1:]]
-        return subprocess.run([part.format(rank=0) for part in first], env=environ, capture_output=True,
-                              text=True, timeout=120)
+        return subprocess.run(
+            [part.format(rank=0) for part in first], env=environ, capture_output=True, text=True, timeout=120
+        )
     finally:
         try:
             other.wait(30)
@@ -160,7 +167,9 @@ def test_without_hand_over_the_same_late_release_aborts(tmp_path) -> None:
     """The control: the scenario above reaches the abort when the tensor goes to gloo as it is."""
     completed = _run_late_release(tmp_path, "as_it_is")
     if completed.returncode in (0, 5):
-        pytest.skip(f"no abort this time (the worker got the GIL before the end, or torch/CPython no longer "
-                    f"end it that way): {completed.stderr.strip()[-200:]}")
+        pytest.skip(
+            f"no abort this time (the worker got the GIL before the end, or torch/CPython no longer "
+            f"end it that way): {completed.stderr.strip()[-200:]}"
+        )
     assert completed.returncode == -signal.SIGABRT, completed.stderr
     assert "terminate called without an active exception" in completed.stderr

@@ -6,9 +6,9 @@ import io
 
 import pytest
 import torch
+from conftest import classifier_model_fn, input_fns, make_estimator
 
 import torchestimator as te
-from conftest import classifier_model_fn, input_fns, make_estimator
 from torchestimator._core.progress import Progress
 from torchestimator._io.summary import read_scalars
 
@@ -16,7 +16,11 @@ from torchestimator._io.summary import read_scalars
 def test_run_config_defaults_follow_tensorflow():
     config = te.RunConfig()
     assert (config.save_summary_steps, config.save_checkpoints_secs, config.save_checkpoints_steps) == (100, 600, None)
-    assert (config.keep_checkpoint_max, config.keep_checkpoint_every_n_hours, config.log_step_count_steps) == (5, 10000, 100)
+    assert (config.keep_checkpoint_max, config.keep_checkpoint_every_n_hours, config.log_step_count_steps) == (
+        5,
+        10000,
+        100,
+    )
     assert config.train_distribute is None and config.eval_distribute is None
 
 
@@ -33,15 +37,18 @@ def test_checkpoint_intervals_are_exclusive_and_replace_clears_the_other():
         te.RunConfig().replace(tf_random_seed=1)
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"save_summary_steps": -1}, "save_summary_steps must be >= 0"),
-    ({"log_step_count_steps": 0}, "log_step_count_steps must be > 0"),
-    ({"keep_checkpoint_every_n_hours": 0}, "keep_checkpoint_every_n_hours must be > 0"),
-    ({"mixed_precision": "fp8"}, "mixed_precision must be None"),
-    ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps must be >= 1"),
-    ({"clip_grad_norm": 0.0}, "clip_grad_norm must be > 0"),
-    ({"model_dir": ""}, "non-empty"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"save_summary_steps": -1}, "save_summary_steps must be >= 0"),
+        ({"log_step_count_steps": 0}, "log_step_count_steps must be > 0"),
+        ({"keep_checkpoint_every_n_hours": 0}, "keep_checkpoint_every_n_hours must be > 0"),
+        ({"mixed_precision": "fp8"}, "mixed_precision must be None"),
+        ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps must be >= 1"),
+        ({"clip_grad_norm": 0.0}, "clip_grad_norm must be > 0"),
+        ({"model_dir": ""}, "non-empty"),
+    ],
+)
 def test_run_config_refuses_bad_values(changes, message):
     with pytest.raises((ValueError, TypeError), match=message):
         te.RunConfig(**changes)
@@ -53,16 +60,52 @@ def test_run_config_is_frozen():
 
 
 def test_public_surface_is_pinned():
-    assert sorted(te.__all__) == sorted([
-        "CheckpointSaverHook", "CheckpointSaverListener", "Estimator", "EstimatorSpec", "Every", "Hook",
-        "InputContext", "LoggingTensorHook", "MirroredStrategy", "ModeKeys", "NanLossDuringTrainingError",
-        "FullyShardedStrategy", "MultiWorkerMirroredStrategy",
-        "OneDeviceStrategy", "RunConfig", "RunContext", "StepCounterHook", "StopAtStepHook", "SummarySaverHook",
-        "TrainState", "dataset_input_fn", "export", "freeze", "metrics", "numpy_input_fn", "pandas_input_fn",
-        "param_groups", "unfreeze", "BestCheckpointPolicy", "EarlyStopping", "EvalSpec", "TrainSpec", "run_evaluator",
-        "stop_if_higher_hook", "stop_if_lower_hook", "stop_if_no_decrease_hook", "stop_if_no_increase_hook",
-        "train_and_evaluate", "TorchEstimatorError", "WarmStartSettings", "errors", "init_from_checkpoint",
-    ])
+    assert sorted(te.__all__) == sorted(
+        [
+            "CheckpointSaverHook",
+            "CheckpointSaverListener",
+            "Estimator",
+            "EstimatorSpec",
+            "Every",
+            "Hook",
+            "InputContext",
+            "LoggingTensorHook",
+            "MirroredStrategy",
+            "ModeKeys",
+            "NanLossDuringTrainingError",
+            "FullyShardedStrategy",
+            "MultiWorkerMirroredStrategy",
+            "OneDeviceStrategy",
+            "RunConfig",
+            "RunContext",
+            "StepCounterHook",
+            "StopAtStepHook",
+            "SummarySaverHook",
+            "TrainState",
+            "dataset_input_fn",
+            "export",
+            "freeze",
+            "metrics",
+            "numpy_input_fn",
+            "pandas_input_fn",
+            "param_groups",
+            "unfreeze",
+            "BestCheckpointPolicy",
+            "EarlyStopping",
+            "EvalSpec",
+            "TrainSpec",
+            "run_evaluator",
+            "stop_if_higher_hook",
+            "stop_if_lower_hook",
+            "stop_if_no_decrease_hook",
+            "stop_if_no_increase_hook",
+            "train_and_evaluate",
+            "TorchEstimatorError",
+            "WarmStartSettings",
+            "errors",
+            "init_from_checkpoint",
+        ]
+    )
     assert [name for name in te.__all__ if not hasattr(te, name)] == []  # `from torchestimator import *` works
 
 

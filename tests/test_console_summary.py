@@ -80,8 +80,9 @@ def _write(tmp_path: Path) -> dict[str, str]:
 
 
 def _run(arguments: list[str], tmp_path: Path, environ: dict[str, str]) -> subprocess.CompletedProcess:
-    completed = subprocess.run([sys.executable, *arguments], cwd=tmp_path, env=environ, capture_output=True,
-                               text=True, timeout=240)
+    completed = subprocess.run(
+        [sys.executable, *arguments], cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=240
+    )
     assert completed.returncode == 0, completed.stderr
     return completed
 
@@ -117,8 +118,11 @@ def test_the_quiet_setting_hides_them_and_configured_logging_gets_them_once(tmp_
     summaries = [line for line in lines if "resumed" in line or "trained" in line]
     # Once the program configured logging, its handler shows the line (once), and the library's own stands aside.
     assert len(summaries) == 1, completed.stderr
-    assert re.fullmatch(rf"CONFIGURED torchestimator resumed {re.escape(str(tmp_path / 'a'))} from ckpt-15 and "
-                        rf"trained to step 20 in {NUMBER} s \(final loss {NUMBER}\)", summaries[0])
+    assert re.fullmatch(
+        rf"CONFIGURED torchestimator resumed {re.escape(str(tmp_path / 'a'))} from ckpt-15 and "
+        rf"trained to step 20 in {NUMBER} s \(final loss {NUMBER}\)",
+        summaries[0],
+    )
     assert any(line.startswith("CONFIGURED torchestimator.checkpoint") for line in lines)  # its INFO lines too
 
 
@@ -142,15 +146,30 @@ def test_the_lines_name_what_the_user_named_and_say_why_training_stopped(tmp_pat
     monkeypatch.chdir(tmp_path)
     checkpoint = WeightsOrigin("checkpoint", 1000, str(tmp_path / "runs" / "q" / "ckpt-1000"))
     assert describe_evaluation(checkpoint, "runs/q", {"accuracy": 1.0, "loss": 0.012345678, "global_step": 1000}) == (
-        "evaluated runs/q/ckpt-1000: accuracy = 1.0, loss = 0.01235")  # relative, as model_dir was given
+        "evaluated runs/q/ckpt-1000: accuracy = 1.0, loss = 0.01235"
+    )  # relative, as model_dir was given
     assert describe_evaluation(WeightsOrigin("init"), "runs/q", {"loss": 2.0}, "holdout") == (
-        "evaluated freshly initialised weights (no checkpoint in runs/q) (holdout): loss = 2.0")
-    stopped = TrainOutcome(model_dir="runs/q", start_step=0, end_step=640, seconds=3.04, last_step=1000,
-                           ended_by="early stopping", final_loss=0.5)
+        "evaluated freshly initialised weights (no checkpoint in runs/q) (holdout): loss = 2.0"
+    )
+    stopped = TrainOutcome(
+        model_dir="runs/q",
+        start_step=0,
+        end_step=640,
+        seconds=3.04,
+        last_step=1000,
+        ended_by="early stopping",
+        final_loss=0.5,
+    )
     assert describe_training(stopped) == (
-        "trained runs/q from step 0 to 640 in 3.0 s (final loss 0.5); stopped at step 640 of 1000: early stopping")
+        "trained runs/q from step 0 to 640 in 3.0 s (final loss 0.5); stopped at step 640 of 1000: early stopping"
+    )
     assert [format_value(value) for value in (1.0, 12345.6, float("nan"), 7, True)] == [
-        "1.0", "1.235e+04", "nan", "7", "True"]
+        "1.0",
+        "1.235e+04",
+        "nan",
+        "7",
+        "True",
+    ]
 
 
 def test_a_train_call_that_takes_no_step_still_says_so(tmp_path, te_logs):
@@ -170,9 +189,13 @@ def test_a_train_call_that_takes_no_step_still_says_so(tmp_path, te_logs):
         return te.EstimatorSpec(mode, loss=F.cross_entropy(model(features["x"]), labels))
 
     def estimator(name):
-        return te.Estimator(model_fn=model_fn, model=lambda: torch.nn.Linear(4, 2),
-                            optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
-                            model_dir=str(tmp_path / name), config=te.RunConfig(progress_bar=False))
+        return te.Estimator(
+            model_fn=model_fn,
+            model=lambda: torch.nn.Linear(4, 2),
+            optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
+            model_dir=str(tmp_path / name),
+            config=te.RunConfig(progress_bar=False),
+        )
 
     def one_epoch():
         return te.numpy_input_fn({"x": features}, labels, batch_size=16, num_epochs=1, shuffle=False)
@@ -187,13 +210,25 @@ def test_a_train_call_that_takes_no_step_still_says_so(tmp_path, te_logs):
     resumed.train(one_epoch(), max_steps=1000)
     resumed.train(one_epoch(), max_steps=1000)  # resumes at the end of its one epoch
     first, second = summaries()
-    assert re.fullmatch(rf"trained {re.escape(str(tmp_path / 'resumed'))} from step 0 to 4 in {NUMBER} s \(final loss "
-                        rf"{NUMBER}\); stopped at step 4 of 1000: the input ended", first), first
+    assert re.fullmatch(
+        rf"trained {re.escape(str(tmp_path / 'resumed'))} from step 0 to 4 in {NUMBER} s \(final loss "
+        rf"{NUMBER}\); stopped at step 4 of 1000: the input ended",
+        first,
+    ), first
     assert second == f"trained no step: {tmp_path / 'resumed'} stays at step 4: the input ended before its first batch"
-    assert len([text for text in warnings() if text.startswith("Training made no steps: the input ended before its "
-                                                               "first batch")]) == 1
+    assert (
+        len(
+            [
+                text
+                for text in warnings()
+                if text.startswith("Training made no steps: the input ended before its first batch")
+            ]
+        )
+        == 1
+    )
     te_logs.clear()
     estimator("empty").train(lambda: [], max_steps=50)
-    assert summaries() == [f"trained no step: {tmp_path / 'empty'} stays at step 0: the input ended before its first "
-                           "batch"]
+    assert summaries() == [
+        f"trained no step: {tmp_path / 'empty'} stays at step 0: the input ended before its first batch"
+    ]
     assert any(text.startswith("Training made no steps") for text in warnings())

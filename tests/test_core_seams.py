@@ -5,15 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import SmallNet, classifier_model_fn, make_classification, make_estimator
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchestimator as te
 from torchestimator._core import loop
+from torchestimator._io.summary import read_scalars
 from torchestimator.checkpoint import CheckpointStore
 from torchestimator.export import LatestExporter, TensorSpec, serving_input_receiver
-from torchestimator._io.summary import read_scalars
-
-from conftest import SmallNet, classifier_model_fn, make_classification, make_estimator
 
 
 def _loader_input_fn():
@@ -34,7 +33,7 @@ def _eval_input_fn():
     x, y = make_classification(64, seed=2)
     order = torch.randperm(64).numpy()
     np.random.rand()
-    return [({"x": torch.from_numpy(x[order[i:i + 32]])}, torch.from_numpy(y[order[i:i + 32]])) for i in (0, 32)]
+    return [({"x": torch.from_numpy(x[order[i : i + 32]])}, torch.from_numpy(y[order[i : i + 32]])) for i in (0, 32)]
 
 
 def _dropout_estimator(model_dir, optimizers=None):
@@ -44,8 +43,9 @@ def _dropout_estimator(model_dir, optimizers=None):
             optimizers.append(built)
         return built
 
-    return make_estimator(model_dir, model=lambda: SmallNet(dropout=0.3), optimizer=optimizer,
-                          save_checkpoints_steps=10)
+    return make_estimator(
+        model_dir, model=lambda: SmallNet(dropout=0.3), optimizer=optimizer, save_checkpoints_steps=10
+    )
 
 
 def _weights(estimator):
@@ -56,8 +56,11 @@ def test_train_and_evaluate_gives_the_weights_of_training_without_evaluations(tm
     plain = _dropout_estimator(tmp_path / "plain")
     plain.train(_loader_input_fn, max_steps=20)
     evaluated = _dropout_estimator(tmp_path / "evaluated")
-    results, _ = te.train_and_evaluate(evaluated, te.TrainSpec(_loader_input_fn, max_steps=20),
-                                       te.EvalSpec(_eval_input_fn, steps=None, every_n_steps=5))
+    results, _ = te.train_and_evaluate(
+        evaluated,
+        te.TrainSpec(_loader_input_fn, max_steps=20),
+        te.EvalSpec(_eval_input_fn, steps=None, every_n_steps=5),
+    )
     # The DataLoader was never restarted, dropout and shuffling drew the same numbers, BatchNorm statistics
     # were not touched by the evaluations: the weights are bit-identical.
     for name, value in _weights(plain).items():
@@ -69,14 +72,19 @@ def test_train_and_evaluate_gives_the_weights_of_training_without_evaluations(tm
 def test_evaluations_inside_the_loop_build_one_optimizer_and_read_no_checkpoint(tmp_path, monkeypatch):
     reads = []
     original_restore = CheckpointStore.restore
-    monkeypatch.setattr(CheckpointStore, "restore",
-                        lambda self, *args, **kwargs: reads.append(args) or original_restore(self, *args, **kwargs))
+    monkeypatch.setattr(
+        CheckpointStore,
+        "restore",
+        lambda self, *args, **kwargs: reads.append(args) or original_restore(self, *args, **kwargs),
+    )
     optimizers: list[torch.optim.Optimizer] = []
     estimator = _dropout_estimator(tmp_path / "run", optimizers)
     receiver = serving_input_receiver({"x": TensorSpec(shape=(None, 8), dtype=torch.float32)})
     _, exports = te.train_and_evaluate(
-        estimator, te.TrainSpec(_loader_input_fn, max_steps=30),
-        te.EvalSpec(_eval_input_fn, steps=None, every_n_steps=10, exporters=LatestExporter("latest", receiver)))
+        estimator,
+        te.TrainSpec(_loader_input_fn, max_steps=30),
+        te.EvalSpec(_eval_input_fn, steps=None, every_n_steps=10, exporters=LatestExporter("latest", receiver)),
+    )
     assert len(optimizers) == 1 and reads == []
     # Each export holds the weights of the checkpoint of its step, though the live module trained on.
     assert len(exports) == 1
@@ -89,9 +97,12 @@ def test_evaluations_inside_the_loop_build_one_optimizer_and_read_no_checkpoint(
 def test_a_stop_from_early_stopping_inside_the_loop_ends_training_at_that_step(tmp_path):
     estimator = _dropout_estimator(tmp_path / "run")
     rule = te.stop_if_no_decrease_hook("loss", max_steps_without_decrease=1)
-    results, _ = te.train_and_evaluate(estimator, te.TrainSpec(_loader_input_fn, max_steps=400),
-                                       te.EvalSpec(_eval_input_fn, steps=None, every_n_steps=5),
-                                       early_stopping=rule)
+    results, _ = te.train_and_evaluate(
+        estimator,
+        te.TrainSpec(_loader_input_fn, max_steps=400),
+        te.EvalSpec(_eval_input_fn, steps=None, every_n_steps=5),
+        early_stopping=rule,
+    )
     stopped = results["global_step"]
     assert stopped < 400 and stopped % 5 == 0
     assert estimator.latest_checkpoint().endswith(f"ckpt-{stopped}")
@@ -195,9 +206,13 @@ def test_an_exporter_exporting_an_older_checkpoint_during_training_leaves_traini
     plain.train(_loader_input_fn, max_steps=30)
     exporting = _dropout_estimator(tmp_path / "exporting")
     receiver = serving_input_receiver({"x": TensorSpec(shape=(None, 8), dtype=torch.float32)})
-    te.train_and_evaluate(exporting, te.TrainSpec(_loader_input_fn, max_steps=30),
-                          te.EvalSpec(_eval_input_fn, steps=None, every_n_steps=20,
-                                      exporters=_ExportsAnOlderCheckpoint("older", receiver)))
+    te.train_and_evaluate(
+        exporting,
+        te.TrainSpec(_loader_input_fn, max_steps=30),
+        te.EvalSpec(
+            _eval_input_fn, steps=None, every_n_steps=20, exporters=_ExportsAnOlderCheckpoint("older", receiver)
+        ),
+    )
     for name, value in _weights(plain).items():
         np.testing.assert_array_equal(_weights(exporting)[name], value, err_msg=name)
 
@@ -220,11 +235,18 @@ def test_a_final_exporter_exports_once_when_training_ends_at_an_evaluation_step(
     if ending == "input ends":  # 8 steps in one epoch; the loop learns of the end after evaluating step 8
         spec = te.TrainSpec(te.numpy_input_fn({"x": x}, y, batch_size=32, num_epochs=1, shuffle=True))
     else:
-        spec = te.TrainSpec(te.numpy_input_fn({"x": x}, y, batch_size=32, num_epochs=None, shuffle=True),
-                            hooks=[te.StopAtStepHook(last_step=8)])
+        spec = te.TrainSpec(
+            te.numpy_input_fn({"x": x}, y, batch_size=32, num_epochs=None, shuffle=True),
+            hooks=[te.StopAtStepHook(last_step=8)],
+        )
     estimator = make_estimator(tmp_path, save_checkpoints_steps=4)
-    te.train_and_evaluate(estimator, spec, te.EvalSpec(_eval_input_fn, steps=None, every_n_steps=4,
-                                                       exporters=_RecordingFinalExporter("final", receiver, calls)))
+    te.train_and_evaluate(
+        estimator,
+        spec,
+        te.EvalSpec(
+            _eval_input_fn, steps=None, every_n_steps=4, exporters=_RecordingFinalExporter("final", receiver, calls)
+        ),
+    )
     assert [final for _, final in calls].count(True) == 1 and calls[-1] == (8, True)
     assert len(te.export.list_versions(tmp_path / "export" / "final")) == 1
 
@@ -243,9 +265,11 @@ def test_random_seed_gives_the_same_training_whichever_call_builds_the_model(tmp
 def test_without_checkpoints_the_final_export_holds_the_weights_trained_in_this_process(tmp_path):
     estimator = make_estimator(tmp_path, save_checkpoints_steps=None)
     receiver = serving_input_receiver({"x": TensorSpec(shape=(None, 8), dtype=torch.float32)})
-    _, exports = te.train_and_evaluate(estimator, te.TrainSpec(_loader_input_fn, max_steps=12),
-                                       te.EvalSpec(_eval_input_fn, steps=None,
-                                                   exporters=te.export.FinalExporter("final", receiver)))
+    _, exports = te.train_and_evaluate(
+        estimator,
+        te.TrainSpec(_loader_input_fn, max_steps=12),
+        te.EvalSpec(_eval_input_fn, steps=None, exporters=te.export.FinalExporter("final", receiver)),
+    )
     x = torch.from_numpy(make_classification(4, seed=3)[0])
     expected = next(estimator.predict(lambda: [({"x": x}, None)], yield_single_examples=False))
     exported = te.export.load(exports[0])

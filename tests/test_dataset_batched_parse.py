@@ -26,12 +26,18 @@ from torchestimator.data.parsing import (
 from torchestimator.data.tfrecord import TFRecordWriter
 from torchestimator.data.tfrecord_dataset import TFRecordDataset
 
-NUMERIC = {"file": FixedLenFeature([], "int64"), "row": FixedLenFeature([], "int64"),
-           "dense": FixedLenFeature([3], "float32")}
-FULL = {**NUMERIC, "name": FixedLenFeature([], "string"), "tokens": VarLenFeature("int64"),
-        "ragged": RaggedFeature("float32", value_key="tokens_f")}
-KINDS = {"file": "int64", "row": "int64", "dense": "float", "name": "bytes", "tokens": "int64",
-         "tokens_f": "float"}
+NUMERIC = {
+    "file": FixedLenFeature([], "int64"),
+    "row": FixedLenFeature([], "int64"),
+    "dense": FixedLenFeature([3], "float32"),
+}
+FULL = {
+    **NUMERIC,
+    "name": FixedLenFeature([], "string"),
+    "tokens": VarLenFeature("int64"),
+    "ragged": RaggedFeature("float32", value_key="tokens_f"),
+}
+KINDS = {"file": "int64", "row": "int64", "dense": "float", "name": "bytes", "tokens": "int64", "tokens_f": "float"}
 
 
 def make_example_files(directory, counts, compression=None):
@@ -40,10 +46,19 @@ def make_example_files(directory, counts, compression=None):
         with TFRecordWriter(directory / f"part-{index:02d}.tfrecord", compression) as writer:
             for row in range(count):
                 tokens = list(range(row % 4))
-                writer.write(encode_example({
-                    "file": [index], "row": [row], "dense": [row, index, row * 0.5],
-                    "name": [f"{index}-{row}".encode()], "tokens": tokens,
-                    "tokens_f": [float(token) for token in tokens]}, kinds=KINDS))
+                writer.write(
+                    encode_example(
+                        {
+                            "file": [index],
+                            "row": [row],
+                            "dense": [row, index, row * 0.5],
+                            "name": [f"{index}-{row}".encode()],
+                            "tokens": tokens,
+                            "tokens_f": [float(token) for token in tokens],
+                        },
+                        kinds=KINDS,
+                    )
+                )
     return os.fspath(directory / "part-*.tfrecord")
 
 
@@ -116,15 +131,30 @@ def test_one_parse_example_call_per_batch(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("options", [{}, {"interleave_cycle_length": 2, "num_shards": 2, "shard_index": 1},
-                                     {"shuffle_buffer_size": 5, "num_epochs": 2}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"interleave_cycle_length": 2, "num_shards": 2, "shard_index": 1},
+        {"shuffle_buffer_size": 5, "num_epochs": 2},
+    ],
+)
 def test_through_loader_workers_the_batches_are_the_in_process_ones(tmp_path, options):
     pattern = make_example_files(tmp_path, [6, 5, 4, 7])
     workers = list(TFRecordDataset(pattern, features=FULL, batch_size=3, **options).loader(num_workers=2))
     # Each worker is its own shard; DataLoader takes from them in turn, skipping one that ran out.
     rank, ranks = options.get("shard_index", 0), options.get("num_shards", 1)
-    shards = [list(TFRecordDataset(pattern, features=FULL, batch_size=3, **{
-        **options, "num_shards": 2 * ranks, "shard_index": 2 * rank + worker})) for worker in range(2)]
+    shards = [
+        list(
+            TFRecordDataset(
+                pattern,
+                features=FULL,
+                batch_size=3,
+                **{**options, "num_shards": 2 * ranks, "shard_index": 2 * rank + worker},
+            )
+        )
+        for worker in range(2)
+    ]
     in_turn = [item for pair in itertools.zip_longest(*shards) for item in pair if item is not None]
     assert len(workers) == len(in_turn) > 2
     assert [as_lists(item) for item in workers] == [as_lists(item) for item in in_turn]
@@ -134,8 +164,9 @@ def test_unbatched_features_parse_each_record(tmp_path):
     pattern = make_example_files(tmp_path, [3, 2])
     items = list(TFRecordDataset(pattern, features=FULL))
     records = list(TFRecordDataset(pattern))
-    assert [as_lists(item) for item in items] == [as_lists(to_torch(parse_single_example(record, FULL)))
-                                                  for record in records]
+    assert [as_lists(item) for item in items] == [
+        as_lists(to_torch(parse_single_example(record, FULL))) for record in records
+    ]
     assert items[4]["row"].tolist() == 1 and items[4]["file"].dtype == torch.int64
 
 
@@ -165,8 +196,7 @@ def test_features_errors_name_the_problem(tmp_path):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("block_size", [64, None])
-def test_batches_cut_from_blocks_hold_the_records_of_the_one_by_one_order(tmp_path, monkeypatch, case,
-                                                                          block_size):
+def test_batches_cut_from_blocks_hold_the_records_of_the_one_by_one_order(tmp_path, monkeypatch, case, block_size):
     # Batches are sliced out of blocks (whole interleave rounds at once); records are otherwise
     # stepped one by one. Small blocks put block and file boundaries inside batches and rounds.
     if block_size:
@@ -206,6 +236,7 @@ def test_label_key_errors_name_the_problem(tmp_path):
 
 def test_an_estimator_trains_on_features_with_label_key(tmp_path):
     from conftest import make_estimator
+
     from torchestimator import EstimatorSpec
 
     pattern = make_example_files(tmp_path, [6, 6])
@@ -217,8 +248,7 @@ def test_an_estimator_trains_on_features_with_label_key(tmp_path):
         return EstimatorSpec(mode, loss=((prediction - labels.float()) ** 2).mean())
 
     def input_fn(input_context):
-        return TFRecordDataset(pattern, features=NUMERIC, label_key="row", batch_size=4,
-                               input_context=input_context)
+        return TFRecordDataset(pattern, features=NUMERIC, label_key="row", batch_size=4, input_context=input_context)
 
     estimator = make_estimator(tmp_path / "model", model=lambda: torch.nn.Linear(3, 1), model_fn=model_fn)
     estimator.train(input_fn)

@@ -28,6 +28,7 @@ def make_files(directory, counts, compression=None):
 
 def resumed_after(pattern, options, stop, *, loader_workers=None):
     """The items of a run stopped after `stop` items and resumed from its JSON position."""
+
     def build():
         dataset = TFRecordDataset(pattern, **options)
         return dataset if loader_workers is None else dataset.loader(num_workers=loader_workers)
@@ -41,13 +42,29 @@ def resumed_after(pattern, options, stop, *, loader_workers=None):
 
 
 CASES = {
-    "batches_two_epochs": {"shuffle_buffer_size": 7, "batch_size": 3, "collate_fn": list, "num_epochs": 2,
-                           "shuffle_files": True},
-    "interleave_record_shards": {"shuffle_buffer_size": 5, "batch_size": 2, "collate_fn": list,
-                                 "interleave_cycle_length": 2, "num_shards": 2, "shard_index": 1},
+    "batches_two_epochs": {
+        "shuffle_buffer_size": 7,
+        "batch_size": 3,
+        "collate_fn": list,
+        "num_epochs": 2,
+        "shuffle_files": True,
+    },
+    "interleave_record_shards": {
+        "shuffle_buffer_size": 5,
+        "batch_size": 2,
+        "collate_fn": list,
+        "interleave_cycle_length": 2,
+        "num_shards": 2,
+        "shard_index": 1,
+    },
     "items_bigger_buffer_than_epoch": {"shuffle_buffer_size": 40, "num_epochs": 2},
-    "drop_remainder": {"shuffle_buffer_size": 4, "batch_size": 4, "collate_fn": list, "drop_remainder": True,
-                       "num_epochs": 2},
+    "drop_remainder": {
+        "shuffle_buffer_size": 4,
+        "batch_size": 4,
+        "collate_fn": list,
+        "drop_remainder": True,
+        "num_epochs": 2,
+    },
 }
 
 
@@ -79,8 +96,12 @@ def test_loader_positions_rebuilt_from_tags_equal_the_in_process_ones(tmp_path, 
     # Workers send only the buffer slots that changed with each item; the loader's position must
     # still be the whole one, through the fill, the exchanges, the drain and the next epoch.
     pattern = make_files(tmp_path, [9, 6])
-    options = {"shuffle_buffer_size": 5, "batch_size": batch_size, "num_epochs": 2,
-               "collate_fn": list if batch_size else None}
+    options = {
+        "shuffle_buffer_size": 5,
+        "batch_size": batch_size,
+        "num_epochs": 2,
+        "collate_fn": list if batch_size else None,
+    }
     dataset, loader = TFRecordDataset(pattern, **options), TFRecordDataset(pattern, **options).loader()
     for stop, (ours, theirs) in enumerate(zip(dataset, loader), start=1):
         assert ours == theirs
@@ -138,7 +159,7 @@ def test_an_old_position_resumes_by_replay_and_says_so(tmp_path, caplog):
     state["shards"] = {"0": {"epoch": 1, "delivered": 7}}  # as saved before the buffer was kept
     dataset.load_state_dict(state)
     with caplog.at_level(logging.INFO, logger="torchestimator.data.tfrecord_dataset"):
-        assert list(dataset) == expected[20 + 7:]
+        assert list(dataset) == expected[20 + 7 :]
     replays = [record for record in caplog.records if "by replaying 7 records" in record.getMessage()]
     assert len(replays) == 1
 
@@ -254,7 +275,7 @@ def test_files_passed_in_another_order_are_refused_at_load(tmp_path, kind):
 
 def open_offset(state):
     position = state["shards"]["0"]
-    open_files = (position["reader"] if "reader" in position else position)["open_files"]
+    open_files = (position.get("reader", position))["open_files"]
     assert open_files and open_files[0][0] == 0, position
     return open_files[0][1]
 

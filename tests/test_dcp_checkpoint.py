@@ -42,8 +42,7 @@ from torchestimator.testing import ReplicaFailedError, run_in_processes
 def _parts(seed: int = 0) -> TrainingParts:
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
-    return TrainingParts(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01),
-                         train_state=TrainState())
+    return TrainingParts(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01), train_state=TrainState())
 
 
 def _step(parts: TrainingParts) -> None:
@@ -64,7 +63,9 @@ def _assert_same_optimizer_state(restored: dict, saved: dict) -> None:
         for key, value in values.items():
             assert torch.equal(torch.as_tensor(restored["state"][index][key]), torch.as_tensor(value)), (index, key)
     strip = [{key: value for key, value in group.items() if key != "params"} for group in saved["param_groups"]]
-    assert [{key: value for key, value in group.items() if key != "params"} for group in restored["param_groups"]] == strip
+    assert [
+        {key: value for key, value in group.items() if key != "params"} for group in restored["param_groups"]
+    ] == strip
 
 
 @pytest.fixture
@@ -108,7 +109,8 @@ def test_a_sharded_checkpoint_restores_its_weights_and_optimizer_state(tmp_path,
     restore_shared(checkpoint, fresh.shared_parts(), fresh.optimizer, fresh.model)
     _assert_same_optimizer_state(fresh.optimizer.state_dict(), parts.optimizer.state_dict())
     assert store.list_variables() == sorted(
-        (name, tuple(tensor.shape), tensor.dtype) for name, tensor in parts.model.state_dict().items())
+        (name, tuple(tensor.shape), tensor.dtype) for name, tensor in parts.model.state_dict().items()
+    )
 
 
 def test_a_damaged_shard_falls_back_to_the_previous_checkpoint(tmp_path, one_process, caplog):
@@ -220,8 +222,9 @@ def _gate_writes(monkeypatch, gate: threading.Event) -> None:
     monkeypatch.setattr(ShardWriter, "write_data", write_when_opened)
 
 
-def test_an_async_save_returns_before_its_write_and_is_published_at_the_next_save(tmp_path, monkeypatch,
-                                                                                   one_replica_group):
+def test_an_async_save_returns_before_its_write_and_is_published_at_the_next_save(
+    tmp_path, monkeypatch, one_replica_group
+):
     gate = threading.Event()
     _gate_writes(monkeypatch, gate)
     store, heard = CheckpointStore(tmp_path, keep_checkpoint_max=None), _Heard()
@@ -276,8 +279,10 @@ def test_a_failed_final_background_write_is_raised_by_close(tmp_path, monkeypatc
 def test_ranks_share_the_replicated_tensors_once_each_and_evenly():
     from torchestimator.checkpoint.dcp_format import share_of_replicated
 
-    state = {"model": {f"w{index}": torch.zeros(size) for index, size in enumerate([64, 8, 32, 16, 16, 4])},
-             "shared": {"step": torch.zeros(()), "momentum": torch.zeros(40)}}
+    state = {
+        "model": {f"w{index}": torch.zeros(size) for index, size in enumerate([64, 8, 32, 16, 16, 4])},
+        "shared": {"step": torch.zeros(()), "momentum": torch.zeros(40)},
+    }
     shares = [share_of_replicated(state, rank, 2) for rank in range(2)]
     for top, entries in state.items():
         names = [name for share in shares for name in share[top]]
@@ -308,8 +313,13 @@ def _tfrecord_input_fn(params, input_context=None):
         parsed = to_torch(parse_example(records, spec))
         return {"x": parsed["x"]}, parsed["y"]
 
-    return TFRecordDataset(os.path.join(params["folder"], "*.tfrecord"), input_context=input_context,
-                           batch_size=8, collate_fn=collate, num_epochs=None)
+    return TFRecordDataset(
+        os.path.join(params["folder"], "*.tfrecord"),
+        input_context=input_context,
+        batch_size=8,
+        collate_fn=collate,
+        num_epochs=None,
+    )
 
 
 def test_per_replica_input_positions_refuse_a_different_replica_count(tmp_path):
@@ -327,14 +337,21 @@ def test_per_replica_input_positions_refuse_a_different_replica_count(tmp_path):
     def model_fn(model, features, labels, mode):
         return te.EstimatorSpec(mode, loss=F.cross_entropy(model(features["x"]), labels))
 
-    estimator = te.Estimator(model_fn, model=lambda: nn.Linear(4, 2), params={"folder": str(folder)},
-                             optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
-                             model_dir=tmp_path / "model", config=te.RunConfig(progress_bar=False, random_seed=0))
+    estimator = te.Estimator(
+        model_fn,
+        model=lambda: nn.Linear(4, 2),
+        params={"folder": str(folder)},
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
+        model_dir=tmp_path / "model",
+        config=te.RunConfig(progress_bar=False, random_seed=0),
+    )
     estimator.train(_tfrecord_input_fn, max_steps=2)
     # What 2 replicas leave: each its own shard's position (replica 0's made by a 2-replica dataset).
     store = estimator.checkpoint_store
     saved = store.restore()
-    two_replica_input = _tfrecord_input_fn({"folder": str(folder)}, InputContext(num_replicas_in_sync=2, input_pipeline_id=0, num_input_pipelines=2))
+    two_replica_input = _tfrecord_input_fn(
+        {"folder": str(folder)}, InputContext(num_replicas_in_sync=2, input_pipeline_id=0, num_input_pipelines=2)
+    )
     next(iter(two_replica_input))
     replicas = [{**state, "input_source": two_replica_input.state_dict()} for state in saved.extra["replicas"]] * 2
     store.save(2, saved.model_state, saved.optimizer_state, {**saved.extra, "replicas": replicas, "num_replicas": 2})
@@ -343,6 +360,7 @@ def test_per_replica_input_positions_refuse_a_different_replica_count(tmp_path):
 
 
 # ----------------------------------------------------------------------------- two processes
+
 
 def _data():
     rng = np.random.default_rng(0)
@@ -361,7 +379,8 @@ def _model_fn(model, features, labels, mode):
 def _input_fn(input_context=None):
     x, y = _data()
     return te.numpy_input_fn({"x": x}, y, batch_size=32, num_epochs=None, shuffle=True, seed=5)(
-        input_context=input_context)
+        input_context=input_context
+    )
 
 
 _LIVE: dict[str, object] = {}  # the trained module and optimizer of this process, for the test to compare
@@ -378,8 +397,14 @@ def _optimizer(parameters):
 
 
 def _estimator(model_dir, strategy=None, **config):
-    config = te.RunConfig(train_distribute=strategy, save_checkpoints_steps=4, log_step_count_steps=None,
-                          progress_bar=False, random_seed=0, **config)
+    config = te.RunConfig(
+        train_distribute=strategy,
+        save_checkpoints_steps=4,
+        log_step_count_steps=None,
+        progress_bar=False,
+        random_seed=0,
+        **config,
+    )
     return te.Estimator(model_fn=_model_fn, model=_model, optimizer=_optimizer, model_dir=model_dir, config=config)
 
 
@@ -416,9 +441,13 @@ def _train_two_ranks_async_with_a_slow_writer(model_dir, max_steps):
     ShardWriter.write_data = slow_write
     hook = _OpenGateAtStep(model_dir, gate, saved_step=4, open_at=6)
     _estimator(model_dir, MirroredStrategy(num_replicas=2), async_checkpoint=True).train(
-        _input_fn, max_steps=max_steps, hooks=[hook])
-    return {**_live_state(), "published_when_opened": hook.published_when_opened,
-            "folders": sorted(os.listdir(model_dir))}
+        _input_fn, max_steps=max_steps, hooks=[hook]
+    )
+    return {
+        **_live_state(),
+        "published_when_opened": hook.published_when_opened,
+        "folders": sorted(os.listdir(model_dir)),
+    }
 
 
 def _die_while_writing(model_dir, max_steps, dying_rank, step):

@@ -38,8 +38,16 @@ def test_every_command_the_demo_prints_runs_as_printed(tmp_path):
         for (label, command), kind in zip(hints, kinds):
             if kind == "serve":  # leave it running, as the label says; the wait and curl come next
                 with open(server_log, "w") as log:
-                    server = subprocess.Popen(command, shell=True, executable="/bin/bash", cwd=tmp_path, env=env,
-                                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                    server = subprocess.Popen(
+                        command,
+                        shell=True,
+                        executable="/bin/bash",
+                        cwd=tmp_path,
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
                 continue
             done = _run(command, tmp_path, env, 120)
             served = server_log.read_text() if server is not None else "(no server started)"
@@ -63,7 +71,7 @@ def _hints(printed: str) -> list[tuple[str, str]]:
     for line in lines[:start]:
         assert not COMMAND_OUTSIDE_HINTS.search(line), f"a command outside the hints block: {line!r}"
     hints = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         assert line.startswith("  ") and ": " in line, f"not a '  label: command' line: {line!r}"
         label, command = line.strip().split(": ", 1)
         hints.append((label, command))
@@ -90,14 +98,25 @@ def _predictions(stdout: str) -> list:
 
 def _run(command: str, cwd, env, timeout: float) -> subprocess.CompletedProcess:
     """The command through bash; on timeout its whole process group is killed (a wait loop's sleep too)."""
-    process = subprocess.Popen(command, shell=True, executable="/bin/bash", cwd=cwd, env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        shell=True,
+        executable="/bin/bash",
+        cwd=cwd,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate(timeout=30)
-        raise AssertionError(f"{command!r} did not finish within {timeout} s: {stdout[-2000:]} {stderr[-2000:]}")
+        raise AssertionError(
+            f"{command!r} did not finish within {timeout} s: {stdout[-2000:]} {stderr[-2000:]}"
+        ) from None
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 

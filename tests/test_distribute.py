@@ -73,7 +73,7 @@ def test_one_device_default_device_follows_cuda_availability() -> None:
 def test_strategy_refuses_use_before_setup() -> None:
     strategy = OneDeviceStrategy("cpu")
     with pytest.raises(RuntimeError, match=r"call strategy.setup\(\)"):
-        strategy.device
+        _ = strategy.device
     with pytest.raises(RuntimeError, match="setup"):
         strategy.wrap(nn.Linear(1, 1))
     with pytest.raises(RuntimeError, match="setup"):
@@ -163,8 +163,14 @@ def test_mirrored_strategy_refuses_a_different_launched_world_size(monkeypatch: 
 
 def test_cluster_from_torchrun() -> None:
     assert cluster_from_torchrun({}) is None
-    environ = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-               "MASTER_ADDR": "node0", "MASTER_PORT": "29500"}
+    environ = {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "node0",
+        "MASTER_PORT": "29500",
+    }
     cluster = cluster_from_torchrun(environ)
     assert (cluster.rank, cluster.world_size, cluster.local_rank, cluster.local_world_size) == (3, 4, 1, 2)
     assert (cluster.task_type, cluster.task_index, cluster.is_chief) == ("worker", 2, False)
@@ -208,8 +214,12 @@ def test_tf_config_absent_is_local() -> None:
 
 def test_tf_config_local_keeps_session_masters_and_model_dir() -> None:
     cluster = cluster_from_tf_config(
-        _tf_config(task={"type": "worker", "index": 0}, session_master="grpc://m:1",
-                   eval_session_master="grpc://e:1", model_dir="/runs/a")
+        _tf_config(
+            task={"type": "worker", "index": 0},
+            session_master="grpc://m:1",
+            eval_session_master="grpc://e:1",
+            model_dir="/runs/a",
+        )
     )
     assert (cluster.master, cluster.evaluation_master, cluster.model_dir) == ("grpc://m:1", "grpc://e:1", "/runs/a")
 
@@ -224,8 +234,12 @@ def test_tf_config_chief_cluster() -> None:
     assert not worker.is_chief and worker.task_index == 1
     assert (worker.global_id_in_cluster, worker.rank, worker.master) == (2, 2, "grpc://host2:2222")
     assert worker.torch_environ() == {
-        "MASTER_ADDR": "host0", "MASTER_PORT": "2222", "RANK": "2", "WORLD_SIZE": "3",
-        "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "host0",
+        "MASTER_PORT": "2222",
+        "RANK": "2",
+        "WORLD_SIZE": "3",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
     }
     ps = cluster_from_tf_config(_tf_config(CLUSTER, {"type": "ps", "index": 0}))
     assert ps.global_id_in_cluster == 3 and ps.rank is None and not ps.in_training_group
@@ -236,9 +250,11 @@ def test_tf_config_chief_cluster() -> None:
 def test_tf_config_global_id_orders_jobs_alphabetically_with_ps_last() -> None:
     cluster = {"chief": ["c:1"], "worker": ["w0:1", "w1:1"], "ps": ["p0:1", "p1:1"], "aux": ["a:1"]}
     ids = {
-        (task_type, index): cluster_from_tf_config(_tf_config(cluster, {"type": task_type, "index": index}))
-        .global_id_in_cluster
-        for task_type, addresses in cluster.items() for index in range(len(addresses))
+        (task_type, index): cluster_from_tf_config(
+            _tf_config(cluster, {"type": task_type, "index": index})
+        ).global_id_in_cluster
+        for task_type, addresses in cluster.items()
+        for index in range(len(addresses))
     }
     assert ids == {("chief", 0): 0, ("aux", 0): 1, ("worker", 0): 2, ("worker", 1): 3, ("ps", 0): 4, ("ps", 1): 5}
 
@@ -280,7 +296,7 @@ def test_tf_config_single_node_cluster_has_local_master() -> None:
         (CLUSTER, {"type": "worker", "index": 2}, "2 is not a valid task_id for task_type worker"),
         ({"master": ["m:1"], "chief": ["c:1"]}, {"type": "master", "index": 0}, "job `chief` is not supported"),
         ({"master": ["m:1"]}, {"type": "evaluator", "index": 0}, "task_type `evaluator` is not supported"),
-        ({"chief": ["no-port"]}, {"type": "chief", "index": 0}, 'must be "host:port"; received \'no-port\''),
+        ({"chief": ["no-port"]}, {"type": "chief", "index": 0}, "must be \"host:port\"; received 'no-port'"),
         (CLUSTER, {"type": "worker", "index": "one"}, 'TF_CONFIG["task"]["index"] must be an integer'),
     ],
 )
@@ -300,9 +316,14 @@ def test_tf_config_must_be_a_json_object() -> None:
 
 
 def _rerun(**overrides: object) -> list[str]:
-    values = dict(executable="/bin/python3", orig_argv=["python", "-u", "train.py", "--steps", "5"],
-                  argv=["train.py", "--steps", "5"], main_file="/home/me/train.py", main_spec_name=None,
-                  interactive=False)
+    values = dict(
+        executable="/bin/python3",
+        orig_argv=["python", "-u", "train.py", "--steps", "5"],
+        argv=["train.py", "--steps", "5"],
+        main_file="/home/me/train.py",
+        main_spec_name=None,
+        interactive=False,
+    )
     values.update(overrides)
     return rerun_command(**values)
 
@@ -312,9 +333,12 @@ def test_rerun_command_for_a_script_keeps_interpreter_options() -> None:
 
 
 def test_rerun_command_for_a_module() -> None:
-    command = _rerun(orig_argv=["python", "-m", "package.train", "--steps", "5"],
-                     argv=["/site/package/train.py", "--steps", "5"], main_file="/site/package/train.py",
-                     main_spec_name="package.train")
+    command = _rerun(
+        orig_argv=["python", "-m", "package.train", "--steps", "5"],
+        argv=["/site/package/train.py", "--steps", "5"],
+        main_file="/site/package/train.py",
+        main_spec_name="package.train",
+    )
     assert command == ["/bin/python3", "-m", "package.train", "--steps", "5"]
 
 
@@ -343,7 +367,11 @@ def test_torchrun_arguments_are_accepted_by_torchrun() -> None:
     worker = cluster_from_tf_config(_tf_config(CLUSTER, {"type": "worker", "index": 0}))
     multi_node = parse_args(torchrun_arguments(4, ["train.py"], cluster=worker))
     assert (multi_node.nnodes, multi_node.node_rank, multi_node.master_addr, multi_node.master_port) == (
-        "3", 1, "host0", 2222)
+        "3",
+        1,
+        "host0",
+        2222,
+    )
     assert not multi_node.standalone
 
 
@@ -487,8 +515,14 @@ def test_plain_python_run_starts_its_own_replicas(tmp_path, as_module: bool) -> 
     output = tmp_path / "output"
     output.mkdir()
     program = ["-m", "self_launched"] if as_module else [str(tmp_path / "self_launched.py")]
-    completed = subprocess.run([sys.executable, *program, str(output)], cwd=tmp_path, env=_child_environment(),
-                               capture_output=True, text=True, timeout=50)
+    completed = subprocess.run(
+        [sys.executable, *program, str(output)],
+        cwd=tmp_path,
+        env=_child_environment(),
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert completed.returncode == 0, completed.stderr
     written = sorted(path.name.split("-")[0] for path in output.iterdir())
     assert written == ["rank0", "rank1"]
@@ -501,8 +535,13 @@ def test_plain_python_run_starts_its_own_replicas(tmp_path, as_module: bool) -> 
 def test_plain_python_run_reports_a_failed_replica(tmp_path) -> None:
     script = tmp_path / "self_launched.py"
     script.write_text(SELF_LAUNCHED_PROGRAM)
-    completed = subprocess.run([sys.executable, str(script), str(tmp_path), "fail"], env=_child_environment(),
-                               capture_output=True, text=True, timeout=50)
+    completed = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), "fail"],
+        env=_child_environment(),
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert completed.returncode == 1
     assert "Replica 1 of 2" in completed.stderr and "exited with code 7" in completed.stderr
 
@@ -511,8 +550,9 @@ def test_plain_python_run_reports_a_failed_replica(tmp_path) -> None:
 @pytest.mark.timeout(60)
 def test_program_that_cannot_be_rerun_gets_a_clear_error() -> None:
     code = "from torchestimator.distribute import MirroredStrategy; MirroredStrategy(num_replicas=2).setup()"
-    completed = subprocess.run([sys.executable, "-c", code], env=_child_environment(),
-                               capture_output=True, text=True, timeout=50)
+    completed = subprocess.run(
+        [sys.executable, "-c", code], env=_child_environment(), capture_output=True, text=True, timeout=50
+    )
     assert completed.returncode != 0
     assert "RelaunchError" in completed.stderr and "python -c" in completed.stderr
     assert "torchestimator launch --nproc_per_node" in completed.stderr and "torchrun" in completed.stderr
@@ -526,8 +566,14 @@ def test_launch_runs_the_program_under_torchrun(tmp_path) -> None:
     code = "import sys; from torchestimator.distribute import launch; sys.exit(launch(2, sys.argv[1:]))"
     output = tmp_path / "output"
     output.mkdir()
-    completed = subprocess.run([sys.executable, "-c", code, "self_launched.py", str(output)], cwd=tmp_path,
-                               env=_child_environment(), capture_output=True, text=True, timeout=80)
+    completed = subprocess.run(
+        [sys.executable, "-c", code, "self_launched.py", str(output)],
+        cwd=tmp_path,
+        env=_child_environment(),
+        capture_output=True,
+        text=True,
+        timeout=80,
+    )
     assert completed.returncode == 0, completed.stderr
     assert sorted(path.name.split("-")[0] for path in output.iterdir()) == ["rank0", "rank1"]
 
@@ -561,6 +607,9 @@ def test_work_run_on_the_chief_reaches_every_replica_and_so_does_its_failure() -
     assert chief["value"] == other["value"] == "ckpt-3"
     assert chief["ran"] == [0] and other["ran"] == []  # the action runs once, on the chief
     assert chief["failure"] == ("OSError", "[Errno 28] No space left on device: '/m/ckpt-4'", 28)  # its own error
-    assert other["failure"] == ("ChiefFailedError", "Writing the checkpoint of global step 4 failed on the chief: "
-                                "OSError: [Errno 28] No space left on device: '/m/ckpt-4'",
-                                "Writing the checkpoint of global step 4")
+    assert other["failure"] == (
+        "ChiefFailedError",
+        "Writing the checkpoint of global step 4 failed on the chief: "
+        "OSError: [Errno 28] No space left on device: '/m/ckpt-4'",
+        "Writing the checkpoint of global step 4",
+    )

@@ -31,22 +31,38 @@ def _model_fn(model, features, labels, mode):
     predictions = {"class": logits.argmax(-1)}
     if mode == te.ModeKeys.PREDICT:
         return te.EstimatorSpec(mode, predictions=predictions)
-    return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels),
-                            eval_metric_ops={"accuracy": te.metrics.accuracy(labels, predictions["class"])})
+    return te.EstimatorSpec(
+        mode,
+        predictions=predictions,
+        loss=F.cross_entropy(logits, labels),
+        eval_metric_ops={"accuracy": te.metrics.accuracy(labels, predictions["class"])},
+    )
 
 
 def _estimator(model_dir, strategy=None):
     torch.manual_seed(0)
-    config = te.RunConfig(train_distribute=strategy, save_checkpoints_steps=4, save_summary_steps=4, log_step_count_steps=None,
-                          progress_bar=False, random_seed=0)
-    return te.Estimator(model_fn=_model_fn, model=lambda: nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2)),
-                        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1, momentum=0.9),
-                        model_dir=model_dir, config=config)
+    config = te.RunConfig(
+        train_distribute=strategy,
+        save_checkpoints_steps=4,
+        save_summary_steps=4,
+        log_step_count_steps=None,
+        progress_bar=False,
+        random_seed=0,
+    )
+    return te.Estimator(
+        model_fn=_model_fn,
+        model=lambda: nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2)),
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1, momentum=0.9),
+        model_dir=model_dir,
+        config=config,
+    )
 
 
 def _train_input_fn(input_context=None):
     x, y = _data()
-    return te.numpy_input_fn({"x": x}, y, batch_size=32, num_epochs=None, shuffle=True, seed=5)(input_context=input_context)
+    return te.numpy_input_fn({"x": x}, y, batch_size=32, num_epochs=None, shuffle=True, seed=5)(
+        input_context=input_context
+    )
 
 
 def _eval_input_fn(input_context=None):
@@ -74,7 +90,9 @@ def _train_two_replicas(model_dir, max_steps):
 def _single_replica(model_dir, max_steps):
     estimator = _estimator(model_dir)
     estimator.train(_train_input_fn, max_steps=max_steps)
-    return estimator.evaluate(_eval_input_fn), {n: estimator.get_variable_value(n) for n in estimator.get_variable_names()}
+    return estimator.evaluate(_eval_input_fn), {
+        n: estimator.get_variable_value(n) for n in estimator.get_variable_names()
+    }
 
 
 def test_two_replicas_match_one_replica_with_twice_the_batch(tmp_path):
@@ -107,7 +125,7 @@ def test_resume_under_two_replicas(tmp_path):
     assert "ckpt-12" in resumed[0][2] and "ckpt-8" in resumed[0][2]
 
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import sys, numpy as np, torch, torch.nn as nn, torch.nn.functional as F
     import torchestimator as te
 
@@ -128,7 +146,7 @@ SCRIPT = textwrap.dedent('''
     estimator.train(input_fn, max_steps=10)
     strategy = config.train_distribute
     print(f"replica {strategy.replica_id} of {strategy.num_replicas} done at {estimator.latest_checkpoint()}", flush=True)
-''')
+""")
 
 
 def test_plain_script_with_mirrored_strategy_launches_its_replicas(tmp_path):
@@ -139,8 +157,9 @@ def test_plain_script_with_mirrored_strategy_launches_its_replicas(tmp_path):
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHESTIMATOR_REPLICA_STDOUT": "all"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         environment.pop(name, None)
-    done = subprocess.run([sys.executable, str(script), str(model_dir)], capture_output=True, text=True,
-                          timeout=180, env=environment)
+    done = subprocess.run(
+        [sys.executable, str(script), str(model_dir)], capture_output=True, text=True, timeout=180, env=environment
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "replica 0 of 2 done" in done.stdout and "replica 1 of 2 done" in done.stdout
     assert (model_dir / "ckpt-10").is_dir()
@@ -166,8 +185,15 @@ def _tfrecord_input_fn(input_context=None, params=None):
         parsed = to_torch(parse_example(records, spec))
         return {"x": parsed["x"]}, parsed["y"]
 
-    return TFRecordDataset(os.path.join(params["folder"], "train-*.tfrecord"), input_context=input_context,
-                           batch_size=16, collate_fn=collate, num_epochs=None, shuffle_buffer_size=32, seed=3)
+    return TFRecordDataset(
+        os.path.join(params["folder"], "train-*.tfrecord"),
+        input_context=input_context,
+        batch_size=16,
+        collate_fn=collate,
+        num_epochs=None,
+        shuffle_buffer_size=32,
+        seed=3,
+    )
 
 
 def _train_tfrecord_two_replicas(model_dir, folder, max_steps):
@@ -180,11 +206,13 @@ def _train_tfrecord_two_replicas(model_dir, folder, max_steps):
 def test_tfrecord_input_resumes_exactly_under_two_replicas(tmp_path):
     folder = str(tmp_path / "records")
     _write_tfrecords(folder)
-    straight = run_in_processes(_train_tfrecord_two_replicas, nprocs=2,
-                                args=(str(tmp_path / "straight"), folder, 10), timeout=180)
+    straight = run_in_processes(
+        _train_tfrecord_two_replicas, nprocs=2, args=(str(tmp_path / "straight"), folder, 10), timeout=180
+    )
     run_in_processes(_train_tfrecord_two_replicas, nprocs=2, args=(str(tmp_path / "resumed"), folder, 6), timeout=180)
-    resumed = run_in_processes(_train_tfrecord_two_replicas, nprocs=2,
-                               args=(str(tmp_path / "resumed"), folder, 10), timeout=180)
+    resumed = run_in_processes(
+        _train_tfrecord_two_replicas, nprocs=2, args=(str(tmp_path / "resumed"), folder, 10), timeout=180
+    )
     for name, value in straight[0].items():
         np.testing.assert_array_equal(resumed[0][name], value)
 
@@ -204,7 +232,8 @@ def test_warm_start_under_two_replicas(tmp_path):
     source.train(_train_input_fn, max_steps=6)
     expected = source.evaluate(_eval_input_fn)
     (results_0, weights_0), (results_1, weights_1) = run_in_processes(
-        _warm_start_two_replicas, nprocs=2, args=(str(tmp_path / "warm"), str(tmp_path / "source")), timeout=180)
+        _warm_start_two_replicas, nprocs=2, args=(str(tmp_path / "warm"), str(tmp_path / "source")), timeout=180
+    )
     assert results_0["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6) == results_1["accuracy"]
     assert results_0["loss"] == pytest.approx(expected["loss"], rel=1e-5)
     for name in weights_0:
@@ -213,12 +242,20 @@ def test_warm_start_under_two_replicas(tmp_path):
 
 def _bn_estimator(model_dir, strategy=None):
     torch.manual_seed(0)
-    config = te.RunConfig(train_distribute=strategy, save_checkpoints_steps=4, log_step_count_steps=None,
-                          progress_bar=False, random_seed=0)
-    return te.Estimator(model_fn=_model_fn, model=lambda: nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16),
-                                                                        nn.Tanh(), nn.Linear(16, 2)),
-                        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1, momentum=0.9),
-                        model_dir=model_dir, config=config)
+    config = te.RunConfig(
+        train_distribute=strategy,
+        save_checkpoints_steps=4,
+        log_step_count_steps=None,
+        progress_bar=False,
+        random_seed=0,
+    )
+    return te.Estimator(
+        model_fn=_model_fn,
+        model=lambda: nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 2)),
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1, momentum=0.9),
+        model_dir=model_dir,
+        config=config,
+    )
 
 
 def _train_and_evaluate_two_replicas_with_batch_norm(model_dir):
@@ -227,16 +264,23 @@ def _train_and_evaluate_two_replicas_with_batch_norm(model_dir):
     receiver = serving_input_receiver({"x": TensorSpec(shape=(None, 6), dtype=torch.float32)})
     estimator = _bn_estimator(model_dir, te.MirroredStrategy(num_replicas=2))
     results, exports = te.train_and_evaluate(
-        estimator, te.TrainSpec(_train_input_fn, max_steps=12),
-        te.EvalSpec(_eval_input_fn, steps=None, every_n_steps=8,
-                    exporters=[LatestExporter("latest", receiver), FinalExporter("final", receiver)]))
+        estimator,
+        te.TrainSpec(_train_input_fn, max_steps=12),
+        te.EvalSpec(
+            _eval_input_fn,
+            steps=None,
+            every_n_steps=8,
+            exporters=[LatestExporter("latest", receiver), FinalExporter("final", receiver)],
+        ),
+    )
     return results, exports
 
 
 def test_train_and_evaluate_under_two_replicas_evaluates_the_checkpoint_and_exports_once(tmp_path):
     model_dir = str(tmp_path / "two")
     (results_0, exports_0), (results_1, exports_1) = run_in_processes(
-        _train_and_evaluate_two_replicas_with_batch_norm, nprocs=2, args=(model_dir,), timeout=300)
+        _train_and_evaluate_two_replicas_with_batch_norm, nprocs=2, args=(model_dir,), timeout=300
+    )
     assert results_0 == results_1 and exports_0 == exports_1
     # The evaluation inside the loop saw the chief's BatchNorm statistics: those of the checkpoint.
     alone = _bn_estimator(model_dir).evaluate(_eval_input_fn, checkpoint_path=os.path.join(model_dir, "ckpt-12"))
@@ -246,7 +290,8 @@ def test_train_and_evaluate_under_two_replicas_evaluates_the_checkpoint_and_expo
     latest = te.export.list_versions(os.path.join(model_dir, "export", "latest"))
     assert len(latest) == 2 and len(te.export.list_versions(os.path.join(model_dir, "export", "final"))) == 1
     x = _data()[0][:16]
-    expected = next(_bn_estimator(model_dir).predict(lambda: [({"x": torch.from_numpy(x)}, None)],
-                                                     yield_single_examples=False))
+    expected = next(
+        _bn_estimator(model_dir).predict(lambda: [({"x": torch.from_numpy(x)}, None)], yield_single_examples=False)
+    )
     exported = te.export.load(os.path.join(model_dir, "export", "final"))
     np.testing.assert_array_equal(exported({"x": x})["class"], expected["class"])

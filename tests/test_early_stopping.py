@@ -11,9 +11,6 @@ import pytest
 import torch
 
 from torchestimator._policy.best import BestCheckpointPolicy, best_checkpoint
-from torchestimator.checkpoint import CheckpointStore
-from torchestimator.export import BestExporter, TensorSpec, read_best_eval, saved_model, serving_input_receiver
-from torchestimator._policy.improvement import Objective
 from torchestimator._policy.early_stopping import (
     EarlyStopping,
     stop_if_higher_hook,
@@ -21,6 +18,9 @@ from torchestimator._policy.early_stopping import (
     stop_if_no_decrease_hook,
     stop_if_no_increase_hook,
 )
+from torchestimator._policy.improvement import Objective
+from torchestimator.checkpoint import CheckpointStore
+from torchestimator.export import BestExporter, TensorSpec, read_best_eval, saved_model, serving_input_receiver
 
 
 def feed(rule, values, metric="loss"):
@@ -88,7 +88,9 @@ def test_patience_form_counts_evaluations_and_min_delta():
 
 def test_missing_metric_lists_available_names():
     rule = stop_if_no_increase_hook("acuracy", 10)
-    with pytest.raises(ValueError, match=r"'acuracy' is not in the evaluation results at global step 10.*\['accuracy', 'loss'\]"):
+    with pytest.raises(
+        ValueError, match=r"'acuracy' is not in the evaluation results at global step 10.*\['accuracy', 'loss'\]"
+    ):
         rule.observe(10, {"accuracy": 0.5, "loss": 1.0, "global_step": 10})
     # History read back after a restart may predate the metric: skipped, not an error.
     rule.seed(5, {"loss": 1.0})
@@ -169,8 +171,7 @@ def test_nan_never_improves_and_a_nan_first_value_is_beaten_by_any_number():
         ([(10, math.nan), (20, 0.9), (30, 0.9)], 20),  # any number beats a NaN best
     ],
 )
-def test_best_checkpoint_best_exporter_and_early_stopping_agree_on_the_best(tmp_path, monkeypatch, values,
-                                                                            best_step):
+def test_best_checkpoint_best_exporter_and_early_stopping_agree_on_the_best(tmp_path, monkeypatch, values, best_step):
     store = CheckpointStore(str(tmp_path / "model"))
     policy = BestCheckpointPolicy("loss", higher_is_better=False)
     for step, value in values:
@@ -205,8 +206,12 @@ def test_objective_is_checked_when_built_and_names_the_field():
         Objective(metric_name="loss", higher_is_better=False, min_delta=math.nan)
     with pytest.raises(ValueError, match="mode must be 'min'"):
         Objective.from_mode("loss", "lowest")
-    assert Objective.from_mode("accuracy", "max", 0.1) == Objective(metric_name="accuracy", higher_is_better=True,
-                                                                    min_delta=0.1)
-    with pytest.raises(ValueError, match=r"Early stopping metric 'loss' must be a number; in the evaluation results "
-                                         r"at global step 3 it is 'low'"):
+    assert Objective.from_mode("accuracy", "max", 0.1) == Objective(
+        metric_name="accuracy", higher_is_better=True, min_delta=0.1
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"Early stopping metric 'loss' must be a number; in the evaluation results "
+        r"at global step 3 it is 'low'",
+    ):
         stop_if_lower_hook("loss", 0.5).observe(3, {"loss": "low"})

@@ -17,15 +17,24 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import wait_until
+
 from torchestimator.checkpoint import CheckpointStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 SCRIPT = str(Path(__file__).with_name("elastic_train_script.py"))
-LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                    "GROUP_RANK", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE")
+LAUNCH_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
 
 # torch 2.13's c10d rendezvous keeps one TCPStore (the rank-0 agent's) across restarts and the workers'
 # env:// store on it has no per-attempt prefix, so a restarted group can read the dead workers' gloo
@@ -47,13 +56,35 @@ def _free_port() -> int:
 
 
 def _torchrun(model_dir: Path | str, log: Path, *, max_restarts: int, extra: list[str] = ()) -> subprocess.Popen:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               "--max-restarts", str(max_restarts), "--rdzv-backend", "c10d",
-               "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--monitor-interval", "0.2",
-               SCRIPT, "--model_dir", str(model_dir), "--max_steps", "12", *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        str(max_restarts),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{_free_port()}",
+        "--monitor-interval",
+        "0.2",
+        SCRIPT,
+        "--model_dir",
+        str(model_dir),
+        "--max_steps",
+        "12",
+        *extra,
+    ]
     with open(log, "wb") as handle:
-        return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=_environment(**NO_SHARED_STORE),
-                                start_new_session=True)
+        return subprocess.Popen(
+            command,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=_environment(**NO_SHARED_STORE),
+            start_new_session=True,
+        )
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -70,8 +101,9 @@ def _finish(process: subprocess.Popen, log: Path, timeout: float) -> str:
         process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         _stop(process)
-        raise AssertionError(f"{process.args[2]} did not finish within {timeout} s; its log:\n"
-                             f"{log.read_text()[-4000:]}")
+        raise AssertionError(
+            f"{process.args[2]} did not finish within {timeout} s; its log:\n{log.read_text()[-4000:]}"
+        ) from None
     return log.read_text(errors="replace")
 
 
@@ -84,8 +116,12 @@ def _final_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 def test_a_worker_killed_mid_training_is_restarted_and_resumes_bit_exact(tmp_path):
     pid_file = tmp_path / "paused-worker.pid"
     reference = _torchrun(tmp_path / "uninterrupted", tmp_path / "uninterrupted.log", max_restarts=0)
-    elastic = _torchrun(tmp_path / "elastic", tmp_path / "elastic.log", max_restarts=1,
-                        extra=["--pause_rank", "1", "--pause_at_step", "7", "--pause_file", str(pid_file)])
+    elastic = _torchrun(
+        tmp_path / "elastic",
+        tmp_path / "elastic.log",
+        max_restarts=1,
+        extra=["--pause_rank", "1", "--pause_at_step", "7", "--pause_file", str(pid_file)],
+    )
     try:
         # Rank 1 waits after step 7; ckpt-4 was written at step 4 and is the newest complete checkpoint.
         wait_until(pid_file.exists, timeout=180, what="rank 1 pausing after step 7 of the first attempt")
@@ -111,8 +147,12 @@ def test_a_worker_killed_with_its_model_dir_in_s3_is_restarted_and_resumes_bit_e
     """The same with only an s3:// model_dir shared (moto's S3 server): no file system holds the run."""
     pid_file, url = tmp_path / "paused-worker.pid", f"{s3_bucket}/elastic"
     reference = _torchrun(tmp_path / "uninterrupted", tmp_path / "uninterrupted.log", max_restarts=0)
-    elastic = _torchrun(url, tmp_path / "elastic.log", max_restarts=1,
-                        extra=["--pause_rank", "1", "--pause_at_step", "7", "--pause_file", str(pid_file)])
+    elastic = _torchrun(
+        url,
+        tmp_path / "elastic.log",
+        max_restarts=1,
+        extra=["--pause_rank", "1", "--pause_at_step", "7", "--pause_file", str(pid_file)],
+    )
     try:
         wait_until(pid_file.exists, timeout=180, what="rank 1 pausing after step 7 of the first attempt")
         wait_until(lambda: CheckpointStore(url).latest_checkpoint() is not None, timeout=30, what="ckpt-4 in the store")
@@ -142,12 +182,32 @@ def test_a_rank_that_dies_stops_the_others_at_once_naming_it(tmp_path):
     runs = {}
     for how in ("sigkill", "exit"):
         die_file, log = tmp_path / f"{how}-died-at", tmp_path / f"{how}.log"
-        command = [sys.executable, SCRIPT, "--model_dir", str(tmp_path / how), "--max_steps", "40",
-                   "--num_replicas", "2", "--die_rank", "1", "--die_at_step", "5", "--die_how", how,
-                   "--die_file", str(die_file)]
+        command = [
+            sys.executable,
+            SCRIPT,
+            "--model_dir",
+            str(tmp_path / how),
+            "--max_steps",
+            "40",
+            "--num_replicas",
+            "2",
+            "--die_rank",
+            "1",
+            "--die_at_step",
+            "5",
+            "--die_how",
+            how,
+            "--die_file",
+            str(die_file),
+        ]
         with open(log, "wb") as handle:
-            runs[how] = (subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=_environment(),
-                                          start_new_session=True), die_file, log)
+            runs[how] = (
+                subprocess.Popen(
+                    command, stdout=handle, stderr=subprocess.STDOUT, env=_environment(), start_new_session=True
+                ),
+                die_file,
+                log,
+            )
     try:
         outputs = {how: _finish(process, log, timeout=180) for how, (process, _, log) in runs.items()}
     finally:

@@ -20,13 +20,20 @@ RESULT_TIMEOUT_S = 120  # a spawn worker imports Python and this module; generou
 
 
 def raise_disk_full(path: str) -> None:
-    raise DiskFullError(OSError(errno.ENOSPC, "No space left on device"), path=path, what="a checkpoint",
-                        bytes_needed=4096, free_bytes=10, advice="Free some space in model_dir.")
+    raise DiskFullError(
+        OSError(errno.ENOSPC, "No space left on device"),
+        path=path,
+        what="a checkpoint",
+        bytes_needed=4096,
+        free_bytes=10,
+        advice="Free some space in model_dir.",
+    )
 
 
 def raise_missing_extra(module: str) -> None:
-    raise MissingExtraError("the model server needs aiohttp: pip install 'torchestimator[serving]'",
-                            module=module, extra="serving")
+    raise MissingExtraError(
+        "the model server needs aiohttp: pip install 'torchestimator[serving]'", module=module, extra="serving"
+    )
 
 
 @pytest.mark.slow
@@ -44,8 +51,10 @@ def test_errors_raised_in_a_spawn_worker_come_back_as_the_same_error():
 
     assert type(disk_full) is DiskFullError, repr(disk_full)  # not BrokenProcessPool
     assert (disk_full.errno, disk_full.filename, disk_full.bytes_needed) == (errno.ENOSPC, "/m/ckpt-3", 4096)
-    assert str(disk_full) == ("[Errno 28] disk full: could not write a checkpoint to /m/ckpt-3 (No space left on "
-                              "device); it needs 4,096 bytes, 10 are free there. Free some space in model_dir.")
+    assert str(disk_full) == (
+        "[Errno 28] disk full: could not write a checkpoint to /m/ckpt-3 (No space left on "
+        "device); it needs 4,096 bytes, 10 are free there. Free some space in model_dir."
+    )
     assert type(missing) is MissingExtraError, repr(missing)
     assert (missing.module, missing.extra, missing.name) == ("aiohttp.web", "serving", "aiohttp.web")
     assert str(missing) == "the model server needs aiohttp: pip install 'torchestimator[serving]'"

@@ -14,9 +14,9 @@ import pkgutil
 import numpy as np
 import pytest
 import torch
+from conftest import input_fns, make_estimator
 
 import torchestimator as te
-from conftest import input_fns, make_estimator
 from torchestimator import errors
 from torchestimator.errors import ConfigError, ConfigTypeError, TorchEstimatorError
 from torchestimator.hooks import CheckpointSaverHook, Hook, HookList
@@ -28,41 +28,91 @@ RAISED = [
     (errors.ConfigError, ValueError, lambda: ConfigError("m", field="f", value=0), {"field": "f", "value": 0}),
     (errors.ConfigTypeError, TypeError, lambda: ConfigTypeError("m", field="f", value=True), {"field": "f"}),
     (errors.CheckpointError, ValueError, lambda: errors.CheckpointError("ckpt-3 damaged"), {}),
-    (errors.DiskFullError, OSError,
-     lambda: errors.DiskFullError(OSError(errno.ENOSPC, "No space left on device"), path="/m/ckpt-3", what="a checkpoint",
-                                  bytes_needed=10),
-     {"errno": errno.ENOSPC, "filename": "/m/ckpt-3", "bytes_needed": 10}),
+    (
+        errors.DiskFullError,
+        OSError,
+        lambda: errors.DiskFullError(
+            OSError(errno.ENOSPC, "No space left on device"), path="/m/ckpt-3", what="a checkpoint", bytes_needed=10
+        ),
+        {"errno": errno.ENOSPC, "filename": "/m/ckpt-3", "bytes_needed": 10},
+    ),
     (errors.NanLossDuringTrainingError, RuntimeError, lambda: errors.NanLossDuringTrainingError("nan at 3"), {}),
-    (errors.DataLossError, ValueError, lambda: errors.DataLossError("corrupted", "f.tfrecord", 19),
-     {"path": "f.tfrecord", "offset": 19}),
+    (
+        errors.DataLossError,
+        ValueError,
+        lambda: errors.DataLossError("corrupted", "f.tfrecord", 19),
+        {"path": "f.tfrecord", "offset": 19},
+    ),
     (errors.ExampleDecodeError, ValueError, lambda: errors.ExampleDecodeError("not an Example"), {}),
-    (errors.ImageDecodeError, ValueError, lambda: errors.ImageDecodeError("a.png: bad", where="a.png", format="png"),
-     {"where": "a.png", "format": "png"}),
+    (
+        errors.ImageDecodeError,
+        ValueError,
+        lambda: errors.ImageDecodeError("a.png: bad", where="a.png", format="png"),
+        {"where": "a.png", "format": "png"},
+    ),
     (errors.WeightSourceError, ValueError, lambda: errors.WeightSourceError("bad file"), {}),
     (errors.TensorNotFoundError, KeyError, lambda: errors.TensorNotFoundError("dense/kernel not found"), {}),
     (errors.ExportFormatError, ValueError, lambda: errors.ExportFormatError("program.json"), {}),
     (errors.InputError, ValueError, lambda: errors.InputError("Input 'x' has shape [4]"), {}),
     (errors.InputTypeError, TypeError, lambda: errors.InputTypeError("Input 'x' has dtype float64"), {}),
-    (errors.MissingExtraError, ImportError,
-     lambda: errors.MissingExtraError("the model server needs aiohttp: pip install 'torchestimator[serving]'",
-                                      module="aiohttp.web", extra="serving"),
-     {"module": "aiohttp.web", "extra": "serving", "name": "aiohttp.web"}),
-    (errors.NotARegularFileError, ValueError, lambda: errors.NotARegularFileError("/dev/zero", "a device"),
-     {"path": "/dev/zero", "kind": "a device"}),
-    (errors.FileTooLargeError, ValueError, lambda: errors.FileTooLargeError("a.json", 9, 4),
-     {"path": "a.json", "size": 9, "limit": 4}),
-    (errors.ServingError, Exception, lambda: errors.ServingError("NOT_FOUND", "no model"),
-     {"code": "NOT_FOUND", "http_status": 404}),
+    (
+        errors.MissingExtraError,
+        ImportError,
+        lambda: errors.MissingExtraError(
+            "the model server needs aiohttp: pip install 'torchestimator[serving]'",
+            module="aiohttp.web",
+            extra="serving",
+        ),
+        {"module": "aiohttp.web", "extra": "serving", "name": "aiohttp.web"},
+    ),
+    (
+        errors.NotARegularFileError,
+        ValueError,
+        lambda: errors.NotARegularFileError("/dev/zero", "a device"),
+        {"path": "/dev/zero", "kind": "a device"},
+    ),
+    (
+        errors.FileTooLargeError,
+        ValueError,
+        lambda: errors.FileTooLargeError("a.json", 9, 4),
+        {"path": "a.json", "size": 9, "limit": 4},
+    ),
+    (
+        errors.ServingError,
+        Exception,
+        lambda: errors.ServingError("NOT_FOUND", "no model"),
+        {"code": "NOT_FOUND", "http_status": 404},
+    ),
     (errors.BodyTooLarge, ValueError, lambda: errors.BodyTooLarge("inflates past 10 bytes"), {}),
-    (errors.ServingClientError, Exception, lambda: errors.ServingClientError(503, "down", "http://h/v1"),
-     {"status": 503, "url": "http://h/v1"}),
+    (
+        errors.ServingClientError,
+        Exception,
+        lambda: errors.ServingClientError(503, "down", "http://h/v1"),
+        {"status": 503, "url": "http://h/v1"},
+    ),
     (errors.RelaunchError, RuntimeError, lambda: errors.RelaunchError("python -c"), {}),
-    (errors.ReplicaFailedError, RuntimeError,
-     lambda: errors.ReplicaFailedError("rank 1 failed", rank=1, exception_type="builtins.ValueError", traceback_text="tb"),
-     {"rank": 1, "exception_type": "builtins.ValueError"}),
+    (
+        errors.ReplicaFailedError,
+        RuntimeError,
+        lambda: errors.ReplicaFailedError(
+            "rank 1 failed", rank=1, exception_type="builtins.ValueError", traceback_text="tb"
+        ),
+        {"rank": 1, "exception_type": "builtins.ValueError"},
+    ),
     (errors.ReplicasDisagreeError, RuntimeError, lambda: errors.ReplicasDisagreeError("m", views=[]), {"views": []}),
-    (errors.ReplicaLostError, RuntimeError, lambda: errors.ReplicaLostError("m", lost_ranks=[1], step=5),
-     {"lost_ranks": (1,), "step": 5}),
+    (errors.GrpcListenError, OSError, lambda: errors.GrpcListenError("cannot listen for gRPC on 127.0.0.1:1"), {}),
+    (
+        errors.ChiefFailedError,
+        RuntimeError,
+        lambda: errors.ChiefFailedError("m", what="Writing ckpt-3", chief_error="OSError: full"),
+        {"what": "Writing ckpt-3", "chief_error": "OSError: full"},
+    ),
+    (
+        errors.ReplicaLostError,
+        RuntimeError,
+        lambda: errors.ReplicaLostError("m", lost_ranks=[1], step=5),
+        {"lost_ranks": (1,), "step": 5},
+    ),
 ]
 
 
@@ -85,9 +135,11 @@ def test_the_table_covers_every_class_errors_exports():
 
 # Raised inside the protobuf helper and the .index table reader and translated by each reader into its own error
 # (naming file and record): they never reach users, so they stay out of the tree.
-TRANSLATED_AT_THE_BOUNDARY = {"torchestimator._io.protobuf.MessageDecodeError",
-                              "torchestimator._io.protobuf.TextFormatError",
-                              "torchestimator.interop._sstable.VarintError"}
+TRANSLATED_AT_THE_BOUNDARY = {
+    "torchestimator._io.protobuf.MessageDecodeError",
+    "torchestimator._io.protobuf.TextFormatError",
+    "torchestimator.interop._sstable.VarintError",
+}
 
 
 def test_every_exception_a_public_module_defines_lives_in_errors():
@@ -99,26 +151,43 @@ def test_every_exception_a_public_module_defines_lives_in_errors():
         module = importlib.import_module(module_info.name)
         for name, obj in vars(module).items():
             # Internal packages (_core, _io, _policy) count too: what they raise reaches users.
-            if (inspect.isclass(obj) and issubclass(obj, BaseException) and not name.startswith("_")
-                    and not obj.__name__.startswith("_") and obj.__module__.startswith("torchestimator.")
-                    and f"{obj.__module__}.{obj.__qualname__}" not in TRANSLATED_AT_THE_BOUNDARY):
+            if (
+                inspect.isclass(obj)
+                and issubclass(obj, BaseException)
+                and not name.startswith("_")
+                and not obj.__name__.startswith("_")
+                and obj.__module__.startswith("torchestimator.")
+                and f"{obj.__module__}.{obj.__qualname__}" not in TRANSLATED_AT_THE_BOUNDARY
+            ):
                 if obj.__module__ != "torchestimator.errors":
                     outside.add(f"{obj.__module__}.{obj.__qualname__}")
                 assert issubclass(obj, TorchEstimatorError), f"{module_info.name}.{name}"
     assert not outside, f"define these in torchestimator/errors.py and re-export them: {sorted(outside)}"
 
 
-@pytest.mark.parametrize("module, name", [
-    ("torchestimator.checkpoint", "CheckpointError"), ("torchestimator.checkpoint", "DiskFullError"),
-    ("torchestimator.checkpoint.errors", "DiskFullError"), ("torchestimator.data.tfrecord", "DataLossError"),
-    ("torchestimator.data.example", "ExampleDecodeError"), ("torchestimator.interop", "WeightSourceError"),
-    ("torchestimator.data.images", "ImageDecodeError"), ("torchestimator.data", "ImageDecodeError"),
-    ("torchestimator.interop.source", "TensorNotFoundError"), ("torchestimator._io.regular_file", "FileTooLargeError"),
-    ("torchestimator._io.regular_file", "NotARegularFileError"), ("torchestimator.export.program_format", "ExportFormatError"),
-    ("torchestimator.serving.errors", "ServingError"), ("torchestimator.serving.client", "ServingClientError"),
-    ("torchestimator.distribute", "RelaunchError"), ("torchestimator.testing", "ReplicaFailedError"),
-    ("torchestimator", "NanLossDuringTrainingError"), ("torchestimator", "TorchEstimatorError"),
-])
+@pytest.mark.parametrize(
+    "module, name",
+    [
+        ("torchestimator.checkpoint", "CheckpointError"),
+        ("torchestimator.checkpoint", "DiskFullError"),
+        ("torchestimator.checkpoint.errors", "DiskFullError"),
+        ("torchestimator.data.tfrecord", "DataLossError"),
+        ("torchestimator.data.example", "ExampleDecodeError"),
+        ("torchestimator.interop", "WeightSourceError"),
+        ("torchestimator.data.images", "ImageDecodeError"),
+        ("torchestimator.data", "ImageDecodeError"),
+        ("torchestimator.interop.source", "TensorNotFoundError"),
+        ("torchestimator._io.regular_file", "FileTooLargeError"),
+        ("torchestimator._io.regular_file", "NotARegularFileError"),
+        ("torchestimator.export.program_format", "ExportFormatError"),
+        ("torchestimator.serving.errors", "ServingError"),
+        ("torchestimator.serving.client", "ServingClientError"),
+        ("torchestimator.distribute", "RelaunchError"),
+        ("torchestimator.testing", "ReplicaFailedError"),
+        ("torchestimator", "NanLossDuringTrainingError"),
+        ("torchestimator", "TorchEstimatorError"),
+    ],
+)
 def test_old_import_paths_give_the_same_class(module, name):
     assert getattr(importlib.import_module(module), name) is getattr(errors, name)
 
@@ -129,7 +198,7 @@ def test_old_import_paths_give_the_same_class(module, name):
 # each made as its module makes it. A worker process can still raise one, so they must pickle too.
 OUTSIDE_THE_TREE = [
     ("torchestimator._io.protobuf", "MessageDecodeError", lambda cls: cls("Error parsing message")),
-    ("torchestimator._io.protobuf", "TextFormatError", lambda cls: cls("Expected \"}\".", 3, 7)),
+    ("torchestimator._io.protobuf", "TextFormatError", lambda cls: cls('Expected "}".', 3, 7)),
     ("torchestimator.interop._sstable", "VarintError", lambda cls: cls("varint runs past the block")),
     ("torchestimator.interop.keras_hdf5_guard", "_DamagedHeapError", lambda cls: cls("global heap at 4096")),
     ("torchestimator.data._tfrecord_scan", "_TruncatedStream", lambda cls: cls()),
@@ -140,8 +209,11 @@ _NOT_YET_PICKLABLE: set[str] = set()
 
 
 def _outside_the_tree_case(module: str, name: str, make):
-    marks = [pytest.mark.xfail(strict=True, raises=TypeError, reason="_io/protobuf.py: mix in PicklableError")] \
-        if name in _NOT_YET_PICKLABLE else []
+    marks = (
+        [pytest.mark.xfail(strict=True, raises=TypeError, reason="_io/protobuf.py: mix in PicklableError")]
+        if name in _NOT_YET_PICKLABLE
+        else []
+    )
     return pytest.param(lambda: make(getattr(importlib.import_module(module), name)), id=name, marks=marks)
 
 
@@ -164,8 +236,11 @@ def test_an_error_survives_pickle_and_copy_with_its_type_message_and_attributes(
     made that a TypeError, which broke a spawn ProcessPoolExecutor and multiprocessing.Pool's result thread."""
     error = make()
     error.note = "set after raising"  # an attribute the class did not define survives too
-    for how, rebuilt in [("pickle", pickle.loads(pickle.dumps(error))), ("copy", copy.copy(error)),
-                         ("deepcopy", copy.deepcopy(error))]:
+    for how, rebuilt in [
+        ("pickle", pickle.loads(pickle.dumps(error))),
+        ("copy", copy.copy(error)),
+        ("deepcopy", copy.deepcopy(error)),
+    ]:
         assert type(rebuilt) is type(error), how
         assert (str(rebuilt), rebuilt.args) == (str(error), error.args), how
         assert _public_state(rebuilt) == _public_state(error), how
@@ -197,25 +272,44 @@ def test_a_disk_full_error_rebuilt_from_a_pickle_keeps_errno_filename_and_messag
 # --------------------------------------------------------------------------- RunConfig, refused when built
 
 BAD_FIELDS = [
-    ("save_checkpoints_steps", 0, ConfigError), ("save_checkpoints_steps", -5, ConfigError),
-    ("save_checkpoints_steps", True, ConfigTypeError), ("save_checkpoints_steps", 2.5, ConfigTypeError),
-    ("save_checkpoints_secs", 0, ConfigError), ("save_checkpoints_secs", float("inf"), ConfigTypeError),
+    ("save_checkpoints_steps", 0, ConfigError),
+    ("save_checkpoints_steps", -5, ConfigError),
+    ("save_checkpoints_steps", True, ConfigTypeError),
+    ("save_checkpoints_steps", 2.5, ConfigTypeError),
+    ("save_checkpoints_secs", 0, ConfigError),
+    ("save_checkpoints_secs", float("inf"), ConfigTypeError),
     ("save_checkpoints_secs", "60", ConfigTypeError),
-    ("keep_checkpoint_max", -1, ConfigError), ("keep_checkpoint_max", False, ConfigTypeError),
-    ("keep_checkpoint_every_n_hours", 0, ConfigError), ("keep_checkpoint_every_n_hours", None, ConfigTypeError),
-    ("log_step_count_steps", 0, ConfigError), ("log_step_count_steps", "100", ConfigTypeError),
-    ("save_summary_steps", -1, ConfigError), ("save_summary_steps", 1.0, ConfigTypeError),
-    ("gradient_accumulation_steps", 0, ConfigError), ("gradient_accumulation_steps", None, ConfigTypeError),
+    ("keep_checkpoint_max", -1, ConfigError),
+    ("keep_checkpoint_max", False, ConfigTypeError),
+    ("keep_checkpoint_every_n_hours", 0, ConfigError),
+    ("keep_checkpoint_every_n_hours", None, ConfigTypeError),
+    ("log_step_count_steps", 0, ConfigError),
+    ("log_step_count_steps", "100", ConfigTypeError),
+    ("save_summary_steps", -1, ConfigError),
+    ("save_summary_steps", 1.0, ConfigTypeError),
+    ("gradient_accumulation_steps", 0, ConfigError),
+    ("gradient_accumulation_steps", None, ConfigTypeError),
     ("gradient_accumulation_steps", True, ConfigTypeError),
-    ("clip_grad_norm", 0.0, ConfigError), ("clip_grad_norm", -1, ConfigError),
-    ("clip_grad_norm", float("nan"), ConfigTypeError), ("clip_grad_norm", "1.0", ConfigTypeError),
-    ("random_seed", 1.5, ConfigTypeError), ("random_seed", True, ConfigTypeError), ("random_seed", 2**64, ConfigError), ("random_seed", -1, ConfigError),
-    ("mixed_precision", "fp8", ConfigError), ("mixed_precision", True, ConfigError),
-    ("device", "gpu", ConfigError), ("device", "cuda:x", ConfigError), ("device", 0, ConfigTypeError),
-    ("train_distribute", "mirrored", ConfigTypeError), ("eval_distribute", object(), ConfigTypeError),
-    ("deterministic", 1, ConfigTypeError), ("progress_bar", "no", ConfigTypeError),
+    ("clip_grad_norm", 0.0, ConfigError),
+    ("clip_grad_norm", -1, ConfigError),
+    ("clip_grad_norm", float("nan"), ConfigTypeError),
+    ("clip_grad_norm", "1.0", ConfigTypeError),
+    ("random_seed", 1.5, ConfigTypeError),
+    ("random_seed", True, ConfigTypeError),
+    ("random_seed", 2**64, ConfigError),
+    ("random_seed", -1, ConfigError),
+    ("mixed_precision", "fp8", ConfigError),
+    ("mixed_precision", True, ConfigError),
+    ("device", "gpu", ConfigError),
+    ("device", "cuda:x", ConfigError),
+    ("device", 0, ConfigTypeError),
+    ("train_distribute", "mirrored", ConfigTypeError),
+    ("eval_distribute", object(), ConfigTypeError),
+    ("deterministic", 1, ConfigTypeError),
+    ("progress_bar", "no", ConfigTypeError),
     ("checkpoint_on_interrupt", None, ConfigTypeError),
-    ("model_dir", "", ConfigError), ("model_dir", 3, ConfigTypeError),
+    ("model_dir", "", ConfigError),
+    ("model_dir", 3, ConfigTypeError),
 ]
 
 
@@ -230,16 +324,25 @@ def test_run_config_refuses_each_bad_field_where_it_is_built_and_in_replace(fiel
 
 
 def test_run_config_accepts_numpy_scalars_as_plain_numbers():
-    config = te.RunConfig(save_checkpoints_steps=np.int64(7), clip_grad_norm=np.float32(0.5), keep_checkpoint_max=0,
-                          save_summary_steps=0, device=torch.device("cpu"), random_seed=np.uint32(5))
+    config = te.RunConfig(
+        save_checkpoints_steps=np.int64(7),
+        clip_grad_norm=np.float32(0.5),
+        keep_checkpoint_max=0,
+        save_summary_steps=0,
+        device=torch.device("cpu"),
+        random_seed=np.uint32(5),
+    )
     assert (config.save_checkpoints_steps, config.clip_grad_norm) == (7, 0.5)
     assert type(config.save_checkpoints_steps) is int and type(config.clip_grad_norm) is float
     assert json.loads(json.dumps(config.to_json_dict()))["save_checkpoints_steps"] == 7
 
 
 def test_save_checkpoints_steps_zero_says_how_to_turn_checkpoints_off():
-    with pytest.raises(ValueError, match=r"save_checkpoints_steps must be > 0 or None; received 0\. To turn "
-                                         r"checkpoints off, pass save_checkpoints_steps=None, save_checkpoints_secs=None"):
+    with pytest.raises(
+        ValueError,
+        match=r"save_checkpoints_steps must be > 0 or None; received 0\. To turn "
+        r"checkpoints off, pass save_checkpoints_steps=None, save_checkpoints_secs=None",
+    ):
         te.RunConfig(save_checkpoints_steps=0)
 
 
@@ -352,7 +455,9 @@ def test_a_failing_read_becomes_data_loss_naming_file_and_offset(tmp_path, monke
             self.real.close()
 
     real_open = open
-    monkeypatch.setattr(tfrecord, "open", lambda *args, **kwargs: FailingFile(real_open(*args, **kwargs)), raising=False)
+    monkeypatch.setattr(
+        tfrecord, "open", lambda *args, **kwargs: FailingFile(real_open(*args, **kwargs)), raising=False
+    )
     read = []
     with pytest.raises(TorchEstimatorError) as caught:
         read.extend(record for _, record in tfrecord.iter_records(str(path)))

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import SmallNet, adam, classifier_model_fn, input_fns, make_estimator, sgd
 
 import torchestimator as te
-from conftest import SmallNet, adam, classifier_model_fn, input_fns, make_estimator, sgd
 
 
 def test_train_max_steps_is_absolute_and_steps_incremental(tmp_path, te_logs):
@@ -72,7 +72,9 @@ def test_evaluate_returns_metrics_loss_and_global_step(tmp_path):
     assert set(results) == {"accuracy", "loss", "global_step"}
     assert results["global_step"] == 30
     model = SmallNet()
-    model.load_state_dict({k: torch.from_numpy(estimator.get_variable_value(k)) for k in estimator.get_variable_names()})
+    model.load_state_dict(
+        {k: torch.from_numpy(estimator.get_variable_value(k)) for k in estimator.get_variable_names()}
+    )
     model.eval()
     with torch.no_grad():
         logits = model(torch.from_numpy(x))
@@ -103,7 +105,7 @@ def test_evaluate_without_checkpoint_uses_fresh_weights(tmp_path, te_logs):
 
 
 def test_predict_yields_examples_batches_and_filters_keys(tmp_path):
-    train, _, predict, (x, _) = input_fns(n=70, batch_size=32)
+    train, _, predict, (_x, _) = input_fns(n=70, batch_size=32)
     estimator = make_estimator(tmp_path)
     estimator.train(train, max_steps=3)
     rows = list(estimator.predict(predict))
@@ -162,8 +164,14 @@ def test_model_fn_and_input_fn_receive_declared_arguments(tmp_path):
         return te.numpy_input_fn({"x": x}, y, batch_size=8, shuffle=False)(input_context=input_context)
 
     config = te.RunConfig(progress_bar=False, log_step_count_steps=None)
-    estimator = te.Estimator(model_fn=model_fn, model=lambda params: SmallNet(), optimizer=adam,
-                             model_dir=str(tmp_path), config=config, params={"p": 7})
+    estimator = te.Estimator(
+        model_fn=model_fn,
+        model=lambda params: SmallNet(),
+        optimizer=adam,
+        model_dir=str(tmp_path),
+        config=config,
+        params={"p": 7},
+    )
     estimator.train(input_fn, max_steps=1)
     assert received["model_fn"] == ("train", 7, True, True)
     assert received["input_fn"] == (7, "train", 1)
@@ -185,8 +193,12 @@ def test_a_module_given_as_model_fn_is_refused_when_the_estimator_is_built(tmp_p
 
 def test_model_dir_conflict_and_temporary_default(tmp_path, te_logs):
     with pytest.raises(ValueError, match="differ"):
-        te.Estimator(model_fn=classifier_model_fn, model=SmallNet(), model_dir=str(tmp_path / "a"),
-                     config=te.RunConfig(model_dir=str(tmp_path / "b")))
+        te.Estimator(
+            model_fn=classifier_model_fn,
+            model=SmallNet(),
+            model_dir=str(tmp_path / "a"),
+            config=te.RunConfig(model_dir=str(tmp_path / "b")),
+        )
     estimator = te.Estimator(model_fn=classifier_model_fn, model=SmallNet())
     assert os.path.isdir(estimator.model_dir)
     assert "temporary folder" in te_logs.text
@@ -194,9 +206,14 @@ def test_model_dir_conflict_and_temporary_default(tmp_path, te_logs):
 
 def test_params_and_run_config_are_recorded(tmp_path):
     train, _, _, _ = input_fns()
-    estimator = te.Estimator(model_fn=classifier_model_fn, model=lambda: SmallNet(), optimizer=adam,
-                             model_dir=str(tmp_path), params={"lr": 0.1},
-                             config=te.RunConfig(progress_bar=False, save_checkpoints_steps=5))
+    estimator = te.Estimator(
+        model_fn=classifier_model_fn,
+        model=lambda: SmallNet(),
+        optimizer=adam,
+        model_dir=str(tmp_path),
+        params={"lr": 0.1},
+        config=te.RunConfig(progress_bar=False, save_checkpoints_steps=5),
+    )
     estimator.train(train, max_steps=1)
     assert (tmp_path / "params.json").read_text().strip().startswith("{")
     assert '"save_checkpoints_steps": 5' in (tmp_path / "run_config.json").read_text()
@@ -206,10 +223,14 @@ def test_lr_scheduler_steps_once_per_global_step_and_resumes(tmp_path):
     train, _, _, _ = input_fns()
 
     def build(model_dir):
-        return te.Estimator(model_fn=classifier_model_fn, model=lambda: SmallNet(), optimizer=sgd,
-                            lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, 10, gamma=0.5),
-                            model_dir=str(model_dir), config=te.RunConfig(progress_bar=False, save_checkpoints_steps=5,
-                                                                            save_summary_steps=5))
+        return te.Estimator(
+            model_fn=classifier_model_fn,
+            model=lambda: SmallNet(),
+            optimizer=sgd,
+            lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, 10, gamma=0.5),
+            model_dir=str(model_dir),
+            config=te.RunConfig(progress_bar=False, save_checkpoints_steps=5, save_summary_steps=5),
+        )
 
     build(tmp_path).train(train, max_steps=15)
     estimator = build(tmp_path)
@@ -219,12 +240,12 @@ def test_lr_scheduler_steps_once_per_global_step_and_resumes(tmp_path):
     rates = dict(read_scalars(str(tmp_path))["learning_rate"])
     assert rates[5] == pytest.approx(0.05)
     assert rates[15] == pytest.approx(0.05 * 0.5)
-    assert rates[25] == pytest.approx(0.05 * 0.5 ** 2)  # the scheduler's position survived the restart
+    assert rates[25] == pytest.approx(0.05 * 0.5**2)  # the scheduler's position survived the restart
 
 
 def test_model_dir_whose_checkpoints_are_all_damaged_is_an_error(tmp_path):
-    from torchestimator.export import TensorSpec, serving_input_receiver
     from torchestimator.cli.inspection import describe
+    from torchestimator.export import TensorSpec, serving_input_receiver
 
     train, evaluate, predict, _ = input_fns()
     make_estimator(tmp_path, save_checkpoints_steps=5).train(train, max_steps=10)
@@ -232,10 +253,12 @@ def test_model_dir_whose_checkpoints_are_all_damaged_is_an_error(tmp_path):
         os.remove(tmp_path / f"ckpt-{step}" / "state.json")
     receiver = serving_input_receiver({"x": TensorSpec(shape=(None, 8), dtype=torch.float32)})
     every_entry_point = (
-        lambda estimator: estimator.train(train, max_steps=12), lambda estimator: estimator.evaluate(evaluate),
+        lambda estimator: estimator.train(train, max_steps=12),
+        lambda estimator: estimator.evaluate(evaluate),
         lambda estimator: list(estimator.predict(predict)),
         lambda estimator: estimator.export_saved_model(tmp_path / "export", receiver),
-        lambda estimator: estimator.get_variable_names(), lambda estimator: describe(str(tmp_path)),
+        lambda estimator: estimator.get_variable_names(),
+        lambda estimator: describe(str(tmp_path)),
     )
     for call in every_entry_point:
         with pytest.raises(te.checkpoint.CheckpointError) as raised:
@@ -260,7 +283,11 @@ def test_train_start_removes_what_killed_runs_left(tmp_path):
     make_estimator(tmp_path).train(train, max_steps=10)
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()
-    leftovers = [f".checkpoint.tmp-{process.pid}", f".write-probe-{process.pid}", f".params.json.tmp-{process.pid}-ab12"]
+    leftovers = [
+        f".checkpoint.tmp-{process.pid}",
+        f".write-probe-{process.pid}",
+        f".params.json.tmp-{process.pid}-ab12",
+    ]
     for name in leftovers:
         (tmp_path / name).write_text("partial")
     (tmp_path / f".tmp-ckpt-20-{process.pid}").mkdir()
@@ -344,17 +371,22 @@ def test_deterministic_algorithms_are_on_while_training_and_the_callers_setting_
         torch.use_deterministic_algorithms(False)
 
 
-@pytest.mark.parametrize("argument, value, expected", [
-    ("model_dir", 123, "a str or os.PathLike path"),
-    ("config", {"save_checkpoints_steps": 10}, "a te.RunConfig"),
-    ("params", [("hidden", 8)], "a dict"),
-    ("model", "SmallNet", "an nn.Module or a factory"),
-    ("optimizer", "adam", "a factory building the optimizer"),
-    ("lr_scheduler", 0.1, "a factory building the scheduler"),
-])
+@pytest.mark.parametrize(
+    "argument, value, expected",
+    [
+        ("model_dir", 123, "a str or os.PathLike path"),
+        ("config", {"save_checkpoints_steps": 10}, "a te.RunConfig"),
+        ("params", [("hidden", 8)], "a dict"),
+        ("model", "SmallNet", "an nn.Module or a factory"),
+        ("optimizer", "adam", "a factory building the optimizer"),
+        ("lr_scheduler", 0.1, "a factory building the scheduler"),
+    ],
+)
 def test_an_argument_of_the_wrong_type_is_a_config_type_error_naming_it(tmp_path, argument, value, expected):
     arguments = {"model_fn": classifier_model_fn, "model": SmallNet(), "optimizer": adam, "model_dir": str(tmp_path)}
-    with pytest.raises(te.errors.ConfigTypeError, match=rf"Estimator\({argument}=\.\.\.\) must be {expected}") as caught:
+    with pytest.raises(
+        te.errors.ConfigTypeError, match=rf"Estimator\({argument}=\.\.\.\) must be {expected}"
+    ) as caught:
         te.Estimator(**{**arguments, argument: value})
     assert caught.value.field == argument and caught.value.value == value
     assert isinstance(caught.value, TypeError)  # code catching TypeError keeps working
@@ -370,21 +402,37 @@ def test_model_dir_may_be_a_path_object(tmp_path):
     assert caught.value.field == "model_dir"
 
 
-@pytest.mark.parametrize("arguments, error, field, message", [
-    ({"loss": 5}, te.errors.ConfigTypeError, "loss", "loss must be a name or a callable"),
-    ({"optimizer": 5}, te.errors.ConfigTypeError, "optimizer", "optimizer must be a name"),
-    ({"metrics": 5}, te.errors.ConfigTypeError, "metrics", "metrics must be a list of names"),
-    ({"metrics": "mse"}, te.errors.ConfigTypeError, "metrics", r"metrics=\['mse'\]"),
-    ({"learning_rate": "0.1"}, te.errors.ConfigTypeError, "learning_rate", "learning_rate must be a positive number"),
-    ({"learning_rate": -1.0}, te.errors.ConfigError, "learning_rate", "learning_rate must be a positive number"),
-    ({"optimizer": adam, "learning_rate": 0.1}, te.errors.ConfigError, "learning_rate", "a factory sets its own"),
-    ({"model_dir": 5}, te.errors.ConfigTypeError, "model_dir", r"Estimator\.from_module\(model_dir=\.\.\.\)"),
-    ({"module": 5}, te.errors.ConfigTypeError, "module", r"Estimator\.from_module\(module=\.\.\.\) must be an nn"),
-    ({"module": torch.nn.Linear}, te.errors.ConfigTypeError, "module",
-     r"from_module\(module=\.\.\.\) received the class Linear, whose constructor needs in_features, out_features"),
-    ({"loss": torch.nn.CrossEntropyLoss}, te.errors.ConfigTypeError, "loss",
-     r"from_module\(loss=CrossEntropyLoss\) is a class; pass an instance \(loss=CrossEntropyLoss\(\)\)"),
-])
+@pytest.mark.parametrize(
+    "arguments, error, field, message",
+    [
+        ({"loss": 5}, te.errors.ConfigTypeError, "loss", "loss must be a name or a callable"),
+        ({"optimizer": 5}, te.errors.ConfigTypeError, "optimizer", "optimizer must be a name"),
+        ({"metrics": 5}, te.errors.ConfigTypeError, "metrics", "metrics must be a list of names"),
+        ({"metrics": "mse"}, te.errors.ConfigTypeError, "metrics", r"metrics=\['mse'\]"),
+        (
+            {"learning_rate": "0.1"},
+            te.errors.ConfigTypeError,
+            "learning_rate",
+            "learning_rate must be a positive number",
+        ),
+        ({"learning_rate": -1.0}, te.errors.ConfigError, "learning_rate", "learning_rate must be a positive number"),
+        ({"optimizer": adam, "learning_rate": 0.1}, te.errors.ConfigError, "learning_rate", "a factory sets its own"),
+        ({"model_dir": 5}, te.errors.ConfigTypeError, "model_dir", r"Estimator\.from_module\(model_dir=\.\.\.\)"),
+        ({"module": 5}, te.errors.ConfigTypeError, "module", r"Estimator\.from_module\(module=\.\.\.\) must be an nn"),
+        (
+            {"module": torch.nn.Linear},
+            te.errors.ConfigTypeError,
+            "module",
+            r"from_module\(module=\.\.\.\) received the class Linear, whose constructor needs in_features, out_features",
+        ),
+        (
+            {"loss": torch.nn.CrossEntropyLoss},
+            te.errors.ConfigTypeError,
+            "loss",
+            r"from_module\(loss=CrossEntropyLoss\) is a class; pass an instance \(loss=CrossEntropyLoss\(\)\)",
+        ),
+    ],
+)
 def test_from_module_names_the_argument_of_a_wrong_value(arguments, error, field, message):
     with pytest.raises(error, match=message) as caught:
         te.Estimator.from_module(**{"module": torch.nn.Linear(3, 1), "loss": "mse", **arguments})
@@ -406,22 +454,39 @@ class _NetOfNothing(_NetOfParams):  # built as _NetOfNothing()
         super().__init__({"classes": 3})
 
 
-@pytest.mark.parametrize("argument, value, message", [
-    ("model", torch.nn.Linear, r"Estimator\(model=\.\.\.\) received the class Linear, whose constructor needs "
-     r"in_features, out_features; .* Pass an instance \(model=Linear\(\.\.\.\)\) or a factory \(model=lambda params"),
-    ("model", torch.nn.BatchNorm1d, r"class BatchNorm1d, whose constructor needs num_features"),  # never params
-    ("model", dict, r"received the class dict, which is not an nn.Module"),
-    ("model", lambda params, other: None, r"cannot be called as a model factory is"),
-    ("lr_scheduler", torch.optim.lr_scheduler.StepLR,
-     r"Estimator\(lr_scheduler=\.\.\.\) received StepLR, a class whose "
-     r"constructor also needs step_size; pass a factory: lr_scheduler=lambda optimizer: StepLR\(optimizer, step_size"),
-    ("lr_scheduler", torch.optim.SGD, r"received the class SGD, which is not a torch.optim.lr_scheduler.LRScheduler"),
-    ("optimizer", lambda: None, r"Estimator\(optimizer=\.\.\.\) cannot be called as the framework calls it, with "
-     r"\(parameters\) or \(parameters, params\)"),
-    ("optimizer", torch.nn.Linear, r"received the class Linear, which is not a torch.optim.optimizer.Optimizer"),
-])
-def test_a_class_or_factory_that_cannot_work_is_refused_when_the_estimator_is_built(tmp_path, argument, value,
-                                                                                    message):
+@pytest.mark.parametrize(
+    "argument, value, message",
+    [
+        (
+            "model",
+            torch.nn.Linear,
+            r"Estimator\(model=\.\.\.\) received the class Linear, whose constructor needs "
+            r"in_features, out_features; .* Pass an instance \(model=Linear\(\.\.\.\)\) or a factory \(model=lambda params",
+        ),
+        ("model", torch.nn.BatchNorm1d, r"class BatchNorm1d, whose constructor needs num_features"),  # never params
+        ("model", dict, r"received the class dict, which is not an nn.Module"),
+        ("model", lambda params, other: None, r"cannot be called as a model factory is"),
+        (
+            "lr_scheduler",
+            torch.optim.lr_scheduler.StepLR,
+            r"Estimator\(lr_scheduler=\.\.\.\) received StepLR, a class whose "
+            r"constructor also needs step_size; pass a factory: lr_scheduler=lambda optimizer: StepLR\(optimizer, step_size",
+        ),
+        (
+            "lr_scheduler",
+            torch.optim.SGD,
+            r"received the class SGD, which is not a torch.optim.lr_scheduler.LRScheduler",
+        ),
+        (
+            "optimizer",
+            lambda: None,
+            r"Estimator\(optimizer=\.\.\.\) cannot be called as the framework calls it, with "
+            r"\(parameters\) or \(parameters, params\)",
+        ),
+        ("optimizer", torch.nn.Linear, r"received the class Linear, which is not a torch.optim.optimizer.Optimizer"),
+    ],
+)
+def test_a_class_or_factory_that_cannot_work_is_refused_when_the_estimator_is_built(tmp_path, argument, value, message):
     arguments = {"model_fn": classifier_model_fn, "model": SmallNet(), "optimizer": adam, "model_dir": str(tmp_path)}
     with pytest.raises(te.errors.ConfigTypeError, match=message) as caught:
         te.Estimator(**{**arguments, argument: value})
@@ -431,23 +496,49 @@ def test_a_class_or_factory_that_cannot_work_is_refused_when_the_estimator_is_bu
 def test_classes_that_work_as_factories_are_accepted(tmp_path):
     train, _, _, _ = input_fns()
     for model, params in ((_NetOfParams, {"classes": 3}), (_NetOfNothing, {})):
-        estimator = te.Estimator(model_fn=classifier_model_fn, model=model, params=params,
-                                 optimizer=torch.optim.Adam,  # an Optimizer class needing only the parameters
-                                 lr_scheduler=torch.optim.lr_scheduler.ConstantLR,  # needs only the optimizer
-                                 model_dir=str(tmp_path / model.__name__))
+        estimator = te.Estimator(
+            model_fn=classifier_model_fn,
+            model=model,
+            params=params,
+            optimizer=torch.optim.Adam,  # an Optimizer class needing only the parameters
+            lr_scheduler=torch.optim.lr_scheduler.ConstantLR,  # needs only the optimizer
+            model_dir=str(tmp_path / model.__name__),
+        )
         estimator.train(train, max_steps=1)
         assert estimator.get_variable_value("layer.weight").shape == (3, 8)
 
 
-@pytest.mark.parametrize("argument, value, field, returned", [
-    ("model", lambda params: 5, "model", r"Estimator\(model=\.\.\.\) returned 5 \(int\); it must return an nn.Module"),
-    ("model", lambda: SmallNet, "model",
-     r"Estimator\(model=\.\.\.\) returned <class .*SmallNet.> \(a class\); it must return an nn.Module"),
-    ("optimizer", lambda parameters: 5, "optimizer", r"Estimator\(optimizer=\.\.\.\) returned 5 \(int\); it must "
-     r"return a torch.optim.Optimizer"),
-    ("lr_scheduler", lambda optimizer: 5, "lr_scheduler", r"Estimator\(lr_scheduler=\.\.\.\) returned 5 \(int\); it "
-     r"must return a learning-rate scheduler"),
-])
+@pytest.mark.parametrize(
+    "argument, value, field, returned",
+    [
+        (
+            "model",
+            lambda params: 5,
+            "model",
+            r"Estimator\(model=\.\.\.\) returned 5 \(int\); it must return an nn.Module",
+        ),
+        (
+            "model",
+            lambda: SmallNet,
+            "model",
+            r"Estimator\(model=\.\.\.\) returned <class .*SmallNet.> \(a class\); it must return an nn.Module",
+        ),
+        (
+            "optimizer",
+            lambda parameters: 5,
+            "optimizer",
+            r"Estimator\(optimizer=\.\.\.\) returned 5 \(int\); it must "
+            r"return a torch.optim.Optimizer",
+        ),
+        (
+            "lr_scheduler",
+            lambda optimizer: 5,
+            "lr_scheduler",
+            r"Estimator\(lr_scheduler=\.\.\.\) returned 5 \(int\); it "
+            r"must return a learning-rate scheduler",
+        ),
+    ],
+)
 def test_a_factory_returning_the_wrong_thing_names_its_argument(tmp_path, argument, value, field, returned):
     train, _, _, _ = input_fns()
     arguments = {"model_fn": classifier_model_fn, "model": SmallNet, "optimizer": adam, "model_dir": str(tmp_path)}

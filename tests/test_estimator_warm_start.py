@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 import torch
+from conftest import SmallNet, input_fns, make_estimator, sgd
 
 import torchestimator as te
-from conftest import SmallNet, input_fns, make_estimator, sgd
 from torchestimator.warm_start import WarmStartSettings
 
 
@@ -19,8 +19,14 @@ def _weights(estimator):
 
 def _warm_estimator(model_dir, source, optimizer=sgd, model=None):
     config = te.RunConfig(save_checkpoints_steps=5, log_step_count_steps=None, progress_bar=False, random_seed=1)
-    return te.Estimator(model_fn=make_estimator(model_dir)._model_fn, model=model or (lambda: SmallNet()),
-                        optimizer=optimizer, model_dir=str(model_dir), config=config, warm_start_from=source)
+    return te.Estimator(
+        model_fn=make_estimator(model_dir)._model_fn,
+        model=model or (lambda: SmallNet()),
+        optimizer=optimizer,
+        model_dir=str(model_dir),
+        config=config,
+        warm_start_from=source,
+    )
 
 
 @pytest.fixture
@@ -100,8 +106,9 @@ def test_optimizer_state_is_warm_started_only_when_asked(tmp_path, trained_with_
     from conftest import adam
 
     source_dir, _ = trained_with_adam
-    asked = _warm_estimator(tmp_path / "asked", WarmStartSettings(source_dir, [".*"], warm_start_optimizer=True),
-                            optimizer=adam)
+    asked = _warm_estimator(
+        tmp_path / "asked", WarmStartSettings(source_dir, [".*"], warm_start_optimizer=True), optimizer=adam
+    )
     asked.train(input_fns()[0], max_steps=1)
     state = asked._store.restore().optimizer_state["optimizer"]["state"]
     assert int(state[0]["step"]) == 21  # 20 Adam steps from the source, one here

@@ -17,11 +17,12 @@ import time
 import numpy as np
 import pytest
 import torch.nn.functional as F
+from conftest import input_fns, make_classification, make_estimator
 
 import torchestimator as te
-from conftest import input_fns, make_classification, make_estimator
 from torchestimator._io import filesystems
 from torchestimator._io.summary import read_scalars
+from torchestimator._policy import trainer_task
 from torchestimator._policy.best import BEST_FILE, BestCheckpointPolicy, read_best
 from torchestimator._policy.early_stopping import EarlyStopping, stop_if_higher_hook
 from torchestimator._policy.evaluator_channel import (
@@ -42,7 +43,6 @@ from torchestimator._policy.evaluator_channel import (
     write_training_run,
 )
 from torchestimator._policy.train_and_evaluate import EvalSpec, TrainSpec, run_evaluator, train_and_evaluate
-from torchestimator._policy import trainer_task
 from torchestimator._policy.trainer_task import EvaluatorRecordsKeeper, train_for_evaluator
 from torchestimator.distribute.launcher import find_free_port
 from torchestimator.errors import ConfigError
@@ -55,13 +55,16 @@ def scored_model_fn(model, features, labels, mode):
     if mode == te.ModeKeys.PREDICT:
         return te.EstimatorSpec(mode, predictions=predictions)
     metrics = {"score": te.metrics.mean(features["score"])} if "score" in features else {}
-    return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels), eval_metric_ops=metrics)
+    return te.EstimatorSpec(
+        mode, predictions=predictions, loss=F.cross_entropy(logits, labels), eval_metric_ops=metrics
+    )
 
 
 def scored_eval_input(score=0.5, n=64):
     x, y = make_classification(n, seed=1)
-    return te.numpy_input_fn({"x": x, "score": np.full(n, score, np.float32)}, y, batch_size=32, num_epochs=1,
-                             shuffle=False)
+    return te.numpy_input_fn(
+        {"x": x, "score": np.full(n, score, np.float32)}, y, batch_size=32, num_epochs=1, shuffle=False
+    )
 
 
 def estimator(model_dir, **config):
@@ -94,8 +97,18 @@ class SimulatedTrainers:
     plain trainers: no training_run.json, no ear for a stop signal.
     """
 
-    def __init__(self, model_dir, *, run_ids=("run-1",), steps=10, start_after=0, end_at=None, ends=True,
-                 records=True, end_cause=None):
+    def __init__(
+        self,
+        model_dir,
+        *,
+        run_ids=("run-1",),
+        steps=10,
+        start_after=0,
+        end_at=None,
+        ends=True,
+        records=True,
+        end_cause=None,
+    ):
         self.model_dir, self.run_ids, self.steps, self.end_at, self.ends = model_dir, list(run_ids), steps, end_at, ends
         self.end_cause = end_cause
         self.records = records  # False: plain trainers (`torchestimator train`): no training_run.json, deaf to signals
@@ -130,9 +143,17 @@ class SimulatedTrainers:
     def _end(self):
         self.ended = True
         if self.records:
-            write_training_run(self.model_dir, TrainingRun(run_id=self.run_id, evaluator_task=True, start_step=0,
-                                                           end_step=self.step, end_reason="test",
-                                                           end_cause=self.end_cause))
+            write_training_run(
+                self.model_dir,
+                TrainingRun(
+                    run_id=self.run_id,
+                    evaluator_task=True,
+                    start_step=0,
+                    end_step=self.step,
+                    end_reason="test",
+                    end_cause=self.end_cause,
+                ),
+            )
 
     def _start(self, run_id):
         self.run_id = run_id
@@ -142,9 +163,16 @@ class SimulatedTrainers:
 
 def follow(model_dir, trainers, *, rules=(), best=None, exporter=None, max_steps=None, **options):
     exporter = exporter or FakeExporter()
-    results, _ = run_evaluator(estimator(model_dir), TrainSpec(trainers.train, max_steps=max_steps),
-                               EvalSpec(scored_eval_input(), start_delay_secs=0, exporters=exporter), best=best,
-                               early_stopping=rules, poll_secs=0, sleep=trainers, **options)
+    results, _ = run_evaluator(
+        estimator(model_dir),
+        TrainSpec(trainers.train, max_steps=max_steps),
+        EvalSpec(scored_eval_input(), start_delay_secs=0, exporters=exporter),
+        best=best,
+        early_stopping=rules,
+        poll_secs=0,
+        sleep=trainers,
+        **options,
+    )
     return results, exporter
 
 
@@ -166,14 +194,17 @@ def test_the_three_documents_round_trip(tmp_path):
     assert not [name for name in os.listdir(model_dir) if ".tmp-" in name]  # written atomically, nothing left over
 
 
-@pytest.mark.parametrize("content, complaint", [
-    (b"{not json", "unreadable"),
-    (b'{"format_version": 7, "run_id": "a", "step": 1, "rule": "r"}', "not a format 1 document"),
-    (b'{"format_version": 1, "run_id": "a", "step": -1, "rule": "r"}', "field 'step' must be int"),
-    (b'{"format_version": 1, "run_id": "a", "step": true, "rule": "r"}', "field 'step' must be int"),
-    (b'{"format_version": 1, "run_id": 5, "step": 1, "rule": "r"}', "field 'run_id' must be str"),
-    (b" " * (65 * 1024), "unreadable"),
-])
+@pytest.mark.parametrize(
+    "content, complaint",
+    [
+        (b"{not json", "unreadable"),
+        (b'{"format_version": 7, "run_id": "a", "step": 1, "rule": "r"}', "not a format 1 document"),
+        (b'{"format_version": 1, "run_id": "a", "step": -1, "rule": "r"}', "field 'step' must be int"),
+        (b'{"format_version": 1, "run_id": "a", "step": true, "rule": "r"}', "field 'step' must be int"),
+        (b'{"format_version": 1, "run_id": 5, "step": 1, "rule": "r"}', "field 'run_id' must be str"),
+        (b" " * (65 * 1024), "unreadable"),
+    ],
+)
 def test_a_damaged_stop_signal_is_ignored_with_a_warning_naming_it(tmp_path, caplog, content, complaint):
     (tmp_path / STOP_SIGNAL_FILE).write_bytes(content)
     with caplog.at_level(logging.WARNING):
@@ -220,7 +251,8 @@ def test_early_stopping_signals_the_run_then_evaluates_its_final_checkpoint(tmp_
     # A constant score never improves: patience 2 stops at the third evaluation (steps 10, 20, 30).
     results, exporter = follow(tmp_path, trainers, rules=[EarlyStopping("score", mode="max", patience=2)])
     assert read_stop_signal(str(tmp_path)) == StopSignal(
-        run_id="run-1", step=30, rule="EarlyStopping('score', mode='max', patience=2, min_delta=0.0)")
+        run_id="run-1", step=30, rule="EarlyStopping('score', mode='max', patience=2, min_delta=0.0)"
+    )
     # The trainers ended at 40, after the signal: the evaluator evaluated that checkpoint, as the final one.
     assert results["global_step"] == 40 and eval_steps(tmp_path) == [10, 20, 30, 40]
     assert exporter.calls == [(10, False), (20, False), (30, False), (40, True)]
@@ -229,8 +261,12 @@ def test_early_stopping_signals_the_run_then_evaluates_its_final_checkpoint(tmp_
 def test_an_evaluator_restarted_after_the_trainers_ended_finishes_their_run_at_once(tmp_path):
     model_dir = str(tmp_path)
     estimator(model_dir).train(input_fns()[0], max_steps=10)  # a job stopped by its evaluator, killed before the end
-    write_training_run(model_dir, TrainingRun(run_id="done", evaluator_task=True, start_step=0, end_step=10,
-                                              end_reason="stopped by the evaluator"))
+    write_training_run(
+        model_dir,
+        TrainingRun(
+            run_id="done", evaluator_task=True, start_step=0, end_step=10, end_reason="stopped by the evaluator"
+        ),
+    )
     write_stop_signal(model_dir, StopSignal(run_id="done", step=10, rule="a rule"))
     trainers = SimulatedTrainers(model_dir, start_after=10**9)  # nobody trains any more
     results, exporter = follow(tmp_path, trainers, rules=[stop_if_higher_hook("score", 0.4)])
@@ -244,9 +280,18 @@ def an_earlier_job(model_dir, *, cause, rules=(), end_at=None, max_steps=None):
     ``cause``; returns the step it ended at."""
     trainers = SimulatedTrainers(model_dir, run_ids=("earlier-job",), end_at=end_at)
     follow(model_dir, trainers, rules=rules)
-    write_training_run(model_dir, TrainingRun(run_id="earlier-job", evaluator_task=True, start_step=0,
-                                              end_step=trainers.step, end_reason="the earlier job's end",
-                                              max_steps=max_steps, end_cause=cause))
+    write_training_run(
+        model_dir,
+        TrainingRun(
+            run_id="earlier-job",
+            evaluator_task=True,
+            start_step=0,
+            end_step=trainers.step,
+            end_reason="the earlier job's end",
+            max_steps=max_steps,
+            end_cause=cause,
+        ),
+    )
     return trainers.step
 
 
@@ -259,8 +304,9 @@ EVALUATOR_STARTS = pytest.mark.parametrize("start_after", [0, 1, 4], ids=["after
 def test_a_job_restarted_with_a_higher_max_steps_is_followed_to_its_new_end(tmp_path, start_after):
     model_dir = str(tmp_path)
     assert an_earlier_job(model_dir, cause=END_MAX_STEPS, end_at=20, max_steps=20) == 20
-    rerun = SimulatedTrainers(model_dir, run_ids=("rerun",), start_after=start_after, end_at=40,
-                              end_cause=END_MAX_STEPS)
+    rerun = SimulatedTrainers(
+        model_dir, run_ids=("rerun",), start_after=start_after, end_at=40, end_cause=END_MAX_STEPS
+    )
     rerun.step = 20
     results, exporter = follow(model_dir, rerun, max_steps=40)
     # The earlier job's end at 20 is not this evaluator's: it followed the rerun to max_steps 40, and did not
@@ -272,13 +318,13 @@ def test_a_job_restarted_with_a_higher_max_steps_is_followed_to_its_new_end(tmp_
 @EVALUATOR_STARTS
 def test_a_rerun_with_relaxed_early_stopping_is_followed(tmp_path, start_after):
     model_dir = str(tmp_path)
-    stop_at = an_earlier_job(model_dir, cause=END_EARLY_STOPPING,
-                             rules=[EarlyStopping("score", mode="max", patience=2)])
+    stop_at = an_earlier_job(
+        model_dir, cause=END_EARLY_STOPPING, rules=[EarlyStopping("score", mode="max", patience=2)]
+    )
     assert stop_at == 40  # the signal at 30, the trainers' answer at 40
     rerun = SimulatedTrainers(model_dir, run_ids=("rerun",), start_after=start_after, end_at=60)
     rerun.step = stop_at
-    results, exporter = follow(model_dir, rerun, rules=[EarlyStopping("score", mode="max", patience=10)],
-                               max_steps=60)
+    results, exporter = follow(model_dir, rerun, rules=[EarlyStopping("score", mode="max", patience=10)], max_steps=60)
     assert results["global_step"] == 60 and exporter.calls == [(50, False), (60, True)]
 
 
@@ -288,8 +334,9 @@ def test_a_rerun_after_early_stopping_with_the_same_rules_ends_the_evaluator_at_
     rules = lambda: [EarlyStopping("score", mode="max", patience=2)]  # noqa: E731  (fresh state each job)
     stop_at = an_earlier_job(model_dir, cause=END_EARLY_STOPPING, rules=rules())
     # The trainers' rerun takes no step (its chief asks the same rules first): they only record a new run.
-    rerun = SimulatedTrainers(model_dir, run_ids=("rerun",), start_after=start_after, end_at=stop_at,
-                              end_cause=END_EARLY_STOPPING)
+    rerun = SimulatedTrainers(
+        model_dir, run_ids=("rerun",), start_after=start_after, end_at=stop_at, end_cause=END_EARLY_STOPPING
+    )
     rerun.step = stop_at
     results, exporter = follow(model_dir, rerun, rules=rules(), max_steps=1000)
     assert results["global_step"] == stop_at and exporter.calls == [(stop_at, True)] and len(rerun.signals) <= 3
@@ -302,8 +349,12 @@ def test_the_evaluator_says_what_it_waits_for_at_start(tmp_path, caplog):
     rerun = SimulatedTrainers(model_dir, run_ids=("rerun",), start_after=1, end_at=30)
     rerun.step = 20
     with caplog.at_level(logging.INFO, logger="torchestimator"):
-        run_evaluator(estimator(model_dir), TrainSpec(rerun.train, max_steps=30),
-                      EvalSpec(scored_eval_input(), start_delay_secs=7, throttle_secs=3), sleep=rerun)
+        run_evaluator(
+            estimator(model_dir),
+            TrainSpec(rerun.train, max_steps=30),
+            EvalSpec(scored_eval_input(), start_delay_secs=7, throttle_secs=3),
+            sleep=rerun,
+        )
     assert "waits start_delay_secs=7 s" in caplog.text and "then every 3 s" in caplog.text
     assert "ended at global step 20 (the earlier job's end)" in caplog.text
     assert "Waiting for the trainers' next run" in caplog.text
@@ -311,29 +362,46 @@ def test_the_evaluator_says_what_it_waits_for_at_start(tmp_path, caplog):
 
 def test_a_chief_beside_an_evaluator_takes_no_step_when_eval_already_says_stop(tmp_path, monkeypatch):
     model_dir = str(tmp_path)
-    stop_at = an_earlier_job(model_dir, cause=END_EARLY_STOPPING,
-                             rules=[EarlyStopping("score", mode="max", patience=2)])
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["127.0.0.1:2222"], "evaluator": ["127.0.0.1:2223"]},
-                                                "task": {"type": "chief", "index": 0}}))
+    stop_at = an_earlier_job(
+        model_dir, cause=END_EARLY_STOPPING, rules=[EarlyStopping("score", mode="max", patience=2)]
+    )
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps(
+            {
+                "cluster": {"chief": ["127.0.0.1:2222"], "evaluator": ["127.0.0.1:2223"]},
+                "task": {"type": "chief", "index": 0},
+            }
+        ),
+    )
     train, _, _, _ = input_fns()
-    answer = train_and_evaluate(estimator(model_dir), TrainSpec(train, max_steps=1000), EvalSpec(scored_eval_input()),
-                                early_stopping=EarlyStopping("score", mode="max", patience=2))
+    answer = train_and_evaluate(
+        estimator(model_dir),
+        TrainSpec(train, max_steps=1000),
+        EvalSpec(scored_eval_input()),
+        early_stopping=EarlyStopping("score", mode="max", patience=2),
+    )
     assert answer == (None, None) and estimator(model_dir).latest_checkpoint().endswith(f"ckpt-{stop_at}")
     run = read_training_run(model_dir)
     assert run.run_id != "earlier-job" and (run.start_step, run.end_step) == (stop_at, stop_at)
     assert run.end_cause == END_EARLY_STOPPING and run.end_reason.startswith("took no step: early stopping")
     assert run.max_steps == 1000
     # With rules that now let it go on, the same chief trains, and its record says why it ended.
-    train_and_evaluate(estimator(model_dir), TrainSpec(train, max_steps=60), EvalSpec(scored_eval_input()),
-                       early_stopping=EarlyStopping("score", mode="max", patience=10))
+    train_and_evaluate(
+        estimator(model_dir),
+        TrainSpec(train, max_steps=60),
+        EvalSpec(scored_eval_input()),
+        early_stopping=EarlyStopping("score", mode="max", patience=10),
+    )
     run = read_training_run(model_dir)
     assert (run.start_step, run.end_step, run.end_cause) == (stop_at, 60, END_MAX_STEPS)
 
 
 def test_a_training_run_with_an_unknown_end_cause_is_ignored_naming_it(tmp_path, caplog):
     model_dir = str(tmp_path)
-    write_training_run(model_dir, TrainingRun(run_id="r", evaluator_task=True, start_step=0, end_step=5,
-                                              end_cause="a cosmic ray"))
+    write_training_run(
+        model_dir, TrainingRun(run_id="r", evaluator_task=True, start_step=0, end_step=5, end_cause="a cosmic ray")
+    )
     with caplog.at_level(logging.WARNING):
         assert read_training_run(model_dir) is None
     assert "end_cause" in caplog.text and "a cosmic ray" in caplog.text and TRAINING_RUN_FILE in caplog.text
@@ -342,8 +410,12 @@ def test_a_training_run_with_an_unknown_end_cause_is_ignored_naming_it(tmp_path,
 def test_a_decision_reaching_no_run_is_given_to_the_run_that_starts_later(tmp_path, caplog):
     model_dir = str(tmp_path)
     estimator(model_dir).train(input_fns()[0], max_steps=10)  # an earlier job, stopped early by its evaluator...
-    write_training_run(model_dir, TrainingRun(run_id="old", evaluator_task=True, start_step=0, end_step=10,
-                                              end_reason="stopped by the evaluator"))
+    write_training_run(
+        model_dir,
+        TrainingRun(
+            run_id="old", evaluator_task=True, start_step=0, end_step=10, end_reason="stopped by the evaluator"
+        ),
+    )
     write_stop_signal(model_dir, StopSignal(run_id="old", step=10, rule="old rule"))
     estimator(model_dir).train(input_fns()[0], max_steps=20)  # ...then trained on by a plain `train`
     trainers = SimulatedTrainers(model_dir, run_ids=("new",), start_after=2)
@@ -363,20 +435,22 @@ def test_beside_plain_trainers_the_evaluator_says_so_once_and_evaluates_up_to_ma
     trainers = SimulatedTrainers(str(tmp_path), records=False)  # `torchestimator train FILE`: no run record
     started = time.monotonic()
     with caplog.at_level(logging.WARNING):
-        results, exporter = follow(tmp_path, trainers, rules=[stop_if_higher_hook("score", 0.4)], max_steps=40)
+        _results, exporter = follow(tmp_path, trainers, rules=[stop_if_higher_hook("score", 0.4)], max_steps=40)
     # The rule said stop at 10, but nobody listens: no signal written, no wait for an answer (stop_timeout_secs is
     # 600), every checkpoint evaluated up to max_steps.
     assert time.monotonic() - started < 60 and not os.path.exists(tmp_path / STOP_SIGNAL_FILE)
     assert eval_steps(tmp_path) == [10, 20, 30, 40] and exporter.calls[-1] == (40, True)
     warning = [record.getMessage() for record in caplog.records if "listens to this evaluator" in record.getMessage()]
-    assert len(warning) == 1 and 'train_and_evaluate' in warning[0] and '"evaluator": ["host:port"]' in warning[0]
+    assert len(warning) == 1 and "train_and_evaluate" in warning[0] and '"evaluator": ["host:port"]' in warning[0]
     assert "no training run listens" in caplog.text  # the decision says it reached no one
 
 
 def test_an_evaluator_refuses_trainers_in_local_mode(tmp_path, monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     train, _, _, _ = input_fns()
-    train_and_evaluate(estimator(tmp_path), TrainSpec(train, max_steps=10), EvalSpec(scored_eval_input(), throttle_secs=0))
+    train_and_evaluate(
+        estimator(tmp_path), TrainSpec(train, max_steps=10), EvalSpec(scored_eval_input(), throttle_secs=0)
+    )
     run = read_training_run(str(tmp_path))
     assert run.evaluator_task is False and run.end_step == 10  # local mode records that it evaluates itself
     with pytest.raises(ConfigError, match="train_and_evaluate without TF_CONFIG"):
@@ -385,8 +459,15 @@ def test_an_evaluator_refuses_trainers_in_local_mode(tmp_path, monkeypatch):
 
 
 def test_an_evaluator_with_tf1_layout_refuses_at_start_up(tmp_path, monkeypatch):
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]},
-                                                "task": {"type": "evaluator", "index": 0}}))
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps(
+            {
+                "cluster": {"chief": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]},
+                "task": {"type": "evaluator", "index": 0},
+            }
+        ),
+    )
     from torchestimator._policy import train_and_evaluate as module
 
     def follows(*args, **kwargs):
@@ -459,8 +540,7 @@ def test_trainers_that_do_not_answer_leave_the_evaluator_after_stop_timeout_secs
     trainers = SimulatedTrainers(str(tmp_path), ends=False)
     started = time.monotonic()
     with caplog.at_level(logging.WARNING):
-        results, exporter = follow(tmp_path, trainers, rules=[stop_if_higher_hook("score", 0.4)],
-                                   stop_timeout_secs=0)
+        results, exporter = follow(tmp_path, trainers, rules=[stop_if_higher_hook("score", 0.4)], stop_timeout_secs=0)
     assert time.monotonic() - started < 60
     assert "did not end their run within 0 s" in caplog.text
     # The newest checkpoint, evaluated as the final one.
@@ -496,12 +576,21 @@ def test_the_evaluator_records_the_best_in_best_json_and_names_the_step_it_evalu
     trainers = SimulatedTrainers(model_dir, end_at=30)
     evaluating = estimator(model_dir)
     evaluating.checkpoint_store.mark_best = manifest_is_the_chiefs
-    run_evaluator(evaluating, TrainSpec(trainers.train),
-                  EvalSpec(scored_eval_input(), start_delay_secs=0, hooks=[ReadsEvaluatorFile()]),
-                  best=BestCheckpointPolicy("loss", keep=2), poll_secs=0, sleep=trainers)
+    run_evaluator(
+        evaluating,
+        TrainSpec(trainers.train),
+        EvalSpec(scored_eval_input(), start_delay_secs=0, hooks=[ReadsEvaluatorFile()]),
+        best=BestCheckpointPolicy("loss", keep=2),
+        poll_secs=0,
+        sleep=trainers,
+    )
     assert seen_during_evaluation == [10, 20, 30] and read_evaluating_step(model_dir) is None
-    losses = {step: values["loss"] for step, values in
-              ((step, dict(loss=value)) for step, value in read_scalars(os.path.join(model_dir, "eval"))["loss"])}
+    losses = {
+        step: values["loss"]
+        for step, values in (
+            (step, dict(loss=value)) for step, value in read_scalars(os.path.join(model_dir, "eval"))["loss"]
+        )
+    }
     assert [record.step for record in read_best(model_dir)] == sorted(losses, key=losses.get)[:2]
 
 
@@ -544,13 +633,24 @@ def test_a_chief_beside_an_evaluator_trains_only_and_stops_at_its_runs_signal(tm
     model_dir = str(tmp_path)
     write_stop_signal(model_dir, StopSignal(run_id="an-earlier-run", step=1, rule="stale"))  # must not stop it
     monkeypatch.setattr(trainer_task, "STOP_POLL_SECS", 0)  # a stat after every step: these steps take microseconds
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["127.0.0.1:2222"], "evaluator": ["127.0.0.1:2223"]},
-                                                "task": {"type": "chief", "index": 0}}))
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps(
+            {
+                "cluster": {"chief": ["127.0.0.1:2222"], "evaluator": ["127.0.0.1:2223"]},
+                "task": {"type": "chief", "index": 0},
+            }
+        ),
+    )
     train, _, _, _ = input_fns()
     exporter = FakeExporter()
-    answer = train_and_evaluate(estimator(model_dir), TrainSpec(train, max_steps=100, hooks=[SignalsAtStep(model_dir, 7)]),
-                                EvalSpec(scored_eval_input(), exporters=exporter),
-                                early_stopping=stop_if_higher_hook("score", 0.4), best=BestCheckpointPolicy())
+    answer = train_and_evaluate(
+        estimator(model_dir),
+        TrainSpec(train, max_steps=100, hooks=[SignalsAtStep(model_dir, 7)]),
+        EvalSpec(scored_eval_input(), exporters=exporter),
+        early_stopping=stop_if_higher_hook("score", 0.4),
+        best=BestCheckpointPolicy(),
+    )
     assert answer == (None, None)
     assert estimator(model_dir).latest_checkpoint().endswith("ckpt-7")  # the final checkpoint, at the stop
     run = read_training_run(model_dir)
@@ -562,16 +662,19 @@ def test_a_chief_beside_an_evaluator_trains_only_and_stops_at_its_runs_signal(tm
 def test_trainers_beside_an_evaluator_need_checkpoints(tmp_path):
     train, _, _, _ = input_fns()
     with pytest.raises(ConfigError, match="checkpoints are disabled"):
-        train_for_evaluator(estimator(tmp_path, save_checkpoints_steps=None), TrainSpec(train, max_steps=5),
-                            is_chief=False)
+        train_for_evaluator(
+            estimator(tmp_path, save_checkpoints_steps=None), TrainSpec(train, max_steps=5), is_chief=False
+        )
 
 
 def test_a_chief_without_an_evaluator_job_evaluates_and_records_it_for_a_stray_evaluator(tmp_path, monkeypatch):
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["127.0.0.1:2222"]},
-                                                "task": {"type": "chief", "index": 0}}))
+    monkeypatch.setenv(
+        "TF_CONFIG", json.dumps({"cluster": {"chief": ["127.0.0.1:2222"]}, "task": {"type": "chief", "index": 0}})
+    )
     train, _, _, _ = input_fns()
-    results, _ = train_and_evaluate(estimator(tmp_path), TrainSpec(train, max_steps=10),
-                                    EvalSpec(scored_eval_input(), throttle_secs=0))
+    results, _ = train_and_evaluate(
+        estimator(tmp_path), TrainSpec(train, max_steps=10), EvalSpec(scored_eval_input(), throttle_secs=0)
+    )
     assert results["global_step"] == 10 and eval_steps(tmp_path) == [10]
     run = read_training_run(str(tmp_path))
     assert run.evaluator_task is False and run.end_step == 10
@@ -580,8 +683,15 @@ def test_a_chief_without_an_evaluator_job_evaluates_and_records_it_for_a_stray_e
 def test_a_training_run_already_at_max_steps_still_records_its_end(tmp_path, monkeypatch):
     train, _, _, _ = input_fns()
     estimator(tmp_path).train(train, max_steps=10)
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["127.0.0.1:2222"], "evaluator": ["127.0.0.1:2223"]},
-                                                "task": {"type": "chief", "index": 0}}))
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps(
+            {
+                "cluster": {"chief": ["127.0.0.1:2222"], "evaluator": ["127.0.0.1:2223"]},
+                "task": {"type": "chief", "index": 0},
+            }
+        ),
+    )
     train_and_evaluate(estimator(tmp_path), TrainSpec(train, max_steps=10), EvalSpec(scored_eval_input()))
     run = read_training_run(str(tmp_path))
     assert run.end_step == 10 and run.end_reason == "max_steps 10 reached"
@@ -653,12 +763,22 @@ _SCRIPT = textwrap.dedent('''
 
 
 def _start(script, model_dir, out, tf_config, tmp_path, arguments=()):
-    env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-           "TORCHESTIMATOR_COLLECTIVE_TIMEOUT": "60"}
+    env = {
+        **os.environ,
+        "TF_CONFIG": json.dumps(tf_config),
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "TORCHESTIMATOR_COLLECTIVE_TIMEOUT": "60",
+    }
     env.pop("RANK", None), env.pop("WORLD_SIZE", None)
     log = open(tmp_path / f"{tf_config['task']['type']}.log", "wb")
-    return subprocess.Popen([sys.executable, str(script), model_dir, str(out), *map(str, arguments)], env=env,
-                            stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path)), log
+    return subprocess.Popen(
+        [sys.executable, str(script), model_dir, str(out), *map(str, arguments)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=str(tmp_path),
+    ), log
 
 
 TASKS = [("chief", 0), ("worker", 0), ("evaluator", 0)]
@@ -668,13 +788,24 @@ def run_job(tmp_path, model_dir, arguments=()):
     """Chief, worker and evaluator of one job, started together on fresh ports; what each wrote to its json."""
     script = tmp_path / "train.py"
     script.write_text(_SCRIPT)
-    cluster = {"chief": [f"127.0.0.1:{find_free_port()}"], "worker": [f"127.0.0.1:{find_free_port()}"],
-               "evaluator": [f"127.0.0.1:{find_free_port()}"]}
+    cluster = {
+        "chief": [f"127.0.0.1:{find_free_port()}"],
+        "worker": [f"127.0.0.1:{find_free_port()}"],
+        "evaluator": [f"127.0.0.1:{find_free_port()}"],
+    }
     for kind, _ in TASKS:
         (tmp_path / f"{kind}.json").unlink(missing_ok=True)
-    processes = [_start(script, model_dir, tmp_path / f"{kind}.json",
-                        {"cluster": cluster, "task": {"type": kind, "index": index}}, tmp_path, arguments)
-                 for kind, index in TASKS]
+    processes = [
+        _start(
+            script,
+            model_dir,
+            tmp_path / f"{kind}.json",
+            {"cluster": cluster, "task": {"type": kind, "index": index}},
+            tmp_path,
+            arguments,
+        )
+        for kind, index in TASKS
+    ]
     deadline = time.monotonic() + 150
     try:
         for process, _ in processes:
@@ -697,7 +828,6 @@ def run_job(tmp_path, model_dir, arguments=()):
 @pytest.mark.distributed
 def test_chief_worker_and_evaluator_as_three_plain_processes(tmp_path):
     model_dir = str(tmp_path / "model")
-    tasks = TASKS
     chief, worker, evaluator = run_job(tmp_path, model_dir)
     # The trainers stopped together, early (max_steps was a million), at the evaluator's word.
     signal = read_stop_signal(model_dir)
@@ -712,7 +842,11 @@ def test_chief_worker_and_evaluator_as_three_plain_processes(tmp_path):
     assert event_files and all(f".{evaluator['pid']}." in name for name in event_files)
     calls = [json.loads(line) for line in open(tmp_path / "calls.jsonl")]
     assert {call["task"] for call in calls} == {"evaluator"} and calls[-1] == {
-        "task": "evaluator", "pid": evaluator["pid"], "step": chief["final_step"], "final": True}
+        "task": "evaluator",
+        "pid": evaluator["pid"],
+        "step": chief["final_step"],
+        "final": True,
+    }
     # The evaluator's best, its first evaluation, survived the chief's retention (keep_checkpoint_max=3).
     best = read_best(model_dir)
     assert [record.step for record in best] == steps[:1] and os.path.isdir(best[0].path)
@@ -747,7 +881,7 @@ def test_a_whole_job_rerun_after_early_stopping_takes_no_step_and_every_task_end
     chief, _, evaluator = run_job(tmp_path, model_dir)
     stopped_at = chief["final_step"]
     assert stopped_at < 1_000_000 and evaluator["evaluated_step"] == stopped_at
-    chief, worker, evaluator = run_job(tmp_path, model_dir)
+    chief, _worker, evaluator = run_job(tmp_path, model_dir)
     newest = te.checkpoint.CheckpointStore(model_dir).history()[-1]["step"]
     assert newest == stopped_at and evaluator["evaluated_step"] == stopped_at
     run = read_training_run(model_dir)

@@ -17,15 +17,9 @@ from torchestimator.data.example import (
 )
 
 # formats.md 2.1, checked against TensorFlow's SerializeToString(deterministic=True).
-WORKED_EXAMPLE = bytes.fromhex(
-    "0a29"
-    "0a0b0a0161" "1206" "1a040a020102"
-    "0a0d0a0162" "1208" "12060a040000c03f"
-    "0a0b0a0163" "1206" "0a040a026869")
-WORKED_SEQUENCE = bytes.fromhex(
-    "0a0e0a0c0a036c656e12051a030a0102"
-    "12180a160a03746f6b120f0a051a030a01070a061a040a020809")
-UNPACKED_FLOATS = bytes.fromhex("0a130a110a016612" "0c120a0d0000c03f0d00002040")
+WORKED_EXAMPLE = bytes.fromhex("0a290a0b0a016112061a040a0201020a0d0a0162120812060a040000c03f0a0b0a016312060a040a026869")
+WORKED_SEQUENCE = bytes.fromhex("0a0e0a0c0a036c656e12051a030a010212180a160a03746f6b120f0a051a030a01070a061a040a020809")
+UNPACKED_FLOATS = bytes.fromhex("0a130a110a0166120c120a0d0000c03f0d00002040")
 
 
 def test_worked_example_bytes_both_ways():
@@ -41,8 +35,8 @@ def test_worked_example_bytes_both_ways():
 def test_one_int64_feature_hand_computed():
     # Int64List{1} = 0a 01 01; Feature.int64_list (field 3) = 1a 03 ..; entry key=1 "a", value=2;
     # Features.feature (field 1); Example.features (field 1). A wrong field number changes a byte.
-    assert encode_example({"a": [1]}) == bytes.fromhex("0a0c" "0a0a" "0a0161" "1205" "1a03" "0a0101")
-    assert encode_example({"s": "x"}) == bytes.fromhex("0a0c" "0a0a" "0a0173" "1205" "0a03" "0a0178")
+    assert encode_example({"a": [1]}) == bytes.fromhex("0a0c0a0a0a016112051a030a0101")
+    assert encode_example({"s": "x"}) == bytes.fromhex("0a0c0a0a0a017312050a030a0178")
 
 
 def test_float_feature_exact_bytes():
@@ -104,7 +98,10 @@ def test_floats_are_stored_as_float32():
 
 def test_kind_inference_and_declared_kinds():
     assert example_kinds(encode_example({"i": [1, True], "f": [1, 2.5], "b": [b"a", "b"]})) == {
-        "i": "int64", "f": "float", "b": "bytes"}
+        "i": "int64",
+        "f": "float",
+        "b": "bytes",
+    }
     assert example_kinds(encode_example({"f": [1, 2]}, kinds={"f": "float"})) == {"f": "float"}
     assert example_kinds(encode_example({"x": np.arange(3, dtype=np.uint8)})) == {"x": "int64"}
 
@@ -172,8 +169,9 @@ def test_empty_example_and_sequence_parts():
 
 
 def test_sequence_example_kinds_and_errors():
-    encoded = encode_sequence_example({"id": ["abc"]}, {"x": [[1.0, 2.0], [], [3]], "e": [[], []]},
-                                      kinds={"e": "bytes"})
+    encoded = encode_sequence_example(
+        {"id": ["abc"]}, {"x": [[1.0, 2.0], [], [3]], "e": [[], []]}, kinds={"e": "bytes"}
+    )
     context, lists = decode_sequence_example(encoded)
     assert context["id"] == [b"abc"]
     assert [frame.tolist() for frame in lists["x"]] == [[1.0, 2.0], [], [3.0]]

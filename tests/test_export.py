@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import SmallNet, classifier_model_fn, input_fns, make_estimator
 
 import torchestimator as te
-from conftest import SmallNet, classifier_model_fn, input_fns, make_estimator
 from torchestimator.export import (
     ClassificationOutput,
     PredictOutput,
@@ -26,9 +26,9 @@ from torchestimator.export import (
     list_versions,
     load,
     read_inputs,
+    saved_model,
     serving_input_receiver,
 )
-from torchestimator.export import saved_model
 from torchestimator.export.outputs import resolve_export_outputs
 
 RECEIVER = serving_input_receiver({"x": TensorSpec(shape=(None, 8), dtype=torch.float32)})
@@ -45,10 +45,19 @@ def exported(tmp_path_factory):
     asset.write_text("cat\ndog\n")
     before = time.time()
     export_dir = export_saved_model(estimator, root / "export", RECEIVER, assets_extra={"vocab/words.txt": str(asset)})
-    expected = {key: np.concatenate([batch[key] for batch in estimator.predict(predict, yield_single_examples=False)])
-                for key in ("class", "probabilities")}
-    return {"estimator": estimator, "export_dir": export_dir, "base": str(root / "export"), "x": x,
-            "expected": expected, "before": before, "root": root}
+    expected = {
+        key: np.concatenate([batch[key] for batch in estimator.predict(predict, yield_single_examples=False)])
+        for key in ("class", "probabilities")
+    }
+    return {
+        "estimator": estimator,
+        "export_dir": export_dir,
+        "base": str(root / "export"),
+        "x": x,
+        "expected": expected,
+        "before": before,
+        "root": root,
+    }
 
 
 def test_export_writes_an_integer_version_with_program_signature_metadata_and_assets(exported):
@@ -56,8 +65,13 @@ def test_export_writes_an_integer_version_with_program_signature_metadata_and_as
     version = os.path.basename(export_dir)
     assert version.isdigit() and exported["before"] - 1 <= int(version) <= time.time()
     assert os.listdir(base) == [version]  # the temp folder was renamed, nothing else left behind
-    assert set(os.listdir(export_dir)) == {"program.json", "tensors.safetensors", "signature.json", "metadata.json",
-                                          "assets.extra"}
+    assert set(os.listdir(export_dir)) == {
+        "program.json",
+        "tensors.safetensors",
+        "signature.json",
+        "metadata.json",
+        "assets.extra",
+    }
     with open(os.path.join(export_dir, "assets.extra", "vocab", "words.txt")) as handle:
         assert handle.read() == "cat\ndog\n"
     with open(os.path.join(export_dir, "signature.json")) as handle:
@@ -65,7 +79,9 @@ def test_export_writes_an_integer_version_with_program_signature_metadata_and_as
     assert signature["method"] == "predict" and signature["method_name"] == "tensorflow/serving/predict"
     assert signature["inputs"] == {"x": {"dtype": "float32", "shape": [-1, 8]}}
     assert {key: (value["dtype"], value["shape"]) for key, value in signature["outputs"].items()} == {
-        "class": ("int64", [-1]), "probabilities": ("float32", [-1, 3])}
+        "class": ("int64", [-1]),
+        "probabilities": ("float32", [-1, 3]),
+    }
     with open(os.path.join(export_dir, "metadata.json")) as handle:
         metadata = json.load(handle)
     assert metadata["global_step"] == 20
@@ -168,16 +184,19 @@ def test_version_name_waits_a_second_when_taken_and_gives_up_after_ten(tmp_path)
     (tmp_path / "100").mkdir()
     (tmp_path / "temp-a").mkdir()
     clock_values, sleeps = iter([100.2, 101.5]), []
-    path = saved_model._rename_to_version(str(tmp_path / "temp-a"), str(tmp_path), clock=lambda: next(clock_values),
-                                          sleep=sleeps.append)
+    path = saved_model._rename_to_version(
+        str(tmp_path / "temp-a"), str(tmp_path), clock=lambda: next(clock_values), sleep=sleeps.append
+    )
     assert path == str(tmp_path / "101") and sleeps == [1] and not (tmp_path / "temp-a").exists()
     (tmp_path / "temp-b").mkdir()
     with pytest.raises(RuntimeError, match="after 10 attempts"):
-        saved_model._rename_to_version(str(tmp_path / "temp-b"), str(tmp_path), clock=lambda: 100.0,
-                                       sleep=lambda seconds: None)
+        saved_model._rename_to_version(
+            str(tmp_path / "temp-b"), str(tmp_path), clock=lambda: 100.0, sleep=lambda seconds: None
+        )
 
 
 # -- bad input at export time ------------------------------------------------------
+
 
 def test_export_without_checkpoint_or_warm_start_is_an_error(tmp_path):
     estimator = make_estimator(tmp_path / "empty")
@@ -188,11 +207,23 @@ def test_export_without_checkpoint_or_warm_start_is_an_error(tmp_path):
     assert not (tmp_path / "export").exists()
 
 
-@pytest.mark.parametrize("spec, message", [
-    ({"image": TensorSpec(shape=(None, 8))}, r"reads feature 'x', which the serving input receiver does not provide.*'image'"),
-    ({"x": TensorSpec(shape=(None, 10))}, r"does not match the model.*feature 'x' \(float32, shape \[2, 10\].*shapes"),
-    ({"x": TensorSpec(shape=(None, 8), dtype=torch.float64)}, r"does not match the model.*feature 'x' \(float64.*dtype"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (
+            {"image": TensorSpec(shape=(None, 8))},
+            r"reads feature 'x', which the serving input receiver does not provide.*'image'",
+        ),
+        (
+            {"x": TensorSpec(shape=(None, 10))},
+            r"does not match the model.*feature 'x' \(float32, shape \[2, 10\].*shapes",
+        ),
+        (
+            {"x": TensorSpec(shape=(None, 8), dtype=torch.float64)},
+            r"does not match the model.*feature 'x' \(float64.*dtype",
+        ),
+    ],
+)
 def test_a_receiver_that_does_not_match_the_model_is_an_error_at_export_time(exported, tmp_path, spec, message):
     with pytest.raises(ValueError, match=message):
         export_saved_model(exported["estimator"], tmp_path / "export", serving_input_receiver(spec))
@@ -211,22 +242,29 @@ def test_bad_receiver_specs_and_assets_are_refused(exported, tmp_path):
     with pytest.raises(ValueError, match="relative path inside assets.extra"):
         export_saved_model(exported["estimator"], tmp_path / "e", RECEIVER, assets_extra={"../up.txt": __file__})
     with pytest.raises(ValueError, match="does not exist"):
-        export_saved_model(exported["estimator"], tmp_path / "e", RECEIVER, assets_extra={"a.txt": str(tmp_path / "no")})
+        export_saved_model(
+            exported["estimator"], tmp_path / "e", RECEIVER, assets_extra={"a.txt": str(tmp_path / "no")}
+        )
     assert TensorSpec(shape=[None, 3], dtype="int64") == TensorSpec(shape=(None, 3), dtype=torch.int64)
 
 
 # -- signatures from export_outputs -------------------------------------------------
+
 
 def model_fn_with_signatures(model, features, labels, mode):
     logits = model(features["x"])
     probabilities = logits.softmax(-1)
     predictions = {"class": logits.argmax(-1), "probabilities": probabilities}
     if mode == te.ModeKeys.PREDICT:
-        return te.EstimatorSpec(mode, predictions=predictions, export_outputs={
-            "serving_default": PredictOutput(predictions),
-            "classification": ClassificationOutput(scores=probabilities, classes=predictions["class"]),
-            "regression": RegressionOutput(probabilities[:, 0]),
-        })
+        return te.EstimatorSpec(
+            mode,
+            predictions=predictions,
+            export_outputs={
+                "serving_default": PredictOutput(predictions),
+                "classification": ClassificationOutput(scores=probabilities, classes=predictions["class"]),
+                "regression": RegressionOutput(probabilities[:, 0]),
+            },
+        )
     return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels))
 
 
@@ -258,35 +296,50 @@ def test_export_outputs_become_signatures_and_the_onnx_copy_names_them_alike(tmp
         assert "model.onnx" not in os.listdir(export_dir) and model.metadata["onnx"] is None
         return
     record = model.metadata["onnx"]
-    assert "model.onnx" in os.listdir(export_dir) and record["inputs"] == [{"name": "x", "dtype": "float32", "shape": [-1, 8]}]
+    assert "model.onnx" in os.listdir(export_dir) and record["inputs"] == [
+        {"name": "x", "dtype": "float32", "shape": [-1, 8]}
+    ]
     for name in model.signature_names:
         signature = model.signature(name)
         assert record["signatures"][name] == {"method": signature.method, "outputs": signature.program_outputs}
     # classification's classes is serving_default's class tensor: ONNX still gives each program output its own name.
-    assert sorted(output["name"] for output in record["outputs"]) == ["classification/classes", "classification/scores", "regression/outputs",
-                                         "serving_default/class", "serving_default/probabilities"]
+    assert sorted(output["name"] for output in record["outputs"]) == [
+        "classification/classes",
+        "classification/scores",
+        "regression/outputs",
+        "serving_default/class",
+        "serving_default/probabilities",
+    ]
     try:
         import onnxruntime
     except ImportError:
         return
     session = onnxruntime.InferenceSession(os.path.join(export_dir, "model.onnx"), providers=["CPUExecutionProvider"])
     answered = dict(zip([output.name for output in session.get_outputs()], session.run(None, {"x": x[:6]})))
-    np.testing.assert_array_equal(answered[record["signatures"]["classification"]["outputs"]["classes"]],
-                                  classified["classes"])
-    np.testing.assert_allclose(answered[record["signatures"]["regression"]["outputs"]["outputs"]],
-                               regressed["outputs"], atol=1e-5)
+    np.testing.assert_array_equal(
+        answered[record["signatures"]["classification"]["outputs"]["classes"]], classified["classes"]
+    )
+    np.testing.assert_allclose(
+        answered[record["signatures"]["regression"]["outputs"]["outputs"]], regressed["outputs"], atol=1e-5
+    )
 
 
 def test_default_signature_rules_follow_tensorflow():
     tensor = torch.zeros(2, 3)
     default = resolve_export_outputs(te.EstimatorSpec("infer", predictions={"p": tensor}))
     assert list(default) == ["serving_default"] and default["serving_default"].outputs["p"] is tensor
-    single = resolve_export_outputs(te.EstimatorSpec("infer", predictions=tensor,
-                                                     export_outputs={"scores": PredictOutput(tensor)}))
+    single = resolve_export_outputs(
+        te.EstimatorSpec("infer", predictions=tensor, export_outputs={"scores": PredictOutput(tensor)})
+    )
     assert single["serving_default"] is single["scores"]
     with pytest.raises(ValueError, match="none named 'serving_default'"):
-        resolve_export_outputs(te.EstimatorSpec("infer", predictions=tensor, export_outputs={
-            "a": PredictOutput(tensor), "b": RegressionOutput(tensor[:, 0])}))
+        resolve_export_outputs(
+            te.EstimatorSpec(
+                "infer",
+                predictions=tensor,
+                export_outputs={"a": PredictOutput(tensor), "b": RegressionOutput(tensor[:, 0])},
+            )
+        )
     with pytest.raises(TypeError, match="must be a PredictOutput"):
         resolve_export_outputs(te.EstimatorSpec("infer", predictions=tensor, export_outputs={"a": tensor}))
     with pytest.raises(TypeError, match="floating-point"):
@@ -297,11 +350,17 @@ def test_default_signature_rules_follow_tensorflow():
 
 def test_warm_start_source_is_exported_through_a_receiver_fn(exported, tmp_path):
     # Integer pixels in, scaled floats to model_fn: the transform is part of the exported program.
-    receiver = serving_input_receiver({"pixels": TensorSpec(shape=(None, 8), dtype=torch.int64)},
-                                      receiver_fn=lambda tensors: {"x": tensors["pixels"].float() / 2})
-    estimator = te.Estimator(model_fn=classifier_model_fn, model=SmallNet, model_dir=str(tmp_path / "fresh"),
-                             config=te.RunConfig(progress_bar=False),
-                             warm_start_from=exported["estimator"].model_dir)
+    receiver = serving_input_receiver(
+        {"pixels": TensorSpec(shape=(None, 8), dtype=torch.int64)},
+        receiver_fn=lambda tensors: {"x": tensors["pixels"].float() / 2},
+    )
+    estimator = te.Estimator(
+        model_fn=classifier_model_fn,
+        model=SmallNet,
+        model_dir=str(tmp_path / "fresh"),
+        config=te.RunConfig(progress_bar=False),
+        warm_start_from=exported["estimator"].model_dir,
+    )
     export_dir = export_saved_model(estimator, tmp_path / "export", receiver)
     model = load(export_dir)
     assert model.metadata["checkpoint_path"] is None
@@ -326,6 +385,7 @@ def test_read_inputs_accepts_npz_and_tensorflow_serving_json(tmp_path):
 
 # -- a fresh process, with no training code ---------------------------------------------
 
+
 @pytest.mark.slow
 def test_exported_model_reloaded_in_a_fresh_process_matches_estimator_predict(exported, tmp_path):
     np.savez(tmp_path / "inputs.npz", x=exported["x"])
@@ -338,12 +398,15 @@ def test_exported_model_reloaded_in_a_fresh_process_matches_estimator_predict(ex
         np.savez({str(tmp_path / "outputs.npz")!r}, **model(inputs))
         assert "conftest" not in sys.modules
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                            cwd=str(tmp_path))
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=str(tmp_path)
+    )
     assert result.returncode == 0, result.stderr
     with np.load(tmp_path / "outputs.npz") as outputs:
         np.testing.assert_array_equal(outputs["class"], exported["expected"]["class"])
-        np.testing.assert_allclose(outputs["probabilities"], exported["expected"]["probabilities"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            outputs["probabilities"], exported["expected"]["probabilities"], rtol=1e-5, atol=1e-6
+        )
 
 
 @pytest.mark.slow
@@ -379,10 +442,24 @@ def test_a_process_killed_while_exporting_leaves_no_version(exported, tmp_path):
     assert os.listdir(tmp_path / "export") == [os.path.basename(export_dir)]
 
 
-@pytest.mark.parametrize("expression", [
-    "9**999999999", "Pow(9, Pow(9, Pow(9, 9)))", "PowByNatural(9, 999999999)", "LShift(1, 99999999999)",
-    "9**(9*9*9)", "((s0**8)**8)**8", "9**s0", "Float(0.1, 999999999)", "99999999999999999999999", "1e999",
-    "Pow(9, Integer(999999999))", "Pow(Symbol('s0'), Integer(65))", "Pow(9, Rational(999999999, 1))"])
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "9**999999999",
+        "Pow(9, Pow(9, Pow(9, 9)))",
+        "PowByNatural(9, 999999999)",
+        "LShift(1, 99999999999)",
+        "9**(9*9*9)",
+        "((s0**8)**8)**8",
+        "9**s0",
+        "Float(0.1, 999999999)",
+        "99999999999999999999999",
+        "1e999",
+        "Pow(9, Integer(999999999))",
+        "Pow(Symbol('s0'), Integer(65))",
+        "Pow(9, Rational(999999999, 1))",
+    ],
+)
 def test_expressions_that_would_make_sympy_build_a_huge_number_are_refused(expression):
     # sympify evaluates numbers eagerly: without the check, loading the first one computes for minutes.
     from torchestimator.export.program_format import _expression_problem
@@ -390,12 +467,30 @@ def test_expressions_that_would_make_sympy_build_a_huge_number_are_refused(expre
     assert _expression_problem(expression) is not None
 
 
-@pytest.mark.parametrize("expression", [
-    "s48", "2*s0 + 1", "s0**2", "(s0**8)**8", "s0**-2", "s0**0.5", "FloorDiv(s0, 2) + 1", "PowByNatural(s0, 2)",
-    "LShift(s0, 3)", "Max(1, s0)", "Mod(s0*s1, 8)", "Eq(s0, 3)", "Symbol('s0', integer=True)", "Float(1.5)",
-    # sympy's srepr spelling of small exponents (an outer product or attention over a dynamic length):
-    "Pow(Symbol('s17', positive=True, integer=True), Integer(2))", "Pow(Symbol('s0'), Rational(1, 2))",
-    "Pow(Symbol('s0'), Integer(-2))", "Pow(Symbol('s0'), Float(0.5))"])
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "s48",
+        "2*s0 + 1",
+        "s0**2",
+        "(s0**8)**8",
+        "s0**-2",
+        "s0**0.5",
+        "FloorDiv(s0, 2) + 1",
+        "PowByNatural(s0, 2)",
+        "LShift(s0, 3)",
+        "Max(1, s0)",
+        "Mod(s0*s1, 8)",
+        "Eq(s0, 3)",
+        "Symbol('s0', integer=True)",
+        "Float(1.5)",
+        # sympy's srepr spelling of small exponents (an outer product or attention over a dynamic length):
+        "Pow(Symbol('s17', positive=True, integer=True), Integer(2))",
+        "Pow(Symbol('s0'), Rational(1, 2))",
+        "Pow(Symbol('s0'), Integer(-2))",
+        "Pow(Symbol('s0'), Float(0.5))",
+    ],
+)
 def test_expressions_torch_export_writes_stay_allowed(expression):
     from torchestimator.export.program_format import _expression_problem
 
@@ -412,8 +507,9 @@ def test_read_inputs_names_an_npz_that_is_damaged_cut_or_holds_objects(tmp_path)
             read_inputs(tmp_path / name)
 
 
-@pytest.mark.parametrize("target", ["torch.ops.aten.from_file.default", "torch.ops.aten.from_file.out",
-                                    "torch.ops.aten.save.default"])
+@pytest.mark.parametrize(
+    "target", ["torch.ops.aten.from_file.default", "torch.ops.aten.from_file.out", "torch.ops.aten.save.default"]
+)
 def test_operators_that_read_or_write_a_named_file_are_refused_in_every_overload(target):
     # torch.ops.aten.from_file.out(path, False, size, out=...) reads any file into a tensor the graph can return.
     from torchestimator.export.program_format import _operator_problem

@@ -10,9 +10,9 @@ import os
 import numpy as np
 import pytest
 import torch
-
 from conftest import trained_classifier
 from object_stores import upload_version
+
 from torchestimator._io import filesystems
 from torchestimator.cli import main
 from torchestimator.errors import ExportFormatError
@@ -20,6 +20,7 @@ from torchestimator.export import (
     BestExporter,
     LatestExporter,
     TensorSpec,
+    _store_versions,
     export_saved_model,
     latest_version,
     list_versions,
@@ -27,7 +28,6 @@ from torchestimator.export import (
     read_best_eval,
     serving_input_receiver,
 )
-from torchestimator.export import _store_versions
 from torchestimator.export.exporters import garbage_collect_exports
 
 RECEIVER = serving_input_receiver({"x": TensorSpec(shape=(None, 8), dtype=torch.float32)})
@@ -100,11 +100,12 @@ def test_a_version_without_metadata_is_not_a_version(exported, store_url):
 
 def test_a_damaged_file_is_refused_naming_the_url_and_the_file(exported, store_url, _cache):
     url = upload(exported["local"], f"{store_url}/export/300", damage="tensors.safetensors")
-    with pytest.raises(ExportFormatError, match=f"{url}/tensors.safetensors does not match the version's "
-                                                "metadata.json .sha256"):
+    with pytest.raises(
+        ExportFormatError, match=f"{url}/tensors.safetensors does not match the version's metadata.json .sha256"
+    ):
         load(url)
     assert not os.path.exists(_store_versions.cache_folder(url))  # nothing half-checked is left to reuse
-    assert [name for name in os.listdir(os.path.dirname(_store_versions.cache_folder(url)))] == []
+    assert list(os.listdir(os.path.dirname(_store_versions.cache_folder(url)))) == []
     filesystems.write_bytes(f"{url}/signature.json", b"{}")  # a size that does not match either
     with pytest.raises(ExportFormatError, match="signature.json does not match .* bytes where metadata.json says"):
         load(url)

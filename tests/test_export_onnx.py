@@ -18,10 +18,10 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-import torchestimator as te
 from conftest import SmallNet, classifier_model_fn, make_classification, make_estimator
 from test_cli import MODEL_FILE, one_line_error
+
+import torchestimator as te
 from torchestimator.cli import main
 from torchestimator.errors import ConfigError, MissingExtraError
 from torchestimator.export import (
@@ -30,9 +30,9 @@ from torchestimator.export import (
     TensorSpec,
     export_saved_model,
     load,
+    onnx_export,
     serving_input_receiver,
 )
-from torchestimator.export import onnx_export
 
 ATOL = 1e-5
 
@@ -61,8 +61,11 @@ def regressor_model_fn(model, features, labels, mode):
     value = model(features["x"]).squeeze(-1)
     predictions = {"value": value}
     if mode == te.ModeKeys.PREDICT:
-        return te.EstimatorSpec(mode, predictions=predictions, export_outputs={
-            "serving_default": PredictOutput(predictions), "regression": RegressionOutput(value)})
+        return te.EstimatorSpec(
+            mode,
+            predictions=predictions,
+            export_outputs={"serving_default": PredictOutput(predictions), "regression": RegressionOutput(value)},
+        )
     return te.EstimatorSpec(mode, predictions=predictions, loss=F.mse_loss(value, labels))
 
 
@@ -116,14 +119,25 @@ def _image_data():
 
 
 MODELS = {  # name: (model, model_fn, receiver, data)
-    "classifier": (SmallNet, classifier_model_fn, {"x": TensorSpec(shape=(None, 8))},
-                   lambda: ({"x": make_classification(64)[0]}, make_classification(64)[1])),
-    "regressor": (lambda: nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)), regressor_model_fn,
-                  {"x": TensorSpec(shape=(None, 8))}, _regression_data),
+    "classifier": (
+        SmallNet,
+        classifier_model_fn,
+        {"x": TensorSpec(shape=(None, 8))},
+        lambda: ({"x": make_classification(64)[0]}, make_classification(64)[1]),
+    ),
+    "regressor": (
+        lambda: nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)),
+        regressor_model_fn,
+        {"x": TensorSpec(shape=(None, 8))},
+        _regression_data,
+    ),
     "cnn": (SmallCNN, cnn_model_fn, {"image": TensorSpec(shape=(None, 1, 8, 8))}, _image_data),
-    "wide_and_deep": (WideAndDeep, wide_and_deep_model_fn,
-                      {"x": TensorSpec(shape=(None, 8)), "ids": TensorSpec(shape=(None, 2), dtype=torch.int64)},
-                      _wide_and_deep_data),
+    "wide_and_deep": (
+        WideAndDeep,
+        wide_and_deep_model_fn,
+        {"x": TensorSpec(shape=(None, 8)), "ids": TensorSpec(shape=(None, 2), dtype=torch.int64)},
+        _wide_and_deep_data,
+    ),
 }
 ONNX_TYPES = {torch.float32: "tensor(float)", torch.int64: "tensor(int64)"}
 
@@ -138,15 +152,25 @@ def exported(request, tmp_path_factory):
     estimator = make_estimator(root / "model", model=build, model_fn=model_fn)
     estimator.train(te.numpy_input_fn(features, labels, batch_size=16, num_epochs=None, shuffle=True), max_steps=5)
     export_dir = export_saved_model(estimator, root / "export", serving_input_receiver(receiver_tensors), as_onnx=True)
-    return {"name": request.param, "estimator": estimator, "export_dir": export_dir, "features": features,
-            "receiver": receiver_tensors}
+    return {
+        "name": request.param,
+        "estimator": estimator,
+        "export_dir": export_dir,
+        "features": features,
+        "receiver": receiver_tensors,
+    }
 
 
 @pytest.mark.parametrize("batch", [1, 7])
 def test_model_onnx_in_onnxruntime_equals_estimator_predict(exported, batch):
     inputs = {name: values[:batch] for name, values in exported["features"].items()}
-    predicted = next(iter(exported["estimator"].predict(te.numpy_input_fn(inputs, batch_size=batch, shuffle=False),
-                                                        yield_single_examples=False)))
+    predicted = next(
+        iter(
+            exported["estimator"].predict(
+                te.numpy_input_fn(inputs, batch_size=batch, shuffle=False), yield_single_examples=False
+            )
+        )
+    )
     outputs = run_onnx(exported["export_dir"], inputs)
     record = load(exported["export_dir"]).metadata["onnx"]
     served = record["signatures"]["serving_default"]["outputs"]
@@ -166,23 +190,27 @@ def test_model_onnx_takes_the_receiver_inputs_with_a_dynamic_batch_and_names_out
         assert value.shape[1:] == list(spec.shape[1:]) and value.type == ONNX_TYPES[spec.dtype]
     signatures = json.loads(open(os.path.join(export_dir, "signature.json")).read())["signatures"]
     record = load(export_dir).metadata["onnx"]
-    program_outputs = {alias: info["program_output"] for name, signature in signatures.items()
-                       for alias, info in signature["outputs"].items()}
-    assert {alias: name for signature in record["signatures"].values()
-            for alias, name in signature["outputs"].items()} == program_outputs
+    program_outputs = {
+        alias: info["program_output"]
+        for name, signature in signatures.items()
+        for alias, info in signature["outputs"].items()
+    }
+    assert {
+        alias: name for signature in record["signatures"].values() for alias, name in signature["outputs"].items()
+    } == program_outputs
     assert [value.name for value in runner.get_outputs()] == [output["name"] for output in record["outputs"]]
     assert {value.shape[0] for value in runner.get_outputs()} == {"batch"}
     assert {output["name"] for output in record["outputs"]} == set(program_outputs.values())
-    assert record["inputs"] == [{"name": name, "dtype": str(spec.dtype).removeprefix("torch."),
-                                 "shape": [-1, *spec.shape[1:]]}
-                                for name, spec in exported["receiver"].items()]
+    assert record["inputs"] == [
+        {"name": name, "dtype": str(spec.dtype).removeprefix("torch."), "shape": [-1, *spec.shape[1:]]}
+        for name, spec in exported["receiver"].items()
+    ]
     assert record["files"] == ["model.onnx"] and record["opset"] >= 18
     # The file says the same by itself, for a model.onnx copied out of its folder.
     embedded = runner.get_modelmeta().custom_metadata_map[onnx_export.METADATA_PROPERTY]
     assert json.loads(embedded) == record
     if exported["name"] == "regressor":  # two signatures: each alias reaches its own output
-        assert record["signatures"]["regression"] == {"method": "regress",
-                                                      "outputs": {"outputs": "regression/outputs"}}
+        assert record["signatures"]["regression"] == {"method": "regress", "outputs": {"outputs": "regression/outputs"}}
 
 
 class _Collecting(logging.Handler):
@@ -195,7 +223,8 @@ class _Collecting(logging.Handler):
 
 
 def test_weights_past_the_single_file_limit_go_to_model_onnx_data_and_torchs_own_noise_is_dropped(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     onnxruntime()
     monkeypatch.setattr(onnx_export, "SINGLE_FILE_LIMIT", 0)
     features, labels = {"x": make_classification(64)[0]}, make_classification(64)[1]
@@ -207,7 +236,9 @@ def test_weights_past_the_single_file_limit_go_to_model_onnx_data_and_torchs_own
     registration.addHandler(heard)  # torch's own handler writes to the stderr it found at import: listen here
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", FutureWarning)  # torch's own LeafSpec one, in the converter, must not fail it
+            warnings.simplefilter(
+                "error", FutureWarning
+            )  # torch's own LeafSpec one, in the converter, must not fail it
             export_dir = export_saved_model(estimator, tmp_path / "export", receiver, as_onnx=True)
     finally:
         registration.removeHandler(heard)
@@ -215,13 +246,19 @@ def test_weights_past_the_single_file_limit_go_to_model_onnx_data_and_torchs_own
     record = load(export_dir).metadata["onnx"]
     assert record["files"] == ["model.onnx", "model.onnx.data"]
     assert {"model.onnx", "model.onnx.data"} <= set(os.listdir(export_dir))
-    predicted = next(iter(estimator.predict(te.numpy_input_fn({"x": features["x"][:5]}, batch_size=5, shuffle=False),
-                                            yield_single_examples=False)))
+    predicted = next(
+        iter(
+            estimator.predict(
+                te.numpy_input_fn({"x": features["x"][:5]}, batch_size=5, shuffle=False), yield_single_examples=False
+            )
+        )
+    )
     outputs = run_onnx(export_dir, {"x": features["x"][:5]})
     np.testing.assert_allclose(outputs["serving_default/probabilities"], predicted["probabilities"], atol=ATOL)
 
 
 # ----------------------------------------------------------------------------- what it refuses
+
 
 @torch.library.custom_op("te_onnx_test::doubled", mutates_args=())
 def doubled(x: torch.Tensor) -> torch.Tensor:
@@ -263,8 +300,9 @@ class _BrokenImport:
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname == self.name:
-            raise ImportError(f"cannot import name 'onnx_cpp2py_export' from partially initialized module '{fullname}'",
-                              name=fullname)
+            raise ImportError(
+                f"cannot import name 'onnx_cpp2py_export' from partially initialized module '{fullname}'", name=fullname
+            )
         return None
 
 
@@ -287,9 +325,11 @@ def test_as_onnx_without_the_packages_is_an_error_naming_the_extra_before_any_wo
     receiver = serving_input_receiver({"x": TensorSpec(shape=(None, 8))})
     with pytest.raises(MissingExtraError) as raised:
         export_saved_model(estimator, tmp_path / "export", receiver, as_onnx=True)
-    assert str(raised.value) == (f"ONNX export (as_onnx=True, export --onnx) needs {module}: pip install "
-                                 "'torchestimator[onnx]'; or export without as_onnx (the torch.export program does "
-                                 "not need it)")
+    assert str(raised.value) == (
+        f"ONNX export (as_onnx=True, export --onnx) needs {module}: pip install "
+        "'torchestimator[onnx]'; or export without as_onnx (the torch.export program does "
+        "not need it)"
+    )
     assert raised.value.extra == "onnx" and raised.value.module == module
     assert not os.path.exists(tmp_path / "export")
 
@@ -301,10 +341,12 @@ def test_a_broken_onnx_install_is_named_with_its_cause(tmp_path, monkeypatch):
         export_saved_model(make_estimator(tmp_path / "model"), tmp_path / "export", receiver, as_onnx=True)
     assert str(raised.value).startswith(
         "ONNX export (as_onnx=True, export --onnx) needs onnx, which could not be imported (cannot import name "
-        "'onnx_cpp2py_export' from partially initialized module 'onnx'): pip install --upgrade 'torchestimator[onnx]'")
+        "'onnx_cpp2py_export' from partially initialized module 'onnx'): pip install --upgrade 'torchestimator[onnx]'"
+    )
 
 
 # ----------------------------------------------------------------------------- the command line
+
 
 @pytest.fixture
 def model_file(tmp_path):
@@ -327,12 +369,15 @@ def test_cli_export_onnx_writes_model_onnx_that_answers_as_the_export(tmp_path, 
     assert [record.name for record in caplog.records if record.name.startswith(("onnx_ir", "onnxscript"))] == []
     export_dir = printed.split()[-1]
     x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)[:7]
-    np.testing.assert_array_equal(run_onnx(export_dir, {"x": x})["serving_default/class"], load(export_dir)({"x": x})["class"])
+    np.testing.assert_array_equal(
+        run_onnx(export_dir, {"x": x})["serving_default/class"], load(export_dir)({"x": x})["class"]
+    )
 
 
 def test_cli_export_onnx_without_the_packages_is_one_line_exit_2(tmp_path, model_file, monkeypatch, capsys):
     _hide(monkeypatch, "onnx")
-    code = main(["export", model_file, "--model_dir", str(tmp_path / "run"), "--export_dir", str(tmp_path / "export"),
-                 "--onnx"])
+    code = main(
+        ["export", model_file, "--model_dir", str(tmp_path / "run"), "--export_dir", str(tmp_path / "export"), "--onnx"]
+    )
     assert code == 2
     assert "needs onnx: pip install 'torchestimator[onnx]'" in one_line_error(capsys)

@@ -10,8 +10,9 @@ import os
 import numpy as np
 import pytest
 import torch
-
 from conftest import input_fns, make_estimator
+
+from torchestimator._policy.train_and_evaluate import EvalSpec
 from torchestimator.export import (
     BestExporter,
     Exporter,
@@ -23,10 +24,9 @@ from torchestimator.export import (
     load,
     loss_smaller,
     read_best_eval,
+    saved_model,
     serving_input_receiver,
 )
-from torchestimator.export import saved_model
-from torchestimator._policy.train_and_evaluate import EvalSpec
 
 RECEIVER = serving_input_receiver({"x": TensorSpec(shape=(None, 8), dtype=torch.float32)})
 
@@ -80,8 +80,9 @@ def test_best_exporter_exports_only_improvements_with_the_best_checkpoints_weigh
     exporter = BestExporter(serving_input_receiver=RECEIVER)
     first = exporter.export(estimator, export_path, checkpoints[10], {"loss": 0.5, "global_step": 10}, False)
     worse = exporter.export(estimator, export_path, checkpoints[20], {"loss": 0.7, "global_step": 20}, False)
-    better = exporter.export(estimator, export_path, checkpoints[30], {"loss": torch.tensor(0.3), "global_step": 30},
-                             False)
+    better = exporter.export(
+        estimator, export_path, checkpoints[30], {"loss": torch.tensor(0.3), "global_step": 30}, False
+    )
     assert worse is None and first is not None and better is not None
     assert version_dirs(export_path) == [first, better]  # nothing was written for the worse evaluation
     np.testing.assert_allclose(exported_probabilities(first, x), probabilities[10], rtol=0, atol=1e-6)
@@ -89,8 +90,9 @@ def test_best_exporter_exports_only_improvements_with_the_best_checkpoints_weigh
     record = read_best_eval(export_path)
     assert record["eval_result"] == {"loss": pytest.approx(0.3), "global_step": 30}
     assert record["checkpoint_path"] == checkpoints[30] and record["export_dir"] == os.path.abspath(better)
-    assert sorted(os.listdir(export_path)) == sorted([os.path.basename(first), os.path.basename(better),
-                                                      "best_eval.json"])  # no temporary file left
+    assert sorted(os.listdir(export_path)) == sorted(
+        [os.path.basename(first), os.path.basename(better), "best_eval.json"]
+    )  # no temporary file left
 
 
 def test_best_exporter_after_a_restart_compares_with_the_recorded_best(tmp_path, fake_exports):
@@ -124,13 +126,20 @@ def test_best_exporter_by_metric_name_and_missing_metrics(tmp_path, fake_exports
     third = exporter.export(None, str(tmp_path), "c3", {"accuracy": 0.9, "loss": 0.9}, False)
     assert version_dirs(tmp_path) == [first, third]
     missing = BestExporter(serving_input_receiver=RECEIVER, metric_name="auc", higher_is_better=True)
-    with pytest.raises(ValueError, match=r"BestExporter metric 'auc' is not in current_eval_result .*"
-                                         r"produced \['accuracy', 'loss'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"BestExporter metric 'auc' is not in current_eval_result .*"
+        r"produced \['accuracy', 'loss'\]",
+    ):
         missing.export(None, str(tmp_path / "other"), "c1", {"accuracy": 0.8, "loss": 0.5}, False)
-    with pytest.raises(ValueError, match=r"default compare_fn metric 'loss' is not in .*produced \['accuracy'\]. "
-                                         r"Pass compare_fn=\.\.\., or metric_name=\.\.\."):
-        BestExporter(serving_input_receiver=RECEIVER).export(None, str(tmp_path / "third"), "c1", {"accuracy": 1.0},
-                                                             False)
+    with pytest.raises(
+        ValueError,
+        match=r"default compare_fn metric 'loss' is not in .*produced \['accuracy'\]. "
+        r"Pass compare_fn=\.\.\., or metric_name=\.\.\.",
+    ):
+        BestExporter(serving_input_receiver=RECEIVER).export(
+            None, str(tmp_path / "third"), "c1", {"accuracy": 1.0}, False
+        )
     assert len(fake_exports) == 2 and not (tmp_path / "other").exists() and not (tmp_path / "third").exists()
 
 
@@ -167,8 +176,10 @@ def test_latest_exporter_exports_every_evaluation_and_keeps_the_newest(trained, 
     (export_path / "temp-5").mkdir(parents=True)
     (export_path / "notes").mkdir()
     exporter = LatestExporter("latest", lambda: RECEIVER, exports_to_keep=2)  # TF's serving_input_receiver_fn form
-    paths = [exporter.export(estimator, str(export_path), checkpoints[step], {"loss": 1.0, "global_step": step}, False)
-             for step in (10, 20, 30)]
+    paths = [
+        exporter.export(estimator, str(export_path), checkpoints[step], {"loss": 1.0, "global_step": step}, False)
+        for step in (10, 20, 30)
+    ]
     assert version_dirs(export_path) == paths[1:] and not os.path.exists(paths[0])
     assert (export_path / "temp-5").exists() and (export_path / "notes").exists()  # only integer versions are collected
     for path, step in zip(paths[1:], (20, 30)):
@@ -203,7 +214,9 @@ def test_exporter_arguments_are_checked_at_construction():
     with pytest.raises(ValueError, match="BestExporter needs serving_input_receiver"):
         BestExporter()
     with pytest.raises(ValueError, match="either compare_fn or metric_name"):
-        BestExporter(serving_input_receiver=RECEIVER, compare_fn=loss_smaller, metric_name="loss", higher_is_better=False)
+        BestExporter(
+            serving_input_receiver=RECEIVER, compare_fn=loss_smaller, metric_name="loss", higher_is_better=False
+        )
     with pytest.raises(ValueError, match="needs higher_is_better"):
         BestExporter(serving_input_receiver=RECEIVER, metric_name="accuracy")
     with pytest.raises(ValueError, match="must take two arguments"):
@@ -233,17 +246,19 @@ def test_an_exporter_must_implement_name_and_export():
 
 
 def test_an_exporter_does_not_export_the_same_checkpoint_twice(trained, tmp_path):
-    estimator, x, checkpoints, probabilities = trained
+    estimator, _x, checkpoints, _probabilities = trained
     export_path = str(tmp_path / "final")
     final = FinalExporter("final", RECEIVER)
     first = final.export(estimator, export_path, checkpoints[20], {"loss": 1.0}, is_the_final_export=True)
     # A rerun of a finished job evaluates and exports its last checkpoint again: the version it has is returned.
-    again = FinalExporter("final", RECEIVER).export(estimator, export_path, checkpoints[20], {"loss": 1.0},
-                                                    is_the_final_export=True)
+    again = FinalExporter("final", RECEIVER).export(
+        estimator, export_path, checkpoints[20], {"loss": 1.0}, is_the_final_export=True
+    )
     assert again == first and version_dirs(export_path) == [first]
     newer = final.export(estimator, export_path, checkpoints[30], {"loss": 1.0}, is_the_final_export=True)
     assert newer != first and version_dirs(export_path) == [first, newer]
     fixed_batch = serving_input_receiver({"x": TensorSpec(shape=(4, 8), dtype=torch.float32)})
-    changed = FinalExporter("final", fixed_batch).export(estimator, export_path, checkpoints[30],
-                                                                  {"loss": 1.0}, is_the_final_export=True)
+    changed = FinalExporter("final", fixed_batch).export(
+        estimator, export_path, checkpoints[30], {"loss": 1.0}, is_the_final_export=True
+    )
     assert changed not in (first, newer)  # another serving signature is another export

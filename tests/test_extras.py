@@ -12,11 +12,11 @@ import json
 import subprocess
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
 
 import torchestimator as te
 from torchestimator._extras import EXTRAS, import_extra
@@ -39,28 +39,42 @@ def _forget(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
 
 def test_the_extras_are_those_of_pyproject():
     declared = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]
-    installs = {extra: tuple(requirement.split(">")[0].split("=")[0].split("<")[0] for requirement in requirements)
-                for extra, requirements in declared.items() if extra not in ("test", "bench")}
+    installs = {
+        extra: tuple(requirement.split(">")[0].split("=")[0].split("<")[0] for requirement in requirements)
+        for extra, requirements in declared.items()
+        if extra not in ("test", "bench")
+    }
     assert installs == EXTRAS
 
 
-@pytest.mark.parametrize("blocked, call, message", [
-    (("aiohttp",), "serving.start",
-     "the model server needs aiohttp: pip install 'torchestimator[serving]'"),
-    (("prometheus_client",), "serving.start",
-     "the model server needs prometheus-client: pip install 'torchestimator[serving]'"),
-    (("sklearn",), "demo", "the digits demo needs scikit-learn: pip install 'torchestimator[demo]'"),
-    (("matplotlib",), "plot", "plotting needs matplotlib: pip install 'torchestimator[plot]'"),
-    (("pandas",), "pandas_input_fn", "pandas_input_fn needs pandas: pip install 'torchestimator[pandas]'"),
-], ids=["aiohttp", "prometheus_client", "sklearn", "matplotlib", "pandas"])
+@pytest.mark.parametrize(
+    "blocked, call, message",
+    [
+        (("aiohttp",), "serving.start", "the model server needs aiohttp: pip install 'torchestimator[serving]'"),
+        (
+            ("prometheus_client",),
+            "serving.start",
+            "the model server needs prometheus-client: pip install 'torchestimator[serving]'",
+        ),
+        (("sklearn",), "demo", "the digits demo needs scikit-learn: pip install 'torchestimator[demo]'"),
+        (("matplotlib",), "plot", "plotting needs matplotlib: pip install 'torchestimator[plot]'"),
+        (("pandas",), "pandas_input_fn", "pandas_input_fn needs pandas: pip install 'torchestimator[pandas]'"),
+    ],
+    ids=["aiohttp", "prometheus_client", "sklearn", "matplotlib", "pandas"],
+)
 def test_the_api_raises_one_line_naming_the_extra(blocked, call, message, monkeypatch, tmp_path):
     _block(monkeypatch, *blocked)
     with pytest.raises(MissingExtraError) as raised:
         if call == "serving.start":  # the public path: the lazy attribute imports server.py again
             import torchestimator.serving as serving
 
-            _forget(monkeypatch, "torchestimator.serving.server", "torchestimator.serving.app",
-                    "torchestimator.serving.protocol", "torchestimator.serving.metrics")
+            _forget(
+                monkeypatch,
+                "torchestimator.serving.server",
+                "torchestimator.serving.app",
+                "torchestimator.serving.protocol",
+                "torchestimator.serving.metrics",
+            )
             if "start" in vars(serving):  # stored by an earlier read: read it through the lazy __getattr__ again
                 monkeypatch.delattr(serving, "start")
             from torchestimator.serving import start  # importable: a stand-in that raises when called
@@ -105,10 +119,14 @@ print(json.dumps(report))
 """
 
 
-@pytest.mark.parametrize("blocked, needing_it", [
-    (["aiohttp"], ["RunningServer", "build_app", "make_app", "serve", "start"]),
-    (["prometheus_client"], ["RunningServer", "ServingMetrics", "build_app", "make_app", "serve", "start"]),
-], ids=["aiohttp", "prometheus_client"])
+@pytest.mark.parametrize(
+    "blocked, needing_it",
+    [
+        (["aiohttp"], ["RunningServer", "build_app", "make_app", "serve", "start"]),
+        (["prometheus_client"], ["RunningServer", "ServingMetrics", "build_app", "make_app", "serve", "start"]),
+    ],
+    ids=["aiohttp", "prometheus_client"],
+)
 def test_the_serving_package_without_the_extra_lists_everything_and_raises_only_when_called(blocked, needing_it):
     script = SERVING_WITHOUT.format(blocked=blocked)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
@@ -134,8 +152,10 @@ def test_the_serving_defaults_have_one_value():
     assert server.ServerSettings is settings.ServerSettings is te.serving.ServerSettings
 
 
-PILLOW_LINE = ("decoding images (--image_mode raw) needs Pillow: pip install 'torchestimator[images]'; "
-               "or pass --image_mode encoded to store the file bytes as they are")
+PILLOW_LINE = (
+    "decoding images (--image_mode raw) needs Pillow: pip install 'torchestimator[images]'; "
+    "or pass --image_mode encoded to store the file bytes as they are"
+)
 
 
 def test_raw_images_without_pillow_raise_missing_extra_even_with_pil_image_loaded(monkeypatch, tmp_path):
@@ -162,7 +182,8 @@ def test_a_broken_pillow_is_reported_as_broken_not_as_missing(monkeypatch, tmp_p
     assert str(raised.value) == (
         "decoding images (--image_mode raw) needs Pillow, which could not be imported (cannot import name "
         "'_imaging' from 'PIL' (" + str(fake / "__init__.py") + ")): pip install --upgrade 'torchestimator[images]'; "
-        "or pass --image_mode encoded to store the file bytes as they are")
+        "or pass --image_mode encoded to store the file bytes as they are"
+    )
 
 
 def test_keras_files_without_h5py_name_the_file_and_the_extra(monkeypatch, tmp_path):
@@ -172,8 +193,11 @@ def test_keras_files_without_h5py_name_the_file_and_the_extra(monkeypatch, tmp_p
     path.write_bytes(keras_h5.HDF5_SIGNATURE + bytes(64))
     _block(monkeypatch, "h5py")
     monkeypatch.setattr(keras_h5, "h5py", None)  # as loaded without h5py
-    with pytest.raises(MissingExtraError, match=r"^reading the Keras file .*weights\.h5 needs h5py: "
-                                                r"pip install 'torchestimator\[keras\]'$"):
+    with pytest.raises(
+        MissingExtraError,
+        match=r"^reading the Keras file .*weights\.h5 needs h5py: "
+        r"pip install 'torchestimator\[keras\]'$",
+    ):
         open_weights(path)
 
 
@@ -186,7 +210,8 @@ def test_an_installed_but_broken_extra_says_why_and_to_upgrade(monkeypatch, tmp_
         import_extra("brokenextra", extra="demo", feature="the digits demo")
     assert str(raised.value) == (
         "the digits demo needs brokenextra, which could not be imported (No module named "
-        "'a_dependency_that_is_not_there'): pip install --upgrade 'torchestimator[demo]'")
+        "'a_dependency_that_is_not_there'): pip install --upgrade 'torchestimator[demo]'"
+    )
 
 
 def test_an_extra_that_pyproject_does_not_declare_is_our_bug():
@@ -209,16 +234,32 @@ sys.exit(main({argv!r}))
 """
 
 
-@pytest.mark.parametrize("blocked, argv, line", [
-    (["aiohttp", "aiohttp.web"], ["serve", "--model_name", "m", "--model_base_path", "{tmp}"],
-     "torchestimator serve: error: the model server needs aiohttp: pip install 'torchestimator[serving]'"),
-    (["sklearn", "sklearn.datasets"], ["demo", "--model_dir", "{tmp}/digits"],
-     "torchestimator demo: error: the digits demo needs scikit-learn: pip install 'torchestimator[demo]'"),
-    (["matplotlib"], ["plot", "{tmp}"],
-     "torchestimator plot: error: plotting needs matplotlib: pip install 'torchestimator[plot]'"),
-    (["PIL"], ["convert", "csv-to-tfrecord", "{tmp}/index.csv", "{tmp}/digits/train", "--image_mode", "raw"],
-     f"torchestimator convert: error: {PILLOW_LINE}"),
-], ids=["serve", "demo", "plot", "pillow"])
+@pytest.mark.parametrize(
+    "blocked, argv, line",
+    [
+        (
+            ["aiohttp", "aiohttp.web"],
+            ["serve", "--model_name", "m", "--model_base_path", "{tmp}"],
+            "torchestimator serve: error: the model server needs aiohttp: pip install 'torchestimator[serving]'",
+        ),
+        (
+            ["sklearn", "sklearn.datasets"],
+            ["demo", "--model_dir", "{tmp}/digits"],
+            "torchestimator demo: error: the digits demo needs scikit-learn: pip install 'torchestimator[demo]'",
+        ),
+        (
+            ["matplotlib"],
+            ["plot", "{tmp}"],
+            "torchestimator plot: error: plotting needs matplotlib: pip install 'torchestimator[plot]'",
+        ),
+        (
+            ["PIL"],
+            ["convert", "csv-to-tfrecord", "{tmp}/index.csv", "{tmp}/digits/train", "--image_mode", "raw"],
+            f"torchestimator convert: error: {PILLOW_LINE}",
+        ),
+    ],
+    ids=["serve", "demo", "plot", "pillow"],
+)
 def test_the_cli_prints_one_line_and_exits_2(blocked, argv, line, tmp_path):
     argv = [word.replace("{tmp}", str(tmp_path)) for word in argv]
     script = textwrap.dedent(BLOCKED_CLI.format(blocked=blocked, argv=argv))

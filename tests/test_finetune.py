@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
+from conftest import classifier_model_fn, input_fns
 
 import torchestimator as te
-from conftest import classifier_model_fn, input_fns
 
 
 class Backboned(nn.Module):
@@ -25,9 +25,12 @@ def _train(tmp_path, prepare):
     prepare(model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     estimator = te.Estimator(
-        model_fn=classifier_model_fn, model=model, model_dir=str(tmp_path),
+        model_fn=classifier_model_fn,
+        model=model,
+        model_dir=str(tmp_path),
         optimizer=lambda parameters: torch.optim.SGD([p for p in parameters if p.requires_grad], lr=0.1),
-        config=te.RunConfig(progress_bar=False, log_step_count_steps=None, save_checkpoints_steps=10))
+        config=te.RunConfig(progress_bar=False, log_step_count_steps=None, save_checkpoints_steps=10),
+    )
     estimator.train(input_fns()[0], max_steps=10)
     after = model.state_dict()
     return before, after

@@ -32,18 +32,25 @@ def test_the_wrap_policy_shards_transformer_layers_and_named_modules_innermost_f
     chosen = FullyShardedStrategy(module_names=["head", "head.1"]).sharded_submodules(model)
     order = [id(module) for module in chosen]
     assert order.index(id(model.head[1])) < order.index(id(model.head))  # inside "head": sharded before it
-    assert set(map(id, chosen)) == {id(model.encoder.layers[0]), id(model.encoder.layers[1]), id(model.head),
-                                    id(model.head[1])}
+    assert set(map(id, chosen)) == {
+        id(model.encoder.layers[0]),
+        id(model.encoder.layers[1]),
+        id(model.head),
+        id(model.head[1]),
+    }
     assert FullyShardedStrategy(layer_types=[]).sharded_submodules(model) == []
 
 
-@pytest.mark.parametrize("settings, field", [
-    ({"layer_types": [int]}, "layer_types"),
-    ({"module_names": "head"}, "module_names"),
-    ({"mixed_precision": "fp8"}, "mixed_precision"),
-    ({"mixed_precision": torch.bfloat16}, "mixed_precision"),
-    ({"cpu_offload": "yes"}, "cpu_offload"),
-])
+@pytest.mark.parametrize(
+    "settings, field",
+    [
+        ({"layer_types": [int]}, "layer_types"),
+        ({"module_names": "head"}, "module_names"),
+        ({"mixed_precision": "fp8"}, "mixed_precision"),
+        ({"mixed_precision": torch.bfloat16}, "mixed_precision"),
+        ({"cpu_offload": "yes"}, "cpu_offload"),
+    ],
+)
 def test_bad_settings_are_refused_when_built(settings, field):
     with pytest.raises(ConfigError) as caught:
         FullyShardedStrategy(**settings)
@@ -57,6 +64,7 @@ def test_a_module_name_the_model_lacks_is_refused_with_the_names_it_has():
 
 # ----------------------------------------------------------------------------- two processes
 
+
 def _data(rows=256):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(rows, 6)).astype(np.float32)
@@ -68,14 +76,19 @@ def _model_fn(model, features, labels, mode):
     predictions = {"class": logits.argmax(-1)}
     if mode == te.ModeKeys.PREDICT:
         return te.EstimatorSpec(mode, predictions=predictions)
-    return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels),
-                            eval_metric_ops={"accuracy": te.metrics.accuracy(labels, predictions["class"])})
+    return te.EstimatorSpec(
+        mode,
+        predictions=predictions,
+        loss=F.cross_entropy(logits, labels),
+        eval_metric_ops={"accuracy": te.metrics.accuracy(labels, predictions["class"])},
+    )
 
 
 def _train_input_fn(input_context=None):
     x, y = _data()
     return te.numpy_input_fn({"x": x}, y, batch_size=32, num_epochs=None, shuffle=True, seed=5)(
-        input_context=input_context)
+        input_context=input_context
+    )
 
 
 def _eval_input_fn(input_context=None):
@@ -89,11 +102,21 @@ def _predict_input_fn():
 
 
 def _estimator(model_dir, strategy=None, **config):
-    config = te.RunConfig(train_distribute=strategy, save_checkpoints_steps=4, log_step_count_steps=None,
-                          progress_bar=False, random_seed=0, **config)
-    return te.Estimator(model_fn=_model_fn, model=lambda: nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2)),
-                        optimizer=lambda parameters: torch.optim.Adam(parameters, lr=0.01), model_dir=model_dir,
-                        config=config)
+    config = te.RunConfig(
+        train_distribute=strategy,
+        save_checkpoints_steps=4,
+        log_step_count_steps=None,
+        progress_bar=False,
+        random_seed=0,
+        **config,
+    )
+    return te.Estimator(
+        model_fn=_model_fn,
+        model=lambda: nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2)),
+        optimizer=lambda parameters: torch.optim.Adam(parameters, lr=0.01),
+        model_dir=model_dir,
+        config=config,
+    )
 
 
 def _weights(estimator):
@@ -113,17 +136,26 @@ def _fsdp_ddp_and_their_checkpoints(root):
     predictions = list(resumed.predict(_predict_input_fn))
     ddp = _estimator(os.path.join(root, "ddp"), MirroredStrategy(num_replicas=2))
     ddp.train(_train_input_fn, max_steps=12)
-    accumulated = _estimator(os.path.join(root, "accumulated"), _fsdp(), gradient_accumulation_steps=2,
-                             clip_grad_norm=0.5)
+    accumulated = _estimator(
+        os.path.join(root, "accumulated"), _fsdp(), gradient_accumulation_steps=2, clip_grad_norm=0.5
+    )
     accumulated.train(_train_input_fn, max_steps=4)
-    in_loop, _ = te.train_and_evaluate(_estimator(os.path.join(root, "in_loop"), _fsdp()),
-                                       te.TrainSpec(_train_input_fn, max_steps=8),
-                                       te.EvalSpec(_eval_input_fn, steps=None, every_n_steps=4))
+    in_loop, _ = te.train_and_evaluate(
+        _estimator(os.path.join(root, "in_loop"), _fsdp()),
+        te.TrainSpec(_train_input_fn, max_steps=8),
+        te.EvalSpec(_eval_input_fn, steps=None, every_n_steps=4),
+    )
     for name, settings in (("bf16", {"mixed_precision": "bf16"}), ("offload", {"cpu_offload": True})):
         _estimator(os.path.join(root, name), _fsdp(**settings)).train(_train_input_fn, max_steps=2)
-    return {"fsdp": _weights(resumed), "ddp": _weights(ddp), "after_8": after_8, "predictions": len(predictions),
-            "accumulated": _weights(accumulated), "in_loop": in_loop,
-            "module_type": type(resumed._module).__name__}
+    return {
+        "fsdp": _weights(resumed),
+        "ddp": _weights(ddp),
+        "after_8": after_8,
+        "predictions": len(predictions),
+        "accumulated": _weights(accumulated),
+        "in_loop": in_loop,
+        "module_type": type(resumed._module).__name__,
+    }
 
 
 @pytest.mark.slow
@@ -152,9 +184,11 @@ def test_fsdp_on_two_processes_equals_ddp_and_one_process_and_resumes(tmp_path):
     for name, value in _weights(accumulated).items():
         np.testing.assert_allclose(rank_0["accumulated"][name], value, atol=1e-6)
 
-    in_loop, _ = te.train_and_evaluate(_estimator(str(tmp_path / "one_in_loop")),
-                                       te.TrainSpec(_train_input_fn, max_steps=8),
-                                       te.EvalSpec(_eval_input_fn, steps=None, every_n_steps=4))
+    in_loop, _ = te.train_and_evaluate(
+        _estimator(str(tmp_path / "one_in_loop")),
+        te.TrainSpec(_train_input_fn, max_steps=8),
+        te.EvalSpec(_eval_input_fn, steps=None, every_n_steps=4),
+    )
     assert rank_0["in_loop"]["global_step"] == in_loop["global_step"] == 8
     assert rank_0["in_loop"]["loss"] == pytest.approx(in_loop["loss"], rel=1e-5)
     for name in ("bf16", "offload"):

@@ -55,9 +55,26 @@ def test_decoding_gives_tensorflows_values_dtype_and_shape(key):
 
 def test_the_fixtures_cover_every_rule_the_module_claims():
     names = {key.split("|")[0] for key in DECODE_KEYS}
-    assert {"gray16.png", "gray_alpha16.png", "rgb16.png", "rgba16.png", "gray_alpha.png", "palette_trns.png",
-            "rgb_trns.png", "bilevel.png", "rgb16_interlaced.png", "gray_alpha16_interlaced.png", "photo420.jpg",
-            "photo444.jpg", "gray.jpg", "animated.gif", "rgb.bmp", "rgba.bmp", "palette.bmp", "top_down.bmp"} <= names
+    assert {
+        "gray16.png",
+        "gray_alpha16.png",
+        "rgb16.png",
+        "rgba16.png",
+        "gray_alpha.png",
+        "palette_trns.png",
+        "rgb_trns.png",
+        "bilevel.png",
+        "rgb16_interlaced.png",
+        "gray_alpha16_interlaced.png",
+        "photo420.jpg",
+        "photo444.jpg",
+        "gray.jpg",
+        "animated.gif",
+        "rgb.bmp",
+        "rgba.bmp",
+        "palette.bmp",
+        "top_down.bmp",
+    } <= names
     assert EXPECTED["gray_alpha.png|decode_png|0|uint8"].shape[-1] == 2  # stays 2 channels
     assert EXPECTED["animated.gif|decode_image|0|uint8"].shape[0] == 3
 
@@ -81,7 +98,8 @@ def test_pillow_gives_tensorflows_integer_accurate_jpeg_pixels_and_the_default_w
         tf_default = EXPECTED[f"{name}|decode_jpeg|{channels}|"].astype(int)
         assert default.shape == tf_default.shape and np.abs(default - tf_default).max() <= 6  # documented bound
     assert [record.getMessage()[:50] for record in pillow_jpeg.records] == [
-        "decode_jpeg: simplejpeg is not installed, so JPEGs"]
+        "decode_jpeg: simplejpeg is not installed, so JPEGs"
+    ]
 
 
 def test_simplejpeg_and_pillow_agree_exactly_on_integer_accurate(pillow_jpeg):
@@ -109,8 +127,13 @@ def test_bilinear_equals_torch_interpolate_within_float_rounding_and_batches_res
 
     image = EXPECTED["resize|input"]
     ours = resize_image(image, (20, 23))
-    theirs = torch.nn.functional.interpolate(torch.from_numpy(image).permute(2, 0, 1)[None].float(), size=(20, 23),
-                                             mode="bilinear", align_corners=False)[0].permute(1, 2, 0).numpy()
+    theirs = (
+        torch.nn.functional.interpolate(
+            torch.from_numpy(image).permute(2, 0, 1)[None].float(), size=(20, 23), mode="bilinear", align_corners=False
+        )[0]
+        .permute(1, 2, 0)
+        .numpy()
+    )
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=0)  # float32 rounding: measured 2e-6 relative
     np.testing.assert_array_equal(resize_image(np.stack([image, image]), (20, 23))[1], ours)
 
@@ -136,16 +159,25 @@ def test_every_refusal_is_an_image_decode_error_naming_where_and_the_format():
     gif = (FIXTURES / "animated.gif").read_bytes()
     bmp = (FIXTURES / "rgb.bmp").read_bytes()
     cases = [
-        (lambda: decode_image(b"hello world", where="f.csv row 3"), "unknown",
-         r"^f\.csv row 3: unknown image file format: one of PNG, JPEG, GIF or BMP is required"),
+        (
+            lambda: decode_image(b"hello world", where="f.csv row 3"),
+            "unknown",
+            r"^f\.csv row 3: unknown image file format: one of PNG, JPEG, GIF or BMP is required",
+        ),
         (lambda: decode_image(png[:60], where="a.png"), "png", r"^a\.png: the PNG data cannot be decoded"),
         (lambda: decode_image(png[:20], where="a.png"), "png", r"IHDR chunk is missing or cut short"),
         (lambda: decode_image(jpeg[:300], where="b.jpg"), "jpeg", r"^b\.jpg: the JPEG data cannot be decoded"),
         (lambda: decode_image(jpeg, channels=4, where="b.jpg"), "jpeg", "JPEG does not support 4 channels"),
-        (lambda: decode_image(png, channels=2, where="a.png"), "png",
-         r"channels must be one of \[0, 1, 3, 4\] for PNG; received 2"),
-        (lambda: decode_image(gif, channels=1, where="c.gif"), "gif",
-         r"channels must be one of \[0, 3\] for GIF; received 1"),
+        (
+            lambda: decode_image(png, channels=2, where="a.png"),
+            "png",
+            r"channels must be one of \[0, 1, 3, 4\] for PNG; received 2",
+        ),
+        (
+            lambda: decode_image(gif, channels=1, where="c.gif"),
+            "gif",
+            r"channels must be one of \[0, 3\] for GIF; received 1",
+        ),
         (lambda: decode_png(gif, where="c.gif"), "gif", r"got 3 frames, but an animated GIF can only be decoded"),
         (lambda: decode_image(png, dtype="float64", where="x"), "png", r"dtype must be one of"),
         (lambda: decode_png(png, dtype="float32", where="x"), "png", r'dtype must be "uint8" or "uint16"'),
@@ -156,8 +188,11 @@ def test_every_refusal_is_an_image_decode_error_naming_where_and_the_format():
         (lambda: decode_image(bmp, channels=1, where="d.bmp"), "bmp", r"channels must be one of \[0, 3, 4\] for BMP"),
         (lambda: decode_png(bmp, where="d.bmp"), "bmp", r"decode_png and decode_jpeg do not decode BMP .*decode_image"),
         (lambda: decode_image(b"RIFF\0\0\0\0WEBPVP8 ", where="e"), "webp", r"WEBP images are not decoded here"),
-        (lambda: decode_image("not bytes", where="request input 'image' [0]"), "unknown",
-         r"^request input 'image' \[0\]: expected the encoded image as bytes; received str"),
+        (
+            lambda: decode_image("not bytes", where="request input 'image' [0]"),
+            "unknown",
+            r"^request input 'image' \[0\]: expected the encoded image as bytes; received str",
+        ),
         (lambda: decode_image(gif[:40], where="c.gif"), "gif", r"^c\.gif: "),
     ]
     for call, fmt, pattern in cases:
@@ -205,8 +240,9 @@ def test_image_decoding_is_decode_resize_scale_and_layout():
     assert batch.shape == (2, 3, 5, 7)
     np.testing.assert_array_equal(batch[0], got)
     hwc = ImageDecoding(size=(5, 7), channels=1, method="nearest")
-    np.testing.assert_array_equal(hwc.decode(data), resize_image(decode_image(data, channels=1), (5, 7),
-                                                                 method="nearest"))
+    np.testing.assert_array_equal(
+        hwc.decode(data), resize_image(decode_image(data, channels=1), (5, 7), method="nearest")
+    )
 
 
 def test_image_decoding_uses_its_dct_method_for_jpegs():
@@ -214,8 +250,9 @@ def test_image_decoding_uses_its_dct_method_for_jpegs():
     data = (FIXTURES / "photo420.jpg").read_bytes()
     for dct in ("", "INTEGER_ACCURATE"):
         decoding = ImageDecoding(size=(24, 40), dct_method=dct)
-        np.testing.assert_array_equal(decoding.decode(data),
-                                      resize_image(EXPECTED[f"photo420.jpg|decode_jpeg|3|{dct}"], (24, 40)))
+        np.testing.assert_array_equal(
+            decoding.decode(data), resize_image(EXPECTED[f"photo420.jpg|decode_jpeg|3|{dct}"], (24, 40))
+        )
 
 
 def test_decode_batch_names_the_item_that_fails():
@@ -227,27 +264,38 @@ def test_decode_batch_names_the_item_that_fails():
 
 
 def test_image_decoding_json_round_trips_through_text():
-    decoding = ImageDecoding(size=(224, 224), channels=1, method="area", layout="CHW", scale=0.5,
-                             dct_method="INTEGER_ACCURATE")
+    decoding = ImageDecoding(
+        size=(224, 224), channels=1, method="area", layout="CHW", scale=0.5, dct_method="INTEGER_ACCURATE"
+    )
     text = json.dumps(decoding.to_json())
     assert ImageDecoding.from_json(json.loads(text)) == decoding
     assert ImageDecoding.from_json({"size": [8, 9]}) == ImageDecoding(size=(8, 9))
 
 
-@pytest.mark.parametrize(("data", "error", "pattern"), [
-    ({"size": [8, 8], "colour": 3}, ConfigError,
-     r"^signature.json inputs\.image: unknown key\(s\) \['colour'\]; an image decoding has"),
-    ({"channels": 3}, ConfigError, r"^signature.json inputs\.image: the key 'size' is missing"),
-    ([8, 8], ConfigError, r"expected an object with"),
-    ({"size": [8, -1]}, ConfigError, r"inputs\.image: ImageDecoding\.size must be \(height, width\)"),
-    ({"size": [8, 8], "channels": 2}, ConfigError, r"inputs\.image: ImageDecoding\.channels must be one of \[1, 3, 4\]"),
-    ({"size": [8, 8], "channels": True}, ConfigError, r"channels must be one of"),
-    ({"size": [8, 8], "method": "lanczos"}, ConfigError, r"ImageDecoding\.method must be one of"),
-    ({"size": [8, 8], "layout": "NHWC"}, ConfigError, r"ImageDecoding\.layout must be one of \['HWC', 'CHW'\]"),
-    ({"size": [8, 8], "scale": "1/255"}, ConfigTypeError, r"ImageDecoding\.scale must be a number or None"),
-    ({"size": [8, 8], "scale": float("nan")}, ConfigError, r"ImageDecoding\.scale must be finite"),
-    ({"size": [8, 8], "dct_method": "fast"}, ConfigError, r"ImageDecoding\.dct_method must be one of"),
-])
+@pytest.mark.parametrize(
+    ("data", "error", "pattern"),
+    [
+        (
+            {"size": [8, 8], "colour": 3},
+            ConfigError,
+            r"^signature.json inputs\.image: unknown key\(s\) \['colour'\]; an image decoding has",
+        ),
+        ({"channels": 3}, ConfigError, r"^signature.json inputs\.image: the key 'size' is missing"),
+        ([8, 8], ConfigError, r"expected an object with"),
+        ({"size": [8, -1]}, ConfigError, r"inputs\.image: ImageDecoding\.size must be \(height, width\)"),
+        (
+            {"size": [8, 8], "channels": 2},
+            ConfigError,
+            r"inputs\.image: ImageDecoding\.channels must be one of \[1, 3, 4\]",
+        ),
+        ({"size": [8, 8], "channels": True}, ConfigError, r"channels must be one of"),
+        ({"size": [8, 8], "method": "lanczos"}, ConfigError, r"ImageDecoding\.method must be one of"),
+        ({"size": [8, 8], "layout": "NHWC"}, ConfigError, r"ImageDecoding\.layout must be one of \['HWC', 'CHW'\]"),
+        ({"size": [8, 8], "scale": "1/255"}, ConfigTypeError, r"ImageDecoding\.scale must be a number or None"),
+        ({"size": [8, 8], "scale": float("nan")}, ConfigError, r"ImageDecoding\.scale must be finite"),
+        ({"size": [8, 8], "dct_method": "fast"}, ConfigError, r"ImageDecoding\.dct_method must be one of"),
+    ],
+)
 def test_image_decoding_from_json_refuses_what_it_did_not_write(data, error, pattern):
     with pytest.raises(error, match=pattern):
         ImageDecoding.from_json(data, where="signature.json inputs.image")
@@ -283,7 +331,9 @@ def _image_records(tmp_path, names):
     contents = [(FIXTURES / name).read_bytes() for name in names]
     with TFRecordWriter(str(path)) as writer:
         for label, data in enumerate(contents):
-            writer.write(encode_example({"image": [data], "label": [label]}, kinds={"image": "bytes", "label": "int64"}))
+            writer.write(
+                encode_example({"image": [data], "label": [label]}, kinds={"image": "bytes", "label": "int64"})
+            )
     return path, contents
 
 
@@ -298,26 +348,26 @@ def test_a_tfrecord_of_images_batches_as_decode_batch_of_the_same_bytes_and_resu
     path, contents = _image_records(tmp_path, IMAGE_NAMES)
     decoding = ImageDecoding(size=(6, 5), layout="CHW", scale=1 / 255)
     features = {"image": FixedLenFeature([], "string"), "label": FixedLenFeature([], "int64")}
-    dataset = TFRecordDataset(str(path), features=features, label_key="label", images={"image": decoding},
-                              batch_size=3)
+    dataset = TFRecordDataset(str(path), features=features, label_key="label", images={"image": decoding}, batch_size=3)
     batches = list(dataset)
     assert [tuple(images["image"].shape) for images, _ in batches] == [(3, 3, 6, 5), (3, 3, 6, 5), (1, 3, 6, 5)]
     assert batches[0][0]["image"].dtype == torch.float32
-    np.testing.assert_array_equal(torch.cat([images["image"] for images, _ in batches]).numpy(),
-                                  decoding.decode_batch(contents))
+    np.testing.assert_array_equal(
+        torch.cat([images["image"] for images, _ in batches]).numpy(), decoding.decode_batch(contents)
+    )
     assert torch.cat([labels for _, labels in batches]).tolist() == list(range(len(contents)))
     iterator = iter(dataset)
     next(iterator)
     state = dataset.state_dict()
-    resumed = TFRecordDataset(str(path), features=features, label_key="label", images={"image": decoding},
-                              batch_size=3)
+    resumed = TFRecordDataset(str(path), features=features, label_key="label", images={"image": decoding}, batch_size=3)
     resumed.load_state_dict(state)
     rest = list(resumed)
     assert len(rest) == 2 and all(torch.equal(a[0]["image"], b[0]["image"]) for a, b in zip(rest, batches[1:]))
     single = TFRecordDataset(str(path), features=features, images={"image": decoding})
     np.testing.assert_array_equal(next(iter(single))["image"].numpy(), decoding.decode(contents[0]))
-    shuffled = TFRecordDataset(str(path), features=features, images={"image": decoding}, batch_size=4,
-                               shuffle_buffer_size=3, seed=1)
+    shuffled = TFRecordDataset(
+        str(path), features=features, images={"image": decoding}, batch_size=4, shuffle_buffer_size=3, seed=1
+    )
     plain = TFRecordDataset(str(path), features=features, batch_size=4, shuffle_buffer_size=3, seed=1)
     for with_images, without in zip(shuffled, plain, strict=True):  # same records, same order
         np.testing.assert_array_equal(with_images["image"].numpy(), decoding.decode_batch(list(without["image"])))
@@ -327,31 +377,54 @@ def test_a_bad_image_in_a_tfrecord_names_the_file_offset_and_feature(tmp_path):
     from torchestimator.data import FixedLenFeature, TFRecordDataset, TFRecordWriter, encode_example
 
     path = tmp_path / "bad.tfrecord"
-    records = [encode_example({"image": [data]}, kinds={"image": "bytes"})
-               for data in ((FIXTURES / "rgb.png").read_bytes(), b"not an image")]
+    records = [
+        encode_example({"image": [data]}, kinds={"image": "bytes"})
+        for data in ((FIXTURES / "rgb.png").read_bytes(), b"not an image")
+    ]
     with TFRecordWriter(str(path)) as writer:
         for record in records:
             writer.write(record)
     features = {"image": FixedLenFeature([], "string")}
     offset = 16 + len(records[0])
     for batch_size in (2, None):
-        dataset = TFRecordDataset(str(path), features=features, images={"image": ImageDecoding(size=(2, 2))},
-                                  batch_size=batch_size)
+        dataset = TFRecordDataset(
+            str(path), features=features, images={"image": ImageDecoding(size=(2, 2))}, batch_size=batch_size
+        )
         with pytest.raises(ImageDecodeError, match=rf"^{path}: record at offset {offset}, feature 'image': unknown"):
             list(dataset)
-    buffered = TFRecordDataset(str(path), features=features, images={"image": ImageDecoding(size=(2, 2))},
-                               batch_size=2, shuffle_buffer_size=2, seed=0)
+    buffered = TFRecordDataset(
+        str(path),
+        features=features,
+        images={"image": ImageDecoding(size=(2, 2))},
+        batch_size=2,
+        shuffle_buffer_size=2,
+        seed=0,
+    )
     with pytest.raises(ImageDecodeError, match=r"^TFRecordDataset shard 0, epoch 0: record [01] of the shard's epoch"):
         list(buffered)
 
 
-@pytest.mark.parametrize(("options", "error", "pattern"), [
-    ({"images": {"image": ImageDecoding(size=(2, 2))}}, ValueError, r"images= decodes features that features= parses"),
-    ({"images": {}, "with_features": True}, TypeError, r"images must be a non-empty mapping of feature name"),
-    ({"images": {"label": ImageDecoding(size=(2, 2))}, "with_features": True}, ValueError,
-     r"images\['label'\] needs features\['label'\] to be FixedLenFeature\(\[\], \"string\"\)"),
-    ({"images": {"image": (2, 2)}, "with_features": True}, TypeError, r"images\['image'\] must be an ImageDecoding"),
-])
+@pytest.mark.parametrize(
+    ("options", "error", "pattern"),
+    [
+        (
+            {"images": {"image": ImageDecoding(size=(2, 2))}},
+            ValueError,
+            r"images= decodes features that features= parses",
+        ),
+        ({"images": {}, "with_features": True}, TypeError, r"images must be a non-empty mapping of feature name"),
+        (
+            {"images": {"label": ImageDecoding(size=(2, 2))}, "with_features": True},
+            ValueError,
+            r"images\['label'\] needs features\['label'\] to be FixedLenFeature\(\[\], \"string\"\)",
+        ),
+        (
+            {"images": {"image": (2, 2)}, "with_features": True},
+            TypeError,
+            r"images\['image'\] must be an ImageDecoding",
+        ),
+    ],
+)
 def test_tfrecord_dataset_refuses_images_it_cannot_decode(tmp_path, options, error, pattern):
     from torchestimator.data import FixedLenFeature, TFRecordDataset
 
@@ -373,7 +446,9 @@ def test_the_decode_benchmark_runs_checks_and_prints_its_ratio_line(capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("image_decode jpeg_vs_pillow=") and " png_vs_pillow=" in last
     figures = dict(item.split("=") for item in last.split()[1:])
-    assert float(figures["png_vs_pillow"]) > 0 and (figures["jpeg_vs_pillow"] == "n/a" or float(figures["jpeg_vs_pillow"]) > 0)
+    assert float(figures["png_vs_pillow"]) > 0 and (
+        figures["jpeg_vs_pillow"] == "n/a" or float(figures["jpeg_vs_pillow"]) > 0
+    )
 
 
 def test_damaged_bytes_raise_image_decode_error_and_nothing_else():
@@ -381,10 +456,16 @@ def test_damaged_bytes_raise_image_decode_error_and_nothing_else():
     import warnings
 
     rng = np.random.default_rng(15)
-    originals = [path.read_bytes() for path in sorted(FIXTURES.iterdir()) if path.suffix in (".png", ".jpg", ".gif", ".bmp")]
+    originals = [
+        path.read_bytes() for path in sorted(FIXTURES.iterdir()) if path.suffix in (".png", ".jpg", ".gif", ".bmp")
+    ]
     decoding = ImageDecoding(size=(5, 5))
-    calls = (decode_image, lambda data: decode_png(data, channels=1), decoding.decode,
-             lambda data: decode_jpeg(data, dct_method="INTEGER_ACCURATE"))
+    calls = (
+        decode_image,
+        lambda data: decode_png(data, channels=1),
+        decoding.decode,
+        lambda data: decode_jpeg(data, dct_method="INTEGER_ACCURATE"),
+    )
     refused = 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Pillow's DecompressionBombWarning on a mutated size
@@ -395,7 +476,7 @@ def test_damaged_bytes_raise_image_decode_error_and_nothing_else():
             if kind == 0:
                 data[position] = int(rng.integers(256))
             elif kind == 1:
-                del data[max(position, 1):]
+                del data[max(position, 1) :]
             else:
                 data[position:position] = rng.integers(0, 256, 8, dtype=np.uint8).tobytes()
             for call in calls:
@@ -411,6 +492,7 @@ def test_bytes_claiming_a_huge_image_are_refused_before_decoding():
     import zlib
 
     header = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)
+
     def chunk(kind, payload):
         return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
 
@@ -419,6 +501,6 @@ def test_bytes_claiming_a_huge_image_are_refused_before_decoding():
         decode_image(png, where="big.png")
     jpeg = bytearray((FIXTURES / "photo420.jpg").read_bytes())
     start = jpeg.index(b"\xff\xc0") + 5  # SOF0: precision, then height and width
-    jpeg[start:start + 4] = struct.pack(">HH", 60_000, 60_000)
+    jpeg[start : start + 4] = struct.pack(">HH", 60_000, 60_000)
     with pytest.raises(ImageDecodeError, match=r"the JPEG image is too large to decode"):
         decode_image(bytes(jpeg))

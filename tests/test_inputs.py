@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import logging
+import operator
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import make_estimator
 from torch.utils.data import Dataset
 
-from conftest import make_estimator
 from torchestimator import EstimatorSpec
 from torchestimator.data.inputs import (
     dataset_input_fn,
@@ -25,9 +27,7 @@ from torchestimator.distribute.input_context import InputContext
 
 
 def _context(replicas: int, replica: int) -> InputContext:
-    return InputContext(
-        num_replicas_in_sync=replicas, num_input_pipelines=replicas, input_pipeline_id=replica
-    )
+    return InputContext(num_replicas_in_sync=replicas, num_input_pipelines=replicas, input_pipeline_id=replica)
 
 
 def _arrays(count: int = 10) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -103,14 +103,14 @@ def test_num_epochs_none_keeps_going_and_has_no_length():
     with pytest.raises(TypeError):
         len(batches)
     # Each epoch holds every example once, in a fresh order.
-    epochs = [sorted(sum(_ids(taken[i : i + 3]), [])) for i in range(0, 24, 3)]
+    epochs = [sorted(functools.reduce(operator.iadd, _ids(taken[i : i + 3]), [])) for i in range(0, 24, 3)]
     assert all(epoch == list(range(10)) for epoch in epochs)
     assert _ids(taken[0:3]) != _ids(taken[3:6])
 
 
 def test_dtypes_are_kept_and_tensors_do_not_alias_the_arrays():
     x, y = _arrays(6)
-    features, labels = next(iter(numpy_input_fn(x, y, batch_size=6, shuffle=False)()))
+    features, _labels = next(iter(numpy_input_fn(x, y, batch_size=6, shuffle=False)()))
     assert features["age"].dtype == torch.float64
     assert features["pixels"].dtype == torch.int64
     features["age"][0] = 42.0
@@ -231,9 +231,7 @@ def test_global_batch_not_divisible_by_replicas_raises():
     with pytest.raises(ValueError, match="global batch size 5 cannot be split evenly across 2"):
         input_fn(input_context=_context(2, 0))
     with pytest.raises(ValueError, match="cannot be split evenly"):
-        dataset_input_fn(_PairDataset(12), batch_size=5, shuffle=False)(
-            input_context=_context(2, 1)
-        )
+        dataset_input_fn(_PairDataset(12), batch_size=5, shuffle=False)(input_context=_context(2, 1))
 
 
 def test_a_position_from_other_settings_is_refused():
@@ -367,9 +365,7 @@ def test_pandas_non_numeric_column_raises_naming_it():
 
 def test_pandas_resume_matches_uninterrupted():
     frame = pd.DataFrame({"a": np.arange(7.0), "b": np.arange(7)})
-    input_fn = pandas_input_fn(
-        frame, pd.Series(np.arange(7)), batch_size=2, num_epochs=2, shuffle=True
-    )
+    input_fn = pandas_input_fn(frame, pd.Series(np.arange(7)), batch_size=2, num_epochs=2, shuffle=True)
     reference = list(input_fn())
     interrupted = input_fn()
     list(itertools.islice(interrupted, 3))
@@ -386,8 +382,7 @@ def test_dataset_batches_and_replicas_match_numpy_order():
     input_fn = dataset_input_fn(dataset, batch_size=4, shuffle=True, num_epochs=2, seed=4)
     single = list(input_fn())
     assert len(single) == 6
-    expected = numpy_input_fn(np.arange(9), np.arange(9) + 100, batch_size=4, num_epochs=2,
-                              shuffle=True, seed=4)()
+    expected = numpy_input_fn(np.arange(9), np.arange(9) + 100, batch_size=4, num_epochs=2, shuffle=True, seed=4)()
     assert _ids(single) == _ids(expected)
     shards = [list(input_fn(input_context=_context(2, replica))) for replica in range(2)]
     for step, (features, labels) in enumerate(single):
@@ -431,9 +426,7 @@ def test_dataset_items_must_be_pairs():
 @pytest.mark.parametrize("consumed", [3, 5])
 def test_dataset_resume_with_workers_counts_consumed_batches(consumed):
     dataset = _PairDataset(10)
-    input_fn = dataset_input_fn(
-        dataset, batch_size=4, shuffle=True, num_epochs=2, seed=9, num_workers=2
-    )
+    input_fn = dataset_input_fn(dataset, batch_size=4, shuffle=True, num_epochs=2, seed=9, num_workers=2)
     reference = list(dataset_input_fn(dataset, batch_size=4, shuffle=True, num_epochs=2, seed=9)())
     interrupted = input_fn()
     iterator = iter(interrupted)

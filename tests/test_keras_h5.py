@@ -72,9 +72,14 @@ def test_tensors_are_sorted_and_read_all_matches(name):
         assert {name: value.shape for name, value in values.items()} == {info.name: info.shape for info in infos}
 
 
-@pytest.mark.parametrize(("name", "version"), [
-    ("keras2_weights.h5", "keras2"), ("keras2_model.h5", "keras2"), ("keras3_model.h5", "keras3"),
-])
+@pytest.mark.parametrize(
+    ("name", "version"),
+    [
+        ("keras2_weights.h5", "keras2"),
+        ("keras2_model.h5", "keras2"),
+        ("keras3_model.h5", "keras3"),
+    ],
+)
 def test_legacy_names_are_keras_weight_names_without_colon_zero(name, version, description):
     expected = [
         weight.removesuffix(":0")
@@ -92,7 +97,9 @@ def test_keras3_names_are_paths_with_keras_variable_paths_as_aliases(name, descr
         assert source.layers()[0][1][0].name == "layers/conv2d/vars/0"
         aliases = source.aliases()
         expected_aliases = [
-            weight for layer in description["keras3_layer_order"] for weight in description["keras3_weight_names"][layer]
+            weight
+            for layer in description["keras3_layer_order"]
+            for weight in description["keras3_weight_names"][layer]
         ]
         assert sorted(aliases) == sorted(expected_aliases)
         numpy.testing.assert_array_equal(source.read("bn/moving_variance"), reference["bn/3"])
@@ -206,7 +213,10 @@ def test_chunked_fixed_length_attributes_and_weight_name_order(tmp_path):
             ("second", ["second/kernel", "second/steps"]),
         ]
         assert [info.name for info in source.tensors()] == [
-            "first/beta", "first/gamma", "second/kernel", "second/steps",
+            "first/beta",
+            "first/gamma",
+            "second/kernel",
+            "second/steps",
         ]
         assert source.read("first/gamma").tolist() == [1.0]
         assert source.read("second/kernel").dtype == numpy.float16
@@ -337,23 +347,29 @@ def test_dataset_declaring_more_than_its_storage_is_refused_before_reading(tmp_p
     # Never written, so all fill value: 4 MB from a 2 KB file (the fault suite tries 8 GB under a memory limit).
     path = _one_dense_layer(tmp_path / "fill.weights.h5", shape=(1 << 20,), dtype="float32")
     with open_keras_h5(path) as source:
-        with pytest.raises(WeightSourceError, match=r"fill\.weights\.h5: variable 'layers/dense/vars/0' .*declares "
-                                                    r"more data than the file holds.*only 0 bytes are stored"):
+        with pytest.raises(
+            WeightSourceError,
+            match=r"fill\.weights\.h5: variable 'layers/dense/vars/0' .*declares "
+            r"more data than the file holds.*only 0 bytes are stored",
+        ):
             source.read("layers/dense/vars/0")
 
 
 def test_compressed_and_filtered_datasets_within_the_ratio_still_read(tmp_path):
     zeros = numpy.zeros(1 << 20, dtype="float32")  # gzip shrinks zeros ~1000-fold, the most deflate can
-    path = _one_dense_layer(tmp_path / "gzip.weights.h5", data=zeros, chunks=(1 << 20,), compression="gzip",
-                            shuffle=True, fletcher32=True)
+    path = _one_dense_layer(
+        tmp_path / "gzip.weights.h5", data=zeros, chunks=(1 << 20,), compression="gzip", shuffle=True, fletcher32=True
+    )
     with open_keras_h5(path) as source:
         numpy.testing.assert_array_equal(source.read("layers/dense/vars/0"), zeros)
 
 
 def test_oversized_config_json_is_ignored_unread(tmp_path, caplog):
     copy = tmp_path / "model.keras"
-    with zipfile.ZipFile(os.path.join(FIXTURES, "keras3_model.keras")) as original, \
-            zipfile.ZipFile(copy, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+    with (
+        zipfile.ZipFile(os.path.join(FIXTURES, "keras3_model.keras")) as original,
+        zipfile.ZipFile(copy, "w", compression=zipfile.ZIP_DEFLATED) as archive,
+    ):
         for name in original.namelist():
             data = original.read(name)
             archive.writestr(name, data + b" " * (65 << 20) if name == "config.json" else data)
@@ -372,15 +388,15 @@ def test_global_heap_check_passes_keras_collections_and_refuses_ones_hdf5_would_
     with open(fixture("keras3_nested.weights.h5"), "rb") as handle:
         data = handle.read()
     start = data.index(b"GCOL")
-    collection = bytearray(data[start:start + int.from_bytes(data[start + 8:start + 16], "little")])
+    collection = bytearray(data[start : start + int.from_bytes(data[start + 8 : start + 16], "little")])
     assert _global_heap_problem(memoryview(bytes(collection))) is None
     free = 16
-    while int.from_bytes(collection[free:free + 2], "little") != 0:
-        free += 16 + (int.from_bytes(collection[free + 8:free + 16], "little") + 7) // 8 * 8
+    while int.from_bytes(collection[free : free + 2], "little") != 0:
+        free += 16 + (int.from_bytes(collection[free + 8 : free + 16], "little") + 7) // 8 * 8
     spinning = bytearray(collection)
-    spinning[free + 8:free + 16] = bytes(8)
+    spinning[free + 8 : free + 16] = bytes(8)
     assert "free-space object" in _global_heap_problem(memoryview(bytes(spinning)))
     past_end = bytearray(collection)
-    past_end[16 + 8:16 + 16] = (1 << 63).to_bytes(8, "little")  # first object's size wraps HDF5's pointer
+    past_end[16 + 8 : 16 + 16] = (1 << 63).to_bytes(8, "little")  # first object's size wraps HDF5's pointer
     assert "past the collection's end" in _global_heap_problem(memoryview(bytes(past_end)))
     assert _global_heap_problem(memoryview(bytes(collection[:64]))) is None  # a partial read: checked when whole

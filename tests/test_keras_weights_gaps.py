@@ -131,13 +131,18 @@ def test_keras3_files_give_the_values_the_legacy_h5_gives():
 
 def test_an_explicit_rename_may_use_keras3s_own_kernel_path():
     module = TinyMobileNet()
-    settings = WarmStartSettings(fixture("mobilenet_like.keras"), [".*"], accept_proposed_mapping=True,
-                                 var_name_to_prev_var_name={"expand_dw.weight": "expanded_conv_depthwise/kernel"},
-                                 converters={"expand_dw.weight": "depthwise"})
+    settings = WarmStartSettings(
+        fixture("mobilenet_like.keras"),
+        [".*"],
+        accept_proposed_mapping=True,
+        var_name_to_prev_var_name={"expand_dw.weight": "expanded_conv_depthwise/kernel"},
+        converters={"expand_dw.weight": "depthwise"},
+    )
     plan = plan_warm_start(module, settings)
     plan.close()
     assert plan.ok and {entry.target: entry.source for entry in plan.entries}["expand_dw.weight"] == (
-        "expanded_conv_depthwise/depthwise_kernel")
+        "expanded_conv_depthwise/depthwise_kernel"
+    )
 
 
 def test_depthwise_layers_of_an_unknown_class_get_advice_naming_the_kernels_that_fit(tmp_path):
@@ -154,14 +159,22 @@ def test_depthwise_layers_of_an_unknown_class_get_advice_naming_the_kernels_that
     assert "layers/my_depthwise, layers/my_depthwise_1" in proposal.reason
     assert "depthwise_conv_to_torch" in proposal.reason and "records no layer class" in proposal.reason
     # Following the advice loads the values the known-class file gives.
-    renames = {"expand_dw.weight": "layers/my_depthwise/vars/0", "widen_dw.weight": "layers/my_depthwise_1/vars/0",
-               "widen_dw.bias": "layers/my_depthwise_1/vars/1"}
+    renames = {
+        "expand_dw.weight": "layers/my_depthwise/vars/0",
+        "widen_dw.weight": "layers/my_depthwise_1/vars/0",
+        "widen_dw.bias": "layers/my_depthwise_1/vars/1",
+    }
     # The two Conv layers are then among four Conv-looking ones: their (ambiguous) proposals need confirming too.
-    converters = {"expand_dw.weight": "depthwise", "widen_dw.weight": "depthwise", "stem.weight": "conv",
-                  "project.weight": "conv"}
+    converters = {
+        "expand_dw.weight": "depthwise",
+        "widen_dw.weight": "depthwise",
+        "stem.weight": "conv",
+        "project.weight": "conv",
+    }
     module = TinyMobileNet()
-    warm_start(module, WarmStartSettings(str(copy), [".*"], renames, accept_proposed_mapping=True,
-                                         converters=converters))
+    warm_start(
+        module, WarmStartSettings(str(copy), [".*"], renames, accept_proposed_mapping=True, converters=converters)
+    )
     expected = warm_started(fixture("mobilenet_like.weights.h5"))[0].state_dict()
     for key, value in module.state_dict().items():
         torch.testing.assert_close(value, expected[key], atol=0, rtol=0, msg=key)
@@ -209,8 +222,9 @@ def test_batchnorm_advice_names_the_recorded_settings_and_following_it_reproduce
 
 
 def test_batchnorm_advice_without_a_config_says_it_assumes_keras_defaults():
-    plan = plan_warm_start(conv_bn(1e-5, 0.1),
-                           WarmStartSettings(fixture("resnet_bn.weights.h5"), [".*"], accept_proposed_mapping=True))
+    plan = plan_warm_start(
+        conv_bn(1e-5, 0.1), WarmStartSettings(fixture("resnet_bn.weights.h5"), [".*"], accept_proposed_mapping=True)
+    )
     plan.close()
     text = " ".join(plan.warnings)
     assert "epsilon=0.001 (Keras's default; the source records no layer settings" in text
@@ -218,10 +232,16 @@ def test_batchnorm_advice_without_a_config_says_it_assumes_keras_defaults():
 
 
 def test_layer_config_of_a_tensor_by_raw_name_or_alias():
-    with open_keras_h5(fixture("resnet_bn.keras")) as keras, open_keras_h5(fixture("resnet_bn.h5")) as legacy, \
-            open_keras_h5(fixture("resnet_bn.weights.h5")) as weights_only:
-        for source, name in ((keras, "bn/gamma"), (keras, keras.aliases()["bn/moving_variance"]),
-                             (legacy, "bn/moving_mean")):
+    with (
+        open_keras_h5(fixture("resnet_bn.keras")) as keras,
+        open_keras_h5(fixture("resnet_bn.h5")) as legacy,
+        open_keras_h5(fixture("resnet_bn.weights.h5")) as weights_only,
+    ):
+        for source, name in (
+            (keras, "bn/gamma"),
+            (keras, keras.aliases()["bn/moving_variance"]),
+            (legacy, "bn/moving_mean"),
+        ):
             config = source.layer_config(name)
             assert config["class_name"] == "BatchNormalization"
             assert batchnorm_settings(config).epsilon == 1.001e-5 and batchnorm_settings(config).momentum == 0.97
@@ -277,40 +297,55 @@ def rewrite_index(folder, change) -> str:
 
 def test_a_missing_part_is_an_error_naming_the_index_and_the_part(sharded_copy):
     os.remove(sharded_copy / "nested_00001.weights.h5")
-    with pytest.raises(WeightSourceError, match=r"nested\.weights\.json: the part 'nested_00001\.weights\.h5' .* "
-                                                r"is missing"):
+    with pytest.raises(
+        WeightSourceError,
+        match=r"nested\.weights\.json: the part 'nested_00001\.weights\.h5' .* "
+        r"is missing",
+    ):
         open_weights(sharded_copy / "nested.weights.json")
 
 
 def test_an_index_naming_a_variable_no_part_has_is_an_error(sharded_copy):
-    path = rewrite_index(sharded_copy, lambda weight_map: weight_map.update({"/layers/ghost/vars":
-                                                                              "nested_00000.weights.h5"}))
-    with pytest.raises(WeightSourceError, match=r"nested\.weights\.json: weight_map puts the variables "
-                                                r"'/layers/ghost/vars' in the part 'nested_00000\.weights\.h5'"):
+    path = rewrite_index(
+        sharded_copy, lambda weight_map: weight_map.update({"/layers/ghost/vars": "nested_00000.weights.h5"})
+    )
+    with pytest.raises(
+        WeightSourceError,
+        match=r"nested\.weights\.json: weight_map puts the variables "
+        r"'/layers/ghost/vars' in the part 'nested_00000\.weights\.h5'",
+    ):
         open_weights(path)
 
 
 def test_a_part_from_another_save_is_an_error(sharded_copy):
     index = sharded_copy / "nested.weights.json"
     shutil.copy(fixture("sharded/mobilenet_like_00001.weights.h5"), sharded_copy / "nested_00001.weights.h5")
-    with pytest.raises(WeightSourceError, match=r"nested\.weights\.json: .*'nested_00001\.weights\.h5'.* not the "
-                                                "one written with this index"):
+    with pytest.raises(
+        WeightSourceError,
+        match=r"nested\.weights\.json: .*'nested_00001\.weights\.h5'.* not the "
+        "one written with this index",
+    ):
         open_weights(index)
 
 
 def test_variables_a_part_holds_outside_the_weight_map_are_an_error(sharded_copy):
     path = rewrite_index(sharded_copy, lambda weight_map: weight_map.pop("/layers/sequential/layers/dense/vars"))
-    with pytest.raises(WeightSourceError, match="holds variables under '/layers/sequential/layers/dense/vars', "
-                                                "which weight_map does not place there"):
+    with pytest.raises(
+        WeightSourceError,
+        match="holds variables under '/layers/sequential/layers/dense/vars', which weight_map does not place there",
+    ):
         open_weights(path)
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("{not json", "not JSON"),
-    ('{"metadata": {}}', "no non-empty 'weight_map'"),
-    ('{"weight_map": {"/vars": 3}}', "expected a part's file name"),
-    ('{"weight_map": {"/vars": "../elsewhere.weights.h5"}}', "without a folder"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "not JSON"),
+        ('{"metadata": {}}', "no non-empty 'weight_map'"),
+        ('{"weight_map": {"/vars": 3}}', "expected a part's file name"),
+        ('{"weight_map": {"/vars": "../elsewhere.weights.h5"}}', "without a folder"),
+    ],
+)
 def test_a_damaged_index_is_an_error_naming_it(tmp_path, text, message):
     path = tmp_path / "x.weights.json"
     path.write_text(text)

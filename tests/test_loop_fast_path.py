@@ -20,20 +20,33 @@ from torchestimator._io.summary import read_scalars
 
 def _batches(count: int = 40):
     generator = torch.Generator().manual_seed(0)
-    return [({"x": torch.randn(4, 3, generator=generator)}, torch.randint(0, 2, (4,), generator=generator))
-            for _ in range(count)]
+    return [
+        ({"x": torch.randn(4, 3, generator=generator)}, torch.randint(0, 2, (4,), generator=generator))
+        for _ in range(count)
+    ]
 
 
 def _config(**changes):
-    settings = dict(random_seed=0, save_checkpoints_steps=None, save_checkpoints_secs=None, save_summary_steps=None,
-                    log_step_count_steps=None, progress_bar=False, device="cpu")
+    settings = dict(
+        random_seed=0,
+        save_checkpoints_steps=None,
+        save_checkpoints_secs=None,
+        save_summary_steps=None,
+        log_step_count_steps=None,
+        progress_bar=False,
+        device="cpu",
+    )
     return te.RunConfig(**(settings | changes))
 
 
 def _estimator(tmp_path, model_fn, **config):
-    return te.Estimator(model_fn=model_fn, model=lambda: nn.Linear(3, 2),
-                        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
-                        model_dir=str(tmp_path / "model"), config=_config(**config))
+    return te.Estimator(
+        model_fn=model_fn,
+        model=lambda: nn.Linear(3, 2),
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
+        model_dir=str(tmp_path / "model"),
+        config=_config(**config),
+    )
 
 
 def _model_fn(model, features, labels, mode):
@@ -93,15 +106,22 @@ def _turning_bad_at_step_three(bad):
     return model_fn, calls
 
 
-@pytest.mark.parametrize("bad, error, message", [
-    (lambda mode, loss: te.EstimatorSpec(mode, loss=loss.expand(2)), ValueError, "must be a scalar"),
-    (lambda mode, loss: te.EstimatorSpec(mode, loss=loss.round().long()), TypeError, "floating-point"),
-    (lambda mode, loss: te.EstimatorSpec(mode, loss=float(loss.detach())), TypeError, "must be a scalar tensor"),
-    (lambda mode, loss: te.EstimatorSpec(mode), ValueError, "loss is required"),
-    (lambda mode, loss: {"loss": loss}, TypeError, "must return an EstimatorSpec"),
-    (lambda mode, loss: te.EstimatorSpec(te.ModeKeys.EVAL, loss=loss), ValueError, "returned an EstimatorSpec for mode"),
-    (lambda mode, loss: te.EstimatorSpec(mode, loss=loss, train_op="step"), TypeError, "train_op must be"),
-])
+@pytest.mark.parametrize(
+    "bad, error, message",
+    [
+        (lambda mode, loss: te.EstimatorSpec(mode, loss=loss.expand(2)), ValueError, "must be a scalar"),
+        (lambda mode, loss: te.EstimatorSpec(mode, loss=loss.round().long()), TypeError, "floating-point"),
+        (lambda mode, loss: te.EstimatorSpec(mode, loss=float(loss.detach())), TypeError, "must be a scalar tensor"),
+        (lambda mode, loss: te.EstimatorSpec(mode), ValueError, "loss is required"),
+        (lambda mode, loss: {"loss": loss}, TypeError, "must return an EstimatorSpec"),
+        (
+            lambda mode, loss: te.EstimatorSpec(te.ModeKeys.EVAL, loss=loss),
+            ValueError,
+            "returned an EstimatorSpec for mode",
+        ),
+        (lambda mode, loss: te.EstimatorSpec(mode, loss=loss, train_op="step"), TypeError, "train_op must be"),
+    ],
+)
 def test_a_spec_that_turns_bad_at_step_three_raises_at_step_three(tmp_path, bad, error, message):
     model_fn, calls = _turning_bad_at_step_three(bad)
     with pytest.raises(error, match=message):
@@ -192,9 +212,14 @@ def test_model_fn_gets_its_arguments_by_name_on_both_call_paths(tmp_path):
         return _model_fn(model, features, labels, mode)
 
     _estimator(tmp_path / "a", all_four).train(lambda: iter(_batches()), max_steps=1)
-    te.Estimator(model_fn=with_params, model=lambda: nn.Linear(3, 2), params={"p": 7},
-                 optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1), model_dir=str(tmp_path / "b"),
-                 config=_config()).train(lambda: iter(_batches()), max_steps=1)
+    te.Estimator(
+        model_fn=with_params,
+        model=lambda: nn.Linear(3, 2),
+        params={"p": 7},
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
+        model_dir=str(tmp_path / "b"),
+        config=_config(),
+    ).train(lambda: iter(_batches()), max_steps=1)
     assert seen == [("all", "Linear", 4, 4, te.ModeKeys.TRAIN), ("params", 7, te.ModeKeys.TRAIN)]
 
 
@@ -258,6 +283,7 @@ def test_a_decorated_model_fn_forwarding_keywords_is_called_by_name(tmp_path):
         def wrapper(**arguments):
             assert arguments["mode"] in (te.ModeKeys.TRAIN, te.ModeKeys.EVAL)
             return function(**arguments)
+
         return wrapper
 
     decorated = forwarding_keywords(_model_fn)
@@ -282,8 +308,9 @@ def _recording_progress(monkeypatch):
 
     positions = []
     update = Progress.update
-    monkeypatch.setattr(Progress, "update", lambda self, position, loss=None: (positions.append(position),
-                                                                                 update(self, position, loss)))
+    monkeypatch.setattr(
+        Progress, "update", lambda self, position, loss=None: (positions.append(position), update(self, position, loss))
+    )
     return positions
 
 

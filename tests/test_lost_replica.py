@@ -20,9 +20,9 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from conftest import wait_until
 
 import torchestimator as te
-from conftest import wait_until
 from torchestimator.checkpoint import CheckpointStore
 from torchestimator.checkpoint.dcp_format import ShardWriter
 from torchestimator.distribute import MirroredStrategy
@@ -36,7 +36,8 @@ def _input_fn(input_context=None):
     x = rng.normal(size=(128, 6)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int64)
     return te.numpy_input_fn({"x": x}, y, batch_size=16, num_epochs=None, shuffle=True, seed=3)(
-        input_context=input_context)
+        input_context=input_context
+    )
 
 
 def _model_fn(model, features, labels, mode):
@@ -44,10 +45,14 @@ def _model_fn(model, features, labels, mode):
 
 
 def _outcome(error: BaseException) -> dict:
-    return {"type": type(error).__name__, "message": str(error),
-            "cause": type(error.__cause__).__name__ if error.__cause__ is not None else None,
-            "cause_message": str(error.__cause__)[:2000] if error.__cause__ is not None else None,
-            "lost_ranks": list(getattr(error, "lost_ranks", ())), "traceback": traceback.format_exc()}
+    return {
+        "type": type(error).__name__,
+        "message": str(error),
+        "cause": type(error.__cause__).__name__ if error.__cause__ is not None else None,
+        "cause_message": str(error.__cause__)[:2000] if error.__cause__ is not None else None,
+        "lost_ranks": list(getattr(error, "lost_ranks", ())),
+        "traceback": traceback.format_exc(),
+    }
 
 
 def _killed_during_save(model_dir, outcome_file, asynchronous):
@@ -60,15 +65,24 @@ def _killed_during_save(model_dir, outcome_file, asynchronous):
         return original(self, plan, planner)
 
     ShardWriter.write_data = write_or_die
-    config = te.RunConfig(train_distribute=MirroredStrategy(num_replicas=2), save_checkpoints_steps=4,
-                          log_step_count_steps=None, progress_bar=False, random_seed=0,
-                          async_checkpoint=asynchronous)
-    estimator = te.Estimator(model_fn=_model_fn, model=lambda: nn.Linear(6, 2),
-                             optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
-                             model_dir=model_dir, config=config)
+    config = te.RunConfig(
+        train_distribute=MirroredStrategy(num_replicas=2),
+        save_checkpoints_steps=4,
+        log_step_count_steps=None,
+        progress_bar=False,
+        random_seed=0,
+        async_checkpoint=asynchronous,
+    )
+    estimator = te.Estimator(
+        model_fn=_model_fn,
+        model=lambda: nn.Linear(6, 2),
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
+        model_dir=model_dir,
+        config=config,
+    )
     try:
         estimator.train(_input_fn, max_steps=8)
-    except BaseException as error:  # noqa: BLE001 -- what rank 0 raised is the test's subject
+    except BaseException as error:
         with open(outcome_file + ".tmp", "w") as handle:
             json.dump(_outcome(error), handle)
         os.replace(outcome_file + ".tmp", outcome_file)
@@ -84,8 +98,11 @@ def test_a_replica_killed_during_a_save_is_named_and_the_save_never_published(tm
     started = time.monotonic()
     with pytest.raises(ReplicaFailedError, match="rank 1"):  # rank 1 died without reporting
         run_in_processes(_killed_during_save, nprocs=2, args=(model_dir, outcome_file, asynchronous), timeout=240)
-    outcome = json.loads(wait_until(lambda: os.path.exists(outcome_file) and open(outcome_file).read(),
-                                    timeout=30, what="rank 0's outcome"))
+    outcome = json.loads(
+        wait_until(
+            lambda: os.path.exists(outcome_file) and open(outcome_file).read(), timeout=30, what="rank 0's outcome"
+        )
+    )
     assert outcome["type"] == "ReplicaLostError", outcome
     assert "Replica 0 stops at global step 8: a collective of the checkpoint save failed" in outcome["message"]
     assert "rank 1 (pid" in outcome["message"] and "is gone" in outcome["message"], outcome["message"]
@@ -103,7 +120,7 @@ def test_a_replica_killed_during_a_save_is_named_and_the_save_never_published(tm
 
 # ----------------------------------------------------------------------------- replica 0 before the group
 
-_PLAIN_SCRIPT = '''
+_PLAIN_SCRIPT = """
 import json, os, signal, sys, time, traceback
 import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
 import torchestimator as te
@@ -135,7 +152,7 @@ except BaseException as error:  # its standard error went to replica 0, which is
     with open(os.path.join(report_folder, f"error-{os.getpid()}.txt"), "w") as handle:
         handle.write(f"{type(error).__name__}: {error}")
     raise
-'''
+"""
 
 
 def _running(pid: int) -> bool:
@@ -155,19 +172,30 @@ def test_replicas_of_a_plain_script_stop_at_once_when_replica_0_dies_before_the_
     store): replica 1 must end, naming replica 0, well within the collective timeout (300 s by default)."""
     script = tmp_path / "script.py"
     script.write_text(_PLAIN_SCRIPT)
-    environ = {name: value for name, value in os.environ.items()
-               if name not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TF_CONFIG")}
+    environ = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TF_CONFIG")
+    }
     environ.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCHESTIMATOR_COLLECTIVE_TIMEOUT="300")
-    chief = subprocess.Popen([sys.executable, str(script), str(tmp_path / "model"), str(tmp_path)],
-                             env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
+    chief = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "model"), str(tmp_path)],
+        env=environ,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     replica_pid = None
     try:
         assert chief.wait(timeout=120) == -signal.SIGKILL
         died_at = time.monotonic()
         replica_pid = int((tmp_path / "replica1.pid").read_text())
-        wait_until(lambda: not _running(replica_pid), timeout=60, interval=0.1,
-                   what="replica 1 ending after replica 0 was killed")
+        wait_until(
+            lambda: not _running(replica_pid),
+            timeout=60,
+            interval=0.1,
+            what="replica 1 ending after replica 0 was killed",
+        )
         assert time.monotonic() - died_at < 60
         reports = wait_until(lambda: list(tmp_path.glob("error-*.txt")), timeout=10, what="replica 1's error")
         said = reports[0].read_text()
@@ -197,8 +225,10 @@ def test_launch_stops_a_failed_group_within_its_shutdown_timeout(monkeypatch):
 
     monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
     assert launcher.shutdown_timeout(argparse.Namespace(shutdown_timeout=None), {}) == 5
-    assert launcher.shutdown_timeout(argparse.Namespace(shutdown_timeout=None),
-                                     {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "40"}) == 40
+    assert (
+        launcher.shutdown_timeout(argparse.Namespace(shutdown_timeout=None), {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "40"})
+        == 40
+    )
     assert launcher.shutdown_timeout(argparse.Namespace(shutdown_timeout=12), {}) == 12
     closed, seen = [], {}
 
@@ -219,8 +249,9 @@ def test_launch_stops_a_failed_group_within_its_shutdown_timeout(monkeypatch):
 
     monkeypatch.setattr(PContext, "close", record_close)
     monkeypatch.setattr("torch.distributed.run.run", record_run)
-    arguments = launcher.prepare_torchrun_arguments(launcher.launch_parser().parse_args(
-        ["--nproc_per_node", "2", "--max_restarts", "1", "train.py"]), {})
+    arguments = launcher.prepare_torchrun_arguments(
+        launcher.launch_parser().parse_args(["--nproc_per_node", "2", "--max_restarts", "1", "train.py"]), {}
+    )
     assert launcher.run_torchrun(arguments) == 0
     assert seen["shutdown_timeout"] == 5 and closed == [5, 5]
     assert PContext.close is record_close  # put back after the launch

@@ -109,12 +109,15 @@ def test_conv_flatten_dense_is_flagged_with_the_helper_named() -> None:
     source = [
         TensorInfo("layer_with_weights-0/kernel/.ATTRIBUTES/VARIABLE_VALUE", (3, 3, 3, 8), "float32"),
         TensorInfo("layer_with_weights-0/bias/.ATTRIBUTES/VARIABLE_VALUE", (8,), "float32"),
-        *(TensorInfo(f"layer_with_weights-1/{m}/.ATTRIBUTES/VARIABLE_VALUE", (8,), "float32")
-          for m in ("gamma", "beta", "moving_mean", "moving_variance")),
+        *(
+            TensorInfo(f"layer_with_weights-1/{m}/.ATTRIBUTES/VARIABLE_VALUE", (8,), "float32")
+            for m in ("gamma", "beta", "moving_mean", "moving_variance")
+        ),
         TensorInfo("layer_with_weights-2/kernel/.ATTRIBUTES/VARIABLE_VALUE", (128, 5), "float32"),
         TensorInfo("layer_with_weights-2/bias/.ATTRIBUTES/VARIABLE_VALUE", (5,), "float32"),
-        TensorInfo("layer_with_weights-2/kernel/.OPTIMIZER_SLOT/optimizer/m/.ATTRIBUTES/VARIABLE_VALUE", (128, 5),
-                   "float32"),
+        TensorInfo(
+            "layer_with_weights-2/kernel/.OPTIMIZER_SLOT/optimizer/m/.ATTRIBUTES/VARIABLE_VALUE", (128, 5), "float32"
+        ),
         TensorInfo("optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE", (), "int64"),
         TensorInfo("save_counter/.ATTRIBUTES/VARIABLE_VALUE", (), "int64"),
     ]
@@ -154,8 +157,12 @@ def test_torch_named_source_and_keras3_numbered_variables() -> None:
 
 def test_target_as_shapes_and_bad_target() -> None:
     shapes = {"encoder.weight": (8, 4), "encoder.bias": (8,), "head.weight": (3, 8), "head.bias": (3,)}
-    source = [TensorInfo("dense/kernel", (4, 8), "float32"), TensorInfo("dense/bias", (8,), "float32"),
-              TensorInfo("dense_1/kernel", (8, 3), "float32"), TensorInfo("dense_1/bias", (3,), "float32")]
+    source = [
+        TensorInfo("dense/kernel", (4, 8), "float32"),
+        TensorInfo("dense/bias", (8,), "float32"),
+        TensorInfo("dense_1/kernel", (8, 3), "float32"),
+        TensorInfo("dense_1/bias", (3,), "float32"),
+    ]
     assert propose_mapping(shapes, source).mapping()["head.weight"] == "dense_1/kernel"
     with pytest.raises(TypeError, match="must be a torch.nn.Module or a mapping"):
         propose_mapping([1, 2], source)  # type: ignore[arg-type]

@@ -9,9 +9,9 @@ import os
 import numpy as np
 import pytest
 import torch
+from conftest import input_fns, make_estimator
 
 import torchestimator as te
-from conftest import input_fns, make_estimator
 from torchestimator._io import filesystems
 from torchestimator._io.summary import SummaryWriter, read_scalars
 
@@ -25,7 +25,9 @@ def test_training_resumed_from_a_store_ends_bit_exact_as_an_uninterrupted_local_
     reference = make_estimator(tmp_path / "local", save_checkpoints_steps=5)
     reference.train(train_fn, max_steps=15)
     make_estimator(store_url, save_checkpoints_steps=5, save_summary_steps=5).train(train_fn, max_steps=10)
-    resumed = make_estimator(store_url, save_checkpoints_steps=5, save_summary_steps=5)  # a new process would build it the same way
+    resumed = make_estimator(
+        store_url, save_checkpoints_steps=5, save_summary_steps=5
+    )  # a new process would build it the same way
     resumed.train(train_fn, max_steps=15)
     assert resumed.latest_checkpoint().startswith(store_url + "/ckpt-15.")
     expected, got = _final_weights(reference), _final_weights(resumed)
@@ -62,8 +64,9 @@ def test_storage_options_reach_the_filesystem_and_stay_out_of_run_config(s3_buck
         estimator.train(train_fn, max_steps=3)
         saved = filesystems.read_bytes(f"{s3_bucket}/run/run_config.json").decode()
         assert "a-secret-value" not in saved and "testing" not in saved
-        assert json.loads(saved)["storage_options"] == {"s3": {"endpoint_url": "<hidden>", "key": "<hidden>",
-                                                                "secret": "<hidden>"}}
+        assert json.loads(saved)["storage_options"] == {
+            "s3": {"endpoint_url": "<hidden>", "key": "<hidden>", "secret": "<hidden>"}
+        }
         assert estimator.latest_checkpoint().startswith(f"{s3_bucket}/run/ckpt-3.")
     finally:
         filesystems.configure_storage_options(None)
@@ -98,10 +101,17 @@ def _replicas_train_in_a_store(url: str, local: str) -> dict:
     strategy = te.MirroredStrategy()
 
     def estimator(model_dir):
-        config = te.RunConfig(train_distribute=strategy, save_checkpoints_steps=3, log_step_count_steps=None,
-                              save_summary_steps=None, progress_bar=False, random_seed=0)
-        return te.Estimator(model_fn=classifier_model_fn, model=SmallNet, optimizer=adam, model_dir=model_dir,
-                            config=config)
+        config = te.RunConfig(
+            train_distribute=strategy,
+            save_checkpoints_steps=3,
+            log_step_count_steps=None,
+            save_summary_steps=None,
+            progress_bar=False,
+            random_seed=0,
+        )
+        return te.Estimator(
+            model_fn=classifier_model_fn, model=SmallNet, optimizer=adam, model_dir=model_dir, config=config
+        )
 
     train_fn, _, _, _ = input_fns()
     reference = estimator(local)
@@ -109,9 +119,11 @@ def _replicas_train_in_a_store(url: str, local: str) -> dict:
     estimator(url).train(train_fn, max_steps=6)
     resumed = estimator(url)
     resumed.train(train_fn, max_steps=9)
-    return {"reference": {k: v.clone() for k, v in reference.checkpoint_store.restore().model_state.items()},
-            "resumed": {k: v.clone() for k, v in resumed.checkpoint_store.restore().model_state.items()},
-            "latest": resumed.latest_checkpoint()}
+    return {
+        "reference": {k: v.clone() for k, v in reference.checkpoint_store.restore().model_state.items()},
+        "resumed": {k: v.clone() for k, v in resumed.checkpoint_store.restore().model_state.items()},
+        "latest": resumed.latest_checkpoint(),
+    }
 
 
 @pytest.mark.slow
@@ -120,8 +132,7 @@ def test_replicas_share_an_s3_model_dir_and_resume_bit_exact(s3_bucket, tmp_path
     from torchestimator.testing import run_in_processes
 
     url = f"{s3_bucket}/run"
-    per_rank = run_in_processes(_replicas_train_in_a_store, nprocs=2, args=(url, str(tmp_path / "local")),
-                                timeout=240)
+    per_rank = run_in_processes(_replicas_train_in_a_store, nprocs=2, args=(url, str(tmp_path / "local")), timeout=240)
     for result in per_rank:
         assert result["latest"].startswith(url + "/ckpt-9.")
         assert all(torch.equal(result["reference"][name], result["resumed"][name]) for name in result["reference"])
@@ -142,15 +153,20 @@ def test_train_and_evaluate_keeps_and_exports_the_best_in_a_store(store_url):
     estimator = make_estimator(store_url, save_checkpoints_steps=4, keep_checkpoint_max=1)
     stop = te.stop_if_no_decrease_hook(estimator, "loss", max_steps_without_decrease=1000)
     results, exports = te.train_and_evaluate(
-        estimator, te.TrainSpec(train_fn, max_steps=12),
-        te.EvalSpec(eval_fn, steps=2, every_n_steps=4, exporters=[BestExporter("best", receiver)]), early_stopping=[stop],
-        best=te.BestCheckpointPolicy("loss"))
+        estimator,
+        te.TrainSpec(train_fn, max_steps=12),
+        te.EvalSpec(eval_fn, steps=2, every_n_steps=4, exporters=[BestExporter("best", receiver)]),
+        early_stopping=[stop],
+        best=te.BestCheckpointPolicy("loss"),
+    )
     assert results["global_step"] == 12
     history = read_scalars(estimator.eval_dir())["loss"]
     assert [step for step, _ in history] == [4, 8, 12]
     best_step = min(history, key=lambda item: item[1])[0]
     # keep_checkpoint_max=1, but the best checkpoint is protected: it is still listed and restores.
-    listed = {int(path.rsplit("ckpt-", 1)[1].split(".")[0]): path for path in estimator.checkpoint_store.all_checkpoints()}
+    listed = {
+        int(path.rsplit("ckpt-", 1)[1].split(".")[0]): path for path in estimator.checkpoint_store.all_checkpoints()
+    }
     assert best_step in listed and 12 in listed
     assert estimator.checkpoint_store.restore(listed[best_step]).step == best_step
     from torchestimator._policy.best import read_best
@@ -209,8 +225,14 @@ def test_warm_start_from_a_model_dir_in_a_store(store_url, tmp_path):
     source = make_estimator(store_url, save_checkpoints_steps=3)
     source.train(train_fn, max_steps=3)
     config = te.RunConfig(save_checkpoints_steps=1, log_step_count_steps=None, progress_bar=False, random_seed=1)
-    warm = te.Estimator(model_fn=classifier_model_fn, model=SmallNet, model_dir=str(tmp_path / "warm"), config=config,
-                        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.0), warm_start_from=store_url)
+    warm = te.Estimator(
+        model_fn=classifier_model_fn,
+        model=SmallNet,
+        model_dir=str(tmp_path / "warm"),
+        config=config,
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.0),
+        warm_start_from=store_url,
+    )
     warm.train(train_fn, max_steps=1)  # lr 0: the weights stay those warm-started from the store
     expected, got = _final_weights(source), _final_weights(warm)
     parameters = [name for name, _ in SmallNet().named_parameters()]  # BatchNorm's running statistics move on
@@ -237,7 +259,10 @@ def test_async_checkpoints_into_a_store_equal_synchronous_ones(store_url, tmp_pa
     background = make_estimator(store_url, save_checkpoints_steps=2, async_checkpoint=True)
     background.train(train_fn, max_steps=6)
     assert [path.rsplit("ckpt-", 1)[1].split(".")[0] for path in background.checkpoint_store.all_checkpoints()] == [
-        "2", "4", "6"]
+        "2",
+        "4",
+        "6",
+    ]
     expected, got = _final_weights(synchronous), _final_weights(background)
     assert all(torch.equal(expected[name], got[name]) for name in expected)
 

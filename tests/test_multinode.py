@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import wait_until
+
 from torchestimator.distribute.launcher import find_free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -108,14 +108,27 @@ TRAIN_SCRIPT = textwrap.dedent('''
 ''')
 
 _LAUNCH_VARIABLE_PREFIXES = ("SLURM_", "PET_", "TORCHELASTIC_")
-_LAUNCH_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                     "MASTER_ADDR", "MASTER_PORT", "TF_CONFIG", "GLOO_SOCKET_IFNAME"}
+_LAUNCH_VARIABLES = {
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TF_CONFIG",
+    "GLOO_SOCKET_IFNAME",
+}
 
 
 def _environment(**extra: str) -> dict[str, str]:
     """This test's environment without any cluster description, one thread per process, short collectives."""
-    environ = {name: value for name, value in os.environ.items()
-               if name not in _LAUNCH_VARIABLES and not name.startswith(_LAUNCH_VARIABLE_PREFIXES)}
+    environ = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in _LAUNCH_VARIABLES and not name.startswith(_LAUNCH_VARIABLE_PREFIXES)
+    }
     environ.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCHESTIMATOR_COLLECTIVE_TIMEOUT="60")
     environ.update(extra)
     return environ
@@ -139,8 +152,16 @@ def _run_together(commands: list[tuple[list[str], dict[str, str]]], logs: Path) 
     try:
         for index, (command, environ) in enumerate(commands):
             with open(logs / f"process{index}.log", "wb") as log:
-                processes.append(subprocess.Popen(command, env=environ, stdout=log, stderr=subprocess.STDOUT,
-                                                  stdin=subprocess.DEVNULL, start_new_session=True))
+                processes.append(
+                    subprocess.Popen(
+                        command,
+                        env=environ,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+                )
         deadline = time.monotonic() + DEADLINE_SECONDS
         while time.monotonic() < deadline and any(process.poll() is None for process in processes):
             time.sleep(0.2)
@@ -150,9 +171,11 @@ def _run_together(commands: list[tuple[list[str], dict[str, str]]], logs: Path) 
             _stop(process)
     codes = [process.returncode for process in processes]
     if timed_out or any(codes):
-        tails = "\n".join(f"--- process {index} ({' '.join(commands[index][0][-6:])}) exit {code}:\n"
-                          + (logs / f"process{index}.log").read_text(errors="replace")[-3000:]
-                          for index, code in enumerate(codes))
+        tails = "\n".join(
+            f"--- process {index} ({' '.join(commands[index][0][-6:])}) exit {code}:\n"
+            + (logs / f"process{index}.log").read_text(errors="replace")[-3000:]
+            for index, code in enumerate(codes)
+        )
         reason = f"processes {timed_out} still running after {DEADLINE_SECONDS:g} s" if timed_out else "a failure"
         pytest.fail(f"{reason}; exit codes {codes}\n{tails}")
 
@@ -177,8 +200,9 @@ def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def one_process_weights(script: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
     """The reference: one process, the same global batch of 32."""
     folder = tmp_path_factory.mktemp("single")
-    _run_together([([sys.executable, str(script), "single", str(folder / "model"), str(folder)], _environment())],
-                  folder / "logs")
+    _run_together(
+        [([sys.executable, str(script), "single", str(folder / "model"), str(folder)], _environment())], folder / "logs"
+    )
     weights, (meta,) = _read_run(folder, 1)
     assert meta == {"replicas": 1, "source": "local", "latest": "ckpt-10"}
     return weights
@@ -194,12 +218,31 @@ def _assert_same_weights(weights: dict[str, np.ndarray], expected: dict[str, np.
         np.testing.assert_allclose(weights[name], expected[name], rtol=0, atol=1e-6, err_msg=name)
 
 
-def _launch_node(script: Path, endpoint: str, run_id: str, model_dir: Path | str, output: Path,
-                 local_addr: str | None = None, *, max_restarts: int = 0,
-                 rdzv_conf: str = "join_timeout=90") -> list[str]:
-    command = [sys.executable, "-m", "torchestimator", "launch", "--nnodes=2", "--nproc_per_node=1",
-               "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", f"--rdzv_id={run_id}",
-               f"--rdzv_conf={rdzv_conf}", "--monitor_interval=0.5", f"--max_restarts={max_restarts}"]
+def _launch_node(
+    script: Path,
+    endpoint: str,
+    run_id: str,
+    model_dir: Path | str,
+    output: Path,
+    local_addr: str | None = None,
+    *,
+    max_restarts: int = 0,
+    rdzv_conf: str = "join_timeout=90",
+) -> list[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "torchestimator",
+        "launch",
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={endpoint}",
+        f"--rdzv_id={run_id}",
+        f"--rdzv_conf={rdzv_conf}",
+        "--monitor_interval=0.5",
+        f"--max_restarts={max_restarts}",
+    ]
     if local_addr is not None:
         command.append(f"--local_addr={local_addr}")  # the address this node's workers are reached at
     return [*command, str(script), "mirrored", str(model_dir), str(output)]
@@ -229,9 +272,17 @@ def test_plain_python_tasks_form_one_group(script, one_process_weights, tmp_path
             task = {"type": "chief", "index": 0} if rank == 0 else {"type": "worker", "index": 0}
             extra = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": task})}
         else:
-            extra = {"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_NTASKS": "2", "SLURM_NODEID": "0",
-                     "SLURM_TASKS_PER_NODE": "2", "SLURM_NODELIST": "127.0.0.1", "SLURM_JOB_ID": "4242",
-                     "SLURM_JOB_NAME": "train", "MASTER_PORT": str(port)}
+            extra = {
+                "SLURM_PROCID": str(rank),
+                "SLURM_LOCALID": str(rank),
+                "SLURM_NTASKS": "2",
+                "SLURM_NODEID": "0",
+                "SLURM_TASKS_PER_NODE": "2",
+                "SLURM_NODELIST": "127.0.0.1",
+                "SLURM_JOB_ID": "4242",
+                "SLURM_JOB_NAME": "train",
+                "MASTER_PORT": str(port),
+            }
         tasks.append(extra)
     output = tmp_path / "output"
     output.mkdir()
@@ -314,8 +365,12 @@ def test_two_launched_nodes_across_network_namespaces_equal_one_process(script, 
     _assert_same_weights(weights, one_process_weights)
 
 
-_S3_VARIABLES = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-secret",
-                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+_S3_VARIABLES = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
 
 
 @contextlib.contextmanager
@@ -325,19 +380,29 @@ def _s3_server_in(namespace: str, address: str, logs: Path) -> Iterator[str]:
     logs.mkdir(parents=True, exist_ok=True)
     endpoint = f"http://{address}:29500"
     with open(logs / "s3.log", "wb") as log:
-        server = subprocess.Popen(["ip", "netns", "exec", namespace, sys.executable, "-m", "moto.server", "-H", address,
-                                   "-p", "29500"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", namespace, sys.executable, "-m", "moto.server", "-H", address, "-p", "29500"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
-        make_bucket = ("import boto3, sys, time\n"
-                       "deadline = time.monotonic() + 60\n"
-                       "while True:\n"
-                       "    try:\n"
-                       f"        boto3.client('s3', endpoint_url={endpoint!r}).create_bucket(Bucket='run'); break\n"
-                       "    except Exception:\n"
-                       "        if time.monotonic() > deadline: raise\n"
-                       "        time.sleep(0.2)\n")
-        subprocess.run(["ip", "netns", "exec", namespace, sys.executable, "-c", make_bucket], check=True, timeout=90,
-                       env=_environment(**_S3_VARIABLES))
+        make_bucket = (
+            "import boto3, sys, time\n"
+            "deadline = time.monotonic() + 60\n"
+            "while True:\n"
+            "    try:\n"
+            f"        boto3.client('s3', endpoint_url={endpoint!r}).create_bucket(Bucket='run'); break\n"
+            "    except Exception:\n"
+            "        if time.monotonic() > deadline: raise\n"
+            "        time.sleep(0.2)\n"
+        )
+        subprocess.run(
+            ["ip", "netns", "exec", namespace, sys.executable, "-c", make_bucket],
+            check=True,
+            timeout=90,
+            env=_environment(**_S3_VARIABLES),
+        )
         yield endpoint
     finally:
         _stop(server)
@@ -375,13 +440,21 @@ _ELASTIC_RDZV_CONF = "join_timeout=90,keep_alive_interval=1,keep_alive_max_attem
 
 def _start(command: list[str], environ: dict[str, str], log: Path) -> subprocess.Popen:
     with open(log, "wb") as handle:
-        return subprocess.Popen(command, env=environ, stdout=handle, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(
+            command,
+            env=environ,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
 
 def _logs(logs: dict[str, Path]) -> str:
-    return "\n".join(f"--- {name}:\n" + (path.read_text(errors="replace")[-3000:] if path.exists() else "(none)")
-                     for name, path in logs.items())
+    return "\n".join(
+        f"--- {name}:\n" + (path.read_text(errors="replace")[-3000:] if path.exists() else "(none)")
+        for name, path in logs.items()
+    )
 
 
 def _kill_the_whole_node(namespace: str, agent: subprocess.Popen, worker_pid: int) -> None:
@@ -393,8 +466,9 @@ def _kill_the_whole_node(namespace: str, agent: subprocess.Popen, worker_pid: in
             os.killpg(group, signal.SIGKILL)
     agent.wait(30)
     deadline = time.monotonic() + 30
-    while pids := subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, check=True,
-                                 timeout=30).stdout.split():
+    while pids := subprocess.run(
+        ["ip", "netns", "pids", namespace], capture_output=True, text=True, check=True, timeout=30
+    ).stdout.split():
         if time.monotonic() > deadline:
             raise AssertionError(f"processes {pids} still run in namespace {namespace} 30 s after kill -9")
         for pid in pids:
@@ -419,23 +493,52 @@ def test_a_whole_node_killed_with_only_s3_shared_is_replaced_and_the_run_resumes
         (_, _, address_a), (namespace_b, _, _) = sides
 
         def node(namespace, veth, address, run_id, port, model_dir, folder, max_restarts=0, **extra):
-            command = _launch_node(script, f"{address_a}:{port}", run_id, model_dir, folder, local_addr=address,
-                                   max_restarts=max_restarts, rdzv_conf=_ELASTIC_RDZV_CONF)
-            environ = _environment(GLOO_SOCKET_IFNAME=veth, AWS_ENDPOINT_URL=endpoint,
-                                   TORCHESTIMATOR_COLLECTIVE_TIMEOUT="30", **_S3_VARIABLES, **_NO_SHARED_STORE, **extra)
+            command = _launch_node(
+                script,
+                f"{address_a}:{port}",
+                run_id,
+                model_dir,
+                folder,
+                local_addr=address,
+                max_restarts=max_restarts,
+                rdzv_conf=_ELASTIC_RDZV_CONF,
+            )
+            environ = _environment(
+                GLOO_SOCKET_IFNAME=veth,
+                AWS_ENDPOINT_URL=endpoint,
+                TORCHESTIMATOR_COLLECTIVE_TIMEOUT="30",
+                **_S3_VARIABLES,
+                **_NO_SHARED_STORE,
+                **extra,
+            )
             return ["ip", "netns", "exec", namespace, *command], environ
 
         # The reference: the same two nodes, never interrupted.
         reference_id = f"netns-reference-{secrets.token_hex(4)}"
-        _run_together([node(*side, reference_id, 29400, "s3://run/reference", reference_output) for side in sides],
-                      tmp_path / "logs" / "reference")
+        _run_together(
+            [node(*side, reference_id, 29400, "s3://run/reference", reference_output) for side in sides],
+            tmp_path / "logs" / "reference",
+        )
 
         run_id = f"netns-elastic-{secrets.token_hex(4)}"
         try:
-            processes.append(_start(*node(*sides[0], run_id, 29401, "s3://run/model", output, max_restarts=1),
-                                    logs["node_a"]))
-            processes.append(_start(*node(*sides[1], run_id, 29401, "s3://run/model", output, TE_TEST_PAUSE_AT_STEP="7",
-                                          TE_TEST_PAUSE_FILE=str(pid_file)), logs["node_b"]))
+            processes.append(
+                _start(*node(*sides[0], run_id, 29401, "s3://run/model", output, max_restarts=1), logs["node_a"])
+            )
+            processes.append(
+                _start(
+                    *node(
+                        *sides[1],
+                        run_id,
+                        29401,
+                        "s3://run/model",
+                        output,
+                        TE_TEST_PAUSE_AT_STEP="7",
+                        TE_TEST_PAUSE_FILE=str(pid_file),
+                    ),
+                    logs["node_b"],
+                )
+            )
 
             def paused() -> bool:
                 if any(process.poll() is not None for process in processes):
@@ -452,8 +555,12 @@ def test_a_whole_node_killed_with_only_s3_shared_is_replaced_and_the_run_resumes
             processes.append(_start(*node(*sides[1], run_id, 29401, "s3://run/model", output), logs["fresh_node_b"]))
             survivors = [processes[0], processes[2]]
             try:
-                wait_until(lambda: all(process.poll() is not None for process in survivors),
-                           timeout=DEADLINE_SECONDS, interval=0.2, what="node a and the fresh node b finishing")
+                wait_until(
+                    lambda: all(process.poll() is not None for process in survivors),
+                    timeout=DEADLINE_SECONDS,
+                    interval=0.2,
+                    what="node a and the fresh node b finishing",
+                )
             except AssertionError as error:
                 raise AssertionError(f"{error}\n{_logs(logs)}") from None
         finally:

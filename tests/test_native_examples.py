@@ -18,10 +18,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from faults_common import varint  # protobuf's varint (tools/, on the path through conftest)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from faults_common import varint  # protobuf's varint (tools/, on the path through conftest)
 
 from torchestimator import _native
 from torchestimator.data import _parsing_compiled, parsing
@@ -36,8 +35,10 @@ from torchestimator.data.parsing import (
 )
 from torchestimator.data.tfrecord import read_records
 
-pytestmark = pytest.mark.skipif(_native.load("_examples") is None,
-                                reason="the compiled _examples core is not built (or TORCHESTIMATOR_PURE_PYTHON=1)")
+pytestmark = pytest.mark.skipif(
+    _native.load("_examples") is None,
+    reason="the compiled _examples core is not built (or TORCHESTIMATOR_PURE_PYTHON=1)",
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tfrecord"
 HYPOTHESIS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -96,7 +97,8 @@ def assert_same_value(ours: Any, pure: Any, where: str) -> None:
             assert_same_value(mine, theirs, f"{where}.{part}")
         return
     assert ours.dtype == pure.dtype and ours.shape == pure.shape, (
-        f"{where}: {ours.dtype}{ours.shape} != {pure.dtype}{pure.shape}")
+        f"{where}: {ours.dtype}{ours.shape} != {pure.dtype}{pure.shape}"
+    )
     if pure.dtype == object:
         assert [type(item) for item in ours.flat] == [type(item) for item in pure.flat], where
         assert ours.tolist() == pure.tolist(), where
@@ -118,7 +120,7 @@ def assert_coalesced_layout(value: SparseValue, where: str) -> None:
 def outcome(call: Any) -> tuple:
     try:
         return ("result", call())
-    except Exception as error:  # noqa: BLE001 - the type and message are what is compared
+    except Exception as error:
         return ("error", type(error), str(error))
 
 
@@ -158,11 +160,21 @@ SCHEMA = {
 
 def test_typical_batch_is_compiled_and_identical() -> None:
     rng = np.random.default_rng(7)
-    records = [encode_example({
-        "label": [int(index) - 3], "dense": rng.standard_normal(4).astype(np.float32), "name": [b"n%d\x00" % index],
-        "ids": rng.integers(-(2**62), 2**62, size=index % 4), "words": [b"w"] * (index % 3),
-        "scores": rng.standard_normal(index % 5), "pairs": list(range(2 * (index % 3)))},
-        kinds={"ids": "int64", "words": "bytes", "scores": "float", "pairs": "int64"}) for index in range(9)]
+    records = [
+        encode_example(
+            {
+                "label": [int(index) - 3],
+                "dense": rng.standard_normal(4).astype(np.float32),
+                "name": [b"n%d\x00" % index],
+                "ids": rng.integers(-(2**62), 2**62, size=index % 4),
+                "words": [b"w"] * (index % 3),
+                "scores": rng.standard_normal(index % 5),
+                "pairs": list(range(2 * (index % 3))),
+            },
+            kinds={"ids": "int64", "words": "bytes", "scores": "float", "pairs": "int64"},
+        )
+        for index in range(9)
+    ]
     parsed = assert_compiled(records, SCHEMA)
     assert parsed["label"].tolist() == [index - 3 for index in range(9)]
     assert parsed["pairs"].shape == (9, 2, 2)
@@ -174,7 +186,8 @@ def test_packed_unpacked_and_mixed_lists_concatenate() -> None:
     record = example_bytes(
         entry("label", feature(3, int64_list([5], packed=False))),
         entry("ids", feature(3, int64_list([1, -2]) + int64_list([3], packed=False) + int64_list([-(2**63)]))),
-        entry("scores", feature(2, float_list([0.5], packed=False) + float_list([-0.0, float("nan")]))))
+        entry("scores", feature(2, float_list([0.5], packed=False) + float_list([-0.0, float("nan")]))),
+    )
     parsed = assert_compiled([record], SCHEMA)
     assert parsed["ids"].values.tolist() == [1, -2, 3, -(2**63)]
     assert parsed["scores"].row_splits.tolist() == [0, 3]
@@ -182,8 +195,11 @@ def test_packed_unpacked_and_mixed_lists_concatenate() -> None:
 
 def test_last_duplicate_key_wins_and_unknown_fields_are_skipped() -> None:
     unknown = tag(9, 0) + varint(300) + delimited(10, b"xyz") + tag(11, 5) + b"abcd" + tag(12, 1) + b"12345678"
-    record = (unknown + example_bytes(entry("label", feature(3, int64_list([1]))), unknown)
-              + delimited(1, entry("label", feature(3, unknown + int64_list([2]) + unknown) + unknown)))
+    record = (
+        unknown
+        + example_bytes(entry("label", feature(3, int64_list([1]))), unknown)
+        + delimited(1, entry("label", feature(3, unknown + int64_list([2]) + unknown) + unknown))
+    )
     assert assert_compiled([record], SCHEMA)["label"].tolist() == [2]
 
 
@@ -191,8 +207,9 @@ def test_a_later_copy_without_a_list_is_left_to_the_pure_path() -> None:
     """TF skips a Feature() with no list for an earlier copy of the key (FixedLen and FixedLenSequence
     specs; every spec in parse_single_example): the compiled pass hands the record back, and both
     paths read the copy TF reads (tests/test_parse_edge_cases.py has TF's own results)."""
-    record = (example_bytes(entry("label", feature(3, int64_list([4]))), entry("ids", feature(3, int64_list([1]))))
-              + example_bytes(entry("label", b""), entry("ids", b"")))
+    record = example_bytes(
+        entry("label", feature(3, int64_list([4]))), entry("ids", feature(3, int64_list([1])))
+    ) + example_bytes(entry("label", b""), entry("ids", b""))
     features = {"label": FixedLenFeature([], "int64"), "ids": VarLenFeature("int64")}
     assert _parsing_compiled.parse_compiled([record], features, False) is None
     batch = assert_same([record, record], features)[1]
@@ -218,8 +235,10 @@ def test_missing_and_kindless_features_take_defaults() -> None:
 
 
 def test_ragged_value_key_shared_by_two_specs() -> None:
-    features = {"ids": VarLenFeature("int64"), "again": RaggedFeature("int64", value_key="ids",
-                                                                       row_splits_dtype="int64")}
+    features = {
+        "ids": VarLenFeature("int64"),
+        "again": RaggedFeature("int64", value_key="ids", row_splits_dtype="int64"),
+    }
     records = [encode_example({"ids": [1, 2, 3]}), encode_example({"other": [1]})]
     parsed = assert_compiled(records, features)
     assert parsed["again"].row_splits.dtype == np.int64 and parsed["again"].row_splits.tolist() == [0, 3, 3]
@@ -242,18 +261,22 @@ def test_plan_cache_follows_the_mapping_contents() -> None:
 # ----------------------------------------------------------------------------- falling back: same errors
 
 
-@pytest.mark.parametrize("records", [
-    [encode_example({"label": [1]}), encode_example({"other": [1]})],            # missing required, record 1
-    [encode_example({"label": [1, 2]})],                                        # wrong count
-    [encode_example({"label": [1.0]})],                                         # wrong kind
-    [encode_example({"label": [1], "ids": [1.5]})],                             # wrong kind, VarLen
-    [encode_example({"label": [1], "pairs": [1, 2, 3]})],                       # a partial row
-    [encode_example({"label": [1]}), b"\x0a\x05\x0a"],                          # truncated
-    [encode_example({"label": [1]}), b"not an example at all"],
-    [encode_example({"label": [1]}), "a str"],                                  # not bytes
-    [encode_example({"label": [1]}), None],
-    [bytearray(encode_example({"label": [1]}))],
-], ids=lambda records: repr(records[-1])[:30])
+@pytest.mark.parametrize(
+    "records",
+    [
+        [encode_example({"label": [1]}), encode_example({"other": [1]})],  # missing required, record 1
+        [encode_example({"label": [1, 2]})],  # wrong count
+        [encode_example({"label": [1.0]})],  # wrong kind
+        [encode_example({"label": [1], "ids": [1.5]})],  # wrong kind, VarLen
+        [encode_example({"label": [1], "pairs": [1, 2, 3]})],  # a partial row
+        [encode_example({"label": [1]}), b"\x0a\x05\x0a"],  # truncated
+        [encode_example({"label": [1]}), b"not an example at all"],
+        [encode_example({"label": [1]}), "a str"],  # not bytes
+        [encode_example({"label": [1]}), None],
+        [bytearray(encode_example({"label": [1]}))],
+    ],
+    ids=lambda records: repr(records[-1])[:30],
+)
 def test_errors_are_the_pure_paths(records: list[Any]) -> None:
     assert_same(records, SCHEMA)
     assert_same(records[-1:], SCHEMA, single=True)
@@ -275,24 +298,25 @@ def test_unusual_wire_forms_fall_back_and_agree() -> None:
     crafted = [
         example_bytes(label, entry("ids", feature(3, int64_list([1])) + feature(3, int64_list([2])))),  # merged kind
         example_bytes(label, entry("ids", feature(3, int64_list([1])) + feature(2, float_list([2.0])))),  # switched
-        example_bytes(label, entry("é", feature(3, int64_list([1])))),                   # non-ASCII key
-        example_bytes(label, delimited(1, delimited(1, b"\xff") + delimited(2, b""))),   # invalid UTF-8 key
-        example_bytes(label, delimited(1, delimited(1, b"ids") + delimited(1, b"x"))),   # key twice in an entry
-        example_bytes(label, delimited(1, delimited(2, feature(3, int64_list([1]))))),   # no key: ""
-        example_bytes(label, delimited(1, delimited(1, b"ids") + delimited(2, feature(3, int64_list([1])))
-                                       + tag(3, 0) + b"\x00")),  # an unknown field: upb drops the entry
-        example_bytes(label) + tag(7, 3) + tag(7, 4),                                   # a group
-        example_bytes(label) + tag(0, 0) + b"\x00",                                     # field 0
-        example_bytes(label, entry("ids", feature(3, delimited(1, b"\x80")))),           # packed varint cut off
-        example_bytes(label, entry("scores", feature(2, delimited(1, b"abc")))),         # packed floats of 3 bytes
-        example_bytes(label, entry("zz", feature(3, delimited(1, b"\x80")))),            # bad, and not requested
+        example_bytes(label, entry("é", feature(3, int64_list([1])))),  # non-ASCII key
+        example_bytes(label, delimited(1, delimited(1, b"\xff") + delimited(2, b""))),  # invalid UTF-8 key
+        example_bytes(label, delimited(1, delimited(1, b"ids") + delimited(1, b"x"))),  # key twice in an entry
+        example_bytes(label, delimited(1, delimited(2, feature(3, int64_list([1]))))),  # no key: ""
+        example_bytes(
+            label, delimited(1, delimited(1, b"ids") + delimited(2, feature(3, int64_list([1]))) + tag(3, 0) + b"\x00")
+        ),  # an unknown field: upb drops the entry
+        example_bytes(label) + tag(7, 3) + tag(7, 4),  # a group
+        example_bytes(label) + tag(0, 0) + b"\x00",  # field 0
+        example_bytes(label, entry("ids", feature(3, delimited(1, b"\x80")))),  # packed varint cut off
+        example_bytes(label, entry("scores", feature(2, delimited(1, b"abc")))),  # packed floats of 3 bytes
+        example_bytes(label, entry("zz", feature(3, delimited(1, b"\x80")))),  # bad, and not requested
         example_bytes(label, entry("ids", b"\x0a"), entry("ids", feature(3, int64_list([1])))),  # bad, superseded
-        example_bytes(label, entry("ids", feature(3, tag(1, 1) + b"12345678"))),         # int64 as fixed64
+        example_bytes(label, entry("ids", feature(3, tag(1, 1) + b"12345678"))),  # int64 as fixed64
         example_bytes(label, entry("ids", feature(3, b"\x08" + b"\xff" * 9 + b"\x7f"))),  # varint past 64 bits
-        example_bytes(label, entry("ids", feature(3, delimited(1, b"")))),               # empty packed chunk
+        example_bytes(label, entry("ids", feature(3, delimited(1, b"")))),  # empty packed chunk
         bytes.fromhex("0a110a0f0a0161120a1a080a81808080800007"),  # a list's length in 6 bytes: protobuf refuses
         example_bytes(label, entry("ids", feature(3, b"\x0a\x81\x80\x80\x80\x00" + b"\x07"))),  # 5 bytes: fine
-        example_bytes(label, entry("scores", feature(2, delimited(1, b"")))),            # empty floats, no buffer
+        example_bytes(label, entry("scores", feature(2, delimited(1, b"")))),  # empty floats, no buffer
     ]
     for record in crafted:
         assert_same([record], SCHEMA)
@@ -320,7 +344,8 @@ small_bytes = st.binary(max_size=4)
 unknown_fields = st.one_of(
     st.tuples(st.integers(4, 30), int64s).map(lambda item: tag(item[0], 0) + varint(item[1])),
     st.tuples(st.integers(4, 30), small_bytes).map(lambda item: delimited(*item)),
-    st.tuples(st.integers(4, 30), st.binary(min_size=4, max_size=4)).map(lambda item: tag(item[0], 5) + item[1]))
+    st.tuples(st.integers(4, 30), st.binary(min_size=4, max_size=4)).map(lambda item: tag(item[0], 5) + item[1]),
+)
 
 
 @st.composite
@@ -377,14 +402,20 @@ def specs(draw: Any) -> dict[str, Any]:
         if choice <= 1:
             shape = draw(st.sampled_from([[], [1], [2], [0], [1, 2]]))
             size = int(np.prod(shape))
-            default = (np.array(draw(st.lists(values, min_size=size, max_size=size)), NUMPY_DTYPES[dtype])
-                       if draw(st.booleans()) else None)
+            default = (
+                np.array(draw(st.lists(values, min_size=size, max_size=size)), NUMPY_DTYPES[dtype])
+                if draw(st.booleans())
+                else None
+            )
             features[name] = FixedLenFeature(shape, dtype, default_value=default)
         elif choice == 2:
             features[name] = VarLenFeature(dtype)
         elif choice == 3:
-            features[name] = RaggedFeature(dtype, value_key=draw(st.sampled_from([None, *KEYS])),
-                                           row_splits_dtype=draw(st.sampled_from(["int32", "int64"])))
+            features[name] = RaggedFeature(
+                dtype,
+                value_key=draw(st.sampled_from([None, *KEYS])),
+                row_splits_dtype=draw(st.sampled_from(["int32", "int64"])),
+            )
         else:
             features[name] = FixedLenSequenceFeature(draw(st.sampled_from([[], [2], [0]])), dtype, allow_missing=True)
     return features
@@ -416,8 +447,9 @@ def matching_batches(draw: Any) -> tuple[list[bytes], dict[str, Any]]:
             key = spec.value_key or name if isinstance(spec, RaggedFeature) else name
             size = int(np.prod(spec.shape)) if isinstance(spec, (FixedLenFeature, FixedLenSequenceFeature)) else 1
             rows = 1 if isinstance(spec, FixedLenFeature) else draw(st.integers(0, 3))
-            entries.append(entry(key, feature(KIND_OF[spec.dtype], draw(chunked_list(KIND_OF[spec.dtype],
-                                                                                      size * rows)))))
+            entries.append(
+                entry(key, feature(KIND_OF[spec.dtype], draw(chunked_list(KIND_OF[spec.dtype], size * rows))))
+            )
         if draw(st.booleans()):
             entries.append(entry("other", draw(features_bytes())))
         batch.append(example_bytes(*draw(st.permutations(entries))))
@@ -450,7 +482,7 @@ def test_damaged_records_agree(record: bytes, features: dict[str, Any], data: An
         record = record[:position]
     elif damage == "flip" and record:
         index = min(position, len(record) - 1)
-        record = record[:index] + bytes([record[index] ^ data.draw(st.integers(1, 255))]) + record[index + 1:]
+        record = record[:index] + bytes([record[index] ^ data.draw(st.integers(1, 255))]) + record[index + 1 :]
     elif damage == "insert":
         record = record[:position] + data.draw(st.binary(min_size=1, max_size=3)) + record[position:]
     else:

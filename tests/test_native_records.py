@@ -37,7 +37,8 @@ from torchestimator.data.tfrecord import (
 
 records_c = pytest.importorskip(
     "torchestimator._native._records",
-    reason="the compiled TFRecord core is not built (run `python setup.py build_ext --inplace`)")
+    reason="the compiled TFRecord core is not built (run `python setup.py build_ext --inplace`)",
+)
 
 COMPILED = records_c  # what tfrecord._core holds when the package runs the compiled path
 PURE = None  # tfrecord._core when it runs the pure-Python one
@@ -66,8 +67,13 @@ def read_with(scan: Any, path: str, compression: str | None = None, **options: A
                 got.extend(zip(offsets, records))
         except (DataLossError, ValueError) as caught:
             error = (type(caught), str(caught), getattr(caught, "offset", None), getattr(caught, "path", None))
-    counts = (stats.files, stats.records, stats.bytes, stats.skipped_files,
-              [(str(e), e.offset, e.path) for e in stats.errors])
+    counts = (
+        stats.files,
+        stats.records,
+        stats.bytes,
+        stats.skipped_files,
+        [(str(e), e.offset, e.path) for e in stats.errors],
+    )
     return got, error, counts
 
 
@@ -105,7 +111,7 @@ SMALL_FILE = b"".join(framed(record) for record in SMALL)
 @QUICK
 @given(data=st.binary(max_size=300), crc=st.integers(0, 0xFFFFFFFF), skip=st.integers(0, 7))
 def test_crc32c_equals_google_crc32c(data: bytes, crc: int, skip: int) -> None:
-    view = memoryview(data)[min(skip, len(data)):]  # unaligned starts take the bytewise head
+    view = memoryview(data)[min(skip, len(data)) :]  # unaligned starts take the bytewise head
     assert records_c.crc32c(view) == google_crc32c.value(bytes(view))
     assert records_c.crc32c(view, crc) == google_crc32c.extend(crc, bytes(view))
     assert records_c.crc32c_table(view, crc) == google_crc32c.extend(crc, bytes(view))  # the fallback method
@@ -116,7 +122,7 @@ def test_crc32c_equals_google_crc32c(data: bytes, crc: int, skip: int) -> None:
 def test_crc32c_at_the_edges_of_the_three_stream_stretches(size: int) -> None:
     data = os.urandom(size + 7)
     for skip in (0, 1, 5):
-        view = memoryview(data)[skip:skip + size]
+        view = memoryview(data)[skip : skip + size]
         expected = google_crc32c.extend(0x1234567, bytes(view))
         assert records_c.crc32c(view, 0x1234567) == expected == records_c.crc32c_table(view, 0x1234567)
 
@@ -128,9 +134,18 @@ def test_crc32c_of_big_buffers_and_the_check_value() -> None:
     assert records_c.CRC32C_METHOD in {"SSE4.2", "table (slicing-by-8)"}
 
 
-@pytest.mark.parametrize("record", [b"", b"abc", bytearray(b"xyz" * 100), os.urandom(5000),
-                                    memoryview(array.array("i", [1, 2, 3])), memoryview(b"abcdef")[::2]],
-                         ids=["empty", "abc", "bytearray", "5000", "int-array", "strided"])
+@pytest.mark.parametrize(
+    "record",
+    [
+        b"",
+        b"abc",
+        bytearray(b"xyz" * 100),
+        os.urandom(5000),
+        memoryview(array.array("i", [1, 2, 3])),
+        memoryview(b"abcdef")[::2],
+    ],
+    ids=["empty", "abc", "bytearray", "5000", "int-array", "strided"],
+)
 def test_frame_equals_the_python_framing(record: Any) -> None:
     assert tfrecord._compiled_framer(records_c)(record) == tfrecord._frame_record_python(record)
 
@@ -163,15 +178,21 @@ def both_scans(buffer: bytes, position: int, base: int, verify: bool, limit: int
 
 
 @QUICK
-@given(records=st.lists(st.binary(max_size=40), max_size=8), flips=st.lists(st.integers(0, 10**6), max_size=2),
-       cut=st.integers(0, 10**6), position=st.integers(0, 30), base=st.integers(0, 1 << 40),
-       verify=st.booleans(), limit=st.integers(0, 50))
+@given(
+    records=st.lists(st.binary(max_size=40), max_size=8),
+    flips=st.lists(st.integers(0, 10**6), max_size=2),
+    cut=st.integers(0, 10**6),
+    position=st.integers(0, 30),
+    base=st.integers(0, 1 << 40),
+    verify=st.booleans(),
+    limit=st.integers(0, 50),
+)
 def test_scan_equals_the_python_scanner_on_damaged_buffers(records, flips, cut, position, base, verify, limit):
     buffer = bytearray(b"".join(framed(record) for record in records))
     for flip in flips:
         if buffer:
             buffer[flip % len(buffer)] ^= 1 << (flip % 8)
-    buffer = bytes(buffer[:cut % (len(buffer) + 1)])
+    buffer = bytes(buffer[: cut % (len(buffer) + 1)])
     both_scans(buffer, min(position, len(buffer)), base, verify, limit)
 
 
@@ -196,7 +217,7 @@ def test_scan_reports_each_status_where_the_python_scanner_does() -> None:
 
 def test_scan_of_a_big_buffer_releases_the_gil_and_agrees() -> None:
     buffer = b"".join(framed(os.urandom(n)) for n in range(0, 3000, 7))  # about 640 KB
-    offsets, records, position, status, _ = both_scans(buffer, 0, 0, True, tfrecord.DEFAULT_MAX_RECORD_SIZE)
+    _offsets, records, position, status, _ = both_scans(buffer, 0, 0, True, tfrecord.DEFAULT_MAX_RECORD_SIZE)
     assert len(records) == len(range(0, 3000, 7)) and position == len(buffer) and status == _tfrecord_scan._NEED_HEADER
 
 
@@ -277,8 +298,12 @@ def test_skip_corrupt_start_offset_and_many_files_read_the_same(tmp_path: Any) -
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(records=st.lists(st.binary(max_size=3000), max_size=40), compression=st.sampled_from([None, "GZIP", "ZLIB"]),
-       block_size=st.sampled_from([12, 100, 4096, 1 << 20]), verify=st.booleans())
+@given(
+    records=st.lists(st.binary(max_size=3000), max_size=40),
+    compression=st.sampled_from([None, "GZIP", "ZLIB"]),
+    block_size=st.sampled_from([12, 100, 4096, 1 << 20]),
+    verify=st.booleans(),
+)
 def test_random_files_read_the_same_and_as_written(tmp_path: Any, records, compression, block_size, verify):
     path = str(tmp_path / "random")
     with TFRecordWriter(path, compression) as writer:

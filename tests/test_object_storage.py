@@ -142,9 +142,11 @@ def test_a_first_save_cut_short_is_no_checkpoint_and_training_starts_over(store_
 
 def _save_from_another_process(url: str, step: int) -> subprocess.Popen:
     """A second run: saves ``step`` into ``url`` and stays alive until its stdin closes."""
-    code = ("import sys, torch; from torchestimator.checkpoint import CheckpointStore; "
-            f"CheckpointStore({url!r}).save({step}, {{'w': torch.zeros(2)}}); print('saved', flush=True); "
-            "sys.stdin.read()")
+    code = (
+        "import sys, torch; from torchestimator.checkpoint import CheckpointStore; "
+        f"CheckpointStore({url!r}).save({step}, {{'w': torch.zeros(2)}}); print('saved', flush=True); "
+        "sys.stdin.read()"
+    )
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "saved"
     return child
@@ -189,8 +191,10 @@ def test_a_forked_child_reads_the_store_with_its_own_client(s3_bucket):
 def test_globs_give_urls_as_written(store_url):
     for name in ("a-1.tfrecord", "a-2.tfrecord", "b-1.tfrecord"):
         filesystems.write_bytes(f"{store_url}/data/{name}", b"x")
-    assert filesystems.glob(f"{store_url}/data/a-*.tfrecord") == [f"{store_url}/data/a-1.tfrecord",
-                                                                   f"{store_url}/data/a-2.tfrecord"]
+    assert filesystems.glob(f"{store_url}/data/a-*.tfrecord") == [
+        f"{store_url}/data/a-1.tfrecord",
+        f"{store_url}/data/a-2.tfrecord",
+    ]
 
 
 class _UploadsSideBySide(ObjectStorage):

@@ -16,10 +16,19 @@ import time
 import aiohttp
 import pytest
 import torch
-
 from conftest import input_fns, make_estimator
-from fault_proxy import (ACCESS_DENIED_KEY, CUT_BODY, INTERNAL_ERROR, RESET, RESET_MID_BODY, SLOW_DOWN, STALL,
-                         STALL_MID_BODY, FaultProxy)
+from fault_proxy import (
+    ACCESS_DENIED_KEY,
+    CUT_BODY,
+    INTERNAL_ERROR,
+    RESET,
+    RESET_MID_BODY,
+    SLOW_DOWN,
+    STALL,
+    STALL_MID_BODY,
+    FaultProxy,
+)
+
 from torchestimator._io import filesystems
 from torchestimator.checkpoint import CheckpointStore, object_storage
 from torchestimator.checkpoint.object_storage import ObjectStorage
@@ -27,11 +36,23 @@ from torchestimator.checkpoint.object_storage import ObjectStorage
 pytestmark = pytest.mark.timeout(180)  # no test here may hang: each fault ends in a retry or an error well before
 
 READ_TIMEOUT = 2
-FAST_OPTIONS = {"config_kwargs": {"connect_timeout": 2, "read_timeout": READ_TIMEOUT,
-                                  "retries": {"total_max_attempts": 3, "mode": "standard"}}, "retries": 2}
+FAST_OPTIONS = {
+    "config_kwargs": {
+        "connect_timeout": 2,
+        "read_timeout": READ_TIMEOUT,
+        "retries": {"total_max_attempts": 3, "mode": "standard"},
+    },
+    "retries": 2,
+}
 """Tight enough for tests: a stall costs at most 2 * 3 * 2 s, plus botocore's backoff (under 1 + 2 + 4 s)."""
-ONE_TRY_EACH = {"config_kwargs": {"connect_timeout": 2, "read_timeout": READ_TIMEOUT,
-                                  "retries": {"total_max_attempts": 2, "mode": "standard"}}, "retries": 1}
+ONE_TRY_EACH = {
+    "config_kwargs": {
+        "connect_timeout": 2,
+        "read_timeout": READ_TIMEOUT,
+        "retries": {"total_max_attempts": 2, "mode": "standard"},
+    },
+    "retries": 1,
+}
 STALL_DEADLINE = 1 * 2 * READ_TIMEOUT + 3 + 5
 """ONE_TRY_EACH's bound: 2 attempts of the read timeout, botocore's backoff between them, slack for a busy CPU."""
 
@@ -174,8 +195,8 @@ def test_a_multipart_upload_failing_midway_is_aborted_and_lists_no_checkpoint(pr
 def test_part_size_and_count_limits_fit_a_5_gib_checkpoint_and_a_10001st_part_is_refused(s3_bucket, monkeypatch):
     five_gib = 5 * 2**30
     assert object_storage.MAX_PARTS == 10_000
-    assert object_storage.MAX_PARTS * object_storage.PART_BYTES >= 100 * five_gib  # 625 GiB at 64 MiB
-    assert object_storage.MAX_PARTS * 5 * 2**20 >= 9 * five_gib  # 48.8 GiB at the smallest part S3 takes
+    assert 100 * five_gib <= object_storage.MAX_PARTS * object_storage.PART_BYTES  # 625 GiB at 64 MiB
+    assert 9 * five_gib <= object_storage.MAX_PARTS * 5 * 2**20  # 48.8 GiB at the smallest part S3 takes
     assert 5 * 2**20 <= object_storage.PART_BYTES <= five_gib
     monkeypatch.setattr(object_storage, "PART_BYTES", 5 * 2**20)
     monkeypatch.setattr(object_storage, "MAX_PARTS", 2)
@@ -247,8 +268,9 @@ def test_timeouts_and_retries_are_set_unless_the_options_set_them():
     gcs, settings = filesystems.transfer_defaults("gs", {})
     assert gcs["requests_timeout"].sock_read == 60 and gcs["requests_timeout"].total is None
     assert gcs["session_kwargs"]["request_class"].__name__ == "RequestWithSendDeadline" and settings == {}
-    gcs, settings = filesystems.transfer_defaults("gs", {"requests_timeout": 9, "retries": 3,
-                                                         "session_kwargs": {"trust_env": True}})
+    gcs, settings = filesystems.transfer_defaults(
+        "gs", {"requests_timeout": 9, "retries": 3, "session_kwargs": {"trust_env": True}}
+    )
     assert gcs["requests_timeout"] == 9 and "retries" not in gcs and settings == {"retries": 3}
     assert gcs["session_kwargs"]["trust_env"] is True and "request_class" in gcs["session_kwargs"]
     with pytest.raises(ValueError, match="retries.*at least 1"):
@@ -268,8 +290,17 @@ def test_an_azure_filesystem_gets_a_client_with_its_account_our_timeouts_and_the
     import base64
 
     key = base64.b64encode(b"not a real key, 32 bytes long...").decode()
-    filesystems.configure_storage_options({"az": {"account_name": "acct", "account_key": key, "read_timeout": 7,
-                                                  "retry_total": 1, "initial_backoff": 0.5}})
+    filesystems.configure_storage_options(
+        {
+            "az": {
+                "account_name": "acct",
+                "account_key": key,
+                "read_timeout": 7,
+                "retry_total": 1,
+                "initial_backoff": 0.5,
+            }
+        }
+    )
     try:
         fs, inner = filesystems.filesystem("az://container/run/file")
         client = fs.service_client
@@ -299,12 +330,21 @@ class _Store:
     def use(self, *, read_timeout: float, tries: int) -> None:
         """Reach the server through the proxy, with this read (and send) timeout and this many tries per request."""
         if self.kind == "gs":
-            options = {"endpoint_url": self.proxy.url, "retries": tries,
-                       "requests_timeout": aiohttp.ClientTimeout(sock_connect=read_timeout, sock_read=read_timeout)}
+            options = {
+                "endpoint_url": self.proxy.url,
+                "retries": tries,
+                "requests_timeout": aiohttp.ClientTimeout(sock_connect=read_timeout, sock_read=read_timeout),
+            }
         else:
-            options = {"connection_string": self.secret, "connection_timeout": read_timeout,
-                       "read_timeout": read_timeout, "retry_total": tries - 1, "initial_backoff": 0.2,
-                       "increment_base": 2, "random_jitter_range": 0.2}
+            options = {
+                "connection_string": self.secret,
+                "connection_timeout": read_timeout,
+                "read_timeout": read_timeout,
+                "retry_total": tries - 1,
+                "initial_backoff": 0.2,
+                "increment_base": 2,
+                "random_jitter_range": 0.2,
+            }
         filesystems.configure_storage_options({self.kind: options})
 
     def is_upload(self, request) -> bool:
@@ -394,15 +434,20 @@ def test_gs_and_az_bodies_cut_short_are_read_again_and_never_load_wrong_data(pro
 
 
 @pytest.mark.parametrize("fault", [STALL, STALL_MID_BODY])
-def test_gs_and_az_stalled_saves_fail_within_the_deadline_naming_the_object_and_commit_nothing(proxied_store, fault,
-                                                                                             caplog):
+def test_gs_and_az_stalled_saves_fail_within_the_deadline_naming_the_object_and_commit_nothing(
+    proxied_store, fault, caplog
+):
     store, proxy = proxied_store, proxied_store.proxy
     CheckpointStore(store.url).save(1, _weights(1.0))
     store.use(read_timeout=READ_TIMEOUT, tries=2)
     proxy.inject(fault, times=1000, when=store.is_upload)
     started = time.monotonic()
-    with caplog.at_level(logging.DEBUG), pytest.raises(
-            TimeoutError, match=rf"writing {store.url}/ckpt-2\.[^ ]+/[a-z._]+ timed out: the store stalled") as raised:
+    with (
+        caplog.at_level(logging.DEBUG),
+        pytest.raises(
+            TimeoutError, match=rf"writing {store.url}/ckpt-2\.[^ ]+/[a-z._]+ timed out: the store stalled"
+        ) as raised,
+    ):
         CheckpointStore(store.url).save(2, _weights(2.0, size=2**22))  # 16 MiB: more than the socket buffers hold
     elapsed = time.monotonic() - started
     deadline = GCS_STALL_DEADLINE if store.kind == "gs" else AZURE_STALL_DEADLINE
@@ -424,8 +469,12 @@ def test_gs_and_az_stalled_reads_fail_within_the_deadline_naming_the_object(prox
     store.use(read_timeout=READ_TIMEOUT, tries=2)
     proxy.inject(STALL, times=1000, when=store.is_object_read)
     started = time.monotonic()
-    with caplog.at_level(logging.DEBUG), pytest.raises(
-            TimeoutError, match=rf"reading {store.url}/(checkpoint|ckpt-1\.[^ ]*/[a-z._]+) timed out") as raised:
+    with (
+        caplog.at_level(logging.DEBUG),
+        pytest.raises(
+            TimeoutError, match=rf"reading {store.url}/(checkpoint|ckpt-1\.[^ ]*/[a-z._]+) timed out"
+        ) as raised,
+    ):
         CheckpointStore(store.url).restore(path)
     elapsed = time.monotonic() - started
     assert elapsed < (GCS_STALL_DEADLINE if store.kind == "gs" else AZURE_STALL_DEADLINE), f"took {elapsed:.1f} s"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,14 @@ NUMPY_DTYPES = {"int64": np.int64, "float32": np.float32, "string": object}
 ERROR_KINDS = {
     "required": ("is required but could not be found",),
     "kind": ("Data types don't match",),
-    "count": ("Can't parse serialized Example", "values != expected", "not a multiple of stride length",
-              "should be divisible by", "Inconsistent max number of elements", "Unexpected number of elements"),
+    "count": (
+        "Can't parse serialized Example",
+        "values != expected",
+        "not a multiple of stride length",
+        "should be divisible by",
+        "Inconsistent max number of elements",
+        "Unexpected number of elements",
+    ),
 }
 
 
@@ -60,7 +66,7 @@ def error_kind(message: str) -> tuple[str, list[str]]:
     raise AssertionError(f"an error of no kind this test knows: {message!r}")
 
 
-@lru_cache(maxsize=None)
+@cache
 def fixture() -> dict[str, Any]:
     return json.loads((FIXTURES / "tf_parse_edge.json").read_text(encoding="utf-8"))
 
@@ -72,8 +78,7 @@ def build_spec(spec: dict[str, Any]) -> Any:
     if kind == "VarLenFeature":
         return VarLenFeature(dtype)
     if kind == "FixedLenSequenceFeature":
-        return FixedLenSequenceFeature(spec["shape"], dtype, allow_missing=spec["allow_missing"],
-                                       default_value=default)
+        return FixedLenSequenceFeature(spec["shape"], dtype, allow_missing=spec["allow_missing"], default_value=default)
     return RaggedFeature(dtype)
 
 
@@ -126,7 +131,8 @@ def assert_like_tf(ours: tuple, tf: dict[str, Any], where: str) -> None:
         named = re.findall(r"(?:Feature|Key): a\b|feature a\b", tf["error"]["message"])  # TF names the feature so
         carried = named + (phrases if kind != "count" or phrases[0] in CONTEXT_COUNT_PHRASES else [])
         assert error_kind(ours[2])[0] == kind and all(phrase in ours[2] for phrase in carried), (
-            f"{where}: TF: {tf['error']['message']!r}; ours: {ours[2]!r}")
+            f"{where}: TF: {tf['error']['message']!r}; ours: {ours[2]!r}"
+        )
         return
     assert ours[0] == "result", f"{where}: TF returned {tf['result']}; ours raised {ours[2]!r}"
     result = tf["result"]
@@ -183,7 +189,8 @@ def test_both_paths_give_the_same_result_or_error(case: dict[str, Any], single: 
             public = outcome_of(lambda: parsing._parse_records(list(records), features_for(spec_name), single))
             pure = outcome_of(lambda: parsing._parse_records_python(list(records), features_for(spec_name), single))
             assert public[0] == pure[0] and (public[0] == "result" or public[1:] == pure[1:]), (
-                f"{case['name']} {spec_name}: public {public}, pure {pure}")
+                f"{case['name']} {spec_name}: public {public}, pure {pure}"
+            )
             if public[0] == "result":
                 for name in pure[1]:
                     assert repr(public[1][name]) == repr(pure[1][name]), f"{case['name']} {spec_name}"
@@ -218,8 +225,11 @@ def numpy_value(value: Any) -> Any:
 def test_tfrecord_dataset_parses_the_file_like_tensorflow(spec_name: str, tmp_path: Path) -> None:
     """TFRecordDataset(features=...): per record (parse_single_example) and in batches of one
     (parse_example), the records TF parsed under this spec, written to a file as TF wrote them."""
-    kept = [case for case in fixture()["cases"]
-            if "result" in case["parse_single_example"][spec_name] and "result" in case["parse_example"][spec_name]]
+    kept = [
+        case
+        for case in fixture()["cases"]
+        if "result" in case["parse_single_example"][spec_name] and "result" in case["parse_example"][spec_name]
+    ]
     assert len(kept) >= 5, spec_name
     path = tmp_path / "kept.tfrecord"
     with TFRecordWriter(path) as writer:
@@ -238,10 +248,14 @@ def test_tfrecord_dataset_raises_tensorflows_error_on_the_file() -> None:
     """The TF-written file as it is, in one batch under fixed0_default: the first record TF refused
     alone is the record named, with TF's words."""
     cases_ = fixture()["cases"]
-    dataset = TFRecordDataset(str(FIXTURES / fixture()["records_file"]), features=features_for("fixed0_default"),
-                              batch_size=len(cases_))
-    index, tf_error = next((index, case["parse_example"]["fixed0_default"]["error"])
-                           for index, case in enumerate(cases_) if "error" in case["parse_example"]["fixed0_default"])
+    dataset = TFRecordDataset(
+        str(FIXTURES / fixture()["records_file"]), features=features_for("fixed0_default"), batch_size=len(cases_)
+    )
+    index, tf_error = next(
+        (index, case["parse_example"]["fixed0_default"]["error"])
+        for index, case in enumerate(cases_)
+        if "error" in case["parse_example"]["fixed0_default"]
+    )
     with pytest.raises(ValueError) as caught:
         list(dataset)
     assert_like_tf(("error", type(caught.value), str(caught.value)), {"error": tf_error}, "dataset")

@@ -51,8 +51,10 @@ def test_fixed_len_batch_fills_one_array():
 
 def test_missing_feature_uses_default_value():
     records = [example(x=[1.0, 2.0]), example(other=[1])]
-    features = {"x": FixedLenFeature([2], "float32", default_value=[-1, -2]),
-                "s": FixedLenFeature([], "string", default_value="none")}
+    features = {
+        "x": FixedLenFeature([2], "float32", default_value=[-1, -2]),
+        "s": FixedLenFeature([], "string", default_value="none"),
+    }
     parsed = parse_example(records, features)
     assert parsed["x"].tolist() == [[1.0, 2.0], [-1.0, -2.0]]
     assert parsed["s"].tolist() == [b"none", b"none"]
@@ -60,8 +62,11 @@ def test_missing_feature_uses_default_value():
 
 def test_missing_required_feature_names_feature_and_record():
     records = [example(z=[1]), example(z=[2]), example(a=[1])]
-    with pytest.raises(ValueError, match=r"Feature: z \(data type: int64\) is required but could not be found "
-                                         r"\(record 2\).*default_value"):
+    with pytest.raises(
+        ValueError,
+        match=r"Feature: z \(data type: int64\) is required but could not be found "
+        r"\(record 2\).*default_value",
+    ):
         parse_example(records, {"z": FixedLenFeature([], "int64")})
 
 
@@ -75,15 +80,21 @@ def test_feature_without_kind_counts_as_missing():
         parse_single_example(record, {"z": FixedLenFeature([], "int64")})
 
 
-@pytest.mark.parametrize("values, dtype, message", [
-    ([1, 2], "int64", "Some int64_list slice was not parsed"),
-    ([1.0, 2.0], "float32", "Some float_list slice was not parsed"),
-    ([b"a", b"b"], "string", "Parsing bytes_list failed"),
-])
+@pytest.mark.parametrize(
+    "values, dtype, message",
+    [
+        ([1, 2], "int64", "Some int64_list slice was not parsed"),
+        ([1.0, 2.0], "float32", "Some float_list slice was not parsed"),
+        ([b"a", b"b"], "string", "Parsing bytes_list failed"),
+    ],
+)
 def test_wrong_count_is_an_error_with_tf_wording(values, dtype, message):
     records = [example(a=values * 2), example(a=values)]
-    with pytest.raises(ValueError, match=rf"Key: a, record 1\.  Can't parse serialized Example: {message}.*"
-                                         r"shape \[4\] needs 4 values, the record has 2"):
+    with pytest.raises(
+        ValueError,
+        match=rf"Key: a, record 1\.  Can't parse serialized Example: {message}.*"
+        r"shape \[4\] needs 4 values, the record has 2",
+    ):
         parse_example(records, {"a": FixedLenFeature([4], dtype)})
     with pytest.raises(ValueError, match="shape \\[\\] needs 1 values, the record has 2"):
         parse_single_example(records[1], {"a": FixedLenFeature([], dtype)})
@@ -91,8 +102,11 @@ def test_wrong_count_is_an_error_with_tf_wording(values, dtype, message):
 
 def test_kind_mismatch_is_an_error_with_tf_wording():
     records = [example(a=[1.0]), example(a=[1])]
-    with pytest.raises(ValueError, match=r"Key: a, record 1\.  Data types don't match\. Data type: int64 but "
-                                         r"expected type: float"):
+    with pytest.raises(
+        ValueError,
+        match=r"Key: a, record 1\.  Data types don't match\. Data type: int64 but "
+        r"expected type: float",
+    ):
         parse_example(records, {"a": FixedLenFeature([], "float32")})
     with pytest.raises(ValueError, match="Data type: bytes but expected type: int64"):
         parse_single_example(example(a=[b"x"]), {"a": VarLenFeature("int64")})
@@ -102,17 +116,30 @@ def test_kind_mismatch_is_an_error_with_tf_wording():
 
 @pytest.mark.parametrize("dtype", ["int32", np.float64, torch.int32, "double", np.uint8])
 def test_unsupported_dtype_in_spec(dtype):
-    with pytest.raises(ValueError, match=r"Value for attr 'Tdense' of .* is not in the list of allowed values: "
-                                         r"float, int64, string.*cast afterwards"):
+    with pytest.raises(
+        ValueError,
+        match=r"Value for attr 'Tdense' of .* is not in the list of allowed values: "
+        r"float, int64, string.*cast afterwards",
+    ):
         FixedLenFeature([], dtype)
     with pytest.raises(ValueError, match="VarLenFeature: unsupported dtype"):
         VarLenFeature(dtype)
 
 
-@pytest.mark.parametrize("dtype, expected", [
-    (np.int64, "int64"), (torch.int64, "int64"), ("float", "float32"), (torch.float32, "float32"),
-    (np.float32, "float32"), (bytes, "string"), (str, "string"), (object, "string"), ("bytes", "string"),
-])
+@pytest.mark.parametrize(
+    "dtype, expected",
+    [
+        (np.int64, "int64"),
+        (torch.int64, "int64"),
+        ("float", "float32"),
+        (torch.float32, "float32"),
+        (np.float32, "float32"),
+        (bytes, "string"),
+        (str, "string"),
+        (object, "string"),
+        ("bytes", "string"),
+    ],
+)
 def test_accepted_dtype_spellings(dtype, expected):
     assert FixedLenFeature([], dtype).dtype == expected
 
@@ -200,18 +227,23 @@ def test_fixed_len_sequence_rows_and_missing():
     assert missing.shape == (0, 2)
     batch = parse_example([example(a=[1]), example(s=[1.0, 2])], spec)["s"]
     assert batch.shape == (2, 1, 2) and batch.tolist() == [[[0, 0]], [[1, 2]]]
-    strings = parse_example([example(t=["a"]), example(a=[1])],
-                            {"t": FixedLenSequenceFeature([], "string", allow_missing=True)})["t"]
+    strings = parse_example(
+        [example(t=["a"]), example(a=[1])], {"t": FixedLenSequenceFeature([], "string", allow_missing=True)}
+    )["t"]
     assert strings.tolist() == [[b"a"], [b""]]
 
 
 def test_fixed_len_sequence_errors():
     with pytest.raises(ValueError, match="Unsupported: FixedLenSequenceFeature requires allow_missing to be True"):
         parse_single_example(example(s=[1]), {"s": FixedLenSequenceFeature([], "int64")})
-    with pytest.raises(ValueError, match=r"Key: s, record 1\.  Number of int64 values is not a multiple of stride "
-                                         r"length\. Saw 3 values but output shape is: \[\?,2\]"):
-        parse_example([example(s=[1, 2]), example(s=[1, 2, 3])],
-                      {"s": FixedLenSequenceFeature([2], "int64", allow_missing=True)})
+    with pytest.raises(
+        ValueError,
+        match=r"Key: s, record 1\.  Number of int64 values is not a multiple of stride "
+        r"length\. Saw 3 values but output shape is: \[\?,2\]",
+    ):
+        parse_example(
+            [example(s=[1, 2]), example(s=[1, 2, 3])], {"s": FixedLenSequenceFeature([2], "int64", allow_missing=True)}
+        )
 
 
 # ---------------------------------------------------------------------------------------- SequenceExample
@@ -222,10 +254,17 @@ SEQUENCE = encode_sequence_example({"len": [2], "name": ["n"]}, {"tok": [[7], [8
 def test_sequence_example_context_and_feature_lists():
     context, sequences = parse_single_sequence_example(
         SEQUENCE,
-        context_features={"len": FixedLenFeature([], "int64"), "name": VarLenFeature("string"),
-                          "absent": FixedLenFeature([], "int64", default_value=0)},
-        sequence_features={"one": FixedLenSequenceFeature([], "float32"), "tok": RaggedFeature("int64"),
-                           "tok_sparse": RaggedFeature("int64", value_key="tok")})
+        context_features={
+            "len": FixedLenFeature([], "int64"),
+            "name": VarLenFeature("string"),
+            "absent": FixedLenFeature([], "int64", default_value=0),
+        },
+        sequence_features={
+            "one": FixedLenSequenceFeature([], "float32"),
+            "tok": RaggedFeature("int64"),
+            "tok_sparse": RaggedFeature("int64", value_key="tok"),
+        },
+    )
     assert context["len"] == 2 and context["absent"] == 0
     assert context["name"].values.tolist() == [b"n"]
     assert sequences["one"].tolist() == [1.0, 2.0] and sequences["one"].shape == (2,)
@@ -241,8 +280,11 @@ def test_sequence_var_len_is_two_dimensional():
 
 
 def test_sequence_frame_of_wrong_size_tf_wording():
-    with pytest.raises(ValueError, match=r"Key: tok, Index: 1 \(record 0\)\.  Number of values != expected\.  "
-                                         r"values size: 2 but output shape: \[\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"Key: tok, Index: 1 \(record 0\)\.  Number of values != expected\.  "
+        r"values size: 2 but output shape: \[\]",
+    ):
         parse_single_sequence_example(SEQUENCE, sequence_features={"tok": FixedLenSequenceFeature([], "int64")})
 
 
@@ -250,13 +292,21 @@ def test_sequence_missing_feature_list_and_kind_mismatch():
     with pytest.raises(ValueError, match="Feature list 'missing' is required but could not be found.*allow_missing"):
         parse_single_sequence_example(SEQUENCE, sequence_features={"missing": FixedLenSequenceFeature([], "int64")})
     _, sequences = parse_single_sequence_example(
-        SEQUENCE, sequence_features={"missing": FixedLenSequenceFeature([3], "int64", allow_missing=True),
-                                     "gone": RaggedFeature("float32"), "none": VarLenFeature("string")})
+        SEQUENCE,
+        sequence_features={
+            "missing": FixedLenSequenceFeature([3], "int64", allow_missing=True),
+            "gone": RaggedFeature("float32"),
+            "none": VarLenFeature("string"),
+        },
+    )
     assert sequences["missing"].shape == (0, 3)
     assert sequences["gone"].row_splits.tolist() == [0]
     assert sequences["none"].dense_shape.tolist() == [0, 0]
-    with pytest.raises(ValueError, match=r"Feature list: one, Index: 0 \(record 0\)\.  Data types don't match\. "
-                                         r"Data type: float but expected type: int64"):
+    with pytest.raises(
+        ValueError,
+        match=r"Feature list: one, Index: 0 \(record 0\)\.  Data types don't match\. "
+        r"Data type: float but expected type: int64",
+    ):
         parse_single_sequence_example(SEQUENCE, sequence_features={"one": FixedLenSequenceFeature([], "int64")})
     with pytest.raises(ValueError, match="Key: tok, record 0, frame 0.  Data types don't match"):
         parse_single_sequence_example(SEQUENCE, sequence_features={"tok": VarLenFeature("float32")})
@@ -286,11 +336,17 @@ def test_decode_raw_round_trip_and_byte_order():
 
 
 def test_decode_raw_size_errors_name_both_numbers():
-    with pytest.raises(ValueError, match=r"10 bytes is not a multiple of 4 \(the size of one float32\).*"
-                                         r"10 uint8, 5 int16/float16"):
+    with pytest.raises(
+        ValueError,
+        match=r"10 bytes is not a multiple of 4 \(the size of one float32\).*"
+        r"10 uint8, 5 int16/float16",
+    ):
         decode_raw(b"\x00" * 10, "float32")
-    with pytest.raises(ValueError, match=r"shape \[28, 28\] of float32 needs 3136 bytes, received 784 bytes.*"
-                                         r"784 uint8"):
+    with pytest.raises(
+        ValueError,
+        match=r"shape \[28, 28\] of float32 needs 3136 bytes, received 784 bytes.*"
+        r"784 uint8",
+    ):
         decode_raw(b"\x00" * 784, "float32", shape=(28, 28))
     with pytest.raises(ValueError, match="needs a multiple of 12 bytes, received 16"):
         decode_raw(b"\x00" * 16, "float32", shape=(-1, 3))
@@ -315,9 +371,16 @@ def test_decode_raw_batch():
 
 def test_to_torch_converts_numeric_values():
     records = [example(x=[1.0, 2.0], v=[1, 2], s=["a"]), example(x=[3.0, 4.0], v=[3], s=["b"])]
-    parsed = parse_example(records, {"x": FixedLenFeature([2], "float32"), "v": VarLenFeature("int64"),
-                                     "r": RaggedFeature("int64", value_key="v"), "s": FixedLenFeature([], "string"),
-                                     "sv": VarLenFeature("string")})
+    parsed = parse_example(
+        records,
+        {
+            "x": FixedLenFeature([2], "float32"),
+            "v": VarLenFeature("int64"),
+            "r": RaggedFeature("int64", value_key="v"),
+            "s": FixedLenFeature([], "string"),
+            "sv": VarLenFeature("string"),
+        },
+    )
     tensors = to_torch(parsed)
     assert isinstance(tensors["x"], torch.Tensor) and tensors["x"].dtype == torch.float32
     assert tensors["x"].tolist() == [[1.0, 2.0], [3.0, 4.0]]
@@ -326,8 +389,11 @@ def test_to_torch_converts_numeric_values():
     assert isinstance(tensors["r"], RaggedValue) and tensors["r"].row_splits.tolist() == [0, 2, 3]
     assert isinstance(tensors["s"], np.ndarray) and tensors["s"].tolist() == [b"a", b"b"]
     assert isinstance(tensors["sv"], SparseValue)
-    context, sequences = to_torch(parse_single_sequence_example(
-        SEQUENCE, {"len": FixedLenFeature([], "int64")}, {"one": FixedLenSequenceFeature([], "float32")}))
+    context, sequences = to_torch(
+        parse_single_sequence_example(
+            SEQUENCE, {"len": FixedLenFeature([], "int64")}, {"one": FixedLenSequenceFeature([], "float32")}
+        )
+    )
     assert context["len"].item() == 2 and sequences["one"].tolist() == [1.0, 2.0]
 
 
@@ -361,8 +427,14 @@ def test_to_torch_checks_sparse_values_it_did_not_parse():
 
 
 def test_parse_empty_batch():
-    parsed = parse_example([], {"x": FixedLenFeature([3], "float32"), "v": VarLenFeature("int64"),
-                                "s": FixedLenSequenceFeature([], "int64", allow_missing=True)})
+    parsed = parse_example(
+        [],
+        {
+            "x": FixedLenFeature([3], "float32"),
+            "v": VarLenFeature("int64"),
+            "s": FixedLenSequenceFeature([], "int64", allow_missing=True),
+        },
+    )
     assert parsed["x"].shape == (0, 3)
     assert parsed["v"].dense_shape.tolist() == [0, 0]
     assert parsed["s"].shape == (0, 0)
@@ -374,12 +446,17 @@ def test_parse_empty_batch():
 def test_batch_mixes_fast_and_default_rows_for_every_dtype():
     # 150 floats need a two-byte length in the packed FloatList; missing rows take the default.
     dense = np.linspace(-1, 1, 150, dtype=np.float32)
-    records = [example(f=dense, i=[7, 8], s=[b"x"], v=dense[:40]), example(other=[1]),
-               example(f=dense * 2, i=[9, 10], s=[b"y"], v=dense[:20])]
-    features = {"f": FixedLenFeature([150], "float32", default_value=np.full(150, 0.5)),
-                "i": FixedLenFeature([2], "int64", default_value=[-1, -2]),
-                "s": FixedLenFeature([], "string", default_value=b"none"),
-                "v": VarLenFeature("float32")}
+    records = [
+        example(f=dense, i=[7, 8], s=[b"x"], v=dense[:40]),
+        example(other=[1]),
+        example(f=dense * 2, i=[9, 10], s=[b"y"], v=dense[:20]),
+    ]
+    features = {
+        "f": FixedLenFeature([150], "float32", default_value=np.full(150, 0.5)),
+        "i": FixedLenFeature([2], "int64", default_value=[-1, -2]),
+        "s": FixedLenFeature([], "string", default_value=b"none"),
+        "v": VarLenFeature("float32"),
+    }
     parsed = parse_example(records, features)
     assert parsed["f"].dtype == np.float32 and parsed["f"].shape == (3, 150)
     assert parsed["f"].tolist() == [dense.tolist(), [0.5] * 150, (dense * 2).tolist()]
@@ -396,18 +473,27 @@ def test_fixed_len_of_zero_values_still_tells_missing_from_empty():
     empty = encode_example({"z": []}, kinds={"z": "float"})
     parsed = parse_example([empty, empty], {"z": FixedLenFeature([0], "float32")})
     assert parsed["z"].shape == (2, 0) and parsed["z"].dtype == np.float32
-    with pytest.raises(ValueError, match=r"Feature: z \(data type: float\) is required but could not be found "
-                                         r"\(record 1\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"Feature: z \(data type: float\) is required but could not be found "
+        r"\(record 1\)",
+    ):
         parse_example([empty, example(other=[1])], {"z": FixedLenFeature([0], "float32")})
 
 
 def test_wrong_kind_with_matching_count_is_still_refused():
     # The fast path reads the expected list without WhichOneof; an unset list reads empty there.
-    with pytest.raises(ValueError, match=r"Key: a, record 0\.  Data types don't match\. Data type: float but "
-                                         r"expected type: int64"):
+    with pytest.raises(
+        ValueError,
+        match=r"Key: a, record 0\.  Data types don't match\. Data type: float but "
+        r"expected type: int64",
+    ):
         parse_example([example(a=[1.0])], {"a": FixedLenFeature([], "int64")})
-    with pytest.raises(ValueError, match=r"Key: a, record 1\.  Data types don't match\. Data type: int64 but "
-                                         r"expected type: float"):
+    with pytest.raises(
+        ValueError,
+        match=r"Key: a, record 1\.  Data types don't match\. Data type: int64 but "
+        r"expected type: float",
+    ):
         parse_example([example(a=[1.0]), example(a=[1])], {"a": VarLenFeature("float32")})
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import input_fns, make_estimator
+
 from torchestimator.cli import main
 
 pytest.importorskip("matplotlib")

@@ -30,8 +30,8 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import symtable
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -82,7 +82,7 @@ def readme_blocks(text: str) -> list[Block]:
                 index += 1
             if index == len(lines):
                 raise AssertionError(f"README.md:{start + 1}: code fence never closed")
-            blocks.append(Block(start + 1, opening.group(1), "\n".join(lines[start + 1:index]) + "\n"))
+            blocks.append(Block(start + 1, opening.group(1), "\n".join(lines[start + 1 : index]) + "\n"))
         index += 1
     return blocks
 
@@ -126,10 +126,14 @@ def bench_environment_is_pinned(block: Block) -> None:
     TensorFlow, the tfrecord package) and runs a benchmark that exists."""
     bash_syntax_is_valid(block)
     lock = (ROOT / "benchmarks" / "requirements-bench.txt").read_text()
-    pins = {line.split("==")[0].lower().replace("_", "-"): line.split("==")[1] for line in lock.splitlines()
-            if "==" in line and not line.startswith("#")}
-    assert pins.get("torch") == re.search(r"^torch==(\S+)$", (ROOT / "requirements-lock.txt").read_text(),
-                                          re.MULTILINE).group(1)
+    pins = {
+        line.split("==")[0].lower().replace("_", "-"): line.split("==")[1]
+        for line in lock.splitlines()
+        if "==" in line and not line.startswith("#")
+    }
+    assert pins.get("torch") == re.search(
+        r"^torch==(\S+)$", (ROOT / "requirements-lock.txt").read_text(), re.MULTILINE
+    ).group(1)
     assert {"tensorflow-cpu", "tfrecord", "fastapi", "uvicorn", "httptools", "uvloop", "flask", "gunicorn"} <= set(pins)
     assert "-r benchmarks/requirements-bench.txt" in block.text
     for script in re.findall(r"benchmarks/\w+\.py", block.text):
@@ -175,18 +179,30 @@ def slurm_script_builds_a_launch_that_parses(block: Block, workdir: Path) -> Non
     script = workdir / "job.sh"
     script.write_text(block.text)
     recorded = workdir / "srun_arguments"
-    stand_ins = (f'scontrol() {{ printf "node01\\nnode02\\n"; }}; '
-                 f'srun() {{ printf "%s\\n" "$@" > {shlex.quote(str(recorded))}; }}; '
-                 f"source {shlex.quote(str(script))}")
+    stand_ins = (
+        f'scontrol() {{ printf "node01\\nnode02\\n"; }}; '
+        f'srun() {{ printf "%s\\n" "$@" > {shlex.quote(str(recorded))}; }}; '
+        f"source {shlex.quote(str(script))}"
+    )
     slurm = {"SLURM_JOB_NODELIST": "node[01-02]", "SLURM_NNODES": "2", "SLURM_JOB_ID": "4242"}
-    result = subprocess.run(["bash", "-e", "-c", stand_ins], env={**os.environ, **slurm}, capture_output=True,
-                            text=True, timeout=30, cwd=workdir)
+    result = subprocess.run(
+        ["bash", "-e", "-c", stand_ins],
+        env={**os.environ, **slurm},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=workdir,
+    )
     assert result.returncode == 0, result.stderr
     words = recorded.read_text().splitlines()
     with environ_restored():
         arguments = parsed_command(shlex.join(words))
     assert (arguments.nnodes, arguments.nproc_per_node, arguments.rdzv_endpoint, arguments.rdzv_id) == (
-        "2", "4", "node01:29400", "4242")
+        "2",
+        "4",
+        "node01:29400",
+        "4242",
+    )
 
 
 def tf_config_tasks_resolve(block: Block, workdir: Path) -> None:
@@ -197,8 +213,9 @@ def tf_config_tasks_resolve(block: Block, workdir: Path) -> None:
     bash_syntax_is_valid(block)
     recorded = workdir / "tf_configs"
     stand_in = f'python() {{ printf "%s\\n" "$TF_CONFIG" >> {shlex.quote(str(recorded))}; }}\n'
-    result = subprocess.run(["bash", "-e", "-c", stand_in + block.text], capture_output=True, text=True, timeout=30,
-                            cwd=workdir)
+    result = subprocess.run(
+        ["bash", "-e", "-c", stand_in + block.text], capture_output=True, text=True, timeout=30, cwd=workdir
+    )
     assert result.returncode == 0, result.stderr
     clusters = [cluster_from_tf_config({"TF_CONFIG": line}) for line in recorded.read_text().splitlines()]
     assert [(c.task_type, c.rank, c.world_size) for c in clusters] == [("chief", 0, 2), ("worker", 1, 2)]
@@ -232,8 +249,9 @@ def tf_client_calls_are_the_tools(block: Block) -> None:
     """TF Serving's own client (needs TensorFlow): valid Python whose TF calls tools/check_tf_serving_grpc_client.py
     makes against serve --port in the comparison environment."""
     tree = ast.parse(block.text)
-    called = {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call)
-              and isinstance(node.func, ast.Attribute)}
+    called = {
+        node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+    }
     tool = (ROOT / "tools" / "check_tf_serving_grpc_client.py").read_text()
     for name in ("PredictionServiceStub", "make_tensor_proto", "make_ndarray", "Predict"):
         assert name in called and f".{name}(" in tool, f"README.md:{block.line}: {name} is not what the tool checks"
@@ -246,40 +264,51 @@ class NotRunnable:
     """A partial check: takes the block, and a temporary folder as `workdir` when it declares one."""
 
 
-SETUP = ("python3 -m venv .venv && .venv/bin/pip install -q -r requirements-lock.txt && "
-         ".venv/bin/pip install -q --no-deps -e . && ")  # the start of the README's two commands
+SETUP = (
+    "python3 -m venv .venv && .venv/bin/pip install -q -r requirements-lock.txt && "
+    ".venv/bin/pip install -q --no-deps -e . && "
+)  # the start of the README's two commands
 
 NOT_RUNNABLE: dict[str, NotRunnable] = {
-    SETUP + ".venv/bin/torchestimator demo":
-        NotRunnable("the README's own setup command: it creates a venv and installs from PyPI; CI runs it from a "
-                    "fresh clone. Its last part, `torchestimator demo`, runs before the serving block here",
-                    setup_command_uses_the_lock),
+    SETUP + ".venv/bin/torchestimator demo": NotRunnable(
+        "the README's own setup command: it creates a venv and installs from PyPI; CI runs it from a "
+        "fresh clone. Its last part, `torchestimator demo`, runs before the serving block here",
+        setup_command_uses_the_lock,
+    ),
     SETUP + "{ ! command -v npm > /dev/null || npm ci --loglevel=error --no-audit --no-fund --prefix tests/azurite; } "
-            '&& .venv/bin/python -m pytest -q && TORCHESTIMATOR_PURE_PYTHON=1 .venv/bin/python -m pytest -q -m '
-            '"not slow or compiled_path"':
-        NotRunnable("the README's own test command, which is what CI runs (.ci/run)", setup_command_is_ci_command),
+    "&& .venv/bin/python -m pytest -q && TORCHESTIMATOR_PURE_PYTHON=1 .venv/bin/python -m pytest -q -m "
+    '"not slow or compiled_path"': NotRunnable(
+        "the README's own test command, which is what CI runs (.ci/run)", setup_command_is_ci_command
+    ),
     "python3 -m venv /tmp/benchenv && /tmp/benchenv/bin/pip install -r benchmarks/requirements-bench.txt && "
-    "/tmp/benchenv/bin/pip install --no-deps -e . && /tmp/benchenv/bin/python benchmarks/tfrecord_read.py":
-        NotRunnable("installs TensorFlow and the other anchors from PyPI into a venv of its own (20 minutes)",
-                    bench_environment_is_pinned),
-    "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu":
-        NotRunnable("installs from the network into the current environment", cpu_install_pins_the_locked_torch),
-    "torchestimator launch --nnodes 2 --nproc_per_node 4 \\":
-        NotRunnable("two machines (tests/test_multinode.py runs the same launch as two nodes on 127.0.0.1)",
-                    two_node_launch_parses),
-    "#!/bin/bash":
-        NotRunnable("a SLURM batch script: needs sbatch, srun and two nodes", slurm_script_builds_a_launch_that_parses),
-    "from ray.train import ScalingConfig":
-        NotRunnable("needs Ray (not a dependency) and a Ray cluster with /shared", names_are_defined_above),
-    "# on host0, the chief:":
-        NotRunnable("two hosts (host0, host1), one command on each", tf_config_tasks_resolve),
-    "import grpc, numpy as np, tensorflow as tf":
-        NotRunnable("TF Serving's own client needs TensorFlow and tensorflow-serving-api, not dependencies; "
-                    "tools/check_tf_serving_grpc_client.py runs it against serve --port", tf_client_calls_are_the_tools),
-    "torchestimator serve --model_config_file models.config [--model_config_file_poll_wait_seconds 30] \\":
-        NotRunnable("a synopsis: [optional] flags and config files of the reader's own", synopsis_flags_exist),
-    "torchestimator train FILE.py --model_dir runs/x [--max_steps N | --steps N] [--param lr=0.01]":
-        NotRunnable("a synopsis: FILE.py, runs/x and N are placeholders", synopsis_flags_exist),
+    "/tmp/benchenv/bin/pip install --no-deps -e . && /tmp/benchenv/bin/python benchmarks/tfrecord_read.py": NotRunnable(
+        "installs TensorFlow and the other anchors from PyPI into a venv of its own (20 minutes)",
+        bench_environment_is_pinned,
+    ),
+    "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu": NotRunnable(
+        "installs from the network into the current environment", cpu_install_pins_the_locked_torch
+    ),
+    "torchestimator launch --nnodes 2 --nproc_per_node 4 \\": NotRunnable(
+        "two machines (tests/test_multinode.py runs the same launch as two nodes on 127.0.0.1)", two_node_launch_parses
+    ),
+    "#!/bin/bash": NotRunnable(
+        "a SLURM batch script: needs sbatch, srun and two nodes", slurm_script_builds_a_launch_that_parses
+    ),
+    "from ray.train import ScalingConfig": NotRunnable(
+        "needs Ray (not a dependency) and a Ray cluster with /shared", names_are_defined_above
+    ),
+    "# on host0, the chief:": NotRunnable("two hosts (host0, host1), one command on each", tf_config_tasks_resolve),
+    "import grpc, numpy as np, tensorflow as tf": NotRunnable(
+        "TF Serving's own client needs TensorFlow and tensorflow-serving-api, not dependencies; "
+        "tools/check_tf_serving_grpc_client.py runs it against serve --port",
+        tf_client_calls_are_the_tools,
+    ),
+    "torchestimator serve --model_config_file models.config [--model_config_file_poll_wait_seconds 30] \\": NotRunnable(
+        "a synopsis: [optional] flags and config files of the reader's own", synopsis_flags_exist
+    ),
+    "torchestimator train FILE.py --model_dir runs/x [--max_steps N | --steps N] [--param lr=0.01]": NotRunnable(
+        "a synopsis: FILE.py, runs/x and N are placeholders", synopsis_flags_exist
+    ),
 }
 
 
@@ -294,26 +323,27 @@ def error_tree_matches_errors_module(block: Block) -> None:
     parents: list[type] = []
     named = set()
     for line in block.text.splitlines():
-        match = re.match(r"^(?P<indent>(?:[│ ]   )*)(?P<branch>[├└]── )?(?P<name>\w+)(?:\((?P<base>\w+)\))?",
-                         line)
+        match = re.match(r"^(?P<indent>(?:[│ ]   )*)(?P<branch>[├└]── )?(?P<name>\w+)(?:\((?P<base>\w+)\))?", line)
         assert match, f"README.md:{block.line}: cannot read the tree line {line!r}"
         depth = len(match["indent"]) // 4 + (1 if match["branch"] else 0)
         cls = getattr(errors, match["name"], None)
         assert isinstance(cls, type), f"the README's error tree names {match['name']}, not in torchestimator.errors"
-        stated = set(parents[depth - 1:depth]) | ({getattr(builtins, match["base"])} if match["base"] else set())
+        stated = set(parents[depth - 1 : depth]) | ({getattr(builtins, match["base"])} if match["base"] else set())
         bases = set(cls.__bases__) - {errors.PicklableError}  # the pickling mixin is no kind of error to catch
         assert bases == stated, f"{match['name']}: README says bases {stated}, it has {cls.__bases__}"
         del parents[depth:]
         parents.append(cls)
         named.add(match["name"])
-    exported = {name for name in errors.__all__
-                if isinstance(getattr(errors, name), type) and issubclass(getattr(errors, name), BaseException)}
+    exported = {
+        name
+        for name in errors.__all__
+        if isinstance(getattr(errors, name), type) and issubclass(getattr(errors, name), BaseException)
+    }
     assert exported - named == set(), f"the README's error tree misses {sorted(exported - named)}"
 
 
 TEXT_CHECKS: dict[str, Callable[[Block], None]] = {
-    "TorchEstimatorError(Exception)                 except te.TorchEstimatorError catches them all":
-        error_tree_matches_errors_module,
+    "TorchEstimatorError(Exception)                 except te.TorchEstimatorError catches them all": error_tree_matches_errors_module,
 }
 
 
@@ -334,13 +364,13 @@ def write_index_csv(workdir: Path) -> None:
     (workdir / "index.csv").write_text("\n".join(rows) + "\n")
 
 
-KERAS_MODEL_IN_PYTORCH = '''import torch.nn as nn
+KERAS_MODEL_IN_PYTORCH = """import torch.nn as nn
 
 
 def model():  # the Keras model of tests/fixtures/keras: Conv2D(4, 3), BatchNormalization, ReLU, Flatten, Dense(5)
     return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, eps=1e-3, momentum=0.01), nn.ReLU(), nn.Flatten(),
                          nn.Linear(4 * 6 * 6, 5))
-'''
+"""
 
 
 def write_keras_weights_and_model(workdir: Path) -> None:
@@ -353,24 +383,22 @@ def write_keras_weights_and_model(workdir: Path) -> None:
 def serving_port_is_free(workdir: Path) -> None:
     with socket.socket() as probe:
         if probe.connect_ex(("127.0.0.1", SERVING_PORT)) == 0:
-            raise AssertionError(f"port {SERVING_PORT} already answers on this machine: the README's serve block "
-                                 "uses TF Serving's default port; stop what listens there and rerun")
+            raise AssertionError(
+                f"port {SERVING_PORT} already answers on this machine: the README's serve block "
+                "uses TF Serving's default port; stop what listens there and rerun"
+            )
 
 
 # Made in the working folder before the block runs: the reader's own files, or a condition the block needs.
 BEFORE: dict[str, Callable[[Path], None]] = {
-    "torchestimator convert csv-to-tfrecord index.csv out/train --num_shards 4   # label,path[,other columns]":
-        write_index_csv,
-    "torchestimator warm-start --dry_run --model model.py keras_model.weights.h5 --accept_proposed \\":
-        write_keras_weights_and_model,
-    "torchestimator export torchestimator.cli.demo --model_dir runs/digits --export_dir export/digits":
-        serving_port_is_free,
+    "torchestimator convert csv-to-tfrecord index.csv out/train --num_shards 4   # label,path[,other columns]": write_index_csv,
+    "torchestimator warm-start --dry_run --model model.py keras_model.weights.h5 --accept_proposed \\": write_keras_weights_and_model,
+    "torchestimator export torchestimator.cli.demo --model_dir runs/digits --export_dir export/digits": serving_port_is_free,
 }
 
 # "after the demo has trained runs/digits": the demo's command, the last part of the README's first command.
 EARLIER_COMMANDS: dict[str, str] = {
-    "torchestimator export torchestimator.cli.demo --model_dir runs/digits --export_dir export/digits":
-        "torchestimator demo\n",
+    "torchestimator export torchestimator.cli.demo --model_dir runs/digits --export_dir export/digits": "torchestimator demo\n",
 }
 
 
@@ -420,14 +448,15 @@ class ReadmeRun:
         (workdir / ".readme").mkdir()
 
     def outcome(self, block: Block) -> Outcome:
-        for earlier in BLOCKS[:BLOCKS.index(block) + 1]:
+        for earlier in BLOCKS[: BLOCKS.index(block) + 1]:
             if earlier.line not in self.outcomes and runs(earlier):
                 self.outcomes[earlier.line] = self._run(earlier)
         failed_before = [line for line, outcome in self.outcomes.items() if line < block.line and not outcome.ok]
         result = self.outcomes[block.line]
         if not result.ok and failed_before:
-            result = dataclasses.replace(result, error=f"{result.error}\n(earlier README blocks failed too: lines "
-                                                       f"{failed_before})")
+            result = dataclasses.replace(
+                result, error=f"{result.error}\n(earlier README blocks failed too: lines {failed_before})"
+            )
         return result
 
     def _run(self, block: Block) -> Outcome:
@@ -470,8 +499,15 @@ class ReadmeRun:
         environment = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
         with open(out_path, "w") as out, open(err_path, "w") as err:
             # Output to files, not pipes: a background server keeps a pipe open after bash is done.
-            process = subprocess.Popen(["bash", "-e", str(script)], cwd=self.workdir, env=environment, stdout=out,
-                                       stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+            process = subprocess.Popen(
+                ["bash", "-e", str(script)],
+                cwd=self.workdir,
+                env=environment,
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             try:
                 returncode = process.wait(timeout=BASH_BLOCK_TIMEOUT)
             except subprocess.TimeoutExpired:
@@ -483,8 +519,9 @@ class ReadmeRun:
         if returncode == 0:
             return Outcome(True, output + errors)
         why = f"still running after {BASH_BLOCK_TIMEOUT} s" if returncode is None else f"exit status {returncode}"
-        return Outcome(False, output + errors,
-                       f"bash -e {name}.sh: {why}\nstdout:\n{output[-3000:]}\nstderr:\n{errors[-3000:]}")
+        return Outcome(
+            False, output + errors, f"bash -e {name}.sh: {why}\nstdout:\n{output[-3000:]}\nstderr:\n{errors[-3000:]}"
+        )
 
 
 def runs(block: Block) -> bool:
@@ -565,6 +602,7 @@ def keras_weights_are_written_converted(run: ReadmeRun, outcome: Outcome) -> Non
     assert sorted(path.name for path in (run.workdir / "runs" / "from_keras").glob("ckpt-*")) == ["ckpt-0"]
     keras = np.load(FIXTURES / "keras" / "reference.npz")  # layer.get_weights(), saved by Keras
     with open_weights(str(run.workdir / "runs" / "from_keras")) as written:
+
         def value(name):
             return np.asarray(written.read(name))
 
@@ -577,7 +615,8 @@ def keras_weights_are_written_converted(run: ReadmeRun, outcome: Outcome) -> Non
 
 def server_answers_the_request(run: ReadmeRun, outcome: Outcome) -> None:
     assert re.search(r"serving digits \(version \d+ AVAILABLE\) at http://127\.0\.0\.1:8501", outcome.output), (
-        "the curl answers did not come from this block's server:\n" + outcome.output)
+        "the curl answers did not come from this block's server:\n" + outcome.output
+    )
     start = outcome.output.index('{"predictions"')  # curl's answer, as the server wrote it
     answer, _ = json.JSONDecoder().raw_decode(outcome.output[start:])
     assert len(answer["predictions"]) == 2 and all(0 <= row["class"] <= 9 for row in answer["predictions"])
@@ -613,7 +652,7 @@ def store_workflow_answers(run: ReadmeRun, outcome: Outcome) -> None:
     assert "digits demo: trained from scratch to step 200 in s3://my-bucket/runs/digits" in outcome.output
     assert "model_dir s3://my-bucket/runs/digits: 1 checkpoint(s)" in outcome.output
     assert "best export: s3://my-bucket/runs/digits/export/best/" in outcome.output
-    answer, _ = json.JSONDecoder().raw_decode(outcome.output[outcome.output.index('{"predictions"'):])
+    answer, _ = json.JSONDecoder().raw_decode(outcome.output[outcome.output.index('{"predictions"') :])
     assert len(answer["predictions"]) == 2 and {"class", "probabilities"} <= set(answer["predictions"][0])
     assert "Found credentials" not in outcome.output  # the clients' INFO lines stay out of the CLI's output
 
@@ -622,18 +661,14 @@ CHECKS_AFTER: dict[str, Callable[[ReadmeRun, Outcome], None]] = {
     "python -m moto.server -p 9000 > moto.log 2>&1 &": store_workflow_answers,
     "import numpy as np, torch, torch.nn as nn, torch.nn.functional as F": quickstart_learns_and_predicts,
     "config = te.RunConfig(train_distribute=te.MirroredStrategy(num_replicas=2))": config_has_two_replicas,
-    "from torchestimator.data import (FixedLenFeature, VarLenFeature, TFRecordDataset, TFRecordWriter,":
-        tfrecord_input_fn_gives_batches,
+    "from torchestimator.data import (FixedLenFeature, VarLenFeature, TFRecordDataset, TFRecordWriter,": tfrecord_input_fn_gives_batches,
     "from torchestimator.warm_start import WarmStartSettings": warm_start_loads_the_quickstart,
     "from torchestimator.export import TensorSpec, serving_input_receiver": best_model_is_kept,
     "from torchestimator.export import TensorSpec, serving_input_receiver, load": export_loads_and_predicts,
     "import onnxruntime": onnx_gives_the_exported_classes,
-    "torchestimator convert csv-to-tfrecord index.csv out/train --num_shards 4   # label,path[,other columns]":
-        records_are_written_and_verified,
-    "torchestimator warm-start --dry_run --model model.py keras_model.weights.h5 --accept_proposed \\":
-        keras_weights_are_written_converted,
-    "torchestimator export torchestimator.cli.demo --model_dir runs/digits --export_dir export/digits":
-        server_answers_the_request,
+    "torchestimator convert csv-to-tfrecord index.csv out/train --num_shards 4   # label,path[,other columns]": records_are_written_and_verified,
+    "torchestimator warm-start --dry_run --model model.py keras_model.weights.h5 --accept_proposed \\": keras_weights_are_written_converted,
+    "torchestimator export torchestimator.cli.demo --model_dir runs/digits --export_dir export/digits": server_answers_the_request,
     "from torchestimator.cli.demo import load_digits_split": client_gets_predictions,
     "import base64, io, json": examples_receiver_answers_as_the_model,
     "torchestimator predict --exported export/digits_images --input image_request.json": image_request_answers_as_the_model,
@@ -664,7 +699,7 @@ def _bound_and_used(text: str) -> tuple[set[str], set[str]]:
 
 def undefined_names(block: Block) -> set[str]:
     defined = set(dir(builtins))
-    for earlier in BLOCKS[:BLOCKS.index(block)]:
+    for earlier in BLOCKS[: BLOCKS.index(block)]:
         if earlier.language == "python" and runs(earlier):
             defined |= _bound_and_used(earlier.text)[0]
     bound, used = _bound_and_used(block.text)
@@ -678,12 +713,20 @@ def test_every_block_is_run_or_listed():
     keys = [block.key for block in BLOCKS]
     repeated = sorted({key for key in keys if keys.count(key) > 1})
     assert not repeated, f"README blocks must differ in their first line (their key here); repeated: {repeated}"
-    unhandled = [block.label for block in BLOCKS if not runs(block) and block.key not in NOT_RUNNABLE
-                 and block.key not in TEXT_CHECKS]
+    unhandled = [
+        block.label
+        for block in BLOCKS
+        if not runs(block) and block.key not in NOT_RUNNABLE and block.key not in TEXT_CHECKS
+    ]
     assert not unhandled, f"README blocks neither run nor listed in NOT_RUNNABLE/TEXT_CHECKS: {unhandled}"
-    for table_name, table in [("NOT_RUNNABLE", NOT_RUNNABLE), ("TEXT_CHECKS", TEXT_CHECKS), ("BEFORE", BEFORE),
-                              ("EARLIER_COMMANDS", EARLIER_COMMANDS), ("CHECKS_AFTER", CHECKS_AFTER),
-                              ("PENDING", PENDING)]:
+    for table_name, table in [
+        ("NOT_RUNNABLE", NOT_RUNNABLE),
+        ("TEXT_CHECKS", TEXT_CHECKS),
+        ("BEFORE", BEFORE),
+        ("EARLIER_COMMANDS", EARLIER_COMMANDS),
+        ("CHECKS_AFTER", CHECKS_AFTER),
+        ("PENDING", PENDING),
+    ]:
         stale = sorted(set(table) - set(keys))
         assert not stale, f"{table_name} lists blocks the README no longer has (first lines): {stale}"
 
@@ -738,8 +781,9 @@ def test_quickstart_rerun_resumes_with_the_same_results(tmp_path):
     (tmp_path / "quickstart.py").write_text(quickstart.text)
     runs_output, runs_log = [], []
     for _ in range(2):
-        result = subprocess.run([sys.executable, "quickstart.py"], cwd=tmp_path, capture_output=True, text=True,
-                                timeout=240)
+        result = subprocess.run(
+            [sys.executable, "quickstart.py"], cwd=tmp_path, capture_output=True, text=True, timeout=240
+        )
         assert result.returncode == 0, result.stderr
         runs_output.append(result.stdout)
         runs_log.append(result.stderr)
@@ -749,5 +793,6 @@ def test_quickstart_rerun_resumes_with_the_same_results(tmp_path):
     assert runs_output[1] == runs_output[0]  # the predicted classes too
     # The README quotes the line each call prints on stderr by default: trained, then skipped on the rerun.
     assert "torchestimator: trained runs/quickstart from step 0 to 1000 in " in runs_log[0], runs_log[0]
-    assert ("torchestimator: skipped training: runs/quickstart is already at step 1000 (max_steps=1000)"
-            in runs_log[1]), runs_log[1]
+    assert (
+        "torchestimator: skipped training: runs/quickstart is already at step 1000 (max_steps=1000)" in runs_log[1]
+    ), runs_log[1]

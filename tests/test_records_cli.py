@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from torchestimator import cli
-
 from torchestimator.cli import records as records_cli
 from torchestimator.data.example import decode_example, encode_example, encode_sequence_example
 from torchestimator.data.tfrecord import TFRecordWriter, iter_records
@@ -39,15 +38,29 @@ def index(tmp_path: Path) -> dict[str, Any]:
     folder = tmp_path / "data"
     (folder / "images").mkdir(parents=True)
     shapes = [((3, 4, 3), "RGB"), ((5, 2), "L"), ((2, 2, 4), "RGBA"), ((1, 6, 3), "RGB"), ((4, 4), "L")]
-    pixels = [write_png(folder / "images" / f"{index}.png", shape, mode, index)
-              for index, (shape, mode) in enumerate(shapes)]
+    pixels = [
+        write_png(folder / "images" / f"{index}.png", shape, mode, index) for index, (shape, mode) in enumerate(shapes)
+    ]
     rows = [
         {"label": "3", "path": "images/0.png", "weight": "0.5", "name": "héllo", "code": "007", "count": "10"},
         {"label": "1", "path": "images/1.png", "weight": "", "name": "b", "code": "12", "count": "-2"},
         {"label": "0", "path": "images/2.png", "weight": "2", "name": "c", "code": "3", "count": "0"},
-        {"label": "1", "path": "images/3.png", "weight": "1e-3", "name": "", "code": "4", "count": "9223372036854775807"},
-        {"label": "2", "path": str(folder / "images" / "4.png"), "weight": "-1.25", "name": "e", "code": "5",
-         "count": "1"},
+        {
+            "label": "1",
+            "path": "images/3.png",
+            "weight": "1e-3",
+            "name": "",
+            "code": "4",
+            "count": "9223372036854775807",
+        },
+        {
+            "label": "2",
+            "path": str(folder / "images" / "4.png"),
+            "weight": "-1.25",
+            "name": "e",
+            "code": "5",
+            "count": "1",
+        },
     ]
     path = folder / "index.csv"
     with open(path, "w", newline="", encoding="utf-8") as file:
@@ -84,8 +97,10 @@ def test_csv_to_tfrecord_encoded_shards(index: dict[str, Any], tmp_path: Path, c
 
 def test_csv_to_tfrecord_raw_pixels_with_shape(index: dict[str, Any], tmp_path: Path) -> None:
     prefix = tmp_path / "raw"
-    assert run(["convert", "csv-to-tfrecord", str(index["path"]), str(prefix), "--image-mode", "raw",
-                "--no-progress"]) == 0
+    assert (
+        run(["convert", "csv-to-tfrecord", str(index["path"]), str(prefix), "--image-mode", "raw", "--no-progress"])
+        == 0
+    )
     examples = read_shards([tmp_path / "raw-00000-of-00001.tfrecord"])
     for example, pixels in zip(examples, index["pixels"], strict=True):
         expected = pixels if pixels.ndim == 3 else pixels[:, :, None]
@@ -108,23 +123,54 @@ def test_raw_mode_keeps_gray_alpha_as_two_channels_and_every_16_bit_png_as_its_h
     rgb16 = (FIXTURES / "images" / "rgb16.png").read_bytes()  # Pillow cannot write one; the fixture's
     (tmp_path / "rgb16.png").write_bytes(rgb16)
     (tmp_path / "i.csv").write_text("label,path\n1,la.png\n2,gray16.png\n3,rgb16.png\n", encoding="utf-8")
-    assert run(["convert", "csv-to-tfrecord", str(tmp_path / "i.csv"), str(tmp_path / "o"), "--image-mode", "raw",
-                "--no-progress"]) == 0
+    assert (
+        run(
+            [
+                "convert",
+                "csv-to-tfrecord",
+                str(tmp_path / "i.csv"),
+                str(tmp_path / "o"),
+                "--image-mode",
+                "raw",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     examples = read_shards([tmp_path / "o-00000-of-00001.tfrecord"])
-    expected = [gray_alpha, (gray16 >> 8).astype(np.uint8)[..., None],
-                (decode_png(rgb16, dtype="uint16") >> 8).astype(np.uint8)]
+    expected = [
+        gray_alpha,
+        (gray16 >> 8).astype(np.uint8)[..., None],
+        (decode_png(rgb16, dtype="uint16") >> 8).astype(np.uint8),
+    ]
     for example, pixels in zip(examples, expected, strict=True):
         assert example["image/shape"].tolist() == list(pixels.shape)
         np.testing.assert_array_equal(
-            np.frombuffer(example["image"][0], np.uint8).reshape(example["image/shape"]), pixels)
+            np.frombuffer(example["image"][0], np.uint8).reshape(example["image/shape"]), pixels
+        )
 
 
 def test_csv_to_tfrecord_gzip_and_other_column_names(tmp_path: Path) -> None:
     (tmp_path / "a.bin").write_bytes(b"not an image, stored as it is")
     index = tmp_path / "files.csv"
     index.write_text("file,class,score\na.bin,cat,0.25\n", encoding="utf-8")
-    assert run(["convert", "csv-to-tfrecord", str(index), str(tmp_path / "s"), "--label-column", "class",
-                "--path-column", "file", "--compression", "GZIP"]) == 0
+    assert (
+        run(
+            [
+                "convert",
+                "csv-to-tfrecord",
+                str(index),
+                str(tmp_path / "s"),
+                "--label-column",
+                "class",
+                "--path-column",
+                "file",
+                "--compression",
+                "GZIP",
+            ]
+        )
+        == 0
+    )
     shard = tmp_path / "s-00000-of-00001.tfrecord"
     assert shard.read_bytes()[:2] == b"\x1f\x8b"
     (example,) = read_shards([shard], "GZIP")
@@ -164,8 +210,9 @@ def test_missing_image_names_the_row_and_path(index: dict[str, Any], tmp_path: P
         (["--path_column", "label"], "--label_column and --path_column are both 'label'"),
     ],
 )
-def test_bad_arguments_are_explained(index: dict[str, Any], tmp_path: Path, capsys: Any, extra: list[str],
-                                     expected: str) -> None:
+def test_bad_arguments_are_explained(
+    index: dict[str, Any], tmp_path: Path, capsys: Any, extra: list[str], expected: str
+) -> None:
     assert run(["convert", "csv-to-tfrecord", str(index["path"]), str(tmp_path / "o"), *extra]) == 2
     assert expected in capsys.readouterr().err
     assert not list(tmp_path.glob("o-*"))
@@ -177,13 +224,17 @@ def test_undecodable_image_in_raw_mode(tmp_path: Path, capsys: Any) -> None:
     (tmp_path / "i.csv").write_text("label,path\n1,a.png\n", encoding="utf-8")
     assert run(["convert", "csv-to-tfrecord", str(tmp_path / "i.csv"), str(tmp_path / "o"), "--image-mode", "raw"]) == 2
     error = capsys.readouterr().err
-    assert "row 1 (line 2): " in error and "a.png is not an image --image_mode raw can decode (unknown image " \
-           "file format" in error and "--image_mode encoded" in error
+    assert (
+        "row 1 (line 2): " in error
+        and "a.png is not an image --image_mode raw can decode (unknown image file format" in error
+        and "--image_mode encoded" in error
+    )
     assert not list(tmp_path.glob("o-*"))
 
 
-def test_raw_mode_without_pillow_says_what_to_install(index: dict[str, Any], tmp_path: Path, capsys: Any,
-                                                      monkeypatch: Any) -> None:
+def test_raw_mode_without_pillow_says_what_to_install(
+    index: dict[str, Any], tmp_path: Path, capsys: Any, monkeypatch: Any
+) -> None:
     monkeypatch.setitem(sys.modules, "PIL", None)
     assert run(["convert", "csv-to-tfrecord", str(index["path"]), str(tmp_path / "o"), "--image-mode", "raw"]) == 2
     error = capsys.readouterr().err
@@ -214,8 +265,18 @@ def test_column_kinds() -> None:
 
 
 def write_examples(path: Path, compression: str | None = None) -> list[bytes]:
-    records = [encode_example({"label": [index], "vec": [0.5, float(index)], "text": [b"\xff\x00", "ok"][: index + 1],
-                               "tags": list(range(index))}, kinds={"tags": "int64"}) for index in range(3)]
+    records = [
+        encode_example(
+            {
+                "label": [index],
+                "vec": [0.5, float(index)],
+                "text": [b"\xff\x00", "ok"][: index + 1],
+                "tags": list(range(index)),
+            },
+            kinds={"tags": "int64"},
+        )
+        for index in range(3)
+    ]
     with TFRecordWriter(path, compression=compression) as writer:
         for record in records:
             writer.write(record)

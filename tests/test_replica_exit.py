@@ -48,12 +48,15 @@ def _both(tmp_path, mode: str) -> tuple[subprocess.CompletedProcess, subprocess.
     program = tmp_path / "program.py"
     program.write_text(PROGRAM)
     runs = [[sys.executable, str(program), mode], [sys.executable, "-m", REPLICA_MAIN, str(program), mode]]
-    return tuple(subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60)  # type: ignore
-                 for command in runs)
+    return tuple(
+        subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60)  # type: ignore
+        for command in runs
+    )
 
 
-@pytest.mark.parametrize("mode, status", [("ok", 0), ("exit_3", 3), ("exit_text", 1), ("raise", 1),
-                                          ("interrupt", -signal.SIGINT)])
+@pytest.mark.parametrize(
+    "mode, status", [("ok", 0), ("exit_3", 3), ("exit_text", 1), ("raise", 1), ("interrupt", -signal.SIGINT)]
+)
 def test_the_program_ends_as_under_python(tmp_path, mode: str, status: int) -> None:
     plain, wrapped = _both(tmp_path, mode)
     assert plain.returncode == status, plain.stderr
@@ -75,10 +78,18 @@ def test_a_module_runs_as_under_python_m(tmp_path) -> None:
     (tmp_path / "package" / "__init__.py").write_text("")
     (tmp_path / "package" / "train.py").write_text(
         "import os, sys\nprint(__name__, sys.argv[1:], os.path.basename(sys.argv[0]), sys.path[0] == os.getcwd())\n"
-        "sys.exit(int(sys.argv[1]))\n")
-    plain, wrapped = (subprocess.run([sys.executable, *runner, "-m", "package.train", "4"], cwd=tmp_path,
-                                     capture_output=True, text=True, timeout=60)
-                      for runner in ((), ("-m", REPLICA_MAIN)))
+        "sys.exit(int(sys.argv[1]))\n"
+    )
+    plain, wrapped = (
+        subprocess.run(
+            [sys.executable, *runner, "-m", "package.train", "4"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        for runner in ((), ("-m", REPLICA_MAIN))
+    )
     assert plain.returncode == wrapped.returncode == 4, wrapped.stderr
     assert wrapped.stdout == plain.stdout == "__main__ ['4'] train.py True\n"
 
@@ -96,20 +107,37 @@ def test_a_late_release_by_gloos_worker_of_torchs_own_collective_cannot_abort_th
 
 
 def test_replicas_and_launched_workers_run_through_replica_main() -> None:
-    script = dict(executable="/bin/python3", orig_argv=["python", "-u", "train.py", "--steps", "5"],
-                  argv=["train.py", "--steps", "5"], main_file="/home/me/train.py", main_spec_name=None,
-                  interactive=False, through=REPLICA_MAIN)
+    script = dict(
+        executable="/bin/python3",
+        orig_argv=["python", "-u", "train.py", "--steps", "5"],
+        argv=["train.py", "--steps", "5"],
+        main_file="/home/me/train.py",
+        main_spec_name=None,
+        interactive=False,
+        through=REPLICA_MAIN,
+    )
     assert rerun_command(**script) == ["/bin/python3", "-u", "-m", REPLICA_MAIN, "/home/me/train.py", "--steps", "5"]
-    for orig_argv in (["python", "-u", "-m", "package.train", "5"], ["python", "-um", "package.train", "5"],
-                      ["python", "-u", "-mpackage.train", "5"]):
-        module = {**script, "orig_argv": orig_argv, "argv": ["/site/package/train.py", "5"],
-                  "main_file": "/site/package/train.py", "main_spec_name": "package.train"}
+    for orig_argv in (
+        ["python", "-u", "-m", "package.train", "5"],
+        ["python", "-um", "package.train", "5"],
+        ["python", "-u", "-mpackage.train", "5"],
+    ):
+        module = {
+            **script,
+            "orig_argv": orig_argv,
+            "argv": ["/site/package/train.py", "5"],
+            "main_file": "/site/package/train.py",
+            "main_spec_name": "package.train",
+        }
         assert rerun_command(**module) == ["/bin/python3", "-u", "-m", REPLICA_MAIN, "-m", "package.train", "5"]
         assert rerun_command(**{**module, "through": None}) == ["/bin/python3", "-u", "-m", "package.train", "5"]
 
     launched = through_replica_main(launch_parser().parse_args(["--nproc_per_node", "2", "train.py", "--steps", "5"]))
     assert (launched.module, launched.training_script, launched.training_script_args) == (
-        True, REPLICA_MAIN, ["train.py", "--steps", "5"])
+        True,
+        REPLICA_MAIN,
+        ["train.py", "--steps", "5"],
+    )
     launched = through_replica_main(launch_parser().parse_args(["-m", "package.train", "5"]))
     assert (launched.training_script, launched.training_script_args) == (REPLICA_MAIN, ["-m", "package.train", "5"])
     not_python = launch_parser().parse_args(["--no-python", "./train.sh"])

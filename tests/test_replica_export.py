@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from conftest import classifier_model_fn
 
 import torchestimator as te
 from torchestimator.export import TensorSpec, list_versions, load, serving_input_receiver
 from torchestimator.export.replicas import ReplicaExports
-from conftest import classifier_model_fn
 from torchestimator.testing import run_in_processes
 
 
@@ -27,15 +27,25 @@ def _input_fn(input_context=None):
     x = rng.normal(size=(64, 4)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int64)
     return te.numpy_input_fn({"x": x}, y, batch_size=16, num_epochs=None, shuffle=True, seed=1)(
-        input_context=input_context)
+        input_context=input_context
+    )
 
 
 def _estimator(model_dir, strategy=None):
-    config = te.RunConfig(train_distribute=strategy, save_checkpoints_steps=4, log_step_count_steps=None,
-                          progress_bar=False, random_seed=0)
-    return te.Estimator(model_fn=classifier_model_fn, model=lambda: nn.Linear(4, 2),
-                        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1), model_dir=model_dir,
-                        config=config)
+    config = te.RunConfig(
+        train_distribute=strategy,
+        save_checkpoints_steps=4,
+        log_step_count_steps=None,
+        progress_bar=False,
+        random_seed=0,
+    )
+    return te.Estimator(
+        model_fn=classifier_model_fn,
+        model=lambda: nn.Linear(4, 2),
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
+        model_dir=model_dir,
+        config=config,
+    )
 
 
 def _receiver():
@@ -107,18 +117,23 @@ def _train_and_export(model_dir, base, chief_only_base):
 def test_every_replica_exporting_after_train_writes_one_version_and_gets_its_path(tmp_path):
     base, chief_only = str(tmp_path / "export"), str(tmp_path / "chief_only")
     (first_0, second_0, alone), (first_1, second_1, _) = run_in_processes(
-        _train_and_export, nprocs=2, args=(str(tmp_path / "run"), base, chief_only), timeout=180)
+        _train_and_export, nprocs=2, args=(str(tmp_path / "run"), base, chief_only), timeout=180
+    )
     assert first_0 == first_1 and second_0 == second_1 and first_0 != second_0
     assert [os.path.join(base, str(version)) for version in list_versions(base)] == [first_0, second_0]
     assert len(list_versions(chief_only)) == 1 and alone < 60
     x = torch.from_numpy(np.random.default_rng(2).normal(size=(5, 4)).astype(np.float32))
     module = nn.Linear(4, 2)
-    module.load_state_dict({name: torch.from_numpy(_estimator(str(tmp_path / "run")).get_variable_value(name))
-                            for name in ("weight", "bias")})
+    module.load_state_dict(
+        {
+            name: torch.from_numpy(_estimator(str(tmp_path / "run")).get_variable_value(name))
+            for name in ("weight", "bias")
+        }
+    )
     np.testing.assert_array_equal(load(first_0)({"x": x.numpy()})["class"], module(x).argmax(-1).numpy())
 
 
-SCRIPT = '''
+SCRIPT = """
 import sys, numpy as np, torch, torch.nn as nn, torch.nn.functional as F
 import torchestimator as te
 from torchestimator.export import TensorSpec, serving_input_receiver
@@ -142,7 +157,7 @@ estimator.train(input_fn, max_steps=5)
 receiver = serving_input_receiver({"x": TensorSpec(shape=(None, 4), dtype=torch.float32)})
 path = estimator.export_saved_model(sys.argv[2], receiver)
 print(f"replica {config.train_distribute.replica_id} exported {path}", flush=True)
-'''
+"""
 
 
 @pytest.mark.slow
@@ -156,8 +171,13 @@ def test_a_plain_two_replica_script_exporting_in_every_replica_writes_one_versio
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHESTIMATOR_REPLICA_STDOUT": "all"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TF_CONFIG"):
         environment.pop(name, None)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "run"), str(base)], capture_output=True,
-                          text=True, timeout=180, env=environment)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "run"), str(base)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=environment,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     [version] = list_versions(base)
     for rank in range(2):

@@ -56,9 +56,19 @@ PROGRAM = textwrap.dedent("""
 
 
 def _environment(**environ: str) -> dict[str, str]:
-    child = {name: value for name, value in os.environ.items()
-             if name not in (*TORCHRUN_VARIABLES, "LOCAL_RANK", "LOCAL_WORLD_SIZE", REPLICA_STDOUT_VARIABLE,
-                             STARTED_REPLICA_VARIABLE, COLLECTIVE_TIMEOUT_VARIABLE)}
+    child = {
+        name: value
+        for name, value in os.environ.items()
+        if name
+        not in (
+            *TORCHRUN_VARIABLES,
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            REPLICA_STDOUT_VARIABLE,
+            STARTED_REPLICA_VARIABLE,
+            COLLECTIVE_TIMEOUT_VARIABLE,
+        )
+    }
     child.update(OMP_NUM_THREADS="1", **environ)
     return child
 
@@ -66,8 +76,14 @@ def _environment(**environ: str) -> dict[str, str]:
 def _run(tmp_path, *arguments: str, **environ: str) -> subprocess.CompletedProcess:
     (tmp_path / "train.py").write_text(PROGRAM)
     environ.setdefault("TMPDIR", str(tmp_path))  # the replica's stdout folder, which stays when it printed
-    return subprocess.run([sys.executable, str(tmp_path / "train.py"), str(tmp_path / "run"), *arguments],
-                          cwd=tmp_path, env=_environment(**environ), capture_output=True, text=True, timeout=150)
+    return subprocess.run(
+        [sys.executable, str(tmp_path / "train.py"), str(tmp_path / "run"), *arguments],
+        cwd=tmp_path,
+        env=_environment(**environ),
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
 
 
 def _stdout_file(stderr: str) -> str:
@@ -85,8 +101,16 @@ def test_a_plain_script_prints_its_results_once_and_a_failing_replica_still_show
     with open(_stdout_file(completed.stderr)) as replica_output:  # nothing lost: replica 1's is in the file, kept
         assert replica_output.read() == "starting\nglobal step 4\n"
     # The summary lines are the chief's only, with the final loss (the mean over replicas: step 4 logs it).
-    assert len(re.findall(r"^torchestimator: trained .* from step 0 to 4 in [\d.]+ s \(final loss \d\.\d+\)$",
-                          completed.stderr, re.M)) == 1, completed.stderr
+    assert (
+        len(
+            re.findall(
+                r"^torchestimator: trained .* from step 0 to 4 in [\d.]+ s \(final loss \d\.\d+\)$",
+                completed.stderr,
+                re.M,
+            )
+        )
+        == 1
+    ), completed.stderr
     assert len(re.findall(r"^torchestimator: evaluated .*ckpt-4: accuracy = ", completed.stderr, re.M)) == 1
     # Replica 1's standard error shows here, each line with its rank, and the chief says it failed.
     assert completed.returncode == 1
@@ -94,8 +118,11 @@ def test_a_plain_script_prints_its_results_once_and_a_failing_replica_still_show
     assert any(re.fullmatch(r"\[rank1\]: .*train\.py:\d+: UserWarning: replica one is unhappy", line) for line in lines)
     assert "[rank1]: Traceback (most recent call last):" in lines, completed.stderr
     assert "[rank1]: ValueError: replica one cannot go on" in lines
-    assert re.search(r"Replica 1 of 2 \(process \d+\) exited with code 1; its standard error is above, in "
-                     r"\[rank1\]: lines, ending: ValueError: replica one cannot go on", completed.stderr)
+    assert re.search(
+        r"Replica 1 of 2 \(process \d+\) exited with code 1; its standard error is above, in "
+        r"\[rank1\]: lines, ending: ValueError: replica one cannot go on",
+        completed.stderr,
+    )
 
 
 @pytest.mark.slow
@@ -147,8 +174,14 @@ def _run_setup_program(tmp_path, mode: str) -> tuple[subprocess.CompletedProcess
     # TMPDIR: the replica's stdout folder is made here, for the test to see what stays.
     environ = _environment(**{COLLECTIVE_TIMEOUT_VARIABLE: "900"}, TMPDIR=str(tmp_path))
     started = time.monotonic()
-    completed = subprocess.run([sys.executable, str(tmp_path / "setup_program.py"), mode], cwd=tmp_path,
-                               env=environ, capture_output=True, text=True, timeout=150)
+    completed = subprocess.run(
+        [sys.executable, str(tmp_path / "setup_program.py"), mode],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     return completed, time.monotonic() - started
 
 
@@ -162,9 +195,12 @@ def test_the_chief_notices_at_once_a_replica_that_exits_before_joining(tmp_path)
     # Replica 1's traceback, from its first line, marked with its rank.
     assert "[rank1]: Traceback (most recent call last):" in lines, completed.stderr
     assert "[rank1]: FileNotFoundError: replica one has no data" in lines
-    assert re.search(r"ReplicaLostError: Replica 1 of 2 \(pid \d+\) exited with code 1 before joining the group; "
-                     r"its standard error is above, in \[rank1\]: lines, ending: FileNotFoundError: replica one has "
-                     r"no data\.", completed.stderr), completed.stderr
+    assert re.search(
+        r"ReplicaLostError: Replica 1 of 2 \(pid \d+\) exited with code 1 before joining the group; "
+        r"its standard error is above, in \[rank1\]: lines, ending: FileNotFoundError: replica one has "
+        r"no data\.",
+        completed.stderr,
+    ), completed.stderr
     assert "torchrun" not in completed.stderr and "rendezvous" not in completed.stderr  # no advice that does not apply
     assert completed.stderr.count("exited with code 1") == 1  # said once, not again at exit
     assert seconds < 120  # not the 900 s collective timeout
@@ -173,8 +209,7 @@ def test_the_chief_notices_at_once_a_replica_that_exits_before_joining(tmp_path)
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(180)
-def test_a_replica_logs_through_a_handler_made_before_training_with_its_rank_and_an_empty_stdout_file_goes(
-        tmp_path):
+def test_a_replica_logs_through_a_handler_made_before_training_with_its_rank_and_an_empty_stdout_file_goes(tmp_path):
     completed, _ = _run_setup_program(tmp_path, "logged")
     assert completed.returncode == 0, completed.stderr
     lines = completed.stderr.splitlines()
@@ -192,8 +227,9 @@ def test_a_replica_logs_through_a_handler_made_before_training_with_its_rank_and
 def test_a_replica_that_exits_without_a_word_is_not_said_to_have_printed_its_error(tmp_path):
     completed, _ = _run_setup_program(tmp_path, "silent_exit")
     assert completed.returncode == 1
-    assert re.search(r"Replica 1 of 2 \(process \d+\) exited with code 3; it wrote nothing to its standard error\.",
-                     completed.stderr), completed.stderr
+    assert re.search(
+        r"Replica 1 of 2 \(process \d+\) exited with code 3; it wrote nothing to its standard error\.", completed.stderr
+    ), completed.stderr
     assert "printed above" not in completed.stderr and "is above, in [rank1]" not in completed.stderr
 
 
@@ -205,9 +241,12 @@ def test_a_replicas_exit_code_and_atexit_handlers_survive_its_exit_without_final
     sys.exit(3) still reads 3 to the chief, and the program's atexit handler ran before the end."""
     completed, _ = _run_setup_program(tmp_path, "exit_code")
     assert completed.returncode == 1
-    assert re.search(r"Replica 1 of 2 \(process \d+\) exited with code 3; its standard error is above, in \[rank1\]: "
-                     r"lines, ending: replica one's atexit handler ran\. Command: \S+ -m torchestimator\.distribute\."
-                     r"_replica_main \S+setup_program\.py exit_code", completed.stderr), completed.stderr
+    assert re.search(
+        r"Replica 1 of 2 \(process \d+\) exited with code 3; its standard error is above, in \[rank1\]: "
+        r"lines, ending: replica one's atexit handler ran\. Command: \S+ -m torchestimator\.distribute\."
+        r"_replica_main \S+setup_program\.py exit_code",
+        completed.stderr,
+    ), completed.stderr
     assert completed.stdout == "done\n"
 
 
@@ -217,9 +256,11 @@ def test_a_replicas_exit_code_and_atexit_handlers_survive_its_exit_without_final
 def test_when_the_chief_fails_the_exit_line_says_so_and_that_it_stopped_the_replica(tmp_path):
     completed, _ = _run_setup_program(tmp_path, "chief_fails")
     assert completed.returncode == 1
-    assert re.search(r"Replica 0 \(this process\) failed \(RuntimeError: replica zero cannot go on; its traceback is "
-                     r"above\), so it stopped replica 1 of 2 \(process \d+\), still running 5 s later\.",
-                     completed.stderr), completed.stderr
+    assert re.search(
+        r"Replica 0 \(this process\) failed \(RuntimeError: replica zero cannot go on; its traceback is "
+        r"above\), so it stopped replica 1 of 2 \(process \d+\), still running 5 s later\.",
+        completed.stderr,
+    ), completed.stderr
     assert "exited with code -15" not in completed.stderr and "printed above" not in completed.stderr
 
 
@@ -238,8 +279,12 @@ def test_the_relay_marks_every_line_once_and_remembers_the_last(capfd):
     relay.join(10)
     assert ended.is_set() and not relay.is_alive()
     assert capfd.readouterr().err.splitlines() == [
-        "[rank1]: first line", "[rank1]: already marked by torch", "[rank1]: second half", "[rank1]: ",
-        "[rank1]: no newline at the end"]
+        "[rank1]: first line",
+        "[rank1]: already marked by torch",
+        "[rank1]: second half",
+        "[rank1]: ",
+        "[rank1]: no newline at the end",
+    ]
     assert relay.last_line == "no newline at the end"
     assert relay.what_it_wrote() == ("its standard error is above, in [rank1]: lines, ending: no newline at the end")
 

@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 import torch
+from conftest import SmallNet, adam, input_fns, make_classification, make_estimator, sgd
 
 import torchestimator as te
-from conftest import SmallNet, adam, input_fns, make_classification, make_estimator, sgd
 
 
 def _weights(estimator):
@@ -23,8 +23,9 @@ def _assert_bit_identical(left, right):
 
 
 def _dropout_estimator(model_dir, optimizer=adam, **changes):
-    return make_estimator(model_dir, model=lambda: SmallNet(dropout=0.3), optimizer=optimizer,
-                          deterministic=True, **changes)
+    return make_estimator(
+        model_dir, model=lambda: SmallNet(dropout=0.3), optimizer=optimizer, deterministic=True, **changes
+    )
 
 
 @pytest.mark.parametrize("stop_at", [7, 8, 13])  # mid-epoch (8 batches per epoch), epoch end, next epoch
@@ -66,7 +67,7 @@ def test_plain_iterable_restarts_with_a_warning(tmp_path, te_logs):
     x, y = make_classification(64)
 
     def input_fn():
-        return [({"x": torch.from_numpy(x[i:i + 16])}, torch.from_numpy(y[i:i + 16])) for i in range(0, 64, 16)]
+        return [({"x": torch.from_numpy(x[i : i + 16])}, torch.from_numpy(y[i : i + 16])) for i in range(0, 64, 16)]
 
     make_estimator(tmp_path).train(input_fn, max_steps=3)
     make_estimator(tmp_path).train(input_fn, max_steps=6)

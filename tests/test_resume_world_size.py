@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from conftest import classifier_model_fn
 
 import torchestimator as te
-from conftest import classifier_model_fn
 from torchestimator.testing import run_in_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -37,7 +37,8 @@ def _input_fn(input_context=None):
     x, y = _data()
     # A global batch of 32: 16 per replica under 2, 8 under 4.
     return te.numpy_input_fn({"x": x}, y, batch_size=32, num_epochs=None, shuffle=True, seed=5)(
-        input_context=input_context)
+        input_context=input_context
+    )
 
 
 _LIVE: dict[str, object] = {}  # this process's module and optimizer, as the Estimator built them
@@ -54,14 +55,23 @@ def _optimizer(parameters):
 
 
 def _estimator(model_dir, strategy=None):
-    config = te.RunConfig(train_distribute=strategy, save_checkpoints_steps=3, log_step_count_steps=None,
-                          progress_bar=False, random_seed=0)
-    return te.Estimator(model_fn=classifier_model_fn, model=_model, optimizer=_optimizer, model_dir=model_dir, config=config)
+    config = te.RunConfig(
+        train_distribute=strategy,
+        save_checkpoints_steps=3,
+        log_step_count_steps=None,
+        progress_bar=False,
+        random_seed=0,
+    )
+    return te.Estimator(
+        model_fn=classifier_model_fn, model=_model, optimizer=_optimizer, model_dir=model_dir, config=config
+    )
 
 
 def _live_state() -> dict:
-    return {"weights": {name: tensor.detach().clone() for name, tensor in _LIVE["model"].state_dict().items()},
-            "optimizer": copy.deepcopy(_LIVE["optimizer"].state_dict())}  # its tensors change in place
+    return {
+        "weights": {name: tensor.detach().clone() for name, tensor in _LIVE["model"].state_dict().items()},
+        "optimizer": copy.deepcopy(_LIVE["optimizer"].state_dict()),
+    }  # its tensors change in place
 
 
 class _Record(te.Hook):
@@ -84,8 +94,9 @@ def _train(model_dir, num_replicas, max_steps):
     handler.emit = lambda record: warnings.append(record.getMessage())
     logging.getLogger("torchestimator").addHandler(handler)
     hook = _Record()
-    _estimator(model_dir, te.MirroredStrategy(num_replicas=num_replicas)).train(_input_fn, max_steps=max_steps,
-                                                                                 hooks=[hook])
+    _estimator(model_dir, te.MirroredStrategy(num_replicas=num_replicas)).train(
+        _input_fn, max_steps=max_steps, hooks=[hook]
+    )
     return {"restored": hook.restored, "final": hook.final, "warnings": warnings}
 
 
@@ -100,9 +111,12 @@ def _assert_same_state(restored: dict, saved: dict) -> None:
         assert restored_optimizer["state"][index].keys() == values.keys()
         for key, value in values.items():
             assert torch.equal(torch.as_tensor(restored_optimizer["state"][index][key]), torch.as_tensor(value)), (
-                index, key)
+                index,
+                key,
+            )
     assert [{k: v for k, v in group.items() if k != "params"} for group in restored_optimizer["param_groups"]] == [
-        {k: v for k, v in group.items() if k != "params"} for group in saved_optimizer["param_groups"]]
+        {k: v for k, v in group.items() if k != "params"} for group in saved_optimizer["param_groups"]
+    ]
 
 
 def _shards(model_dir: str, step: int) -> tuple[int, list[str]]:

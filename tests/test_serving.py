@@ -8,8 +8,8 @@ import shutil
 import numpy as np
 import pytest
 import torch
-
 from conftest import call_app, exporting_model_fn, trained_classifier, wait_until
+
 from torchestimator.export import PredictOutput, TensorSpec, export_saved_model, load, serving_input_receiver
 from torchestimator.serving import ModelManager, ServingError, make_app
 
@@ -21,8 +21,9 @@ X_AND_SHIFT = serving_input_receiver(
 )
 
 
-model_fn = exporting_model_fn(lambda logits, predictions: {
-    "probabilities": PredictOutput({"probabilities": predictions["probabilities"]})})
+model_fn = exporting_model_fn(
+    lambda logits, predictions: {"probabilities": PredictOutput({"probabilities": predictions["probabilities"]})}
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,7 @@ def call(app, *requests):
     """Sends (method, path, body) requests to the app; returns [(status, json body, content type)]."""
     return call_app(app, *requests)
 
+
 def one(app, method, path, body=None):
     return call(app, (method, path, body))[0][:2]
 
@@ -56,14 +58,21 @@ def version_of(path) -> str:
 
 # -- status and metadata --------------------------------------------------------------
 
+
 def test_status_is_shaped_like_tf_serving(exported, managers):
     app = make_app(managers)
     version = version_of(exported["single"])
-    expected = {"model_version_status": [
-        {"version": version, "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]}
+    expected = {
+        "model_version_status": [
+            {"version": version, "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+        ]
+    }
     (status, body, content_type), (status_v, body_v, _), (status_case, body_case, _) = call(
-        app, ("GET", "/v1/models/mlp", None), ("GET", f"/v1/models/mlp/versions/{version}", None),
-        ("GET", "/V1/Models/mlp", None))
+        app,
+        ("GET", "/v1/models/mlp", None),
+        ("GET", f"/v1/models/mlp/versions/{version}", None),
+        ("GET", "/V1/Models/mlp", None),
+    )
     assert (status, body, content_type) == (200, expected, "application/json")
     assert (status_v, body_v) == (200, expected)
     assert (status_case, body_case) == (200, expected)  # TF's path regexes are case-insensitive
@@ -77,14 +86,18 @@ def test_metadata_lists_signature_defs_with_tf_dtypes_and_shapes(exported, manag
     assert sorted(definitions) == ["probabilities", "serving_default"]
     default = definitions["serving_default"]
     assert default["method_name"] == "tensorflow/serving/predict"
-    assert default["inputs"]["x"] == {"dtype": "DT_FLOAT", "name": "x", "tensor_shape": {
-        "dim": [{"size": "-1", "name": ""}, {"size": "8", "name": ""}], "unknown_rank": False}}
+    assert default["inputs"]["x"] == {
+        "dtype": "DT_FLOAT",
+        "name": "x",
+        "tensor_shape": {"dim": [{"size": "-1", "name": ""}, {"size": "8", "name": ""}], "unknown_rank": False},
+    }
     assert set(default["inputs"]) == {"x", "shift"}
     assert default["outputs"]["class"]["dtype"] == "DT_INT64"
     assert [dim["size"] for dim in default["outputs"]["probabilities"]["tensor_shape"]["dim"]] == ["-1", "3"]
 
 
 # -- predict ---------------------------------------------------------------------------
+
 
 def test_row_and_columnar_predict_equal_the_loaded_model(exported, managers):
     x = exported["x"]
@@ -95,11 +108,13 @@ def test_row_and_columnar_predict_equal_the_loaded_model(exported, managers):
         ("POST", "/v1/models/mlp:predict", {"instances": x.tolist()}),
         ("POST", f"/v1/models/mlp/versions/{version}:predict", {"inputs": {"x": x.tolist()}}),
         ("POST", "/v1/models/mlp:predict", {"instances": [{"x": row} for row in x.tolist()]}),
-        ("POST", "/v1/models/mlp:predict", {"signature_name": "probabilities", "inputs": x.tolist()}))
+        ("POST", "/v1/models/mlp:predict", {"signature_name": "probabilities", "inputs": x.tolist()}),
+    )
     assert row_status == column_status == named_status == one_status == 200
     assert [entry["class"] for entry in row["predictions"]] == expected["class"].tolist()
-    np.testing.assert_allclose([entry["probabilities"] for entry in row["predictions"]], expected["probabilities"],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        [entry["probabilities"] for entry in row["predictions"]], expected["probabilities"], rtol=1e-6
+    )
     assert named == row
     assert column["outputs"]["class"] == expected["class"].tolist()
     np.testing.assert_allclose(column["outputs"]["probabilities"], expected["probabilities"], rtol=1e-6)
@@ -114,7 +129,8 @@ def test_two_input_predict_in_both_formats(exported, managers):
     (row_status, row, _), (column_status, column, _) = call(
         make_app(managers),
         ("POST", "/v1/models/pair:predict", {"signature_name": "probabilities", "instances": instances}),
-        ("POST", "/v1/models/pair:predict", {"inputs": {"x": x.tolist(), "shift": shift.tolist()}}))
+        ("POST", "/v1/models/pair:predict", {"inputs": {"x": x.tolist(), "shift": shift.tolist()}}),
+    )
     assert row_status == column_status == 200
     np.testing.assert_allclose(row["predictions"], expected["probabilities"], rtol=1e-6)  # one output: bare rows
     assert column["outputs"]["class"] == expected["class"].tolist()
@@ -135,19 +151,40 @@ BAD_REQUESTS = [
     ("POST", "/v1/models/mlp:predict", {"instances": [[True] * 8]}, 400, ["'x'", "booleans"]),
     ("POST", "/v1/models/mlp:predict", {"inputs": {"y": [[0.0] * 8]}}, 400, ["missing inputs ['x']", "['y']"]),
     ("POST", "/v1/models/mlp:predict", {"inputs": [[{"b64": "!!!"}] * 8]}, 400, ["'x'", "invalid base64"]),
-    ("POST", "/v1/models/mlp:predict", {"inputs": [[{"b64": base64.b64encode(b"ab").decode()}] * 8]}, 400,
-     ["'x'", "float32", "string inputs"]),
-    ("POST", "/v1/models/mlp:predict", {"signature_name": "nope", "inputs": [[0.0] * 8]}, 400,
-     ['"nope" not found', "serving_default"]),
-    ("POST", "/v1/models/mlp:predict", {"signature_name": 3, "inputs": [[0.0] * 8]}, 400, ["key must be a string value"]),
+    (
+        "POST",
+        "/v1/models/mlp:predict",
+        {"inputs": [[{"b64": base64.b64encode(b"ab").decode()}] * 8]},
+        400,
+        ["'x'", "float32", "string inputs"],
+    ),
+    (
+        "POST",
+        "/v1/models/mlp:predict",
+        {"signature_name": "nope", "inputs": [[0.0] * 8]},
+        400,
+        ['"nope" not found', "serving_default"],
+    ),
+    (
+        "POST",
+        "/v1/models/mlp:predict",
+        {"signature_name": 3, "inputs": [[0.0] * 8]},
+        400,
+        ["key must be a string value"],
+    ),
     ("POST", "/v1/models/pair:predict", {"instances": [[0.0] * 8]}, 400, ["2 inputs", "'shift'", "object"]),
     ("POST", "/v1/models/pair:predict", {"instances": [{"x": [0.0] * 8}]}, 400, ["missing inputs ['shift']"]),
-    ("POST", "/v1/models/pair:predict", {"inputs": {"x": [[0.0] * 8] * 2, "shift": [[0.0]] * 3}}, 400,
-     ["batch size"]),
+    ("POST", "/v1/models/pair:predict", {"inputs": {"x": [[0.0] * 8] * 2, "shift": [[0.0]] * 3}}, 400, ["batch size"]),
     ("POST", "/v1/models/ghost:predict", {"inputs": [[0.0] * 8]}, 404, ["Servable not found", "Latest(ghost)"]),
     ("POST", "/v1/models/mlp/versions/1:predict", {"inputs": [[0.0] * 8]}, 404, ["Specific(mlp, 1)"]),
     ("POST", "/v1/models/mlp:predict", {"inputs": [[1e39] * 8]}, 400, ["'x'", "without loss of precision"]),
-    ("POST", "/v1/models/mlp/labels/stable:predict", {"inputs": [[0.0] * 8]}, 400, ["Unrecognized servable version label: stable"]),
+    (
+        "POST",
+        "/v1/models/mlp/labels/stable:predict",
+        {"inputs": [[0.0] * 8]},
+        400,
+        ["Unrecognized servable version label: stable"],
+    ),
     ("GET", "/v1/models/ghost", None, 404, ["ghost"]),
     ("GET", "/v1/models/mlp/versions/1", None, 404, ["version 1 of model mlp"]),
     ("GET", "/v1/models/ghost/metadata", None, 404, ["Servable not found"]),
@@ -158,8 +195,11 @@ BAD_REQUESTS = [
 ]
 
 
-@pytest.mark.parametrize("method, path, body, expected_status, words", BAD_REQUESTS,
-                         ids=[f"{case[0]} {case[1]} {str(case[2])[:40]}" for case in BAD_REQUESTS])
+@pytest.mark.parametrize(
+    "method, path, body, expected_status, words",
+    BAD_REQUESTS,
+    ids=[f"{case[0]} {case[1]} {str(case[2])[:40]}" for case in BAD_REQUESTS],
+)
 def test_bad_requests_get_a_4xx_json_error_naming_the_problem(managers, method, path, body, expected_status, words):
     status, answer = one(make_app(managers), method, path, body)
     assert status == expected_status, answer
@@ -172,7 +212,8 @@ def test_oversized_body_is_413_and_the_server_keeps_answering(managers):
     app = make_app(managers, max_body_bytes=1000)
     big = {"instances": [[0.0] * 8] * 200}
     (status, answer, _), (after, body, _) = call(
-        app, ("POST", "/v1/models/mlp:predict", big), ("POST", "/v1/models/mlp:predict", {"instances": [[0.0] * 8]}))
+        app, ("POST", "/v1/models/mlp:predict", big), ("POST", "/v1/models/mlp:predict", {"instances": [[0.0] * 8]})
+    )
     assert status == 413 and "limit of 1000 bytes" in answer["error"]
     assert after == 200 and len(body["predictions"]) == 1
 
@@ -195,6 +236,7 @@ def test_make_app_refuses_bad_arguments(managers):
 
 # -- versions and hot reload ----------------------------------------------------------
 
+
 def test_poll_ignores_temp_and_non_integer_folders_and_picks_up_a_new_version(exported, tmp_path):
     base = tmp_path / "base"
     shutil.copytree(exported["single"], base / "1")
@@ -207,10 +249,15 @@ def test_poll_ignores_temp_and_non_integer_folders_and_picks_up_a_new_version(ex
     shutil.copytree(exported["single"], base / "2")
     assert manager.poll() and manager.served_version == 2
     (status, body, _), (predict_status, predicted, _), (old_status, _, _) = call(
-        app, ("GET", "/v1/models/mlp", None), ("POST", "/v1/models/mlp:predict", {"instances": [[0.0] * 8]}),
-        ("POST", "/v1/models/mlp/versions/1:predict", {"instances": [[0.0] * 8]}))
+        app,
+        ("GET", "/v1/models/mlp", None),
+        ("POST", "/v1/models/mlp:predict", {"instances": [[0.0] * 8]}),
+        ("POST", "/v1/models/mlp/versions/1:predict", {"instances": [[0.0] * 8]}),
+    )
     assert status == 200 and [(entry["version"], entry["state"]) for entry in body["model_version_status"]] == [
-        ("1", "END"), ("2", "AVAILABLE")]
+        ("1", "END"),
+        ("2", "AVAILABLE"),
+    ]
     assert predict_status == 200 and len(predicted["predictions"]) == 1
     assert old_status == 404  # the old version was unloaded
 
@@ -224,9 +271,11 @@ def test_a_broken_version_does_not_replace_the_working_one_and_its_error_shows(e
     (base / "5" / "program.json").write_bytes(b"not a JSON document")
     assert not manager.poll() and manager.served_version == 1
     assert not manager.poll()  # unchanged files are not retried on every poll
-    (status, body, _), (predict_status, _, _) = call(
-        make_app(manager), ("GET", "/v1/models/mlp", None),
-        ("POST", "/v1/models/mlp:predict", {"instances": [[0.0] * 8]}))
+    (_status, body, _), (predict_status, _, _) = call(
+        make_app(manager),
+        ("GET", "/v1/models/mlp", None),
+        ("POST", "/v1/models/mlp:predict", {"instances": [[0.0] * 8]}),
+    )
     entries = {entry["version"]: entry for entry in body["model_version_status"]}
     assert entries["1"]["state"] == "AVAILABLE"
     assert entries["5"]["state"] == "END" and entries["5"]["status"]["error_code"] != "OK"
@@ -236,8 +285,7 @@ def test_a_broken_version_does_not_replace_the_working_one_and_its_error_shows(e
     assert manager.poll() and manager.served_version == 5
 
 
-def test_a_non_export_folder_or_symlink_under_the_base_shows_a_short_status_without_its_file_names(exported,
-                                                                                                   tmp_path):
+def test_a_non_export_folder_or_symlink_under_the_base_shows_a_short_status_without_its_file_names(exported, tmp_path):
     base, outside = tmp_path / "base", tmp_path / "outside"
     shutil.copytree(exported["single"], base / "1")
     outside.mkdir()
@@ -248,7 +296,7 @@ def test_a_non_export_folder_or_symlink_under_the_base_shows_a_short_status_with
     assert manager.poll() is False and manager.served_versions == []  # latest = 2, which fails
     (base / "3").symlink_to(outside, target_is_directory=True)
     manager.poll()
-    (status, body, _), = call(make_app(manager), ("GET", "/v1/models/mlp", None))
+    ((status, body, _),) = call(make_app(manager), ("GET", "/v1/models/mlp", None))
     assert status == 200
     failed = {entry["version"]: entry["status"] for entry in body["model_version_status"]}
     assert set(failed) == {"2", "3"}
@@ -293,9 +341,23 @@ def test_serve_command_answers_tf_serving_clients(exported):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "torchestimator.cli", "serve", "--model_name", "m",
-                               "--model_base_path", str(exported["root"] / "single"), "--rest_api_port", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchestimator.cli",
+            "serve",
+            "--model_name",
+            "m",
+            "--model_base_path",
+            str(exported["root"] / "single"),
+            "--rest_api_port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
     def model_status():
         assert server.poll() is None, f"the server exited: {server.stderr.read()}"
@@ -308,8 +370,11 @@ def test_serve_command_answers_tf_serving_clients(exported):
     try:
         status = wait_until(model_status, timeout=120, what="the server answering its status page")
         assert status["model_version_status"][0]["state"] == "AVAILABLE"
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models/m:predict", method="POST",
-                                         data=json.dumps({"instances": exported["x"][:2].tolist()}).encode())
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/models/m:predict",
+            method="POST",
+            data=json.dumps({"instances": exported["x"][:2].tolist()}).encode(),
+        )
         with urllib.request.urlopen(request, timeout=10) as response:
             assert len(json.load(response)["predictions"]) == 2
     finally:
@@ -329,13 +394,19 @@ def test_numbers_beyond_an_input_dtype_are_refused_not_wrapped():
             self.info = TensorInfo(dtype=dtype, shape=(-1,))
 
         def signature(self, name):
-            return Signature(name=name, method="predict", method_name="tensorflow/serving/predict",
-                             inputs={"ids": self.info}, outputs={}, program_outputs={})
+            return Signature(
+                name=name,
+                method="predict",
+                method_name="tensorflow/serving/predict",
+                inputs={"ids": self.info},
+                outputs={},
+                program_outputs={},
+            )
 
-    parsed = parse_predict({"instances": [1, -2, 2 ** 31 - 1]}, OneInput("int32"))
-    assert parsed.inputs["ids"].dtype == torch.int32 and parsed.inputs["ids"].tolist() == [1, -2, 2 ** 31 - 1]
+    parsed = parse_predict({"instances": [1, -2, 2**31 - 1]}, OneInput("int32"))
+    assert parsed.inputs["ids"].dtype == torch.int32 and parsed.inputs["ids"].tolist() == [1, -2, 2**31 - 1]
     with pytest.raises(ServingError, match=r"2199023255552 in input 'ids' to int32 without loss of precision"):
-        parse_predict({"instances": [1, 2 ** 41]}, OneInput("int32"))
+        parse_predict({"instances": [1, 2**41]}, OneInput("int32"))
     with pytest.raises(ServingError, match=r"-1 in input 'ids' to uint8"):
         parse_predict({"inputs": [-1, 3]}, OneInput("uint8"))
     assert parse_predict({"inputs": [0, 255]}, OneInput("uint8")).inputs["ids"].tolist() == [0, 255]

@@ -10,21 +10,23 @@ import time
 import numpy as np
 import pytest
 import torch
-
 from conftest import exporting_model_fn, trained_classifier
+
 from torchestimator.export import PredictOutput, TensorSpec, export_saved_model, load, serving_input_receiver
-from torchestimator.serving.errors import ServingError
 from torchestimator.serving.batching import QUEUE_FULL_CODE, BatchingParameters, BatchScheduler
+from torchestimator.serving.errors import ServingError
 
 WAIT = 10  # seconds a test waits for a future that should come at once; never reached when things work
 FOREVER = 60_000_000  # a batch timeout (micros) no test waits for: batches go when full or when a thread frees
 
 
-model_fn = exporting_model_fn(lambda logits, predictions: {
-    "probabilities": PredictOutput({"probabilities": predictions["probabilities"]}),
-    # One output without a batch dimension: the scheduler must find out and run such requests alone.
-    "with_total": PredictOutput({"probabilities": predictions["probabilities"], "total": logits.sum()}),
-})
+model_fn = exporting_model_fn(
+    lambda logits, predictions: {
+        "probabilities": PredictOutput({"probabilities": predictions["probabilities"]}),
+        # One output without a batch dimension: the scheduler must find out and run such requests alone.
+        "with_total": PredictOutput({"probabilities": predictions["probabilities"], "total": logits.sum()}),
+    }
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +34,9 @@ def exported(tmp_path_factory):
     """One small trained classifier, exported with a dynamic batch dimension and with a fixed one."""
     root = tmp_path_factory.mktemp("batching")
     estimator, x = trained_classifier(root / "model", model_fn, steps=5)
-    dynamic = export_saved_model(estimator, root / "dynamic",
-                                 serving_input_receiver({"x": TensorSpec(shape=(None, 8))}))
+    dynamic = export_saved_model(
+        estimator, root / "dynamic", serving_input_receiver({"x": TensorSpec(shape=(None, 8))})
+    )
     fixed = export_saved_model(estimator, root / "fixed", serving_input_receiver({"x": TensorSpec(shape=(2, 8))}))
     return {"model": load(dynamic), "fixed": load(fixed), "x": torch.from_numpy(np.ascontiguousarray(x[:32]))}
 
@@ -92,15 +95,18 @@ def occupy(scheduler, model, x):
 
 # -- batching ------------------------------------------------------------------------------
 
+
 def test_concurrent_submits_are_gathered_into_one_forward_pass_with_per_request_results(exported):
     model, x = exported["model"], exported["x"]
     sizes = [1, 3, 2, 1, 4, 1]
     starts = np.cumsum([0] + sizes)
-    requests = [{"x": x[start:start + size]} for start, size in zip(starts, sizes)]
+    requests = [{"x": x[start : start + size]} for start, size in zip(starts, sizes)]
     batches = []
     barrier = threading.Barrier(len(requests))
-    with BatchScheduler(parameters(max_batch_size=sum(sizes), num_batch_threads=2),
-                        on_batch=lambda real, padded: batches.append((real, padded))) as scheduler:
+    with BatchScheduler(
+        parameters(max_batch_size=sum(sizes), num_batch_threads=2),
+        on_batch=lambda real, padded: batches.append((real, padded)),
+    ) as scheduler:
 
         def client(inputs):
             barrier.wait(WAIT)
@@ -117,17 +123,18 @@ def test_with_timeout_zero_requests_gather_while_the_threads_are_busy(exported):
     x = exported["x"]
     model = Gated(exported["model"], gate=threading.Event())
     batches = []
-    with BatchScheduler(parameters(batch_timeout_micros=0), on_batch=lambda real, padded: batches.append(real)) \
-            as scheduler:
+    with BatchScheduler(
+        parameters(batch_timeout_micros=0), on_batch=lambda real, padded: batches.append(real)
+    ) as scheduler:
         first = occupy(scheduler, model, x)
-        futures = [scheduler.submit(model, "serving_default", {"x": x[index:index + 1]}) for index in range(1, 6)]
+        futures = [scheduler.submit(model, "serving_default", {"x": x[index : index + 1]}) for index in range(1, 6)]
         assert scheduler.num_enqueued_tasks == 5 and not any(future.done() for future in futures)
         model.gate.set()
         results = [future.result(WAIT) for future in futures]
         first.result(WAIT)
     assert batches == [1, 5]  # TF's timeout 0: run when a thread is free, gathering meanwhile
     for index, result in enumerate(results, start=1):
-        assert_same_outputs(result, exported["model"]({"x": x[index:index + 1]}))
+        assert_same_outputs(result, exported["model"]({"x": x[index : index + 1]}))
 
 
 def test_different_signatures_and_shapes_go_to_separate_batches(exported):
@@ -135,26 +142,30 @@ def test_different_signatures_and_shapes_go_to_separate_batches(exported):
     model = Gated(exported["model"], gate=threading.Event())
     with BatchScheduler(parameters(batch_timeout_micros=0)) as scheduler:
         occupy(scheduler, model, x)
-        default = [scheduler.submit(model, "serving_default", {"x": x[i:i + 1]}) for i in range(2)]
-        probabilities = [scheduler.submit(model, "probabilities", {"x": x[i:i + 2]}) for i in range(3)]
+        default = [scheduler.submit(model, "serving_default", {"x": x[i : i + 1]}) for i in range(2)]
+        probabilities = [scheduler.submit(model, "probabilities", {"x": x[i : i + 2]}) for i in range(3)]
         model.gate.set()
         default_results = [future.result(WAIT) for future in default]
         probability_results = [future.result(WAIT) for future in probabilities]
     assert sorted(model.rows[1:]) == [2, 6]  # one pass per signature after the first request
     assert sorted(default_results[0]) == ["class", "probabilities"]
     for i, result in enumerate(probability_results):
-        assert_same_outputs(result, exported["model"]({"x": x[i:i + 2]}, signature_name="probabilities"))
+        assert_same_outputs(result, exported["model"]({"x": x[i : i + 2]}, signature_name="probabilities"))
 
 
 def test_allowed_batch_sizes_pad_the_batch_and_the_padding_is_dropped(exported):
     x = exported["x"]
     model = Gated(exported["model"], gate=threading.Event())
     batches = []
-    with BatchScheduler(parameters(batch_timeout_micros=0, max_batch_size=8, allowed_batch_sizes=(4, 8)),
-                        on_batch=lambda real, padded: batches.append((real, padded))) as scheduler:
+    with BatchScheduler(
+        parameters(batch_timeout_micros=0, max_batch_size=8, allowed_batch_sizes=(4, 8)),
+        on_batch=lambda real, padded: batches.append((real, padded)),
+    ) as scheduler:
         occupy(scheduler, model, x)
-        futures = [scheduler.submit(model, "serving_default", {"x": x[2:4]}),
-                   scheduler.submit(model, "serving_default", {"x": x[4:7]})]
+        futures = [
+            scheduler.submit(model, "serving_default", {"x": x[2:4]}),
+            scheduler.submit(model, "serving_default", {"x": x[4:7]}),
+        ]
         model.gate.set()
         two, three = (future.result(WAIT) for future in futures)
     assert batches == [(1, 4), (5, 8)]  # padded up to the next allowed size, even a lone request
@@ -178,6 +189,7 @@ def test_a_lone_request_waits_for_the_timeout_and_a_full_batch_goes_at_once(expo
 
 # -- errors --------------------------------------------------------------------------------
 
+
 def test_a_request_larger_than_max_batch_size_is_refused_at_submit(exported):
     with BatchScheduler(parameters(max_batch_size=4)) as scheduler:
         with pytest.raises(ServingError) as caught:
@@ -200,9 +212,11 @@ def test_a_full_queue_refuses_requests_that_do_not_fit_at_once(exported):
     model = Gated(exported["model"], gate=threading.Event())
     with BatchScheduler(parameters(batch_timeout_micros=0, max_batch_size=3, max_enqueued_batches=2)) as scheduler:
         occupy(scheduler, model, x)  # the only thread is busy: everything below waits in the queue
-        accepted = [scheduler.submit(model, "serving_default", {"x": x[:2]}),  # opens batch 1
-                    scheduler.submit(model, "serving_default", {"x": x[:2]}),  # does not fit: opens batch 2
-                    scheduler.submit(model, "serving_default", {"x": x[:1]})]  # fits in batch 2
+        accepted = [
+            scheduler.submit(model, "serving_default", {"x": x[:2]}),  # opens batch 1
+            scheduler.submit(model, "serving_default", {"x": x[:2]}),  # does not fit: opens batch 2
+            scheduler.submit(model, "serving_default", {"x": x[:1]}),
+        ]  # fits in batch 2
         with pytest.raises(ServingError) as caught:
             scheduler.submit(model, "serving_default", {"x": x[:1]})  # needs a third batch
         other_signature = scheduler.submit(model, "probabilities", {"x": x[:1]})  # its own queue: accepted
@@ -221,7 +235,7 @@ def test_a_failing_request_does_not_fail_its_batch_mates_and_the_scheduler_survi
     x[1, 0] = -123.0
     model = Gated(exported["model"], poison=-123.0)
     with BatchScheduler(parameters(max_batch_size=3)) as scheduler:
-        futures = [scheduler.submit(model, "serving_default", {"x": x[i:i + 1]}) for i in range(3)]
+        futures = [scheduler.submit(model, "serving_default", {"x": x[i : i + 1]}) for i in range(3)]
         with pytest.raises(ValueError, match="refused"):
             futures[1].result(WAIT)
         good = [futures[0].result(WAIT), futures[2].result(WAIT)]
@@ -235,14 +249,14 @@ def test_a_failing_request_does_not_fail_its_batch_mates_and_the_scheduler_survi
 def test_outputs_without_a_batch_dimension_make_the_signature_run_per_request(exported, caplog):
     model, x = Gated(exported["model"]), exported["x"]
     with BatchScheduler(parameters(max_batch_size=3)) as scheduler, caplog.at_level(logging.WARNING):
-        first = [scheduler.submit(model, "with_total", {"x": x[i:i + 1]}) for i in (0, 1, 2)]
+        first = [scheduler.submit(model, "with_total", {"x": x[i : i + 1]}) for i in (0, 1, 2)]
         first_results = [future.result(WAIT) for future in first]
-        later = [scheduler.submit(model, "with_total", {"x": x[i:i + 1]}) for i in (3, 4)]
+        later = [scheduler.submit(model, "with_total", {"x": x[i : i + 1]}) for i in (3, 4)]
         later_results = [future.result(WAIT) for future in later]  # alone: no waiting for a full batch
     assert model.rows == [3, 1, 1, 1, 1, 1]
     assert "without the batch size" in caplog.text
     for i, result in zip((0, 1, 2, 3, 4), first_results + later_results):
-        expected = exported["model"]({"x": x[i:i + 1]}, signature_name="with_total")
+        expected = exported["model"]({"x": x[i : i + 1]}, signature_name="with_total")
         assert result["total"].shape == ()
         assert_same_outputs(result, expected, exact=True)  # each ran alone
 
@@ -250,11 +264,11 @@ def test_outputs_without_a_batch_dimension_make_the_signature_run_per_request(ex
 def test_inputs_without_a_dynamic_batch_dimension_run_per_request(exported):
     fixed, x = Gated(exported["fixed"]), exported["x"]
     with BatchScheduler(parameters(max_batch_size=2)) as scheduler:
-        futures = [scheduler.submit(fixed, "serving_default", {"x": x[i:i + 2]}) for i in (0, 2, 4)]
+        futures = [scheduler.submit(fixed, "serving_default", {"x": x[i : i + 2]}) for i in (0, 2, 4)]
         results = [future.result(WAIT) for future in futures]
     assert fixed.rows == [2, 2, 2]
     for i, result in zip((0, 2, 4), results):
-        assert_same_outputs(result, exported["fixed"]({"x": x[i:i + 2]}), exact=True)
+        assert_same_outputs(result, exported["fixed"]({"x": x[i : i + 2]}), exact=True)
 
 
 def test_close_answers_waiting_requests_and_stops_the_threads(exported):
@@ -290,6 +304,7 @@ def test_a_cancelled_request_is_not_run(exported):
 
 # -- parameters ----------------------------------------------------------------------------
 
+
 def test_parameters_have_tf_defaults():
     defaults = BatchingParameters()
     assert (defaults.max_batch_size, defaults.batch_timeout_micros, defaults.max_enqueued_batches) == (1000, 0, 10)
@@ -298,19 +313,22 @@ def test_parameters_have_tf_defaults():
     assert BatchingParameters(max_batch_size=8, allowed_batch_sizes=(2, 8)).padded_size(3) == 8
 
 
-@pytest.mark.parametrize("changes, error, words", [
-    ({"max_batch_size": 0}, ValueError, "max_batch_size must be positive; received 0"),
-    ({"max_enqueued_batches": -1}, ValueError, "max_enqueued_batches must be positive"),
-    ({"num_batch_threads": 0}, ValueError, "num_batch_threads must be positive"),
-    ({"batch_timeout_micros": -5}, ValueError, "batch_timeout_micros must be non-negative"),
-    ({"max_batch_size": 2.5}, TypeError, "max_batch_size must be an int"),
-    ({"max_batch_size": True}, TypeError, "max_batch_size must be an int"),
-    ({"max_batch_size": 8, "allowed_batch_sizes": (4, 2, 8)}, ValueError, "monotonically increasing"),
-    ({"max_batch_size": 8, "allowed_batch_sizes": (2, 4)}, ValueError, "must equal max_batch_size (8)"),
-    ({"max_batch_size": 8, "allowed_batch_sizes": (0, 8)}, ValueError, "allowed_batch_sizes[0] must be positive"),
-    ({"allowed_batch_sizes": 8}, TypeError, "allowed_batch_sizes must be a tuple"),
-    ({"pad_variable_length_inputs": True}, ValueError, "pad_variable_length_inputs=True is not supported"),
-])
+@pytest.mark.parametrize(
+    "changes, error, words",
+    [
+        ({"max_batch_size": 0}, ValueError, "max_batch_size must be positive; received 0"),
+        ({"max_enqueued_batches": -1}, ValueError, "max_enqueued_batches must be positive"),
+        ({"num_batch_threads": 0}, ValueError, "num_batch_threads must be positive"),
+        ({"batch_timeout_micros": -5}, ValueError, "batch_timeout_micros must be non-negative"),
+        ({"max_batch_size": 2.5}, TypeError, "max_batch_size must be an int"),
+        ({"max_batch_size": True}, TypeError, "max_batch_size must be an int"),
+        ({"max_batch_size": 8, "allowed_batch_sizes": (4, 2, 8)}, ValueError, "monotonically increasing"),
+        ({"max_batch_size": 8, "allowed_batch_sizes": (2, 4)}, ValueError, "must equal max_batch_size (8)"),
+        ({"max_batch_size": 8, "allowed_batch_sizes": (0, 8)}, ValueError, "allowed_batch_sizes[0] must be positive"),
+        ({"allowed_batch_sizes": 8}, TypeError, "allowed_batch_sizes must be a tuple"),
+        ({"pad_variable_length_inputs": True}, ValueError, "pad_variable_length_inputs=True is not supported"),
+    ],
+)
 def test_bad_parameters_are_refused_with_the_reason(changes, error, words):
     with pytest.raises(error) as caught:
         BatchingParameters(**changes)
@@ -319,13 +337,25 @@ def test_bad_parameters_are_refused_with_the_reason(changes, error, words):
 
 def test_parameters_from_parsed_fields(caplog):
     with caplog.at_level(logging.WARNING):
-        parsed = BatchingParameters.from_fields({
-            "max_batch_size": {"value": 128}, "batch_timeout_micros": {"value": 0},
-            "max_enqueued_batches": 1000000, "num_batch_threads": {"value": 8}, "allowed_batch_sizes": 128,
-            "thread_pool_name": {"value": "pool"}, "enable_large_batch_splitting": {"value": False},
-        }, source="batching.config")
-    assert parsed == BatchingParameters(max_batch_size=128, batch_timeout_micros=0, max_enqueued_batches=1000000,
-                                        num_batch_threads=8, allowed_batch_sizes=(128,))
+        parsed = BatchingParameters.from_fields(
+            {
+                "max_batch_size": {"value": 128},
+                "batch_timeout_micros": {"value": 0},
+                "max_enqueued_batches": 1000000,
+                "num_batch_threads": {"value": 8},
+                "allowed_batch_sizes": 128,
+                "thread_pool_name": {"value": "pool"},
+                "enable_large_batch_splitting": {"value": False},
+            },
+            source="batching.config",
+        )
+    assert parsed == BatchingParameters(
+        max_batch_size=128,
+        batch_timeout_micros=0,
+        max_enqueued_batches=1000000,
+        num_batch_threads=8,
+        allowed_batch_sizes=(128,),
+    )
     assert "batching.config" in caplog.text and "thread_pool_name" in caplog.text
     with pytest.raises(ValueError, match=r"batching.config: unknown batching fields \['max_batchsize'\]"):
         BatchingParameters.from_fields({"max_batchsize": 4}, source="batching.config")
@@ -343,6 +373,7 @@ def test_scheduler_refuses_what_is_not_parameters():
 
 
 # -- results back to the event loop ----------------------------------------------------------
+
 
 def test_a_batch_of_results_wakes_the_event_loop_once_and_settles_every_request():
     """The batching p99 fault: one loop wake-up per request made the batch thread wait for the GIL each time."""
@@ -362,8 +393,10 @@ def test_a_batch_of_results_wakes_the_event_loop_once_and_settles_every_request(
         loop.call_soon_threadsafe = counting
         completions = LoopCompletions(loop)
         sources = [concurrent.futures.Future() for _ in range(32)]
-        targets = [completions.wrap(source, translate=lambda error: ServingError("INVALID_ARGUMENT", str(error)))
-                   for source in sources]
+        targets = [
+            completions.wrap(source, translate=lambda error: ServingError("INVALID_ARGUMENT", str(error)))
+            for source in sources
+        ]
 
         def batch_thread():  # finishes the whole batch while the loop is busy elsewhere (not running here)
             for index, source in enumerate(sources):
@@ -381,15 +414,15 @@ def test_a_batch_of_results_wakes_the_event_loop_once_and_settles_every_request(
         thread.start()
         thread.join(WAIT)
         assert sources[7].cancelled()
-        results = loop.run_until_complete(asyncio.wait_for(
-            asyncio.gather(*targets, return_exceptions=True), WAIT))
+        results = loop.run_until_complete(asyncio.wait_for(asyncio.gather(*targets, return_exceptions=True), WAIT))
     finally:
         loop.close()
     assert len(wakeups) == 1 and completions.wakeups == before + 1  # asyncio.wrap_future: 31 wake-ups
     assert isinstance(results[5], ServingError) and results[5].message == "row 5 refused"
     assert isinstance(results[7], asyncio.CancelledError)
-    assert [result["row"] for index, result in enumerate(results) if index not in (5, 7)] == \
-        [index for index in range(32) if index not in (5, 7)]
+    assert [result["row"] for index, result in enumerate(results) if index not in (5, 7)] == [
+        index for index in range(32) if index not in (5, 7)
+    ]
 
 
 def test_completions_after_the_loop_closed_are_dropped_quietly():

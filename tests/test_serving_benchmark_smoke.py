@@ -21,12 +21,24 @@ from benchmark_scripts import assert_arguments_refused, final_line, imported_scr
 
 FIGURE = r"\d+\.\d{3}|n/a"
 MILLISECONDS = r"\d+\.\d\d|n/a"
-FINAL_LINE = re.compile(rf"^serving rps_vs_fastapi=({FIGURE}) rps_vs_flask=({FIGURE}) "
-                        rf"batching_gain_c8=({FIGURE}) p99_ms_c8=({MILLISECONDS}) batching_gain_c32=({FIGURE}) "
-                        rf"big_batching_gain_c8=({FIGURE}) big_batching_gain_c32=({FIGURE}) "
-                        rf"p99_ms_c32_batching=({MILLISECONDS}) p99_ms_c32_plain=({MILLISECONDS}) cpu_vs_fastapi=({FIGURE})$")
-NAMES = ("rps_vs_fastapi", "rps_vs_flask", "batching_gain_c8", "p99_ms_c8", "batching_gain_c32",
-         "big_batching_gain_c8", "big_batching_gain_c32", "p99_ms_c32_batching", "p99_ms_c32_plain", "cpu_vs_fastapi")
+FINAL_LINE = re.compile(
+    rf"^serving rps_vs_fastapi=({FIGURE}) rps_vs_flask=({FIGURE}) "
+    rf"batching_gain_c8=({FIGURE}) p99_ms_c8=({MILLISECONDS}) batching_gain_c32=({FIGURE}) "
+    rf"big_batching_gain_c8=({FIGURE}) big_batching_gain_c32=({FIGURE}) "
+    rf"p99_ms_c32_batching=({MILLISECONDS}) p99_ms_c32_plain=({MILLISECONDS}) cpu_vs_fastapi=({FIGURE})$"
+)
+NAMES = (
+    "rps_vs_fastapi",
+    "rps_vs_flask",
+    "batching_gain_c8",
+    "p99_ms_c8",
+    "batching_gain_c32",
+    "big_batching_gain_c8",
+    "big_batching_gain_c32",
+    "p99_ms_c32_batching",
+    "p99_ms_c32_plain",
+    "cpu_vs_fastapi",
+)
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +109,9 @@ def test_quick_run_serves_every_server_and_prints_the_final_line(benchmark, caps
     for name in ("batching_gain_c8", "p99_ms_c8", "batching_gain_c32", "p99_ms_c32_batching", "p99_ms_c32_plain"):
         assert figures[name] is not None, name
     assert figures["big_batching_gain_c32"] is None  # quick serves the mlp only
-    assert re.search(r"^mlp: forward through the exported model, one torch thread: \d+\.\d\d ms at batch 1", output,
-                     re.M)
+    assert re.search(
+        r"^mlp: forward through the exported model, one torch thread: \d+\.\d\d ms at batch 1", output, re.M
+    )
     assert "failed to start" not in output
 
 
@@ -111,12 +124,22 @@ def _final_line_figures(output: str) -> dict[str, float | None]:
 
 def test_format_figures_writes_the_issue_line(benchmark):
     figures = dict.fromkeys(NAMES)
-    figures.update({"rps_vs_fastapi": 1.23456, "batching_gain_c8": math.nan, "p99_ms_c8": 12.345,
-                    "big_batching_gain_c32": 2.5, "p99_ms_c32_plain": 30.0, "cpu_vs_fastapi": 1.5})
+    figures.update(
+        {
+            "rps_vs_fastapi": 1.23456,
+            "batching_gain_c8": math.nan,
+            "p99_ms_c8": 12.345,
+            "big_batching_gain_c32": 2.5,
+            "p99_ms_c32_plain": 30.0,
+            "cpu_vs_fastapi": 1.5,
+        }
+    )
     line = benchmark.format_figures(figures)
-    assert line == ("serving rps_vs_fastapi=1.235 rps_vs_flask=n/a batching_gain_c8=n/a p99_ms_c8=12.35 "
-                    "batching_gain_c32=n/a big_batching_gain_c8=n/a big_batching_gain_c32=2.500 "
-                    "p99_ms_c32_batching=n/a p99_ms_c32_plain=30.00 cpu_vs_fastapi=1.500")
+    assert line == (
+        "serving rps_vs_fastapi=1.235 rps_vs_flask=n/a batching_gain_c8=n/a p99_ms_c8=12.35 "
+        "batching_gain_c32=n/a big_batching_gain_c8=n/a big_batching_gain_c32=2.500 "
+        "p99_ms_c32_batching=n/a p99_ms_c32_plain=30.00 cpu_vs_fastapi=1.500"
+    )
     assert FINAL_LINE.match(line)
     assert tuple(benchmark.FIGURES) == NAMES
 
@@ -151,10 +174,18 @@ def test_failed_requests_are_counted_not_timed(benchmark):
 
 def test_ratio_pairs_rounds_and_latencies_pool_them(benchmark):
     Run = benchmark.Run
-    measurement = benchmark.Measurement(runs={
-        ("ours", 8): [Run(latencies=[0.001] * 10, wall=1.0, errors=0), Run(latencies=[0.002] * 30, wall=1.0, errors=0)],
-        ("fastapi", 8): [Run(latencies=[0.001] * 5, wall=1.0, errors=0), Run(latencies=[0.004] * 20, wall=1.0, errors=1)],
-    })
+    measurement = benchmark.Measurement(
+        runs={
+            ("ours", 8): [
+                Run(latencies=[0.001] * 10, wall=1.0, errors=0),
+                Run(latencies=[0.002] * 30, wall=1.0, errors=0),
+            ],
+            ("fastapi", 8): [
+                Run(latencies=[0.001] * 5, wall=1.0, errors=0),
+                Run(latencies=[0.004] * 20, wall=1.0, errors=1),
+            ],
+        }
+    )
     assert measurement.ratio("ours", "fastapi", 8) == pytest.approx((10 / 5 + 30 / 20) / 2)
     assert measurement.rate("ours", 8) == pytest.approx(20.0)
     assert measurement.latency_ms("ours", 8, 0.5) == pytest.approx(2.0)
@@ -173,10 +204,14 @@ def test_geometric_mean_refuses_missing_or_bad_values(benchmark):
 
 
 def test_a_server_that_exits_is_reported_with_its_log(benchmark, tmp_path):
-    commands = {"broken": ([sys.executable, "-c", "print('no model here'); raise SystemExit(3)"],
-                           benchmark.free_port())}
-    with benchmark.running_servers(commands, "/p", b"{}", str(tmp_path), startup_seconds=30) as (servers, answers,
-                                                                                                failures):
+    commands = {
+        "broken": ([sys.executable, "-c", "print('no model here'); raise SystemExit(3)"], benchmark.free_port())
+    }
+    with benchmark.running_servers(commands, "/p", b"{}", str(tmp_path), startup_seconds=30) as (
+        servers,
+        answers,
+        failures,
+    ):
         assert servers == {} and answers == {}
     assert "broken exited with status 3" in failures["broken"]
     assert "no model here" in failures["broken"]
@@ -185,7 +220,11 @@ def test_a_server_that_exits_is_reported_with_its_log(benchmark, tmp_path):
 def test_a_server_that_never_answers_times_out_and_is_stopped(benchmark, tmp_path):
     commands = {"silent": ([sys.executable, "-c", "import time; time.sleep(60)"], benchmark.free_port())}
     started = time.monotonic()
-    with benchmark.running_servers(commands, "/p", b"{}", str(tmp_path), startup_seconds=0.5) as (servers, _, failures):
+    with benchmark.running_servers(commands, "/p", b"{}", str(tmp_path), startup_seconds=0.5) as (
+        _servers,
+        _,
+        failures,
+    ):
         assert "silent did not answer" in failures["silent"]
     assert time.monotonic() - started < 10
 
@@ -205,13 +244,19 @@ def test_running_servers_stops_its_servers_on_the_way_out(benchmark, tmp_path):
         "    def do_POST(self):\n"
         "        self.rfile.read(int(self.headers['Content-Length'])); self.send_response(200)\n"
         "        self.send_header('Content-Length', '2'); self.end_headers(); self.wfile.write(b'{}')\n"
-        "HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n")
+        "HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
+    )
     port = benchmark.free_port()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(benchmark, "Server", recording)
         with pytest.raises(KeyboardInterrupt):
-            with benchmark.running_servers({"toy": ([sys.executable, str(script), str(port)], port)}, "/p", b"{}",
-                                           str(tmp_path), startup_seconds=30) as (servers, answers, _):
+            with benchmark.running_servers(
+                {"toy": ([sys.executable, str(script), str(port)], port)},
+                "/p",
+                b"{}",
+                str(tmp_path),
+                startup_seconds=30,
+            ) as (_servers, answers, _):
                 assert answers == {"toy": b"{}"}
                 raise KeyboardInterrupt  # Ctrl-C while measuring
     assert launched[0].process.poll() is not None
@@ -228,8 +273,12 @@ def test_server_commands_serve_every_model_on_distinct_ports(benchmark, tmp_path
     assert ours[ours.index("--model_config_file") + 1] == "models.config"
     assert ours[3] == "serve" and "--enable_batching" not in ours
     assert commands["ours_batching"][0][-3:] == ["--enable_batching", "--batching_parameters_file", "b.txt"]
-    assert commands["fastapi_async"][0][1:] == ["fa.py", str(commands["fastapi_async"][1]),
-                                                f"mlp={bases['mlp']}", f"wide={bases['wide']}"]
+    assert commands["fastapi_async"][0][1:] == [
+        "fa.py",
+        str(commands["fastapi_async"][1]),
+        f"mlp={bases['mlp']}",
+        f"wide={bases['wide']}",
+    ]
     flask = commands["flask"][0]
     assert flask[1:3] == ["-m", "gunicorn"] and flask[flask.index("--workers") + 1] == "1"
     assert flask[flask.index("--worker-class") + 1] == "gthread"
@@ -261,9 +310,11 @@ def test_batching_parameters_file_is_tf_text_format(benchmark, tmp_path):
 
 def test_check_predictions_names_the_disagreeing_server(benchmark):
     expected = np.array([[0.25, 0.75]], dtype=np.float32)
-    answers = {"ours": json.dumps({"predictions": [[0.25, 0.75]]}).encode(),
-               "fastapi": json.dumps({"predictions": [[0.25, 0.7]]}).encode(),
-               "flask": b"<html>error</html>"}
+    answers = {
+        "ours": json.dumps({"predictions": [[0.25, 0.75]]}).encode(),
+        "fastapi": json.dumps({"predictions": [[0.25, 0.7]]}).encode(),
+        "flask": b"<html>error</html>",
+    }
     problems = benchmark.check_predictions(answers, expected)
     assert len(problems) == 2
     assert problems[0].startswith("fastapi predicted [0.25, 0.7]")
@@ -277,40 +328,55 @@ def test_servers_that_did_not_start_fail_the_run(benchmark, capsys):
     assert "mlp: ours_batching failed to start: ours_batching exited with status 2" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (["--models", "mlp,resnet"], "subset of mlp,cnn,wide"),
-    (["--requests", "0"], "at least 1"),
-    (["--warmup-requests", "-1"], "--warmup-requests must be >= 0"),
-    (["--seconds", "1000"], "--seconds must be in (0, 600]"),
-    (["--max-batch-size", "0"], "--max-batch-size must be at least 1"),
-    (["--request-threads", "0"], "--request-threads must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--models", "mlp,resnet"], "subset of mlp,cnn,wide"),
+        (["--requests", "0"], "at least 1"),
+        (["--warmup-requests", "-1"], "--warmup-requests must be >= 0"),
+        (["--seconds", "1000"], "--seconds must be in (0, 600]"),
+        (["--max-batch-size", "0"], "--max-batch-size must be at least 1"),
+        (["--request-threads", "0"], "--request-threads must be at least 1"),
+    ],
+)
 def test_bad_arguments_are_refused(benchmark, capsys, arguments, message):
     assert_arguments_refused(benchmark, arguments, message, capsys)
 
 
 def test_the_fastapi_ratio_takes_the_faster_anchor_of_each_round(benchmark):
     Run = benchmark.Run
-    measurement = benchmark.Measurement(runs={
-        ("ours", 8): [Run(latencies=[0.001] * 30, wall=1.0, errors=0, server_cpu=0.03),
-                      Run(latencies=[0.001] * 40, wall=1.0, errors=0, server_cpu=0.05)],
-        ("fastapi_async", 8): [Run(latencies=[0.001] * 20, wall=1.0, errors=0),
-                               Run(latencies=[0.001] * 10, wall=1.0, errors=0)],
-        ("fastapi_def", 8): [Run(latencies=[0.001] * 10, wall=1.0, errors=0),
-                             Run(latencies=[0.001] * 20, wall=1.0, errors=0)],
-    })
+    measurement = benchmark.Measurement(
+        runs={
+            ("ours", 8): [
+                Run(latencies=[0.001] * 30, wall=1.0, errors=0, server_cpu=0.03),
+                Run(latencies=[0.001] * 40, wall=1.0, errors=0, server_cpu=0.05),
+            ],
+            ("fastapi_async", 8): [
+                Run(latencies=[0.001] * 20, wall=1.0, errors=0),
+                Run(latencies=[0.001] * 10, wall=1.0, errors=0),
+            ],
+            ("fastapi_def", 8): [
+                Run(latencies=[0.001] * 10, wall=1.0, errors=0),
+                Run(latencies=[0.001] * 20, wall=1.0, errors=0),
+            ],
+        }
+    )
     assert measurement.fastest_ratio("ours", ("fastapi_async", "fastapi_def"), 8) == pytest.approx((1.5 + 2.0) / 2)
     assert measurement.cpu_us_per_request("ours", 8) == pytest.approx(0.08 / 70 * 1e6)
 
 
 def test_cpu_efficiency_takes_the_leanest_anchor_pooled_over_rounds(benchmark):
     Run = benchmark.Run
-    measurement = benchmark.Measurement(runs={
-        ("ours", 8): [Run(latencies=[0.001] * 10, wall=1.0, errors=0, server_cpu=0.02, server_threads=4),
-                      Run(latencies=[0.001] * 30, wall=1.0, errors=0, server_cpu=0.02, server_threads=3)],
-        ("fastapi_async", 8): [Run(latencies=[0.001] * 10, wall=1.0, errors=0, server_cpu=0.03)],
-        ("fastapi_def", 8): [Run(latencies=[0.001] * 10, wall=1.0, errors=0, server_cpu=0.05)],
-    })
+    measurement = benchmark.Measurement(
+        runs={
+            ("ours", 8): [
+                Run(latencies=[0.001] * 10, wall=1.0, errors=0, server_cpu=0.02, server_threads=4),
+                Run(latencies=[0.001] * 30, wall=1.0, errors=0, server_cpu=0.02, server_threads=3),
+            ],
+            ("fastapi_async", 8): [Run(latencies=[0.001] * 10, wall=1.0, errors=0, server_cpu=0.03)],
+            ("fastapi_def", 8): [Run(latencies=[0.001] * 10, wall=1.0, errors=0, server_cpu=0.05)],
+        }
+    )
     # ours: 0.04 s over 40 requests = 1000 us; the leaner anchor (async): 3000 us
     assert measurement.cpu_efficiency_ratio("ours", ("fastapi_async", "fastapi_def"), 8) == pytest.approx(3.0)
     assert measurement.threads("ours", 8) == 4
@@ -318,24 +384,39 @@ def test_cpu_efficiency_takes_the_leanest_anchor_pooled_over_rounds(benchmark):
 
 def test_process_tree_threads_counts_a_childs_threads(benchmark):
     import subprocess
-    child = subprocess.Popen([sys.executable, "-c", "import threading, sys\n"
-                              "stop = threading.Event()\n"
-                              "for _ in range(3): threading.Thread(target=stop.wait, daemon=True).start()\n"
-                              "print('up', flush=True); sys.stdin.read()"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import threading, sys\n"
+            "stop = threading.Event()\n"
+            "for _ in range(3): threading.Thread(target=stop.wait, daemon=True).start()\n"
+            "print('up', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     try:
         assert child.stdout.readline() == b"up\n"
         assert benchmark.process_tree_threads(child.pid) == 4  # the main thread and three waiting
     finally:
         child.stdin.close()
         child.wait(timeout=30)
-    assert benchmark.process_tree_threads(2 ** 22 + 12345) == 0
+    assert benchmark.process_tree_threads(2**22 + 12345) == 0
 
 
 def test_process_tree_cpu_counts_children(benchmark):
     import subprocess
-    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run([sys.executable, '-c', "
-                              "'import time\\nend = time.process_time() + 0.3\\nwhile time.process_time() < end: pass'])"])
+
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys; subprocess.run([sys.executable, '-c', "
+            "'import time\\nend = time.process_time() + 0.3\\nwhile time.process_time() < end: pass'])",
+        ]
+    )
     try:
         deadline = time.monotonic() + 30
         total = 0.0
@@ -345,4 +426,4 @@ def test_process_tree_cpu_counts_children(benchmark):
     finally:
         child.wait(timeout=30)
     assert total >= 0.2  # the grandchild's busy loop is counted under the child
-    assert math.isnan(benchmark.process_tree_cpu_seconds(2 ** 22 + 12345))
+    assert math.isnan(benchmark.process_tree_cpu_seconds(2**22 + 12345))

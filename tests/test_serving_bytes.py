@@ -69,10 +69,15 @@ def _pixels_model_fn(model, features, labels, mode):
     logits = model(features["x"])
     predictions = {"class": logits.argmax(-1), "probabilities": logits.softmax(-1)}
     if mode == te.ModeKeys.PREDICT:
-        return te.EstimatorSpec(mode, predictions=predictions, export_outputs={
-            "serving_default": PredictOutput(predictions),
-            "tensorflow/serving/classify": ClassificationOutput(scores=predictions["probabilities"]),
-            "tensorflow/serving/regress": RegressionOutput(logits.max(-1).values)})
+        return te.EstimatorSpec(
+            mode,
+            predictions=predictions,
+            export_outputs={
+                "serving_default": PredictOutput(predictions),
+                "tensorflow/serving/classify": ClassificationOutput(scores=predictions["probabilities"]),
+                "tensorflow/serving/regress": RegressionOutput(logits.max(-1).values),
+            },
+        )
     return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels))
 
 
@@ -90,30 +95,63 @@ def served(tmp_path_factory):
 
     def image_input_fn(mode_labels):
         # The input_fn decodes as the receiver will: the one ImageDecoding both share.
-        return te.numpy_input_fn({"image": decoding.decode_batch(encoded)}, mode_labels, batch_size=32,
-                                 num_epochs=None if mode_labels is not None else 1, shuffle=mode_labels is not None)
+        return te.numpy_input_fn(
+            {"image": decoding.decode_batch(encoded)},
+            mode_labels,
+            batch_size=32,
+            num_epochs=None if mode_labels is not None else 1,
+            shuffle=mode_labels is not None,
+        )
 
-    images = te.Estimator(model_fn=_image_model_fn, optimizer=_optimizer, model_dir=str(root / "images_run"),
-                          model=lambda: nn.Sequential(nn.Conv2d(1, 8, 3), nn.ReLU(), nn.Flatten(),
-                                                      nn.Linear(8 * 10 * 10, 10)),
-                          config=te.RunConfig(**CONFIG))
+    images = te.Estimator(
+        model_fn=_image_model_fn,
+        optimizer=_optimizer,
+        model_dir=str(root / "images_run"),
+        model=lambda: nn.Sequential(nn.Conv2d(1, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 10 * 10, 10)),
+        config=te.RunConfig(**CONFIG),
+    )
     images.train(image_input_fn(labels), max_steps=40)
     images.export_saved_model(root / "models" / "images", build_image_serving_input_receiver(decoding))
-    pixels_estimator = te.Estimator(model_fn=_pixels_model_fn, optimizer=_optimizer,
-                                    model_dir=str(root / "pixels_run"), model=lambda: nn.Linear(64, 10),
-                                    config=te.RunConfig(**CONFIG))
-    pixels_estimator.train(te.numpy_input_fn({"x": flat}, labels, batch_size=32, num_epochs=None, shuffle=True),
-                           max_steps=40)
-    pixels_estimator.export_saved_model(root / "models" / "pixels", build_parsing_serving_input_receiver(
-        {"x": FixedLenFeature([64], "float32")}))
+    pixels_estimator = te.Estimator(
+        model_fn=_pixels_model_fn,
+        optimizer=_optimizer,
+        model_dir=str(root / "pixels_run"),
+        model=lambda: nn.Linear(64, 10),
+        config=te.RunConfig(**CONFIG),
+    )
+    pixels_estimator.train(
+        te.numpy_input_fn({"x": flat}, labels, batch_size=32, num_epochs=None, shuffle=True), max_steps=40
+    )
+    pixels_estimator.export_saved_model(
+        root / "models" / "pixels", build_parsing_serving_input_receiver({"x": FixedLenFeature([64], "float32")})
+    )
     config = root / "models.config"
-    config.write_text("model_config_list {\n" + "".join(
-        f'  config {{ name: "{name}" base_path: "{root / "models" / name}" model_platform: "tensorflow" }}\n'
-        for name in ("images", "pixels")) + "}\n")
-    command = [sys.executable, "-m", "torchestimator.cli", "serve", "--model_config_file", str(config),
-               "--rest_api_port", "0", "--enable_batching"]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    config.write_text(
+        "model_config_list {\n"
+        + "".join(
+            f'  config {{ name: "{name}" base_path: "{root / "models" / name}" model_platform: "tensorflow" }}\n'
+            for name in ("images", "pixels")
+        )
+        + "}\n"
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "torchestimator.cli",
+        "serve",
+        "--model_config_file",
+        str(config),
+        "--rest_api_port",
+        "0",
+        "--enable_batching",
+    ]
+    server = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         url = None
         for _ in range(20):  # the announce line; readline returns "" if the server dies first
@@ -123,8 +161,15 @@ def served(tmp_path_factory):
                 url = found and found.group(1)
                 break
         assert url, f"the server did not announce its port (last line {line!r})"
-        yield {"url": url, "encoded": encoded, "flat": flat, "decoding": decoding, "images": images,
-               "pixels": pixels_estimator, "root": root}
+        yield {
+            "url": url,
+            "encoded": encoded,
+            "flat": flat,
+            "decoding": decoding,
+            "images": images,
+            "pixels": pixels_estimator,
+            "root": root,
+        }
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -136,19 +181,28 @@ def _b64(data: bytes) -> dict[str, str]:
 
 def test_image_classes_agree_between_estimator_exported_model_and_rest_b64(served):
     encoded, decoding = served["encoded"], served["decoding"]
-    expected = [row["class"] for row in served["images"].predict(
-        te.numpy_input_fn({"image": decoding.decode_batch(encoded)}, batch_size=32, shuffle=False))]
+    expected = [
+        row["class"]
+        for row in served["images"].predict(
+            te.numpy_input_fn({"image": decoding.decode_batch(encoded)}, batch_size=32, shuffle=False)
+        )
+    ]
     exported = load(served["root"] / "models" / "images")
     assert exported(encoded)["class"].tolist() == expected
     client = Client(served["url"], "images")
     # TF Serving's documented image-classification request: {"instances": [{"b64": ...}]}.
     rows = client.predict([_b64(item) for item in encoded[:48]]) + client.predict(
-        [{"image_bytes": _b64(item)} for item in encoded[48:]])
+        [{"image_bytes": _b64(item)} for item in encoded[48:]]
+    )
     assert [row["class"] for row in rows] == expected
     columnar = client.predict({"image_bytes": encoded[:5]}, columnar=True)  # the client sends bytes as {"b64"}
     assert columnar["class"] == expected[:5]
-    assert client.metadata()["metadata"]["signature_def"]["signature_def"]["serving_default"]["inputs"][
-        "image_bytes"]["dtype"] == "DT_STRING"
+    assert (
+        client.metadata()["metadata"]["signature_def"]["signature_def"]["serving_default"]["inputs"]["image_bytes"][
+            "dtype"
+        ]
+        == "DT_STRING"
+    )
 
 
 def test_serialized_examples_predict_classify_and_regress_through_the_server(served):
@@ -158,14 +212,19 @@ def test_serialized_examples_predict_classify_and_regress_through_the_server(ser
     client = Client(served["url"], "pixels")
     rows = client.predict([_b64(item) for item in serialized])
     assert [row["class"] for row in rows] == [row["class"] for row in expected]
-    classified = client.classify([{"x": row.tolist()} for row in flat[:20]],
-                                 signature_name="tensorflow/serving/classify")
-    np.testing.assert_allclose([[score for _, score in row] for row in classified],
-                               [row["probabilities"] for row in expected[:20]], rtol=1e-5)
+    classified = client.classify(
+        [{"x": row.tolist()} for row in flat[:20]], signature_name="tensorflow/serving/classify"
+    )
+    np.testing.assert_allclose(
+        [[score for _, score in row] for row in classified], [row["probabilities"] for row in expected[:20]], rtol=1e-5
+    )
     regressed = client.regress([{"x": row.tolist()} for row in flat[:20]], signature_name="tensorflow/serving/regress")
     exported = load(served["root"] / "models" / "pixels")
-    np.testing.assert_allclose(regressed, exported({"examples": serialized[:20]},
-                                                   signature_name="tensorflow/serving/regress")["outputs"], rtol=1e-6)
+    np.testing.assert_allclose(
+        regressed,
+        exported({"examples": serialized[:20]}, signature_name="tensorflow/serving/regress")["outputs"],
+        rtol=1e-6,
+    )
     # Integers make an int64_list, which the float feature refuses with TF's parse error.
     with pytest.raises(te.serving.ServingClientError) as raised:
         client.regress([{"x": [1] * 64}], signature_name="tensorflow/serving/regress")

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 from conftest import wait_until
-from torchestimator.errors import ConfigError
 
+from torchestimator.errors import ConfigError
 from torchestimator.serving.config import (
     DEFAULT_PROMETHEUS_PATH,
     ModelConfig,
@@ -93,6 +93,7 @@ def write(tmp_path, text, name="models.config"):
 
 # -- the documented examples -----------------------------------------------------------------------
 
+
 def test_basic_example_lists_both_models_with_the_default_policy(tmp_path):
     configs = read_model_config_file(write(tmp_path, BASIC_EXAMPLE))
     assert configs == [
@@ -137,8 +138,9 @@ def test_fields_we_do_not_act_on_parse_and_those_changing_tf_behaviour_are_logge
     with caplog.at_level(logging.WARNING, logger="torchestimator.serving.config"):
         (config,) = parse_model_server_config(text, source="models.config")
     assert config.name == "m"
-    assert any("logging_config" in record.getMessage() and "models.config" in record.getMessage()
-               for record in caplog.records)
+    assert any(
+        "logging_config" in record.getMessage() and "models.config" in record.getMessage() for record in caplog.records
+    )
 
 
 def test_empty_config_serves_nothing():
@@ -147,7 +149,8 @@ def test_empty_config_serves_nothing():
 
 def test_monitoring_example_and_the_default_path(tmp_path):
     assert read_monitoring_config_file(write(tmp_path, MONITORING_EXAMPLE)) == MonitoringConfig(
-        enable=True, path="/monitoring/prometheus/metrics")
+        enable=True, path="/monitoring/prometheus/metrics"
+    )
     enabled = read_monitoring_config_file(write(tmp_path, "prometheus_config { enable: true }", "on.config"))
     assert enabled == MonitoringConfig(enable=True, path=DEFAULT_PROMETHEUS_PATH)
     assert DEFAULT_PROMETHEUS_PATH == "/monitoring/prometheus/metrics"  # PrometheusExporter::kPrometheusPath
@@ -156,7 +159,11 @@ def test_monitoring_example_and_the_default_path(tmp_path):
 
 def test_batching_example_unwraps_the_wrappers_and_keeps_only_present_fields(tmp_path):
     assert read_batching_parameters_file(write(tmp_path, BATCHING_EXAMPLE)) == {
-        "max_batch_size": 128, "batch_timeout_micros": 0, "max_enqueued_batches": 1000000, "num_batch_threads": 8}
+        "max_batch_size": 128,
+        "batch_timeout_micros": 0,
+        "max_enqueued_batches": 1000000,
+        "num_batch_threads": 8,
+    }
     text = """max_batch_size { value: 8 }
     allowed_batch_sizes: 2
     allowed_batch_sizes: 8
@@ -165,9 +172,14 @@ def test_batching_example_unwraps_the_wrappers_and_keeps_only_present_fields(tmp
     enable_large_batch_splitting { value: true }
     max_execution_batch_size { value: 4 }"""
     parameters = read_batching_parameters_file(write(tmp_path, text, "more.config"))
-    assert parameters == {"max_batch_size": 8, "allowed_batch_sizes": (2, 8), "pad_variable_length_inputs": True,
-                          "thread_pool_name": "pool", "enable_large_batch_splitting": True,
-                          "max_execution_batch_size": 4}
+    assert parameters == {
+        "max_batch_size": 8,
+        "allowed_batch_sizes": (2, 8),
+        "pad_variable_length_inputs": True,
+        "thread_pool_name": "pool",
+        "enable_large_batch_splitting": True,
+        "max_execution_batch_size": 4,
+    }
     assert type(parameters["enable_large_batch_splitting"]) is bool
     assert read_batching_parameters_file(write(tmp_path, "", "empty.config")) == {}
 
@@ -176,17 +188,33 @@ def test_message_classes_match_tf_serving_field_names_and_numbers():
     protos = _protos()
     model = protos.pool.FindMessageTypeByName("tensorflow.serving.ModelConfig")
     assert {field.name: field.number for field in model.fields} == {
-        "name": 1, "base_path": 2, "model_type": 3, "model_platform": 4, "logging_config": 6,
-        "model_version_policy": 7, "version_labels": 8}
+        "name": 1,
+        "base_path": 2,
+        "model_type": 3,
+        "model_platform": 4,
+        "logging_config": 6,
+        "model_version_policy": 7,
+        "version_labels": 8,
+    }
     policy = protos.pool.FindMessageTypeByName(
-        "tensorflow.serving.FileSystemStoragePathSourceConfig.ServableVersionPolicy")
+        "tensorflow.serving.FileSystemStoragePathSourceConfig.ServableVersionPolicy"
+    )
     assert {field.name: field.number for field in policy.fields} == {"latest": 100, "all": 101, "specific": 102}
     server = protos.ModelServerConfig.DESCRIPTOR
     assert {field.name: field.number for field in server.fields} == {"model_config_list": 1, "custom_model_config": 2}
     batching = protos.BatchingParameters.DESCRIPTOR.fields_by_name
-    assert [batching[name].number for name in ("max_batch_size", "batch_timeout_micros", "max_enqueued_batches",
-                                               "num_batch_threads", "thread_pool_name", "allowed_batch_sizes",
-                                               "pad_variable_length_inputs")] == [1, 2, 3, 4, 5, 6, 7]
+    assert [
+        batching[name].number
+        for name in (
+            "max_batch_size",
+            "batch_timeout_micros",
+            "max_enqueued_batches",
+            "num_batch_threads",
+            "thread_pool_name",
+            "allowed_batch_sizes",
+            "pad_variable_length_inputs",
+        )
+    ] == [1, 2, 3, 4, 5, 6, 7]
     prometheus = protos.MonitoringConfig.DESCRIPTOR.fields_by_name["prometheus_config"].message_type
     assert {field.name: field.number for field in prometheus.fields} == {"enable": 1, "path": 2}
 
@@ -196,20 +224,30 @@ def test_message_classes_match_tf_serving_field_names_and_numbers():
 BAD_MODEL_CONFIGS = [
     # (text, words the error must contain)
     ("model_config_list {\n  config {\n    name: 'a'\n    bogus: 1\n  }\n}", ["models.config:4:5", "bogus"]),
-    ("model_config_list {\n  config {\n    name: 'a'\n", ["models.config:3:", "Expected \"}\""]),
-    ("model_config_list { config { name: 'a' base_path: '/a' version_labels { key: 's' value: 'x' } } }",
-     ["models.config:1:", "integer"]),
-    ("model_config_list { config { name: 'a' base_path: '/a' model_version_policy { latest {} all {} } } }",
-     ["models.config:1:", "oneof"]),
-    ("model_config_list { config { name: 'a' base_path: '/a' } config { name: 'a' base_path: '/b' } }",
-     ["models.config", "Illegal to list model a multiple times in config list"]),
+    ("model_config_list {\n  config {\n    name: 'a'\n", ["models.config:3:", 'Expected "}"']),
+    (
+        "model_config_list { config { name: 'a' base_path: '/a' version_labels { key: 's' value: 'x' } } }",
+        ["models.config:1:", "integer"],
+    ),
+    (
+        "model_config_list { config { name: 'a' base_path: '/a' model_version_policy { latest {} all {} } } }",
+        ["models.config:1:", "oneof"],
+    ),
+    (
+        "model_config_list { config { name: 'a' base_path: '/a' } config { name: 'a' base_path: '/b' } }",
+        ["models.config", "Illegal to list model a multiple times in config list"],
+    ),
     ("model_config_list { config { base_path: '/a' } }", ["config[0]", "has no name"]),
     ("model_config_list { config { name: 'a' } }", ["config[0]", "model a", "no base_path"]),
     ("custom_model_config { }", ["custom_model_config is not supported", "model_config_list"]),
-    ("model_config_list { config { name: 'a' base_path: '/a' model_version_policy { specific { } } } }",
-     ["model a", "lists no versions"]),
-    ("model_config_list { config { name: 'a' base_path: '/a' version_labels { key: '' value: 1 } } }",
-     ["model a", "non-empty strings"]),
+    (
+        "model_config_list { config { name: 'a' base_path: '/a' model_version_policy { specific { } } } }",
+        ["model a", "lists no versions"],
+    ),
+    (
+        "model_config_list { config { name: 'a' base_path: '/a' version_labels { key: '' value: 1 } } }",
+        ["model a", "non-empty strings"],
+    ),
 ]
 
 
@@ -234,8 +272,9 @@ def test_missing_and_non_text_files_are_value_errors(tmp_path):
         read_model_config_file(tmp_path / "missing.config")
     assert isinstance(raised.value, ConfigError)  # ours: `except TorchEstimatorError` catches it, the CLI says one line
     with pytest.raises(ConfigError, match="multiple times"):
-        parse_model_server_config("model_config_list { config { name: 'm' base_path: '/a' } "
-                                  "config { name: 'm' base_path: '/b' } }")
+        parse_model_server_config(
+            "model_config_list { config { name: 'm' base_path: '/a' } config { name: 'm' base_path: '/b' } }"
+        )
     binary = tmp_path / "binary.config"
     binary.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ValueError, match="not UTF-8 text"):
@@ -244,8 +283,9 @@ def test_missing_and_non_text_files_are_value_errors(tmp_path):
 
 def test_bad_batching_and_monitoring_files(tmp_path):
     with pytest.raises(ValueError, match=r"max_batch_size \{ value: 4 \}|Last entry in allowed_batch_sizes"):
-        read_batching_parameters_file(write(tmp_path, "max_batch_size { value: 4 }\nallowed_batch_sizes: 2\n"
-                                                      "allowed_batch_sizes: 3\n"))
+        read_batching_parameters_file(
+            write(tmp_path, "max_batch_size { value: 4 }\nallowed_batch_sizes: 2\nallowed_batch_sizes: 3\n")
+        )
     with pytest.raises(ValueError, match="strictly increasing"):
         read_batching_parameters_file(write(tmp_path, "allowed_batch_sizes: 4\nallowed_batch_sizes: 2\n", "b.config"))
     with pytest.raises(ValueError, match=r"b2.config:1:17: .*Expected \"{\""):
@@ -256,14 +296,18 @@ def test_bad_batching_and_monitoring_files(tmp_path):
 
 # -- the dataclasses' own checks -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("arguments, words", [
-    ({"kind": "newest"}, "must be one of"),
-    ({"num_versions": 0}, "int >= 1"),
-    ({"kind": "specific"}, "at least one version"),
-    ({"kind": "latest", "versions": (1,)}, "only for kind='specific'"),
-    ({"kind": "all", "num_versions": 2}, "only for kind='latest'"),
-    ({"kind": "specific", "versions": ("1",)}, "must be ints"),
-])
+
+@pytest.mark.parametrize(
+    "arguments, words",
+    [
+        ({"kind": "newest"}, "must be one of"),
+        ({"num_versions": 0}, "int >= 1"),
+        ({"kind": "specific"}, "at least one version"),
+        ({"kind": "latest", "versions": (1,)}, "only for kind='specific'"),
+        ({"kind": "all", "num_versions": 2}, "only for kind='latest'"),
+        ({"kind": "specific", "versions": ("1",)}, "must be ints"),
+    ],
+)
 def test_version_policy_refuses_bad_combinations(arguments, words):
     with pytest.raises(ValueError, match=words):
         VersionPolicy(**arguments)
@@ -347,18 +391,26 @@ def test_an_unreadable_file_is_a_value_error_naming_it(tmp_path, monkeypatch):
 
 # -- batching numbers out of TF's range ------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, words", [
-    ("max_batch_size { value: -5 }", "max_batch_size must be positive; was -5"),
-    ("max_batch_size { value: 0 }", "max_batch_size must be positive; was 0"),
-    ("batch_timeout_micros { value: -1 }", "batch_timeout_micros must be non-negative; was -1"),
-    ("num_batch_threads { value: 0 }", "num_batch_threads must be positive; was 0"),
-    ("max_enqueued_batches { value: 0 }", "max_enqueued_batches must be positive; was 0"),
-    ("max_execution_batch_size { value: -2 }", "max_execution_batch_size must be positive; was -2"),
-    ("max_batch_size { value: 4 } allowed_batch_sizes: 0 allowed_batch_sizes: 4",
-     r"allowed_batch_sizes\[0\] must be positive; was 0"),
-    ("max_batch_size { value: 4 } allowed_batch_sizes: 2 allowed_batch_sizes: 2 allowed_batch_sizes: 4",
-     "strictly increasing"),
-])
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("max_batch_size { value: -5 }", "max_batch_size must be positive; was -5"),
+        ("max_batch_size { value: 0 }", "max_batch_size must be positive; was 0"),
+        ("batch_timeout_micros { value: -1 }", "batch_timeout_micros must be non-negative; was -1"),
+        ("num_batch_threads { value: 0 }", "num_batch_threads must be positive; was 0"),
+        ("max_enqueued_batches { value: 0 }", "max_enqueued_batches must be positive; was 0"),
+        ("max_execution_batch_size { value: -2 }", "max_execution_batch_size must be positive; was -2"),
+        (
+            "max_batch_size { value: 4 } allowed_batch_sizes: 0 allowed_batch_sizes: 4",
+            r"allowed_batch_sizes\[0\] must be positive; was 0",
+        ),
+        (
+            "max_batch_size { value: 4 } allowed_batch_sizes: 2 allowed_batch_sizes: 2 allowed_batch_sizes: 4",
+            "strictly increasing",
+        ),
+    ],
+)
 def test_batching_numbers_out_of_range_are_refused_naming_file_field_and_value(tmp_path, text, words):
     path = write(tmp_path, text, "batching.config")
     with pytest.raises(ValueError, match=rf"{path}: .*{words}"):
@@ -366,23 +418,40 @@ def test_batching_numbers_out_of_range_are_refused_naming_file_field_and_value(t
 
 
 def test_batching_numbers_at_the_edge_of_the_range_are_accepted(tmp_path):
-    path = write(tmp_path, "max_batch_size { value: 1 } batch_timeout_micros { value: 0 } "
-                           "max_enqueued_batches { value: 1 } num_batch_threads { value: 1 } allowed_batch_sizes: 1",
-                 "batching.config")
-    assert read_batching_parameters_file(path) == {"max_batch_size": 1, "batch_timeout_micros": 0,
-                                                   "max_enqueued_batches": 1, "num_batch_threads": 1,
-                                                   "allowed_batch_sizes": (1,)}
+    path = write(
+        tmp_path,
+        "max_batch_size { value: 1 } batch_timeout_micros { value: 0 } "
+        "max_enqueued_batches { value: 1 } num_batch_threads { value: 1 } allowed_batch_sizes: 1",
+        "batching.config",
+    )
+    assert read_batching_parameters_file(path) == {
+        "max_batch_size": 1,
+        "batch_timeout_micros": 0,
+        "max_enqueued_batches": 1,
+        "num_batch_threads": 1,
+        "allowed_batch_sizes": (1,),
+    }
 
 
 # -- names that cannot be routed ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("name, shown", [
-    ("a/b", "'/'"), ("a:predict", "':'"), ("a\\x00b", r"'\x00'"), ("a\\nb", r"'\n'"), ("a\\x7f", r"'\x7f'"),
-    ("..", "dot segment"),
-])
+
+@pytest.mark.parametrize(
+    "name, shown",
+    [
+        ("a/b", "'/'"),
+        ("a:predict", "':'"),
+        ("a\\x00b", r"'\x00'"),
+        ("a\\nb", r"'\n'"),
+        ("a\\x7f", r"'\x7f'"),
+        ("..", "dot segment"),
+    ],
+)
 def test_model_names_that_cannot_be_routed_are_refused_naming_file_and_line(tmp_path, name, shown):
-    text = ("model_config_list {\n  config { name: 'ok' base_path: '/ok' }\n  # name: 'a comment'\n"
-            f"  config {{\n    name: '{name}'\n    base_path: '/bad'\n  }}\n}}\n")
+    text = (
+        "model_config_list {\n  config { name: 'ok' base_path: '/ok' }\n  # name: 'a comment'\n"
+        f"  config {{\n    name: '{name}'\n    base_path: '/bad'\n  }}\n}}\n"
+    )
     path = write(tmp_path, text)
     with pytest.raises(ValueError) as raised:
         read_model_config_file(path)
@@ -404,6 +473,7 @@ def test_version_labels_that_cannot_be_routed_are_refused(tmp_path):
 
 # -- a reload hitting a broken file keeps the running models --------------------------------------------
 
+
 def test_a_reload_hitting_a_folder_a_fifo_or_an_unroutable_name_keeps_the_running_models(tmp_path, caplog):
     import os
 
@@ -414,22 +484,33 @@ def test_a_reload_hitting_a_folder_a_fifo_or_an_unroutable_name_keeps_the_runnin
     broken = {
         "a folder": lambda: (config.unlink(), config.mkdir()),
         "a fifo": lambda: (config.rmdir(), os.mkfifo(config)),
-        "an unroutable name": lambda: (config.unlink(), config.write_text(
-            f"model_config_list {{ config {{ name: 'b/c' base_path: '{tmp_path / 'b'}' }} }}")),
+        "an unroutable name": lambda: (
+            config.unlink(),
+            config.write_text(f"model_config_list {{ config {{ name: 'b/c' base_path: '{tmp_path / 'b'}' }} }}"),
+        ),
     }
     caplog.set_level(logging.ERROR, logger="torchestimator.serving.server")
 
     def keeps(words):
-        wait_until(lambda: any(words in record.getMessage() for record in caplog.records), timeout=20,
-                   what=f"a reload refused with {words!r}")
+        wait_until(
+            lambda: any(words in record.getMessage() for record in caplog.records),
+            timeout=20,
+            what=f"a reload refused with {words!r}",
+        )
 
-    with start(model_config_file=str(config), model_config_file_poll_wait_seconds=0.05,
-               file_system_poll_wait_seconds=0) as server:
+    with start(
+        model_config_file=str(config), model_config_file_poll_wait_seconds=0.05, file_system_poll_wait_seconds=0
+    ) as server:
         for kind, breaking in broken.items():
             caplog.clear()
             breaking()
-            keeps({"a folder": "is a folder", "a fifo": "not a regular file",
-                   "an unroutable name": "the model name 'b/c'"}[kind])
+            keeps(
+                {
+                    "a folder": "is a folder",
+                    "a fifo": "not a regular file",
+                    "an unroutable name": "the model name 'b/c'",
+                }[kind]
+            )
             assert sorted(server.managers) == ["a"], kind
         config.unlink()
         config.write_text(f"model_config_list {{ config {{ name: 'b' base_path: '{tmp_path / 'b'}' }} }}")

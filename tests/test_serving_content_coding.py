@@ -13,23 +13,34 @@ from torchestimator.serving.content_coding import BodyTooLarge, decode_content
 BODY = b'{"instances": [1.0, 2.0]}'
 
 
-@pytest.mark.parametrize("encoding, data", [
-    (None, BODY), ("", BODY), ("identity", BODY), ("gzip", gzip.compress(BODY)), ("x-gzip", gzip.compress(BODY)),
-    ("GZIP", gzip.compress(BODY)), ("deflate", zlib.compress(BODY)),
-    ("deflate, gzip", gzip.compress(zlib.compress(BODY))),  # applied in the order listed: undone last first
-])
+@pytest.mark.parametrize(
+    "encoding, data",
+    [
+        (None, BODY),
+        ("", BODY),
+        ("identity", BODY),
+        ("gzip", gzip.compress(BODY)),
+        ("x-gzip", gzip.compress(BODY)),
+        ("GZIP", gzip.compress(BODY)),
+        ("deflate", zlib.compress(BODY)),
+        ("deflate, gzip", gzip.compress(zlib.compress(BODY))),  # applied in the order listed: undone last first
+    ],
+)
 def test_supported_codings_decode(encoding, data):
     assert decode_content(data, encoding, limit=1000) == BODY
 
 
-@pytest.mark.parametrize("encoding, data, words", [
-    ("gzip", BODY, "not valid gzip data"),
-    ("deflate", BODY, "not valid deflate data"),
-    ("gzip", gzip.compress(BODY)[:-12], "truncated"),
-    ("gzip", gzip.compress(BODY) + b"tail", "4 bytes after the end"),
-    ("br", BODY, "'br' is not supported"),
-    ("gzip, compress", gzip.compress(BODY), "not supported"),
-])
+@pytest.mark.parametrize(
+    "encoding, data, words",
+    [
+        ("gzip", BODY, "not valid gzip data"),
+        ("deflate", BODY, "not valid deflate data"),
+        ("gzip", gzip.compress(BODY)[:-12], "truncated"),
+        ("gzip", gzip.compress(BODY) + b"tail", "4 bytes after the end"),
+        ("br", BODY, "'br' is not supported"),
+        ("gzip, compress", gzip.compress(BODY), "not supported"),
+    ],
+)
 def test_bodies_that_do_not_decode_are_invalid_arguments_saying_why(encoding, data, words):
     with pytest.raises(ServingError) as refused:
         decode_content(data, encoding, limit=1000)

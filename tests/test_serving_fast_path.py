@@ -7,14 +7,16 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-
 from conftest import exporting_model_fn, trained_classifier
+
 from torchestimator.export import PredictOutput, TensorSpec, export_saved_model, load, serving_input_receiver
 from torchestimator.export.loader import LiftedCall
 
-model_fn = exporting_model_fn(lambda logits, predictions: {
-    "probabilities": PredictOutput({"probabilities": predictions["probabilities"]}),
-})
+model_fn = exporting_model_fn(
+    lambda logits, predictions: {
+        "probabilities": PredictOutput({"probabilities": predictions["probabilities"]}),
+    }
+)
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +66,7 @@ class _Doubler(nn.Module):
 
 def test_recorded_size_ranges_are_enforced_with_a_message_naming_the_input():
     batch = torch.export.Dim("batch", min=2, max=8)
-    program = torch.export.export(_Doubler().eval(), ({"x": torch.randn(3, 4)},),
-                                  dynamic_shapes=({"x": {0: batch}},))
+    program = torch.export.export(_Doubler().eval(), ({"x": torch.randn(3, 4)},), dynamic_shapes=({"x": {0: batch}},))
     lifted = LiftedCall.build(program, ["x"])
     assert lifted is not None
     x = torch.randn(5, 4)

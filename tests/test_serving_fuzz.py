@@ -24,9 +24,13 @@ from torchestimator.serving.openapi import ERROR_STATUSES, openapi_document
 
 FUZZ_CASES = 400  # spread over 16 operations x 2 generation modes; about 10 s on 2 cores
 FUZZ_SEED = 20260
-TARGETED = settings(max_examples=300, derandomize=True, database=None, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                           HealthCheck.function_scoped_fixture])
+TARGETED = settings(
+    max_examples=300,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +63,7 @@ def assert_json_answer(response: requests.Response) -> object:
 
 
 # -- the OpenAPI document ---------------------------------------------------------------
+
 
 def test_openapi_document_describes_every_tf_serving_path_and_the_error_document():
     document = openapi_document(["half", "pair"])
@@ -124,11 +129,11 @@ def test_the_fuzz_script_reports_in_one_line_and_refuses_bad_arguments(fuzz_scri
 
 # -- schemathesis ------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_schemathesis_fuzz_gets_only_documented_json_answers_and_no_server_error(fuzz_script, server):
     base_url, _ = server
-    report = fuzz_script.fuzz(base_url, fuzz_script.MODEL_NAMES, examples=FUZZ_CASES, seed=FUZZ_SEED,
-                              max_seconds=120)
+    report = fuzz_script.fuzz(base_url, fuzz_script.MODEL_NAMES, examples=FUZZ_CASES, seed=FUZZ_SEED, max_seconds=120)
     assert not report.failures, "\n".join(report.failures[:10])
     assert not report.stopped_early
     assert report.cases >= FUZZ_CASES // 2, report.summary()
@@ -140,23 +145,32 @@ def test_schemathesis_fuzz_gets_only_documented_json_answers_and_no_server_error
 # -- hypothesis on :predict bodies -------------------------------------------------------
 
 FLOATS = st.floats(allow_nan=True, allow_infinity=True)
-HUGE_INTEGERS = st.integers(min_value=2 ** 62, max_value=2 ** 80)  # past int64 and uint64
+HUGE_INTEGERS = st.integers(min_value=2**62, max_value=2**80)  # past int64 and uint64
 SCALARS = st.none() | st.booleans() | st.integers() | HUGE_INTEGERS | FLOATS | st.text(max_size=8)
 B64 = st.fixed_dictionaries({"b64": st.text(max_size=12) | st.binary(max_size=8).map(lambda raw: raw.hex())})
-JSON_VALUES = st.recursive(SCALARS | B64, lambda children: st.lists(children, max_size=4) | st.dictionaries(
-    st.sampled_from(["x", "a", "b", "b64", "inputs", ""]) | st.text(max_size=4), children, max_size=3),
-    max_leaves=12)
+JSON_VALUES = st.recursive(
+    SCALARS | B64,
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(["x", "a", "b", "b64", "inputs", ""]) | st.text(max_size=4), children, max_size=3
+        )
+    ),
+    max_leaves=12,
+)
 # Number tensors of the right rank and wrong ones, and pair's rows and columns: these reach the models, not just
 # the parser (about one answer in eight is a 200).
-NUMBER_TENSORS = st.lists(FLOATS, min_size=1, max_size=4) | st.lists(
-    FLOATS | st.integers(-2 ** 70, 2 ** 70), min_size=1, max_size=4) | st.lists(
-    st.lists(FLOATS, min_size=0, max_size=3), min_size=1, max_size=3)
+NUMBER_TENSORS = (
+    st.lists(FLOATS, min_size=1, max_size=4)
+    | st.lists(FLOATS | st.integers(-(2**70), 2**70), min_size=1, max_size=4)
+    | st.lists(st.lists(FLOATS, min_size=0, max_size=3), min_size=1, max_size=3)
+)
 INDICES = st.integers(-6, 6) | st.integers() | FLOATS
 PAIR_A = st.lists(FLOATS, min_size=2, max_size=2) | st.lists(FLOATS, max_size=3)
-PAIR_ROWS = st.lists(st.fixed_dictionaries({"a": PAIR_A, "b": INDICES}),
-                     min_size=1, max_size=3)
-PAIR_COLUMNS = st.fixed_dictionaries({"a": st.lists(st.lists(FLOATS, min_size=2, max_size=2), max_size=3),
-                                      "b": st.lists(INDICES, max_size=3)})
+PAIR_ROWS = st.lists(st.fixed_dictionaries({"a": PAIR_A, "b": INDICES}), min_size=1, max_size=3)
+PAIR_COLUMNS = st.fixed_dictionaries(
+    {"a": st.lists(st.lists(FLOATS, min_size=2, max_size=2), max_size=3), "b": st.lists(INDICES, max_size=3)}
+)
 SIGNATURES = st.sampled_from(["serving_default", "regress_x_to_y", "classify_x_to_y", "nope"]) | JSON_VALUES
 BODIES = st.one_of(
     st.fixed_dictionaries({"instances": NUMBER_TENSORS | PAIR_ROWS}, optional={"signature_name": SIGNATURES}),
@@ -180,8 +194,10 @@ def test_random_predict_bodies_get_200_or_a_4xx_json_error(server, model, body):
 
 
 @TARGETED
-@given(x=st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=1, max_size=6),
-       row_format=st.booleans())
+@given(
+    x=st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=1, max_size=6),
+    row_format=st.booleans(),
+)
 def test_any_float32_list_is_predicted_exactly_as_half_x_plus_two(server, x, row_format):
     response = post(server, "/v1/models/half:predict", dumps({"instances" if row_format else "inputs": x}))
     document = assert_json_answer(response)

@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from conftest import make_estimator
 
 import torchestimator as te
-from conftest import make_estimator
 from torchestimator.data import FixedLenFeature
 from torchestimator.data.example import encode_example
 from torchestimator.export import (
@@ -54,11 +54,15 @@ def model_fn(model, features, labels, mode):
     if mode == te.ModeKeys.PREDICT:
         scores = torch.stack([y, 2 * y], dim=1)
         classes = torch.zeros_like(scores, dtype=torch.int64) + torch.arange(2)
-        return te.EstimatorSpec(mode, predictions={"y": y}, export_outputs={
-            "serving_default": PredictOutput({"y": y, "twice": 2 * y}),
-            "tensorflow/serving/regress": RegressionOutput(y),
-            "tensorflow/serving/classify": ClassificationOutput(scores=scores, classes=classes),
-        })
+        return te.EstimatorSpec(
+            mode,
+            predictions={"y": y},
+            export_outputs={
+                "serving_default": PredictOutput({"y": y, "twice": 2 * y}),
+                "tensorflow/serving/regress": RegressionOutput(y),
+                "tensorflow/serving/classify": ClassificationOutput(scores=scores, classes=classes),
+            },
+        )
     return te.EstimatorSpec(mode, predictions={"y": y}, loss=F.mse_loss(y, labels))
 
 
@@ -68,12 +72,17 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("grpc")
     x = np.arange(8, dtype=np.float32)
     train = te.numpy_input_fn({"x": x}, 0.5 * x + 3, batch_size=4, num_epochs=None, shuffle=False)
-    estimator = make_estimator(root / "model", model=HalfPlusThree,
-                               optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.0), model_fn=model_fn)
+    estimator = make_estimator(
+        root / "model",
+        model=HalfPlusThree,
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.0),
+        model_fn=model_fn,
+    )
     estimator.train(train, max_steps=1)
     receiver = serving_input_receiver(
         {"x": TensorSpec(shape=(None, 1)), "shift": TensorSpec(shape=(None,), dtype=torch.int64)},
-        receiver_fn=lambda tensors: {"x": tensors["x"][:, 0] + tensors["shift"].to(torch.float32)})
+        receiver_fn=lambda tensors: {"x": tensors["x"][:, 0] + tensors["shift"].to(torch.float32)},
+    )
     exported = export_saved_model(estimator, root / "exports", receiver)
     base = root / "half"
     for version in (1, 2):
@@ -81,10 +90,12 @@ def served(tmp_path_factory):
     parsing = build_parsing_serving_input_receiver({"x": FixedLenFeature([], "float32")})
     shutil.copytree(export_saved_model(estimator, root / "parsing", parsing), root / "parsed" / "1")
     config = root / "models.config"
-    config.write_text(f'model_config_list {{ config {{ name: "half" base_path: "{base}" '
-                      'model_version_policy { all {} } version_labels { key: "stable" value: 1 } '
-                      'version_labels { key: "canary" value: 2 } } '
-                      f'config {{ name: "parsed" base_path: "{root / "parsed"}" }} }}')
+    config.write_text(
+        f'model_config_list {{ config {{ name: "half" base_path: "{base}" '
+        'model_version_policy { all {} } version_labels { key: "stable" value: 1 } '
+        'version_labels { key: "canary" value: 2 } } '
+        f'config {{ name: "parsed" base_path: "{root / "parsed"}" }} }}'
+    )
     with start(model_config_file=str(config), grpc_port=0, file_system_poll_wait_seconds=0) as server:
         with grpc.insecure_channel(server.grpc_target) as channel:
             yield {"server": server, "predict": PredictionServiceStub(channel), "model": ModelServiceStub(channel)}
@@ -144,15 +155,21 @@ def test_output_filter_version_and_label_select_what_answers(served):
     assert stub.Predict(predict_request([[1.0]], [0], label="canary"), timeout=30).model_spec.version.value == 2
 
 
-@pytest.mark.parametrize("change, code, words", [
-    (dict(name="nope"), grpc.StatusCode.NOT_FOUND, "Servable not found for request: Latest(nope)"),
-    (dict(version=7), grpc.StatusCode.NOT_FOUND, "Servable not found for request: Specific(half, 7)"),
-    (dict(label="gone"), grpc.StatusCode.INVALID_ARGUMENT, "Unrecognized servable version label: gone"),
-    (dict(signature_name="nope"), grpc.StatusCode.INVALID_ARGUMENT, 'Serving signature name: "nope" not found'),
-    (dict(output_filter=["nope"]), grpc.StatusCode.INVALID_ARGUMENT, "output tensor alias not found in signature: "
-                                                                      "nope Outputs expected to be in the set {twice,y}"),
-    (dict(output_filter=["y", "y"]), grpc.StatusCode.INVALID_ARGUMENT, "duplicate output tensor alias: y"),
-])
+@pytest.mark.parametrize(
+    "change, code, words",
+    [
+        (dict(name="nope"), grpc.StatusCode.NOT_FOUND, "Servable not found for request: Latest(nope)"),
+        (dict(version=7), grpc.StatusCode.NOT_FOUND, "Servable not found for request: Specific(half, 7)"),
+        (dict(label="gone"), grpc.StatusCode.INVALID_ARGUMENT, "Unrecognized servable version label: gone"),
+        (dict(signature_name="nope"), grpc.StatusCode.INVALID_ARGUMENT, 'Serving signature name: "nope" not found'),
+        (
+            dict(output_filter=["nope"]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "output tensor alias not found in signature: nope Outputs expected to be in the set {twice,y}",
+        ),
+        (dict(output_filter=["y", "y"]), grpc.StatusCode.INVALID_ARGUMENT, "duplicate output tensor alias: y"),
+    ],
+)
 def test_predict_errors_carry_tf_serving_codes_and_words(served, change, code, words):
     found_code, details = grpc_error(served["predict"].Predict, predict_request([[1.0]], [0], **change))
     assert found_code == code and words in details
@@ -167,8 +184,10 @@ def test_bad_tensors_are_invalid_argument_naming_the_input(served):
     request = predict_request([[1.0], [2.0]], [0, 1])
     request.inputs["x"].float_val.append(3.0)  # 3 values for 2 elements
     code, details = grpc_error(stub.Predict, request)
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "input 'x': float_val holds 3 values; shape [2, 1] needs 2" \
-        in details
+    assert (
+        code == grpc.StatusCode.INVALID_ARGUMENT
+        and "input 'x': float_val holds 3 values; shape [2, 1] needs 2" in details
+    )
     request = predict_request([[1.0]], [0])
     del request.inputs["shift"]
     code, details = grpc_error(stub.Predict, request)
@@ -186,8 +205,10 @@ def test_garbage_bytes_are_invalid_argument(served):
         raw = channel.unary_unary("/tensorflow.serving.PredictionService/Predict")
         with pytest.raises(grpc.RpcError) as caught:
             raw(b"\xff\xff\xff", timeout=30)
-        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not a valid serialized" in \
-            caught.value.details()
+        assert (
+            caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            and "not a valid serialized" in caught.value.details()
+        )
         unknown = channel.unary_unary("/tensorflow.serving.PredictionService/MultiInference")
         with pytest.raises(grpc.RpcError) as caught:
             unknown(b"", timeout=30)
@@ -214,9 +235,11 @@ def test_classify_and_regress_take_examples_with_context_as_rest_does(served):
     examples_input(request, [{"x": [1.0]}, {"x": [5.0]}], context={"shift": [1]})
     response = stub.Regress(request, timeout=30)
     values = [regression.value for regression in response.result.regressions]
-    expected = rest(served["server"], "/v1/models/half:regress",
-                    {"signature_name": "tensorflow/serving/regress", "context": {"shift": 1},
-                     "examples": [{"x": 1.0}, {"x": 5.0}]})["results"]
+    expected = rest(
+        served["server"],
+        "/v1/models/half:regress",
+        {"signature_name": "tensorflow/serving/regress", "context": {"shift": 1}, "examples": [{"x": 1.0}, {"x": 5.0}]},
+    )["results"]
     assert values == expected == [4.0, 6.0]
     assert response.model_spec.signature_name == "tensorflow/serving/regress"
     request = protos.ClassificationRequest()
@@ -226,8 +249,9 @@ def test_classify_and_regress_take_examples_with_context_as_rest_does(served):
     examples_input(request, [{"x": [1.0], "shift": [0]}])
     response = stub.Classify(request, timeout=30)
     assert response.model_spec.version.value == 1
-    assert [[(c.label, c.score) for c in row.classes] for row in response.result.classifications] == \
-        [[("0", 3.5), ("1", 7.0)]]
+    assert [[(c.label, c.score) for c in row.classes] for row in response.result.classifications] == [
+        [("0", 3.5), ("1", 7.0)]
+    ]
     request.ClearField("input")
     code, details = grpc_error(stub.Classify, request)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "Input is empty" in details
@@ -243,12 +267,19 @@ def test_a_parsing_receiver_takes_examples_and_dt_string_tensors(served):
     request.model_spec.name = "parsed"
     request.model_spec.signature_name = "tensorflow/serving/classify"
     examples_input(request, [{"x": [1.0]}, {"x": [3.0]}])
-    rows = [[(c.label, c.score) for c in row.classes] for row in stub.Classify(request, timeout=30)
-            .result.classifications]
-    expected = rest(served["server"], "/v1/models/parsed:classify", {
-        "signature_name": "tensorflow/serving/classify", "examples": [{"x": 1.0}, {"x": 3.0}]})["results"]
-    assert rows == [[tuple(pair) for pair in row] for row in expected] == [[("0", 3.5), ("1", 7.0)],
-                                                                            [("0", 4.5), ("1", 9.0)]]
+    rows = [
+        [(c.label, c.score) for c in row.classes] for row in stub.Classify(request, timeout=30).result.classifications
+    ]
+    expected = rest(
+        served["server"],
+        "/v1/models/parsed:classify",
+        {"signature_name": "tensorflow/serving/classify", "examples": [{"x": 1.0}, {"x": 3.0}]},
+    )["results"]
+    assert (
+        rows
+        == [[tuple(pair) for pair in row] for row in expected]
+        == [[("0", 3.5), ("1", 7.0)], [("0", 4.5), ("1", 9.0)]]
+    )
     request = protos.PredictRequest()
     request.model_spec.name = "parsed"
     request.inputs["examples"].CopyFrom(make_tensor_proto([encode_example({"x": [x]}) for x in (1.0, 3.0)]))
@@ -256,8 +287,11 @@ def test_a_parsing_receiver_takes_examples_and_dt_string_tensors(served):
     assert tensor_proto_to_numpy(y).tolist() == [3.5, 4.5]
     request.inputs["examples"].CopyFrom(make_tensor_proto([encode_example({"x": [1.0]}), b"\xff\x01"]))
     code, details = grpc_error(stub.Predict, request)  # the decode step's error names the record
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "Could not parse example input" in details \
-        and "(record 1: not a valid serialized Example" in details, details
+    assert (
+        code == grpc.StatusCode.INVALID_ARGUMENT
+        and "Could not parse example input" in details
+        and "(record 1: not a valid serialized Example" in details
+    ), details
     request.inputs["examples"].CopyFrom(make_tensor_proto(np.ones(2, np.float32)))
     code, details = grpc_error(stub.Predict, request)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "to be string but float is provided" in details
@@ -272,9 +306,14 @@ def test_predict_on_a_classify_signature_takes_tfs_input_name_inputs(served):
     outputs = served["predict"].Predict(request, timeout=30).outputs
     assert tensor_proto_to_numpy(outputs["scores"]).tolist() == [[3.5, 7.0], [4.5, 9.0]]
     serialized = [{"b64": base64.b64encode(encode_example({"x": [x]})).decode()} for x in (1.0, 3.0)]
-    assert rest(served["server"], "/v1/models/parsed:predict", {  # REST's named form, as TF's
-        "signature_name": "tensorflow/serving/classify", "inputs": {"inputs": serialized}})["outputs"]["scores"] \
-        == [[3.5, 7.0], [4.5, 9.0]]
+    assert rest(
+        served["server"],
+        "/v1/models/parsed:predict",
+        {  # REST's named form, as TF's
+            "signature_name": "tensorflow/serving/classify",
+            "inputs": {"inputs": serialized},
+        },
+    )["outputs"]["scores"] == [[3.5, 7.0], [4.5, 9.0]]
     with urllib.request.urlopen(served["server"].url + "/v1/models/parsed/metadata", timeout=30) as page:
         definitions = json.loads(page.read())["metadata"]["signature_def"]["signature_def"]
     assert [list(definitions[name]["inputs"]) for name in sorted(definitions)] == [["examples"], ["inputs"], ["inputs"]]
@@ -283,8 +322,11 @@ def test_predict_on_a_classify_signature_takes_tfs_input_name_inputs(served):
     assert tensor_proto_to_numpy(outputs["outputs"]).tolist() == [3.5, 4.5]
     request.inputs["examples"].CopyFrom(request.inputs.pop("inputs"))
     code, details = grpc_error(served["predict"].Predict, request)  # TF Serving refuses it too
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "Sent extra: ['examples']" in details \
-        and "Missing but required: ['inputs']" in details, details
+    assert (
+        code == grpc.StatusCode.INVALID_ARGUMENT
+        and "Sent extra: ['examples']" in details
+        and "Missing but required: ['inputs']" in details
+    ), details
 
 
 # -- GetModelMetadata and GetModelStatus --------------------------------------------------------
@@ -306,13 +348,17 @@ def test_metadata_packs_the_signature_def_map_as_tf_serving(served):
     # Classify over tensor inputs (beyond TF) keeps the receiver's names.
     assert sorted(signatures["tensorflow/serving/classify"].inputs) == ["shift", "x"]
     request.model_spec.name = "parsed"
-    parsed = protos.SignatureDefMap.FromString(served["predict"].GetModelMetadata(request, timeout=30)
-                                               .metadata["signature_def"].value).signature_def
-    assert {name: {key: (info.name, info.dtype) for key, info in definition.inputs.items()}
-            for name, definition in parsed.items()} == {
+    parsed = protos.SignatureDefMap.FromString(
+        served["predict"].GetModelMetadata(request, timeout=30).metadata["signature_def"].value
+    ).signature_def
+    assert {
+        name: {key: (info.name, info.dtype) for key, info in definition.inputs.items()}
+        for name, definition in parsed.items()
+    } == {
         "serving_default": {"examples": ("examples", DATA_TYPES["DT_STRING"])},
         "tensorflow/serving/classify": {"inputs": ("examples", DATA_TYPES["DT_STRING"])},
-        "tensorflow/serving/regress": {"inputs": ("examples", DATA_TYPES["DT_STRING"])}}
+        "tensorflow/serving/regress": {"inputs": ("examples", DATA_TYPES["DT_STRING"])},
+    }
     request.model_spec.name = "half"
     request.metadata_field[:] = ["nope"]
     code, details = grpc_error(served["predict"].GetModelMetadata, request)
@@ -325,8 +371,10 @@ def test_model_status_lists_versions_and_errors_as_tf(served):
     statuses = served["model"].GetModelStatus(request, timeout=30).model_version_status
     assert [(status.version, status.state, status.status.error_code) for status in statuses] == [(1, 30, 0), (2, 30, 0)]
     request.model_spec.version.value = 9
-    assert grpc_error(served["model"].GetModelStatus, request) == (grpc.StatusCode.NOT_FOUND,
-                                                                   "Could not find version 9 of model half")
+    assert grpc_error(served["model"].GetModelStatus, request) == (
+        grpc.StatusCode.NOT_FOUND,
+        "Could not find version 9 of model half",
+    )
     request.model_spec.name = "nope"
     assert grpc_error(served["model"].GetModelStatus, request)[0] == grpc.StatusCode.NOT_FOUND
 
@@ -347,14 +395,36 @@ def test_grpc_requests_are_counted_in_the_metrics_with_entrypoint_grpc(served):
 # -- TensorProto conversion ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int16, np.int8, np.uint8, np.uint16,
-                                   np.int64, np.bool_, np.float16, np.uint32, np.uint64, np.complex64])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        np.float32,
+        np.float64,
+        np.int32,
+        np.int16,
+        np.int8,
+        np.uint8,
+        np.uint16,
+        np.int64,
+        np.bool_,
+        np.float16,
+        np.uint32,
+        np.uint64,
+        np.complex64,
+    ],
+)
 def test_tensor_proto_round_trips_every_dtype_both_ways(dtype):
-    array = (np.arange(6).reshape(2, 3) % 3 == 1) if dtype is np.bool_ else \
-        (np.arange(6).reshape(2, 3) * (1 + 1j) if dtype is np.complex64 else np.arange(6).reshape(2, 3)).astype(dtype)
+    array = (
+        (np.arange(6).reshape(2, 3) % 3 == 1)
+        if dtype is np.bool_
+        else (np.arange(6).reshape(2, 3) * (1 + 1j) if dtype is np.complex64 else np.arange(6).reshape(2, 3)).astype(
+            dtype
+        )
+    )
     for content in (False, True):
-        back = tensor_proto_to_numpy(protos.TensorProto.FromString(
-            make_tensor_proto(array, tensor_content=content).SerializeToString()))
+        back = tensor_proto_to_numpy(
+            protos.TensorProto.FromString(make_tensor_proto(array, tensor_content=content).SerializeToString())
+        )
         assert back.dtype == array.dtype and back.shape == (2, 3) and np.array_equal(back, array)
 
 
@@ -401,16 +471,18 @@ def test_batching_serves_grpc_and_rest_requests_in_the_same_batches(served, tmp_
 
             def one(index):
                 if index % 2:
-                    return rest(server, "/v1/models/half:predict",
-                                {"inputs": {"x": [[float(index)]], "shift": [0]}})["outputs"]["y"]
+                    return rest(server, "/v1/models/half:predict", {"inputs": {"x": [[float(index)]], "shift": [0]}})[
+                        "outputs"
+                    ]["y"]
                 return list(stub.Predict(predict_request([[float(index)]], [0]), timeout=30).outputs["y"].float_val)
 
             with concurrent.futures.ThreadPoolExecutor(6) as pool:
                 answers = list(pool.map(one, range(6)))
         assert answers == [[0.5 * index + 3] for index in range(6)]
         batches = request_core_of_server(server).metrics.value(
-            ":tensorflow:serving:batching:batch_size_count", {"model_name": "model_name_unset",
-                                                              "op_name": "torchestimator_batcher"})
+            ":tensorflow:serving:batching:batch_size_count",
+            {"model_name": "model_name_unset", "op_name": "torchestimator_batcher"},
+        )
         assert batches is not None and 1 <= batches < 6  # some requests shared a batch
 
 
@@ -436,8 +508,22 @@ def test_the_cli_serves_grpc_on_port_and_refuses_a_busy_one_in_one_line(served):
 
     base = served["server"].managers["half"].base_path
     port = free_port()
-    command = [sys.executable, "-m", "torchestimator.cli", "serve", "--model_name", "half", "--model_base_path",
-               base, "--rest_api_port", "0", "--port", str(port), "--file_system_poll_wait_seconds", "0"]
+    command = [
+        sys.executable,
+        "-m",
+        "torchestimator.cli",
+        "serve",
+        "--model_name",
+        "half",
+        "--model_base_path",
+        base,
+        "--rest_api_port",
+        "0",
+        "--port",
+        str(port),
+        "--file_system_poll_wait_seconds",
+        "0",
+    ]
     environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=environment)
     try:
@@ -448,8 +534,11 @@ def test_the_cli_serves_grpc_on_port_and_refuses_a_busy_one_in_one_line(served):
         assert list(response.outputs["y"].float_val) == [3.5]
         busy = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=120)
         assert busy.returncode == 2
-        assert busy.stderr.strip().splitlines()[-1].startswith(
-            f"torchestimator serve: error: cannot listen for gRPC on 127.0.0.1:{port}: the port is in use"), busy.stderr
+        assert (
+            busy.stderr.strip()
+            .splitlines()[-1]
+            .startswith(f"torchestimator serve: error: cannot listen for gRPC on 127.0.0.1:{port}: the port is in use")
+        ), busy.stderr
         assert busy.stderr.strip().endswith("choose another --port.")
     finally:
         server.terminate()
@@ -482,7 +571,8 @@ def test_an_image_client_over_grpc_gets_the_classes_estimator_predict_gives(tmp_
     for index in range(6):
         buffer = io.BytesIO()
         Image.fromarray(generator.integers(0, 256, (10, 10), dtype=np.uint8)).save(
-            buffer, format="PNG" if index % 2 else "JPEG", quality=95)
+            buffer, format="PNG" if index % 2 else "JPEG", quality=95
+        )
         encoded.append(buffer.getvalue())
     decoding = ImageDecoding(size=(8, 8), channels=1, layout="CHW", scale=1 / 255)
 
@@ -493,12 +583,15 @@ def test_an_image_client_over_grpc_gets_the_classes_estimator_predict_gives(tmp_
             return te.EstimatorSpec(mode, predictions=predictions)
         return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels))
 
-    estimator = make_estimator(tmp_path / "model", model=lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 5)),
-                               model_fn=image_model_fn)
+    estimator = make_estimator(
+        tmp_path / "model", model=lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 5)), model_fn=image_model_fn
+    )
     images = decoding.decode_batch(encoded)
     # Trained until it tells the six images apart (3 classes), so a wrong decode cannot match by chance.
-    estimator.train(te.numpy_input_fn({"image": images}, np.arange(6) % 3, batch_size=6, num_epochs=None,
-                                      shuffle=False), max_steps=60)
+    estimator.train(
+        te.numpy_input_fn({"image": images}, np.arange(6) % 3, batch_size=6, num_epochs=None, shuffle=False),
+        max_steps=60,
+    )
     expected = [row["class"] for row in estimator.predict(te.numpy_input_fn({"image": images}, shuffle=False))]
     estimator.export_saved_model(str(tmp_path / "images"), build_image_serving_input_receiver(decoding))
     with start("images", tmp_path / "images", grpc_port=0, file_system_poll_wait_seconds=0) as server:
@@ -550,8 +643,15 @@ def test_stopping_the_server_answers_the_calls_in_flight_first(served):
     base = served["server"].managers["half"].base_path
     # A batch waits 2 s for company: long enough to stop the server while both requests are queued in it.
     batching = BatchingParameters(max_batch_size=64, batch_timeout_micros=2_000_000)
-    app = build_app(ServerSettings(model_name="half", model_base_path=base, batching=batching,
-                                   file_system_poll_wait_seconds=0, inline_forward_micros=0))
+    app = build_app(
+        ServerSettings(
+            model_name="half",
+            model_base_path=base,
+            batching=batching,
+            file_system_poll_wait_seconds=0,
+            inline_forward_micros=0,
+        )
+    )
     listening, ports = threading.Event(), {}
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
@@ -560,18 +660,20 @@ def test_stopping_the_server_answers_the_calls_in_flight_first(served):
         ports["rest"], ports["grpc"] = port, grpc_port_of(app)
         listening.set()
 
-    thread = threading.Thread(target=loop.run_until_complete,
-                              args=(_serve_forever(app, "127.0.0.1", 0, on_listening, 0, stop),))
+    thread = threading.Thread(
+        target=loop.run_until_complete, args=(_serve_forever(app, "127.0.0.1", 0, on_listening, 0, stop),)
+    )
     thread.start()
     try:
         assert listening.wait(60)
         scheduler = request_core_of(app).scheduler
-        with grpc.insecure_channel(f"127.0.0.1:{ports['grpc']}") as channel, \
-                concurrent.futures.ThreadPoolExecutor(2) as pool:
+        with (
+            grpc.insecure_channel(f"127.0.0.1:{ports['grpc']}") as channel,
+            concurrent.futures.ThreadPoolExecutor(2) as pool,
+        ):
             call = PredictionServiceStub(channel).Predict.future(predict_request([[2.0]], [1]), timeout=60)
             server = type("Server", (), {"url": f"http://127.0.0.1:{ports['rest']}"})()
-            answer = pool.submit(rest, server, "/v1/models/half:predict",
-                                 {"inputs": {"x": [[4.0]], "shift": [0]}})
+            answer = pool.submit(rest, server, "/v1/models/half:predict", {"inputs": {"x": [[4.0]], "shift": [0]}})
             deadline = time.monotonic() + 30
             while scheduler.num_enqueued_tasks < 2:  # both requests wait in the open batch
                 assert time.monotonic() < deadline, "the requests never reached the batch queue"

@@ -13,8 +13,8 @@ import weakref
 
 import pytest
 import torch
-
 from conftest import exporting_model_fn, trained_classifier
+
 from torchestimator.export import RegressionOutput, TensorSpec, export_saved_model, serving_input_receiver
 from torchestimator.serving import ModelManager, start
 from torchestimator.serving.heap import _LOOK_AT_POLLS, FrozenHeap
@@ -97,8 +97,9 @@ def test_a_model_held_past_the_last_look_is_given_up_with_a_warning(tmp_path, ca
             heap.settle(served(manager))
     assert heap.retired_count == 0  # no more full collections for it
     assert kept.version == 1
-    assert any("still referenced" in record.getMessage() and record.getMessage().startswith("m:")
-               for record in caplog.records)
+    assert any(
+        "still referenced" in record.getMessage() and record.getMessage().startswith("m:") for record in caplog.records
+    )
 
 
 def test_an_unchanged_poll_collects_nothing(tmp_path, monkeypatch):
@@ -139,7 +140,7 @@ def test_a_swapped_out_exported_program_is_freed(tmp_path):
 
 
 def test_serve_freezes_its_models_before_the_first_request_and_start_does_not(tmp_path):
-    estimator, x = trained_classifier(tmp_path / "model", model_fn, steps=2)
+    estimator, _x = trained_classifier(tmp_path / "model", model_fn, steps=2)
     receiver = serving_input_receiver({"x": TensorSpec(shape=(None, 8), dtype=torch.float32)})
     exported = export_saved_model(estimator, tmp_path / "export", receiver)
     shutil.copytree(exported, tmp_path / "base" / "1")
@@ -153,8 +154,13 @@ def test_serve_freezes_its_models_before_the_first_request_and_start_does_not(tm
 
         serve("m", {str(tmp_path / "base")!r}, port=0, on_listening=listening, file_system_poll_wait_seconds=0)
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert result.returncode == 0, result.stderr
     frozen = int(result.stdout.split("frozen", 1)[1].split()[0])
     assert frozen > 10_000, result.stdout  # the exported program's objects, and everything imported before

@@ -12,8 +12,8 @@ import time
 import urllib.request
 
 import pytest
-
 from conftest import exporting_model_fn, trained_classifier
+
 from torchestimator.errors import ConfigError
 from torchestimator.export import ExportedModel, TensorSpec, export_saved_model, serving_input_receiver
 from torchestimator.serving import ModelManager, make_app
@@ -183,15 +183,24 @@ def test_a_model_with_a_free_size_past_the_batch_keeps_the_worker_threads(tmp_pa
         value = model(features["x"])
         predictions = {"mean": value}
         if mode == te.ModeKeys.PREDICT:
-            return te.EstimatorSpec(mode, predictions=predictions,
-                                    export_outputs={"serving_default": PredictOutput(predictions)})
+            return te.EstimatorSpec(
+                mode, predictions=predictions, export_outputs={"serving_default": PredictOutput(predictions)}
+            )
         return te.EstimatorSpec(mode, loss=(value - labels).square().mean())
 
-    estimator = te.Estimator(model_fn=row_model_fn, model=MeanOfRow, model_dir=str(tmp_path / "model"),
-                             optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.0),
-                             config=te.RunConfig(log_step_count_steps=None, progress_bar=False))
-    estimator.train(te.numpy_input_fn({"x": np.ones((4, 3), np.float32)}, np.ones(4, np.float32), batch_size=2,
-                                      num_epochs=None, shuffle=False), max_steps=1)
+    estimator = te.Estimator(
+        model_fn=row_model_fn,
+        model=MeanOfRow,
+        model_dir=str(tmp_path / "model"),
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.0),
+        config=te.RunConfig(log_step_count_steps=None, progress_bar=False),
+    )
+    estimator.train(
+        te.numpy_input_fn(
+            {"x": np.ones((4, 3), np.float32)}, np.ones(4, np.float32), batch_size=2, num_epochs=None, shuffle=False
+        ),
+        max_steps=1,
+    )
     export_saved_model(estimator, tmp_path / "export", serving_input_receiver({"x": TensorSpec(shape=(None, None))}))
     manager = polled(tmp_path / "export")
     assert math.isinf(manager.forward_seconds(manager.served_versions[0]))
@@ -269,7 +278,7 @@ def test_answers_are_encoded_by_orjson_with_json_values_and_tf_tokens_for_non_fi
     from torchestimator.serving.json_tensor import predict_response, predict_response_bytes
 
     rows = np.random.default_rng(0).standard_normal((3, 10)).astype(np.float32) * 1e-5
-    outputs = {"p": rows, "class": np.array([1, 2, 2 ** 40])}
+    outputs = {"p": rows, "class": np.array([1, 2, 2**40])}
     encoded = predict_response_bytes(outputs, row_format=True)
     assert json.loads(encoded) == predict_response(outputs, row_format=True)  # the very same float64 values
     if importlib.util.find_spec("orjson") is not None:

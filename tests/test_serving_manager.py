@@ -7,8 +7,8 @@ import threading
 import time
 
 import pytest
-
 from conftest import wait_until
+
 from torchestimator.serving import ServingError
 from torchestimator.serving.config import ModelConfig, VersionPolicy
 from torchestimator.serving.manager import ModelManager
@@ -68,6 +68,7 @@ def error_of(call, *arguments, **keywords) -> ServingError:
 
 # -- policies -----------------------------------------------------------------------------------------
 
+
 def test_default_policy_serves_the_highest_version_and_swaps_to_a_new_one(tmp_path):
     manager, loader = manager_for(tmp_path, 1, 2)
     assert manager.poll() and manager.served_versions == [2] and manager.served_version == 2
@@ -115,6 +116,7 @@ def test_nothing_on_disk_or_nothing_aspired_keeps_serving(tmp_path):
 
 
 # -- availability: a failed or slow load never takes the model down ------------------------------------
+
 
 def test_a_broken_version_keeps_the_old_one_until_repaired(tmp_path):
     manager, loader = manager_for(tmp_path, 1)
@@ -191,6 +193,7 @@ def test_readers_never_see_an_empty_model_during_many_swaps(tmp_path):
 
 # -- resolve and statuses: TF's codes and wording ------------------------------------------------------
 
+
 def test_resolve_errors_use_tf_wording(tmp_path):
     manager, _ = manager_for(tmp_path)
     nothing = error_of(manager.resolve)
@@ -202,11 +205,16 @@ def test_resolve_errors_use_tf_wording(tmp_path):
     assert (unknown.code, unknown.message) == ("NOT_FOUND", "Servable not found for request: Specific(m, 7)")
     both = error_of(manager.resolve, 1, "stable")
     assert (both.code, both.message) == (
-        "INVALID_ARGUMENT", "Both model version (1) and model version label (stable) cannot be supplied.")
+        "INVALID_ARGUMENT",
+        "Both model version (1) and model version label (stable) cannot be supplied.",
+    )
     label = error_of(manager.resolve, label="stable")
     # ServerCore::GetModelVersionForLabel answers INVALID_ARGUMENT (REST 400) for an unknown label.
     assert (label.code, label.message, label.http_status) == (
-        "INVALID_ARGUMENT", "Unrecognized servable version label: stable", 400)
+        "INVALID_ARGUMENT",
+        "Unrecognized servable version label: stable",
+        400,
+    )
 
 
 def test_a_label_on_a_version_that_is_not_loaded_is_not_found_naming_label_version_and_state(tmp_path):
@@ -237,6 +245,7 @@ def test_statuses_filter_and_errors_follow_get_model_status(tmp_path):
 
 # -- labels and config reloads ------------------------------------------------------------------------
 
+
 def test_labels_point_only_at_loaded_versions_unless_allowed_for_new_labels(tmp_path):
     manager, _ = manager_for(tmp_path, 1, 2, version_policy=VersionPolicy(kind="all"))
     manager.poll()
@@ -260,15 +269,21 @@ def test_apply_config_changes_policy_then_checks_labels_after_its_poll(tmp_path)
     manager, _ = manager_for(tmp_path, 1, 2)
     manager.poll()
     assert manager.served_versions == [2]
-    config = ModelConfig(name="m", base_path=str(tmp_path / "base"),
-                         version_policy=VersionPolicy(kind="specific", versions=(1, 2)),
-                         version_labels={"stable": 1, "canary": 2})
+    config = ModelConfig(
+        name="m",
+        base_path=str(tmp_path / "base"),
+        version_policy=VersionPolicy(kind="specific", versions=(1, 2)),
+        version_labels={"stable": 1, "canary": 2},
+    )
     assert manager.apply_config(config)  # version 1 loads in this poll, so its label is accepted
     assert manager.served_versions == [1, 2] and manager.version_labels == {"stable": 1, "canary": 2}
     assert manager.version_policy == config.version_policy
-    rollback = ModelConfig(name="m", base_path=str(tmp_path / "base"),
-                           version_policy=VersionPolicy(kind="specific", versions=(1,)),
-                           version_labels={"stable": 1, "canary": 2})
+    rollback = ModelConfig(
+        name="m",
+        base_path=str(tmp_path / "base"),
+        version_policy=VersionPolicy(kind="specific", versions=(1,)),
+        version_labels={"stable": 1, "canary": 2},
+    )
     with pytest.raises(ValueError, match="version 2 of model m"):
         manager.apply_config(rollback)  # 2 was unloaded by this very reload
     assert manager.served_versions == [1] and manager.version_labels == {"stable": 1, "canary": 2}

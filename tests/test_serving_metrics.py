@@ -31,8 +31,10 @@ def samples(family, name: str) -> dict:
 def test_names_follow_tf_prometheus_exporter():
     # The default path, /monitoring/prometheus/metrics, is fetched from a running server in test_serving_server.
     assert prometheus_name("/tensorflow/serving/request_count") == REQUEST_COUNT
-    assert prometheus_name("/tensorflow/serving/batching/padding_size_v2") == \
-        ":tensorflow:serving:batching:padding_size_v2"
+    assert (
+        prometheus_name("/tensorflow/serving/batching/padding_size_v2")
+        == ":tensorflow:serving:batching:padding_size_v2"
+    )
     assert prometheus_name("9lives/x") == "_9lives:x"  # a leading digit gets an underscore, as TF does
 
 
@@ -59,8 +61,8 @@ def test_request_count_moves_per_model_and_status_and_is_exposed_as_tf_writes_it
 
 def test_latency_is_a_microsecond_histogram_of_successful_requests_only():
     metrics = ServingMetrics()
-    metrics.observe_request("mlp", "Predict", "OK", 0.0001)   # 100 us
-    metrics.observe_request("mlp", "Predict", "OK", 0.004)    # 4000 us
+    metrics.observe_request("mlp", "Predict", "OK", 0.0001)  # 100 us
+    metrics.observe_request("mlp", "Predict", "OK", 0.004)  # 4000 us
     metrics.observe_request("mlp", "Predict", "INVALID_ARGUMENT", 9.0)  # TF records latency only when OK
     latency = families(metrics)[LATENCY]
     assert latency.type == "histogram"
@@ -77,11 +79,14 @@ def test_the_latency_page_has_tfs_exponential_buckets():
     """TF's request_latency buckets: 33 limits of 10 * 1.8**i microseconds (ExponentialBuckets(10, 1.8, 33)), +Inf."""
     metrics = ServingMetrics()
     metrics.observe_request("mlp", "Predict", "OK", 0.001)
-    limits = [float(sample.labels["le"]) for sample in families(metrics)[LATENCY].samples
-              if sample.name == LATENCY + "_bucket"]
+    limits = [
+        float(sample.labels["le"])
+        for sample in families(metrics)[LATENCY].samples
+        if sample.name == LATENCY + "_bucket"
+    ]
     assert limits[-1] == math.inf
-    assert limits[:-1] == pytest.approx([10 * 1.8 ** index for index in range(33)], rel=1e-5)  # the page rounds
-    assert exponential_buckets(1, 2, 15) == pytest.approx([2.0 ** index for index in range(15)])
+    assert limits[:-1] == pytest.approx([10 * 1.8**index for index in range(33)], rel=1e-5)  # the page rounds
+    assert exponential_buckets(1, 2, 15) == pytest.approx([2.0**index for index in range(15)])
 
 
 def test_example_counts_and_total_use_tf_label_model():
@@ -114,12 +119,17 @@ def test_batches_record_real_size_processed_size_and_padding():
     padding_name = ":tensorflow:serving:batching:padding_size_v2"
     padding = samples(parsed[padding_name], padding_name + "_sum")
     assert padding[(("execution_batch_size", "8"), ("model_name", "mlp"), ("op_name", "torchestimator_batcher"))] == 3
-    padding_buckets = {sample.labels["le"]: sample.value for sample in parsed[padding_name].samples
-                       if sample.name == padding_name + "_bucket" and sample.labels["execution_batch_size"] == "8"}
+    padding_buckets = {
+        sample.labels["le"]: sample.value
+        for sample in parsed[padding_name].samples
+        if sample.name == padding_name + "_bucket" and sample.labels["execution_batch_size"] == "8"
+    }
     assert (padding_buckets["0.666667"], padding_buckets["2.66667"], padding_buckets["+Inf"]) == (1.0, 1.0, 2.0)
     size_name = ":tensorflow:serving:batching:batch_size"
-    assert samples(parsed[size_name], size_name + "_sum")[(("model_name", "mlp"), ("op_name",
-                                                                                   "torchestimator_batcher"))] == 13
+    assert (
+        samples(parsed[size_name], size_name + "_sum")[(("model_name", "mlp"), ("op_name", "torchestimator_batcher"))]
+        == 13
+    )
     with pytest.raises(ValueError, match="real_size <= padded_size"):
         metrics.observe_batch("mlp", real_size=9, padded_size=8)
 

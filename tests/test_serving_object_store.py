@@ -12,9 +12,9 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from conftest import input_fns, make_estimator, wait_until
 from object_stores import upload_version
+
 from torchestimator._io import filesystems
 from torchestimator.errors import ConfigError
 from torchestimator.export import TensorSpec, _store_versions, export_saved_model, load, serving_input_receiver
@@ -68,8 +68,9 @@ def test_an_incomplete_version_is_waited_for_silently_then_served(exports, s3_bu
     for _ in range(2):
         assert not manager.poll()
     assert manager.served_versions == [100] and answers(manager, exports) == "old" and problems(caplog) == []
-    filesystems.write_bytes(f"{base}/200/metadata.json",
-                            open(os.path.join(exports["folders"]["new"], "metadata.json"), "rb").read())
+    filesystems.write_bytes(
+        f"{base}/200/metadata.json", open(os.path.join(exports["folders"]["new"], "metadata.json"), "rb").read()
+    )
     assert manager.poll() and manager.served_versions == [200] and answers(manager, exports) == "new"
     assert not os.path.exists(_store_versions.cache_folder(f"{base}/100"))  # unloaded: its copy goes too
 
@@ -94,8 +95,7 @@ def test_a_damaged_version_is_refused_once_and_the_old_one_keeps_serving(exports
     assert manager.poll() and manager.served_versions == [300] and answers(manager, exports) == "new"
 
 
-def test_an_unreachable_store_is_logged_once_and_the_served_version_answers(exports, s3_bucket, caplog,
-                                                                           monkeypatch):
+def test_an_unreachable_store_is_logged_once_and_the_served_version_answers(exports, s3_bucket, caplog, monkeypatch):
     base = f"{s3_bucket}/models/m"
     upload(exports["folders"]["old"], f"{base}/100")
     manager = ModelManager("m", base)
@@ -125,12 +125,14 @@ def test_a_running_server_picks_up_a_new_complete_version(exports, s3_bucket, tm
     config.write_text(f'model_config_list {{ config {{ name: "m" base_path: "{base}" }} }}')
     with start(model_config_file=str(config), file_system_poll_wait_seconds=0.05) as server:
         client = Client(server.url, "m")
-        np.testing.assert_allclose(client.predict({"x": exports["x"]}, columnar=True)["probabilities"],
-                                   exports["expected"]["old"], rtol=1e-6)
+        np.testing.assert_allclose(
+            client.predict({"x": exports["x"]}, columnar=True)["probabilities"], exports["expected"]["old"], rtol=1e-6
+        )
         upload(exports["folders"]["new"], f"{base}/200")
         wait_until(lambda: server.managers["m"].served_versions == [200], what="version 200 served")
-        np.testing.assert_allclose(client.predict({"x": exports["x"]}, columnar=True)["probabilities"],
-                                   exports["expected"]["new"], rtol=1e-6)
+        np.testing.assert_allclose(
+            client.predict({"x": exports["x"]}, columnar=True)["probabilities"], exports["expected"]["new"], rtol=1e-6
+        )
 
 
 def test_a_base_path_of_a_scheme_we_do_not_read_is_refused():
@@ -142,10 +144,25 @@ def test_torchestimator_serve_answers_rest_from_s3(exports, s3_bucket):
     """A real `torchestimator serve` process, reaching the S3 server through AWS_ENDPOINT_URL as a user's would."""
     base = f"{s3_bucket}/models/m"
     upload(exports["folders"]["new"], f"{base}/5")
-    command = [sys.executable, "-m", "torchestimator.cli", "serve", "--model_name", "m", "--model_base_path", base,
-               "--rest_api_port", "0"]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    command = [
+        sys.executable,
+        "-m",
+        "torchestimator.cli",
+        "serve",
+        "--model_name",
+        "m",
+        "--model_base_path",
+        base,
+        "--rest_api_port",
+        "0",
+    ]
+    server = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         line = server.stdout.readline()  # the announce line; "" if the server died first
         assert line.startswith("serving m (version 5 AVAILABLE) at http://127.0.0.1:"), line

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import shutil
@@ -12,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from aiohttp.test_utils import TestClient, TestServer
+from conftest import input_fns, make_estimator, wait_until
 
 import torchestimator as te
-from conftest import input_fns, make_estimator, wait_until
 from torchestimator.export import PredictOutput, TensorSpec, export_saved_model, load, serving_input_receiver
 from torchestimator.serving import ModelManager, make_app
 from torchestimator.serving.config import ModelConfig, VersionPolicy
@@ -29,10 +30,12 @@ def model_fn(model, features, labels, mode):
     logits = model(features["x"])
     probabilities = logits.softmax(-1)
     if mode == te.ModeKeys.PREDICT:
-        return te.EstimatorSpec(mode, predictions={"probabilities": probabilities},
-                                export_outputs={"serving_default": PredictOutput({"probabilities": probabilities})})
-    return te.EstimatorSpec(mode, predictions={"probabilities": probabilities},
-                            loss=F.cross_entropy(logits, labels))
+        return te.EstimatorSpec(
+            mode,
+            predictions={"probabilities": probabilities},
+            export_outputs={"serving_default": PredictOutput({"probabilities": probabilities})},
+        )
+    return te.EstimatorSpec(mode, predictions={"probabilities": probabilities}, loss=F.cross_entropy(logits, labels))
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +63,9 @@ def publish(exports, base, version):
 
 
 def version_answering(predictions, expected) -> int:
-    matches = [version for version, outputs in expected.items()
-               if np.allclose(predictions, outputs, rtol=1e-5, atol=1e-6)]
+    matches = [
+        version for version, outputs in expected.items() if np.allclose(predictions, outputs, rtol=1e-5, atol=1e-6)
+    ]
     assert len(matches) == 1, (predictions, matches)
     return matches[0]
 
@@ -78,7 +82,7 @@ def test_no_request_fails_while_versions_are_swapped_under_load(versions, tmp_pa
     def swap_all() -> list[int]:
         """Publishes each new version, polls, and deletes the old folder once it is unloaded."""
         unloaded = []
-        for previous, version in zip(VERSIONS, VERSIONS[1:]):
+        for previous, version in itertools.pairwise(VERSIONS):
             # Each client has at most one request in flight, so CLIENTS + 1 more answers include one that
             # was sent after `previous` became the served version: every version answers some traffic.
             enough = len(answers) + CLIENTS + 1
@@ -92,6 +96,7 @@ def test_no_request_fails_while_versions_are_swapped_under_load(versions, tmp_pa
     async def main():
         done = asyncio.Event()
         async with TestClient(TestServer(make_app(manager))) as client:
+
             async def hammer():
                 while len(answers) < 5000:
                     after_swaps = done.is_set()
@@ -112,18 +117,23 @@ def test_no_request_fails_while_versions_are_swapped_under_load(versions, tmp_pa
     unloaded = asyncio.run(main())
     failed = [(status, text) for status, text, _ in answers if status != 200]
     assert failed == []
-    answered = [(version_answering(json.loads(text)["predictions"], versions["expected"]), after_swaps)
-                for _, text, after_swaps in answers]
+    answered = [
+        (version_answering(json.loads(text)["predictions"], versions["expected"]), after_swaps)
+        for _, text, after_swaps in answers
+    ]
     assert {version for version, _ in answered} == set(VERSIONS)  # the swaps happened under traffic
     final = [version for version, after_swaps in answered if after_swaps]
     assert final == [VERSIONS[-1]] * CLIENTS and manager.served_version == VERSIONS[-1]
     assert unloaded == list(VERSIONS[:-1]) and os.listdir(base) == [str(VERSIONS[-1])]
     assert {status.version: status.state for status in manager.statuses()} == {
-        **{version: "END" for version in VERSIONS[:-1]}, VERSIONS[-1]: "AVAILABLE"}
+        **dict.fromkeys(VERSIONS[:-1], "END"),
+        VERSIONS[-1]: "AVAILABLE",
+    }
 
 
 def call(app, *paths):
     """Sends requests (path, body or None for GET) to a fresh app (one per event loop); returns [(status, json)]."""
+
     async def main():
         async with TestClient(TestServer(app)) as client:
             answers = []
@@ -144,20 +154,31 @@ def test_all_and_specific_policies_serve_each_version_at_its_own_path(versions, 
     manager = ModelManager("m", base, version_policy=VersionPolicy(kind="all"))
     assert manager.poll() and manager.served_versions == [1, 2, 3]
     request = {"instances": versions["x"].tolist()}
-    answers = call(make_app(manager), ("/v1/models/m/versions/1:predict", request),
-                   ("/v1/models/m/versions/3:predict", request), ("/v1/models/m:predict", request),
-                   ("/v1/models/m", None))
+    answers = call(
+        make_app(manager),
+        ("/v1/models/m/versions/1:predict", request),
+        ("/v1/models/m/versions/3:predict", request),
+        ("/v1/models/m:predict", request),
+        ("/v1/models/m", None),
+    )
     assert [status for status, _ in answers] == [200] * 4
     assert [version_answering(body["predictions"], versions["expected"]) for _, body in answers[:3]] == [1, 3, 3]
     assert [(entry["version"], entry["state"]) for entry in answers[3][1]["model_version_status"]] == [
-        ("1", "AVAILABLE"), ("2", "AVAILABLE"), ("3", "AVAILABLE")]
+        ("1", "AVAILABLE"),
+        ("2", "AVAILABLE"),
+        ("3", "AVAILABLE"),
+    ]
 
     # Roll back to version 1 only (a config reload): 2 and 3 go once 1 is known to serve.
-    assert manager.apply_config(ModelConfig(name="m", base_path=str(base),
-                                            version_policy=VersionPolicy(kind="specific", versions=(1,))))
+    assert manager.apply_config(
+        ModelConfig(name="m", base_path=str(base), version_policy=VersionPolicy(kind="specific", versions=(1,)))
+    )
     (one, one_body), (three, three_body), (latest, latest_body) = call(
-        make_app(manager), ("/v1/models/m/versions/1:predict", request), ("/v1/models/m/versions/3:predict", request),
-        ("/v1/models/m:predict", request))
+        make_app(manager),
+        ("/v1/models/m/versions/1:predict", request),
+        ("/v1/models/m/versions/3:predict", request),
+        ("/v1/models/m:predict", request),
+    )
     assert one == 200 and version_answering(one_body["predictions"], versions["expected"]) == 1
     assert three == 404 and "Specific(m, 3)" in three_body["error"]
     assert latest == 200 and version_answering(latest_body["predictions"], versions["expected"]) == 1

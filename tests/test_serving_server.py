@@ -10,11 +10,10 @@ import urllib.request
 import numpy as np
 import pytest
 import torch
+from conftest import exporting_model_fn, trained_classifier, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import exporting_model_fn, trained_classifier, wait_until
-from torchestimator.export import RegressionOutput, TensorSpec, export_saved_model, load
-from torchestimator.export import serving_input_receiver
+from torchestimator.export import RegressionOutput, TensorSpec, export_saved_model, load, serving_input_receiver
 from torchestimator.serving import (
     BatchingParameters,
     Client,
@@ -49,13 +48,16 @@ def write(path, text):
 
 
 def test_start_serves_a_model_config_file_with_labels_and_the_client_reads_it(bases, tmp_path):
-    config = write(tmp_path / "models.config", f"""
+    config = write(
+        tmp_path / "models.config",
+        f"""
 model_config_list {{
-  config {{ name: "a" base_path: "{bases['root'] / 'a'}" model_platform: "tensorflow"
+  config {{ name: "a" base_path: "{bases["root"] / "a"}" model_platform: "tensorflow"
            model_version_policy {{ all {{}} }} version_labels {{ key: "stable" value: 1 }}
            version_labels {{ key: "canary" value: 2 }} }}
-  config {{ name: "b" base_path: "{bases['root'] / 'b'}" }}
-}}""")
+  config {{ name: "b" base_path: "{bases["root"] / "b"}" }}
+}}""",
+    )
     with start(model_config_file=config, file_system_poll_wait_seconds=0) as server:
         assert sorted(server.managers) == ["a", "b"]
         states = Client(server.url, "a").status()["model_version_status"]
@@ -78,13 +80,17 @@ model_config_list {{
 
 
 def test_a_label_on_a_version_that_is_not_loaded_refuses_to_start(bases, tmp_path):
-    config = write(tmp_path / "models.config", f"""
-model_config_list {{ config {{ name: "a" base_path: "{bases['root'] / 'a'}"
-                               version_labels {{ key: "stable" value: 1 }} }} }}""")  # latest policy: only 2 loads
+    config = write(
+        tmp_path / "models.config",
+        f"""
+model_config_list {{ config {{ name: "a" base_path: "{bases["root"] / "a"}"
+                               version_labels {{ key: "stable" value: 1 }} }} }}""",
+    )  # latest policy: only 2 loads
     with pytest.raises(ValueError, match="stable"):
         start(model_config_file=config, file_system_poll_wait_seconds=0)
-    with start(model_config_file=config, file_system_poll_wait_seconds=0,
-               allow_version_labels_for_unavailable_models=True) as server:
+    with start(
+        model_config_file=config, file_system_poll_wait_seconds=0, allow_version_labels_for_unavailable_models=True
+    ) as server:
         with pytest.raises(ServingClientError) as caught:
             Client(server.url, "a", label="stable").predict(bases["x"])
         assert caught.value.status == 404
@@ -93,8 +99,9 @@ model_config_list {{ config {{ name: "a" base_path: "{bases['root'] / 'a'}"
 def test_model_config_file_changes_are_picked_up_while_serving(bases, tmp_path, te_logs):
     config = tmp_path / "models.config"
     config.write_text(f'model_config_list {{ config {{ name: "a" base_path: "{bases["root"] / "a"}" }} }}')
-    with start(model_config_file=str(config), model_config_file_poll_wait_seconds=0.1,
-               file_system_poll_wait_seconds=0) as server:
+    with start(
+        model_config_file=str(config), model_config_file_poll_wait_seconds=0.1, file_system_poll_wait_seconds=0
+    ) as server:
         config.write_text("this is not a config")  # a broken edit keeps the running models
         wait_until(lambda: "Keeping the current models" in te_logs.text, what="the poller reading the broken edit")
         assert sorted(server.managers) == ["a"]
@@ -139,8 +146,11 @@ def test_metrics_page_counts_requests_with_tf_servings_names(bases):
             page = response.read().decode()
             assert response.headers["Content-Type"].startswith("text/plain")
     assert ":tensorflow:serving:request_count{" in page  # TF's exposition name (the parser adds _total)
-    samples = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-               for family in text_string_to_metric_families(page) for sample in family.samples}
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(page)
+        for sample in family.samples
+    }
     count = ":tensorflow:serving:request_count_total"
     assert samples[(count, (("model_name", "a"), ("status", "OK")))] == 2
     assert samples[(count, (("model_name", "a"), ("status", "INVALID_ARGUMENT")))] == 1, samples
@@ -157,8 +167,11 @@ class GatedModel:
 
     def __init__(self, model):
         self._model, self.gate, self.calls = model, threading.Event(), []
-        self.signature_names, self.signature, self.prepare_inputs = model.signature_names, model.signature, \
-            model.prepare_inputs
+        self.signature_names, self.signature, self.prepare_inputs = (
+            model.signature_names,
+            model.signature,
+            model.prepare_inputs,
+        )
         self.version, self.path = model.version, model.path
 
     def __call__(self, inputs, signature_name="serving_default", output_keys=None):
@@ -209,18 +222,19 @@ def serve_app(app):
 
 def test_batching_gathers_concurrent_requests_and_a_full_queue_answers_429(bases):
     manager, model = gated_manager(bases["root"] / "a")
-    batching = BatchingParameters(max_batch_size=4, batch_timeout_micros=0, max_enqueued_batches=1,
-                                  num_batch_threads=1)
+    batching = BatchingParameters(max_batch_size=4, batch_timeout_micros=0, max_enqueued_batches=1, num_batch_threads=1)
     with serve_app(make_app(manager, batching=batching)) as server:
         url = server.url + "/v1/models/a:predict"
         first, first_results = post_concurrently(url, [{"instances": bases["x"][:1].tolist()}])
         wait_until(lambda: model.calls, what="the first request reaching the model")  # its thread waits at the gate
-        rows = [{"instances": bases["x"][index:index + 1].tolist()} for index in range(3)]
+        rows = [{"instances": bases["x"][index : index + 1].tolist()} for index in range(3)]
         waiting, waiting_results = post_concurrently(url, rows + [{"instances": bases["x"][:2].tolist()}])
         # Five rows in four requests: in any order of arrival the first three fit the one open batch of four,
         # so the 429 answers the last to arrive, and once it is back all four are in.
-        wait_until(lambda: any(result and result[0] == 429 for result in waiting_results),
-                   what="the request that overflows the batch being refused")
+        wait_until(
+            lambda: any(result and result[0] == 429 for result in waiting_results),
+            what="the request that overflows the batch being refused",
+        )
         model.gate.set()
         for thread in first + waiting:
             thread.join(timeout=30)
@@ -251,16 +265,43 @@ def test_cli_refuses_inconsistent_flags_with_a_clear_error(bases, tmp_path, caps
 
     parameters = write(tmp_path / "batching.config", "max_batch_size { value: 8 }")
     base = str(bases["root"] / "a")
-    assert main(["serve", "--model_name", "a", "--model_base_path", base, "--batching_parameters_file", parameters]) == 2
+    assert (
+        main(["serve", "--model_name", "a", "--model_base_path", base, "--batching_parameters_file", parameters]) == 2
+    )
     assert "needs --enable_batching" in capsys.readouterr().err
     assert main(["serve", "--model_name", "a", "--model_base_path", "x", "--model_config_file", parameters]) == 2
     assert "not both" in capsys.readouterr().err
     broken = write(tmp_path / "broken.config", "max_batch_size { value: -1 }")
-    assert main(["serve", "--model_name", "a", "--model_base_path", base, "--enable_batching",
-                 "--batching_parameters_file", broken]) == 2
+    assert (
+        main(
+            [
+                "serve",
+                "--model_name",
+                "a",
+                "--model_base_path",
+                base,
+                "--enable_batching",
+                "--batching_parameters_file",
+                broken,
+            ]
+        )
+        == 2
+    )
     assert "max_batch_size" in capsys.readouterr().err
-    assert main(["serve", "--model_name", "a", "--model_base_path", base, "--monitoring_config_file",
-                 str(tmp_path / "missing.config")]) == 2
+    assert (
+        main(
+            [
+                "serve",
+                "--model_name",
+                "a",
+                "--model_base_path",
+                base,
+                "--monitoring_config_file",
+                str(tmp_path / "missing.config"),
+            ]
+        )
+        == 2
+    )
     assert "missing.config" in capsys.readouterr().err
 
 
@@ -274,9 +315,22 @@ def test_cli_takes_a_tf_serving_command_line_and_passes_its_settings(bases, tmp_
     parameters = write(tmp_path / "batching.config", "max_batch_size { value: 8 } batch_timeout_micros { value: 0 }")
     monitoring = write(tmp_path / "monitoring.config", 'prometheus_config { enable: true path: "/metrics" }')
     with caplog.at_level("WARNING"):
-        assert main(["serve", "--port=8500", "--rest_api_port=8601", "--model_name=a", f"--model_base_path={tmp_path}",
-                     "--enable_batching", f"--batching_parameters_file={parameters}",
-                     f"--monitoring_config_file={monitoring}", "--rest_api_timeout_in_ms=0"]) == 0
+        assert (
+            main(
+                [
+                    "serve",
+                    "--port=8500",
+                    "--rest_api_port=8601",
+                    "--model_name=a",
+                    f"--model_base_path={tmp_path}",
+                    "--enable_batching",
+                    f"--batching_parameters_file={parameters}",
+                    f"--monitoring_config_file={monitoring}",
+                    "--rest_api_timeout_in_ms=0",
+                ]
+            )
+            == 0
+        )
     assert received["grpc_port"] == 8500 and received["enable_model_warmup"] is True  # --port: the gRPC API
     assert received["args"] == ("a", str(tmp_path)) and received["port"] == 8601
     assert received["batching"] == BatchingParameters(max_batch_size=8, batch_timeout_micros=0)
@@ -291,10 +345,25 @@ def test_cli_serve_on_port_zero_announces_the_port_it_bound(bases):
     import subprocess
     import sys
 
-    command = [sys.executable, "-m", "torchestimator.cli", "serve", "--model_name", "a",
-               "--model_base_path", str(bases["root"] / "a"), "--rest_api_port", "0"]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    command = [
+        sys.executable,
+        "-m",
+        "torchestimator.cli",
+        "serve",
+        "--model_name",
+        "a",
+        "--model_base_path",
+        str(bases["root"] / "a"),
+        "--rest_api_port",
+        "0",
+    ]
+    server = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         line = server.stdout.readline()  # the announce line; readline returns "" if the server dies first
         assert line.startswith("serving a (version 2 AVAILABLE) at http://127.0.0.1:"), line

@@ -10,17 +10,17 @@ import shutil
 import numpy as np
 import pytest
 import torch
-
-import torchestimator as te
 from conftest import make_estimator
 from test_serving_grpc import HalfPlusThree, model_fn
+
+import torchestimator as te
 from torchestimator.data import TFRecordWriter, read_records
+from torchestimator.errors import ExportFormatError
 from torchestimator.export import TensorSpec, export_saved_model, serving_input_receiver
 from torchestimator.export.warmup import MAX_WARMUP_RECORDS, WARMUP_FILE, warmup_records
 from torchestimator.serving import ModelManager
 from torchestimator.serving.protos import serving_protos
 from torchestimator.serving.tensor_proto import make_tensor_proto, tensor_proto_to_numpy
-from torchestimator.errors import ExportFormatError
 from torchestimator.serving.warmup import replay_warmup, warmup_path
 
 TF_FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "tf_warmup", WARMUP_FILE)
@@ -32,15 +32,20 @@ def estimator(tmp_path_factory):
     root = tmp_path_factory.mktemp("warmup")
     x = np.arange(8, dtype=np.float32)
     train = te.numpy_input_fn({"x": x}, 0.5 * x + 3, batch_size=4, num_epochs=None, shuffle=False)
-    estimator = make_estimator(root / "model", model=HalfPlusThree,
-                               optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.0), model_fn=model_fn)
+    estimator = make_estimator(
+        root / "model",
+        model=HalfPlusThree,
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.0),
+        model_fn=model_fn,
+    )
     estimator.train(train, max_steps=1)
     return estimator
 
 
 RECEIVER = serving_input_receiver(
     {"x": TensorSpec(shape=(None, 1)), "shift": TensorSpec(shape=(None,), dtype=torch.int64)},
-    receiver_fn=lambda tensors: {"x": tensors["x"][:, 0] + tensors["shift"].to(torch.float32)})
+    receiver_fn=lambda tensors: {"x": tensors["x"][:, 0] + tensors["shift"].to(torch.float32)},
+)
 
 
 def classify_request():
@@ -53,8 +58,12 @@ def classify_request():
 @pytest.fixture(scope="module")
 def exported(estimator, tmp_path_factory):
     """An export with two warm-up requests: a dict of arrays (-> PredictRequest) and a ClassificationRequest."""
-    return export_saved_model(estimator, tmp_path_factory.mktemp("exports"), RECEIVER, warmup_requests=[
-        {"x": np.array([[1.0]]), "shift": [2]}, classify_request()])
+    return export_saved_model(
+        estimator,
+        tmp_path_factory.mktemp("exports"),
+        RECEIVER,
+        warmup_requests=[{"x": np.array([[1.0]]), "shift": [2]}, classify_request()],
+    )
 
 
 def a_version(exported, tmp_path, records=None):
@@ -99,15 +108,24 @@ def failing_predict():
     return protos.PredictionLog(predict_log=protos.PredictLog(request=request)).SerializeToString()
 
 
-@pytest.mark.parametrize("records, words", [
-    ([b"\x0a\x05garbage"], "record 0 is not a valid serialized PredictionLog"),
-    ([protos.PredictionLog().SerializeToString()], "warm-up record 0 failed: it holds no predict_log"),
-    (lambda: [protos.PredictionLog(classify_log=protos.ClassifyLog(request=classify_request())).SerializeToString(),
-              failing_predict()],
-     "warm-up record 1 failed: input size does not match signature: 1!=2"),
-    (lambda: [failing_predict()] * (MAX_WARMUP_RECORDS + 1),
-     f"Number of warmup records exceeds the maximum ({MAX_WARMUP_RECORDS})"),
-])
+@pytest.mark.parametrize(
+    "records, words",
+    [
+        ([b"\x0a\x05garbage"], "record 0 is not a valid serialized PredictionLog"),
+        ([protos.PredictionLog().SerializeToString()], "warm-up record 0 failed: it holds no predict_log"),
+        (
+            lambda: [
+                protos.PredictionLog(classify_log=protos.ClassifyLog(request=classify_request())).SerializeToString(),
+                failing_predict(),
+            ],
+            "warm-up record 1 failed: input size does not match signature: 1!=2",
+        ),
+        (
+            lambda: [failing_predict()] * (MAX_WARMUP_RECORDS + 1),
+            f"Number of warmup records exceeds the maximum ({MAX_WARMUP_RECORDS})",
+        ),
+    ],
+)
 def test_a_bad_file_or_failing_request_fails_the_load_naming_file_and_record(exported, tmp_path, records, words):
     base, version = a_version(exported, tmp_path, records=records() if callable(records) else records)
     manager = ModelManager("half", base)
@@ -122,7 +140,7 @@ def test_a_bad_file_or_failing_request_fails_the_load_naming_file_and_record(exp
 
 
 def test_a_damaged_tfrecord_is_a_warmup_error(exported, tmp_path):
-    base, version = a_version(exported, tmp_path)
+    _base, version = a_version(exported, tmp_path)
     data = bytearray(open(warmup_path(version), "rb").read())
     data[20] ^= 0xFF
     open(warmup_path(version), "wb").write(bytes(data))
@@ -132,8 +150,11 @@ def test_a_damaged_tfrecord_is_a_warmup_error(exported, tmp_path):
 
 def test_the_writer_refuses_what_it_cannot_write():
     signatures = {"serving_default": {"inputs": {"x": {"dtype": "float32", "shape": [-1, 1]}}}}
-    with pytest.raises(ValueError, match=r"warmup_requests\[0\] has inputs \['y'\]; the 'serving_default' "
-                                         r"signature takes \['x'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"warmup_requests\[0\] has inputs \['y'\]; the 'serving_default' "
+        r"signature takes \['x'\]",
+    ):
         warmup_records([{"y": [[1.0]]}], signatures)
     with pytest.raises(TypeError, match=r"warmup_requests\[1\] is a str"):
         warmup_records([{"x": [[1.0]]}, "x"], signatures)

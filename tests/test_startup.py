@@ -16,17 +16,34 @@ from benchmark_scripts import assert_arguments_refused, final_line, imported_scr
 
 # What made start-up take 2.5x `import torch` (issue 13): none of it is needed to import the package
 # or to print the help. torch.export and torch.distributed.* stand for torch's heavy optional parts.
-HEAVY = ("torchmetrics", "scipy", "matplotlib", "sklearn", "aiohttp", "prometheus_client", "pandas", "h5py", "PIL",
-         "sympy", "torch.export", "torch.distributed.fsdp", "torch.distributed.tensor", "torch.distributed.run",
-         "torch.distributed.checkpoint")
+HEAVY = (
+    "torchmetrics",
+    "scipy",
+    "matplotlib",
+    "sklearn",
+    "aiohttp",
+    "prometheus_client",
+    "pandas",
+    "h5py",
+    "PIL",
+    "sympy",
+    "torch.export",
+    "torch.distributed.fsdp",
+    "torch.distributed.tensor",
+    "torch.distributed.run",
+    "torch.distributed.checkpoint",
+)
 
 LOADED_MODULES = "import json, sys; print(json.dumps(sorted(sys.modules)))"
 
 
 def _modules_after(code: str) -> set[str]:
     """sys.modules of a fresh interpreter that ran `code` (its own output silenced), as the last stdout line."""
-    script = ("import contextlib, io\nwith contextlib.redirect_stdout(io.StringIO()):\n"
-              + "".join(f"    {line}\n" for line in code.splitlines()) + LOADED_MODULES)
+    script = (
+        "import contextlib, io\nwith contextlib.redirect_stdout(io.StringIO()):\n"
+        + "".join(f"    {line}\n" for line in code.splitlines())
+        + LOADED_MODULES
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     return set(json.loads(done.stdout.splitlines()[-1]))
@@ -55,8 +72,15 @@ def test_start_up_loads_none_of_the_heavy_modules(code, loaded_by_torch_itself):
     assert "torchestimator" in loaded
 
 
-LAZY_PACKAGES = ["torchestimator", "torchestimator.export", "torchestimator.distribute", "torchestimator.data",
-                 "torchestimator.hooks", "torchestimator.checkpoint", "torchestimator.serving"]
+LAZY_PACKAGES = [
+    "torchestimator",
+    "torchestimator.export",
+    "torchestimator.distribute",
+    "torchestimator.data",
+    "torchestimator.hooks",
+    "torchestimator.checkpoint",
+    "torchestimator.serving",
+]
 
 RESOLVE = f"""
 import importlib, json
@@ -90,7 +114,9 @@ def test_from_imports_and_star_import_of_the_lazy_packages():
     assert (export.load, metrics.accuracy.__module__) == (load, "torchestimator.metrics")
     assert export_saved_model.__module__ == "torchestimator.export.saved_model"
     assert (FullyShardedStrategy.__module__, MirroredStrategy.__module__) == (
-        "torchestimator.distribute.fsdp", "torchestimator.distribute.strategy")
+        "torchestimator.distribute.fsdp",
+        "torchestimator.distribute.strategy",
+    )
     namespace: dict = {}
     exec("from torchestimator import *", namespace)
     import torchestimator as te
@@ -126,8 +152,12 @@ print(len(trained), "torchmetrics" in sys.modules, results["accuracy"])
 @pytest.mark.slow
 def test_training_does_not_import_torchmetrics_and_evaluation_still_computes_metrics(tmp_path):
     # (torch.distributed.fsdp is no test here: torch.optim imports torch._dynamo, which imports it.)
-    done = subprocess.run([sys.executable, "-c", TRAIN_THEN_EVALUATE, str(tmp_path / "model")], capture_output=True,
-                          text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, "-c", TRAIN_THEN_EVALUATE, str(tmp_path / "model")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["0", "True", "1.0"]
 
@@ -135,8 +165,10 @@ def test_training_does_not_import_torchmetrics_and_evaluation_still_computes_met
 # --------------------------------------------------------------------------- benchmarks/startup.py
 
 RATIO = r"\d+\.\d{3}"
-FINAL_LINE = re.compile(rf"^startup import_vs_torch=({RATIO}) help_vs_torch=({RATIO}) "
-                        r"serve_available_s=(\d+\.\d{2}|n/a)$")
+FINAL_LINE = re.compile(
+    rf"^startup import_vs_torch=({RATIO}) help_vs_torch=({RATIO}) "
+    r"serve_available_s=(\d+\.\d{2}|n/a)$"
+)
 
 
 @pytest.fixture(scope="module")

@@ -33,10 +33,21 @@ def _model_fn(model, features, labels, mode):
 
 
 def _estimator(model_dir: str, strategy=None) -> te.Estimator:
-    config = te.RunConfig(train_distribute=strategy, save_checkpoints_steps=4, log_step_count_steps=None,
-                          save_summary_steps=None, progress_bar=False, random_seed=0)
-    return te.Estimator(model_fn=_model_fn, model=lambda: nn.Linear(4, 2), model_dir=model_dir, config=config,
-                        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1))
+    config = te.RunConfig(
+        train_distribute=strategy,
+        save_checkpoints_steps=4,
+        log_step_count_steps=None,
+        save_summary_steps=None,
+        progress_bar=False,
+        random_seed=0,
+    )
+    return te.Estimator(
+        model_fn=_model_fn,
+        model=lambda: nn.Linear(4, 2),
+        model_dir=model_dir,
+        config=config,
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
+    )
 
 
 def _input_fn(input_context=None):
@@ -44,12 +55,23 @@ def _input_fn(input_context=None):
     x = rng.normal(size=(64, 4)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int64)
     return te.numpy_input_fn({"x": x}, y, batch_size=8, num_epochs=None, shuffle=True, seed=1)(
-        input_context=input_context)
+        input_context=input_context
+    )
 
 
 def _view(rank: int, **changes) -> ReplicaView:
-    values = dict(rank=rank, host="node0", pid=100 + rank, model_dir="/shared/model", sees_probe=True,
-                  checkpoint_name="ckpt-40", checkpoint_step=40, num_replicas=2, max_steps=None, steps=None)
+    values = dict(
+        rank=rank,
+        host="node0",
+        pid=100 + rank,
+        model_dir="/shared/model",
+        sees_probe=True,
+        checkpoint_name="ckpt-40",
+        checkpoint_step=40,
+        num_replicas=2,
+        max_steps=None,
+        steps=None,
+    )
     values.update(changes)
     return ReplicaView(**values)
 
@@ -67,10 +89,12 @@ def test_one_replica_costs_nothing(tmp_path):
 
 def test_equal_views_agree_and_each_difference_is_named():
     assert disagreement([_view(0), _view(1, host="node1", pid=7, model_dir="/mnt/other/spelling")]) is None
-    message = disagreement([
-        _view(0, model_dir="/a/model"),
-        _view(1, host="node1", model_dir="/b/model", sees_probe=False, checkpoint_name=None, checkpoint_step=None),
-    ])
+    message = disagreement(
+        [
+            _view(0, model_dir="/a/model"),
+            _view(1, host="node1", model_dir="/b/model", sees_probe=False, checkpoint_name=None, checkpoint_step=None),
+        ]
+    )
     assert "rank 0 (on node0) restores ckpt-40 (step 40) from /a/model" in message
     assert "rank 1 (on node1) finds no checkpoint in /b/model and does not see the probe file" in message
     assert "model_dir must be storage every node sees" in message
@@ -125,8 +149,9 @@ def test_a_chief_that_cannot_write_model_dir_stops_every_replica(tmp_path):
     with pytest.raises(PermissionError, match="is not writable, so the replicas cannot check that they share it"):
         check_start_agreement(_OneOfTwo(0), model_dir, None)
     with pytest.raises(ReplicasDisagreeError, match=r"Rank 0 could not write into its model_dir \(NotADirectoryError"):
-        check_start_agreement(_OneOfTwo(1, chief_sends=("", "NotADirectoryError: [Errno 20] Not a directory")),
-                              model_dir, None)
+        check_start_agreement(
+            _OneOfTwo(1, chief_sends=("", "NotADirectoryError: [Errno 20] Not a directory")), model_dir, None
+        )
 
 
 def _exiting_child_pid() -> int:
@@ -138,8 +163,14 @@ def _exiting_child_pid() -> int:
 def test_roster_names_a_gone_local_replica_and_leaves_other_errors_alone():
     here = writer_tag().split("-h", 1)[1]
     dead_pid = _exiting_child_pid()
-    roster = ReplicaRoster((RosterEntry(0, "me", writer_tag()), RosterEntry(1, "me", f"{dead_pid}-h{here}"),
-                            RosterEntry(2, "far", "55-h00000000")), own_rank=0)
+    roster = ReplicaRoster(
+        (
+            RosterEntry(0, "me", writer_tag()),
+            RosterEntry(1, "me", f"{dead_pid}-h{here}"),
+            RosterEntry(2, "far", "55-h00000000"),
+        ),
+        own_rank=0,
+    )
     assert roster.gone_ranks() == [1]
     lost = roster.lost_replica_error(RuntimeError("anything at all"), step=9)
     assert isinstance(lost, ReplicaLostError) and lost.lost_ranks == (1,) and lost.step == 9
@@ -150,8 +181,9 @@ def test_roster_names_a_gone_local_replica_and_leaves_other_errors_alone():
 def test_roster_recognises_backend_failures_when_no_local_replica_is_gone(monkeypatch):
     monkeypatch.setattr(agreement, "_EXIT_SECONDS", 0.2)  # how long it looks for the local replica to finish exiting
     here = writer_tag().split("-h", 1)[1]
-    roster = ReplicaRoster((RosterEntry(0, "me", writer_tag()), RosterEntry(1, "me", f"{os.getppid()}-h{here}")),
-                           own_rank=0)
+    roster = ReplicaRoster(
+        (RosterEntry(0, "me", writer_tag()), RosterEntry(1, "me", f"{os.getppid()}-h{here}")), own_rank=0
+    )
     assert roster.gone_ranks() == []
     assert roster.lost_replica_error(RuntimeError("mat1 and mat2 shapes cannot be multiplied"), step=3) is None
     assert roster.lost_replica_error(te.errors.NanLossDuringTrainingError("gloo nan"), step=3) is None
@@ -178,8 +210,12 @@ def _agreement_scenarios(root: str) -> dict:
             call()
             results[name] = ("ok", "", time.monotonic() - started)
         except ReplicasDisagreeError as error:
-            results[name] = ("ReplicasDisagreeError", str(error), time.monotonic() - started,
-                             [view.rank for view in error.views])
+            results[name] = (
+                "ReplicasDisagreeError",
+                str(error),
+                time.monotonic() - started,
+                [view.rank for view in error.views],
+            )
 
     shared = os.path.join(root, "shared")
     estimator = _estimator(shared, strategy)
@@ -194,6 +230,7 @@ def _agreement_scenarios(root: str) -> dict:
     for _ in range(5):
         check_start_agreement(strategy, shared, checkpoint, max_steps=12)
     results["agreement_seconds"] = (time.monotonic() - started) / 5
+
     # Each rank its own model_dir: rank 0's holds a checkpoint, rank 1's is empty (a node-local disk).
     def train_in(folder):
         return lambda: _estimator(os.path.join(root, folder), strategy).train(_input_fn, max_steps=8)

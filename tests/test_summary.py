@@ -52,9 +52,7 @@ def test_text_is_written_for_the_text_plugin(tmp_path):
         writer.text("checkpoint_path", "model_dir/ckpt-5", step=5)
     (event_file,) = _event_files(tmp_path)
     values = [
-        (event.step, value)
-        for event in LegacyEventFileLoader(str(event_file)).Load()
-        for value in event.summary.value
+        (event.step, value) for event in LegacyEventFileLoader(str(event_file)).Load() for value in event.summary.value
     ]
     assert len(values) == 1
     step, value = values[0]

@@ -220,8 +220,13 @@ def _run_steps(layer, batches, upstream_grads):
         batch = batch.clone().requires_grad_(True)
         output = layer(batch)
         (output * upstream).sum().backward()
-        steps.append({"output": output.detach(), "input_grad": batch.grad,
-                      **{name: parameter.grad.clone() for name, parameter in layer.named_parameters()}})
+        steps.append(
+            {
+                "output": output.detach(),
+                "input_grad": batch.grad,
+                **{name: parameter.grad.clone() for name, parameter in layer.named_parameters()},
+            }
+        )
         layer.zero_grad()
     return steps
 
@@ -237,8 +242,11 @@ def _layer_cases_in_one_replica():
         start, stop = sum(sizes[:rank]), sum(sizes[: rank + 1])
         steps = _run_steps(layer, [x[start:stop] for x in inputs], [g[start:stop] for g in upstream])
         layer.eval()
-        results[name] = {"steps": steps, "buffers": {key: value.clone() for key, value in layer.named_buffers()},
-                         "eval_output": layer(inputs[0][start:stop]).detach()}
+        results[name] = {
+            "steps": steps,
+            "buffers": {key: value.clone() for key, value in layer.named_buffers()},
+            "eval_output": layer(inputs[0][start:stop]).detach(),
+        }
     # On a sub-group, and deep-copied as the Estimator copies the live module (process groups cannot be pickled).
     reference, sizes, inputs, upstream = _case_data("1d")
     on_group = CrossReplicaBatchNorm.from_batch_norm(reference, distributed.new_group([0, 1]))
@@ -248,7 +256,9 @@ def _layer_cases_in_one_replica():
     results["sub_group_steps"] = _run_steps(copied, [x[start:stop] for x in inputs], [g[start:stop] for g in upstream])
     # One example in the whole global batch (rank 0 holds it, rank 1 none): every replica must refuse.
     too_small = CrossReplicaBatchNorm.from_batch_norm(nn.BatchNorm1d(2))
-    results["too_small_error"] = str(pytest.raises(ValueError, too_small, torch.randn(1 - rank, 2)).value)
+    with pytest.raises(ValueError) as too_small_error:
+        too_small(torch.randn(1 - rank, 2))
+    results["too_small_error"] = str(too_small_error.value)
     return results
 
 
@@ -261,19 +271,24 @@ def layer_results():
 @pytest.mark.distributed
 @pytest.mark.parametrize("name", list(LAYER_CASES))
 def test_two_replicas_match_batch_norm_on_the_global_batch(layer_results, name):
-    reference, sizes, inputs, upstream = _case_data(name)
+    reference, _sizes, inputs, upstream = _case_data(name)
     expected = _run_steps(reference, inputs, upstream)
     reference.eval()
     tolerance = {"rtol": 1e-6, "atol": 1e-6 if inputs[0].dtype == torch.float32 else 1e-9}
     for step, wanted in enumerate(expected):
         got = [layer_results[rank][name]["steps"][step] for rank in range(2)]
         for key in ("output", "input_grad"):  # each replica holds its rows of the global batch's result
-            torch.testing.assert_close(torch.cat([got[0][key], got[1][key]]), wanted[key], **tolerance,
-                                       msg=lambda text: f"step {step} {key}: {text}")
+            torch.testing.assert_close(
+                torch.cat([got[0][key], got[1][key]]),
+                wanted[key],
+                **tolerance,
+                msg=lambda text: f"step {step} {key}: {text}",
+            )
         for key in ("weight", "bias"):  # the replicas' gradients add up to the global batch's (DDP sums them)
             if key in wanted:
-                torch.testing.assert_close(got[0][key] + got[1][key], wanted[key], **tolerance,
-                                           msg=lambda text: f"step {step} {key}: {text}")
+                torch.testing.assert_close(
+                    got[0][key] + got[1][key], wanted[key], **tolerance, msg=lambda text: f"step {step} {key}: {text}"
+                )
     for rank in range(2):
         buffers = layer_results[rank][name]["buffers"]
         assert set(buffers) == {key for key, _ in reference.named_buffers()}
@@ -289,7 +304,9 @@ def test_two_replicas_match_batch_norm_on_the_global_batch(layer_results, name):
 @pytest.mark.distributed
 def test_a_layer_on_a_sub_group_survives_a_deep_copy_and_matches(layer_results):
     expected = [step["output"] for step in layer_results[0]["1d"]["steps"]]
-    assert all(torch.equal(step["output"], wanted) for step, wanted in zip(layer_results[0]["sub_group_steps"], expected))
+    assert all(
+        torch.equal(step["output"], wanted) for step, wanted in zip(layer_results[0]["sub_group_steps"], expected)
+    )
 
 
 @pytest.mark.slow
@@ -319,19 +336,28 @@ def _model_fn(model, features, labels, mode):
 
 
 def _estimator(model_dir, strategy=None, sync_batch_norm=False):
-    config = te.RunConfig(train_distribute=strategy, sync_batch_norm=sync_batch_norm, save_checkpoints_steps=4,
-                          log_step_count_steps=None, progress_bar=False, random_seed=0)
+    config = te.RunConfig(
+        train_distribute=strategy,
+        sync_batch_norm=sync_batch_norm,
+        save_checkpoints_steps=4,
+        log_step_count_steps=None,
+        progress_bar=False,
+        random_seed=0,
+    )
     return te.Estimator(
         model_fn=_model_fn,
         model=lambda: nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2)),
         optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1, momentum=0.9),
-        model_dir=model_dir, config=config)
+        model_dir=model_dir,
+        config=config,
+    )
 
 
 def _train_input_fn(input_context=None):
     x, y = _data()
-    return te.numpy_input_fn({"x": x}, y, batch_size=GLOBAL_BATCH, num_epochs=None, shuffle=True,
-                             seed=5)(input_context=input_context)
+    return te.numpy_input_fn({"x": x}, y, batch_size=GLOBAL_BATCH, num_epochs=None, shuffle=True, seed=5)(
+        input_context=input_context
+    )
 
 
 def _weights(estimator):
@@ -357,13 +383,20 @@ def _train_with_estimator(model_dir, sync_batch_norm, export_base):
 
         receiver = serving_input_receiver({"x": TensorSpec(shape=(None, 6), dtype=torch.float32)})
         export_dir = export_saved_model(estimator, export_base, receiver)
-    return {"weights": _weights(estimator), "layers": layers, "warnings": records, "export_dir": export_dir,
-            "model_dir": model_dir}
+    return {
+        "weights": _weights(estimator),
+        "layers": layers,
+        "warnings": records,
+        "export_dir": export_dir,
+        "model_dir": model_dir,
+    }
 
 
 def _train_two_replicas_with_and_without_sync(root):
-    return {"synced": _train_with_estimator(f"{root}/synced", True, f"{root}/export"),
-            "unsynced": _train_with_estimator(f"{root}/unsynced", False, None)}
+    return {
+        "synced": _train_with_estimator(f"{root}/synced", True, f"{root}/export"),
+        "unsynced": _train_with_estimator(f"{root}/unsynced", False, None),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -430,6 +463,7 @@ def test_unsynced_two_replicas_differ_and_the_chief_warns_once(two_replicas, sin
 
 # --------------------------------------------------------------------------- torch's layer on a group, copied
 
+
 class _FrozenSyncNormNet(nn.Module):
     """A fine-tuning model whose torch SyncBatchNorm, on a process group of its own, stays in eval mode (frozen
     statistics), as detection backbones keep theirs: it trains on the CPU, where torch's layer refuses only
@@ -462,10 +496,12 @@ class _EvaluateAtStep(te.Hook):
         self.seen = {
             "copied": bundle.module is not live and bundle.module.norm is not live.norm,
             "shares_group": bundle.module.norm.process_group is live.norm.process_group is not None,
-            "same_weights": all(torch.equal(a, b) for a, b in zip(bundle.module.state_dict().values(),
-                                                                  live.state_dict().values())),
-            "metrics": self.estimator.evaluate(te.numpy_input_fn({"x": _data()[0][:64]}, _data()[1][:64],
-                                                                 batch_size=32, shuffle=False)),
+            "same_weights": all(
+                torch.equal(a, b) for a, b in zip(bundle.module.state_dict().values(), live.state_dict().values())
+            ),
+            "metrics": self.estimator.evaluate(
+                te.numpy_input_fn({"x": _data()[0][:64]}, _data()[1][:64], batch_size=32, shuffle=False)
+            ),
         }
 
 
@@ -482,11 +518,20 @@ def _evaluate_a_copy_of_torchs_sync_batch_norm_on_a_group(model_dir):
 
     torch.manual_seed(0)
     group = distributed.new_group([0, 1])
-    config = te.RunConfig(train_distribute=_MirroredWithoutDdp(num_replicas=2), save_checkpoints_steps=None,
-                          log_step_count_steps=None, progress_bar=False, random_seed=0)
-    estimator = te.Estimator(model_fn=_model_fn, model=_FrozenSyncNormNet(group),
-                             optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1), model_dir=model_dir,
-                             config=config)
+    config = te.RunConfig(
+        train_distribute=_MirroredWithoutDdp(num_replicas=2),
+        save_checkpoints_steps=None,
+        log_step_count_steps=None,
+        progress_bar=False,
+        random_seed=0,
+    )
+    estimator = te.Estimator(
+        model_fn=_model_fn,
+        model=_FrozenSyncNormNet(group),
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
+        model_dir=model_dir,
+        config=config,
+    )
     hook = _EvaluateAtStep(estimator, step=2)
     estimator.train(_train_input_fn, max_steps=3, hooks=[hook])
     return hook.seen
@@ -495,8 +540,9 @@ def _evaluate_a_copy_of_torchs_sync_batch_norm_on_a_group(model_dir):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_torchs_sync_batch_norm_holding_a_group_is_copied_for_evaluation_during_training(tmp_path):
-    seen = run_in_processes(_evaluate_a_copy_of_torchs_sync_batch_norm_on_a_group, nprocs=2,
-                            args=(str(tmp_path / "run"),), timeout=180)
+    seen = run_in_processes(
+        _evaluate_a_copy_of_torchs_sync_batch_norm_on_a_group, nprocs=2, args=(str(tmp_path / "run"),), timeout=180
+    )
     for rank in range(2):
         assert seen[rank]["copied"] and seen[rank]["shares_group"] and seen[rank]["same_weights"], seen[rank]
         assert seen[rank]["metrics"]["global_step"] == 2

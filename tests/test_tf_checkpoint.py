@@ -9,7 +9,6 @@ import struct
 
 import numpy as np
 import pytest
-
 from faults_common import WORKED_INDEX, table_block, varint
 
 from torchestimator.data.tfrecord import masked_crc32c
@@ -28,7 +27,7 @@ from torchestimator.interop.tf_checkpoint import (
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "tf_checkpoint")
 SNAPPY = os.path.join(os.path.dirname(__file__), "fixtures", "snappy")  # made by cramjam; see its README.md
 
-WORKED_DATA = bytes.fromhex("0000803f00000040" "0200" "78270b34" "6162")
+WORKED_DATA = bytes.fromhex("0000803f00000040020078270b346162")
 
 
 def write_worked(directory, index: bytes = WORKED_INDEX, data: bytes = WORKED_DATA) -> str:
@@ -100,7 +99,7 @@ def _table(items, per_block=3, restart_interval=2):
         return varint(offset) + varint(len(block))
 
     for start in range(0, len(items), per_block):
-        chunk = items[start:start + per_block]
+        chunk = items[start : start + per_block]
         index_items.append((chunk[-1][0], emit(table_block(chunk, restart_interval))))
     metaindex = emit(table_block([], 1))
     index = emit(table_block(index_items, 1))
@@ -114,8 +113,14 @@ def test_multi_block_table_with_prefix_compression(tmp_path):
     items = [(b"", bytes.fromhex("08011a020801"))]
     for number, name in enumerate(names):
         raw = struct.pack("<f", number + 0.5)
-        entry = (b"\x08\x01\x12\x04\x12\x02\x08\x01" + b"\x20" + varint(len(data)) + b"\x28\x04"
-                 + b"\x35" + struct.pack("<I", masked_crc32c(raw)))
+        entry = (
+            b"\x08\x01\x12\x04\x12\x02\x08\x01"
+            + b"\x20"
+            + varint(len(data))
+            + b"\x28\x04"
+            + b"\x35"
+            + struct.pack("<I", masked_crc32c(raw))
+        )
         items.append((name.encode(), entry))
         data += raw
     prefix = write_worked(tmp_path, _table(items), bytes(data))
@@ -146,8 +151,9 @@ def _counting_snappy(monkeypatch) -> list[int]:
     """Counts the snappy blocks the table reader decompresses (so a fixture stored uncompressed cannot pass)."""
     calls = []
     real = _sstable.snappy_decompress
-    monkeypatch.setattr(_sstable, "snappy_decompress", lambda block, path, offset: calls.append(offset)
-                        or real(block, path, offset))
+    monkeypatch.setattr(
+        _sstable, "snappy_decompress", lambda block, path, offset: calls.append(offset) or real(block, path, offset)
+    )
     return calls
 
 
@@ -180,13 +186,16 @@ def test_table_whose_every_block_is_snappy_compressed(monkeypatch):
     assert len(calls) == 5  # the index block and four data blocks (the metaindex is never read)
 
 
-@pytest.mark.parametrize("damage, message", [
-    # The stream ends in a 2-byte-offset copy: cut short, its offset must not read as a smaller one.
-    (lambda stream: stream[:-1], "a copy's offset runs past the end of the block"),
-    (lambda stream: stream[:1500], "a literal runs past the end of the block"),
-    (lambda stream: b"\xbb\x22" + stream[2:], "decompressed to 4410 bytes, expected 4411"),  # declared 4411
-    (lambda stream: b"\xb9\x22" + stream[2:], "decompresses past the declared 4409 bytes"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        # The stream ends in a 2-byte-offset copy: cut short, its offset must not read as a smaller one.
+        (lambda stream: stream[:-1], "a copy's offset runs past the end of the block"),
+        (lambda stream: stream[:1500], "a literal runs past the end of the block"),
+        (lambda stream: b"\xbb\x22" + stream[2:], "decompressed to 4410 bytes, expected 4411"),  # declared 4411
+        (lambda stream: b"\xb9\x22" + stream[2:], "decompresses past the declared 4409 bytes"),
+    ],
+)
 def test_damaged_reference_stream_is_refused_naming_file_and_offset(damage, message):
     stream = _fixture_bytes("mixed.snappy")
     assert stream[:2] == b"\xba\x22"  # the declared size, 4410, as a varint
@@ -274,7 +283,8 @@ def test_checkpoint_state_text_format(tmp_path):
     (tmp_path / "checkpoint").write_text(
         'model_checkpoint_path: "ckpt-3"\nall_model_checkpoint_paths: "ckpt-2"\n'
         'all_model_checkpoint_paths: "ckpt-3"\nall_model_checkpoint_timestamps: 1795942350.9146118\n'
-        'last_preserved_timestamp: 1795942349.864094\n')
+        "last_preserved_timestamp: 1795942349.864094\n"
+    )
     state = read_checkpoint_state(tmp_path / "checkpoint")
     assert state["all_model_checkpoint_paths"] == ["ckpt-2", "ckpt-3"]
     assert state["all_model_checkpoint_timestamps"] == [1795942350.9146118]
@@ -283,8 +293,11 @@ def test_checkpoint_state_text_format(tmp_path):
     (tmp_path / "checkpoint").write_text("# written by hand\nmodel_checkpoint_path: 'ckpt-\\0613'\n")
     assert read_checkpoint_state(tmp_path / "checkpoint")["model_checkpoint_path"] == "ckpt-13"
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "a"\nmodel_checkpoint_pth: "b"\n')
-    with pytest.raises(WeightSourceError, match=r"checkpoint, line 2: not a CheckpointState text file: .*no field "
-                                                r"named \"model_checkpoint_pth\""):
+    with pytest.raises(
+        WeightSourceError,
+        match=r"checkpoint, line 2: not a CheckpointState text file: .*no field "
+        r"named \"model_checkpoint_pth\"",
+    ):
         read_checkpoint_state(tmp_path / "checkpoint")
     (tmp_path / "checkpoint").write_text("model_checkpoint_path\n")
     with pytest.raises(WeightSourceError, match=r"line 2: not a CheckpointState text file: .*Expected \":\""):
@@ -318,15 +331,24 @@ def test_tf2_keras3_object_paths_reach_weights_saved_under_the_optimizer():
     with open_tensorflow(os.path.join(FIXTURES, "tf2")) as checkpoint:
         paths = checkpoint.object_paths()
         assert paths["model/_functional/_operations/1/_kernel"] == (
-            "optimizer/_trainable_variables/0/.ATTRIBUTES/VARIABLE_VALUE")
+            "optimizer/_trainable_variables/0/.ATTRIBUTES/VARIABLE_VALUE"
+        )
         model = checkpoint.model_variables()
         assert len(model) == 8 and not any(path.startswith("optimizer/") for path in model)
-        pairs = {"1/_kernel": "0/kernel", "1/bias": "0/bias", "2/gamma": "1/gamma", "2/beta": "1/beta",
-                 "2/moving_mean": "1/moving_mean", "2/moving_variance": "1/moving_variance",
-                 "3/_kernel": "2/kernel", "3/bias": "2/bias"}
+        pairs = {
+            "1/_kernel": "0/kernel",
+            "1/bias": "0/bias",
+            "2/gamma": "1/gamma",
+            "2/beta": "1/beta",
+            "2/moving_mean": "1/moving_mean",
+            "2/moving_variance": "1/moving_variance",
+            "3/_kernel": "2/kernel",
+            "3/bias": "2/bias",
+        }
         for path, keras_name in pairs.items():
-            np.testing.assert_array_equal(checkpoint.read(model[f"model/_functional/_operations/{path}"]),
-                                          weights[keras_name])
+            np.testing.assert_array_equal(
+                checkpoint.read(model[f"model/_functional/_operations/{path}"]), weights[keras_name]
+            )
         slots = checkpoint.optimizer_slots()["optimizer/_trainable_variables/0/.ATTRIBUTES/VARIABLE_VALUE"]
         assert set(slots) == {"momentums", "velocities"}
         assert checkpoint.read(slots["momentums"]).shape == (4, 8)
@@ -336,22 +358,33 @@ def test_tf2_slot_variables_attributed_to_their_variable():
     with open_tensorflow(os.path.join(FIXTURES, "tf2_slots")) as checkpoint:
         kernel = "model/dense/kernel/.ATTRIBUTES/VARIABLE_VALUE"
         assert checkpoint.model_variables() == {
-            "model/dense/bias": "model/dense/bias/.ATTRIBUTES/VARIABLE_VALUE", "model/dense/kernel": kernel}
+            "model/dense/bias": "model/dense/bias/.ATTRIBUTES/VARIABLE_VALUE",
+            "model/dense/kernel": kernel,
+        }
         slot_key = "model/dense/kernel/.OPTIMIZER_SLOT/optimizer/m/.ATTRIBUTES/VARIABLE_VALUE"
-        assert checkpoint.optimizer_slots()[kernel] == {
-            "m": slot_key, "v": slot_key.replace("/m/", "/v/")}
+        assert checkpoint.optimizer_slots()[kernel] == {"m": slot_key, "v": slot_key.replace("/m/", "/v/")}
         assert checkpoint.object_paths()["model/dense/kernel/.OPTIMIZER_SLOT/optimizer/m"] == slot_key
         names = [info.name for info in checkpoint.tensors()]
         assert kernel in names and "_CHECKPOINTABLE_OBJECT_GRAPH" in names  # raw keys stay raw
 
 
-@pytest.mark.parametrize("name, optimizer", [
-    ("dense/kernel", False), ("dense/kernel/Adam", True), ("dense/kernel/Adam_1", True), ("beta1_power", True),
-    ("global_step", True), ("hidden/bias/Momentum", True), ("w/RMSProp_1", True), ("save_counter/.ATTRIBUTES/VARIABLE_VALUE", True),
-    ("model/x/.OPTIMIZER_SLOT/optimizer/m/.ATTRIBUTES/VARIABLE_VALUE", True),
-    ("optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE", True), ("model/layer_with_weights-0/kernel/.ATTRIBUTES/VARIABLE_VALUE", False),
-    ("adam_layer/kernel", False),
-])
+@pytest.mark.parametrize(
+    "name, optimizer",
+    [
+        ("dense/kernel", False),
+        ("dense/kernel/Adam", True),
+        ("dense/kernel/Adam_1", True),
+        ("beta1_power", True),
+        ("global_step", True),
+        ("hidden/bias/Momentum", True),
+        ("w/RMSProp_1", True),
+        ("save_counter/.ATTRIBUTES/VARIABLE_VALUE", True),
+        ("model/x/.OPTIMIZER_SLOT/optimizer/m/.ATTRIBUTES/VARIABLE_VALUE", True),
+        ("optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE", True),
+        ("model/layer_with_weights-0/kernel/.ATTRIBUTES/VARIABLE_VALUE", False),
+        ("adam_layer/kernel", False),
+    ],
+)
 def test_is_optimizer_variable(name, optimizer):
     assert is_optimizer_variable(name) is optimizer
 
@@ -369,12 +402,15 @@ def test_missing_file_and_directory_without_checkpoint(tmp_path):
         open_tensorflow(tmp_path)
 
 
-@pytest.mark.parametrize("offset, message", [
-    (10, "CRC32C mismatch in the data block at offset 0"),
-    (60, "CRC32C mismatch in the data block at offset 0"),
-    (80, "CRC32C mismatch in the index block at offset 75"),
-    (141, "bad magic number"),
-])
+@pytest.mark.parametrize(
+    "offset, message",
+    [
+        (10, "CRC32C mismatch in the data block at offset 0"),
+        (60, "CRC32C mismatch in the data block at offset 0"),
+        (80, "CRC32C mismatch in the index block at offset 75"),
+        (141, "bad magic number"),
+    ],
+)
 def test_corrupt_index(tmp_path, offset, message):
     prefix = write_worked(tmp_path)
     flip(prefix + ".index", offset)
@@ -396,8 +432,11 @@ def test_corrupt_data_names_file_variable_and_offset(tmp_path):
     flip(prefix + ".data-00000-of-00001", 3)
     with open_tensorflow(prefix) as checkpoint:
         assert checkpoint.read("s").tolist() == [b"ab", b""]  # the other tensor is intact
-        with pytest.raises(WeightSourceError, match=r"data-00000-of-00001: checksum mismatch for variable 'x' "
-                                                    r"at offset 0"):
+        with pytest.raises(
+            WeightSourceError,
+            match=r"data-00000-of-00001: checksum mismatch for variable 'x' "
+            r"at offset 0",
+        ):
             checkpoint.read("x")
 
 
@@ -471,16 +510,25 @@ def _tool():
     return faults_readers
 
 
-@pytest.mark.parametrize("entry, message", [
-    # A string tensor's size is not implied by its shape: 2**62 was read (a MemoryError) before this check.
-    ((7, [2], 0, 1 << 62), r"ckpt\.data-00000-of-00001: variable 'x' needs bytes 0\.\.4611686018427387904, but the "
-                           r"file has 8 bytes"),
-    ((1, [2], 1 << 40, 8), r"variable 'x' needs bytes 1099511627776\.\.1099511627784, but the file has 8 bytes"),
-    ((7, [1 << 40], 0, 8), r"1099511627776 strings cannot fit in 8 bytes"),
-    ((1, [1 << 25, 1 << 25], 0, 0, 0, [[(0, 1 << 25), (0, 1 << 25)]]), r"partitioned variable 'x' declares shape "
-                                                                        r"\[33554432, 33554432\].*more than"),
-    ((1, [2], 0, 0, 0, [[(1 << 40, 2)]]), r"slice '1099511627776,2' of 'x' reaches past its shape \[2\]"),
-])
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        # A string tensor's size is not implied by its shape: 2**62 was read (a MemoryError) before this check.
+        (
+            (7, [2], 0, 1 << 62),
+            r"ckpt\.data-00000-of-00001: variable 'x' needs bytes 0\.\.4611686018427387904, but the "
+            r"file has 8 bytes",
+        ),
+        ((1, [2], 1 << 40, 8), r"variable 'x' needs bytes 1099511627776\.\.1099511627784, but the file has 8 bytes"),
+        ((7, [1 << 40], 0, 8), r"1099511627776 strings cannot fit in 8 bytes"),
+        (
+            (1, [1 << 25, 1 << 25], 0, 0, 0, [[(0, 1 << 25), (0, 1 << 25)]]),
+            r"partitioned variable 'x' declares shape "
+            r"\[33554432, 33554432\].*more than",
+        ),
+        ((1, [2], 0, 0, 0, [[(1 << 40, 2)]]), r"slice '1099511627776,2' of 'x' reaches past its shape \[2\]"),
+    ],
+)
 def test_declared_sizes_beyond_the_data_shard_are_refused_on_read(tmp_path, entry, message):
     tool = _tool()
     prefix = tool.tf_checkpoint(str(tmp_path / "ckpt"), {"x": tool.tf_entry(*entry)}, struct.pack("<2f", 1, 2))
@@ -489,11 +537,14 @@ def test_declared_sizes_beyond_the_data_shard_are_refused_on_read(tmp_path, entr
             checkpoint.read("x")
 
 
-@pytest.mark.parametrize("entry, message", [
-    ((1, [-2], 0, 8), r"the entry of 'x' is corrupt: shape \[-2\] has a negative dimension"),
-    ((1, [2], -4, 8), r"the entry of 'x' is corrupt: negative offset -4"),
-    ((1, [0, 1 << 62], 0, 0), r"the entry of 'x' is corrupt: shape \[0, 4611686018427387904\] is beyond"),
-])
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ((1, [-2], 0, 8), r"the entry of 'x' is corrupt: shape \[-2\] has a negative dimension"),
+        ((1, [2], -4, 8), r"the entry of 'x' is corrupt: negative offset -4"),
+        ((1, [0, 1 << 62], 0, 0), r"the entry of 'x' is corrupt: shape \[0, 4611686018427387904\] is beyond"),
+    ],
+)
 def test_impossible_entries_are_refused_on_open(tmp_path, entry, message):
     tool = _tool()
     prefix = tool.tf_checkpoint(str(tmp_path / "ckpt"), {"x": tool.tf_entry(*entry)}, struct.pack("<2f", 1, 2))
@@ -503,8 +554,9 @@ def test_impossible_entries_are_refused_on_open(tmp_path, entry, message):
 
 def test_header_declaring_billions_of_shards_fails_fast(tmp_path):
     tool = _tool()
-    prefix = tool.tf_checkpoint(str(tmp_path / "ckpt"), {"x": tool.tf_entry(1, [2], 0, 8)}, b"\0" * 8,
-                                num_shards=(1 << 31) - 1)
+    prefix = tool.tf_checkpoint(
+        str(tmp_path / "ckpt"), {"x": tool.tf_entry(1, [2], 0, 8)}, b"\0" * 8, num_shards=(1 << 31) - 1
+    )
     with pytest.raises(WeightSourceError, match=r"missing data shard file\(s\) .*ckpt\.data-00001-of-2147483647"):
         open_tensorflow(prefix)
 
@@ -518,15 +570,21 @@ def test_record_the_protobuf_runtime_refuses_is_an_error_naming_file_and_key(tmp
     tool = _tool()
     # The shape field declares 5 bytes and 1 follows.
     prefix = tool.tf_checkpoint(str(tmp_path / "ckpt"), {"x": b"\x08\x01\x12\x05\x12"}, b"")
-    with pytest.raises(WeightSourceError, match=r"ckpt\.index: cannot decode the entry of b'x': not a valid "
-                                                r"serialized BundleEntryProto .*; the checkpoint is corrupt"):
+    with pytest.raises(
+        WeightSourceError,
+        match=r"ckpt\.index: cannot decode the entry of b'x': not a valid "
+        r"serialized BundleEntryProto .*; the checkpoint is corrupt",
+    ):
         open_tensorflow(prefix)
     graph = b"\x0a\x04\x0a\x02\x08\x07"  # node 0 has a child, node 7, in a graph of one node
     data = tool.varint(len(graph)) + struct.pack("<I", masked_crc32c(struct.pack("<I", len(graph)))) + graph
-    entry = tool.tf_entry(7, [], 0, len(data), masked_crc32c(struct.pack("<I", len(graph)) + data[-4 - len(graph):]))
+    entry = tool.tf_entry(7, [], 0, len(data), masked_crc32c(struct.pack("<I", len(graph)) + data[-4 - len(graph) :]))
     prefix = tool.tf_checkpoint(str(tmp_path / "graph"), {"_CHECKPOINTABLE_OBJECT_GRAPH": entry}, data)
     with open_tensorflow(prefix) as checkpoint:
-        with pytest.raises(WeightSourceError, match=r"graph\.data-00000-of-00001: cannot decode "
-                                                    r"_CHECKPOINTABLE_OBJECT_GRAPH: a reference to node 7, but the "
-                                                    r"graph has 1 nodes"):
+        with pytest.raises(
+            WeightSourceError,
+            match=r"graph\.data-00000-of-00001: cannot decode "
+            r"_CHECKPOINTABLE_OBJECT_GRAPH: a reference to node 7, but the "
+            r"graph has 1 nodes",
+        ):
             checkpoint.model_variables()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "tfrecord"
 NUMPY_DTYPES = {"int64": np.int64, "float32": np.float32, "string": object}
 
 
-@lru_cache(maxsize=None)
+@cache
 def load(name: str) -> dict[str, Any]:
     return json.loads((FIXTURES / name).read_text(encoding="utf-8"))
 
@@ -76,19 +76,29 @@ def all_records(name: str, compression: str, **options: Any) -> list[tuple[int, 
 # Differences from TF 2.21 that are known and deliberate (or not yet settled): strict xfail,
 # so a change that removes one makes the test fail and the entry must go.
 KNOWN_DIFFERENCES = {
-    ("parse", "split_packed_list"): "a packed int64 list sent as two chunks (0a 02 04 05, then 0a 01 06): TF's fast parser "
-                                    "keeps only the first chunk ([4, 5]; its own proto decode gives [4, 5, 6]); ours "
-                                    "follows protobuf and gives [4, 5, 6]",
+    (
+        "parse",
+        "split_packed_list",
+    ): "a packed int64 list sent as two chunks (0a 02 04 05, then 0a 01 06): TF's fast parser "
+    "keeps only the first chunk ([4, 5]; its own proto decode gives [4, 5, 6]); ours "
+    "follows protobuf and gives [4, 5, 6]",
 }
 
 
 def with_known(test: str, names: list[str]) -> list[Any]:
-    return [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_DIFFERENCES[(test, name)]))
-            if (test, name) in KNOWN_DIFFERENCES else name for name in names]
+    return [
+        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_DIFFERENCES[(test, name)]))
+        if (test, name) in KNOWN_DIFFERENCES
+        else name
+        for name in names
+    ]
 
 
-GOOD_FILES = sorted(name for name, entry in load("tf_files.json")["files"].items() if entry["tf_read"]["error"] is None
-                    and not name.startswith("truncated_header"))
+GOOD_FILES = sorted(
+    name
+    for name, entry in load("tf_files.json")["files"].items()
+    if entry["tf_read"]["error"] is None and not name.startswith("truncated_header")
+)
 BAD_FILES = sorted(name for name, entry in load("tf_files.json")["files"].items() if entry["tf_read"]["error"])
 
 
@@ -151,7 +161,8 @@ def test_message_offset_matches_tensorflow(name: str) -> None:
         all_records(name, entry["compression"])
     found = re.search(r"record at (\d+)", str(caught.value))
     assert found is not None and int(found.group(1)) == entry["tf_read"]["error"]["message_offset"], (
-        f"TF: {entry['tf_read']['error']['message']!r}; ours: {caught.value}")
+        f"TF: {entry['tf_read']['error']['message']!r}; ours: {caught.value}"
+    )
 
 
 @pytest.mark.parametrize("name", BAD_FILES + ["truncated_header.tfrecord"])
@@ -172,8 +183,11 @@ def test_truncated_header_is_silent_only_when_not_strict() -> None:
     assert caught.value.offset == entry["offsets"][2] and "truncated record at" in str(caught.value)
 
 
-@pytest.mark.parametrize("read", load("tf_files.json")["wrong_compression_reads"],
-                         ids=lambda read: f"{read['file']}-as-{read['compression'] or 'plain'}")
+@pytest.mark.parametrize(
+    "read",
+    load("tf_files.json")["wrong_compression_reads"],
+    ids=lambda read: f"{read['file']}-as-{read['compression'] or 'plain'}",
+)
 def test_wrong_compression_is_data_loss(read: dict[str, Any]) -> None:
     assert read["tf_read"]["error"]["type"] == "DataLossError"
     with pytest.raises(DataLossError) as caught:
@@ -201,8 +215,9 @@ def assert_decoded(actual: dict[str, Any], kinds: dict[str, Any], expected: dict
 def test_decodes_examples_like_tensorflow() -> None:
     section = load("tf_files.json")["examples"]
     for index, (record, expected) in enumerate(zip(tf_records(section["file"]), section["decoded"])):
-        assert_decoded(example_codec.decode_example(record), example_codec.example_kinds(record), expected,
-                       f"record {index}")
+        assert_decoded(
+            example_codec.decode_example(record), example_codec.example_kinds(record), expected, f"record {index}"
+        )
 
 
 def test_decodes_sequence_examples_like_tensorflow() -> None:
@@ -215,8 +230,12 @@ def test_decodes_sequence_examples_like_tensorflow() -> None:
         for name, frames in expected["feature_lists"].items():
             assert len(lists[name]) == len(frames), f"record {index}: frames of {name}"
             for step, (actual, frame) in enumerate(zip(lists[name], frames)):
-                assert_same_values(frame["kind"], actual, json_values(frame["kind"], frame["values"]),
-                                   f"record {index}: {name}[{step}]")
+                assert_same_values(
+                    frame["kind"],
+                    actual,
+                    json_values(frame["kind"], frame["values"]),
+                    f"record {index}: {name}[{step}]",
+                )
 
 
 @pytest.mark.parametrize("case", load("tf_serialized.json")["examples"], ids=lambda case: case["name"])
@@ -240,8 +259,10 @@ def test_multi_feature_bytes_equal_tensorflow_deterministic(case: dict[str, Any]
 @pytest.mark.parametrize("case", load("tf_serialized.json")["sequence_examples"], ids=lambda case: case["name"])
 def test_encodes_sequence_examples_like_tensorflow(case: dict[str, Any]) -> None:
     context, kinds = feature_inputs(case["context"])
-    lists = {name: [python_values(entry["kind"], frame) for frame in entry["values"]]
-             for name, entry in case["feature_lists"].items()}
+    lists = {
+        name: [python_values(entry["kind"], frame) for frame in entry["values"]]
+        for name, entry in case["feature_lists"].items()
+    }
     kinds.update({name: entry["kind"] for name, entry in case["feature_lists"].items()})
     assert example_codec.encode_sequence_example(context, lists, kinds=kinds) == unbase64(case["serialized"])
 
@@ -254,8 +275,9 @@ def edge_record(name: str) -> bytes:
 @pytest.mark.parametrize("case", load("tf_parse.json")["edge_cases"]["records"], ids=lambda case: case["name"])
 def test_decodes_hand_made_protobuf_like_tensorflow(case: dict[str, Any]) -> None:
     record = edge_record(case["name"])
-    assert_decoded(example_codec.decode_example(record), example_codec.example_kinds(record), case["decoded"],
-                   case["name"])
+    assert_decoded(
+        example_codec.decode_example(record), example_codec.example_kinds(record), case["decoded"], case["name"]
+    )
 
 
 # --------------------------------------------------------------------------- the other way: TF read what we wrote
@@ -275,8 +297,10 @@ def encode_input(message: str, item: dict[str, Any]) -> bytes:
         values, kinds = feature_inputs(item)
         return example_codec.encode_example(values, kinds=kinds)
     context, kinds = feature_inputs(item["context"])
-    lists = {name: [python_values(entry["kind"], frame) for frame in entry["values"]]
-             for name, entry in item["feature_lists"].items()}
+    lists = {
+        name: [python_values(entry["kind"], frame) for frame in entry["values"]]
+        for name, entry in item["feature_lists"].items()
+    }
     kinds.update({name: entry["kind"] for name, entry in item["feature_lists"].items()})
     return example_codec.encode_sequence_example(context, lists, kinds=kinds)
 
@@ -309,8 +333,12 @@ def test_tensorflow_decoded_our_examples_as_written() -> None:
         assert sorted(seen) == sorted(item), f"record {index}"
         for name, feature in item.items():
             assert seen[name]["kind"] == feature["kind"], f"record {index}: {name}"
-            assert_same_values(feature["kind"], json_values(feature["kind"], seen[name]["values"]),
-                               json_values(feature["kind"], feature["values"]), f"record {index}: {name}")
+            assert_same_values(
+                feature["kind"],
+                json_values(feature["kind"], seen[name]["values"]),
+                json_values(feature["kind"], feature["values"]),
+                f"record {index}: {name}",
+            )
 
 
 def test_tensorflow_decoded_our_sequence_examples_as_written() -> None:
@@ -318,15 +346,23 @@ def test_tensorflow_decoded_our_sequence_examples_as_written() -> None:
     for index, (item, seen) in enumerate(zip(ours_inputs("sequence_example"), decoded, strict=True)):
         assert sorted(seen["context"]) == sorted(item["context"])
         for name, feature in item["context"].items():
-            assert_same_values(feature["kind"], json_values(feature["kind"], seen["context"][name]["values"]),
-                               json_values(feature["kind"], feature["values"]), f"record {index}: {name}")
+            assert_same_values(
+                feature["kind"],
+                json_values(feature["kind"], seen["context"][name]["values"]),
+                json_values(feature["kind"], feature["values"]),
+                f"record {index}: {name}",
+            )
         assert sorted(seen["feature_lists"]) == sorted(item["feature_lists"])
         for name, feature in item["feature_lists"].items():
             frames = seen["feature_lists"][name]
             assert [frame["kind"] for frame in frames] == [feature["kind"]] * len(feature["values"])
             for step, frame in enumerate(frames):
-                assert_same_values(feature["kind"], json_values(feature["kind"], frame["values"]),
-                                   json_values(feature["kind"], feature["values"][step]), f"{name}[{step}]")
+                assert_same_values(
+                    feature["kind"],
+                    json_values(feature["kind"], frame["values"]),
+                    json_values(feature["kind"], feature["values"][step]),
+                    f"{name}[{step}]",
+                )
 
 
 # --------------------------------------------------------------------------- parsing specs
@@ -351,8 +387,9 @@ def build_spec(parsing: Any, spec: dict[str, Any]) -> Any:
     if kind == "VarLenFeature":
         return parsing.VarLenFeature(dtype)
     if kind == "FixedLenSequenceFeature":
-        return parsing.FixedLenSequenceFeature(tuple(spec["shape"]), dtype, allow_missing=spec["allow_missing"],
-                                               default_value=default_value(spec))
+        return parsing.FixedLenSequenceFeature(
+            tuple(spec["shape"]), dtype, allow_missing=spec["allow_missing"], default_value=default_value(spec)
+        )
     assert kind == "RaggedFeature", kind
     return parsing.RaggedFeature(dtype)
 
@@ -387,17 +424,25 @@ def assert_parsed(actual: Any, expected: dict[str, Any], where: str) -> None:
         sparse = expected["sparse"]
         rank = len(sparse["dense_shape"])
         assert np.asarray(actual.indices).reshape(-1, rank).tolist() == sparse["indices"] or (
-            not sparse["indices"] and np.asarray(actual.indices).size == 0), f"{where}: indices"
-        assert_dense(np.asarray(actual.values, dtype=NUMPY_DTYPES[sparse["values"]["dtype"]]), sparse["values"],
-                     f"{where}: values")
+            not sparse["indices"] and np.asarray(actual.indices).size == 0
+        ), f"{where}: indices"
+        assert_dense(
+            np.asarray(actual.values, dtype=NUMPY_DTYPES[sparse["values"]["dtype"]]),
+            sparse["values"],
+            f"{where}: values",
+        )
         assert np.asarray(actual.dense_shape).tolist() == sparse["dense_shape"], f"{where}: dense_shape"
     elif "ragged" in expected:
         flat, splits = ragged_parts(actual)
         ragged = expected["ragged"]
         assert [np.asarray(split).tolist() for split in splits] == ragged["nested_row_splits"], f"{where}: row splits"
         dtype = ragged["flat_values"]["dtype"]
-        assert_same_values(dtype, np.asarray(flat, dtype=NUMPY_DTYPES[dtype]).reshape(-1),
-                           json_values(dtype, ragged["flat_values"]["values"]), f"{where}: values")
+        assert_same_values(
+            dtype,
+            np.asarray(flat, dtype=NUMPY_DTYPES[dtype]).reshape(-1),
+            json_values(dtype, ragged["flat_values"]["values"]),
+            f"{where}: values",
+        )
     else:
         assert_dense(actual, expected, where)
 
@@ -440,10 +485,12 @@ def test_parse_errors_like_tensorflow(parsing: Any, case: dict[str, Any]) -> Non
     names = list(case["spec"])
     single, batch = case["parse_single_example"], case["parse_example"]
     assert "error" in single and "error" in batch  # every case is an error case in TF
-    assert_same_failure(lambda: parsing.parse_single_example(records[-1], build_specs(parsing, case["spec"])),
-                        single["error"], names)
-    error = assert_same_failure(lambda: parsing.parse_example(records, build_specs(parsing, case["spec"])),
-                                batch["error"], names)
+    assert_same_failure(
+        lambda: parsing.parse_single_example(records[-1], build_specs(parsing, case["spec"])), single["error"], names
+    )
+    error = assert_same_failure(
+        lambda: parsing.parse_example(records, build_specs(parsing, case["spec"])), batch["error"], names
+    )
     if f"Index: {len(records) - 1}" in batch["error"]["message"]:
         assert re.search(rf"\b{len(records) - 1}\b", str(error)), f"the record index is not named: {error}"
 
@@ -455,9 +502,12 @@ def test_parse_single_sequence_example_like_tensorflow(parsing: Any, case: dict[
         records = [records[case["record_index"]]]
     names = [*case["context_spec"], *case["sequence_spec"]]
     for index, (record, outcome) in enumerate(zip(records, case["parse_single_sequence_example"], strict=True)):
+
         def call(record: bytes = record) -> Any:
-            return parsing.parse_single_sequence_example(record, build_specs(parsing, case["context_spec"]),
-                                                         build_specs(parsing, case["sequence_spec"]))
+            return parsing.parse_single_sequence_example(
+                record, build_specs(parsing, case["context_spec"]), build_specs(parsing, case["sequence_spec"])
+            )
+
         if "error" in outcome:
             assert_same_failure(call, outcome["error"], names)
             continue
@@ -467,9 +517,12 @@ def test_parse_single_sequence_example_like_tensorflow(parsing: Any, case: dict[
 
 
 def edge_cases_with_known() -> list[Any]:
-    return [pytest.param(case, marks=pytest.mark.xfail(strict=True, reason=KNOWN_DIFFERENCES[("parse", case["name"])]))
-            if ("parse", case["name"]) in KNOWN_DIFFERENCES else case
-            for case in load("tf_parse.json")["edge_cases"]["records"]]
+    return [
+        pytest.param(case, marks=pytest.mark.xfail(strict=True, reason=KNOWN_DIFFERENCES[("parse", case["name"])]))
+        if ("parse", case["name"]) in KNOWN_DIFFERENCES
+        else case
+        for case in load("tf_parse.json")["edge_cases"]["records"]
+    ]
 
 
 @pytest.mark.parametrize("case", edge_cases_with_known(), ids=example_case_ids)

@@ -39,13 +39,16 @@ def write(path, records, compression=None):
 # --------------------------------------------------------------------------- worked bytes
 
 
-@pytest.mark.parametrize("data, masked", [
-    (b"", 0xA282EAD8),
-    (b"abc", 0x21F1576E),
-    (bytes(8), 0x07980329),
-    (bytes.fromhex("0300000000000000"), 0x0E4999B0),
-    (b"123456789", 0xC78AB0E5),
-])
+@pytest.mark.parametrize(
+    "data, masked",
+    [
+        (b"", 0xA282EAD8),
+        (b"abc", 0x21F1576E),
+        (bytes(8), 0x07980329),
+        (bytes.fromhex("0300000000000000"), 0x0E4999B0),
+        (b"123456789", 0xC78AB0E5),
+    ],
+)
 def test_masked_crc32c_matches_the_worked_values(data, masked):
     assert masked_crc32c(data) == masked
 
@@ -168,6 +171,7 @@ def flip(index):
     def edit(data):
         data[index] ^= 0x01
         return data
+
     return edit
 
 
@@ -216,7 +220,7 @@ def test_verify_false_skips_the_crc_checks(tmp_path):
 
 
 def test_truncated_data_raises_truncated_record_even_when_not_strict(tmp_path):
-    path = damaged(tmp_path, lambda data: data[:39 + 15])  # 15 bytes into "hi"'s 18
+    path = damaged(tmp_path, lambda data: data[: 39 + 15])  # 15 bytes into "hi"'s 18
     for strict in (True, False):
         records, error = collect(path, strict=strict)
         assert records == [b"abc", b"defg"]
@@ -224,7 +228,7 @@ def test_truncated_data_raises_truncated_record_even_when_not_strict(tmp_path):
 
 
 def test_truncated_header_raises_when_strict_and_is_eof_like_tensorflow_otherwise(tmp_path):
-    path = damaged(tmp_path, lambda data: data[:39 + 5])
+    path = damaged(tmp_path, lambda data: data[: 39 + 5])
     records, error = collect(path)
     assert records == [b"abc", b"defg"] and error.offset == 39 and "truncated" in str(error)
     assert [r for _, r in iter_records(path, strict=False)] == [b"abc", b"defg"]
@@ -282,7 +286,7 @@ def test_a_length_past_the_end_of_a_plain_file_is_truncated_before_it_is_read(tm
     path = write(tmp_path / "data", [b"abc", b"x" * (3 << 20)])
     data = bytearray(open(path, "rb").read())
     path = tmp_path / "long"
-    path.write_bytes(bytes(data[:19 + 16 + (2 << 20)]))  # the big record is cut 1 MiB short
+    path.write_bytes(bytes(data[: 19 + 16 + (2 << 20)]))  # the big record is cut 1 MiB short
     records, error = collect(path)
     assert records == [b"abc"] and error.offset == 19
     assert str(error).startswith(f"truncated record at 19 in {path}")
@@ -295,8 +299,9 @@ def test_a_record_over_max_record_size_says_how_to_raise_the_limit(tmp_path, com
     path = write(tmp_path / "data", [b"abc", big, b"after"], compression)
     records, error = collect(path, compression=compression, max_record_size=1 << 20)
     assert records == [b"abc"] and (error.path, error.offset) == (path, 19)
-    assert str(error).startswith(f"record too large at 19 in {path}: it declares {len(big)} bytes, "
-                                 f"more than max_record_size={1 << 20}")
+    assert str(error).startswith(
+        f"record too large at 19 in {path}: it declares {len(big)} bytes, more than max_record_size={1 << 20}"
+    )
     assert f"pass max_record_size={len(big)} or more" in str(error)
     assert f"--max_record_size {len(big)}" in str(error)
     # A plain file is known to hold it; a compressed one may also just have a damaged length.
@@ -320,8 +325,10 @@ def test_every_record_over_max_record_size_is_refused_however_small(tmp_path, co
     path = write(tmp_path / "data", [b"abc", b"y" * 157, b"z" * 488, b"after"], compression)
     records, error = collect(path, compression=compression, max_record_size=10)
     assert records == [b"abc"] and (error.path, error.offset) == (path, 19)
-    assert str(error).startswith(f"record too large at 19 in {path}: it declares 157 bytes, more than "
-                                 "max_record_size=10. The file holds a record this large")
+    assert str(error).startswith(
+        f"record too large at 19 in {path}: it declares 157 bytes, more than "
+        "max_record_size=10. The file holds a record this large"
+    )
     assert "--max_record_size 157" in str(error)
     records, error = collect(path, compression=compression, max_record_size=157)
     assert records == [b"abc", b"y" * 157] and error.offset == 19 + 157 + 16
@@ -330,19 +337,20 @@ def test_every_record_over_max_record_size_is_refused_however_small(tmp_path, co
     with pytest.raises(DataLossError, match="record too large at 0 .* declares 3 bytes, more than max_record_size=0"):
         list(read_records(path, compression, max_record_size=0))
     # The limit is the data's length, as the message says: a record of exactly max_record_size bytes is read.
-    assert list(read_records(write(tmp_path / "exact", [b"0123456789"], compression), compression,
-                             max_record_size=10)) == [b"0123456789"]
+    assert list(
+        read_records(write(tmp_path / "exact", [b"0123456789"], compression), compression, max_record_size=10)
+    ) == [b"0123456789"]
 
 
 def test_a_plain_file_that_grew_since_it_was_opened_is_read_whole(tmp_path):
     big = os.urandom(3 << 20)
     full = open(write(tmp_path / "full", [b"abc", big]), "rb").read()
     path = tmp_path / "growing"
-    path.write_bytes(full[:19 + 100])  # a writer is still appending
+    path.write_bytes(full[: 19 + 100])  # a writer is still appending
     blocks = iter_record_blocks(path, block_size=19)
     assert next(blocks) == ([0], [b"abc"])  # the size is not looked up yet
     with open(path, "ab") as file:
-        file.write(full[19 + 100:])
+        file.write(full[19 + 100 :])
     assert next(blocks) == ([19], [big])
 
 
@@ -363,7 +371,7 @@ def test_big_compressed_records_are_probed_then_read_exactly(tmp_path, compressi
         assert [record for _, chunk in blocks for record in chunk] == records
     stream = open(write(tmp_path / "plain", records), "rb").read()
     joined = tmp_path / "joined.gz"  # gzip members split right after the big record's header
-    joined.write_bytes(gzip.compress(stream[:17 + 12]) + gzip.compress(stream[17 + 12:]))
+    joined.write_bytes(gzip.compress(stream[: 17 + 12]) + gzip.compress(stream[17 + 12 :]))
     for block_size in (17 + 12, 100):  # the probe starts at the end of a member, or inside the next
         blocks = list(iter_record_blocks(joined, "GZIP", block_size=block_size))
         assert [record for _, chunk in blocks for record in chunk] == records
@@ -387,8 +395,9 @@ def test_the_probe_finds_a_bad_data_crc_or_a_short_stream_before_reading(tmp_pat
         records, error = collect_blocks(short, compression, block_size=100)
         assert records == [b"abc"] and error.offset == 19
         assert str(error).startswith(f"truncated record at 19 in {short}")
-        assert (f"declares {len(big)} bytes of data but the decompressed stream ends {cut - 19} bytes "
-                f"into the record") in str(error)
+        assert (
+            f"declares {len(big)} bytes of data but the decompressed stream ends {cut - 19} bytes into the record"
+        ) in str(error)
     unverified = list(iter_record_blocks(path, compression, verify=False, block_size=100))
     assert unverified == [([0], [b"abc"]), ([19], [big])]
     assert tfrecord._PROBE_SIZE == 2048

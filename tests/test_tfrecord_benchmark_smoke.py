@@ -19,14 +19,42 @@ from benchmark_scripts import assert_arguments_refused, final_line, imported_scr
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "tfrecord_read.py"
 RATIO = r"\d+\.\d{3}|n/a"
-RATIO_NAMES = ("raw_vs_tfdata", "parsed_vs_tfdata", "raw_vs_tfrecord_pkg", "dataset_vs_tfdata",
-               "parsed_vs_tfdata_worst", "parsed_vs_tfdata_b16", "parsed_vs_tfdata_b64", "parsed_vs_tfdata_b256", "parsed_vs_tfdata_b1024")
+RATIO_NAMES = (
+    "raw_vs_tfdata",
+    "parsed_vs_tfdata",
+    "raw_vs_tfrecord_pkg",
+    "dataset_vs_tfdata",
+    "parsed_vs_tfdata_worst",
+    "parsed_vs_tfdata_b16",
+    "parsed_vs_tfdata_b64",
+    "parsed_vs_tfdata_b256",
+    "parsed_vs_tfdata_b1024",
+)
 FINAL_LINE = re.compile("^tfrecord_read " + " ".join(rf"{name}=({RATIO})" for name in RATIO_NAMES) + "$")
 ALL_NA = ("n/a",) * len(RATIO_NAMES)
-OURS_ONLY = ["--quick", "--no-tensorflow", "--no-tfrecord-package", "--records", "300", "--files", "3",
-             "--dataset-records", "500", "--dataset-batch-size", "32", "--rounds", "2"]
-FIGURES = [("raw", "records"), ("parsed_b16", "examples"), ("parsed_b64", "examples"), ("parsed_b256", "examples"),
-           ("parsed_b1024", "examples"), ("dataset", "examples")]
+OURS_ONLY = [
+    "--quick",
+    "--no-tensorflow",
+    "--no-tfrecord-package",
+    "--records",
+    "300",
+    "--files",
+    "3",
+    "--dataset-records",
+    "500",
+    "--dataset-batch-size",
+    "32",
+    "--rounds",
+    "2",
+]
+FIGURES = [
+    ("raw", "records"),
+    ("parsed_b16", "examples"),
+    ("parsed_b64", "examples"),
+    ("parsed_b256", "examples"),
+    ("parsed_b1024", "examples"),
+    ("dataset", "examples"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +68,9 @@ def _final_line(output: str) -> re.Match:
 
 
 def _figure(output: str, figure: str, unit: str) -> float:
-    match = re.search(rf"^{figure}: torchestimator (\d+) {unit}/s \((\d+\.\d\d) ms wall, cpu/wall (\d+\.\d\d)\)",
-                      output, re.M)
+    match = re.search(
+        rf"^{figure}: torchestimator (\d+) {unit}/s \((\d+\.\d\d) ms wall, cpu/wall (\d+\.\d\d)\)", output, re.M
+    )
     assert match, f"no {figure} line in:\n{output}"
     assert float(match.group(2)) > 0 and float(match.group(3)) > 0, match.group(0)
     return float(match.group(1))
@@ -104,32 +133,49 @@ def test_a_wrong_dataset_batch_is_caught(benchmark, monkeypatch, tmp_path):
                 yield {**batch, "label": batch["label"] + 1}
 
     monkeypatch.setattr(benchmark, "TFRecordDataset", ShiftedLabels)
-    settings = benchmark.parse_settings(["--quick", "--records", "40", "--files", "2", "--dataset-records", "50",
-                                         "--dataset-batch-size", "8"])
+    settings = benchmark.parse_settings(
+        ["--quick", "--records", "40", "--files", "2", "--dataset-records", "50", "--dataset-batch-size", "8"]
+    )
     columns = benchmark.make_columns(settings)
     shards = benchmark.write_files(str(tmp_path), benchmark.serialize(columns), settings)
     path = benchmark.write_dataset_file(str(tmp_path), shards, settings)
     assert benchmark.check_dataset(path, columns, settings) == [
-        "TFRecordDataset parsed label unlike the generated values"]
+        "TFRecordDataset parsed label unlike the generated values"
+    ]
 
 
 def _measurement(benchmark, rates):
     """A Measurement whose every kept round gives each reader the rates listed for it."""
-    return benchmark.Measurement(rates={name: list(values) for name, values in rates.items()},
-                                 walls={name: [0.5] * len(values) for name, values in rates.items()},
-                                 cores={name: [2.0 if name == "ours_dataset" else 1.0] * len(values)
-                                        for name, values in rates.items()})
+    return benchmark.Measurement(
+        rates={name: list(values) for name, values in rates.items()},
+        walls={name: [0.5] * len(values) for name, values in rates.items()},
+        cores={name: [2.0 if name == "ours_dataset" else 1.0] * len(values) for name, values in rates.items()},
+    )
 
 
 def test_report_gives_every_ratio_the_geometric_mean_and_the_worst_batch_size(benchmark, capsys):
     settings = benchmark.parse_settings(["--quick", "--batch-sizes", "16,256", "--rounds", "3"])
-    rates = {"ours_raw": [300, 300], "tfdata_raw": [100, 200], "tfrecord_pkg_raw": [100, 100],
-             "ours_parsed_b16": [200, 200], "tfdata_parsed_b16": [100, 100],
-             "ours_parsed_b256": [100, 100], "tfdata_parsed_b256": [200, 200],
-             "ours_dataset": [90, 90], "tfdata_dataset": [100, 100]}
+    rates = {
+        "ours_raw": [300, 300],
+        "tfdata_raw": [100, 200],
+        "tfrecord_pkg_raw": [100, 100],
+        "ours_parsed_b16": [200, 200],
+        "tfdata_parsed_b16": [100, 100],
+        "ours_parsed_b256": [100, 100],
+        "tfdata_parsed_b256": [200, 200],
+        "ours_dataset": [90, 90],
+        "tfdata_dataset": [100, 100],
+    }
     ratios = benchmark.report(_measurement(benchmark, rates), object(), object(), settings)
-    assert list(ratios) == ["raw_vs_tfdata", "parsed_vs_tfdata", "raw_vs_tfrecord_pkg", "dataset_vs_tfdata",
-                            "parsed_vs_tfdata_worst", "parsed_vs_tfdata_b16", "parsed_vs_tfdata_b256"]
+    assert list(ratios) == [
+        "raw_vs_tfdata",
+        "parsed_vs_tfdata",
+        "raw_vs_tfrecord_pkg",
+        "dataset_vs_tfdata",
+        "parsed_vs_tfdata_worst",
+        "parsed_vs_tfdata_b16",
+        "parsed_vs_tfdata_b256",
+    ]
     assert ratios["raw_vs_tfdata"] == pytest.approx(2.25)  # median of 3 and 1.5 in the same rounds
     assert ratios["parsed_vs_tfdata_b16"] == pytest.approx(2.0)
     assert ratios["parsed_vs_tfdata_b256"] == pytest.approx(0.5)
@@ -139,12 +185,18 @@ def test_report_gives_every_ratio_the_geometric_mean_and_the_worst_batch_size(be
     assert ratios["raw_vs_tfrecord_pkg"] == pytest.approx(3.0)
     output = capsys.readouterr().out
     assert "parsed over batch sizes 16,256: geometric mean 1.000, worst 0.500 (batch 256)" in output
-    assert re.search(r"^dataset: torchestimator 90 examples/s \(500\.00 ms wall, cpu/wall 2\.00\), tf\.data 100 "
-                     r"examples/s \(500\.00 ms wall, cpu/wall 1\.00\), ratio 0\.900 \(per CPU second 0\.450; "
-                     r"2 rounds\)$", output, re.M)
+    assert re.search(
+        r"^dataset: torchestimator 90 examples/s \(500\.00 ms wall, cpu/wall 2\.00\), tf\.data 100 "
+        r"examples/s \(500\.00 ms wall, cpu/wall 1\.00\), ratio 0\.900 \(per CPU second 0\.450; "
+        r"2 rounds\)$",
+        output,
+        re.M,
+    )
     benchmark.print_verdict(ratios)
-    assert ("targets: raw_vs_tfdata>=1.3 met, parsed_vs_tfdata_worst>=1 MISSED, raw_vs_tfrecord_pkg>=3 met, "
-            "dataset_vs_tfdata>=1 MISSED") in capsys.readouterr().out
+    assert (
+        "targets: raw_vs_tfdata>=1.3 met, parsed_vs_tfdata_worst>=1 MISSED, raw_vs_tfrecord_pkg>=3 met, "
+        "dataset_vs_tfdata>=1 MISSED"
+    ) in capsys.readouterr().out
 
 
 def test_dataset_file_repeats_the_shards_records_in_order(benchmark, tmp_path):
@@ -158,8 +210,9 @@ def test_dataset_file_repeats_the_shards_records_in_order(benchmark, tmp_path):
 
 
 def test_numpy_batch_turns_sparse_tensors_into_tensorflow_parts(benchmark):
-    sparse = torch.sparse_coo_tensor(torch.tensor([[1, 0], [0, 2]]), torch.tensor([7, 5]), (2, 3),
-                                     check_invariants=True)
+    sparse = torch.sparse_coo_tensor(
+        torch.tensor([[1, 0], [0, 2]]), torch.tensor([7, 5]), (2, 3), check_invariants=True
+    )
     converted = benchmark.numpy_batch({"tokens": sparse, "label": torch.tensor([1, 2]), "image": np.array([b"x"])})
     indices, values, shape = converted["tokens"]
     assert indices.tolist() == [[0, 2], [1, 0]] and values.tolist() == [5, 7] and shape.tolist() == [2, 3]
@@ -191,26 +244,27 @@ def test_records_digest_sees_order_and_boundaries(benchmark):
 
 
 def test_batch_mismatches_names_the_differing_features(benchmark):
-    expected = {"dense": np.zeros((2, 3), np.float32),
-                "tokens": (np.array([[0, 0]]), np.array([5]), np.array([2, 1]))}
-    same = {"dense": np.zeros((2, 3), np.float32),
-            "tokens": (np.array([[0, 0]]), np.array([5]), np.array([2, 1]))}
+    expected = {"dense": np.zeros((2, 3), np.float32), "tokens": (np.array([[0, 0]]), np.array([5]), np.array([2, 1]))}
+    same = {"dense": np.zeros((2, 3), np.float32), "tokens": (np.array([[0, 0]]), np.array([5]), np.array([2, 1]))}
     assert benchmark.batch_mismatches(same, expected) == []
     wrong = {"dense": np.zeros((2, 3), np.float64), "tokens": (np.array([[0, 0]]), np.array([6]), np.array([2, 1]))}
     assert benchmark.batch_mismatches(wrong, expected) == ["dense", "tokens"]
     assert benchmark.batch_mismatches({}, expected) == ["dense (missing)", "tokens (missing)"]
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (["--rounds", "2", "--warmup-rounds", "2"], "--warmup-rounds"),
-    (["--threads", "0"], "--threads must be at least 1"),
-    (["--records", "3", "--files", "4"], "--records must be at least --files"),
-    (["--image-bytes", "-1"], "must be >= 0"),
-    (["--batch-sizes", "16,x"], "comma-separated list of integers"),
-    (["--batch-sizes", "16,0"], "every batch size must be at least 1 and appear once"),
-    (["--batch-sizes", "64,64"], "every batch size must be at least 1 and appear once"),
-    (["--dataset-batch-size", "0"], "--dataset-batch-size must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--rounds", "2", "--warmup-rounds", "2"], "--warmup-rounds"),
+        (["--threads", "0"], "--threads must be at least 1"),
+        (["--records", "3", "--files", "4"], "--records must be at least --files"),
+        (["--image-bytes", "-1"], "must be >= 0"),
+        (["--batch-sizes", "16,x"], "comma-separated list of integers"),
+        (["--batch-sizes", "16,0"], "every batch size must be at least 1 and appear once"),
+        (["--batch-sizes", "64,64"], "every batch size must be at least 1 and appear once"),
+        (["--dataset-batch-size", "0"], "--dataset-batch-size must be at least 1"),
+    ],
+)
 def test_bad_arguments_are_refused(benchmark, capsys, arguments, message):
     assert_arguments_refused(benchmark, arguments, message, capsys)
 

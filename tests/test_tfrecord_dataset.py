@@ -59,8 +59,7 @@ def test_shuffling_is_seeded_per_epoch_and_keeps_every_record(tmp_path):
     pattern, records = make_files(tmp_path, [20, 20, 20, 20])
 
     def epochs(seed):
-        items = list(TFRecordDataset(pattern, shuffle_files=True, shuffle_buffer_size=16, seed=seed,
-                                     num_epochs=2))
+        items = list(TFRecordDataset(pattern, shuffle_files=True, shuffle_buffer_size=16, seed=seed, num_epochs=2))
         return items[:80], items[80:]
 
     first, second = epochs(seed=7)
@@ -160,15 +159,23 @@ def test_two_ranks_by_two_workers_see_every_record_once_per_epoch(tmp_path, coun
     pattern, records = make_files(tmp_path, counts)
     dataset = TFRecordDataset(pattern, num_shards=2, shard_index=0)
     assert dataset.loader(num_workers=2).state_dict()["shard_mode"] == mode
-    items = read_all_ranks(pattern, 2, 2, num_epochs=2, shuffle_files=True, shuffle_buffer_size=3,
-                           interleave_cycle_length=2)
+    items = read_all_ranks(
+        pattern, 2, 2, num_epochs=2, shuffle_files=True, shuffle_buffer_size=3, interleave_cycle_length=2
+    )
     assert collections.Counter(items) == collections.Counter(records * 2)
 
 
 def test_input_context_shards_like_num_shards(tmp_path):
     pattern, records = make_files(tmp_path, [4, 4, 4])
-    halves = [list(TFRecordDataset(pattern, input_context=InputContext(
-        num_replicas_in_sync=2, num_input_pipelines=2, input_pipeline_id=rank))) for rank in range(2)]
+    halves = [
+        list(
+            TFRecordDataset(
+                pattern,
+                input_context=InputContext(num_replicas_in_sync=2, num_input_pipelines=2, input_pipeline_id=rank),
+            )
+        )
+        for rank in range(2)
+    ]
     assert sorted(halves[0] + halves[1]) == sorted(records)
     assert halves[0] == list(TFRecordDataset(pattern, num_shards=2, shard_index=0))
     assert set(halves[0]).isdisjoint(halves[1])
@@ -283,7 +290,7 @@ def tag_with_process(record):
 
 
 def test_loader_reads_in_worker_processes_and_counts_only_delivered_items(tmp_path):
-    pattern, records = make_files(tmp_path, [8, 8])
+    pattern, _records = make_files(tmp_path, [8, 8])
     loader = TFRecordDataset(pattern, parse_fn=tag_with_process).loader(num_workers=2, prefetch_factor=4)
     iterator = iter(loader)
     head = [next(iterator) for _ in range(3)]
@@ -320,8 +327,15 @@ def test_estimator_resume_is_bit_exact_with_tfrecord_input(tmp_path, num_workers
     pattern = os.fspath(tmp_path / "train-*.tfrecord")
 
     def train_input_fn():
-        dataset = TFRecordDataset(pattern, shuffle_files=True, shuffle_buffer_size=20, seed=1,
-                                  num_epochs=None, batch_size=16, collate_fn=decode_rows)
+        dataset = TFRecordDataset(
+            pattern,
+            shuffle_files=True,
+            shuffle_buffer_size=20,
+            seed=1,
+            num_epochs=None,
+            batch_size=16,
+            collate_fn=decode_rows,
+        )
         return dataset.loader(num_workers=num_workers) if num_workers else dataset
 
     def estimator(directory):

@@ -26,8 +26,9 @@ from torchestimator.errors import DataLossError
 FEATURES = {"label": FixedLenFeature([], "int64"), "text": FixedLenFeature([], "string")}
 
 
-def _write_files(folder: Path, count: int = 3, records: int = 40, compression: str | None = None,
-                 name: str = "train") -> list[Path]:
+def _write_files(
+    folder: Path, count: int = 3, records: int = 40, compression: str | None = None, name: str = "train"
+) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for file_index in range(count):
@@ -62,8 +63,15 @@ def _batches(dataset, limit: int | None = None) -> list[list]:
 
 def test_a_url_glob_reads_what_the_local_files_give(store_url, tmp_path):
     urls = _upload(_write_files(tmp_path / "local"), store_url)
-    options = {"features": FEATURES, "label_key": "label", "batch_size": 7, "shuffle_files": True,
-               "interleave_cycle_length": 2, "num_epochs": 2, "seed": 3}
+    options = {
+        "features": FEATURES,
+        "label_key": "label",
+        "batch_size": 7,
+        "shuffle_files": True,
+        "interleave_cycle_length": 2,
+        "num_epochs": 2,
+        "seed": 3,
+    }
     remote = TFRecordDataset(f"{store_url}/train-*.tfrecord", **options)
     assert list(remote.files) == urls  # sorted full URLs of the pattern's scheme
     assert _batches(remote) == _batches(TFRecordDataset(str(tmp_path / "local" / "train-*.tfrecord"), **options))
@@ -76,8 +84,13 @@ def test_compressed_objects_read_as_the_local_files(s3_bucket, tmp_path, compres
     urls = _upload(local, f"{s3_bucket}/data")
     for given in (compression, "auto"):
         assert list(read_records(urls, given)) == list(read_records([str(p) for p in local], given))
-    options = {"features": FEATURES, "label_key": "label", "batch_size": 5, "compression": compression,
-               "interleave_cycle_length": 2}
+    options = {
+        "features": FEATURES,
+        "label_key": "label",
+        "batch_size": 5,
+        "compression": compression,
+        "interleave_cycle_length": 2,
+    }
     assert _batches(TFRecordDataset(urls, **options)) == _batches(TFRecordDataset([str(p) for p in local], **options))
 
 
@@ -165,8 +178,16 @@ def test_the_files_after_the_first_are_opened_ahead_on_a_thread(tmp_path, monkey
 def test_a_position_resumes_bit_exactly_from_s3_with_a_shuffle_buffer(s3_bucket, tmp_path):
     local = _write_files(tmp_path / "local", count=3, records=60)
     urls = _upload(local, f"{s3_bucket}/data")
-    options = {"features": FEATURES, "label_key": "label", "batch_size": 8, "shuffle_buffer_size": 50,
-               "interleave_cycle_length": 2, "num_epochs": 2, "seed": 11, "shuffle_files": True}
+    options = {
+        "features": FEATURES,
+        "label_key": "label",
+        "batch_size": 8,
+        "shuffle_buffer_size": 50,
+        "interleave_cycle_length": 2,
+        "num_epochs": 2,
+        "seed": 11,
+        "shuffle_files": True,
+    }
     expected = _batches(TFRecordDataset(urls, **options))
     for stop in (3, len(expected) // 2 + 1):
         first = TFRecordDataset(urls, **options)
@@ -240,8 +261,10 @@ def test_a_missing_object_or_bucket_is_one_error_naming_the_url(s3_bucket):
         with pytest.raises(FileNotFoundError, match="does not exist") as caught:
             TFRecordDataset(url)
         assert url in str(caught.value)
-    for pattern, message in ((f"{s3_bucket}/train-*.tfrecord", "No objects matched"),
-                             ("s3://te-no-such-bucket-9f3a/train-*.tfrecord", "The specified bucket does not exist")):
+    for pattern, message in (
+        (f"{s3_bucket}/train-*.tfrecord", "No objects matched"),
+        ("s3://te-no-such-bucket-9f3a/train-*.tfrecord", "The specified bucket does not exist"),
+    ):
         with pytest.raises(FileNotFoundError, match=message) as caught:
             list_files(pattern)
         assert pattern in str(caught.value)
@@ -327,7 +350,9 @@ def test_records_verify_and_inspect_take_urls(s3_bucket, tmp_path, capsys):
     assert f"OK      {s3_bucket}/data/train-00.tfrecord: 10 records" in output
     assert "verified 2 file(s): 2 ok, 0 damaged, 21 good records" in output
     assert cli.main(["records", "verify", f"{s3_bucket}/data/train-01.tfrecord", f"{s3_bucket}/bad/x.tfrecord"]) == 1
-    assert f"DAMAGED {s3_bucket}/bad/x.tfrecord: 0 good records, first bad record at offset 0" in capsys.readouterr().out
+    assert (
+        f"DAMAGED {s3_bucket}/bad/x.tfrecord: 0 good records, first bad record at offset 0" in capsys.readouterr().out
+    )
     assert cli.main(["records", "inspect", f"{s3_bucket}/data/train-01.tfrecord", "--limit", "1"]) == 0
     output = capsys.readouterr().out
     assert output.startswith(f"{s3_bucket}/data/train-01.tfrecord: 11 records (tf.train.Example)")
@@ -359,22 +384,32 @@ def test_convert_reads_its_csv_and_images_from_a_store_and_writes_shards_there(s
     images = {f"{s3_bucket}/data/images/{index}.png": bytes([index]) * (10 + index) for index in range(5)}
     for url, content in images.items():
         filesystems.write_bytes(url, content)
-    rows = ["label,path,weight", *(f"{index % 2},images/{index}.png,{index / 4}" for index in range(4)),
-            f"1,{s3_bucket}/data/images/4.png,2.5"]  # a relative path, or a URL as it is
+    rows = [
+        "label,path,weight",
+        *(f"{index % 2},images/{index}.png,{index / 4}" for index in range(4)),
+        f"1,{s3_bucket}/data/images/4.png,2.5",
+    ]  # a relative path, or a URL as it is
     filesystems.write_bytes(f"{s3_bucket}/data/index.csv", "\n".join(rows).encode())
     out = f"{s3_bucket}/out/train"
-    assert cli.main(["convert", "csv-to-tfrecord", f"{s3_bucket}/data/index.csv", out, "--num_shards", "2",
-                     "--no_progress"]) == 0
+    assert (
+        cli.main(
+            ["convert", "csv-to-tfrecord", f"{s3_bucket}/data/index.csv", out, "--num_shards", "2", "--no_progress"]
+        )
+        == 0
+    )
     shards = list_files(f"{out}-*")
     assert shards == [f"{out}-00000-of-00002.tfrecord", f"{out}-00001-of-00002.tfrecord"]
-    dataset = TFRecordDataset(shards, features={"image": FixedLenFeature([], "string"),
-                                                "weight": FixedLenFeature([], "float")}, batch_size=5)
+    dataset = TFRecordDataset(
+        shards, features={"image": FixedLenFeature([], "string"), "weight": FixedLenFeature([], "float")}, batch_size=5
+    )
     (batch,) = list(dataset)
     assert batch["image"].tolist() == list(images.values())
     assert batch["weight"].tolist() == [0.0, 0.25, 0.5, 0.75, 2.5]
     filesystems.write_bytes(f"{s3_bucket}/data/index.csv", b"label,path\n0,images/0.png\n1,images/missing.png\n")
-    assert cli.main(["convert", "csv-to-tfrecord", f"{s3_bucket}/data/index.csv", f"{s3_bucket}/out2/x",
-                     "--no_progress"]) == 2
+    assert (
+        cli.main(["convert", "csv-to-tfrecord", f"{s3_bucket}/data/index.csv", f"{s3_bucket}/out2/x", "--no_progress"])
+        == 2
+    )
     assert not filesystems.exists(f"{s3_bucket}/out2/x-00000-of-00001.tfrecord")
 
 
@@ -385,6 +420,20 @@ def test_a_conversion_failing_in_its_second_shard_leaves_no_shard_in_the_store(s
     filesystems.write_bytes(f"{s3_bucket}/data/ok.png", png.read_bytes())
     filesystems.write_bytes(f"{s3_bucket}/data/bad.png", b"not a png")
     filesystems.write_bytes(f"{s3_bucket}/data/index.csv", b"label,path\n0,ok.png\n1,bad.png\n")
-    assert cli.main(["convert", "csv-to-tfrecord", f"{s3_bucket}/data/index.csv", f"{s3_bucket}/out/x",
-                     "--num_shards", "2", "--image_mode", "raw", "--no_progress"]) == 2
+    assert (
+        cli.main(
+            [
+                "convert",
+                "csv-to-tfrecord",
+                f"{s3_bucket}/data/index.csv",
+                f"{s3_bucket}/out/x",
+                "--num_shards",
+                "2",
+                "--image_mode",
+                "raw",
+                "--no_progress",
+            ]
+        )
+        == 2
+    )
     assert not filesystems.exists(f"{s3_bucket}/out")  # the finished first shard removed, the second never published

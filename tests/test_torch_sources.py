@@ -10,8 +10,8 @@ import safetensors.torch
 import torch
 
 from torchestimator.checkpoint import CheckpointStore
-from torchestimator.interop.source import TensorInfo, TensorNotFoundError, WeightSourceError
 from torchestimator.interop import torch_sources
+from torchestimator.interop.source import TensorInfo, TensorNotFoundError, WeightSourceError
 from torchestimator.interop.torch_sources import (
     is_safetensors,
     is_torch,
@@ -240,8 +240,9 @@ def test_safetensors_file_is_opened_once_per_source(tmp_path, monkeypatch) -> No
     safetensors.torch.save_file({f"t{index}": torch.full((2,), float(index)) for index in range(50)}, str(path))
     opened = []
     real_safe_open = torch_sources.safe_open
-    monkeypatch.setattr(torch_sources, "safe_open", lambda *args, **kwargs: opened.append(args) or real_safe_open(
-        *args, **kwargs))
+    monkeypatch.setattr(
+        torch_sources, "safe_open", lambda *args, **kwargs: opened.append(args) or real_safe_open(*args, **kwargs)
+    )
     with open_safetensors(path) as source:
         values = source.read_all()
     assert len(values) == 50 and float(values["t49"][0]) == 49.0
@@ -272,8 +273,11 @@ def test_zero_stride_tensor_declaring_more_than_the_file_is_refused(tmp_path) ->
     torch.save({"w": torch.zeros(4)[:1].expand(1 << 20)}, path)
     with open_torch(path) as source:
         assert source.tensors()[0].shape == (1 << 20,)
-        with pytest.raises(WeightSourceError, match=r"expanded\.pt: tensor 'w' of shape \[1048576\] would take "
-                                                    r"4194304 bytes, more than the whole file"):
+        with pytest.raises(
+            WeightSourceError,
+            match=r"expanded\.pt: tensor 'w' of shape \[1048576\] would take "
+            r"4194304 bytes, more than the whole file",
+        ):
             source.read("w")
 
 
@@ -291,8 +295,10 @@ def test_a_plan_that_raises_while_being_built_still_closes_the_source(tmp_path, 
         raise RuntimeError("view failed")
 
     monkeypatch.setattr(_view, "source_view", broken_view)  # both plan builders look it up there
-    for build in (lambda: warm_start_module.warm_start(make_model(), str(path)),
-                  lambda: warm_start_module.init_from_checkpoint(make_model(), str(path), {"/": "/"})):
+    for build in (
+        lambda: warm_start_module.warm_start(make_model(), str(path)),
+        lambda: warm_start_module.init_from_checkpoint(make_model(), str(path), {"/": "/"}),
+    ):
         with pytest.raises(RuntimeError, match="view failed"):
             build()
     assert len(closed) == 2

@@ -11,13 +11,13 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from conftest import SmallNet, classifier_model_fn, input_fns, make_classification, make_estimator, read_only_directory
 
 import torchestimator as te
-from conftest import SmallNet, classifier_model_fn, input_fns, make_classification, make_estimator, read_only_directory
 from torchestimator._io.summary import read_scalars
 
-
 # -- BatchNorm -----------------------------------------------------------------
+
 
 def test_batchnorm_statistics_change_in_train_only_and_are_checkpointed(tmp_path):
     train, evaluate, predict, _ = input_fns()
@@ -46,6 +46,7 @@ def test_predict_accuracy_equals_evaluate_accuracy_with_batchnorm(tmp_path):
 
 
 # -- NaN guard -------------------------------------------------------------------
+
 
 def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(tmp_path):
     train, _, _, _ = input_fns()
@@ -91,6 +92,7 @@ def test_non_finite_weights_are_never_saved(tmp_path):
 
 # -- hooks -----------------------------------------------------------------------
 
+
 class Recorder(te.Hook):
     def __init__(self, name, log):
         self.name, self.log = name, log
@@ -123,9 +125,17 @@ def test_hook_order_and_hooks_from_spec_and_call_both_run(tmp_path):
     estimator = make_estimator(tmp_path, model_fn=model_fn)
     estimator.train(train, max_steps=3, hooks=[Recorder("call", log)])
     call_events = [event[:3] for event in log if event[0] == "call"]
-    assert call_events == [("call", "begin", 0), ("call", "after_restore", 0), ("call", "before_step", 0),
-                           ("call", "after_step", 1), ("call", "before_step", 1), ("call", "after_step", 2),
-                           ("call", "before_step", 2), ("call", "after_step", 3), ("call", "end", 3)]
+    assert call_events == [
+        ("call", "begin", 0),
+        ("call", "after_restore", 0),
+        ("call", "before_step", 0),
+        ("call", "after_step", 1),
+        ("call", "before_step", 1),
+        ("call", "after_step", 2),
+        ("call", "before_step", 2),
+        ("call", "after_step", 3),
+        ("call", "end", 3),
+    ]
     assert any(event[0] == "spec" and event[1] == "after_step" for event in log)
 
 
@@ -184,12 +194,16 @@ def test_saving_listeners_and_checkpoint_saver_hook(tmp_path):
 
 # -- wrong model_fn / input_fn / model_dir ---------------------------------------
 
-@pytest.mark.parametrize("bad, message", [
-    (lambda spec, mode: {"loss": spec.loss}, "must return an EstimatorSpec"),
-    (lambda spec, mode: te.EstimatorSpec(mode, predictions=spec.predictions), "loss is required in TRAIN"),
-    (lambda spec, mode: te.EstimatorSpec(mode, loss=spec.loss * torch.ones(3)), "loss must be a scalar"),
-    (lambda spec, mode: te.EstimatorSpec(mode, loss=1.0), "loss must be a scalar tensor"),
-])
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (lambda spec, mode: {"loss": spec.loss}, "must return an EstimatorSpec"),
+        (lambda spec, mode: te.EstimatorSpec(mode, predictions=spec.predictions), "loss is required in TRAIN"),
+        (lambda spec, mode: te.EstimatorSpec(mode, loss=spec.loss * torch.ones(3)), "loss must be a scalar"),
+        (lambda spec, mode: te.EstimatorSpec(mode, loss=1.0), "loss must be a scalar tensor"),
+    ],
+)
 def test_wrong_spec_fails_on_first_batch_naming_the_field(tmp_path, bad, message):
     train, _, _, _ = input_fns()
     calls = []
@@ -244,7 +258,9 @@ def test_unwritable_model_dir_is_a_clear_error(tmp_path):
     with read_only_directory(tmp_path / "locked") as locked:
         with pytest.raises(PermissionError, match=r"model_dir '.*locked/run' is not writable \(Permission denied"):
             make_estimator(locked / "run").train(train, max_steps=1)
-        with pytest.raises(PermissionError, match=r"model_dir '.*locked' is not writable \(Permission denied: .*locked/"):
+        with pytest.raises(
+            PermissionError, match=r"model_dir '.*locked' is not writable \(Permission denied: .*locked/"
+        ):
             make_estimator(locked).train(train, max_steps=1)
         assert list(locked.iterdir()) == []
     estimator = make_estimator(locked)  # the same folder made writable trains: the refusal was the folder's
@@ -263,6 +279,7 @@ def test_model_dir_that_is_a_file_is_a_clear_error(tmp_path):
 
 
 # -- Ctrl-C ----------------------------------------------------------------------
+
 
 def test_ctrl_c_finishes_the_step_and_writes_a_checkpoint(tmp_path):
     train, _, _, _ = input_fns()
@@ -298,6 +315,7 @@ def test_ctrl_c_without_checkpoint_on_interrupt_keeps_last_checkpoint(tmp_path):
 
 # -- summaries -------------------------------------------------------------------
 
+
 def test_train_and_eval_summaries_are_readable_by_tensorboard(tmp_path):
     train, evaluate, _, _ = input_fns()
     estimator = make_estimator(tmp_path, save_summary_steps=5, log_step_count_steps=5)
@@ -315,6 +333,7 @@ def test_train_and_eval_summaries_are_readable_by_tensorboard(tmp_path):
 
 # -- mixed precision, accumulation, clipping --------------------------------------
 
+
 def test_bf16_mixed_precision_trains(tmp_path):
     train, evaluate, _, _ = input_fns()
     estimator = make_estimator(tmp_path, mixed_precision="bf16")
@@ -331,10 +350,19 @@ def _linear_model_fn(model, features, labels, mode):
 def _linear_weights(model_dir, batch_size, accumulation, clip=None):
     x, y = make_classification(128)
     estimator = te.Estimator(
-        model_fn=_linear_model_fn, model=lambda: nn.Linear(8, 3),
-        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1), model_dir=str(model_dir),
-        config=te.RunConfig(random_seed=1, gradient_accumulation_steps=accumulation, clip_grad_norm=clip,
-                            progress_bar=False, log_step_count_steps=None, save_checkpoints_steps=100))
+        model_fn=_linear_model_fn,
+        model=lambda: nn.Linear(8, 3),
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
+        model_dir=str(model_dir),
+        config=te.RunConfig(
+            random_seed=1,
+            gradient_accumulation_steps=accumulation,
+            clip_grad_norm=clip,
+            progress_bar=False,
+            log_step_count_steps=None,
+            save_checkpoints_steps=100,
+        ),
+    )
     estimator.train(te.numpy_input_fn({"x": x}, y, batch_size=batch_size, num_epochs=None, shuffle=False), max_steps=4)
     return estimator.get_variable_value("weight")
 

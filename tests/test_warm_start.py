@@ -141,7 +141,9 @@ def test_renames_map_target_to_source_and_do_not_select(tmp_path):
     renames = {"3.weight": "backbone.3.weight", "3.bias": "backbone.3.bias"}
     plan = plan_warm_start(model, WarmStartSettings(path, "3", renames))
     assert [(entry.target, entry.source, entry.origin) for entry in plan.entries] == [
-        ("3.weight", "backbone.3.weight", "renamed"), ("3.bias", "backbone.3.bias", "renamed")]
+        ("3.weight", "backbone.3.weight", "renamed"),
+        ("3.bias", "backbone.3.bias", "renamed"),
+    ]
     plan.apply(model)
     assert torch.equal(model[3].weight, source[3].weight)
     assert not torch.equal(model[0].weight, source[0].weight)  # renames do not select
@@ -209,8 +211,10 @@ def test_shape_mismatch_is_checked_after_the_converter(tmp_path):
     path = str(tmp_path / "weights.pt")
     torch.save(source.state_dict(), path)
     plan = plan_warm_start(small_model(), WarmStartSettings(path, "0", converters={"0.weight": "dense_to_linear"}))
-    assert any("Shape of 0.weight (4, 3) doesn't match 0.weight (3, 4) ((4, 3) before dense_to_linear)" in error
-               for error in plan.errors)
+    assert any(
+        "Shape of 0.weight (4, 3) doesn't match 0.weight (3, 4) ((4, 3) before dense_to_linear)" in error
+        for error in plan.errors
+    )
 
 
 def test_user_converter_function_runs_on_apply(tmp_path):
@@ -241,8 +245,12 @@ def test_a_failure_during_apply_leaves_the_module_unchanged(tmp_path):
     path = str(tmp_path / "weights.pt")
     torch.save(source.state_dict(), path)
     # A converter that promises the right shape but produces another: caught after earlier entries were read.
-    liar = Converter(name="liar", description="wrong shape", function=lambda array: array[:1],
-                     output_shape=lambda shape: tuple(shape))
+    liar = Converter(
+        name="liar",
+        description="wrong shape",
+        function=lambda array: array[:1],
+        output_shape=lambda shape: tuple(shape),
+    )
     model = small_model()
     before = snapshot(model)
     plan = plan_warm_start(model, WarmStartSettings(path, converters={"3.bias": liar}))
@@ -270,9 +278,13 @@ def test_init_from_checkpoint_scope_forms(tmp_path):
     model = small_model()
     plan = plan_init_from_checkpoint(model, path, {"old/1/": "1.", "old/3/bias": "3.bias"})
     assert {(entry.target, entry.source) for entry in plan.entries} == {
-        ("1.weight", "old/1/weight"), ("1.bias", "old/1/bias"), ("1.running_mean", "old/1/running_mean"),
-        ("1.running_var", "old/1/running_var"), ("1.num_batches_tracked", "old/1/num_batches_tracked"),
-        ("3.bias", "old/3/bias")}
+        ("1.weight", "old/1/weight"),
+        ("1.bias", "old/1/bias"),
+        ("1.running_mean", "old/1/running_mean"),
+        ("1.running_var", "old/1/running_var"),
+        ("1.num_batches_tracked", "old/1/num_batches_tracked"),
+        ("3.bias", "old/3/bias"),
+    }
     assert plan.apply(model) == 6
     assert torch.equal(model[1].running_mean, source[1].running_mean) and torch.equal(model[3].bias, source[3].bias)
 
@@ -318,8 +330,13 @@ def test_report_and_json(source_dir):
 
 def keras_equivalent() -> torch.nn.Sequential:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4, eps=1e-3, momentum=0.01),
-                               torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(144, 5))
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.BatchNorm2d(4, eps=1e-3, momentum=0.01),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(144, 5),
+    )
 
 
 def test_keras_names_differ_completely_so_proposals_need_opting_in():
@@ -328,7 +345,9 @@ def test_keras_names_differ_completely_so_proposals_need_opting_in():
     plan = plan_warm_start(model, WarmStartSettings(KERAS3_WEIGHTS, [".*"]))
     assert not plan.entries and len(plan.missing) == 8
     assert [(p.target, p.source, p.status) for p in plan.proposals][:2] == [
-        ("0.weight", "conv/kernel", "confident"), ("0.bias", "conv/bias", "confident")]
+        ("0.weight", "conv/kernel", "confident"),
+        ("0.bias", "conv/bias", "confident"),
+    ]
     assert any("pass accept_proposed_mapping=True" in error for error in plan.errors)
     # The Linear after Flatten is ambiguous (NHWC order): accepting confident proposals does not take it.
     plan = plan_warm_start(model, WarmStartSettings(KERAS3_WEIGHTS, [".*"], accept_proposed_mapping=True))
@@ -339,17 +358,24 @@ def test_keras_names_differ_completely_so_proposals_need_opting_in():
     assert not changed(model, before)
 
 
-@pytest.mark.parametrize("filename, expected_key", [
-    ("keras3_model.weights.h5", "keras3_output"),
-    ("keras3_model.h5", "keras3_output"),      # Keras 3 model.save('x.h5'), the legacy layout
-    ("keras3_model.keras", "keras3_output"),
-    ("keras2_model.h5", "keras2_output"),      # tf_keras model.save('x.h5')
-    ("keras2_weights.h5", "keras2_output"),    # tf_keras save_weights('x.h5')
-])
+@pytest.mark.parametrize(
+    "filename, expected_key",
+    [
+        ("keras3_model.weights.h5", "keras3_output"),
+        ("keras3_model.h5", "keras3_output"),  # Keras 3 model.save('x.h5'), the legacy layout
+        ("keras3_model.keras", "keras3_output"),
+        ("keras2_model.h5", "keras2_output"),  # tf_keras model.save('x.h5')
+        ("keras2_weights.h5", "keras2_output"),  # tf_keras save_weights('x.h5')
+    ],
+)
 def test_keras_files_reproduce_keras_inference_output(filename, expected_key):
     model = keras_equivalent()
-    settings = WarmStartSettings(os.path.join(os.path.dirname(KERAS3_WEIGHTS), filename), [".*"],
-                                 accept_proposed_mapping=True, converters={"4.weight": flatten_dense_converter(4, 6, 6)})
+    settings = WarmStartSettings(
+        os.path.join(os.path.dirname(KERAS3_WEIGHTS), filename),
+        [".*"],
+        accept_proposed_mapping=True,
+        converters={"4.weight": flatten_dense_converter(4, 6, 6)},
+    )
     plan = warm_start(model, settings)
     assert len(plan.entries) == 8 and {entry.origin for entry in plan.entries} == {"proposal"}
     assert ("1.num_batches_tracked" in dict(plan.kept_fresh)) and not plan.warnings
@@ -365,8 +391,9 @@ def test_keras_files_reproduce_keras_inference_output(filename, expected_key):
 def test_batchnorm_convention_warnings_for_keras_sources():
     model = keras_equivalent()
     model[1].eps, model[1].momentum = 1e-5, 0.1
-    settings = WarmStartSettings(KERAS3_WEIGHTS, [".*"], accept_proposed_mapping=True,
-                                 converters={"4.weight": flatten_dense_converter(4, 6, 6)})
+    settings = WarmStartSettings(
+        KERAS3_WEIGHTS, [".*"], accept_proposed_mapping=True, converters={"4.weight": flatten_dense_converter(4, 6, 6)}
+    )
     plan = plan_warm_start(model, settings)
     assert any("epsilon differs" in warning for warning in plan.warnings)
     assert any("momentum differs" in warning for warning in plan.warnings)
@@ -374,8 +401,9 @@ def test_batchnorm_convention_warnings_for_keras_sources():
 
 
 def test_tf1_checkpoint_optimizer_slots_are_unused_not_errors():
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8, eps=1e-3, momentum=0.01),
-                                torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8, eps=1e-3, momentum=0.01), torch.nn.ReLU(), torch.nn.Linear(8, 1)
+    )
     plan = warm_start(model, WarmStartSettings(TF1, [".*"], accept_proposed_mapping=True))
     assert plan.ok and len(plan.entries) == 8 and not plan.warnings
     ignored = dict(plan.optimizer_sources)
@@ -388,16 +416,21 @@ def test_tf1_checkpoint_optimizer_slots_are_unused_not_errors():
 
 
 def test_tf1_renames_take_the_proposal_converter_and_scopes_keep_member_names():
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8, eps=1e-3, momentum=0.01),
-                                torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8, eps=1e-3, momentum=0.01), torch.nn.ReLU(), torch.nn.Linear(8, 1)
+    )
     plan = plan_warm_start(model, WarmStartSettings(TF1, "0", {"0.weight": "dense/kernel", "0.bias": "dense/bias"}))
     assert plan.ok and [entry.converter for entry in plan.entries] == ["dense_to_linear", "identity"]
     # A scope map keeps member names, as in TF: torch's "weight" is not TF's "kernel".
     plan = plan_init_from_checkpoint(model, TF1, {"dense_1/": "3."})
     assert [entry.source for entry in plan.entries] == ["dense_1/bias"]
     assert "Tensor dense_1/weight (for 3.weight) is not found" in plan.errors[0] and "dense_1/kernel" in plan.errors[0]
-    plan = plan_init_from_checkpoint(model, TF1, [("dense_1/kernel", "3.weight"), ("dense_1/bias", "3.bias")],
-                                     converters={"3.weight": "dense_to_linear"})
+    plan = plan_init_from_checkpoint(
+        model,
+        TF1,
+        [("dense_1/kernel", "3.weight"), ("dense_1/bias", "3.bias")],
+        converters={"3.weight": "dense_to_linear"},
+    )
     assert plan.ok and plan.apply(model) == 2
     expected = numpy.load(os.path.join(TF1, "expected.npz"))
     numpy.testing.assert_array_equal(model[3].weight.detach().numpy(), expected["dense_1/kernel"].T)
@@ -405,8 +438,9 @@ def test_tf1_renames_take_the_proposal_converter_and_scopes_keep_member_names():
 
 def test_tf2_object_checkpoint_reproduces_keras_inference_output():
     # The TF2 fixture's model is Dense(8) -> BatchNormalization -> Dense(1), without an activation.
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8, eps=1e-3, momentum=0.01),
-                                torch.nn.Linear(8, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8, eps=1e-3, momentum=0.01), torch.nn.Linear(8, 1)
+    )
     with open_weights(TF2) as source:
         plan = warm_start(model, WarmStartSettings(source, [".*"], accept_proposed_mapping=True))
         assert plan.ok and plan.entries[0].source == "model/_functional/_operations/1/kernel"
@@ -422,8 +456,9 @@ def test_tf2_object_checkpoint_reproduces_keras_inference_output():
 def test_tf1_checkpoint_reproduces_tensorflow_inference_output():
     # The TF1 fixture's graph is dense -> batch_normalization (epsilon 1e-3) -> relu -> dense_1; its inference.npz
     # is TF's output with batch norm on the moving statistics, from the checkpoint restored with Saver.
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8, eps=1e-3, momentum=0.01),
-                                torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8, eps=1e-3, momentum=0.01), torch.nn.ReLU(), torch.nn.Linear(8, 1)
+    )
     plan = warm_start(model, WarmStartSettings(TF1, [".*"], accept_proposed_mapping=True))
     assert plan.ok and {entry.origin for entry in plan.entries} == {"proposal"}
     reference = numpy.load(os.path.join(TF1, "inference.npz"))
@@ -438,9 +473,16 @@ def test_tf1_checkpoint_reproduces_tensorflow_inference_output():
         assert not numpy.allclose(model(inputs).numpy(), reference["outputs"], atol=1e-3)
 
 
-KERAS_NAMES = {"0.weight": "conv/kernel", "0.bias": "conv/bias", "1.weight": "bn/gamma", "1.bias": "bn/beta",
-               "1.running_mean": "bn/moving_mean", "1.running_var": "bn/moving_variance",
-               "4.weight": "fc/kernel", "4.bias": "fc/bias"}
+KERAS_NAMES = {
+    "0.weight": "conv/kernel",
+    "0.bias": "conv/bias",
+    "1.weight": "bn/gamma",
+    "1.bias": "bn/beta",
+    "1.running_mean": "bn/moving_mean",
+    "1.running_var": "bn/moving_variance",
+    "4.weight": "fc/kernel",
+    "4.bias": "fc/bias",
+}
 
 
 def test_a_rename_of_the_dense_after_flatten_needs_its_converter_as_a_proposal_does():
@@ -451,8 +493,10 @@ def test_a_rename_of_the_dense_after_flatten_needs_its_converter_as_a_proposal_d
     plan = plan_warm_start(model, WarmStartSettings(KERAS3_WEIGHTS, [".*"], var_name_to_prev_var_name=KERAS_NAMES))
     assert not plan.ok and len(plan.errors) == 1
     assert plan.errors[0].startswith("4.weight <- fc/kernel: this Linear follows a Flatten of a 4-channel feature map")
-    assert ("confirm with converters={'4.weight': layouts.flatten_dense_converter(4, height, width)} where "
-            "height*width = 36, or converters={'4.weight': 'dense_to_linear'}") in plan.errors[0]
+    assert (
+        "confirm with converters={'4.weight': layouts.flatten_dense_converter(4, height, width)} where "
+        "height*width = 36, or converters={'4.weight': 'dense_to_linear'}"
+    ) in plan.errors[0]
     assert "--converter" not in plan.errors[0]
     with pytest.raises(ValueError, match="4.weight <- fc/kernel"):
         plan.apply(model)
@@ -462,23 +506,37 @@ def test_a_rename_of_the_dense_after_flatten_needs_its_converter_as_a_proposal_d
     assert [error.split(":")[0] for error in plan.errors] == ["4.weight <- fc/kernel"]
     # Naming the converter decides, either way; the other targets never needed one.
     reference = numpy.load(KERAS_REFERENCE)
-    plan = warm_start(model, WarmStartSettings(KERAS3_WEIGHTS, [".*"], var_name_to_prev_var_name=KERAS_NAMES,
-                                               converters={"4.weight": "flatten_dense:4,6,6"}))
+    plan = warm_start(
+        model,
+        WarmStartSettings(
+            KERAS3_WEIGHTS,
+            [".*"],
+            var_name_to_prev_var_name=KERAS_NAMES,
+            converters={"4.weight": "flatten_dense:4,6,6"},
+        ),
+    )
     assert plan.ok and {e.target: e.converter for e in plan.entries}["4.weight"].startswith("flatten_nhwc_to_nchw")
     model.eval()
     with torch.no_grad():
         output = model(torch.from_numpy(reference["input"]).permute(0, 3, 1, 2))
     numpy.testing.assert_allclose(output.numpy(), reference["keras3_output"], atol=1e-5, rtol=0)
-    plan = plan_warm_start(keras_equivalent(), WarmStartSettings(
-        KERAS3_WEIGHTS, [".*"], var_name_to_prev_var_name=KERAS_NAMES, converters={"4.weight": "dense"}))
+    plan = plan_warm_start(
+        keras_equivalent(),
+        WarmStartSettings(
+            KERAS3_WEIGHTS, [".*"], var_name_to_prev_var_name=KERAS_NAMES, converters={"4.weight": "dense"}
+        ),
+    )
     assert plan.ok and {e.target: e.converter for e in plan.entries}["4.weight"] == "dense_to_linear"
     plan.close()
 
 
 def test_a_rename_of_a_linear_not_after_a_convolution_needs_no_converter():
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8, eps=1e-3, momentum=0.01),
-                                torch.nn.ReLU(), torch.nn.Linear(8, 1))
-    names = {entry.target: entry.source for entry in plan_warm_start(
-        model, WarmStartSettings(TF1, [".*"], accept_proposed_mapping=True)).entries}
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8, eps=1e-3, momentum=0.01), torch.nn.ReLU(), torch.nn.Linear(8, 1)
+    )
+    names = {
+        entry.target: entry.source
+        for entry in plan_warm_start(model, WarmStartSettings(TF1, [".*"], accept_proposed_mapping=True)).entries
+    }
     plan = warm_start(model, WarmStartSettings(TF1, [".*"], var_name_to_prev_var_name=names))
     assert plan.ok and {entry.origin for entry in plan.entries} == {"renamed"} and len(plan.entries) == 8

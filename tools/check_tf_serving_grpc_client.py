@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-EXPORT_SCRIPT = r'''
+EXPORT_SCRIPT = r"""
 import sys, numpy as np, torch, torch.nn as nn, torch.nn.functional as F
 import torchestimator as te
 from torchestimator.data import FixedLenFeature
@@ -62,9 +62,9 @@ receiver = serving_input_receiver(
 print(export_saved_model(estimator, root + "/half", receiver))
 print(export_saved_model(estimator, root + "/parsed",
                          build_parsing_serving_input_receiver({"x": FixedLenFeature([], "float32")})))
-'''
+"""
 
-OURS_SCRIPT = r'''
+OURS_SCRIPT = r"""
 import json
 from torchestimator.serving.protos import _file_descriptors
 fields = {}
@@ -77,7 +77,7 @@ for file in _file_descriptors():
         for message in file.message_type:
             walk(message, file.package + ".")
 print(json.dumps(fields))
-'''
+"""
 
 
 def free_port() -> int:
@@ -104,8 +104,9 @@ def compare_descriptors(python: str) -> None:
         for field, spec in fields.items():
             found = theirs.get(field)
             # tf.Example fields are declared bytes (type 12) here, a message (11) in TF: same wire format.
-            same = found == spec or (found is not None and found[0] == spec[0] and found[2] == spec[2]
-                                     and spec[1] == 12 and found[1] == 11)
+            same = found == spec or (
+                found is not None and found[0] == spec[0] and found[2] == spec[2] and spec[1] == 12 and found[1] == 11
+            )
             check(f"{name}.{field} = {spec[0]} as TF's", same, f"ours {spec}, TF's {found}")
 
 
@@ -116,22 +117,44 @@ def main() -> None:
 
     import grpc
     import tensorflow as tf
-    from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
-                                         model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc,
-                                         regression_pb2)
+    from tensorflow_serving.apis import (
+        classification_pb2,
+        get_model_metadata_pb2,
+        get_model_status_pb2,
+        model_service_pb2_grpc,
+        predict_pb2,
+        prediction_service_pb2_grpc,
+        regression_pb2,
+    )
 
     compare_descriptors(args.python)
     root = tempfile.mkdtemp(prefix="tf_grpc_check_")
-    half, parsed = subprocess.run([args.python, "-c", EXPORT_SCRIPT, root], check=True, capture_output=True,
-                                  text=True).stdout.split()[-2:]
+    half, parsed = subprocess.run(
+        [args.python, "-c", EXPORT_SCRIPT, root], check=True, capture_output=True, text=True
+    ).stdout.split()[-2:]
     config = os.path.join(root, "models.config")
     with open(config, "w") as file:
-        file.write(f'model_config_list {{ config {{ name: "half" base_path: "{os.path.dirname(half)}" }} '
-                   f'config {{ name: "parsed" base_path: "{os.path.dirname(parsed)}" }} }}')
+        file.write(
+            f'model_config_list {{ config {{ name: "half" base_path: "{os.path.dirname(half)}" }} '
+            f'config {{ name: "parsed" base_path: "{os.path.dirname(parsed)}" }} }}'
+        )
     grpc_port, rest_port = free_port(), free_port()
-    server = subprocess.Popen([args.python, "-m", "torchestimator.cli", "serve", "--port", str(grpc_port),
-                               "--rest_api_port", str(rest_port), "--model_config_file", config],
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [
+            args.python,
+            "-m",
+            "torchestimator.cli",
+            "serve",
+            "--port",
+            str(grpc_port),
+            "--rest_api_port",
+            str(rest_port),
+            "--model_config_file",
+            config,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = server.stdout.readline()
         check("serve announces gRPC", f"gRPC 127.0.0.1:{grpc_port}" in line, line)
@@ -144,10 +167,16 @@ def main() -> None:
         request.inputs["x"].CopyFrom(tf.make_tensor_proto([[1.0], [2.0], [5.0]], dtype=tf.float32))
         request.inputs["shift"].CopyFrom(tf.make_tensor_proto([0, 1, 2], dtype=tf.int64))
         response = stub.Predict(request, 10)
-        check("Predict: tf.make_ndarray of the answer", tf.make_ndarray(response.outputs["y"]).tolist()
-              == [3.5, 4.5, 6.5], response)
-        check("Predict: model_spec of the version served", response.model_spec.version.value == version
-              and response.model_spec.signature_name == "serving_default", response.model_spec)
+        check(
+            "Predict: tf.make_ndarray of the answer",
+            tf.make_ndarray(response.outputs["y"]).tolist() == [3.5, 4.5, 6.5],
+            response,
+        )
+        check(
+            "Predict: model_spec of the version served",
+            response.model_spec.version.value == version and response.model_spec.signature_name == "serving_default",
+            response.model_spec,
+        )
         request.model_spec.version.value = version
         check("Predict with a version", stub.Predict(request, 10).model_spec.version.value == version)
 
@@ -172,17 +201,26 @@ def main() -> None:
         metadata.model_spec.name = "half"
         metadata.metadata_field.append("signature_def")
         signatures = get_model_metadata_pb2.SignatureDefMap()
-        check("GetModelMetadata: the Any unpacks into TF's SignatureDefMap",
-              stub.GetModelMetadata(metadata, 10).metadata["signature_def"].Unpack(signatures)
-              and signatures.signature_def["serving_default"].inputs["shift"].dtype == tf.int64.as_datatype_enum)
+        check(
+            "GetModelMetadata: the Any unpacks into TF's SignatureDefMap",
+            stub.GetModelMetadata(metadata, 10).metadata["signature_def"].Unpack(signatures)
+            and signatures.signature_def["serving_default"].inputs["shift"].dtype == tf.int64.as_datatype_enum,
+        )
 
         metadata.model_spec.name = "parsed"
         parsed_signatures = get_model_metadata_pb2.SignatureDefMap()
         stub.GetModelMetadata(metadata, 10).metadata["signature_def"].Unpack(parsed_signatures)
         input_keys = {name: sorted(definition.inputs) for name, definition in parsed_signatures.signature_def.items()}
-        check("GetModelMetadata: classify/regress take 'inputs', predict 'examples' (TF's signature defs)",
-              input_keys == {"serving_default": ["examples"], "tensorflow/serving/classify": ["inputs"],
-                             "tensorflow/serving/regress": ["inputs"]}, input_keys)
+        check(
+            "GetModelMetadata: classify/regress take 'inputs', predict 'examples' (TF's signature defs)",
+            input_keys
+            == {
+                "serving_default": ["examples"],
+                "tensorflow/serving/classify": ["inputs"],
+                "tensorflow/serving/regress": ["inputs"],
+            },
+            input_keys,
+        )
 
         example = tf.train.Example()
         example.features.feature["x"].float_list.value.append(1.0)
@@ -196,8 +234,12 @@ def main() -> None:
         status_request = get_model_status_pb2.GetModelStatusRequest()
         status_request.model_spec.name = "half"
         statuses = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(status_request, 10)
-        check("GetModelStatus: AVAILABLE", [(s.version, s.state) for s in statuses.model_version_status]
-              == [(version, get_model_status_pb2.ModelVersionStatus.AVAILABLE)], statuses)
+        check(
+            "GetModelStatus: AVAILABLE",
+            [(s.version, s.state) for s in statuses.model_version_status]
+            == [(version, get_model_status_pb2.ModelVersionStatus.AVAILABLE)],
+            statuses,
+        )
 
         request.model_spec.name = "nope"
         try:

@@ -76,13 +76,30 @@ def _estimator(model_dir: str):
         return te.EstimatorSpec(mode, predictions={"class": logits.argmax(-1)}, loss=loss)
 
     def build_model():
-        return torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.BatchNorm1d(12), torch.nn.ReLU(),
-                                   torch.nn.Dropout(0.3), torch.nn.Linear(12, 2))
+        return torch.nn.Sequential(
+            torch.nn.Linear(6, 12),
+            torch.nn.BatchNorm1d(12),
+            torch.nn.ReLU(),
+            torch.nn.Dropout(0.3),
+            torch.nn.Linear(12, 2),
+        )
 
-    config = te.RunConfig(save_checkpoints_steps=1, keep_checkpoint_max=3, save_summary_steps=4,
-                          log_step_count_steps=None, progress_bar=False, random_seed=0, deterministic=True)
-    estimator = te.Estimator(model_fn=model_fn, model=build_model, model_dir=model_dir, config=config,
-                             optimizer=lambda parameters: torch.optim.Adam(parameters, lr=0.01))
+    config = te.RunConfig(
+        save_checkpoints_steps=1,
+        keep_checkpoint_max=3,
+        save_summary_steps=4,
+        log_step_count_steps=None,
+        progress_bar=False,
+        random_seed=0,
+        deterministic=True,
+    )
+    estimator = te.Estimator(
+        model_fn=model_fn,
+        model=build_model,
+        model_dir=model_dir,
+        config=config,
+        optimizer=lambda parameters: torch.optim.Adam(parameters, lr=0.01),
+    )
     return estimator, input_fn
 
 
@@ -105,8 +122,13 @@ def child_train(model_dir: str, report: str, file_size_limit: int | None = None)
         estimator, input_fn = _estimator(model_dir)
         estimator.train(input_fn, max_steps=STEPS)
     except Exception as error:  # reported to the parent, which judges it
-        outcome = {"ok": False, "type": type(error).__name__, "errno": getattr(error, "errno", None),
-                   "message": str(error), "disk_full": isinstance(error, DiskFullError)}
+        outcome = {
+            "ok": False,
+            "type": type(error).__name__,
+            "errno": getattr(error, "errno", None),
+            "message": str(error),
+            "disk_full": isinstance(error, DiskFullError),
+        }
     resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
     with open(report, "w") as handle:
         json.dump(outcome, handle)
@@ -189,11 +211,13 @@ class Tally:
     """Where the disk-full errors struck: file@step."""
 
     def line(self) -> str:
-        return (f"faults_checkpoint kill_trials={self.kill_trials} in_write={self.in_write} "
-                f"resumed_identical={self.resumed_identical} unloadable={self.unloadable} leftovers={self.leftovers} "
-                f"damage_kinds={self.damage_kinds} detected={self.detected} disk_full_points={self.disk_full_points} "
-                f"clean_errors={self.clean_errors} resumed_after_full={self.resumed_after_full} "
-                f"reproducible={self.reproducible}")
+        return (
+            f"faults_checkpoint kill_trials={self.kill_trials} in_write={self.in_write} "
+            f"resumed_identical={self.resumed_identical} unloadable={self.unloadable} leftovers={self.leftovers} "
+            f"damage_kinds={self.damage_kinds} detected={self.detected} disk_full_points={self.disk_full_points} "
+            f"clean_errors={self.clean_errors} resumed_after_full={self.resumed_after_full} "
+            f"reproducible={self.reproducible}"
+        )
 
 
 def run_reference(children: Children, workdir: Path, tally: Tally) -> tuple[dict[str, str], float]:
@@ -222,16 +246,25 @@ def check_reproducible(workdir: Path, reference: dict[str, str], tally: Tally) -
         tally.problems.append(f"a separate process wrote other bytes: {checkpoint_digest(model_dir)} vs {reference}")
 
 
-def kill_trials(children: Children, workdir: Path, reference: dict[str, str], duration: float, trials: int,
-                deadline: float, rng: random.Random, tally: Tally) -> None:
+def kill_trials(
+    children: Children,
+    workdir: Path,
+    reference: dict[str, str],
+    duration: float,
+    trials: int,
+    deadline: float,
+    rng: random.Random,
+    tally: Tally,
+) -> None:
     for trial in range(trials):
         if time.monotonic() > deadline:
             break
         model_dir = workdir / f"kill-{trial}"
         process, _ = children.start(model_dir)
         if trial % 4:  # 3 in 4 aim inside a checkpoint write: wait for a staging folder, then a few ms more
-            _wait_for_staging(process, model_dir, rng.randint(2, STEPS - 1), started=time.monotonic(),
-                              limit=2 * duration)
+            _wait_for_staging(
+                process, model_dir, rng.randint(2, STEPS - 1), started=time.monotonic(), limit=2 * duration
+            )
             process.join(rng.uniform(0.0, 0.006))
         else:  # anywhere in the run
             process.join(rng.uniform(0.05, 1.0) * duration)  # returns early if the run ended
@@ -274,7 +307,8 @@ def _flip(offset: Callable[[int], int]) -> Callable[[bytes], bytes]:
         if not data:
             return b"\x00"
         position = offset(len(data))
-        return data[:position] + bytes([data[position] ^ 0x01]) + data[position + 1:]
+        return data[:position] + bytes([data[position] ^ 0x01]) + data[position + 1 :]
+
     return damage
 
 
@@ -283,6 +317,7 @@ def _edit_json(edit: Callable[[dict], None]) -> Callable[[bytes], bytes]:
         document = json.loads(data)
         edit(document)
         return json.dumps(document, indent=1).encode()
+
     return damage
 
 
@@ -292,6 +327,7 @@ def _set(path: list, value: object) -> Callable[[dict], None]:
         for key in path[:-1]:
             node = node[key]
         node[path[-1]] = value(node[path[-1]]) if callable(value) else value
+
     return edit
 
 
@@ -311,13 +347,15 @@ BYTE_DAMAGE: dict[str, Callable[[bytes], bytes] | None] = {
 }
 _REPLICA_0 = ["extra", "replicas", 0]  # state.json's per-replica state (checkpoint/parts.py)
 STATE_EDITS: dict[str, Callable[[bytes], bytes]] = {
-    "rng-torch": _edit_json(_set([*_REPLICA_0, "train_state", "rng", "torch"],
-                                 lambda text: "BC"[text[0] == "B"] + text[1:])),
+    "rng-torch": _edit_json(
+        _set([*_REPLICA_0, "train_state", "rng", "torch"], lambda text: "BC"[text[0] == "B"] + text[1:])
+    ),
     "rng-python": _edit_json(_set([*_REPLICA_0, "train_state", "rng", "python", 1, 7], lambda value: value ^ 1)),
     "rng-numpy": _edit_json(_set([*_REPLICA_0, "train_state", "rng", "numpy", 2], lambda value: value + 1)),
     "input-position": _edit_json(_set([*_REPLICA_0, "input_source", "batch"], lambda value: value + 1)),
-    "train-state-position": _edit_json(_set([*_REPLICA_0, "train_state", "input_position", "epoch"],
-                                            lambda value: value + 1)),
+    "train-state-position": _edit_json(
+        _set([*_REPLICA_0, "train_state", "input_position", "epoch"], lambda value: value + 1)
+    ),
     "global-step": _edit_json(_set(["global_step"], lambda value: value - 1)),
     "optimizer-signature": _edit_json(_set(["extra", "optimizer_signature", "class"], "torch.optim.sgd.SGD")),
     "file-sha256": _edit_json(_set(["files", "model.safetensors", "sha256"], lambda text: text[::-1])),
@@ -356,8 +394,9 @@ def _apply(path: Path, damage: Callable[[bytes], bytes] | None) -> None:
         path.write_bytes(damage(path.read_bytes()))
 
 
-def judge_damage(base: Path, workdir: Path, target: str, damage: Callable[[bytes], bytes] | None,
-                 every_checkpoint: bool) -> str | None:
+def judge_damage(
+    base: Path, workdir: Path, target: str, damage: Callable[[bytes], bytes] | None, every_checkpoint: bool
+) -> str | None:
     """Damages `target` (a file of the newest checkpoint, or "checkpoint", the manifest); None when restore
     noticed (fallback with a warning naming the damage, or a CheckpointError naming each checkpoint)."""
     from torchestimator.checkpoint import CheckpointError, CheckpointStore
@@ -403,11 +442,14 @@ def damage_trials(children: Children, workdir: Path, tally: Tally) -> None:
     if not outcome["ok"]:
         raise RuntimeError(f"the damage base run failed: {outcome}")
     newest = base / f"ckpt-{STEPS}"
-    kinds = [(name, kind, damage) for name in sorted(os.listdir(newest)) + ["checkpoint"]
-             for kind, damage in BYTE_DAMAGE.items()]
+    kinds = [
+        (name, kind, damage)
+        for name in sorted(os.listdir(newest)) + ["checkpoint"]
+        for kind, damage in BYTE_DAMAGE.items()
+    ]
     kinds += [("state.json", kind, damage) for kind, damage in STATE_EDITS.items()]
     for target, kind, damage in kinds:
-        for every_checkpoint in ((False, True) if target != "checkpoint" else (False,)):
+        for every_checkpoint in (False, True) if target != "checkpoint" else (False,):
             tally.damage_kinds += 1
             problem = judge_damage(base, workdir, target, damage, every_checkpoint)
             if problem is None:
@@ -420,12 +462,18 @@ def damage_trials(children: Children, workdir: Path, tally: Tally) -> None:
 # ---------------------------------------------------------------- disk full
 
 
-def _judge_full(children: Children, model_dir: Path, outcome: dict, reference: dict[str, str], point: str,
-                free: Callable[[], None], tally: Tally) -> None:
+def _judge_full(
+    children: Children,
+    model_dir: Path,
+    outcome: dict,
+    reference: dict[str, str],
+    point: str,
+    free: Callable[[], None],
+    tally: Tally,
+) -> None:
     tally.disk_full_points += 1
     message = str(outcome.get("message", ""))
-    clean = (not outcome["ok"] and outcome.get("disk_full") and str(model_dir) in message
-             and ("step" in message))
+    clean = not outcome["ok"] and outcome.get("disk_full") and str(model_dir) in message and ("step" in message)
     if clean:
         tally.clean_errors += 1
         where = re.search(r"(step \d+) to (\S+)", message)
@@ -441,8 +489,9 @@ def _judge_full(children: Children, model_dir: Path, outcome: dict, reference: d
         tally.problems.append(f"disk full at {point}: rerun {rerun}, left {temporary_names(model_dir)}")
 
 
-def file_size_limit_points(children: Children, workdir: Path, reference: dict[str, str], trials: int,
-                           deadline: float, tally: Tally) -> None:
+def file_size_limit_points(
+    children: Children, workdir: Path, reference: dict[str, str], trials: int, deadline: float, tally: Tally
+) -> None:
     """One limit just under the size of each distinct file the run writes, so each file is the one that fails."""
     sizes = sorted({path.stat().st_size for path in (workdir / "reference").rglob("*") if path.is_file()})
     limits = sorted({size - 1 for size in sizes if size > 64})
@@ -467,8 +516,9 @@ def small_tmpfs(workdir: Path, size: int) -> Iterator[Path | None]:
     if os.geteuid() != 0 or shutil.which("mount") is None:
         yield None
         return
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
     if result.returncode != 0:
         yield None
         return
@@ -478,8 +528,9 @@ def small_tmpfs(workdir: Path, size: int) -> Iterator[Path | None]:
         subprocess.run(["umount", str(mount_point)], check=False)
 
 
-def tmpfs_points(children: Children, workdir: Path, reference: dict[str, str], trials: int, deadline: float,
-                 tally: Tally) -> bool:
+def tmpfs_points(
+    children: Children, workdir: Path, reference: dict[str, str], trials: int, deadline: float, tally: Tally
+) -> bool:
     """Fills a small tmpfs to leave `room` bytes, for a spread of rooms; False when no tmpfs could be mounted."""
     size = 4 * 1024 * 1024
     reference_bytes = sum(path.stat().st_size for path in (workdir / "reference").rglob("*") if path.is_file())

@@ -40,9 +40,19 @@ from faults_common import poll, run_trials  # tools/ is the script's folder (sys
 _KINDS = ("save_kill", "early_chief_kill", "stopped")
 _DEADLINE_S = 240.0
 _ELASTIC_SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "elastic_train_script.py"
-_LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                     "GROUP_RANK", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE", "TF_CONFIG",
-                     "TORCHESTIMATOR_STARTED_REPLICA_OF")
+_LAUNCH_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TF_CONFIG",
+    "TORCHESTIMATOR_STARTED_REPLICA_OF",
+)
 
 _SCRIPT = textwrap.dedent('''
     """argv: model_dir, report folder, max_steps, kind (save_kill_sync, save_kill_async, early_chief_kill, none)."""
@@ -103,8 +113,10 @@ class Tally:
 
     def summary(self, seconds: float) -> str:
         slowest = f"{max(self.restart_seconds):.0f}" if self.restart_seconds else "-"
-        return (f"faults_cluster trials={self.trials} named={self.named} half_published={self.half_published} "
-                f"lingering={self.lingering} restarted={self.restarted} restart_s={slowest} seconds={seconds:.0f}")
+        return (
+            f"faults_cluster trials={self.trials} named={self.named} half_published={self.half_published} "
+            f"lingering={self.lingering} restarted={self.restarted} restart_s={slowest} seconds={seconds:.0f}"
+        )
 
 
 def _environment(**extra: str) -> dict[str, str]:
@@ -135,8 +147,13 @@ def _errors(folder: Path) -> list[dict]:
 
 
 def _checkpoints(model_dir: Path) -> list[str]:
-    return sorted((name for name in os.listdir(model_dir) if re.fullmatch(r"ckpt-\d+", name)),
-                  key=lambda name: int(name[5:])) if model_dir.is_dir() else []
+    return (
+        sorted(
+            (name for name in os.listdir(model_dir) if re.fullmatch(r"ckpt-\d+", name)), key=lambda name: int(name[5:])
+        )
+        if model_dir.is_dir()
+        else []
+    )
 
 
 def _run_script(workdir: Path, model_dir: Path, max_steps: int, kind: str, **extra: str) -> subprocess.Popen:
@@ -144,9 +161,14 @@ def _run_script(workdir: Path, model_dir: Path, max_steps: int, kind: str, **ext
     script.write_text(_SCRIPT)
     log = open(workdir / f"{kind}.log", "ab")
     with log:
-        return subprocess.Popen([sys.executable, str(script), str(model_dir), str(workdir), str(max_steps), kind],
-                                env=_environment(**extra), stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
-                                start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, str(script), str(model_dir), str(workdir), str(max_steps), kind],
+            env=_environment(**extra),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+            start_new_session=True,
+        )
 
 
 def trial_save_kill(workdir: Path, asynchronous: bool, tally: Tally, bound: float) -> None:
@@ -208,13 +230,39 @@ def trial_stopped(workdir: Path, tally: Tally, bound: float) -> None:
     """SIGSTOP rank 1 of a launched run: the seconds until the restarted group's first line."""
     where = f"stopped ({workdir})"
     pid_file, log_path = workdir / "paused.pid", workdir / "stopped.log"
-    command = [sys.executable, "-m", "torchestimator", "launch", "--nproc_per_node", "2", "--max_restarts", "1",
-               "--monitor_interval", "0.2", str(_ELASTIC_SCRIPT), "--model_dir", str(workdir / "model"),
-               "--max_steps", "12", "--pause_rank", "1", "--pause_at_step", "7", "--pause_file", str(pid_file),
-               "--pause_seconds", "600"]
+    command = [
+        sys.executable,
+        "-m",
+        "torchestimator",
+        "launch",
+        "--nproc_per_node",
+        "2",
+        "--max_restarts",
+        "1",
+        "--monitor_interval",
+        "0.2",
+        str(_ELASTIC_SCRIPT),
+        "--model_dir",
+        str(workdir / "model"),
+        "--max_steps",
+        "12",
+        "--pause_rank",
+        "1",
+        "--pause_at_step",
+        "7",
+        "--pause_file",
+        str(pid_file),
+        "--pause_seconds",
+        "600",
+    ]
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env=_environment(TORCHESTIMATOR_COLLECTIVE_TIMEOUT="15"))
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=_environment(TORCHESTIMATOR_COLLECTIVE_TIMEOUT="15"),
+        )
     try:
         deadline = time.monotonic() + _DEADLINE_S
         if poll(pid_file.exists, deadline, 0.05) is None:
@@ -266,10 +314,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=6, help="most trials (default 6: each kind twice)")
     parser.add_argument("--seconds", type=float, default=1200.0, help="start no trial after this long (default 1200)")
     parser.add_argument("--kinds", default=",".join(_KINDS), help=f"which faults, of {','.join(_KINDS)}")
-    parser.add_argument("--bound", type=float, default=30.0,
-                        help="seconds within which replica 1 must end after replica 0 dies (default 30)")
-    parser.add_argument("--restart_bound", type=float, default=45.0,
-                        help="seconds from SIGSTOP to the restarted group's first line (default 45)")
+    parser.add_argument(
+        "--bound",
+        type=float,
+        default=30.0,
+        help="seconds within which replica 1 must end after replica 0 dies (default 30)",
+    )
+    parser.add_argument(
+        "--restart_bound",
+        type=float,
+        default=45.0,
+        help="seconds from SIGSTOP to the restarted group's first line (default 45)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the folders of passing trials too")
     args = parser.parse_args(argv)
     kinds = tuple(args.kinds.split(","))

@@ -18,17 +18,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
 # formats.md 3.3's worked TF checkpoint .index: SaveV2(prefix, ["x", "s"], ["", ""], [float32 [1, 2], string
 # ["ab", ""]]); its first 57 bytes are the data block.
 WORKED_INDEX = bytes.fromhex(
-    "000006" "08011a020801"
-    "000111" "73" "0807120412020802200828083591 88b04d".replace(" ", "")
-    + "00010f" "78" "08011204120208022808355 93ce535".replace(" ", "")
-    + "00000000" "01000000"
-    "00" "d5d43377"
-    "0000000001000000" "00c0f2a1b0"
-    "000102" "79" "0039" "00000000" "01000000" "00704c70b5"
+    "00000608011a020801000111730807120412020802200828083591 88b04d".replace(" ", "")
+    + "00010f7808011204120208022808355 93ce535".replace(" ", "")
+    + "00000000"
+    "01000000"
+    "00"
+    "d5d43377"
+    "0000000001000000"
+    "00c0f2a1b0"
+    "000102"
+    "79"
+    "0039"
+    "00000000"
+    "01000000"
+    "00704c70b5"
     "3e084b0e" + "00" * 36 + "57fb808b247547db"
 )
 
@@ -78,8 +84,9 @@ def poll(condition: Callable[[], Any], deadline: float, interval: float = 0.1) -
     return None
 
 
-def run_trials(tally: Any, trials: int, seconds: float, keep: bool, prefix: str,
-               trial: Callable[[int, Path], None]) -> None:
+def run_trials(
+    tally: Any, trials: int, seconds: float, keep: bool, prefix: str, trial: Callable[[int, Path], None]
+) -> None:
     """``trial(number, workdir)`` in a fresh folder each, at most ``trials``, none started after ``seconds``.
 
     ``tally`` counts ``trials`` and collects ``problems``; a trial's folder (logs, model_dir) stays for reading

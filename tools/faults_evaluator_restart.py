@@ -105,8 +105,10 @@ class Tally:
     problems: list[str] = field(default_factory=list)
 
     def summary(self, seconds: float) -> str:
-        return (f"faults_evaluator_restart trials={self.trials} followed={self.followed} lost_runs={self.lost_runs} "
-                f"failed_tasks={self.failed_tasks} stepless_reruns={self.stepless_reruns} seconds={seconds:.0f}")
+        return (
+            f"faults_evaluator_restart trials={self.trials} followed={self.followed} lost_runs={self.lost_runs} "
+            f"failed_tasks={self.failed_tasks} stepless_reruns={self.stepless_reruns} seconds={seconds:.0f}"
+        )
 
 
 def _free_port() -> int:
@@ -128,16 +130,24 @@ class Job:
         self.script.write_text(_SCRIPT)
 
     def start(self, task: str) -> None:
-        environ = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-                   "TORCHESTIMATOR_COLLECTIVE_TIMEOUT": "60",
-                   "TF_CONFIG": json.dumps({"cluster": self.cluster, "task": {"type": task, "index": 0}})}
+        environ = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+            "TORCHESTIMATOR_COLLECTIVE_TIMEOUT": "60",
+            "TF_CONFIG": json.dumps({"cluster": self.cluster, "task": {"type": task, "index": 0}}),
+        }
         for variable in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             environ.pop(variable, None)
         self.result(task).unlink(missing_ok=True)
         with open(self.log(task), "wb") as log:
             self.processes[task] = subprocess.Popen(
                 [sys.executable, str(self.script), str(self.model_dir), str(self.result(task)), *self.arguments],
-                env=environ, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
+                env=environ,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+            )
 
     def log(self, task: str) -> Path:
         return self.workdir / f"{self.name}.{task}.log"
@@ -185,8 +195,13 @@ def _start_in_order(job: Job, order: str, earlier_run: str | None, deadline: flo
     """Starts the job's three tasks: the evaluator before the trainers, with them, or after them."""
     if order == "before":
         job.start("evaluator")
-        poll(lambda: any(sign in job.log("evaluator").read_bytes() for sign in _PAST_START_UP)
-              or job.processes["evaluator"].poll() is not None, deadline)
+        poll(
+            lambda: (
+                any(sign in job.log("evaluator").read_bytes() for sign in _PAST_START_UP)
+                or job.processes["evaluator"].poll() is not None
+            ),
+            deadline,
+        )
     if order in ("before", "with"):
         job.start("chief"), job.start("worker")
     if order == "with":
@@ -232,16 +247,20 @@ def run_trial(workdir: Path, kind: str, order: str, rng: random.Random, tally: T
         tally.problems.append(f"{where}: the restarted job recorded no run of its own: {run}")
     elif evaluated != run["end_step"] or not finals or finals[-1] != run["end_step"]:
         tally.lost_runs += 1
-        tally.problems.append(f"{where}: the run ended at {run['end_step']}, the evaluator's last evaluation was at "
-                              f"{evaluated}, final exports at {finals}")
+        tally.problems.append(
+            f"{where}: the run ended at {run['end_step']}, the evaluator's last evaluation was at "
+            f"{evaluated}, final exports at {finals}"
+        )
     else:
         tally.followed += 1
     if kind == "early_stop":
         if _checkpoint_steps(model_dir)[-1:] == before_restart[-1:] and run.get("end_cause") == "early_stopping":
             tally.stepless_reruns += 1
         else:
-            tally.problems.append(f"{where}: the rerun after early stopping trained on: checkpoints "
-                                  f"{before_restart} -> {_checkpoint_steps(model_dir)}, run {run}")
+            tally.problems.append(
+                f"{where}: the rerun after early stopping trained on: checkpoints "
+                f"{before_restart} -> {_checkpoint_steps(model_dir)}, run {run}"
+            )
 
 
 def run(trials: int, seconds: float, seed: int, keep: bool, kinds_wanted: tuple[str, ...] = _KINDS) -> Tally:

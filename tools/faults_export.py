@@ -69,11 +69,13 @@ def parse_settings(arguments: list[str] | None = None) -> Settings:
     parsed = parser.parse_args(arguments)
     if parsed.trials < 0 or parsed.seconds <= 0:
         parser.error("--trials must be >= 0 and --seconds > 0")
-    return Settings(trials=parsed.trials, seconds=parsed.seconds, prove=parsed.prove, seed=parsed.seed,
-                    workdir=parsed.workdir)
+    return Settings(
+        trials=parsed.trials, seconds=parsed.seconds, prove=parsed.prove, seed=parsed.seed, workdir=parsed.workdir
+    )
 
 
 # ---- the model: deep and narrow, so that its program.json is larger than any checkpoint file ----
+
 
 def build_estimator(model_dir: str, depth: int = 2):
     import torch
@@ -96,8 +98,13 @@ def build_estimator(model_dir: str, depth: int = 2):
         return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels))
 
     config = te.RunConfig(save_checkpoints_steps=5, log_step_count_steps=None, progress_bar=False, random_seed=0)
-    return te.Estimator(model_fn=model_fn, model=model, model_dir=model_dir, config=config,
-                        optimizer=lambda parameters, params: torch.optim.SGD(parameters, lr=0.1))
+    return te.Estimator(
+        model_fn=model_fn,
+        model=model,
+        model_dir=model_dir,
+        config=config,
+        optimizer=lambda parameters, params: torch.optim.SGD(parameters, lr=0.1),
+    )
 
 
 def input_fn():
@@ -126,6 +133,7 @@ def train_small(model_dir: str, steps: int = 5, depth: int = 2):
 
 
 # ---- crafted version folders ----
+
 
 class _Payload:
     """Unpickling this creates the marker file: what an attacker's code would do, harmlessly."""
@@ -197,23 +205,43 @@ def craft_variants(good_dir: str, base: str, marker_dir: str, first_version: int
     def pickled_constant(entries, marker_path):
         config_name = _entry(entries, "data/constants/model_constants_config.json")
         prefix = config_name.rsplit("/", 1)[0]
-        entries[config_name] = json.dumps({"config": {"lifted_tensor_0": {
-            "path_name": "tensor_0", "is_param": False, "use_pickle": True, "tensor_meta": None}}}).encode()
+        entries[config_name] = json.dumps(
+            {
+                "config": {
+                    "lifted_tensor_0": {
+                        "path_name": "tensor_0",
+                        "is_param": False,
+                        "use_pickle": True,
+                        "tensor_meta": None,
+                    }
+                }
+            }
+        ).encode()
         entries[f"{prefix}/tensor_0"] = _pickled(marker_path)
 
     def pickled_opaque_object(entries, marker_path):  # constants named opaque_obj_* go through pickle.loads
         config_name = _entry(entries, "data/constants/model_constants_config.json")
         prefix = config_name.rsplit("/", 1)[0]
-        entries[config_name] = json.dumps({"config": {"obj_0": {
-            "path_name": "opaque_obj_0", "is_param": False, "use_pickle": True, "tensor_meta": None}}}).encode()
+        entries[config_name] = json.dumps(
+            {
+                "config": {
+                    "obj_0": {"path_name": "opaque_obj_0", "is_param": False, "use_pickle": True, "tensor_meta": None}
+                }
+            }
+        ).encode()
         entries[f"{prefix}/opaque_obj_0"] = pickle.dumps(_Payload(marker_path))
 
     def pickled_legacy_weights(entries, marker_path):  # a pre-2.7 weights file elsewhere in the archive
         prefix = _entry(entries, "data/weights/model_weights_config.json").rsplit("/", 1)[0]
         entries[f"{prefix}/model.pt"] = _pickled(marker_path)
 
-    for change in (pickled_sample_inputs, pickled_weight, pickled_constant, pickled_opaque_object,
-                   pickled_legacy_weights):
+    for change in (
+        pickled_sample_inputs,
+        pickled_weight,
+        pickled_constant,
+        pickled_opaque_object,
+        pickled_legacy_weights,
+    ):
         archive_variant(change.__name__, change)
 
     good_document = Path(good_dir, PROGRAM_FILE).read_text()
@@ -280,13 +308,23 @@ def _add_resource_variants(variants: list[Variant], new_folder, document_variant
         tensors[name] = tensors[name].reshape(-1)
         (folder / TENSORS_FILE).write_bytes(tensors_to_bytes(tensors, "crafted"))
 
-    folder_variant("deep_json", lambda folder: (folder / PROGRAM_FILE).write_text(
-        '{"graph_module": ' + "[" * 100_000 + "]" * 100_000 + "}"), "nests its values too deeply")
-    folder_variant("fifo_program", lambda folder: os.mkfifo(folder / PROGRAM_FILE), "is not a regular file",
-                   keep=("signature.json", "metadata.json", TENSORS_FILE))  # opening it would wait for a writer
+    folder_variant(
+        "deep_json",
+        lambda folder: (folder / PROGRAM_FILE).write_text('{"graph_module": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+        "nests its values too deeply",
+    )
+    folder_variant(
+        "fifo_program",
+        lambda folder: os.mkfifo(folder / PROGRAM_FILE),
+        "is not a regular file",
+        keep=("signature.json", "metadata.json", TENSORS_FILE),
+    )  # opening it would wait for a writer
     folder_variant("mismatched_tensors", mismatched_tensors, "the program declares")
-    folder_variant("malformed_signature", lambda folder: (folder / "signature.json").write_text("[]"),
-                   "signature.json must hold a JSON object")
+    folder_variant(
+        "malformed_signature",
+        lambda folder: (folder / "signature.json").write_text("[]"),
+        "signature.json must hold a JSON object",
+    )
 
 
 def _torch_archive(program) -> bytes:
@@ -345,12 +383,14 @@ def check_crafted(variants: list[Variant], marker_dir: str) -> tuple[int, int, i
 def prove_torch_runs_payloads(variants: list[Variant], marker_dir: str) -> int:
     """How many archive variants run their payload under torch.export.load, in a throwaway subprocess."""
     folders = [variant.folder for variant in variants if variant.archive]
-    script = ("import sys, torch\n"
-              "for folder in sys.argv[1:]:\n"
-              "    try:\n"
-              "        torch.export.load(folder + '/model.pt2')\n"
-              "    except Exception:\n"
-              "        pass\n")
+    script = (
+        "import sys, torch\n"
+        "for folder in sys.argv[1:]:\n"
+        "    try:\n"
+        "        torch.export.load(folder + '/model.pt2')\n"
+        "    except Exception:\n"
+        "        pass\n"
+    )
     subprocess.run([sys.executable, "-c", script, *folders], capture_output=True, timeout=300, check=False)
     created = sorted(os.listdir(marker_dir))
     for name in created:
@@ -359,6 +399,7 @@ def prove_torch_runs_payloads(variants: list[Variant], marker_dir: str) -> int:
 
 
 # ---- workers (subprocesses of this script) ----
+
 
 def _worker(arguments: list[str]) -> None:
     parser = argparse.ArgumentParser()
@@ -406,8 +447,11 @@ def _train_with_exporter(parsed) -> None:
     limits = [int(value) for value in parsed.limits.split(",") if value]
     with _file_size_limit(limits[0] if limits else None):
         try:
-            te.train_and_evaluate(estimator, te.TrainSpec(input_fn(), max_steps=10),
-                                  te.EvalSpec(input_fn(), steps=2, exporters=[exporter], every_n_steps=5))
+            te.train_and_evaluate(
+                estimator,
+                te.TrainSpec(input_fn(), max_steps=10),
+                te.EvalSpec(input_fn(), steps=2, exporters=[exporter], every_n_steps=5),
+            )
             print(json.dumps({"error": None}), flush=True)
         except OSError as error:
             print(json.dumps({"error": str(error), "type": type(error).__name__}), flush=True)
@@ -444,11 +488,17 @@ def _filler(base: str, free: int | None) -> Iterator[None]:
 
 
 def run_worker(mode: str, *arguments: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), "--worker", mode, *arguments], capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--worker", mode, *arguments],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 # ---- the fault loops ----
+
 
 def kill_trials(model_dir: str, base: str, trials: int, seconds: float, rng: random.Random) -> tuple[int, int]:
     """(trials run, trials after which every integer version loaded)."""
@@ -457,8 +507,12 @@ def kill_trials(model_dir: str, base: str, trials: int, seconds: float, rng: ran
     deadline = time.monotonic() + seconds
     done = complete = 0
     while done < trials and time.monotonic() < deadline:
-        worker = subprocess.Popen([sys.executable, str(SCRIPT), "--worker", "export-loop", "--model_dir", model_dir,
-                                   "--base", base], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        worker = subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--worker", "export-loop", "--model_dir", model_dir, "--base", base],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         try:
             worker.stdout.readline()  # "ready": the model is built
             exports_first = rng.randrange(2)  # sometimes kill in the first export, sometimes in a later one
@@ -488,8 +542,11 @@ def _wait_for_temp_folder(base: str, worker: subprocess.Popen, deadline: float) 
 
 def file_limits(good_dir: str) -> list[int]:
     """RLIMIT_FSIZE limits that make the write fail at each of the version's files in turn (and at the first byte)."""
-    sizes = sorted(os.path.getsize(os.path.join(good_dir, name)) for name in os.listdir(good_dir)
-                   if os.path.isfile(os.path.join(good_dir, name)))
+    sizes = sorted(
+        os.path.getsize(os.path.join(good_dir, name))
+        for name in os.listdir(good_dir)
+        if os.path.isfile(os.path.join(good_dir, name))
+    )
     return sorted({0, *[size - 1 for size in sizes if size > 0]})
 
 
@@ -502,10 +559,17 @@ def check_disk_full(result: subprocess.CompletedProcess[str], base: str, good_di
         problems.append(f"the worker died with return code {result.returncode}: {result.stderr[-2000:]}")
     outcomes = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     ok = sum(1 for outcome in outcomes if outcome["error"] and base in outcome["error"])
-    FILES_HIT.update(name for outcome in outcomes for name in ("signature.json", "tensors.safetensors", "program.json",
-                                                                "metadata.json") if name in (outcome["error"] or ""))
-    problems += [f"not an OSError naming {base}: {outcome}" for outcome in outcomes
-                 if not (outcome["error"] and base in outcome["error"])]
+    FILES_HIT.update(
+        name
+        for outcome in outcomes
+        for name in ("signature.json", "tensors.safetensors", "program.json", "metadata.json")
+        if name in (outcome["error"] or "")
+    )
+    problems += [
+        f"not an OSError naming {base}: {outcome}"
+        for outcome in outcomes
+        if not (outcome["error"] and base in outcome["error"])
+    ]
     leftovers = [entry for entry in os.listdir(base) if entry.startswith("temp-")]
     if leftovers:
         problems.append(f"temp folders left: {leftovers}")
@@ -523,8 +587,12 @@ def small_tmpfs(path: str, size: str) -> Iterator[bool]:
     if os.geteuid() != 0:
         yield False
         return
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
-                             capture_output=True, check=False).returncode == 0
+    mounted = (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True, check=False
+        ).returncode
+        == 0
+    )
     try:
         yield mounted
     finally:
@@ -562,8 +630,15 @@ def main(arguments: list[str] | None = None) -> int:
         full_ok = full_points = 0
         limited = os.path.join(root, "limited")
         limited_good = export_saved_model(estimator, limited, receiver())
-        result = run_worker("disk-full", "--model_dir", model_dir, "--base", limited,
-                            "--limits", ",".join(map(str, file_limits(limited_good))))
+        result = run_worker(
+            "disk-full",
+            "--model_dir",
+            model_dir,
+            "--base",
+            limited,
+            "--limits",
+            ",".join(map(str, file_limits(limited_good))),
+        )
         ok, points, problems = check_disk_full(result, limited, limited_good)
         full_ok, full_points = full_ok + ok, full_points + points
         all_problems += problems
@@ -574,17 +649,20 @@ def main(arguments: list[str] | None = None) -> int:
                 needed = sum(os.path.getsize(os.path.join(small_good, name)) for name in os.listdir(small_good))
                 fills = ",".join(str(free) for free in (needed // 4, needed))
                 for precheck in ([], ["--no_precheck"]):
-                    result = run_worker("disk-full", "--model_dir", model_dir, "--base", small, "--fill", fills,
-                                        *precheck)
+                    result = run_worker(
+                        "disk-full", "--model_dir", model_dir, "--base", small, "--fill", fills, *precheck
+                    )
                     ok, points, problems = check_disk_full(result, small, small_good)
                     full_ok, full_points = full_ok + ok, full_points + points
                     all_problems += problems
         for problem in all_problems:
             print(problem, file=sys.stderr)
-    print(f"faults_export crafted_refused={refused}/{len(variants) - inert_total} crafted_inert={inert}/{inert_total} "
-          f"markers={markers} kill_trials={trials} "
-          f"complete_only={complete} disk_full_oserror={full_ok}/{full_points} files_hit={len(FILES_HIT)} "
-          f"temp_left={temp_left}" + (f" torch_ran_payloads={proven}/{archives}" if settings.prove else ""))
+    print(
+        f"faults_export crafted_refused={refused}/{len(variants) - inert_total} crafted_inert={inert}/{inert_total} "
+        f"markers={markers} kill_trials={trials} "
+        f"complete_only={complete} disk_full_oserror={full_ok}/{full_points} files_hit={len(FILES_HIT)} "
+        f"temp_left={temp_left}" + (f" torch_ran_payloads={proven}/{archives}" if settings.prove else "")
+    )
     return 1 if all_problems else 0
 
 

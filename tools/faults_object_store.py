@@ -42,9 +42,13 @@ STEPS = 16
 BIG_STEPS = 4
 PART_BYTES = 5 * 2**20
 _CHILD_DEADLINE_S = 180.0
-_ENVIRONMENT = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-secret",
-                "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-                "TORCHESTIMATOR_UPLOAD_PART_BYTES": str(PART_BYTES)}
+_ENVIRONMENT = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "TORCHESTIMATOR_UPLOAD_PART_BYTES": str(PART_BYTES),
+}
 
 
 # ----------------------------------------------------------------- the child
@@ -75,10 +79,22 @@ def _big_estimator(model_dir: str):
         logits = model(features["x"])
         return te.EstimatorSpec(mode, loss=torch.nn.functional.cross_entropy(logits, labels))
 
-    config = te.RunConfig(save_checkpoints_steps=1, keep_checkpoint_max=2, save_summary_steps=None,
-                          log_step_count_steps=None, progress_bar=False, random_seed=0, deterministic=True)
-    estimator = te.Estimator(model_fn=model_fn, model=Wide, model_dir=model_dir, config=config,
-                             optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1))
+    config = te.RunConfig(
+        save_checkpoints_steps=1,
+        keep_checkpoint_max=2,
+        save_summary_steps=None,
+        log_step_count_steps=None,
+        progress_bar=False,
+        random_seed=0,
+        deterministic=True,
+    )
+    estimator = te.Estimator(
+        model_fn=model_fn,
+        model=Wide,
+        model_dir=model_dir,
+        config=config,
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
+    )
     return estimator, input_fn
 
 
@@ -87,9 +103,8 @@ def child_train(model_dir: str, report: str, big: bool, environment: dict[str, s
 
     ``environment``: the server's variables (the forkserver may have started before they were set)."""
     os.environ.update(environment)
-    import torch
-
     import faults_checkpoint
+    import torch
 
     torch.set_num_threads(1)
     logging.getLogger("torchestimator").setLevel(logging.ERROR)
@@ -119,10 +134,12 @@ class Tally:
     problems: list[str] = field(default_factory=list)
 
     def line(self, seconds: float) -> str:
-        return (f"faults_object_store trials={self.trials} in_write={self.in_write} "
-                f"resumed_identical={self.resumed_identical} unloadable={self.unloadable} leftovers={self.leftovers} "
-                f"multipart_trials={self.multipart_trials} killed_in_upload={self.killed_in_upload} "
-                f"multipart_resumed_identical={self.multipart_resumed_identical} seconds={seconds:.0f}")
+        return (
+            f"faults_object_store trials={self.trials} in_write={self.in_write} "
+            f"resumed_identical={self.resumed_identical} unloadable={self.unloadable} leftovers={self.leftovers} "
+            f"multipart_trials={self.multipart_trials} killed_in_upload={self.killed_in_upload} "
+            f"multipart_resumed_identical={self.multipart_resumed_identical} seconds={seconds:.0f}"
+        )
 
 
 class Children:
@@ -160,8 +177,10 @@ def last_checkpoint_digest(model_dir: str) -> dict[str, str]:
     latest = CheckpointStore(model_dir).latest_checkpoint()
     if latest is None:
         return {}
-    return {name: hashlib.sha256(filesystems.read_bytes(f"{latest}/{name}")).hexdigest()
-            for name in filesystems.listdir(latest)}
+    return {
+        name: hashlib.sha256(filesystems.read_bytes(f"{latest}/{name}")).hexdigest()
+        for name in filesystems.listdir(latest)
+    }
 
 
 def unloadable(model_dir: str) -> list[str]:
@@ -185,16 +204,20 @@ def junk(model_dir: str) -> list[str]:
 
     listed = {path.rsplit("/", 1)[1] for path in CheckpointStore(model_dir).all_checkpoints()}
     allowed = {"checkpoint", "params.json", "run_config.json"}
-    return [name for name in filesystems.listdir(model_dir)
-            if name not in listed and name not in allowed and not name.startswith("events.out.tfevents.")]
+    return [
+        name
+        for name in filesystems.listdir(model_dir)
+        if name not in listed and name not in allowed and not name.startswith("events.out.tfevents.")
+    ]
 
 
 def unsealed_prefixes(model_dir: str) -> list[str]:
     from torchestimator._io import filesystems
 
     names = filesystems.listdir(model_dir) if filesystems.exists(model_dir) else []
-    return [name for name in names if name.startswith("ckpt-")
-            and not filesystems.exists(f"{model_dir}/{name}/state.json")]
+    return [
+        name for name in names if name.startswith("ckpt-") and not filesystems.exists(f"{model_dir}/{name}/state.json")
+    ]
 
 
 def sealed_not_in_manifest(model_dir: str) -> list[str]:
@@ -204,13 +227,18 @@ def sealed_not_in_manifest(model_dir: str) -> list[str]:
     from torchestimator._io import filesystems
 
     try:
-        listed = {item["folder"] for item in json_module.loads(filesystems.read_bytes(f"{model_dir}/checkpoint"))[
-            "checkpoints"]}
+        listed = {
+            item["folder"]
+            for item in json_module.loads(filesystems.read_bytes(f"{model_dir}/checkpoint"))["checkpoints"]
+        }
     except FileNotFoundError:
         listed = set()
     names = filesystems.listdir(model_dir) if filesystems.exists(model_dir) else []
-    return [name for name in names if name.startswith("ckpt-") and name not in listed
-            and filesystems.exists(f"{model_dir}/{name}/state.json")]
+    return [
+        name
+        for name in names
+        if name.startswith("ckpt-") and name not in listed and filesystems.exists(f"{model_dir}/{name}/state.json")
+    ]
 
 
 def open_uploads(bucket: str) -> int:
@@ -221,8 +249,15 @@ def open_uploads(bucket: str) -> int:
     return len(client.list_multipart_uploads(Bucket=bucket).get("Uploads", []))
 
 
-def kill_trial(children: Children, model_dir: str, reference: dict[str, str], duration: float,
-               rng: random.Random, tally: Tally, number: int) -> None:
+def kill_trial(
+    children: Children,
+    model_dir: str,
+    reference: dict[str, str],
+    duration: float,
+    rng: random.Random,
+    tally: Tally,
+    number: int,
+) -> None:
     process, _ = children.start(model_dir)
     if number % 4:  # 3 in 4 aim inside a save: wait until a save prefix without state.json is listed
         deadline = time.monotonic() + 2 * duration
@@ -244,13 +279,17 @@ def kill_trial(children: Children, model_dir: str, reference: dict[str, str], du
     check_after_kill(children, model_dir, reference, tally, f"kill trial {number}", big=False)
 
 
-def multipart_trial(children: Children, bucket: str, model_dir: str, reference: dict[str, str], tally: Tally,
-                    number: int) -> None:
+def multipart_trial(
+    children: Children, bucket: str, model_dir: str, reference: dict[str, str], tally: Tally, number: int
+) -> None:
     process, _ = children.start(model_dir, big=True)
     deadline = time.monotonic() + _CHILD_DEADLINE_S
     # From the second save on, so that an earlier checkpoint exists to fall back to.
-    while process.is_alive() and time.monotonic() < deadline and len(unsealed_prefixes(model_dir)) + len(
-            _listed(model_dir)) < 2 + number % 2:
+    while (
+        process.is_alive()
+        and time.monotonic() < deadline
+        and len(unsealed_prefixes(model_dir)) + len(_listed(model_dir)) < 2 + number % 2
+    ):
         process.join(0.05)
     while process.is_alive() and time.monotonic() < deadline and not open_uploads(bucket):
         process.join(0.005)
@@ -270,8 +309,9 @@ def _listed(model_dir: str) -> list[str]:
     return CheckpointStore(model_dir).all_checkpoints()
 
 
-def check_after_kill(children: Children, model_dir: str, reference: dict[str, str], tally: Tally, what: str,
-                     *, big: bool) -> bool:
+def check_after_kill(
+    children: Children, model_dir: str, reference: dict[str, str], tally: Tally, what: str, *, big: bool
+) -> bool:
     failed = unloadable(model_dir)
     tally.unloadable += len(failed)
     tally.problems += [f"{what}: listed but unloadable {name}" for name in failed]

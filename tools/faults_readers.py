@@ -78,7 +78,7 @@ def outcome(path: str) -> dict[str, Any]:
         result = {"kind": "read_ok", "tensors": len(names)}
     except WeightSourceError as error:
         result = {"kind": "clean_errors", "type": type(error).__name__, "message": str(error)}
-    except BaseException as error:  # noqa: BLE001 - classifying every failure is the point
+    except BaseException as error:
         frames = traceback.extract_tb(error.__traceback__)
         ours = [frame for frame in frames if "torchestimator" in frame.filename] or frames
         where = f" (raised in {frames[-1].filename}:{frames[-1].lineno}, via {ours[-1].filename}:{ours[-1].lineno})"
@@ -89,12 +89,12 @@ def outcome(path: str) -> dict[str, Any]:
 
 def worker_main(headroom_mb: int) -> None:
     """One path per stdin line; one JSON outcome per stdout line."""
-    import torch  # noqa: F401 - loaded before the limit, as the readers load it anyway
     import h5py  # noqa: F401
     import safetensors.torch  # noqa: F401
+    import torch
 
-    import torchestimator.interop.keras_h5  # noqa: F401
-    import torchestimator.interop.tf_checkpoint  # noqa: F401
+    import torchestimator.interop.keras_h5
+    import torchestimator.interop.tf_checkpoint
     import torchestimator.interop.torch_sources  # noqa: F401
 
     torch.set_num_threads(1)
@@ -116,7 +116,10 @@ class Worker:
         if self.process is None or self.process.poll() is not None:
             self.process = subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), "--worker", "--headroom-mb", str(self.headroom_mb)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
             )
         assert self.process.stdin is not None and self.process.stdout is not None
         try:
@@ -162,15 +165,29 @@ def _field(number: int, payload: bytes | int) -> bytes:
     return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
-def tf_entry(dtype: int, shape: Sequence[int], offset: int, size: int, crc: int = 0,
-             slices: Sequence[Sequence[tuple[int, int]]] = ()) -> bytes:
+def tf_entry(
+    dtype: int,
+    shape: Sequence[int],
+    offset: int,
+    size: int,
+    crc: int = 0,
+    slices: Sequence[Sequence[tuple[int, int]]] = (),
+) -> bytes:
     """A BundleEntryProto (formats.md 3.4), any field value allowed, bad ones included."""
     shape_bytes = b"".join(_field(2, _field(1, dim)) for dim in shape)
     slice_bytes = b"".join(
         _field(7, b"".join(_field(1, _field(1, start) + _field(2, length)) for start, length in extents))
-        for extents in slices)
-    return (_field(1, dtype) + _field(2, shape_bytes) + _field(4, offset) + _field(5, size)
-            + b"\x35" + struct.pack("<I", crc) + slice_bytes)
+        for extents in slices
+    )
+    return (
+        _field(1, dtype)
+        + _field(2, shape_bytes)
+        + _field(4, offset)
+        + _field(5, size)
+        + b"\x35"
+        + struct.pack("<I", crc)
+        + slice_bytes
+    )
 
 
 def tf_checkpoint(prefix: str, entries: dict[str, bytes], data: bytes, num_shards: int = 1) -> str:
@@ -248,15 +265,18 @@ def torch_state_pickle(tensors: dict[str, tuple[int, Sequence[int], Sequence[int
                 return (*saved, None) if legacy else saved
             return None
 
-    state = {name: Tensor(Storage(str(index), numel), size, stride, offset)
-             for index, (name, (numel, size, stride, offset)) in enumerate(tensors.items())}
+    state = {
+        name: Tensor(Storage(str(index), numel), size, stride, offset)
+        for index, (name, (numel, size, stride, offset)) in enumerate(tensors.items())
+    }
     buffer = io.BytesIO()
     Pickler(buffer, protocol=2).dump(collections.OrderedDict(state))
     return buffer.getvalue()
 
 
-def torch_legacy_file(path: str, tensors: dict[str, tuple[int, Sequence[int], Sequence[int], int]],
-                      stored: dict[str, bytes]) -> str:
+def torch_legacy_file(
+    path: str, tensors: dict[str, tuple[int, Sequence[int], Sequence[int], int]], stored: dict[str, bytes]
+) -> str:
     """A legacy (pre-zip) torch.save file: magic, protocol, sys info, the state pickle, keys, storages."""
     import torch
 
@@ -351,8 +371,10 @@ def crafted_cases(directory: str, marker: str) -> list[Case]:
     add("torch_zip_numel_bomb", torch_zip_with_pickle(at("numel.pt"), numel_bomb, {"0": b"\0" * 16}))
     offset_bomb = torch_state_pickle({"w": (4, (4,), (1,), 1 << 50)}, legacy=False)
     add("torch_zip_bad_offset", torch_zip_with_pickle(at("offset.pt"), offset_bomb, {"0": b"\0" * 16}))
-    add("torch_legacy_numel_bomb", torch_legacy_file(at("legacy_numel.pth"), {"w": (1 << 40, (4,), (1,), 0)},
-                                                     {"0": b"\0" * 16}))
+    add(
+        "torch_legacy_numel_bomb",
+        torch_legacy_file(at("legacy_numel.pth"), {"w": (1 << 40, (4,), (1,), 0)}, {"0": b"\0" * 16}),
+    )
     # torch inflates a deflated record whole: 64 KB of data.pkl declaring 64 MB (a good pickle, then zeros)
     torch.save({"w": torch.zeros(4)}, at("deflated.pt"))
     with zipfile.ZipFile(at("deflated.pt")) as archive:
@@ -372,11 +394,20 @@ def crafted_cases(directory: str, marker: str) -> list[Case]:
     # safetensors
     add("safetensors_pickle", _write(at("evil.safetensors"), evil))
     add("safetensors_header_size_bomb", safetensors_file(at("header.safetensors"), {}, b"", header_size=1 << 62))
-    add("safetensors_offset_past_end", safetensors_file(
-        at("past.safetensors"), {"w": {"dtype": "F32", "shape": [1 << 60], "data_offsets": [0, 1 << 62]}}, b"\0" * 8))
-    add("safetensors_shape_overflow", safetensors_file(
-        at("overflow.safetensors"), {"w": {"dtype": "F32", "shape": [1 << 62, 1 << 62], "data_offsets": [0, 8]}},
-        b"\0" * 8))
+    add(
+        "safetensors_offset_past_end",
+        safetensors_file(
+            at("past.safetensors"), {"w": {"dtype": "F32", "shape": [1 << 60], "data_offsets": [0, 1 << 62]}}, b"\0" * 8
+        ),
+    )
+    add(
+        "safetensors_shape_overflow",
+        safetensors_file(
+            at("overflow.safetensors"),
+            {"w": {"dtype": "F32", "shape": [1 << 62, 1 << 62], "data_offsets": [0, 8]}},
+            b"\0" * 8,
+        ),
+    )
     safetensors.torch.save_file({"w": torch.ones(64)}, at("cut.safetensors"), metadata={"note": evil.hex()})
     with open(at("cut.safetensors"), "r+b") as file:
         file.truncate(os.path.getsize(at("cut.safetensors")) - 8)
@@ -407,10 +438,17 @@ def crafted_cases(directory: str, marker: str) -> list[Case]:
     add("keras2_fill_only_bomb", at("legacy_fill.h5"), "dense/kernel")
     with open(at("fill.weights.h5"), "rb") as file:
         bomb_member = file.read()
-    add("keras_archive_fill_only_bomb", keras_archive(at("fill.keras"), {
-        "config.json": b"{}", "metadata.json": b"{}", "model.weights.h5": bomb_member}), "layers/dense/vars/0")
-    add("keras_archive_pickle_weights", keras_archive(at("evil.keras"), {
-        "config.json": b"{}", "model.weights.h5": evil}))
+    add(
+        "keras_archive_fill_only_bomb",
+        keras_archive(
+            at("fill.keras"), {"config.json": b"{}", "metadata.json": b"{}", "model.weights.h5": bomb_member}
+        ),
+        "layers/dense/vars/0",
+    )
+    add(
+        "keras_archive_pickle_weights",
+        keras_archive(at("evil.keras"), {"config.json": b"{}", "model.weights.h5": evil}),
+    )
     add("keras_h5_pickle_file", _write(at("evil.weights.h5"), evil))
 
     def pickle_dataset(group: Any) -> None:
@@ -440,14 +478,18 @@ def crafted_cases(directory: str, marker: str) -> list[Case]:
     add("keras3_external_link", keras3_weights(at("link.weights.h5"), external_link), "linked_target.h5")
     layout = h5py.VirtualLayout(shape=(4,), dtype="float64")
     layout[:] = h5py.VirtualSource(at("linked_target.h5"), "k", shape=(4,))
-    add("keras3_virtual_dataset", keras3_weights(at("virtual.weights.h5"),
-                                                 lambda group: group.create_virtual_dataset("0", layout)), "virtual dataset")
+    add(
+        "keras3_virtual_dataset",
+        keras3_weights(at("virtual.weights.h5"), lambda group: group.create_virtual_dataset("0", layout)),
+        "virtual dataset",
+    )
 
     def cycle(group: Any) -> None:
         group.create_dataset("0", data=numpy.ones(2, "float32"))
         group.parent["loop"] = group.parent
 
     add("keras3_link_cycle", keras3_weights(at("cycle.weights.h5"), cycle), "reached twice")
+
     # The `name` attribute's string type damaged into an invalid variable-length type: h5py segfaulted reading it
     def named(group: Any) -> None:
         group.attrs["name"] = "dense"
@@ -455,7 +497,7 @@ def crafted_cases(directory: str, marker: str) -> list[Case]:
 
     with open(keras3_weights(at("bad_type.weights.h5"), named), "rb") as file:
         damaged = bytearray(file.read())
-    string_type = damaged.index(b"name\0") + damaged[damaged.index(b"name\0"):].index(b"\x19\x01\x01\x00")
+    string_type = damaged.index(b"name\0") + damaged[damaged.index(b"name\0") :].index(b"\x19\x01\x01\x00")
     damaged[string_type + 1] = 9  # class bits: type 9, neither sequence (0) nor string (1)
     add("keras3_damaged_string_type", _write(at("bad_type.weights.h5"), bytes(damaged)), "not stored as strings")
     # A damaged global heap (where the `name` strings live): HDF5 spun forever parsing it. The fuzzer's find, 5
@@ -465,8 +507,11 @@ def crafted_cases(directory: str, marker: str) -> list[Case]:
     for offset, value in ((2177, 4), (5236, 8), (16653, 8), (24997, 4), (37024, 2)):
         assert nested[offset] == 0, "tests/fixtures/keras/keras3_nested.weights.h5 changed; re-derive this case"
         nested[offset] = value
-    add("keras3_global_heap_spin", _write(at("heap_spin.weights.h5"), bytes(nested)),
-        "global heap collection at byte 2048 is damaged")
+    add(
+        "keras3_global_heap_spin",
+        _write(at("heap_spin.weights.h5"), bytes(nested)),
+        "global heap collection at byte 2048 is damaged",
+    )
     with zipfile.ZipFile(os.path.join(FIXTURES, "keras", "keras3_nested.keras")) as archive:
         members = {name: archive.read(name) for name in archive.namelist()}
     members["model.weights.h5"] = zero_free_space(members["model.weights.h5"])
@@ -496,8 +541,13 @@ def crafted_cases(directory: str, marker: str) -> list[Case]:
         os.makedirs(at(name))
         add(name, tf_checkpoint(os.path.join(at(name), "ckpt"), entries, data), "'x'")
     os.makedirs(at("tf_header_shards"))
-    add("tf_header_shard_bomb", tf_checkpoint(os.path.join(at("tf_header_shards"), "ckpt"),
-                                              {"x": tf_entry(1, [2], 0, 8)}, data, num_shards=(1 << 31) - 1), "")
+    add(
+        "tf_header_shard_bomb",
+        tf_checkpoint(
+            os.path.join(at("tf_header_shards"), "ckpt"), {"x": tf_entry(1, [2], 0, 8)}, data, num_shards=(1 << 31) - 1
+        ),
+        "",
+    )
     # A pickle in a string tensor is data; as the object graph it is an undecodable graph, never unpickled.
     from torchestimator.data.tfrecord import masked_crc32c
 
@@ -505,12 +555,28 @@ def crafted_cases(directory: str, marker: str) -> list[Case]:
     strings = varint(len(evil)) + length_checksum + evil
     entry_crc = masked_crc32c(struct.pack("<I", len(evil)) + length_checksum + evil)
     os.makedirs(at("tf_pickle_string"))
-    cases.append(Case("tf_pickle_as_string_tensor", tf_checkpoint(os.path.join(at("tf_pickle_string"), "ckpt"), {
-        "s": tf_entry(7, [], 0, len(strings), entry_crc)}, strings), "", data=True))
+    cases.append(
+        Case(
+            "tf_pickle_as_string_tensor",
+            tf_checkpoint(
+                os.path.join(at("tf_pickle_string"), "ckpt"),
+                {"s": tf_entry(7, [], 0, len(strings), entry_crc)},
+                strings,
+            ),
+            "",
+            data=True,
+        )
+    )
     os.makedirs(at("tf_pickle_graph"))
-    add("tf_pickle_object_graph", tf_checkpoint(os.path.join(at("tf_pickle_graph"), "ckpt"), {
-        "_CHECKPOINTABLE_OBJECT_GRAPH": tf_entry(7, [], 0, len(strings), entry_crc)}, strings),
-        "_CHECKPOINTABLE_OBJECT_GRAPH")
+    add(
+        "tf_pickle_object_graph",
+        tf_checkpoint(
+            os.path.join(at("tf_pickle_graph"), "ckpt"),
+            {"_CHECKPOINTABLE_OBJECT_GRAPH": tf_entry(7, [], 0, len(strings), entry_crc)},
+            strings,
+        ),
+        "_CHECKPOINTABLE_OBJECT_GRAPH",
+    )
     shutil.copytree(os.path.join(FIXTURES, "tf_checkpoint", "tf1"), at("tf_truncated"))
     shard = next(os.path.join(at("tf_truncated"), name) for name in os.listdir(at("tf_truncated")) if ".data-" in name)
     with open(shard, "r+b") as file:
@@ -524,9 +590,9 @@ def zero_free_space(data: bytes) -> bytes:
     damaged = bytearray(data)
     start = damaged.index(b"GCOL")
     offset = start + 16
-    while int.from_bytes(damaged[offset:offset + 2], "little") != 0:  # bounded: each object moves 16+ bytes on
-        offset += 16 + (int.from_bytes(damaged[offset + 8:offset + 16], "little") + 7) // 8 * 8
-    damaged[offset + 8:offset + 16] = bytes(8)
+    while int.from_bytes(damaged[offset : offset + 2], "little") != 0:  # bounded: each object moves 16+ bytes on
+        offset += 16 + (int.from_bytes(damaged[offset + 8 : offset + 16], "little") + 7) // 8 * 8
+    damaged[offset + 8 : offset + 16] = bytes(8)
     return bytes(damaged)
 
 
@@ -563,8 +629,11 @@ def seed_sources(directory: str) -> list[Seed]:
     for name in sorted(os.listdir(tf_root)):
         if os.path.isdir(os.path.join(tf_root, name)):
             shutil.copytree(os.path.join(tf_root, name), os.path.join(directory, f"tf_{name}"))
-            files = tuple(os.path.join(f"tf_{name}", file) for file in sorted(os.listdir(os.path.join(tf_root, name)))
-                          if file.endswith(".index") or ".data-" in file)
+            files = tuple(
+                os.path.join(f"tf_{name}", file)
+                for file in sorted(os.listdir(os.path.join(tf_root, name)))
+                if file.endswith(".index") or ".data-" in file
+            )
             prefix = files[0][: -len(".index")] if files[0].endswith(".index") else files[0].split(".data-")[0]
             seeds.append(Seed(f"tf_{name}", prefix, files))
     torch.manual_seed(0)
@@ -573,10 +642,16 @@ def seed_sources(directory: str) -> list[Seed]:
     torch.save(state, os.path.join(directory, "legacy.pth"), _use_new_zipfile_serialization=False)
     safetensors.torch.save_file(state, os.path.join(directory, "plain.safetensors"), metadata={"format": "pt"})
     our_checkpoint(os.path.join(directory, "run"))
-    seeds += [Seed("zip.pt", "zip.pt", ("zip.pt",)), Seed("legacy.pth", "legacy.pth", ("legacy.pth",)),
-              Seed("plain.safetensors", "plain.safetensors", ("plain.safetensors",)),
-              Seed("checkpoint", os.path.join("run", "ckpt-5"),
-                   tuple(os.path.join("run", "ckpt-5", file) for file in ("model.safetensors", "state.json")))]
+    seeds += [
+        Seed("zip.pt", "zip.pt", ("zip.pt",)),
+        Seed("legacy.pth", "legacy.pth", ("legacy.pth",)),
+        Seed("plain.safetensors", "plain.safetensors", ("plain.safetensors",)),
+        Seed(
+            "checkpoint",
+            os.path.join("run", "ckpt-5"),
+            tuple(os.path.join("run", "ckpt-5", file) for file in ("model.safetensors", "state.json")),
+        ),
+    ]
     return seeds
 
 
@@ -594,11 +669,11 @@ def mutate(data: bytes, rng: random.Random, marker: str) -> tuple[bytes, str]:
                 out[rng.randrange(len(out))] ^= 1 << rng.randrange(8)
     elif how == "span":
         length = rng.randint(1, 64)
-        out[position:position + length] = bytes(rng.choice((0x00, 0xFF, rng.randrange(256))) for _ in range(length))
+        out[position : position + length] = bytes(rng.choice((0x00, 0xFF, rng.randrange(256))) for _ in range(length))
     elif how == "huge":
         value = rng.choice(_HUGE)
         width = rng.choice((4, 8))
-        out[position:position + width] = (value & ((1 << 8 * width) - 1)).to_bytes(width, "little")
+        out[position : position + width] = (value & ((1 << 8 * width) - 1)).to_bytes(width, "little")
     elif how == "truncate":
         del out[position:]
     elif how == "insert":
@@ -606,7 +681,7 @@ def mutate(data: bytes, rng: random.Random, marker: str) -> tuple[bytes, str]:
     else:
         payload = marker_pickle(marker, protocol=rng.choice((2, 4)))
         if rng.random() < 0.5:
-            out[position:position + len(payload)] = payload
+            out[position : position + len(payload)] = payload
         else:
             out = bytearray(payload)
     return bytes(out), how
@@ -642,7 +717,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker_main(settings.headroom_mb)
         return 0
     sys.path.insert(0, os.path.join(ROOT, "src"))
-    counts = collections.Counter({key: 0 for key in ("read_ok", "clean_errors", "other_errors", "crashes")})
+    counts = collections.Counter(dict.fromkeys(("read_ok", "clean_errors", "other_errors", "crashes"), 0))
     markers = max_rss = trials = 0
     rng = random.Random(settings.seed)
     worker = Worker(settings.headroom_mb, settings.trial_timeout)
@@ -689,8 +764,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             record(label, target, worker.run(os.path.join(trial_dir, seed.open_path)))
             shutil.rmtree(trial_dir)
         worker.close()
-    print(f"faults_readers trials={trials} read_ok={counts['read_ok']} clean_errors={counts['clean_errors']} "
-          f"other_errors={counts['other_errors']} crashes={counts['crashes']} markers={markers} max_rss_mb={max_rss}")
+    print(
+        f"faults_readers trials={trials} read_ok={counts['read_ok']} clean_errors={counts['clean_errors']} "
+        f"other_errors={counts['other_errors']} crashes={counts['crashes']} markers={markers} max_rss_mb={max_rss}"
+    )
     return 1 if counts["other_errors"] or counts["crashes"] or markers else 0
 
 

@@ -54,6 +54,7 @@ GOOD_INSTANCES = [1.0, 2.0, 5.0]
 
 # -- a raw HTTP/1.1 client -------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class Answer:
     """One HTTP response as read off the socket."""
@@ -128,8 +129,14 @@ class RawConnection:
         return bool(chunk)
 
 
-def request(method: str, path: str, body: bytes = b"", headers: Sequence[tuple[str, str]] = (),
-            version: str = "HTTP/1.1", content_length: bool = True) -> bytes:
+def request(
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: Sequence[tuple[str, str]] = (),
+    version: str = "HTTP/1.1",
+    content_length: bool = True,
+) -> bytes:
     """A request's bytes; Content-Length is the body's unless ``content_length`` is False or headers set it."""
     lines = [f"{method} {path} {version}".rstrip(), "Host: 127.0.0.1"]
     names = {name.lower() for name, _ in headers}
@@ -148,6 +155,7 @@ def good_request(path: str, body: bytes) -> bytes:
 
 
 # -- the hostile requests --------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class Case:
@@ -175,21 +183,33 @@ def hostile_cases(model_name: str, good_body: bytes) -> list[Case]:
         Case("absolute-form URL", request("GET", "http://127.0.0.1/v1/models/half"), True),
         Case("asterisk URL", request("OPTIONS", "*"), True),
         Case("path of 8000 bytes", request("GET", "/" + "a" * 8000), True),
-        Case("version beyond int64", request("POST", f"/v1/models/{model_name}/versions/{'9' * 30}:predict",
-                                             good_body), True),
+        Case(
+            "version beyond int64",
+            request("POST", f"/v1/models/{model_name}/versions/{'9' * 30}:predict", good_body),
+            True,
+        ),
         Case("gzip body", post(gzip.compress(good_body), ("Content-Encoding", "gzip")), True),
         Case("deflate body", post(zlib.compress(good_body), ("Content-Encoding", "deflate")), True),
         Case("gzip header on a plain body", post(good_body, ("Content-Encoding", "gzip")), True),
         Case("deflate header on a plain body", post(good_body, ("Content-Encoding", "deflate")), True),
         Case("truncated gzip body", post(gzip.compress(good_body)[:-9], ("Content-Encoding", "gzip")), True),
-        Case("gzip bomb beyond the body limit", post(gzip.compress(b" " * (80 << 20)), ("Content-Encoding", "gzip")),
-             True),
+        Case(
+            "gzip bomb beyond the body limit",
+            post(gzip.compress(b" " * (80 << 20)), ("Content-Encoding", "gzip")),
+            True,
+        ),
         Case("unsupported encoding", post(good_body, ("Content-Encoding", "br")), True),
         Case("JSON arrays 1000 deep", post(b'{"instances": ' + b"[" * deep + b"]" * deep + b"}"), True),
-        Case("JSON objects 1000 deep in instances",
-             post(b'{"instances": ' + b'{"a": ' * deep + b"1" + b"}" * deep + b"}"), True),
-        Case("JSON objects 1000 deep in inputs", post(b'{"inputs": ' + b'{"b64": ' * deep + b"1" + b"}" * deep + b"}"),
-             True),
+        Case(
+            "JSON objects 1000 deep in instances",
+            post(b'{"instances": ' + b'{"a": ' * deep + b"1" + b"}" * deep + b"}"),
+            True,
+        ),
+        Case(
+            "JSON objects 1000 deep in inputs",
+            post(b'{"inputs": ' + b'{"b64": ' * deep + b"1" + b"}" * deep + b"}"),
+            True,
+        ),
         Case("JSON arrays 100000 deep", post(b'{"instances": ' + b"[" * 100000 + b"]" * 100000 + b"}"), True),
         Case("5000-digit integer", post(b'{"instances": [' + b"9" * 5000 + b"]}"), True),
         Case("5000-digit negative integer in inputs", post(b'{"inputs": [-' + b"9" * 5000 + b"]}"), True),
@@ -199,13 +219,21 @@ def hostile_cases(model_name: str, good_body: bytes) -> list[Case]:
         Case("empty body", post(b""), True),
         Case("JSON null", post(b"null"), True),
         Case("a bare number of 10^6 digits' exponent", post(b'{"instances": [1e999999]}'), True),
-        Case("chunked body", request("POST", path, b"%x\r\n%s\r\n0\r\n\r\n" % (len(good_body), good_body),
-                                     [("Transfer-Encoding", "chunked")]), True),
+        Case(
+            "chunked body",
+            request(
+                "POST", path, b"%x\r\n%s\r\n0\r\n\r\n" % (len(good_body), good_body), [("Transfer-Encoding", "chunked")]
+            ),
+            True,
+        ),
         Case("Expect: 100-continue", post(good_body, ("Expect", "100-continue")), True),
         Case("odd but legal headers", post(good_body, ("X-Empty", ""), ("X-Tab", "a\tb"), ("X-Latin", "\xe9")), True),
         Case("100 headers", post(good_body, *[(f"X-H{index}", "v") for index in range(100)]), True),
-        Case("Upgrade request", request("GET", f"/v1/models/{model_name}",
-                                        headers=[("Connection", "Upgrade"), ("Upgrade", "websocket")]), True),
+        Case(
+            "Upgrade request",
+            request("GET", f"/v1/models/{model_name}", headers=[("Connection", "Upgrade"), ("Upgrade", "websocket")]),
+            True,
+        ),
         Case("HTTP/1.0 request", request("GET", f"/v1/models/{model_name}", version="HTTP/1.0"), False),
         # Not framed (or not HTTP): a JSON 4xx, then the server may close.
         Case("garbage request line", b"GARBAGE\r\n\r\n", False),
@@ -224,22 +252,34 @@ def hostile_cases(model_name: str, good_body: bytes) -> list[Case]:
         Case("300 headers", request("GET", "/", headers=[(f"X-H{index}", "v") for index in range(300)]), False),
         Case("non-numeric Content-Length", request("POST", path, good_body, [("Content-Length", "abc")]), False),
         Case("negative Content-Length", request("POST", path, good_body, [("Content-Length", "-1")]), False),
-        Case("two different Content-Lengths",
-             request("POST", path, good_body, [("Content-Length", str(len(good_body))), ("Content-Length", "3")]),
-             False),
+        Case(
+            "two different Content-Lengths",
+            request("POST", path, good_body, [("Content-Length", str(len(good_body))), ("Content-Length", "3")]),
+            False,
+        ),
         Case("Content-Length beyond int64", request("POST", path, good_body, [("Content-Length", "9" * 30)]), False),
-        Case("chunked and Content-Length", request("POST", path, b"0\r\n\r\n", [
-            ("Transfer-Encoding", "chunked"), ("Content-Length", "5")]), False),
-        Case("chunk size garbage", request("POST", path, b"zz\r\nabc\r\n0\r\n\r\n", [("Transfer-Encoding", "chunked")]),
-             False),
-        Case("chunk longer than said", request("POST", path, b"2\r\nabcdef\r\n0\r\n\r\n",
-                                               [("Transfer-Encoding", "chunked")]), False),
+        Case(
+            "chunked and Content-Length",
+            request("POST", path, b"0\r\n\r\n", [("Transfer-Encoding", "chunked"), ("Content-Length", "5")]),
+            False,
+        ),
+        Case(
+            "chunk size garbage",
+            request("POST", path, b"zz\r\nabc\r\n0\r\n\r\n", [("Transfer-Encoding", "chunked")]),
+            False,
+        ),
+        Case(
+            "chunk longer than said",
+            request("POST", path, b"2\r\nabcdef\r\n0\r\n\r\n", [("Transfer-Encoding", "chunked")]),
+            False,
+        ),
         Case("unknown Transfer-Encoding", request("POST", path, good_body, [("Transfer-Encoding", "gzip")]), False),
     ]
     return cases
 
 
 # -- checks ------------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(kw_only=True)
 class Tally:
@@ -269,9 +309,11 @@ class Tally:
         return self.status_5xx + self.non_json_errors + self.reset_keepalive + self.hot_swap_failures + self.tracebacks
 
     def summary(self) -> str:
-        return (f"faults_serving requests={self.requests} status_5xx={self.status_5xx} "
-                f"non_json_errors={self.non_json_errors} reset_keepalive={self.reset_keepalive} "
-                f"hot_swap_failures={self.hot_swap_failures} tracebacks={self.tracebacks}")
+        return (
+            f"faults_serving requests={self.requests} status_5xx={self.status_5xx} "
+            f"non_json_errors={self.non_json_errors} reset_keepalive={self.reset_keepalive} "
+            f"hot_swap_failures={self.hot_swap_failures} tracebacks={self.tracebacks}"
+        )
 
 
 def check_answer(answer: Answer | None, name: str, tally: Tally, head: bool = False) -> None:
@@ -310,8 +352,11 @@ def run_case(port: int, case: Case, good: bytes, tally: Tally) -> Answer | None:
         if answer is None:
             tally.add("non_json_errors", f"{case.name}: no answer at all")
         elif case.framed and answer.closes:
-            tally.add("reset_keepalive", f"{case.name}: a well-framed request, yet the server closed the connection "
-                                         f"({answer.status} {answer.body[:200]!r})")
+            tally.add(
+                "reset_keepalive",
+                f"{case.name}: a well-framed request, yet the server closed the connection "
+                f"({answer.status} {answer.body[:200]!r})",
+            )
         elif not answer.closes:
             check_next_request(connection, good, case.name, tally)
         return answer
@@ -340,8 +385,9 @@ def pipelined(port: int, good: bytes, bad: bytes, tally: Tally, count: int = 3) 
 def leave_mid_body(port: int, path: str, tally: Tally) -> None:
     """Headers announcing 100000 bytes, 100 of them sent, then the client is gone."""
     connection = RawConnection(port)
-    connection.send(request("POST", path, b'{"instances": [' + b"1.0, " * 19,
-                            [("Content-Length", "100000")], content_length=False))
+    connection.send(
+        request("POST", path, b'{"instances": [' + b"1.0, " * 19, [("Content-Length", "100000")], content_length=False)
+    )
     connection.close()
     tally.count_request()
 
@@ -359,8 +405,11 @@ def slowloris(port: int, path: str, good: bytes, tally: Tally, connections: int 
             answer = normal.read_answer() if normal.send(good) else None
             check_answer(answer, "request among slowloris connections", tally)
             if answer is None or answer.status != 200:
-                tally.add("reset_keepalive", f"a normal request among {connections} slowloris connections got "
-                                             f"{'no answer' if answer is None else answer.status}")
+                tally.add(
+                    "reset_keepalive",
+                    f"a normal request among {connections} slowloris connections got "
+                    f"{'no answer' if answer is None else answer.status}",
+                )
         finally:
             normal.close()
     finally:
@@ -373,31 +422,85 @@ def slowloris(port: int, path: str, good: bytes, tally: Tally, connections: int 
 _METHODS = ["POST", "POST", "POST", "GET", "PUT", "DELETE", "OPTIONS", "PATCH", "BREW", "G@T", "P OST", "", "post"]
 _VERSIONS = ["HTTP/1.1"] * 6 + ["HTTP/1.0", "HTTP/2", "HTTP/1.2", "HTTP/9.9", "http/1.1", "HTTP/1.1 x", ""]
 _HEADERS = [
-    ("Content-Type", "application/json"), ("Content-Type", "text/plain; charset=latin-1"),
-    ("Content-Encoding", "gzip"), ("Content-Encoding", "deflate"), ("Content-Encoding", "gzip, gzip"),
-    ("Content-Encoding", "br"), ("Content-Encoding", "identity"), ("Content-Encoding", ""),
-    ("Transfer-Encoding", "chunked"), ("Transfer-Encoding", "gzip, chunked"), ("Expect", "100-continue"),
-    ("Expect", "teapot"), ("Connection", "close"), ("Connection", "keep-alive"), ("Connection", "Upgrade"),
-    ("Upgrade", "h2c"), ("Accept", "text/html"), ("Accept-Encoding", "gzip"), ("X-Nul", "a\x00b"),
-    ("X-Long", "v" * 9000), ("X-Latin", "\xe9\xff"), ("", "no name"), ("Bad Name", "v"), ("Host", "a" * 300),
-    ("Content-Length", "abc"), ("Content-Length", "-5"), ("Content-Length", "0"), ("Content-Length", "1e3"),
+    ("Content-Type", "application/json"),
+    ("Content-Type", "text/plain; charset=latin-1"),
+    ("Content-Encoding", "gzip"),
+    ("Content-Encoding", "deflate"),
+    ("Content-Encoding", "gzip, gzip"),
+    ("Content-Encoding", "br"),
+    ("Content-Encoding", "identity"),
+    ("Content-Encoding", ""),
+    ("Transfer-Encoding", "chunked"),
+    ("Transfer-Encoding", "gzip, chunked"),
+    ("Expect", "100-continue"),
+    ("Expect", "teapot"),
+    ("Connection", "close"),
+    ("Connection", "keep-alive"),
+    ("Connection", "Upgrade"),
+    ("Upgrade", "h2c"),
+    ("Accept", "text/html"),
+    ("Accept-Encoding", "gzip"),
+    ("X-Nul", "a\x00b"),
+    ("X-Long", "v" * 9000),
+    ("X-Latin", "\xe9\xff"),
+    ("", "no name"),
+    ("Bad Name", "v"),
+    ("Host", "a" * 300),
+    ("Content-Length", "abc"),
+    ("Content-Length", "-5"),
+    ("Content-Length", "0"),
+    ("Content-Length", "1e3"),
 ]
 
 
 def _bodies(good_body: bytes) -> list[bytes]:
-    return [good_body, good_body, gzip.compress(good_body), b"", b"{", b"null", b"[]", b'{"instances": []}',
-            b'{"instances": ' + b"[" * 3000 + b"]" * 3000 + b"}", b'{"instances": [' + b"7" * 4400 + b"]}",
-            b'{"instances": [NaN]}', b'{"inputs": {"x": [1, 2], "y": 3}}', b"\xff\xfe\x00\x01", os.urandom(64),
-            b'{"instances": [1.0, "two"]}', b'{"signature_name": 5, "instances": [1.0]}',
-            b'{"instances": [{"b64": "!!"}]}', b'{"instances": [' + b"1e400," * 10 + b"1]}"]
+    return [
+        good_body,
+        good_body,
+        gzip.compress(good_body),
+        b"",
+        b"{",
+        b"null",
+        b"[]",
+        b'{"instances": []}',
+        b'{"instances": ' + b"[" * 3000 + b"]" * 3000 + b"}",
+        b'{"instances": [' + b"7" * 4400 + b"]}",
+        b'{"instances": [NaN]}',
+        b'{"inputs": {"x": [1, 2], "y": 3}}',
+        b"\xff\xfe\x00\x01",
+        os.urandom(64),
+        b'{"instances": [1.0, "two"]}',
+        b'{"signature_name": 5, "instances": [1.0]}',
+        b'{"instances": [{"b64": "!!"}]}',
+        b'{"instances": [' + b"1e400," * 10 + b"1]}",
+    ]
 
 
 def _paths(name: str) -> list[str]:
-    return [predict_path(name), predict_path(name), f"/v1/models/{name}", f"/v1/models/{name}/metadata",
-            f"/v1/models/{name}:classify", f"/v1/models/{name}:regress", f"/v1/models/{name}/versions/1:predict",
-            f"/v1/models/{name}/labels/x:predict", f"/v1/models/{name}/versions/1/labels/x:predict", "/",
-            "/v1", "/v1/models", "/%zz", "/%00", "//", "*", "http://h/v1/models", "/v1/models/\xe9:predict",
-            "/monitoring/prometheus/metrics", "/v1/models/" + "n" * 5000, "/v1/models/a:b:c", "/a?b=%zz&&="]
+    return [
+        predict_path(name),
+        predict_path(name),
+        f"/v1/models/{name}",
+        f"/v1/models/{name}/metadata",
+        f"/v1/models/{name}:classify",
+        f"/v1/models/{name}:regress",
+        f"/v1/models/{name}/versions/1:predict",
+        f"/v1/models/{name}/labels/x:predict",
+        f"/v1/models/{name}/versions/1/labels/x:predict",
+        "/",
+        "/v1",
+        "/v1/models",
+        "/%zz",
+        "/%00",
+        "//",
+        "*",
+        "http://h/v1/models",
+        "/v1/models/\xe9:predict",
+        "/monitoring/prometheus/metrics",
+        "/v1/models/" + "n" * 5000,
+        "/v1/models/a:b:c",
+        "/a?b=%zz&&=",
+    ]
 
 
 def random_request(rng: random.Random, model_name: str, good_body: bytes) -> tuple[bytes, bool, bool]:
@@ -414,12 +517,11 @@ def random_request(rng: random.Random, model_name: str, good_body: bytes) -> tup
     flipped = rng.random() < 0.2
     if flipped:  # a flipped byte anywhere, framing included
         position = rng.randrange(len(data))
-        data = data[:position] + bytes([rng.randrange(256)]) + data[position + 1:]
+        data = data[:position] + bytes([rng.randrange(256)]) + data[position + 1 :]
     return data, method == "HEAD", not flipped
 
 
-def random_requests(port: int, model_name: str, good_body: bytes, tally: Tally, *, seconds: float,
-                    seed: int) -> None:
+def random_requests(port: int, model_name: str, good_body: bytes, tally: Tally, *, seconds: float, seed: int) -> None:
     rng = random.Random(seed)
     good = good_request(predict_path(model_name), good_body)
     deadline = time.monotonic() + seconds
@@ -440,8 +542,10 @@ def random_requests(port: int, model_name: str, good_body: bytes, tally: Tally, 
 
 # -- hot swap under load -----------------------------------------------------------------------------
 
-def hot_swap(port: int, base: str, export: str, manager: Any, path: str, good_body: bytes, tally: Tally, *,
-             seconds: float) -> tuple[int, int]:
+
+def hot_swap(
+    port: int, base: str, export: str, manager: Any, path: str, good_body: bytes, tally: Tally, *, seconds: float
+) -> tuple[int, int]:
     """:predict from a client thread while versions come and go; returns (swaps, requests sent during them).
 
     Each round adds version v+1 (copied under a temp- name, then renamed, as
@@ -462,16 +566,21 @@ def hot_swap(port: int, base: str, export: str, manager: Any, path: str, good_bo
             shutil.copytree(export, staging)
             os.rename(staging, os.path.join(base, str(version + 1)))
             if not _wait_for(lambda: manager.served_versions == [version + 1], time.monotonic() + 60):
-                tally.add("hot_swap_failures", f"version {version + 1} was not served within 60 s; serving "
-                                               f"{manager.served_versions}")
+                tally.add(
+                    "hot_swap_failures",
+                    f"version {version + 1} was not served within 60 s; serving {manager.served_versions}",
+                )
                 break
             if rng.random() < 0.3:
                 _drop_broken_version(base, version + 2, rng)
                 if not _wait_for(lambda: _failed(manager, version + 2), time.monotonic() + 60):
                     tally.add("hot_swap_failures", f"broken version {version + 2} was not tried within 60 s")
                 if manager.served_versions != [version + 1]:
-                    tally.add("hot_swap_failures", f"after broken version {version + 2}, serving "
-                                                   f"{manager.served_versions} instead of [{version + 1}]")
+                    tally.add(
+                        "hot_swap_failures",
+                        f"after broken version {version + 2}, serving "
+                        f"{manager.served_versions} instead of [{version + 1}]",
+                    )
                 _remove_broken_version(base, version + 2)
             shutil.rmtree(os.path.join(base, str(version)))
             version, swaps = version + 1, swaps + 1
@@ -535,6 +644,7 @@ def _wait_for(condition: Callable[[], bool], deadline: float) -> bool:
 
 # -- logs -------------------------------------------------------------------------------------------
 
+
 class TracebackCounter(logging.Handler):
     """Counts log records carrying a traceback (the server must log client errors in one line)."""
 
@@ -544,8 +654,10 @@ class TracebackCounter(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.exc_info and record.exc_info[0] is not None:
-            self._tally.add("tracebacks", f"{record.name}: {record.getMessage()} "
-                                          f"({record.exc_info[0].__name__}: {record.exc_info[1]})")
+            self._tally.add(
+                "tracebacks",
+                f"{record.name}: {record.getMessage()} ({record.exc_info[0].__name__}: {record.exc_info[1]})",
+            )
 
 
 @contextlib.contextmanager
@@ -563,6 +675,7 @@ def counting_tracebacks(tally: Tally) -> Iterator[None]:
 
 
 # -- the run ----------------------------------------------------------------------------------------
+
 
 def run_hostile(port: int, model_name: str, good_body: bytes, tally: Tally) -> None:
     """Every hand-written case, pipelining, a mid-body disconnect and slowloris, once each."""
@@ -598,8 +711,9 @@ def parse_settings(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random requests (0)")
     settings = parser.parse_args(argv)
     if settings.seconds < 0 or settings.swap_seconds < 0:
-        parser.error(f"--seconds and --swap-seconds must be >= 0; received {settings.seconds} and "
-                     f"{settings.swap_seconds}.")
+        parser.error(
+            f"--seconds and --swap-seconds must be >= 0; received {settings.seconds} and {settings.swap_seconds}."
+        )
     return settings
 
 
@@ -619,14 +733,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             started = time.monotonic()
             run_hostile(server.port, MODEL_NAME, good_body, tally)
             random_requests(server.port, MODEL_NAME, good_body, tally, seconds=settings.seconds, seed=settings.seed)
-            swaps, swap_requests = hot_swap(server.port, base, export, server.managers[MODEL_NAME], path, good_body, tally,
-                             seconds=settings.swap_seconds)
+            swaps, swap_requests = hot_swap(
+                server.port,
+                base,
+                export,
+                server.managers[MODEL_NAME],
+                path,
+                good_body,
+                tally,
+                seconds=settings.swap_seconds,
+            )
             check_next_request(RawConnection(server.port), good_request(path, good_body), "the whole run", tally)
             elapsed = time.monotonic() - started
     for problem in tally.problems:
         print(f"PROBLEM {problem}")
-    print(f"{tally.requests} requests in {elapsed:.1f} s (seed {settings.seed}); {swaps} version swaps under "
-          f"{swap_requests} :predict requests")
+    print(
+        f"{tally.requests} requests in {elapsed:.1f} s (seed {settings.seed}); {swaps} version swaps under "
+        f"{swap_requests} :predict requests"
+    )
     print(tally.summary())
     return 1 if tally.failures else 0
 

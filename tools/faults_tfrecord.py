@@ -42,7 +42,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-
 from faults_common import limit_memory  # tools/ is on sys.path: run as a script, or from the tests
 
 from torchestimator.data.example import encode_example
@@ -56,8 +55,12 @@ from torchestimator.data.tfrecord import (
 
 COMPRESSIONS = (None, "GZIP", "ZLIB")
 WINDOW_BITS = {"GZIP": 31, "ZLIB": 15}
-SPEC = {"label": FixedLenFeature([], "int64"), "dense": FixedLenFeature([8], "float32"),
-        "image": FixedLenFeature([], "string"), "tokens": VarLenFeature("int64")}
+SPEC = {
+    "label": FixedLenFeature([], "int64"),
+    "dense": FixedLenFeature([8], "float32"),
+    "image": FixedLenFeature([], "string"),
+    "tokens": VarLenFeature("int64"),
+}
 
 
 # --------------------------------------------------------------------------- crafting
@@ -103,17 +106,27 @@ def zero_bomb(declared: int, zeros: int, compression: str | None, prefix: bytes 
         crc, adler = zlib.crc32(one_mebibyte, crc), zlib.adler32(one_mebibyte, adler)
     crc, adler = zlib.crc32(bytes(rest), crc), zlib.adler32(bytes(rest), adler)
     if compression == "GZIP":  # header: magic, deflate, no flags, mtime 0, no extra flags, OS unknown
-        return (b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + b"".join(parts)
-                + struct.pack("<II", crc, (len(head) + zeros) & 0xFFFFFFFF))
+        return (
+            b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+            + b"".join(parts)
+            + struct.pack("<II", crc, (len(head) + zeros) & 0xFFFFFFFF)
+        )
     return b"\x78\xda" + b"".join(parts) + struct.pack(">I", adler)
 
 
 def example_records(rng: random.Random, count: int) -> list[bytes]:
-    return [encode_example({
-        "label": [rng.randrange(10)], "dense": np.float32([rng.random() for _ in range(8)]),
-        "image": [rng.randbytes(rng.randrange(1, 200))],
-        "tokens": [rng.randrange(1000) for _ in range(rng.randrange(6))],
-    }, kinds={"tokens": "int64"}) for _ in range(count)]
+    return [
+        encode_example(
+            {
+                "label": [rng.randrange(10)],
+                "dense": np.float32([rng.random() for _ in range(8)]),
+                "image": [rng.randbytes(rng.randrange(1, 200))],
+                "tokens": [rng.randrange(1000) for _ in range(rng.randrange(6))],
+            },
+            kinds={"tokens": "int64"},
+        )
+        for _ in range(count)
+    ]
 
 
 def record_starts(records: list[bytes]) -> list[int]:
@@ -140,7 +153,7 @@ def flip_bits(records: list[bytes], compression: str | None, rng: random.Random)
 
 def truncate(records: list[bytes], compression: str | None, rng: random.Random) -> bytes:
     data = compress(b"".join(map(frame, records)), compression)
-    return data[:rng.randrange(len(data))]
+    return data[: rng.randrange(len(data))]
 
 
 def rewrite_length(records: list[bytes], compression: str | None, rng: random.Random) -> bytes:
@@ -149,9 +162,18 @@ def rewrite_length(records: list[bytes], compression: str | None, rng: random.Ra
     stream = bytearray(b"".join(map(frame, records)))
     start = record_starts(records)[index]
     past_end = len(stream) - start - 16 + rng.randint(1, 64)
-    length = rng.choice([2**60, 2**63 + 5, DEFAULT_MAX_RECORD_SIZE - 1, DEFAULT_MAX_RECORD_SIZE + 1,
-                         past_end, 100 << 20, max(len(records[index]) - rng.randint(1, 8), 0)])
-    stream[start:start + 12] = record_header(length)
+    length = rng.choice(
+        [
+            2**60,
+            2**63 + 5,
+            DEFAULT_MAX_RECORD_SIZE - 1,
+            DEFAULT_MAX_RECORD_SIZE + 1,
+            past_end,
+            100 << 20,
+            max(len(records[index]) - rng.randint(1, 8), 0),
+        ]
+    )
+    stream[start : start + 12] = record_header(length)
     return compress(bytes(stream), compression)
 
 
@@ -164,10 +186,10 @@ def mutate_example(records: list[bytes], compression: str | None, rng: random.Ra
         for _ in range(rng.randint(1, 4)):
             example[rng.randrange(len(example))] = rng.randrange(256)
     elif choice == 1:  # cut
-        del example[rng.randrange(len(example)):]
+        del example[rng.randrange(len(example)) :]
     else:  # a huge length-delimited field, then nothing behind it
-        example[rng.randrange(len(example)):] = b"\x0a\xff\xff\xff\xff\x0f"
-    damaged = records[:index] + [bytes(example)] + records[index + 1:]
+        example[rng.randrange(len(example)) :] = b"\x0a\xff\xff\xff\xff\x0f"
+    damaged = records[:index] + [bytes(example)] + records[index + 1 :]
     return compress(b"".join(map(frame, damaged)), compression)
 
 
@@ -179,8 +201,11 @@ def append_bomb(records: list[bytes], compression: str | None, rng: random.Rando
 
 
 MUTATIONS: dict[str, Callable[[list[bytes], str | None, random.Random], bytes]] = {
-    "flip_bits": flip_bits, "truncate": truncate, "rewrite_length": rewrite_length,
-    "mutate_example": mutate_example, "append_bomb": append_bomb,
+    "flip_bits": flip_bits,
+    "truncate": truncate,
+    "rewrite_length": rewrite_length,
+    "mutate_example": mutate_example,
+    "append_bomb": append_bomb,
 }
 
 
@@ -222,12 +247,14 @@ def run(trials: int, seconds: float, seed: int, memory_mb: int) -> dict[str, int
             started = time.monotonic()
             try:
                 outcome = read_and_parse(path, compression)
-            except BaseException as error:  # noqa: BLE001 (every other outcome is the finding)
+            except BaseException as error:
                 if isinstance(error, KeyboardInterrupt):
                     raise
                 outcome = "crashes"
-                print(f"crash: trial {counts['trials']} {name} {compression}: {type(error).__name__}: "
-                      f"{error}"[:500], file=sys.stderr)
+                print(
+                    f"crash: trial {counts['trials']} {name} {compression}: {type(error).__name__}: {error}"[:500],
+                    file=sys.stderr,
+                )
             slowest = max(slowest, time.monotonic() - started)
             counts[{"clean_error": "clean_errors", "clean_read": "clean_reads"}.get(outcome, outcome)] += 1
             counts["trials"] += 1
@@ -244,8 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=500, help="most trials (default 500)")
     parser.add_argument("--seconds", type=float, default=120.0, help="stop after this long (default 120)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--memory-mb", type=int, default=400,
-                        help="address space allowed beyond what is mapped at start (default 400)")
+    parser.add_argument(
+        "--memory-mb", type=int, default=400, help="address space allowed beyond what is mapped at start (default 400)"
+    )
     args = parser.parse_args(argv)
     if args.trials < 1 or args.seconds <= 0 or args.memory_mb < 1:
         parser.error("--trials, --seconds and --memory-mb must be positive")

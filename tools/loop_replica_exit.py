@@ -60,17 +60,29 @@ PROGRAM = textwrap.dedent("""
 
 EXPECTED_STDOUT = "global step 2\n"
 
-_CLEARED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-            "GROUP_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "TF_CONFIG", "TORCHESTIMATOR_STARTED_REPLICA_OF",
-            "TORCHESTIMATOR_REPLICA_STDOUT")
+_CLEARED = (
+    "RANK",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "TORCHELASTIC_RUN_ID",
+    "TF_CONFIG",
+    "TORCHESTIMATOR_STARTED_REPLICA_OF",
+    "TORCHESTIMATOR_REPLICA_STDOUT",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=300, help="how many runs (default 300)")
     parser.add_argument("--hogs", type=int, default=0, help="busy-looping processes beside the runs (default 0)")
-    parser.add_argument("--seconds", type=float, default=3 * 3600.0,
-                        help="start no run after this many seconds (default 3 hours)")
+    parser.add_argument(
+        "--seconds", type=float, default=3 * 3600.0, help="start no run after this many seconds (default 3 hours)"
+    )
     parser.add_argument("--source", help="the src folder of the torchestimator to run (default: the installed one)")
     parser.add_argument("--show", type=int, default=3, help="print the standard error of the first N bad runs")
     arguments = parser.parse_args(argv)
@@ -94,14 +106,20 @@ def main(argv: list[str] | None = None) -> int:
                     if aborts + failures <= arguments.show:
                         print(textwrap.indent(stderr[-3000:], "    "), file=sys.stderr, flush=True)
                 if runs % 10 == 0:
-                    print(f"... {runs} runs, {aborts} aborts, {failures} failures, "
-                          f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+                    print(
+                        f"... {runs} runs, {aborts} aborts, {failures} failures, {time.monotonic() - started:.0f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
-    print(f"loop_replica_exit runs={runs} aborts={aborts} failures={failures} hogs={arguments.hogs} "
-          f"seconds={time.monotonic() - started:.1f}", flush=True)
+    print(
+        f"loop_replica_exit runs={runs} aborts={aborts} failures={failures} hogs={arguments.hogs} "
+        f"seconds={time.monotonic() - started:.1f}",
+        flush=True,
+    )
     return 1 if aborts or failures else 0
 
 
@@ -116,13 +134,22 @@ def _environment(folder: str, source: str | None) -> dict[str, str]:
 def _one_run(program: str, model_dir: str, environ: dict[str, str]) -> tuple[str, str]:
     """'ok', 'abort' or 'failure', and the run's standard error."""
     try:
-        completed = subprocess.run([sys.executable, program, model_dir], env=environ, capture_output=True,
-                                   text=True, timeout=180, start_new_session=True)
+        completed = subprocess.run(
+            [sys.executable, program, model_dir],
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            start_new_session=True,
+        )
     except subprocess.TimeoutExpired as expired:
         stderr = expired.stderr.decode(errors="replace") if isinstance(expired.stderr, bytes) else expired.stderr
         return "failure", f"timed out after 180 s\n{stderr or ''}"
-    if completed.returncode == -signal.SIGABRT or "terminate called" in completed.stderr \
-            or "SIGABRT" in completed.stderr:
+    if (
+        completed.returncode == -signal.SIGABRT
+        or "terminate called" in completed.stderr
+        or "SIGABRT" in completed.stderr
+    ):
         return "abort", completed.stderr
     if completed.returncode != 0 or completed.stdout != EXPECTED_STDOUT:
         return "failure", f"status {completed.returncode}, stdout {completed.stdout!r}\n{completed.stderr}"

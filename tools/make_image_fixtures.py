@@ -76,15 +76,14 @@ def _png16(pixels: np.ndarray, interlaced: bool = False) -> bytes:
         return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
 
     header = struct.pack(">IIBBBBB", width, height, 8 * pixels.dtype.itemsize, color_type, 0, 0, int(interlaced))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(data, 9))
-            + chunk(b"IEND", b""))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(data, 9)) + chunk(b"IEND", b"")
 
 
 def _top_down(bmp: bytes) -> bytes:
     """The same 24-bit BMP with a negative height: rows stored top row first."""
     offset, width, height = struct.unpack_from("<i", bmp, 10)[0], *struct.unpack_from("<ii", bmp, 18)
     row_size = (3 * width + 3) // 4 * 4
-    rows = [bmp[offset + index * row_size:offset + (index + 1) * row_size] for index in range(height)]
+    rows = [bmp[offset + index * row_size : offset + (index + 1) * row_size] for index in range(height)]
     return bmp[:22] + struct.pack("<i", -height) + bmp[26:offset] + b"".join(reversed(rows))
 
 
@@ -145,13 +144,15 @@ def expected_outputs(files: dict[str, bytes]) -> dict[str, np.ndarray]:
                     out[f"{name}|decode_png|{channels}|{dtype}"] = tf.io.decode_png(data, channels, dtype).numpy()
                 if channels in (0, 4):  # float32 is the uint16 image scaled: two channel counts show it
                     out[f"{name}|decode_image|{channels}|float32"] = tf.io.decode_image(
-                        data, channels, tf.float32).numpy()
+                        data, channels, tf.float32
+                    ).numpy()
             out[f"{name}|decode_jpeg|0|"] = tf.io.decode_jpeg(data).numpy()
         elif name.endswith(".jpg"):
             for channels in (0, 1, 3):
                 for dct in ("", "INTEGER_ACCURATE"):
                     out[f"{name}|decode_jpeg|{channels}|{dct}"] = tf.io.decode_jpeg(
-                        data, channels, dct_method=dct).numpy()
+                        data, channels, dct_method=dct
+                    ).numpy()
             for dtype in ("uint8", "uint16", "float32"):
                 out[f"{name}|decode_image|0|{dtype}"] = tf.io.decode_image(data, 0, getattr(tf, dtype)).numpy()
             for dtype in ("uint8", "uint16"):  # decode_png takes JPEGs too ("the interface is the same")
@@ -166,7 +167,8 @@ def expected_outputs(files: dict[str, bytes]) -> dict[str, np.ndarray]:
             for channels in (0, 3):
                 for dtype in ("uint8", "uint16", "float32"):
                     out[f"{name}|decode_image|{channels}|{dtype}"] = tf.io.decode_image(
-                        data, channels, getattr(tf, dtype)).numpy()
+                        data, channels, getattr(tf, dtype)
+                    ).numpy()
             out[f"{name}|decode_image_first|0|uint8"] = tf.io.decode_image(data, expand_animations=False).numpy()
             if name == "still.gif":  # decode_png/decode_jpeg take a one-frame GIF
                 out[f"{name}|decode_png|0|uint16"] = tf.io.decode_png(data, dtype=tf.uint16).numpy()
@@ -201,5 +203,8 @@ def main(folder: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures",
-                                                            "images"))
+    main(
+        sys.argv[1]
+        if len(sys.argv) > 1
+        else os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "images")
+    )

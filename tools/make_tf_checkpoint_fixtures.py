@@ -76,9 +76,11 @@ def tf1_batch_norm_variables(units: int):
         gamma = tf.compat.v1.get_variable("gamma", [units], initializer=tf.compat.v1.ones_initializer())
         beta = tf.compat.v1.get_variable("beta", [units], initializer=tf.compat.v1.zeros_initializer())
         moving_mean = tf.compat.v1.get_variable(
-            "moving_mean", [units], initializer=tf.compat.v1.zeros_initializer(), trainable=False)
+            "moving_mean", [units], initializer=tf.compat.v1.zeros_initializer(), trainable=False
+        )
         moving_variance = tf.compat.v1.get_variable(
-            "moving_variance", [units], initializer=tf.compat.v1.ones_initializer(), trainable=False)
+            "moving_variance", [units], initializer=tf.compat.v1.ones_initializer(), trainable=False
+        )
     return gamma, beta, moving_mean, moving_variance
 
 
@@ -103,14 +105,17 @@ def make_tf1(directory: str) -> None:
             train = tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss, global_step=global_step)
         saver = tf.compat.v1.train.Saver()
         rng = np.random.default_rng(0)
-        feed = {inputs: rng.normal(size=(16, 4)).astype(np.float32),
-                labels: rng.normal(size=(16, 1)).astype(np.float32)}
+        feed = {
+            inputs: rng.normal(size=(16, 4)).astype(np.float32),
+            labels: rng.normal(size=(16, 1)).astype(np.float32),
+        }
         with tf.compat.v1.Session() as session:
             session.run(tf.compat.v1.global_variables_initializer())
             for _ in range(2):
                 session.run(train, feed)
-            prefix = saver.save(session, os.path.join(directory, "model.ckpt"), global_step=global_step,
-                                write_meta_graph=False)
+            prefix = saver.save(
+                session, os.path.join(directory, "model.ckpt"), global_step=global_step, write_meta_graph=False
+            )
     # Saver writes an absolute path; a relative one keeps the fixture relocatable (TF accepts both).
     with open(os.path.join(directory, "checkpoint"), "w") as handle:
         handle.write('model_checkpoint_path: "model.ckpt-2"\nall_model_checkpoint_paths: "model.ckpt-2"\n')
@@ -143,8 +148,9 @@ def make_tf2(directory: str) -> None:
     import keras
 
     keras.utils.set_random_seed(2)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.BatchNormalization(),
-                              keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(8), keras.layers.BatchNormalization(), keras.layers.Dense(1)]
+    )
     optimizer = keras.optimizers.Adam(0.01)
     rng = np.random.default_rng(1)
     features = rng.normal(size=(16, 4)).astype(np.float32)
@@ -206,9 +212,12 @@ def make_raw(directory: str) -> None:
     slice_names = ["emb"] * 3
     slice_specs = ["6 2 0,2:-", "6 2 2,2:-", "6 2 4,2:-"]
     slice_values = [full[0:2], full[2:4], full[4:6]]
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names + slice_names,
-                      shape_and_slices=[""] * len(names) + slice_specs,
-                      tensors=[tensors[name] for name in names] + [tf.constant(v) for v in slice_values])
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=names + slice_names,
+        shape_and_slices=[""] * len(names) + slice_specs,
+        tensors=[tensors[name] for name in names] + [tf.constant(v) for v in slice_values],
+    )
     record_view(prefix, os.path.join(directory, "expected"))
 
 
@@ -230,8 +239,13 @@ def main() -> None:
         return
     if sys.argv[1:]:
         raise SystemExit(f"usage: {sys.argv[0]} [--tf1-inference]; received {sys.argv[1:]}")
-    for name, maker in [("tf1", make_tf1), ("tf2", make_tf2), ("tf2_slots", make_tf2_slots), ("raw", make_raw),
-                        ("sharded", make_sharded)]:
+    for name, maker in [
+        ("tf1", make_tf1),
+        ("tf2", make_tf2),
+        ("tf2_slots", make_tf2_slots),
+        ("raw", make_raw),
+        ("sharded", make_sharded),
+    ]:
         directory = os.path.join(ROOT, name)
         shutil.rmtree(directory, ignore_errors=True)
         os.makedirs(directory)

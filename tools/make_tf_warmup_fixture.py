@@ -30,10 +30,16 @@ def main() -> None:
     examples.context.features.feature["shift"].int64_list.value.append(1)
     regress.input.example_list_with_context.CopyFrom(examples)
     with tf.io.TFRecordWriter(OUT) as writer:
-        writer.write(prediction_log_pb2.PredictionLog(
-            predict_log=prediction_log_pb2.PredictLog(request=predict)).SerializeToString())
-        writer.write(prediction_log_pb2.PredictionLog(
-            regress_log=prediction_log_pb2.RegressLog(request=regress)).SerializeToString())
+        writer.write(
+            prediction_log_pb2.PredictionLog(
+                predict_log=prediction_log_pb2.PredictLog(request=predict)
+            ).SerializeToString()
+        )
+        writer.write(
+            prediction_log_pb2.PredictionLog(
+                regress_log=prediction_log_pb2.RegressLog(request=regress)
+            ).SerializeToString()
+        )
     print("wrote", os.path.normpath(OUT))
 
 

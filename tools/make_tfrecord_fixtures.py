@@ -48,7 +48,7 @@ EXAMPLES: list[dict[str, tuple[str, list[Any]]]] = [
         "label": ("int64", [3]),
         "vec": ("float", [0.5, -1.25, 2.0]),
         "matrix": ("float", [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
-        "name": ("bytes", ["first".encode()]),
+        "name": ("bytes", [b"first"]),
         "ints": ("int64", [INT64_MIN, INT64_MAX, 0, -1, 1, 300]),
         "floats": ("float", [0.1, -0.0, math.inf, -math.inf, math.nan, 1e-45, 3.4028234663852886e38]),
         "text": ("bytes", ["héllo".encode(), "日本語".encode(), b"", b"\x00\xff\x80"]),
@@ -84,7 +84,7 @@ SEQUENCE_EXAMPLES: list[tuple[dict[str, tuple[str, list[Any]]], dict[str, tuple[
         {
             "tok": ("int64", [[7], [8, 9]]),
             "frames": ("float", [[1.0, 2.0], [3.0, -0.0]]),
-            "words": ("bytes", [["a".encode(), "ü".encode()], []]),
+            "words": ("bytes", [[b"a", "ü".encode()], []]),
             "ids": ("int64", [[INT64_MIN], [INT64_MAX]]),
             "empty_list": ("int64", []),
         },
@@ -103,6 +103,7 @@ SEQUENCE_EXAMPLES: list[tuple[dict[str, tuple[str, list[Any]]], dict[str, tuple[
 
 
 # --------------------------------------------------------------------------- JSON helpers (no TF)
+
 
 def b64(data: bytes) -> str:
     return base64.b64encode(bytes(data)).decode("ascii")
@@ -129,8 +130,10 @@ def features_json(features: dict[str, tuple[str, list[Any]]]) -> dict[str, Any]:
 
 
 def feature_lists_json(lists: dict[str, tuple[str, list[list[Any]]]]) -> dict[str, Any]:
-    return {name: {"kind": kind, "values": [values_json(kind, step) for step in steps]}
-            for name, (kind, steps) in lists.items()}
+    return {
+        name: {"kind": kind, "values": [values_json(kind, step) for step in steps]}
+        for name, (kind, steps) in lists.items()
+    }
 
 
 def write_json(directory: str, name: str, content: Any) -> None:
@@ -163,6 +166,7 @@ def uncompressed(path: str, compression: str) -> bytes:
 
 # --------------------------------------------------------------------------- TensorFlow side
 
+
 def _tf():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
@@ -179,8 +183,11 @@ def tf_feature(tf: Any, kind: str, values: list[Any]) -> Any:
 
 
 def tf_example(tf: Any, features: dict[str, tuple[str, list[Any]]]) -> Any:
-    return tf.train.Example(features=tf.train.Features(
-        feature={name: tf_feature(tf, kind, values) for name, (kind, values) in features.items()}))
+    return tf.train.Example(
+        features=tf.train.Features(
+            feature={name: tf_feature(tf, kind, values) for name, (kind, values) in features.items()}
+        )
+    )
 
 
 def tf_sequence_example(tf: Any, context: dict, lists: dict) -> Any:
@@ -189,8 +196,11 @@ def tf_sequence_example(tf: Any, context: dict, lists: dict) -> Any:
         for name, (kind, steps) in lists.items()
     }
     return tf.train.SequenceExample(
-        context=tf.train.Features(feature={name: tf_feature(tf, kind, values) for name, (kind, values) in context.items()}),
-        feature_lists=tf.train.FeatureLists(feature_list=feature_lists))
+        context=tf.train.Features(
+            feature={name: tf_feature(tf, kind, values) for name, (kind, values) in context.items()}
+        ),
+        feature_lists=tf.train.FeatureLists(feature_list=feature_lists),
+    )
 
 
 def tf_write(tf: Any, path: str, records: list[bytes], compression: str) -> None:
@@ -212,21 +222,34 @@ def tf_read(tf: Any, path: str, compression: str) -> dict[str, Any]:
         found = re.search(r"record at (\d+)", message)
         # For a data CRC mismatch TF names the offset of the data (record start + 12),
         # for everything else the record start; "message_offset" is whatever TF wrote.
-        error = {"type": type(exception).__name__, "message": message,
-                 "message_offset": int(found.group(1)) if found else None}
-    ignored = [bytes(record) for record in
-               tf.data.TFRecordDataset(path, compression_type=compression).ignore_errors().as_numpy_iterator()]
-    return {"records": [b64(record) for record in records], "error": error,
-            "ignore_errors_count": len(ignored)}
+        error = {
+            "type": type(exception).__name__,
+            "message": message,
+            "message_offset": int(found.group(1)) if found else None,
+        }
+    ignored = [
+        bytes(record)
+        for record in tf.data.TFRecordDataset(path, compression_type=compression).ignore_errors().as_numpy_iterator()
+    ]
+    return {"records": [b64(record) for record in records], "error": error, "ignore_errors_count": len(ignored)}
 
 
 def tensor_json(tf: Any, value: Any) -> dict[str, Any]:
     if isinstance(value, tf.SparseTensor):
-        return {"sparse": {"indices": value.indices.numpy().tolist(), "values": tensor_json(tf, value.values),
-                           "dense_shape": value.dense_shape.numpy().tolist()}}
+        return {
+            "sparse": {
+                "indices": value.indices.numpy().tolist(),
+                "values": tensor_json(tf, value.values),
+                "dense_shape": value.dense_shape.numpy().tolist(),
+            }
+        }
     if isinstance(value, tf.RaggedTensor):
-        return {"ragged": {"flat_values": tensor_json(tf, value.flat_values),
-                           "nested_row_splits": [split.numpy().tolist() for split in value.nested_row_splits]}}
+        return {
+            "ragged": {
+                "flat_values": tensor_json(tf, value.flat_values),
+                "nested_row_splits": [split.numpy().tolist() for split in value.nested_row_splits],
+            }
+        }
     dtype = value.dtype.name
     array = value.numpy()
     if dtype == "string":  # a scalar string tensor comes back as plain bytes
@@ -262,12 +285,15 @@ def feature_proto_json(feature: Any) -> dict[str, Any]:
 def decoded_sequence_json(tf: Any, record: bytes) -> dict[str, Any]:
     sequence = tf.train.SequenceExample.FromString(record)
     context = {name: feature_proto_json(feature) for name, feature in sorted(sequence.context.feature.items())}
-    lists = {name: [feature_proto_json(feature) for feature in feature_list.feature]
-             for name, feature_list in sorted(sequence.feature_lists.feature_list.items())}
+    lists = {
+        name: [feature_proto_json(feature) for feature in feature_list.feature]
+        for name, feature_list in sorted(sequence.feature_lists.feature_list.items())
+    }
     return {"context": context, "feature_lists": lists}
 
 
 # --------------------------------------------------------------------------- parsing specs
+
 
 def fixed(shape: list[int], dtype: str, default: Any = None) -> dict[str, Any]:
     return {"kind": "FixedLenFeature", "shape": shape, "dtype": dtype, "default_value": default}
@@ -278,8 +304,13 @@ def varlen(dtype: str) -> dict[str, Any]:
 
 
 def sequence(shape: list[int], dtype: str, allow_missing: bool = False, default: Any = None) -> dict[str, Any]:
-    return {"kind": "FixedLenSequenceFeature", "shape": shape, "dtype": dtype,
-            "allow_missing": allow_missing, "default_value": default}
+    return {
+        "kind": "FixedLenSequenceFeature",
+        "shape": shape,
+        "dtype": dtype,
+        "allow_missing": allow_missing,
+        "default_value": default,
+    }
 
 
 def ragged(dtype: str) -> dict[str, Any]:
@@ -310,11 +341,20 @@ EXAMPLE_SPECS: dict[str, dict[str, dict[str, Any]]] = {
 
 SEQUENCE_SPECS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "context_and_lists": (
-        {"length": fixed([], "int64"), "name": fixed([], "string", "anon"), "weights": varlen("float32"),
-         "missing_context": fixed([], "int64", 5)},
-        {"frames": sequence([2], "float32"), "tok": ragged("int64"), "words": varlen("string"),
-         "ids": sequence([], "int64"), "empty_list": sequence([], "int64"),
-         "missing_list": sequence([], "float32", allow_missing=True)},
+        {
+            "length": fixed([], "int64"),
+            "name": fixed([], "string", "anon"),
+            "weights": varlen("float32"),
+            "missing_context": fixed([], "int64", 5),
+        },
+        {
+            "frames": sequence([2], "float32"),
+            "tok": ragged("int64"),
+            "words": varlen("string"),
+            "ids": sequence([], "int64"),
+            "empty_list": sequence([], "int64"),
+            "missing_list": sequence([], "float32", allow_missing=True),
+        },
     ),
 }
 
@@ -327,8 +367,11 @@ EXAMPLE_ERROR_CASES: list[tuple[str, list[Any], dict[str, Any]]] = [
     ("bytes_count", [{"s": ("bytes", [b"x"])}, {"s": ("bytes", [b"x", b"y"])}], {"s": fixed([], "string")}),
     ("kind_mismatch", [{"a": ("float", [1.0])}, {"a": ("int64", [1])}], {"a": fixed([], "float32")}),
     ("varlen_kind_mismatch", [{"a": ("int64", [1])}, {"a": ("bytes", [b"x"])}], {"a": varlen("int64")}),
-    ("sequence_feature_count", [{"t": ("int64", [1, 2])}, {"t": ("int64", [1, 2, 3])}],
-     {"t": sequence([2], "int64", allow_missing=True)}),
+    (
+        "sequence_feature_count",
+        [{"t": ("int64", [1, 2])}, {"t": ("int64", [1, 2, 3])}],
+        {"t": sequence([2], "int64", allow_missing=True)},
+    ),
     ("invalid_proto", [{"a": ("int64", [1])}, b"\n\x05abc"], {"a": varlen("int64")}),
     ("sequence_feature_without_allow_missing", [{"t": ("int64", [1])}], {"t": sequence([], "int64")}),
 ]
@@ -361,8 +404,9 @@ def tf_spec(tf: Any, spec: dict[str, Any]) -> Any:
     if kind == "VarLenFeature":
         return tf.io.VarLenFeature(dtype)
     if kind == "FixedLenSequenceFeature":
-        return tf.io.FixedLenSequenceFeature(spec["shape"], dtype, spec["allow_missing"],
-                                             default_from_json(spec["dtype"], spec["default_value"]))
+        return tf.io.FixedLenSequenceFeature(
+            spec["shape"], dtype, spec["allow_missing"], default_from_json(spec["dtype"], spec["default_value"])
+        )
     return tf.io.RaggedFeature(dtype)
 
 
@@ -390,6 +434,7 @@ def strip_function_node(message: str) -> str:
 
 
 # --------------------------------------------------------------------------- hand-made protobuf bytes
+
 
 def varint(value: int) -> bytes:
     value &= (1 << 64) - 1
@@ -425,8 +470,10 @@ def edge_records() -> list[tuple[str, bytes]]:
         ("unpacked_lists", example_from_entries([("a", unpacked_int64), ("f", unpacked_float)])),
         ("split_packed_list", example_from_entries([("a", split_packed)])),
         ("feature_without_kind", example_from_entries([("a", field(3, field(1, varint(1)))), ("none", b"")])),
-        ("duplicate_key_last_wins", example_from_entries([("a", field(3, field(1, varint(1)))),
-                                                          ("a", field(3, field(1, varint(2))))])),
+        (
+            "duplicate_key_last_wins",
+            example_from_entries([("a", field(3, field(1, varint(1)))), ("a", field(3, field(1, varint(2))))]),
+        ),
         ("empty_message", b""),
         ("empty_features", field(1, b"")),
         ("unknown_field", example_from_entries([("a", field(3, field(1, varint(3))))]) + unknown_field),
@@ -441,6 +488,7 @@ EDGE_SPECS: dict[str, dict[str, Any]] = {
 
 # --------------------------------------------------------------------------- fixture generation
 
+
 def serialize_all(tf: Any) -> tuple[list[bytes], list[bytes]]:
     examples = [tf_example(tf, features).SerializeToString() for features in EXAMPLES]
     sequences = [tf_sequence_example(tf, context, lists).SerializeToString() for context, lists in SEQUENCE_EXAMPLES]
@@ -450,17 +498,24 @@ def serialize_all(tf: Any) -> tuple[list[bytes], list[bytes]]:
 def write_data_files(tf: Any, directory: str, examples: list[bytes], sequences: list[bytes]) -> dict[str, Any]:
     files: dict[str, Any] = {}
     plan = [
-        ("examples.tfrecord", examples, ""), ("examples.gz.tfrecord", examples, "GZIP"),
-        ("examples.zlib.tfrecord", examples, "ZLIB"), ("sequence_examples.tfrecord", sequences, ""),
-        ("sequence_examples.gz.tfrecord", sequences, "GZIP"), ("empty.tfrecord", [], ""),
-        ("empty.gz.tfrecord", [], "GZIP"), ("empty_payloads.tfrecord", [b"", b"abc", b""], ""),
+        ("examples.tfrecord", examples, ""),
+        ("examples.gz.tfrecord", examples, "GZIP"),
+        ("examples.zlib.tfrecord", examples, "ZLIB"),
+        ("sequence_examples.tfrecord", sequences, ""),
+        ("sequence_examples.gz.tfrecord", sequences, "GZIP"),
+        ("empty.tfrecord", [], ""),
+        ("empty.gz.tfrecord", [], "GZIP"),
+        ("empty_payloads.tfrecord", [b"", b"abc", b""], ""),
     ]
     for name, records, compression in plan:
         path = os.path.join(directory, name)
         tf_write(tf, path, records, compression)
-        files[name] = {"compression": compression, "made_by": "tf.io.TFRecordWriter",
-                       "offsets": [offset for offset, _ in frame_offsets(uncompressed(path, compression))],
-                       "tf_read": tf_read(tf, path, compression)}
+        files[name] = {
+            "compression": compression,
+            "made_by": "tf.io.TFRecordWriter",
+            "offsets": [offset for offset, _ in frame_offsets(uncompressed(path, compression))],
+            "tf_read": tf_read(tf, path, compression),
+        }
     return files
 
 
@@ -490,14 +545,25 @@ def write_bad_files(tf: Any, directory: str, base: list[bytes]) -> dict[str, Any
     stream = uncompressed(clean, "")
     os.remove(clean)
     offsets = frame_offsets(stream)
-    kinds = ["corrupted_data_crc", "corrupted_length_crc", "corrupted_payload", "corrupted_length",
-             "truncated_data", "truncated_footer", "truncated_header"]
+    kinds = [
+        "corrupted_data_crc",
+        "corrupted_length_crc",
+        "corrupted_payload",
+        "corrupted_length",
+        "truncated_data",
+        "truncated_footer",
+        "truncated_header",
+    ]
     for kind in kinds:
         name = f"{kind}.tfrecord"
         with open(os.path.join(directory, name), "wb") as file:
             file.write(damage(bytearray(stream), kind, offsets))
-        files[name] = {"compression": "", "made_by": f"tf.io.TFRecordWriter, then {kind}",
-                       "offsets": [offset for offset, _ in offsets], "tf_read": tf_read(tf, os.path.join(directory, name), "")}
+        files[name] = {
+            "compression": "",
+            "made_by": f"tf.io.TFRecordWriter, then {kind}",
+            "offsets": [offset for offset, _ in offsets],
+            "tf_read": tf_read(tf, os.path.join(directory, name), ""),
+        }
     files.update(write_bad_compressed(tf, directory, stream, offsets))
     return files
 
@@ -505,7 +571,7 @@ def write_bad_files(tf: Any, directory: str, base: list[bytes]) -> dict[str, Any
 def write_bad_compressed(tf: Any, directory: str, stream: bytes, offsets: list[tuple[int, int]]) -> dict[str, Any]:
     files: dict[str, Any] = {}
     gz_path = os.path.join(directory, "_clean.gz.tmp")
-    tf_write(tf, gz_path, [stream[offset + 12: offset + 12 + length] for offset, length in offsets], "GZIP")
+    tf_write(tf, gz_path, [stream[offset + 12 : offset + 12 + length] for offset, length in offsets], "GZIP")
     with open(gz_path, "rb") as file:
         gz_bytes = file.read()
     os.remove(gz_path)
@@ -513,17 +579,25 @@ def write_bad_compressed(tf: Any, directory: str, stream: bytes, offsets: list[t
     compressor = zlib.compressobj(-1, zlib.DEFLATED, 31, 9)
     corrupted = damage(bytearray(stream), "corrupted_data_crc", offsets)
     made = {
-        "corrupted_data_crc.gz.tfrecord": (compressor.compress(corrupted) + compressor.flush(),
-                                           "tf.io.TFRecordWriter (GZIP); decompressed, 2nd data CRC flipped, recompressed"),
-        "truncated_stream.gz.tfrecord": (gz_bytes[: len(gz_bytes) // 2],
-                                         "tf.io.TFRecordWriter (GZIP), then the file cut in half"),
+        "corrupted_data_crc.gz.tfrecord": (
+            compressor.compress(corrupted) + compressor.flush(),
+            "tf.io.TFRecordWriter (GZIP); decompressed, 2nd data CRC flipped, recompressed",
+        ),
+        "truncated_stream.gz.tfrecord": (
+            gz_bytes[: len(gz_bytes) // 2],
+            "tf.io.TFRecordWriter (GZIP), then the file cut in half",
+        ),
     }
     for name, (content, how) in made.items():
         path = os.path.join(directory, name)
         with open(path, "wb") as file:
             file.write(content)
-        files[name] = {"compression": "GZIP", "made_by": how, "tf_read": tf_read(tf, path, "GZIP"),
-                       "offsets": [offset for offset, _ in offsets]}
+        files[name] = {
+            "compression": "GZIP",
+            "made_by": how,
+            "tf_read": tf_read(tf, path, "GZIP"),
+            "offsets": [offset for offset, _ in offsets],
+        }
     return files
 
 
@@ -533,21 +607,38 @@ def write_edge_file(tf: Any, directory: str) -> dict[str, Any]:
     tf_write(tf, path, [record for _, record in records], "")
     cases = []
     for name, record in records:
-        cases.append({"name": name, "decoded": decoded_example_json(tf, record), "parsed": {
-            spec_name: outcome(tf, lambda record=record, spec=spec: tf.io.parse_single_example(record, tf_specs(tf, spec)))
-            for spec_name, spec in EDGE_SPECS.items()}})
-    return {"file": "edge_cases.tfrecord", "specs": EDGE_SPECS, "records": cases,
-            "tf_read": tf_read(tf, path, "")}
+        cases.append(
+            {
+                "name": name,
+                "decoded": decoded_example_json(tf, record),
+                "parsed": {
+                    spec_name: outcome(
+                        tf, lambda record=record, spec=spec: tf.io.parse_single_example(record, tf_specs(tf, spec))
+                    )
+                    for spec_name, spec in EDGE_SPECS.items()
+                },
+            }
+        )
+    return {"file": "edge_cases.tfrecord", "specs": EDGE_SPECS, "records": cases, "tf_read": tf_read(tf, path, "")}
 
 
 def example_parse_cases(tf: Any, examples: list[bytes]) -> list[dict[str, Any]]:
     cases = []
     for spec_name, spec in EXAMPLE_SPECS.items():
-        single = [outcome(tf, lambda record=record: tf.io.parse_single_example(record, tf_specs(tf, spec)))
-                  for record in examples]
+        single = [
+            outcome(tf, lambda record=record: tf.io.parse_single_example(record, tf_specs(tf, spec)))
+            for record in examples
+        ]
         batch = outcome(tf, lambda: tf.io.parse_example(tf.constant(examples), tf_specs(tf, spec)))
-        cases.append({"name": spec_name, "file": "examples.tfrecord", "spec": spec,
-                      "parse_single_example": single, "parse_example": batch})
+        cases.append(
+            {
+                "name": spec_name,
+                "file": "examples.tfrecord",
+                "spec": spec,
+                "parse_single_example": single,
+                "parse_example": batch,
+            }
+        )
     return cases
 
 
@@ -555,27 +646,60 @@ def example_error_cases(tf: Any) -> list[dict[str, Any]]:
     cases = []
     for name, items, spec in EXAMPLE_ERROR_CASES:
         records = [item if isinstance(item, bytes) else tf_example(tf, item).SerializeToString() for item in items]
-        cases.append({
-            "name": name, "spec": spec, "records": [b64(record) for record in records],
-            "parse_single_example": outcome(tf, lambda: tf.io.parse_single_example(records[-1], tf_specs(tf, spec))),
-            "parse_example": outcome(tf, lambda: tf.io.parse_example(tf.constant(records), tf_specs(tf, spec))),
-        })
+        cases.append(
+            {
+                "name": name,
+                "spec": spec,
+                "records": [b64(record) for record in records],
+                "parse_single_example": outcome(
+                    tf, lambda: tf.io.parse_single_example(records[-1], tf_specs(tf, spec))
+                ),
+                "parse_example": outcome(tf, lambda: tf.io.parse_example(tf.constant(records), tf_specs(tf, spec))),
+            }
+        )
     return cases
 
 
 def sequence_parse_cases(tf: Any, sequences: list[bytes]) -> list[dict[str, Any]]:
     cases = []
     for name, (context_spec, sequence_spec) in SEQUENCE_SPECS.items():
-        results = [outcome(tf, lambda record=record: tf.io.parse_single_sequence_example(
-            record, tf_specs(tf, context_spec), tf_specs(tf, sequence_spec))) for record in sequences]
-        cases.append({"name": name, "file": "sequence_examples.tfrecord", "context_spec": context_spec,
-                      "sequence_spec": sequence_spec, "parse_single_sequence_example": results})
+        results = [
+            outcome(
+                tf,
+                lambda record=record: tf.io.parse_single_sequence_example(
+                    record, tf_specs(tf, context_spec), tf_specs(tf, sequence_spec)
+                ),
+            )
+            for record in sequences
+        ]
+        cases.append(
+            {
+                "name": name,
+                "file": "sequence_examples.tfrecord",
+                "context_spec": context_spec,
+                "sequence_spec": sequence_spec,
+                "parse_single_sequence_example": results,
+            }
+        )
     for name, index, context_spec, sequence_spec in SEQUENCE_ERROR_CASES:
         record = sequences[index]
-        cases.append({"name": name, "file": "sequence_examples.tfrecord", "record_index": index,
-                      "context_spec": context_spec, "sequence_spec": sequence_spec,
-                      "parse_single_sequence_example": [outcome(tf, lambda: tf.io.parse_single_sequence_example(
-                          record, tf_specs(tf, context_spec), tf_specs(tf, sequence_spec)))]})
+        cases.append(
+            {
+                "name": name,
+                "file": "sequence_examples.tfrecord",
+                "record_index": index,
+                "context_spec": context_spec,
+                "sequence_spec": sequence_spec,
+                "parse_single_sequence_example": [
+                    outcome(
+                        tf,
+                        lambda: tf.io.parse_single_sequence_example(
+                            record, tf_specs(tf, context_spec), tf_specs(tf, sequence_spec)
+                        ),
+                    )
+                ],
+            }
+        )
     return cases
 
 
@@ -599,19 +723,35 @@ SEQUENCE_INPUTS = {
 
 
 def serialized_cases(tf: Any) -> dict[str, Any]:
-    singles = [{"name": name, "features": features_json(features),
-                "serialized": b64(tf_example(tf, features).SerializeToString())}
-               for name, features in SINGLE_FEATURE_EXAMPLES.items()]
+    singles = [
+        {
+            "name": name,
+            "features": features_json(features),
+            "serialized": b64(tf_example(tf, features).SerializeToString()),
+        }
+        for name, features in SINGLE_FEATURE_EXAMPLES.items()
+    ]
     # Features.feature is a map: upb writes it in hash order by default (it changes from one
     # process to the next) and in key order with deterministic=True. Both are recorded; only
     # the sorted bytes are stable.
-    multi = [{"name": f"examples_{index}", "features": features_json(features),
-              "serialized_default_order": b64(tf_example(tf, features).SerializeToString()),
-              "serialized_sorted": b64(tf_example(tf, features).SerializeToString(deterministic=True))}
-             for index, features in enumerate(EXAMPLES)]
-    sequences = [{"name": name, "context": features_json(context), "feature_lists": feature_lists_json(lists),
-                  "serialized": b64(tf_sequence_example(tf, context, lists).SerializeToString())}
-                 for name, (context, lists) in SEQUENCE_INPUTS.items()]
+    multi = [
+        {
+            "name": f"examples_{index}",
+            "features": features_json(features),
+            "serialized_default_order": b64(tf_example(tf, features).SerializeToString()),
+            "serialized_sorted": b64(tf_example(tf, features).SerializeToString(deterministic=True)),
+        }
+        for index, features in enumerate(EXAMPLES)
+    ]
+    sequences = [
+        {
+            "name": name,
+            "context": features_json(context),
+            "feature_lists": feature_lists_json(lists),
+            "serialized": b64(tf_sequence_example(tf, context, lists).SerializeToString()),
+        }
+        for name, (context, lists) in SEQUENCE_INPUTS.items()
+    ]
     return {"examples": singles, "multi_feature_examples": multi, "sequence_examples": sequences}
 
 
@@ -620,32 +760,63 @@ def generate(directory: str) -> None:
     os.makedirs(directory, exist_ok=True)
     examples, sequences = serialize_all(tf)
     files = write_data_files(tf, directory, examples, sequences)
-    base = [tf_example(tf, {"i": ("int64", [index]), "s": ("bytes", [b"record %d" % index])}).SerializeToString()
-            for index in range(3)]
+    base = [
+        tf_example(tf, {"i": ("int64", [index]), "s": ("bytes", [b"record %d" % index])}).SerializeToString()
+        for index in range(3)
+    ]
     files.update(write_bad_files(tf, directory, base))
-    wrong = [{"file": name, "compression": compression, "tf_read": tf_read(tf, os.path.join(directory, name), compression)}
-             for name, compression in [("examples.gz.tfrecord", ""), ("examples.tfrecord", "GZIP"),
-                                       ("examples.tfrecord", "ZLIB"), ("examples.gz.tfrecord", "ZLIB")]]
-    write_json(directory, "tf_files.json", {
-        "tensorflow_version": tf.__version__, "files": files, "wrong_compression_reads": wrong,
-        "examples": {"file": "examples.tfrecord", "inputs": [features_json(features) for features in EXAMPLES],
-                     "decoded": [decoded_example_json(tf, record) for record in examples]},
-        "sequence_examples": {"file": "sequence_examples.tfrecord",
-                              "inputs": [{"context": features_json(context), "feature_lists": feature_lists_json(lists)}
-                                         for context, lists in SEQUENCE_EXAMPLES],
-                              "decoded": [decoded_sequence_json(tf, record) for record in sequences]},
-    })
-    write_json(directory, "tf_parse.json", {
-        "tensorflow_version": tf.__version__, "example_cases": example_parse_cases(tf, examples),
-        "example_error_cases": example_error_cases(tf), "sequence_cases": sequence_parse_cases(tf, sequences),
-        "edge_cases": write_edge_file(tf, directory)})
+    wrong = [
+        {"file": name, "compression": compression, "tf_read": tf_read(tf, os.path.join(directory, name), compression)}
+        for name, compression in [
+            ("examples.gz.tfrecord", ""),
+            ("examples.tfrecord", "GZIP"),
+            ("examples.tfrecord", "ZLIB"),
+            ("examples.gz.tfrecord", "ZLIB"),
+        ]
+    ]
+    write_json(
+        directory,
+        "tf_files.json",
+        {
+            "tensorflow_version": tf.__version__,
+            "files": files,
+            "wrong_compression_reads": wrong,
+            "examples": {
+                "file": "examples.tfrecord",
+                "inputs": [features_json(features) for features in EXAMPLES],
+                "decoded": [decoded_example_json(tf, record) for record in examples],
+            },
+            "sequence_examples": {
+                "file": "sequence_examples.tfrecord",
+                "inputs": [
+                    {"context": features_json(context), "feature_lists": feature_lists_json(lists)}
+                    for context, lists in SEQUENCE_EXAMPLES
+                ],
+                "decoded": [decoded_sequence_json(tf, record) for record in sequences],
+            },
+        },
+    )
+    write_json(
+        directory,
+        "tf_parse.json",
+        {
+            "tensorflow_version": tf.__version__,
+            "example_cases": example_parse_cases(tf, examples),
+            "example_error_cases": example_error_cases(tf),
+            "sequence_cases": sequence_parse_cases(tf, sequences),
+            "edge_cases": write_edge_file(tf, directory),
+        },
+    )
     write_json(directory, "tf_serialized.json", {"tensorflow_version": tf.__version__, **serialized_cases(tf)})
 
 
 # --------------------------------------------------------------------------- the reverse direction
 
-OURS_FILES = [("ours_examples.tfrecord", ""), ("ours_examples.gz.tfrecord", "GZIP"),
-              ("ours_examples.zlib.tfrecord", "ZLIB")]
+OURS_FILES = [
+    ("ours_examples.tfrecord", ""),
+    ("ours_examples.gz.tfrecord", "GZIP"),
+    ("ours_examples.zlib.tfrecord", "ZLIB"),
+]
 
 
 def ours_example_inputs() -> list[dict[str, tuple[str, list[Any]]]]:
@@ -658,31 +829,54 @@ def write_ours(directory: str) -> None:
     from torchestimator.data.tfrecord import TFRecordWriter
 
     os.makedirs(directory, exist_ok=True)
-    examples = [encode_example({name: values for name, (_, values) in features.items()},
-                               kinds={name: kind for name, (kind, _) in features.items()})
-                for features in ours_example_inputs()]
-    sequences = [encode_sequence_example({name: values for name, (_, values) in context.items()},
-                                         {name: steps for name, (_, steps) in lists.items()},
-                                         kinds={name: kind for name, (kind, _) in [*context.items(), *lists.items()]})
-                 for context, lists in SEQUENCE_EXAMPLES]
+    examples = [
+        encode_example(
+            {name: values for name, (_, values) in features.items()},
+            kinds={name: kind for name, (kind, _) in features.items()},
+        )
+        for features in ours_example_inputs()
+    ]
+    sequences = [
+        encode_sequence_example(
+            {name: values for name, (_, values) in context.items()},
+            {name: steps for name, (_, steps) in lists.items()},
+            kinds={name: kind for name, (kind, _) in [*context.items(), *lists.items()]},
+        )
+        for context, lists in SEQUENCE_EXAMPLES
+    ]
     plan = [(name, compression, "example", examples) for name, compression in OURS_FILES]
-    plan += [("ours_sequence_examples.tfrecord", "", "sequence_example", sequences),
-             ("ours_empty.tfrecord", "", "example", [])]
+    plan += [
+        ("ours_sequence_examples.tfrecord", "", "sequence_example", sequences),
+        ("ours_empty.tfrecord", "", "example", []),
+    ]
     manifest = []
     for name, compression, message, records in plan:
         with TFRecordWriter(os.path.join(directory, name), compression=compression or None) as writer:
             for record in records:
                 writer.write(record)
-        manifest.append({"file": name, "compression": compression, "message": message,
-                         "records": [b64(record) for record in records]})
-    write_json(directory, "ours_manifest.json", {
-        "files": manifest,
-        "example_inputs": [features_json(features) for features in ours_example_inputs()],
-        "sequence_inputs": [{"context": features_json(context), "feature_lists": feature_lists_json(lists)}
-                            for context, lists in SEQUENCE_EXAMPLES],
-        "parse_spec": EXAMPLE_SPECS["dense_sparse_sequence"], "parse_records": list(range(len(EXAMPLES))),
-        "sequence_spec": [SEQUENCE_SPECS["context_and_lists"][0], SEQUENCE_SPECS["context_and_lists"][1]],
-    })
+        manifest.append(
+            {
+                "file": name,
+                "compression": compression,
+                "message": message,
+                "records": [b64(record) for record in records],
+            }
+        )
+    write_json(
+        directory,
+        "ours_manifest.json",
+        {
+            "files": manifest,
+            "example_inputs": [features_json(features) for features in ours_example_inputs()],
+            "sequence_inputs": [
+                {"context": features_json(context), "feature_lists": feature_lists_json(lists)}
+                for context, lists in SEQUENCE_EXAMPLES
+            ],
+            "parse_spec": EXAMPLE_SPECS["dense_sparse_sequence"],
+            "parse_records": list(range(len(EXAMPLES))),
+            "sequence_spec": [SEQUENCE_SPECS["context_and_lists"][0], SEQUENCE_SPECS["context_and_lists"][1]],
+        },
+    )
 
 
 def read_ours_with_tf(directory: str) -> None:
@@ -704,8 +898,11 @@ def read_ours_with_tf(directory: str) -> None:
             read["decoded"] = [decoded_sequence_json(tf, record) for record in records]
             context_spec, sequence_spec = (tf_specs(tf, part) for part in manifest["sequence_spec"])
             read["parse_single_sequence_example"] = [
-                outcome(tf, lambda record=record: tf.io.parse_single_sequence_example(record, context_spec, sequence_spec))
-                for record in records]
+                outcome(
+                    tf, lambda record=record: tf.io.parse_single_sequence_example(record, context_spec, sequence_spec)
+                )
+                for record in records
+            ]
         results["files"][entry["file"]] = read
     write_json(directory, "ours_read_by_tf.json", results)
 

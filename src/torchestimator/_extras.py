@@ -33,8 +33,12 @@ EXTRAS = {
 }
 """Each extra of pyproject.toml and the distributions it installs (kept equal by tests/test_extras.py)."""
 
-_DISTRIBUTION_OF_MODULE = {"PIL": "Pillow", "prometheus_client": "prometheus-client", "sklearn": "scikit-learn",
-                           "grpc": "grpcio"}
+_DISTRIBUTION_OF_MODULE = {
+    "PIL": "Pillow",
+    "prometheus_client": "prometheus-client",
+    "sklearn": "scikit-learn",
+    "grpc": "grpcio",
+}
 """Where the name one imports differs from the name one installs (as its project spells it; pip ignores case)."""
 
 
@@ -46,7 +50,9 @@ def import_extra(module: str, *, extra: str, feature: str, alternative: str = ""
     ``"pass --image_mode encoded to store the file bytes as they are"``.
     """
     if extra not in EXTRAS:  # our own call sites: a typo here would print a pip command that fails
-        raise AssertionError(f"import_extra({module!r}): {extra!r} is not an extra of pyproject.toml ({sorted(EXTRAS)})")
+        raise AssertionError(
+            f"import_extra({module!r}): {extra!r} is not an extra of pyproject.toml ({sorted(EXTRAS)})"
+        )
     top_level = module.partition(".")[0]
     try:
         # The top-level package first, as the import statement does: a submodule already in sys.modules
@@ -60,8 +66,10 @@ def import_extra(module: str, *, extra: str, feature: str, alternative: str = ""
             message = f"{feature} needs {distribution}: pip install 'torchestimator[{extra}]'"
         else:  # installed, but broken or too old (one of its own dependencies missing, a name it lacks)
             cause = " ".join(str(error).split())  # one line, whatever the library's message
-            message = f"{feature} needs {distribution}, which could not be imported ({cause}): " \
-                      f"pip install --upgrade 'torchestimator[{extra}]'"
+            message = (
+                f"{feature} needs {distribution}, which could not be imported ({cause}): "
+                f"pip install --upgrade 'torchestimator[{extra}]'"
+            )
         if alternative:
             message += f"; or {alternative}"
         # from None: the message says all; the original stays in __context__ for --verbosity DEBUG.

@@ -26,6 +26,7 @@ catches it::
     ├── NotARegularFileError(ValueError)      a named file is a folder, FIFO, device or socket; .path, .kind
     ├── FileTooLargeError(ValueError)         a named file over its bound; .path, .size, .limit
     ├── ServingError                          a request the server refuses; .code (TF's), .http_status
+    ├── GrpcListenError(OSError)              serve: the gRPC port cannot be taken (in use, not this host's address)
     ├── BodyTooLarge(ValueError)              a request body that inflates past the server's limit (answered 413)
     ├── ServingClientError                    the server answered an error; .status, .message, .url
     ├── RelaunchError(RuntimeError)           the program cannot be started again as the other replicas
@@ -52,6 +53,7 @@ import errno as errno_codes
 from typing import Any
 
 __all__ = [
+    "HTTP_STATUS",
     "BodyTooLarge",
     "CheckpointError",
     "ChiefFailedError",
@@ -62,7 +64,7 @@ __all__ = [
     "ExampleDecodeError",
     "ExportFormatError",
     "FileTooLargeError",
-    "HTTP_STATUS",
+    "GrpcListenError",
     "ImageDecodeError",
     "InputError",
     "InputTypeError",
@@ -137,15 +139,26 @@ class CheckpointError(TorchEstimatorError, ValueError):
     """A checkpoint is missing, incomplete or corrupt; the message names the file and the fault."""
 
 
-_NO_ROOM_WORDS = {errno_codes.ENOSPC: "disk full", errno_codes.EDQUOT: "disk quota exceeded",
-                  errno_codes.EFBIG: "file size limit reached (ulimit -f / RLIMIT_FSIZE)"}
+_NO_ROOM_WORDS = {
+    errno_codes.ENOSPC: "disk full",
+    errno_codes.EDQUOT: "disk quota exceeded",
+    errno_codes.EFBIG: "file size limit reached (ulimit -f / RLIMIT_FSIZE)",
+}
 
 
 class DiskFullError(TorchEstimatorError, OSError):
     """No room to write into model_dir; ``errno`` is the original one (ENOSPC, EDQUOT or EFBIG)."""
 
-    def __init__(self, cause: OSError, *, path: str, what: str, bytes_needed: int | None = None,
-                 free_bytes: int | None = None, advice: str = "") -> None:
+    def __init__(
+        self,
+        cause: OSError,
+        *,
+        path: str,
+        what: str,
+        bytes_needed: int | None = None,
+        free_bytes: int | None = None,
+        advice: str = "",
+    ) -> None:
         message = f"{_NO_ROOM_WORDS.get(cause.errno, 'no room')}: could not write {what} to {path} ({cause.strerror})"
         if bytes_needed is not None:
             message += f"; it needs {bytes_needed:,} bytes"
@@ -200,7 +213,7 @@ class ImageDecodeError(TorchEstimatorError, ValueError):
     seen in them (``"png"``, ``"jpeg"``, ``"gif"``, ``"bmp"``, ``"webp"`` or ``"unknown"``).
     """
 
-    def __init__(self, message: str, *, where: str = "", format: str = "") -> None:  # noqa: A002 (TF's word)
+    def __init__(self, message: str, *, where: str = "", format: str = "") -> None:
         super().__init__(message)
         self.where = where
         self.format = format
@@ -270,7 +283,6 @@ class InputError(TorchEstimatorError, ValueError):
 class InputTypeError(InputError, TypeError):
     """The same for an input of the wrong type or dtype (a float64 array where float32 is expected, a number
     where a string input takes bytes): still an InputError, and a TypeError as before."""
-
 
 
 class ExportFormatError(TorchEstimatorError, ValueError):
@@ -387,3 +399,8 @@ class ChiefFailedError(TorchEstimatorError, RuntimeError):
         super().__init__(message)
         self.what = what
         self.chief_error = chief_error
+
+
+class GrpcListenError(TorchEstimatorError, OSError):
+    """The model server cannot listen for gRPC (the port in use, or the host not this machine's); the message
+    names the address. A class of its own so that ``serve`` adds its ``--port`` advice without reading words."""

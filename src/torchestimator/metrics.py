@@ -54,17 +54,17 @@ if TYPE_CHECKING:
     from torchmetrics import Metric
 
 __all__ = [
-    "MetricOp",
     "MetricAccumulators",
-    "mean",
+    "MetricOp",
     "accuracy",
+    "auc",
+    "from_torchmetrics",
+    "mean",
+    "mean_absolute_error",
+    "mean_squared_error",
     "precision",
     "recall",
-    "auc",
-    "mean_squared_error",
     "root_mean_squared_error",
-    "mean_absolute_error",
-    "from_torchmetrics",
 ]
 
 logger = logging.getLogger(__name__)
@@ -178,7 +178,9 @@ def _labelled_op(kind: str, factory: Callable[[], Metric], labels: Any, predicti
 def mean(values: Any, weights: Any = None) -> MetricOp:
     """The (weighted) mean of all ``values`` seen in the evaluation, like ``tf.metrics.mean``."""
     values_tensor = _to_tensor(values, "mean", "values")
-    return MetricOp(kind="mean", factory=_new_mean, args=(values_tensor, _weights("mean", weights, values_tensor.shape)))
+    return MetricOp(
+        kind="mean", factory=_new_mean, args=(values_tensor, _weights("mean", weights, values_tensor.shape))
+    )
 
 
 def accuracy(labels: Any, predictions: Any, weights: Any = None) -> MetricOp:

@@ -69,8 +69,10 @@ def run_in_processes(
     port = find_free_port()
     processes = [
         context.Process(
-            target=_replica_main, args=(rank, nprocs, port, fn, tuple(args), reports, timeout),
-            name=f"replica-{rank}", daemon=True,
+            target=_replica_main,
+            args=(rank, nprocs, port, fn, tuple(args), reports, timeout),
+            name=f"replica-{rank}",
+            daemon=True,
         )
         for rank in range(nprocs)
     ]
@@ -96,20 +98,36 @@ def _check_function(fn: Callable[..., Any]) -> None:
 
 
 def _replica_main(
-    rank: int, nprocs: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...],
-    reports: Any, timeout: float,
+    rank: int,
+    nprocs: int,
+    port: int,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    reports: Any,
+    timeout: float,
 ) -> None:
-    os.environ.update({
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs),
-        "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-    })
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(nprocs),
+            "LOCAL_WORLD_SIZE": str(nprocs),
+            "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
+    )
     import torch
     import torch.distributed as distributed
 
     torch.set_num_threads(1)
     try:
         distributed.init_process_group(
-            "gloo", init_method="env://", rank=rank, world_size=nprocs,
+            "gloo",
+            init_method="env://",
+            rank=rank,
+            world_size=nprocs,
             timeout=datetime.timedelta(seconds=timeout),
         )
         result = fn(*args)
@@ -123,7 +141,7 @@ def _replica_main(
                 f"({error}); return plain data (numbers, strings, lists, dicts, tensors)."
             ) from error
         reports.put((rank, "result", payload))
-    except BaseException as error:  # noqa: BLE001 -- every failure must reach the parent
+    except BaseException as error:
         name = f"{type(error).__module__}.{type(error).__qualname__}"
         reports.put((rank, "error", (name, str(error), traceback.format_exc())))
         return
@@ -131,13 +149,11 @@ def _replica_main(
     try:
         distributed.barrier()
         distributed.destroy_process_group()
-    except Exception:  # noqa: BLE001 -- the result is already reported
+    except Exception:
         pass
 
 
-def _collect(
-    processes: list[Any], reports: Any, deadline: float, timeout: float
-) -> dict[int, tuple[str, Any]]:
+def _collect(processes: list[Any], reports: Any, deadline: float, timeout: float) -> dict[int, tuple[str, Any]]:
     received: dict[int, tuple[str, Any]] = {}  # in arrival order: the first error is the cause
     seen_dead: set[int] = set()
     failed_at: float | None = None
@@ -171,8 +187,11 @@ def _note_silent_exits(processes: list[Any], received: dict[int, tuple[str, Any]
         if rank in seen_dead:
             received[rank] = (
                 "error",
-                ("process exit", f"the process exited with code {process.exitcode} without reporting a result",
-                 "(no traceback: the process ended outside the function's reach)"),
+                (
+                    "process exit",
+                    f"the process exited with code {process.exitcode} without reporting a result",
+                    "(no traceback: the process ended outside the function's reach)",
+                ),
             )
         seen_dead.add(rank)
 
@@ -180,13 +199,16 @@ def _note_silent_exits(processes: list[Any], received: dict[int, tuple[str, Any]
 def _failure(first: int, received: dict[int, tuple[str, Any]]) -> ReplicaFailedError:
     name, message, traceback_text = received[first][1]
     others = [
-        f"rank {rank} ({payload[0]})" for rank, (kind, payload) in sorted(received.items())
+        f"rank {rank} ({payload[0]})"
+        for rank, (kind, payload) in sorted(received.items())
         if kind == "error" and rank != first
     ]
     also = f"\nAlso failed afterwards: {', '.join(others)}." if others else ""
     return ReplicaFailedError(
         f"Replica with rank {first} failed: {name}: {message}{also}\n\nTraceback in rank {first}:\n{traceback_text}",
-        rank=first, exception_type=name, traceback_text=traceback_text,
+        rank=first,
+        exception_type=name,
+        traceback_text=traceback_text,
     )
 
 

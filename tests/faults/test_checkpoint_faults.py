@@ -13,11 +13,9 @@ import re
 import time
 from types import SimpleNamespace
 
+import faults_checkpoint as tool  # tools/ is on sys.path (tests/conftest.py); the forkserver imports it by name
 import numpy as np
 import pytest
-
-import faults_checkpoint as tool  # tools/ is on sys.path (tests/conftest.py); the forkserver imports it by name
-
 
 SUMMARY = re.compile(
     r"^faults_checkpoint kill_trials=(\d+) in_write=(\d+) resumed_identical=(\d+) unloadable=(\d+) leftovers=(\d+) "
@@ -42,8 +40,9 @@ def _deadline(seconds: float) -> float:
 
 def test_kill_9_anywhere_then_rerun_ends_byte_identical_with_no_leftovers(runs):
     tally = tool.Tally()
-    tool.kill_trials(runs.children, runs.workdir, runs.reference, runs.duration, 8, _deadline(60), random.Random(1),
-                     tally)
+    tool.kill_trials(
+        runs.children, runs.workdir, runs.reference, runs.duration, 8, _deadline(60), random.Random(1), tally
+    )
     assert tally.problems == []
     assert tally.kill_trials >= 4 and tally.resumed_identical == tally.kill_trials
     assert tally.unloadable == 0 and tally.leftovers == 0
@@ -83,8 +82,9 @@ def test_full_tmpfs_stops_with_disk_full_naming_path_and_step_then_resumes(runs)
 
 def test_the_script_runs_with_tiny_bounds_and_ends_with_its_summary(runs, tmp_path, capsys):
     # In this process the forkserver is already warm, so the script's own runs start at once.
-    status = tool.main(["--trials", "1", "--seconds", "60", "--no-damage", "--no-separate-process",
-                        "--workdir", str(tmp_path)])
+    status = tool.main(
+        ["--trials", "1", "--seconds", "60", "--no-damage", "--no-separate-process", "--workdir", str(tmp_path)]
+    )
     last = capsys.readouterr().out.strip().splitlines()[-1]
     match = SUMMARY.match(last)
     assert match, last
@@ -114,8 +114,8 @@ def _fill(path):
 
 
 def test_event_files_on_a_full_disk_raise_disk_full_naming_the_file_once(full_tmpfs):
-    from torchestimator.checkpoint import DiskFullError
     from torchestimator._io.summary import SummaryWriter
+    from torchestimator.checkpoint import DiskFullError
 
     model_dir, fill = full_tmpfs
     writer = SummaryWriter(model_dir)
@@ -133,8 +133,8 @@ def test_event_files_on_a_full_disk_raise_disk_full_naming_the_file_once(full_tm
 def test_best_json_on_a_full_disk_is_disk_full_naming_it_and_the_step(full_tmpfs, monkeypatch):
     import torchestimator as te
     from torchestimator._policy.best import BestCheckpointPolicy
-    from torchestimator.checkpoint import DiskFullError
     from torchestimator._policy.train_and_evaluate import EvalSpec, TrainSpec, train_and_evaluate
+    from torchestimator.checkpoint import DiskFullError
 
     model_dir, fill = full_tmpfs
     estimator, input_fn = tool._estimator(str(model_dir))
@@ -147,11 +147,13 @@ def test_best_json_on_a_full_disk_is_disk_full_naming_it_and_the_step(full_tmpfs
 
     monkeypatch.setattr(policy, "update", update_on_a_full_disk)
     features = np.random.default_rng(3).normal(size=(8, 6)).astype(np.float32)
-    evaluate = te.numpy_input_fn({"x": features}, (features[:, 0] > 0).astype(np.int64), batch_size=8,
-                                 num_epochs=1, shuffle=False)
+    evaluate = te.numpy_input_fn(
+        {"x": features}, (features[:, 0] > 0).astype(np.int64), batch_size=8, num_epochs=1, shuffle=False
+    )
     with pytest.raises(DiskFullError, match=rf"best-checkpoint record of global step \d+ to {model_dir}/"):
-        train_and_evaluate(estimator, TrainSpec(input_fn, max_steps=2), EvalSpec(evaluate, throttle_secs=0),
-                           best=policy)
+        train_and_evaluate(
+            estimator, TrainSpec(input_fn, max_steps=2), EvalSpec(evaluate, throttle_secs=0), best=policy
+        )
 
 
 def test_training_stopped_by_full_event_files_says_disk_full_with_the_path(full_tmpfs):

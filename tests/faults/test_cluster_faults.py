@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 import faults_cluster as tool  # tools/ is on sys.path (tests/conftest.py)
+import pytest
 
 
 @pytest.mark.parametrize("kind, number", [("save_kill", 0), ("save_kill", 1), ("early_chief_kill", 0)])
@@ -27,8 +26,11 @@ def test_the_tool_ends_with_its_summary_line(capsys):
     # timeout + launch's 5 s shutdown grace + start-up; 53 s with torchrun's fixed 30 s grace).
     assert tool.main(["--trials", "1", "--kinds", "stopped"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert re.fullmatch(r"faults_cluster trials=1 named=0 half_published=0 lingering=0 restarted=1 "
-                        r"restart_s=\d+ seconds=\d+", last), last
+    assert re.fullmatch(
+        r"faults_cluster trials=1 named=0 half_published=0 lingering=0 restarted=1 "
+        r"restart_s=\d+ seconds=\d+",
+        last,
+    ), last
 
 
 def test_the_tool_refuses_an_unknown_kind():

@@ -18,8 +18,8 @@ from pathlib import Path
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from torchestimator.data.tfrecord import TFRecordWriter, masked_crc32c
 from torchestimator._io.summary import SummaryWriter
+from torchestimator.data.tfrecord import TFRecordWriter, masked_crc32c
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 EVENT_NAME = "events.out.tfevents.1700000000.host.1.0"
@@ -95,8 +95,12 @@ def crafted_logdirs(root: Path) -> dict[str, Path]:
 
 def test_crafted_event_files_keep_what_came_before_in_bounded_memory(tmp_path) -> None:
     cases = crafted_logdirs(tmp_path)
-    child = subprocess.run([sys.executable, "-c", CHILD, str(TOOLS), *map(str, cases.values())],
-                           capture_output=True, text=True, timeout=120)
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, str(TOOLS), *map(str, cases.values())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     results = json.loads(child.stdout)
     for name, logdir in cases.items():

@@ -20,10 +20,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import faults_tfrecord as tool  # tools/ is on sys.path (tests/conftest.py)
+import pytest
 from faults_common import varint
+
 from torchestimator.data.example import encode_example
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "faults_tfrecord.py"
@@ -107,26 +107,47 @@ def framing_cases(good_stream: bytes):
     length_crc = bytearray(good_stream)
     length_crc[SECOND + 9] ^= 0x01
     past_end = bytearray(good_stream)
-    past_end[SECOND:SECOND + 12] = tool.record_header(len(good_stream) - SECOND + 100)
+    past_end[SECOND : SECOND + 12] = tool.record_header(len(good_stream) - SECOND + 100)
     return {
         "bad_length_crc": (None, bytes(length_crc), f"corrupted record at {SECOND}", SECOND),
         "bad_data_crc": (None, bytes(data_crc), f"corrupted record at {12}", 0),
-        "truncated_header": (None, good_stream[:SECOND + 7], f"truncated record at {SECOND}", SECOND),
-        "truncated_payload": (None, good_stream[:SECOND + 12 + 3], f"truncated record at {SECOND}", SECOND),
+        "truncated_header": (None, good_stream[: SECOND + 7], f"truncated record at {SECOND}", SECOND),
+        "truncated_payload": (None, good_stream[: SECOND + 12 + 3], f"truncated record at {SECOND}", SECOND),
         "length_past_eof": (None, bytes(past_end), f"truncated record at {SECOND}", SECOND),
         "garbage_gzip": ("GZIP", b"\x1f\x8b\x08\x00" + os.urandom(2000), "corrupted record at 0", 0),
         "cut_gzip": ("GZIP", tool.compress(good_stream, "GZIP")[:-9], "truncated record at", None),
-        "gzip_of_bad_length_crc": ("GZIP", tool.compress(bytes(length_crc), "GZIP"),
-                                   f"corrupted record at {SECOND}", SECOND),
-        "zlib_of_length_past_eof": ("ZLIB", tool.compress(bytes(past_end), "ZLIB"),
-                                    f"truncated record at {SECOND}", SECOND),
+        "gzip_of_bad_length_crc": (
+            "GZIP",
+            tool.compress(bytes(length_crc), "GZIP"),
+            f"corrupted record at {SECOND}",
+            SECOND,
+        ),
+        "zlib_of_length_past_eof": (
+            "ZLIB",
+            tool.compress(bytes(past_end), "ZLIB"),
+            f"truncated record at {SECOND}",
+            SECOND,
+        ),
         "plain_bomb": (None, tool.zero_bomb(2**60, 1 << 20, None), "truncated record at 0", 0),
         "plain_bomb_under_the_limit": (None, tool.zero_bomb(2**31 - 2, 1 << 20, None), "truncated record at 0", 0),
-        **{f"{compression.lower()}_bomb": (compression, tool.zero_bomb(2**60, BOMB_ZEROS, compression),
-                                           "record too large at 0", 0) for compression in ("GZIP", "ZLIB")},
-        **{f"{compression.lower()}_bomb_under_the_limit": (
-            compression, tool.zero_bomb(2**31 - 2, BOMB_ZEROS, compression), "truncated record at 0", 0)
-           for compression in ("GZIP", "ZLIB")},
+        **{
+            f"{compression.lower()}_bomb": (
+                compression,
+                tool.zero_bomb(2**60, BOMB_ZEROS, compression),
+                "record too large at 0",
+                0,
+            )
+            for compression in ("GZIP", "ZLIB")
+        },
+        **{
+            f"{compression.lower()}_bomb_under_the_limit": (
+                compression,
+                tool.zero_bomb(2**31 - 2, BOMB_ZEROS, compression),
+                "truncated record at 0",
+                0,
+            )
+            for compression in ("GZIP", "ZLIB")
+        },
     }
 
 
@@ -162,8 +183,13 @@ def crafted(tmp_path_factory):
         path = folder / f"example-{name}.tfrecord"
         path.write_bytes(tool.frame(GOOD) + tool.frame(example))
         cases.append({"name": name, "path": str(path), "compression": None, "readers": ["parse", "inspect"]})
-    completed = subprocess.run([sys.executable, "-c", CHILD, str(MEMORY_MB)], input=json.dumps(cases),
-                               capture_output=True, text=True, timeout=240)
+    completed = subprocess.run(
+        [sys.executable, "-c", CHILD, str(MEMORY_MB)],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     return {case["name"]: case for case in cases}, json.loads(completed.stdout.splitlines()[-1]), expected
 
@@ -196,15 +222,16 @@ def test_a_bomb_says_what_it_declares_and_how_to_raise_the_limit(crafted, compre
     assert f"pass max_record_size={2**60} or more" in over and "length field is damaged" in over
     under = results[f"{compression}_bomb_under_the_limit/read_records"]["message"]
     # The whole stream was inflated and thrown away, in constant memory, to find it ends short.
-    assert (f"declares {2**31 - 2} bytes of data but the decompressed stream ends {12 + BOMB_ZEROS} bytes "
-            f"into the record") in under
+    assert (
+        f"declares {2**31 - 2} bytes of data but the decompressed stream ends {12 + BOMB_ZEROS} bytes into the record"
+    ) in under
     plain = results["plain_bomb/read_records"]["message"]
     assert f"declares {2**60} bytes of data but the file ends {12 + (1 << 20)} bytes into" in plain
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLE_CASES))
 def test_a_crafted_example_is_a_parse_error_naming_the_record(crafted, name):
-    cases, results, _ = crafted
+    _cases, results, _ = crafted
     parsed = results[f"{name}/parse"]
     assert parsed["raised"] in ("ValueError", "ExampleDecodeError") and "(record 1" in parsed["message"], parsed
     assert parsed["seconds"] < SECONDS_PER_READ
@@ -215,11 +242,18 @@ def test_a_crafted_example_is_a_parse_error_naming_the_record(crafted, name):
 
 
 def test_random_damage_script_runs_and_reports_no_crash():
-    completed = subprocess.run([sys.executable, str(TOOL), "--trials", "60", "--seconds", "30", "--seed", "7"],
-                               capture_output=True, text=True, timeout=120)
+    completed = subprocess.run(
+        [sys.executable, str(TOOL), "--trials", "60", "--seconds", "30", "--seed", "7"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     last = completed.stdout.strip().splitlines()[-1]
-    match = re.fullmatch(r"faults_tfrecord trials=(\d+) clean_errors=(\d+) clean_reads=(\d+) crashes=(\d+) "
-                         r"max_rss_mb=(\d+) rss_growth_mb=(\d+) max_trial_ms=(\d+)", last)
+    match = re.fullmatch(
+        r"faults_tfrecord trials=(\d+) clean_errors=(\d+) clean_reads=(\d+) crashes=(\d+) "
+        r"max_rss_mb=(\d+) rss_growth_mb=(\d+) max_trial_ms=(\d+)",
+        last,
+    )
     assert match, (last, completed.stderr[-2000:])
     trials, errors, reads, crashes = map(int, match.groups()[:4])
     assert completed.returncode == 0 and crashes == 0, completed.stderr[-2000:]

@@ -39,8 +39,12 @@ def test_crafted_files_end_in_the_readers_own_error_under_a_memory_limit(tool, t
             if case.data:
                 good = result["kind"] == "read_ok"
             else:
-                good = (result["kind"] == "clean_errors" and result["type"] == "WeightSourceError"
-                        and case.names in result["message"] and str(tmp_path) in result["message"])
+                good = (
+                    result["kind"] == "clean_errors"
+                    and result["type"] == "WeightSourceError"
+                    and case.names in result["message"]
+                    and str(tmp_path) in result["message"]
+                )
             if not good:
                 failures.append(f"{case.name}: {result}")
             assert not os.path.exists(marker), f"{case.name} ran the pickle in {case.path}"
@@ -54,7 +58,9 @@ def test_random_damage_smoke(tool, capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     match = re.fullmatch(
         r"faults_readers trials=(\d+) read_ok=(\d+) clean_errors=(\d+) other_errors=(\d+) crashes=(\d+) "
-        r"markers=(\d+) max_rss_mb=(\d+)", last)
+        r"markers=(\d+) max_rss_mb=(\d+)",
+        last,
+    )
     assert match, last
     trials, read_ok, clean, other, crashes, markers, _ = map(int, match.groups())
     assert trials > 0 and read_ok + clean == trials and (other, crashes, markers) == (0, 0, 0), last

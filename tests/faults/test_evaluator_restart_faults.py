@@ -10,9 +10,8 @@ from __future__ import annotations
 import random
 import re
 
-import pytest
-
 import faults_evaluator_restart as tool  # tools/ is on sys.path (tests/conftest.py)
+import pytest
 
 
 @pytest.mark.parametrize("kind, order", [("early_stop", "with"), ("kill", "after")])
@@ -28,8 +27,11 @@ def test_the_tool_ends_with_its_summary_line(capsys):
     # Its first trial: the rerun with a higher max_steps, the evaluator started before the trainers.
     assert tool.main(["--trials", "1", "--kinds", "rerun"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert re.fullmatch(r"faults_evaluator_restart trials=1 followed=1 lost_runs=0 failed_tasks=0 "
-                        r"stepless_reruns=0 seconds=\d+", last), last
+    assert re.fullmatch(
+        r"faults_evaluator_restart trials=1 followed=1 lost_runs=0 failed_tasks=0 "
+        r"stepless_reruns=0 seconds=\d+",
+        last,
+    ), last
 
 
 def test_the_tool_refuses_an_unknown_kind():

@@ -21,9 +21,11 @@ from torchestimator.serving.config import VersionPolicy
 from torchestimator.serving.manager import ModelManager
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "faults_export.py"
-SUMMARY = re.compile(r"faults_export crafted_refused=(\d+)/(\d+) crafted_inert=(\d+)/(\d+) markers=(\d+) "
-                     r"kill_trials=(\d+) complete_only=(\d+) disk_full_oserror=(\d+)/(\d+) files_hit=(\d+) "
-                     r"temp_left=(\d+) torch_ran_payloads=(\d+)/(\d+)$")
+SUMMARY = re.compile(
+    r"faults_export crafted_refused=(\d+)/(\d+) crafted_inert=(\d+)/(\d+) markers=(\d+) "
+    r"kill_trials=(\d+) complete_only=(\d+) disk_full_oserror=(\d+)/(\d+) files_hit=(\d+) "
+    r"temp_left=(\d+) torch_ran_payloads=(\d+)/(\d+)$"
+)
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +72,10 @@ def test_the_server_keeps_serving_version_1_and_the_status_says_why_2_and_3_were
     shutil.copytree(good["version"], base / "1")
     manager = ModelManager("m", base, version_policy=VersionPolicy(kind="all"))
     assert manager.poll() and manager.served_version == 1
-    crafted = {variant.name: variant for variant in
-               tool.craft_variants(good["version"], str(tmp_path / "crafted"), str(markers))}
+    crafted = {
+        variant.name: variant
+        for variant in tool.craft_variants(good["version"], str(tmp_path / "crafted"), str(markers))
+    }
     shutil.copytree(crafted["pickled_sample_inputs"].folder, base / "2")
     (base / "3").mkdir()  # not an export: its file names must not reach the status page
     (base / "3" / "secret-notes.txt").write_text("x")
@@ -92,8 +96,17 @@ def test_the_server_keeps_serving_version_1_and_the_status_says_why_2_and_3_were
 def test_training_with_an_exporter_on_a_full_disk_stops_with_the_oserror(tool, tmp_path):
     # Deep and narrow: program.json (~110 kB) outgrows every checkpoint file (< 30 kB), so only the export fails.
     model_dir = tmp_path / "model"
-    result = tool.run_worker("train-export", "--model_dir", str(model_dir), "--base", str(tmp_path / "unused"),
-                             "--depth", "30", "--limits", "60000")
+    result = tool.run_worker(
+        "train-export",
+        "--model_dir",
+        str(model_dir),
+        "--base",
+        str(tmp_path / "unused"),
+        "--depth",
+        "30",
+        "--limits",
+        "60000",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     outcome = json.loads(result.stdout.splitlines()[-1])
     assert outcome["type"] == "OSError" and str(model_dir / "export" / "latest") in outcome["error"]
@@ -102,13 +115,30 @@ def test_training_with_an_exporter_on_a_full_disk_stops_with_the_oserror(tool, t
 
 def test_the_faults_script_kills_fills_and_crafts_with_tiny_bounds(tmp_path):
     """The loops themselves, small: kill -9 inside export writes, full disks, crafted folders (see the tool)."""
-    result = subprocess.run([sys.executable, str(TOOL), "--trials", "2", "--seconds", "90", "--prove", "--workdir",
-                             str(tmp_path)], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, str(TOOL), "--trials", "2", "--seconds", "90", "--prove", "--workdir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]  # 1 when any check found a problem (listed on stderr)
     match = SUMMARY.match(result.stdout.strip().splitlines()[-1])
     assert match, result.stdout[-500:]
-    (refused, crafted, inert, inert_total, markers, kills, complete, full_ok, full_points, files_hit, temp_left,
-     ran, archives) = map(int, match.groups())
+    (
+        refused,
+        crafted,
+        inert,
+        inert_total,
+        markers,
+        kills,
+        complete,
+        full_ok,
+        full_points,
+        files_hit,
+        temp_left,
+        ran,
+        archives,
+    ) = map(int, match.groups())
     assert refused == crafted == 14 and inert == inert_total == 1 and markers == 0
     assert ran == archives == 5  # the archives are real attacks: torch.export.load runs every payload
     assert kills == complete == 2 and temp_left == 0  # after the kills, only complete versions; the next export cleans

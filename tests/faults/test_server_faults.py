@@ -23,11 +23,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import faults_serving as tool  # tools/ is on sys.path (tests/conftest.py)
 import pytest
 import torch
-
-import faults_serving as tool  # tools/ is on sys.path (tests/conftest.py)
 from conftest import exporting_model_fn, trained_classifier, wait_until
+
 from torchestimator.export import TensorSpec, export_saved_model, serving_input_receiver
 from torchestimator.serving import start
 
@@ -38,14 +38,29 @@ GOOD_BODY = json.dumps({"instances": [[0.5] * 8, [-1.0] * 8]}).encode()
 CASES = tool.hostile_cases(NAME, GOOD_BODY)
 # Beyond "a JSON 4xx": what the fixes promise for these cases.
 EXPECTED = {
-    "gzip body": 200, "deflate body": 200, "chunked body": 200, "Expect: 100-continue": 200,
-    "odd but legal headers": 200, "100 headers": 200,
-    "gzip header on a plain body": 400, "deflate header on a plain body": 400, "truncated gzip body": 400,
-    "gzip bomb beyond the body limit": 413, "unsupported encoding": 400,
-    "JSON arrays 1000 deep": 400, "JSON objects 1000 deep in instances": 400,
-    "JSON objects 1000 deep in inputs": 400, "JSON arrays 100000 deep": 400, "5000-digit integer": 400,
-    "5000-digit negative integer in inputs": 400, "invalid UTF-8": 400, "unknown Expect": 417,
-    "GET on :predict": 405, "unknown method": 400, "garbage request line": 400, "chunk size garbage": 400,
+    "gzip body": 200,
+    "deflate body": 200,
+    "chunked body": 200,
+    "Expect: 100-continue": 200,
+    "odd but legal headers": 200,
+    "100 headers": 200,
+    "gzip header on a plain body": 400,
+    "deflate header on a plain body": 400,
+    "truncated gzip body": 400,
+    "gzip bomb beyond the body limit": 413,
+    "unsupported encoding": 400,
+    "JSON arrays 1000 deep": 400,
+    "JSON objects 1000 deep in instances": 400,
+    "JSON objects 1000 deep in inputs": 400,
+    "JSON arrays 100000 deep": 400,
+    "5000-digit integer": 400,
+    "5000-digit negative integer in inputs": 400,
+    "invalid UTF-8": 400,
+    "unknown Expect": 417,
+    "GET on :predict": 405,
+    "unknown method": 400,
+    "garbage request line": 400,
+    "chunk size garbage": 400,
 }
 
 
@@ -89,8 +104,13 @@ def test_a_hostile_request_gets_a_json_answer_below_500_and_keeps_a_framed_conne
 def test_the_error_texts_say_what_was_wrong(served):
     by_name = {case.name: case for case in CASES}
     texts = {}
-    for name in ("gzip header on a plain body", "5000-digit integer", "JSON objects 1000 deep in instances",
-                 "garbage request line", "unknown Expect"):
+    for name in (
+        "gzip header on a plain body",
+        "5000-digit integer",
+        "JSON objects 1000 deep in instances",
+        "garbage request line",
+        "unknown Expect",
+    ):
         connection = tool.RawConnection(served[0].port)
         connection.send(by_name[name].data)
         texts[name] = json.loads(connection.read_answer().body)["error"]
@@ -128,16 +148,32 @@ def test_random_hostile_requests_get_json_answers_below_500(served, tally):
 
 def test_hot_swaps_under_load_fail_no_request(served, tally):
     server, base, export = served
-    swaps, requests = tool.hot_swap(server.port, str(base), str(export), server.managers[NAME],
-                                    tool.predict_path(NAME), GOOD_BODY, tally, seconds=10)
+    swaps, requests = tool.hot_swap(
+        server.port,
+        str(base),
+        str(export),
+        server.managers[NAME],
+        tool.predict_path(NAME),
+        GOOD_BODY,
+        tally,
+        seconds=10,
+    )
     assert swaps >= 2 and requests > 100, (swaps, requests)
 
 
 def test_the_faults_script_ends_with_its_summary_line(tmp_path):
-    result = subprocess.run([sys.executable, str(TOOL), "--seconds", "1", "--swap-seconds", "2", "--seed", "3"],
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, str(TOOL), "--seconds", "1", "--swap-seconds", "2", "--seed", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     last = result.stdout.strip().splitlines()[-1]
-    match = re.fullmatch(r"faults_serving requests=(\d+) status_5xx=0 non_json_errors=0 reset_keepalive=0 "
-                         r"hot_swap_failures=0 tracebacks=0", last)
+    match = re.fullmatch(
+        r"faults_serving requests=(\d+) status_5xx=0 non_json_errors=0 reset_keepalive=0 "
+        r"hot_swap_failures=0 tracebacks=0",
+        last,
+    )
     assert result.returncode == 0 and match, result.stdout[-3000:] + result.stderr[-3000:]
     assert int(match.group(1)) > 50

@@ -28,8 +28,13 @@ from typing import Any
 from torchestimator._io import filesystems
 from torchestimator._io.atomic import temporary_prefix, writer_is_gone, writer_tag
 from torchestimator.checkpoint.errors import is_no_room
-from torchestimator.errors import (CheckpointError, DiskFullError, ReplicaLostError, ReplicasDisagreeError,
-                                   TorchEstimatorError)
+from torchestimator.errors import (
+    CheckpointError,
+    DiskFullError,
+    ReplicaLostError,
+    ReplicasDisagreeError,
+    TorchEstimatorError,
+)
 
 logger = logging.getLogger("torchestimator")
 
@@ -77,8 +82,14 @@ class ReplicaView:
 
     def starting_point(self) -> tuple[Any, ...]:
         """What must be equal on every replica (host, pid and the path's spelling may differ)."""
-        return (self.checkpoint_name, self.checkpoint_step, self.num_replicas, self.max_steps, self.steps,
-                self.skips_training)
+        return (
+            self.checkpoint_name,
+            self.checkpoint_step,
+            self.num_replicas,
+            self.max_steps,
+            self.steps,
+            self.skips_training,
+        )
 
     def describe(self, *, world: bool = False, steps: bool = False) -> str:
         """This view in words; ``world``, ``steps``: say the world size, the step arguments too (when the
@@ -96,8 +107,9 @@ class ReplicaView:
         return f"{start} in a world of {self.num_replicas}" if world else start
 
 
-def check_start_agreement(strategy: Any, model_dir: str, checkpoint: Any, *, max_steps: int | None = None,
-                          steps: int | None = None) -> str | None:
+def check_start_agreement(
+    strategy: Any, model_dir: str, checkpoint: Any, *, max_steps: int | None = None, steps: int | None = None
+) -> str | None:
     """Fails fast, on every replica, naming the replicas that disagree, when they would start from different states.
 
     Every replica calls it after choosing the checkpoint to restore and before the max_steps skip. It
@@ -146,14 +158,21 @@ def _place_probe(strategy: Any, model_dir: str) -> str:
         except OSError as error:
             failure = error
     name, chief_error = strategy.broadcast_object(
-        (name, None if failure is None else f"{type(failure).__name__}: {failure}"), 0)
+        (name, None if failure is None else f"{type(failure).__name__}: {failure}"), 0
+    )
     if failure is not None:
         if is_no_room(failure):
-            raise DiskFullError(failure, path=model_dir, what="the probe that checks every replica shares model_dir",
-                                advice="Free some space (or choose another model_dir) and rerun.") from failure
+            raise DiskFullError(
+                failure,
+                path=model_dir,
+                what="the probe that checks every replica shares model_dir",
+                advice="Free some space (or choose another model_dir) and rerun.",
+            ) from failure
         raise PermissionError(
-            failure.errno, f"model_dir {model_dir!r} is not writable, so the replicas cannot check that they share it "
-            f"({failure.strerror}). Choose another model_dir.", failure.filename,
+            failure.errno,
+            f"model_dir {model_dir!r} is not writable, so the replicas cannot check that they share it "
+            f"({failure.strerror}). Choose another model_dir.",
+            failure.filename,
         ) from failure
     if chief_error is not None:
         raise ReplicasDisagreeError(
@@ -164,14 +183,20 @@ def _place_probe(strategy: Any, model_dir: str) -> str:
     return name
 
 
-def _this_view(strategy: Any, model_dir: str, probe_name: str, checkpoint: Any, max_steps: int | None,
-               steps: int | None) -> ReplicaView:
+def _this_view(
+    strategy: Any, model_dir: str, probe_name: str, checkpoint: Any, max_steps: int | None, steps: int | None
+) -> ReplicaView:
     return ReplicaView(
-        rank=strategy.replica_id, host=socket.gethostname(), pid=os.getpid(), model_dir=model_dir,
+        rank=strategy.replica_id,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        model_dir=model_dir,
         sees_probe=_sees(filesystems.join(model_dir, probe_name)),
         checkpoint_name=None if checkpoint is None else os.path.basename(checkpoint.path.rstrip("/")),
         checkpoint_step=None if checkpoint is None else int(checkpoint.step),
-        num_replicas=strategy.num_replicas, max_steps=max_steps, steps=steps,
+        num_replicas=strategy.num_replicas,
+        max_steps=max_steps,
+        steps=steps,
     )
 
 
@@ -202,10 +227,15 @@ def disagreement(views: Sequence[ReplicaView]) -> str | None:
         groups.setdefault((view.sees_probe, view.model_dir, *view.starting_point()), []).append(view)
     several_worlds = len({view.num_replicas for view in views}) > 1
     several_steps = len({(view.max_steps, view.steps, view.skips_training) for view in views}) > 1
-    lines = [f"{_ranks(group)} {group[0].describe(world=several_worlds, steps=several_steps)}"
-             for group in groups.values()]
-    return (f"The {len(views)} replicas disagree on how to start training, so every replica stops before step 1: "
-            + "; ".join(lines) + ". " + _advice(views, everyone_sees))
+    lines = [
+        f"{_ranks(group)} {group[0].describe(world=several_worlds, steps=several_steps)}" for group in groups.values()
+    ]
+    return (
+        f"The {len(views)} replicas disagree on how to start training, so every replica stops before step 1: "
+        + "; ".join(lines)
+        + ". "
+        + _advice(views, everyone_sees)
+    )
 
 
 def _ranks(group: Sequence[ReplicaView]) -> str:
@@ -218,15 +248,19 @@ def _ranks(group: Sequence[ReplicaView]) -> str:
 
 def _advice(views: Sequence[ReplicaView], everyone_sees: bool) -> str:
     if not everyone_sees:
-        return ("model_dir must be storage every node sees (one shared file system mounted on every node, e.g. "
-                "NFS): give every replica the same shared model_dir.")
+        return (
+            "model_dir must be storage every node sees (one shared file system mounted on every node, e.g. "
+            "NFS): give every replica the same shared model_dir."
+        )
     if len({(view.max_steps, view.steps) for view in views}) > 1:
         return "Every replica must call train with the same max_steps and steps."
     if len({view.num_replicas for view in views}) > 1:
         return "The replicas were launched with different world sizes; launch them as one group."
-    return ("They share model_dir but read different checkpoints: another run may be writing into it, or a "
-            "checkpoint looks damaged from some hosts only. Run one training per model_dir and check the warnings "
-            "each replica logged about damaged checkpoints.")
+    return (
+        "They share model_dir but read different checkpoints: another run may be writing into it, or a "
+        "checkpoint looks damaged from some hosts only. Run one training per model_dir and check the warnings "
+        "each replica logged about damaged checkpoints."
+    )
 
 
 # ---------------------------------------------------------------------------- the roster
@@ -288,15 +322,18 @@ class ReplicaRoster:
         remote = [entry for entry in self.entries if entry.rank != self.own_rank and entry.rank not in local]
         parts = []
         if gone:
-            named = [f"rank {entry.rank} (pid {entry.pid} on {entry.host})"
-                     for entry in self.entries if entry.rank in gone]
+            named = [
+                f"rank {entry.rank} (pid {entry.pid} on {entry.host})" for entry in self.entries if entry.rank in gone
+            ]
             parts.append(", ".join(named) + (" is gone" if len(named) == 1 else " are gone"))
         elif local:
             parts.append(f"the replicas on this host ({_rank_list(sorted(local))}) still run")
         if remote:
             hosts = sorted({entry.host for entry in remote})
-            parts.append(f"{_rank_list([entry.rank for entry in remote])} on {', '.join(hosts[:4])}"
-                         f"{' and more' if len(hosts) > 4 else ''} cannot be checked from this host")
+            parts.append(
+                f"{_rank_list([entry.rank for entry in remote])} on {', '.join(hosts[:4])}"
+                f"{' and more' if len(hosts) > 4 else ''} cannot be checked from this host"
+            )
         return "; ".join(parts) if parts else "no other replica is known"
 
     def lost_replica_error(self, error: BaseException, step: int) -> ReplicaLostError | None:
@@ -307,26 +344,32 @@ class ReplicaRoster:
         backend's error, per rank, in its own): the save's words stay in the message and as the cause."""
         saving = isinstance(error, CheckpointError)
         collective_error = _collective_failure_within(error) if saving else error
-        if collective_error is None or isinstance(collective_error, TorchEstimatorError) \
-                or not isinstance(collective_error, RuntimeError):
+        if (
+            collective_error is None
+            or isinstance(collective_error, TorchEstimatorError)
+            or not isinstance(collective_error, RuntimeError)
+        ):
             return None
         import torch.distributed as distributed  # only to recognise its error classes
 
-        backend_failure = (isinstance(collective_error, distributed.DistError)
-                           or bool(_BACKEND_FAILURE.search(str(collective_error))))
+        backend_failure = isinstance(collective_error, distributed.DistError) or bool(
+            _BACKEND_FAILURE.search(str(collective_error))
+        )
         if saving and not backend_failure:
             return None  # a save that failed for its own reasons (a bad path, a crafted state) raises as it is
         gone = self.gone_ranks(wait_seconds=_EXIT_SECONDS if backend_failure else 0.0)
         if not gone and not backend_failure:
             return None  # a bug in a model_fn, say: raised as it is
-        what = ("a collective of the checkpoint save failed" if saving else "a collective failed")
-        after = (" That checkpoint was not published: the next start resumes from the newest complete one."
-                 if saving else "")
+        what = "a collective of the checkpoint save failed" if saving else "a collective failed"
+        after = (
+            " That checkpoint was not published: the next start resumes from the newest complete one." if saving else ""
+        )
         return ReplicaLostError(
             f"Replica {self.own_rank} stops at global step {step}: {what} because another replica died or stopped "
             f"answering ({self.describe_loss(gone)}).{after} {_where_to_look()} "
             f"{'The save said' if saving else 'The backend said'}: {_first_line(error)}",
-            lost_ranks=gone, step=step,
+            lost_ranks=gone,
+            step=step,
         )
 
 
@@ -349,8 +392,11 @@ def _collective_failure_within(error: BaseException) -> BaseException | None:
             return current
         failures = getattr(current, "failures", None)
         if isinstance(failures, dict):
-            pending.extend(value[0] if isinstance(value, tuple) else value for value in failures.values()
-                           if isinstance(value[0] if isinstance(value, tuple) else value, BaseException))
+            pending.extend(
+                value[0] if isinstance(value, tuple) else value
+                for value in failures.values()
+                if isinstance(value[0] if isinstance(value, tuple) else value, BaseException)
+            )
         pending.extend(link for link in (current.__cause__, current.__context__) if link is not None)
     return None
 
@@ -360,10 +406,14 @@ def _where_to_look() -> str:
     from torchestimator.distribute.launcher import is_started_replica, started_replicas
 
     if started_replicas() is not None or is_started_replica():
-        return ("A plain script's replicas show their errors in replica 0's standard error, in lines marked [rankN]:; "
-                "running the program again resumes from the newest checkpoint.")
-    return ("Under torchrun the agent's log names the process that failed first, and --max-restarts restarts the "
-            "group, which resumes from the newest checkpoint.")
+        return (
+            "A plain script's replicas show their errors in replica 0's standard error, in lines marked [rankN]:; "
+            "running the program again resumes from the newest checkpoint."
+        )
+    return (
+        "Under torchrun the agent's log names the process that failed first, and --max-restarts restarts the "
+        "group, which resumes from the newest checkpoint."
+    )
 
 
 def _rank_list(ranks: Sequence[int]) -> str:

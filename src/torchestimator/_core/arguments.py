@@ -26,8 +26,17 @@ logger = logging.getLogger(__name__)
 __all__ = ["check_argument_types", "checked_factory_result", "is_scheduler", "resolve_model_dir"]
 
 
-def check_argument_types(*, model: Any, optimizer: Any, model_dir: Any, config: Any, params: Any,
-                          lr_scheduler: Any, call: str = "Estimator", model_field: str = "model") -> None:
+def check_argument_types(
+    *,
+    model: Any,
+    optimizer: Any,
+    model_dir: Any,
+    config: Any,
+    params: Any,
+    lr_scheduler: Any,
+    call: str = "Estimator",
+    model_field: str = "model",
+) -> None:
     """Each Estimator argument of the wrong type is a ConfigTypeError naming it (a TypeError too), before any
     work; the value checks (an empty model_dir, a model_fn's arguments) follow where each is used. ``call`` and
     ``model_field`` name the call the user made (``Estimator.from_module(module=...)``).
@@ -37,14 +46,21 @@ def check_argument_types(*, model: Any, optimizer: Any, model_dir: Any, config: 
     return is checked when they are called (``checked_factory_result``)."""
 
     def refuse(field: str, expected: str, value: Any) -> None:
-        raise ConfigTypeError(f"{call}({field}=...) must be {expected}; received {value!r} "
-                              f"({type(value).__name__}).", field=field, value=value)
+        raise ConfigTypeError(
+            f"{call}({field}=...) must be {expected}; received {value!r} ({type(value).__name__}).",
+            field=field,
+            value=value,
+        )
 
     if not isinstance(model, torch.nn.Module) and not callable(model):
         refuse(model_field, "an nn.Module or a factory returning one (lambda params: MyNet(params))", model)
     if optimizer is not None and not callable(optimizer):  # an optimizer object: it needs the parameters first
-        refuse("optimizer", "a factory building the optimizer from the parameters (lambda parameters: "
-               "torch.optim.Adam(parameters)), or None", optimizer)
+        refuse(
+            "optimizer",
+            "a factory building the optimizer from the parameters (lambda parameters: "
+            "torch.optim.Adam(parameters)), or None",
+            optimizer,
+        )
     if model_dir is not None and not isinstance(model_dir, (str, os.PathLike)):
         refuse("model_dir", "a str or os.PathLike path, or None for a temporary folder", model_dir)
     if config is not None and not isinstance(config, RunConfig):
@@ -52,17 +68,32 @@ def check_argument_types(*, model: Any, optimizer: Any, model_dir: Any, config: 
     if params is not None and not isinstance(params, Mapping):
         refuse("params", "a dict (a Mapping) of hyperparameters, or None", params)
     if lr_scheduler is not None and not callable(lr_scheduler):
-        refuse("lr_scheduler", "a factory building the scheduler from the optimizer (lambda optimizer: "
-               "torch.optim.lr_scheduler.StepLR(optimizer, 100)), or None", lr_scheduler)
+        refuse(
+            "lr_scheduler",
+            "a factory building the scheduler from the optimizer (lambda optimizer: "
+            "torch.optim.lr_scheduler.StepLR(optimizer, 100)), or None",
+            lr_scheduler,
+        )
     if not isinstance(model, torch.nn.Module):
         _check_model_factory(model, f"{call}({model_field}=...)", model_field)
     if optimizer is not None:
-        _check_factory(optimizer, f"{call}(optimizer=...)", "optimizer", torch.optim.Optimizer, "parameters",
-                       "torch.optim.Adam(parameters, lr=1e-3)")
+        _check_factory(
+            optimizer,
+            f"{call}(optimizer=...)",
+            "optimizer",
+            torch.optim.Optimizer,
+            "parameters",
+            "torch.optim.Adam(parameters, lr=1e-3)",
+        )
     if lr_scheduler is not None:
-        _check_factory(lr_scheduler, f"{call}(lr_scheduler=...)", "lr_scheduler",
-                       torch.optim.lr_scheduler.LRScheduler, "optimizer",
-                       "torch.optim.lr_scheduler.StepLR(optimizer, step_size=100)")
+        _check_factory(
+            lr_scheduler,
+            f"{call}(lr_scheduler=...)",
+            "lr_scheduler",
+            torch.optim.lr_scheduler.LRScheduler,
+            "optimizer",
+            "torch.optim.lr_scheduler.StepLR(optimizer, step_size=100)",
+        )
 
 
 def _check_model_factory(model: Any, where: str, field: str) -> None:
@@ -75,21 +106,30 @@ def _check_model_factory(model: Any, where: str, field: str) -> None:
     name = _name_of(model)
     if isinstance(model, type):
         if not issubclass(model, torch.nn.Module):
-            raise ConfigTypeError(f"{where} received the class {name}, which is not an nn.Module; pass an nn.Module "
-                                  f"or a factory returning one ({field}=lambda params: MyNet(params)).",
-                                  field=field, value=model)
+            raise ConfigTypeError(
+                f"{where} received the class {name}, which is not an nn.Module; pass an nn.Module "
+                f"or a factory returning one ({field}=lambda params: MyNet(params)).",
+                field=field,
+                value=model,
+            )
         required = required_positionals(model) or []
         from_torch = model.__module__.split(".")[0] == "torch"
         if len(required) > 1 or (required and from_torch):
             raise ConfigTypeError(
                 f"{where} received the class {name}, whose constructor needs {', '.join(required)}; a model class is "
                 f"built as {name}(params) (or {name}() when it takes no argument). Pass an instance ({field}="
-                f"{name}(...)) or a factory ({field}=lambda params: {name}(...)).", field=field, value=model)
+                f"{name}(...)) or a factory ({field}=lambda params: {name}(...)).",
+                field=field,
+                value=model,
+            )
     refusal = factory_call_refusal(model, first_is_params=True)
     if refusal is not None:
-        raise ConfigTypeError(f"{where} cannot be called as a model factory is, with params or with nothing "
-                              f"({name}: {refusal}); pass lambda params: MyNet(...) or lambda: MyNet(...).",
-                              field=field, value=model)
+        raise ConfigTypeError(
+            f"{where} cannot be called as a model factory is, with params or with nothing "
+            f"({name}: {refusal}); pass lambda params: MyNet(...) or lambda: MyNet(...).",
+            field=field,
+            value=model,
+        )
 
 
 def _check_factory(factory: Any, where: str, field: str, builds: type, first: str, example: str) -> None:
@@ -100,28 +140,40 @@ def _check_factory(factory: Any, where: str, field: str, builds: type, first: st
     if isinstance(factory, type):
         expected = f"{builds.__module__}.{builds.__qualname__}"
         if not issubclass(factory, builds):
-            raise ConfigTypeError(f"{where} received the class {name}, which is not a {expected}; pass a factory: "
-                                  f"lambda {first}: {example}.", field=field, value=factory)
+            raise ConfigTypeError(
+                f"{where} received the class {name}, which is not a {expected}; pass a factory: "
+                f"lambda {first}: {example}.",
+                field=field,
+                value=factory,
+            )
         required = required_positionals(factory) or []
         if len(required) > 1:
             extra = ", ".join(f"{argument}=..." for argument in required[1:])
             raise ConfigTypeError(
                 f"{where} received {name}, a class whose constructor also needs {', '.join(required[1:])}; pass a "
-                f"factory: {field}=lambda {first}: {name}({first}, {extra}).", field=field, value=factory)
+                f"factory: {field}=lambda {first}: {name}({first}, {extra}).",
+                field=field,
+                value=factory,
+            )
     refusal = factory_call_refusal(factory)
     if refusal is not None:
-        raise ConfigTypeError(f"{where} cannot be called as the framework calls it, with ({first}) or ({first}, "
-                              f"params) ({name}: {refusal}); pass lambda {first}: {example}.",
-                              field=field, value=factory)
+        raise ConfigTypeError(
+            f"{where} cannot be called as the framework calls it, with ({first}) or ({first}, "
+            f"params) ({name}: {refusal}); pass lambda {first}: {example}.",
+            field=field,
+            value=factory,
+        )
 
 
-def checked_factory_result(result: Any, where: str, field: str, expected: str,
-                            fits: Callable[[Any], bool]) -> Any:
+def checked_factory_result(result: Any, where: str, field: str, expected: str, fits: Callable[[Any], bool]) -> Any:
     """A factory's result, or a ConfigTypeError naming the argument when it is not what the framework needs."""
     if not fits(result):
         kind = "a class" if isinstance(result, type) else type(result).__name__
-        raise ConfigTypeError(f"The factory given as {where} returned {result!r:.100} ({kind}); it must return "
-                              f"{expected}.", field=field, value=result)
+        raise ConfigTypeError(
+            f"The factory given as {where} returned {result!r:.100} ({kind}); it must return {expected}.",
+            field=field,
+            value=result,
+        )
     return result
 
 
@@ -143,29 +195,49 @@ def resolve_model_dir(model_dir: str | os.PathLike[str] | None, config: RunConfi
     if model_dir is not None:
         model_dir = os.fspath(model_dir)
         if not isinstance(model_dir, str):  # a PathLike of bytes
-            raise ConfigTypeError(f"Estimator(model_dir=...) must be a str path; received {model_dir!r} (bytes).",
-                                  field="model_dir", value=model_dir)
+            raise ConfigTypeError(
+                f"Estimator(model_dir=...) must be a str path; received {model_dir!r} (bytes).",
+                field="model_dir",
+                value=model_dir,
+            )
         if model_dir == "":
-            raise ConfigError("Estimator(model_dir=...) must be a non-empty path, or None for a temporary folder.",
-                              field="model_dir", value=model_dir)
+            raise ConfigError(
+                "Estimator(model_dir=...) must be a non-empty path, or None for a temporary folder.",
+                field="model_dir",
+                value=model_dir,
+            )
         if filesystems.is_url(model_dir):
             if config.model_dir is not None and config.model_dir.rstrip("/") != model_dir.rstrip("/"):
                 raise ConfigError(
                     f"model_dir is set both in Estimator ({model_dir!r}) and in RunConfig ({config.model_dir!r}) and "
-                    "they differ. Set it in one place.", field="model_dir", value=model_dir)
+                    "they differ. Set it in one place.",
+                    field="model_dir",
+                    value=model_dir,
+                )
             return model_dir.rstrip("/")
         model_dir = filesystems.local_path(model_dir)
         if os.path.exists(model_dir) and not os.path.isdir(model_dir):
-            raise ConfigError(f"model_dir {model_dir!r} exists and is not a directory. Choose another model_dir.",
-                              field="model_dir", value=model_dir)
-        if config.model_dir is not None and os.path.abspath(filesystems.local_path(config.model_dir)) != os.path.abspath(model_dir):
+            raise ConfigError(
+                f"model_dir {model_dir!r} exists and is not a directory. Choose another model_dir.",
+                field="model_dir",
+                value=model_dir,
+            )
+        if config.model_dir is not None and os.path.abspath(
+            filesystems.local_path(config.model_dir)
+        ) != os.path.abspath(model_dir):
             raise ConfigError(
                 f"model_dir is set both in Estimator ({model_dir!r}) and in RunConfig ({config.model_dir!r}) and they "
-                "differ. Set it in one place.", field="model_dir", value=model_dir)
+                "differ. Set it in one place.",
+                field="model_dir",
+                value=model_dir,
+            )
         return model_dir
     if config.model_dir is not None:
-        return config.model_dir.rstrip("/") if filesystems.is_url(config.model_dir) else filesystems.local_path(
-            config.model_dir)
+        return (
+            config.model_dir.rstrip("/")
+            if filesystems.is_url(config.model_dir)
+            else filesystems.local_path(config.model_dir)
+        )
     model_dir = tempfile.mkdtemp(prefix="torchestimator-")
     logger.warning("Using temporary folder as model directory: %s", model_dir)
     return model_dir

@@ -36,10 +36,13 @@ def takes_in_order(function: Callable[..., Any], names: list[str]) -> bool:
     except (TypeError, ValueError):  # a signature inspect cannot read: the caller calls by name
         return False
     return [parameter.name for parameter in parameters] == names and all(
-        parameter.kind is parameter.POSITIONAL_OR_KEYWORD for parameter in parameters)
+        parameter.kind is parameter.POSITIONAL_OR_KEYWORD for parameter in parameters
+    )
 
 
-def check_declared(function: Callable[..., Any], role: str, allowed: set[str], required: set[str] = frozenset()) -> set[str]:
+def check_declared(
+    function: Callable[..., Any], role: str, allowed: set[str], required: set[str] = frozenset()
+) -> set[str]:
     """Refuses arguments the framework cannot supply, before anything runs."""
     if not callable(function):
         raise TypeError(f"{role} must be callable; received {function!r}.")
@@ -67,7 +70,7 @@ def call_factory(factory: Callable[..., Any], first: Any, params: Any, *, first_
     an argument.
     """
     count = factory_argument_count(factory, first_is_params=first_is_params)
-    return factory(*(first, params)[:1 if count is None else count])
+    return factory(*(first, params)[: 1 if count is None else count])
 
 
 def required_positionals(function: Callable[..., Any]) -> list[str] | None:
@@ -76,8 +79,11 @@ def required_positionals(function: Callable[..., Any]) -> list[str] | None:
         signature = inspect.signature(function)
     except (TypeError, ValueError):
         return None
-    return [name for name, p in signature.parameters.items()
-            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return [
+        name
+        for name, p in signature.parameters.items()
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
 
 
 def factory_argument_count(factory: Callable[..., Any], *, first_is_params: bool = False) -> int | None:

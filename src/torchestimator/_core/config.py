@@ -50,8 +50,15 @@ class _Rule:
         return " ".join(parts) + (" or None" if self.optional else "")
 
 
-def _checked(default: Any, kind: str, *, optional: bool = True, above: float | None = None,
-             at_least: float | None = None, advice: str = "") -> Any:
+def _checked(
+    default: Any,
+    kind: str,
+    *,
+    optional: bool = True,
+    above: float | None = None,
+    at_least: float | None = None,
+    advice: str = "",
+) -> Any:
     """A field whose value __post_init__ checks against ``kind`` and its bound (``above`` or ``at_least``)."""
     bound = above if above is not None else at_least
     rule = _Rule(kind, optional, bound, above is not None, advice)
@@ -124,7 +131,9 @@ class RunConfig:
             raise ConfigError(
                 "RunConfig: save_checkpoints_steps and save_checkpoints_secs are mutually exclusive; "
                 f"received {steps!r} and {secs!r}. Set one of them (or both None to disable checkpoints).",
-                field="save_checkpoints_steps", value=steps)
+                field="save_checkpoints_steps",
+                value=steps,
+            )
         object.__setattr__(self, "save_checkpoints_steps", steps)
         object.__setattr__(self, "save_checkpoints_secs", secs)
         object.__setattr__(self, "model_dir", _checked_model_dir(self.model_dir))
@@ -141,12 +150,18 @@ class RunConfig:
                 object.__setattr__(self, field.name, _checked_value(field.name, getattr(self, field.name), rule))
         seed = self.random_seed
         if seed is not None and not _SEED_RANGE[0] <= seed < _SEED_RANGE[1]:
-            raise ConfigError(f"RunConfig.random_seed must be in [0, 2**64) (non-negative for the input functions, "
-                              f"below 2**64 for torch.manual_seed); received {seed}.", field="random_seed", value=seed)
+            raise ConfigError(
+                f"RunConfig.random_seed must be in [0, 2**64) (non-negative for the input functions, "
+                f"below 2**64 for torch.manual_seed); received {seed}.",
+                field="random_seed",
+                value=seed,
+            )
         if self.mixed_precision not in (None, *MIXED_PRECISION_DTYPES):
             raise ConfigError(
                 f"RunConfig.mixed_precision must be None, 'bf16' or 'fp16'; received {self.mixed_precision!r}.",
-                field="mixed_precision", value=self.mixed_precision)
+                field="mixed_precision",
+                value=self.mixed_precision,
+            )
         _check_device(self.device)
         for name in ("train_distribute", "eval_distribute"):
             _check_strategy(name, getattr(self, name))
@@ -155,9 +170,12 @@ class RunConfig:
         """A copy with some fields changed; setting one checkpoint interval clears the other, as in TensorFlow."""
         unknown = set(changes) - {field.name for field in dataclasses.fields(self)}
         if unknown:
-            raise ConfigError(f"RunConfig.replace got unknown fields {sorted(unknown)}; RunConfig's fields are "
-                              f"{[field.name for field in dataclasses.fields(self)]}.", field=sorted(unknown)[0],
-                              value=changes[sorted(unknown)[0]])
+            raise ConfigError(
+                f"RunConfig.replace got unknown fields {sorted(unknown)}; RunConfig's fields are "
+                f"{[field.name for field in dataclasses.fields(self)]}.",
+                field=sorted(unknown)[0],
+                value=changes[sorted(unknown)[0]],
+            )
         if "save_checkpoints_steps" in changes and "save_checkpoints_secs" not in changes:
             changes["save_checkpoints_secs"] = None
         if "save_checkpoints_secs" in changes and "save_checkpoints_steps" not in changes:
@@ -188,11 +206,17 @@ def _checked_value(name: str, value: Any, rule: _Rule) -> Any:
         return None
     checked = _of_kind(value, rule.kind)
     if checked is None:
-        raise ConfigTypeError(f"RunConfig.{name} must be {rule.allowed()}; received {value!r} "
-                              f"({type(value).__name__}).", field=name, value=value)
+        raise ConfigTypeError(
+            f"RunConfig.{name} must be {rule.allowed()}; received {value!r} ({type(value).__name__}).",
+            field=name,
+            value=value,
+        )
     if rule.bound is not None and (checked <= rule.bound if rule.strict else checked < rule.bound):
-        raise ConfigError(f"RunConfig.{name} must be {rule.allowed(with_kind=False)}; received {value!r}.{rule.advice}",
-                          field=name, value=value)
+        raise ConfigError(
+            f"RunConfig.{name} must be {rule.allowed(with_kind=False)}; received {value!r}.{rule.advice}",
+            field=name,
+            value=value,
+        )
     return checked
 
 
@@ -212,11 +236,16 @@ def _checked_model_dir(model_dir: Any) -> str | None:
         return None
     path = os.fspath(model_dir) if isinstance(model_dir, (str, os.PathLike)) else None
     if not isinstance(path, str):
-        raise ConfigTypeError(f"RunConfig.model_dir must be a str or os.PathLike path or None; received "
-                              f"{model_dir!r} ({type(model_dir).__name__}).", field="model_dir", value=model_dir)
+        raise ConfigTypeError(
+            f"RunConfig.model_dir must be a str or os.PathLike path or None; received "
+            f"{model_dir!r} ({type(model_dir).__name__}).",
+            field="model_dir",
+            value=model_dir,
+        )
     if path == "":
-        raise ConfigError("RunConfig.model_dir must be a non-empty path or None; received ''.",
-                          field="model_dir", value=model_dir)
+        raise ConfigError(
+            "RunConfig.model_dir must be a non-empty path or None; received ''.", field="model_dir", value=model_dir
+        )
     return path
 
 
@@ -225,17 +254,27 @@ def _check_device(device: Any) -> None:
     if device is None or isinstance(device, torch.device):
         return
     if not isinstance(device, str):
-        raise ConfigTypeError(f"RunConfig.device must be a str, a torch.device or None; received {device!r} "
-                              f"({type(device).__name__}).", field="device", value=device)
+        raise ConfigTypeError(
+            f"RunConfig.device must be a str, a torch.device or None; received {device!r} ({type(device).__name__}).",
+            field="device",
+            value=device,
+        )
     try:
         torch.device(device)
     except (RuntimeError, ValueError) as error:
-        raise ConfigError(f"RunConfig.device {device!r} is not a torch device string ({error}); expected e.g. "
-                          "'cpu', 'cuda' or 'cuda:1'.", field="device", value=device) from error
+        raise ConfigError(
+            f"RunConfig.device {device!r} is not a torch device string ({error}); expected e.g. "
+            "'cpu', 'cuda' or 'cuda:1'.",
+            field="device",
+            value=device,
+        ) from error
 
 
 def _check_strategy(name: str, strategy: Any) -> None:
     if strategy is not None and not isinstance(strategy, Strategy):
-        raise ConfigTypeError(f"RunConfig.{name} must be a strategy (te.OneDeviceStrategy(), te.MirroredStrategy()) "
-                              f"or None; received {strategy!r} ({type(strategy).__name__}).", field=name,
-                              value=strategy)
+        raise ConfigTypeError(
+            f"RunConfig.{name} must be a strategy (te.OneDeviceStrategy(), te.MirroredStrategy()) "
+            f"or None; received {strategy!r} ({type(strategy).__name__}).",
+            field=name,
+            value=strategy,
+        )

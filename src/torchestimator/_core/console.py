@@ -104,8 +104,12 @@ def log_summary(message: str) -> None:
         logger.info("%s", message, extra=extra, stacklevel=2)
         return
     handler = _console_handler(logger)
-    if (handler is None or logger.level != logging.NOTSET or logger.manager.disable >= logging.INFO
-            or not _logging_unconfigured(logger, besides=handler)):
+    if (
+        handler is None
+        or logger.level != logging.NOTSET
+        or logger.manager.disable >= logging.INFO
+        or not _logging_unconfigured(logger, besides=handler)
+    ):
         return
     record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, "%s", (message,), None, extra=extra)
     logger.handle(record)
@@ -139,15 +143,19 @@ class TrainOutcome:
 def describe_training(outcome: TrainOutcome) -> str:
     """E.g. "resumed runs/x from ckpt-400 and trained to step 1000 in 5.2 s (final loss 0.081)"."""
     if outcome.skipped:
-        return (f"skipped training: {outcome.model_dir} is already at step {outcome.end_step} "
-                f"(max_steps={outcome.last_step})")
+        return (
+            f"skipped training: {outcome.model_dir} is already at step {outcome.end_step} "
+            f"(max_steps={outcome.last_step})"
+        )
     if outcome.input_ended_first:
         return f"trained no step: {outcome.model_dir} stays at step {outcome.end_step}: {outcome.ended_by}"
     if outcome.ended_by is not None and outcome.end_step == outcome.start_step:  # over before step one
         return f"skipped training: {outcome.model_dir} stays at step {outcome.end_step}: {outcome.ended_by}"
     if outcome.resumed_from is not None:
-        text = f"resumed {outcome.model_dir} from {os.path.basename(outcome.resumed_from)} and trained to step " \
-               f"{outcome.end_step}"
+        text = (
+            f"resumed {outcome.model_dir} from {os.path.basename(outcome.resumed_from)} and trained to step "
+            f"{outcome.end_step}"
+        )
     else:
         text = f"trained {outcome.model_dir} from step {outcome.start_step} to {outcome.end_step}"
     text += f" in {outcome.seconds:.1f} s"
@@ -162,9 +170,10 @@ def describe_training(outcome: TrainOutcome) -> str:
 
 
 def describe_results(results: Mapping[str, Any]) -> str:
-    """"accuracy = 0.9722, loss = 0.08123": every result but global_step, in name order, 4 significant digits."""
-    return ", ".join(f"{name} = {format_value(value)}" for name, value in sorted(results.items())
-                     if name != "global_step")
+    """ "accuracy = 0.9722, loss = 0.08123": every result but global_step, in name order, 4 significant digits."""
+    return ", ".join(
+        f"{name} = {format_value(value)}" for name, value in sorted(results.items()) if name != "global_step"
+    )
 
 
 def format_value(value: Any) -> str:
@@ -181,7 +190,9 @@ def format_value(value: Any) -> str:
 
 def describe_evaluation(weights: Any, model_dir: str, results: Mapping[str, Any], name: str | None = None) -> str:
     """E.g. "evaluated runs/x/ckpt-1000: accuracy = 0.9722, loss = 0.08123"; ``weights`` is a WeightsOrigin."""
-    return f"evaluated {describe_weights(weights, model_dir)}{f' ({name})' if name else ''}: {describe_results(results)}"
+    return (
+        f"evaluated {describe_weights(weights, model_dir)}{f' ({name})' if name else ''}: {describe_results(results)}"
+    )
 
 
 def describe_weights(weights: Any, model_dir: str) -> str:

@@ -22,36 +22,47 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchestimator._io import filesystems
-from torchestimator._io.atomic import temporary_prefix
-from torchestimator._policy.best import protect_recorded_best
 from torchestimator._core.agreement import check_start_agreement
 from torchestimator._core.arguments import check_argument_types, checked_factory_result, is_scheduler, resolve_model_dir
 from torchestimator._core.calling import call_factory, call_with, check_declared, takes_in_order
-from torchestimator.checkpoint import CheckpointStore
-from torchestimator.checkpoint.checkpointer import Checkpointer
-from torchestimator.checkpoint.parts import (TrainingParts, holds_shards, load_model_state, replica_states,
-                                             restore_shared, resumable)
-from torchestimator.checkpoint.errors import CheckpointError, DiskFullError, is_no_room
-from torchestimator.errors import ConfigError
-from torchestimator.export.replicas import ReplicaExports
 from torchestimator._core.config import RunConfig
-from torchestimator._core.console import (TrainOutcome, describe_evaluation, describe_training, log_summary,
-                                          show_summaries)
-from torchestimator.distribute import OneDeviceStrategy
-from torchestimator.distribute.cluster import EVALUATOR, PS, cluster_from_tf_config
-from torchestimator.distribute.strategy import is_chief
-from torchestimator.distribute.sync_batch_norm import copy_sharing_process_groups, prepare_batch_norm
-from torchestimator.hooks.base import CheckpointSaverListener, Hook, HookList
-from torchestimator.interop import open_weights
-from torchestimator.hooks.basic import LoggingTensorHook, StepCounterHook
-from torchestimator.hooks.triggers import check_step_count
+from torchestimator._core.console import (
+    TrainOutcome,
+    describe_evaluation,
+    describe_training,
+    log_summary,
+    show_summaries,
+)
 from torchestimator._core.eval_loops import EvalRun, predict_loop
 from torchestimator._core.inference import FRESH, InferenceBundle, WeightsOrigin
 from torchestimator._core.loop import InLoopEvaluation, TrainingRun, train_loop
 from torchestimator._core.spec import EstimatorSpec, ModeKeys
 from torchestimator._core.state import TrainState, rng_preserved, seed_everything
+from torchestimator._io import filesystems
+from torchestimator._io.atomic import temporary_prefix
 from torchestimator._io.summary import SummaryWriter
+from torchestimator._policy.best import protect_recorded_best
+from torchestimator.checkpoint import CheckpointStore
+from torchestimator.checkpoint.checkpointer import Checkpointer
+from torchestimator.checkpoint.errors import CheckpointError, DiskFullError, is_no_room
+from torchestimator.checkpoint.parts import (
+    TrainingParts,
+    holds_shards,
+    load_model_state,
+    replica_states,
+    restore_shared,
+    resumable,
+)
+from torchestimator.distribute import OneDeviceStrategy
+from torchestimator.distribute.cluster import EVALUATOR, PS, cluster_from_tf_config
+from torchestimator.distribute.strategy import is_chief
+from torchestimator.distribute.sync_batch_norm import copy_sharing_process_groups, prepare_batch_norm
+from torchestimator.errors import ConfigError
+from torchestimator.export.replicas import ReplicaExports
+from torchestimator.hooks.base import CheckpointSaverListener, Hook, HookList
+from torchestimator.hooks.basic import LoggingTensorHook, StepCounterHook
+from torchestimator.hooks.triggers import check_step_count
+from torchestimator.interop import open_weights
 from torchestimator.warm_start import WarmStartPlan, as_warm_start_settings, plan_warm_start, warm_start
 
 logger = logging.getLogger("torchestimator")
@@ -97,14 +108,22 @@ class Estimator:
                 f"{type(model_fn).__name__}. Pass the module as model= and a model_fn that calls it, or use "
                 "Estimator.from_module(module, loss=...)."
             )
-        check_argument_types(model=model, optimizer=optimizer, model_dir=model_dir, config=config, params=params,
-                              lr_scheduler=lr_scheduler)
+        check_argument_types(
+            model=model,
+            optimizer=optimizer,
+            model_dir=model_dir,
+            config=config,
+            params=params,
+            lr_scheduler=lr_scheduler,
+        )
         self._model_fn_args = check_declared(model_fn, "model_fn", _MODEL_FN_ARGS, {"features"})
         config = RunConfig() if config is None else config
         self._model_fn = model_fn
         self._params = copy.deepcopy(dict(params or {}))
         if params and "params" not in self._model_fn_args:
-            logger.debug("params given but model_fn does not take them; they still reach model and optimizer factories.")
+            logger.debug(
+                "params given but model_fn does not take them; they still reach model and optimizer factories."
+            )
         if config.storage_options is not None:
             filesystems.configure_storage_options(config.storage_options)  # before model_dir is looked at
         self._model_dir = resolve_model_dir(model_dir, config)
@@ -157,12 +176,27 @@ class Estimator:
 
         call = "Estimator.from_module"
         # Checked as from_module's arguments, so that errors name them as the user wrote them (module=, not model=).
-        check_argument_types(model=module, optimizer=None, model_dir=model_dir, config=config, params=params,
-                              lr_scheduler=lr_scheduler, call=call, model_field="module")
+        check_argument_types(
+            model=module,
+            optimizer=None,
+            model_dir=model_dir,
+            config=config,
+            params=params,
+            lr_scheduler=lr_scheduler,
+            call=call,
+            model_field="module",
+        )
         model_fn = build_model_fn(loss, metrics)
-        estimator = cls(model_fn=model_fn, model=module, optimizer=resolve_optimizer(optimizer, learning_rate),
-                        model_dir=model_dir, config=config, params=params, lr_scheduler=lr_scheduler,
-                        warm_start_from=warm_start_from)
+        estimator = cls(
+            model_fn=model_fn,
+            model=module,
+            optimizer=resolve_optimizer(optimizer, learning_rate),
+            model_dir=model_dir,
+            config=config,
+            params=params,
+            lr_scheduler=lr_scheduler,
+            warm_start_from=warm_start_from,
+        )
         estimator._model_argument = (call, "module")
         return estimator
 
@@ -205,7 +239,9 @@ class Estimator:
         self._require_checkpoint()
         checkpoint = self._store.restore(load_optimizer=False)  # past a damaged newest one, as evaluate does
         if name not in checkpoint.model_state:
-            raise ValueError(f"Variable {name!r} is not in {checkpoint.path}; it has {sorted(checkpoint.model_state)[:20]}.")
+            raise ValueError(
+                f"Variable {name!r} is not in {checkpoint.path}; it has {sorted(checkpoint.model_state)[:20]}."
+            )
         return checkpoint.model_state[name].numpy().copy()  # the tensor may be a view of the checkpoint's file
 
     def _raise_if_all_checkpoints_damaged(self) -> None:
@@ -245,7 +281,9 @@ class Estimator:
             if value is not None:
                 check_step_count("Estimator.train", name, value)
         if self._optimizer_factory is None:
-            raise ValueError("Estimator.train needs an optimizer factory: Estimator(..., optimizer=lambda parameters: ...).")
+            raise ValueError(
+                "Estimator.train needs an optimizer factory: Estimator(..., optimizer=lambda parameters: ...)."
+            )
         _refuse_non_training_task()
         show_summaries()
         started = time.monotonic()
@@ -279,11 +317,21 @@ class Estimator:
         state = run.state
         # No step and no reason: the weights trained in this process (no checkpoints) are already at max_steps.
         already_there = state.global_step == state.start_step and run.ended_by is None
-        self._report_training(TrainOutcome(
-            model_dir=self._model_dir, start_step=state.start_step, end_step=state.global_step,
-            seconds=time.monotonic() - started, resumed_from=run.resumed_from, last_step=run.last_step,
-            skipped=already_there, ended_by=run.ended_by, final_loss=state.last_loss,
-            input_ended_first=run.input_ended_first), evaluation)
+        self._report_training(
+            TrainOutcome(
+                model_dir=self._model_dir,
+                start_step=state.start_step,
+                end_step=state.global_step,
+                seconds=time.monotonic() - started,
+                resumed_from=run.resumed_from,
+                last_step=run.last_step,
+                skipped=already_there,
+                ended_by=run.ended_by,
+                final_loss=state.last_loss,
+                input_ended_first=run.input_ended_first,
+            ),
+            evaluation,
+        )
         return self
 
     def _report_training(self, outcome: TrainOutcome, evaluation: InLoopEvaluation | None) -> None:
@@ -304,9 +352,15 @@ class Estimator:
             return WeightsOrigin("checkpoint", step, checkpointer.last_saved_path)
         return WeightsOrigin("training", step)
 
-    def _start_training(self, input_fn: Callable[..., Any], hooks: Iterable[Hook] | None, steps: int | None,
-                        max_steps: int | None, saving_listeners: Iterable[CheckpointSaverListener] | None,
-                        evaluation: InLoopEvaluation | None) -> TrainingRun | TrainOutcome:
+    def _start_training(
+        self,
+        input_fn: Callable[..., Any],
+        hooks: Iterable[Hook] | None,
+        steps: int | None,
+        max_steps: int | None,
+        saving_listeners: Iterable[CheckpointSaverListener] | None,
+        evaluation: InLoopEvaluation | None,
+    ) -> TrainingRun | TrainOutcome:
         """Everything before step one, in the order DESIGN.md gives; the skipped call's outcome when max_steps is
         already reached."""
         input_fn_args = check_declared(input_fn, "input_fn", _INPUT_FN_ARGS)
@@ -318,11 +372,22 @@ class Estimator:
         checkpoint = self._store.restore() if self._store.has_checkpoints() else None
         # Every replica must start from the same checkpoint in the same model_dir, or fail here, naming who differs.
         run_token = check_start_agreement(strategy, self._model_dir, checkpoint, max_steps=max_steps, steps=steps)
-        self._replica_exports = None if run_token is None else ReplicaExports(
-            run_token, strategy.replica_id, strategy.num_replicas, getattr(strategy, "timeout_seconds", 300.0))
+        self._replica_exports = (
+            None
+            if run_token is None
+            else ReplicaExports(
+                run_token, strategy.replica_id, strategy.num_replicas, getattr(strategy, "timeout_seconds", 300.0)
+            )
+        )
         if max_steps is not None and checkpoint is not None and checkpoint.step >= max_steps:
-            return TrainOutcome(model_dir=self._model_dir, start_step=checkpoint.step, end_step=checkpoint.step,
-                                seconds=0.0, last_step=max_steps, skipped=True)
+            return TrainOutcome(
+                model_dir=self._model_dir,
+                start_step=checkpoint.step,
+                end_step=checkpoint.step,
+                seconds=0.0,
+                last_step=max_steps,
+                skipped=True,
+            )
         module = self._build_module(strategy.device)  # with random_seed, the first build is seeded: same weights
         if config.random_seed is not None:
             # Training's random streams start from the seed, whichever call (train, evaluate, export) built the model.
@@ -350,11 +415,17 @@ class Estimator:
         self._resume_input(input_source, parts, position, checkpoint, strategy.num_replicas)
         last_step = max_steps if max_steps is not None else (state.global_step + steps if steps is not None else None)
         run = TrainingRun(
-            config=config, strategy=strategy, parts=parts, wrapped=wrapped,
-            call_model_fn=self._model_fn_caller(), hooks=hook_list,
+            config=config,
+            strategy=strategy,
+            parts=parts,
+            wrapped=wrapped,
+            call_model_fn=self._model_fn_caller(),
+            hooks=hook_list,
             checkpointer=self._checkpointer(strategy, saving_listeners, module, evaluation),
             summary_writer=SummaryWriter(self._model_dir, enabled=strategy.is_chief),
-            input_source=input_source, last_step=last_step, evaluation=evaluation,
+            input_source=input_source,
+            last_step=last_step,
+            evaluation=evaluation,
             resumed_from=None if checkpoint is None else checkpoint.path,
         )
         if evaluation is not None:
@@ -377,12 +448,15 @@ class Estimator:
                 raise ConfigError(
                     "train_and_evaluate under FullyShardedStrategy evaluates the weights of each checkpoint, "
                     "but checkpoints are disabled in RunConfig; set save_checkpoints_steps.",
-                    field="save_checkpoints_steps", value=None)
+                    field="save_checkpoints_steps",
+                    value=None,
+                )
             gathered = _GatheredWeights(module, self._plain_module().to(strategy.device))
             run.checkpointer.listeners.append(gathered)
             eval_module = gathered.plain
         run.ended_by = evaluation.begin(
-            self._bundle(eval_module, WeightsOrigin("training", state.global_step), eval_strategy), state)
+            self._bundle(eval_module, WeightsOrigin("training", state.global_step), eval_strategy), state
+        )
 
     def _train_hooks(self, user_hooks: HookList) -> HookList:
         config = self._config
@@ -392,8 +466,13 @@ class Estimator:
             hooks.append(StepCounterHook(every_n_steps=config.log_step_count_steps))
         return HookList([*hooks, *user_hooks.hooks], config=config)
 
-    def _checkpointer(self, strategy: Any, saving_listeners: Iterable[CheckpointSaverListener] | None,
-                      module: torch.nn.Module, evaluation: InLoopEvaluation | None) -> Checkpointer | None:
+    def _checkpointer(
+        self,
+        strategy: Any,
+        saving_listeners: Iterable[CheckpointSaverListener] | None,
+        module: torch.nn.Module,
+        evaluation: InLoopEvaluation | None,
+    ) -> Checkpointer | None:
         config = self._config
         listeners = list(saving_listeners or ())
         for listener in listeners:
@@ -414,35 +493,55 @@ class Estimator:
             logger.info("async_checkpoint: saves are synchronous while train_and_evaluate evaluates during training.")
             asynchronous = False
         timeout = getattr(strategy, "timeout_seconds", None)
-        return Checkpointer(self._store, strategy, listeners=listeners, sharded=sharded, asynchronous=asynchronous,
-                            timeout=None if timeout is None else datetime.timedelta(seconds=timeout))
+        return Checkpointer(
+            self._store,
+            strategy,
+            listeners=listeners,
+            sharded=sharded,
+            asynchronous=asynchronous,
+            timeout=None if timeout is None else datetime.timedelta(seconds=timeout),
+        )
 
     def _build_parts(self, module: torch.nn.Module, state: TrainState, device: torch.device) -> TrainingParts:
         """The run's stateful parts: the model, and the optimizer, scheduler and scaler built for it."""
         call = self._model_argument[0]
         optimizer = checked_factory_result(
-            call_factory(self._optimizer_factory, module.parameters(), self._params), f"{call}(optimizer=...)",
-            "optimizer", "a torch.optim.Optimizer over the parameters it received",
-            lambda built: isinstance(built, torch.optim.Optimizer))
+            call_factory(self._optimizer_factory, module.parameters(), self._params),
+            f"{call}(optimizer=...)",
+            "optimizer",
+            "a torch.optim.Optimizer over the parameters it received",
+            lambda built: isinstance(built, torch.optim.Optimizer),
+        )
         parts = TrainingParts(model=module, optimizer=optimizer, train_state=state)
         if self._scheduler_factory is not None:
             parts.lr_scheduler = checked_factory_result(
-                call_factory(self._scheduler_factory, optimizer, self._params), f"{call}(lr_scheduler=...)",
-                "lr_scheduler", "a learning-rate scheduler over the optimizer it received (a torch.optim.lr_scheduler."
-                "LRScheduler, or an object with step, state_dict and load_state_dict)", is_scheduler)
+                call_factory(self._scheduler_factory, optimizer, self._params),
+                f"{call}(lr_scheduler=...)",
+                "lr_scheduler",
+                "a learning-rate scheduler over the optimizer it received (a torch.optim.lr_scheduler."
+                "LRScheduler, or an object with step, state_dict and load_state_dict)",
+                is_scheduler,
+            )
         if self._config.mixed_precision == "fp16":
             parts.grad_scaler = torch.amp.GradScaler(device.type)
         return parts
 
-    def _resume_input(self, input_source: Any, parts: TrainingParts, position: dict[str, Any] | None,
-                      checkpoint: Any, num_replicas: int) -> None:
+    def _resume_input(
+        self,
+        input_source: Any,
+        parts: TrainingParts,
+        position: dict[str, Any] | None,
+        checkpoint: Any,
+        num_replicas: int,
+    ) -> None:
         if checkpoint is None:
             return
         if parts.input_source is None:
             logger.warning(
                 "The input_fn returned a %s, which cannot resume: it restarts from its beginning at global step %d. "
                 "Use te.numpy_input_fn or te.dataset_input_fn for exact resume.",
-                type(input_source).__name__, checkpoint.step,
+                type(input_source).__name__,
+                checkpoint.step,
             )
         elif position is not None:
             saved_replicas = len(replica_states(checkpoint))
@@ -465,8 +564,10 @@ class Estimator:
         """Creates model_dir, clears what killed runs left there, checks it takes writes, records the settings."""
         # On a store one name for every writer: a probe left by a run killed before removing it is replaced and
         # removed by the next run's, where a per-writer name would stay for good (no listing looks for it).
-        probe = filesystems.join(self._model_dir, ".write-probe" if filesystems.is_url(self._model_dir)
-                                 else temporary_prefix("write-probe") + "check")
+        probe = filesystems.join(
+            self._model_dir,
+            ".write-probe" if filesystems.is_url(self._model_dir) else temporary_prefix("write-probe") + "check",
+        )
         writing = self._model_dir
         try:
             filesystems.makedirs(self._model_dir)
@@ -483,12 +584,20 @@ class Estimator:
                 filesystems.write_bytes(writing, json.dumps(payload, indent=2, sort_keys=True, default=repr).encode())
         except OSError as error:
             if is_no_room(error):
-                raise DiskFullError(error, path=writing, what=f"the run's settings before training from step {step}",
-                                    advice="Free some space (or choose another model_dir) and rerun.") from error
+                raise DiskFullError(
+                    error,
+                    path=writing,
+                    what=f"the run's settings before training from step {step}",
+                    advice="Free some space (or choose another model_dir) and rerun.",
+                ) from error
             if filesystems.is_url(self._model_dir):
-                raise type(error)(error.errno, f"model_dir {self._model_dir} cannot be written, so training does not "
-                                  f"start: {error.strerror or error}. Check that the bucket exists, the credentials "
-                                  "and their permission to write there, and the endpoint.", writing) from error
+                raise type(error)(
+                    error.errno,
+                    f"model_dir {self._model_dir} cannot be written, so training does not "
+                    f"start: {error.strerror or error}. Check that the bucket exists, the credentials "
+                    "and their permission to write there, and the endpoint.",
+                    writing,
+                ) from error
             raise PermissionError(
                 f"model_dir {self._model_dir!r} is not writable ({error.strerror}: {writing}). Choose another model_dir."
             ) from error
@@ -537,14 +646,27 @@ class Estimator:
         bundle = self.inference_bundle(checkpoint_path, mode=ModeKeys.PREDICT)
         state = TrainState(global_step=bundle.global_step, mode=ModeKeys.PREDICT)
         hook_list.begin(state)
-        run = EvalRun(strategy=bundle.strategy, module=bundle.module, call_model_fn=bundle.call_model_fn,
-                      hooks=hook_list, state=state,
-                      input_source=self._input_caller(input_fn, ModeKeys.PREDICT, bundle.strategy), steps=None,
-                      progress_bar=self._config.progress_bar, mixed_precision_config=self._config)
+        run = EvalRun(
+            strategy=bundle.strategy,
+            module=bundle.module,
+            call_model_fn=bundle.call_model_fn,
+            hooks=hook_list,
+            state=state,
+            input_source=self._input_caller(input_fn, ModeKeys.PREDICT, bundle.strategy),
+            steps=None,
+            progress_bar=self._config.progress_bar,
+            mixed_precision_config=self._config,
+        )
         yield from predict_loop(run, predict_keys, yield_single_examples)
 
-    def inference_bundle(self, checkpoint_path: str | None = None, *, mode: str = ModeKeys.PREDICT,
-                         device: torch.device | str | None = None, require_weights: bool = False) -> InferenceBundle:
+    def inference_bundle(
+        self,
+        checkpoint_path: str | None = None,
+        *,
+        mode: str = ModeKeys.PREDICT,
+        device: torch.device | str | None = None,
+        require_weights: bool = False,
+    ) -> InferenceBundle:
         """The built module holding the weights to evaluate, predict with or export, and how to call model_fn.
 
         Weights: ``checkpoint_path``, else the newest checkpoint, else those trained or warm-started in this
@@ -552,11 +674,17 @@ class Estimator:
         runs (a hook, an exporter), the bundle holds a copy of the live module: training's weights and
         train/eval mode are never changed by it.
         """
-        strategy = self._inference_strategy(mode) if device is None else OneDeviceStrategy(device, warn_if_launched=False)
+        strategy = (
+            self._inference_strategy(mode) if device is None else OneDeviceStrategy(device, warn_if_launched=False)
+        )
         strategy.setup()
         module, current = self._module_on(strategy.device)
-        if require_weights and checkpoint_path is None and self.latest_checkpoint() is None and (
-                self._warm_start is None and not current.in_process):
+        if (
+            require_weights
+            and checkpoint_path is None
+            and self.latest_checkpoint() is None
+            and (self._warm_start is None and not current.in_process)
+        ):
             self._raise_if_all_checkpoints_damaged()
             raise ValueError(
                 f"Couldn't find trained model at {self._model_dir}: it has no checkpoint, no weights were trained in "
@@ -566,8 +694,15 @@ class Estimator:
         return self._bundle(module, self._load_for_inference(module, current, checkpoint_path), strategy)
 
     def _bundle(self, module: torch.nn.Module, weights: WeightsOrigin, strategy: Any) -> InferenceBundle:
-        return InferenceBundle(module=module, call_model_fn=self._model_fn_caller(), weights=weights, strategy=strategy,
-                               call_input_fn=self._input_caller, config=self._config, eval_dir=self.eval_dir)
+        return InferenceBundle(
+            module=module,
+            call_model_fn=self._model_fn_caller(),
+            weights=weights,
+            strategy=strategy,
+            call_input_fn=self._input_caller,
+            config=self._config,
+            eval_dir=self.eval_dir,
+        )
 
     def _inference_strategy(self, mode: str) -> Any:
         """Evaluation is sharded across the training replicas; predict runs whole in every process,
@@ -581,20 +716,27 @@ class Estimator:
         # Inference in one process of a launched run is legitimate (it writes nothing): only training refuses.
         return OneDeviceStrategy(config.device, warn_if_launched=False)
 
-    def _load_for_inference(self, module: torch.nn.Module, current: WeightsOrigin,
-                            checkpoint_path: str | None) -> WeightsOrigin:
+    def _load_for_inference(
+        self, module: torch.nn.Module, current: WeightsOrigin, checkpoint_path: str | None
+    ) -> WeightsOrigin:
         """Puts the weights inference uses into ``module`` (which holds ``current``); returns where they came from."""
         path = checkpoint_path or self._store.latest_checkpoint()
         if path is None and not self._store.has_checkpoints():
             if current.in_process:
-                logger.info("No checkpoint in %s: using the weights %s in this process.", self._model_dir,
-                            "trained" if current.source == "training" else "warm-started")
+                logger.info(
+                    "No checkpoint in %s: using the weights %s in this process.",
+                    self._model_dir,
+                    "trained" if current.source == "training" else "warm-started",
+                )
                 return current
             if self._warm_start is not None:
                 return self._apply_warm_start(module)  # as tf.estimator: evaluate/predict without a checkpoint use it
             # As TensorFlow, which says it runs the initializers: results from random weights are rarely wanted.
-            logger.warning("No checkpoint in %s and no warm_start_from: evaluating or predicting with freshly "
-                           "initialised (random) weights.", self._model_dir)
+            logger.warning(
+                "No checkpoint in %s and no warm_start_from: evaluating or predicting with freshly "
+                "initialised (random) weights.",
+                self._model_dir,
+            )
             return current
         if current.holds(path):
             return current
@@ -617,8 +759,13 @@ class Estimator:
             return source
         call, field = self._model_argument
         module = call_factory(source, self._params, None, first_is_params=True)
-        return checked_factory_result(module, f"{call}({field}=...)", field, "an nn.Module (a model instance)",
-                                       lambda built: isinstance(built, torch.nn.Module))
+        return checked_factory_result(
+            module,
+            f"{call}({field}=...)",
+            field,
+            "an nn.Module (a model instance)",
+            lambda built: isinstance(built, torch.nn.Module),
+        )
 
     def _module_on(self, device: torch.device) -> tuple[torch.nn.Module, WeightsOrigin]:
         """The module for inference on ``device`` and the weights it holds.
@@ -668,8 +815,12 @@ class Estimator:
 
     def _load_checkpoint(self, module: torch.nn.Module, checkpoint: Any, current: WeightsOrigin) -> WeightsOrigin:
         if self._warm_start is not None and current.source == "init":
-            logger.info("model_dir %s has a checkpoint (step %d): it wins over warm_start_from %s, which is not applied.",
-                        self._model_dir, checkpoint.step, self._warm_start.ckpt_to_initialize_from)
+            logger.info(
+                "model_dir %s has a checkpoint (step %d): it wins over warm_start_from %s, which is not applied.",
+                self._model_dir,
+                checkpoint.step,
+                self._warm_start.ckpt_to_initialize_from,
+            )
         load_model_state(module, checkpoint.model_state, checkpoint.path)
         logger.info("Restored weights from %s (global step %d).", checkpoint.path, checkpoint.step)
         weights = WeightsOrigin("checkpoint", checkpoint.step, checkpoint.path)
@@ -680,8 +831,12 @@ class Estimator:
     def _apply_warm_start(self, module: torch.nn.Module) -> WeightsOrigin:
         """Warm start on the plain module, all or nothing; model_dir is not touched here."""
         plan = warm_start(module, self._warm_start)
-        logger.info("model_dir %s has no checkpoint: warm-started %d variables from %s.", self._model_dir,
-                    len(plan.entries), self._warm_start.ckpt_to_initialize_from)
+        logger.info(
+            "model_dir %s has no checkpoint: warm-started %d variables from %s.",
+            self._model_dir,
+            len(plan.entries),
+            self._warm_start.ckpt_to_initialize_from,
+        )
         weights = WeightsOrigin("warm_start", 0, warm_start_from=str(self._warm_start.ckpt_to_initialize_from))
         if module is self._module:
             self._weights = weights
@@ -699,9 +854,15 @@ class Estimator:
             path = weights.checkpoint_path
         return CheckpointStore(filesystems.parent(path)).restore(path)
 
-    def export_saved_model(self, export_dir_base: str, serving_input_receiver: Any, checkpoint_path: str | None = None,
-                           assets_extra: Mapping[str, str] | None = None, as_onnx: bool = False,
-                           warmup_requests: Any = None) -> str:
+    def export_saved_model(
+        self,
+        export_dir_base: str,
+        serving_input_receiver: Any,
+        checkpoint_path: str | None = None,
+        assets_extra: Mapping[str, str] | None = None,
+        as_onnx: bool = False,
+        warmup_requests: Any = None,
+    ) -> str:
         """Writes `export_dir_base/<version>/` (torch.export program, signature.json, metadata); returns its path.
 
         Uses `checkpoint_path`, else the latest checkpoint, else the warm-start source; `warmup_requests` become
@@ -711,11 +872,24 @@ class Estimator:
         from torchestimator.export import export_saved_model
 
         if self._replica_exports is not None:
-            return self._replica_exports.export(self, export_dir_base, serving_input_receiver,
-                                                checkpoint_path=checkpoint_path, assets_extra=assets_extra,
-                                                as_onnx=as_onnx, warmup_requests=warmup_requests)
-        return export_saved_model(self, export_dir_base, serving_input_receiver, checkpoint_path=checkpoint_path,
-                                  assets_extra=assets_extra, as_onnx=as_onnx, warmup_requests=warmup_requests)
+            return self._replica_exports.export(
+                self,
+                export_dir_base,
+                serving_input_receiver,
+                checkpoint_path=checkpoint_path,
+                assets_extra=assets_extra,
+                as_onnx=as_onnx,
+                warmup_requests=warmup_requests,
+            )
+        return export_saved_model(
+            self,
+            export_dir_base,
+            serving_input_receiver,
+            checkpoint_path=checkpoint_path,
+            assets_extra=assets_extra,
+            as_onnx=as_onnx,
+            warmup_requests=warmup_requests,
+        )
 
     def warm_start_report(self) -> WarmStartPlan:
         """What warm_start_from would load, from where, with which conversion, and what stays fresh (a dry run)."""
@@ -727,7 +901,9 @@ class Estimator:
         declared, model_fn = self._model_fn_args, self._model_fn
         takes_labels = "labels" in declared
         # Work out once what is passed, so each batch only builds a small dict.
-        fixed = {name: value for name, value in (("params", self._params), ("config", self._config)) if name in declared}
+        fixed = {
+            name: value for name, value in (("params", self._params), ("config", self._config)) if name in declared
+        }
         per_batch = [name for name in ("model", "features", "labels", "mode") if name in declared]
 
         if per_batch == ["model", "features", "labels", "mode"] and not fixed:
@@ -754,16 +930,19 @@ class Estimator:
 
     def _call_input_fn(self, input_fn: Callable[..., Any], declared: set[str], mode: str, strategy: Any) -> Any:
         context = strategy.input_context()
-        source = call_with(input_fn, declared, {"params": self._params, "mode": mode, "config": self._config,
-                                                "input_context": context})
+        source = call_with(
+            input_fn, declared, {"params": self._params, "mode": mode, "config": self._config, "input_context": context}
+        )
         if source is None or not hasattr(source, "__iter__"):
             raise TypeError(
                 f"input_fn must return an iterable of (features, labels) batches (a DataLoader, a generator, "
                 f"te.numpy_input_fn(...)()); it returned {type(source).__name__}."
             )
         if context.num_replicas_in_sync > 1 and "input_context" not in declared:
-            logger.warning("input_fn does not take input_context: every one of the %d replicas reads the same batches.",
-                           context.num_replicas_in_sync)
+            logger.warning(
+                "input_fn does not take input_context: every one of the %d replicas reads the same batches.",
+                context.num_replicas_in_sync,
+            )
         return source
 
 
@@ -795,7 +974,9 @@ def _refuse_non_training_task() -> None:
             f"Estimator.train was called in TF_CONFIG's {task_type!r} task, which does not train: it would train "
             "alone and write the chief's model_dir. Call te.train_and_evaluate in every task (the evaluator task "
             "then evaluates the chief's checkpoints), or train only in the chief and worker tasks.",
-            field="TF_CONFIG", value=task_type)
+            field="TF_CONFIG",
+            value=task_type,
+        )
 
 
 @contextlib.contextmanager
@@ -808,8 +989,11 @@ def _deterministic_algorithms(enabled: bool) -> Iterator[None]:
     if not enabled:
         yield
         return
-    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-                torch.backends.cudnn.benchmark)
+    previous = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.benchmark,
+    )
     workspace = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)

@@ -15,10 +15,10 @@ import torch
 from torchestimator._core.batches import DeviceBatches, autocast
 from torchestimator._core.calling import batch_length
 from torchestimator._core.config import RunConfig
-from torchestimator.hooks.base import HookList, RunContext
 from torchestimator._core.progress import Progress
 from torchestimator._core.spec import EstimatorSpec, ModeKeys, validate_spec
 from torchestimator._core.state import TrainState
+from torchestimator.hooks.base import HookList, RunContext
 
 
 def adopt_spec_hooks(hooks: HookList, spec_hooks: tuple[Any, ...], state: TrainState) -> None:
@@ -55,7 +55,10 @@ def eval_loop(run: EvalRun, accumulators: Any) -> dict[str, Any]:
     run.module.eval()
     run.hooks.after_restore(state)
     batches_seen = 0
-    with torch.no_grad(), Progress("evaluate", total=run.steps, enabled=run.progress_bar and strategy.is_chief) as progress:
+    with (
+        torch.no_grad(),
+        Progress("evaluate", total=run.steps, enabled=run.progress_bar and strategy.is_chief) as progress,
+    ):
         while run.steps is None or batches_seen < run.steps:
             run.hooks.before_step(context)
             try:

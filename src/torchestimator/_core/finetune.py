@@ -36,8 +36,10 @@ def _set_frozen(model: torch.nn.Module, patterns: str | Iterable[str], frozen: b
             setattr(module, _FROZEN, frozen)
             touched.append(name)
     if not touched:
-        raise ValueError(f"No parameter or BatchNorm layer of the model matches {[p.pattern for p in compiled]}; "
-                         f"names look like {[n for n, _ in list(model.named_parameters())[:5]]}.")
+        raise ValueError(
+            f"No parameter or BatchNorm layer of the model matches {[p.pattern for p in compiled]}; "
+            f"names look like {[n for n, _ in list(model.named_parameters())[:5]]}."
+        )
     return touched
 
 
@@ -78,6 +80,8 @@ def param_groups(model: torch.nn.Module, groups: Sequence[tuple[str, dict[str, A
                 buckets[index].append(parameter)
                 break
         else:
-            raise ValueError(f"Parameter {name!r} matches none of the groups {[p.pattern for p, _ in compiled]}; "
-                             "end the list with ('.*', {...}) to catch the rest.")
+            raise ValueError(
+                f"Parameter {name!r} matches none of the groups {[p.pattern for p, _ in compiled]}; "
+                "end the list with ('.*', {...}) to catch the rest."
+            )
     return [{"params": bucket, **options} for bucket, (_, options) in zip(buckets, compiled) if bucket]

@@ -16,12 +16,12 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from torchestimator.hooks.base import Hook, HookList
 from torchestimator._core.eval_loops import EvalRun, eval_loop
-from torchestimator.metrics import MetricAccumulators
 from torchestimator._core.spec import EstimatorSpec, ModeKeys
 from torchestimator._core.state import TrainState
 from torchestimator._io.summary import SummaryWriter
+from torchestimator.hooks.base import Hook, HookList
+from torchestimator.metrics import MetricAccumulators
 
 logger = logging.getLogger("torchestimator")
 
@@ -75,8 +75,15 @@ class InferenceBundle:
     def global_step(self) -> int:
         return self.weights.step
 
-    def evaluate(self, input_fn: Callable[..., Any], *, steps: int | None = None, hooks: Iterable[Hook] | None = None,
-                 name: str | None = None, global_step: int | None = None) -> dict[str, Any]:
+    def evaluate(
+        self,
+        input_fn: Callable[..., Any],
+        *,
+        steps: int | None = None,
+        hooks: Iterable[Hook] | None = None,
+        name: str | None = None,
+        global_step: int | None = None,
+    ) -> dict[str, Any]:
         """Evaluates the module as it is (eval mode, no grad); writes the results to eval_dir(name) and returns them.
 
         ``global_step`` names the step the weights belong to when they moved on since the bundle was made
@@ -85,17 +92,30 @@ class InferenceBundle:
         hook_list = HookList(hooks or ())
         state = TrainState(global_step=self.global_step if global_step is None else global_step, mode=ModeKeys.EVAL)
         hook_list.begin(state)
-        run = EvalRun(strategy=self.strategy, module=self.module, call_model_fn=self.call_model_fn, hooks=hook_list,
-                      state=state, input_source=self.call_input_fn(input_fn, ModeKeys.EVAL, self.strategy),
-                      steps=steps, progress_bar=self.config.progress_bar, mixed_precision_config=self.config)
+        run = EvalRun(
+            strategy=self.strategy,
+            module=self.module,
+            call_model_fn=self.call_model_fn,
+            hooks=hook_list,
+            state=state,
+            input_source=self.call_input_fn(input_fn, ModeKeys.EVAL, self.strategy),
+            steps=steps,
+            progress_bar=self.config.progress_bar,
+            mixed_precision_config=self.config,
+        )
         results = eval_loop(run, MetricAccumulators(self.strategy.device))
         writer = SummaryWriter(self.eval_dir(name), enabled=self.strategy.is_chief)
         try:
-            writer.scalars({key: value for key, value in results.items() if key != "global_step"}, results["global_step"])
+            writer.scalars(
+                {key: value for key, value in results.items() if key != "global_step"}, results["global_step"]
+            )
         finally:
             writer.close()
-        logger.info("Saving dict for global step %d: %s", results["global_step"],
-                    ", ".join(f"{key} = {value}" for key, value in sorted(results.items())))
+        logger.info(
+            "Saving dict for global step %d: %s",
+            results["global_step"],
+            ", ".join(f"{key} = {value}" for key, value in sorted(results.items())),
+        )
         return results
 
 
@@ -105,5 +125,11 @@ class BundleSource(Protocol):
     @property
     def model_dir(self) -> str: ...
 
-    def inference_bundle(self, checkpoint_path: str | None = None, *, mode: str = ModeKeys.PREDICT,
-                         device: torch.device | str | None = None, require_weights: bool = False) -> InferenceBundle: ...
+    def inference_bundle(
+        self,
+        checkpoint_path: str | None = None,
+        *,
+        mode: str = ModeKeys.PREDICT,
+        device: torch.device | str | None = None,
+        require_weights: bool = False,
+    ) -> InferenceBundle: ...

@@ -21,18 +21,18 @@ import torch
 
 from torchestimator._core.agreement import ReplicaRoster
 from torchestimator._core.batches import DeviceBatches, autocast_factory
-from torchestimator.checkpoint.checkpointer import Checkpointer
-from torchestimator.checkpoint.parts import TrainingParts
 from torchestimator._core.config import RunConfig
 from torchestimator._core.console import TrainOutcome
-from torchestimator.errors import CheckpointError, NanLossDuringTrainingError
 from torchestimator._core.eval_loops import adopt_spec_hooks
 from torchestimator._core.finetune import apply_frozen_modes
-from torchestimator.hooks.base import HookList, RunContext
-from torchestimator.hooks.triggers import Every
 from torchestimator._core.progress import Progress
 from torchestimator._core.spec import EstimatorSpec, ModeKeys, TrainSpecCheck
 from torchestimator._core.state import TrainState, rng_preserved
+from torchestimator.checkpoint.checkpointer import Checkpointer
+from torchestimator.checkpoint.parts import TrainingParts
+from torchestimator.errors import CheckpointError, NanLossDuringTrainingError
+from torchestimator.hooks.base import HookList, RunContext
+from torchestimator.hooks.triggers import Every
 
 logger = logging.getLogger("torchestimator")
 
@@ -155,8 +155,9 @@ def _loss_watch(device: torch.device) -> _HostLossWatch | _DeviceLossWatch:
     return _HostLossWatch() if device.type == "cpu" else _DeviceLossWatch(device)
 
 
-def _micro_step(run: TrainingRun, batches: DeviceBatches, autocast: Any, accumulation: int, last: bool,
-                check_spec: TrainSpecCheck) -> tuple[EstimatorSpec, torch.Tensor | None]:
+def _micro_step(
+    run: TrainingRun, batches: DeviceBatches, autocast: Any, accumulation: int, last: bool, check_spec: TrainSpecCheck
+) -> tuple[EstimatorSpec, torch.Tensor | None]:
     """Forward and backward on one batch; returns the spec and the loss (None after a train_op; see
     _forward_backward)."""
     features, labels = batches.next()
@@ -166,8 +167,9 @@ def _micro_step(run: TrainingRun, batches: DeviceBatches, autocast: Any, accumul
         return _forward_backward(run, features, labels, autocast, accumulation, check_spec)
 
 
-def _forward_backward(run: TrainingRun, features: Any, labels: Any, autocast: Any, accumulation: int,
-                      check_spec: TrainSpecCheck) -> tuple[EstimatorSpec, torch.Tensor | None]:
+def _forward_backward(
+    run: TrainingRun, features: Any, labels: Any, autocast: Any, accumulation: int, check_spec: TrainSpecCheck
+) -> tuple[EstimatorSpec, torch.Tensor | None]:
     """model_fn and backward on one batch. The loss returned is the spec's own tensor when there is no
     accumulation (no detach per step: the spec holds it anyway, and it is read with .item(), which does not
     track gradients); a micro-batch's share is detached, since the shares are summed."""
@@ -190,8 +192,12 @@ def _forward_backward(run: TrainingRun, features: Any, labels: Any, autocast: An
     return spec, loss if accumulation == 1 else loss.detach()
 
 
-def _train_step(run: TrainingRun, batches: DeviceBatches, autocast: Any, check_spec: TrainSpecCheck,
-                ) -> tuple[EstimatorSpec, torch.Tensor]:
+def _train_step(
+    run: TrainingRun,
+    batches: DeviceBatches,
+    autocast: Any,
+    check_spec: TrainSpecCheck,
+) -> tuple[EstimatorSpec, torch.Tensor]:
     """One optimizer step over gradient_accumulation_steps micro-batches; StopIteration when input ends."""
     accumulation = run.config.gradient_accumulation_steps
     if accumulation == 1:  # the common case, one call shorter
@@ -267,8 +273,12 @@ class _TrainLoop:
         # has nothing to agree on or save, only the NaN guard to read (see _agree_and_save's first lines).
         self.alone_without_saves = not self.several and run.checkpointer is None and run.evaluation is None
         self.pending_listeners: list[Any] = []
-        self.context = RunContext(self.state, is_chief=self.is_chief, summary_writer=run.summary_writer,
-                                  on_checkpoint_request=self.pending_listeners.append)
+        self.context = RunContext(
+            self.state,
+            is_chief=self.is_chief,
+            summary_writer=run.summary_writer,
+            on_checkpoint_request=self.pending_listeners.append,
+        )
         # Dispatched from the loop itself: HookList's live lists of the hooks that override these (hooks the first
         # spec brings join them), so a step with no hook due costs an empty loop, not a call.
         self.before_step_hooks = run.hooks.overriding("before_step")
@@ -292,8 +302,9 @@ class _TrainLoop:
             try:
                 spec, loss = _train_step(run, self.batches, self.autocast, self.check_spec)
             except StopIteration:
-                logger.info("Input ended after %d steps in this call (global step %d).", self.steps_this_call,
-                            state.global_step)
+                logger.info(
+                    "Input ended after %d steps in this call (global step %d).", self.steps_this_call, state.global_step
+                )
                 run.input_ended_first = self.steps_this_call == 0
                 run.ended_by = "the input ended before its first batch" if run.input_ended_first else "the input ended"
                 break
@@ -337,7 +348,9 @@ class _TrainLoop:
             return False, False
         run, step, schedules = self.run, self.state.global_step, self.schedules
         evaluation = run.evaluation
-        eval_wants_checkpoint = evaluation is not None and run.checkpointer is not None and evaluation.wants_checkpoint(step)
+        eval_wants_checkpoint = (
+            evaluation is not None and run.checkpointer is not None and evaluation.wants_checkpoint(step)
+        )
         due = schedules.checkpoint is not None and schedules.checkpoint.should_fire(step)
         due_here = due and (self.is_chief or not schedules.chief_clock)
         save_wanted = due_here or bool(self.pending_listeners) or eval_wants_checkpoint
@@ -356,7 +369,7 @@ class _TrainLoop:
             if self._save() and not stop:
                 stop, self.stop_reason = True, "a checkpoint listener asked to stop"
             saved = True
-        if evaluation is not None and evaluation.due(step, saved):
+        if evaluation is not None and evaluation.due(step, saved):  # noqa: SIM102 (evaluates whatever stop is)
             # Final when training ends at this step anyway: max_steps, or a stop every replica agreed on.
             if self._evaluate(final=stop or (run.last_step is not None and step >= run.last_step)) and not stop:
                 stop, self.stop_reason = True, "early stopping"
@@ -391,7 +404,9 @@ class _TrainLoop:
         bad_step = self.watch.first_bad_step()  # this replica's; None when another replica's loss went bad
         checkpointer = self.run.checkpointer
         last_good = checkpointer.last_good() if checkpointer is not None else "none (checkpoints are disabled)"
-        where = f"at step {bad_step}" if bad_step is not None else f"on another replica by step {self.state.global_step}"
+        where = (
+            f"at step {bad_step}" if bad_step is not None else f"on another replica by step {self.state.global_step}"
+        )
         raise NanLossDuringTrainingError(
             f"NaN or infinite loss {where}; training stopped at step {self.state.global_step} and no checkpoint was "
             f"written for a step after it. The last good checkpoint is {last_good}."
@@ -400,7 +415,9 @@ class _TrainLoop:
     def finish(self) -> None:
         """The final checkpoint (unless this step was just saved), after a last check that the loss stayed finite."""
         checkpointer, state = self.run.checkpointer, self.state
-        if self.steps_this_call and (self.strategy.all_agree(self.watch.flag()) if self.several else bool(self.watch.flag())):
+        if self.steps_this_call and (
+            self.strategy.all_agree(self.watch.flag()) if self.several else bool(self.watch.flag())
+        ):
             self._raise_not_finite()
         if self.steps_this_call:
             self._agree_on_buffers()  # also without a checkpoint: the module train() leaves is the chief's
@@ -454,17 +471,22 @@ def train_loop(run: TrainingRun) -> TrainState:
     # The framework owns the mode: TRAIN updates BatchNorm statistics, EVAL and PREDICT never do.
     run.parts.model.train()
     apply_frozen_modes(run.parts.model)  # frozen BatchNorm layers keep their statistics
-    progress = Progress("train", total=run.last_step, initial=state.global_step,
-                        enabled=config.progress_bar and strategy.is_chief)
+    progress = Progress(
+        "train", total=run.last_step, initial=state.global_step, enabled=config.progress_bar and strategy.is_chief
+    )
     with _InterruptFlag(config.checkpoint_on_interrupt) as interrupt, progress, _naming_lost_replicas(roster, state):
         loop.run_steps(interrupt, progress)
         loop.finish()
     if interrupt.raised:
-        raise KeyboardInterrupt(f"Training interrupted at step {state.global_step}; the checkpoint of that step was written.")
+        raise KeyboardInterrupt(
+            f"Training interrupted at step {state.global_step}; the checkpoint of that step was written."
+        )
     if run.input_ended_first:
-        logger.warning("Training made no steps: the input ended before its first batch. It is empty, or it resumed "
-                       "at its end (an input with num_epochs resumes where the previous train call in this model_dir "
-                       "stopped; for more epochs give it a larger num_epochs, or num_epochs=None and max_steps).")
+        logger.warning(
+            "Training made no steps: the input ended before its first batch. It is empty, or it resumed "
+            "at its end (an input with num_epochs resumes where the previous train call in this model_dir "
+            "stopped; for more epochs give it a larger num_epochs, or num_epochs=None and max_steps)."
+        )
     elif state.last_loss is not None and loop.steps_this_call:
         logger.info("Loss for final step: %s.", state.last_loss)
     run.hooks.end(state)

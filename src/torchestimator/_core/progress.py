@@ -17,7 +17,9 @@ class Progress:
         self._bar: Any = None
         self._position = initial
         if enabled:
-            self._bar = tqdm(total=total, initial=initial, desc=description, unit="step", dynamic_ncols=True, leave=False)
+            self._bar = tqdm(
+                total=total, initial=initial, desc=description, unit="step", dynamic_ncols=True, leave=False
+            )
 
     @property
     def enabled(self) -> bool:

@@ -69,9 +69,27 @@ from torchestimator._extras import import_extra
 from torchestimator.errors import ConfigError
 
 __all__ = [
-    "PROTOCOL_EXTRAS", "checked_storage_options", "configure_storage_options", "exists", "filesystem", "glob", "is_dir", "is_url", "join",
-    "listdir", "local_path", "makedirs", "open_for_reading", "parent", "protocol_of", "read_bytes", "remove", "remove_tree",
-    "storage_options_for", "transfer_defaults", "write_bytes",
+    "PROTOCOL_EXTRAS",
+    "checked_storage_options",
+    "configure_storage_options",
+    "exists",
+    "filesystem",
+    "glob",
+    "is_dir",
+    "is_url",
+    "join",
+    "listdir",
+    "local_path",
+    "makedirs",
+    "open_for_reading",
+    "parent",
+    "protocol_of",
+    "read_bytes",
+    "remove",
+    "remove_tree",
+    "storage_options_for",
+    "transfer_defaults",
+    "write_bytes",
 ]
 
 CONNECT_TIMEOUT_SECONDS = 10
@@ -83,9 +101,13 @@ S3FS_RETRIES = 2
 """s3fs's rounds around botocore's attempts (its default, 5, made a stalled request cost 25 read timeouts)."""
 
 PROTOCOL_EXTRAS: dict[str, tuple[str | None, str | None]] = {
-    "s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"),
-    "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
-    "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"), "abfss": ("adlfs", "azure"),
+    "s3": ("s3fs", "s3"),
+    "s3a": ("s3fs", "s3"),
+    "gs": ("gcsfs", "gcs"),
+    "gcs": ("gcsfs", "gcs"),
+    "az": ("adlfs", "azure"),
+    "abfs": ("adlfs", "azure"),
+    "abfss": ("adlfs", "azure"),
     "memory": (None, None),
 }
 """The URL schemes we take, and (module, extra) of their backend; None: fsspec's own, always installed."""
@@ -110,9 +132,12 @@ def protocol_of(path: str | os.PathLike[str]) -> str | None:
     if scheme == "file":
         return None
     if scheme not in PROTOCOL_EXTRAS:
-        raise ConfigError(f"{text}: torchestimator reads and writes local paths and the URL schemes "
-                          f"{', '.join(s + '://' for s in sorted(PROTOCOL_EXTRAS))}; not {scheme}://.",
-                          field="path", value=text)
+        raise ConfigError(
+            f"{text}: torchestimator reads and writes local paths and the URL schemes "
+            f"{', '.join(s + '://' for s in sorted(PROTOCOL_EXTRAS))}; not {scheme}://.",
+            field="path",
+            value=text,
+        )
     return scheme
 
 
@@ -173,21 +198,33 @@ def _options_per_protocol(options: Mapping[str, Any] | None) -> dict[str, dict[s
     if options is None:
         return {}
     if not isinstance(options, Mapping):
-        raise ConfigError(f"storage_options must be a dict (of filesystem arguments, or of those per URL scheme); "
-                          f"received a {type(options).__name__}.", field="storage_options", value=type(options).__name__)
+        raise ConfigError(
+            f"storage_options must be a dict (of filesystem arguments, or of those per URL scheme); "
+            f"received a {type(options).__name__}.",
+            field="storage_options",
+            value=type(options).__name__,
+        )
     schemes = [key for key in options if key in PROTOCOL_EXTRAS]
     if not schemes:
         return {"*": dict(options)}
     if len(schemes) != len(options):
         others = sorted(set(options) - set(schemes))
-        raise ConfigError(f"storage_options mixes URL schemes ({', '.join(schemes)}) with filesystem arguments "
-                          f"({', '.join(others)}): give either one dict for every store or one per scheme, "
-                          "as {'s3': {...}, 'gs': {...}}.", field="storage_options", value=sorted(options))
+        raise ConfigError(
+            f"storage_options mixes URL schemes ({', '.join(schemes)}) with filesystem arguments "
+            f"({', '.join(others)}): give either one dict for every store or one per scheme, "
+            "as {'s3': {...}, 'gs': {...}}.",
+            field="storage_options",
+            value=sorted(options),
+        )
     per_protocol: dict[str, dict[str, Any]] = {}
     for scheme, value in options.items():
         if not isinstance(value, Mapping):
-            raise ConfigError(f"storage_options[{scheme!r}] must be a dict of filesystem arguments; received a "
-                              f"{type(value).__name__}.", field=f"storage_options.{scheme}", value=type(value).__name__)
+            raise ConfigError(
+                f"storage_options[{scheme!r}] must be a dict of filesystem arguments; received a "
+                f"{type(value).__name__}.",
+                field=f"storage_options.{scheme}",
+                value=type(value).__name__,
+            )
         per_protocol[_CANONICAL.get(scheme, scheme)] = dict(value)
     return per_protocol
 
@@ -250,8 +287,9 @@ def transfer_defaults(protocol: str, options: Mapping[str, Any]) -> tuple[dict[s
         if "requests_timeout" not in arguments:
             import aiohttp
 
-            arguments["requests_timeout"] = aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_SECONDS,
-                                                                  sock_read=READ_TIMEOUT_SECONDS)
+            arguments["requests_timeout"] = aiohttp.ClientTimeout(
+                sock_connect=CONNECT_TIMEOUT_SECONDS, sock_read=READ_TIMEOUT_SECONDS
+            )
         from torchestimator._io.transfers import request_class_with_send_deadline
 
         session_kwargs = dict(arguments.get("session_kwargs") or {})
@@ -268,14 +306,25 @@ def transfer_defaults(protocol: str, options: Mapping[str, Any]) -> tuple[dict[s
             if name in arguments:
                 settings[name] = arguments.pop(name)
         if "retry_total" in settings and int(settings["retry_total"]) < 0:
-            raise ConfigError(f"storage_options 'retry_total' (retries after the first try) must be at least 0; "
-                              f"received {settings['retry_total']}.", field="storage_options.retry_total",
-                              value=settings["retry_total"])
+            raise ConfigError(
+                f"storage_options 'retry_total' (retries after the first try) must be at least 0; "
+                f"received {settings['retry_total']}.",
+                field="storage_options.retry_total",
+                value=settings["retry_total"],
+            )
     return arguments, settings
 
 
-AZURE_RETRY_OPTIONS = ("retry_policy", "retry_total", "retry_connect", "retry_read", "retry_status", "initial_backoff",
-                       "increment_base", "random_jitter_range")
+AZURE_RETRY_OPTIONS = (
+    "retry_policy",
+    "retry_total",
+    "retry_connect",
+    "retry_read",
+    "retry_status",
+    "initial_backoff",
+    "increment_base",
+    "random_jitter_range",
+)
 """The Azure SDK's retry settings (``azure.storage.blob.ExponentialRetry``'s arguments, or a whole policy) that
 storage_options may give for az://; adlfs takes none of them, so they go to the client ``_apply_settings`` makes."""
 
@@ -283,8 +332,11 @@ storage_options may give for az://; adlfs takes none of them, so they go to the 
 def _at_least_one(value: Any, name: str) -> int:
     number = int(value)
     if number < 1:
-        raise ConfigError(f"storage_options {name!r} must be at least 1 (one attempt); received {value}.",
-                          field=f"storage_options.{name}", value=value)
+        raise ConfigError(
+            f"storage_options {name!r} must be at least 1 (one attempt); received {value}.",
+            field=f"storage_options.{name}",
+            value=value,
+        )
     return number
 
 
@@ -296,9 +348,13 @@ def _apply_settings(protocol: str, instance: Any, settings: Mapping[str, Any]) -
         from torchestimator._io.transfers import set_gcs_retries
 
         if not set_gcs_retries(instance, settings["retries"]):
-            raise ConfigError("storage_options 'retries' for gs:// cannot be applied: this gcsfs version's retrying "
-                              "methods are not the ones torchestimator knows; leave it out (gcsfs then tries each "
-                              "request 6 times).", field="storage_options.retries", value=settings["retries"])
+            raise ConfigError(
+                "storage_options 'retries' for gs:// cannot be applied: this gcsfs version's retrying "
+                "methods are not the ones torchestimator knows; leave it out (gcsfs then tries each "
+                "request 6 times).",
+                field="storage_options.retries",
+                value=settings["retries"],
+            )
     elif protocol == "az":
         from torchestimator._io.transfers import fit_azure_client
 
@@ -334,7 +390,7 @@ def _s3_session_with_send_deadline() -> type | None:
             body = request.body
             if isinstance(body, (bytes, bytearray, memoryview)):
                 view = memoryview(body).cast("B")
-                pieces = (view[start:start + _SEND_SLICE_BYTES] for start in range(0, view.nbytes, _SEND_SLICE_BYTES))
+                pieces = (view[start : start + _SEND_SLICE_BYTES] for start in range(0, view.nbytes, _SEND_SLICE_BYTES))
             elif hasattr(body, "read") and "Content-Length" in request.headers:  # botocore's BytesIO, a file
                 pieces = iter(lambda: body.read(_SEND_SLICE_BYTES), b"")
             else:
@@ -359,8 +415,10 @@ def _s3_session_with_send_deadline() -> type | None:
                         return sending.result()
                     if not progress["done"] and loop.time() - progress["at"] >= stall_seconds:
                         sending.cancel()
-                        raise ReadTimeoutError(endpoint_url=request.url, error=f"no byte of the request body "
-                                               f"could be sent for {stall_seconds:g} s")
+                        raise ReadTimeoutError(
+                            endpoint_url=request.url,
+                            error=f"no byte of the request body could be sent for {stall_seconds:g} s",
+                        )
             finally:
                 if not sending.done():
                     sending.cancel()
@@ -374,15 +432,25 @@ def _named(error: BaseException, url: str, doing: str) -> OSError:
     if isinstance(error, FileNotFoundError):
         return FileNotFoundError(errno.ENOENT, f"{doing} {url}: no such object or bucket ({_cause(error)})", url)
     if isinstance(error, PermissionError):
-        return PermissionError(errno.EACCES, f"{doing} {url}: permission denied ({_cause(error)}); check the "
-                               "credentials and the bucket's access rules", url)
+        return PermissionError(
+            errno.EACCES,
+            f"{doing} {url}: permission denied ({_cause(error)}); check the credentials and the bucket's access rules",
+            url,
+        )
     if _is_timeout(error):
-        return TimeoutError(errno.ETIMEDOUT, f"{doing} {url} timed out: the store stalled (no data within the read "
-                            f"or connect timeout, on every retry: {_cause(error)}); check the network and the "
-                            "endpoint, or raise read_timeout in storage_options", url)
+        return TimeoutError(
+            errno.ETIMEDOUT,
+            f"{doing} {url} timed out: the store stalled (no data within the read "
+            f"or connect timeout, on every retry: {_cause(error)}); check the network and the "
+            "endpoint, or raise read_timeout in storage_options",
+            url,
+        )
     if _is_unreachable(error):
-        return ConnectionError(errno.ECONNREFUSED, f"{doing} {url} failed: the store cannot be reached "
-                               f"({_cause(error)}); check the endpoint and the network", url)
+        return ConnectionError(
+            errno.ECONNREFUSED,
+            f"{doing} {url} failed: the store cannot be reached ({_cause(error)}); check the endpoint and the network",
+            url,
+        )
     code = getattr(error, "errno", None) or errno.EIO
     return OSError(code, f"{doing} {url} failed: {_cause(error)}", url)
 
@@ -402,8 +470,11 @@ def _is_timeout(error: BaseException) -> bool:
 
 def _is_unreachable(error: BaseException) -> bool:
     """Refused or unresolvable endpoints: botocore's EndpointConnectionError, aiohttp's ClientConnectorError."""
-    return any(isinstance(link, ConnectionRefusedError)
-               or type(link).__name__ in ("EndpointConnectionError", "ClientConnectorError") for link in _chain(error))
+    return any(
+        isinstance(link, ConnectionRefusedError)
+        or type(link).__name__ in ("EndpointConnectionError", "ClientConnectorError")
+        for link in _chain(error)
+    )
 
 
 def _cause(error: BaseException) -> str:
@@ -469,8 +540,11 @@ def glob(pattern: str | os.PathLike[str]) -> list[str]:
         return [text] if _store_call(text, "looking for", fs.isfile, inner) else []
     matches = _store_call(text, "listing", fs.glob, inner)
     # memory:// paths come back rooted ("/bucket/key"): one "/" after the scheme's "//", as the pattern had it.
-    return sorted(f"{scheme}://{match.lstrip('/')}" for match in matches
-                  if fnmatch.fnmatchcase(match, inner) or fnmatch.fnmatchcase(match.lstrip("/"), inner.lstrip("/")))
+    return sorted(
+        f"{scheme}://{match.lstrip('/')}"
+        for match in matches
+        if fnmatch.fnmatchcase(match, inner) or fnmatch.fnmatchcase(match.lstrip("/"), inner.lstrip("/"))
+    )
 
 
 def makedirs(path: str | os.PathLike[str]) -> None:

@@ -65,12 +65,22 @@ def new_file(name: str, package: str, *dependencies: str) -> Any:
     """An empty proto3 ``FileDescriptorProto``; messages are added with ``file.message_type.add(name=...)``."""
     from google.protobuf import descriptor_pb2
 
-    return descriptor_pb2.FileDescriptorProto(name=name, package=package, syntax="proto3",
-                                              dependency=list(dependencies))
+    return descriptor_pb2.FileDescriptorProto(
+        name=name, package=package, syntax="proto3", dependency=list(dependencies)
+    )
 
 
-def add_field(message: Any, name: str, number: int, field_type: str, type_name: str = "", *,
-              repeated: bool = False, packed: bool = False, oneof: int | None = None) -> None:
+def add_field(
+    message: Any,
+    name: str,
+    number: int,
+    field_type: str,
+    type_name: str = "",
+    *,
+    repeated: bool = False,
+    packed: bool = False,
+    oneof: int | None = None,
+) -> None:
     """Add one field to a ``DescriptorProto``.
 
     ``field_type`` is the .proto type word ("int64", "string", "message", "enum", ...);
@@ -89,8 +99,15 @@ def add_field(message: Any, name: str, number: int, field_type: str, type_name: 
         field.oneof_index = oneof
 
 
-def add_map(message: Any, full_name: str, field_name: str, number: int, key_type: str, value_type: str,
-            value_type_name: str = "") -> None:
+def add_map(
+    message: Any,
+    full_name: str,
+    field_name: str,
+    number: int,
+    key_type: str,
+    value_type: str,
+    value_type_name: str = "",
+) -> None:
     """Add ``map<key_type, value_type> field_name = number;`` to the message whose full name is ``full_name``.
 
     As protoc does: a nested ``<FieldName>Entry`` message marked map_entry, and a repeated field of it.
@@ -141,8 +158,9 @@ def message_classes(files: Iterable[Any], names: Sequence[str]) -> SimpleNamespa
         pool.Add(file_proto)
     for file_proto in files:
         pool.Add(file_proto)
-    classes = {name.rpartition(".")[2]: message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
-               for name in names}
+    classes = {
+        name.rpartition(".")[2]: message_factory.GetMessageClass(pool.FindMessageTypeByName(name)) for name in names
+    }
     return SimpleNamespace(pool=pool, **classes)
 
 

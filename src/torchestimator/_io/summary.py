@@ -53,7 +53,7 @@ import torch
 
 from torchestimator._io import filesystems
 
-__all__ = ["SummaryWriter", "read_scalars", "EVENT_FILE_PATTERN"]
+__all__ = ["EVENT_FILE_PATTERN", "SummaryWriter", "read_scalars"]
 
 logger = logging.getLogger(__name__)
 
@@ -137,9 +137,12 @@ class SummaryWriter:
             path = self._event_file()
             if is_no_room(error):
                 failure: OSError = DiskFullError(
-                    error, path=path, what=what,
+                    error,
+                    path=path,
+                    what=what,
                     advice="Free some space (or choose a model_dir with room) and rerun: training resumes from the "
-                    "newest intact checkpoint.")
+                    "newest intact checkpoint.",
+                )
             else:
                 failure = OSError(error.errno, f"Could not write {what} to {path}: {error.strerror or error}", path)
             self._abandon()
@@ -330,7 +333,7 @@ def _read_event_file(path: str, latest: dict[str, dict[int, Any]], order: int) -
 
     offset = 0
     try:
-        for offset, record in iter_records(path, strict=False):
+        for offset, record in iter_records(path, strict=False):  # noqa: B007 (read after the loop)
             order += 1
             event = Event.FromString(record)
             if not event.HasField("summary"):
@@ -347,6 +350,10 @@ def _read_event_file(path: str, latest: dict[str, dict[int, Any]], order: int) -
         if error.kind != "truncated":  # a cut tail is a file still being written
             logger.warning("Skipping the rest of event file %s: %s", path, error)
     except (OSError, DecodeError, ValueError) as error:
-        logger.warning("Skipping the rest of event file %s: the record at byte %d could not be read as an "
-                       "Event (%s).", path, offset, error)
+        logger.warning(
+            "Skipping the rest of event file %s: the record at byte %d could not be read as an Event (%s).",
+            path,
+            offset,
+            error,
+        )
     return order

@@ -56,8 +56,11 @@ def request_class_with_send_deadline() -> type:
                         progress, progress_at = now, loop.time()
                     elif loop.time() - progress_at >= stall_seconds:
                         # The answer's reader gets this error; the URL is not in it (it may carry a SAS token).
-                        protocol.set_exception(aiohttp.ServerTimeoutError(
-                            f"no byte of the request body could be sent for {stall_seconds:g} s"))
+                        protocol.set_exception(
+                            aiohttp.ServerTimeoutError(
+                                f"no byte of the request body could be sent for {stall_seconds:g} s"
+                            )
+                        )
                         transport.abort()
                         return None
             finally:
@@ -107,12 +110,26 @@ def fit_azure_client(fs: Any, *, connection_timeout: float, read_timeout: float,
     old = fs.service_client
 
     async def build() -> Any:
-        session = aiohttp.ClientSession(request_class=request_class_with_send_deadline(), trust_env=True,
-                                        cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False)  # the SDK's own
-        transport = AioHttpTransport(session=session, session_owner=True, connection_timeout=connection_timeout,
-                                     read_timeout=read_timeout, connection_data_block_size=256 * 1024)
-        client = type(old)(old.primary_endpoint, credential=old.credential,  # the endpoint keeps a SAS token
-                           secondary_hostname=old.secondary_hostname, transport=transport, **retry)
+        session = aiohttp.ClientSession(
+            request_class=request_class_with_send_deadline(),
+            trust_env=True,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+        )  # the SDK's own
+        transport = AioHttpTransport(
+            session=session,
+            session_owner=True,
+            connection_timeout=connection_timeout,
+            read_timeout=read_timeout,
+            connection_data_block_size=256 * 1024,
+        )
+        client = type(old)(
+            old.primary_endpoint,
+            credential=old.credential,  # the endpoint keeps a SAS token
+            secondary_hostname=old.secondary_hostname,
+            transport=transport,
+            **retry,
+        )
         if old.location_mode != client.location_mode:
             client.location_mode = old.location_mode
         return client

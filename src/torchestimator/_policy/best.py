@@ -32,13 +32,18 @@ from typing import Any
 
 from torchestimator._io import filesystems
 from torchestimator._io.atomic import write_json_atomically
-from torchestimator.checkpoint.store import CheckpointStore
 from torchestimator._policy.improvement import Objective
+from torchestimator.checkpoint.store import CheckpointStore
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "BEST_FILE", "BestCheckpointPolicy", "BestRecord", "best_checkpoint", "mark_recorded_best", "protect_recorded_best",
+    "BEST_FILE",
+    "BestCheckpointPolicy",
+    "BestRecord",
+    "best_checkpoint",
+    "mark_recorded_best",
+    "protect_recorded_best",
     "read_best",
 ]
 
@@ -77,13 +82,16 @@ class BestCheckpointPolicy:
     higher_is_better = property(lambda self: self.objective.higher_is_better, doc="Its direction (read-only).")
 
     def __repr__(self) -> str:
-        return (f"BestCheckpointPolicy(metric_name={self.metric_name!r}, higher_is_better={self.higher_is_better}, "
-                f"keep={self.keep})")
+        return (
+            f"BestCheckpointPolicy(metric_name={self.metric_name!r}, higher_is_better={self.higher_is_better}, "
+            f"keep={self.keep})"
+        )
 
     def check_results(self, global_step: int, results: Mapping[str, Any]) -> float:
         """The metric's value in ``results``; ValueError listing the available names when it is absent."""
-        return self.objective.value(results, role="Best-checkpoint",
-                                    source=f"the evaluation results at global step {global_step}")
+        return self.objective.value(
+            results, role="Best-checkpoint", source=f"the evaluation results at global step {global_step}"
+        )
 
     def update(self, store: CheckpointStore, global_step: int, results: Mapping[str, Any]) -> bool:
         """Compares the evaluation of ``global_step`` with the recorded best; True if it joined the best.
@@ -126,8 +134,12 @@ class BestCheckpointPolicy:
         model_dir = store.model_dir
         steps_on_disk = {entry["step"] for entry in store.history()}
         if global_step not in steps_on_disk:
-            logger.warning("The checkpoint of global step %d left %s before it could be recorded as a best one "
-                           "(retention deleted it during its evaluation); it is not compared.", global_step, model_dir)
+            logger.warning(
+                "The checkpoint of global step %d left %s before it could be recorded as a best one "
+                "(retention deleted it during its evaluation); it is not compared.",
+                global_step,
+                model_dir,
+            )
             return False
         recorded, kept, joined = self._compare(model_dir, steps_on_disk, global_step, value)
         if _changed(recorded, kept):
@@ -135,8 +147,13 @@ class BestCheckpointPolicy:
         self._log(global_step, value, joined)
         return joined
 
-    def _compare(self, model_dir: str, steps_on_disk: set[int], global_step: int, value: float,
-                 ) -> tuple[list[BestRecord], list[BestRecord], bool]:
+    def _compare(
+        self,
+        model_dir: str,
+        steps_on_disk: set[int],
+        global_step: int,
+        value: float,
+    ) -> tuple[list[BestRecord], list[BestRecord], bool]:
         """(the recorded best, the best once ``value`` of ``global_step`` is offered, whether it joined them)."""
         recorded = self._recorded(model_dir, steps_on_disk)
         candidates = [record for record in recorded if record.step != global_step]
@@ -146,8 +163,13 @@ class BestCheckpointPolicy:
 
     def _log(self, global_step: int, value: float, joined: bool) -> None:
         if joined:
-            logger.info("Global step %d is among the best %d by %s = %s; its checkpoint is kept.",
-                        global_step, self.keep, self.metric_name, value)
+            logger.info(
+                "Global step %d is among the best %d by %s = %s; its checkpoint is kept.",
+                global_step,
+                self.keep,
+                self.metric_name,
+                value,
+            )
 
     def _rank(self, record: BestRecord) -> tuple[bool, float, int]:
         return self.objective.rank(record.value, record.step)
@@ -160,15 +182,20 @@ class BestCheckpointPolicy:
         if (document.get("metric_name"), document.get("higher_is_better")) != (self.metric_name, self.higher_is_better):
             logger.warning(
                 "%s records the best by %s (higher_is_better=%s), but the policy now uses %s (higher_is_better=%s): "
-                "the old record is not comparable and is replaced.", filesystems.join(model_dir, BEST_FILE),
-                document.get("metric_name"), document.get("higher_is_better"), self.metric_name, self.higher_is_better,
+                "the old record is not comparable and is replaced.",
+                filesystems.join(model_dir, BEST_FILE),
+                document.get("metric_name"),
+                document.get("higher_is_better"),
+                self.metric_name,
+                self.higher_is_better,
             )
             return []
         records = [BestRecord(step=int(item["step"]), value=_stored_value(item)) for item in document["best"]]
         gone = [record.step for record in records if record.step not in steps_on_disk]
         if gone:
-            logger.warning("Best checkpoints of steps %s are no longer in %s; they are dropped from the record.",
-                           gone, model_dir)
+            logger.warning(
+                "Best checkpoints of steps %s are no longer in %s; they are dropped from the record.", gone, model_dir
+            )
         return sorted((record for record in records if record.step in steps_on_disk), key=self._rank)
 
 
@@ -185,8 +212,10 @@ def read_best(model_dir: str | os.PathLike[str]) -> list[BestRecord]:
         for item in document["best"]:
             path = os.path.join(model_dir, f"ckpt-{int(item['step'])}")
             paths[int(item["step"])] = path if os.path.isdir(path) else None
-    return [BestRecord(step=int(item["step"]), value=_stored_value(item), path=paths.get(int(item["step"])))
-            for item in document["best"]]
+    return [
+        BestRecord(step=int(item["step"]), value=_stored_value(item), path=paths.get(int(item["step"])))
+        for item in document["best"]
+    ]
 
 
 def protect_recorded_best(model_dir: str | os.PathLike[str], store: Any) -> None:
@@ -199,8 +228,12 @@ def protect_recorded_best(model_dir: str | os.PathLike[str], store: Any) -> None
     marked = set(store.manifest["best"])
     if not recorded <= marked:
         on_disk = {entry["step"] for entry in store.history()}
-        logger.warning("The manifest of %s does not protect the best checkpoints recorded in %s (steps %s); "
-                       "marking them again.", model_dir, BEST_FILE, sorted((recorded - marked) & on_disk))
+        logger.warning(
+            "The manifest of %s does not protect the best checkpoints recorded in %s (steps %s); marking them again.",
+            model_dir,
+            BEST_FILE,
+            sorted((recorded - marked) & on_disk),
+        )
         store.mark_best(sorted((marked | recorded) & on_disk))
 
 
@@ -252,18 +285,30 @@ def _read_best_file(model_dir: str) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         logger.warning("%s is unreadable (%s); the best checkpoints are compared afresh.", path, error)
         return None
-    valid = (isinstance(document, dict) and document.get("format_version") == _FORMAT_VERSION
-             and isinstance(document.get("best"), list)
-             and all(isinstance(item, dict) and {"step", "value"} <= set(item) for item in document["best"]))
+    valid = (
+        isinstance(document, dict)
+        and document.get("format_version") == _FORMAT_VERSION
+        and isinstance(document.get("best"), list)
+        and all(isinstance(item, dict) and {"step", "value"} <= set(item) for item in document["best"])
+    )
     if not valid:
         logger.warning("%s does not have the expected layout; the best checkpoints are compared afresh.", path)
         return None
     for index, item in enumerate(document["best"]):
         step, value = item["step"], item["value"]
-        if (isinstance(step, bool) or not isinstance(step, int) or step < 0
-                or not (value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)))):
-            logger.warning("%s: entry %d (%r) needs an int step >= 0 and a number or null as value; the best "
-                           "checkpoints are compared afresh.", path, index, item)
+        if (
+            isinstance(step, bool)
+            or not isinstance(step, int)
+            or step < 0
+            or not (value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)))
+        ):
+            logger.warning(
+                "%s: entry %d (%r) needs an int step >= 0 and a number or null as value; the best "
+                "checkpoints are compared afresh.",
+                path,
+                index,
+                item,
+            )
             return None
     return document
 

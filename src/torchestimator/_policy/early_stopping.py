@@ -43,10 +43,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "EarlyStopping",
-    "as_rules",
     "EarlyStoppingRule",
     "NoImprovementRule",
     "ThresholdRule",
+    "as_rules",
     "metric_value",
     "stop_if_higher_hook",
     "stop_if_lower_hook",
@@ -72,8 +72,14 @@ class EarlyStoppingRule(abc.ABC):
 
     role = "Early stopping"
 
-    def __init__(self, metric_name: str, *, min_steps: int = 0, run_every_steps: int | None = None,
-                 run_every_secs: float | None = None) -> None:
+    def __init__(
+        self,
+        metric_name: str,
+        *,
+        min_steps: int = 0,
+        run_every_steps: int | None = None,
+        run_every_secs: float | None = None,
+    ) -> None:
         if not isinstance(metric_name, str) or not metric_name:
             raise ValueError(f"metric_name must be a non-empty string such as 'loss'; received {metric_name!r}.")
         _check_int("min_steps", min_steps, 0)
@@ -84,7 +90,9 @@ class EarlyStoppingRule(abc.ABC):
                 f"run_every_secs={run_every_secs!r}, run_every_steps={run_every_steps!r}."
             )
         if run_every_secs is not None and not (isinstance(run_every_secs, (int, float)) and run_every_secs > 0):
-            raise ValueError(f"run_every_secs must be a positive number of seconds or None; received {run_every_secs!r}.")
+            raise ValueError(
+                f"run_every_secs must be a positive number of seconds or None; received {run_every_secs!r}."
+            )
         self.metric_name = metric_name
         self.min_steps = min_steps
         self.run_every_steps = run_every_steps
@@ -107,9 +115,12 @@ class EarlyStoppingRule(abc.ABC):
         if self._stop or not self._history:
             return self._stop
         latest = max(self._history)
-        if self.run_every_steps is not None and self._last_checked is not None:
-            if latest - self._last_checked < self.run_every_steps:
-                return False
+        if (
+            self.run_every_steps is not None
+            and self._last_checked is not None
+            and latest - self._last_checked < self.run_every_steps
+        ):
+            return False
         self._last_checked = latest
         history = [(step, self._history[step]) for step in sorted(self._history) if step >= self.min_steps]
         self._stop = bool(history) and self._decide(history)
@@ -125,10 +136,19 @@ class EarlyStoppingRule(abc.ABC):
 class ThresholdRule(EarlyStoppingRule):
     """Stops once an evaluation at step >= min_steps has the metric above (or below) a threshold."""
 
-    def __init__(self, metric_name: str, threshold: float, *, higher: bool, min_steps: int = 0,
-                 run_every_steps: int | None = None, run_every_secs: float | None = None) -> None:
-        super().__init__(metric_name, min_steps=min_steps, run_every_steps=run_every_steps,
-                         run_every_secs=run_every_secs)
+    def __init__(
+        self,
+        metric_name: str,
+        threshold: float,
+        *,
+        higher: bool,
+        min_steps: int = 0,
+        run_every_steps: int | None = None,
+        run_every_secs: float | None = None,
+    ) -> None:
+        super().__init__(
+            metric_name, min_steps=min_steps, run_every_steps=run_every_steps, run_every_secs=run_every_secs
+        )
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or math.isnan(threshold):
             raise ValueError(f"threshold must be a number; received {threshold!r}.")
         self.threshold = float(threshold)
@@ -150,10 +170,19 @@ class NoImprovementRule(EarlyStoppingRule):
     ``step - best_step >= max_steps_without_improvement``.
     """
 
-    def __init__(self, metric_name: str, max_steps_without_improvement: int, *, increase: bool, min_steps: int = 0,
-                 run_every_steps: int | None = None, run_every_secs: float | None = None) -> None:
-        super().__init__(metric_name, min_steps=min_steps, run_every_steps=run_every_steps,
-                         run_every_secs=run_every_secs)
+    def __init__(
+        self,
+        metric_name: str,
+        max_steps_without_improvement: int,
+        *,
+        increase: bool,
+        min_steps: int = 0,
+        run_every_steps: int | None = None,
+        run_every_secs: float | None = None,
+    ) -> None:
+        super().__init__(
+            metric_name, min_steps=min_steps, run_every_steps=run_every_steps, run_every_secs=run_every_secs
+        )
         _check_int(f"max_steps_without_{'increase' if increase else 'decrease'}", max_steps_without_improvement, 1)
         self.max_steps_without_improvement = max_steps_without_improvement
         self.increase = increase
@@ -181,8 +210,9 @@ class EarlyStopping(EarlyStoppingRule):
     ``min_steps`` are ignored.
     """
 
-    def __init__(self, metric_name: str, mode: str = "min", patience: int = 1, min_delta: float = 0.0, *,
-                 min_steps: int = 0) -> None:
+    def __init__(
+        self, metric_name: str, mode: str = "min", patience: int = 1, min_delta: float = 0.0, *, min_steps: int = 0
+    ) -> None:
         super().__init__(metric_name, min_steps=min_steps)
         self.objective = Objective.from_mode(metric_name, mode, min_delta)
         _check_int("patience", patience, 1)
@@ -211,14 +241,17 @@ def as_rules(early_stopping: Any) -> list[Any]:
     return rules
 
 
-def _arguments(function: str, args: tuple[Any, ...], keywords: dict[str, Any], names: tuple[str, str]) -> tuple[Any, Any]:
+def _arguments(
+    function: str, args: tuple[Any, ...], keywords: dict[str, Any], names: tuple[str, str]
+) -> tuple[Any, Any]:
     """(metric_name, second) from TensorFlow's call forms: positional after an optional leading estimator,
     or by keyword (``metric_name=``, ``threshold=`` / ``max_steps_without_increase=`` ...)."""
     if args and not isinstance(args[0], str):
         args = args[1:]  # tf.estimator passed the estimator first; the results come to the rule directly
     if len(args) > 2:
-        raise TypeError(f"{function} takes ([estimator,] {names[0]}, {names[1]}); received {len(args)} positional "
-                        "arguments.")
+        raise TypeError(
+            f"{function} takes ([estimator,] {names[0]}, {names[1]}); received {len(args)} positional arguments."
+        )
     values = dict(zip(names, args))
     for name in names:
         if keywords.get(name) is not None:
@@ -250,9 +283,12 @@ def _tensorflow_form(function: str, second: str, rule: type[_Rule], **direction:
     """
     keyword = inspect.Parameter.KEYWORD_ONLY
     signature = inspect.Signature(
-        [inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
-         inspect.Parameter("metric_name", keyword, default=None), inspect.Parameter(second, keyword, default=None),
-         *(inspect.Parameter(name, keyword, default=default) for name, default in _OPTIONS)],
+        [
+            inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+            inspect.Parameter("metric_name", keyword, default=None),
+            inspect.Parameter(second, keyword, default=None),
+            *(inspect.Parameter(name, keyword, default=default) for name, default in _OPTIONS),
+        ],
         return_annotation=rule,
     )
 
@@ -260,24 +296,33 @@ def _tensorflow_form(function: str, second: str, rule: type[_Rule], **direction:
         try:
             given = signature.bind(*args, **keywords).arguments
         except TypeError as error:  # an unknown keyword: say whose
-            raise TypeError(f"{function}: {error}; it takes ([estimator,] metric_name, {second}, *, "
-                            f"{', '.join(name for name, _ in _OPTIONS)}).") from None
-        name, value = _arguments(function, given.get("args", ()),
-                                 {"metric_name": given.get("metric_name"), second: given.get(second)},
-                                 ("metric_name", second))
+            raise TypeError(
+                f"{function}: {error}; it takes ([estimator,] metric_name, {second}, *, "
+                f"{', '.join(name for name, _ in _OPTIONS)})."
+            ) from None
+        name, value = _arguments(
+            function,
+            given.get("args", ()),
+            {"metric_name": given.get("metric_name"), second: given.get(second)},
+            ("metric_name", second),
+        )
         options = {key: given.get(key, default) for key, default in _OPTIONS if key != "eval_dir"}  # eval_dir: unused
         return rule(name, value, **direction, **options)
 
     make_rule.__name__ = make_rule.__qualname__ = function
     make_rule.__signature__ = signature  # type: ignore[attr-defined]  # what help() and inspect show
-    make_rule.__doc__ = (f"``{function}([estimator,] metric_name, {second}, *, min_steps=0, ...)``: "
-                         f"{_SUMMARIES[function]} ``estimator`` and ``eval_dir`` are accepted for TensorFlow's call form and ignored.")
+    make_rule.__doc__ = (
+        f"``{function}([estimator,] metric_name, {second}, *, min_steps=0, ...)``: "
+        f"{_SUMMARIES[function]} ``estimator`` and ``eval_dir`` are accepted for TensorFlow's call form and ignored."
+    )
     return make_rule
 
 
 stop_if_higher_hook = _tensorflow_form("stop_if_higher_hook", "threshold", ThresholdRule, higher=True)
 stop_if_lower_hook = _tensorflow_form("stop_if_lower_hook", "threshold", ThresholdRule, higher=False)
-stop_if_no_increase_hook = _tensorflow_form("stop_if_no_increase_hook", "max_steps_without_increase",
-                                            NoImprovementRule, increase=True)
-stop_if_no_decrease_hook = _tensorflow_form("stop_if_no_decrease_hook", "max_steps_without_decrease",
-                                            NoImprovementRule, increase=False)
+stop_if_no_increase_hook = _tensorflow_form(
+    "stop_if_no_increase_hook", "max_steps_without_increase", NoImprovementRule, increase=True
+)
+stop_if_no_decrease_hook = _tensorflow_form(
+    "stop_if_no_decrease_hook", "max_steps_without_decrease", NoImprovementRule, increase=False
+)

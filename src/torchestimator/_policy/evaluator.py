@@ -39,7 +39,6 @@ warning, whether it vanished during the evaluation or under an exporter.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -97,15 +96,31 @@ def run_evaluator(
     if best is not None and not isinstance(best, BestCheckpointPolicy):
         raise TypeError(f"best must be a BestCheckpointPolicy or None; received {best!r}.")
     rules = as_rules(early_stopping)
-    for name, value in (("poll_secs", poll_secs), ("timeout_secs", timeout_secs), ("stop_timeout_secs", stop_timeout_secs)):
+    for name, value in (
+        ("poll_secs", poll_secs),
+        ("timeout_secs", timeout_secs),
+        ("stop_timeout_secs", stop_timeout_secs),
+    ):
         if value is not None:
             check_seconds("run_evaluator", name, value)
     if any(spec.every_n_steps for spec in specs):
-        logger.warning("EvalSpec(every_n_steps=...) applies to evaluation inside training; the evaluator task "
-                       "evaluates checkpoints (RunConfig.save_checkpoints_steps sets how often they appear).")
+        logger.warning(
+            "EvalSpec(every_n_steps=...) applies to evaluation inside training; the evaluator task "
+            "evaluates checkpoints (RunConfig.save_checkpoints_steps sets how often they appear)."
+        )
     interval = poll_secs if poll_secs is not None else min(spec.throttle_secs for spec in specs)
-    evaluator = _Evaluator(estimator, train_spec, specs, best, rules, interval=interval, timeout_secs=timeout_secs,
-                           stop_timeout_secs=stop_timeout_secs, clock=clock, sleep=sleep)
+    evaluator = _Evaluator(
+        estimator,
+        train_spec,
+        specs,
+        best,
+        rules,
+        interval=interval,
+        timeout_secs=timeout_secs,
+        stop_timeout_secs=stop_timeout_secs,
+        clock=clock,
+        sleep=sleep,
+    )
     evaluator.run()
     return by_spec(eval_spec, specs, evaluator.results, evaluator.exports)
 
@@ -113,10 +128,20 @@ def run_evaluator(
 class _Evaluator:
     """One evaluator task's loop and what it remembers: the last evaluated checkpoint and its decision."""
 
-    def __init__(self, estimator: Any, train_spec: TrainSpec, specs: list[EvalSpec],
-                 best: BestCheckpointPolicy | None, rules: list[EarlyStoppingRule], *, interval: float,
-                 timeout_secs: float | None, stop_timeout_secs: float, clock: Callable[[], float],
-                 sleep: Callable[[float], None]) -> None:
+    def __init__(
+        self,
+        estimator: Any,
+        train_spec: TrainSpec,
+        specs: list[EvalSpec],
+        best: BestCheckpointPolicy | None,
+        rules: list[EarlyStoppingRule],
+        *,
+        interval: float,
+        timeout_secs: float | None,
+        stop_timeout_secs: float,
+        clock: Callable[[], float],
+        sleep: Callable[[float], None],
+    ) -> None:
         self.estimator, self.train_spec, self.specs, self.best, self.rules = estimator, train_spec, specs, best, rules
         self.model_dir = estimator.model_dir
         self.interval, self.timeout_secs, self.stop_timeout_secs = interval, timeout_secs, stop_timeout_secs
@@ -137,9 +162,13 @@ class _Evaluator:
     def run(self) -> None:
         delay = self.specs[0].start_delay_secs
         if delay:
-            logger.info("The evaluator waits start_delay_secs=%g s (EvalSpec's; TensorFlow's default is 120) before "
-                        "it first looks for a checkpoint in %s; then every %g s.", delay, self.model_dir,
-                        self.interval)
+            logger.info(
+                "The evaluator waits start_delay_secs=%g s (EvalSpec's; TensorFlow's default is 120) before "
+                "it first looks for a checkpoint in %s; then every %g s.",
+                delay,
+                self.model_dir,
+                self.interval,
+            )
         self.sleep(delay)
         self._take_the_earlier_run()
         next_evaluation = last_new = self.clock()
@@ -152,9 +181,12 @@ class _Evaluator:
             if self.decision is not None and training is not None:  # a run listens: wait for its answer
                 self._address(training)
                 if now - self.decided_at >= self.stop_timeout_secs:
-                    logger.warning("The trainers did not end their run within %s s of the stop signal (%s): "
-                                   "evaluating the newest checkpoint as the final one.", self.stop_timeout_secs,
-                                   self.decision.rule)
+                    logger.warning(
+                        "The trainers did not end their run within %s s of the stop signal (%s): "
+                        "evaluating the newest checkpoint as the final one.",
+                        self.stop_timeout_secs,
+                        self.decision.rule,
+                    )
                     self._finish(None)
                     return
             elif now >= next_evaluation:
@@ -168,8 +200,11 @@ class _Evaluator:
                         self._decide(step)
                         self._address(self.training)
                 elif self.timeout_secs is not None and now - last_new >= self.timeout_secs:
-                    logger.info("No new checkpoint in %s for %s seconds: the evaluator stops.", self.model_dir,
-                                self.timeout_secs)
+                    logger.info(
+                        "No new checkpoint in %s for %s seconds: the evaluator stops.",
+                        self.model_dir,
+                        self.timeout_secs,
+                    )
                     return
                 next_evaluation = now + self.interval
             self.sleep(self._pause(next_evaluation))
@@ -189,17 +224,29 @@ class _Evaluator:
             return
         newest = self._newest()
         if newest is not None and newest[0] == earlier.end_step and self._job_is_over(earlier):
-            logger.info("Training run %s ended at global step %d (%s) and its job is over: evaluating that "
-                        "checkpoint as the final one.", earlier.run_id, earlier.end_step, earlier.end_reason)
+            logger.info(
+                "Training run %s ended at global step %d (%s) and its job is over: evaluating that "
+                "checkpoint as the final one.",
+                earlier.run_id,
+                earlier.end_step,
+                earlier.end_reason,
+            )
             return
         self.earlier_run_id = earlier.run_id
         if newest is not None and newest[0] == earlier.end_step and earlier.end_step in self._evaluated_steps():
             self.skip_path = newest[1]
         limit = "no max_steps" if self.train_spec.max_steps is None else f"max_steps {self.train_spec.max_steps}"
-        logger.info("%s records training run %s, which ended at global step %d (%s); with this evaluator's %s and "
-                    "early-stopping rules it belongs to an earlier job. Waiting for the trainers' next run "
-                    "(a new %s) and evaluating each new checkpoint meanwhile.", TRAINING_RUN_FILE, earlier.run_id,
-                    earlier.end_step, earlier.end_reason, limit, TRAINING_RUN_FILE)
+        logger.info(
+            "%s records training run %s, which ended at global step %d (%s); with this evaluator's %s and "
+            "early-stopping rules it belongs to an earlier job. Waiting for the trainers' next run "
+            "(a new %s) and evaluating each new checkpoint meanwhile.",
+            TRAINING_RUN_FILE,
+            earlier.run_id,
+            earlier.end_step,
+            earlier.end_reason,
+            limit,
+            TRAINING_RUN_FILE,
+        )
 
     def _job_is_over(self, run: TrainingRun) -> bool:
         if run.end_cause == END_MAX_STEPS:
@@ -214,7 +261,7 @@ class _Evaluator:
         if not self.rules:
             return False
         self._seed_history(step)
-        return any([rule.should_stop() for rule in self.rules])  # every rule asked: each keeps its own state
+        return any([rule.should_stop() for rule in self.rules])  # noqa: C419 (every rule asked: each keeps its own state)
 
     def _seed_history(self, step: int) -> None:
         if not self.history_seeded:  # the evaluations of earlier runs in this model_dir, as in TensorFlow
@@ -248,7 +295,9 @@ class _Evaluator:
                 "'evaluator' job); with this evaluator, model_dir/eval would get events from two processes. Add the "
                 'evaluator\'s address to the cluster ("evaluator": ["host:port"]) in the TF_CONFIG of every task, '
                 "chief and workers included, or stop this evaluator.",
-                field="TF_CONFIG", value=training.run_id)
+                field="TF_CONFIG",
+                value=training.run_id,
+            )
         return training
 
     def _note_listeners(self, step: int) -> None:
@@ -264,8 +313,12 @@ class _Evaluator:
             "trainers' retention may delete the best checkpoints: both need trainers started by train_and_evaluate "
             '(`torchestimator train-and-evaluate FILE`) with "evaluator": ["host:port"] in the cluster of every '
             "task's TF_CONFIG. This evaluator goes on evaluating each new checkpoint up to max_steps (%s)%s.",
-            step, self.model_dir, TRAINING_RUN_FILE, self.train_spec.max_steps,
-            "" if self.timeout_secs is None else f" or until none appears for {self.timeout_secs} s")
+            step,
+            self.model_dir,
+            TRAINING_RUN_FILE,
+            self.train_spec.max_steps,
+            "" if self.timeout_secs is None else f" or until none appears for {self.timeout_secs} s",
+        )
 
     # -- one evaluation and what follows it ------------------------------------------------------
 
@@ -282,8 +335,9 @@ class _Evaluator:
         try:
             for index, spec in enumerate(self.specs):
                 try:
-                    self.results[index] = self.estimator.evaluate(spec.input_fn, steps=spec.steps, hooks=spec.hooks,
-                                                                  checkpoint_path=path, name=spec.name)
+                    self.results[index] = self.estimator.evaluate(
+                        spec.input_fn, steps=spec.steps, hooks=spec.hooks, checkpoint_path=path, name=spec.name
+                    )
                 except CheckpointError as error:
                     logger.warning("Could not evaluate %s (removed or damaged while being read): %s", path, error)
                     return None
@@ -307,9 +361,15 @@ class _Evaluator:
                 if filesystems.exists(path):
                     raise
                 # Retention deleted it under the exporter (its protection lapsed): a skipped export, not a crash.
-                logger.warning("Skipped the exports of %s (global step %s): the checkpoint was removed while the "
-                               "exporters of %s read it (%s: %s).", path, self.last_step, spec.name or "eval",
-                               type(error).__name__, error)
+                logger.warning(
+                    "Skipped the exports of %s (global step %s): the checkpoint was removed while the "
+                    "exporters of %s read it (%s: %s).",
+                    path,
+                    self.last_step,
+                    spec.name or "eval",
+                    type(error).__name__,
+                    error,
+                )
                 self.exports[index] = []
         if final:
             self.final_step = self.last_step
@@ -327,9 +387,12 @@ class _Evaluator:
             if self.training is not None:
                 logger.info("Early stopping: %s says stop at global step %d; telling the trainers.", stopping[0], step)
             else:
-                logger.warning("Early stopping: %s says stop at global step %d, but no training run listens (see "
-                               "the warning above): evaluating on; the decision goes to a run that starts later.",
-                               stopping[0], step)
+                logger.warning(
+                    "Early stopping: %s says stop at global step %d, but no training run listens (see "
+                    "the warning above): evaluating on; the decision goes to a run that starts later.",
+                    stopping[0],
+                    step,
+                )
 
     def _address(self, training: TrainingRun | None) -> None:
         """Writes the stop signal for the run training now (again if the trainers restarted as a new run)."""
@@ -338,22 +401,32 @@ class _Evaluator:
         self.decision = StopSignal(run_id=training.run_id, step=self.decision.step, rule=self.decision.rule)
         self.decided_at = self.clock()
         write_stop_signal(self.model_dir, self.decision)
-        logger.info("Stop signal written for training run %s (%s at global step %d).", training.run_id,
-                    self.decision.rule, self.decision.step)
+        logger.info(
+            "Stop signal written for training run %s (%s at global step %d).",
+            training.run_id,
+            self.decision.rule,
+            self.decision.step,
+        )
 
     def _finish(self, training: TrainingRun | None) -> None:
         """The final evaluation: the checkpoint the run ended with (``training``), else the newest one."""
         newest = self._newest()
         target = newest
         if training is not None:
-            logger.info("Training run %s ended at global step %d (%s).", training.run_id, training.end_step,
-                        training.end_reason)
+            logger.info(
+                "Training run %s ended at global step %d (%s).", training.run_id, training.end_step, training.end_reason
+            )
             paths = {entry["step"]: entry["path"] for entry in self.estimator.checkpoint_store.history()}
             if training.end_step in paths:
                 target = (training.end_step, paths[training.end_step])
             else:
-                logger.warning("Training ended at global step %s but %s has no checkpoint of it; evaluating the "
-                               "newest one (%s) as the final one.", training.end_step, self.model_dir, newest)
+                logger.warning(
+                    "Training ended at global step %s but %s has no checkpoint of it; evaluating the "
+                    "newest one (%s) as the final one.",
+                    training.end_step,
+                    self.model_dir,
+                    newest,
+                )
         if target is None:
             logger.warning("Training ended but %s has no checkpoint to evaluate.", self.model_dir)
             return

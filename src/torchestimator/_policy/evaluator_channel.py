@@ -139,12 +139,28 @@ def read_training_run(model_dir: str) -> TrainingRun | None:
     document = _read(model_dir, TRAINING_RUN_FILE)
     if document is None:
         return None
-    run = _build(model_dir, TRAINING_RUN_FILE, TrainingRun, document, {
-        "run_id": (str,), "evaluator_task": (bool,), "start_step": (int,), "end_step": (int, None),
-        "end_reason": (str, None), "max_steps": (int, None), "end_cause": (str, None)})
+    run = _build(
+        model_dir,
+        TRAINING_RUN_FILE,
+        TrainingRun,
+        document,
+        {
+            "run_id": (str,),
+            "evaluator_task": (bool,),
+            "start_step": (int,),
+            "end_step": (int, None),
+            "end_reason": (str, None),
+            "max_steps": (int, None),
+            "end_cause": (str, None),
+        },
+    )
     if run is not None and run.end_cause is not None and run.end_cause not in END_CAUSES:
-        logger.warning("%s: field 'end_cause' must be one of %s or null; received %r. The file is ignored.",
-                       filesystems.join(model_dir, TRAINING_RUN_FILE), ", ".join(END_CAUSES), run.end_cause)
+        logger.warning(
+            "%s: field 'end_cause' must be one of %s or null; received %r. The file is ignored.",
+            filesystems.join(model_dir, TRAINING_RUN_FILE),
+            ", ".join(END_CAUSES),
+            run.end_cause,
+        )
         return None
     return run
 
@@ -186,16 +202,25 @@ def _is_stale(path: str, writer: Any, now: float) -> bool:
     # This very process wrote it (evaluator and chief in one process): alive, though writer_is_gone says
     # otherwise of its own pid (its own leftovers are stale at start-up).
     if match is not None and writer != writer_tag() and writer_is_gone(int(match.group("pid")), match.group("host")):
-        logger.info("%s was written by process %s, which is gone (an evaluator killed mid-evaluation): the step "
-                    "it names is not protected from retention.", path, writer)
+        logger.info(
+            "%s was written by process %s, which is gone (an evaluator killed mid-evaluation): the step "
+            "it names is not protected from retention.",
+            path,
+            writer,
+        )
         return True
     try:
         age = now - _modified_time(path)
     except OSError:  # replaced or removed since it was read: the next save reads it again
         return False
     if age > EVALUATING_STEP_MAX_AGE_SECS:
-        logger.info("%s was written %.0f s ago, more than %.0f s: its writer is taken to be gone and the step it "
-                    "names is not protected from retention.", path, age, EVALUATING_STEP_MAX_AGE_SECS)
+        logger.info(
+            "%s was written %.0f s ago, more than %.0f s: its writer is taken to be gone and the step it "
+            "names is not protected from retention.",
+            path,
+            age,
+            EVALUATING_STEP_MAX_AGE_SECS,
+        )
         return True
     return False
 
@@ -228,8 +253,14 @@ class StopSignalWatch:
     another run is logged once and ignored. Once this run's signal is found, every call returns it.
     """
 
-    def __init__(self, model_dir: str, run_id: str, *, poll_secs: float = STOP_POLL_SECS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        run_id: str,
+        *,
+        poll_secs: float = STOP_POLL_SECS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.model_dir, self.run_id, self.poll_secs, self.clock = model_dir, run_id, poll_secs, clock
         self.path = filesystems.join(model_dir, STOP_SIGNAL_FILE)
         self.signal: StopSignal | None = None
@@ -253,8 +284,12 @@ class StopSignalWatch:
         self._seen = identity
         signal = read_stop_signal(self.model_dir)
         if signal is not None and signal.run_id != self.run_id:
-            logger.info("%s is addressed to training run %s, not to this one (%s): it is an earlier run's, and is "
-                        "ignored.", self.path, signal.run_id, self.run_id)
+            logger.info(
+                "%s is addressed to training run %s, not to this one (%s): it is an earlier run's, and is ignored.",
+                self.path,
+                signal.run_id,
+                self.run_id,
+            )
             return None
         self.signal = signal
         return signal
@@ -306,15 +341,21 @@ def _read(model_dir: str, name: str) -> dict[str, Any] | None:
     return document
 
 
-def _build(model_dir: str, name: str, kind: type, document: dict[str, Any],
-           fields: dict[str, tuple[type | None, ...]]) -> Any:
+def _build(
+    model_dir: str, name: str, kind: type, document: dict[str, Any], fields: dict[str, tuple[type | None, ...]]
+) -> Any:
     """``kind(**fields)`` from the document when each field has one of its types; else a warning and None."""
     values = {}
     for field, types in fields.items():
         value = document.get(field)
         if not _has_type(value, types):
-            logger.warning("%s: field %r must be %s; received %r. The file is ignored.", filesystems.join(model_dir, name),
-                           field, " or ".join("null" if kind_ is None else kind_.__name__ for kind_ in types), value)
+            logger.warning(
+                "%s: field %r must be %s; received %r. The file is ignored.",
+                filesystems.join(model_dir, name),
+                field,
+                " or ".join("null" if kind_ is None else kind_.__name__ for kind_ in types),
+                value,
+            )
             return None
         values[field] = value
     return kind(**values)

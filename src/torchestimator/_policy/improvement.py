@@ -27,8 +27,9 @@ __all__ = ["BestSoFar", "Objective", "metric_value"]
 _ADVICE = "Use one of these names, or add the metric to the model_fn's eval_metric_ops."
 
 
-def read_metric(results: Mapping[str, Any], metric_name: str, *, role: str, source: str,
-                advice: str = _ADVICE) -> float:
+def read_metric(
+    results: Mapping[str, Any], metric_name: str, *, role: str, source: str, advice: str = _ADVICE
+) -> float:
     """``results[metric_name]`` as a float.
 
     ``role`` says who asks ("Early stopping", "BestExporter") and ``source`` which results these are
@@ -36,8 +37,9 @@ def read_metric(results: Mapping[str, Any], metric_name: str, *, role: str, sour
     """
     if metric_name not in results:
         available = sorted(name for name in results if name != "global_step")
-        raise ValueError(f"{role} metric {metric_name!r} is not in {source}; the evaluation produced {available}. "
-                         f"{advice}")
+        raise ValueError(
+            f"{role} metric {metric_name!r} is not in {source}; the evaluation produced {available}. {advice}"
+        )
     value = results[metric_name]
     try:
         return float(value)

@@ -9,7 +9,6 @@ task) and the exporters themselves (export/).
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -128,13 +127,16 @@ def as_spec_list(eval_spec: Any) -> list[EvalSpec]:
         raise ValueError(f"Each EvalSpec needs its own name (it names the eval dir); received names {names}.")
     exporter_names = [exporter.name for spec in specs for exporter in spec.exporters]
     if len(set(exporter_names)) != len(exporter_names):
-        raise ValueError(f"Exporter names must be unique across EvalSpecs (each exports to model_dir/export/<name>); "
-                         f"received {exporter_names}.")
+        raise ValueError(
+            f"Exporter names must be unique across EvalSpecs (each exports to model_dir/export/<name>); "
+            f"received {exporter_names}."
+        )
     return specs
 
 
-def run_exporters(estimator: Any, spec: EvalSpec, checkpoint_path: str | None, results: dict[str, Any],
-                  final: bool) -> list[Any]:
+def run_exporters(
+    estimator: Any, spec: EvalSpec, checkpoint_path: str | None, results: dict[str, Any], final: bool
+) -> list[Any]:
     """The spec's exporters after an evaluation, each writing under model_dir/export/<name>; their return values."""
     exports = []
     for exporter in spec.exporters:
@@ -148,5 +150,7 @@ def by_spec(eval_spec: Any, specs: list[EvalSpec], results: list[Any], exports: 
     dicts keyed by EvalSpec name for a list."""
     if isinstance(eval_spec, EvalSpec):
         return results[0], exports[0]
-    return ({spec.name: results[i] for i, spec in enumerate(specs)},
-            {spec.name: exports[i] for i, spec in enumerate(specs)})
+    return (
+        {spec.name: results[i] for i, spec in enumerate(specs)},
+        {spec.name: exports[i] for i, spec in enumerate(specs)},
+    )

@@ -114,17 +114,23 @@ def train_and_evaluate(
             raise ConfigError(
                 f'TF_CONFIG["task"] is evaluator {cluster.task_index}: train_and_evaluate runs one evaluator '
                 "(index 0), the one writer of eval/, best.json and the stop signal. Start only evaluator 0.",
-                field="TF_CONFIG", value=cluster.task_index)
+                field="TF_CONFIG",
+                value=cluster.task_index,
+            )
         _require_evaluator_in_cluster()
-        logger.info("TF_CONFIG task type is evaluator: following %s and evaluating each new checkpoint.",
-                    estimator.model_dir)
+        logger.info(
+            "TF_CONFIG task type is evaluator: following %s and evaluating each new checkpoint.", estimator.model_dir
+        )
         return run_evaluator(estimator, train_spec, eval_spec, best=best, early_stopping=rules, clock=clock)
     if cluster.task_type == PS:
         raise ConfigError(f"TF_CONFIG task type 'ps': {PS_ADVICE}", field="TF_CONFIG", value=PS)
     if EVALUATOR in cluster.jobs:
         if best is not None or rules:
-            logger.info("TF_CONFIG's cluster has an evaluator task: it keeps the best checkpoints and decides early "
-                        "stopping; this %s only trains, and stops when the evaluator says so.", cluster.task_type)
+            logger.info(
+                "TF_CONFIG's cluster has an evaluator task: it keeps the best checkpoints and decides early "
+                "stopping; this %s only trains, and stops when the evaluator says so.",
+                cluster.task_type,
+            )
         verdict = EarlierVerdict(estimator, train_spec, specs, None, rules, clock) if rules else None
         train_for_evaluator(estimator, train_spec, is_chief=cluster.is_chief, verdict=verdict)
         return None, None
@@ -132,17 +138,29 @@ def train_and_evaluate(
     # so that an evaluator started against this model_dir anyway refuses to be a second writer of eval/.
     recorder = None
     if cluster.is_chief:
-        recorder = TrainingRunHook(estimator.model_dir, evaluator_task=False, max_steps=train_spec.max_steps,
-                                   is_chief=lambda: is_chief(estimator.config.train_distribute))
+        recorder = TrainingRunHook(
+            estimator.model_dir,
+            evaluator_task=False,
+            max_steps=train_spec.max_steps,
+            is_chief=lambda: is_chief(estimator.config.train_distribute),
+        )
     loop = _Evaluations(estimator, train_spec, specs, best, rules, clock)
-    estimator.train(train_spec.input_fn, hooks=[*train_spec.hooks, *([recorder] if recorder else [])],
-                    max_steps=train_spec.max_steps, saving_listeners=train_spec.saving_listeners, evaluation=loop)
+    estimator.train(
+        train_spec.input_fn,
+        hooks=[*train_spec.hooks, *([recorder] if recorder else [])],
+        max_steps=train_spec.max_steps,
+        saving_listeners=train_spec.saving_listeners,
+        evaluation=loop,
+    )
     loop.finish()
     if is_chief(estimator.config.train_distribute):
         log_summary(loop.summary())
     if recorder is not None:
-        recorder.record_end(latest_step(estimator.checkpoint_store), stopped_before_step_one=loop.said_stop,
-                            stopped_early=loop.stopped_early)
+        recorder.record_end(
+            latest_step(estimator.checkpoint_store),
+            stopped_before_step_one=loop.said_stop,
+            stopped_early=loop.stopped_early,
+        )
     return by_spec(eval_spec, specs, loop.results, loop.exports)
 
 
@@ -153,17 +171,25 @@ def _require_evaluator_in_cluster() -> None:
     cluster, so a layout without it has two writers of eval/. Read from the raw TF_CONFIG: the parsed
     ClusterSpec drops the cluster for the evaluator, as TensorFlow does.
     """
-    jobs = (json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster") or {})
+    jobs = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster") or {}
     if jobs and EVALUATOR not in jobs:
         raise ConfigError(
             f"TF_CONFIG's cluster lists no 'evaluator' job (it has {sorted(jobs)}): the trainers, reading the same "
             "cluster, would evaluate inside their own loop, and model_dir/eval would get events from two processes. "
             'Add the evaluator\'s address to the cluster ("evaluator": ["host:port"]) in the TF_CONFIG of every '
-            "task, chief and workers included.", field='TF_CONFIG["cluster"]', value=sorted(jobs))
+            "task, chief and workers included.",
+            field='TF_CONFIG["cluster"]',
+            value=sorted(jobs),
+        )
 
 
-def _check_arguments(estimator: Any, train_spec: Any, eval_spec: Any, best: Any, early_stopping: Any,
-                     ) -> tuple[list[EvalSpec], list[EarlyStoppingRule]]:
+def _check_arguments(
+    estimator: Any,
+    train_spec: Any,
+    eval_spec: Any,
+    best: Any,
+    early_stopping: Any,
+) -> tuple[list[EvalSpec], list[EarlyStoppingRule]]:
     if not (hasattr(estimator, "train") and hasattr(estimator, "evaluate") and hasattr(estimator, "model_dir")):
         raise TypeError(f"train_and_evaluate needs a te.Estimator; received {type(estimator).__name__}.")
     if not isinstance(train_spec, TrainSpec):
@@ -203,8 +229,15 @@ class _Evaluations:
 
     evaluates_during_training = True
 
-    def __init__(self, estimator: Any, train_spec: TrainSpec, specs: list[EvalSpec],
-                 best: BestCheckpointPolicy | None, rules: list[EarlyStoppingRule], clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        estimator: Any,
+        train_spec: TrainSpec,
+        specs: list[EvalSpec],
+        best: BestCheckpointPolicy | None,
+        rules: list[EarlyStoppingRule],
+        clock: Callable[[], float],
+    ) -> None:
         config = estimator.config
         self.checkpoints = config.save_checkpoints_steps is not None or config.save_checkpoints_secs is not None
         if not self.checkpoints and (best is not None or any(spec.every_n_steps for spec in specs)):
@@ -246,8 +279,12 @@ class _Evaluations:
         if not _chief_decides(self.estimator, any(verdicts)):
             return None
         said = ", ".join(repr(rule) for rule, stop in zip(self.rules, verdicts) if stop) or "the chief's rules"
-        logger.info("Early stopping: the evaluations in %s already say stop at global step %d (%s); not training.",
-                    self.estimator.eval_dir(self.specs[0].name), self.start_step, said)
+        logger.info(
+            "Early stopping: the evaluations in %s already say stop at global step %d (%s); not training.",
+            self.estimator.eval_dir(self.specs[0].name),
+            self.start_step,
+            said,
+        )
         self.said_stop = f"early stopping stopped it in an earlier run ({said})"
         return self.said_stop
 
@@ -297,15 +334,21 @@ class _Evaluations:
         """Checkpoint-driven specs due now: at most one evaluation per throttle_secs, by the chief's clock."""
         now = self.clock()
         candidates = [index for index, spec in enumerate(self.specs) if spec.every_n_steps is None]
-        due = tuple(index for index in candidates if index not in self._last_time
-                    or now - self._last_time[index] >= self.specs[index].throttle_secs)
+        due = tuple(
+            index
+            for index in candidates
+            if index not in self._last_time or now - self._last_time[index] >= self.specs[index].throttle_secs
+        )
         due = _chief_decides(self.estimator, due)
         for index in candidates:
             if index in due:
                 self._last_time[index] = now
             else:
-                logger.info("Skip the current checkpoint eval (%s, step %d) due to throttle secs.",
-                            self.specs[index].name or "eval", step)
+                logger.info(
+                    "Skip the current checkpoint eval (%s, step %d) due to throttle secs.",
+                    self.specs[index].name or "eval",
+                    step,
+                )
         return due
 
     def _round(self, step: int, due: set[int], final: bool) -> bool:
@@ -332,8 +375,9 @@ class _Evaluations:
             return False
         spec = self.specs[index]
         if self.bundle is not None:  # the live module, as training left it at ``step``
-            self.results[index] = self.bundle.evaluate(spec.input_fn, steps=spec.steps, hooks=spec.hooks,
-                                                       name=spec.name, global_step=step)
+            self.results[index] = self.bundle.evaluate(
+                spec.input_fn, steps=spec.steps, hooks=spec.hooks, name=spec.name, global_step=step
+            )
         else:  # training was skipped (max_steps already reached): the newest checkpoint (no summary line of its own)
             bundle = self.estimator.inference_bundle(mode=ModeKeys.EVAL)
             self.results[index] = bundle.evaluate(spec.input_fn, steps=spec.steps, hooks=spec.hooks, name=spec.name)
@@ -351,7 +395,7 @@ class _Evaluations:
         self._seed_history()
         for rule in self.rules:
             rule.observe(step, results)  # every replica: a missing metric fails everywhere alike
-        stop = check_rules and any([rule.should_stop() for rule in self.rules])
+        stop = check_rules and any([rule.should_stop() for rule in self.rules])  # noqa: C419 (every rule asked)
         return bool(_chief_decides(self.estimator, stop))
 
     def _update_best(self, step: int, results: dict[str, Any]) -> None:
@@ -363,9 +407,12 @@ class _Evaluations:
             except OSError as error:
                 if not is_no_room(error):
                     raise
-                raise DiskFullError(error, path=error.filename or self.estimator.model_dir,
-                                    what=f"the best-checkpoint record of global step {step}",
-                                    advice="Free some space (or choose a model_dir with room) and rerun.") from error
+                raise DiskFullError(
+                    error,
+                    path=error.filename or self.estimator.model_dir,
+                    what=f"the best-checkpoint record of global step {step}",
+                    advice="Free some space (or choose a model_dir with room) and rerun.",
+                ) from error
 
         _on_chief(self.estimator, update, f"The best-checkpoint policy at global step {step}")
 
@@ -383,9 +430,10 @@ class _Evaluations:
         """The spec's exporters, run by the chief only (one writer of export/); every replica gets their results."""
         spec = self.specs[index]
         self.exports[index] = _on_chief(
-            self.estimator, lambda: run_exporters(self.estimator, spec, self.estimator.latest_checkpoint(),
-                                                   self.results[index], final),
-            f"Exporting {spec.name or 'eval'} at global step {step}")
+            self.estimator,
+            lambda: run_exporters(self.estimator, spec, self.estimator.latest_checkpoint(), self.results[index], final),
+            f"Exporting {spec.name or 'eval'} at global step {step}",
+        )
 
 
 class EarlierVerdict(_Evaluations):

@@ -47,8 +47,15 @@ logger = logging.getLogger(__name__)
 __all__ = ["EvaluatorRecordsKeeper", "TrainingRunHook", "train_for_evaluator"]
 
 
-def train_for_evaluator(estimator: Any, train_spec: TrainSpec, *, is_chief: bool, poll_secs: float | None = None,
-                        clock: Callable[[], float] = time.monotonic, verdict: Any = None) -> None:
+def train_for_evaluator(
+    estimator: Any,
+    train_spec: TrainSpec,
+    *,
+    is_chief: bool,
+    poll_secs: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    verdict: Any = None,
+) -> None:
     """Trains as a chief or worker of a cluster whose evaluator task evaluates (see the module docstring).
 
     ``poll_secs``: how often the chief looks for a stop signal (default ``STOP_POLL_SECS``, read at the call).
@@ -61,24 +68,33 @@ def train_for_evaluator(estimator: Any, train_spec: TrainSpec, *, is_chief: bool
         raise ConfigError(
             "TF_CONFIG's cluster has an evaluator task, which evaluates the checkpoints the trainers write, but "
             "checkpoints are disabled in RunConfig: set save_checkpoints_steps (or save_checkpoints_secs).",
-            field="save_checkpoints_steps", value=None)
+            field="save_checkpoints_steps",
+            value=None,
+        )
     hooks, listeners = list(train_spec.hooks), list(train_spec.saving_listeners)
     recorder = keeper = None
     if is_chief:
-        recorder = TrainingRunHook(estimator.model_dir, evaluator_task=True, max_steps=train_spec.max_steps,
-                                   poll_secs=poll_secs, clock=clock)
+        recorder = TrainingRunHook(
+            estimator.model_dir, evaluator_task=True, max_steps=train_spec.max_steps, poll_secs=poll_secs, clock=clock
+        )
         keeper = EvaluatorRecordsKeeper(estimator.checkpoint_store)
         hooks.append(recorder)
         listeners.append(keeper)
     try:
-        estimator.train(train_spec.input_fn, hooks=hooks, max_steps=train_spec.max_steps, saving_listeners=listeners,
-                        evaluation=verdict)
+        estimator.train(
+            train_spec.input_fn,
+            hooks=hooks,
+            max_steps=train_spec.max_steps,
+            saving_listeners=listeners,
+            evaluation=verdict,
+        )
     finally:
         if keeper is not None:
             keeper.release()
     if recorder is not None:
-        recorder.record_end(latest_step(estimator.checkpoint_store),
-                            stopped_before_step_one=getattr(verdict, "said_stop", None))
+        recorder.record_end(
+            latest_step(estimator.checkpoint_store), stopped_before_step_one=getattr(verdict, "said_stop", None)
+        )
 
 
 class TrainingRunHook(Hook):
@@ -90,9 +106,16 @@ class TrainingRunHook(Hook):
     (replicas are placed by then): only the chief replica writes.
     """
 
-    def __init__(self, model_dir: str, *, evaluator_task: bool, max_steps: int | None = None,
-                 poll_secs: float = STOP_POLL_SECS, clock: Callable[[], float] = time.monotonic,
-                 is_chief: Callable[[], bool] = lambda: True) -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        evaluator_task: bool,
+        max_steps: int | None = None,
+        poll_secs: float = STOP_POLL_SECS,
+        clock: Callable[[], float] = time.monotonic,
+        is_chief: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.model_dir, self.evaluator_task, self.poll_secs, self.clock = model_dir, evaluator_task, poll_secs, clock
         self.max_steps = max_steps
         self.is_chief = is_chief
@@ -103,23 +126,36 @@ class TrainingRunHook(Hook):
         if not self.is_chief():
             return
         # After restore, model_dir exists and is the chief's to write; the step is the one training resumes from.
-        self.run = TrainingRun(run_id=new_run_id(), evaluator_task=self.evaluator_task, start_step=state.global_step,
-                               max_steps=self.max_steps)
+        self.run = TrainingRun(
+            run_id=new_run_id(),
+            evaluator_task=self.evaluator_task,
+            start_step=state.global_step,
+            max_steps=self.max_steps,
+        )
         write_training_run(self.model_dir, self.run)
         if self.evaluator_task:
             self.watch = StopSignalWatch(self.model_dir, self.run.run_id, poll_secs=self.poll_secs, clock=self.clock)
-        logger.info("Training run %s starts at global step %d%s.", self.run.run_id, state.global_step,
-                    "; the evaluator task evaluates its checkpoints" if self.evaluator_task else "")
+        logger.info(
+            "Training run %s starts at global step %d%s.",
+            self.run.run_id,
+            state.global_step,
+            "; the evaluator task evaluates its checkpoints" if self.evaluator_task else "",
+        )
 
     def after_step(self, run_context: RunContext) -> None:
         signal = self.watch.check() if self.watch is not None else None
         if signal is not None and not run_context.stop_requested:
-            logger.info("The evaluator says stop (%s, decided at global step %d): training stops at step %d.",
-                        signal.rule, signal.step, run_context.global_step)
+            logger.info(
+                "The evaluator says stop (%s, decided at global step %d): training stops at step %d.",
+                signal.rule,
+                signal.step,
+                run_context.global_step,
+            )
             run_context.request_stop()
 
-    def record_end(self, end_step: int, *, stopped_before_step_one: str | None = None,
-                   stopped_early: bool = False) -> None:
+    def record_end(
+        self, end_step: int, *, stopped_before_step_one: str | None = None, stopped_early: bool = False
+    ) -> None:
         """training_run.json says the run ended at ``end_step`` (its final checkpoint is on disk) and why.
 
         ``stopped_before_step_one``: why the evaluations already in eval/ stopped a rerun before its first step;
@@ -140,10 +176,18 @@ class TrainingRunHook(Hook):
         if run is None and not self.is_chief():
             return
         if run is None:  # training made no step (max_steps already reached): the record still tells the evaluator
-            run = TrainingRun(run_id=new_run_id(), evaluator_task=self.evaluator_task, start_step=end_step,
-                              max_steps=self.max_steps)
-        self.run = TrainingRun(run_id=run.run_id, evaluator_task=run.evaluator_task, start_step=run.start_step,
-                               end_step=end_step, end_reason=reason, max_steps=run.max_steps, end_cause=cause)
+            run = TrainingRun(
+                run_id=new_run_id(), evaluator_task=self.evaluator_task, start_step=end_step, max_steps=self.max_steps
+            )
+        self.run = TrainingRun(
+            run_id=run.run_id,
+            evaluator_task=run.evaluator_task,
+            start_step=run.start_step,
+            end_step=end_step,
+            end_reason=reason,
+            max_steps=run.max_steps,
+            end_cause=cause,
+        )
         write_training_run(self.model_dir, self.run)
 
 

@@ -40,15 +40,21 @@ class BackgroundSaves:
     def __init__(self, store: Any) -> None:
         self.store = store
         self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="checkpoint-save")
+            max_workers=1, thread_name_prefix="checkpoint-save"
+        )
         self._in_flight: tuple[int, Future[str]] | None = None
 
     @property
     def in_flight_step(self) -> int | None:
         return None if self._in_flight is None else self._in_flight[0]
 
-    def save(self, step: int, model_state: Mapping[str, torch.Tensor], optimizer_state: Any = None,
-             extra: Mapping[str, Any] | None = None) -> None:
+    def save(
+        self,
+        step: int,
+        model_state: Mapping[str, torch.Tensor],
+        optimizer_state: Any = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
         """Copies the state, starts writing it as ``ckpt-<step>`` and returns; ``wait`` gives its path."""
         if self._executor is None:
             raise RuntimeError("BackgroundSaves.save: the saver was closed.")

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from torchestimator.checkpoint.parts import TrainingParts, first_non_finite
-from torchestimator.errors import CheckpointError, NanLossDuringTrainingError
+from torchestimator.errors import NanLossDuringTrainingError
 from torchestimator.hooks.base import CheckpointSaverListener
 
 logger = logging.getLogger("torchestimator")
@@ -37,8 +37,16 @@ class Checkpointer:
         timeout: how long the background's collectives wait for the other replicas.
     """
 
-    def __init__(self, store: Any, strategy: Any, *, listeners: Iterable[CheckpointSaverListener] = (),
-                 sharded: bool = False, asynchronous: bool = False, timeout: datetime.timedelta | None = None) -> None:
+    def __init__(
+        self,
+        store: Any,
+        strategy: Any,
+        *,
+        listeners: Iterable[CheckpointSaverListener] = (),
+        sharded: bool = False,
+        asynchronous: bool = False,
+        timeout: datetime.timedelta | None = None,
+    ) -> None:
         self.store = store
         self.strategy = strategy
         self.listeners = list(listeners)
@@ -55,8 +63,10 @@ class Checkpointer:
             self._sharded = ShardedSaves(store, strategy, asynchronous=asynchronous, timeout=timeout)
         elif asynchronous:
             if strategy.num_replicas != 1:
-                raise ValueError("Checkpointer: asynchronous saves of several processes are written by DCP; "
-                                 f"they need sharded=True ({strategy.num_replicas} replicas here).")
+                raise ValueError(
+                    "Checkpointer: asynchronous saves of several processes are written by DCP; "
+                    f"they need sharded=True ({strategy.num_replicas} replicas here)."
+                )
             from torchestimator.checkpoint.background import BackgroundSaves
 
             self._background = BackgroundSaves(store)
@@ -151,4 +161,4 @@ class Checkpointer:
 
     def _published(self, state: Any, step: int, path: str, listeners: list[CheckpointSaverListener]) -> bool:
         self.last_saved_path, self.published_step = path, step
-        return any([bool(listener.after_save(state, step)) for listener in listeners])
+        return any([bool(listener.after_save(state, step)) for listener in listeners])  # noqa: C419 (each is told)

@@ -34,7 +34,7 @@ import os
 import pickle
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -78,16 +78,22 @@ def share_of_replicated(state_dict: Mapping[str, Mapping[str, Any]], rank: int, 
     tensor once, and each stages (async) and writes only its share. DCP would dedup the same way, but only
     after each rank had copied everything.
     """
-    plain = [(top, name, tensor) for top, entries in state_dict.items() for name, tensor in entries.items()
-             if not is_sharded_tensor(tensor)]
+    plain = [
+        (top, name, tensor)
+        for top, entries in state_dict.items()
+        for name, tensor in entries.items()
+        if not is_sharded_tensor(tensor)
+    ]
     plain.sort(key=lambda item: (-item[2].numel() * item[2].element_size(), item[0], item[1]))
     loads, owner = [0] * num_ranks, {}
     for top, name, tensor in plain:
         chosen = min(range(num_ranks), key=lambda candidate: (loads[candidate], candidate))
         loads[chosen] += tensor.numel() * tensor.element_size()
         owner[top, name] = chosen
-    return {top: {name: tensor for name, tensor in entries.items() if owner.get((top, name), rank) == rank}
-            for top, entries in state_dict.items()}
+    return {
+        top: {name: tensor for name, tensor in entries.items() if owner.get((top, name), rank) == rank}
+        for top, entries in state_dict.items()
+    }
 
 
 class ShardWriter(FileSystemWriter):
@@ -107,17 +113,25 @@ class ShardWriter(FileSystemWriter):
 class _MetadataUnpickler(pickle.Unpickler):
     """Builds what DCP's .metadata holds (its dataclasses, torch.Size, dtypes, paths) and nothing else."""
 
-    _ALLOWED = {
-        ("torch", "Size"), ("torch.serialization", "_get_layout"),
-        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-        ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
-        ("pathlib", "PureWindowsPath"), ("collections", "OrderedDict"),
-    }
+    _ALLOWED: ClassVar[frozenset[tuple[str, str]]] = frozenset(
+        {
+            ("torch", "Size"),
+            ("torch.serialization", "_get_layout"),
+            ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+            ("pathlib", "PosixPath"),
+            ("pathlib", "WindowsPath"),
+            ("pathlib", "PurePosixPath"),
+            ("pathlib", "PureWindowsPath"),
+            ("collections", "OrderedDict"),
+        }
+    )
 
     def find_class(self, module: str, name: str) -> Any:
         if module == dcp_metadata.__name__ and isinstance(getattr(dcp_metadata, name, None), type):
             return getattr(dcp_metadata, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
+        if module == "torch" and isinstance(
+            getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)
+        ):
             return getattr(torch, name)
         if (module, name) in self._ALLOWED:
             return super().find_class(module, name)

@@ -61,8 +61,18 @@ from .tensor_files import DTYPES as _DTYPES
 from .tensor_files import MAX_HEADER_BYTES as _MAX_HEADER_BYTES
 from .tensor_files import EncodedFile, bytes_to_tensors, encode_tensors, read_tensors, tensors_to_bytes
 
-__all__ = ["CheckpointFiles", "bytes_to_tensors", "tensors_to_bytes", "encode_checkpoint", "encode_sharded_state",
-           "read_state", "read_tensor_file", "read_tree", "read_json_tree", "read_verified_file"]
+__all__ = [
+    "CheckpointFiles",
+    "bytes_to_tensors",
+    "encode_checkpoint",
+    "encode_sharded_state",
+    "read_json_tree",
+    "read_state",
+    "read_tensor_file",
+    "read_tree",
+    "read_verified_file",
+    "tensors_to_bytes",
+]
 
 FORMAT_VERSION = 2
 SHARDED_FORMAT_VERSION = 3
@@ -78,6 +88,7 @@ OPTIMIZER_TENSORS_FILE = "optimizer.safetensors"
 OPTIMIZER_TREE_FILE = "optimizer.json"
 EXTRA_TENSORS_FILE = "extra.safetensors"
 STATE_FILE = "state.json"
+
 
 @dataclass(frozen=True)
 class CheckpointFiles:
@@ -98,8 +109,16 @@ class CheckpointFiles:
     def seal(self, digests: Mapping[str, Mapping[str, Any]]) -> bytes:
         """state.json's bytes, listing ``known_files`` then ``contents`` with their ``digests``."""
         table = {name: {"sha256": entry["sha256"], "size": entry["size"]} for name, entry in self.known_files.items()}
-        table.update({name: {"sha256": digests[name]["sha256"], "size": digests[name]["size"],
-                             "crc32c": digests[name]["crc32c"]} for name in self.contents})
+        table.update(
+            {
+                name: {
+                    "sha256": digests[name]["sha256"],
+                    "size": digests[name]["size"],
+                    "crc32c": digests[name]["crc32c"],
+                }
+                for name in self.contents
+            }
+        )
         return sealed_json({**self.state, "files": table}, STATE_CHECKSUM_KEY)
 
 
@@ -123,7 +142,10 @@ def encode_checkpoint(
 
 
 def encode_sharded_state(
-    step: int, shared_tree: Any, extra: Mapping[str, Any] | None, shard_files: Mapping[str, Mapping[str, Any]],
+    step: int,
+    shared_tree: Any,
+    extra: Mapping[str, Any] | None,
+    shard_files: Mapping[str, Mapping[str, Any]],
 ) -> CheckpointFiles:
     """The files the chief adds to a folder DCP wrote: optimizer.json, extra.safetensors and state.json last.
 
@@ -131,15 +153,17 @@ def encode_sharded_state(
     ``shared_tree`` is the JSON tree of the optimizer/scheduler/scaler state, its tensors in DCP.
     """
     if DCP_METADATA_FILE not in shard_files:
-        raise CheckpointError(f"The sharded checkpoint of step {step} lacks DCP's {DCP_METADATA_FILE}: it is incomplete.")
-    contents = {OPTIMIZER_TREE_FILE: _small_file(
-        _json_bytes({"format_version": SHARDED_FORMAT_VERSION, "tree": shared_tree}))}
+        raise CheckpointError(
+            f"The sharded checkpoint of step {step} lacks DCP's {DCP_METADATA_FILE}: it is incomplete."
+        )
+    contents = {
+        OPTIMIZER_TREE_FILE: _small_file(_json_bytes({"format_version": SHARDED_FORMAT_VERSION, "tree": shared_tree}))
+    }
     extra_tree, extra_tensors = flatten_state(dict(extra or {}), root="extra")
     if extra_tensors:
         contents[EXTRA_TENSORS_FILE] = encode_tensors(extra_tensors, "extra")
     known = {name: {"sha256": entry["sha256"], "size": entry["size"]} for name, entry in sorted(shard_files.items())}
-    state = {"format_version": SHARDED_FORMAT_VERSION, LAYOUT_KEY: DCP_LAYOUT, "global_step": step,
-             "extra": extra_tree}
+    state = {"format_version": SHARDED_FORMAT_VERSION, LAYOUT_KEY: DCP_LAYOUT, "global_step": step, "extra": extra_tree}
     return CheckpointFiles(state=state, contents=contents, known_files=known)
 
 
@@ -155,8 +179,9 @@ def is_sharded(state: Mapping[str, Any]) -> bool:
 _CHECKSUM_PLACEHOLDER = b"0" * 64
 
 
-def sealed_json(document: dict[str, Any], key: str, *, compact: bool = False,
-                encoded: Mapping[str, str] | None = None) -> bytes:
+def sealed_json(
+    document: dict[str, Any], key: str, *, compact: bool = False, encoded: Mapping[str, str] | None = None
+) -> bytes:
     """``document`` as JSON bytes ending with ``key``: the sha256 of these exact bytes with its value as 64 zeros.
 
     ``compact``: on one line (the manifest of a model_dir keeping 1000 checkpoints is written at every
@@ -241,9 +266,13 @@ def read_state(storage: Storage, folder: str, step: int) -> dict[str, Any]:
         )
     required = DCP_METADATA_FILE if layout == DCP_LAYOUT else MODEL_FILE
     files = state.get("files")
-    if not isinstance(files, dict) or required not in files or not all(
-        isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and isinstance(entry.get("size"), int)
-        for entry in files.values()
+    if (
+        not isinstance(files, dict)
+        or required not in files
+        or not all(
+            isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and isinstance(entry.get("size"), int)
+            for entry in files.values()
+        )
     ):
         raise CheckpointError(f"{where} lacks a valid 'files' table with {required}'s sha256 and size.")
     if not isinstance(state.get("extra", {}), dict):
@@ -302,8 +331,9 @@ def read_verified_file(storage: Storage, folder: str, filename: str, state: Mapp
     return data
 
 
-def read_tensor_file(storage: Storage, folder: str, filename: str, state: Mapping[str, Any], verify: bool
-                     ) -> dict[str, torch.Tensor]:
+def read_tensor_file(
+    storage: Storage, folder: str, filename: str, state: Mapping[str, Any], verify: bool
+) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file listed in ``state.json``: size checked first, sha256 (if ``verify``)
     while reading, each tensor read straight into its own memory."""
     where = f"{storage.location(folder)}/{filename}"
@@ -332,8 +362,9 @@ def _checksum_to_verify(entry: Mapping[str, Any]) -> tuple[str, Any]:
     return SHA256, entry["sha256"]
 
 
-def read_tree(storage: Storage, folder: str, state: Mapping[str, Any], verify: bool, *, tree_file: str | None,
-              tensors_file: str) -> Any:
+def read_tree(
+    storage: Storage, folder: str, state: Mapping[str, Any], verify: bool, *, tree_file: str | None, tensors_file: str
+) -> Any:
     """Rebuild a state tree from its JSON (in ``tree_file`` or state.json's ``extra``) and tensor file."""
     location = storage.location(folder)
     tensors: dict[str, torch.Tensor] = {}

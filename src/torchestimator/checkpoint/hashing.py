@@ -33,7 +33,7 @@ import numpy
 
 from ._threads import process_thread
 
-__all__ = ["OverlappedChecksums", "checksum_of", "SHA256", "CRC32", "CRC32C", "WRITTEN_KINDS"]
+__all__ = ["CRC32", "CRC32C", "SHA256", "WRITTEN_KINDS", "OverlappedChecksums", "checksum_of"]
 
 SHA256 = "sha256"
 CRC32 = "crc32"

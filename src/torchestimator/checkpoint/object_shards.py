@@ -40,8 +40,9 @@ _copies: list[str] = []  # local copies of restored checkpoints, removed at exit
 
 def _scratch(kind: str, root: str, folder: str) -> str:
     digest = hashlib.sha256(root.encode()).hexdigest()[:16]  # one model_dir's files apart from another's
-    return os.path.join(tempfile.gettempdir(), f"torchestimator-{kind}-{os.getuid() if hasattr(os, 'getuid') else 0}",
-                        digest, folder)
+    return os.path.join(
+        tempfile.gettempdir(), f"torchestimator-{kind}-{os.getuid() if hasattr(os, 'getuid') else 0}", digest, folder
+    )
 
 
 def staging_path(storage: Any, folder: str) -> str:
@@ -68,8 +69,9 @@ def upload_shards(storage: Any, folder: str, local_folder: str, names: Iterable[
 
     def put(name: str) -> None:
         url = f"{storage.location(folder)}/{name}"
-        filesystems._store_call(url, "uploading", storage._fs.put_file, os.path.join(local_folder, name),
-                                storage._key(folder, name))
+        filesystems._store_call(
+            url, "uploading", storage._fs.put_file, os.path.join(local_folder, name), storage._key(folder, name)
+        )
 
     with concurrent.futures.ThreadPoolExecutor(min(_PARALLEL_TRANSFERS, max(1, len(names)))) as pool:
         for future in [pool.submit(put, name) for name in names]:
@@ -103,11 +105,14 @@ def download_checkpoint(storage: Any, folder: str, files: Mapping[str, Mapping[s
         except FileNotFoundError:
             raise CheckpointError(f"{url} is missing although state.json lists it.") from None
         if size != expected["size"]:
-            raise CheckpointError(f"{url} has {size} bytes; state.json expects {expected['size']} "
-                                  "(truncated or overwritten).")
+            raise CheckpointError(
+                f"{url} has {size} bytes; state.json expects {expected['size']} (truncated or overwritten)."
+            )
         if digest.hexdigest() != expected["sha256"]:
-            raise CheckpointError(f"{url} fails its checksum: sha256 is {digest.hexdigest()}, state.json expects "
-                                  f"{expected['sha256']} (the file is corrupt).")
+            raise CheckpointError(
+                f"{url} fails its checksum: sha256 is {digest.hexdigest()}, state.json expects "
+                f"{expected['sha256']} (the file is corrupt)."
+            )
 
     with concurrent.futures.ThreadPoolExecutor(min(_PARALLEL_TRANSFERS, max(1, len(files)))) as pool:
         for future in [pool.submit(get, name) for name in sorted(files)]:

@@ -34,7 +34,7 @@ from torchestimator._io import filesystems
 
 from .storage import MANIFEST_NAME, FileContent
 
-__all__ = ["FILES_IN_FLIGHT", "MAX_PARTS", "ObjectStorage", "PARTS_IN_FLIGHT", "PART_BYTES", "modified_time"]
+__all__ = ["FILES_IN_FLIGHT", "MAX_PARTS", "PARTS_IN_FLIGHT", "PART_BYTES", "ObjectStorage", "modified_time"]
 
 logger = logging.getLogger(__name__)
 
@@ -126,8 +126,9 @@ class ObjectStorage:
             return []  # nothing was ever saved there
         except Exception as error:
             raise filesystems._named(error, self.root, "listing") from error
-        return sorted(posixpath.basename(entry["name"].rstrip("/")) for entry in entries
-                      if entry.get("type") == "directory")
+        return sorted(
+            posixpath.basename(entry["name"].rstrip("/")) for entry in entries if entry.get("type") == "directory"
+        )
 
     def folder_age_seconds(self, folder: str) -> float | None:
         """Seconds since the newest object under ``folder`` was written; None when it holds none or the store
@@ -146,8 +147,10 @@ class ObjectStorage:
         return None if newest is None else max(0.0, time.time() - newest)
 
     def rename_folder(self, source: str, target: str) -> None:
-        raise OSError(f"{self.root} is an object store: it has no atomic rename, and the checkpoint store "
-                      f"does not rename there (asked to rename {source} to {target}).")
+        raise OSError(
+            f"{self.root} is an object store: it has no atomic rename, and the checkpoint store "
+            f"does not rename there (asked to rename {source} to {target})."
+        )
 
     def delete_folder(self, folder: str) -> None:
         """Remove a folder's objects, its ``state.json`` first: a deletion cut short leaves no checkpoint that
@@ -181,8 +184,7 @@ class ObjectStorage:
 
     def replace_manifest(self, data: bytes) -> None:
         """One PUT: readers see the old manifest or the new one, never a mix."""
-        self._call("writing", f"{self.root}/{MANIFEST_NAME}", self._fs.pipe_file, self._key(MANIFEST_NAME),
-                   bytes(data))
+        self._call("writing", f"{self.root}/{MANIFEST_NAME}", self._fs.pipe_file, self._key(MANIFEST_NAME), bytes(data))
 
     def remove_stale_temporaries(self) -> list[str]:
         return []  # no temporary files: a PUT is whole or absent
@@ -251,8 +253,13 @@ class _S3PartUpload:
                 self._send(bytes(self._buffer))
             while self._in_flight:
                 self._collect_oldest()
-            self._fs.call_s3("complete_multipart_upload", Bucket=self._bucket, Key=self._key,
-                             UploadId=self._upload_id, MultipartUpload={"Parts": self._parts})
+            self._fs.call_s3(
+                "complete_multipart_upload",
+                Bucket=self._bucket,
+                Key=self._key,
+                UploadId=self._upload_id,
+                MultipartUpload={"Parts": self._parts},
+            )
             self._upload_id = None
         self._buffer = bytearray()
         self._fs.invalidate_cache(f"{self._bucket}/{self._key}")
@@ -270,15 +277,25 @@ class _S3PartUpload:
 
     def _send(self, part: bytes) -> None:
         if self._next_part > MAX_PARTS:
-            raise OSError(errno.EFBIG, f"more than {MAX_PARTS} parts of {PART_BYTES} bytes, S3's limit for one "
-                          "object; set TORCHESTIMATOR_UPLOAD_PART_BYTES higher (up to 5 GiB)", self._url)
+            raise OSError(
+                errno.EFBIG,
+                f"more than {MAX_PARTS} parts of {PART_BYTES} bytes, S3's limit for one "
+                "object; set TORCHESTIMATOR_UPLOAD_PART_BYTES higher (up to 5 GiB)",
+                self._url,
+            )
         if self._upload_id is None:
             created = self._fs.call_s3("create_multipart_upload", Bucket=self._bucket, Key=self._key)
             self._upload_id = created["UploadId"]
         while len(self._in_flight) >= self._parallel:
             self._collect_oldest()
-        coroutine = self._fs._call_s3("upload_part", Bucket=self._bucket, Key=self._key, UploadId=self._upload_id,
-                                      PartNumber=self._next_part, Body=part)
+        coroutine = self._fs._call_s3(
+            "upload_part",
+            Bucket=self._bucket,
+            Key=self._key,
+            UploadId=self._upload_id,
+            PartNumber=self._next_part,
+            Body=part,
+        )
         self._in_flight.append((self._next_part, asyncio.run_coroutine_threadsafe(coroutine, self._fs.loop)))
         self._next_part += 1
 
@@ -297,9 +314,12 @@ def _discard(handle: Any, url: str) -> None:
         else:  # memory:// and other simple writers keep nothing until close
             handle.closed = True
     except Exception as error:  # the object was not written either way; its parts may stay until a lifecycle rule
-        logger.warning("Could not abort the unfinished upload of %s (%s): its parts stay in the bucket, uncommitted, "
-                       "until the bucket's lifecycle rule for incomplete multipart uploads removes them.", url,
-                       filesystems._cause(error))
+        logger.warning(
+            "Could not abort the unfinished upload of %s (%s): its parts stay in the bucket, uncommitted, "
+            "until the bucket's lifecycle rule for incomplete multipart uploads removes them.",
+            url,
+            filesystems._cause(error),
+        )
 
 
 def modified_time(info: dict[str, Any]) -> float | None:

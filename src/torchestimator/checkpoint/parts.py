@@ -77,7 +77,9 @@ class TrainingParts:
         self.train_state.input_position = position
         return {"train_state": self.train_state.state_dict(), "input_source": position}
 
-    def payload(self, replica_states: list[dict[str, Any]]) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+    def payload(
+        self, replica_states: list[dict[str, Any]]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
         """(weights, shared training state, state.json extra) for the checkpoint store; chief only."""
         shared = {name: part.state_dict() for name, part in self.shared_parts().items()}
         return self.model.state_dict(), shared, self._extra(replica_states)
@@ -122,15 +124,22 @@ class TrainingParts:
             mine, same_replicas = replicas[0], False
             logger.warning(
                 "Random number generator states were not restored: %s was written by %d replica(s), this run has %d. "
-                "Resume is not bit-exact.", checkpoint.path, len(replicas), num_replicas,
+                "Resume is not bit-exact.",
+                checkpoint.path,
+                len(replicas),
+                num_replicas,
             )
         self.train_state.load_state_dict(mine["train_state"], restore_rng=same_replicas)
         self.train_state.global_step = checkpoint.step
         return mine.get("input_source")
 
 
-def restore_shared(checkpoint: Any, parts: Mapping[str, Stateful], optimizer: torch.optim.Optimizer,
-                   model: torch.nn.Module | None = None) -> None:
+def restore_shared(
+    checkpoint: Any,
+    parts: Mapping[str, Stateful],
+    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module | None = None,
+) -> None:
     """Restores optimizer, scheduler and scaler state if they fit; otherwise they start fresh with one warning.
 
     ``model`` (the module the optimizer trains) is needed for checkpoints keyed by parameter name (DCP's) and
@@ -141,16 +150,21 @@ def restore_shared(checkpoint: Any, parts: Mapping[str, Stateful], optimizer: to
     saved_state = checkpoint.optimizer_state or {}
     if saved_signature is None and "optimizer" not in saved_state:
         # A weights-only checkpoint (`torchestimator warm-start --write`): nothing changed, there is nothing to load.
-        logger.info("Checkpoint %s holds no optimizer state: model weights and global_step are restored, "
-                    "the optimizer starts fresh.", checkpoint.path)
+        logger.info(
+            "Checkpoint %s holds no optimizer state: model weights and global_step are restored, "
+            "the optimizer starts fresh.",
+            checkpoint.path,
+        )
         return
     if saved_signature != current_signature or "optimizer" not in saved_state:
         logger.warning(
             "The optimizer changed since %s (was %s with parameter groups %s, now %s with %s): model weights and "
             "global_step are restored, the optimizer state starts fresh.",
-            checkpoint.path, (saved_signature or {}).get("class", "no optimizer state"),
+            checkpoint.path,
+            (saved_signature or {}).get("class", "no optimizer state"),
             (saved_signature or {}).get("param_group_sizes"),
-            current_signature["class"], current_signature["param_group_sizes"],
+            current_signature["class"],
+            current_signature["param_group_sizes"],
         )
         return
     if model is None and (getattr(checkpoint, "sharded", False) or _has_sharded_parameters(optimizer)):
@@ -165,8 +179,9 @@ def restore_shared(checkpoint: Any, parts: Mapping[str, Stateful], optimizer: to
             _set_named_optimizer_state(model, optimizer, saved_state[name], full=False)
         elif name == "optimizer" and _has_sharded_parameters(optimizer):
             # A one-process (safetensors) checkpoint, keyed by parameter position, read into FSDP2's shards.
-            _set_named_optimizer_state(model, optimizer, _named_by_position(model, optimizer, saved_state[name]),
-                                       full=True)
+            _set_named_optimizer_state(
+                model, optimizer, _named_by_position(model, optimizer, saved_state[name]), full=True
+            )
         else:
             part.load_state_dict(owning_memory(saved_state[name]))
 
@@ -221,8 +236,9 @@ def _live_optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optim
     return flatten_state({"optimizer": get_optimizer_state_dict(model, optimizer)}, root=SHARED_KEY)[1]
 
 
-def _set_named_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: Any, *,
-                               full: bool) -> None:
+def _set_named_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: Any, *, full: bool
+) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=full))
@@ -232,8 +248,9 @@ def _named_by_position(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     """torch's optimizer state (parameters by position) keyed by parameter name, as get_optimizer_state_dict keys it."""
     names = {id(parameter): name for name, parameter in model.named_parameters()}
     position_names = [names[id(parameter)] for group in optimizer.param_groups for parameter in group["params"]]
-    groups = [{**group, "params": [position_names[index] for index in group["params"]]}
-              for group in state["param_groups"]]
+    groups = [
+        {**group, "params": [position_names[index] for index in group["params"]]} for group in state["param_groups"]
+    ]
     return {"state": {position_names[index]: value for index, value in state["state"].items()}, "param_groups": groups}
 
 
@@ -247,8 +264,13 @@ def replica_states(checkpoint: Any) -> list[dict[str, Any]]:
     positions = extra.get("input_positions")
     if not isinstance(positions, list) or len(positions) != len(rngs):
         positions = [extra.get("input_position")] * len(rngs)
-    return [{"train_state": {"global_step": checkpoint.step, "input_position": position, "rng": rng},
-             "input_source": position} for rng, position in zip(rngs, positions)]
+    return [
+        {
+            "train_state": {"global_step": checkpoint.step, "input_position": position, "rng": rng},
+            "input_source": position,
+        }
+        for rng, position in zip(rngs, positions)
+    ]
 
 
 def optimizer_signature(optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -38,10 +38,7 @@ _SIZE = "__size__"
 _TAGS = frozenset({_TUPLE, _DICT, _FLOAT, _TENSOR, _SIZE})
 _CANONICAL_NAN_BITS = struct.pack(">d", float("nan")).hex()
 
-_SUPPORTED = (
-    "None, bool, int, float, str, torch.Tensor, torch.Size, and dict, list or "
-    "tuple containers of these"
-)
+_SUPPORTED = "None, bool, int, float, str, torch.Tensor, torch.Size, and dict, list or tuple containers of these"
 
 
 def flatten_state(tree: Any, *, root: str = "state") -> tuple[Any, dict[str, torch.Tensor]]:
@@ -155,9 +152,7 @@ def _unique_name(path: str, tensors: Mapping[str, torch.Tensor]) -> str:
 
 def _unsupported_message(value: Any, path: str) -> str:
     kind = type(value)
-    message = (
-        f"Cannot serialize {path}: expected {_SUPPORTED}; received {kind.__module__}.{kind.__qualname__}."
-    )
+    message = f"Cannot serialize {path}: expected {_SUPPORTED}; received {kind.__module__}.{kind.__qualname__}."
     if callable(value):
         message += (
             " Functions cannot be stored without pickle: keep callables out of the state "
@@ -179,7 +174,7 @@ def _decode(node: Any, tensors: Mapping[str, torch.Tensor], path: str) -> Any:
     if not isinstance(node, dict):
         raise ValueError(f"Malformed state tree at {path}: unexpected JSON value {node!r}.")
     if len(node) == 1:
-        (tag, payload), = node.items()
+        ((tag, payload),) = node.items()
         if tag in _TAGS:
             return _decode_tagged(tag, payload, tensors, path)
     return {key: _decode(item, tensors, _child_path(path, key)) for key, item in node.items()}

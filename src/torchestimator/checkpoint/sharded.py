@@ -77,8 +77,9 @@ class ShardedSaves:
         timeout: how long the background's collectives wait for the other ranks.
     """
 
-    def __init__(self, store: Any, strategy: Any, *, asynchronous: bool,
-                 timeout: datetime.timedelta | None = None) -> None:
+    def __init__(
+        self, store: Any, strategy: Any, *, asynchronous: bool, timeout: datetime.timedelta | None = None
+    ) -> None:
         self.store = store
         self.strategy = strategy
         self._group: Any = None
@@ -91,9 +92,14 @@ class ShardedSaves:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torchestimator-checkpoint")
             # One stager for the run: it keeps the CPU copies and refills them at each save (no new pages to
             # fault in); safe because the next save starts only once the previous one is written.
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=torch.cuda.is_available(),
-                                                        use_shared_memory=False, use_async_staging=False,
-                                                        use_non_blocking_copy=False))
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=torch.cuda.is_available(),
+                    use_shared_memory=False,
+                    use_async_staging=False,
+                    use_non_blocking_copy=False,
+                )
+            )
 
     @property
     def asynchronous(self) -> bool:
@@ -119,13 +125,15 @@ class ShardedSaves:
                 raise self._write_failed(error, step, staging) from error
             return self._publish(step, staging, writer, shared_tree, extra, self.strategy)
         try:
-            upload = dcp.async_save(state_dict, storage_writer=writer, process_group=self._group,
-                                    async_stager=self._stager)
+            upload = dcp.async_save(
+                state_dict, storage_writer=writer, process_group=self._group, async_stager=self._stager
+            )
         except _DCP_ERRORS as error:
             raise self._write_failed(error, step, staging) from error
         collectives = _GroupCollectives(self._group, self.strategy.num_replicas)
-        outcome = self._executor.submit(self._finish_in_background, step, staging, upload, writer, shared_tree,
-                                        extra, collectives)
+        outcome = self._executor.submit(
+            self._finish_in_background, step, staging, upload, writer, shared_tree, extra, collectives
+        )
         self._in_flight = _InFlight(step, outcome)
         return None
 
@@ -155,19 +163,29 @@ class ShardedSaves:
 
     def _agree_on_staging(self, step: int) -> str:
         """The chief's staging folder, on every rank (main thread, before anyone writes)."""
-        return self.strategy.run_on_chief(lambda: self.store.begin_sharded_save(step),
-                                          f"Preparing the checkpoint of global step {step}")
+        return self.strategy.run_on_chief(
+            lambda: self.store.begin_sharded_save(step), f"Preparing the checkpoint of global step {step}"
+        )
 
-    def _finish_in_background(self, step: int, staging: str, upload: Any, writer: ShardWriter, shared_tree: Any,
-                              extra: dict[str, Any], collectives: _GroupCollectives) -> str:
+    def _finish_in_background(
+        self,
+        step: int,
+        staging: str,
+        upload: Any,
+        writer: ShardWriter,
+        shared_tree: Any,
+        extra: dict[str, Any],
+        collectives: _GroupCollectives,
+    ) -> str:
         try:
             upload.result()  # DCP raises a failed write on every rank, so all stop here together
         except _DCP_ERRORS as error:
             raise self._write_failed(error, step, staging) from error
         return self._publish(step, staging, writer, shared_tree, extra, collectives)
 
-    def _publish(self, step: int, staging: str, writer: ShardWriter, shared_tree: Any, extra: dict[str, Any],
-                 collectives: Any) -> str:
+    def _publish(
+        self, step: int, staging: str, writer: ShardWriter, shared_tree: Any, extra: dict[str, Any], collectives: Any
+    ) -> str:
         """Every rank reports its files' checksums; the chief seals and publishes; every rank learns the path."""
         is_chief = self.strategy.is_chief
         digests, fault = None, None
@@ -188,8 +206,9 @@ class ShardedSaves:
             return self.store.finish_sharded_save(step, staging, files, shared_tree, extra)
 
         try:
-            return self.strategy.run_on_chief(seal, f"Publishing the checkpoint of global step {step}",
-                                              broadcast_object=collectives.broadcast_object)
+            return self.strategy.run_on_chief(
+                seal, f"Publishing the checkpoint of global step {step}", broadcast_object=collectives.broadcast_object
+            )
         finally:
             self.store.release_staging(staging)
 
@@ -199,11 +218,16 @@ class ShardedSaves:
             self.store.discard_staging(staging)
         no_room = _no_room_cause(error)
         if no_room is not None:
-            return DiskFullError(no_room, path=staging, what=f"the checkpoint of step {step}",
-                                 advice="Free some space (or choose a model_dir with room) and rerun: training "
-                                 "resumes from the newest intact checkpoint.")
-        return CheckpointError(f"Writing the checkpoint of global step {step} into {staging} failed: "
-                               f"{_describe(error)}")
+            return DiskFullError(
+                no_room,
+                path=staging,
+                what=f"the checkpoint of step {step}",
+                advice="Free some space (or choose a model_dir with room) and rerun: training "
+                "resumes from the newest intact checkpoint.",
+            )
+        return CheckpointError(
+            f"Writing the checkpoint of global step {step} into {staging} failed: {_describe(error)}"
+        )
 
 
 _DCP_ERRORS = (Exception, dcp.CheckpointException)  # DCP's own is a BaseException

@@ -18,17 +18,17 @@ import io
 import os
 import shutil
 from collections.abc import Iterable
-from typing import Any, BinaryIO, Protocol, Union, runtime_checkable
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 from torchestimator._io.atomic import remove_stale_temporaries, rename_durably, write_bytes_atomically, write_durably
 
-__all__ = ["Storage", "LocalStorage", "InMemoryStorage", "MANIFEST_NAME"]
+__all__ = ["MANIFEST_NAME", "InMemoryStorage", "LocalStorage", "Storage"]
 
 MANIFEST_NAME = "checkpoint"
 
 Chunks = Iterable[Any]
 """Bytes-like buffers (bytes, memoryview) that make up a file, in order."""
-FileContent = Union[bytes, Chunks]
+FileContent = bytes | Chunks
 
 
 @runtime_checkable
@@ -135,7 +135,9 @@ class LocalStorage:
         path = self.location(folder)
         try:
             if os.path.islink(path):
-                os.unlink(path)  # a checkpoint folder linked from elsewhere: drop the link, never the files it points to
+                os.unlink(
+                    path
+                )  # a checkpoint folder linked from elsewhere: drop the link, never the files it points to
             else:
                 shutil.rmtree(path)
         except FileNotFoundError:

@@ -63,8 +63,8 @@ from torchestimator._io import filesystems
 from torchestimator._io.atomic import WRITER_PATTERN, writer_is_gone, writer_tag
 
 from . import format as checkpoint_format
-from .errors import CheckpointError, DiskFullError, is_no_room
 from ._threads import run_behind
+from .errors import CheckpointError, DiskFullError, is_no_room
 from .hashing import OverlappedChecksums
 from .storage import LocalStorage, Storage
 
@@ -212,8 +212,14 @@ class CheckpointStore:
             )
         return self.storage.location(self._new_staging(step))
 
-    def finish_sharded_save(self, step: int, staging_path: str, shard_files: Mapping[str, Mapping[str, Any]],
-                            shared_tree: Any, extra: Mapping[str, Any] | None) -> str:
+    def finish_sharded_save(
+        self,
+        step: int,
+        staging_path: str,
+        shard_files: Mapping[str, Mapping[str, Any]],
+        shared_tree: Any,
+        extra: Mapping[str, Any] | None,
+    ) -> str:
         """Seal state.json over the files the ranks wrote into ``staging_path``, publish, apply retention.
 
         ``shard_files``: DCP's files, {name: {"sha256", "size"}}, gathered from the ranks; chief only.
@@ -222,7 +228,9 @@ class CheckpointStore:
         if os.path.normpath(self._staging_location(staging)) != os.path.normpath(staging_path):
             raise ValueError(f"{staging_path} is not a staging folder of {self.storage.root}.")
         files = checkpoint_format.encode_sharded_state(step, shared_tree, extra, shard_files)
-        return self._complete(step, staging, files, already_written=sum(entry["size"] for entry in shard_files.values()))
+        return self._complete(
+            step, staging, files, already_written=sum(entry["size"] for entry in shard_files.values())
+        )
 
     def _new_staging(self, step: int) -> str:
         if not self._leftovers_cleared:
@@ -236,8 +244,9 @@ class CheckpointStore:
         self.storage.delete_folder(staging)
         return staging
 
-    def _complete(self, step: int, staging: str, files: checkpoint_format.CheckpointFiles, *,
-                  already_written: int) -> str:
+    def _complete(
+        self, step: int, staging: str, files: checkpoint_format.CheckpointFiles, *, already_written: int
+    ) -> str:
         """Stream ``files`` into ``staging`` (hashed while written; state.json, sealed over those digests, last),
         publish it as ``ckpt-<step>``, update the manifest."""
         save_time = float(self._clock())
@@ -277,11 +286,16 @@ class CheckpointStore:
                 raise
             if failed_file:
                 writing = f"{staging}/{failed_file[0]}"
-            previous = ([entry.folder for entry in listed] if listed is not None
-                        else [item["folder"] for item in manifest["checkpoints"]])
+            previous = (
+                [entry.folder for entry in listed]
+                if listed is not None
+                else [item["folder"] for item in manifest["checkpoints"]]
+            )
             previous = [name for name in previous if name != folder]
             raise DiskFullError(
-                error, path=self.storage.location(writing), what=f"the checkpoint of step {step}",
+                error,
+                path=self.storage.location(writing),
+                what=f"the checkpoint of step {step}",
                 bytes_needed=already_written + files.size + state_size,
                 free_bytes=self.storage.free_bytes(),
                 advice=(f"The newest intact checkpoint is {self.storage.location(previous[-1])}. " if previous else "")
@@ -292,8 +306,9 @@ class CheckpointStore:
         logger.info("Saved checkpoint for step %d to %s.", step, path)
         return path
 
-    def _write_contents(self, staging: str, files: checkpoint_format.CheckpointFiles,
-                        failed_file: list[str]) -> dict[str, dict[str, Any]]:
+    def _write_contents(
+        self, staging: str, files: checkpoint_format.CheckpointFiles, failed_file: list[str]
+    ) -> dict[str, dict[str, Any]]:
         """Write every file of ``files`` but state.json into ``staging``; their digests, taken while written.
         The name of a file whose write fails is appended to ``failed_file`` (an error then names it).
 
@@ -317,8 +332,7 @@ class CheckpointStore:
             if any(future.exception() is not None for future in done):
                 for future in futures.values():
                     future.cancel()  # those not started; the ones sending end on their own (each is bounded)
-        failed = [name for name, future in futures.items()
-                  if not future.cancelled() and future.exception() is not None]
+        failed = [name for name, future in futures.items() if not future.cancelled() and future.exception() is not None]
         if failed:
             failed_file.append(failed[0])
             raise futures[failed[0]].exception()
@@ -329,8 +343,10 @@ class CheckpointStore:
             self.storage.write_file(staging, filename, checksums.passing(content.chunks))
             digest = checksums.result()
         if digest["size"] != content.size:
-            raise CheckpointError(f"{self.storage!r}.write_file returned before writing all of {filename}: "
-                                  "a Storage must consume every buffer it is given.")
+            raise CheckpointError(
+                f"{self.storage!r}.write_file returned before writing all of {filename}: "
+                "a Storage must consume every buffer it is given."
+            )
         return digest
 
     def _refuse_a_second_writer(self, manifest: dict[str, Any], step: int) -> None:
@@ -367,8 +383,9 @@ class CheckpointStore:
         if _in_object_store(self.storage):
             from . import object_shards
 
-            object_shards.upload_shards(self.storage, os.path.basename(os.path.normpath(staging_path)), staging_path,
-                                        names)
+            object_shards.upload_shards(
+                self.storage, os.path.basename(os.path.normpath(staging_path)), staging_path, names
+            )
 
     def release_staging(self, staging_path: str) -> None:
         """Every rank, once the save is published or abandoned: drop its local staging folder (object stores)."""
@@ -520,7 +537,8 @@ class CheckpointStore:
                 break
             except CheckpointError as error:
                 self._warn_once(
-                    f"Ignoring checkpoint {self.storage.location(entries[-1].folder)}, it is damaged: {error}")
+                    f"Ignoring checkpoint {self.storage.location(entries[-1].folder)}, it is damaged: {error}"
+                )
                 entries.pop()
         return entries
 
@@ -563,8 +581,7 @@ class CheckpointStore:
         listed.set_result(self.storage.list_folders())
         return listed
 
-    def _scan(self, manifest: dict[str, Any], folders: set[str] | None = None
-              ) -> tuple[list[_Entry], dict[str, str]]:
+    def _scan(self, manifest: dict[str, Any], folders: set[str] | None = None) -> tuple[list[_Entry], dict[str, str]]:
         """Checkpoints by step, and the rejected folders with the reason, each named once in a warning.
 
         The manifest is the index: a folder it lists is taken as it says (it was complete when it appeared;
@@ -593,8 +610,13 @@ class CheckpointStore:
         for folder, item in listed.items():  # the index: no file read
             save_time = item.get("save_time")
             match = _CHECKPOINT_FOLDER.fullmatch(folder)
-            if (folder in folders and match is not None and int(match.group(1)) == item["step"]
-                    and isinstance(save_time, (int, float)) and not isinstance(save_time, bool)):
+            if (
+                folder in folders
+                and match is not None
+                and int(match.group(1)) == item["step"]
+                and isinstance(save_time, (int, float))
+                and not isinstance(save_time, bool)
+            ):
                 entries.append(_Entry(item["step"], folder, float(save_time), bool(item.get("preserved"))))
         found = {entry.folder for entry in entries}
         self._leftovers_seen = False
@@ -671,8 +693,9 @@ class CheckpointStore:
     def _write_manifest(self, manifest: dict[str, Any], entries: list[_Entry]) -> None:
         items, texts = self._encode_entries(entries)
         document = {**self._manifest_document(manifest, entries, items), "writer": writer_tag()}
-        data = checkpoint_format.sealed_json(document, _MANIFEST_CHECKSUM_KEY, compact=True,
-                                             encoded={"checkpoints": "[" + ", ".join(texts) + "]"})
+        data = checkpoint_format.sealed_json(
+            document, _MANIFEST_CHECKSUM_KEY, compact=True, encoded={"checkpoints": "[" + ", ".join(texts) + "]"}
+        )
         self._manifest_cache = None  # until the new bytes are in place
         self.storage.replace_manifest(data)
         self._manifest_cache = (data, document, tuple(entries))
@@ -692,15 +715,16 @@ class CheckpointStore:
             pairs = [known(entry) or _encoded_item(entry) for entry in entries]
             items, texts = [item for item, _ in pairs], [text for _, text in pairs]
         else:
-            new = [_encoded_item(entry) for entry in entries[len(previous) - start:]]
+            new = [_encoded_item(entry) for entry in entries[len(previous) - start :]]
             items = previous_items[start:] + [item for item, _ in new]
             texts = previous_texts[start:] + [text for _, text in new]
         self._encoded_entries = (list(entries), items, texts)  # only those listed now: never more than the manifest
         return items, texts
 
     @staticmethod
-    def _manifest_document(manifest: dict[str, Any], entries: list[_Entry],
-                           items: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def _manifest_document(
+        manifest: dict[str, Any], entries: list[_Entry], items: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
         return {
             "format_version": _MANIFEST_VERSION,
             "latest": entries[-1].folder if entries else None,
@@ -740,7 +764,7 @@ class CheckpointStore:
                 f"No checkpoint in {self.storage.root}: nothing to restore. "
                 "Train first, or pass the path of a checkpoint."
             )
-        failures = {folder: reason for folder, reason in rejected.items()}
+        failures = dict(rejected)
         for entry in reversed(entries):
             try:
                 return _load(self.storage, entry.folder, entry.step, verify=verify, load_optimizer=load_optimizer)
@@ -782,8 +806,9 @@ class CheckpointStore:
                 from . import object_shards
 
                 metadata_file = checkpoint_format.DCP_METADATA_FILE
-                location = object_shards.download_checkpoint(storage, folder,
-                                                             {metadata_file: state["files"][metadata_file]})
+                location = object_shards.download_checkpoint(
+                    storage, folder, {metadata_file: state["files"][metadata_file]}
+                )
             return dcp_format.variables(dcp_format.read_metadata(location))
         return checkpoint_format.read_safetensors_header(storage, folder, checkpoint_format.MODEL_FILE)
 
@@ -836,8 +861,9 @@ def _load(storage: Storage, folder: str, step: int, *, verify: bool, load_optimi
     return Checkpoint(path=location, step=step, model_state=model_state, optimizer_state=optimizer_state, extra=extra)
 
 
-def _load_sharded(storage: Storage, folder: str, step: int, state: dict[str, Any], *, verify: bool,
-                  load_optimizer: bool) -> Checkpoint:
+def _load_sharded(
+    storage: Storage, folder: str, step: int, state: dict[str, Any], *, verify: bool, load_optimizer: bool
+) -> Checkpoint:
     """A checkpoint DCP wrote: whole weights read here (resharded, whatever number of ranks wrote them); the
     optimizer's tensors are read later, into the live optimizer (``parts.restore_shared``)."""
     from . import dcp_format  # torch.distributed.checkpoint takes seconds to import: only when needed
@@ -848,7 +874,9 @@ def _load_sharded(storage: Storage, folder: str, step: int, state: dict[str, Any
 
         location = object_shards.download_checkpoint(storage, folder, state["files"])
     elif not isinstance(storage, LocalStorage):
-        raise CheckpointError(f"{location} was written by torch.distributed.checkpoint, which reads local folders only.")
+        raise CheckpointError(
+            f"{location} was written by torch.distributed.checkpoint, which reads local folders only."
+        )
     elif verify:
         checkpoint_format.verify_listed_files(storage, folder, state, sorted(state["files"]))
     metadata = dcp_format.read_metadata(location)
@@ -860,8 +888,14 @@ def _load_sharded(storage: Storage, folder: str, step: int, state: dict[str, Any
     extra = checkpoint_format.read_tree(
         storage, folder, state, verify, tree_file=None, tensors_file=checkpoint_format.EXTRA_TENSORS_FILE
     )
-    return Checkpoint(path=storage.location(folder), step=step, model_state=model_state, optimizer_state=shared,
-                      extra=extra, sharded=True)
+    return Checkpoint(
+        path=storage.location(folder),
+        step=step,
+        model_state=model_state,
+        optimizer_state=shared,
+        extra=extra,
+        sharded=True,
+    )
 
 
 def _in_object_store(storage: Storage) -> bool:

@@ -41,18 +41,37 @@ import torch
 from .errors import CheckpointError
 from .hashing import OverlappedChecksums, checksum_of
 
-__all__ = ["EncodedFile", "encode_tensors", "tensors_to_bytes", "bytes_to_tensors", "read_tensors", "is_file_mapped",
-           "DTYPES"]
+__all__ = [
+    "DTYPES",
+    "EncodedFile",
+    "bytes_to_tensors",
+    "encode_tensors",
+    "is_file_mapped",
+    "read_tensors",
+    "tensors_to_bytes",
+]
 
 # safetensors dtype codes; getattr because older torch builds lack some float8 types.
 DTYPES = {
     code: getattr(torch, name)
     for code, name in {
-        "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-        "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
-        "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
-        "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-        "C64": "complex64", "C128": "complex128",
+        "F64": "float64",
+        "F32": "float32",
+        "F16": "float16",
+        "BF16": "bfloat16",
+        "I64": "int64",
+        "I32": "int32",
+        "I16": "int16",
+        "I8": "int8",
+        "U64": "uint64",
+        "U32": "uint32",
+        "U16": "uint16",
+        "U8": "uint8",
+        "BOOL": "bool",
+        "F8_E4M3": "float8_e4m3fn",
+        "F8_E5M2": "float8_e5m2",
+        "C64": "complex64",
+        "C128": "complex128",
     }.items()
     if hasattr(torch, name)
 }
@@ -89,8 +108,11 @@ def encode_tensors(tensors: Mapping[str, torch.Tensor], what: str) -> EncodedFil
     for name in sorted(prepared, key=lambda name: -prepared[name].element_size()):  # stable: ties keep caller order
         value = prepared[name]
         view = _byte_view(value)
-        header[name] = {"dtype": DTYPE_CODES[value.dtype], "shape": list(value.shape),
-                        "data_offsets": [offset, offset + view.nbytes]}
+        header[name] = {
+            "dtype": DTYPE_CODES[value.dtype],
+            "shape": list(value.shape),
+            "data_offsets": [offset, offset + view.nbytes],
+        }
         views.extend(_pieces(view))
         offset += view.nbytes
     header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
@@ -162,8 +184,9 @@ class _Entry:
     end: int
 
 
-def read_tensors(stream: BinaryIO, where: str, *, size: int, expected: tuple[str, Any] | None
-                 ) -> dict[str, torch.Tensor]:
+def read_tensors(
+    stream: BinaryIO, where: str, *, size: int, expected: tuple[str, Any] | None
+) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file open in ``stream`` (at its start), ``size`` bytes long (checked by
     the caller), checked while reading against ``expected`` ("crc32c", "crc32" or "sha256", its value) unless None."""
     mapping = _mapped(stream, size)
@@ -234,8 +257,9 @@ def is_file_mapped(tensor: torch.Tensor) -> bool:
     return any(start <= address < end for start, end in ranges)
 
 
-def _read_mapped(mapping: mmap.mmap, where: str, size: int, expected: tuple[str, Any] | None
-                 ) -> dict[str, torch.Tensor] | None:
+def _read_mapped(
+    mapping: mmap.mmap, where: str, size: int, expected: tuple[str, Any] | None
+) -> dict[str, torch.Tensor] | None:
     """The tensors of a mapped file as views of the mapping, after the whole file's checksum; None when the
     layout is not ours (the streamed path handles it and words its errors)."""
     if size < 8:

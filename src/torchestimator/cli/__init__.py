@@ -68,12 +68,23 @@ def version_line() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from torchestimator.cli import demo_command, launch_command, model_commands, records, serve_command, weights_commands
+    from torchestimator.cli import (
+        demo_command,
+        launch_command,
+        model_commands,
+        records,
+        serve_command,
+        weights_commands,
+    )
 
     parser = _Parser(prog="torchestimator", description="The TensorFlow Estimator workflow on PyTorch.")
     parser.add_argument("--verbosity", default="INFO", help=_VERBOSITY_HELP)
-    parser.add_argument("--version", action=_VersionAction, nargs=0,
-                        help="print the version, torch's, and which path (compiled or pure Python) the data cores run")
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        nargs=0,
+        help="print the version, torch's, and which path (compiled or pure Python) the data cores run",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     model_commands.add_commands(commands)  # train, train-and-evaluate, evaluate, predict, export
     weights_commands.add_commands(commands)  # inspect, warm-start
@@ -128,8 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     if level == "WARN":
         level = "WARNING"
     if level not in LOG_LEVELS:
-        print(f"torchestimator {args.command}: error: --verbosity {args.verbosity!r} is not a logging level; "
-              f"use one of {', '.join(LOG_LEVELS)}.", file=sys.stderr)
+        print(
+            f"torchestimator {args.command}: error: --verbosity {args.verbosity!r} is not a logging level; "
+            f"use one of {', '.join(LOG_LEVELS)}.",
+            file=sys.stderr,
+        )
         return 2
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     if level != "DEBUG":  # the store clients' INFO lines ("Found credentials in environment variables") are noise
@@ -157,8 +171,11 @@ def _report(args: argparse.Namespace, error: Exception) -> int:
     if found is not None:
         where, frame = found
         traceback.print_exception(error, file=sys.stderr)
-        print(f"{prefix} {type(error).__name__} in {where}, line {frame.lineno}, in {frame.name} "
-              f"(the traceback above){_param_note(args)}: {_first_line(error)}", file=sys.stderr)
+        print(
+            f"{prefix} {type(error).__name__} in {where}, line {frame.lineno}, in {frame.name} "
+            f"(the traceback above){_param_note(args)}: {_first_line(error)}",
+            file=sys.stderr,
+        )
         return 1
     if isinstance(error, (TorchEstimatorError, ValueError, TypeError, OSError)):
         logging.getLogger("torchestimator").debug("details", exc_info=error)
@@ -174,8 +191,11 @@ def _param_note(args: argparse.Namespace) -> str:
         overrides = model_file.parse_overrides(flags)
     except TorchEstimatorError:
         return ""
-    return ("; params from --param: " + ", ".join(f"{name}={value!r}" for name, value in overrides.items())
-            if overrides else "")
+    return (
+        "; params from --param: " + ", ".join(f"{name}={value!r}" for name, value in overrides.items())
+        if overrides
+        else ""
+    )
 
 
 def _first_line(error: BaseException) -> str:

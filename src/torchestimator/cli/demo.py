@@ -56,8 +56,9 @@ def _read_digits() -> tuple[np.ndarray, np.ndarray]:
     The file load_digits reads, read directly (50 ms rather than the 3 s of importing sklearn.datasets);
     where a scikit-learn release keeps it elsewhere, load_digits itself.
     """
-    path = os.path.join(os.path.dirname(importlib.util.find_spec("sklearn").origin), "datasets", "data",
-                        "digits.csv.gz")
+    path = os.path.join(
+        os.path.dirname(importlib.util.find_spec("sklearn").origin), "datasets", "data", "digits.csv.gz"
+    )
     if not os.path.isfile(path):
         digits = import_extra("sklearn.datasets", extra="demo", feature="the digits demo").load_digits()
         return digits.data, digits.target
@@ -69,8 +70,12 @@ def _read_digits() -> tuple[np.ndarray, np.ndarray]:
 def model(params: dict) -> nn.Module:
     hidden = params["hidden"]
     return nn.Sequential(
-        nn.Linear(64, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
-        nn.Linear(hidden, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
+        nn.Linear(64, hidden),
+        nn.BatchNorm1d(hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.BatchNorm1d(hidden),
+        nn.ReLU(),
         nn.Linear(hidden, 10),
     )
 
@@ -91,8 +96,9 @@ def optimizer(parameters, params):
 
 def train_input_fn(params, config, input_context=None):
     images, labels, _, _ = load_digits_split(params["seed"])
-    make = te.numpy_input_fn({"image": images}, labels, batch_size=params["batch_size"], num_epochs=None,
-                             shuffle=True, seed=params["seed"])
+    make = te.numpy_input_fn(
+        {"image": images}, labels, batch_size=params["batch_size"], num_epochs=None, shuffle=True, seed=params["seed"]
+    )
     return make(input_context=input_context, config=config)
 
 
@@ -124,17 +130,24 @@ def run(model_dir: str = "runs/digits", steps: int = max_steps, progress_bar: bo
     from torchestimator.export import BestExporter, FinalExporter, latest_version
 
     log = logging.getLogger("torchestimator")
-    estimator = te.Estimator(model_fn=model_fn, model=model, optimizer=optimizer, model_dir=model_dir,
-                             config=config.replace(progress_bar=progress_bar, save_checkpoints_steps=200),
-                             params=params)
+    estimator = te.Estimator(
+        model_fn=model_fn,
+        model=model,
+        optimizer=optimizer,
+        model_dir=model_dir,
+        config=config.replace(progress_bar=progress_bar, save_checkpoints_steps=200),
+        params=params,
+    )
     previous = estimator.latest_checkpoint()
     if previous is None:
         log.info("Training the digits model from scratch in %s.", model_dir)
     else:
         log.info("Found %s: resuming instead of starting over.", previous)
     receiver = serving_input_receiver()
-    exporters = [BestExporter("best", receiver, metric_name="accuracy", higher_is_better=True, exports_to_keep=2),
-                 FinalExporter("final", receiver)]
+    exporters = [
+        BestExporter("best", receiver, metric_name="accuracy", higher_is_better=True, exports_to_keep=2),
+        FinalExporter("final", receiver),
+    ]
     eval_spec = te.EvalSpec(eval_input_fn, steps=None, throttle_secs=0, exporters=exporters)
     # One intra-op thread: a model this small gains nothing from more, and on a busy machine torch's
     # threads spin against each other (measured: 1.7 ms a step with one thread, 26-57 ms with two).
@@ -142,20 +155,31 @@ def run(model_dir: str = "runs/digits", steps: int = max_steps, progress_bar: bo
     torch.set_num_threads(1)
     try:
         results, _ = te.train_and_evaluate(
-            estimator, te.TrainSpec(train_input_fn, max_steps=steps), eval_spec,
+            estimator,
+            te.TrainSpec(train_input_fn, max_steps=steps),
+            eval_spec,
             best=te.BestCheckpointPolicy("accuracy", higher_is_better=True),
-            early_stopping=te.stop_if_no_increase_hook("accuracy", max_steps_without_increase=600))
+            early_stopping=te.stop_if_no_increase_hook("accuracy", max_steps_without_increase=600),
+        )
     finally:
         torch.set_num_threads(threads)
     from torchestimator._policy.best import read_best
 
     best = read_best(model_dir)
     export_base = filesystems.join(model_dir, "export")
-    exports = {name: latest_version(filesystems.join(export_base, name))
-               for name in ("best", "final") if filesystems.is_dir(filesystems.join(export_base, name))}
-    return {"results": results, "best_accuracy": best[0].value if best else None,
-            "best_checkpoint": best[0].path if best else None, "exports": exports, "resumed_from": previous,
-            "serving_request": write_serving_request(model_dir, params)}
+    exports = {
+        name: latest_version(filesystems.join(export_base, name))
+        for name in ("best", "final")
+        if filesystems.is_dir(filesystems.join(export_base, name))
+    }
+    return {
+        "results": results,
+        "best_accuracy": best[0].value if best else None,
+        "best_checkpoint": best[0].path if best else None,
+        "exports": exports,
+        "resumed_from": previous,
+        "serving_request": write_serving_request(model_dir, params),
+    }
 
 
 def write_serving_request(model_dir: str, params: dict, count: int = 2) -> str:

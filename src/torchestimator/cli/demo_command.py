@@ -33,16 +33,26 @@ def _add_plot(commands: Any) -> None:
 
 
 def _add_demo(commands: Any) -> None:
-    demo = commands.add_parser("demo", help="train and evaluate the digits demo (resumes when rerun), then print "
-                                            "the commands that run, serve and ask its export")
-    demo.add_argument("--model_dir", default="runs/digits",
-                      help="where the demo trains and exports (default runs/digits); a rerun resumes from it")
-    demo.add_argument("--max_steps", type=int, default=None,
-                      help="global step to train to (default: the demo's own, 1000)")
+    demo = commands.add_parser(
+        "demo",
+        help="train and evaluate the digits demo (resumes when rerun), then print "
+        "the commands that run, serve and ask its export",
+    )
+    demo.add_argument(
+        "--model_dir",
+        default="runs/digits",
+        help="where the demo trains and exports (default runs/digits); a rerun resumes from it",
+    )
+    demo.add_argument(
+        "--max_steps", type=int, default=None, help="global step to train to (default: the demo's own, 1000)"
+    )
     demo.add_argument("--no_progress", action="store_true", help="no progress bar")
-    demo.add_argument("--rest_api_port", type=int, default=DEFAULT_REST_API_PORT,
-                      help=f"the port in the printed serve and curl commands, 1-65535 (default "
-                           f"{DEFAULT_REST_API_PORT})")
+    demo.add_argument(
+        "--rest_api_port",
+        type=int,
+        default=DEFAULT_REST_API_PORT,
+        help=f"the port in the printed serve and curl commands, 1-65535 (default {DEFAULT_REST_API_PORT})",
+    )
     demo.set_defaults(handler=_demo)
 
 
@@ -57,15 +67,21 @@ def _demo(args: argparse.Namespace) -> int:
     from torchestimator.cli import demo
     from torchestimator.cli.serve_command import check_port
 
-    check_port(args.rest_api_port, "--rest_api_port", lowest=1,
-               why="cannot be printed in the serve and curl commands, which need one fixed port")
+    check_port(
+        args.rest_api_port,
+        "--rest_api_port",
+        lowest=1,
+        why="cannot be printed in the serve and curl commands, which need one fixed port",
+    )
     steps = {} if args.max_steps is None else {"steps": args.max_steps}
     outcome = demo.run(model_dir=args.model_dir, progress_bar=False if args.no_progress else None, **steps)
     _print_results(outcome, args.model_dir)
     curves, plot_problem = _draw_curves(args.model_dir)
     print(f"curves: {curves}" if curves else f"curves: not drawn ({plot_problem})")
-    print(f"event files for TensorBoard: {args.model_dir} (training), {filesystems.join(args.model_dir, 'eval')} "
-          "(evaluation)")
+    print(
+        f"event files for TensorBoard: {args.model_dir} (training), {filesystems.join(args.model_dir, 'eval')} "
+        "(evaluation)"
+    )
     steps_next = next_steps(outcome, args.model_dir, args.rest_api_port, plotted=curves is not None)
     if steps_next:
         print(NEXT_STEPS_HEADER)
@@ -79,10 +95,14 @@ def _print_results(outcome: dict, model_dir: str) -> None:
     if outcome["resumed_from"] is None:
         print(f"digits demo: trained from scratch to step {results['global_step']} in {model_dir}")
     else:
-        print(f"digits demo: resumed from {outcome['resumed_from']} instead of starting over "
-              f"(now at step {results['global_step']})")
-    print(f"digits demo: held-out accuracy {results['accuracy']:.4f}, loss {results['loss']:.4f}, "
-          f"global step {results['global_step']}, model_dir {model_dir}")
+        print(
+            f"digits demo: resumed from {outcome['resumed_from']} instead of starting over "
+            f"(now at step {results['global_step']})"
+        )
+    print(
+        f"digits demo: held-out accuracy {results['accuracy']:.4f}, loss {results['loss']:.4f}, "
+        f"global step {results['global_step']}, model_dir {model_dir}"
+    )
     if outcome["best_accuracy"] is not None:
         print(f"best held-out accuracy {outcome['best_accuracy']:.4f} at {outcome['best_checkpoint']}")
     for name, path in outcome["exports"].items():
@@ -109,13 +129,18 @@ def next_steps(outcome: dict, model_dir: str, port: int, *, plotted: bool) -> li
         port_flag = "" if port == DEFAULT_REST_API_PORT else f" --rest_api_port {port}"
         found += [
             ("run the best export alone", f"torchestimator predict --exported {base} --input {shlex.quote(request)}"),
-            ("serve it (leave it running)", f"torchestimator serve --model_name digits --model_base_path {base}"
-                                            f"{port_flag}"),
-            ("in a second shell, wait until it answers",
-             f"until curl -sf {url} > /dev/null; do sleep 1; done"),
+            (
+                "serve it (leave it running)",
+                f"torchestimator serve --model_name digits --model_base_path {base}{port_flag}",
+            ),
+            ("in a second shell, wait until it answers", f"until curl -sf {url} > /dev/null; do sleep 1; done"),
             ("then ask it", f"curl -d {shlex.quote('@' + request)} {url}:predict"),
         ]
     if not plotted:
-        found.append(("plot the curves (pip install 'torchestimator[plot]' first)",
-                      f"torchestimator plot {shlex.quote(model_dir)}"))
+        found.append(
+            (
+                "plot the curves (pip install 'torchestimator[plot]' first)",
+                f"torchestimator plot {shlex.quote(model_dir)}",
+            )
+        )
     return found

@@ -10,9 +10,11 @@ from __future__ import annotations
 import datetime
 import os
 
-PATH_HELP = ("a model_dir (its checkpoint history too), a ckpt-<step> folder, a TensorFlow checkpoint (prefix, "
-             ".index file, or a folder with its 'checkpoint' file), a Keras .h5/.weights.h5/.keras file, "
-             "a .safetensors file, or a PyTorch .pt/.pth/.bin state_dict")
+PATH_HELP = (
+    "a model_dir (its checkpoint history too), a ckpt-<step> folder, a TensorFlow checkpoint (prefix, "
+    ".index file, or a folder with its 'checkpoint' file), a Keras .h5/.weights.h5/.keras file, "
+    "a .safetensors file, or a PyTorch .pt/.pth/.bin state_dict"
+)
 """What `inspect PATH` reads: every format interop.open_weights opens."""
 
 
@@ -20,7 +22,7 @@ def _variables_table(rows: list[tuple[str, tuple[int, ...], object]]) -> list[st
     width = max((len(name) for name, _, _ in rows), default=4)
     lines = [f"{'name':<{width}}  {'shape':<20}  dtype"]
     for name, shape, dtype in rows:
-        lines.append(f"{name:<{width}}  {str(list(shape)):<20}  {dtype}")
+        lines.append(f"{name:<{width}}  {list(shape)!s:<20}  {dtype}")
     total = 0
     for _, shape, _ in rows:
         count = 1
@@ -33,11 +35,10 @@ def _variables_table(rows: list[tuple[str, tuple[int, ...], object]]) -> list[st
 
 def describe(path: str) -> str:
     """Variables with shapes and dtypes of any weights file; plus the checkpoint history of a model_dir."""
+    from torchestimator._io import filesystems
     from torchestimator.checkpoint import CheckpointStore
     from torchestimator.interop import open_weights
     from torchestimator.interop.torch_sources import is_torchestimator
-
-    from torchestimator._io import filesystems
 
     if filesystems.is_url(path):
         from torchestimator.interop._remote import _is_our_model_dir

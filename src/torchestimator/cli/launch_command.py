@@ -19,8 +19,13 @@ options included, reaches torchrun's parser untouched."""
 class _TorchrunArguments(argparse.Action):
     """Parses the words after `launch` with torchrun's parser (the usage, the errors and --help are torchrun's)."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         from torchestimator.distribute.launcher import launch_parser
 
         parsed = launch_parser(parser.prog).parse_args(list(values))
@@ -30,11 +35,19 @@ class _TorchrunArguments(argparse.Action):
 
 def add_command(commands: Any) -> None:
     launch = commands.add_parser(
-        "launch", add_help=False, prefix_chars=_NO_OPTION_PREFIX,
+        "launch",
+        add_help=False,
+        prefix_chars=_NO_OPTION_PREFIX,
         help="run a script in N processes per node, on one or several machines (torchrun); "
-             "torchestimator launch --help lists torchrun's options")
-    launch.add_argument("torchrun_arguments", nargs=argparse.REMAINDER, action=_TorchrunArguments,
-                        default=argparse.SUPPRESS, help="torchrun's options, then the script and its arguments")
+        "torchestimator launch --help lists torchrun's options",
+    )
+    launch.add_argument(
+        "torchrun_arguments",
+        nargs=argparse.REMAINDER,
+        action=_TorchrunArguments,
+        default=argparse.SUPPRESS,
+        help="torchrun's options, then the script and its arguments",
+    )
     launch.set_defaults(handler=_launch)
 
 

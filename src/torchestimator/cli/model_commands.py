@@ -27,14 +27,18 @@ def add_commands(commands: Any) -> None:
 
 _MAX_STEPS = (("--max_steps",), {"type": int, "help": "absolute global step to train to"})
 _CHECKPOINT_PATH = (("--checkpoint_path",), {"help": "a ckpt-<step> folder (default: the latest in model_dir)"})
-_PREDICT_CHECKPOINT_PATH = (("--checkpoint_path",), {"help": "with FILE.py: a ckpt-<step> folder (default: the latest "
-                                                             "in model_dir)"})
+_PREDICT_CHECKPOINT_PATH = (
+    ("--checkpoint_path",),
+    {"help": "with FILE.py: a ckpt-<step> folder (default: the latest in model_dir)"},
+)
 
 
 def _train(args: argparse.Namespace) -> int:
     module = load_model_file(args.model_file)
     estimator = build_estimator(module, args)
-    max_steps = args.max_steps if args.max_steps is not None else (None if args.steps else getattr(module, "max_steps", None))
+    max_steps = (
+        args.max_steps if args.max_steps is not None else (None if args.steps else getattr(module, "max_steps", None))
+    )
     estimator.train(require(module, "train_input_fn"), steps=args.steps, max_steps=max_steps)
     print(f"trained to global step {_global_step(estimator)}; checkpoint {estimator.latest_checkpoint()}")
     return 0
@@ -53,12 +57,16 @@ def _train_and_evaluate(args: argparse.Namespace) -> int:
     module = load_model_file(args.model_file)
     estimator = build_estimator(module, args)
     max_steps = args.max_steps if args.max_steps is not None else getattr(module, "max_steps", None)
-    train_spec = getattr(module, "train_spec", None) or te.TrainSpec(require(module, "train_input_fn"),
-                                                                       max_steps=max_steps)
+    train_spec = getattr(module, "train_spec", None) or te.TrainSpec(
+        require(module, "train_input_fn"), max_steps=max_steps
+    )
     if args.max_steps is not None:  # the flag wins over the file's train_spec too
         train_spec = dataclasses.replace(train_spec, max_steps=args.max_steps)
-    eval_spec = getattr(module, "eval_specs", None) or getattr(module, "eval_spec", None) or te.EvalSpec(
-        require(module, "eval_input_fn"), steps=None, throttle_secs=0, start_delay_secs=0)
+    eval_spec = (
+        getattr(module, "eval_specs", None)
+        or getattr(module, "eval_spec", None)
+        or te.EvalSpec(require(module, "eval_input_fn"), steps=None, throttle_secs=0, start_delay_secs=0)
+    )
     policies = {"best": getattr(module, "best", None), "early_stopping": getattr(module, "early_stopping", ())}
     if args.evaluator:  # a separate process following model_dir, as TF_CONFIG's evaluator task
         # It keeps the best and decides early stopping, as the evaluator task of train_and_evaluate does.
@@ -73,8 +81,9 @@ def _train_and_evaluate(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     module = load_model_file(args.model_file)
     estimator = build_estimator(module, args)
-    results = estimator.evaluate(require(module, "eval_input_fn"), steps=args.steps,
-                                 checkpoint_path=args.checkpoint_path, name=args.name)
+    results = estimator.evaluate(
+        require(module, "eval_input_fn"), steps=args.steps, checkpoint_path=args.checkpoint_path, name=args.name
+    )
     print(json.dumps(results, indent=2, sort_keys=True, default=float))
     return 0
 
@@ -118,13 +127,20 @@ def _predict(args: argparse.Namespace) -> int:
         try:  # random weights are refused here, before any output is written
             estimator.inference_bundle(args.checkpoint_path, mode=ModeKeys.PREDICT, require_weights=True)
         except ValueError as error:
-            raise ConfigError(f"{error} Or pass --allow_untrained to predict with freshly initialised weights.",
-                              field="model_dir", value=args.model_dir) from error
-    out = open(args.output, "w") if args.output else sys.stdout
+            raise ConfigError(
+                f"{error} Or pass --allow_untrained to predict with freshly initialised weights.",
+                field="model_dir",
+                value=args.model_dir,
+            ) from error
+    out = open(args.output, "w") if args.output else sys.stdout  # noqa: SIM115 (closed below unless stdout)
     try:
-        for index, prediction in enumerate(estimator.predict(require(module, "predict_input_fn"),
-                                                             predict_keys=args.predict_keys,
-                                                             checkpoint_path=args.checkpoint_path)):
+        for index, prediction in enumerate(
+            estimator.predict(
+                require(module, "predict_input_fn"),
+                predict_keys=args.predict_keys,
+                checkpoint_path=args.checkpoint_path,
+            )
+        ):
             out.write(json.dumps(jsonable(prediction)) + "\n")
             if args.limit is not None and index + 1 >= args.limit:
                 break
@@ -145,8 +161,11 @@ def _predict_exported(args: argparse.Namespace) -> int:
     from torchestimator.export.outputs import DEFAULT_SERVING_SIGNATURE_DEF_KEY
 
     if not args.input:
-        raise ConfigError("predict --exported needs --input FILE: a TF Serving request (.json with \"instances\" "
-                          "or \"inputs\") or an .npz of named arrays.", field="input")
+        raise ConfigError(
+            'predict --exported needs --input FILE: a TF Serving request (.json with "instances" '
+            'or "inputs") or an .npz of named arrays.',
+            field="input",
+        )
     model = load(args.exported)
     # --signature_name "" is the default signature, as an empty signature_name in a request is (TF Serving's rule).
     signature_name = None if args.signature_name is None else args.signature_name or DEFAULT_SERVING_SIGNATURE_DEF_KEY
@@ -154,8 +173,12 @@ def _predict_exported(args: argparse.Namespace) -> int:
         from torchestimator.export import read_inputs
 
         signature_name = signature_name or DEFAULT_SERVING_SIGNATURE_DEF_KEY
-        outputs = _selected(model(read_inputs(args.input), signature_name=signature_name), args.predict_keys,
-                            args.exported, signature_name)
+        outputs = _selected(
+            model(read_inputs(args.input), signature_name=signature_name),
+            args.predict_keys,
+            args.exported,
+            signature_name,
+        )
         answer = jsonable(outputs)
     else:
         outputs, answer = _answer_request(model, args.input, signature_name, args.predict_keys, args.exported)
@@ -178,21 +201,26 @@ def _is_npz(path: str) -> bool:
     return path.lower().endswith(".npz")
 
 
-def _selected(outputs: dict[str, np.ndarray], keys: list[str] | None, exported: str,
-              signature_name: str) -> dict[str, np.ndarray]:
+def _selected(
+    outputs: dict[str, np.ndarray], keys: list[str] | None, exported: str, signature_name: str
+) -> dict[str, np.ndarray]:
     """Only the outputs --predict_keys names (all without it); a name the signature lacks is refused."""
     if not keys:
         return outputs
     unknown = [key for key in keys if key not in outputs]
     if unknown:
-        raise ConfigError(f"--predict_keys {' '.join(unknown)}: not an output of {exported} (signature "
-                          f"{signature_name!r}); its outputs are {', '.join(outputs)}.", field="predict_keys",
-                          value=unknown)
+        raise ConfigError(
+            f"--predict_keys {' '.join(unknown)}: not an output of {exported} (signature "
+            f"{signature_name!r}); its outputs are {', '.join(outputs)}.",
+            field="predict_keys",
+            value=unknown,
+        )
     return {key: outputs[key] for key in outputs if key in keys}
 
 
-def _answer_request(model: Any, path: str, signature_name: str | None, keys: list[str] | None,
-                    exported: str) -> tuple[dict[str, np.ndarray], dict]:
+def _answer_request(
+    model: Any, path: str, signature_name: str | None, keys: list[str] | None, exported: str
+) -> tuple[dict[str, np.ndarray], dict]:
     """The outputs for a TF Serving predict request file, and the server's JSON answer to it."""
     from torchestimator._io.regular_file import read_regular_file
     from torchestimator.errors import ServingError
@@ -204,8 +232,11 @@ def _answer_request(model: Any, path: str, signature_name: str | None, keys: lis
         if signature_name is not None:
             asked = document.get("signature_name", signature_name)
             if isinstance(asked, str) and (asked or DEFAULT_SERVING_SIGNATURE_DEF_KEY) != signature_name:
-                raise ConfigError(f"--signature_name {signature_name!r} differs from the request's signature_name "
-                                  f"{asked!r}; give one of them.", field="signature_name")
+                raise ConfigError(
+                    f"--signature_name {signature_name!r} differs from the request's signature_name "
+                    f"{asked!r}; give one of them.",
+                    field="signature_name",
+                )
             document = {**document, "signature_name": signature_name}
         request = parse_predict(document, model)
         outputs = model(request.inputs, signature_name=request.signature_name)  # checks shapes, as the server
@@ -221,58 +252,137 @@ def _export(args: argparse.Namespace) -> int:
     module = load_model_file(args.model_file)
     estimator = build_estimator(module, args)
     receiver = require(module, "serving_input_receiver")
-    path = estimator.export_saved_model(args.export_dir, receiver, checkpoint_path=args.checkpoint_path,
-                                        as_onnx=args.onnx)
+    path = estimator.export_saved_model(
+        args.export_dir, receiver, checkpoint_path=args.checkpoint_path, as_onnx=args.onnx
+    )
     print(f"exported {path}")
     return 0
 
 
 # name -> (help, handler, takes the model file flags, [(flag names, add_argument options)])
 _COMMANDS: dict[str, tuple[str, Any, bool, list[tuple[tuple[str, ...], dict[str, Any]]]]] = {
-    "train": ("train (resuming from model_dir)", _train, True, [
-        _MAX_STEPS,
-        (("--steps",), {"type": int, "help": "steps to train beyond the current global step"}),
-    ]),
-    "train-and-evaluate": ("train, evaluating (and exporting) along the way", _train_and_evaluate, True, [
-        _MAX_STEPS,
-        (("--evaluator",), {"action": "store_true",
-                            "help": "only evaluate: follow model_dir and evaluate each new checkpoint until max_steps"}),
-        (("--poll_secs",), {"type": float, "default": None, "help": "with --evaluator: seconds between looks"}),
-    ]),
-    "evaluate": ("evaluate the latest (or a given) checkpoint", _evaluate, True, [
-        (("--steps",), {"type": int, "help": "evaluate this many batches (default: the whole input)"}),
-        _CHECKPOINT_PATH,
-        (("--name",), {"help": "named evaluation: summaries go to model_dir/eval_<name>"}),
-    ]),
-    "predict": ("write predictions as JSON lines, or run an exported model", _predict, False, [
-        (("model_file",), {"nargs": "?", "help": "FILE.py or module (not with --exported)"}),
-        (("--model_dir",), {"help": "with FILE.py: where its checkpoints live"}),
-        (("--param",), {"action": "append", "default": [], "metavar": "NAME=VALUE",
-                        "help": "with FILE.py: override params[NAME] (VALUE parsed as JSON when it can be)"}),
-        (("--no_progress",), {"action": "store_true", "help": "no progress bar"}),
-        (("--exported",), {"help": "an exported model: a version folder or its base (newest version), local or an "
-                                    "object-store URL (s3://..., gs://...: copied to the local cache and verified)"}),
-        (("--input",), {"help": "with --exported: a TF Serving predict request (.json: {\"instances\": [...]} or "
-                                "{\"inputs\": ...}, as curl sends to serve; {\"b64\": ...} for string inputs: "
-                                "serialized Examples, images) or an .npz of named arrays"}),
-        (("--signature_name",), {"help": "with --exported: the signature to run (default: the request's "
-                                         "signature_name, else serving_default)"}),
-        _PREDICT_CHECKPOINT_PATH,
-        (("--predict_keys",), {"nargs": "*", "metavar": "KEY",
-                               "help": "only these prediction keys (with --exported: outputs) (default all)"}),
-        (("--output",), {"help": "file for the predictions (default stdout): JSON lines, or with --exported the "
-                                 "server's JSON answer (.npz: the output arrays)"}),
-        (("--limit",), {"type": int, "help": "with FILE.py: stop after this many examples"}),
-        (("--allow_untrained",), {"action": "store_true",
-                                  "help": "with FILE.py: predict even when model_dir has no checkpoint (random "
-                                          "weights)"}),
-    ]),
-    "export": ("export the latest (or a given) checkpoint for serving", _export, True, [
-        (("--export_dir",), {"required": True, "help": "base folder (or object-store URL: s3://..., gs://...); "
-                                                    "a new integer version is written inside"}),
-        _CHECKPOINT_PATH,
-        (("--onnx",), {"action": "store_true",
-                       "help": "also write model.onnx, named as signature.json (needs pip install "
-                               "'torchestimator[onnx]'; a model ONNX cannot express is an error, nothing written)"}),
-    ]),
+    "train": (
+        "train (resuming from model_dir)",
+        _train,
+        True,
+        [
+            _MAX_STEPS,
+            (("--steps",), {"type": int, "help": "steps to train beyond the current global step"}),
+        ],
+    ),
+    "train-and-evaluate": (
+        "train, evaluating (and exporting) along the way",
+        _train_and_evaluate,
+        True,
+        [
+            _MAX_STEPS,
+            (
+                ("--evaluator",),
+                {
+                    "action": "store_true",
+                    "help": "only evaluate: follow model_dir and evaluate each new checkpoint until max_steps",
+                },
+            ),
+            (("--poll_secs",), {"type": float, "default": None, "help": "with --evaluator: seconds between looks"}),
+        ],
+    ),
+    "evaluate": (
+        "evaluate the latest (or a given) checkpoint",
+        _evaluate,
+        True,
+        [
+            (("--steps",), {"type": int, "help": "evaluate this many batches (default: the whole input)"}),
+            _CHECKPOINT_PATH,
+            (("--name",), {"help": "named evaluation: summaries go to model_dir/eval_<name>"}),
+        ],
+    ),
+    "predict": (
+        "write predictions as JSON lines, or run an exported model",
+        _predict,
+        False,
+        [
+            (("model_file",), {"nargs": "?", "help": "FILE.py or module (not with --exported)"}),
+            (("--model_dir",), {"help": "with FILE.py: where its checkpoints live"}),
+            (
+                ("--param",),
+                {
+                    "action": "append",
+                    "default": [],
+                    "metavar": "NAME=VALUE",
+                    "help": "with FILE.py: override params[NAME] (VALUE parsed as JSON when it can be)",
+                },
+            ),
+            (("--no_progress",), {"action": "store_true", "help": "no progress bar"}),
+            (
+                ("--exported",),
+                {
+                    "help": "an exported model: a version folder or its base (newest version), local or an "
+                    "object-store URL (s3://..., gs://...: copied to the local cache and verified)"
+                },
+            ),
+            (
+                ("--input",),
+                {
+                    "help": 'with --exported: a TF Serving predict request (.json: {"instances": [...]} or '
+                    '{"inputs": ...}, as curl sends to serve; {"b64": ...} for string inputs: '
+                    "serialized Examples, images) or an .npz of named arrays"
+                },
+            ),
+            (
+                ("--signature_name",),
+                {
+                    "help": "with --exported: the signature to run (default: the request's "
+                    "signature_name, else serving_default)"
+                },
+            ),
+            _PREDICT_CHECKPOINT_PATH,
+            (
+                ("--predict_keys",),
+                {
+                    "nargs": "*",
+                    "metavar": "KEY",
+                    "help": "only these prediction keys (with --exported: outputs) (default all)",
+                },
+            ),
+            (
+                ("--output",),
+                {
+                    "help": "file for the predictions (default stdout): JSON lines, or with --exported the "
+                    "server's JSON answer (.npz: the output arrays)"
+                },
+            ),
+            (("--limit",), {"type": int, "help": "with FILE.py: stop after this many examples"}),
+            (
+                ("--allow_untrained",),
+                {
+                    "action": "store_true",
+                    "help": "with FILE.py: predict even when model_dir has no checkpoint (random weights)",
+                },
+            ),
+        ],
+    ),
+    "export": (
+        "export the latest (or a given) checkpoint for serving",
+        _export,
+        True,
+        [
+            (
+                ("--export_dir",),
+                {
+                    "required": True,
+                    "help": "base folder (or object-store URL: s3://..., gs://...); "
+                    "a new integer version is written inside",
+                },
+            ),
+            _CHECKPOINT_PATH,
+            (
+                ("--onnx",),
+                {
+                    "action": "store_true",
+                    "help": "also write model.onnx, named as signature.json (needs pip install "
+                    "'torchestimator[onnx]'; a model ONNX cannot express is an error, nothing written)",
+                },
+            ),
+        ],
+    ),
 }

@@ -65,9 +65,13 @@ def load_model_file(location: str) -> ModuleType:
     elif os.path.isdir(location):  # ".", ".."
         raise _a_folder(location)
     else:  # ".tiny", "my model": importlib would fail with its own words (a TypeError for a leading dot)
-        raise ConfigError(f"no model file or module {location!r}: it is neither FILE.py nor a module name "
-                          f"(letters, digits and _ between dots). Give FILE.py or an importable module name such "
-                          f"as {_EXAMPLE_MODULE}.", field="model_file", value=location)
+        raise ConfigError(
+            f"no model file or module {location!r}: it is neither FILE.py nor a module name "
+            f"(letters, digits and _ between dots). Give FILE.py or an importable module name such "
+            f"as {_EXAMPLE_MODULE}.",
+            field="model_file",
+            value=location,
+        )
     path = getattr(module, "__file__", None)
     if path:
         _loaded_paths[os.path.realpath(path)] = describe(module)
@@ -81,9 +85,11 @@ def user_frame(error: BaseException) -> tuple[str, traceback.FrameSummary] | Non
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        frames = [(_loaded_paths[os.path.realpath(frame.filename)], frame)
-                  for frame in traceback.extract_tb(current.__traceback__)
-                  if os.path.realpath(frame.filename) in _loaded_paths]
+        frames = [
+            (_loaded_paths[os.path.realpath(frame.filename)], frame)
+            for frame in traceback.extract_tb(current.__traceback__)
+            if os.path.realpath(frame.filename) in _loaded_paths
+        ]
         if frames:
             return frames[-1]
         current = current.__cause__ or current.__context__
@@ -96,9 +102,12 @@ def _a_folder(location: str) -> ConfigError:
     except OSError:  # an unreadable folder: the refusal stands without the listing
         scripts = []
     inside = f" (its .py files: {', '.join(scripts)})" if scripts else ""
-    return ConfigError(f"model file {location!r} is a folder, not a model file{inside}. Give the FILE.py that "
-                       f"defines model and model_fn, or an importable module name such as {_EXAMPLE_MODULE}.",
-                       field="model_file", value=location)
+    return ConfigError(
+        f"model file {location!r} is a folder, not a model file{inside}. Give the FILE.py that "
+        f"defines model and model_fn, or an importable module name such as {_EXAMPLE_MODULE}.",
+        field="model_file",
+        value=location,
+    )
 
 
 def describe(module: ModuleType) -> str:
@@ -109,8 +118,11 @@ def describe(module: ModuleType) -> str:
 
 def require(module: ModuleType, name: str) -> Any:
     if not hasattr(module, name):
-        raise ConfigError(f"{describe(module)} does not define {name!r}, which this command needs.",
-                          field=name, value=describe(module))
+        raise ConfigError(
+            f"{describe(module)} does not define {name!r}, which this command needs.",
+            field=name,
+            value=describe(module),
+        )
     return getattr(module, name)
 
 
@@ -118,8 +130,12 @@ def _load_file(location: str) -> ModuleType:
     if os.path.isdir(location):
         raise _a_folder(location)
     if not os.path.isfile(location):
-        raise ConfigError(f"model file {location!r} does not exist (relative to {os.getcwd()}). Give FILE.py or "
-                          f"an importable module name such as {_EXAMPLE_MODULE}.", field="model_file", value=location)
+        raise ConfigError(
+            f"model file {location!r} does not exist (relative to {os.getcwd()}). Give FILE.py or "
+            f"an importable module name such as {_EXAMPLE_MODULE}.",
+            field="model_file",
+            value=location,
+        )
     name = _module_name(location)
     spec = importlib.util.spec_from_file_location(name, location)
     spec.loader_state = _ModelFileOrigin(location)
@@ -163,9 +179,12 @@ def _import_module(location: str) -> ModuleType:
     except ModuleNotFoundError as error:  # the module itself (or its package) is missing; see _run_module_code
         missing = error.name or location
         folder = f" ({location} here is a folder, not a model file)" if os.path.isdir(location) else ""
-        raise ConfigError(f"no model file or module {location!r}: no module named {missing!r}{_nearest(missing)}"
-                          f"{folder}. Give FILE.py or an importable module name such as {_EXAMPLE_MODULE}.",
-                          field="model_file", value=location) from None
+        raise ConfigError(
+            f"no model file or module {location!r}: no module named {missing!r}{_nearest(missing)}"
+            f"{folder}. Give FILE.py or an importable module name such as {_EXAMPLE_MODULE}.",
+            field="model_file",
+            value=location,
+        ) from None
 
 
 def _nearest(missing: str) -> str:
@@ -212,8 +231,9 @@ def _where(error: BaseException, path: str | None) -> str:
     """', line 12' of the deepest frame in the model file (path), or '' when unknown."""
     if path is None:
         return ""
-    lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
-             if os.path.abspath(frame.filename) == path]
+    lines = [
+        frame.lineno for frame in traceback.extract_tb(error.__traceback__) if os.path.abspath(frame.filename) == path
+    ]
     return f", line {lines[-1]}" if lines else ""
 
 
@@ -239,8 +259,14 @@ def model_params(module: ModuleType, param_flags: list[str]) -> dict[str, Any]:
         for name in (name for name in overrides if name not in defined):
             close = difflib.get_close_matches(name, [str(known) for known in defined], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            logger.warning("--param %s: %s's params has no %r%s; it has %s. Passed on as given.", name,
-                           describe(module), name, hint, ", ".join(map(str, defined)))
+            logger.warning(
+                "--param %s: %s's params has no %r%s; it has %s. Passed on as given.",
+                name,
+                describe(module),
+                name,
+                hint,
+                ", ".join(map(str, defined)),
+            )
     return {**defined, **overrides}
 
 
@@ -254,17 +280,27 @@ def build_estimator(module: ModuleType, args: argparse.Namespace) -> Any:
         changes["progress_bar"] = False
     config = config.replace(**changes)
     return te.Estimator(
-        model_fn=require(module, "model_fn"), model=require(module, "model"),
-        optimizer=getattr(module, "optimizer", None), config=config, params=params,
+        model_fn=require(module, "model_fn"),
+        model=require(module, "model"),
+        optimizer=getattr(module, "optimizer", None),
+        config=config,
+        params=params,
         lr_scheduler=getattr(module, "lr_scheduler", None),
     )
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model_file", help="FILE.py or an importable module defining model, model_fn, optimizer, input_fns")
+    parser.add_argument(
+        "model_file", help="FILE.py or an importable module defining model, model_fn, optimizer, input_fns"
+    )
     parser.add_argument("--model_dir", required=True, help="where checkpoints and summaries live")
-    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                        help="override params[NAME] (VALUE parsed as JSON when it can be)")
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override params[NAME] (VALUE parsed as JSON when it can be)",
+    )
     parser.add_argument("--no_progress", action="store_true", help="no progress bar")
 
 

@@ -32,6 +32,7 @@ def plot_model_dir(model_dir: str, output: str | None = None) -> str:
     matplotlib = import_extra("matplotlib", extra="plot", feature="plotting")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     panels: dict[str, list[tuple[str, list[tuple[int, float]]]]] = {}
     training = read_scalars(model_dir)
     if "loss" in training:
@@ -40,7 +41,9 @@ def plot_model_dir(model_dir: str, output: str | None = None) -> str:
         for tag, points in read_scalars(path).items():
             panels.setdefault(tag, []).append((label, points))
     if not panels:
-        raise ValueError(f"{model_dir} has no training loss or evaluation metrics to plot (no event files with scalars).")
+        raise ValueError(
+            f"{model_dir} has no training loss or evaluation metrics to plot (no event files with scalars)."
+        )
     columns = min(3, len(panels))
     rows = math.ceil(len(panels) / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.5 * rows), squeeze=False)
@@ -52,7 +55,7 @@ def plot_model_dir(model_dir: str, output: str | None = None) -> str:
         axis.set_xlabel("global step")
         axis.grid(alpha=0.3)
         axis.legend(fontsize="small")
-    for axis in list(axes.flat)[len(panels):]:
+    for axis in list(axes.flat)[len(panels) :]:
         axis.set_visible(False)
     figure.suptitle(model_dir if filesystems.is_url(model_dir) else os.path.abspath(model_dir), fontsize="small")
     figure.tight_layout()

@@ -76,19 +76,30 @@ def add_subcommands(subparsers: Any) -> None:
     convert = subparsers.add_parser("convert", help="convert data to TFRecord files")
     convert_commands = convert.add_subparsers(dest="convert_command", required=True)
     csv_command = convert_commands.add_parser(
-        "csv-to-tfrecord", help="an index CSV (label, file path, other columns) to sharded TFRecords of tf.train.Example",
-        description="One tf.train.Example per CSV row; see the torchestimator.cli.records docstring for the schema.")
+        "csv-to-tfrecord",
+        help="an index CSV (label, file path, other columns) to sharded TFRecords of tf.train.Example",
+        description="One tf.train.Example per CSV row; see the torchestimator.cli.records docstring for the schema.",
+    )
     csv_command.add_argument("index", metavar="INDEX.csv", help="CSV with a header row")
     csv_command.add_argument("out_prefix", metavar="OUT_PREFIX", help="shards are OUT_PREFIX-00000-of-0000N.tfrecord")
     csv_command.add_argument("--num_shards", type=int, default=1, help="number of output files (default 1)")
     csv_command.add_argument("--label_column", default="label", help="column holding the label (default label)")
     csv_command.add_argument("--path_column", default="path", help="column holding the image file path (default path)")
-    csv_command.add_argument("--image_mode", choices=["encoded", "raw"], default="encoded",
-                             help="encoded: the file bytes as they are; raw: uint8 pixels as tf.io.decode_image gives "
-                                  "them (the file's channels; 16-bit PNGs keep their high byte, TF's uint8 "
-                                  "default; a GIF its first frame) plus image/shape")
-    csv_command.add_argument("--compression", type=str.upper, choices=["NONE", "GZIP", "ZLIB"], default="NONE",
-                             help="compress each shard (default none)")
+    csv_command.add_argument(
+        "--image_mode",
+        choices=["encoded", "raw"],
+        default="encoded",
+        help="encoded: the file bytes as they are; raw: uint8 pixels as tf.io.decode_image gives "
+        "them (the file's channels; 16-bit PNGs keep their high byte, TF's uint8 "
+        "default; a GIF its first frame) plus image/shape",
+    )
+    csv_command.add_argument(
+        "--compression",
+        type=str.upper,
+        choices=["NONE", "GZIP", "ZLIB"],
+        default="NONE",
+        help="compress each shard (default none)",
+    )
     csv_command.add_argument("--no_progress", action="store_true", help="no progress bar")
     csv_command.set_defaults(handler=convert_csv_to_tfrecord)
 
@@ -111,9 +122,14 @@ def add_subcommands(subparsers: Any) -> None:
 def _add_max_record_size(command: argparse.ArgumentParser) -> None:
     from torchestimator.data.tfrecord import DEFAULT_MAX_RECORD_SIZE
 
-    command.add_argument("--max_record_size", type=int, default=DEFAULT_MAX_RECORD_SIZE, metavar="BYTES",
-                         help=f"a longer record is an error, so that a damaged length cannot exhaust "
-                              f"memory (default {DEFAULT_MAX_RECORD_SIZE}, protobuf's limit)")
+    command.add_argument(
+        "--max_record_size",
+        type=int,
+        default=DEFAULT_MAX_RECORD_SIZE,
+        metavar="BYTES",
+        help=f"a longer record is an error, so that a damaged length cannot exhaust "
+        f"memory (default {DEFAULT_MAX_RECORD_SIZE}, protobuf's limit)",
+    )
 
 
 def _compression(text: str | None) -> str | None:
@@ -145,20 +161,26 @@ def read_index(path: str, *, label_column: str, path_column: str) -> IndexTable:
         rows = list(reader)
     for role, name in (("--label_column", label_column), ("--path_column", path_column)):
         if name not in columns:
-            raise ValueError(f"{path}: {role} {name!r} is not a column; the header has {columns}. "
-                             f"Pass {role} with one of those names.")
+            raise ValueError(
+                f"{path}: {role} {name!r} is not a column; the header has {columns}. "
+                f"Pass {role} with one of those names."
+            )
     if label_column == path_column:
         raise ValueError(f"--label_column and --path_column are both {label_column!r}; they must differ.")
     taken = {IMAGE_FEATURE, f"{IMAGE_FEATURE}/shape", f"{IMAGE_FEATURE}/format"} & set(columns)
     if taken:
-        raise ValueError(f"{path}: column(s) {sorted(taken)} clash with the image features the converter writes "
-                         f"(image, image/shape, image/format); rename them in the CSV.")
+        raise ValueError(
+            f"{path}: column(s) {sorted(taken)} clash with the image features the converter writes "
+            f"(image, image/shape, image/format); rename them in the CSV."
+        )
     if not rows:
         raise ValueError(f"{path} has a header but no rows; there is nothing to convert.")
     short = [index + 1 for index, row in enumerate(rows) if None in row.values() or None in row]
     if short:
-        raise ValueError(f"{path}: row {short[0]} (line {short[0] + 1}) has a different number of cells than "
-                         f"the header ({len(columns)} columns).")
+        raise ValueError(
+            f"{path}: row {short[0]} (line {short[0] + 1}) has a different number of cells than "
+            f"the header ({len(columns)} columns)."
+        )
     kinds = {column: column_kind(row[column] for row in rows) for column in columns if column != path_column}
     kinds[path_column] = "bytes"
     return IndexTable(path=path, columns=columns, rows=rows, kinds=kinds)
@@ -172,7 +194,7 @@ def _open_text(path: str) -> Any:
 
 
 def _int_form(text: str) -> str | None:
-    """"int" for a plain int64, "text" for digits that a number would change, None otherwise."""
+    """ "int" for a plain int64, "text" for digits that a number would change, None otherwise."""
     try:
         value = int(text)
     except ValueError:
@@ -226,9 +248,11 @@ def resolve_image_paths(table: IndexTable, path_column: str) -> list[str]:
         given = row[path_column].strip()
         path = _image_path(table.path, given)
         if not given or not _is_file(path):
-            raise ValueError(f"{table.path}: row {index + 1} (line {index + 2}): image file {given!r} "
-                             f"{'is empty' if not given else f'does not exist (looked for {path})'}. "
-                             f"Relative paths are resolved against the CSV's folder; fix the path or remove the row.")
+            raise ValueError(
+                f"{table.path}: row {index + 1} (line {index + 2}): image file {given!r} "
+                f"{'is empty' if not given else f'does not exist (looked for {path})'}. "
+                f"Relative paths are resolved against the CSV's folder; fix the path or remove the row."
+            )
         resolved.append(path)
     return resolved
 
@@ -251,8 +275,12 @@ def _is_file(path: str) -> bool:
 
 def _pillow_image() -> Any:
     """PIL.Image, or MissingExtraError naming the images extra (and saying why: missing, or installed but broken)."""
-    return import_extra("PIL.Image", extra="images", feature="decoding images (--image_mode raw)",
-                        alternative="pass --image_mode encoded to store the file bytes as they are")
+    return import_extra(
+        "PIL.Image",
+        extra="images",
+        feature="decoding images (--image_mode raw)",
+        alternative="pass --image_mode encoded to store the file bytes as they are",
+    )
 
 
 def image_features(path: str, mode: str, where: str) -> dict[str, list[Any]]:
@@ -277,9 +305,12 @@ def decode_image(path: str, where: str) -> np.ndarray:
         return decode(contents, expand_animations=False, where=f"{where}: {path}")
     except ImageDecodeError as error:
         reason = str(error).removeprefix(f"{error.where}: ")
-        raise ImageDecodeError(f"{error.where} is not an image --image_mode raw can decode ({reason.rstrip('.')}); "
-                               f"use --image_mode encoded to store the bytes as they are.",
-                               where=error.where, format=error.format) from None
+        raise ImageDecodeError(
+            f"{error.where} is not an image --image_mode raw can decode ({reason.rstrip('.')}); "
+            f"use --image_mode encoded to store the bytes as they are.",
+            where=error.where,
+            format=error.format,
+        ) from None
 
 
 def shard_paths(out_prefix: str, num_shards: int) -> list[str]:
@@ -345,8 +376,10 @@ def convert_csv_to_tfrecord(args: argparse.Namespace) -> int:
         for partial, path in zip(written, paths):
             os.replace(partial, path)
     schema = ", ".join(f"{name} {kind}" for name, kind in _converted_kinds(table, args.image_mode).items())
-    print(f"wrote {len(table.rows)} records to {args.num_shards} shard(s) {paths[0]}"
-          f"{' ... ' + paths[-1] if len(paths) > 1 else ''}; features: {schema}")
+    print(
+        f"wrote {len(table.rows)} records to {args.num_shards} shard(s) {paths[0]}"
+        f"{' ... ' + paths[-1] if len(paths) > 1 else ''}; features: {schema}"
+    )
     return 0
 
 
@@ -399,7 +432,9 @@ def _kind_of(values: Any) -> str | None:
     return "bytes" if values else None
 
 
-def summarize_record(record: bytes, context: dict[str, FeatureSummary], lists: dict[str, FeatureSummary]) -> tuple[dict, dict]:
+def summarize_record(
+    record: bytes, context: dict[str, FeatureSummary], lists: dict[str, FeatureSummary]
+) -> tuple[dict, dict]:
     """Decodes one record (Example or SequenceExample) and adds it to the summaries."""
     from torchestimator.data.example import decode_sequence_example, example_kinds
 
@@ -478,8 +513,7 @@ def inspect_records(args: argparse.Namespace) -> int:
     lists: dict[str, FeatureSummary] = {}
     shown: list[str] = []
     count, undecodable = 0, None
-    for offset, record in iter_records(args.file, _compression(args.compression),
-                                       max_record_size=args.max_record_size):
+    for offset, record in iter_records(args.file, _compression(args.compression), max_record_size=args.max_record_size):
         count += 1
         try:
             features, feature_lists = summarize_record(record, context, lists)
@@ -492,8 +526,9 @@ def inspect_records(args: argparse.Namespace) -> int:
     print(f"{args.file}: {count} records" + (f" ({message})" if count and not undecodable else ""))
     if undecodable:
         print(f"  not every record is a tf.train.Example; first failure: {undecodable}")
-    schema = (_schema_lines("context features:" if lists else "features:", context, count, frames=False)
-              + _schema_lines("feature lists:", lists, count, frames=True))
+    schema = _schema_lines("context features:" if lists else "features:", context, count, frames=False) + _schema_lines(
+        "feature lists:", lists, count, frames=True
+    )
     if schema:
         print("\n".join(schema))
     if shown:
@@ -509,8 +544,10 @@ def _record_json(index: int, offset: int, record: bytes, features: dict | None, 
         entry["raw"] = _preview_value(record)
     elif feature_lists:
         entry["context"] = {name: preview_values(features[name]) for name in sorted(features)}
-        entry["feature_lists"] = {name: [preview_values(frame) for frame in feature_lists[name][:_PREVIEW_VALUES]]
-                                  for name in sorted(feature_lists)}
+        entry["feature_lists"] = {
+            name: [preview_values(frame) for frame in feature_lists[name][:_PREVIEW_VALUES]]
+            for name in sorted(feature_lists)
+        }
     else:
         entry["features"] = {name: preview_values(features[name]) for name in sorted(features)}
     return json.dumps(entry, ensure_ascii=False)
@@ -528,8 +565,9 @@ def verify_records(args: argparse.Namespace) -> int:
     for path in paths:
         count = 0
         try:
-            for _ in iter_records(path, _compression(args.compression), verify=True,
-                                  max_record_size=args.max_record_size):
+            for _ in iter_records(
+                path, _compression(args.compression), verify=True, max_record_size=args.max_record_size
+            ):
                 count += 1
         except DataLossError as error:
             damaged += 1

@@ -33,39 +33,79 @@ def _add_warm_start(commands: Any) -> None:
     from torchestimator.interop.layouts import CONVERTER_SPECS
 
     warm = commands.add_parser(
-        "warm-start", help="what warm start would load into a model, from where (--dry_run); --write OUT writes it",
+        "warm-start",
+        help="what warm start would load into a model, from where (--dry_run); --write OUT writes it",
         description="Plan a warm start of the model FILE.py builds from SOURCE and print the plan (what loads, from "
-                    "where, converted how, what stays fresh). With --write OUT, apply it and write the result: a "
-                    "fresh model_dir whose step-0 checkpoint `torchestimator train` resumes from, or a .safetensors "
-                    "file. Exit status: 0 the plan is sound, 1 it is not (nothing written), 2 an error.")
-    warm.add_argument("source", help="the weights: a model_dir, a TF checkpoint, .h5/.weights.h5/.keras, "
-                                     ".pt/.pth/.bin or .safetensors")
+        "where, converted how, what stays fresh). With --write OUT, apply it and write the result: a "
+        "fresh model_dir whose step-0 checkpoint `torchestimator train` resumes from, or a .safetensors "
+        "file. Exit status: 0 the plan is sound, 1 it is not (nothing written), 2 an error.",
+    )
+    warm.add_argument(
+        "source",
+        help="the weights: a model_dir, a TF checkpoint, .h5/.weights.h5/.keras, .pt/.pth/.bin or .safetensors",
+    )
     warm.add_argument("--model", required=True, help="FILE.py (or a module name) defining model (and params)")
     mode = warm.add_mutually_exclusive_group()
-    mode.add_argument("--dry_run", "--dry-run", action="store_true",
-                      help="only print the plan; nothing is written (the default)")
-    mode.add_argument("--write", metavar="OUT",
-                      help="apply the plan and write the result: OUT ending in .safetensors gets the warm-started "
-                           "state_dict (target names); any other OUT is a model_dir that gets a step-0 checkpoint "
-                           "(refused if it has checkpoints already). Nothing is written unless the plan is sound")
-    warm.add_argument("--vars", nargs="+", default=[".*"], metavar="REGEX",
-                      help="vars_to_warm_start: one regex selects among trainable parameters (default '.*'); "
-                           "several, or one with --include_buffers, among parameters and buffers")
-    warm.add_argument("--include_buffers", action="store_true",
-                      help="treat --vars as a list, so buffers (BatchNorm running statistics) are selected too")
-    warm.add_argument("--map", "--rename", action="append", default=[], metavar="TARGET=SOURCE", dest="map",
-                      help="var_name_to_prev_var_name: load the module's TARGET from the source's SOURCE "
-                           "(repeatable; --rename is the old name)")
-    warm.add_argument("--converter", action="append", default=[], metavar="TARGET=NAME[:ARGS]",
-                      help="the layout converter for TARGET (repeatable); NAME is one of: "
-                           f"{', '.join(CONVERTER_SPECS)}")
-    warm.add_argument("--accept_proposed", "--accept_proposed_mapping", action="store_true", dest="accept_proposed",
-                      help="use the proposed mapping (by layer kind, order and shape) for targets no name rule "
-                           "resolves; an ambiguous proposal needs its --converter too")
-    warm.add_argument("--allow_missing", action="store_true",
-                      help="selected targets the source lacks keep their fresh values instead of failing the plan")
-    warm.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                      help="override params[NAME] of the model file (VALUE parsed as JSON when it can be)")
+    mode.add_argument(
+        "--dry_run", "--dry-run", action="store_true", help="only print the plan; nothing is written (the default)"
+    )
+    mode.add_argument(
+        "--write",
+        metavar="OUT",
+        help="apply the plan and write the result: OUT ending in .safetensors gets the warm-started "
+        "state_dict (target names); any other OUT is a model_dir that gets a step-0 checkpoint "
+        "(refused if it has checkpoints already). Nothing is written unless the plan is sound",
+    )
+    warm.add_argument(
+        "--vars",
+        nargs="+",
+        default=[".*"],
+        metavar="REGEX",
+        help="vars_to_warm_start: one regex selects among trainable parameters (default '.*'); "
+        "several, or one with --include_buffers, among parameters and buffers",
+    )
+    warm.add_argument(
+        "--include_buffers",
+        action="store_true",
+        help="treat --vars as a list, so buffers (BatchNorm running statistics) are selected too",
+    )
+    warm.add_argument(
+        "--map",
+        "--rename",
+        action="append",
+        default=[],
+        metavar="TARGET=SOURCE",
+        dest="map",
+        help="var_name_to_prev_var_name: load the module's TARGET from the source's SOURCE "
+        "(repeatable; --rename is the old name)",
+    )
+    warm.add_argument(
+        "--converter",
+        action="append",
+        default=[],
+        metavar="TARGET=NAME[:ARGS]",
+        help=f"the layout converter for TARGET (repeatable); NAME is one of: {', '.join(CONVERTER_SPECS)}",
+    )
+    warm.add_argument(
+        "--accept_proposed",
+        "--accept_proposed_mapping",
+        action="store_true",
+        dest="accept_proposed",
+        help="use the proposed mapping (by layer kind, order and shape) for targets no name rule "
+        "resolves; an ambiguous proposal needs its --converter too",
+    )
+    warm.add_argument(
+        "--allow_missing",
+        action="store_true",
+        help="selected targets the source lacks keep their fresh values instead of failing the plan",
+    )
+    warm.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override params[NAME] of the model file (VALUE parsed as JSON when it can be)",
+    )
     warm.add_argument("--json", action="store_true", help="print the plan as JSON (with 'written': OUT or null)")
     warm.set_defaults(handler=_warm_start)
 
@@ -88,9 +128,14 @@ def _warm_start(args: argparse.Namespace) -> int:
         check_output(args.write, label="--write")  # before the model is built and the source read
     module_file, model = _build_model(args.model, args.param)
     selection: str | list[str] = args.vars[0] if len(args.vars) == 1 and not args.include_buffers else args.vars
-    settings = WarmStartSettings(args.source, vars_to_warm_start=selection, var_name_to_prev_var_name=renames or None,
-                                 converters=converters or None, allow_missing=args.allow_missing,
-                                 accept_proposed_mapping=args.accept_proposed)
+    settings = WarmStartSettings(
+        args.source,
+        vars_to_warm_start=selection,
+        var_name_to_prev_var_name=renames or None,
+        converters=converters or None,
+        allow_missing=args.allow_missing,
+        accept_proposed_mapping=args.accept_proposed,
+    )
     plan = plan_warm_start(model, settings)
     try:
         if not args.json:
@@ -117,8 +162,9 @@ def _check_patterns(patterns: list[str]) -> None:
         try:
             re.compile(pattern)
         except re.error as error:
-            raise ConfigError(f"--vars {pattern!r} is not a valid regex: {error}.", field="--vars",
-                              value=pattern) from None
+            raise ConfigError(
+                f"--vars {pattern!r} is not a valid regex: {error}.", field="--vars", value=pattern
+            ) from None
 
 
 def _pairs(items: list[str], flag: str, form: str) -> dict[str, str]:
@@ -128,11 +174,11 @@ def _pairs(items: list[str], flag: str, form: str) -> dict[str, str]:
         target, equals, value = item.partition("=")
         target, value = target.strip(), value.strip()
         if not equals or not target or not value:
-            raise ConfigError(f"{flag} expects {form}; received {item!r}.",
-                              field=flag, value=item)
+            raise ConfigError(f"{flag} expects {form}; received {item!r}.", field=flag, value=item)
         if pairs.get(target, value) != value:
-            raise ConfigError(f"{flag} gives {target} twice ({pairs[target]!r} and {value!r}); give it once.",
-                              field=flag, value=item)
+            raise ConfigError(
+                f"{flag} gives {target} twice ({pairs[target]!r} and {value!r}); give it once.", field=flag, value=item
+            )
         pairs[target] = value
     return pairs
 
@@ -161,8 +207,11 @@ def _build_model(location: str, param_flags: list[str]) -> tuple[Any, Any]:
     seed = getattr(getattr(module_file, "config", None), "random_seed", None)
     if seed is not None:  # the fresh (not warm-started) tensors are then those the Estimator would build
         seed_everything(seed)
-    model = source if not callable(source) or hasattr(source, "state_dict") else call_factory(
-        source, params, None, first_is_params=True)
+    model = (
+        source
+        if not callable(source) or hasattr(source, "state_dict")
+        else call_factory(source, params, None, first_is_params=True)
+    )
     return module_file, model
 
 

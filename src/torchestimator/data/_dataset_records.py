@@ -37,16 +37,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from torchestimator._io.filesystems import is_url, local_path
 from torchestimator.data import _remote_files
-from torchestimator.data._tfrecord_scan import _crc32c
 from torchestimator.data._remote_files import RemoteFile
+from torchestimator.data._tfrecord_scan import _crc32c
 from torchestimator.data.tfrecord import (
     _BLOCK_SIZE,
     ReadStats,
@@ -81,14 +81,18 @@ def check_file_identity(path: str, saved: Any, found: list[int]) -> None:
     """Raises DataLossError when `found` (file_identity now) is not the identity the position saved."""
     if [int(value) for value in saved] == found:
         return
+
     def describe(identity: Any) -> str:
         size, head, tail = (int(value) for value in identity)
         return f"{size} bytes, crc32c of the first/last 4 KiB {head:08x}/{tail:08x}"
+
     raise DataLossError(
         f"The saved TFRecordDataset position points into {path}, which changed since the position was "
         f"saved (saved: {describe(saved)}; found: {describe(found)}), so its byte offsets would resume "
         f"with other records. Restore the files as they were when the position was saved, or start the "
-        f"input afresh by not loading its position.", path=path)
+        f"input afresh by not loading its position.",
+        path=path,
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -145,8 +149,13 @@ class _Plan:
         return all(_detect_compression(path) is None for path in files)
 
     def read_options(self) -> dict[str, Any]:
-        return {"compression": self.compression, "skip_corrupt": self.skip_corrupt, "verify": self.verify,
-                "strict": self.strict, "max_record_size": self.max_record_size}
+        return {
+            "compression": self.compression,
+            "skip_corrupt": self.skip_corrupt,
+            "verify": self.verify,
+            "strict": self.strict,
+            "max_record_size": self.max_record_size,
+        }
 
 
 def _open_ahead(path: str, identity: list[int] | None) -> tuple[list[int], RemoteFile]:
@@ -162,18 +171,28 @@ def _open_ahead(path: str, identity: list[int] | None) -> tuple[list[int], Remot
 class _OpenFile:
     """One interleave slot: a file being read, a block at a time."""
 
-    def __init__(self, plan: _Plan, stats: ReadStats, file_index: int, path: str, offset: int,
-                 raw: RemoteFile | None = None) -> None:
+    def __init__(
+        self, plan: _Plan, stats: ReadStats, file_index: int, path: str, offset: int, raw: RemoteFile | None = None
+    ) -> None:
         self.file_index = file_index
         self.path = path
         self.offset = offset  # of the first record of the current block, or where reading starts
         self.records: list[bytes] = []
         self.offsets: list[int] = []
         self.index = 0
-        options = {"start_offset": offset, "skip_corrupt": plan.skip_corrupt, "verify": plan.verify,
-                   "strict": plan.strict, "stats": stats, "max_record_size": plan.max_record_size}
-        self._blocks = (iter_record_blocks(path, plan.compression, **options) if raw is None  # opened here
-                        else _record_blocks(path, raw, plan.compression, block_size=_BLOCK_SIZE, **options))
+        options = {
+            "start_offset": offset,
+            "skip_corrupt": plan.skip_corrupt,
+            "verify": plan.verify,
+            "strict": plan.strict,
+            "stats": stats,
+            "max_record_size": plan.max_record_size,
+        }
+        self._blocks = (
+            iter_record_blocks(path, plan.compression, **options)
+            if raw is None  # opened here
+            else _record_blocks(path, raw, plan.compression, block_size=_BLOCK_SIZE, **options)
+        )
 
     def next_block(self) -> bool:
         for offsets, records in self._blocks:
@@ -194,7 +213,7 @@ class _OpenFile:
 class _Taken:
     """What `_EpochRecords.take` hands out: records, and with refs their (file index, offset)."""
 
-    __slots__ = ("records", "files", "offsets")
+    __slots__ = ("files", "offsets", "records")
 
     def __init__(self) -> None:
         self.records: list[bytes] = []
@@ -205,8 +224,15 @@ class _Taken:
 class _EpochRecords:
     """A shard's records of one epoch in interleaved order, before the shuffle buffer."""
 
-    def __init__(self, plan: _Plan, files: list[str], modulus: int, remainder: int,
-                 start: Mapping[str, Any] | None, stats: ReadStats) -> None:
+    def __init__(
+        self,
+        plan: _Plan,
+        files: list[str],
+        modulus: int,
+        remainder: int,
+        start: Mapping[str, Any] | None,
+        stats: ReadStats,
+    ) -> None:
         self._plan, self._files, self._stats = plan, files, stats
         self._modulus, self._remainder = modulus, remainder
         self.identities: dict[int, list[int]] = {}  # file index -> file_identity, once per file
@@ -272,10 +298,12 @@ class _EpochRecords:
             if file_index >= len(self._files) or file_index in self._ahead or not is_url(self._files[file_index]):
                 continue
             if self._ahead_threads is None:
-                self._ahead_threads = ThreadPoolExecutor(max_workers=self._plan.interleave_cycle_length,
-                                                         thread_name_prefix="torchestimator-open-ahead")
-            self._ahead[file_index] = self._ahead_threads.submit(_open_ahead, self._files[file_index],
-                                                                 self.identities.get(file_index))
+                self._ahead_threads = ThreadPoolExecutor(
+                    max_workers=self._plan.interleave_cycle_length, thread_name_prefix="torchestimator-open-ahead"
+                )
+            self._ahead[file_index] = self._ahead_threads.submit(
+                _open_ahead, self._files[file_index], self.identities.get(file_index)
+            )
 
     def position(self) -> dict[str, Any]:
         # Slots are opened only with next_file advancing (after __init__) and closed only with their count
@@ -285,7 +313,9 @@ class _EpochRecords:
             self._open_ids_key = key
             self._open_ids = {str(slot.file_index): self.identities[slot.file_index] for slot in self.slots}
         return {
-            "next_file": self.next_file, "slot": self.slot, "stream_index": self.stream_index,
+            "next_file": self.next_file,
+            "slot": self.slot,
+            "stream_index": self.stream_index,
             "open_files": [[slot.file_index, slot.next_offset()] for slot in self.slots],
             "file_ids": self._open_ids,
         }
@@ -360,13 +390,13 @@ class _EpochRecords:
         rounds = min(rounds, (count - len(taken.records)) * modulus // len(slots))
         if rounds <= 0:
             return False
-        order = slots[self.slot:] + slots[:self.slot]
-        columns = [slot.records[slot.index:slot.index + rounds] for slot in order]
+        order = slots[self.slot :] + slots[: self.slot]
+        columns = [slot.records[slot.index : slot.index + rounds] for slot in order]
         stream = [record for row in zip(*columns) for record in row]
         first = (self._remainder - self.stream_index) % modulus
         taken.records += stream[first::modulus]
         if refs:
-            offsets = [slot.offsets[slot.index:slot.index + rounds] for slot in order]
+            offsets = [slot.offsets[slot.index : slot.index + rounds] for slot in order]
             taken.offsets += [offset for row in zip(*offsets) for offset in row][first::modulus]
             taken.files += [slot.file_index for _ in range(rounds) for slot in order][first::modulus]
         for slot in slots:

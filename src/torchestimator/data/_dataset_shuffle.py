@@ -48,8 +48,8 @@ from __future__ import annotations
 import bisect
 import logging
 import random
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -85,11 +85,15 @@ def _no_record_at(path: str, offset: int) -> DataLossError:
     return DataLossError(
         f"The saved TFRecordDataset position holds a record at byte {offset} of {path}, but no record "
         f"starts there: the file changed since the position was saved. Restore the files, or start "
-        f"the input from the beginning by not restoring its position.", path=path, offset=offset)
+        f"the input from the beginning by not restoring its position.",
+        path=path,
+        offset=offset,
+    )
 
 
-def read_records_at(plan: _Plan, files: Sequence[str], file_indices: Sequence[int],
-                    offsets: Sequence[int], stats: ReadStats) -> list[bytes]:
+def read_records_at(
+    plan: _Plan, files: Sequence[str], file_indices: Sequence[int], offsets: Sequence[int], stats: ReadStats
+) -> list[bytes]:
     """The records at (files[file_indices[i]], offsets[i]), in the order asked, with the plan's checks.
 
     Refs are visited in file and offset order, so one read of a block serves
@@ -113,8 +117,7 @@ def read_records_at(plan: _Plan, files: Sequence[str], file_indices: Sequence[in
     while index < count:
         file_index, offset = sorted_files[index], sorted_offsets[index]
         path = files[file_index]
-        blocks = iter_record_blocks(path, start_offset=offset, stats=stats, block_size=_REREAD_BLOCK_SIZE,
-                                    **options)
+        blocks = iter_record_blocks(path, start_offset=offset, stats=stats, block_size=_REREAD_BLOCK_SIZE, **options)
         try:
             block_offsets, block_records = next(blocks, ([], []))
         finally:
@@ -133,8 +136,9 @@ def read_records_at(plan: _Plan, files: Sequence[str], file_indices: Sequence[in
     return records
 
 
-def _read_remote_records(files: Sequence[str], sorted_files: list[int], sorted_offsets: list[int],
-                         options: dict[str, Any], stats: ReadStats) -> list[bytes]:
+def _read_remote_records(
+    files: Sequence[str], sorted_files: list[int], sorted_offsets: list[int], options: dict[str, Any], stats: ReadStats
+) -> list[bytes]:
     """`read_records_at` for files in a store: the refs (sorted by file and offset) grouped into reads of
     `_REMOTE_REREAD_SPAN` bytes, `_REMOTE_REREADS` of them at once; the records in the refs' order."""
     groups: list[tuple[str, list[int]]] = []
@@ -150,8 +154,11 @@ def _read_remote_records(files: Sequence[str], sorted_files: list[int], sorted_o
     out: list[bytes] = []
     for records, own in results:  # each read counted in its own stats (threads), added up here
         out += records
-        stats.files, stats.records, stats.bytes = (stats.files + own.files, stats.records + own.records,
-                                                   stats.bytes + own.bytes)
+        stats.files, stats.records, stats.bytes = (
+            stats.files + own.files,
+            stats.records + own.records,
+            stats.bytes + own.bytes,
+        )
     return out
 
 
@@ -160,8 +167,16 @@ def _records_from(path: str, wanted: list[int], options: dict[str, Any]) -> tupl
     only for records longer than one), the object opened without read-ahead."""
     own, options = ReadStats(), dict(options)  # the threads share `options`
     raw = RemoteFile(path, read_ahead=0) if is_url(path) else None
-    blocks = _record_blocks(path, raw, options.pop("compression"), start_offset=wanted[0], skip_corrupt=False,
-                            stats=own, block_size=_REMOTE_REREAD_BLOCK_SIZE, **options)
+    blocks = _record_blocks(
+        path,
+        raw,
+        options.pop("compression"),
+        start_offset=wanted[0],
+        skip_corrupt=False,
+        stats=own,
+        block_size=_REMOTE_REREAD_BLOCK_SIZE,
+        **options,
+    )
     out: list[bytes] = []
     try:
         for block_offsets, block_records in blocks:
@@ -204,13 +219,22 @@ class _ShuffleBuffer:
             return {"delivered": self.delivered}
         if self._draining:
             rest = slice(self._drain_index, None)
-            return {"delivered": self.delivered, "reader": self._reader.position(), "draining": True,
-                    "buffer_files": self._files[rest], "buffer_offsets": self._offsets[rest],
-                    "file_ids": self._reader.identities_of(self._files[rest])}
-        return {"delivered": self.delivered, "reader": self._reader.position(),
-                "rng": _rng_state_to_json(self._rng.getstate()),
-                "buffer_files": list(self._files), "buffer_offsets": list(self._offsets),
-                "file_ids": self._reader.identities_of(self._files)}
+            return {
+                "delivered": self.delivered,
+                "reader": self._reader.position(),
+                "draining": True,
+                "buffer_files": self._files[rest],
+                "buffer_offsets": self._offsets[rest],
+                "file_ids": self._reader.identities_of(self._files[rest]),
+            }
+        return {
+            "delivered": self.delivered,
+            "reader": self._reader.position(),
+            "rng": _rng_state_to_json(self._rng.getstate()),
+            "buffer_files": list(self._files),
+            "buffer_offsets": list(self._offsets),
+            "file_ids": self._reader.identities_of(self._files),
+        }
 
     def track_changes(self) -> None:
         """Items will be tagged with `tag()` (DataLoader workers): remember which slots change."""
@@ -226,7 +250,7 @@ class _ShuffleBuffer:
         reader = self._reader
         tag: dict[str, Any] = {"tagged": True, "delivered": self.delivered, "reader": reader.position()}
         if self._identities_sent < len(reader.opened):  # a file opened since the last tag: its identity, once
-            tag["new_ids"] = [(index, reader.identities[index]) for index in reader.opened[self._identities_sent:]]
+            tag["new_ids"] = [(index, reader.identities[index]) for index in reader.opened[self._identities_sent :]]
             self._identities_sent = len(reader.opened)
         if self._draining:
             tag["drain_index"] = self._drain_index
@@ -246,9 +270,11 @@ class _ShuffleBuffer:
         files = [int(index) for index in start["buffer_files"]]
         offsets = [int(offset) for offset in start["buffer_offsets"]]
         if len(files) != len(offsets) or (not start.get("draining") and len(files) > self._size):
-            raise ValueError(f"The saved TFRecordDataset shuffle buffer holds {len(files)} file indices and "
-                             f"{len(offsets)} offsets for a buffer of {self._size}: the position is damaged "
-                             f"or from another shuffle_buffer_size. Start the input from the beginning.")
+            raise ValueError(
+                f"The saved TFRecordDataset shuffle buffer holds {len(files)} file indices and "
+                f"{len(offsets)} offsets for a buffer of {self._size}: the position is damaged "
+                f"or from another shuffle_buffer_size. Start the input from the beginning."
+            )
         self._reader.check_identities(files, start.get("file_ids"))
         self._records = read_records_at(self._reader._plan, self._reader.files, files, offsets, stats)
         self._files, self._offsets = files, offsets
@@ -261,8 +287,11 @@ class _ShuffleBuffer:
     def skip(self, count: int) -> None:
         """Replays `count` deliveries (the resume of a source without random access)."""
         if count:
-            logger.info("TFRecordDataset: resuming a shuffled epoch by replaying %d records (compressed "
-                        "files have no random access, or the position predates saving the buffer).", count)
+            logger.info(
+                "TFRecordDataset: resuming a shuffled epoch by replaying %d records (compressed "
+                "files have no random access, or the position predates saving the buffer).",
+                count,
+            )
         while count > 0:
             step = min(count, 1 << 14)
             if not self.take(step):
@@ -284,7 +313,7 @@ class _ShuffleBuffer:
             self._exchange(count, out)
         if self._draining and len(out) < count:
             stop = self._drain_index + count - len(out)
-            out += self._records[self._drain_index:stop]
+            out += self._records[self._drain_index : stop]
             self._drain_index = min(stop, len(self._records))
         self.delivered += len(out)
         return out
@@ -378,11 +407,13 @@ class _TaggedBufferPosition:
             rest = slice(tag["drain_index"], None)
             position.update(draining=True, buffer_files=self._files[rest], buffer_offsets=self._offsets[rest])
         else:
-            position.update(rng=_rng_state_to_json(tag["rng"]), buffer_files=list(self._files),
-                            buffer_offsets=list(self._offsets))
+            position.update(
+                rng=_rng_state_to_json(tag["rng"]), buffer_files=list(self._files), buffer_offsets=list(self._offsets)
+            )
         identities = self._identities
-        position["file_ids"] = {str(index): list(identities[index]) for index in set(position["buffer_files"])
-                                if index in identities}
+        position["file_ids"] = {
+            str(index): list(identities[index]) for index in set(position["buffer_files"]) if index in identities
+        }
         return position
 
 

@@ -45,11 +45,12 @@ _LITTLE_ENDIAN = sys.byteorder == "little"  # the compiled pass copies float32 p
 
 _NATIVE_KIND = {"string": BYTES, "float32": FLOAT, "int64": INT64}
 _PLAN_CACHE_SIZE = 64
-_plans: dict[tuple, "_Plan | None"] = {}
+_plans: dict[tuple, _Plan | None] = {}
 
 
 # How each spec's part of the C pass's answer becomes its result: finish(spec, part, count, single),
 # None when the pure path must decide after all.
+
 
 def _finish_dense(spec: FixedLenFeature, out: np.ndarray, count: int, single: bool) -> np.ndarray:
     return out.reshape(spec.shape if single else (count, *spec.shape))
@@ -60,8 +61,9 @@ def _finish_strings(spec: FixedLenFeature, values: list, count: int, single: boo
 
 
 def _list_parts(spec: Any, part: tuple) -> tuple[np.ndarray, np.ndarray]:
-    values = _values_array(part[0], "string") if spec.dtype == "string" else np.frombuffer(
-        part[0], _NUMPY_DTYPE[spec.dtype])
+    values = (
+        _values_array(part[0], "string") if spec.dtype == "string" else np.frombuffer(part[0], _NUMPY_DTYPE[spec.dtype])
+    )
     return values, np.frombuffer(part[1], np.int64)
 
 
@@ -114,8 +116,9 @@ def _compile_plan(features: Mapping[str, Any]) -> _Plan | None:
         if isinstance(spec, FixedLenFeature):
             size, fill, mode = math.prod(spec.shape), spec._default, 1
             if fill is not None:
-                fill = tuple(fill.tolist()) if spec.dtype == "string" else fill.astype(
-                    _NUMPY_DTYPE[spec.dtype]).tobytes()
+                fill = (
+                    tuple(fill.tolist()) if spec.dtype == "string" else fill.astype(_NUMPY_DTYPE[spec.dtype]).tobytes()
+                )
             if spec.dtype != "string":
                 arrays.append((len(specs), _NUMPY_DTYPE[spec.dtype], size))
             finish = _finish_strings if spec.dtype == "string" else _finish_dense

@@ -33,8 +33,9 @@ def _entries_message() -> Any:
     add(entry, "key", 1, "string")
     add(entry, "value", 2, "bytes")
     add(file.message_type.add(name="Entries"), "feature", 1, "message", ".torchestimator_entries.Entry", repeated=True)
-    add(file.message_type.add(name="Record"), "features", 1, "message", ".torchestimator_entries.Entries",
-        repeated=True)
+    add(
+        file.message_type.add(name="Record"), "features", 1, "message", ".torchestimator_entries.Entries", repeated=True
+    )
     return _protobuf.message_classes([file], ["torchestimator_entries.Record"]).Record
 
 

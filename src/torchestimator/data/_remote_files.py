@@ -39,8 +39,18 @@ from typing import Any
 
 from torchestimator._io import filesystems
 
-__all__ = ["CHUNK_SIZE", "READ_AHEAD", "STREAMING_READ", "RemoteFile", "discard_writing", "expand",
-           "object_changed", "open_for_writing", "read_range", "remote_size"]
+__all__ = [
+    "CHUNK_SIZE",
+    "READ_AHEAD",
+    "STREAMING_READ",
+    "RemoteFile",
+    "discard_writing",
+    "expand",
+    "object_changed",
+    "open_for_writing",
+    "read_range",
+    "remote_size",
+]
 
 CHUNK_SIZE = 16 << 20
 """Bytes per ranged GET once reading is sequential: large enough that a request's latency is a small part
@@ -96,20 +106,30 @@ def expand(pattern: str) -> list[str]:
     if not any(character in inner for character in "*?["):
         info = _info_or_none(fs, inner, pattern)
         if info is None:
-            raise FileNotFoundError(errno.ENOENT, f"TFRecord file {pattern!r} does not exist (no such object, "
-                                    f"or no such bucket).", pattern)
+            raise FileNotFoundError(
+                errno.ENOENT, f"TFRecord file {pattern!r} does not exist (no such object, or no such bucket).", pattern
+            )
         if info.get("type") == "directory":
-            raise ValueError(f"{pattern!r} is a folder (a prefix with objects under it); pass the files in it, "
-                             f"e.g. {pattern.rstrip('/') + '/*.tfrecord'!r}.")
+            raise ValueError(
+                f"{pattern!r} is a folder (a prefix with objects under it); pass the files in it, "
+                f"e.g. {pattern.rstrip('/') + '/*.tfrecord'!r}."
+            )
         return [pattern]
     found = filesystems._store_call(pattern, "listing", fs.glob, inner, detail=True)
     # memory:// keeps paths as "/bucket/key": the URLs keep the pattern's own form
     cut = 1 if inner.startswith("/") and not pattern.split("://", 1)[1].startswith("/") else 0
-    matches = sorted(f"{scheme}://{name[cut:]}" for name, info in found.items()
-                     if info.get("type") != "directory" and fnmatch.fnmatchcase(name, inner))
+    matches = sorted(
+        f"{scheme}://{name[cut:]}"
+        for name, info in found.items()
+        if info.get("type") != "directory" and fnmatch.fnmatchcase(name, inner)
+    )
     if not matches:
-        raise FileNotFoundError(errno.ENOENT, f"No objects matched pattern {pattern!r}. Check the bucket, the "
-                                f"prefix and the pattern (globs use *, ? and [...]).", pattern)
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"No objects matched pattern {pattern!r}. Check the bucket, the "
+            f"prefix and the pattern (globs use *, ? and [...]).",
+            pattern,
+        )
     return matches
 
 
@@ -163,14 +183,17 @@ class RemoteFile(io.RawIOBase):
         self.url = url
         self._chunk_size = max(CHUNK_SIZE if chunk_size is None else chunk_size, 1)
         self._read_ahead = max(READ_AHEAD if read_ahead is None else read_ahead, 0)
-        handle = filesystems._store_call(url, "opening", fs.open, inner, "rb", cache_type="none",
-                                         block_size=self._chunk_size)
+        handle = filesystems._store_call(
+            url, "opening", fs.open, inner, "rb", cache_type="none", block_size=self._chunk_size
+        )
         size = getattr(handle, "size", None)
         self.size: int = int(size if size is not None else filesystems._store_call(url, "looking at", fs.size, inner))
         """The object's size in bytes, as seen at open."""
         fetch = getattr(handle, "_fetch_range", None)  # S3File/GCSFile/AzureBlobFile: the checked GET
         self._handle = handle
-        self._fetch_range = fetch if fetch is not None else (lambda start, end: fs.cat_file(inner, start=start, end=end))
+        self._fetch_range = (
+            fetch if fetch is not None else (lambda start, end: fs.cat_file(inner, start=start, end=end))
+        )
         self._position = 0
         self._data = b""  # bytes fetched from _data_start on; the reader is somewhere inside
         self._data_start = 0
@@ -200,7 +223,7 @@ class RemoteFile(io.RawIOBase):
         view = memoryview(buffer).cast("B")
         filled = 0
         for piece in self._pieces(len(view)):
-            view[filled:filled + len(piece)] = piece
+            view[filled : filled + len(piece)] = piece
             filled += len(piece)
         return filled
 
@@ -221,7 +244,7 @@ class RemoteFile(io.RawIOBase):
             if not 0 <= offset < len(self._data):
                 self._move_to(position, end - position, sequential)
                 offset = position - self._data_start
-            piece = memoryview(self._data)[offset:offset + end - position]
+            piece = memoryview(self._data)[offset : offset + end - position]
             position += len(piece)
             self._position = self._sequential_at = position
             sequential = True  # the rest of a read that spans ranges
@@ -271,8 +294,9 @@ class RemoteFile(io.RawIOBase):
 
     def _schedule(self) -> None:
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=self._read_ahead,
-                                                thread_name_prefix="torchestimator-read-ahead")
+            self._executor = ThreadPoolExecutor(
+                max_workers=self._read_ahead, thread_name_prefix="torchestimator-read-ahead"
+            )
         while len(self._pending) < self._read_ahead and self._next_fetch < self.size:
             start, end = self._next_fetch, min(self._next_fetch + self._chunk_size, self.size)
             self._pending.append((start, end, self._executor.submit(self._fetch, start, end)))
@@ -283,8 +307,14 @@ class RemoteFile(io.RawIOBase):
         try:
             data = self._fetch_range(start, end)
         except FileNotFoundError as error:
-            raise _changed(FileNotFoundError(errno.ENOENT, f"{self.url} was deleted while it was being read (bytes "
-                           f"{start}-{end} of {self.size}): {filesystems._cause(error)}", self.url)) from error
+            raise _changed(
+                FileNotFoundError(
+                    errno.ENOENT,
+                    f"{self.url} was deleted while it was being read (bytes "
+                    f"{start}-{end} of {self.size}): {filesystems._cause(error)}",
+                    self.url,
+                )
+            ) from error
         except Exception as error:
             if type(error).__name__ == "FileExpired":  # s3fs: the ETag the GET was bound to (If-Match) is gone
                 raise self._replaced(start, end, error) from error
@@ -294,7 +324,16 @@ class RemoteFile(io.RawIOBase):
         return data if isinstance(data, bytes) else bytes(data)
 
     def _replaced(self, start: int, end: int, error: BaseException | None) -> OSError:
-        why = f": {filesystems._cause(error).rstrip('.')}" if error is not None else (
-            f": the object no longer holds the {self.size} bytes it had when the reader opened it")
-        return _changed(OSError(errno.ESTALE, f"{self.url} was replaced while it was being read (bytes "
-                                f"{start}-{end}){why}. Read it again from the start.", self.url))
+        why = (
+            f": {filesystems._cause(error).rstrip('.')}"
+            if error is not None
+            else (f": the object no longer holds the {self.size} bytes it had when the reader opened it")
+        )
+        return _changed(
+            OSError(
+                errno.ESTALE,
+                f"{self.url} was replaced while it was being read (bytes "
+                f"{start}-{end}){why}. Read it again from the start.",
+                self.url,
+            )
+        )

@@ -35,7 +35,7 @@ try:  # Fastest on both small and large payloads (about 20 GB/s with SSE4.2/ARMv
         return _crc32c(data, crc)
 except ImportError:  # Apache-2.0 alternative, equally fast on small records.
     try:
-        from google_crc32c import extend as _crc32c_extend
+        from google_crc32c import extend as _crc32c_extend  # noqa: F401 (tfrecord.py's probe imports it)
         from google_crc32c import value as _crc32c
     except ImportError as error:
         raise ImportError(
@@ -72,7 +72,9 @@ def _data_loss(kind: str, path: str, offset: int, detail: str, *, data_part: boo
         f"{kind} record at {number} in {path}{hint}: {detail} (the record starts at byte {offset}). "
         f"Records before it were read; pass skip_corrupt=True to skip the rest of a damaged file "
         f"instead of failing.",
-        path, offset, kind=kind,
+        path,
+        offset,
+        kind=kind,
     )
 
 
@@ -87,8 +89,11 @@ def _too_large(path: str, offset: int, length: int, limit: int, *, present: bool
         f"max_record_size={limit}. {cause[0].upper() + cause[1:]}: to read it, pass "
         f"max_record_size={length} or more (read_records, iter_records, TFRecordDataset; "
         f"`torchestimator records verify/inspect --max_record_size {length}`).",
-        path, offset, kind="too large",
+        path,
+        offset,
+        kind="too large",
     )
+
 
 def _read_error(error: Exception, path: str, offset: int) -> DataLossError:
     if isinstance(error, zlib.error):
@@ -97,6 +102,7 @@ def _read_error(error: Exception, path: str, offset: int) -> DataLossError:
         return _data_loss("truncated", path, offset, "the compressed stream ends before its end marker")
     # EIO from a failing disk or a network file system; the caller keeps the OSError as the cause (errno)
     return _data_loss("unreadable", path, offset, f"reading the file failed ({error})")
+
 
 def _block_error(status: int, detail: int, path: str, offset: int, limit: int) -> DataLossError:
     if status == _LENGTH_CRC_BAD:
@@ -141,9 +147,9 @@ def _read_into(stream: Any, buffer: bytearray, end: int, size: int, path: str, o
     """Reads up to `size` bytes into `buffer[end:]` (which has room), errors as `_read_more`'s."""
     try:
         if type(stream) is io.FileIO or type(stream) is RemoteFile:  # what _file_blocks opens: straight into the buffer
-            return stream.readinto(memoryview(buffer)[end:end + size]) or 0
+            return stream.readinto(memoryview(buffer)[end : end + size]) or 0
         more = stream.read(size)  # _InflateStream, or any file-like object standing in for the file
-        buffer[end:end + len(more)] = more
+        buffer[end : end + len(more)] = more
         return len(more)
     except (zlib.error, OSError, _TruncatedStream) as error:
         if object_changed(error):
@@ -151,12 +157,16 @@ def _read_into(stream: Any, buffer: bytearray, end: int, size: int, path: str, o
         raise _read_error(error, path, offset) from (error if isinstance(error, OSError) else None)
 
 
-
 # --------------------------------------------------------------------------- the scanners
 
 
 def _scan_block_python(
-    buffer: bytes, position: int, base: int, verify: bool, limit: int, length_crcs: dict[int, int],
+    buffer: bytes,
+    position: int,
+    base: int,
+    verify: bool,
+    limit: int,
+    length_crcs: dict[int, int],
 ) -> tuple[list[int], list[bytes], int, int, int]:
     """The pure-Python block scanner, the fallback of (and the reference for) the compiled `scan`.
 
@@ -174,7 +184,7 @@ def _scan_block_python(
     while end - position >= _HEADER_SIZE:
         length, stored = unpack_header(buffer, position)
         if verify and length_crcs.get(length) != stored:
-            if _mask(crc32c(buffer[position:position + 8])) != stored:
+            if _mask(crc32c(buffer[position : position + 8])) != stored:
                 return offsets, records, position, _LENGTH_CRC_BAD, 0
             if len(length_crcs) < _LENGTH_CRC_CACHE_SIZE:
                 length_crcs[length] = stored
@@ -196,7 +206,13 @@ def _scan_block_python(
 
 
 def _scan_python(
-    stream: Any, path: str, offset: int, verify: bool, strict: bool, block_size: int, guard: _Guard,
+    stream: Any,
+    path: str,
+    offset: int,
+    verify: bool,
+    strict: bool,
+    block_size: int,
+    guard: _Guard,
 ) -> Iterator[tuple[list[int], list[bytes]]]:
     """The hot loop on `_scan_block_python`: slices whole records out of each block, refilling when one
     is cut. `_scan_compiled` reads the same sizes, consults the guard for the same records and reports
@@ -224,7 +240,13 @@ def _scan_python(
 
 
 def _scan_compiled(
-    scan: Any, stream: Any, path: str, offset: int, verify: bool, strict: bool, block_size: int,
+    scan: Any,
+    stream: Any,
+    path: str,
+    offset: int,
+    verify: bool,
+    strict: bool,
+    block_size: int,
     guard: _Guard,
 ) -> Iterator[tuple[list[int], list[bytes]]]:
     """The hot loop on the compiled `scan`, reading into one reused bytearray.
@@ -262,10 +284,10 @@ def _compact(buffer: bytearray, start: int, end: int, size: int, block_size: int
     unless it is too small, or much bigger than needed after a big record (memory follows the data)."""
     if size <= len(buffer) <= 4 * max(size, block_size):
         if start:
-            buffer[:end - start] = buffer[start:end]  # the cut record only: usually less than one record
+            buffer[: end - start] = buffer[start:end]  # the cut record only: usually less than one record
         return buffer
     fresh = bytearray(max(size, 2 * block_size))
-    fresh[:end - start] = buffer[start:end]
+    fresh[: end - start] = buffer[start:end]
     return fresh
 
 
@@ -284,5 +306,3 @@ def _need_after(status: int, detail: int, path: str, offset: int, limit: int) ->
     if status == _NEED_RECORD:
         return detail + _HEADER_SIZE + _FOOTER_SIZE
     raise _block_error(status, detail, path, offset, limit)
-
-

@@ -43,7 +43,7 @@ import functools
 import sys
 from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -61,14 +61,21 @@ __all__ = [
     "example_protos",
 ]
 
-FeatureValues = Union[np.ndarray, list]
+FeatureValues = np.ndarray | list
 """Decoded values of one feature: int64/float32 numpy array, or list of bytes."""
 
 # Feature's oneof field numbers, also the internal kind codes.
 BYTES, FLOAT, INT64 = 1, 2, 3
 KIND_NAMES = {BYTES: "bytes", FLOAT: "float", INT64: "int64", None: None}
-_KIND_ALIASES = {"bytes": "bytes", "string": "bytes", "str": "bytes", "float": "float", "float32": "float",
-                 "int64": "int64", "int": "int64"}
+_KIND_ALIASES = {
+    "bytes": "bytes",
+    "string": "bytes",
+    "str": "bytes",
+    "float": "float",
+    "float32": "float",
+    "int64": "int64",
+    "int": "int64",
+}
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _LITTLE_ENDIAN = sys.byteorder == "little"
@@ -137,7 +144,7 @@ def float_payload(float_list) -> bytes:
         clean.CopyFrom(float_list)
         clean.DiscardUnknownFields()
         data = clean.SerializeToString()
-    return data[float_payload_start(data):] if size else b""
+    return data[float_payload_start(data) :] if size else b""
 
 
 def _varint_size(value: int) -> int:
@@ -203,8 +210,10 @@ def decode_sequence_example(serialized: bytes) -> tuple[dict[str, FeatureValues]
     """
     message = parse_sequence_example_proto(serialized)
     context = {name: feature_values(feature) for name, feature in message.context.feature.items()}
-    feature_lists = {name: [feature_values(frame) for frame in frames.feature]
-                     for name, frames in message.feature_lists.feature_list.items()}
+    feature_lists = {
+        name: [feature_values(frame) for frame in frames.feature]
+        for name, frames in message.feature_lists.feature_list.items()
+    }
     return context, feature_lists
 
 
@@ -223,9 +232,10 @@ def _flat_values(name: str, values: Any) -> np.ndarray | list:
         return [values]
     try:
         array = np.asarray(values)
-    except Exception as error:  # noqa: BLE001 - report any conversion failure the same way
-        raise TypeError(f"Feature {name!r}: expected a list, numpy array or scalar; received "
-                        f"{type(values).__name__} ({error}).") from None
+    except Exception as error:
+        raise TypeError(
+            f"Feature {name!r}: expected a list, numpy array or scalar; received {type(values).__name__} ({error})."
+        ) from None
     return array.reshape(-1)
 
 
@@ -238,8 +248,10 @@ def _infer_kind(name: str, values: np.ndarray | list) -> str | None:
             return "int64"
         if code in "SU":
             return "bytes"
-        raise TypeError(f"Feature {name!r}: cannot store a numpy array of dtype {values.dtype}; "
-                        f"tf.train.Example holds int64, float32 or bytes values.")
+        raise TypeError(
+            f"Feature {name!r}: cannot store a numpy array of dtype {values.dtype}; "
+            f"tf.train.Example holds int64, float32 or bytes values."
+        )
     if len(values) == 0:
         return None
     if all(isinstance(value, (*_BYTES_TYPES, np.bytes_, np.str_)) for value in values):
@@ -249,28 +261,37 @@ def _infer_kind(name: str, values: np.ndarray | list) -> str | None:
     if all(isinstance(value, (bool, int, float, np.integer, np.floating, np.bool_)) for value in values):
         return "float"
     kinds = sorted({type(value).__name__ for value in values})
-    raise TypeError(f"Feature {name!r}: values must be all numbers or all bytes/str; received a mix of "
-                    f"{', '.join(kinds)}. Convert them to one kind, or split them into several features.")
+    raise TypeError(
+        f"Feature {name!r}: values must be all numbers or all bytes/str; received a mix of "
+        f"{', '.join(kinds)}. Convert them to one kind, or split them into several features."
+    )
 
 
 def _to_int64(name: str, values: np.ndarray | list) -> np.ndarray:
     if isinstance(values, np.ndarray) and values.dtype != object:
         if values.dtype.kind == "f":
-            raise TypeError(f"Feature {name!r} is declared int64 but holds {values.dtype} values; "
-                            f"round them explicitly (array.astype(np.int64)) or declare it float.")
+            raise TypeError(
+                f"Feature {name!r} is declared int64 but holds {values.dtype} values; "
+                f"round them explicitly (array.astype(np.int64)) or declare it float."
+            )
         if values.dtype.kind == "u" and values.size and values.max() > _INT64_MAX:
-            raise ValueError(f"Feature {name!r}: value {int(values.max())} is outside int64 "
-                             f"[{_INT64_MIN}, {_INT64_MAX}].")
+            raise ValueError(
+                f"Feature {name!r}: value {int(values.max())} is outside int64 [{_INT64_MIN}, {_INT64_MAX}]."
+            )
         if values.dtype.kind not in "iub":
             raise TypeError(f"Feature {name!r} is declared int64 but holds {values.dtype} values.")
         return values.astype(np.int64, copy=False)
     for value in values:
         if not isinstance(value, (bool, int, np.integer, np.bool_)):
-            raise TypeError(f"Feature {name!r} is declared int64 but holds {value!r} "
-                            f"({type(value).__name__}); int64 features take integers.")
+            raise TypeError(
+                f"Feature {name!r} is declared int64 but holds {value!r} "
+                f"({type(value).__name__}); int64 features take integers."
+            )
         if not _INT64_MIN <= value <= _INT64_MAX:
-            raise ValueError(f"Feature {name!r}: value {value} is outside int64 [{_INT64_MIN}, {_INT64_MAX}]; "
-                             f"store it as bytes (str(value).encode()) or split it.")
+            raise ValueError(
+                f"Feature {name!r}: value {value} is outside int64 [{_INT64_MIN}, {_INT64_MAX}]; "
+                f"store it as bytes (str(value).encode()) or split it."
+            )
     return np.array([int(value) for value in values], np.int64)
 
 
@@ -283,20 +304,23 @@ def _to_float32(name: str, values: np.ndarray | list) -> np.ndarray:
                 raise TypeError
             return array.astype("<f4")
     except (TypeError, ValueError):
-        raise TypeError(f"Feature {name!r} is declared float but holds non-numeric values "
-                        f"({values[:3]!r}...).") from None
+        raise TypeError(
+            f"Feature {name!r} is declared float but holds non-numeric values ({values[:3]!r}...)."
+        ) from None
 
 
 def _to_bytes(name: str, values: np.ndarray | list) -> list[bytes]:
     out = []
-    for value in (values.tolist() if isinstance(values, np.ndarray) else values):
+    for value in values.tolist() if isinstance(values, np.ndarray) else values:
         if isinstance(value, str):
             out.append(value.encode("utf-8"))
         elif isinstance(value, (bytes, bytearray, memoryview)):
             out.append(bytes(value))
         else:
-            raise TypeError(f"Feature {name!r} is declared bytes but holds {value!r} ({type(value).__name__}); "
-                            f"encode it first (e.g. str(value).encode()).")
+            raise TypeError(
+                f"Feature {name!r} is declared bytes but holds {value!r} ({type(value).__name__}); "
+                f"encode it first (e.g. str(value).encode())."
+            )
     return out
 
 
@@ -312,8 +336,10 @@ def _fill_feature(feature, name: str, values: Any, kind: str | None = None) -> N
     flat = _flat_values(name, values)
     kind = _normalize_kind(name, kind) if kind is not None else _infer_kind(name, flat)
     if kind is None:
-        raise ValueError(f"Feature {name!r} is an empty list, so its kind cannot be inferred; pass "
-                         f"kinds={{{name!r}: 'int64' | 'float' | 'bytes'}} (an empty list keeps its kind in TF).")
+        raise ValueError(
+            f"Feature {name!r} is an empty list, so its kind cannot be inferred; pass "
+            f"kinds={{{name!r}: 'int64' | 'float' | 'bytes'}} (an empty list keeps its kind in TF)."
+        )
     if kind == "int64":
         feature.int64_list.SetInParent()  # an empty list still records its kind
         feature.int64_list.value.extend(_to_int64(name, flat).tolist())
@@ -362,16 +388,24 @@ def _infer_frames_kind(name: str, frames: Sequence[Any]) -> str | None:
     if inferred == {"float", "int64"}:  # as within one list: any float makes the feature float
         inferred = {"float"}
     if len(inferred) > 1:
-        raise TypeError(f"Feature list {name!r}: frames mix kinds {sorted(inferred)}; all frames of a "
-                        f"feature list must have one kind.")
+        raise TypeError(
+            f"Feature list {name!r}: frames mix kinds {sorted(inferred)}; all frames of a "
+            f"feature list must have one kind."
+        )
     if not inferred and len(frames):
-        raise ValueError(f"Feature list {name!r} has only empty frames, so its kind cannot be inferred; "
-                         f"pass kinds={{{name!r}: 'int64' | 'float' | 'bytes'}}.")
+        raise ValueError(
+            f"Feature list {name!r} has only empty frames, so its kind cannot be inferred; "
+            f"pass kinds={{{name!r}: 'int64' | 'float' | 'bytes'}}."
+        )
     return inferred.pop() if inferred else None
 
 
-def encode_sequence_example(context: Mapping[str, Any] | None, feature_lists: Mapping[str, Sequence[Any]] | None,
-                            *, kinds: Mapping[str, str] | None = None) -> bytes:
+def encode_sequence_example(
+    context: Mapping[str, Any] | None,
+    feature_lists: Mapping[str, Sequence[Any]] | None,
+    *,
+    kinds: Mapping[str, str] | None = None,
+) -> bytes:
     """Serialize a tf.train.SequenceExample.
 
     `context` is like `encode_example`'s features; `feature_lists` maps a name
@@ -388,8 +422,10 @@ def encode_sequence_example(context: Mapping[str, Any] | None, feature_lists: Ma
         message.feature_lists.SetInParent()
         for name, frames in feature_lists.items():
             if isinstance(frames, (str, bytes)) or not isinstance(frames, (Sequence, np.ndarray)):
-                raise TypeError(f"Feature list {name!r}: expected a sequence of frames (one list of values per "
-                                f"step); received {type(frames).__name__}.")
+                raise TypeError(
+                    f"Feature list {name!r}: expected a sequence of frames (one list of values per "
+                    f"step); received {type(frames).__name__}."
+                )
             kind = kinds.get(name) or _infer_frames_kind(name, frames)
             feature_list = message.feature_lists.feature_list[name]
             for frame in frames:
@@ -406,19 +442,43 @@ def _file_descriptors() -> tuple[Any, Any]:
     add = _protobuf.add_field
     feature_file = _protobuf.new_file("tensorflow/core/example/feature.proto", "tensorflow")
     for name, field_type in (("BytesList", "bytes"), ("FloatList", "float"), ("Int64List", "int64")):
-        add(feature_file.message_type.add(name=name), "value", 1, field_type, repeated=True,
-            packed=field_type != "bytes")
+        add(
+            feature_file.message_type.add(name=name),
+            "value",
+            1,
+            field_type,
+            repeated=True,
+            packed=field_type != "bytes",
+        )
     feature = feature_file.message_type.add(name="Feature")
     feature.oneof_decl.add(name="kind")
-    for name, number, type_name in (("bytes_list", 1, "BytesList"), ("float_list", 2, "FloatList"),
-                                    ("int64_list", 3, "Int64List")):
+    for name, number, type_name in (
+        ("bytes_list", 1, "BytesList"),
+        ("float_list", 2, "FloatList"),
+        ("int64_list", 3, "Int64List"),
+    ):
         add(feature, name, number, "message", f".tensorflow.{type_name}", oneof=0)
-    _protobuf.add_map(feature_file.message_type.add(name="Features"), "tensorflow.Features", "feature", 1,
-                      "string", "message", ".tensorflow.Feature")
-    add(feature_file.message_type.add(name="FeatureList"), "feature", 1, "message", ".tensorflow.Feature",
-        repeated=True)
-    _protobuf.add_map(feature_file.message_type.add(name="FeatureLists"), "tensorflow.FeatureLists", "feature_list",
-                      1, "string", "message", ".tensorflow.FeatureList")
+    _protobuf.add_map(
+        feature_file.message_type.add(name="Features"),
+        "tensorflow.Features",
+        "feature",
+        1,
+        "string",
+        "message",
+        ".tensorflow.Feature",
+    )
+    add(
+        feature_file.message_type.add(name="FeatureList"), "feature", 1, "message", ".tensorflow.Feature", repeated=True
+    )
+    _protobuf.add_map(
+        feature_file.message_type.add(name="FeatureLists"),
+        "tensorflow.FeatureLists",
+        "feature_list",
+        1,
+        "string",
+        "message",
+        ".tensorflow.FeatureList",
+    )
 
     example_file = _protobuf.new_file("tensorflow/core/example/example.proto", "tensorflow", feature_file.name)
     add(example_file.message_type.add(name="Example"), "features", 1, "message", ".tensorflow.Features")
@@ -428,8 +488,17 @@ def _file_descriptors() -> tuple[Any, Any]:
     return feature_file, example_file
 
 
-_MESSAGE_NAMES = ("BytesList", "FloatList", "Int64List", "Feature", "Features", "FeatureList", "FeatureLists",
-                  "Example", "SequenceExample")
+_MESSAGE_NAMES = (
+    "BytesList",
+    "FloatList",
+    "Int64List",
+    "Feature",
+    "Features",
+    "FeatureList",
+    "FeatureLists",
+    "Example",
+    "SequenceExample",
+)
 
 
 @functools.cache

@@ -125,8 +125,7 @@ def _as_bytes(contents: Any, where: str | None) -> bytes:
 
 def _check_channels(channels: Any, allowed: Sequence[int], fmt: str, where: str | None) -> int:
     if isinstance(channels, bool) or not isinstance(channels, (int, np.integer)) or channels not in allowed:
-        raise _error(where, fmt, f"channels must be one of {list(allowed)} for {fmt.upper()}; "
-                                 f"received {channels!r}.")
+        raise _error(where, fmt, f"channels must be one of {list(allowed)} for {fmt.upper()}; received {channels!r}.")
     return int(channels)
 
 
@@ -200,16 +199,31 @@ def _pillow_open(contents: bytes, fmt: str, where: str | None, low_bytes: bool =
         image.load()
     except image_module.DecompressionBombError as error:
         raise _too_large(where, fmt, str(error)) from None
-    except (image_module.UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError,
-            zlib.error, struct.error) as error:
-        raise _error(where, fmt, f"the {fmt.upper()} data cannot be decoded ({' '.join(str(error).split())}); "
-                                 f"the bytes are damaged or cut short.") from None
+    except (
+        image_module.UnidentifiedImageError,
+        OSError,
+        SyntaxError,
+        ValueError,
+        EOFError,
+        zlib.error,
+        struct.error,
+    ) as error:
+        raise _error(
+            where,
+            fmt,
+            f"the {fmt.upper()} data cannot be decoded ({' '.join(str(error).split())}); "
+            f"the bytes are damaged or cut short.",
+        ) from None
     return image
 
 
 def _too_large(where: str | None, fmt: str, size: str) -> ImageDecodeError:
-    return _error(where, fmt, f"the {fmt.upper()} image is too large to decode ({' '.join(size.split())}); "
-                              f"the limit is {MAX_PIXELS} pixels (images.MAX_PIXELS).")
+    return _error(
+        where,
+        fmt,
+        f"the {fmt.upper()} image is too large to decode ({' '.join(size.split())}); "
+        f"the limit is {MAX_PIXELS} pixels (images.MAX_PIXELS).",
+    )
 
 
 def _png_transparent_color(contents: bytes, color_type: int, bit_depth: int) -> tuple[int, ...] | None:
@@ -218,11 +232,11 @@ def _png_transparent_color(contents: bytes, color_type: int, bit_depth: int) -> 
         return None
     position = 8
     while position + 8 <= len(contents):
-        length, kind = struct.unpack(">I4s", contents[position:position + 8])
+        length, kind = struct.unpack(">I4s", contents[position : position + 8])
         if kind in (b"IDAT", b"IEND"):
             return None
         if kind == b"tRNS" and length == (2 if color_type == 0 else 6):
-            values = struct.unpack(f">{length // 2}H", contents[position + 8:position + 8 + length])
+            values = struct.unpack(f">{length // 2}H", contents[position + 8 : position + 8 + length])
             factor = 255 // ((1 << bit_depth) - 1) if bit_depth < 8 else 1
             return tuple(value * factor for value in values)
         position += 12 + length
@@ -260,8 +274,9 @@ def _png_native(contents: bytes, bit_depth: int, color_type: int, where: str | N
     elif image.mode == "1":
         image = image.convert("L")
     elif image.mode not in ("L", "LA", "RGB", "RGBA"):
-        raise _error(where, "png", f"Pillow decoded this PNG as mode {image.mode!r}, which has no TF channel "
-                                   f"rule here.")
+        raise _error(
+            where, "png", f"Pillow decoded this PNG as mode {image.mode!r}, which has no TF channel rule here."
+        )
     pixels = np.asarray(image, dtype=np.uint8)
     return pixels[..., None] if pixels.ndim == 2 else pixels
 
@@ -286,8 +301,9 @@ def decode_png(contents: bytes, *, channels: int = 0, dtype: str = "uint8", wher
     """tf.io.decode_png: [H, W, channels] uint8 or uint16 (PNG, JPEG or a one-frame GIF accepted, as TF)."""
     contents = _as_bytes(contents, where)
     if dtype not in ("uint8", "uint16"):
-        raise _error(where, sniff_format(contents), f'decode_png: dtype must be "uint8" or "uint16"; '
-                                                    f'received {dtype!r}.')
+        raise _error(
+            where, sniff_format(contents), f'decode_png: dtype must be "uint8" or "uint16"; received {dtype!r}.'
+        )
     fmt = sniff_format(contents)
     if fmt != "png":  # JPEG, GIF: 8-bit, to uint16 by convert_image_dtype's shift, as decode_image
         pixels = _decode_3d(contents, fmt, channels, "", where)
@@ -327,28 +343,37 @@ def _warn_accurate_fallback() -> None:
     global _warned_accurate_fallback
     if not _warned_accurate_fallback:
         _warned_accurate_fallback = True
-        logger.warning("decode_jpeg: simplejpeg is not installed, so JPEGs decode through Pillow with "
-                       "dct_method INTEGER_ACCURATE, not TF's default INTEGER_FAST (most values differ, by up "
-                       "to ~20 levels on photos); pip install 'torchestimator[images]' for TF's exact pixels.")
+        logger.warning(
+            "decode_jpeg: simplejpeg is not installed, so JPEGs decode through Pillow with "
+            "dct_method INTEGER_ACCURATE, not TF's default INTEGER_FAST (most values differ, by up "
+            "to ~20 levels on photos); pip install 'torchestimator[images]' for TF's exact pixels."
+        )
 
 
-def _jpeg_simplejpeg(simplejpeg: Any, contents: bytes, channels: int, dct_method: str,
-                     where: str | None) -> np.ndarray:
+def _jpeg_simplejpeg(simplejpeg: Any, contents: bytes, channels: int, dct_method: str, where: str | None) -> np.ndarray:
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(contents)
         if height * width > MAX_PIXELS:
             raise _too_large(where, "jpeg", f"{width}x{height} pixels")
         if colorspace not in ("Gray", "YCbCr", "RGB"):
-            raise _error(where, "jpeg", f"{colorspace} JPEGs are not decoded here (TF converts them with "
-                                        f"libjpeg's CMYK rules); convert the file to RGB first.")
+            raise _error(
+                where,
+                "jpeg",
+                f"{colorspace} JPEGs are not decoded here (TF converts them with "
+                f"libjpeg's CMYK rules); convert the file to RGB first.",
+            )
         gray = channels == 1 or (channels == 0 and colorspace == "Gray")
-        pixels = simplejpeg.decode_jpeg(contents, colorspace="GRAY" if gray else "RGB",
-                                        fastdct=dct_method != "INTEGER_ACCURATE", fastupsample=False)
+        pixels = simplejpeg.decode_jpeg(
+            contents, colorspace="GRAY" if gray else "RGB", fastdct=dct_method != "INTEGER_ACCURATE", fastupsample=False
+        )
     except ValueError as error:
         if isinstance(error, ImageDecodeError):
             raise
-        raise _error(where, "jpeg", f"the JPEG data cannot be decoded ({' '.join(str(error).split())}); "
-                                    f"the bytes are damaged or cut short.") from None
+        raise _error(
+            where,
+            "jpeg",
+            f"the JPEG data cannot be decoded ({' '.join(str(error).split())}); the bytes are damaged or cut short.",
+        ) from None
     return pixels if pixels.ndim == 3 else pixels[..., None]
 
 
@@ -357,8 +382,12 @@ def _jpeg_pillow(contents: bytes, channels: int, where: str | None) -> np.ndarra
     try:
         image = image_module.open(io.BytesIO(contents), formats=["JPEG"])
         if image.mode not in ("L", "RGB"):
-            raise _error(where, "jpeg", f"{image.mode} JPEGs are not decoded here (TF converts them with "
-                                        f"libjpeg's CMYK rules); convert the file to RGB first.")
+            raise _error(
+                where,
+                "jpeg",
+                f"{image.mode} JPEGs are not decoded here (TF converts them with "
+                f"libjpeg's CMYK rules); convert the file to RGB first.",
+            )
         if channels == 1 and image.mode == "RGB":
             image.draft("L", image.size)  # libjpeg's own grayscale output: the Y plane, as TF's channels=1
         image.load()
@@ -367,8 +396,11 @@ def _jpeg_pillow(contents: bytes, channels: int, where: str | None) -> np.ndarra
     except (image_module.UnidentifiedImageError, OSError, SyntaxError, ValueError, struct.error) as error:
         if isinstance(error, ImageDecodeError):
             raise
-        raise _error(where, "jpeg", f"the JPEG data cannot be decoded ({' '.join(str(error).split())}); "
-                                    f"the bytes are damaged or cut short.") from None
+        raise _error(
+            where,
+            "jpeg",
+            f"the JPEG data cannot be decoded ({' '.join(str(error).split())}); the bytes are damaged or cut short.",
+        ) from None
     pixels = np.asarray(image, dtype=np.uint8)
     pixels = pixels[..., None] if pixels.ndim == 2 else pixels
     return _convert_channels(pixels, channels)
@@ -390,17 +422,25 @@ def _gif_frames(contents: bytes, first_only: bool, where: str | None) -> np.ndar
             image.seek(index)
             frames.append(np.asarray(image.convert("RGB"), dtype=np.uint8))
             if frames[-1].shape != frames[0].shape:
-                raise _error(where, "gif", f"frame {index} is {frames[-1].shape[1]}x{frames[-1].shape[0]} "
-                                           f"pixels, frame 0 {frames[0].shape[1]}x{frames[0].shape[0]}: a frame "
-                                           f"reaches outside the GIF's screen.")
+                raise _error(
+                    where,
+                    "gif",
+                    f"frame {index} is {frames[-1].shape[1]}x{frames[-1].shape[0]} "
+                    f"pixels, frame 0 {frames[0].shape[1]}x{frames[0].shape[0]}: a frame "
+                    f"reaches outside the GIF's screen.",
+                )
     except ImageDecodeError:
         raise
     except image_module.DecompressionBombError as error:
         raise _too_large(where, "gif", str(error)) from None
     except (OSError, ValueError, EOFError, IndexError, struct.error) as error:
-        raise _error(where, "gif", f"frame {len(frames)} of the GIF cannot be decoded "
-                                   f"({' '.join(str(error).split()) or type(error).__name__}); the bytes are "
-                                   f"damaged or cut short.") from None
+        raise _error(
+            where,
+            "gif",
+            f"frame {len(frames)} of the GIF cannot be decoded "
+            f"({' '.join(str(error).split()) or type(error).__name__}); the bytes are "
+            f"damaged or cut short.",
+        ) from None
     return np.stack(frames)
 
 
@@ -415,23 +455,31 @@ def _bmp(contents: bytes, channels: int, where: str | None) -> np.ndarray:
     channels = _check_channels(channels, (0, 3, 4), "bmp", where)
     if len(contents) < 32:
         raise _error(where, "bmp", f"incomplete BMP: the header needs 32 bytes, there are {len(contents)}.")
-    data_offset, width, height, bits = (struct.unpack_from("<i", contents, 10)[0],
-                                        *struct.unpack_from("<ii", contents, 18), struct.unpack_from("<h", contents, 28)[0])
+    data_offset, width, height, bits = (
+        struct.unpack_from("<i", contents, 10)[0],
+        *struct.unpack_from("<ii", contents, 18),
+        struct.unpack_from("<h", contents, 28)[0],
+    )
     file_channels = int(bits / 8)  # C's division, truncating toward zero
     if file_channels not in (1, 3, 4):
         raise _error(where, "bmp", f"a BMP with {bits} bits per pixel; 8, 24 and 32 are decoded.")
     if width <= 0 or height == 0 or data_offset < 0:
-        raise _error(where, "bmp", f"the BMP header is invalid (width {width}, height {height}, data offset "
-                                   f"{data_offset}).")
+        raise _error(
+            where, "bmp", f"the BMP header is invalid (width {width}, height {height}, data offset {data_offset})."
+        )
     rows = abs(height)
     if width * rows > MAX_PIXELS:
         raise _too_large(where, "bmp", f"{width}x{rows} pixels")
     row_size = (file_channels * width + 3) // 4 * 4
     if len(contents) - data_offset - row_size * rows != 0:
-        raise _error(where, "bmp", f"the BMP is {len(contents)} bytes, its header says {data_offset} + "
-                                   f"{rows} rows of {row_size}; the file is cut short or carries more.")
+        raise _error(
+            where,
+            "bmp",
+            f"the BMP is {len(contents)} bytes, its header says {data_offset} + "
+            f"{rows} rows of {row_size}; the file is cut short or carries more.",
+        )
     pixels = np.frombuffer(contents, np.uint8, count=row_size * rows, offset=data_offset).reshape(rows, row_size)
-    pixels = pixels[:, :width * file_channels].reshape(rows, width, file_channels)
+    pixels = pixels[:, : width * file_channels].reshape(rows, width, file_channels)
     if height > 0:
         pixels = pixels[::-1]  # bottom-up rows
     if file_channels > 1:
@@ -456,25 +504,39 @@ def _decode_3d(contents: bytes, fmt: str, channels: int, dct_method: str, where:
         _check_channels(channels, (0, 3), "gif", where)
         frames = _gif_frames(contents, False, where)
         if len(frames) != 1:
-            raise _error(where, "gif", f"got {len(frames)} frames, but an animated GIF can only be decoded by "
-                                       f"decode_image (TF's rule); use decode_image.")
+            raise _error(
+                where,
+                "gif",
+                f"got {len(frames)} frames, but an animated GIF can only be decoded by "
+                f"decode_image (TF's rule); use decode_image.",
+            )
         return frames[0]
     raise _unsupported(fmt, where)
 
 
 def _unsupported(fmt: str, where: str | None) -> ImageDecodeError:
     if fmt == "bmp":
-        return _error(where, fmt, "BMP bytes: decode_png and decode_jpeg do not decode BMP (TF's rule); use "
-                                  "decode_image.")
+        return _error(
+            where, fmt, "BMP bytes: decode_png and decode_jpeg do not decode BMP (TF's rule); use decode_image."
+        )
     if fmt == "webp":
-        return _error(where, fmt, "WEBP images are not decoded here (PNG, JPEG, GIF and BMP are); convert them "
-                                  "to PNG.")
-    return _error(where, fmt, "unknown image file format: one of PNG, JPEG, GIF or BMP is required (the bytes "
-                              "start with none of their signatures).")
+        return _error(where, fmt, "WEBP images are not decoded here (PNG, JPEG, GIF and BMP are); convert them to PNG.")
+    return _error(
+        where,
+        fmt,
+        "unknown image file format: one of PNG, JPEG, GIF or BMP is required (the bytes "
+        "start with none of their signatures).",
+    )
 
 
-def decode_image(contents: bytes, *, channels: int = 0, dtype: str = "uint8", expand_animations: bool = True,
-                 where: str | None = None) -> np.ndarray:
+def decode_image(
+    contents: bytes,
+    *,
+    channels: int = 0,
+    dtype: str = "uint8",
+    expand_animations: bool = True,
+    where: str | None = None,
+) -> np.ndarray:
     """tf.io.decode_image: [H, W, C] (or [frames, H, W, 3] for a GIF) as uint8, uint16 or float32 (see the module)."""
     contents = _as_bytes(contents, where)
     fmt = sniff_format(contents)
@@ -510,8 +572,10 @@ def resize_image(image: np.ndarray, size: tuple[int, int], *, method: str = "bil
     height, width = _checked_size(size, "resize_image: size")
     array = np.asarray(image)
     if array.ndim not in (3, 4) or 0 in array.shape:
-        raise ValueError(f"resize_image: image must be [height, width, channels] or [batch, height, width, "
-                         f"channels] with no empty axis; received shape {list(array.shape)}.")
+        raise ValueError(
+            f"resize_image: image must be [height, width, channels] or [batch, height, width, "
+            f"channels] with no empty axis; received shape {list(array.shape)}."
+        )
     if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
         raise TypeError(f"resize_image: image must hold numbers; received dtype {array.dtype}.")
     batch = array.astype(np.float32)
@@ -520,9 +584,11 @@ def resize_image(image: np.ndarray, size: tuple[int, int], *, method: str = "bil
 
 
 def _checked_size(size: Any, what: str) -> tuple[int, int]:
-    if (not isinstance(size, (tuple, list)) or len(size) != 2
-            or not all(isinstance(side, (int, np.integer)) and not isinstance(side, bool) and side > 0
-                       for side in size)):
+    if (
+        not isinstance(size, (tuple, list))
+        or len(size) != 2
+        or not all(isinstance(side, (int, np.integer)) and not isinstance(side, bool) and side > 0 for side in size)
+    ):
         raise ValueError(f"{what} must be (height, width), two integers > 0; received {size!r}.")
     return int(size[0]), int(size[1])
 
@@ -563,11 +629,15 @@ class ImageDecoding:
         _choice(self.dct_method, DCT_METHODS, "dct_method")
         if self.scale is not None:
             if isinstance(self.scale, bool) or not isinstance(self.scale, (int, float)):
-                raise ConfigTypeError(f"ImageDecoding.scale must be a number or None; received "
-                                      f"{type(self.scale).__name__}.", field="scale", value=self.scale)
+                raise ConfigTypeError(
+                    f"ImageDecoding.scale must be a number or None; received {type(self.scale).__name__}.",
+                    field="scale",
+                    value=self.scale,
+                )
             if not np.isfinite(self.scale):
-                raise ConfigError(f"ImageDecoding.scale must be finite; received {self.scale!r}.",
-                                  field="scale", value=self.scale)
+                raise ConfigError(
+                    f"ImageDecoding.scale must be finite; received {self.scale!r}.", field="scale", value=self.scale
+                )
             object.__setattr__(self, "scale", float(self.scale))
 
     @property
@@ -595,19 +665,29 @@ class ImageDecoding:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"size": list(self.size), "channels": self.channels, "method": self.method, "layout": self.layout,
-                "scale": self.scale, "dct_method": self.dct_method}
+        return {
+            "size": list(self.size),
+            "channels": self.channels,
+            "method": self.method,
+            "layout": self.layout,
+            "scale": self.scale,
+            "dct_method": self.dct_method,
+        }
 
     @classmethod
     def from_json(cls, data: Any, where: str = "image decoding") -> ImageDecoding:
         """The ImageDecoding `to_json` wrote; anything else is a ConfigError naming `where` and the field."""
         if not isinstance(data, Mapping):
-            raise ConfigError(f"{where}: expected an object with {sorted(_JSON_FIELDS)}; received "
-                              f"{type(data).__name__}.", value=data)
+            raise ConfigError(
+                f"{where}: expected an object with {sorted(_JSON_FIELDS)}; received {type(data).__name__}.", value=data
+            )
         unknown = sorted(set(data) - set(_JSON_FIELDS))
         if unknown:
-            raise ConfigError(f"{where}: unknown key(s) {unknown}; an image decoding has {sorted(_JSON_FIELDS)} "
-                              f"(written by a newer torchestimator?).", field=str(unknown[0]))
+            raise ConfigError(
+                f"{where}: unknown key(s) {unknown}; an image decoding has {sorted(_JSON_FIELDS)} "
+                f"(written by a newer torchestimator?).",
+                field=str(unknown[0]),
+            )
         if "size" not in data:
             raise ConfigError(f"{where}: the key 'size' is missing.", field="size")
         values = dict(data)
@@ -624,5 +704,6 @@ _JSON_FIELDS = tuple(field.name for field in dataclasses.fields(ImageDecoding))
 
 def _choice(value: Any, allowed: Sequence[Any], name: str) -> None:
     if isinstance(value, bool) or value not in allowed or type(value) is not type(allowed[0]):
-        raise ConfigError(f"ImageDecoding.{name} must be one of {list(allowed)}; received {value!r}.",
-                          field=name, value=value)
+        raise ConfigError(
+            f"ImageDecoding.{name} must be one of {list(allowed)}; received {value!r}.", field=name, value=value
+        )

@@ -156,13 +156,10 @@ class _BatchPlan:
     def check_position(self, state: Mapping[str, Any]) -> tuple[int, int]:
         """Validate a saved position against this plan and return it normalized."""
         if not isinstance(state, Mapping) or set(state) != {"epoch", "batch"}:
-            raise ValueError(
-                f"Expected an input position {{'epoch': int, 'batch': int}}; received {state!r}."
-            )
+            raise ValueError(f"Expected an input position {{'epoch': int, 'batch': int}}; received {state!r}.")
         epoch, batch = state["epoch"], state["batch"]
         valid_numbers = all(
-            isinstance(value, int) and not isinstance(value, bool) and value >= 0
-            for value in (epoch, batch)
+            isinstance(value, int) and not isinstance(value, bool) and value >= 0 for value in (epoch, batch)
         )
         epochs = "unlimited" if self.num_epochs is None else self.num_epochs
         if (
@@ -249,9 +246,7 @@ class _BatchOptions:
         if self.seed is not None:
             _check_seed(self.seed, f"{self.caller}: seed")
 
-    def plan(
-        self, num_examples: int, input_context: InputContext | None, config: Any
-    ) -> _BatchPlan:
+    def plan(self, num_examples: int, input_context: InputContext | None, config: Any) -> _BatchPlan:
         """The batch plan for one pipeline; refuses a global batch the replicas cannot share."""
         context = input_context or InputContext()
         try:
@@ -284,11 +279,18 @@ class _BatchOptions:
             logger.warning(
                 "%s: the last batch of each epoch has %d rows for %d replicas, so some replicas "
                 "get an empty batch; use drop_remainder=True for training.",
-                self.caller, remainder, plan.num_pipelines,
+                self.caller,
+                remainder,
+                plan.num_pipelines,
             )
         logger.info(
             "%s: %d examples, %s, %d batches per epoch, shuffle=%s, seed=%d",
-            self.caller, num_examples, description, plan.batches_per_epoch, plan.shuffle, plan.seed,
+            self.caller,
+            num_examples,
+            description,
+            plan.batches_per_epoch,
+            plan.shuffle,
+            plan.seed,
         )
         return plan
 
@@ -320,9 +322,7 @@ def _check_array(value: Any, where: str, caller: str) -> np.ndarray:
     """`value` as a numpy array a tensor can be made from, with rows on axis 0."""
     array = np.asarray(value)
     if array.ndim == 0:
-        raise ValueError(
-            f"{caller}: {where} must be an array with one row per example; received a scalar."
-        )
+        raise ValueError(f"{caller}: {where} must be an array with one row per example; received a scalar.")
     if array.dtype.kind not in "biufc":
         raise TypeError(
             f"{caller}: {where} has dtype {array.dtype}, which cannot become a tensor. Only "
@@ -346,9 +346,7 @@ def _columns(value: Any, name: str, caller: str) -> np.ndarray | dict[Any, np.nd
     if isinstance(value, Mapping):
         if not value:
             raise ValueError(f"{caller}: {name} cannot be an empty dict; use None instead.")
-        return {
-            key: _check_array(array, f"{name}[{key!r}]", caller) for key, array in value.items()
-        }
+        return {key: _check_array(array, f"{name}[{key!r}]", caller) for key, array in value.items()}
     return _check_array(value, name, caller)
 
 
@@ -404,9 +402,7 @@ class _SizedArrayBatches(_Sized, _ArrayBatches):
     pass
 
 
-def _array_input_fn(
-    features: Any, labels: Any, options: _BatchOptions
-) -> Callable[..., _ArrayBatches]:
+def _array_input_fn(features: Any, labels: Any, options: _BatchOptions) -> Callable[..., _ArrayBatches]:
     num_examples = _common_length(features, labels, options.caller)
 
     def input_fn(input_context: InputContext | None = None, config: Any = None) -> _ArrayBatches:
@@ -447,13 +443,15 @@ def numpy_input_fn(
     """
     caller = "numpy_input_fn"
     options = _BatchOptions(
-        caller=caller, batch_size=batch_size, num_epochs=num_epochs, shuffle=shuffle,
-        seed=seed, drop_remainder=drop_remainder,
+        caller=caller,
+        batch_size=batch_size,
+        num_epochs=num_epochs,
+        shuffle=shuffle,
+        seed=seed,
+        drop_remainder=drop_remainder,
     )
     if not isinstance(x, (np.ndarray, Mapping)):
-        raise TypeError(
-            f"{caller}: x must be a dict of arrays or an array; got {type(x).__name__}."
-        )
+        raise TypeError(f"{caller}: x must be a dict of arrays or an array; got {type(x).__name__}.")
     return _array_input_fn(_columns(x, "x", caller), _columns(y, "y", caller), options)
 
 
@@ -483,10 +481,7 @@ def _frame_columns(frame: Any, name: str, caller: str) -> dict[Any, np.ndarray]:
     if frame.columns.has_duplicates:
         duplicated = sorted({str(column) for column in frame.columns[frame.columns.duplicated()]})
         raise ValueError(f"{caller}: {name} has duplicate column names {duplicated}; rename them.")
-    return {
-        column: _frame_column(frame[column], f"{name} column {column!r}", caller)
-        for column in frame.columns
-    }
+    return {column: _frame_column(frame[column], f"{name} column {column!r}", caller) for column in frame.columns}
 
 
 def pandas_input_fn(
@@ -513,8 +508,12 @@ def pandas_input_fn(
     pd = import_extra("pandas", extra="pandas", feature=caller)  # the only user of pandas
 
     options = _BatchOptions(
-        caller=caller, batch_size=batch_size, num_epochs=num_epochs, shuffle=shuffle,
-        seed=seed, drop_remainder=drop_remainder,
+        caller=caller,
+        batch_size=batch_size,
+        num_epochs=num_epochs,
+        shuffle=shuffle,
+        seed=seed,
+        drop_remainder=drop_remainder,
     )
     if not isinstance(target_column, str):
         raise TypeError(f"{caller}: target_column must be a string; got {target_column!r}.")
@@ -523,9 +522,7 @@ def pandas_input_fn(
     labels: np.ndarray | dict[Any, np.ndarray] | None = None
     if y is not None:
         if not isinstance(y, (pd.Series, pd.DataFrame)):
-            raise TypeError(
-                f"{caller}: y must be a pandas Series, DataFrame or None; got {type(y).__name__}."
-            )
+            raise TypeError(f"{caller}: y must be a pandas Series, DataFrame or None; got {type(y).__name__}.")
         if not np.array_equal(x.index, y.index):
             raise ValueError(
                 f"{caller}: the indexes of x and y are mismatched; they must be equal row for "
@@ -605,7 +602,10 @@ class _DatasetBatches(_ResumableBatches):
     """A DataLoader over one map-style Dataset, positioned in batches handed to the consumer."""
 
     def __init__(
-        self, plan: _BatchPlan, dataset: Dataset, collate_fn: Callable[[list[Any]], Any],
+        self,
+        plan: _BatchPlan,
+        dataset: Dataset,
+        collate_fn: Callable[[list[Any]], Any],
         num_workers: int,
     ) -> None:
         super().__init__(plan)
@@ -659,21 +659,21 @@ def dataset_input_fn(
     """
     caller = "dataset_input_fn"
     options = _BatchOptions(
-        caller=caller, batch_size=batch_size, num_epochs=num_epochs, shuffle=shuffle,
-        seed=seed, drop_remainder=drop_remainder,
+        caller=caller,
+        batch_size=batch_size,
+        num_epochs=num_epochs,
+        shuffle=shuffle,
+        seed=seed,
+        drop_remainder=drop_remainder,
     )
-    if isinstance(dataset, IterableDataset) or not (
-        hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
-    ):
+    if isinstance(dataset, IterableDataset) or not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
         raise TypeError(
             f"{caller}: dataset must be a map-style Dataset (with __getitem__ and __len__); got "
             f"{type(dataset).__name__}. Return an iterable of batches from your own input_fn "
             f"for streaming data."
         )
     if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
-        raise ValueError(
-            f"{caller}: num_workers must be an integer >= 0; received {num_workers!r}."
-        )
+        raise ValueError(f"{caller}: num_workers must be an integer >= 0; received {num_workers!r}.")
     num_examples = len(dataset)
     if num_examples == 0:
         raise ValueError(f"{caller}: the dataset is empty (len 0); nothing to iterate.")

@@ -62,6 +62,7 @@ strings stay numpy object arrays (torch has no string tensors).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import weakref
 from collections.abc import Mapping, Sequence
@@ -104,8 +105,15 @@ _KIND_OF_DTYPE = {"int64": INT64, "float32": FLOAT, "string": BYTES}
 _NUMPY_DTYPE = {"int64": np.dtype(np.int64), "float32": np.dtype(np.float32), "string": np.dtype(object)}
 _TF_TYPE_NAME = {"int64": "int64", "float32": "float", "string": "string"}  # as TF's messages spell them
 _LIST_NAME = {INT64: "int64_list", FLOAT: "float_list", BYTES: "bytes_list"}
-_DTYPE_ALIASES = {"int64": "int64", "float32": "float32", "float": "float32", "string": "string",
-                  "bytes": "string", "str": "string", "object": "string"}
+_DTYPE_ALIASES = {
+    "int64": "int64",
+    "float32": "float32",
+    "float": "float32",
+    "string": "string",
+    "bytes": "string",
+    "str": "string",
+    "object": "string",
+}
 
 
 def _normalize_dtype(dtype: Any, spec: str) -> str:
@@ -125,7 +133,8 @@ def _normalize_dtype(dtype: Any, spec: str) -> str:
         raise ValueError(
             f"{spec}: unsupported dtype {dtype!r}. Value for attr 'Tdense' of {name} is not in the list of allowed "
             f"values: float, int64, string. tf.train.Example stores only int64, float32 and bytes; parse as one of "
-            f"those and cast afterwards (e.g. array.astype(np.int32)).")
+            f"those and cast afterwards (e.g. array.astype(np.int32))."
+        )
     return normalized
 
 
@@ -138,8 +147,10 @@ def _normalize_shape(shape: Any, spec: str) -> tuple[int, ...]:
         raise TypeError(f"{spec}: shape must be a list of ints such as [] or [3]; received {shape!r}.") from None
     for dim in dims:
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 0:
-            raise ValueError(f"{spec}: shape {list(shape)!r} must hold non-negative ints (no None: for lists of "
-                             f"varying length use VarLenFeature, RaggedFeature or FixedLenSequenceFeature).")
+            raise ValueError(
+                f"{spec}: shape {list(shape)!r} must hold non-negative ints (no None: for lists of "
+                f"varying length use VarLenFeature, RaggedFeature or FixedLenSequenceFeature)."
+            )
     return tuple(int(dim) for dim in dims)
 
 
@@ -187,8 +198,10 @@ class FixedLenFeature:
         if self.default_value is not None:
             default = _as_array(self.default_value, self.dtype, "FixedLenFeature")
             if default.size != math.prod(self.shape):
-                raise ValueError(f"FixedLenFeature: default_value has {default.size} values but shape "
-                                 f"{_shape_string(self.shape)} needs {math.prod(self.shape)}.")
+                raise ValueError(
+                    f"FixedLenFeature: default_value has {default.size} values but shape "
+                    f"{_shape_string(self.shape)} needs {math.prod(self.shape)}."
+                )
             # TF's parsers take a default of no elements for no default (`NumElements() == 0`): required.
             default = default.reshape(-1) if default.size else None
         object.__setattr__(self, "_default", default)
@@ -225,8 +238,10 @@ class FixedLenSequenceFeature:
         if self.default_value is not None:
             pad = _as_array(self.default_value, self.dtype, "FixedLenSequenceFeature")
             if pad.size != 1:
-                raise ValueError(f"FixedLenSequenceFeature: default_value pads rows and must be a scalar; "
-                                 f"received {self.default_value!r}.")
+                raise ValueError(
+                    f"FixedLenSequenceFeature: default_value pads rows and must be a scalar; "
+                    f"received {self.default_value!r}."
+                )
         object.__setattr__(self, "_pad", pad.reshape(()))
 
 
@@ -246,13 +261,16 @@ class RaggedFeature:
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", _normalize_dtype(self.dtype, "RaggedFeature"))
         if self.partitions:
-            raise ValueError("RaggedFeature: partitions are not supported; only the plain case (values of one "
-                             "feature, split by record or frame) is. Build inner dimensions from row lengths "
-                             "parsed as separate features.")
+            raise ValueError(
+                "RaggedFeature: partitions are not supported; only the plain case (values of one "
+                "feature, split by record or frame) is. Build inner dimensions from row lengths "
+                "parsed as separate features."
+            )
         splits = str(self.row_splits_dtype).removeprefix("torch.")
         if splits not in ("int32", "int64"):
-            raise ValueError(f"RaggedFeature: row_splits_dtype must be int32 or int64; received "
-                             f"{self.row_splits_dtype!r}.")
+            raise ValueError(
+                f"RaggedFeature: row_splits_dtype must be int32 or int64; received {self.row_splits_dtype!r}."
+            )
         object.__setattr__(self, "row_splits_dtype", splits)
 
 
@@ -289,7 +307,7 @@ class RaggedValue(NamedTuple):
 
     def to_list(self) -> list:
         splits = [int(split) for split in self.row_splits]
-        return [self.values[start:stop] for start, stop in zip(splits[:-1], splits[1:])]
+        return [self.values[start:stop] for start, stop in itertools.pairwise(splits)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -323,7 +341,8 @@ def _mismatch(key: str, where: str, found: int, dtype: str) -> ValueError:
     return ValueError(
         f"Key: {key}, {where}.  Data types don't match. Data type: {KIND_NAMES[found]} but expected type: "
         f"{_TF_TYPE_NAME[dtype]}. The record holds a {_LIST_NAME[found]} there; declare the feature with the "
-        f"matching dtype or fix the writer.")
+        f"matching dtype or fix the writer."
+    )
 
 
 class _Column:
@@ -335,8 +354,7 @@ class _Column:
     string work.
     """
 
-    def __init__(self, name: str, spec: Any, count: int, key: str | None = None,
-                 location: str = "record {}") -> None:
+    def __init__(self, name: str, spec: Any, count: int, key: str | None = None, location: str = "record {}") -> None:
         self.name, self.spec, self.count, self.location = name, spec, count, location
         self.key = key or name
         self.dtype = spec.dtype
@@ -405,7 +423,8 @@ class _FixedLenColumn(_Column):
                 f"Key: {self.key}, {self.location.format(index)}.  Can't parse serialized Example: "
                 f"{_count_phrase(self.kind)} FixedLenFeature shape {_shape_string(self.spec.shape)} needs "
                 f"{self.size} values, the record has {len(values)}. Fix the shape, or parse lists of varying "
-                f"length with VarLenFeature or RaggedFeature.")
+                f"length with VarLenFeature or RaggedFeature."
+            )
         self.append_values(values)
 
     def append_values(self, values: Any) -> None:
@@ -416,19 +435,23 @@ class _FixedLenColumn(_Column):
 
     def default(self, index: int) -> np.ndarray:
         if self.spec._default is None:
-            advice = ("Give its FixedLenFeature a default_value, or parse it with VarLenFeature, to accept "
-                      "records without it." if self.size else
-                      "Its shape has no elements, so no default_value can stand in (TensorFlow takes [] for no "
-                      "default): parse it with VarLenFeature to accept records without it.")
+            advice = (
+                "Give its FixedLenFeature a default_value, or parse it with VarLenFeature, to accept "
+                "records without it."
+                if self.size
+                else "Its shape has no elements, so no default_value can stand in (TensorFlow takes [] for no "
+                "default): parse it with VarLenFeature to accept records without it."
+            )
             raise ValueError(
                 f"Feature: {self.key} (data type: {_TF_TYPE_NAME[self.dtype]}) is required but could not be "
-                f"found ({self.location.format(index)}). {advice}")
+                f"found ({self.location.format(index)}). {advice}"
+            )
         return self.spec._default
 
     def result(self, single: bool) -> np.ndarray:
         if self.kind == FLOAT and self.size:
             rows = np.frombuffer(b"".join(self.parts), np.uint8).reshape(self.count, len(self.packed))
-            payload = np.array(rows[:, len(self.packed) - 4 * self.size:])  # a contiguous, writable copy
+            payload = np.array(rows[:, len(self.packed) - 4 * self.size :])  # a contiguous, writable copy
             values = payload.view("<f4").astype(np.float32, copy=False)
         elif self.kind == FLOAT:
             values = np.empty(0, np.float32)
@@ -443,23 +466,29 @@ class _ContextFixedLenColumn(_FixedLenColumn):
     the count checked against the most values a record has (at least the default's size), in its words."""
 
     def add_checked(self, index: int, feature) -> None:
-        values = [] if feature is not None and feature.WhichOneof("kind") is None else self.checked_values(
-            index, feature)
+        values = (
+            [] if feature is not None and feature.WhichOneof("kind") is None else self.checked_values(index, feature)
+        )
         found = 0 if values is None else len(values)
         most = max(found, self.size) if self.spec._default is not None else found
         where, shape = self.location.format(index), _shape_string(self.spec.shape)
         if most != self.size:
-            lacks = ("the context lacks it, or holds a Feature() with no list, and its FixedLenFeature has no "
-                     "default_value" if not found else f"the context holds {found} values")
+            lacks = (
+                "the context lacks it, or holds a Feature() with no list, and its FixedLenFeature has no default_value"
+                if not found
+                else f"the context holds {found} values"
+            )
             raise ValueError(
                 f"Key: {self.key}, {where}.  Inconsistent max number of elements for feature {self.key}: expected "
-                f"{self.size}, but found {most} ({lacks}; shape {shape} needs {self.size}).")
+                f"{self.size}, but found {most} ({lacks}; shape {shape} needs {self.size})."
+            )
         if values is None:
             values = self.default(index)
         elif found != self.size:
             raise ValueError(
                 f"Key: {self.key}, {where}.  Unexpected number of elements in example: the context holds {found} "
-                f"values (a Feature() with no list holds none), shape {shape} needs {self.size}.")
+                f"values (a Feature() with no list holds none), shape {shape} needs {self.size}."
+            )
         self.append_values(values)
 
 
@@ -473,8 +502,7 @@ def _count_phrase(kind: int) -> str:
 class _VarLenColumn(_Column):
     """Any number of values per record: the values of all records, and each record's count."""
 
-    def __init__(self, name: str, spec: Any, count: int, key: str | None = None,
-                 location: str = "record {}") -> None:
+    def __init__(self, name: str, spec: Any, count: int, key: str | None = None, location: str = "record {}") -> None:
         super().__init__(name, spec, count, key, location)
         self.counts: list[int] = []
 
@@ -530,7 +558,8 @@ class _SequenceColumn(_VarLenColumn):
             raise ValueError(
                 f"Key: {self.key}, {self.location.format(index)}.  Number of {KIND_NAMES[self.kind]} values is not "
                 f"a multiple of stride length. Saw {length} values but output shape is: {_shape_string([None, *self.spec.shape])}. "
-                f"Each row needs {self.row_size} values.")
+                f"Each row needs {self.row_size} values."
+            )
 
     def result(self, single: bool) -> np.ndarray:
         return _sequence_value(_values_array(self.parts, self.dtype), self.lengths(), self.spec, single)
@@ -555,8 +584,9 @@ def _parsed_sparse(indices: np.ndarray, values: np.ndarray, dense_shape: np.ndar
 
 def _sparse_value(values: np.ndarray, lengths: np.ndarray, single: bool) -> SparseValue:
     if single:
-        return _parsed_sparse(np.arange(len(values), dtype=np.int64).reshape(1, -1), values,
-                              np.array([len(values)], np.int64))
+        return _parsed_sparse(
+            np.arange(len(values), dtype=np.int64).reshape(1, -1), values, np.array([len(values)], np.int64)
+        )
     count = len(lengths)
     indices = np.empty((2, len(values)), np.int64)  # the layout the C pass writes: records, then positions
     indices[0] = np.repeat(np.arange(count, dtype=np.int64), lengths)
@@ -571,8 +601,7 @@ def _ragged_value(values: np.ndarray, lengths: np.ndarray, spec: RaggedFeature, 
     return RaggedValue(values, np.concatenate([[0], np.cumsum(lengths)]).astype(spec.row_splits_dtype))
 
 
-def _sequence_value(values: np.ndarray, lengths: np.ndarray, spec: FixedLenSequenceFeature,
-                    single: bool) -> np.ndarray:
+def _sequence_value(values: np.ndarray, lengths: np.ndarray, spec: FixedLenSequenceFeature, single: bool) -> np.ndarray:
     if single:
         return values.reshape(-1, *spec.shape)
     count, row_size = len(lengths), math.prod(spec.shape)
@@ -581,7 +610,7 @@ def _sequence_value(values: np.ndarray, lengths: np.ndarray, spec: FixedLenSeque
     out = np.full((count, width, row_size), spec._pad, _NUMPY_DTYPE[spec.dtype])
     starts = np.cumsum(lengths) - lengths
     for index in np.flatnonzero(rows):
-        out[index, : rows[index]] = values[starts[index]: starts[index] + lengths[index]].reshape(-1, row_size)
+        out[index, : rows[index]] = values[starts[index] : starts[index] + lengths[index]].reshape(-1, row_size)
     return out.reshape(count, width, *spec.shape)
 
 
@@ -599,12 +628,17 @@ def _example_columns(features: Mapping[str, Any], count: int, what: str) -> list
             columns.append(_RaggedColumn(name, spec, count))
         elif isinstance(spec, FixedLenSequenceFeature) and what == "features":
             if not spec.allow_missing:
-                raise ValueError(f"Feature {name!r}: Unsupported: FixedLenSequenceFeature requires allow_missing "
-                                 f"to be True. (as in TensorFlow when parsing Examples)")
+                raise ValueError(
+                    f"Feature {name!r}: Unsupported: FixedLenSequenceFeature requires allow_missing "
+                    f"to be True. (as in TensorFlow when parsing Examples)"
+                )
             columns.append(_SequenceColumn(name, spec, count))
         else:
-            allowed = ("FixedLenFeature, VarLenFeature, FixedLenSequenceFeature or RaggedFeature"
-                       if what == "features" else "FixedLenFeature, VarLenFeature or RaggedFeature")
+            allowed = (
+                "FixedLenFeature, VarLenFeature, FixedLenSequenceFeature or RaggedFeature"
+                if what == "features"
+                else "FixedLenFeature, VarLenFeature or RaggedFeature"
+            )
             raise TypeError(f"{what}[{name!r}] must be a {allowed}; received {type(spec).__name__}.")
     return columns
 
@@ -622,8 +656,7 @@ def _parse_records(serialized: Sequence[bytes], features: Mapping[str, Any], sin
     return parsed if parsed is not None else _parse_records_python(serialized, features, single)
 
 
-def _parse_records_python(serialized: Sequence[bytes], features: Mapping[str, Any],
-                          single: bool) -> dict[str, Any]:
+def _parse_records_python(serialized: Sequence[bytes], features: Mapping[str, Any], single: bool) -> dict[str, Any]:
     """The pure-Python parser: the reference for results and the only place errors are worded."""
     columns = _example_columns(features, len(serialized), "features")
     source = RecordSource()
@@ -636,10 +669,10 @@ def _parse_records_python(serialized: Sequence[bytes], features: Mapping[str, An
         source.record = record
         try:
             feature_map = parse(record).features.feature
-        except Exception:  # noqa: BLE001 - re-parsed below for a precise error
+        except Exception:
             _raise_record_error(record, index)
         for add, key in lookups:
-            add(index, feature_map[key] if key in feature_map else None)
+            add(index, feature_map[key] if key in feature_map else None)  # noqa: SIM401 (a protobuf map)
     return {column.name: column.result(single) for column in columns}
 
 
@@ -649,7 +682,8 @@ def _raise_record_error(record: Any, index: int) -> None:
     except ExampleDecodeError as error:
         raise ExampleDecodeError(
             f"Could not parse example input, value: {_preview(record)} (record {index}: {error}). "
-            f"Is this a tf.train.Example (and not a SequenceExample or a TFRecord frame)?") from None
+            f"Is this a tf.train.Example (and not a SequenceExample or a TFRecord frame)?"
+        ) from None
     except TypeError as error:
         raise TypeError(f"record {index}: {error}") from None
     raise AssertionError("a record failed to parse once and parsed the second time")
@@ -672,8 +706,9 @@ def parse_example(serialized: Sequence[bytes], features: Mapping[str, FeatureSpe
     once. Errors name the feature and the record's index in the batch.
     """
     if isinstance(serialized, (bytes, bytearray)):
-        raise TypeError("parse_example takes a batch (a list of serialized records); for one record use "
-                        "parse_single_example.")
+        raise TypeError(
+            "parse_example takes a batch (a list of serialized records); for one record use parse_single_example."
+        )
     return _parse_records(list(serialized), features, single=False)
 
 
@@ -691,13 +726,15 @@ def _frame_array(name: str, spec: FixedLenSequenceFeature, frames, where: str) -
         if found is not None and found != kind:
             raise ValueError(
                 f"Feature list: {name}, Index: {frame_index} ({where}).  Data types don't match. Data type: "
-                f"{KIND_NAMES[found]} but expected type: {_TF_TYPE_NAME[spec.dtype]}.")
+                f"{KIND_NAMES[found]} but expected type: {_TF_TYPE_NAME[spec.dtype]}."
+            )
         if len(values) != size:
             raise ValueError(
                 f"Key: {name}, Index: {frame_index} ({where}).  Number of values != expected.  values size: "
                 f"{len(values)} but output shape: {_shape_string(spec.shape)}. Every frame of a "
                 f"FixedLenSequenceFeature needs {size} values; use VarLenFeature or RaggedFeature for frames "
-                f"of varying length.")
+                f"of varying length."
+            )
         out[frame_index] = values
     return out.reshape(len(frames), *spec.shape)
 
@@ -709,11 +746,14 @@ def _parse_feature_list(name: str, spec: Any, feature_list, where: str) -> Any:
             raise ValueError(
                 f"Feature list '{name}' is required but could not be found ({where}).  Did you mean to include it "
                 f"in feature_list_dense_missing_assumed_empty or feature_list_dense_defaults? Pass "
-                f"allow_missing=True to its FixedLenSequenceFeature to accept records without it.")
+                f"allow_missing=True to its FixedLenSequenceFeature to accept records without it."
+            )
         return _frame_array(name, spec, frames, where)
     if not isinstance(spec, (VarLenFeature, RaggedFeature)):
-        raise TypeError(f"sequence_features[{name!r}] must be a FixedLenSequenceFeature, VarLenFeature or "
-                        f"RaggedFeature; received {type(spec).__name__}.")
+        raise TypeError(
+            f"sequence_features[{name!r}] must be a FixedLenSequenceFeature, VarLenFeature or "
+            f"RaggedFeature; received {type(spec).__name__}."
+        )
     column_class = _RaggedColumn if isinstance(spec, RaggedFeature) else _VarLenColumn
     column = column_class(name, spec, len(frames), location=f"{where}, frame {{}}")
     for frame_index, frame in enumerate(frames):
@@ -723,9 +763,11 @@ def _parse_feature_list(name: str, spec: Any, feature_list, where: str) -> Any:
     return column.sparse(single=False)
 
 
-def parse_single_sequence_example(serialized: bytes, context_features: Mapping[str, FeatureSpec] | None = None,
-                                  sequence_features: Mapping[str, FeatureSpec] | None = None,
-                                  ) -> tuple[dict[str, Any], dict[str, Any]]:
+def parse_single_sequence_example(
+    serialized: bytes,
+    context_features: Mapping[str, FeatureSpec] | None = None,
+    sequence_features: Mapping[str, FeatureSpec] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Parse one serialized tf.train.SequenceExample (`tf.io.parse_single_sequence_example`).
 
     `context_features` take FixedLenFeature, VarLenFeature or RaggedFeature, as
@@ -739,22 +781,25 @@ def parse_single_sequence_example(serialized: bytes, context_features: Mapping[s
     try:
         message = parse_sequence_example_proto(serialized)
     except ExampleDecodeError as error:
-        raise ExampleDecodeError(f"Could not parse sequence example input, value: {_preview(serialized)} "
-                                 f"({where}: {error}).") from None
+        raise ExampleDecodeError(
+            f"Could not parse sequence example input, value: {_preview(serialized)} ({where}: {error})."
+        ) from None
     context_columns = _example_columns(context_features or {}, 1, "context_features")
     context_map = message.context.feature
     for column in context_columns:
-        column.add(0, context_map[column.key] if column.key in context_map else None)
+        column.add(0, context_map[column.key] if column.key in context_map else None)  # noqa: SIM401 (protobuf)
     context = {column.name: column.result(single=True) for column in context_columns}
 
     if not isinstance(sequence_features or {}, Mapping):
-        raise TypeError(f"sequence_features must be a dict of feature name to spec; received "
-                        f"{type(sequence_features).__name__}.")
+        raise TypeError(
+            f"sequence_features must be a dict of feature name to spec; received {type(sequence_features).__name__}."
+        )
     lists = message.feature_lists.feature_list
     sequences = {}
     for name, spec in (sequence_features or {}).items():
         key = spec.value_key or name if isinstance(spec, RaggedFeature) else name
-        sequences[name] = _parse_feature_list(key, spec, lists[key] if key in lists else None, where)
+        feature_list = lists[key] if key in lists else None  # noqa: SIM401 (a protobuf map: get() adds the key)
+        sequences[name] = _parse_feature_list(key, spec, feature_list, where)
     return context, sequences
 
 
@@ -772,8 +817,13 @@ def _sparse_tensor(torch: Any, value: SparseValue) -> Any:
     reference = _parsed_indices.get(id(value.indices))
     if reference is not None and reference() is value.indices:
         # A parser's: in bounds, sorted, unique; torch's checks cost tens of us a batch (ms with OpenMP threads).
-        return torch.sparse_coo_tensor(torch.from_numpy(value.indices.T), _tensor(torch, value.values), shape,
-                                       check_invariants=False, is_coalesced=True)
+        return torch.sparse_coo_tensor(
+            torch.from_numpy(value.indices.T),
+            _tensor(torch, value.values),
+            shape,
+            check_invariants=False,
+            is_coalesced=True,
+        )
     indices = torch.from_numpy(np.ascontiguousarray(value.indices.T, dtype=np.int64))
     return torch.sparse_coo_tensor(indices, torch.from_numpy(np.array(value.values)), shape, check_invariants=True)
 
@@ -787,10 +837,12 @@ def _to_torch_value(value: Any, torch: Any) -> Any:
     if isinstance(value, SparseValue):
         return value if value.values.dtype == object else _sparse_tensor(torch, value)
     if isinstance(value, RaggedValue):
-        if getattr(value.values, "dtype", None) == object:
+        if getattr(value.values, "dtype", None) == object:  # noqa: E721 (a numpy dtype, not a type)
             return value
-        return RaggedValue(_tensor(torch, np.ascontiguousarray(value.values)),  # a parse's: no copy
-                           _tensor(torch, np.ascontiguousarray(value.row_splits)))
+        return RaggedValue(
+            _tensor(torch, np.ascontiguousarray(value.values)),  # a parse's: no copy
+            _tensor(torch, np.ascontiguousarray(value.row_splits)),
+        )
     if isinstance(value, np.ndarray) and value.dtype != object:
         return _tensor(torch, value)
     if isinstance(value, tuple):

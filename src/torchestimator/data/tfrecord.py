@@ -182,8 +182,10 @@ class ReadStats:
         text = f"{self.records} records ({self.bytes} bytes) from {self.files} files"
         if self.skipped_files:
             first = self.errors[0]
-            text += (f"; skipped the rest of {self.skipped_files} damaged files "
-                     f"(first: {first.path} at offset {first.offset})")
+            text += (
+                f"; skipped the rest of {self.skipped_files} damaged files "
+                f"(first: {first.path} at offset {first.offset})"
+            )
         return text
 
 
@@ -237,16 +239,14 @@ def list_files(files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]])
     elif isinstance(files, Iterable) and not isinstance(files, (bytes, bytearray)):
         entries = list(files)
     else:
-        raise TypeError(
-            f"files must be a path, a glob pattern, or a list of them; received "
-            f"{type(files).__name__}."
-        )
+        raise TypeError(f"files must be a path, a glob pattern, or a list of them; received {type(files).__name__}.")
     if not entries:
         raise ValueError("files is an empty list; pass at least one path or glob pattern.")
     for entry in entries:
         if not isinstance(entry, (str, os.PathLike)):
-            raise TypeError(f"every entry of files must be a str or os.PathLike; received "
-                            f"{type(entry).__name__} ({entry!r}).")
+            raise TypeError(
+                f"every entry of files must be a str or os.PathLike; received {type(entry).__name__} ({entry!r})."
+            )
     return [path for entry in entries for path in _expand(os.fspath(entry))]
 
 
@@ -257,12 +257,14 @@ def _expand(pattern: str) -> list[str]:
     if glob.has_magic(pattern):
         matches = sorted(path for path in glob.glob(pattern) if not os.path.isdir(path))
         if not matches:
-            raise FileNotFoundError(f"No files matched pattern {pattern!r}. Check the directory "
-                                    f"and the pattern (globs use *, ? and [...]).")
+            raise FileNotFoundError(
+                f"No files matched pattern {pattern!r}. Check the directory and the pattern (globs use *, ? and [...])."
+            )
         return matches
     if os.path.isdir(pattern):
-        raise ValueError(f"{pattern!r} is a directory; pass the files in it, e.g. "
-                         f"{os.path.join(pattern, '*.tfrecord')!r}.")
+        raise ValueError(
+            f"{pattern!r} is a directory; pass the files in it, e.g. {os.path.join(pattern, '*.tfrecord')!r}."
+        )
     if not os.path.exists(pattern):
         raise FileNotFoundError(f"TFRecord file {pattern!r} does not exist.")
     return [pattern]
@@ -313,9 +315,11 @@ class TFRecordWriter:
         self._compressor: Any = None
         if self.compression is not None:
             self._compressor = zlib.compressobj(
-                _COMPRESSION_LEVEL, zlib.DEFLATED, _WINDOW_BITS[self.compression], _MEMORY_LEVEL)
-        self._file: Any = (_remote_files.open_for_writing(self.path) if is_url(self.path)
-                           else open(local_path(self.path), "wb"))  # noqa: SIM115 (closed in close())
+                _COMPRESSION_LEVEL, zlib.DEFLATED, _WINDOW_BITS[self.compression], _MEMORY_LEVEL
+            )
+        self._file: Any = (
+            _remote_files.open_for_writing(self.path) if is_url(self.path) else open(local_path(self.path), "wb")  # noqa: SIM115
+        )
         self._pending: list[bytes] = []
         self._pending_size = 0
 
@@ -409,8 +413,7 @@ class _InflateStream:
                 self._inflater = zlib.decompressobj(self._window_bits)
             out = self._inflater.decompress(self._input, size - have)
             self._fed = True
-            self._input = (self._inflater.unused_data if self._inflater.eof
-                           else self._inflater.unconsumed_tail)
+            self._input = self._inflater.unused_data if self._inflater.eof else self._inflater.unconsumed_tail
             if out:
                 parts.append(out)
                 have += len(out)
@@ -444,16 +447,20 @@ def _skip_to(stream: Any, path: str, start_offset: int, compression: str | None)
     if compression is None:
         size = _raw_size(stream)
         if start_offset > size:
-            raise ValueError(f"start_offset {start_offset} is past the end of {path} ({size} "
-                             f"bytes); pass an offset saved from reading this file.")
+            raise ValueError(
+                f"start_offset {start_offset} is past the end of {path} ({size} "
+                f"bytes); pass an offset saved from reading this file."
+            )
         stream.seek(start_offset)
         return
     remaining = start_offset
     while remaining:
         skipped = len(_read_more(stream, min(remaining, _BLOCK_SIZE), path, start_offset - remaining))
         if not skipped:
-            raise ValueError(f"start_offset {start_offset} is past the end of the uncompressed "
-                             f"stream of {path} ({start_offset - remaining} bytes).")
+            raise ValueError(
+                f"start_offset {start_offset} is past the end of the uncompressed "
+                f"stream of {path} ({start_offset - remaining} bytes)."
+            )
         remaining -= skipped
 
 
@@ -464,8 +471,7 @@ class _LengthGuard:
     with `limit` itself (one integer compare per record).
     """
 
-    def __init__(self, stream: Any, raw: BinaryIO, path: str, compressed: bool, limit: int,
-                 verify: bool) -> None:
+    def __init__(self, stream: Any, raw: BinaryIO, path: str, compressed: bool, limit: int, verify: bool) -> None:
         self._stream, self._raw, self._path = stream, raw, path
         self._compressed, self._verify = compressed, verify
         self.limit = limit
@@ -492,9 +498,12 @@ class _LengthGuard:
         if self._size is not None and (self._size < 0 or offset + need > self._size):
             self._size = self._file_size()  # first use, or the file may have grown since
         if self._size is not None and offset + need > self._size:
-            raise _data_loss("truncated", self._path, offset,
-                             f"it declares {length} bytes of data but the file ends "
-                             f"{self._size - offset} bytes into the record")
+            raise _data_loss(
+                "truncated",
+                self._path,
+                offset,
+                f"it declares {length} bytes of data but the file ends {self._size - offset} bytes into the record",
+            )
         if length > self.limit:
             raise _too_large(self._path, offset, length, self.limit, present=self._size is not None)
         return missing if self._size is not None else min(missing, _MAX_READ_SIZE)
@@ -504,7 +513,7 @@ class _LengthGuard:
         there (and its CRC), then rewinds the stream so the record is read for real."""
         stream, verify = self._stream, self._verify
         mark = stream.mark()
-        data = buffer[position + _HEADER_SIZE:]  # at most about a block: the record is not read yet
+        data = buffer[position + _HEADER_SIZE :]  # at most about a block: the record is not read yet
         crc = _crc32c(data) if verify else 0
         have = len(data)
         while have < length:
@@ -520,14 +529,24 @@ class _LengthGuard:
     def _probe_read(self, size: int, offset: int, length: int, have: int) -> bytes:
         chunk = _read_more(self._stream, size, self._path, offset, cut_is_end=True)
         if len(chunk) < size:
-            raise _data_loss("truncated", self._path, offset,
-                             f"it declares {length} bytes of data but the decompressed stream ends "
-                             f"{_HEADER_SIZE + have + len(chunk)} bytes into the record")
+            raise _data_loss(
+                "truncated",
+                self._path,
+                offset,
+                f"it declares {length} bytes of data but the decompressed stream ends "
+                f"{_HEADER_SIZE + have + len(chunk)} bytes into the record",
+            )
         return chunk
 
 
 def _file_blocks(
-    path: str, raw: Any, compression: str | None, start_offset: int, verify: bool, strict: bool, block_size: int,
+    path: str,
+    raw: Any,
+    compression: str | None,
+    start_offset: int,
+    verify: bool,
+    strict: bool,
+    block_size: int,
     max_record_size: int,
 ) -> Iterator[tuple[list[int], list[bytes]]]:
     """`raw`: the file already opened (a URL's RemoteFile opened ahead of its turn), else None."""
@@ -565,7 +584,13 @@ def describe_reader() -> str:
 
 
 def _scan(
-    stream: Any, path: str, offset: int, verify: bool, strict: bool, block_size: int, guard: _LengthGuard,
+    stream: Any,
+    path: str,
+    offset: int,
+    verify: bool,
+    strict: bool,
+    block_size: int,
+    guard: _LengthGuard,
 ) -> Iterator[tuple[list[int], list[bytes]]]:
     """The hot loop (`_tfrecord_scan`): `_scan_compiled` where the compiled core is loaded, else
     `_scan_python`. Both read the same sizes, consult the guard for the same records and report
@@ -596,8 +621,10 @@ def _check_options(options: dict[str, Any], caller: str) -> None:
     # **options would pass start_offset or block_size through unnoticed; refuse them as a signature would.
     unknown = sorted(set(options) - ReadOptions.__optional_keys__)
     if unknown:
-        raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}; its options are "
-                        f"{sorted(ReadOptions.__optional_keys__)}.")
+        raise TypeError(
+            f"{caller}() got an unexpected keyword argument {unknown[0]!r}; its options are "
+            f"{sorted(ReadOptions.__optional_keys__)}."
+        )
 
 
 def iter_record_blocks(
@@ -618,22 +645,41 @@ def iter_record_blocks(
     step per record. Every good record before damage is handed out before
     DataLossError is raised (or, with skip_corrupt, before the file is cut short).
     """
-    yield from _record_blocks(os.fspath(path), None, compression, start_offset=start_offset,
-                              skip_corrupt=skip_corrupt, verify=verify, strict=strict, stats=stats,
-                              block_size=block_size, max_record_size=max_record_size)
+    yield from _record_blocks(
+        os.fspath(path),
+        None,
+        compression,
+        start_offset=start_offset,
+        skip_corrupt=skip_corrupt,
+        verify=verify,
+        strict=strict,
+        stats=stats,
+        block_size=block_size,
+        max_record_size=max_record_size,
+    )
 
 
 def _record_blocks(
-    path: str, raw: Any, compression: str | None, *, start_offset: int, skip_corrupt: bool, verify: bool,
-    strict: bool, stats: ReadStats | None, block_size: int, max_record_size: int,
+    path: str,
+    raw: Any,
+    compression: str | None,
+    *,
+    start_offset: int,
+    skip_corrupt: bool,
+    verify: bool,
+    strict: bool,
+    stats: ReadStats | None,
+    block_size: int,
+    max_record_size: int,
 ) -> Iterator[tuple[list[int], list[bytes]]]:
     """`iter_record_blocks`, reading `raw` when it is given: a URL's `RemoteFile` that TFRecordDataset
     opened (and started fetching) while the file before it was read."""
     stats = stats if stats is not None else ReadStats()
     stats.files += 1
     try:
-        for offsets, records in _file_blocks(path, raw, compression, start_offset, verify, strict, block_size,
-                                             max_record_size):
+        for offsets, records in _file_blocks(
+            path, raw, compression, start_offset, verify, strict, block_size, max_record_size
+        ):
             stats.records += len(records)
             stats.bytes += sum(map(len, records))
             yield offsets, records
@@ -642,12 +688,16 @@ def _record_blocks(
             raise
         stats.skipped_files += 1
         stats.errors.append(error)
-        logger.warning("Skipping the rest of %s after damage at offset %d (skip_corrupt=True): %s",
-                       error.path, error.offset, error)
+        logger.warning(
+            "Skipping the rest of %s after damage at offset %d (skip_corrupt=True): %s", error.path, error.offset, error
+        )
 
 
 def iter_records(
-    path: str | os.PathLike[str], compression: str | None = None, *, start_offset: int = 0,
+    path: str | os.PathLike[str],
+    compression: str | None = None,
+    *,
+    start_offset: int = 0,
     **options: Unpack[ReadOptions],
 ) -> Iterator[tuple[int, bytes]]:
     """`(offset, record)` for each record of one file; the next record starts at
@@ -662,7 +712,8 @@ def iter_records(
 
 
 def read_records(
-    files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], compression: str | None = None,
+    files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    compression: str | None = None,
     **options: Unpack[ReadOptions],
 ) -> Iterator[bytes]:
     """Every record of every file (a path, glob, or list; see `list_files`), in order.

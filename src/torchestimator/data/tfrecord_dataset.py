@@ -134,8 +134,8 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, get_w
 
 from torchestimator.data._dataset_records import _EpochRecords, _Plan
 from torchestimator.data._dataset_shuffle import _ShuffleBuffer, position_from_tag, position_to_json
-from torchestimator.data.parsing import parse_example, parse_single_example, to_torch
 from torchestimator.data.images import ImageDecoding
+from torchestimator.data.parsing import parse_example, parse_single_example, to_torch
 from torchestimator.data.tfrecord import DEFAULT_MAX_RECORD_SIZE, ReadStats, _normalize_compression, list_files
 from torchestimator.distribute.input_context import InputContext
 
@@ -217,8 +217,15 @@ class _ShardStream:
     computed per item, so tracking costs nothing until it is asked for.
     """
 
-    def __init__(self, plan: _Plan, output: _Output, shard: int, num_shards: int,
-                 start: Mapping[str, Any] | None, tagged: bool = False) -> None:
+    def __init__(
+        self,
+        plan: _Plan,
+        output: _Output,
+        shard: int,
+        num_shards: int,
+        start: Mapping[str, Any] | None,
+        tagged: bool = False,
+    ) -> None:
         self._plan, self._output, self._tagged = plan, output, tagged
         self._shard, self._num_shards = shard, num_shards
         self._start = dict(start) if start else None
@@ -274,8 +281,9 @@ class _ShardStream:
         saved_buffer = bool(start) and random_access and "buffer_files" in start
         reader_start = start["reader"] if saved_buffer else None
         self._reader = _EpochRecords(plan, files, modulus, remainder, reader_start, self.stats)
-        buffer = _ShuffleBuffer(self._reader, plan.shuffle_buffer_size, plan.shuffle_rng(self._epoch, shard),
-                                random_access)
+        buffer = _ShuffleBuffer(
+            self._reader, plan.shuffle_buffer_size, plan.shuffle_rng(self._epoch, shard), random_access
+        )
         if saved_buffer:
             buffer.restore(start, ReadStats())  # re-reads count apart: stats say what the epoch read
         elif start:  # no random access, or a position from before the buffer was saved: replay
@@ -304,8 +312,10 @@ class _ShardStream:
     def _batch_position_names(self, first: int) -> Callable[[int], str]:
         """Without (file, offset) refs: the shard, epoch and the record's place in its epoch."""
         shard, epoch = self._shard, self._epoch
-        return lambda index: (f"TFRecordDataset shard {shard}, epoch {epoch}: record {first + index} of the "
-                              f"shard's epoch (after the shuffle buffer)")
+        return lambda index: (
+            f"TFRecordDataset shard {shard}, epoch {epoch}: record {first + index} of the "
+            f"shard's epoch (after the shuffle buffer)"
+        )
 
     def _image_items(self) -> Iterator[Any]:
         """The items of an output with images=: the same records, each batch named for its errors."""
@@ -335,8 +345,7 @@ class _ShardStream:
                 yield output.batch(batch)
         elif self._buffer is not None:
             records = self._buffer.one_by_one()
-            yield from (records if output.parse_fn is None and output.features is None
-                        else map(output.item, records))
+            yield from (records if output.parse_fn is None and output.features is None else map(output.item, records))
         elif output.parse_fn is None and output.features is None:
             yield from self._reader
         else:
@@ -346,8 +355,9 @@ class _ShardStream:
 class _TaggedShards(IterableDataset):
     """What runs in each DataLoader worker: its shard's items tagged with (shard, position)."""
 
-    def __init__(self, plan: _Plan, output: _Output, starts: Mapping[int, Mapping[str, Any]],
-                 rotation: int, tagged: bool) -> None:
+    def __init__(
+        self, plan: _Plan, output: _Output, starts: Mapping[int, Mapping[str, Any]], rotation: int, tagged: bool
+    ) -> None:
         super().__init__()
         self._plan, self._output, self._starts = plan, output, dict(starts)
         self._rotation, self._tagged = rotation, tagged
@@ -357,8 +367,7 @@ class _TaggedShards(IterableDataset):
         worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
         shard = self._plan.rank * num_workers + (worker + self._rotation) % num_workers
         num_shards = self._plan.num_ranks * num_workers
-        stream = _ShardStream(self._plan, self._output, shard, num_shards, self._starts.get(shard),
-                              tagged=self._tagged)
+        stream = _ShardStream(self._plan, self._output, shard, num_shards, self._starts.get(shard), tagged=self._tagged)
         if not self._tagged:
             return iter(stream)
         return ((shard, stream.tag(), item) for item in stream)
@@ -398,9 +407,12 @@ class _Positions:
             if position is not None:
                 self.shards[shard] = position
         return {
-            "format": _FORMAT, "num_files": len(plan.files), "files_digest": self._files_digest,
+            "format": _FORMAT,
+            "num_files": len(plan.files),
+            "files_digest": self._files_digest,
             "num_ranks": plan.num_ranks,
-            "rank": plan.rank, "num_workers": self._num_workers,
+            "rank": plan.rank,
+            "num_workers": self._num_workers,
             "shard_mode": plan.mode(plan.num_ranks * self._num_workers),
             "next_worker_shard": self.next_worker_shard,
             "shards": {str(shard): position_to_json(position) for shard, position in sorted(self.shards.items())},
@@ -408,8 +420,9 @@ class _Positions:
 
     def load(self, state: Mapping[str, Any]) -> None:
         if not isinstance(state, Mapping) or state.get("format") != _FORMAT:
-            raise ValueError(f"This is not a TFRecordDataset position (expected format {_FORMAT!r}); "
-                             f"received {state!r:.200}.")
+            raise ValueError(
+                f"This is not a TFRecordDataset position (expected format {_FORMAT!r}); received {state!r:.200}."
+            )
         expected = self.state_dict()
         for key in ("num_files", "num_ranks", "rank", "num_workers", "shard_mode"):
             if state.get(key) != expected[key]:
@@ -431,8 +444,10 @@ class _Positions:
         if saved is None:
             if not _unchecked_logged:
                 _unchecked_logged = True
-                logger.info("TFRecordDataset: this position was saved without file identities (an earlier "
-                            "version), so resuming cannot check that its files are the ones it was saved over.")
+                logger.info(
+                    "TFRecordDataset: this position was saved without file identities (an earlier "
+                    "version), so resuming cannot check that its files are the ones it was saved over."
+                )
             return
         if saved != self._files_digest:
             names = [os.path.basename(path) for path in self._plan.files]
@@ -442,7 +457,8 @@ class _Positions:
                 f"{saved!r}; this input's {len(names)} files ({shown}) hash to {self._files_digest!r}: they "
                 f"were renamed, replaced or passed in another order, so the position's file indices would "
                 f"point into other files. Pass the files of the run that saved the position, in its order, "
-                f"or start the input afresh by not loading its position.")
+                f"or start the input afresh by not loading its position."
+            )
 
     def starts(self) -> tuple[dict[int, dict[str, Any]], int]:
         """Start positions and worker rotation for a new iteration (fresh unless just loaded)."""
@@ -455,51 +471,58 @@ class _Positions:
 # --------------------------------------------------------------------------- public classes
 
 
-def _resolve_ranks(num_shards: int | None, shard_index: int | None,
-                   input_context: InputContext | None) -> tuple[int, int]:
+def _resolve_ranks(
+    num_shards: int | None, shard_index: int | None, input_context: InputContext | None
+) -> tuple[int, int]:
     if input_context is not None:
         if num_shards is not None or shard_index is not None:
-            raise ValueError("Pass either input_context or num_shards/shard_index to TFRecordDataset, "
-                             "not both.")
+            raise ValueError("Pass either input_context or num_shards/shard_index to TFRecordDataset, not both.")
         return input_context.num_input_pipelines, input_context.input_pipeline_id
     if num_shards is None and shard_index is None:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             return torch.distributed.get_world_size(), torch.distributed.get_rank()
         return 1, 0
     if not (_is_int(num_shards, 1) and _is_int(shard_index, 0) and shard_index < num_shards):
-        raise ValueError(f"TFRecordDataset needs num_shards >= 1 and 0 <= shard_index < num_shards; "
-                         f"received num_shards={num_shards!r}, shard_index={shard_index!r}.")
+        raise ValueError(
+            f"TFRecordDataset needs num_shards >= 1 and 0 <= shard_index < num_shards; "
+            f"received num_shards={num_shards!r}, shard_index={shard_index!r}."
+        )
     return num_shards, shard_index
 
 
 def _check_options(options: Mapping[str, Any]) -> None:
-    for name, minimum in (("shuffle_buffer_size", 0), ("interleave_cycle_length", 1), ("seed", 0),
-                          ("max_record_size", 0)):
+    for name, minimum in (
+        ("shuffle_buffer_size", 0),
+        ("interleave_cycle_length", 1),
+        ("seed", 0),
+        ("max_record_size", 0),
+    ):
         if not _is_int(options[name], minimum):
-            raise ValueError(f"TFRecordDataset: {name} must be an integer >= {minimum}; "
-                             f"received {options[name]!r}.")
+            raise ValueError(f"TFRecordDataset: {name} must be an integer >= {minimum}; received {options[name]!r}.")
     for name in ("num_epochs", "batch_size"):
         if options[name] is not None and not _is_int(options[name], 1):
-            raise ValueError(f"TFRecordDataset: {name} must be None or an integer >= 1; "
-                             f"received {options[name]!r}.")
+            raise ValueError(f"TFRecordDataset: {name} must be None or an integer >= 1; received {options[name]!r}.")
     if options["shard_by"] not in ("auto", "file", "record"):
-        raise ValueError(f'TFRecordDataset: shard_by must be "auto", "file" or "record"; '
-                         f'received {options["shard_by"]!r}.')
+        raise ValueError(
+            f'TFRecordDataset: shard_by must be "auto", "file" or "record"; received {options["shard_by"]!r}.'
+        )
     for name in ("parse_fn", "collate_fn"):
         if options[name] is not None and not callable(options[name]):
-            raise TypeError(f"TFRecordDataset: {name} must be callable or None; received "
-                            f"{type(options[name]).__name__}.")
+            raise TypeError(
+                f"TFRecordDataset: {name} must be callable or None; received {type(options[name]).__name__}."
+            )
 
 
 def _checked_label_key(label_key: Any, features: Mapping[str, Any] | None) -> str | None:
     if label_key is None:
         return None
     if features is None:
-        raise ValueError("TFRecordDataset: label_key names one of features= to hand out as the label; "
-                         "pass features= too (with parse_fn/collate_fn, return (features, label) yourself).")
+        raise ValueError(
+            "TFRecordDataset: label_key names one of features= to hand out as the label; "
+            "pass features= too (with parse_fn/collate_fn, return (features, label) yourself)."
+        )
     if label_key not in features:
-        raise ValueError(f"TFRecordDataset: label_key {label_key!r} is not one of features= "
-                         f"({sorted(features)}).")
+        raise ValueError(f"TFRecordDataset: label_key {label_key!r} is not one of features= ({sorted(features)}).")
     return label_key
 
 
@@ -508,13 +531,18 @@ def _checked_features(features: Mapping[str, Any] | None, parse_fn: Any, collate
     if features is None:
         return None
     if parse_fn is not None or collate_fn is not None:
-        given = " and ".join(name for name, value in (("parse_fn", parse_fn), ("collate_fn", collate_fn))
-                             if value is not None)
-        raise ValueError(f"TFRecordDataset: features= parses the records itself, so it cannot be combined "
-                         f"with {given}; pass features alone, or parse_fn/collate_fn without features.")
+        given = " and ".join(
+            name for name, value in (("parse_fn", parse_fn), ("collate_fn", collate_fn)) if value is not None
+        )
+        raise ValueError(
+            f"TFRecordDataset: features= parses the records itself, so it cannot be combined "
+            f"with {given}; pass features alone, or parse_fn/collate_fn without features."
+        )
     if not isinstance(features, Mapping) or not features:
-        raise TypeError(f"TFRecordDataset: features must be a non-empty mapping of feature name to "
-                        f"FixedLenFeature/VarLenFeature/RaggedFeature...; received {features!r:.200}.")
+        raise TypeError(
+            f"TFRecordDataset: features must be a non-empty mapping of feature name to "
+            f"FixedLenFeature/VarLenFeature/RaggedFeature...; received {features!r:.200}."
+        )
     parse_example([], features)  # raises TypeError/ValueError naming the bad entry
     return dict(features)
 
@@ -524,21 +552,27 @@ def _checked_images(images: Any, features: Mapping[str, Any] | None) -> dict[str
     if images is None:
         return None
     if features is None:
-        raise ValueError("TFRecordDataset: images= decodes features that features= parses; pass features= too, "
-                         "with each image a FixedLenFeature([], \"string\").")
+        raise ValueError(
+            "TFRecordDataset: images= decodes features that features= parses; pass features= too, "
+            'with each image a FixedLenFeature([], "string").'
+        )
     if not isinstance(images, Mapping) or not images:
-        raise TypeError(f"TFRecordDataset: images must be a non-empty mapping of feature name to ImageDecoding; "
-                        f"received {images!r:.200}.")
+        raise TypeError(
+            f"TFRecordDataset: images must be a non-empty mapping of feature name to ImageDecoding; "
+            f"received {images!r:.200}."
+        )
     for name, decoding in images.items():
         if not isinstance(decoding, ImageDecoding):
-            raise TypeError(f"TFRecordDataset: images[{name!r}] must be an ImageDecoding; received "
-                            f"{type(decoding).__name__}.")
+            raise TypeError(
+                f"TFRecordDataset: images[{name!r}] must be an ImageDecoding; received {type(decoding).__name__}."
+            )
         feature = features.get(name)
-        if (type(feature).__name__ != "FixedLenFeature" or tuple(feature.shape) != ()
-                or feature.dtype != "string"):
-            raise ValueError(f"TFRecordDataset: images[{name!r}] needs features[{name!r}] to be "
-                             f"FixedLenFeature([], \"string\") (one encoded image per record); received "
-                             f"{feature!r}.")
+        if type(feature).__name__ != "FixedLenFeature" or tuple(feature.shape) != () or feature.dtype != "string":
+            raise ValueError(
+                f"TFRecordDataset: images[{name!r}] needs features[{name!r}] to be "
+                f'FixedLenFeature([], "string") (one encoded image per record); received '
+                f"{feature!r}."
+            )
     return dict(images)
 
 
@@ -586,20 +620,36 @@ class TFRecordDataset(IterableDataset):
         num_ranks, rank = _resolve_ranks(num_shards, shard_index, input_context)
         paths = tuple(list_files(files))
         self._plan = _Plan(
-            files=paths, compression=_normalize_compression(compression, allow_auto=True),
-            shuffle_files=bool(shuffle_files), shuffle_buffer_size=shuffle_buffer_size, seed=seed,
-            num_epochs=num_epochs, interleave_cycle_length=interleave_cycle_length, shard_by=shard_by,
-            num_ranks=num_ranks, rank=rank, skip_corrupt=bool(skip_corrupt), verify=bool(verify),
-            strict=bool(strict), max_record_size=max_record_size,
+            files=paths,
+            compression=_normalize_compression(compression, allow_auto=True),
+            shuffle_files=bool(shuffle_files),
+            shuffle_buffer_size=shuffle_buffer_size,
+            seed=seed,
+            num_epochs=num_epochs,
+            interleave_cycle_length=interleave_cycle_length,
+            shard_by=shard_by,
+            num_ranks=num_ranks,
+            rank=rank,
+            skip_corrupt=bool(skip_corrupt),
+            verify=bool(verify),
+            strict=bool(strict),
+            max_record_size=max_record_size,
         )
         if shard_by == "file" and len(paths) < num_ranks:
-            raise ValueError(f'TFRecordDataset: shard_by="file" needs at least one file per process; '
-                             f'received {len(paths)} files for {num_ranks} processes. Use shard_by="auto".')
+            raise ValueError(
+                f'TFRecordDataset: shard_by="file" needs at least one file per process; '
+                f'received {len(paths)} files for {num_ranks} processes. Use shard_by="auto".'
+            )
         checked_features = _checked_features(features, parse_fn, collate_fn)
-        self._output = _Output(parse_fn=parse_fn, features=checked_features,
-                               label_key=_checked_label_key(label_key, checked_features), batch_size=batch_size,
-                               collate_fn=collate_fn or default_collate, drop_remainder=bool(drop_remainder),
-                               images=_checked_images(images, checked_features))
+        self._output = _Output(
+            parse_fn=parse_fn,
+            features=checked_features,
+            label_key=_checked_label_key(label_key, checked_features),
+            batch_size=batch_size,
+            collate_fn=collate_fn or default_collate,
+            drop_remainder=bool(drop_remainder),
+            images=_checked_images(images, checked_features),
+        )
         self._positions = _Positions(self._plan, num_workers=1)
 
     @property
@@ -644,12 +694,25 @@ class TFRecordLoader:
             raise TypeError(f"TFRecordLoader wraps a TFRecordDataset; received {type(dataset).__name__}.")
         if not _is_int(num_workers, 0):
             raise ValueError(f"TFRecordLoader: num_workers must be an integer >= 0; received {num_workers!r}.")
-        refused = sorted(set(dataloader_options) & {"batch_size", "shuffle", "sampler", "batch_sampler",
-                                                    "collate_fn", "drop_last", "in_order", "worker_init_fn"})
+        refused = sorted(
+            set(dataloader_options)
+            & {
+                "batch_size",
+                "shuffle",
+                "sampler",
+                "batch_sampler",
+                "collate_fn",
+                "drop_last",
+                "in_order",
+                "worker_init_fn",
+            }
+        )
         if refused:
-            raise ValueError(f"TFRecordLoader: {', '.join(refused)} cannot be set here; batching and "
-                             f"shuffling are TFRecordDataset options (batch_size, collate_fn, "
-                             f"shuffle_buffer_size).")
+            raise ValueError(
+                f"TFRecordLoader: {', '.join(refused)} cannot be set here; batching and "
+                f"shuffling are TFRecordDataset options (batch_size, collate_fn, "
+                f"shuffle_buffer_size)."
+            )
         self._dataset = dataset
         self._num_workers = num_workers
         self._options = dataloader_options
@@ -662,8 +725,14 @@ class TFRecordLoader:
         # An own generator keeps DataLoader from drawing seeds from torch's global RNG.
         generator = torch.Generator()
         generator.manual_seed(dataset._plan.seed)
-        loader = DataLoader(tagged, batch_size=None, collate_fn=_untouched, num_workers=self._num_workers,
-                            generator=generator, **self._options)
+        loader = DataLoader(
+            tagged,
+            batch_size=None,
+            collate_fn=_untouched,
+            num_workers=self._num_workers,
+            generator=generator,
+            **self._options,
+        )
         for shard, position, item in loader:
             self._positions.record(shard, position)
             yield item

@@ -8,9 +8,9 @@ which a run with one device or DDP never needs.
 from torchestimator._lazy import lazy_exports
 
 __all__ = [
+    "DEFAULT_LAYER_TYPES",
     "ClusterSpec",
     "CrossReplicaBatchNorm",
-    "DEFAULT_LAYER_TYPES",
     "FullyShardedStrategy",
     "InputContext",
     "MirroredStrategy",

@@ -56,14 +56,14 @@ def run_program(argv: Sequence[str]) -> int:
     Python prints it, and gives 1 (``INTERRUPTED`` for KeyboardInterrupt).
     """
     argv = list(argv)
-    if not argv or argv[0] == "-m" and len(argv) < 2:
+    if not argv or (argv[0] == "-m" and len(argv) < 2):
         sys.stderr.write(_USAGE)
         return 2
     try:
         _run_as_main(argv)
     except SystemExit as request:
         return _exit_status(request.code)
-    except BaseException as error:  # noqa: BLE001  (what the interpreter would catch and print)
+    except BaseException as error:
         _print_uncaught(error)
         return INTERRUPTED if isinstance(error, KeyboardInterrupt) else 1
     return 0
@@ -104,7 +104,7 @@ def _exit_status(code: object) -> int:
         return code & 0xFF
     try:
         sys.stderr.write(f"{code}\n")
-    except Exception:  # noqa: BLE001  (no standard error to say it on: the status still says it)
+    except Exception:
         pass
     return 1
 
@@ -120,7 +120,7 @@ def _print_uncaught(error: BaseException) -> None:
     sys.last_type, sys.last_value, sys.last_traceback = type(error), error, tb
     try:
         sys.excepthook(type(error), error, tb)
-    except BaseException:  # noqa: BLE001  (a broken hook: Python falls back to its own printing too)
+    except BaseException:
         traceback.print_exception(type(error), error, tb)
 
 
@@ -146,11 +146,11 @@ def end_process(status: int) -> NoReturn:
 def _quietly(what: str, step: object) -> None:
     try:
         step()  # type: ignore[operator]
-    except BaseException as error:  # noqa: BLE001  (the process ends next either way)
+    except BaseException as error:
         try:
             sys.stderr.write(f"Exception ignored while {what} at exit:\n")
             traceback.print_exception(type(error), error, error.__traceback__)
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
 
@@ -164,7 +164,7 @@ def _flushed() -> bool:
             continue
         try:
             stream.flush()
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             ok = False
             if name == "stdout":
                 _quietly("flushing standard output", lambda error=error: _say_unflushed(error))

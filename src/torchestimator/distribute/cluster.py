@@ -102,13 +102,18 @@ class ClusterSpec:
     def torch_environ(self) -> dict[str, str]:
         """The variables init_process_group(init_method="env://") reads, for this process."""
         if self.task_type == PS:
-            raise ConfigError(f"A 'ps' task does not join the torch.distributed process group. {PS_ADVICE}",
-                              field="TF_CONFIG", value="ps")
+            raise ConfigError(
+                f"A 'ps' task does not join the torch.distributed process group. {PS_ADVICE}",
+                field="TF_CONFIG",
+                value="ps",
+            )
         if self.rank is None or self.world_size is None:
             raise ConfigError(
                 f"A {self.task_type!r} task does not join the torch.distributed process group "
                 "(the evaluator evaluates checkpoints on its own). Run it as a plain `python train.py` with one "
-                "replica, or give it a chief or worker task.", field="TF_CONFIG", value=self.task_type,
+                "replica, or give it a chief or worker task.",
+                field="TF_CONFIG",
+                value=self.task_type,
             )
         if self.master_addr is None or self.master_port is None:
             raise ConfigError(
@@ -170,7 +175,8 @@ def cluster_from_tf_config(environ: Mapping[str, str] | None = None) -> ClusterS
     if not isinstance(task, Mapping):
         raise ConfigError(
             f'TF_CONFIG["task"] must be an object like {{"type": "worker", "index": 0}}; received {task!r}.',
-            field='TF_CONFIG["task"]', value=task,
+            field='TF_CONFIG["task"]',
+            value=task,
         )
     common = {"model_dir": tf_config.get("model_dir"), "source": "tf_config"}
     if not jobs:
@@ -182,9 +188,18 @@ def cluster_from_tf_config(environ: Mapping[str, str] | None = None) -> ClusterS
     if task_type == EVALUATOR:
         # TensorFlow drops the cluster for the evaluator: it is not part of training.
         return ClusterSpec(
-            task_type=task_type, task_index=task_index, is_chief=False, num_worker_replicas=0,
-            num_ps_replicas=0, global_id_in_cluster=None, jobs={}, master="",
-            evaluation_master=evaluation_master, rank=None, world_size=None, **common,
+            task_type=task_type,
+            task_index=task_index,
+            is_chief=False,
+            num_worker_replicas=0,
+            num_ps_replicas=0,
+            global_id_in_cluster=None,
+            jobs={},
+            master="",
+            evaluation_master=evaluation_master,
+            rank=None,
+            world_size=None,
+            **common,
         )
     return _training_cluster(tf_config, task_type, task_index, jobs, CHIEF, evaluation_master, common)
 
@@ -199,8 +214,9 @@ def _load_tf_config(text: str) -> dict[str, Any]:
     try:
         tf_config = json.loads(text)
     except json.JSONDecodeError as error:
-        raise _tf_config_error(f"TF_CONFIG is not valid JSON ({error}); received {text!r}.",
-                               "TF_CONFIG", text) from error
+        raise _tf_config_error(
+            f"TF_CONFIG is not valid JSON ({error}); received {text!r}.", "TF_CONFIG", text
+        ) from error
     if not isinstance(tf_config, dict):
         raise _tf_config_error(
             f"TF_CONFIG must be a JSON object with 'cluster' and 'task'; received {text!r}.", "TF_CONFIG", text
@@ -212,14 +228,16 @@ def _read_cluster(cluster: Any) -> dict[str, tuple[str, ...]]:
     if not isinstance(cluster, Mapping):
         raise _tf_config_error(
             f'TF_CONFIG["cluster"] must map job names to address lists; received {cluster!r}.',
-            'TF_CONFIG["cluster"]', cluster,
+            'TF_CONFIG["cluster"]',
+            cluster,
         )
     jobs = {}
     for job, addresses in cluster.items():
         if isinstance(addresses, str) or not isinstance(addresses, (list, tuple)):
             raise _tf_config_error(
                 f'TF_CONFIG["cluster"][{job!r}] must be a list of "host:port" strings; received {addresses!r}.',
-                f'TF_CONFIG["cluster"][{job!r}]', addresses,
+                f'TF_CONFIG["cluster"][{job!r}]',
+                addresses,
             )
         if addresses:
             jobs[str(job)] = tuple(str(address) for address in addresses)
@@ -230,15 +248,23 @@ def _local_cluster(tf_config: dict[str, Any], task: Mapping[str, Any], common: d
     task_type = task.get("type", WORKER)
     task_index = _task_index(task.get("index", 0))
     if task_type != WORKER:
-        raise _tf_config_error('If "cluster" is not set in TF_CONFIG, task type must be WORKER.',
-                               'TF_CONFIG["task"]["type"]', task_type)
+        raise _tf_config_error(
+            'If "cluster" is not set in TF_CONFIG, task type must be WORKER.', 'TF_CONFIG["task"]["type"]', task_type
+        )
     if task_index != 0:
-        raise _tf_config_error('If "cluster" is not set in TF_CONFIG, task index must be 0.',
-                               'TF_CONFIG["task"]["index"]', task_index)
+        raise _tf_config_error(
+            'If "cluster" is not set in TF_CONFIG, task index must be 0.', 'TF_CONFIG["task"]["index"]', task_index
+        )
     return ClusterSpec(
-        task_type=task_type, task_index=0, is_chief=True, num_worker_replicas=1, num_ps_replicas=0,
-        global_id_in_cluster=0, master=tf_config.get("session_master", ""),
-        evaluation_master=tf_config.get("eval_session_master", ""), **common,
+        task_type=task_type,
+        task_index=0,
+        is_chief=True,
+        num_worker_replicas=1,
+        num_ps_replicas=0,
+        global_id_in_cluster=0,
+        master=tf_config.get("session_master", ""),
+        evaluation_master=tf_config.get("eval_session_master", ""),
+        **common,
     )
 
 
@@ -247,19 +273,28 @@ def _legacy_master_cluster(
 ) -> ClusterSpec:
     # Two chiefs would be confusing, so TensorFlow refuses chief next to master.
     if CHIEF in jobs:
-        raise _tf_config_error("If `master` node exists in `cluster`, job `chief` is not supported.",
-                               'TF_CONFIG["cluster"]', dict(jobs))
+        raise _tf_config_error(
+            "If `master` node exists in `cluster`, job `chief` is not supported.", 'TF_CONFIG["cluster"]', dict(jobs)
+        )
     task_type, task_index = _validate_task(jobs, task, MASTER)
     if task_type == EVALUATOR:
-        raise _tf_config_error("If `master` node exists in `cluster`, task_type `evaluator` is not supported.",
-                               'TF_CONFIG["task"]["type"]', task_type)
+        raise _tf_config_error(
+            "If `master` node exists in `cluster`, task_type `evaluator` is not supported.",
+            'TF_CONFIG["task"]["type"]',
+            task_type,
+        )
     evaluation_master = _evaluation_master(task_type, tf_config)
     return _training_cluster(tf_config, task_type, task_index, jobs, MASTER, evaluation_master, common)
 
 
 def _training_cluster(
-    tf_config: dict[str, Any], task_type: str, task_index: int, jobs: dict[str, tuple[str, ...]],
-    chief_type: str, evaluation_master: str, common: dict[str, Any],
+    tf_config: dict[str, Any],
+    task_type: str,
+    task_index: int,
+    jobs: dict[str, tuple[str, ...]],
+    chief_type: str,
+    evaluation_master: str,
+    common: dict[str, Any],
 ) -> ClusterSpec:
     trainers = [*jobs[chief_type], *jobs.get(WORKER, ())]  # in rank order
     rank = {chief_type: 0, WORKER: task_index + 1}.get(task_type)
@@ -270,13 +305,22 @@ def _training_cluster(
         local_rank = hosts[:rank].count(hosts[rank])
         local_world_size = hosts.count(hosts[rank])
     return ClusterSpec(
-        task_type=task_type, task_index=task_index, is_chief=task_type == chief_type,
-        num_worker_replicas=len(trainers), num_ps_replicas=len(jobs.get(PS, ())),
-        global_id_in_cluster=_global_id(jobs, task_type, task_index, chief_type), jobs=jobs,
-        master=_session_master(jobs, task_type, task_index, tf_config), evaluation_master=evaluation_master,
-        rank=rank, world_size=len(trainers) if rank is not None else None,
-        local_rank=local_rank, local_world_size=local_world_size,
-        master_addr=host if rank is not None else None, master_port=port if rank is not None else None, **common,
+        task_type=task_type,
+        task_index=task_index,
+        is_chief=task_type == chief_type,
+        num_worker_replicas=len(trainers),
+        num_ps_replicas=len(jobs.get(PS, ())),
+        global_id_in_cluster=_global_id(jobs, task_type, task_index, chief_type),
+        jobs=jobs,
+        master=_session_master(jobs, task_type, task_index, tf_config),
+        evaluation_master=evaluation_master,
+        rank=rank,
+        world_size=len(trainers) if rank is not None else None,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        master_addr=host if rank is not None else None,
+        master_port=port if rank is not None else None,
+        **common,
     )
 
 
@@ -286,24 +330,33 @@ def _task_index(value: Any) -> int:
     try:
         return int(value)
     except (TypeError, ValueError) as error:
-        raise _tf_config_error(f'TF_CONFIG["task"]["index"] must be an integer; received {value!r}.',
-                               'TF_CONFIG["task"]["index"]', value) from error
+        raise _tf_config_error(
+            f'TF_CONFIG["task"]["index"] must be an integer; received {value!r}.', 'TF_CONFIG["task"]["index"]', value
+        ) from error
 
 
 def _validate_task(jobs: dict[str, tuple[str, ...]], task: Mapping[str, Any], chief_type: str) -> tuple[str, int]:
     if chief_type not in jobs:
-        raise _tf_config_error(f'If "cluster" is set in TF_CONFIG, it must have one "{chief_type}" node.',
-                               'TF_CONFIG["cluster"]', dict(jobs))
+        raise _tf_config_error(
+            f'If "cluster" is set in TF_CONFIG, it must have one "{chief_type}" node.',
+            'TF_CONFIG["cluster"]',
+            dict(jobs),
+        )
     if len(jobs[chief_type]) > 1:
-        raise _tf_config_error(f'The "cluster" in TF_CONFIG must have only one "{chief_type}" node.',
-                               f'TF_CONFIG["cluster"]["{chief_type}"]', list(jobs[chief_type]))
+        raise _tf_config_error(
+            f'The "cluster" in TF_CONFIG must have only one "{chief_type}" node.',
+            f'TF_CONFIG["cluster"]["{chief_type}"]',
+            list(jobs[chief_type]),
+        )
     task_type, task_index = task.get("type"), task.get("index")
     if not task_type:
-        raise _tf_config_error('If "cluster" is set in TF_CONFIG, task type must be set.',
-                               'TF_CONFIG["task"]["type"]', task_type)
+        raise _tf_config_error(
+            'If "cluster" is set in TF_CONFIG, task type must be set.', 'TF_CONFIG["task"]["type"]', task_type
+        )
     if task_index is None:
-        raise _tf_config_error('If "cluster" is set in TF_CONFIG, task index must be set.',
-                               'TF_CONFIG["task"]["index"]', task_index)
+        raise _tf_config_error(
+            'If "cluster" is set in TF_CONFIG, task index must be set.', 'TF_CONFIG["task"]["index"]', task_index
+        )
     task_index = _task_index(task_index)
     if task_index < 0:
         raise _tf_config_error("Task index must be non-negative number.", 'TF_CONFIG["task"]["index"]', task_index)
@@ -313,12 +366,15 @@ def _validate_task(jobs: dict[str, tuple[str, ...]], task: Mapping[str, Any], ch
     if task_type not in jobs:
         raise _tf_config_error(
             f"{task_type} is not a valid task_type in the cluster_spec:\n{jobs}\n\n{_TF_CONFIG_HINT}",
-            'TF_CONFIG["task"]["type"]', task_type,
+            'TF_CONFIG["task"]["type"]',
+            task_type,
         )
     if not 0 <= task_index < len(jobs[task_type]):
         raise _tf_config_error(
             f"{task_index} is not a valid task_id for task_type {task_type} in the cluster_spec:\n"
-            f"{jobs}\n\n{_TF_CONFIG_HINT}", 'TF_CONFIG["task"]["index"]', task_index,
+            f"{jobs}\n\n{_TF_CONFIG_HINT}",
+            'TF_CONFIG["task"]["index"]',
+            task_index,
         )
     return task_type, task_index
 
@@ -360,7 +416,9 @@ def _split_address(address: str, field: str) -> tuple[str, int]:
     if not separator or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise _tf_config_error(
             f'The address {field} in TF_CONFIG must be "host:port"; received {address!r}. '
-            "torch.distributed uses the chief's as MASTER_ADDR and MASTER_PORT.", field, address,
+            "torch.distributed uses the chief's as MASTER_ADDR and MASTER_PORT.",
+            field,
+            address,
         )
     return host.strip("[]"), int(port)
 
@@ -391,7 +449,8 @@ def cluster_from_torchrun(environ: Mapping[str, str] | None = None) -> ClusterSp
         raise ConfigError(
             f"A distributed launch sets {', '.join(TORCHRUN_VARIABLES)}; this environment has "
             f"{', '.join(present)} but not {', '.join(missing)}. Start the program with torchrun or "
-            "`torchestimator launch`, or unset the partial variables to run in one process.", field=missing[0],
+            "`torchestimator launch`, or unset the partial variables to run in one process.",
+            field=missing[0],
         )
     rank, world_size = _integer(environ, "RANK"), _integer(environ, "WORLD_SIZE")
     # Without LOCAL_RANK each process is alone on its machine: Kubeflow's PyTorchJob runs one per pod.
@@ -401,13 +460,24 @@ def cluster_from_torchrun(environ: Mapping[str, str] | None = None) -> ClusterSp
         raise ConfigError(
             f"Inconsistent distributed variables: RANK={rank}, WORLD_SIZE={world_size}, "
             f"LOCAL_RANK={local_rank}, LOCAL_WORLD_SIZE={local_world_size}; expected "
-            "0 <= RANK < WORLD_SIZE and 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE.", field="RANK", value=rank,
+            "0 <= RANK < WORLD_SIZE and 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE.",
+            field="RANK",
+            value=rank,
         )
     return ClusterSpec(
-        task_type=CHIEF if rank == 0 else WORKER, task_index=0 if rank == 0 else rank - 1,
-        is_chief=rank == 0, num_worker_replicas=world_size, num_ps_replicas=0, global_id_in_cluster=rank,
-        rank=rank, world_size=world_size, local_rank=local_rank, local_world_size=local_world_size,
-        master_addr=environ["MASTER_ADDR"], master_port=_port(environ, "MASTER_PORT"), source="torchrun",
+        task_type=CHIEF if rank == 0 else WORKER,
+        task_index=0 if rank == 0 else rank - 1,
+        is_chief=rank == 0,
+        num_worker_replicas=world_size,
+        num_ps_replicas=0,
+        global_id_in_cluster=rank,
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        master_addr=environ["MASTER_ADDR"],
+        master_port=_port(environ, "MASTER_PORT"),
+        source="torchrun",
     )
 
 
@@ -418,15 +488,17 @@ def _integer(environ: Mapping[str, str], name: str, default: int | None = None) 
     try:
         return int(text)  # type: ignore[arg-type]
     except (TypeError, ValueError) as error:
-        raise ConfigError(f"Environment variable {name} must be an integer; received {text!r}.",
-                          field=name, value=text) from error
+        raise ConfigError(
+            f"Environment variable {name} must be an integer; received {text!r}.", field=name, value=text
+        ) from error
 
 
 def _port(environ: Mapping[str, str], name: str) -> int:
     port = _integer(environ, name)
     if not 0 < port < 65536:
-        raise ConfigError(f"Environment variable {name} must be a TCP port in [1, 65535]; received {port}.",
-                          field=name, value=port)
+        raise ConfigError(
+            f"Environment variable {name} must be a TCP port in [1, 65535]; received {port}.", field=name, value=port
+        )
     return port
 
 
@@ -461,11 +533,19 @@ def cluster_from_slurm(environ: Mapping[str, str] | None = None) -> ClusterSpec 
             value=rank if world_size < 1 or not 0 <= rank < world_size else local_rank,
         )
     return ClusterSpec(
-        task_type=CHIEF if rank == 0 else WORKER, task_index=0 if rank == 0 else rank - 1,
-        is_chief=rank == 0, num_worker_replicas=world_size, num_ps_replicas=0, global_id_in_cluster=rank,
-        rank=rank, world_size=world_size, local_rank=local_rank, local_world_size=local_world_size,
+        task_type=CHIEF if rank == 0 else WORKER,
+        task_index=0 if rank == 0 else rank - 1,
+        is_chief=rank == 0,
+        num_worker_replicas=world_size,
+        num_ps_replicas=0,
+        global_id_in_cluster=rank,
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
         master_addr=environ.get("MASTER_ADDR") or _slurm_first_host(environ),
-        master_port=_slurm_port(environ), source="slurm",
+        master_port=_slurm_port(environ),
+        source="slurm",
     )
 
 
@@ -478,7 +558,9 @@ def _slurm_local_world_size(environ: Mapping[str, str]) -> int:
         if not 0 <= node < len(counts):
             raise ConfigError(
                 f"SLURM_NODEID={node} but SLURM_TASKS_PER_NODE={environ['SLURM_TASKS_PER_NODE']!r} describes "
-                f"{len(counts)} node(s).", field="SLURM_NODEID", value=node,
+                f"{len(counts)} node(s).",
+                field="SLURM_NODEID",
+                value=node,
             )
         return counts[node]
     return 1
@@ -504,7 +586,9 @@ def _slurm_port(environ: Mapping[str, str]) -> int:
     if not job_id.isdigit():
         raise ConfigError(
             f"SLURM_JOB_ID={job_id!r} is not a number, so the rendezvous port cannot be derived from it "
-            f"({SLURM_DEFAULT_PORT_BASE} + its last 4 digits). Set MASTER_PORT.", field="SLURM_JOB_ID", value=job_id,
+            f"({SLURM_DEFAULT_PORT_BASE} + its last 4 digits). Set MASTER_PORT.",
+            field="SLURM_JOB_ID",
+            value=job_id,
         )
     return SLURM_DEFAULT_PORT_BASE + int(job_id[-4:])
 
@@ -546,7 +630,8 @@ def expand_tasks_per_node(text: str, variable: str = "SLURM_TASKS_PER_NODE") -> 
         if match is None or int(match.group(1)) < 1:
             raise ConfigError(
                 f'{variable}={text!r} is not a SLURM task count list like "2(x3),1" (at {item!r}).',
-                field=variable, value=text,
+                field=variable,
+                value=text,
             )
         counts += [int(match.group(1))] * int(match.group(2) or 1)
     return counts
@@ -584,5 +669,8 @@ def _expand_ranges(ranges: str, hostlist: str, variable: str) -> list[str]:
 
 
 def _hostlist_error(hostlist: str, variable: str, reason: str) -> ConfigError:
-    return ConfigError(f'{variable}={hostlist!r} is not a SLURM host list like "node[01-03,07],gpu5": {reason}.',
-                       field=variable, value=hostlist)
+    return ConfigError(
+        f'{variable}={hostlist!r} is not a SLURM host list like "node[01-03,07],gpu5": {reason}.',
+        field=variable,
+        value=hostlist,
+    )

@@ -104,7 +104,7 @@ def all_gather_object(obj: Any, device: torch.device, group: Any = None) -> list
     _all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.long, device=device), group)
     lengths = [int(size.item()) for size in sizes]
     padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
-    padded[:payload.numel()] = payload
+    padded[: payload.numel()] = payload
     gathered = [torch.empty_like(padded) for _ in range(world_size)]
     _all_gather(gathered, padded, group)
     return [_unpickled(data[:length]) for data, length in zip(gathered, lengths)]

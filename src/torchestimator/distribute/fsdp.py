@@ -79,35 +79,50 @@ class FullyShardedStrategy(MirroredStrategy):
         if isinstance(module_names, str) or not all(isinstance(name, str) and name for name in module_names):
             raise ConfigError(
                 f"FullyShardedStrategy module_names must be a list of module names (named_modules()'s); "
-                f"received {module_names!r}.", field="module_names", value=module_names)
+                f"received {module_names!r}.",
+                field="module_names",
+                value=module_names,
+            )
         self._module_names = tuple(module_names)
         if isinstance(mixed_precision, str):
             if mixed_precision not in _MIXED_PRECISION:
                 raise ConfigError(
                     f"FullyShardedStrategy mixed_precision must be one of {sorted(_MIXED_PRECISION)}, a "
                     f"MixedPrecisionPolicy or None; received {mixed_precision!r}.",
-                    field="mixed_precision", value=mixed_precision)
+                    field="mixed_precision",
+                    value=mixed_precision,
+                )
             mixed_precision = _MIXED_PRECISION[mixed_precision]
         elif mixed_precision is not None and not isinstance(mixed_precision, MixedPrecisionPolicy):
             raise ConfigError(
                 f"FullyShardedStrategy mixed_precision must be 'bf16', 'fp16', a MixedPrecisionPolicy or None; "
-                f"received {type(mixed_precision).__name__}.", field="mixed_precision", value=mixed_precision)
+                f"received {type(mixed_precision).__name__}.",
+                field="mixed_precision",
+                value=mixed_precision,
+            )
         self._mixed_precision = mixed_precision
         if not isinstance(cpu_offload, bool):
-            raise ConfigError(f"FullyShardedStrategy cpu_offload must be True or False; received {cpu_offload!r}.",
-                              field="cpu_offload", value=cpu_offload)
+            raise ConfigError(
+                f"FullyShardedStrategy cpu_offload must be True or False; received {cpu_offload!r}.",
+                field="cpu_offload",
+                value=cpu_offload,
+            )
         self._cpu_offload = cpu_offload
         self._reshard_after_forward = bool(reshard_after_forward)
 
     def __repr__(self) -> str:
-        return (f"FullyShardedStrategy(num_replicas={self._requested_replicas}, "
-                f"layer_types={[cls.__name__ for cls in self._layer_types]}, module_names={list(self._module_names)})")
+        return (
+            f"FullyShardedStrategy(num_replicas={self._requested_replicas}, "
+            f"layer_types={[cls.__name__ for cls in self._layer_types]}, module_names={list(self._module_names)})"
+        )
 
     # ------------------------------------------------------------ modules
 
     def _wrap(self, module: nn.Module) -> nn.Module:
         if isinstance(module, FSDPModule):
-            raise ValueError("FullyShardedStrategy.wrap received a module FSDP2 already sharded; pass the plain module.")
+            raise ValueError(
+                "FullyShardedStrategy.wrap received a module FSDP2 already sharded; pass the plain module."
+            )
         placement = self.placement
         module = module.to(placement.device)
         options: dict[str, Any] = {
@@ -131,9 +146,15 @@ class FullyShardedStrategy(MirroredStrategy):
             known = [name for name in modules if name][:12]
             raise ConfigError(
                 f"FullyShardedStrategy module_names {unknown} are not modules of {type(module).__name__}; "
-                f"its modules include {known}.", field="module_names", value=list(self._module_names))
-        chosen = [name for name, submodule in modules.items()
-                  if name and (name in self._module_names or isinstance(submodule, self._layer_types))]
+                f"its modules include {known}.",
+                field="module_names",
+                value=list(self._module_names),
+            )
+        chosen = [
+            name
+            for name, submodule in modules.items()
+            if name and (name in self._module_names or isinstance(submodule, self._layer_types))
+        ]
         return [modules[name] for name in sorted(chosen, key=lambda name: -name.count("."))]
 
     def unwrap(self, module: nn.Module) -> nn.Module:
@@ -163,5 +184,8 @@ def _check_layer_types(layer_types: Sequence[type[nn.Module]]) -> tuple[type[nn.
     if bad:
         raise ConfigError(
             f"FullyShardedStrategy layer_types must be nn.Module subclasses (e.g. nn.TransformerEncoderLayer); "
-            f"received {bad!r}.", field="layer_types", value=layer_types)
+            f"received {bad!r}.",
+            field="layer_types",
+            value=layer_types,
+        )
     return layer_types

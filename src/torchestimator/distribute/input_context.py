@@ -29,8 +29,7 @@ class InputContext:
             )
         if not 0 <= self.input_pipeline_id < self.num_input_pipelines:
             raise ValueError(
-                f"input_pipeline_id must be in [0, {self.num_input_pipelines}); "
-                f"received {self.input_pipeline_id}."
+                f"input_pipeline_id must be in [0, {self.num_input_pipelines}); received {self.input_pipeline_id}."
             )
 
     @property

@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from torchestimator.distribute._replica_main import REPLICA_MAIN
 from torchestimator.distribute.cluster import (  # noqa: F401  (re-exported: older imports name launcher)
     CHIEF,
     EVALUATOR,
@@ -38,7 +39,6 @@ from torchestimator.distribute.cluster import (  # noqa: F401  (re-exported: old
     cluster_from_tf_config,
     cluster_from_torchrun,
 )
-from torchestimator.distribute._replica_main import REPLICA_MAIN
 from torchestimator.errors import ConfigError, RelaunchError, ReplicaLostError
 
 logger = logging.getLogger(__name__)
@@ -113,9 +113,13 @@ def current_rerun_command(through: str | None = None) -> list[str]:
     spec = getattr(main, "__spec__", None)
     orig_argv = getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]
     return rerun_command(
-        executable=sys.executable, orig_argv=orig_argv, argv=sys.argv,
-        main_file=getattr(main, "__file__", None), main_spec_name=getattr(spec, "name", None),
-        interactive=bool(sys.flags.interactive) or hasattr(sys, "ps1"), through=through,
+        executable=sys.executable,
+        orig_argv=orig_argv,
+        argv=sys.argv,
+        main_file=getattr(main, "__file__", None),
+        main_spec_name=getattr(spec, "name", None),
+        interactive=bool(sys.flags.interactive) or hasattr(sys, "ps1"),
+        through=through,
     )
 
 
@@ -218,7 +222,7 @@ def _quoted(error: BaseException, limit: int = 160) -> str:
     lines = str(error).strip().splitlines()
     if not lines:
         return type(error).__name__
-    text = lines[0] if len(lines[0]) <= limit else lines[0][:limit - 3] + "..."
+    text = lines[0] if len(lines[0]) <= limit else lines[0][: limit - 3] + "..."
     return f"{type(error).__name__}: {text}"
 
 
@@ -240,8 +244,14 @@ class LocalReplicas:
     this process waits for them and reports, once, each one that failed or that it had to stop.
     """
 
-    def __init__(self, processes: list[subprocess.Popen], command: list[str], relays: list[_StderrRelay],
-                 stdout_path: str | None = None, ended: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        processes: list[subprocess.Popen],
+        command: list[str],
+        relays: list[_StderrRelay],
+        stdout_path: str | None = None,
+        ended: threading.Event | None = None,
+    ) -> None:
         self.processes = processes
         self.command = command
         self.relays = relays
@@ -262,7 +272,8 @@ class LocalReplicas:
                 f"Replica {rank} of {len(self.processes) + 1} (pid {process.pid}) {describe_exit(process.returncode)} "
                 f"before {before}; {relay.what_it_wrote()}. This process (replica 0) stops too. Fix what stopped "
                 f"replica {rank} and run the program again: every replica re-runs it from its start.",
-                lost_ranks=[rank])
+                lost_ranks=[rank],
+            )
 
     def wait_for_an_end(self, seconds: float) -> None:
         """Returns after ``seconds``, or sooner when a replica closes its standard error (it ends)."""
@@ -285,15 +296,27 @@ class LocalReplicas:
                 continue
             if was_stopped:
                 said = _quoted(failure)
-                logger.error("Replica 0 (this process) failed (%s; its traceback is above), so it stopped replica "
-                             "%d of %d (process %d), still running %g s later.", said, rank, len(codes) + 1,
-                             process.pid, failure_grace_seconds)
+                logger.error(
+                    "Replica 0 (this process) failed (%s; its traceback is above), so it stopped replica "
+                    "%d of %d (process %d), still running %g s later.",
+                    said,
+                    rank,
+                    len(codes) + 1,
+                    process.pid,
+                    failure_grace_seconds,
+                )
             elif isinstance(failure, KeyboardInterrupt) and process.returncode == -signal.SIGINT:
                 continue  # Ctrl-C reached every replica: nothing to report
             else:
-                logger.error("Replica %d of %d (process %d) %s; %s. Command: %s", rank, len(codes) + 1, process.pid,
-                             describe_exit(process.returncode), self.relays[rank - 1].what_it_wrote(),
-                             " ".join(self.command))
+                logger.error(
+                    "Replica %d of %d (process %d) %s; %s. Command: %s",
+                    rank,
+                    len(codes) + 1,
+                    process.pid,
+                    describe_exit(process.returncode),
+                    self.relays[rank - 1].what_it_wrote(),
+                    " ".join(self.command),
+                )
         self._remove_stdout_if_empty()
         return codes
 
@@ -360,17 +383,20 @@ def replica_stdout_path(keep: int = KEPT_REPLICA_FOLDERS) -> str:
     except OSError:
         entries = []
     for entry in entries:
-        pid_text = entry.name[len(REPLICA_FOLDER_PREFIX):].split("-", 1)[0]
+        pid_text = entry.name[len(REPLICA_FOLDER_PREFIX) :].split("-", 1)[0]
         if not entry.name.startswith(REPLICA_FOLDER_PREFIX) or not pid_text.isdigit() or _is_running(int(pid_text)):
             continue
         try:
             info = entry.stat(follow_symlinks=False)
-            if entry.is_dir(follow_symlinks=False) and info.st_uid == os.getuid() and \
-                    set(os.listdir(entry.path)) <= {"stdout.txt"}:
+            if (
+                entry.is_dir(follow_symlinks=False)
+                and info.st_uid == os.getuid()
+                and set(os.listdir(entry.path)) <= {"stdout.txt"}
+            ):
                 finished.append((info.st_mtime, entry.path))
         except OSError:
             continue
-    for _, path in sorted(finished, reverse=True)[max(0, keep - 1):]:
+    for _, path in sorted(finished, reverse=True)[max(0, keep - 1) :]:
         shutil.rmtree(path, ignore_errors=True)
     return os.path.join(tempfile.mkdtemp(prefix=f"{REPLICA_FOLDER_PREFIX}{os.getpid()}-"), "stdout.txt")
 
@@ -400,8 +426,12 @@ def start_local_replicas(num_replicas: int, stdout_path: str | None = None) -> L
         raise ValueError(f"start_local_replicas needs at least 2 replicas; received {num_replicas}.")
     command = current_rerun_command(through=REPLICA_MAIN)
     shared = {
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(find_free_port()), "WORLD_SIZE": str(num_replicas),
-        "LOCAL_WORLD_SIZE": str(num_replicas), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(find_free_port()),
+        "WORLD_SIZE": str(num_replicas),
+        "LOCAL_WORLD_SIZE": str(num_replicas),
+        "GROUP_RANK": "0",
+        "GROUP_WORLD_SIZE": "1",
     }
     if "OMP_NUM_THREADS" not in os.environ:
         # Like torchrun: N processes each using every core would oversubscribe the CPU.
@@ -412,16 +442,25 @@ def start_local_replicas(num_replicas: int, stdout_path: str | None = None) -> L
     with contextlib.ExitStack() as files:
         stdout = None if stdout_path is None else files.enter_context(open(stdout_path, "ab"))
         for rank in range(1, num_replicas):
-            environ = {**os.environ, **shared, "RANK": str(rank), "LOCAL_RANK": str(rank),
-                       STARTED_REPLICA_VARIABLE: str(os.getpid())}
-            process = subprocess.Popen(command, env=environ, stdin=subprocess.DEVNULL, stdout=stdout,
-                                       stderr=subprocess.PIPE)
+            environ = {
+                **os.environ,
+                **shared,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                STARTED_REPLICA_VARIABLE: str(os.getpid()),
+            }
+            process = subprocess.Popen(
+                command, env=environ, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE
+            )
             processes.append(process)
             relays.append(_StderrRelay(process.stderr, rank, ended))
             relays[-1].start()
     logger.info(
         "Started %d more replica(s) of this program (processes %s) for %d-replica training: %s",
-        num_replicas - 1, [process.pid for process in processes], num_replicas, " ".join(command),
+        num_replicas - 1,
+        [process.pid for process in processes],
+        num_replicas,
+        " ".join(command),
     )
     os.environ.update({**shared, "RANK": "0", "LOCAL_RANK": "0"})
     replicas = LocalReplicas(processes, command, relays, stdout_path, ended)
@@ -445,7 +484,7 @@ def torchrun_arguments(
     if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
         raise ValueError(f"nproc_per_node must be a positive integer; received {nproc_per_node!r}.")
     command_argv = list(command_argv)
-    if not command_argv or command_argv[0] == "-m" and len(command_argv) < 2:
+    if not command_argv or (command_argv[0] == "-m" and len(command_argv) < 2):
         raise ValueError(
             f"launch needs the program to run, e.g. ['train.py', '--flag'] or ['-m', 'package.module']; "
             f"received {command_argv!r}."
@@ -457,8 +496,10 @@ def torchrun_arguments(
         arguments.append("--standalone")
     else:
         arguments += [
-            f"--nnodes={cluster.world_size}", f"--node-rank={cluster.rank}",
-            f"--master-addr={cluster.master_addr}", f"--master-port={cluster.master_port}",
+            f"--nnodes={cluster.world_size}",
+            f"--node-rank={cluster.rank}",
+            f"--master-addr={cluster.master_addr}",
+            f"--master-port={cluster.master_port}",
         ]
     if command_argv[0] == "-m":
         return [*arguments, "--module", *command_argv[1:]]
@@ -502,17 +543,24 @@ def launch_parser(prog: str = "torchestimator launch") -> argparse.ArgumentParse
     if "PET_NPROC_PER_NODE" not in os.environ:
         parser.set_defaults(nproc_per_node=DEFAULT_NPROC_PER_NODE)
     parser.add_argument(
-        "--from_tf_config", "--from-tf-config", action="store_true",
+        "--from_tf_config",
+        "--from-tf-config",
+        action="store_true",
         help="take the nodes from TF_CONFIG: one node per chief/worker task, node rank = the task's rank "
-             "(chief 0, worker i at i + 1), static rendezvous at the chief's host:port",
+        "(chief 0, worker i at i + 1), static rendezvous at the chief's host:port",
     )
     return parser
 
 
 CLUSTER_OPTIONS = {
-    "nnodes": "--nnodes", "node_rank": "--node_rank", "master_addr": "--master_addr",
-    "master_port": "--master_port", "rdzv_backend": "--rdzv_backend", "rdzv_endpoint": "--rdzv_endpoint",
-    "rdzv_id": "--rdzv_id", "standalone": "--standalone",
+    "nnodes": "--nnodes",
+    "node_rank": "--node_rank",
+    "master_addr": "--master_addr",
+    "master_port": "--master_port",
+    "rdzv_backend": "--rdzv_backend",
+    "rdzv_endpoint": "--rdzv_endpoint",
+    "rdzv_id": "--rdzv_id",
+    "standalone": "--standalone",
 }
 """The torchrun options that say where the nodes are (a cluster from TF_CONFIG replaces them)."""
 
@@ -542,13 +590,19 @@ def _check_values(arguments: argparse.Namespace) -> None:
 
     nproc = str(arguments.nproc_per_node)
     if nproc.isdigit() and int(nproc) < 1:
-        raise ConfigError(f"--nproc_per_node must be a positive number of processes; received {nproc}.",
-                          field="nproc_per_node", value=nproc)
+        raise ConfigError(
+            f"--nproc_per_node must be a positive number of processes; received {nproc}.",
+            field="nproc_per_node",
+            value=nproc,
+        )
     try:
         config_from_args(argparse.Namespace(**vars(arguments)))
     except AssertionError as error:
-        raise ConfigError(f"torchrun refuses these options: {error or 'a value out of range'} (--nnodes "
-                          f"{arguments.nnodes}, --max_restarts {arguments.max_restarts}).", field="launch") from error
+        raise ConfigError(
+            f"torchrun refuses these options: {error or 'a value out of range'} (--nnodes "
+            f"{arguments.nnodes}, --max_restarts {arguments.max_restarts}).",
+            field="launch",
+        ) from error
 
 
 def _refuse_an_ignored_tf_config(environ: Mapping[str, str]) -> None:
@@ -560,7 +614,10 @@ def _refuse_an_ignored_tf_config(environ: Mapping[str, str]) -> None:
             f"TF_CONFIG describes {cluster.world_size} training tasks (this is {cluster.task_type}:"
             f"{cluster.task_index}), but launch was given no nodes: each task would train as a group of its own "
             "and all would write model_dir. Pass --from_tf_config to take the nodes from TF_CONFIG, or unset "
-            "TF_CONFIG.", field="TF_CONFIG", value=environ.get("TF_CONFIG"))
+            "TF_CONFIG.",
+            field="TF_CONFIG",
+            value=environ.get("TF_CONFIG"),
+        )
 
 
 def _mark_the_rendezvous_host(arguments: argparse.Namespace) -> None:
@@ -579,8 +636,10 @@ def _mark_the_rendezvous_host(arguments: argparse.Namespace) -> None:
     if _matches_machine_hostname(host) or not _is_this_machines_address(host):
         return
     arguments.rdzv_conf = ",".join(filter(None, [arguments.rdzv_conf, "is_host=1"]))
-    logger.info("The rendezvous endpoint %s is an address of this machine: this node serves the store "
-                "(--rdzv_conf is_host=1).", arguments.rdzv_endpoint)
+    logger.info(
+        "The rendezvous endpoint %s is an address of this machine: this node serves the store (--rdzv_conf is_host=1).",
+        arguments.rdzv_endpoint,
+    )
 
 
 def _is_this_machines_address(host: str) -> bool:
@@ -599,14 +658,12 @@ def _is_this_machines_address(host: str) -> bool:
 
 
 def _one_node_without_rendezvous(arguments: argparse.Namespace) -> bool:
-    return (str(arguments.nnodes) in ("1", "1:1") and arguments.rdzv_backend == "static"
-            and not arguments.rdzv_endpoint)
+    return str(arguments.nnodes) in ("1", "1:1") and arguments.rdzv_backend == "static" and not arguments.rdzv_endpoint
 
 
 def _take_nodes_from_tf_config(arguments: argparse.Namespace, environ: Mapping[str, str]) -> None:
     defaults = launch_parser()
-    given = [flag for dest, flag in CLUSTER_OPTIONS.items()
-             if getattr(arguments, dest) != defaults.get_default(dest)]
+    given = [flag for dest, flag in CLUSTER_OPTIONS.items() if getattr(arguments, dest) != defaults.get_default(dest)]
     if given:
         raise ConfigError(
             f"--from_tf_config takes the nodes from TF_CONFIG, so {', '.join(given)} cannot be given too. "
@@ -616,10 +673,11 @@ def _take_nodes_from_tf_config(arguments: argparse.Namespace, environ: Mapping[s
     cluster = cluster_from_tf_config(environ)
     if not cluster.jobs and cluster.task_type != EVALUATOR:
         raise ConfigError(
-            "--from_tf_config, but TF_CONFIG has no \"cluster\" (it is unset, or names one local task). Set "
+            '--from_tf_config, but TF_CONFIG has no "cluster" (it is unset, or names one local task). Set '
             'TF_CONFIG like {"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222"]}, '
             '"task": {"type": "worker", "index": 0}}, or launch without --from_tf_config.',
-            field="TF_CONFIG", value=environ.get("TF_CONFIG"),
+            field="TF_CONFIG",
+            value=environ.get("TF_CONFIG"),
         )
     cluster.torch_environ()  # raises the explanation for evaluator and ps tasks
     if not cluster.spans_several_processes:
@@ -627,8 +685,15 @@ def _take_nodes_from_tf_config(arguments: argparse.Namespace, environ: Mapping[s
         return
     arguments.nnodes, arguments.node_rank = str(cluster.world_size), cluster.rank
     arguments.master_addr, arguments.master_port = cluster.master_addr, cluster.master_port
-    logger.info("TF_CONFIG: task %s:%d is node %d of %d, rendezvous at the chief, %s:%d.", cluster.task_type,
-                cluster.task_index, cluster.rank, cluster.world_size, cluster.master_addr, cluster.master_port)
+    logger.info(
+        "TF_CONFIG: task %s:%d is node %d of %d, rendezvous at the chief, %s:%d.",
+        cluster.task_type,
+        cluster.task_index,
+        cluster.rank,
+        cluster.world_size,
+        cluster.master_addr,
+        cluster.master_port,
+    )
 
 
 SHARED_STORE_SWITCH = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
@@ -700,8 +765,14 @@ def through_replica_main(arguments: argparse.Namespace) -> argparse.Namespace:
     if arguments.no_python or arguments.run_path or not get_use_env(arguments):
         return arguments
     program = ["-m", arguments.training_script] if arguments.module else [arguments.training_script]
-    return argparse.Namespace(**{**vars(arguments), "module": True, "training_script": REPLICA_MAIN,
-                                 "training_script_args": [*program, *arguments.training_script_args]})
+    return argparse.Namespace(
+        **{
+            **vars(arguments),
+            "module": True,
+            "training_script": REPLICA_MAIN,
+            "training_script_args": [*program, *arguments.training_script_args],
+        }
+    )
 
 
 def run_torchrun(arguments: argparse.Namespace) -> int:
@@ -725,7 +796,9 @@ def run_torchrun(arguments: argparse.Namespace) -> int:
         logger.error(
             "torchrun's rendezvous failed (%s: %s). Check that every node runs the same --nnodes, --rdzv_id and "
             "--rdzv_endpoint, that the endpoint's host:port is reachable from every node, and that the other "
-            "nodes started in time.", type(error).__name__, error,
+            "nodes started in time.",
+            type(error).__name__,
+            error,
         )
         return 1
     return 0

@@ -28,7 +28,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ContextManager
+from typing import Any
 
 import torch
 import torch.distributed as distributed
@@ -36,6 +36,7 @@ from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 from torchestimator._core.console import log_summary, show_summaries
+from torchestimator._io.atomic import writer_is_gone
 from torchestimator.distribute import collectives
 from torchestimator.distribute.cluster import (
     EVALUATOR,
@@ -48,9 +49,13 @@ from torchestimator.distribute.cluster import (
     resolve_cluster,
 )
 from torchestimator.distribute.input_context import InputContext
-from torchestimator.distribute.launcher import (STARTED_REPLICA_VARIABLE, LocalReplicas, is_started_replica,
-                                                replica_stdout_path, start_local_replicas)
-from torchestimator._io.atomic import writer_is_gone
+from torchestimator.distribute.launcher import (
+    STARTED_REPLICA_VARIABLE,
+    LocalReplicas,
+    is_started_replica,
+    replica_stdout_path,
+    start_local_replicas,
+)
 from torchestimator.errors import ChiefFailedError, ConfigError, ReplicaLostError
 
 logger = logging.getLogger(__name__)
@@ -83,7 +88,8 @@ def collective_timeout_seconds(requested: float | None, environ: Mapping[str, st
         raise ConfigError(
             f"{COLLECTIVE_TIMEOUT_VARIABLE} must be a positive number of seconds; received {text!r}. "
             f"Unset it for the default ({DEFAULT_COLLECTIVE_TIMEOUT_SECONDS:g} s).",
-            field=COLLECTIVE_TIMEOUT_VARIABLE, value=text,
+            field=COLLECTIVE_TIMEOUT_VARIABLE,
+            value=text,
         )
     return seconds
 
@@ -200,7 +206,7 @@ class Strategy(abc.ABC):
             module = module.module
         return module
 
-    def no_sync(self, module: nn.Module) -> ContextManager[Any]:
+    def no_sync(self, module: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Skip the gradient all-reduce inside (for the non-final micro-batches of an accumulation)."""
         if isinstance(module, DistributedDataParallel):
             return module.no_sync()
@@ -236,8 +242,9 @@ class Strategy(abc.ABC):
             answers = [bool(value) for value in values]
         else:
             device = self.placement.device
-            tensor = torch.stack([torch.as_tensor(value).to(device=device, dtype=torch.int32).reshape(())
-                                  for value in values])
+            tensor = torch.stack(
+                [torch.as_tensor(value).to(device=device, dtype=torch.int32).reshape(()) for value in values]
+            )
             answers = [bool(value) for value in self._all_reduce(tensor, distributed.ReduceOp.MAX).tolist()]
         return answers[0] if single else answers
 
@@ -247,8 +254,9 @@ class Strategy(abc.ABC):
             return [obj]
         return self._all_gather_object(obj)
 
-    def run_on_chief(self, action: Callable[[], Any], what: str, *,
-                     broadcast_object: Callable[[Any, int], Any] | None = None) -> Any:
+    def run_on_chief(
+        self, action: Callable[[], Any], what: str, *, broadcast_object: Callable[[Any, int], Any] | None = None
+    ) -> Any:
         """``action()`` run by the chief, its result returned on every replica: the one way work done once for
         all (a checkpoint, the best-checkpoint record, an export) reaches the others.
 
@@ -308,7 +316,7 @@ class Strategy(abc.ABC):
     def _wrap(self, module: nn.Module) -> nn.Module:
         """The module as this strategy trains it (moved, or wrapped for gradient averaging)."""
 
-    def _teardown(self) -> None:
+    def _teardown(self) -> None:  # noqa: B027 (optional: most strategies create nothing to end)
         pass
 
     def _all_reduce(self, tensor: torch.Tensor, op: Any) -> torch.Tensor:
@@ -349,21 +357,27 @@ def _refuse_one_of_several_tasks(environ: Mapping[str, str] | None = None) -> No
                 "%s says this program runs as %d processes (this is rank %d), but OneDeviceStrategy trains each "
                 "alone and every process will write model_dir. Use MirroredStrategy.",
                 "torchrun (WORLD_SIZE)" if launched.source == "torchrun" else "SLURM (SLURM_NTASKS)",
-                launched.world_size, launched.rank,
+                launched.world_size,
+                launched.rank,
             )
         return
     cluster = cluster_from_tf_config(environ)
     if cluster.task_type == PS:
-        raise ConfigError(f"TF_CONFIG says this task is a 'ps' (parameter server). {PS_ADVICE}",
-                          field='TF_CONFIG["task"]["type"]', value=PS)
+        raise ConfigError(
+            f"TF_CONFIG says this task is a 'ps' (parameter server). {PS_ADVICE}",
+            field='TF_CONFIG["task"]["type"]',
+            value=PS,
+        )
     if cluster.in_training_group and cluster.spans_several_processes:
         raise ConfigError(
             f"TF_CONFIG describes {cluster.world_size} training tasks (chief + workers; this is "
             f"{cluster.task_type}:{cluster.task_index}), but this Estimator trains on one device "
             "(RunConfig.train_distribute is None or a OneDeviceStrategy): each task would train alone and all would "
             "write model_dir. Set RunConfig(train_distribute=te.MultiWorkerMirroredStrategy()) (or "
-            "te.MirroredStrategy()) so the tasks train as one group, or remove \"cluster\" from TF_CONFIG to train "
-            "this task alone.", field="TF_CONFIG", value=environ.get("TF_CONFIG"),
+            'te.MirroredStrategy()) so the tasks train as one group, or remove "cluster" from TF_CONFIG to train '
+            "this task alone.",
+            field="TF_CONFIG",
+            value=environ.get("TF_CONFIG"),
         )
 
 
@@ -373,9 +387,7 @@ def _check_device_exists(device: torch.device, where: str) -> None:
     if not torch.cuda.is_available():
         raise ValueError(f"{where} asks for {device}, but CUDA is not available here. Use device='cpu' or None.")
     if device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(
-            f"{where} asks for {device}, but this machine has {torch.cuda.device_count()} CUDA device(s)."
-        )
+        raise ValueError(f"{where} asks for {device}, but this machine has {torch.cuda.device_count()} CUDA device(s).")
 
 
 class OneDeviceStrategy(Strategy):
@@ -474,8 +486,10 @@ class MirroredStrategy(Strategy):
         if backend is not None and backend not in BACKENDS:
             raise ValueError(f"MirroredStrategy backend must be one of {BACKENDS} or None; received {backend!r}.")
         if timeout_seconds is not None and (
-            isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, (int, float))
-            or not math.isfinite(timeout_seconds) or timeout_seconds <= 0
+            isinstance(timeout_seconds, bool)
+            or not isinstance(timeout_seconds, (int, float))
+            or not math.isfinite(timeout_seconds)
+            or timeout_seconds <= 0
         ):
             raise ValueError(
                 f"{type(self).__name__} timeout_seconds must be positive seconds or None; received {timeout_seconds!r}."
@@ -512,12 +526,18 @@ class MirroredStrategy(Strategy):
         self._timeout = datetime.timedelta(seconds=collective_timeout_seconds(self._requested_timeout))
         cluster = resolve_cluster(os.environ)
         if cluster.task_type == PS:
-            raise ConfigError(f"TF_CONFIG says this task is a 'ps' (parameter server). {PS_ADVICE}",
-                              field='TF_CONFIG["task"]["type"]', value=PS)
+            raise ConfigError(
+                f"TF_CONFIG says this task is a 'ps' (parameter server). {PS_ADVICE}",
+                field='TF_CONFIG["task"]["type"]',
+                value=PS,
+            )
         if cluster.task_type == EVALUATOR:
             # TF's evaluator is outside the training cluster: it evaluates checkpoints with one replica.
-            logger.info("%r: TF_CONFIG says this task is the evaluator, which never joins the training group; "
-                        "it runs one local replica.", self)
+            logger.info(
+                "%r: TF_CONFIG says this task is the evaluator, which never joins the training group; "
+                "it runs one local replica.",
+                self,
+            )
             return self._single_process_group()
         if cluster.source == "torchrun" or cluster.spans_several_processes:
             if cluster.source == "torchrun":
@@ -525,8 +545,11 @@ class MirroredStrategy(Strategy):
             if cluster.source == "torchrun" and is_started_replica():  # one a plain script started (replica 0 waits)
                 return self._join_group(cluster, own_replicas=True)
             if cluster.num_ps_replicas:
-                logger.warning("TF_CONFIG names %d 'ps' task(s); they are not used: chief and workers train "
-                               "synchronously (DistributedDataParallel).", cluster.num_ps_replicas)
+                logger.warning(
+                    "TF_CONFIG names %d 'ps' task(s); they are not used: chief and workers train "
+                    "synchronously (DistributedDataParallel).",
+                    cluster.num_ps_replicas,
+                )
             return self._join_group(cluster)
         num_replicas = self._default_num_replicas()
         if num_replicas == 1:
@@ -588,8 +611,11 @@ class MirroredStrategy(Strategy):
             self._init_group(cluster, device)
         self._after_group_created(cluster.local_world_size)
         return Placement(
-            device=device, num_replicas=cluster.world_size, replica_id=cluster.rank,
-            local_replica_id=cluster.local_rank, local_num_replicas=cluster.local_world_size,
+            device=device,
+            num_replicas=cluster.world_size,
+            replica_id=cluster.rank,
+            local_replica_id=cluster.local_rank,
+            local_num_replicas=cluster.local_world_size,
         )
 
     def _form_own_group(self, cluster: ClusterSpec, device: torch.device, replicas: LocalReplicas | None) -> None:
@@ -601,15 +627,25 @@ class MirroredStrategy(Strategy):
         if not chief:  # replica 0 serves the store: while it is not up, watch that replica 0 still runs
             _wait_for_replica_zeros_store(cluster, self.timeout_seconds)
         try:
-            store = distributed.TCPStore(cluster.master_addr, cluster.master_port, cluster.world_size,
-                                         is_master=chief, timeout=self._timeout, wait_for_workers=False)
+            store = distributed.TCPStore(
+                cluster.master_addr,
+                cluster.master_port,
+                cluster.world_size,
+                is_master=chief,
+                timeout=self._timeout,
+                wait_for_workers=False,
+            )
         except (distributed.DistStoreError, distributed.DistNetworkError) as error:
             where = f"{cluster.master_addr}:{cluster.master_port}"
-            what = ("could not serve the group's store at" if chief else
-                    f"did not reach the group's store within {self.timeout_seconds:g} s: replica 0, which serves it "
-                    "(and started this process), is gone or never got there; the store is at")
-            raise ReplicaLostError(f"Replica {cluster.rank} of {cluster.world_size} {what} {where} "
-                                   f"({type(error).__name__}: {error}).") from error
+            what = (
+                "could not serve the group's store at"
+                if chief
+                else f"did not reach the group's store within {self.timeout_seconds:g} s: replica 0, which serves it "
+                "(and started this process), is gone or never got there; the store is at"
+            )
+            raise ReplicaLostError(
+                f"Replica {cluster.rank} of {cluster.world_size} {what} {where} ({type(error).__name__}: {error})."
+            ) from error
         if chief:
             assert replicas is not None, "replica 0 passes the replicas it started"
             _wait_for_own_replicas(store, replicas, cluster.world_size, self.timeout_seconds)
@@ -617,8 +653,11 @@ class MirroredStrategy(Strategy):
             if not chief:
                 store.set(_JOINED_KEY.format(rank=cluster.rank), str(os.getpid()))
             distributed.init_process_group(
-                self._backend_for(device), store=distributed.PrefixStore("default_pg", store), rank=cluster.rank,
-                world_size=cluster.world_size, timeout=self._timeout,
+                self._backend_for(device),
+                store=distributed.PrefixStore("default_pg", store),
+                rank=cluster.rank,
+                world_size=cluster.world_size,
+                timeout=self._timeout,
             )
         except (distributed.DistStoreError, distributed.DistNetworkError) as error:
             if not chief:  # the store went with replica 0's process
@@ -633,12 +672,22 @@ class MirroredStrategy(Strategy):
             assert cluster.master_addr is not None and cluster.master_port is not None
             host = f"[{cluster.master_addr}]" if ":" in cluster.master_addr else cluster.master_addr
             init_method = f"tcp://{host}:{cluster.master_port}"
-            logger.info("%r: %s rank %d of %d joins the group at %s (waits up to %g s for the others).", self,
-                        cluster.source, cluster.rank, cluster.world_size, init_method, self.timeout_seconds)
+            logger.info(
+                "%r: %s rank %d of %d joins the group at %s (waits up to %g s for the others).",
+                self,
+                cluster.source,
+                cluster.rank,
+                cluster.world_size,
+                init_method,
+                self.timeout_seconds,
+            )
         try:
             distributed.init_process_group(
-                self._backend_for(device), init_method=init_method, rank=cluster.rank,
-                world_size=cluster.world_size, timeout=self._timeout,
+                self._backend_for(device),
+                init_method=init_method,
+                rank=cluster.rank,
+                world_size=cluster.world_size,
+                timeout=self._timeout,
             )
         except (distributed.DistStoreError, distributed.DistNetworkError) as error:
             raise ReplicaLostError(_group_did_not_form(cluster, init_method, self.timeout_seconds, error)) from error
@@ -667,8 +716,11 @@ class MirroredStrategy(Strategy):
         device = self._pick_device(local_rank, local_world_size)
         self._threads_before = _limit_threads(local_world_size)
         return Placement(
-            device=device, num_replicas=world_size, replica_id=rank,
-            local_replica_id=local_rank, local_num_replicas=local_world_size,
+            device=device,
+            num_replicas=world_size,
+            replica_id=rank,
+            local_replica_id=local_rank,
+            local_num_replicas=local_world_size,
         )
 
     def _after_group_created(self, local_world_size: int) -> None:
@@ -735,7 +787,7 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
 
 _GROUP_DESCRIPTIONS = {
     "torchrun": "the launched run (WORLD_SIZE)",
-    "tf_config": 'the TF_CONFIG cluster (its chief and workers)',
+    "tf_config": "the TF_CONFIG cluster (its chief and workers)",
     "slurm": "the srun step (SLURM_NTASKS)",
 }
 
@@ -761,16 +813,21 @@ def _start_quiet_replicas(num_replicas: int) -> LocalReplicas:
     standard output goes to a file (``replica_stdout_path``), their standard error shows here, marked per line."""
     mode = os.environ.get(REPLICA_STDOUT_VARIABLE, "file").strip().lower() or "file"
     if mode not in ("file", "all"):
-        raise ConfigError(f"{REPLICA_STDOUT_VARIABLE} must be 'all' (every replica prints here) or 'file' (the "
-                          f"default: replicas 1..N-1 print to a file); received {mode!r}.",
-                          field=REPLICA_STDOUT_VARIABLE, value=mode)
+        raise ConfigError(
+            f"{REPLICA_STDOUT_VARIABLE} must be 'all' (every replica prints here) or 'file' (the "
+            f"default: replicas 1..N-1 print to a file); received {mode!r}.",
+            field=REPLICA_STDOUT_VARIABLE,
+            value=mode,
+        )
     others = "replica 1" if num_replicas == 2 else f"replicas 1-{num_replicas - 1}"
     target = replica_stdout_path() if mode == "file" else None
     replicas = start_local_replicas(num_replicas, stdout_path=target)
     show_summaries()  # said by default, also when no train() call attached the console handler yet
     if target is not None:
-        log_summary(f"{others}: standard output goes to {target}; errors show here, as [rankN]: lines "
-                    f"({REPLICA_STDOUT_VARIABLE}=all prints every replica's output here)")
+        log_summary(
+            f"{others}: standard output goes to {target}; errors show here, as [rankN]: lines "
+            f"({REPLICA_STDOUT_VARIABLE}=all prints every replica's output here)"
+        )
     return replicas
 
 
@@ -792,7 +849,9 @@ def _wait_for_own_replicas(store: Any, replicas: LocalReplicas, world_size: int,
                 f"(pid {pids}) still {'runs' if len(waiting) == 1 else 'run'} but did not reach train() within "
                 f"{timeout_seconds:g} s. Each replica runs this program from its start, so what comes before "
                 "train() (loading data, building the model) runs in each; if that takes longer, wait longer: "
-                "MirroredStrategy(timeout_seconds=...) or TORCHESTIMATOR_COLLECTIVE_TIMEOUT.", lost_ranks=waiting)
+                "MirroredStrategy(timeout_seconds=...) or TORCHESTIMATOR_COLLECTIVE_TIMEOUT.",
+                lost_ranks=waiting,
+            )
         replicas.wait_for_an_end(_JOIN_POLL_SECONDS)
 
 
@@ -838,17 +897,22 @@ def _wait_for_replica_zeros_store(cluster: ClusterSpec, timeout_seconds: float) 
 def _group_did_not_form(cluster: ClusterSpec, init_method: str, timeout_seconds: float, error: Exception) -> str:
     """What to tell a replica whose group never formed: who was expected, where, and the wait to change."""
     if cluster.jobs:
-        expected = "; ".join(f"{job}: {', '.join(addresses)}" for job, addresses in sorted(cluster.jobs.items())
-                             if job not in ("evaluator", "ps"))
+        expected = "; ".join(
+            f"{job}: {', '.join(addresses)}"
+            for job, addresses in sorted(cluster.jobs.items())
+            if job not in ("evaluator", "ps")
+        )
         who = f"TF_CONFIG task {cluster.task_type}:{cluster.task_index} (rank {cluster.rank})"
         advice = f"Start every training task of TF_CONFIG's cluster ({expected}) with the same cluster"
     else:
         who = f"{cluster.source} rank {cluster.rank}"
         advice = f"Start all {cluster.world_size} processes with the same rendezvous"
-    return (f"The process group of {cluster.world_size} replicas did not form: {who} waited at {init_method} "
-            f"({type(error).__name__}: {error}). {advice}, check that the chief's address is reachable from every "
-            f"node, or wait longer: MirroredStrategy(timeout_seconds=...) or TORCHESTIMATOR_COLLECTIVE_TIMEOUT "
-            f"(now {timeout_seconds:g} s).")
+    return (
+        f"The process group of {cluster.world_size} replicas did not form: {who} waited at {init_method} "
+        f"({type(error).__name__}: {error}). {advice}, check that the chief's address is reachable from every "
+        f"node, or wait longer: MirroredStrategy(timeout_seconds=...) or TORCHESTIMATOR_COLLECTIVE_TIMEOUT "
+        f"(now {timeout_seconds:g} s)."
+    )
 
 
 def _as_device(device: str | int | torch.device) -> torch.device:

@@ -38,8 +38,13 @@ from torchestimator.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SMALL_BATCH_PER_REPLICA", "CrossReplicaBatchNorm", "convert_batch_norm", "copy_sharing_process_groups",
-           "prepare_batch_norm"]
+__all__ = [
+    "SMALL_BATCH_PER_REPLICA",
+    "CrossReplicaBatchNorm",
+    "convert_batch_norm",
+    "copy_sharing_process_groups",
+    "prepare_batch_norm",
+]
 
 SMALL_BATCH_PER_REPLICA = 16
 """Below this many examples per replica, unsynchronised BatchNorm statistics are noisy enough to warn about."""
@@ -57,9 +62,17 @@ _INPUT_RANKS: dict[type[nn.Module], tuple[int, ...] | None] = {
 
 # The hooks users and the framework put on a layer; they move with it to its replacement.
 _HOOK_DICTS = (
-    "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
-    "_forward_hooks_always_called", "_backward_pre_hooks", "_backward_hooks", "_state_dict_hooks",
-    "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_backward_pre_hooks",
+    "_backward_hooks",
+    "_state_dict_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
 )
 
 
@@ -109,9 +122,18 @@ class CrossReplicaBatchNorm(_BatchNorm):
     """
 
     def __init__(
-        self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
-        track_running_stats: bool = True, process_group: Any = None, *, input_ranks: tuple[int, ...] | None = None,
-        bias: bool = True, device: Any = None, dtype: Any = None,
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        process_group: Any = None,
+        *,
+        input_ranks: tuple[int, ...] | None = None,
+        bias: bool = True,
+        device: Any = None,
+        dtype: Any = None,
     ) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
         self._group = _GroupReference(process_group)
@@ -126,7 +148,12 @@ class CrossReplicaBatchNorm(_BatchNorm):
     def from_batch_norm(cls, layer: _BatchNorm, process_group: Any = None) -> CrossReplicaBatchNorm:
         """A layer that shares ``layer``'s parameters, buffers, mode, hooks and attributes, synchronised."""
         replacement = cls(
-            layer.num_features, layer.eps, layer.momentum, layer.affine, layer.track_running_stats, process_group,
+            layer.num_features,
+            layer.eps,
+            layer.momentum,
+            layer.affine,
+            layer.track_running_stats,
+            process_group,
             input_ranks=_INPUT_RANKS.get(type(layer), getattr(layer, "input_ranks", None)),
             bias=layer.bias is not None,
         )
@@ -258,7 +285,9 @@ def convert_batch_norm(module: nn.Module, device: torch.device | str, process_gr
             f"RunConfig(sync_batch_norm=True) replaces the BatchNorm layers inside the model, but the model is "
             f"itself a {type(module).__name__}, which cannot be replaced in place. Build it inside a container, "
             f"e.g. nn.Sequential({type(module).__name__}(...)) (its state_dict keys then start with '0.'), "
-            "or train with sync_batch_norm=False.", field="sync_batch_norm", value=True,
+            "or train with sync_batch_norm=False.",
+            field="sync_batch_norm",
+            value=True,
         )
     replacements: dict[int, nn.Module] = {}
     converted: list[str] = []
@@ -282,7 +311,9 @@ def _needs_replacing(layer: nn.Module, target: type[nn.Module], name: str) -> bo
         f"RunConfig(sync_batch_norm=True) cannot synchronise the layer {name!r}: it is a "
         f"{type(layer).__name__}, a BatchNorm subclass whose own forward or state a replacement would drop "
         "(lazy layers: run one forward pass first). Use nn.BatchNorm1d/2d/3d there, or train with "
-        "sync_batch_norm=False.", field="sync_batch_norm", value=True,
+        "sync_batch_norm=False.",
+        field="sync_batch_norm",
+        value=True,
     )
 
 
@@ -333,7 +364,9 @@ class _SmallBatchWarning:
                 "each replica's statistics differ from the global batch's, so training differs from one replica "
                 "with the same global batch. Set RunConfig(sync_batch_norm=True) to use the global batch's "
                 "statistics, or give each replica at least %d examples.",
-                self._names.get(id(layer), type(layer).__name__), per_replica, self._num_replicas,
+                self._names.get(id(layer), type(layer).__name__),
+                per_replica,
+                self._num_replicas,
                 SMALL_BATCH_PER_REPLICA,
             )
 
@@ -385,10 +418,19 @@ def prepare_batch_norm(module: nn.Module, strategy: Any, *, sync: bool) -> nn.Mo
         return module
     converted = convert_batch_norm(module, strategy.device, getattr(strategy, "process_group", None))
     if converted:
-        implementation = "torch.nn.SyncBatchNorm" if strategy.device.type in _TORCH_SYNC_DEVICE_TYPES else (
-            "CrossReplicaBatchNorm (all-reduce)")
-        logger.info("sync_batch_norm: %d BatchNorm layer(s) now use the global batch's statistics over %d replicas "
-                    "with %s: %s.", len(converted), strategy.num_replicas, implementation, ", ".join(converted))
+        implementation = (
+            "torch.nn.SyncBatchNorm"
+            if strategy.device.type in _TORCH_SYNC_DEVICE_TYPES
+            else ("CrossReplicaBatchNorm (all-reduce)")
+        )
+        logger.info(
+            "sync_batch_norm: %d BatchNorm layer(s) now use the global batch's statistics over %d replicas "
+            "with %s: %s.",
+            len(converted),
+            strategy.num_replicas,
+            implementation,
+            ", ".join(converted),
+        )
     elif not any(True for _ in _batch_norm_layers(module)):
         logger.info("sync_batch_norm: the model has no BatchNorm layer; nothing to synchronise.")
     return module

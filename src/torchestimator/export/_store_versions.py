@@ -36,9 +36,19 @@ from typing import Any
 from torchestimator._io import filesystems
 from torchestimator.errors import ExportFormatError
 
-__all__ = ["FILES_KEY", "cache_folder", "cache_root", "fetch_version", "file_records", "forget_cached", "has_metadata",
-           "list_store_versions",
-           "publish_version", "remove_version", "version_fingerprint"]
+__all__ = [
+    "FILES_KEY",
+    "cache_folder",
+    "cache_root",
+    "fetch_version",
+    "file_records",
+    "forget_cached",
+    "has_metadata",
+    "list_store_versions",
+    "publish_version",
+    "remove_version",
+    "version_fingerprint",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -86,22 +96,32 @@ def _checked_records(metadata_bytes: bytes, url: str) -> dict[str, dict[str, Any
         raise ExportFormatError(
             f"{url} lists no '{FILES_KEY}' (the size and sha256 of each file of the version), so its files cannot "
             "be checked: a version in an object store must be written by export_saved_model (or copied from a "
-            "local export made by this torchestimator, whose metadata.json lists them).")
+            "local export made by this torchestimator, whose metadata.json lists them)."
+        )
     for relative, record in records.items():
         parts = relative.split("/") if isinstance(relative, str) else []
-        if (not parts or any(part in ("", ".", "..") for part in parts) or "\\" in relative
-                or relative == METADATA_FILE or not isinstance(record, dict)
-                or not isinstance(record.get("size"), int) or not isinstance(record.get("sha256"), str)):
-            raise ExportFormatError(f"{url}: '{FILES_KEY}' entry {str(relative)[:80]!r} is not a relative path "
-                                    "inside the version with an int size and a sha256; the version is damaged.")
+        if (
+            not parts
+            or any(part in ("", ".", "..") for part in parts)
+            or "\\" in relative
+            or relative == METADATA_FILE
+            or not isinstance(record, dict)
+            or not isinstance(record.get("size"), int)
+            or not isinstance(record.get("sha256"), str)
+        ):
+            raise ExportFormatError(
+                f"{url}: '{FILES_KEY}' entry {str(relative)[:80]!r} is not a relative path "
+                "inside the version with an int size and a sha256; the version is damaged."
+            )
     return records
 
 
 # ------------------------------------------------------------------------------------------- publishing
 
 
-def publish_version(folder: str, base_url: str, *, clock: Callable[[], float] = time.time,
-                    sleep: Callable[[float], None] = time.sleep) -> str:
+def publish_version(
+    folder: str, base_url: str, *, clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep
+) -> str:
     """Uploads a finished local version folder to ``base_url/<int(clock())>``, metadata.json last; its URL.
 
     The number is taken when the local version is complete; a number with any object under it (a version,
@@ -117,8 +137,10 @@ def publish_version(folder: str, base_url: str, *, clock: Callable[[], float] = 
             break
         sleep(1)
     else:
-        raise RuntimeError(f"Failed to obtain a unique export version under {base_url} after {_VERSION_ATTEMPTS} "
-                           "attempts; another process is exporting to the same base every second.")
+        raise RuntimeError(
+            f"Failed to obtain a unique export version under {base_url} after {_VERSION_ATTEMPTS} "
+            "attempts; another process is exporting to the same base every second."
+        )
     url = f"{base_url}/{name}"
     try:
         for relative in sorted(file_records(folder)):
@@ -129,8 +151,12 @@ def publish_version(folder: str, base_url: str, *, clock: Callable[[], float] = 
         try:
             filesystems.remove_tree(url)
         except OSError as error:
-            logger.warning("Could not remove the incomplete upload %s (it is not a version: it has no %s): %s",
-                           url, METADATA_FILE, error)
+            logger.warning(
+                "Could not remove the incomplete upload %s (it is not a version: it has no %s): %s",
+                url,
+                METADATA_FILE,
+                error,
+            )
         raise
     return url
 
@@ -166,7 +192,7 @@ def _objects(base_url: str) -> dict[str, dict[str, Any]]:
     except Exception as error:  # unreachable store, no credentials: the caller decides what to do
         raise filesystems._named(error, base_url, "listing") from error
     prefix = inner + "/"
-    return {name[len(prefix):]: info for name, info in found.items() if name.startswith(prefix)}
+    return {name[len(prefix) :]: info for name, info in found.items() if name.startswith(prefix)}
 
 
 def _by_version(objects: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -197,8 +223,14 @@ def version_fingerprint(url: str) -> tuple[Any, ...]:
     when they change."""
     entries = []
     for relative, info in _objects(url.rstrip("/")).items():
-        stamp = next((info[key] for key in ("ETag", "etag", "md5Hash", "LastModified", "updated", "mtime", "created")
-                      if info.get(key) is not None), None)
+        stamp = next(
+            (
+                info[key]
+                for key in ("ETag", "etag", "md5Hash", "LastModified", "updated", "mtime", "created")
+                if info.get(key) is not None
+            ),
+            None,
+        )
         entries.append((relative, info.get("size"), str(stamp)))
     return tuple(sorted(entries))
 
@@ -254,7 +286,8 @@ def fetch_version(url: str, *, root: str | None = None) -> str:
     except FileNotFoundError:
         raise ExportFormatError(
             f"{url} is not a complete export version: it has no {METADATA_FILE}, which export_saved_model uploads "
-            "after every other file (an upload in progress, or one that was cut short).") from None
+            "after every other file (an upload in progress, or one that was cut short)."
+        ) from None
     records = _checked_records(metadata_bytes, metadata_url)
     target = cache_folder(url, root)
     if _cached_copy_matches(target, metadata_bytes, records):
@@ -284,8 +317,9 @@ def _download_verified(url: str, local: str, record: Mapping[str, Any]) -> None:
     try:
         source = fs.open(inner, "rb", block_size=CHUNK_BYTES)
     except FileNotFoundError:
-        raise ExportFormatError(f"{url} is missing, though the version's {METADATA_FILE} lists it: the version is "
-                                "damaged; re-export it.") from None
+        raise ExportFormatError(
+            f"{url} is missing, though the version's {METADATA_FILE} lists it: the version is damaged; re-export it."
+        ) from None
     except Exception as error:
         raise filesystems._named(error, url, "opening") from error
     try:
@@ -297,14 +331,20 @@ def _download_verified(url: str, local: str, record: Mapping[str, Any]) -> None:
                     break
                 target.write(chunk)
     except FileNotFoundError:  # deleted between listing and reading
-        raise ExportFormatError(f"{url} is missing, though the version's {METADATA_FILE} lists it: the version is "
-                                "damaged; re-export it.") from None
+        raise ExportFormatError(
+            f"{url} is missing, though the version's {METADATA_FILE} lists it: the version is damaged; re-export it."
+        ) from None
     if size != record["size"] or digest.hexdigest() != record["sha256"]:
-        what = (f"{size if size <= record['size'] else 'more than ' + str(record['size'])} bytes where "
-                f"{METADATA_FILE} says {record['size']}" if size != record["size"] else
-                f"sha256 {digest.hexdigest()[:16]}... where {METADATA_FILE} says {record['sha256'][:16]}...")
-        raise ExportFormatError(f"{url} does not match the version's {METADATA_FILE} ({what}): the version is "
-                                "damaged and is not loaded; re-export it.")
+        what = (
+            f"{size if size <= record['size'] else 'more than ' + str(record['size'])} bytes where "
+            f"{METADATA_FILE} says {record['size']}"
+            if size != record["size"]
+            else f"sha256 {digest.hexdigest()[:16]}... where {METADATA_FILE} says {record['sha256'][:16]}..."
+        )
+        raise ExportFormatError(
+            f"{url} does not match the version's {METADATA_FILE} ({what}): the version is "
+            "damaged and is not loaded; re-export it."
+        )
 
 
 def _chunks(source: Any, url: str) -> Iterator[bytes]:
@@ -327,14 +367,17 @@ def _cached_copy_matches(folder: str, metadata_bytes: bytes, records: Mapping[st
         with open(os.path.join(folder, METADATA_FILE), "rb") as handle:
             if handle.read() != metadata_bytes:
                 return False
-        return all(os.path.getsize(os.path.join(folder, *relative.split("/"))) == record["size"]
-                   for relative, record in records.items())
+        return all(
+            os.path.getsize(os.path.join(folder, *relative.split("/"))) == record["size"]
+            for relative, record in records.items()
+        )
     except OSError:
         return False
 
 
-def _move_into_place(staging: str, target: str, metadata_bytes: bytes,
-                     records: Mapping[str, Mapping[str, Any]]) -> None:
+def _move_into_place(
+    staging: str, target: str, metadata_bytes: bytes, records: Mapping[str, Mapping[str, Any]]
+) -> None:
     """Renames the verified copy into place; a stale copy there (another metadata) is moved aside first, and a
     matching one that another process placed meanwhile is kept."""
     for _ in range(3):

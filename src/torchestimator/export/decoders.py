@@ -55,7 +55,8 @@ class DecodeStep(abc.ABC):
     def describe(self) -> str:
         return f"{self.kind} -> " + ", ".join(
             f"{name!r}: {str(dtype).removeprefix('torch.')} {[-1 if size is None else size for size in shape]}"
-            for name, (dtype, shape) in self.outputs().items())
+            for name, (dtype, shape) in self.outputs().items()
+        )
 
 
 # -- tf.Example parsing -------------------------------------------------------------------
@@ -75,8 +76,9 @@ class ExampleParsing(DecodeStep):
         from torchestimator.data.parsing import FixedLenFeature
 
         if not isinstance(self.features, Mapping) or not self.features:
-            raise ValueError(f"feature_spec must be a non-empty dict of name -> FixedLenFeature; received "
-                             f"{self.features!r}.")
+            raise ValueError(
+                f"feature_spec must be a non-empty dict of name -> FixedLenFeature; received {self.features!r}."
+            )
         for name, spec in self.features.items():
             if not isinstance(name, str) or not name:
                 raise ValueError(f"feature_spec names must be non-empty strings; received {name!r}.")
@@ -86,12 +88,14 @@ class ExampleParsing(DecodeStep):
                     "only, so a parsing receiver takes FixedLenFeature specs. A variable-length feature cannot cross "
                     f"into a torch.export program as it is: parse it as FixedLenFeature([N], dtype, "
                     "default_value=[...]) with a fixed N (pad the records to N values), or split it into fixed-size "
-                    "features.")
+                    "features."
+                )
             if spec.dtype not in _EXAMPLE_DTYPES:
                 raise ValueError(
                     f"feature_spec[{name!r}] is a {spec.dtype} FixedLenFeature; exported programs take numeric "
                     "tensors only (torch has no string tensors). Store the feature as int64 ids or float32 values in "
-                    "the Examples, or leave it out of the serving feature_spec.")
+                    "the Examples, or leave it out of the serving feature_spec."
+                )
         object.__setattr__(self, "features", dict(self.features))
 
     def outputs(self) -> dict[str, tuple[torch.dtype, tuple[int | None, ...]]]:
@@ -105,8 +109,10 @@ class ExampleParsing(DecodeStep):
         return {name: parsed[name] for name in self.features}
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "features": {name: fixed_len_feature_to_json(spec)
-                                                for name, spec in self.features.items()}}
+        return {
+            "kind": self.kind,
+            "features": {name: fixed_len_feature_to_json(spec) for name, spec in self.features.items()},
+        }
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any], where: str) -> ExampleParsing:
@@ -114,8 +120,9 @@ class ExampleParsing(DecodeStep):
         features = document["features"]
         if not isinstance(features, dict) or not features:
             raise ExportFormatError(f"{where}: 'features' must be a non-empty object of name -> FixedLenFeature.")
-        specs = {name: fixed_len_feature_from_json(value, f"{where}: features[{name!r}]")
-                 for name, value in features.items()}
+        specs = {
+            name: fixed_len_feature_from_json(value, f"{where}: features[{name!r}]") for name, value in features.items()
+        }
         try:
             return cls(features=specs)
         except ValueError as error:
@@ -125,8 +132,12 @@ class ExampleParsing(DecodeStep):
 def fixed_len_feature_to_json(spec: Any) -> dict[str, Any]:
     """{"type": "FixedLenFeature", "shape", "dtype", "default_value": flat list or null}."""
     default = getattr(spec, "_default", None)  # the spec's own checked, flattened default (None: required)
-    return {"type": "FixedLenFeature", "shape": list(spec.shape), "dtype": spec.dtype,
-            "default_value": None if default is None else default.tolist()}
+    return {
+        "type": "FixedLenFeature",
+        "shape": list(spec.shape),
+        "dtype": spec.dtype,
+        "default_value": None if default is None else default.tolist(),
+    }
 
 
 def fixed_len_feature_from_json(document: Any, where: str) -> Any:
@@ -134,15 +145,19 @@ def fixed_len_feature_from_json(document: Any, where: str) -> Any:
 
     _check_keys(document, {"type", "shape", "dtype", "default_value"}, where)
     if document["type"] != "FixedLenFeature":
-        raise ExportFormatError(f"{where}: type {document['type']!r} is not FixedLenFeature, the only spec an "
-                                "export's parsing step holds.")
+        raise ExportFormatError(
+            f"{where}: type {document['type']!r} is not FixedLenFeature, the only spec an export's parsing step holds."
+        )
     shape, dtype, default = document["shape"], document["dtype"], document["default_value"]
     if not isinstance(shape, list) or not all(type(size) is int and size >= 0 for size in shape):
         raise ExportFormatError(f"{where}: shape must be a list of non-negative integers; it is {str(shape)[:80]}.")
     if dtype not in _EXAMPLE_DTYPES:
         raise ExportFormatError(f"{where}: dtype must be one of {sorted(_EXAMPLE_DTYPES)}; it is {str(dtype)[:40]!r}.")
-    if default is not None and not (isinstance(default, list) and len(default) == math.prod(shape) and all(
-            isinstance(value, (int, float)) and not isinstance(value, bool) for value in default)):
+    if default is not None and not (
+        isinstance(default, list)
+        and len(default) == math.prod(shape)
+        and all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in default)
+    ):
         raise ExportFormatError(f"{where}: default_value must be null or a flat list of {math.prod(shape)} numbers.")
     try:
         return FixedLenFeature(shape, dtype, default_value=None if default is None else np.reshape(default, shape))
@@ -167,13 +182,17 @@ class ImageDecode(DecodeStep):
         from torchestimator.data.images import ImageDecoding
 
         if not isinstance(self.decoding, ImageDecoding):
-            raise TypeError(f"decoding must be a torchestimator.data.ImageDecoding(size=..., channels=...); received "
-                            f"{self.decoding!r}.")
+            raise TypeError(
+                f"decoding must be a torchestimator.data.ImageDecoding(size=..., channels=...); received "
+                f"{self.decoding!r}."
+            )
         if not isinstance(self.feature_name, str) or not self.feature_name:
             raise ValueError(f"feature_name must be a non-empty string; received {self.feature_name!r}.")
         if not self.decoding.channels:
-            raise ValueError("An image receiver needs a fixed channel count (ImageDecoding(channels=1, 3 or 4)): "
-                             "channels=0 keeps each file's own, and one batch of a program input has one shape.")
+            raise ValueError(
+                "An image receiver needs a fixed channel count (ImageDecoding(channels=1, 3 or 4)): "
+                "channels=0 keeps each file's own, and one batch of a program input has one shape."
+            )
 
     def image_shape(self) -> tuple[int, ...]:
         return tuple(self.decoding.shape)
@@ -217,8 +236,10 @@ def decoder_from_json(document: Any, where: str) -> DecodeStep:
     kind = document.get("kind")
     step = _KINDS.get(kind) if isinstance(kind, str) else None
     if step is None:
-        raise ExportFormatError(f"{where}: unknown decode step kind {str(kind)[:40]!r}; this torchestimator knows "
-                                f"{sorted(_KINDS)}. Re-export with this version or upgrade torchestimator.")
+        raise ExportFormatError(
+            f"{where}: unknown decode step kind {str(kind)[:40]!r}; this torchestimator knows "
+            f"{sorted(_KINDS)}. Re-export with this version or upgrade torchestimator."
+        )
     return step.from_json(document, where)
 
 
@@ -227,5 +248,6 @@ def _check_keys(document: Any, keys: set[str], where: str) -> None:
         raise ExportFormatError(f"{where} must be an object; it is {type(document).__name__}.")
     unknown, missing = sorted(set(document) - keys), sorted(keys - set(document))
     if unknown or missing:
-        raise ExportFormatError(f"{where}: unknown keys {unknown[:8]}, missing keys {missing}; expected exactly "
-                                f"{sorted(keys)}.")
+        raise ExportFormatError(
+            f"{where}: unknown keys {unknown[:8]}, missing keys {missing}; expected exactly {sorted(keys)}."
+        )

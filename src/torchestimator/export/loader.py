@@ -30,10 +30,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchestimator._io.filesystems import is_url, local_path
+from torchestimator._io.regular_file import FileTooLargeError, NotARegularFileError, read_regular_file
+from torchestimator.errors import ExportFormatError, InputError, InputTypeError
 from torchestimator.export.decoders import STRING, DecodeStep, decoder_from_json
 from torchestimator.export.outputs import DEFAULT_SERVING_SIGNATURE_DEF_KEY
-from torchestimator.export.receiver import dtype_name, parse_dtype
 from torchestimator.export.program_format import LEGACY_FILE, PROGRAM_FILE, TENSORS_FILE, decode
+from torchestimator.export.receiver import dtype_name, parse_dtype
 from torchestimator.export.saved_model import (
     METADATA_FILE,
     SIGNATURE_FILE,
@@ -42,9 +45,6 @@ from torchestimator.export.saved_model import (
     SIGNATURE_FORMAT_WITH_RECEIVER_INPUTS,
 )
 from torchestimator.export.versions import latest_version
-from torchestimator._io.filesystems import is_url, local_path
-from torchestimator._io.regular_file import FileTooLargeError, NotARegularFileError, read_regular_file
-from torchestimator.errors import ExportFormatError, InputError, InputTypeError
 
 __all__ = ["ExportedModel", "LiftedCall", "Signature", "TensorInfo", "load", "read_inputs"]
 
@@ -89,8 +89,9 @@ class ExportedModel:
         self._module = _without_input_constraint_hook(program.module())
         self._program_inputs = list(document["program_inputs"])
         renames = document["format_version"] == SIGNATURE_FORMAT_WITH_RECEIVER_INPUTS
-        self._signatures = {name: _signature(name, entry, path, renames)
-                            for name, entry in document["signatures"].items()}
+        self._signatures = {
+            name: _signature(name, entry, path, renames) for name, entry in document["signatures"].items()
+        }
         self._decoders, self._program_infos = _decode_plan(document, self._signatures, path)
         if self._decoders:
             _check_decoded_against_program(program, self._program_infos, path)
@@ -98,8 +99,11 @@ class ExportedModel:
         # convention is the plain one (checked once here); None: every call goes through the module.
         self._lifted = LiftedCall.build(program, self._program_inputs)
         # Parsed once; a dtype name torch does not know stays None so the call reports it, as before.
-        self._input_dtypes = {(name, key): _known_dtype(info.dtype)
-                              for name, signature in self._signatures.items() for key, info in signature.inputs.items()}
+        self._input_dtypes = {
+            (name, key): _known_dtype(info.dtype)
+            for name, signature in self._signatures.items()
+            for key, info in signature.inputs.items()
+        }
         self._program_dtypes = {key: _known_dtype(info.dtype) for key, info in self._program_infos.items()}
 
     def __repr__(self) -> str:
@@ -157,7 +161,9 @@ class ExportedModel:
 
     predict = __call__
 
-    def prepare_inputs(self, inputs: Any, signature_name: str = DEFAULT_SERVING_SIGNATURE_DEF_KEY) -> dict[str, torch.Tensor]:
+    def prepare_inputs(
+        self, inputs: Any, signature_name: str = DEFAULT_SERVING_SIGNATURE_DEF_KEY
+    ) -> dict[str, torch.Tensor]:
         """The program's input tensors, checked against the signature; errors name the input and the mismatch.
 
         String inputs are decoded here (their decode step), so what comes back
@@ -177,19 +183,31 @@ class ExportedModel:
         if self._decoders:
             return self._prepare_decoded(inputs, signature)
         _check_input_names(inputs, signature, self.path)
-        tensors = {name: _as_tensor(name, inputs[name], info, self._input_dtypes[signature.name, name])
-                   for name, info in signature.inputs.items()}
+        tensors = {
+            name: _as_tensor(name, inputs[name], info, self._input_dtypes[signature.name, name])
+            for name, info in signature.inputs.items()
+        }
         _check_batch(tensors, signature)
         return tensors
-
 
     def _prepare_decoded(self, inputs: Mapping[str, Any], signature: Signature) -> dict[str, torch.Tensor]:
         """The program's tensors from the signature's inputs (decoding the strings), or checked when given them."""
         if inputs.keys() == self._program_infos.keys():  # already decoded (a batch the scheduler concatenated)
-            tensors = {name: _as_tensor(name, inputs[name], info, self._program_dtypes[name])
-                       for name, info in self._program_infos.items()}
-            _check_batch(tensors, Signature(name=signature.name, method=signature.method, method_name="",
-                                            inputs=self._program_infos, outputs={}, program_outputs={}))
+            tensors = {
+                name: _as_tensor(name, inputs[name], info, self._program_dtypes[name])
+                for name, info in self._program_infos.items()
+            }
+            _check_batch(
+                tensors,
+                Signature(
+                    name=signature.name,
+                    method=signature.method,
+                    method_name="",
+                    inputs=self._program_infos,
+                    outputs={},
+                    program_outputs={},
+                ),
+            )
             return tensors
         if signature.receiver_inputs and inputs.keys() != signature.inputs.keys():
             inputs = _under_signature_names(inputs, signature)
@@ -229,8 +247,14 @@ class LiftedCall:
     skipped (prepare_inputs has checked names, dtypes and static sizes).
     """
 
-    def __init__(self, forward: Any, constants: list[torch.Tensor], input_names: list[str],
-                 output_positions: dict[str, int], ranges: list[tuple[str, int, int, float]]) -> None:
+    def __init__(
+        self,
+        forward: Any,
+        constants: list[torch.Tensor],
+        input_names: list[str],
+        output_positions: dict[str, int],
+        ranges: list[tuple[str, int, int, float]],
+    ) -> None:
         self._forward = forward
         self._constants = constants
         self._input_names = input_names
@@ -251,7 +275,7 @@ class LiftedCall:
         import torch.utils._pytree as pytree
         from torch.export.graph_signature import InputKind, OutputKind
 
-        if pytree.tree_structure((({name: 0 for name in program_inputs},), {})) != program.call_spec.in_spec:
+        if pytree.tree_structure(((dict.fromkeys(program_inputs, 0),), {})) != program.call_spec.in_spec:
             return None
         specs = program.graph_signature.input_specs
         user = [index for index, spec in enumerate(specs) if spec.kind == InputKind.USER_INPUT]
@@ -259,8 +283,10 @@ class LiftedCall:
             return None
         state = {**program.state_dict, **program.constants}
         lifted_kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
-        if not all(spec.kind in lifted_kinds and isinstance(state.get(spec.target), torch.Tensor)
-                   for spec in specs[:user[0] if user else len(specs)]):
+        if not all(
+            spec.kind in lifted_kinds and isinstance(state.get(spec.target), torch.Tensor)
+            for spec in specs[: user[0] if user else len(specs)]
+        ):
             return None
         constants = [state[spec.target].detach() for spec in specs if spec.kind != InputKind.USER_INPUT]
         outputs = program.graph_signature.output_specs
@@ -269,7 +295,7 @@ class LiftedCall:
         positions = pytree.tree_unflatten(list(range(len(outputs))), program.call_spec.out_spec)
         if not isinstance(positions, dict) or not all(type(value) is int for value in positions.values()):
             return None
-        placeholders = [node for node in program.graph.nodes if node.op == "placeholder"][len(constants):]
+        placeholders = [node for node in program.graph.nodes if node.op == "placeholder"][len(constants) :]
         ranges = _symbolic_ranges(program, program_inputs, placeholders)
         if ranges is None:
             return None
@@ -279,13 +305,17 @@ class LiftedCall:
         for name, dim, lowest, highest in self._ranges:
             size = tensors[name].shape[dim]
             if not lowest <= size <= highest:
-                raise InputError(f"Input {name!r} has size {size} in dimension {dim}; the exported program accepts "
-                                 f"{lowest} to {highest} there (the range torch.export recorded).")
+                raise InputError(
+                    f"Input {name!r} has size {size} in dimension {dim}; the exported program accepts "
+                    f"{lowest} to {highest} there (the range torch.export recorded)."
+                )
         flat = self._forward(*self._constants, *[tensors[name] for name in self._input_names])
         return {key: flat[position] for key, position in self._output_positions.items()}
 
 
-def _symbolic_ranges(program: Any, names: list[str], placeholders: list[Any]) -> list[tuple[str, int, int, float]] | None:
+def _symbolic_ranges(
+    program: Any, names: list[str], placeholders: list[Any]
+) -> list[tuple[str, int, int, float]] | None:
     """The breakable bounds of the user inputs' symbolic sizes; None when a size is an expression (not a symbol)."""
     import sympy
 
@@ -346,14 +376,17 @@ def load(path: str | os.PathLike[str]) -> ExportedModel:
             f"model with this torchestimator (it writes {PROGRAM_FILE} and {TENSORS_FILE})."
         )
     signature_path, metadata_path = os.path.join(path, SIGNATURE_FILE), os.path.join(path, METADATA_FILE)
-    document = _checked_signature_document(_read_json(signature_path, _read_export_file, ExportFormatError),
-                                           signature_path)
-    metadata = (_read_json(metadata_path, _read_export_file, ExportFormatError) if os.path.lexists(metadata_path)
-                else {})
+    document = _checked_signature_document(
+        _read_json(signature_path, _read_export_file, ExportFormatError), signature_path
+    )
+    metadata = _read_json(metadata_path, _read_export_file, ExportFormatError) if os.path.lexists(metadata_path) else {}
     if not isinstance(metadata, dict):
         raise ExportFormatError(f"{metadata_path} must hold a JSON object; it holds {type(metadata).__name__}.")
-    program = decode(_read_export_file(os.path.join(path, PROGRAM_FILE), _MAX_PROGRAM_BYTES),
-                     _read_export_file(os.path.join(path, TENSORS_FILE), _MAX_TENSORS_BYTES), path)
+    program = decode(
+        _read_export_file(os.path.join(path, PROGRAM_FILE), _MAX_PROGRAM_BYTES),
+        _read_export_file(os.path.join(path, TENSORS_FILE), _MAX_TENSORS_BYTES),
+        path,
+    )
     return ExportedModel(path, program, document, metadata)
 
 
@@ -370,7 +403,8 @@ def _local_copy(url: str) -> str:
             raise ExportFormatError(
                 f"{url} is neither a complete export version nor a base holding one: a version in an object store "
                 f"counts once its {METADATA_FILE} is uploaded, after every other file (export_saved_model does "
-                "this); an upload in progress or cut short is never loaded.")
+                "this); an upload in progress or cut short is never loaded."
+            )
         url = newest
     return _store_versions.fetch_version(url)
 
@@ -389,22 +423,28 @@ def read_inputs(path: str | os.PathLike[str]) -> dict[str, Any]:
             with np.load(path, allow_pickle=False) as archive:
                 return {name: archive[name] for name in archive.files}
         except (zipfile.BadZipFile, EOFError, ValueError) as error:  # not a zip, cut short, object arrays, bad header
-            raise InputError(f"{path} is not a readable .npz of plain arrays ({type(error).__name__}: {error}).") from None
+            raise InputError(
+                f"{path} is not a readable .npz of plain arrays ({type(error).__name__}: {error})."
+            ) from None
     try:
         document = _read_json(path)
     except ValueError as error:
         raise InputError(f"{path} is neither .npz nor valid JSON: {error}") from error
     if not isinstance(document, Mapping):
-        raise InputError(f"{path} must hold a JSON object ({{'inputs': ...}}, {{'instances': [...]}}, or name -> values).")
+        raise InputError(
+            f"{path} must hold a JSON object ({{'inputs': ...}}, {{'instances': [...]}}, or name -> values)."
+        )
     if "instances" in document:
         instances = document["instances"]
         if not isinstance(instances, list) or not instances or not all(isinstance(row, Mapping) for row in instances):
             raise InputError(f"{path}: 'instances' must be a non-empty list of {{name: value}} objects.")
         if any(list(row) == ["b64"] for row in instances):
-            raise InputError(f"{path}: 'instances' are {{\"b64\": ...}} values without an input name, which only a "
-                             "reader that knows the signature can place; name the input ({\"instances\": "
-                             "[{\"image_bytes\": {\"b64\": ...}}]}), or run `torchestimator predict --exported DIR "
-                             "--input FILE`, which reads the request as the server does.")
+            raise InputError(
+                f"{path}: 'instances' are {{\"b64\": ...}} values without an input name, which only a "
+                'reader that knows the signature can place; name the input ({"instances": '
+                '[{"image_bytes": {"b64": ...}}]}), or run `torchestimator predict --exported DIR '
+                "--input FILE`, which reads the request as the server does."
+            )
         return {name: _b64_to_bytes([row.get(name) for row in instances], path) for name in instances[0]}
     inputs = document.get("inputs", document)
     if not isinstance(inputs, Mapping):
@@ -423,7 +463,7 @@ def _b64_to_bytes(value: Any, path: str, depth: int = 0) -> Any:
         try:
             return base64.b64decode(value["b64"] + "=" * (-len(value["b64"]) % 4), validate=True)
         except (binascii.Error, ValueError) as error:
-            raise InputError(f"{path}: invalid base64 in {{\"b64\": ...}} ({error}).") from None
+            raise InputError(f'{path}: invalid base64 in {{"b64": ...}} ({error}).') from None
     return value
 
 
@@ -439,41 +479,59 @@ def _under_signature_names(inputs: Mapping[str, Any], signature: Signature) -> d
 def _signature(name: str, entry: Mapping[str, Any], path: str, renames: bool) -> Signature:
     """``renames``: the file's format records receiver_input (a signature input named otherwise than the
     receiver input it feeds); in an older format the key is refused, as any hand-made key would be."""
+
     def infos(section: str) -> dict[str, TensorInfo]:
-        result = {key: TensorInfo(dtype=value["dtype"], shape=tuple(value["shape"] or ()))
-                  for key, value in entry[section].items()}
+        result = {
+            key: TensorInfo(dtype=value["dtype"], shape=tuple(value["shape"] or ()))
+            for key, value in entry[section].items()
+        }
         for key, info in result.items():
-            if not isinstance(info.dtype, str) or not all(
-                    type(size) is int and size >= -1 for size in info.shape):
-                raise ValueError(f"{section[:-1]} {key!r} has dtype {info.dtype!r} and shape {list(info.shape)[:8]}; "
-                                 "expected a dtype name and sizes that are integers (-1 where dynamic)")
+            if not isinstance(info.dtype, str) or not all(type(size) is int and size >= -1 for size in info.shape):
+                raise ValueError(
+                    f"{section[:-1]} {key!r} has dtype {info.dtype!r} and shape {list(info.shape)[:8]}; "
+                    "expected a dtype name and sizes that are integers (-1 where dynamic)"
+                )
         return result
 
     def receiver_inputs() -> dict[str, str]:
         named = {key: value["receiver_input"] for key, value in entry["inputs"].items() if "receiver_input" in value}
         for key, receiver_input in named.items():
             if not renames:
-                raise ValueError(f"input {key!r} records a receiver_input, which only format_version "
-                                 f"{SIGNATURE_FORMAT_WITH_RECEIVER_INPUTS} files hold")
+                raise ValueError(
+                    f"input {key!r} records a receiver_input, which only format_version "
+                    f"{SIGNATURE_FORMAT_WITH_RECEIVER_INPUTS} files hold"
+                )
             if not isinstance(receiver_input, str) or not receiver_input or receiver_input == key:
-                raise ValueError(f"input {key!r} has receiver_input {str(receiver_input)[:60]!r}; expected the name "
-                                 "of the receiver input it feeds, which differs from the input's own")
+                raise ValueError(
+                    f"input {key!r} has receiver_input {str(receiver_input)[:60]!r}; expected the name "
+                    "of the receiver input it feeds, which differs from the input's own"
+                )
             if entry["inputs"][key]["dtype"] != STRING:
-                raise ValueError(f"input {key!r} records a receiver_input but is not a string input; only a "
-                                 "string input is named otherwise than its receiver input")
+                raise ValueError(
+                    f"input {key!r} records a receiver_input but is not a string input; only a "
+                    "string input is named otherwise than its receiver input"
+                )
         return named
 
     try:
-        return Signature(name=name, method=entry["method"], method_name=entry["method_name"], inputs=infos("inputs"),
-                         outputs=infos("outputs"),
-                         program_outputs={key: value["program_output"] for key, value in entry["outputs"].items()},
-                         receiver_inputs=receiver_inputs())
+        return Signature(
+            name=name,
+            method=entry["method"],
+            method_name=entry["method_name"],
+            inputs=infos("inputs"),
+            outputs=infos("outputs"),
+            program_outputs={key: value["program_output"] for key, value in entry["outputs"].items()},
+            receiver_inputs=receiver_inputs(),
+        )
     except (KeyError, TypeError, AttributeError, ValueError) as error:
-        raise ExportFormatError(f"{os.path.join(path, SIGNATURE_FILE)}: signature {name!r} is malformed ({error}).") from None
+        raise ExportFormatError(
+            f"{os.path.join(path, SIGNATURE_FILE)}: signature {name!r} is malformed ({error})."
+        ) from None
 
 
-def _decode_plan(document: Mapping[str, Any], signatures: Mapping[str, Signature],
-                 path: str) -> tuple[dict[str, DecodeStep], dict[str, TensorInfo]]:
+def _decode_plan(
+    document: Mapping[str, Any], signatures: Mapping[str, Signature], path: str
+) -> tuple[dict[str, DecodeStep], dict[str, TensorInfo]]:
     """The decode steps of the string inputs, rebuilt from signature.json, and the program's input infos.
 
     Checked against each other: the program inputs must be the tensor inputs
@@ -489,26 +547,36 @@ def _decode_plan(document: Mapping[str, Any], signatures: Mapping[str, Signature
     for signature in signatures.values():
         for name, receiver_input in signature.receiver_inputs.items():
             if receiver_input not in decoders:
-                raise ExportFormatError(f"{where}: signature {signature.name!r} input {name!r} feeds receiver input "
-                                        f"{receiver_input!r}, which has no decode step (the file has them for "
-                                        f"{sorted(decoders)}); the file was changed after export. Re-export the model.")
+                raise ExportFormatError(
+                    f"{where}: signature {signature.name!r} input {name!r} feeds receiver input "
+                    f"{receiver_input!r}, which has no decode step (the file has them for "
+                    f"{sorted(decoders)}); the file was changed after export. Re-export the model."
+                )
         strings = [name for name, info in signature.inputs.items() if info.dtype == STRING]
         fed = sorted(signature.receiver_input(name) for name in strings)
         if fed != sorted(decoders):
-            raise ExportFormatError(f"{where}: signature {signature.name!r} has string inputs feeding {fed}, and "
-                                    f"the file has decode steps for {sorted(decoders)}; each string input needs one.")
+            raise ExportFormatError(
+                f"{where}: signature {signature.name!r} has string inputs feeding {fed}, and "
+                f"the file has decode steps for {sorted(decoders)}; each string input needs one."
+            )
         for name in strings:
             if signature.inputs[name].shape != (-1,):
-                raise ExportFormatError(f"{where}: string input {name!r} has shape {list(signature.inputs[name].shape)}"
-                                        "; string inputs are a batch of bytes, shape [-1].")
+                raise ExportFormatError(
+                    f"{where}: string input {name!r} has shape {list(signature.inputs[name].shape)}"
+                    "; string inputs are a batch of bytes, shape [-1]."
+                )
     infos = {name: info for name, info in first.inputs.items() if info.dtype != STRING}
     for step in decoders.values():
         for name, (dtype, shape) in step.outputs().items():
-            infos[name] = TensorInfo(dtype=dtype_name(dtype), shape=tuple(-1 if size is None else size for size in shape))
+            infos[name] = TensorInfo(
+                dtype=dtype_name(dtype), shape=tuple(-1 if size is None else size for size in shape)
+            )
     program_inputs = list(document["program_inputs"])
     if sorted(infos) != sorted(program_inputs):  # signature.json's objects are written with sorted keys
-        raise ExportFormatError(f"{where}: 'program_inputs' is {program_inputs[:16]}, but the signature's inputs "
-                                f"and decode steps make {sorted(infos)[:16]}.")
+        raise ExportFormatError(
+            f"{where}: 'program_inputs' is {program_inputs[:16]}, but the signature's inputs "
+            f"and decode steps make {sorted(infos)[:16]}."
+        )
     return decoders, {name: infos[name] for name in program_inputs}
 
 
@@ -521,16 +589,22 @@ def _check_decoded_against_program(program: Any, infos: Mapping[str, TensorInfo]
     except (AttributeError, KeyError):  # an unexpected program layout: the call's own guards still check
         return
     if len(traced) != len(infos):
-        raise ExportFormatError(f"{os.path.join(path, SIGNATURE_FILE)}: the program takes {len(traced)} inputs and "
-                                f"'program_inputs' names {len(infos)}.")
+        raise ExportFormatError(
+            f"{os.path.join(path, SIGNATURE_FILE)}: the program takes {len(traced)} inputs and "
+            f"'program_inputs' names {len(infos)}."
+        )
     for (name, info), value in zip(infos.items(), traced):
         sizes = [size if isinstance(size, int) else -1 for size in value.shape]
-        if dtype_name(value.dtype) != info.dtype or len(sizes) != len(info.shape) or any(
-                want not in (-1, size) for want, size in zip(info.shape, sizes)):
+        if (
+            dtype_name(value.dtype) != info.dtype
+            or len(sizes) != len(info.shape)
+            or any(want not in (-1, size) for want, size in zip(info.shape, sizes))
+        ):
             raise ExportFormatError(
                 f"{os.path.join(path, SIGNATURE_FILE)}: the decode steps make {name!r} as {info.dtype} "
                 f"{list(info.shape)}, but the program was traced on {dtype_name(value.dtype)} {sizes}; the file was "
-                "changed after export. Re-export the model.")
+                "changed after export. Re-export the model."
+            )
 
 
 def _string_values(name: str, value: Any) -> list[bytes]:
@@ -541,13 +615,17 @@ def _string_values(name: str, value: Any) -> list[bytes]:
     """
     if isinstance(value, np.ndarray):
         if value.ndim != 1 or value.dtype.kind not in "OSU":
-            raise InputTypeError(f"Input {name!r} is a string input (a batch of bytes, shape [-1]); received a numpy "
-                            f"array of dtype {value.dtype} and shape {list(value.shape)}. Pass a list of bytes or a "
-                            "1-D array of bytes.")
+            raise InputTypeError(
+                f"Input {name!r} is a string input (a batch of bytes, shape [-1]); received a numpy "
+                f"array of dtype {value.dtype} and shape {list(value.shape)}. Pass a list of bytes or a "
+                "1-D array of bytes."
+            )
         value = value.tolist()
     if isinstance(value, (bytes, bytearray, str)) or not isinstance(value, (list, tuple)):
-        raise InputTypeError(f"Input {name!r} is a string input (a batch of bytes, shape [-1]); received "
-                        f"{type(value).__name__}. Pass a list with one bytes value per instance, e.g. [png_bytes].")
+        raise InputTypeError(
+            f"Input {name!r} is a string input (a batch of bytes, shape [-1]); received "
+            f"{type(value).__name__}. Pass a list with one bytes value per instance, e.g. [png_bytes]."
+        )
     values = []
     for index, item in enumerate(value):
         if isinstance(item, str):
@@ -555,8 +633,10 @@ def _string_values(name: str, value: Any) -> list[bytes]:
         elif isinstance(item, (bytes, bytearray, memoryview)):
             values.append(bytes(item))
         else:
-            raise InputTypeError(f"Input {name!r}, instance {index}: expected bytes (or str); received "
-                            f"{type(item).__name__}. A string input takes one bytes value per instance.")
+            raise InputTypeError(
+                f"Input {name!r}, instance {index}: expected bytes (or str); received "
+                f"{type(item).__name__}. A string input takes one bytes value per instance."
+            )
     return values
 
 
@@ -565,8 +645,10 @@ def _check_input_names(inputs: Mapping[str, Any], signature: Signature, path: st
     if inputs.keys() != signature.inputs.keys():
         missing = [name for name in signature.inputs if name not in inputs]
         unexpected = [name for name in inputs if name not in signature.inputs]
-        raise InputError(f"Signature {signature.name!r} of {path} takes inputs {_describe_inputs(signature)}; "
-                         f"missing {missing}, unexpected {unexpected}.")
+        raise InputError(
+            f"Signature {signature.name!r} of {path} takes inputs {_describe_inputs(signature)}; "
+            f"missing {missing}, unexpected {unexpected}."
+        )
 
 
 def _known_dtype(name: str) -> torch.dtype | None:
@@ -597,7 +679,9 @@ def _as_tensor(name: str, value: Any, info: TensorInfo, dtype: torch.dtype | Non
             f"Convert it first (e.g. array.astype('{info.dtype}'))."
         )
     expected = info.shape
-    if tensor.dim() != len(expected) or any(size != -1 and size != actual for size, actual in zip(expected, tensor.shape)):
+    if tensor.dim() != len(expected) or any(
+        size != -1 and size != actual for size, actual in zip(expected, tensor.shape)
+    ):
         raise InputError(
             f"Input {name!r} has shape {list(tensor.shape)}; the signature expects {list(expected)} (-1 = any size)."
         )
@@ -605,8 +689,11 @@ def _as_tensor(name: str, value: Any, info: TensorInfo, dtype: torch.dtype | Non
 
 
 def _check_batch(tensors: Mapping[str, torch.Tensor], signature: Signature) -> None:
-    sizes = {name: int(tensor.shape[0]) for name, tensor in tensors.items()
-             if signature.inputs[name].shape and signature.inputs[name].shape[0] == -1}
+    sizes = {
+        name: int(tensor.shape[0])
+        for name, tensor in tensors.items()
+        if signature.inputs[name].shape and signature.inputs[name].shape[0] == -1
+    }
     if len(set(sizes.values())) > 1:
         raise InputError(f"Inputs must share one batch size; received {sizes}.")
 
@@ -623,7 +710,9 @@ def _select_outputs(signature: Signature, output_keys: list[str] | None, path: s
 
 
 def _describe_inputs(signature: Signature) -> str:
-    return "{" + ", ".join(f"{name!r}: {info.dtype} {list(info.shape)}" for name, info in signature.inputs.items()) + "}"
+    return (
+        "{" + ", ".join(f"{name!r}: {info.dtype} {list(info.shape)}" for name, info in signature.inputs.items()) + "}"
+    )
 
 
 def _without_input_constraint_hook(module: torch.nn.Module) -> torch.nn.Module:
@@ -664,11 +753,13 @@ def _read_export_file(path: str, limit: int = _MAX_JSON_BYTES) -> bytes:
     except FileNotFoundError as error:
         raise ExportFormatError(f"{path} is missing: the export folder is incomplete or not an export.") from error
     except NotARegularFileError as error:
-        raise ExportFormatError(f"{path} is not a regular file (a FIFO, device or folder); an export holds files only.") \
-            from error
+        raise ExportFormatError(
+            f"{path} is not a regular file (a FIFO, device or folder); an export holds files only."
+        ) from error
     except FileTooLargeError as error:
-        raise ExportFormatError(f"{path} holds {error.size} bytes, more than the {limit} an export's file may hold.") \
-            from error
+        raise ExportFormatError(
+            f"{path} holds {error.size} bytes, more than the {limit} an export's file may hold."
+        ) from error
 
 
 def _read_bytes(path: str) -> bytes:
@@ -702,11 +793,14 @@ def _checked_signature_document(document: Any, path: str) -> dict[str, Any]:
             "Re-export with this version or upgrade torchestimator."
         )
     decoders = document.get("decoders")
-    if (version != SIGNATURE_FORMAT_VERSION) != isinstance(decoders, dict) or (decoders is not None and (
-            not isinstance(decoders, dict) or not decoders)):
-        raise ExportFormatError(f"{path}: format_version {SIGNATURE_FORMAT_WITH_DECODERS} or later and a non-empty "
-                                "'decoders' object (the decode steps of string inputs) go together; this file has "
-                                f"format_version {version!r} and 'decoders' {str(decoders)[:60]}.")
+    if (version != SIGNATURE_FORMAT_VERSION) != isinstance(decoders, dict) or (
+        decoders is not None and (not isinstance(decoders, dict) or not decoders)
+    ):
+        raise ExportFormatError(
+            f"{path}: format_version {SIGNATURE_FORMAT_WITH_DECODERS} or later and a non-empty "
+            "'decoders' object (the decode steps of string inputs) go together; this file has "
+            f"format_version {version!r} and 'decoders' {str(decoders)[:60]}."
+        )
     inputs, signatures = document.get("program_inputs"), document.get("signatures")
     if not isinstance(inputs, list) or not all(isinstance(name, str) for name in inputs):
         raise ExportFormatError(f"{path}: 'program_inputs' must be a list of input names; it is {str(inputs)[:80]}.")

@@ -76,11 +76,15 @@ def require_onnx_packages() -> None:
         except ImportError as error:
             missing = (error.name or "").partition(".")[0]
             if isinstance(error, ModuleNotFoundError) and missing == module:
-                message = f"ONNX export (as_onnx=True, export --onnx) needs {module}: pip install 'torchestimator[onnx]'"
+                message = (
+                    f"ONNX export (as_onnx=True, export --onnx) needs {module}: pip install 'torchestimator[onnx]'"
+                )
             else:  # installed but broken or too old: one of its own dependencies missing, a name it lacks
                 cause = " ".join(str(error).split())
-                message = (f"ONNX export (as_onnx=True, export --onnx) needs {module}, which could not be imported "
-                           f"({cause}): pip install --upgrade 'torchestimator[onnx]'")
+                message = (
+                    f"ONNX export (as_onnx=True, export --onnx) needs {module}, which could not be imported "
+                    f"({cause}): pip install --upgrade 'torchestimator[onnx]'"
+                )
             message += "; or export without as_onnx (the torch.export program does not need it)"
             raise MissingExtraError(message, module=module, extra=_EXTRA) from None
 
@@ -115,8 +119,9 @@ class OnnxModel:
         return self.weight_bytes + 1024 * 1024
 
 
-def convert_to_onnx(program: Any, receiver: Any, examples: Mapping[str, torch.Tensor],
-                    signatures: Mapping[str, Any], model_name: str) -> OnnxModel:
+def convert_to_onnx(
+    program: Any, receiver: Any, examples: Mapping[str, torch.Tensor], signatures: Mapping[str, Any], model_name: str
+) -> OnnxModel:
     """The export's traced ``program`` as ONNX, inputs named as the receiver's, outputs as the program's keys.
 
     ``signatures`` is signature.json's document; ``model_name`` names the model in errors.
@@ -128,9 +133,16 @@ def convert_to_onnx(program: Any, receiver: Any, examples: Mapping[str, torch.Te
     try:
         # verbose=False: the converter otherwise prints its progress to stdout, where `export` prints the path.
         with _converter_noise_dropped():
-            onnx_program = torch.onnx.export(program, (dict(examples),), dynamo=True, input_names=input_names,
-                                             output_names=output_names, dynamic_shapes=(_axis_names(receiver),),
-                                             verbose=False, optimize=True)
+            onnx_program = torch.onnx.export(
+                program,
+                (dict(examples),),
+                dynamo=True,
+                input_names=input_names,
+                output_names=output_names,
+                dynamic_shapes=(_axis_names(receiver),),
+                verbose=False,
+                optimize=True,
+            )
     except OSError:
         raise  # not the model's fault (a full disk, no usable temporary directory): export_saved_model names it
     except Exception as error:  # the converter raises many types; each means "this program has no ONNX form"
@@ -142,7 +154,9 @@ def convert_to_onnx(program: Any, receiver: Any, examples: Mapping[str, torch.Te
             f"as_onnx=True: torch.onnx converted model {model_name} with inputs {converted[0]} and outputs "
             f"{converted[1]}, not the export's inputs {input_names} and outputs {output_names}; model.onnx would not "
             "be callable as signature.json says. Export without as_onnx, or report it with the model.",
-            field="as_onnx", value=True)
+            field="as_onnx",
+            value=True,
+        )
     weight_bytes = sum(_nbytes(value) for value in (*program.state_dict.values(), *program.constants.values()))
     files = [ONNX_FILE] if weight_bytes <= SINGLE_FILE_LIMIT else [ONNX_FILE, ONNX_FILE + ".data"]
     record = {**_record(receiver, signatures, output_names, onnx_program), "files": files}
@@ -176,8 +190,9 @@ def _converter_noise_dropped() -> Iterator[None]:
         logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-                                    category=FutureWarning)
+            warnings.filterwarnings(
+                "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+            )
             yield
     finally:
         registration.removeFilter(absent)
@@ -212,8 +227,10 @@ def _program_output_keys(program: Any) -> list[str]:
 def _record(receiver: Any, signatures: Mapping[str, Any], output_names: list[str], onnx_program: Any) -> dict[str, Any]:
     """How to call model.onnx: its inputs and outputs in the file's order (lists: JSON keeps their order), each with
     dtype and shape (-1 dynamic), and each signature's {alias: ONNX output name}."""
-    inputs = [{"name": name, "dtype": dtype_name(spec.dtype), "shape": spec.signature_shape()}
-              for name, spec in receiver.program_specs().items()]
+    inputs = [
+        {"name": name, "dtype": dtype_name(spec.dtype), "shape": spec.signature_shape()}
+        for name, spec in receiver.program_specs().items()
+    ]
     described: dict[str, Any] = {}
     by_signature: dict[str, Any] = {}
     for signature_name, signature in signatures["signatures"].items():
@@ -223,12 +240,18 @@ def _record(receiver: Any, signatures: Mapping[str, Any], output_names: list[str
             described.setdefault(info["program_output"], {"dtype": info.get("dtype"), "shape": info.get("shape")})
         by_signature[signature_name] = {"method": signature["method"], "outputs": aliases}
     outputs = [{"name": name, **described.get(name, {"dtype": None, "shape": None})} for name in output_names]
-    record = {"format_version": RECORD_FORMAT_VERSION, "file": ONNX_FILE,
-              "opset": int(onnx_program.model.opset_imports.get("", 0)), "inputs": inputs, "outputs": outputs,
-              "signatures": by_signature}
+    record = {
+        "format_version": RECORD_FORMAT_VERSION,
+        "file": ONNX_FILE,
+        "opset": int(onnx_program.model.opset_imports.get("", 0)),
+        "inputs": inputs,
+        "outputs": outputs,
+        "signatures": by_signature,
+    }
     if receiver.decoders:  # model.onnx starts after the decode step: say which of its inputs each string becomes
-        record["decoded_outside"] = {name: {"kind": step.kind, "inputs": list(step.outputs())}
-                                     for name, step in receiver.decoders.items()}
+        record["decoded_outside"] = {
+            name: {"kind": step.kind, "inputs": list(step.outputs())} for name, step in receiver.decoders.items()
+        }
     return record
 
 
@@ -239,15 +262,20 @@ def _nbytes(value: Any) -> int:
 def _conversion_error(error: Exception, program: Any, model_name: str, receiver: Any) -> ConfigError:
     messages = list(_chain_messages(error))
     operators = _unconverted_operators("\n".join(messages), program)
-    what = (f"torch.onnx has no ONNX translation for {', '.join(operators)}" if operators
-            else "torch.onnx could not convert its traced program")
+    what = (
+        f"torch.onnx has no ONNX translation for {', '.join(operators)}"
+        if operators
+        else "torch.onnx could not convert its traced program"
+    )
     # The innermost message says why, in the converter's words; one line, so the CLI prints it as one.
     said = " ".join(messages[-1].split())[:600] if messages else type(error).__name__
     return ConfigError(
         f"as_onnx=True: cannot write model.onnx for model {model_name} (receiver {{{receiver.describe()}}}): {what}. "
         "Compute it from operators ONNX has, or export without as_onnx (the torch.export program, which "
         f"serve and load run, does not need ONNX). torch.onnx said: {type(error).__name__}: {said}",
-        field="as_onnx", value=True)
+        field="as_onnx",
+        value=True,
+    )
 
 
 def _chain_messages(error: BaseException) -> Iterator[str]:

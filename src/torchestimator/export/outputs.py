@@ -82,7 +82,9 @@ class ClassificationOutput(ExportOutput):
         if scores is None and classes is None:
             raise ValueError("ClassificationOutput needs scores, classes or both; received neither.")
         if scores is not None and not (isinstance(scores, torch.Tensor) and scores.is_floating_point()):
-            raise TypeError(f"ClassificationOutput scores must be a floating-point tensor; received {_describe(scores)}.")
+            raise TypeError(
+                f"ClassificationOutput scores must be a floating-point tensor; received {_describe(scores)}."
+            )
         if classes is not None and not isinstance(classes, torch.Tensor):
             raise TypeError(f"ClassificationOutput classes must be a tensor; received {_describe(classes)}.")
         self.scores, self.classes = scores, classes
@@ -128,11 +130,16 @@ def resolve_export_outputs(spec: Any) -> dict[str, ExportOutput]:
     if bad_names:
         raise ValueError(f"export_outputs keys must be non-empty signature names; received {bad_names[0]!r}.")
     # Every wrong entry in one message: a spec usually builds them all the same way.
-    wrong = [f"export_outputs[{name!r}] is a {type(output).__name__}" for name, output in export_outputs.items()
-             if not isinstance(output, ExportOutput)]
+    wrong = [
+        f"export_outputs[{name!r}] is a {type(output).__name__}"
+        for name, output in export_outputs.items()
+        if not isinstance(output, ExportOutput)
+    ]
     if wrong:
-        raise TypeError(f"{'; '.join(wrong)}: each must be a PredictOutput, ClassificationOutput or "
-                        "RegressionOutput (from torchestimator.export).")
+        raise TypeError(
+            f"{'; '.join(wrong)}: each must be a PredictOutput, ClassificationOutput or "
+            "RegressionOutput (from torchestimator.export)."
+        )
     resolved: dict[str, ExportOutput] = dict(export_outputs)
     if DEFAULT_SERVING_SIGNATURE_DEF_KEY not in resolved:
         if len(resolved) > 1:

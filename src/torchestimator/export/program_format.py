@@ -47,14 +47,41 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _DOTTED = re.compile(r"([A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*)?\Z")  # "" is the root module
 _OPERATOR = re.compile(r"torch\.ops\.(aten|prims)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+\Z")
 # Graph-only higher-order operators: their bodies are subgraphs, checked like the main one.
-_HIGHER_ORDER = {f"torch.ops.higher_order.{name}" for name in (
-    "cond", "while_loop", "map_impl", "wrap_with_set_grad_enabled", "wrap_with_autocast")}
+_HIGHER_ORDER = {
+    f"torch.ops.higher_order.{name}"
+    for name in ("cond", "while_loop", "map_impl", "wrap_with_set_grad_enabled", "wrap_with_autocast")
+}
 # Python builtins torch.export emits for indexing and symbolic shape arithmetic.
-_BUILTINS = {f"_operator.{name}" for name in (
-    "getitem", "add", "sub", "mul", "floordiv", "truediv", "mod", "pow", "neg", "eq", "ne", "lt", "le", "gt", "ge",
-    "and_", "or_", "not_")} | {f"torch.{name}" for name in (
-    "sym_int", "sym_float", "sym_ite", "sym_max", "sym_min", "sym_not", "sym_sqrt", "sym_sum")} | {
-    "math.ceil", "math.floor", "math.trunc"}
+_BUILTINS = (
+    {
+        f"_operator.{name}"
+        for name in (
+            "getitem",
+            "add",
+            "sub",
+            "mul",
+            "floordiv",
+            "truediv",
+            "mod",
+            "pow",
+            "neg",
+            "eq",
+            "ne",
+            "lt",
+            "le",
+            "gt",
+            "ge",
+            "and_",
+            "or_",
+            "not_",
+        )
+    }
+    | {
+        f"torch.{name}"
+        for name in ("sym_int", "sym_float", "sym_ite", "sym_max", "sym_min", "sym_not", "sym_sqrt", "sym_sum")
+    }
+    | {"math.ceil", "math.floor", "math.trunc"}
+)
 # Every overload (from_file.out reads a file as well as from_file.default): they read or write a path named in the graph.
 _REFUSED_OPERATORS = {"torch.ops.aten.from_file", "torch.ops.aten.save"}
 _NAME_KEYS = {"name", "as_name"}
@@ -75,7 +102,8 @@ def encode(program: Any) -> dict[str, bytes]:
     from torch._export.serde.serialize import ExportedProgramSerializer, _to_json_bytes
 
     serialized = ExportedProgramSerializer().serialize(
-        program, serialize_state_dict=False, serialize_constants=False, serialize_example_inputs=False)
+        program, serialize_state_dict=False, serialize_constants=False, serialize_example_inputs=False
+    )
     tensors = {_STATE + name: value for name, value in program.state_dict.items()}
     for name, value in program.constants.items():
         if not isinstance(value, torch.Tensor):
@@ -84,8 +112,10 @@ def encode(program: Any) -> dict[str, bytes]:
                 "only (a TorchScript/custom object would need code to load). Compute it from tensors in model_fn."
             )
         tensors[_CONSTANTS + name] = value
-    return {TENSORS_FILE: tensors_to_bytes(tensors, "exported tensors"),
-            PROGRAM_FILE: _to_json_bytes(serialized.exported_program)}
+    return {
+        TENSORS_FILE: tensors_to_bytes(tensors, "exported tensors"),
+        PROGRAM_FILE: _to_json_bytes(serialized.exported_program),
+    }
 
 
 def decode(program_bytes: bytes, tensor_bytes: bytes, folder: str) -> Any:
@@ -101,8 +131,9 @@ def decode(program_bytes: bytes, tensor_bytes: bytes, folder: str) -> Any:
             raise ExportFormatError(f"{program_path} has no 'graph_module' object: it is not a torchestimator export.")
         _check_document(document, program_path)
     except RecursionError:
-        raise ExportFormatError(f"{program_path} nests its values too deeply to be an export. Re-export the model."
-                                ) from None
+        raise ExportFormatError(
+            f"{program_path} nests its values too deeply to be an export. Re-export the model."
+        ) from None
     except ExportFormatError:
         raise
     except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, integers past Python's digit limit
@@ -187,8 +218,10 @@ def _operator_problem(target: str) -> str | None:
         return f"calls {target}, which reads or writes a file named in the graph"
     if _OPERATOR.match(target) or target in _HIGHER_ORDER or target in _BUILTINS:
         return None
-    return (f"calls {target[:120]!r}, which is not an ATen or prims operator (nor a graph-only builtin); an export "
-            "may only call those")
+    return (
+        f"calls {target[:120]!r}, which is not an ATen or prims operator (nor a graph-only builtin); an export "
+        "may only call those"
+    )
 
 
 def _allowed_expression_names() -> frozenset[str]:
@@ -199,14 +232,60 @@ def _allowed_expression_names() -> frozenset[str]:
     # Constructors that only build expressions; sympy's namespace also holds eval-like helpers (sympify, lambdify,
     # preview), which must stay out of reach.
     constructors = {
-        "Symbol", "Integer", "Rational", "Float", "Add", "Mul", "Pow", "Max", "Min", "Abs", "Mod", "Eq", "Ne", "Lt",
-        "Le", "Gt", "Ge", "StrictLessThan", "LessThan", "StrictGreaterThan", "GreaterThan", "Equality", "Unequality",
-        "And", "Or", "Not", "Piecewise", "ExprCondPair", "floor", "ceiling", "oo", "zoo", "nan", "Infinity",
-        "NegativeInfinity", "One", "Zero", "NegativeOne", "Half", "true", "false", "BooleanTrue", "BooleanFalse",
-        "True", "False", "int_oo", "IntInfinity", "NegativeIntInfinity",
+        "Symbol",
+        "Integer",
+        "Rational",
+        "Float",
+        "Add",
+        "Mul",
+        "Pow",
+        "Max",
+        "Min",
+        "Abs",
+        "Mod",
+        "Eq",
+        "Ne",
+        "Lt",
+        "Le",
+        "Gt",
+        "Ge",
+        "StrictLessThan",
+        "LessThan",
+        "StrictGreaterThan",
+        "GreaterThan",
+        "Equality",
+        "Unequality",
+        "And",
+        "Or",
+        "Not",
+        "Piecewise",
+        "ExprCondPair",
+        "floor",
+        "ceiling",
+        "oo",
+        "zoo",
+        "nan",
+        "Infinity",
+        "NegativeInfinity",
+        "One",
+        "Zero",
+        "NegativeOne",
+        "Half",
+        "true",
+        "false",
+        "BooleanTrue",
+        "BooleanFalse",
+        "True",
+        "False",
+        "int_oo",
+        "IntInfinity",
+        "NegativeIntInfinity",
     }
-    functions = {name for name, value in vars(torch.utils._sympy.functions).items()
-                 if isinstance(value, type) and issubclass(value, sympy.Basic)}
+    functions = {
+        name
+        for name, value in vars(torch.utils._sympy.functions).items()
+        if isinstance(value, type) and issubclass(value, sympy.Basic)
+    }
     return frozenset(constructors | functions | set(_assume_defined))
 
 
@@ -250,11 +329,19 @@ def _number_problem(expression: str) -> str | None:
         return f"not a sympy expression ({type(error).__name__}: {error})"
     product = 1
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(
-                node.value, bool) and not abs(node.value) <= _MAX_NUMBER:
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, (int, float))
+            and not isinstance(node.value, bool)
+            and not abs(node.value) <= _MAX_NUMBER
+        ):
             return f"it holds the number {str(node.value)[:40]}, beyond 2**63 (no tensor size is that large)"
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Float" and (
-                len(node.args) > 1 or node.keywords):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "Float"
+            and (len(node.args) > 1 or node.keywords)
+        ):
             return "it gives Float a precision, which could make it compute millions of digits"
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
             exponent = node.right
@@ -266,8 +353,10 @@ def _number_problem(expression: str) -> str | None:
             continue
         value = _literal(exponent)
         if value is None or abs(value) > _MAX_EXPONENT:
-            return (f"it raises to the power (or shifts by) {ast.unparse(exponent)[:40]!r}; exponents must be "
-                    f"numbers of at most {_MAX_EXPONENT}, as sympy would compute the result")
+            return (
+                f"it raises to the power (or shifts by) {ast.unparse(exponent)[:40]!r}; exponents must be "
+                f"numbers of at most {_MAX_EXPONENT}, as sympy would compute the result"
+            )
         product *= max(1, int(abs(value)))
         if product > _MAX_EXPONENT_PRODUCT:
             return f"its exponents multiply to more than {_MAX_EXPONENT_PRODUCT}, which could build a huge number"
@@ -286,8 +375,12 @@ def _literal(node: ast.expr) -> float | None:
         values = [_literal(argument) for argument in node.args]
         if node.func.id == "Integer" and len(values) == 1 and isinstance(values[0], int):
             return values[0]
-        if node.func.id == "Rational" and len(values) == 2 and all(isinstance(value, int) for value in values) \
-                and values[1] != 0:
+        if (
+            node.func.id == "Rational"
+            and len(values) == 2
+            and all(isinstance(value, int) for value in values)
+            and values[1] != 0
+        ):
             return values[0] / values[1]
         if node.func.id == "Float" and len(values) == 1 and values[0] is not None:
             return values[0]
@@ -298,12 +391,21 @@ def _check_tensors_match_graph(program: Any, where: str) -> None:
     """Each stored tensor has the dtype and sizes the graph declares for it (else the first request fails deep
     inside an operator, naming no tensor)."""
     signature = program.graph_signature
-    stored = {**{name: (_STATE + name, program.state_dict) for name in (
-                  *signature.inputs_to_parameters.values(), *signature.inputs_to_buffers.values())},
-              **{name: (_CONSTANTS + name, program.constants)
-                 for name in signature.inputs_to_lifted_tensor_constants.values()}}
-    targets = {**signature.inputs_to_parameters, **signature.inputs_to_buffers,
-               **signature.inputs_to_lifted_tensor_constants}
+    stored = {
+        **{
+            name: (_STATE + name, program.state_dict)
+            for name in (*signature.inputs_to_parameters.values(), *signature.inputs_to_buffers.values())
+        },
+        **{
+            name: (_CONSTANTS + name, program.constants)
+            for name in signature.inputs_to_lifted_tensor_constants.values()
+        },
+    }
+    targets = {
+        **signature.inputs_to_parameters,
+        **signature.inputs_to_buffers,
+        **signature.inputs_to_lifted_tensor_constants,
+    }
     for node in program.graph.nodes:
         if node.op != "placeholder" or node.name not in targets:
             continue
@@ -312,8 +414,11 @@ def _check_tensors_match_graph(program: Any, where: str) -> None:
         if not isinstance(declared, torch.Tensor) or not isinstance(tensor, torch.Tensor):
             continue  # a missing tensor is already refused by torch's verifier
         sizes = [size if isinstance(size, int) else None for size in declared.shape]
-        if tensor.dtype != declared.dtype or len(sizes) != tensor.dim() or any(
-                size is not None and size != actual for size, actual in zip(sizes, tensor.shape)):
+        if (
+            tensor.dtype != declared.dtype
+            or len(sizes) != tensor.dim()
+            or any(size is not None and size != actual for size, actual in zip(sizes, tensor.shape))
+        ):
             raise ExportFormatError(
                 f"{where} holds {key!r} as {str(tensor.dtype).removeprefix('torch.')} {list(tensor.shape)}; the "
                 f"program declares {str(declared.dtype).removeprefix('torch.')} {list(declared.shape)}. The two "
@@ -321,20 +426,25 @@ def _check_tensors_match_graph(program: Any, where: str) -> None:
             )
 
 
-def _split_tensors(tensors: dict[str, torch.Tensor], document: dict[str, Any], where: str,
-                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def _split_tensors(
+    tensors: dict[str, torch.Tensor],
+    document: dict[str, Any],
+    where: str,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """state_dict (parameters as Parameters, as torch's verifier wants) and constants, by their key prefixes."""
-    parameters = {spec["parameter"]["parameter_name"]
-                  for spec in document["graph_module"].get("signature", {}).get("input_specs", [])
-                  if isinstance(spec, dict) and isinstance(spec.get("parameter"), dict)}
+    parameters = {
+        spec["parameter"]["parameter_name"]
+        for spec in document["graph_module"].get("signature", {}).get("input_specs", [])
+        if isinstance(spec, dict) and isinstance(spec.get("parameter"), dict)
+    }
     state_dict: dict[str, torch.Tensor] = {}
     constants: dict[str, torch.Tensor] = {}
     for key, tensor in tensors.items():
         if key.startswith(_STATE):
-            name = key[len(_STATE):]
+            name = key[len(_STATE) :]
             state_dict[name] = torch.nn.Parameter(tensor, requires_grad=False) if name in parameters else tensor
         elif key.startswith(_CONSTANTS):
-            constants[key[len(_CONSTANTS):]] = tensor
+            constants[key[len(_CONSTANTS) :]] = tensor
         else:
             raise ExportFormatError(
                 f"{where} holds tensor {key!r}; an export's tensors are named {_STATE}<name> or {_CONSTANTS}<name>."

@@ -23,8 +23,15 @@ import torch
 
 from torchestimator.export.decoders import STRING, DecodeStep, ExampleParsing, ImageDecode
 
-__all__ = ["ServingInputReceiver", "TensorSpec", "build_image_serving_input_receiver",
-           "build_parsing_serving_input_receiver", "dtype_name", "parse_dtype", "serving_input_receiver"]
+__all__ = [
+    "ServingInputReceiver",
+    "TensorSpec",
+    "build_image_serving_input_receiver",
+    "build_parsing_serving_input_receiver",
+    "dtype_name",
+    "parse_dtype",
+    "serving_input_receiver",
+]
 
 # The size given to dynamic dimensions in example inputs: torch.export specialises sizes 0 and 1.
 EXAMPLE_DYNAMIC_SIZE = 2
@@ -40,7 +47,9 @@ def parse_dtype(dtype: Any, where: str) -> torch.dtype:
         candidate = getattr(torch, dtype.removeprefix("torch."), None)
         if isinstance(candidate, torch.dtype):
             return candidate
-    raise TypeError(f"{where} must be a torch dtype such as torch.float32 or a name such as 'float32'; received {dtype!r}.")
+    raise TypeError(
+        f"{where} must be a torch dtype such as torch.float32 or a name such as 'float32'; received {dtype!r}."
+    )
 
 
 def dtype_name(dtype: torch.dtype | str) -> str:
@@ -119,7 +128,9 @@ class ServingInputReceiver:
                     f"Receiver input {name!r} must be a TensorSpec(shape=..., dtype=...); received {spec!r}."
                 )
         if self.receiver_fn is not None and not callable(self.receiver_fn):
-            raise TypeError(f"receiver_fn must be callable (dict of tensors -> features); received {self.receiver_fn!r}.")
+            raise TypeError(
+                f"receiver_fn must be callable (dict of tensors -> features); received {self.receiver_fn!r}."
+            )
         object.__setattr__(self, "receiver_tensors", dict(self.receiver_tensors))
         object.__setattr__(self, "decoders", _checked_decoders(self.receiver_tensors, self.decoders))
         self.program_specs()  # names clash-checked now, not at export
@@ -136,7 +147,8 @@ class ServingInputReceiver:
                 if name in specs or name in self.receiver_tensors:
                     raise ValueError(
                         f"The decode step of string input {input_name!r} makes a tensor named {name!r}, which is "
-                        f"already a receiver input or another decoded tensor; give them different names.")
+                        f"already a receiver input or another decoded tensor; give them different names."
+                    )
                 specs[name] = TensorSpec(shape=shape, dtype=dtype)
         return specs
 
@@ -176,25 +188,29 @@ class ServingInputReceiver:
         return ", ".join(described)
 
 
-def _checked_decoders(receiver_tensors: Mapping[str, TensorSpec],
-                      decoders: Mapping[str, DecodeStep] | None) -> dict[str, DecodeStep] | None:
+def _checked_decoders(
+    receiver_tensors: Mapping[str, TensorSpec], decoders: Mapping[str, DecodeStep] | None
+) -> dict[str, DecodeStep] | None:
     if decoders is not None and not isinstance(decoders, Mapping):
         raise TypeError(f"decoders must be a dict of string input name -> decode step; received {decoders!r}.")
     decoders = dict(decoders or {})
     for name, step in decoders.items():
         if not isinstance(step, DecodeStep):
-            raise TypeError(f"decoders[{name!r}] must be a decode step (torchestimator.export.decoders); received "
-                            f"{step!r}.")
+            raise TypeError(
+                f"decoders[{name!r}] must be a decode step (torchestimator.export.decoders); received {step!r}."
+            )
         spec = receiver_tensors.get(name)
         if spec is None or not spec.is_string:
-            raise ValueError(f"decoders[{name!r}] decodes a string input, but the receiver has no string input "
-                             f"{name!r}.")
+            raise ValueError(
+                f"decoders[{name!r}] decodes a string input, but the receiver has no string input {name!r}."
+            )
     undecoded = [name for name, spec in receiver_tensors.items() if spec.is_string and name not in decoders]
     if undecoded:
         raise ValueError(
             f"Receiver string inputs {undecoded} have no decode step: strings cannot enter a torch.export program. "
             "Use te.export.build_parsing_serving_input_receiver (serialized tf.Examples) or "
-            "build_image_serving_input_receiver (encoded images).")
+            "build_image_serving_input_receiver (encoded images)."
+        )
     return decoders or None
 
 
@@ -234,8 +250,11 @@ def build_parsing_serving_input_receiver(
     """
     if not isinstance(input_name, str) or not input_name:
         raise ValueError(f"input_name must be a non-empty string; received {input_name!r}.")
-    return ServingInputReceiver(receiver_tensors={input_name: TensorSpec(shape=(None,), dtype=STRING)},
-                                receiver_fn=receiver_fn, decoders={input_name: ExampleParsing(features=feature_spec)})
+    return ServingInputReceiver(
+        receiver_tensors={input_name: TensorSpec(shape=(None,), dtype=STRING)},
+        receiver_fn=receiver_fn,
+        decoders={input_name: ExampleParsing(features=feature_spec)},
+    )
 
 
 def build_image_serving_input_receiver(
@@ -255,15 +274,19 @@ def build_image_serving_input_receiver(
     """
     if not isinstance(input_name, str) or not input_name:
         raise ValueError(f"input_name must be a non-empty string; received {input_name!r}.")
-    return ServingInputReceiver(receiver_tensors={input_name: TensorSpec(shape=(None,), dtype=STRING)},
-                                receiver_fn=receiver_fn,
-                                decoders={input_name: ImageDecode(decoding=decoding, feature_name=feature_name)})
+    return ServingInputReceiver(
+        receiver_tensors={input_name: TensorSpec(shape=(None,), dtype=STRING)},
+        receiver_fn=receiver_fn,
+        decoders={input_name: ImageDecode(decoding=decoding, feature_name=feature_name)},
+    )
 
 
 def as_receiver(value: Any) -> ServingInputReceiver:
     """Accepts a receiver, or a zero-argument function returning one (TF's serving_input_receiver_fn)."""
     if value is None:
-        raise ValueError("A serving input receiver is required: te.export.serving_input_receiver({'x': TensorSpec(...)}).")
+        raise ValueError(
+            "A serving input receiver is required: te.export.serving_input_receiver({'x': TensorSpec(...)})."
+        )
     if isinstance(value, ServingInputReceiver):
         return value
     if callable(value):

@@ -58,10 +58,19 @@ class ReplicaExports:
     def writes(self) -> bool:
         return self.replica_id == 0
 
-    def export(self, estimator: Any, export_dir_base: str | os.PathLike[str], serving_input_receiver: Any, *,
-               checkpoint_path: str | os.PathLike[str] | None = None, assets_extra: Any = None,
-               as_onnx: bool = False, warmup_requests: Any = None, clock: Callable[[], float] = time.monotonic,
-               sleep: Callable[[float], None] = time.sleep) -> str:
+    def export(
+        self,
+        estimator: Any,
+        export_dir_base: str | os.PathLike[str],
+        serving_input_receiver: Any,
+        *,
+        checkpoint_path: str | os.PathLike[str] | None = None,
+        assets_extra: Any = None,
+        as_onnx: bool = False,
+        warmup_requests: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> str:
         """Replica 0: writes the version and returns its path. Others: the path of replica 0's version of this call.
 
         Raises:
@@ -82,22 +91,35 @@ class ReplicaExports:
         call = self._next_call(base, checkpoint_path, estimator.latest_checkpoint(), receiver.describe(), as_onnx)
         if self.writes:
             return saved_model.export_saved_model(
-                estimator, base, receiver, checkpoint_path=checkpoint_path, assets_extra=assets_extra,
-                as_onnx=as_onnx, warmup_requests=warmup_requests, replica_call=call)
+                estimator,
+                base,
+                receiver,
+                checkpoint_path=checkpoint_path,
+                assets_extra=assets_extra,
+                as_onnx=as_onnx,
+                warmup_requests=warmup_requests,
+                replica_call=call,
+            )
         return self._wait_for_version(base, call, clock, sleep)
 
     def _next_call(self, base: str, checkpoint_path: Any, latest: str | None, receiver: str, as_onnx: bool) -> str:
         """The name of this call: equal on every replica for their n-th call with these arguments."""
-        arguments = json.dumps([_normalized(base), None if checkpoint_path is None else
-                                _normalized(os.fspath(checkpoint_path)),
-                                None if latest is None else _last_part(latest),
-                                receiver, bool(as_onnx)])
+        arguments = json.dumps(
+            [
+                _normalized(base),
+                None if checkpoint_path is None else _normalized(os.fspath(checkpoint_path)),
+                None if latest is None else _last_part(latest),
+                receiver,
+                bool(as_onnx),
+            ]
+        )
         digest = hashlib.sha256(arguments.encode("utf-8")).hexdigest()[:16]
         self._calls[digest] += 1
         return f"{self.run_token}/{digest}/{self._calls[digest]}"
 
-    def _wait_for_version(self, base: str, call: str, clock: Callable[[], float],
-                          sleep: Callable[[float], None]) -> str:
+    def _wait_for_version(
+        self, base: str, call: str, clock: Callable[[], float], sleep: Callable[[float], None]
+    ) -> str:
         deadline = clock() + self.wait_seconds
         checked: set[int] = set()  # a published version never changes: each is read once
         while True:
@@ -107,8 +129,12 @@ class ReplicaExports:
                 checked.add(version)
                 path = version_path(base, version)
                 if _answers(path, call):
-                    logger.info("Replica %d of %d: replica 0 exported %s; this replica writes no copy.",
-                                self.replica_id, self.num_replicas, path)
+                    logger.info(
+                        "Replica %d of %d: replica 0 exported %s; this replica writes no copy.",
+                        self.replica_id,
+                        self.num_replicas,
+                        path,
+                    )
                     return path
             if clock() >= deadline:
                 raise TimeoutError(
@@ -117,7 +143,8 @@ class ReplicaExports:
                     "export_saved_model writes one version, on replica 0, and returns its path on every replica "
                     "that calls it: call it in every replica with the same arguments, or only in replica 0 "
                     "(strategy.is_chief), never only in the others; the export base must be storage every "
-                    "replica sees. Replica 0 may also have failed: see its error.")
+                    "replica sees. Replica 0 may also have failed: see its error."
+                )
             sleep(_STORE_POLL_SECONDS if filesystems.is_url(base) else _POLL_SECONDS)
 
 

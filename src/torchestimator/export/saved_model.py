@@ -42,18 +42,19 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+
 # torch.export imports its tracer (and inductor's caches, which need a writable temporary directory) on the
 # first export() call. Imported with this module instead: an import that fails half-way (a full /tmp at the
 # first export after hours of training) leaves torch unable to import it again in this process.
-import torch.export._trace  # noqa: F401
+import torch.export._trace
 
-from torchestimator.export import _store_versions, onnx_export, program_format
-from torchestimator.export.outputs import resolve_export_outputs, signature_input_names
-from torchestimator.export.receiver import ServingInputReceiver, as_receiver, dtype_name
 from torchestimator._core.inference import BundleSource, InferenceBundle
 from torchestimator._core.spec import ModeKeys, validate_spec
 from torchestimator._io import filesystems
 from torchestimator._io.atomic import fsync_directory, write_durably
+from torchestimator.export import _store_versions, onnx_export, program_format
+from torchestimator.export.outputs import resolve_export_outputs, signature_input_names
+from torchestimator.export.receiver import ServingInputReceiver, as_receiver, dtype_name
 
 __all__ = ["export_saved_model"]
 
@@ -119,14 +120,18 @@ def export_saved_model(
     try:
         program, signatures, examples = _trace(bundle, receiver)
     except OSError as error:  # the machine, not the model: torch writes caches under the temporary directory
-        raise OSError(error.errno, f"cannot export to {export_dir_base}: tracing the model needs a writable "
-                      f"temporary directory (TMPDIR) and free space: {error.strerror or error}", error.filename
-                      ) from error
+        raise OSError(
+            error.errno,
+            f"cannot export to {export_dir_base}: tracing the model needs a writable "
+            f"temporary directory (TMPDIR) and free space: {error.strerror or error}",
+            error.filename,
+        ) from error
     finally:
         module.train(was_training)
     files = {SIGNATURE_FILE: _json_bytes(signatures), **program_format.encode(program)}
-    onnx_model = (onnx_export.convert_to_onnx(program, receiver, examples, signatures, type(module).__name__)
-                  if as_onnx else None)
+    onnx_model = (
+        onnx_export.convert_to_onnx(program, receiver, examples, signatures, type(module).__name__) if as_onnx else None
+    )
     to_store = filesystems.is_url(export_dir_base)
     if to_store:  # built on this machine as below, then uploaded: _store_versions.py
         build_base = tempfile.mkdtemp(prefix="torchestimator-export-")
@@ -140,9 +145,15 @@ def export_saved_model(
         _write_version(temp_dir, files, assets, onnx_model)
         if warmup_requests is not None:
             from torchestimator.export.warmup import write_warmup_file
+
             write_warmup_file(temp_dir, warmup_requests, signatures["signatures"])
-        metadata = {**provenance, **_environment(), "signatures": sorted(signatures["signatures"]),
-                    "receiver": receiver.describe(), "onnx": None if onnx_model is None else onnx_model.record}
+        metadata = {
+            **provenance,
+            **_environment(),
+            "signatures": sorted(signatures["signatures"]),
+            "receiver": receiver.describe(),
+            "onnx": None if onnx_model is None else onnx_model.record,
+        }
         if replica_call is not None:
             metadata[REPLICA_CALL_KEY] = replica_call
         # Written last, with the size and sha256 of every other file: what makes a version in a store one.
@@ -158,8 +169,12 @@ def export_saved_model(
     finally:
         if to_store:
             shutil.rmtree(build_base, ignore_errors=True)
-    logger.info("Exported %s (global step %s) to %s.", provenance.get("checkpoint_path") or "the model",
-                provenance.get("global_step"), export_dir)
+    logger.info(
+        "Exported %s (global step %s) to %s.",
+        provenance.get("checkpoint_path") or "the model",
+        provenance.get("global_step"),
+        export_dir,
+    )
     return export_dir
 
 
@@ -183,8 +198,13 @@ def _restore_module(estimator: BundleSource, checkpoint_path: str | None) -> tup
 class _ServingModule(torch.nn.Module):
     """receiver -> features -> model_fn(PREDICT) -> a flat dict of the signatures' output tensors."""
 
-    def __init__(self, model: torch.nn.Module, call_model_fn: Callable[..., Any], receiver: ServingInputReceiver,
-                 selection: Mapping[str, tuple[str, str]]) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        call_model_fn: Callable[..., Any],
+        receiver: ServingInputReceiver,
+        selection: Mapping[str, tuple[str, str]],
+    ) -> None:
         super().__init__()
         self.model = model
         self._call_model_fn = call_model_fn
@@ -198,7 +218,9 @@ class _ServingModule(torch.nn.Module):
         return {key: resolved[signature].outputs[alias] for key, (signature, alias) in self._selection.items()}
 
 
-def _trace(bundle: InferenceBundle, receiver: ServingInputReceiver) -> tuple[Any, dict[str, Any], dict[str, torch.Tensor]]:
+def _trace(
+    bundle: InferenceBundle, receiver: ServingInputReceiver
+) -> tuple[Any, dict[str, Any], dict[str, torch.Tensor]]:
     module, call_model_fn = bundle.module, bundle.call_model_fn
     examples = receiver.example_inputs()
     spec = _probe(call_model_fn, module, receiver, examples)
@@ -234,8 +256,12 @@ class _ReadRecorder(dict):
         return super().get(key, default)
 
 
-def _probe(call_model_fn: Callable[..., Any], module: torch.nn.Module, receiver: ServingInputReceiver,
-           examples: dict[str, torch.Tensor]) -> Any:
+def _probe(
+    call_model_fn: Callable[..., Any],
+    module: torch.nn.Module,
+    receiver: ServingInputReceiver,
+    examples: dict[str, torch.Tensor],
+) -> Any:
     """Runs model_fn eagerly on example inputs so a receiver/model mismatch is reported plainly, at export time."""
     try:
         features = receiver.features(dict(examples))
@@ -262,7 +288,9 @@ def _probe(call_model_fn: Callable[..., Any], module: torch.nn.Module, receiver:
         raise _mismatch(error, receiver, features, recorder) from error
 
 
-def _mismatch(error: Exception, receiver: ServingInputReceiver, features: Any, recorder: _ReadRecorder | None) -> ValueError:
+def _mismatch(
+    error: Exception, receiver: ServingInputReceiver, features: Any, recorder: _ReadRecorder | None
+) -> ValueError:
     if recorder is not None and recorder.read:
         key = recorder.read[-1]
         culprit = f"the failure came after model_fn read feature {key!r} ({_describe_value(features.get(key))}); "
@@ -327,10 +355,13 @@ def _program_outputs(program: Any) -> dict[str, dict[str, Any]]:
     return described
 
 
-def _signature_document(plan: dict[str, dict[str, Any]], receiver: ServingInputReceiver,
-                        program_outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    described = {name: {"dtype": dtype_name(spec.dtype), "shape": spec.signature_shape()}
-                 for name, spec in receiver.receiver_tensors.items()}
+def _signature_document(
+    plan: dict[str, dict[str, Any]], receiver: ServingInputReceiver, program_outputs: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    described = {
+        name: {"dtype": dtype_name(spec.dtype), "shape": spec.signature_shape()}
+        for name, spec in receiver.receiver_tensors.items()
+    }
     signatures = {}
     renamed = False
     for name, entry in plan.items():
@@ -340,24 +371,37 @@ def _signature_document(plan: dict[str, dict[str, Any]], receiver: ServingInputR
             if alias != receiver_input:  # recorded, so load and serve feed the receiver input (its decode step)
                 inputs[alias]["receiver_input"] = receiver_input
                 renamed = True
-        outputs = {alias: {**program_outputs.get(key, {"dtype": None, "shape": None}), "program_output": key}
-                   for alias, key in entry["outputs"].items()}
-        signatures[name] = {"method": entry["method"], "method_name": entry["method_name"],
-                            "inputs": inputs, "outputs": outputs}
-    document = {"format_version": SIGNATURE_FORMAT_VERSION, "program_inputs": list(receiver.program_specs()),
-                "signatures": signatures}
+        outputs = {
+            alias: {**program_outputs.get(key, {"dtype": None, "shape": None}), "program_output": key}
+            for alias, key in entry["outputs"].items()
+        }
+        signatures[name] = {
+            "method": entry["method"],
+            "method_name": entry["method_name"],
+            "inputs": inputs,
+            "outputs": outputs,
+        }
+    document = {
+        "format_version": SIGNATURE_FORMAT_VERSION,
+        "program_inputs": list(receiver.program_specs()),
+        "signatures": signatures,
+    }
     if receiver.decoders:
-        document["format_version"] = SIGNATURE_FORMAT_WITH_RECEIVER_INPUTS if renamed else SIGNATURE_FORMAT_WITH_DECODERS
+        document["format_version"] = (
+            SIGNATURE_FORMAT_WITH_RECEIVER_INPUTS if renamed else SIGNATURE_FORMAT_WITH_DECODERS
+        )
         document["decoders"] = {name: step.to_json() for name, step in receiver.decoders.items()}
     return document
 
 
-def _write_version(folder: str, files: Mapping[str, bytes], assets: dict[str, str],
-                   onnx_model: onnx_export.OnnxModel | None) -> None:
+def _write_version(
+    folder: str, files: Mapping[str, bytes], assets: dict[str, str], onnx_model: onnx_export.OnnxModel | None
+) -> None:
     asset_bytes = sum(_tree_size(source) for source in assets.values())
     onnx_bytes = 0 if onnx_model is None else onnx_model.estimated_bytes()
-    _check_free_space(folder, sum(len(data) for data in files.values()) + asset_bytes + onnx_bytes,
-                      len(files) + len(assets) + 4)
+    _check_free_space(
+        folder, sum(len(data) for data in files.values()) + asset_bytes + onnx_bytes, len(files) + len(assets) + 4
+    )
     for name, data in files.items():
         _write_file(os.path.join(folder, name), data)
     for destination, source in assets.items():
@@ -369,8 +413,9 @@ def _write_version(folder: str, files: Mapping[str, bytes], assets: dict[str, st
             else:
                 shutil.copyfile(source, target)
         except OSError as error:
-            raise OSError(error.errno, f"Could not copy asset {source} into the export ({_reason(error)})",
-                          target) from error
+            raise OSError(
+                error.errno, f"Could not copy asset {source} into the export ({_reason(error)})", target
+            ) from error
     if onnx_model is not None:
         onnx_model.write(folder, _write_file)
 
@@ -384,8 +429,9 @@ def _write_file(path: str, data: bytes) -> None:
     try:
         write_durably(path, data)
     except OSError as error:
-        raise OSError(error.errno, f"Could not write {len(data)} bytes of the export ({_reason(error)})",
-                      path) from error
+        raise OSError(
+            error.errno, f"Could not write {len(data)} bytes of the export ({_reason(error)})", path
+        ) from error
 
 
 def _reason(error: OSError) -> str:
@@ -401,8 +447,12 @@ def _check_free_space(folder: str, needed: int, files: int) -> None:
     free = stats.f_bavail * stats.f_frsize
     required = needed + files * _BLOCK
     if required > free:
-        raise OSError(errno.ENOSPC, f"Disk full: the export needs about {required} bytes and {free} are free under "
-                      f"{os.path.dirname(folder)}. Free some space or export elsewhere", folder)
+        raise OSError(
+            errno.ENOSPC,
+            f"Disk full: the export needs about {required} bytes and {free} are free under "
+            f"{os.path.dirname(folder)}. Free some space or export elsewhere",
+            folder,
+        )
 
 
 def _tree_size(path: str) -> int:
@@ -428,13 +478,17 @@ def remove_stale_temp_folders(export_dir_base: str) -> list[str]:
     """
     removed = []
     for entry in os.listdir(export_dir_base):
-        parts = entry[len(TEMP_PREFIX):].split("-", 2) if entry.startswith(TEMP_PREFIX) else []
+        parts = entry[len(TEMP_PREFIX) :].split("-", 2) if entry.startswith(TEMP_PREFIX) else []
         if len(parts) != 3 or not parts[1].isdigit() or parts[2] != _host() or _process_alive(int(parts[1])):
             continue
         shutil.rmtree(os.path.join(export_dir_base, entry), ignore_errors=True)
         removed.append(entry)
-        logger.info("Removed %s under %s, left by an export that did not finish (process %s is gone).",
-                    entry, export_dir_base, parts[1])
+        logger.info(
+            "Removed %s under %s, left by an export that did not finish (process %s is gone).",
+            entry,
+            export_dir_base,
+            parts[1],
+        )
     return removed
 
 
@@ -469,8 +523,13 @@ def _check_assets(assets_extra: Mapping[str, Any] | None) -> dict[str, str]:
     return checked
 
 
-def _rename_to_version(temp_dir: str, export_dir_base: str, *, clock: Callable[[], float] = time.time,
-                       sleep: Callable[[float], None] = time.sleep) -> str:
+def _rename_to_version(
+    temp_dir: str,
+    export_dir_base: str,
+    *,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
     """Renames the finished folder to ``<int(time.time())>``; waits a second and retries when that exists.
 
     The version is taken when the export is complete, so a version that
@@ -510,4 +569,3 @@ def _package_version() -> str | None:
         return version("torchestimator")
     except Exception:  # not installed as a distribution (a source checkout): the version is unknown, not an error
         return None
-

@@ -46,13 +46,17 @@ def warmup_records(requests: Sequence[Any], signatures: Mapping[str, Mapping[str
     from torchestimator.serving.protos import serving_protos
 
     if isinstance(requests, (str, bytes, Mapping)) or not isinstance(requests, Sequence):
-        raise TypeError(f"warmup_requests must be a list of requests (dicts of arrays or serving protos); "
-                        f"received {type(requests).__name__}.")
+        raise TypeError(
+            f"warmup_requests must be a list of requests (dicts of arrays or serving protos); "
+            f"received {type(requests).__name__}."
+        )
     if not requests:
         raise ValueError("warmup_requests is empty; give at least one request, or None for no warm-up file.")
     if len(requests) > MAX_WARMUP_RECORDS:
-        raise ValueError(f"warmup_requests has {len(requests)} requests; TF Serving replays at most "
-                         f"{MAX_WARMUP_RECORDS}. Give a few representative ones.")
+        raise ValueError(
+            f"warmup_requests has {len(requests)} requests; TF Serving replays at most "
+            f"{MAX_WARMUP_RECORDS}. Give a few representative ones."
+        )
     protos = serving_protos()
     records = []
     for index, request in enumerate(requests):
@@ -62,15 +66,18 @@ def warmup_records(requests: Sequence[Any], signatures: Mapping[str, Mapping[str
             log.predict_log.request.CopyFrom(_predict_request(request, signatures, index))
         elif kind == "PredictionLog" and request.DESCRIPTOR.full_name == "tensorflow.serving.PredictionLog":
             if request.WhichOneof("log_type") is None:
-                raise ValueError(f"warmup_requests[{index}] is a PredictionLog with no predict_log, classify_log "
-                                 "or regress_log.")
+                raise ValueError(
+                    f"warmup_requests[{index}] is a PredictionLog with no predict_log, classify_log or regress_log."
+                )
             log.MergeFromString(request.SerializeToString())  # a real TF message works too: same bytes
         elif kind in _LOGS and request.DESCRIPTOR.full_name == f"tensorflow.serving.{kind}":
             getattr(log, _LOGS[kind]).request.MergeFromString(request.SerializeToString())
         else:
-            raise TypeError(f"warmup_requests[{index}] is a {type(request).__name__}; give a dict {{input name: "
-                            "array}} (a predict request for serving_default) or a PredictRequest, "
-                            "ClassificationRequest, RegressionRequest or PredictionLog message.")
+            raise TypeError(
+                f"warmup_requests[{index}] is a {type(request).__name__}; give a dict {{input name: "
+                "array}} (a predict request for serving_default) or a PredictRequest, "
+                "ClassificationRequest, RegressionRequest or PredictionLog message."
+            )
         records.append(log.SerializeToString())
     return records
 
@@ -80,9 +87,11 @@ def _predict_request(inputs: Mapping[str, Any], signatures: Mapping[str, Mapping
     from torchestimator.serving.tensor_proto import make_tensor_proto
 
     if DEFAULT_SERVING_SIGNATURE_DEF_KEY not in signatures:
-        raise ValueError(f"warmup_requests[{index}] is a dict of inputs for the {DEFAULT_SERVING_SIGNATURE_DEF_KEY!r} "
-                         f"signature, which this export lacks (it has {sorted(signatures)}); give a PredictRequest "
-                         "naming its signature instead.")
+        raise ValueError(
+            f"warmup_requests[{index}] is a dict of inputs for the {DEFAULT_SERVING_SIGNATURE_DEF_KEY!r} "
+            f"signature, which this export lacks (it has {sorted(signatures)}); give a PredictRequest "
+            "naming its signature instead."
+        )
     expected = signatures[DEFAULT_SERVING_SIGNATURE_DEF_KEY]["inputs"]
     # A classify/regress serving_default calls its one string input "inputs" (TF's name); the receiver's name,
     # which the user built it with, is taken too and written under the signature's.
@@ -92,8 +101,10 @@ def _predict_request(inputs: Mapping[str, Any], signatures: Mapping[str, Mapping
         if receiver_input in inputs and name not in inputs and receiver_input not in expected:
             inputs[name] = inputs.pop(receiver_input)
     if set(inputs) != set(expected):
-        raise ValueError(f"warmup_requests[{index}] has inputs {sorted(inputs)}; the {DEFAULT_SERVING_SIGNATURE_DEF_KEY!r} "
-                         f"signature takes {sorted(expected)}.")
+        raise ValueError(
+            f"warmup_requests[{index}] has inputs {sorted(inputs)}; the {DEFAULT_SERVING_SIGNATURE_DEF_KEY!r} "
+            f"signature takes {sorted(expected)}."
+        )
     request = serving_protos().PredictRequest()
     request.model_spec.signature_name = DEFAULT_SERVING_SIGNATURE_DEF_KEY
     for name, value in inputs.items():
@@ -111,15 +122,18 @@ def _predict_request(inputs: Mapping[str, Any], signatures: Mapping[str, Mapping
     return request
 
 
-def write_warmup_file(version_folder: str | os.PathLike[str], requests: Sequence[Any],
-                      signatures: Mapping[str, Mapping[str, Any]]) -> str:
+def write_warmup_file(
+    version_folder: str | os.PathLike[str], requests: Sequence[Any], signatures: Mapping[str, Mapping[str, Any]]
+) -> str:
     """Writes ``<version_folder>/assets.extra/tf_serving_warmup_requests``; returns its path."""
     records = warmup_records(requests, signatures)
     folder = os.path.join(os.fspath(version_folder), "assets.extra")
     path = os.path.join(folder, WARMUP_FILE)
     if os.path.exists(path):
-        raise ValueError(f"assets_extra already holds {WARMUP_FILE}; give the warm-up requests either as "
-                         "warmup_requests or as that asset, not both.")
+        raise ValueError(
+            f"assets_extra already holds {WARMUP_FILE}; give the warm-up requests either as "
+            "warmup_requests or as that asset, not both."
+        )
     os.makedirs(folder, exist_ok=True)
     with TFRecordWriter(path) as writer:
         for record in records:

@@ -43,8 +43,14 @@ class RunContext:
         self._request_checkpoint = on_checkpoint_request  # the training loop's; None in evaluation and prediction
         self._stop_requested = False
 
-    def set_step_outputs(self, spec: Any, features: Any = None, labels: Any = None,
-                         loss: torch.Tensor | None = None, loss_value: float | None = None) -> None:
+    def set_step_outputs(
+        self,
+        spec: Any,
+        features: Any = None,
+        labels: Any = None,
+        loss: torch.Tensor | None = None,
+        loss_value: float | None = None,
+    ) -> None:
         """Called by the loops after each step: this step's outputs. `loss` overrides the spec's (the mean over
         accumulated micro-batches); `loss_value`, when given, is what `loss` answers (the mean over replicas)."""
         self.spec = spec
@@ -158,7 +164,9 @@ def check_hook(hook: Any, where: str = "hooks") -> None:
     """TypeError unless ``hook`` is a Hook; ``where`` names the argument in the message."""
     if isinstance(hook, Hook):
         return
-    from torchestimator._policy.early_stopping import EarlyStoppingRule  # only on this error path: no import cost or circle
+    from torchestimator._policy.early_stopping import (
+        EarlyStoppingRule,  # only on this error path: no import cost or circle
+    )
 
     if isinstance(hook, EarlyStoppingRule):
         raise TypeError(

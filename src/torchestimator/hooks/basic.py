@@ -9,18 +9,20 @@ from typing import Any
 
 import torch
 
+from torchestimator._core.state import TrainState
 from torchestimator.errors import ConfigError
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, RunContext
 from torchestimator.hooks.triggers import Every, check_step_count
-from torchestimator._core.state import TrainState
 
 logger = logging.getLogger("torchestimator")
 
 
 def _every(steps: int | None, secs: float | None, owner: str) -> Every:
     if (steps is None) == (secs is None):
-        raise ValueError(f"{owner} needs exactly one of every_n_steps/save_steps or every_n_secs/save_secs; "
-                         f"received steps={steps}, secs={secs}.")
+        raise ValueError(
+            f"{owner} needs exactly one of every_n_steps/save_steps or every_n_secs/save_secs; "
+            f"received steps={steps}, secs={secs}."
+        )
     return Every(steps=steps, secs=secs)
 
 
@@ -47,7 +49,9 @@ class StopAtStepHook(Hook):
 
     def __init__(self, num_steps: int | None = None, last_step: int | None = None) -> None:
         if (num_steps is None) == (last_step is None):
-            raise ValueError(f"StopAtStepHook needs exactly one of num_steps and last_step; received {num_steps}, {last_step}.")
+            raise ValueError(
+                f"StopAtStepHook needs exactly one of num_steps and last_step; received {num_steps}, {last_step}."
+            )
         num_steps = None if num_steps is None else check_step_count("StopAtStepHook", "num_steps", num_steps)
         last_step = None if last_step is None else check_step_count("StopAtStepHook", "last_step", last_step)
         self.num_steps = num_steps
@@ -74,8 +78,11 @@ class LoggingTensorHook(Hook):
         formatter: Callable[[dict[str, Any]], str] | None = None,
     ) -> None:
         self.tags = dict(tensors) if isinstance(tensors, Mapping) else {name: name for name in tensors}
-        self.trigger = None if (every_n_iter is None and every_n_secs is None and at_end) else _every(
-            every_n_iter, every_n_secs, "LoggingTensorHook")
+        self.trigger = (
+            None
+            if (every_n_iter is None and every_n_secs is None and at_end)
+            else _every(every_n_iter, every_n_secs, "LoggingTensorHook")
+        )
         self.at_end = at_end
         self.formatter = formatter
         self._last_context: RunContext | None = None
@@ -162,7 +169,9 @@ class CheckpointSaverHook(PeriodicHook):
         self.listeners = list(listeners)
         for listener in self.listeners:
             if not isinstance(listener, CheckpointSaverListener):
-                raise TypeError(f"CheckpointSaverHook listeners must be CheckpointSaverListener; received {listener!r}.")
+                raise TypeError(
+                    f"CheckpointSaverHook listeners must be CheckpointSaverListener; received {listener!r}."
+                )
 
     def check_config(self, config: Any) -> None:
         # The loop writes the checkpoints this hook asks for; with none configured it has no store to write to.
@@ -170,7 +179,9 @@ class CheckpointSaverHook(PeriodicHook):
             raise ConfigError(
                 f"CheckpointSaverHook({self._schedule()}) needs checkpoints, but this run's RunConfig disables them "
                 "(save_checkpoints_steps=None and save_checkpoints_secs=None). Set one of them, or drop the hook.",
-                field="save_checkpoints_steps", value=None)
+                field="save_checkpoints_steps",
+                value=None,
+            )
 
     def begin(self, state: TrainState) -> None:
         for listener in self.listeners:
@@ -180,7 +191,9 @@ class CheckpointSaverHook(PeriodicHook):
         run_context.request_checkpoint(self.listeners)
 
     def _schedule(self) -> str:
-        return f"save_steps={self.trigger.steps}" if self.trigger.steps is not None else f"save_secs={self.trigger.secs}"
+        return (
+            f"save_steps={self.trigger.steps}" if self.trigger.steps is not None else f"save_secs={self.trigger.secs}"
+        )
 
     def end(self, state: TrainState) -> None:
         for listener in self.listeners:

@@ -28,17 +28,26 @@ class Every:
 
     def __post_init__(self) -> None:
         if (self.steps is None) == (self.secs is None):
-            raise ConfigError(f"Every needs exactly one of steps or secs; received steps={self.steps}, secs={self.secs}.",
-                              field="steps", value=(self.steps, self.secs))
+            raise ConfigError(
+                f"Every needs exactly one of steps or secs; received steps={self.steps}, secs={self.secs}.",
+                field="steps",
+                value=(self.steps, self.secs),
+            )
         if self.steps is not None:
             self.steps = check_step_count("Every", "steps", self.steps)
         if self.secs is not None:
             if isinstance(self.secs, bool) or not isinstance(self.secs, numbers.Real):
-                raise ConfigTypeError(f"Every(secs=...) must be a number of seconds; received {self.secs!r}.",
-                                      field="secs", value=self.secs)
+                raise ConfigTypeError(
+                    f"Every(secs=...) must be a number of seconds; received {self.secs!r}.",
+                    field="secs",
+                    value=self.secs,
+                )
             if not (math.isfinite(self.secs) and self.secs > 0):
-                raise ConfigError(f"Every(secs=...) must be a finite number of seconds > 0; received {self.secs!r}.",
-                                  field="secs", value=self.secs)
+                raise ConfigError(
+                    f"Every(secs=...) must be a finite number of seconds > 0; received {self.secs!r}.",
+                    field="secs",
+                    value=self.secs,
+                )
 
     def start(self, step: int) -> None:
         """Marks the start of a run at `step`: the first firing comes one interval later."""
@@ -66,8 +75,9 @@ class Every:
 def check_step_count(owner: str, name: str, value: object) -> int:
     """``value`` as a step count (an int > 0, not a bool); ConfigError/ConfigTypeError naming ``owner.name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ConfigTypeError(f"{owner}({name}=...) must be a whole number of steps; received {value!r}.",
-                              field=name, value=value)
+        raise ConfigTypeError(
+            f"{owner}({name}=...) must be a whole number of steps; received {value!r}.", field=name, value=value
+        )
     if value <= 0:
         raise ConfigError(f"{owner}({name}=...) must be > 0; received {value}.", field=name, value=value)
     return int(value)

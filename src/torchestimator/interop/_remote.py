@@ -38,8 +38,10 @@ def open_remote_weights(url: str, open_local) -> WeightSource:
 
         latest = CheckpointStore(url, keep_checkpoint_max=None).latest_checkpoint()
         if latest is None:
-            raise WeightSourceError(f"{url} holds no checkpoint (no ckpt-<step> folder with a valid state.json). "
-                                    "Pass a model_dir that has been trained, or the URL of a ckpt-<step> folder.")
+            raise WeightSourceError(
+                f"{url} holds no checkpoint (no ckpt-<step> folder with a valid state.json). "
+                "Pass a model_dir that has been trained, or the URL of a ckpt-<step> folder."
+            )
         return _ours(latest, url, latest.rsplit("/", 1)[1], given=url)
     return open_local(_local_copy(url))
 
@@ -89,8 +91,7 @@ def _local_copy(url: str) -> str:
         text = filesystems.read_bytes(f"{url}/checkpoint").decode("utf-8", "replace")
         match = re.search(r'^model_checkpoint_path:\s*"([^"]+)"', text, re.MULTILINE)
         prefix = os.path.basename(match.group(1)) if match else ""
-        _fetch(url, ["checkpoint", *[entry for entry in entries if prefix and entry.startswith(prefix + ".")]],
-               folder)
+        _fetch(url, ["checkpoint", *[entry for entry in entries if prefix and entry.startswith(prefix + ".")]], folder)
         return folder
     if entries:  # a Keras sharded checkpoint or another folder format: all of it
         _fetch(url, [entry for entry in entries if not filesystems.is_dir(f"{url}/{entry}")], folder)

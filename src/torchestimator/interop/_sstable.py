@@ -95,7 +95,7 @@ def _read_block(data: bytes, path: str, offset: int, size: int, kind: str) -> by
             f"{path}: the {kind} at offset {offset} ({size} bytes plus a 5-byte trailer) runs past the end of the "
             f"table ({len(data)} bytes); the .index file is truncated or corrupt."
         )
-    block = data[offset:offset + size]
+    block = data[offset : offset + size]
     block_type = data[offset + size]
     stored = _UINT32.unpack_from(data, offset + size + 1)[0]
     if masked_crc32c(block + bytes([block_type])) != stored:
@@ -128,8 +128,8 @@ def _block_entries(block: bytes, path: str, offset: int) -> Iterator[tuple[bytes
             end = position + unshared + value_length
             if shared > len(key) or end > limit:
                 raise VarintError(f"an entry at block byte {position} overruns its block or shared key")
-            key = key[:shared] + block[position:position + unshared]
-            yield key, block[position + unshared:end]
+            key = key[:shared] + block[position : position + unshared]
+            yield key, block[position + unshared : end]
             position = end
     except VarintError as error:
         raise WeightSourceError(f"{where} is corrupt: {error}.") from None
@@ -165,12 +165,12 @@ def _snappy_literal(block: bytes, position: int, out: bytearray, expected: int) 
         width = length - 59
         if position + width > len(block):
             raise VarintError("a literal's length runs past the end of the block")
-        length = int.from_bytes(block[position:position + width], "little")
+        length = int.from_bytes(block[position : position + width], "little")
         position += width
     length += 1
     if position + length > len(block) or len(out) + length > expected:
         raise VarintError("a literal runs past the end of the block or of the declared size")
-    out += block[position:position + length]
+    out += block[position : position + length]
     return position + length
 
 
@@ -185,7 +185,7 @@ def _snappy_copy(block: bytes, position: int, out: bytearray, expected: int) -> 
         width = 2 if tag & 3 == 2 else 4
         if position + width > len(block):  # a short slice would read as a smaller offset, silently
             raise VarintError("a copy's offset runs past the end of the block")
-        length, distance = (tag >> 2) + 1, int.from_bytes(block[position:position + width], "little")
+        length, distance = (tag >> 2) + 1, int.from_bytes(block[position : position + width], "little")
         position += width
     if not 0 < distance <= len(out):
         raise VarintError(f"a copy reaches {distance} bytes back, before the start")
@@ -193,7 +193,7 @@ def _snappy_copy(block: bytes, position: int, out: bytearray, expected: int) -> 
         raise VarintError(f"decompresses past the declared {expected} bytes")
     if length <= distance:
         start = len(out) - distance
-        out += out[start:start + length]
+        out += out[start : start + length]
     else:
         for _ in range(length):  # byte by byte: the copy overlaps its own output
             out.append(out[-distance])

@@ -36,15 +36,43 @@ __all__ = [
 
 # types.proto DataType -> numpy dtype name. Quantized types share their storage type's layout.
 NUMPY_DTYPES = {
-    1: "float32", 2: "float64", 3: "int32", 4: "uint8", 5: "int16", 6: "int8", 8: "complex64", 9: "int64",
-    10: "bool", 11: "int8", 12: "uint8", 13: "int32", 15: "int16", 16: "uint16", 17: "uint16",
-    18: "complex128", 19: "float16", 22: "uint32", 23: "uint64",
+    1: "float32",
+    2: "float64",
+    3: "int32",
+    4: "uint8",
+    5: "int16",
+    6: "int8",
+    8: "complex64",
+    9: "int64",
+    10: "bool",
+    11: "int8",
+    12: "uint8",
+    13: "int32",
+    15: "int16",
+    16: "uint16",
+    17: "uint16",
+    18: "complex128",
+    19: "float16",
+    22: "uint32",
+    23: "uint64",
 }
 STRING, BFLOAT16 = 7, 14
 _OTHER_DTYPES = {
-    0: "invalid", 7: "string", 14: "bfloat16", 20: "resource", 21: "variant", 24: "float8_e5m2",
-    25: "float8_e4m3fn", 26: "float8_e4m3fnuz", 27: "float8_e4m3b11fnuz", 28: "float8_e5m2fnuz", 29: "int4",
-    30: "uint4", 31: "int2", 32: "uint2", 33: "float4_e2m1fn",
+    0: "invalid",
+    7: "string",
+    14: "bfloat16",
+    20: "resource",
+    21: "variant",
+    24: "float8_e5m2",
+    25: "float8_e4m3fn",
+    26: "float8_e4m3fnuz",
+    27: "float8_e4m3b11fnuz",
+    28: "float8_e5m2fnuz",
+    29: "int4",
+    30: "uint4",
+    31: "int2",
+    32: "uint2",
+    33: "float4_e2m1fn",
 }
 # No array has more elements (numpy's own limit is 2**63 bytes); even zero-size shapes must stay below it.
 _MAX_ELEMENTS = 1 << 52
@@ -85,8 +113,10 @@ class BundleHeader:
         if not 0 <= self.num_shards < 1 << 31:
             return f"the bundle header declares {self.num_shards} data shards"
         if self.min_consumer > _BUNDLE_VERSION or _BUNDLE_VERSION in self.bad_consumers:
-            return (f"written by a newer tensor bundle version (producer {self.producer}, min consumer "
-                    f"{self.min_consumer}); this reader understands version {_BUNDLE_VERSION}")
+            return (
+                f"written by a newer tensor bundle version (producer {self.producer}, min consumer "
+                f"{self.min_consumer}); this reader understands version {_BUNDLE_VERSION}"
+            )
         return None
 
 
@@ -94,8 +124,13 @@ def decode_header(data: bytes) -> BundleHeader:
     """The header record's bytes decoded; MessageDecodeError when they are not a BundleHeaderProto."""
     header = _protobuf.parse_binary(tf_protos().BundleHeaderProto, data)
     version = header.version
-    return BundleHeader(num_shards=header.num_shards, big_endian=header.endianness == 1, producer=version.producer,
-                        min_consumer=version.min_consumer, bad_consumers=tuple(version.bad_consumers))
+    return BundleHeader(
+        num_shards=header.num_shards,
+        big_endian=header.endianness == 1,
+        producer=version.producer,
+        min_consumer=version.min_consumer,
+        bad_consumers=tuple(version.bad_consumers),
+    )
 
 
 def decode_entry(data: bytes) -> BundleEntry:
@@ -107,8 +142,15 @@ def decode_entry(data: bytes) -> BundleEntry:
         tuple((extent.start, extent.length if extent.HasField("length") else None) for extent in slice_proto.extent)
         for slice_proto in entry.slices
     )
-    return BundleEntry(dtype=entry.dtype, shape=tuple(dim.size for dim in entry.shape.dim), shard_id=entry.shard_id,
-                       offset=entry.offset, size=entry.size, crc32c=entry.crc32c, slices=slices)
+    return BundleEntry(
+        dtype=entry.dtype,
+        shape=tuple(dim.size for dim in entry.shape.dim),
+        shard_id=entry.shard_id,
+        offset=entry.offset,
+        size=entry.size,
+        crc32c=entry.crc32c,
+        slices=slices,
+    )
 
 
 def check_entry(index_path: str, key: bytes, entry: BundleEntry) -> None:
@@ -162,8 +204,10 @@ def slice_keys(name: str, shape: tuple[int, ...], extents: Extents) -> list[byte
 
 def slice_index(shape: tuple[int, ...], extents: Extents) -> tuple[slice, ...]:
     """The numpy index of one slice within the whole tensor."""
-    return tuple(slice(start, shape[dim] if length in (None, -1) else start + length)
-                 for dim, (start, length) in enumerate(extents))
+    return tuple(
+        slice(start, shape[dim] if length in (None, -1) else start + length)
+        for dim, (start, length) in enumerate(extents)
+    )
 
 
 def slice_spec(extents: Extents) -> str:

@@ -99,6 +99,10 @@ def tf_protos() -> SimpleNamespace:
     """BundleHeaderProto, BundleEntryProto, TrackableObjectGraph, CheckpointState (and the pool)."""
     framework = _framework_file()
     files = [framework, _bundle_file(framework), _object_graph_file()]
-    names = ["tensorflow.BundleHeaderProto", "tensorflow.BundleEntryProto", "tensorflow.TrackableObjectGraph",
-             "tensorflow.CheckpointState"]
+    names = [
+        "tensorflow.BundleHeaderProto",
+        "tensorflow.BundleEntryProto",
+        "tensorflow.TrackableObjectGraph",
+        "tensorflow.CheckpointState",
+    ]
     return _protobuf.message_classes(files, names)

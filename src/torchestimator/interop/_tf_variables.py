@@ -58,18 +58,25 @@ def is_optimizer_variable(name: str) -> bool:
     under `optimizer/_trainable_variables/N`; use
     `TensorFlowCheckpoint.model_variables()`, which reads the object graph, for those.
     """
-    return bool(name == OBJECT_GRAPH_KEY or TF1_SLOT.search(name) or _TF1_SCALARS.match(name)
-                or _TF2_OPTIMIZER.search(name))
+    return bool(
+        name == OBJECT_GRAPH_KEY or TF1_SLOT.search(name) or _TF1_SCALARS.match(name) or _TF2_OPTIMIZER.search(name)
+    )
 
 
 def decode_object_graph(serialized: bytes) -> list[Node]:
     """The object graph's nodes; MessageDecodeError for bytes that are not one or name nodes it lacks."""
     graph = _protobuf.parse_binary(tf_protos().TrackableObjectGraph, serialized)
-    nodes = [(
-        [(child.node_id, child.local_name) for child in node.children],
-        [(attribute.name, attribute.checkpoint_key) for attribute in node.attributes],
-        [(slot.original_variable_node_id, slot.slot_name, slot.slot_variable_node_id) for slot in node.slot_variables],
-    ) for node in graph.nodes]
+    nodes = [
+        (
+            [(child.node_id, child.local_name) for child in node.children],
+            [(attribute.name, attribute.checkpoint_key) for attribute in node.attributes],
+            [
+                (slot.original_variable_node_id, slot.slot_name, slot.slot_variable_node_id)
+                for slot in node.slot_variables
+            ],
+        )
+        for node in graph.nodes
+    ]
     # Every node a child or slot reference names exists: a corrupt graph must fail here, not as an IndexError.
     for children, _, slots in nodes:
         ids = [child for child, _ in children] + [ref for variable, _, slot in slots for ref in (variable, slot)]
@@ -113,8 +120,8 @@ def optimizer_slots(nodes: list[Node], names: Collection[str]) -> dict[str, dict
         return slots
     for name in names:
         match = TF1_SLOT.search(name)
-        if match and name[:match.start()] in names:
-            slots.setdefault(name[:match.start()], {})[name[match.start() + 1:]] = name
+        if match and name[: match.start()] in names:
+            slots.setdefault(name[: match.start()], {})[name[match.start() + 1 :]] = name
     return slots
 
 
@@ -140,9 +147,11 @@ def _value_key(node: Node) -> str | None:
 def _keras3_slots(nodes: list[Node]) -> Iterator[tuple[str, str, str]]:
     """(variable key, slot name, slot key) from Keras 3 optimizers' index-aligned slot lists."""
     for children, _, _ in nodes:
-        lists = {name: dict(
-            (local, child) for child, local in nodes[node_id][0] if local.isdigit()
-        ) for node_id, name in children if 0 <= node_id < len(nodes)}
+        lists = {
+            name: {local: child for child, local in nodes[node_id][0] if local.isdigit()}
+            for node_id, name in children
+            if 0 <= node_id < len(nodes)
+        }
         trainable = lists.get("_trainable_variables")
         if not trainable:
             continue

@@ -51,14 +51,20 @@ def parse_config(path: str, text: str | bytes, where: str) -> dict[str, Any] | N
     give, never the read.
     """
     if len(text) > MAX_CONFIG_BYTES:
-        logger.warning("%s: ignoring %s of %d bytes (over %d); names and settings come from the weights alone",
-                       path, where, len(text), MAX_CONFIG_BYTES)
+        logger.warning(
+            "%s: ignoring %s of %d bytes (over %d); names and settings come from the weights alone",
+            path,
+            where,
+            len(text),
+            MAX_CONFIG_BYTES,
+        )
         return None
     try:
         config = json.loads(text)
     except (RecursionError, ValueError) as error:
-        logger.warning("%s: ignoring unreadable %s (%s); names and settings come from the weights alone",
-                       path, where, error)
+        logger.warning(
+            "%s: ignoring unreadable %s (%s); names and settings come from the weights alone", path, where, error
+        )
         return None
     return config if isinstance(config, dict) else None
 

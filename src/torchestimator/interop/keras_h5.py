@@ -86,7 +86,7 @@ from torchestimator.interop.keras_config import (
     parse_config,
     snake_case,
 )
-from torchestimator.interop.keras_hdf5_guard import _DamagedHeapError, HeapGuard
+from torchestimator.interop.keras_hdf5_guard import HeapGuard, _DamagedHeapError
 from torchestimator.interop.keras_hdf5_guard import global_heap_problem as _global_heap_problem  # noqa: F401 - tests
 from torchestimator.interop.source import ZIP_ERRORS, TensorInfo, WeightSource, WeightSourceError, missing_tensor_error
 
@@ -114,10 +114,21 @@ _READ_ERRORS = (KeyError, RuntimeError, TypeError, *ZIP_ERRORS)
 
 # Save order of standard Keras 3 layers (their `save_own_variables`), by snake_case class name.
 _KNOWN_VARIABLES: dict[str, tuple[str, ...]] = {
-    **{name: ("kernel", "bias") for name in (
-        "dense", "einsum_dense", "conv1d", "conv2d", "conv3d", "conv1d_transpose", "conv2d_transpose",
-        "conv3d_transpose", "depthwise_conv1d", "depthwise_conv2d",
-    )},
+    **dict.fromkeys(
+        (
+            "dense",
+            "einsum_dense",
+            "conv1d",
+            "conv2d",
+            "conv3d",
+            "conv1d_transpose",
+            "conv2d_transpose",
+            "conv3d_transpose",
+            "depthwise_conv1d",
+            "depthwise_conv2d",
+        ),
+        ("kernel", "bias"),
+    ),
     "separable_conv1d": ("depthwise_kernel", "pointwise_kernel", "bias"),
     "separable_conv2d": ("depthwise_kernel", "pointwise_kernel", "bias"),
     "batch_normalization": ("gamma", "beta", "moving_mean", "moving_variance"),
@@ -228,8 +239,10 @@ class KerasH5Source(WeightSource):
             problem = f"its storage is {stored} bytes, more than the whole file ({real_size} bytes)"
         elif needed > stored * ratio:
             how = f"compressed at most {ratio}-fold" if compressed else "uncompressed"
-            problem = (f"shape {list(shape)} of {dataset.dtype} needs {needed} bytes, but only {stored} bytes are "
-                       f"stored ({how}); the rest would be fill values no Keras writer leaves")
+            problem = (
+                f"shape {list(shape)} of {dataset.dtype} needs {needed} bytes, but only {stored} bytes are "
+                f"stored ({how}); the rest would be fill values no Keras writer leaves"
+            )
         if problem:
             raise WeightSourceError(
                 f"{self.path}: variable {entry.name!r} (HDF5 path {entry.h5_path!r}) declares more data than the "
@@ -357,8 +370,13 @@ def _warn_if_one_part(path: str) -> None:
     match = _SHARD_PART.match(os.path.basename(path))
     index = os.path.join(os.path.dirname(path), f"{match['base']}{SHARDED_SUFFIX}") if match else None
     if index is not None and os.path.isfile(index):
-        logger.warning("%s is one part of the sharded Keras weights %s and holds only some of the tensors; "
-                       "open %s to read them all.", path, index, index)
+        logger.warning(
+            "%s is one part of the sharded Keras weights %s and holds only some of the tensors; "
+            "open %s to read them all.",
+            path,
+            index,
+            index,
+        )
 
 
 @contextlib.contextmanager
@@ -379,7 +397,7 @@ def _close_all(closers: list[Any]) -> None:
     for closer in reversed(closers):
         try:
             closer.close()
-        except Exception:  # noqa: BLE001 - already reporting the original error
+        except Exception:
             logger.debug("Ignoring an error while closing after a failed open", exc_info=True)
 
 
@@ -486,9 +504,7 @@ def _read_legacy(path: str, handle: Any, root: Any) -> _Layout:
     return _Layout("keras_h5", entries, layer_order, aliases, layer_configs)
 
 
-def _legacy_configs(
-    path: str, handle: Any, entries: list[_Entry]
-) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+def _legacy_configs(path: str, handle: Any, entries: list[_Entry]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Each tensor's layer config from ``model_config`` (``model.save('x.h5')``; Keras 2 ``save_weights('x.h5')``
     writes none), and the ``depthwise_kernel`` aliases of Keras 3 depthwise kernels."""
     if "model_config" not in handle.attrs:
@@ -514,8 +530,7 @@ def _legacy_entry(path: str, group: Any, layer: str, weight_name: str, prefix_al
     dataset = group.get(weight_name)
     if not isinstance(dataset, h5py.Dataset):
         raise WeightSourceError(
-            f"{path}: variable {weight_name!r} of layer {layer!r} is listed in weight_names but missing "
-            "from the file."
+            f"{path}: variable {weight_name!r} of layer {layer!r} is listed in weight_names but missing from the file."
         )
     name = weight_name[:-2] if weight_name.endswith(":0") else weight_name
     if prefix_always or not name.startswith(layer + "/"):
@@ -556,15 +571,18 @@ def _string_attr(obj: Any, name: str) -> Any:
     """
     attribute = h5py.h5a.open(obj.id, name.encode("utf-8"))
     type_class = attribute.get_type().get_class()
-    if type_class == h5py.h5t.STRING or (attribute.get_space().get_simple_extent_npoints() == 0
-                                         and type_class in (h5py.h5t.FLOAT, h5py.h5t.INTEGER)):
+    if type_class == h5py.h5t.STRING or (
+        attribute.get_space().get_simple_extent_npoints() == 0 and type_class in (h5py.h5t.FLOAT, h5py.h5t.INTEGER)
+    ):
         try:
             return obj.attrs[name]
         except _DamagedHeapError as error:  # its strings are in a damaged global heap collection
             raise TypeError(f"attribute {name!r} of {obj.name!r} cannot be read: {error}") from error
     # TypeError: the caller names the file (open_keras_h5 turns it into "corrupt ... Keras HDF5 file: ...").
-    raise TypeError(f"attribute {name!r} of {obj.name!r} is not stored as strings (HDF5 type class {type_class}); "
-                    "Keras writes names as strings, so the file is corrupt or crafted")
+    raise TypeError(
+        f"attribute {name!r} of {obj.name!r} is not stored as strings (HDF5 type class {type_class}); "
+        "Keras writes names as strings, so the file is corrupt or crafted"
+    )
 
 
 def _decode_strings(value: Any) -> list[str]:
@@ -730,6 +748,7 @@ def _class_counters_in_order(keys: list[str]) -> list[str]:
     freed space, which it does in a model of a few dozen layers (MobileNetV2's ``.weights.h5`` put ``Conv_1``
     18th of its 35 Conv2D groups); the counter is exact within a class, which is what matchers pair by.
     """
+
     def split(key: str) -> tuple[str, int]:
         match = re.fullmatch(r"(.+?)(?:_(\d+))?", key)
         return (match.group(1), int(match.group(2) or 0)) if match else (key, 0)
@@ -782,4 +801,3 @@ def _bfloat16_to_float32(value: Any) -> numpy.ndarray:
         return array.astype(numpy.float32)
     bits = numpy.frombuffer(array.tobytes(), dtype="<u2").astype(numpy.uint32) << 16
     return bits.view(numpy.float32).reshape(array.shape)
-

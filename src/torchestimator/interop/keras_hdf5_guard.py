@@ -72,16 +72,17 @@ def global_heap_problem(data: memoryview) -> str | None:
     offset, steps = 16, 0
     while offset + 16 <= size:
         steps += 1
-        index = int.from_bytes(data[offset:offset + 2], "little")
-        declared = int.from_bytes(data[offset + 8:offset + 16], "little")
+        index = int.from_bytes(data[offset : offset + 2], "little")
+        declared = int.from_bytes(data[offset + 8 : offset + 16], "little")
         need = declared if index == 0 else 16 + (declared + 7) // 8 * 8
         if index == 0 and declared < 16:
             return f"its free-space object at byte {offset} of the collection declares {declared} bytes"
         if need > size - offset:
-            return (f"object {index} at byte {offset} of the collection declares {declared} bytes, past the "
-                    f"collection's end ({size} bytes)")
+            return (
+                f"object {index} at byte {offset} of the collection declares {declared} bytes, past the "
+                f"collection's end ({size} bytes)"
+            )
         if steps > 65_536:
             return "it lists more objects than an HDF5 global heap collection can hold"
         offset += need
     return None
-

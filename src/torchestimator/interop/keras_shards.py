@@ -49,8 +49,10 @@ from torchestimator.interop.source import WeightSourceError
 
 __all__ = ["ShardedKerasSource", "open_sharded_keras"]
 
-_EXPECTED = ('expected the index Keras 3 save_weights("x.weights.json", max_shard_size=...) writes: '
-             '{"metadata": {...}, "weight_map": {"/layers/<group>/vars": "x_00000.weights.h5", ...}}')
+_EXPECTED = (
+    'expected the index Keras 3 save_weights("x.weights.json", max_shard_size=...) writes: '
+    '{"metadata": {...}, "weight_map": {"/layers/<group>/vars": "x_00000.weights.h5", ...}}'
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,12 +112,15 @@ def _read_index(path: str) -> dict[str, list[str]]:
     for key, value in weight_map.items():
         names = [value] if isinstance(value, str) else value
         if not isinstance(names, list) or not names or not all(isinstance(name, str) for name in names):
-            raise WeightSourceError(f"{path}: weight_map[{key!r}] is {value!r}; expected a part's file name or a "
-                                    "list of them.")
+            raise WeightSourceError(
+                f"{path}: weight_map[{key!r}] is {value!r}; expected a part's file name or a list of them."
+            )
         for name in names:
             if name in ("", ".", "..") or os.path.basename(name) != name or "\\" in name:
-                raise WeightSourceError(f"{path}: weight_map[{key!r}] names the part {name!r}; a part is a file "
-                                        "name next to the index, without a folder.")
+                raise WeightSourceError(
+                    f"{path}: weight_map[{key!r}] names the part {name!r}; a part is a file "
+                    "name next to the index, without a folder."
+                )
         result[key] = names
     return result
 
@@ -123,8 +128,10 @@ def _read_index(path: str) -> dict[str, list[str]]:
 def _open_part(path: str, name: str, closers: list[Any]) -> _Part:
     location = os.path.join(os.path.dirname(path), name)
     if not os.path.isfile(location):
-        raise WeightSourceError(f"{path}: the part {name!r} its weight_map lists is missing ({location}). Keep "
-                                "every part Keras wrote with this index next to it.")
+        raise WeightSourceError(
+            f"{path}: the part {name!r} its weight_map lists is missing ({location}). Keep "
+            "every part Keras wrote with this index next to it."
+        )
     try:
         handle, _, size = _open_checked(location, closers)
     except WeightSourceError as error:
@@ -140,16 +147,20 @@ def _check_weight_map(path: str, weight_map: dict[str, list[str]], parts: list[_
             if not isinstance(by_name[name].handle.get(key), h5py.Group):
                 raise WeightSourceError(
                     f"{path}: weight_map puts the variables {key!r} in the part {name!r}, which has no such group: "
-                    "the part is not the one written with this index. Save the weights again, or copy all parts.")
+                    "the part is not the one written with this index. Save the weights again, or copy all parts."
+                )
     for part in parts:
         listed = {key for key, names in weight_map.items() if part.name in names}
         for group in _groups_depth_first(path, part):
-            holds = any(isinstance(group.get(key, getlink=True), h5py.HardLink)
-                        and isinstance(group.get(key), h5py.Dataset) for key in group)
+            holds = any(
+                isinstance(group.get(key, getlink=True), h5py.HardLink) and isinstance(group.get(key), h5py.Dataset)
+                for key in group
+            )
             if holds and group.name not in listed:
                 raise WeightSourceError(
                     f"{path}: the part {part.name!r} holds variables under {group.name!r}, which weight_map does "
-                    "not place there: the part is not the one written with this index.")
+                    "not place there: the part is not the one written with this index."
+                )
 
 
 def _merge(
@@ -181,7 +192,8 @@ def _merge(
                 if where in owner:
                     raise WeightSourceError(
                         f"{path}: the variable {where!r} is in two parts, {parts[owner[where]].name!r} and "
-                        f"{part.name!r}; Keras writes each variable once.")
+                        f"{part.name!r}; Keras writes each variable once."
+                    )
                 copy = target.create_dataset(key, shape=dataset.shape, dtype=dataset.dtype)
                 if "dtype" in dataset.attrs:  # Keras 3 marks bfloat16 values this way
                     copy.attrs["dtype"] = _string_attr(dataset, "dtype")
@@ -205,10 +217,15 @@ def _groups_depth_first(path: str, part: _Part) -> list[Any]:
         group = pending.pop()
         address = h5py.h5o.get_info(group.id).addr
         if address in seen:
-            raise WeightSourceError(f"{path}: in the part {part.name!r}, the group {group.name!r} is reached twice "
-                                    "(a link back into the tree); Keras writes each group once.")
+            raise WeightSourceError(
+                f"{path}: in the part {part.name!r}, the group {group.name!r} is reached twice "
+                "(a link back into the tree); Keras writes each group once."
+            )
         seen.add(address)
         order.append(group)
-        pending += [group[key] for key in group if isinstance(group.get(key, getlink=True), h5py.HardLink)
-                    and isinstance(group[key], h5py.Group)]
+        pending += [
+            group[key]
+            for key in group
+            if isinstance(group.get(key, getlink=True), h5py.HardLink) and isinstance(group[key], h5py.Group)
+        ]
     return order

@@ -42,9 +42,9 @@ import numpy
 
 __all__ = [
     "BATCHNORM_NAMES",
-    "BatchNormSettings",
     "CONVERTERS",
     "CONVERTER_SPECS",
+    "BatchNormSettings",
     "Converter",
     "batchnorm_names",
     "batchnorm_settings",
@@ -364,8 +364,11 @@ def batchnorm_settings(layer_config: Mapping[str, Any] | None) -> BatchNormSetti
     """
     inner = layer_config.get("config") if isinstance(layer_config, Mapping) else None
     inner = inner if isinstance(inner, Mapping) else {}
-    recorded = {key: inner[key] for key in ("epsilon", "momentum")
-                if isinstance(inner.get(key), (int, float)) and not isinstance(inner.get(key), bool)}
+    recorded = {
+        key: inner[key]
+        for key in ("epsilon", "momentum")
+        if isinstance(inner.get(key), (int, float)) and not isinstance(inner.get(key), bool)
+    }
     if not recorded:
         origin = "Keras's default; the source records no layer settings (a .weights.h5 or TF checkpoint has none)"
     elif len(recorded) == 2:

@@ -58,10 +58,12 @@ CONFIDENT, AMBIGUOUS, MISMATCH, UNMATCHED = "confident", "ambiguous", "mismatch"
 _IGNORED_SOURCES = (
     (re.compile(r"(^|/)(Adam|Adagrad|RMSProp|Momentum|Ftrl|Adadelta|Nadam|SGD)(_\d+)?(/|$)"), "optimizer slot"),
     (re.compile(r"\.OPTIMIZER_SLOT|(^|/)optimizer(/|$)"), "optimizer state"),
-    (re.compile(r"(^|/)(global_step|save_counter|beta1_power|beta2_power|_CHECKPOINTABLE_OBJECT_GRAPH)(/|$)"),
-     "training bookkeeping"),
+    (
+        re.compile(r"(^|/)(global_step|save_counter|beta1_power|beta2_power|_CHECKPOINTABLE_OBJECT_GRAPH)(/|$)"),
+        "training bookkeeping",
+    ),
     (re.compile(r"(^|/)(iter|iterations|learning_rate|decay)(/|$)"), "optimizer state"),
-)  # fmt: skip
+)
 _SUFFIXES = ("/.ATTRIBUTES/VARIABLE_VALUE", ":0")
 
 # Target member <- (source member, converter), per kind, for TF/Keras-named sources.
@@ -114,15 +116,18 @@ class Proposal:
             return self.reason
         channels, positions = self.flatten
         return self.reason + flatten_advice(
-            f"layouts.flatten_dense_converter({channels}, height, width) where height*width = {positions}")
+            f"layouts.flatten_dense_converter({channels}, height, width) where height*width = {positions}"
+        )
 
 
 def flatten_advice(converter: str) -> str:
     """What to do about a Linear after a Flatten, naming ``converter`` (the flatten converter, in some words)."""
-    return ("; the proposed dense_to_linear is right if the source flattened channels first, or if this module "
-            "flattens in the source's order (e.g. permutes to NHWC before flatten, as a model mirroring Keras does); "
-            f"if the source flattened NHWC features (Keras's default) and this module flattens NCHW, convert with "
-            f"{converter}")
+    return (
+        "; the proposed dense_to_linear is right if the source flattened channels first, or if this module "
+        "flattens in the source's order (e.g. permutes to NHWC before flatten, as a model mirroring Keras does); "
+        f"if the source flattened NHWC features (Keras's default) and this module flattens NCHW, convert with "
+        f"{converter}"
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -213,9 +218,7 @@ def propose_mapping(
         proposals += found
     order = {name: index for index, name in enumerate(_target_names(target_layers))}
     proposals.sort(key=lambda proposal: order.get(proposal.target, len(order)))
-    unused = sorted(
-        {name for layer in source_layers for name, _ in layer.members.values()} - used | set(unknown)
-    )
+    unused = sorted({name for layer in source_layers for name, _ in layer.members.values()} - used | set(unknown))
     return MatchResult(proposals=tuple(proposals), unused_sources=tuple(unused), ignored_sources=tuple(ignored))
 
 
@@ -252,13 +255,20 @@ def _depthwise_hint(proposals: list[Proposal], targets: list[_Layer], sources: l
     kernel ``[*spatial, in, multiplier]``. A Keras 3 ``.weights.h5`` of a custom layer class records no class,
     and its ``kernel`` reads as a Conv's; the shape alone cannot tell, so this is advice, never a mapping."""
     wanted = {layer.members["weight"][1] for layer in targets if "weight" in layer.members}
-    fitting = [layer.path for layer in sources if layer.kind == "conv" and "kernel" in layer.members
-               and converted_shape("depthwise_conv_to_torch", layer.members["kernel"][1]) in wanted]
+    fitting = [
+        layer.path
+        for layer in sources
+        if layer.kind == "conv"
+        and "kernel" in layer.members
+        and converted_shape("depthwise_conv_to_torch", layer.members["kernel"][1]) in wanted
+    ]
     if not fitting:
         return proposals
-    hint = (f"; the source layer(s) {', '.join(fitting[:5])} hold kernels that would fit as depthwise kernels "
-            "[*spatial, in, multiplier], but the file records no layer class saying so (nothing was assumed): if "
-            "they are DepthwiseConv layers, map each by name with the converter depthwise_conv_to_torch")
+    hint = (
+        f"; the source layer(s) {', '.join(fitting[:5])} hold kernels that would fit as depthwise kernels "
+        "[*spatial, in, multiplier], but the file records no layer class saying so (nothing was assumed): if "
+        "they are DepthwiseConv layers, map each by name with the converter depthwise_conv_to_torch"
+    )
     return [dataclasses.replace(p, reason=p.reason + hint) if p.status == UNMATCHED else p for p in proposals]
 
 
@@ -269,18 +279,28 @@ def _member_proposals(
     for member, (target_name, target_shape) in target.members.items():
         source_member, converter = _source_member(target, source, member)
         if source_member is None:
-            reason = "torch-only counter, keeps its fresh value" if member == "num_batches_tracked" else (
-                f"{base}, but the source layer has no counterpart of {member!r}")
+            reason = (
+                "torch-only counter, keeps its fresh value"
+                if member == "num_batches_tracked"
+                else (f"{base}, but the source layer has no counterpart of {member!r}")
+            )
             proposals.append(_unmatched_name(target_name, reason))
             continue
         source_name, source_shape = source.members[source_member]
         used.add(source_name)
         shape = converted_shape(converter, source_shape)
         if shape != target_shape:
-            proposals.append(Proposal(
-                target=target_name, source=source_name, converter=converter, confidence=0.1, status=MISMATCH,
-                reason=f"{base}: source shape {source_shape} becomes {shape} after {converter}, target needs "
-                       f"{target_shape}"))  # fmt: skip
+            proposals.append(
+                Proposal(
+                    target=target_name,
+                    source=source_name,
+                    converter=converter,
+                    confidence=0.1,
+                    status=MISMATCH,
+                    reason=f"{base}: source shape {source_shape} becomes {shape} after {converter}, target needs "
+                    f"{target_shape}",
+                )
+            )
             continue
         status, confidence, reason = CONFIDENT, 0.9, f"{base}: shapes agree"
         if ambiguous_reason is not None:
@@ -291,8 +311,17 @@ def _member_proposals(
             flatten = (channels, target_shape[1] // channels)
             status, confidence = AMBIGUOUS, min(confidence, 0.5)
             reason += f"; this Linear follows a convolution with {channels} channels and has {target_shape[1]} inputs"
-        proposals.append(Proposal(target=target_name, source=source_name, converter=converter,
-                                  confidence=confidence, status=status, reason=reason, flatten=flatten))  # fmt: skip
+        proposals.append(
+            Proposal(
+                target=target_name,
+                source=source_name,
+                converter=converter,
+                confidence=confidence,
+                status=status,
+                reason=reason,
+                flatten=flatten,
+            )
+        )
     return proposals
 
 
@@ -408,8 +437,12 @@ def _torch_kind(members: Mapping[str, tuple[str, Shape]]) -> str:
         return "batchnorm"
     weight = members.get("weight", ("", None))[1]
     depthwise = weight is not None and len(weight) > 1 and weight[1] == 1 and weight[0] > 1
-    return _kind_by_rank(weight, matrix="dense" if "bias" in members else "embedding",
-                         conv="depthwise" if depthwise else "conv", vector="layernorm")
+    return _kind_by_rank(
+        weight,
+        matrix="dense" if "bias" in members else "embedding",
+        conv="depthwise" if depthwise else "conv",
+        vector="layernorm",
+    )
 
 
 def _kind_by_rank(shape: Shape | None, *, matrix: str, conv: str, vector: str = "other") -> str:

@@ -52,8 +52,7 @@ def missing_tensor_error(path: str, name: str, names: Iterable[str]) -> TensorNo
         nearest = sorted(known)[:5]
     hint = f" Nearest names: {', '.join(nearest)}." if nearest else " The source holds no tensors."
     return TensorNotFoundError(
-        f"{path}: no tensor named {name!r} ({len(known)} tensors in the file).{hint} "
-        "Use tensors() to list every name."
+        f"{path}: no tensor named {name!r} ({len(known)} tensors in the file).{hint} Use tensors() to list every name."
     )
 
 
@@ -80,7 +79,7 @@ class WeightSource(abc.ABC):
         ``{"class_name": ..., "config": {...}}``); None where the format records none, as by default."""
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional: most sources hold no file)
         """Release open files; the default holds none."""
 
     def __enter__(self) -> WeightSource:

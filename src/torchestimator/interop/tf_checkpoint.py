@@ -35,6 +35,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from torchestimator._io import protobuf as _protobuf
+from torchestimator._io.regular_file import read_regular_file
 from torchestimator.data.tfrecord import masked_crc32c
 from torchestimator.interop._sstable import FOOTER_SIZE, TABLE_MAGIC, VarintError, read_table, read_varint
 from torchestimator.interop._tf_bundle import (
@@ -60,11 +61,10 @@ from torchestimator.interop._tf_variables import (
     optimizer_slots,
 )
 from torchestimator.interop.source import TensorInfo, WeightSource, WeightSourceError, missing_tensor_error
-from torchestimator._io.regular_file import read_regular_file
 
 __all__ = [
-    "BundleEntry",
     "OBJECT_GRAPH_KEY",
+    "BundleEntry",
     "TensorFlowCheckpoint",
     "is_optimizer_variable",
     "is_tensorflow",
@@ -125,8 +125,9 @@ def locate_checkpoint(path: str | os.PathLike[str]) -> str:
         if not latest:
             raise WeightSourceError(f"{state_path}: invalid checkpoint state: model_checkpoint_path is empty.")
         prefix = latest if os.path.isabs(latest) else os.path.join(path, latest)
-        if not os.path.exists(prefix + ".index") and os.path.exists(os.path.join(path, os.path.basename(latest))
-                                                                    + ".index"):
+        if not os.path.exists(prefix + ".index") and os.path.exists(
+            os.path.join(path, os.path.basename(latest)) + ".index"
+        ):
             # Saver records absolute paths; a moved model_dir still holds the files next to its checkpoint file.
             logger.info("%s names %s, which is absent; using the file of that name in %s", state_path, latest, path)
             prefix = os.path.join(path, os.path.basename(latest))
@@ -208,8 +209,9 @@ class TensorFlowCheckpoint(WeightSource):
             else:
                 self._entries[key.decode("utf-8", "backslashreplace")] = entry
         # Lazily, and at most 5: a corrupt header may declare billions of shards.
-        absent = (self.shard_path(shard) for shard in range(self.num_shards)
-                  if not os.path.isfile(self.shard_path(shard)))
+        absent = (
+            self.shard_path(shard) for shard in range(self.num_shards) if not os.path.isfile(self.shard_path(shard))
+        )
         missing = list(itertools.islice(absent, 5))
         if missing:
             raise WeightSourceError(
@@ -237,8 +239,10 @@ class TensorFlowCheckpoint(WeightSource):
         return self._entries[name]
 
     def tensors(self) -> list[TensorInfo]:
-        return [TensorInfo(name=name, shape=entry.shape, dtype=entry.dtype_name)
-                for name, entry in sorted(self._entries.items())]
+        return [
+            TensorInfo(name=name, shape=entry.shape, dtype=entry.dtype_name)
+            for name, entry in sorted(self._entries.items())
+        ]
 
     # ----------------------------------------------------------------- values
 
@@ -261,8 +265,10 @@ class TensorFlowCheckpoint(WeightSource):
                 "the .index is corrupt."
             )
         for extents in entry.slices:
-            if any(start + (0 if length in (None, -1) else length) > dim
-                   for (start, length), dim in zip(extents, entry.shape)):
+            if any(
+                start + (0 if length in (None, -1) else length) > dim
+                for (start, length), dim in zip(extents, entry.shape)
+            ):
                 raise WeightSourceError(
                     f"{self.index_path}: slice '{slice_spec(extents)}' of {name!r} reaches past its shape "
                     f"{list(entry.shape)}; the .index is corrupt."
@@ -394,10 +400,13 @@ class TensorFlowCheckpoint(WeightSource):
                 "past the entry; the data shard is corrupt."
             ) from None
         packed = b"".join(struct.pack("<I" if length <= 0xFFFFFFFF else "<Q", length) for length in lengths)
-        stored_checksum = raw[position:position + 4]
-        body = raw[position + 4:]
-        if (len(stored_checksum) != 4 or _UINT32.unpack(stored_checksum)[0] != masked_crc32c(packed)
-                or len(body) != sum(lengths)):
+        stored_checksum = raw[position : position + 4]
+        body = raw[position + 4 :]
+        if (
+            len(stored_checksum) != 4
+            or _UINT32.unpack(stored_checksum)[0] != masked_crc32c(packed)
+            or len(body) != sum(lengths)
+        ):
             self._check_crc(name, entry, packed + stored_checksum + body)
             raise WeightSourceError(
                 f"{self.shard_path(entry.shard_id)}: the string lengths of {name!r} at offset {entry.offset} do "
@@ -407,7 +416,7 @@ class TensorFlowCheckpoint(WeightSource):
         values = np.empty(count, dtype=object)
         start = 0
         for index, length in enumerate(lengths):
-            values[index] = body[start:start + length]
+            values[index] = body[start : start + length]
             start += length
         return values.reshape(entry.shape)
 
@@ -430,8 +439,9 @@ class TensorFlowCheckpoint(WeightSource):
                         "not one serialized string; the .index is corrupt."
                     )
                 serialized = self.read(OBJECT_GRAPH_KEY).reshape(()).item()
-                self._graph = self._decoded(decode_object_graph, serialized, OBJECT_GRAPH_KEY,
-                                            self.shard_path(entry.shard_id))
+                self._graph = self._decoded(
+                    decode_object_graph, serialized, OBJECT_GRAPH_KEY, self.shard_path(entry.shard_id)
+                )
         return self._graph
 
     def object_paths(self) -> dict[str, str]:

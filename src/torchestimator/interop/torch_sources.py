@@ -68,11 +68,24 @@ _ZIP_MAGIC = b"PK\x03\x04"
 # The legacy (pre-zip) torch.save format opens with a pickled long: torch's magic number 0x1950a86a20f9469cfc6c.
 _LEGACY_TORCH_MAGIC = b"\x80\x02\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
 _SAFETENSORS_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
-    "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
-    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "C64": "complex64", "C128": "complex128",
-}  # fmt: skip
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U64": "uint64",
+    "U32": "uint32",
+    "U16": "uint16",
+    "U8": "uint8",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "C64": "complex64",
+    "C128": "complex128",
+}
 _MAX_SAFETENSORS_HEADER = 100_000_000
 
 
@@ -145,8 +158,12 @@ class TorchestimatorSource(_TensorDictSource):
         super().__init__(path, "torchestimator")
         self.checkpoint_path = checkpoint_path
         self.step = step
-        self._store = CheckpointStore(filesystems.parent(checkpoint_path.rstrip("/")) if filesystems.is_url(
-            checkpoint_path) else os.path.dirname(os.path.normpath(checkpoint_path)), keep_checkpoint_max=None)
+        self._store = CheckpointStore(
+            filesystems.parent(checkpoint_path.rstrip("/"))
+            if filesystems.is_url(checkpoint_path)
+            else os.path.dirname(os.path.normpath(checkpoint_path)),
+            keep_checkpoint_max=None,
+        )
         self._loaded: dict[str, torch.Tensor] | None = None
 
     def tensors(self) -> list[TensorInfo]:
@@ -229,8 +246,9 @@ def is_torch(path: str | os.PathLike[str]) -> bool:
 class TorchFileSource(_TensorDictSource):
     """The state dict in a torch.save file, loaded once (memory-mapped where the format allows)."""
 
-    def __init__(self, path: str, state: dict[str, torch.Tensor], notes: list[str], key: str | None,
-                 file_size: int) -> None:
+    def __init__(
+        self, path: str, state: dict[str, torch.Tensor], notes: list[str], key: str | None, file_size: int
+    ) -> None:
         super().__init__(path, "torch")
         self._tensors = state
         self._file_size = file_size

@@ -70,15 +70,21 @@ from torchestimator.serving.settings import (  # the first two re-exported: they
     DEFAULT_METRICS_PATH,
 )
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_METRICS_PATH", "default_num_threads", "make_app", "managers_of",
-           "request_core_of"]
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_METRICS_PATH",
+    "default_num_threads",
+    "make_app",
+    "managers_of",
+    "request_core_of",
+]
 
 logger = logging.getLogger(__name__)
 
-_PREDICT_PATH = re.compile(r"/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?:(classify|regress|predict)",
-                           re.IGNORECASE)
-_MODEL_PATH = re.compile(r"/v1/models(?:/([^/:]+))?(?:/versions/(\d+)|/labels/([^/:]+))?(/metadata)?",
-                         re.IGNORECASE)
+_PREDICT_PATH = re.compile(
+    r"/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?:(classify|regress|predict)", re.IGNORECASE
+)
+_MODEL_PATH = re.compile(r"/v1/models(?:/([^/:]+))?(?:/versions/(\d+)|/labels/([^/:]+))?(/metadata)?", re.IGNORECASE)
 _BOTH_VERSION_AND_LABEL = re.compile(r"/v1/models/[^/:]+/versions/\d+/labels/[^/:]+.*", re.IGNORECASE)
 
 _STATE = web.AppKey("serving_state", object)
@@ -125,12 +131,20 @@ def make_app(
     by_name = managers_by_name(managers)
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes <= 0:
         raise ValueError(f"max_body_bytes must be a positive int; received {max_body_bytes!r}.")
-    if metrics_path is not None and (not isinstance(metrics_path, str) or not metrics_path.startswith("/")
-                                     or metrics_path.lower().startswith("/v1/")):
-        raise ValueError(f"metrics_path must be an absolute path outside /v1/ (TF's is {DEFAULT_METRICS_PATH}); "
-                         f"received {metrics_path!r}.")
-    core = RequestCore(by_name, num_threads=num_threads, batching=batching, timeout_seconds=timeout_seconds,
-                       inline_forward_micros=inline_forward_micros)
+    if metrics_path is not None and (
+        not isinstance(metrics_path, str) or not metrics_path.startswith("/") or metrics_path.lower().startswith("/v1/")
+    ):
+        raise ValueError(
+            f"metrics_path must be an absolute path outside /v1/ (TF's is {DEFAULT_METRICS_PATH}); "
+            f"received {metrics_path!r}."
+        )
+    core = RequestCore(
+        by_name,
+        num_threads=num_threads,
+        batching=batching,
+        timeout_seconds=timeout_seconds,
+        inline_forward_micros=inline_forward_micros,
+    )
     # Bodies are inflated by content_coding.py, not by aiohttp's parser (where a bad gzip body breaks the connection).
     app = web.Application(client_max_size=max_body_bytes, handler_args={"auto_decompress": False})
     app[_STATE] = _ServingState(core=core, max_body_bytes=max_body_bytes, metrics_path=metrics_path)
@@ -159,16 +173,18 @@ async def _dispatch(request: web.Request) -> web.Response:
     except (web.HTTPRequestEntityTooLarge, BodyTooLarge):
         response = _too_large(state.max_body_bytes)
     except ConnectionError as error:  # the client left mid-body: one line, no traceback; nobody reads the answer
-        logger.info("%s %s: the client disconnected before sending the whole body (%s)", request.method,
-                    request.path, error)
+        logger.info(
+            "%s %s: the client disconnected before sending the whole body (%s)", request.method, request.path, error
+        )
         response = _json_response({"error": "The client disconnected before sending the whole body."}, 499)
     except Exception:  # our bug, not the client's: answer and keep serving
         logger.exception("Internal error answering %s %s", request.method, request.path)
         response = _json_response({"error": "Internal server error; see the server log."}, 500)
     call = request.get(_CALL_KEY)  # set by _route once it knows what the request is, errors included
     if call is not None and call.model_name is not None:
-        state.core.observe_request(call.model_name, call.api, _status_code(response.status),
-                                   time.perf_counter() - started, entrypoint="REST")
+        state.core.observe_request(
+            call.model_name, call.api, _status_code(response.status), time.perf_counter() - started, entrypoint="REST"
+        )
     return response
 
 
@@ -198,14 +214,17 @@ async def _route(request: web.Request, state: _ServingState) -> web.Response:
             return _metadata(state, name, parse_version(version), label)
         return _status(state, name, parse_version(version), label)
     if _BOTH_VERSION_AND_LABEL.fullmatch(path):
-        raise invalid_argument(f"Malformed request: {method} {path}: a request may name a version or a label, not both.")
+        raise invalid_argument(
+            f"Malformed request: {method} {path}: a request may name a version or a label, not both."
+        )
     if path[:4].lower() in ("/v1/", "/v1"):
         raise invalid_argument(f"Malformed request: {method} {path}")
     raise not_found(f"Not found: {path}. The REST API lives under /v1/models/<name>.")
 
 
-async def _infer(request: web.Request, state: _ServingState, name: str, version: int | None, label: str | None,
-                 verb: str) -> web.Response:
+async def _infer(
+    request: web.Request, state: _ServingState, name: str, version: int | None, label: str | None, verb: str
+) -> web.Response:
     core = state.core
     model, served_version = core.servable(name, version, label)  # kept through any swap
     if request.content_length is not None and request.content_length > state.max_body_bytes:
@@ -213,10 +232,17 @@ async def _infer(request: web.Request, state: _ServingState, name: str, version:
     body = await request.read()
     encoding = request.headers.get("Content-Encoding")
     if encoding:  # inflating may take a while (up to the body limit): off the event loop
-        body = await asyncio.get_running_loop().run_in_executor(core.executor, decode_content, body, encoding,
-                                                                state.max_body_bytes)
-    payload = await core.run(model, name, served_version, small=len(body) <= INLINE_BODY_BYTES,
-                             parse=lambda: _parse(model, body, verb), timeout_hint="--rest_api_timeout_in_ms")
+        body = await asyncio.get_running_loop().run_in_executor(
+            core.executor, decode_content, body, encoding, state.max_body_bytes
+        )
+    payload = await core.run(
+        model,
+        name,
+        served_version,
+        small=len(body) <= INLINE_BODY_BYTES,
+        parse=lambda: _parse(model, body, verb),
+        timeout_hint="--rest_api_timeout_in_ms",
+    )
     return web.Response(body=payload, status=200, content_type="application/json")
 
 
@@ -225,8 +251,9 @@ def _parse(model: ExportedModel, body: bytes, verb: str) -> Parsed:
     try:
         return _parse_document(model, decode_body(body), verb)
     except RecursionError:  # no tensor nests deeper than 64 dimensions: any JSON that exhausts the stack is bad
-        raise invalid_argument("The request body nests JSON arrays or objects too deeply; tensors have at most "
-                               "64 dimensions.") from None
+        raise invalid_argument(
+            "The request body nests JSON arrays or objects too deeply; tensors have at most 64 dimensions."
+        ) from None
 
 
 def _parse_document(model: ExportedModel, document: dict[str, Any], verb: str) -> Parsed:
@@ -236,16 +263,16 @@ def _parse_document(model: ExportedModel, document: dict[str, Any], verb: str) -
         def encode_predictions(outputs: Mapping[str, np.ndarray]) -> bytes:
             return predict_response_bytes(outputs, predict.row_format)
 
-        return Parsed(signature_name=predict.signature_name, encode=encode_predictions,
-                       inputs=predict.inputs)
+        return Parsed(signature_name=predict.signature_name, encode=encode_predictions, inputs=predict.inputs)
     examples = parse_examples_request(document, model, verb)
     results = classify_results if verb == "classify" else regress_results
 
     def encode_results(outputs: Mapping[str, np.ndarray]) -> bytes:
         return json.dumps(results(outputs, examples.count)).encode()
 
-    return Parsed(signature_name=examples.signature_name, encode=encode_results, examples=examples.count,
-                   inputs=examples.inputs)
+    return Parsed(
+        signature_name=examples.signature_name, encode=encode_results, examples=examples.count, inputs=examples.inputs
+    )
 
 
 def _status(state: _ServingState, name: str, version: int | None, label: str | None) -> web.Response:
@@ -262,9 +289,18 @@ def _status_code(http_status: int) -> str:
     return _CODE_NAMES.get(http_status, "UNKNOWN")
 
 
-_CODE_NAMES = {200: "OK", 400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 405: "INVALID_ARGUMENT", 413: "INVALID_ARGUMENT",
-               429: "RESOURCE_EXHAUSTED", 499: "CANCELLED", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE",
-               504: "DEADLINE_EXCEEDED"}
+_CODE_NAMES = {
+    200: "OK",
+    400: "INVALID_ARGUMENT",
+    404: "NOT_FOUND",
+    405: "INVALID_ARGUMENT",
+    413: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    499: "CANCELLED",
+    501: "UNIMPLEMENTED",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
 
 
 async def _shutdown(app: web.Application) -> None:
@@ -272,13 +308,19 @@ async def _shutdown(app: web.Application) -> None:
 
 
 def _method_not_allowed(method: str, path: str, allowed: str) -> web.Response:
-    return _json_response({"error": f"Method {method} is not allowed for {path}; use {allowed}."}, 405,
-                          headers={"Allow": allowed})
+    return _json_response(
+        {"error": f"Method {method} is not allowed for {path}; use {allowed}."}, 405, headers={"Allow": allowed}
+    )
 
 
 def _too_large(limit: int) -> web.Response:
-    return _json_response({"error": f"Request body is larger than the server's limit of {limit} bytes; "
-                                    "send fewer instances per request or raise the limit."}, 413)
+    return _json_response(
+        {
+            "error": f"Request body is larger than the server's limit of {limit} bytes; "
+            "send fewer instances per request or raise the limit."
+        },
+        413,
+    )
 
 
 def _json_response(document: Any, status: int, headers: Mapping[str, str] | None = None) -> web.Response:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import itertools
 import logging
 import os
 import threading
@@ -65,11 +66,20 @@ returns UNAVAILABLE (503) here (Queue::ValidateBatchTaskQueueCapacity); 429 says
 what happened, and is what our issue asks for (DESIGN.md, Decisions)."""
 
 # Fields of TF Serving's BatchingParameters proto we accept but do not act on.
-_IGNORED_FIELDS = frozenset({
-    "thread_pool_name", "enable_large_batch_splitting", "max_execution_batch_size", "batch_padding_policy",
-    "enable_priority_queue", "mixed_priority_batching_policy", "low_priority_max_batch_size",
-    "low_priority_batch_timeout_micros", "low_priority_allowed_batch_sizes", "low_priority_max_enqueued_batches",
-})
+_IGNORED_FIELDS = frozenset(
+    {
+        "thread_pool_name",
+        "enable_large_batch_splitting",
+        "max_execution_batch_size",
+        "batch_padding_policy",
+        "enable_priority_queue",
+        "mixed_priority_batching_policy",
+        "low_priority_max_batch_size",
+        "low_priority_batch_timeout_micros",
+        "low_priority_allowed_batch_sizes",
+        "low_priority_max_enqueued_batches",
+    }
+)
 
 
 def _default_num_batch_threads() -> int:
@@ -103,7 +113,7 @@ class BatchingParameters:
         object.__setattr__(self, "allowed_batch_sizes", tuple(sizes))
         for index, size in enumerate(sizes):
             _check_int(f"allowed_batch_sizes[{index}]", size, minimum=1)
-        if any(later <= earlier for earlier, later in zip(sizes, sizes[1:])):
+        if any(later <= earlier for earlier, later in itertools.pairwise(sizes)):
             raise ValueError(f"allowed_batch_sizes entries must be monotonically increasing; received {list(sizes)}.")
         if sizes and sizes[-1] != self.max_batch_size:
             raise ValueError(
@@ -188,8 +198,7 @@ class BatchScheduler:
     the scheduler runs (for metrics); its exceptions are logged and ignored.
     """
 
-    def __init__(self, parameters: BatchingParameters, *,
-                 on_batch: Callable[[int, int], None] | None = None) -> None:
+    def __init__(self, parameters: BatchingParameters, *, on_batch: Callable[[int, int], None] | None = None) -> None:
         if not isinstance(parameters, BatchingParameters):
             raise TypeError(f"BatchScheduler takes BatchingParameters; received {type(parameters).__name__}.")
         if on_batch is not None and not callable(on_batch):
@@ -201,8 +210,10 @@ class BatchScheduler:
         self._next_queue = 0  # round-robin position, as TF's next_queue_to_schedule_
         self._unbatchable: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
         self._closed = False
-        self._threads = [threading.Thread(target=self._work, name=f"torchestimator-batch-{index}", daemon=True)
-                         for index in range(parameters.num_batch_threads)]
+        self._threads = [
+            threading.Thread(target=self._work, name=f"torchestimator-batch-{index}", daemon=True)
+            for index in range(parameters.num_batch_threads)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -222,8 +233,7 @@ class BatchScheduler:
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
-    def submit(self, model: Any, signature_name: str,
-               inputs: Mapping[str, torch.Tensor]) -> concurrent.futures.Future:
+    def submit(self, model: Any, signature_name: str, inputs: Mapping[str, torch.Tensor]) -> concurrent.futures.Future:
         """Queues one request; the Future's result is what ``model(inputs, signature_name=...)`` returns.
 
         Raises at once (never waits for the batch): ValueError/TypeError for
@@ -233,19 +243,26 @@ class BatchScheduler:
         """
         tensors = model.prepare_inputs(inputs, signature_name)
         signature = model.signature(signature_name)
-        batchable = bool(signature.inputs) and all(info.shape and info.shape[0] == -1
-                                                   for info in signature.inputs.values())
+        batchable = bool(signature.inputs) and all(
+            info.shape and info.shape[0] == -1 for info in signature.inputs.values()
+        )
         size = int(next(iter(tensors.values())).shape[0]) if batchable else 1
         limit = self._parameters.max_batch_size
         if size > limit:
             raise ServingError("INVALID_ARGUMENT", f"Task size {size} is larger than maximum input batch size {limit}")
-        key = (id(model), signature_name,
-               tuple((name, tensor.dtype, tuple(tensor.shape[1:])) for name, tensor in tensors.items()))
+        key = (
+            id(model),
+            signature_name,
+            tuple((name, tensor.dtype, tuple(tensor.shape[1:])) for name, tensor in tensors.items()),
+        )
         task = _Task(tensors, size, concurrent.futures.Future())
         with self._condition:
             if self._closed:
-                raise ServingError("UNAVAILABLE", "The batch scheduler is closed (the server is shutting down); "
-                                                  "send the request to a running server.")
+                raise ServingError(
+                    "UNAVAILABLE",
+                    "The batch scheduler is closed (the server is shutting down); "
+                    "send the request to a running server.",
+                )
             alone = not batchable or size == 0 or signature_name in self._unbatchable.get(model, ())
             queue = self._queues.get(key)
             if queue is None:
@@ -264,9 +281,14 @@ class BatchScheduler:
         if pending:
             logger.info("Batch scheduler closed with %d requests waiting; answering them UNAVAILABLE", len(pending))
         for task in pending:
-            _set_exception(task.future, ServingError(
-                "UNAVAILABLE", "The batch scheduler was closed before this request ran (the server is shutting "
-                               "down); retry against a running server."))
+            _set_exception(
+                task.future,
+                ServingError(
+                    "UNAVAILABLE",
+                    "The batch scheduler was closed before this request ran (the server is shutting "
+                    "down); retry against a running server.",
+                ),
+            )
         if not already_closed:
             for thread in self._threads:
                 if thread is not threading.current_thread():
@@ -282,9 +304,12 @@ class BatchScheduler:
         if open_batch.tasks and not fits:
             enqueued, most = len(queue.batches), self._parameters.max_enqueued_batches
             if enqueued >= most:
-                raise ServingError(QUEUE_FULL_CODE, f"The batch scheduling queue to which this task was submitted is "
-                                                    f"full; currently {enqueued} batches enqueued and "
-                                                    f"max_enqueued_batches is {most}")
+                raise ServingError(
+                    QUEUE_FULL_CODE,
+                    f"The batch scheduling queue to which this task was submitted is "
+                    f"full; currently {enqueued} batches enqueued and "
+                    f"max_enqueued_batches is {most}",
+                )
             open_batch = _Batch()
             queue.batches.append(open_batch)
         started = not open_batch.tasks
@@ -348,15 +373,19 @@ class BatchScheduler:
                 return
             with self._condition:
                 unbatchable = queue.signature_name in self._unbatchable.get(queue.model, ())
-            if batch.alone or unbatchable or (len(tasks) == 1 and self._parameters.padded_size(tasks[0].size)
-                                              == tasks[0].size):
+            if (
+                batch.alone
+                or unbatchable
+                or (len(tasks) == 1 and self._parameters.padded_size(tasks[0].size) == tasks[0].size)
+            ):
                 for task in tasks:
                     self._run_alone(queue, task)
             else:
                 self._run_together(queue, tasks)
         except Exception as error:  # our bug: answer every request and keep the thread alive
-            logger.exception("Batch of %d requests for signature %r failed inside the scheduler", len(tasks),
-                             queue.signature_name)
+            logger.exception(
+                "Batch of %d requests for signature %r failed inside the scheduler", len(tasks), queue.signature_name
+            )
             for task in tasks:
                 _set_exception(task.future, error)
 
@@ -381,8 +410,13 @@ class BatchScheduler:
                 tasks[0].future.set_exception(error)
                 return
             # One bad request must not fail its batch mates: rerun alone so only the guilty get the error.
-            logger.info("A batch of %d requests for signature %r failed (%s: %s); running them one by one",
-                        len(tasks), queue.signature_name, type(error).__name__, error)
+            logger.info(
+                "A batch of %d requests for signature %r failed (%s: %s); running them one by one",
+                len(tasks),
+                queue.signature_name,
+                type(error).__name__,
+                error,
+            )
             for task in tasks:
                 self._run_alone(queue, task)
             return
@@ -397,8 +431,14 @@ class BatchScheduler:
 
     def _mark_unbatchable(self, queue: _Queue, outputs: Mapping[str, np.ndarray], padded: int) -> None:
         shapes = {name: list(np.shape(array)) for name, array in outputs.items()}
-        logger.warning("Signature %r of %r returns outputs without the batch size (%d) first (%s); its requests run "
-                       "one at a time from now on", queue.signature_name, queue.model, padded, shapes)
+        logger.warning(
+            "Signature %r of %r returns outputs without the batch size (%d) first (%s); its requests run "
+            "one at a time from now on",
+            queue.signature_name,
+            queue.model,
+            padded,
+            shapes,
+        )
         with self._condition:
             self._unbatchable.setdefault(queue.model, set()).add(queue.signature_name)
 

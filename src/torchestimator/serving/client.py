@@ -30,8 +30,15 @@ __all__ = ["Client", "ServingClientError"]
 class Client:
     """Calls one model on a TF Serving REST endpoint; ``version`` or ``label`` pins a version (else the latest)."""
 
-    def __init__(self, base_url: str, model_name: str, *, version: int | None = None, label: str | None = None,
-                 timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model_name: str,
+        *,
+        version: int | None = None,
+        label: str | None = None,
+        timeout: float = 30.0,
+    ) -> None:
         if version is not None and label is not None:
             raise ValueError(f"Give a version or a label, not both; received version={version!r}, label={label!r}.")
         parsed = urllib.parse.urlparse(base_url)
@@ -64,13 +71,23 @@ class Client:
         document = self._call("POST", self._model_path + ":predict", self._body(key, instances, signature_name))
         return document["outputs" if columnar else "predictions"]
 
-    def classify(self, examples: Sequence[Mapping[str, Any]], *, context: Mapping[str, Any] | None = None,
-                 signature_name: str | None = None) -> list[list[list[Any]]]:
+    def classify(
+        self,
+        examples: Sequence[Mapping[str, Any]],
+        *,
+        context: Mapping[str, Any] | None = None,
+        signature_name: str | None = None,
+    ) -> list[list[list[Any]]]:
         """``[[[label, score], ...] per example]`` from a classify signature."""
         return self._examples("classify", examples, context, signature_name)
 
-    def regress(self, examples: Sequence[Mapping[str, Any]], *, context: Mapping[str, Any] | None = None,
-                signature_name: str | None = None) -> list[float]:
+    def regress(
+        self,
+        examples: Sequence[Mapping[str, Any]],
+        *,
+        context: Mapping[str, Any] | None = None,
+        signature_name: str | None = None,
+    ) -> list[float]:
         """One value per example from a regress signature."""
         return self._examples("regress", examples, context, signature_name)
 
@@ -108,7 +125,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray)):
         return {"b64": base64.b64encode(value).decode("ascii")}
     if hasattr(value, "tolist"):
-        return _plain(value.tolist()) if getattr(value, "dtype", None) == object else value.tolist()
+        return _plain(value.tolist()) if getattr(value, "dtype", None) == object else value.tolist()  # noqa: E721
     if isinstance(value, Mapping):
         return {key: _plain(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):

@@ -30,14 +30,18 @@ class LoopCompletions:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._lock = threading.Lock()
-        self._finished: collections.deque[tuple[concurrent.futures.Future, asyncio.Future,
-                                                Callable[[BaseException], BaseException]]] = collections.deque()
+        self._finished: collections.deque[
+            tuple[concurrent.futures.Future, asyncio.Future, Callable[[BaseException], BaseException]]
+        ] = collections.deque()
         self._wake_pending = False
         self.wakeups = 0
         """How many times the loop was woken (for tests and metrics): at most one per burst of completions."""
 
-    def wrap(self, source: concurrent.futures.Future,
-             translate: Callable[[BaseException], BaseException] = lambda error: error) -> asyncio.Future:
+    def wrap(
+        self,
+        source: concurrent.futures.Future,
+        translate: Callable[[BaseException], BaseException] = lambda error: error,
+    ) -> asyncio.Future:
         """An asyncio future of ``self.loop`` settled like ``source`` (exceptions through ``translate``).
 
         Cancelling the returned future (a request timing out) cancels

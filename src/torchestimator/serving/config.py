@@ -86,20 +86,26 @@ class VersionPolicy:
             raise ConfigError(f"VersionPolicy.versions must be ints; received {self.versions!r}.")
         object.__setattr__(self, "versions", tuple(sorted(set(versions))))
         if self.kind == "specific" and not self.versions:
-            raise ConfigError("VersionPolicy(kind='specific') needs at least one version in versions=(...); "
-                             "list the versions to serve, or use kind='latest' or 'all'.")
+            raise ConfigError(
+                "VersionPolicy(kind='specific') needs at least one version in versions=(...); "
+                "list the versions to serve, or use kind='latest' or 'all'."
+            )
         if self.kind != "specific" and self.versions:
-            raise ConfigError(f"VersionPolicy.versions is only for kind='specific'; received kind={self.kind!r} "
-                             f"with versions={self.versions}.")
+            raise ConfigError(
+                f"VersionPolicy.versions is only for kind='specific'; received kind={self.kind!r} "
+                f"with versions={self.versions}."
+            )
         if self.kind != "latest" and self.num_versions != 1:
-            raise ConfigError(f"VersionPolicy.num_versions is only for kind='latest'; received kind={self.kind!r} "
-                             f"with num_versions={self.num_versions}.")
+            raise ConfigError(
+                f"VersionPolicy.num_versions is only for kind='latest'; received kind={self.kind!r} "
+                f"with num_versions={self.num_versions}."
+            )
 
     def aspired(self, on_disk: list[int]) -> list[int]:
         """The versions to serve out of those found on disk, ascending."""
         found = sorted(set(on_disk))
         if self.kind == "latest":
-            return found[-self.num_versions:]
+            return found[-self.num_versions :]
         if self.kind == "all":
             return found
         present = set(found)
@@ -117,8 +123,10 @@ def _url_name_problem(name: str) -> str | None:
         return "is empty; give a name"
     bad = sorted({character for character in name if character in "/:" or ord(character) < 32 or ord(character) == 127})
     if bad:
-        return (f"holds {', '.join(repr(character) for character in bad)}; names and labels are parts of "
-                "/v1/models/<name>/labels/<label> URLs, so '/', ':' and control characters cannot be routed")
+        return (
+            f"holds {', '.join(repr(character) for character in bad)}; names and labels are parts of "
+            "/v1/models/<name>/labels/<label> URLs, so '/', ':' and control characters cannot be routed"
+        )
     if name in (".", ".."):
         return "is a dot segment of a URL path and cannot be routed; choose another name"
     return None
@@ -145,23 +153,27 @@ class ModelConfig:
         if problem:
             raise ConfigError(f"ModelConfig.name {self.name!r} {problem}.")
         if not isinstance(self.base_path, str) or not self.base_path:
-            raise ConfigError(f"ModelConfig.base_path of model {self.name!r} must be a non-empty string; "
-                             f"received {self.base_path!r}.")
+            raise ConfigError(
+                f"ModelConfig.base_path of model {self.name!r} must be a non-empty string; received {self.base_path!r}."
+            )
         protocol_of(self.base_path)  # a URL of a scheme we do not read (hdfs://) is refused here, naming it
         if not isinstance(self.version_policy, VersionPolicy):
-            raise ConfigTypeError(f"ModelConfig.version_policy must be a VersionPolicy; "
-                            f"received {type(self.version_policy).__name__}.")
+            raise ConfigTypeError(
+                f"ModelConfig.version_policy must be a VersionPolicy; received {type(self.version_policy).__name__}."
+            )
         labels = dict(self.version_labels)
         for label, version in labels.items():
             if not isinstance(label, str) or not label:
-                raise ConfigError(f"Version labels of model {self.name!r} must be non-empty strings; "
-                                 f"received {label!r}.")
+                raise ConfigError(
+                    f"Version labels of model {self.name!r} must be non-empty strings; received {label!r}."
+                )
             problem = _url_name_problem(label)
             if problem:
                 raise ConfigError(f"Version label {label!r} of model {self.name!r} {problem}.")
             if isinstance(version, bool) or not isinstance(version, int):
-                raise ConfigError(f"Version label {label!r} of model {self.name!r} must map to an int version; "
-                                 f"received {version!r}.")
+                raise ConfigError(
+                    f"Version label {label!r} of model {self.name!r} must map to an int version; received {version!r}."
+                )
         object.__setattr__(self, "version_labels", MappingProxyType(labels))
 
 
@@ -175,6 +187,7 @@ class MonitoringConfig:
 
 # -- reading files ------------------------------------------------------------------------------------
 
+
 def parse_model_server_config(text: str, source: str = "<string>") -> list[ModelConfig]:
     """The models of a text-format ``ModelServerConfig``; ConfigError (a ValueError) naming ``source`` on any problem."""
     message = _parse(text, _protos().ModelServerConfig, source)
@@ -183,8 +196,10 @@ def parse_model_server_config(text: str, source: str = "<string>") -> list[Model
         logger.info("%s: empty model server config; no models to serve.", source)  # TF takes no action either
         return []
     if choice == "custom_model_config":
-        raise ConfigError(f"{source}: custom_model_config is not supported (TF Serving needs a custom loader "
-                         "linked into the server for it); list the models in model_config_list { config { ... } }.")
+        raise ConfigError(
+            f"{source}: custom_model_config is not supported (TF Serving needs a custom loader "
+            "linked into the server for it); list the models in model_config_list { config { ... } }."
+        )
     configs, seen = [], set()
     for index, config in enumerate(message.model_config_list.config):
         where = f"{source}: model_config_list.config[{index}]"
@@ -193,7 +208,7 @@ def parse_model_server_config(text: str, source: str = "<string>") -> list[Model
         seen.add(config.name)
         problem = _url_name_problem(config.name) if config.name else None
         if problem:
-            line = _protobuf.text_field_lines(text, "name")[index:index + 1]
+            line = _protobuf.text_field_lines(text, "name")[index : index + 1]
             at = f"{source}:{line[0]}: model_config_list.config[{index}]" if line else where
             raise ConfigError(f"{at}: the model name {config.name!r} {problem}.")
         for label in sorted(config.version_labels):
@@ -241,13 +256,20 @@ def read_batching_parameters_file(path: str | os.PathLike[str]) -> dict[str, Any
         raise ConfigError(f"{path}: allowed_batch_sizes must be strictly increasing; received {list(sizes)}.")
     if sizes and "max_batch_size" in parameters and sizes[-1] != parameters["max_batch_size"]:
         # TF's CreateBatchScheduler check, made when the file is read rather than at the first load.
-        raise ConfigError(f"{path}: Last entry in allowed_batch_sizes must match max_batch_size; last entry was "
-                         f"{sizes[-1]}; expected {parameters['max_batch_size']}.")
+        raise ConfigError(
+            f"{path}: Last entry in allowed_batch_sizes must match max_batch_size; last entry was "
+            f"{sizes[-1]}; expected {parameters['max_batch_size']}."
+        )
     return parameters
 
 
-_BATCHING_MINIMUMS = {"max_batch_size": 1, "batch_timeout_micros": 0, "max_enqueued_batches": 1,
-                      "num_batch_threads": 1, "max_execution_batch_size": 1}
+_BATCHING_MINIMUMS = {
+    "max_batch_size": 1,
+    "batch_timeout_micros": 0,
+    "max_enqueued_batches": 1,
+    "num_batch_threads": 1,
+    "max_execution_batch_size": 1,
+}
 """The least value of each BatchingParameters number TF accepts (the scheduler refuses the rest at load time)."""
 
 
@@ -278,22 +300,28 @@ def _read_text(path: str, what: str) -> str:
     except NotARegularFileError as error:
         raise ConfigError(f"The {what} {path} is {error.kind}; give the path of a text-format file.") from None
     except OSError as error:
-        raise ConfigError(f"The {what} {path} could not be opened ({error.strerror or error}); give the path of a "
-                         "readable text-format file.") from None
+        raise ConfigError(
+            f"The {what} {path} could not be opened ({error.strerror or error}); give the path of a "
+            "readable text-format file."
+        ) from None
     try:
         with file:
             data = read_bounded(file, path, MAX_CONFIG_BYTES)
     except FileTooLargeError:
-        raise ConfigError(f"The {what} {path} is larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB, the most read; "
-                         "TF Serving's config files are a few kilobytes: check that the right file is named.") from None
+        raise ConfigError(
+            f"The {what} {path} is larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB, the most read; "
+            "TF Serving's config files are a few kilobytes: check that the right file is named."
+        ) from None
     except OSError as error:
-        raise ConfigError(f"The {what} {path} could not be read ({error.strerror or error}); check the file and "
-                         "its permissions.") from None
+        raise ConfigError(
+            f"The {what} {path} could not be read ({error.strerror or error}); check the file and its permissions."
+        ) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise ConfigError(f"The {what} {path} is not UTF-8 text ({error}); TF Serving reads an ASCII "
-                         "(text-format) protocol buffer.") from None
+        raise ConfigError(
+            f"The {what} {path} is not UTF-8 text ({error}); TF Serving reads an ASCII (text-format) protocol buffer."
+        ) from None
 
 
 def _parse(text: str, message_class: Any, source: str) -> Any:
@@ -302,28 +330,37 @@ def _parse(text: str, message_class: Any, source: str) -> Any:
     except _protobuf.TextFormatError as error:  # the one boundary where protobuf's error becomes ours
         if error.line is not None:
             source = f"{source}:{error.line}:{error.column}"
-        raise ConfigError(f"{source}: {error.problem} (expected a text-format {message_class.DESCRIPTOR.name}, "
-                         "as TF Serving reads it).") from None
+        raise ConfigError(
+            f"{source}: {error.problem} (expected a text-format {message_class.DESCRIPTOR.name}, "
+            "as TF Serving reads it)."
+        ) from None
 
 
 def _model_config(config: Any, where: str) -> ModelConfig:
     if not config.name:
         raise ConfigError(f"{where} has no name; give every model a name: '...'.")
     if not config.base_path:
-        raise ConfigError(f"{where} (model {config.name}) has no base_path; give the folder holding its "
-                         "integer version folders.")
+        raise ConfigError(
+            f"{where} (model {config.name}) has no base_path; give the folder holding its integer version folders."
+        )
     if config.model_type:  # deprecated ModelType enum: TF warns and maps TENSORFLOW to model_platform
         logger.warning("%s: deprecated model_type field used (model %s); prefer model_platform.", where, config.name)
     if config.model_platform and config.model_platform != "tensorflow":
-        logger.warning("%s: model %s asks for model_platform %r; served as a torchestimator export regardless.",
-                       where, config.name, config.model_platform)
+        logger.warning(
+            "%s: model %s asks for model_platform %r; served as a torchestimator export regardless.",
+            where,
+            config.name,
+            config.model_platform,
+        )
     if config.HasField("logging_config"):
-        logger.warning("%s: model %s has a logging_config (request logging); it is ignored here.",
-                       where, config.name)
+        logger.warning("%s: model %s has a logging_config (request logging); it is ignored here.", where, config.name)
     try:
-        return ModelConfig(name=config.name, base_path=config.base_path,
-                           version_policy=_version_policy(config.model_version_policy),
-                           version_labels=dict(config.version_labels))
+        return ModelConfig(
+            name=config.name,
+            base_path=config.base_path,
+            version_policy=_version_policy(config.model_version_policy),
+            version_labels=dict(config.version_labels),
+        )
     except ValueError as error:
         raise ConfigError(f"{where} (model {config.name}): {error}") from None
 
@@ -344,11 +381,17 @@ def _version_policy(policy: Any) -> VersionPolicy:
 
 # -- message classes: TF Serving's protos, rebuilt in a private pool ------------------------------------
 
+
 @functools.lru_cache(maxsize=1)
 def _protos() -> SimpleNamespace:
-    return _protobuf.message_classes(_file_descriptors(), ["tensorflow.serving.ModelServerConfig",
-                                                           "tensorflow.serving.BatchingParameters",
-                                                           "tensorflow.serving.MonitoringConfig"])
+    return _protobuf.message_classes(
+        _file_descriptors(),
+        [
+            "tensorflow.serving.ModelServerConfig",
+            "tensorflow.serving.BatchingParameters",
+            "tensorflow.serving.MonitoringConfig",
+        ],
+    )
 
 
 _PREFIX = ".tensorflow.serving."
@@ -369,7 +412,8 @@ def _storage_path_file() -> Any:
     """sources/storage_path/file_system_storage_path_source.proto: the version policy part."""
     storage = _new_file("tensorflow_serving/sources/storage_path/file_system_storage_path_source.proto")
     policy = storage.message_type.add(name="FileSystemStoragePathSourceConfig").nested_type.add(
-        name="ServableVersionPolicy")
+        name="ServableVersionPolicy"
+    )
     _add(policy.nested_type.add(name="Latest"), "num_versions", 1, "uint32")
     policy.nested_type.add(name="All")
     _add(policy.nested_type.add(name="Specific"), "versions", 1, "int64", repeated=True)
@@ -397,9 +441,12 @@ def _logging_files() -> list[Any]:
 
 def _model_server_file() -> Any:
     """config/model_server_config.proto."""
-    server = _new_file("tensorflow_serving/config/model_server_config.proto", "google/protobuf/any.proto",
-                       "tensorflow_serving/config/logging_config.proto",
-                       "tensorflow_serving/sources/storage_path/file_system_storage_path_source.proto")
+    server = _new_file(
+        "tensorflow_serving/config/model_server_config.proto",
+        "google/protobuf/any.proto",
+        "tensorflow_serving/config/logging_config.proto",
+        "tensorflow_serving/sources/storage_path/file_system_storage_path_source.proto",
+    )
     model_type = server.enum_type.add(name="ModelType")
     for number, name in enumerate(("MODEL_TYPE_UNSPECIFIED", "TENSORFLOW", "OTHER")):
         model_type.value.add(name=name, number=number)
@@ -413,8 +460,9 @@ def _model_server_file() -> Any:
     _add(model, "logging_config", 6, "message", _PREFIX + "LoggingConfig")
     for reserved in (5, 9):
         model.reserved_range.add(start=reserved, end=reserved + 1)
-    _add(server.message_type.add(name="ModelConfigList"), "config", 1, "message", _PREFIX + "ModelConfig",
-         repeated=True)
+    _add(
+        server.message_type.add(name="ModelConfigList"), "config", 1, "message", _PREFIX + "ModelConfig", repeated=True
+    )
     server_config = server.message_type.add(name="ModelServerConfig")
     server_config.oneof_decl.add(name="config")
     _add(server_config, "model_config_list", 1, "message", _PREFIX + "ModelConfigList", oneof=0)
@@ -424,14 +472,22 @@ def _model_server_file() -> Any:
 
 def _batching_file() -> Any:
     """servables/tensorflow/session_bundle_config.proto: BatchingParameters only."""
-    session = _new_file("tensorflow_serving/servables/tensorflow/session_bundle_config.proto",
-                        "google/protobuf/wrappers.proto")
+    session = _new_file(
+        "tensorflow_serving/servables/tensorflow/session_bundle_config.proto", "google/protobuf/wrappers.proto"
+    )
     batching = session.message_type.add(name="BatchingParameters")
-    int64_value, string_value, bool_value = (".google.protobuf.Int64Value", ".google.protobuf.StringValue",
-                                             ".google.protobuf.BoolValue")
-    for name, number, type_name in (("max_batch_size", 1, int64_value), ("batch_timeout_micros", 2, int64_value),
-                                    ("max_enqueued_batches", 3, int64_value), ("num_batch_threads", 4, int64_value),
-                                    ("thread_pool_name", 5, string_value)):
+    int64_value, string_value, bool_value = (
+        ".google.protobuf.Int64Value",
+        ".google.protobuf.StringValue",
+        ".google.protobuf.BoolValue",
+    )
+    for name, number, type_name in (
+        ("max_batch_size", 1, int64_value),
+        ("batch_timeout_micros", 2, int64_value),
+        ("max_enqueued_batches", 3, int64_value),
+        ("num_batch_threads", 4, int64_value),
+        ("thread_pool_name", 5, string_value),
+    ):
         _add(batching, name, number, "message", type_name)
     _add(batching, "allowed_batch_sizes", 6, "int64", repeated=True)
     _add(batching, "pad_variable_length_inputs", 7, "bool")
@@ -449,6 +505,11 @@ def _monitoring_file() -> Any:
     prometheus = monitoring.message_type.add(name="PrometheusConfig")
     _add(prometheus, "enable", 1, "bool")
     _add(prometheus, "path", 2, "string")
-    _add(monitoring.message_type.add(name="MonitoringConfig"), "prometheus_config", 1, "message",
-         _PREFIX + "PrometheusConfig")
+    _add(
+        monitoring.message_type.add(name="MonitoringConfig"),
+        "prometheus_config",
+        1,
+        "message",
+        _PREFIX + "PrometheusConfig",
+    )
     return monitoring

@@ -32,8 +32,10 @@ def decode_content(body: bytes, content_encoding: str | None, limit: int) -> byt
     codings = [coding for coding in codings if coding and coding != "identity"]
     unsupported = [coding for coding in codings if coding not in _WBITS]
     if unsupported:
-        raise invalid_argument(f"Content-Encoding {content_encoding!r} is not supported; send the body as is or "
-                               f"with one of {', '.join(SUPPORTED_CODINGS)}.")
+        raise invalid_argument(
+            f"Content-Encoding {content_encoding!r} is not supported; send the body as is or "
+            f"with one of {', '.join(SUPPORTED_CODINGS)}."
+        )
     for coding in reversed(codings):
         body = _inflate(body, coding, content_encoding or "", limit)
     return body
@@ -44,15 +46,21 @@ def _inflate(body: bytes, coding: str, header: str, limit: int) -> bytes:
     try:
         inflated = inflater.decompress(body, limit + 1)  # at most limit + 1 bytes: enough to know it is too much
     except zlib.error as error:
-        raise invalid_argument(f"The request body is not valid {coding} data ({error}), though its Content-Encoding "
-                               f"header says {header!r}. Compress the body with {coding}, or drop the "
-                               "header.") from None
+        raise invalid_argument(
+            f"The request body is not valid {coding} data ({error}), though its Content-Encoding "
+            f"header says {header!r}. Compress the body with {coding}, or drop the "
+            "header."
+        ) from None
     if len(inflated) > limit:
         raise BodyTooLarge(f"The request body inflates ({coding}) to more than the limit of {limit} bytes.")
     if not inflater.eof:
-        raise invalid_argument(f"The request body's {coding} data is truncated (its end marker is missing); send "
-                               "the whole compressed body.")
+        raise invalid_argument(
+            f"The request body's {coding} data is truncated (its end marker is missing); send "
+            "the whole compressed body."
+        )
     if inflater.unused_data:
-        raise invalid_argument(f"The request body has {len(inflater.unused_data)} bytes after the end of its {coding} "
-                               "data; send one compressed stream.")
+        raise invalid_argument(
+            f"The request body has {len(inflater.unused_data)} bytes after the end of its {coding} "
+            "data; send one compressed stream."
+        )
     return inflated

@@ -10,14 +10,9 @@ escaping a handler is our bug: it becomes a logged 500, never a crash.
 
 from __future__ import annotations
 
-from torchestimator.errors import HTTP_STATUS, ServingError
+from torchestimator.errors import HTTP_STATUS, GrpcListenError, ServingError
 
-__all__ = ["GrpcListenError", "HTTP_STATUS", "ServingError"]
-
-
-class GrpcListenError(OSError):
-    """The gRPC port cannot be taken (in use, or the host is not this machine's); the message says which
-    address. Its own class so that ``serve`` can add its flag's advice without reading the words."""
+__all__ = ["HTTP_STATUS", "GrpcListenError", "ServingError"]
 
 
 def invalid_argument(message: str) -> ServingError:

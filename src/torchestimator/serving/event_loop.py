@@ -22,13 +22,17 @@ _CHOICES = ("auto", "uvloop", "asyncio")
 
 
 def loop_name() -> str:
-    """"uvloop" or "asyncio": the loop ``loop_factory`` makes under the current environment."""
+    """ "uvloop" or "asyncio": the loop ``loop_factory`` makes under the current environment."""
     choice = os.environ.get(LOOP_ENVIRONMENT_VARIABLE, "auto").strip().lower() or "auto"
     if choice not in _CHOICES:
         from torchestimator.errors import ConfigError
 
-        raise ConfigError(f"{LOOP_ENVIRONMENT_VARIABLE}={choice!r} is not one of {', '.join(_CHOICES)} "
-                          "(auto: uvloop when installed).", field=LOOP_ENVIRONMENT_VARIABLE, value=choice)
+        raise ConfigError(
+            f"{LOOP_ENVIRONMENT_VARIABLE}={choice!r} is not one of {', '.join(_CHOICES)} "
+            "(auto: uvloop when installed).",
+            field=LOOP_ENVIRONMENT_VARIABLE,
+            value=choice,
+        )
     if choice == "asyncio":
         return "asyncio"
     try:
@@ -37,9 +41,12 @@ def loop_name() -> str:
         if choice == "uvloop":
             from torchestimator.errors import ConfigError
 
-            raise ConfigError(f"{LOOP_ENVIRONMENT_VARIABLE}=uvloop but uvloop is not installed: pip install uvloop "
-                              "(or leave the variable unset to use asyncio's loop).",
-                              field=LOOP_ENVIRONMENT_VARIABLE, value=choice) from None
+            raise ConfigError(
+                f"{LOOP_ENVIRONMENT_VARIABLE}=uvloop but uvloop is not installed: pip install uvloop "
+                "(or leave the variable unset to use asyncio's loop).",
+                field=LOOP_ENVIRONMENT_VARIABLE,
+                value=choice,
+            ) from None
         return "asyncio"
     return "uvloop"
 

@@ -56,11 +56,20 @@ from torchestimator.serving.json_tensor import (
     preview_json,
 )
 
-__all__ = ["ExamplesRequest", "classify_results", "example_from_json", "examples_request", "parse_examples_request",
-           "regress_results", "serialized_examples"]
+__all__ = [
+    "ExamplesRequest",
+    "classify_results",
+    "example_from_json",
+    "examples_request",
+    "parse_examples_request",
+    "regress_results",
+    "serialized_examples",
+]
 
-_METHOD_NAMES = {"classify": ("classification", "tensorflow/serving/classify"),
-                 "regress": ("regression", "tensorflow/serving/regress")}
+_METHOD_NAMES = {
+    "classify": ("classification", "tensorflow/serving/classify"),
+    "regress": ("regression", "tensorflow/serving/regress"),
+}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,8 +89,10 @@ def parse_examples_request(document: Mapping[str, Any], model: ExportedModel, me
     # TF reads the JSON (signature name, context, examples) before it looks at the model.
     signature_name = document.get("signature_name", DEFAULT_SERVING_SIGNATURE_DEF_KEY)
     if not isinstance(signature_name, str):
-        raise invalid_argument(f"JSON Value: {preview_json(document)} not formatted correctly. 'signature_name' key must "
-                               "be a string value.")
+        raise invalid_argument(
+            f"JSON Value: {preview_json(document)} not formatted correctly. 'signature_name' key must "
+            "be a string value."
+        )
     context = _context(document)
     examples = _examples(document, method)
     signature = _signature(model, signature_name or DEFAULT_SERVING_SIGNATURE_DEF_KEY, method)
@@ -91,8 +102,13 @@ def parse_examples_request(document: Mapping[str, Any], model: ExportedModel, me
     return examples_request(context, examples, model, method, signature.name)
 
 
-def examples_request(context: Mapping[str, Any], examples: Sequence[Mapping[str, Any]], model: ExportedModel,
-                     method: str, signature_name: str) -> ExamplesRequest:
+def examples_request(
+    context: Mapping[str, Any],
+    examples: Sequence[Mapping[str, Any]],
+    model: ExportedModel,
+    method: str,
+    signature_name: str,
+) -> ExamplesRequest:
     """The program's tensors for a Classify or Regress request's examples and context.
 
     Values per feature are what ``te.data.decode_example`` returns (int64 or
@@ -116,8 +132,11 @@ def examples_request(context: Mapping[str, Any], examples: Sequence[Mapping[str,
     inputs = {}
     for feature, name in features.items():
         info, source = signature.inputs[name], "'context'" if feature in context else None
-        inputs[name] = (_string_feature(feature, columns[feature], source) if info.dtype == STRING else
-                        _feature_tensor(feature, columns[feature], info, source))
+        inputs[name] = (
+            _string_feature(feature, columns[feature], source)
+            if info.dtype == STRING
+            else _feature_tensor(feature, columns[feature], info, source)
+        )
     if any(info.dtype == STRING for info in signature.inputs.values()):
         inputs = decoded_inputs(model, inputs, signature.name)
     return ExamplesRequest(signature_name=signature.name, inputs=inputs, count=len(examples))
@@ -133,6 +152,7 @@ def _parsed_input(model: ExportedModel, signature: Signature) -> str | None:
 
 
 # -- tf.Examples -----------------------------------------------------------------------
+
 
 def serialized_examples(context: Mapping[str, Any], examples: Sequence[Mapping[str, Any]]) -> list[bytes]:
     """Each example serialized as a tf.Example after the context's bytes (TF Serving's merge: one message, the
@@ -160,8 +180,10 @@ def _example_bytes(features: Mapping[str, Any], where: str) -> bytes:
             else:
                 feature.SetInParent()
         else:
-            raise TypeError(f"Feature {name!r} of {where}: expected decode_example's values (an int64 or float32 "
-                            f"array, or a list of bytes); received {type(values).__name__}.")
+            raise TypeError(
+                f"Feature {name!r} of {where}: expected decode_example's values (an int64 or float32 "
+                f"array, or a list of bytes); received {type(values).__name__}."
+            )
     return message.SerializeToString(deterministic=True)
 
 
@@ -203,15 +225,23 @@ def _json_feature_value(name: str, item: Any, where: str) -> tuple[str, Any]:
         item = float(item)  # beyond 64 bits rapidjson reads the number as a double
     if isinstance(item, float):
         if math.isfinite(item) and abs(item) > _FLOAT32_MAX:
-            raise invalid_argument(f"Cannot convert JSON value: {item!r} to float without loss of precision "
-                                   f"(feature {name!r}, {where}).")
+            raise invalid_argument(
+                f"Cannot convert JSON value: {item!r} to float without loss of precision (feature {name!r}, {where})."
+            )
         return "float", item
     if isinstance(item, str):
         return "bytes", item.encode("utf-8")
     if isinstance(item, dict) and list(item) == ["b64"] and isinstance(item["b64"], str):
         return "bytes", b64_bytes(item, f"feature {name!r}, {where}")
-    kind = "Null" if item is None else "Object" if isinstance(item, dict) else "Array" if isinstance(item, list) \
+    kind = (
+        "Null"
+        if item is None
+        else "Object"
+        if isinstance(item, dict)
+        else "Array"
+        if isinstance(item, list)
         else type(item).__name__
+    )
     raise invalid_argument(f"Feature: {name} has element with unexpected JSON type: {kind} ({where}).")
 
 
@@ -224,35 +254,50 @@ def classify_results(outputs: Mapping[str, np.ndarray], count: int) -> dict[str,
     """
     classes, scores = outputs.get("classes"), outputs.get("scores")
     if classes is None and scores is None:
-        raise ServingError("FAILED_PRECONDITION", 'Expected classification signature outputs to contain at least '
-                           f'one of "classes" or "scores". Signature outputs were: {sorted(outputs)}.')
+        raise ServingError(
+            "FAILED_PRECONDITION",
+            "Expected classification signature outputs to contain at least "
+            f'one of "classes" or "scores". Signature outputs were: {sorted(outputs)}.',
+        )
     labels = None if classes is None else _class_labels(np.asarray(classes), count)
     if scores is not None:
         scores = np.asarray(scores)
         _check_matrix("scores", scores, count)
         if scores.dtype.kind != "f":
-            raise invalid_argument(f"Expected scores Tensor of DT_FLOAT. Got: {_tf_dtype(scores)}. Export "
-                                   "floating-point scores (ClassificationOutput does).")
+            raise invalid_argument(
+                f"Expected scores Tensor of DT_FLOAT. Got: {_tf_dtype(scores)}. Export "
+                "floating-point scores (ClassificationOutput does)."
+            )
     if labels is not None and scores is not None and labels.shape[1] != scores.shape[1]:
-        raise invalid_argument(f"Tensors class and score should match in dim_size(1). Got {labels.shape[1]} vs. "
-                               f"{scores.shape[1]}. Export classes of shape [batch_size, num_classes] next to the "
-                               "scores, e.g. every class id for every example.")
+        raise invalid_argument(
+            f"Tensors class and score should match in dim_size(1). Got {labels.shape[1]} vs. "
+            f"{scores.shape[1]}. Export classes of shape [batch_size, num_classes] next to the "
+            "scores, e.g. every class id for every example."
+        )
     num_classes = (labels if labels is not None else scores).shape[1]
     label_rows = labels.tolist() if labels is not None else [[""] * num_classes] * count
     score_rows = scores.tolist() if scores is not None else [[0.0] * num_classes] * count
-    return {"results": [[[label, float(score)] for label, score in zip(label_row, score_row)]
-                        for label_row, score_row in zip(label_rows, score_rows)]}
+    return {
+        "results": [
+            [[label, float(score)] for label, score in zip(label_row, score_row)]
+            for label_row, score_row in zip(label_rows, score_rows)
+        ]
+    }
 
 
 def regress_results(outputs: Mapping[str, np.ndarray], count: int) -> dict[str, Any]:
     """``{"results": [value, ...]}`` from a regress signature's "outputs" of shape [batch_size] or [batch_size, 1]."""
     if "outputs" not in outputs:
-        raise ServingError("FAILED_PRECONDITION", "No regression outputs found in SignatureDef: expected an output "
-                           f"named 'outputs' (RegressionOutput); the signature has {sorted(outputs)}.")
+        raise ServingError(
+            "FAILED_PRECONDITION",
+            "No regression outputs found in SignatureDef: expected an output "
+            f"named 'outputs' (RegressionOutput); the signature has {sorted(outputs)}.",
+        )
     values = np.asarray(outputs["outputs"])
     if not (values.ndim == 1 or (values.ndim == 2 and values.shape[1] == 1)):
-        raise invalid_argument("Expected output Tensor shape to be either [batch_size] or [batch_size, 1] but got "
-                               f"{_shape(values)}")
+        raise invalid_argument(
+            f"Expected output Tensor shape to be either [batch_size] or [batch_size, 1] but got {_shape(values)}"
+        )
     if values.shape[0] != count:
         raise invalid_argument(f"Input batch size did not match output batch size: {count} vs. {values.shape[0]}")
     if values.dtype.kind != "f":
@@ -261,6 +306,7 @@ def regress_results(outputs: Mapping[str, np.ndarray], count: int) -> dict[str, 
 
 
 # -- request parts ---------------------------------------------------------------------
+
 
 def _context(document: Mapping[str, Any]) -> dict[str, Any]:
     if "context" not in document:
@@ -273,8 +319,10 @@ def _context(document: Mapping[str, Any]) -> dict[str, Any]:
 
 def _examples(document: Mapping[str, Any], method: str) -> list[dict[str, Any]]:
     if "examples" not in document:
-        raise invalid_argument(f"JSON Value: {preview_json(document)} When method is {method}, key 'examples' is "
-                               "expected and was not found")
+        raise invalid_argument(
+            f"JSON Value: {preview_json(document)} When method is {method}, key 'examples' is "
+            "expected and was not found"
+        )
     examples = document["examples"]
     if not isinstance(examples, list):
         raise invalid_argument(f"JSON Value: {preview_json(document)} Expecting 'examples' value to be an list/array")
@@ -282,23 +330,27 @@ def _examples(document: Mapping[str, Any], method: str) -> list[dict[str, Any]]:
         raise invalid_argument(f"JSON Value: {preview_json(document)} 'examples' value is an empty array")
     for index, example in enumerate(examples):
         if not isinstance(example, dict):
-            raise invalid_argument(f"Example must be JSON object but got JSON {_json_type(example)} "
-                                   f"(examples[{index}]).")
+            raise invalid_argument(
+                f"Example must be JSON object but got JSON {_json_type(example)} (examples[{index}])."
+            )
     return examples
 
 
 def _signature(model: ExportedModel, name: str, method: str) -> Signature:
     if name not in model.signature_names:
-        raise invalid_argument(f'Serving signature name: "{name}" not found in signature def '
-                               f"(the model has {model.signature_names}).")
+        raise invalid_argument(
+            f'Serving signature name: "{name}" not found in signature def (the model has {model.signature_names}).'
+        )
     signature = model.signature(name)
     if signature.method != method:
         kind, method_name = _METHOD_NAMES[method]
         fitting = [other for other in model.signature_names if model.signature(other).method == method]
-        raise invalid_argument(f"Expected {kind} signature method_name to be {method_name}. Was: "
-                               f"{signature.method_name}. Signature {name!r} is a {signature.method} signature; "
-                               f"send it to :{signature.method}, or choose one of the model's {kind} signatures "
-                               f"{fitting} with 'signature_name'.")
+        raise invalid_argument(
+            f"Expected {kind} signature method_name to be {method_name}. Was: "
+            f"{signature.method_name}. Signature {name!r} is a {signature.method} signature; "
+            f"send it to :{signature.method}, or choose one of the model's {kind} signatures "
+            f"{fitting} with 'signature_name'."
+        )
     return signature
 
 
@@ -308,27 +360,37 @@ def _feature_names(signature: Signature) -> dict[str, str]:
     return {signature.receiver_input(name): name for name in signature.inputs}
 
 
-def _columns(context: Mapping[str, Any], examples: list[dict[str, Any]], signature: Signature,
-             features: Mapping[str, str]) -> dict[str, list]:
+def _columns(
+    context: Mapping[str, Any], examples: list[dict[str, Any]], signature: Signature, features: Mapping[str, str]
+) -> dict[str, list]:
     """Per feature, its value in every example (context merged in); names are checked against ``features``."""
     for index, example in enumerate(examples):
         repeated = [name for name in example if name in context]
         if repeated:
-            raise invalid_argument(f"Features {repeated} of examples[{index}] are also in 'context'; context "
-                                   "features are shared by every example and must not repeat in one.")
+            raise invalid_argument(
+                f"Features {repeated} of examples[{index}] are also in 'context'; context "
+                "features are shared by every example and must not repeat in one."
+            )
         missing = [name for name in features if name not in example and name not in context]
         unexpected = [name for name in (*context, *example) if name not in features]
         if missing or unexpected:
-            described = ", ".join(f"{feature!r}: {signature.inputs[name].dtype} {list(signature.inputs[name].shape)}"
-                                  for feature, name in features.items())
-            raise invalid_argument(f"examples[{index}] (with 'context') has missing features {missing} and "
-                                   f"unexpected features {unexpected}; signature {signature.name!r} takes "
-                                   f"{{{described}}}, one value or list per example.")
-    return {name: [context[name]] * len(examples) if name in context else [example[name] for example in examples]
-            for name in features}
+            described = ", ".join(
+                f"{feature!r}: {signature.inputs[name].dtype} {list(signature.inputs[name].shape)}"
+                for feature, name in features.items()
+            )
+            raise invalid_argument(
+                f"examples[{index}] (with 'context') has missing features {missing} and "
+                f"unexpected features {unexpected}; signature {signature.name!r} takes "
+                f"{{{described}}}, one value or list per example."
+            )
+    return {
+        name: [context[name]] * len(examples) if name in context else [example[name] for example in examples]
+        for name in features
+    }
 
 
 # -- feature values --------------------------------------------------------------------
+
 
 def _string_feature(name: str, values: list[Any], source: str | None) -> list[bytes]:
     """A string input's feature across examples: one bytes value each (a string, {"b64"}, or a list of one)."""
@@ -343,8 +405,10 @@ def _string_feature(name: str, values: list[Any], source: str | None) -> list[by
         elif isinstance(item, dict):
             column.append(b64_bytes(item, f"feature {name!r}, {where}"))
         else:
-            raise invalid_argument(f"Feature {name!r} of {where} feeds the string input {name!r}: give one string or "
-                                   f"{{\"b64\": ...}} per example; received {preview_json(value)}.")
+            raise invalid_argument(
+                f"Feature {name!r} of {where} feeds the string input {name!r}: give one string or "
+                f'{{"b64": ...}} per example; received {preview_json(value)}.'
+            )
     return column
 
 
@@ -352,25 +416,36 @@ def _feature_tensor(name: str, values: list[Any], info: TensorInfo, source: str 
     """One input's values across examples, stacked to [count, *per-example shape] in the signature's dtype."""
     dtype = parse_dtype(info.dtype, f"signature input {name!r} dtype")
     if not info.shape:
-        raise invalid_argument(f"Input {name!r} is a scalar (shape []); :classify and :regress batch examples "
-                               "along a first dimension. Use :predict for this signature.")
+        raise invalid_argument(
+            f"Input {name!r} is a scalar (shape []); :classify and :regress batch examples "
+            "along a first dimension. Use :predict for this signature."
+        )
     tail = tuple(info.shape[1:])
     try:
         array = np.array(values)
     except (ValueError, OverflowError):  # ragged: each example is looked at on its own below
         array = None
-    if array is not None and array.dtype.kind in "biuf" and not _fits(array.shape[1:], tail) \
-            and _static(tail) and math.prod(array.shape[1:]) == math.prod(tail):
+    if (
+        array is not None
+        and array.dtype.kind in "biuf"
+        and not _fits(array.shape[1:], tail)
+        and _static(tail)
+        and math.prod(array.shape[1:]) == math.prod(tail)
+    ):
         array = array.reshape((len(values), *tail))  # every example a flat list filling the shape: one reshape
     if array is None or array.dtype.kind not in "biuf" or not _fits(array.shape[1:], tail):
-        rows = [_example_array(name, value, info, tail, source or f"examples[{index}]")
-                for index, value in enumerate(values)]
+        rows = [
+            _example_array(name, value, info, tail, source or f"examples[{index}]")
+            for index, value in enumerate(values)
+        ]
         try:
             array = np.stack(rows)
         except ValueError as error:
             shapes = sorted({row.shape for row in rows})
-            raise invalid_argument(f"Feature {name!r} has different shapes across examples {shapes}; one batch needs "
-                                   f"one shape per example, {list(tail)} for signature input {name!r}.") from error
+            raise invalid_argument(
+                f"Feature {name!r} has different shapes across examples {shapes}; one batch needs "
+                f"one shape per example, {list(tail)} for signature input {name!r}."
+            ) from error
     return torch.from_numpy(np.ascontiguousarray(_checked_kind(name, array, dtype, info))).to(dtype)
 
 
@@ -379,8 +454,9 @@ def _example_array(name: str, value: Any, info: TensorInfo, tail: tuple[int, ...
         array = np.array(value)
     except (ValueError, OverflowError) as error:
         _refuse_non_numbers(name, value, where)
-        raise invalid_argument(f"Feature {name!r} of {where} is a ragged or mis-nested list ({error}); expected "
-                               f"{_expected(info)}.") from error
+        raise invalid_argument(
+            f"Feature {name!r} of {where} is a ragged or mis-nested list ({error}); expected {_expected(info)}."
+        ) from error
     if array.dtype.kind not in "biuf" and array.size:
         _refuse_non_numbers(name, value, where)
         raise invalid_argument(f"Feature {name!r} of {where} holds numbers out of range; expected {_expected(info)}.")
@@ -388,8 +464,9 @@ def _example_array(name: str, value: Any, info: TensorInfo, tail: tuple[int, ...
         return array
     if _static(tail) and array.size == math.prod(tail):
         return array.reshape(tail)  # a flat list fills the shape, as a FixedLenFeature does
-    raise invalid_argument(f"Feature {name!r} of {where} has shape {list(array.shape)} ({array.size} values); "
-                           f"expected {_expected(info)}.")
+    raise invalid_argument(
+        f"Feature {name!r} of {where} has shape {list(array.shape)} ({array.size} values); expected {_expected(info)}."
+    )
 
 
 def _refuse_non_numbers(name: str, value: Any, where: str) -> None:
@@ -400,15 +477,22 @@ def _refuse_non_numbers(name: str, value: Any, where: str) -> None:
         if isinstance(item, dict):
             check_b64_object(
                 item,
-                malformed=lambda: (f"Feature: {name} has element with unexpected JSON type: Object ({where}); "
-                                   "the only object allowed is {\"b64\": \"<base64>\"}."),
-                undecodable=lambda error: f"Feature {name!r} of {where}: Unable to base64 decode ({error}).")
-            raise invalid_argument(f"Feature {name!r} of {where} holds bytes ({{\"b64\": ...}}); exported torch "
-                                   "programs take numeric tensors only. Send the numbers as JSON numbers.")
+                malformed=lambda: (
+                    f"Feature: {name} has element with unexpected JSON type: Object ({where}); "
+                    'the only object allowed is {"b64": "<base64>"}.'
+                ),
+                undecodable=lambda error: f"Feature {name!r} of {where}: Unable to base64 decode ({error}).",
+            )
+            raise invalid_argument(
+                f'Feature {name!r} of {where} holds bytes ({{"b64": ...}}); exported torch '
+                "programs take numeric tensors only. Send the numbers as JSON numbers."
+            )
         if isinstance(item, (str, bytes)):
-            raise invalid_argument(f"Feature {name!r} of {where} holds strings; signature input {name!r} takes "
-                                   "numeric tensors only. Send the numbers as JSON numbers (or export with "
-                                   "build_parsing_serving_input_receiver to take tf.Examples as TF does).")
+            raise invalid_argument(
+                f"Feature {name!r} of {where} holds strings; signature input {name!r} takes "
+                "numeric tensors only. Send the numbers as JSON numbers (or export with "
+                "build_parsing_serving_input_receiver to take tf.Examples as TF does)."
+            )
 
 
 def _leaves(value: Any, depth: int = 0):
@@ -435,8 +519,10 @@ def _checked_kind(name: str, array: np.ndarray, dtype: torch.dtype, info: Tensor
             finite = np.abs(array[np.isfinite(array)])
             limit = torch.finfo(dtype).max
             if finite.size and finite.max() > limit:
-                raise invalid_argument(f"Cannot convert JSON value: {float(finite.max())!r} to {info.dtype} without "
-                                       f"loss of precision (feature {name!r}).")
+                raise invalid_argument(
+                    f"Cannot convert JSON value: {float(finite.max())!r} to {info.dtype} without "
+                    f"loss of precision (feature {name!r})."
+                )
         return array
     if kind == "f":
         raise invalid_argument(f"Feature {name!r} holds non-integer numbers; expected {_expected(info)}.")
@@ -444,8 +530,10 @@ def _checked_kind(name: str, array: np.ndarray, dtype: torch.dtype, info: Tensor
         raise invalid_argument(f"Feature: {name} has uint64 element. Only int64 is supported.")
     bounds = torch.iinfo(dtype)
     if array.min() < bounds.min or array.max() > bounds.max:
-        raise invalid_argument(f"Feature {name!r} holds integers outside {info.dtype}'s range "
-                               f"[{bounds.min}, {bounds.max}]; expected {_expected(info)}.")
+        raise invalid_argument(
+            f"Feature {name!r} holds integers outside {info.dtype}'s range "
+            f"[{bounds.min}, {bounds.max}]; expected {_expected(info)}."
+        )
     return array
 
 
@@ -458,11 +546,14 @@ def _fits(shape: tuple[int, ...], tail: tuple[int, ...]) -> bool:
 
 
 def _expected(info: TensorInfo) -> str:
-    return (f"{info.dtype} values of shape {list(info.shape[1:])} per example (-1 = any size; the signature's "
-            f"shape {list(info.shape)} without its batch dimension)")
+    return (
+        f"{info.dtype} values of shape {list(info.shape[1:])} per example (-1 = any size; the signature's "
+        f"shape {list(info.shape)} without its batch dimension)"
+    )
 
 
 # -- outputs ---------------------------------------------------------------------------
+
 
 def _class_labels(classes: np.ndarray, count: int) -> np.ndarray:
     """Classes as a [batch_size, num_classes] array of str labels."""
@@ -475,16 +566,20 @@ def _class_labels(classes: np.ndarray, count: int) -> np.ndarray:
     if kind == "U":
         return classes
     if kind in "SO" and all(isinstance(item, (bytes, str)) for item in classes.flat):
-        return np.vectorize(lambda item: item.decode("utf-8", "replace") if isinstance(item, bytes) else item,
-                            otypes=[object])(classes)
-    raise invalid_argument(f"Expected classes Tensor of DT_STRING. Got: {_tf_dtype(classes)}. Export class ids "
-                           "(integers) or names as the classes.")
+        return np.vectorize(
+            lambda item: item.decode("utf-8", "replace") if isinstance(item, bytes) else item, otypes=[object]
+        )(classes)
+    raise invalid_argument(
+        f"Expected classes Tensor of DT_STRING. Got: {_tf_dtype(classes)}. Export class ids "
+        "(integers) or names as the classes."
+    )
 
 
 def _check_matrix(output: str, array: np.ndarray, count: int) -> None:
     if array.ndim != 2:
-        raise invalid_argument(f"Expected Tensor shape: [batch_size num_classes] but got {_shape(array)} "
-                               f"(output {output!r}).")
+        raise invalid_argument(
+            f"Expected Tensor shape: [batch_size num_classes] but got {_shape(array)} (output {output!r})."
+        )
     if array.shape[0] != count:
         raise invalid_argument(f"Expected {output} output batch size of {count}. Got: {array.shape[0]}")
 

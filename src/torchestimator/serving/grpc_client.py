@@ -26,8 +26,11 @@ __all__ = ["ModelServiceStub", "PredictionServiceStub"]
 
 def _method(channel: Any, service: str, method: str, request: str, response: str) -> Any:
     protos = serving_protos()
-    return channel.unary_unary(f"/{service}/{method}", request_serializer=getattr(protos, request).SerializeToString,
-                               response_deserializer=getattr(protos, response).FromString)
+    return channel.unary_unary(
+        f"/{service}/{method}",
+        request_serializer=getattr(protos, request).SerializeToString,
+        response_deserializer=getattr(protos, response).FromString,
+    )
 
 
 class PredictionServiceStub:
@@ -36,11 +39,13 @@ class PredictionServiceStub:
     def __init__(self, channel: Any) -> None:
         import_extra("grpc", extra="serving", feature="the gRPC client")
         self.Predict = _method(channel, PREDICTION_SERVICE, "Predict", "PredictRequest", "PredictResponse")
-        self.Classify = _method(channel, PREDICTION_SERVICE, "Classify", "ClassificationRequest",
-                                "ClassificationResponse")
+        self.Classify = _method(
+            channel, PREDICTION_SERVICE, "Classify", "ClassificationRequest", "ClassificationResponse"
+        )
         self.Regress = _method(channel, PREDICTION_SERVICE, "Regress", "RegressionRequest", "RegressionResponse")
-        self.GetModelMetadata = _method(channel, PREDICTION_SERVICE, "GetModelMetadata", "GetModelMetadataRequest",
-                                        "GetModelMetadataResponse")
+        self.GetModelMetadata = _method(
+            channel, PREDICTION_SERVICE, "GetModelMetadata", "GetModelMetadataRequest", "GetModelMetadataResponse"
+        )
 
 
 class ModelServiceStub:
@@ -48,5 +53,6 @@ class ModelServiceStub:
 
     def __init__(self, channel: Any) -> None:
         import_extra("grpc", extra="serving", feature="the gRPC client")
-        self.GetModelStatus = _method(channel, MODEL_SERVICE, "GetModelStatus", "GetModelStatusRequest",
-                                      "GetModelStatusResponse")
+        self.GetModelStatus = _method(
+            channel, MODEL_SERVICE, "GetModelStatus", "GetModelStatusRequest", "GetModelStatusResponse"
+        )

@@ -41,8 +41,15 @@ from torchestimator.serving.protos import DATA_TYPES, ERROR_CODES, VERSION_STATE
 from torchestimator.serving.request_core import Parsed, parse_version
 from torchestimator.serving.tensor_proto import DTYPE_NAMES, make_tensor_proto, tensor_proto_to_numpy
 
-__all__ = ["metadata_response", "parse_examples", "parse_message", "parse_predict", "predict_inputs",
-           "request_target", "status_response"]
+__all__ = [
+    "metadata_response",
+    "parse_examples",
+    "parse_message",
+    "parse_predict",
+    "predict_inputs",
+    "request_target",
+    "status_response",
+]
 
 SIGNATURE_DEF_FIELD = "signature_def"
 
@@ -81,8 +88,9 @@ def _fill_spec(spec: Any, name: str, version: int, signature_name: str) -> None:
 
 def _signature(model: ExportedModel, name: str) -> Signature:
     if name not in model.signature_names:
-        raise invalid_argument(f'Serving signature name: "{name}" not found in signature def '
-                               f"(the model has {model.signature_names}).")
+        raise invalid_argument(
+            f'Serving signature name: "{name}" not found in signature def (the model has {model.signature_names}).'
+        )
     return model.signature(name)
 
 
@@ -118,10 +126,12 @@ def predict_inputs(protos_by_name: Mapping[str, Any], signature: Signature) -> d
         sent = set(protos_by_name)
         extra = sorted(sent - set(signature.inputs))
         missing = sorted(set(signature.inputs) - sent)
-        raise invalid_argument(f"input size does not match signature: {len(sent)}!={len(signature.inputs)} "
-                               f"len({sorted(sent)}) != len({sorted(signature.inputs)}). Sent extra: {extra}. "
-                               f"Missing but required: {missing}. Signature {signature.name!r} takes "
-                               f"{describe_inputs(signature)}.")
+        raise invalid_argument(
+            f"input size does not match signature: {len(sent)}!={len(signature.inputs)} "
+            f"len({sorted(sent)}) != len({sorted(signature.inputs)}). Sent extra: {extra}. "
+            f"Missing but required: {missing}. Signature {signature.name!r} takes "
+            f"{describe_inputs(signature)}."
+        )
     return {alias: _input_value(alias, protos_by_name[alias], signature) for alias in signature.inputs}
 
 
@@ -130,9 +140,11 @@ def _input_value(alias: str, proto: Any, signature: Signature) -> Any:
     expected = "DT_STRING" if info.dtype == "string" else TF_DTYPES.get(info.dtype, info.dtype)
     sent = DTYPE_NAMES.get(proto.dtype, f"DataType {proto.dtype}")
     if sent != expected:
-        raise invalid_argument(f"Expects arg[{list(signature.inputs).index(alias)}] to be {_short(expected)} but "
-                               f"{_short(sent)} is provided: input {alias!r} of signature {signature.name!r} is "
-                               f"{expected}; send a TensorProto of that dtype.")
+        raise invalid_argument(
+            f"Expects arg[{list(signature.inputs).index(alias)}] to be {_short(expected)} but "
+            f"{_short(sent)} is provided: input {alias!r} of signature {signature.name!r} is "
+            f"{expected}; send a TensorProto of that dtype."
+        )
     try:
         array = tensor_proto_to_numpy(proto, where=f"input {alias!r}")
     except ValueError as error:  # tensor_proto's words: which input, what is wrong
@@ -156,8 +168,10 @@ def _output_filter(names: Sequence[str], signature: Signature) -> list[str] | No
     seen: set[str] = set()
     for alias in names:
         if alias not in signature.outputs:
-            raise invalid_argument(f"output tensor alias not found in signature: {alias} Outputs expected to be in "
-                                   f"the set {{{','.join(sorted(signature.outputs))}}}.")
+            raise invalid_argument(
+                f"output tensor alias not found in signature: {alias} Outputs expected to be in "
+                f"the set {{{','.join(sorted(signature.outputs))}}}."
+            )
         if alias in seen:
             raise invalid_argument(f"duplicate output tensor alias: {alias}")
         seen.add(alias)
@@ -171,8 +185,7 @@ def parse_examples(data: bytes, model: ExportedModel, name: str, version: int, m
     """A ClassificationRequest (``method="classify"``) or RegressionRequest (``"regress"``) as tensors;
     encode() writes the response bytes."""
     protos = serving_protos()
-    request = parse_message(protos.ClassificationRequest if method == "classify" else protos.RegressionRequest,
-                            data)
+    request = parse_message(protos.ClassificationRequest if method == "classify" else protos.RegressionRequest, data)
     signature_name = request.model_spec.signature_name or DEFAULT_SERVING_SIGNATURE_DEF_KEY
     context, examples = _decoded_input(request.input)
     # The one entry point REST shares: with a parsing receiver the Examples are serialized again (context merged,
@@ -194,8 +207,9 @@ def parse_examples(data: bytes, model: ExportedModel, name: str, version: int, m
         _fill_spec(response.model_spec, name, version, examples_request.signature_name)
         return response.SerializeToString()
 
-    return Parsed(signature_name=examples_request.signature_name, inputs=examples_request.inputs, encode=encode,
-                  examples=count)
+    return Parsed(
+        signature_name=examples_request.signature_name, inputs=examples_request.inputs, encode=encode, examples=count
+    )
 
 
 def _decoded_input(message: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -206,8 +220,9 @@ def _decoded_input(message: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     listed = getattr(message, kind)
     if not listed.examples:
         raise invalid_argument(f"Input is empty: input.{kind}.examples holds no tf.Example.")
-    examples = [_decode(serialized, f"input.{kind}.examples[{index}]")
-                for index, serialized in enumerate(listed.examples)]
+    examples = [
+        _decode(serialized, f"input.{kind}.examples[{index}]") for index, serialized in enumerate(listed.examples)
+    ]
     context = _decode(listed.context, f"input.{kind}.context") if kind == "example_list_with_context" else {}
     return context, examples
 
@@ -230,8 +245,9 @@ def metadata_response(data: bytes, model: ExportedModel, name: str, version: int
         raise invalid_argument("GetModelMetadataRequest must specify at least one metadata_field")
     for field in request.metadata_field:
         if field != SIGNATURE_DEF_FIELD:
-            raise invalid_argument(f"Metadata field {field} is not supported (the only one is "
-                                   f"{SIGNATURE_DEF_FIELD!r}).")
+            raise invalid_argument(
+                f"Metadata field {field} is not supported (the only one is {SIGNATURE_DEF_FIELD!r})."
+            )
     signatures = protos.SignatureDefMap()
     for signature_name in model.signature_names:
         signature = model.signature(signature_name)

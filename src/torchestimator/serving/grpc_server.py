@@ -42,14 +42,14 @@ from typing import Any
 
 from torchestimator._extras import import_extra
 
-grpc = import_extra("grpc", extra="serving", feature="the gRPC API (serve --port)")
-import grpc.aio  # noqa: E402
+import_extra("grpc", extra="serving", feature="the gRPC API (serve --port)")  # one line naming the extra if missing
+import grpc.aio
 
-from torchestimator.serving import grpc_requests  # noqa: E402
-from torchestimator.serving.errors import GrpcListenError, ServingError  # noqa: E402
-from torchestimator.serving.protos import MODEL_SERVICE, PREDICTION_SERVICE  # noqa: E402
-from torchestimator.serving.request_core import INLINE_BODY_BYTES, RequestCore  # noqa: E402
-from torchestimator.serving.settings import DEFAULT_MAX_BODY_BYTES  # noqa: E402
+from torchestimator.serving import grpc_requests
+from torchestimator.serving.errors import GrpcListenError, ServingError
+from torchestimator.serving.protos import MODEL_SERVICE, PREDICTION_SERVICE
+from torchestimator.serving.request_core import INLINE_BODY_BYTES, RequestCore
+from torchestimator.serving.settings import DEFAULT_MAX_BODY_BYTES
 
 __all__ = ["GrpcServer"]
 
@@ -61,8 +61,9 @@ _TIMEOUT_HINT = "the server's request timeout, --rest_api_timeout_in_ms, which b
 class GrpcServer:
     """TF Serving's gRPC services over a RequestCore, on the running event loop."""
 
-    def __init__(self, core: RequestCore, host: str, port: int, *,
-                 max_message_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    def __init__(
+        self, core: RequestCore, host: str, port: int, *, max_message_bytes: int = DEFAULT_MAX_BODY_BYTES
+    ) -> None:
         self._core = core
         self.host, self.port = host, port
         self._max_message_bytes = max_message_bytes
@@ -70,17 +71,23 @@ class GrpcServer:
 
     async def start(self) -> int:
         """Listens and returns the bound port (``port=0``: a free one); OSError when the address cannot be bound."""
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", self._max_message_bytes),
-                                          ("grpc.max_send_message_length", -1),
-                                          ("grpc.so_reuseport", 0)])
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", self._max_message_bytes),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
         server.add_generic_rpc_handlers(self._handlers())
         address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
         try:
             bound = server.add_insecure_port(address)
         except RuntimeError as error:  # grpcio says only "Failed to bind to address ..."
-            raise GrpcListenError(f"cannot listen for gRPC on {address}: the port is in use (another server, or an "
-                                  f"earlier serve still running) or {self.host} is not an address of this machine "
-                                  f"({error})") from None
+            raise GrpcListenError(
+                f"cannot listen for gRPC on {address}: the port is in use (another server, or an "
+                f"earlier serve still running) or {self.host} is not an address of this machine "
+                f"({error})"
+            ) from None
         await server.start()
         self._server, self.port = server, bound
         logger.info("Serving gRPC (tensorflow.serving.PredictionService, ModelService) at %s:%d", self.host, bound)
@@ -96,19 +103,26 @@ class GrpcServer:
         def unary(api: str, answer: Callable[..., Awaitable[bytes]]) -> Any:
             return grpc.unary_unary_rpc_method_handler(self._call(api, answer))  # bytes in, bytes out
 
-        prediction = grpc.method_handlers_generic_handler(PREDICTION_SERVICE, {
-            "Predict": unary("Predict", self._predict),
-            "Classify": unary("Classify", lambda *call: self._examples(*call, method="classify")),
-            "Regress": unary("Regress", lambda *call: self._examples(*call, method="regress")),
-            "GetModelMetadata": unary("GetModelMetadata", self._metadata),
-        })
-        model = grpc.method_handlers_generic_handler(MODEL_SERVICE, {
-            "GetModelStatus": unary("GetModelStatus", self._status),
-        })
+        prediction = grpc.method_handlers_generic_handler(
+            PREDICTION_SERVICE,
+            {
+                "Predict": unary("Predict", self._predict),
+                "Classify": unary("Classify", lambda *call: self._examples(*call, method="classify")),
+                "Regress": unary("Regress", lambda *call: self._examples(*call, method="regress")),
+                "GetModelMetadata": unary("GetModelMetadata", self._metadata),
+            },
+        )
+        model = grpc.method_handlers_generic_handler(
+            MODEL_SERVICE,
+            {
+                "GetModelStatus": unary("GetModelStatus", self._status),
+            },
+        )
         return prediction, model
 
     def _call(self, api: str, answer: Callable[..., Awaitable[bytes]]) -> Callable[..., Awaitable[bytes]]:
         """The handler: which model, answer, errors as TF's status codes, the request's metrics."""
+
         async def handle(data: bytes, context: Any) -> bytes:
             started = time.perf_counter()
             name: list[str] = []
@@ -135,16 +149,25 @@ class GrpcServer:
 
     async def _predict(self, data: bytes, name: str, version: int | None, label: str | None) -> bytes:
         model, served = self._core.servable(name, version, label)
-        return await self._core.run(model, name, served, small=len(data) <= INLINE_BODY_BYTES,
-                                    parse=lambda: grpc_requests.parse_predict(data, model, name, served),
-                                    timeout_hint=_TIMEOUT_HINT)
+        return await self._core.run(
+            model,
+            name,
+            served,
+            small=len(data) <= INLINE_BODY_BYTES,
+            parse=lambda: grpc_requests.parse_predict(data, model, name, served),
+            timeout_hint=_TIMEOUT_HINT,
+        )
 
-    async def _examples(self, data: bytes, name: str, version: int | None, label: str | None, *,
-                        method: str) -> bytes:
+    async def _examples(self, data: bytes, name: str, version: int | None, label: str | None, *, method: str) -> bytes:
         model, served = self._core.servable(name, version, label)
-        return await self._core.run(model, name, served, small=len(data) <= INLINE_BODY_BYTES,
-                                    parse=lambda: grpc_requests.parse_examples(data, model, name, served, method),
-                                    timeout_hint=_TIMEOUT_HINT)
+        return await self._core.run(
+            model,
+            name,
+            served,
+            small=len(data) <= INLINE_BODY_BYTES,
+            parse=lambda: grpc_requests.parse_examples(data, model, name, served, method),
+            timeout_hint=_TIMEOUT_HINT,
+        )
 
     async def _metadata(self, data: bytes, name: str, version: int | None, label: str | None) -> bytes:
         model, served = self._core.servable(name, version, label)

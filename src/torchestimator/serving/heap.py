@@ -62,8 +62,9 @@ class FrozenHeap:
         with self._lock:
             now = {id(model): (name, model) for name, model in served}
             # Compared by identity through the weak references: an id may be reused once its object is freed.
-            loaded = [key for key, (_, model) in now.items()
-                      if key not in self._served or self._served[key][1]() is not model]
+            loaded = [
+                key for key, (_, model) in now.items() if key not in self._served or self._served[key][1]() is not model
+            ]
             for key, (name, reference) in self._served.items():
                 model = reference()
                 if model is not None and (key not in now or now[key][1] is not model):
@@ -97,9 +98,12 @@ class FrozenHeap:
             if retired.reference() is None:
                 logger.debug("%s: an unloaded version was freed", retired.name)
             elif retired in due and retired.polls == _LOOK_AT_POLLS[-1]:
-                logger.warning("%s: an unloaded version is still referenced %d polls after it was unloaded; "
-                               "its memory is kept (something outside the server holds it)",
-                               retired.name, retired.polls)
+                logger.warning(
+                    "%s: an unloaded version is still referenced %d polls after it was unloaded; "
+                    "its memory is kept (something outside the server holds it)",
+                    retired.name,
+                    retired.polls,
+                )
             else:
                 alive.append(retired)
         self._retired = alive

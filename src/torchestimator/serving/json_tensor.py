@@ -38,21 +38,52 @@ from torchestimator.export.receiver import parse_dtype
 from torchestimator.serving.errors import invalid_argument
 from torchestimator.serving.manager import VersionStatus
 
-__all__ = ["PredictRequest", "b64_bytes", "decode_body", "decoded_inputs", "describe_inputs", "metadata_document",
-           "parse_predict", "predict_response", "predict_response_bytes", "preview_json", "status_document"]
+__all__ = [
+    "PredictRequest",
+    "b64_bytes",
+    "decode_body",
+    "decoded_inputs",
+    "describe_inputs",
+    "metadata_document",
+    "parse_predict",
+    "predict_response",
+    "predict_response_bytes",
+    "preview_json",
+    "status_document",
+]
 
 # torch dtype names (signature.json) -> TF DataType names (metadata).
 TF_DTYPES = {
-    "float32": "DT_FLOAT", "float64": "DT_DOUBLE", "float16": "DT_HALF", "bfloat16": "DT_BFLOAT16",
-    "int8": "DT_INT8", "int16": "DT_INT16", "int32": "DT_INT32", "int64": "DT_INT64", "uint8": "DT_UINT8",
-    "uint16": "DT_UINT16", "uint32": "DT_UINT32", "uint64": "DT_UINT64", "bool": "DT_BOOL",
-    "complex64": "DT_COMPLEX64", "complex128": "DT_COMPLEX128", "string": "DT_STRING",
+    "float32": "DT_FLOAT",
+    "float64": "DT_DOUBLE",
+    "float16": "DT_HALF",
+    "bfloat16": "DT_BFLOAT16",
+    "int8": "DT_INT8",
+    "int16": "DT_INT16",
+    "int32": "DT_INT32",
+    "int64": "DT_INT64",
+    "uint8": "DT_UINT8",
+    "uint16": "DT_UINT16",
+    "uint32": "DT_UINT32",
+    "uint64": "DT_UINT64",
+    "bool": "DT_BOOL",
+    "complex64": "DT_COMPLEX64",
+    "complex128": "DT_COMPLEX128",
+    "string": "DT_STRING",
 }
 
 
-_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
-                 torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
-                 torch.uint8: np.uint8, torch.bool: np.bool_}
+_NUMPY_DTYPES = {
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+    torch.float16: np.float16,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.int16: np.int16,
+    torch.int8: np.int8,
+    torch.uint8: np.uint8,
+    torch.bool: np.bool_,
+}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -71,13 +102,16 @@ def decode_body(body: bytes) -> dict[str, Any]:
     Errors begin with TF Serving's "JSON Parse error: " so clients matching on it keep working.
     """
     if not body.strip():
-        raise invalid_argument("JSON Parse error: The document is empty. Expected a JSON object such as "
-                               '{"instances": [...]} or {"inputs": ...}.')
+        raise invalid_argument(
+            "JSON Parse error: The document is empty. Expected a JSON object such as "
+            '{"instances": [...]} or {"inputs": ...}.'
+        )
     try:
         document = _loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise invalid_argument(f"JSON Parse error: {error}. Malformed JSON in request body; expected a JSON "
-                               "object.") from error
+        raise invalid_argument(
+            f"JSON Parse error: {error}. Malformed JSON in request body; expected a JSON object."
+        ) from error
     except RecursionError as error:
         raise invalid_argument("JSON Parse error: nested too deeply. Malformed JSON in request body.") from error
     if not isinstance(document, dict):
@@ -107,8 +141,10 @@ _MAX_INTEGER_DIGITS = 100
 def _parse_int(text: str) -> int:
     digits = len(text.lstrip("-"))
     if digits > _MAX_INTEGER_DIGITS:
-        raise invalid_argument(f"JSON Parse error: an integer with {digits} digits ({text[:20]}...) is beyond the "
-                               "range of every tensor dtype; send numbers that fit the input's dtype.")
+        raise invalid_argument(
+            f"JSON Parse error: an integer with {digits} digits ({text[:20]}...) is beyond the "
+            "range of every tensor dtype; send numbers that fit the input's dtype."
+        )
     return int(text)
 
 
@@ -116,13 +152,16 @@ def parse_predict(document: Mapping[str, Any], model: ExportedModel) -> PredictR
     """The tensors a predict request asks for, checked against the model's signature."""
     signature_name = document.get("signature_name", DEFAULT_SERVING_SIGNATURE_DEF_KEY)
     if not isinstance(signature_name, str):
-        raise invalid_argument(f"'signature_name' key must be a string value. Received "
-                               f"{json.dumps(signature_name)[:100]}.")
+        raise invalid_argument(
+            f"'signature_name' key must be a string value. Received {json.dumps(signature_name)[:100]}."
+        )
     # TF Serving (predict_util.cc): an empty name is the default signature, as a missing one is.
     signature_name = signature_name or DEFAULT_SERVING_SIGNATURE_DEF_KEY
     if signature_name not in model.signature_names:
-        raise invalid_argument(f'Serving signature name: "{signature_name}" not found in signature def '
-                               f"(the model has {model.signature_names}).")
+        raise invalid_argument(
+            f'Serving signature name: "{signature_name}" not found in signature def '
+            f"(the model has {model.signature_names})."
+        )
     signature = model.signature(signature_name)
     if "instances" in document and "inputs" in document:
         raise invalid_argument("Not formatted correctly expecting only one of 'inputs' or 'instances' keys to exist.")
@@ -131,10 +170,13 @@ def parse_predict(document: Mapping[str, Any], model: ExportedModel) -> PredictR
     elif "inputs" in document:
         values, row_format = _columnar_inputs(document["inputs"], signature), False
     else:
-        raise invalid_argument(f"Missing 'inputs' or 'instances' key. Signature {signature_name!r} takes "
-                               f"{describe_inputs(signature)}.")
-    tensors = {name: _string_input(name, values[name]) if info.dtype == STRING else
-               _input_tensor(name, values[name], info) for name, info in signature.inputs.items()}
+        raise invalid_argument(
+            f"Missing 'inputs' or 'instances' key. Signature {signature_name!r} takes {describe_inputs(signature)}."
+        )
+    tensors = {
+        name: _string_input(name, values[name]) if info.dtype == STRING else _input_tensor(name, values[name], info)
+        for name, info in signature.inputs.items()
+    }
     if any(info.dtype == STRING for info in signature.inputs.values()):
         tensors = decoded_inputs(model, tensors, signature_name)
     return PredictRequest(signature_name=signature_name, inputs=tensors, row_format=row_format)
@@ -151,8 +193,10 @@ def decoded_inputs(model: ExportedModel, inputs: Mapping[str, Any], signature_na
 def _string_input(name: str, value: Any) -> list[bytes]:
     """A string input's JSON values as bytes: {"b64": ...} decoded, a JSON string as its UTF-8 bytes (as TF)."""
     if not isinstance(value, list):
-        raise invalid_argument(f"Input {name!r} is a string input of shape [-1]: send a list with one string or "
-                               f"{{\"b64\": ...}} object per instance; received {preview_json(value)}.")
+        raise invalid_argument(
+            f"Input {name!r} is a string input of shape [-1]: send a list with one string or "
+            f'{{"b64": ...}} object per instance; received {preview_json(value)}.'
+        )
     values = []
     for index, item in enumerate(value):
         if isinstance(item, str):
@@ -160,11 +204,15 @@ def _string_input(name: str, value: Any) -> list[bytes]:
         elif isinstance(item, dict):
             values.append(b64_bytes(item, f"input {name!r}, instance {index}"))
         elif isinstance(item, list):
-            raise invalid_argument(f"Encountered list at unexpected level: 1 expected < 1 (input {name!r}, instance "
-                                   f"{index}): a string input takes one string or {{\"b64\": ...}} per instance.")
+            raise invalid_argument(
+                f"Encountered list at unexpected level: 1 expected < 1 (input {name!r}, instance "
+                f'{index}): a string input takes one string or {{"b64": ...}} per instance.'
+            )
         else:  # TF's TypeError wording (json_tensor.cc), then where
-            raise invalid_argument(f"JSON Value: {preview_json(item)} Type: {_json_type_name(item)} is not of "
-                                   f"expected type: string (input {name!r}, instance {index}).")
+            raise invalid_argument(
+                f"JSON Value: {preview_json(item)} Type: {_json_type_name(item)} is not of "
+                f"expected type: string (input {name!r}, instance {index})."
+            )
     return values
 
 
@@ -173,8 +221,10 @@ def b64_bytes(found: dict[str, Any], where: str) -> bytes:
     TF's decoder (absl::Base64Unescape) allows."""
     encoded = found.get("b64")
     if len(found) != 1 or not isinstance(encoded, str):
-        raise invalid_argument(f"JSON Value: {preview_json(found)} not formatted correctly for base64 data ({where}): "
-                               'expected {"b64": "<base64 string>"}.')
+        raise invalid_argument(
+            f"JSON Value: {preview_json(found)} not formatted correctly for base64 data ({where}): "
+            'expected {"b64": "<base64 string>"}.'
+        )
     try:
         return base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
     except (binascii.Error, ValueError) as error:
@@ -200,8 +250,10 @@ def predict_response(outputs: Mapping[str, np.ndarray], row_format: bool) -> dic
     batch = next(iter(sizes.values()))
     for name, size in sizes.items():
         if size is None or size != batch:
-            raise invalid_argument(f"Tensor name: {name} has inconsistent batch size: {size} expecting: {batch}. "
-                                   "Use the columnar format ('inputs') for outputs without a shared batch dimension.")
+            raise invalid_argument(
+                f"Tensor name: {name} has inconsistent batch size: {size} expecting: {batch}. "
+                "Use the columnar format ('inputs') for outputs without a shared batch dimension."
+            )
     if len(outputs) == 1:
         return {"predictions": next(iter(outputs.values())).tolist()}
     columns = {name: array.tolist() for name, array in outputs.items()}
@@ -232,10 +284,16 @@ def predict_response_bytes(outputs: Mapping[str, np.ndarray], row_format: bool) 
 
 def status_document(statuses: list[VersionStatus]) -> dict[str, Any]:
     """GetModelStatusResponse as TF Serving prints it: version as a string, default fields included."""
-    return {"model_version_status": [
-        {"version": str(status.version), "state": status.state,
-         "status": {"error_code": status.error_code, "error_message": status.error_message}}
-        for status in statuses]}
+    return {
+        "model_version_status": [
+            {
+                "version": str(status.version),
+                "state": status.state,
+                "status": {"error_code": status.error_code, "error_message": status.error_message},
+            }
+            for status in statuses
+        ]
+    }
 
 
 def metadata_document(model_name: str, version: int, model: ExportedModel) -> dict[str, Any]:
@@ -245,46 +303,59 @@ def metadata_document(model_name: str, version: int, model: ExportedModel) -> di
         signature = model.signature(name)
         definitions[name] = {
             # The tensor's name is the receiver input's, as TF names the one tensor "inputs" and "examples" feed.
-            "inputs": {alias: _tensor_info(signature.receiver_input(alias), info)
-                       for alias, info in signature.inputs.items()},
-            "outputs": {alias: _tensor_info(signature.program_outputs.get(alias, alias), info)
-                        for alias, info in signature.outputs.items()},
+            "inputs": {
+                alias: _tensor_info(signature.receiver_input(alias), info) for alias, info in signature.inputs.items()
+            },
+            "outputs": {
+                alias: _tensor_info(signature.program_outputs.get(alias, alias), info)
+                for alias, info in signature.outputs.items()
+            },
             "method_name": signature.method_name,
             "defaults": {},
         }
-    return {"model_spec": {"name": model_name, "signature_name": "", "version": str(version)},
-            "metadata": {"signature_def": {"signature_def": definitions}}}
+    return {
+        "model_spec": {"name": model_name, "signature_name": "", "version": str(version)},
+        "metadata": {"signature_def": {"signature_def": definitions}},
+    }
 
 
 def _tensor_info(name: str, info: TensorInfo) -> dict[str, Any]:
     known = info.dtype is not None
-    return {"dtype": TF_DTYPES.get(info.dtype, "DT_INVALID") if known else "DT_INVALID",
-            "tensor_shape": {"dim": [{"size": str(size), "name": ""} for size in info.shape],
-                             "unknown_rank": not known},
-            "name": name}
+    return {
+        "dtype": TF_DTYPES.get(info.dtype, "DT_INVALID") if known else "DT_INVALID",
+        "tensor_shape": {"dim": [{"size": str(size), "name": ""} for size in info.shape], "unknown_rank": not known},
+        "name": name,
+    }
 
 
 def _rows_to_columns(instances: Any, signature: Signature) -> dict[str, list[Any]]:
     if not isinstance(instances, list) or not instances:
-        raise invalid_argument(f"'instances' must be a non-empty list with one element per example; received "
-                               f"{preview_json(instances)}.")
+        raise invalid_argument(
+            f"'instances' must be a non-empty list with one element per example; received {preview_json(instances)}."
+        )
     names = list(signature.inputs)
     named = [isinstance(row, dict) and not _is_b64(row) for row in instances]
     if not any(named):
         if len(names) != 1:
-            raise invalid_argument(f"Signature {signature.name!r} takes {len(names)} inputs {describe_inputs(signature)}; "
-                                   "each instance must be an object {input name: value}; received plain values.")
+            raise invalid_argument(
+                f"Signature {signature.name!r} takes {len(names)} inputs {describe_inputs(signature)}; "
+                "each instance must be an object {input name: value}; received plain values."
+            )
         return {names[0]: instances}
     if not all(named):
-        raise invalid_argument(f"instances[{named.index(False)}] is a plain value while others are objects; every "
-                               f"instance must be an object {{input name: value}} for {describe_inputs(signature)}.")
+        raise invalid_argument(
+            f"instances[{named.index(False)}] is a plain value while others are objects; every "
+            f"instance must be an object {{input name: value}} for {describe_inputs(signature)}."
+        )
     columns: dict[str, list[Any]] = {name: [] for name in names}
     for index, row in enumerate(instances):
         missing = [name for name in names if name not in row]
         unexpected = [name for name in row if name not in signature.inputs]
         if missing or unexpected:
-            raise invalid_argument(f"instances[{index}] has missing inputs {missing} and unexpected inputs "
-                                   f"{unexpected}; signature {signature.name!r} takes {describe_inputs(signature)}.")
+            raise invalid_argument(
+                f"instances[{index}] has missing inputs {missing} and unexpected inputs "
+                f"{unexpected}; signature {signature.name!r} takes {describe_inputs(signature)}."
+            )
         for name in names:
             columns[name].append(row[name])
     return columns
@@ -294,14 +365,18 @@ def _columnar_inputs(inputs: Any, signature: Signature) -> dict[str, Any]:
     names = list(signature.inputs)
     if not isinstance(inputs, dict) or _is_b64(inputs):
         if len(names) != 1:
-            raise invalid_argument(f"Signature {signature.name!r} takes {len(names)} inputs {describe_inputs(signature)}; "
-                                   "'inputs' must be an object {input name: value}.")
+            raise invalid_argument(
+                f"Signature {signature.name!r} takes {len(names)} inputs {describe_inputs(signature)}; "
+                "'inputs' must be an object {input name: value}."
+            )
         return {names[0]: inputs}
     missing = [name for name in names if name not in inputs]
     unexpected = [name for name in inputs if name not in signature.inputs]
     if missing or unexpected:
-        raise invalid_argument(f"'inputs' has missing inputs {missing} and unexpected inputs {unexpected}; "
-                               f"signature {signature.name!r} takes {describe_inputs(signature)}.")
+        raise invalid_argument(
+            f"'inputs' has missing inputs {missing} and unexpected inputs {unexpected}; "
+            f"signature {signature.name!r} takes {describe_inputs(signature)}."
+        )
     return dict(inputs)
 
 
@@ -314,15 +389,19 @@ def _input_tensor(name: str, value: Any, info: TensorInfo) -> torch.Tensor:
         array = np.array(value)
     except (ValueError, OverflowError) as error:  # numpy refuses ragged nesting
         _refuse_b64(name, value, info)
-        raise invalid_argument(f"Input {name!r} is ragged or mis-nested ({error}); expected {_expected(info)}.") from error
+        raise invalid_argument(
+            f"Input {name!r} is ragged or mis-nested ({error}); expected {_expected(info)}."
+        ) from error
     dtype = _TORCH_DTYPES.get(info.dtype) or parse_dtype(info.dtype, f"signature input {name!r} dtype")
     kind = array.dtype.kind
     if array.size and kind not in "biuf":
         _refuse_b64(name, value, info)  # only searched for when numpy saw objects: numbers stay fast
         found = "null" if _contains(value, type(None)) else "strings" if kind in "US" else "non-numeric values"
         # TF's TypeError text first ("... is not of expected type: float"), then what we know more.
-        raise invalid_argument(f"Input {name!r} is not of expected type: {_tf_type_name(info.dtype)}: it holds "
-                               f"{found} (or numbers out of range); expected {_expected(info)}.")
+        raise invalid_argument(
+            f"Input {name!r} is not of expected type: {_tf_type_name(info.dtype)}: it holds "
+            f"{found} (or numbers out of range); expected {_expected(info)}."
+        )
     if array.size and kind == "b" and dtype != torch.bool:
         raise invalid_argument(f"Input {name!r} holds booleans; expected {_expected(info)}.")
     if array.size and kind in "iuf" and dtype == torch.bool:
@@ -342,8 +421,10 @@ def _input_tensor(name: str, value: Any, info: TensorInfo) -> torch.Tensor:
                 return torch.from_numpy(np.ascontiguousarray(array, dtype=numpy_dtype))
         return torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
     except FloatingPointError as error:  # a finite JSON number beyond the dtype's range, as TF refuses it
-        raise invalid_argument(f"Cannot convert JSON value in input {name!r} to {info.dtype} without loss of "
-                               f"precision (a number beyond its range); expected {_expected(info)}.") from error
+        raise invalid_argument(
+            f"Cannot convert JSON value in input {name!r} to {info.dtype} without loss of "
+            f"precision (a number beyond its range); expected {_expected(info)}."
+        ) from error
     except (TypeError, RuntimeError, OverflowError) as error:
         raise invalid_argument(f"Input {name!r} could not be read as {_expected(info)}: {error}") from error
 
@@ -354,9 +435,11 @@ def _check_integer_range(name: str, array: np.ndarray, numpy_dtype: Any, info: T
     low, high = int(array.min()), int(array.max())
     if low < limits.min or high > limits.max:
         value = low if low < limits.min else high
-        raise invalid_argument(f"Cannot convert JSON value: {value} in input {name!r} to {np.dtype(numpy_dtype).name} "
-                               f"without loss of precision (its range is {limits.min}..{limits.max}); "
-                               f"expected {_expected(info)}.")
+        raise invalid_argument(
+            f"Cannot convert JSON value: {value} in input {name!r} to {np.dtype(numpy_dtype).name} "
+            f"without loss of precision (its range is {limits.min}..{limits.max}); "
+            f"expected {_expected(info)}."
+        )
 
 
 def _expected(info: TensorInfo) -> str:
@@ -381,15 +464,21 @@ def _refuse_b64(name: str, value: Any, info: TensorInfo) -> None:
         return
     check_b64_object(
         found,
-        malformed=lambda: (f"Input {name!r} holds the object {preview_json(found)}; only {{\"b64\": \"<base64>\"}} "
-                           f"objects are allowed in tensors, and the signature expects {info.dtype} values."),
-        undecodable=lambda error: f"Input {name!r} holds invalid base64 in {{\"b64\": ...}}: {error}.")
-    raise invalid_argument(f"Input {name!r} has dtype {info.dtype}; {{\"b64\": ...}} bytes are only accepted for "
-                           "string inputs. Send the numbers as JSON numbers.")
+        malformed=lambda: (
+            f'Input {name!r} holds the object {preview_json(found)}; only {{"b64": "<base64>"}} '
+            f"objects are allowed in tensors, and the signature expects {info.dtype} values."
+        ),
+        undecodable=lambda error: f'Input {name!r} holds invalid base64 in {{"b64": ...}}: {error}.',
+    )
+    raise invalid_argument(
+        f'Input {name!r} has dtype {info.dtype}; {{"b64": ...}} bytes are only accepted for '
+        "string inputs. Send the numbers as JSON numbers."
+    )
 
 
-def check_b64_object(found: dict[str, Any], *, malformed: Callable[[], str],
-                     undecodable: Callable[[Exception], str]) -> None:
+def check_b64_object(
+    found: dict[str, Any], *, malformed: Callable[[], str], undecodable: Callable[[Exception], str]
+) -> None:
     """INVALID_ARGUMENT unless ``found`` is ``{"b64": "<valid base64>"}``; the callers word the message.
 
     Shared by predict's tensors and classify/regress features, which refuse
@@ -428,7 +517,9 @@ def _is_b64(value: Any) -> bool:
 
 def describe_inputs(signature: Signature) -> str:
     """{'name': dtype [shape], ...}: what a signature takes, for error messages."""
-    return "{" + ", ".join(f"{name!r}: {info.dtype} {list(info.shape)}" for name, info in signature.inputs.items()) + "}"
+    return (
+        "{" + ", ".join(f"{name!r}: {info.dtype} {list(info.shape)}" for name, info in signature.inputs.items()) + "}"
+    )
 
 
 def preview_json(value: Any) -> str:

@@ -32,6 +32,7 @@ Errors raised for requests are ServingError with TF's wording (errors.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -82,15 +83,23 @@ class ModelManager:
     ``poll()`` (blocking: run it in a worker thread) follows the version policy.
     """
 
-    def __init__(self, name: str, base_path: str | os.PathLike[str], *,
-                 version_policy: VersionPolicy | None = None,
-                 version_labels: Mapping[str, int] | None = None,
-                 loader: Callable[[str], ExportedModel] = load, model_warmup: bool = True) -> None:
+    def __init__(
+        self,
+        name: str,
+        base_path: str | os.PathLike[str],
+        *,
+        version_policy: VersionPolicy | None = None,
+        version_labels: Mapping[str, int] | None = None,
+        loader: Callable[[str], ExportedModel] = load,
+        model_warmup: bool = True,
+    ) -> None:
         if not isinstance(name, str) or not name or "/" in name or ":" in name:
             raise ValueError(f"Model name must be a non-empty string without '/' or ':'; received {name!r}.")
         if version_policy is not None and not isinstance(version_policy, VersionPolicy):
-            raise TypeError(f"version_policy must be a VersionPolicy or None (latest version only); "
-                            f"received {type(version_policy).__name__}.")
+            raise TypeError(
+                f"version_policy must be a VersionPolicy or None (latest version only); "
+                f"received {type(version_policy).__name__}."
+            )
         self.name = name
         self.base_path = os.fspath(base_path)
         self._policy = version_policy or VersionPolicy()
@@ -154,8 +163,10 @@ class ModelManager:
             version = self._label_version(label)
             if version not in served:
                 state = self._state_words(version)
-                raise not_found(f"Servable not found for request: Specific({self.name}, {version}) "
-                                f"(label {label!r} points at version {version}, which is {state})")
+                raise not_found(
+                    f"Servable not found for request: Specific({self.name}, {version}) "
+                    f"(label {label!r} points at version {version}, which is {state})"
+                )
             return version, served[version]
         if version is None:
             if not served:
@@ -214,8 +225,14 @@ class ModelManager:
                     f"Request to assign label {label!r} to version {version} of model {self.name}{moving}, "
                     f"which is not currently available for inference (it is {self._state_words(version)}). "
                     "Assign labels to loaded versions only: first make the version policy serve it and wait "
-                    "for it to load" + ("" if allow_unavailable else ", or allow labels for unavailable "
-                                        "versions (allow_unavailable=True) for a new label") + ".")
+                    "for it to load"
+                    + (
+                        ""
+                        if allow_unavailable
+                        else ", or allow labels for unavailable versions (allow_unavailable=True) for a new label"
+                    )
+                    + "."
+                )
             self._labels = MappingProxyType(checked)
         if checked != dict(current):
             logger.info("%s: version labels %s", self.name, checked or "cleared")
@@ -229,12 +246,15 @@ class ModelManager:
         if not isinstance(config, ModelConfig):
             raise TypeError(f"apply_config takes a ModelConfig; received {type(config).__name__}.")
         if config.name != self.name:
-            raise ValueError(f"apply_config got the config of model {config.name!r} for the manager of model "
-                             f"{self.name!r}; give each manager its own model's config.")
+            raise ValueError(
+                f"apply_config got the config of model {config.name!r} for the manager of model "
+                f"{self.name!r}; give each manager its own model's config."
+            )
         with self._poll_lock:
             if config.base_path != self.base_path or config.version_policy != self._policy:
-                logger.info("%s: new configuration: base path %s, %s", self.name, config.base_path,
-                            config.version_policy)
+                logger.info(
+                    "%s: new configuration: base path %s, %s", self.name, config.base_path, config.version_policy
+                )
             self.base_path = config.base_path
             self._policy = config.version_policy
             changed = self.poll()
@@ -262,8 +282,9 @@ class ModelManager:
             if not aspired:
                 self._warn_nothing_aspired(on_disk)
                 return False
-            loaded = [version for version in sorted(set(aspired) - set(self._served), reverse=True)
-                      if self._load(version)]
+            loaded = [
+                version for version in sorted(set(aspired) - set(self._served), reverse=True) if self._load(version)
+            ]
             return bool(loaded) | self._unload_unaspired(set(aspired))
 
     def _load(self, version: int) -> bool:
@@ -294,11 +315,17 @@ class ModelManager:
             if not in_store:
                 return self._load_failed(version, path, fingerprint, error)
             # The store or the cache, not the version: tried again at the next poll, said once until then.
-            self._statuses = MappingProxyType({**self._statuses, version: previous} if previous else
-                                              {number: status for number, status in self._statuses.items()
-                                               if number != version})
-            self._say_once(f"copy {version}", logging.ERROR, f"{self.name}: could not copy version {version} from "
-                           f"{path} (tried again at the next poll): {_reason(error)}")
+            self._statuses = MappingProxyType(
+                {**self._statuses, version: previous}
+                if previous
+                else {number: status for number, status in self._statuses.items() if number != version}
+            )
+            self._say_once(
+                f"copy {version}",
+                logging.ERROR,
+                f"{self.name}: could not copy version {version} from "
+                f"{path} (tried again at the next poll): {_reason(error)}",
+            )
             return False
         except Exception as error:  # any failure keeps the working versions; the status carries the reason
             return self._load_failed(version, path, fingerprint, error)
@@ -329,13 +356,17 @@ class ModelManager:
         if not aspired & set(served):
             # AvailabilityPreservingPolicy: no aspired version serves yet, so the old ones keep answering.
             # Polled every second: said once for as long as it stays so.
-            self._say_once("keeping", logging.WARNING, f"{self.name}: keeping version(s) {unaspired}: none of the "
-                           f"aspired versions {sorted(aspired)} could be loaded yet")
+            self._say_once(
+                "keeping",
+                logging.WARNING,
+                f"{self.name}: keeping version(s) {unaspired}: none of the "
+                f"aspired versions {sorted(aspired)} could be loaded yet",
+            )
             return False
-        self._served = MappingProxyType({version: model for version, model in served.items()
-                                         if version in aspired})
-        self._forward_seconds = MappingProxyType({version: seconds for version, seconds in
-                                                  self._forward_seconds.items() if version in aspired})
+        self._served = MappingProxyType({version: model for version, model in served.items() if version in aspired})
+        self._forward_seconds = MappingProxyType(
+            {version: seconds for version, seconds in self._forward_seconds.items() if version in aspired}
+        )
         for version in unaspired:
             self._set_status(VersionStatus(version=version, state=END))
         self._said.pop("keeping", None)
@@ -348,10 +379,14 @@ class ModelManager:
     def _store_unreachable(self, error: OSError) -> None:
         """A poll that could not list or read the store: the served versions keep answering; said once."""
         if not self._unreachable:
-            serving = (f"still serving version(s) {self.served_versions}" if self._served else
-                       "no version is served yet")
-            logger.error("%s: could not reach %s (%s); %s, trying again at each poll", self.name, self.base_path,
-                         _reason(error), serving)
+            serving = f"still serving version(s) {self.served_versions}" if self._served else "no version is served yet"
+            logger.error(
+                "%s: could not reach %s (%s); %s, trying again at each poll",
+                self.name,
+                self.base_path,
+                _reason(error),
+                serving,
+            )
             self._unreachable = True
 
     def _store_reachable(self) -> None:
@@ -370,11 +405,15 @@ class ModelManager:
         if not self._served:
             return
         if not on_disk:
-            message = (f"{self.name}: no integer version folders left under {self.base_path}; still serving "
-                       f"version(s) {self.served_versions}.")
+            message = (
+                f"{self.name}: no integer version folders left under {self.base_path}; still serving "
+                f"version(s) {self.served_versions}."
+            )
         else:
-            message = (f"{self.name}: the version policy {self._policy} matches none of the versions on disk "
-                       f"{on_disk}; still serving version(s) {self.served_versions}.")
+            message = (
+                f"{self.name}: the version policy {self._policy} matches none of the versions on disk "
+                f"{on_disk}; still serving version(s) {self.served_versions}."
+            )
         self._say_once("nothing aspired", logging.WARNING, message)  # polled every second: once, not once a second
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -410,16 +449,20 @@ def _both_given(version: int, label: str) -> ServingError:
 
 def _checked_labels(labels: Mapping[str, int], name: str) -> dict[str, int]:
     if not isinstance(labels, Mapping):
-        raise TypeError(f"Version labels of model {name} must be a mapping label -> version; "
-                        f"received {type(labels).__name__}.")
+        raise TypeError(
+            f"Version labels of model {name} must be a mapping label -> version; received {type(labels).__name__}."
+        )
     checked = {}
     for label, version in labels.items():
         if not isinstance(label, str) or not label or "/" in label or ":" in label:
-            raise ValueError(f"Version labels of model {name} must be non-empty strings without '/' or ':' "
-                             f"(they appear in /labels/<label> paths); received {label!r}.")
+            raise ValueError(
+                f"Version labels of model {name} must be non-empty strings without '/' or ':' "
+                f"(they appear in /labels/<label> paths); received {label!r}."
+            )
         if isinstance(version, bool) or not isinstance(version, int):
-            raise ValueError(f"Version label {label!r} of model {name} must map to an int version; "
-                             f"received {version!r}.")
+            raise ValueError(
+                f"Version label {label!r} of model {name} must map to an int version; received {version!r}."
+            )
         checked[label] = version
     return checked
 
@@ -446,7 +489,7 @@ def warm_up(model: ExportedModel) -> float:
             if any(size == -1 for size in info.shape[1:]):
                 slowest = math.inf
         model(inputs, signature_name=name)
-        slowest = max(slowest, _median_call_seconds(lambda: model(inputs, signature_name=name)))
+        slowest = max(slowest, _median_call_seconds(functools.partial(model, inputs, signature_name=name)))
     return slowest
 
 
@@ -475,9 +518,11 @@ def _load_error_message(name: str, version: int, path: str, error: BaseException
     """Why a version failed to load, bounded in length, and what the server expects instead."""
     reason = " ".join(str(error).split()) or type(error).__name__
     if len(reason) > _MAX_ERROR_CHARS:
-        reason = reason[:_MAX_ERROR_CHARS - 3] + "..."
-    return (f"Failed to load version {version} of model {name} from {path}: {reason} A version folder must hold "
-            "an export written by export_saved_model; fix or replace it (it is retried when its files change).")
+        reason = reason[: _MAX_ERROR_CHARS - 3] + "..."
+    return (
+        f"Failed to load version {version} of model {name} from {path}: {reason} A version folder must hold "
+        "an export written by export_saved_model; fix or replace it (it is retried when its files change)."
+    )
 
 
 # A version folder holds a handful of files; a symlink to a big tree must not make every poll walk all of it.
@@ -490,7 +535,7 @@ def _fingerprint(path: str) -> tuple[Any, ...]:
     for root, _, files in os.walk(path):
         if len(entries) >= _MAX_FINGERPRINT_FILES:
             break
-        for file in sorted(files)[:_MAX_FINGERPRINT_FILES - len(entries)]:
+        for file in sorted(files)[: _MAX_FINGERPRINT_FILES - len(entries)]:
             try:
                 stat = os.stat(os.path.join(root, file))
             except OSError:

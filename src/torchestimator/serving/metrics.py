@@ -59,12 +59,23 @@ from prometheus_client.metrics_core import HistogramMetricFamily, Metric, Unknow
 
 from torchestimator.serving.settings import DEFAULT_METRICS_PATH  # noqa: E402  (TF Serving's default metrics path)
 
-__all__ = ["API_BY_VERB", "DEFAULT_METRICS_PATH", "DEFAULT_OP_NAME", "ServingMetrics", "exponential_buckets",
-           "prometheus_name"]
+__all__ = [
+    "API_BY_VERB",
+    "DEFAULT_METRICS_PATH",
+    "DEFAULT_OP_NAME",
+    "ServingMetrics",
+    "exponential_buckets",
+    "prometheus_name",
+]
 
 
-API_BY_VERB = {"predict": "Predict", "classify": "Classify", "regress": "Regress",
-               "status": "GetModelStatus", "metadata": "GetModelMetadata"}
+API_BY_VERB = {
+    "predict": "Predict",
+    "classify": "Classify",
+    "regress": "Regress",
+    "status": "GetModelStatus",
+    "metadata": "GetModelMetadata",
+}
 """REST verb -> the ``API`` label value TF Serving uses for it."""
 
 DEFAULT_OP_NAME = "torchestimator_batcher"
@@ -76,8 +87,9 @@ MODEL_NAME_UNSET = "model_name_unset"
 
 def prometheus_name(tf_name: str) -> str:
     """A TF metric name as TF's Prometheus exporter writes it: ``/a/b`` -> ``:a:b``."""
-    name = "".join(character if character.isascii() and (character.isalnum() or character == "_") else ":"
-                   for character in tf_name)
+    name = "".join(
+        character if character.isascii() and (character.isalnum() or character == "_") else ":" for character in tf_name
+    )
     return "_" + name if name[:1].isdigit() else name
 
 
@@ -107,7 +119,7 @@ PADDING_SIZE_BUCKETS = _padding_buckets()
 class _Histogram:
     """TF-style histogram cells: per label tuple, counts per bucket (last = overflow) and a sum."""
 
-    __slots__ = ("name", "documentation", "labelnames", "limits", "_le", "cells")
+    __slots__ = ("_le", "cells", "documentation", "labelnames", "limits", "name")
 
     def __init__(self, tf_name: str, documentation: str, labelnames: Sequence[str], limits: Sequence[float]) -> None:
         self.name = prometheus_name(tf_name)
@@ -137,7 +149,7 @@ class _Histogram:
 
 
 class _Counter:
-    __slots__ = ("name", "documentation", "labelnames", "cells")
+    __slots__ = ("cells", "documentation", "labelnames", "name")
 
     def __init__(self, tf_name: str, documentation: str, labelnames: Sequence[str]) -> None:
         self.name = prometheus_name(tf_name)
@@ -165,38 +177,53 @@ class ServingMetrics:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.request_count = _Counter("/tensorflow/serving/request_count", "The total number of requests.",
-                                      ("model_name", "status"))
+        self.request_count = _Counter(
+            "/tensorflow/serving/request_count", "The total number of requests.", ("model_name", "status")
+        )
         self.request_latency = _Histogram(
             "/tensorflow/serving/request_latency",
             "Distribution of wall time (in microseconds) for Tensorflow Serving request.",
-            ("model_name", "API", "entrypoint"), LATENCY_BUCKETS_MICROSECONDS)
-        self.example_counts = _Histogram("/tensorflow/serving/request_example_counts",
-                                         "The number of tensorflow.Examples per request.", ("model",),
-                                         EXAMPLE_COUNT_BUCKETS)
-        self.example_count_total = _Counter("/tensorflow/serving/request_example_count_total",
-                                            "The total number of tensorflow.Examples.", ("model",))
+            ("model_name", "API", "entrypoint"),
+            LATENCY_BUCKETS_MICROSECONDS,
+        )
+        self.example_counts = _Histogram(
+            "/tensorflow/serving/request_example_counts",
+            "The number of tensorflow.Examples per request.",
+            ("model",),
+            EXAMPLE_COUNT_BUCKETS,
+        )
+        self.example_count_total = _Counter(
+            "/tensorflow/serving/request_example_count_total", "The total number of tensorflow.Examples.", ("model",)
+        )
         self.batch_size = _Histogram(
             "/tensorflow/serving/batching/batch_size",
             "Tracks the batch size distribution on the batch result by model_name (if available).",
-            ("model_name", "op_name"), BATCH_SIZE_BUCKETS)
+            ("model_name", "op_name"),
+            BATCH_SIZE_BUCKETS,
+        )
         self.processed_batch_size = _Counter(
             "/tensorflow/serving/batching/processed_batch_size_v2",
             "Tracks the batch size on processing by model_name and op name (if available).",
-            ("model_name", "op_name", "batch_size"))
+            ("model_name", "op_name", "batch_size"),
+        )
         self.padding_size = _Histogram(
             "/tensorflow/serving/batching/padding_size_v2",
             "Tracks the padding size distribution on batches by model_name (if available).",
-            ("model_name", "execution_batch_size", "op_name"), PADDING_SIZE_BUCKETS)
+            ("model_name", "execution_batch_size", "op_name"),
+            PADDING_SIZE_BUCKETS,
+        )
         self._histograms = (self.request_latency, self.example_counts, self.batch_size, self.padding_size)
         self._counters = (self.request_count, self.example_count_total, self.processed_batch_size)
-        self._counter_type_lines = [(f"# TYPE {counter.name} untyped\n".encode(),
-                                     f"# TYPE {counter.name} counter\n".encode()) for counter in self._counters]
+        self._counter_type_lines = [
+            (f"# TYPE {counter.name} untyped\n".encode(), f"# TYPE {counter.name} counter\n".encode())
+            for counter in self._counters
+        ]
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
-    def observe_request(self, model_name: str, api: str, status_code: str, seconds: float,
-                        entrypoint: str = "REST") -> None:
+    def observe_request(
+        self, model_name: str, api: str, status_code: str, seconds: float, entrypoint: str = "REST"
+    ) -> None:
         """One finished request: counted under its status; its latency only when OK (as TF records it).
 
         ``api`` is TF's label value (API_BY_VERB), ``status_code`` the
@@ -213,13 +240,16 @@ class ServingMetrics:
             self.example_counts.add((model_name,), count)
             self.example_count_total.add((model_name,), count)
 
-    def observe_batch(self, model_name: str | None, real_size: int, padded_size: int,
-                      op_name: str = DEFAULT_OP_NAME) -> None:
+    def observe_batch(
+        self, model_name: str | None, real_size: int, padded_size: int, op_name: str = DEFAULT_OP_NAME
+    ) -> None:
         """One batch run by the batcher: ``real_size`` rows of requests, padded to ``padded_size``."""
         if padded_size < real_size or real_size < 0:
-            raise ValueError(f"observe_batch needs 0 <= real_size <= padded_size; received real_size={real_size}, "
-                             f"padded_size={padded_size}.")
-        model = MODEL_NAME_UNSET if not model_name else model_name
+            raise ValueError(
+                f"observe_batch needs 0 <= real_size <= padded_size; received real_size={real_size}, "
+                f"padded_size={padded_size}."
+            )
+        model = model_name or MODEL_NAME_UNSET
         padded = str(padded_size)
         with self._lock:
             self.batch_size.add((model, op_name), real_size)
@@ -229,8 +259,10 @@ class ServingMetrics:
     def collect(self) -> Iterable[Metric]:
         """The registry's view (prometheus_client's Collector protocol); copies cells under the lock."""
         with self._lock:
-            histograms = [(histogram, {key: list(cell) for key, cell in histogram.cells.items()})
-                          for histogram in self._histograms]
+            histograms = [
+                (histogram, {key: list(cell) for key, cell in histogram.cells.items()})
+                for histogram in self._histograms
+            ]
             counters = [(counter, dict(counter.cells)) for counter in self._counters]
         for counter, cells in counters:
             yield counter.family(cells)

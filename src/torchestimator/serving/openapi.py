@@ -29,7 +29,7 @@ OPENAPI_VERSION = "3.0.3"
 # Every error status the server may answer with, and why (errors.py maps TF's codes to these).
 ERROR_STATUSES = {
     "400": "Invalid argument: a malformed HTTP request, JSON or path, a body that does not decode as its "
-           "Content-Encoding (gzip, deflate) says, or inputs that do not fit the signature.",
+    "Content-Encoding (gzip, deflate) says, or inputs that do not fit the signature.",
     "404": "Model, version or label not found.",
     "405": "Wrong HTTP method for this path.",
     "413": "Request body larger than the server's limit (after inflating a gzip or deflate body).",
@@ -68,42 +68,52 @@ def openapi_document(model_names: Sequence[str] | None = None) -> dict[str, Any]
     """
     names = _check_names(model_names)
     paths: dict[str, Any] = {
-        "/v1/models": {"get": {
-            "operationId": "missing_model_name",
-            "summary": "Without a model name TF Serving answers 400 'Missing model name in request.'",
-            "responses": _responses(None, ("400", "405")),
-        }},
+        "/v1/models": {
+            "get": {
+                "operationId": "missing_model_name",
+                "summary": "Without a model name TF Serving answers 400 'Missing model name in request.'",
+                "responses": _responses(None, ("400", "405")),
+            }
+        },
     }
     for suffix, (operation_suffix, parameter) in _SELECTORS.items():
         parameters = _path_parameters(names, parameter)
-        paths[f"/v1/models/{{model_name}}{suffix}"] = {"get": {
-            "operationId": f"model_status{operation_suffix}",
-            "summary": "Status of every version of the model (or of one version or label).",
-            "parameters": parameters,
-            "responses": _responses("ModelStatusResponse", _GET_ERRORS),
-        }}
-        paths[f"/v1/models/{{model_name}}{suffix}/metadata"] = {"get": {
-            "operationId": f"model_metadata{operation_suffix}",
-            "summary": "Signature definitions of the latest version (or of one version or label).",
-            "parameters": parameters,
-            "responses": _responses("ModelMetadataResponse", _GET_ERRORS),
-        }}
-        for verb, (request, response, summary) in _VERBS.items():
-            paths[f"/v1/models/{{model_name}}{suffix}:{verb}"] = {"post": {
-                "operationId": f"{verb}{operation_suffix}",
-                "summary": summary,
+        paths[f"/v1/models/{{model_name}}{suffix}"] = {
+            "get": {
+                "operationId": f"model_status{operation_suffix}",
+                "summary": "Status of every version of the model (or of one version or label).",
                 "parameters": parameters,
-                "requestBody": {"required": True, "content": {
-                    "application/json": {"schema": {"$ref": f"#/components/schemas/{request}"}}}},
-                "responses": _responses(response, _POST_ERRORS),
-            }}
+                "responses": _responses("ModelStatusResponse", _GET_ERRORS),
+            }
+        }
+        paths[f"/v1/models/{{model_name}}{suffix}/metadata"] = {
+            "get": {
+                "operationId": f"model_metadata{operation_suffix}",
+                "summary": "Signature definitions of the latest version (or of one version or label).",
+                "parameters": parameters,
+                "responses": _responses("ModelMetadataResponse", _GET_ERRORS),
+            }
+        }
+        for verb, (request, response, summary) in _VERBS.items():
+            paths[f"/v1/models/{{model_name}}{suffix}:{verb}"] = {
+                "post": {
+                    "operationId": f"{verb}{operation_suffix}",
+                    "summary": summary,
+                    "parameters": parameters,
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{request}"}}},
+                    },
+                    "responses": _responses(response, _POST_ERRORS),
+                }
+            }
     return {
         "openapi": OPENAPI_VERSION,
         "info": {
             "title": "torchestimator model server (TensorFlow Serving REST API)",
             "version": "1",
             "description": "TF Serving's REST API (tensorflow_serving/g3doc/api_rest.md) for torchestimator exports. "
-                           "Bodies may also hold the NaN, Infinity and -Infinity tokens.",
+            "Bodies may also hold the NaN, Infinity and -Infinity tokens.",
         },
         "paths": paths,
         "components": {"schemas": copy.deepcopy(_SCHEMAS)},
@@ -126,26 +136,50 @@ def _path_parameters(names: list[str], selector: str | None) -> list[dict[str, A
     # An enum, not anyOf(enum, any segment): generators simplify the latter to "any segment" and then never
     # produce a served name.
     model_name = {"type": "string", "enum": names} if names else any_segment
-    parameters = [{"name": "model_name", "in": "path", "required": True, "schema": model_name,
-                   "description": "The served model name (TF's --model_name or the model config's name)."}]
+    parameters = [
+        {
+            "name": "model_name",
+            "in": "path",
+            "required": True,
+            "schema": model_name,
+            "description": "The served model name (TF's --model_name or the model config's name).",
+        }
+    ]
     if selector == "version":
-        parameters.append({"name": "version", "in": "path", "required": True,
-                           "schema": {"type": "integer", "format": "int64", "minimum": 0},
-                           "description": "An integer version folder under the model's base path."})
+        parameters.append(
+            {
+                "name": "version",
+                "in": "path",
+                "required": True,
+                "schema": {"type": "integer", "format": "int64", "minimum": 0},
+                "description": "An integer version folder under the model's base path.",
+            }
+        )
     elif selector == "label":
-        parameters.append({"name": "label", "in": "path", "required": True, "schema": any_segment,
-                           "description": "A version label from the model config (e.g. stable, canary)."})
+        parameters.append(
+            {
+                "name": "label",
+                "in": "path",
+                "required": True,
+                "schema": any_segment,
+                "description": "A version label from the model config (e.g. stable, canary).",
+            }
+        )
     return parameters
 
 
 def _responses(success: str | None, errors: Sequence[str]) -> dict[str, Any]:
     responses: dict[str, Any] = {}
     if success is not None:
-        responses["200"] = {"description": "Success.", "content": {
-            "application/json": {"schema": {"$ref": f"#/components/schemas/{success}"}}}}
+        responses["200"] = {
+            "description": "Success.",
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{success}"}}},
+        }
     for status in errors:
-        responses[status] = {"description": ERROR_STATUSES[status], "content": {
-            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+        responses[status] = {
+            "description": ERROR_STATUSES[status],
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        }
     return responses
 
 
@@ -160,9 +194,14 @@ _TENSOR_INFO = {
             "type": "object",
             "required": ["dim", "unknown_rank"],
             "properties": {
-                "dim": {"type": "array", "items": {
-                    "type": "object", "required": ["size", "name"],
-                    "properties": {"size": {"type": "string", "pattern": "^-?[0-9]+$"}, "name": {"type": "string"}}}},
+                "dim": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["size", "name"],
+                        "properties": {"size": {"type": "string", "pattern": "^-?[0-9]+$"}, "name": {"type": "string"}},
+                    },
+                },
                 "unknown_rank": {"type": "boolean"},
             },
         },
@@ -173,7 +212,7 @@ _TENSOR_INFO = {
 _SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object",
-        "description": "Every error answer: {\"error\": <message>}.",
+        "description": 'Every error answer: {"error": <message>}.',
         "required": ["error"],
         "properties": {"error": {"type": "string"}},
         "additionalProperties": False,
@@ -182,37 +221,67 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object",
         "description": "GetModelStatusResponse in JSON, default-valued fields included.",
         "required": ["model_version_status"],
-        "properties": {"model_version_status": {"type": "array", "items": {
-            "type": "object",
-            "required": ["version", "state", "status"],
-            "properties": {
-                "version": {"type": "string", "pattern": "^[0-9]+$", "description": "int64 as a JSON string"},
-                "state": {"type": "string", "enum": ["UNKNOWN", "START", "LOADING", "AVAILABLE", "UNLOADING", "END"]},
-                "status": {"type": "object", "required": ["error_code", "error_message"], "properties": {
-                    "error_code": {"type": "string"}, "error_message": {"type": "string"}}},
-            },
-        }}},
+        "properties": {
+            "model_version_status": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["version", "state", "status"],
+                    "properties": {
+                        "version": {"type": "string", "pattern": "^[0-9]+$", "description": "int64 as a JSON string"},
+                        "state": {
+                            "type": "string",
+                            "enum": ["UNKNOWN", "START", "LOADING", "AVAILABLE", "UNLOADING", "END"],
+                        },
+                        "status": {
+                            "type": "object",
+                            "required": ["error_code", "error_message"],
+                            "properties": {"error_code": {"type": "string"}, "error_message": {"type": "string"}},
+                        },
+                    },
+                },
+            }
+        },
     },
     "ModelMetadataResponse": {
         "type": "object",
         "description": "GetModelMetadataResponse with the signature_def metadata field only.",
         "required": ["model_spec", "metadata"],
         "properties": {
-            "model_spec": {"type": "object", "required": ["name", "signature_name", "version"], "properties": {
-                "name": {"type": "string"}, "signature_name": {"type": "string"},
-                "version": {"type": "string", "pattern": "^[0-9]+$"}}},
-            "metadata": {"type": "object", "required": ["signature_def"], "properties": {
-                "signature_def": {"type": "object", "required": ["signature_def"], "properties": {
-                    "signature_def": {"type": "object", "additionalProperties": {
+            "model_spec": {
+                "type": "object",
+                "required": ["name", "signature_name", "version"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "signature_name": {"type": "string"},
+                    "version": {"type": "string", "pattern": "^[0-9]+$"},
+                },
+            },
+            "metadata": {
+                "type": "object",
+                "required": ["signature_def"],
+                "properties": {
+                    "signature_def": {
                         "type": "object",
-                        "required": ["inputs", "outputs", "method_name"],
+                        "required": ["signature_def"],
                         "properties": {
-                            "inputs": {"type": "object", "additionalProperties": _TENSOR_INFO},
-                            "outputs": {"type": "object", "additionalProperties": _TENSOR_INFO},
-                            "method_name": {"type": "string"},
-                            "defaults": {"type": "object"},
+                            "signature_def": {
+                                "type": "object",
+                                "additionalProperties": {
+                                    "type": "object",
+                                    "required": ["inputs", "outputs", "method_name"],
+                                    "properties": {
+                                        "inputs": {"type": "object", "additionalProperties": _TENSOR_INFO},
+                                        "outputs": {"type": "object", "additionalProperties": _TENSOR_INFO},
+                                        "method_name": {"type": "string"},
+                                        "defaults": {"type": "object"},
+                                    },
+                                },
+                            }
                         },
-                    }}}}}},
+                    }
+                },
+            },
         },
     },
     "PredictRequest": {
@@ -246,9 +315,16 @@ _SCHEMAS: dict[str, Any] = {
     "ClassifyResponse": {
         "type": "object",
         "required": ["results"],
-        "properties": {"results": {"type": "array", "items": {
-            "type": "array", "description": "[label, score] pairs; the label may be \"\".",
-            "items": {"type": "array", "minItems": 2, "maxItems": 2}}}},
+        "properties": {
+            "results": {
+                "type": "array",
+                "items": {
+                    "type": "array",
+                    "description": '[label, score] pairs; the label may be "".',
+                    "items": {"type": "array", "minItems": 2, "maxItems": 2},
+                },
+            }
+        },
     },
     "RegressResponse": {
         "type": "object",

@@ -22,9 +22,8 @@ import asyncio
 import http
 import json
 import logging
-from typing import Any
-
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from torchestimator._extras import import_extra
 
@@ -48,9 +47,13 @@ class ServingRunner(web.AppRunner):
 
     async def _make_server(self) -> web.Server:
         plain = await super()._make_server()  # the app's own server: its handler, request factory and options
-        return _JsonErrorServer(_json_http_errors(plain.request_handler), request_factory=plain.request_factory,
-                                handler_cancellation=plain.handler_cancellation,
-                                loop=asyncio.get_running_loop(), **plain._kwargs)
+        return _JsonErrorServer(
+            _json_http_errors(plain.request_handler),
+            request_factory=plain.request_factory,
+            handler_cancellation=plain.handler_cancellation,
+            loop=asyncio.get_running_loop(),
+            **plain._kwargs,
+        )
 
 
 def _json_http_errors(handle: Callable[[Any], Awaitable[web.StreamResponse]]) -> Callable[..., Any]:
@@ -87,8 +90,9 @@ class _JsonErrorServer(web.Server):
 class _JsonErrorRequestHandler(RequestHandler):
     """aiohttp's connection handler with JSON error answers and one log line per client error."""
 
-    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
+    def handle_error(
+        self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
         # Called for parser errors (400, before any handler ran), a handler's TimeoutError (504) and an
         # exception escaping the app (500; app.py catches its own, so this is a bug of ours or of aiohttp).
         detail = _detail(exc, message, status)
@@ -101,8 +105,10 @@ class _JsonErrorRequestHandler(RequestHandler):
         if status >= 500:
             text = "Internal server error; see the server log."
         else:
-            text = (f"Malformed HTTP request: {detail}. Expected an HTTP/1.x request such as POST "
-                    "/v1/models/<name>:predict with a JSON body; the connection is closed.")
+            text = (
+                f"Malformed HTTP request: {detail}. Expected an HTTP/1.x request such as POST "
+                "/v1/models/<name>:predict with a JSON body; the connection is closed."
+            )
         response = _json_answer(status, text)
         response.force_close()  # the parser lost the message's framing: nothing after it can be read
         return response
@@ -111,4 +117,4 @@ class _JsonErrorRequestHandler(RequestHandler):
 def _detail(exc: BaseException | None, message: str | None, status: int) -> str:
     text = getattr(exc, "message", None) or message or (str(exc) if exc is not None else "")
     text = " ".join(str(text).split()).rstrip(" ^.") or http.HTTPStatus(status).phrase  # ^: aiohttp's column marker
-    return text if len(text) <= _MAX_DETAIL_CHARS else text[:_MAX_DETAIL_CHARS - 3] + "..."
+    return text if len(text) <= _MAX_DETAIL_CHARS else text[: _MAX_DETAIL_CHARS - 3] + "..."

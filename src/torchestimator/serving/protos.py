@@ -66,19 +66,55 @@ ANY_TYPE_URL_PREFIX = "type.googleapis.com/"
 
 # tensorflow/core/framework/types.proto: DataType (the _REF types, +100, never cross a serving API).
 DATA_TYPES = {
-    "DT_INVALID": 0, "DT_FLOAT": 1, "DT_DOUBLE": 2, "DT_INT32": 3, "DT_UINT8": 4, "DT_INT16": 5, "DT_INT8": 6,
-    "DT_STRING": 7, "DT_COMPLEX64": 8, "DT_INT64": 9, "DT_BOOL": 10, "DT_QINT8": 11, "DT_QUINT8": 12,
-    "DT_QINT32": 13, "DT_BFLOAT16": 14, "DT_QINT16": 15, "DT_QUINT16": 16, "DT_UINT16": 17, "DT_COMPLEX128": 18,
-    "DT_HALF": 19, "DT_RESOURCE": 20, "DT_VARIANT": 21, "DT_UINT32": 22, "DT_UINT64": 23,
-    "DT_FLOAT8_E5M2": 24, "DT_FLOAT8_E4M3FN": 25, "DT_INT4": 29, "DT_UINT4": 30,
+    "DT_INVALID": 0,
+    "DT_FLOAT": 1,
+    "DT_DOUBLE": 2,
+    "DT_INT32": 3,
+    "DT_UINT8": 4,
+    "DT_INT16": 5,
+    "DT_INT8": 6,
+    "DT_STRING": 7,
+    "DT_COMPLEX64": 8,
+    "DT_INT64": 9,
+    "DT_BOOL": 10,
+    "DT_QINT8": 11,
+    "DT_QUINT8": 12,
+    "DT_QINT32": 13,
+    "DT_BFLOAT16": 14,
+    "DT_QINT16": 15,
+    "DT_QUINT16": 16,
+    "DT_UINT16": 17,
+    "DT_COMPLEX128": 18,
+    "DT_HALF": 19,
+    "DT_RESOURCE": 20,
+    "DT_VARIANT": 21,
+    "DT_UINT32": 22,
+    "DT_UINT64": 23,
+    "DT_FLOAT8_E5M2": 24,
+    "DT_FLOAT8_E4M3FN": 25,
+    "DT_INT4": 29,
+    "DT_UINT4": 30,
 }
 
 # tensorflow/core/protobuf/error_codes.proto (xla/tsl/protobuf/error_codes.proto since TF 2.13): tensorflow.error.Code.
 # The numbers are gRPC's status codes too.
 ERROR_CODES = {
-    "OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4, "NOT_FOUND": 5,
-    "ALREADY_EXISTS": 6, "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8, "FAILED_PRECONDITION": 9, "ABORTED": 10,
-    "OUT_OF_RANGE": 11, "UNIMPLEMENTED": 12, "INTERNAL": 13, "UNAVAILABLE": 14, "DATA_LOSS": 15,
+    "OK": 0,
+    "CANCELLED": 1,
+    "UNKNOWN": 2,
+    "INVALID_ARGUMENT": 3,
+    "DEADLINE_EXCEEDED": 4,
+    "NOT_FOUND": 5,
+    "ALREADY_EXISTS": 6,
+    "PERMISSION_DENIED": 7,
+    "RESOURCE_EXHAUSTED": 8,
+    "FAILED_PRECONDITION": 9,
+    "ABORTED": 10,
+    "OUT_OF_RANGE": 11,
+    "UNIMPLEMENTED": 12,
+    "INTERNAL": 13,
+    "UNAVAILABLE": 14,
+    "DATA_LOSS": 15,
     "UNAUTHENTICATED": 16,
 }
 
@@ -86,18 +122,37 @@ ERROR_CODES = {
 VERSION_STATES = {"UNKNOWN": 0, "START": 10, "LOADING": 20, "AVAILABLE": 30, "UNLOADING": 40, "END": 50}
 
 _MESSAGES = [
-    "tensorflow.TensorShapeProto", "tensorflow.TensorProto", "tensorflow.TensorInfo", "tensorflow.SignatureDef",
-    "tensorflow.serving.ModelSpec", "tensorflow.serving.PredictRequest", "tensorflow.serving.PredictResponse",
-    "tensorflow.serving.ExampleList", "tensorflow.serving.ExampleListWithContext", "tensorflow.serving.Input",
-    "tensorflow.serving.Class", "tensorflow.serving.Classifications", "tensorflow.serving.ClassificationResult",
-    "tensorflow.serving.ClassificationRequest", "tensorflow.serving.ClassificationResponse",
-    "tensorflow.serving.Regression", "tensorflow.serving.RegressionResult", "tensorflow.serving.RegressionRequest",
-    "tensorflow.serving.RegressionResponse", "tensorflow.serving.SignatureDefMap",
-    "tensorflow.serving.GetModelMetadataRequest", "tensorflow.serving.GetModelMetadataResponse",
-    "tensorflow.serving.StatusProto", "tensorflow.serving.GetModelStatusRequest",
-    "tensorflow.serving.ModelVersionStatus", "tensorflow.serving.GetModelStatusResponse",
-    "tensorflow.serving.ClassifyLog", "tensorflow.serving.RegressLog", "tensorflow.serving.PredictLog",
-    "tensorflow.serving.PredictionLog", "torchestimator.serving.RequestHead",
+    "tensorflow.TensorShapeProto",
+    "tensorflow.TensorProto",
+    "tensorflow.TensorInfo",
+    "tensorflow.SignatureDef",
+    "tensorflow.serving.ModelSpec",
+    "tensorflow.serving.PredictRequest",
+    "tensorflow.serving.PredictResponse",
+    "tensorflow.serving.ExampleList",
+    "tensorflow.serving.ExampleListWithContext",
+    "tensorflow.serving.Input",
+    "tensorflow.serving.Class",
+    "tensorflow.serving.Classifications",
+    "tensorflow.serving.ClassificationResult",
+    "tensorflow.serving.ClassificationRequest",
+    "tensorflow.serving.ClassificationResponse",
+    "tensorflow.serving.Regression",
+    "tensorflow.serving.RegressionResult",
+    "tensorflow.serving.RegressionRequest",
+    "tensorflow.serving.RegressionResponse",
+    "tensorflow.serving.SignatureDefMap",
+    "tensorflow.serving.GetModelMetadataRequest",
+    "tensorflow.serving.GetModelMetadataResponse",
+    "tensorflow.serving.StatusProto",
+    "tensorflow.serving.GetModelStatusRequest",
+    "tensorflow.serving.ModelVersionStatus",
+    "tensorflow.serving.GetModelStatusResponse",
+    "tensorflow.serving.ClassifyLog",
+    "tensorflow.serving.RegressLog",
+    "tensorflow.serving.PredictLog",
+    "tensorflow.serving.PredictionLog",
+    "torchestimator.serving.RequestHead",
 ]
 
 
@@ -117,9 +172,23 @@ _SERVING = ".tensorflow.serving."
 
 def _file_descriptors() -> list[Any]:
     """One FileDescriptorProto per .proto file, dependencies first."""
-    return [_types_file(), _shape_file(), _tensor_file(), _meta_graph_file(), _error_codes_file(), _status_file(),
-            _model_file(), _predict_file(), _input_file(), _classification_file(), _regression_file(),
-            _metadata_file(), _model_status_file(), _prediction_log_file(), _head_file()]
+    return [
+        _types_file(),
+        _shape_file(),
+        _tensor_file(),
+        _meta_graph_file(),
+        _error_codes_file(),
+        _status_file(),
+        _model_file(),
+        _predict_file(),
+        _input_file(),
+        _classification_file(),
+        _regression_file(),
+        _metadata_file(),
+        _model_status_file(),
+        _prediction_log_file(),
+        _head_file(),
+    ]
 
 
 def _enum(file: Any, name: str, values: dict[str, int]) -> None:
@@ -141,27 +210,44 @@ def _shape_file() -> Any:
 
 
 def _tensor_file() -> Any:
-    file = _protobuf.new_file("tensorflow/core/framework/tensor.proto", "tensorflow",
-                              "tensorflow/core/framework/tensor_shape.proto", "tensorflow/core/framework/types.proto")
+    file = _protobuf.new_file(
+        "tensorflow/core/framework/tensor.proto",
+        "tensorflow",
+        "tensorflow/core/framework/tensor_shape.proto",
+        "tensorflow/core/framework/types.proto",
+    )
     tensor = file.message_type.add(name="TensorProto")
     _add(tensor, "dtype", 1, "enum", _TF + "DataType")
     _add(tensor, "tensor_shape", 2, "message", _TF + "TensorShapeProto")
     _add(tensor, "version_number", 3, "int32")
     _add(tensor, "tensor_content", 4, "bytes")
     # proto3: repeated scalars are packed unless marked otherwise (TF marks them [packed = true] anyway).
-    for name, number, kind in (("half_val", 13, "int32"), ("float_val", 5, "float"), ("double_val", 6, "double"),
-                               ("int_val", 7, "int32"), ("string_val", 8, "bytes"), ("scomplex_val", 9, "float"),
-                               ("int64_val", 10, "int64"), ("bool_val", 11, "bool"), ("dcomplex_val", 12, "double"),
-                               ("uint32_val", 16, "uint32"), ("uint64_val", 17, "uint64")):
+    for name, number, kind in (
+        ("half_val", 13, "int32"),
+        ("float_val", 5, "float"),
+        ("double_val", 6, "double"),
+        ("int_val", 7, "int32"),
+        ("string_val", 8, "bytes"),
+        ("scomplex_val", 9, "float"),
+        ("int64_val", 10, "int64"),
+        ("bool_val", 11, "bool"),
+        ("dcomplex_val", 12, "double"),
+        ("uint32_val", 16, "uint32"),
+        ("uint64_val", 17, "uint64"),
+    ):
         _add(tensor, name, number, kind, repeated=True)
     return file
 
 
 def _meta_graph_file() -> Any:
     """core/protobuf/meta_graph.proto: TensorInfo (by name only) and SignatureDef."""
-    file = _protobuf.new_file("tensorflow/core/protobuf/meta_graph.proto", "tensorflow",
-                              "tensorflow/core/framework/tensor.proto", "tensorflow/core/framework/tensor_shape.proto",
-                              "tensorflow/core/framework/types.proto")
+    file = _protobuf.new_file(
+        "tensorflow/core/protobuf/meta_graph.proto",
+        "tensorflow",
+        "tensorflow/core/framework/tensor.proto",
+        "tensorflow/core/framework/tensor_shape.proto",
+        "tensorflow/core/framework/types.proto",
+    )
     info = file.message_type.add(name="TensorInfo")
     info.oneof_decl.add(name="encoding")
     _add(info, "name", 1, "string", oneof=0)
@@ -177,15 +263,15 @@ def _meta_graph_file() -> Any:
 
 def _error_codes_file() -> Any:
     file = _protobuf.new_file("tensorflow/core/protobuf/error_codes.proto", "tensorflow.error")
-    _enum(file, "Code", {**ERROR_CODES,
-                         "DO_NOT_USE_RESERVED_FOR_FUTURE_EXPANSION_USE_DEFAULT_IN_SWITCH_INSTEAD_": 20})
+    _enum(file, "Code", {**ERROR_CODES, "DO_NOT_USE_RESERVED_FOR_FUTURE_EXPANSION_USE_DEFAULT_IN_SWITCH_INSTEAD_": 20})
     return file
 
 
 def _status_file() -> Any:
     """tensorflow_serving/util/status.proto."""
-    file = _protobuf.new_file("tensorflow_serving/util/status.proto", "tensorflow.serving",
-                              "tensorflow/core/protobuf/error_codes.proto")
+    file = _protobuf.new_file(
+        "tensorflow_serving/util/status.proto", "tensorflow.serving", "tensorflow/core/protobuf/error_codes.proto"
+    )
     status = file.message_type.add(name="StatusProto")
     _add(status, "error_code", 1, "enum", ".tensorflow.error.Code")
     _add(status, "error_message", 2, "string")
@@ -208,16 +294,20 @@ def _model_file() -> Any:
 
 
 def _predict_file() -> Any:
-    file = _serving_file("predict.proto", "tensorflow/core/framework/tensor.proto", "tensorflow_serving/apis/model.proto")
+    file = _serving_file(
+        "predict.proto", "tensorflow/core/framework/tensor.proto", "tensorflow_serving/apis/model.proto"
+    )
     request = file.message_type.add(name="PredictRequest")
     _add(request, "model_spec", 1, "message", _SERVING + "ModelSpec")
-    _protobuf.add_map(request, "tensorflow.serving.PredictRequest", "inputs", 2, "string", "message",
-                      _TF + "TensorProto")
+    _protobuf.add_map(
+        request, "tensorflow.serving.PredictRequest", "inputs", 2, "string", "message", _TF + "TensorProto"
+    )
     _add(request, "output_filter", 3, "string", repeated=True)
     response = file.message_type.add(name="PredictResponse")
     _add(response, "model_spec", 2, "message", _SERVING + "ModelSpec")
-    _protobuf.add_map(response, "tensorflow.serving.PredictResponse", "outputs", 1, "string", "message",
-                      _TF + "TensorProto")
+    _protobuf.add_map(
+        response, "tensorflow.serving.PredictResponse", "outputs", 1, "string", "message", _TF + "TensorProto"
+    )
     return file
 
 
@@ -245,46 +335,79 @@ def _request_and_response(file: Any, kind: str, result: str) -> None:
 
 
 def _classification_file() -> Any:
-    file = _serving_file("classification.proto", "tensorflow_serving/apis/input.proto",
-                         "tensorflow_serving/apis/model.proto")
+    file = _serving_file(
+        "classification.proto", "tensorflow_serving/apis/input.proto", "tensorflow_serving/apis/model.proto"
+    )
     one = file.message_type.add(name="Class")
     _add(one, "label", 1, "string")
     _add(one, "score", 2, "float")
     _add(file.message_type.add(name="Classifications"), "classes", 1, "message", _SERVING + "Class", repeated=True)
-    _add(file.message_type.add(name="ClassificationResult"), "classifications", 1, "message",
-         _SERVING + "Classifications", repeated=True)
+    _add(
+        file.message_type.add(name="ClassificationResult"),
+        "classifications",
+        1,
+        "message",
+        _SERVING + "Classifications",
+        repeated=True,
+    )
     _request_and_response(file, "Classification", "ClassificationResult")
     return file
 
 
 def _regression_file() -> Any:
-    file = _serving_file("regression.proto", "tensorflow_serving/apis/input.proto",
-                         "tensorflow_serving/apis/model.proto")
+    file = _serving_file(
+        "regression.proto", "tensorflow_serving/apis/input.proto", "tensorflow_serving/apis/model.proto"
+    )
     _add(file.message_type.add(name="Regression"), "value", 1, "float")
-    _add(file.message_type.add(name="RegressionResult"), "regressions", 1, "message", _SERVING + "Regression",
-         repeated=True)
+    _add(
+        file.message_type.add(name="RegressionResult"),
+        "regressions",
+        1,
+        "message",
+        _SERVING + "Regression",
+        repeated=True,
+    )
     _request_and_response(file, "Regression", "RegressionResult")
     return file
 
 
 def _metadata_file() -> Any:
-    file = _serving_file("get_model_metadata.proto", "google/protobuf/any.proto",
-                         "tensorflow/core/protobuf/meta_graph.proto", "tensorflow_serving/apis/model.proto")
-    _protobuf.add_map(file.message_type.add(name="SignatureDefMap"), "tensorflow.serving.SignatureDefMap",
-                      "signature_def", 1, "string", "message", _TF + "SignatureDef")
+    file = _serving_file(
+        "get_model_metadata.proto",
+        "google/protobuf/any.proto",
+        "tensorflow/core/protobuf/meta_graph.proto",
+        "tensorflow_serving/apis/model.proto",
+    )
+    _protobuf.add_map(
+        file.message_type.add(name="SignatureDefMap"),
+        "tensorflow.serving.SignatureDefMap",
+        "signature_def",
+        1,
+        "string",
+        "message",
+        _TF + "SignatureDef",
+    )
     request = file.message_type.add(name="GetModelMetadataRequest")
     _add(request, "model_spec", 1, "message", _SERVING + "ModelSpec")
     _add(request, "metadata_field", 2, "string", repeated=True)
     response = file.message_type.add(name="GetModelMetadataResponse")
     _add(response, "model_spec", 1, "message", _SERVING + "ModelSpec")
-    _protobuf.add_map(response, "tensorflow.serving.GetModelMetadataResponse", "metadata", 2, "string", "message",
-                      ".google.protobuf.Any")
+    _protobuf.add_map(
+        response,
+        "tensorflow.serving.GetModelMetadataResponse",
+        "metadata",
+        2,
+        "string",
+        "message",
+        ".google.protobuf.Any",
+    )
     return file
 
 
 def _model_status_file() -> Any:
-    file = _serving_file("get_model_status.proto", "tensorflow_serving/apis/model.proto",
-                         "tensorflow_serving/util/status.proto")
+    file = _serving_file(
+        "get_model_status.proto", "tensorflow_serving/apis/model.proto", "tensorflow_serving/util/status.proto"
+    )
     _add(file.message_type.add(name="GetModelStatusRequest"), "model_spec", 1, "message", _SERVING + "ModelSpec")
     status = file.message_type.add(name="ModelVersionStatus")
     state = status.enum_type.add(name="State")
@@ -293,14 +416,24 @@ def _model_status_file() -> Any:
     _add(status, "version", 1, "int64")
     _add(status, "state", 2, "enum", _SERVING + "ModelVersionStatus.State")
     _add(status, "status", 3, "message", _SERVING + "StatusProto")
-    _add(file.message_type.add(name="GetModelStatusResponse"), "model_version_status", 1, "message",
-         _SERVING + "ModelVersionStatus", repeated=True)
+    _add(
+        file.message_type.add(name="GetModelStatusResponse"),
+        "model_version_status",
+        1,
+        "message",
+        _SERVING + "ModelVersionStatus",
+        repeated=True,
+    )
     return file
 
 
 def _prediction_log_file() -> Any:
-    file = _serving_file("prediction_log.proto", "tensorflow_serving/apis/classification.proto",
-                         "tensorflow_serving/apis/predict.proto", "tensorflow_serving/apis/regression.proto")
+    file = _serving_file(
+        "prediction_log.proto",
+        "tensorflow_serving/apis/classification.proto",
+        "tensorflow_serving/apis/predict.proto",
+        "tensorflow_serving/apis/regression.proto",
+    )
     for log, kind in (("ClassifyLog", "Classification"), ("RegressLog", "Regression"), ("PredictLog", "Predict")):
         message = file.message_type.add(name=log)
         _add(message, "request", 1, "message", _SERVING + f"{kind}Request")
@@ -316,7 +449,8 @@ def _prediction_log_file() -> Any:
 def _head_file() -> Any:
     """Ours, not TF's: field 1 of every request (model_spec) alone. Parsing a request as this reads which model
     it names while skipping the rest unparsed, so a big request is parsed in full only where it will run."""
-    file = _protobuf.new_file("torchestimator/serving/request_head.proto", "torchestimator.serving",
-                              "tensorflow_serving/apis/model.proto")
+    file = _protobuf.new_file(
+        "torchestimator/serving/request_head.proto", "torchestimator.serving", "tensorflow_serving/apis/model.proto"
+    )
     _add(file.message_type.add(name="RequestHead"), "model_spec", 1, "message", _SERVING + "ModelSpec")
     return file

@@ -40,7 +40,15 @@ from torchestimator.serving.errors import ServingError, invalid_argument, not_fo
 from torchestimator.serving.manager import ModelManager, VersionStatus
 from torchestimator.serving.metrics import ServingMetrics
 
-__all__ = ["INLINE_BODY_BYTES", "Parsed", "RequestCore", "as_serving_error", "default_num_threads", "managers_by_name", "parse_version"]
+__all__ = [
+    "INLINE_BODY_BYTES",
+    "Parsed",
+    "RequestCore",
+    "as_serving_error",
+    "default_num_threads",
+    "managers_by_name",
+    "parse_version",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -66,18 +74,31 @@ class Parsed:
 class RequestCore:
     """The models, threads, batch scheduler and metrics one server's transports share."""
 
-    def __init__(self, managers: dict[str, ModelManager], *, num_threads: int | None = None,
-                 batching: BatchingParameters | None = None, timeout_seconds: float | None = 30.0,
-                 inline_forward_micros: int = 1000, metrics: ServingMetrics | None = None) -> None:
-        if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
-                                        or num_threads <= 0):
+    def __init__(
+        self,
+        managers: dict[str, ModelManager],
+        *,
+        num_threads: int | None = None,
+        batching: BatchingParameters | None = None,
+        timeout_seconds: float | None = 30.0,
+        inline_forward_micros: int = 1000,
+        metrics: ServingMetrics | None = None,
+    ) -> None:
+        if num_threads is not None and (
+            isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads <= 0
+        ):
             raise ValueError(f"num_threads must be a positive int or None (default); received {num_threads!r}.")
         if timeout_seconds is not None and not timeout_seconds > 0:
             raise ValueError(f"timeout_seconds must be positive or None (no limit); received {timeout_seconds!r}.")
-        if isinstance(inline_forward_micros, bool) or not isinstance(inline_forward_micros, int) \
-                or inline_forward_micros < 0:
-            raise ValueError(f"inline_forward_micros must be an int >= 0 (0: never run a forward on the event loop); "
-                             f"received {inline_forward_micros!r}.")
+        if (
+            isinstance(inline_forward_micros, bool)
+            or not isinstance(inline_forward_micros, int)
+            or inline_forward_micros < 0
+        ):
+            raise ValueError(
+                f"inline_forward_micros must be an int >= 0 (0: never run a forward on the event loop); "
+                f"received {inline_forward_micros!r}."
+            )
         if batching is not None and not isinstance(batching, BatchingParameters):
             raise TypeError(f"batching must be BatchingParameters or None; received {type(batching).__name__}.")
         self.managers = managers
@@ -86,9 +107,13 @@ class RequestCore:
         self.inline_forward_seconds = inline_forward_micros * 1e-6
         """Requests whose estimated forward is at most this run on the event loop (0: never); see _fast_model."""
         self.executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=num_threads or default_num_threads(), thread_name_prefix="torchestimator-serving")
-        self.scheduler = None if batching is None else BatchScheduler(
-            batching, on_batch=lambda real, padded: self.metrics.observe_batch(None, real, padded))
+            max_workers=num_threads or default_num_threads(), thread_name_prefix="torchestimator-serving"
+        )
+        self.scheduler = (
+            None
+            if batching is None
+            else BatchScheduler(batching, on_batch=lambda real, padded: self.metrics.observe_batch(None, real, padded))
+        )
         # Per model, its inline forwards found slow (_run_inline); at _DEMOTION_SLOW_CALLS, worker threads only.
         self.slow_inline_calls: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._completions: LoopCompletions | None = None  # batch results to the serving event loop
@@ -99,8 +124,13 @@ class RequestCore:
         """The loaded model a request names (latest when no version or label is given), else NOT_FOUND."""
         manager = self.managers.get(name)
         if manager is None:
-            spec = f"Latest({name})" if version is None and label is None else \
-                f"Specific({name}, {version})" if label is None else f"Label({name}, {label})"
+            spec = (
+                f"Latest({name})"
+                if version is None and label is None
+                else f"Specific({name}, {version})"
+                if label is None
+                else f"Label({name}, {label})"
+            )
             raise not_found(f"Servable not found for request: {spec} (served models: {sorted(self.managers)})")
         served_version, model = manager.resolve(version, label)
         return model, served_version
@@ -116,8 +146,16 @@ class RequestCore:
 
     # -- where it runs ----------------------------------------------------------------------------
 
-    async def run(self, model: ExportedModel, name: str, version: int, *, small: bool,
-                  parse: Callable[[], Parsed], timeout_hint: str) -> Any:
+    async def run(
+        self,
+        model: ExportedModel,
+        name: str,
+        version: int,
+        *,
+        small: bool,
+        parse: Callable[[], Parsed],
+        timeout_hint: str,
+    ) -> Any:
         """Parses (``parse``), runs and encodes one request; returns the encoded answer.
 
         ``small``: the request is cheap enough to parse on the event loop.
@@ -139,8 +177,9 @@ class RequestCore:
         try:
             payload, examples = await asyncio.wait_for(work, self.timeout_seconds)
         except asyncio.TimeoutError:
-            raise ServingError("DEADLINE_EXCEEDED", f"The request did not finish within {self.timeout_seconds} s "
-                                                    f"({timeout_hint}).") from None
+            raise ServingError(
+                "DEADLINE_EXCEEDED", f"The request did not finish within {self.timeout_seconds} s ({timeout_hint})."
+            ) from None
         if examples is not None:
             self.metrics.observe_examples(name, examples)
         return payload
@@ -177,14 +216,21 @@ class RequestCore:
             else:
                 slow_calls = self.slow_inline_calls[model] = self.slow_inline_calls.get(model, 0) + 1
                 if slow_calls == _DEMOTION_SLOW_CALLS:
-                    logger.warning("%s version %d: %d requests in a row on the event loop took over %.0f ms of CPU "
-                                   "(the last %.1f ms; the limit is %.1f ms); its requests run in worker threads "
-                                   "from now on.", name, version, slow_calls,
-                                   _DEMOTION_FACTOR * self.inline_forward_seconds * 1e3, took * 1e3,
-                                   self.inline_forward_seconds * 1e3)
+                    logger.warning(
+                        "%s version %d: %d requests in a row on the event loop took over %.0f ms of CPU "
+                        "(the last %.1f ms; the limit is %.1f ms); its requests run in worker threads "
+                        "from now on.",
+                        name,
+                        version,
+                        slow_calls,
+                        _DEMOTION_FACTOR * self.inline_forward_seconds * 1e3,
+                        took * 1e3,
+                        self.inline_forward_seconds * 1e3,
+                    )
 
-    async def _run_batched(self, loop: asyncio.AbstractEventLoop, model: ExportedModel, small: bool,
-                           parse: Callable[[], Parsed]) -> tuple[Any, int | None]:
+    async def _run_batched(
+        self, loop: asyncio.AbstractEventLoop, model: ExportedModel, small: bool, parse: Callable[[], Parsed]
+    ) -> tuple[Any, int | None]:
         """Parse, then wait for the batch the scheduler puts the request in, then encode.
 
         Small requests are parsed and encoded on the event loop, so a request
@@ -233,16 +279,22 @@ def _run_encode(model: ExportedModel, parsed: Parsed) -> Any:
     if parsed.output_keys is None:
         outputs = _run_model(lambda: model(parsed.inputs, signature_name=parsed.signature_name))
     else:
-        outputs = _run_model(lambda: model(parsed.inputs, signature_name=parsed.signature_name,
-                                           output_keys=parsed.output_keys))
+        outputs = _run_model(
+            lambda: model(parsed.inputs, signature_name=parsed.signature_name, output_keys=parsed.output_keys)
+        )
     return parsed.encode(outputs)
 
 
 def _rows(parsed: Parsed) -> int:
     """The request's batch size (its inputs' largest leading dimension; 1 for scalars)."""
-    return max((len(value) if isinstance(value, (list, tuple)) else value.shape[0]
-                for value in parsed.inputs.values() if isinstance(value, (list, tuple)) or len(value.shape)),
-               default=1)
+    return max(
+        (
+            len(value) if isinstance(value, (list, tuple)) else value.shape[0]
+            for value in parsed.inputs.values()
+            if isinstance(value, (list, tuple)) or len(value.shape)
+        ),
+        default=1,
+    )
 
 
 def _run_model(run: Callable[[], Any]) -> Any:
@@ -273,7 +325,7 @@ def parse_version(text: str | int | None) -> int | None:
     if text is None:
         return None
     version = int(text)
-    if version >= 2 ** 63:
+    if version >= 2**63:
         raise invalid_argument(f"Failed to convert version: {text} (versions are 64-bit signed integers).")
     return version
 
@@ -289,8 +341,9 @@ def default_num_threads() -> int:
     return os.cpu_count() or 1
 
 
-def managers_by_name(managers: ModelManager | Iterable[ModelManager] | Mapping[str, ModelManager]
-                     ) -> dict[str, ModelManager]:
+def managers_by_name(
+    managers: ModelManager | Iterable[ModelManager] | Mapping[str, ModelManager],
+) -> dict[str, ModelManager]:
     if isinstance(managers, ModelManager):
         managers = [managers]
     elif isinstance(managers, Mapping):
@@ -304,5 +357,3 @@ def managers_by_name(managers: ModelManager | Iterable[ModelManager] | Mapping[s
             raise ValueError(f"Two managers serve the model name {manager.name!r}; model names must be unique.")
         by_name[manager.name] = manager
     return by_name
-
-

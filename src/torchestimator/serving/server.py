@@ -35,7 +35,10 @@ from torchestimator.serving.event_loop import loop_factory, loop_name
 from torchestimator.serving.heap import FrozenHeap
 from torchestimator.serving.manager import ModelManager
 from torchestimator.serving.protocol import ServingRunner
-from torchestimator.serving.settings import DEFAULT_MAX_BODY_BYTES, ServerSettings  # the latter re-exported: it lived here
+from torchestimator.serving.settings import (  # the latter re-exported: it lived here
+    DEFAULT_MAX_BODY_BYTES,
+    ServerSettings,
+)
 
 __all__ = ["RunningServer", "ServerSettings", "build_app", "grpc_port_of", "serve", "start"]
 
@@ -66,19 +69,31 @@ def build_app(settings: ServerSettings) -> web.Application:
     """The application with its models polled once, labels applied, and polling tasks attached."""
     configs = _model_configs(settings)
     managers = [_start_model(config, settings) for config in configs]
-    app = make_app(managers, max_body_bytes=settings.max_body_bytes, num_threads=settings.num_threads,
-                   batching=settings.batching, metrics_path=settings.metrics_path,
-                   timeout_seconds=settings.timeout_seconds, inline_forward_micros=settings.inline_forward_micros)
+    app = make_app(
+        managers,
+        max_body_bytes=settings.max_body_bytes,
+        num_threads=settings.num_threads,
+        batching=settings.batching,
+        metrics_path=settings.metrics_path,
+        timeout_seconds=settings.timeout_seconds,
+        inline_forward_micros=settings.inline_forward_micros,
+    )
     app.cleanup_ctx.append(_background_polling(settings))
     app[_MAX_MESSAGE] = settings.max_body_bytes
     app[_GRPC] = _GrpcSlot()
     return app
 
 
-def serve(model_name: str | None = None, model_base_path: str | os.PathLike[str] | None = None,
-          host: str = "127.0.0.1", port: int = 8501, *,
-          on_listening: Callable[[web.Application, int], None] | None = None,
-          grpc_port: int | None = None, **settings: Any) -> None:
+def serve(
+    model_name: str | None = None,
+    model_base_path: str | os.PathLike[str] | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8501,
+    *,
+    on_listening: Callable[[web.Application, int], None] | None = None,
+    grpc_port: int | None = None,
+    **settings: Any,
+) -> None:
     """Serves until interrupted (blocking). Keywords are ServerSettings' fields.
 
     ``grpc_port`` also serves TF Serving's gRPC API on ``host`` (0: a free port, see ``grpc_port_of``; None: none).
@@ -99,9 +114,14 @@ def serve(model_name: str | None = None, model_base_path: str | os.PathLike[str]
     logger.info("Stopped serving")
 
 
-async def _serve_forever(app: web.Application, host: str, port: int,
-                         on_listening: Callable[[web.Application, int], None] | None, grpc_port: int | None,
-                         stop: asyncio.Event | None = None) -> None:
+async def _serve_forever(
+    app: web.Application,
+    host: str,
+    port: int,
+    on_listening: Callable[[web.Application, int], None] | None,
+    grpc_port: int | None,
+    stop: asyncio.Event | None = None,
+) -> None:
     """Serves until SIGTERM/SIGINT (or ``stop`` is set), then shuts down in order: calls in flight are answered.
 
     Why not aiohttp's handle_signals: its handler raises GracefulExit out of the loop, and asyncio.Runner then
@@ -119,8 +139,9 @@ async def _serve_forever(app: web.Application, host: str, port: int,
         grpc_server = await _start_grpc(app, host, grpc_port)
         await web.TCPSite(runner, host, port).start()
         port = bound_port(runner)
-        logger.info("Serving %s at http://%s:%d/v1/models/ (event loop: %s)", sorted(managers_of(app)), host, port,
-                    loop_name())
+        logger.info(
+            "Serving %s at http://%s:%d/v1/models/ (event loop: %s)", sorted(managers_of(app)), host, port, loop_name()
+        )
         if on_listening is not None:
             on_listening(app, port)
         await stop.wait()
@@ -145,7 +166,9 @@ async def _start_grpc(app: web.Application, host: str, grpc_port: int | None) ->
         return None
     from torchestimator.serving.grpc_server import GrpcServer  # grpcio is imported only when asked for
 
-    grpc_server = GrpcServer(request_core_of(app), host, grpc_port, max_message_bytes=app.get(_MAX_MESSAGE, DEFAULT_MAX_BODY_BYTES))
+    grpc_server = GrpcServer(
+        request_core_of(app), host, grpc_port, max_message_bytes=app.get(_MAX_MESSAGE, DEFAULT_MAX_BODY_BYTES)
+    )
     app[_GRPC].port = await grpc_server.start()
     return grpc_server
 
@@ -163,8 +186,7 @@ class RunningServer:
         self._runner = ServingRunner(app, handle_signals=False, access_log=None)
         self._started = threading.Event()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(host, port), name="torchestimator-server",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(host, port), name="torchestimator-server", daemon=True)
         self._thread.start()
         self._started.wait()
         if self._error is not None:
@@ -225,7 +247,6 @@ class RunningServer:
         self._loop.close()
 
 
-
 def bound_port(runner: web.BaseRunner) -> int:
     """The port a started runner listens on (the one the system chose when asked for port 0)."""
     for site in runner.sites:
@@ -235,9 +256,15 @@ def bound_port(runner: web.BaseRunner) -> int:
     raise RuntimeError("The server started but has no listening socket.")
 
 
-def start(model_name: str | None = None, model_base_path: str | os.PathLike[str] | None = None,
-          host: str = "127.0.0.1", port: int = 0, *, grpc_port: int | None = None,
-          **settings: Any) -> RunningServer:
+def start(
+    model_name: str | None = None,
+    model_base_path: str | os.PathLike[str] | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    grpc_port: int | None = None,
+    **settings: Any,
+) -> RunningServer:
     """Starts serving in a background thread and returns once it listens (port 0: any free port).
 
     ``grpc_port`` also serves TF Serving's gRPC API (0: a free port, ``server.grpc_target``; None: none).
@@ -256,19 +283,25 @@ def _model_configs(settings: ServerSettings) -> list[ModelConfig]:
 
 def _start_model(config: ModelConfig, settings: ServerSettings) -> ModelManager:
     """A manager for one model, polled once; its labels are applied after that poll, as TF applies them."""
-    manager = ModelManager(config.name, config.base_path, version_policy=config.version_policy,
-                           model_warmup=settings.enable_model_warmup)
+    manager = ModelManager(
+        config.name, config.base_path, version_policy=config.version_policy, model_warmup=settings.enable_model_warmup
+    )
     manager.poll()
     if not manager.served_versions:
         try:
             tried = [f"{status.version}: {status.error_message or status.state}" for status in manager.statuses()]
         except ServingError:  # no version folder at all yet
             tried = []
-        logger.warning("%s: no version could be loaded from %s yet; waiting for one (versions tried: %s)",
-                       config.name, config.base_path, tried or "none")
+        logger.warning(
+            "%s: no version could be loaded from %s yet; waiting for one (versions tried: %s)",
+            config.name,
+            config.base_path,
+            tried or "none",
+        )
     if config.version_labels:
-        manager.set_version_labels(config.version_labels,
-                                   allow_unavailable=settings.allow_version_labels_for_unavailable_models)
+        manager.set_version_labels(
+            config.version_labels, allow_unavailable=settings.allow_version_labels_for_unavailable_models
+        )
     return manager
 
 
@@ -316,12 +349,14 @@ def _settle_heap(app: web.Application) -> None:
     """Freezes newly loaded models and collects unloaded ones, when this process's heap is ours (serve())."""
     heap = app.get(_HEAP)
     if heap is not None:
-        heap.settle((manager.name, model) for manager in list(managers_of(app).values())
-                    for model in manager.served_models())
+        heap.settle(
+            (manager.name, model) for manager in list(managers_of(app).values()) for model in manager.served_models()
+        )
 
 
-def _apply_model_configs(managers: dict[str, ModelManager], configs: list[ModelConfig],
-                         settings: ServerSettings) -> None:
+def _apply_model_configs(
+    managers: dict[str, ModelManager], configs: list[ModelConfig], settings: ServerSettings
+) -> None:
     """Adds, removes and updates models in place; a model that fails to update keeps its current versions."""
     wanted = {config.name: config for config in configs}
     for name in [name for name in managers if name not in wanted]:
@@ -331,7 +366,8 @@ def _apply_model_configs(managers: dict[str, ModelManager], configs: list[ModelC
         try:
             if name in managers:
                 managers[name].apply_config(
-                    config, allow_unavailable_labels=settings.allow_version_labels_for_unavailable_models)
+                    config, allow_unavailable_labels=settings.allow_version_labels_for_unavailable_models
+                )
             else:
                 managers[name] = _start_model(config, settings)
                 logger.info("%s: added from the model config file", name)

@@ -64,11 +64,22 @@ _FIELDS: dict[int, tuple[Any, str, Any]] = {
 DTYPE_NAMES = {number: name for name, number in DATA_TYPES.items()}
 """DataType number -> its name (``1`` -> ``"DT_FLOAT"``)."""
 
-_BY_NUMPY = {np.dtype(np.float32): "DT_FLOAT", np.dtype(np.float64): "DT_DOUBLE", np.dtype(np.int32): "DT_INT32",
-             np.dtype(np.uint8): "DT_UINT8", np.dtype(np.int16): "DT_INT16", np.dtype(np.int8): "DT_INT8",
-             np.dtype(np.uint16): "DT_UINT16", np.dtype(np.int64): "DT_INT64", np.dtype(np.bool_): "DT_BOOL",
-             np.dtype(np.float16): "DT_HALF", np.dtype(np.uint32): "DT_UINT32", np.dtype(np.uint64): "DT_UINT64",
-             np.dtype(np.complex64): "DT_COMPLEX64", np.dtype(np.complex128): "DT_COMPLEX128"}
+_BY_NUMPY = {
+    np.dtype(np.float32): "DT_FLOAT",
+    np.dtype(np.float64): "DT_DOUBLE",
+    np.dtype(np.int32): "DT_INT32",
+    np.dtype(np.uint8): "DT_UINT8",
+    np.dtype(np.int16): "DT_INT16",
+    np.dtype(np.int8): "DT_INT8",
+    np.dtype(np.uint16): "DT_UINT16",
+    np.dtype(np.int64): "DT_INT64",
+    np.dtype(np.bool_): "DT_BOOL",
+    np.dtype(np.float16): "DT_HALF",
+    np.dtype(np.uint32): "DT_UINT32",
+    np.dtype(np.uint64): "DT_UINT64",
+    np.dtype(np.complex64): "DT_COMPLEX64",
+    np.dtype(np.complex128): "DT_COMPLEX128",
+}
 
 _LITTLE_ENDIAN = sys.byteorder == "little"
 
@@ -95,19 +106,25 @@ def tensor_proto_to_numpy(proto: Any, where: str = "tensor") -> np.ndarray:
     dtype_number = proto.dtype
     if dtype_number not in _FIELDS:
         name = DTYPE_NAMES.get(dtype_number, f"DataType {dtype_number}")
-        raise ValueError(f"{where}: {name} tensors are not supported; send one of "
-                               f"{sorted(DTYPE_NAMES[number] for number in _FIELDS)}.")
+        raise ValueError(
+            f"{where}: {name} tensors are not supported; send one of "
+            f"{sorted(DTYPE_NAMES[number] for number in _FIELDS)}."
+        )
     numpy_dtype, field, field_dtype = _FIELDS[dtype_number]
     shape = _shape(proto, where)
     count = math.prod(shape)
     if proto.tensor_content:
         if field == "string_val":
-            raise ValueError(f"{where}: a DT_STRING tensor cannot be given as tensor_content; put the "
-                                   "strings in string_val (tf.make_tensor_proto does).")
+            raise ValueError(
+                f"{where}: a DT_STRING tensor cannot be given as tensor_content; put the "
+                "strings in string_val (tf.make_tensor_proto does)."
+            )
         content = proto.tensor_content
         if len(content) != count * numpy_dtype.itemsize:
-            raise ValueError(f"{where}: tensor_content holds {len(content)} bytes; shape {list(shape)} of "
-                                   f"{DTYPE_NAMES[dtype_number]} needs {count * numpy_dtype.itemsize}.")
+            raise ValueError(
+                f"{where}: tensor_content holds {len(content)} bytes; shape {list(shape)} of "
+                f"{DTYPE_NAMES[dtype_number]} needs {count * numpy_dtype.itemsize}."
+            )
         array = np.frombuffer(content, numpy_dtype).reshape(shape)
         return array if _LITTLE_ENDIAN else array.astype(numpy_dtype.newbyteorder("="))
     values = getattr(proto, field)
@@ -122,10 +139,12 @@ def tensor_proto_to_numpy(proto: Any, where: str = "tensor") -> np.ndarray:
     if flat.size == 1:  # one value fills the shape (tf.make_ndarray; tf.make_tensor_proto(0.0, shape=...))
         return np.full(shape, flat[0], dtype=flat.dtype)
     if field in ("scomplex_val", "dcomplex_val") and len(values) % 2:
-        raise ValueError(f"{where}: {field} holds {len(values)} numbers; complex values come as (real, "
-                               "imaginary) pairs.")
-    raise ValueError(f"{where}: {field} holds {flat.size} values; shape {list(shape)} needs {count} (or one "
-                           "value for all of them).")
+        raise ValueError(
+            f"{where}: {field} holds {len(values)} numbers; complex values come as (real, imaginary) pairs."
+        )
+    raise ValueError(
+        f"{where}: {field} holds {flat.size} values; shape {list(shape)} needs {count} (or one value for all of them)."
+    )
 
 
 def _from_field(flat: np.ndarray, dtype_number: int, numpy_dtype: np.dtype) -> np.ndarray:
@@ -148,8 +167,7 @@ def _shape(proto: Any, where: str) -> tuple[int, ...]:
         raise ValueError(f"{where}: tensor_shape has unknown_rank set; send the tensor's shape.")
     sizes = tuple(dim.size for dim in shape.dim)
     if any(size < 0 for size in sizes):
-        raise ValueError(f"{where}: tensor_shape {list(sizes)} has a negative size; a tensor's sizes are "
-                               "known.")
+        raise ValueError(f"{where}: tensor_shape {list(sizes)} has a negative size; a tensor's sizes are known.")
     return sizes
 
 
@@ -171,8 +189,10 @@ def make_tensor_proto(values: Any, *, dtype: str | None = None, tensor_content: 
     array = _as_array(values, dtype)
     name = dtype or data_type(array)
     if name not in DATA_TYPES or DATA_TYPES[name] not in _FIELDS:
-        raise ValueError(f"dtype {name!r} is not a supported DataType; use one of "
-                               f"{sorted(DTYPE_NAMES[number] for number in _FIELDS)}.")
+        raise ValueError(
+            f"dtype {name!r} is not a supported DataType; use one of "
+            f"{sorted(DTYPE_NAMES[number] for number in _FIELDS)}."
+        )
     proto = serving_protos().TensorProto()
     proto.dtype = DATA_TYPES[name]
     for size in array.shape:
@@ -214,8 +234,12 @@ def _as_array(values: Any, dtype: str | None) -> np.ndarray:
 def _is_strings(values: Any) -> bool:
     if isinstance(values, np.ndarray):
         return values.dtype.kind in "OSU"
-    return isinstance(values, Sequence) and not isinstance(values, (str, bytes)) and bool(values) and \
-        all(isinstance(item, (bytes, str)) for item in values)
+    return (
+        isinstance(values, Sequence)
+        and not isinstance(values, (str, bytes))
+        and bool(values)
+        and all(isinstance(item, (bytes, str)) for item in values)
+    )
 
 
 def _as_bytes(item: Any) -> bytes:

@@ -52,7 +52,9 @@ def replay_warmup(model: Any, version_path: str | os.PathLike[str]) -> int:
     try:  # counted before any runs: a file over the limit fails at once, as a whole
         for _, record in iter_records(path):
             if len(records) == MAX_WARMUP_RECORDS:
-                raise ExportFormatError(f"Number of warmup records exceeds the maximum ({MAX_WARMUP_RECORDS}) at {path}.")
+                raise ExportFormatError(
+                    f"Number of warmup records exceeds the maximum ({MAX_WARMUP_RECORDS}) at {path}."
+                )
             records.append(bytes(record))
     except DataLossError as error:
         raise ExportFormatError(f"{path} is not a readable TFRecord file: {error}") from None
@@ -77,8 +79,10 @@ def _replay(model: Any, log: Any) -> None:
         method = "classify" if kind == "classify_log" else "regress"
         parsed = grpc_requests.parse_examples(getattr(log, kind).request.SerializeToString(), model, "", 0, method)
     else:
-        raise ExportFormatError("it holds no predict_log, classify_log or regress_log (the log kinds replayed here; "
-                          "multi_inference_log and session_run_log are not supported)")
+        raise ExportFormatError(
+            "it holds no predict_log, classify_log or regress_log (the log kinds replayed here; "
+            "multi_inference_log and session_run_log are not supported)"
+        )
     if parsed.output_keys is None:
         outputs = model(parsed.inputs, signature_name=parsed.signature_name)
     else:

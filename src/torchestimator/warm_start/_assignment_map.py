@@ -24,8 +24,9 @@ from torchestimator.warm_start._spelling import Problem
 __all__ = ["init_from_checkpoint", "plan_init_from_checkpoint"]
 
 
-def init_from_checkpoint(module: torch.nn.Module, source: PathOrSource, assignment_map: Any,
-                         **options: Any) -> WarmStartPlan:
+def init_from_checkpoint(
+    module: torch.nn.Module, source: PathOrSource, assignment_map: Any, **options: Any
+) -> WarmStartPlan:
     """TensorFlow's init_from_checkpoint on a module: plan the assignment map, then apply it all or nothing.
 
     Unlike TensorFlow it acts at once (there is no initializer to defer to); call it on the plain
@@ -72,11 +73,18 @@ def plan_init_from_checkpoint(
     explicit, errors = _explicit_sources(pairs, state, set(peek.infos) | set(peek.aliases))
     selected = [name for name in state if name in explicit]
     return build_plan(
-        module, weights, selected, explicit, skipped=[name for name in state if name not in explicit],
-        converters=converters or {}, allow_missing=allow_missing, accept_proposals=False, notes=[],
+        module,
+        weights,
+        selected,
+        explicit,
+        skipped=[name for name in state if name not in explicit],
+        converters=converters or {},
+        allow_missing=allow_missing,
+        accept_proposals=False,
+        notes=[],
         errors=[Problem.plain(error) for error in errors],
         owns_source=not isinstance(source, WeightSource),
-    )  # fmt: skip
+    )
 
 
 def _check_pairs(pairs: list[Any]) -> None:
@@ -104,7 +112,7 @@ def _explicit_sources(
             if not targets:
                 errors.append(f"assignment_map scope {target_name!r} holds no tensor of the module.")
             for target in targets:
-                remainder = target[len(target_name):]
+                remainder = target[len(target_name) :]
                 root = "" if source_name == "/" else source_name
                 explicit[target] = (_scoped_name(root, remainder, view_names), "assignment_map")
         elif target_name in state:

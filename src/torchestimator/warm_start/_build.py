@@ -94,17 +94,24 @@ def build_plan(
         for warning in warnings:
             logger.debug("%s", warning)
         return WarmStartPlan(
-            source_path=os.fspath(weights.path), source_format=weights.format, entries=tuple(entries),
-            skipped=tuple(skipped), kept_fresh=tuple(kept_fresh),
+            source_path=os.fspath(weights.path),
+            source_format=weights.format,
+            entries=tuple(entries),
+            skipped=tuple(skipped),
+            kept_fresh=tuple(kept_fresh),
             missing=tuple((target, problem.text(PYTHON)) for target, problem in missing),
             unused_sources=tuple(name for name in view.infos if name not in used),
             optimizer_sources=tuple(sorted(view.optimizer.items())),
-            proposals=tuple(proposals[name] for name in unresolved
-                            if name in proposals and name.rpartition(".")[2] != COUNTER),
-            warnings=tuple(warnings), _problems=tuple(errors), _missing_problems=tuple(p for _, p in missing),
-            _source=weights, _converters=resolved_converters,
+            proposals=tuple(
+                proposals[name] for name in unresolved if name in proposals and name.rpartition(".")[2] != COUNTER
+            ),
+            warnings=tuple(warnings),
+            _problems=tuple(errors),
+            _missing_problems=tuple(p for _, p in missing),
+            _source=weights,
+            _converters=resolved_converters,
             _owns_source=owns_source,
-        )  # fmt: skip
+        )
 
 
 def _resolve_names(
@@ -125,15 +132,20 @@ def _resolve_names(
 
 
 def _usable_proposals(
-    unresolved: list[str], proposals: Mapping[str, Proposal], converters: Mapping[str, ConverterSpec],
+    unresolved: list[str],
+    proposals: Mapping[str, Proposal],
+    converters: Mapping[str, ConverterSpec],
     view: SourceView,
 ) -> dict[str, tuple[str, str]]:
     """The proposals accept_proposed_mapping takes: confident ones, and ambiguous ones a converter confirms."""
     usable = {}
     for target in unresolved:
         proposal = proposals.get(target)
-        if proposal is not None and proposal.source is not None and (
-                proposal.status == CONFIDENT or (proposal.status == AMBIGUOUS and target in converters)):
+        if (
+            proposal is not None
+            and proposal.source is not None
+            and (proposal.status == CONFIDENT or (proposal.status == AMBIGUOUS and target in converters))
+        ):
             usable[target] = (view.resolve(proposal.source) or proposal.source, "proposal")
     return usable
 
@@ -167,8 +179,9 @@ def _unresolved(
         if proposal is None or proposal.source is None:
             return f"{fact} Map it with {spelling.name_rules}, or pass {spelling.allow_missing}."
         how = _how_to_take(target, proposal, accept_proposals, spelling)
-        proposed = (f" Proposed: {proposal.source} ({proposal.status}, {proposal.converter}: "
-                    f"{reason_in(proposal, spelling)})")  # fmt: skip
+        proposed = (
+            f" Proposed: {proposal.source} ({proposal.status}, {proposal.converter}: {reason_in(proposal, spelling)})"
+        )
         return f"{fact}{proposed}; {how}." if how else f"{fact}{proposed}."
 
     missing.append((target, Problem(words)))
@@ -185,8 +198,10 @@ def _how_to_take(target: str, proposal: Proposal, accept_proposals: bool, spelli
     if feature_map is not None:
         # A rename alone would load the kernel with the proposal's plain transpose: rows in the wrong order.
         return f"confirm with {spelling.converter(target, spelling.flatten_value(*feature_map))}{with_accept}"
-    return (f"confirm with {spelling.converter(target, spelling.converter_placeholder)}{with_accept} or "
-            f"{spelling.rename(target, proposal.source or '')}")  # fmt: skip
+    return (
+        f"confirm with {spelling.converter(target, spelling.converter_placeholder)}{with_accept} or "
+        f"{spelling.rename(target, proposal.source or '')}"
+    )
 
 
 def _missing_source(
@@ -201,8 +216,15 @@ def _missing_source(
         kept_fresh.append((target, f"{source_name} not in the source (allow_missing=True)"))
         return
     nearest = nearest_names(source_name, view.infos)
-    missing.append((target, Problem.plain(f"Tensor {source_name} (for {target}) is not found in {view.source.path}; "
-                                          f"nearest source names: {_names(nearest)}.")))  # fmt: skip
+    missing.append(
+        (
+            target,
+            Problem.plain(
+                f"Tensor {source_name} (for {target}) is not found in {view.source.path}; "
+                f"nearest source names: {_names(nearest)}."
+            ),
+        )
+    )
 
 
 def _names(names: list[str]) -> str:
@@ -210,7 +232,10 @@ def _names(names: list[str]) -> str:
 
 
 def _entry_converter(
-    target: str, source_name: str, converters: Mapping[str, ConverterSpec], proposal: Proposal | None,
+    target: str,
+    source_name: str,
+    converters: Mapping[str, ConverterSpec],
+    proposal: Proposal | None,
     view: SourceView,
 ) -> Converter | None:
     if target in converters:
@@ -233,21 +258,29 @@ def _unconfirmed_flatten(target: str, source_name: str, proposal: Proposal | Non
     if feature_map is None:
         return None
     channels, positions = feature_map
-    fact = (f"{target} <- {source_name}: this Linear follows a Flatten of a {channels}-channel feature map, so the "
-            "source's Dense kernel rows are in the order the source flattened it (NHWC for Keras's default), "
-            "which a name cannot tell; the plain transpose would load them in the wrong order, silently.")
+    fact = (
+        f"{target} <- {source_name}: this Linear follows a Flatten of a {channels}-channel feature map, so the "
+        "source's Dense kernel rows are in the order the source flattened it (NHWC for Keras's default), "
+        "which a name cannot tell; the plain transpose would load them in the wrong order, silently."
+    )
 
     def words(spelling: Spelling) -> str:
         plain = spelling.converter(target, spelling.converter_name("dense_to_linear"))
-        return (f"{fact} Name its converter: confirm with {spelling.flatten_setting(target, channels, positions)}, "
-                f"or {plain} if the source flattened channels first or this module flattens in the source's order "
-                "(e.g. permutes to NHWC before flatten).")
+        return (
+            f"{fact} Name its converter: confirm with {spelling.flatten_setting(target, channels, positions)}, "
+            f"or {plain} if the source flattened channels first or this module flattens in the source's order "
+            "(e.g. permutes to NHWC before flatten)."
+        )
 
     return Problem(words)
 
 
 def _entry(
-    target: str, source_name: str, origin: str, converter: Converter | None, view: SourceView,
+    target: str,
+    source_name: str,
+    origin: str,
+    converter: Converter | None,
+    view: SourceView,
     tensor: torch.Tensor,
 ) -> tuple[PlanEntry, Problem | None]:
     info = view.infos[source_name]
@@ -264,18 +297,29 @@ def _entry(
                 shape = tuple(converter(view.read(source_name)).shape)
             except (ValueError, TypeError) as error:
                 problem = Problem.plain(
-                    f"{converter.name} cannot convert {source_name} {tuple(info.shape)} for {target}: {error}")
+                    f"{converter.name} cannot convert {source_name} {tuple(info.shape)} for {target}: {error}"
+                )
     if problem is None and shape != target_shape:
         after = f" ({tuple(info.shape)} before {converter.name})" if converter is not None else ""
         fact = f"Shape of {target} {target_shape} doesn't match {source_name} {shape}{after}."
-        problem = Problem(lambda s: f"{fact} Pick another source name ({s.renames}) or converter ({s.converters}), "
-                                    f"or leave it out of {s.selection}.")  # fmt: skip
+        problem = Problem(
+            lambda s: (
+                f"{fact} Pick another source name ({s.renames}) or converter ({s.converters}), "
+                f"or leave it out of {s.selection}."
+            )
+        )
     entry = PlanEntry(
-        target=target, source=source_name, source_key=info.name, origin=origin,
-        converter=converter.name if converter is not None else "identity", source_shape=tuple(info.shape),
-        converted_shape=shape, target_shape=target_shape, source_dtype=info.dtype,
+        target=target,
+        source=source_name,
+        source_key=info.name,
+        origin=origin,
+        converter=converter.name if converter is not None else "identity",
+        source_shape=tuple(info.shape),
+        converted_shape=shape,
+        target_shape=target_shape,
+        source_dtype=info.dtype,
         target_dtype=str(tensor.dtype).removeprefix("torch."),
-    )  # fmt: skip
+    )
     return entry, problem
 
 
@@ -288,8 +332,11 @@ def _batchnorm_warnings(module: torch.nn.Module, view: SourceView, entries: list
         if not isinstance(layer, torch.nn.modules.batchnorm._BatchNorm):
             continue
         prefix = f"{path}." if path else ""
-        sources = [loaded[name] for member in ("weight", "bias", "running_mean", "running_var")
-                   if (name := f"{prefix}{member}") in loaded]
+        sources = [
+            loaded[name]
+            for member in ("weight", "bias", "running_mean", "running_var")
+            if (name := f"{prefix}{member}") in loaded
+        ]
         if not sources:
             continue
         # The epsilon/momentum the file records for that layer (ResNet50: 1.001e-5), else Keras's defaults.

@@ -159,12 +159,15 @@ class WarmStartPlan:
             "load": [dataclasses.asdict(entry) for entry in self.entries],
             "skipped": list(self.skipped),
             "kept_fresh": [{"target": target, "why": why} for target, why in self.kept_fresh],
-            "missing": [{"target": target, "why": problem.text(spelling)}
-                        for (target, _), problem in zip(self.missing, self._missing_problems)],
+            "missing": [
+                {"target": target, "why": problem.text(spelling)}
+                for (target, _), problem in zip(self.missing, self._missing_problems)
+            ],
             "unused_sources": list(self.unused_sources),
             "optimizer_sources": [{"source": name, "why": why} for name, why in self.optimizer_sources],
-            "proposals": [{**dataclasses.asdict(proposal), "reason": reason_in(proposal, spelling)}
-                          for proposal in self.proposals],
+            "proposals": [
+                {**dataclasses.asdict(proposal), "reason": reason_in(proposal, spelling)} for proposal in self.proposals
+            ],
             "warnings": list(self.warnings),
             "errors": list(self.error_messages(for_cli=for_cli)),
         }
@@ -186,9 +189,11 @@ class WarmStartPlan:
 
 def format_plan(plan: WarmStartPlan, spelling: Spelling) -> str:
     lines = [f"Warm start from {plan.source_path} ({plan.source_format})"]
-    lines.append(f"  {len(plan.entries)} to load, {len(plan.skipped)} not selected, {len(plan.kept_fresh)} kept "
-                 f"fresh, {len(plan.missing)} missing, {len(plan.unused_sources)} source tensors unused, "
-                 f"{len(plan.optimizer_sources)} optimizer/bookkeeping tensors ignored.")  # fmt: skip
+    lines.append(
+        f"  {len(plan.entries)} to load, {len(plan.skipped)} not selected, {len(plan.kept_fresh)} kept "
+        f"fresh, {len(plan.missing)} missing, {len(plan.unused_sources)} source tensors unused, "
+        f"{len(plan.optimizer_sources)} optimizer/bookkeeping tensors ignored."
+    )
     if plan.entries:
         rows = [("target", "<-", "source", "conversion", "shape", "origin")]
         rows += [(e.target, "<-", e.source, e.converter, _shape_text(e), e.origin) for e in plan.entries]
@@ -197,14 +202,20 @@ def format_plan(plan: WarmStartPlan, spelling: Spelling) -> str:
         ("Not selected (fresh):", list(plan.skipped)),
         ("Kept fresh:", [f"{target}: {why}" for target, why in plan.kept_fresh]),
         ("Unused source tensors:", list(plan.unused_sources)),
-        ("Optimizer slots and bookkeeping (not loaded, not an error):",
-         [f"{name} ({why})" for name, why in plan.optimizer_sources]),
-        ("Proposed mapping (by layer kind, order and shape):",
-         [f"{p.target} <- {p.source or '-'} [{p.status}, {p.converter or '-'}] {reason_in(p, spelling)}"
-          for p in plan.proposals]),
+        (
+            "Optimizer slots and bookkeeping (not loaded, not an error):",
+            [f"{name} ({why})" for name, why in plan.optimizer_sources],
+        ),
+        (
+            "Proposed mapping (by layer kind, order and shape):",
+            [
+                f"{p.target} <- {p.source or '-'} [{p.status}, {p.converter or '-'}] {reason_in(p, spelling)}"
+                for p in plan.proposals
+            ],
+        ),
         ("Warnings:", list(plan.warnings)),
         ("ERRORS (nothing will be loaded):", [problem.text(spelling) for problem in plan._problems]),
-    ]  # fmt: skip
+    ]
     for title, items in sections:
         if items:
             lines += ["", title] + [f"  {item}" for item in items]

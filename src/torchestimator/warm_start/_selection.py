@@ -28,9 +28,7 @@ __all__ = ["plan_warm_start", "warm_start"]
 logger = logging.getLogger("torchestimator.warm_start")
 
 
-def plan_warm_start(
-    module: torch.nn.Module, settings: WarmStartSettings | PathOrSource
-) -> WarmStartPlan:
+def plan_warm_start(module: torch.nn.Module, settings: WarmStartSettings | PathOrSource) -> WarmStartPlan:
     """The plan for warm-starting ``module`` with ``settings``; reads names and shapes only, changes nothing."""
     settings = as_warm_start_settings(settings)
     state = module.state_dict(keep_vars=True)
@@ -38,12 +36,24 @@ def plan_warm_start(
     renames = dict(settings.var_name_to_prev_var_name or {})
     unused_keys = sorted(set(renames) - set(selected))
     if unused_keys:
-        errors.append(Problem(lambda s: f"{s.renames} keys {unused_keys} were not used. Perhaps you misspelled them? "
-                                        "Keys are target (module) names among the selected tensors."))
+        errors.append(
+            Problem(
+                lambda s: (
+                    f"{s.renames} keys {unused_keys} were not used. Perhaps you misspelled them? "
+                    "Keys are target (module) names among the selected tensors."
+                )
+            )
+        )
     unused_converters = sorted(set(settings.converters or {}) - set(selected))
     if unused_converters:
-        errors.append(Problem(lambda s: f"{s.converters} keys {unused_converters} were not used: they name no "
-                                        "selected target. Perhaps you misspelled them?"))
+        errors.append(
+            Problem(
+                lambda s: (
+                    f"{s.converters} keys {unused_converters} were not used: they name no "
+                    "selected target. Perhaps you misspelled them?"
+                )
+            )
+        )
     explicit: dict[str, tuple[str, str]] = {}
     for target in selected:
         if target in renames:
@@ -53,11 +63,17 @@ def plan_warm_start(
                 raise TypeError(f"mapping_fn({target!r}) must return a source name or None; received {mapped!r}.")
             explicit[target] = (mapped, "mapping_fn")
     return build_plan(
-        module, settings.ckpt_to_initialize_from, selected, explicit,
+        module,
+        settings.ckpt_to_initialize_from,
+        selected,
+        explicit,
         skipped=[name for name in state if name not in set(selected)],
-        converters=settings.converters or {}, allow_missing=settings.allow_missing,
-        accept_proposals=settings.accept_proposed_mapping, notes=notes, errors=errors,
-    )  # fmt: skip
+        converters=settings.converters or {},
+        allow_missing=settings.allow_missing,
+        accept_proposals=settings.accept_proposed_mapping,
+        notes=notes,
+        errors=errors,
+    )
 
 
 def _select(
@@ -78,8 +94,10 @@ def _select(
         notes.append(message)
     elif not selected:
         kind = "trainable parameters" if isinstance(patterns, str) else "parameters and buffers"
-        facts = (f"selects none of the module's {len(candidates)} {kind} (re.match, anchored at the start; e.g. "
-                 f"{candidates[:3]}). A pattern that warm-starts nothing is almost always a mistake.")
+        facts = (
+            f"selects none of the module's {len(candidates)} {kind} (re.match, anchored at the start; e.g. "
+            f"{candidates[:3]}). A pattern that warm-starts nothing is almost always a mistake."
+        )
 
         def words(spelling: Spelling) -> str:
             return f"{spelling.selected_by(patterns)} {facts}"

@@ -19,10 +19,17 @@ import numpy
 from torchestimator.interop import WeightSource
 from torchestimator.interop.layouts import Converter, converter_from_spec
 
-__all__ = ["ConverterSpec", "PathOrSource", "WarmStartSettings", "as_warm_start_settings", "compile_pattern",
-           "pattern_list", "resolve_converter"]
+__all__ = [
+    "ConverterSpec",
+    "PathOrSource",
+    "WarmStartSettings",
+    "as_warm_start_settings",
+    "compile_pattern",
+    "pattern_list",
+    "resolve_converter",
+]
 
-ConverterSpec = Union[str, Converter, Callable[[numpy.ndarray], numpy.ndarray]]
+ConverterSpec = str | Converter | Callable[[numpy.ndarray], numpy.ndarray]
 PathOrSource = Union[str, "os.PathLike[str]", WeightSource]
 
 
@@ -98,8 +105,7 @@ class WarmStartSettings:
         source = self.ckpt_to_initialize_from
         if not isinstance(source, (str, os.PathLike, WeightSource)):
             raise TypeError(
-                "ckpt_to_initialize_from must be a path or a WeightSource; received "
-                f"{type(source).__name__}."
+                f"ckpt_to_initialize_from must be a path or a WeightSource; received {type(source).__name__}."
             )
         if isinstance(source, (str, os.PathLike)) and not os.fspath(source):
             raise ValueError("ckpt_to_initialize_from must not be empty: name the checkpoint or weight file.")

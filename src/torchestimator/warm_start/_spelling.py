@@ -57,14 +57,16 @@ def _python_flatten(channels: int, positions: int) -> str:
 
 
 def _cli_flatten(channels: int, positions: int) -> str:
-    side = int(round(positions ** 0.5))
+    side = round(positions**0.5)
     square = f" ({channels},{side},{side} if the feature map is square)" if side * side == positions else ""
     return f"flatten_dense:{channels},H,W where H*W = {positions}{square}"
 
 
 def _python_flatten_setting(target: str, channels: int, positions: int) -> str:
-    return (f"converters={{{target!r}: layouts.flatten_dense_converter({channels}, height, width)}} "
-            f"where height*width = {positions}")
+    return (
+        f"converters={{{target!r}: layouts.flatten_dense_converter({channels}, height, width)}} "
+        f"where height*width = {positions}"
+    )
 
 
 def _cli_selection(patterns: str | Sequence[str]) -> str:

@@ -66,7 +66,8 @@ def _tensorflow_view(source: Any, infos: dict[str, TensorInfo]) -> SourceView:
     used = {info.name for info in view.values()}
     optimizer = {
         key: "optimizer slot or bookkeeping" if is_optimizer_variable(key) else "not a model variable"
-        for key in infos if key not in used
+        for key in infos
+        if key not in used
     }
     return SourceView(source, view, aliases, optimizer, None)
 

@@ -39,33 +39,50 @@ def is_safetensors_path(out: str) -> bool:
 def check_output(out: str, *, label: str = "out") -> None:
     """Refuses, before any work, an output warm start must not write; ``label`` names it in errors (``--write``)."""
     if not isinstance(out, str) or not out.strip():
-        raise ConfigError(f"{label} must name a model_dir or a {SAFETENSORS_SUFFIX} file; received {out!r}.",
-                          field=label, value=out)
+        raise ConfigError(
+            f"{label} must name a model_dir or a {SAFETENSORS_SUFFIX} file; received {out!r}.", field=label, value=out
+        )
     _check_folders_above(out, label)
     if is_safetensors_path(out):
         if os.path.isdir(out):
-            raise ConfigError(f"{label} {out}: it is a folder, and a name ending in {SAFETENSORS_SUFFIX} names the "
-                              "weights file to write. Choose another name.",
-                              field=label, value=out)
+            raise ConfigError(
+                f"{label} {out}: it is a folder, and a name ending in {SAFETENSORS_SUFFIX} names the "
+                "weights file to write. Choose another name.",
+                field=label,
+                value=out,
+            )
         if os.path.lexists(out):
-            raise ConfigError(f"{label} {out}: the file exists; warm start never overwrites weights. Remove it or "
-                              "choose another name.", field=label, value=out)
+            raise ConfigError(
+                f"{label} {out}: the file exists; warm start never overwrites weights. Remove it or "
+                "choose another name.",
+                field=label,
+                value=out,
+            )
         return
     suffix = os.path.splitext(out.rstrip(os.sep))[1].lower()
     if suffix in _OTHER_WEIGHT_FILES:
-        raise ConfigError(f"{label} {out}: writes a model_dir (a folder) or a {SAFETENSORS_SUFFIX} file, not a "
-                          f"{suffix} file. Name a folder, or end the name with {SAFETENSORS_SUFFIX}.",
-                          field=label, value=out)
+        raise ConfigError(
+            f"{label} {out}: writes a model_dir (a folder) or a {SAFETENSORS_SUFFIX} file, not a "
+            f"{suffix} file. Name a folder, or end the name with {SAFETENSORS_SUFFIX}.",
+            field=label,
+            value=out,
+        )
     if os.path.lexists(out) and not os.path.isdir(out):
-        raise ConfigError(f"{label} {out}: exists and is not a folder, so it cannot be a model_dir. Choose another "
-                          "name.", field=label, value=out)
+        raise ConfigError(
+            f"{label} {out}: exists and is not a folder, so it cannot be a model_dir. Choose another name.",
+            field=label,
+            value=out,
+        )
     store = CheckpointStore(out)
     if store.has_checkpoints():
         folders = sorted(name for name in os.listdir(out) if name.startswith("ckpt-"))
         raise ConfigError(
             f"{label} {out}: this model_dir already has checkpoints ({', '.join(folders)}); warm start only applies "
             "to a fresh model_dir (training there resumes from its newest checkpoint, as in tf.estimator). Choose "
-            "a new model_dir, or move the ckpt-* folders away.", field=label, value=out)
+            "a new model_dir, or move the ckpt-* folders away.",
+            field=label,
+            value=out,
+        )
 
 
 def _check_folders_above(out: str, label: str) -> None:
@@ -74,8 +91,11 @@ def _check_folders_above(out: str, label: str) -> None:
     while above and not os.path.isdir(above):
         if os.path.lexists(above):
             kind = "a file" if os.path.isfile(above) else "not a folder"
-            raise ConfigError(f"{label} {out}: {above} is {kind}, so nothing can be written inside it. Choose "
-                              "another name.", field=label, value=out)
+            raise ConfigError(
+                f"{label} {out}: {above} is {kind}, so nothing can be written inside it. Choose another name.",
+                field=label,
+                value=out,
+            )
         above = os.path.dirname(above)
 
 
