@@ -39,7 +39,7 @@ import os
 import random
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -49,6 +49,7 @@ from torchestimator.data._remote_files import RemoteFile
 from torchestimator.data._tfrecord_scan import _crc32c
 from torchestimator.data.tfrecord import (
     _BLOCK_SIZE,
+    ReadOptions,
     ReadStats,
     _detect_compression,
     _record_blocks,
@@ -93,6 +94,15 @@ def check_file_identity(path: str, saved: Any, found: list[int]) -> None:
         f"input afresh by not loading its position.",
         path=path,
     )
+
+
+class RereadOptions(TypedDict):
+    """How `read_records_at` reads records back: the plan's checks, as keywords of `iter_record_blocks`."""
+
+    compression: str | None
+    verify: bool
+    strict: bool
+    max_record_size: int
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -148,10 +158,10 @@ class _Plan:
             return False
         return all(_detect_compression(path) is None for path in files)
 
-    def read_options(self) -> dict[str, Any]:
+    def reread_options(self) -> RereadOptions:
+        # No skip_corrupt: a record that was read once and is damaged now is an error, not a skip.
         return {
             "compression": self.compression,
-            "skip_corrupt": self.skip_corrupt,
             "verify": self.verify,
             "strict": self.strict,
             "max_record_size": self.max_record_size,
@@ -180,8 +190,7 @@ class _OpenFile:
         self.records: list[bytes] = []
         self.offsets: list[int] = []
         self.index = 0
-        options = {
-            "start_offset": offset,
+        options: ReadOptions = {
             "skip_corrupt": plan.skip_corrupt,
             "verify": plan.verify,
             "strict": plan.strict,
@@ -189,9 +198,9 @@ class _OpenFile:
             "max_record_size": plan.max_record_size,
         }
         self._blocks = (
-            iter_record_blocks(path, plan.compression, **options)
+            iter_record_blocks(path, plan.compression, start_offset=offset, **options)
             if raw is None  # opened here
-            else _record_blocks(path, raw, plan.compression, block_size=_BLOCK_SIZE, **options)
+            else _record_blocks(path, raw, plan.compression, start_offset=offset, block_size=_BLOCK_SIZE, **options)
         )
 
     def next_block(self) -> bool:

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from torchestimator._io.filesystems import is_url
-from torchestimator.data._dataset_records import _EpochRecords, _Plan
+from torchestimator.data._dataset_records import RereadOptions, _EpochRecords, _Plan
 from torchestimator.data._remote_files import RemoteFile
 from torchestimator.data.tfrecord import ReadStats, _record_blocks, iter_record_blocks
 from torchestimator.errors import DataLossError
@@ -106,8 +106,7 @@ def read_records_at(
     sorted_offsets = np.asarray(offsets, dtype=np.int64)[order].tolist()
     order = order.tolist()
     records: list[Any] = [None] * count
-    options = plan.read_options()
-    options.pop("skip_corrupt")  # a record that was read once and is damaged now is an error, not a skip
+    options = plan.reread_options()
     if any(is_url(path) for path in files):
         found = _read_remote_records(files, sorted_files, sorted_offsets, options, stats)
         for index, record in zip(order, found):
@@ -137,7 +136,7 @@ def read_records_at(
 
 
 def _read_remote_records(
-    files: Sequence[str], sorted_files: list[int], sorted_offsets: list[int], options: dict[str, Any], stats: ReadStats
+    files: Sequence[str], sorted_files: list[int], sorted_offsets: list[int], options: RereadOptions, stats: ReadStats
 ) -> list[bytes]:
     """`read_records_at` for files in a store: the refs (sorted by file and offset) grouped into reads of
     `_REMOTE_REREAD_SPAN` bytes, `_REMOTE_REREADS` of them at once; the records in the refs' order."""
@@ -150,7 +149,7 @@ def _read_remote_records(
         groups.append((files[file_index], sorted_offsets[index:stop]))
         index = stop
     with ThreadPoolExecutor(max_workers=_REMOTE_REREADS, thread_name_prefix="torchestimator-reread") as pool:
-        results = list(pool.map(lambda group: _records_from(*group, options), groups))
+        results = list(pool.map(lambda group: _records_from(group[0], group[1], options), groups))
     out: list[bytes] = []
     for records, own in results:  # each read counted in its own stats (threads), added up here
         out += records
@@ -162,20 +161,22 @@ def _read_remote_records(
     return out
 
 
-def _records_from(path: str, wanted: list[int], options: dict[str, Any]) -> tuple[list[bytes], ReadStats]:
+def _records_from(path: str, wanted: list[int], options: RereadOptions) -> tuple[list[bytes], ReadStats]:
     """The records of `path` at the sorted offsets `wanted`, read from the first on (more than one block
     only for records longer than one), the object opened without read-ahead."""
-    own, options = ReadStats(), dict(options)  # the threads share `options`
+    own = ReadStats()
     raw = RemoteFile(path, read_ahead=0) if is_url(path) else None
     blocks = _record_blocks(
         path,
         raw,
-        options.pop("compression"),
+        options["compression"],
         start_offset=wanted[0],
         skip_corrupt=False,
+        verify=options["verify"],
+        strict=options["strict"],
         stats=own,
         block_size=_REMOTE_REREAD_BLOCK_SIZE,
-        **options,
+        max_record_size=options["max_record_size"],
     )
     out: list[bytes] = []
     try:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -26,9 +26,12 @@ from torchestimator import _native
 from torchestimator.data.example import BYTES, FLOAT, INT64
 from torchestimator.data.parsing import (
     _NUMPY_DTYPE,
+    FeatureSpec,
     FixedLenFeature,
     FixedLenSequenceFeature,
+    ParsedValue,
     RaggedFeature,
+    RaggedValue,
     SparseValue,
     VarLenFeature,
     _example_columns,
@@ -49,7 +52,8 @@ _plans: dict[tuple, _Plan | None] = {}
 
 
 # How each spec's part of the C pass's answer becomes its result: finish(spec, part, count, single),
-# None when the pure path must decide after all.
+# None when the pure path must decide after all. Each takes its own kind of spec and part (Any here).
+_Finish = Callable[[Any, Any, int, bool], ParsedValue | None]
 
 
 def _finish_dense(spec: FixedLenFeature, out: np.ndarray, count: int, single: bool) -> np.ndarray:
@@ -75,7 +79,7 @@ def _finish_sparse(spec: VarLenFeature, part: tuple, count: int, single: bool) -
     return _parsed_sparse(np.frombuffer(part[2], np.int64).reshape(2, -1), values, np.array([count, width], np.int64))
 
 
-def _finish_ragged(spec: RaggedFeature, part: tuple, count: int, single: bool) -> Any:
+def _finish_ragged(spec: RaggedFeature, part: tuple, count: int, single: bool) -> np.ndarray | RaggedValue:
     return _ragged_value(*_list_parts(spec, part), spec, single)
 
 
@@ -96,14 +100,16 @@ class _Plan(NamedTuple):
     """Per spec, the C pass's (slot in keys, kind, mode, values per record, None, default)."""
     arrays: tuple[tuple[int, np.dtype, int], ...]
     """(position in specs, dtype, values per record) of the FixedLen numeric specs, filled in place."""
-    finishers: tuple[tuple[str, Any, Any], ...]
+    finishers: tuple[tuple[str, FeatureSpec, _Finish], ...]
     """Per spec, (name, spec, finish function)."""
 
 
 def _compile_plan(features: Mapping[str, Any]) -> _Plan | None:
     _example_columns(features, 0, "features")  # the pure path's spec errors, raised the same way
     keys: dict[bytes, int] = {}
-    specs, arrays, finishers = [], [], []
+    specs: list[tuple[Any, ...]] = []
+    arrays: list[tuple[int, np.dtype[Any], int]] = []
+    finishers: list[tuple[str, FeatureSpec, _Finish]] = []
     for name, spec in features.items():
         key = spec.value_key or name if isinstance(spec, RaggedFeature) else name
         if not isinstance(key, str):
@@ -112,12 +118,16 @@ def _compile_plan(features: Mapping[str, Any]) -> _Plan | None:
             slot = keys.setdefault(key.encode("utf-8"), len(keys))
         except UnicodeEncodeError:  # a lone surrogate: protobuf's own lookup decides
             return None
-        size, fill, mode = 0, None, 0
+        size, mode = 0, 0
+        fill: tuple[bytes, ...] | bytes | None = None  # the default: strings as they are, numbers packed
+        finish: _Finish
         if isinstance(spec, FixedLenFeature):
-            size, fill, mode = math.prod(spec.shape), spec._default, 1
-            if fill is not None:
+            size, default, mode = math.prod(spec.shape), spec._default, 1
+            if default is not None:
                 fill = (
-                    tuple(fill.tolist()) if spec.dtype == "string" else fill.astype(_NUMPY_DTYPE[spec.dtype]).tobytes()
+                    tuple(default.tolist())
+                    if spec.dtype == "string"
+                    else default.astype(_NUMPY_DTYPE[spec.dtype]).tobytes()
                 )
             if spec.dtype != "string":
                 arrays.append((len(specs), _NUMPY_DTYPE[spec.dtype], size))
@@ -136,7 +146,7 @@ def _plan_for(features: Any) -> _Plan | None:
         return None
     try:
         cache_key = tuple(features.items())  # the specs hash by identity (eq=False)
-        plan = _plans.get(cache_key, False)
+        plan: _Plan | Literal[False] | None = _plans.get(cache_key, False)
     except TypeError:  # an unhashable spec: not a spec at all, the pure path says so
         return None
     if plan is False:
@@ -150,7 +160,9 @@ def _plan_for(features: Any) -> _Plan | None:
 def parse_compiled(serialized: Sequence[bytes], features: Any, single: bool) -> dict[str, Any] | None:
     """The batch parsed by the compiled pass, or None where it does not apply (then the pure path runs)."""
     native = _native.load("_examples")
-    plan = _plan_for(features) if native is not None and _LITTLE_ENDIAN else None
+    if native is None or not _LITTLE_ENDIAN:
+        return None
+    plan = _plan_for(features)
     if plan is None:
         return None
     count = len(serialized)

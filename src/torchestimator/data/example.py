@@ -384,7 +384,7 @@ def encode_example(features: Mapping[str, Any], *, kinds: Mapping[str, str] | No
 
 
 def _infer_frames_kind(name: str, frames: Sequence[Any]) -> str | None:
-    inferred = {_infer_kind(name, _flat_values(name, frame)) for frame in frames} - {None}
+    inferred = {kind for frame in frames if (kind := _infer_kind(name, _flat_values(name, frame))) is not None}
     if inferred == {"float", "int64"}:  # as within one list: any float makes the feature float
         inferred = {"float"}
     if len(inferred) > 1:

@@ -478,8 +478,8 @@ def _bmp(contents: bytes, channels: int, where: str | None) -> np.ndarray:
             f"the BMP is {len(contents)} bytes, its header says {data_offset} + "
             f"{rows} rows of {row_size}; the file is cut short or carries more.",
         )
-    pixels = np.frombuffer(contents, np.uint8, count=row_size * rows, offset=data_offset).reshape(rows, row_size)
-    pixels = pixels[:, : width * file_channels].reshape(rows, width, file_channels)
+    padded_rows = np.frombuffer(contents, np.uint8, count=row_size * rows, offset=data_offset).reshape(rows, row_size)
+    pixels = padded_rows[:, : width * file_channels].reshape(rows, width, file_channels)
     if height > 0:
         pixels = pixels[::-1]  # bottom-up rows
     if file_channels > 1:

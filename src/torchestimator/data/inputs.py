@@ -231,8 +231,6 @@ class _BatchOptions:
     drop_remainder: bool
 
     def __post_init__(self) -> None:
-        if not isinstance(self.shuffle, bool):
-            raise ValueError(f"{self.caller}: {_SHUFFLE_REASON}; got {self.shuffle!r}.")
         if not _is_positive_int(self.batch_size):
             raise ValueError(
                 f"{self.caller}: batch_size must be a positive integer (the global batch "
@@ -295,8 +293,15 @@ class _BatchOptions:
         return plan
 
 
-def _is_positive_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0
+def _required_shuffle(caller: str, shuffle: bool | None) -> bool:
+    """`shuffle` once checked: the input functions default it to None only to demand an explicit choice."""
+    if not isinstance(shuffle, bool):
+        raise ValueError(f"{caller}: {_SHUFFLE_REASON}; got {shuffle!r}.")
+    return shuffle
+
+
+def _is_positive_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value > 0)
 
 
 def _check_seed(seed: Any, where: str) -> int:
@@ -446,7 +451,7 @@ def numpy_input_fn(
         caller=caller,
         batch_size=batch_size,
         num_epochs=num_epochs,
-        shuffle=shuffle,
+        shuffle=_required_shuffle(caller, shuffle),
         seed=seed,
         drop_remainder=drop_remainder,
     )
@@ -511,7 +516,7 @@ def pandas_input_fn(
         caller=caller,
         batch_size=batch_size,
         num_epochs=num_epochs,
-        shuffle=shuffle,
+        shuffle=_required_shuffle(caller, shuffle),
         seed=seed,
         drop_remainder=drop_remainder,
     )
@@ -662,7 +667,7 @@ def dataset_input_fn(
         caller=caller,
         batch_size=batch_size,
         num_epochs=num_epochs,
-        shuffle=shuffle,
+        shuffle=_required_shuffle(caller, shuffle),
         seed=seed,
         drop_remainder=drop_remainder,
     )

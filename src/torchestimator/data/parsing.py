@@ -66,13 +66,14 @@ import itertools
 import math
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from torchestimator.data._decode_raw import decode_raw
 from torchestimator.data._parsing_copies import RecordSource, last_listed_copy
 from torchestimator.data.example import (
+    _KIND_FIELDS,
     BYTES,
     FLOAT,
     INT64,
@@ -102,7 +103,11 @@ __all__ = [
 ]
 
 _KIND_OF_DTYPE = {"int64": INT64, "float32": FLOAT, "string": BYTES}
-_NUMPY_DTYPE = {"int64": np.dtype(np.int64), "float32": np.dtype(np.float32), "string": np.dtype(object)}
+_NUMPY_DTYPE: dict[str, np.dtype[Any]] = {
+    "int64": np.dtype(np.int64),
+    "float32": np.dtype(np.float32),
+    "string": np.dtype(object),
+}
 _TF_TYPE_NAME = {"int64": "int64", "float32": "float", "string": "string"}  # as TF's messages spell them
 _LIST_NAME = {INT64: "int64_list", FLOAT: "float_list", BYTES: "bytes_list"}
 _DTYPE_ALIASES = {
@@ -191,6 +196,10 @@ class FixedLenFeature:
     """Used when a record lacks the feature (prod(shape) values); None makes the feature required, and so
     does a zero-element default (shape [0] with default_value=[]), as in TensorFlow."""
 
+    if TYPE_CHECKING:  # set by __post_init__; declared for the checker only, so it is no dataclass field
+        _default: np.ndarray | None = dataclasses.field(init=False)
+        """default_value as a flat array of the dtype; None when the feature is required."""
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", _normalize_shape(self.shape, "FixedLenFeature"))
         object.__setattr__(self, "dtype", _normalize_dtype(self.dtype, "FixedLenFeature"))
@@ -230,6 +239,10 @@ class FixedLenSequenceFeature:
     """A missing feature gives zero rows; required True when parsing Examples (as in TF 2)."""
     default_value: Any = None
     """Scalar used to pad shorter records in a batch; 0 or b"" when None."""
+
+    if TYPE_CHECKING:  # set by __post_init__; declared for the checker only, so it is no dataclass field
+        _pad: np.ndarray = dataclasses.field(init=False)
+        """The padding value as a 0-d array of the dtype."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", _normalize_shape(self.shape, "FixedLenSequenceFeature"))
@@ -310,6 +323,10 @@ class RaggedValue(NamedTuple):
         return [self.values[start:stop] for start, stop in itertools.pairwise(splits)]
 
 
+ParsedValue = np.ndarray | SparseValue | RaggedValue
+"""What parsing gives for one feature (the module docstring: which spec gives which)."""
+
+
 # --------------------------------------------------------------------------------------------
 # Columns: one accumulator per spec, filled record by record, finished once.
 #
@@ -361,23 +378,30 @@ class _Column:
         self.kind = _KIND_OF_DTYPE[spec.dtype]
         self.list_name = _LIST_NAME[self.kind]
         self.parts: list = []
-        # Set by the Example parsers: the record being parsed, and whether a Feature() with no list defers
-        # to an earlier copy of the key in it (`last_listed_copy`). Feature lists' frames never do.
-        self.source: RecordSource | None = None
-        self.looks_back = False
+        # Set by the Example parsers where a Feature() with no list defers to an earlier copy of the key in
+        # the record being parsed (`last_listed_copy`): that record. Feature lists' frames never do.
+        self.looks_back_in: RecordSource | None = None
+
+    def add(self, index: int, feature: Any) -> None:
+        """Takes record `index`'s copy of the feature (None when the record lacks it)."""
+        raise NotImplementedError
+
+    def result(self, single: bool) -> ParsedValue:
+        """The spec's value over all records added (`single`: of the one record, without a batch dimension)."""
+        raise NotImplementedError
 
     def resolved(self, index: int, feature) -> Any:
         """The copy of the feature TF reads (None when it counts as missing); checks its kind."""
         if feature is None:
             return None
         found = feature.WhichOneof("kind")
-        if found is None and self.looks_back:
-            feature = last_listed_copy(self.source.record, self.key)
+        if found is None and self.looks_back_in is not None:
+            feature = last_listed_copy(self.looks_back_in.record, self.key)
             found = None if feature is None else feature.WhichOneof("kind")
         if found != self.list_name:
             if found is None:
                 return None
-            raise _mismatch(self.key, self.location.format(index), feature_kind(feature), self.dtype)
+            raise _mismatch(self.key, self.location.format(index), _KIND_FIELDS[found], self.dtype)
         return feature
 
     def checked_values(self, index: int, feature) -> Any:
@@ -393,10 +417,11 @@ class _FixedLenColumn(_Column):
     def __init__(self, name: str, spec: FixedLenFeature, count: int) -> None:
         super().__init__(name, spec, count)
         self.size = math.prod(spec.shape)
-        self.packed = float_list_bytes(np.zeros(self.size, np.float32)) if self.kind == FLOAT else None
+        # Floats: the length of each record's serialized FloatList (all have `size` values).
+        self.packed_size = len(float_list_bytes(np.zeros(self.size, np.float32))) if self.kind == FLOAT else 0
         # What a record's list must measure for the fast path; never matches for size 0, whose
         # empty list the checked path tells apart from a missing feature.
-        self.expected = -1 if self.size == 0 else (len(self.packed) if self.kind == FLOAT else self.size)
+        self.expected = -1 if self.size == 0 else (self.packed_size if self.kind == FLOAT else self.size)
 
     def add(self, index: int, feature) -> None:
         if feature is not None:
@@ -450,8 +475,8 @@ class _FixedLenColumn(_Column):
 
     def result(self, single: bool) -> np.ndarray:
         if self.kind == FLOAT and self.size:
-            rows = np.frombuffer(b"".join(self.parts), np.uint8).reshape(self.count, len(self.packed))
-            payload = np.array(rows[:, len(self.packed) - 4 * self.size :])  # a contiguous, writable copy
+            rows = np.frombuffer(b"".join(self.parts), np.uint8).reshape(self.count, self.packed_size)
+            payload = np.array(rows[:, self.packed_size - 4 * self.size :])  # a contiguous, writable copy
             values = payload.view("<f4").astype(np.float32, copy=False)
         elif self.kind == FLOAT:
             values = np.empty(0, np.float32)
@@ -532,7 +557,7 @@ class _VarLenColumn(_Column):
     def sparse(self, single: bool) -> SparseValue:
         return _sparse_value(_values_array(self.parts, self.dtype), self.lengths(), single)
 
-    def result(self, single: bool) -> SparseValue:
+    def result(self, single: bool) -> ParsedValue:
         return self.sparse(single)
 
 
@@ -540,7 +565,7 @@ class _RaggedColumn(_VarLenColumn):
     def __init__(self, name: str, spec: RaggedFeature, count: int, location: str = "record {}") -> None:
         super().__init__(name, spec, count, spec.value_key, location)
 
-    def result(self, single: bool) -> Any:
+    def result(self, single: bool) -> np.ndarray | RaggedValue:
         return _ragged_value(_values_array(self.parts, self.dtype), self.lengths(), self.spec, single)
 
 
@@ -571,14 +596,14 @@ class _SequenceColumn(_VarLenColumn):
 
 # The SparseValues the parsers build, by the id of their indices (a weak reference tells a reused
 # id apart): `to_torch` trusts these indices, valid and coalesced by construction, and checks others.
-_parsed_indices: dict[int, weakref.ref] = {}
+_parsed_indices: dict[int, weakref.ref[np.ndarray]] = {}
 
 
 def _parsed_sparse(indices: np.ndarray, values: np.ndarray, dense_shape: np.ndarray) -> SparseValue:
     """A parser's SparseValue from its int64 [rank, n] C-contiguous, row-major sorted, unique indices."""
     view = indices.T  # [n, rank] as TF has it; its .T is `indices` again, no copy for torch
     key = id(view)
-    _parsed_indices[key] = weakref.ref(view, lambda _, key=key: _parsed_indices.pop(key, None))
+    _parsed_indices[key] = weakref.ref(view, lambda _: _parsed_indices.pop(key, None))
     return SparseValue(view, values, dense_shape)
 
 
@@ -595,7 +620,9 @@ def _sparse_value(values: np.ndarray, lengths: np.ndarray, single: bool) -> Spar
     return _parsed_sparse(indices, values, np.array([count, width], np.int64))
 
 
-def _ragged_value(values: np.ndarray, lengths: np.ndarray, spec: RaggedFeature, single: bool) -> Any:
+def _ragged_value(
+    values: np.ndarray, lengths: np.ndarray, spec: RaggedFeature, single: bool
+) -> np.ndarray | RaggedValue:
     if single:
         return values
     return RaggedValue(values, np.concatenate([[0], np.cumsum(lengths)]).astype(spec.row_splits_dtype))
@@ -661,8 +688,8 @@ def _parse_records_python(serialized: Sequence[bytes], features: Mapping[str, An
     columns = _example_columns(features, len(serialized), "features")
     source = RecordSource()
     for column in columns:  # which copy of a repeated key TF reads: the module docstring's table
-        column.source = source
-        column.looks_back = single or isinstance(column, (_FixedLenColumn, _SequenceColumn))
+        if single or isinstance(column, (_FixedLenColumn, _SequenceColumn)):
+            column.looks_back_in = source
     parse = example_protos().Example.FromString
     lookups = [(column.add, column.key) for column in columns]
     for index, record in enumerate(serialized):
@@ -754,8 +781,12 @@ def _parse_feature_list(name: str, spec: Any, feature_list, where: str) -> Any:
             f"sequence_features[{name!r}] must be a FixedLenSequenceFeature, VarLenFeature or "
             f"RaggedFeature; received {type(spec).__name__}."
         )
-    column_class = _RaggedColumn if isinstance(spec, RaggedFeature) else _VarLenColumn
-    column = column_class(name, spec, len(frames), location=f"{where}, frame {{}}")
+    location = f"{where}, frame {{}}"
+    column = (
+        _RaggedColumn(name, spec, len(frames), location=location)
+        if isinstance(spec, RaggedFeature)
+        else _VarLenColumn(name, spec, len(frames), location=location)
+    )
     for frame_index, frame in enumerate(frames):
         column.add(frame_index, frame)
     if isinstance(spec, RaggedFeature):

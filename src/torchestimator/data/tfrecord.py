@@ -83,7 +83,7 @@ import os
 import stat
 import struct
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO, TypedDict
 
 from torchestimator import _native
@@ -617,7 +617,7 @@ class ReadOptions(TypedDict, total=False):
     """The largest record length accepted, in bytes."""
 
 
-def _check_options(options: dict[str, Any], caller: str) -> None:
+def _check_options(options: Mapping[str, object], caller: str) -> None:
     # **options would pass start_offset or block_size through unnoticed; refuse them as a signature would.
     unknown = sorted(set(options) - ReadOptions.__optional_keys__)
     if unknown:
@@ -638,7 +638,7 @@ def iter_record_blocks(
     stats: ReadStats | None = None,
     block_size: int = _BLOCK_SIZE,
     max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
-) -> Iterator[tuple[list[int], list[bytes]]]:
+) -> Generator[tuple[list[int], list[bytes]], None, None]:
     """The records of one file a block at a time: `(offsets, records)`, lists of equal length.
 
     The fast path under `iter_records` (same options): it saves a generator
@@ -671,7 +671,7 @@ def _record_blocks(
     stats: ReadStats | None,
     block_size: int,
     max_record_size: int,
-) -> Iterator[tuple[list[int], list[bytes]]]:
+) -> Generator[tuple[list[int], list[bytes]], None, None]:
     """`iter_record_blocks`, reading `raw` when it is given: a URL's `RemoteFile` that TFRecordDataset
     opened (and started fetching) while the file before it was read."""
     stats = stats if stats is not None else ReadStats()
@@ -723,9 +723,9 @@ def read_records(
     `max_record_size` bytes is an error (see the module docstring).
     """
     _check_options(options, "read_records")
-    if options.get("stats") is None:
-        options["stats"] = ReadStats()
-    stats = options["stats"]
+    stats = options.get("stats")
+    if stats is None:  # one ReadStats across the files, for the summary below
+        stats = options["stats"] = ReadStats()
     paths = list_files(files)
     for path in paths:
         for _, records in iter_record_blocks(path, compression, **options):

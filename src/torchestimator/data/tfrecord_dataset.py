@@ -126,7 +126,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -153,7 +153,7 @@ def _files_digest(files: Sequence[str]) -> str:
     return hashlib.sha256(names.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
-def _is_int(value: Any, minimum: int) -> bool:
+def _is_int(value: object, minimum: int) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
@@ -268,29 +268,30 @@ class _ShardStream:
         if self.stats.skipped_files:
             logger.warning("TFRecordDataset shard %d: %s.", self._shard, self.stats.summary())
 
-    def _open_epoch(self, start: Mapping[str, Any] | None) -> None:
-        """Sets up the reader (and buffer) of the current epoch at `start` (None: its beginning)."""
+    def _open_epoch(self, start: Mapping[str, Any] | None) -> _EpochRecords:
+        """Sets up the reader (and buffer) of the current epoch at `start` (None: its beginning); the reader."""
         plan, shard = self._plan, self._shard
         files, modulus = plan.shard_part(self._epoch, shard, self._num_shards)
         remainder = shard % modulus
         self._buffer = None
         if not plan.shuffle_buffer_size:
             self._reader = _EpochRecords(plan, files, modulus, remainder, start, self.stats)
-            return
+            return self._reader
         random_access = self._has_random_access(files)
-        saved_buffer = bool(start) and random_access and "buffer_files" in start
-        reader_start = start["reader"] if saved_buffer else None
+        saved_buffer = start if start is not None and random_access and "buffer_files" in start else None
+        reader_start = saved_buffer["reader"] if saved_buffer is not None else None
         self._reader = _EpochRecords(plan, files, modulus, remainder, reader_start, self.stats)
         buffer = _ShuffleBuffer(
             self._reader, plan.shuffle_buffer_size, plan.shuffle_rng(self._epoch, shard), random_access
         )
-        if saved_buffer:
-            buffer.restore(start, ReadStats())  # re-reads count apart: stats say what the epoch read
+        if saved_buffer is not None:
+            buffer.restore(saved_buffer, ReadStats())  # re-reads count apart: stats say what the epoch read
         elif start:  # no random access, or a position from before the buffer was saved: replay
             buffer.skip(int(start.get("delivered", 0)))
         if self._tagged:
             buffer.track_changes()
         self._buffer = buffer
+        return self._reader
 
     def _has_random_access(self, files: list[str]) -> bool:
         known = self._random_access
@@ -299,10 +300,10 @@ class _ShardStream:
                 known[path] = self._plan.random_access([path])
         return all(known[path] for path in files)
 
-    def _take(self, count: int) -> list[bytes]:
+    def _take(self, reader: _EpochRecords, count: int) -> list[bytes]:
         if self._buffer is not None:
             return self._buffer.take(count)
-        return self._reader.take(count).records
+        return reader.take(count).records
 
     def _record_names(self, files: list[int], offsets: list[int]) -> Callable[[int], str]:
         """Names a batch's records by file and offset, for image decode errors."""
@@ -317,12 +318,12 @@ class _ShardStream:
             f"shard's epoch (after the shuffle buffer)"
         )
 
-    def _image_items(self) -> Iterator[Any]:
+    def _image_items(self, reader: _EpochRecords) -> Iterator[Any]:
         """The items of an output with images=: the same records, each batch named for its errors."""
         output, batch_size, delivered = self._output, self._output.batch_size, 0
         while True:
             if self._buffer is None:
-                taken = self._reader.take(batch_size or 1, refs=True)
+                taken = reader.take(batch_size or 1, refs=True)
                 records, where = taken.records, self._record_names(taken.files, taken.offsets)
             else:
                 records = self._buffer.take(batch_size or 1)
@@ -333,13 +334,13 @@ class _ShardStream:
             yield output.batch(records, where) if batch_size else output.item(records[0], where)
 
     def _items(self, start: Mapping[str, Any] | None) -> Iterator[Any]:
-        self._open_epoch(start)
+        reader = self._open_epoch(start)
         output = self._output
         batch_size = output.batch_size
         if output.images:
-            yield from self._image_items()
+            yield from self._image_items(reader)
         elif batch_size is not None:
-            while batch := self._take(batch_size):
+            while batch := self._take(reader, batch_size):
                 if len(batch) < batch_size and output.drop_remainder:
                     return
                 yield output.batch(batch)
@@ -347,9 +348,9 @@ class _ShardStream:
             records = self._buffer.one_by_one()
             yield from (records if output.parse_fn is None and output.features is None else map(output.item, records))
         elif output.parse_fn is None and output.features is None:
-            yield from self._reader
+            yield from reader
         else:
-            yield from map(output.item, self._reader)
+            yield from map(output.item, reader)
 
 
 class _TaggedShards(IterableDataset):
@@ -567,7 +568,12 @@ def _checked_images(images: Any, features: Mapping[str, Any] | None) -> dict[str
                 f"TFRecordDataset: images[{name!r}] must be an ImageDecoding; received {type(decoding).__name__}."
             )
         feature = features.get(name)
-        if type(feature).__name__ != "FixedLenFeature" or tuple(feature.shape) != () or feature.dtype != "string":
+        if (
+            feature is None
+            or type(feature).__name__ != "FixedLenFeature"
+            or tuple(feature.shape) != ()
+            or feature.dtype != "string"
+        ):
             raise ValueError(
                 f"TFRecordDataset: images[{name!r}] needs features[{name!r}] to be "
                 f'FixedLenFeature([], "string") (one encoded image per record); received '

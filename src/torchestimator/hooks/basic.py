@@ -200,6 +200,14 @@ class CheckpointSaverHook(PeriodicHook):
             listener.end(state, state.global_step)
 
 
+def _loss_summary(run_context: RunContext) -> dict[str, float]:
+    """SummarySaverHook's default values_fn: this step's loss."""
+    loss = run_context.loss
+    if loss is None:  # train and eval specs always carry one; a predict spec has nothing to write
+        raise TypeError("SummarySaverHook has no loss to write: this step's EstimatorSpec has none.")
+    return {"loss": loss}
+
+
 class SummarySaverHook(PeriodicHook):
     """Writes scalars to the run's event file every N steps or seconds.
 
@@ -211,10 +219,10 @@ class SummarySaverHook(PeriodicHook):
         self,
         save_steps: int | None = None,
         save_secs: float | None = None,
-        values_fn: Callable[[RunContext], Mapping[str, float]] | None = None,
+        values_fn: Callable[[RunContext], Mapping[str, float | torch.Tensor]] | None = None,
     ) -> None:
         self.trigger = _every(save_steps, save_secs, "SummarySaverHook")
-        self.values_fn = values_fn or (lambda run_context: {"loss": run_context.loss})
+        self.values_fn = values_fn or _loss_summary
 
     def on_trigger(self, run_context: RunContext) -> None:
         if run_context.summary_writer is None:

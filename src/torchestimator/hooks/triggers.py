@@ -59,6 +59,7 @@ class Every:
             return False
         if self.steps is not None:
             return step % self.steps == 0
+        assert self.secs is not None  # __post_init__ allows exactly one of steps and secs
         if self._last_time is None:
             self._last_time = self.clock()
         return self.clock() - self._last_time >= self.secs
