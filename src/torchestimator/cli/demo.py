@@ -56,9 +56,9 @@ def _read_digits() -> tuple[np.ndarray, np.ndarray]:
     The file load_digits reads, read directly (50 ms rather than the 3 s of importing sklearn.datasets);
     where a scikit-learn release keeps it elsewhere, load_digits itself.
     """
-    path = os.path.join(
-        os.path.dirname(importlib.util.find_spec("sklearn").origin), "datasets", "data", "digits.csv.gz"
-    )
+    spec = importlib.util.find_spec("sklearn")  # found: checked when this module was imported
+    origin = spec.origin if spec is not None else None
+    path = os.path.join(os.path.dirname(origin), "datasets", "data", "digits.csv.gz") if origin else ""
     if not os.path.isfile(path):
         digits = import_extra("sklearn.datasets", extra="demo", feature="the digits demo").load_digits()
         return digits.data, digits.target

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Sequence
 
 PATH_HELP = (
     "a model_dir (its checkpoint history too), a ckpt-<step> folder, a TensorFlow checkpoint (prefix, "
@@ -18,7 +19,7 @@ PATH_HELP = (
 """What `inspect PATH` reads: every format interop.open_weights opens."""
 
 
-def _variables_table(rows: list[tuple[str, tuple[int, ...], object]]) -> list[str]:
+def _variables_table(rows: Sequence[tuple[str, tuple[int, ...], object]]) -> list[str]:
     width = max((len(name) for name, _, _ in rows), default=4)
     lines = [f"{'name':<{width}}  {'shape':<20}  dtype"]
     for name, shape, dtype in rows:

@@ -184,7 +184,7 @@ def _predict_exported(args: argparse.Namespace) -> int:
         outputs, answer = _answer_request(model, args.input, signature_name, args.predict_keys, args.exported)
     if args.output and _is_npz(args.output):
         with open(args.output, "wb") as handle:  # a handle: np.savez would append .npz to OUT.NPZ
-            np.savez(handle, **outputs)
+            np.savez(handle, **outputs)  # type: ignore[arg-type]  # mypy: a key could be savez's allow_pickle
     elif args.output:
         with open(args.output, "w") as handle:
             handle.write(json.dumps(answer) + "\n")

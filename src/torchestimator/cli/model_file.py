@@ -138,6 +138,14 @@ def _load_file(location: str) -> ModuleType:
         )
     name = _module_name(location)
     spec = importlib.util.spec_from_file_location(name, location)
+    if spec is None or spec.loader is None:  # no loader for its suffix: model.txt, model.cfg
+        raise ConfigError(
+            f"model file {location!r} is not a Python file. Give FILE.py or an importable module name "
+            f"such as {_EXAMPLE_MODULE}.",
+            field="model_file",
+            value=location,
+        )
+    loader = spec.loader
     spec.loader_state = _ModelFileOrigin(location)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses, pickle and typing look the module up by name
@@ -145,7 +153,7 @@ def _load_file(location: str) -> ModuleType:
     if folder not in sys.path:  # so the file imports its neighbours, as `python FILE.py` would
         sys.path.insert(0, folder)
     try:
-        _run_module_code(location, os.path.abspath(location), lambda: spec.loader.exec_module(module))
+        _run_module_code(location, os.path.abspath(location), lambda: loader.exec_module(module))
     except BaseException:
         sys.modules.pop(name, None)
         raise

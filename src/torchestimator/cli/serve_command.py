@@ -213,12 +213,12 @@ def _serve(args: argparse.Namespace) -> int:
             raise ConfigError(f"{error}; choose another --port.", field="port", value=args.port) from error
         if error.errno not in _BIND_ERRORS:
             raise
-        raise _bind_refused(args, error) from error
+        raise _bind_refused(args, error.errno) from error
     return 0
 
 
-def _bind_refused(args: argparse.Namespace, error: OSError) -> Exception:
-    """The bind's OSError in the flags' words: which address, and what to change."""
+def _bind_refused(args: argparse.Namespace, code: int) -> Exception:
+    """The bind's OSError (errno ``code``, one of _BIND_ERRORS) in the flags' words: which address, what to change."""
     from torchestimator.errors import ConfigError
 
     address = f"{args.rest_api_host}:{args.rest_api_port}"
@@ -228,7 +228,7 @@ def _bind_refused(args: argparse.Namespace, error: OSError) -> Exception:
         errno.EADDRNOTAVAIL: f"{args.rest_api_host} is not an address of this machine; choose another --rest_api_host",
         errno.EACCES: f"this user may not listen on port {args.rest_api_port} (ports below 1024 need "
         "privileges); choose another --rest_api_port",
-    }[error.errno]
+    }[code]
     return ConfigError(f"cannot listen on {address}: {why}.", field="rest_api_port", value=args.rest_api_port)
 
 

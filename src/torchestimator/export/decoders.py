@@ -21,7 +21,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -225,7 +225,11 @@ class ImageDecode(DecodeStep):
             raise ExportFormatError(f"{where}: {error}") from None
 
 
-_KINDS: dict[str, type[DecodeStep]] = {ExampleParsing.kind: ExampleParsing, ImageDecode.kind: ImageDecode}
+_KINDS: dict[str, Callable[[Mapping[str, Any], str], DecodeStep]] = {
+    ExampleParsing.kind: ExampleParsing.from_json,
+    ImageDecode.kind: ImageDecode.from_json,
+}
+"""Each step's kind and its reader."""
 
 
 def decoder_from_json(document: Any, where: str) -> DecodeStep:
@@ -234,13 +238,13 @@ def decoder_from_json(document: Any, where: str) -> DecodeStep:
     if not isinstance(document, dict):
         raise ExportFormatError(f"{where} must be an object with a 'kind'; it is {type(document).__name__}.")
     kind = document.get("kind")
-    step = _KINDS.get(kind) if isinstance(kind, str) else None
-    if step is None:
+    read = _KINDS.get(kind) if isinstance(kind, str) else None
+    if read is None:
         raise ExportFormatError(
             f"{where}: unknown decode step kind {str(kind)[:40]!r}; this torchestimator knows "
             f"{sorted(_KINDS)}. Re-export with this version or upgrade torchestimator."
         )
-    return step.from_json(document, where)
+    return read(document, where)
 
 
 def _check_keys(document: Any, keys: set[str], where: str) -> None:

@@ -192,6 +192,7 @@ class ExportedModel:
 
     def _prepare_decoded(self, inputs: Mapping[str, Any], signature: Signature) -> dict[str, torch.Tensor]:
         """The program's tensors from the signature's inputs (decoding the strings), or checked when given them."""
+        tensors: dict[str, torch.Tensor]
         if inputs.keys() == self._program_infos.keys():  # already decoded (a batch the scheduler concatenated)
             tensors = {
                 name: _as_tensor(name, inputs[name], info, self._program_dtypes[name])
@@ -212,7 +213,7 @@ class ExportedModel:
         if signature.receiver_inputs and inputs.keys() != signature.inputs.keys():
             inputs = _under_signature_names(inputs, signature)
         _check_input_names(inputs, signature, self.path)
-        tensors: dict[str, torch.Tensor] = {}
+        tensors = {}
         sizes: dict[str, int] = {}
         for name, info in signature.inputs.items():
             if info.dtype == STRING:
@@ -321,7 +322,7 @@ def _symbolic_ranges(
 
     if len(placeholders) != len(names):
         return None
-    ranges = []
+    ranges: list[tuple[str, int, int, float]] = []
     for name, node in zip(names, placeholders):
         value = node.meta.get("val")
         if not isinstance(value, torch.Tensor):

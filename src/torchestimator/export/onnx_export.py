@@ -147,6 +147,7 @@ def convert_to_onnx(
         raise  # not the model's fault (a full disk, no usable temporary directory): export_saved_model names it
     except Exception as error:  # the converter raises many types; each means "this program has no ONNX form"
         raise _conversion_error(error, program, model_name, receiver) from error
+    assert onnx_program is not None  # dynamo=True returns the program (only the legacy exporter returns None)
     graph = onnx_program.model.graph
     converted = ([value.name for value in graph.inputs], [value.name for value in graph.outputs])
     if converted != (input_names, output_names):

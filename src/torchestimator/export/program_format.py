@@ -375,13 +375,10 @@ def _literal(node: ast.expr) -> float | None:
         values = [_literal(argument) for argument in node.args]
         if node.func.id == "Integer" and len(values) == 1 and isinstance(values[0], int):
             return values[0]
-        if (
-            node.func.id == "Rational"
-            and len(values) == 2
-            and all(isinstance(value, int) for value in values)
-            and values[1] != 0
-        ):
-            return values[0] / values[1]
+        if node.func.id == "Rational" and len(values) == 2:
+            numerator, denominator = values
+            if isinstance(numerator, int) and isinstance(denominator, int) and denominator != 0:
+                return numerator / denominator
         if node.func.id == "Float" and len(values) == 1 and values[0] is not None:
             return values[0]
     return None

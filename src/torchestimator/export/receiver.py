@@ -157,12 +157,14 @@ class ServingInputReceiver:
         examples = {}
         for name, spec in self.program_specs().items():
             shape = [EXAMPLE_DYNAMIC_SIZE if size is None else size for size in spec.shape]
-            if spec.dtype.is_floating_point or spec.dtype.is_complex:
+            dtype = spec.dtype
+            assert isinstance(dtype, torch.dtype)  # program_specs holds tensor inputs, not string ones
+            if dtype.is_floating_point or dtype.is_complex:
                 # A fixed generator: exporting twice traces the same values.
                 generator = torch.Generator().manual_seed(0)
-                examples[name] = torch.randn(shape, generator=generator).to(spec.dtype)
+                examples[name] = torch.randn(shape, generator=generator).to(dtype)
             else:
-                examples[name] = torch.zeros(shape, dtype=spec.dtype)
+                examples[name] = torch.zeros(shape, dtype=dtype)
         return examples
 
     def dynamic_shapes(self) -> dict[str, dict[int, Any]]:
@@ -221,11 +223,11 @@ def serving_input_receiver(
     """A ServingInputReceiver from {name: TensorSpec} (or {name: (shape, dtype)})."""
     if not isinstance(receiver_tensors, Mapping):
         raise TypeError(f"receiver_tensors must be a dict of name -> TensorSpec; received {receiver_tensors!r}.")
-    specs = {}
+    specs: dict[str, TensorSpec] = {}
     for name, spec in receiver_tensors.items():
         if isinstance(spec, tuple) and len(spec) == 2 and not isinstance(spec[0], (int, type(None))):
             spec = TensorSpec(shape=spec[0], dtype=spec[1])
-        specs[name] = spec
+        specs[name] = spec  # type: ignore[assignment]  # not a spec nor a pair: the receiver's TypeError names it
     return ServingInputReceiver(receiver_tensors=specs, receiver_fn=receiver_fn)
 
 

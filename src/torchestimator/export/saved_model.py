@@ -343,7 +343,7 @@ def _program_outputs(program: Any) -> dict[str, dict[str, Any]]:
     nodes_by_name = {node.name: node for node in output_node.args[0] if hasattr(node, "name")}
     out_spec = program.call_spec.out_spec
     keys = list(out_spec.context) if out_spec is not None and out_spec.context else []
-    described = {}
+    described: dict[str, dict[str, Any]] = {}
     for key, output_spec in zip(keys, user_outputs):
         node = nodes_by_name.get(getattr(output_spec.arg, "name", None))
         value = node.meta.get("val") if node is not None else None

@@ -40,7 +40,8 @@ import numpy as np
 
 from torchestimator._extras import import_extra
 
-web = import_extra("aiohttp.web", extra="serving", feature="the model server")
+import_extra("aiohttp.web", extra="serving", feature="the model server")  # one line if it is missing
+from aiohttp import web
 
 from torchestimator.export import ExportedModel
 from torchestimator.serving.batching import BatchingParameters
@@ -87,9 +88,6 @@ _PREDICT_PATH = re.compile(
 _MODEL_PATH = re.compile(r"/v1/models(?:/([^/:]+))?(?:/versions/(\d+)|/labels/([^/:]+))?(/metadata)?", re.IGNORECASE)
 _BOTH_VERSION_AND_LABEL = re.compile(r"/v1/models/[^/:]+/versions/\d+/labels/[^/:]+.*", re.IGNORECASE)
 
-_STATE = web.AppKey("serving_state", object)
-_CALL_KEY = web.RequestKey("torchestimator_serving_call", object)
-
 
 @dataclasses.dataclass(kw_only=True)
 class _ServingState:
@@ -106,6 +104,10 @@ class _Call:
 
     api: str
     model_name: str | None
+
+
+_STATE = web.AppKey("serving_state", _ServingState)
+_CALL_KEY = web.RequestKey("torchestimator_serving_call", _Call)
 
 
 def make_app(

@@ -320,8 +320,9 @@ class BatchScheduler:
         open_batch.alone = alone
         return started or open_batch.size >= limit
 
-    def _next_batch_locked(self) -> tuple[_Queue | None, _Batch | None, float | None]:
-        """The next batch to run (round robin over queues), else how long until one may be ready (None: no work)."""
+    def _next_batch_locked(self) -> tuple[_Queue, _Batch] | float | None:
+        """The next batch to run and its queue (round robin over queues), else how long until one may be ready
+        (None: no work)."""
         now = time.monotonic()
         timeout = self._parameters.batch_timeout_micros / 1e6
         queues = list(self._queues.values())
@@ -333,12 +334,12 @@ class BatchScheduler:
                 self._next_queue = (self._next_queue + offset + 1) % len(queues)
                 if queue.idle:
                     del self._queues[queue.key]  # no empty queues kept: memory stays bounded by waiting requests
-                return queue, batch, None
+                return queue, batch
             open_batch = queue.batches[-1]
             if open_batch.tasks:
                 deadline = open_batch.start + timeout
                 earliest = deadline if earliest is None else min(earliest, deadline)
-        return None, None, None if earliest is None else max(0.0, earliest - now)
+        return None if earliest is None else max(0.0, earliest - now)
 
     def _take_locked(self, queue: _Queue, now: float, timeout: float) -> _Batch | None:
         if len(queue.batches) > 1:
@@ -358,10 +359,11 @@ class BatchScheduler:
                 while True:
                     if self._closed:
                         return
-                    queue, batch, wait = self._next_batch_locked()
-                    if batch is not None:
+                    found = self._next_batch_locked()
+                    if isinstance(found, tuple):
+                        queue, batch = found
                         break
-                    self._condition.wait(wait)  # woken by submit/close, or when the earliest open batch times out
+                    self._condition.wait(found)  # woken by submit/close, or when the earliest open batch times out
                 if self._queues:
                     self._condition.notify()  # more may be ready: let an idle thread look rather than wait
             self._run(queue, batch)

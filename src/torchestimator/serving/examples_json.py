@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -129,16 +129,18 @@ def examples_request(
         return ExamplesRequest(signature_name=signature.name, inputs=inputs, count=len(examples))
     features = _feature_names(signature)
     columns = _columns(context, examples, signature, features)
-    inputs = {}
+    given: dict[str, list[bytes] | torch.Tensor] = {}
     for feature, name in features.items():
         info, source = signature.inputs[name], "'context'" if feature in context else None
-        inputs[name] = (
+        given[name] = (
             _string_feature(feature, columns[feature], source)
             if info.dtype == STRING
             else _feature_tensor(feature, columns[feature], info, source)
         )
     if any(info.dtype == STRING for info in signature.inputs.values()):
-        inputs = decoded_inputs(model, inputs, signature.name)
+        inputs = decoded_inputs(model, given, signature.name)
+    else:
+        inputs = cast("dict[str, torch.Tensor]", given)  # no string input: every value is a tensor
     return ExamplesRequest(signature_name=signature.name, inputs=inputs, count=len(examples))
 
 
@@ -274,7 +276,9 @@ def classify_results(outputs: Mapping[str, np.ndarray], count: int) -> dict[str,
             f"{scores.shape[1]}. Export classes of shape [batch_size, num_classes] next to the "
             "scores, e.g. every class id for every example."
         )
-    num_classes = (labels if labels is not None else scores).shape[1]
+    either = labels if labels is not None else scores
+    assert either is not None  # refused above when both are missing
+    num_classes = either.shape[1]
     label_rows = labels.tolist() if labels is not None else [[""] * num_classes] * count
     score_rows = scores.tolist() if scores is not None else [[0.0] * num_classes] * count
     return {
@@ -361,7 +365,7 @@ def _feature_names(signature: Signature) -> dict[str, str]:
 
 
 def _columns(
-    context: Mapping[str, Any], examples: list[dict[str, Any]], signature: Signature, features: Mapping[str, str]
+    context: Mapping[str, Any], examples: Sequence[Mapping[str, Any]], signature: Signature, features: Mapping[str, str]
 ) -> dict[str, list]:
     """Per feature, its value in every example (context merged in); names are checked against ``features``."""
     for index, example in enumerate(examples):

@@ -30,7 +30,7 @@ import torch
 try:
     import orjson as _orjson
 except ImportError:  # optional (the serving extra installs it)
-    _orjson = None
+    _orjson = None  # type: ignore[assignment]  # the module, or None: checked before each use
 
 from torchestimator.export import DEFAULT_SERVING_SIGNATURE_DEF_KEY, ExportedModel, Signature, TensorInfo
 from torchestimator.export.decoders import STRING
@@ -173,12 +173,14 @@ def parse_predict(document: Mapping[str, Any], model: ExportedModel) -> PredictR
         raise invalid_argument(
             f"Missing 'inputs' or 'instances' key. Signature {signature_name!r} takes {describe_inputs(signature)}."
         )
-    tensors = {
-        name: _string_input(name, values[name]) if info.dtype == STRING else _input_tensor(name, values[name], info)
-        for name, info in signature.inputs.items()
-    }
     if any(info.dtype == STRING for info in signature.inputs.values()):
-        tensors = decoded_inputs(model, tensors, signature_name)
+        given = {
+            name: _string_input(name, values[name]) if info.dtype == STRING else _input_tensor(name, values[name], info)
+            for name, info in signature.inputs.items()
+        }
+        tensors = decoded_inputs(model, given, signature_name)
+    else:
+        tensors = {name: _input_tensor(name, values[name], info) for name, info in signature.inputs.items()}
     return PredictRequest(signature_name=signature_name, inputs=tensors, row_format=row_format)
 
 
@@ -237,7 +239,10 @@ def _json_type_name(value: Any) -> str:
         return "Null"
     if isinstance(value, bool):
         return "True" if value else "False"
-    return {dict: "Object", list: "Array", str: "String"}.get(type(value), "Number")
+    return _JSON_TYPE_NAMES.get(type(value), "Number")
+
+
+_JSON_TYPE_NAMES: dict[type, str] = {dict: "Object", list: "Array", str: "String"}
 
 
 def predict_response(outputs: Mapping[str, np.ndarray], row_format: bool) -> dict[str, Any]:
@@ -254,6 +259,7 @@ def predict_response(outputs: Mapping[str, np.ndarray], row_format: bool) -> dic
                 f"Tensor name: {name} has inconsistent batch size: {size} expecting: {batch}. "
                 "Use the columnar format ('inputs') for outputs without a shared batch dimension."
             )
+    assert batch is not None  # the first size, checked in the loop
     if len(outputs) == 1:
         return {"predictions": next(iter(outputs.values())).tolist()}
     columns = {name: array.tolist() for name, array in outputs.items()}

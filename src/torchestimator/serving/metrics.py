@@ -264,10 +264,10 @@ class ServingMetrics:
                 for histogram in self._histograms
             ]
             counters = [(counter, dict(counter.cells)) for counter in self._counters]
-        for counter, cells in counters:
-            yield counter.family(cells)
-        for histogram, cells in histograms:
-            yield histogram.family(cells)
+        for counter, counts in counters:
+            yield counter.family(counts)
+        for histogram, buckets in histograms:
+            yield histogram.family(buckets)
 
     def render(self) -> tuple[bytes, str]:
         """The text exposition and its Content-Type, for the monitoring endpoint."""

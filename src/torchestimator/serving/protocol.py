@@ -27,8 +27,9 @@ from typing import Any
 
 from torchestimator._extras import import_extra
 
-web = import_extra("aiohttp.web", extra="serving", feature="the model server")
-from aiohttp.web_protocol import RequestHandler  # noqa: E402  (aiohttp is there: import_extra said so)
+import_extra("aiohttp.web", extra="serving", feature="the model server")  # one line if it is missing
+from aiohttp import web  # noqa: E402  (aiohttp is there: import_extra said so)
+from aiohttp.web_protocol import RequestHandler  # noqa: E402
 
 __all__ = ["ServingRunner", "error_body"]
 

@@ -28,7 +28,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -162,6 +162,7 @@ class RequestCore:
         ``timeout_hint`` ends the DEADLINE_EXCEEDED message (which setting to raise).
         """
         loop = asyncio.get_running_loop()
+        work: Awaitable[tuple[Any, int | None]]  # the encoded answer and its tf.Example count
         if self.scheduler is not None:
             work = self._run_batched(loop, model, small, parse)
         elif small and (forward_seconds := self._fast_model(model, name, version)) is not None:
@@ -236,11 +237,12 @@ class RequestCore:
         Small requests are parsed and encoded on the event loop, so a request
         costs one hand-off to a batch thread and back rather than three.
         """
-        assert self.scheduler is not None
+        scheduler = self.scheduler
+        assert scheduler is not None
         parsed = parse() if small else await loop.run_in_executor(self.executor, parse)
         # submit checks the inputs against the signature (the model's own checks; INVALID_ARGUMENT naming the
         # input) and raises RESOURCE_EXHAUSTED at once when the queue is full.
-        future = _run_model(lambda: self.scheduler.submit(model, parsed.signature_name, parsed.inputs))
+        future = _run_model(lambda: scheduler.submit(model, parsed.signature_name, parsed.inputs))
         # One wake-up of the loop per batch, not per request (completions.py says why that matters).
         outputs = await self._completions_for(loop).wrap(future, as_serving_error)
         if parsed.output_keys is not None:

@@ -26,7 +26,8 @@ from typing import Any
 
 from torchestimator._extras import import_extra
 
-web = import_extra("aiohttp.web", extra="serving", feature="the model server")
+import_extra("aiohttp.web", extra="serving", feature="the model server")  # one line if it is missing
+from aiohttp import web
 
 from torchestimator.serving.app import make_app, managers_of, request_core_of
 from torchestimator.serving.config import ModelConfig, read_model_config_file
@@ -107,7 +108,8 @@ def serve(
     app[_HEAP] = FrozenHeap()
     _settle_heap(app)  # the first models loaded: frozen before the first request
     try:
-        with asyncio.Runner(loop_factory=make_loop) as runner:  # uvloop when installed (event_loop.py)
+        # asyncio.Runner is Python 3.11+, but requires-python (and mypy) say 3.10: serve() fails on 3.10.
+        with asyncio.Runner(loop_factory=make_loop) as runner:  # type: ignore[attr-defined]  # uvloop if installed
             runner.run(_serve_forever(app, host, port, on_listening, grpc_port))
     except KeyboardInterrupt:  # a Ctrl-C before the loop's own handler was installed
         pass
@@ -311,7 +313,7 @@ def _background_polling(settings: ServerSettings) -> Any:
         if settings.file_system_poll_wait_seconds > 0:
             tasks.append(asyncio.create_task(_poll_versions(app, settings.file_system_poll_wait_seconds)))
         if settings.model_config_file is not None and settings.model_config_file_poll_wait_seconds > 0:
-            tasks.append(asyncio.create_task(_poll_model_config(app, settings)))
+            tasks.append(asyncio.create_task(_poll_model_config(app, settings.model_config_file, settings)))
         yield
         for task in tasks:
             task.cancel()
@@ -332,12 +334,14 @@ async def _poll_versions(app: web.Application, seconds: float) -> None:
         await loop.run_in_executor(None, _settle_heap, app)
 
 
-async def _poll_model_config(app: web.Application, settings: ServerSettings) -> None:
+async def _poll_model_config(
+    app: web.Application, config_file: str | os.PathLike[str], settings: ServerSettings
+) -> None:
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(settings.model_config_file_poll_wait_seconds)
         try:
-            configs = await loop.run_in_executor(None, read_model_config_file, settings.model_config_file)
+            configs = await loop.run_in_executor(None, read_model_config_file, config_file)
         except (OSError, ValueError) as error:  # keep serving the last good configuration
             logger.error("Keeping the current models: the model config file could not be read: %s", error)
             continue
