@@ -375,3 +375,19 @@ def test_cli_serve_on_port_zero_announces_the_port_it_bound(bases):
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+def test_without_asyncio_runner_the_server_loop_still_ends_clean():
+    """Python 3.10 has no asyncio.Runner: serve() then runs its loop itself, cancelling what is left and closing it."""
+    import asyncio
+
+    from torchestimator.serving import server
+
+    seen = {}
+
+    async def main() -> None:
+        seen["leftover"] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
+        seen["loop"] = asyncio.get_running_loop()
+
+    server._run_on_own_loop(main(), asyncio.new_event_loop)
+    assert seen["leftover"].cancelled() and seen["loop"].is_closed()

@@ -20,8 +20,9 @@ import dataclasses
 import logging
 import os
 import signal
+import sys
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from torchestimator._extras import import_extra
@@ -108,12 +109,40 @@ def serve(
     app[_HEAP] = FrozenHeap()
     _settle_heap(app)  # the first models loaded: frozen before the first request
     try:
-        # asyncio.Runner is Python 3.11+, but requires-python (and mypy) say 3.10: serve() fails on 3.10.
-        with asyncio.Runner(loop_factory=make_loop) as runner:  # type: ignore[attr-defined]  # uvloop if installed
-            runner.run(_serve_forever(app, host, port, on_listening, grpc_port))
+        _run(_serve_forever(app, host, port, on_listening, grpc_port), make_loop)  # uvloop if installed
     except KeyboardInterrupt:  # a Ctrl-C before the loop's own handler was installed
         pass
     logger.info("Stopped serving")
+
+
+def _run(main: Coroutine[Any, Any, None], make_loop: Callable[[], asyncio.AbstractEventLoop]) -> None:
+    """``main`` to its end on a loop from ``make_loop``, then the loop's leftovers cancelled and the loop closed:
+    asyncio.Runner's job, which Python 3.10 (still supported) lacks."""
+    if sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=make_loop) as runner:
+            runner.run(main)
+    else:
+        _run_on_own_loop(main, make_loop)
+
+
+def _run_on_own_loop(main: Coroutine[Any, Any, None], make_loop: Callable[[], asyncio.AbstractEventLoop]) -> None:
+    """What asyncio.Runner does, for Python 3.10."""
+    loop = make_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(main)
+    finally:
+        try:
+            left = asyncio.all_tasks(loop)
+            for task in left:
+                task.cancel()
+            if left:
+                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
 
 
 async def _serve_forever(
