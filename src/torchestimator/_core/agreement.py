@@ -23,7 +23,7 @@ import secrets
 import socket
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchestimator._io import filesystems
 from torchestimator._io.atomic import temporary_prefix, writer_is_gone, writer_tag
@@ -35,6 +35,10 @@ from torchestimator.errors import (
     ReplicasDisagreeError,
     TorchEstimatorError,
 )
+
+if TYPE_CHECKING:
+    from torchestimator.checkpoint.store import Checkpoint
+    from torchestimator.distribute.strategy import Strategy
 
 logger = logging.getLogger("torchestimator")
 
@@ -108,7 +112,12 @@ class ReplicaView:
 
 
 def check_start_agreement(
-    strategy: Any, model_dir: str, checkpoint: Any, *, max_steps: int | None = None, steps: int | None = None
+    strategy: Strategy,
+    model_dir: str,
+    checkpoint: Checkpoint | None,
+    *,
+    max_steps: int | None = None,
+    steps: int | None = None,
 ) -> str | None:
     """Fails fast, on every replica, naming the replicas that disagree, when they would start from different states.
 
@@ -125,7 +134,7 @@ def check_start_agreement(
         ReplicasDisagreeError: on every replica, with the same message: which ranks saw what.
     """
     if strategy.num_replicas == 1:
-        return
+        return None
     model_dir = os.fspath(model_dir)
     model_dir = model_dir.rstrip("/") if filesystems.is_url(model_dir) else os.path.abspath(model_dir)
     probe_name = _place_probe(strategy, model_dir)
@@ -142,7 +151,7 @@ def check_start_agreement(
     return probe_name
 
 
-def _place_probe(strategy: Any, model_dir: str) -> str:
+def _place_probe(strategy: Strategy, model_dir: str) -> str:
     """The chief creates model_dir and a probe file with a random name; every replica gets the name."""
     name, failure = "", None
     if strategy.is_chief:
@@ -157,9 +166,10 @@ def _place_probe(strategy: Any, model_dir: str) -> str:
                     handle.write(b"every replica of a run must see this file\n")
         except OSError as error:
             failure = error
-    name, chief_error = strategy.broadcast_object(
+    chief: tuple[str, str | None] = strategy.broadcast_object(
         (name, None if failure is None else f"{type(failure).__name__}: {failure}"), 0
     )
+    name, chief_error = chief
     if failure is not None:
         if is_no_room(failure):
             raise DiskFullError(
@@ -184,7 +194,12 @@ def _place_probe(strategy: Any, model_dir: str) -> str:
 
 
 def _this_view(
-    strategy: Any, model_dir: str, probe_name: str, checkpoint: Any, max_steps: int | None, steps: int | None
+    strategy: Strategy,
+    model_dir: str,
+    probe_name: str,
+    checkpoint: Checkpoint | None,
+    max_steps: int | None,
+    steps: int | None,
 ) -> ReplicaView:
     return ReplicaView(
         rank=strategy.replica_id,
@@ -291,7 +306,7 @@ class ReplicaRoster:
     own_rank: int
 
     @classmethod
-    def gather(cls, strategy: Any) -> ReplicaRoster:
+    def gather(cls, strategy: Strategy) -> ReplicaRoster:
         """Every replica's host and pid; one all_gather_object (call it on every replica)."""
         entries = strategy.all_gather_object(RosterEntry(strategy.replica_id, socket.gethostname(), writer_tag()))
         return cls(tuple(entries), strategy.replica_id)
@@ -317,13 +332,13 @@ class ReplicaRoster:
 
     def describe_loss(self, gone: Sequence[int]) -> str:
         """``gone`` (from ``gone_ranks``) and the replicas this host cannot check, in words."""
-        gone = set(gone)
+        lost = set(gone)
         local = {entry.rank for entry in self._on_this_host()}
         remote = [entry for entry in self.entries if entry.rank != self.own_rank and entry.rank not in local]
         parts = []
-        if gone:
+        if lost:
             named = [
-                f"rank {entry.rank} (pid {entry.pid} on {entry.host})" for entry in self.entries if entry.rank in gone
+                f"rank {entry.rank} (pid {entry.pid} on {entry.host})" for entry in self.entries if entry.rank in lost
             ]
             parts.append(", ".join(named) + (" is gone" if len(named) == 1 else " are gone"))
         elif local:

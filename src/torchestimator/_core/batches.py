@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -13,11 +13,17 @@ from torchestimator._core.config import MIXED_PRECISION_DTYPES, RunConfig
 
 NO_CONTEXT = contextlib.nullcontext()  # reusable; saves building one per step
 
+InputSource = Iterable[Any]
+"""What input_fn returns: batches of (features, labels), or of features alone (see calling.split_batch)."""
+
+AutocastFactory = Callable[[], contextlib.AbstractContextManager[Any]]
+"""Makes one mixed-precision context (torch.autocast) per use."""
+
 
 class DeviceBatches:
     """Next (features, labels) on the device, counting batches for error messages."""
 
-    def __init__(self, iterable: Any, device: torch.device) -> None:
+    def __init__(self, iterable: InputSource, device: torch.device) -> None:
         self.iterator: Iterator[Any] = iter(iterable)
         self.device = device
         self.index = 0
@@ -34,7 +40,7 @@ class DeviceBatches:
         return to_device(features, self.device), to_device(labels, self.device)
 
 
-def autocast_factory(config: RunConfig, device: torch.device) -> Callable[[], Any] | None:
+def autocast_factory(config: RunConfig, device: torch.device) -> AutocastFactory | None:
     """A maker of autocast contexts for mixed precision, or None when running in full precision."""
     if config.mixed_precision is None:
         return None
@@ -42,6 +48,6 @@ def autocast_factory(config: RunConfig, device: torch.device) -> Callable[[], An
     return lambda: torch.autocast(device.type, dtype=dtype)
 
 
-def autocast(config: RunConfig, device: torch.device) -> contextlib.AbstractContextManager:
+def autocast(config: RunConfig, device: torch.device) -> contextlib.AbstractContextManager[Any]:
     factory = autocast_factory(config, device)
     return NO_CONTEXT if factory is None else factory()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import torch
@@ -41,7 +42,7 @@ def takes_in_order(function: Callable[..., Any], names: list[str]) -> bool:
 
 
 def check_declared(
-    function: Callable[..., Any], role: str, allowed: set[str], required: set[str] = frozenset()
+    function: Callable[..., Any], role: str, allowed: set[str], required: AbstractSet[str] = frozenset()
 ) -> set[str]:
     """Refuses arguments the framework cannot supply, before anything runs."""
     if not callable(function):

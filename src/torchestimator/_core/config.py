@@ -29,6 +29,7 @@ DEFAULT_SAVE_CHECKPOINTS_SECS = 600
 MIXED_PRECISION_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 _INTEGER, _NUMBER, _FLAG = "an int", "a finite number", "a bool"
+_PLAIN_NUMBERS: tuple[type, ...] = (int, float)  # kept as they are; other numbers (numpy's) become floats
 _CHECKPOINTS_OFF = " To turn checkpoints off, pass save_checkpoints_steps=None, save_checkpoints_secs=None."
 
 
@@ -88,9 +89,9 @@ class RunConfig:
     """Additionally keep one checkpoint per this many hours (10000 effectively disables)."""
     log_step_count_steps: int | None = _checked(100, _INTEGER, above=0, advice=" To turn step logging off, pass None.")
     """Log loss and steps/s, and write global_step/sec, every this many steps; None disables."""
-    train_distribute: Any = None
+    train_distribute: Strategy | None = None
     """A distribute strategy for training (OneDeviceStrategy, MirroredStrategy); None is one device."""
-    eval_distribute: Any = None
+    eval_distribute: Strategy | None = None
     """A strategy for evaluate and predict; None uses train_distribute's process group if one is up."""
     device: str | None = None
     """torch device for OneDevice runs ("cpu", "cuda", "cuda:1"); None picks CUDA when present."""
@@ -227,7 +228,7 @@ def _of_kind(value: Any, kind: str) -> Any:
     if kind == _INTEGER and isinstance(value, numbers.Integral):
         return int(value)
     if kind == _NUMBER and isinstance(value, numbers.Real) and math.isfinite(value):
-        return value if type(value) in (int, float) else float(value)
+        return value if type(value) in _PLAIN_NUMBERS else float(value)
     return None
 
 
@@ -270,7 +271,7 @@ def _check_device(device: Any) -> None:
         ) from error
 
 
-def _check_strategy(name: str, strategy: Any) -> None:
+def _check_strategy(name: str, strategy: object) -> None:
     if strategy is not None and not isinstance(strategy, Strategy):
         raise ConfigTypeError(
             f"RunConfig.{name} must be a strategy (te.OneDeviceStrategy(), te.MirroredStrategy()) "

@@ -24,6 +24,7 @@ import torch
 
 from torchestimator._core.agreement import check_start_agreement
 from torchestimator._core.arguments import check_argument_types, checked_factory_result, is_scheduler, resolve_model_dir
+from torchestimator._core.batches import InputSource
 from torchestimator._core.calling import call_factory, call_with, check_declared, takes_in_order
 from torchestimator._core.config import RunConfig
 from torchestimator._core.console import (
@@ -42,7 +43,6 @@ from torchestimator._io import filesystems
 from torchestimator._io.atomic import temporary_prefix
 from torchestimator._io.summary import SummaryWriter
 from torchestimator._policy.best import protect_recorded_best
-from torchestimator.checkpoint import CheckpointStore
 from torchestimator.checkpoint.checkpointer import Checkpointer
 from torchestimator.checkpoint.errors import CheckpointError, DiskFullError, is_no_room
 from torchestimator.checkpoint.parts import (
@@ -53,9 +53,9 @@ from torchestimator.checkpoint.parts import (
     restore_shared,
     resumable,
 )
-from torchestimator.distribute import OneDeviceStrategy
+from torchestimator.checkpoint.store import Checkpoint, CheckpointStore
 from torchestimator.distribute.cluster import EVALUATOR, PS, cluster_from_tf_config
-from torchestimator.distribute.strategy import is_chief
+from torchestimator.distribute.strategy import OneDeviceStrategy, Strategy, is_chief
 from torchestimator.distribute.sync_batch_norm import copy_sharing_process_groups, prepare_batch_norm
 from torchestimator.errors import ConfigError
 from torchestimator.export.replicas import ReplicaExports
@@ -63,7 +63,14 @@ from torchestimator.hooks.base import CheckpointSaverListener, Hook, HookList
 from torchestimator.hooks.basic import LoggingTensorHook, StepCounterHook
 from torchestimator.hooks.triggers import check_step_count
 from torchestimator.interop import open_weights
-from torchestimator.warm_start import WarmStartPlan, as_warm_start_settings, plan_warm_start, warm_start
+from torchestimator.interop.source import WeightSource
+from torchestimator.warm_start import (
+    WarmStartPlan,
+    WarmStartSettings,
+    as_warm_start_settings,
+    plan_warm_start,
+    warm_start,
+)
 
 logger = logging.getLogger("torchestimator")
 
@@ -154,7 +161,7 @@ class Estimator:
         cls,
         module: torch.nn.Module | ModelFactory,
         loss: str | Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-        optimizer: str | type | Callable[..., torch.optim.Optimizer] = "adam",
+        optimizer: str | type[torch.optim.Optimizer] | Callable[..., torch.optim.Optimizer] = "adam",
         metrics: Iterable[str] | Mapping[str, Callable[..., Any]] | None = None,
         *,
         learning_rate: float | None = None,
@@ -242,7 +249,8 @@ class Estimator:
             raise ValueError(
                 f"Variable {name!r} is not in {checkpoint.path}; it has {sorted(checkpoint.model_state)[:20]}."
             )
-        return checkpoint.model_state[name].numpy().copy()  # the tensor may be a view of the checkpoint's file
+        value: np.ndarray = checkpoint.model_state[name].numpy().copy()  # the tensor may view the checkpoint's file
+        return value
 
     def _raise_if_all_checkpoints_damaged(self) -> None:
         """A model_dir holding checkpoints of which none is intact raises the CheckpointError naming each."""
@@ -408,7 +416,9 @@ class Estimator:
         if checkpoint is not None:  # generator states before input_fn runs: it may draw from them
             position = parts.restore(checkpoint, strategy.replica_id, strategy.num_replicas)
         elif self._warm_start is not None and self._warm_start.warm_start_optimizer:
-            restore_shared(self._warm_start_checkpoint(), parts.shared_parts(), parts.optimizer, parts.model)
+            restore_shared(
+                self._warm_start_checkpoint(self._warm_start), parts.shared_parts(), parts.optimizer, parts.model
+            )
         state.start_step = state.global_step
         input_source = self._call_input_fn(input_fn, input_fn_args, ModeKeys.TRAIN, strategy)
         parts.input_source = resumable(input_source)
@@ -468,7 +478,7 @@ class Estimator:
 
     def _checkpointer(
         self,
-        strategy: Any,
+        strategy: Strategy,
         saving_listeners: Iterable[CheckpointSaverListener] | None,
         module: torch.nn.Module,
         evaluation: InLoopEvaluation | None,
@@ -505,7 +515,8 @@ class Estimator:
     def _build_parts(self, module: torch.nn.Module, state: TrainState, device: torch.device) -> TrainingParts:
         """The run's stateful parts: the model, and the optimizer, scheduler and scaler built for it."""
         call = self._model_argument[0]
-        optimizer = checked_factory_result(
+        assert self._optimizer_factory is not None  # train() refuses to start without one
+        optimizer: torch.optim.Optimizer = checked_factory_result(
             call_factory(self._optimizer_factory, module.parameters(), self._params),
             f"{call}(optimizer=...)",
             "optimizer",
@@ -528,10 +539,10 @@ class Estimator:
 
     def _resume_input(
         self,
-        input_source: Any,
+        input_source: InputSource,
         parts: TrainingParts,
         position: dict[str, Any] | None,
-        checkpoint: Any,
+        checkpoint: Checkpoint | None,
         num_replicas: int,
     ) -> None:
         if checkpoint is None:
@@ -693,7 +704,7 @@ class Estimator:
             )
         return self._bundle(module, self._load_for_inference(module, current, checkpoint_path), strategy)
 
-    def _bundle(self, module: torch.nn.Module, weights: WeightsOrigin, strategy: Any) -> InferenceBundle:
+    def _bundle(self, module: torch.nn.Module, weights: WeightsOrigin, strategy: Strategy) -> InferenceBundle:
         return InferenceBundle(
             module=module,
             call_model_fn=self._model_fn_caller(),
@@ -704,7 +715,7 @@ class Estimator:
             eval_dir=self.eval_dir,
         )
 
-    def _inference_strategy(self, mode: str) -> Any:
+    def _inference_strategy(self, mode: str) -> Strategy:
         """Evaluation is sharded across the training replicas; predict runs whole in every process,
         so each caller gets every prediction (as tf.estimator's predict, which never distributed)."""
         config = self._config
@@ -730,7 +741,9 @@ class Estimator:
                 )
                 return current
             if self._warm_start is not None:
-                return self._apply_warm_start(module)  # as tf.estimator: evaluate/predict without a checkpoint use it
+                return self._apply_warm_start(
+                    module, self._warm_start
+                )  # as tf.estimator: evaluate/predict without a checkpoint use it
             # As TensorFlow, which says it runs the initializers: results from random weights are rarely wanted.
             logger.warning(
                 "No checkpoint in %s and no warm_start_from: evaluating or predicting with freshly "
@@ -759,13 +772,14 @@ class Estimator:
             return source
         call, field = self._model_argument
         module = call_factory(source, self._params, None, first_is_params=True)
-        return checked_factory_result(
+        built: torch.nn.Module = checked_factory_result(
             module,
             f"{call}({field}=...)",
             field,
             "an nn.Module (a model instance)",
-            lambda built: isinstance(built, torch.nn.Module),
+            lambda value: isinstance(value, torch.nn.Module),
         )
+        return built
 
     def _module_on(self, device: torch.device) -> tuple[torch.nn.Module, WeightsOrigin]:
         """The module for inference on ``device`` and the weights it holds.
@@ -797,7 +811,7 @@ class Estimator:
         plain.load_state_dict(whole)
         return plain
 
-    def _restore_weights(self, module: torch.nn.Module, checkpoint: Any, state: TrainState) -> None:
+    def _restore_weights(self, module: torch.nn.Module, checkpoint: Checkpoint | None, state: TrainState) -> None:
         """Loads a checkpoint into the plain module (before any distribution wrapping)."""
         current = self._weights
         if checkpoint is None:
@@ -805,7 +819,7 @@ class Estimator:
                 # Trained (or warm-started) in this process without checkpoints: keep those weights.
                 state.global_step = current.step
             elif self._warm_start is not None:
-                self._apply_warm_start(module)
+                self._apply_warm_start(module, self._warm_start)
             else:
                 logger.info("No checkpoint in %s: starting from freshly initialised weights.", self._model_dir)
             return
@@ -813,7 +827,9 @@ class Estimator:
             self._load_checkpoint(module, checkpoint, current)
         state.global_step = checkpoint.step
 
-    def _load_checkpoint(self, module: torch.nn.Module, checkpoint: Any, current: WeightsOrigin) -> WeightsOrigin:
+    def _load_checkpoint(
+        self, module: torch.nn.Module, checkpoint: Checkpoint, current: WeightsOrigin
+    ) -> WeightsOrigin:
         if self._warm_start is not None and current.source == "init":
             logger.info(
                 "model_dir %s has a checkpoint (step %d): it wins over warm_start_from %s, which is not applied.",
@@ -828,25 +844,32 @@ class Estimator:
             self._weights = weights
         return weights
 
-    def _apply_warm_start(self, module: torch.nn.Module) -> WeightsOrigin:
+    def _apply_warm_start(self, module: torch.nn.Module, settings: WarmStartSettings) -> WeightsOrigin:
         """Warm start on the plain module, all or nothing; model_dir is not touched here."""
-        plan = warm_start(module, self._warm_start)
+        plan = warm_start(module, settings)
         logger.info(
             "model_dir %s has no checkpoint: warm-started %d variables from %s.",
             self._model_dir,
             len(plan.entries),
-            self._warm_start.ckpt_to_initialize_from,
+            settings.ckpt_to_initialize_from,
         )
-        weights = WeightsOrigin("warm_start", 0, warm_start_from=str(self._warm_start.ckpt_to_initialize_from))
+        weights = WeightsOrigin("warm_start", 0, warm_start_from=str(settings.ckpt_to_initialize_from))
         if module is self._module:
             self._weights = weights
         return weights
 
-    def _warm_start_checkpoint(self) -> Any:
+    def _warm_start_checkpoint(self, settings: WarmStartSettings) -> Checkpoint:
         """The torchestimator checkpoint warm_start_optimizer takes optimizer state from."""
-        source = self._warm_start.ckpt_to_initialize_from
+        from torchestimator.interop.torch_sources import TorchestimatorSource
+
+        source = settings.ckpt_to_initialize_from
+        if isinstance(source, WeightSource):  # open_weights takes a path
+            raise TypeError(
+                f"warm_start_optimizer needs the path of a torchestimator checkpoint or model_dir; "
+                f"ckpt_to_initialize_from is a {type(source).__name__}."
+            )
         with open_weights(source) as weights:
-            if weights.format != "torchestimator":
+            if not isinstance(weights, TorchestimatorSource):  # the source of format "torchestimator"
                 raise ValueError(
                     f"warm_start_optimizer needs a torchestimator checkpoint or model_dir; {source} is {weights.format}. "
                     "Optimizer state from other formats is not carried over."
@@ -904,7 +927,7 @@ class Estimator:
         fixed = {
             name: value for name, value in (("params", self._params), ("config", self._config)) if name in declared
         }
-        per_batch = [name for name in ("model", "features", "labels", "mode") if name in declared]
+        per_batch: list[str] = [name for name in ("model", "features", "labels", "mode") if name in declared]
 
         if per_batch == ["model", "features", "labels", "mode"] and not fixed:
             if takes_in_order(model_fn, per_batch):
@@ -925,12 +948,14 @@ class Estimator:
 
         return call
 
-    def _input_caller(self, input_fn: Callable[..., Any], mode: str, strategy: Any) -> Any:
+    def _input_caller(self, input_fn: Callable[..., Any], mode: str, strategy: Strategy) -> InputSource:
         return self._call_input_fn(input_fn, check_declared(input_fn, "input_fn", _INPUT_FN_ARGS), mode, strategy)
 
-    def _call_input_fn(self, input_fn: Callable[..., Any], declared: set[str], mode: str, strategy: Any) -> Any:
+    def _call_input_fn(
+        self, input_fn: Callable[..., Any], declared: set[str], mode: str, strategy: Strategy
+    ) -> InputSource:
         context = strategy.input_context()
-        source = call_with(
+        source: InputSource | None = call_with(
             input_fn, declared, {"params": self._params, "mode": mode, "config": self._config, "input_context": context}
         )
         if source is None or not hasattr(source, "__iter__"):

@@ -7,21 +7,25 @@ InferenceBundle) builds the run and has restored the weights before.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchestimator._core.batches import DeviceBatches, autocast
+from torchestimator._core.batches import DeviceBatches, InputSource, autocast
 from torchestimator._core.calling import batch_length
 from torchestimator._core.config import RunConfig
 from torchestimator._core.progress import Progress
 from torchestimator._core.spec import EstimatorSpec, ModeKeys, validate_spec
 from torchestimator._core.state import TrainState
-from torchestimator.hooks.base import HookList, RunContext
+from torchestimator.hooks.base import Hook, HookList, RunContext
+
+if TYPE_CHECKING:
+    from torchestimator.distribute.strategy import Strategy
+    from torchestimator.metrics import MetricAccumulators
 
 
-def adopt_spec_hooks(hooks: HookList, spec_hooks: tuple[Any, ...], state: TrainState) -> None:
+def adopt_spec_hooks(hooks: HookList, spec_hooks: Iterable[Hook], state: TrainState) -> None:
     """Hooks from the first batch's EstimatorSpec join the run (model_fn runs per batch, so later
     batches' hook objects would be new copies of the same hooks)."""
     for hook in spec_hooks:
@@ -34,18 +38,18 @@ def adopt_spec_hooks(hooks: HookList, spec_hooks: tuple[Any, ...], state: TrainS
 class EvalRun:
     """Everything one evaluate or predict call needs."""
 
-    strategy: Any
+    strategy: Strategy
     module: torch.nn.Module
     call_model_fn: Callable[..., EstimatorSpec]
     hooks: HookList
     state: TrainState
-    input_source: Any
+    input_source: InputSource
     steps: int | None
     progress_bar: bool | None
     mixed_precision_config: RunConfig
 
 
-def eval_loop(run: EvalRun, accumulators: Any) -> dict[str, Any]:
+def eval_loop(run: EvalRun, accumulators: MetricAccumulators) -> dict[str, Any]:
     """Evaluates until `steps` batches or the end of input; returns metrics, loss and global_step."""
     strategy, state = run.strategy, run.state
     batches = DeviceBatches(run.input_source, strategy.device)
@@ -71,6 +75,7 @@ def eval_loop(run: EvalRun, accumulators: Any) -> dict[str, Any]:
             rows = batch_length(labels if labels is not None else features)
             rows = 1 if rows is None else rows
             if rows:  # a replica's share of a short last batch may be empty; its loss is NaN
+                assert spec.loss is not None  # validate_spec requires one in EVAL mode
                 loss_sum += spec.loss.detach().double().reshape(()) * rows
                 example_count += rows
             if spec.eval_metric_ops:
@@ -148,10 +153,11 @@ def _split_examples(predictions: Any) -> Iterator[Any]:
         return
     lengths = {key: (array.shape[0] if array.ndim else None) for key, array in arrays.items()}
     distinct = set(lengths.values())
-    if len(distinct) != 1 or None in distinct:
+    rows = distinct.pop() if len(distinct) == 1 else None
+    if rows is None:
         raise ValueError(
             f"With yield_single_examples=True every prediction must share its first dimension; found {lengths}. "
             "Use yield_single_examples=False to get whole batches."
         )
-    for row in range(distinct.pop()):
+    for row in range(rows):
         yield {key: array[row] for key, array in arrays.items()}

@@ -12,16 +12,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 
+from torchestimator._core.batches import InputSource
+from torchestimator._core.config import RunConfig
 from torchestimator._core.eval_loops import EvalRun, eval_loop
 from torchestimator._core.spec import EstimatorSpec, ModeKeys
 from torchestimator._core.state import TrainState
 from torchestimator._io.summary import SummaryWriter
 from torchestimator.hooks.base import Hook, HookList
 from torchestimator.metrics import MetricAccumulators
+
+if TYPE_CHECKING:
+    from torchestimator.distribute.strategy import Strategy
 
 logger = logging.getLogger("torchestimator")
 
@@ -52,7 +57,7 @@ class WeightsOrigin:
 
 FRESH = WeightsOrigin("init")
 
-InputCaller = Callable[[Callable[..., Any], str, Any], Any]
+InputCaller = Callable[[Callable[..., Any], str, "Strategy"], InputSource]
 """(input_fn, mode, strategy) -> the iterable of batches, with the Estimator's params/config/input_context."""
 
 
@@ -65,10 +70,10 @@ class InferenceBundle:
     call_model_fn: Callable[[torch.nn.Module, Any, Any, str], EstimatorSpec]
     """(model, features, labels, mode) -> EstimatorSpec, passing params/config as model_fn declared."""
     weights: WeightsOrigin
-    strategy: Any
+    strategy: Strategy
     """Where evaluation runs (the training replicas when distributed)."""
     call_input_fn: InputCaller
-    config: Any
+    config: RunConfig
     eval_dir: Callable[[str | None], str]
 
     @property

@@ -15,12 +15,13 @@ import math
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from torchestimator._core.agreement import ReplicaRoster
-from torchestimator._core.batches import DeviceBatches, autocast_factory
+from torchestimator._core.batches import AutocastFactory, DeviceBatches, InputSource, autocast_factory
 from torchestimator._core.config import RunConfig
 from torchestimator._core.console import TrainOutcome
 from torchestimator._core.eval_loops import adopt_spec_hooks
@@ -31,8 +32,13 @@ from torchestimator._core.state import TrainState, rng_preserved
 from torchestimator.checkpoint.checkpointer import Checkpointer
 from torchestimator.checkpoint.parts import TrainingParts
 from torchestimator.errors import CheckpointError, NanLossDuringTrainingError
-from torchestimator.hooks.base import HookList, RunContext
+from torchestimator.hooks.base import CheckpointSaverListener, HookList, RunContext
 from torchestimator.hooks.triggers import Every
+
+if TYPE_CHECKING:
+    from torchestimator._core.inference import InferenceBundle
+    from torchestimator._io.summary import SummaryWriter
+    from torchestimator.distribute.strategy import Strategy
 
 logger = logging.getLogger("torchestimator")
 
@@ -44,7 +50,7 @@ class InLoopEvaluation(Protocol):
     """False for one that only answers ``begin`` (trainers beside an evaluator task): the Estimator then builds
     no evaluation copy of sharded weights and keeps asynchronous saves."""
 
-    def begin(self, bundle: Any, state: TrainState) -> str | None:
+    def begin(self, bundle: InferenceBundle, state: TrainState) -> str | None:
         """Before step one, with the live module's InferenceBundle: why training is over already (an earlier
         run's evaluations say stop), or None to train."""
 
@@ -66,14 +72,15 @@ class TrainingRun:
     """Everything one train call needs, built by the Estimator."""
 
     config: RunConfig
-    strategy: Any
+    strategy: Strategy
     parts: TrainingParts
     wrapped: torch.nn.Module
     call_model_fn: Callable[..., EstimatorSpec]
     hooks: HookList
     checkpointer: Checkpointer | None
-    summary_writer: Any
-    input_source: Any
+    summary_writer: SummaryWriter
+    input_source: InputSource
+    """What input_fn returned: the batches this call trains on."""
     last_step: int | None
     evaluation: InLoopEvaluation | None = None
     resumed_from: str | None = None
@@ -96,7 +103,7 @@ class _InterruptFlag:
         self.raised = False
         self._previous: Any = None
 
-    def _handle(self, signum: int, frame: Any) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.raised:
             raise KeyboardInterrupt
         self.raised = True
@@ -156,7 +163,12 @@ def _loss_watch(device: torch.device) -> _HostLossWatch | _DeviceLossWatch:
 
 
 def _micro_step(
-    run: TrainingRun, batches: DeviceBatches, autocast: Any, accumulation: int, last: bool, check_spec: TrainSpecCheck
+    run: TrainingRun,
+    batches: DeviceBatches,
+    autocast: AutocastFactory | None,
+    accumulation: int,
+    last: bool,
+    check_spec: TrainSpecCheck,
 ) -> tuple[EstimatorSpec, torch.Tensor | None]:
     """Forward and backward on one batch; returns the spec and the loss (None after a train_op; see
     _forward_backward)."""
@@ -168,7 +180,12 @@ def _micro_step(
 
 
 def _forward_backward(
-    run: TrainingRun, features: Any, labels: Any, autocast: Any, accumulation: int, check_spec: TrainSpecCheck
+    run: TrainingRun,
+    features: Any,
+    labels: Any,
+    autocast: AutocastFactory | None,
+    accumulation: int,
+    check_spec: TrainSpecCheck,
 ) -> tuple[EstimatorSpec, torch.Tensor | None]:
     """model_fn and backward on one batch. The loss returned is the spec's own tensor when there is no
     accumulation (no detach per step: the spec holds it anyway, and it is read with .item(), which does not
@@ -184,18 +201,22 @@ def _forward_backward(
             raise ValueError("EstimatorSpec.train_op cannot be combined with gradient_accumulation_steps > 1.")
         spec.train_op()
         return spec, None
-    loss = spec.loss if spec.loss.dim() == 0 else spec.loss.reshape(())
+    loss = spec.loss
+    assert loss is not None  # check_spec refuses a TRAIN spec without one
+    if loss.dim() != 0:
+        loss = loss.reshape(())
     if accumulation > 1:
         loss = loss / accumulation
     scaler = run.parts.grad_scaler
-    (scaler.scale(loss) if scaler is not None else loss).backward()
+    # torch leaves Tensor.backward unannotated.
+    (scaler.scale(loss) if scaler is not None else loss).backward()  # type: ignore[no-untyped-call]
     return spec, loss if accumulation == 1 else loss.detach()
 
 
 def _train_step(
     run: TrainingRun,
     batches: DeviceBatches,
-    autocast: Any,
+    autocast: AutocastFactory | None,
     check_spec: TrainSpecCheck,
 ) -> tuple[EstimatorSpec, torch.Tensor]:
     """One optimizer step over gradient_accumulation_steps micro-batches; StopIteration when input ends."""
@@ -206,9 +227,11 @@ def _train_step(
     else:
         spec, total_loss = _micro_step(run, batches, autocast, accumulation, False, check_spec)
     if total_loss is None:  # the spec's train_op did the whole step
+        assert spec.loss is not None  # check_spec refuses a TRAIN spec without one
         return spec, spec.loss.detach()
     for micro_step in range(1, accumulation):
         spec, loss = _micro_step(run, batches, autocast, accumulation, micro_step == accumulation - 1, check_spec)
+        assert loss is not None  # a train_op with accumulation raised in _forward_backward
         total_loss = total_loss + loss
     parts = run.parts
     optimizer, scaler = parts.optimizer, parts.grad_scaler
@@ -223,7 +246,8 @@ def _train_step(
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if parts.lr_scheduler is not None:
-        parts.lr_scheduler.step()
+        # TrainingParts types it Stateful (its checkpoint role); Estimator._build_parts checked it also steps.
+        parts.lr_scheduler.step()  # type: ignore[attr-defined]
     return spec, total_loss
 
 
@@ -272,7 +296,7 @@ class _TrainLoop:
         # One replica, no checkpoints, no in-loop evaluation: a step with no stop, interrupt or checkpoint request
         # has nothing to agree on or save, only the NaN guard to read (see _agree_and_save's first lines).
         self.alone_without_saves = not self.several and run.checkpointer is None and run.evaluation is None
-        self.pending_listeners: list[Any] = []
+        self.pending_listeners: list[tuple[CheckpointSaverListener, ...]] = []
         self.context = RunContext(
             self.state,
             is_chief=self.is_chief,
@@ -334,9 +358,12 @@ class _TrainLoop:
         for after_step in self.after_step_hooks:
             after_step(context)
         if summary_due:
+            assert self.schedules.summary is not None  # due only where scheduled
             self.schedules.summary.mark(step)
             if self.is_chief:
-                _write_train_summaries(run, self.context.loss, step)
+                loss_value = context.loss
+                assert loss_value is not None  # set_step_outputs above was given this step's loss
+                _write_train_summaries(run, loss_value, step)
 
     def _agree_and_save(self, interrupt_raised: bool, logging_step: bool) -> tuple[bool, bool]:
         """Every replica agrees on stop / save / NaN, then saves and evaluates together; returns (stop, interrupted)."""
@@ -371,7 +398,10 @@ class _TrainLoop:
             saved = True
         if evaluation is not None and evaluation.due(step, saved):  # noqa: SIM102 (evaluates whatever stop is)
             # Final when training ends at this step anyway: max_steps, or a stop every replica agreed on.
-            if self._evaluate(final=stop or (run.last_step is not None and step >= run.last_step)) and not stop:
+            if (
+                self._evaluate(evaluation, final=stop or (run.last_step is not None and step >= run.last_step))
+                and not stop
+            ):
                 stop, self.stop_reason = True, "early stopping"
         return stop, interrupted
 
@@ -379,6 +409,7 @@ class _TrainLoop:
         run = self.run
         if run.checkpointer is None:
             raise ValueError("A hook asked for a checkpoint but checkpoints are disabled in RunConfig.")
+        assert self.schedules.checkpoint is not None  # scheduled whenever there is a checkpointer
         self.schedules.checkpoint.mark(self.state.global_step)
         listeners = [listener for group in self.pending_listeners for listener in group]
         self.pending_listeners.clear()
@@ -390,12 +421,12 @@ class _TrainLoop:
         if self.several:
             self.strategy.broadcast_buffers(self.run.parts.model)
 
-    def _evaluate(self, *, final: bool) -> bool:
+    def _evaluate(self, evaluation: InLoopEvaluation, *, final: bool) -> bool:
         """Evaluates on the live module without moving training's random streams, then back to training mode."""
         model = self.run.parts.model
         try:
             with rng_preserved():
-                return self.run.evaluation.evaluate(self.state.global_step, final=final)
+                return evaluation.evaluate(self.state.global_step, final=final)
         finally:
             model.train()
             apply_frozen_modes(model)
@@ -427,16 +458,16 @@ class _TrainLoop:
         if checkpointer is not None:
             checkpointer.publish_in_flight()  # here, where a replica lost during a background save is named
         if self.last_loss is not None:
-            state.last_loss = self._final_loss()
+            state.last_loss = self._final_loss(self.last_loss)
 
-    def _final_loss(self) -> float:
+    def _final_loss(self, last_loss: torch.Tensor) -> float:
         """The last step's loss; with several replicas their mean: the one of its logging step, else one more
         collective, which every replica reaches here as the NaN check above (decided by the step, never by what a
         hook read on one replica only)."""
         if self.several:
-            return self.last_loss_mean if self.last_loss_mean is not None else self.strategy.reduce_mean(self.last_loss)
+            return self.last_loss_mean if self.last_loss_mean is not None else self.strategy.reduce_mean(last_loss)
         value = self.context.loss_if_read
-        return self.last_loss.item() if value is None else value
+        return last_loss.item() if value is None else value
 
 
 def _write_train_summaries(run: TrainingRun, loss: float, step: int) -> None:

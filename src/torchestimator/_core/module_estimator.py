@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeGuard
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +45,7 @@ LOSSES: dict[str, tuple[LossFn, str]] = {
     "mean_absolute_error": (_regression(F.l1_loss), "regression"),
 }
 
-OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], float]] = {
+OPTIMIZERS: dict[str, tuple[Callable[..., torch.optim.Optimizer], float]] = {
     # Keras's default learning rates, so a Keras user's "adam" behaves as they expect.
     "adam": (torch.optim.Adam, 1e-3),
     "adamw": (torch.optim.AdamW, 1e-3),
@@ -85,7 +85,13 @@ def resolve_loss(loss: str | LossFn) -> tuple[LossFn, str]:
     return loss, task
 
 
-def resolve_optimizer(optimizer: Any, learning_rate: float | None) -> Callable[..., torch.optim.Optimizer]:
+def _is_optimizer_class(value: object) -> TypeGuard[type[torch.optim.Optimizer]]:
+    return isinstance(value, type) and issubclass(value, torch.optim.Optimizer)
+
+
+def resolve_optimizer(
+    optimizer: str | Callable[..., torch.optim.Optimizer], learning_rate: float | None
+) -> Callable[..., torch.optim.Optimizer]:
     if learning_rate is not None and (
         isinstance(learning_rate, bool)
         or not isinstance(learning_rate, numbers.Real)
@@ -113,10 +119,12 @@ def resolve_optimizer(optimizer: Any, learning_rate: float | None) -> Callable[.
         cls, default_rate = OPTIMIZERS[key]
         rate = default_rate if learning_rate is None else learning_rate
         return lambda parameters: cls(parameters, lr=rate)
-    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+    if _is_optimizer_class(optimizer):
+        # A subclass's constructor: (params, lr=..., ...), where the base class takes (params, defaults).
+        optimizer_class: Callable[..., torch.optim.Optimizer] = optimizer
         if learning_rate is None:
-            return lambda parameters: optimizer(parameters)
-        return lambda parameters: optimizer(parameters, lr=learning_rate)
+            return lambda parameters: optimizer_class(parameters)
+        return lambda parameters: optimizer_class(parameters, lr=learning_rate)
     if callable(optimizer) and learning_rate is None:
         return optimizer
     if callable(optimizer):
@@ -201,23 +209,25 @@ def _metric_op(name: str, labels: torch.Tensor, predictions: dict[str, torch.Ten
 
 
 def _call_module(model: torch.nn.Module, features: Any) -> torch.Tensor:
+    outputs: torch.Tensor
     if isinstance(features, torch.Tensor):
-        return model(features)
-    if isinstance(features, Mapping):
-        if len(features) == 1:
-            return model(next(iter(features.values())))
-        return model(**features)
-    raise TypeError(
-        f"from_module feeds a tensor or a dict of tensors to the module; received {type(features).__name__}."
-    )
+        outputs = model(features)
+    elif isinstance(features, Mapping):
+        outputs = model(next(iter(features.values()))) if len(features) == 1 else model(**features)
+    else:
+        raise TypeError(
+            f"from_module feeds a tensor or a dict of tensors to the module; received {type(features).__name__}."
+        )
+    return outputs
 
 
 def build_model_fn(
-    loss: str | LossFn, metrics: Sequence[str] | Mapping[str, Callable[..., Any]] | None
+    loss: str | LossFn, metrics: Iterable[str] | Mapping[str, Callable[..., Any]] | None
 ) -> Callable[..., EstimatorSpec]:
     """A model_fn: outputs = module(features); loss(outputs, labels); named metrics on the outputs."""
     loss_fn, task = resolve_loss(loss)
     metrics = resolve_metrics(metrics)
+    named: dict[str, Callable[..., Any] | None]  # a metric's callable, or None for a metric named in words
     if isinstance(metrics, Mapping):
         named = dict(metrics)
     else:

@@ -171,7 +171,7 @@ class TrainSpecCheck:
     """
 
     def __init__(self) -> None:
-        self._expected: tuple[type, type, torch.dtype, torch.Size] | None = None
+        self._expected: tuple[type[EstimatorSpec], type[torch.Tensor], torch.dtype, torch.Size] | None = None
 
     def __call__(self, spec: Any) -> EstimatorSpec:
         expected = self._expected
@@ -179,8 +179,8 @@ class TrainSpecCheck:
             loss = spec.loss
             if type(loss) is expected[1] and loss.dtype is expected[2] and loss.shape == expected[3]:
                 return spec
-        validate_spec(spec, ModeKeys.TRAIN)
-        loss = spec.loss
-        if spec.train_op is None and isinstance(loss, torch.Tensor):
-            self._expected = (type(spec), type(loss), loss.dtype, loss.shape)
-        return spec
+        checked = validate_spec(spec, ModeKeys.TRAIN)
+        loss = checked.loss
+        if checked.train_op is None and isinstance(loss, torch.Tensor):
+            self._expected = (type(checked), type(loss), loss.dtype, loss.shape)
+        return checked

@@ -63,16 +63,24 @@ def _decode_byte_tensor(text: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
 
 
+def _cuda_initialized() -> bool:
+    """CUDA is available and this process already initialised it (asking initialises nothing)."""
+    # torch leaves is_initialized unannotated.
+    return torch.cuda.is_available() and bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+
+
 def capture_rng_state() -> dict[str, Any]:
     """The python, numpy and torch generator states, as JSON-serialisable values."""
     version, internal, gauss = random.getstate()
-    kind, keys, position, has_gauss, cached = np.random.get_state()
+    # The global generator is an MT19937, whose legacy state is this tuple; numpy's stub also allows a dict.
+    numpy_state: tuple[str, np.ndarray, int, int, float] = np.random.get_state(legacy=True)  # type: ignore[assignment]
+    kind, keys, position, has_gauss, cached = numpy_state
     state: dict[str, Any] = {
         "python": [version, list(internal), gauss],
         "numpy": [kind, keys.tolist(), int(position), int(has_gauss), float(cached)],
         "torch": _encode_tensor(torch.get_rng_state()),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if _cuda_initialized():
         state["cuda"] = [_encode_tensor(s) for s in torch.cuda.get_rng_state_all()]
     return state
 
@@ -99,7 +107,7 @@ def rng_preserved() -> Iterator[None]:
     evaluations gives the weights of training without them.
     """
     python, numpy_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    cuda = torch.cuda.get_rng_state_all() if _cuda_initialized() else None
     try:
         yield
     finally:

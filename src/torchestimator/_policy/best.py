@@ -285,13 +285,12 @@ def _read_best_file(model_dir: str) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         logger.warning("%s is unreadable (%s); the best checkpoints are compared afresh.", path, error)
         return None
-    valid = (
+    if not (
         isinstance(document, dict)
         and document.get("format_version") == _FORMAT_VERSION
         and isinstance(document.get("best"), list)
         and all(isinstance(item, dict) and {"step", "value"} <= set(item) for item in document["best"])
-    )
-    if not valid:
+    ):
         logger.warning("%s does not have the expected layout; the best checkpoints are compared afresh.", path)
         return None
     for index, item in enumerate(document["best"]):

@@ -189,10 +189,11 @@ class NoImprovementRule(EarlyStoppingRule):
         self.objective = Objective(metric_name=metric_name, higher_is_better=increase)
 
     def _decide(self, history: list[tuple[int, float]]) -> bool:
-        best = BestSoFar(objective=self.objective)
+        best, best_step = BestSoFar(objective=self.objective), 0
         for step, value in history:
-            best.offer(step, value)
-            if step - best.step >= self.max_steps_without_improvement:
+            if best.offer(step, value):  # always for the first
+                best_step = step
+            if step - best_step >= self.max_steps_without_improvement:
                 return True
         return False
 
@@ -274,7 +275,7 @@ _SUMMARIES = {
 }
 
 
-def _tensorflow_form(function: str, second: str, rule: type[_Rule], **direction: bool) -> Callable[..., _Rule]:
+def _tensorflow_form(function: str, second: str, rule: Callable[..., _Rule], **direction: bool) -> Callable[..., _Rule]:
     """TensorFlow's ``function([estimator,] metric_name, <second>, *, eval_dir=None, min_steps=0, run_every_secs=None,
     run_every_steps=None)``, building ``rule(metric_name, <second>, **direction, min_steps=..., ...)``.
 

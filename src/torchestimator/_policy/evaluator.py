@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchestimator._io import filesystems
 from torchestimator._policy.best import BestCheckpointPolicy
@@ -61,13 +61,16 @@ from torchestimator._policy.history import eval_history, seed_rules
 from torchestimator._policy.specs import EvalSpec, TrainSpec, as_spec_list, by_spec, check_seconds, run_exporters
 from torchestimator.errors import CheckpointError, ConfigError
 
+if TYPE_CHECKING:
+    from torchestimator._core.estimator import Estimator
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["run_evaluator"]
 
 
 def run_evaluator(
-    estimator: Any,
+    estimator: Estimator,
     train_spec: TrainSpec,
     eval_spec: EvalSpec | Sequence[EvalSpec],
     *,
@@ -130,7 +133,7 @@ class _Evaluator:
 
     def __init__(
         self,
-        estimator: Any,
+        estimator: Estimator,
         train_spec: TrainSpec,
         specs: list[EvalSpec],
         best: BestCheckpointPolicy | None,
@@ -223,7 +226,7 @@ class _Evaluator:
         if earlier is None or not earlier.ended or not earlier.evaluator_task:  # the last is refused by _training_run
             return
         newest = self._newest()
-        if newest is not None and newest[0] == earlier.end_step and self._job_is_over(earlier):
+        if newest is not None and newest[0] == earlier.end_step and self._job_is_over(earlier.end_cause, newest[0]):
             logger.info(
                 "Training run %s ended at global step %d (%s) and its job is over: evaluating that "
                 "checkpoint as the final one.",
@@ -248,11 +251,12 @@ class _Evaluator:
             TRAINING_RUN_FILE,
         )
 
-    def _job_is_over(self, run: TrainingRun) -> bool:
-        if run.end_cause == END_MAX_STEPS:
-            return self._reaches_max_steps(run.end_step)
-        if run.end_cause == END_EARLY_STOPPING:
-            return self._verdict_stands(run.end_step)
+    def _job_is_over(self, end_cause: str | None, end_step: int) -> bool:
+        """Whether a run that ended at ``end_step`` for ``end_cause`` ended this evaluator's job too."""
+        if end_cause == END_MAX_STEPS:
+            return self._reaches_max_steps(end_step)
+        if end_cause == END_EARLY_STOPPING:
+            return self._verdict_stands(end_step)
         # The input ended or a hook stopped it (or a record from before end_cause): over, as it said.
         return True
 
@@ -417,8 +421,9 @@ class _Evaluator:
                 "Training run %s ended at global step %d (%s).", training.run_id, training.end_step, training.end_reason
             )
             paths = {entry["step"]: entry["path"] for entry in self.estimator.checkpoint_store.history()}
-            if training.end_step in paths:
-                target = (training.end_step, paths[training.end_step])
+            end_step = training.end_step
+            if end_step is not None and end_step in paths:
+                target = (end_step, paths[end_step])
             else:
                 logger.warning(
                     "Training ended at global step %s but %s has no checkpoint of it; evaluating the "

@@ -39,7 +39,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from torchestimator._io import filesystems
 from torchestimator._io.atomic import WRITER_PATTERN, write_json_atomically, writer_is_gone, writer_tag
@@ -47,6 +47,8 @@ from torchestimator._io.regular_file import read_regular_file
 from torchestimator.errors import FileTooLargeError, NotARegularFileError
 
 logger = logging.getLogger(__name__)
+
+_Record = TypeVar("_Record")
 
 __all__ = [
     "END_CAUSES",
@@ -342,8 +344,12 @@ def _read(model_dir: str, name: str) -> dict[str, Any] | None:
 
 
 def _build(
-    model_dir: str, name: str, kind: type, document: dict[str, Any], fields: dict[str, tuple[type | None, ...]]
-) -> Any:
+    model_dir: str,
+    name: str,
+    kind: Callable[..., _Record],
+    document: dict[str, Any],
+    fields: dict[str, tuple[type | None, ...]],
+) -> _Record | None:
     """``kind(**fields)`` from the document when each field has one of its types; else a warning and None."""
     values = {}
     for field, types in fields.items():

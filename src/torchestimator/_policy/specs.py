@@ -9,11 +9,14 @@ task) and the exporters themselves (export/).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torchestimator._io import filesystems
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, check_hook
+
+if TYPE_CHECKING:
+    from torchestimator._core.estimator import Estimator
 
 __all__ = ["EvalSpec", "TrainSpec", "as_spec_list", "by_spec", "check_seconds", "run_exporters"]
 
@@ -27,6 +30,23 @@ def check_seconds(owner: str, name: str, value: Any) -> None:
     """ValueError naming ``owner`` and ``name`` unless ``value`` is a number of seconds >= 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         raise ValueError(f"{owner}: {name} must be a number of seconds >= 0; received {value!r}.")
+
+
+class ExporterLike(Protocol):
+    """What an EvalSpec's exporter provides: te.LatestExporter and the other export.Exporter classes, or any
+    object with a ``name`` and this ``export``."""
+
+    @property
+    def name(self) -> str: ...
+
+    def export(
+        self,
+        estimator: Estimator,
+        export_path: str,
+        checkpoint_path: str | None,
+        eval_result: Mapping[str, Any] | None,
+        is_the_final_export: bool,
+    ) -> Any: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,14 +115,14 @@ class EvalSpec:
         object.__setattr__(self, "exporters", _check_exporters(self.exporters))
 
 
-def _check_exporters(exporters: Any) -> tuple[Any, ...]:
+def _check_exporters(exporters: Any) -> tuple[ExporterLike, ...]:
     if exporters is None:
         return ()
     if hasattr(exporters, "export") and hasattr(exporters, "name"):
         exporters = (exporters,)
-    exporters = tuple(exporters)
+    checked: tuple[ExporterLike, ...] = tuple(exporters)
     names: set[str] = set()
-    for exporter in exporters:
+    for exporter in checked:
         if not callable(getattr(exporter, "export", None)):
             raise TypeError(f"EvalSpec: exporters must have an export(...) method; received {exporter!r}.")
         name = getattr(exporter, "name", None)
@@ -111,7 +131,7 @@ def _check_exporters(exporters: Any) -> tuple[Any, ...]:
         if name in names:
             raise ValueError(f"EvalSpec: exporter names must be unique; {name!r} appears more than once.")
         names.add(name)
-    return exporters
+    return checked
 
 
 def as_spec_list(eval_spec: Any) -> list[EvalSpec]:
@@ -135,7 +155,11 @@ def as_spec_list(eval_spec: Any) -> list[EvalSpec]:
 
 
 def run_exporters(
-    estimator: Any, spec: EvalSpec, checkpoint_path: str | None, results: dict[str, Any], final: bool
+    estimator: Estimator,
+    spec: EvalSpec,
+    checkpoint_path: str | None,
+    results: Mapping[str, Any] | None,
+    final: bool,
 ) -> list[Any]:
     """The spec's exporters after an evaluation, each writing under model_dir/export/<name>; their return values."""
     exports = []

@@ -59,7 +59,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from torchestimator._core.console import TrainOutcome, describe_results, describe_training, log_summary
 from torchestimator._core.inference import InferenceBundle
@@ -76,7 +76,13 @@ from torchestimator.distribute.cluster import EVALUATOR, PS, PS_ADVICE, cluster_
 from torchestimator.distribute.strategy import is_chief
 from torchestimator.errors import ConfigError
 
+if TYPE_CHECKING:
+    from torchestimator._core.estimator import Estimator
+    from torchestimator.distribute.strategy import Strategy
+
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 __all__ = ["EvalSpec", "TrainSpec", "run_evaluator", "train_and_evaluate"]
 
@@ -85,7 +91,7 @@ __all__ = ["EvalSpec", "TrainSpec", "run_evaluator", "train_and_evaluate"]
 
 
 def train_and_evaluate(
-    estimator: Any,
+    estimator: Estimator,
     train_spec: TrainSpec,
     eval_spec: EvalSpec | Sequence[EvalSpec],
     *,
@@ -184,7 +190,7 @@ def _require_evaluator_in_cluster() -> None:
 
 
 def _check_arguments(
-    estimator: Any,
+    estimator: object,
     train_spec: Any,
     eval_spec: Any,
     best: Any,
@@ -203,17 +209,20 @@ def _check_arguments(
 # -- replicas agree --------------------------------------------------------------------
 
 
-def _strategy(estimator: Any) -> Any:
+def _strategy(estimator: Estimator) -> Strategy | None:
     strategy = estimator.config.train_distribute
     if strategy is None or not strategy.is_set_up or strategy.num_replicas == 1:
         return None
     return strategy
 
 
-def _chief_decides(estimator: Any, value: Any) -> Any:
+def _chief_decides(estimator: Estimator, value: _T) -> _T:
     """The chief's ``value`` on every replica, for decisions taken on a clock or on files."""
     strategy = _strategy(estimator)
-    return value if strategy is None else strategy.broadcast_object(value, 0)
+    if strategy is None:
+        return value
+    chiefs: _T = strategy.broadcast_object(value, 0)
+    return chiefs
 
 
 # -- local mode --------------------------------------------------------------------------
@@ -231,7 +240,7 @@ class _Evaluations:
 
     def __init__(
         self,
-        estimator: Any,
+        estimator: Estimator,
         train_spec: TrainSpec,
         specs: list[EvalSpec],
         best: BestCheckpointPolicy | None,
@@ -388,8 +397,9 @@ class _Evaluations:
     def _after_primary(self, step: int, *, check_rules: bool) -> bool:
         """Best-checkpoint policy and early-stopping rules on the primary results; True to stop."""
         results = self.results[0]
+        assert results is not None  # called right after the primary spec was evaluated
         if self.best is not None:
-            self._update_best(step, results)
+            self._update_best(self.best, step, results)
         if not self.rules:
             return False
         self._seed_history()
@@ -398,12 +408,12 @@ class _Evaluations:
         stop = check_rules and any([rule.should_stop() for rule in self.rules])  # noqa: C419 (every rule asked)
         return bool(_chief_decides(self.estimator, stop))
 
-    def _update_best(self, step: int, results: dict[str, Any]) -> None:
-        self.best.check_results(step, results)  # every replica, before the chief writes
+    def _update_best(self, best: BestCheckpointPolicy, step: int, results: dict[str, Any]) -> None:
+        best.check_results(step, results)  # every replica, before the chief writes
 
         def update() -> bool | None:
             try:
-                return self.best.update(self.estimator.checkpoint_store, step, results)
+                return best.update(self.estimator.checkpoint_store, step, results)
             except OSError as error:
                 if not is_no_room(error):
                     raise
@@ -421,10 +431,11 @@ class _Evaluations:
         if self.history_seeded:
             return
         self.history_seeded = True
-        history = None
+        history: list[tuple[int, dict[str, float]]] | None = None
         if is_chief(self.estimator.config.train_distribute):
             history = eval_history(self.estimator.eval_dir(self.specs[0].name), up_to=self.start_step)
-        seed_rules(self.rules, _chief_decides(self.estimator, history) or ())
+        history = _chief_decides(self.estimator, history)
+        seed_rules(self.rules, history or ())
 
     def _export(self, index: int, step: int, final: bool) -> None:
         """The spec's exporters, run by the chief only (one writer of export/); every replica gets their results."""
@@ -453,7 +464,10 @@ class EarlierVerdict(_Evaluations):
         return False
 
 
-def _on_chief(estimator: Any, action: Callable[[], Any], what: str) -> Any:
+def _on_chief(estimator: Estimator, action: Callable[[], _T], what: str) -> _T:
     """``action()`` run by the chief, its result on every replica (``Strategy.run_on_chief``); one process runs it."""
     strategy = _strategy(estimator)
-    return action() if strategy is None else strategy.run_on_chief(action, what)
+    if strategy is None:
+        return action()
+    chiefs: _T = strategy.run_on_chief(action, what)
+    return chiefs

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchestimator._policy.best import mark_recorded_best
 from torchestimator._policy.evaluator_channel import (
@@ -42,19 +42,23 @@ from torchestimator._policy.specs import TrainSpec
 from torchestimator.errors import ConfigError
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, RunContext
 
+if TYPE_CHECKING:
+    from torchestimator._core.estimator import Estimator
+    from torchestimator._core.loop import InLoopEvaluation
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["EvaluatorRecordsKeeper", "TrainingRunHook", "train_for_evaluator"]
 
 
 def train_for_evaluator(
-    estimator: Any,
+    estimator: Estimator,
     train_spec: TrainSpec,
     *,
     is_chief: bool,
     poll_secs: float | None = None,
     clock: Callable[[], float] = time.monotonic,
-    verdict: Any = None,
+    verdict: InLoopEvaluation | None = None,
 ) -> None:
     """Trains as a chief or worker of a cluster whose evaluator task evaluates (see the module docstring).
 
