@@ -50,7 +50,7 @@ reaches the parent as the same error.
 from __future__ import annotations
 
 import errno as errno_codes
-from typing import Any
+from typing import Any, cast
 
 __all__ = [
     "HTTP_STATUS",
@@ -100,13 +100,13 @@ class PicklableError:
     __slots__ = ()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        _, builtin_args, *state = super().__reduce__()  # type: ignore[misc]
+        _, builtin_args, *state = cast("tuple[Any, ...]", super().__reduce__())  # always a tuple for exceptions
         return (_rebuilt_error, (type(self), builtin_args), *state)
 
 
 def _rebuilt_error(cls: type[BaseException], builtin_args: tuple[Any, ...]) -> BaseException:
     """An instance of ``cls`` whose builtin part is made from ``builtin_args``, without ``cls.__init__``."""
-    builtin = next(base for base in cls.__mro__ if base.__module__ == "builtins")
+    builtin = cast("type[BaseException]", next(base for base in cls.__mro__ if base.__module__ == "builtins"))
     error = builtin.__new__(cls, *builtin_args)
     builtin.__init__(error, *builtin_args)  # OSError parses errno, strerror and filename here
     return error
@@ -139,7 +139,7 @@ class CheckpointError(TorchEstimatorError, ValueError):
     """A checkpoint is missing, incomplete or corrupt; the message names the file and the fault."""
 
 
-_NO_ROOM_WORDS = {
+_NO_ROOM_WORDS: dict[int | None, str] = {
     errno_codes.ENOSPC: "disk full",
     errno_codes.EDQUOT: "disk quota exceeded",
     errno_codes.EFBIG: "file size limit reached (ulimit -f / RLIMIT_FSIZE)",

@@ -59,7 +59,7 @@ def temporary_prefix(target_name: str) -> str:
     return f".{target_name}.tmp-{writer_tag()}-"
 
 
-def write_durably(path: str, data: bytes, *, exclusive: bool = False) -> None:
+def write_durably(path: str, data: bytes | bytearray | memoryview, *, exclusive: bool = False) -> None:
     """Writes `data` to `path` and fsyncs it: the bytes are on disk when this returns.
 
     Not atomic by itself: `write_bytes_atomically` writes a temporary name with it, and a checkpoint's

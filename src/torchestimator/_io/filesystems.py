@@ -62,8 +62,8 @@ import glob as local_glob
 import os
 import posixpath
 import threading
-from collections.abc import Mapping
-from typing import Any, BinaryIO
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, BinaryIO, TypeVar
 
 from torchestimator._extras import import_extra
 from torchestimator.errors import ConfigError
@@ -116,8 +116,9 @@ _CANONICAL = {"s3a": "s3", "gcs": "gs", "abfs": "az", "abfss": "az"}
 """Schemes that name the same store (fsspec registers them all); options given for one apply to the others."""
 
 _lock = threading.Lock()
+_T = TypeVar("_T")
 _configured: dict[str, dict[str, Any]] = {}
-_filesystems: dict[tuple[str, str], Any] = {}
+_filesystems: dict[tuple[int, str, str], Any] = {}
 
 
 def protocol_of(path: str | os.PathLike[str]) -> str | None:
@@ -241,7 +242,7 @@ def filesystem(path: str | os.PathLike[str]) -> tuple[Any, str]:
     if protocol is None:
         raise ValueError(f"{text} is a local path, not a URL.")
     module, extra = PROTOCOL_EXTRAS[protocol]
-    if module is not None:
+    if module is not None and extra is not None:  # both or neither
         import_extra(module, extra=extra, feature=f"a {protocol}:// path ({text})")
     canonical = _CANONICAL.get(protocol, protocol)
     with _lock:
@@ -388,6 +389,7 @@ def _s3_session_with_send_deadline() -> type | None:
         async def send(self, request):
             request.headers.pop("Expect", None)
             body = request.body
+            pieces: Iterator[Any]
             if isinstance(body, (bytes, bytearray, memoryview)):
                 view = memoryview(body).cast("B")
                 pieces = (view[start : start + _SEND_SLICE_BYTES] for start in range(0, view.nbytes, _SEND_SLICE_BYTES))
@@ -455,7 +457,7 @@ def _named(error: BaseException, url: str, doing: str) -> OSError:
     return OSError(code, f"{doing} {url} failed: {_cause(error)}", url)
 
 
-def _chain(error: BaseException):
+def _chain(error: BaseException | None) -> Iterator[BaseException]:
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
@@ -490,7 +492,7 @@ def _cause(error: BaseException) -> str:
     return text if len(text) <= 300 else text[:300] + "..."
 
 
-def _store_call(url: str, doing: str, call, *args, **kwargs):
+def _store_call(url: str, doing: str, call: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     try:
         return call(*args, **kwargs)
     except (OSError, ValueError, RuntimeError) as error:  # botocore and aiohttp errors are among these

@@ -162,6 +162,8 @@ class SummaryWriter:
         writers = getattr(self._writer, "all_writers", None) or {}
         for writer in writers.values():
             stream = getattr(getattr(writer, "event_writer", None), "_general_file_writer", None)
+            if stream is None:
+                continue
             try:
                 stream.close()
             except Exception:  # the buffered bytes cannot be written either; the error was already raised

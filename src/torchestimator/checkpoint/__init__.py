@@ -12,7 +12,15 @@ torch.distributed.checkpoint writes, read safely and resharded) and
 Names are imported on first use (``torchestimator._lazy``), like the rest of the package.
 """
 
+from typing import TYPE_CHECKING
+
 from torchestimator._lazy import lazy_exports
+
+if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; imported on first use at run time
+    from torchestimator.checkpoint.serialization import flatten_state, unflatten_state
+    from torchestimator.checkpoint.storage import InMemoryStorage, LocalStorage, Storage
+    from torchestimator.checkpoint.store import Checkpoint, CheckpointStore
+    from torchestimator.errors import CheckpointError, DiskFullError
 
 __all__ = [
     "Checkpoint",

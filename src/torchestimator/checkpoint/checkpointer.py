@@ -18,11 +18,17 @@ from __future__ import annotations
 import datetime
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchestimator.checkpoint.parts import TrainingParts, first_non_finite
 from torchestimator.errors import NanLossDuringTrainingError
 from torchestimator.hooks.base import CheckpointSaverListener
+
+if TYPE_CHECKING:  # types only: at run time these modules load when used, not with this one
+    from torchestimator.checkpoint.background import BackgroundSaves
+    from torchestimator.checkpoint.sharded import ShardedSaves
+    from torchestimator.checkpoint.store import CheckpointStore
+    from torchestimator.distribute.strategy import Strategy
 
 logger = logging.getLogger("torchestimator")
 
@@ -39,8 +45,8 @@ class Checkpointer:
 
     def __init__(
         self,
-        store: Any,
-        strategy: Any,
+        store: CheckpointStore,
+        strategy: Strategy,
         *,
         listeners: Iterable[CheckpointSaverListener] = (),
         sharded: bool = False,
@@ -55,8 +61,8 @@ class Checkpointer:
         self.last_saved_path: str | None = None
         """The newest checkpoint on disk (published)."""
         self.published_step: int | None = None
-        self._sharded = None
-        self._background = None
+        self._sharded: ShardedSaves | None = None
+        self._background: BackgroundSaves | None = None
         if sharded:
             from torchestimator.checkpoint.sharded import ShardedSaves  # DCP: seconds to import, only when used
 

@@ -34,7 +34,7 @@ import os
 import pickle
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeGuard
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -65,12 +65,14 @@ SHARED_KEY = "shared"
 _HASH_CHUNK_BYTES = 16 << 20
 
 
-def is_sharded_tensor(tensor: Any) -> bool:
+def is_sharded_tensor(tensor: Any) -> TypeGuard[DTensor]:
     """A DTensor (FSDP2's parameters and their optimizer state): each rank holds only its shard."""
     return isinstance(tensor, DTensor)
 
 
-def share_of_replicated(state_dict: Mapping[str, Mapping[str, Any]], rank: int, num_ranks: int) -> dict[str, dict]:
+def share_of_replicated(
+    state_dict: Mapping[str, Mapping[str, Any]], rank: int, num_ranks: int
+) -> dict[str, dict[str, Any]]:
     """This rank's part of a two-level state dict in which every rank holds the same plain tensors (DDP's
     replicas) and its own DTensor shards: each plain tensor goes to one rank, balancing bytes, the shards stay.
 
@@ -177,7 +179,13 @@ def _entries(metadata: dcp_metadata.Metadata, top: str) -> dict[str, dcp_metadat
     entries = {}
     for fqn, entry in metadata.state_dict_metadata.items():
         path = metadata.planner_data.get(fqn) if metadata.planner_data else None
-        if isinstance(path, tuple) and len(path) == 2 and path[0] == top:
+        # Only tensors are written under a top-level key (flatten_state's); bytes entries are other objects.
+        if (
+            isinstance(path, tuple)
+            and len(path) == 2
+            and path[0] == top
+            and isinstance(entry, dcp_metadata.TensorStorageMetadata)
+        ):
             entries[path[1]] = entry
     return entries
 
@@ -244,7 +252,8 @@ class ShardedSharedState:
         if templates:
             _load(self.path, self.metadata, {SHARED_KEY: templates}, collective=collective)
         try:
-            return unflatten_state(self.tree, templates)
+            tree: dict[str, Any] = unflatten_state(self.tree, templates)
+            return tree
         except (ValueError, TypeError) as error:
             raise CheckpointError(f"{self.path}/optimizer.json does not match its DCP tensors: {error}") from None
 

@@ -103,7 +103,11 @@ class OverlappedChecksums:
         self._drain()
         result: dict[str, Any] = {}
         for kind in self.kinds:
-            result[kind] = self._sha256.hexdigest() if kind == SHA256 else self._crcs[kind]
+            if kind == SHA256:
+                assert self._sha256 is not None  # made in __init__ when SHA256 is one of the kinds
+                result[kind] = self._sha256.hexdigest()
+            else:
+                result[kind] = self._crcs[kind]
         result["size"] = self.size
         return result
 
@@ -113,6 +117,7 @@ class OverlappedChecksums:
 
     def _add(self, kind: str, buffer: Any) -> None:
         if kind == SHA256:
+            assert self._sha256 is not None  # made in __init__ when SHA256 is one of the kinds
             self._sha256.update(buffer)
         elif kind == CRC32C:
             self._crcs[CRC32C] = _crc32c(buffer, self._crcs[CRC32C])
@@ -148,7 +153,8 @@ def _crc32c(buffer: Any, crc: int) -> int:
     if not isinstance(buffer, bytes):
         buffer = numpy.frombuffer(buffer, dtype=numpy.uint8)
     if len(buffer) <= _CRC32C_STEP_BYTES:
-        return google_crc32c.extend(crc, buffer)
+        whole: int = google_crc32c.extend(crc, buffer)
+        return whole
     for start in range(0, len(buffer), _CRC32C_STEP_BYTES):
         crc = google_crc32c.extend(crc, buffer[start : start + _CRC32C_STEP_BYTES])
     return crc

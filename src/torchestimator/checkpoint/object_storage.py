@@ -28,15 +28,18 @@ import logging
 import os
 import posixpath
 import time
-from typing import Any, BinaryIO
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from torchestimator._io import filesystems
 
-from .storage import MANIFEST_NAME, FileContent
+from .storage import MANIFEST_NAME, Chunks, FileContent, ReadStream
 
 __all__ = ["FILES_IN_FLIGHT", "MAX_PARTS", "PARTS_IN_FLIGHT", "PART_BYTES", "ObjectStorage", "modified_time"]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 MAX_PARTS = 10_000
 """S3's limit on the parts of one multipart upload."""
@@ -83,7 +86,7 @@ class ObjectStorage:
     def _key(self, *parts: str) -> str:
         return posixpath.join(self._prefix, *parts)
 
-    def _call(self, doing: str, where: str, call, *args, **kwargs):
+    def _call(self, doing: str, where: str, call: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         return filesystems._store_call(where, doing, call, *args, **kwargs)
 
     def write_file(self, folder: str, filename: str, data: FileContent) -> None:
@@ -95,8 +98,9 @@ class ObjectStorage:
             handle: Any = _S3PartUpload(self._fs, self._key(folder, filename), url)
         else:
             handle = self._call("writing", url, self._fs.open, self._key(folder, filename), "wb", block_size=PART_BYTES)
+        chunks: Chunks = data  # buffers: bytes were written whole above
         try:
-            for chunk in data:
+            for chunk in chunks:
                 view = memoryview(chunk).cast("B")
                 if view.nbytes:
                     self._call("writing", url, handle.write, view)
@@ -105,7 +109,7 @@ class ObjectStorage:
             _discard(handle, url)  # an aborted multipart upload leaves no object
             raise
 
-    def open_file(self, folder: str, filename: str) -> BinaryIO:
+    def open_file(self, folder: str, filename: str) -> ReadStream:
         url = f"{self.location(folder)}/{filename}"
         stream = self._call("reading", url, self._fs.open, self._key(folder, filename), "rb", block_size=PART_BYTES)
         return _NamingErrors(stream, url)
@@ -113,9 +117,12 @@ class ObjectStorage:
     def read_file(self, folder: str, filename: str, start: int = 0, length: int | None = None) -> bytes:
         url = f"{self.location(folder)}/{filename}"
         end = None if length is None else start + length
+        data: bytes
         if start == 0 and end is None:
-            return self._call("reading", url, self._fs.cat_file, self._key(folder, filename))
-        return self._call("reading", url, self._fs.cat_file, self._key(folder, filename), start=start, end=end)
+            data = self._call("reading", url, self._fs.cat_file, self._key(folder, filename))
+        else:
+            data = self._call("reading", url, self._fs.cat_file, self._key(folder, filename), start=start, end=end)
+        return data
 
     def list_folders(self) -> list[str]:
         """The prefixes under model_dir: one LIST request (paged by the store per 1000 names)."""
@@ -174,7 +181,8 @@ class ObjectStorage:
 
     def read_manifest(self) -> bytes | None:
         try:
-            return self._fs.cat_file(self._key(MANIFEST_NAME))
+            manifest: bytes = self._fs.cat_file(self._key(MANIFEST_NAME))
+            return manifest
         except FileNotFoundError:
             return None
         except IsADirectoryError:
@@ -210,13 +218,16 @@ class _NamingErrors:
         self._stream.close()
 
     def read(self, size: int = -1) -> bytes:
-        return filesystems._store_call(self._url, "reading", self._stream.read, size)
+        data: bytes = filesystems._store_call(self._url, "reading", self._stream.read, size)
+        return data
 
     def readinto(self, buffer: Any) -> int:
-        return filesystems._store_call(self._url, "reading", self._stream.readinto, buffer)
+        count: int = filesystems._store_call(self._url, "reading", self._stream.readinto, buffer)
+        return count
 
     def seek(self, offset: int, whence: int = 0) -> int:
-        return filesystems._store_call(self._url, "reading", self._stream.seek, offset, whence)
+        position: int = filesystems._store_call(self._url, "reading", self._stream.seek, offset, whence)
+        return position
 
 
 class _S3PartUpload:

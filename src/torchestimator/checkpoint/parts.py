@@ -147,7 +147,7 @@ def restore_shared(
     """
     saved_signature = checkpoint.extra.get("optimizer_signature")
     current_signature = optimizer_signature(optimizer)
-    saved_state = checkpoint.optimizer_state or {}
+    saved_state: Any = checkpoint.optimizer_state or {}  # a dict, or a DCP checkpoint's tree (loaded below)
     if saved_signature is None and "optimizer" not in saved_state:
         # A weights-only checkpoint (`torchestimator warm-start --write`): nothing changed, there is nothing to load.
         logger.info(
@@ -170,14 +170,17 @@ def restore_shared(
     if model is None and (getattr(checkpoint, "sharded", False) or _has_sharded_parameters(optimizer)):
         raise ValueError(f"restoring {checkpoint.path} into this optimizer needs the model it trains (model=...).")
     if getattr(checkpoint, "sharded", False):
+        assert model is not None  # checked above
         saved_state = saved_state.load(_live_optimizer_tensors(model, optimizer))
     for name, part in parts.items():
         if name not in saved_state:
             logger.warning("Checkpoint %s has no %s state; it starts fresh.", checkpoint.path, name)
             continue
         if name == "optimizer" and getattr(checkpoint, "sharded", False):
+            assert model is not None  # checked above
             _set_named_optimizer_state(model, optimizer, saved_state[name], full=False)
         elif name == "optimizer" and _has_sharded_parameters(optimizer):
+            assert model is not None  # checked above
             # A one-process (safetensors) checkpoint, keyed by parameter position, read into FSDP2's shards.
             _set_named_optimizer_state(
                 model, optimizer, _named_by_position(model, optimizer, saved_state[name]), full=True
@@ -244,7 +247,9 @@ def _set_named_optimizer_state(
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=full))
 
 
-def _named_by_position(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> dict:
+def _named_by_position(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[str, Any]
+) -> dict[str, Any]:
     """torch's optimizer state (parameters by position) keyed by parameter name, as get_optimizer_state_dict keys it."""
     names = {id(parameter): name for name, parameter in model.named_parameters()}
     position_names = [names[id(parameter)] for group in optimizer.param_groups for parameter in group["params"]]
@@ -258,7 +263,8 @@ def replica_states(checkpoint: Any) -> list[dict[str, Any]]:
     """Each replica's saved state, in rank order, from either format of state.json's extra."""
     extra = checkpoint.extra
     if isinstance(extra.get("replicas"), list) and extra["replicas"]:
-        return extra["replicas"]
+        replicas: list[dict[str, Any]] = extra["replicas"]
+        return replicas
     # Format 1: parallel lists of RNG states and input positions.
     rngs = extra.get("rng") or [None]
     positions = extra.get("input_positions")

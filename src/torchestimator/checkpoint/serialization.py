@@ -214,7 +214,8 @@ def _decode_float(payload: Any, path: str) -> float:
         return math.nan
     if isinstance(payload, str) and payload.startswith("nan:"):
         try:
-            return struct.unpack(">d", bytes.fromhex(payload[4:]))[0]
+            bits: float = struct.unpack(">d", bytes.fromhex(payload[4:]))[0]
+            return bits
         except (ValueError, struct.error) as error:
             raise ValueError(f"Malformed state tree at {path}: bad NaN bits {payload!r}.") from error
     raise ValueError(f"Malformed state tree at {path}: bad float {payload!r}.")

@@ -29,7 +29,7 @@ import concurrent.futures
 import dataclasses
 import datetime
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as distributed
@@ -41,6 +41,11 @@ from torchestimator.distribute.collectives import all_gather_object, broadcast_o
 from .dcp_format import ShardWriter, alone_is_intended, file_digests, share_of_replicated
 from .errors import CheckpointError, DiskFullError, is_no_room
 from .format import DCP_METADATA_FILE
+
+if TYPE_CHECKING:  # types only: the strategy and store modules need not load with this one
+    from torchestimator.distribute.strategy import Strategy
+
+    from .store import CheckpointStore
 
 logger = logging.getLogger("torchestimator")
 
@@ -63,7 +68,7 @@ class _GroupCollectives:
 @dataclasses.dataclass
 class _InFlight:
     step: int
-    outcome: concurrent.futures.Future
+    outcome: concurrent.futures.Future[str]
     """Resolves to the published path, or raises what went wrong on any rank."""
 
 
@@ -78,7 +83,12 @@ class ShardedSaves:
     """
 
     def __init__(
-        self, store: Any, strategy: Any, *, asynchronous: bool, timeout: datetime.timedelta | None = None
+        self,
+        store: CheckpointStore,
+        strategy: Strategy,
+        *,
+        asynchronous: bool,
+        timeout: datetime.timedelta | None = None,
     ) -> None:
         self.store = store
         self.strategy = strategy
@@ -88,7 +98,7 @@ class ShardedSaves:
         self._in_flight: _InFlight | None = None
         if asynchronous:
             # Created by every rank at the same point (the run's start); gloo: async_save needs a CPU backend.
-            self._group = distributed.new_group(backend="gloo", **({"timeout": timeout} if timeout else {}))
+            self._group = distributed.new_group(backend="gloo", timeout=timeout or None)
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torchestimator-checkpoint")
             # One stager for the run: it keeps the CPU copies and refills them at each save (no new pages to
             # fault in); safe because the next save starts only once the previous one is written.

@@ -18,7 +18,8 @@ import io
 import os
 import shutil
 from collections.abc import Iterable
-from typing import Any, BinaryIO, Protocol, runtime_checkable
+from types import TracebackType
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from torchestimator._io.atomic import remove_stale_temporaries, rename_durably, write_bytes_atomically, write_durably
 
@@ -29,6 +30,26 @@ MANIFEST_NAME = "checkpoint"
 Chunks = Iterable[Any]
 """Bytes-like buffers (bytes, memoryview) that make up a file, in order."""
 FileContent = bytes | Chunks
+
+_Stream = TypeVar("_Stream", bound="ReadStream")
+
+
+class ReadStream(Protocol):
+    """What ``Storage.open_file`` returns: a binary stream read with ``readinto`` or ``read`` and ``seek``, and
+    closed by ``with`` (a file opened "rb", ``io.BytesIO``, a store's read stream). A ``fileno`` is used when it
+    has one."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def readinto(self, buffer: Any, /) -> int | None: ...
+
+    def seek(self, offset: int, whence: int = 0, /) -> int: ...
+
+    def __enter__(self: _Stream) -> _Stream: ...
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None, /
+    ) -> object: ...
 
 
 @runtime_checkable
@@ -47,7 +68,7 @@ class Storage(Protocol):
         ``folder`` if needed. Each buffer is consumed before the next is asked for."""
         ...
 
-    def open_file(self, folder: str, filename: str) -> BinaryIO:
+    def open_file(self, folder: str, filename: str) -> ReadStream:
         """A binary stream reading the file (``readinto``, ``seek``); FileNotFoundError if absent."""
         ...
 
@@ -104,7 +125,7 @@ class LocalStorage:
         else:
             _write_chunks_durably(os.path.join(directory, filename), data)
 
-    def open_file(self, folder: str, filename: str) -> BinaryIO:
+    def open_file(self, folder: str, filename: str) -> ReadStream:
         return open(os.path.join(self.location(folder), filename), "rb", buffering=0)
 
     def read_file(self, folder: str, filename: str, start: int = 0, length: int | None = None) -> bytes:
@@ -189,7 +210,7 @@ class InMemoryStorage:
             data = b"".join(bytes(chunk) for chunk in data)
         self.folders.setdefault(folder, {})[filename] = bytes(data)
 
-    def open_file(self, folder: str, filename: str) -> BinaryIO:
+    def open_file(self, folder: str, filename: str) -> ReadStream:
         return io.BytesIO(self.read_file(folder, filename))
 
     def read_file(self, folder: str, filename: str, start: int = 0, length: int | None = None) -> bytes:

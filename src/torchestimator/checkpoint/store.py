@@ -67,6 +67,7 @@ from ._threads import run_behind
 from .errors import CheckpointError, DiskFullError, is_no_room
 from .hashing import OverlappedChecksums
 from .storage import LocalStorage, Storage
+from .tensor_files import EncodedFile
 
 __all__ = ["Checkpoint", "CheckpointStore"]
 
@@ -273,8 +274,8 @@ class CheckpointStore:
             writing = "checkpoint"
             self._apply_retention(manifest, _with_entry(listed, step, folder, save_time), newest=step)
             committed = True  # the manifest lists it: never deleted as a failed save from here on
-            for previous in replaced:  # a store without rename: the earlier save of this step, now unlisted
-                self._delete_quietly(previous)
+            for earlier in replaced:  # a store without rename: the earlier save of this step, now unlisted
+                self._delete_quietly(earlier)
             if self._leftovers_seen:
                 self.remove_leftovers()
         except OSError as error:
@@ -335,10 +336,12 @@ class CheckpointStore:
         failed = [name for name, future in futures.items() if not future.cancelled() and future.exception() is not None]
         if failed:
             failed_file.append(failed[0])
-            raise futures[failed[0]].exception()
+            error = futures[failed[0]].exception()
+            assert error is not None  # failed lists the futures that raised
+            raise error
         return {name: future.result() for name, future in futures.items()}
 
-    def _write_one(self, staging: str, filename: str, content: checkpoint_format.EncodedFile) -> dict[str, Any]:
+    def _write_one(self, staging: str, filename: str, content: EncodedFile) -> dict[str, Any]:
         with OverlappedChecksums() as checksums:  # computed behind the write and its fsync
             self.storage.write_file(staging, filename, checksums.passing(content.chunks))
             digest = checksums.result()
@@ -475,7 +478,7 @@ class CheckpointStore:
         for entry in entries[:split]:
             if entry.step == newest or entry.preserved or entry.step in best or entry.step in self.protected:
                 kept.append(entry)
-            elif interval is not None and entry.save_time >= anchor + interval:
+            elif interval is not None and anchor is not None and entry.save_time >= anchor + interval:
                 # Like tf.train.Saver: the first checkpoint leaving the window an interval after the last one kept.
                 kept.append(_Entry(entry.step, entry.folder, entry.save_time, preserved=True))
                 anchor = entry.save_time
@@ -775,7 +778,7 @@ class CheckpointStore:
                     self.storage.location(entry.folder),
                     error,
                 )
-        ordered = sorted(failures, key=lambda folder: int(_CHECKPOINT_FOLDER.fullmatch(folder).group(1)))
+        ordered = sorted(failures, key=_step_of)
         raise CheckpointError(
             f"None of the {len(failures)} checkpoint(s) in {self.storage.root} is intact; nothing was restored:\n  "
             + "\n  ".join(f"{folder}: {failures[folder]}" for folder in ordered)
@@ -796,8 +799,7 @@ class CheckpointStore:
             storage, folder = self.storage, os.path.basename(latest)
         else:
             storage, folder, _ = self._locate(path)
-        match = _CHECKPOINT_FOLDER.fullmatch(folder)
-        state = checkpoint_format.read_state(storage, folder, int(match.group(1)))
+        state = checkpoint_format.read_state(storage, folder, _step_of(folder))
         if checkpoint_format.is_sharded(state):
             from . import dcp_format  # torch.distributed.checkpoint takes seconds to import: only when needed
 
@@ -836,6 +838,13 @@ class CheckpointStore:
         if folder not in storage.list_folders():
             raise CheckpointError(f"No checkpoint folder at {path}.")
         return storage, folder, int(match.group(1))
+
+
+def _step_of(folder: str) -> int:
+    """The step of a checkpoint folder's name (``ckpt-N``, or a save of it being written)."""
+    match = _CHECKPOINT_FOLDER.fullmatch(folder)
+    assert match is not None, f"{folder} is not a checkpoint folder"  # callers pass only those
+    return int(match.group(1))
 
 
 def _load(storage: Storage, folder: str, step: int, *, verify: bool, load_optimizer: bool) -> Checkpoint:

@@ -33,13 +33,14 @@ import threading
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 import safetensors.torch
 import torch
 
 from .errors import CheckpointError
 from .hashing import OverlappedChecksums, checksum_of
+from .storage import ReadStream
 
 __all__ = [
     "DTYPES",
@@ -145,7 +146,7 @@ def _byte_view(tensor: torch.Tensor) -> memoryview:
     """The tensor's bytes without a copy (a contiguous CPU tensor)."""
     if tensor.numel() == 0:
         return memoryview(b"")
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B")
+    return tensor.reshape(-1).view(torch.uint8).numpy().data.cast("B")
 
 
 def _pieces(view: memoryview) -> list[memoryview]:
@@ -185,7 +186,7 @@ class _Entry:
 
 
 def read_tensors(
-    stream: BinaryIO, where: str, *, size: int, expected: tuple[str, Any] | None
+    stream: ReadStream, where: str, *, size: int, expected: tuple[str, Any] | None
 ) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file open in ``stream`` (at its start), ``size`` bytes long (checked by
     the caller), checked while reading against ``expected`` ("crc32c", "crc32" or "sha256", its value) unless None."""
@@ -223,11 +224,14 @@ def read_tensors(
     return _in_order(tensors, order)
 
 
-def _mapped(stream: BinaryIO, size: int) -> mmap.mmap | None:
+def _mapped(stream: ReadStream, size: int) -> mmap.mmap | None:
     """A private (copy-on-write) mapping of the file open in ``stream``, or None when it has no file
     descriptor or cannot be mapped."""
+    fileno = getattr(stream, "fileno", None)  # not every store's stream has one
+    if fileno is None:
+        return None
     try:
-        descriptor = stream.fileno()
+        descriptor: int = fileno()
     except (AttributeError, OSError, io.UnsupportedOperation):
         return None
     if size == 0:
@@ -323,13 +327,13 @@ def _entry(name: str, value: Any) -> _Entry:
     return _Entry(name, dtype, shape, start, end)
 
 
-def _read_exactly(stream: BinaryIO, count: int, where: str, size: int) -> bytes:
+def _read_exactly(stream: ReadStream, count: int, where: str, size: int) -> bytes:
     buffer = bytearray(count)
     _read_into(stream, memoryview(buffer), where, size)
     return bytes(buffer)
 
 
-def _read_into(stream: BinaryIO, view: memoryview, where: str, size: int) -> None:
+def _read_into(stream: ReadStream, view: memoryview, where: str, size: int) -> None:
     filled = 0
     while filled < view.nbytes:
         count = stream.readinto(view[filled:])

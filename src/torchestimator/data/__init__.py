@@ -4,7 +4,52 @@ Names are imported on first use (``torchestimator._lazy``): reading TFRecords ne
 in-memory input functions nor the Example parser.
 """
 
+from typing import TYPE_CHECKING
+
 from torchestimator._lazy import lazy_exports
+
+if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; imported on first use at run time
+    from torchestimator.data._decode_raw import decode_raw
+    from torchestimator.data.example import (
+        decode_example,
+        decode_sequence_example,
+        encode_example,
+        encode_sequence_example,
+        example_kinds,
+        example_protos,
+    )
+    from torchestimator.data.images import ImageDecoding, decode_image, decode_jpeg, decode_png, resize_image
+    from torchestimator.data.inputs import (
+        ResumableIterable,
+        dataset_input_fn,
+        describe_batch_sizes,
+        numpy_input_fn,
+        pandas_input_fn,
+    )
+    from torchestimator.data.parsing import (
+        FixedLenFeature,
+        FixedLenSequenceFeature,
+        RaggedFeature,
+        RaggedValue,
+        SparseValue,
+        VarLenFeature,
+        parse_example,
+        parse_single_example,
+        parse_single_sequence_example,
+        to_torch,
+    )
+    from torchestimator.data.tfrecord import (
+        ReadStats,
+        TFRecordWriter,
+        iter_record_blocks,
+        iter_records,
+        list_files,
+        masked_crc32c,
+        read_records,
+        unmask_crc32c,
+    )
+    from torchestimator.data.tfrecord_dataset import TFRecordDataset, TFRecordLoader
+    from torchestimator.errors import DataLossError, ExampleDecodeError, ImageDecodeError
 
 __all__ = [
     "DataLossError",

@@ -5,7 +5,31 @@ pulls in torch.distributed.fsdp and torch.distributed.tensor (about a second),
 which a run with one device or DDP never needs.
 """
 
+from typing import TYPE_CHECKING
+
 from torchestimator._lazy import lazy_exports
+
+if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; imported on first use at run time
+    from torchestimator.distribute.cluster import (
+        ClusterSpec,
+        cluster_from_slurm,
+        cluster_from_tf_config,
+        cluster_from_torchrun,
+        expand_hostlist,
+        resolve_cluster,
+    )
+    from torchestimator.distribute.fsdp import DEFAULT_LAYER_TYPES, FullyShardedStrategy
+    from torchestimator.distribute.input_context import InputContext
+    from torchestimator.distribute.launcher import find_free_port, launch, launch_command
+    from torchestimator.distribute.strategy import (
+        MirroredStrategy,
+        MultiWorkerMirroredStrategy,
+        OneDeviceStrategy,
+        Placement,
+        Strategy,
+    )
+    from torchestimator.distribute.sync_batch_norm import CrossReplicaBatchNorm
+    from torchestimator.errors import RelaunchError
 
 __all__ = [
     "DEFAULT_LAYER_TYPES",

@@ -80,7 +80,7 @@ def _run_as_main(argv: list[str]) -> None:
         return
     path = argv[0]
     sys.argv = list(argv)
-    if not sys.flags.safe_path and sys.path:
+    if not (sys.version_info >= (3, 11) and sys.flags.safe_path) and sys.path:
         # `python -m` put the working directory first; `python script.py` puts the script's folder (a folder or
         # zip archive run as a program: run_path puts it first itself).
         if os.path.isdir(path) or not os.path.isfile(path) or _is_zip(path):

@@ -178,7 +178,7 @@ def cluster_from_tf_config(environ: Mapping[str, str] | None = None) -> ClusterS
             field='TF_CONFIG["task"]',
             value=task,
         )
-    common = {"model_dir": tf_config.get("model_dir"), "source": "tf_config"}
+    common: dict[str, Any] = {"model_dir": tf_config.get("model_dir"), "source": "tf_config"}
     if not jobs:
         return _local_cluster(tf_config, task, common)
     if MASTER in jobs:
@@ -396,7 +396,8 @@ def _session_master(
     jobs: dict[str, tuple[str, ...]], task_type: str, task_index: int, tf_config: dict[str, Any]
 ) -> str:
     if "session_master" in tf_config:
-        return tf_config["session_master"]
+        master: str = tf_config["session_master"]
+        return master
     # A single-node cluster runs locally in TensorFlow, without an RPC master.
     if len(jobs) == 1 and len(next(iter(jobs.values()))) == 1:
         return ""
@@ -405,9 +406,11 @@ def _session_master(
 
 def _evaluation_master(task_type: str, tf_config: dict[str, Any]) -> str:
     if "eval_session_master" in tf_config:
-        return tf_config["eval_session_master"]
+        master: str = tf_config["eval_session_master"]
+        return master
     if task_type == EVALUATOR:
-        return tf_config.get("session_master", "")
+        session_master: str = tf_config.get("session_master", "")
+        return session_master
     return ""
 
 

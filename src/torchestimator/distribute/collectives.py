@@ -70,7 +70,8 @@ def _held_with_a_reference(alias: torch.Tensor) -> tuple[torch.Tensor, Any, int]
 
 def _backend_holds(entry: tuple[torch.Tensor, Any, int]) -> bool:
     alias, _, ours = entry
-    return alias._use_count() > ours
+    uses: int = alias._use_count()  # type: ignore[attr-defined]  # a private Tensor method torch's stubs omit
+    return uses > ours
 
 
 _HANDED_OVER = _HandedOver()

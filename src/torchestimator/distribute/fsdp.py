@@ -176,10 +176,8 @@ def _without_gradient_sync(module: FSDPModule) -> Iterator[None]:
         module.set_requires_gradient_sync(True)
 
 
-def _check_layer_types(layer_types: Sequence[type[nn.Module]]) -> tuple[type[nn.Module], ...]:
-    if isinstance(layer_types, type):
-        layer_types = (layer_types,)
-    layer_types = tuple(layer_types)
+def _check_layer_types(given: Sequence[type[nn.Module]] | type[nn.Module]) -> tuple[type[nn.Module], ...]:
+    layer_types = (given,) if isinstance(given, type) else tuple(given)  # one class is taken too
     bad = [layer for layer in layer_types if not (isinstance(layer, type) and issubclass(layer, nn.Module))]
     if bad:
         raise ConfigError(

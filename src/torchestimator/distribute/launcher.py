@@ -51,7 +51,8 @@ def find_free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free right now on ``host`` (another program may still take it before use)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
-        return probe.getsockname()[1]
+        port: int = probe.getsockname()[1]
+        return port
 
 
 # ---------------------------------------------------------------- self-launch of a plain script
@@ -246,7 +247,7 @@ class LocalReplicas:
 
     def __init__(
         self,
-        processes: list[subprocess.Popen],
+        processes: list[subprocess.Popen[bytes]],
         command: list[str],
         relays: list[_StderrRelay],
         stdout_path: str | None = None,
@@ -282,7 +283,7 @@ class LocalReplicas:
 
     def finish(self, failure_grace_seconds: float = 5.0) -> list[int | None]:
         """Wait for the replicas (stopping them when this process failed); their exit codes."""
-        failure = getattr(sys, "last_value", None)
+        failure: BaseException | None = getattr(sys, "last_value", None)
         # Replicas blocked in a collective with this process only notice its end when
         # its connections close, so close them before waiting.
         _destroy_process_group()
@@ -295,6 +296,7 @@ class LocalReplicas:
             if not process.returncode or rank in self._reported:
                 continue
             if was_stopped:
+                assert failure is not None  # replicas are stopped only when this process failed
                 said = _quoted(failure)
                 logger.error(
                     "Replica 0 (this process) failed (%s; its traceback is above), so it stopped replica "
@@ -353,7 +355,7 @@ def _destroy_process_group() -> None:
         distributed.destroy_process_group()
 
 
-def _wait_or_stop(process: subprocess.Popen, deadline: float | None) -> bool:
+def _wait_or_stop(process: subprocess.Popen[bytes], deadline: float | None) -> bool:
     """Waits for ``process`` until ``deadline`` (None: no limit), then stops it; True when it had to be stopped."""
     try:
         process.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
@@ -516,7 +518,8 @@ def launch(nproc_per_node: int, command_argv: Sequence[str], *, cluster: Cluster
     """
     from torch.distributed.run import parse_args
 
-    return run_torchrun(parse_args(torchrun_arguments(nproc_per_node, command_argv, cluster=cluster)))
+    arguments = parse_args(torchrun_arguments(nproc_per_node, command_argv, cluster=cluster))  # type: ignore[no-untyped-call]  # unannotated in torch
+    return run_torchrun(arguments)
 
 
 def launch_command(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
@@ -743,14 +746,15 @@ def _restarts_use_the_shutdown_timeout(seconds: int) -> Iterator[None]:
     def stop_workers(agent: Any, worker_group: Any) -> None:
         agent._shutdown(timeout=getattr(agent, "_shutdown_timeout", seconds))
 
-    def close(context: Any, death_sig: Any = None, timeout: float = seconds) -> None:
+    def close(context: Any, death_sig: Any = None, timeout: int = seconds) -> None:
         original_close(context, death_sig, timeout)
 
-    LocalElasticAgent._stop_workers, PContext.close = stop_workers, close
+    # A patch of torch's methods for the launch: mypy refuses replacing a method (and binds close's self twice).
+    LocalElasticAgent._stop_workers, PContext.close = stop_workers, close  # type: ignore[method-assign, assignment]
     try:
         yield
     finally:
-        LocalElasticAgent._stop_workers, PContext.close = original_stop, original_close
+        LocalElasticAgent._stop_workers, PContext.close = original_stop, original_close  # type: ignore[method-assign]
 
 
 def through_replica_main(arguments: argparse.Namespace) -> argparse.Namespace:
@@ -786,10 +790,10 @@ def run_torchrun(arguments: argparse.Namespace) -> int:
     arguments = argparse.Namespace(**{**vars(arguments), "shutdown_timeout": grace})
     try:
         with _restarts_use_the_shutdown_timeout(grace):
-            run(through_replica_main(arguments))
+            run(through_replica_main(arguments))  # type: ignore[no-untyped-call]  # unannotated in torch
     except ChildFailedError as error:
         error.name = arguments.training_script  # torch names the entry point: _replica_main
-        logger.error("%s", error.format_msg())
+        logger.error("%s", error.format_msg())  # type: ignore[no-untyped-call]  # unannotated in torch
         exit_codes = [failure.exitcode for failure in error.failures.values() if failure.exitcode]
         return exit_codes[0] if exit_codes and exit_codes[0] > 0 else 1
     except RendezvousError as error:

@@ -28,7 +28,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as distributed
@@ -59,6 +59,7 @@ from torchestimator.distribute.launcher import (
 from torchestimator.errors import ChiefFailedError, ConfigError, ReplicaLostError
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 """torch.distributed backends a MirroredStrategy accepts."""
@@ -236,8 +237,11 @@ class Strategy(abc.ABC):
         Takes one flag (returns a bool) or a sequence (returns a list, one collective for all of them).
         A flag may be a 0-d tensor on the device (a NaN watch), so reading it costs no extra host sync.
         """
-        single = not isinstance(flags, Sequence)
-        values = [flags] if single else list(flags)
+        values: list[bool | torch.Tensor]
+        if isinstance(flags, Sequence):
+            single, values = False, list(flags)
+        else:
+            single, values = True, [flags]
         if self.placement.num_replicas == 1:
             answers = [bool(value) for value in values]
         else:
@@ -255,8 +259,8 @@ class Strategy(abc.ABC):
         return self._all_gather_object(obj)
 
     def run_on_chief(
-        self, action: Callable[[], Any], what: str, *, broadcast_object: Callable[[Any, int], Any] | None = None
-    ) -> Any:
+        self, action: Callable[[], _T], what: str, *, broadcast_object: Callable[[Any, int], Any] | None = None
+    ) -> _T:
         """``action()`` run by the chief, its result returned on every replica: the one way work done once for
         all (a checkpoint, the best-checkpoint record, an export) reaches the others.
 
@@ -265,7 +269,9 @@ class Strategy(abc.ABC):
         ``broadcast_object``: the collective to answer with (a background save's own group); this strategy's
         by default. Every replica must call it at the same point, as any collective.
         """
-        value, failure, fault = None, None, None
+        value: Any = None
+        failure: Exception | None = None
+        fault: str | None = None
         if self.is_chief:
             try:
                 value = action()
@@ -276,7 +282,8 @@ class Strategy(abc.ABC):
             raise failure
         if fault is not None:
             raise ChiefFailedError(f"{what} failed on the chief: {fault}", what=what, chief_error=fault)
-        return value
+        result: _T = value  # the chief's action() result, sent to every replica
+        return result
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Replica ``src``'s ``obj`` on every replica (pickled in memory between our own processes)."""
@@ -623,6 +630,7 @@ class MirroredStrategy(Strategy):
         replica 0 creates the group only once all have, watching their processes meanwhile (init_process_group
         itself would wait the whole timeout for a replica that already exited)."""
         assert cluster.master_addr is not None and cluster.master_port is not None and cluster.world_size is not None
+        assert cluster.rank is not None  # _join_group checked it
         chief = cluster.rank == 0
         if not chief:  # replica 0 serves the store: while it is not up, watch that replica 0 still runs
             _wait_for_replica_zeros_store(cluster, self.timeout_seconds)
@@ -665,6 +673,7 @@ class MirroredStrategy(Strategy):
             raise
 
     def _init_group(self, cluster: ClusterSpec, device: torch.device) -> None:
+        assert cluster.rank is not None and cluster.world_size is not None  # _join_group checked them
         if cluster.source == "torchrun":
             # env:// lets torchrun hand its agent's store to the workers (TORCHELASTIC_USE_AGENT_STORE).
             init_method = "env://"

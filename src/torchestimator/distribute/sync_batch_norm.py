@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as distributed
@@ -35,6 +35,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from torchestimator.distribute import collectives
 from torchestimator.errors import ConfigError
+
+if TYPE_CHECKING:  # a type only: the strategy module (and its launcher) need not load with this one
+    from torchestimator.distribute.strategy import Strategy
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +96,11 @@ class _SumOverReplicas(torch.autograd.Function):
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
         total = grad_output.clone(memory_format=torch.contiguous_format)
         return collectives.all_reduce(total, group=ctx.group), None
+
+
+def _sum_over_replicas(tensor: torch.Tensor, group: Any) -> torch.Tensor:
+    total: torch.Tensor = _SumOverReplicas.apply(tensor, group)  # type: ignore[no-untyped-call]  # torch leaves Function.apply unannotated
+    return total
 
 
 class _GroupReference:
@@ -161,7 +169,7 @@ class CrossReplicaBatchNorm(_BatchNorm):
         return replacement
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, synchronised across replicas"
+        return f"{super().extra_repr()}, synchronised across replicas"  # type: ignore[no-untyped-call]  # unannotated in torch
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if self.input_ranks is None and input.dim() < 2:
@@ -186,7 +194,7 @@ class CrossReplicaBatchNorm(_BatchNorm):
         # (Each replica sums in the input's precision, as BatchNorm's kernels do: summing in float64 cost 4x.)
         local_count = values.new_full((1,), values.numel() // channels if channels else 0, dtype=torch.float64)
         local_sums = values.sum(reduced_dims).to(torch.float64)
-        totals = _SumOverReplicas.apply(torch.cat([local_sums, local_count]), self.process_group)
+        totals = _sum_over_replicas(torch.cat([local_sums, local_count]), self.process_group)
         count = int(totals[-1].item())  # a host sync, free on the CPU this layer is for
         if count <= 1:
             raise ValueError(
@@ -197,7 +205,7 @@ class CrossReplicaBatchNorm(_BatchNorm):
         centered = values - mean.to(values.dtype).reshape(per_channel)
         # A second pass, over deviations from the global mean: the one-pass E[x^2] - mean^2 loses digits.
         local_squares = centered.square().sum(reduced_dims).to(torch.float64)
-        squares = _SumOverReplicas.apply(local_squares, self.process_group)
+        squares = _sum_over_replicas(local_squares, self.process_group)
         inverse_std = torch.rsqrt(squares / count + self.eps).to(values.dtype)
         output = centered * inverse_std.reshape(per_channel)
         if self.weight is not None:
@@ -320,7 +328,8 @@ def _needs_replacing(layer: nn.Module, target: type[nn.Module], name: str) -> bo
 def _replacement(layer: _BatchNorm, target: type[nn.Module], process_group: Any) -> nn.Module:
     if target is CrossReplicaBatchNorm:
         return CrossReplicaBatchNorm.from_batch_norm(layer, process_group)
-    synced = nn.SyncBatchNorm.convert_sync_batchnorm(layer, process_group)  # torch's engine, for a BN root
+    # torch's engine, for a BN root (unannotated in torch)
+    synced: nn.SyncBatchNorm = nn.SyncBatchNorm.convert_sync_batchnorm(layer, process_group)  # type: ignore[no-untyped-call]
     _take_over(layer, synced)  # the hooks and markers (freeze's) torch's conversion leaves behind
     return synced
 
@@ -342,7 +351,7 @@ class _SmallBatchWarning:
     Layers in eval mode (frozen, evaluation, export) pass through untouched.
     """
 
-    def __init__(self, layers: list[tuple[str, nn.Module]], num_replicas: int) -> None:
+    def __init__(self, layers: Sequence[tuple[str, nn.Module]], num_replicas: int) -> None:
         self._layers = [layer for _, layer in layers]
         self._names = {id(layer): name for name, layer in layers}
         self._num_replicas = num_replicas
@@ -401,7 +410,7 @@ def _warn_on_small_batches(module: nn.Module, num_replicas: int) -> None:
 # --------------------------------------------------------------------------- the Estimator's entry
 
 
-def prepare_batch_norm(module: nn.Module, strategy: Any, *, sync: bool) -> nn.Module:
+def prepare_batch_norm(module: nn.Module, strategy: Strategy, *, sync: bool) -> nn.Module:
     """The module to train: its BatchNorm layers synchronised across replicas when ``sync`` asks for it.
 
     Called on the plain module after restore, before the optimizer is built and the module wrapped. One

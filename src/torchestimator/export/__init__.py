@@ -19,7 +19,37 @@ Names are imported on first use (``torchestimator._lazy``), so reading an
 export (``load``) does not import the Estimator's engine that writing one needs.
 """
 
+from typing import TYPE_CHECKING
+
 from torchestimator._lazy import lazy_exports
+
+if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; imported on first use at run time
+    from torchestimator.export.exporters import (
+        BestExporter,
+        Exporter,
+        FinalExporter,
+        LatestExporter,
+        garbage_collect_exports,
+        loss_smaller,
+        read_best_eval,
+    )
+    from torchestimator.export.loader import ExportedModel, Signature, TensorInfo, load, read_inputs
+    from torchestimator.export.outputs import (
+        DEFAULT_SERVING_SIGNATURE_DEF_KEY,
+        ClassificationOutput,
+        ExportOutput,
+        PredictOutput,
+        RegressionOutput,
+    )
+    from torchestimator.export.receiver import (
+        ServingInputReceiver,
+        TensorSpec,
+        build_image_serving_input_receiver,
+        build_parsing_serving_input_receiver,
+        serving_input_receiver,
+    )
+    from torchestimator.export.saved_model import export_saved_model
+    from torchestimator.export.versions import latest_version, list_versions
 
 __all__ = [
     "DEFAULT_SERVING_SIGNATURE_DEF_KEY",

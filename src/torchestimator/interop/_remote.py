@@ -69,11 +69,16 @@ def _ours(checkpoint_url: str, root: str, folder: str, given: str | None = None)
     return TorchestimatorSource(given or checkpoint_url, checkpoint_url, step)
 
 
+def _remove_copies() -> None:
+    for path in _copies:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _local_copy(url: str) -> str:
     """A local path standing for ``url``: the same file name in a temporary folder, with what it needs beside it."""
     folder = tempfile.mkdtemp(prefix="torchestimator-weights-")
     if not _copies:
-        atexit.register(lambda: [shutil.rmtree(path, ignore_errors=True) for path in _copies])
+        atexit.register(_remove_copies)
     _copies.append(folder)
     parent, name = url.rsplit("/", 1)
     siblings = _names(parent)

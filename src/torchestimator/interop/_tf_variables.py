@@ -101,7 +101,9 @@ def object_paths(nodes: list[Node], prefix: str) -> dict[str, str]:
         optimizer_path = min(node_paths.get(optimizer_id, [""]), key=lambda p: (p.count("/"), p))
         for variable_id, slot_name, slot_id in slots:
             slot_key = _value_key(nodes[slot_id])
-            for path in node_paths.get(variable_id, []) if slot_key else []:
+            if not slot_key:
+                continue
+            for path in node_paths.get(variable_id, []):
                 result[f"{path}/.OPTIMIZER_SLOT/{optimizer_path}/{slot_name}"] = slot_key
     return dict(sorted(result.items()))
 

@@ -49,7 +49,7 @@ class HeapGuard(io.RawIOBase):
         start = self._inner.tell()
         count = self._inner.readinto(buffer)
         view = memoryview(buffer).cast("B")
-        if count and count >= 16 and view[:4] == b"GCOL":
+        if count and count >= 16 and view[:4].tobytes() == b"GCOL":
             problem = global_heap_problem(view[:count])
             if problem:
                 raise _DamagedHeapError(f"the global heap collection at byte {start} is damaged: {problem}")

@@ -277,8 +277,8 @@ def _member_proposals(
 ) -> list[Proposal]:
     proposals = []
     for member, (target_name, target_shape) in target.members.items():
-        source_member, converter = _source_member(target, source, member)
-        if source_member is None:
+        found = _source_member(target, source, member)
+        if found is None:
             reason = (
                 "torch-only counter, keeps its fresh value"
                 if member == "num_batches_tracked"
@@ -286,6 +286,7 @@ def _member_proposals(
             )
             proposals.append(_unmatched_name(target_name, reason))
             continue
+        source_member, converter = found
         source_name, source_shape = source.members[source_member]
         used.add(source_name)
         shape = converted_shape(converter, source_shape)
@@ -355,26 +356,28 @@ def _align(targets: list[_Layer], sources: list[_Layer]) -> list[tuple[_Layer, _
 
 def _layers_fit(target: _Layer, source: _Layer) -> bool:
     for member, (_, target_shape) in target.members.items():
-        source_member, converter = _source_member(target, source, member)
-        if source_member is None:
+        found = _source_member(target, source, member)
+        if found is None:
             continue
+        source_member, converter = found
         if converted_shape(converter, source.members[source_member][1]) != target_shape:
             return False
     return True
 
 
-def _source_member(target: _Layer, source: _Layer, member: str) -> tuple[str | None, str | None]:
-    """The source layer's member that feeds ``member`` of the target, and its converter; (None, None) if none.
+def _source_member(target: _Layer, source: _Layer, member: str) -> tuple[str, str] | None:
+    """The source layer's member that feeds ``member`` of the target, and its converter; None if none.
 
     A torch source names its members as the target does; a TF/Keras one by its own names (kernel, gamma, ...).
     """
+    found: tuple[str, str] | None
     if source.torch_names:
-        source_member, converter = member, "identity"
+        found = member, "identity"
     else:
-        source_member, converter = _TF_MEMBERS.get(target.kind, {}).get(member, (None, None))
-    if source_member is None or source_member not in source.members:
-        return None, None
-    return source_member, converter
+        found = _TF_MEMBERS.get(target.kind, {}).get(member)
+    if found is None or found[0] not in source.members:
+        return None
+    return found
 
 
 # ---------------------------------------------------------------- grouping

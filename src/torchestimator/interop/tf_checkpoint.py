@@ -30,7 +30,7 @@ import os
 import re
 import struct
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 
@@ -253,10 +253,11 @@ class TensorFlowCheckpoint(WeightSource):
         return self._read_entry(name, entry)
 
     def _read_sliced(self, name: str, entry: BundleEntry) -> np.ndarray:
-        dtype = object if entry.dtype == STRING else self._numpy_dtype(name, entry)
+        numeric = None if entry.dtype == STRING else self._numpy_dtype(name, entry)
+        dtype = object if numeric is None else numeric
         # Before allocating the whole: its slices are stored in the shards, so it cannot be bigger than them.
         # (A string takes at least one byte, its length.)
-        needed = math.prod(entry.shape) * (1 if entry.dtype == STRING else self._stored_itemsize(entry, dtype))
+        needed = math.prod(entry.shape) * (1 if numeric is None else self._stored_itemsize(entry, numeric))
         available = sum(self._shard_size(shard) for shard in range(self.num_shards))
         if needed > available:
             raise WeightSourceError(
@@ -332,7 +333,7 @@ class TensorFlowCheckpoint(WeightSource):
         if entry.dtype == STRING:
             return self._decode_strings(name, entry, raw, count)
         self._check_crc(name, entry, raw)
-        order = ">" if self.big_endian else "<"
+        order: Literal[">", "<"] = ">" if self.big_endian else "<"
         if entry.dtype == BFLOAT16:
             bits = np.frombuffer(raw, dtype=order + "u2").astype(np.uint32) << 16
             return bits.view(np.float32).reshape(entry.shape)

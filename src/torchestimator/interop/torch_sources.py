@@ -207,14 +207,15 @@ def open_torchestimator(path: str | os.PathLike[str]) -> TorchestimatorSource:
         checkpoint_path = normalized
     else:
         try:
-            checkpoint_path = CheckpointStore(normalized, keep_checkpoint_max=None).latest_checkpoint()
+            latest = CheckpointStore(normalized, keep_checkpoint_max=None).latest_checkpoint()
         except (CheckpointError, OSError) as error:
             raise WeightSourceError(f"{given}: cannot list its checkpoints: {error}") from None
-        if checkpoint_path is None:
+        if latest is None:
             raise WeightSourceError(
                 f"{given} holds no checkpoint (no ckpt-<step> folder with a valid state.json). "
                 "Pass a model_dir that has been trained, or the path of a ckpt-<step> folder."
             )
+        checkpoint_path = latest
     step = int(os.path.basename(checkpoint_path).removeprefix("ckpt-"))
     if not os.path.isfile(os.path.join(checkpoint_path, "state.json")):
         raise WeightSourceError(f"{checkpoint_path} is not a complete checkpoint: state.json is missing.")

@@ -23,7 +23,33 @@ there (``from torchestimator.serving import *``, ``help()`` work) and calling on
 naming the extra.
 """
 
+from typing import TYPE_CHECKING
+
 from torchestimator._lazy import lazy_exports
+
+if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; imported on first use at run time
+    from torchestimator.errors import ServingClientError, ServingError
+    from torchestimator.serving.app import make_app
+    from torchestimator.serving.batching import BatchingParameters, BatchScheduler
+    from torchestimator.serving.client import Client
+    from torchestimator.serving.config import (
+        ModelConfig,
+        MonitoringConfig,
+        VersionPolicy,
+        parse_model_server_config,
+        read_batching_parameters_file,
+        read_model_config_file,
+        read_monitoring_config_file,
+    )
+    from torchestimator.serving.grpc_client import ModelServiceStub, PredictionServiceStub
+    from torchestimator.serving.grpc_server import GrpcServer
+    from torchestimator.serving.manager import ModelManager, VersionStatus
+    from torchestimator.serving.metrics import ServingMetrics
+    from torchestimator.serving.openapi import openapi_document
+    from torchestimator.serving.protos import serving_protos
+    from torchestimator.serving.server import RunningServer, build_app, serve, start
+    from torchestimator.serving.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_METRICS_PATH, ServerSettings
+    from torchestimator.serving.tensor_proto import make_tensor_proto, tensor_proto_to_numpy
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",

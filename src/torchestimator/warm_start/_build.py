@@ -70,7 +70,9 @@ def build_plan(
         proposals = _proposals(module, view, wanted) if unresolved or weights.format in TF_FORMATS else {}
         if accept_proposals:
             resolved.update(_usable_proposals(unresolved, proposals, converters, view))
-        entries, kept_fresh, resolved_converters = [], [], {}
+        entries: list[PlanEntry] = []
+        kept_fresh: list[tuple[str, str]] = []
+        resolved_converters: dict[str, Converter | None] = {}
         missing: list[tuple[str, Problem]] = []
         for target in selected:
             if target not in resolved:
@@ -122,8 +124,9 @@ def _resolve_names(
     unresolved: list[str] = []
     for target in selected:
         source_name, origin = explicit.get(target, (target, "same name"))
-        if view.resolve(source_name) is not None:
-            resolved[target] = (view.resolve(source_name), origin)
+        found = view.resolve(source_name)
+        if found is not None:
+            resolved[target] = (found, origin)
         elif target in explicit:
             resolved[target] = (source_name, origin)  # reported missing later, under the name the user gave
         else:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy
@@ -125,8 +125,8 @@ class WarmStartPlan:
                 )
             staged.append((target, torch.from_numpy(value).to(device=target.device, dtype=target.dtype)))
         with torch.no_grad():
-            for target, value in staged:
-                target.copy_(value)
+            for target, tensor in staged:
+                target.copy_(tensor)
         logger.info("Warm-started %d variables.", len(staged))
         return len(staged)
 
@@ -229,6 +229,6 @@ def _shape_text(entry: PlanEntry) -> str:
     return f"{list(entry.source_shape)} -> {converted}"
 
 
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
+def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     return ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
