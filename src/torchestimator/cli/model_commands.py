@@ -67,7 +67,11 @@ def _train_and_evaluate(args: argparse.Namespace) -> int:
         or getattr(module, "eval_spec", None)
         or te.EvalSpec(require(module, "eval_input_fn"), steps=None, throttle_secs=0, start_delay_secs=0)
     )
-    policies = {"best": getattr(module, "best", None), "early_stopping": getattr(module, "early_stopping", ())}
+    # The model file's own objects: the functions they reach check their types.
+    policies: dict[str, Any] = {
+        "best": getattr(module, "best", None),
+        "early_stopping": getattr(module, "early_stopping", ()),
+    }
     if args.evaluator:  # a separate process following model_dir, as TF_CONFIG's evaluator task
         # It keeps the best and decides early stopping, as the evaluator task of train_and_evaluate does.
         results, exports = te.run_evaluator(estimator, train_spec, eval_spec, poll_secs=args.poll_secs, **policies)
