@@ -44,6 +44,7 @@ RAISED = [
         {"path": "f.tfrecord", "offset": 19},
     ),
     (errors.ExampleDecodeError, ValueError, lambda: errors.ExampleDecodeError("not an Example"), {}),
+    (errors.ExampleParseError, ValueError, lambda: errors.ExampleParseError("Key: x, Index: 0.  ..."), {}),
     (
         errors.ImageDecodeError,
         ValueError,
@@ -173,6 +174,7 @@ def test_every_exception_a_public_module_defines_lives_in_errors():
         ("torchestimator.checkpoint.errors", "DiskFullError"),
         ("torchestimator.data.tfrecord", "DataLossError"),
         ("torchestimator.data.example", "ExampleDecodeError"),
+        ("torchestimator.data", "ExampleParseError"),
         ("torchestimator.interop", "WeightSourceError"),
         ("torchestimator.data.images", "ImageDecodeError"),
         ("torchestimator.data", "ImageDecodeError"),
@@ -491,3 +493,18 @@ def test_a_missing_checkpoint_variable_is_caught_by_the_base_and_names_the_neare
             source.read("net.0.wieght")
     assert isinstance(caught.value, KeyError)
     assert "net.0.weight" in str(caught.value)
+
+
+def test_a_record_that_does_not_fit_the_spec_is_an_example_parse_error_naming_feature_and_record():
+    """The data's fault, not the caller's: its own class in the tree (a spec mistake stays a plain ValueError)."""
+    from torchestimator.data.example import encode_example
+    from torchestimator.data.parsing import FixedLenFeature, parse_example
+
+    batch = [encode_example({"x": [1]}), encode_example({"y": [2]})]
+    with pytest.raises(errors.ExampleParseError, match=r"Feature: x \(data type: int64\) is required.*record 1"):
+        parse_example(batch, {"x": FixedLenFeature([1], "int64")})
+    with pytest.raises(errors.ExampleParseError, match="Data types don't match"):
+        parse_example([encode_example({"x": [1.5]})], {"x": FixedLenFeature([1], "int64")})
+    with pytest.raises(ValueError) as spec_mistake:
+        FixedLenFeature([1], "complex64")
+    assert not isinstance(spec_mistake.value, errors.ExampleParseError)

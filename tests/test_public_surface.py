@@ -77,6 +77,7 @@ PUBLIC_SUBPACKAGES = {
     "data": [
         "DataLossError",
         "ExampleDecodeError",
+        "ExampleParseError",
         "FixedLenFeature",
         "FixedLenSequenceFeature",
         "ImageDecodeError",
@@ -181,6 +182,7 @@ PUBLIC_SUBPACKAGES = {
         "DataLossError",
         "DiskFullError",
         "ExampleDecodeError",
+        "ExampleParseError",
         "ExportFormatError",
         "FileTooLargeError",
         "GrpcListenError",

@@ -125,10 +125,14 @@ def test_a_server_started_before_any_export_waits_and_serves_the_first_version(b
 
 
 def test_server_settings_refuse_ambiguous_or_missing_models(tmp_path):
-    with pytest.raises(ValueError, match="either --model_config_file or --model_name"):
+    from torchestimator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="either --model_config_file or --model_name") as both:
         ServerSettings(model_name="a", model_base_path=str(tmp_path), model_config_file=str(tmp_path / "c"))
-    with pytest.raises(ValueError, match="Name the model to serve"):
+    assert both.value.field == "model_config_file"
+    with pytest.raises(ConfigError, match="Name the model to serve") as missing:
         ServerSettings(model_name="a")
+    assert missing.value.field == "model_base_path"
     with pytest.raises(ValueError, match="base_url"):
         Client("localhost:8501", "a")
     with pytest.raises(ValueError, match="not both"):

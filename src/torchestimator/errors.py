@@ -16,6 +16,7 @@ catches it::
     ├── NanLossDuringTrainingError(RuntimeError)   the loss (or a weight about to be saved) is not finite
     ├── DataLossError(ValueError)             a damaged TFRecord file; .path, .offset (the record's start)
     ├── ExampleDecodeError(ValueError)        bytes that are not a tf.train.Example / SequenceExample
+    ├── ExampleParseError(ValueError)         a valid Example that does not fit the parse spec (a feature missing, ...)
     ├── ImageDecodeError(ValueError)          bytes that are not an image decode_image can decode; .where, .format
     ├── WeightSourceError(ValueError)         a weight file missing, unreadable, corrupt or crafted
     ├── TensorNotFoundError(KeyError)         a weight source asked for a name it does not hold
@@ -62,6 +63,7 @@ __all__ = [
     "DataLossError",
     "DiskFullError",
     "ExampleDecodeError",
+    "ExampleParseError",
     "ExportFormatError",
     "FileTooLargeError",
     "GrpcListenError",
@@ -204,6 +206,12 @@ class DataLossError(TorchEstimatorError, ValueError):
 
 class ExampleDecodeError(TorchEstimatorError, ValueError):
     """The bytes are not a valid serialized Example / SequenceExample."""
+
+
+class ExampleParseError(TorchEstimatorError, ValueError):
+    """A record is a valid Example that does not fit the parse spec: a required feature missing, a feature of
+    another type or another number of values. The data's fault, not the caller's (a bad spec is a ValueError);
+    the message names the feature and the record, in TensorFlow's words."""
 
 
 class ImageDecodeError(TorchEstimatorError, ValueError):

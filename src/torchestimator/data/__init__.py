@@ -49,11 +49,12 @@ if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; importe
         unmask_crc32c,
     )
     from torchestimator.data.tfrecord_dataset import TFRecordDataset, TFRecordLoader
-    from torchestimator.errors import DataLossError, ExampleDecodeError, ImageDecodeError
+    from torchestimator.errors import DataLossError, ExampleDecodeError, ExampleParseError, ImageDecodeError
 
 __all__ = [
     "DataLossError",
     "ExampleDecodeError",
+    "ExampleParseError",
     "FixedLenFeature",
     "FixedLenSequenceFeature",
     "ImageDecodeError",
@@ -99,6 +100,7 @@ __getattr__, __dir__ = lazy_exports(
     {
         "torchestimator.data.example": [
             "ExampleDecodeError",
+            "ExampleParseError",
             "decode_example",
             "decode_sequence_example",
             "encode_example",

@@ -48,10 +48,14 @@ from typing import Any
 import numpy as np
 
 from torchestimator._io import protobuf as _protobuf
-from torchestimator.errors import ExampleDecodeError  # defined there with every public error; re-exported here
+from torchestimator.errors import (  # defined there with every public error; re-exported here
+    ExampleDecodeError,
+    ExampleParseError,
+)
 
 __all__ = [
     "ExampleDecodeError",
+    "ExampleParseError",
     "FeatureValues",
     "decode_example",
     "decode_sequence_example",

@@ -79,6 +79,7 @@ from torchestimator.data.example import (
     INT64,
     KIND_NAMES,
     ExampleDecodeError,
+    ExampleParseError,
     example_protos,
     feature_kind,
     float_list_bytes,
@@ -354,8 +355,8 @@ def _values_array(parts: list, dtype: str) -> np.ndarray:
     return out
 
 
-def _mismatch(key: str, where: str, found: int, dtype: str) -> ValueError:
-    return ValueError(
+def _mismatch(key: str, where: str, found: int, dtype: str) -> ExampleParseError:
+    return ExampleParseError(
         f"Key: {key}, {where}.  Data types don't match. Data type: {KIND_NAMES[found]} but expected type: "
         f"{_TF_TYPE_NAME[dtype]}. The record holds a {_LIST_NAME[found]} there; declare the feature with the "
         f"matching dtype or fix the writer."
@@ -444,7 +445,7 @@ class _FixedLenColumn(_Column):
         if values is None:
             values = self.default(index)
         elif len(values) != self.size:
-            raise ValueError(
+            raise ExampleParseError(
                 f"Key: {self.key}, {self.location.format(index)}.  Can't parse serialized Example: "
                 f"{_count_phrase(self.kind)} FixedLenFeature shape {_shape_string(self.spec.shape)} needs "
                 f"{self.size} values, the record has {len(values)}. Fix the shape, or parse lists of varying "
@@ -467,7 +468,7 @@ class _FixedLenColumn(_Column):
                 else "Its shape has no elements, so no default_value can stand in (TensorFlow takes [] for no "
                 "default): parse it with VarLenFeature to accept records without it."
             )
-            raise ValueError(
+            raise ExampleParseError(
                 f"Feature: {self.key} (data type: {_TF_TYPE_NAME[self.dtype]}) is required but could not be "
                 f"found ({self.location.format(index)}). {advice}"
             )
@@ -503,14 +504,14 @@ class _ContextFixedLenColumn(_FixedLenColumn):
                 if not found
                 else f"the context holds {found} values"
             )
-            raise ValueError(
+            raise ExampleParseError(
                 f"Key: {self.key}, {where}.  Inconsistent max number of elements for feature {self.key}: expected "
                 f"{self.size}, but found {most} ({lacks}; shape {shape} needs {self.size})."
             )
         if values is None:
             values = self.default(index)
         elif found != self.size:
-            raise ValueError(
+            raise ExampleParseError(
                 f"Key: {self.key}, {where}.  Unexpected number of elements in example: the context holds {found} "
                 f"values (a Feature() with no list holds none), shape {shape} needs {self.size}."
             )
@@ -580,7 +581,7 @@ class _SequenceColumn(_VarLenColumn):
         super().add(index, feature)
         length = self.counts[-1]
         if length and (self.row_size == 0 or length % self.row_size):
-            raise ValueError(
+            raise ExampleParseError(
                 f"Key: {self.key}, {self.location.format(index)}.  Number of {KIND_NAMES[self.kind]} values is not "
                 f"a multiple of stride length. Saw {length} values but output shape is: {_shape_string([None, *self.spec.shape])}. "
                 f"Each row needs {self.row_size} values."
@@ -751,12 +752,12 @@ def _frame_array(name: str, spec: FixedLenSequenceFeature, frames, where: str) -
         found = feature_kind(frame)
         values = [] if found is None else _list_values(frame, found)
         if found is not None and found != kind:
-            raise ValueError(
+            raise ExampleParseError(
                 f"Feature list: {name}, Index: {frame_index} ({where}).  Data types don't match. Data type: "
                 f"{KIND_NAMES[found]} but expected type: {_TF_TYPE_NAME[spec.dtype]}."
             )
         if len(values) != size:
-            raise ValueError(
+            raise ExampleParseError(
                 f"Key: {name}, Index: {frame_index} ({where}).  Number of values != expected.  values size: "
                 f"{len(values)} but output shape: {_shape_string(spec.shape)}. Every frame of a "
                 f"FixedLenSequenceFeature needs {size} values; use VarLenFeature or RaggedFeature for frames "
@@ -770,7 +771,7 @@ def _parse_feature_list(name: str, spec: Any, feature_list, where: str) -> Any:
     frames = [] if feature_list is None else list(feature_list.feature)
     if isinstance(spec, FixedLenSequenceFeature):
         if feature_list is None and not spec.allow_missing:
-            raise ValueError(
+            raise ExampleParseError(
                 f"Feature list '{name}' is required but could not be found ({where}).  Did you mean to include it "
                 f"in feature_list_dense_missing_assumed_empty or feature_list_dense_defaults? Pass "
                 f"allow_missing=True to its FixedLenSequenceFeature to accept records without it."

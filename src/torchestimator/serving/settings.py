@@ -13,6 +13,8 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING
 
+from torchestimator.errors import ConfigError
+
 if TYPE_CHECKING:  # only an annotation here; batching.py loads torch
     from torchestimator.serving.batching import BatchingParameters
 
@@ -60,13 +62,17 @@ class ServerSettings:
     def __post_init__(self) -> None:
         has_flags = self.model_name is not None or self.model_base_path is not None
         if self.model_config_file is not None and has_flags:
-            raise ValueError(
+            raise ConfigError(
                 "Give either --model_config_file or --model_name with --model_base_path, not both "
                 f"(received model_config_file={os.fspath(self.model_config_file)!r}, "
-                f"model_name={self.model_name!r}, model_base_path={self.model_base_path!r})."
+                f"model_name={self.model_name!r}, model_base_path={self.model_base_path!r}).",
+                field="model_config_file",
+                value=self.model_config_file,
             )
         if self.model_config_file is None and (self.model_name is None or self.model_base_path is None):
-            raise ValueError(
+            raise ConfigError(
                 "Name the model to serve: --model_name and --model_base_path (a folder of integer "
-                "version folders, e.g. an export base), or --model_config_file for several models."
+                "version folders, e.g. an export base), or --model_config_file for several models.",
+                field="model_base_path" if self.model_name is not None else "model_name",
+                value=None,
             )
