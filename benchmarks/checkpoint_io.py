@@ -61,7 +61,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from torchestimator._core.state import TrainState
+from torchestimator._train_state import TrainState
 from torchestimator.checkpoint import CheckpointStore
 from torchestimator.checkpoint import format as checkpoint_format
 from torchestimator.checkpoint.background import BackgroundSaves

@@ -14,7 +14,7 @@ import torch
 from test_checkpoint import flip_byte
 from torch import nn
 
-from torchestimator._core.state import TrainState
+from torchestimator._train_state import TrainState
 from torchestimator.checkpoint import CheckpointError, CheckpointStore, InMemoryStorage
 from torchestimator.checkpoint import format as checkpoint_format
 from torchestimator.checkpoint.parts import (

@@ -438,7 +438,7 @@ class _GatedStore(CheckpointStore):
 def _training_parts():
     from torch import nn
 
-    from torchestimator._core.state import TrainState
+    from torchestimator._train_state import TrainState
     from torchestimator.checkpoint.parts import TrainingParts
 
     torch.manual_seed(0)

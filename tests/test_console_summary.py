@@ -1,4 +1,4 @@
-"""The one summary line per train / evaluate / train_and_evaluate call (_core/console.py), seen the way a user
+"""The one summary line per train / evaluate / train_and_evaluate call (_io/console.py), seen the way a user
 sees it: a fresh Python process whose program configured no logging, the quiet setting, a program that
 configures logging later, and the CLI (which configures logging itself: each line once)."""
 
@@ -140,8 +140,8 @@ def test_the_cli_shows_each_line_once(tmp_path):
 
 
 def test_the_lines_name_what_the_user_named_and_say_why_training_stopped(tmp_path, monkeypatch):
-    from torchestimator._core.console import TrainOutcome, describe_evaluation, describe_training, format_value
     from torchestimator._core.inference import WeightsOrigin
+    from torchestimator._io.console import TrainOutcome, describe_evaluation, describe_training, format_value
 
     monkeypatch.chdir(tmp_path)
     checkpoint = WeightsOrigin("checkpoint", 1000, str(tmp_path / "runs" / "q" / "ckpt-1000"))

@@ -25,8 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torchestimator as te
-from torchestimator._core.state import TrainState
 from torchestimator._io.atomic import writer_tag
+from torchestimator._train_state import TrainState
 from torchestimator.checkpoint import CheckpointError, CheckpointStore, DiskFullError
 from torchestimator.checkpoint import format as checkpoint_format
 from torchestimator.checkpoint.checkpointer import Checkpointer

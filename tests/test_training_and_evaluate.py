@@ -548,13 +548,13 @@ def test_a_kill_between_best_json_and_the_manifest_loses_no_best_checkpoint(tmp_
     policy.update(est.checkpoint_store, 10, {"score": 0.2})
     est.train(train, max_steps=20)
 
-    write_best_file = best_module._write_best_file
+    write_best_file = best_module.write_best_file
 
     def killed_after_writing(*arguments):
         write_best_file(*arguments)
         raise KeyboardInterrupt  # as a kill -9 right after best.json was replaced
 
-    monkeypatch.setattr(best_module, "_write_best_file", killed_after_writing)
+    monkeypatch.setattr(best_module, "write_best_file", killed_after_writing)
     with pytest.raises(KeyboardInterrupt):
         policy.update(est.checkpoint_store, 20, {"score": 0.1})
     assert [record.step for record in read_best(tmp_path)] == [20]

@@ -26,7 +26,6 @@ if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; importe
     from torchestimator._core.estimator import Estimator
     from torchestimator._core.finetune import freeze, param_groups, unfreeze
     from torchestimator._core.spec import EstimatorSpec, ModeKeys
-    from torchestimator._core.state import TrainState
     from torchestimator._policy.best import BestCheckpointPolicy
     from torchestimator._policy.early_stopping import (
         EarlyStopping,
@@ -38,6 +37,7 @@ if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; importe
     from torchestimator._policy.evaluator import run_evaluator
     from torchestimator._policy.specs import EvalSpec, TrainSpec
     from torchestimator._policy.train_and_evaluate import train_and_evaluate
+    from torchestimator._train_state import TrainState
     from torchestimator.data.inputs import dataset_input_fn, numpy_input_fn, pandas_input_fn
     from torchestimator.distribute.fsdp import FullyShardedStrategy
     from torchestimator.distribute.input_context import InputContext
@@ -109,7 +109,7 @@ __getattr__, __dir__ = lazy_exports(
         "torchestimator._core.estimator": ["Estimator"],
         "torchestimator._core.finetune": ["freeze", "param_groups", "unfreeze"],
         "torchestimator._core.spec": ["EstimatorSpec", "ModeKeys"],
-        "torchestimator._core.state": ["TrainState"],
+        "torchestimator._train_state": ["TrainState"],
         "torchestimator._policy.best": ["BestCheckpointPolicy"],
         "torchestimator._policy.early_stopping": [
             "EarlyStopping",

@@ -148,6 +148,15 @@ _NO_ROOM_WORDS: dict[int | None, str] = {
 }
 
 
+NO_ROOM_ERRNOS = frozenset({errno_codes.ENOSPC, errno_codes.EDQUOT, errno_codes.EFBIG})
+"""The errnos of a write that found no room: a full disk, a quota, a file size limit."""
+
+
+def is_no_room(error: BaseException | None) -> bool:
+    """Whether ``error`` is an OSError of a full disk (``NO_ROOM_ERRNOS``): what ``DiskFullError`` wraps."""
+    return isinstance(error, OSError) and error.errno in NO_ROOM_ERRNOS
+
+
 class DiskFullError(TorchEstimatorError, OSError):
     """No room to write into model_dir; ``errno`` is the original one (ENOSPC, EDQUOT or EFBIG)."""
 

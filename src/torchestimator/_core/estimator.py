@@ -27,22 +27,22 @@ from torchestimator._core.arguments import check_argument_types, checked_factory
 from torchestimator._core.batches import InputSource
 from torchestimator._core.calling import call_factory, call_with, check_declared, takes_in_order
 from torchestimator._core.config import RunConfig
-from torchestimator._core.console import (
+from torchestimator._core.eval_loops import EvalRun, predict_loop
+from torchestimator._core.inference import FRESH, InferenceBundle, WeightsOrigin
+from torchestimator._core.loop import InLoopEvaluation, TrainingRun, train_loop
+from torchestimator._core.spec import EstimatorSpec, ModeKeys
+from torchestimator._io import filesystems
+from torchestimator._io.atomic import temporary_prefix
+from torchestimator._io.console import (
     TrainOutcome,
     describe_evaluation,
     describe_training,
     log_summary,
     show_summaries,
 )
-from torchestimator._core.eval_loops import EvalRun, predict_loop
-from torchestimator._core.inference import FRESH, InferenceBundle, WeightsOrigin
-from torchestimator._core.loop import InLoopEvaluation, TrainingRun, train_loop
-from torchestimator._core.spec import EstimatorSpec, ModeKeys
-from torchestimator._core.state import TrainState, rng_preserved, seed_everything
-from torchestimator._io import filesystems
-from torchestimator._io.atomic import temporary_prefix
 from torchestimator._io.summary import SummaryWriter
-from torchestimator._policy.best import protect_recorded_best
+from torchestimator._train_state import TrainState, rng_preserved, seed_everything
+from torchestimator.checkpoint.best_record import best_checkpoint, protect_recorded_best
 from torchestimator.checkpoint.checkpointer import Checkpointer
 from torchestimator.checkpoint.errors import CheckpointError, DiskFullError, is_no_room
 from torchestimator.checkpoint.parts import (
@@ -235,8 +235,6 @@ class Estimator:
 
     def best_checkpoint(self) -> str | None:
         """The best checkpoint recorded by train_and_evaluate's BestCheckpointPolicy, or None."""
-        from torchestimator._policy.best import best_checkpoint
-
         return best_checkpoint(self._store)
 
     def get_variable_names(self) -> list[str]:
@@ -278,7 +276,7 @@ class Estimator:
     ) -> Estimator:
         """Trains until max_steps (absolute), for `steps` more steps, or until the input ends.
 
-        Logs one summary line (trained / resumed / skipped, see _core/console.py), on the chief.
+        Logs one summary line (trained / resumed / skipped, see _io/console.py), on the chief.
         ``evaluation`` (train_and_evaluate's) evaluates inside the loop on the live module; it is
         handed the live InferenceBundle before step one (``evaluation.begin(bundle, state)``) and
         the call's outcome at the end (``evaluation.training_ended(outcome)``) instead of a summary line.

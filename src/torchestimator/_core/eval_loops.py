@@ -17,7 +17,7 @@ from torchestimator._core.calling import batch_length
 from torchestimator._core.config import RunConfig
 from torchestimator._core.progress import Progress
 from torchestimator._core.spec import EstimatorSpec, ModeKeys, validate_spec
-from torchestimator._core.state import TrainState
+from torchestimator._train_state import TrainState
 from torchestimator.hooks.base import Hook, HookList, RunContext
 
 if TYPE_CHECKING:

@@ -20,8 +20,8 @@ from torchestimator._core.batches import InputSource
 from torchestimator._core.config import RunConfig
 from torchestimator._core.eval_loops import EvalRun, eval_loop
 from torchestimator._core.spec import EstimatorSpec, ModeKeys
-from torchestimator._core.state import TrainState
 from torchestimator._io.summary import SummaryWriter
+from torchestimator._train_state import TrainState
 from torchestimator.hooks.base import Hook, HookList
 from torchestimator.metrics import MetricAccumulators
 

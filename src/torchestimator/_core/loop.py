@@ -23,12 +23,12 @@ import torch
 from torchestimator._core.agreement import ReplicaRoster
 from torchestimator._core.batches import AutocastFactory, DeviceBatches, InputSource, autocast_factory
 from torchestimator._core.config import RunConfig
-from torchestimator._core.console import TrainOutcome
 from torchestimator._core.eval_loops import adopt_spec_hooks
 from torchestimator._core.finetune import apply_frozen_modes
 from torchestimator._core.progress import Progress
 from torchestimator._core.spec import EstimatorSpec, ModeKeys, TrainSpecCheck
-from torchestimator._core.state import TrainState, rng_preserved
+from torchestimator._io.console import TrainOutcome
+from torchestimator._train_state import TrainState, rng_preserved
 from torchestimator.checkpoint.checkpointer import Checkpointer
 from torchestimator.checkpoint.parts import TrainingParts
 from torchestimator.errors import CheckpointError, NanLossDuringTrainingError

@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from torchestimator._io import filesystems
+from torchestimator.errors import DiskFullError, is_no_room
 
 __all__ = ["EVENT_FILE_PATTERN", "SummaryWriter", "read_scalars"]
 
@@ -132,8 +133,6 @@ class SummaryWriter:
         try:
             return call()
         except OSError as error:
-            from torchestimator.checkpoint.errors import DiskFullError, is_no_room
-
             path = self._event_file()
             if is_no_room(error):
                 failure: OSError = DiskFullError(
@@ -331,7 +330,7 @@ def _read_event_file(path: str, latest: dict[str, dict[int, Any]], order: int) -
     from google.protobuf.message import DecodeError
     from tensorboard.compat.proto.event_pb2 import Event
 
-    from torchestimator.data.tfrecord import DataLossError, iter_records
+    from torchestimator.data.tfrecord import DataLossError, iter_records  # the reading side only: import cost
 
     offset = 0
     try:

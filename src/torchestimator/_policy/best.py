@@ -1,11 +1,12 @@
 """The best-checkpoint policy: which checkpoints scored best, recorded so that a restart remembers.
 
 What belongs here: comparing an evaluation against the recorded best (by
-``improvement.Objective``, the rule early stopping and BestExporter share), the
-record itself (``model_dir/best.json``: step and metric value of each best
-checkpoint, replaced atomically), and marking those steps as ``best`` in the
-checkpoint manifest so that retention never deletes them. What does not: when
-to evaluate (train_and_evaluate.py) and exporting (export/).
+``improvement.Objective``, the rule early stopping and BestExporter share) and
+updating the record. The record itself (``model_dir/best.json``: step and metric
+value of each best checkpoint, replaced atomically) and marking those steps as
+``best`` in the checkpoint manifest, so that retention never deletes them, live
+with the checkpoints (``checkpoint/best_record.py``, re-exported here). What does
+not: when to evaluate (train_and_evaluate.py) and exporting (export/).
 
 After a restart the policy compares against the recorded best rather than
 taking the first result it sees as the best (TensorFlow issue 47396).
@@ -22,17 +23,24 @@ owns the manifest, copies best.json's steps into it before each save
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
-import math
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from torchestimator._io import filesystems
-from torchestimator._io.atomic import write_json_atomically
 from torchestimator._policy.improvement import Objective
+from torchestimator.checkpoint.best_record import (
+    BEST_FILE,
+    BestRecord,
+    as_store,
+    best_checkpoint,
+    mark_recorded_best,
+    protect_recorded_best,
+    read_best,
+    read_best_document,
+    stored_value,
+    write_best_file,
+)
 from torchestimator.checkpoint.store import CheckpointStore
 
 logger = logging.getLogger(__name__)
@@ -46,18 +54,6 @@ __all__ = [
     "protect_recorded_best",
     "read_best",
 ]
-
-BEST_FILE = "best.json"
-_FORMAT_VERSION = 1
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class BestRecord:
-    """One best checkpoint: its step, its metric value, and its path (None when the folder is gone)."""
-
-    step: int
-    value: float
-    path: str | None = None
 
 
 class BestCheckpointPolicy:
@@ -101,7 +97,7 @@ class BestCheckpointPolicy:
         has one writer); the other replicas get the answer from the chief.
         """
         value = self.check_results(global_step, results)
-        store = _as_store(store)
+        store = as_store(store)
         model_dir = store.model_dir
         steps_on_disk = {entry["step"] for entry in store.history()}
         if global_step not in steps_on_disk:
@@ -115,7 +111,7 @@ class BestCheckpointPolicy:
         if _changed(recorded, kept):
             # Old and new best both protected while best.json changes: a kill between the two writes loses neither.
             store.mark_best(sorted((set(store.manifest["best"]) & steps_on_disk) | set(kept_steps)))
-            _write_best_file(model_dir, self, kept)
+            write_best_file(model_dir, self.metric_name, self.higher_is_better, kept)
         if store.manifest["best"] != kept_steps:  # also repairs a manifest that lost or outlived best.json's steps
             store.mark_best(kept_steps)
         self._log(global_step, value, joined)
@@ -130,7 +126,7 @@ class BestCheckpointPolicy:
         it is skipped with a warning (False), the evaluation itself stands.
         """
         value = self.check_results(global_step, results)
-        store = _as_store(store)
+        store = as_store(store)
         model_dir = store.model_dir
         steps_on_disk = {entry["step"] for entry in store.history()}
         if global_step not in steps_on_disk:
@@ -143,7 +139,7 @@ class BestCheckpointPolicy:
             return False
         recorded, kept, joined = self._compare(model_dir, steps_on_disk, global_step, value)
         if _changed(recorded, kept):
-            _write_best_file(model_dir, self, kept)
+            write_best_file(model_dir, self.metric_name, self.higher_is_better, kept)
         self._log(global_step, value, joined)
         return joined
 
@@ -176,7 +172,7 @@ class BestCheckpointPolicy:
 
     def _recorded(self, model_dir: str, steps_on_disk: set[int]) -> list[BestRecord]:
         """The recorded best of earlier evaluations (this or an earlier process) still on disk."""
-        document = _read_best_file(model_dir)
+        document = read_best_document(model_dir)
         if document is None:
             return []
         if (document.get("metric_name"), document.get("higher_is_better")) != (self.metric_name, self.higher_is_better):
@@ -190,7 +186,7 @@ class BestCheckpointPolicy:
                 self.higher_is_better,
             )
             return []
-        records = [BestRecord(step=int(item["step"]), value=_stored_value(item)) for item in document["best"]]
+        records = [BestRecord(step=int(item["step"]), value=stored_value(item)) for item in document["best"]]
         gone = [record.step for record in records if record.step not in steps_on_disk]
         if gone:
             logger.warning(
@@ -199,126 +195,5 @@ class BestCheckpointPolicy:
         return sorted((record for record in records if record.step in steps_on_disk), key=self._rank)
 
 
-def read_best(model_dir: str | os.PathLike[str]) -> list[BestRecord]:
-    """The recorded best checkpoints of ``model_dir``, best first, with their paths (None if deleted)."""
-    model_dir = os.fspath(model_dir)
-    document = _read_best_file(model_dir)
-    if document is None:
-        return []
-    if filesystems.is_url(model_dir):  # folder names carry a save's own suffix there: the store knows them
-        paths = {entry["step"]: entry["path"] for entry in CheckpointStore(model_dir).history()}
-    else:
-        paths = {}
-        for item in document["best"]:
-            path = os.path.join(model_dir, f"ckpt-{int(item['step'])}")
-            paths[int(item["step"])] = path if os.path.isdir(path) else None
-    return [
-        BestRecord(step=int(item["step"]), value=_stored_value(item), path=paths.get(int(item["step"])))
-        for item in document["best"]
-    ]
-
-
-def protect_recorded_best(model_dir: str | os.PathLike[str], store: Any) -> None:
-    """Marks the steps recorded in best.json as best in the manifest, when they are on disk and not marked.
-
-    Called before training saves anything: a manifest rebuilt by scanning (deleted or damaged) has no best
-    steps, and retention would otherwise delete the best checkpoints at the next save.
-    """
-    recorded = {record.step for record in read_best(model_dir) if record.path is not None}
-    marked = set(store.manifest["best"])
-    if not recorded <= marked:
-        on_disk = {entry["step"] for entry in store.history()}
-        logger.warning(
-            "The manifest of %s does not protect the best checkpoints recorded in %s (steps %s); marking them again.",
-            model_dir,
-            BEST_FILE,
-            sorted((recorded - marked) & on_disk),
-        )
-        store.mark_best(sorted((marked | recorded) & on_disk))
-
-
-def mark_recorded_best(store: CheckpointStore) -> None:
-    """Makes the manifest's best steps those best.json records (the ones still on disk); the training chief's
-    side of the evaluator task's ``update_record``, called before each save.
-
-    Unlike ``protect_recorded_best`` it also releases steps best.json no longer lists (a better one replaced
-    them), so that retention can delete them. A missing or unreadable best.json changes nothing.
-    """
-    store = _as_store(store)
-    document = _read_best_file(store.model_dir)
-    if document is None:
-        return
-    on_disk = {entry["step"] for entry in store.history()}
-    steps = sorted({int(item["step"]) for item in document["best"]} & on_disk)
-    if sorted(store.manifest["best"]) != steps:
-        store.mark_best(steps)
-
-
-def best_checkpoint(store: CheckpointStore) -> str | None:
-    """Path of the best checkpoint recorded for the store's model_dir; None when none is recorded."""
-    for record in read_best(_as_store(store).model_dir):
-        if record.path is not None:
-            return record.path
-    return None
-
-
-def _as_store(owner: Any) -> CheckpointStore:
-    if isinstance(owner, CheckpointStore):
-        return owner
-    raise TypeError(f"Expected the model_dir's CheckpointStore (Estimator.checkpoint_store); received {owner!r}.")
-
-
 def _changed(recorded: list[BestRecord], kept: list[BestRecord]) -> bool:
     return [(r.step, r.value) for r in kept] != [(r.step, r.value) for r in recorded]
-
-
-def _stored_value(item: Mapping[str, Any]) -> float:
-    return math.nan if item["value"] is None else float(item["value"])
-
-
-def _read_best_file(model_dir: str) -> dict[str, Any] | None:
-    path = filesystems.join(model_dir, BEST_FILE)
-    try:
-        document = json.loads(filesystems.read_bytes(path).decode("utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        logger.warning("%s is unreadable (%s); the best checkpoints are compared afresh.", path, error)
-        return None
-    if not (
-        isinstance(document, dict)
-        and document.get("format_version") == _FORMAT_VERSION
-        and isinstance(document.get("best"), list)
-        and all(isinstance(item, dict) and {"step", "value"} <= set(item) for item in document["best"])
-    ):
-        logger.warning("%s does not have the expected layout; the best checkpoints are compared afresh.", path)
-        return None
-    for index, item in enumerate(document["best"]):
-        step, value = item["step"], item["value"]
-        if (
-            isinstance(step, bool)
-            or not isinstance(step, int)
-            or step < 0
-            or not (value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)))
-        ):
-            logger.warning(
-                "%s: entry %d (%r) needs an int step >= 0 and a number or null as value; the best "
-                "checkpoints are compared afresh.",
-                path,
-                index,
-                item,
-            )
-            return None
-    return document
-
-
-def _write_best_file(model_dir: str, policy: BestCheckpointPolicy, records: list[BestRecord]) -> None:
-    """Replaces best.json atomically: a temporary file in model_dir, fsynced, then renamed over."""
-    document = {
-        "format_version": _FORMAT_VERSION,
-        "metric_name": policy.metric_name,
-        "higher_is_better": policy.higher_is_better,
-        # JSON has no NaN; a NaN value (never better than a number) is written as null and read back as NaN.
-        "best": [{"step": r.step, "value": None if math.isnan(r.value) else r.value} for r in records],
-    }
-    write_json_atomically(filesystems.join(model_dir, BEST_FILE), document, indent=1)

@@ -61,16 +61,16 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from torchestimator._core.console import TrainOutcome, describe_results, describe_training, log_summary
 from torchestimator._core.inference import InferenceBundle
 from torchestimator._core.spec import ModeKeys
-from torchestimator._core.state import TrainState
+from torchestimator._io.console import TrainOutcome, describe_results, describe_training, log_summary
 from torchestimator._policy.best import BestCheckpointPolicy
 from torchestimator._policy.early_stopping import EarlyStoppingRule, as_rules
 from torchestimator._policy.evaluator import run_evaluator
 from torchestimator._policy.history import eval_history, latest_step, seed_rules
 from torchestimator._policy.specs import EvalSpec, TrainSpec, as_spec_list, by_spec, run_exporters
 from torchestimator._policy.trainer_task import TrainingRunHook, train_for_evaluator
+from torchestimator._train_state import TrainState
 from torchestimator.checkpoint.errors import DiskFullError, is_no_room
 from torchestimator.distribute.cluster import EVALUATOR, PS, PS_ADVICE, cluster_from_tf_config
 from torchestimator.distribute.strategy import is_chief

@@ -12,14 +12,6 @@ what the caller passes (wrong types, bad settings) raise plain
 
 from __future__ import annotations
 
-import errno as errno_codes
+from torchestimator.errors import NO_ROOM_ERRNOS, CheckpointError, DiskFullError, is_no_room
 
-from torchestimator.errors import CheckpointError, DiskFullError
-
-__all__ = ["CheckpointError", "DiskFullError", "is_no_room"]
-
-NO_ROOM_ERRNOS = frozenset({errno_codes.ENOSPC, errno_codes.EDQUOT, errno_codes.EFBIG})
-
-
-def is_no_room(error: BaseException) -> bool:
-    return isinstance(error, OSError) and error.errno in NO_ROOM_ERRNOS
+__all__ = ["NO_ROOM_ERRNOS", "CheckpointError", "DiskFullError", "is_no_room"]

@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from torchestimator._core.state import TrainState
+from torchestimator._train_state import TrainState
 
 from .serialization import flatten_state
 from .tensor_files import is_file_mapped

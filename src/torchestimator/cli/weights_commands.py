@@ -199,7 +199,7 @@ def _converters(items: list[str]) -> dict[str, str]:
 def _build_model(location: str, param_flags: list[str]) -> tuple[Any, Any]:
     """The model file and the model it builds, seeded as the Estimator seeds its first build (RunConfig.random_seed)."""
     from torchestimator._core.calling import call_factory
-    from torchestimator._core.state import seed_everything
+    from torchestimator._train_state import seed_everything
 
     module_file = load_model_file(location)  # its refusals are ConfigErrors: one line, exit status 2
     params = model_params(module_file, param_flags)

@@ -35,8 +35,8 @@ import torch.distributed as distributed
 from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-from torchestimator._core.console import log_summary, show_summaries
 from torchestimator._io.atomic import writer_is_gone
+from torchestimator._io.console import log_summary, show_summaries
 from torchestimator.distribute import collectives
 from torchestimator.distribute.cluster import (
     EVALUATOR,

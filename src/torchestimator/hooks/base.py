@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from torchestimator._core.state import TrainState
+from torchestimator._train_state import TrainState
 
 logger = logging.getLogger(__name__)
 
@@ -164,11 +164,8 @@ def check_hook(hook: Any, where: str = "hooks") -> None:
     """TypeError unless ``hook`` is a Hook; ``where`` names the argument in the message."""
     if isinstance(hook, Hook):
         return
-    from torchestimator._policy.early_stopping import (
-        EarlyStoppingRule,  # only on this error path: no import cost or circle
-    )
-
-    if isinstance(hook, EarlyStoppingRule):
+    # An early-stopping rule (``_policy``, a layer above) is told by its protocol, observe and should_stop.
+    if callable(getattr(hook, "observe", None)) and callable(getattr(hook, "should_stop", None)):
         raise TypeError(
             f"{where}: {hook!r} is an early-stopping rule, not a hook; rules are asked after each evaluation, "
             "which a training hook never sees. Pass it as train_and_evaluate(estimator, train_spec, eval_spec, "

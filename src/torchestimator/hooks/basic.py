@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from torchestimator._core.state import TrainState
+from torchestimator._train_state import TrainState
 from torchestimator.errors import ConfigError
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, RunContext
 from torchestimator.hooks.triggers import Every, check_step_count
