@@ -275,3 +275,27 @@ def test_without_checkpoints_the_final_export_holds_the_weights_trained_in_this_
     exported = te.export.load(exports[0])
     assert exported.metadata["global_step"] == 12 and exported.metadata["checkpoint_path"] is None
     np.testing.assert_allclose(exported({"x": x.numpy()})["probabilities"], expected["probabilities"], rtol=1e-6)
+
+
+def test_reading_the_loss_has_no_side_effect_and_the_state_keeps_the_latest_read(tmp_path):
+    """RunContext.loss is a plain getter; after a step's hooks the loop records the loss one of them read."""
+    from conftest import input_fns
+
+    seen: dict[str, list] = {"read": [], "state": [], "end": []}
+
+    class ReadsTheLossAtStep2(te.Hook):
+        def after_step(self, run_context):
+            seen["state"].append(run_context.state.last_loss)  # before this step's read, if any
+            if run_context.global_step == 2:
+                seen["read"].append(run_context.loss)
+                seen["state"].append(run_context.state.last_loss)  # the getter changed nothing
+
+        def end(self, state):
+            seen["end"].append(state.last_loss)
+
+    train, _, _, _ = input_fns()
+    make_estimator(tmp_path, save_checkpoints_steps=None).train(train, max_steps=3, hooks=[ReadsTheLossAtStep2()])
+    (step_2_loss,) = seen["read"]
+    # steps 1 and 2 (before and after the read): nothing; step 3: the loop recorded step 2's read loss.
+    assert seen["state"] == [None, None, None, step_2_loss]
+    assert seen["end"][0] != step_2_loss  # at the end: the final step's loss, not the last one read

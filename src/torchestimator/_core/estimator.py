@@ -300,7 +300,7 @@ class Estimator:
                 return self
             self._live_run = run
             try:
-                train_loop(run)
+                outcome = train_loop(run)
                 if run.checkpointer is not None:
                     run.checkpointer.close()  # a background save: the final checkpoint is complete before return
             except BaseException:
@@ -320,9 +320,9 @@ class Estimator:
             if holds_shards(run.parts.model):
                 self._module = self._gathered_copy(run.parts.model, run.strategy.device)  # every replica, together
             run.strategy.barrier()  # the chief's final checkpoint is on disk before any replica reads it
-        state = run.state
+        state = outcome.state
         # No step and no reason: the weights trained in this process (no checkpoints) are already at max_steps.
-        already_there = state.global_step == state.start_step and run.ended_by is None
+        already_there = state.global_step == state.start_step and outcome.ended_by is None
         self._report_training(
             TrainOutcome(
                 model_dir=self._model_dir,
@@ -332,9 +332,9 @@ class Estimator:
                 resumed_from=run.resumed_from,
                 last_step=run.last_step,
                 skipped=already_there,
-                ended_by=run.ended_by,
+                ended_by=outcome.ended_by,
                 final_loss=state.last_loss,
-                input_ended_first=run.input_ended_first,
+                input_ended_first=outcome.input_ended_first,
             ),
             evaluation,
         )
@@ -462,7 +462,7 @@ class Estimator:
             gathered = _GatheredWeights(module, self._plain_module().to(strategy.device))
             run.checkpointer.listeners.append(gathered)
             eval_module = gathered.plain
-        run.ended_by = evaluation.begin(
+        run.ended_before_start = evaluation.begin(
             self._bundle(eval_module, WeightsOrigin("training", state.global_step), eval_strategy), state
         )
 

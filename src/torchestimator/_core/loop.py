@@ -85,14 +85,24 @@ class TrainingRun:
     evaluation: InLoopEvaluation | None = None
     resumed_from: str | None = None
     """The checkpoint this call restored, for its summary line; None for fresh, warm-started or in-process weights."""
-    ended_by: str | None = None
-    """Set by the loop when training stops before last_step: why, in words ("the input ended", "early stopping")."""
-    input_ended_first: bool = False
-    """Set by the loop when the input ended before this call's first step (empty, or resumed at its end)."""
+    ended_before_start: str | None = None
+    """Why no step is to be taken, said before the loop starts (the evaluation's begin: a rerun after early
+    stopping); None to train."""
 
     @property
     def state(self) -> TrainState:
         return self.parts.train_state
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoopOutcome:
+    """What one train call's loop did; ``train_loop`` returns it."""
+
+    state: TrainState
+    ended_by: str | None
+    """Why training stopped before last_step, in words ("the input ended", "early stopping"); None otherwise."""
+    input_ended_first: bool
+    """The input ended before this call's first step (empty, or resumed at its end)."""
 
 
 class _InterruptFlag:
@@ -294,7 +304,7 @@ class _TrainLoop:
         self.is_chief = run.strategy.is_chief
         self.watch_is_free = isinstance(self.watch, _HostLossWatch)  # the host watch costs nothing to read
         # One replica, no checkpoints, no in-loop evaluation: a step with no stop, interrupt or checkpoint request
-        # has nothing to agree on or save, only the NaN guard to read (see _agree_and_save's first lines).
+        # has nothing to agree on or save, only the NaN guard to read (see _agree's first lines).
         self.alone_without_saves = not self.several and run.checkpointer is None and run.evaluation is None
         self.pending_listeners: list[tuple[CheckpointSaverListener, ...]] = []
         self.context = RunContext(
@@ -309,7 +319,9 @@ class _TrainLoop:
         self.after_step_hooks = run.hooks.overriding("after_step")
         self.check_spec = TrainSpecCheck()
         self.steps_this_call = 0
-        self.stop_reason: str | None = None  # who stopped training when not a hook: for TrainingRun.ended_by
+        self.stop_reason: str | None = None  # who stopped training when not a hook: for ended_by
+        self.ended_by: str | None = run.ended_before_start  # why training stopped before last_step
+        self.input_ended_first = False
         self.last_loss: torch.Tensor | None = None  # the latest step's (read with .item()), for the final loss
         self.last_loss_mean: float | None = None  # its mean over replicas, when that step was a logging step
 
@@ -320,7 +332,7 @@ class _TrainLoop:
         due_at = self.schedules.due_at if self.schedules.any_scheduled else None
         update_progress = progress.update if progress.enabled else None
         # ended_by set before step one: the evaluation's begin said training is over already.
-        while run.ended_by is None and (run.last_step is None or state.global_step < run.last_step):
+        while self.ended_by is None and (run.last_step is None or state.global_step < run.last_step):
             for before_step in self.before_step_hooks:
                 before_step(context)
             try:
@@ -329,8 +341,10 @@ class _TrainLoop:
                 logger.info(
                     "Input ended after %d steps in this call (global step %d).", self.steps_this_call, state.global_step
                 )
-                run.input_ended_first = self.steps_this_call == 0
-                run.ended_by = "the input ended before its first batch" if run.input_ended_first else "the input ended"
+                self.input_ended_first = self.steps_this_call == 0
+                self.ended_by = (
+                    "the input ended before its first batch" if self.input_ended_first else "the input ended"
+                )
                 break
             state.global_step += 1
             self.steps_this_call += 1
@@ -340,11 +354,11 @@ class _TrainLoop:
             self.watch.observe(loss, state.global_step)
             logging_step, summary_due = (False, False) if due_at is None else due_at(state.global_step)
             self._report(spec, loss, logging_step, summary_due)
-            stop, interrupted = self._agree_and_save(interrupt.raised, logging_step)
+            stop, interrupted = self._end_step(interrupt.raised, logging_step)
             if update_progress is not None:
                 update_progress(state.global_step, loss=context.loss_if_read)
             if stop and (run.last_step is None or state.global_step < run.last_step):
-                run.ended_by = self.stop_reason or "a hook asked to stop"
+                self.ended_by = self.stop_reason or "a hook asked to stop"
             if stop or interrupted:
                 break
 
@@ -364,15 +378,30 @@ class _TrainLoop:
                 loss_value = context.loss
                 assert loss_value is not None  # set_step_outputs above was given this step's loss
                 _write_train_summaries(run, loss_value, step)
+        if context.loss_if_read is not None:  # read by a hook, the logging or the summaries: the state says it too
+            self.state.last_loss = context.loss_if_read
 
-    def _agree_and_save(self, interrupt_raised: bool, logging_step: bool) -> tuple[bool, bool]:
-        """Every replica agrees on stop / save / NaN, then saves and evaluates together; returns (stop, interrupted)."""
+    def _end_step(self, interrupt_raised: bool, logging_step: bool) -> tuple[bool, bool]:
+        """After a step's hooks: agree, then save and evaluate together; returns (stop, interrupted)."""
+        agreement = self._agree(interrupt_raised, logging_step)
+        if agreement is None:
+            return False, False
+        stop, interrupted, save = agreement
+        saved = save or (interrupted and self.run.checkpointer is not None)
+        if saved and self._save() and not stop:
+            stop, self.stop_reason = True, "a checkpoint listener asked to stop"
+        if self._evaluate_if_due(saved, stop) and not stop:
+            stop, self.stop_reason = True, "early stopping"
+        return stop, interrupted
+
+    def _agree(self, interrupt_raised: bool, logging_step: bool) -> tuple[bool, bool, bool] | None:
+        """(stop, interrupted, save) as every replica sees them; a non-finite loss on any replica raises on all of
+        them here, before anything is saved. None: one replica with nothing to agree on, save or evaluate."""
         if self.alone_without_saves and not (interrupt_raised or self.context.stop_requested or self.pending_listeners):
-            # What the general path below does in this case: nothing to save or evaluate, the watch read at its
-            # read points.
+            # The NaN guard is all that is left, read at its read points.
             if (self.watch_is_free or logging_step) and self.watch.flag():
                 self._raise_not_finite()
-            return False, False
+            return None
         run, step, schedules = self.run, self.state.global_step, self.schedules
         evaluation = run.evaluation
         eval_wants_checkpoint = (
@@ -389,21 +418,18 @@ class _TrainLoop:
             # A device watch is read only where the loop synchronises anyway.
             read_point = self.watch_is_free or stop or interrupted or save or logging_step
             not_finite = bool(self.watch.flag()) if read_point else False
-        if not_finite:  # on any replica: all of them stop here, before anything is saved
+        if not_finite:
             self._raise_not_finite()
-        saved = False
-        if save or (interrupted and run.checkpointer is not None):
-            if self._save() and not stop:
-                stop, self.stop_reason = True, "a checkpoint listener asked to stop"
-            saved = True
-        if evaluation is not None and evaluation.due(step, saved):  # noqa: SIM102 (evaluates whatever stop is)
-            # Final when training ends at this step anyway: max_steps, or a stop every replica agreed on.
-            if (
-                self._evaluate(evaluation, final=stop or (run.last_step is not None and step >= run.last_step))
-                and not stop
-            ):
-                stop, self.stop_reason = True, "early stopping"
-        return stop, interrupted
+        return stop, interrupted, save
+
+    def _evaluate_if_due(self, saved: bool, stop: bool) -> bool:
+        """The in-loop evaluation, when due (``saved``: a checkpoint of this step was just written); True asks
+        training to stop (early stopping)."""
+        run, step, evaluation = self.run, self.state.global_step, self.run.evaluation
+        if evaluation is None or not evaluation.due(step, saved):
+            return False
+        # Final when training ends at this step anyway: max_steps, or a stop every replica agreed on.
+        return self._evaluate(evaluation, final=stop or (run.last_step is not None and step >= run.last_step))
 
     def _save(self) -> bool:
         run = self.run
@@ -492,8 +518,8 @@ def _naming_lost_replicas(roster: ReplicaRoster | None, state: TrainState) -> It
         raise lost from error
 
 
-def train_loop(run: TrainingRun) -> TrainState:
-    """Runs steps until last_step, the end of input, a stop request or Ctrl-C; returns the final state."""
+def train_loop(run: TrainingRun) -> LoopOutcome:
+    """Runs steps until last_step, the end of input, a stop request or Ctrl-C; returns what it did."""
     state, config, strategy = run.state, run.config, run.strategy
     loop = _TrainLoop(run)
     # Who the replicas are (host, pid), so that one dying mid-training can be named by the others.
@@ -512,7 +538,7 @@ def train_loop(run: TrainingRun) -> TrainState:
         raise KeyboardInterrupt(
             f"Training interrupted at step {state.global_step}; the checkpoint of that step was written."
         )
-    if run.input_ended_first:
+    if loop.input_ended_first:
         logger.warning(
             "Training made no steps: the input ended before its first batch. It is empty, or it resumed "
             "at its end (an input with num_epochs resumes where the previous train call in this model_dir "
@@ -521,4 +547,4 @@ def train_loop(run: TrainingRun) -> TrainState:
     elif state.last_loss is not None and loop.steps_this_call:
         logger.info("Loss for final step: %s.", state.last_loss)
     run.hooks.end(state)
-    return state
+    return LoopOutcome(state=state, ended_by=loop.ended_by, input_ended_first=loop.input_ended_first)

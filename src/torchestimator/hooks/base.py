@@ -72,8 +72,7 @@ class RunContext:
     def loss(self) -> float | None:
         """This step's loss as a float (synchronises with the device once per step, on demand)."""
         if self._loss_value is None and self._loss_tensor is not None:
-            self._loss_value = float(self._loss_tensor.detach())
-            self.state.last_loss = self._loss_value
+            self._loss_value = float(self._loss_tensor.detach())  # kept: the next reader of this step pays nothing
         return self._loss_value
 
     @property
