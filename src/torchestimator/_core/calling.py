@@ -1,13 +1,30 @@
-"""Calling user functions with the arguments they declare, and reading what input_fn yields."""
+"""Calling user functions with the arguments they declare, and reading what input_fn yields.
+
+model_fn's and input_fn's callers (which of params, config, input_context each gets) and the user factories'
+(model, optimizer, scheduler) live here; the Estimator only says what to call them with.
+"""
 
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from torchestimator._core.batches import InputSource
+    from torchestimator._core.config import RunConfig
+    from torchestimator._core.inference import InputCaller
+    from torchestimator._core.spec import EstimatorSpec
+    from torchestimator.distribute.strategy import Strategy
+
+logger = logging.getLogger("torchestimator")
+
+MODEL_FN_ARGS = {"model", "features", "labels", "mode", "params", "config"}
+INPUT_FN_ARGS = {"params", "mode", "config", "input_context"}
 
 
 def declared_parameters(function: Callable[..., Any]) -> tuple[set[str], bool]:
@@ -62,6 +79,72 @@ def check_declared(
 
 def call_with(function: Callable[..., Any], declared: set[str], available: Mapping[str, Any]) -> Any:
     return function(**{name: value for name, value in available.items() if name in declared})
+
+
+def model_fn_caller(
+    model_fn: Callable[..., EstimatorSpec], declared: set[str], params: dict[str, Any], config: RunConfig
+) -> Callable[..., EstimatorSpec]:
+    """(model, features, labels, mode) -> EstimatorSpec, passing model_fn the arguments it ``declared``."""
+    takes_labels = "labels" in declared
+    # Work out once what is passed, so each batch only builds a small dict.
+    fixed = {name: value for name, value in (("params", params), ("config", config)) if name in declared}
+    per_batch: list[str] = [name for name in ("model", "features", "labels", "mode") if name in declared]
+
+    if per_batch == ["model", "features", "labels", "mode"] and not fixed:
+        if takes_in_order(model_fn, per_batch):
+            # The usual signature, in the usual order: the loops call model_fn itself, positionally.
+            return model_fn
+
+        # The four arguments in another order: by name, without building the argument dict for every batch.
+        def call_all(model: torch.nn.Module, features: Any, labels: Any, mode: str) -> EstimatorSpec:
+            return model_fn(model=model, features=features, labels=labels, mode=mode)
+
+        return call_all
+
+    def call(model: torch.nn.Module, features: Any, labels: Any, mode: str) -> EstimatorSpec:
+        if labels is not None and not takes_labels:
+            raise ValueError("model_fn does not take labels, but input_fn returns labels.")
+        values = {"model": model, "features": features, "labels": labels, "mode": mode}
+        return model_fn(**{name: values[name] for name in per_batch}, **fixed)
+
+    return call
+
+
+def input_caller(params: dict[str, Any], config: RunConfig) -> InputCaller:
+    """(input_fn, mode, strategy) -> its batches: input_fn's arguments checked at each call, then passed."""
+
+    def call(input_fn: Callable[..., Any], mode: str, strategy: Strategy) -> InputSource:
+        return call_input_fn(
+            input_fn, check_declared(input_fn, "input_fn", INPUT_FN_ARGS), mode, strategy, params, config
+        )
+
+    return call
+
+
+def call_input_fn(
+    input_fn: Callable[..., Any],
+    declared: set[str],
+    mode: str,
+    strategy: Strategy,
+    params: dict[str, Any],
+    config: RunConfig,
+) -> InputSource:
+    """Calls input_fn with the arguments it ``declared`` (check_declared's answer); refuses what is no input."""
+    context = strategy.input_context()
+    source: InputSource | None = call_with(
+        input_fn, declared, {"params": params, "mode": mode, "config": config, "input_context": context}
+    )
+    if source is None or not hasattr(source, "__iter__"):
+        raise TypeError(
+            f"input_fn must return an iterable of (features, labels) batches (a DataLoader, a generator, "
+            f"te.numpy_input_fn(...)()); it returned {type(source).__name__}."
+        )
+    if context.num_replicas_in_sync > 1 and "input_context" not in declared:
+        logger.warning(
+            "input_fn does not take input_context: every one of the %d replicas reads the same batches.",
+            context.num_replicas_in_sync,
+        )
+    return source
 
 
 def call_factory(factory: Callable[..., Any], first: Any, params: Any, *, first_is_params: bool = False) -> Any:

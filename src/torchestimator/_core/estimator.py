@@ -1,9 +1,9 @@
 """Estimator: the public train / evaluate / predict surface; owns model_dir.
 
-It resolves the strategy, builds the model once per process, restores
-(checkpoint in model_dir, else fresh init) into the plain module, wraps it for
-distribution, builds the optimizer over the wrapped parameters (FSDP2's shards)
-and restores its state, and hands a run to loop.py. The loops themselves live in loop.py; checkpoint files in
+It resolves the strategy, has the model built once per process and its weights restored (checkpoint in
+model_dir, else warm start, else fresh init) into the plain module (weights.py), wraps it for distribution,
+builds the optimizer over the wrapped parameters (FSDP2's shards) and restores its state, and hands a run to
+loop.py. The loops themselves live in loop.py; how user functions are called in calling.py; checkpoint files in
 checkpoint/ (checkpoint/parts.py: what goes into one and comes back).
 """
 
@@ -25,12 +25,21 @@ import torch
 from torchestimator._core.agreement import check_start_agreement
 from torchestimator._core.arguments import check_argument_types, checked_factory_result, is_scheduler, resolve_model_dir
 from torchestimator._core.batches import InputSource
-from torchestimator._core.calling import call_factory, call_with, check_declared, takes_in_order
+from torchestimator._core.calling import (
+    INPUT_FN_ARGS,
+    MODEL_FN_ARGS,
+    call_factory,
+    call_input_fn,
+    check_declared,
+    input_caller,
+    model_fn_caller,
+)
 from torchestimator._core.config import RunConfig
 from torchestimator._core.eval_loops import EvalRun, predict_loop
-from torchestimator._core.inference import FRESH, InferenceBundle, WeightsOrigin
+from torchestimator._core.inference import InferenceBundle, WeightsOrigin
 from torchestimator._core.loop import InLoopEvaluation, TrainingRun, train_loop
 from torchestimator._core.spec import EstimatorSpec, ModeKeys
+from torchestimator._core.weights import GatheredWeights, ModelFactory, ModelWeights, warm_start_checkpoint
 from torchestimator._io import filesystems
 from torchestimator._io.atomic import temporary_prefix
 from torchestimator._io.console import (
@@ -41,14 +50,13 @@ from torchestimator._io.console import (
     show_summaries,
 )
 from torchestimator._io.summary import SummaryWriter
-from torchestimator._train_state import TrainState, rng_preserved, seed_everything
+from torchestimator._train_state import TrainState, seed_everything
 from torchestimator.checkpoint.best_record import best_checkpoint, protect_recorded_best
 from torchestimator.checkpoint.checkpointer import Checkpointer
 from torchestimator.checkpoint.errors import CheckpointError, DiskFullError, is_no_room
 from torchestimator.checkpoint.parts import (
     TrainingParts,
     holds_shards,
-    load_model_state,
     replica_states,
     restore_shared,
     resumable,
@@ -62,22 +70,9 @@ from torchestimator.export.replicas import ReplicaExports
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, HookList
 from torchestimator.hooks.basic import LoggingTensorHook, StepCounterHook
 from torchestimator.hooks.triggers import check_step_count
-from torchestimator.interop import open_weights
-from torchestimator.interop.source import WeightSource
-from torchestimator.warm_start import (
-    WarmStartPlan,
-    WarmStartSettings,
-    as_warm_start_settings,
-    plan_warm_start,
-    warm_start,
-)
+from torchestimator.warm_start import WarmStartPlan, WarmStartSettings, as_warm_start_settings, plan_warm_start
 
 logger = logging.getLogger("torchestimator")
-
-_MODEL_FN_ARGS = {"model", "features", "labels", "mode", "params", "config"}
-_INPUT_FN_ARGS = {"params", "mode", "config", "input_context"}
-
-ModelFactory = Callable[..., torch.nn.Module]
 
 
 class Estimator:
@@ -123,7 +118,7 @@ class Estimator:
             params=params,
             lr_scheduler=lr_scheduler,
         )
-        self._model_fn_args = check_declared(model_fn, "model_fn", _MODEL_FN_ARGS, {"features"})
+        self._model_fn_args = check_declared(model_fn, "model_fn", MODEL_FN_ARGS, {"features"})
         config = RunConfig() if config is None else config
         self._model_fn = model_fn
         self._params = copy.deepcopy(dict(params or {}))
@@ -135,25 +130,23 @@ class Estimator:
             filesystems.configure_storage_options(config.storage_options)  # before model_dir is looked at
         self._model_dir = resolve_model_dir(model_dir, config)
         self._config = config.replace(model_dir=self._model_dir) if config.model_dir != self._model_dir else config
-        self._model_source = model
-        # The call and argument the user named the model in, for errors about what its factory returns.
-        self._model_argument = ("Estimator", "model")
-        # A path (any format open_weights reads) or WarmStartSettings; used only while model_dir has no checkpoint.
-        self._warm_start = None if warm_start_from is None else as_warm_start_settings(warm_start_from)
         self._optimizer_factory = optimizer
         self._scheduler_factory = lr_scheduler
-        self._module: torch.nn.Module | None = None
-        # Where the built module's weights came from; saves re-reading an unchanged checkpoint.
-        self._weights: WeightsOrigin = FRESH
-        self._live_run: TrainingRun | None = None  # while train() runs: the weights change under the record
-        # A copy of a user-given module taken before FSDP2 sharded it in place: plain modules are made from it.
-        self._plain_template: torch.nn.Module | None = None
         # After a train() of several replicas: the export of every replica's export_saved_model is replica 0's.
         self._replica_exports: ReplicaExports | None = None
         self._store = CheckpointStore(
             self._model_dir,
             keep_checkpoint_max=self._config.keep_checkpoint_max,
             keep_checkpoint_every_n_hours=self._config.keep_checkpoint_every_n_hours,
+        )
+        # The built module and where its weights came from (weights.py).
+        self._model = ModelWeights(
+            model,
+            params=self._params,
+            config=self._config,
+            model_dir=self._model_dir,
+            store=self._store,
+            warm_start=None if warm_start_from is None else as_warm_start_settings(warm_start_from),
         )
 
     @classmethod
@@ -204,8 +197,30 @@ class Estimator:
             lr_scheduler=lr_scheduler,
             warm_start_from=warm_start_from,
         )
-        estimator._model_argument = (call, "module")
+        estimator._model.argument = (call, "module")
         return estimator
+
+    # Tests look at (and set) these three by their old names; they are the ModelWeights'.
+
+    @property
+    def _module(self) -> torch.nn.Module | None:
+        return self._model.module
+
+    @_module.setter
+    def _module(self, module: torch.nn.Module | None) -> None:
+        self._model.module = module
+
+    @property
+    def _live_run(self) -> TrainingRun | None:
+        return self._model.live_run
+
+    @property
+    def _warm_start(self) -> WarmStartSettings | None:
+        return self._model.warm_start
+
+    @_warm_start.setter
+    def _warm_start(self, settings: WarmStartSettings | None) -> None:
+        self._model.warm_start = settings
 
     # -- properties -------------------------------------------------------
 
@@ -298,7 +313,8 @@ class Estimator:
             if isinstance(run, TrainOutcome):  # max_steps already reached
                 self._report_training(run, evaluation)
                 return self
-            self._live_run = run
+            model = self._model
+            model.live_run = run
             try:
                 outcome = train_loop(run)
                 if run.checkpointer is not None:
@@ -311,14 +327,14 @@ class Estimator:
                 except OSError as error:  # keep the error that stopped training (a full disk fails both)
                     logger.warning("%s", error)
                 if holds_shards(run.parts.model):
-                    self._module = None  # a sharded module is no module to evaluate: the next call rebuilds it
+                    model.module = None  # a sharded module is no module to evaluate: the next call rebuilds it
                 raise
             finally:
-                self._weights, self._live_run = self._weights_now(), None
+                model.origin, model.live_run = model.now(), None
                 run.parts.model.eval()
             run.summary_writer.close()
             if holds_shards(run.parts.model):
-                self._module = self._gathered_copy(run.parts.model, run.strategy.device)  # every replica, together
+                model.module = model.gathered_copy(run.parts.model, run.strategy.device)  # every replica, together
             run.strategy.barrier()  # the chief's final checkpoint is on disk before any replica reads it
         state = outcome.state
         # No step and no reason: the weights trained in this process (no checkpoints) are already at max_steps.
@@ -348,16 +364,6 @@ class Estimator:
         elif is_chief(self._config.train_distribute):
             log_summary(describe_training(outcome))
 
-    def _weights_now(self) -> WeightsOrigin:
-        """Where the built module's weights come from now; during training, from the live run."""
-        run = self._live_run
-        if run is None:
-            return self._weights
-        checkpointer, step = run.checkpointer, run.state.global_step
-        if checkpointer is not None and checkpointer.published_step == step and checkpointer.last_saved_path:
-            return WeightsOrigin("checkpoint", step, checkpointer.last_saved_path)
-        return WeightsOrigin("training", step)
-
     def _start_training(
         self,
         input_fn: Callable[..., Any],
@@ -369,7 +375,7 @@ class Estimator:
     ) -> TrainingRun | TrainOutcome:
         """Everything before step one, in the order DESIGN.md gives; the skipped call's outcome when max_steps is
         already reached."""
-        input_fn_args = check_declared(input_fn, "input_fn", _INPUT_FN_ARGS)
+        input_fn_args = check_declared(input_fn, "input_fn", INPUT_FN_ARGS)
         config = self._config
         strategy = config.train_distribute or OneDeviceStrategy(config.device)
         strategy.setup()
@@ -394,18 +400,18 @@ class Estimator:
                 last_step=max_steps,
                 skipped=True,
             )
-        module = self._build_module(strategy.device)  # with random_seed, the first build is seeded: same weights
+        module = self._model.build(strategy.device)  # with random_seed, the first build is seeded: same weights
         if config.random_seed is not None:
             # Training's random streams start from the seed, whichever call (train, evaluate, export) built the model.
             seed_everything(config.random_seed)
         state = TrainState(mode=ModeKeys.TRAIN)
         hook_list.begin(state)
-        self._restore_weights(module, checkpoint, state)  # on the plain module, before any wrapping
+        self._model.restore(module, checkpoint, state)  # on the plain module, before any wrapping
         if strategy.is_chief:  # after warm start, so a failed one leaves model_dir untouched
             self._prepare_model_dir(state.global_step)
         module = prepare_batch_norm(module, strategy, sync=config.sync_batch_norm)
-        if self._model_source is module and strategy.shards_parameters:
-            self._plain_template = copy_sharing_process_groups(module)  # FSDP2 shards the user's module in place
+        if self._model.source is module and strategy.shards_parameters:
+            self._model.plain_template = copy_sharing_process_groups(module)  # FSDP2 shards the user's module in place
         # Wrapped before the optimizer is built: FSDP2 replaces the parameters by shards, and the optimizer
         # must hold those (DDP keeps the parameters, so the order changes nothing for it).
         wrapped = strategy.wrap(module)
@@ -413,12 +419,10 @@ class Estimator:
         position = None
         if checkpoint is not None:  # generator states before input_fn runs: it may draw from them
             position = parts.restore(checkpoint, strategy.replica_id, strategy.num_replicas)
-        elif self._warm_start is not None and self._warm_start.warm_start_optimizer:
-            restore_shared(
-                self._warm_start_checkpoint(self._warm_start), parts.shared_parts(), parts.optimizer, parts.model
-            )
+        elif (settings := self._model.warm_start) is not None and settings.warm_start_optimizer:
+            restore_shared(warm_start_checkpoint(settings), parts.shared_parts(), parts.optimizer, parts.model)
         state.start_step = state.global_step
-        input_source = self._call_input_fn(input_fn, input_fn_args, ModeKeys.TRAIN, strategy)
+        input_source = call_input_fn(input_fn, input_fn_args, ModeKeys.TRAIN, strategy, self._params, self._config)
         parts.input_source = resumable(input_source)
         self._resume_input(input_source, parts, position, checkpoint, strategy.num_replicas)
         last_step = max_steps if max_steps is not None else (state.global_step + steps if steps is not None else None)
@@ -459,7 +463,7 @@ class Estimator:
                     field="save_checkpoints_steps",
                     value=None,
                 )
-            gathered = _GatheredWeights(module, self._plain_module().to(strategy.device))
+            gathered = GatheredWeights(module, self._model.plain_module().to(strategy.device))
             run.checkpointer.listeners.append(gathered)
             eval_module = gathered.plain
         run.ended_before_start = evaluation.begin(
@@ -512,7 +516,7 @@ class Estimator:
 
     def _build_parts(self, module: torch.nn.Module, state: TrainState, device: torch.device) -> TrainingParts:
         """The run's stateful parts: the model, and the optimizer, scheduler and scaler built for it."""
-        call = self._model_argument[0]
+        call = self._model.argument[0]
         assert self._optimizer_factory is not None  # train() refuses to start without one
         optimizer: torch.optim.Optimizer = checked_factory_result(
             call_factory(self._optimizer_factory, module.parameters(), self._params),
@@ -629,7 +633,7 @@ class Estimator:
         """Evaluates over the whole input (or `steps` batches); returns every metric, loss and global_step."""
         if steps is not None:
             check_step_count("Estimator.evaluate", "steps", steps)
-        check_declared(input_fn, "input_fn", _INPUT_FN_ARGS)
+        check_declared(input_fn, "input_fn", INPUT_FN_ARGS)
         HookList(hooks or ())  # a wrong hook fails before any checkpoint is read
         show_summaries()
         bundle = self.inference_bundle(checkpoint_path, mode=ModeKeys.EVAL)
@@ -649,7 +653,7 @@ class Estimator:
         """Yields predictions (numpy) per example, or per batch with yield_single_examples=False."""
         if isinstance(predict_keys, str):
             predict_keys = [predict_keys]
-        check_declared(input_fn, "input_fn", _INPUT_FN_ARGS)
+        check_declared(input_fn, "input_fn", INPUT_FN_ARGS)
         hook_list = HookList(hooks or ())
         show_summaries()  # predict has no summary line; its warnings look like train's and evaluate's
         bundle = self.inference_bundle(checkpoint_path, mode=ModeKeys.PREDICT)
@@ -661,7 +665,7 @@ class Estimator:
             call_model_fn=bundle.call_model_fn,
             hooks=hook_list,
             state=state,
-            input_source=self._input_caller(input_fn, ModeKeys.PREDICT, bundle.strategy),
+            input_source=bundle.call_input_fn(input_fn, ModeKeys.PREDICT, bundle.strategy),
             steps=None,
             progress_bar=self._config.progress_bar,
             mixed_precision_config=self._config,
@@ -687,12 +691,12 @@ class Estimator:
             self._inference_strategy(mode) if device is None else OneDeviceStrategy(device, warn_if_launched=False)
         )
         strategy.setup()
-        module, current = self._module_on(strategy.device)
+        module, current = self._model.on(strategy.device)
         if (
             require_weights
             and checkpoint_path is None
             and self.latest_checkpoint() is None
-            and (self._warm_start is None and not current.in_process)
+            and (self._model.warm_start is None and not current.in_process)
         ):
             self._raise_if_all_checkpoints_damaged()
             raise ValueError(
@@ -700,7 +704,7 @@ class Estimator:
                 "this process and the Estimator has no warm_start_from. Train first, pass checkpoint_path=..., or set "
                 "warm_start_from."
             )
-        return self._bundle(module, self._load_for_inference(module, current, checkpoint_path), strategy)
+        return self._bundle(module, self._model.for_inference(module, current, checkpoint_path), strategy)
 
     def _bundle(self, module: torch.nn.Module, weights: WeightsOrigin, strategy: Strategy) -> InferenceBundle:
         return InferenceBundle(
@@ -708,7 +712,7 @@ class Estimator:
             call_model_fn=self._model_fn_caller(),
             weights=weights,
             strategy=strategy,
-            call_input_fn=self._input_caller,
+            call_input_fn=input_caller(self._params, self._config),
             config=self._config,
             eval_dir=self.eval_dir,
         )
@@ -724,156 +728,6 @@ class Estimator:
             return OneDeviceStrategy(distributed.device, warn_if_launched=False)
         # Inference in one process of a launched run is legitimate (it writes nothing): only training refuses.
         return OneDeviceStrategy(config.device, warn_if_launched=False)
-
-    def _load_for_inference(
-        self, module: torch.nn.Module, current: WeightsOrigin, checkpoint_path: str | None
-    ) -> WeightsOrigin:
-        """Puts the weights inference uses into ``module`` (which holds ``current``); returns where they came from."""
-        path = checkpoint_path or self._store.latest_checkpoint()
-        if path is None and not self._store.has_checkpoints():
-            if current.in_process:
-                logger.info(
-                    "No checkpoint in %s: using the weights %s in this process.",
-                    self._model_dir,
-                    "trained" if current.source == "training" else "warm-started",
-                )
-                return current
-            if self._warm_start is not None:
-                return self._apply_warm_start(
-                    module, self._warm_start
-                )  # as tf.estimator: evaluate/predict without a checkpoint use it
-            # As TensorFlow, which says it runs the initializers: results from random weights are rarely wanted.
-            logger.warning(
-                "No checkpoint in %s and no warm_start_from: evaluating or predicting with freshly "
-                "initialised (random) weights.",
-                self._model_dir,
-            )
-            return current
-        if current.holds(path):
-            return current
-        # With only damaged checkpoints (path None) this raises, naming each, instead of using fresh weights.
-        checkpoint = self._store.restore(path if checkpoint_path else None, load_optimizer=False)
-        return current if current.holds(checkpoint.path) else self._load_checkpoint(module, checkpoint, current)
-
-    # -- model, restore, calling ------------------------------------------------
-
-    def _build_module(self, device: torch.device) -> torch.nn.Module:
-        if self._module is None:
-            if self._config.random_seed is not None:  # the initial weights are the seed's whichever call builds them
-                seed_everything(self._config.random_seed)
-            self._module = self._new_module()
-        return self._module.to(device)
-
-    def _new_module(self) -> torch.nn.Module:
-        source = self._model_source
-        if isinstance(source, torch.nn.Module):
-            return source
-        call, field = self._model_argument
-        module = call_factory(source, self._params, None, first_is_params=True)
-        built: torch.nn.Module = checked_factory_result(
-            module,
-            f"{call}({field}=...)",
-            field,
-            "an nn.Module (a model instance)",
-            lambda value: isinstance(value, torch.nn.Module),
-        )
-        return built
-
-    def _module_on(self, device: torch.device) -> tuple[torch.nn.Module, WeightsOrigin]:
-        """The module for inference on ``device`` and the weights it holds.
-
-        While training runs it is a copy of the live module (its weights now), so that loading other
-        weights, moving it or switching it to eval mode leaves training alone.
-        """
-        if self._live_run is None:
-            return self._build_module(device), self._weights
-        live = self._live_run.parts.model
-        if holds_shards(live):
-            # A copy would hold this replica's shards only: inference gets a plain module and a checkpoint's weights.
-            return self._plain_module().to(device), FRESH
-        return copy_sharing_process_groups(live).to(device), self._weights_now()
-
-    def _plain_module(self) -> torch.nn.Module:
-        """A new, unsharded module of this Estimator's model (its weights are the caller's to load)."""
-        if self._plain_template is not None:
-            return copy_sharing_process_groups(self._plain_template)
-        with rng_preserved():  # building draws initial weights; training's random streams stay where they are
-            return self._new_module()
-
-    def _gathered_copy(self, sharded: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-        """A plain module holding a sharded module's whole weights; a collective, every replica calls it."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        whole = get_model_state_dict(sharded, options=StateDictOptions(full_state_dict=True))
-        plain = self._plain_module().to(device)
-        plain.load_state_dict(whole)
-        return plain
-
-    def _restore_weights(self, module: torch.nn.Module, checkpoint: Checkpoint | None, state: TrainState) -> None:
-        """Loads a checkpoint into the plain module (before any distribution wrapping)."""
-        current = self._weights
-        if checkpoint is None:
-            if current.source != "init":
-                # Trained (or warm-started) in this process without checkpoints: keep those weights.
-                state.global_step = current.step
-            elif self._warm_start is not None:
-                self._apply_warm_start(module, self._warm_start)
-            else:
-                logger.info("No checkpoint in %s: starting from freshly initialised weights.", self._model_dir)
-            return
-        if not current.holds(checkpoint.path):
-            self._load_checkpoint(module, checkpoint, current)
-        state.global_step = checkpoint.step
-
-    def _load_checkpoint(
-        self, module: torch.nn.Module, checkpoint: Checkpoint, current: WeightsOrigin
-    ) -> WeightsOrigin:
-        if self._warm_start is not None and current.source == "init":
-            logger.info(
-                "model_dir %s has a checkpoint (step %d): it wins over warm_start_from %s, which is not applied.",
-                self._model_dir,
-                checkpoint.step,
-                self._warm_start.ckpt_to_initialize_from,
-            )
-        load_model_state(module, checkpoint.model_state, checkpoint.path)
-        logger.info("Restored weights from %s (global step %d).", checkpoint.path, checkpoint.step)
-        weights = WeightsOrigin("checkpoint", checkpoint.step, checkpoint.path)
-        if module is self._module:
-            self._weights = weights
-        return weights
-
-    def _apply_warm_start(self, module: torch.nn.Module, settings: WarmStartSettings) -> WeightsOrigin:
-        """Warm start on the plain module, all or nothing; model_dir is not touched here."""
-        plan = warm_start(module, settings)
-        logger.info(
-            "model_dir %s has no checkpoint: warm-started %d variables from %s.",
-            self._model_dir,
-            len(plan.entries),
-            settings.ckpt_to_initialize_from,
-        )
-        weights = WeightsOrigin("warm_start", 0, warm_start_from=str(settings.ckpt_to_initialize_from))
-        if module is self._module:
-            self._weights = weights
-        return weights
-
-    def _warm_start_checkpoint(self, settings: WarmStartSettings) -> Checkpoint:
-        """The torchestimator checkpoint warm_start_optimizer takes optimizer state from."""
-        from torchestimator.interop.torch_sources import TorchestimatorSource
-
-        source = settings.ckpt_to_initialize_from
-        if isinstance(source, WeightSource):  # open_weights takes a path
-            raise TypeError(
-                f"warm_start_optimizer needs the path of a torchestimator checkpoint or model_dir; "
-                f"ckpt_to_initialize_from is a {type(source).__name__}."
-            )
-        with open_weights(source) as weights:
-            if not isinstance(weights, TorchestimatorSource):  # the source of format "torchestimator"
-                raise ValueError(
-                    f"warm_start_optimizer needs a torchestimator checkpoint or model_dir; {source} is {weights.format}. "
-                    "Optimizer state from other formats is not carried over."
-                )
-            path = weights.checkpoint_path
-        return CheckpointStore(filesystems.parent(path)).restore(path)
 
     def export_saved_model(
         self,
@@ -914,78 +768,14 @@ class Estimator:
 
     def warm_start_report(self) -> WarmStartPlan:
         """What warm_start_from would load, from where, with which conversion, and what stays fresh (a dry run)."""
-        if self._warm_start is None:
+        settings = self._model.warm_start
+        if settings is None:
             raise ValueError("This Estimator has no warm_start_from to report on.")
-        return plan_warm_start(self._new_module(), self._warm_start)
+        return plan_warm_start(self._model.new_module(), settings)
 
     def _model_fn_caller(self) -> Callable[..., EstimatorSpec]:
-        declared, model_fn = self._model_fn_args, self._model_fn
-        takes_labels = "labels" in declared
-        # Work out once what is passed, so each batch only builds a small dict.
-        fixed = {
-            name: value for name, value in (("params", self._params), ("config", self._config)) if name in declared
-        }
-        per_batch: list[str] = [name for name in ("model", "features", "labels", "mode") if name in declared]
-
-        if per_batch == ["model", "features", "labels", "mode"] and not fixed:
-            if takes_in_order(model_fn, per_batch):
-                # The usual signature, in the usual order: the loops call model_fn itself, positionally.
-                return model_fn
-
-            # The four arguments in another order: by name, without building the argument dict for every batch.
-            def call_all(model: torch.nn.Module, features: Any, labels: Any, mode: str) -> EstimatorSpec:
-                return model_fn(model=model, features=features, labels=labels, mode=mode)
-
-            return call_all
-
-        def call(model: torch.nn.Module, features: Any, labels: Any, mode: str) -> EstimatorSpec:
-            if labels is not None and not takes_labels:
-                raise ValueError("model_fn does not take labels, but input_fn returns labels.")
-            values = {"model": model, "features": features, "labels": labels, "mode": mode}
-            return model_fn(**{name: values[name] for name in per_batch}, **fixed)
-
-        return call
-
-    def _input_caller(self, input_fn: Callable[..., Any], mode: str, strategy: Strategy) -> InputSource:
-        return self._call_input_fn(input_fn, check_declared(input_fn, "input_fn", _INPUT_FN_ARGS), mode, strategy)
-
-    def _call_input_fn(
-        self, input_fn: Callable[..., Any], declared: set[str], mode: str, strategy: Strategy
-    ) -> InputSource:
-        context = strategy.input_context()
-        source: InputSource | None = call_with(
-            input_fn, declared, {"params": self._params, "mode": mode, "config": self._config, "input_context": context}
-        )
-        if source is None or not hasattr(source, "__iter__"):
-            raise TypeError(
-                f"input_fn must return an iterable of (features, labels) batches (a DataLoader, a generator, "
-                f"te.numpy_input_fn(...)()); it returned {type(source).__name__}."
-            )
-        if context.num_replicas_in_sync > 1 and "input_context" not in declared:
-            logger.warning(
-                "input_fn does not take input_context: every one of the %d replicas reads the same batches.",
-                context.num_replicas_in_sync,
-            )
-        return source
-
-
-class _GatheredWeights(CheckpointSaverListener):
-    """A plain module holding a sharded module's whole weights, as of the last checkpoint (and of now).
-
-    Refreshing is a collective: every replica's Checkpointer calls ``after_save`` at the same step.
-    """
-
-    def __init__(self, sharded: torch.nn.Module, plain: torch.nn.Module) -> None:
-        self.sharded, self.plain = sharded, plain
-        self.refresh()
-
-    def refresh(self) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        self.plain.load_state_dict(get_model_state_dict(self.sharded, options=StateDictOptions(full_state_dict=True)))
-
-    def after_save(self, state: TrainState, global_step: int) -> None:
-        self.refresh()
+        """model_fn's caller for the loops and bundles (calling.py decides how it is called)."""
+        return model_fn_caller(self._model_fn, self._model_fn_args, self._params, self._config)
 
 
 def _refuse_non_training_task() -> None:
