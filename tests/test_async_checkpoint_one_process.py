@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 import torch
-from conftest import make_estimator
+from helpers import make_estimator
 
 from torchestimator import EstimatorSpec
 from torchestimator.checkpoint.store import CheckpointStore

@@ -152,7 +152,7 @@ def test_get_variable_value_is_a_copy_not_a_view_of_the_file(tmp_path):
 
 def test_a_resumed_training_holds_no_checkpoint_file_mapped_while_it_runs(tmp_path):
     """Resume maps the checkpoint, copies what it keeps and lets the rest go: retention can free the old files."""
-    from conftest import input_fns, make_estimator
+    from helpers import input_fns, make_estimator
 
     import torchestimator as te
 

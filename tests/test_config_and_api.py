@@ -6,7 +6,7 @@ import io
 
 import pytest
 import torch
-from conftest import classifier_model_fn, input_fns, make_estimator
+from helpers import classifier_model_fn, input_fns, make_estimator
 
 import torchestimator as te
 from torchestimator._core.progress import Progress

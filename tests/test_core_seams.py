@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import SmallNet, classifier_model_fn, make_classification, make_estimator
+from helpers import SmallNet, classifier_model_fn, make_classification, make_estimator
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchestimator as te
@@ -279,7 +279,7 @@ def test_without_checkpoints_the_final_export_holds_the_weights_trained_in_this_
 
 def test_reading_the_loss_has_no_side_effect_and_the_state_keeps_the_latest_read(tmp_path):
     """RunContext.loss is a plain getter; after a step's hooks the loop records the loss one of them read."""
-    from conftest import input_fns
+    from helpers import input_fns
 
     seen: dict[str, list] = {"read": [], "state": [], "end": []}
 

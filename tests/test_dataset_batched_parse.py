@@ -235,7 +235,7 @@ def test_label_key_errors_name_the_problem(tmp_path):
 
 
 def test_an_estimator_trains_on_features_with_label_key(tmp_path):
-    from conftest import make_estimator
+    from helpers import make_estimator
 
     from torchestimator import EstimatorSpec
 

@@ -23,6 +23,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers import sum_sign_data
 
 import torchestimator as te
 from torchestimator._io.atomic import writer_tag
@@ -362,12 +363,6 @@ def test_per_replica_input_positions_refuse_a_different_replica_count(tmp_path):
 # ----------------------------------------------------------------------------- two processes
 
 
-def _data():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(256, 6)).astype(np.float32)
-    return x, (x[:, 0] + x[:, 1] > 0).astype(np.int64)
-
-
 def _model_fn(model, features, labels, mode):
     logits = model(features["x"])
     predictions = {"class": logits.argmax(-1)}
@@ -377,7 +372,7 @@ def _model_fn(model, features, labels, mode):
 
 
 def _input_fn(input_context=None):
-    x, y = _data()
+    x, y = sum_sign_data()
     return te.numpy_input_fn({"x": x}, y, batch_size=32, num_epochs=None, shuffle=True, seed=5)(
         input_context=input_context
     )
@@ -522,7 +517,7 @@ def test_inspect_variable_values_and_export_consolidate_a_dcp_checkpoint(two_ran
     np.testing.assert_array_equal(estimator.get_variable_value("0.bias"), weights["0.bias"].numpy())
     receiver = serving_input_receiver({"x": TensorSpec(shape=(None, 6), dtype=torch.float32)})
     exported = load(estimator.export_saved_model(str(tmp_path / "export"), receiver))
-    x = torch.from_numpy(_data()[0][:8])
+    x = torch.from_numpy(sum_sign_data()[0][:8])
     module = _model()
     module.load_state_dict(weights)
     np.testing.assert_array_equal(exported({"x": x})["class"], module(x).argmax(-1).numpy())

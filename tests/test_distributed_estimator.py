@@ -11,32 +11,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+from helpers import class_model_fn, sum_sign_data
 
 import torchestimator as te
 from torchestimator.testing import run_in_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
-
-
-def _data():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(256, 6)).astype(np.float32)
-    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
-    return x, y
-
-
-def _model_fn(model, features, labels, mode):
-    logits = model(features["x"])
-    predictions = {"class": logits.argmax(-1)}
-    if mode == te.ModeKeys.PREDICT:
-        return te.EstimatorSpec(mode, predictions=predictions)
-    return te.EstimatorSpec(
-        mode,
-        predictions=predictions,
-        loss=F.cross_entropy(logits, labels),
-        eval_metric_ops={"accuracy": te.metrics.accuracy(labels, predictions["class"])},
-    )
 
 
 def _estimator(model_dir, strategy=None):
@@ -50,7 +30,7 @@ def _estimator(model_dir, strategy=None):
         random_seed=0,
     )
     return te.Estimator(
-        model_fn=_model_fn,
+        model_fn=class_model_fn,
         model=lambda: nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2)),
         optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1, momentum=0.9),
         model_dir=model_dir,
@@ -59,20 +39,20 @@ def _estimator(model_dir, strategy=None):
 
 
 def _train_input_fn(input_context=None):
-    x, y = _data()
+    x, y = sum_sign_data()
     return te.numpy_input_fn({"x": x}, y, batch_size=32, num_epochs=None, shuffle=True, seed=5)(
         input_context=input_context
     )
 
 
 def _eval_input_fn(input_context=None):
-    x, y = _data()
+    x, y = sum_sign_data()
     # 193 = 3 x 64 + 1: the last global batch leaves the second replica an empty share.
     return te.numpy_input_fn({"x": x[:193]}, y[:193], batch_size=64, shuffle=False)(input_context=input_context)
 
 
 def _predict_input_fn(input_context=None):
-    x, _ = _data()
+    x, _ = sum_sign_data()
     return te.numpy_input_fn({"x": x[:10]}, batch_size=4, shuffle=False)(input_context=input_context)
 
 
@@ -168,7 +148,7 @@ def test_plain_script_with_mirrored_strategy_launches_its_replicas(tmp_path):
 def _write_tfrecords(folder):
     from torchestimator.data import TFRecordWriter, encode_example
 
-    x, y = _data()
+    x, y = sum_sign_data()
     os.makedirs(folder, exist_ok=True)
     for shard in range(3):  # 3 files for 2 replicas: sharded by record, each replica its own position
         with TFRecordWriter(os.path.join(folder, f"train-{shard:05d}-of-00003.tfrecord")) as writer:
@@ -250,7 +230,7 @@ def _bn_estimator(model_dir, strategy=None):
         random_seed=0,
     )
     return te.Estimator(
-        model_fn=_model_fn,
+        model_fn=class_model_fn,
         model=lambda: nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 2)),
         optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1, momentum=0.9),
         model_dir=model_dir,
@@ -289,7 +269,7 @@ def test_train_and_evaluate_under_two_replicas_evaluates_the_checkpoint_and_expo
     # Only the chief exports: one version per evaluation (steps 8 and 12) and one final one.
     latest = te.export.list_versions(os.path.join(model_dir, "export", "latest"))
     assert len(latest) == 2 and len(te.export.list_versions(os.path.join(model_dir, "export", "final"))) == 1
-    x = _data()[0][:16]
+    x = sum_sign_data()[0][:16]
     expected = next(
         _bn_estimator(model_dir).predict(lambda: [({"x": torch.from_numpy(x)}, None)], yield_single_examples=False)
     )

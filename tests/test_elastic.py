@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import wait_until
+from helpers import wait_until
 
 from torchestimator.checkpoint import CheckpointStore
 

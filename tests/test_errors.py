@@ -14,7 +14,7 @@ import pkgutil
 import numpy as np
 import pytest
 import torch
-from conftest import input_fns, make_estimator
+from helpers import input_fns, make_estimator
 
 import torchestimator as te
 from torchestimator import errors

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import SmallNet, adam, classifier_model_fn, input_fns, make_estimator, sgd
+from helpers import SmallNet, adam, classifier_model_fn, input_fns, make_estimator, sgd
 
 import torchestimator as te
 

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import SmallNet, input_fns, make_estimator, sgd
+from helpers import SmallNet, input_fns, make_estimator, sgd
 
 import torchestimator as te
 from torchestimator.warm_start import WarmStartSettings
@@ -103,7 +103,7 @@ def test_warm_start_from_a_torch_file(tmp_path):
 
 
 def test_optimizer_state_is_warm_started_only_when_asked(tmp_path, trained_with_adam, te_logs):
-    from conftest import adam
+    from helpers import adam
 
     source_dir, _ = trained_with_adam
     asked = _warm_estimator(

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 import torch.nn.functional as F
-from conftest import input_fns, make_classification, make_estimator
+from helpers import input_fns, make_classification, make_estimator
 
 import torchestimator as te
 from torchestimator._io import filesystems

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import SmallNet, classifier_model_fn, input_fns, make_estimator
+from helpers import SmallNet, classifier_model_fn, input_fns, make_estimator
 
 import torchestimator as te
 from torchestimator.export import (
@@ -396,7 +396,7 @@ def test_exported_model_reloaded_in_a_fresh_process_matches_estimator_predict(ex
         model = export.load({exported["base"]!r})
         inputs = dict(np.load({str(tmp_path / "inputs.npz")!r}))
         np.savez({str(tmp_path / "outputs.npz")!r}, **model(inputs))
-        assert "conftest" not in sys.modules
+        assert "conftest" not in sys.modules and "helpers" not in sys.modules
     """)
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=str(tmp_path)
@@ -417,7 +417,7 @@ def test_a_process_killed_while_exporting_leaves_no_version(exported, tmp_path):
         import os, sys
         sys.path.insert(0, {tests_dir!r})
         import torch
-        from conftest import make_estimator
+        from helpers import make_estimator
         from torchestimator.export import saved_model, serving_input_receiver, TensorSpec
         estimator = make_estimator({str(exported["root"] / "model")!r})
         original = saved_model._write_file

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import exporting_model_fn, make_estimator, trained_classifier
+from helpers import exporting_model_fn, make_estimator, trained_classifier
 
 import torchestimator as te
 from torchestimator.cli import main

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import trained_classifier
+from helpers import trained_classifier
 from object_stores import upload_version
 
 from torchestimator._io import filesystems

@@ -18,8 +18,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import SmallNet, classifier_model_fn, make_classification, make_estimator
-from test_cli import MODEL_FILE, one_line_error
+from helpers import CLI_MODEL_FILE, SmallNet, classifier_model_fn, make_classification, make_estimator, one_line_error
 
 import torchestimator as te
 from torchestimator.cli import main
@@ -351,7 +350,7 @@ def test_a_broken_onnx_install_is_named_with_its_cause(tmp_path, monkeypatch):
 @pytest.fixture
 def model_file(tmp_path):
     path = tmp_path / "model.py"
-    path.write_text(MODEL_FILE)
+    path.write_text(CLI_MODEL_FILE)
     return str(path)
 
 

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import input_fns, make_estimator
+from helpers import input_fns, make_estimator
 
 from torchestimator._policy.train_and_evaluate import EvalSpec
 from torchestimator.export import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-from conftest import classifier_model_fn, input_fns
+from helpers import classifier_model_fn, input_fns
 
 import torchestimator as te
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from conftest import SmallNet, make_classification
+from helpers import SmallNet, make_classification
 from sklearn.metrics import roc_auc_score
 
 import torchestimator as te

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+from helpers import class_model_fn, sum_sign_data
 
 import torchestimator as te
 from torchestimator.checkpoint import CheckpointStore
@@ -65,40 +65,21 @@ def test_a_module_name_the_model_lacks_is_refused_with_the_names_it_has():
 # ----------------------------------------------------------------------------- two processes
 
 
-def _data(rows=256):
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(rows, 6)).astype(np.float32)
-    return x, (x[:, 0] + x[:, 1] > 0).astype(np.int64)
-
-
-def _model_fn(model, features, labels, mode):
-    logits = model(features["x"])
-    predictions = {"class": logits.argmax(-1)}
-    if mode == te.ModeKeys.PREDICT:
-        return te.EstimatorSpec(mode, predictions=predictions)
-    return te.EstimatorSpec(
-        mode,
-        predictions=predictions,
-        loss=F.cross_entropy(logits, labels),
-        eval_metric_ops={"accuracy": te.metrics.accuracy(labels, predictions["class"])},
-    )
-
-
 def _train_input_fn(input_context=None):
-    x, y = _data()
+    x, y = sum_sign_data()
     return te.numpy_input_fn({"x": x}, y, batch_size=32, num_epochs=None, shuffle=True, seed=5)(
         input_context=input_context
     )
 
 
 def _eval_input_fn(input_context=None):
-    x, y = _data()
+    x, y = sum_sign_data()
     # 193 = 3 x 64 + 1: the last global batch leaves the second replica an empty share.
     return te.numpy_input_fn({"x": x[:193]}, y[:193], batch_size=64, shuffle=False)(input_context=input_context)
 
 
 def _predict_input_fn():
-    return te.numpy_input_fn({"x": _data()[0][:10]}, batch_size=4, shuffle=False)()
+    return te.numpy_input_fn({"x": sum_sign_data()[0][:10]}, batch_size=4, shuffle=False)()
 
 
 def _estimator(model_dir, strategy=None, **config):
@@ -111,7 +92,7 @@ def _estimator(model_dir, strategy=None, **config):
         **config,
     )
     return te.Estimator(
-        model_fn=_model_fn,
+        model_fn=class_model_fn,
         model=lambda: nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2)),
         optimizer=lambda parameters: torch.optim.Adam(parameters, lr=0.01),
         model_dir=model_dir,

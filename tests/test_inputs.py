@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import make_estimator
+from helpers import make_estimator
 from torch.utils.data import Dataset
 
 from torchestimator import EstimatorSpec

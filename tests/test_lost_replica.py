@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from conftest import wait_until
+from helpers import loss_model_fn, wait_until
 
 import torchestimator as te
 from torchestimator.checkpoint import CheckpointStore
@@ -38,10 +37,6 @@ def _input_fn(input_context=None):
     return te.numpy_input_fn({"x": x}, y, batch_size=16, num_epochs=None, shuffle=True, seed=3)(
         input_context=input_context
     )
-
-
-def _model_fn(model, features, labels, mode):
-    return te.EstimatorSpec(mode, loss=F.cross_entropy(model(features["x"]), labels))
 
 
 def _outcome(error: BaseException) -> dict:
@@ -74,7 +69,7 @@ def _killed_during_save(model_dir, outcome_file, asynchronous):
         async_checkpoint=asynchronous,
     )
     estimator = te.Estimator(
-        model_fn=_model_fn,
+        model_fn=loss_model_fn,
         model=lambda: nn.Linear(6, 2),
         optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1),
         model_dir=model_dir,

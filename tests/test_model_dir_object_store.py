@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import input_fns, make_estimator
+from helpers import input_fns, make_estimator
 
 import torchestimator as te
 from torchestimator._io import filesystems
@@ -96,7 +96,7 @@ def test_file_urls_are_local_paths(tmp_path):
 
 def _replicas_train_in_a_store(url: str, local: str) -> dict:
     """In each of 2 replicas: an uninterrupted local run to step 9, and a run in the store stopped at 6 and resumed."""
-    from conftest import SmallNet, adam, classifier_model_fn
+    from helpers import SmallNet, adam, classifier_model_fn
 
     strategy = te.MirroredStrategy()
 
@@ -219,7 +219,7 @@ def test_open_weights_reads_our_checkpoints_in_place_and_other_formats_from_a_co
 
 
 def test_warm_start_from_a_model_dir_in_a_store(store_url, tmp_path):
-    from conftest import SmallNet, classifier_model_fn
+    from helpers import SmallNet, classifier_model_fn
 
     train_fn, _, _, _ = input_fns()
     source = make_estimator(store_url, save_checkpoints_steps=3)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import wait_until
+from helpers import wait_until
 
 from torchestimator.distribute.launcher import find_free_port
 

@@ -16,7 +16,6 @@ import time
 import aiohttp
 import pytest
 import torch
-from conftest import input_fns, make_estimator
 from fault_proxy import (
     ACCESS_DENIED_KEY,
     CUT_BODY,
@@ -28,6 +27,7 @@ from fault_proxy import (
     STALL_MID_BODY,
     FaultProxy,
 )
+from helpers import input_fns, make_estimator
 
 from torchestimator._io import filesystems
 from torchestimator.checkpoint import CheckpointStore, object_storage

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import input_fns, make_estimator
+from helpers import input_fns, make_estimator
 
 from torchestimator.cli import main
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from conftest import classifier_model_fn
+from helpers import classifier_model_fn
 
 import torchestimator as te
 from torchestimator.export import TensorSpec, list_versions, load, serving_input_receiver

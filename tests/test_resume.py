@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import SmallNet, adam, input_fns, make_classification, make_estimator, sgd
+from helpers import SmallNet, adam, input_fns, make_classification, make_estimator, sgd
 
 import torchestimator as te
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from conftest import classifier_model_fn
+from helpers import classifier_model_fn, sum_sign_data
 
 import torchestimator as te
 from torchestimator.testing import run_in_processes
@@ -27,14 +27,8 @@ from torchestimator.testing import run_in_processes
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 
-def _data():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(256, 6)).astype(np.float32)
-    return x, (x[:, 0] + x[:, 1] > 0).astype(np.int64)
-
-
 def _input_fn(input_context=None):
-    x, y = _data()
+    x, y = sum_sign_data()
     # A global batch of 32: 16 per replica under 2, 8 under 4.
     return te.numpy_input_fn({"x": x}, y, batch_size=32, num_epochs=None, shuffle=True, seed=5)(
         input_context=input_context

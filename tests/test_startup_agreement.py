@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+from helpers import loss_model_fn
 
 import torchestimator as te
 from torchestimator._core import agreement
@@ -28,10 +28,6 @@ from torchestimator.testing import run_in_processes
 PROBE_MARK = "agreement-probe"
 
 
-def _model_fn(model, features, labels, mode):
-    return te.EstimatorSpec(mode, loss=F.cross_entropy(model(features["x"]), labels))
-
-
 def _estimator(model_dir: str, strategy=None) -> te.Estimator:
     config = te.RunConfig(
         train_distribute=strategy,
@@ -42,7 +38,7 @@ def _estimator(model_dir: str, strategy=None) -> te.Estimator:
         random_seed=0,
     )
     return te.Estimator(
-        model_fn=_model_fn,
+        model_fn=loss_model_fn,
         model=lambda: nn.Linear(4, 2),
         model_dir=model_dir,
         config=config,

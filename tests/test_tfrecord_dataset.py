@@ -317,7 +317,7 @@ def decode_rows(records):
 @pytest.mark.slow
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_estimator_resume_is_bit_exact_with_tfrecord_input(tmp_path, num_workers):
-    from conftest import SmallNet, make_classification, make_estimator
+    from helpers import SmallNet, make_classification, make_estimator
 
     x, y = make_classification(150)
     for shard in range(3):

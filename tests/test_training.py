@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import SmallNet, classifier_model_fn, input_fns, make_classification, make_estimator, read_only_directory
+from helpers import SmallNet, classifier_model_fn, input_fns, make_classification, make_estimator, read_only_directory
 
 import torchestimator as te
 from torchestimator._io.summary import read_scalars

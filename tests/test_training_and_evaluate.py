@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import SmallNet, adam, input_fns, make_classification, make_estimator
+from helpers import SmallNet, adam, input_fns, make_classification, make_estimator
 
 import torchestimator as te
 import torchestimator._policy.best as best_module

@@ -2,7 +2,7 @@
 
 A PredictionLog file as TF Serving's g3doc/saved_model_warmup.md makes it: a predict_log for serving_default
 (x: float32 [2, 1] from tf.make_tensor_proto, shift: int64 [2]) and a regress_log of two tf.train.Examples with a
-context, for tests/test_serving_warmup.py's half-plus-three export. Run in the comparison environment:
+context, for tests/serving/test_serving_warmup.py's half-plus-three export. Run in the comparison environment:
 
     /tmp/benchenv/bin/python tools/make_tf_warmup_fixture.py
 """

@@ -26,7 +26,7 @@ from pathlib import Path
 import faults_serving as tool  # tools/ is on sys.path (tests/conftest.py)
 import pytest
 import torch
-from conftest import exporting_model_fn, trained_classifier, wait_until
+from helpers import exporting_model_fn, trained_classifier, wait_until
 
 from torchestimator.export import TensorSpec, export_saved_model, serving_input_receiver
 from torchestimator.serving import start

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from conftest import wait_until
+from helpers import wait_until
 
 from torchestimator.errors import ConfigError
 from torchestimator.serving.config import (

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from conftest import wait_until
+from helpers import wait_until
 
 from torchestimator.serving import ServingError
 from torchestimator.serving.config import ModelConfig, VersionPolicy

@@ -4,13 +4,12 @@ record, and a file written by real TensorFlow (tests/fixtures/tf_warmup, tools/m
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import numpy as np
 import pytest
 import torch
-from conftest import make_estimator
+from helpers import FIXTURES, make_estimator
 from test_serving_grpc import HalfPlusThree, model_fn
 
 import torchestimator as te
@@ -23,7 +22,7 @@ from torchestimator.serving.protos import serving_protos
 from torchestimator.serving.tensor_proto import make_tensor_proto, tensor_proto_to_numpy
 from torchestimator.serving.warmup import replay_warmup, warmup_path
 
-TF_FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "tf_warmup", WARMUP_FILE)
+TF_FIXTURE = str(FIXTURES / "tf_warmup" / WARMUP_FILE)
 protos = serving_protos()
 
 

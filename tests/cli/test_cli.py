@@ -8,55 +8,17 @@ import os
 import select
 import subprocess
 import sys
-import textwrap
 
 import pytest
+from helpers import CLI_MODEL_FILE, FIXTURES, one_line_error
 
 from torchestimator.cli import main
-
-MODEL_FILE = textwrap.dedent("""
-    import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
-    import torchestimator as te
-
-    params = {"hidden": 8, "lr": 0.05}
-    config = te.RunConfig(save_checkpoints_steps=5, log_step_count_steps=None, progress_bar=False)
-    max_steps = 10
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(64, 4)).astype(np.float32)
-    Y = (X[:, 0] > 0).astype(np.int64)
-
-    def model(params):
-        return nn.Sequential(nn.Linear(4, params["hidden"]), nn.ReLU(), nn.Linear(params["hidden"], 2))
-
-    def model_fn(model, features, labels, mode, params):
-        logits = model(features["x"])
-        predictions = {"class": logits.argmax(-1)}
-        if mode == te.ModeKeys.PREDICT:
-            return te.EstimatorSpec(mode, predictions=predictions)
-        return te.EstimatorSpec(mode, predictions=predictions, loss=F.cross_entropy(logits, labels),
-                                eval_metric_ops={"accuracy": te.metrics.accuracy(labels, predictions["class"])})
-
-    def optimizer(parameters, params):
-        return torch.optim.SGD(parameters, lr=params["lr"])
-
-    def train_input_fn(input_context=None):
-        return te.numpy_input_fn({"x": X}, Y, batch_size=16, num_epochs=None, shuffle=True)(input_context=input_context)
-
-    def eval_input_fn():
-        return te.numpy_input_fn({"x": X}, Y, batch_size=16, shuffle=False)()
-
-    def predict_input_fn():
-        return te.numpy_input_fn({"x": X[:5]}, batch_size=16, shuffle=False)()
-
-    from torchestimator import export as te_export
-    serving_input_receiver = te_export.serving_input_receiver({"x": te_export.TensorSpec(shape=(None, 4))})
-""")
 
 
 @pytest.fixture
 def model_file(tmp_path):
     path = tmp_path / "model.py"
-    path.write_text(MODEL_FILE)
+    path.write_text(CLI_MODEL_FILE)
     return str(path)
 
 
@@ -93,7 +55,7 @@ def test_cli_errors_are_reported_without_traceback(tmp_path, model_file, capsys)
     assert main(["inspect", str(empty)]) == 2
     assert "holds no checkpoint" in capsys.readouterr().err
     broken = tmp_path / "broken.py"
-    broken.write_text(MODEL_FILE.replace("def eval_input_fn", "def other_input_fn"))
+    broken.write_text(CLI_MODEL_FILE.replace("def eval_input_fn", "def other_input_fn"))
     assert main(["evaluate", str(broken), "--model_dir", str(tmp_path / "run")]) == 2
     assert one_line_error(capsys) == (
         f"torchestimator evaluate: error: {broken} does not define 'eval_input_fn', which this command needs."
@@ -110,20 +72,13 @@ def test_cli_errors_are_reported_without_traceback(tmp_path, model_file, capsys)
     # A NaN loss (a TorchEstimatorError that is no ValueError) is one line too, naming the step.
     nan = tmp_path / "nan.py"
     nan.write_text(
-        MODEL_FILE.replace(
+        CLI_MODEL_FILE.replace(
             "loss=F.cross_entropy(logits, labels)", "loss=F.cross_entropy(logits, labels) * float('nan')"
         )
     )
     capsys.readouterr()
     assert main(["train", str(nan), "--model_dir", str(tmp_path / "nan_run")]) == 2
     assert "NaN or infinite loss at step 1" in one_line_error(capsys)
-
-
-def one_line_error(capsys):
-    """stderr, checked to be one line and no traceback; returned without its newline."""
-    error = capsys.readouterr().err
-    assert "Traceback" not in error and len(error.splitlines()) == 1, error
-    return error.strip()
 
 
 def test_a_mistyped_module_name_is_one_line_exit_2_in_a_real_process(tmp_path):
@@ -141,7 +96,7 @@ def test_messages_name_the_model_file_as_given_never_an_internal_module_name(tmp
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    (tmp_path / "model.py").write_text(MODEL_FILE.replace("def eval_input_fn", "def other_input_fn"))
+    (tmp_path / "model.py").write_text(CLI_MODEL_FILE.replace("def eval_input_fn", "def other_input_fn"))
     assert main(["evaluate", "model.py", "--model_dir", "run"]) == 2
     error = one_line_error(capsys)
     assert (
@@ -420,7 +375,7 @@ def test_predict_exported_answers_a_tf_serving_request_file_as_the_server_does(t
 
 def test_inspect_reads_tensorflow_and_keras_files_without_a_manifest_warning(caplog, capsys):
     """A TF checkpoint folder's 'checkpoint' text file is not our manifest: no 'manifest unreadable' warning."""
-    fixtures = os.path.join(os.path.dirname(__file__), "fixtures")
+    fixtures = str(FIXTURES)
     cases = {
         os.path.join("tf_checkpoint", "tf2"): "model/_functional/_operations/2/moving_mean",
         os.path.join("tf_checkpoint", "tf1"): "batch_normalization/beta/Adam",
@@ -445,7 +400,7 @@ def test_train_and_evaluate_command(tmp_path, model_file, capsys):
     assert [step for step, _ in read_scalars(os.path.join(model_dir, "eval"))["accuracy"]] == [5, 10]
     # --max_steps wins over a model file's own train_spec.
     with_spec = tmp_path / "with_spec.py"
-    with_spec.write_text(MODEL_FILE + "\ntrain_spec = te.TrainSpec(train_input_fn, max_steps=5)\n")
+    with_spec.write_text(CLI_MODEL_FILE + "\ntrain_spec = te.TrainSpec(train_input_fn, max_steps=5)\n")
     assert (
         main(["train-and-evaluate", str(with_spec), "--model_dir", str(tmp_path / "spec_run"), "--max_steps", "15"])
         == 0
@@ -477,7 +432,7 @@ def test_evaluator_flag_evaluates_existing_checkpoints(tmp_path, model_file, cap
     assert printed["results"]["global_step"] == 10  # the evaluator reached the final step and stopped
     # The model file's best policy reaches the evaluator: it records the best in best.json.
     with_best = tmp_path / "with_best.py"
-    with_best.write_text(MODEL_FILE + "\nbest = te.BestCheckpointPolicy('loss')\n")
+    with_best.write_text(CLI_MODEL_FILE + "\nbest = te.BestCheckpointPolicy('loss')\n")
     assert (
         main(
             [

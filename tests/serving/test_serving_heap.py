@@ -13,7 +13,7 @@ import weakref
 
 import pytest
 import torch
-from conftest import exporting_model_fn, trained_classifier
+from helpers import exporting_model_fn, trained_classifier
 
 from torchestimator.export import RegressionOutput, TensorSpec, export_saved_model, serving_input_receiver
 from torchestimator.serving import ModelManager, start

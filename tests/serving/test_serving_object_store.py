@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import input_fns, make_estimator, wait_until
+from helpers import input_fns, make_estimator, wait_until
 from object_stores import upload_version
 
 from torchestimator._io import filesystems

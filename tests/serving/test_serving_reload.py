@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from aiohttp.test_utils import TestClient, TestServer
-from conftest import input_fns, make_estimator, wait_until
+from helpers import input_fns, make_estimator, wait_until
 
 import torchestimator as te
 from torchestimator.export import PredictOutput, TensorSpec, export_saved_model, load, serving_input_receiver

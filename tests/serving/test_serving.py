@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import call_app, exporting_model_fn, trained_classifier, wait_until
+from helpers import call_app, exporting_model_fn, trained_classifier, wait_until
 
 from torchestimator.export import PredictOutput, TensorSpec, export_saved_model, load, serving_input_receiver
 from torchestimator.serving import ModelManager, ServingError, make_app

@@ -23,7 +23,7 @@ import os
 import pytest
 import torch
 from benchmark_scripts import imported_script
-from conftest import call_app
+from helpers import call_app
 
 import torchestimator as te
 from torchestimator.export import (
@@ -452,7 +452,7 @@ def test_unsupported_api_calls_are_400_with_tf_servings_words(app, method, path,
 
 
 # TEST UnsupportedApiCalls also expects 400 "Malformed request" for a known path with the wrong method. We answer
-# 405 with an Allow header instead (tests/test_serving.py pins it): the HTTP status for exactly that mistake.
+# 405 with an Allow header instead (tests/serving/test_serving.py pins it): the HTTP status for exactly that mistake.
 WRONG_METHOD = [
     ("POST", "/v1/models", "GET"),
     ("GET", "/v1/models/foo:predict", "POST"),

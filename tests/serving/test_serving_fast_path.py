@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from conftest import exporting_model_fn, trained_classifier
+from helpers import exporting_model_fn, trained_classifier
 
 from torchestimator.export import PredictOutput, TensorSpec, export_saved_model, load, serving_input_receiver
 from torchestimator.export.loader import LiftedCall

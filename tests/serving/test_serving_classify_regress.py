@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import make_estimator
+from helpers import make_estimator
 
 import torchestimator as te
 from torchestimator.export import (

@@ -10,7 +10,7 @@ import urllib.request
 import numpy as np
 import pytest
 import torch
-from conftest import exporting_model_fn, trained_classifier, wait_until
+from helpers import exporting_model_fn, trained_classifier, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from torchestimator.export import RegressionOutput, TensorSpec, export_saved_model, load, serving_input_receiver

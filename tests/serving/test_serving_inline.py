@@ -12,7 +12,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import exporting_model_fn, trained_classifier
+from helpers import exporting_model_fn, trained_classifier
 
 from torchestimator.errors import ConfigError
 from torchestimator.export import ExportedModel, TensorSpec, export_saved_model, serving_input_receiver

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import exporting_model_fn, trained_classifier
+from helpers import exporting_model_fn, trained_classifier
 
 from torchestimator.export import PredictOutput, TensorSpec, export_saved_model, load, serving_input_receiver
 from torchestimator.serving.batching import QUEUE_FULL_CODE, BatchingParameters, BatchScheduler

@@ -16,6 +16,7 @@ import textwrap
 import numpy
 import pytest
 import torch
+from helpers import FIXTURES
 from safetensors.torch import load_file
 
 from torchestimator.checkpoint import CheckpointStore
@@ -25,9 +26,9 @@ from torchestimator.interop import open_weights
 from torchestimator.interop.layouts import CONVERTER_SPECS, converter_from_spec, flatten_dense_converter
 from torchestimator.warm_start import WarmStartSettings, plan_warm_start, warm_start
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "keras")
-KERAS3_WEIGHTS = os.path.join(FIXTURES, "keras3_model.weights.h5")
-KERAS_REFERENCE = os.path.join(FIXTURES, "reference.npz")
+KERAS_FIXTURES = str(FIXTURES / "keras")
+KERAS3_WEIGHTS = os.path.join(KERAS_FIXTURES, "keras3_model.weights.h5")
+KERAS_REFERENCE = os.path.join(KERAS_FIXTURES, "reference.npz")
 
 MODEL_FILE = textwrap.dedent("""
     import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
