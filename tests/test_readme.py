@@ -276,7 +276,7 @@ NOT_RUNNABLE: dict[str, NotRunnable] = {
         setup_command_uses_the_lock,
     ),
     SETUP + "{ ! command -v npm > /dev/null || npm ci --loglevel=error --no-audit --no-fund --prefix tests/azurite; } "
-    "&& .venv/bin/python -m pytest -q && TORCHESTIMATOR_PURE_PYTHON=1 .venv/bin/python -m pytest -q -m "
+    "&& scripts/check && .venv/bin/python -m pytest -q && TORCHESTIMATOR_PURE_PYTHON=1 .venv/bin/python -m pytest -q -m "
     '"not slow or compiled_path"': NotRunnable(
         "the README's own test command, which is what CI runs (.ci/run)", setup_command_is_ci_command
     ),
