@@ -61,6 +61,7 @@ strings stay numpy object arrays (torch has no string tensors).
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import itertools
 import math
@@ -363,7 +364,7 @@ def _mismatch(key: str, where: str, found: int, dtype: str) -> ExampleParseError
     )
 
 
-class _Column:
+class _Column(abc.ABC):
     """Values of one spec over the records of a batch (or over the frames of a feature list).
 
     `add(index, feature)` is called once per record, in order (`feature` None when the record
@@ -383,13 +384,13 @@ class _Column:
         # the record being parsed (`last_listed_copy`): that record. Feature lists' frames never do.
         self.looks_back_in: RecordSource | None = None
 
+    @abc.abstractmethod
     def add(self, index: int, feature: Any) -> None:
         """Takes record `index`'s copy of the feature (None when the record lacks it)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def result(self, single: bool) -> ParsedValue:
         """The spec's value over all records added (`single`: of the one record, without a batch dimension)."""
-        raise NotImplementedError
 
     def resolved(self, index: int, feature) -> Any:
         """The copy of the feature TF reads (None when it counts as missing); checks its kind."""
