@@ -19,7 +19,7 @@ from torchestimator.testing import run_in_processes
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 
-def _estimator(model_dir, strategy=None):
+def _estimator(model_dir, strategy=None, warm_start_from=None):
     torch.manual_seed(0)
     config = te.RunConfig(
         train_distribute=strategy,
@@ -35,6 +35,7 @@ def _estimator(model_dir, strategy=None):
         optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.1, momentum=0.9),
         model_dir=model_dir,
         config=config,
+        warm_start_from=warm_start_from,
     )
 
 
@@ -200,8 +201,11 @@ def test_tfrecord_input_resumes_exactly_under_two_replicas(tmp_path):
 def _warm_start_two_replicas(model_dir, source_dir):
     from torchestimator.warm_start import WarmStartSettings
 
-    estimator = _estimator(model_dir, te.MirroredStrategy(num_replicas=2))
-    estimator._warm_start = WarmStartSettings(source_dir, vars_to_warm_start=[".*"])
+    estimator = _estimator(
+        model_dir,
+        te.MirroredStrategy(num_replicas=2),
+        warm_start_from=WarmStartSettings(source_dir, vars_to_warm_start=[".*"]),
+    )
     results = estimator.evaluate(_eval_input_fn)  # no checkpoint yet: the warm-start source is evaluated
     estimator.train(_train_input_fn, max_steps=2)
     return results, {name: estimator.get_variable_value(name) for name in estimator.get_variable_names()}

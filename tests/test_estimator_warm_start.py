@@ -99,7 +99,7 @@ def test_warm_start_from_a_torch_file(tmp_path):
     estimator = _warm_estimator(tmp_path / "run", WarmStartSettings(str(tmp_path / "weights.pt"), [".*"]))
     list(estimator.predict(input_fns()[2]))
     for name, tensor in module.state_dict().items():
-        assert torch.equal(estimator._module.state_dict()[name], tensor), name
+        assert torch.equal(estimator._model.module.state_dict()[name], tensor), name
 
 
 def test_optimizer_state_is_warm_started_only_when_asked(tmp_path, trained_with_adam, te_logs):

@@ -135,7 +135,7 @@ def _fsdp_ddp_and_their_checkpoints(root):
         "predictions": len(predictions),
         "accumulated": _weights(accumulated),
         "in_loop": in_loop,
-        "module_type": type(resumed._module).__name__,
+        "module_type": type(resumed._model.module).__name__,
     }
 
 

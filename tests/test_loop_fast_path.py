@@ -256,9 +256,10 @@ def test_a_model_fn_taking_the_four_arguments_in_order_is_called_itself(tmp_path
     def keyword_mode(model, features, labels, *, mode):
         return ("keyword", type(model).__name__, features, labels, mode)
 
-    assert _estimator(tmp_path / "a", in_order)._model_fn_caller() is in_order
+    # The bundle's caller is the loops' (both come from calling.model_fn_caller).
+    assert _estimator(tmp_path / "a", in_order).inference_bundle().call_model_fn is in_order
     for model_fn, tag in ((other_order, "other"), (keyword_mode, "keyword")):
-        caller = _estimator(tmp_path / tag, model_fn)._model_fn_caller()
+        caller = _estimator(tmp_path / tag, model_fn).inference_bundle().call_model_fn
         assert caller is not model_fn  # called by name: positionally the values would land in the wrong places
         assert caller(nn.Linear(1, 1), "f", "l", te.ModeKeys.TRAIN) == (tag, "Linear", "f", "l", te.ModeKeys.TRAIN)
 
@@ -288,9 +289,9 @@ def test_a_decorated_model_fn_forwarding_keywords_is_called_by_name(tmp_path):
 
     decorated = forwarding_keywords(_model_fn)
     estimator = _estimator(tmp_path, decorated)
-    assert estimator._model_fn_caller() is not decorated
     estimator.train(lambda: iter(_batches(10)), max_steps=10)
     assert estimator.evaluate(lambda: iter(_batches(3)))["global_step"] == 10
+    assert estimator.inference_bundle().call_model_fn is not decorated
 
     from torchestimator._core.calling import takes_in_order
 

@@ -376,7 +376,9 @@ def _train_with_estimator(model_dir, sync_batch_norm, export_base):
         estimator.train(_train_input_fn, max_steps=8)  # the second call converts nothing again
     finally:
         logging.getLogger(LOGGER).removeHandler(handler)
-    layers = [type(module).__name__ for module in estimator._module.modules() if "BatchNorm" in type(module).__name__]
+    layers = [
+        type(module).__name__ for module in estimator._model.module.modules() if "BatchNorm" in type(module).__name__
+    ]
     export_dir = None
     if export_base is not None and estimator.config.train_distribute.is_chief:
         from torchestimator.export import TensorSpec, export_saved_model, serving_input_receiver
@@ -440,7 +442,7 @@ def test_a_synced_checkpoint_loads_into_the_plain_model_and_its_export_serves_it
     x = _data()[0][:20]
     plain = _estimator(two_replicas[0]["synced"]["model_dir"])  # one process: nn.BatchNorm1d
     logits = _predicted_logits(plain, x)
-    assert type(plain._module[1]) is nn.BatchNorm1d
+    assert type(plain._model.module[1]) is nn.BatchNorm1d
     np.testing.assert_allclose(logits, _predicted_logits(single_replica[0], x), rtol=1e-5, atol=1e-5)
     exported = load(two_replicas[0]["synced"]["export_dir"])
     np.testing.assert_allclose(exported({"x": x})["logits"], logits, rtol=1e-5, atol=1e-6)
@@ -491,7 +493,7 @@ class _EvaluateAtStep(te.Hook):
     def after_step(self, run_context):
         if run_context.global_step != self.step:
             return
-        live = self.estimator._live_run.parts.model
+        live = self.estimator._model.live_run.parts.model
         bundle = self.estimator.inference_bundle(mode=te.ModeKeys.EVAL)
         self.seen = {
             "copied": bundle.module is not live and bundle.module.norm is not live.norm,

@@ -26,7 +26,7 @@ def test_batchnorm_statistics_change_in_train_only_and_are_checkpointed(tmp_path
     after_train = estimator.get_variable_value("net.1.running_mean")
     assert not np.allclose(after_train, 0.0)  # statistics moved during TRAIN
     assert estimator.get_variable_value("net.1.num_batches_tracked") == 5
-    module = estimator._module
+    module = estimator._model.module
     before = module.net[1].running_mean.clone()
     estimator.evaluate(evaluate)
     list(estimator.predict(predict))

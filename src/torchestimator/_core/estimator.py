@@ -70,7 +70,7 @@ from torchestimator.export.replicas import ReplicaExports
 from torchestimator.hooks.base import CheckpointSaverListener, Hook, HookList
 from torchestimator.hooks.basic import LoggingTensorHook, StepCounterHook
 from torchestimator.hooks.triggers import check_step_count
-from torchestimator.warm_start import WarmStartPlan, WarmStartSettings, as_warm_start_settings, plan_warm_start
+from torchestimator.warm_start import WarmStartPlan, as_warm_start_settings, plan_warm_start
 
 logger = logging.getLogger("torchestimator")
 
@@ -199,28 +199,6 @@ class Estimator:
         )
         estimator._model.argument = (call, "module")
         return estimator
-
-    # Tests look at (and set) these three by their old names; they are the ModelWeights'.
-
-    @property
-    def _module(self) -> torch.nn.Module | None:
-        return self._model.module
-
-    @_module.setter
-    def _module(self, module: torch.nn.Module | None) -> None:
-        self._model.module = module
-
-    @property
-    def _live_run(self) -> TrainingRun | None:
-        return self._model.live_run
-
-    @property
-    def _warm_start(self) -> WarmStartSettings | None:
-        return self._model.warm_start
-
-    @_warm_start.setter
-    def _warm_start(self, settings: WarmStartSettings | None) -> None:
-        self._model.warm_start = settings
 
     # -- properties -------------------------------------------------------
 
@@ -431,7 +409,7 @@ class Estimator:
             strategy=strategy,
             parts=parts,
             wrapped=wrapped,
-            call_model_fn=self._model_fn_caller(),
+            call_model_fn=model_fn_caller(self._model_fn, self._model_fn_args, self._params, self._config),
             hooks=hook_list,
             checkpointer=self._checkpointer(strategy, saving_listeners, module, evaluation),
             summary_writer=SummaryWriter(self._model_dir, enabled=strategy.is_chief),
@@ -709,7 +687,7 @@ class Estimator:
     def _bundle(self, module: torch.nn.Module, weights: WeightsOrigin, strategy: Strategy) -> InferenceBundle:
         return InferenceBundle(
             module=module,
-            call_model_fn=self._model_fn_caller(),
+            call_model_fn=model_fn_caller(self._model_fn, self._model_fn_args, self._params, self._config),
             weights=weights,
             strategy=strategy,
             call_input_fn=input_caller(self._params, self._config),
@@ -772,10 +750,6 @@ class Estimator:
         if settings is None:
             raise ValueError("This Estimator has no warm_start_from to report on.")
         return plan_warm_start(self._model.new_module(), settings)
-
-    def _model_fn_caller(self) -> Callable[..., EstimatorSpec]:
-        """model_fn's caller for the loops and bundles (calling.py decides how it is called)."""
-        return model_fn_caller(self._model_fn, self._model_fn_args, self._params, self._config)
 
 
 def _refuse_non_training_task() -> None:
