@@ -44,6 +44,7 @@ from .storage import ReadStream
 
 __all__ = [
     "DTYPES",
+    "DTYPE_NAMES",
     "EncodedFile",
     "bytes_to_tensors",
     "encode_tensors",
@@ -52,30 +53,28 @@ __all__ = [
     "tensors_to_bytes",
 ]
 
-# safetensors dtype codes; getattr because older torch builds lack some float8 types.
-DTYPES = {
-    code: getattr(torch, name)
-    for code, name in {
-        "F64": "float64",
-        "F32": "float32",
-        "F16": "float16",
-        "BF16": "bfloat16",
-        "I64": "int64",
-        "I32": "int32",
-        "I16": "int16",
-        "I8": "int8",
-        "U64": "uint64",
-        "U32": "uint32",
-        "U16": "uint16",
-        "U8": "uint8",
-        "BOOL": "bool",
-        "F8_E4M3": "float8_e4m3fn",
-        "F8_E5M2": "float8_e5m2",
-        "C64": "complex64",
-        "C128": "complex128",
-    }.items()
-    if hasattr(torch, name)
+# safetensors dtype codes and the torch dtypes they name (interop lists a file's tensors with these names).
+DTYPE_NAMES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U64": "uint64",
+    "U32": "uint32",
+    "U16": "uint16",
+    "U8": "uint8",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "C64": "complex64",
+    "C128": "complex128",
 }
+# hasattr because older torch builds lack some float8 types.
+DTYPES = {code: getattr(torch, name) for code, name in DTYPE_NAMES.items() if hasattr(torch, name)}
 DTYPE_CODES = {dtype: code for code, dtype in DTYPES.items()}
 MAX_HEADER_BYTES = 100_000_000
 # Large tensors go to the file and the hash in pieces, so hashing one piece overlaps writing or reading the next.

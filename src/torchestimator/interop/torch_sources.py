@@ -45,6 +45,7 @@ from safetensors import SafetensorError, safe_open
 from .._io import filesystems
 from ..checkpoint import CheckpointError, CheckpointStore
 from ..checkpoint.parts import owning_memory
+from ..checkpoint.tensor_files import DTYPE_NAMES, MAX_HEADER_BYTES
 from .source import ZIP_ERRORS, TensorInfo, WeightSource, WeightSourceError, missing_tensor_error
 
 __all__ = [
@@ -67,26 +68,6 @@ _CHECKPOINT_FOLDER = re.compile(r"ckpt-\d+")
 _ZIP_MAGIC = b"PK\x03\x04"
 # The legacy (pre-zip) torch.save format opens with a pickled long: torch's magic number 0x1950a86a20f9469cfc6c.
 _LEGACY_TORCH_MAGIC = b"\x80\x02\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
-_SAFETENSORS_DTYPES = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "I64": "int64",
-    "I32": "int32",
-    "I16": "int16",
-    "I8": "int8",
-    "U64": "uint64",
-    "U32": "uint32",
-    "U16": "uint16",
-    "U8": "uint8",
-    "BOOL": "bool",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "C64": "complex64",
-    "C128": "complex128",
-}
-_MAX_SAFETENSORS_HEADER = 100_000_000
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -446,7 +427,7 @@ def is_safetensors(path: str | os.PathLike[str]) -> bool:
     if len(head) < 9:
         return False
     (header_size,) = struct.unpack("<Q", head[:8])
-    return head[8:9] == b"{" and 8 + header_size <= size and header_size <= _MAX_SAFETENSORS_HEADER
+    return head[8:9] == b"{" and 8 + header_size <= size and header_size <= MAX_HEADER_BYTES
 
 
 class SafetensorsSource(WeightSource):
@@ -470,7 +451,7 @@ class SafetensorsSource(WeightSource):
             TensorInfo(
                 name=name,
                 shape=tuple(entry["shape"]),
-                dtype=_SAFETENSORS_DTYPES.get(entry["dtype"], str(entry["dtype"]).lower()),
+                dtype=DTYPE_NAMES.get(entry["dtype"], str(entry["dtype"]).lower()),
             )
             for name, entry in sorted(self._header.items())
         ]
