@@ -62,8 +62,7 @@ import torch
 from torch import nn
 
 from torchestimator._train_state import TrainState
-from torchestimator.checkpoint import CheckpointStore
-from torchestimator.checkpoint import format as checkpoint_format
+from torchestimator.checkpoint import CheckpointStore, format as checkpoint_format
 from torchestimator.checkpoint.background import BackgroundSaves
 from torchestimator.checkpoint.serialization import flatten_state
 

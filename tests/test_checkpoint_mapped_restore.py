@@ -15,8 +15,7 @@ from test_checkpoint import flip_byte
 from torch import nn
 
 from torchestimator._train_state import TrainState
-from torchestimator.checkpoint import CheckpointError, CheckpointStore, InMemoryStorage
-from torchestimator.checkpoint import format as checkpoint_format
+from torchestimator.checkpoint import CheckpointError, CheckpointStore, InMemoryStorage, format as checkpoint_format
 from torchestimator.checkpoint.parts import (
     TrainingParts,
     optimizer_signature,

@@ -19,8 +19,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from torchestimator.checkpoint import CheckpointError, CheckpointStore, InMemoryStorage
-from torchestimator.checkpoint import format as checkpoint_format
+from torchestimator.checkpoint import CheckpointError, CheckpointStore, InMemoryStorage, format as checkpoint_format
 from torchestimator.checkpoint.hashing import OverlappedChecksums
 from torchestimator.checkpoint.tensor_files import encode_tensors
 

@@ -28,8 +28,7 @@ from helpers import sum_sign_data
 import torchestimator as te
 from torchestimator._io.atomic import writer_tag
 from torchestimator._train_state import TrainState
-from torchestimator.checkpoint import CheckpointError, CheckpointStore, DiskFullError
-from torchestimator.checkpoint import format as checkpoint_format
+from torchestimator.checkpoint import CheckpointError, CheckpointStore, DiskFullError, format as checkpoint_format
 from torchestimator.checkpoint.checkpointer import Checkpointer
 from torchestimator.checkpoint.dcp_format import ShardWriter, read_metadata
 from torchestimator.checkpoint.parts import TrainingParts, restore_shared

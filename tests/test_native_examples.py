@@ -19,8 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 from faults_common import varint  # protobuf's varint (tools/, on the path through conftest)
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from torchestimator import _native
 from torchestimator.data import _parsing_compiled, parsing

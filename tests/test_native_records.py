@@ -20,8 +20,7 @@ from typing import Any
 
 import google_crc32c
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from torchestimator import _native
 from torchestimator.cli import main

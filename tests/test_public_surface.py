@@ -1,18 +1,79 @@
 """The public surface, pinned: what `import torchestimator` shows, and each public subpackage's `__all__`.
 
-A change here is an API change: add the name on purpose, with its docs, or keep it private (a leading underscore).
+A package's public names are declared once, in its `if TYPE_CHECKING:` block (torchestimator/_lazy.py derives
+`__all__`, the lazy table and `dir()` from it); this file pins the result on purpose. A change here is an API
+change: add the name on purpose, with its docs, or keep it private (a leading underscore).
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import pathlib
+import re
 import subprocess
 import sys
 
 import pytest
 
 import torchestimator as te
+from torchestimator._lazy import declared_exports
+
+TOP_LEVEL = [
+    "BestCheckpointPolicy",
+    "CheckpointSaverHook",
+    "CheckpointSaverListener",
+    "EarlyStopping",
+    "Estimator",
+    "EstimatorSpec",
+    "EvalSpec",
+    "Every",
+    "FullyShardedStrategy",
+    "Hook",
+    "InputContext",
+    "LoggingTensorHook",
+    "MirroredStrategy",
+    "ModeKeys",
+    "MultiWorkerMirroredStrategy",
+    "NanLossDuringTrainingError",
+    "OneDeviceStrategy",
+    "RunConfig",
+    "RunContext",
+    "StepCounterHook",
+    "StopAtStepHook",
+    "SummarySaverHook",
+    "TorchEstimatorError",
+    "TrainSpec",
+    "TrainState",
+    "WarmStartSettings",
+    "dataset_input_fn",
+    "freeze",
+    "init_from_checkpoint",
+    "numpy_input_fn",
+    "pandas_input_fn",
+    "param_groups",
+    "run_evaluator",
+    "stop_if_higher_hook",
+    "stop_if_lower_hook",
+    "stop_if_no_decrease_hook",
+    "stop_if_no_increase_hook",
+    "train_and_evaluate",
+    "unfreeze",
+]
+TOP_LEVEL_SUBPACKAGES = [
+    "checkpoint",
+    "cli",
+    "data",
+    "distribute",
+    "errors",
+    "export",
+    "hooks",
+    "interop",
+    "metrics",
+    "serving",
+    "testing",
+    "warm_start",
+]
 
 PUBLIC_SUBPACKAGES = {
     "export": [
@@ -206,6 +267,11 @@ PUBLIC_SUBPACKAGES = {
 }
 
 
+def test_the_package_pins_its_names_and_its_public_subpackages():
+    assert te.__all__ == sorted(TOP_LEVEL + TOP_LEVEL_SUBPACKAGES)
+    assert [name for name in te.__all__ if not hasattr(te, name)] == []
+
+
 @pytest.mark.parametrize("name", sorted(PUBLIC_SUBPACKAGES))
 def test_a_public_subpackage_pins_its_names(name):
     module = importlib.import_module(f"torchestimator.{name}")
@@ -272,3 +338,47 @@ def test_every_submodule_is_an_attribute_as_with_the_eager_package_and_typos_sta
         "__wrapped__": "module 'torchestimator' has no attribute '__wrapped__'",
     }
     assert report["listed"] is False  # dir() lists the public names (and the public subpackages) only
+
+
+def test_the_type_checking_block_is_read_as_the_table_of_public_names(tmp_path):
+    init = tmp_path / "__init__.py"
+    init.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from pkg import sub as sub\n"
+        "    from pkg._impl import Thing as Thing, helper as public_helper\n"
+    )
+    declared = declared_exports("pkg", str(init))
+    assert declared.origins == {"Thing": ("pkg._impl", "Thing"), "public_helper": ("pkg._impl", "helper")}
+    assert declared.submodules == ["sub"]
+
+
+@pytest.mark.parametrize(
+    ("block", "complaint"),
+    [
+        ("    import pkg._impl\n", "holds only absolute `from MODULE import NAME as NAME` lines"),
+        ("    from ._impl import Thing as Thing\n", "holds only absolute"),
+        ("    Thing = int\n", "holds only absolute"),
+        ("    from pkg.a import Thing as Thing\n    from pkg.b import Thing as Thing\n", "'Thing' is declared twice"),
+    ],
+)
+def test_a_line_the_table_reader_would_skip_is_refused_with_its_file_and_line(tmp_path, block, complaint):
+    """A line the reader skipped would be a name type checkers see and the running package lacks."""
+    init = tmp_path / "__init__.py"
+    init.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n" + block)
+    with pytest.raises(AssertionError, match=re.escape(complaint)) as refused:
+        declared_exports("pkg", str(init))
+    assert f"{init}:" in str(refused.value)
+
+
+def test_a_package_without_its_table_of_names_is_refused(tmp_path):
+    init = tmp_path / "__init__.py"
+    init.write_text("X = 1\n")
+    with pytest.raises(AssertionError, match="expected one `if TYPE_CHECKING:` block"):
+        declared_exports("pkg", str(init))
+
+
+def test_the_package_is_typed_for_users_type_checkers():
+    """PEP 561: without py.typed, mypy and pyright treat every torchestimator name as Any."""
+    package_folder = pathlib.Path(te.__file__).parent
+    assert (package_folder / "py.typed").is_file()

@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 import requests
 from benchmark_scripts import imported_script
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from torchestimator.serving import make_app
 from torchestimator.serving.openapi import ERROR_STATUSES, openapi_document

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable, Mapping
-from collections.abc import Set as AbstractSet
+from collections.abc import Callable, Mapping, Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 import torch

@@ -17,29 +17,16 @@ from typing import TYPE_CHECKING
 from torchestimator._lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; imported on first use at run time
-    from torchestimator.checkpoint.serialization import flatten_state, unflatten_state
-    from torchestimator.checkpoint.storage import InMemoryStorage, LocalStorage, Storage
-    from torchestimator.checkpoint.store import Checkpoint, CheckpointStore
-    from torchestimator.errors import CheckpointError, DiskFullError
+    from torchestimator.checkpoint.serialization import (
+        flatten_state as flatten_state,
+        unflatten_state as unflatten_state,
+    )
+    from torchestimator.checkpoint.storage import (
+        InMemoryStorage as InMemoryStorage,
+        LocalStorage as LocalStorage,
+        Storage as Storage,
+    )
+    from torchestimator.checkpoint.store import Checkpoint as Checkpoint, CheckpointStore as CheckpointStore
+    from torchestimator.errors import CheckpointError as CheckpointError, DiskFullError as DiskFullError
 
-__all__ = [
-    "Checkpoint",
-    "CheckpointError",
-    "CheckpointStore",
-    "DiskFullError",
-    "InMemoryStorage",
-    "LocalStorage",
-    "Storage",
-    "flatten_state",
-    "unflatten_state",
-]
-
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "torchestimator.checkpoint.errors": ["CheckpointError", "DiskFullError"],
-        "torchestimator.checkpoint.serialization": ["flatten_state", "unflatten_state"],
-        "torchestimator.checkpoint.storage": ["InMemoryStorage", "LocalStorage", "Storage"],
-        "torchestimator.checkpoint.store": ["Checkpoint", "CheckpointStore"],
-    },
-)
+__all__, __getattr__, __dir__ = lazy_exports(__name__)

@@ -38,8 +38,7 @@ from typing import Any, ClassVar, TypeGuard
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter, metadata as dcp_metadata
 from torch.distributed.tensor import DTensor
 
 from .errors import CheckpointError

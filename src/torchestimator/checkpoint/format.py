@@ -57,9 +57,15 @@ from .errors import CheckpointError
 from .hashing import CRC32, CRC32C, SHA256
 from .serialization import flatten_state, unflatten_state
 from .storage import Storage
-from .tensor_files import DTYPES as _DTYPES
-from .tensor_files import MAX_HEADER_BYTES as _MAX_HEADER_BYTES
-from .tensor_files import EncodedFile, bytes_to_tensors, encode_tensors, read_tensors, tensors_to_bytes
+from .tensor_files import (
+    DTYPES as _DTYPES,
+    MAX_HEADER_BYTES as _MAX_HEADER_BYTES,
+    EncodedFile,
+    bytes_to_tensors,
+    encode_tensors,
+    read_tensors,
+    tensors_to_bytes,
+)
 
 __all__ = [
     "CheckpointFiles",

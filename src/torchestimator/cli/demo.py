@@ -115,8 +115,7 @@ def predict_input_fn(params, input_context=None):
 
 
 def serving_input_receiver():
-    from torchestimator.export import TensorSpec
-    from torchestimator.export import serving_input_receiver as receiver
+    from torchestimator.export import TensorSpec, serving_input_receiver as receiver
 
     return receiver({"image": TensorSpec(shape=(None, 64), dtype=torch.float32)})
 

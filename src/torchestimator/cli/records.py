@@ -296,8 +296,7 @@ def image_features(path: str, mode: str, where: str) -> dict[str, list[Any]]:
 
 def decode_image(path: str, where: str) -> np.ndarray:
     """uint8 pixels, height x width x channels, as tf.io.decode_image(contents) gives them (data/images.py)."""
-    from torchestimator.data.images import ImageDecodeError
-    from torchestimator.data.images import decode_image as decode
+    from torchestimator.data.images import ImageDecodeError, decode_image as decode
 
     _pillow_image()
     contents = filesystems.read_bytes(path)

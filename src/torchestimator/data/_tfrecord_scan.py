@@ -35,8 +35,10 @@ try:  # Fastest on both small and large payloads (about 20 GB/s with SSE4.2/ARMv
         return _crc32c(data, crc)
 except ImportError:  # Apache-2.0 alternative, equally fast on small records.
     try:
-        from google_crc32c import extend as _crc32c_extend  # noqa: F401 (tfrecord.py's probe imports it)
-        from google_crc32c import value as _crc32c
+        from google_crc32c import (
+            extend as _crc32c_extend,  # noqa: F401 (tfrecord.py's probe imports it)
+            value as _crc32c,
+        )
     except ImportError as error:
         raise ImportError(
             "torchestimator.data.tfrecord needs a C CRC32C implementation: install "

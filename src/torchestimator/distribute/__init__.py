@@ -11,69 +11,31 @@ from torchestimator._lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; imported on first use at run time
     from torchestimator.distribute.cluster import (
-        ClusterSpec,
-        cluster_from_slurm,
-        cluster_from_tf_config,
-        cluster_from_torchrun,
-        expand_hostlist,
-        resolve_cluster,
+        ClusterSpec as ClusterSpec,
+        cluster_from_slurm as cluster_from_slurm,
+        cluster_from_tf_config as cluster_from_tf_config,
+        cluster_from_torchrun as cluster_from_torchrun,
+        expand_hostlist as expand_hostlist,
+        resolve_cluster as resolve_cluster,
     )
-    from torchestimator.distribute.fsdp import DEFAULT_LAYER_TYPES, FullyShardedStrategy
-    from torchestimator.distribute.input_context import InputContext
-    from torchestimator.distribute.launcher import find_free_port, launch, launch_command
+    from torchestimator.distribute.fsdp import (
+        DEFAULT_LAYER_TYPES as DEFAULT_LAYER_TYPES,
+        FullyShardedStrategy as FullyShardedStrategy,
+    )
+    from torchestimator.distribute.input_context import InputContext as InputContext
+    from torchestimator.distribute.launcher import (
+        find_free_port as find_free_port,
+        launch as launch,
+        launch_command as launch_command,
+    )
     from torchestimator.distribute.strategy import (
-        MirroredStrategy,
-        MultiWorkerMirroredStrategy,
-        OneDeviceStrategy,
-        Placement,
-        Strategy,
+        MirroredStrategy as MirroredStrategy,
+        MultiWorkerMirroredStrategy as MultiWorkerMirroredStrategy,
+        OneDeviceStrategy as OneDeviceStrategy,
+        Placement as Placement,
+        Strategy as Strategy,
     )
-    from torchestimator.distribute.sync_batch_norm import CrossReplicaBatchNorm
-    from torchestimator.errors import RelaunchError
+    from torchestimator.distribute.sync_batch_norm import CrossReplicaBatchNorm as CrossReplicaBatchNorm
+    from torchestimator.errors import RelaunchError as RelaunchError
 
-__all__ = [
-    "DEFAULT_LAYER_TYPES",
-    "ClusterSpec",
-    "CrossReplicaBatchNorm",
-    "FullyShardedStrategy",
-    "InputContext",
-    "MirroredStrategy",
-    "MultiWorkerMirroredStrategy",
-    "OneDeviceStrategy",
-    "Placement",
-    "RelaunchError",
-    "Strategy",
-    "cluster_from_slurm",
-    "cluster_from_tf_config",
-    "cluster_from_torchrun",
-    "expand_hostlist",
-    "find_free_port",
-    "launch",
-    "launch_command",
-    "resolve_cluster",
-]
-
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "torchestimator.distribute.cluster": [
-            "ClusterSpec",
-            "cluster_from_slurm",
-            "cluster_from_tf_config",
-            "cluster_from_torchrun",
-            "expand_hostlist",
-            "resolve_cluster",
-        ],
-        "torchestimator.distribute.fsdp": ["DEFAULT_LAYER_TYPES", "FullyShardedStrategy"],
-        "torchestimator.distribute.input_context": ["InputContext"],
-        "torchestimator.distribute.launcher": ["RelaunchError", "find_free_port", "launch", "launch_command"],
-        "torchestimator.distribute.sync_batch_norm": ["CrossReplicaBatchNorm"],
-        "torchestimator.distribute.strategy": [
-            "MirroredStrategy",
-            "MultiWorkerMirroredStrategy",
-            "OneDeviceStrategy",
-            "Placement",
-            "Strategy",
-        ],
-    },
-)
+__all__, __getattr__, __dir__ = lazy_exports(__name__)

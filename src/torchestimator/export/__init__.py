@@ -25,88 +25,36 @@ from torchestimator._lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; imported on first use at run time
     from torchestimator.export.exporters import (
-        BestExporter,
-        Exporter,
-        FinalExporter,
-        LatestExporter,
-        garbage_collect_exports,
-        loss_smaller,
-        read_best_eval,
+        BestExporter as BestExporter,
+        Exporter as Exporter,
+        FinalExporter as FinalExporter,
+        LatestExporter as LatestExporter,
+        garbage_collect_exports as garbage_collect_exports,
+        loss_smaller as loss_smaller,
+        read_best_eval as read_best_eval,
     )
-    from torchestimator.export.loader import ExportedModel, Signature, TensorInfo, load, read_inputs
+    from torchestimator.export.loader import (
+        ExportedModel as ExportedModel,
+        Signature as Signature,
+        TensorInfo as TensorInfo,
+        load as load,
+        read_inputs as read_inputs,
+    )
     from torchestimator.export.outputs import (
-        DEFAULT_SERVING_SIGNATURE_DEF_KEY,
-        ClassificationOutput,
-        ExportOutput,
-        PredictOutput,
-        RegressionOutput,
+        DEFAULT_SERVING_SIGNATURE_DEF_KEY as DEFAULT_SERVING_SIGNATURE_DEF_KEY,
+        ClassificationOutput as ClassificationOutput,
+        ExportOutput as ExportOutput,
+        PredictOutput as PredictOutput,
+        RegressionOutput as RegressionOutput,
     )
     from torchestimator.export.receiver import (
-        ServingInputReceiver,
-        TensorSpec,
-        build_image_serving_input_receiver,
-        build_parsing_serving_input_receiver,
-        serving_input_receiver,
+        ServingInputReceiver as ServingInputReceiver,
+        TensorSpec as TensorSpec,
+        build_image_serving_input_receiver as build_image_serving_input_receiver,
+        build_parsing_serving_input_receiver as build_parsing_serving_input_receiver,
+        serving_input_receiver as serving_input_receiver,
     )
-    from torchestimator.export.saved_model import export_saved_model
-    from torchestimator.export.versions import latest_version, list_versions
+    from torchestimator.export.saved_model import export_saved_model as export_saved_model
+    from torchestimator.export.versions import latest_version as latest_version, list_versions as list_versions
 
-__all__ = [
-    "DEFAULT_SERVING_SIGNATURE_DEF_KEY",
-    "BestExporter",
-    "ClassificationOutput",
-    "ExportOutput",
-    "ExportedModel",
-    "Exporter",
-    "FinalExporter",
-    "LatestExporter",
-    "PredictOutput",
-    "RegressionOutput",
-    "ServingInputReceiver",
-    "Signature",
-    "TensorInfo",
-    "TensorSpec",
-    "build_image_serving_input_receiver",
-    "build_parsing_serving_input_receiver",
-    "export_saved_model",
-    "garbage_collect_exports",
-    "latest_version",
-    "list_versions",
-    "load",
-    "loss_smaller",
-    "read_best_eval",
-    "read_inputs",
-    "serving_input_receiver",
-]
-
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "torchestimator.export.exporters": [
-            "BestExporter",
-            "Exporter",
-            "FinalExporter",
-            "LatestExporter",
-            "garbage_collect_exports",
-            "loss_smaller",
-            "read_best_eval",
-        ],
-        "torchestimator.export.loader": ["ExportedModel", "Signature", "TensorInfo", "load", "read_inputs"],
-        "torchestimator.export.outputs": [
-            "DEFAULT_SERVING_SIGNATURE_DEF_KEY",
-            "ClassificationOutput",
-            "ExportOutput",
-            "PredictOutput",
-            "RegressionOutput",
-        ],
-        "torchestimator.export.receiver": [
-            "ServingInputReceiver",
-            "TensorSpec",
-            "build_image_serving_input_receiver",
-            "build_parsing_serving_input_receiver",
-            "serving_input_receiver",
-        ],
-        "torchestimator.export.saved_model": ["export_saved_model"],
-        "torchestimator.export.versions": ["latest_version", "list_versions"],
-    },
-)
+__all__, __getattr__, __dir__ = lazy_exports(__name__)

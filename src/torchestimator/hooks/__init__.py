@@ -8,43 +8,20 @@ from typing import TYPE_CHECKING
 from torchestimator._lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; imported on first use at run time
-    from torchestimator.hooks.base import CheckpointSaverListener, Hook, HookList, RunContext
-    from torchestimator.hooks.basic import (
-        CheckpointSaverHook,
-        LoggingTensorHook,
-        PeriodicHook,
-        StepCounterHook,
-        StopAtStepHook,
-        SummarySaverHook,
+    from torchestimator.hooks.base import (
+        CheckpointSaverListener as CheckpointSaverListener,
+        Hook as Hook,
+        HookList as HookList,
+        RunContext as RunContext,
     )
-    from torchestimator.hooks.triggers import Every
+    from torchestimator.hooks.basic import (
+        CheckpointSaverHook as CheckpointSaverHook,
+        LoggingTensorHook as LoggingTensorHook,
+        PeriodicHook as PeriodicHook,
+        StepCounterHook as StepCounterHook,
+        StopAtStepHook as StopAtStepHook,
+        SummarySaverHook as SummarySaverHook,
+    )
+    from torchestimator.hooks.triggers import Every as Every
 
-__all__ = [
-    "CheckpointSaverHook",
-    "CheckpointSaverListener",
-    "Every",
-    "Hook",
-    "HookList",
-    "LoggingTensorHook",
-    "PeriodicHook",
-    "RunContext",
-    "StepCounterHook",
-    "StopAtStepHook",
-    "SummarySaverHook",
-]
-
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "torchestimator.hooks.base": ["CheckpointSaverListener", "Hook", "HookList", "RunContext"],
-        "torchestimator.hooks.basic": [
-            "CheckpointSaverHook",
-            "LoggingTensorHook",
-            "PeriodicHook",
-            "StepCounterHook",
-            "StopAtStepHook",
-            "SummarySaverHook",
-        ],
-        "torchestimator.hooks.triggers": ["Every"],
-    },
-)
+__all__, __getattr__, __dir__ = lazy_exports(__name__)

@@ -86,8 +86,11 @@ from torchestimator.interop.keras_config import (
     parse_config,
     snake_case,
 )
-from torchestimator.interop.keras_hdf5_guard import HeapGuard, _DamagedHeapError
-from torchestimator.interop.keras_hdf5_guard import global_heap_problem as _global_heap_problem  # noqa: F401 - tests
+from torchestimator.interop.keras_hdf5_guard import (
+    HeapGuard,
+    _DamagedHeapError,
+    global_heap_problem as _global_heap_problem,  # noqa: F401 - tests
+)
 from torchestimator.interop.source import ZIP_ERRORS, TensorInfo, WeightSource, WeightSourceError, missing_tensor_error
 
 try:  # h5py is the optional "keras" extra; the error comes when a file is opened (open_keras_h5).

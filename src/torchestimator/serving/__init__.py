@@ -28,86 +28,45 @@ from typing import TYPE_CHECKING
 from torchestimator._lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; imported on first use at run time
-    from torchestimator.errors import ServingClientError, ServingError
-    from torchestimator.serving.app import make_app
-    from torchestimator.serving.batching import BatchingParameters, BatchScheduler
-    from torchestimator.serving.client import Client
-    from torchestimator.serving.config import (
-        ModelConfig,
-        MonitoringConfig,
-        VersionPolicy,
-        parse_model_server_config,
-        read_batching_parameters_file,
-        read_model_config_file,
-        read_monitoring_config_file,
+    from torchestimator.errors import ServingClientError as ServingClientError, ServingError as ServingError
+    from torchestimator.serving.app import make_app as make_app
+    from torchestimator.serving.batching import (
+        BatchingParameters as BatchingParameters,
+        BatchScheduler as BatchScheduler,
     )
-    from torchestimator.serving.grpc_client import ModelServiceStub, PredictionServiceStub
-    from torchestimator.serving.grpc_server import GrpcServer
-    from torchestimator.serving.manager import ModelManager, VersionStatus
-    from torchestimator.serving.metrics import ServingMetrics
-    from torchestimator.serving.openapi import openapi_document
-    from torchestimator.serving.protos import serving_protos
-    from torchestimator.serving.server import RunningServer, build_app, serve, start
-    from torchestimator.serving.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_METRICS_PATH, ServerSettings
-    from torchestimator.serving.tensor_proto import make_tensor_proto, tensor_proto_to_numpy
+    from torchestimator.serving.client import Client as Client
+    from torchestimator.serving.config import (
+        ModelConfig as ModelConfig,
+        MonitoringConfig as MonitoringConfig,
+        VersionPolicy as VersionPolicy,
+        parse_model_server_config as parse_model_server_config,
+        read_batching_parameters_file as read_batching_parameters_file,
+        read_model_config_file as read_model_config_file,
+        read_monitoring_config_file as read_monitoring_config_file,
+    )
+    from torchestimator.serving.grpc_client import (
+        ModelServiceStub as ModelServiceStub,
+        PredictionServiceStub as PredictionServiceStub,
+    )
+    from torchestimator.serving.grpc_server import GrpcServer as GrpcServer
+    from torchestimator.serving.manager import ModelManager as ModelManager, VersionStatus as VersionStatus
+    from torchestimator.serving.metrics import ServingMetrics as ServingMetrics
+    from torchestimator.serving.openapi import openapi_document as openapi_document
+    from torchestimator.serving.protos import serving_protos as serving_protos
+    from torchestimator.serving.server import (
+        RunningServer as RunningServer,
+        build_app as build_app,
+        serve as serve,
+        start as start,
+    )
+    from torchestimator.serving.settings import (
+        DEFAULT_MAX_BODY_BYTES as DEFAULT_MAX_BODY_BYTES,
+        DEFAULT_METRICS_PATH as DEFAULT_METRICS_PATH,
+        ServerSettings as ServerSettings,
+    )
+    from torchestimator.serving.tensor_proto import (
+        make_tensor_proto as make_tensor_proto,
+        tensor_proto_to_numpy as tensor_proto_to_numpy,
+    )
 
-__all__ = [
-    "DEFAULT_MAX_BODY_BYTES",
-    "DEFAULT_METRICS_PATH",
-    "BatchScheduler",
-    "BatchingParameters",
-    "Client",
-    "GrpcServer",
-    "ModelConfig",
-    "ModelManager",
-    "ModelServiceStub",
-    "MonitoringConfig",
-    "PredictionServiceStub",
-    "RunningServer",
-    "ServerSettings",
-    "ServingClientError",
-    "ServingError",
-    "ServingMetrics",
-    "VersionPolicy",
-    "VersionStatus",
-    "build_app",
-    "make_app",
-    "make_tensor_proto",
-    "openapi_document",
-    "parse_model_server_config",
-    "read_batching_parameters_file",
-    "read_model_config_file",
-    "read_monitoring_config_file",
-    "serve",
-    "serving_protos",
-    "start",
-    "tensor_proto_to_numpy",
-]
-
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "torchestimator.serving.app": ["make_app"],
-        "torchestimator.serving.batching": ["BatchScheduler", "BatchingParameters"],
-        "torchestimator.serving.client": ["Client", "ServingClientError"],
-        "torchestimator.serving.config": [
-            "ModelConfig",
-            "MonitoringConfig",
-            "VersionPolicy",
-            "parse_model_server_config",
-            "read_batching_parameters_file",
-            "read_model_config_file",
-            "read_monitoring_config_file",
-        ],
-        "torchestimator.serving.errors": ["ServingError"],
-        "torchestimator.serving.grpc_client": ["ModelServiceStub", "PredictionServiceStub"],
-        "torchestimator.serving.grpc_server": ["GrpcServer"],
-        "torchestimator.serving.manager": ["ModelManager", "VersionStatus"],
-        "torchestimator.serving.metrics": ["ServingMetrics"],
-        "torchestimator.serving.openapi": ["openapi_document"],
-        "torchestimator.serving.protos": ["serving_protos"],
-        "torchestimator.serving.server": ["RunningServer", "build_app", "serve", "start"],
-        "torchestimator.serving.settings": ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_METRICS_PATH", "ServerSettings"],
-        "torchestimator.serving.tensor_proto": ["make_tensor_proto", "tensor_proto_to_numpy"],
-    },
-)
+__all__, __getattr__, __dir__ = lazy_exports(__name__)
