@@ -24,9 +24,10 @@ LAYERS: list[set[str]] = [
     {"checkpoint"},  # the checkpoint store and a run's saves
     {"interop"},  # weight files of every format, ours included
     {"warm_start"},
-    # The Estimator: its loop, train_and_evaluate and its policies, exports. Within this layer imports still go both
-    # ways (an Estimator method hands over to export; exporters compare as the best policy does).
-    {"_core", "_policy", "export"},
+    {"_core"},  # the engine: specs, the loop, evaluation and inference bundles, weights, the run's agreement
+    {"_policy"},  # train_and_evaluate, the evaluator task, best checkpoint, early stopping, improvement rules
+    {"export"},  # exports of an InferenceBundle; exporters compare as the best policy does
+    {"_core.estimator", "_core.module_estimator"},  # the Estimator facade: its export_saved_model hands over to export
     {"serving"},  # the model server
     {"cli", "testing", "__main__"},  # entry points
 ]
@@ -121,5 +122,5 @@ def test_the_check_sees_an_upward_import_at_module_level_or_in_a_function(tmp_pa
     monkeypatch.setattr(f"{__name__}.PACKAGE", package)
     assert _upward_imports(leaf) == [
         "hooks/base.py:3 imports torchestimator.checkpoint.store (layer 4, above hooks's 3)",
-        "hooks/base.py:7 imports torchestimator.serving.app (layer 8, above hooks's 3)",
+        "hooks/base.py:7 imports torchestimator.serving.app (layer 11, above hooks's 3)",
     ]
