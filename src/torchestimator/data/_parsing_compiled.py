@@ -3,14 +3,15 @@
 What belongs here: turning a `parse_example` features mapping into the C pass's plan (compiled
 once per mapping and cached), calling `_examples.parse_examples` on a batch, and finishing each
 spec's part of its answer into the same numpy results and `SparseValue`/`RaggedValue` that the
-pure path in `parsing.py` builds (through that module's shared builders). What does not: any
-error wording. The C pass handles only the plain, well-formed case; for any record it does not
+pure path in `parsing.py` builds (through the builders both share, in `_parse_results.py`). What
+does not: any error wording. The C pass handles only the plain, well-formed case; for any record it does not
 (a malformed record, a missing required feature, a wrong kind or count, anything unusual in the
 wire format) `parse_compiled` returns None and `parsing._parse_records_python` parses the batch,
 which raises its exact error or returns its result. So errors and results never differ between
 the paths.
 
-`parsing.py` imports this module lazily (inside `_parse_records`): it builds on that module.
+It builds on the specs (`feature_specs.py`), the columns' spec checks and value arrays (`_columns.py`)
+and the result builders, never on `parsing.py`, which imports it and calls `parse_compiled` first.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from torchestimator import _native
+from torchestimator.data._columns import _example_columns, _values_array
+from torchestimator.data._parse_results import _parsed_sparse, _ragged_value, _sequence_value, _sparse_value
 from torchestimator.data.example import BYTES, FLOAT, INT64
-from torchestimator.data.parsing import (
+from torchestimator.data.feature_specs import (
     _NUMPY_DTYPE,
     FeatureSpec,
     FixedLenFeature,
@@ -34,12 +37,6 @@ from torchestimator.data.parsing import (
     RaggedValue,
     SparseValue,
     VarLenFeature,
-    _example_columns,
-    _parsed_sparse,
-    _ragged_value,
-    _sequence_value,
-    _sparse_value,
-    _values_array,
 )
 
 __all__ = ["parse_compiled"]

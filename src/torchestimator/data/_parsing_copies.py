@@ -1,4 +1,4 @@
-"""A key present twice in one record: the copy TensorFlow's parsers read (parsing.py's columns ask here).
+"""A key present twice in one record: the copy TensorFlow's parsers read (the columns of _columns.py ask here).
 
 Only reached when the copy protobuf kept has no list: the record is read again as its map entries in wire
 order, which protobuf's merged message no longer shows.

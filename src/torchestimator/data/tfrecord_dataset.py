@@ -134,8 +134,9 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, get_w
 
 from torchestimator.data._dataset_records import _EpochRecords, _Plan
 from torchestimator.data._dataset_shuffle import _ShuffleBuffer, position_from_tag, position_to_json
+from torchestimator.data._to_torch import to_torch
 from torchestimator.data.images import ImageDecoding
-from torchestimator.data.parsing import parse_example, parse_single_example, to_torch
+from torchestimator.data.parsing import parse_example, parse_single_example
 from torchestimator.data.tfrecord import DEFAULT_MAX_RECORD_SIZE, ReadStats, _normalize_compression, list_files
 from torchestimator.distribute.input_context import InputContext
 

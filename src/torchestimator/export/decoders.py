@@ -73,7 +73,7 @@ class ExampleParsing(DecodeStep):
     """name -> FixedLenFeature (int64 or float32)."""
 
     def __post_init__(self) -> None:
-        from torchestimator.data.parsing import FixedLenFeature
+        from torchestimator.data.feature_specs import FixedLenFeature
 
         if not isinstance(self.features, Mapping) or not self.features:
             raise ValueError(
@@ -141,7 +141,7 @@ def fixed_len_feature_to_json(spec: Any) -> dict[str, Any]:
 
 
 def fixed_len_feature_from_json(document: Any, where: str) -> Any:
-    from torchestimator.data.parsing import FixedLenFeature
+    from torchestimator.data.feature_specs import FixedLenFeature
 
     _check_keys(document, {"type", "shape", "dtype", "default_value"}, where)
     if document["type"] != "FixedLenFeature":
