@@ -59,56 +59,6 @@ def test_run_config_is_frozen():
         te.RunConfig().save_summary_steps = 5
 
 
-def test_public_surface_is_pinned():
-    assert sorted(te.__all__) == sorted(
-        [
-            "CheckpointSaverHook",
-            "CheckpointSaverListener",
-            "Estimator",
-            "EstimatorSpec",
-            "Every",
-            "Hook",
-            "InputContext",
-            "LoggingTensorHook",
-            "MirroredStrategy",
-            "ModeKeys",
-            "NanLossDuringTrainingError",
-            "FullyShardedStrategy",
-            "MultiWorkerMirroredStrategy",
-            "OneDeviceStrategy",
-            "RunConfig",
-            "RunContext",
-            "StepCounterHook",
-            "StopAtStepHook",
-            "SummarySaverHook",
-            "TrainState",
-            "dataset_input_fn",
-            "export",
-            "freeze",
-            "metrics",
-            "numpy_input_fn",
-            "pandas_input_fn",
-            "param_groups",
-            "unfreeze",
-            "BestCheckpointPolicy",
-            "EarlyStopping",
-            "EvalSpec",
-            "TrainSpec",
-            "run_evaluator",
-            "stop_if_higher_hook",
-            "stop_if_lower_hook",
-            "stop_if_no_decrease_hook",
-            "stop_if_no_increase_hook",
-            "train_and_evaluate",
-            "TorchEstimatorError",
-            "WarmStartSettings",
-            "errors",
-            "init_from_checkpoint",
-        ]
-    )
-    assert [name for name in te.__all__ if not hasattr(te, name)] == []  # `from torchestimator import *` works
-
-
 def test_model_fn_gets_tf_mode_strings_in_each_mode(tmp_path):
     """model_fns written for tf.estimator compare mode to "train" / "eval" / "infer"; those are what arrive."""
     train, evaluate, predict, _ = input_fns(n=32)
