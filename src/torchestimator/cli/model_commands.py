@@ -1,17 +1,27 @@
-"""The commands that run a model file's Estimator: train, train-and-evaluate, evaluate, predict, export."""
+"""The commands that run a model file's Estimator: train, train-and-evaluate, evaluate, predict, export.
+
+Two rules of the command line, not of the library: evaluate and predict refuse a model_dir with nothing trained
+in it unless --allow_untrained (``_refuse_untrained``), and under `torchestimator launch` only rank 0 prints
+results (``_prints_results``), as only replica 0's output shows in a plain-script run.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
+import logging
+import os
 import sys
 from typing import Any
 
 import numpy as np
 
 from torchestimator.cli.model_file import add_model_flags, build_estimator, jsonable, load_model_file, require
-from torchestimator.errors import ConfigError
+from torchestimator.errors import CheckpointError, ConfigError
+
+logger = logging.getLogger("torchestimator.cli")
 
 
 def add_commands(commands: Any) -> None:
@@ -40,13 +50,65 @@ def _train(args: argparse.Namespace) -> int:
         args.max_steps if args.max_steps is not None else (None if args.steps else getattr(module, "max_steps", None))
     )
     estimator.train(require(module, "train_input_fn"), steps=args.steps, max_steps=max_steps)
-    print(f"trained to global step {_global_step(estimator)}; checkpoint {estimator.latest_checkpoint()}")
+    if _prints_results():
+        print(f"trained to global step {_global_step(estimator)}; checkpoint {estimator.latest_checkpoint()}")
     return 0
 
 
 def _global_step(estimator: Any) -> int | str:
     path = estimator.latest_checkpoint()
     return int(path.rsplit("-", 1)[-1]) if path else "?"
+
+
+def _prints_results() -> bool:
+    """Whether this process prints what the command gives: rank 0 of a launched group (the replica whose
+    output a plain-script run shows), or any process outside one (a local run, an evaluator task)."""
+    from torchestimator.distribute import resolve_cluster
+
+    return resolve_cluster().rank in (None, 0)
+
+
+def _refuse_untrained(estimator: Any, args: argparse.Namespace, doing: str) -> None:
+    """Refuses (a ConfigError naming model_dir, before anything is written) to ``doing`` (evaluate, predict
+    with) the fresh weights of a model_dir with no checkpoint and no warm start, unless --allow_untrained.
+
+    The CLI's rule: a mistyped --model_dir would otherwise report random weights' metrics and create the
+    folder. Estimator.evaluate/predict keep tf.estimator's (fresh weights, with a warning).
+    """
+    if args.allow_untrained or args.checkpoint_path is not None or estimator.latest_checkpoint() is not None:
+        return
+    from torchestimator import ModeKeys
+
+    try:  # the library's own test: a warm start counts, checkpoints all damaged are named as such
+        estimator.inference_bundle(mode=ModeKeys.PREDICT, require_weights=True)
+    except CheckpointError:
+        raise
+    except ValueError as error:
+        from torchestimator._io.filesystems import is_url
+
+        model_dir = args.model_dir
+        if not is_url(model_dir) and not os.path.exists(model_dir):
+            where = f"does not exist (relative to {os.getcwd()}{_nearest_model_dir(model_dir)})"
+        else:
+            where = "holds no checkpoint (ckpt-<step> folder)"
+        raise ConfigError(
+            f"--model_dir {model_dir} {where}: nothing trained to {doing}. Check the path, train first "
+            f"(torchestimator train {args.model_file} --model_dir {model_dir}), or pass --allow_untrained "
+            f"to {doing} freshly initialised (random) weights.",
+            field="model_dir",
+            value=model_dir,
+        ) from error
+
+
+def _nearest_model_dir(model_dir: str) -> str:
+    """'; did you mean runs/demo?' for a folder beside a missing model_dir with a close name, else ''."""
+    parent, name = os.path.split(os.path.normpath(model_dir))
+    try:
+        beside = [entry.name for entry in os.scandir(parent or ".") if entry.is_dir()]
+    except OSError:  # the parent is missing too
+        return ""
+    close = difflib.get_close_matches(name, beside, n=1)
+    return f"; did you mean {os.path.join(parent, close[0])}?" if close else ""
 
 
 def _train_and_evaluate(args: argparse.Namespace) -> int:
@@ -75,20 +137,21 @@ def _train_and_evaluate(args: argparse.Namespace) -> int:
     if args.evaluator:  # a separate process following model_dir, as TF_CONFIG's evaluator task
         # It keeps the best and decides early stopping, as the evaluator task of train_and_evaluate does.
         results, exports = te.run_evaluator(estimator, train_spec, eval_spec, poll_secs=args.poll_secs, **policies)
+    else:
+        results, exports = te.train_and_evaluate(estimator, train_spec, eval_spec, **policies)
+    if _prints_results():
         print(json.dumps({"results": results, "exports": exports}, indent=2, sort_keys=True, default=str))
-        return 0
-    results, exports = te.train_and_evaluate(estimator, train_spec, eval_spec, **policies)
-    print(json.dumps({"results": results, "exports": exports}, indent=2, sort_keys=True, default=str))
     return 0
 
 
 def _evaluate(args: argparse.Namespace) -> int:
     module = load_model_file(args.model_file)
     estimator = build_estimator(module, args)
-    results = estimator.evaluate(
-        require(module, "eval_input_fn"), steps=args.steps, checkpoint_path=args.checkpoint_path, name=args.name
-    )
-    print(json.dumps(results, indent=2, sort_keys=True, default=float))
+    input_fn = require(module, "eval_input_fn")  # the file's own gap first: it stands whatever model_dir holds
+    _refuse_untrained(estimator, args, "evaluate")
+    results = estimator.evaluate(input_fn, steps=args.steps, checkpoint_path=args.checkpoint_path, name=args.name)
+    if _prints_results():
+        print(json.dumps(results, indent=2, sort_keys=True, default=float))
     return 0
 
 
@@ -125,22 +188,16 @@ def _predict(args: argparse.Namespace) -> int:
         raise ConfigError("give FILE.py and --model_dir, or --exported PATH --input FILE.", field="model_file")
     module = load_model_file(args.model_file)
     estimator = build_estimator(module, args)
-    if not args.allow_untrained:
-        from torchestimator import ModeKeys
-
-        try:  # random weights are refused here, before any output is written
-            estimator.inference_bundle(args.checkpoint_path, mode=ModeKeys.PREDICT, require_weights=True)
-        except ValueError as error:
-            raise ConfigError(
-                f"{error} Or pass --allow_untrained to predict with freshly initialised weights.",
-                field="model_dir",
-                value=args.model_dir,
-            ) from error
+    input_fn = require(module, "predict_input_fn")
+    _refuse_untrained(estimator, args, "predict with")
+    if not _prints_results():  # predict runs whole in every process: one writer, as one printer
+        logger.info("Predictions are written by rank 0 of the launched group only.")
+        return 0
     out = open(args.output, "w") if args.output else sys.stdout  # noqa: SIM115 (closed below unless stdout)
     try:
         for index, prediction in enumerate(
             estimator.predict(
-                require(module, "predict_input_fn"),
+                input_fn,
                 predict_keys=args.predict_keys,
                 checkpoint_path=args.checkpoint_path,
             )
@@ -259,7 +316,8 @@ def _export(args: argparse.Namespace) -> int:
     path = estimator.export_saved_model(
         args.export_dir, receiver, checkpoint_path=args.checkpoint_path, as_onnx=args.onnx
     )
-    print(f"exported {path}")
+    if _prints_results():
+        print(f"exported {path}")
     return 0
 
 
@@ -298,6 +356,14 @@ _COMMANDS: dict[str, tuple[str, Any, bool, list[tuple[tuple[str, ...], dict[str,
             (("--steps",), {"type": int, "help": "evaluate this many batches (default: the whole input)"}),
             _CHECKPOINT_PATH,
             (("--name",), {"help": "named evaluation: summaries go to model_dir/eval_<name>"}),
+            (
+                ("--allow_untrained",),
+                {
+                    "action": "store_true",
+                    "help": "evaluate even when model_dir has no checkpoint (random weights); without it "
+                    "that is an error and nothing is written",
+                },
+            ),
         ],
     ),
     "predict": (
@@ -360,7 +426,8 @@ _COMMANDS: dict[str, tuple[str, Any, bool, list[tuple[tuple[str, ...], dict[str,
                 ("--allow_untrained",),
                 {
                     "action": "store_true",
-                    "help": "with FILE.py: predict even when model_dir has no checkpoint (random weights)",
+                    "help": "with FILE.py: predict even when model_dir has no checkpoint (random weights); "
+                    "without it that is an error and nothing is written",
                 },
             ),
         ],
