@@ -92,12 +92,18 @@ CASES = {
 }
 
 
+def global_batch(per_shard: int, options) -> int:
+    """The batch_size (global, split across num_shards processes) that gives each shard `per_shard`."""
+    return per_shard * options.get("num_shards", 1)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_batched_parse_equals_per_record_parse_and_default_collate(tmp_path, case):
     pattern = make_example_files(tmp_path, [7, 5, 6])
     options = CASES[case]
-    batched = list(TFRecordDataset(pattern, features=NUMERIC, batch_size=4, **options))
-    reference = list(TFRecordDataset(pattern, parse_fn=per_record, batch_size=4, **options))
+    size = global_batch(4, options)
+    batched = list(TFRecordDataset(pattern, features=NUMERIC, batch_size=size, **options))
+    reference = list(TFRecordDataset(pattern, parse_fn=per_record, batch_size=size, **options))
     assert len(batched) == len(reference) > 0
     assert [as_lists(item) for item in batched] == [as_lists(item) for item in reference]
     assert batched[0]["row"].dtype == torch.int64 and batched[0]["dense"].dtype == torch.float32
@@ -107,8 +113,9 @@ def test_batched_parse_equals_per_record_parse_and_default_collate(tmp_path, cas
 def test_strings_varlen_and_ragged_are_to_torch_of_one_parse_example(tmp_path, case):
     pattern = make_example_files(tmp_path, [7, 5, 6])
     options = CASES[case]
-    batched = list(TFRecordDataset(pattern, features=FULL, batch_size=5, **options))
-    groups = list(TFRecordDataset(pattern, batch_size=5, collate_fn=list, **options))
+    size = global_batch(5, options)
+    batched = list(TFRecordDataset(pattern, features=FULL, batch_size=size, **options))
+    groups = list(TFRecordDataset(pattern, batch_size=size, collate_fn=list, **options))
     expected = [to_torch(parse_example(records, FULL)) for records in groups]
     assert [as_lists(item) for item in batched] == [as_lists(item) for item in expected]
     assert batched[0]["tokens"].is_sparse and isinstance(batched[0]["ragged"], RaggedValue)
@@ -141,15 +148,16 @@ def test_one_parse_example_call_per_batch(tmp_path, monkeypatch):
 )
 def test_through_loader_workers_the_batches_are_the_in_process_ones(tmp_path, options):
     pattern = make_example_files(tmp_path, [6, 5, 4, 7])
-    workers = list(TFRecordDataset(pattern, features=FULL, batch_size=3, **options).loader(num_workers=2))
-    # Each worker is its own shard; DataLoader takes from them in turn, skipping one that ran out.
     rank, ranks = options.get("shard_index", 0), options.get("num_shards", 1)
+    workers = list(TFRecordDataset(pattern, features=FULL, batch_size=3 * ranks, **options).loader(num_workers=2))
+    # Each worker is its own shard (with the process's per-replica batch, 3); DataLoader takes from them in
+    # turn, skipping one that ran out. Here each worker is played by one of 2 x ranks processes.
     shards = [
         list(
             TFRecordDataset(
                 pattern,
                 features=FULL,
-                batch_size=3,
+                batch_size=3 * 2 * ranks,
                 **{**options, "num_shards": 2 * ranks, "shard_index": 2 * rank + worker},
             )
         )
@@ -210,7 +218,9 @@ def test_batches_cut_from_blocks_hold_the_records_of_the_one_by_one_order(tmp_pa
     options = {key: value for key, value in CASES[case].items() if key != "drop_remainder"}
     one_by_one = list(TFRecordDataset(pattern, **options))
     for batch_size in (1, 4, 7):
-        batches = list(TFRecordDataset(pattern, batch_size=batch_size, collate_fn=list, **options))
+        batches = list(
+            TFRecordDataset(pattern, batch_size=global_batch(batch_size, options), collate_fn=list, **options)
+        )
         assert [record for batch in batches for record in batch] == one_by_one, batch_size
 
 

@@ -90,10 +90,35 @@ class ResumableIterable(Protocol):
 def describe_batch_sizes(global_batch_size: int, input_context: InputContext | None = None) -> str:
     """Both batch sizes in words, e.g. "global batch 128 = 2 replicas x 64 per replica"."""
     context = input_context or InputContext()
-    replicas = context.num_replicas_in_sync
-    per_replica = context.get_per_replica_batch_size(global_batch_size)
+    return _batch_words(global_batch_size, context.num_replicas_in_sync, context.get_per_replica_batch_size)
+
+
+def _batch_words(global_batch_size: int, replicas: int, split: Callable[[int], int]) -> str:
     noun = "replica" if replicas == 1 else "replicas"
-    return f"global batch {global_batch_size} = {replicas} {noun} x {per_replica} per replica"
+    return f"global batch {global_batch_size} = {replicas} {noun} x {split(global_batch_size)} per replica"
+
+
+def split_global_batch(caller: str, global_batch_size: int, num_replicas: int, details: str = "") -> int:
+    """The batch each replica gets from a global `batch_size`: THE batch rule of every input helper.
+
+    `batch_size` is always the global batch, split evenly across the
+    `num_replicas` input pipelines (processes); a batch that does not divide
+    is refused naming both numbers. Logs the start-up line, e.g.
+    "numpy_input_fn: global batch 128 = 2 replicas x 64 per replica, <details>".
+    """
+
+    def split(size: int) -> int:
+        if size % num_replicas:
+            raise ValueError(
+                f"{caller}: the global batch size {size} cannot be split evenly across {num_replicas} "
+                f"replicas (batch_size is the global batch, shared by all replicas). Choose a batch_size "
+                f"that is a multiple of {num_replicas}, e.g. {(size // num_replicas + 1) * num_replicas}."
+            )
+        return size // num_replicas
+
+    words = _batch_words(global_batch_size, num_replicas, split)
+    logger.info("%s: %s%s", caller, words, f", {details}" if details else "")
+    return split(global_batch_size)
 
 
 # --------------------------------------------------------------------------- the batch plan
@@ -247,15 +272,6 @@ class _BatchOptions:
     def plan(self, num_examples: int, input_context: InputContext | None, config: Any) -> _BatchPlan:
         """The batch plan for one pipeline; refuses a global batch the replicas cannot share."""
         context = input_context or InputContext()
-        try:
-            description = describe_batch_sizes(self.batch_size, context)
-            if self.batch_size % context.num_input_pipelines:
-                raise ValueError(
-                    f"The global batch size {self.batch_size} cannot be split evenly across "
-                    f"{context.num_input_pipelines} input pipelines."
-                )
-        except ValueError as error:
-            raise ValueError(f"{self.caller}: {error}") from None
         plan = _BatchPlan(
             num_examples=num_examples,
             global_batch_size=self.batch_size,
@@ -265,6 +281,13 @@ class _BatchOptions:
             drop_remainder=self.drop_remainder,
             num_pipelines=context.num_input_pipelines,
             pipeline_id=context.input_pipeline_id,
+        )
+        split_global_batch(
+            self.caller,
+            self.batch_size,
+            plan.num_pipelines,
+            f"{num_examples} examples, {plan.batches_per_epoch} batches per epoch, shuffle={plan.shuffle}, "
+            f"seed={plan.seed}",
         )
         if plan.batches_per_epoch == 0:
             raise ValueError(
@@ -281,15 +304,6 @@ class _BatchOptions:
                 remainder,
                 plan.num_pipelines,
             )
-        logger.info(
-            "%s: %d examples, %s, %d batches per epoch, shuffle=%s, seed=%d",
-            self.caller,
-            num_examples,
-            description,
-            plan.batches_per_epoch,
-            plan.shuffle,
-            plan.seed,
-        )
         return plan
 
 

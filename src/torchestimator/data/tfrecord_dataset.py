@@ -34,9 +34,12 @@ With whole files the shards may hold different record counts, so ranks can see
 different numbers of batches per epoch; `num_epochs=None` (train to max_steps)
 makes that moot.
 
-`batch_size` is the batch each shard produces, i.e. per process (per replica),
-not global; `InputContext.get_per_replica_batch_size` gives it from a global one.
-Without batch_size, items are what `parse_fn` returns (records as bytes when
+`batch_size` is the global batch, as for every input helper
+(`inputs.split_global_batch`): each of the `num_shards` processes (replicas)
+produces batches of batch_size / num_shards (refused when it does not divide),
+and the start-up log says both ("global batch 64 = 2 replicas x 32 per
+replica"). DataLoader workers are not replicas: each worker of a process
+produces that process's per-replica batches. Without batch_size, items are what `parse_fn` returns (records as bytes when
 there is none); with it, `collate_fn` (default `default_collate`) builds the
 batch.
 
@@ -136,6 +139,7 @@ from torchestimator.data._dataset_records import _EpochRecords, _Plan
 from torchestimator.data._dataset_shuffle import _ShuffleBuffer, position_from_tag, position_to_json
 from torchestimator.data._to_torch import to_torch
 from torchestimator.data.images import ImageDecoding
+from torchestimator.data.inputs import split_global_batch
 from torchestimator.data.parsing import parse_example, parse_single_example
 from torchestimator.data.tfrecord import DEFAULT_MAX_RECORD_SIZE, ReadStats, _normalize_compression, list_files
 from torchestimator.distribute.input_context import InputContext
@@ -626,6 +630,13 @@ class TFRecordDataset(IterableDataset):
         _check_options(locals())
         num_ranks, rank = _resolve_ranks(num_shards, shard_index, input_context)
         paths = tuple(list_files(files))
+        if batch_size is not None:
+            batch_size = split_global_batch(
+                "TFRecordDataset",
+                batch_size,
+                num_ranks,
+                f"{len(paths)} files, shuffle_buffer_size={shuffle_buffer_size}, num_epochs={num_epochs}",
+            )
         self._plan = _Plan(
             files=paths,
             compression=_normalize_compression(compression, allow_auto=True),
