@@ -113,6 +113,7 @@ def _fill(path):
             pass
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # the writer thread stays quiet
 def test_event_files_on_a_full_disk_raise_disk_full_naming_the_file_once(full_tmpfs):
     from torchestimator._io.summary import SummaryWriter
     from torchestimator.checkpoint import DiskFullError
@@ -156,6 +157,7 @@ def test_best_json_on_a_full_disk_is_disk_full_naming_it_and_the_step(full_tmpfs
         )
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # the writer thread stays quiet
 def test_training_stopped_by_full_event_files_says_disk_full_with_the_path(full_tmpfs):
     import torchestimator as te
     from torchestimator.checkpoint import DiskFullError

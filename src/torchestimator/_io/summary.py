@@ -14,10 +14,13 @@ to us. Scalars are written as ``simple_value`` (the TF 1.x form), which every
 TensorBoard and TensorFlow's ``read_eval_metrics`` understand. The torch writer
 creates its event file as soon as it is constructed, so it is built lazily on
 the first write: an evaluation that writes nothing leaves no file behind. Its
-background thread's write errors surface at a later call as a bare OSError;
-here they become an error naming the event file (``DiskFullError`` when there
-is no room), and the writer is abandoned so that ``close`` does not raise the
-same error again over whatever is being raised.
+background thread's write errors surface at a later call (write, flush or
+close) as a bare OSError; here they become an error naming the event file
+(``DiskFullError`` when there is no room), and the writer is abandoned so that
+``close`` does not raise the same error again over whatever is being raised.
+The thread itself does not die of the error (``_ThreadRecordWriter``): an
+exception escaping a thread reaches ``threading.excepthook``, which would print
+it a second time, with no file named, apart from the loop's error.
 
 A ``logdir`` in an object store (``s3://b/run``) cannot be appended to: the torch writer writes into a
 local folder, and every event file there is uploaded whole (one PUT, seen whole or not at all) at
@@ -125,6 +128,8 @@ class SummaryWriter:
             else:
                 local = filesystems.local_path(self.logdir)
             self._writer = self._guarded(lambda: TorchSummaryWriter(log_dir=local), "the event file")
+            for event_writer in _event_writers(self._writer):
+                _ThreadRecordWriter.install(event_writer)
             logger.debug("Writing summaries to %s.", self.logdir)
         return self._writer
 
@@ -149,18 +154,17 @@ class SummaryWriter:
             raise failure from error
 
     def _event_file(self) -> str:
-        writers = getattr(self._writer, "all_writers", None) or {}
-        for writer in writers.values():
-            name = getattr(getattr(writer, "event_writer", None), "_file_name", None)
+        for event_writer in _event_writers(self._writer):
+            name = getattr(event_writer, "_file_name", None)
             if name:
                 return name
         return os.path.join(self.logdir, EVENT_FILE_PATTERN)
 
     def _abandon(self) -> None:
-        """Drops a failed torch writer, closing its file without flushing again (its thread is gone)."""
-        writers = getattr(self._writer, "all_writers", None) or {}
-        for writer in writers.values():
-            stream = getattr(getattr(writer, "event_writer", None), "_general_file_writer", None)
+        """Drops a failed torch writer: stops its thread, then closes its file without flushing again."""
+        for event_writer in _event_writers(self._writer):
+            _ThreadRecordWriter.stop(event_writer)
+            stream = getattr(event_writer, "_general_file_writer", None)
             if stream is None:
                 continue
             try:
@@ -261,6 +265,59 @@ class SummaryWriter:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _event_writers(torch_writer: Any) -> list[Any]:
+    """The tensorboard ``EventFileWriter`` of each event file of a torch ``SummaryWriter``."""
+    writers = getattr(torch_writer, "all_writers", None) or {}
+    found = (getattr(writer, "event_writer", None) for writer in writers.values())
+    return [event_writer for event_writer in found if event_writer is not None]
+
+
+class _ThreadRecordWriter:
+    """Stands in for the record writer that an event file's background thread writes with.
+
+    tensorboard's thread stores a write error where the next write, flush or close from the loop raises it,
+    then re-raises it, ending the thread with an unhandled exception. Here an OSError is only stored: the
+    loop's next call still raises it (``SummaryWriter._guarded`` names the event file, ``DiskFullError`` when
+    there is no room), nothing escapes the thread, and the records queued after it are dropped, so the
+    thread keeps taking them and a loop that writes is never blocked on a full queue. Where tensorboard's
+    writer lacks the attributes used here, it is left as it is.
+    """
+
+    def __init__(self, worker: Any, record_writer: Any) -> None:
+        self._worker = worker
+        self._record_writer = record_writer
+
+    @classmethod
+    def install(cls, event_writer: Any) -> None:
+        worker = getattr(getattr(event_writer, "_async_writer", None), "_worker", None)
+        if worker is not None and hasattr(worker, "exception") and hasattr(worker, "_record_writer"):
+            worker._record_writer = cls(worker, worker._record_writer)
+
+    @staticmethod
+    def stop(event_writer: Any) -> None:
+        """Ends the thread of an abandoned event file (it drops what is still queued, or writes it if it can)."""
+        worker: Any = getattr(getattr(event_writer, "_async_writer", None), "_worker", None)
+        if isinstance(getattr(worker, "_record_writer", None), _ThreadRecordWriter) and worker.is_alive():
+            worker.stop()
+
+    def write(self, data: bytes) -> None:
+        self._call(self._record_writer.write, data)
+
+    def flush(self) -> None:
+        self._call(self._record_writer.flush)
+
+    def close(self) -> None:
+        self._record_writer.close()
+
+    def _call(self, method: Any, *arguments: Any) -> None:
+        if self._worker.exception is not None:
+            return  # the file already failed: what was queued after cannot be written to it either
+        try:
+            method(*arguments)
+        except OSError as error:
+            self._worker.exception = error  # raised by the loop's next call into the writer
 
 
 def _scalar_value(value: Any) -> float | None:
