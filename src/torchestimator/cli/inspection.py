@@ -20,10 +20,13 @@ PATH_HELP = (
 
 
 def _variables_table(rows: Sequence[tuple[str, tuple[int, ...], object]]) -> list[str]:
-    width = max((len(name) for name, _, _ in rows), default=4)
-    lines = [f"{'name':<{width}}  {'shape':<20}  dtype"]
-    for name, shape, dtype in rows:
-        lines.append(f"{name:<{width}}  {list(shape)!s:<20}  {dtype}")
+    # Each column is as wide as its longest entry or its header, so the columns line up whatever the lengths.
+    shapes = [str(list(shape)) for _, shape, _ in rows]
+    width = max([len("name"), *(len(name) for name, _, _ in rows)])
+    shape_width = max([len("shape"), *(len(shape) for shape in shapes)])
+    lines = [f"{'name':<{width}}  {'shape':<{shape_width}}  dtype"]
+    for (name, _, dtype), shape_text in zip(rows, shapes, strict=True):
+        lines.append(f"{name:<{width}}  {shape_text:<{shape_width}}  {dtype}")
     total = 0
     for _, shape, _ in rows:
         count = 1
