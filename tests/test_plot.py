@@ -32,3 +32,26 @@ def test_plot_errors(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["plot", str(tmp_path / "empty")]) == 2
     assert "no training loss or evaluation metrics" in capsys.readouterr().err
+
+
+def test_each_series_has_one_colour_in_every_panel(tmp_path):
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    from torchestimator.cli.plot import _figure
+
+    train, evaluate, _, _ = input_fns()
+    estimator = make_estimator(tmp_path, save_summary_steps=2)
+    estimator.train(train, max_steps=4)
+    estimator.evaluate(evaluate)
+    estimator.evaluate(evaluate, name="holdout")
+    figure = _figure(str(tmp_path), plt)
+    colours: dict[str, set[str]] = {}
+    for axis in figure.axes:
+        for line in axis.get_lines():
+            colours.setdefault(line.get_label(), set()).add(to_hex(line.get_color()))
+    plt.close(figure)
+    # The loss panel has train, eval and eval_holdout; the metric panels only the two evaluations.
+    assert set(colours) == {"train", "eval", "eval_holdout"}
+    assert all(len(found) == 1 for found in colours.values()), colours
+    assert len(set.union(*colours.values())) == 3, colours  # and the series stay told apart
