@@ -349,11 +349,15 @@ def _signature(model: ExportedModel, name: str, method: str) -> Signature:
     if signature.method != method:
         kind, method_name = _METHOD_NAMES[method]
         fitting = [other for other in model.signature_names if model.signature(other).method == method]
+        instead = (
+            f", or choose one of the model's {kind} signatures {fitting} with 'signature_name'"
+            if fitting
+            else f"; the model has no {kind} signature"
+        )
         raise invalid_argument(
             f"Expected {kind} signature method_name to be {method_name}. Was: "
             f"{signature.method_name}. Signature {name!r} is a {signature.method} signature; "
-            f"send it to :{signature.method}, or choose one of the model's {kind} signatures "
-            f"{fitting} with 'signature_name'."
+            f"send it to :{signature.method}{instead}."
         )
     return signature
 
