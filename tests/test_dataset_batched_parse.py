@@ -178,7 +178,7 @@ def test_unbatched_features_parse_each_record(tmp_path):
     assert items[4]["row"].tolist() == 1 and items[4]["file"].dtype == torch.int64
 
 
-def test_skip_corrupt_with_features_keeps_the_records_before_the_damage(tmp_path):
+def test_skip_corrupt_with_features_skips_the_damaged_record_only(tmp_path):
     pattern = make_example_files(tmp_path, [4, 3])
     damaged = tmp_path / "part-00.tfrecord"
     records = list(TFRecordDataset(os.fspath(damaged)))
@@ -187,7 +187,7 @@ def test_skip_corrupt_with_features_keeps_the_records_before_the_damage(tmp_path
     damaged.write_bytes(bytes(data))
     batches = list(TFRecordDataset(pattern, features=NUMERIC, batch_size=3, skip_corrupt=True))
     rows = [(f, r) for batch in batches for f, r in zip(batch["file"].tolist(), batch["row"].tolist())]
-    assert rows == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
+    assert rows == [(0, 0), (0, 1), (0, 3), (1, 0), (1, 1), (1, 2)]
 
 
 def test_features_errors_name_the_problem(tmp_path):

@@ -254,29 +254,31 @@ def test_truncated_gzip_stream_is_data_loss(tmp_path):
     assert error.offset == 336
 
 
-def test_skip_corrupt_keeps_earlier_records_skips_the_rest_and_counts(tmp_path, caplog):
+def test_skip_corrupt_skips_the_damaged_record_only_and_counts(tmp_path, caplog):
     good = write(tmp_path / "a-good", [b"one", b"two"])
     bad = damaged(tmp_path, flip(19 + 12), name="b-bad")
     also_good = write(tmp_path / "c-good", [b"three"])
     stats = ReadStats()
     with caplog.at_level(logging.WARNING, logger="torchestimator.data.tfrecord"):
         records = list(read_records([good, bad, also_good], skip_corrupt=True, stats=stats))
-    assert records == [b"one", b"two", b"abc", b"three"]
-    assert (stats.files, stats.records, stats.skipped_files) == (3, 4, 1)
-    assert stats.bytes == len(b"onetwoabcthree")
+    assert records == [b"one", b"two", b"abc", b"hi", b"three"]
+    assert (stats.files, stats.records, stats.skipped_files) == (3, 5, 1)
+    assert (stats.skipped_records, stats.skipped_bytes) == (1, 20)
+    assert stats.bytes == len(b"onetwoabchithree")
     assert (stats.errors[0].path, stats.errors[0].offset) == (bad, 19)
+    assert [(region.path, region.start, region.end) for region in stats.regions] == [(bad, 19, 39)]
     messages = [record.getMessage() for record in caplog.records]
-    assert any(bad in message and "offset 19" in message for message in messages)
-    assert "skipped the rest of 1 damaged files" in messages[-1]
-    with pytest.raises(DataLossError):
+    assert any(bad in message and "bytes 19..39 (20 bytes): data CRC mismatch" in message for message in messages)
+    assert "skipped 1 damaged regions (1 records, 20 bytes) in 1 files" in messages[-1]
+    with pytest.raises(DataLossError, match="pass skip_corrupt=True to TFRecordDataset/read_records"):
         list(read_records([good, bad, also_good]))
 
 
-def test_iter_records_skip_corrupt_stops_that_file_quietly(tmp_path):
+def test_iter_records_skip_corrupt_goes_on_after_the_damaged_record_quietly(tmp_path):
     stats = ReadStats()
     path = damaged(tmp_path, flip(39 + 12))
     assert [r for _, r in iter_records(path, skip_corrupt=True, stats=stats)] == [b"abc", b"defg"]
-    assert stats.skipped_files == 1 and stats.errors[0].offset == 39
+    assert stats.skipped_files == 1 and stats.errors[0].offset == 39 and stats.regions[0].end == 57
 
 
 # --------------------------------------------------------------------------- declared lengths

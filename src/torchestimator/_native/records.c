@@ -18,9 +18,21 @@
  *                     record: detail is its declared data length
  *     LENGTH_CRC_BAD  the length CRC does not match (detail 0)
  *     TOO_LARGE       the whole record is there but longer than limit (detail: its length)
- *     DATA_CRC_BAD    the data CRC does not match (detail 0)
- *   The checks run in the same order as the pure-Python loop in tfrecord.py,
+ *     DATA_CRC_BAD    the data CRC does not match (detail: its length, so that
+ *                     skip_corrupt can step over that one record)
+ *   The checks run in the same order as the pure-Python loop in _tfrecord_scan.py,
  *   so both report the same record and the same kind of damage.
+ *
+ * find(buffer, position, end, limit) -> (position, status, detail)
+ *   skip_corrupt's search after damaged framing: from position on, byte by
+ *   byte, the first place in buffer[:end] where a whole record checks out
+ *   (its length's masked CRC matches, length <= limit, and its data's masked
+ *   CRC matches, so a header copied inside some record's data is passed by):
+ *     FOUND           a record starts at position (detail: its length)
+ *     NEED_RECORD     a header holds at position but its record reaches past
+ *                     end (detail: its length): read on, or pass it by
+ *     NEED_HEADER     none before position, where fewer than 12 bytes are left
+ *   The same as _find_record_python, with the GIL released for large spans.
  *   The framing and CRCs are checked with the GIL released; the bytes objects
  *   are made afterwards (one copy of each record's data, no other work).
  */
@@ -34,7 +46,7 @@
 #include <nmmintrin.h>
 #endif
 
-enum { NEED_HEADER = 0, NEED_RECORD = 1, LENGTH_CRC_BAD = 2, TOO_LARGE = 3, DATA_CRC_BAD = 4 };
+enum { NEED_HEADER = 0, NEED_RECORD = 1, LENGTH_CRC_BAD = 2, TOO_LARGE = 3, DATA_CRC_BAD = 4, FOUND = 5 };
 
 #define HEADER_SIZE 12
 #define FOOTER_SIZE 4
@@ -209,6 +221,7 @@ static ScanResult scan_framing(const unsigned char *data, Py_ssize_t size, Py_ss
         const unsigned char *record = header + HEADER_SIZE;
         if (verify && mask_crc(crc32c_extend(0, record, (size_t)length)) != load_le32(record + length)) {
             result.status = DATA_CRC_BAD;
+            result.detail = length;
             break;
         }
         position += HEADER_SIZE + (Py_ssize_t)length + FOOTER_SIZE;
@@ -271,6 +284,53 @@ static PyObject *records_scan(PyObject *module, PyObject *args) {
     }
     PyBuffer_Release(&buffer);
     return answer;
+}
+
+/* The search of find(); pure C (runs without the GIL). */
+static ScanResult find_framing(const unsigned char *data, Py_ssize_t size, Py_ssize_t position, uint64_t limit) {
+    ScanResult result = {position, 0, NEED_HEADER, 0};
+    for (; size - position >= HEADER_SIZE; position++) {
+        const unsigned char *header = data + position;
+        uint64_t length = load_le64(header);
+        if (length > limit || mask_crc(crc32c_extend(0, header, 8)) != load_le32(header + 8)) continue;
+        uint64_t room = (uint64_t)(size - position - HEADER_SIZE);
+        if (room < FOOTER_SIZE || length > room - FOOTER_SIZE) {
+            result.status = NEED_RECORD;
+            result.detail = length;
+            break;
+        }
+        const unsigned char *record = header + HEADER_SIZE;
+        if (mask_crc(crc32c_extend(0, record, (size_t)length)) == load_le32(record + length)) {
+            result.status = FOUND;
+            result.detail = length;
+            break;
+        }
+    }
+    result.position = position;
+    return result;
+}
+
+static PyObject *records_find(PyObject *module, PyObject *args) {
+    Py_buffer buffer;
+    Py_ssize_t position, end;
+    unsigned long long limit;
+    if (!PyArg_ParseTuple(args, "y*nnK:find", &buffer, &position, &end, &limit)) return NULL;
+    if (end < 0 || end > buffer.len || position < 0 || position > end) {
+        PyErr_Format(PyExc_ValueError, "find: position %zd and end %zd must satisfy 0 <= position <= end <= %zd "
+                     "(the buffer's size)", position, end, buffer.len);
+        PyBuffer_Release(&buffer);
+        return NULL;
+    }
+    ScanResult result;
+    if (end - position >= RELEASE_GIL_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        result = find_framing(buffer.buf, end, position, limit);
+        Py_END_ALLOW_THREADS
+    } else {
+        result = find_framing(buffer.buf, end, position, limit);
+    }
+    PyBuffer_Release(&buffer);
+    return Py_BuildValue("(niK)", result.position, result.status, (unsigned long long)result.detail);
 }
 
 /* ------------------------------------------------------------------ CRC functions for Python */
@@ -336,6 +396,9 @@ static PyMethodDef records_methods[] = {
     {"scan", records_scan, METH_VARARGS,
      "scan(buffer, position, end, base, verify, limit) -> (offsets, records, position, status, detail)\n\n"
      "Slices whole TFRecord records out of buffer[position:end]; see the module source for the statuses."},
+    {"find", records_find, METH_VARARGS,
+     "find(buffer, position, end, limit) -> (position, status, detail)\n\n"
+     "The next place in buffer[position:end] where a whole record checks out (both CRCs), for skip_corrupt."},
     {"crc32c", (PyCFunction)(void (*)(void))records_crc32c, METH_VARARGS | METH_KEYWORDS,
      "crc32c(data, crc=0) -> int: the CRC32C of data, continuing from crc (as google_crc32c.extend)."},
     {"crc32c_table", (PyCFunction)(void (*)(void))records_crc32c_table, METH_VARARGS | METH_KEYWORDS,
@@ -368,7 +431,8 @@ PyMODINIT_FUNC PyInit__records(void) {
         || PyModule_AddIntConstant(module, "NEED_RECORD", NEED_RECORD) < 0
         || PyModule_AddIntConstant(module, "LENGTH_CRC_BAD", LENGTH_CRC_BAD) < 0
         || PyModule_AddIntConstant(module, "TOO_LARGE", TOO_LARGE) < 0
-        || PyModule_AddIntConstant(module, "DATA_CRC_BAD", DATA_CRC_BAD) < 0) {
+        || PyModule_AddIntConstant(module, "DATA_CRC_BAD", DATA_CRC_BAD) < 0
+        || PyModule_AddIntConstant(module, "FOUND", FOUND) < 0) {
         Py_DECREF(module);
         return NULL;
     }

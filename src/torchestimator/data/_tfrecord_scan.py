@@ -7,7 +7,11 @@ compiled one (`torchestimator._native._records.scan`, driven by `_scan_compiled`
 buffer) and its pure-Python fallback and reference (`_scan_block_python`, driven by
 `_scan_python`); both stop with the same statuses and report through the same error builders
 here (`_data_loss`, `_too_large`, `_read_error`), so a message and its offset never depend on
-the path. An object deleted or replaced under the reader (`_remote_files.object_changed`)
+the path. Both loops hand each block to `_FileScan.process`, which also holds what
+`skip_corrupt=True` does with damage (`DamagedRegion`): a record whose data CRC fails is skipped
+alone; after damaged framing (a length CRC that fails, a length over max_record_size) the
+stream is searched byte by byte for the next record whose length CRC *and* data CRC both hold
+(`_find_record_python`, or the compiled `find`); a cut tail ends the file. An object deleted or replaced under the reader (`_remote_files.object_changed`)
 passes through as it is: it is not damage in the file. `tfrecord.py` chooses the path, opens the file, bounds long records (its `_LengthGuard`,
 passed in as `guard`) and keeps the public names.
 
@@ -18,10 +22,11 @@ public face (writer, options, file lists) and under ~800 lines each; it imports 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, Protocol
 
 from torchestimator.data._remote_files import RemoteFile, object_changed
@@ -54,8 +59,9 @@ _HEADER_SIZE = 12
 _FOOTER_SIZE = 4
 _LENGTH_CRC_CACHE_SIZE = 4096
 
-# What a block scanner reports (the same numbers as in _native/records.c): why it stopped handing out records.
-_NEED_HEADER, _NEED_RECORD, _LENGTH_CRC_BAD, _TOO_LARGE, _DATA_CRC_BAD = range(5)
+# What a block scanner reports (the same numbers as in _native/records.c): why it stopped handing out records;
+# _FOUND: the search for the next record after damaged framing found one.
+_NEED_HEADER, _NEED_RECORD, _LENGTH_CRC_BAD, _TOO_LARGE, _DATA_CRC_BAD, _FOUND = range(6)
 
 
 def _mask(crc: int) -> int:
@@ -71,9 +77,7 @@ def _data_loss(kind: str, path: str, offset: int, detail: str, *, data_part: boo
     number = offset + _HEADER_SIZE if data_part else offset
     hint = " (Is this even a TFRecord file?)" if number == 0 and kind == "corrupted" else ""
     return DataLossError(
-        f"{kind} record at {number} in {path}{hint}: {detail} (the record starts at byte {offset}). "
-        f"Records before it were read; pass skip_corrupt=True to skip the rest of a damaged file "
-        f"instead of failing.",
+        f"{kind} record at {number} in {path}{hint}: {detail} (the record starts at byte {offset}).",
         path,
         offset,
         kind=kind,
@@ -118,6 +122,50 @@ class _TruncatedStream(Exception):
     """The compressed file ended before the stream's end marker."""
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DamagedRegion:
+    """A stretch of a file that `skip_corrupt=True` skipped: bytes [start, end) of its (uncompressed) stream.
+
+    `start` is where the first record not handed out starts (the `offset` of `error`), `end` where
+    reading went on: the next good record, or the end of what the file (or its compressed stream,
+    when it broke) delivered. A resumed read at `start` skips the same region again.
+    """
+
+    path: str
+    """The file."""
+    start: int
+    """Offset of the damaged record (or of the damaged framing) in the uncompressed stream."""
+    end: int
+    """Offset where reading went on, or where the file ended."""
+    reason: str
+    """What was wrong, in a few words ("data CRC mismatch", "length CRC mismatch", "truncated record", ...)."""
+    error: DataLossError
+    """What `skip_corrupt=False` raises there."""
+
+    @property
+    def size(self) -> int:
+        """Bytes skipped, framing included."""
+        return self.end - self.start
+
+    @property
+    def records(self) -> int:
+        """Damaged records counted for it: 1, or 0 for an empty region (a compressed stream cut right after
+        its last record). A data CRC mismatch is exactly one record; a stretch searched past after damaged
+        framing usually is one record with a damaged header, but the reader cannot tell how many it held."""
+        return 1 if self.end > self.start else 0
+
+    def describe(self) -> str:
+        """E.g. "bytes 19..54 (35 bytes): data CRC mismatch"."""
+        return f"bytes {self.start}..{self.end} ({self.size} bytes): {self.reason}"
+
+
+_REASONS = {
+    _LENGTH_CRC_BAD: "length CRC mismatch",
+    _TOO_LARGE: "length over max_record_size",
+    _DATA_CRC_BAD: "data CRC mismatch",
+}
+
+
 class _Guard(Protocol):
     """What the loops need of `tfrecord._LengthGuard`: the limit, and the bytes to read next for a
     record bigger than a block (raising DataLossError when it must not be read)."""
@@ -125,6 +173,10 @@ class _Guard(Protocol):
     limit: int
 
     def allowance(self, buffer: bytes, position: int, offset: int, need: int) -> int: ...
+
+    def rest(self, stream: Any, offset: int) -> int:
+        """Bytes the stream still holds after `offset` (where it stands), read through if it must be."""
+        ...
 
 
 # --------------------------------------------------------------------------- reading the stream
@@ -175,7 +227,7 @@ def _scan_block_python(
     Slices the whole records out of `buffer[position:]` (`base`: the stream offset of buffer[0]) and
     returns `(offsets, records, position, status, detail)`: `position` is the start of the first record
     not handed out and `status` says why (`_NEED_HEADER`; `_NEED_RECORD` with its declared length in
-    `detail`; `_LENGTH_CRC_BAD`; `_TOO_LARGE` with the length; `_DATA_CRC_BAD`). `length_crcs` caches
+    `detail`; `_LENGTH_CRC_BAD`; `_TOO_LARGE` with the length; `_DATA_CRC_BAD` with the length). `length_crcs` caches
     the length CRCs seen in this file (records of a file usually share a few lengths).
     """
     unpack_header, unpack_crc, crc32c = _HEADER.unpack_from, _CRC.unpack_from, _crc32c
@@ -200,11 +252,147 @@ def _scan_block_python(
         if verify:
             crc = crc32c(record)
             if (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _UINT32 != unpack_crc(buffer, stop)[0]:
-                return offsets, records, position, _DATA_CRC_BAD, 0
+                return offsets, records, position, _DATA_CRC_BAD, length
         add_offset(base + position)
         add_record(record)
         position = stop + _FOOTER_SIZE
     return offsets, records, position, _NEED_HEADER, 0
+
+
+def _find_record_python(buffer: bytes, position: int, end: int, limit: int) -> tuple[int, int, int]:
+    """The search after damaged framing, the fallback of (and the reference for) the compiled `find`.
+
+    From `position` on, byte by byte, the first place in `buffer[:end]` where a record starts: its length's
+    masked CRC matches, the length is at most `limit`, and its data's masked CRC matches too (so 12 bytes
+    that only look like a header, e.g. a header copied inside a record's data, are passed by). Returns
+    `(position, status, detail)`: `_FOUND` with the length; `_NEED_RECORD` with the length when a header
+    holds but its record reaches past `end` (the caller reads on, or passes it by at the end of the
+    stream); `_NEED_HEADER` at the first place with fewer than 12 bytes left.
+    """
+    unpack_header, unpack_crc, crc32c = _HEADER.unpack_from, _CRC.unpack_from, _crc32c
+    last = end - _HEADER_SIZE
+    while position <= last:
+        length, stored = unpack_header(buffer, position)
+        if length <= limit and _mask(crc32c(buffer[position : position + 8])) == stored:
+            start = position + _HEADER_SIZE
+            stop = start + length
+            if stop + _FOOTER_SIZE > end:
+                return position, _NEED_RECORD, length
+            if _mask(crc32c(buffer[start:stop])) == unpack_crc(buffer, stop)[0]:
+                return position, _FOUND, length
+        position += 1
+    return position, _NEED_HEADER, 0
+
+
+_Blocks = Generator[tuple[list[int], list[bytes]], None, tuple[int, int]]
+
+
+class _FileScan:
+    """What both loops do with a block once it is read: hand out its records and, with `skip` (skip_corrupt),
+    go past damage instead of raising it.
+
+    `process` walks `buffer[position:end]` with the block scanner and says where the buffer must go on and
+    how many bytes it needs there (0: the file is done). With `skip`, each damaged stretch is reported to it
+    as a `DamagedRegion`: a data CRC mismatch skips that one record (its length and length CRC hold, so the
+    next record starts right after it); damaged framing (`_LENGTH_CRC_BAD`, `_TOO_LARGE`) starts a search
+    (`searching_from`) for the next place where a whole record checks out (`find`), reading on as needed
+    and bounded by max_record_size; a record cut by the end of the stream ends the file. The results depend
+    on the bytes only, never on where blocks were cut, so a read resumed at any record offset sees the same.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        strict: bool,
+        guard: _Guard,
+        skip: Callable[[DamagedRegion], None] | None,
+        scan: Callable[[Any, int, int, int], tuple[list[int], list[bytes], int, int, int]],
+        find: Callable[[Any, int, int], tuple[int, int, int]],
+    ) -> None:
+        self.path, self.strict, self.guard, self.skip = path, strict, guard, skip
+        self.scan, self.find = scan, find
+        self.searching_from: int | None = None  # stream offset of the damaged framing being searched past
+        self.damage: tuple[str, DataLossError] | None = None  # its reason and error
+
+    def process(self, buffer: Any, position: int, end: int, base: int, final: bool) -> _Blocks:
+        """Yields the record blocks of `buffer[position:end]` (`base`: the stream offset of buffer[0]; `final`:
+        the stream has ended); returns `(position, need)`."""
+        path, limit = self.path, self.guard.limit
+        while True:
+            if self.searching_from is None:
+                offsets, records, position, status, detail = self.scan(buffer, position, end, base)
+                if records:
+                    yield offsets, records
+                if status in (_NEED_HEADER, _NEED_RECORD):
+                    if final:
+                        self._end(base + position, end - position)
+                        return position, 0
+                    return position, detail + _HEADER_SIZE + _FOOTER_SIZE if status == _NEED_RECORD else _HEADER_SIZE
+                error = _block_error(status, detail, path, base + position, limit)
+                if self.skip is None:
+                    raise error
+                if status == _DATA_CRC_BAD:
+                    size = _HEADER_SIZE + detail + _FOOTER_SIZE
+                    self._skipped(base + position, base + position + size, _REASONS[status], error)
+                    position += size
+                    continue
+                self._search(base + position, _REASONS[status], error)
+                position += 1
+            position, status, detail = self.find(buffer, position, end)
+            if status == _FOUND:
+                self._found(base + position)
+            elif not final:
+                return position, detail + _HEADER_SIZE + _FOOTER_SIZE if status == _NEED_RECORD else _HEADER_SIZE
+            elif status == _NEED_RECORD:
+                position += 1  # a header whose record the stream does not hold: not a record
+            else:
+                self._found(base + end)  # nothing more: the stretch reaches the end of the file
+                return position, 0
+
+    def refused(self, error: DataLossError, stream: Any, base: int, position: int, end: int) -> int | None:
+        """The guard refused to read the record (or the candidate) at `buffer[position]`: raises `error`
+        without `skip`; else the position `process` goes on from, or None when the file is done."""
+        if self.searching_from is not None:
+            return position + 1  # a candidate the file cannot hold, or longer than a record may be
+        if self.skip is None:
+            raise error
+        if error.kind == "too large":
+            self._search(base + position, _REASONS[_TOO_LARGE], error)
+            return position + 1
+        reached = base + end
+        self._skipped(base + position, reached + self.guard.rest(stream, reached), "truncated record", error)
+        return None
+
+    def unreadable(self, error: DataLossError, base: int, position: int, end: int) -> None:
+        """Reading the stream failed at `base + end`: raises `error` without `skip`; else what was read from the
+        damage (or the record) on is skipped and the file is done."""
+        if self.skip is None:
+            raise error
+        if self.searching_from is not None:
+            self._found(base + end)
+        else:
+            self._skipped(base + position, base + end, f"{error.kind} stream", error)
+
+    def _end(self, offset: int, left: int) -> None:
+        """The stream ended with `left` bytes of a record at `offset`: nothing, or a cut header without
+        `strict`, is the end of the file; anything else is a truncated record."""
+        if left and (self.strict or left >= _HEADER_SIZE):
+            error = _data_loss("truncated", self.path, offset, f"the file ends {left} bytes into the record")
+            if self.skip is None:
+                raise error
+            self._skipped(offset, offset + left, "truncated record", error)
+
+    def _search(self, offset: int, reason: str, error: DataLossError) -> None:
+        self.searching_from, self.damage = offset, (reason, error)
+
+    def _found(self, offset: int) -> None:
+        assert self.searching_from is not None and self.damage is not None
+        self._skipped(self.searching_from, offset, *self.damage)
+        self.searching_from = self.damage = None
+
+    def _skipped(self, start: int, end: int, reason: str, error: DataLossError) -> None:
+        assert self.skip is not None
+        self.skip(DamagedRegion(path=self.path, start=start, end=end, reason=reason, error=error))
 
 
 def _scan_python(
@@ -215,34 +403,50 @@ def _scan_python(
     strict: bool,
     block_size: int,
     guard: _Guard,
+    skip: Callable[[DamagedRegion], None] | None = None,
 ) -> Iterator[tuple[list[int], list[bytes]]]:
     """The hot loop on `_scan_block_python`: slices whole records out of each block, refilling when one
     is cut. `_scan_compiled` reads the same sizes, consults the guard for the same records and reports
-    through `_block_error` the same way.
+    through `_FileScan` the same way.
     """
     limit = guard.limit
     length_crcs: dict[int, int] = {}
-    buffer, position, base, need = b"", 0, offset, _HEADER_SIZE  # base: stream offset of buffer[0]
+
+    def scan(buffer: bytes, position: int, end: int, base: int) -> tuple[list[int], list[bytes], int, int, int]:
+        return _scan_block_python(buffer, position, base, verify, limit, length_crcs)
+
+    def find(buffer: bytes, position: int, end: int) -> tuple[int, int, int]:
+        return _find_record_python(buffer, position, end, limit)
+
+    state = _FileScan(path, strict, guard, skip, scan, find)
+    buffer, position, base, final = b"", 0, offset, False  # base: stream offset of buffer[0]
     while True:
+        position, need = yield from state.process(buffer, position, len(buffer), base, final)
+        if not need:
+            return
         end = len(buffer)
         wanted = need - (end - position)
         if wanted > block_size:  # a record bigger than a block: bound its length before reading it
-            wanted = guard.allowance(buffer, position, base + position, need)
+            try:
+                wanted = guard.allowance(buffer, position, base + position, need)
+            except DataLossError as error:
+                going_on = state.refused(error, stream, base, position, end)
+                if going_on is None:
+                    return
+                position = going_on
+                continue
         else:
             wanted = block_size
-        more = _read_more(stream, wanted, path, base + position)
-        if not more:
-            _check_end(path, base + position, end - position, strict)
+        try:
+            more = _read_more(stream, wanted, path, base + position)
+        except DataLossError as error:
+            state.unreadable(error, base, position, end)
             return
-        buffer, base = buffer[position:] + more, base + position
-        offsets, records, position, status, detail = _scan_block_python(buffer, 0, base, verify, limit, length_crcs)
-        if records:
-            yield offsets, records
-        need = _need_after(status, detail, path, base + position, limit)
+        buffer, base, position, final = buffer[position:] + more, base + position, 0, not more
 
 
 def _scan_compiled(
-    scan: Any,
+    core: Any,
     stream: Any,
     path: str,
     offset: int,
@@ -250,35 +454,52 @@ def _scan_compiled(
     strict: bool,
     block_size: int,
     guard: _Guard,
+    skip: Callable[[DamagedRegion], None] | None = None,
 ) -> Iterator[tuple[list[int], list[bytes]]]:
-    """The hot loop on the compiled `scan`, reading into one reused bytearray.
+    """The hot loop on the compiled `scan` (and `find`) of `core`, reading into one reused bytearray.
 
     A fresh 1 MiB bytes object per block (the read, then the cut record joined to it) costs a page
     fault per 4 KiB on glibc, which took more time than checking and slicing out the records; the
     reused buffer is allocated once per file (again only for a record bigger than it).
     """
-    limit = guard.limit
-    scan_limit = min(limit, _UINT64)  # the C side compares with a uint64; a larger limit bounds nothing more
+    scan_block, find_record = core.scan, core.find
+    scan_limit = min(guard.limit, _UINT64)  # the C side compares with a uint64; a larger limit bounds nothing more
+
+    def scan(buffer: bytearray, position: int, end: int, base: int) -> tuple[list[int], list[bytes], int, int, int]:
+        return scan_block(buffer, position, end, base, verify, scan_limit)
+
+    def find(buffer: bytearray, position: int, end: int) -> tuple[int, int, int]:
+        return find_record(buffer, position, end, scan_limit)
+
+    state = _FileScan(path, strict, guard, skip, scan, find)
     buffer = bytearray()
-    start, end, base, need = 0, 0, offset, _HEADER_SIZE  # records from buffer[start:end]; base: offset of buffer[0]
+    start, end, base, final = 0, 0, offset, False  # records from buffer[start:end]; base: offset of buffer[0]
     while True:
+        start, need = yield from state.process(buffer, start, end, base, final)
+        if not need:
+            return
         tail = end - start
         wanted = need - tail
         if wanted > block_size:  # a record bigger than a block: bound its length before reading it
-            wanted = guard.allowance(bytes(buffer[start:end]), 0, base + start, need)
+            try:
+                wanted = guard.allowance(bytes(buffer[start:end]), 0, base + start, need)
+            except DataLossError as error:
+                going_on = state.refused(error, stream, base, start, end)
+                if going_on is None:
+                    return
+                start = going_on
+                continue
         else:
             wanted = block_size
         buffer = _compact(buffer, start, end, tail + wanted, block_size)
         base, start, end = base + start, 0, tail
-        got = _read_into(stream, buffer, end, wanted, path, base)
-        if not got:
-            _check_end(path, base, tail, strict)
+        try:
+            got = _read_into(stream, buffer, end, wanted, path, base)
+        except DataLossError as error:
+            state.unreadable(error, base, start, end)
             return
         end += got
-        offsets, records, start, status, detail = scan(buffer, 0, end, base, verify, scan_limit)
-        if records:
-            yield offsets, records
-        need = _need_after(status, detail, path, base + start, limit)
+        final = not got
 
 
 def _compact(buffer: bytearray, start: int, end: int, size: int, block_size: int) -> bytearray:
@@ -293,18 +514,16 @@ def _compact(buffer: bytearray, start: int, end: int, size: int, block_size: int
     return fresh
 
 
-def _check_end(path: str, offset: int, left: int, strict: bool) -> None:
-    """The stream ended with `left` bytes of a record at `offset`: nothing, or a cut header without
-    `strict`, is the end of the file; anything else is a truncated record."""
-    if left and (strict or left >= _HEADER_SIZE):
-        raise _data_loss("truncated", path, offset, f"the file ends {left} bytes into the record")
-
-
-def _need_after(status: int, detail: int, path: str, offset: int, limit: int) -> int:
-    """Bytes the record at `offset` needs from the stream (framing included), from a scanner's status;
-    raises the damage it reports."""
-    if status == _NEED_HEADER:
-        return _HEADER_SIZE
-    if status == _NEED_RECORD:
-        return detail + _HEADER_SIZE + _FOOTER_SIZE
-    raise _block_error(status, detail, path, offset, limit)
+def _rest_of(stream: Any, block_size: int) -> int:
+    """Reads the stream to its end (or to where it breaks) and says how many bytes that was."""
+    count = 0
+    while True:
+        try:
+            more = len(stream.read(block_size))
+        except (zlib.error, OSError, _TruncatedStream) as error:
+            if object_changed(error):
+                raise
+            return count
+        if not more:
+            return count
+        count += more

@@ -53,10 +53,23 @@ Reading follows TensorFlow's record reader (`record_reader.cc`):
   the original is the error's `__cause__`) is "unreadable record at N", both
   DataLossError with the file and the record's start. Opening a missing or
   forbidden file stays FileNotFoundError/PermissionError, which name it.
-- `skip_corrupt=True` is TensorFlow's `ignore_errors()`: the records before
-  the damage are kept, the rest of that file is skipped, a warning names the
-  file and offset, and `ReadStats` counts it (summarised in one warning at
-  the end of `read_records`).
+- `skip_corrupt=True` skips damage and reads on, keeping more than
+  TensorFlow's `ignore_errors()` (which drops the rest of a damaged file):
+  a record whose data CRC fails (its length and length CRC intact) is
+  skipped alone; after damaged framing (a length CRC that fails, a length
+  over `max_record_size`) the reader searches forward byte by byte for the
+  next place where a whole record checks out, its length CRC *and* its data
+  CRC (so a header copied inside some record's data is passed by), bounded
+  by `max_record_size` like any record; a record cut by the end of the file
+  (or a broken compressed stream) ends the file. Each damaged stretch is a
+  `DamagedRegion` (file, start and end offsets, reason, the error that
+  `skip_corrupt=False` raises there); `ReadStats` counts them (records,
+  bytes, files) and lists them, one warning per damaged file names its
+  regions, and `read_records` ends with one warning summing them up. The
+  search needs the CRCs, so it runs with `verify=False` too; only a record
+  holding a whole valid record inside its data could be taken for one. Without
+  `skip_corrupt` the first damage raises DataLossError, as always; its
+  message says how to skip it ("pass skip_corrupt=True to ...").
 
 Speed: the reader pulls blocks of about 1 MiB and hands each to a block
 scanner that slices out every whole record in it and checks both CRCs. The
@@ -83,7 +96,7 @@ import os
 import stat
 import struct
 import zlib
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO, TypedDict
 
 from torchestimator import _native
@@ -95,11 +108,13 @@ from torchestimator.data._tfrecord_scan import (
     _HEADER_SIZE,
     _MASK_DELTA,
     _UINT32,
+    DamagedRegion,
     _crc32c,
     _crc32c_extend,
     _data_loss,
     _mask,
     _read_more,
+    _rest_of,
     _scan_compiled,
     _scan_python,
     _too_large,
@@ -114,6 +129,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_MAX_RECORD_SIZE",
+    "DamagedRegion",
     "DataLossError",
     "ReadOptions",
     "ReadStats",
@@ -174,17 +190,33 @@ class ReadStats:
     bytes: int = 0
     """Payload bytes handed out (without the 16 bytes of framing per record)."""
     skipped_files: int = 0
-    """Files whose rest was skipped because of damage (only with skip_corrupt=True)."""
+    """Files in which damage was skipped (only with skip_corrupt=True)."""
+    skipped_records: int = 0
+    """Damaged records skipped: one per damaged region (`DamagedRegion.records`)."""
+    skipped_bytes: int = 0
+    """Bytes skipped in damaged regions, framing included (uncompressed stream bytes)."""
+    regions: list[DamagedRegion] = dataclasses.field(default_factory=list)
+    """Every damaged region skipped, with its file and offsets, in reading order."""
     errors: list[DataLossError] = dataclasses.field(default_factory=list)
-    """The damage found, one error per skipped file, in reading order."""
+    """The damage found: for each region the error skip_corrupt=False raises there, in reading order."""
+
+    def skipped(self, region: DamagedRegion) -> None:
+        """Counts one damaged region (a file's first one counts the file too)."""
+        if not self.regions or self.regions[-1].path != region.path:
+            self.skipped_files += 1
+        self.regions.append(region)
+        self.errors.append(region.error)
+        self.skipped_records += region.records
+        self.skipped_bytes += region.size
 
     def summary(self) -> str:
         text = f"{self.records} records ({self.bytes} bytes) from {self.files} files"
-        if self.skipped_files:
-            first = self.errors[0]
+        if self.regions:
+            first = self.regions[0]
             text += (
-                f"; skipped the rest of {self.skipped_files} damaged files "
-                f"(first: {first.path} at offset {first.offset})"
+                f"; skipped {len(self.regions)} damaged regions ({self.skipped_records} records, "
+                f"{self.skipped_bytes} bytes) in {self.skipped_files} files "
+                f"(first: {first.path} at offset {first.start})"
             )
         return text
 
@@ -472,6 +504,8 @@ class _LengthGuard:
     """
 
     def __init__(self, stream: Any, raw: BinaryIO, path: str, compressed: bool, limit: int, verify: bool) -> None:
+        """`verify`: whether a probed record's CRC is checked (not with skip_corrupt: the scanner then finds a
+        bad one and skips that record alone)."""
         self._stream, self._raw, self._path = stream, raw, path
         self._compressed, self._verify = compressed, verify
         self.limit = limit
@@ -508,23 +542,32 @@ class _LengthGuard:
             raise _too_large(self._path, offset, length, self.limit, present=self._size is not None)
         return missing if self._size is not None else min(missing, _MAX_READ_SIZE)
 
+    def rest(self, stream: Any, offset: int) -> int:
+        """Bytes the stream holds after `offset`, where it stands: a plain file's size says, a compressed
+        stream is read through (to its end, or to where it breaks). What skip_corrupt reports skipped
+        when a record cut by the end of the file ends it."""
+        size = None if self._compressed else self._file_size()
+        return max(size - offset, 0) if size is not None else _rest_of(stream, _BLOCK_SIZE)
+
     def _probe(self, buffer: bytes, position: int, offset: int, length: int) -> None:
         """Inflates the rest of the record in pieces and throws it away, checking it is all
         there (and its CRC), then rewinds the stream so the record is read for real."""
         stream, verify = self._stream, self._verify
         mark = stream.mark()
-        data = buffer[position + _HEADER_SIZE :]  # at most about a block: the record is not read yet
-        crc = _crc32c(data) if verify else 0
-        have = len(data)
-        while have < length:
-            chunk = self._probe_read(min(length - have, _BLOCK_SIZE), offset, length, have)
-            if verify:
-                crc = _crc32c_extend(crc, chunk)
-            have += len(chunk)
-        footer = self._probe_read(_FOOTER_SIZE, offset, length, have)
-        if verify and _mask(crc) != _CRC.unpack(footer)[0]:
-            raise _data_loss("corrupted", self._path, offset, "the data CRC does not match", data_part=True)
-        stream.reset(mark)
+        try:
+            data = buffer[position + _HEADER_SIZE :]  # at most about a block: the record is not read yet
+            crc = _crc32c(data) if verify else 0
+            have = len(data)
+            while have < length:
+                chunk = self._probe_read(min(length - have, _BLOCK_SIZE), offset, length, have)
+                if verify:
+                    crc = _crc32c_extend(crc, chunk)
+                have += len(chunk)
+            footer = self._probe_read(_FOOTER_SIZE, offset, length, have)
+            if verify and _mask(crc) != _CRC.unpack(footer)[0]:
+                raise _data_loss("corrupted", self._path, offset, "the data CRC does not match", data_part=True)
+        finally:
+            stream.reset(mark)  # refused too: skip_corrupt reads on from where the record starts
 
     def _probe_read(self, size: int, offset: int, length: int, have: int) -> bytes:
         chunk = _read_more(self._stream, size, self._path, offset, cut_is_end=True)
@@ -548,8 +591,10 @@ def _file_blocks(
     strict: bool,
     block_size: int,
     max_record_size: int,
+    skip: Callable[[DamagedRegion], None] | None = None,
 ) -> Iterator[tuple[list[int], list[bytes]]]:
-    """`raw`: the file already opened (a URL's RemoteFile opened ahead of its turn), else None."""
+    """`raw`: the file already opened (a URL's RemoteFile opened ahead of its turn), else None; `skip`: with
+    skip_corrupt, what is told of each damaged region skipped (else damage raises DataLossError)."""
     kind = _normalize_compression(compression, allow_auto=True)
     if kind == "AUTO" and raw is None:
         kind = _detect_compression(path)
@@ -562,8 +607,8 @@ def _file_blocks(
             raw.seek(0)
         stream: Any = raw if kind is None else _InflateStream(raw, _WINDOW_BITS[kind])
         _skip_to(stream, path, start_offset, kind)
-        guard = _LengthGuard(stream, raw, path, kind is not None, max_record_size, verify)
-        yield from _scan(stream, path, start_offset, verify, strict, max(block_size, _HEADER_SIZE), guard)
+        guard = _LengthGuard(stream, raw, path, kind is not None, max_record_size, verify and skip is None)
+        yield from _scan(stream, path, start_offset, verify, strict, max(block_size, _HEADER_SIZE), guard, skip)
 
 
 def _check_max_record_size(value: Any) -> None:
@@ -591,14 +636,15 @@ def _scan(
     strict: bool,
     block_size: int,
     guard: _LengthGuard,
+    skip: Callable[[DamagedRegion], None] | None,
 ) -> Iterator[tuple[list[int], list[bytes]]]:
     """The hot loop (`_tfrecord_scan`): `_scan_compiled` where the compiled core is loaded, else
     `_scan_python`. Both read the same sizes, consult the guard for the same records and report
-    through `_block_error` the same way. `_core` is looked up per file, so tests can switch it."""
+    (and skip) damage through `_FileScan` the same way. `_core` is looked up per file, so tests can switch it."""
     if _core is not None:
-        yield from _scan_compiled(_core.scan, stream, path, offset, verify, strict, block_size, guard)
+        yield from _scan_compiled(_core, stream, path, offset, verify, strict, block_size, guard, skip)
     else:
-        yield from _scan_python(stream, path, offset, verify, strict, block_size, guard)
+        yield from _scan_python(stream, path, offset, verify, strict, block_size, guard, skip)
 
 
 class ReadOptions(TypedDict, total=False):
@@ -606,7 +652,8 @@ class ReadOptions(TypedDict, total=False):
     which holds their defaults (module docstring: what each one does)."""
 
     skip_corrupt: bool
-    """False: damage raises DataLossError. True: the rest of a damaged file is skipped, with a warning."""
+    """False: damage raises DataLossError. True: damaged records are skipped and reading goes on, with a
+    warning per damaged file and counts in `stats` (module docstring)."""
     verify: bool
     """True: check both CRCs of every record (framing is checked either way)."""
     strict: bool
@@ -643,7 +690,7 @@ def iter_record_blocks(
 
     The fast path under `iter_records` (same options): it saves a generator
     step per record. Every good record before damage is handed out before
-    DataLossError is raised (or, with skip_corrupt, before the file is cut short).
+    DataLossError is raised (with skip_corrupt, the damage is skipped instead).
     """
     yield from _record_blocks(
         os.fspath(path),
@@ -659,6 +706,10 @@ def iter_record_blocks(
     )
 
 
+_SKIP_HINT = "pass skip_corrupt=True to TFRecordDataset/read_records/iter_records to skip damaged records and read on"
+"""How a DataLossError from the library's readers says it can be skipped (the CLI words its own: --skip_corrupt)."""
+
+
 def _record_blocks(
     path: str,
     raw: Any,
@@ -671,26 +722,51 @@ def _record_blocks(
     stats: ReadStats | None,
     block_size: int,
     max_record_size: int,
+    hint: str = _SKIP_HINT,
 ) -> Generator[tuple[list[int], list[bytes]], None, None]:
     """`iter_record_blocks`, reading `raw` when it is given: a URL's `RemoteFile` that TFRecordDataset
-    opened (and started fetching) while the file before it was read."""
+    opened (and started fetching) while the file before it was read. `hint`: how the message of damage
+    (without skip_corrupt) says to skip it, for the caller's own way of passing skip_corrupt."""
     stats = stats if stats is not None else ReadStats()
     stats.files += 1
+    regions: list[DamagedRegion] = []
+
+    def skip(region: DamagedRegion) -> None:
+        regions.append(region)
+        stats.skipped(region)
+
     try:
         for offsets, records in _file_blocks(
-            path, raw, compression, start_offset, verify, strict, block_size, max_record_size
+            path,
+            raw,
+            compression,
+            start_offset,
+            verify,
+            strict,
+            block_size,
+            max_record_size,
+            skip if skip_corrupt else None,
         ):
             stats.records += len(records)
             stats.bytes += sum(map(len, records))
             yield offsets, records
     except DataLossError as error:
         if not skip_corrupt:
+            if error.kind and hint:  # damage in the file (not a saved position that no longer fits)
+                error.args = (f"{error} Records before it were read; {hint}.",)
             raise
-        stats.skipped_files += 1
-        stats.errors.append(error)
-        logger.warning(
-            "Skipping the rest of %s after damage at offset %d (skip_corrupt=True): %s", error.path, error.offset, error
-        )
+        # not reached by damage the scanners go past: a compressed stream broken before start_offset
+        skip(DamagedRegion(path=error.path, start=error.offset, end=error.offset, reason="unreadable", error=error))
+    finally:
+        if regions:
+            logger.warning(
+                "Skipped %d damaged regions in %s (skip_corrupt=True; %d records, %d bytes): %s",
+                len(regions),
+                path,
+                sum(region.records for region in regions),
+                sum(region.size for region in regions),
+                "; ".join(region.describe() for region in regions),
+            )
 
 
 def iter_records(
@@ -718,8 +794,8 @@ def read_records(
 ) -> Iterator[bytes]:
     """Every record of every file (a path, glob, or list; see `list_files`), in order.
 
-    With skip_corrupt=True, damaged files are cut short with a warning each, and
-    one warning at the end summarises what was skipped. A record longer than
+    With skip_corrupt=True, damaged records are skipped with a warning per damaged
+    file, and one warning at the end sums up what was skipped. A record longer than
     `max_record_size` bytes is an error (see the module docstring).
     """
     _check_options(options, "read_records")
@@ -730,5 +806,5 @@ def read_records(
     for path in paths:
         for _, records in iter_record_blocks(path, compression, **options):
             yield from records
-    if stats.skipped_files:
+    if stats.regions:
         logger.warning("Read %s.", stats.summary())
