@@ -34,7 +34,7 @@ def test_checkpoint_intervals_are_exclusive_and_replace_clears_the_other():
     replaced = te.RunConfig().replace(save_checkpoints_steps=10)
     assert (replaced.save_checkpoints_steps, replaced.save_checkpoints_secs) == (10, None)
     with pytest.raises(ValueError, match="unknown fields"):
-        te.RunConfig().replace(tf_random_seed=1)
+        te.RunConfig().replace(random_sed=1)  # TF's tf_random_seed is an alias (tests/test_tf_names.py)
 
 
 @pytest.mark.parametrize(

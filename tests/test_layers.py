@@ -16,7 +16,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "torchestimator"
 
 LAYERS: list[set[str]] = [
-    {"errors", "_extras", "_lazy", "_native", "_train_state"},  # leaves: no import of the package's other parts
+    # Leaves: no import of the package's other parts (_tf_names: the table of TF's names, read by those it aliases).
+    {"errors", "_extras", "_lazy", "_native", "_train_state", "_tf_names"},
     {"_io"},  # files, URLs, atomic writes, the console
     {"distribute"},  # strategies, clusters, the launcher
     # Input formats, streaming metrics, the hook protocol; event files (read as TFRecords); TF Serving's protobufs.
@@ -27,7 +28,8 @@ LAYERS: list[set[str]] = [
     {"_core"},  # the engine: specs, the loop, evaluation and inference bundles, weights, the run's agreement
     {"_policy"},  # train_and_evaluate, the evaluator task, best checkpoint, early stopping, improvement rules
     {"export"},  # exports of an InferenceBundle; exporters compare as the best policy does
-    {"_core.estimator", "_core.module_estimator"},  # the Estimator facade: its export_saved_model hands over to export
+    # The Estimator facade: its export_saved_model hands over to export; te.estimator, tf.estimator's layout of it.
+    {"_core.estimator", "_core.module_estimator", "estimator"},
     {"serving"},  # the model server
     {"cli", "testing", "__main__"},  # entry points
 ]

@@ -66,6 +66,7 @@ TOP_LEVEL_SUBPACKAGES = [
     "data",
     "distribute",
     "errors",
+    "estimator",
     "export",
     "hooks",
     "interop",
@@ -76,6 +77,44 @@ TOP_LEVEL_SUBPACKAGES = [
 ]
 
 PUBLIC_SUBPACKAGES = {
+    "estimator": [  # tf.estimator's layout of the names documented elsewhere (torchestimator/_tf_names.py)
+        "BestExporter",
+        "CheckpointSaverHook",
+        "CheckpointSaverListener",
+        "Estimator",
+        "EstimatorSpec",
+        "EvalSpec",
+        "Exporter",
+        "FinalExporter",
+        "LatestExporter",
+        "LoggingTensorHook",
+        "ModeKeys",
+        "NanLossDuringTrainingError",
+        "RunConfig",
+        "StepCounterHook",
+        "StopAtStepHook",
+        "SummarySaverHook",
+        "TrainSpec",
+        "WarmStartSettings",
+        "experimental",
+        "export",
+        "train_and_evaluate",
+    ],
+    "estimator.export": [
+        "ClassificationOutput",
+        "ExportOutput",
+        "PredictOutput",
+        "RegressionOutput",
+        "ServingInputReceiver",
+        "build_parsing_serving_input_receiver_fn",
+        "build_raw_serving_input_receiver_fn",
+    ],
+    "estimator.experimental": [
+        "stop_if_higher_hook",
+        "stop_if_lower_hook",
+        "stop_if_no_decrease_hook",
+        "stop_if_no_increase_hook",
+    ],
     "export": [
         "BestExporter",
         "ClassificationOutput",
@@ -93,6 +132,8 @@ PUBLIC_SUBPACKAGES = {
         "TensorSpec",
         "build_image_serving_input_receiver",
         "build_parsing_serving_input_receiver",
+        "build_parsing_serving_input_receiver_fn",
+        "build_raw_serving_input_receiver_fn",
         "export_saved_model",
         "garbage_collect_exports",
         "latest_version",
@@ -285,10 +326,11 @@ def test_dir_of_the_package_shows_the_api_and_the_public_subpackages_only():
     for name in te.__all__:  # import the whole engine: what it loads must not show either
         getattr(te, name)
     shown = {name for name in dir(te) if not name.startswith("_")}
-    allowed = set(te.__all__) | set(PUBLIC_SUBPACKAGES) | {"metrics", "testing", "cli"}
+    subpackages = {name.partition(".")[0] for name in PUBLIC_SUBPACKAGES}  # estimator.export: under estimator
+    allowed = set(te.__all__) | subpackages | {"metrics", "testing", "cli"}
     assert shown - allowed == set(), "an internal module shows in dir(torchestimator): give it a leading underscore"
     # dir() lists the names (lazy, torchestimator/_lazy.py), not whatever modules happen to be imported.
-    assert set(te.__all__) | set(PUBLIC_SUBPACKAGES) <= set(dir(te))
+    assert set(te.__all__) | subpackages <= set(dir(te))
     assert not {"_core", "_io", "_policy", "_lazy"} & set(dir(te))
 
 

@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; importe
         data as data,
         distribute as distribute,
         errors as errors,
+        estimator as estimator,
         export as export,
         hooks as hooks,
         interop as interop,

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from torchestimator._tf_names import accepts_tf_arguments, our_arguments
 from torchestimator.distribute.strategy import Strategy
 from torchestimator.errors import ConfigError, ConfigTypeError
 
@@ -69,9 +70,14 @@ def _checked(
 _SEED_RANGE = (0, 2**64)  # torch.manual_seed takes up to 2**64; the input functions need a non-negative seed
 
 
+@accepts_tf_arguments("RunConfig")  # tf_random_seed=; TF's session_config= and the like refused with the reason
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunConfig:
-    """tf.estimator's RunConfig with its defaults, plus what PyTorch needs."""
+    """tf.estimator's RunConfig with its defaults, plus what PyTorch needs.
+
+    TF's argument names are accepted where they mean the same (``tf_random_seed``); those that mean
+    something else here (``session_config``, ``protocol``...) are refused saying what to use (_tf_names.py).
+    """
 
     model_dir: str | None = None
     """Where checkpoints, summaries and exports live; must agree with Estimator(model_dir=...)."""
@@ -169,6 +175,7 @@ class RunConfig:
 
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with some fields changed; setting one checkpoint interval clears the other, as in TensorFlow."""
+        changes = our_arguments("RunConfig", changes)
         unknown = set(changes) - {field.name for field in dataclasses.fields(self)}
         if unknown:
             raise ConfigError(

@@ -12,13 +12,20 @@ from typing import Any
 
 import torch
 
+from torchestimator._tf_names import tf_attribute_aliases
 
+
+@tf_attribute_aliases("ModeKeys")
 class ModeKeys:
-    """The three modes a model_fn is called in; the strings are TensorFlow's."""
+    """The three modes a model_fn is called in; the strings are TensorFlow's.
+
+    ``INFER`` (tf.contrib.learn's name) is PREDICT, set from the table of TF names (_tf_names.py).
+    """
 
     TRAIN = "train"
     EVAL = "eval"
     PREDICT = "infer"
+    INFER: str  # = PREDICT
 
     ALL = (TRAIN, EVAL, PREDICT)
 

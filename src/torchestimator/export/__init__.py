@@ -6,7 +6,9 @@ Public surface: declare serving inputs with ``serving_input_receiver`` and
 ``TensorSpec``, or take bytes as TF's clients send them with
 ``build_parsing_serving_input_receiver`` (serialized tf.Examples) and
 ``build_image_serving_input_receiver`` (encoded images; their decode steps run
-outside the program, recorded as data: decoders.py); shape signatures with ``PredictOutput``,
+outside the program, recorded as data: decoders.py); TF's call forms
+``build_parsing_serving_input_receiver_fn`` and ``build_raw_serving_input_receiver_fn``
+return the function TF's do; shape signatures with ``PredictOutput``,
 ``ClassificationOutput``, ``RegressionOutput`` in EstimatorSpec.export_outputs;
 write with ``export_saved_model``; choose when with ``LatestExporter``,
 ``BestExporter``, ``FinalExporter``; read back with ``load``.
@@ -52,6 +54,8 @@ if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; importe
         TensorSpec as TensorSpec,
         build_image_serving_input_receiver as build_image_serving_input_receiver,
         build_parsing_serving_input_receiver as build_parsing_serving_input_receiver,
+        build_parsing_serving_input_receiver_fn as build_parsing_serving_input_receiver_fn,
+        build_raw_serving_input_receiver_fn as build_raw_serving_input_receiver_fn,
         serving_input_receiver as serving_input_receiver,
     )
     from torchestimator.export.saved_model import export_saved_model as export_saved_model

@@ -31,6 +31,7 @@ import torch
 from torchestimator._io import filesystems
 from torchestimator._io.atomic import write_json_atomically as _write_json_atomically
 from torchestimator._policy.improvement import Objective
+from torchestimator._tf_names import accepts_tf_arguments
 from torchestimator.export import saved_model
 from torchestimator.export.receiver import ServingInputReceiver, as_receiver
 from torchestimator.export.versions import list_versions, version_path
@@ -171,6 +172,7 @@ class _SavedModelExporter(Exporter):
         pass
 
 
+@accepts_tf_arguments("LatestExporter")  # TF's serving_input_receiver_fn=; as_text= refused, saying why
 class LatestExporter(_SavedModelExporter):
     """Exports after every evaluation and keeps the newest ``exports_to_keep`` versions."""
 
@@ -184,6 +186,7 @@ class LatestExporter(_SavedModelExporter):
         super().__init__(name, serving_input_receiver, assets_extra, exports_to_keep)
 
 
+@accepts_tf_arguments("FinalExporter")  # TF's serving_input_receiver_fn=; as_text= refused, saying why
 class FinalExporter(_SavedModelExporter):
     """Exports once, at the final evaluation (``is_the_final_export``)."""
 
@@ -196,6 +199,7 @@ class FinalExporter(_SavedModelExporter):
         return bool(is_the_final_export)
 
 
+@accepts_tf_arguments("BestExporter")  # TF's serving_input_receiver_fn=; as_text= refused, saying why
 class BestExporter(_SavedModelExporter):
     """Exports when an evaluation beats the recorded best; the best survives restarts in best_eval.json.
 

@@ -8,8 +8,10 @@ DT_STRING) comes with a decode step (decoders.py) that turns it into tensors
 outside the program; the program is traced on those tensors
 (``program_specs``). The two receivers TF users know are built here:
 ``build_parsing_serving_input_receiver`` (serialized tf.Examples) and
-``build_image_serving_input_receiver`` (encoded images). Tracing and writing
-the export lives in saved_model.py; reading it back in loader.py.
+``build_image_serving_input_receiver`` (encoded images). TF's own call forms,
+which return a serving_input_receiver_fn, are here too under TF's names
+(``build_parsing_serving_input_receiver_fn``, ``build_raw_serving_input_receiver_fn``).
+Tracing and writing the export lives in saved_model.py; reading it back in loader.py.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import torch
 
+from torchestimator._tf_names import accepts_tf_arguments
 from torchestimator.export.decoders import STRING, DecodeStep, ExampleParsing, ImageDecode
 
 __all__ = [
@@ -28,6 +31,8 @@ __all__ = [
     "TensorSpec",
     "build_image_serving_input_receiver",
     "build_parsing_serving_input_receiver",
+    "build_parsing_serving_input_receiver_fn",
+    "build_raw_serving_input_receiver_fn",
     "dtype_name",
     "parse_dtype",
     "serving_input_receiver",
@@ -97,6 +102,7 @@ class TensorSpec:
         return f"{dtype_name(self.dtype)} {tuple(self.signature_shape())}"
 
 
+@accepts_tf_arguments("ServingInputReceiver")  # TF's features= and receiver_tensors_alternatives= refused, saying why
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ServingInputReceiver:
     """The inputs an exported model takes, and how they become model_fn's features.
@@ -257,6 +263,51 @@ def build_parsing_serving_input_receiver(
         receiver_fn=receiver_fn,
         decoders={input_name: ExampleParsing(features=feature_spec)},
     )
+
+
+def build_parsing_serving_input_receiver_fn(
+    feature_spec: Mapping[str, Any], default_batch_size: None = None
+) -> Callable[[], ServingInputReceiver]:
+    """TF's call form of ``build_parsing_serving_input_receiver``: returns the serving_input_receiver_fn.
+
+    Exporters and ``export_saved_model`` take the function as TF's do. The exported program takes any batch
+    size, so ``default_batch_size`` (TF's fixed batch dimension) must stay None.
+    """
+    if default_batch_size is not None:
+        raise ValueError(
+            "build_parsing_serving_input_receiver_fn: a batch of serialized Examples has a dynamic size here "
+            f"(shape (None,)); received default_batch_size={default_batch_size!r}. Drop default_batch_size."
+        )
+    receiver = build_parsing_serving_input_receiver(feature_spec)  # checked now, not at the first export
+    return lambda: receiver
+
+
+def build_raw_serving_input_receiver_fn(
+    features: Mapping[str, Any], default_batch_size: int | None = None
+) -> Callable[[], ServingInputReceiver]:
+    """TF's ``build_raw_serving_input_receiver_fn``: the model takes ``features`` as they are, one input each.
+
+    ``features`` maps names to example tensors (a batch: the first dimension is the batch, as TF's placeholders
+    are made from the tensors' shapes) or to ``TensorSpec``s; ``default_batch_size`` fixes the batch
+    dimension (None: any). Returns the serving_input_receiver_fn; ``serving_input_receiver`` is ours.
+    """
+    if not isinstance(features, Mapping) or not features:
+        raise TypeError(
+            f"build_raw_serving_input_receiver_fn takes a dict of name -> example tensor; received {features!r}."
+        )
+    specs: dict[str, TensorSpec] = {}
+    for name, value in features.items():
+        if isinstance(value, TensorSpec):
+            specs[name] = value
+        elif isinstance(value, torch.Tensor) and value.dim() >= 1:
+            specs[name] = TensorSpec(shape=(default_batch_size, *value.shape[1:]), dtype=value.dtype)
+        else:
+            raise TypeError(
+                f"build_raw_serving_input_receiver_fn: features[{name!r}] must be a tensor with a batch dimension "
+                f"or a TensorSpec; received {value!r}."
+            )
+    receiver = ServingInputReceiver(receiver_tensors=specs)
+    return lambda: receiver
 
 
 def build_image_serving_input_receiver(
