@@ -26,6 +26,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from torchestimator._extras import import_extra
+from torchestimator._io.filesystems import is_url
+from torchestimator.export.versions import list_versions
 
 import_extra("aiohttp.web", extra="serving", feature="the model server")  # one line if it is missing
 from aiohttp import web
@@ -67,9 +69,16 @@ def grpc_port_of(app: web.Application) -> int | None:
     return None if slot is None else slot.port
 
 
-def build_app(settings: ServerSettings) -> web.Application:
-    """The application with its models polled once, labels applied, and polling tasks attached."""
+def build_app(settings: ServerSettings, *, refuse_missing_base_paths: bool = False) -> web.Application:
+    """The application with its models polled once, labels applied, and polling tasks attached.
+
+    Every base path is checked before any model loads (``_check_base_path``): a model_dir (or a folder of export
+    bases) with no version folder of its own is refused, naming the exports in it; a missing one too with ``refuse_missing_base_paths`` (serve()'s
+    choice), else it is waited for, as an existing empty one always is (TF Serving's polling).
+    """
     configs = _model_configs(settings)
+    for config in configs:
+        _check_base_path(config.name, config.base_path, refuse_missing=refuse_missing_base_paths)
     managers = [_start_model(config, settings) for config in configs]
     app = make_app(
         managers,
@@ -103,9 +112,15 @@ def serve(
     ``on_listening(app, port)`` is called once the port accepts connections, with the models loaded (build_app
     polls every model first), so whatever it announces (the CLI's "serving ..." line) is true when said;
     ``port`` is the one bound (``port=0`` asks the system for a free one).
+
+    A base path that does not exist is a ConfigError here, before anything listens: a script waiting for the
+    port (``until curl ...``) would otherwise wait on a typo for good. start() waits for it to appear.
     """
     make_loop = loop_factory()  # a bad TORCHESTIMATOR_SERVING_LOOP is refused before any model loads
-    app = build_app(ServerSettings(model_name=model_name, model_base_path=model_base_path, **settings))
+    app = build_app(
+        ServerSettings(model_name=model_name, model_base_path=model_base_path, **settings),
+        refuse_missing_base_paths=True,
+    )
     app[_HEAP] = FrozenHeap()
     _settle_heap(app)  # the first models loaded: frozen before the first request
     try:
@@ -298,7 +313,8 @@ def start(
 ) -> RunningServer:
     """Starts serving in a background thread and returns once it listens (port 0: any free port).
 
-    ``grpc_port`` also serves TF Serving's gRPC API (0: a free port, ``server.grpc_target``; None: none).
+    ``grpc_port`` also serves TF Serving's gRPC API (0: a free port, ``server.grpc_target``; None: none). A base
+    path that does not exist yet is waited for (the caller may export there next); a model_dir is refused.
     """
     loop_factory()  # a bad TORCHESTIMATOR_SERVING_LOOP is refused before any model loads
     app = build_app(ServerSettings(model_name=model_name, model_base_path=model_base_path, **settings))
@@ -319,21 +335,111 @@ def _start_model(config: ModelConfig, settings: ServerSettings) -> ModelManager:
     )
     manager.poll()
     if not manager.served_versions:
-        try:
-            tried = [f"{status.version}: {status.error_message or status.state}" for status in manager.statuses()]
-        except ServingError:  # no version folder at all yet
-            tried = []
-        logger.warning(
-            "%s: no version could be loaded from %s yet; waiting for one (versions tried: %s)",
-            config.name,
-            config.base_path,
-            tried or "none",
-        )
+        _say_why_nothing_serves(manager, settings.file_system_poll_wait_seconds)
     if config.version_labels:
         manager.set_version_labels(
             config.version_labels, allow_unavailable=settings.allow_version_labels_for_unavailable_models
         )
     return manager
+
+
+def _say_why_nothing_serves(manager: ModelManager, poll_seconds: float) -> None:
+    """The start-up log line of a model with no version served: no folder, no version folder, or the loads that
+    failed; and whether polling will find one later."""
+    name, base_path = manager.name, manager.base_path
+    try:
+        tried = [f"{status.version}: {status.error_message or status.state}" for status in manager.statuses()]
+    except ServingError:  # no version folder at all yet
+        tried = []
+    if tried:
+        why = f"no version could be loaded from {base_path} yet (versions tried: {tried})"
+    elif not is_url(base_path) and not os.path.isdir(base_path):
+        why = f"base path {base_path} does not exist yet"
+    else:
+        why = f"{base_path} holds no integer version folders yet (an export writes {base_path}/<version>/)"
+    if poll_seconds > 0:
+        logger.warning("%s: %s; waiting for a version, looking every %g s", name, why, poll_seconds)
+    else:
+        logger.warning(
+            "%s: %s, and file_system_poll_wait_seconds is 0 (look only at start): it serves nothing", name, why
+        )
+
+
+def _check_base_path(name: str, base_path: str, *, refuse_missing: bool = False) -> None:
+    """Refuses (ConfigError) a base path no export could be meant by, naming what to serve instead.
+
+    A folder without integer version folders is refused when it is a model_dir (ckpt-* folders, its checkpoint
+    manifest or an export/ folder), naming the export folders in it, or when folders in it hold versions (an
+    export/ given for export/<name>); a missing path, with ``refuse_missing``. Any other existing folder without
+    versions is left to polling, as TF Serving waits for its first version. Object-store URLs are not checked: a
+    prefix exists once something is uploaded under it.
+    """
+    from torchestimator.errors import ConfigError
+
+    if is_url(base_path):
+        return
+    if not os.path.exists(base_path):
+        if refuse_missing:
+            raise ConfigError(
+                f"model {name!r}: base path {base_path} does not exist (relative to {os.getcwd()}). Give the "
+                "folder of integer version folders an export writes (<model_dir>/export/<exporter name> after "
+                "train-and-evaluate, or export's --export_dir), or create the folder to serve what is exported "
+                "there later.",
+                field="model_base_path",
+                value=base_path,
+            )
+        return
+    if list_versions(base_path):
+        return
+    if _is_model_dir(base_path):
+        what = "a model_dir (checkpoints), not an export base"
+        exports = _holding_versions(os.path.join(base_path, "export"))
+    else:
+        what = "a folder of export bases"
+        exports = _holding_versions(base_path)
+        if not exports:
+            return  # an export base before its first export: polled, as TF Serving does
+    if exports:
+        listed = ", ".join(
+            f"{path} (version{'s' if len(versions) > 1 else ''} {', '.join(map(str, versions))})"
+            for path, versions in exports
+        )
+        instead = f"Serve one of the export folders in it: {listed}."
+    else:
+        export = os.path.join(base_path, "export")
+        instead = (
+            f"It has no export yet: export it (torchestimator export FILE.py --model_dir {base_path} --export_dir "
+            f"{os.path.join(export, '<name>')}; an exporter of train-and-evaluate writes "
+            f"{os.path.join(export, '<exporter name>')}) and serve that folder."
+        )
+    raise ConfigError(
+        f"model {name!r}: base path {base_path} is {what}: it holds no integer version folder to serve. {instead}",
+        field="model_base_path",
+        value=base_path,
+    )
+
+
+def _is_model_dir(path: str) -> bool:
+    """ckpt-<step> folders, the checkpoint manifest or an export/ folder: what a model_dir holds."""
+    from torchestimator.checkpoint.storage import MANIFEST_NAME
+
+    try:
+        entries = os.listdir(path)
+    except OSError:  # not a folder, or unreadable: the manager's poll says what it finds
+        return False
+    return any(
+        entry in (MANIFEST_NAME, "export") or (entry.startswith("ckpt-") and entry[5:].isdigit()) for entry in entries
+    )
+
+
+def _holding_versions(folder: str) -> list[tuple[str, list[int]]]:
+    """(path, its versions) for ``folder`` and each folder in it, those that hold integer version folders."""
+    try:
+        inside = [os.path.join(folder, entry) for entry in sorted(os.listdir(folder))]
+    except OSError:  # missing, or not a folder
+        return []
+    found = [(path, list_versions(path)) for path in [folder, *inside] if os.path.isdir(path)]
+    return [(path, versions) for path, versions in found if versions]
 
 
 def _background_polling(settings: ServerSettings) -> Any:
@@ -402,6 +508,7 @@ def _apply_model_configs(
                     config, allow_unavailable_labels=settings.allow_version_labels_for_unavailable_models
                 )
             else:
+                _check_base_path(name, config.base_path)  # a model_dir named by the edit: logged, not served
                 managers[name] = _start_model(config, settings)
                 logger.info("%s: added from the model config file", name)
         except (OSError, ValueError) as error:
