@@ -39,6 +39,12 @@ objects and URL globs as files, `convert` reads the CSV and its images from a
 store and writes shards to one. A store publishes each shard whole when it is
 closed, so there shards are written under their own names (a rename is a copy
 there), and a failed conversion removes the shards it had finished.
+
+`records verify` and `records inspect` stop at the first damage in a file, naming it (`verify`
+goes on with the next file); with `--skip_corrupt` they skip damaged records and read on, as the
+library's `skip_corrupt=True` does (`data/tfrecord.py`), and list each damaged region skipped:
+its byte offsets and what was wrong. (`convert` reads a CSV and images, no TFRecord, so it has
+no such flag.)
 """
 
 from __future__ import annotations
@@ -69,6 +75,8 @@ IMAGE_FEATURE = "image"
 SHARD_SUFFIX = ".tfrecord"
 _PREVIEW_VALUES = 16
 _PREVIEW_BYTES = 48
+_SKIP_HINT = "pass --skip_corrupt to skip damaged records and read on"
+"""How the damage these commands report says it can be skipped (the library's wording names skip_corrupt=True)."""
 
 
 def add_subcommands(subparsers: Any) -> None:
@@ -110,12 +118,14 @@ def add_subcommands(subparsers: Any) -> None:
     inspect.add_argument("--limit", type=int, default=3, help="records to print (default 3)")
     inspect.add_argument("--compression", default="auto", help="auto (default), none, GZIP or ZLIB")
     _add_max_record_size(inspect)
+    _add_skip_corrupt(inspect)
     inspect.set_defaults(handler=inspect_records)
 
     verify = records_commands.add_parser("verify", help="check every CRC; exit code 1 when a file is damaged")
     verify.add_argument("files", metavar="FILES", nargs="+", help="paths or glob patterns")
     verify.add_argument("--compression", default="auto", help="auto (default), none, GZIP or ZLIB")
     _add_max_record_size(verify)
+    _add_skip_corrupt(verify)
     verify.set_defaults(handler=verify_records)
 
 
@@ -130,6 +140,44 @@ def _add_max_record_size(command: argparse.ArgumentParser) -> None:
         help=f"a longer record is an error, so that a damaged length cannot exhaust "
         f"memory (default {DEFAULT_MAX_RECORD_SIZE}, protobuf's limit)",
     )
+
+
+def _add_skip_corrupt(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--skip_corrupt",
+        action="store_true",
+        help="skip damaged records and read on, listing each damaged region, instead of stopping at the "
+        "first damage in a file (a bad data CRC skips that record; after a damaged header the next "
+        "valid record is searched for; a cut tail ends the file)",
+    )
+
+
+def _records_of(path: str, args: argparse.Namespace, stats: Any) -> Iterator[tuple[int, bytes]]:
+    """`(offset, record)` of one file with the command's options; damage is a DataLossError whose hint
+    names --skip_corrupt, or with --skip_corrupt a `DamagedRegion` in `stats`."""
+    from torchestimator.data.tfrecord import _BLOCK_SIZE, _record_blocks
+
+    for offsets, records in _record_blocks(
+        path,
+        None,
+        _compression(args.compression),
+        start_offset=0,
+        skip_corrupt=args.skip_corrupt,
+        verify=True,
+        strict=True,
+        stats=stats,
+        block_size=_BLOCK_SIZE,
+        max_record_size=args.max_record_size,
+        hint=_SKIP_HINT,
+    ):
+        yield from zip(offsets, records)
+
+
+def _skipped_text(regions: Sequence[Any]) -> str:
+    """E.g. "2 damaged regions skipped (2 records, 80 bytes): bytes 19..59 (40 bytes): data CRC mismatch; ..."."""
+    records, size = sum(region.records for region in regions), sum(region.size for region in regions)
+    listed = "; ".join(region.describe() for region in regions)
+    return f"{len(regions)} damaged regions skipped ({records} records, {size} bytes): {listed}"
 
 
 def _compression(text: str | None) -> str | None:
@@ -504,7 +552,7 @@ def _schema_lines(title: str, summaries: dict[str, FeatureSummary], total: int, 
 
 def inspect_records(args: argparse.Namespace) -> int:
     """`torchestimator records inspect FILE`: record count, schema summary, the first records as JSON."""
-    from torchestimator.data.tfrecord import describe_reader, iter_records
+    from torchestimator.data.tfrecord import ReadStats, describe_reader
 
     if args.limit < 0:
         raise ValueError(f"--limit must be >= 0; received {args.limit}.")
@@ -512,7 +560,8 @@ def inspect_records(args: argparse.Namespace) -> int:
     lists: dict[str, FeatureSummary] = {}
     shown: list[str] = []
     count, undecodable = 0, None
-    for offset, record in iter_records(args.file, _compression(args.compression), max_record_size=args.max_record_size):
+    stats = ReadStats()
+    for offset, record in _records_of(args.file, args, stats):
         count += 1
         try:
             features, feature_lists = summarize_record(record, context, lists)
@@ -523,6 +572,8 @@ def inspect_records(args: argparse.Namespace) -> int:
             shown.append(_record_json(count - 1, offset, record, features, feature_lists))
     message = "tf.train.SequenceExample" if lists else "tf.train.Example"
     print(f"{args.file}: {count} records" + (f" ({message})" if count and not undecodable else ""))
+    if stats.regions:
+        print(f"  {_skipped_text(stats.regions)}")
     if undecodable:
         print(f"  not every record is a tf.train.Example; first failure: {undecodable}")
     schema = _schema_lines("context features:" if lists else "features:", context, count, frames=False) + _schema_lines(
@@ -556,23 +607,29 @@ def _record_json(index: int, offset: int, record: bytes, features: dict | None, 
 
 
 def verify_records(args: argparse.Namespace) -> int:
-    """`torchestimator records verify FILES...`: every CRC of every file; exit code 1 when any is damaged."""
-    from torchestimator.data.tfrecord import DataLossError, iter_records, list_files
+    """`torchestimator records verify FILES...`: every CRC of every file; exit code 1 when any is damaged
+    (with --skip_corrupt too: it reads on past the damage and lists it)."""
+    from torchestimator.data.tfrecord import DataLossError, ReadStats, list_files
 
     paths = [path for pattern in args.files for path in list_files(pattern)]
-    damaged, total = 0, 0
+    damaged, total, stats = 0, 0, ReadStats()
     for path in paths:
-        count = 0
+        count, skipped = 0, len(stats.regions)
         try:
-            for _ in iter_records(
-                path, _compression(args.compression), verify=True, max_record_size=args.max_record_size
-            ):
+            for _ in _records_of(path, args, stats):
                 count += 1
         except DataLossError as error:
             damaged += 1
             print(f"DAMAGED {path}: {count} good records, first bad record at offset {error.offset}: {error}")
         else:
-            print(f"OK      {path}: {count} records")
+            if len(stats.regions) > skipped:
+                damaged += 1
+                print(f"DAMAGED {path}: {count} good records, {_skipped_text(stats.regions[skipped:])}")
+            else:
+                print(f"OK      {path}: {count} records")
         total += count
-    print(f"verified {len(paths)} file(s): {len(paths) - damaged} ok, {damaged} damaged, {total} good records")
+    summary = f"verified {len(paths)} file(s): {len(paths) - damaged} ok, {damaged} damaged, {total} good records"
+    if stats.regions:
+        summary += f", {stats.skipped_records} damaged records ({stats.skipped_bytes} bytes) skipped"
+    print(summary)
     return 1 if damaged else 0

@@ -200,15 +200,6 @@ class ReadStats:
     errors: list[DataLossError] = dataclasses.field(default_factory=list)
     """The damage found: for each region the error skip_corrupt=False raises there, in reading order."""
 
-    def skipped(self, region: DamagedRegion) -> None:
-        """Counts one damaged region (a file's first one counts the file too)."""
-        if not self.regions or self.regions[-1].path != region.path:
-            self.skipped_files += 1
-        self.regions.append(region)
-        self.errors.append(region.error)
-        self.skipped_records += region.records
-        self.skipped_bytes += region.size
-
     def summary(self) -> str:
         text = f"{self.records} records ({self.bytes} bytes) from {self.files} files"
         if self.regions:
@@ -732,8 +723,12 @@ def _record_blocks(
     regions: list[DamagedRegion] = []
 
     def skip(region: DamagedRegion) -> None:
+        stats.skipped_files += not regions  # a file read twice (epochs) counts twice, as its records do
         regions.append(region)
-        stats.skipped(region)
+        stats.regions.append(region)
+        stats.errors.append(region.error)
+        stats.skipped_records += region.records
+        stats.skipped_bytes += region.size
 
     try:
         for offsets, records in _file_blocks(
