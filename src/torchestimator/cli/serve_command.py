@@ -16,7 +16,9 @@ def add_command(commands: Any) -> None:
         "--model_base_path",
         help="folder of integer version folders (an export base), or its "
         "URL in an object store (s3://bucket/models/m, gs://...): each version is copied to the local "
-        "cache ($TORCHESTIMATOR_CACHE) and checked against its metadata.json before it loads",
+        "cache ($TORCHESTIMATOR_CACHE) and checked against its metadata.json before it loads. A local path "
+        "that does not exist, or a model_dir instead of its export/<name> folder, is an error at start; an "
+        "existing folder without versions is waited for",
     )
     serve.add_argument(
         "--model_config_file",
