@@ -6,7 +6,8 @@ checkpoint (missing or empty) in one line naming it and what to do, exit 2 and c
 --allow_untrained; Estimator.evaluate keeps tf.estimator's rule (fresh weights, with a warning).
 
 Under `torchestimator launch` every rank ran the command and printed its results: only rank 0 prints now, as
-only replica 0's output shows in a plain-script run (the ranks are set here by torchrun's variables).
+only replica 0's output shows in a plain-script run, and predict and export write on rank 0 only (export wrote
+one version per rank). The ranks are set here by torchrun's variables.
 """
 
 from __future__ import annotations
@@ -110,3 +111,14 @@ def test_under_launch_only_rank_0_prints_results(tmp_path, model_file, trained, 
     assert json.loads(capsys.readouterr().out)["global_step"] == 10
     assert main(["predict", model_file, "--model_dir", trained, "--output", str(output)]) == 0
     assert len(output.read_text().splitlines()) == 5
+
+
+def test_under_launch_only_rank_0_exports(tmp_path, model_file, trained, capsys, monkeypatch):
+    export_dir = tmp_path / "export"
+    flags = [model_file, "--model_dir", trained, "--export_dir", str(export_dir)]
+    _launched_rank(monkeypatch, 1)
+    assert main(["export", *flags]) == 0
+    assert capsys.readouterr().out == "" and not export_dir.exists()
+    _launched_rank(monkeypatch, 0)
+    assert main(["export", *flags]) == 0
+    assert capsys.readouterr().out.startswith(f"exported {export_dir}") and len(os.listdir(export_dir)) == 1

@@ -2,7 +2,8 @@
 
 Two rules of the command line, not of the library: evaluate and predict refuse a model_dir with nothing trained
 in it unless --allow_untrained (``_refuse_untrained``), and under `torchestimator launch` only rank 0 prints
-results (``_prints_results``), as only replica 0's output shows in a plain-script run.
+results (``_prints_results``), as only replica 0's output shows in a plain-script run, and only rank 0 writes
+predict's and export's output.
 """
 
 from __future__ import annotations
@@ -313,11 +314,13 @@ def _export(args: argparse.Namespace) -> int:
     module = load_model_file(args.model_file)
     estimator = build_estimator(module, args)
     receiver = require(module, "serving_input_receiver")
+    if not _prints_results():  # each rank would write a version of its own: one writer, as one printer
+        logger.info("The export is written by rank 0 of the launched group only.")
+        return 0
     path = estimator.export_saved_model(
         args.export_dir, receiver, checkpoint_path=args.checkpoint_path, as_onnx=args.onnx
     )
-    if _prints_results():
-        print(f"exported {path}")
+    print(f"exported {path}")
     return 0
 
 
