@@ -201,10 +201,13 @@ def test_a_length_over_max_record_size_is_searched_past(tmp_path: Any, core: Any
 
 @pytest.mark.parametrize("core", SCANNERS)
 @pytest.mark.parametrize("block_size", [64, 1 << 20])
-def test_a_length_past_the_end_of_the_file_ends_it(tmp_path: Any, core: Any, block_size: int) -> None:
+@pytest.mark.parametrize("compression", [None, "GZIP"])
+def test_a_length_past_the_end_of_the_file_ends_it(
+    tmp_path: Any, core: Any, block_size: int, compression: str | None
+) -> None:
     payload = framed(b"one") + framed(b"two") + framed(b"z" * 30, length=10_000) + framed(b"lost")
-    path = write(tmp_path / "f", payload)
-    got, regions = read(core, path, block_size=block_size)
+    path = write(tmp_path / "f", payload, compression)
+    got, regions = read(core, path, compression, block_size=block_size)
     assert got == [(0, b"one"), (19, b"two")]
     assert regions == [(38, len(payload), "truncated record", 38, "truncated")]
 

@@ -359,8 +359,9 @@ class _FileScan:
         if error.kind == "too large":
             self._search(base + position, _REASONS[_TOO_LARGE], error)
             return position + 1
-        reached = base + end
-        self._skipped(base + position, reached + self.guard.rest(stream, reached), "truncated record", error)
+        reached = base + end  # a record the file cannot hold is cut by its end; else the stream broke in a probe
+        reason = "truncated record" if error.kind == "truncated" else f"{error.kind} stream"
+        self._skipped(base + position, reached + self.guard.rest(stream, reached), reason, error)
         return None
 
     def unreadable(self, error: DataLossError, base: int, position: int, end: int) -> None:
