@@ -77,7 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
         weights_commands,
     )
 
-    parser = _Parser(prog="torchestimator", description="The TensorFlow Estimator workflow on PyTorch.")
+    parser = _Parser(
+        prog="torchestimator",
+        description="The TensorFlow Estimator workflow on PyTorch.",
+        epilog=model_file.contract_help(),  # the names a model file defines, for every command that reads one
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--verbosity", default="INFO", help=_VERBOSITY_HELP)
     parser.add_argument(
         "--version",
@@ -95,7 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
     for subparser in _subparsers(parser):
         _accept_verbosity(subparser)
         _accept_both_spellings(subparser)
+        _epilog_of_the_model_file(subparser)
     return parser
+
+
+def _epilog_of_the_model_file(parser: argparse.ArgumentParser) -> None:
+    """A command that reads a model file ends its --help with the names it reads (model_file.MODEL_FILE_NAMES)."""
+    command = parser.prog.partition(" ")[2]  # "torchestimator train" -> "train"; "records inspect" is no match
+    if any(command in row.read_by for row in model_file.MODEL_FILE_NAMES):
+        parser.epilog = model_file.contract_help(command)
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:

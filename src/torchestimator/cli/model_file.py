@@ -1,9 +1,13 @@
 """Loading a model file: FILE.py or an importable module that defines model, model_fn, optimizer, input_fns.
 
-A model file defines, by name: model, model_fn, optimizer, and the input
-functions train_input_fn, eval_input_fn, predict_input_fn; optionally params
-(dict), config (RunConfig), lr_scheduler and max_steps. Flags override what
-the file sets.
+A model file defines, by name, what the commands read: ``MODEL_FILE_NAMES``
+below is the one list of those names (each a function or an object, which
+commands read it, what it is). It is shown in ``--help`` (``contract_help``)
+and in README.md (``contract_markdown``; tests/cli/test_model_file_contract.py
+checks both, and that the commands read no name it lacks). Flags override what
+the file sets. A top-level name that looks like a misspelling of one of them
+(``modelfn``, ``eval_spec_s``, ``input_fn_train``, ``optimiser``), while that
+name is missing, is warned about when the file is loaded (``near_misses``).
 
 Messages name a model file as the user gave it (``model.py does not define
 'eval_input_fn'``), never by the module name it is imported under. That name
@@ -26,6 +30,7 @@ import dataclasses
 import difflib
 import importlib
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -56,8 +61,216 @@ class _ModelFileOrigin:
     location: str
 
 
+FUNCTION, OBJECT = "function", "object"
+_MODEL_COMMANDS = ("train", "train-and-evaluate", "evaluate", "predict", "export")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFileName:
+    """One name the commands read from a model file."""
+
+    name: str
+    kind: str
+    """FUNCTION or OBJECT ("function or object" where both are taken)."""
+    what: str
+    """What it is, in one phrase (its call form for a function)."""
+    read_by: tuple[str, ...]
+    """The commands that read it."""
+    when: str = ""
+    """When it is needed, or what overrides it ("" : always needed by those commands)."""
+
+
+MODEL_FILE_NAMES: tuple[ModelFileName, ...] = (
+    ModelFileName(
+        "model",
+        FUNCTION,
+        "model(params) -> torch.nn.Module, built once per process (a module object works too)",
+        (*_MODEL_COMMANDS, "warm-start"),
+    ),
+    ModelFileName(
+        "model_fn",
+        FUNCTION,
+        "model_fn(model, features, labels, mode, params) -> te.EstimatorSpec, taking those it declares",
+        _MODEL_COMMANDS,
+    ),
+    ModelFileName(
+        "optimizer",
+        FUNCTION,
+        "optimizer(parameters, params) -> torch.optim.Optimizer",
+        _MODEL_COMMANDS,
+        "to train",
+    ),
+    ModelFileName(
+        "lr_scheduler",
+        FUNCTION,
+        "lr_scheduler(optimizer[, params]) -> a torch LR scheduler, stepped every step",
+        _MODEL_COMMANDS,
+        "optional",
+    ),
+    ModelFileName(
+        "params",
+        OBJECT,
+        "a dict, given to the functions that declare params",
+        (*_MODEL_COMMANDS, "warm-start"),
+        "optional; --param NAME=VALUE overrides an entry",
+    ),
+    ModelFileName(
+        "config",
+        OBJECT,
+        "a te.RunConfig",
+        (*_MODEL_COMMANDS, "warm-start"),
+        "optional; flags such as --model_dir override its fields",
+    ),
+    ModelFileName(
+        "train_input_fn",
+        FUNCTION,
+        "train_input_fn(params, config, input_context) -> batches, taking those it declares",
+        ("train", "train-and-evaluate"),
+        "train-and-evaluate: unless train_spec is given",
+    ),
+    ModelFileName(
+        "eval_input_fn",
+        FUNCTION,
+        "eval_input_fn(...) -> batches, as train_input_fn",
+        ("evaluate", "train-and-evaluate"),
+        "train-and-evaluate: unless eval_spec(s) is given",
+    ),
+    ModelFileName("predict_input_fn", FUNCTION, "predict_input_fn(...) -> features batches", ("predict",)),
+    ModelFileName(
+        "serving_input_receiver",
+        "object or function",
+        "a te.export.ServingInputReceiver, or a function returning one",
+        ("export",),
+    ),
+    ModelFileName(
+        "max_steps",
+        OBJECT,
+        "an int: the global step to train to",
+        ("train", "train-and-evaluate"),
+        "optional; --max_steps wins",
+    ),
+    ModelFileName(
+        "train_spec",
+        OBJECT,
+        "a te.TrainSpec",
+        ("train-and-evaluate",),
+        "optional; else one from train_input_fn and max_steps",
+    ),
+    ModelFileName(
+        "eval_spec",
+        OBJECT,
+        "a te.EvalSpec (or a list of them)",
+        ("train-and-evaluate",),
+        "optional; else eval_input_fn, evaluated whole at each checkpoint",
+    ),
+    ModelFileName(
+        "eval_specs",
+        OBJECT,
+        "a list of te.EvalSpec, the first one primary",
+        ("train-and-evaluate",),
+        "optional; wins over eval_spec",
+    ),
+    ModelFileName(
+        "best",
+        OBJECT,
+        "a te.BestCheckpointPolicy: which checkpoints to keep as the best",
+        ("train-and-evaluate",),
+        "optional",
+    ),
+    ModelFileName(
+        "early_stopping",
+        OBJECT,
+        "a rule (te.stop_if_*_hook(...), te.EarlyStopping(...)) or a list of them",
+        ("train-and-evaluate",),
+        "optional",
+    ),
+)
+
+
+def contract_help(command: str | None = None) -> str:
+    """The ``--help`` epilog: the names ``command`` reads from a model file (every command's without one)."""
+    rows = [row for row in MODEL_FILE_NAMES if command is None or command in row.read_by]
+    lines = ["model file: FILE.py (or a module) defines at its top level, by name:"]
+    for row in rows:
+        read_by = "" if command is not None else f" [{', '.join(row.read_by)}]"
+        when = f" ({row.when})" if row.when else ""
+        lines.append(f"  {row.name:<23} {row.kind}: {row.what}{when}{read_by}")
+    return "\n".join(lines)
+
+
+def contract_markdown() -> str:
+    """README.md's table of the model file's names."""
+    lines = ["| name | a function or an object | read by | what it is |", "|---|---|---|---|"]
+    for row in MODEL_FILE_NAMES:
+        when = f" ({row.when})" if row.when else ""
+        lines.append(f"| `{row.name}` | {row.kind} | {', '.join(row.read_by)} | {row.what}{when} |")
+    return "\n".join(lines) + "\n"
+
+
+def near_misses(module: ModuleType) -> list[tuple[str, str]]:
+    """(name, the model file name it looks like) for the file's top-level names that look like a misspelling.
+
+    Only names the file defines itself (not modules, nor functions and classes it imported), and only when
+    the name it looks like is missing from the file: a file with model_fn may also have a helper modelfn.
+    """
+    defined = vars(module)
+    known = [row.name for row in MODEL_FILE_NAMES]
+    found = []
+    for name, value in defined.items():
+        if name.startswith("_") or name in known or isinstance(value, ModuleType):
+            continue
+        if (inspect.isfunction(value) or inspect.isclass(value)) and value.__module__ != module.__name__:
+            continue
+        looks_like = next((candidate for candidate in known if _looks_like(name, candidate)), None)
+        if looks_like is not None and looks_like not in defined:
+            found.append((name, looks_like))
+    return found
+
+
+def _looks_like(name: str, known: str) -> bool:
+    """Whether ``name`` is ``known`` misspelt: the same but for underscores (modelfn, eval_spec_s), the same
+    words in another order (input_fn_train), one edit from a name of 6 letters or more (optimiser, hparams,
+    max_step: difflib's ratio would also take helpers such as eval_steps for eval_specs), or TF's ``_fn``
+    suffix (serving_input_receiver_fn)."""
+    return (
+        name.replace("_", "") == known.replace("_", "")
+        or _words(name) == _words(known)
+        or (len(known) >= 6 and _one_edit_apart(name, known))
+        or name == known + "_fn"
+    )
+
+
+def _words(name: str) -> list[str]:
+    return sorted(word for word in name.split("_") if word)
+
+
+def _one_edit_apart(a: str, b: str) -> bool:
+    """One letter inserted, deleted or changed, or two neighbours swapped."""
+    if len(a) == len(b):
+        differ = [index for index in range(len(a)) if a[index] != b[index]]
+        swapped = len(differ) == 2 and differ[1] == differ[0] + 1 and a[differ[0]] == b[differ[1]]
+        return len(differ) == 1 or (swapped and a[differ[1]] == b[differ[0]])
+    shorter, longer = sorted((a, b), key=len)
+    return len(longer) == len(shorter) + 1 and any(
+        longer[:index] + longer[index + 1 :] == shorter for index in range(len(longer))
+    )
+
+
+def _warn_near_misses(module: ModuleType) -> None:
+    for name, looks_like in near_misses(module):
+        logger.warning(
+            "%s defines %r, which looks like %r, a name torchestimator reads from model files; %r is not "
+            "defined, so %r is not read (see `torchestimator --help`).",
+            describe(module),
+            name,
+            looks_like,
+            looks_like,
+            name,
+        )
+
+
 def load_model_file(location: str) -> ModuleType:
-    """Imports FILE.py by path, or a module by dotted name."""
+    """Imports FILE.py by path, or a module by dotted name; warns about names that look like misspelt ones."""
     if location.endswith(".py") or os.sep in location or (os.altsep and os.altsep in location):
         module = _load_file(location)
     elif _MODULE_NAME.fullmatch(location):
@@ -75,6 +288,7 @@ def load_model_file(location: str) -> ModuleType:
     path = getattr(module, "__file__", None)
     if path:
         _loaded_paths[os.path.realpath(path)] = describe(module)
+    _warn_near_misses(module)
     return module
 
 
