@@ -91,7 +91,7 @@ def test_loader_with_workers_resumes_a_shuffled_input_in_the_uninterrupted_order
         assert all("buffer_offsets" in position for position in state["shards"].values())
 
 
-@pytest.mark.parametrize("batch_size", [2, None])
+@pytest.mark.parametrize("batch_size", [2, 4, None])
 def test_loader_positions_rebuilt_from_tags_equal_the_in_process_ones(tmp_path, batch_size):
     # Workers send only the buffer slots that changed with each item; the loader's position must
     # still be the whole one, through the fill, the exchanges, the drain and the next epoch.
@@ -106,7 +106,7 @@ def test_loader_positions_rebuilt_from_tags_equal_the_in_process_ones(tmp_path, 
     for stop, (ours, theirs) in enumerate(zip(dataset, loader), start=1):
         assert ours == theirs
         assert loader.state_dict()["shards"] == dataset.state_dict()["shards"], f"after {stop} items"
-    assert stop == (16 if batch_size else 30)
+    assert stop == {2: 15, 4: 8, None: 30}[batch_size]  # 2 epochs of 15 records; batches of 4 run across
 
 
 def count_records_read(monkeypatch):

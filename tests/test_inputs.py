@@ -76,36 +76,46 @@ class _PairDataset(Dataset):
 # --------------------------------------------------------------------------- batches and epochs
 
 
-def test_batches_cover_epochs_with_a_last_partial_batch():
+def test_batches_run_across_epochs_and_only_the_last_is_short():
     x, y = _arrays(10)
-    batches = numpy_input_fn(x, y, batch_size=4, num_epochs=2, shuffle=False)()
+    batches = numpy_input_fn(x, y, batch_size=4, num_epochs=3, shuffle=False)()
     result = list(batches)
-    assert _ids(result) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]] * 2
-    assert len(batches) == 6
+    # TF's repeat(3).batch(4): 30 rows in 7 full batches and one of 2.
+    assert _ids(result) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 1], [2, 3, 4, 5], [6, 7, 8, 9]] + [
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+        [8, 9],
+    ]
+    assert len(batches) == 8
     features, _ = result[1]
     assert torch.equal(features["pixels"], torch.arange(12, 24).reshape(4, 3))
-    assert batches.state_dict() == {"epoch": 2, "batch": 0}
+    assert batches.state_dict() == {"epoch": 3, "row": 0}
 
 
-def test_drop_remainder_drops_each_epochs_partial_batch():
+def test_drop_remainder_drops_only_the_very_last_short_batch():
     x, y = _arrays(10)
-    batches = numpy_input_fn(x, y, batch_size=4, num_epochs=2, shuffle=False, drop_remainder=True)()
-    assert _ids(batches) == [[0, 1, 2, 3], [4, 5, 6, 7]] * 2
-    assert len(batches) == 4
+    batches = numpy_input_fn(x, y, batch_size=4, num_epochs=3, shuffle=False, drop_remainder=True)()
+    assert _ids(batches) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 1], [2, 3, 4, 5], [6, 7, 8, 9]] + [
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+    ]
+    assert len(batches) == 7
+    assert batches.state_dict() == {"epoch": 2, "row": 8}
 
 
 def test_num_epochs_none_keeps_going_and_has_no_length():
     x, y = _arrays(10)
     batches = numpy_input_fn(x, y, batch_size=4, num_epochs=None, shuffle=True, seed=1)()
     taken = list(itertools.islice(batches, 25))
-    assert len(taken) == 25
-    assert batches.state_dict() == {"epoch": 8, "batch": 1}
+    assert len(taken) == 25 and all(len(batch) == 4 for batch in _ids(taken))  # never a short batch
+    assert batches.state_dict() == {"epoch": 10, "row": 0}
     with pytest.raises(TypeError):
         len(batches)
     # Each epoch holds every example once, in a fresh order.
-    epochs = [sorted(functools.reduce(operator.iadd, _ids(taken[i : i + 3]), [])) for i in range(0, 24, 3)]
-    assert all(epoch == list(range(10)) for epoch in epochs)
-    assert _ids(taken[0:3]) != _ids(taken[3:6])
+    rows = functools.reduce(operator.iadd, _ids(taken), [])
+    epochs = [rows[i : i + 10] for i in range(0, 100, 10)]
+    assert all(sorted(epoch) == list(range(10)) for epoch in epochs)
+    assert epochs[0] != epochs[1]
 
 
 def test_dtypes_are_kept_and_tensors_do_not_alias_the_arrays():
@@ -242,6 +252,9 @@ def test_a_position_from_other_settings_is_refused():
         {"epoch": 3, "batch": 0},  # past the 2 epochs
         {"epoch": 0},
         {"epoch": -1, "batch": 0},
+        {"epoch": 0, "row": 10},  # past the 10 rows of an epoch
+        {"epoch": 2, "row": 1},  # past the 2 epochs
+        {"epoch": 0, "row": 1, "batch": 0},
     ]
     for state in bad_states:
         with pytest.raises(ValueError, match="input position"):
@@ -329,7 +342,7 @@ def test_state_dict_is_json_serializable_plain_integers():
     batches = numpy_input_fn(x, y, batch_size=4, num_epochs=None, shuffle=True)()
     list(itertools.islice(batches, 4))
     state = batches.state_dict()
-    assert json.loads(json.dumps(state)) == state == {"epoch": 1, "batch": 1}
+    assert json.loads(json.dumps(state)) == state == {"epoch": 1, "row": 6}
     assert all(type(value) is int for value in state.values())
 
 
@@ -379,17 +392,17 @@ def test_pandas_resume_matches_uninterrupted():
 
 def test_dataset_batches_and_replicas_match_numpy_order():
     dataset = _PairDataset(9)
-    input_fn = dataset_input_fn(dataset, batch_size=4, shuffle=True, num_epochs=2, seed=4)
+    input_fn = dataset_input_fn(dataset, batch_size=2, shuffle=True, num_epochs=3, seed=4)
     single = list(input_fn())
-    assert len(single) == 6
-    expected = numpy_input_fn(np.arange(9), np.arange(9) + 100, batch_size=4, num_epochs=2, shuffle=True, seed=4)()
+    assert len(single) == 14  # 27 rows
+    expected = numpy_input_fn(np.arange(9), np.arange(9) + 100, batch_size=2, num_epochs=3, shuffle=True, seed=4)()
     assert _ids(single) == _ids(expected)
     shards = [list(input_fn(input_context=_context(2, replica))) for replica in range(2)]
     for step, (features, labels) in enumerate(single):
         assert torch.equal(torch.cat([shard[step][1] for shard in shards]), labels)
         values = torch.cat([shard[step][0]["value"] for shard in shards])
         assert torch.equal(values, features["value"])
-    empty_features, empty_labels = shards[1][2]  # last batch has 1 row for 2 replicas
+    empty_features, empty_labels = shards[1][-1]  # last batch has 1 row for 2 replicas
     assert empty_features["value"].shape == (0, 2) and empty_labels.shape == (0,)
 
 
@@ -399,10 +412,10 @@ def test_dataset_resume_skips_at_the_index_level():
     reference = list(input_fn())
     dataset.fetched.clear()
     resumed = input_fn()
-    resumed.load_state_dict({"epoch": 1, "batch": 1})
+    resumed.load_state_dict({"epoch": 1, "row": 2})  # after 3 batches: 12 rows
     remaining = list(resumed)
-    _assert_same_batches(remaining, reference[4:])
-    assert len(dataset.fetched) == 6  # only the rows of the two remaining batches were loaded
+    _assert_same_batches(remaining, reference[3:])
+    assert len(dataset.fetched) == 8  # only the rows of the two remaining batches were loaded
 
 
 def test_dataset_input_fn_leaves_the_global_torch_rng_alone():
@@ -432,7 +445,7 @@ def test_dataset_resume_with_workers_counts_consumed_batches(consumed):
     iterator = iter(interrupted)
     list(itertools.islice(iterator, consumed))  # workers have prefetched further by now
     state = json.loads(json.dumps(interrupted.state_dict()))
-    assert state == {"epoch": consumed // 3, "batch": consumed % 3}
+    assert state == {"epoch": consumed * 4 // 10, "row": consumed * 4 % 10}
     del iterator
     resumed = input_fn()
     resumed.load_state_dict(state)

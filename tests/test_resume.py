@@ -172,7 +172,7 @@ def test_edited_rng_state_in_the_newest_checkpoint_is_caught_and_resume_stays_ex
     state = json.loads(state_file.read_text())
     replica = state["extra"]["replicas"][0]
     replica["train_state"]["rng"]["python"][1][5] ^= 1  # still valid JSON and a valid RNG state, only different
-    replica["input_source"]["batch"] += 1
+    replica["input_source"]["row"] += 1
     state_file.write_text(json.dumps(state, indent=1))
     resumed = _dropout_estimator(tmp_path / "resumed", save_checkpoints_steps=5)
     resumed.train(train, max_steps=15)  # falls back to ckpt-5 and redoes steps 6..15

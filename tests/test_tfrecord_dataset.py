@@ -75,13 +75,13 @@ def test_num_epochs_none_repeats_forever(tmp_path):
     assert items == records * 3 + records[:1]
 
 
-def test_parse_fn_batches_and_epochs_stay_apart(tmp_path):
+def test_parse_fn_batches_run_across_epochs_as_repeat_then_batch(tmp_path):
     pattern, _ = make_files(tmp_path, [5])
-    batches = list(TFRecordDataset(pattern, parse_fn=parse_pair, batch_size=2, num_epochs=2))
-    assert [batch["row"].tolist() for batch in batches] == [[0, 1], [2, 3], [4], [0, 1], [2, 3], [4]]
+    batches = list(TFRecordDataset(pattern, parse_fn=parse_pair, batch_size=2, num_epochs=3))
+    assert [batch["row"].tolist() for batch in batches] == [[0, 1], [2, 3], [4, 0], [1, 2], [3, 4], [0, 1], [2, 3], [4]]
     assert isinstance(batches[0]["row"], torch.Tensor)
-    dropped = list(TFRecordDataset(pattern, parse_fn=parse_pair, batch_size=2, drop_remainder=True))
-    assert [batch["row"].tolist() for batch in dropped] == [[0, 1], [2, 3]]
+    dropped = list(TFRecordDataset(pattern, parse_fn=parse_pair, batch_size=2, num_epochs=3, drop_remainder=True))
+    assert [batch["row"].tolist() for batch in dropped] == [[0, 1], [2, 3], [4, 0], [1, 2], [3, 4], [0, 1], [2, 3]]
     joined = list(TFRecordDataset(pattern, batch_size=3, collate_fn=b"|".join))
     assert joined == [b"0-0|0-1|0-2", b"0-3|0-4"]
 
@@ -195,6 +195,23 @@ RESUME_CASES = {
     "interleave": {"interleave_cycle_length": 2, "shuffle_files": True, "num_epochs": 2},
     "buffer": {"shuffle_buffer_size": 5, "shuffle_files": True, "num_epochs": 2},
     "batches": {"batch_size": 3, "parse_fn": parse_pair, "interleave_cycle_length": 3},
+    # 18 records an epoch, batches of 4 and 5: batches run across the epoch boundaries.
+    "batches_across_epochs": {"batch_size": 4, "parse_fn": parse_pair, "num_epochs": 3},
+    "interleaved_batches_across_epochs": {
+        "batch_size": 5,
+        "collate_fn": list,
+        "interleave_cycle_length": 2,
+        "shuffle_files": True,
+        "num_epochs": 3,
+        "drop_remainder": True,
+    },
+    "buffered_batches_across_epochs": {
+        "batch_size": 4,
+        "collate_fn": list,
+        "shuffle_buffer_size": 5,
+        "shuffle_files": True,
+        "num_epochs": 3,
+    },
     "record_shards": {"num_shards": 2, "shard_index": 1, "interleave_cycle_length": 2, "num_epochs": 2},
 }
 

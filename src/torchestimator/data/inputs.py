@@ -9,31 +9,35 @@ modules), and the loop that consumes the batches.
 
 Semantics shared by every input function here:
 
-- `batch_size` is the *global* batch size. Under an `InputContext` with P
-  input pipelines (one per process here), pipeline r receives the r-th
-  contiguous slice of every global batch, so the union over replicas of step k
-  is exactly the single-replica batch k: two processes with batch B each see
-  what one process sees with batch 2B.
-- The last partial batch of an epoch (when `drop_remainder=False`) is split as
-  evenly as possible (sizes differ by at most one, earlier replicas get the
-  extra rows). Every replica therefore yields the same number of batches and
-  DDP never waits on a replica that ran out; when the partial batch has fewer
-  rows than there are replicas, some replicas get a batch with zero rows
-  (a warning is logged). For training on several replicas prefer
-  `drop_remainder=True`.
-- Batches never mix two epochs: each epoch ends with its own partial batch
-  unless `drop_remainder=True`. (TF's queue-based `numpy_input_fn` with
-  `num_epochs=None` ran full batches across epoch boundaries; keeping epochs
-  apart is what makes the position a plain `{"epoch", "batch"}` pair.)
+- `batch_size` is the *global* batch size (`split_global_batch`, the one
+  rule of every input helper, TFRecordDataset's too). Under an
+  `InputContext` with P input pipelines (one per process here), pipeline r
+  receives the r-th contiguous slice of every global batch, so the union over
+  replicas of step k is exactly the single-replica batch k: two processes with
+  batch B each see what one process sees with batch 2B.
+- Epochs are repeated, then batched, as TF's `repeat(num_epochs).batch(B)`
+  (and its queue-based `numpy_input_fn`): batches run across epoch
+  boundaries (10 rows, batch 4: `[0-3] [4-7] [8 9 0 1] [2-5] ...`), so with
+  `num_epochs=None` every batch is full, and with a finite `num_epochs` only
+  the very last batch may be short (`drop_remainder=True` drops it).
+- That last short batch is split as evenly as possible (sizes differ by at
+  most one, earlier replicas get the extra rows). Every replica therefore
+  yields the same number of batches and DDP never waits on a replica that ran
+  out; when it has fewer rows than there are replicas, some replicas get a
+  batch with zero rows (a warning is logged). For training on several
+  replicas prefer `drop_remainder=True` or `num_epochs=None`.
 - Shuffling draws a fresh permutation for every epoch from
   `numpy.random.default_rng([seed, epoch])`, never from global RNG state, so
   the order is deterministic and a resumed run sees the same order. When
   `seed` is None, `config.random_seed` is used if the config has it and it is
   not None, else 0.
 - Each batch is `(features, labels)`; `labels` is None when there are none.
-- The position (`state_dict()`) counts global batches handed to the consumer,
-  so it does not depend on the number of replicas: a checkpoint written with
-  one process resumes exactly with two, and the reverse.
+- The position (`state_dict()`) is `{"epoch", "row"}`: the next row of the
+  stream after the global batches handed to the consumer, so it depends
+  neither on the number of replicas nor on the batch size: a checkpoint
+  written with one process resumes exactly with two, and the reverse. (The
+  `{"epoch", "batch"}` positions of earlier versions, whose epochs each ended
+  with a short batch, resume at the same row.)
 """
 
 from __future__ import annotations
@@ -126,7 +130,15 @@ def split_global_batch(caller: str, global_batch_size: int, num_replicas: int, d
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _BatchPlan:
-    """Which rows of the data each (epoch, batch) position holds, for one input pipeline."""
+    """Which rows each global batch holds, for one input pipeline: TF's `repeat(num_epochs).batch(B)`.
+
+    The epochs' orders are laid end to end in one stream of rows (a fresh
+    permutation per epoch when shuffling) and global batch k is rows
+    [k B, (k + 1) B) of that stream, so a batch may run across an epoch
+    boundary; only the very last batch of a finite stream may be short (and
+    `drop_remainder` drops it). A place in the stream is an `offset`: the
+    count of rows handed out since the start.
+    """
 
     num_examples: int
     global_batch_size: int
@@ -138,16 +150,23 @@ class _BatchPlan:
     pipeline_id: int = 0
 
     @property
-    def batches_per_epoch(self) -> int:
-        if self.drop_remainder:
-            return self.num_examples // self.global_batch_size
-        return math.ceil(self.num_examples / self.global_batch_size)
+    def total_rows(self) -> int | None:
+        return None if self.num_epochs is None else self.num_epochs * self.num_examples
 
     @property
     def total_batches(self) -> int | None:
-        if self.num_epochs is None:
+        total = self.total_rows
+        if total is None:
             return None
-        return self.num_epochs * self.batches_per_epoch
+        if self.drop_remainder:
+            return total // self.global_batch_size
+        return math.ceil(total / self.global_batch_size)
+
+    @property
+    def last_batch_rows(self) -> int:
+        """Rows of the short last batch of a finite stream; 0 when there is none (or it is dropped)."""
+        total = self.total_rows
+        return 0 if total is None or self.drop_remainder else total % self.global_batch_size
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         if not self.shuffle:
@@ -155,51 +174,66 @@ class _BatchPlan:
         generator = np.random.default_rng([self.seed, epoch])
         return generator.permutation(self.num_examples).astype(np.int64, copy=False)
 
-    def pipeline_rows(self, order: np.ndarray, batch: int) -> np.ndarray:
-        """This pipeline's contiguous share of global batch `batch` (uneven only if partial)."""
-        rows = order[batch * self.global_batch_size : (batch + 1) * self.global_batch_size]
+    def pipeline_rows(self, rows: np.ndarray) -> np.ndarray:
+        """This pipeline's contiguous share of one global batch's rows (uneven only if it is short)."""
         base, extra = divmod(len(rows), self.num_pipelines)
         start = self.pipeline_id * base + min(self.pipeline_id, extra)
         size = base + (1 if self.pipeline_id < extra else 0)
         return rows[start : start + size]
 
-    def iterate(self, start: tuple[int, int]) -> Iterator[tuple[tuple[int, int], np.ndarray]]:
-        """(position after the batch, rows) from `start` on; skipped batches are never built."""
-        epoch, batch = start
-        while self.num_epochs is None or epoch < self.num_epochs:
-            order = self.epoch_order(epoch)
-            for index in range(batch, self.batches_per_epoch):
-                yield self.normalize((epoch, index + 1)), self.pipeline_rows(order, index)
-            epoch, batch = epoch + 1, 0
+    def iterate(self, start: int) -> Iterator[tuple[int, np.ndarray]]:
+        """(offset after the batch, this pipeline's rows) for each batch from offset `start` on."""
+        size, total, count = self.global_batch_size, self.total_rows, self.num_examples
+        orders: dict[int, np.ndarray] = {}  # the epochs the current batch touches (two, unless B > N)
+        offset = start
+        while total is None or offset < total:
+            stop = offset + size if total is None else min(offset + size, total)
+            if stop - offset < size and self.drop_remainder:
+                return
+            pieces = []
+            while offset < stop:
+                epoch, row = divmod(offset, count)
+                if epoch not in orders:
+                    orders = {key: order for key, order in orders.items() if key >= epoch}
+                    orders[epoch] = self.epoch_order(epoch)
+                take = min(stop - offset, count - row)
+                pieces.append(orders[epoch][row : row + take])
+                offset += take
+            rows = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+            yield stop, self.pipeline_rows(rows)
 
-    def normalize(self, position: tuple[int, int]) -> tuple[int, int]:
-        epoch, batch = position
-        if batch >= self.batches_per_epoch:
-            return epoch + 1, 0
-        return epoch, batch
+    def position(self, offset: int) -> dict[str, int]:
+        """The JSON position of a stream offset: the next row is row `row` of epoch `epoch`'s order."""
+        epoch, row = divmod(offset, self.num_examples)
+        return {"epoch": int(epoch), "row": int(row)}
 
-    def check_position(self, state: Mapping[str, Any]) -> tuple[int, int]:
-        """Validate a saved position against this plan and return it normalized."""
-        if not isinstance(state, Mapping) or set(state) != {"epoch", "batch"}:
-            raise ValueError(f"Expected an input position {{'epoch': int, 'batch': int}}; received {state!r}.")
-        epoch, batch = state["epoch"], state["batch"]
-        valid_numbers = all(
-            isinstance(value, int) and not isinstance(value, bool) and value >= 0 for value in (epoch, batch)
-        )
-        epochs = "unlimited" if self.num_epochs is None else self.num_epochs
-        if (
-            not valid_numbers
-            or batch > self.batches_per_epoch
-            or (self.num_epochs is not None and epoch > self.num_epochs)
-            or (epoch == self.num_epochs and batch > 0)
-        ):
+    def check_position(self, state: Mapping[str, Any]) -> int:
+        """Validate a saved position against this plan and return its stream offset.
+
+        `{"epoch", "row"}` names the next row; `{"epoch", "batch"}` is the
+        position of earlier versions, whose epochs each ended with their own
+        short batch: it resumes at the same next row.
+        """
+        keys = set(state) if isinstance(state, Mapping) else set()
+        if keys not in ({"epoch", "row"}, {"epoch", "batch"}):
+            raise ValueError(f"Expected an input position {{'epoch': int, 'row': int}}; received {state!r}.")
+        epoch, index = state["epoch"], state["row" if "row" in keys else "batch"]
+        valid = all(isinstance(value, int) and not isinstance(value, bool) and value >= 0 for value in (epoch, index))
+        count, size = self.num_examples, self.global_batch_size
+        if valid and "batch" in keys:  # the earlier per-epoch batches
+            per_epoch = count // size if self.drop_remainder else math.ceil(count / size)
+            valid = index <= per_epoch
+            epoch, index = (epoch + 1, 0) if index >= per_epoch else (epoch, index * size)
+        offset = epoch * count + index if valid else -1
+        total = self.total_rows
+        if not valid or index >= count or (total is not None and offset > total):
+            epochs = "unlimited" if self.num_epochs is None else self.num_epochs
             raise ValueError(
-                f"The input position {dict(state)!r} lies outside this input "
-                f"({self.batches_per_epoch} batches per epoch, {epochs} epochs). Was the "
-                f"checkpoint written with a different batch_size, num_epochs or data? Resume "
-                f"with the same input settings, or start from a fresh model_dir."
+                f"The input position {dict(state)!r} lies outside this input ({count} examples, "
+                f"{epochs} epochs). Was the checkpoint written with different num_epochs or data? "
+                f"Resume with the same input settings, or start from a fresh model_dir."
             )
-        return self.normalize((epoch, batch))
+        return offset
 
 
 class _ResumableBatches(abc.ABC):
@@ -212,24 +246,23 @@ class _ResumableBatches(abc.ABC):
 
     def __init__(self, plan: _BatchPlan) -> None:
         self._plan = plan
-        self._position = (0, 0)
-        self._next_start = (0, 0)
+        self._position = 0  # stream offset after the last batch handed out
+        self._next_start = 0
 
     def state_dict(self) -> dict[str, int]:
-        epoch, batch = self._position
-        return {"epoch": int(epoch), "batch": int(batch)}
+        return self._plan.position(self._position)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._position = self._next_start = self._plan.check_position(state)
 
     def __iter__(self) -> Iterator[Any]:
-        start, self._next_start = self._next_start, (0, 0)
+        start, self._next_start = self._next_start, 0
         self._position = start
         return self._generate(start)
 
     @abc.abstractmethod
-    def _generate(self, start: tuple[int, int]) -> Iterator[Any]:
-        """Batches from `start` = (epoch, batch) on, advancing `self._position` as they are handed out."""
+    def _generate(self, start: int) -> Iterator[Any]:
+        """Batches from stream offset `start` on, advancing `self._position` as they are handed out."""
 
 
 class _Sized:
@@ -237,7 +270,7 @@ class _Sized:
 
     _plan: _BatchPlan
 
-    def __len__(self) -> int:
+    def __len__(self) -> int:  # with a resumed position too: the whole input's batches, as TF's cardinality
         total = self._plan.total_batches
         assert total is not None, "_Sized is only mixed into finite inputs"
         return total
@@ -282,26 +315,26 @@ class _BatchOptions:
             num_pipelines=context.num_input_pipelines,
             pipeline_id=context.input_pipeline_id,
         )
+        batches = "endless" if plan.total_batches is None else f"{plan.total_batches} batches"
         split_global_batch(
             self.caller,
             self.batch_size,
             plan.num_pipelines,
-            f"{num_examples} examples, {plan.batches_per_epoch} batches per epoch, shuffle={plan.shuffle}, "
+            f"{num_examples} examples x {plan.num_epochs or 'endless'} epochs, {batches}, shuffle={plan.shuffle}, "
             f"seed={plan.seed}",
         )
-        if plan.batches_per_epoch == 0:
+        if plan.total_batches == 0:
             raise ValueError(
-                f"{self.caller}: drop_remainder=True with {num_examples} examples and a global "
-                f"batch of {self.batch_size} leaves no batch at all. Use a batch size of at most "
-                f"{num_examples} or drop_remainder=False."
+                f"{self.caller}: drop_remainder=True with {num_examples} examples x {plan.num_epochs} "
+                f"epochs and a global batch of {self.batch_size} leaves no batch at all. Use a batch "
+                f"size of at most {num_examples * (plan.num_epochs or 1)} or drop_remainder=False."
             )
-        remainder = 0 if self.drop_remainder else num_examples % self.batch_size
-        if 0 < remainder < plan.num_pipelines:
+        if 0 < plan.last_batch_rows < plan.num_pipelines:
             logger.warning(
-                "%s: the last batch of each epoch has %d rows for %d replicas, so some replicas "
-                "get an empty batch; use drop_remainder=True for training.",
+                "%s: the last batch has %d rows for %d replicas, so some replicas get an empty "
+                "batch; use drop_remainder=True for training.",
                 self.caller,
-                remainder,
+                plan.last_batch_rows,
                 plan.num_pipelines,
             )
         return plan
@@ -410,7 +443,7 @@ class _ArrayBatches(_ResumableBatches):
         self._features = features
         self._labels = labels
 
-    def _generate(self, start: tuple[int, int]) -> Iterator[tuple[Any, Any]]:
+    def _generate(self, start: int) -> Iterator[tuple[Any, Any]]:
         for position, rows in self._plan.iterate(start):
             batch = (_take(self._features, rows), _take(self._labels, rows))
             self._position = position
@@ -452,7 +485,8 @@ def numpy_input_fn(
         shuffle: required, as in TF: True for training, False otherwise.
         seed: seeds the per-epoch permutations; None takes `config.random_seed`
             when set, else 0.
-        drop_remainder: drop each epoch's last partial batch.
+        drop_remainder: drop the last batch when it is short (batches run
+            across epoch boundaries, so only the very last one can be).
 
     Tensors are made with `torch.from_numpy` on the selected rows, so dtypes
     are kept as they are (float64 stays float64: cast the arrays beforehand if
@@ -607,7 +641,7 @@ class _EmptySafeCollate:
 class _PlanBatchSampler(Sampler[list[int]]):
     """Yields this replica's dataset indices per batch, starting at a position (skips by index)."""
 
-    def __init__(self, plan: _BatchPlan, start: tuple[int, int]) -> None:
+    def __init__(self, plan: _BatchPlan, start: int) -> None:
         super().__init__()
         self._plan = plan
         self._start = start
@@ -632,7 +666,7 @@ class _DatasetBatches(_ResumableBatches):
         self._collate_fn = _EmptySafeCollate(collate_fn, dataset)
         self._num_workers = num_workers
 
-    def _generate(self, start: tuple[int, int]) -> Iterator[Any]:
+    def _generate(self, start: int) -> Iterator[Any]:
         # An own generator keeps DataLoader from drawing worker seeds from torch's
         # global RNG, which would shift the training run's random stream.
         generator = torch.Generator()

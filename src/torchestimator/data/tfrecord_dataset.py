@@ -14,14 +14,21 @@ checks). Each open object is fetched ahead in large ranges, the next file of the
 epoch is opened (and its first ranges fetched) while the one before it is read,
 and an interleave's files are fetched in parallel (`_remote_files.py`).
 
-Pipeline, per shard and per epoch (epochs never mix)::
+Pipeline, per shard and per epoch (the shuffle buffer never mixes epochs)::
 
     files (shuffled per epoch when shuffle_files, the same order on every shard)
       -> this shard's part: whole files, or every N-th record
       -> interleave: round robin over `interleave_cycle_length` open files, one record each
          (a finished file's slot is taken over by the next file)
       -> shuffle buffer (seeded by seed, epoch and shard)
+    then over the epochs laid end to end (TF's `shuffle(...).repeat(num_epochs).batch(batch_size)`):
       -> parse_fn(record) -> batches of batch_size through collate_fn
+
+Batches run across epoch boundaries (10 records, batch 4: `[0-3] [4-7] [8 9 0 1]
+[2-5] ...`), so with `num_epochs=None` every batch is full, and with a finite
+num_epochs only the very last batch of the shard may be short (drop_remainder
+drops it). A batch that runs across is handed out with the next epoch's
+position, so a resume continues right after it.
 
 Sharding. There are `num_shards x num_workers` shards: one per process
 (`num_shards`/`shard_index`, an `InputContext`, or torch.distributed when
@@ -215,6 +222,18 @@ def _image_where(where: Callable[[int], str] | None, index: int, name: str) -> s
     return f"{where(index) if where else 'TFRecordDataset record'}, feature {name!r}"
 
 
+def _joined_names(parts: list[tuple[int, Callable[[int], str]]]) -> Callable[[int], str]:
+    """Names the records of a batch taken in parts (e.g. across an epoch boundary): (first index, names)."""
+    if len(parts) == 1:
+        return parts[0][1]
+
+    def where(index: int) -> str:
+        first, names = next((first, names) for first, names in reversed(parts) if index >= first)
+        return names(index - first)
+
+    return where
+
+
 class _ShardStream:
     """One shard's items over all its epochs; `position()` is the point after the last one yielded.
 
@@ -254,20 +273,8 @@ class _ShardStream:
         return self.position()
 
     def __iter__(self) -> Iterator[Any]:
-        plan, start = self._plan, self._start
-        while plan.num_epochs is None or self._epoch < plan.num_epochs:
-            yielded = 0
-            for item in self._items(start):
-                yielded += 1
-                yield item
-            if start is None and not yielded and plan.num_epochs is None:
-                raise ValueError(
-                    f"TFRecordDataset shard {self._shard} of {self._num_shards} got no items in epoch "
-                    f"{self._epoch} from {len(plan.files)} files, so repeating forever would hang. Check "
-                    f"the files, or use fewer processes x workers than records (batches with drop_remainder)."
-                )
-            start = None
-            self._epoch += 1
+        plan = self._plan
+        yield from (self._items_of_epochs() if self._output.batch_size is None else self._batches())
         self._reader = _EpochRecords(plan, [], 1, 0, None, self.stats)  # at the end: nothing left
         self._buffer = None
         if self.stats.skipped_files:
@@ -323,32 +330,79 @@ class _ShardStream:
             f"shard's epoch (after the shuffle buffer)"
         )
 
-    def _image_items(self, reader: _EpochRecords) -> Iterator[Any]:
-        """The items of an output with images=: the same records, each batch named for its errors."""
-        output, batch_size, delivered = self._output, self._output.batch_size, 0
-        while True:
-            if self._buffer is None:
-                taken = reader.take(batch_size or 1, refs=True)
-                records, where = taken.records, self._record_names(taken.files, taken.offsets)
-            else:
-                records = self._buffer.take(batch_size or 1)
-                where = self._batch_position_names(delivered)
-            if not records or (batch_size and len(records) < batch_size and output.drop_remainder):
-                return
-            delivered += len(records)
-            yield output.batch(records, where) if batch_size else output.item(records[0], where)
+    def _take_named(self, reader: _EpochRecords, count: int) -> tuple[list[bytes], Callable[[int], str]]:
+        """`_take`, with what names each record for image decode errors."""
+        if self._buffer is None:
+            taken = reader.take(count, refs=True)
+            return taken.records, self._record_names(taken.files, taken.offsets)
+        where = self._batch_position_names(self._buffer.delivered)
+        return self._buffer.take(count), where
+
+    def _check_not_empty(self, start: Mapping[str, Any] | None, records: int) -> None:
+        plan = self._plan
+        if start is None and not records and plan.num_epochs is None:
+            raise ValueError(
+                f"TFRecordDataset shard {self._shard} of {self._num_shards} got no items in epoch "
+                f"{self._epoch} from {len(plan.files)} files, so repeating forever would hang. Check "
+                f"the files, or use fewer processes x workers than records."
+            )
+
+    def _batches(self) -> Iterator[Any]:
+        """Batches over the epochs laid end to end, as TF's `repeat(num_epochs).batch(batch_size)`.
+
+        A batch runs across an epoch boundary (the tail of one epoch's records,
+        then the head of the next one's), so only the very last batch of a
+        finite input may be short, and drop_remainder drops only that one. A
+        batch is handed out with the state after its last record (the next
+        epoch's, when it ran across), which is what `position()` reads.
+        """
+        plan, output, start = self._plan, self._output, self._start
+        size = output.batch_size
+        assert size is not None, "_batches is the batched output's"
+        pending: list[bytes] = []
+        names: list[tuple[int, Callable[[int], str]]] = []  # (first index in the batch, names), with images=
+        while plan.num_epochs is None or self._epoch < plan.num_epochs:
+            reader, taken = self._open_epoch(start), 0
+            while True:
+                if output.images:
+                    records, where = self._take_named(reader, size - len(pending))
+                    names.append((len(pending), where))
+                else:
+                    records = self._take(reader, size - len(pending))
+                if not records:
+                    break
+                taken += len(records)
+                pending = pending + records if pending else records
+                if len(pending) == size:
+                    yield output.batch(pending, _joined_names(names) if output.images else None)
+                    pending, names = [], []
+            self._check_not_empty(start, taken)
+            if pending and self._epoch + 1 == plan.num_epochs and not output.drop_remainder:
+                yield output.batch(pending, _joined_names(names) if output.images else None)  # the last, short
+            start = None
+            self._epoch += 1
+
+    def _items_of_epochs(self) -> Iterator[Any]:
+        """The unbatched items, epoch after epoch."""
+        plan, start = self._plan, self._start
+        while plan.num_epochs is None or self._epoch < plan.num_epochs:
+            yielded = 0
+            for item in self._items(start):
+                yielded += 1
+                yield item
+            self._check_not_empty(start, yielded)
+            start = None
+            self._epoch += 1
 
     def _items(self, start: Mapping[str, Any] | None) -> Iterator[Any]:
         reader = self._open_epoch(start)
         output = self._output
-        batch_size = output.batch_size
         if output.images:
-            yield from self._image_items(reader)
-        elif batch_size is not None:
-            while batch := self._take(reader, batch_size):
-                if len(batch) < batch_size and output.drop_remainder:
+            while True:
+                record, where = self._take_named(reader, 1)
+                if not record:
                     return
-                yield output.batch(batch)
+                yield output.item(record[0], where)
         elif self._buffer is not None:
             records = self._buffer.one_by_one()
             yield from (records if output.parse_fn is None and output.features is None else map(output.item, records))
