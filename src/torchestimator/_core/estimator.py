@@ -62,6 +62,7 @@ from torchestimator.checkpoint.parts import (
     resumable,
 )
 from torchestimator.checkpoint.store import Checkpoint, CheckpointStore
+from torchestimator.data.inputs import describe_position
 from torchestimator.distribute.cluster import EVALUATOR, PS, cluster_from_tf_config
 from torchestimator.distribute.strategy import OneDeviceStrategy, Strategy, is_chief
 from torchestimator.distribute.sync_batch_norm import copy_sharing_process_groups, prepare_batch_norm
@@ -549,7 +550,8 @@ class Estimator:
                     "te.pandas_input_fn); or train in a new model_dir with warm_start_from="
                     f"{checkpoint.path!r} (weights only, the input starts over)."
                 ) from error
-            logger.info("Input resumes at %s.", position)
+            logger.info("Input resumes at %s.", describe_position(parts.input_source, position))
+            logger.debug("Input resumes at (the whole position) %s.", position)
 
     def _prepare_model_dir(self, step: int) -> None:
         """Creates model_dir, clears what killed runs left there, checks it takes writes, records the settings."""

@@ -62,6 +62,7 @@ __all__ = [
     "ResumableIterable",
     "dataset_input_fn",
     "describe_batch_sizes",
+    "describe_position",
     "numpy_input_fn",
     "pandas_input_fn",
 ]
@@ -77,7 +78,9 @@ class ResumableIterable(Protocol):
     """An iterable of batches that can report and restore its position.
 
     The training loop calls `state_dict()` when it saves a checkpoint and
-    `load_state_dict()` before the first `iter()` after a restore.
+    `load_state_dict()` before the first `iter()` after a restore. An
+    iterable may also define `describe_position(state) -> str`, one short line
+    for the log at resume (see `describe_position`); it is optional.
     """
 
     def __iter__(self) -> Iterator[Any]: ...
@@ -89,6 +92,24 @@ class ResumableIterable(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Make the next iteration continue right after the batch `state` points to."""
         ...
+
+
+_POSITION_LINE_LIMIT = 200  # characters of a position's line in the log at resume
+
+
+def describe_position(source: Any, position: Any) -> str:
+    """A saved input position in one short line, for the "Input resumes at ..." log.
+
+    Sources that know their positions say where they stand
+    (`source.describe_position(position)`: the epoch, the file and byte offset
+    read next, the records consumed); any other position is its repr, cut at
+    200 characters. The whole position is for the DEBUG log.
+    """
+    describe = getattr(source, "describe_position", None)
+    text = describe(position) if callable(describe) else repr(position)
+    if len(text) > _POSITION_LINE_LIMIT:
+        text = f"{text[: _POSITION_LINE_LIMIT - 60]}... ({len(text)} characters; the whole position is at DEBUG)"
+    return text
 
 
 def describe_batch_sizes(global_batch_size: int, input_context: InputContext | None = None) -> str:
@@ -254,6 +275,12 @@ class _ResumableBatches(abc.ABC):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._position = self._next_start = self._plan.check_position(state)
+
+    def describe_position(self, state: Mapping[str, Any]) -> str:
+        """`state` in words, e.g. "epoch 3, row 40 of 100 (340 rows consumed)"."""
+        offset = self._plan.check_position(state)
+        epoch, row = divmod(offset, self._plan.num_examples)
+        return f"epoch {epoch}, row {row} of {self._plan.num_examples} ({offset} rows consumed)"
 
     def __iter__(self) -> Iterator[Any]:
         start, self._next_start = self._next_start, 0

@@ -520,6 +520,44 @@ class _Positions:
                 f"or start the input afresh by not loading its position."
             )
 
+    def describe(self, state: Mapping[str, Any]) -> str:
+        """`state` in one short line: per shard (two at most) the epoch, the file and byte offset read next
+        and the records consumed in the epoch; the whole position (RNG state, buffer refs) is for DEBUG."""
+        shards = sorted((int(shard), position) for shard, position in dict(state.get("shards", {})).items())
+        head = f"TFRecordDataset over {len(self._plan.files)} files"
+        if not shards:
+            return f"{head}: the beginning"
+        named = len(shards) > 1 or self._plan.num_ranks > 1
+        words = [self._describe_shard(shard, position, named) for shard, position in shards[:2]]
+        more = f"; {len(shards) - 2} more shards" if len(shards) > 2 else ""
+        return f"{head}: {'; '.join(words)}{more}"
+
+    def _describe_shard(self, shard: int, position: Mapping[str, Any], named: bool) -> str:
+        epoch = int(position.get("epoch", 0))
+        files, modulus = self._plan.shard_part(epoch, shard, self._plan.num_ranks * self._num_workers)
+        reader = position.get("reader", position)  # a buffered position nests its reader's
+
+        def name(index: int) -> str:
+            return os.path.basename(files[index]) if 0 <= index < len(files) else f"file {index}"
+
+        open_files = reader.get("open_files") or []
+        if open_files:
+            where = f"{name(int(open_files[0][0]))} at byte {int(open_files[0][1])}"
+            where += f" (+{len(open_files) - 1} open)" if len(open_files) > 1 else ""
+        elif "next_file" not in reader:
+            where = "the epoch replayed from its start"  # compressed files: no offsets saved
+        elif int(reader["next_file"]) < len(files):
+            where = f"{name(int(reader['next_file']))} at byte 0"
+        else:
+            where = "the end of the epoch's files"
+        if "delivered" in position:
+            consumed = int(position["delivered"])
+        else:  # records of the interleaved stream that were this shard's (every modulus-th)
+            consumed = max(0, -(-(int(reader.get("stream_index", 0)) - shard % modulus) // modulus))
+        buffered = f", {len(position['buffer_files'])} buffered records" if "buffer_files" in position else ""
+        label = f"shard {shard}, " if named else ""
+        return f"{label}epoch {epoch}, reading {where}, {consumed} records consumed in the epoch{buffered}"
+
     def starts(self) -> tuple[dict[int, dict[str, Any]], int]:
         """Start positions and worker rotation for a new iteration (fresh unless just loaded)."""
         if not self.pending:
@@ -748,6 +786,10 @@ class TFRecordDataset(IterableDataset):
         """The next `iter()` continues right after the item `state` points to."""
         self._positions.load(state)
 
+    def describe_position(self, state: Mapping[str, Any]) -> str:
+        """`state` in one short line (epoch, file and byte offset, records consumed), for the log at resume."""
+        return self._positions.describe(state)
+
     def loader(self, num_workers: int = 0, **dataloader_options: Any) -> TFRecordLoader:
         """A resumable DataLoader over `num_workers` processes (see `TFRecordLoader`)."""
         return TFRecordLoader(self, num_workers=num_workers, **dataloader_options)
@@ -816,3 +858,7 @@ class TFRecordLoader:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """The next `iter()` continues every shard right after its item in `state`."""
         self._positions.load(state)
+
+    def describe_position(self, state: Mapping[str, Any]) -> str:
+        """`state` in one short line (epoch, file and byte offset, records consumed), for the log at resume."""
+        return self._positions.describe(state)
