@@ -111,7 +111,7 @@ def test_a_global_batch_that_does_not_divide_is_refused_naming_both_numbers(help
     make = _helpers(_write_records(tmp_path))[helper]
     caller = helper.replace("TFRecordLoader", "TFRecordDataset")
     with pytest.raises(
-        ValueError, match=rf"{caller}: the global batch size 6 cannot be split evenly across 4 replicas"
+        ValueError, match=rf"{caller}: The global batch size 6 cannot be split evenly across 4 replicas"
     ):
         list(make(6, _context(4, 1)))
 

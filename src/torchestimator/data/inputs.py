@@ -115,35 +115,28 @@ def describe_position(source: Any, position: Any) -> str:
 def describe_batch_sizes(global_batch_size: int, input_context: InputContext | None = None) -> str:
     """Both batch sizes in words, e.g. "global batch 128 = 2 replicas x 64 per replica"."""
     context = input_context or InputContext()
-    return _batch_words(global_batch_size, context.num_replicas_in_sync, context.get_per_replica_batch_size)
-
-
-def _batch_words(global_batch_size: int, replicas: int, split: Callable[[int], int]) -> str:
+    replicas = context.num_replicas_in_sync
+    per_replica = context.get_per_replica_batch_size(global_batch_size)
     noun = "replica" if replicas == 1 else "replicas"
-    return f"global batch {global_batch_size} = {replicas} {noun} x {split(global_batch_size)} per replica"
+    return f"global batch {global_batch_size} = {replicas} {noun} x {per_replica} per replica"
 
 
 def split_global_batch(caller: str, global_batch_size: int, num_replicas: int, details: str = "") -> int:
     """The batch each replica gets from a global `batch_size`: THE batch rule of every input helper.
 
     `batch_size` is always the global batch, split evenly across the
-    `num_replicas` input pipelines (processes); a batch that does not divide
-    is refused naming both numbers. Logs the start-up line, e.g.
+    `num_replicas` input pipelines (processes) by
+    `InputContext.get_per_replica_batch_size`; a batch that does not divide is
+    refused naming both numbers. Logs the start-up line, e.g.
     "numpy_input_fn: global batch 128 = 2 replicas x 64 per replica, <details>".
     """
-
-    def split(size: int) -> int:
-        if size % num_replicas:
-            raise ValueError(
-                f"{caller}: the global batch size {size} cannot be split evenly across {num_replicas} "
-                f"replicas (batch_size is the global batch, shared by all replicas). Choose a batch_size "
-                f"that is a multiple of {num_replicas}, e.g. {(size // num_replicas + 1) * num_replicas}."
-            )
-        return size // num_replicas
-
-    words = _batch_words(global_batch_size, num_replicas, split)
+    context = InputContext(num_replicas_in_sync=num_replicas, num_input_pipelines=num_replicas)
+    try:
+        words = describe_batch_sizes(global_batch_size, context)
+    except ValueError as error:
+        raise ValueError(f"{caller}: {error} (batch_size is the global batch, shared by the replicas.)") from None
     logger.info("%s: %s%s", caller, words, f", {details}" if details else "")
-    return split(global_batch_size)
+    return context.get_per_replica_batch_size(global_batch_size)
 
 
 # --------------------------------------------------------------------------- the batch plan
