@@ -119,11 +119,11 @@ _PLAIN_SCRIPT = """
 import json, os, signal, sys, time, traceback
 import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
 import torchestimator as te
-from torchestimator.distribute import strategy as strategy_module
+from torchestimator.distribute import mirrored as mirrored_module
 
 model_dir, report_folder = sys.argv[1], sys.argv[2]
 if os.environ.get("TORCHESTIMATOR_STARTED_REPLICA_OF") is None:  # replica 0: dies once replica 1 runs
-    original = strategy_module._start_quiet_replicas
+    original = mirrored_module._start_quiet_replicas
 
     def start_then_die(num_replicas):
         replicas = original(num_replicas)
@@ -131,7 +131,7 @@ if os.environ.get("TORCHESTIMATOR_STARTED_REPLICA_OF") is None:  # replica 0: di
             handle.write(str(replicas.processes[0].pid))
         os.kill(os.getpid(), signal.SIGKILL)
 
-    strategy_module._start_quiet_replicas = start_then_die
+    mirrored_module._start_quiet_replicas = start_then_die
 x = np.random.default_rng(0).normal(size=(64, 6)).astype(np.float32)
 y = (x[:, 0] > 0).astype(np.int64)
 

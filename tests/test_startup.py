@@ -115,7 +115,7 @@ def test_from_imports_and_star_import_of_the_lazy_packages():
     assert export_saved_model.__module__ == "torchestimator.export.saved_model"
     assert (FullyShardedStrategy.__module__, MirroredStrategy.__module__) == (
         "torchestimator.distribute.fsdp",
-        "torchestimator.distribute.strategy",
+        "torchestimator.distribute.mirrored",
     )
     namespace: dict = {}
     exec("from torchestimator import *", namespace)

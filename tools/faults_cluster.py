@@ -60,7 +60,7 @@ _SCRIPT = textwrap.dedent('''
     import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
     import torchestimator as te
     from torchestimator.checkpoint.dcp_format import ShardWriter
-    from torchestimator.distribute import strategy as strategy_module
+    from torchestimator.distribute import mirrored as mirrored_module
 
     model_dir, reports, max_steps, kind = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     replica_zero = os.environ.get("TORCHESTIMATOR_STARTED_REPLICA_OF") is None
@@ -72,13 +72,13 @@ _SCRIPT = textwrap.dedent('''
             return original(self, plan, planner)
         ShardWriter.write_data = write_or_die
     if kind == "early_chief_kill" and replica_zero:  # replica 0 dies once replica 1 runs, before the store
-        start = strategy_module._start_quiet_replicas
+        start = mirrored_module._start_quiet_replicas
         def start_then_die(num_replicas):
             replicas = start(num_replicas)
             with open(os.path.join(reports, "replica1.pid"), "w") as handle:
                 handle.write(str(replicas.processes[0].pid))
             os.kill(os.getpid(), signal.SIGKILL)
-        strategy_module._start_quiet_replicas = start_then_die
+        mirrored_module._start_quiet_replicas = start_then_die
     x = np.random.default_rng(0).normal(size=(256, 6)).astype(np.float32)
     y = (x[:, 0] - x[:, 2] > 0).astype(np.int64)
 

@@ -64,7 +64,8 @@ from torchestimator.checkpoint.parts import (
 from torchestimator.checkpoint.store import Checkpoint, CheckpointStore
 from torchestimator.data.inputs import describe_position
 from torchestimator.distribute.cluster import EVALUATOR, PS, cluster_from_tf_config
-from torchestimator.distribute.strategy import OneDeviceStrategy, Strategy, is_chief
+from torchestimator.distribute.one_device import OneDeviceStrategy
+from torchestimator.distribute.strategy import Strategy, is_chief
 from torchestimator.distribute.sync_batch_norm import copy_sharing_process_groups, prepare_batch_norm
 from torchestimator.errors import ConfigError
 from torchestimator.export.replicas import ReplicaExports

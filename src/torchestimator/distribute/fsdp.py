@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from torchestimator.distribute.strategy import MirroredStrategy
+from torchestimator.distribute.mirrored import MirroredStrategy
 from torchestimator.errors import ConfigError
 
 __all__ = ["DEFAULT_LAYER_TYPES", "FullyShardedStrategy"]
