@@ -335,13 +335,16 @@ class _BatchOptions:
             num_pipelines=context.num_input_pipelines,
             pipeline_id=context.input_pipeline_id,
         )
-        batches = "endless" if plan.total_batches is None else f"{plan.total_batches} batches"
+        epochs = (
+            "repeated forever"
+            if plan.num_epochs is None
+            else f"x {plan.num_epochs} epochs = {plan.total_batches} batches"
+        )
         split_global_batch(
             self.caller,
             self.batch_size,
             plan.num_pipelines,
-            f"{num_examples} examples x {plan.num_epochs or 'endless'} epochs, {batches}, shuffle={plan.shuffle}, "
-            f"seed={plan.seed}",
+            f"{num_examples} examples {epochs}, shuffle={plan.shuffle}, seed={plan.seed}",
         )
         if plan.total_batches == 0:
             raise ValueError(
