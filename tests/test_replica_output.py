@@ -289,6 +289,45 @@ def test_the_relay_marks_every_line_once_and_remembers_the_last(capfd):
     assert relay.what_it_wrote() == ("its standard error is above, in [rank1]: lines, ending: no newline at the end")
 
 
+class _ExitedProcess:
+    pid = 4321
+    returncode = 1
+
+    def poll(self):
+        return self.returncode
+
+
+@pytest.mark.parametrize(
+    "stderr, ending",
+    [
+        # The quoted line's own period and the sentence's are one period, not two.
+        (b"Traceback (most recent call last):\nTypeError: expected a path, got None.\n", "got None. This process"),
+        # Only blank lines: no last line to quote, not "ending: None".
+        (b"\n   \n", "it wrote only blank lines to its standard error. This process"),
+    ],
+    ids=["line_with_a_period", "only_blank_lines"],
+)
+def test_a_replica_that_exited_is_named_without_none_or_a_double_period(capfd, stderr, ending):
+    import threading
+
+    from torchestimator.distribute.launcher import LocalReplicas, _StderrRelay
+    from torchestimator.errors import ReplicaLostError
+
+    read_end, write_end = os.pipe()
+    relay = _StderrRelay(os.fdopen(read_end, "rb"), 1, threading.Event())
+    relay.start()
+    os.write(write_end, stderr)
+    os.close(write_end)
+    relay.join(10)
+    capfd.readouterr()
+    replicas = LocalReplicas([_ExitedProcess()], ["python", "train.py"], [relay])
+    with pytest.raises(ReplicaLostError) as raised:
+        replicas.raise_if_exited([1], before="joining the group")
+    message = str(raised.value)
+    assert message.startswith("Replica 1 of 2 (pid 4321) exited with code 1 before joining the group; "), message
+    assert ending in message and ".." not in message and "ending: None" not in message, message
+
+
 def test_old_replica_stdout_folders_are_pruned_to_the_newest_runs(tmp_path, monkeypatch):
     import tempfile
 

@@ -215,7 +215,10 @@ class _StderrRelay(threading.Thread):
         """For the line saying a replica ended: where its errors are, or that it wrote none."""
         if self.lines == 0:
             return "it wrote nothing to its standard error"
-        return f"its standard error is above, in [rank{self.rank}]: lines, ending: {self.last_line}"
+        if self.last_line is None:
+            return "it wrote only blank lines to its standard error"
+        # The clause ends a sentence: a line's own final period would double the caller's.
+        return f"its standard error is above, in [rank{self.rank}]: lines, ending: {self.last_line.removesuffix('.')}"
 
 
 def _quoted(error: BaseException, limit: int = 160) -> str:
