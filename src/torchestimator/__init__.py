@@ -48,11 +48,11 @@ if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; importe
     )
     from torchestimator.distribute.fsdp import FullyShardedStrategy as FullyShardedStrategy
     from torchestimator.distribute.input_context import InputContext as InputContext
-    from torchestimator.distribute.strategy import (
+    from torchestimator.distribute.mirrored import (
         MirroredStrategy as MirroredStrategy,
         MultiWorkerMirroredStrategy as MultiWorkerMirroredStrategy,
-        OneDeviceStrategy as OneDeviceStrategy,
     )
+    from torchestimator.distribute.one_device import OneDeviceStrategy as OneDeviceStrategy
     from torchestimator.errors import (
         NanLossDuringTrainingError as NanLossDuringTrainingError,
         TorchEstimatorError as TorchEstimatorError,

@@ -28,13 +28,12 @@ if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; importe
         launch as launch,
         launch_command as launch_command,
     )
-    from torchestimator.distribute.strategy import (
+    from torchestimator.distribute.mirrored import (
         MirroredStrategy as MirroredStrategy,
         MultiWorkerMirroredStrategy as MultiWorkerMirroredStrategy,
-        OneDeviceStrategy as OneDeviceStrategy,
-        Placement as Placement,
-        Strategy as Strategy,
     )
+    from torchestimator.distribute.one_device import OneDeviceStrategy as OneDeviceStrategy
+    from torchestimator.distribute.strategy import Placement as Placement, Strategy as Strategy
     from torchestimator.distribute.sync_batch_norm import CrossReplicaBatchNorm as CrossReplicaBatchNorm
     from torchestimator.errors import RelaunchError as RelaunchError
 
