@@ -352,7 +352,7 @@ STATE_EDITS: dict[str, Callable[[bytes], bytes]] = {
     ),
     "rng-python": _edit_json(_set([*_REPLICA_0, "train_state", "rng", "python", 1, 7], lambda value: value ^ 1)),
     "rng-numpy": _edit_json(_set([*_REPLICA_0, "train_state", "rng", "numpy", 2], lambda value: value + 1)),
-    "input-position": _edit_json(_set([*_REPLICA_0, "input_source", "batch"], lambda value: value + 1)),
+    "input-position": _edit_json(_set([*_REPLICA_0, "input_source", "row"], lambda value: value + 1)),
     "train-state-position": _edit_json(
         _set([*_REPLICA_0, "train_state", "input_position", "epoch"], lambda value: value + 1)
     ),
