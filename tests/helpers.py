@@ -13,6 +13,7 @@ import os
 import stat
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -285,3 +286,16 @@ def one_line_error(capsys):
     error = capsys.readouterr().err
     assert "Traceback" not in error and len(error.splitlines()) == 1, error
     return error.strip()
+
+
+@contextlib.contextmanager
+def tfrecord_scanner(core: object) -> Iterator[None]:
+    """TFRecord reading through ``core``: the compiled scanner module, or None for the pure-Python one."""
+    from torchestimator.data import tfrecord
+
+    saved = tfrecord._core
+    tfrecord._core = core
+    try:
+        yield
+    finally:
+        tfrecord._core = saved

@@ -11,15 +11,14 @@ error: class, message, offset and file.
 from __future__ import annotations
 
 import array
-import contextlib
 import os
 import struct
 import zlib
-from collections.abc import Iterator
 from typing import Any
 
 import google_crc32c
 import pytest
+from helpers import tfrecord_scanner as scanner
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from torchestimator import _native
@@ -42,16 +41,6 @@ records_c = pytest.importorskip(
 COMPILED = records_c  # what tfrecord._core holds when the package runs the compiled path
 PURE = None  # tfrecord._core when it runs the pure-Python one
 QUICK = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-@contextlib.contextmanager
-def scanner(core: Any) -> Iterator[None]:
-    saved = tfrecord._core
-    tfrecord._core = core
-    try:
-        yield
-    finally:
-        tfrecord._core = saved
 
 
 def read_with(scan: Any, path: str, compression: str | None = None, **options: Any) -> tuple[Any, ...]:

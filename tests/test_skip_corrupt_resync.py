@@ -8,20 +8,19 @@ regions; block sizes that cut the damage anywhere must not change what is kept.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import logging
 import os
 import struct
 import zlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from helpers import tfrecord_scanner as scanner
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from torchestimator.data import _tfrecord_scan, tfrecord
+from torchestimator.data import _tfrecord_scan
 from torchestimator.data.tfrecord import (
     DataLossError,
     ReadStats,
@@ -41,16 +40,6 @@ SCANNERS = [
     pytest.param(None, id="pure"),
 ]
 RECORDS = [f"record {index} ".encode() * (index + 2) for index in range(10)]
-
-
-@contextlib.contextmanager
-def scanner(core: Any) -> Iterator[None]:
-    saved = tfrecord._core
-    tfrecord._core = core
-    try:
-        yield
-    finally:
-        tfrecord._core = saved
 
 
 def framed(data: bytes, *, length: int | None = None) -> bytes:
