@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "torchestimator"
 
 LAYERS: list[set[str]] = [
     # Leaves: no import of the package's other parts (_tf_names: the table of TF's names, read by those it aliases).
-    {"errors", "_extras", "_lazy", "_native", "_train_state", "_tf_names"},
+    {"errors", "_extras", "_lazy", "_native", "_shapeless", "_train_state", "_tf_names"},
     {"_io"},  # files, URLs, atomic writes, the console
     {"distribute"},  # strategies, clusters, the launcher
     # Input formats, streaming metrics, the hook protocol; event files (read as TFRecords); TF Serving's protobufs.

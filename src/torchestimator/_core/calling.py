@@ -127,8 +127,13 @@ def call_input_fn(
     strategy: Strategy,
     params: dict[str, Any],
     config: RunConfig,
+    *,
+    warn: bool = True,
 ) -> InputSource:
-    """Calls input_fn with the arguments it ``declared`` (check_declared's answer); refuses what is no input."""
+    """Calls input_fn with the arguments it ``declared`` (check_declared's answer); refuses what is no input.
+
+    ``warn=False`` for an extra call (the dry forward of lazy layers): its warnings were or will be given once.
+    """
     context = strategy.input_context()
     source: InputSource | None = call_with(
         input_fn, declared, {"params": params, "mode": mode, "config": config, "input_context": context}
@@ -138,7 +143,7 @@ def call_input_fn(
             f"input_fn must return an iterable of (features, labels) batches (a DataLoader, a generator, "
             f"te.numpy_input_fn(...)()); it returned {type(source).__name__}."
         )
-    if context.num_replicas_in_sync > 1 and "input_context" not in declared:
+    if warn and context.num_replicas_in_sync > 1 and "input_context" not in declared:
         logger.warning(
             "input_fn does not take input_context: every one of the %d replicas reads the same batches.",
             context.num_replicas_in_sync,

@@ -37,6 +37,7 @@ from torchestimator._core.calling import (
 from torchestimator._core.config import RunConfig
 from torchestimator._core.eval_loops import EvalRun, predict_loop
 from torchestimator._core.inference import InferenceBundle, WeightsOrigin
+from torchestimator._core.lazy_layers import materialize_lazy_layers
 from torchestimator._core.loop import InLoopEvaluation, TrainingRun, train_loop
 from torchestimator._core.spec import EstimatorSpec, ModeKeys
 from torchestimator._core.weights import GatheredWeights, ModelFactory, ModelWeights, warm_start_checkpoint
@@ -50,6 +51,7 @@ from torchestimator._io.console import (
     show_summaries,
 )
 from torchestimator._io.summary import SummaryWriter
+from torchestimator._shapeless import refuse_uninitialized
 from torchestimator._train_state import TrainState, seed_everything
 from torchestimator.checkpoint.best_record import best_checkpoint, protect_recorded_best
 from torchestimator.checkpoint.checkpointer import Checkpointer
@@ -386,6 +388,17 @@ class Estimator:
             seed_everything(config.random_seed)
         state = TrainState(mode=ModeKeys.TRAIN)
         hook_list.begin(state)
+        call_model_fn = model_fn_caller(self._model_fn, self._model_fn_args, self._params, self._config)
+        if checkpoint is None:  # a checkpoint gives lazy layers their shapes as it loads; else the first batch does
+            materialize_lazy_layers(
+                module,
+                lambda: call_input_fn(
+                    input_fn, input_fn_args, ModeKeys.TRAIN, strategy, self._params, self._config, warn=False
+                ),
+                call_model_fn,
+                ModeKeys.TRAIN,
+                strategy.device,
+            )
         self._model.restore(module, checkpoint, state)  # on the plain module, before any wrapping
         if strategy.is_chief:  # after warm start, so a failed one leaves model_dir untouched
             self._prepare_model_dir(state.global_step)
@@ -411,7 +424,7 @@ class Estimator:
             strategy=strategy,
             parts=parts,
             wrapped=wrapped,
-            call_model_fn=model_fn_caller(self._model_fn, self._model_fn_args, self._params, self._config),
+            call_model_fn=call_model_fn,
             hooks=hook_list,
             checkpointer=self._checkpointer(strategy, saving_listeners, module, evaluation),
             summary_writer=SummaryWriter(self._model_dir, enabled=strategy.is_chief),
@@ -617,7 +630,7 @@ class Estimator:
         check_declared(input_fn, "input_fn", INPUT_FN_ARGS)
         HookList(hooks or ())  # a wrong hook fails before any checkpoint is read
         show_summaries()
-        bundle = self.inference_bundle(checkpoint_path, mode=ModeKeys.EVAL)
+        bundle = self.inference_bundle(checkpoint_path, mode=ModeKeys.EVAL, input_fn=input_fn)
         results = bundle.evaluate(input_fn, steps=steps, hooks=hooks, name=name)
         if bundle.strategy.is_chief:
             log_summary(describe_evaluation(bundle.weights, self._model_dir, results, name))
@@ -637,7 +650,7 @@ class Estimator:
         check_declared(input_fn, "input_fn", INPUT_FN_ARGS)
         hook_list = HookList(hooks or ())
         show_summaries()  # predict has no summary line; its warnings look like train's and evaluate's
-        bundle = self.inference_bundle(checkpoint_path, mode=ModeKeys.PREDICT)
+        bundle = self.inference_bundle(checkpoint_path, mode=ModeKeys.PREDICT, input_fn=input_fn)
         state = TrainState(global_step=bundle.global_step, mode=ModeKeys.PREDICT)
         hook_list.begin(state)
         run = EvalRun(
@@ -660,13 +673,15 @@ class Estimator:
         mode: str = ModeKeys.PREDICT,
         device: torch.device | str | None = None,
         require_weights: bool = False,
+        input_fn: Callable[..., Iterable[Any]] | None = None,
     ) -> InferenceBundle:
         """The built module holding the weights to evaluate, predict with or export, and how to call model_fn.
 
         Weights: ``checkpoint_path``, else the newest checkpoint, else those trained or warm-started in this
         process, else the warm-start source, else fresh ones (refused with ``require_weights``). While train()
         runs (a hook, an exporter), the bundle holds a copy of the live module: training's weights and
-        train/eval mode are never changed by it.
+        train/eval mode are never changed by it. ``input_fn`` (the one about to be evaluated or predicted) gives
+        lazy layers their shapes when nothing else does before a warm start.
         """
         strategy = (
             self._inference_strategy(mode) if device is None else OneDeviceStrategy(device, warn_if_launched=False)
@@ -685,7 +700,21 @@ class Estimator:
                 "this process and the Estimator has no warm_start_from. Train first, pass checkpoint_path=..., or set "
                 "warm_start_from."
             )
-        return self._bundle(module, self._model.for_inference(module, current, checkpoint_path), strategy)
+        give_shapes = None
+        if input_fn is not None:
+            declared = check_declared(input_fn, "input_fn", INPUT_FN_ARGS)
+
+            def give_shapes(plain: torch.nn.Module) -> None:
+                materialize_lazy_layers(
+                    plain,
+                    lambda: call_input_fn(input_fn, declared, mode, strategy, self._params, self._config, warn=False),
+                    model_fn_caller(self._model_fn, self._model_fn_args, self._params, self._config),
+                    mode,
+                    strategy.device,
+                )
+
+        weights = self._model.for_inference(module, current, checkpoint_path, give_shapes)
+        return self._bundle(module, weights, strategy)
 
     def _bundle(self, module: torch.nn.Module, weights: WeightsOrigin, strategy: Strategy) -> InferenceBundle:
         return InferenceBundle(
@@ -752,7 +781,9 @@ class Estimator:
         settings = self._model.warm_start
         if settings is None:
             raise ValueError("This Estimator has no warm_start_from to report on.")
-        return plan_warm_start(self._model.new_module(), settings)
+        module = self._model.new_module()
+        refuse_uninitialized(module, "warm_start_report")
+        return plan_warm_start(module, settings)
 
 
 def _refuse_non_training_task() -> None:

@@ -151,9 +151,17 @@ class ModelWeights:
         state.global_step = checkpoint.step
 
     def for_inference(
-        self, module: torch.nn.Module, current: WeightsOrigin, checkpoint_path: str | None
+        self,
+        module: torch.nn.Module,
+        current: WeightsOrigin,
+        checkpoint_path: str | None,
+        give_shapes: Callable[[torch.nn.Module], None] | None = None,
     ) -> WeightsOrigin:
-        """Puts the weights inference uses into ``module`` (which holds ``current``); returns where they came from."""
+        """Puts the weights inference uses into ``module`` (which holds ``current``); returns where they came from.
+
+        ``give_shapes`` materialises lazy layers (a dry forward on the caller's input) before a warm start, which
+        needs every shape; a checkpoint gives them its own.
+        """
         path = checkpoint_path or self._store.latest_checkpoint()
         if path is None and not self._store.has_checkpoints():
             if current.in_process:
@@ -163,10 +171,10 @@ class ModelWeights:
                     "trained" if current.source == "training" else "warm-started",
                 )
                 return current
-            if self.warm_start is not None:
-                return self.apply_warm_start(
-                    module, self.warm_start
-                )  # as tf.estimator: evaluate/predict without a checkpoint use it
+            if self.warm_start is not None:  # as tf.estimator: evaluate/predict without a checkpoint use it
+                if give_shapes is not None:
+                    give_shapes(module)
+                return self.apply_warm_start(module, self.warm_start)
             # As TensorFlow, which says it runs the initializers: results from random weights are rarely wanted.
             logger.warning(
                 "No checkpoint in %s and no warm_start_from: evaluating or predicting with freshly "

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
+from torch.nn.parameter import is_lazy
 
 from torchestimator._train_state import TrainState
 
@@ -301,6 +302,8 @@ def load_model_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor],
             "to load a different model's weights."
         )
     for name, tensor in expected.items():
+        if is_lazy(tensor):  # a lazy layer's variable takes the checkpoint's shape as it loads (torch's load hook)
+            continue
         if tuple(tensor.shape) != tuple(state[name].shape):
             raise ValueError(
                 f"The checkpoint {source} does not fit this model: variable {name!r} has shape "

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from torchestimator._shapeless import refuse_uninitialized
 from torchestimator.warm_start._build import build_plan
 from torchestimator.warm_start._plan import WarmStartPlan
 from torchestimator.warm_start._settings import (
@@ -31,6 +32,7 @@ logger = logging.getLogger("torchestimator.warm_start")
 def plan_warm_start(module: torch.nn.Module, settings: WarmStartSettings | PathOrSource) -> WarmStartPlan:
     """The plan for warm-starting ``module`` with ``settings``; reads names and shapes only, changes nothing."""
     settings = as_warm_start_settings(settings)
+    refuse_uninitialized(module, f"Warm start from {settings.ckpt_to_initialize_from}")
     state = module.state_dict(keep_vars=True)
     selected, notes, errors = _select(module, settings.vars_to_warm_start)
     renames = dict(settings.var_name_to_prev_var_name or {})
