@@ -365,3 +365,29 @@ def test_estimator_resume_is_bit_exact_with_tfrecord_input(tmp_path, num_workers
     resumed.train(train_input_fn, max_steps=25)
     for name in straight.get_variable_names():
         assert np.array_equal(straight.get_variable_value(name), resumed.get_variable_value(name)), name
+
+
+def test_a_buffered_record_damaged_since_the_position_was_saved_says_so_not_pass_skip_corrupt(tmp_path):
+    """Records in a saved shuffle buffer are read again on resume with skipping off (they were intact once): the
+    error names the file and offset and does not tell a user who passed skip_corrupt=True to pass it."""
+    path = tmp_path / "big.tfrecord"
+    with TFRecordWriter(path) as writer:  # 1 KiB records: the middle lies outside the 4 KiB the position checks
+        for row in range(40):
+            writer.write(bytes([row]) * 1024)
+    dataset = TFRecordDataset(os.fspath(path), shuffle_buffer_size=4, seed=1, skip_corrupt=True)
+    iterator = iter(dataset)
+    for _ in range(12):
+        next(iterator)
+    state = json_round_trip(dataset.state_dict())
+    damaged = min(state["shards"]["0"]["buffer_offsets"])
+    assert 8 * 1024 < damaged < 30 * 1024
+    data = bytearray(path.read_bytes())
+    data[damaged + 12] ^= 0xFF  # the first byte of a buffered record's data: its CRC no longer fits
+    path.write_bytes(bytes(data))
+    resumed = TFRecordDataset(os.fspath(path), shuffle_buffer_size=4, seed=1, skip_corrupt=True)
+    resumed.load_state_dict(state)
+    with pytest.raises(DataLossError) as caught:
+        list(resumed)
+    assert caught.value.path == os.fspath(path) and caught.value.offset == damaged
+    message = str(caught.value)
+    assert "pass skip_corrupt=True" not in message and "read intact before" in message and "changed since" in message

@@ -57,7 +57,7 @@ import numpy as np
 from torchestimator._io.filesystems import is_url
 from torchestimator.data._dataset_records import RereadOptions, _EpochRecords, _Plan
 from torchestimator.data._remote_files import RemoteFile
-from torchestimator.data.tfrecord import ReadStats, _record_blocks, iter_record_blocks
+from torchestimator.data.tfrecord import ReadStats, _record_blocks
 from torchestimator.errors import DataLossError
 
 logger = logging.getLogger("torchestimator.data.tfrecord_dataset")
@@ -79,6 +79,14 @@ def _rng_state_to_json(state: tuple[Any, ...]) -> list[Any]:
 def _rng_state_from_json(state: Sequence[Any]) -> tuple[Any, ...]:
     version, internal, gauss_next = state
     return (int(version), tuple(int(word) for word in internal), gauss_next)
+
+
+# Said of damage in a record read again (a resumed shuffle buffer's): skip_corrupt, if given, does not apply to it.
+_NO_SKIP_ON_REREAD = (
+    "this record was read intact before (it is in the saved shuffle buffer), so the file changed since; "
+    "skip_corrupt does not skip a record read once. Restore the file, or start the input afresh by not loading "
+    "its position"
+)
 
 
 def _no_record_at(path: str, offset: int) -> DataLossError:
@@ -116,7 +124,19 @@ def read_records_at(
     while index < count:
         file_index, offset = sorted_files[index], sorted_offsets[index]
         path = files[file_index]
-        blocks = iter_record_blocks(path, start_offset=offset, stats=stats, block_size=_REREAD_BLOCK_SIZE, **options)
+        blocks = _record_blocks(
+            path,
+            None,
+            options["compression"],
+            start_offset=offset,
+            skip_corrupt=False,
+            verify=options["verify"],
+            strict=options["strict"],
+            stats=stats,
+            block_size=_REREAD_BLOCK_SIZE,
+            max_record_size=options["max_record_size"],
+            hint=_NO_SKIP_ON_REREAD,
+        )
         try:
             block_offsets, block_records = next(blocks, ([], []))
         finally:
@@ -177,6 +197,7 @@ def _records_from(path: str, wanted: list[int], options: RereadOptions) -> tuple
         stats=own,
         block_size=_REMOTE_REREAD_BLOCK_SIZE,
         max_record_size=options["max_record_size"],
+        hint=_NO_SKIP_ON_REREAD,
     )
     out: list[bytes] = []
     try:
