@@ -177,6 +177,7 @@ PUBLIC_SUBPACKAGES = {
         "tensor_proto_to_numpy",
     ],
     "data": [
+        "DamagedRegion",
         "DataLossError",
         "ExampleDecodeError",
         "ExampleParseError",

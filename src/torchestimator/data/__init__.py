@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; importe
         to_torch as to_torch,
     )
     from torchestimator.data.tfrecord import (
+        DamagedRegion as DamagedRegion,
         ReadStats as ReadStats,
         TFRecordWriter as TFRecordWriter,
         iter_record_blocks as iter_record_blocks,
