@@ -73,8 +73,12 @@ def test_inspect_without_the_flag_fails_naming_the_flag(damaged: str, capsys: An
     assert "pass --skip_corrupt to skip damaged records and read on" in err and "skip_corrupt=True" not in err
 
 
-def test_inspect_with_the_flag_shows_the_records_kept_and_the_regions(damaged: str, capsys: Any) -> None:
+def test_inspect_with_the_flag_shows_the_records_kept_and_the_regions(
+    damaged: str, capsys: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     assert cli.main(["records", "inspect", "--skip_corrupt", "--limit", "6", damaged]) == 0
     out = capsys.readouterr().out
     assert f"{damaged}: 4 records (tf.train.Example)\n  {REGIONS}\n" in out
+    # Listed once, in the output: the library's own "Skipped 2 damaged regions" warning would repeat the list.
+    assert [record.getMessage() for record in caplog.records if "damaged regions" in record.getMessage()] == []
     assert [f'"offset": {OFFSETS[index]},' in out for index in range(6)] == [True, False, True, True, False, True]

@@ -169,6 +169,7 @@ def _records_of(path: str, args: argparse.Namespace, stats: Any) -> Iterator[tup
         block_size=_BLOCK_SIZE,
         max_record_size=args.max_record_size,
         hint=_SKIP_HINT,
+        log_skips=False,  # the command lists the regions in its own output; the log line would repeat them
     ):
         yield from zip(offsets, records)
 

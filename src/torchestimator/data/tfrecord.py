@@ -714,10 +714,12 @@ def _record_blocks(
     block_size: int,
     max_record_size: int,
     hint: str = _SKIP_HINT,
+    log_skips: bool = True,
 ) -> Generator[tuple[list[int], list[bytes]], None, None]:
     """`iter_record_blocks`, reading `raw` when it is given: a URL's `RemoteFile` that TFRecordDataset
     opened (and started fetching) while the file before it was read. `hint`: how the message of damage
-    (without skip_corrupt) says to skip it, for the caller's own way of passing skip_corrupt."""
+    (without skip_corrupt) says to skip it, for the caller's own way of passing skip_corrupt. `log_skips=False`
+    for a caller that reports the skipped regions itself (the CLI prints them)."""
     stats = stats if stats is not None else ReadStats()
     stats.files += 1
     regions: list[DamagedRegion] = []
@@ -753,7 +755,7 @@ def _record_blocks(
         # not reached by damage the scanners go past: a compressed stream broken before start_offset
         skip(DamagedRegion(path=error.path, start=error.offset, end=error.offset, reason="unreadable", error=error))
     finally:
-        if regions:
+        if regions and log_skips:
             logger.warning(
                 "Skipped %d damaged regions in %s (skip_corrupt=True; %d records, %d bytes): %s",
                 len(regions),
