@@ -46,8 +46,9 @@ _MIXED_PRECISION = {
 class FullyShardedStrategy(MirroredStrategy):
     """One process per replica; every layer the wrap policy names, then the whole model, sharded by FSDP2.
 
+    ``num_replicas``, ``backend``, ``devices`` and ``timeout_seconds`` are MirroredStrategy's.
+
     Args:
-        num_replicas, backend, devices, timeout_seconds: as MirroredStrategy.
         layer_types: module classes sharded one by one (default: Transformer encoder and decoder layers).
         module_names: names (as ``named_modules`` gives them, e.g. ``"encoder.layers.0"``) of more modules to
             shard on their own.
