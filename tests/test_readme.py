@@ -1,17 +1,22 @@
-"""Every fenced code block of README.md, run as written (issue 13, "Done means").
+"""Every fenced code block of README.md and of the docs pages (docs/), run as written (issue 13, "Done means"; 29.9).
 
-A reader follows the README top to bottom: the Python blocks run in README order in one namespace, in one
-temporary working folder (the README's paths are relative: runs/quickstart, export/digits); the bash blocks
-run in that folder through `bash -e` with this venv's bin first on PATH. Files a reader is supposed to bring
-(their CSV index, their model.py and Keras weights) are made beforehand from project fixtures
-(BEFORE); a command that needs an earlier command's state gets it by running that command first
-(EARLIER_COMMANDS). Blocks that cannot run on one machine by their nature (several machines, SLURM, Ray,
-the network) are listed in NOT_RUNNABLE with the reason and, where that is honest, a partial check (flags
-parsed by the real parser, `bash -n`, TF_CONFIG resolved); the plain error-tree block is compared with
-torchestimator.errors. test_every_block_is_run_or_listed fails on a README block that is neither run nor
-listed and on a listed block that is gone, so a new block cannot slip through untested.
+A reader follows a page top to bottom: each page's Python blocks run in page order in one namespace, in one
+temporary working folder of the page's own (the pages' paths are relative: runs/quickstart, export/digits); its
+bash blocks run in that folder through `bash -e` with this venv's bin first on PATH (as the docs say: the venv
+activated). A page whose examples continue the Quickstart says so and links to it; here the Quickstart block runs
+first in that page's namespace (PRELUDES), resuming from a copy of the model_dir it trained, as a reader's rerun
+does. Files a reader is supposed to bring (their CSV index) are made beforehand (BEFORE); a command that needs an
+earlier command's state gets it by running that command first (EARLIER_COMMANDS). Blocks that cannot run on one
+machine by their nature (several machines, SLURM, Ray, the network) are listed in NOT_RUNNABLE with the reason and,
+where that is honest, a partial check (flags parsed by the real parser, `bash -n`, TF_CONFIG resolved); the plain
+error-tree block is compared with torchestimator.errors. test_every_block_is_run_or_listed fails on a block of any
+page that is neither run nor listed, on a listed block that is gone, and on a docs page this file does not cover,
+so a new block or page cannot slip through untested. The API reference pages are checked against each package's
+public names (test_api_reference_lists_each_public_name).
 
-Blocks are keyed by their first non-empty line: editing a block's first line means updating its key here.
+Blocks are keyed by their first non-empty line: editing a block's first line means updating its key here. A key
+names one block within a page; the same key on two pages must be the same block, word for word (README.md and
+docs/index.md both show the two commands), and one entry here then covers both.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import ast
 import builtins
 import contextlib
 import dataclasses
+import importlib
+import importlib.util
 import inspect
 import io
 import json
@@ -40,20 +47,31 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
-FIXTURES = ROOT / "tests" / "fixtures"
+DOCS = ROOT / "docs"
 VENV_BIN = Path(sys.executable).parent
 BASH_BLOCK_TIMEOUT = 300  # s; a bash block that runs longer is stopped (with its background jobs) and fails
-SERVING_PORT = 8501  # the README's serve commands use TF Serving's default port, as a user would
+SERVING_PORT = 8501  # the serving page's serve commands use TF Serving's default port, as a user would
+
+OTHER_TESTS: dict[str, str] = {
+    "docs/porting-from-tf-estimator.md": "tests/test_porting_doc.py",
+}
+"""Pages whose blocks another test module runs: page -> that module."""
+
+NOT_PAGES: dict[str, str] = {
+    "docs/decisions/": "design records (the history of decisions, linked from DESIGN.md), not instructions to run",
+}
+"""Folders of docs/ whose Markdown files are not pages this file runs: folder -> why."""
 
 
-# ---------------------------------------------------------------- the README's blocks
+# ---------------------------------------------------------------- the pages and their blocks
 
 
 @dataclasses.dataclass(frozen=True)
 class Block:
-    """One fenced code block of the README."""
+    """One fenced code block of a page."""
 
+    page: str
+    """The page's path from the repository root: README.md, docs/data.md."""
     line: int
     """The line of its opening fence (1-based), for messages."""
     language: str
@@ -66,13 +84,18 @@ class Block:
         return next(line.strip() for line in self.text.splitlines() if line.strip())
 
     @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+    @property
     def label(self) -> str:
+        page = Path(self.page).stem if self.page != "README.md" else "README"
         slug = re.sub(r"[^A-Za-z0-9]+", "-", self.key)[:40].strip("-")
-        return f"L{self.line}-{self.language or 'plain'}-{slug}"
+        return f"{page}-L{self.line}-{self.language or 'plain'}-{slug}"
 
 
-def readme_blocks(text: str) -> list[Block]:
-    """Every fenced block of a Markdown text, in order; an unclosed fence is an error naming its line."""
+def page_blocks(page: str, text: str) -> list[Block]:
+    """Every fenced block of a Markdown page, in order; an unclosed fence is an error naming its line."""
     blocks, lines, index = [], text.splitlines(), 0
     while index < len(lines):
         opening = re.match(r"^```([\w+-]*)\s*$", lines[index])
@@ -81,13 +104,21 @@ def readme_blocks(text: str) -> list[Block]:
             while index < len(lines) and lines[index].strip() != "```":
                 index += 1
             if index == len(lines):
-                raise AssertionError(f"README.md:{start + 1}: code fence never closed")
-            blocks.append(Block(start + 1, opening.group(1), "\n".join(lines[start + 1 : index]) + "\n"))
+                raise AssertionError(f"{page}:{start + 1}: code fence never closed")
+            blocks.append(Block(page, start + 1, opening.group(1), "\n".join(lines[start + 1 : index]) + "\n"))
         index += 1
     return blocks
 
 
-BLOCKS = readme_blocks(README.read_text(encoding="utf-8"))
+def markdown_pages() -> list[str]:
+    """README.md, then docs/index.md, then every other Markdown file under docs/ (paths from the root)."""
+    found = sorted(path.relative_to(ROOT).as_posix() for path in DOCS.rglob("*.md"))
+    found = [page for page in found if not any(page.startswith(folder) for folder in NOT_PAGES)]
+    return ["README.md"] + sorted(found, key=lambda page: (page != "docs/index.md", page))
+
+
+PAGES = [page for page in markdown_pages() if page not in OTHER_TESTS]
+BLOCKS = [block for page in PAGES for block in page_blocks(page, (ROOT / page).read_text(encoding="utf-8"))]
 
 
 def block_with_key(key: str) -> Block:
@@ -99,17 +130,19 @@ def block_with_key(key: str) -> Block:
 
 def bash_syntax_is_valid(block: Block) -> None:
     result = subprocess.run(["bash", "-n"], input=block.text, capture_output=True, text=True, timeout=30)
-    assert result.returncode == 0, f"README.md:{block.line}: bash -n: {result.stderr}"
+    assert result.returncode == 0, f"{block.where}: bash -n: {result.stderr}"
 
 
 def setup_command_is_ci_command(block: Block) -> None:
-    """The test command is the one .ci/run runs, as the README says."""
+    """The test command is the one .ci/run runs, as the README and docs/index.md say."""
     bash_syntax_is_valid(block)
-    assert block.key in (ROOT / ".ci" / "run").read_text().splitlines(), ".ci/run no longer runs the README's command"
+    assert block.key in (ROOT / ".ci" / "run").read_text().splitlines(), (
+        ".ci/run no longer runs the pages' test command"
+    )
 
 
 def setup_command_uses_the_lock(block: Block) -> None:
-    """It installs from the lock file, which pins the CPU torch the README names."""
+    """It installs from the lock file, which pins the CPU torch the pages name."""
     bash_syntax_is_valid(block)
     assert "-r requirements-lock.txt" in block.text and "torch==2.13.0" in (ROOT / "requirements-lock.txt").read_text()
 
@@ -225,7 +258,9 @@ def tf_config_tasks_resolve(block: Block, workdir: Path) -> None:
 def names_are_defined_above(block: Block) -> None:
     """A block shown but not run still refers only to names it defines or earlier run blocks define."""
     undefined = undefined_names(block)
-    assert not undefined, f"README.md:{block.line} uses {sorted(undefined)}, defined by no block above it"
+    assert not undefined, (
+        f"{block.where} uses {sorted(undefined)}, defined by no block above it on its page or its prelude"
+    )
 
 
 def synopsis_flags_exist(block: Block) -> None:
@@ -242,7 +277,7 @@ def synopsis_flags_exist(block: Block) -> None:
         # launch hands every word after it to torchrun's parser, so its flags are that parser's.
         parser = launch_parser() if words[1] == "launch" else commands[words[1]]
         for flag in re.findall(r"(?<![\w-])--[A-Za-z][\w-]*", " ".join(words[2:])):
-            assert flag in parser._option_string_actions, f"README.md:{block.line}: {words[1]} has no {flag} ({line})"
+            assert flag in parser._option_string_actions, f"{block.where}: {words[1]} has no {flag} ({line})"
 
 
 def tf_client_calls_are_the_tools(block: Block) -> None:
@@ -254,7 +289,7 @@ def tf_client_calls_are_the_tools(block: Block) -> None:
     }
     tool = (ROOT / "tools" / "check_tf_serving_grpc_client.py").read_text()
     for name in ("PredictionServiceStub", "make_tensor_proto", "make_ndarray", "Predict"):
-        assert name in called and f".{name}(" in tool, f"README.md:{block.line}: {name} is not what the tool checks"
+        assert name in called and f".{name}(" in tool, f"{block.where}: {name} is not what the tool checks"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,18 +302,18 @@ class NotRunnable:
 SETUP = (
     "python3 -m venv .venv && .venv/bin/pip install -q -r requirements-lock.txt && "
     ".venv/bin/pip install -q --no-deps -e . && "
-)  # the start of the README's two commands
+)  # the start of the two commands (README.md and docs/index.md)
 
 NOT_RUNNABLE: dict[str, NotRunnable] = {
     SETUP + ".venv/bin/torchestimator demo": NotRunnable(
-        "the README's own setup command: it creates a venv and installs from PyPI; CI runs it from a "
-        "fresh clone. Its last part, `torchestimator demo`, runs before the serving block here",
+        "the pages' own setup command: it creates a venv and installs from PyPI; CI runs it from a "
+        "fresh clone. Its last part, `torchestimator demo`, runs before the serving page's first block here",
         setup_command_uses_the_lock,
     ),
     SETUP + "{ ! command -v npm > /dev/null || npm ci --loglevel=error --no-audit --no-fund --prefix tests/azurite; } "
     "&& scripts/check && .venv/bin/python -m pytest -q && TORCHESTIMATOR_PURE_PYTHON=1 .venv/bin/python -m pytest -q -m "
     '"not slow or compiled_path"': NotRunnable(
-        "the README's own test command, which is what CI runs (.ci/run)", setup_command_is_ci_command
+        "the pages' own test command, which is what CI runs (.ci/run)", setup_command_is_ci_command
     ),
     "python3 -m venv /tmp/benchenv && /tmp/benchenv/bin/pip install -r benchmarks/requirements-bench.txt && "
     "/tmp/benchenv/bin/pip install --no-deps -e . && /tmp/benchenv/bin/python benchmarks/tfrecord_read.py": NotRunnable(
@@ -324,13 +359,15 @@ def error_tree_matches_errors_module(block: Block) -> None:
     named = set()
     for line in block.text.splitlines():
         match = re.match(r"^(?P<indent>(?:[│ ]   )*)(?P<branch>[├└]── )?(?P<name>\w+)(?:\((?P<base>\w+)\))?", line)
-        assert match, f"README.md:{block.line}: cannot read the tree line {line!r}"
+        assert match, f"{block.where}: cannot read the tree line {line!r}"
         depth = len(match["indent"]) // 4 + (1 if match["branch"] else 0)
         cls = getattr(errors, match["name"], None)
-        assert isinstance(cls, type), f"the README's error tree names {match['name']}, not in torchestimator.errors"
+        assert isinstance(cls, type), (
+            f"the error tree ({block.where}) names {match['name']}, not in torchestimator.errors"
+        )
         stated = set(parents[depth - 1 : depth]) | ({getattr(builtins, match["base"])} if match["base"] else set())
         bases = set(cls.__bases__) - {errors.PicklableError}  # the pickling mixin is no kind of error to catch
-        assert bases == stated, f"{match['name']}: README says bases {stated}, it has {cls.__bases__}"
+        assert bases == stated, f"{match['name']}: {block.where} says bases {stated}, it has {cls.__bases__}"
         del parents[depth:]
         parents.append(cls)
         named.add(match["name"])
@@ -339,7 +376,7 @@ def error_tree_matches_errors_module(block: Block) -> None:
         for name in errors.__all__
         if isinstance(getattr(errors, name), type) and issubclass(getattr(errors, name), BaseException)
     }
-    assert exported - named == set(), f"the README's error tree misses {sorted(exported - named)}"
+    assert exported - named == set(), f"the error tree ({block.where}) misses {sorted(exported - named)}"
 
 
 TEXT_CHECKS: dict[str, Callable[[Block], None]] = {
@@ -364,27 +401,11 @@ def write_index_csv(workdir: Path) -> None:
     (workdir / "index.csv").write_text("\n".join(rows) + "\n")
 
 
-KERAS_MODEL_IN_PYTORCH = """import torch.nn as nn
-
-
-def model():  # the Keras model of tests/fixtures/keras: Conv2D(4, 3), BatchNormalization, ReLU, Flatten, Dense(5)
-    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, eps=1e-3, momentum=0.01), nn.ReLU(), nn.Flatten(),
-                         nn.Linear(4 * 6 * 6, 5))
-"""
-
-
-def write_keras_weights_and_model(workdir: Path) -> None:
-    """keras_model.weights.h5 and model.py are the reader's: a real Keras 3 file (tests/fixtures/keras, written by
-    Keras 3.15 from an 8x8x3 input) and the same layers in PyTorch, the README's own case of a Dense after Flatten."""
-    shutil.copy(FIXTURES / "keras" / "keras3_model.weights.h5", workdir / "keras_model.weights.h5")
-    (workdir / "model.py").write_text(KERAS_MODEL_IN_PYTORCH)
-
-
 def serving_port_is_free(workdir: Path) -> None:
     with socket.socket() as probe:
         if probe.connect_ex(("127.0.0.1", SERVING_PORT)) == 0:
             raise AssertionError(
-                f"port {SERVING_PORT} already answers on this machine: the README's serve block "
+                f"port {SERVING_PORT} already answers on this machine: the serving page's serve block "
                 "uses TF Serving's default port; stop what listens there and rerun"
             )
 
@@ -392,14 +413,28 @@ def serving_port_is_free(workdir: Path) -> None:
 # Made in the working folder before the block runs: the reader's own files, or a condition the block needs.
 BEFORE: dict[str, Callable[[Path], None]] = {
     "torchestimator convert csv-to-tfrecord index.csv out/train --num_shards 4   # label,path[,other columns]": write_index_csv,
-    "torchestimator warm-start --dry_run --model model.py keras_model.weights.h5 --accept_proposed \\": write_keras_weights_and_model,
     "torchestimator export torchestimator.cli.demo --model_dir runs/digits --export_dir export/digits": serving_port_is_free,
 }
 
-# "after the demo has trained runs/digits": the demo's command, the last part of the README's first command.
+# "after the demo has trained runs/digits": the demo's command, the last part of the first of the two commands.
 EARLIER_COMMANDS: dict[str, str] = {
     "torchestimator export torchestimator.cli.demo --model_dir runs/digits --export_dir export/digits": "torchestimator demo\n",
 }
+
+QUICKSTART = "import numpy as np, torch, torch.nn as nn, torch.nn.functional as F"
+"""The Quickstart's key (docs/index.md): the block the other pages' examples continue."""
+
+# page -> blocks of other pages run first in its namespace: the page's text says it continues them, and links there.
+PRELUDES: dict[str, list[str]] = {
+    "docs/train-and-evaluate.md": [QUICKSTART],
+    "docs/warm-start.md": [QUICKSTART],
+    "docs/distributed.md": [QUICKSTART],
+    "docs/export.md": [QUICKSTART],
+}
+
+# A prelude block's model_dir, trained once by the first page that ran it and copied into each later page's folder,
+# so that the block resumes there (training skipped, as a reader's rerun) instead of training again.
+TRAINS: dict[str, str] = {QUICKSTART: "runs/quickstart"}
 
 
 # ---------------------------------------------------------------- running blocks in order
@@ -438,29 +473,58 @@ def end_process_group(group: int, grace: float = 30.0) -> None:
             return
 
 
-class ReadmeRun:
-    """The README run top to bottom in one folder; blocks run on demand, in order, each once."""
+def runs(block: Block) -> bool:
+    return block.key not in NOT_RUNNABLE and block.key not in TEXT_CHECKS and block.language in ("python", "bash")
 
-    def __init__(self, workdir: Path) -> None:
+
+def prelude(page: str) -> list[Block]:
+    return [block_with_key(key) for key in PRELUDES.get(page, [])]
+
+
+class PageRun:
+    """One page run top to bottom in a folder of its own: its prelude first, then its blocks on demand, in
+    order, each once."""
+
+    def __init__(self, page: str, workdir: Path, trained: dict[str, Path]) -> None:
+        self.page = page
         self.workdir = workdir
-        self.namespace: dict = {"__name__": "readme"}
+        self.trained = trained
+        """TRAINS' model_dirs as first trained, shared by the pages of one session: key -> a copy."""
+        self.namespace: dict = {"__name__": "docs"}
         self.outcomes: dict[int, Outcome] = {}
-        (workdir / ".readme").mkdir()
+        self.prelude_failure: Outcome | None = None
+        self.prelude_done = False
+        (workdir / ".blocks").mkdir()
 
     def outcome(self, block: Block) -> Outcome:
-        for earlier in BLOCKS[: BLOCKS.index(block) + 1]:
+        assert block.page == self.page, (block.where, self.page)
+        if not self.prelude_done:
+            self.prelude_done = True
+            for earlier in prelude(self.page):
+                result = self._run(earlier)
+                if not result.ok:
+                    self.prelude_failure = dataclasses.replace(
+                        result, error=f"the prelude block {earlier.where} failed: {result.error}"
+                    )
+                    break
+        if self.prelude_failure is not None:
+            return self.prelude_failure
+        page_blocks_in_order = [each for each in BLOCKS if each.page == self.page]
+        for earlier in page_blocks_in_order[: page_blocks_in_order.index(block) + 1]:
             if earlier.line not in self.outcomes and runs(earlier):
                 self.outcomes[earlier.line] = self._run(earlier)
         failed_before = [line for line, outcome in self.outcomes.items() if line < block.line and not outcome.ok]
         result = self.outcomes[block.line]
         if not result.ok and failed_before:
             result = dataclasses.replace(
-                result, error=f"{result.error}\n(earlier README blocks failed too: lines {failed_before})"
+                result, error=f"{result.error}\n(earlier blocks of {self.page} failed too: lines {failed_before})"
             )
         return result
 
     def _run(self, block: Block) -> Outcome:
         try:
+            if block.key in TRAINS and block.key in self.trained:
+                shutil.copytree(self.trained[block.key], self.workdir / TRAINS[block.key])
             if block.key in BEFORE:
                 BEFORE[block.key](self.workdir)
             if block.key in EARLIER_COMMANDS:
@@ -468,14 +532,20 @@ class ReadmeRun:
                 if not earlier.ok:
                     return dataclasses.replace(earlier, error=f"the command run before it failed: {earlier.error}")
         except Exception:
-            return Outcome(False, "", f"preparing README.md:{block.line}: {traceback.format_exc()}")
+            return Outcome(False, "", f"preparing {block.where}: {traceback.format_exc()}")
         if block.language == "python":
-            return self._python(block)
-        return self._bash(block.text, f"L{block.line}")
+            result = self._python(block)
+        else:
+            result = self._bash(block.text, f"L{block.line}")
+        if result.ok and block.key in TRAINS and block.key not in self.trained:
+            keep = self.workdir.parent / f"trained-{len(self.trained)}"
+            shutil.copytree(self.workdir / TRAINS[block.key], keep)
+            self.trained[block.key] = keep
+        return result
 
     @contextlib.contextmanager
     def inside(self):
-        """In the working folder, where the README's relative paths point."""
+        """In the working folder, where the page's relative paths point."""
         cwd = os.getcwd()
         os.chdir(self.workdir)
         try:
@@ -487,13 +557,13 @@ class ReadmeRun:
         stdout, stderr = io.StringIO(), io.StringIO()
         try:
             with self.inside(), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-                exec(compile(block.text, f"README.md:{block.line}", "exec"), self.namespace)
+                exec(compile(block.text, block.where, "exec"), self.namespace)
         except Exception:
             return Outcome(False, stdout.getvalue(), f"{traceback.format_exc()}\nstderr:\n{stderr.getvalue()[-3000:]}")
         return Outcome(True, stdout.getvalue())
 
     def _bash(self, text: str, name: str) -> Outcome:
-        script = self.workdir / ".readme" / f"{name}.sh"
+        script = self.workdir / ".blocks" / f"{name}.sh"
         script.write_text(text)
         out_path, err_path = script.with_suffix(".out"), script.with_suffix(".err")
         environment = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -524,10 +594,6 @@ class ReadmeRun:
         )
 
 
-def runs(block: Block) -> bool:
-    return block.key not in NOT_RUNNABLE and block.key not in TEXT_CHECKS and block.language in ("python", "bash")
-
-
 # ---------------------------------------------------------------- what each run block must show
 
 
@@ -536,20 +602,35 @@ def printed_literal(output: str, start: str):
     return ast.literal_eval(line)
 
 
-def quickstart_learns_and_predicts(run: ReadmeRun, outcome: Outcome) -> None:
+def example_learns_and_exports(run: PageRun, outcome: Outcome) -> None:
+    """The README's example: evaluated at step 300 with the rule learned, and one export version written."""
+    results = printed_literal(outcome.output, "{")
+    assert results["global_step"] == 300 and results["accuracy"] >= 0.9, results
+    versions = [entry.name for entry in (run.workdir / "export" / "example").iterdir() if entry.name.isdigit()]
+    assert len(versions) == 1 and outcome.output.splitlines()[-1].endswith(versions[0]), (versions, outcome.output)
+
+
+def quickstart_learns_and_predicts(run: PageRun, outcome: Outcome) -> None:
     results = printed_literal(outcome.output, "{")
     assert results["global_step"] == 1000 and results["accuracy"] >= 0.9, results  # labels follow a linear rule
     classes = outcome.output.splitlines()[1:]
     assert len(classes) == 5 and all(0 <= int(value) <= 9 for value in classes), outcome.output
 
 
-def config_has_two_replicas(run: ReadmeRun, outcome: Outcome) -> None:
+def batches_split_across_replicas(run: PageRun, outcome: Outcome) -> None:
+    """Repeat then batch across the epoch boundary, and replica 1 of 2 reads the second half of each global batch."""
+    lines = [ast.literal_eval(line) for line in outcome.output.splitlines()]
+    assert lines[:5] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 1], [2, 3, 4, 5], [6, 7, 8, 9]], lines
+    assert lines[5:] == [[2, 3], [6, 7], [0, 1], [4, 5], [8, 9]], lines
+
+
+def config_has_two_replicas(run: PageRun, outcome: Outcome) -> None:
     import torchestimator as te
 
     assert isinstance(run.namespace["config"].train_distribute, te.MirroredStrategy)
 
 
-def tfrecord_input_fn_gives_batches(run: ReadmeRun, outcome: Outcome) -> None:
+def tfrecord_input_fn_gives_batches(run: PageRun, outcome: Outcome) -> None:
     """Beyond running the block: its input_fn reads the file it wrote, as the block says."""
     import torch
 
@@ -561,30 +642,34 @@ def tfrecord_input_fn_gives_batches(run: ReadmeRun, outcome: Outcome) -> None:
     assert torch.allclose(features["dense"], torch.tensor([[0.1, 0.2]] * len(labels)))
 
 
-def warm_start_loads_the_quickstart(run: ReadmeRun, outcome: Outcome) -> None:
+def warm_start_loads_the_quickstart(run: PageRun, outcome: Outcome) -> None:
     assert "Warm start from runs/quickstart (torchestimator)" in outcome.output and "9 to load" in outcome.output
     assert run.namespace["estimator"].latest_checkpoint().endswith("ckpt-500")
 
 
-def best_model_is_kept(run: ReadmeRun, outcome: Outcome) -> None:
+def best_model_is_kept(run: PageRun, outcome: Outcome) -> None:
     exports = run.namespace["exports"]
     assert exports, "train_and_evaluate returned no exports"
     assert "ckpt-" in outcome.output.splitlines()[-1], outcome.output
 
 
-def export_loads_and_predicts(run: ReadmeRun, outcome: Outcome) -> None:
+def export_loads_and_predicts(run: PageRun, outcome: Outcome) -> None:
     versions = [entry.name for entry in (run.workdir / "export" / "digits").iterdir()]
     assert [name for name in versions if name.isdigit()], versions
     assert re.fullmatch(r"(tensor\()?\[(\d[ ,]*){3}\]\)?\n", outcome.output), outcome.output  # three classes
 
 
-def onnx_gives_the_exported_classes(run: ReadmeRun, outcome: Outcome) -> None:
+def onnx_gives_the_exported_classes(run: PageRun, outcome: Outcome) -> None:
     namespace = run.namespace
     expected = namespace["model"]({"image": namespace["x"][:3]})["class"]
     assert [int(value) for value in namespace["outputs"]["serving_default/class"]] == [int(value) for value in expected]
 
 
-def records_are_written_and_verified(run: ReadmeRun, outcome: Outcome) -> None:
+def warmup_file_is_written(run: PageRun, outcome: Outcome) -> None:
+    assert outcome.output == "['tf_serving_warmup_requests']\n", outcome.output
+
+
+def records_are_written_and_verified(run: PageRun, outcome: Outcome) -> None:
     from torchestimator.data import read_records
 
     shards = sorted((run.workdir / "out").glob("train-*-of-00004.tfrecord"))
@@ -592,28 +677,46 @@ def records_are_written_and_verified(run: ReadmeRun, outcome: Outcome) -> None:
     assert "Traceback" not in outcome.output
 
 
-def keras_weights_are_written_converted(run: ReadmeRun, outcome: Outcome) -> None:
-    """The dry run writes nothing; --write leaves a step-0 checkpoint holding Keras's values in PyTorch layouts."""
+def keras_files_are_made(run: PageRun, outcome: Outcome) -> None:
+    """The block's model.py builds the module, and its file reads as a Keras 3 weights file (the h5 reader)."""
+    from torchestimator.interop import open_weights
+
+    with open_weights(str(run.workdir / "keras_model.weights.h5")) as source:
+        assert source.format == "keras3_weights_h5", source.format
+        assert len(list(source.tensors())) == 8
+
+
+def keras_weights_are_written_converted(run: PageRun, outcome: Outcome) -> None:
+    """The dry run writes nothing; --write leaves a step-0 checkpoint holding the Keras file's values in PyTorch
+    layouts, BatchNorm's running statistics included (--include_buffers)."""
+    import h5py
     import numpy as np
 
     from torchestimator.interop import open_weights
 
-    assert "6 to load" in outcome.output and "nothing was written" in outcome.output
+    assert "8 to load" in outcome.output and "nothing was written" in outcome.output, outcome.output
+    assert "Not selected" not in outcome.output, "--include_buffers left buffers out of the plan"
     assert sorted(path.name for path in (run.workdir / "runs" / "from_keras").glob("ckpt-*")) == ["ckpt-0"]
-    keras = np.load(FIXTURES / "keras" / "reference.npz")  # layer.get_weights(), saved by Keras
-    with open_weights(str(run.workdir / "runs" / "from_keras")) as written:
+    with h5py.File(run.workdir / "keras_model.weights.h5", "r") as file:
 
-        def value(name):
-            return np.asarray(written.read(name))
+        def keras(layer, index):
+            return np.asarray(file[f"layers/{layer}/vars/{index}"])
 
-        assert np.array_equal(value("0.weight"), keras["conv/0"].transpose(3, 2, 0, 1))  # HWIO -> OIHW
-        assert np.array_equal(value("4.bias"), keras["fc/1"]) and np.array_equal(value("1.weight"), keras["bn/0"])
-        # Keras flattened H, W, C; torch flattens C, H, W: the converter reorders the Dense kernel's rows.
-        nhwc_rows = keras["fc/0"].reshape(6, 6, 4, 5).transpose(2, 0, 1, 3).reshape(144, 5)
-        assert np.array_equal(value("4.weight"), nhwc_rows.T)
+        with open_weights(str(run.workdir / "runs" / "from_keras")) as written:
+
+            def value(name):
+                return np.asarray(written.read(name))
+
+            assert np.array_equal(value("0.weight"), keras("conv2d", 0).transpose(3, 2, 0, 1))  # HWIO -> OIHW
+            assert np.array_equal(value("4.bias"), keras("dense", 1))
+            for index, name in enumerate(["weight", "bias", "running_mean", "running_var"]):
+                assert np.array_equal(value(f"1.{name}"), keras("batch_normalization", index)), name
+            # Keras flattened H, W, C; torch flattens C, H, W: the converter reorders the Dense kernel's rows.
+            nhwc_rows = keras("dense", 0).reshape(6, 6, 4, 5).transpose(2, 0, 1, 3).reshape(144, 5)
+            assert np.array_equal(value("4.weight"), nhwc_rows.T)
 
 
-def server_answers_the_request(run: ReadmeRun, outcome: Outcome) -> None:
+def server_answers_the_request(run: PageRun, outcome: Outcome) -> None:
     assert re.search(r"serving digits \(version \d+ AVAILABLE\) at http://127\.0\.0\.1:8501", outcome.output), (
         "the curl answers did not come from this block's server:\n" + outcome.output
     )
@@ -622,13 +725,19 @@ def server_answers_the_request(run: ReadmeRun, outcome: Outcome) -> None:
     assert len(answer["predictions"]) == 2 and all(0 <= row["class"] <= 9 for row in answer["predictions"])
 
 
-def client_gets_predictions(run: ReadmeRun, outcome: Outcome) -> None:
+def client_gets_predictions(run: PageRun, outcome: Outcome) -> None:
     predictions = printed_literal(outcome.output, "[")
     assert len(predictions) == 2 and all(0 <= row["class"] <= 9 for row in predictions)
     assert "'AVAILABLE'" in outcome.output.splitlines()[1]
 
 
-def examples_receiver_answers_as_the_model(run: ReadmeRun, outcome: Outcome) -> None:
+def grpc_answers_with_the_version(run: PageRun, outcome: Outcome) -> None:
+    """The Python client's line: the version that answered, then the two rows' classes."""
+    answer = re.search(r"^(\d+) \[(\d) (\d)\]$", outcome.output, re.MULTILINE)
+    assert answer and int(answer.group(1)) > 0, outcome.output
+
+
+def examples_receiver_answers_as_the_model(run: PageRun, outcome: Outcome) -> None:
     """Serialized Examples sent as {"b64"} through the server give the classes of the export fed x[:3]."""
     from torchestimator.export import load
 
@@ -637,7 +746,7 @@ def examples_receiver_answers_as_the_model(run: ReadmeRun, outcome: Outcome) -> 
     assert [row["class"] for row in rows] == model({"image": run.namespace["x"][:3]})["class"].tolist()
 
 
-def image_request_answers_as_the_model(run: ReadmeRun, outcome: Outcome) -> None:
+def image_request_answers_as_the_model(run: PageRun, outcome: Outcome) -> None:
     """predict --exported on the {"b64"} image request answers the classes of the export fed the PNG bytes."""
     from torchestimator.export import load
 
@@ -646,7 +755,7 @@ def image_request_answers_as_the_model(run: ReadmeRun, outcome: Outcome) -> None
     assert [row["class"] for row in answer["predictions"]] == model(run.namespace["pngs"])["class"].tolist()
 
 
-def store_workflow_answers(run: ReadmeRun, outcome: Outcome) -> None:
+def store_workflow_answers(run: PageRun, outcome: Outcome) -> None:
     """The object-storage block trained into the bucket, listed the run, and the server it started from the
     bucket answered two predictions."""
     assert "digits demo: trained from scratch to step 200 in s3://my-bucket/runs/digits" in outcome.output
@@ -657,19 +766,24 @@ def store_workflow_answers(run: ReadmeRun, outcome: Outcome) -> None:
     assert "Found credentials" not in outcome.output  # the clients' INFO lines stay out of the CLI's output
 
 
-CHECKS_AFTER: dict[str, Callable[[ReadmeRun, Outcome], None]] = {
-    "python -m moto.server -p 9000 > moto.log 2>&1 &": store_workflow_answers,
+CHECKS_AFTER: dict[str, Callable[[PageRun, Outcome], None]] = {
     "import numpy as np, torch, torch.nn as nn, torch.nn.functional as F": quickstart_learns_and_predicts,
+    "import torch, torch.nn as nn, torch.nn.functional as F": example_learns_and_exports,
+    "# 10 examples, a global batch of 4, two epochs": batches_split_across_replicas,
+    "python -m moto.server -p 9000 > moto.log 2>&1 &": store_workflow_answers,
     "config = te.RunConfig(train_distribute=te.MirroredStrategy(num_replicas=2))": config_has_two_replicas,
     "from torchestimator.data import (FixedLenFeature, VarLenFeature, TFRecordDataset, TFRecordWriter,": tfrecord_input_fn_gives_batches,
     "from torchestimator.warm_start import WarmStartSettings": warm_start_loads_the_quickstart,
     "from torchestimator.export import TensorSpec, serving_input_receiver": best_model_is_kept,
     "from torchestimator.export import TensorSpec, serving_input_receiver, load": export_loads_and_predicts,
     "import onnxruntime": onnx_gives_the_exported_classes,
+    "import os": warmup_file_is_written,
     "torchestimator convert csv-to-tfrecord index.csv out/train --num_shards 4   # label,path[,other columns]": records_are_written_and_verified,
-    "torchestimator warm-start --dry_run --model model.py keras_model.weights.h5 --accept_proposed \\": keras_weights_are_written_converted,
+    "cat > model.py <<'EOF'": keras_files_are_made,
+    "torchestimator warm-start --dry_run --model model.py keras_model.weights.h5 --accept_proposed --include_buffers \\": keras_weights_are_written_converted,
     "torchestimator export torchestimator.cli.demo --model_dir runs/digits --export_dir export/digits": server_answers_the_request,
     "from torchestimator.cli.demo import load_digits_split": client_gets_predictions,
+    "torchestimator serve --model_name digits --model_base_path export/digits --port 8500 --rest_api_port 8501 &": grpc_answers_with_the_version,
     "import base64, io, json": examples_receiver_answers_as_the_model,
     "torchestimator predict --exported export/digits_images --input image_request.json": image_request_answers_as_the_model,
 }
@@ -699,11 +813,45 @@ def _bound_and_used(text: str) -> tuple[set[str], set[str]]:
 
 def undefined_names(block: Block) -> set[str]:
     defined = set(dir(builtins))
-    for earlier in BLOCKS[: BLOCKS.index(block)]:
+    same_page = [each for each in BLOCKS if each.page == block.page]
+    for earlier in prelude(block.page) + same_page[: same_page.index(block)]:
         if earlier.language == "python" and runs(earlier):
             defined |= _bound_and_used(earlier.text)[0]
     bound, used = _bound_and_used(block.text)
     return used - bound - defined
+
+
+# ---------------------------------------------------------------- the API reference pages
+
+
+def public_names(module: str) -> list[str]:
+    """A public package's or module's names: its TYPE_CHECKING block (lazy packages) or its __all__."""
+    from torchestimator._lazy import declared_exports
+
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, module
+    if "lazy_exports(" in Path(spec.origin).read_text(encoding="utf-8"):
+        return sorted(declared_exports(module, spec.origin).origins)
+    return sorted(importlib.import_module(module).__all__)
+
+
+def reference_pages() -> dict[str, list[str]]:
+    """docs/reference/*.md: module -> the members its `::: module` directive lists (mkdocstrings options)."""
+    pages = {}
+    for path in sorted((DOCS / "reference").glob("*.md")):
+        text = path.read_text(encoding="utf-8")
+        directive = re.search(r"^::: (\S+)\n    options:\n      members:\n((?:        - \w+\n)+)", text, re.MULTILINE)
+        if directive is None:
+            assert ":::" not in text, f"{path}: a `:::` directive this test cannot read"
+            continue
+        pages[directive.group(1)] = re.findall(r"- (\w+)", directive.group(2))
+    return pages
+
+
+NOT_IN_REFERENCE: dict[str, str] = {
+    "torchestimator.cli": "its interface is the command line (docs/cli.md), not Python names",
+    "torchestimator.estimator": "te.estimator mirrors tf.estimator's layout: aliases of names documented elsewhere",
+}
 
 
 # ---------------------------------------------------------------- the tests
@@ -711,14 +859,20 @@ def undefined_names(block: Block) -> set[str]:
 
 def test_every_block_is_run_or_listed():
     keys = [block.key for block in BLOCKS]
-    repeated = sorted({key for key in keys if keys.count(key) > 1})
-    assert not repeated, f"README blocks must differ in their first line (their key here); repeated: {repeated}"
+    for page in PAGES:
+        on_page = [block.key for block in BLOCKS if block.page == page]
+        repeated = sorted({key for key in on_page if on_page.count(key) > 1})
+        assert not repeated, f"{page}: blocks must differ in their first line (their key here); repeated: {repeated}"
+    for key in set(keys):
+        copies = {block.text for block in BLOCKS if block.key == key}
+        where = [block.where for block in BLOCKS if block.key == key]
+        assert len(copies) == 1, f"blocks with the first line {key!r} differ ({where}): make them one, or change a key"
     unhandled = [
-        block.label
+        f"{block.where} {block.label}"
         for block in BLOCKS
         if not runs(block) and block.key not in NOT_RUNNABLE and block.key not in TEXT_CHECKS
     ]
-    assert not unhandled, f"README blocks neither run nor listed in NOT_RUNNABLE/TEXT_CHECKS: {unhandled}"
+    assert not unhandled, f"blocks neither run nor listed in NOT_RUNNABLE/TEXT_CHECKS: {unhandled}"
     for table_name, table in [
         ("NOT_RUNNABLE", NOT_RUNNABLE),
         ("TEXT_CHECKS", TEXT_CHECKS),
@@ -726,24 +880,77 @@ def test_every_block_is_run_or_listed():
         ("EARLIER_COMMANDS", EARLIER_COMMANDS),
         ("CHECKS_AFTER", CHECKS_AFTER),
         ("PENDING", PENDING),
+        ("TRAINS", TRAINS),
     ]:
         stale = sorted(set(table) - set(keys))
-        assert not stale, f"{table_name} lists blocks the README no longer has (first lines): {stale}"
+        assert not stale, f"{table_name} lists blocks no page has any longer (first lines): {stale}"
+    stale_pages = sorted(set(PRELUDES) - set(PAGES))
+    assert not stale_pages, f"PRELUDES names pages that are gone: {stale_pages}"
+    for page, keys_first in PRELUDES.items():
+        for key in keys_first:
+            source = block_with_key(key)
+            link = f"({Path(os.path.relpath(ROOT / source.page, (ROOT / page).parent)).as_posix()}#"
+            assert link in (ROOT / page).read_text(encoding="utf-8"), (
+                f"{page} runs {source.where} first: its text must say so and link there ({link}...)"
+            )
+
+
+def test_every_page_is_covered():
+    """Each Markdown file of the repository's docs is run here, run by the test module named in OTHER_TESTS (which
+    exists), or in a folder of NOT_PAGES; the site's nav lists every page."""
+    pages = set(markdown_pages())
+    assert set(PAGES) | set(OTHER_TESTS) >= pages and "README.md" in PAGES and "docs/index.md" in PAGES
+    for page, module in OTHER_TESTS.items():
+        if (ROOT / page).exists():
+            assert (ROOT / module).is_file(), f"{page} is said to be run by {module}, which does not exist"
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    missing = sorted(page for page in pages | set(OTHER_TESTS) if page != "README.md" and page[5:] not in nav)
+    assert not missing, f"pages missing from mkdocs.yml's nav: {missing}"
+
+
+def test_the_two_commands_are_the_same_in_the_readme_and_getting_started():
+    """README.md and docs/index.md show the same two commands, word for word, and both are the listed ones (the
+    test command being .ci/run's): editing one copy, or both, fails here before the slow run would try it."""
+    for page in ("README.md", "docs/index.md"):
+        commands = [block.key for block in BLOCKS if block.page == page and block.key.startswith(SETUP)]
+        assert len(commands) == 2 and all(key in NOT_RUNNABLE for key in commands), (page, commands)
+
+
+def test_api_reference_lists_each_public_name():
+    """Each public package has a reference page, and its `:::` directive lists exactly the package's public names
+    (so a name added to a package is added to its page, and a removed one leaves it)."""
+    pages = reference_pages()
+    packages = {f"torchestimator.{name}" for name in public_names_of_submodules()} | {"torchestimator"}
+    assert packages - set(pages) - set(NOT_IN_REFERENCE) == set(), "add a page under docs/reference/ for each"
+    for module, members in pages.items():
+        declared = public_names(module)
+        assert sorted(members) == declared, (
+            f"docs/reference: the members listed for {module} differ from its public names (its TYPE_CHECKING block "
+            f"or __all__): add {sorted(set(declared) - set(members))}, remove {sorted(set(members) - set(declared))}"
+        )
+
+
+def public_names_of_submodules() -> list[str]:
+    from torchestimator._lazy import declared_exports
+
+    spec = importlib.util.find_spec("torchestimator")
+    assert spec is not None and spec.origin is not None
+    return declared_exports("torchestimator", spec.origin).submodules
 
 
 @pytest.mark.parametrize("block", [block for block in BLOCKS if block.language == "python"], ids=lambda b: b.label)
 def test_python_block_uses_only_names_defined_above(block):
-    """A reader running the README top to bottom meets no name that no block above defined."""
+    """A reader running a page top to bottom (after its prelude) meets no name that no block above defined."""
     names_are_defined_above(block)
 
 
 @pytest.mark.parametrize("block", [block for block in BLOCKS if not runs(block)], ids=lambda b: b.label)
 def test_listed_block_partial_check(block, tmp_path):
     if block.key not in NOT_RUNNABLE and block.key not in TEXT_CHECKS:
-        pytest.fail(f"README.md:{block.line} ({block.language or 'plain'}) is neither run nor listed")
+        pytest.fail(f"{block.where} ({block.language or 'plain'}) is neither run nor listed")
     listed = NOT_RUNNABLE.get(block.key)
     if listed is not None and listed.check is None:
-        pytest.skip(f"README.md:{block.line} is not run here: {listed.reason}")
+        pytest.skip(f"{block.where} is not run here: {listed.reason}")
     check = TEXT_CHECKS[block.key] if listed is None else listed.check
     try:
         if "workdir" in inspect.signature(check).parameters:
@@ -757,27 +964,38 @@ def test_listed_block_partial_check(block, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def readme_run(tmp_path_factory):
-    return ReadmeRun(tmp_path_factory.mktemp("readme"))
+def page_runs(tmp_path_factory):
+    """One PageRun per page, made when its first block runs; the pages share TRAINS' trained model_dirs."""
+    trained: dict[str, Path] = {}
+    made: dict[str, PageRun] = {}
+
+    def run_of(page: str) -> PageRun:
+        if page not in made:
+            slug = re.sub(r"[^A-Za-z0-9]+", "-", Path(page).stem)
+            made[page] = PageRun(page, tmp_path_factory.mktemp(slug), trained)
+        return made[page]
+
+    return run_of
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # a block run alone (-k) first runs every block above it
+@pytest.mark.timeout(900)  # a block run alone (-k) first runs its page's prelude and every block above it
 @pytest.mark.parametrize("block", [block for block in BLOCKS if runs(block)], ids=lambda b: b.label)
-def test_readme_block_runs_as_written(block, readme_run):
-    outcome = readme_run.outcome(block)
+def test_block_runs_as_written(block, page_runs):
+    run = page_runs(block.page)
+    outcome = run.outcome(block)
     if not outcome.ok and block.key in PENDING:
         pytest.xfail(PENDING[block.key])
-    assert outcome.ok, f"README.md:{block.line} failed:\n{outcome.error}"
+    assert outcome.ok, f"{block.where} failed:\n{outcome.error}"
     if block.key in CHECKS_AFTER:
-        CHECKS_AFTER[block.key](readme_run, outcome)
+        CHECKS_AFTER[block.key](run, outcome)
 
 
 @pytest.mark.slow
 def test_quickstart_rerun_resumes_with_the_same_results(tmp_path):
     """Issue 13, point 2: the Quickstart saved as a script and run twice, a fresh process each time (a user
     rerunning it): the second run resumes at step 1000 and prints the first run's evaluation, digit for digit."""
-    quickstart = block_with_key("import numpy as np, torch, torch.nn as nn, torch.nn.functional as F")
+    quickstart = block_with_key(QUICKSTART)
     (tmp_path / "quickstart.py").write_text(quickstart.text)
     runs_output, runs_log = [], []
     for _ in range(2):
@@ -791,7 +1009,7 @@ def test_quickstart_rerun_resumes_with_the_same_results(tmp_path):
     assert first["global_step"] == second["global_step"] == 1000
     assert second == first, (first, second)
     assert runs_output[1] == runs_output[0]  # the predicted classes too
-    # The README quotes the line each call prints on stderr by default: trained, then skipped on the rerun.
+    # The Quickstart quotes the line each call prints on stderr by default: trained, then skipped on the rerun.
     assert "torchestimator: trained runs/quickstart from step 0 to 1000 in " in runs_log[0], runs_log[0]
     assert (
         "torchestimator: skipped training: runs/quickstart is already at step 1000 (max_steps=1000)" in runs_log[1]

@@ -1,4 +1,4 @@
-"""TF's spellings: each row of the one table (torchestimator/_tf_names.py) does what it says, and README shows it.
+"""TF's spellings: each row of the one table (torchestimator/_tf_names.py) does what it says, and the docs show it.
 
 An alias gives what our own name gives; a refusal says "TF's X is torchestimator's Y: what differs"; a member of
 te.estimator is the object torchestimator documents elsewhere. TF's signatures (below, from tf.estimator 2.15)
@@ -25,8 +25,7 @@ from torchestimator.errors import ConfigTypeError
 from torchestimator.export import TensorSpec, serving_input_receiver
 from torchestimator.export.receiver import build_parsing_serving_input_receiver
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
-SECTION = "## tf.estimator name -> torchestimator name"
+NAMES_PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "tf-names.md"  # the docs page holding the table
 RECEIVER = serving_input_receiver({"x": TensorSpec(shape=(None, 8), dtype=torch.float32)})
 
 
@@ -89,11 +88,9 @@ def _arguments(kind_rows):
     return [(owner, row) for row in kind_rows for owner in row.owners]
 
 
-def test_the_readme_section_is_the_table_in_code():
-    text = README.read_text(encoding="utf-8")
-    section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
-    assert markdown_table() in section, (
-        f"README.md's {SECTION!r} differs from torchestimator/_tf_names.py; paste the output of\n"
+def test_the_docs_page_holds_the_table_in_code():
+    assert markdown_table() in NAMES_PAGE.read_text(encoding="utf-8"), (
+        "docs/tf-names.md's table differs from torchestimator/_tf_names.py; paste the output of\n"
         "  .venv/bin/python -c 'from torchestimator._tf_names import markdown_table; print(markdown_table())'"
     )
 

@@ -1,9 +1,9 @@
-"""TensorFlow's spellings and torchestimator's: the one table behind the TF aliases and README's name table.
+"""TensorFlow's spellings and torchestimator's: the one table behind the TF aliases and the docs' name table.
 
 A user pastes tf.estimator code: ``RunConfig(tf_random_seed=42)``, ``ModeKeys.INFER``,
 ``BestExporter(serving_input_receiver_fn=...)``, ``te.estimator.RunConfig``. Each row of ``TF_NAMES`` says
-what TF's name is here, and is one line of README.md's section "tf.estimator name -> torchestimator name"
-(``markdown_table``; tests/test_tf_names.py checks the README holds it and that each row does what it says):
+what TF's name is here, and is one line of the table on docs/tf-names.md ("tf.estimator names")
+(``markdown_table``; tests/test_tf_names.py checks the page holds it and that each row does what it says):
 
 - a documentation row: TF's name and ours, nothing to run;
 - an alias: TF's argument or attribute means what ours means, so it is accepted (our own name stays the
@@ -48,12 +48,12 @@ class TFName:
     """One row: TF's spelling, ours, and (for an alias, a refusal or a member) what applies it."""
 
     tf: str
-    """TF's spelling, as the README shows it (markdown)."""
+    """TF's spelling, as docs/tf-names.md shows it (markdown)."""
     ours: str
-    """torchestimator's, as the README shows it (markdown)."""
+    """torchestimator's, as docs/tf-names.md shows it (markdown)."""
     notes: str = ""
     kind: str = DOCUMENTED
-    """DOCUMENTED (the README only), ARGUMENT, ATTRIBUTE or MEMBER (of a namespace)."""
+    """DOCUMENTED (the docs only), ARGUMENT, ATTRIBUTE or MEMBER (of a namespace)."""
     owners: tuple[str, ...] = ()
     """Whose argument or attribute (class names: "RunConfig"), or which namespace ("tf.estimator")."""
     tf_key: str = ""
@@ -506,6 +506,6 @@ def refused_member(namespace: str, name: str) -> str | None:
 
 
 def markdown_table() -> str:
-    """README.md's "tf.estimator name -> torchestimator name" table: one line per row of TF_NAMES."""
+    """docs/tf-names.md's table ("tf.estimator names"): one line per row of TF_NAMES."""
     lines = ["| tf.estimator | torchestimator | notes |", "|---|---|---|"]
     return "\n".join(lines + [row.markdown() for row in TF_NAMES]) + "\n"

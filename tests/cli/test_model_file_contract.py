@@ -1,5 +1,5 @@
 """The model file's contract: every name the commands read is in one table (cli/model_file.py), shown in --help and
-README, and a top-level name that looks like a misspelling of one of them is warned about when the file loads."""
+in docs/cli.md, and a top-level name that looks like a misspelling of one of them is warned about when the file loads."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from torchestimator.cli import build_parser, main, model_file
 from torchestimator.cli.model_file import MODEL_FILE_NAMES, contract_help, contract_markdown, load_model_file
 
 CLI = pathlib.Path(model_file.__file__).parent
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+CLI_PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "cli.md"  # the docs page holding the table
 NAMES = {row.name for row in MODEL_FILE_NAMES}
 
 
@@ -51,9 +51,9 @@ def test_each_row_says_whether_it_is_a_function_or_an_object():
         assert row.read_by and row.what, row
 
 
-def test_the_readme_holds_the_table():
-    assert contract_markdown() in README.read_text(encoding="utf-8"), (
-        "README.md's model-file table differs from cli/model_file.py; paste the output of\n"
+def test_the_docs_page_holds_the_table():
+    assert contract_markdown() in CLI_PAGE.read_text(encoding="utf-8"), (
+        "docs/cli.md's model-file table differs from cli/model_file.py; paste the output of\n"
         "  .venv/bin/python -c 'from torchestimator.cli import model_file; print(model_file.contract_markdown())'"
     )
 

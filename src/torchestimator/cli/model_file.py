@@ -3,7 +3,7 @@
 A model file defines, by name, what the commands read: ``MODEL_FILE_NAMES``
 below is the one list of those names (each a function or an object, which
 commands read it, what it is). It is shown in ``--help`` (``contract_help``)
-and in README.md (``contract_markdown``; tests/cli/test_model_file_contract.py
+and in docs/cli.md (``contract_markdown``; tests/cli/test_model_file_contract.py
 checks both, and that the commands read no name it lacks). Flags override what
 the file sets. A top-level name that looks like a misspelling of one of them
 (``modelfn``, ``eval_spec_s``, ``input_fn_train``, ``optimiser``), while that
@@ -199,7 +199,7 @@ def contract_help(command: str | None = None) -> str:
 
 
 def contract_markdown() -> str:
-    """README.md's table of the model file's names."""
+    """docs/cli.md's table of the model file's names."""
     lines = ["| name | a function or an object | read by | what it is |", "|---|---|---|---|"]
     for row in MODEL_FILE_NAMES:
         when = f" ({row.when})" if row.when else ""

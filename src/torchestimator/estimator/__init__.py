@@ -4,8 +4,8 @@ For code moving from TensorFlow: every name here is the object torchestimator do
 (``te.estimator.RunConfig is te.RunConfig``, ``te.estimator.BestExporter is te.export.BestExporter``), so
 ``tf.estimator.X`` becomes ``te.estimator.X``. A name TF has that means something else here
 (``SessionRunHook``, ``NanTensorHook``, the canned estimators) is an AttributeError saying what to use
-instead. Both come from one table, torchestimator/_tf_names.py, which README.md's "tf.estimator name ->
-torchestimator name" section shows. Submodules: ``export`` (tf.estimator.export), ``experimental``
+instead. Both come from one table, torchestimator/_tf_names.py, which the docs' page "tf.estimator names"
+(docs/tf-names.md) shows. Submodules: ``export`` (tf.estimator.export), ``experimental``
 (the early-stopping rules).
 
 Nothing is defined here: the names are imported on first use (``torchestimator._lazy``).

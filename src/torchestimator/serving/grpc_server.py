@@ -23,7 +23,7 @@ and one batch scheduler, and stop together. grpcio's threaded server
 (``grpc.server``, its workers calling the core) was measured too and was no
 faster on 2 cores (~400-470 us of CPU per small-MLP call against grpc.aio's
 ~350-390): torch releases the GIL at every op and grpcio's polling thread and
-workers take it each time (README, Benchmarks). The largest request is the REST
+workers take it each time (docs/benchmarks.md). The largest request is the REST
 body limit (--max_body_bytes, 64 MiB by default; grpcio's own default is 4 MB,
 TF Serving raises it to 2 GiB). SO_REUSEPORT is off, so a port another server
 holds is an error at start, not two servers sharing it. A call's deadline is
