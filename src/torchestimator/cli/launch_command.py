@@ -1,9 +1,11 @@
-"""`torchestimator launch`: torchrun, plus --from_tf_config.
+"""`torchestimator launch`: torchrun, plus --from_tf_config and TF 1.x's task flags.
 
 torchrun's own parser defines the options, so every torchrun option (--nnodes MIN:MAX, --node_rank,
 --rdzv_backend/--rdzv_endpoint/--rdzv_id, --max_restarts, ...) is accepted in both spellings. Building
 it imports torch (seconds), so it is built only when `launch` is the command: `torchestimator --help`
-and the other commands never wait for it.
+and the other commands never wait for it. With --ps_hosts/--worker_hosts/--job_name/--task_index (TF 1.x's
+between-graph replication flags) `launch` runs the program once, as that task, with its TF_CONFIG
+(`launcher.run_tf1_task`), instead of starting torchrun.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ class _TorchrunArguments(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
-        from torchestimator.distribute.launcher import launch_parser
+        from torchestimator.distribute.launcher import parse_launch_arguments
 
-        parsed = launch_parser(parser.prog).parse_args(list(values))
+        parsed = parse_launch_arguments(list(values), parser.prog)
         for name, value in vars(parsed).items():
             setattr(namespace, name, value)
 
@@ -38,8 +40,9 @@ def add_command(commands: Any) -> None:
         "launch",
         add_help=False,
         prefix_chars=_NO_OPTION_PREFIX,
-        help="run a script in N processes per node, on one or several machines (torchrun); "
-        "torchestimator launch --help lists torchrun's options",
+        help="run a script in N processes per node, on one or several machines (torchrun), or as one task of "
+        "a TF 1.x cluster (--ps_hosts --worker_hosts --job_name --task_index); "
+        "torchestimator launch --help lists the options",
     )
     launch.add_argument(
         "torchrun_arguments",
@@ -52,6 +55,6 @@ def add_command(commands: Any) -> None:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from torchestimator.distribute.launcher import prepare_torchrun_arguments, run_torchrun
+    from torchestimator.distribute.launcher import run_launch
 
-    return run_torchrun(prepare_torchrun_arguments(args))
+    return run_launch(args)

@@ -3,7 +3,10 @@
 Belongs here: starting the local replicas of a plain ``python script.py`` run
 (``start_local_replicas``), and ``launch``, which hands a command to torchrun
 (``torch.distributed.run``) with torchrun's own options (several nodes,
-rendezvous, elastic restarts) or a cluster taken from ``TF_CONFIG``. Does not
+rendezvous, elastic restarts) or a cluster taken from ``TF_CONFIG``, or, with
+TF 1.x's task flags (``--ps_hosts``, ``--worker_hosts``, ``--job_name``,
+``--task_index``), runs the program once as that task with the TF_CONFIG the
+flags stand for (``run_tf1_task``). Does not
 belong here: reading the cluster from the environment (``cluster.py``; its
 names are re-exported here for older imports), process groups, devices and
 module wrapping (the strategies', in ``strategy.py``).
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -526,8 +530,36 @@ def launch(nproc_per_node: int, command_argv: Sequence[str], *, cluster: Cluster
 
 
 def launch_command(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
-    """``torchestimator launch ARGV``: torchrun's options and ``--from_tf_config``, then the program; the exit code."""
-    arguments = launch_parser().parse_args(list(argv))
+    """``torchestimator launch ARGV``: torchrun's options and ``--from_tf_config``, or TF 1.x's task flags
+    (``--ps_hosts``, ``--worker_hosts``, ``--job_name``, ``--task_index``), then the program; the exit code."""
+    return run_launch(parse_launch_arguments(argv), environ)
+
+
+def parse_launch_arguments(argv: Sequence[str], prog: str = "torchestimator launch") -> argparse.Namespace:
+    """``launch_parser``'s parse of ``argv``, plus ``given_options``: the options written on the command line.
+
+    A value equal to its default cannot tell whether the option was written (``--nproc_per_node 2`` is the
+    default), and TF 1.x's task flags refuse torchrun's options only when they were written: a second parse,
+    with every default suppressed, keeps only what the command line said.
+    """
+    argv = list(argv)
+    arguments = launch_parser(prog).parse_args(argv)
+    written = launch_parser(prog)
+    written._defaults.clear()  # set_defaults' values (launch's --nproc_per_node) apply whatever an action says
+    for action in written._actions:
+        if action.option_strings:
+            action.default = argparse.SUPPRESS
+    arguments.given_options = sorted(
+        dest for dest in vars(written.parse_args(argv)) if dest not in ("training_script", "training_script_args")
+    )
+    return arguments
+
+
+def run_launch(arguments: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
+    """Run what ``torchestimator launch`` was asked: one TF 1.x task when its flags were given
+    (``run_tf1_task``), else torchrun (``prepare_torchrun_arguments``, ``run_torchrun``); the exit code."""
+    if _tf1_flags_given(arguments):
+        return run_tf1_task(arguments, environ)
     return run_torchrun(prepare_torchrun_arguments(arguments, environ))
 
 
@@ -544,7 +576,8 @@ def launch_parser(prog: str = "torchestimator launch") -> argparse.ArgumentParse
     parser.description = (
         "Run a training program in several processes with torchrun: standalone on this machine unless "
         "--nnodes, a rendezvous (--rdzv_backend c10d --rdzv_endpoint HOST:PORT --rdzv_id JOB) or "
-        "--from_tf_config says otherwise. Every torchrun option is accepted."
+        "--from_tf_config says otherwise. Every torchrun option is accepted. With TF 1.x's --ps_hosts, "
+        "--worker_hosts, --job_name and --task_index it runs the program once, as that task, with TF_CONFIG set."
     )
     if "PET_NPROC_PER_NODE" not in os.environ:
         parser.set_defaults(nproc_per_node=DEFAULT_NPROC_PER_NODE)
@@ -554,6 +587,27 @@ def launch_parser(prog: str = "torchestimator launch") -> argparse.ArgumentParse
         action="store_true",
         help="take the nodes from TF_CONFIG: one node per chief/worker task, node rank = the task's rank "
         "(chief 0, worker i at i + 1), static rendezvous at the chief's host:port",
+    )
+    tf1 = parser.add_argument_group(
+        "TF 1.x task flags",
+        "as a TF 1.x between-graph replication script took them: run the program once, as this one task, with "
+        "the TF_CONFIG it stands for (no torchrun). Without --chief_hosts, worker 0 is the chief.",
+    )
+    hosts_help = {
+        PS: "the parameter servers' addresses, comma-separated",
+        WORKER: "the workers' addresses, comma-separated (the first is the chief unless --chief_hosts is given)",
+        CHIEF: "the chief's address (one); then the workers keep their indices",
+        EVALUATOR: "the evaluator's address",
+    }
+    for job in TF1_HOSTS_FLAGS:
+        tf1.add_argument(
+            f"--{job}_hosts", f"--{job}-hosts", default=None, metavar="HOST:PORT,...", help=hosts_help[job]
+        )
+    tf1.add_argument(
+        "--job_name", "--job-name", default=None, choices=TF1_JOB_NAMES, help="this task's job (with --task_index)"
+    )
+    tf1.add_argument(
+        "--task_index", "--task-index", default=None, type=int, help="this task's index in its job's hosts list"
     )
     return parser
 
@@ -700,6 +754,302 @@ def _take_nodes_from_tf_config(arguments: argparse.Namespace, environ: Mapping[s
         cluster.master_addr,
         cluster.master_port,
     )
+
+
+# ---------------------------------------------------------------- TF 1.x task flags
+#
+# TF 1.x's between-graph replication scripts took the cluster and the task as flags: --ps_hosts and --worker_hosts
+# (comma-separated "hostname:port" pairs), --job_name ("One of 'ps', 'worker'") and --task_index ("Index of task
+# within the job"), one command per task, worker 0 being the chief (is_chief=(FLAGS.task_index == 0)). The script
+# built tf.train.ClusterSpec({"ps": ps_hosts, "worker": worker_hosts}), started tf.train.Server(cluster,
+# job_name=..., task_index=...), joined it as a ps, or placed its variables with tf.train.replica_device_setter as a
+# worker: "Putting it all together: example trainer program" in TensorFlow's distributed guide
+# (tensorflow/tensorflow, tensorflow/docs_src/deploy/distributed.md, TF 1.x). tf.estimator took the same description
+# from TF_CONFIG, where the chief is a job of its own (run_config.py); these flags make that TF_CONFIG for one task.
+
+TF1_HOSTS_FLAGS = (PS, WORKER, CHIEF, EVALUATOR)
+"""The jobs with a ``--<job>_hosts`` flag, in the order TF_CONFIG lists them after the chief."""
+
+TF1_JOB_NAMES = (PS, WORKER, CHIEF, EVALUATOR)
+"""``--job_name``'s choices."""
+
+TF1_FLAGS = (*(f"{job}_hosts" for job in TF1_HOSTS_FLAGS), "job_name", "task_index")
+"""The TF 1.x task flags' destinations; any of them makes ``launch`` run one task instead of torchrun."""
+
+TF1_KEPT_TORCHRUN_OPTIONS = frozenset({"module", "no_python"})
+"""torchrun options that still mean something for one task: how the program is run (``-m``, ``--no_python``)."""
+
+FORWARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+"""What a TF 1.x task's launcher passes on to the program: torchrun's ``--signals_to_handle`` default, plus SIGUSR1
+and SIGUSR2 (SLURM's ``--signal`` warning before a job is stopped)."""
+
+
+def _tf1_flags_given(arguments: argparse.Namespace) -> bool:
+    return any(getattr(arguments, dest, None) is not None for dest in TF1_FLAGS)
+
+
+def tf_config_from_tf1_flags(
+    job_name: str | None,
+    task_index: int | None,
+    *,
+    ps_hosts: str | Sequence[str] | None = None,
+    worker_hosts: str | Sequence[str] | None = None,
+    chief_hosts: str | Sequence[str] | None = None,
+    evaluator_hosts: str | Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """The TF_CONFIG of the task ``job_name:task_index`` in the cluster TF 1.x's flags describe.
+
+    The hosts are comma-separated ``host:port`` strings (or lists of them). Without ``chief_hosts``, as in TF 1.x,
+    worker 0 is the chief: ``worker_hosts[0]`` becomes ``"chief": [worker_hosts[0]]``, worker k (k >= 1) becomes
+    worker k - 1, and ``--job_name worker --task_index 0`` is task ``{"type": "chief", "index": 0}``. With
+    ``chief_hosts`` (one address) the workers keep their indices. ``ps`` and ``evaluator`` tasks keep theirs.
+    A value that cannot describe the task is a ConfigError whose ``field`` is the flag to fix.
+    """
+    hosts = {
+        job: _tf1_hosts(value, job)
+        for job, value in zip(TF1_HOSTS_FLAGS, (ps_hosts, worker_hosts, chief_hosts, evaluator_hosts))
+    }
+    if job_name is None:
+        raise ConfigError(
+            "the TF 1.x task flags need --job_name (ps, worker, chief or evaluator) and --task_index to say which "
+            "task this command runs.",
+            field="job_name",
+        )
+    if job_name not in TF1_JOB_NAMES:
+        raise ConfigError(
+            f"--job_name must be one of {', '.join(TF1_JOB_NAMES)}; received {job_name!r}.",
+            field="job_name",
+            value=job_name,
+        )
+    if task_index is None:
+        raise ConfigError(
+            f"--job_name {job_name} needs --task_index: this task's index in --{job_name}_hosts (TF 1.x "
+            "scripts defaulted it to 0, which silently made every task worker 0, the chief).",
+            field="task_index",
+        )
+    if not hosts[WORKER] and not hosts[CHIEF]:
+        raise ConfigError(
+            "--worker_hosts lists no task, so no task trains: give the workers' host:port addresses (without "
+            "--chief_hosts, worker 0 is the chief).",
+            field="worker_hosts",
+        )
+    if len(hosts[CHIEF]) > 1:
+        raise ConfigError(
+            f"--chief_hosts lists {len(hosts[CHIEF])} addresses; a cluster has one chief.",
+            field="chief_hosts",
+            value=",".join(hosts[CHIEF]),
+        )
+    if job_name == CHIEF and not hosts[CHIEF]:
+        raise ConfigError(
+            "--job_name chief, but --chief_hosts lists no task: without --chief_hosts worker 0 is the chief, as in "
+            "TF 1.x (is_chief = task_index == 0), so run it as --job_name worker --task_index 0, or give "
+            "--chief_hosts.",
+            field="chief_hosts",
+        )
+    if not hosts[job_name]:
+        raise ConfigError(
+            f"--job_name {job_name}, but --{job_name}_hosts lists no task: give the {job_name} tasks' host:port "
+            "addresses, comma-separated.",
+            field=f"{job_name}_hosts",
+        )
+    if not 0 <= task_index < len(hosts[job_name]):
+        raise ConfigError(
+            f"--task_index {task_index} is out of range: --{job_name}_hosts lists {len(hosts[job_name])} "
+            f"task(s) ({','.join(hosts[job_name])}), indices 0 to {len(hosts[job_name]) - 1}.",
+            field="task_index",
+            value=task_index,
+        )
+    _refuse_an_address_twice(hosts)
+    task_type, index = job_name, task_index
+    if hosts[CHIEF]:
+        chief, workers = hosts[CHIEF], hosts[WORKER]
+    else:  # TF 1.x: worker 0 is the chief
+        chief, workers = hosts[WORKER][:1], hosts[WORKER][1:]
+        if job_name == WORKER:
+            task_type, index = (CHIEF, 0) if task_index == 0 else (WORKER, task_index - 1)
+    cluster: dict[str, list[str]] = {CHIEF: chief}
+    for job, addresses in ((WORKER, workers), (PS, hosts[PS]), (EVALUATOR, hosts[EVALUATOR])):
+        if addresses:
+            cluster[job] = addresses
+    return {"cluster": cluster, "task": {"type": task_type, "index": index}}
+
+
+def _tf1_hosts(value: str | Sequence[str] | None, job: str) -> list[str]:
+    """``--<job>_hosts``'s addresses; ConfigError naming the flag for an empty item or a host without a port."""
+    flag = f"--{job}_hosts"
+    if value is None:
+        return []
+    items = value.split(",") if isinstance(value, str) else [str(item) for item in value]
+    items = [item.strip() for item in items]
+    if items == [""]:
+        return []
+    for item in items:
+        host, separator, port = item.rpartition(":")
+        bracketed = host.startswith("[") and host.endswith("]")
+        if (
+            not separator
+            or not host
+            or (":" in host and not bracketed)
+            or not port.isdigit()
+            or not 0 < int(port) < 65536
+        ):
+            raise ConfigError(
+                f'{flag} must be comma-separated "host:port" addresses (a port from 1 to 65535; an IPv6 host in '
+                f"brackets, [::1]:2222); {item!r} is not one (in {flag} {value if isinstance(value, str) else ','.join(items)!r}).",
+                field=f"{job}_hosts",
+                value=value,
+            )
+    return items
+
+
+def _refuse_an_address_twice(hosts: Mapping[str, list[str]]) -> None:
+    """Two tasks cannot serve on one host:port (TensorFlow's servers, here the chief's store)."""
+    seen: dict[str, str] = {}
+    for job in TF1_HOSTS_FLAGS:
+        for index, address in enumerate(hosts[job]):
+            where = f"--{job}_hosts (task {index})"
+            if address in seen:
+                raise ConfigError(
+                    f"{address} is listed twice, in {seen[address]} and {where}: each task needs an address of its "
+                    "own.",
+                    field=f"{job}_hosts",
+                    value=address,
+                )
+            seen[address] = where
+
+
+def tf1_task_tf_config(arguments: argparse.Namespace, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The TF_CONFIG ``launch``'s TF 1.x task flags make, after refusing what they cannot be combined with:
+    ``--from_tf_config``, torchrun's options (nothing is left for torchrun to do), a TF_CONFIG already set (neither
+    would win) and torchrun's variables (they would win over TF_CONFIG, silently)."""
+    environ = os.environ if environ is None else environ
+    given = [flag for flag in TF1_FLAGS if getattr(arguments, flag, None) is not None]
+    said = f"the TF 1.x task flags ({', '.join(f'--{flag}' for flag in given)})"
+    if getattr(arguments, "from_tf_config", False):
+        raise ConfigError(
+            f"--from_tf_config takes the cluster from TF_CONFIG, and {said} describe it as TF 1.x scripts took it: "
+            "give one of the two.",
+            field="from_tf_config",
+        )
+    written = [
+        dest for dest in _written_torchrun_options(arguments) if dest not in TF1_KEPT_TORCHRUN_OPTIONS | {*TF1_FLAGS}
+    ]
+    if written:
+        flags = ", ".join(f"--{dest}" for dest in written)
+        raise ConfigError(
+            f"{said} run this one task in this process's place, without torchrun, so torchrun's {flags} cannot be "
+            "given too: start one command per task (one process each), or drop the TF 1.x flags and use torchrun's "
+            "options (--nnodes, --nproc_per_node) or --from_tf_config.",
+            field=written[0],
+        )
+    if environ.get("TF_CONFIG", "").strip():
+        raise ConfigError(
+            f"TF_CONFIG is already set in this environment, and {said} would make another one; neither wins. Unset "
+            "TF_CONFIG to use the flags, or drop the flags to use TF_CONFIG (python script.py, or "
+            "torchestimator launch --from_tf_config).",
+            field="TF_CONFIG",
+            value=environ.get("TF_CONFIG"),
+        )
+    launched = [name for name in ("RANK", "WORLD_SIZE") if environ.get(name)]
+    if launched:
+        raise ConfigError(
+            f"{' and '.join(launched)} are set in this environment (torchrun's variables, as in a process torchrun "
+            "started): the program would read them before the TF_CONFIG the TF 1.x flags make. Unset them, or run "
+            "the task outside torchrun.",
+            field=launched[0],
+        )
+    hosts = {f"{job}_hosts": getattr(arguments, f"{job}_hosts", None) for job in TF1_HOSTS_FLAGS}
+    tf_config = tf_config_from_tf1_flags(
+        getattr(arguments, "job_name", None), getattr(arguments, "task_index", None), **hosts
+    )
+    cluster_from_tf_config({"TF_CONFIG": json.dumps(tf_config)})  # TF_CONFIG's own rules, as the program reads it
+    return tf_config
+
+
+def _written_torchrun_options(arguments: argparse.Namespace) -> list[str]:
+    """The options the command line wrote (``parse_launch_arguments``' ``given_options``); for a namespace parsed
+    otherwise, those whose value is not the default."""
+    given = getattr(arguments, "given_options", None)
+    if given is not None:
+        return list(given)
+    defaults = launch_parser()
+    return [
+        action.dest
+        for action in defaults._actions
+        if action.option_strings
+        and action.dest != "help"
+        and getattr(arguments, action.dest, None) != defaults.get_default(action.dest)
+    ]
+
+
+def run_tf1_task(arguments: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
+    """Run the program once, as the one task TF 1.x's flags name, with its TF_CONFIG; the program's exit status.
+
+    The program runs as ``python`` would run it (through ``_replica_main``, as torchrun's workers do), with this
+    environment plus ``TF_CONFIG``, its standard streams this process's, in a session of its own: the signals this
+    process gets (``FORWARDED_SIGNALS``) are passed on once each, and its exit status is returned (128 + N when
+    signal N ended it, as a shell says).
+    """
+    environ = os.environ if environ is None else environ
+    tf_config = tf1_task_tf_config(arguments, environ)
+    command = _tf1_task_command(arguments)
+    text = json.dumps(tf_config)
+    task = tf_config["task"]
+    mapped = (
+        f" (worker 0 is the chief, as in TF 1.x; TF_CONFIG names it {task['type']}:{task['index']})"
+        if (task["type"], task["index"]) != (arguments.job_name, arguments.task_index)
+        else ""
+    )
+    logger.info("Task %s:%d%s runs with TF_CONFIG=%s", arguments.job_name, arguments.task_index, mapped, text)
+    return run_in_place(command, {**environ, "TF_CONFIG": text}, name=arguments.training_script)
+
+
+def _tf1_task_command(arguments: argparse.Namespace) -> list[str]:
+    script, script_arguments = arguments.training_script, list(arguments.training_script_args)
+    if arguments.no_python:
+        if arguments.module:
+            raise ConfigError("--no_python and -m (--module) cannot be given together.", field="module")
+        return [script, *script_arguments]
+    program = ["-m", script] if arguments.module else [script]
+    return [sys.executable, "-m", REPLICA_MAIN, *program, *script_arguments]
+
+
+def run_in_place(command: Sequence[str], environ: Mapping[str, str], *, name: str | None = None) -> int:
+    """Run ``command`` as a child in a session of its own, passing on the signals this process gets; its status.
+
+    A session of its own (as torchrun starts its workers): a Ctrl-C reaches the child once, through this process,
+    not twice. The signals are passed on while the child runs (outside the main thread they cannot be caught, and
+    the child gets only what reaches it directly). A child ended by signal N gives 128 + N.
+    """
+    process: subprocess.Popen[bytes] | None = None
+    pending: list[int] = []
+
+    def pass_on(number: int, frame: Any) -> None:
+        if process is None:
+            pending.append(number)
+        elif process.poll() is None:
+            process.send_signal(number)
+
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for name in FORWARDED_SIGNALS:
+            number = getattr(signal, name, None)
+            if number is not None:
+                previous[number] = signal.signal(number, pass_on)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        process = subprocess.Popen(list(command), env=dict(environ), start_new_session=True)
+        for number in pending:
+            process.send_signal(number)
+        code = process.wait()
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    if code < 0:
+        logger.error("%s %s.", name or " ".join(command), describe_exit(code))
+        return 128 - code
+    return code
 
 
 SHARED_STORE_SWITCH = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
