@@ -235,6 +235,7 @@ PUBLIC_SUBPACKAGES = {
         "SummarySaverHook",
     ],
     "distribute": [
+        "CentralStorageStrategy",
         "ClusterSpec",
         "CrossReplicaBatchNorm",
         "DEFAULT_LAYER_TYPES",

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from torchestimator._lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; imported on first use at run time
+    from torchestimator.distribute.central_storage import CentralStorageStrategy as CentralStorageStrategy
     from torchestimator.distribute.cluster import (
         ClusterSpec as ClusterSpec,
         cluster_from_slurm as cluster_from_slurm,
