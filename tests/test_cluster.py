@@ -384,11 +384,16 @@ def test_mirrored_strategy_checks_num_replicas_against_tf_config(
     assert recorded_joins == []
 
 
-def test_mirrored_strategy_refuses_a_ps_task_pointing_at_torchrec(clean_environment: pytest.MonkeyPatch) -> None:
+def test_mirrored_strategy_refuses_a_ps_task_pointing_at_parameter_server_strategy(
+    clean_environment: pytest.MonkeyPatch,
+) -> None:
     cluster = {**TWO_TASKS, "ps": ["127.0.0.1:3"]}
     clean_environment.setenv("TF_CONFIG", _tf_config(cluster, {"type": "ps", "index": 0})["TF_CONFIG"])
     for strategy in (MirroredStrategy(), OneDeviceStrategy("cpu")):
-        with pytest.raises(ConfigError, match="no parameter servers.*synchronously.*torchrec") as raised:
+        with pytest.raises(
+            ConfigError,
+            match="ps.* tasks trains with parameter servers.*ParameterServerStrategy.*MultiWorkerMirroredStrategy",
+        ) as raised:
             strategy.setup()
         assert raised.value.field == 'TF_CONFIG["task"]["type"]'
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import wait_until
+from task_processes import run_together, stop, task_environment
 
 from torchestimator.distribute.launcher import find_free_port
 
@@ -107,78 +108,6 @@ TRAIN_SCRIPT = textwrap.dedent('''
                    "latest": os.path.basename(estimator.latest_checkpoint() or "")}, meta)
 ''')
 
-_LAUNCH_VARIABLE_PREFIXES = ("SLURM_", "PET_", "TORCHELASTIC_")
-_LAUNCH_VARIABLES = {
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "GROUP_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TF_CONFIG",
-    "GLOO_SOCKET_IFNAME",
-}
-
-
-def _environment(**extra: str) -> dict[str, str]:
-    """This test's environment without any cluster description, one thread per process, short collectives."""
-    environ = {
-        name: value
-        for name, value in os.environ.items()
-        if name not in _LAUNCH_VARIABLES and not name.startswith(_LAUNCH_VARIABLE_PREFIXES)
-    }
-    environ.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCHESTIMATOR_COLLECTIVE_TIMEOUT="60")
-    environ.update(extra)
-    return environ
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM to the process's session (torchrun stops its workers on it), then SIGKILL."""
-    for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
-        if process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(grace)
-
-
-def _run_together(commands: list[tuple[list[str], dict[str, str]]], logs: Path) -> None:
-    """Start every command at once; fail (with their logs) unless all exit 0 within DEADLINE_SECONDS."""
-    logs.mkdir(parents=True, exist_ok=True)
-    processes = []
-    try:
-        for index, (command, environ) in enumerate(commands):
-            with open(logs / f"process{index}.log", "wb") as log:
-                processes.append(
-                    subprocess.Popen(
-                        command,
-                        env=environ,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                        start_new_session=True,
-                    )
-                )
-        deadline = time.monotonic() + DEADLINE_SECONDS
-        while time.monotonic() < deadline and any(process.poll() is None for process in processes):
-            time.sleep(0.2)
-    finally:
-        timed_out = [index for index, process in enumerate(processes) if process.poll() is None]
-        for process in processes:
-            _stop(process)
-    codes = [process.returncode for process in processes]
-    if timed_out or any(codes):
-        tails = "\n".join(
-            f"--- process {index} ({' '.join(commands[index][0][-6:])}) exit {code}:\n"
-            + (logs / f"process{index}.log").read_text(errors="replace")[-3000:]
-            for index, code in enumerate(codes)
-        )
-        reason = f"processes {timed_out} still running after {DEADLINE_SECONDS:g} s" if timed_out else "a failure"
-        pytest.fail(f"{reason}; exit codes {codes}\n{tails}")
-
 
 def _read_run(output: Path, replicas: int) -> tuple[dict[str, np.ndarray], list[dict]]:
     weights = [dict(np.load(output / f"rank{rank}.npz")) for rank in range(replicas)]
@@ -200,8 +129,10 @@ def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def one_process_weights(script: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
     """The reference: one process, the same global batch of 32."""
     folder = tmp_path_factory.mktemp("single")
-    _run_together(
-        [([sys.executable, str(script), "single", str(folder / "model"), str(folder)], _environment())], folder / "logs"
+    run_together(
+        [([sys.executable, str(script), "single", str(folder / "model"), str(folder)], task_environment())],
+        folder / "logs",
+        DEADLINE_SECONDS,
     )
     weights, (meta,) = _read_run(folder, 1)
     assert meta == {"replicas": 1, "source": "local", "latest": "ckpt-10"}
@@ -253,7 +184,7 @@ def test_two_launched_nodes_on_loopback_equal_one_process(script, one_process_we
     output = tmp_path / "output"
     output.mkdir()
     node = _launch_node(script, endpoint, f"loopback-{secrets.token_hex(4)}", tmp_path / "model", output)
-    _run_together([(node, _environment()), (node, _environment())], tmp_path / "logs")
+    run_together([(node, task_environment()), (node, task_environment())], tmp_path / "logs", DEADLINE_SECONDS)
     weights, metas = _read_run(output, 2)
     assert [meta["source"] for meta in metas] == ["torchrun", "torchrun"]
     assert [meta["replicas"] for meta in metas] == [2, 2] and metas[0]["latest"] == "ckpt-10"
@@ -288,7 +219,7 @@ def test_plain_python_tasks_form_one_group(script, one_process_weights, tmp_path
     output.mkdir()
     mode = "multi_worker" if source == "tf_config" else "mirrored"
     command = [sys.executable, str(script), mode, str(tmp_path / "model"), str(output)]
-    _run_together([(command, _environment(**extra)) for extra in tasks], tmp_path / "logs")
+    run_together([(command, task_environment(**extra)) for extra in tasks], tmp_path / "logs", DEADLINE_SECONDS)
     weights, metas = _read_run(output, 2)
     assert [meta["source"] for meta in metas] == [source, source] and [meta["replicas"] for meta in metas] == [2, 2]
     assert _event_files(tmp_path / "model") == 1  # only the chief writes model_dir
@@ -358,8 +289,8 @@ def test_two_launched_nodes_across_network_namespaces_equal_one_process(script, 
         for namespace, veth, address in sides:
             node = _launch_node(script, endpoint, run_id, tmp_path / "model", output, local_addr=address)
             # gloo takes its interface from the host name, which resolves outside the namespace: name it.
-            commands.append((["ip", "netns", "exec", namespace, *node], _environment(GLOO_SOCKET_IFNAME=veth)))
-        _run_together(commands, tmp_path / "logs")
+            commands.append((["ip", "netns", "exec", namespace, *node], task_environment(GLOO_SOCKET_IFNAME=veth)))
+        run_together(commands, tmp_path / "logs", DEADLINE_SECONDS)
     weights, metas = _read_run(output, 2)
     assert [meta["replicas"] for meta in metas] == [2, 2]
     _assert_same_weights(weights, one_process_weights)
@@ -401,11 +332,11 @@ def _s3_server_in(namespace: str, address: str, logs: Path) -> Iterator[str]:
             ["ip", "netns", "exec", namespace, sys.executable, "-c", make_bucket],
             check=True,
             timeout=90,
-            env=_environment(**_S3_VARIABLES),
+            env=task_environment(**_S3_VARIABLES),
         )
         yield endpoint
     finally:
-        _stop(server)
+        stop(server)
 
 
 def test_two_nodes_sharing_only_an_s3_model_dir_equal_one_process(script, one_process_weights, tmp_path):
@@ -421,9 +352,9 @@ def test_two_nodes_sharing_only_an_s3_model_dir_equal_one_process(script, one_pr
         commands = []
         for namespace, veth, address in sides:
             node = _launch_node(script, endpoint_rdzv, run_id, "s3://run/model", output, local_addr=address)
-            environ = _environment(GLOO_SOCKET_IFNAME=veth, AWS_ENDPOINT_URL=endpoint, **_S3_VARIABLES)
+            environ = task_environment(GLOO_SOCKET_IFNAME=veth, AWS_ENDPOINT_URL=endpoint, **_S3_VARIABLES)
             commands.append((["ip", "netns", "exec", namespace, *node], environ))
-        _run_together(commands, tmp_path / "logs")
+        run_together(commands, tmp_path / "logs", DEADLINE_SECONDS)
     weights, metas = _read_run(output, 2)
     assert [meta["replicas"] for meta in metas] == [2, 2]
     assert [meta["latest"].split(".")[0] for meta in metas] == ["ckpt-10", "ckpt-10"]
@@ -503,7 +434,7 @@ def test_a_whole_node_killed_with_only_s3_shared_is_replaced_and_the_run_resumes
                 max_restarts=max_restarts,
                 rdzv_conf=_ELASTIC_RDZV_CONF,
             )
-            environ = _environment(
+            environ = task_environment(
                 GLOO_SOCKET_IFNAME=veth,
                 AWS_ENDPOINT_URL=endpoint,
                 TORCHESTIMATOR_COLLECTIVE_TIMEOUT="30",
@@ -515,9 +446,10 @@ def test_a_whole_node_killed_with_only_s3_shared_is_replaced_and_the_run_resumes
 
         # The reference: the same two nodes, never interrupted.
         reference_id = f"netns-reference-{secrets.token_hex(4)}"
-        _run_together(
+        run_together(
             [node(*side, reference_id, 29400, "s3://run/reference", reference_output) for side in sides],
             tmp_path / "logs" / "reference",
+            DEADLINE_SECONDS,
         )
 
         run_id = f"netns-elastic-{secrets.token_hex(4)}"
@@ -565,7 +497,7 @@ def test_a_whole_node_killed_with_only_s3_shared_is_replaced_and_the_run_resumes
                 raise AssertionError(f"{error}\n{_logs(logs)}") from None
         finally:
             for process in processes:
-                _stop(process)
+                stop(process)
     assert [process.returncode for process in survivors] == [0, 0], _logs(logs)
     node_a, fresh_node_b = logs["node_a"].read_text(errors="replace"), logs["fresh_node_b"].read_text(errors="replace")
     # Node a's first worker started afresh and stopped naming the lost replica; its restarted one and the fresh

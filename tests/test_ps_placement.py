@@ -24,9 +24,9 @@ from hypothesis import given, settings, strategies as st
 from torch import nn
 
 from torchestimator.distribute.ps_placement import (
-    FixedShards,
-    MaxSize,
-    MinSize,
+    FixedShardsPartitioner,
+    MaxSizePartitioner,
+    MinSizePartitioner,
     PlacementPlan,
     join_rows,
     join_state,
@@ -51,43 +51,43 @@ def test_min_size_counts_are_tfs():
     # min_max_variable_partitioner: max(1, min(shape[axis].value, max_partitions, int(math.ceil(partitions))))
     # with partitions = total_size_bytes / min_slice_size.
     # [1000, 64] float32 is 256,000 bytes, under one 256 KiB (262,144-byte) slice: never cut, even with 4 allowed.
-    assert MinSize(min_shard_bytes=256 << 10, max_shards=4).shards_for((1000, 64), F32) == 1
+    assert MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=4).shards_for((1000, 64), F32) == 1
     # With 64 KiB slices: ceil(256000 / 65536) = 4.
-    assert MinSize(min_shard_bytes=64 << 10, max_shards=8).shards_for((1000, 64), F32) == 4
+    assert MinSizePartitioner(min_shard_bytes=64 << 10, max_shards=8).shards_for((1000, 64), F32) == 4
     # Its docstring: float32 [1024, 1024] gives (1024 * 1024 * 4) / (256 * 1024) = 16 shards if
     # max_partitions >= 16, else max_partitions.
-    assert MinSize(max_shards=16).shards_for((1024, 1024), F32) == 16
-    assert MinSize(max_shards=100).shards_for((1024, 1024), F32) == 16
-    assert MinSize(max_shards=4).shards_for((1024, 1024), F32) == 4
+    assert MinSizePartitioner(max_shards=16).shards_for((1024, 1024), F32) == 16
+    assert MinSizePartitioner(max_shards=100).shards_for((1024, 1024), F32) == 16
+    assert MinSizePartitioner(max_shards=4).shards_for((1024, 1024), F32) == 4
     # MinSizePartitioner's docstring: min_shard_bytes=4, max_shards=2, [6, 1] float32 -> [2, 1];
     # max_shards=10 -> [6, 1] (capped by the 6 rows, not by the 6 possible 4-byte shards).
-    assert MinSize(min_shard_bytes=4, max_shards=2).shards_for((6, 1), F32) == 2
-    assert MinSize(min_shard_bytes=4, max_shards=10).shards_for((6, 1), F32) == 6
-    assert MinSize(min_shard_bytes=1, max_shards=10).shards_for((3, 8), F32) == 3  # capped by shape[axis]
+    assert MinSizePartitioner(min_shard_bytes=4, max_shards=2).shards_for((6, 1), F32) == 2
+    assert MinSizePartitioner(min_shard_bytes=4, max_shards=10).shards_for((6, 1), F32) == 6
+    assert MinSizePartitioner(min_shard_bytes=1, max_shards=10).shards_for((3, 8), F32) == 3  # capped by shape[axis]
 
 
 def test_max_size_counts_are_tfs():
     # variable_axis_size_partitioner: slices_per_shard = max(1, floor(max_shard_bytes / bytes_per_slice)),
     # axis_shards = ceil(shape[axis] / slices_per_shard), then min(max_shards, axis_shards) if max_shards.
     # MaxSizePartitioner's docstring, [6, 1] float32: max_shard_bytes=4 -> 6, with max_shards=2 -> 2, 1024 -> 1.
-    assert MaxSize(max_shard_bytes=4).shards_for((6, 1), F32) == 6
-    assert MaxSize(max_shard_bytes=4, max_shards=2).shards_for((6, 1), F32) == 2
-    assert MaxSize(max_shard_bytes=1024).shards_for((6, 1), F32) == 1
+    assert MaxSizePartitioner(max_shard_bytes=4).shards_for((6, 1), F32) == 6
+    assert MaxSizePartitioner(max_shard_bytes=4, max_shards=2).shards_for((6, 1), F32) == 2
+    assert MaxSizePartitioner(max_shard_bytes=1024).shards_for((6, 1), F32) == 1
     # A row (4,000 bytes) above the limit still makes one shard: "every dimension becomes a separate shard".
-    assert MaxSize(max_shard_bytes=100).shards_for((3, 1000), F32) == 3
+    assert MaxSizePartitioner(max_shard_bytes=100).shards_for((3, 1000), F32) == 3
     # [1000, 64] float32 rows are 256 bytes: 64 KiB holds 256 rows, ceil(1000 / 256) = 4 shards.
-    assert MaxSize(max_shard_bytes=64 << 10).shards_for((1000, 64), F32) == 4
+    assert MaxSizePartitioner(max_shard_bytes=64 << 10).shards_for((1000, 64), F32) == 4
 
 
 def test_fixed_shards_and_tfs_div_rows():
     # fixed_size_partitioner / FixedShardsPartitioner: min(num_shards, shape[axis]).
-    assert FixedShards(num_shards=5).shards_for((2, 3), F32) == 2
+    assert FixedShardsPartitioner(num_shards=5).shards_for((2, 3), F32) == 2
     # TF1 variable_scope._iter_slices: shape[slice_dim] = min_slice_len + bool(i < num_slices_with_excess).
-    plan = plan_placement([("table", (10, 3), F32)], num_ps=3, partitioner=FixedShards(num_shards=3))
+    plan = plan_placement([("table", (10, 3), F32)], num_ps=3, partitioner=FixedShardsPartitioner(num_shards=3))
     assert rows_of(plan, "table") == [4, 3, 3]
     assert [(shard.start, shard.stop) for shard in plan.variable("table").shards] == [(0, 4), (4, 7), (7, 10)]
     # parameter_server_strategy_v2._create_variable: "num_partitions=4, shape[0]=10, partitions: [3, 3, 2, 2]".
-    plan = plan_placement([("table", (10, 3), F32)], num_ps=2, partitioner=FixedShards(num_shards=4))
+    plan = plan_placement([("table", (10, 3), F32)], num_ps=2, partitioner=FixedShardsPartitioner(num_shards=4))
     assert rows_of(plan, "table") == [3, 3, 2, 2]
     assert [shard.key for shard in plan.variable("table").shards] == [
         "table[0:3]",
@@ -100,13 +100,13 @@ def test_fixed_shards_and_tfs_div_rows():
 def test_scalars_and_empty_variables_are_never_cut():
     # _create_variable: "if shape.rank == 0: # Skip partitioning rank-0 variable."
     variables = [("step", (), torch.int64), ("empty", (0, 4), F32), ("thin", (5, 0), F32), ("row", (1, 9), F32)]
-    plan = plan_placement(variables, num_ps=2, partitioner=FixedShards(num_shards=4))
-    # FixedShards looks at rows only, as TF's does: a [5, 0] variable is cut like any 5-row one.
+    plan = plan_placement(variables, num_ps=2, partitioner=FixedShardsPartitioner(num_shards=4))
+    # FixedShardsPartitioner looks at rows only, as TF's does: a [5, 0] variable is cut like any 5-row one.
     assert [variable.partitioned for variable in plan.variables] == [False, False, True, False]
     assert (plan.variable("step").shards[0].start, plan.variable("step").shards[0].stop) == (0, 1)
     assert plan.variable("step").nbytes == 8
-    assert MaxSize(max_shard_bytes=1).shards_for((5, 0), F32) == 1  # TF divides by zero here
-    assert MinSize(max_shards=3).shards_for((0, 4), F32) == 1
+    assert MaxSizePartitioner(max_shard_bytes=1).shards_for((5, 0), F32) == 1  # TF divides by zero here
+    assert MinSizePartitioner(max_shards=3).shards_for((0, 4), F32) == 1
 
 
 # ----------------------------------------------------------------------------- placement
@@ -129,7 +129,9 @@ def test_greedy_places_on_the_least_loaded_ps_lowest_index_on_ties():
 
 def test_shards_of_a_cut_variable_spread_over_the_ps_tasks():
     variables = [("bias", (10,), F32), ("embedding.weight", (1000, 16), F32), ("head.weight", (10, 16), F32)]
-    plan = plan_placement(variables, num_ps=4, partitioner=FixedShards(num_shards=4), shard_names=["embedding"])
+    plan = plan_placement(
+        variables, num_ps=4, partitioner=FixedShardsPartitioner(num_shards=4), shard_names=["embedding"]
+    )
     assert not plan.variable("bias").partitioned and not plan.variable("head.weight").partitioned
     # bias (40 bytes) -> ps 0; the four 16,000-byte shards -> ps 1, 2, 3, then 0 (40 < 16,000); head -> ps 1.
     assert [shard.ps for shard in plan.variable("embedding.weight").shards] == [1, 2, 3, 0]
@@ -140,7 +142,7 @@ def test_shards_of_a_cut_variable_spread_over_the_ps_tasks():
 def test_a_selection_the_partitioner_leaves_whole_is_logged(caplog):
     variables = [("embedding.weight", (1000, 64), F32), ("small_embedding.weight", (10, 4), F32)]
     with caplog.at_level(logging.INFO, logger="torchestimator"):
-        plan = plan_placement(variables, 2, MinSize(max_shards=2), shard_names=["embedding", "small_"])
+        plan = plan_placement(variables, 2, MinSizePartitioner(max_shards=2), shard_names=["embedding", "small_"])
     assert not any(variable.partitioned for variable in plan.variables)  # 256,000 bytes < 256 KiB
     assert "shard_names 'embedding' selects ['embedding.weight']; the partitioner leaves all" in caplog.text
     assert "'small_' selects ['small_embedding.weight']" in caplog.text
@@ -151,9 +153,9 @@ def test_plan_is_the_same_in_another_process_with_another_hash_seed():
     script = textwrap.dedent(
         """
         import sys, torch
-        from torchestimator.distribute.ps_placement import MinSize, plan_placement
+        from torchestimator.distribute.ps_placement import MinSizePartitioner, plan_placement
         variables = [(f"layer{i}.weight", (100 * (i % 7) + 3, 33), torch.float32) for i in range(40)]
-        print(plan_placement(variables, 3, MinSize(min_shard_bytes=4096, max_shards=3), [r"layer1\\d"]).to_json())
+        print(plan_placement(variables, 3, MinSizePartitioner(min_shard_bytes=4096, max_shards=3), [r"layer1\\d"]).to_json())
         print(sys.flags.hash_randomization, hash("layer1"))
         """
     )
@@ -164,14 +166,14 @@ def test_plan_is_the_same_in_another_process_with_another_hash_seed():
     there, hashed = result.stdout.splitlines()
     assert hashed != f"1 {hash('layer1')}"  # the other process hashes strings otherwise than this one
     variables = [(f"layer{i}.weight", (100 * (i % 7) + 3, 33), F32) for i in range(40)]
-    here = plan_placement(variables, 3, MinSize(min_shard_bytes=4096, max_shards=3), [r"layer1\d"])
+    here = plan_placement(variables, 3, MinSizePartitioner(min_shard_bytes=4096, max_shards=3), [r"layer1\d"])
     assert there == here.to_json()
     assert any(variable.partitioned for variable in here.variables)
 
 
 def test_json_round_trip_and_describe():
     model = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 4), nn.BatchNorm1d(4))
-    plan = plan_placement(module_variables(model), num_ps=3, partitioner=MaxSize(max_shard_bytes=416))
+    plan = plan_placement(module_variables(model), num_ps=3, partitioner=MaxSizePartitioner(max_shard_bytes=416))
     record = json.loads(plan.to_json())
     assert record["variables"][0] == {"name": "0.weight", "shape": [50, 8], "dtype": "float32", "shards": [
         [0, 13, 0], [13, 26, 1], [26, 38, 2], [38, 50, 2]]}  # fmt: skip
@@ -199,7 +201,7 @@ def test_json_round_trip_and_describe():
     ],
 )
 def test_a_damaged_record_is_refused(change, words):
-    plan = plan_placement([("table", (20, 2), F32), ("bias", (2,), F32)], 3, FixedShards(num_shards=3))
+    plan = plan_placement([("table", (20, 2), F32), ("bias", (2,), F32)], 3, FixedShardsPartitioner(num_shards=3))
     record = plan.to_dict()
     change(record)
     with pytest.raises(ValueError, match=words.replace("[", r"\[").replace(")", r"\)")):
@@ -216,11 +218,11 @@ def test_argument_mistakes_name_the_argument():
     with pytest.raises(TypeError, match="num_ps"):
         plan_placement(variables, True)
     with pytest.raises(ValueError, match=r"'embed\$' matches none of the 1 variables"):
-        plan_placement(variables, 2, FixedShards(num_shards=2), shard_names=["embedding", "embed$"])
+        plan_placement(variables, 2, FixedShardsPartitioner(num_shards=2), shard_names=["embedding", "embed$"])
     with pytest.raises(ValueError, match="partitioner is None"):
         plan_placement(variables, 2, shard_names="embedding")
     with pytest.raises(ValueError, match="not a regex"):
-        plan_placement(variables, 2, FixedShards(num_shards=2), shard_names="(")
+        plan_placement(variables, 2, FixedShardsPartitioner(num_shards=2), shard_names="(")
     with pytest.raises(ValueError, match="load_balancing"):
         plan_placement(variables, 2, load_balancing="random")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="partitioner"):
@@ -231,18 +233,18 @@ def test_argument_mistakes_name_the_argument():
 
 def test_partitioner_settings_are_checked_where_built():
     with pytest.raises(ConfigError, match="num_shards") as caught:
-        FixedShards(num_shards=0)
+        FixedShardsPartitioner(num_shards=0)
     assert caught.value.field == "num_shards"
     with pytest.raises(ConfigTypeError, match="num_shards"):
-        FixedShards(num_shards=2.0)  # type: ignore[arg-type]
+        FixedShardsPartitioner(num_shards=2.0)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="min_shard_bytes"):
-        MinSize(min_shard_bytes=0, max_shards=2)
+        MinSizePartitioner(min_shard_bytes=0, max_shards=2)
     with pytest.raises(TypeError, match="max_shards"):  # no default: TF's max_shards=1 never cuts
-        MinSize()  # type: ignore[call-arg]
+        MinSizePartitioner()  # type: ignore[call-arg]
     with pytest.raises(ConfigError, match="max_shards"):
-        MaxSize(max_shard_bytes=10, max_shards=0)
+        MaxSizePartitioner(max_shard_bytes=10, max_shards=0)
     with pytest.raises(ConfigTypeError, match="max_shard_bytes"):
-        MaxSize(max_shard_bytes=True)
+        MaxSizePartitioner(max_shard_bytes=True)
 
 
 def test_a_partitioner_of_ones_own_must_return_a_count():
@@ -260,7 +262,7 @@ def test_a_partitioner_of_ones_own_must_return_a_count():
 
 
 def test_split_rows_gives_views_and_join_rows_checks_shapes():
-    plan = plan_placement([("table", (7, 3), F32)], 2, FixedShards(num_shards=3))
+    plan = plan_placement([("table", (7, 3), F32)], 2, FixedShardsPartitioner(num_shards=3))
     variable = plan.variable("table")
     table = torch.arange(21, dtype=F32).reshape(7, 3)
     parts = split_rows(table, variable)
@@ -280,7 +282,7 @@ def test_replanning_for_another_number_of_ps_round_trips():
     variables = module_variables(model)
     values = dict(original)
     for num_ps in (2, 3, 1, 4):
-        plan = plan_placement(variables, num_ps, FixedShards(num_shards=num_ps))
+        plan = plan_placement(variables, num_ps, FixedShardsPartitioner(num_shards=num_ps))
         on_ps = {variable.name: split_rows(values[variable.name], variable) for variable in plan.variables}
         assert len(on_ps["0.weight"]) == num_ps
         values = {variable.name: join_rows(on_ps[variable.name], variable) for variable in plan.variables}
@@ -336,7 +338,7 @@ OPTIMIZERS = {
 def test_sharded_optimizer_steps_like_the_whole_one(kind):
     """Each shard stepped by its own optimizer, from split_state, lands where the whole optimizer lands."""
     model, optimizer = _trained(OPTIMIZERS[kind])
-    plan = plan_placement(module_variables(model), 3, FixedShards(num_shards=3), shard_names=["0.weight"])
+    plan = plan_placement(module_variables(model), 3, FixedShardsPartitioner(num_shards=3), shard_names=["0.weight"])
     variable = plan.variable("0.weight")
     weight = model[0].weight
     state = optimizer.state[weight]
@@ -368,7 +370,7 @@ def test_sharded_optimizer_steps_like_the_whole_one(kind):
 
 def test_scalar_state_is_copied_per_shard_and_must_agree_to_join():
     model, optimizer = _trained(OPTIMIZERS["adam"])
-    variable = plan_placement(module_variables(model), 2, FixedShards(num_shards=2)).variable("0.weight")
+    variable = plan_placement(module_variables(model), 2, FixedShardsPartitioner(num_shards=2)).variable("0.weight")
     state = optimizer.state[model[0].weight]
     parts = split_state(state, variable)
     # Adam's step is a 0-dim tensor an optimizer adds to in place: one tensor shared by shards would count twice.
@@ -388,7 +390,7 @@ def test_non_elementwise_state_is_refused_naming_variable_and_key():
     optimizer = torch.optim.Adafactor([table])
     table.grad = torch.randn(10, 4)
     optimizer.step()
-    variable = plan_placement([("table", (10, 4), F32)], 2, FixedShards(num_shards=2)).variable("table")
+    variable = plan_placement([("table", (10, 4), F32)], 2, FixedShardsPartitioner(num_shards=2)).variable("table")
     # Adafactor keeps row_var [10, 1] and col_var [1, 4]: a row's update reads every row's column statistics.
     with pytest.raises(ValueError, match=r"'row_var' of variable 'table' has shape \[10, 1\].*Leave it whole"):
         split_state(optimizer.state[table], variable)
@@ -409,7 +411,7 @@ def test_optimizer_state_round_trips_through_another_number_of_ps():
     original = {names[id(p)]: dict(optimizer.state[p]) for p in model.parameters()}
     states = original
     for num_ps in (2, 3):
-        plan = plan_placement(variables, num_ps, MinSize(min_shard_bytes=16, max_shards=num_ps))
+        plan = plan_placement(variables, num_ps, MinSizePartitioner(min_shard_bytes=16, max_shards=num_ps))
         assert plan.variable("0.weight").partitioned
         split = {name: split_state(states[name], plan.variable(name)) for name in states}
         states = {name: join_state(parts, plan.variable(name)) for name, parts in split.items()}
@@ -426,7 +428,7 @@ shapes = st.lists(st.integers(0, 9), min_size=0, max_size=3).map(tuple)
 @settings(max_examples=150, deadline=None)
 @given(shape=shapes, num_shards=st.integers(1, 12), num_ps=st.integers(1, 5))
 def test_join_of_split_is_the_tensor(shape, num_shards, num_ps):
-    plan = plan_placement([("x", shape, F32)], num_ps, FixedShards(num_shards=num_shards))
+    plan = plan_placement([("x", shape, F32)], num_ps, FixedShardsPartitioner(num_shards=num_shards))
     variable = plan.variable("x")
     tensor = torch.randn(shape)
     assert torch.equal(join_rows(split_rows(tensor, variable), variable), tensor)

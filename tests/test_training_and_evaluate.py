@@ -478,7 +478,10 @@ def test_tf_config_evaluator_task_runs_the_evaluator(tmp_path, monkeypatch):
             {"cluster": {"chief": ["localhost:2222"], "ps": ["localhost:2224"]}, "task": {"type": "ps", "index": 0}}
         ),
     )
-    with pytest.raises(ValueError, match="no parameter servers"):
+    with pytest.raises(
+        ValueError,
+        match="trains with parameter servers: set RunConfig.train_distribute=te.distribute.ParameterServerStrategy",
+    ):
         train_and_evaluate(est, TrainSpec(train, max_steps=20), EvalSpec(evaluate))
 
 

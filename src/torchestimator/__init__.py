@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; importe
         MultiWorkerMirroredStrategy as MultiWorkerMirroredStrategy,
     )
     from torchestimator.distribute.one_device import OneDeviceStrategy as OneDeviceStrategy
+    from torchestimator.distribute.parameter_server import ParameterServerStrategy as ParameterServerStrategy
     from torchestimator.errors import (
         NanLossDuringTrainingError as NanLossDuringTrainingError,
         TorchEstimatorError as TorchEstimatorError,

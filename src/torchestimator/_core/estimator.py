@@ -287,7 +287,8 @@ class Estimator:
             raise ValueError(
                 "Estimator.train needs an optimizer factory: Estimator(..., optimizer=lambda parameters: ...)."
             )
-        _refuse_non_training_task()
+        strategy = self._config.train_distribute
+        _refuse_non_training_task(serves_variables=strategy is not None and not strategy.lockstep)
         show_summaries()
         started = time.monotonic()
         with _deterministic_algorithms(self._config.deterministic):
@@ -301,9 +302,11 @@ class Estimator:
                 outcome = train_loop(run)
                 if run.checkpointer is not None:
                     run.checkpointer.close()  # a background save: the final checkpoint is complete before return
-            except BaseException:
+                run.strategy.end_training(f"the chief finished training at global step {outcome.state.global_step}")
+            except BaseException as error:
                 if run.checkpointer is not None:
                     run.checkpointer.close(raise_errors=False)
+                run.strategy.end_training(f"the chief stopped with {type(error).__name__}: {error}")
                 try:
                     run.summary_writer.close()
                 except OSError as error:  # keep the error that stopped training (a full disk fails both)
@@ -318,6 +321,8 @@ class Estimator:
             if holds_shards(run.parts.model):
                 model.module = model.gathered_copy(run.parts.model, run.strategy.device)  # every replica, together
             run.strategy.barrier()  # the chief's final checkpoint is on disk before any replica reads it
+            if not run.strategy.lockstep:
+                run.strategy.teardown()  # a parameter-server trainer leaves the group: its training is over
         state = outcome.state
         # No step and no reason: the weights trained in this process (no checkpoints) are already at max_steps.
         already_there = state.global_step == state.start_step and outcome.ended_by is None
@@ -361,6 +366,9 @@ class Estimator:
         config = self._config
         strategy = config.train_distribute or OneDeviceStrategy(config.device)
         strategy.setup()
+        if strategy.serves_variables:  # a ps task: it holds variables while the chief and workers train
+            strategy.serve()
+            return TrainOutcome(model_dir=self._model_dir, start_step=0, end_step=0, seconds=0.0, served=True)
         hook_list = self._train_hooks(HookList(hooks or ()))  # user hooks are checked before any work
         # A model_dir whose checkpoints are all damaged raises here rather than silently starting over.
         checkpoint = self._store.restore() if self._store.has_checkpoints() else None
@@ -408,12 +416,13 @@ class Estimator:
         # Wrapped before the optimizer is built: FSDP2 replaces the parameters by shards, and the optimizer
         # must hold those (DDP keeps the parameters, so the order changes nothing for it).
         wrapped = strategy.wrap(module)
-        parts = self._build_parts(module, state, strategy.device)
+        parts = self._build_parts(module, state, strategy)
         position = None
         if checkpoint is not None:  # generator states before input_fn runs: it may draw from them
             position = parts.restore(checkpoint, strategy.replica_id, strategy.num_replicas)
         elif (settings := self._model.warm_start) is not None and settings.warm_start_optimizer:
             restore_shared(warm_start_checkpoint(settings), parts.shared_parts(), parts.optimizer, parts.model)
+        state.global_step = strategy.begin_training(module, state.global_step)
         state.start_step = state.global_step
         input_source = call_input_fn(input_fn, input_fn_args, ModeKeys.TRAIN, strategy, self._params, self._config)
         parts.input_source = resumable(input_source)
@@ -443,6 +452,8 @@ class Estimator:
         config, strategy, state = self._config, run.strategy, run.state
         # One that never evaluates (it only answers begin) gets the training strategy, already set up.
         eval_strategy = (config.eval_distribute or strategy) if evaluation.evaluates_during_training else strategy
+        if not eval_strategy.lockstep:  # a parameter-server chief evaluates the whole eval input alone
+            eval_strategy = OneDeviceStrategy(strategy.device, warn_if_launched=False)
         eval_strategy.setup()
         eval_module = module
         if holds_shards(module) and evaluation.evaluates_during_training:
@@ -488,6 +499,8 @@ class Estimator:
                 raise ValueError("saving_listeners were given but checkpoints are disabled in RunConfig.")
             logger.warning("Checkpoints are disabled (save_checkpoints_steps and save_checkpoints_secs are None).")
             return None
+        if not strategy.lockstep and not strategy.is_chief:
+            return None  # a parameter-server worker: the chief alone saves, the variables gathered from the ps
         for listener in listeners:
             listener.begin()
         # Several processes (or sharded parameters) write through torch.distributed.checkpoint, each rank its share.
@@ -507,7 +520,7 @@ class Estimator:
             timeout=None if timeout is None else datetime.timedelta(seconds=timeout),
         )
 
-    def _build_parts(self, module: torch.nn.Module, state: TrainState, device: torch.device) -> TrainingParts:
+    def _build_parts(self, module: torch.nn.Module, state: TrainState, strategy: Strategy) -> TrainingParts:
         """The run's stateful parts: the model, and the optimizer, scheduler and scaler built for it."""
         call = self._model.argument[0]
         assert self._optimizer_factory is not None  # train() refuses to start without one
@@ -518,6 +531,7 @@ class Estimator:
             "a torch.optim.Optimizer over the parameters it received",
             lambda built: isinstance(built, torch.optim.Optimizer),
         )
+        optimizer = strategy.wrap_optimizer(optimizer, module)  # parameter servers: steps applied on the ps
         parts = TrainingParts(model=module, optimizer=optimizer, train_state=state)
         if self._scheduler_factory is not None:
             parts.lr_scheduler = checked_factory_result(
@@ -529,7 +543,7 @@ class Estimator:
                 is_scheduler,
             )
         if self._config.mixed_precision == "fp16":
-            parts.grad_scaler = torch.amp.GradScaler(device.type)
+            parts.grad_scaler = torch.amp.GradScaler(strategy.device.type)
         return parts
 
     def _resume_input(
@@ -732,10 +746,12 @@ class Estimator:
         so each caller gets every prediction (as tf.estimator's predict, which never distributed)."""
         config = self._config
         distributed = config.eval_distribute or config.train_distribute
-        if mode == ModeKeys.EVAL and distributed is not None:
+        if mode == ModeKeys.EVAL and distributed is not None and distributed.lockstep:
             return distributed
-        if distributed is not None and distributed.is_set_up:
-            return OneDeviceStrategy(distributed.device, warn_if_launched=False)
+        if distributed is not None and (distributed.is_set_up or not distributed.lockstep):
+            # A parameter-server trainer evaluates alone (its group is gone after training).
+            device = distributed.device if distributed.is_set_up else config.device
+            return OneDeviceStrategy(device, warn_if_launched=False)
         # Inference in one process of a launched run is legitimate (it writes nothing): only training refuses.
         return OneDeviceStrategy(config.device, warn_if_launched=False)
 
@@ -786,11 +802,11 @@ class Estimator:
         return plan_warm_start(module, settings)
 
 
-def _refuse_non_training_task() -> None:
+def _refuse_non_training_task(*, serves_variables: bool) -> None:
     """As tf.estimator's train: an evaluator or ps task of TF_CONFIG does not train (it would write model_dir
-    beside the chief as a group of its own)."""
+    beside the chief as a group of its own); under parameter servers a ps task's train serves."""
     task_type = cluster_from_tf_config().task_type
-    if task_type in (EVALUATOR, PS):
+    if task_type == EVALUATOR or (task_type == PS and not serves_variables):
         raise ConfigError(
             f"Estimator.train was called in TF_CONFIG's {task_type!r} task, which does not train: it would train "
             "alone and write the chief's model_dir. Call te.train_and_evaluate in every task (the evaluator task "

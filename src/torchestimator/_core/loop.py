@@ -301,6 +301,7 @@ class _TrainLoop:
         self.watch = _loss_watch(run.strategy.device)
         # Asked every step: looked up once (the strategy's properties check it is set up on each call).
         self.several = run.strategy.num_replicas > 1
+        self.lockstep = run.strategy.lockstep
         self.is_chief = run.strategy.is_chief
         self.watch_is_free = isinstance(self.watch, _HostLossWatch)  # the host watch costs nothing to read
         # One replica, no checkpoints, no in-loop evaluation: a step with no stop, interrupt or checkpoint request
@@ -331,6 +332,8 @@ class _TrainLoop:
         # progress bar that is off has nothing to update.
         due_at = self.schedules.due_at if self.schedules.any_scheduled else None
         update_progress = progress.update if progress.enabled else None
+        # The global step after this replica's step: its own count, or a parameter server's count of all updates.
+        next_global_step = self.strategy.next_global_step
         # ended_by set before step one: the evaluation's begin said training is over already.
         while self.ended_by is None and (run.last_step is None or state.global_step < run.last_step):
             for before_step in self.before_step_hooks:
@@ -346,7 +349,7 @@ class _TrainLoop:
                     "the input ended before its first batch" if self.input_ended_first else "the input ended"
                 )
                 break
-            state.global_step += 1
+            state.global_step = next_global_step(state.global_step)
             self.steps_this_call += 1
             self.last_loss = loss
             if self.steps_this_call == 1:
@@ -359,6 +362,8 @@ class _TrainLoop:
                 update_progress(state.global_step, loss=context.loss_if_read)
             if stop and (run.last_step is None or state.global_step < run.last_step):
                 self.ended_by = self.stop_reason or "a hook asked to stop"
+            elif not self.lockstep and (ended := self.strategy.training_ended) is not None:
+                self.ended_by, stop = ended, True
             if stop or interrupted:
                 break
 

@@ -138,10 +138,14 @@ class TrainOutcome:
     """The last step's loss (the mean over replicas where the loop read it so)."""
     input_ended_first: bool = False
     """The input ended before the call's first step: it was empty, or resumed at its end."""
+    served: bool = False
+    """This process was a parameter server: it held variables while the chief and workers trained."""
 
 
 def describe_training(outcome: TrainOutcome) -> str:
     """E.g. "resumed runs/x from ckpt-400 and trained to step 1000 in 5.2 s (final loss 0.081)"."""
+    if outcome.served:
+        return f"served variables as a parameter server for {outcome.model_dir} until the chief ended training"
     if outcome.skipped:
         return (
             f"skipped training: {outcome.model_dir} is already at step {outcome.end_step} "

@@ -128,8 +128,22 @@ def train_and_evaluate(
             "TF_CONFIG task type is evaluator: following %s and evaluating each new checkpoint.", estimator.model_dir
         )
         return run_evaluator(estimator, train_spec, eval_spec, best=best, early_stopping=rules, clock=clock)
+    strategy = estimator.config.train_distribute
+    parameter_servers = strategy is not None and not strategy.lockstep
     if cluster.task_type == PS:
-        raise ConfigError(f"TF_CONFIG task type 'ps': {PS_ADVICE}", field="TF_CONFIG", value=PS)
+        if not parameter_servers:
+            raise ConfigError(f"TF_CONFIG task type 'ps': {PS_ADVICE}", field="TF_CONFIG", value=PS)
+        estimator.train(train_spec.input_fn, max_steps=train_spec.max_steps)  # serves until the chief ends training
+        return None, None
+    if parameter_servers and not cluster.is_chief and EVALUATOR not in cluster.jobs:
+        # A parameter-server worker trains on its own; the chief evaluates (and stops everyone early).
+        estimator.train(
+            train_spec.input_fn,
+            hooks=train_spec.hooks,
+            max_steps=train_spec.max_steps,
+            saving_listeners=train_spec.saving_listeners,
+        )
+        return None, None
     if EVALUATOR in cluster.jobs:
         if best is not None or rules:
             logger.info(

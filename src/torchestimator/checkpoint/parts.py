@@ -281,8 +281,12 @@ def replica_states(checkpoint: Any) -> list[dict[str, Any]]:
 
 
 def optimizer_signature(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """What must match for optimizer state to be reusable: its class and its parameter groups' sizes."""
-    cls = type(optimizer)
+    """What must match for optimizer state to be reusable: its class and its parameter groups' sizes.
+
+    An optimizer standing in for another (a parameter-server trainer's, which applies the steps on the ps) names
+    the one it stands for in ``stands_for``: its checkpoints are that optimizer's.
+    """
+    cls = type(getattr(optimizer, "stands_for", optimizer))
     return {
         "class": f"{cls.__module__}.{cls.__qualname__}",
         "param_group_sizes": [len(group["params"]) for group in optimizer.param_groups],

@@ -34,6 +34,13 @@ if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; importe
         MultiWorkerMirroredStrategy as MultiWorkerMirroredStrategy,
     )
     from torchestimator.distribute.one_device import OneDeviceStrategy as OneDeviceStrategy
+    from torchestimator.distribute.parameter_server import ParameterServerStrategy as ParameterServerStrategy
+    from torchestimator.distribute.ps_placement import (
+        FixedShardsPartitioner as FixedShardsPartitioner,
+        MaxSizePartitioner as MaxSizePartitioner,
+        MinSizePartitioner as MinSizePartitioner,
+        PlacementPlan as PlacementPlan,
+    )
     from torchestimator.distribute.strategy import Placement as Placement, Strategy as Strategy
     from torchestimator.distribute.sync_batch_norm import CrossReplicaBatchNorm as CrossReplicaBatchNorm
     from torchestimator.errors import RelaunchError as RelaunchError

@@ -41,11 +41,10 @@ SLURM_FALLBACK_PORT = 12910
 _TF_CONFIG_HINT = "Note that these values may be coming from the TF_CONFIG environment variable."
 
 PS_ADVICE = (
-    "torch.distributed has no parameter servers: torchestimator trains synchronously (data parallel), every "
-    "chief and worker task holding the whole model, gradients averaged by DistributedDataParallel, with no "
-    "asynchronous updates. Remove the 'ps' job from "
-    "TF_CONFIG (or do not start its tasks). For embedding tables too large for one device, shard them with "
-    "torchrec (DistributedModelParallel) inside the model."
+    "A TF_CONFIG with 'ps' tasks trains with parameter servers: set "
+    "RunConfig(train_distribute=te.distribute.ParameterServerStrategy()) in every task (chief, workers and ps "
+    "run the same program; the ps tasks serve the variables). Or remove the 'ps' job from TF_CONFIG (and do not "
+    "start its tasks) to train synchronously with te.MultiWorkerMirroredStrategy()."
 )
 """Why a ``ps`` task is refused, and what to use instead."""
 

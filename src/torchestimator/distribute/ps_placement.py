@@ -12,15 +12,15 @@ What TensorFlow does, read in its source, and what this module does
 Number of shards. TF's partitioners return one count per axis; TF2's ParameterServerStrategy accepts only the
 first axis (``_create_variable`` refuses any other entry but 1), and so does this module.
 
-* ``FixedShards(num_shards=n)``: TF1 ``fixed_size_partitioner(num_shards, axis=0)``
+* ``FixedShardsPartitioner(num_shards=n)``: TF1 ``fixed_size_partitioner(num_shards, axis=0)``
   (python/ops/partitioned_variables.py: ``min(num_shards, shape[axis].value)``) and TF2
   ``tf.distribute.experimental.partitioners.FixedShardsPartitioner`` (python/distribute/sharded_variable.py,
   the same expression). ``n = min(num_shards, rows)``.
-* ``MinSize(min_shard_bytes=256 << 10, max_shards=m)``: TF1 ``min_max_variable_partitioner(max_partitions,
+* ``MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=m)``: TF1 ``min_max_variable_partitioner(max_partitions,
   axis=0, min_slice_size=256 << 10)``, which TF2's ``MinSizePartitioner`` calls:
   ``max(1, min(shape[axis], max_partitions, ceil(numel * itemsize / min_slice_size)))``. TF's default
   ``max_shards=1`` never splits anything, so here ``max_shards`` has no default (say how many you want).
-* ``MaxSize(max_shard_bytes, max_shards=None)``: TF1 ``variable_axis_size_partitioner(max_shard_bytes, axis=0,
+* ``MaxSizePartitioner(max_shard_bytes, max_shards=None)``: TF1 ``variable_axis_size_partitioner(max_shard_bytes, axis=0,
   max_shards=None)``, which TF2's ``MaxSizePartitioner`` calls: with ``row_bytes = numel / rows * itemsize``,
   ``rows_per_shard = max(1, floor(max_shard_bytes / row_bytes))``, ``n = ceil(rows / rows_per_shard)``, then
   ``min(max_shards, n)`` when ``max_shards`` is set. A row larger than ``max_shard_bytes`` gets a shard of
@@ -81,9 +81,9 @@ import torch
 from torchestimator.errors import ConfigError, ConfigTypeError
 
 __all__ = [
-    "FixedShards",
-    "MaxSize",
-    "MinSize",
+    "FixedShardsPartitioner",
+    "MaxSizePartitioner",
+    "MinSizePartitioner",
     "Partitioner",
     "PlacementPlan",
     "Shard",
@@ -131,21 +131,21 @@ def _rows_and_row_bytes(shape: Sequence[int], dtype: torch.dtype) -> tuple[int, 
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FixedShards:
+class FixedShardsPartitioner:
     """A fixed number of shards: TF1 ``fixed_size_partitioner``, TF2 ``FixedShardsPartitioner``."""
 
     num_shards: int
     """Shards per variable, fewer when the variable has fewer rows."""
 
     def __post_init__(self) -> None:
-        _check_count("FixedShards", "num_shards", self.num_shards)
+        _check_count("FixedShardsPartitioner", "num_shards", self.num_shards)
 
     def shards_for(self, shape: Sequence[int], dtype: torch.dtype) -> int:
         return max(1, min(self.num_shards, shape[0])) if shape else 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MinSize:
+class MinSizePartitioner:
     """As many shards as keep each at least ``min_shard_bytes``, at most ``max_shards``.
 
     TF1 ``min_max_variable_partitioner`` (``min_slice_size``, ``max_partitions``), TF2 ``MinSizePartitioner``.
@@ -157,8 +157,8 @@ class MinSize:
     """At most this many shards (typically the number of ps tasks). No default: TF's 1 never cuts anything."""
 
     def __post_init__(self) -> None:
-        _check_count("MinSize", "min_shard_bytes", self.min_shard_bytes)
-        _check_count("MinSize", "max_shards", self.max_shards)
+        _check_count("MinSizePartitioner", "min_shard_bytes", self.min_shard_bytes)
+        _check_count("MinSizePartitioner", "max_shards", self.max_shards)
 
     def shards_for(self, shape: Sequence[int], dtype: torch.dtype) -> int:
         if not shape:
@@ -168,7 +168,7 @@ class MinSize:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MaxSize:
+class MaxSizePartitioner:
     """As few shards as keep each at most ``max_shard_bytes`` (a row is never cut), at most ``max_shards``.
 
     TF1 ``variable_axis_size_partitioner``, TF2 ``MaxSizePartitioner``.
@@ -180,8 +180,8 @@ class MaxSize:
     """At most this many shards, even if they then exceed ``max_shard_bytes``; None: no limit (TF's default)."""
 
     def __post_init__(self) -> None:
-        _check_count("MaxSize", "max_shard_bytes", self.max_shard_bytes)
-        _check_count("MaxSize", "max_shards", self.max_shards, optional=True)
+        _check_count("MaxSizePartitioner", "max_shard_bytes", self.max_shard_bytes)
+        _check_count("MaxSizePartitioner", "max_shards", self.max_shards, optional=True)
 
     def shards_for(self, shape: Sequence[int], dtype: torch.dtype) -> int:
         rows, row_bytes = _rows_and_row_bytes(shape, dtype)
@@ -432,7 +432,7 @@ def plan_placement(
     Args:
       variables: ``(name, shape, dtype)`` in the model's order (``module_variables``): the order decides
         placement, as TF's creation order did.
-      partitioner: ``FixedShards``, ``MinSize``, ``MaxSize`` or any object with ``shards_for(shape, dtype)``;
+      partitioner: ``FixedShardsPartitioner``, ``MinSizePartitioner``, ``MaxSizePartitioner`` or any object with ``shards_for(shape, dtype)``;
         None leaves every variable whole.
       shard_names: regexes (``re.match``) choosing the variables the partitioner may cut; None: all of them.
         A regex that matches no variable is an error.
@@ -475,13 +475,13 @@ def _check_plan_arguments(num_ps: object, partitioner: object, shard_names: obje
         )
     if partitioner is not None and not isinstance(partitioner, Partitioner):
         raise TypeError(
-            "plan_placement(partitioner=...) must be FixedShards, MinSize, MaxSize, an object with "
+            "plan_placement(partitioner=...) must be FixedShardsPartitioner, MinSizePartitioner, MaxSizePartitioner, an object with "
             f"shards_for(shape, dtype), or None; received {partitioner!r}."
         )
     if shard_names is not None and partitioner is None:
         raise ValueError(
             f"plan_placement(shard_names={shard_names!r}) chooses variables for the partitioner to cut, but "
-            "partitioner is None: pass a partitioner (FixedShards, MinSize, MaxSize) or drop shard_names."
+            "partitioner is None: pass a partitioner (FixedShardsPartitioner, MinSizePartitioner, MaxSizePartitioner) or drop shard_names."
         )
     if load_balancing not in _LOAD_BALANCINGS:
         raise ValueError(

@@ -130,6 +130,10 @@ class Strategy(abc.ABC):
     """True when ``wrap`` replaces the parameters with shards (FSDP2): the Estimator then builds the optimizer
     after wrapping, over the sharded parameters."""
 
+    lockstep: bool = True
+    """True when the replicas step together and agree through collectives (every strategy but parameter servers,
+    whose trainers step on their own: there each one is a group of one, and only the chief saves)."""
+
     def __init__(self) -> None:
         self._placement: Placement | None = None
 
@@ -207,6 +211,37 @@ class Strategy(abc.ABC):
                 "pass the plain module (strategy.unwrap(module) gives it)."
             )
         return self._wrap(module)
+
+    # ------------------------------------------------------------ training's seams (parameter servers use them)
+
+    @property
+    def serves_variables(self) -> bool:
+        """Whether this process serves variables (a ps task) instead of training: then ``serve()`` is its train."""
+        return False
+
+    def serve(self) -> None:
+        """Serve variables until training ends (a ps task)."""
+        raise RuntimeError(f"{type(self).__name__} has no parameter servers to serve.")
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> torch.optim.Optimizer:
+        """The optimizer training steps with, built over ``module``'s parameters: ``optimizer`` itself here."""
+        return optimizer
+
+    def begin_training(self, module: nn.Module, global_step: int) -> int:
+        """Called once the restore is done, before step one; returns the global step training continues from."""
+        return global_step
+
+    def next_global_step(self, step: int) -> int:
+        """The global step after this replica's optimizer step (a shared count where updates are shared)."""
+        return step + 1
+
+    @property
+    def training_ended(self) -> str | None:
+        """Why another task ended this training (a parameter-server chief finished), or None."""
+        return None
+
+    def end_training(self, reason: str) -> None:  # noqa: B027 (optional: only parameter servers end others)
+        """This replica's training is over (``reason``); the chief of parameter servers ends every task's."""
 
     def unwrap(self, module: nn.Module) -> nn.Module:
         """The plain module inside whatever ``wrap`` returned."""

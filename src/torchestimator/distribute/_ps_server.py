@@ -1,0 +1,308 @@
+"""What a parameter server task holds and does: its shards of the model's variables and the optimizer over them.
+
+One ``ShardServer`` lives in each ps process (``SERVER``); trainers reach it through the module-level functions
+below, which ``torch.distributed.rpc`` calls by their qualified name (the ps imports this module, nothing of the
+user's code is needed for a ``torch.optim`` optimizer). A shard is a row range of one variable, keyed
+``"name[start:stop]"``; a ps holds the shards the placement plan gives it (``ps_placement.py``).
+
+The updates, as TensorFlow's parameter servers apply them:
+
+- asynchronous (the default): each trainer's ``push`` is applied when it arrives, under one lock per ps, and
+  answers with the shards' new values: a trainer pulls what every other trainer pushed before it;
+- synchronous (``SyncReplicasOptimizer``'s rule): gradients of step s are summed until
+  ``replicas_to_aggregate`` have arrived, then averaged and applied once; a gradient computed on weights older
+  than the current step is stale and dropped; the trainers wait for the step to be applied.
+
+Buffers (BatchNorm's running statistics) are not trained: a trainer pushes how much its forward moved them, and
+the ps adds that, so concurrent trainers' moves add up as TF's ``assign_sub`` of moving averages does.
+Only the ps 0 counts the global step. Trusted traffic only: RPC carries pickles, as TF's gRPC and gloo do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+logger = logging.getLogger("torchestimator")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSpec:
+    """How to build, on a ps, the trainers' optimizer over the shards it holds.
+
+    ``cls`` is the trainer's optimizer class (pickled by reference: torch.optim's, or one the ps can import),
+    ``defaults`` its constructor defaults, and each group the hyperparameters of one of its parameter groups
+    with the keys of the shards (of that group's parameters) that live on this ps.
+    """
+
+    cls: type[torch.optim.Optimizer]
+    defaults: dict[str, Any]
+    groups: list[tuple[dict[str, Any], list[str]]]
+
+
+@dataclasses.dataclass
+class PushAnswer:
+    """What a push returns: the shards' values now, the global step (ps 0 only) and whether training ended."""
+
+    values: dict[str, torch.Tensor]
+    global_step: int | None
+    ended: str | None
+    applied: bool = True
+    """False for a synchronous push that came too late for its step (stale: dropped)."""
+
+
+class ShardServer:
+    """The shards of one ps, and the optimizer over them."""
+
+    def __init__(self, ps_index: int) -> None:
+        self.ps_index = ps_index
+        self._lock = threading.Condition(threading.RLock())  # snapshot reads the state under the lock it holds
+        self._values: dict[str, torch.Tensor] = {}
+        self._trainable: dict[str, torch.nn.Parameter] = {}
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._group_keys: list[list[str]] = []
+        self.global_step = 0
+        self.initialized_by: str | None = None
+        self.ended: str | None = None
+        # Synchronous mode: the step being aggregated, its gradients summed so far and from how many pushes.
+        self.sync_replicas: int | None = None
+        self._pending: dict[str, torch.Tensor] = {}
+        self._pending_count = 0
+        self._applied_step = 0
+        self.last_contact: dict[str, float] = {}
+
+    # -- set up by the chief -------------------------------------------------
+
+    def initialize(
+        self,
+        values: Mapping[str, torch.Tensor],
+        trainable: set[str],
+        optimizer: OptimizerSpec | None,
+        global_step: int,
+        chief: str,
+        sync_replicas: int | None,
+    ) -> None:
+        """Takes the chief's values (restored or initial) and builds the optimizer; a restarted chief replaces
+        everything, as a restore in TF assigns every variable."""
+        with self._lock:
+            self._values = {key: tensor.detach().clone() for key, tensor in values.items()}
+            self._trainable = {
+                key: torch.nn.Parameter(self._values[key], requires_grad=True) for key in values if key in trainable
+            }
+            for key, parameter in self._trainable.items():
+                self._values[key] = parameter.data
+            self._optimizer, self._group_keys = None, []
+            if optimizer is not None and any(keys for _, keys in optimizer.groups):
+                groups = [
+                    {**hyper, "params": [self._trainable[key] for key in keys]} for hyper, keys in optimizer.groups
+                ]
+                self._optimizer = optimizer.cls(groups, **optimizer.defaults)
+                self._group_keys = [keys for _, keys in optimizer.groups]
+            self.global_step = self._applied_step = global_step
+            self.sync_replicas = sync_replicas
+            self._pending, self._pending_count = {}, 0
+            self.initialized_by, self.ended = chief, None
+            self._lock.notify_all()
+        logger.info(
+            "ps %d holds %d shards (%d trainable, %.1f MB) from %s at global step %d.",
+            self.ps_index,
+            len(self._values),
+            len(self._trainable),
+            sum(tensor.numel() * tensor.element_size() for tensor in self._values.values()) / 1e6,
+            chief,
+            global_step,
+        )
+
+    def wait_initialized(self, timeout: float) -> bool:
+        with self._lock:
+            return self._lock.wait_for(lambda: self.initialized_by is not None, timeout)
+
+    # -- the trainers' calls -------------------------------------------------
+
+    def pull(self) -> dict[str, torch.Tensor]:
+        with self._lock:
+            return {key: tensor.clone() for key, tensor in self._values.items()}
+
+    def push(
+        self,
+        trainer: str,
+        gradients: Mapping[str, torch.Tensor],
+        buffer_moves: Mapping[str, torch.Tensor],
+        hyperparameters: list[dict[str, Any]],
+        computed_at: int,
+    ) -> PushAnswer:
+        with self._lock:
+            self.last_contact[trainer] = time.monotonic()
+            if self.ended is not None:
+                return PushAnswer({}, self.global_step, self.ended, applied=False)
+            for key, move in buffer_moves.items():
+                self._values[key].add_(move.to(self._values[key].dtype))
+            if self.sync_replicas is None:
+                self._apply(gradients, hyperparameters, scale=1.0)
+                self.global_step += 1
+                applied = True
+            else:
+                applied = self._aggregate(gradients, hyperparameters, computed_at)
+            return PushAnswer(
+                {key: tensor.clone() for key, tensor in self._values.items()}, self.global_step, self.ended, applied
+            )
+
+    def _aggregate(self, gradients: Mapping[str, torch.Tensor], hyperparameters: list[dict[str, Any]], at: int) -> bool:
+        """SyncReplicasOptimizer: sum this step's gradients; apply their mean once enough arrived; wait for it."""
+        assert self.sync_replicas is not None
+        if at < self._applied_step:  # computed on weights an applied step has replaced: stale, dropped
+            return False
+        for key, gradient in gradients.items():
+            pending = self._pending.get(key)
+            self._pending[key] = gradient.clone() if pending is None else pending.add_(gradient)
+        self._pending_count += 1
+        target = at + 1
+        if self._pending_count >= self.sync_replicas:
+            self._apply(self._pending, hyperparameters, scale=1.0 / self._pending_count)
+            self._pending, self._pending_count = {}, 0
+            self._applied_step = self.global_step = target
+            self._lock.notify_all()
+            return True
+        self._lock.wait_for(lambda: self._applied_step >= target or self.ended is not None)
+        return True
+
+    def _apply(
+        self, gradients: Mapping[str, torch.Tensor], hyperparameters: list[dict[str, Any]], scale: float
+    ) -> None:
+        optimizer = self._optimizer
+        if optimizer is None or not gradients:
+            return
+        for group, hyper in zip(optimizer.param_groups, hyperparameters):
+            for name, value in hyper.items():  # a trainer's scheduler moved the learning rate
+                group[name] = value
+        for key, parameter in self._trainable.items():
+            gradient = gradients.get(key)
+            parameter.grad = None if gradient is None else (gradient * scale if scale != 1.0 else gradient)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    # -- checkpoints ---------------------------------------------------------
+
+    def optimizer_state(self) -> dict[str, dict[str, Any]]:
+        """Each trainable shard's optimizer state (``{key: {"exp_avg": tensor, ...}}``), for the chief's checkpoint."""
+        with self._lock:
+            optimizer = self._optimizer
+            if optimizer is None:
+                return {}
+            return {
+                key: {name: _copy(value) for name, value in optimizer.state[self._trainable[key]].items()}
+                for keys in self._group_keys
+                for key in keys
+                if self._trainable[key] in optimizer.state
+            }
+
+    def snapshot(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
+        """The values and the optimizer state of one moment (no push between them), for a checkpoint."""
+        with self._lock:
+            return {key: tensor.clone() for key, tensor in self._values.items()}, self.optimizer_state()
+
+    def load_optimizer_state(self, states: Mapping[str, Mapping[str, Any]]) -> None:
+        with self._lock:
+            optimizer = self._optimizer
+            if optimizer is None:
+                return
+            for key, state in states.items():
+                parameter = self._trainable[key]
+                optimizer.state[parameter] = {
+                    name: value.to(parameter.device) if isinstance(value, torch.Tensor) else value
+                    for name, value in state.items()
+                }
+
+    def wait_ended(self, timeout: float) -> bool:
+        with self._lock:
+            return self._lock.wait_for(lambda: self.ended is not None, timeout)
+
+    def end(self, reason: str) -> None:
+        with self._lock:
+            self.last_contact["chief"] = time.monotonic()
+            if self.ended is None:
+                self.ended = reason
+            self._lock.notify_all()
+
+
+def _copy(value: Any) -> Any:
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+SERVER: ShardServer | None = None
+"""This process's shards when it is a ps task (set by ``start_serving``)."""
+
+_SERVING = threading.Event()
+_SERVER_WAIT_SECONDS = 600.0
+"""How long a call waits for this ps to start serving: the group forms before the ps program reaches its train."""
+
+
+def start_serving(server: ShardServer) -> None:
+    global SERVER
+    SERVER = server
+    _SERVING.set()
+
+
+def _server() -> ShardServer:
+    if SERVER is None and not _SERVING.wait(_SERVER_WAIT_SECONDS):
+        raise RuntimeError("This process is not serving as a parameter server.")
+    assert SERVER is not None
+    return SERVER
+
+
+# The functions trainers call over RPC (by qualified name), each one line onto this process's ShardServer.
+
+
+def initialize(
+    values: dict[str, torch.Tensor],
+    trainable: set[str],
+    optimizer: OptimizerSpec | None,
+    global_step: int,
+    chief: str,
+    sync_replicas: int | None,
+) -> None:
+    _server().initialize(values, trainable, optimizer, global_step, chief, sync_replicas)
+
+
+def wait_initialized(timeout: float) -> bool:
+    return _server().wait_initialized(timeout)
+
+
+def pull() -> dict[str, torch.Tensor]:
+    return _server().pull()
+
+
+def push(
+    trainer: str,
+    gradients: dict[str, torch.Tensor],
+    buffer_moves: dict[str, torch.Tensor],
+    hyperparameters: list[dict[str, Any]],
+    computed_at: int,
+) -> PushAnswer:
+    return _server().push(trainer, gradients, buffer_moves, hyperparameters, computed_at)
+
+
+def optimizer_state() -> dict[str, dict[str, Any]]:
+    return _server().optimizer_state()
+
+
+def snapshot() -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
+    return _server().snapshot()
+
+
+def current_step() -> int:
+    return _server().global_step
+
+
+def load_optimizer_state(states: dict[str, dict[str, Any]]) -> None:
+    _server().load_optimizer_state(states)
+
+
+def end(reason: str) -> None:
+    _server().end(reason)

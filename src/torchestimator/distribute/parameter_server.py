@@ -1,0 +1,276 @@
+"""``ParameterServerStrategy``: tf.estimator's parameter servers, on ``torch.distributed.rpc``.
+
+TF_CONFIG names the tasks as TensorFlow's does: ``chief``, ``worker``, ``ps`` (and ``evaluator``, which
+evaluates checkpoints on its own as with every strategy). Every task runs the same program; what
+``setup()`` makes of it depends on its role:
+
+- a ``ps`` task serves: ``Estimator.train`` (or ``train_and_evaluate``) on it holds its shards of the variables
+  and the optimizer over them (``_ps_server.py``) until the chief ends training, then ends the process (TF's
+  ``server.join()`` never returns either);
+- the chief and the workers train, each on its own share of the input (batch sizes stay global: a global
+  batch of 64 over chief + 3 workers is 16 per trainer), each step pulling the variables, computing
+  gradients and pushing them (``_ps_optimizer.RemoteOptimizer``); the chief alone writes checkpoints and
+  summaries, evaluates in train_and_evaluate, and ends training for every task.
+
+Updates are asynchronous by default (no trainer waits for another: a slow or lost worker does not hold the
+others back, as TF's default), synchronous with ``sync_replicas=True`` (``SyncReplicasOptimizer``: each
+step averages ``replicas_to_aggregate`` gradients, stale ones dropped). The global step is the ps 0's count of
+applied updates; checkpoints are ordinary ones (the variables and the optimizer state gathered from the ps
+tasks, joined by rows), so resume under another number of ps tasks or another strategy, warm start, export
+and serving work as always.
+
+The RPC group: the chief is rank 0 and hosts the rendezvous at its TF_CONFIG address (as MirroredStrategy's
+store), workers follow, ps tasks last (TF's order). RPC carries unauthenticated pickles, as TF's gRPC did: the
+cluster's network must be private.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed.rpc as rpc
+from torch import nn
+
+from torchestimator.distribute import _ps_server
+from torchestimator.distribute._ps_optimizer import RemoteOptimizer
+from torchestimator.distribute._timeouts import collective_timeout_seconds
+from torchestimator.distribute.cluster import CHIEF, MASTER, PS, WORKER, ClusterSpec, cluster_from_tf_config
+from torchestimator.distribute.input_context import InputContext
+from torchestimator.distribute.ps_placement import Partitioner, PlacementPlan, module_variables, plan_placement
+from torchestimator.distribute.strategy import Placement, Strategy
+from torchestimator.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+_LEAVE_GRACE_SECONDS = 30.0
+"""How long a ps keeps serving after training ended, at most, for trainers still finishing a push to hear it."""
+_MIN_GRACE_SECONDS = 2.0
+"""How long it serves after training ended at least, and after the last call it answered."""
+
+
+class ParameterServerStrategy(Strategy):
+    """Variables on the ps tasks of TF_CONFIG; the chief and workers train against them.
+
+    Args:
+        sync_replicas: False (TF's default): each trainer's update is applied when it arrives. True: as
+            ``tf.compat.v1.train.SyncReplicasOptimizer``, each step applies the mean of
+            ``replicas_to_aggregate`` gradients computed on that step's weights; late ones are dropped.
+        replicas_to_aggregate: gradients per synchronous step; None is every trainer (chief + workers).
+        partitioner: how many row shards a variable is cut into (``ps_placement.FixedShardsPartitioner``, ``MinSizePartitioner``,
+            ``MaxSizePartitioner``: TF's fixed_size_partitioner, min_max_variable_partitioner, variable_axis_size_partitioner);
+            None keeps every variable whole. Each shard goes to the ps with the fewest bytes so far (TF's greedy
+            load balancing).
+        shard_names: regexes (``re.match``) of the variables the partitioner may cut (embedding tables); None: all.
+        timeout_seconds: how long an RPC (a pull, a push, the start-up wait for the chief) waits before failing,
+            naming the task it waited for. None reads TORCHESTIMATOR_COLLECTIVE_TIMEOUT, else 300 s.
+        device: where a trainer computes; None is ``cuda:<local index>`` when CUDA is available, else the CPU.
+            Variables on the ps tasks stay on their CPU, as TF placed them.
+    """
+
+    lockstep = False
+
+    def __init__(
+        self,
+        *,
+        sync_replicas: bool = False,
+        replicas_to_aggregate: int | None = None,
+        partitioner: Partitioner | None = None,
+        shard_names: str | list[str] | None = None,
+        timeout_seconds: float | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(sync_replicas, bool):
+            raise TypeError(f"sync_replicas must be True or False; received {sync_replicas!r}.")
+        if replicas_to_aggregate is not None and (
+            isinstance(replicas_to_aggregate, bool)
+            or not isinstance(replicas_to_aggregate, int)
+            or replicas_to_aggregate < 1
+        ):
+            raise ValueError(f"replicas_to_aggregate must be a positive integer; received {replicas_to_aggregate!r}.")
+        if replicas_to_aggregate is not None and not sync_replicas:
+            raise ValueError("replicas_to_aggregate is for synchronous updates: pass sync_replicas=True with it.")
+        self.sync_replicas = sync_replicas
+        self.partitioner = partitioner
+        self.shard_names = shard_names
+        self.plan: PlacementPlan | None = None
+        self.replicas_to_aggregate = replicas_to_aggregate
+        self._timeout_argument = timeout_seconds
+        self.timeout_seconds = 0.0
+        self._device = None if device is None else torch.device(device)
+        self.cluster: ClusterSpec | None = None
+        self.role = ""
+        self.name = ""
+        self.ps_names: list[str] = []
+        self.trainer_names: list[str] = []
+        self._optimizer: RemoteOptimizer | None = None
+        self._pending_optimizer_state: dict[str, Any] | None = None
+
+    def __repr__(self) -> str:
+        mode = "sync" if self.sync_replicas else "async"
+        return f"ParameterServerStrategy({mode}, {self.name or 'not set up'})"
+
+    # -- setup -------------------------------------------------------------------
+
+    def _setup(self) -> Placement:
+        cluster = cluster_from_tf_config()
+        if PS not in cluster.jobs:
+            raise ConfigError(
+                "ParameterServerStrategy needs TF_CONFIG with a 'ps' job (and a chief): "
+                '{"cluster": {"chief": ["host:port"], "worker": [...], "ps": ["host:port", ...]}, '
+                '"task": {"type": "worker", "index": 0}}; TF_CONFIG is '
+                f"{'unset' if not cluster.jobs else 'a cluster of ' + str(sorted(cluster.jobs))}.",
+                field="TF_CONFIG",
+            )
+        chief_job = CHIEF if CHIEF in cluster.jobs else MASTER  # the parser refused a cluster without either
+        self.cluster = cluster
+        self.timeout_seconds = collective_timeout_seconds(self._timeout_argument)
+        workers = len(cluster.jobs.get(WORKER, ()))
+        num_ps = len(cluster.jobs[PS])
+        self.trainer_names = ["chief", *(f"worker:{index}" for index in range(workers))]
+        self.ps_names = [f"ps:{index}" for index in range(num_ps)]
+        if cluster.task_type in (chief_job,):
+            self.role, rank = CHIEF, 0
+        elif cluster.task_type == WORKER:
+            self.role, rank = WORKER, 1 + cluster.task_index
+        elif cluster.task_type == PS:
+            self.role, rank = PS, 1 + workers + cluster.task_index
+        else:
+            raise ConfigError(
+                f"ParameterServerStrategy runs in the chief, worker and ps tasks; this is TF_CONFIG's "
+                f"{cluster.task_type!r} task (the evaluator evaluates checkpoints without a strategy).",
+                field='TF_CONFIG["task"]["type"]',
+                value=cluster.task_type,
+            )
+        self.name = self.trainer_names[rank] if rank < len(self.trainer_names) else self.ps_names[cluster.task_index]
+        address = cluster.jobs[chief_job][0]
+        options = rpc.TensorPipeRpcBackendOptions(
+            num_worker_threads=16 + 2 * len(self.trainer_names),
+            rpc_timeout=self.timeout_seconds,
+            init_method=f"tcp://{address}",
+            # TCP (libuv) only: TensorPipe's shared-memory transport busy-polls, and with a few tasks on a few cores
+            # the polling threads take the CPU the training needs (4 tasks on 2 cores: 4 steps/s instead of ~200).
+            _transports=["uv"],
+            _channels=["basic"],
+        )
+        world = len(self.trainer_names) + num_ps
+        logger.info("%s joining the parameter-server group of %d tasks at %s.", self.name, world, address)
+        with warnings.catch_warnings():  # torch's own RPC set-up uses a deprecated gloo call and says so
+            warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
+            rpc.init_rpc(  # type: ignore[no-untyped-call]
+                self.name, rank=rank, world_size=world, rpc_backend_options=options
+            )
+        device = self._device or (
+            torch.device("cuda", cluster.local_rank % torch.cuda.device_count())
+            if torch.cuda.is_available() and self.role != PS
+            else torch.device("cpu")
+        )
+        return Placement(device=device)
+
+    def _teardown(self) -> None:
+        rpc.shutdown(graceful=False)
+
+    # -- roles -------------------------------------------------------------------
+
+    @property
+    def is_chief(self) -> bool:
+        return self.role == CHIEF
+
+    @property
+    def serves_variables(self) -> bool:
+        """This task is a ps: it serves (``serve``) instead of training."""
+        self.placement  # noqa: B018 -- raises the setup() advice
+        return self.role == PS
+
+    @property
+    def num_trainers(self) -> int:
+        return len(self.trainer_names)
+
+    def input_context(self) -> InputContext:
+        """Each trainer reads its own share of the input: the chief is pipeline 0, worker i is i + 1."""
+        self.placement  # noqa: B018
+        index = self.trainer_names.index(self.name) if self.name in self.trainer_names else 0
+        return InputContext(
+            num_replicas_in_sync=self.num_trainers, input_pipeline_id=index, num_input_pipelines=self.num_trainers
+        )
+
+    # -- the ps task ---------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Holds this ps's shards until the chief ends training, then leaves the group."""
+        assert self.cluster is not None
+        server = _ps_server.ShardServer(self.cluster.task_index)
+        _ps_server.start_serving(server)
+        logger.info("%s serving variables; it ends when the chief ends training.", self.name)
+        while not server.wait_ended(1.0):  # in slices: Ctrl-C still reaches the ps
+            pass
+        # The chief's end() and trainers' last pushes get their answers before the agent stops: at least a short
+        # grace, longer while trainers still call (bounded: a trainer that died never calls again).
+        ended_at = time.monotonic()
+        deadline = ended_at + _LEAVE_GRACE_SECONDS
+        while time.monotonic() < deadline and (
+            time.monotonic() - ended_at < _MIN_GRACE_SECONDS or _recently_contacted(server, _MIN_GRACE_SECONDS)
+        ):
+            time.sleep(0.1)
+        logger.info("%s: training ended (%s); leaving the group.", self.name, server.ended)
+        self.teardown()
+
+    # -- the trainers --------------------------------------------------------------
+
+    def _wrap(self, module: nn.Module) -> nn.Module:
+        return module.to(self.device)
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> torch.optim.Optimizer:
+        """The trainer's optimizer as a stand-in whose step pushes gradients to the ps tasks and pulls values."""
+        plan = plan_placement(module_variables(module), len(self.ps_names), self.partitioner, self.shard_names)
+        if self.is_chief:
+            logger.info("Variables on %d ps tasks:\n%s", len(self.ps_names), plan.describe())
+        self.plan = plan
+        self._optimizer = RemoteOptimizer(
+            optimizer,
+            module,
+            plan,
+            self.ps_names,
+            self.name,
+            on_global_step=lambda step: None,
+            timeout=self.timeout_seconds,
+            chief=self.is_chief,
+        )
+        return self._optimizer
+
+    def begin_training(self, module: nn.Module, global_step: int) -> int:
+        """The chief puts its (restored or initial) values and optimizer on the ps tasks; a worker waits for that and
+        pulls them. Returns the global step training continues from."""
+        optimizer = self._optimizer
+        if optimizer is None:
+            raise RuntimeError("ParameterServerStrategy.begin_training before wrap_optimizer.")
+        if self.is_chief:
+            aggregate = (self.replicas_to_aggregate or self.num_trainers) if self.sync_replicas else None
+            optimizer.initialize_servers(global_step, aggregate)
+        else:
+            optimizer.wait_for_servers()
+        optimizer.pull()
+        return optimizer.global_step
+
+    def next_global_step(self, step: int) -> int:
+        assert self._optimizer is not None
+        return self._optimizer.global_step
+
+    @property
+    def training_ended(self) -> str | None:
+        """Why the ps tasks said training ended (the chief finished), or None."""
+        return None if self._optimizer is None else self._optimizer.ended
+
+    def end_training(self, reason: str) -> None:
+        """The chief, when it stops: every ps ends, so the workers stop at their next push."""
+        if self.is_chief and self._optimizer is not None:
+            self._optimizer.end_servers(reason)
+
+
+def _recently_contacted(server: _ps_server.ShardServer, seconds: float) -> bool:
+    now = time.monotonic()
+    return any(now - seen < seconds for seen in server.last_contact.values())

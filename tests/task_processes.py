@@ -1,0 +1,85 @@
+"""Programs started as a cluster's tasks (plain `python train.py` per task, torchrun nodes): a clean environment,
+every process in its own session, stopped with SIGTERM then SIGKILL, and a failure that shows their logs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+_LAUNCH_VARIABLE_PREFIXES = ("SLURM_", "PET_", "TORCHELASTIC_")
+_LAUNCH_VARIABLES = {
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TF_CONFIG",
+    "GLOO_SOCKET_IFNAME",
+}
+
+
+def task_environment(**extra: str) -> dict[str, str]:
+    """This test's environment without any cluster description, one thread per process, short collectives."""
+    environ = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in _LAUNCH_VARIABLES and not name.startswith(_LAUNCH_VARIABLE_PREFIXES)
+    }
+    environ.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCHESTIMATOR_COLLECTIVE_TIMEOUT="60")
+    environ.update(extra)
+    return environ
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the process's session (torchrun stops its workers on it), then SIGKILL."""
+    for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        if process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(grace)
+
+
+def run_together(commands: list[tuple[list[str], dict[str, str]]], logs: Path, deadline_seconds: float) -> None:
+    """Start every command at once; fail (with their logs) unless all exit 0 within ``deadline_seconds``."""
+    logs.mkdir(parents=True, exist_ok=True)
+    processes = []
+    try:
+        for index, (command, environ) in enumerate(commands):
+            with open(logs / f"process{index}.log", "wb") as log:
+                processes.append(
+                    subprocess.Popen(
+                        command,
+                        env=environ,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+                )
+        deadline = time.monotonic() + deadline_seconds
+        while time.monotonic() < deadline and any(process.poll() is None for process in processes):
+            time.sleep(0.2)
+    finally:
+        timed_out = [index for index, process in enumerate(processes) if process.poll() is None]
+        for process in processes:
+            stop(process)
+    codes = [process.returncode for process in processes]
+    if timed_out or any(codes):
+        tails = "\n".join(
+            f"--- process {index} ({' '.join(commands[index][0][-6:])}) exit {code}:\n"
+            + (logs / f"process{index}.log").read_text(errors="replace")[-3000:]
+            for index, code in enumerate(codes)
+        )
+        reason = f"processes {timed_out} still running after {deadline_seconds:g} s" if timed_out else "a failure"
+        pytest.fail(f"{reason}; exit codes {codes}\n{tails}")
