@@ -50,8 +50,8 @@ def stop(process: subprocess.Popen) -> None:
             process.wait(grace)
 
 
-def run_together(commands: list[tuple[list[str], dict[str, str]]], logs: Path, deadline_seconds: float) -> None:
-    """Start every command at once; fail (with their logs) unless all exit 0 within ``deadline_seconds``."""
+def start_tasks(commands: list[tuple[list[str], dict[str, str]]], logs: Path) -> list[subprocess.Popen]:
+    """Start every command at once, each in its own session, its output in ``logs/process<index>.log``."""
     logs.mkdir(parents=True, exist_ok=True)
     processes = []
     try:
@@ -67,6 +67,17 @@ def run_together(commands: list[tuple[list[str], dict[str, str]]], logs: Path, d
                         start_new_session=True,
                     )
                 )
+    except BaseException:
+        for process in processes:
+            stop(process)
+        raise
+    return processes
+
+
+def wait_tasks(processes: list[subprocess.Popen], deadline_seconds: float) -> tuple[list[int | None], list[int]]:
+    """Every process's exit code once all exited or the deadline passed (those still running are stopped and
+    listed second)."""
+    try:
         deadline = time.monotonic() + deadline_seconds
         while time.monotonic() < deadline and any(process.poll() is None for process in processes):
             time.sleep(0.2)
@@ -74,12 +85,20 @@ def run_together(commands: list[tuple[list[str], dict[str, str]]], logs: Path, d
         timed_out = [index for index, process in enumerate(processes) if process.poll() is None]
         for process in processes:
             stop(process)
-    codes = [process.returncode for process in processes]
+    return [process.returncode for process in processes], timed_out
+
+
+def task_logs(logs: Path, count: int, commands: list[tuple[list[str], dict[str, str]]] | None = None) -> str:
+    return "\n".join(
+        f"--- process {index}{' (' + ' '.join(commands[index][0][-6:]) + ')' if commands else ''}:\n"
+        + (logs / f"process{index}.log").read_text(errors="replace")[-3000:]
+        for index in range(count)
+    )
+
+
+def run_together(commands: list[tuple[list[str], dict[str, str]]], logs: Path, deadline_seconds: float) -> None:
+    """Start every command at once; fail (with their logs) unless all exit 0 within ``deadline_seconds``."""
+    codes, timed_out = wait_tasks(start_tasks(commands, logs), deadline_seconds)
     if timed_out or any(codes):
-        tails = "\n".join(
-            f"--- process {index} ({' '.join(commands[index][0][-6:])}) exit {code}:\n"
-            + (logs / f"process{index}.log").read_text(errors="replace")[-3000:]
-            for index, code in enumerate(codes)
-        )
         reason = f"processes {timed_out} still running after {deadline_seconds:g} s" if timed_out else "a failure"
-        pytest.fail(f"{reason}; exit codes {codes}\n{tails}")
+        pytest.fail(f"{reason}; exit codes {codes}\n{task_logs(logs, len(codes), commands)}")

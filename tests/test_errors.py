@@ -114,6 +114,12 @@ RAISED = [
         lambda: errors.ReplicaLostError("m", lost_ranks=[1], step=5),
         {"lost_ranks": (1,), "step": 5},
     ),
+    (
+        errors.TaskLostError,
+        RuntimeError,
+        lambda: errors.TaskLostError("m", task="ps:1", step=7),
+        {"task": "ps:1", "step": 7},
+    ),
 ]
 
 

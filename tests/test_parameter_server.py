@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import textwrap
 import threading
@@ -18,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.rpc as rpc
-from task_processes import run_together, task_environment
+from helpers import wait_until
+from task_processes import run_together, start_tasks, task_environment, task_logs, wait_tasks
 
 import torchestimator as te
 from torchestimator.distribute import _ps_server
@@ -222,6 +224,17 @@ TRAIN_SCRIPT = textwrap.dedent("""
     def eval_input_fn(input_context=None):
         return te.numpy_input_fn({"x": x}, y, batch_size=384, shuffle=False)(input_context=input_context)
 
+    class MarkStep(te.hooks.Hook):
+        # PS_TEST_MARK_STEP / PS_TEST_MARK: after that global step, writes this task's pid into the file (once),
+        # for the test to kill a task mid-training.
+        def __init__(self):
+            self.step, self.path = int(os.environ.get("PS_TEST_MARK_STEP", "0")), os.environ.get("PS_TEST_MARK")
+        def after_step(self, run_context):
+            if self.path and run_context.global_step >= self.step and not os.path.exists(self.path):
+                with open(self.path + ".tmp", "w") as file:
+                    file.write(str(os.getpid()))
+                os.replace(self.path + ".tmp", self.path)
+
     if kind == "mirrored":
         strategy = te.MultiWorkerMirroredStrategy()
     else:
@@ -232,7 +245,7 @@ TRAIN_SCRIPT = textwrap.dedent("""
         optimizer=lambda parameters: torch.optim.Adam(parameters, lr=0.01), model_dir=model_dir,
         config=te.RunConfig(save_checkpoints_steps=20, random_seed=0, log_step_count_steps=None,
                             train_distribute=strategy))
-    results, _ = te.train_and_evaluate(estimator, te.TrainSpec(train_input_fn, max_steps=max_steps),
+    results, _ = te.train_and_evaluate(estimator, te.TrainSpec(train_input_fn, max_steps=max_steps, hooks=[MarkStep()]),
                                        te.EvalSpec(eval_input_fn))
     if task["type"] == "chief":
         np.savez(os.path.join(output, "weights.npz"),
@@ -250,19 +263,52 @@ def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _cluster(script: Path, kind: str, model_dir: Path, max_steps: int, output: Path, num_ps: int) -> None:
-    """chief + 2 workers (+ num_ps ps tasks) as plain processes with their TF_CONFIG; returns when all exit 0."""
+def _commands(
+    script: Path, kind: str, model_dir: Path, max_steps: int, output: Path, num_ps: int, **extra: dict[str, str]
+) -> list[tuple[list[str], dict[str, str]]]:
+    """chief + 2 workers (+ num_ps ps tasks), in that order, as plain processes with their TF_CONFIG; ``extra``:
+    more environment variables by task name ("worker:1")."""
     output.mkdir(parents=True, exist_ok=True)
     jobs = {"chief": [f"127.0.0.1:{find_free_port()}"], "worker": [f"127.0.0.1:{find_free_port()}" for _ in range(2)]}
     if num_ps:
         jobs["ps"] = [f"127.0.0.1:{find_free_port()}" for _ in range(num_ps)]
     tasks = [{"type": job, "index": index} for job, addresses in jobs.items() for index in range(len(addresses))]
     command = [sys.executable, str(script), kind, str(model_dir), str(max_steps), str(output)]
-    run_together(
-        [(command, task_environment(TF_CONFIG=json.dumps({"cluster": jobs, "task": task}))) for task in tasks],
-        output / "logs",
-        DEADLINE_SECONDS,
+    return [
+        (
+            command,
+            task_environment(
+                TF_CONFIG=json.dumps({"cluster": jobs, "task": task}),
+                **extra.get(f"{task['type']}:{task['index']}", {}),
+            ),
+        )
+        for task in tasks
+    ]
+
+
+def _cluster(script: Path, kind: str, model_dir: Path, max_steps: int, output: Path, num_ps: int) -> None:
+    """The cluster of _commands; returns when every task exited 0."""
+    run_together(_commands(script, kind, model_dir, max_steps, output, num_ps), output / "logs", DEADLINE_SECONDS)
+
+
+def _kill_when_marked(
+    commands: list[tuple[list[str], dict[str, str]]], victim: int, mark: Path, logs: Path, deadline: float
+) -> list[int | None]:
+    """Starts the tasks, kills -9 task ``victim`` once the mark file appears (a trainer writes it after a step), and
+    returns every exit code."""
+    processes = start_tasks(commands, logs)
+    try:
+        wait_until(lambda: mark.exists() or processes[victim].poll() is not None, timeout=DEADLINE_SECONDS)
+        assert processes[victim].poll() is None, task_logs(logs, len(commands))
+        processes[victim].send_signal(signal.SIGKILL)
+    except BaseException:
+        wait_tasks(processes, 0)
+        raise
+    codes, timed_out = wait_tasks(processes, deadline)
+    assert not timed_out, (
+        f"tasks {timed_out} still running {deadline:g} s after the kill\n{task_logs(logs, len(codes))}"
     )
+    return codes
 
 
 def _logs(output: Path) -> str:
@@ -316,3 +362,76 @@ def test_a_checkpoint_resumes_with_another_ps_count_and_in_a_plain_estimator(scr
         estimator.train(lambda: [batch], steps=1)  # a list: it cannot resume the cluster's input, and says so
     assert not [record for record in caplog.records if "optimizer" in record.getMessage()]
     assert os.path.isdir(estimator.latest_checkpoint())
+
+
+# ----------------------------------------------------------------------------- faults
+
+FAULT_TIMEOUT = "10"
+"""TORCHESTIMATOR_COLLECTIVE_TIMEOUT for the fault runs: a lost task is noticed within it."""
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_worker_killed_in_asynchronous_training_does_not_stop_the_others(script, tmp_path):
+    mark = tmp_path / "mark"
+    marked = {"PS_TEST_MARK": str(mark), "PS_TEST_MARK_STEP": "30"}
+    commands = _commands(script, "async", tmp_path / "model", 1500, tmp_path / "out", 1, **{"worker:1": marked})
+    codes = _kill_when_marked(commands, 2, mark, tmp_path / "out" / "logs", DEADLINE_SECONDS)
+    assert codes[2] == -signal.SIGKILL
+    assert [codes[0], codes[1], codes[3]] == [0, 0, 0], task_logs(tmp_path / "out" / "logs", 4)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["global_step"] >= 1500 and results["accuracy"] > 0.9
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_ps_killed_stops_every_task_naming_it_and_a_restart_resumes_bit_exact_in_sync_mode(script, tmp_path):
+    environ = {"TORCHESTIMATOR_COLLECTIVE_TIMEOUT": FAULT_TIMEOUT}
+    mark = tmp_path / "mark"
+    marked = {**environ, "PS_TEST_MARK": str(mark), "PS_TEST_MARK_STEP": "45"}
+    tasks = {"chief:0": marked, "worker:0": environ, "worker:1": environ, "ps:0": environ, "ps:1": environ}
+    logs = tmp_path / "first" / "logs"
+    commands = _commands(script, "sync", tmp_path / "model", 100000, tmp_path / "first", 2, **tasks)
+    codes = _kill_when_marked(commands, 4, mark, logs, 60 + 3 * float(FAULT_TIMEOUT))
+    assert codes[4] == -signal.SIGKILL
+    assert all(code not in (0, None) for code in codes[:4]), (codes, task_logs(logs, 5))
+    for index in range(3):  # the chief and both workers say which task was lost
+        text = (logs / f"process{index}.log").read_text()
+        assert "TaskLostError" in text and "ps:1" in text, text[-2000:]
+    assert "TaskLostError" in (logs / "process3.log").read_text()  # ps:0, ended by the chief's failure
+    saved = sorted(int(path.name.split("-")[1]) for path in (tmp_path / "model").glob("ckpt-*"))
+    assert saved and saved[-1] >= 40
+
+    # Every task restarted: the run resumes from the newest checkpoint and ends where one never stopped does.
+    last = saved[-1] + 20
+    _cluster(script, "sync", tmp_path / "model", last, tmp_path / "second", num_ps=2)
+    assert (
+        f"resumed {tmp_path / 'model'} from ckpt-{saved[-1]}"
+        in (tmp_path / "second" / "logs" / "process0.log").read_text()
+    )
+    _cluster(script, "sync", tmp_path / "straight", last, tmp_path / "straight_out", num_ps=2)
+    resumed = dict(np.load(tmp_path / "second" / "weights.npz"))
+    straight = dict(np.load(tmp_path / "straight_out" / "weights.npz"))
+    for name in straight:
+        np.testing.assert_array_equal(resumed[name], straight[name], err_msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_chief_killed_stops_the_workers_and_the_ps_within_the_timeout(script, tmp_path):
+    environ = {"TORCHESTIMATOR_COLLECTIVE_TIMEOUT": FAULT_TIMEOUT}
+    mark = tmp_path / "mark"
+    tasks = {
+        "chief:0": {**environ, "PS_TEST_MARK": str(mark), "PS_TEST_MARK_STEP": "30"},
+        "worker:0": environ,
+        "worker:1": environ,
+        "ps:0": environ,
+    }
+    logs = tmp_path / "out" / "logs"
+    commands = _commands(script, "async", tmp_path / "model", 100000, tmp_path / "out", 1, **tasks)
+    codes = _kill_when_marked(commands, 0, mark, logs, 60 + 3 * float(FAULT_TIMEOUT))
+    assert codes[0] == -signal.SIGKILL
+    assert all(code not in (0, None) for code in codes[1:]), (codes, task_logs(logs, 4))
+    for index in (1, 2, 3):
+        text = (logs / f"process{index}.log").read_text()
+        assert "TaskLostError" in text and "the chief stopped answering" in text, text[-2000:]

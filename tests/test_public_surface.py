@@ -309,6 +309,7 @@ PUBLIC_SUBPACKAGES = {
         "ReplicasDisagreeError",
         "ServingClientError",
         "ServingError",
+        "TaskLostError",
         "TensorNotFoundError",
         "TorchEstimatorError",
         "WeightSourceError",

@@ -34,7 +34,9 @@ catches it::
     ├── ReplicaFailedError(RuntimeError)      run_in_processes: a replica raised or died; .rank, .exception_type
     ├── ReplicasDisagreeError(RuntimeError)   before step 1, replicas saw other model_dirs or checkpoints; .views
     ├── ChiefFailedError(RuntimeError)        on the other replicas: what the chief does for all of them failed; .what
-    └── ReplicaLostError(RuntimeError)        in training, another replica died or stopped answering; .lost_ranks
+    ├── ReplicaLostError(RuntimeError)        in training, another replica died or stopped answering; .lost_ranks
+    └── TaskLostError(RuntimeError)           parameter servers: a ps, the chief or a synchronous step's trainer
+                                              died or stopped answering; .task ("ps:0"), .step
 
 The arguments of ``Estimator`` and ``Estimator.from_module`` (model_dir, config,
 params, model, optimizer, ...) are settings: a wrong type is a ConfigTypeError
@@ -79,6 +81,7 @@ __all__ = [
     "ReplicasDisagreeError",
     "ServingClientError",
     "ServingError",
+    "TaskLostError",
     "TensorNotFoundError",
     "TorchEstimatorError",
     "WeightSourceError",
@@ -416,6 +419,19 @@ class ChiefFailedError(TorchEstimatorError, RuntimeError):
         super().__init__(message)
         self.what = what
         self.chief_error = chief_error
+
+
+class TaskLostError(TorchEstimatorError, RuntimeError):
+    """Parameter-server training lost a task: a ps stopped answering (the trainers that called it raise), the chief
+    stopped sending its heartbeat (the ps tasks end training and the workers raise), or a synchronous step waited
+    for a trainer's gradient past the timeout. ``task`` names the task lost ("ps:1", "chief", "worker:0"),
+    ``step`` the global step reached. Every task stops within the timeout; a restart of every task resumes from
+    the newest checkpoint."""
+
+    def __init__(self, message: str, *, task: str = "", step: int | None = None) -> None:
+        super().__init__(message)
+        self.task = task
+        self.step = step
 
 
 class GrpcListenError(TorchEstimatorError, OSError):

@@ -306,7 +306,7 @@ class Estimator:
             except BaseException as error:
                 if run.checkpointer is not None:
                     run.checkpointer.close(raise_errors=False)
-                run.strategy.end_training(f"the chief stopped with {type(error).__name__}: {error}")
+                run.strategy.end_training(f"the chief stopped with {type(error).__name__}: {error}", failed=True)
                 try:
                     run.summary_writer.close()
                 except OSError as error:  # keep the error that stopped training (a full disk fails both)

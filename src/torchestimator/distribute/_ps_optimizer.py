@@ -23,6 +23,7 @@ import torch.distributed.rpc as rpc
 
 from torchestimator.distribute import _ps_server
 from torchestimator.distribute.ps_placement import PlacementPlan, Shard, join_state, split_state
+from torchestimator.errors import TaskLostError
 
 logger = logging.getLogger("torchestimator")
 
@@ -136,14 +137,14 @@ class RemoteOptimizer(torch.optim.Optimizer):
                 )
         self.global_step = rpc.rpc_sync(self._ps_names[0], _ps_server.current_step, timeout=self._timeout)
 
-    def end_servers(self, reason: str) -> None:
-        """The chief: every ps ends training (workers hear it at their next push). Training's outcome stands
-        whatever happens here: a ps already gone is logged, not raised."""
+    def end_servers(self, reason: str, failed: bool) -> None:
+        """The chief: every ps ends training (workers hear it at their next push; a failure makes them raise).
+        Training's outcome stands whatever happens here: a ps already gone is logged, not raised."""
         if self.ended is not None:
             return
         self.ended = reason
         futures = [
-            rpc.rpc_async(name, _ps_server.end, args=(reason,), timeout=self._timeout) for name in self._ps_names
+            rpc.rpc_async(name, _ps_server.end, args=(reason, failed), timeout=self._timeout) for name in self._ps_names
         ]
         for name, future in zip(self._ps_names, futures):
             try:
@@ -189,8 +190,17 @@ class RemoteOptimizer(torch.optim.Optimizer):
             for ps, (gradients, moves) in requests.items()
         }
         for ps, future in futures.items():
-            answer: _ps_server.PushAnswer = future.wait()
+            try:
+                answer: _ps_server.PushAnswer = future.wait()
+            except Exception as error:
+                raise self._lost(self._ps_names[ps], "taking this trainer's update", error) from error
             if answer.ended is not None:
+                if answer.failed:
+                    raise TaskLostError(
+                        f"{self._trainer} stops: {self._ps_names[ps]} says training ended: {answer.ended}",
+                        task=answer.lost,
+                        step=self.global_step,
+                    )
                 self.ended = answer.ended
                 continue
             self._take_values(answer.values)
@@ -199,12 +209,26 @@ class RemoteOptimizer(torch.optim.Optimizer):
         self._on_global_step(self.global_step)
         return None
 
+    def _lost(self, ps_name: str, doing: str, error: BaseException) -> TaskLostError:
+        return TaskLostError(
+            f"{ps_name} stopped answering while {doing} (global step {self.global_step}, {self._trainer}): {error}. "
+            "Every task stops (the chief ends training for the others); restart every task to resume from the "
+            "newest checkpoint.",
+            task=ps_name,
+            step=self.global_step,
+        )
+
     def pull(self) -> None:
         """The ps tasks' current values into the module (before the first step, and for a checkpoint)."""
         futures = [rpc.rpc_async(name, _ps_server.pull, timeout=self._timeout) for name in self._ps_names]
         with torch.no_grad():
-            for future in futures:
-                self._take_values(future.wait())
+            for values in _wait_all(futures, self._ps_names, "sending its variables"):
+                self._take_values(values)
+
+    def heartbeat(self) -> None:
+        """The chief, every few seconds: the ps tasks end training when it stops (it died)."""
+        for name in self._ps_names:  # not waited for: a lost ps shows at the next step
+            rpc.rpc_async(name, _ps_server.heartbeat, timeout=self._timeout)
 
     def _take_values(self, values: Mapping[str, torch.Tensor]) -> None:
         by_key = {shard.key: shard for shard in self._shards}
@@ -267,7 +291,11 @@ def _wait_all(futures: list[Any], names: list[str], doing: str) -> list[Any]:
         try:
             results.append(future.wait())
         except Exception as error:
-            raise RuntimeError(f"{name} failed while {doing}: {error}") from error
+            raise TaskLostError(
+                f"{name} stopped answering while {doing}: {error}. Every task stops; restart every task to resume "
+                "from the newest checkpoint.",
+                task=name,
+            ) from error
     return results
 
 

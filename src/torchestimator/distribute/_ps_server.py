@@ -55,6 +55,10 @@ class PushAnswer:
     ended: str | None
     applied: bool = True
     """False for a synchronous push that came too late for its step (stale: dropped)."""
+    failed: bool = False
+    """Training ended by a failure (the chief's error, the chief lost, a synchronous step's trainer lost)."""
+    lost: str = ""
+    """The task a failure lost, when one was ("chief", "worker:1")."""
 
 
 class ShardServer:
@@ -70,10 +74,13 @@ class ShardServer:
         self.global_step = 0
         self.initialized_by: str | None = None
         self.ended: str | None = None
+        self.failed = False
+        self.lost = ""
+        # Every task that stopped answering ends training: the chief's heartbeat, a synchronous step's gradients.
+        self.timeout = 300.0
         # Synchronous mode: the step being aggregated, its gradients summed so far and from how many pushes.
         self.sync_replicas: int | None = None
-        self._pending: dict[str, torch.Tensor] = {}
-        self._pending_count = 0
+        self._pending: dict[str, dict[str, torch.Tensor]] = {}  # this synchronous step's gradients, by trainer
         self._applied_step = 0
         self.last_contact: dict[str, float] = {}
 
@@ -106,8 +113,9 @@ class ShardServer:
                 self._group_keys = [keys for _, keys in optimizer.groups]
             self.global_step = self._applied_step = global_step
             self.sync_replicas = sync_replicas
-            self._pending, self._pending_count = {}, 0
-            self.initialized_by, self.ended = chief, None
+            self._pending = {}
+            self.initialized_by, self.ended, self.failed, self.lost = chief, None, False, ""
+            self.last_contact[chief] = time.monotonic()
             self._lock.notify_all()
         logger.info(
             "ps %d holds %d shards (%d trainable, %.1f MB) from %s at global step %d.",
@@ -140,7 +148,7 @@ class ShardServer:
         with self._lock:
             self.last_contact[trainer] = time.monotonic()
             if self.ended is not None:
-                return PushAnswer({}, self.global_step, self.ended, applied=False)
+                return self._ended_answer()
             for key, move in buffer_moves.items():
                 self._values[key].add_(move.to(self._values[key].dtype))
             if self.sync_replicas is None:
@@ -148,28 +156,49 @@ class ShardServer:
                 self.global_step += 1
                 applied = True
             else:
-                applied = self._aggregate(gradients, hyperparameters, computed_at)
+                applied = self._aggregate(trainer, gradients, hyperparameters, computed_at)
+            if self.ended is not None:  # a synchronous step that ended while waiting
+                return self._ended_answer()
             return PushAnswer(
-                {key: tensor.clone() for key, tensor in self._values.items()}, self.global_step, self.ended, applied
+                {key: tensor.clone() for key, tensor in self._values.items()}, self.global_step, None, applied
             )
 
-    def _aggregate(self, gradients: Mapping[str, torch.Tensor], hyperparameters: list[dict[str, Any]], at: int) -> bool:
-        """SyncReplicasOptimizer: sum this step's gradients; apply their mean once enough arrived; wait for it."""
+    def _ended_answer(self) -> PushAnswer:
+        return PushAnswer({}, self.global_step, self.ended, applied=False, failed=self.failed, lost=self.lost)
+
+    def _aggregate(
+        self, trainer: str, gradients: Mapping[str, torch.Tensor], hyperparameters: list[dict[str, Any]], at: int
+    ) -> bool:
+        """SyncReplicasOptimizer: keep this step's gradients; once enough arrived, apply their mean; wait for it.
+
+        The gradients are summed in the trainers' name order, not their arrival order, so that a synchronous run
+        is bit for bit the same every time (a float sum depends on its order): a resumed run equals one never
+        stopped.
+        """
         assert self.sync_replicas is not None
         if at < self._applied_step:  # computed on weights an applied step has replaced: stale, dropped
             return False
-        for key, gradient in gradients.items():
-            pending = self._pending.get(key)
-            self._pending[key] = gradient.clone() if pending is None else pending.add_(gradient)
-        self._pending_count += 1
+        self._pending[trainer] = dict(gradients)
         target = at + 1
-        if self._pending_count >= self.sync_replicas:
-            self._apply(self._pending, hyperparameters, scale=1.0 / self._pending_count)
-            self._pending, self._pending_count = {}, 0
+        if len(self._pending) >= self.sync_replicas:
+            summed: dict[str, torch.Tensor] = {}
+            for name in sorted(self._pending):
+                for key, gradient in self._pending[name].items():
+                    summed[key] = gradient.clone() if key not in summed else summed[key].add_(gradient)
+            self._apply(summed, hyperparameters, scale=1.0 / len(self._pending))
+            self._pending = {}
             self._applied_step = self.global_step = target
             self._lock.notify_all()
             return True
-        self._lock.wait_for(lambda: self._applied_step >= target or self.ended is not None)
+        # Bounded: a trainer that died never pushes, and the others must not wait for it forever.
+        if not self._lock.wait_for(lambda: self._applied_step >= target or self.ended is not None, self.timeout):
+            missing = sorted(set(self.last_contact) - set(self._pending) - {"chief-heartbeat"}) or ["a trainer"]
+            self._end_locked(
+                f"synchronous step {target} waited {self.timeout:.0f} s for {self.sync_replicas} gradients and got "
+                f"{len(self._pending)}: {', '.join(missing)} stopped pushing (lost?)",
+                failed=True,
+                lost=missing[0],
+            )
         return True
 
     def _apply(
@@ -223,12 +252,37 @@ class ShardServer:
         with self._lock:
             return self._lock.wait_for(lambda: self.ended is not None, timeout)
 
-    def end(self, reason: str) -> None:
+    def end(self, reason: str, failed: bool = False, lost: str = "") -> None:
         with self._lock:
             self.last_contact["chief"] = time.monotonic()
-            if self.ended is None:
-                self.ended = reason
-            self._lock.notify_all()
+            self._end_locked(reason, failed, lost)
+
+    def _end_locked(self, reason: str, failed: bool, lost: str) -> None:
+        if self.ended is None:
+            self.ended, self.failed, self.lost = reason, failed, lost
+            (logger.error if failed else logger.info)("ps %d: training ended: %s", self.ps_index, reason)
+        self._lock.notify_all()
+
+    # -- the chief's heartbeat -----------------------------------------------
+
+    def heartbeat(self) -> None:
+        with self._lock:
+            self.last_contact["chief-heartbeat"] = time.monotonic()
+
+    def check_chief(self, started: float) -> None:
+        """Ends training when the chief has said nothing (heartbeat or push) for the timeout: it died."""
+        with self._lock:
+            if self.ended is not None or self.initialized_by is None:
+                return
+            heard = max(self.last_contact.get("chief-heartbeat", started), self.last_contact.get("chief", started))
+            silent = time.monotonic() - heard
+            if silent > self.timeout:
+                self._end_locked(
+                    f"the chief stopped answering: no heartbeat for {silent:.0f} s (timeout_seconds "
+                    f"{self.timeout:.0f}); restart every task to resume from the newest checkpoint",
+                    failed=True,
+                    lost="chief",
+                )
 
 
 def _copy(value: Any) -> Any:
@@ -304,5 +358,9 @@ def load_optimizer_state(states: dict[str, dict[str, Any]]) -> None:
     _server().load_optimizer_state(states)
 
 
-def end(reason: str) -> None:
-    _server().end(reason)
+def end(reason: str, failed: bool = False) -> None:
+    _server().end(reason, failed)
+
+
+def heartbeat() -> None:
+    _server().heartbeat()

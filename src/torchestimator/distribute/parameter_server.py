@@ -27,9 +27,9 @@ cluster's network must be private.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import warnings
-from typing import Any
 
 import torch
 import torch.distributed.rpc as rpc
@@ -42,7 +42,7 @@ from torchestimator.distribute.cluster import CHIEF, MASTER, PS, WORKER, Cluster
 from torchestimator.distribute.input_context import InputContext
 from torchestimator.distribute.ps_placement import Partitioner, PlacementPlan, module_variables, plan_placement
 from torchestimator.distribute.strategy import Placement, Strategy
-from torchestimator.errors import ConfigError
+from torchestimator.errors import ConfigError, TaskLostError
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class ParameterServerStrategy(Strategy):
         self.ps_names: list[str] = []
         self.trainer_names: list[str] = []
         self._optimizer: RemoteOptimizer | None = None
-        self._pending_optimizer_state: dict[str, Any] | None = None
+        self._heartbeat_stop = threading.Event()
 
     def __repr__(self) -> str:
         mode = "sync" if self.sync_replicas else "async"
@@ -204,10 +204,12 @@ class ParameterServerStrategy(Strategy):
         """Holds this ps's shards until the chief ends training, then leaves the group."""
         assert self.cluster is not None
         server = _ps_server.ShardServer(self.cluster.task_index)
+        server.timeout = self.timeout_seconds
         _ps_server.start_serving(server)
         logger.info("%s serving variables; it ends when the chief ends training.", self.name)
-        while not server.wait_ended(1.0):  # in slices: Ctrl-C still reaches the ps
-            pass
+        started = time.monotonic()
+        while not server.wait_ended(1.0):  # in slices: Ctrl-C still reaches the ps, and the chief is watched
+            server.check_chief(started)
         # The chief's end() and trainers' last pushes get their answers before the agent stops: at least a short
         # grace, longer while trainers still call (bounded: a trainer that died never calls again).
         ended_at = time.monotonic()
@@ -218,6 +220,8 @@ class ParameterServerStrategy(Strategy):
             time.sleep(0.1)
         logger.info("%s: training ended (%s); leaving the group.", self.name, server.ended)
         self.teardown()
+        if server.failed:  # the process exits non-zero, as the trainers do: a cluster manager sees the failure
+            raise TaskLostError(f"{self.name} stops: {server.ended}", task=server.lost, step=server.global_step)
 
     # -- the trainers --------------------------------------------------------------
 
@@ -251,10 +255,25 @@ class ParameterServerStrategy(Strategy):
         if self.is_chief:
             aggregate = (self.replicas_to_aggregate or self.num_trainers) if self.sync_replicas else None
             optimizer.initialize_servers(global_step, aggregate)
+            self._start_heartbeat(optimizer)
         else:
             optimizer.wait_for_servers()
         optimizer.pull()
         return optimizer.global_step
+
+    def _start_heartbeat(self, optimizer: RemoteOptimizer) -> None:
+        """Tells every ps, a few times per timeout, that the chief lives (a chief killed -9 says nothing else)."""
+        self._heartbeat_stop.clear()
+        interval = max(0.5, min(5.0, self.timeout_seconds / 6))
+
+        def beat() -> None:
+            while not self._heartbeat_stop.wait(interval):
+                try:
+                    optimizer.heartbeat()
+                except Exception as error:  # the steps report a lost ps; the heartbeat goes on for the others
+                    logger.debug("heartbeat: %s", error)
+
+        threading.Thread(target=beat, name="torchestimator-ps-heartbeat", daemon=True).start()
 
     def next_global_step(self, step: int) -> int:
         assert self._optimizer is not None
@@ -265,10 +284,11 @@ class ParameterServerStrategy(Strategy):
         """Why the ps tasks said training ended (the chief finished), or None."""
         return None if self._optimizer is None else self._optimizer.ended
 
-    def end_training(self, reason: str) -> None:
-        """The chief, when it stops: every ps ends, so the workers stop at their next push."""
+    def end_training(self, reason: str, *, failed: bool = False) -> None:
+        """The chief, when it stops: every ps ends, so the workers stop at their next push (raising if it failed)."""
+        self._heartbeat_stop.set()
         if self.is_chief and self._optimizer is not None:
-            self._optimizer.end_servers(reason)
+            self._optimizer.end_servers(reason, failed)
 
 
 def _recently_contacted(server: _ps_server.ShardServer, seconds: float) -> bool:

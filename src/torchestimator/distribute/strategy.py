@@ -240,8 +240,9 @@ class Strategy(abc.ABC):
         """Why another task ended this training (a parameter-server chief finished), or None."""
         return None
 
-    def end_training(self, reason: str) -> None:  # noqa: B027 (optional: only parameter servers end others)
-        """This replica's training is over (``reason``); the chief of parameter servers ends every task's."""
+    def end_training(self, reason: str, *, failed: bool = False) -> None:  # noqa: B027 (only parameter servers)
+        """This replica's training is over (``reason``; ``failed``: by an error); the chief of parameter servers ends
+        every task's."""
 
     def unwrap(self, module: nn.Module) -> nn.Module:
         """The plain module inside whatever ``wrap`` returned."""
