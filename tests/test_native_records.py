@@ -301,6 +301,64 @@ def test_random_files_read_the_same_and_as_written(tmp_path: Any, records, compr
     assert error is None and [record for _, record in got] == records
 
 
+# --------------------------------------------------------------------------- the compiled loop's buffer
+
+
+def buffer_sizes(monkeypatch: Any) -> list[int]:
+    """The length of every buffer the compiled loop reads into (what `_compact` gives it), as they come."""
+    sizes: list[int] = []
+    compact = _tfrecord_scan._compact
+
+    def recorded(*arguments: Any) -> bytearray:
+        buffer = compact(*arguments)
+        sizes.append(len(buffer))
+        return buffer
+
+    monkeypatch.setattr(_tfrecord_scan, "_compact", recorded)
+    return sizes
+
+
+def test_a_small_file_gets_a_buffer_of_its_own_size(tmp_path: Any, monkeypatch: Any) -> None:
+    """Not two blocks (2 MiB, zero-filled) per file, which was most of the per-file cost of reading many small
+    files: what is left of the file and one byte for the read that finds its end. A compressed stream, whose
+    length is unknown, keeps two blocks."""
+    sizes = buffer_sizes(monkeypatch)
+    path = write_file(tmp_path / "small", SMALL_FILE)
+    offsets = [offset for offset, _ in assert_same(path)[0]]
+    assert sizes and set(sizes) == {len(SMALL_FILE) + 1}, sizes
+    sizes.clear()
+    assert assert_same(path, start_offset=offsets[2])[0][0][1] == SMALL[2]
+    assert set(sizes) == {len(SMALL_FILE) - offsets[2] + 1}, sizes
+    sizes.clear()
+    assert assert_same(path, start_offset=len(SMALL_FILE))[0] == []
+    assert set(sizes) == {1}, sizes
+    sizes.clear()
+    assert assert_same(path, block_size=16)[1] is None  # blocks smaller than the file: two blocks, or a record
+    assert 32 <= max(sizes) <= len(SMALL_FILE) + 1, sizes
+    sizes.clear()
+    assert assert_same(write_file(tmp_path / "small.gz", SMALL_FILE, "GZIP"), "GZIP")[1] is None
+    assert set(sizes) == {2 << 20}, sizes
+
+
+@pytest.mark.parametrize("block_size", [16, 1 << 20])
+def test_a_file_growing_while_read_is_read_to_its_new_end(tmp_path: Any, monkeypatch: Any, block_size: int) -> None:
+    """The buffer sized to the file's length at open still takes what is appended after: both paths read
+    to the new end."""
+    path = write_file(tmp_path / "growing", SMALL_FILE)
+    more = [b"appended" * 40, b"x", b"y" * 3000]
+    for core in (PURE, COMPILED):
+        write_file(path, SMALL_FILE)
+        got = []
+        with scanner(core):
+            blocks = iter_record_blocks(path, block_size=block_size)
+            got.extend(next(blocks)[1])
+            with open(path, "ab") as file:
+                file.write(b"".join(framed(record) for record in more))
+            for _, records in blocks:
+                got.extend(records)
+        assert got == [*SMALL, *more], core
+
+
 # --------------------------------------------------------------------------- which path is active
 
 

@@ -178,6 +178,10 @@ class _Guard(Protocol):
         """Bytes the stream still holds after `offset` (where it stands), read through if it must be."""
         ...
 
+    def stream_size(self) -> int | None:
+        """The stream's length now where the file says it (a plain local file, an object), else None."""
+        ...
+
 
 # --------------------------------------------------------------------------- reading the stream
 
@@ -461,7 +465,10 @@ def _scan_compiled(
 
     A fresh 1 MiB bytes object per block (the read, then the cut record joined to it) costs a page
     fault per 4 KiB on glibc, which took more time than checking and slicing out the records; the
-    reused buffer is allocated once per file (again only for a record bigger than it).
+    reused buffer is allocated once per file (again only for a record bigger than it). Where the
+    stream's length is known (a plain file, an object) the buffer is no bigger than what is left of
+    it: a zero-filled buffer of two blocks for every file was most of what reading many small files
+    cost per file (about 25 us of 85 for a 130 KB file).
     """
     scan_block, find_record = core.scan, core.find
     scan_limit = min(guard.limit, _UINT64)  # the C side compares with a uint64; a larger limit bounds nothing more
@@ -475,6 +482,7 @@ def _scan_compiled(
     state = _FileScan(path, strict, guard, skip, scan, find)
     buffer = bytearray()
     start, end, base, final = 0, 0, offset, False  # records from buffer[start:end]; base: offset of buffer[0]
+    stream_end = guard.stream_size()  # None: unknown (compressed), or no longer trusted (the file grew)
     while True:
         start, need = yield from state.process(buffer, start, end, base, final)
         if not need:
@@ -492,7 +500,12 @@ def _scan_compiled(
                 continue
         else:
             wanted = block_size
-        buffer = _compact(buffer, start, end, tail + wanted, block_size)
+        # What the buffer can ever need to hold: the cut record, the rest of the stream and one byte more, so
+        # that the read which finds the end has room to come back empty.
+        most = None if stream_end is None else tail + max(stream_end - (base + end), 0) + 1
+        buffer = _compact(
+            buffer, start, end, tail + wanted if most is None else min(tail + wanted, most), block_size, most
+        )
         base, start, end = base + start, 0, tail
         try:
             got = _read_into(stream, buffer, end, wanted, path, base)
@@ -501,16 +514,22 @@ def _scan_compiled(
             return
         end += got
         final = not got
+        if stream_end is not None and base + end > stream_end:
+            stream_end = None  # the file grew while it was read: block-sized buffers from now on
 
 
-def _compact(buffer: bytearray, start: int, end: int, size: int, block_size: int) -> bytearray:
+def _compact(buffer: bytearray, start: int, end: int, size: int, block_size: int, most: int | None) -> bytearray:
     """`buffer[start:end]` moved to the front of a buffer holding at least `size` bytes: the same one
-    unless it is too small, or much bigger than needed after a big record (memory follows the data)."""
+    unless it is too small, or much bigger than needed after a big record (memory follows the data).
+
+    A fresh buffer has room for two blocks, or `most` bytes if fewer: all the stream can still deliver,
+    where its length is known (`size` is at most that), so a small file gets a buffer of its size.
+    """
     if size <= len(buffer) <= 4 * max(size, block_size):
         if start:
             buffer[: end - start] = buffer[start:end]  # the cut record only: usually less than one record
         return buffer
-    fresh = bytearray(max(size, 2 * block_size))
+    fresh = bytearray(max(size, 2 * block_size if most is None else min(2 * block_size, most)))
     fresh[: end - start] = buffer[start:end]
     return fresh
 

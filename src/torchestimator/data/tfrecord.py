@@ -537,8 +537,13 @@ class _LengthGuard:
         """Bytes the stream holds after `offset`, where it stands: a plain file's size says, a compressed
         stream is read through (to its end, or to where it breaks). What skip_corrupt reports skipped
         when a record cut by the end of the file ends it."""
-        size = None if self._compressed else self._file_size()
+        size = self.stream_size()
         return max(size - offset, 0) if size is not None else _rest_of(stream, _BLOCK_SIZE)
+
+    def stream_size(self) -> int | None:
+        """The stream's length now: a plain file's size (an object's at open); None for a compressed stream
+        or what is not a regular file. The compiled loop sizes its buffer by it."""
+        return None if self._compressed else self._file_size()
 
     def _probe(self, buffer: bytes, position: int, offset: int, length: int) -> None:
         """Inflates the rest of the record in pieces and throws it away, checking it is all
