@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import platform
 import re
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +95,81 @@ def test_quick_run_prints_our_figures_and_na_ratios(benchmark, capsys):
     assert "one 500-record file at batch 32" in output
     assert "torchestimator cores: records: " in output
     assert "note: --quick reads too few records" in output
+
+
+def test_quick_run_prints_three_conditions_lines_before_the_last(benchmark, capsys):
+    """What the figures depend on, before the final line: what read_records verifies and which scanner ran;
+    the records, files and file system; the versions, the CPU and the load."""
+    from torchestimator.data.tfrecord import describe_reader
+
+    assert benchmark.main(OURS_ONLY) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    conditions = [line for line in lines if line.startswith("conditions: ")]
+    assert len(conditions) == 3 and lines[-4:-1] == conditions, lines[-5:]
+    verifies, data, environment = conditions
+    assert (
+        f"read_records checks both CRCs (a damaged length CRC or data CRC is refused), its scanner {describe_reader()}"
+        in verifies
+    )
+    assert "tf.data n/a; tfrecord package n/a. raw_vs_tfrecord_pkg compares them as they are" in verifies
+    assert re.match(r"conditions: 300 records of \d+-\d+ bytes \(mean \d+\) in 3 files of ", data), data
+    assert re.search(r", on \S+ \(", data), data  # the file system
+    assert f"Python {platform.python_version()} " in environment and f"torch {torch.__version__}" in environment
+    assert re.search(r"load average \(1 min\) \S+ at the start, \S+ at the end$", environment), environment
+
+
+def _framing_only(path: str) -> list[bytes]:
+    """A reader of the framing alone that checks neither CRC (as the tfrecord package's tfrecord_iterator)."""
+    data, records, position = open(path, "rb").read(), [], 0
+    while position < len(data):
+        (length,) = struct.unpack_from("<Q", data, position)
+        records.append(data[position + 12 : position + 12 + length])
+        position += 12 + length + 4
+    return records
+
+
+def _data_crc_only(path: str) -> list[bytes]:
+    """A reader checking the data CRC and not the length CRC."""
+    from torchestimator.data.tfrecord import masked_crc32c
+
+    data = open(path, "rb").read()
+    records = _framing_only(path)
+    if struct.unpack_from("<I", data, len(data) - 4)[0] != masked_crc32c(records[-1]):
+        raise ValueError("data CRC")
+    return records
+
+
+def test_crc_checks_tells_what_a_raw_reader_verifies(benchmark, tmp_path):
+    """The probe of the conditions line: a damaged length CRC, then a damaged data CRC, each read in turn."""
+    from torchestimator.data import read_records
+
+    assert benchmark.crc_checks(lambda path: list(read_records(path)), str(tmp_path)) == (
+        "checks both CRCs (a damaged length CRC or data CRC is refused)"
+    )
+    assert benchmark.crc_checks(_framing_only, str(tmp_path)) == (
+        "checks no CRC (a record with a damaged length CRC or data CRC is read without error)"
+    )
+    assert benchmark.crc_checks(lambda path: list(read_records(path, verify=False)), str(tmp_path)).startswith(
+        "checks no CRC"
+    )
+    assert benchmark.crc_checks(_data_crc_only, str(tmp_path)) == (
+        "checks the data CRC only (a damaged data CRC is refused, the other read without error)"
+    )
+    assert list(tmp_path.iterdir()) == []  # the probe files are removed
+
+
+def test_the_benchmarks_page_says_what_the_script_prints():
+    """docs/benchmarks.md's TFRecord section names the final line's figures, its targets as the script has
+    them, the conditions lines and the like-for-like line, and dates its figures with their commit."""
+    page = (SCRIPT.parents[1] / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    section = page[page.index("## TFRecord reading\n") :]
+    section = " ".join(section[: section.index("\n## ")].split())
+    assert "`tfrecord_read " + " ".join(f"{name}=" for name in RATIO_NAMES[:6]) + " ... _b1024=`" in section
+    with imported_script("tfrecord_read") as module:
+        targets = re.search(r"\(targets: ([^)]*)\)", section).group(1)
+        assert [float(value) for value in re.findall(r">= ([\d.]+)", targets)] == list(module.TARGETS.values())
+    assert "Three `conditions:` lines before it" in section and "`raw_tfrecord_pkg_unverified` line" in section
+    assert re.search(r"Figures of \d{4}-\d\d-\d\d \(commit [0-9a-f]{7};", section), "the figures' date and commit"
 
 
 def test_missing_competitors_are_named_and_ours_still_measured(benchmark, capsys, monkeypatch):
