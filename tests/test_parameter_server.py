@@ -435,3 +435,162 @@ def test_the_chief_killed_stops_the_workers_and_the_ps_within_the_timeout(script
     for index in (1, 2, 3):
         text = (logs / f"process{index}.log").read_text()
         assert "TaskLostError" in text and "the chief stopped answering" in text, text[-2000:]
+
+
+# ----------------------------------------------------------------------------- embedding tables on the ps
+
+
+class _Recommender(torch.nn.Module):
+    def __init__(self, embedding: torch.nn.Module) -> None:
+        super().__init__()
+        self.embedding = embedding
+        self.head = torch.nn.Linear(4, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embedding(ids).mean(1))
+
+
+@pytest.mark.parametrize("optimizer", [torch.optim.Adam, torch.optim.SGD, torch.optim.Adagrad])
+def test_a_sharded_table_trains_as_a_local_embedding_and_only_its_rows_travel(rpc_alone, monkeypatch, optimizer):
+    from torchestimator.distribute.sharded_embedding import ShardedEmbedding, keep_tables_on_parameter_servers
+
+    torch.manual_seed(3)
+    local = _Recommender(torch.nn.Embedding(50, 4, padding_idx=0))
+    keep_tables_on_parameter_servers(True)
+    try:
+        remote_module = _Recommender(ShardedEmbedding(50, 4, padding_idx=0))
+    finally:
+        keep_tables_on_parameter_servers(False)
+    assert remote_module.embedding.weight.untyped_storage().nbytes() <= 8  # no table on the trainer
+    remote_module.load_state_dict(local.state_dict())  # the chief's restore: the table is kept to send
+    plan = plan_placement(
+        module_variables(remote_module), 1, FixedShardsPartitioner(num_shards=3), shard_names=[r"embedding\."]
+    )
+    looked_up: list[int] = []
+    real_lookup = _ps_server.ShardServer.lookup
+    monkeypatch.setattr(
+        _ps_server.ShardServer,
+        "lookup",
+        lambda self, key, rows: looked_up.append(len(rows)) or real_lookup(self, key, rows),
+    )
+    remote = RemoteOptimizer(
+        optimizer(remote_module.parameters(), lr=0.1),
+        remote_module,
+        plan,
+        ["chief"],
+        "chief",
+        on_global_step=lambda step: None,
+        timeout=30,
+        chief=True,
+    )
+    remote.initialize_servers(global_step=0, sync_replicas=None)
+    remote.pull()
+    reference = optimizer(local.parameters(), lr=0.1)
+    for step in range(4):
+        ids = torch.randint(0, 50, (8, 3), generator=torch.Generator().manual_seed(step))
+        ids[0, 0] = 0  # the padding row is looked up, never updated
+        for module, opt in ((local, reference), (remote_module, remote)):
+            opt.zero_grad()
+            module(ids).square().mean().backward()
+            opt.step()
+    assert max(looked_up) <= 24  # a batch's rows, never the table
+    saved = remote.state_dict()  # the snapshot: the table comes back whole for the checkpoint
+    state = remote_module.state_dict()
+    for name, expected in local.state_dict().items():
+        torch.testing.assert_close(state[name], expected, rtol=1e-6, atol=1e-6, msg=name)
+    assert torch.count_nonzero(state["embedding.weight"][0]) == 0
+    for index, entry in reference.state_dict()["state"].items():
+        for key, value in entry.items():
+            torch.testing.assert_close(saved["state"][index][key], value, rtol=1e-6, atol=1e-6)
+
+
+TABLE_SCRIPT = textwrap.dedent("""
+    import json, os, resource, sys
+    import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
+    import torchestimator as te
+
+    model_dir, output, rows, dim = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    strategy = te.ParameterServerStrategy()
+    strategy.setup()  # joins the group first: its threads' stacks count in the address space the limit caps
+    headroom = int(os.environ.get("PS_TEST_HEADROOM_MB", "0")) << 20
+    if headroom:  # this trainer may grow by less than the table: it must never hold it
+        with open("/proc/self/status") as status:
+            size = next(int(line.split()[1]) << 10 for line in status if line.startswith("VmSize:"))
+        resource.setrlimit(resource.RLIMIT_AS, (size + headroom, size + headroom))
+        try:
+            torch.empty((rows, dim))
+            print("the limit let a whole table be allocated", flush=True)
+            sys.exit(3)
+        except (MemoryError, RuntimeError):
+            print(f"a whole table ({rows * dim * 4 >> 20} MiB) does not fit under the limit", flush=True)
+
+    class Recommender(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.items = te.distribute.ShardedEmbedding(rows, dim)
+            self.head = nn.Linear(dim, 1)
+        def forward(self, ids):
+            return self.head(self.items(ids).mean(1)).squeeze(1)
+
+    def model_fn(model, features, labels, mode):
+        prediction = model(features["ids"])
+        if mode == te.ModeKeys.PREDICT:
+            return te.EstimatorSpec(mode, predictions={"score": prediction})
+        return te.EstimatorSpec(mode, loss=F.mse_loss(prediction, labels))
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, rows, size=(4096, 5))
+    target = (ids % 7 == 0).mean(1).astype(np.float32)
+
+    def input_fn(input_context=None):
+        return te.numpy_input_fn({"ids": ids}, target, batch_size=96, num_epochs=None, shuffle=True, seed=2)(
+            input_context=input_context)
+
+    estimator = te.Estimator(
+        model_fn=model_fn, model=Recommender, model_dir=model_dir,
+        optimizer=lambda parameters: torch.optim.SGD(parameters, lr=0.5),
+        config=te.RunConfig(save_checkpoints_steps=1000, random_seed=0, log_step_count_steps=None,
+                            train_distribute=strategy))
+    estimator.train(input_fn, max_steps=40)
+    print(f"task {task['type']}:{task['index']} done", flush=True)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_an_embedding_table_larger_than_a_workers_memory_limit_trains_on_two_ps(tmp_path):
+    script = tmp_path / "table.py"
+    script.write_text(TABLE_SCRIPT)
+    rows, dim = 2_000_000, 32  # 244 MiB; each worker may grow by 160 MiB
+    jobs = {
+        "chief": [f"127.0.0.1:{find_free_port()}"],
+        "worker": [f"127.0.0.1:{find_free_port()}" for _ in range(2)],
+        "ps": [f"127.0.0.1:{find_free_port()}" for _ in range(2)],
+    }
+    tasks = [{"type": job, "index": index} for job, addresses in jobs.items() for index in range(len(addresses))]
+    command = [sys.executable, str(script), str(tmp_path / "model"), str(tmp_path), str(rows), str(dim)]
+    run_together(
+        [
+            (
+                command,
+                task_environment(
+                    TF_CONFIG=json.dumps({"cluster": jobs, "task": task}),
+                    **({"PS_TEST_HEADROOM_MB": "160"} if task["type"] == "worker" else {}),
+                ),
+            )
+            for task in tasks
+        ],
+        tmp_path / "logs",
+        DEADLINE_SECONDS,
+    )
+    logs = {index: (tmp_path / "logs" / f"process{index}.log").read_text() for index in range(5)}
+    for worker in (1, 2):
+        assert "does not fit under the limit" in logs[worker] and "done" in logs[worker]
+    # The checkpoint is ordinary: the whole table as the embedding's weight, trained rows moved from their start.
+    from safetensors.torch import load_file
+
+    (checkpoint,) = (tmp_path / "model").glob("ckpt-*")
+    weights = load_file(str(checkpoint / "model.safetensors"))
+    assert weights["items.weight"].shape == (rows, dim)
+    assert int(checkpoint.name.split("-")[1]) >= 40

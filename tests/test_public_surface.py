@@ -252,6 +252,7 @@ PUBLIC_SUBPACKAGES = {
         "Placement",
         "PlacementPlan",
         "RelaunchError",
+        "ShardedEmbedding",
         "Strategy",
         "cluster_from_slurm",
         "cluster_from_tf_config",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -22,7 +23,8 @@ import torch
 import torch.distributed.rpc as rpc
 
 from torchestimator.distribute import _ps_server
-from torchestimator.distribute.ps_placement import PlacementPlan, Shard, join_state, split_state
+from torchestimator.distribute.ps_placement import PlacementPlan, Shard, join_rows, join_state, split_state
+from torchestimator.distribute.sharded_embedding import sharded_tables
 from torchestimator.errors import TaskLostError
 
 logger = logging.getLogger("torchestimator")
@@ -64,8 +66,14 @@ class RemoteOptimizer(torch.optim.Optimizer):
         self._trainer = trainer
         self._on_global_step = on_global_step
         self._timeout = timeout
-        self._variables = dict(module.state_dict(keep_vars=True))
+        # By state_dict name: the module's own tensors (a table's is its one-element stand-in).
+        tensors = {**dict(module.named_buffers(remove_duplicate=False)), **dict(module.named_parameters())}
+        self._variables = {name: tensors[name] for name in module.state_dict(keep_vars=True)}
         self._parameter_names = {id(parameter): name for name, parameter in module.named_parameters()}
+        self._tables = sharded_tables(module)  # embedding tables whose rows stay on the ps tasks
+        for variable, table in self._tables.items():
+            table.client, table.variable = self, variable
+        self._table_snapshot: dict[str, torch.Tensor] = {}  # the tables' rows of the last snapshot, by shard key
         self._pulled_buffers: dict[str, torch.Tensor] = {}
         self._chief = chief
         self._pending_state: dict[int, dict[str, dict[str, Any]]] | None = None
@@ -84,11 +92,8 @@ class RemoteOptimizer(torch.optim.Optimizer):
         }
         futures = []
         for ps, ps_name in enumerate(self._ps_names):
-            values = {
-                shard.key: _rows(self._variables[shard.name].detach(), shard).cpu()
-                for shard in self._shards
-                if shard.ps == ps
-            }
+            values = {shard.key: self._initial_value(shard) for shard in self._shards if shard.ps == ps}
+            tables = {shard.key for shard in self._shards if shard.ps == ps and shard.name in self._tables}
             groups = [
                 (
                     {name: value for name, value in group.items() if name != "params"},
@@ -106,7 +111,7 @@ class RemoteOptimizer(torch.optim.Optimizer):
                 rpc.rpc_async(
                     ps_name,
                     _ps_server.initialize,
-                    args=(values, trainable & set(values), spec, global_step, self._trainer, sync_replicas),
+                    args=(values, trainable & set(values), spec, global_step, self._trainer, sync_replicas, tables),
                     timeout=self._timeout,
                 )
             )
@@ -123,6 +128,55 @@ class RemoteOptimizer(torch.optim.Optimizer):
                 "taking the restored optimizer state",
             )
         self.global_step = global_step
+
+    def _initial_value(self, shard: Shard) -> torch.Tensor | _ps_server.TableInit:
+        """What the chief gives a ps for one shard: its rows of the module, of a restored table, or (a table never
+        restored) the seed the ps makes its rows from."""
+        table = self._tables.get(shard.name)
+        if table is None:
+            return _rows(self._variables[shard.name].detach(), shard).cpu()
+        if table.restored is not None:
+            return _rows(table.restored, shard).clone()
+        padding = table.padding_idx
+        local_padding = padding - shard.start if padding is not None and shard.start <= padding < shard.stop else None
+        seed = (torch.initial_seed() + zlib.crc32(shard.key.encode())) % (1 << 63)
+        shape = (shard.rows, *table.weight.shape[1:])
+        return _ps_server.TableInit(shape, table.weight.dtype, seed, local_padding)
+
+    # -- the tables' rows ----------------------------------------------------------
+
+    def lookup(self, variable: str, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` (sorted, unique) of a table, from the ps tasks holding them."""
+        placement = self._plan.variable(variable)
+        rows = torch.empty((len(ids), *placement.shape[1:]), dtype=placement.dtype)
+        requests = []
+        for shard in placement.shards:
+            inside = ((ids >= shard.start) & (ids < shard.stop)).nonzero().squeeze(1)
+            if len(inside):
+                local = ids.index_select(0, inside) - shard.start
+                future = rpc.rpc_async(
+                    self._ps_names[shard.ps], _ps_server.lookup, args=(shard.key, local), timeout=self._timeout
+                )
+                requests.append((inside, future, shard))
+        for inside, future, shard in requests:
+            try:
+                rows.index_copy_(0, inside, future.wait())
+            except Exception as error:
+                raise self._lost(self._ps_names[shard.ps], f"looking up rows of {variable}", error) from error
+        return rows
+
+    def table_weight(self, variable: str) -> torch.Tensor | None:
+        """The whole table as of the last snapshot (a checkpoint's), joined from its shards; None before one."""
+        placement = self._plan.variable(variable)
+        parts = [self._table_snapshot.get(shard.key) for shard in placement.shards]
+        if any(part is None for part in parts):
+            return None
+        return join_rows([part for part in parts if part is not None], placement)
+
+    def detach_tables(self) -> None:
+        """Training with the ps tasks is over: the chief keeps the final tables (for evaluation in this process)."""
+        for variable, table in self._tables.items():
+            table.detach_from_servers(lambda variable=variable: self.table_weight(variable))  # type: ignore[misc]
 
     def wait_for_servers(self) -> None:
         """A worker: waits until the chief has put the variables on every ps (it may start later)."""
@@ -168,7 +222,22 @@ class RemoteOptimizer(torch.optim.Optimizer):
         requests: dict[int, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = {
             ps: ({}, {}) for ps in range(len(self._ps_names))
         }
+        row_gradients: dict[int, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {ps: {} for ps in requests}
+        for variable_name, table in self._tables.items():
+            taken = table.take_row_gradients()
+            if taken is None:
+                continue
+            ids, gradients_of_rows = taken
+            for shard in self._plan.variable(variable_name).shards:
+                inside = ((ids >= shard.start) & (ids < shard.stop)).nonzero().squeeze(1)
+                if len(inside):
+                    row_gradients[shard.ps][shard.key] = (
+                        ids.index_select(0, inside) - shard.start,
+                        gradients_of_rows.index_select(0, inside),
+                    )
         for shard in self._shards:
+            if shard.name in self._tables:
+                continue
             variable = self._variables[shard.name]
             gradients, moves = requests[shard.ps]
             if isinstance(variable, torch.nn.Parameter):
@@ -184,7 +253,7 @@ class RemoteOptimizer(torch.optim.Optimizer):
             ps: rpc.rpc_async(
                 self._ps_names[ps],
                 _ps_server.push,
-                args=(self._trainer, gradients, moves, hyperparameters, self.global_step),
+                args=(self._trainer, gradients, moves, hyperparameters, self.global_step, row_gradients[ps]),
                 timeout=self._timeout,
             )
             for ps, (gradients, moves) in requests.items()
@@ -234,6 +303,9 @@ class RemoteOptimizer(torch.optim.Optimizer):
         by_key = {shard.key: shard for shard in self._shards}
         for key, value in values.items():
             shard = by_key[key]
+            if shard.name in self._tables:  # a snapshot's table rows: kept for the checkpoint's state_dict
+                self._table_snapshot[key] = value
+                continue
             variable = self._variables[shard.name]
             _rows(variable.data, shard).copy_(value)
             if not isinstance(variable, torch.nn.Parameter):

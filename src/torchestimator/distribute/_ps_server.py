@@ -46,6 +46,29 @@ class OptimizerSpec:
     groups: list[tuple[dict[str, Any], list[str]]]
 
 
+@dataclasses.dataclass(frozen=True)
+class TableInit:
+    """Rows a ps makes itself for a sharded embedding table (the chief never holds the whole table): N(0, 1), as
+    ``nn.Embedding`` initialises, from a generator seeded by the run's seed and the shard, the padding row zero."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    seed: int
+    padding_row: int | None = None
+
+    def make(self) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.seed)
+        rows = torch.randn(self.shape, generator=generator, dtype=torch.float32).to(self.dtype)
+        if self.padding_row is not None:
+            rows[self.padding_row].zero_()
+        return rows
+
+
+SPARSE_OPTIMIZERS = (torch.optim.SGD, torch.optim.SparseAdam, torch.optim.Adagrad)
+"""Optimizers given a table's gradient as a sparse tensor (only the rows a batch touched); others get it dense,
+zeros elsewhere, so every optimizer updates a table exactly as it updates a local nn.Embedding."""
+
+
 @dataclasses.dataclass
 class PushAnswer:
     """What a push returns: the shards' values now, the global step (ps 0 only) and whether training ended."""
@@ -68,6 +91,7 @@ class ShardServer:
         self.ps_index = ps_index
         self._lock = threading.Condition(threading.RLock())  # snapshot reads the state under the lock it holds
         self._values: dict[str, torch.Tensor] = {}
+        self._tables: set[str] = set()  # embedding shards: looked up by rows, never sent whole to a trainer
         self._trainable: dict[str, torch.nn.Parameter] = {}
         self._optimizer: torch.optim.Optimizer | None = None
         self._group_keys: list[list[str]] = []
@@ -88,17 +112,22 @@ class ShardServer:
 
     def initialize(
         self,
-        values: Mapping[str, torch.Tensor],
+        values: Mapping[str, torch.Tensor | TableInit],
         trainable: set[str],
         optimizer: OptimizerSpec | None,
         global_step: int,
         chief: str,
         sync_replicas: int | None,
+        tables: set[str] = frozenset(),  # type: ignore[assignment]  # read only
     ) -> None:
-        """Takes the chief's values (restored or initial) and builds the optimizer; a restarted chief replaces
-        everything, as a restore in TF assigns every variable."""
+        """Takes the chief's values (restored or initial; a table's rows made here) and builds the optimizer; a
+        restarted chief replaces everything, as a restore in TF assigns every variable."""
         with self._lock:
-            self._values = {key: tensor.detach().clone() for key, tensor in values.items()}
+            self._values = {
+                key: value.make() if isinstance(value, TableInit) else value.detach().clone()
+                for key, value in values.items()
+            }
+            self._tables = set(tables)
             self._trainable = {
                 key: torch.nn.Parameter(self._values[key], requires_grad=True) for key in values if key in trainable
             }
@@ -135,7 +164,15 @@ class ShardServer:
 
     def pull(self) -> dict[str, torch.Tensor]:
         with self._lock:
-            return {key: tensor.clone() for key, tensor in self._values.items()}
+            return self._dense_values()
+
+    def _dense_values(self) -> dict[str, torch.Tensor]:
+        return {key: tensor.clone() for key, tensor in self._values.items() if key not in self._tables}
+
+    def lookup(self, key: str, rows: torch.Tensor) -> torch.Tensor:
+        """Rows of a table shard (indices within the shard): all that travels of an embedding table."""
+        with self._lock:
+            return self._values[key].index_select(0, rows)
 
     def push(
         self,
@@ -144,7 +181,13 @@ class ShardServer:
         buffer_moves: Mapping[str, torch.Tensor],
         hyperparameters: list[dict[str, Any]],
         computed_at: int,
+        row_gradients: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> PushAnswer:
+        if row_gradients:  # a table's gradient: (rows, values) of the rows a batch touched, as a sparse tensor
+            gradients = dict(gradients)
+            for key, (rows, values) in row_gradients.items():
+                shape = self._values[key].shape
+                gradients[key] = torch.sparse_coo_tensor(rows.unsqueeze(0), values, shape, check_invariants=True)
         with self._lock:
             self.last_contact[trainer] = time.monotonic()
             if self.ended is not None:
@@ -159,9 +202,7 @@ class ShardServer:
                 applied = self._aggregate(trainer, gradients, hyperparameters, computed_at)
             if self.ended is not None:  # a synchronous step that ended while waiting
                 return self._ended_answer()
-            return PushAnswer(
-                {key: tensor.clone() for key, tensor in self._values.items()}, self.global_step, None, applied
-            )
+            return PushAnswer(self._dense_values(), self.global_step, None, applied)
 
     def _ended_answer(self) -> PushAnswer:
         return PushAnswer({}, self.global_step, self.ended, applied=False, failed=self.failed, lost=self.lost)
@@ -184,7 +225,7 @@ class ShardServer:
             summed: dict[str, torch.Tensor] = {}
             for name in sorted(self._pending):
                 for key, gradient in self._pending[name].items():
-                    summed[key] = gradient.clone() if key not in summed else summed[key].add_(gradient)
+                    summed[key] = gradient.clone() if key not in summed else summed[key] + gradient
             self._apply(summed, hyperparameters, scale=1.0 / len(self._pending))
             self._pending = {}
             self._applied_step = self.global_step = target
@@ -210,8 +251,20 @@ class ShardServer:
         for group, hyper in zip(optimizer.param_groups, hyperparameters):
             for name, value in hyper.items():  # a trainer's scheduler moved the learning rate
                 group[name] = value
+        sparse_ok = isinstance(optimizer, SPARSE_OPTIMIZERS)
         for key, parameter in self._trainable.items():
             gradient = gradients.get(key)
+            if gradient is None and key in self._tables:
+                # A table's shard no batch row fell in: a zero gradient, as a local nn.Embedding gets every step
+                # (its optimizer state, Adam's step included, stays the same on every shard of the table).
+                gradient = torch.sparse_coo_tensor(
+                    torch.zeros((1, 0), dtype=torch.long),
+                    torch.zeros((0, *parameter.shape[1:])),
+                    parameter.shape,
+                    check_invariants=True,
+                )
+            if gradient is not None and gradient.is_sparse:
+                gradient = gradient.coalesce() if sparse_ok else gradient.to_dense()
             parameter.grad = None if gradient is None else (gradient * scale if scale != 1.0 else gradient)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -314,14 +367,15 @@ def _server() -> ShardServer:
 
 
 def initialize(
-    values: dict[str, torch.Tensor],
+    values: dict[str, torch.Tensor | TableInit],
     trainable: set[str],
     optimizer: OptimizerSpec | None,
     global_step: int,
     chief: str,
     sync_replicas: int | None,
+    tables: set[str],
 ) -> None:
-    _server().initialize(values, trainable, optimizer, global_step, chief, sync_replicas)
+    _server().initialize(values, trainable, optimizer, global_step, chief, sync_replicas, tables)
 
 
 def wait_initialized(timeout: float) -> bool:
@@ -332,14 +386,19 @@ def pull() -> dict[str, torch.Tensor]:
     return _server().pull()
 
 
+def lookup(key: str, rows: torch.Tensor) -> torch.Tensor:
+    return _server().lookup(key, rows)
+
+
 def push(
     trainer: str,
     gradients: dict[str, torch.Tensor],
     buffer_moves: dict[str, torch.Tensor],
     hyperparameters: list[dict[str, Any]],
     computed_at: int,
+    row_gradients: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> PushAnswer:
-    return _server().push(trainer, gradients, buffer_moves, hyperparameters, computed_at)
+    return _server().push(trainer, gradients, buffer_moves, hyperparameters, computed_at, row_gradients)
 
 
 def optimizer_state() -> dict[str, dict[str, Any]]:

@@ -27,6 +27,7 @@ cluster's network must be private.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import warnings
@@ -40,7 +41,14 @@ from torchestimator.distribute._ps_optimizer import RemoteOptimizer
 from torchestimator.distribute._timeouts import collective_timeout_seconds
 from torchestimator.distribute.cluster import CHIEF, MASTER, PS, WORKER, ClusterSpec, cluster_from_tf_config
 from torchestimator.distribute.input_context import InputContext
-from torchestimator.distribute.ps_placement import Partitioner, PlacementPlan, module_variables, plan_placement
+from torchestimator.distribute.ps_placement import (
+    FixedShardsPartitioner,
+    Partitioner,
+    PlacementPlan,
+    module_variables,
+    plan_placement,
+)
+from torchestimator.distribute.sharded_embedding import keep_tables_on_parameter_servers, sharded_tables
 from torchestimator.distribute.strategy import Placement, Strategy
 from torchestimator.errors import ConfigError, TaskLostError
 
@@ -164,6 +172,7 @@ class ParameterServerStrategy(Strategy):
             rpc.init_rpc(  # type: ignore[no-untyped-call]
                 self.name, rank=rank, world_size=world, rpc_backend_options=options
             )
+        keep_tables_on_parameter_servers(self.role != PS)  # ShardedEmbedding tables built now stay on the ps
         device = self._device or (
             torch.device("cuda", cluster.local_rank % torch.cuda.device_count())
             if torch.cuda.is_available() and self.role != PS
@@ -172,6 +181,9 @@ class ParameterServerStrategy(Strategy):
         return Placement(device=device)
 
     def _teardown(self) -> None:
+        if self._optimizer is not None:
+            self._optimizer.detach_tables()
+        keep_tables_on_parameter_servers(False)
         rpc.shutdown(graceful=False)
 
     # -- roles -------------------------------------------------------------------
@@ -230,7 +242,12 @@ class ParameterServerStrategy(Strategy):
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, module: nn.Module) -> torch.optim.Optimizer:
         """The trainer's optimizer as a stand-in whose step pushes gradients to the ps tasks and pulls values."""
-        plan = plan_placement(module_variables(module), len(self.ps_names), self.partitioner, self.shard_names)
+        partitioner, shard_names = self.partitioner, self.shard_names
+        tables = sharded_tables(module)
+        if tables and partitioner is None:  # tables are cut by rows across every ps, as TF partitioned embeddings
+            partitioner = FixedShardsPartitioner(num_shards=len(self.ps_names))
+            shard_names = [re.escape(name) + "$" for name in tables]
+        plan = plan_placement(module_variables(module), len(self.ps_names), partitioner, shard_names)
         if self.is_chief:
             logger.info("Variables on %d ps tasks:\n%s", len(self.ps_names), plan.describe())
         self.plan = plan
