@@ -220,6 +220,20 @@ def test_model_py_defines_what_the_command_line_reads():
     assert said <= contract and said <= defined, (said - contract, said - defined)
 
 
+def test_the_model_part_names_the_lazy_port_of_tf_layers_dense():
+    """Where a porting reader meets tf.layers.dense, the page says nn.LazyLinear is its direct port and links to
+    the runnable example (docs/train-and-evaluate.md's, which tests/test_readme.py runs)."""
+    text = PAGE.read_text(encoding="utf-8")
+    model_part = text[text.index("### 2. The model") : text.index("### 3.")]
+    assert "`nn.LazyLinear(units)`** is the direct port of `tf.layers.dense(net,\n  units)`" in model_part
+    link = re.search(r"\(train-and-evaluate\.md#([\w-]+)\)", model_part)
+    assert link, "no link to the lazy-layers example"
+    target = (ROOT / "docs" / "train-and-evaluate.md").read_text(encoding="utf-8")
+    heading = next(line for line in target.splitlines() if line.startswith("## Lazy layers"))
+    assert re.sub(r"[^\w\- ]", "", heading[3:].lower()).replace(" ", "-") == link.group(1)
+    assert "nn.LazyLinear(" in target[target.index(heading) :].split("```python", 1)[1]
+
+
 def test_warm_start_commands_parse():
     """Each command of the warm-start block parses with the real parser, on the page's own model.py."""
     from torchestimator.cli import build_parser

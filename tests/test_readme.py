@@ -642,6 +642,15 @@ def tfrecord_input_fn_gives_batches(run: PageRun, outcome: Outcome) -> None:
     assert torch.allclose(features["dense"], torch.tensor([[0.1, 0.2]] * len(labels)))
 
 
+def lazy_layers_get_their_shapes(run: PageRun, outcome: Outcome) -> None:
+    """Shaped by the dry forward on the first batch (64 features in), then restored by an Estimator that only
+    evaluates: the checkpoint gives the shapes, and the results are the trained model's."""
+    shape, results = outcome.output.splitlines()[:2]
+    assert shape == "(32, 64)", outcome.output
+    results = ast.literal_eval(results)
+    assert results["global_step"] == 100 and results["accuracy"] > 0.3, results  # 10 classes: chance is 0.1
+
+
 def warm_start_loads_the_quickstart(run: PageRun, outcome: Outcome) -> None:
     assert "Warm start from runs/quickstart (torchestimator)" in outcome.output and "9 to load" in outcome.output
     assert run.namespace["estimator"].latest_checkpoint().endswith("ckpt-500")
@@ -773,6 +782,7 @@ CHECKS_AFTER: dict[str, Callable[[PageRun, Outcome], None]] = {
     "python -m moto.server -p 9000 > moto.log 2>&1 &": store_workflow_answers,
     "config = te.RunConfig(train_distribute=te.MirroredStrategy(num_replicas=2))": config_has_two_replicas,
     "from torchestimator.data import (FixedLenFeature, VarLenFeature, TFRecordDataset, TFRecordWriter,": tfrecord_input_fn_gives_batches,
+    "def build_lazy_model(params):                          # no input sizes, as tf.layers.dense": lazy_layers_get_their_shapes,
     "from torchestimator.warm_start import WarmStartSettings": warm_start_loads_the_quickstart,
     "from torchestimator.export import TensorSpec, serving_input_receiver": best_model_is_kept,
     "from torchestimator.export import TensorSpec, serving_input_receiver, load": export_loads_and_predicts,
