@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import numpy as np
@@ -189,6 +190,29 @@ def test_a_module_given_as_model_fn_is_refused_when_the_estimator_is_built(tmp_p
     with pytest.raises(TypeError, match="received the module SmallNet. Pass the module as model="):
         te.Estimator(model_fn=SmallNet(), model=SmallNet(), model_dir=str(tmp_path))
     assert not os.listdir(tmp_path)  # refused before anything was written
+
+
+def test_pasted_tf_estimator_call_without_model_says_what_model_is(tmp_path):
+    """tf.estimator's Estimator(model_fn=, config=, params=) has no model=: a ConfigTypeError (a TypeError) says
+    what it is, not Python's bare "missing 1 required positional argument"; the signature keeps model required."""
+    config = te.RunConfig(model_dir=str(tmp_path))
+    for call in (
+        lambda: te.estimator.Estimator(model_fn=classifier_model_fn, config=config, params={"lr": 0.1}),
+        lambda: te.Estimator(classifier_model_fn, config=config),
+    ):
+        with pytest.raises(te.errors.ConfigTypeError) as refused:
+            call()
+        assert isinstance(refused.value, TypeError) and refused.value.field == "model"
+        message = str(refused.value)
+        assert message.startswith("Estimator(...) needs model=: the nn.Module, or a factory that builds it")
+        assert "passed to model_fn as its `model` argument" in message and "missing 1 required" not in message
+    assert not os.listdir(tmp_path)
+    signature = inspect.signature(te.Estimator)
+    assert list(signature.parameters)[:2] == ["model_fn", "model"]
+    assert signature.parameters["model"].default is inspect.Parameter.empty
+    with pytest.raises(te.errors.ConfigTypeError, match="tf.estimator's Estimator took model_dir second"):
+        te.Estimator(classifier_model_fn, str(tmp_path))  # TF's positional order: model_fn, model_dir
+    assert te.Estimator(classifier_model_fn, SmallNet(), model_dir=str(tmp_path)).model_dir == str(tmp_path)
 
 
 def test_model_dir_conflict_and_temporary_default(tmp_path, te_logs):

@@ -8,11 +8,12 @@ model_fn's arguments (calling.py).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -23,7 +24,38 @@ from torchestimator.errors import ConfigError, ConfigTypeError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_argument_types", "checked_factory_result", "is_scheduler", "resolve_model_dir"]
+__all__ = [
+    "check_argument_types",
+    "checked_factory_result",
+    "is_scheduler",
+    "model_argument_required",
+    "resolve_model_dir",
+]
+
+_Init = TypeVar("_Init", bound=Callable[..., None])
+
+MISSING_MODEL = (
+    "Estimator(...) needs model=: the nn.Module, or a factory that builds it (model=lambda params: MyNet(params)). "
+    "tf.estimator's Estimator had no such argument because model_fn built its layers (tf.layers.dense, ...) in "
+    "each graph; here the module is built once per process and passed to model_fn as its `model` argument: "
+    "model_fn(model, features, labels, mode, params). Move the layers into that factory (nn.LazyLinear needs no "
+    "input size), and give optimizer= (a factory: lambda parameters: torch.optim.Adam(parameters)) to train. "
+    "See docs/porting-from-tf-estimator.md."
+)
+
+
+def model_argument_required(init: _Init) -> _Init:
+    """Wraps Estimator.__init__: a call without ``model`` (pasted tf.estimator code, which had no such argument)
+    is a ConfigTypeError saying what model= is, not Python's bare "missing 1 required positional argument".
+    ``inspect.signature`` still shows the wrapped ``__init__`` (functools.wraps), with ``model`` required."""
+
+    @functools.wraps(init)
+    def checked(self: Any, *args: Any, **keywords: Any) -> None:
+        if len(args) < 2 and "model" not in keywords:  # args[0] is model_fn, args[1] model
+            raise ConfigTypeError(MISSING_MODEL, field="model", value=None)
+        init(self, *args, **keywords)
+
+    return cast(_Init, checked)
 
 
 def check_argument_types(
@@ -52,6 +84,13 @@ def check_argument_types(
             value=value,
         )
 
+    if isinstance(model, (str, os.PathLike)) and call == "Estimator":  # tf.estimator's second argument
+        refuse(
+            model_field,
+            "an nn.Module or a factory returning one (lambda params: MyNet(params)), the second argument here: "
+            "tf.estimator's Estimator took model_dir second, so pass model_dir= by name",
+            model,
+        )
     if not isinstance(model, torch.nn.Module) and not callable(model):
         refuse(model_field, "an nn.Module or a factory returning one (lambda params: MyNet(params))", model)
     if optimizer is not None and not callable(optimizer):  # an optimizer object: it needs the parameters first

@@ -23,7 +23,13 @@ import numpy as np
 import torch
 
 from torchestimator._core.agreement import check_start_agreement
-from torchestimator._core.arguments import check_argument_types, checked_factory_result, is_scheduler, resolve_model_dir
+from torchestimator._core.arguments import (
+    check_argument_types,
+    checked_factory_result,
+    is_scheduler,
+    model_argument_required,
+    resolve_model_dir,
+)
 from torchestimator._core.batches import InputSource
 from torchestimator._core.calling import (
     INPUT_FN_ARGS,
@@ -93,6 +99,7 @@ class Estimator:
             stepped once per global step.
     """
 
+    @model_argument_required  # pasted tf.estimator code has no model=: say what it is
     def __init__(
         self,
         model_fn: Callable[..., EstimatorSpec],
