@@ -71,6 +71,11 @@ def test_plain_iterable_restarts_with_a_warning(tmp_path, te_logs):
     make_estimator(tmp_path).train(input_fn, max_steps=3)
     make_estimator(tmp_path).train(input_fn, max_steps=6)
     assert "cannot resume: it restarts from its beginning at global step 3" in te_logs.text
+    # It names every input that resumes, the TFRecord ones included.
+    assert (
+        "For exact resume return te.numpy_input_fn's, te.pandas_input_fn's or te.dataset_input_fn's input, a "
+        "torchestimator.data.TFRecordDataset or TFRecordLoader, or any iterable with state_dict and load_state_dict."
+    ) in te_logs.text
 
 
 @pytest.mark.parametrize("first, second", [(adam, sgd), (sgd, adam)], ids=["adam-to-sgd", "sgd-to-adam"])

@@ -566,7 +566,9 @@ class Estimator:
         if parts.input_source is None:
             logger.warning(
                 "The input_fn returned a %s, which cannot resume: it restarts from its beginning at global step %d. "
-                "Use te.numpy_input_fn or te.dataset_input_fn for exact resume.",
+                "For exact resume return te.numpy_input_fn's, te.pandas_input_fn's or te.dataset_input_fn's input, "
+                "a torchestimator.data.TFRecordDataset or TFRecordLoader, or any iterable with state_dict and "
+                "load_state_dict.",
                 type(input_source).__name__,
                 checkpoint.step,
             )
