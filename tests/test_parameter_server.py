@@ -401,6 +401,10 @@ def test_a_ps_killed_stops_every_task_naming_it_and_a_restart_resumes_bit_exact_
     assert "TaskLostError" in (logs / "process3.log").read_text()  # ps:0, ended by the chief's failure
     saved = sorted(int(path.name.split("-")[1]) for path in (tmp_path / "model").glob("ckpt-*"))
     assert saved and saved[-1] >= 40
+    # Each trainer's own state (input position, generator states) is in the checkpoint, as with DDP's replicas.
+    extra = json.loads((tmp_path / "model" / f"ckpt-{saved[-1]}" / "state.json").read_text())["extra"]
+    assert extra["num_replicas"] == 3
+    assert all(replica["input_source"] is not None for replica in extra["replicas"])  # every worker answered
 
     # Every task restarted: the run resumes from the newest checkpoint and ends where one never stopped does.
     last = saved[-1] + 20

@@ -58,6 +58,7 @@ from torchestimator._io.console import (
 )
 from torchestimator._io.summary import SummaryWriter
 from torchestimator._shapeless import refuse_uninitialized
+from torchestimator._tf_names import accepts_tf_keywords
 from torchestimator._train_state import TrainState, seed_everything
 from torchestimator.checkpoint.best_record import best_checkpoint, protect_recorded_best
 from torchestimator.checkpoint.checkpointer import Checkpointer
@@ -426,14 +427,15 @@ class Estimator:
         parts = self._build_parts(module, state, strategy)
         position = None
         if checkpoint is not None:  # generator states before input_fn runs: it may draw from them
-            position = parts.restore(checkpoint, strategy.replica_id, strategy.num_replicas)
+            position = parts.restore(checkpoint, *strategy.checkpoint_slot)
         elif (settings := self._model.warm_start) is not None and settings.warm_start_optimizer:
             restore_shared(warm_start_checkpoint(settings), parts.shared_parts(), parts.optimizer, parts.model)
         state.global_step = strategy.begin_training(module, state.global_step)
         state.start_step = state.global_step
         input_source = call_input_fn(input_fn, input_fn_args, ModeKeys.TRAIN, strategy, self._params, self._config)
         parts.input_source = resumable(input_source)
-        self._resume_input(input_source, parts, position, checkpoint, strategy.num_replicas)
+        self._resume_input(input_source, parts, position, checkpoint, strategy.checkpoint_slot[1])
+        strategy.provide_replica_state(parts.replica_state)  # parameter servers: the chief asks workers for theirs
         last_step = max_steps if max_steps is not None else (state.global_step + steps if steps is not None else None)
         run = TrainingRun(
             config=config,
@@ -764,6 +766,7 @@ class Estimator:
         # Inference in one process of a launched run is legitimate (it writes nothing): only training refuses.
         return OneDeviceStrategy(config.device, warn_if_launched=False)
 
+    @accepts_tf_keywords("Estimator.export_saved_model")  # TF's serving_input_receiver_fn=; as_text= refused
     def export_saved_model(
         self,
         export_dir_base: str,

@@ -89,7 +89,7 @@ class Checkpointer:
         step = state.global_step
         self._check_finite(parts, step)
         listeners = [*self.listeners, *extra_listeners]
-        replica_states = self.strategy.all_gather_object(parts.replica_state())
+        replica_states = self.strategy.gather_replica_states(parts.replica_state())
         stop = self._take_in_flight()  # at most one save in flight: the previous one is published first
         for listener in listeners:
             listener.before_save(state, step)

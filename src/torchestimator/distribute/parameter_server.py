@@ -31,6 +31,8 @@ import re
 import threading
 import time
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed.rpc as rpc
@@ -117,6 +119,12 @@ class ParameterServerStrategy(Strategy):
         self.trainer_names: list[str] = []
         self._optimizer: RemoteOptimizer | None = None
         self._heartbeat_stop = threading.Event()
+        # A worker's state, asked for by the chief's checkpoint and made by the training loop between steps.
+        self._provide_state: Callable[[], Any] | None = None
+        self._final_state: Any = None
+        self._state: Any = None
+        self._state_requested = threading.Event()
+        self._state_ready = threading.Event()
 
     def __repr__(self) -> str:
         mode = "sync" if self.sync_replicas else "async"
@@ -294,7 +302,68 @@ class ParameterServerStrategy(Strategy):
 
     def next_global_step(self, step: int) -> int:
         assert self._optimizer is not None
+        if self.sync_replicas and self._provide_state is not None:
+            # Synchronous: the state after each step, ready for the chief's checkpoint of that step. (Asked instead,
+            # it would come after this worker's next push, which waits for the chief's gradient: a deadlock.)
+            self._state = self._provide_state()
+        elif self._state_requested.is_set():  # the chief's checkpoint waits for this trainer's state: between steps
+            self._answer_state_request()
         return self._optimizer.global_step
+
+    # -- per-trainer states in checkpoints (input positions, generator states) -------------------------
+
+    @property
+    def checkpoint_slot(self) -> tuple[int, int]:
+        return self.trainer_names.index(self.name), self.num_trainers
+
+    def provide_replica_state(self, provide: Callable[[], Any]) -> None:
+        global _TRAINER
+        self._provide_state, self._final_state = provide, None
+        _TRAINER = self
+
+    def gather_replica_states(self, own: Any) -> list[Any]:
+        """The chief: its own state and each worker's, asked over RPC (a worker answers between two steps); a worker
+        that does not answer (lost) gets no position saved: on resume its input restarts, with a warning."""
+        if not self.is_chief:
+            return [own]
+        workers = self.trainer_names[1:]
+        wait = min(self.timeout_seconds, _STATE_WAIT_SECONDS)
+        futures = [rpc.rpc_async(name, _trainer_state, args=(wait,), timeout=wait + 5) for name in workers]
+        states = [own]
+        for name, future in zip(workers, futures):
+            try:
+                state = future.wait()
+            except Exception as error:  # a worker that is gone or stopped: the checkpoint goes on without it
+                state = None
+                logger.debug("%s's state: %s", name, error)
+            if state is None:
+                logger.warning(
+                    "%s did not send its input position for this checkpoint (it stopped or was lost): if training "
+                    "resumes from it, that worker's input starts over.",
+                    name,
+                )
+                state = {"train_state": own["train_state"], "input_source": None}
+            states.append(state)
+        return states
+
+    def _answer_state_request(self) -> None:
+        provide = self._provide_state
+        self._state = provide() if provide is not None else None
+        self._state_requested.clear()
+        self._state_ready.set()
+
+    def state_for_chief(self, wait: float) -> Any:
+        """A worker, in an RPC thread: its state as of its next step's end (or its final one once it stopped)."""
+        if self._final_state is not None or self.training_ended is not None:
+            return self._final_state
+        if self.sync_replicas:
+            return self._state
+        self._state_ready.clear()
+        self._state_requested.set()
+        if not self._state_ready.wait(wait):
+            self._state_requested.clear()
+            return None
+        return self._state
 
     @property
     def training_ended(self) -> str | None:
@@ -304,8 +373,22 @@ class ParameterServerStrategy(Strategy):
     def end_training(self, reason: str, *, failed: bool = False) -> None:
         """The chief, when it stops: every ps ends, so the workers stop at their next push (raising if it failed)."""
         self._heartbeat_stop.set()
+        if self._provide_state is not None and not failed:
+            self._final_state = self._provide_state()  # a worker's last position, for a checkpoint written after
         if self.is_chief and self._optimizer is not None:
             self._optimizer.end_servers(reason, failed)
+
+
+_TRAINER: ParameterServerStrategy | None = None
+"""This process's trainer strategy, for the chief's RPC asking its state."""
+
+_STATE_WAIT_SECONDS = 30.0
+"""How long the chief waits for a worker's state for a checkpoint (one step, normally)."""
+
+
+def _trainer_state(wait: float) -> Any:
+    """Called by the chief over RPC: this worker's state for a checkpoint."""
+    return None if _TRAINER is None else _TRAINER.state_for_chief(wait)
 
 
 def _recently_contacted(server: _ps_server.ShardServer, seconds: float) -> bool:

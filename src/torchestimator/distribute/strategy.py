@@ -231,6 +231,20 @@ class Strategy(abc.ABC):
         """Called once the restore is done, before step one; returns the global step training continues from."""
         return global_step
 
+    @property
+    def checkpoint_slot(self) -> tuple[int, int]:
+        """(this replica's index, how many) among the per-replica states a checkpoint keeps (input positions,
+        generator states): the replica id and count, or a parameter-server trainer's among chief and workers."""
+        return self.replica_id, self.num_replicas
+
+    def provide_replica_state(self, provide: Callable[[], Any]) -> None:  # noqa: B027 (only parameter servers)
+        """``provide`` makes this replica's state when another replica asks for it between steps."""
+
+    def gather_replica_states(self, own: Any) -> list[Any]:
+        """Every replica's state for a checkpoint, in replica order, on the chief (a collective every replica calls;
+        parameter servers: the chief asks each worker, see ``provide_replica_state``)."""
+        return self.all_gather_object(own)
+
     def next_global_step(self, step: int) -> int:
         """The global step after this replica's optimizer step (a shared count where updates are shared)."""
         return step + 1
