@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
+import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,50 @@ def run_together(commands: list[tuple[list[str], dict[str, str]]], logs: Path, d
     if timed_out or any(codes):
         reason = f"processes {timed_out} still running after {deadline_seconds:g} s" if timed_out else "a failure"
         pytest.fail(f"{reason}; exit codes {codes}\n{task_logs(logs, len(codes), commands)}")
+
+
+def _ip(*arguments: str) -> None:
+    subprocess.run(["ip", *arguments], check=True, capture_output=True, timeout=30)
+
+
+@contextlib.contextmanager
+def two_network_namespaces() -> Iterator[list[tuple[str, str, str]]]:
+    """Two network namespaces joined by a veth pair: [(namespace, interface, address)] for each side.
+
+    Created here and always deleted (deleting a namespace deletes the veth end inside it).
+    """
+    tag = secrets.token_hex(3)
+    subnet = f"10.213.{secrets.randbelow(254) + 1}"
+    sides = [(f"te{tag}{side}", f"vte{tag}{side}", f"{subnet}.{number}") for number, side in ((1, "a"), (2, "b"))]
+    created: list[str] = []
+    try:
+        for namespace, _, _ in sides:
+            _ip("netns", "add", namespace)
+            created.append(namespace)
+        (namespace_a, veth_a, _), (namespace_b, veth_b, _) = sides
+        _ip("link", "add", veth_a, "type", "veth", "peer", "name", veth_b)
+        _ip("link", "set", veth_a, "netns", namespace_a)
+        _ip("link", "set", veth_b, "netns", namespace_b)
+        for namespace, veth, address in sides:
+            _ip("-n", namespace, "addr", "add", f"{address}/24", "dev", veth)
+            _ip("-n", namespace, "link", "set", veth, "up")
+            _ip("-n", namespace, "link", "set", "lo", "up")
+        yield sides
+    finally:
+        for namespace in created:
+            subprocess.run(["ip", "netns", "delete", namespace], capture_output=True, timeout=30)
+        for _, veth, _ in sides:  # only left when it was never moved into a namespace
+            subprocess.run(["ip", "link", "delete", veth], capture_output=True, timeout=30)
+
+
+def network_namespaces_unavailable() -> str | None:
+    if shutil.which("ip") is None:
+        return "the `ip` command (iproute2) is not installed"
+    if os.geteuid() != 0:
+        return "creating network namespaces needs root"
+    probe = f"teprobe{secrets.token_hex(3)}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=30)
+    if made.returncode != 0:
+        return f"`ip netns add` is refused here: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "delete", probe], capture_output=True, timeout=30)
+    return None

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,7 +27,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import wait_until
-from task_processes import run_together, stop, task_environment
+from task_processes import (
+    network_namespaces_unavailable,
+    run_together,
+    stop,
+    task_environment,
+    two_network_namespaces,
+)
 
 from torchestimator.distribute.launcher import find_free_port
 
@@ -229,60 +234,13 @@ def test_plain_python_tasks_form_one_group(script, one_process_weights, tmp_path
 # ---------------------------------------------------------------- two network namespaces
 
 
-def _ip(*arguments: str) -> None:
-    subprocess.run(["ip", *arguments], check=True, capture_output=True, timeout=30)
-
-
-@contextlib.contextmanager
-def _two_namespaces() -> Iterator[list[tuple[str, str, str]]]:
-    """Two network namespaces joined by a veth pair: [(namespace, interface, address)] for each side.
-
-    Created here and always deleted (deleting a namespace deletes the veth end inside it).
-    """
-    tag = secrets.token_hex(3)
-    subnet = f"10.213.{secrets.randbelow(254) + 1}"
-    sides = [(f"te{tag}{side}", f"vte{tag}{side}", f"{subnet}.{number}") for number, side in ((1, "a"), (2, "b"))]
-    created: list[str] = []
-    try:
-        for namespace, _, _ in sides:
-            _ip("netns", "add", namespace)
-            created.append(namespace)
-        (namespace_a, veth_a, _), (namespace_b, veth_b, _) = sides
-        _ip("link", "add", veth_a, "type", "veth", "peer", "name", veth_b)
-        _ip("link", "set", veth_a, "netns", namespace_a)
-        _ip("link", "set", veth_b, "netns", namespace_b)
-        for namespace, veth, address in sides:
-            _ip("-n", namespace, "addr", "add", f"{address}/24", "dev", veth)
-            _ip("-n", namespace, "link", "set", veth, "up")
-            _ip("-n", namespace, "link", "set", "lo", "up")
-        yield sides
-    finally:
-        for namespace in created:
-            subprocess.run(["ip", "netns", "delete", namespace], capture_output=True, timeout=30)
-        for _, veth, _ in sides:  # only left when it was never moved into a namespace
-            subprocess.run(["ip", "link", "delete", veth], capture_output=True, timeout=30)
-
-
-def _network_namespaces_unavailable() -> str | None:
-    if shutil.which("ip") is None:
-        return "the `ip` command (iproute2) is not installed"
-    if os.geteuid() != 0:
-        return "creating network namespaces needs root"
-    probe = f"teprobe{secrets.token_hex(3)}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=30)
-    if made.returncode != 0:
-        return f"`ip netns add` is refused here: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "delete", probe], capture_output=True, timeout=30)
-    return None
-
-
 def test_two_launched_nodes_across_network_namespaces_equal_one_process(script, one_process_weights, tmp_path):
-    reason = _network_namespaces_unavailable()
+    reason = network_namespaces_unavailable()
     if reason is not None:
         pytest.skip(reason)
     output = tmp_path / "output"
     output.mkdir()
-    with _two_namespaces() as sides:
+    with two_network_namespaces() as sides:
         endpoint = f"{sides[0][2]}:29400"  # inside namespace a: no other program has it
         run_id = f"netns-{secrets.token_hex(4)}"
         commands = []
@@ -341,12 +299,12 @@ def _s3_server_in(namespace: str, address: str, logs: Path) -> Iterator[str]:
 
 def test_two_nodes_sharing_only_an_s3_model_dir_equal_one_process(script, one_process_weights, tmp_path):
     """No file system is shared: model_dir is s3://run/model on an S3 server in node a's namespace."""
-    reason = _network_namespaces_unavailable()
+    reason = network_namespaces_unavailable()
     if reason is not None:
         pytest.skip(reason)
     output = tmp_path / "output"
     output.mkdir()
-    with _two_namespaces() as sides, _s3_server_in(sides[0][0], sides[0][2], tmp_path / "logs") as endpoint:
+    with two_network_namespaces() as sides, _s3_server_in(sides[0][0], sides[0][2], tmp_path / "logs") as endpoint:
         endpoint_rdzv = f"{sides[0][2]}:29400"
         run_id = f"netns-s3-{secrets.token_hex(4)}"
         commands = []
@@ -412,7 +370,7 @@ def test_a_whole_node_killed_with_only_s3_shared_is_replaced_and_the_run_resumes
     """Node b (launch agent and worker) is killed -9 after step 7, when ckpt-5 is committed to the s3:// model_dir;
     node a's agent (--max_restarts=1) restarts its worker, a fresh node b joins the same rendezvous, and both
     resume from ckpt-5 to weights equal, bit for bit, to those of the same two nodes never interrupted."""
-    reason = _network_namespaces_unavailable()
+    reason = network_namespaces_unavailable()
     if reason is not None:
         pytest.skip(reason)
     reference_output, output, pid_file = tmp_path / "reference", tmp_path / "output", tmp_path / "paused-worker"
@@ -420,7 +378,7 @@ def test_a_whole_node_killed_with_only_s3_shared_is_replaced_and_the_run_resumes
     output.mkdir()
     logs = {name: tmp_path / f"{name}.log" for name in ("node_a", "node_b", "fresh_node_b")}
     processes: list[subprocess.Popen] = []
-    with _two_namespaces() as sides, _s3_server_in(sides[0][0], sides[0][2], tmp_path / "logs") as endpoint:
+    with two_network_namespaces() as sides, _s3_server_in(sides[0][0], sides[0][2], tmp_path / "logs") as endpoint:
         (_, _, address_a), (namespace_b, _, _) = sides
 
         def node(namespace, veth, address, run_id, port, model_dir, folder, max_restarts=0, **extra):

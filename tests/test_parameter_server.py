@@ -20,7 +20,15 @@ import pytest
 import torch
 import torch.distributed.rpc as rpc
 from helpers import wait_until
-from task_processes import run_together, start_tasks, task_environment, task_logs, wait_tasks
+from task_processes import (
+    network_namespaces_unavailable,
+    run_together,
+    start_tasks,
+    task_environment,
+    task_logs,
+    two_network_namespaces,
+    wait_tasks,
+)
 
 import torchestimator as te
 from torchestimator.distribute import _ps_server
@@ -598,3 +606,40 @@ def test_an_embedding_table_larger_than_a_workers_memory_limit_trains_on_two_ps(
     weights = load_file(str(checkpoint / "model.safetensors"))
     assert weights["items.weight"].shape == (rows, dim)
     assert int(checkpoint.name.split("-")[1]) >= 40
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_parameter_servers_across_two_network_namespaces(script, tmp_path):
+    """chief + worker:0 on one side of a veth pair, worker:1 + ps:0 on the other: the tasks reach each other only
+    over that link (TensorPipe's TCP transport bound to it by TP_SOCKET_IFNAME)."""
+    reason = network_namespaces_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with two_network_namespaces() as sides:
+        (namespace_a, veth_a, address_a), (namespace_b, veth_b, address_b) = sides
+        jobs = {
+            "chief": [f"{address_a}:{find_free_port()}"],
+            "worker": [f"{address_a}:{find_free_port()}", f"{address_b}:{find_free_port()}"],
+            "ps": [f"{address_b}:{find_free_port()}"],
+        }
+        placed = [("chief", 0, namespace_a, veth_a), ("worker", 0, namespace_a, veth_a)]
+        placed += [("worker", 1, namespace_b, veth_b), ("ps", 0, namespace_b, veth_b)]
+        command = [sys.executable, str(script), "async", str(tmp_path / "model"), "60", str(tmp_path)]
+        run_together(
+            [
+                (
+                    ["ip", "netns", "exec", namespace, *command],
+                    task_environment(
+                        TF_CONFIG=json.dumps({"cluster": jobs, "task": {"type": job, "index": index}}),
+                        TP_SOCKET_IFNAME=veth,
+                        GLOO_SOCKET_IFNAME=veth,
+                    ),
+                )
+                for job, index, namespace, veth in placed
+            ],
+            tmp_path / "logs",
+            DEADLINE_SECONDS,
+        )
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["global_step"] >= 60 and results["accuracy"] > 0.8
