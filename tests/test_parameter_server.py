@@ -643,3 +643,23 @@ def test_parameter_servers_across_two_network_namespaces(script, tmp_path):
         )
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["global_step"] >= 60 and results["accuracy"] > 0.8
+
+
+def test_several_tasks_on_one_machine_with_default_threads_are_warned_about(monkeypatch, caplog):
+    from torchestimator.distribute import parameter_server
+    from torchestimator.distribute.cluster import cluster_from_tf_config
+
+    jobs = {"chief": ["10.0.0.1:1"], "worker": ["10.0.0.1:2", "10.0.0.2:2"], "ps": ["10.0.0.1:3"]}
+    cluster = cluster_from_tf_config({"TF_CONFIG": json.dumps({"cluster": jobs, "task": {"type": "ps", "index": 0}})})
+    monkeypatch.setattr(parameter_server.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(parameter_server.torch, "get_num_threads", lambda: 4)
+    with caplog.at_level(logging.WARNING, logger="torchestimator"):
+        parameter_server._warn_if_oversubscribed(cluster, "ps:0")
+    assert (
+        "3 tasks of this cluster run on this machine (10.0.0.1), each with 4 torch threads, on 4 cores" in caplog.text
+    )
+    assert "OMP_NUM_THREADS=1" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(parameter_server.torch, "get_num_threads", lambda: 1)
+    parameter_server._warn_if_oversubscribed(cluster, "ps:0")
+    assert caplog.text == ""

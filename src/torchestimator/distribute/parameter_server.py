@@ -27,6 +27,7 @@ cluster's network must be private.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -181,6 +182,7 @@ class ParameterServerStrategy(Strategy):
                 self.name, rank=rank, world_size=world, rpc_backend_options=options
             )
         keep_tables_on_parameter_servers(self.role != PS)  # ShardedEmbedding tables built now stay on the ps
+        _warn_if_oversubscribed(cluster, self.name)
         device = self._device or (
             torch.device("cuda", cluster.local_rank % torch.cuda.device_count())
             if torch.cuda.is_available() and self.role != PS
@@ -389,6 +391,26 @@ _STATE_WAIT_SECONDS = 30.0
 def _trainer_state(wait: float) -> Any:
     """Called by the chief over RPC: this worker's state for a checkpoint."""
     return None if _TRAINER is None else _TRAINER.state_for_chief(wait)
+
+
+def _warn_if_oversubscribed(cluster: ClusterSpec, name: str) -> None:
+    """Several tasks on this machine, each with torch's default thread pool, share its cores: their threads spin
+    against each other (a chief, 2 workers and a ps on 2 cores ran ~100x slower than with one thread each)."""
+    here = cluster.jobs[cluster.task_type][cluster.task_index].rsplit(":", 1)[0]
+    tasks_here = sum(address.rsplit(":", 1)[0] == here for addresses in cluster.jobs.values() for address in addresses)
+    cores, threads = os.cpu_count() or 1, torch.get_num_threads()
+    if tasks_here > 1 and tasks_here * threads > cores:
+        logger.warning(
+            "%s: %d tasks of this cluster run on this machine (%s), each with %d torch threads, on %d cores: set "
+            "OMP_NUM_THREADS=%d (or torch.set_num_threads) in each task's environment, as torchrun does, or the "
+            "threads slow each other down badly.",
+            name,
+            tasks_here,
+            here,
+            threads,
+            cores,
+            max(1, cores // tasks_here),
+        )
 
 
 def _recently_contacted(server: _ps_server.ShardServer, seconds: float) -> bool:
