@@ -462,17 +462,46 @@ class _Recommender(torch.nn.Module):
         return self.head(self.embedding(ids).mean(1))
 
 
-@pytest.mark.parametrize("optimizer", [torch.optim.Adam, torch.optim.SGD, torch.optim.Adagrad])
-def test_a_sharded_table_trains_as_a_local_embedding_and_only_its_rows_travel(rpc_alone, monkeypatch, optimizer):
-    from torchestimator.distribute.sharded_embedding import ShardedEmbedding, keep_tables_on_parameter_servers
+class _BagRecommender(torch.nn.Module):
+    def __init__(self, bag: torch.nn.Module) -> None:
+        super().__init__()
+        self.embedding = bag
+        self.head = torch.nn.Linear(4, 1)
 
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embedding(ids))  # one bag per row of ids
+
+
+TABLES = {
+    "embedding": (
+        _Recommender,
+        lambda: torch.nn.Embedding(50, 4, padding_idx=0),
+        lambda sharded: sharded.ShardedEmbedding(50, 4, padding_idx=0),
+    ),
+    "bag": (
+        _BagRecommender,
+        lambda: torch.nn.EmbeddingBag(50, 4, mode="mean", padding_idx=0),
+        lambda sharded: sharded.ShardedEmbeddingBag(50, 4, mode="mean", padding_idx=0),
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "table"),
+    [(torch.optim.Adam, "embedding"), (torch.optim.SGD, "embedding"), (torch.optim.Adagrad, "embedding")]
+    + [(torch.optim.Adam, "bag"), (torch.optim.SGD, "bag")],
+)
+def test_a_sharded_table_trains_as_a_local_embedding_and_only_its_rows_travel(rpc_alone, monkeypatch, optimizer, table):
+    from torchestimator.distribute import sharded_embedding
+
+    model, make_local, make_sharded = TABLES[table]
     torch.manual_seed(3)
-    local = _Recommender(torch.nn.Embedding(50, 4, padding_idx=0))
-    keep_tables_on_parameter_servers(True)
+    local = model(make_local())
+    sharded_embedding.keep_tables_on_parameter_servers(True)
     try:
-        remote_module = _Recommender(ShardedEmbedding(50, 4, padding_idx=0))
+        remote_module = model(make_sharded(sharded_embedding))
     finally:
-        keep_tables_on_parameter_servers(False)
+        sharded_embedding.keep_tables_on_parameter_servers(False)
     assert remote_module.embedding.weight.untyped_storage().nbytes() <= 8  # no table on the trainer
     remote_module.load_state_dict(local.state_dict())  # the chief's restore: the table is kept to send
     plan = plan_placement(

@@ -253,6 +253,7 @@ PUBLIC_SUBPACKAGES = {
         "PlacementPlan",
         "RelaunchError",
         "ShardedEmbedding",
+        "ShardedEmbeddingBag",
         "Strategy",
         "cluster_from_slurm",
         "cluster_from_tf_config",

@@ -41,7 +41,10 @@ if TYPE_CHECKING:  # the names' own modules, for type checkers and IDEs; importe
         MinSizePartitioner as MinSizePartitioner,
         PlacementPlan as PlacementPlan,
     )
-    from torchestimator.distribute.sharded_embedding import ShardedEmbedding as ShardedEmbedding
+    from torchestimator.distribute.sharded_embedding import (
+        ShardedEmbedding as ShardedEmbedding,
+        ShardedEmbeddingBag as ShardedEmbeddingBag,
+    )
     from torchestimator.distribute.strategy import Placement as Placement, Strategy as Strategy
     from torchestimator.distribute.sync_batch_norm import CrossReplicaBatchNorm as CrossReplicaBatchNorm
     from torchestimator.errors import RelaunchError as RelaunchError
