@@ -48,7 +48,7 @@ from __future__ import annotations
 import bisect
 import logging
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -89,6 +89,25 @@ _NO_SKIP_ON_REREAD = (
 )
 
 
+def _reread_blocks(
+    path: str, raw: Any, options: RereadOptions, start: int, stats: ReadStats, block_size: int
+) -> Generator[tuple[list[int], list[bytes]], None, None]:
+    """Blocks of records read again from ``start``, skipping nothing (they were intact once)."""
+    return _record_blocks(
+        path,
+        raw,
+        options["compression"],
+        start_offset=start,
+        skip_corrupt=False,
+        verify=options["verify"],
+        strict=options["strict"],
+        stats=stats,
+        block_size=block_size,
+        max_record_size=options["max_record_size"],
+        hint=_NO_SKIP_ON_REREAD,
+    )
+
+
 def _no_record_at(path: str, offset: int) -> DataLossError:
     return DataLossError(
         f"The saved TFRecordDataset position holds a record at byte {offset} of {path}, but no record "
@@ -124,19 +143,7 @@ def read_records_at(
     while index < count:
         file_index, offset = sorted_files[index], sorted_offsets[index]
         path = files[file_index]
-        blocks = _record_blocks(
-            path,
-            None,
-            options["compression"],
-            start_offset=offset,
-            skip_corrupt=False,
-            verify=options["verify"],
-            strict=options["strict"],
-            stats=stats,
-            block_size=_REREAD_BLOCK_SIZE,
-            max_record_size=options["max_record_size"],
-            hint=_NO_SKIP_ON_REREAD,
-        )
+        blocks = _reread_blocks(path, None, options, offset, stats, _REREAD_BLOCK_SIZE)
         try:
             block_offsets, block_records = next(blocks, ([], []))
         finally:
@@ -186,19 +193,7 @@ def _records_from(path: str, wanted: list[int], options: RereadOptions) -> tuple
     only for records longer than one), the object opened without read-ahead."""
     own = ReadStats()
     raw = RemoteFile(path, read_ahead=0) if is_url(path) else None
-    blocks = _record_blocks(
-        path,
-        raw,
-        options["compression"],
-        start_offset=wanted[0],
-        skip_corrupt=False,
-        verify=options["verify"],
-        strict=options["strict"],
-        stats=own,
-        block_size=_REMOTE_REREAD_BLOCK_SIZE,
-        max_record_size=options["max_record_size"],
-        hint=_NO_SKIP_ON_REREAD,
-    )
+    blocks = _reread_blocks(path, raw, options, wanted[0], own, _REMOTE_REREAD_BLOCK_SIZE)
     out: list[bytes] = []
     try:
         for block_offsets, block_records in blocks:
