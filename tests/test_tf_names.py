@@ -13,6 +13,8 @@ import pathlib
 import re
 import subprocess
 import sys
+import tempfile
+from unittest import mock
 
 import pytest
 import torch
@@ -23,7 +25,7 @@ from torchestimator import _tf_names
 from torchestimator._tf_names import ARGUMENT, ATTRIBUTE, MEMBER, TF_NAMES, markdown_table
 from torchestimator.errors import ConfigTypeError
 from torchestimator.export import TensorSpec, serving_input_receiver
-from torchestimator.export.receiver import build_parsing_serving_input_receiver
+from torchestimator.export.receiver import as_receiver, build_parsing_serving_input_receiver
 
 NAMES_PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "tf-names.md"  # the docs page holding the table
 RECEIVER = serving_input_receiver({"x": TensorSpec(shape=(None, 8), dtype=torch.float32)})
@@ -33,8 +35,28 @@ def _input_fn():
     return []
 
 
+class _ExportCall:
+    """Stands in for the export Estimator.export_saved_model runs: what it was handed (the receiver resolved as
+    the export resolves it), so an alias's call compares with our own name's without tracing a model."""
+
+    def __init__(self, estimator, export_dir_base, serving_input_receiver, **options):
+        self._receiver = as_receiver(serving_input_receiver)
+        self.export_dir_base = export_dir_base
+        self.options = options
+
+
+NEVER_WRITTEN = pathlib.Path(tempfile.gettempdir()) / "test_tf_names-never-written"
+"""The model_dir of the Estimator whose export_saved_model is called with the export stood in for."""
+
+
+def _export_call(**keywords):
+    estimator = te.Estimator(lambda model, features: None, model=torch.nn.Linear(8, 3), model_dir=str(NEVER_WRITTEN))
+    with mock.patch("torchestimator.export.export_saved_model", _ExportCall):
+        return estimator.export_saved_model(str(NEVER_WRITTEN / "export"), **keywords)
+
+
 # Builds an instance of each owner from keyword arguments (the owner's required ones filled in), and what two
-# instances compare by.
+# instances compare by; a method owner ("Estimator.export_saved_model") is called instead.
 BUILD = {
     "RunConfig": lambda **kw: te.RunConfig(**kw),
     "TrainSpec": lambda **kw: te.TrainSpec(_input_fn, **kw),
@@ -43,14 +65,16 @@ BUILD = {
     "FinalExporter": lambda **kw: te.export.FinalExporter("final", **kw),
     "BestExporter": lambda **kw: te.export.BestExporter(**kw),
     "ServingInputReceiver": lambda **kw: te.export.ServingInputReceiver(**kw),
+    "Estimator.export_saved_model": _export_call,
 }
 NEEDED = {  # what our own spelling needs besides the argument under test
     "LatestExporter": {"serving_input_receiver": RECEIVER},
     "FinalExporter": {"serving_input_receiver": RECEIVER},
     "BestExporter": {"serving_input_receiver": RECEIVER},
     "ServingInputReceiver": {"receiver_tensors": RECEIVER.receiver_tensors},
+    "Estimator.export_saved_model": {"serving_input_receiver": RECEIVER},
 }
-BUILD_CLASSES = {
+BUILD_CLASSES = {  # whose signature holds our own arguments
     "RunConfig": te.RunConfig,
     "TrainSpec": te.TrainSpec,
     "EvalSpec": te.EvalSpec,
@@ -58,10 +82,12 @@ BUILD_CLASSES = {
     "FinalExporter": te.export.FinalExporter,
     "BestExporter": te.export.BestExporter,
     "ServingInputReceiver": te.export.ServingInputReceiver,
+    "Estimator.export_saved_model": te.Estimator.export_saved_model,
 }
 VALUES = {"tf_random_seed": 42, "serving_input_receiver_fn": lambda: RECEIVER}
 
-# tf.estimator 2.15's arguments (tensorflow/estimator: run_config.py, training.py, exporter.py, export_lib).
+# tf.estimator 2.15's arguments (tensorflow/estimator: run_config.py, training.py, exporter.py, export_lib,
+# estimator.py).
 TF_SIGNATURES = {
     "RunConfig": "model_dir tf_random_seed save_summary_steps save_checkpoints_steps save_checkpoints_secs "
     "session_config keep_checkpoint_max keep_checkpoint_every_n_hours log_step_count_steps train_distribute "
@@ -73,6 +99,8 @@ TF_SIGNATURES = {
     "FinalExporter": "name serving_input_receiver_fn assets_extra as_text",
     "BestExporter": "name serving_input_receiver_fn event_file_pattern compare_fn assets_extra as_text exports_to_keep",
     "ServingInputReceiver": "features receiver_tensors receiver_tensors_alternatives",
+    "Estimator.export_saved_model": "export_dir_base serving_input_receiver_fn assets_extra as_text checkpoint_path "
+    "experimental_mode",
 }
 
 
@@ -110,7 +138,9 @@ def test_an_argument_alias_builds_what_our_name_builds(owner, row, caplog):
     ours = BUILD[owner](**needed, **{row.our_key: value})
     assert type(theirs) is type(ours)
     assert (theirs == ours) if owner == "RunConfig" else (vars(theirs).keys() == vars(ours).keys())
-    if owner != "RunConfig":  # an exporter: the receiver the function returns, as our own name takes it
+    if owner == "Estimator.export_saved_model":
+        assert vars(theirs) == vars(ours)  # the same export call
+    if owner != "RunConfig":  # an exporter or the export: the receiver the function returns, as our name takes it
         assert theirs._receiver is ours._receiver is RECEIVER
     aliases = [record for record in caplog.records if row.tf_key in record.getMessage()]
     assert len(aliases) == 1 and aliases[0].levelno == logging.DEBUG
@@ -151,6 +181,14 @@ def test_run_config_replace_takes_tf_names_too():
 def test_our_signature_still_shows_our_names():
     assert "random_seed" in inspect.signature(te.RunConfig).parameters
     assert "tf_random_seed" not in inspect.signature(te.RunConfig).parameters
+    export = inspect.signature(te.Estimator.export_saved_model).parameters
+    assert list(export)[:3] == ["self", "export_dir_base", "serving_input_receiver"]
+    assert "serving_input_receiver_fn" not in export and "as_text" not in export
+
+
+def test_the_export_call_stood_in_for_writes_nothing():
+    _export_call(serving_input_receiver_fn=lambda: RECEIVER)
+    assert not NEVER_WRITTEN.exists()
 
 
 @pytest.mark.parametrize("row", _rows(ATTRIBUTE), ids=_row_id)
@@ -241,4 +279,6 @@ def test_pasted_tf_code_trains_and_exports_with_tf_spellings(tmp_path):
     path = exporter.export(estimator, str(tmp_path / "export"), estimator.latest_checkpoint(), {}, True)
     outputs = te.export.load(path)({"x": x[:3]})
     assert outputs["probabilities"].shape == (3, 3)
+    exported = estimator.export_saved_model(str(tmp_path / "saved"), serving_input_receiver_fn=receiver_fn)
+    assert (te.export.load(exported)({"x": x[:3]})["probabilities"] == outputs["probabilities"]).all()
     assert te.estimator.ModeKeys.INFER == te.ModeKeys.PREDICT

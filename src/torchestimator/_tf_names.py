@@ -13,7 +13,8 @@ what TF's name is here, and is one line of the table on docs/tf-names.md ("tf.es
 - a member: a name of the ``te.estimator`` namespace (tf.estimator's layout), the same object as ours.
 
 What belongs here: the rows, and the helpers that apply them (``accepts_tf_arguments`` for a class's
-``__init__``, ``tf_attribute_aliases`` for a class's attributes, ``refused_member`` for a namespace). What
+``__init__``, ``accepts_tf_keywords`` for a function or method, ``tf_attribute_aliases`` for a class's
+attributes, ``refused_member`` for a namespace). What
 does not: the objects themselves. This is a leaf: it imports none of the modules that use it.
 """
 
@@ -23,7 +24,7 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from torchestimator.errors import ConfigTypeError
 
@@ -31,6 +32,7 @@ __all__ = [
     "TF_NAMES",
     "TFName",
     "accepts_tf_arguments",
+    "accepts_tf_keywords",
     "argument_rows",
     "markdown_table",
     "our_arguments",
@@ -55,7 +57,8 @@ class TFName:
     kind: str = DOCUMENTED
     """DOCUMENTED (the docs only), ARGUMENT, ATTRIBUTE or MEMBER (of a namespace)."""
     owners: tuple[str, ...] = ()
-    """Whose argument or attribute (class names: "RunConfig"), or which namespace ("tf.estimator")."""
+    """Whose argument or attribute (class names: "RunConfig"; a method: "Estimator.export_saved_model"), or which
+    namespace ("tf.estimator")."""
     tf_key: str = ""
     """TF's argument, attribute or member name."""
     our_key: str = ""
@@ -106,6 +109,7 @@ _EXPORTERS = ("LatestExporter", "BestExporter", "FinalExporter")
 _HOOK_METHODS = "its methods are begin, after_restore, before_step, after_step and end, and there is no session"
 _CANNED = "a canned estimator's network is a torch module here: give it with its loss and metrics."
 _ESTIMATOR, _EXPORT, _EXPERIMENTAL = "tf.estimator", "tf.estimator.export", "tf.estimator.experimental"
+_EXPORT_METHOD = "Estimator.export_saved_model"
 
 TF_NAMES: tuple[TFName, ...] = (
     # -- tf.estimator's own names: te.estimator.X is the object te.X (or te.export.X) is.
@@ -363,6 +367,30 @@ TF_NAMES: tuple[TFName, ...] = (
         "`Estimator.export_saved_model`",
         "a torch.export program + signature.json",
     ),
+    _argument(
+        (_EXPORT_METHOD,),
+        "`tf.estimator.Estimator.export_saved_model(serving_input_receiver_fn=)`",
+        "`Estimator.export_saved_model(serving_input_receiver=)`",
+        "serving_input_receiver_fn",
+        "serving_input_receiver",
+        "a receiver, or a function returning one",
+    ),
+    _refused_argument(
+        (_EXPORT_METHOD,),
+        "`tf.estimator.Estimator.export_saved_model(as_text=)`",
+        "`program.json` and `signature.json`",
+        "as_text",
+        "an export is a torch.export program with JSON signatures, not a SavedModel proto to write as "
+        "text: drop as_text.",
+    ),
+    _refused_argument(
+        (_EXPORT_METHOD,),
+        "`tf.estimator.Estimator.export_saved_model(experimental_mode=)`",
+        "the PREDICT mode only",
+        "experimental_mode",
+        "an export holds model_fn in PREDICT mode, what a server runs; TF's experimental TRAIN and EVAL "
+        "exports have no counterpart: drop experimental_mode.",
+    ),
     _member(
         _EXPORT,
         "ServingInputReceiver",
@@ -432,31 +460,42 @@ TF_NAMES: tuple[TFName, ...] = (
 )
 
 _Class = TypeVar("_Class", bound=type)
+_Function = TypeVar("_Function", bound=Callable[..., Any])
 
 
 def argument_rows(owner: str) -> dict[str, TFName]:
-    """TF's argument name -> its row, for the arguments of ``owner`` (a class name) the table names."""
+    """TF's argument name -> its row, for the arguments of ``owner`` (a class name, or "Class.method") the
+    table names."""
     return {row.tf_key: row for row in TF_NAMES if row.kind == ARGUMENT and owner in row.owners}
 
 
-def accepts_tf_arguments(owner: str) -> Callable[[_Class], _Class]:
-    """A class decorator: the class's ``__init__`` also takes TF's argument names of ``owner``'s rows.
+def accepts_tf_keywords(owner: str) -> Callable[[_Function], _Function]:
+    """A function (or method) decorator: it also takes TF's argument names of ``owner``'s rows, by keyword.
 
     An alias is renamed to ours (both given: a ConfigTypeError); a refused name raises its row's message.
     ``inspect.signature`` still shows our own arguments (the wrapper is ``functools.wraps``'d).
     """
     rows = argument_rows(owner)
 
-    def decorate(cls: _Class) -> _Class:
-        init = cls.__init__  # type: ignore[misc]  # the class's own, wrapped once here
-
-        @functools.wraps(init)
-        def __init__(self: Any, *args: Any, **keywords: Any) -> None:
+    def decorate(function: _Function) -> _Function:
+        @functools.wraps(function)
+        def with_tf_keywords(*args: Any, **keywords: Any) -> Any:
             if not rows.keys().isdisjoint(keywords):
                 keywords = _with_our_names(owner, rows, keywords)
-            init(self, *args, **keywords)
+            return function(*args, **keywords)
 
-        setattr(cls, "__init__", __init__)  # noqa: B010  (mypy refuses assigning to a method)
+        return cast(_Function, with_tf_keywords)
+
+    return decorate
+
+
+def accepts_tf_arguments(owner: str) -> Callable[[_Class], _Class]:
+    """A class decorator: the class's ``__init__`` also takes TF's argument names of ``owner``'s rows
+    (``accepts_tf_keywords`` applied to it)."""
+
+    def decorate(cls: _Class) -> _Class:
+        init = cls.__init__  # type: ignore[misc]  # the class's own, wrapped once here
+        setattr(cls, "__init__", accepts_tf_keywords(owner)(init))  # noqa: B010  (mypy refuses assigning to a method)
         return cls
 
     return decorate
