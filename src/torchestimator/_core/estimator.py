@@ -59,7 +59,6 @@ from torchestimator._io.console import (
 from torchestimator._io.summary import SummaryWriter
 from torchestimator._shapeless import refuse_uninitialized
 from torchestimator._tf_names import accepts_tf_keywords
-from torchestimator._tf_names import accepts_tf_keywords
 from torchestimator._train_state import TrainState, seed_everything
 from torchestimator.checkpoint.best_record import best_checkpoint, protect_recorded_best
 from torchestimator.checkpoint.checkpointer import Checkpointer
@@ -767,7 +766,6 @@ class Estimator:
         # Inference in one process of a launched run is legitimate (it writes nothing): only training refuses.
         return OneDeviceStrategy(config.device, warn_if_launched=False)
 
-    @accepts_tf_keywords("Estimator.export_saved_model")  # TF's serving_input_receiver_fn=; as_text= refused
     @accepts_tf_keywords("Estimator.export_saved_model")  # TF's serving_input_receiver_fn=; as_text= refused
     def export_saved_model(
         self,
