@@ -255,6 +255,26 @@ def tf_config_tasks_resolve(block: Block, workdir: Path) -> None:
     assert all((c.master_addr, c.master_port) == ("host0", 2222) for c in clusters)
 
 
+def tf1_flags_make_each_tasks_tf_config(block: Block) -> None:
+    """`bash -n`; the command parses with launch's own parser, and with --task_index 0 to 3 (as its comment says)
+    makes the TF_CONFIG of the chief (worker 0, at host0) and of workers 0 to 2, without torchrun."""
+    from torchestimator.distribute.launcher import parse_launch_arguments, tf1_task_tf_config
+
+    bash_syntax_is_valid(block)
+    words = shlex.split(block.text.replace("\\\n", " "), comments=True)
+    assert words[:2] == ["torchestimator", "launch"], words
+    tasks = []
+    for index in range(4):
+        argv = [str(index) if before == "--task_index" else word for before, word in zip(["", *words[2:]], words[2:])]
+        with environ_restored():
+            arguments = parse_launch_arguments(argv)
+            tf_config = tf1_task_tf_config(arguments, environ={})
+        assert arguments.training_script == "train.py", arguments
+        assert tf_config["cluster"] == {"chief": ["host0:2222"], "worker": ["host1:2222", "host2:2222", "host3:2222"]}
+        tasks.append((tf_config["task"]["type"], tf_config["task"]["index"]))
+    assert tasks == [("chief", 0), ("worker", 0), ("worker", 1), ("worker", 2)], tasks
+
+
 def names_are_defined_above(block: Block) -> None:
     """A block shown but not run still refers only to names it defines or earlier run blocks define."""
     undefined = undefined_names(block)
@@ -333,6 +353,10 @@ NOT_RUNNABLE: dict[str, NotRunnable] = {
         "needs Ray (not a dependency) and a Ray cluster with /shared", names_are_defined_above
     ),
     "# on host0, the chief:": NotRunnable("two hosts (host0, host1), one command on each", tf_config_tasks_resolve),
+    "# on host0 to host3, one command each: --task_index 0 to 3 (worker 0 is the chief)": NotRunnable(
+        "four hosts, one command on each (the parameter-server section runs TF 1.x flags on 127.0.0.1)",
+        tf1_flags_make_each_tasks_tf_config,
+    ),
     "import grpc, numpy as np, tensorflow as tf": NotRunnable(
         "TF Serving's own client needs TensorFlow and tensorflow-serving-api, not dependencies; "
         "tools/check_tf_serving_grpc_client.py runs it against serve --port",
@@ -775,12 +799,38 @@ def store_workflow_answers(run: PageRun, outcome: Outcome) -> None:
     assert "Found credentials" not in outcome.output  # the clients' INFO lines stay out of the CLI's output
 
 
+def latest_step(model_dir: Path) -> int:
+    return max((int(path.name.split("-")[1]) for path in model_dir.glob("ckpt-*")), default=-1)
+
+
+def parameter_servers_train(run: PageRun, outcome: Outcome) -> None:
+    """The four tasks of the TF_CONFIG block all exited 0 (bash -e): the chief evaluated past max_steps with the
+    rule learned well above chance, wrote its checkpoint, and the workers and the ps returned None."""
+    results = printed_literal(outcome.output, "{")
+    assert results["global_step"] >= 600 and results["accuracy"] >= 0.5, results
+    assert latest_step(run.workdir / "runs" / "ps") >= 600
+    assert "served variables as a parameter server for runs/ps until the chief ended training" in outcome.output
+    assert outcome.output.splitlines().count("None") == 3, outcome.output  # two workers and the ps
+
+
+def tf1_flags_train_with_parameter_servers(run: PageRun, outcome: Outcome) -> None:
+    """launch made worker 0 the chief and its TF_CONFIG, the job trained to max_steps, and its ps served."""
+    assert "worker 0 is the chief, as in TF 1.x; TF_CONFIG names it chief:0" in outcome.output, outcome.output
+    results = printed_literal(outcome.output, "{")
+    assert results["global_step"] >= 600 and results["accuracy"] >= 0.5, results
+    assert latest_step(run.workdir / "runs" / "ps_tf1") >= 600
+    assert "served variables as a parameter server" in (run.workdir / "tf1-ps:0.log").read_text()
+
+
 CHECKS_AFTER: dict[str, Callable[[PageRun, Outcome], None]] = {
     "import numpy as np, torch, torch.nn as nn, torch.nn.functional as F": quickstart_learns_and_predicts,
     "import torch, torch.nn as nn, torch.nn.functional as F": example_learns_and_exports,
     "# 10 examples, a global batch of 4, two epochs": batches_split_across_replicas,
     "python -m moto.server -p 9000 > moto.log 2>&1 &": store_workflow_answers,
     "config = te.RunConfig(train_distribute=te.MirroredStrategy(num_replicas=2))": config_has_two_replicas,
+    "cat > train.py <<'EOF'": parameter_servers_train,
+    'read worker0 worker1 worker2 ps0 < <(python -c "from torchestimator.distribute import find_free_port as port; '
+    "print(*(f'127.0.0.1:{port()}' for _ in range(4)))\")": tf1_flags_train_with_parameter_servers,
     "from torchestimator.data import (FixedLenFeature, VarLenFeature, TFRecordDataset, TFRecordWriter,": tfrecord_input_fn_gives_batches,
     "def build_lazy_model(params):                          # no input sizes, as tf.layers.dense": lazy_layers_get_their_shapes,
     "from torchestimator.warm_start import WarmStartSettings": warm_start_loads_the_quickstart,
