@@ -120,8 +120,15 @@ def count_records_read(monkeypatch):
             counted["records"] += len(records)
             yield offsets, records
 
+    real_reread = dataset_shuffle._reread_blocks
+
+    def counting_reread(path, raw, options, start, stats, block_size):
+        for offsets, records in real_reread(path, raw, options, start, stats, 64):
+            counted["records"] += len(records)
+            yield offsets, records
+
     monkeypatch.setattr(dataset_records, "iter_record_blocks", counting)
-    monkeypatch.setattr(dataset_shuffle, "iter_record_blocks", counting)
+    monkeypatch.setattr(dataset_shuffle, "_reread_blocks", counting_reread)
     return counted
 
 
