@@ -342,6 +342,11 @@ def test_synchronous_parameter_servers_equal_mirrored_and_asynchronous_reach_the
     logs = _logs(tmp_path / "out_async")
     assert "served variables as a parameter server" in logs and logs.count(" done") == 4
     assert async_results["global_step"] >= 180  # asynchronous pushes may overshoot, as TF's global step does
+    # The workers stay until the chief's final checkpoint has their input positions.
+    (final,) = sorted((tmp_path / "async").glob("ckpt-*"), key=lambda path: int(path.name.split("-")[1]))[-1:]
+    replicas = json.loads((final / "state.json").read_text())["extra"]["replicas"]
+    assert len(replicas) == 3 and all(replica["input_source"] is not None for replica in replicas)
+    assert "did not send its input position" not in logs
     # A fixed task, the same examples: asynchronous updates reach synchronous training's accuracy within 0.03.
     assert async_results["accuracy"] >= sync_results["accuracy"] - 0.03 > 0.9
 
@@ -356,6 +361,9 @@ def test_a_checkpoint_resumes_with_another_ps_count_and_in_a_plain_estimator(scr
     assert "resumed" in chief_log and "optimizer changed" not in chief_log
     results = json.loads((tmp_path / "second" / "results.json").read_text())
     assert results["global_step"] >= 80
+    # Run again at a max_steps already reached: the chief skips and ends the ps tasks at once (none waits).
+    _cluster(script, "async", model_dir, 80, tmp_path / "third", num_ps=1)
+    assert "skipped training" in (tmp_path / "third" / "logs" / "process0.log").read_text()
     # An ordinary checkpoint: a plain Estimator restores weights and the Adam state the ps tasks kept.
     estimator = te.Estimator(
         model_fn=lambda model, features, labels, mode: te.EstimatorSpec(

@@ -300,8 +300,17 @@ class Estimator:
         show_summaries()
         started = time.monotonic()
         with _deterministic_algorithms(self._config.deterministic):
-            run = self._start_training(input_fn, hooks, steps, max_steps, saving_listeners, evaluation)
+            try:
+                run = self._start_training(input_fn, hooks, steps, max_steps, saving_listeners, evaluation)
+            except BaseException as error:  # parameter servers: the ps tasks must not wait for a chief that failed
+                if strategy is not None and strategy.is_set_up:
+                    strategy.end_training(
+                        f"the chief failed before step one: {type(error).__name__}: {error}", failed=True
+                    )
+                raise
             if isinstance(run, TrainOutcome):  # max_steps already reached
+                if strategy is not None and not run.served:
+                    strategy.end_training(f"{self._model_dir} is already at step {run.end_step} (max_steps)")
                 self._report_training(run, evaluation)
                 return self
             model = self._model

@@ -191,21 +191,6 @@ class RemoteOptimizer(torch.optim.Optimizer):
                 )
         self.global_step = rpc.rpc_sync(self._ps_names[0], _ps_server.current_step, timeout=self._timeout)
 
-    def end_servers(self, reason: str, failed: bool) -> None:
-        """The chief: every ps ends training (workers hear it at their next push; a failure makes them raise).
-        Training's outcome stands whatever happens here: a ps already gone is logged, not raised."""
-        if self.ended is not None:
-            return
-        self.ended = reason
-        futures = [
-            rpc.rpc_async(name, _ps_server.end, args=(reason, failed), timeout=self._timeout) for name in self._ps_names
-        ]
-        for name, future in zip(self._ps_names, futures):
-            try:
-                future.wait()
-            except Exception as error:  # reported: the run is over either way
-                logger.warning("Could not tell %s that training ended (%s): %s", name, reason, error)
-
     # -- the step ----------------------------------------------------------------
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -293,11 +278,6 @@ class RemoteOptimizer(torch.optim.Optimizer):
         with torch.no_grad():
             for values in _wait_all(futures, self._ps_names, "sending its variables"):
                 self._take_values(values)
-
-    def heartbeat(self) -> None:
-        """The chief, every few seconds: the ps tasks end training when it stops (it died)."""
-        for name in self._ps_names:  # not waited for: a lost ps shows at the next step
-            rpc.rpc_async(name, _ps_server.heartbeat, timeout=self._timeout)
 
     def _take_values(self, values: Mapping[str, torch.Tensor]) -> None:
         by_key = {shard.key: shard for shard in self._shards}

@@ -323,9 +323,10 @@ class ShardServer:
             self.last_contact["chief-heartbeat"] = time.monotonic()
 
     def check_chief(self, started: float) -> None:
-        """Ends training when the chief has said nothing (heartbeat or push) for the timeout: it died."""
+        """Ends training when the chief has said nothing (heartbeat or push) for the timeout: it died (before it
+        put the variables here too: its heartbeat starts when it joins the group)."""
         with self._lock:
-            if self.ended is not None or self.initialized_by is None:
+            if self.ended is not None:
                 return
             heard = max(self.last_contact.get("chief-heartbeat", started), self.last_contact.get("chief", started))
             silent = time.monotonic() - heard
@@ -423,3 +424,7 @@ def end(reason: str, failed: bool = False) -> None:
 
 def heartbeat() -> None:
     _server().heartbeat()
+
+
+def ended_reason() -> str | None:
+    return _server().ended

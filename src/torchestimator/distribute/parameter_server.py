@@ -5,8 +5,8 @@ evaluates checkpoints on its own as with every strategy). Every task runs the sa
 ``setup()`` makes of it depends on its role:
 
 - a ``ps`` task serves: ``Estimator.train`` (or ``train_and_evaluate``) on it holds its shards of the variables
-  and the optimizer over them (``_ps_server.py``) until the chief ends training, then ends the process (TF's
-  ``server.join()`` never returns either);
+  and the optimizer over them (``_ps_server.py``) until the chief ends training (or is lost), then returns (TF's
+  ``server.join()`` never returned; here the program goes on, and exits non-zero if training ended by a failure);
 - the chief and the workers train, each on its own share of the input (batch sizes stay global: a global
   batch of 64 over chief + 3 workers is 16 per trainer), each step pulling the variables, computing
   gradients and pushing them (``_ps_optimizer.RemoteOptimizer``); the chief alone writes checkpoints and
@@ -120,10 +120,13 @@ class ParameterServerStrategy(Strategy):
         self.trainer_names: list[str] = []
         self._optimizer: RemoteOptimizer | None = None
         self._heartbeat_stop = threading.Event()
+        self._ended_servers = False
         # A worker's state, asked for by the chief's checkpoint and made by the training loop between steps.
         self._provide_state: Callable[[], Any] | None = None
         self._final_state: Any = None
         self._state: Any = None
+        self._state_step = -1  # synchronous: the global step self._state belongs to
+        self._state_changed = threading.Condition()
         self._state_requested = threading.Event()
         self._state_ready = threading.Event()
 
@@ -182,6 +185,8 @@ class ParameterServerStrategy(Strategy):
                 self.name, rank=rank, world_size=world, rpc_backend_options=options
             )
         keep_tables_on_parameter_servers(self.role != PS)  # ShardedEmbedding tables built now stay on the ps
+        if self.role == CHIEF:
+            self._start_heartbeat()
         _warn_if_oversubscribed(cluster, self.name)
         device = self._device or (
             torch.device("cuda", cluster.local_rank % torch.cuda.device_count())
@@ -282,23 +287,25 @@ class ParameterServerStrategy(Strategy):
         if self.is_chief:
             aggregate = (self.replicas_to_aggregate or self.num_trainers) if self.sync_replicas else None
             optimizer.initialize_servers(global_step, aggregate)
-            self._start_heartbeat(optimizer)
         else:
             optimizer.wait_for_servers()
         optimizer.pull()
         return optimizer.global_step
 
-    def _start_heartbeat(self, optimizer: RemoteOptimizer) -> None:
-        """Tells every ps, a few times per timeout, that the chief lives (a chief killed -9 says nothing else)."""
+    def _start_heartbeat(self) -> None:
+        """Tells every ps, a few times per timeout, that the chief lives (a chief killed -9 says nothing else), from
+        set-up on: a ps also learns of a chief that dies before it put the variables there."""
         self._heartbeat_stop.clear()
         interval = max(0.5, min(5.0, self.timeout_seconds / 6))
+        names, timeout = list(self.ps_names), self.timeout_seconds
 
         def beat() -> None:
             while not self._heartbeat_stop.wait(interval):
-                try:
-                    optimizer.heartbeat()
-                except Exception as error:  # the steps report a lost ps; the heartbeat goes on for the others
-                    logger.debug("heartbeat: %s", error)
+                for name in names:  # not waited for: a lost ps shows at the next step
+                    try:
+                        rpc.rpc_async(name, _ps_server.heartbeat, timeout=timeout)
+                    except Exception as error:  # the agent is shutting down; the steps report a lost ps
+                        logger.debug("heartbeat to %s: %s", name, error)
 
         threading.Thread(target=beat, name="torchestimator-ps-heartbeat", daemon=True).start()
 
@@ -307,7 +314,10 @@ class ParameterServerStrategy(Strategy):
         if self.sync_replicas and self._provide_state is not None:
             # Synchronous: the state after each step, ready for the chief's checkpoint of that step. (Asked instead,
             # it would come after this worker's next push, which waits for the chief's gradient: a deadlock.)
-            self._state = self._provide_state()
+            state = self._provide_state()
+            with self._state_changed:
+                self._state, self._state_step = state, self._optimizer.global_step
+                self._state_changed.notify_all()
         elif self._state_requested.is_set():  # the chief's checkpoint waits for this trainer's state: between steps
             self._answer_state_request()
         return self._optimizer.global_step
@@ -330,7 +340,8 @@ class ParameterServerStrategy(Strategy):
             return [own]
         workers = self.trainer_names[1:]
         wait = min(self.timeout_seconds, _STATE_WAIT_SECONDS)
-        futures = [rpc.rpc_async(name, _trainer_state, args=(wait,), timeout=wait + 5) for name in workers]
+        step = self._optimizer.global_step if self._optimizer is not None else -1
+        futures = [rpc.rpc_async(name, _trainer_state, args=(wait, step), timeout=wait + 5) for name in workers]
         states = [own]
         for name, future in zip(workers, futures):
             try:
@@ -354,12 +365,17 @@ class ParameterServerStrategy(Strategy):
         self._state_requested.clear()
         self._state_ready.set()
 
-    def state_for_chief(self, wait: float) -> Any:
+    def state_for_chief(self, wait: float, step: int) -> Any:
         """A worker, in an RPC thread: its state as of its next step's end (or its final one once it stopped)."""
         if self._final_state is not None or self.training_ended is not None:
             return self._final_state
         if self.sync_replicas:
-            return self._state
+            # The state of the checkpoint's own step: this worker may still be taking that step's answer in.
+            with self._state_changed:
+                ready = self._state_changed.wait_for(
+                    lambda: self._state_step >= step or self.training_ended is not None, wait
+                )
+                return self._state if ready and self._state_step == step else None
         self._state_ready.clear()
         self._state_requested.set()
         if not self._state_ready.wait(wait):
@@ -373,12 +389,51 @@ class ParameterServerStrategy(Strategy):
         return None if self._optimizer is None else self._optimizer.ended
 
     def end_training(self, reason: str, *, failed: bool = False) -> None:
-        """The chief, when it stops: every ps ends, so the workers stop at their next push (raising if it failed)."""
-        self._heartbeat_stop.set()
+        """The chief, when it stops (before step one too): every ps ends, so the workers stop at their next push
+        (raising if it failed). A worker that reached the end itself stays in the group until the chief's final
+        checkpoint has its state (the ps say training ended), within the timeout."""
+        if not self.is_set_up or self.role == PS:
+            return
+        if self.is_chief:
+            self._heartbeat_stop.set()
+            self._end_servers(reason, failed)
+            return
         if self._provide_state is not None and not failed:
-            self._final_state = self._provide_state()  # a worker's last position, for a checkpoint written after
-        if self.is_chief and self._optimizer is not None:
-            self._optimizer.end_servers(reason, failed)
+            self._final_state = self._provide_state()  # the position the chief's final checkpoint asks for
+            if self.training_ended is None:
+                self._wait_for_the_chief_to_end()
+
+    def _end_servers(self, reason: str, failed: bool) -> None:
+        if self._ended_servers:
+            return
+        self._ended_servers = True
+        if self._optimizer is not None:
+            self._optimizer.ended = reason
+        futures = [
+            rpc.rpc_async(name, _ps_server.end, args=(reason, failed), timeout=self.timeout_seconds)
+            for name in self.ps_names
+        ]
+        for name, future in zip(self.ps_names, futures):
+            try:
+                future.wait()
+            except Exception as error:  # reported: the run is over either way
+                logger.warning("Could not tell %s that training ended (%s): %s", name, reason, error)
+
+    def _wait_for_the_chief_to_end(self) -> None:
+        deadline = time.monotonic() + self.timeout_seconds
+        while time.monotonic() < deadline:
+            try:
+                if rpc.rpc_sync(self.ps_names[0], _ps_server.ended_reason, timeout=self.timeout_seconds) is not None:
+                    return
+            except Exception as error:  # ps 0 gone: nothing left to wait for
+                logger.debug("waiting for the chief's end: %s", error)
+                return
+            time.sleep(0.2)
+        logger.warning(
+            "%s: the chief did not end training within %.0f s of this worker's last step; leaving the group.",
+            self.name,
+            self.timeout_seconds,
+        )
 
 
 _TRAINER: ParameterServerStrategy | None = None
@@ -388,9 +443,9 @@ _STATE_WAIT_SECONDS = 30.0
 """How long the chief waits for a worker's state for a checkpoint (one step, normally)."""
 
 
-def _trainer_state(wait: float) -> Any:
-    """Called by the chief over RPC: this worker's state for a checkpoint."""
-    return None if _TRAINER is None else _TRAINER.state_for_chief(wait)
+def _trainer_state(wait: float, step: int) -> Any:
+    """Called by the chief over RPC: this worker's state for the chief's checkpoint of global step ``step``."""
+    return None if _TRAINER is None else _TRAINER.state_for_chief(wait, step)
 
 
 def _warn_if_oversubscribed(cluster: ClusterSpec, name: str) -> None:
@@ -399,7 +454,7 @@ def _warn_if_oversubscribed(cluster: ClusterSpec, name: str) -> None:
     here = cluster.jobs[cluster.task_type][cluster.task_index].rsplit(":", 1)[0]
     tasks_here = sum(address.rsplit(":", 1)[0] == here for addresses in cluster.jobs.values() for address in addresses)
     cores, threads = os.cpu_count() or 1, torch.get_num_threads()
-    if tasks_here > 1 and tasks_here * threads > cores:
+    if tasks_here > 1 and threads > max(1, cores // tasks_here):
         logger.warning(
             "%s: %d tasks of this cluster run on this machine (%s), each with %d torch threads, on %d cores: set "
             "OMP_NUM_THREADS=%d (or torch.set_num_threads) in each task's environment, as torchrun does, or the "
