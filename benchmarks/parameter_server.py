@@ -348,9 +348,10 @@ def run_torch_task(kind: str, settings: Settings, output: Path) -> None:
         return te.EstimatorSpec(mode, loss=F.cross_entropy(logits, labels))
 
     def input_fn(input_context: Any = None) -> Any:
+        # One process alone takes one trainer's share, as the 2 trainers of the others do.
         size = (
             settings.global_batch // 2
-            if input_context is None
+            if input_context is None or kind == "embedding_local"
             else input_context.get_per_replica_batch_size(settings.global_batch)
         )
         if embedding:
