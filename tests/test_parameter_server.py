@@ -132,23 +132,22 @@ def rpc_alone():
         rpc.shutdown(graceful=False)
 
 
+def _serving_alone(local: torch.optim.Optimizer, module: torch.nn.Module, plan) -> RemoteOptimizer:
+    """A chief's RemoteOptimizer over ``module`` whose one ps is this process (rpc_alone), set up and pulled."""
+    remote = RemoteOptimizer(
+        local, module, plan, ["chief"], "chief", on_global_step=lambda step: None, timeout=30, chief=True
+    )
+    remote.initialize_servers(global_step=0, sync_replicas=None)
+    remote.pull()
+    return remote
+
+
 def test_a_remote_optimizer_trains_partitioned_shards_and_checkpoints_as_the_local_optimizer(rpc_alone):
     local_module, remote_module = _model(), _model()
     local = torch.optim.Adam(local_module.parameters(), lr=0.05)
     plan = plan_placement(module_variables(remote_module), 1, FixedShardsPartitioner(num_shards=3))
     assert plan.variable("0.weight").partitioned
-    remote = RemoteOptimizer(
-        torch.optim.Adam(remote_module.parameters(), lr=0.05),
-        remote_module,
-        plan,
-        ["chief"],
-        "chief",
-        on_global_step=lambda step: None,
-        timeout=30,
-        chief=True,
-    )
-    remote.initialize_servers(global_step=0, sync_replicas=None)
-    remote.pull()
+    remote = _serving_alone(torch.optim.Adam(remote_module.parameters(), lr=0.05), remote_module, plan)
     for step in range(4):
         x = torch.randn(16, 6, generator=torch.Generator().manual_seed(step))
         for module, optimizer in ((local_module, local), (remote_module, remote)):
@@ -522,18 +521,7 @@ def test_a_sharded_table_trains_as_a_local_embedding_and_only_its_rows_travel(rp
         "lookup",
         lambda self, key, rows: looked_up.append(len(rows)) or real_lookup(self, key, rows),
     )
-    remote = RemoteOptimizer(
-        optimizer(remote_module.parameters(), lr=0.1),
-        remote_module,
-        plan,
-        ["chief"],
-        "chief",
-        on_global_step=lambda step: None,
-        timeout=30,
-        chief=True,
-    )
-    remote.initialize_servers(global_step=0, sync_replicas=None)
-    remote.pull()
+    remote = _serving_alone(optimizer(remote_module.parameters(), lr=0.1), remote_module, plan)
     reference = optimizer(local.parameters(), lr=0.1)
     for step in range(4):
         ids = torch.randint(0, 50, (8, 3), generator=torch.Generator().manual_seed(step))
