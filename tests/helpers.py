@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import stat
 import textwrap
 import time
@@ -299,3 +300,20 @@ def tfrecord_scanner(core: object) -> Iterator[None]:
         yield
     finally:
         tfrecord._core = saved
+
+
+def fenced_blocks(page: str, text: str) -> list[tuple[int, str, str]]:
+    """Every fenced code block of a Markdown page, in order: (line of its opening fence, info string, text).
+    An unclosed fence is an error naming the page and its line."""
+    blocks, lines, index = [], text.splitlines(), 0
+    while index < len(lines):
+        opening = re.match(r"^```([\w+-]*)\s*$", lines[index])
+        if opening:
+            start, index = index, index + 1
+            while index < len(lines) and lines[index].strip() != "```":
+                index += 1
+            if index == len(lines):
+                raise AssertionError(f"{page}:{start + 1}: code fence never closed")
+            blocks.append((start + 1, opening.group(1), "\n".join(lines[start + 1 : index]) + "\n"))
+        index += 1
+    return blocks

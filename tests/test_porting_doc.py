@@ -38,6 +38,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import fenced_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "porting-from-tf-estimator.md"
@@ -60,19 +61,8 @@ class Block:
 
 
 def page_blocks(text: str) -> list[Block]:
-    """Every fenced block, in order; an unclosed fence is an error naming its line."""
-    blocks, lines, index = [], text.splitlines(), 0
-    while index < len(lines):
-        opening = re.match(r"^```([\w+-]*)\s*$", lines[index])
-        if opening:
-            start, index = index, index + 1
-            while index < len(lines) and lines[index].strip() != "```":
-                index += 1
-            if index == len(lines):
-                raise AssertionError(f"{PAGE.name}:{start + 1}: code fence never closed")
-            blocks.append(Block(start + 1, opening.group(1), "\n".join(lines[start + 1 : index]) + "\n"))
-        index += 1
-    return blocks
+    """Every fenced block, in order (helpers.fenced_blocks)."""
+    return [Block(line, language, body) for line, language, body in fenced_blocks(PAGE.name, text)]
 
 
 BLOCKS = page_blocks(PAGE.read_text(encoding="utf-8"))

@@ -45,6 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import fenced_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -95,19 +96,8 @@ class Block:
 
 
 def page_blocks(page: str, text: str) -> list[Block]:
-    """Every fenced block of a Markdown page, in order; an unclosed fence is an error naming its line."""
-    blocks, lines, index = [], text.splitlines(), 0
-    while index < len(lines):
-        opening = re.match(r"^```([\w+-]*)\s*$", lines[index])
-        if opening:
-            start, index = index, index + 1
-            while index < len(lines) and lines[index].strip() != "```":
-                index += 1
-            if index == len(lines):
-                raise AssertionError(f"{page}:{start + 1}: code fence never closed")
-            blocks.append(Block(page, start + 1, opening.group(1), "\n".join(lines[start + 1 : index]) + "\n"))
-        index += 1
-    return blocks
+    """Every fenced block of a Markdown page, in order (helpers.fenced_blocks)."""
+    return [Block(page, line, language, body) for line, language, body in fenced_blocks(page, text)]
 
 
 def markdown_pages() -> list[str]:
