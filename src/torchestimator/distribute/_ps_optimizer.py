@@ -62,6 +62,7 @@ class RemoteOptimizer(torch.optim.Optimizer):
         self._module = module
         self._plan = plan
         self._shards = list(plan.shards)
+        self._shard_of = {shard.key: shard for shard in self._shards}  # read for every value a step takes back
         self._ps_names = ps_names
         self._trainer = trainer
         self._on_global_step = on_global_step
@@ -280,9 +281,8 @@ class RemoteOptimizer(torch.optim.Optimizer):
                 self._take_values(values)
 
     def _take_values(self, values: Mapping[str, torch.Tensor]) -> None:
-        by_key = {shard.key: shard for shard in self._shards}
         for key, value in values.items():
-            shard = by_key[key]
+            shard = self._shard_of[key]
             if shard.name in self._tables:  # a snapshot's table rows: kept for the checkpoint's state_dict
                 self._table_snapshot[key] = value
                 continue
