@@ -74,6 +74,22 @@ def test_a_prefix_without_state_json_is_never_listed_and_goes_when_its_writer_is
     assert [f for f in folders if f.startswith("ckpt-6.")]
 
 
+def test_a_dead_writers_prefix_with_a_damaged_state_json_goes_at_the_next_save(store_url, caplog):
+    # A killed client's last PUT cut short: a state.json that is not JSON, under a prefix the manifest never listed,
+    # appearing after this store's start-up clean-up. It is never listed, and the next save clears it.
+    store = CheckpointStore(store_url)
+    store.save(1, _weights(1.0))
+    storage = ObjectStorage(store_url)
+    host = writer_tag().split("-h", 1)[1]
+    dead = f"ckpt-2.{_dead_pid()}-h{host}-abcdef"
+    storage.write_file(dead, "model.safetensors", b"a whole file")
+    storage.write_file(dead, "state.json", b'{"format": 2, "st')
+    assert CheckpointStore(store_url).restore().step == 1
+    store.save(3, _weights(3.0))
+    assert dead not in storage.list_folders()
+    assert [path.rsplit("/", 1)[1].split(".")[0] for path in store.all_checkpoints()] == ["ckpt-1", "ckpt-3"]
+
+
 def test_a_checkpoint_sealed_before_the_manifest_was_written_is_found(store_url):
     store = CheckpointStore(store_url)
     store.save(1, _weights(1.0))

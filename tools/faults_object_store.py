@@ -211,6 +211,20 @@ def junk(model_dir: str) -> list[str]:
     ]
 
 
+def _contents(model_dir: str, name: str) -> str:
+    """What a leftover holds: each object's name, size and age, so that a failure says which save left it."""
+    from torchestimator._io import filesystems
+
+    fs, inner = filesystems.filesystem(f"{model_dir}/{name}")
+    now = time.time()
+    described = []
+    for key, info in sorted(fs.find(inner, detail=True).items()):
+        modified = info.get("LastModified")
+        age = f"{now - modified.timestamp():.1f}s ago" if modified is not None else "age unknown"
+        described.append(f"{key.rsplit('/', 1)[1]} {info.get('size')} B {age}")
+    return ", ".join(described) or "no objects"
+
+
 def unsealed_prefixes(model_dir: str) -> list[str]:
     from torchestimator._io import filesystems
 
@@ -323,7 +337,7 @@ def check_after_kill(
         tally.problems.append(f"{what}: rerun {outcome}, not identical to the uninterrupted run")
     left = junk(model_dir)
     tally.leftovers += len(left)
-    tally.problems += [f"{what}: left {name}" for name in left]
+    tally.problems += [f"{what}: left {name} ({_contents(model_dir, name)})" for name in left]
     return identical
 
 

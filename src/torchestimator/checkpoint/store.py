@@ -636,6 +636,9 @@ class CheckpointStore:
                     self._leftovers_seen = True  # a save in progress, or one cut short: never a checkpoint
                     continue
                 rejected[folder] = str(error)
+                # A save prefix the manifest never listed, with a damaged state.json: a killed writer's debris (its
+                # body cut short) that remove_leftovers clears once the writer is gone, as it clears unsealed ones.
+                self._leftovers_seen = self._leftovers_seen or match.group("save") is not None
                 self._warn_once(f"Ignoring checkpoint {self.storage.location(folder)}, it is damaged: {error}")
                 continue
             save_time = item.get("save_time", state.get("save_time"))  # format 1 kept it in state.json
