@@ -204,7 +204,7 @@ def test_a_cluster_without_ps_tasks_or_a_chief_is_refused_at_setup(monkeypatch):
 # ----------------------------------------------------------------------------- clusters of processes
 
 TRAIN_SCRIPT = textwrap.dedent("""
-    import json, os, sys
+    import json, os, sys, time
     import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
     import torchestimator as te
     from torchestimator.distribute.parameter_server import ParameterServerStrategy
@@ -236,11 +236,18 @@ TRAIN_SCRIPT = textwrap.dedent("""
         # for the test to kill a task mid-training.
         def __init__(self):
             self.step, self.path = int(os.environ.get("PS_TEST_MARK_STEP", "0")), os.environ.get("PS_TEST_MARK")
+            # PS_TEST_HOLD_STEP / PS_TEST_HOLD: at that global step, waits (at most 240 s) for that file to appear.
+            self.hold_step, self.hold = int(os.environ.get("PS_TEST_HOLD_STEP", "0")), os.environ.get("PS_TEST_HOLD")
         def after_step(self, run_context):
             if self.path and run_context.global_step >= self.step and not os.path.exists(self.path):
                 with open(self.path + ".tmp", "w") as file:
                     file.write(str(os.getpid()))
                 os.replace(self.path + ".tmp", self.path)
+            if self.hold and run_context.global_step >= self.hold_step:
+                deadline = time.monotonic() + 240
+                while not os.path.exists(self.hold) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                self.hold = None
 
     if kind == "mirrored":
         strategy = te.MultiWorkerMirroredStrategy()
@@ -387,13 +394,45 @@ FAULT_TIMEOUT = "10"
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_a_worker_killed_in_asynchronous_training_does_not_stop_the_others(script, tmp_path):
-    mark = tmp_path / "mark"
-    marked = {"PS_TEST_MARK": str(mark), "PS_TEST_MARK_STEP": "30"}
-    commands = _commands(script, "async", tmp_path / "model", 1500, tmp_path / "out", 1, **{"worker:1": marked})
-    codes = _kill_when_marked(commands, 2, mark, tmp_path / "out" / "logs", DEADLINE_SECONDS)
-    assert codes[2] == -signal.SIGKILL
-    assert [codes[0], codes[1], codes[3]] == [0, 0, 0], task_logs(tmp_path / "out" / "logs", 4)
+def test_a_worker_killed_in_asynchronous_training_does_not_stop_the_others_and_rejoins_when_restarted(script, tmp_path):
+    mark, rejoined = tmp_path / "mark", tmp_path / "rejoined"
+    # Every trainer waits at step 400 until the restarted worker has taken a step: training cannot end before it is
+    # back (the others train on meanwhile: the kill comes after step 30).
+    hold = {"PS_TEST_HOLD": str(rejoined), "PS_TEST_HOLD_STEP": "400"}
+    tasks = {
+        "worker:1": {**hold, "PS_TEST_MARK": str(mark), "PS_TEST_MARK_STEP": "30"},
+        "chief:0": hold,
+        "worker:0": hold,
+    }
+    logs = tmp_path / "out" / "logs"
+    commands = _commands(script, "async", tmp_path / "model", 1500, tmp_path / "out", 1, **tasks)
+    processes = start_tasks(commands, logs)
+    try:
+        wait_until(lambda: mark.exists() or processes[2].poll() is not None, timeout=DEADLINE_SECONDS)
+        assert processes[2].poll() is None, task_logs(logs, 4)
+        # A second process for the task while the first still runs is refused, naming it.
+        duplicate = start_tasks([commands[2]], tmp_path / "out" / "duplicate")[0]
+        assert duplicate.wait(timeout=DEADLINE_SECONDS) != 0
+        duplicate_log = (tmp_path / "out" / "duplicate" / "process0.log").read_text(errors="replace")
+        assert "worker:1 is already running in this parameter-server group" in duplicate_log, duplicate_log[-3000:]
+        processes[2].send_signal(signal.SIGKILL)
+        assert processes[2].wait(timeout=60) == -signal.SIGKILL
+        # The same task started again, while the chief and worker:0 train on: it joins and trains.
+        command, environ = commands[2]
+        environ = {**environ, "PS_TEST_MARK": str(rejoined), "PS_TEST_MARK_STEP": "0", "PS_TEST_HOLD": ""}
+        processes += start_tasks([(command, environ)], tmp_path / "out" / "restarted")
+    except BaseException:
+        wait_tasks(processes, 0)
+        raise
+    codes, timed_out = wait_tasks(processes, DEADLINE_SECONDS)
+    restarted_log = (tmp_path / "out" / "restarted" / "process0.log").read_text(errors="replace")
+    assert not timed_out and [codes[0], codes[1], codes[3], codes[4]] == [0, 0, 0, 0], (
+        codes,
+        task_logs(logs, 4),
+        restarted_log[-3000:],
+    )
+    assert "joining the running group again" in restarted_log and "task worker:1 done" in restarted_log
+    assert rejoined.exists()  # the restarted worker took a step
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["global_step"] >= 1500 and results["accuracy"] > 0.9
 

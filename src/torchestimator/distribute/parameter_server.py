@@ -20,7 +20,8 @@ tasks, joined by rows), so resume under another number of ps tasks or another st
 and serving work as always.
 
 The RPC group: the chief is rank 0 and hosts the rendezvous at its TF_CONFIG address (as MirroredStrategy's
-store), workers follow, ps tasks last (TF's order). RPC carries unauthenticated pickles, as TF's gRPC did: the
+store), workers follow, ps tasks last (TF's order). It is a dynamic group, so that a worker started again after
+its process was lost joins the running cluster (``_ps_membership``). RPC carries unauthenticated pickles, as TF's gRPC did: the
 cluster's network must be private.
 """
 
@@ -39,7 +40,7 @@ import torch
 import torch.distributed.rpc as rpc
 from torch import nn
 
-from torchestimator.distribute import _ps_server
+from torchestimator.distribute import _ps_membership, _ps_server
 from torchestimator.distribute._ps_optimizer import RemoteOptimizer
 from torchestimator.distribute._timeouts import collective_timeout_seconds
 from torchestimator.distribute.cluster import CHIEF, MASTER, PS, WORKER, ClusterSpec, cluster_from_tf_config
@@ -178,12 +179,28 @@ class ParameterServerStrategy(Strategy):
             _channels=["basic"],
         )
         world = len(self.trainer_names) + num_ps
+        # A worker whose earlier process was lost joins the running group again, under a fresh rank.
+        restart_rank = (
+            _ps_membership.rank_for_a_restart(address, self.name, world, self.timeout_seconds)
+            if self.role == WORKER
+            else None
+        )
         logger.info("%s joining the parameter-server group of %d tasks at %s.", self.name, world, address)
         with warnings.catch_warnings():  # torch's own RPC set-up uses a deprecated gloo call and says so
             warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
             rpc.init_rpc(  # type: ignore[no-untyped-call]
-                self.name, rank=rank, world_size=world, rpc_backend_options=options
+                self.name,
+                rank=rank if restart_rank is None else restart_rank,
+                world_size=None,  # a dynamic group: a restarted worker can join it again
+                rpc_backend_options=options,
             )
+        if restart_rank is None:
+            _ps_membership.wait_for_members(
+                [*self.trainer_names, *self.ps_names], self.name, address, self.timeout_seconds
+            )
+        else:
+            _ps_membership.wait_for_members(["chief", *self.ps_names], self.name, address, self.timeout_seconds)
+            _ps_membership.announce_restart(self.name, self.timeout_seconds)
         keep_tables_on_parameter_servers(self.role != PS)  # ShardedEmbedding tables built now stay on the ps
         if self.role == CHIEF:
             self._start_heartbeat()
