@@ -439,6 +439,28 @@ def test_a_worker_killed_in_asynchronous_training_does_not_stop_the_others_and_r
 
 @pytest.mark.slow
 @pytest.mark.distributed
+def test_a_worker_with_another_model_dir_stops_before_step_one_and_the_others_train(script, tmp_path):
+    logs = tmp_path / "out" / "logs"
+    commands = _commands(script, "async", tmp_path / "model", 60, tmp_path / "out", 1)
+    command, environ = commands[2]
+    commands[2] = ([*command[:3], str(tmp_path / "elsewhere"), *command[4:]], environ)  # worker:1's own model_dir
+    codes, timed_out = wait_tasks(start_tasks(commands, logs), DEADLINE_SECONDS)
+    assert not timed_out and codes[2] != 0 and [codes[0], codes[1], codes[3]] == [0, 0, 0], (
+        codes,
+        task_logs(logs, 4),
+    )
+    text = (logs / "process2.log").read_text(errors="replace")
+    assert (
+        "ReplicasDisagreeError: worker:1 does not see the file .ps-model-dir-probe" in text
+        and str(tmp_path / "model") in text
+    ), text
+    # The chief's probe went when it ended training: model_dir holds the run's own files only.
+    assert not [path.name for path in (tmp_path / "model").iterdir() if "probe" in path.name]
+    assert (tmp_path / "out" / "results.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_a_ps_killed_stops_every_task_naming_it_and_a_restart_resumes_bit_exact_in_sync_mode(script, tmp_path):
     environ = {"TORCHESTIMATOR_COLLECTIVE_TIMEOUT": FAULT_TIMEOUT}
     mark = tmp_path / "mark"

@@ -439,7 +439,7 @@ class Estimator:
             position = parts.restore(checkpoint, *strategy.checkpoint_slot)
         elif (settings := self._model.warm_start) is not None and settings.warm_start_optimizer:
             restore_shared(warm_start_checkpoint(settings), parts.shared_parts(), parts.optimizer, parts.model)
-        state.global_step = strategy.begin_training(module, state.global_step)
+        state.global_step = strategy.begin_training(module, state.global_step, model_dir=self._model_dir)
         state.start_step = state.global_step
         input_source = call_input_fn(input_fn, input_fn_args, ModeKeys.TRAIN, strategy, self._params, self._config)
         parts.input_source = resumable(input_source)

@@ -97,6 +97,8 @@ class ShardServer:
         self._group_keys: list[list[str]] = []
         self.global_step = 0
         self.initialized_by: str | None = None
+        self.model_dir_probe: tuple[str, str] | None = None
+        """The chief's model_dir and the token it wrote into its probe file: every trainer must read it in its own."""
         self.ended: str | None = None
         self.failed = False
         self.lost = ""
@@ -381,6 +383,14 @@ def initialize(
 
 def wait_initialized(timeout: float) -> bool:
     return _server().wait_initialized(timeout)
+
+
+def set_model_dir_probe(model_dir: str, probe: str) -> None:
+    _server().model_dir_probe = (model_dir, probe)
+
+
+def model_dir_probe() -> tuple[str, str] | None:
+    return _server().model_dir_probe
 
 
 def pull() -> dict[str, torch.Tensor]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
 import threading
 import time
 import warnings
@@ -40,6 +41,7 @@ import torch
 import torch.distributed.rpc as rpc
 from torch import nn
 
+from torchestimator._io import filesystems
 from torchestimator.distribute import _ps_membership, _ps_server
 from torchestimator.distribute._ps_optimizer import RemoteOptimizer
 from torchestimator.distribute._timeouts import collective_timeout_seconds
@@ -54,7 +56,7 @@ from torchestimator.distribute.ps_placement import (
 )
 from torchestimator.distribute.sharded_embedding import keep_tables_on_parameter_servers, sharded_tables
 from torchestimator.distribute.strategy import Placement, Strategy
-from torchestimator.errors import ConfigError, TaskLostError
+from torchestimator.errors import ConfigError, ReplicasDisagreeError, TaskLostError
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +124,7 @@ class ParameterServerStrategy(Strategy):
         self._optimizer: RemoteOptimizer | None = None
         self._heartbeat_stop = threading.Event()
         self._ended_servers = False
+        self._probe: tuple[str, str] | None = None  # the chief: (model_dir, the token it wrote into its probe file)
         # A worker's state, asked for by the chief's checkpoint and made by the training loop between steps.
         self._provide_state: Callable[[], Any] | None = None
         self._final_state: Any = None
@@ -295,19 +298,44 @@ class ParameterServerStrategy(Strategy):
         )
         return self._optimizer
 
-    def begin_training(self, module: nn.Module, global_step: int) -> int:
+    def begin_training(self, module: nn.Module, global_step: int, *, model_dir: str | None = None) -> int:
         """The chief puts its (restored or initial) values and optimizer on the ps tasks; a worker waits for that and
-        pulls them. Returns the global step training continues from."""
+        pulls them. Returns the global step training continues from.
+
+        ``model_dir``: the chief writes a fresh token into a probe file there for the run (removed when it ends
+        training) and tells ps 0; a worker that does not read it in its own model_dir stops before step one
+        (``ReplicasDisagreeError``): it would read its input position from other checkpoints than the chief writes."""
         optimizer = self._optimizer
         if optimizer is None:
             raise RuntimeError("ParameterServerStrategy.begin_training before wrap_optimizer.")
         if self.is_chief:
+            if model_dir is not None:
+                self._probe = (model_dir, _place_model_dir_probe(model_dir))
+                rpc.rpc_sync(
+                    self.ps_names[0], _ps_server.set_model_dir_probe, args=self._probe, timeout=self.timeout_seconds
+                )
             aggregate = (self.replicas_to_aggregate or self.num_trainers) if self.sync_replicas else None
             optimizer.initialize_servers(global_step, aggregate)
         else:
             optimizer.wait_for_servers()
+            if model_dir is not None:
+                self._check_model_dir(model_dir)
         optimizer.pull()
         return optimizer.global_step
+
+    def _check_model_dir(self, model_dir: str) -> None:
+        chief = rpc.rpc_sync(self.ps_names[0], _ps_server.model_dir_probe, timeout=self.timeout_seconds)
+        if chief is None:  # a chief that was told no model_dir (never from an Estimator)
+            return
+        chief_dir, probe = chief
+        if not _sees(model_dir, probe):
+            raise ReplicasDisagreeError(
+                f"{self.name} does not see the file {_PROBE_NAME} that the chief wrote into its model_dir ({chief_dir}) "
+                f"in this task's model_dir ({model_dir}): every trainer must use the same storage for model_dir (a "
+                "shared file system or an object store), or its input position is read from other checkpoints "
+                "than the chief writes. This task stops before step one.",
+                views=[],
+            )
 
     def _start_heartbeat(self) -> None:
         """Tells every ps, a few times per timeout, that the chief lives (a chief killed -9 says nothing else), from
@@ -414,6 +442,9 @@ class ParameterServerStrategy(Strategy):
         if self.is_chief:
             self._heartbeat_stop.set()
             self._end_servers(reason, failed)
+            if self._probe is not None:
+                _remove_probe(self._probe[0])
+                self._probe = None
             return
         if self._provide_state is not None and not failed:
             self._final_state = self._provide_state()  # the position the chief's final checkpoint asks for
@@ -483,6 +514,43 @@ def _warn_if_oversubscribed(cluster: ClusterSpec, name: str) -> None:
             cores,
             max(1, cores // tasks_here),
         )
+
+
+_PROBE_NAME = ".ps-model-dir-probe"
+"""The chief's probe file in model_dir: one name (a killed chief's is replaced by the next), a fresh token inside."""
+_PROBE_VISIBILITY_SECONDS = 5.0
+"""How long a worker looks for the chief's token (an object-store mount may show a new file a moment late)."""
+
+
+def _place_model_dir_probe(model_dir: str) -> str:
+    """The chief: writes a fresh token into model_dir's probe file; returns it."""
+    token = secrets.token_hex(16)
+    if not filesystems.is_url(model_dir):
+        os.makedirs(model_dir, exist_ok=True)
+    filesystems.write_bytes(filesystems.join(model_dir, _PROBE_NAME), token.encode())
+    return token
+
+
+def _sees(model_dir: str, token: str) -> bool:
+    path, deadline = filesystems.join(model_dir, _PROBE_NAME), time.monotonic() + _PROBE_VISIBILITY_SECONDS
+    while True:
+        try:
+            if filesystems.read_bytes(path) == token.encode():
+                return True
+        except FileNotFoundError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def _remove_probe(model_dir: str) -> None:
+    try:
+        filesystems.remove(filesystems.join(model_dir, _PROBE_NAME))
+    except FileNotFoundError:
+        pass
+    except OSError as error:  # the next chief replaces it
+        logger.warning("Could not remove %s: %s", filesystems.join(model_dir, _PROBE_NAME), error)
 
 
 def _recently_contacted(server: _ps_server.ShardServer, seconds: float) -> bool:

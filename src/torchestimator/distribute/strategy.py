@@ -227,8 +227,9 @@ class Strategy(abc.ABC):
         """The optimizer training steps with, built over ``module``'s parameters: ``optimizer`` itself here."""
         return optimizer
 
-    def begin_training(self, module: nn.Module, global_step: int) -> int:
-        """Called once the restore is done, before step one; returns the global step training continues from."""
+    def begin_training(self, module: nn.Module, global_step: int, *, model_dir: str | None = None) -> int:
+        """Called once the restore is done, before step one; returns the global step training continues from.
+        ``model_dir``: the run's (parameter servers check that every trainer shares it)."""
         return global_step
 
     @property
