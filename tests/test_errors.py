@@ -52,6 +52,7 @@ RAISED = [
         {"where": "a.png", "format": "png"},
     ),
     (errors.WeightSourceError, ValueError, lambda: errors.WeightSourceError("bad file"), {}),
+    (errors.KerasModelError, ValueError, lambda: errors.KerasModelError("m.keras: layer 'f' (Lambda)"), {}),
     (errors.TensorNotFoundError, KeyError, lambda: errors.TensorNotFoundError("dense/kernel not found"), {}),
     (errors.ExportFormatError, ValueError, lambda: errors.ExportFormatError("program.json"), {}),
     (errors.InputError, ValueError, lambda: errors.InputError("Input 'x' has shape [4]"), {}),

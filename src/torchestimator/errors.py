@@ -19,6 +19,7 @@ catches it::
     ├── ExampleParseError(ValueError)         a valid Example that does not fit the parse spec (a feature missing, ...)
     ├── ImageDecodeError(ValueError)          bytes that are not an image decode_image can decode; .where, .format
     ├── WeightSourceError(ValueError)         a weight file missing, unreadable, corrupt or crafted
+    │   └── KerasModelError                   ... or a Keras model file whose model cannot be converted (a layer named)
     ├── TensorNotFoundError(KeyError)         a weight source asked for a name it does not hold
     ├── ExportFormatError(ValueError)         an export's program.json / tensors.safetensors refused
     ├── InputError(ValueError)                inputs an exported model's signature does not take (load, predict, serve)
@@ -72,6 +73,7 @@ __all__ = [
     "ImageDecodeError",
     "InputError",
     "InputTypeError",
+    "KerasModelError",
     "MissingExtraError",
     "NanLossDuringTrainingError",
     "NotARegularFileError",
@@ -246,6 +248,11 @@ class WeightSourceError(TorchEstimatorError, ValueError):
     cannot hold, a bad offset, a pickle that would need code to load. Anything
     else escaping a reader is a bug (tools/faults_readers.py counts them).
     """
+
+
+class KerasModelError(WeightSourceError):
+    """A Keras model file whose model cannot be built as a torch module: a Lambda layer or custom object (never
+    run), a class without a converter, a config that does not fit the weights; names the file and the layer."""
 
 
 class TensorNotFoundError(TorchEstimatorError, KeyError):

@@ -4,6 +4,9 @@
 TensorFlow checkpoints (tensor bundle V2), safetensors, Keras HDF5 (legacy .h5,
 Keras 3 .weights.h5 and .keras) and PyTorch state_dict files (.pt, .pth, .bin,
 loaded with weights_only). Nothing here runs code from a file.
+
+`keras_model(path)` goes further for a Keras model file (`.keras`, or an `.h5` saved with its model): the
+architecture from the file's own config and its weights, as a plain torch module (`KerasModel`).
 """
 
 from __future__ import annotations
@@ -11,9 +14,21 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from torchestimator.errors import KerasModelError
+from torchestimator.interop.keras_graph import KerasModel, keras_model
 from torchestimator.interop.source import TensorInfo, TensorNotFoundError, WeightSource, WeightSourceError
 
-__all__ = ["FORMATS", "TensorInfo", "TensorNotFoundError", "WeightSource", "WeightSourceError", "open_weights"]
+__all__ = [
+    "FORMATS",
+    "KerasModel",
+    "KerasModelError",
+    "TensorInfo",
+    "TensorNotFoundError",
+    "WeightSource",
+    "WeightSourceError",
+    "keras_model",
+    "open_weights",
+]
 
 
 def _detectors() -> list[tuple[str, Callable[[str], bool], Callable[[str], WeightSource]]]:

@@ -1,0 +1,308 @@
+"""A whole Keras model (``.keras``, Keras 2/3 ``.h5``) as a plain torch module: architecture from the file's own
+config, weights from the same file, no TensorFlow or Keras at run time.
+
+What belongs here: reading the config (``config.json`` of a ``.keras`` archive, the ``model_config`` attribute
+of an ``.h5``), refusing what cannot be converted before anything is built (Lambda layers and custom objects
+by name, never evaluated; classes without a converter), the call graph (Sequential chains; Functional models
+with shared layers, several inputs and outputs, in both Keras 2's and Keras 3's node formats) and the module
+that runs it. The layers themselves are ``keras_layers``' job; the weights come through ``keras_h5``'s reader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy
+import torch
+from torch import nn
+
+from torchestimator._extras import import_extra
+from torchestimator.errors import KerasModelError
+from torchestimator.interop.keras_config import MAX_CONFIG_BYTES
+from torchestimator.interop.keras_h5 import ARCHIVE_CONFIG_MEMBER, KerasH5Source, open_keras_h5
+from torchestimator.interop.keras_layers import CONVERTERS, LayerSpec
+
+__all__ = ["KerasModel", "KerasModelError", "keras_model"]
+
+_MODEL_CLASSES = ("Sequential", "Functional", "Model")
+_KERAS_MODULES = re.compile(r"^(keras|tf_keras|tensorflow\.keras|tensorflow\.python\.keras)(\.|$)")
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """A tensor of the graph: output ``tensor`` of call ``node`` of layer ``layer`` (Keras's keras_history)."""
+
+    layer: str
+    node: int
+    tensor: int
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One call of a layer: its inputs (a ref, or a list of refs for merge layers) and the node it makes."""
+
+    layer: str
+    node: int
+    inputs: Any
+
+
+class KerasModel(nn.Module):
+    """A converted Keras model: one submodule per Keras layer (named after it), called in the graph's order.
+
+    ``forward`` takes the model's inputs in Keras's order (channels-last, as Keras does) and returns one tensor,
+    or a tuple in the order of Keras's outputs."""
+
+    def __init__(
+        self,
+        name: str,
+        layers: dict[str, nn.Module],
+        calls: list[_Call],
+        inputs: list[str],
+        outputs: list[_Ref],
+    ) -> None:
+        super().__init__()
+        self.keras_name = name
+        self._attribute = {keras: _attribute_name(keras, index) for index, keras in enumerate(layers)}
+        for keras, module in layers.items():
+            self.add_module(self._attribute[keras], module)
+        self._calls, self._inputs, self._outputs = calls, inputs, outputs
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if len(inputs) != len(self._inputs):
+            raise TypeError(
+                f"{self.keras_name} takes {len(self._inputs)} input(s) ({', '.join(self._inputs)}); got {len(inputs)}."
+            )
+        values: dict[_Ref, torch.Tensor] = {_Ref(name, 0, 0): value for name, value in zip(self._inputs, inputs)}
+        for call in self._calls:
+            module = getattr(self, self._attribute[call.layer])
+            values[_Ref(call.layer, call.node, 0)] = module(_resolve(call.inputs, values))
+        results = tuple(values[ref] for ref in self._outputs)
+        return results[0] if len(results) == 1 else results
+
+
+def _resolve(inputs: Any, values: dict[_Ref, torch.Tensor]) -> Any:
+    if isinstance(inputs, _Ref):
+        return values[inputs]
+    return [_resolve(item, values) for item in inputs]
+
+
+def _attribute_name(keras_name: str, index: int) -> str:
+    """A submodule name from a Keras layer name (torch's names cannot hold '.', nor be empty)."""
+    name = re.sub(r"\W", "_", keras_name)
+    return name if name and not name[0].isdigit() else f"layer_{index}_{name}"
+
+
+def keras_model(path: str | os.PathLike[str]) -> KerasModel:
+    """The Keras model in ``path`` (``.keras``, or an ``.h5`` saved with its model) as a plain torch module with
+    the file's weights. Inputs and outputs as Keras's (channels-last). Raises ``KerasModelError`` naming the
+    layer and its class for what cannot be converted (Lambda layers, custom objects, unsupported classes),
+    before anything is built; nothing in the file is run."""
+    location = os.fspath(path)
+    config = read_model_config(location)
+    model_config = config.get("config", {})
+    class_name = config.get("class_name")
+    if class_name not in _MODEL_CLASSES or not isinstance(model_config, dict):
+        raise KerasModelError(
+            f"{location}: the config describes a {class_name!r}, not a Sequential or Functional model."
+        )
+    entries = model_config.get("layers")
+    if not isinstance(entries, list) or not entries:
+        raise KerasModelError(f"{location}: the model config lists no layers.")
+    for entry in entries:
+        _check_convertible(location, entry)
+    weights = _layer_weights(location)
+    layers: dict[str, nn.Module] = {}
+    for entry in entries:
+        name = _layer_name(entry)
+        if entry["class_name"] == "InputLayer":
+            continue
+        spec = LayerSpec(name, entry["class_name"], entry.get("config") or {}, weights.pop(name, []))
+        try:
+            layers[name] = CONVERTERS[spec.class_name](spec)
+        except KerasModelError as error:
+            raise KerasModelError(f"{location}: {error}") from None
+    if weights:
+        raise KerasModelError(f"{location}: weights of layers the config does not list: {sorted(weights)}.")
+    if class_name == "Sequential":
+        calls, inputs, outputs = _sequential_graph(entries)
+    else:
+        calls, inputs, outputs = _functional_graph(location, model_config, entries)
+    return KerasModel(str(model_config.get("name", "model")), layers, calls, inputs, outputs)
+
+
+def read_model_config(path: str) -> dict[str, Any]:
+    """The model's config as the file records it: ``config.json`` of a ``.keras``, ``model_config`` of an ``.h5``."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                info = archive.getinfo(ARCHIVE_CONFIG_MEMBER)
+                if info.file_size > MAX_CONFIG_BYTES:
+                    raise KerasModelError(f"{path}: config.json declares {info.file_size} bytes: too big for a config.")
+                text: str | bytes = archive.read(info)
+        else:
+            h5py = import_extra("h5py", extra="keras", feature=f"converting the Keras model {path}")
+            with h5py.File(path, "r") as handle:
+                text = handle.attrs.get("model_config")
+                if text is None:
+                    raise KerasModelError(
+                        f"{path} holds weights only (no model_config): save the model with model.save(...), or "
+                        "build the module yourself and warm-start it from this file."
+                    )
+                if len(text) > MAX_CONFIG_BYTES:
+                    raise KerasModelError(f"{path}: model_config of {len(text)} bytes is too big for a config.")
+    except KeyError:
+        raise KerasModelError(f"{path}: a .keras archive without {ARCHIVE_CONFIG_MEMBER}.") from None
+    except (OSError, zipfile.BadZipFile) as error:
+        raise KerasModelError(f"{path}: cannot read the model config: {error}") from error
+    try:
+        config = json.loads(text)
+    except (RecursionError, ValueError) as error:
+        raise KerasModelError(f"{path}: the model config is not JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise KerasModelError(f"{path}: the model config is not a JSON object.")
+    return config
+
+
+def _layer_name(entry: dict[str, Any]) -> str:
+    name = entry.get("name", (entry.get("config") or {}).get("name"))
+    if not isinstance(name, str):
+        raise KerasModelError(f"a layer without a name: {str(entry)[:200]}")
+    return name
+
+
+def _check_convertible(path: str, entry: Any) -> None:
+    """Refuses, by name and before anything is built, a layer this converter would have to run code for or does
+    not know."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("class_name"), str):
+        raise KerasModelError(f"{path}: a layer entry that is not a Keras layer config: {str(entry)[:200]}")
+    class_name, name = entry["class_name"], _layer_name(entry)
+    module = entry.get("module")
+    if class_name in ("Lambda", "TFOpLambda", "SlicingOpLambda") or entry.get("registered_name") not in (
+        None,
+        class_name,
+    ):
+        raise KerasModelError(
+            f"{path}: layer {name!r} ({class_name}) holds code or a custom object"
+            f"{'' if entry.get('registered_name') is None else ' ' + repr(entry.get('registered_name'))}; "
+            "it is never run. Replace it with built-in layers, or build that part yourself."
+        )
+    if isinstance(module, str) and not _KERAS_MODULES.match(module):
+        raise KerasModelError(f"{path}: layer {name!r} ({class_name}) comes from module {module!r}, not Keras's own.")
+    if class_name in _MODEL_CLASSES:
+        raise KerasModelError(f"{path}: layer {name!r} is a nested {class_name} model: not converted yet.")
+    if class_name != "InputLayer" and class_name not in CONVERTERS:
+        raise KerasModelError(
+            f"{path}: layer {name!r} is a {class_name}, which is not converted (yet). Converted: "
+            f"{', '.join(sorted(CONVERTERS))}."
+        )
+
+
+def _layer_weights(path: str) -> dict[str, list[numpy.ndarray]]:
+    with open_keras_h5(path) as opened:
+        source = cast(KerasH5Source, opened)
+        return {layer: [source.read(info.name) for info in tensors] for layer, tensors in source.layers()}
+
+
+def _sequential_graph(entries: list[dict[str, Any]]) -> tuple[list[_Call], list[str], list[_Ref]]:
+    names = [_layer_name(entry) for entry in entries if entry["class_name"] != "InputLayer"]
+    if not names:
+        raise KerasModelError("a Sequential model without layers")
+    calls, previous = [], _Ref("input", 0, 0)
+    for name in names:
+        calls.append(_Call(name, 0, previous))
+        previous = _Ref(name, 0, 0)
+    return calls, ["input"], [previous]
+
+
+def _functional_graph(
+    path: str, config: dict[str, Any], entries: list[dict[str, Any]]
+) -> tuple[list[_Call], list[str], list[_Ref]]:
+    inputs = [_ref(path, item).layer for item in _listed(config.get("input_layers"))]
+    outputs = [_ref(path, item) for item in _listed(config.get("output_layers"))]
+    pending: list[_Call] = []
+    for entry in entries:
+        if entry["class_name"] == "InputLayer":
+            continue
+        name = _layer_name(entry)
+        for node, inbound in enumerate(entry.get("inbound_nodes") or []):
+            pending.append(_Call(name, node, _node_inputs(path, name, inbound)))
+    # Keras lists layers in creation order; a shared layer's later call may need layers listed after it.
+    ready = {_Ref(name, 0, 0) for name in inputs}
+    ordered: list[_Call] = []
+    while pending:
+        runnable = [call for call in pending if all(ref in ready for ref in _refs(call.inputs))]
+        if not runnable:
+            missing = sorted(
+                {f"{ref.layer}[{ref.node}]" for call in pending for ref in _refs(call.inputs)}
+                - {f"{r.layer}[{r.node}]" for r in ready}
+            )
+            raise KerasModelError(f"{path}: the graph needs tensors no layer makes: {missing}.")
+        for call in runnable:
+            ordered.append(call)
+            ready.add(_Ref(call.layer, call.node, 0))
+            pending.remove(call)
+    for ref in outputs:
+        if ref not in ready:
+            raise KerasModelError(f"{path}: output {ref.layer}[{ref.node}] is made by no layer call.")
+    return ordered, inputs, outputs
+
+
+def _listed(value: Any) -> list[Any]:
+    """input_layers/output_layers: a list of [name, node, tensor], or one such triple."""
+    if isinstance(value, list) and len(value) == 3 and isinstance(value[0], str):
+        return [value]
+    return value if isinstance(value, list) else []
+
+
+def _ref(path: str, item: Any) -> _Ref:
+    if isinstance(item, list) and len(item) >= 3 and isinstance(item[0], str):
+        layer, node, tensor = item[0], item[1], item[2]
+        if isinstance(node, int) and isinstance(tensor, int):
+            if tensor != 0:
+                raise KerasModelError(
+                    f"{path}: output {tensor} of layer {layer!r}: layers with several outputs are not converted yet."
+                )
+            return _Ref(layer, node, tensor)
+    raise KerasModelError(f"{path}: not a tensor reference [layer, node, tensor]: {str(item)[:200]}")
+
+
+def _node_inputs(path: str, layer: str, inbound: Any) -> Any:
+    """One call's inputs, from Keras 3's ``{"args": [...], "kwargs": {...}}`` or Keras 2's ``[[name, node, tensor,
+    kwargs], ...]``: a ref, or a list of refs for a layer called on a list."""
+    if isinstance(inbound, dict):  # Keras 3
+        args = inbound.get("args") or []
+        # Keras records defaults it passed (mask=None; training, which inference and train() set here instead).
+        extra = sorted(
+            key for key, value in (inbound.get("kwargs") or {}).items() if value is not None and key != "training"
+        )
+        if extra:
+            raise KerasModelError(f"{path}: layer {layer!r} is called with arguments {extra}: not converted yet.")
+        if len(args) != 1:
+            raise KerasModelError(f"{path}: layer {layer!r} is called with {len(args)} positional arguments.")
+        return _keras3_tensors(path, args[0])
+    if isinstance(inbound, list):  # Keras 2: a list of [name, node, tensor, kwargs]
+        refs = [_ref(path, item) for item in inbound]
+        return refs[0] if len(refs) == 1 else refs
+    raise KerasModelError(f"{path}: layer {layer!r} has an inbound node of an unknown form: {str(inbound)[:200]}")
+
+
+def _keras3_tensors(path: str, value: Any) -> Any:
+    if isinstance(value, list):
+        return [_keras3_tensors(path, item) for item in value]
+    if isinstance(value, dict) and value.get("class_name") == "__keras_tensor__":
+        return _ref(path, (value.get("config") or {}).get("keras_history"))
+    raise KerasModelError(f"{path}: a call argument that is not a tensor: {str(value)[:200]}")
+
+
+def _refs(inputs: Any) -> Iterator[_Ref]:
+    if isinstance(inputs, _Ref):
+        yield inputs
+    else:
+        for item in inputs:
+            yield from _refs(item)

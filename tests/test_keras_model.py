@@ -1,0 +1,205 @@
+"""te.interop.keras_model: a Keras model file becomes a plain torch module that computes what Keras computed.
+
+The fixtures (tests/fixtures/keras_models/) were made by Keras 3.15 on TensorFlow 2.21 in a throwaway environment
+(tools/make_keras_model_fixtures.py): each model as ``.keras`` and legacy ``.h5``, with Keras's own inference
+outputs on fixed inputs. No TensorFlow or Keras runs here.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchestimator as te
+from torchestimator.interop import KerasModel, KerasModelError, keras_model
+
+FIXTURES = Path(__file__).parent / "fixtures" / "keras_models"
+MODELS = ["mlp", "cnn", "two_towers"]
+
+
+def _reference(name: str) -> tuple[list[torch.Tensor], list[np.ndarray]]:
+    saved = np.load(FIXTURES / f"{name}.npz")
+    inputs = [torch.from_numpy(saved[f"input_{index}"]) for index in range(sum(k.startswith("input_") for k in saved))]
+    outputs = [saved[f"output_{index}"] for index in range(sum(k.startswith("output_") for k in saved))]
+    return inputs, outputs
+
+
+def _as_tuple(value):
+    return value if isinstance(value, tuple) else (value,)
+
+
+@pytest.mark.parametrize("suffix", ["keras", "h5"])
+@pytest.mark.parametrize("name", MODELS)
+def test_a_converted_model_computes_what_keras_computed(name, suffix):
+    model = keras_model(FIXTURES / f"{name}.{suffix}").eval()
+    assert isinstance(model, KerasModel) and isinstance(model, torch.nn.Module)
+    inputs, expected = _reference(name)
+    with torch.no_grad():
+        outputs = _as_tuple(model(*inputs))
+    assert len(outputs) == len(expected)
+    for output, keras_output in zip(outputs, expected):
+        assert output.shape == keras_output.shape
+        np.testing.assert_allclose(output.numpy(), keras_output, atol=1e-5, rtol=0)
+
+
+def test_submodules_are_named_after_the_keras_layers_and_print_the_architecture():
+    model = keras_model(FIXTURES / "cnn.keras")
+    assert [name for name, _ in model.named_children()] == [
+        "conv1",
+        "bn1",
+        "pool1",
+        "conv2",
+        "tanh",
+        "flatten",
+        "logits",
+    ]
+    text = str(model)
+    assert (
+        "(conv1): Conv(3, 8, kernel_size=(3, 3), strides=(2, 2), padding='same', dilation=(1, 1), groups=1, activation=relu)"
+        in text
+    )
+    assert "(logits): Dense(24, 5, bias=True, activation=linear)" in text
+    assert "(pool1): Pool(max, pool=(2, 2), strides=(2, 2), padding='same')" in text
+    # BatchNormalization keeps Keras's epsilon and its momentum the torch way round (1 - 0.99).
+    assert model.bn1.norm.eps == pytest.approx(1e-3) and model.bn1.norm.momentum == pytest.approx(0.01)
+
+
+def test_a_converted_model_exports_with_a_dynamic_batch():
+    model = keras_model(FIXTURES / "two_towers.keras").eval()
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    example = (torch.zeros(2, 6), torch.zeros(2, 6))
+    # forward(*inputs): the inputs are one argument to torch.export, a tuple of Keras's inputs.
+    program = torch.export.export(model, example, dynamic_shapes=(({0: batch}, {0: batch}),))
+    left, right = torch.randn(7, 6), torch.randn(7, 6)
+    for exported, eager in zip(program.module()(left, right), model(left, right)):
+        torch.testing.assert_close(exported, eager)
+
+
+def test_a_converted_model_fine_tunes_in_an_estimator_and_its_batchnorm_statistics_move(tmp_path):
+    inputs, _ = _reference("cnn")
+    rng = np.random.default_rng(0)
+    images = rng.normal(size=(64, 12, 11, 3)).astype(np.float32)
+    labels = rng.integers(0, 5, size=64)
+    before = keras_model(FIXTURES / "cnn.keras")
+
+    def model_fn(model, features, labels, mode):
+        logits = model(features["image"])
+        if mode == te.ModeKeys.PREDICT:
+            return te.EstimatorSpec(mode, predictions={"logits": logits})
+        return te.EstimatorSpec(mode, loss=F.cross_entropy(logits, labels))
+
+    estimator = te.Estimator(
+        model_fn=model_fn,
+        model=lambda: keras_model(FIXTURES / "cnn.keras"),
+        optimizer=lambda parameters: torch.optim.Adam(parameters, lr=1e-2),
+        model_dir=tmp_path / "run",
+        config=te.RunConfig(random_seed=0, log_step_count_steps=None, save_summary_steps=None),
+    )
+    input_fn = te.numpy_input_fn({"image": images}, labels, batch_size=16, num_epochs=None, shuffle=True, seed=0)
+    estimator.train(input_fn, max_steps=12)
+    trained = estimator.checkpoint_store.restore(load_optimizer=False).model_state
+    assert not torch.allclose(trained["bn1.norm.running_mean"], before.bn1.norm.running_mean)
+    assert not torch.allclose(trained["conv1.weight"], before.conv1.weight)
+    predictions = list(estimator.predict(te.numpy_input_fn({"image": inputs[0].numpy()}, shuffle=False)))
+    restored = keras_model(FIXTURES / "cnn.keras").eval()
+    restored.load_state_dict(trained)
+    with torch.no_grad():
+        np.testing.assert_allclose(
+            np.stack([p["logits"] for p in predictions]), restored(inputs[0]).numpy(), atol=1e-5, rtol=0
+        )
+
+
+# ------------------------------------------------------------------------ files that are refused
+
+
+def _with_config(tmp_path: Path, change) -> Path:
+    """mlp.keras with its config.json changed by ``change`` (a function of the parsed config)."""
+    target = tmp_path / "changed.keras"
+    with zipfile.ZipFile(FIXTURES / "mlp.keras") as source, zipfile.ZipFile(target, "w") as copy:
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename == "config.json":
+                config = json.loads(data)
+                change(config)
+                data = json.dumps(config).encode()
+            copy.writestr(item, data)
+    return target
+
+
+def _insert_layer(entry: dict):
+    def change(config: dict) -> None:
+        config["config"]["layers"].insert(2, entry)
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        (
+            {"module": "keras.layers", "class_name": "Lambda", "config": {"name": "sneaky", "function": "x"}},
+            r"layer 'sneaky' \(Lambda\) holds code or a custom object; it is never run",
+        ),
+        (
+            {
+                "module": None,
+                "class_name": "Scale",
+                "registered_name": "Custom>Scale",
+                "config": {"name": "mine"},
+            },
+            r"layer 'mine' \(Scale\) holds code or a custom object 'Custom>Scale'",
+        ),
+        (
+            {"module": "os", "class_name": "Dense", "config": {"name": "system", "units": 3}},
+            r"layer 'system' \(Dense\) comes from module 'os', not Keras's own",
+        ),
+        (
+            {"module": "keras.layers", "class_name": "Bidirectional", "config": {"name": "rnn"}},
+            r"layer 'rnn' is a Bidirectional, which is not converted \(yet\). Converted: .*Dense",
+        ),
+    ],
+    ids=["lambda", "custom_object", "foreign_module", "unsupported_class"],
+)
+def test_code_custom_objects_and_unknown_layers_are_refused_by_name_before_anything_is_built(
+    tmp_path, monkeypatch, entry, message
+):
+    built = []
+    monkeypatch.setattr(torch.nn.Module, "__init__", lambda *a, **k: built.append(a) or None, raising=True)
+    with pytest.raises(KerasModelError, match=message):
+        keras_model(_with_config(tmp_path, _insert_layer(entry)))
+    assert built == []  # refused while reading the config: no module was made
+
+
+def test_a_config_that_does_not_fit_the_weights_is_refused_naming_the_layer(tmp_path):
+    def change(config: dict) -> None:
+        config["config"]["layers"][1]["config"]["units"] = 17
+
+    with pytest.raises(
+        KerasModelError, match=r"layer 'hidden' \(Dense\): kernel of shape \[8, 16\] does not give units=17"
+    ):
+        keras_model(_with_config(tmp_path, change))
+
+
+def test_a_weights_only_file_a_broken_config_and_an_unknown_activation_are_clear_errors(tmp_path):
+    weights_only = Path(__file__).parent / "fixtures" / "keras" / "keras2_weights.h5"
+    with pytest.raises(KerasModelError, match="holds weights only .no model_config.: save the model with model.save"):
+        keras_model(weights_only)
+
+    broken = tmp_path / "broken.keras"
+    with zipfile.ZipFile(FIXTURES / "mlp.keras") as source, zipfile.ZipFile(broken, "w") as copy:
+        for item in source.infolist():
+            copy.writestr(item, b"{not json" if item.filename == "config.json" else source.read(item))
+    with pytest.raises(KerasModelError, match=r"broken.keras: the model config is not JSON"):
+        keras_model(broken)
+
+    def change(config: dict) -> None:
+        config["config"]["layers"][1]["config"]["activation"] = "os.system"
+
+    with pytest.raises(KerasModelError, match=r"layer 'hidden' \(Dense\): activation 'os.system' is not one of"):
+        keras_model(_with_config(tmp_path, change))
