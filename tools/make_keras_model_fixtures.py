@@ -80,8 +80,102 @@ def deterministic_weights(model: keras.Model, seed: int) -> None:
         variable.assign(value.astype(np.float32))
 
 
+def layer_cases() -> dict[str, tuple[list[tuple[int, ...]], object]]:
+    """One layer alone per case, in each configuration that changes the math: name -> (input shapes, layer)."""
+    L = layers
+    image, sequence, vector = (7, 6, 4), (9, 4), (5,)
+    cases: dict[str, tuple[list[tuple[int, ...]], object]] = {
+        "dense_relu": ([vector], L.Dense(3, activation="relu")),
+        "dense_no_bias_rank3": ([sequence], L.Dense(3, use_bias=False)),
+        "conv1d_causal_dilated": ([sequence], L.Conv1D(3, 3, padding="causal", dilation_rate=2)),
+        "conv1d_same_stride2": ([sequence], L.Conv1D(3, 4, strides=2, padding="same")),
+        "conv2d_valid_stride2": ([image], L.Conv2D(5, 3, strides=2)),
+        "conv2d_same_dilated": ([image], L.Conv2D(5, 3, padding="same", dilation_rate=2, activation="sigmoid")),
+        "conv2d_same_even_kernel": ([image], L.Conv2D(3, (2, 4), strides=(1, 3), padding="same")),
+        "conv2d_groups": ([image], L.Conv2D(6, 3, groups=2, padding="same")),
+        "conv3d_same": ([(4, 5, 3, 2)], L.Conv3D(3, 2, strides=2, padding="same")),
+        "depthwise_same_stride2": ([image], L.DepthwiseConv2D(3, strides=2, padding="same", depth_multiplier=2)),
+        "separable_same": ([image], L.SeparableConv2D(5, 3, padding="same", depth_multiplier=2, activation="relu")),
+        "conv2d_transpose_valid": ([image], L.Conv2DTranspose(3, 3, strides=2)),
+        "conv2d_transpose_same": ([image], L.Conv2DTranspose(3, 4, strides=2, padding="same")),
+        "conv2d_transpose_small_kernel": ([image], L.Conv2DTranspose(3, 1, strides=2)),
+        "conv1d_transpose_same": ([sequence], L.Conv1DTranspose(2, 3, strides=2, padding="same")),
+        "batchnorm_no_scale_center": ([image], L.BatchNormalization(scale=False, center=False, epsilon=0.01)),
+        "batchnorm_axis1": ([sequence], L.BatchNormalization(axis=1)),
+        "layernorm": ([sequence], L.LayerNormalization()),
+        "layernorm_two_axes": ([image], L.LayerNormalization(axis=[1, 2], center=False)),
+        "maxpool2d_same": ([image], L.MaxPooling2D(3, strides=2, padding="same")),
+        "avgpool2d_same": ([image], L.AveragePooling2D(3, strides=2, padding="same")),
+        "avgpool1d_valid": ([sequence], L.AveragePooling1D(2)),
+        "maxpool1d_same": ([sequence], L.MaxPooling1D(2, padding="same")),
+        "global_avg_keepdims": ([image], L.GlobalAveragePooling2D(keepdims=True)),
+        "global_max_1d": ([sequence], L.GlobalMaxPooling1D()),
+        "zeropadding2d": ([image], L.ZeroPadding2D(((1, 2), (0, 3)))),
+        "zeropadding1d": ([sequence], L.ZeroPadding1D((2, 1))),
+        "cropping2d": ([image], L.Cropping2D(((1, 2), (2, 1)))),
+        "cropping1d": ([sequence], L.Cropping1D((1, 3))),
+        "flatten": ([image], L.Flatten()),
+        "reshape": ([image], L.Reshape((21, 8))),
+        "permute": ([image], L.Permute((3, 1, 2))),
+        "upsampling2d_nearest": ([image], L.UpSampling2D((2, 3))),
+        "upsampling2d_bilinear": ([image], L.UpSampling2D(2, interpolation="bilinear")),
+        "upsampling1d": ([sequence], L.UpSampling1D(3)),
+        "relu_max_slope_threshold": ([vector], L.ReLU(max_value=0.5, negative_slope=0.1, threshold=0.2)),
+        "leaky_relu": ([vector], L.LeakyReLU(negative_slope=0.25)),
+        "prelu": ([sequence], L.PReLU()),
+        "elu": ([vector], L.ELU(alpha=0.7)),
+        "softmax_axis1": ([sequence], L.Softmax(axis=1)),
+        "rescaling": ([image], L.Rescaling(1 / 127.5, offset=-1.0)),
+        "embedding": ([(6,)], L.Embedding(11, 4)),
+        "dot_normalized": ([vector, vector], L.Dot(axes=1, normalize=True)),
+        "dot_sequences": ([sequence, sequence], L.Dot(axes=(2, 2))),
+        "subtract": ([vector, vector], L.Subtract()),
+        "average": ([vector, vector], L.Average()),
+        "maximum": ([vector, vector], L.Maximum()),
+        "minimum": ([vector, vector], L.Minimum()),
+        "concatenate_axis1": ([sequence, sequence], L.Concatenate(axis=1)),
+    }
+    for name in ACTIVATION_NAMES:
+        cases[f"activation_{name}"] = ([vector], L.Activation(name))
+    return cases
+
+
+ACTIVATION_NAMES = [
+    "linear", "relu", "relu6", "sigmoid", "tanh", "softmax", "log_softmax", "elu", "selu", "softplus", "softsign",
+    "swish", "silu", "gelu", "exponential", "hard_sigmoid", "hard_silu", "leaky_relu", "mish",
+]  # fmt: skip
+
+
+def make_layer_cases() -> None:
+    folder = OUT / "layers"
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = {}
+    for index, (name, (shapes, layer)) in enumerate(layer_cases().items()):
+        inputs = [keras.Input(shape, dtype="int32" if name == "embedding" else "float32") for shape in shapes]
+        output = layer(inputs if len(inputs) > 1 else inputs[0])
+        model = keras.Model(inputs, output, name=name)
+        deterministic_weights(model, 1000 + index)
+        rng = np.random.default_rng(2000 + index)
+        values = [
+            rng.integers(0, 11, size=(2, *shape)).astype(np.int32)
+            if name == "embedding"
+            else (
+                rng.uniform(0, 255, size=(2, *shape)) if name == "rescaling" else rng.normal(size=(2, *shape))
+            ).astype(np.float32)
+            for shape in shapes
+        ]
+        result = model(values if len(values) > 1 else values[0], training=False)
+        model.save(folder / f"{name}.keras")
+        for position, value in enumerate(values):
+            arrays[f"{name}/input_{position}"] = value
+        arrays[f"{name}/output_0"] = np.asarray(result)
+    np.savez(OUT / "layers.npz", **arrays)
+    print(f"{len(layer_cases())} layer cases")
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
+    make_layer_cases()
     for seed, (name, build) in enumerate(MODELS.items()):
         model = build()
         deterministic_weights(model, seed)

@@ -438,22 +438,6 @@ def _activation_layer(spec: LayerSpec) -> nn.Module:
     return Activation(_activation_name(spec, spec.option("activation")))
 
 
-def _relu_layer(spec: LayerSpec) -> nn.Module:
-    _weights(spec, [])
-    max_value, slope, threshold = (
-        spec.option("max_value"),
-        spec.option("negative_slope", 0.0),
-        spec.option("threshold", 0.0),
-    )
-    if max_value is None and not slope and not threshold:
-        return Activation("relu")
-    if max_value == 6.0 and not slope and not threshold:
-        return Activation("relu6")
-    raise spec.error(
-        f"ReLU(max_value={max_value}, negative_slope={slope}, threshold={threshold}) is not converted yet."
-    )
-
-
 def _dropout(spec: LayerSpec) -> nn.Module:
     _weights(spec, [])
     return nn.Dropout(float(spec.option("rate", 0.0)))
@@ -478,18 +462,399 @@ class ZeroPadding(nn.Module):
 
 def _zero_padding(rank: int) -> Callable[[LayerSpec], nn.Module]:
     def convert(spec: LayerSpec) -> nn.Module:
-        _check_channels_last(spec)
+        if rank > 1:
+            _check_channels_last(spec)
         _weights(spec, [])
-        value = spec.option("padding", 1)
-        if isinstance(value, int):
-            pads = [(value, value)] * rank
-        else:
-            pads = [(item, item) if isinstance(item, int) else tuple(item) for item in value]
-        if len(pads) != rank or not all(len(p) == 2 and all(isinstance(a, int) and a >= 0 for a in p) for p in pads):
-            raise spec.error(f"padding={value!r} is not {rank} (before, after) pairs.")
-        return ZeroPadding([(int(a), int(b)) for a, b in pads])
+        return ZeroPadding(_pairs(spec, "padding", rank, 1))
 
     return convert
+
+
+class SeparableConv(nn.Module):
+    """Keras SeparableConv1D/2D: a depthwise convolution (TF's padding) then a 1x1 one with the bias."""
+
+    def __init__(self, depthwise: Conv, pointwise: Conv) -> None:
+        super().__init__()
+        self.depthwise, self.pointwise = depthwise, pointwise
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pointwise(self.depthwise(x))
+
+
+def _separable_conv(rank: int) -> Callable[[LayerSpec], nn.Module]:
+    def convert(spec: LayerSpec) -> nn.Module:
+        _check_channels_last(spec)
+        use_bias = spec.option("use_bias", True)
+        found = _weights(spec, ["depthwise_kernel", "pointwise_kernel", *(["bias"] if use_bias else [])])
+        depthwise_kernel, pointwise_kernel = found["depthwise_kernel"], found["pointwise_kernel"]
+        channels, multiplier = depthwise_kernel.shape[-2:]
+        depthwise = numpy.transpose(depthwise_kernel, (rank, rank + 1, *range(rank))).reshape(
+            channels * multiplier, 1, *depthwise_kernel.shape[:rank]
+        )
+        pointwise = numpy.transpose(pointwise_kernel, (rank + 1, rank, *range(rank)))
+        bias = found.get("bias")
+        ones = (1,) * rank
+        return SeparableConv(
+            Conv(
+                _tensor(depthwise),
+                None,
+                strides=_tuple(spec, "strides", rank, 1),
+                dilation=_tuple(spec, "dilation_rate", rank, 1),
+                padding=spec.option("padding", "valid"),
+                groups=channels,
+                activation="linear",
+            ),
+            Conv(
+                _tensor(pointwise),
+                None if bias is None else _tensor(bias),
+                strides=ones,
+                dilation=ones,
+                padding="valid",
+                groups=1,
+                activation=_activation_name(spec, spec.option("activation")),
+            ),
+        )
+
+    return convert
+
+
+class ConvTranspose(nn.Module):
+    """Keras Conv1D/2D/3DTranspose, channels-last: torch's transposed convolution without padding, then TF's
+    output size ("valid": ``in * stride + max(kernel - stride, 0)``; "same": ``in * stride``, cropped as TF
+    pads its forward convolution, the odd one after)."""
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, strides: tuple[int, ...], padding: str, activation: str
+    ) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+        self.bias = None if bias is None else nn.Parameter(bias)
+        self.strides, self.padding, self.activation = strides, padding, activation
+        self._activation = ACTIVATIONS[activation]
+        self._conv: Any = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[len(strides)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.movedim(-1, 1)
+        sizes, kernel = x.shape[2:], self.weight.shape[2:]
+        y = self._conv(x, self.weight, None, self.strides)
+        for dim, (size, k, stride) in enumerate(zip(sizes, kernel, self.strides)):
+            axis = 2 + dim
+            if self.padding == "same":
+                total = max(k - stride, 0)
+                y = y.narrow(axis, total // 2, size * stride)
+            elif stride > k:  # TF's output is in * stride: the tail the kernel never reaches is zeros
+                pad = [0, 0] * (y.dim() - axis - 1) + [0, stride - k]
+                y = F.pad(y, pad)
+        if self.bias is not None:
+            y = y + self.bias.reshape(1, -1, *([1] * len(sizes)))
+        return self._activation(y.movedim(1, -1))
+
+    def extra_repr(self) -> str:
+        inputs, out, *kernel = self.weight.shape
+        return f"{inputs}, {out}, kernel_size={tuple(kernel)}, strides={self.strides}, padding={self.padding!r}"
+
+
+def _conv_transpose(rank: int) -> Callable[[LayerSpec], nn.Module]:
+    def convert(spec: LayerSpec) -> nn.Module:
+        _check_channels_last(spec)
+        use_bias = spec.option("use_bias", True)
+        found = _weights(spec, ["kernel", "bias"] if use_bias else ["kernel"])
+        if _tuple(spec, "dilation_rate", rank, 1) != (1,) * rank or spec.option("output_padding") is not None:
+            raise spec.error("dilation_rate or output_padding other than the defaults is not converted yet.")
+        padding = spec.option("padding", "valid")
+        if padding not in ("valid", "same"):
+            raise spec.error(f"padding={padding!r} is not valid or same.")
+        kernel = found["kernel"]  # [*k, out, in] -> torch [in, out, *k]
+        bias = found.get("bias")
+        return ConvTranspose(
+            _tensor(numpy.transpose(kernel, (rank + 1, rank, *range(rank)))),
+            None if bias is None else _tensor(bias),
+            _tuple(spec, "strides", rank, 1),
+            padding,
+            _activation_name(spec, spec.option("activation")),
+        )
+
+    return convert
+
+
+class LayerNormalization(nn.Module):
+    """Keras LayerNormalization over ``axes`` (the last by default): mean and variance of those axes, gamma and
+    beta shaped as them."""
+
+    def __init__(self, axes: tuple[int, ...], epsilon: float, gamma: torch.Tensor | None, beta: torch.Tensor | None):
+        super().__init__()
+        self.axes, self.epsilon = axes, epsilon
+        self.gamma = None if gamma is None else nn.Parameter(gamma)
+        self.beta = None if beta is None else nn.Parameter(beta)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        axes = tuple(axis % x.dim() for axis in self.axes)
+        mean = x.mean(dim=axes, keepdim=True)
+        variance = (x - mean).square().mean(dim=axes, keepdim=True)
+        y = (x - mean) * torch.rsqrt(variance + self.epsilon)
+        shape = [x.shape[d] if d in axes else 1 for d in range(x.dim())]
+        if self.gamma is not None:
+            y = y * self.gamma.reshape(shape)
+        if self.beta is not None:
+            y = y + self.beta.reshape(shape)
+        return y
+
+    def extra_repr(self) -> str:
+        return f"axes={self.axes}, epsilon={self.epsilon}"
+
+
+def _layer_normalization(spec: LayerSpec) -> nn.Module:
+    if spec.option("rms_scaling"):
+        raise spec.error("rms_scaling=True is not converted yet.")
+    axis = spec.option("axis", -1)
+    axes = tuple(axis) if isinstance(axis, list) else (axis,)
+    scale, center = spec.option("scale", True), spec.option("center", True)
+    found = _weights(spec, [*(["gamma"] if scale else []), *(["beta"] if center else [])])
+    return LayerNormalization(
+        axes,
+        float(spec.option("epsilon", 1e-3)),
+        _tensor(found["gamma"]) if scale else None,
+        _tensor(found["beta"]) if center else None,
+    )
+
+
+class Crop(nn.Module):
+    """Keras Cropping1D/2D/3D: (before, after) off each spatial axis of channels-last data."""
+
+    def __init__(self, crops: list[tuple[int, int]]) -> None:
+        super().__init__()
+        self.crops = crops
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for dim, (before, after) in enumerate(self.crops):
+            x = x.narrow(1 + dim, before, x.shape[1 + dim] - before - after)
+        return x
+
+
+def _pairs(spec: LayerSpec, key: str, rank: int, default: Any) -> list[tuple[int, int]]:
+    value = spec.option(key, default)
+    if isinstance(value, int):
+        pairs = [(value, value)] * rank
+    elif rank == 1 and isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        pairs = [(value[0], value[1])]
+    else:
+        pairs = [(item, item) if isinstance(item, int) else tuple(item) for item in value]
+    if len(pairs) != rank or not all(len(p) == 2 and all(isinstance(a, int) and a >= 0 for a in p) for p in pairs):
+        raise spec.error(f"{key}={value!r} is not {rank} (before, after) pairs.")
+    return [(int(a), int(b)) for a, b in pairs]
+
+
+def _cropping(rank: int) -> Callable[[LayerSpec], nn.Module]:
+    def convert(spec: LayerSpec) -> nn.Module:
+        if rank > 1:
+            _check_channels_last(spec)
+        _weights(spec, [])
+        return Crop(_pairs(spec, "cropping", rank, 1))
+
+    return convert
+
+
+class Permute(nn.Module):
+    def __init__(self, dims: tuple[int, ...]) -> None:
+        super().__init__()
+        self.dims = dims
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.permute(0, *self.dims)
+
+    def extra_repr(self) -> str:
+        return str(self.dims)
+
+
+def _permute(spec: LayerSpec) -> nn.Module:
+    _weights(spec, [])
+    dims = spec.option("dims")
+    if not isinstance(dims, list) or sorted(dims) != list(range(1, len(dims) + 1)):
+        raise spec.error(f"dims={dims!r} is not a permutation of 1..n.")
+    return Permute(tuple(dims))
+
+
+class UpSampling(nn.Module):
+    """Keras UpSampling1D/2D/3D: each value repeated ``size`` times per axis ("nearest"), or UpSampling2D's
+    "bilinear" (TF's half-pixel centers, torch's align_corners=False)."""
+
+    def __init__(self, size: tuple[int, ...], interpolation: str) -> None:
+        super().__init__()
+        self.size, self.interpolation = size, interpolation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.interpolation == "nearest":
+            for dim, repeats in enumerate(self.size):
+                x = x.repeat_interleave(repeats, dim=1 + dim)
+            return x
+        y = F.interpolate(x.movedim(-1, 1), scale_factor=self.size, mode="bilinear", align_corners=False)
+        return y.movedim(1, -1)
+
+    def extra_repr(self) -> str:
+        return f"size={self.size}, interpolation={self.interpolation!r}"
+
+
+def _upsampling(rank: int) -> Callable[[LayerSpec], nn.Module]:
+    def convert(spec: LayerSpec) -> nn.Module:
+        if rank > 1:
+            _check_channels_last(spec)
+        _weights(spec, [])
+        interpolation = spec.option("interpolation", "nearest")
+        if interpolation not in ("nearest", "bilinear") or (interpolation == "bilinear" and rank != 2):
+            raise spec.error(f"interpolation={interpolation!r} is not converted yet.")
+        return UpSampling(_tuple(spec, "size", rank, 2), interpolation)
+
+    return convert
+
+
+class ReLU(nn.Module):
+    """Keras ReLU(max_value, negative_slope, threshold): ``max_value`` from it up, ``x`` from ``threshold`` up,
+    ``negative_slope * (x - threshold)`` below."""
+
+    def __init__(self, max_value: float | None, negative_slope: float, threshold: float) -> None:
+        super().__init__()
+        self.max_value, self.negative_slope, self.threshold = max_value, negative_slope, threshold
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.where(x >= self.threshold, x, self.negative_slope * (x - self.threshold))
+        return y if self.max_value is None else torch.clamp(y, max=self.max_value)
+
+    def extra_repr(self) -> str:
+        return f"max_value={self.max_value}, negative_slope={self.negative_slope}, threshold={self.threshold}"
+
+
+def _relu(spec: LayerSpec) -> nn.Module:
+    _weights(spec, [])
+    max_value = spec.option("max_value")
+    return ReLU(
+        None if max_value is None else float(max_value),
+        float(spec.option("negative_slope", 0.0)),
+        float(spec.option("threshold", 0.0)),
+    )
+
+
+class ParametricActivation(nn.Module):
+    """Keras LeakyReLU, ELU and Softmax layers: the activation with the layer's own constant."""
+
+    def __init__(self, kind: str, value: float) -> None:
+        super().__init__()
+        self.kind, self.value = kind, value
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "leaky_relu":
+            return F.leaky_relu(x, self.value)
+        if self.kind == "elu":
+            return F.elu(x, self.value)
+        return F.softmax(x, dim=int(self.value))
+
+    def extra_repr(self) -> str:
+        return f"{self.kind}, {self.value}"
+
+
+def _parametric(kind: str, key: str, default: float) -> Callable[[LayerSpec], nn.Module]:
+    def convert(spec: LayerSpec) -> nn.Module:
+        _weights(spec, [])
+        value = spec.option(key, default)
+        if kind == "leaky_relu" and key not in spec.config and "alpha" in spec.config:  # Keras 2 spelling
+            value = spec.config["alpha"]
+        if isinstance(value, list):
+            raise spec.error(f"{key}={value!r}: one axis only.")
+        return ParametricActivation(kind, float(value))
+
+    return convert
+
+
+class PReLU(nn.Module):
+    """Keras PReLU: ``max(0, x) + alpha * min(0, x)``, alpha shaped as the input without the batch axis."""
+
+    def __init__(self, alpha: torch.Tensor) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(alpha)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x) - self.alpha * F.relu(-x)
+
+
+def _prelu(spec: LayerSpec) -> nn.Module:
+    return PReLU(_tensor(_weights(spec, ["alpha"])["alpha"]))
+
+
+class Rescaling(nn.Module):
+    def __init__(self, scale: torch.Tensor, offset: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("scale", scale)
+        self.register_buffer("offset", offset)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale + self.offset
+
+
+def _rescaling(spec: LayerSpec) -> nn.Module:
+    _weights(spec, [])
+
+    def number(key: str, default: float) -> torch.Tensor:
+        value = spec.option(key, default)
+        if isinstance(value, dict):  # Keras 3 serializes a list scale as a tensor config
+            value = value.get("config", {}).get("value")
+        try:
+            return torch.tensor(value, dtype=torch.float32)
+        except (TypeError, ValueError, RuntimeError):
+            raise spec.error(f"{key}={value!r} is not a number or a list of numbers.") from None
+
+    return Rescaling(number("scale", 1.0), number("offset", 0.0))
+
+
+class Embedding(nn.Module):
+    """Keras Embedding: rows of ``weight`` by integer index (``mask_zero`` masks later layers in Keras; the
+    converted RNNs do not take masks, so a model that relies on one is refused there)."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(table)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.embedding(x.long(), self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, {self.weight.shape[1]}"
+
+
+def _embedding(spec: LayerSpec) -> nn.Module:
+    if spec.option("mask_zero"):
+        raise spec.error("mask_zero=True (masks for later layers) is not converted yet.")
+    return Embedding(_tensor(_weights(spec, ["embeddings"])["embeddings"]))
+
+
+class Dot(nn.Module):
+    """Keras Dot(axes, normalize): per example, the sum over ``axes`` of the two inputs' product."""
+
+    def __init__(self, axes: tuple[int, int], normalize: bool) -> None:
+        super().__init__()
+        self.axes, self.normalize = axes, normalize
+
+    def forward(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        a, b = inputs
+        axis_a, axis_b = self.axes[0] % a.dim(), self.axes[1] % b.dim()
+        if self.normalize:
+            a, b = F.normalize(a, dim=axis_a), F.normalize(b, dim=axis_b)
+        a = a.movedim(axis_a, -1)
+        b = b.movedim(axis_b, 1)
+        rest_a, rest_b = a.shape[1:-1], b.shape[2:]
+        y = torch.bmm(a.reshape(a.shape[0], -1, a.shape[-1]), b.reshape(b.shape[0], b.shape[1], -1))
+        y = y.reshape(a.shape[0], *rest_a, *rest_b)
+        return y.unsqueeze(-1) if y.dim() == 1 else y
+
+    def extra_repr(self) -> str:
+        return f"axes={self.axes}, normalize={self.normalize}"
+
+
+def _dot(spec: LayerSpec) -> nn.Module:
+    _weights(spec, [])
+    axes = spec.option("axes", -1)
+    pair = (axes, axes) if isinstance(axes, int) else tuple(axes)
+    if len(pair) != 2 or not all(isinstance(a, int) for a in pair):
+        raise spec.error(f"axes={axes!r} is not an axis or a pair of axes.")
+    return Dot((pair[0], pair[1]), bool(spec.option("normalize", False)))
 
 
 CONVERTERS: dict[str, Callable[[LayerSpec], nn.Module]] = {
@@ -501,7 +866,27 @@ CONVERTERS: dict[str, Callable[[LayerSpec], nn.Module]] = {
     "DepthwiseConv2D": _depthwise_conv(2),
     "BatchNormalization": _batch_normalization,
     "Activation": _activation_layer,
-    "ReLU": _relu_layer,
+    "ReLU": _relu,
+    "LeakyReLU": _parametric("leaky_relu", "negative_slope", 0.3),
+    "ELU": _parametric("elu", "alpha", 1.0),
+    "Softmax": _parametric("softmax", "axis", -1),
+    "PReLU": _prelu,
+    "SeparableConv1D": _separable_conv(1),
+    "SeparableConv2D": _separable_conv(2),
+    "Conv1DTranspose": _conv_transpose(1),
+    "Conv2DTranspose": _conv_transpose(2),
+    "Conv3DTranspose": _conv_transpose(3),
+    "LayerNormalization": _layer_normalization,
+    "Cropping1D": _cropping(1),
+    "Cropping2D": _cropping(2),
+    "Cropping3D": _cropping(3),
+    "Permute": _permute,
+    "UpSampling1D": _upsampling(1),
+    "UpSampling2D": _upsampling(2),
+    "UpSampling3D": _upsampling(3),
+    "Rescaling": _rescaling,
+    "Embedding": _embedding,
+    "Dot": _dot,
     "Dropout": _dropout,
     "SpatialDropout1D": _dropout,
     "SpatialDropout2D": _dropout,
