@@ -780,6 +780,9 @@ def _prelu(spec: LayerSpec) -> nn.Module:
 
 
 class Rescaling(nn.Module):
+    scale: torch.Tensor
+    offset: torch.Tensor
+
     def __init__(self, scale: torch.Tensor, offset: torch.Tensor) -> None:
         super().__init__()
         self.register_buffer("scale", scale)
