@@ -20,7 +20,7 @@ import torchestimator as te
 from torchestimator.interop import KerasModel, KerasModelError, keras_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "keras_models"
-MODELS = ["mlp", "cnn", "two_towers"]
+MODELS = ["mlp", "cnn", "two_towers", "text"]
 
 
 def _reference(name: str) -> tuple[list[torch.Tensor], list[np.ndarray]]:
@@ -160,8 +160,8 @@ def _insert_layer(entry: dict):
             r"layer 'system' \(Dense\) comes from module 'os', not Keras's own",
         ),
         (
-            {"module": "keras.layers", "class_name": "Bidirectional", "config": {"name": "rnn"}},
-            r"layer 'rnn' is a Bidirectional, which is not converted \(yet\). Converted: .*Dense",
+            {"module": "keras.layers", "class_name": "ConvLSTM2D", "config": {"name": "rnn"}},
+            r"layer 'rnn' is a ConvLSTM2D, which is not converted \(yet\). Converted: .*Dense",
         ),
     ],
     ids=["lambda", "custom_object", "foreign_module", "unsupported_class"],

@@ -66,7 +66,16 @@ def two_towers() -> keras.Model:
     return keras.Model([left, right], [score, classes], name="two_towers")
 
 
-MODELS = {"mlp": mlp, "cnn": cnn, "two_towers": two_towers}
+def text() -> keras.Model:
+    """Embedding -> Bidirectional LSTM -> GRU -> Dense: a text classifier."""
+    tokens = keras.Input((10,), dtype="int32", name="tokens")
+    x = layers.Embedding(50, 8, name="embed")(tokens)
+    x = layers.Bidirectional(layers.LSTM(6, return_sequences=True), name="bilstm")(x)
+    x = layers.GRU(5, name="gru")(x)
+    return keras.Model(tokens, layers.Dense(2, activation="softmax", name="out")(x), name="text")
+
+
+MODELS = {"mlp": mlp, "cnn": cnn, "two_towers": two_towers, "text": text}
 
 
 def deterministic_weights(model: keras.Model, seed: int) -> None:
@@ -134,6 +143,16 @@ def layer_cases() -> dict[str, tuple[list[tuple[int, ...]], object]]:
         "maximum": ([vector, vector], L.Maximum()),
         "minimum": ([vector, vector], L.Minimum()),
         "concatenate_axis1": ([sequence, sequence], L.Concatenate(axis=1)),
+        "lstm_sequences": ([sequence], L.LSTM(5, return_sequences=True)),
+        "lstm_backwards_last": ([sequence], L.LSTM(3, go_backwards=True)),
+        "gru_reset_after": ([sequence], L.GRU(4, return_sequences=True)),
+        "gru_reset_before": ([sequence], L.GRU(4, reset_after=False)),
+        "gru_backwards_sequences": ([sequence], L.GRU(3, go_backwards=True, return_sequences=True)),
+        "simple_rnn_relu": ([sequence], L.SimpleRNN(3, activation="relu", return_sequences=True)),
+        "bidirectional_lstm_concat": ([sequence], L.Bidirectional(L.LSTM(3, return_sequences=True))),
+        "bidirectional_gru_sum_last": ([sequence], L.Bidirectional(L.GRU(3), merge_mode="sum")),
+        "time_distributed_dense": ([sequence], L.TimeDistributed(L.Dense(2, activation="tanh"))),
+        "time_distributed_conv": ([(3, 6, 5, 2)], L.TimeDistributed(L.Conv2D(2, 3, padding="same"))),
     }
     for name in ACTIVATION_NAMES:
         cases[f"activation_{name}"] = ([vector], L.Activation(name))
@@ -180,7 +199,12 @@ def main() -> int:
         model = build()
         deterministic_weights(model, seed)
         rng = np.random.default_rng(100 + seed)
-        inputs = [rng.normal(size=(3, *tensor.shape[1:])).astype(np.float32) for tensor in model.inputs]
+        inputs = [
+            rng.integers(0, 50, size=(3, *tensor.shape[1:])).astype(np.int32)
+            if "int" in str(tensor.dtype)
+            else rng.normal(size=(3, *tensor.shape[1:])).astype(np.float32)
+            for tensor in model.inputs
+        ]
         outputs = model(inputs if len(inputs) > 1 else inputs[0], training=False)
         outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
         model.save(OUT / f"{name}.keras")

@@ -116,13 +116,15 @@ def keras_model(path: str | os.PathLike[str]) -> KerasModel:
         raise KerasModelError(f"{location}: the model config lists no layers.")
     for entry in entries:
         _check_convertible(location, entry)
-    weights = _layer_weights(location)
+    weights, names = _layer_weights(location)
     layers: dict[str, nn.Module] = {}
     for entry in entries:
         name = _layer_name(entry)
         if entry["class_name"] == "InputLayer":
             continue
-        spec = LayerSpec(name, entry["class_name"], entry.get("config") or {}, weights.pop(name, []))
+        spec = LayerSpec(
+            name, entry["class_name"], entry.get("config") or {}, weights.pop(name, []), names.get(name, ())
+        )
         try:
             layers[name] = CONVERTERS[spec.class_name](spec)
         except KerasModelError as error:
@@ -203,10 +205,15 @@ def _check_convertible(path: str, entry: Any) -> None:
         )
 
 
-def _layer_weights(path: str) -> dict[str, list[numpy.ndarray]]:
+def _layer_weights(path: str) -> tuple[dict[str, list[numpy.ndarray]], dict[str, tuple[str, ...]]]:
+    """Each layer's weights in Keras's order, and their names in the file (aliases where the file has them)."""
     with open_keras_h5(path) as opened:
         source = cast(KerasH5Source, opened)
-        return {layer: [source.read(info.name) for info in tensors] for layer, tensors in source.layers()}
+        friendly = {tensor: alias for alias, tensor in source.aliases().items()}
+        layers = source.layers()
+        weights = {layer: [source.read(info.name) for info in tensors] for layer, tensors in layers}
+        names = {layer: tuple(friendly.get(info.name, info.name) for info in tensors) for layer, tensors in layers}
+        return weights, names
 
 
 def _sequential_graph(entries: list[dict[str, Any]]) -> tuple[list[_Call], list[str], list[_Ref]]:

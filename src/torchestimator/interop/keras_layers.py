@@ -37,6 +37,8 @@ class LayerSpec:
     class_name: str
     config: dict[str, Any]
     weights: list[numpy.ndarray]
+    weight_names: tuple[str, ...] = ()
+    """The weights' names in the file, where a wrapper's parts must be told apart (Bidirectional)."""
 
     def error(self, problem: str) -> KerasModelError:
         return KerasModelError(f"layer {self.name!r} ({self.class_name}): {problem}")
@@ -860,6 +862,202 @@ def _dot(spec: LayerSpec) -> nn.Module:
     return Dot((pair[0], pair[1]), bool(spec.option("normalize", False)))
 
 
+class Recurrent(nn.Module):
+    """Keras LSTM, GRU (``reset_after=True``) and SimpleRNN on torch's fused layers, batch first.
+
+    Keras's gate order i, f, c, o is torch's LSTM order; a GRU's z, r, h become torch's r, z, n; Keras's one bias
+    is torch's input bias (the recurrent bias zero), a GRU's two biases (reset_after) are torch's two.
+    ``go_backwards`` reads the sequence from its end and, as Keras, returns the outputs in that order."""
+
+    def __init__(self, rnn: nn.RNNBase, return_sequences: bool, go_backwards: bool) -> None:
+        super().__init__()
+        self.rnn, self.return_sequences, self.go_backwards = rnn, return_sequences, go_backwards
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.go_backwards:
+            x = x.flip(1)
+        y, _ = self.rnn(x)
+        return y if self.return_sequences else y[:, -1]
+
+    def extra_repr(self) -> str:
+        return f"return_sequences={self.return_sequences}, go_backwards={self.go_backwards}"
+
+
+class GRUResetBefore(nn.Module):
+    """Keras GRU with ``reset_after=False`` (Keras 2's default, TF 1's GRUCell): the reset gate applies to the
+    state before the recurrent kernel, which torch's GRU cannot express; stepped here."""
+
+    def __init__(
+        self,
+        kernel: torch.Tensor,
+        recurrent: torch.Tensor,
+        bias: torch.Tensor | None,
+        return_sequences: bool,
+        go_backwards: bool,
+    ):
+        super().__init__()
+        self.kernel, self.recurrent = nn.Parameter(kernel), nn.Parameter(recurrent)
+        self.bias = None if bias is None else nn.Parameter(bias)
+        self.return_sequences, self.go_backwards = return_sequences, go_backwards
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.go_backwards:
+            x = x.flip(1)
+        units = self.recurrent.shape[0]
+        projected = x @ self.kernel + (0 if self.bias is None else self.bias)
+        state = x.new_zeros(x.shape[0], units)
+        outputs = []
+        for step in range(x.shape[1]):
+            inputs_z, inputs_r, inputs_h = projected[:, step].split(units, dim=-1)
+            recurrent_z, recurrent_r = (state @ self.recurrent[:, : 2 * units]).split(units, dim=-1)
+            z = torch.sigmoid(inputs_z + recurrent_z)
+            r = torch.sigmoid(inputs_r + recurrent_r)
+            candidate = torch.tanh(inputs_h + (r * state) @ self.recurrent[:, 2 * units :])
+            state = z * state + (1 - z) * candidate
+            outputs.append(state)
+        return torch.stack(outputs, dim=1) if self.return_sequences else state
+
+
+def _check_recurrent(spec: LayerSpec, activations: tuple[str, ...]) -> None:
+    for key, default in (("activation", "tanh"), ("recurrent_activation", "sigmoid")):
+        if key in spec.config or key == "activation":
+            name = _activation_name(spec, spec.option(key, default))
+            allowed = activations if key == "activation" else ("sigmoid",)
+            if name not in allowed:
+                raise spec.error(f"{key}={name!r}: torch's fused layer computes {'/'.join(allowed)} only.")
+    for key in ("return_state", "stateful"):
+        if spec.option(key):
+            raise spec.error(f"{key}=True is not converted yet.")
+
+
+def _recurrent(kind: str) -> Callable[[LayerSpec], nn.Module]:
+    def convert(spec: LayerSpec) -> nn.Module:
+        use_bias = spec.option("use_bias", True)
+        found = _weights(spec, ["kernel", "recurrent_kernel", *(["bias"] if use_bias else [])])
+        kernel, recurrent, bias = found["kernel"], found["recurrent_kernel"], found.get("bias")
+        units = recurrent.shape[0]
+        sequences, backwards = bool(spec.option("return_sequences", False)), bool(spec.option("go_backwards", False))
+        if kind == "GRU" and not spec.option("reset_after", True):
+            _check_recurrent(spec, ("tanh",))
+            return GRUResetBefore(
+                _tensor(kernel), _tensor(recurrent), None if bias is None else _tensor(bias), sequences, backwards
+            )
+        if kind == "SimpleRNN":
+            _check_recurrent(spec, ("tanh", "relu"))
+            name = _activation_name(spec, spec.option("activation", "tanh"))
+            rnn: nn.RNNBase = nn.RNN(kernel.shape[0], units, nonlinearity=name, bias=use_bias, batch_first=True)
+            order = [0]
+        else:
+            _check_recurrent(spec, ("tanh",))
+            if kind == "LSTM":
+                rnn, order = nn.LSTM(kernel.shape[0], units, bias=use_bias, batch_first=True), [0, 1, 2, 3]
+            else:
+                rnn, order = nn.GRU(kernel.shape[0], units, bias=use_bias, batch_first=True), [1, 0, 2]
+
+        def gates(matrix: numpy.ndarray) -> torch.Tensor:  # Keras [in, gates * units] -> torch [gates * units, in]
+            blocks = numpy.split(matrix, len(order), axis=-1)
+            return _tensor(numpy.concatenate([blocks[index] for index in order], axis=-1).T)
+
+        parameters = dict(rnn.named_parameters())
+        with torch.no_grad():
+            parameters["weight_ih_l0"].copy_(gates(kernel))
+            parameters["weight_hh_l0"].copy_(gates(recurrent))
+            if bias is not None:
+                biases = bias.reshape(2, -1) if kind == "GRU" else numpy.stack([bias, numpy.zeros_like(bias)])
+                parameters["bias_ih_l0"].copy_(gates(biases[0][None, :]).reshape(-1))
+                parameters["bias_hh_l0"].copy_(gates(biases[1][None, :]).reshape(-1))
+        return Recurrent(rnn, sequences, backwards)
+
+    return convert
+
+
+class Bidirectional(nn.Module):
+    """Keras Bidirectional: the forward layer and a backward one (reading from the end), the backward outputs put
+    back in time order, merged ("concat", "sum", "mul", "ave")."""
+
+    def __init__(self, forward_layer: nn.Module, backward_layer: nn.Module, merge_mode: str, sequences: bool):
+        super().__init__()
+        self.forward_layer, self.backward_layer = forward_layer, backward_layer
+        self.merge_mode, self.sequences = merge_mode, sequences
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ahead, behind = self.forward_layer(x), self.backward_layer(x)
+        if self.sequences:
+            behind = behind.flip(1)
+        if self.merge_mode == "concat":
+            return torch.cat([ahead, behind], dim=-1)
+        if self.merge_mode == "sum":
+            return ahead + behind
+        if self.merge_mode == "mul":
+            return ahead * behind
+        return (ahead + behind) / 2
+
+    def extra_repr(self) -> str:
+        return f"merge_mode={self.merge_mode!r}"
+
+
+def _inner(
+    spec: LayerSpec, entry: Any, weights: list[numpy.ndarray], suffix: str
+) -> tuple[LayerSpec, Callable[[LayerSpec], nn.Module]]:
+    if not isinstance(entry, dict) or entry.get("class_name") not in CONVERTERS:
+        kind = entry.get("class_name") if isinstance(entry, dict) else entry
+        raise spec.error(f"wraps a {kind!r}, which is not converted (yet).")
+    if entry.get("registered_name") not in (None, entry["class_name"]):
+        raise spec.error(f"wraps a custom object {entry.get('registered_name')!r}; it is never run.")
+    config = entry.get("config") or {}
+    return LayerSpec(f"{spec.name}/{config.get('name', suffix)}", entry["class_name"], config, weights), CONVERTERS[
+        entry["class_name"]
+    ]
+
+
+def _bidirectional(spec: LayerSpec) -> nn.Module:
+    merge_mode = spec.option("merge_mode", "concat")
+    if merge_mode not in ("concat", "sum", "mul", "ave"):
+        raise spec.error(f"merge_mode={merge_mode!r}: two separate outputs are not converted yet.")
+    forward_entry = spec.option("layer")
+    backward_entry = spec.option("backward_layer") or {
+        **forward_entry,
+        "config": {**(forward_entry or {}).get("config", {}), "go_backwards": True},
+    }
+    if len(spec.weights) % 2:
+        raise spec.error(f"{len(spec.weights)} weights cannot split between a forward and a backward layer.")
+    # Keras 3's archive lists the backward layer's variables first (its groups sort by name); legacy files list
+    # Keras's own order, forward first. The names tell them apart.
+    backward = [index for index, name in enumerate(spec.weight_names) if "backward" in name]
+    if len(backward) * 2 != len(spec.weights):
+        backward = list(range(len(spec.weights) // 2, len(spec.weights)))
+    ahead = [index for index in range(len(spec.weights)) if index not in backward]
+    forward_spec, forward_convert = _inner(spec, forward_entry, [spec.weights[i] for i in ahead], "forward")
+    backward_spec, backward_convert = _inner(spec, backward_entry, [spec.weights[i] for i in backward], "backward")
+    if not backward_spec.option("go_backwards"):
+        backward_spec = LayerSpec(
+            backward_spec.name,
+            backward_spec.class_name,
+            {**backward_spec.config, "go_backwards": True},
+            backward_spec.weights,
+        )
+    sequences = bool(forward_spec.option("return_sequences", False))
+    return Bidirectional(forward_convert(forward_spec), backward_convert(backward_spec), merge_mode, sequences)
+
+
+class TimeDistributed(nn.Module):
+    """Keras TimeDistributed: the inner layer on every step, steps folded into the batch."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, steps = x.shape[:2]
+        y = self.layer(x.reshape(batch * steps, *x.shape[2:]))
+        return y.reshape(batch, steps, *y.shape[1:])
+
+
+def _time_distributed(spec: LayerSpec) -> nn.Module:
+    inner, convert = _inner(spec, spec.option("layer"), spec.weights, "layer")
+    return TimeDistributed(convert(inner))
+
+
 CONVERTERS: dict[str, Callable[[LayerSpec], nn.Module]] = {
     "Dense": _dense,
     "Conv1D": _conv(1),
@@ -890,6 +1088,11 @@ CONVERTERS: dict[str, Callable[[LayerSpec], nn.Module]] = {
     "Rescaling": _rescaling,
     "Embedding": _embedding,
     "Dot": _dot,
+    "LSTM": _recurrent("LSTM"),
+    "GRU": _recurrent("GRU"),
+    "SimpleRNN": _recurrent("SimpleRNN"),
+    "Bidirectional": _bidirectional,
+    "TimeDistributed": _time_distributed,
     "Dropout": _dropout,
     "SpatialDropout1D": _dropout,
     "SpatialDropout2D": _dropout,
