@@ -20,7 +20,7 @@ import torchestimator as te
 from torchestimator.interop import KerasModel, KerasModelError, keras_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "keras_models"
-MODELS = ["mlp", "cnn", "two_towers", "text"]
+MODELS = ["mlp", "cnn", "two_towers", "text", "nested"]
 
 
 def _reference(name: str) -> tuple[list[torch.Tensor], list[np.ndarray]]:

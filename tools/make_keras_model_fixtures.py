@@ -9,7 +9,8 @@ what this script writes is committed.
 Each model gets deterministic weights (every variable drawn from one seeded generator, BatchNorm variances
 positive and far from 1), is saved as ``<name>.keras`` and ``<name>.h5`` (Keras 3's legacy HDF5 with
 ``model_config``), and Keras's own inference outputs go to ``<name>.npz``: ``input_<i>`` in the model's input
-order and ``output_<i>`` in its output order, from ``model(inputs, training=False)``.
+order and ``output_<i>`` in its output order, from ``model(inputs, training=False)`` of the model loaded back from
+its ``.keras`` file.
 """
 
 from __future__ import annotations
@@ -75,15 +76,33 @@ def text() -> keras.Model:
     return keras.Model(tokens, layers.Dense(2, activation="softmax", name="out")(x), name="text")
 
 
-MODELS = {"mlp": mlp, "cnn": cnn, "two_towers": two_towers, "text": text}
+def nested() -> keras.Model:
+    """Normalization (adapted statistics), a nested Sequential and a nested two-input Functional model."""
+    x = keras.Input((4,), name="x")
+    normalized = layers.Normalization(name="norm")
+    normalized.adapt(np.random.default_rng(7).normal(3.0, 2.0, size=(64, 4)).astype(np.float32))
+    block = keras.Sequential(
+        [keras.Input((4,)), layers.Dense(5, activation="relu", name="fc"), layers.BatchNormalization(name="bn")],
+        name="block",
+    )
+    a, b = keras.Input((5,)), keras.Input((4,))
+    pair = keras.Model([a, b], layers.Concatenate(name="cat")([layers.Dense(3, name="left_fc")(a), b]), name="pair")
+    z = normalized(x)
+    y = pair([block(z), z])
+    return keras.Model(x, layers.Dense(2, name="head")(y), name="nested")
+
+
+MODELS = {"mlp": mlp, "cnn": cnn, "two_towers": two_towers, "text": text, "nested": nested}
 
 
 def deterministic_weights(model: keras.Model, seed: int) -> None:
     rng = np.random.default_rng(seed)
     for variable in model.weights:
         shape = tuple(variable.shape)
-        if variable.path.endswith("moving_variance"):
+        if variable.path.endswith("variance"):
             value = rng.uniform(0.5, 2.0, size=shape)
+        elif variable.path.endswith("count"):
+            value = np.full(shape, 64.0)
         else:
             value = rng.normal(0.0, 0.5, size=shape)
         variable.assign(value.astype(np.float32))
@@ -143,6 +162,11 @@ def layer_cases() -> dict[str, tuple[list[tuple[int, ...]], object]]:
         "maximum": ([vector, vector], L.Maximum()),
         "minimum": ([vector, vector], L.Minimum()),
         "concatenate_axis1": ([sequence, sequence], L.Concatenate(axis=1)),
+        "normalization_given": ([vector], L.Normalization(mean=[1, 2, 3, 4, 5], variance=[1, 4, 0.25, 2, 0])),
+        "normalization_invert": (
+            [vector],
+            L.Normalization(mean=[1, 0, 0, 2, 0], variance=[4, 1, 1, 9, 1], invert=True),
+        ),
         "lstm_sequences": ([sequence], L.LSTM(5, return_sequences=True)),
         "lstm_backwards_last": ([sequence], L.LSTM(3, go_backwards=True)),
         "gru_reset_after": ([sequence], L.GRU(4, return_sequences=True)),
@@ -183,8 +207,9 @@ def make_layer_cases() -> None:
             ).astype(np.float32)
             for shape in shapes
         ]
-        result = model(values if len(values) > 1 else values[0], training=False)
         model.save(folder / f"{name}.keras")
+        model = keras.models.load_model(folder / f"{name}.keras")
+        result = model(values if len(values) > 1 else values[0], training=False)
         for position, value in enumerate(values):
             arrays[f"{name}/input_{position}"] = value
         arrays[f"{name}/output_0"] = np.asarray(result)
@@ -205,10 +230,12 @@ def main() -> int:
             else rng.normal(size=(3, *tensor.shape[1:])).astype(np.float32)
             for tensor in model.inputs
         ]
-        outputs = model(inputs if len(inputs) > 1 else inputs[0], training=False)
-        outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
         model.save(OUT / f"{name}.keras")
         model.save(OUT / f"{name}.h5")
+        # Keras's outputs for the file as saved (a Normalization computes its statistics from its variables on load).
+        model = keras.models.load_model(OUT / f"{name}.keras")
+        outputs = model(inputs if len(inputs) > 1 else inputs[0], training=False)
+        outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
         np.savez(
             OUT / f"{name}.npz",
             **{f"input_{index}": value for index, value in enumerate(inputs)},

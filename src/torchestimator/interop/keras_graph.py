@@ -81,7 +81,11 @@ class KerasModel(nn.Module):
         values: dict[_Ref, torch.Tensor] = {_Ref(name, 0, 0): value for name, value in zip(self._inputs, inputs)}
         for call in self._calls:
             module = getattr(self, self._attribute[call.layer])
-            values[_Ref(call.layer, call.node, 0)] = module(_resolve(call.inputs, values))
+            arguments = _resolve(call.inputs, values)
+            if isinstance(module, KerasModel) and isinstance(arguments, list):  # a nested model of several inputs
+                values[_Ref(call.layer, call.node, 0)] = module(*arguments)
+            else:
+                values[_Ref(call.layer, call.node, 0)] = module(arguments)
         results = tuple(values[ref] for ref in self._outputs)
         return results[0] if len(results) == 1 else results
 
@@ -105,22 +109,48 @@ def keras_model(path: str | os.PathLike[str]) -> KerasModel:
     before anything is built; nothing in the file is run."""
     location = os.fspath(path)
     config = read_model_config(location)
-    model_config = config.get("config", {})
-    class_name = config.get("class_name")
-    if class_name not in _MODEL_CLASSES or not isinstance(model_config, dict):
+    _check_model(location, config)
+    weights, names = _layer_weights(location)
+    model = _build(location, config, weights, names)
+    if weights:
+        raise KerasModelError(f"{location}: weights of layers the config does not list: {sorted(weights)}.")
+    return model
+
+
+def _check_model(path: str, config: Any) -> None:
+    """Every layer of the model, nested models' included, is one this converter builds; refused by name if not."""
+    model_config = config.get("config") if isinstance(config, dict) else None
+    if config.get("class_name") not in _MODEL_CLASSES or not isinstance(model_config, dict):
         raise KerasModelError(
-            f"{location}: the config describes a {class_name!r}, not a Sequential or Functional model."
+            f"{path}: the config describes a {config.get('class_name')!r}, not a Sequential or Functional model."
         )
     entries = model_config.get("layers")
     if not isinstance(entries, list) or not entries:
-        raise KerasModelError(f"{location}: the model config lists no layers.")
+        raise KerasModelError(f"{path}: the model config lists no layers.")
     for entry in entries:
-        _check_convertible(location, entry)
-    weights, names = _layer_weights(location)
+        _check_convertible(path, entry)
+        if entry["class_name"] in _MODEL_CLASSES:
+            _check_model(path, entry)
+
+
+def _build(
+    path: str, config: dict[str, Any], weights: dict[str, list[numpy.ndarray]], names: dict[str, tuple[str, ...]]
+) -> KerasModel:
+    """The module of one (possibly nested) model; takes its layers' weights out of ``weights``."""
+    model_config, class_name = config["config"], config["class_name"]
+    entries = model_config["layers"]
     layers: dict[str, nn.Module] = {}
     for entry in entries:
         name = _layer_name(entry)
         if entry["class_name"] == "InputLayer":
+            continue
+        if entry["class_name"] in _MODEL_CLASSES:
+            inner_weights, inner_names = _nested_weights(name, weights, names)
+            layers[name] = _build(path, entry, inner_weights, inner_names)
+            if inner_weights:
+                raise KerasModelError(
+                    f"{path}: weights of layers model {name!r} does not list: {sorted(inner_weights)}."
+                )
             continue
         spec = LayerSpec(
             name, entry["class_name"], entry.get("config") or {}, weights.pop(name, []), names.get(name, ())
@@ -128,14 +158,34 @@ def keras_model(path: str | os.PathLike[str]) -> KerasModel:
         try:
             layers[name] = CONVERTERS[spec.class_name](spec)
         except KerasModelError as error:
-            raise KerasModelError(f"{location}: {error}") from None
-    if weights:
-        raise KerasModelError(f"{location}: weights of layers the config does not list: {sorted(weights)}.")
+            raise KerasModelError(f"{path}: {error}") from None
     if class_name == "Sequential":
         calls, inputs, outputs = _sequential_graph(entries)
     else:
-        calls, inputs, outputs = _functional_graph(location, model_config, entries)
+        calls, inputs, outputs = _functional_graph(path, model_config, entries)
     return KerasModel(str(model_config.get("name", "model")), layers, calls, inputs, outputs)
+
+
+def _nested_weights(
+    model: str, weights: dict[str, list[numpy.ndarray]], names: dict[str, tuple[str, ...]]
+) -> tuple[dict[str, list[numpy.ndarray]], dict[str, tuple[str, ...]]]:
+    """The weights of nested model ``model``'s layers, keyed by their names inside it (taken out of ``weights``).
+
+    A ``.keras`` archive lists them as layers ``model/layer``; a legacy ``.h5`` as one group ``model`` whose
+    weights are named ``model/layer/variable``."""
+    inner: dict[str, list[numpy.ndarray]] = {}
+    inner_names: dict[str, list[str]] = {}
+    prefix = model + "/"
+    for layer in [layer for layer in weights if layer.startswith(prefix)]:
+        inner[layer[len(prefix) :]] = weights.pop(layer)
+        inner_names[layer[len(prefix) :]] = list(names.get(layer, ()))
+    for value, name in zip(weights.pop(model, []), names.get(model, ())):
+        parts = name.split("/")
+        if len(parts) < 3 or parts[0] != model:
+            raise KerasModelError(f"weight {name!r} of nested model {model!r} is not named {model}/<layer>/<variable>.")
+        inner.setdefault(parts[1], []).append(value)
+        inner_names.setdefault(parts[1], []).append("/".join(parts[1:]))
+    return inner, {layer: tuple(listed) for layer, listed in inner_names.items()}
 
 
 def read_model_config(path: str) -> dict[str, Any]:
@@ -196,9 +246,7 @@ def _check_convertible(path: str, entry: Any) -> None:
         )
     if isinstance(module, str) and not _KERAS_MODULES.match(module):
         raise KerasModelError(f"{path}: layer {name!r} ({class_name}) comes from module {module!r}, not Keras's own.")
-    if class_name in _MODEL_CLASSES:
-        raise KerasModelError(f"{path}: layer {name!r} is a nested {class_name} model: not converted yet.")
-    if class_name != "InputLayer" and class_name not in CONVERTERS:
+    if class_name not in ("InputLayer", *_MODEL_CLASSES) and class_name not in CONVERTERS:
         raise KerasModelError(
             f"{path}: layer {name!r} is a {class_name}, which is not converted (yet). Converted: "
             f"{', '.join(sorted(CONVERTERS))}."
@@ -286,7 +334,7 @@ def _node_inputs(path: str, layer: str, inbound: Any) -> Any:
         args = inbound.get("args") or []
         # Keras records defaults it passed (mask=None; training, which inference and train() set here instead).
         extra = sorted(
-            key for key, value in (inbound.get("kwargs") or {}).items() if value is not None and key != "training"
+            key for key, value in (inbound.get("kwargs") or {}).items() if key != "training" and not _all_none(value)
         )
         if extra:
             raise KerasModelError(f"{path}: layer {layer!r} is called with arguments {extra}: not converted yet.")
@@ -297,6 +345,11 @@ def _node_inputs(path: str, layer: str, inbound: Any) -> Any:
         refs = [_ref(path, item) for item in inbound]
         return refs[0] if len(refs) == 1 else refs
     raise KerasModelError(f"{path}: layer {layer!r} has an inbound node of an unknown form: {str(inbound)[:200]}")
+
+
+def _all_none(value: Any) -> bool:
+    """A recorded default: None, or a list of Nones (the mask of a call on a list)."""
+    return value is None or (isinstance(value, list) and all(_all_none(item) for item in value))
 
 
 def _keras3_tensors(path: str, value: Any) -> Any:

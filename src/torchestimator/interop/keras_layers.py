@@ -1058,6 +1058,42 @@ def _time_distributed(spec: LayerSpec) -> nn.Module:
     return TimeDistributed(convert(inner))
 
 
+class Normalization(nn.Module):
+    """Keras Normalization: ``(x - mean) / sqrt(variance)`` (at least 1e-7, Keras's epsilon), or its inverse."""
+
+    mean: torch.Tensor
+    variance: torch.Tensor
+
+    def __init__(self, mean: torch.Tensor, variance: torch.Tensor, invert: bool) -> None:
+        super().__init__()
+        self.register_buffer("mean", mean)
+        self.register_buffer("variance", variance)
+        self.invert = invert
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        deviation = torch.clamp(torch.sqrt(self.variance), min=1e-7)  # Keras: maximum(sqrt(variance), epsilon)
+        return x * deviation + self.mean if self.invert else (x - self.mean) / deviation
+
+
+def _normalization(spec: LayerSpec) -> nn.Module:
+    axis = spec.option("axis", [-1])
+    axes = [axis] if isinstance(axis, int) else list(axis or [])
+    if axes != [-1]:
+        raise spec.error(f"axis={axis!r}: only the last axis (Keras's default) is converted yet.")
+    if spec.weights:  # adapted: mean, variance, count
+        found = _weights(spec, ["mean", "variance", "count"])
+        mean, variance = _tensor(found["mean"]), _tensor(found["variance"])
+    elif spec.option("mean") is not None and spec.option("variance") is not None:
+        try:
+            mean = torch.tensor(spec.option("mean"), dtype=torch.float32)
+            variance = torch.tensor(spec.option("variance"), dtype=torch.float32)
+        except (TypeError, ValueError, RuntimeError):
+            raise spec.error("mean and variance are not numbers or lists of numbers.") from None
+    else:
+        raise spec.error("neither adapted statistics nor mean and variance in its config.")
+    return Normalization(mean.reshape(-1), variance.reshape(-1), bool(spec.option("invert", False)))
+
+
 CONVERTERS: dict[str, Callable[[LayerSpec], nn.Module]] = {
     "Dense": _dense,
     "Conv1D": _conv(1),
@@ -1086,6 +1122,7 @@ CONVERTERS: dict[str, Callable[[LayerSpec], nn.Module]] = {
     "UpSampling2D": _upsampling(2),
     "UpSampling3D": _upsampling(3),
     "Rescaling": _rescaling,
+    "Normalization": _normalization,
     "Embedding": _embedding,
     "Dot": _dot,
     "LSTM": _recurrent("LSTM"),
