@@ -243,3 +243,39 @@ def test_the_layer_table_covers_every_converter():
     }  # fmt: skip
     assert set(CONVERTERS) - classes - untested == set()
     assert {f"activation:{name}" for name in ACTIVATIONS} - classes == {"activation:hard_swish"}  # hard_silu's alias
+
+
+# ------------------------------------------------------------------------ the command line
+
+
+def test_convert_keras_model_writes_a_runnable_program_and_the_weights(tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from torchestimator.cli import main
+
+    inputs, expected = _reference("cnn")
+    assert main(["convert", "keras-model", str(FIXTURES / "cnn.h5"), str(tmp_path / "cnn.pt2"), "--show"]) == 0
+    printed = capsys.readouterr().out
+    assert "(conv1): Conv(3, 8" in printed and "inputs image [12, 11, 3] float32; wrote" in printed
+    program = torch.export.load(str(tmp_path / "cnn.pt2")).module()  # torch alone runs it, any batch size
+    np.testing.assert_allclose(program(inputs[0]).detach().numpy(), expected[0], atol=1e-5, rtol=0)
+    assert tuple(program(inputs[0][:1]).shape) == (1, 5)
+
+    assert main(["convert", "keras-model", str(FIXTURES / "text.keras"), str(tmp_path / "text.safetensors")]) == 0
+    weights = load_file(str(tmp_path / "text.safetensors"))
+    model = keras_model(FIXTURES / "text.keras")
+    assert weights.keys() == model.state_dict().keys()
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(weights[name], tensor)
+
+
+def test_convert_keras_model_says_what_is_wrong_in_one_line(tmp_path, capsys):
+    from torchestimator.cli import main
+
+    assert main(["convert", "keras-model", str(FIXTURES / "mlp.keras"), str(tmp_path / "mlp.onnx")]) == 2
+    assert "mlp.onnx' must end with .safetensors or .pt2." in capsys.readouterr().err
+    weights_only = Path(__file__).parent / "fixtures" / "keras" / "keras2_weights.h5"
+    assert main(["convert", "keras-model", str(weights_only), str(tmp_path / "out.pt2")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("torchestimator convert: error:") and "holds weights only" in error
+    assert not (tmp_path / "out.pt2").exists()

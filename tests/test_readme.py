@@ -425,7 +425,13 @@ def serving_port_is_free(workdir: Path) -> None:
 
 
 # Made in the working folder before the block runs: the reader's own files, or a condition the block needs.
+def copy_keras_model(workdir: Path) -> None:
+    """The warm-start page's model.keras: a Keras 3 image classifier made by Keras (tests/fixtures/keras_models)."""
+    shutil.copy(ROOT / "tests" / "fixtures" / "keras_models" / "cnn.keras", workdir / "model.keras")
+
+
 BEFORE: dict[str, Callable[[Path], None]] = {
+    "# model.keras: a Keras 3 image classifier (inputs 12x11x3, channels-last; 5 classes)": copy_keras_model,
     "torchestimator convert csv-to-tfrecord index.csv out/train --num_shards 4   # label,path[,other columns]": write_index_csv,
     "torchestimator export torchestimator.cli.demo --model_dir runs/digits --export_dir export/digits": serving_port_is_free,
 }

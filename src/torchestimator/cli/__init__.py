@@ -70,6 +70,7 @@ def version_line() -> str:
 def build_parser() -> argparse.ArgumentParser:
     from torchestimator.cli import (
         demo_command,
+        keras_command,
         launch_command,
         model_commands,
         records,
@@ -95,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     weights_commands.add_commands(commands)  # inspect, warm-start
     serve_command.add_command(commands)
     demo_command.add_commands(commands)  # plot, demo
-    records.add_subcommands(commands)  # convert csv-to-tfrecord, records inspect, records verify
+    convert_commands = records.add_subcommands(commands)  # convert csv-to-tfrecord, records inspect, records verify
+    keras_command.add_command(convert_commands)  # convert keras-model
     launch_command.add_command(commands)
     for subparser in _subparsers(parser):
         _accept_verbosity(subparser)

@@ -79,9 +79,10 @@ _SKIP_HINT = "pass --skip_corrupt to skip damaged records and read on"
 """How the damage these commands report says it can be skipped (the library's wording names skip_corrupt=True)."""
 
 
-def add_subcommands(subparsers: Any) -> None:
-    """Adds `convert` and `records` (with their own subcommands) to the `torchestimator` parser's subparsers."""
-    convert = subparsers.add_parser("convert", help="convert data to TFRecord files")
+def add_subcommands(subparsers: Any) -> Any:
+    """Adds `convert` and `records` (with their own subcommands) to the `torchestimator` parser's subparsers;
+    returns `convert`'s subparsers, for the conversions of other modules (``convert keras-model``)."""
+    convert = subparsers.add_parser("convert", help="convert data to TFRecord files, or a Keras model to torch")
     convert_commands = convert.add_subparsers(dest="convert_command", required=True)
     csv_command = convert_commands.add_parser(
         "csv-to-tfrecord",
@@ -127,6 +128,7 @@ def add_subcommands(subparsers: Any) -> None:
     _add_max_record_size(verify)
     _add_skip_corrupt(verify)
     verify.set_defaults(handler=verify_records)
+    return convert_commands
 
 
 def _add_max_record_size(command: argparse.ArgumentParser) -> None:

@@ -56,7 +56,8 @@ class KerasModel(nn.Module):
     """A converted Keras model: one submodule per Keras layer (named after it), called in the graph's order.
 
     ``forward`` takes the model's inputs in Keras's order (channels-last, as Keras does) and returns one tensor,
-    or a tuple in the order of Keras's outputs."""
+    or a tuple in the order of Keras's outputs. ``input_specs``: each input's Keras name, shape without the batch
+    (None where Keras left a size open) and dtype, as the file's InputLayer records them."""
 
     def __init__(
         self,
@@ -65,9 +66,11 @@ class KerasModel(nn.Module):
         calls: list[_Call],
         inputs: list[str],
         outputs: list[_Ref],
+        input_specs: list[tuple[str, tuple[int | None, ...], str]] | None = None,
     ) -> None:
         super().__init__()
         self.keras_name = name
+        self.input_specs = input_specs or []
         self._attribute = {keras: _attribute_name(keras, index) for index, keras in enumerate(layers)}
         for keras, module in layers.items():
             self.add_module(self._attribute[keras], module)
@@ -163,7 +166,30 @@ def _build(
         calls, inputs, outputs = _sequential_graph(entries)
     else:
         calls, inputs, outputs = _functional_graph(path, model_config, entries)
-    return KerasModel(str(model_config.get("name", "model")), layers, calls, inputs, outputs)
+    specs = _input_specs(model_config, entries, inputs)
+    return KerasModel(str(model_config.get("name", "model")), layers, calls, inputs, outputs, specs)
+
+
+def _input_specs(
+    model_config: dict[str, Any], entries: list[dict[str, Any]], inputs: list[str]
+) -> list[tuple[str, tuple[int | None, ...], str]]:
+    """(name, shape without batch, dtype) of each input, from the InputLayers (Keras 3's batch_shape, Keras 2's
+    batch_input_shape) or a Sequential's build_input_shape; empty where the file does not say."""
+    by_name = {
+        _layer_name(entry): entry.get("config") or {} for entry in entries if entry["class_name"] == "InputLayer"
+    }
+    specs = []
+    for index, name in enumerate(inputs):
+        config = by_name.get(name) or (next(iter(by_name.values()), {}) if len(inputs) == 1 else {})
+        shape = config.get("batch_shape") or config.get("batch_input_shape")
+        if shape is None and index == 0:
+            shape = model_config.get("build_input_shape")
+        if not isinstance(shape, list) or not all(d is None or isinstance(d, int) for d in shape[1:]):
+            return []
+        dtype = config.get("dtype", "float32")
+        dtype = dtype.get("config", {}).get("name", "float32") if isinstance(dtype, dict) else dtype
+        specs.append((config.get("name", name), tuple(shape[1:]), str(dtype)))
+    return specs
 
 
 def _nested_weights(
