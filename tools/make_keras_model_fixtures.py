@@ -15,12 +15,15 @@ its ``.keras`` file.
 
 from __future__ import annotations
 
+import io
 import os
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # keras_skeleton
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -217,8 +220,62 @@ def make_layer_cases() -> None:
     print(f"{len(layer_cases())} layer cases")
 
 
+APPLICATIONS = {  # name -> (builder, input size): small inputs, random weights (keras_skeleton.py), 10 logits
+    "MobileNetV2": (lambda shape: keras.applications.MobileNetV2(input_shape=shape, alpha=0.35, weights=None, classes=10, classifier_activation=None), 32),
+    "ResNet50": (lambda shape: keras.applications.ResNet50(input_shape=shape, weights=None, classes=10, classifier_activation=None), 32),
+    "EfficientNetB0": (lambda shape: keras.applications.EfficientNetB0(input_shape=shape, weights=None, classes=10, classifier_activation=None), 32),
+    "DenseNet121": (lambda shape: keras.applications.DenseNet121(input_shape=shape, weights=None, classes=10, classifier_activation=None), 32),
+    "InceptionV3": (lambda shape: keras.applications.InceptionV3(input_shape=shape, weights=None, classes=10, classifier_activation=None), 75),
+    "NASNetMobile": (lambda shape: keras.applications.NASNetMobile(input_shape=shape, weights=None, classes=10, classifier_activation=None), 32),
+}  # fmt: skip
+APPLICATION_SEED = 31
+
+
+def make_application_fixtures() -> None:
+    """Each keras.applications model as a skeleton (tools/keras_skeleton.py) and Keras's outputs for the weights
+    ``rebuild`` gives it, in ``.keras`` (the legacy ``.h5`` reader is the one the small models check)."""
+    import tempfile
+
+    import h5py
+    import keras_skeleton
+
+    folder = OUT / "applications"
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = {}
+    for index, (name, (build, size)) in enumerate(APPLICATIONS.items()):
+        model = build((size, size, 3))
+        rng = np.random.default_rng(index)
+        for variable in model.weights:  # unique values, to tell which dataset of the file is which variable
+            variable.assign(rng.normal(size=tuple(variable.shape)).astype(variable.dtype))
+        kind_of_values = {np.asarray(v).tobytes(): v.path.rsplit("/", 1)[-1] for v in model.weights}
+        with tempfile.TemporaryDirectory() as work:
+            saved, full = Path(work) / "saved.keras", Path(work) / "full.keras"
+            model.save(saved)
+            kinds = {}
+            with zipfile.ZipFile(saved) as archive, h5py.File(io.BytesIO(archive.read("model.weights.h5"))) as handle:
+                handle.visititems(
+                    lambda path, item: (
+                        kinds.__setitem__("/" + path, kind_of_values[np.asarray(item).tobytes()])
+                        if isinstance(item, h5py.Dataset)
+                        else None
+                    )
+                )
+            keras_skeleton.make_skeleton(saved, kinds, folder / f"{name}.keras")
+            keras_skeleton.rebuild(folder / f"{name}.keras", full, APPLICATION_SEED)
+            loaded = keras.models.load_model(full)
+            images = np.random.default_rng(100 + index).uniform(0, 255, size=(2, size, size, 3)).astype(np.float32)
+            outputs = np.asarray(loaded(images, training=False))
+        assert np.isfinite(outputs).all(), name
+        arrays[f"{name}/input_0"], arrays[f"{name}/output_0"] = images, outputs
+        print(
+            f"{name}: {loaded.count_params()} parameters, outputs {outputs.shape}, max |output| {abs(outputs).max():.3g}"
+        )
+    np.savez(OUT / "applications.npz", **arrays)
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
+    make_application_fixtures()
     make_layer_cases()
     for seed, (name, build) in enumerate(MODELS.items()):
         model = build()

@@ -1059,27 +1059,34 @@ def _time_distributed(spec: LayerSpec) -> nn.Module:
 
 
 class Normalization(nn.Module):
-    """Keras Normalization: ``(x - mean) / sqrt(variance)`` (at least 1e-7, Keras's epsilon), or its inverse."""
+    """Keras Normalization over ``axes`` (the last by default): ``(x - mean) / max(sqrt(variance), 1e-7)``
+    (Keras's epsilon), or its inverse; the statistics shaped as those axes."""
 
     mean: torch.Tensor
     variance: torch.Tensor
 
-    def __init__(self, mean: torch.Tensor, variance: torch.Tensor, invert: bool) -> None:
+    def __init__(self, mean: torch.Tensor, variance: torch.Tensor, invert: bool, axes: tuple[int, ...]) -> None:
         super().__init__()
         self.register_buffer("mean", mean)
         self.register_buffer("variance", variance)
-        self.invert = invert
+        self.invert, self.axes = invert, axes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        deviation = torch.clamp(torch.sqrt(self.variance), min=1e-7)  # Keras: maximum(sqrt(variance), epsilon)
-        return x * deviation + self.mean if self.invert else (x - self.mean) / deviation
+        kept = {axis % x.dim() for axis in self.axes}
+        shape = [x.shape[d] if d in kept else 1 for d in range(x.dim())]
+        mean, variance = self.mean.reshape(shape), self.variance.reshape(shape)
+        deviation = torch.clamp(torch.sqrt(variance), min=1e-7)  # Keras: maximum(sqrt(variance), epsilon)
+        return x * deviation + mean if self.invert else (x - mean) / deviation
+
+    def extra_repr(self) -> str:
+        return f"axes={self.axes}, invert={self.invert}"
 
 
 def _normalization(spec: LayerSpec) -> nn.Module:
     axis = spec.option("axis", [-1])
     axes = [axis] if isinstance(axis, int) else list(axis or [])
-    if axes != [-1]:
-        raise spec.error(f"axis={axis!r}: only the last axis (Keras's default) is converted yet.")
+    if not axes or not all(isinstance(item, int) and item != 0 for item in axes):
+        raise spec.error(f"axis={axis!r}: normalizing every value alike (no axis) is not converted yet.")
     if spec.weights:  # adapted: mean, variance, count
         found = _weights(spec, ["mean", "variance", "count"])
         mean, variance = _tensor(found["mean"]), _tensor(found["variance"])
@@ -1091,7 +1098,7 @@ def _normalization(spec: LayerSpec) -> nn.Module:
             raise spec.error("mean and variance are not numbers or lists of numbers.") from None
     else:
         raise spec.error("neither adapted statistics nor mean and variance in its config.")
-    return Normalization(mean.reshape(-1), variance.reshape(-1), bool(spec.option("invert", False)))
+    return Normalization(mean.reshape(-1), variance.reshape(-1), bool(spec.option("invert", False)), tuple(axes))
 
 
 CONVERTERS: dict[str, Callable[[LayerSpec], nn.Module]] = {
