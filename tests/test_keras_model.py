@@ -8,6 +8,7 @@ outputs on fixed inputs. No TensorFlow or Keras runs here.
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 from pathlib import Path
 
@@ -301,3 +302,21 @@ def test_keras_applications_compute_what_keras_computed(name, tmp_path):
     with torch.no_grad():
         output = model(torch.from_numpy(saved[f"{name}/input_0"]))
     np.testing.assert_allclose(output.numpy(), saved[f"{name}/output_0"], atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_the_benchmark_converts_every_fixture_and_prints_its_line(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "keras_models_benchmark", FIXTURES.parents[2] / "benchmarks" / "keras_models.py"
+    )
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    assert benchmark.main(["--repeats", "1"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    converted, error = re.fullmatch(
+        r"keras_models converted=(\d+/\d+) max_abs_err=(\S+) forward_vs_keras_torch=\S+", last
+    ).groups()
+    total = converted.split("/")
+    assert total[0] == total[1] and float(error) < 1e-5

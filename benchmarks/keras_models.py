@@ -1,0 +1,125 @@
+"""Benchmark: Keras model files converted by te.interop.keras_model, against Keras itself.
+
+The models are the test fixtures (tests/fixtures/keras_models/, made by Keras 3.15 on TensorFlow 2.21): five small
+models (an MLP, a CNN with "same" padding at stride 2, two inputs and two outputs, an Embedding + BiLSTM + GRU
+text model, nested models) in ``.keras`` and legacy ``.h5``, and keras.applications' MobileNetV2, ResNet50,
+EfficientNetB0, DenseNet121, InceptionV3 and NASNetMobile (random weights rebuilt from their skeletons, small
+inputs). For each file:
+
+- converted: whether ``keras_model`` builds it;
+- the largest absolute difference between the converted module's outputs and Keras's own (recorded with the
+  fixtures, ``model(x, training=False)``), float32;
+- forward speed (where Keras 3 imports, as in the comparison environment of benchmarks/requirements-bench.txt):
+  Keras 3 on its torch backend (``KERAS_BACKEND=torch``) loads the same ``.keras`` file and runs
+  ``model(x, training=False)``; the converted module runs ``module(x)`` under ``torch.inference_mode()``; the
+  ratio is Keras's median time over ours, on the same inputs, in the same process and threads. The figure is the
+  geometric mean of the ratios over the ``.keras`` files.
+
+Run:  KERAS_BACKEND=torch python benchmarks/keras_models.py [--repeats N]
+Last line:  keras_models converted=C/A max_abs_err=E forward_vs_keras_torch=R   (R: n/a without Keras)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ.setdefault("KERAS_BACKEND", "torch")
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "keras_models"
+sys.path.insert(0, str(ROOT / "tools"))  # keras_skeleton
+
+
+def _median_seconds(call: Callable[[], object], repeats: int) -> float:
+    call()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _cases(folder: Path) -> list[tuple[str, Path, list[np.ndarray], list[np.ndarray]]]:
+    """(label, file, inputs, Keras's outputs) for every fixture model, applications rebuilt into ``folder``."""
+    import keras_skeleton
+
+    cases = []
+    for reference in sorted(FIXTURES.glob("*.npz")):
+        if reference.stem in ("layers", "applications"):
+            continue
+        saved = np.load(reference)
+        inputs = [saved[key] for key in sorted(saved) if key.startswith("input_")]
+        outputs = [saved[key] for key in sorted(saved) if key.startswith("output_")]
+        for suffix in ("keras", "h5"):
+            cases.append((f"{reference.stem}.{suffix}", FIXTURES / f"{reference.stem}.{suffix}", inputs, outputs))
+    applications = np.load(FIXTURES / "applications.npz")
+    for skeleton in sorted((FIXTURES / "applications").glob("*.keras")):
+        full = folder / skeleton.name
+        keras_skeleton.rebuild(skeleton, full, seed=31)
+        name = skeleton.stem
+        cases.append((name, full, [applications[f"{name}/input_0"]], [applications[f"{name}/output_0"]]))
+    return cases
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20, help="timed forward passes per model and framework")
+    args = parser.parse_args(argv)
+
+    from torchestimator.interop import KerasModelError, keras_model
+
+    try:
+        import keras
+    except ImportError:
+        keras = None
+    converted, worst, ratios = 0, 0.0, []
+    with tempfile.TemporaryDirectory() as folder:
+        cases = _cases(Path(folder))
+        for label, path, inputs, expected in cases:
+            try:
+                module = keras_model(path).eval()
+            except KerasModelError as error:
+                print(f"{label}: not converted: {error}")
+                continue
+            converted += 1
+            tensors = [torch.from_numpy(value) for value in inputs]
+            with torch.inference_mode():
+                outputs = module(*tensors)
+            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+            error = max(float(np.abs(out.numpy() - want).max()) for out, want in zip(outputs, expected))
+            worst = max(worst, error)
+            line = f"{label}: max_abs_err={error:.2e}"
+            if keras is not None and str(path).endswith(".keras"):
+                reference = keras.models.load_model(path)
+                arguments = inputs if len(inputs) > 1 else inputs[0]
+
+                def ours() -> object:
+                    with torch.inference_mode():
+                        return module(*tensors)
+
+                ours_s = _median_seconds(ours, args.repeats)
+                keras_s = _median_seconds(lambda: reference(arguments, training=False), args.repeats)
+                ratios.append(keras_s / ours_s)
+                line += f" ours_ms={ours_s * 1e3:.2f} keras_torch_ms={keras_s * 1e3:.2f} ratio={keras_s / ours_s:.2f}"
+            print(line, flush=True)
+    speed = f"{math.exp(statistics.mean(math.log(r) for r in ratios)):.2f}" if ratios else "n/a"
+    print(f"conditions: torch {torch.__version__}, {torch.get_num_threads()} threads, keras "
+          f"{keras.__version__ + ' (' + keras.backend.backend() + ' backend)' if keras is not None else 'not installed'}")  # fmt: skip
+    print(f"keras_models converted={converted}/{len(cases)} max_abs_err={worst:.1e} forward_vs_keras_torch={speed}")
+    return 0 if converted == len(cases) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
