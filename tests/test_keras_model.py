@@ -320,3 +320,13 @@ def test_the_benchmark_converts_every_fixture_and_prints_its_line(capsys):
     ).groups()
     total = converted.split("/")
     assert total[0] == total[1] and float(error) < 1e-5
+
+
+def test_batchnorm_in_training_normalizes_by_the_batch_and_updates_its_statistics_as_keras_fit():
+    # Keras's moving variance takes the batch's biased variance (torch's BatchNorm would fold in the unbiased one).
+    saved = np.load(FIXTURES / "bn_training.npz")
+    model = keras_model(FIXTURES / "bn_training.keras").train()
+    output = model(torch.from_numpy(saved["input_0"]))
+    np.testing.assert_allclose(output.detach().numpy(), saved["output_training"], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(model.bn.norm.running_mean.numpy(), saved["moving_mean"], atol=1e-6, rtol=0)
+    np.testing.assert_allclose(model.bn.norm.running_var.numpy(), saved["moving_variance"], atol=1e-6, rtol=0)

@@ -273,10 +273,35 @@ def make_application_fixtures() -> None:
     np.savez(OUT / "applications.npz", **arrays)
 
 
+def make_batchnorm_training() -> None:
+    """A BatchNormalization's moving statistics after one training call, as Keras's fit updates them."""
+    layer = layers.BatchNormalization(momentum=0.9, epsilon=1e-3, name="bn")
+    model = keras.Sequential([keras.Input((5, 3)), layer], name="bn_training")
+    deterministic_weights(model, 77)
+    model.save(OUT / "bn_training.keras")
+    batch = np.random.default_rng(78).normal(1.0, 2.0, size=(4, 5, 3)).astype(np.float32)
+    output = np.asarray(model(batch, training=True))
+    np.savez(
+        OUT / "bn_training.npz",
+        input_0=batch,
+        output_training=output,
+        moving_mean=np.asarray(layer.moving_mean),
+        moving_variance=np.asarray(layer.moving_variance),
+    )
+
+
 def main() -> int:
+    """Every fixture, or those named: make_keras_model_fixtures.py [applications] [layers] [models] [bn_training]."""
     OUT.mkdir(parents=True, exist_ok=True)
-    make_application_fixtures()
-    make_layer_cases()
+    chosen = sys.argv[1:] or ["applications", "layers", "models", "bn_training"]
+    if "bn_training" in chosen:
+        make_batchnorm_training()
+    if "applications" in chosen:
+        make_application_fixtures()
+    if "layers" in chosen:
+        make_layer_cases()
+    if "models" not in chosen:
+        return 0
     for seed, (name, build) in enumerate(MODELS.items()):
         model = build()
         deterministic_weights(model, seed)

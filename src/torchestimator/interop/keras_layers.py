@@ -265,9 +265,11 @@ def _depthwise_conv(rank: int) -> Callable[[LayerSpec], nn.Module]:
 class BatchNormalization(nn.Module):
     """Keras BatchNormalization over one axis (channels-last: the last), with torch's running statistics.
 
-    Inference uses the moving mean and variance; training updates them as Keras's ``fit`` does (torch's momentum
-    is ``1 - keras momentum``). The normalized axis moves to torch's place and the rest is flattened, so one
-    BatchNorm1d serves every rank."""
+    Inference uses the moving mean and variance. Training normalizes with the batch's statistics and updates the
+    moving ones as Keras's ``fit`` does: ``moving = moving * momentum + batch * (1 - momentum)`` with the batch's
+    biased variance (torch's own BatchNorm would fold in the unbiased one). The normalized axis moves to torch's
+    place and the rest is flattened, so one BatchNorm1d (which holds the parameters and statistics) serves every
+    rank."""
 
     def __init__(self, norm: nn.BatchNorm1d, axis: int) -> None:
         super().__init__()
@@ -278,7 +280,20 @@ class BatchNormalization(nn.Module):
         moved = x.movedim(axis, 1)
         shape = moved.shape
         flat = moved.reshape(shape[0], shape[1], -1) if moved.dim() > 2 else moved
-        return self.norm(flat).reshape(shape).movedim(1, axis)
+        norm = self.norm
+        if not self.training:
+            return norm(flat).reshape(shape).movedim(1, axis)
+        dims = [0, *range(2, flat.dim())]
+        mean, variance = flat.mean(dim=dims), flat.var(dim=dims, unbiased=False)
+        assert norm.running_mean is not None and norm.running_var is not None and norm.momentum is not None
+        with torch.no_grad():
+            norm.running_mean.mul_(1 - norm.momentum).add_(mean.detach(), alpha=norm.momentum)
+            norm.running_var.mul_(1 - norm.momentum).add_(variance.detach(), alpha=norm.momentum)
+        view = [1, -1, *([1] * (flat.dim() - 2))]
+        y = (flat - mean.reshape(view)) * torch.rsqrt(variance.reshape(view) + norm.eps)
+        if norm.weight is not None:
+            y = y * norm.weight.reshape(view) + norm.bias.reshape(view)
+        return y.reshape(shape).movedim(1, axis)
 
 
 def _batch_normalization(spec: LayerSpec) -> nn.Module:
