@@ -330,3 +330,25 @@ def test_batchnorm_in_training_normalizes_by_the_batch_and_updates_its_statistic
     np.testing.assert_allclose(output.detach().numpy(), saved["output_training"], atol=1e-5, rtol=0)
     np.testing.assert_allclose(model.bn.norm.running_mean.numpy(), saved["moving_mean"], atol=1e-6, rtol=0)
     np.testing.assert_allclose(model.bn.norm.running_var.numpy(), saved["moving_variance"], atol=1e-6, rtol=0)
+
+
+def test_a_huge_declared_weight_is_refused_before_anything_is_allocated(tmp_path):
+    import io
+
+    import h5py
+
+    from torchestimator.interop import WeightSourceError
+
+    crafted = tmp_path / "huge.keras"
+    with zipfile.ZipFile(FIXTURES / "mlp.keras") as source, zipfile.ZipFile(crafted, "w") as copy:
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename == "model.weights.h5":
+                buffer = io.BytesIO(data)
+                with h5py.File(buffer, "r+") as weights:
+                    del weights["layers/dense/vars/0"]
+                    weights.create_dataset("layers/dense/vars/0", shape=(1 << 20, 1 << 16), dtype="float32")  # 256 GiB
+                data = buffer.getvalue()
+            copy.writestr(item, data)
+    with pytest.raises(WeightSourceError, match=r"declares more data than the file holds"):
+        keras_model(crafted)
