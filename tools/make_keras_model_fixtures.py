@@ -170,6 +170,9 @@ def layer_cases() -> dict[str, tuple[list[tuple[int, ...]], object]]:
             [vector],
             L.Normalization(mean=[1, 0, 0, 2, 0], variance=[4, 1, 1, 9, 1], invert=True),
         ),
+        "resizing_bilinear_up": ([image], L.Resizing(11, 9)),
+        "resizing_bilinear_down": ([(13, 12, 2)], L.Resizing(5, 7)),
+        "resizing_nearest": ([image], L.Resizing(10, 4, interpolation="nearest")),
         "lstm_sequences": ([sequence], L.LSTM(5, return_sequences=True)),
         "lstm_backwards_last": ([sequence], L.LSTM(3, go_backwards=True)),
         "gru_reset_after": ([sequence], L.GRU(4, return_sequences=True)),
@@ -195,8 +198,14 @@ ACTIVATION_NAMES = [
 def make_layer_cases() -> None:
     folder = OUT / "layers"
     folder.mkdir(parents=True, exist_ok=True)
+    # Cases made before are kept as they are (a .keras file records when it was saved: remaking every case would
+    # rewrite every file); delete a case's file to make it again.
+    previous = dict(np.load(OUT / "layers.npz")) if (OUT / "layers.npz").exists() else {}
     arrays = {}
     for index, (name, (shapes, layer)) in enumerate(layer_cases().items()):
+        if (folder / f"{name}.keras").exists() and f"{name}/output_0" in previous:
+            arrays.update({key: value for key, value in previous.items() if key.startswith(name + "/")})
+            continue
         inputs = [keras.Input(shape, dtype="int32" if name == "embedding" else "float32") for shape in shapes]
         output = layer(inputs if len(inputs) > 1 else inputs[0])
         model = keras.Model(inputs, output, name=name)

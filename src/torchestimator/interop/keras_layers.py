@@ -1116,6 +1116,40 @@ def _normalization(spec: LayerSpec) -> nn.Module:
     return Normalization(mean.reshape(-1), variance.reshape(-1), bool(spec.option("invert", False)), tuple(axes))
 
 
+class Resizing(nn.Module):
+    """Keras Resizing of channels-last images to (height, width): "bilinear" is TF2's resize (half-pixel centers,
+    no antialiasing: torch's align_corners=False), "nearest" is torch's "nearest-exact"."""
+
+    def __init__(self, size: tuple[int, int], interpolation: str) -> None:
+        super().__init__()
+        self.size, self.interpolation = size, interpolation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        channels_first = x.movedim(-1, 1)
+        if self.interpolation == "bilinear":
+            y = F.interpolate(channels_first, size=self.size, mode="bilinear", align_corners=False)
+        else:
+            y = F.interpolate(channels_first, size=self.size, mode="nearest-exact")
+        return y.movedim(1, -1)
+
+    def extra_repr(self) -> str:
+        return f"size={self.size}, interpolation={self.interpolation!r}"
+
+
+def _resizing(spec: LayerSpec) -> nn.Module:
+    _check_channels_last(spec)
+    _weights(spec, [])
+    interpolation = spec.option("interpolation", "bilinear")
+    if interpolation not in ("bilinear", "nearest"):
+        raise spec.error(f"interpolation={interpolation!r} is not converted yet (bilinear and nearest are).")
+    if spec.option("crop_to_aspect_ratio") or spec.option("pad_to_aspect_ratio"):
+        raise spec.error("crop_to_aspect_ratio/pad_to_aspect_ratio are not converted yet.")
+    size = (spec.option("height"), spec.option("width"))
+    if not all(isinstance(side, int) and side > 0 for side in size):
+        raise spec.error(f"height, width = {size!r} are not positive integers.")
+    return Resizing((int(size[0]), int(size[1])), interpolation)
+
+
 CONVERTERS: dict[str, Callable[[LayerSpec], nn.Module]] = {
     "Dense": _dense,
     "Conv1D": _conv(1),
@@ -1145,6 +1179,7 @@ CONVERTERS: dict[str, Callable[[LayerSpec], nn.Module]] = {
     "UpSampling3D": _upsampling(3),
     "Rescaling": _rescaling,
     "Normalization": _normalization,
+    "Resizing": _resizing,
     "Embedding": _embedding,
     "Dot": _dot,
     "LSTM": _recurrent("LSTM"),
