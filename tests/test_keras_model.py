@@ -215,7 +215,7 @@ _LAYER_CASES = sorted(path.stem for path in (FIXTURES / "layers").glob("*.keras"
 def test_each_layer_alone_computes_what_keras_computed(case):
     saved = np.load(FIXTURES / "layers.npz")
     inputs = [
-        torch.from_numpy(saved[f"{case}/input_{index}"]) for index in range(2) if f"{case}/input_{index}" in saved
+        torch.from_numpy(saved[f"{case}/input_{index}"]) for index in range(3) if f"{case}/input_{index}" in saved
     ]
     model = keras_model(FIXTURES / "layers" / f"{case}.keras").eval()
     with torch.no_grad():

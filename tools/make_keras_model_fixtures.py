@@ -111,11 +111,12 @@ def deterministic_weights(model: keras.Model, seed: int) -> None:
         variable.assign(value.astype(np.float32))
 
 
-def layer_cases() -> dict[str, tuple[list[tuple[int, ...]], object]]:
-    """One layer alone per case, in each configuration that changes the math: name -> (input shapes, layer)."""
+def layer_cases() -> dict[str, tuple]:
+    """One layer alone per case, in each configuration that changes the math: name -> (input shapes, layer[, how
+    to call it on the inputs])."""
     L = layers
     image, sequence, vector = (7, 6, 4), (9, 4), (5,)
-    cases: dict[str, tuple[list[tuple[int, ...]], object]] = {
+    cases: dict[str, tuple] = {
         "dense_relu": ([vector], L.Dense(3, activation="relu")),
         "dense_no_bias_rank3": ([sequence], L.Dense(3, use_bias=False)),
         "conv1d_causal_dilated": ([sequence], L.Conv1D(3, 3, padding="causal", dilation_rate=2)),
@@ -173,6 +174,17 @@ def layer_cases() -> dict[str, tuple[list[tuple[int, ...]], object]]:
         "resizing_bilinear_up": ([image], L.Resizing(11, 9)),
         "resizing_bilinear_down": ([(13, 12, 2)], L.Resizing(5, 7)),
         "resizing_nearest": ([image], L.Resizing(10, 4, interpolation="nearest")),
+        "mha_self": ([sequence], L.MultiHeadAttention(2, 3), lambda layer, x: layer(x[0], x[0])),
+        "mha_cross_key": (
+            [sequence, (6, 3), (6, 5)],
+            L.MultiHeadAttention(3, 2, value_dim=4, use_bias=False),
+            lambda layer, x: layer(x[0], x[1], key=x[2]),
+        ),
+        "mha_causal": (
+            [sequence],
+            L.MultiHeadAttention(2, 4),
+            lambda layer, x: layer(x[0], x[0], use_causal_mask=True),
+        ),
         "lstm_sequences": ([sequence], L.LSTM(5, return_sequences=True)),
         "lstm_backwards_last": ([sequence], L.LSTM(3, go_backwards=True)),
         "gru_reset_after": ([sequence], L.GRU(4, return_sequences=True)),
@@ -202,12 +214,12 @@ def make_layer_cases() -> None:
     # rewrite every file); delete a case's file to make it again.
     previous = dict(np.load(OUT / "layers.npz")) if (OUT / "layers.npz").exists() else {}
     arrays = {}
-    for index, (name, (shapes, layer)) in enumerate(layer_cases().items()):
+    for index, (name, (shapes, layer, *how)) in enumerate(layer_cases().items()):
         if (folder / f"{name}.keras").exists() and f"{name}/output_0" in previous:
             arrays.update({key: value for key, value in previous.items() if key.startswith(name + "/")})
             continue
         inputs = [keras.Input(shape, dtype="int32" if name == "embedding" else "float32") for shape in shapes]
-        output = layer(inputs if len(inputs) > 1 else inputs[0])
+        output = how[0](layer, inputs) if how else layer(inputs if len(inputs) > 1 else inputs[0])
         model = keras.Model(inputs, output, name=name)
         deterministic_weights(model, 1000 + index)
         rng = np.random.default_rng(2000 + index)

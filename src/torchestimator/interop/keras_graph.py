@@ -50,6 +50,14 @@ class _Call:
     layer: str
     node: int
     inputs: Any
+    options: tuple[tuple[str, bool], ...] = ()
+    """Keyword flags of the call the module takes too (MultiHeadAttention's use_causal_mask)."""
+
+
+_CALL_FLAGS = {"MultiHeadAttention": ("use_causal_mask",)}
+"""Keyword flags a layer's call may carry, by class; any other keyword that is not a recorded default is refused."""
+_TENSOR_KEYWORDS = {"MultiHeadAttention": ("key",)}
+"""Keyword tensors a layer's call may take, by class: they follow the positional ones, in this order."""
 
 
 class KerasModel(nn.Module):
@@ -88,7 +96,7 @@ class KerasModel(nn.Module):
             if isinstance(module, KerasModel) and isinstance(arguments, list):  # a nested model of several inputs
                 values[_Ref(call.layer, call.node, 0)] = module(*arguments)
             else:
-                values[_Ref(call.layer, call.node, 0)] = module(arguments)
+                values[_Ref(call.layer, call.node, 0)] = module(arguments, **dict(call.options))
         results = tuple(values[ref] for ref in self._outputs)
         return results[0] if len(results) == 1 else results
 
@@ -312,7 +320,8 @@ def _functional_graph(
             continue
         name = _layer_name(entry)
         for node, inbound in enumerate(entry.get("inbound_nodes") or []):
-            pending.append(_Call(name, node, _node_inputs(path, name, inbound)))
+            call_inputs, options = _node_inputs(path, name, entry["class_name"], inbound)
+            pending.append(_Call(name, node, call_inputs, options))
     # Keras lists layers in creation order; a shared layer's later call may need layers listed after it.
     ready = {_Ref(name, 0, 0) for name in inputs}
     ordered: list[_Call] = []
@@ -353,23 +362,37 @@ def _ref(path: str, item: Any) -> _Ref:
     raise KerasModelError(f"{path}: not a tensor reference [layer, node, tensor]: {str(item)[:200]}")
 
 
-def _node_inputs(path: str, layer: str, inbound: Any) -> Any:
+def _node_inputs(path: str, layer: str, class_name: str, inbound: Any) -> tuple[Any, tuple[tuple[str, bool], ...]]:
     """One call's inputs, from Keras 3's ``{"args": [...], "kwargs": {...}}`` or Keras 2's ``[[name, node, tensor,
-    kwargs], ...]``: a ref, or a list of refs for a layer called on a list."""
+    kwargs], ...]``: a ref, or a list of refs for a layer called on a list or on several tensors; and the call's
+    flags (``_CALL_FLAGS``)."""
     if isinstance(inbound, dict):  # Keras 3
         args = inbound.get("args") or []
-        # Keras records defaults it passed (mask=None; training, which inference and train() set here instead).
-        extra = sorted(
-            key for key, value in (inbound.get("kwargs") or {}).items() if key != "training" and not _all_none(value)
-        )
-        if extra:
-            raise KerasModelError(f"{path}: layer {layer!r} is called with arguments {extra}: not converted yet.")
-        if len(args) != 1:
-            raise KerasModelError(f"{path}: layer {layer!r} is called with {len(args)} positional arguments.")
-        return _keras3_tensors(path, args[0])
+        tensors = [_keras3_tensors(path, arg) for arg in args]
+        options: list[tuple[str, bool]] = []
+        for key, value in sorted((inbound.get("kwargs") or {}).items()):
+            # Keras records defaults it passed (mask=None; training, which inference and train() set here instead).
+            if key == "training" or _all_none(value):
+                continue
+            if key in _TENSOR_KEYWORDS.get(class_name, ()):
+                tensors.append(_keras3_tensors(path, value))
+            elif key in _CALL_FLAGS.get(class_name, ()) and isinstance(value, bool):
+                options.append((key, value))
+            else:
+                raise KerasModelError(
+                    f"{path}: layer {layer!r} is called with {key}={str(value)[:80]}: not converted yet."
+                )
+        if not tensors:
+            raise KerasModelError(f"{path}: layer {layer!r} is called without a tensor.")
+        return (tensors[0] if len(tensors) == 1 else tensors), tuple(options)
     if isinstance(inbound, list):  # Keras 2: a list of [name, node, tensor, kwargs]
+        for item in inbound:
+            keywords = item[3] if isinstance(item, list) and len(item) > 3 and isinstance(item[3], dict) else {}
+            extra = sorted(key for key, value in keywords.items() if key != "training" and not _all_none(value))
+            if extra:
+                raise KerasModelError(f"{path}: layer {layer!r} is called with arguments {extra}: not converted yet.")
         refs = [_ref(path, item) for item in inbound]
-        return refs[0] if len(refs) == 1 else refs
+        return (refs[0] if len(refs) == 1 else refs), ()
     raise KerasModelError(f"{path}: layer {layer!r} has an inbound node of an unknown form: {str(inbound)[:200]}")
 
 

@@ -1150,6 +1150,67 @@ def _resizing(spec: LayerSpec) -> nn.Module:
     return Resizing((int(size[0]), int(size[1])), interpolation)
 
 
+class MultiHeadAttention(nn.Module):
+    """Keras MultiHeadAttention over the sequence axis of ``[batch, steps, features]`` inputs: called on
+    ``[query, value]`` or ``[query, value, key]`` (key defaults to value), ``use_causal_mask`` per call. The
+    query is scaled by ``1/sqrt(key_dim)`` before the scores, masked scores get Keras's -1e9, and the attention
+    probabilities go through dropout in training, as in Keras."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], key_dim: int, dropout: float) -> None:
+        super().__init__()
+        for name, value in weights.items():
+            self.register_parameter(name, nn.Parameter(value))
+        self.key_dim = key_dim
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, inputs: list[torch.Tensor], use_causal_mask: bool = False) -> torch.Tensor:
+        query, value = inputs[0], inputs[1]
+        key = inputs[2] if len(inputs) > 2 else value
+        q = torch.einsum("btd,dhk->bthk", query, self.query_kernel) + self._bias("query_bias")
+        k = torch.einsum("bsd,dhk->bshk", key, self.key_kernel) + self._bias("key_bias")
+        v = torch.einsum("bsd,dhv->bshv", value, self.value_kernel) + self._bias("value_bias")
+        scores = torch.einsum("bshk,bthk->bhts", k, q * (1.0 / math.sqrt(self.key_dim)))
+        if use_causal_mask:
+            allowed = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+            scores = scores + (~allowed).to(scores.dtype) * -1e9
+        attention = self.dropout(F.softmax(scores, dim=-1))
+        out = torch.einsum("bhts,bshv->bthv", attention, v)
+        return torch.einsum("bthv,hvo->bto", out, self.output_kernel) + self._bias("output_bias")
+
+    def _bias(self, name: str) -> torch.Tensor | float:
+        bias = getattr(self, name, None)
+        return 0.0 if bias is None else bias
+
+    def extra_repr(self) -> str:
+        query, value = self.get_parameter("query_kernel"), self.get_parameter("value_kernel")
+        return f"num_heads={query.shape[1]}, key_dim={query.shape[2]}, value_dim={value.shape[2]}"
+
+
+def _multi_head_attention(spec: LayerSpec) -> nn.Module:
+    for key in ("use_gate", "sliding_window", "output_shape"):
+        if spec.option(key):
+            raise spec.error(f"{key}={spec.option(key)!r} is not converted yet.")
+    axes = spec.option("attention_axes")
+    if axes not in (None, [1], (1,)):
+        raise spec.error(f"attention_axes={axes!r}: attention over the sequence axis of 3-D inputs only, yet.")
+    use_bias = spec.option("use_bias", True)
+    parts = ("query", "key", "value", "output")
+    if len(spec.weights) != len(parts) * (2 if use_bias else 1):
+        raise spec.error(f"expected {len(parts) * (2 if use_bias else 1)} weights, the file holds {len(spec.weights)}.")
+    found: dict[str, torch.Tensor] = {}
+    names = spec.weight_names or tuple(
+        f"{part}/{kind}" for part in parts for kind in (("kernel", "bias") if use_bias else ("kernel",))
+    )
+    for name, value in zip(names, spec.weights):
+        # Legacy files name them query/kernel ... attention_output/bias; a .keras archive query_dense/vars/0.
+        part = next((p for p in parts if f"/{p}" in "/" + name.replace("attention_output", "output")), None)
+        kind = "bias" if name.endswith(("bias", "vars/1")) else "kernel"
+        if part is None or f"{part}_{kind}" in found:
+            raise spec.error(f"cannot tell which projection weight {name!r} is.")
+        found[f"{part}_{kind}"] = _tensor(value)
+    return MultiHeadAttention(found, int(spec.option("key_dim")), float(spec.option("dropout", 0.0)))
+
+
 CONVERTERS: dict[str, Callable[[LayerSpec], nn.Module]] = {
     "Dense": _dense,
     "Conv1D": _conv(1),
@@ -1180,6 +1241,7 @@ CONVERTERS: dict[str, Callable[[LayerSpec], nn.Module]] = {
     "Rescaling": _rescaling,
     "Normalization": _normalization,
     "Resizing": _resizing,
+    "MultiHeadAttention": _multi_head_attention,
     "Embedding": _embedding,
     "Dot": _dot,
     "LSTM": _recurrent("LSTM"),
