@@ -119,18 +119,25 @@ def test_a_converted_model_fine_tunes_in_an_estimator_and_its_batchnorm_statisti
 # ------------------------------------------------------------------------ files that are refused
 
 
-def _with_config(tmp_path: Path, change) -> Path:
-    """mlp.keras with its config.json changed by ``change`` (a function of the parsed config)."""
+def _rewritten(tmp_path: Path, member: str, change) -> Path:
+    """mlp.keras with archive member ``member`` replaced by ``change(its bytes)``."""
     target = tmp_path / "changed.keras"
     with zipfile.ZipFile(FIXTURES / "mlp.keras") as source, zipfile.ZipFile(target, "w") as copy:
         for item in source.infolist():
             data = source.read(item)
-            if item.filename == "config.json":
-                config = json.loads(data)
-                change(config)
-                data = json.dumps(config).encode()
-            copy.writestr(item, data)
+            copy.writestr(item, change(data) if item.filename == member else data)
     return target
+
+
+def _with_config(tmp_path: Path, change) -> Path:
+    """mlp.keras with its config.json changed by ``change`` (a function of the parsed config, changed in place)."""
+
+    def rewrite(data: bytes) -> bytes:
+        config = json.loads(data)
+        change(config)
+        return json.dumps(config).encode()
+
+    return _rewritten(tmp_path, "config.json", rewrite)
 
 
 def _insert_layer(entry: dict):
@@ -192,11 +199,8 @@ def test_a_weights_only_file_a_broken_config_and_an_unknown_activation_are_clear
     with pytest.raises(KerasModelError, match="holds weights only .no model_config.: save the model with model.save"):
         keras_model(weights_only)
 
-    broken = tmp_path / "broken.keras"
-    with zipfile.ZipFile(FIXTURES / "mlp.keras") as source, zipfile.ZipFile(broken, "w") as copy:
-        for item in source.infolist():
-            copy.writestr(item, b"{not json" if item.filename == "config.json" else source.read(item))
-    with pytest.raises(KerasModelError, match=r"broken.keras: the model config is not JSON"):
+    broken = _rewritten(tmp_path, "config.json", lambda data: b"{not json")
+    with pytest.raises(KerasModelError, match=r"changed.keras: the model config is not JSON"):
         keras_model(broken)
 
     def change(config: dict) -> None:
@@ -339,16 +343,13 @@ def test_a_huge_declared_weight_is_refused_before_anything_is_allocated(tmp_path
 
     from torchestimator.interop import WeightSourceError
 
-    crafted = tmp_path / "huge.keras"
-    with zipfile.ZipFile(FIXTURES / "mlp.keras") as source, zipfile.ZipFile(crafted, "w") as copy:
-        for item in source.infolist():
-            data = source.read(item)
-            if item.filename == "model.weights.h5":
-                buffer = io.BytesIO(data)
-                with h5py.File(buffer, "r+") as weights:
-                    del weights["layers/dense/vars/0"]
-                    weights.create_dataset("layers/dense/vars/0", shape=(1 << 20, 1 << 16), dtype="float32")  # 256 GiB
-                data = buffer.getvalue()
-            copy.writestr(item, data)
+    def declare_256_gib(data: bytes) -> bytes:
+        buffer = io.BytesIO(data)
+        with h5py.File(buffer, "r+") as weights:
+            del weights["layers/dense/vars/0"]
+            weights.create_dataset("layers/dense/vars/0", shape=(1 << 20, 1 << 16), dtype="float32")  # no storage
+        return buffer.getvalue()
+
+    crafted = _rewritten(tmp_path, "model.weights.h5", declare_256_gib)
     with pytest.raises(WeightSourceError, match=r"declares more data than the file holds"):
         keras_model(crafted)

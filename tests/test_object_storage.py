@@ -54,13 +54,20 @@ def test_saving_a_step_again_replaces_it_under_a_new_prefix(store_url):
     assert torch.equal(CheckpointStore(store_url).restore().model_state["w"], _weights(2.0)["w"])
 
 
-def test_a_prefix_without_state_json_is_never_listed_and_goes_when_its_writer_is_gone(store_url):
+def _saved_once_and_a_dead_writers_prefix(store_url: str, files: dict[str, bytes]) -> tuple[CheckpointStore, str]:
+    """A store that saved step 1, and a save prefix of step 2 holding ``files``, from a process that is gone."""
     store = CheckpointStore(store_url)
     store.save(1, _weights(1.0))
-    storage = ObjectStorage(store_url)
     host = writer_tag().split("-h", 1)[1]
     dead = f"ckpt-2.{_dead_pid()}-h{host}-abcdef"
-    storage.write_file(dead, "model.safetensors", b"half of a checkpoint")
+    for name, data in files.items():
+        store.storage.write_file(dead, name, data)
+    return store, dead
+
+
+def test_a_prefix_without_state_json_is_never_listed_and_goes_when_its_writer_is_gone(store_url):
+    store, dead = _saved_once_and_a_dead_writers_prefix(store_url, {"model.safetensors": b"half of a checkpoint"})
+    storage = ObjectStorage(store_url)
     alive = f"ckpt-3.{writer_tag()}-fedcba"  # this very process: a save in progress on this machine
     other_machine = "ckpt-4.77-h00000000-123456"  # another host, just written: maybe still uploading
     storage.write_file(alive, "model.safetensors", b"being written")
@@ -77,13 +84,10 @@ def test_a_prefix_without_state_json_is_never_listed_and_goes_when_its_writer_is
 def test_a_dead_writers_prefix_with_a_damaged_state_json_goes_at_the_next_save(store_url, caplog):
     # A killed client's last PUT cut short: a state.json that is not JSON, under a prefix the manifest never listed,
     # appearing after this store's start-up clean-up. It is never listed, and the next save clears it.
-    store = CheckpointStore(store_url)
-    store.save(1, _weights(1.0))
+    store, dead = _saved_once_and_a_dead_writers_prefix(
+        store_url, {"model.safetensors": b"a whole file", "state.json": b'{"format": 2, "st'}
+    )
     storage = ObjectStorage(store_url)
-    host = writer_tag().split("-h", 1)[1]
-    dead = f"ckpt-2.{_dead_pid()}-h{host}-abcdef"
-    storage.write_file(dead, "model.safetensors", b"a whole file")
-    storage.write_file(dead, "state.json", b'{"format": 2, "st')
     assert CheckpointStore(store_url).restore().step == 1
     store.save(3, _weights(3.0))
     assert dead not in storage.list_folders()
