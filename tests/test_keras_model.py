@@ -353,3 +353,21 @@ def test_a_huge_declared_weight_is_refused_before_anything_is_allocated(tmp_path
     crafted = _rewritten(tmp_path, "model.weights.h5", declare_256_gib)
     with pytest.raises(WeightSourceError, match=r"declares more data than the file holds"):
         keras_model(crafted)
+
+
+@pytest.mark.parametrize(
+    "file, output",
+    [
+        ("keras2_model.h5", "keras2_output"),
+        ("keras3_model.h5", "keras3_output"),
+        ("keras3_model.keras", "keras3_output"),
+    ],
+)
+def test_a_keras_2_model_file_converts_as_keras_2_computed(file, output):
+    # tests/fixtures/keras/ (tools/make_keras_fixtures.py): one model saved by tf_keras 2.21 (Keras 2's config and
+    # node format: [[name, node, tensor, kwargs]], batch_input_shape) and by Keras 3, with each one's outputs.
+    saved = np.load(Path(__file__).parent / "fixtures" / "keras" / "reference.npz")
+    model = keras_model(Path(__file__).parent / "fixtures" / "keras" / file).eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(model(torch.from_numpy(saved["input"])).numpy(), saved[output], atol=1e-5, rtol=0)
+    assert model.input_specs[0][1] == (8, 8, 3)
