@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from torchestimator.errors import KerasModelError
-from torchestimator.interop.keras_graph import KerasModel, keras_model
 from torchestimator.interop.source import TensorInfo, TensorNotFoundError, WeightSource, WeightSourceError
+
+if TYPE_CHECKING:  # imported on first use (h5py and the layer converters): `torchestimator --help` needs neither
+    from torchestimator.interop.keras_graph import KerasModel as KerasModel, keras_model as keras_model
 
 __all__ = [
     "FORMATS",
@@ -74,3 +77,13 @@ def open_weights(path: str | os.PathLike[str]) -> WeightSource:
         "checkpoint (prefix, .index or a folder with a 'checkpoint' file), a .safetensors file, a Keras "
         ".h5/.weights.h5/.keras file, or a PyTorch .pt/.pth/.bin state_dict."
     )
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("KerasModel", "keras_model"):
+        from torchestimator.interop import keras_graph
+
+        value = getattr(keras_graph, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
