@@ -441,7 +441,8 @@ def test_a_worker_killed_in_asynchronous_training_does_not_stop_the_others_and_r
 @pytest.mark.distributed
 def test_a_worker_with_another_model_dir_stops_before_step_one_and_the_others_train(script, tmp_path):
     logs = tmp_path / "out" / "logs"
-    commands = _commands(script, "async", tmp_path / "model", 60, tmp_path / "out", 1)
+    # 1500 steps: the chief still trains when worker:1 checks (its check gives the file 1 s to show).
+    commands = _commands(script, "async", tmp_path / "model", 1500, tmp_path / "out", 1)
     command, environ = commands[2]
     commands[2] = ([*command[:3], str(tmp_path / "elsewhere"), *command[4:]], environ)  # worker:1's own model_dir
     codes, timed_out = wait_tasks(start_tasks(commands, logs), DEADLINE_SECONDS)

@@ -327,15 +327,25 @@ class ParameterServerStrategy(Strategy):
         chief = rpc.rpc_sync(self.ps_names[0], _ps_server.model_dir_probe, timeout=self.timeout_seconds)
         if chief is None:  # a chief that was told no model_dir (never from an Estimator)
             return
-        chief_dir, probe = chief
-        if not _sees(model_dir, probe):
-            raise ReplicasDisagreeError(
-                f"{self.name} does not see the file {_PROBE_NAME} that the chief wrote into its model_dir ({chief_dir}) "
-                f"in this task's model_dir ({model_dir}): every trainer must use the same storage for model_dir (a "
-                "shared file system or an object store), or its input position is read from other checkpoints "
-                "than the chief writes. This task stops before step one.",
-                views=[],
-            )
+        chief_dir, token = chief
+        deadline = time.monotonic() + _PROBE_VISIBILITY_SECONDS
+        while not _reads_token(model_dir, token):
+            # The chief removes the file when it ends training, after ending the ps tasks: a worker that starts
+            # that late finds training over (or the ps gone), not another model_dir; its next call says so.
+            try:
+                if rpc.rpc_sync(self.ps_names[0], _ps_server.ended_reason, timeout=self.timeout_seconds) is not None:
+                    return
+            except RuntimeError:
+                return
+            if time.monotonic() > deadline:
+                raise ReplicasDisagreeError(
+                    f"{self.name} does not see the file {_PROBE_NAME} that the chief wrote into its model_dir "
+                    f"({chief_dir}) in this task's model_dir ({model_dir}): every trainer must use the same storage "
+                    "for model_dir (a shared file system or an object store), or its input position is read from "
+                    "other checkpoints than the chief writes. This task stops before step one.",
+                    views=[],
+                )
+            time.sleep(0.05)
 
     def _start_heartbeat(self) -> None:
         """Tells every ps, a few times per timeout, that the chief lives (a chief killed -9 says nothing else), from
@@ -518,8 +528,10 @@ def _warn_if_oversubscribed(cluster: ClusterSpec, name: str) -> None:
 
 _PROBE_NAME = ".ps-model-dir-probe"
 """The chief's probe file in model_dir: one name (a killed chief's is replaced by the next), a fresh token inside."""
-_PROBE_VISIBILITY_SECONDS = 5.0
-"""How long a worker looks for the chief's token (an object-store mount may show a new file a moment late)."""
+_PROBE_VISIBILITY_SECONDS = 1.0
+"""How long a worker looks for the chief's token: the chief wrote and closed the file before any worker asks, so
+a shared file system (close-to-open) and object stores (read-after-write) show it at once; a caching mount may
+show it a moment late."""
 
 
 def _place_model_dir_probe(model_dir: str) -> str:
@@ -531,17 +543,11 @@ def _place_model_dir_probe(model_dir: str) -> str:
     return token
 
 
-def _sees(model_dir: str, token: str) -> bool:
-    path, deadline = filesystems.join(model_dir, _PROBE_NAME), time.monotonic() + _PROBE_VISIBILITY_SECONDS
-    while True:
-        try:
-            if filesystems.read_bytes(path) == token.encode():
-                return True
-        except FileNotFoundError:
-            pass
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
+def _reads_token(model_dir: str, token: str) -> bool:
+    try:
+        return filesystems.read_bytes(filesystems.join(model_dir, _PROBE_NAME)) == token.encode()
+    except FileNotFoundError:
+        return False
 
 
 def _remove_probe(model_dir: str) -> None:
