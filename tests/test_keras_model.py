@@ -232,11 +232,16 @@ def test_each_layer_alone_computes_what_keras_computed(case):
 def test_the_layer_table_covers_every_converter():
     from torchestimator.interop.keras_layers import ACTIVATIONS, CONVERTERS
 
-    classes = set()
+    classes, channels_first = set(), set()
     for case in _LAYER_CASES:
         with zipfile.ZipFile(FIXTURES / "layers" / f"{case}.keras") as archive:
             config = json.loads(archive.read("config.json"))
         classes |= {entry["class_name"] for entry in config["config"]["layers"]}
+        channels_first |= {
+            entry["class_name"]
+            for entry in config["config"]["layers"]
+            if entry["config"].get("data_format") == "channels_first"
+        }
         if case.startswith("activation_"):
             classes.add("activation:" + case.removeprefix("activation_"))
     # Classes whose math is the identity at inference, or a twin of a tested one (3-D pooling and padding).
@@ -247,6 +252,12 @@ def test_the_layer_table_covers_every_converter():
         "SeparableConv1D", "Conv3DTranspose", "Activation", "Add", "Multiply",
     }  # fmt: skip
     assert set(CONVERTERS) - classes - untested == set()
+    # Each layout-dependent class is also checked on channels-first data.
+    assert {
+        "Conv1D", "Conv2D", "Conv3D", "DepthwiseConv2D", "SeparableConv2D", "Conv2DTranspose", "MaxPooling2D",
+        "AveragePooling1D", "AveragePooling2D", "GlobalAveragePooling2D", "GlobalMaxPooling2D", "Flatten",
+        "ZeroPadding2D", "Cropping2D", "UpSampling2D", "Resizing",
+    } - channels_first == set()  # fmt: skip
     assert {f"activation:{name}" for name in ACTIVATIONS} - classes == {"activation:hard_swish"}  # hard_silu's alias
 
 

@@ -198,6 +198,31 @@ def layer_cases() -> dict[str, tuple]:
     }
     for name in ACTIVATION_NAMES:
         cases[f"activation_{name}"] = ([vector], L.Activation(name))
+    # data_format="channels_first": the same layers on [batch, channels, *spatial] data (added after the cases
+    # above so that their seeds, from their positions, stay as they were).
+    cf, planes, steps = "channels_first", (4, 7, 6), (4, 9)
+    cases.update(
+        {
+            "cf_conv2d_same_stride2": ([planes], L.Conv2D(5, 3, strides=2, padding="same", data_format=cf)),
+            "cf_conv1d_same": ([steps], L.Conv1D(3, 4, strides=2, padding="same", data_format=cf)),
+            "cf_conv3d_valid": ([(2, 4, 5, 3)], L.Conv3D(3, 2, data_format=cf)),
+            "cf_depthwise_same": ([planes], L.DepthwiseConv2D(3, strides=2, padding="same", data_format=cf)),
+            "cf_separable_same": ([planes], L.SeparableConv2D(5, 3, padding="same", data_format=cf)),
+            "cf_conv2d_transpose_same": ([planes], L.Conv2DTranspose(3, 3, strides=2, padding="same", data_format=cf)),
+            "cf_maxpool2d_same": ([planes], L.MaxPooling2D(3, strides=2, padding="same", data_format=cf)),
+            "cf_avgpool2d_same": ([planes], L.AveragePooling2D(3, strides=2, padding="same", data_format=cf)),
+            "cf_avgpool1d_valid": ([steps], L.AveragePooling1D(2, data_format=cf)),
+            "cf_global_avg": ([planes], L.GlobalAveragePooling2D(data_format=cf)),
+            "cf_global_max_keepdims": ([planes], L.GlobalMaxPooling2D(data_format=cf, keepdims=True)),
+            "cf_flatten": ([planes], L.Flatten(data_format=cf)),
+            "cf_zeropadding2d": ([planes], L.ZeroPadding2D(((1, 2), (0, 3)), data_format=cf)),
+            "cf_cropping2d": ([planes], L.Cropping2D(((1, 2), (2, 1)), data_format=cf)),
+            "cf_upsampling2d_nearest": ([planes], L.UpSampling2D((2, 3), data_format=cf)),
+            "cf_upsampling2d_bilinear": ([planes], L.UpSampling2D(2, interpolation="bilinear", data_format=cf)),
+            "cf_resizing": ([planes], L.Resizing(11, 9, data_format=cf)),
+            "cf_batchnorm_axis1": ([planes], L.BatchNormalization(axis=1)),
+        }
+    )
     return cases
 
 

@@ -1,8 +1,9 @@
 """Keras layers as plain torch modules, each computing what Keras computes, in Keras's data layout.
 
 One converter per Keras class (``CONVERTERS``): it takes the layer's config and its weights (numpy arrays in
-Keras's order) and returns an ``nn.Module``. Data stays channels-last (NHWC) between layers, as in Keras: a
-convolution or pooling moves the channels to torch's place and back around its own call, so Flatten,
+Keras's order) and returns an ``nn.Module``. Data keeps Keras's layout between layers (each layer's
+``data_format``: channels-last, NHWC, unless the file says channels_first): a channels-last convolution or
+pooling moves the channels to torch's place and back around its own call (views, no copies), so Flatten,
 Reshape, Concatenate and Dense see exactly Keras's element order. What differs between the frameworks is
 done here, once: "same" padding that TF puts mostly at the end (an odd total pads one more after), average
 pooling that divides by the values inside the input only, BatchNormalization's momentum (torch's is
@@ -116,10 +117,25 @@ def _tuple(spec: LayerSpec, key: str, rank: int, default: Any) -> tuple[int, ...
     return tuple(values)
 
 
-def _check_channels_last(spec: LayerSpec) -> None:
+def _channels_first(spec: LayerSpec) -> bool:
+    """The layer's ``data_format``: channels_last (Keras's default) or channels_first."""
     data_format = spec.option("data_format") or "channels_last"
-    if data_format != "channels_last":
-        raise spec.error(f"data_format={data_format!r}: only channels_last (Keras's default) is converted yet.")
+    if data_format not in ("channels_last", "channels_first"):
+        raise spec.error(f"data_format={data_format!r} is neither channels_last nor channels_first.")
+    return data_format == "channels_first"
+
+
+def _to_torch_layout(x: torch.Tensor, channels_first: bool) -> torch.Tensor:
+    """``x`` with its channels at torch's place (axis 1): a view, no copy."""
+    return x if channels_first else x.movedim(-1, 1)
+
+
+def _to_keras_layout(y: torch.Tensor, channels_first: bool) -> torch.Tensor:
+    return y if channels_first else y.movedim(1, -1)
+
+
+def _layout_repr(channels_first: bool) -> str:
+    return ", data_format='channels_first'" if channels_first else ""
 
 
 def _same_padding(size: int, kernel: int, stride: int, dilation: int) -> tuple[int, int]:
@@ -164,7 +180,8 @@ def _dense(spec: LayerSpec) -> nn.Module:
 
 
 class Conv(nn.Module):
-    """Keras Conv1D/2D/3D (and DepthwiseConv, as grouped): channels-last in and out, TF's padding."""
+    """Keras Conv1D/2D/3D (and DepthwiseConv, as grouped): in and out in the layer's data_format (channels-last
+    unless ``channels_first``), TF's padding."""
 
     def __init__(
         self,
@@ -176,17 +193,19 @@ class Conv(nn.Module):
         padding: str,
         groups: int,
         activation: str,
+        channels_first: bool = False,
     ) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight)
         self.bias = None if bias is None else nn.Parameter(bias)
         self.strides, self.dilation, self.padding, self.groups = strides, dilation, padding, groups
+        self.channels_first = channels_first
         self.activation = activation
         self._activation = ACTIVATIONS[activation]
         self._conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[len(strides)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.movedim(-1, 1)
+        x = _to_torch_layout(x, self.channels_first)
         kernel = self.weight.shape[2:]
         if self.padding == "same":
             sizes = x.shape[2:]
@@ -196,19 +215,20 @@ class Conv(nn.Module):
         elif self.padding == "causal":
             x = _pad_spatial(x, [((kernel[0] - 1) * self.dilation[0], 0)])
         y = self._conv(x, self.weight, self.bias, self.strides, 0, self.dilation, self.groups)
-        return self._activation(y.movedim(1, -1))
+        return self._activation(_to_keras_layout(y, self.channels_first))
 
     def extra_repr(self) -> str:
         out, per_group, *kernel = self.weight.shape
         return (
             f"{per_group * self.groups}, {out}, kernel_size={tuple(kernel)}, strides={self.strides}, "
             f"padding={self.padding!r}, dilation={self.dilation}, groups={self.groups}, activation={self.activation}"
+            + _layout_repr(self.channels_first)
         )
 
 
 def _conv(rank: int) -> Callable[[LayerSpec], nn.Module]:
     def convert(spec: LayerSpec) -> nn.Module:
-        _check_channels_last(spec)
+        channels_first = _channels_first(spec)
         use_bias = spec.option("use_bias", True)
         found = _weights(spec, ["kernel", "bias"] if use_bias else ["kernel"])
         kernel = found["kernel"]
@@ -230,6 +250,7 @@ def _conv(rank: int) -> Callable[[LayerSpec], nn.Module]:
             padding=padding,
             groups=groups,
             activation=_activation_name(spec, spec.option("activation")),
+            channels_first=channels_first,
         )
 
     return convert
@@ -237,7 +258,7 @@ def _conv(rank: int) -> Callable[[LayerSpec], nn.Module]:
 
 def _depthwise_conv(rank: int) -> Callable[[LayerSpec], nn.Module]:
     def convert(spec: LayerSpec) -> nn.Module:
-        _check_channels_last(spec)
+        channels_first = _channels_first(spec)
         use_bias = spec.option("use_bias", True)
         found = _weights(spec, ["kernel", "bias"] if use_bias else ["kernel"])
         kernel = found["kernel"]  # [*k, in, multiplier]
@@ -257,6 +278,7 @@ def _depthwise_conv(rank: int) -> Callable[[LayerSpec], nn.Module]:
             padding=spec.option("padding", "valid"),
             groups=channels,
             activation=_activation_name(spec, spec.option("activation")),
+            channels_first=channels_first,
         )
 
     return convert
@@ -323,12 +345,15 @@ class Pool(nn.Module):
     """Keras Max/AveragePooling1D/2D/3D, channels-last; "same" pads as TF, and an average counts only the
     values inside the input."""
 
-    def __init__(self, kind: str, pool: tuple[int, ...], strides: tuple[int, ...], padding: str) -> None:
+    def __init__(
+        self, kind: str, pool: tuple[int, ...], strides: tuple[int, ...], padding: str, channels_first: bool = False
+    ) -> None:
         super().__init__()
         self.kind, self.pool, self.strides, self.padding = kind, pool, strides, padding
+        self.channels_first = channels_first
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.movedim(-1, 1)
+        x = _to_torch_layout(x, self.channels_first)
         rank = len(self.pool)
         pads = (
             [_same_padding(s, k, st, 1) for s, k, st in zip(x.shape[2:], self.pool, self.strides)]
@@ -344,35 +369,38 @@ class Pool(nn.Module):
             if any(before or after for before, after in pads):
                 inside = _pad_spatial(torch.ones_like(x[:1, :1]), pads)
                 y = y / average(inside, self.pool, self.strides)
-        return y.movedim(1, -1)
+        return _to_keras_layout(y, self.channels_first)
 
     def extra_repr(self) -> str:
-        return f"{self.kind}, pool={self.pool}, strides={self.strides}, padding={self.padding!r}"
+        return (
+            f"{self.kind}, pool={self.pool}, strides={self.strides}, padding={self.padding!r}"
+            + _layout_repr(self.channels_first)
+        )
 
 
 def _pool(kind: str, rank: int) -> Callable[[LayerSpec], nn.Module]:
     def convert(spec: LayerSpec) -> nn.Module:
-        _check_channels_last(spec)
+        channels_first = _channels_first(spec)
         _weights(spec, [])
         pool = _tuple(spec, "pool_size", rank, 2)
         strides = _tuple(spec, "strides", rank, pool) if spec.option("strides") is not None else pool
         padding = spec.option("padding", "valid")
         if padding not in ("valid", "same"):
             raise spec.error(f"padding={padding!r} is not valid or same.")
-        return Pool(kind, pool, strides, padding)
+        return Pool(kind, pool, strides, padding, channels_first)
 
     return convert
 
 
 class GlobalPool(nn.Module):
-    """Keras Global{Max,Average}Pooling: over every axis between the batch and the channels."""
+    """Keras Global{Max,Average}Pooling: over every axis but the batch and the channels."""
 
-    def __init__(self, kind: str, keepdims: bool) -> None:
+    def __init__(self, kind: str, keepdims: bool, channels_first: bool = False) -> None:
         super().__init__()
-        self.kind, self.keepdims = kind, keepdims
+        self.kind, self.keepdims, self.channels_first = kind, keepdims, channels_first
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dims = tuple(range(1, x.dim() - 1))
+        dims = tuple(range(2, x.dim())) if self.channels_first else tuple(range(1, x.dim() - 1))
         if self.kind == "max":
             return x.amax(dim=dims, keepdim=self.keepdims)
         return x.mean(dim=dims, keepdim=self.keepdims)
@@ -380,18 +408,33 @@ class GlobalPool(nn.Module):
 
 def _global_pool(kind: str) -> Callable[[LayerSpec], nn.Module]:
     def convert(spec: LayerSpec) -> nn.Module:
-        _check_channels_last(spec)
+        channels_first = _channels_first(spec)
         _weights(spec, [])
-        return GlobalPool(kind, bool(spec.option("keepdims", False)))
+        return GlobalPool(kind, bool(spec.option("keepdims", False)), channels_first)
 
     return convert
 
 
 class Flatten(nn.Module):
-    """Keras Flatten of channels-last data: the element order Keras's Dense after it was trained on."""
+    """Keras Flatten: the element order Keras's Dense after it was trained on. Keras flattens channels-first
+    data in channels-last order (the channels moved to the end first), and so does this."""
+
+    def __init__(self, channels_first: bool = False) -> None:
+        super().__init__()
+        self.channels_first = channels_first
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channels_first and x.dim() > 2:
+            x = x.movedim(1, -1)
         return x.reshape(x.shape[0], -1)
+
+    def extra_repr(self) -> str:
+        return _layout_repr(self.channels_first).lstrip(", ")
+
+
+def _flatten(spec: LayerSpec) -> nn.Module:
+    _weights(spec, [])
+    return Flatten(_channels_first(spec))
 
 
 class Reshape(nn.Module):
@@ -469,20 +512,22 @@ def _no_weights(module: Callable[[], nn.Module]) -> Callable[[LayerSpec], nn.Mod
 
 
 class ZeroPadding(nn.Module):
-    def __init__(self, pads: list[tuple[int, int]]) -> None:
+    def __init__(self, pads: list[tuple[int, int]], channels_first: bool = False) -> None:
         super().__init__()
-        self.pads = pads
+        self.pads, self.channels_first = pads, channels_first
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _pad_spatial(x.movedim(-1, 1), self.pads).movedim(1, -1)
+        padded = _pad_spatial(_to_torch_layout(x, self.channels_first), self.pads)
+        return _to_keras_layout(padded, self.channels_first)
+
+    def extra_repr(self) -> str:
+        return f"{self.pads}{_layout_repr(self.channels_first)}"
 
 
 def _zero_padding(rank: int) -> Callable[[LayerSpec], nn.Module]:
     def convert(spec: LayerSpec) -> nn.Module:
-        if rank > 1:
-            _check_channels_last(spec)
         _weights(spec, [])
-        return ZeroPadding(_pairs(spec, "padding", rank, 1))
+        return ZeroPadding(_pairs(spec, "padding", rank, 1), _channels_first(spec))
 
     return convert
 
@@ -500,7 +545,7 @@ class SeparableConv(nn.Module):
 
 def _separable_conv(rank: int) -> Callable[[LayerSpec], nn.Module]:
     def convert(spec: LayerSpec) -> nn.Module:
-        _check_channels_last(spec)
+        channels_first = _channels_first(spec)
         use_bias = spec.option("use_bias", True)
         found = _weights(spec, ["depthwise_kernel", "pointwise_kernel", *(["bias"] if use_bias else [])])
         depthwise_kernel, pointwise_kernel = found["depthwise_kernel"], found["pointwise_kernel"]
@@ -520,6 +565,7 @@ def _separable_conv(rank: int) -> Callable[[LayerSpec], nn.Module]:
                 padding=spec.option("padding", "valid"),
                 groups=channels,
                 activation="linear",
+                channels_first=channels_first,
             ),
             Conv(
                 _tensor(pointwise),
@@ -529,6 +575,7 @@ def _separable_conv(rank: int) -> Callable[[LayerSpec], nn.Module]:
                 padding="valid",
                 groups=1,
                 activation=_activation_name(spec, spec.option("activation")),
+                channels_first=channels_first,
             ),
         )
 
@@ -541,17 +588,24 @@ class ConvTranspose(nn.Module):
     pads its forward convolution, the odd one after)."""
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, strides: tuple[int, ...], padding: str, activation: str
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        strides: tuple[int, ...],
+        padding: str,
+        activation: str,
+        channels_first: bool = False,
     ) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight)
         self.bias = None if bias is None else nn.Parameter(bias)
         self.strides, self.padding, self.activation = strides, padding, activation
+        self.channels_first = channels_first
         self._activation = ACTIVATIONS[activation]
         self._conv: Any = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[len(strides)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.movedim(-1, 1)
+        x = _to_torch_layout(x, self.channels_first)
         sizes, kernel = x.shape[2:], self.weight.shape[2:]
         y = self._conv(x, self.weight, None, self.strides)
         for dim, (size, k, stride) in enumerate(zip(sizes, kernel, self.strides)):
@@ -564,16 +618,19 @@ class ConvTranspose(nn.Module):
                 y = F.pad(y, pad)
         if self.bias is not None:
             y = y + self.bias.reshape(1, -1, *([1] * len(sizes)))
-        return self._activation(y.movedim(1, -1))
+        return self._activation(_to_keras_layout(y, self.channels_first))
 
     def extra_repr(self) -> str:
         inputs, out, *kernel = self.weight.shape
-        return f"{inputs}, {out}, kernel_size={tuple(kernel)}, strides={self.strides}, padding={self.padding!r}"
+        return (
+            f"{inputs}, {out}, kernel_size={tuple(kernel)}, strides={self.strides}, padding={self.padding!r}"
+            + _layout_repr(self.channels_first)
+        )
 
 
 def _conv_transpose(rank: int) -> Callable[[LayerSpec], nn.Module]:
     def convert(spec: LayerSpec) -> nn.Module:
-        _check_channels_last(spec)
+        channels_first = _channels_first(spec)
         use_bias = spec.option("use_bias", True)
         found = _weights(spec, ["kernel", "bias"] if use_bias else ["kernel"])
         if _tuple(spec, "dilation_rate", rank, 1) != (1,) * rank or spec.option("output_padding") is not None:
@@ -589,6 +646,7 @@ def _conv_transpose(rank: int) -> Callable[[LayerSpec], nn.Module]:
             _tuple(spec, "strides", rank, 1),
             padding,
             _activation_name(spec, spec.option("activation")),
+            channels_first,
         )
 
     return convert
@@ -636,16 +694,20 @@ def _layer_normalization(spec: LayerSpec) -> nn.Module:
 
 
 class Crop(nn.Module):
-    """Keras Cropping1D/2D/3D: (before, after) off each spatial axis of channels-last data."""
+    """Keras Cropping1D/2D/3D: (before, after) off each spatial axis."""
 
-    def __init__(self, crops: list[tuple[int, int]]) -> None:
+    def __init__(self, crops: list[tuple[int, int]], channels_first: bool = False) -> None:
         super().__init__()
-        self.crops = crops
+        self.crops, self.channels_first = crops, channels_first
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first = 2 if self.channels_first else 1
         for dim, (before, after) in enumerate(self.crops):
-            x = x.narrow(1 + dim, before, x.shape[1 + dim] - before - after)
+            x = x.narrow(first + dim, before, x.shape[first + dim] - before - after)
         return x
+
+    def extra_repr(self) -> str:
+        return f"{self.crops}{_layout_repr(self.channels_first)}"
 
 
 def _pairs(spec: LayerSpec, key: str, rank: int, default: Any) -> list[tuple[int, int]]:
@@ -663,10 +725,8 @@ def _pairs(spec: LayerSpec, key: str, rank: int, default: Any) -> list[tuple[int
 
 def _cropping(rank: int) -> Callable[[LayerSpec], nn.Module]:
     def convert(spec: LayerSpec) -> nn.Module:
-        if rank > 1:
-            _check_channels_last(spec)
         _weights(spec, [])
-        return Crop(_pairs(spec, "cropping", rank, 1))
+        return Crop(_pairs(spec, "cropping", rank, 1), _channels_first(spec))
 
     return convert
 
@@ -695,31 +755,32 @@ class UpSampling(nn.Module):
     """Keras UpSampling1D/2D/3D: each value repeated ``size`` times per axis ("nearest"), or UpSampling2D's
     "bilinear" (TF's half-pixel centers, torch's align_corners=False)."""
 
-    def __init__(self, size: tuple[int, ...], interpolation: str) -> None:
+    def __init__(self, size: tuple[int, ...], interpolation: str, channels_first: bool = False) -> None:
         super().__init__()
-        self.size, self.interpolation = size, interpolation
+        self.size, self.interpolation, self.channels_first = size, interpolation, channels_first
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.interpolation == "nearest":
+            first = 2 if self.channels_first else 1
             for dim, repeats in enumerate(self.size):
-                x = x.repeat_interleave(repeats, dim=1 + dim)
+                x = x.repeat_interleave(repeats, dim=first + dim)
             return x
-        y = F.interpolate(x.movedim(-1, 1), scale_factor=self.size, mode="bilinear", align_corners=False)
-        return y.movedim(1, -1)
+        y = F.interpolate(
+            _to_torch_layout(x, self.channels_first), scale_factor=self.size, mode="bilinear", align_corners=False
+        )
+        return _to_keras_layout(y, self.channels_first)
 
     def extra_repr(self) -> str:
-        return f"size={self.size}, interpolation={self.interpolation!r}"
+        return f"size={self.size}, interpolation={self.interpolation!r}{_layout_repr(self.channels_first)}"
 
 
 def _upsampling(rank: int) -> Callable[[LayerSpec], nn.Module]:
     def convert(spec: LayerSpec) -> nn.Module:
-        if rank > 1:
-            _check_channels_last(spec)
         _weights(spec, [])
         interpolation = spec.option("interpolation", "nearest")
         if interpolation not in ("nearest", "bilinear") or (interpolation == "bilinear" and rank != 2):
             raise spec.error(f"interpolation={interpolation!r} is not converted yet.")
-        return UpSampling(_tuple(spec, "size", rank, 2), interpolation)
+        return UpSampling(_tuple(spec, "size", rank, 2), interpolation, _channels_first(spec))
 
     return convert
 
@@ -1120,24 +1181,24 @@ class Resizing(nn.Module):
     """Keras Resizing of channels-last images to (height, width): "bilinear" is TF2's resize (half-pixel centers,
     no antialiasing: torch's align_corners=False), "nearest" is torch's "nearest-exact"."""
 
-    def __init__(self, size: tuple[int, int], interpolation: str) -> None:
+    def __init__(self, size: tuple[int, int], interpolation: str, channels_first: bool = False) -> None:
         super().__init__()
-        self.size, self.interpolation = size, interpolation
+        self.size, self.interpolation, self.channels_first = size, interpolation, channels_first
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        channels_first = x.movedim(-1, 1)
+        images = _to_torch_layout(x, self.channels_first)
         if self.interpolation == "bilinear":
-            y = F.interpolate(channels_first, size=self.size, mode="bilinear", align_corners=False)
+            y = F.interpolate(images, size=self.size, mode="bilinear", align_corners=False)
         else:
-            y = F.interpolate(channels_first, size=self.size, mode="nearest-exact")
-        return y.movedim(1, -1)
+            y = F.interpolate(images, size=self.size, mode="nearest-exact")
+        return _to_keras_layout(y, self.channels_first)
 
     def extra_repr(self) -> str:
-        return f"size={self.size}, interpolation={self.interpolation!r}"
+        return f"size={self.size}, interpolation={self.interpolation!r}{_layout_repr(self.channels_first)}"
 
 
 def _resizing(spec: LayerSpec) -> nn.Module:
-    _check_channels_last(spec)
+    channels_first = _channels_first(spec)
     _weights(spec, [])
     interpolation = spec.option("interpolation", "bilinear")
     if interpolation not in ("bilinear", "nearest"):
@@ -1147,7 +1208,7 @@ def _resizing(spec: LayerSpec) -> nn.Module:
     size = (spec.option("height"), spec.option("width"))
     if not all(isinstance(side, int) and side > 0 for side in size):
         raise spec.error(f"height, width = {size!r} are not positive integers.")
-    return Resizing((int(size[0]), int(size[1])), interpolation)
+    return Resizing((int(size[0]), int(size[1])), interpolation, channels_first)
 
 
 class MultiHeadAttention(nn.Module):
@@ -1255,7 +1316,7 @@ CONVERTERS: dict[str, Callable[[LayerSpec], nn.Module]] = {
     "SpatialDropout3D": _dropout,
     "GaussianDropout": _no_weights(nn.Identity),  # inference: identity, as in Keras
     "GaussianNoise": _no_weights(nn.Identity),
-    "Flatten": _no_weights(Flatten),
+    "Flatten": _flatten,
     "Reshape": _reshape,
     "MaxPooling1D": _pool("max", 1),
     "MaxPooling2D": _pool("max", 2),
