@@ -372,9 +372,8 @@ class Pool(nn.Module):
         return _to_keras_layout(y, self.channels_first)
 
     def extra_repr(self) -> str:
-        return (
-            f"{self.kind}, pool={self.pool}, strides={self.strides}, padding={self.padding!r}"
-            + _layout_repr(self.channels_first)
+        return f"{self.kind}, pool={self.pool}, strides={self.strides}, padding={self.padding!r}" + _layout_repr(
+            self.channels_first
         )
 
 
