@@ -82,6 +82,26 @@ def test_a_converted_model_exports_with_a_dynamic_batch():
         torch.testing.assert_close(exported, eager)
 
 
+def test_channels_first_takes_torch_layout_inputs_and_computes_the_same():
+    inputs, expected = _reference("cnn")
+    model = keras_model(FIXTURES / "cnn.keras", channels_first=True).eval()
+    assert model.input_specs == [("image", (3, 12, 11), "float32")] and model.channels_first_inputs == ("image",)
+    images = inputs[0].permute(0, 3, 1, 2).contiguous()  # NCHW, as a torch data loader gives them
+    with torch.no_grad():
+        np.testing.assert_allclose(model(images).numpy(), expected[0], atol=1e-5, rtol=0)
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    program = torch.export.export(model, (images[:2],), dynamic_shapes=(({0: batch},),))
+    torch.testing.assert_close(program.module()(images), model(images))
+
+    # Named inputs: only those move (vectors are unchanged either way; here the spec tells which were taken).
+    towers = keras_model(FIXTURES / "two_towers.keras", channels_first=["right"])
+    assert towers.channels_first_inputs == ("right",)
+    with pytest.raises(ValueError, match=r"no input\(s\) \['image'\]; its inputs: left, right"):
+        keras_model(FIXTURES / "two_towers.keras", channels_first=["image"])
+    with pytest.raises(TypeError, match="a list of input names"):
+        keras_model(FIXTURES / "cnn.keras", channels_first="image")
+
+
 def test_a_converted_model_fine_tunes_in_an_estimator_and_its_batchnorm_statistics_move(tmp_path):
     inputs, _ = _reference("cnn")
     rng = np.random.default_rng(0)
@@ -276,6 +296,14 @@ def test_convert_keras_model_writes_a_runnable_program_and_the_weights(tmp_path,
     program = torch.export.load(str(tmp_path / "cnn.pt2")).module()  # torch alone runs it, any batch size
     np.testing.assert_allclose(program(inputs[0]).detach().numpy(), expected[0], atol=1e-5, rtol=0)
     assert tuple(program(inputs[0][:1]).shape) == (1, 5)
+
+    # --channels-first: the program takes NCHW images.
+    nchw = str(tmp_path / "cnn_nchw.pt2")
+    assert main(["convert", "keras-model", str(FIXTURES / "cnn.keras"), nchw, "--channels-first"]) == 0
+    assert "inputs image [3, 12, 11] float32" in capsys.readouterr().out
+    program = torch.export.load(nchw).module()
+    images = inputs[0].permute(0, 3, 1, 2)
+    np.testing.assert_allclose(program(images).detach().numpy(), expected[0], atol=1e-5, rtol=0)
 
     assert main(["convert", "keras-model", str(FIXTURES / "text.keras"), str(tmp_path / "text.safetensors")]) == 0
     weights = load_file(str(tmp_path / "text.safetensors"))

@@ -430,7 +430,15 @@ def copy_keras_model(workdir: Path) -> None:
     shutil.copy(ROOT / "tests" / "fixtures" / "keras_models" / "cnn.keras", workdir / "model.keras")
 
 
+def keras_model_in_the_clone(workdir: Path) -> None:
+    """The README's Keras block runs in the clone's root: its tests/fixtures/keras_models/cnn.keras is there."""
+    (workdir / "tests" / "fixtures" / "keras_models").mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "fixtures" / "keras_models" / "cnn.keras", workdir / "tests/fixtures/keras_models")
+    serving_port_is_free(workdir)
+
+
 BEFORE: dict[str, Callable[[Path], None]] = {
+    "cp tests/fixtures/keras_models/cnn.keras model.keras                # a Keras 3 file, made by Keras": keras_model_in_the_clone,
     "# model.keras: a Keras 3 image classifier (inputs 12x11x3, channels-last; 5 classes)": copy_keras_model,
     "torchestimator convert csv-to-tfrecord index.csv out/train --num_shards 4   # label,path[,other columns]": write_index_csv,
     "torchestimator export torchestimator.cli.demo --model_dir runs/digits --export_dir export/digits": serving_port_is_free,
@@ -754,6 +762,24 @@ def server_answers_the_request(run: PageRun, outcome: Outcome) -> None:
     assert len(answer["predictions"]) == 2 and all(0 <= row["class"] <= 9 for row in answer["predictions"])
 
 
+def keras_model_is_fine_tuned_and_served(run: PageRun, outcome: Outcome) -> None:
+    """The README's Keras block: the module printed, the program written, training moved the loss off chance
+    (ln 5 = 1.61), and the server answered with the exported model's predictions."""
+    assert (
+        "(logits): Dense(24, 5, bias=True, activation=linear)" in outcome.output
+        and (run.workdir / "model.pt2").is_file()
+    )
+    loss = float(
+        re.search(r"trained runs/keras_cnn from step 0 to 200 in .* \(final loss ([\d.]+)\)", outcome.output)[1]
+    )
+    assert loss < 1.5, outcome.output
+    assert re.search(r"serving keras_cnn \(version \d+ AVAILABLE\) at http://127\.0\.0\.1:8501", outcome.output)
+    start = outcome.output.index('{"predictions"')
+    answer, _ = json.JSONDecoder().raw_decode(outcome.output[start:])
+    assert [len(row["probabilities"]) for row in answer["predictions"]] == [5, 5]
+    assert all(abs(sum(row["probabilities"]) - 1) < 1e-5 and 0 <= row["class"] < 5 for row in answer["predictions"])
+
+
 def client_gets_predictions(run: PageRun, outcome: Outcome) -> None:
     predictions = printed_literal(outcome.output, "[")
     assert len(predictions) == 2 and all(0 <= row["class"] <= 9 for row in predictions)
@@ -838,6 +864,7 @@ CHECKS_AFTER: dict[str, Callable[[PageRun, Outcome], None]] = {
     "cat > model.py <<'EOF'": keras_files_are_made,
     "torchestimator warm-start --dry_run --model model.py keras_model.weights.h5 --accept_proposed --include_buffers \\": keras_weights_are_written_converted,
     "torchestimator export torchestimator.cli.demo --model_dir runs/digits --export_dir export/digits": server_answers_the_request,
+    "cp tests/fixtures/keras_models/cnn.keras model.keras                # a Keras 3 file, made by Keras": keras_model_is_fine_tuned_and_served,
     "from torchestimator.cli.demo import load_digits_split": client_gets_predictions,
     "torchestimator serve --model_name digits --model_base_path export/digits --port 8500 --rest_api_port 8501 &": grpc_answers_with_the_version,
     "import base64, io, json": examples_receiver_answers_as_the_model,

@@ -6,7 +6,7 @@ What belongs here: the argument parsing and the writing of the two outputs; the 
 - ``OUT.safetensors``: the module's ``state_dict`` (rebuild the module with ``te.interop.keras_model(FILE)`` and
   ``load_state_dict``, or load the tensors into your own module);
 - ``OUT.pt2``: a ``torch.export`` program with a dynamic batch dimension, which ``torch.export.load`` runs with
-  torch alone (the inputs as Keras's: channels-last).
+  torch alone (the inputs as Keras's: channels-last, or channels-first with --channels-first).
 """
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ def add_command(convert_commands: Any) -> None:
     )
     command.add_argument("file", help="the Keras model: .keras, or .h5 saved with model.save")
     command.add_argument("output", help="where to write: OUT.safetensors or OUT.pt2")
+    command.add_argument(
+        "--channels-first",
+        action="store_true",
+        help="take the inputs channels-first ([batch, channels, *spatial], torch's layout) instead of Keras's",
+    )
     command.add_argument("--show", action="store_true", help="print the converted module's architecture")
     command.set_defaults(handler=convert_keras_model)
 
@@ -42,7 +47,7 @@ def convert_keras_model(args: argparse.Namespace) -> int:
     output = os.fspath(args.output)
     if not output.endswith(_SUFFIXES):
         raise ValueError(f"convert keras-model: {output!r} must end with .safetensors or .pt2.")
-    model = keras_model(args.file).eval()
+    model = keras_model(args.file, channels_first=args.channels_first).eval()
     parameters = sum(parameter.numel() for parameter in model.parameters())
     if args.show:
         print(model)

@@ -14,7 +14,7 @@ import json
 import os
 import re
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -63,9 +63,10 @@ _TENSOR_KEYWORDS = {"MultiHeadAttention": ("key",)}
 class KerasModel(nn.Module):
     """A converted Keras model: one submodule per Keras layer (named after it), called in the graph's order.
 
-    ``forward`` takes the model's inputs in Keras's order (channels-last, as Keras does) and returns one tensor,
-    or a tuple in the order of Keras's outputs. ``input_specs``: each input's Keras name, shape without the batch
-    (None where Keras left a size open) and dtype, as the file's InputLayer records them."""
+    ``forward`` takes the model's inputs in Keras's order (channels-last, as Keras does, unless converted with
+    ``channels_first``) and returns one tensor, or a tuple in the order of Keras's outputs. ``input_specs``: each
+    input's Keras name, shape without the batch (None where Keras left a size open; channels first for the
+    inputs taken channels-first) and dtype, as the file's InputLayer records them."""
 
     def __init__(
         self,
@@ -83,12 +84,36 @@ class KerasModel(nn.Module):
         for keras, module in layers.items():
             self.add_module(self._attribute[keras], module)
         self._calls, self._inputs, self._outputs = calls, inputs, outputs
+        self.channels_first_inputs: tuple[str, ...] = ()
+        self._move: tuple[bool, ...] = ()
+        """The inputs taken channels-first ([batch, channels, *spatial]) and moved to Keras's layout on entry."""
+
+    def take_channels_first(self, names: Collection[str]) -> None:
+        """Inputs ``names`` come channels-first, as torch's convolutions and data loaders lay them out: forward
+        moves their channels last (a view, no copy; the convolutions then see torch's layout again)."""
+        known = self.input_names
+        unknown = sorted(set(names) - set(known))
+        if unknown:
+            raise ValueError(f"{self.keras_name} has no input(s) {unknown}; its inputs: {', '.join(known)}.")
+        self.channels_first_inputs = tuple(name for name in known if name in names)
+        self._move = tuple(name in names for name in known)
+        self.input_specs = [
+            (name, (shape[-1], *shape[:-1]) if name in names and len(shape) > 1 else shape, dtype)
+            for name, shape, dtype in self.input_specs
+        ]
+
+    @property
+    def input_names(self) -> list[str]:
+        """The inputs' Keras names, in forward's order."""
+        return [name for name, _, _ in self.input_specs] if self.input_specs else list(self._inputs)
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         if len(inputs) != len(self._inputs):
             raise TypeError(
                 f"{self.keras_name} takes {len(self._inputs)} input(s) ({', '.join(self._inputs)}); got {len(inputs)}."
             )
+        if self.channels_first_inputs:
+            inputs = tuple(value.movedim(1, -1) if move else value for move, value in zip(self._move, inputs))
         values: dict[_Ref, torch.Tensor] = {_Ref(name, 0, 0): value for name, value in zip(self._inputs, inputs)}
         for call in self._calls:
             module = getattr(self, self._attribute[call.layer])
@@ -113,18 +138,24 @@ def _attribute_name(keras_name: str, index: int) -> str:
     return name if name and not name[0].isdigit() else f"layer_{index}_{name}"
 
 
-def keras_model(path: str | os.PathLike[str]) -> KerasModel:
+def keras_model(path: str | os.PathLike[str], *, channels_first: bool | Collection[str] = False) -> KerasModel:
     """The Keras model in ``path`` (``.keras``, or an ``.h5`` saved with its model) as a plain torch module with
-    the file's weights. Inputs and outputs as Keras's (channels-last). Raises ``KerasModelError`` naming the
-    layer and its class for what cannot be converted (Lambda layers, custom objects, unsupported classes),
-    before anything is built; nothing in the file is run."""
+    the file's weights. Inputs and outputs as Keras's (channels-last), unless ``channels_first``: True takes every
+    input channels-first (``[batch, channels, *spatial]``, torch's layout), a collection of input names takes
+    those. Outputs stay as Keras's. Raises ``KerasModelError`` naming the layer and its class for what cannot be
+    converted (Lambda layers, custom objects, unsupported classes), before anything is built; nothing in the file
+    is run."""
     location = os.fspath(path)
+    if isinstance(channels_first, str):
+        raise TypeError(f"channels_first={channels_first!r}: give True, or a list of input names.")
     config = read_model_config(location)
     _check_model(location, config)
     weights, names = _layer_weights(location)
     model = _build(location, config, weights, names)
     if weights:
         raise KerasModelError(f"{location}: weights of layers the config does not list: {sorted(weights)}.")
+    if channels_first:
+        model.take_channels_first(model.input_names if channels_first is True else channels_first)
     return model
 
 
