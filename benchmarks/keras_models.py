@@ -2,9 +2,9 @@
 
 The models are the test fixtures (tests/fixtures/keras_models/, made by Keras 3.15 on TensorFlow 2.21): five small
 models (an MLP, a CNN with "same" padding at stride 2, two inputs and two outputs, an Embedding + BiLSTM + GRU
-text model, nested models) in ``.keras`` and legacy ``.h5``, and keras.applications' MobileNetV2, ResNet50,
-EfficientNetB0, DenseNet121, InceptionV3 and NASNetMobile (random weights rebuilt from their skeletons, small
-inputs). For each file:
+text model, nested models) and keras.applications' MobileNetV2, ResNet50, EfficientNetB0, DenseNet121,
+InceptionV3 and NASNetMobile (random weights rebuilt from their skeletons, small inputs), each in ``.keras`` and
+legacy ``.h5``. For each file:
 
 - converted: whether ``keras_model`` builds it;
 - the largest absolute difference between the converted module's outputs and Keras's own (recorded with the
@@ -66,10 +66,15 @@ def _cases(folder: Path) -> list[tuple[str, Path, list[np.ndarray], list[np.ndar
             cases.append((f"{reference.stem}.{suffix}", FIXTURES / f"{reference.stem}.{suffix}", inputs, outputs))
     applications = np.load(FIXTURES / "applications.npz")
     for skeleton in sorted((FIXTURES / "applications").glob("*.keras")):
-        full = folder / skeleton.name
-        keras_skeleton.rebuild(skeleton, full, seed=31)
         name = skeleton.stem
-        cases.append((name, full, [applications[f"{name}/input_0"]], [applications[f"{name}/output_0"]]))
+        # Each application in .keras and legacy .h5 (skeleton <name>.h5.gz, other weights: Keras's own outputs).
+        for suffix, file, key in (
+            ("keras", skeleton.name, f"{name}/output_0"),
+            ("h5", f"{name}.h5.gz", f"{name}.h5/output_0"),
+        ):
+            full = folder / f"{name}.{suffix}"
+            keras_skeleton.rebuild(skeleton.parent / file, full, seed=31)
+            cases.append((f"{name}.{suffix}", full, [applications[f"{name}/input_0"]], [applications[key]]))
     return cases
 
 

@@ -275,48 +275,87 @@ APPLICATIONS = {  # name -> (builder, input size): small inputs, random weights 
     "NASNetMobile": (lambda shape: keras.applications.NASNetMobile(input_shape=shape, weights=None, classes=10, classifier_activation=None), 32),
 }  # fmt: skip
 APPLICATION_SEED = 31
+APPLICATION_SKELETONS = {"keras": "{name}.keras", "h5": "{name}.h5.gz"}  # format -> skeleton in applications/
+
+
+def application_output_key(name: str, suffix: str) -> str:
+    """Key of Keras's output in applications.npz: ``<name>/output_0`` (the ``.keras``), ``<name>.h5/output_0``."""
+    return f"{name}/output_0" if suffix == "keras" else f"{name}.{suffix}/output_0"
 
 
 def make_application_fixtures() -> None:
-    """Each keras.applications model as a skeleton (tools/keras_skeleton.py) and Keras's outputs for the weights
-    ``rebuild`` gives it, in ``.keras`` (the legacy ``.h5`` reader is the one the small models check)."""
+    """Each keras.applications model as skeletons (tools/keras_skeleton.py) of its ``.keras`` and legacy ``.h5``
+    files, and Keras's outputs for the weights ``rebuild`` gives each, on the same input (``<name>/input_0``).
+
+    The two formats keep their datasets at different paths, so the generated weights, and the outputs, differ.
+    Skeletons made before are kept with their outputs (a ``.keras`` records when it was saved: remaking it would
+    rewrite the file); delete a skeleton to make it again."""
     import tempfile
 
-    import h5py
     import keras_skeleton
 
     folder = OUT / "applications"
     folder.mkdir(parents=True, exist_ok=True)
+    previous = dict(np.load(OUT / "applications.npz")) if (OUT / "applications.npz").exists() else {}
     arrays = {}
     for index, (name, (build, size)) in enumerate(APPLICATIONS.items()):
+        images = np.random.default_rng(100 + index).uniform(0, 255, size=(2, size, size, 3)).astype(np.float32)
+        assert f"{name}/input_0" not in previous or np.array_equal(previous[f"{name}/input_0"], images), name
+        arrays[f"{name}/input_0"] = images
+        missing = []
+        for suffix, skeleton in APPLICATION_SKELETONS.items():
+            key = application_output_key(name, suffix)
+            if (folder / skeleton.format(name=name)).exists() and key in previous:
+                arrays[key] = previous[key]
+            else:
+                missing.append(suffix)
+        if not missing:
+            continue
         model = build((size, size, 3))
         rng = np.random.default_rng(index)
         for variable in model.weights:  # unique values, to tell which dataset of the file is which variable
             variable.assign(rng.normal(size=tuple(variable.shape)).astype(variable.dtype))
         kind_of_values = {np.asarray(v).tobytes(): v.path.rsplit("/", 1)[-1] for v in model.weights}
         with tempfile.TemporaryDirectory() as work:
-            saved, full = Path(work) / "saved.keras", Path(work) / "full.keras"
-            model.save(saved)
-            kinds = {}
-            with zipfile.ZipFile(saved) as archive, h5py.File(io.BytesIO(archive.read("model.weights.h5"))) as handle:
-                handle.visititems(
-                    lambda path, item: (
-                        kinds.__setitem__("/" + path, kind_of_values[np.asarray(item).tobytes()])
-                        if isinstance(item, h5py.Dataset)
-                        else None
-                    )
+            for suffix in missing:
+                saved, full = Path(work) / f"saved.{suffix}", Path(work) / f"full.{suffix}"
+                skeleton = folder / APPLICATION_SKELETONS[suffix].format(name=name)
+                model.save(saved)
+                keras_skeleton.make_skeleton(saved, _dataset_kinds(saved, kind_of_values), skeleton)
+                keras_skeleton.rebuild(skeleton, full, APPLICATION_SEED)
+                loaded = keras.models.load_model(full, compile=False)
+                outputs = np.asarray(loaded(images, training=False))
+                assert np.isfinite(outputs).all(), (name, suffix)
+                arrays[application_output_key(name, suffix)] = outputs
+                print(
+                    f"{name}.{suffix}: {loaded.count_params()} parameters, outputs {outputs.shape}, "
+                    f"max |output| {abs(outputs).max():.3g}, skeleton {skeleton.stat().st_size} bytes"
                 )
-            keras_skeleton.make_skeleton(saved, kinds, folder / f"{name}.keras")
-            keras_skeleton.rebuild(folder / f"{name}.keras", full, APPLICATION_SEED)
-            loaded = keras.models.load_model(full)
-            images = np.random.default_rng(100 + index).uniform(0, 255, size=(2, size, size, 3)).astype(np.float32)
-            outputs = np.asarray(loaded(images, training=False))
-        assert np.isfinite(outputs).all(), name
-        arrays[f"{name}/input_0"], arrays[f"{name}/output_0"] = images, outputs
-        print(
-            f"{name}: {loaded.count_params()} parameters, outputs {outputs.shape}, max |output| {abs(outputs).max():.3g}"
-        )
     np.savez(OUT / "applications.npz", **arrays)
+
+
+def _dataset_kinds(saved: Path, kind_of_values: dict[bytes, str]) -> dict[str, str]:
+    """Each weight dataset's path in the saved file's weights (``model.weights.h5`` of a ``.keras``, the legacy
+    ``.h5`` itself) -> the kind of the variable it holds, found by its (unique) values: the last part of the
+    variable's path (kernel, bias, gamma, moving_variance, ...)."""
+    import h5py
+
+    kinds: dict[str, str] = {}
+
+    def visit(path: str, item: object) -> None:
+        if not isinstance(item, h5py.Dataset):
+            return
+        kind = kinds["/" + path] = kind_of_values[np.asarray(item).tobytes()]
+        if saved.suffix == ".h5":  # legacy weights are named after their variables: model_weights/conv/conv/kernel
+            assert path.rsplit("/", 1)[-1].removesuffix(":0") == kind, (path, kind)
+
+    if zipfile.is_zipfile(saved):
+        with zipfile.ZipFile(saved) as archive, h5py.File(io.BytesIO(archive.read("model.weights.h5"))) as handle:
+            handle.visititems(visit)
+    else:
+        with h5py.File(saved, "r") as handle:
+            handle.visititems(visit)
+    return kinds
 
 
 def make_batchnorm_training() -> None:
