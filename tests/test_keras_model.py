@@ -317,12 +317,76 @@ def test_convert_keras_model_says_what_is_wrong_in_one_line(tmp_path, capsys):
     from torchestimator.cli import main
 
     assert main(["convert", "keras-model", str(FIXTURES / "mlp.keras"), str(tmp_path / "mlp.onnx")]) == 2
-    assert "mlp.onnx' must end with .safetensors or .pt2." in capsys.readouterr().err
+    assert "mlp.onnx' must end with .safetensors, .pt2 or .py." in capsys.readouterr().err
     weights_only = Path(__file__).parent / "fixtures" / "keras" / "keras2_weights.h5"
     assert main(["convert", "keras-model", str(weights_only), str(tmp_path / "out.pt2")]) == 2
     error = capsys.readouterr().err.strip()
     assert error.startswith("torchestimator convert: error:") and "holds weights only" in error
     assert not (tmp_path / "out.pt2").exists()
+
+
+def _generated_module(model_file: Path, folder: Path, *options: str):
+    """`convert keras-model FILE folder/model.py`, then the written model.py imported as a module."""
+    import importlib.util
+
+    from torchestimator.cli import main
+
+    folder.mkdir(parents=True, exist_ok=True)
+    assert main(["convert", "keras-model", str(model_file), str(folder / "model.py"), *options]) == 0
+    assert (folder / "model.safetensors").is_file()
+    spec = importlib.util.spec_from_file_location(f"generated_{folder.name}", folder / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _case_inputs(model_file: str) -> list[torch.Tensor]:
+    if model_file.startswith("layers/"):
+        saved, case = np.load(FIXTURES / "layers.npz"), model_file[len("layers/") : -len(".keras")]
+        return [torch.from_numpy(saved[f"{case}/input_{i}"]) for i in range(3) if f"{case}/input_{i}" in saved]
+    return _reference(model_file.rsplit(".", 1)[0])[0]
+
+
+@pytest.mark.parametrize(
+    "model_file",
+    [f"{name}.{suffix}" for name in MODELS for suffix in ("keras", "h5")] + [f"layers/{c}.keras" for c in _LAYER_CASES],
+)
+def test_the_generated_source_builds_the_same_module_bit_for_bit(model_file, tmp_path):
+    converted = keras_model(FIXTURES / model_file).eval()
+    generated = _generated_module(FIXTURES / model_file, tmp_path / "out").load()
+    assert not generated.training
+
+    # The same layers with the same arguments, the same weights under the same names, the same frozen parameters.
+    def layers(model, nested):
+        return [
+            (name, "a nested model" if nested(module) else type(module), module.extra_repr())
+            for name, module in model.named_modules()
+        ]
+
+    assert layers(generated, lambda module: type(module).__module__.startswith("generated_")) == layers(
+        converted, lambda module: isinstance(module, KerasModel)
+    )
+    expected_state, state = converted.state_dict(), generated.state_dict()
+    assert list(state) == list(expected_state)
+    assert all(torch.equal(state[name], expected_state[name]) for name in state)
+    assert [p.requires_grad for p in generated.parameters()] == [p.requires_grad for p in converted.parameters()]
+    inputs = _case_inputs(model_file)
+    with torch.no_grad():
+        for output, expected in zip(_as_tuple(generated(*inputs)), _as_tuple(converted(*inputs))):
+            assert torch.equal(output, expected)
+
+
+def test_the_generated_source_reads_as_the_keras_model_and_takes_channels_first_inputs(tmp_path):
+    module = _generated_module(FIXTURES / "cnn.keras", tmp_path / "nchw", "--channels-first")
+    source = (tmp_path / "nchw" / "model.py").read_text()
+    assert "class Cnn(nn.Module):" in source and "def forward(self, image: torch.Tensor) -> torch.Tensor:" in source
+    assert "        conv1 = self.conv1(image)\n        bn1 = self.bn1(conv1)\n" in source
+    assert "self.pool1 = layers.Pool(kind='max', pool=(2, 2), strides=(2, 2), padding='same')" in source
+    assert "Inputs: image [3, 12, 11] float32, without the batch (channels-first: image)." in source
+    inputs, expected = _reference("cnn")
+    with torch.no_grad():
+        output = module.load()(inputs[0].permute(0, 3, 1, 2))
+    np.testing.assert_allclose(output.numpy(), expected[0], atol=1e-5, rtol=0)
 
 
 # ------------------------------------------------------------------------ keras.applications

@@ -6,7 +6,9 @@ What belongs here: the argument parsing and the writing of the two outputs; the 
 - ``OUT.safetensors``: the module's ``state_dict`` (rebuild the module with ``te.interop.keras_model(FILE)`` and
   ``load_state_dict``, or load the tensors into your own module);
 - ``OUT.pt2``: a ``torch.export`` program with a dynamic batch dimension, which ``torch.export.load`` runs with
-  torch alone (the inputs as Keras's: channels-last, or channels-first with --channels-first).
+  torch alone (the inputs as Keras's: channels-last, or channels-first with --channels-first);
+- ``OUT.py``: Python source defining the module (one line per layer call, named after the Keras layers), to
+  own and edit, and ``OUT.safetensors`` beside it with the weights its ``load()`` reads.
 """
 
 from __future__ import annotations
@@ -17,19 +19,20 @@ from typing import Any
 
 __all__ = ["add_command"]
 
-_SUFFIXES = (".safetensors", ".pt2")
+_SUFFIXES = (".safetensors", ".pt2", ".py")
 
 
 def add_command(convert_commands: Any) -> None:
     """Adds ``keras-model`` under ``torchestimator convert``."""
     command = convert_commands.add_parser(
         "keras-model",
-        help="a Keras .keras/.h5 model to a torch module's weights (.safetensors) or a torch.export program (.pt2)",
+        help="a Keras .keras/.h5 model to a torch module's weights (.safetensors), a torch.export program (.pt2) "
+        "or Python source (.py)",
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     command.add_argument("file", help="the Keras model: .keras, or .h5 saved with model.save")
-    command.add_argument("output", help="where to write: OUT.safetensors or OUT.pt2")
+    command.add_argument("output", help="where to write: OUT.safetensors, OUT.pt2 or OUT.py (and OUT.safetensors)")
     command.add_argument(
         "--channels-first",
         action="store_true",
@@ -46,16 +49,24 @@ def convert_keras_model(args: argparse.Namespace) -> int:
 
     output = os.fspath(args.output)
     if not output.endswith(_SUFFIXES):
-        raise ValueError(f"convert keras-model: {output!r} must end with .safetensors or .pt2.")
+        raise ValueError(f"convert keras-model: {output!r} must end with .safetensors, .pt2 or .py.")
     model = keras_model(args.file, channels_first=args.channels_first).eval()
     parameters = sum(parameter.numel() for parameter in model.parameters())
     if args.show:
         print(model)
-    if output.endswith(".safetensors"):
-        from safetensors.torch import save_file
+    if output.endswith(".py"):
+        from torchestimator.interop.keras_source import keras_model_source
 
-        state = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
-        save_file(state, output, metadata={"converted_from": os.path.basename(os.fspath(args.file))})
+        weights = output[: -len(".py")] + ".safetensors"
+        source = keras_model_source(
+            model, weights_file=os.path.basename(weights), converted_from=os.path.basename(os.fspath(args.file))
+        )
+        _save_weights(model, weights, args.file)
+        with open(output, "w", encoding="utf-8") as file:
+            file.write(source)
+        output = f"{output} and {weights}"
+    elif output.endswith(".safetensors"):
+        _save_weights(model, output, args.file)
     else:
         program = _export(model, args.file)
         torch.export.save(program, output)
@@ -65,6 +76,13 @@ def convert_keras_model(args: argparse.Namespace) -> int:
         f"wrote {output}"
     )
     return 0
+
+
+def _save_weights(model: Any, path: str, source: str) -> None:
+    from safetensors.torch import save_file
+
+    state = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
+    save_file(state, path, metadata={"converted_from": os.path.basename(os.fspath(source))})
 
 
 def _export(model: Any, source: str) -> Any:

@@ -48,6 +48,40 @@ class LayerSpec:
         return self.config.get(key, default)
 
 
+@dataclass(frozen=True)
+class Shaped:
+    """A tensor or array a layer was built from, by shape only: what ``KerasLayer.built_with`` keeps of it."""
+
+    kind: str  # "torch" or "numpy"
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def _shapes_only(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return Shaped("torch", tuple(value.shape), str(value.dtype).removeprefix("torch."))
+    if isinstance(value, numpy.ndarray):
+        return Shaped("numpy", tuple(value.shape), str(value.dtype))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_shapes_only(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _shapes_only(item) for key, item in value.items()}
+    return value
+
+
+class KerasLayer(nn.Module):
+    """A converted Keras layer. ``built_with`` keeps the arguments it was built with, tensors and arrays by shape
+    only (their values are the module's parameters and buffers): what ``keras_source`` writes back out as the
+    constructor call of a generated ``model.py``."""
+
+    built_with: tuple[tuple[Any, ...], dict[str, Any]]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> KerasLayer:
+        layer = super().__new__(cls)
+        object.__setattr__(layer, "built_with", (_shapes_only(args), _shapes_only(kwargs)))  # before Module's init
+        return layer
+
+
 def _hard_sigmoid(x: torch.Tensor) -> torch.Tensor:
     return F.relu6(x + 3.0) / 6.0
 
@@ -84,7 +118,7 @@ def _activation_name(spec: LayerSpec, value: Any) -> str:
     return name
 
 
-class Activation(nn.Module):
+class Activation(KerasLayer):
     """A Keras activation by name (``ACTIVATIONS``)."""
 
     def __init__(self, name: str) -> None:
@@ -151,7 +185,7 @@ def _pad_spatial(x: torch.Tensor, pads: Sequence[tuple[int, int]], value: float 
     return F.pad(x, flat, value=value) if any(flat) else x
 
 
-class Dense(nn.Module):
+class Dense(KerasLayer):
     """Keras Dense: ``activation(x @ kernel + bias)`` over the last axis (any rank); ``weight`` is torch's
     ``[out, in]``, the kernel transposed."""
 
@@ -179,7 +213,7 @@ def _dense(spec: LayerSpec) -> nn.Module:
     return Dense(kernel, found.get("bias"), _activation_name(spec, spec.option("activation")))
 
 
-class Conv(nn.Module):
+class Conv(KerasLayer):
     """Keras Conv1D/2D/3D (and DepthwiseConv, as grouped): in and out in the layer's data_format (channels-last
     unless ``channels_first``), TF's padding."""
 
@@ -284,7 +318,7 @@ def _depthwise_conv(rank: int) -> Callable[[LayerSpec], nn.Module]:
     return convert
 
 
-class BatchNormalization(nn.Module):
+class BatchNormalization(KerasLayer):
     """Keras BatchNormalization over one axis (channels-last: the last), with torch's running statistics.
 
     Inference uses the moving mean and variance. Training normalizes with the batch's statistics and updates the
@@ -341,7 +375,7 @@ def _batch_normalization(spec: LayerSpec) -> nn.Module:
     return BatchNormalization(norm, axis)
 
 
-class Pool(nn.Module):
+class Pool(KerasLayer):
     """Keras Max/AveragePooling1D/2D/3D, channels-last; "same" pads as TF, and an average counts only the
     values inside the input."""
 
@@ -391,7 +425,7 @@ def _pool(kind: str, rank: int) -> Callable[[LayerSpec], nn.Module]:
     return convert
 
 
-class GlobalPool(nn.Module):
+class GlobalPool(KerasLayer):
     """Keras Global{Max,Average}Pooling: over every axis but the batch and the channels."""
 
     def __init__(self, kind: str, keepdims: bool, channels_first: bool = False) -> None:
@@ -414,7 +448,7 @@ def _global_pool(kind: str) -> Callable[[LayerSpec], nn.Module]:
     return convert
 
 
-class Flatten(nn.Module):
+class Flatten(KerasLayer):
     """Keras Flatten: the element order Keras's Dense after it was trained on. Keras flattens channels-first
     data in channels-last order (the channels moved to the end first), and so does this."""
 
@@ -436,7 +470,7 @@ def _flatten(spec: LayerSpec) -> nn.Module:
     return Flatten(_channels_first(spec))
 
 
-class Reshape(nn.Module):
+class Reshape(KerasLayer):
     def __init__(self, shape: tuple[int, ...]) -> None:
         super().__init__()
         self.shape = shape
@@ -456,7 +490,7 @@ def _reshape(spec: LayerSpec) -> nn.Module:
     return Reshape(tuple(target))
 
 
-class Merge(nn.Module):
+class Merge(KerasLayer):
     """Keras Add, Subtract, Multiply, Average, Maximum, Minimum, Concatenate of a list of tensors."""
 
     def __init__(self, kind: str, axis: int = -1) -> None:
@@ -510,7 +544,7 @@ def _no_weights(module: Callable[[], nn.Module]) -> Callable[[LayerSpec], nn.Mod
     return convert
 
 
-class ZeroPadding(nn.Module):
+class ZeroPadding(KerasLayer):
     def __init__(self, pads: list[tuple[int, int]], channels_first: bool = False) -> None:
         super().__init__()
         self.pads, self.channels_first = pads, channels_first
@@ -531,7 +565,7 @@ def _zero_padding(rank: int) -> Callable[[LayerSpec], nn.Module]:
     return convert
 
 
-class SeparableConv(nn.Module):
+class SeparableConv(KerasLayer):
     """Keras SeparableConv1D/2D: a depthwise convolution (TF's padding) then a 1x1 one with the bias."""
 
     def __init__(self, depthwise: Conv, pointwise: Conv) -> None:
@@ -581,7 +615,7 @@ def _separable_conv(rank: int) -> Callable[[LayerSpec], nn.Module]:
     return convert
 
 
-class ConvTranspose(nn.Module):
+class ConvTranspose(KerasLayer):
     """Keras Conv1D/2D/3DTranspose, channels-last: torch's transposed convolution without padding, then TF's
     output size ("valid": ``in * stride + max(kernel - stride, 0)``; "same": ``in * stride``, cropped as TF
     pads its forward convolution, the odd one after)."""
@@ -651,7 +685,7 @@ def _conv_transpose(rank: int) -> Callable[[LayerSpec], nn.Module]:
     return convert
 
 
-class LayerNormalization(nn.Module):
+class LayerNormalization(KerasLayer):
     """Keras LayerNormalization over ``axes`` (the last by default): mean and variance of those axes, gamma and
     beta shaped as them."""
 
@@ -692,7 +726,7 @@ def _layer_normalization(spec: LayerSpec) -> nn.Module:
     )
 
 
-class Crop(nn.Module):
+class Crop(KerasLayer):
     """Keras Cropping1D/2D/3D: (before, after) off each spatial axis."""
 
     def __init__(self, crops: list[tuple[int, int]], channels_first: bool = False) -> None:
@@ -730,7 +764,7 @@ def _cropping(rank: int) -> Callable[[LayerSpec], nn.Module]:
     return convert
 
 
-class Permute(nn.Module):
+class Permute(KerasLayer):
     def __init__(self, dims: tuple[int, ...]) -> None:
         super().__init__()
         self.dims = dims
@@ -750,7 +784,7 @@ def _permute(spec: LayerSpec) -> nn.Module:
     return Permute(tuple(dims))
 
 
-class UpSampling(nn.Module):
+class UpSampling(KerasLayer):
     """Keras UpSampling1D/2D/3D: each value repeated ``size`` times per axis ("nearest"), or UpSampling2D's
     "bilinear" (TF's half-pixel centers, torch's align_corners=False)."""
 
@@ -784,7 +818,7 @@ def _upsampling(rank: int) -> Callable[[LayerSpec], nn.Module]:
     return convert
 
 
-class ReLU(nn.Module):
+class ReLU(KerasLayer):
     """Keras ReLU(max_value, negative_slope, threshold): ``max_value`` from it up, ``x`` from ``threshold`` up,
     ``negative_slope * (x - threshold)`` below."""
 
@@ -810,7 +844,7 @@ def _relu(spec: LayerSpec) -> nn.Module:
     )
 
 
-class ParametricActivation(nn.Module):
+class ParametricActivation(KerasLayer):
     """Keras LeakyReLU, ELU and Softmax layers: the activation with the layer's own constant."""
 
     def __init__(self, kind: str, value: float) -> None:
@@ -841,7 +875,7 @@ def _parametric(kind: str, key: str, default: float) -> Callable[[LayerSpec], nn
     return convert
 
 
-class PReLU(nn.Module):
+class PReLU(KerasLayer):
     """Keras PReLU: ``max(0, x) + alpha * min(0, x)``, alpha shaped as the input without the batch axis."""
 
     def __init__(self, alpha: torch.Tensor) -> None:
@@ -856,7 +890,7 @@ def _prelu(spec: LayerSpec) -> nn.Module:
     return PReLU(_tensor(_weights(spec, ["alpha"])["alpha"]))
 
 
-class Rescaling(nn.Module):
+class Rescaling(KerasLayer):
     scale: torch.Tensor
     offset: torch.Tensor
 
@@ -884,7 +918,7 @@ def _rescaling(spec: LayerSpec) -> nn.Module:
     return Rescaling(number("scale", 1.0), number("offset", 0.0))
 
 
-class Embedding(nn.Module):
+class Embedding(KerasLayer):
     """Keras Embedding: rows of ``weight`` by integer index (``mask_zero`` masks later layers in Keras; the
     converted RNNs do not take masks, so a model that relies on one is refused there)."""
 
@@ -905,7 +939,7 @@ def _embedding(spec: LayerSpec) -> nn.Module:
     return Embedding(_tensor(_weights(spec, ["embeddings"])["embeddings"]))
 
 
-class Dot(nn.Module):
+class Dot(KerasLayer):
     """Keras Dot(axes, normalize): per example, the sum over ``axes`` of the two inputs' product."""
 
     def __init__(self, axes: tuple[int, int], normalize: bool) -> None:
@@ -937,7 +971,7 @@ def _dot(spec: LayerSpec) -> nn.Module:
     return Dot((pair[0], pair[1]), bool(spec.option("normalize", False)))
 
 
-class Recurrent(nn.Module):
+class Recurrent(KerasLayer):
     """Keras LSTM, GRU (``reset_after=True``) and SimpleRNN on torch's fused layers, batch first.
 
     Keras's gate order i, f, c, o is torch's LSTM order; a GRU's z, r, h become torch's r, z, n; Keras's one bias
@@ -958,7 +992,7 @@ class Recurrent(nn.Module):
         return f"return_sequences={self.return_sequences}, go_backwards={self.go_backwards}"
 
 
-class GRUResetBefore(nn.Module):
+class GRUResetBefore(KerasLayer):
     """Keras GRU with ``reset_after=False`` (Keras 2's default, TF 1's GRUCell): the reset gate applies to the
     state before the recurrent kernel, which torch's GRU cannot express; stepped here."""
 
@@ -1046,7 +1080,7 @@ def _recurrent(kind: str) -> Callable[[LayerSpec], nn.Module]:
     return convert
 
 
-class Bidirectional(nn.Module):
+class Bidirectional(KerasLayer):
     """Keras Bidirectional: the forward layer and a backward one (reading from the end), the backward outputs put
     back in time order, merged ("concat", "sum", "mul", "ave")."""
 
@@ -1115,7 +1149,7 @@ def _bidirectional(spec: LayerSpec) -> nn.Module:
     return Bidirectional(forward_convert(forward_spec), backward_convert(backward_spec), merge_mode, sequences)
 
 
-class TimeDistributed(nn.Module):
+class TimeDistributed(KerasLayer):
     """Keras TimeDistributed: the inner layer on every step, steps folded into the batch."""
 
     def __init__(self, layer: nn.Module) -> None:
@@ -1133,7 +1167,7 @@ def _time_distributed(spec: LayerSpec) -> nn.Module:
     return TimeDistributed(convert(inner))
 
 
-class Normalization(nn.Module):
+class Normalization(KerasLayer):
     """Keras Normalization over ``axes`` (the last by default): ``(x - mean) / max(sqrt(variance), 1e-7)``
     (Keras's epsilon), or its inverse; the statistics shaped as those axes."""
 
@@ -1176,7 +1210,7 @@ def _normalization(spec: LayerSpec) -> nn.Module:
     return Normalization(mean.reshape(-1), variance.reshape(-1), bool(spec.option("invert", False)), tuple(axes))
 
 
-class Resizing(nn.Module):
+class Resizing(KerasLayer):
     """Keras Resizing of channels-last images to (height, width): "bilinear" is TF2's resize (half-pixel centers,
     no antialiasing: torch's align_corners=False), "nearest" is torch's "nearest-exact"."""
 
@@ -1210,7 +1244,7 @@ def _resizing(spec: LayerSpec) -> nn.Module:
     return Resizing((int(size[0]), int(size[1])), interpolation, channels_first)
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(KerasLayer):
     """Keras MultiHeadAttention over the sequence axis of ``[batch, steps, features]`` inputs: called on
     ``[query, value]`` or ``[query, value, key]`` (key defaults to value), ``use_causal_mask`` per call. The
     query is scaled by ``1/sqrt(key_dim)`` before the scores, masked scores get Keras's -1e9, and the attention
