@@ -216,7 +216,7 @@ def test_a_config_that_does_not_fit_the_weights_is_refused_naming_the_layer(tmp_
 
 def test_a_weights_only_file_a_broken_config_and_an_unknown_activation_are_clear_errors(tmp_path):
     weights_only = Path(__file__).parent / "fixtures" / "keras" / "keras2_weights.h5"
-    with pytest.raises(KerasModelError, match="holds weights only .no model_config.: save the model with model.save"):
+    with pytest.raises(KerasModelError, match=r"holds weights only .no model_config.: give the architecture as JSON"):
         keras_model(weights_only)
 
     broken = _rewritten(tmp_path, "config.json", lambda data: b"{not json")
@@ -228,6 +228,41 @@ def test_a_weights_only_file_a_broken_config_and_an_unknown_activation_are_clear
 
     with pytest.raises(KerasModelError, match=r"layer 'hidden' \(Dense\): activation 'os.system' is not one of"):
         keras_model(_with_config(tmp_path, change))
+
+
+def test_a_weights_file_converts_with_its_architecture_from_a_json_file(tmp_path, capsys):
+    # What a user has after model.save_weights("cnn.weights.h5") and open("cnn.json", "w").write(model.to_json()):
+    # the .keras archive holds exactly those two (to_json's text is its config.json).
+    with zipfile.ZipFile(FIXTURES / "cnn.keras") as archive:
+        (tmp_path / "cnn.weights.h5").write_bytes(archive.read("model.weights.h5"))
+        (tmp_path / "cnn.json").write_bytes(archive.read("config.json"))
+    inputs, expected = _reference("cnn")
+    model = keras_model(tmp_path / "cnn.weights.h5", config=tmp_path / "cnn.json").eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(model(*inputs).numpy(), expected[0], atol=1e-5, rtol=0)
+
+    # A legacy .h5 without its model_config attribute, with the config as JSON beside it.
+    import h5py
+
+    legacy = tmp_path / "cnn_weights.h5"
+    legacy.write_bytes((FIXTURES / "cnn.h5").read_bytes())
+    with h5py.File(legacy, "r+") as handle:
+        (tmp_path / "legacy.json").write_text(handle.attrs["model_config"])
+        del handle.attrs["model_config"]
+    from torchestimator.cli import main
+
+    arguments = ["convert", "keras-model", str(legacy), str(tmp_path / "cnn.safetensors")]
+    assert main(arguments) == 2 and "--config: model.to_json()'s text" in capsys.readouterr().err
+    assert main([*arguments, "--config", str(tmp_path / "legacy.json")]) == 0
+    model = keras_model(legacy, config=tmp_path / "legacy.json").eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(model(*inputs).numpy(), expected[0], atol=1e-5, rtol=0)
+
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(KerasModelError, match=r"list.json: the model config is not a JSON object"):
+        keras_model(legacy, config=tmp_path / "list.json")
+    with pytest.raises(KerasModelError, match=r"missing.json: cannot read the model config"):
+        keras_model(legacy, config=tmp_path / "missing.json")
 
 
 # ------------------------------------------------------------------------ every layer alone, against Keras

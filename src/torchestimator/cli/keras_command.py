@@ -31,8 +31,14 @@ def add_command(convert_commands: Any) -> None:
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    command.add_argument("file", help="the Keras model: .keras, or .h5 saved with model.save")
+    command.add_argument("file", help="the Keras model: .keras, .h5 saved with model.save, or weights with --config")
     command.add_argument("output", help="where to write: OUT.safetensors, OUT.pt2 or OUT.py (and OUT.safetensors)")
+    command.add_argument(
+        "--config",
+        metavar="CONFIG.json",
+        help="the architecture, for a weights-only FILE (.weights.h5): model.to_json()'s text, or a .keras's "
+        "config.json",
+    )
     command.add_argument(
         "--channels-first",
         action="store_true",
@@ -50,7 +56,7 @@ def convert_keras_model(args: argparse.Namespace) -> int:
     output = os.fspath(args.output)
     if not output.endswith(_SUFFIXES):
         raise ValueError(f"convert keras-model: {output!r} must end with .safetensors, .pt2 or .py.")
-    model = keras_model(args.file, channels_first=args.channels_first).eval()
+    model = keras_model(args.file, config=args.config, channels_first=args.channels_first).eval()
     parameters = sum(parameter.numel() for parameter in model.parameters())
     if args.show:
         print(model)

@@ -138,9 +138,16 @@ def _attribute_name(keras_name: str, index: int) -> str:
     return name if name and not name[0].isdigit() else f"layer_{index}_{name}"
 
 
-def keras_model(path: str | os.PathLike[str], *, channels_first: bool | Collection[str] = False) -> KerasModel:
+def keras_model(
+    path: str | os.PathLike[str],
+    *,
+    config: str | os.PathLike[str] | None = None,
+    channels_first: bool | Collection[str] = False,
+) -> KerasModel:
     """The Keras model in ``path`` (``.keras``, or an ``.h5`` saved with its model) as a plain torch module with
-    the file's weights. Inputs and outputs as Keras's (channels-last), unless ``channels_first``: True takes every
+    the file's weights. For a weights-only file (``.weights.h5``, ``save_weights``'s ``.h5``), ``config`` names a
+    JSON file with the architecture: ``model.to_json()``'s text, or a ``.keras`` archive's ``config.json``.
+    Inputs and outputs as Keras's (channels-last), unless ``channels_first``: True takes every
     input channels-first (``[batch, channels, *spatial]``, torch's layout), a collection of input names takes
     those. Outputs stay as Keras's. Raises ``KerasModelError`` naming the layer and its class for what cannot be
     converted (Lambda layers, custom objects, unsupported classes), before anything is built; nothing in the file
@@ -148,10 +155,10 @@ def keras_model(path: str | os.PathLike[str], *, channels_first: bool | Collecti
     location = os.fspath(path)
     if isinstance(channels_first, str):
         raise TypeError(f"channels_first={channels_first!r}: give True, or a list of input names.")
-    config = read_model_config(location)
-    _check_model(location, config)
+    architecture = read_model_config(location) if config is None else read_config_json(os.fspath(config))
+    _check_model(location, architecture)
     weights, names = _layer_weights(location)
-    model = _build(location, config, weights, names)
+    model = _build(location, architecture, weights, names)
     if weights:
         raise KerasModelError(f"{location}: weights of layers the config does not list: {sorted(weights)}.")
     if channels_first:
@@ -268,7 +275,8 @@ def read_model_config(path: str) -> dict[str, Any]:
                 text = handle.attrs.get("model_config")
                 if text is None:
                     raise KerasModelError(
-                        f"{path} holds weights only (no model_config): save the model with model.save(...), or "
+                        f"{path} holds weights only (no model_config): give the architecture as JSON too "
+                        "(config=, --config: model.to_json()'s text), save the model with model.save(...), or "
                         "build the module yourself and warm-start it from this file."
                     )
                 if len(text) > MAX_CONFIG_BYTES:
@@ -277,6 +285,23 @@ def read_model_config(path: str) -> dict[str, Any]:
         raise KerasModelError(f"{path}: a .keras archive without {ARCHIVE_CONFIG_MEMBER}.") from None
     except (OSError, zipfile.BadZipFile) as error:
         raise KerasModelError(f"{path}: cannot read the model config: {error}") from error
+    return _parsed(path, text)
+
+
+def read_config_json(path: str) -> dict[str, Any]:
+    """A model config kept apart from its weights: ``model.to_json()``'s text, or a ``.keras``'s config.json."""
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_CONFIG_BYTES:
+            raise KerasModelError(f"{path}: {size} bytes is too big for a model config.")
+        with open(path, "rb") as file:
+            text = file.read()
+    except OSError as error:
+        raise KerasModelError(f"{path}: cannot read the model config: {error}") from error
+    return _parsed(path, text)
+
+
+def _parsed(path: str, text: str | bytes) -> dict[str, Any]:
     try:
         config = json.loads(text)
     except (RecursionError, ValueError) as error:
