@@ -26,6 +26,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchestimator.errors import KerasModelError
+from torchestimator.interop.layouts import (
+    batchnorm_settings,
+    conv_to_torch,
+    conv_transpose_to_torch,
+    dense_to_linear,
+    depthwise_conv_to_torch,
+    embedding,
+)
 
 __all__ = ["ACTIVATIONS", "CONVERTERS", "LayerSpec"]
 
@@ -191,7 +199,7 @@ class Dense(KerasLayer):
 
     def __init__(self, kernel: numpy.ndarray, bias: numpy.ndarray | None, activation: str) -> None:
         super().__init__()
-        self.weight = nn.Parameter(_tensor(kernel.T))
+        self.weight = nn.Parameter(_tensor(dense_to_linear(kernel)))
         self.bias = None if bias is None else nn.Parameter(_tensor(bias))
         self.activation = activation
         self._activation = ACTIVATIONS[activation]
@@ -273,7 +281,7 @@ def _conv(rank: int) -> Callable[[LayerSpec], nn.Module]:
             raise spec.error(f"padding={padding!r} is not valid/same" + (" /causal" if rank == 1 else "") + ".")
         strides = _tuple(spec, "strides", rank, 1)
         dilation = _tuple(spec, "dilation_rate", rank, 1)
-        weight = _tensor(numpy.transpose(kernel, (rank + 1, rank, *range(rank))))  # [*k, in/g, out] -> [out, in/g, *k]
+        weight = _tensor(conv_to_torch(kernel))  # [*k, in/g, out] -> [out, in/g, *k]
         groups = spec.option("groups", 1)
         bias = found.get("bias")
         return Conv(
@@ -298,11 +306,8 @@ def _depthwise_conv(rank: int) -> Callable[[LayerSpec], nn.Module]:
         kernel = found["kernel"]  # [*k, in, multiplier]
         if kernel.ndim != rank + 2:
             raise spec.error(f"kernel of shape {list(kernel.shape)} is not a {rank}-D depthwise kernel.")
-        channels, multiplier = kernel.shape[-2:]
-        # Output channel c * multiplier + m (TF's order) is torch's group c, filter m.
-        weight = numpy.transpose(kernel, (rank, rank + 1, *range(rank))).reshape(
-            channels * multiplier, 1, *kernel.shape[:rank]
-        )
+        channels = kernel.shape[-2]
+        weight = depthwise_conv_to_torch(kernel)  # output channel c * multiplier + m is torch's group c, filter m
         bias = found.get("bias")
         return Conv(
             _tensor(weight),
@@ -361,9 +366,8 @@ def _batch_normalization(spec: LayerSpec) -> nn.Module:
     names = [*(["gamma"] if scale else []), *(["beta"] if center else []), "moving_mean", "moving_variance"]
     found = _weights(spec, names)
     features = found["moving_mean"].shape[0]
-    norm = nn.BatchNorm1d(
-        features, eps=float(spec.option("epsilon", 1e-3)), momentum=1.0 - float(spec.option("momentum", 0.99))
-    )
+    settings = batchnorm_settings({"config": spec.config})  # warm start's reading of the same config
+    norm = nn.BatchNorm1d(features, eps=settings.epsilon, momentum=1.0 - settings.momentum)
     with torch.no_grad():
         assert norm.running_mean is not None and norm.running_var is not None  # track_running_stats
         norm.running_mean.copy_(_tensor(found["moving_mean"]))
@@ -582,11 +586,8 @@ def _separable_conv(rank: int) -> Callable[[LayerSpec], nn.Module]:
         use_bias = spec.option("use_bias", True)
         found = _weights(spec, ["depthwise_kernel", "pointwise_kernel", *(["bias"] if use_bias else [])])
         depthwise_kernel, pointwise_kernel = found["depthwise_kernel"], found["pointwise_kernel"]
-        channels, multiplier = depthwise_kernel.shape[-2:]
-        depthwise = numpy.transpose(depthwise_kernel, (rank, rank + 1, *range(rank))).reshape(
-            channels * multiplier, 1, *depthwise_kernel.shape[:rank]
-        )
-        pointwise = numpy.transpose(pointwise_kernel, (rank + 1, rank, *range(rank)))
+        channels = depthwise_kernel.shape[-2]
+        depthwise, pointwise = depthwise_conv_to_torch(depthwise_kernel), conv_to_torch(pointwise_kernel)
         bias = found.get("bias")
         ones = (1,) * rank
         return SeparableConv(
@@ -674,7 +675,7 @@ def _conv_transpose(rank: int) -> Callable[[LayerSpec], nn.Module]:
         kernel = found["kernel"]  # [*k, out, in] -> torch [in, out, *k]
         bias = found.get("bias")
         return ConvTranspose(
-            _tensor(numpy.transpose(kernel, (rank + 1, rank, *range(rank)))),
+            _tensor(conv_transpose_to_torch(kernel)),
             None if bias is None else _tensor(bias),
             _tuple(spec, "strides", rank, 1),
             padding,
@@ -936,7 +937,7 @@ class Embedding(KerasLayer):
 def _embedding(spec: LayerSpec) -> nn.Module:
     if spec.option("mask_zero"):
         raise spec.error("mask_zero=True (masks for later layers) is not converted yet.")
-    return Embedding(_tensor(_weights(spec, ["embeddings"])["embeddings"]))
+    return Embedding(_tensor(embedding(_weights(spec, ["embeddings"])["embeddings"])))
 
 
 class Dot(KerasLayer):
