@@ -21,7 +21,7 @@ import torchestimator as te
 from torchestimator.interop import KerasModel, KerasModelError, keras_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "keras_models"
-MODELS = ["mlp", "cnn", "two_towers", "text", "nested"]
+MODELS = ["mlp", "cnn", "two_towers", "text", "nested", "masked_text"]
 
 
 def _reference(name: str) -> tuple[list[torch.Tensor], list[np.ndarray]]:
@@ -139,25 +139,26 @@ def test_a_converted_model_fine_tunes_in_an_estimator_and_its_batchnorm_statisti
 # ------------------------------------------------------------------------ files that are refused
 
 
-def _rewritten(tmp_path: Path, member: str, change) -> Path:
-    """mlp.keras with archive member ``member`` replaced by ``change(its bytes)``."""
+def _rewritten(tmp_path: Path, member: str, change, model: Path = FIXTURES / "mlp.keras") -> Path:
+    """``model`` (mlp.keras) with archive member ``member`` replaced by ``change(its bytes)``."""
     target = tmp_path / "changed.keras"
-    with zipfile.ZipFile(FIXTURES / "mlp.keras") as source, zipfile.ZipFile(target, "w") as copy:
+    with zipfile.ZipFile(model) as source, zipfile.ZipFile(target, "w") as copy:
         for item in source.infolist():
             data = source.read(item)
             copy.writestr(item, change(data) if item.filename == member else data)
     return target
 
 
-def _with_config(tmp_path: Path, change) -> Path:
-    """mlp.keras with its config.json changed by ``change`` (a function of the parsed config, changed in place)."""
+def _with_config(tmp_path: Path, change, model: Path = FIXTURES / "mlp.keras") -> Path:
+    """``model`` (mlp.keras) with its config.json changed by ``change`` (a function of the parsed config, changed
+    in place)."""
 
     def rewrite(data: bytes) -> bytes:
         config = json.loads(data)
         change(config)
         return json.dumps(config).encode()
 
-    return _rewritten(tmp_path, "config.json", rewrite)
+    return _rewritten(tmp_path, "config.json", rewrite, model)
 
 
 def _insert_layer(entry: dict):
@@ -263,6 +264,24 @@ def test_a_weights_file_converts_with_its_architecture_from_a_json_file(tmp_path
         keras_model(legacy, config=tmp_path / "list.json")
     with pytest.raises(KerasModelError, match=r"missing.json: cannot read the model config"):
         keras_model(legacy, config=tmp_path / "missing.json")
+
+
+def test_a_mask_reaching_a_layer_whose_math_would_need_it_is_refused_by_name(tmp_path):
+    # Sequential: the mask flows with no trace in the config; a Softmax after Embedding(mask_zero=True) would use it.
+    softmax = {"class_name": "Softmax", "config": {"name": "masked_softmax", "axis": -1}}
+    changed = _with_config(tmp_path, _insert_layer(softmax), FIXTURES / "masked_text.keras")
+    with pytest.raises(KerasModelError, match=r"layer 'masked_softmax' \(Softmax\) gets a mask .from Embedding"):
+        keras_model(changed)
+
+    # Functional (Keras 3 records the mask it passes): a mask= on a layer that does not take one here.
+    def mask_to_dense(config: dict) -> None:
+        layers = {entry["name"]: entry for entry in config["config"]["layers"]}
+        lstm_mask = layers["lstm_7"]["inbound_nodes"][0]["kwargs"]["mask"]
+        layers["dense_3"]["inbound_nodes"][0]["kwargs"]["mask"] = lstm_mask
+
+    changed = _with_config(tmp_path, mask_to_dense, FIXTURES / "layers" / "mask_kept_by_dense.keras")
+    with pytest.raises(KerasModelError, match=r"layer .dense_3. is called with mask="):
+        keras_model(changed)
 
 
 # ------------------------------------------------------------------------ every layer alone, against Keras

@@ -95,7 +95,30 @@ def nested() -> keras.Model:
     return keras.Model(x, layers.Dense(2, name="head")(y), name="nested")
 
 
-MODELS = {"mlp": mlp, "cnn": cnn, "two_towers": two_towers, "text": text, "nested": nested}
+def masked_text() -> keras.Model:
+    """A Sequential text model on padded ids (MASK_IDS): Embedding(mask_zero=True)'s mask flows with no trace in
+    the config (a Sequential records no nodes), kept by Dense, taken by LSTM and GlobalAveragePooling1D."""
+    return keras.Sequential(
+        [
+            keras.Input((8,), dtype="int32"),
+            layers.Embedding(12, 6, mask_zero=True, name="embed"),
+            layers.LSTM(5, return_sequences=True, name="lstm"),
+            layers.Dense(4, activation="tanh", name="dense"),
+            layers.GlobalAveragePooling1D(name="average"),
+            layers.Dense(2, name="logits"),
+        ],
+        name="masked_text",
+    )
+
+
+MODELS = {
+    "mlp": mlp,
+    "cnn": cnn,
+    "two_towers": two_towers,
+    "text": text,
+    "nested": nested,
+    "masked_text": masked_text,
+}
 
 
 def deterministic_weights(model: keras.Model, seed: int) -> None:
@@ -223,7 +246,70 @@ def layer_cases() -> dict[str, tuple]:
             "cf_batchnorm_axis1": ([planes], L.BatchNormalization(axis=1)),
         }
     )
+    # Masks: Embedding(mask_zero=True) on ids padded before, after and inside (MASK_IDS), or Masking on floats;
+    # the layer called is the mask's maker, `how` adds the layers that carry, take or drop the mask.
+    ids = [(8,)]
+    cases.update(
+        {
+            "mask_lstm_last": (ids, L.Embedding(12, 4, mask_zero=True), lambda e, x: L.LSTM(5)(e(x[0]))),
+            "mask_lstm_sequences": (
+                ids,
+                L.Embedding(12, 4, mask_zero=True),
+                lambda e, x: L.LSTM(5, return_sequences=True)(e(x[0])),
+            ),
+            "mask_lstm_zero_output": (
+                ids,
+                L.Embedding(12, 4, mask_zero=True),
+                lambda e, x: L.LSTM(3, return_sequences=True, zero_output_for_mask=True)(e(x[0])),
+            ),
+            "mask_gru_backwards_sequences": (
+                ids,
+                L.Embedding(12, 4, mask_zero=True),
+                lambda e, x: L.GRU(4, return_sequences=True, go_backwards=True)(e(x[0])),
+            ),
+            "mask_gru_reset_before": (
+                ids,
+                L.Embedding(12, 4, mask_zero=True),
+                lambda e, x: L.GRU(3, reset_after=False, return_sequences=True)(e(x[0])),
+            ),
+            "mask_simple_rnn": (ids, L.Embedding(12, 4, mask_zero=True), lambda e, x: L.SimpleRNN(3)(e(x[0]))),
+            "mask_bidirectional_average": (
+                ids,
+                L.Embedding(12, 4, mask_zero=True),
+                lambda e, x: L.GlobalAveragePooling1D()(L.Bidirectional(L.LSTM(3, return_sequences=True))(e(x[0]))),
+            ),
+            "mask_bidirectional_gru_sum": (
+                ids,
+                L.Embedding(12, 4, mask_zero=True),
+                lambda e, x: L.Bidirectional(L.GRU(3), merge_mode="sum")(e(x[0])),
+            ),
+            "mask_kept_by_dense": (
+                ids,
+                L.Embedding(12, 4, mask_zero=True),
+                lambda e, x: L.LSTM(3)(L.Dropout(0.2)(L.Dense(4, activation="relu")(e(x[0])))),
+            ),
+            "mask_dropped_by_conv": (
+                ids,
+                L.Embedding(12, 4, mask_zero=True),
+                lambda e, x: L.LSTM(3)(L.Conv1D(4, 3, padding="same")(e(x[0]))),
+            ),
+            "mask_stacked_lstms": (
+                ids,
+                L.Embedding(12, 4, mask_zero=True),
+                lambda e, x: L.LSTM(3)(L.LSTM(4, return_sequences=True)(e(x[0]))),
+            ),
+            "mask_masking_layer": (
+                [(6, 3)],
+                L.Masking(0.0),
+                lambda m, x: L.LSTM(4, return_sequences=True)(m(x[0])),
+            ),
+        }
+    )
     return cases
+
+
+MASK_IDS = np.array([[0, 0, 0, 3, 5, 1, 7, 2], [4, 2, 9, 0, 0, 0, 0, 0], [3, 0, 5, 0, 0, 8, 1, 0]], dtype=np.int32)
+"""The ids of the mask cases: padded before (pad_sequences' default), after, and inside."""
 
 
 ACTIVATION_NAMES = [
@@ -243,19 +329,24 @@ def make_layer_cases() -> None:
         if (folder / f"{name}.keras").exists() and f"{name}/output_0" in previous:
             arrays.update({key: value for key, value in previous.items() if key.startswith(name + "/")})
             continue
-        inputs = [keras.Input(shape, dtype="int32" if name == "embedding" else "float32") for shape in shapes]
+        integers = name == "embedding" or (name.startswith("mask_") and name != "mask_masking_layer")
+        inputs = [keras.Input(shape, dtype="int32" if integers else "float32") for shape in shapes]
         output = how[0](layer, inputs) if how else layer(inputs if len(inputs) > 1 else inputs[0])
         model = keras.Model(inputs, output, name=name)
         deterministic_weights(model, 1000 + index)
         rng = np.random.default_rng(2000 + index)
         values = [
-            rng.integers(0, 11, size=(2, *shape)).astype(np.int32)
+            MASK_IDS
+            if integers and name.startswith("mask_")
+            else rng.integers(0, 11, size=(2, *shape)).astype(np.int32)
             if name == "embedding"
             else (
                 rng.uniform(0, 255, size=(2, *shape)) if name == "rescaling" else rng.normal(size=(2, *shape))
             ).astype(np.float32)
             for shape in shapes
         ]
+        if name == "mask_masking_layer":  # whole steps of zeros: the ones Masking masks
+            values[0][0, :2], values[0][1, 3], values[0][1, 5] = 0.0, 0.0, 0.0
         model.save(folder / f"{name}.keras")
         model = keras.models.load_model(folder / f"{name}.keras")
         result = model(values if len(values) > 1 else values[0], training=False)
@@ -388,11 +479,15 @@ def main() -> int:
     if "models" not in chosen:
         return 0
     for seed, (name, build) in enumerate(MODELS.items()):
+        if all((OUT / f"{name}.{suffix}").exists() for suffix in ("keras", "h5", "npz")):
+            continue  # made before: kept as they are (delete a model's files to make it again)
         model = build()
         deterministic_weights(model, seed)
         rng = np.random.default_rng(100 + seed)
         inputs = [
-            rng.integers(0, 50, size=(3, *tensor.shape[1:])).astype(np.int32)
+            MASK_IDS
+            if name == "masked_text"
+            else rng.integers(0, 50, size=(3, *tensor.shape[1:])).astype(np.int32)
             if "int" in str(tensor.dtype)
             else rng.normal(size=(3, *tensor.shape[1:])).astype(np.float32)
             for tensor in model.inputs

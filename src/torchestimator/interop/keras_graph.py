@@ -10,6 +10,7 @@ that runs it. The layers themselves are ``keras_layers``' job; the weights come 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -50,9 +51,38 @@ class _Call:
     layer: str
     node: int
     inputs: Any
-    options: tuple[tuple[str, bool], ...] = ()
-    """Keyword flags of the call the module takes too (MultiHeadAttention's use_causal_mask)."""
+    options: tuple[tuple[str, Any], ...] = ()
+    """Keyword flags of the call the module takes too (MultiHeadAttention's use_causal_mask; an op's constant)."""
+    mask_input: _Ref | None = None
+    """The mask a Keras 3 functional model passes this call explicitly (``mask=``: the output of its NotEqual/Any
+    ops), where it records one."""
+    mask: str = ""
+    """What the call does with Keras's mask (``_mask_flow``): "" none reaches it (or it drops it), "make" its
+    module computes one (Embedding(mask_zero=True), Masking), "keep" its output carries its input's, "take" the
+    module is called with it, "take-keep" both (an RNN returning sequences)."""
 
+
+_MASK_KEEPERS = frozenset(
+    {
+        "Activation", "Dense", "Dropout", "ELU", "GaussianDropout", "GaussianNoise", "LayerNormalization",
+        "LeakyReLU", "Normalization", "PReLU", "ReLU", "Rescaling", "SpatialDropout1D", "SpatialDropout2D",
+        "SpatialDropout3D",
+    }
+)  # fmt: skip
+"""Classes whose output carries their input's mask, math unchanged (Keras's supports_masking, compute_mask kept)."""
+_MASK_TAKERS = frozenset({"LSTM", "GRU", "SimpleRNN", "Bidirectional", "GlobalAveragePooling1D"})
+"""Classes whose math takes the mask (masked steps skipped; the mean of the kept steps)."""
+_MASK_REFUSED = frozenset(
+    {
+        "BatchNormalization", "Softmax", "TimeDistributed", "MultiHeadAttention", "Add", "Subtract", "Multiply",
+        "Average", "Maximum", "Minimum", "Concatenate", "Dot",
+    }
+)  # fmt: skip
+"""Classes whose Keras math would use a mask this converter does not apply yet: refused when one reaches them.
+Every other class drops the mask, as Keras does (with a warning) for layers without masking support."""
+
+_OP_CONSTANTS = {"NotEqual": "other"}
+"""Ops a Keras 3 functional model records for masks, whose number operand becomes this keyword of the module."""
 
 _CALL_FLAGS = {"MultiHeadAttention": ("use_causal_mask",)}
 """Keyword flags a layer's call may carry, by class; any other keyword that is not a recorded default is refused."""
@@ -84,6 +114,8 @@ class KerasModel(nn.Module):
         for keras, module in layers.items():
             self.add_module(self._attribute[keras], module)
         self._calls, self._inputs, self._outputs = calls, inputs, outputs
+        self.output_masked = any(call.mask in ("make", "keep", "take-keep") for call in calls if _out(call) in outputs)
+        """Whether Keras attached a mask to an output (a model nested in another would pass it on)."""
         self.channels_first_inputs: tuple[str, ...] = ()
         self._move: tuple[bool, ...] = ()
         """The inputs taken channels-first ([batch, channels, *spatial]) and moved to Keras's layout on entry."""
@@ -115,15 +147,28 @@ class KerasModel(nn.Module):
         if self.channels_first_inputs:
             inputs = tuple(value.movedim(1, -1) if move else value for move, value in zip(self._move, inputs))
         values: dict[_Ref, torch.Tensor] = {_Ref(name, 0, 0): value for name, value in zip(self._inputs, inputs)}
+        masks: dict[_Ref, torch.Tensor] = {}  # Keras's masks, where a layer made one (call.mask says)
         for call in self._calls:
             module = getattr(self, self._attribute[call.layer])
             arguments = _resolve(call.inputs, values)
+            out = _out(call)
             if isinstance(module, KerasModel) and isinstance(arguments, list):  # a nested model of several inputs
-                values[_Ref(call.layer, call.node, 0)] = module(*arguments)
+                values[out] = module(*arguments)
+            elif call.mask.startswith("take"):
+                mask = masks[call.inputs] if call.mask_input is None else values[call.mask_input]
+                values[out] = module(arguments, mask=mask, **dict(call.options))
             else:
-                values[_Ref(call.layer, call.node, 0)] = module(arguments, **dict(call.options))
+                values[out] = module(arguments, **dict(call.options))
+            if call.mask == "make":
+                masks[out] = module.compute_mask(arguments)
+            elif call.mask in ("keep", "take-keep"):
+                masks[out] = masks[call.inputs]
         results = tuple(values[ref] for ref in self._outputs)
         return results[0] if len(results) == 1 else results
+
+
+def _out(call: _Call) -> _Ref:
+    return _Ref(call.layer, call.node, 0)
 
 
 def _resolve(inputs: Any, values: dict[_Ref, torch.Tensor]) -> Any:
@@ -212,8 +257,42 @@ def _build(
         calls, inputs, outputs = _sequential_graph(entries)
     else:
         calls, inputs, outputs = _functional_graph(path, model_config, entries)
+    calls = _mask_flow(path, calls, layers, {_layer_name(entry): entry["class_name"] for entry in entries})
     specs = _input_specs(model_config, entries, inputs)
     return KerasModel(str(model_config.get("name", "model")), layers, calls, inputs, outputs, specs)
+
+
+def _mask_flow(path: str, calls: list[_Call], layers: dict[str, nn.Module], classes: dict[str, str]) -> list[_Call]:
+    """Where Keras's masks go (``_Call.mask``): made by Embedding(mask_zero=True) and Masking, carried on by the
+    layers that keep them, taken by RNNs and GlobalAveragePooling1D, dropped by the rest, as Keras 3 does; a layer
+    whose math would need one this converter does not apply is refused by name."""
+    masked: set[_Ref] = set()
+    flowed = []
+    for call in calls:
+        module, kind = layers[call.layer], classes[call.layer]
+        mode = ""
+        if call.mask_input is not None:  # Keras 3 recorded the mask it passed: that one, whatever flowed here
+            keeps = getattr(module, "return_sequences", False) or getattr(module, "sequences", False)
+            mode = "take-keep" if keeps else "take"
+        elif any(ref in masked for ref in _refs(call.inputs)):
+            if isinstance(module, KerasModel) or kind in _MASK_REFUSED:
+                raise KerasModelError(
+                    f"{path}: layer {call.layer!r} ({kind}) gets a mask (from Embedding(mask_zero=True) or Masking), "
+                    "which is not converted yet for it."
+                )
+            if kind in _MASK_TAKERS:
+                keeps = getattr(module, "return_sequences", False) or getattr(module, "sequences", False)
+                mode = "take-keep" if keeps else "take"
+            elif kind in _MASK_KEEPERS:
+                mode = "keep"
+        if kind == "Masking" or (kind == "Embedding" and getattr(module, "mask_zero", False)):
+            mode = "make"
+        if isinstance(module, KerasModel) and module.output_masked:
+            raise KerasModelError(f"{path}: nested model {call.layer!r} passes a mask on: not converted yet.")
+        if mode in ("make", "keep", "take-keep"):
+            masked.add(_out(call))
+        flowed.append(dataclasses.replace(call, mask=mode))
+    return flowed
 
 
 def _input_specs(
@@ -376,16 +455,15 @@ def _functional_graph(
             continue
         name = _layer_name(entry)
         for node, inbound in enumerate(entry.get("inbound_nodes") or []):
-            call_inputs, options = _node_inputs(path, name, entry["class_name"], inbound)
-            pending.append(_Call(name, node, call_inputs, options))
+            pending.append(_node_call(path, name, node, entry["class_name"], inbound))
     # Keras lists layers in creation order; a shared layer's later call may need layers listed after it.
     ready = {_Ref(name, 0, 0) for name in inputs}
     ordered: list[_Call] = []
     while pending:
-        runnable = [call for call in pending if all(ref in ready for ref in _refs(call.inputs))]
+        runnable = [call for call in pending if all(ref in ready for ref in _needed(call))]
         if not runnable:
             missing = sorted(
-                {f"{ref.layer}[{ref.node}]" for call in pending for ref in _refs(call.inputs)}
+                {f"{ref.layer}[{ref.node}]" for call in pending for ref in _needed(call)}
                 - {f"{r.layer}[{r.node}]" for r in ready}
             )
             raise KerasModelError(f"{path}: the graph needs tensors no layer makes: {missing}.")
@@ -418,14 +496,24 @@ def _ref(path: str, item: Any) -> _Ref:
     raise KerasModelError(f"{path}: not a tensor reference [layer, node, tensor]: {str(item)[:200]}")
 
 
-def _node_inputs(path: str, layer: str, class_name: str, inbound: Any) -> tuple[Any, tuple[tuple[str, bool], ...]]:
-    """One call's inputs, from Keras 3's ``{"args": [...], "kwargs": {...}}`` or Keras 2's ``[[name, node, tensor,
-    kwargs], ...]``: a ref, or a list of refs for a layer called on a list or on several tensors; and the call's
-    flags (``_CALL_FLAGS``)."""
+def _needed(call: _Call) -> Iterator[_Ref]:
+    yield from _refs(call.inputs)
+    if call.mask_input is not None:
+        yield call.mask_input
+
+
+def _node_call(path: str, layer: str, node: int, class_name: str, inbound: Any) -> _Call:
+    """One call of a layer, from Keras 3's ``{"args": [...], "kwargs": {...}}`` or Keras 2's ``[[name, node,
+    tensor, kwargs], ...]``: its inputs (a ref, or a list of refs for a layer called on a list or on several
+    tensors), its flags (``_CALL_FLAGS``; an op's constant operand, ``_OP_CONSTANTS``) and the mask passed to it."""
     if isinstance(inbound, dict):  # Keras 3
-        args = inbound.get("args") or []
-        tensors = [_keras3_tensors(path, arg) for arg in args]
-        options: list[tuple[str, bool]] = []
+        tensors, options = [], []
+        for arg in inbound.get("args") or []:
+            if class_name in _OP_CONSTANTS and isinstance(arg, (int, float)):
+                options.append((_OP_CONSTANTS[class_name], arg))
+            else:
+                tensors.append(_keras3_tensors(path, arg))
+        mask_input = None
         for key, value in sorted((inbound.get("kwargs") or {}).items()):
             # Keras records defaults it passed (mask=None; training, which inference and train() set here instead).
             if key == "training" or _all_none(value):
@@ -434,13 +522,15 @@ def _node_inputs(path: str, layer: str, class_name: str, inbound: Any) -> tuple[
                 tensors.append(_keras3_tensors(path, value))
             elif key in _CALL_FLAGS.get(class_name, ()) and isinstance(value, bool):
                 options.append((key, value))
+            elif key == "mask" and class_name in _MASK_TAKERS and isinstance(value, dict):
+                mask_input = _keras3_tensors(path, value)
             else:
                 raise KerasModelError(
                     f"{path}: layer {layer!r} is called with {key}={str(value)[:80]}: not converted yet."
                 )
         if not tensors:
             raise KerasModelError(f"{path}: layer {layer!r} is called without a tensor.")
-        return (tensors[0] if len(tensors) == 1 else tensors), tuple(options)
+        return _Call(layer, node, tensors[0] if len(tensors) == 1 else tensors, tuple(options), mask_input)
     if isinstance(inbound, list):  # Keras 2: a list of [name, node, tensor, kwargs]
         for item in inbound:
             keywords = item[3] if isinstance(item, list) and len(item) > 3 and isinstance(item[3], dict) else {}
@@ -448,7 +538,7 @@ def _node_inputs(path: str, layer: str, class_name: str, inbound: Any) -> tuple[
             if extra:
                 raise KerasModelError(f"{path}: layer {layer!r} is called with arguments {extra}: not converted yet.")
         refs = [_ref(path, item) for item in inbound]
-        return (refs[0] if len(refs) == 1 else refs), ()
+        return _Call(layer, node, refs[0] if len(refs) == 1 else refs)
     raise KerasModelError(f"{path}: layer {layer!r} has an inbound node of an unknown form: {str(inbound)[:200]}")
 
 

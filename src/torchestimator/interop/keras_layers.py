@@ -15,6 +15,7 @@ activation is looked up by name in ``ACTIVATIONS``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -436,11 +437,18 @@ class GlobalPool(KerasLayer):
         super().__init__()
         self.kind, self.keepdims, self.channels_first = kind, keepdims, channels_first
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         dims = tuple(range(2, x.dim())) if self.channels_first else tuple(range(1, x.dim() - 1))
         if self.kind == "max":
             return x.amax(dim=dims, keepdim=self.keepdims)
+        if mask is not None:  # GlobalAveragePooling1D: the mean of the steps the mask keeps
+            kept = mask.unsqueeze(1 if self.channels_first else -1)
+            total = torch.where(kept, x, torch.zeros((), dtype=x.dtype)).sum(dim=dims, keepdim=self.keepdims)
+            return total / kept.to(x.dtype).sum(dim=dims, keepdim=self.keepdims)
         return x.mean(dim=dims, keepdim=self.keepdims)
+
+    def extra_repr(self) -> str:
+        return f"{self.kind}, keepdims={self.keepdims}{_layout_repr(self.channels_first)}"
 
 
 def _global_pool(kind: str) -> Callable[[LayerSpec], nn.Module]:
@@ -920,24 +928,86 @@ def _rescaling(spec: LayerSpec) -> nn.Module:
 
 
 class Embedding(KerasLayer):
-    """Keras Embedding: rows of ``weight`` by integer index (``mask_zero`` masks later layers in Keras; the
-    converted RNNs do not take masks, so a model that relies on one is refused there)."""
+    """Keras Embedding: rows of ``weight`` by integer index. With ``mask_zero``, index 0 is padding: the mask
+    (``compute_mask``) tells the layers after it which steps to skip, as in Keras."""
 
-    def __init__(self, table: torch.Tensor) -> None:
+    def __init__(self, table: torch.Tensor, mask_zero: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(table)
+        self.mask_zero = mask_zero
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.embedding(x.long(), self.weight)
 
+    def compute_mask(self, x: torch.Tensor) -> torch.Tensor:
+        return x != 0
+
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, {self.weight.shape[1]}"
+        return f"{self.weight.shape[0]}, {self.weight.shape[1]}" + (", mask_zero=True" if self.mask_zero else "")
 
 
 def _embedding(spec: LayerSpec) -> nn.Module:
-    if spec.option("mask_zero"):
-        raise spec.error("mask_zero=True (masks for later layers) is not converted yet.")
-    return Embedding(_tensor(embedding(_weights(spec, ["embeddings"])["embeddings"])))
+    table = _tensor(embedding(_weights(spec, ["embeddings"])["embeddings"]))
+    return Embedding(table, bool(spec.option("mask_zero", False)))
+
+
+class Masking(KerasLayer):
+    """Keras Masking: steps whose every feature equals ``mask_value`` are zeroed and masked for the layers after
+    it."""
+
+    def __init__(self, mask_value: float) -> None:
+        super().__init__()
+        self.mask_value = mask_value
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.compute_mask(x).unsqueeze(-1).to(x.dtype)
+
+    def compute_mask(self, x: torch.Tensor) -> torch.Tensor:
+        return (x != self.mask_value).any(dim=-1)
+
+    def extra_repr(self) -> str:
+        return f"mask_value={self.mask_value}"
+
+
+class NotEqual(KerasLayer):
+    """The op Keras 3 records in a functional model for a mask: ``x != other`` (Embedding's ``ids != 0``)."""
+
+    def forward(self, x: torch.Tensor, other: float = 0) -> torch.Tensor:
+        return x != other
+
+
+class AnyOf(KerasLayer):
+    """The op Keras 3 records for Masking's mask (its ``Any``): whether any value along ``axis`` is true."""
+
+    def __init__(self, axis: int | tuple[int, ...] | None, keepdims: bool) -> None:
+        super().__init__()
+        self.axis, self.keepdims = axis, keepdims
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.axis is None:
+            return x.any().reshape([1] * x.dim() if self.keepdims else [])
+        return torch.any(x, dim=self.axis, keepdim=self.keepdims)
+
+    def extra_repr(self) -> str:
+        return f"axis={self.axis}, keepdims={self.keepdims}"
+
+
+def _any(spec: LayerSpec) -> nn.Module:
+    _weights(spec, [])
+    axis = spec.option("axis")
+    if not (
+        axis is None or isinstance(axis, int) or (isinstance(axis, list) and all(isinstance(a, int) for a in axis))
+    ):
+        raise spec.error(f"axis={axis!r} is not an axis or a list of axes.")
+    return AnyOf(tuple(axis) if isinstance(axis, list) else axis, bool(spec.option("keepdims", False)))
+
+
+def _masking(spec: LayerSpec) -> nn.Module:
+    _weights(spec, [])
+    value = spec.option("mask_value", 0.0)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise spec.error(f"mask_value={value!r} is not a number.")
+    return Masking(float(value))
 
 
 class Dot(KerasLayer):
@@ -979,15 +1049,54 @@ class Recurrent(KerasLayer):
     is torch's input bias (the recurrent bias zero), a GRU's two biases (reset_after) are torch's two.
     ``go_backwards`` reads the sequence from its end and, as Keras, returns the outputs in that order."""
 
-    def __init__(self, rnn: nn.RNNBase, return_sequences: bool, go_backwards: bool) -> None:
+    def __init__(
+        self, rnn: nn.RNNBase, return_sequences: bool, go_backwards: bool, zero_output_for_mask: bool = False
+    ) -> None:
         super().__init__()
         self.rnn, self.return_sequences, self.go_backwards = rnn, return_sequences, go_backwards
+        self.zero_output_for_mask = zero_output_for_mask
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if self.go_backwards:
             x = x.flip(1)
-        y, _ = self.rnn(x)
+            mask = None if mask is None else mask.flip(1)
+        if mask is None:
+            y, _ = self.rnn(x)
+        else:
+            y = self._masked(x, mask)
         return y if self.return_sequences else y[:, -1]
+
+    def _masked(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Keras's masked loop, stepped here (torch's fused layers take no masks): a masked step keeps the state
+        and outputs the previous output (zeros with ``zero_output_for_mask``)."""
+        rnn = self.rnn
+        weight_ih, weight_hh = rnn.get_parameter("weight_ih_l0"), rnn.get_parameter("weight_hh_l0")
+        bias_ih, bias_hh = (
+            (rnn.get_parameter("bias_ih_l0"), rnn.get_parameter("bias_hh_l0")) if rnn.bias else (None, None)
+        )
+        projected = F.linear(x, weight_ih, bias_ih)
+        state = x.new_zeros(x.shape[0], rnn.hidden_size)
+        cell, output, outputs = state, state, []
+        for step in range(x.shape[1]):
+            recurrent = F.linear(state, weight_hh, bias_hh)
+            if isinstance(rnn, nn.LSTM):
+                i, f, g, o = (projected[:, step] + recurrent).chunk(4, dim=-1)
+                new_cell = torch.sigmoid(f) * cell + torch.sigmoid(i) * torch.tanh(g)
+                new_state = torch.sigmoid(o) * torch.tanh(new_cell)
+            elif isinstance(rnn, nn.GRU):
+                input_r, input_z, input_n = projected[:, step].chunk(3, dim=-1)
+                state_r, state_z, state_n = recurrent.chunk(3, dim=-1)
+                r, z = torch.sigmoid(input_r + state_r), torch.sigmoid(input_z + state_z)
+                new_state = (1 - z) * torch.tanh(input_n + r * state_n) + z * state
+                new_cell = cell
+            else:
+                activation = torch.tanh if rnn.nonlinearity == "tanh" else torch.relu
+                new_state, new_cell = activation(projected[:, step] + recurrent), cell
+            keep = mask[:, step].unsqueeze(-1)
+            output = torch.where(keep, new_state, torch.zeros_like(output) if self.zero_output_for_mask else output)
+            state, cell = torch.where(keep, new_state, state), torch.where(keep, new_cell, cell)
+            outputs.append(output)
+        return torch.stack(outputs, dim=1)
 
     def extra_repr(self) -> str:
         return f"return_sequences={self.return_sequences}, go_backwards={self.go_backwards}"
@@ -1004,28 +1113,37 @@ class GRUResetBefore(KerasLayer):
         bias: torch.Tensor | None,
         return_sequences: bool,
         go_backwards: bool,
+        zero_output_for_mask: bool = False,
     ):
         super().__init__()
         self.kernel, self.recurrent = nn.Parameter(kernel), nn.Parameter(recurrent)
         self.bias = None if bias is None else nn.Parameter(bias)
         self.return_sequences, self.go_backwards = return_sequences, go_backwards
+        self.zero_output_for_mask = zero_output_for_mask
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if self.go_backwards:
             x = x.flip(1)
+            mask = None if mask is None else mask.flip(1)
         units = self.recurrent.shape[0]
         projected = x @ self.kernel + (0 if self.bias is None else self.bias)
         state = x.new_zeros(x.shape[0], units)
-        outputs = []
+        output, outputs = state, []
         for step in range(x.shape[1]):
             inputs_z, inputs_r, inputs_h = projected[:, step].split(units, dim=-1)
             recurrent_z, recurrent_r = (state @ self.recurrent[:, : 2 * units]).split(units, dim=-1)
             z = torch.sigmoid(inputs_z + recurrent_z)
             r = torch.sigmoid(inputs_r + recurrent_r)
             candidate = torch.tanh(inputs_h + (r * state) @ self.recurrent[:, 2 * units :])
-            state = z * state + (1 - z) * candidate
-            outputs.append(state)
-        return torch.stack(outputs, dim=1) if self.return_sequences else state
+            new_state = z * state + (1 - z) * candidate
+            if mask is None:
+                state = output = new_state
+            else:  # as Recurrent._masked: a masked step keeps the state, outputs the previous output (or zeros)
+                keep = mask[:, step].unsqueeze(-1)
+                previous = torch.zeros_like(output) if self.zero_output_for_mask else output
+                output, state = torch.where(keep, new_state, previous), torch.where(keep, new_state, state)
+            outputs.append(output)
+        return torch.stack(outputs, dim=1) if self.return_sequences else output
 
 
 def _check_recurrent(spec: LayerSpec, activations: tuple[str, ...]) -> None:
@@ -1047,10 +1165,16 @@ def _recurrent(kind: str) -> Callable[[LayerSpec], nn.Module]:
         kernel, recurrent, bias = found["kernel"], found["recurrent_kernel"], found.get("bias")
         units = recurrent.shape[0]
         sequences, backwards = bool(spec.option("return_sequences", False)), bool(spec.option("go_backwards", False))
+        zero_output_for_mask = bool(spec.option("zero_output_for_mask", False))
         if kind == "GRU" and not spec.option("reset_after", True):
             _check_recurrent(spec, ("tanh",))
             return GRUResetBefore(
-                _tensor(kernel), _tensor(recurrent), None if bias is None else _tensor(bias), sequences, backwards
+                _tensor(kernel),
+                _tensor(recurrent),
+                None if bias is None else _tensor(bias),
+                sequences,
+                backwards,
+                zero_output_for_mask,
             )
         if kind == "SimpleRNN":
             _check_recurrent(spec, ("tanh", "relu"))
@@ -1076,7 +1200,7 @@ def _recurrent(kind: str) -> Callable[[LayerSpec], nn.Module]:
                 biases = bias.reshape(2, -1) if kind == "GRU" else numpy.stack([bias, numpy.zeros_like(bias)])
                 parameters["bias_ih_l0"].copy_(gates(biases[0][None, :]).reshape(-1))
                 parameters["bias_hh_l0"].copy_(gates(biases[1][None, :]).reshape(-1))
-        return Recurrent(rnn, sequences, backwards)
+        return Recurrent(rnn, sequences, backwards, zero_output_for_mask)
 
     return convert
 
@@ -1090,8 +1214,11 @@ class Bidirectional(KerasLayer):
         self.forward_layer, self.backward_layer = forward_layer, backward_layer
         self.merge_mode, self.sequences = merge_mode, sequences
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ahead, behind = self.forward_layer(x), self.backward_layer(x)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if mask is None:
+            ahead, behind = self.forward_layer(x), self.backward_layer(x)
+        else:
+            ahead, behind = self.forward_layer(x, mask=mask), self.backward_layer(x, mask=mask)
         if self.sequences:
             behind = behind.flip(1)
         if self.merge_mode == "concat":
@@ -1139,14 +1266,13 @@ def _bidirectional(spec: LayerSpec) -> nn.Module:
     ahead = [index for index in range(len(spec.weights)) if index not in backward]
     forward_spec, forward_convert = _inner(spec, forward_entry, [spec.weights[i] for i in ahead], "forward")
     backward_spec, backward_convert = _inner(spec, backward_entry, [spec.weights[i] for i in backward], "backward")
-    if not backward_spec.option("go_backwards"):
-        backward_spec = LayerSpec(
-            backward_spec.name,
-            backward_spec.class_name,
-            {**backward_spec.config, "go_backwards": True},
-            backward_spec.weights,
-        )
+    # Keras's Bidirectional runs its backward layer backwards, and sets both layers' zero_output_for_mask to
+    # their return_sequences (masked steps of a sequence output are zeros, not the previous output).
     sequences = bool(forward_spec.option("return_sequences", False))
+    forward_spec = dataclasses.replace(forward_spec, config={**forward_spec.config, "zero_output_for_mask": sequences})
+    backward_spec = dataclasses.replace(
+        backward_spec, config={**backward_spec.config, "go_backwards": True, "zero_output_for_mask": sequences}
+    )
     return Bidirectional(forward_convert(forward_spec), backward_convert(backward_spec), merge_mode, sequences)
 
 
@@ -1338,6 +1464,9 @@ CONVERTERS: dict[str, Callable[[LayerSpec], nn.Module]] = {
     "Resizing": _resizing,
     "MultiHeadAttention": _multi_head_attention,
     "Embedding": _embedding,
+    "Masking": _masking,
+    "NotEqual": _no_weights(NotEqual),
+    "Any": _any,
     "Dot": _dot,
     "LSTM": _recurrent("LSTM"),
     "GRU": _recurrent("GRU"),

@@ -106,8 +106,9 @@ def _forward(model: KerasModel) -> str:
         for variable, name in zip(parameters, model.input_names)
         if name in model.channels_first_inputs
     ]
+    masks: dict[_Ref, str] = {}  # the variables holding Keras's masks
     for call in model._calls:
-        lines.append(_call_line(model, call, names, taken))
+        lines.extend(_call_lines(model, call, names, masks, taken))
     results = [names[ref] for ref in model._outputs]
     signature = ", ".join(f"{parameter}: torch.Tensor" for parameter in parameters)
     returned = "torch.Tensor" if len(results) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(results))}]"
@@ -115,16 +116,28 @@ def _forward(model: KerasModel) -> str:
     return f"    def forward(self, {signature}) -> {returned}:\n" + "\n".join(lines) + "\n"
 
 
-def _call_line(model: KerasModel, call: _Call, names: dict[_Ref, str], taken: set[str]) -> str:
+def _call_lines(
+    model: KerasModel, call: _Call, names: dict[_Ref, str], masks: dict[_Ref, str], taken: set[str]
+) -> list[str]:
+    """The line of one layer call, and the line of the mask it makes (call.mask, as KerasModel.forward)."""
     attribute = model._attribute[call.layer]
     module = getattr(model, attribute)
     arguments = _arguments(call.inputs, names)
     if isinstance(module, KerasModel) and isinstance(call.inputs, list):
         arguments = arguments[1:-1]  # a nested model of several inputs takes them as positional arguments
     options = "".join(f", {key}={value!r}" for key, value in call.options)
+    if call.mask.startswith("take"):
+        options = f", mask={masks[call.inputs] if call.mask_input is None else names[call.mask_input]}{options}"
     variable = _variable(call.layer if call.node == 0 else f"{call.layer}_{call.node}", taken)
-    names[_Ref(call.layer, call.node, 0)] = variable
-    return f"        {variable} = self.{attribute}({arguments}{options})"
+    out = _Ref(call.layer, call.node, 0)
+    names[out] = variable
+    lines = [f"        {variable} = self.{attribute}({arguments}{options})"]
+    if call.mask == "make":
+        masks[out] = _variable(f"{variable}_mask", taken)
+        lines.append(f"        {masks[out]} = self.{attribute}.compute_mask({arguments})  # Keras's mask")
+    elif call.mask in ("keep", "take-keep"):
+        masks[out] = masks[call.inputs]
+    return lines
 
 
 def _arguments(inputs: Any, names: dict[_Ref, str]) -> str:
