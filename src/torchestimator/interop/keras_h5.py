@@ -90,6 +90,7 @@ from torchestimator.interop.keras_hdf5_guard import (
     HeapGuard,
     _DamagedHeapError,
     global_heap_problem as _global_heap_problem,  # noqa: F401 - tests
+    stored_member,
 )
 from torchestimator.interop.source import ZIP_ERRORS, TensorInfo, WeightSource, WeightSourceError, missing_tensor_error
 
@@ -438,7 +439,8 @@ def _open_archive(path: str, closers: list[Any]) -> tuple[Any, dict[str, Any] | 
         )
     config = _read_archive_config(path, archive) if ARCHIVE_CONFIG_MEMBER in names else None
     try:
-        member = archive.open(ARCHIVE_WEIGHTS_MEMBER)
+        info = archive.getinfo(ARCHIVE_WEIGHTS_MEMBER)
+        member = stored_member(path, info) or archive.open(info)
         closers.append(member)
         # h5py reads the member through Python's file API, so nothing is extracted to disk.
         return h5py.File(HeapGuard(member), "r"), config, archive.getinfo(ARCHIVE_WEIGHTS_MEMBER).file_size
