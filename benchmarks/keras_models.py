@@ -2,9 +2,10 @@
 
 The models are the test fixtures (tests/fixtures/keras_models/, made by Keras 3.15 on TensorFlow 2.21): five small
 models (an MLP, a CNN with "same" padding at stride 2, two inputs and two outputs, an Embedding + BiLSTM + GRU
-text model, nested models) and keras.applications' MobileNetV2, ResNet50, EfficientNetB0, DenseNet121,
-InceptionV3 and NASNetMobile (random weights rebuilt from their skeletons, small inputs), each in ``.keras`` and
-legacy ``.h5``. For each file:
+text model, nested models, a masked Sequential text model) and eleven keras.applications (MobileNetV2,
+MobileNetV3Small, ResNet50, EfficientNetB0, EfficientNetV2B0, DenseNet121, InceptionV3, InceptionResNetV2,
+Xception, NASNetMobile, ConvNeXtTiny: random weights rebuilt from their skeletons, small inputs), each in
+``.keras`` and, where Keras itself can load it back, legacy ``.h5``. For each file:
 
 - converted: whether ``keras_model`` builds it;
 - the largest absolute difference between the converted module's outputs and Keras's own (recorded with the
@@ -72,6 +73,8 @@ def _cases(folder: Path) -> list[tuple[str, Path, list[np.ndarray], list[np.ndar
             ("keras", skeleton.name, f"{name}/output_0"),
             ("h5", f"{name}.h5.gz", f"{name}.h5/output_0"),
         ):
+            if not (skeleton.parent / file).exists():  # a legacy .h5 Keras cannot load back (MobileNetV3, ...)
+                continue
             full = folder / f"{name}.{suffix}"
             keras_skeleton.rebuild(skeleton.parent / file, full, seed=31)
             cases.append((f"{name}.{suffix}", full, [applications[f"{name}/input_0"]], [applications[key]]))

@@ -305,6 +305,14 @@ def layer_cases() -> dict[str, tuple]:
             ),
         }
     )
+    # keras.ops on tensors and numbers, which a Keras 3 functional model records as nodes of their own.
+    ops = keras.ops
+
+    def arithmetic(dense, x):
+        y = dense(x[0])
+        return ops.minimum(ops.maximum((2.0 - y) / 3.0, -0.2), ops.divide(y, 4.0) + 0.3) * 1.5
+
+    cases["ops_arithmetic"] = ([vector], L.Dense(4), arithmetic)
     return cases
 
 
@@ -364,6 +372,11 @@ APPLICATIONS = {  # name -> (builder, input size): small inputs, random weights 
     "DenseNet121": (lambda shape: keras.applications.DenseNet121(input_shape=shape, weights=None, classes=10, classifier_activation=None), 32),
     "InceptionV3": (lambda shape: keras.applications.InceptionV3(input_shape=shape, weights=None, classes=10, classifier_activation=None), 75),
     "NASNetMobile": (lambda shape: keras.applications.NASNetMobile(input_shape=shape, weights=None, classes=10, classifier_activation=None), 32),
+    "MobileNetV3Small": (lambda shape: keras.applications.MobileNetV3Small(input_shape=shape, weights=None, classes=10, classifier_activation=None), 32),
+    "ConvNeXtTiny": (lambda shape: keras.applications.ConvNeXtTiny(input_shape=shape, weights=None, classes=10, classifier_activation=None), 32),
+    "InceptionResNetV2": (lambda shape: keras.applications.InceptionResNetV2(input_shape=shape, weights=None, classes=10, classifier_activation=None), 75),
+    "Xception": (lambda shape: keras.applications.Xception(input_shape=shape, weights=None, classes=10, classifier_activation=None), 71),
+    "EfficientNetV2B0": (lambda shape: keras.applications.EfficientNetV2B0(input_shape=shape, weights=None, classes=10, classifier_activation=None), 32),
 }  # fmt: skip
 APPLICATION_SEED = 31
 APPLICATION_SKELETONS = {"keras": "{name}.keras", "h5": "{name}.h5.gz"}  # format -> skeleton in applications/
@@ -390,11 +403,14 @@ def make_application_fixtures() -> None:
     previous = dict(np.load(OUT / "applications.npz")) if (OUT / "applications.npz").exists() else {}
     arrays = {}
     for index, (name, (build, size)) in enumerate(APPLICATIONS.items()):
-        images = np.random.default_rng(100 + index).uniform(0, 255, size=(2, size, size, 3)).astype(np.float32)
+        low, high = INPUT_RANGES.get(name, (0, 255))
+        images = np.random.default_rng(100 + index).uniform(low, high, size=(2, size, size, 3)).astype(np.float32)
         assert f"{name}/input_0" not in previous or np.array_equal(previous[f"{name}/input_0"], images), name
         arrays[f"{name}/input_0"] = images
         missing = []
         for suffix, skeleton in APPLICATION_SKELETONS.items():
+            if suffix in KERAS_CANNOT_RELOAD.get(name, ()):
+                continue
             key = application_output_key(name, suffix)
             if (folder / skeleton.format(name=name)).exists() and key in previous:
                 arrays[key] = previous[key]
@@ -423,6 +439,17 @@ def make_application_fixtures() -> None:
                     f"max |output| {abs(outputs).max():.3g}, skeleton {skeleton.stat().st_size} bytes"
                 )
     np.savez(OUT / "applications.npz", **arrays)
+
+
+INPUT_RANGES = {"InceptionResNetV2": (-1.0, 1.0)}
+"""Inputs in the range the model's preprocess_input gives, where 0-255 images drive its logits to tens (where
+float32 rounding alone passes 1e-5); the others take 0-255 images."""
+
+KERAS_CANNOT_RELOAD = {"MobileNetV3Small": ("h5",), "ConvNeXtTiny": ("h5",), "InceptionResNetV2": ("h5",)}
+"""Applications whose file of a format Keras 3.15 itself cannot load back (so has no outputs to compare with):
+MobileNetV3's legacy .h5 records ``x + 3.0`` as an op node whose number Keras's legacy loader passes as a
+positional argument ("Only input tensors may be passed as positional arguments"); ConvNeXt's LayerScale and
+InceptionResNetV2's CustomScaleLayer are "Unknown layer"s to the legacy loader."""
 
 
 def _dataset_kinds(saved: Path, kind_of_values: dict[bytes, str]) -> dict[str, str]:

@@ -27,7 +27,7 @@ from torchestimator._extras import import_extra
 from torchestimator.errors import KerasModelError
 from torchestimator.interop.keras_config import MAX_CONFIG_BYTES
 from torchestimator.interop.keras_h5 import ARCHIVE_CONFIG_MEMBER, KerasH5Source, open_keras_h5
-from torchestimator.interop.keras_layers import CONVERTERS, LayerSpec
+from torchestimator.interop.keras_layers import CONVERTERS, OP_CONVERTERS, LayerSpec
 
 __all__ = ["KerasModel", "KerasModelError", "keras_model"]
 
@@ -81,8 +81,15 @@ _MASK_REFUSED = frozenset(
 """Classes whose Keras math would use a mask this converter does not apply yet: refused when one reaches them.
 Every other class drops the mask, as Keras does (with a warning) for layers without masking support."""
 
-_OP_CONSTANTS = {"NotEqual": "other"}
-"""Ops a Keras 3 functional model records for masks, whose number operand becomes this keyword of the module."""
+_OP_MODULES = re.compile(r"^keras\.src\.ops(\.|$)")
+
+
+@dataclass(frozen=True)
+class _Number:
+    """A number among an op's operands (``x + 3.0``), passed to the module in its place."""
+
+    value: float
+
 
 _CALL_FLAGS = {"MultiHeadAttention": ("use_causal_mask",)}
 """Keyword flags a layer's call may carry, by class; any other keyword that is not a recorded default is refused."""
@@ -174,6 +181,8 @@ def _out(call: _Call) -> _Ref:
 def _resolve(inputs: Any, values: dict[_Ref, torch.Tensor]) -> Any:
     if isinstance(inputs, _Ref):
         return values[inputs]
+    if isinstance(inputs, _Number):
+        return inputs.value
     return [_resolve(item, values) for item in inputs]
 
 
@@ -250,7 +259,7 @@ def _build(
             name, entry["class_name"], entry.get("config") or {}, weights.pop(name, []), names.get(name, ())
         )
         try:
-            layers[name] = CONVERTERS[spec.class_name](spec)
+            layers[name] = _converters(entry)[spec.class_name](spec)
         except KerasModelError as error:
             raise KerasModelError(f"{path}: {error}") from None
     if class_name == "Sequential":
@@ -415,11 +424,22 @@ def _check_convertible(path: str, entry: Any) -> None:
         )
     if isinstance(module, str) and not _KERAS_MODULES.match(module):
         raise KerasModelError(f"{path}: layer {name!r} ({class_name}) comes from module {module!r}, not Keras's own.")
-    if class_name not in ("InputLayer", *_MODEL_CLASSES) and class_name not in CONVERTERS:
+    if class_name not in ("InputLayer", *_MODEL_CLASSES) and class_name not in _converters(entry):
+        kind = "op keras.ops" if _is_op(entry) else "layer"
         raise KerasModelError(
-            f"{path}: layer {name!r} is a {class_name}, which is not converted (yet). Converted: "
-            f"{', '.join(sorted(CONVERTERS))}."
+            f"{path}: {kind} {name!r} is a {class_name}, which is not converted (yet). Converted: "
+            f"{', '.join(sorted(_converters(entry)))}."
         )
+
+
+def _is_op(entry: dict[str, Any]) -> bool:
+    """A node of a ``keras.ops`` function (Keras 3 functional models record them as layers of module
+    ``keras.src.ops.*``), not a layer of the same class name."""
+    return isinstance(entry.get("module"), str) and bool(_OP_MODULES.match(entry["module"]))
+
+
+def _converters(entry: dict[str, Any]) -> dict[str, Any]:
+    return OP_CONVERTERS if _is_op(entry) else CONVERTERS
 
 
 def _layer_weights(path: str) -> tuple[dict[str, list[numpy.ndarray]], dict[str, tuple[str, ...]]]:
@@ -455,7 +475,7 @@ def _functional_graph(
             continue
         name = _layer_name(entry)
         for node, inbound in enumerate(entry.get("inbound_nodes") or []):
-            pending.append(_node_call(path, name, node, entry["class_name"], inbound))
+            pending.append(_node_call(path, name, node, entry["class_name"], inbound, _is_op(entry)))
     # Keras lists layers in creation order; a shared layer's later call may need layers listed after it.
     ready = {_Ref(name, 0, 0) for name in inputs}
     ordered: list[_Call] = []
@@ -502,15 +522,17 @@ def _needed(call: _Call) -> Iterator[_Ref]:
         yield call.mask_input
 
 
-def _node_call(path: str, layer: str, node: int, class_name: str, inbound: Any) -> _Call:
+def _node_call(path: str, layer: str, node: int, class_name: str, inbound: Any, op: bool = False) -> _Call:
     """One call of a layer, from Keras 3's ``{"args": [...], "kwargs": {...}}`` or Keras 2's ``[[name, node,
     tensor, kwargs], ...]``: its inputs (a ref, or a list of refs for a layer called on a list or on several
-    tensors), its flags (``_CALL_FLAGS``; an op's constant operand, ``_OP_CONSTANTS``) and the mask passed to it."""
+    tensors; an op's operands, numbers included, in their order), its flags (``_CALL_FLAGS``) and the mask
+    passed to it."""
     if isinstance(inbound, dict):  # Keras 3
-        tensors, options = [], []
+        tensors: list[Any] = []
+        options: list[tuple[str, Any]] = []
         for arg in inbound.get("args") or []:
-            if class_name in _OP_CONSTANTS and isinstance(arg, (int, float)):
-                options.append((_OP_CONSTANTS[class_name], arg))
+            if op and isinstance(arg, (int, float)) and not isinstance(arg, bool):
+                tensors.append(_Number(arg))
             else:
                 tensors.append(_keras3_tensors(path, arg))
         mask_input = None
@@ -528,7 +550,7 @@ def _node_call(path: str, layer: str, node: int, class_name: str, inbound: Any) 
                 raise KerasModelError(
                     f"{path}: layer {layer!r} is called with {key}={str(value)[:80]}: not converted yet."
                 )
-        if not tensors:
+        if not any(True for _ in _refs(tensors)):
             raise KerasModelError(f"{path}: layer {layer!r} is called without a tensor.")
         return _Call(layer, node, tensors[0] if len(tensors) == 1 else tensors, tuple(options), mask_input)
     if isinstance(inbound, list):  # Keras 2: a list of [name, node, tensor, kwargs]
@@ -558,6 +580,6 @@ def _keras3_tensors(path: str, value: Any) -> Any:
 def _refs(inputs: Any) -> Iterator[_Ref]:
     if isinstance(inputs, _Ref):
         yield inputs
-    else:
+    elif not isinstance(inputs, _Number):
         for item in inputs:
             yield from _refs(item)

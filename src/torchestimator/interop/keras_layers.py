@@ -36,7 +36,7 @@ from torchestimator.interop.layouts import (
     embedding,
 )
 
-__all__ = ["ACTIVATIONS", "CONVERTERS", "LayerSpec"]
+__all__ = ["ACTIVATIONS", "CONVERTERS", "OP_CONVERTERS", "KerasLayer", "LayerSpec", "Shaped"]
 
 
 @dataclass(frozen=True)
@@ -969,11 +969,47 @@ class Masking(KerasLayer):
         return f"mask_value={self.mask_value}"
 
 
-class NotEqual(KerasLayer):
-    """The op Keras 3 records in a functional model for a mask: ``x != other`` (Embedding's ``ids != 0``)."""
+_BINARY_OPS: dict[str, Callable[[Any, Any], torch.Tensor]] = {
+    "Add": torch.add,
+    "Subtract": torch.sub,
+    "Multiply": torch.mul,
+    "Divide": torch.true_divide,
+    "TrueDivide": torch.true_divide,
+    "Maximum": torch.maximum,
+    "Minimum": torch.minimum,
+    "NotEqual": torch.ne,
+}
 
-    def forward(self, x: torch.Tensor, other: float = 0) -> torch.Tensor:
-        return x != other
+
+class BinaryOp(KerasLayer):
+    """An elementwise op of ``keras.ops`` that a Keras 3 functional model records as a node (``x + 3.0`` in
+    MobileNetV3's hard sigmoid, ``ids != 0`` for a mask): called on ``[a, b]``, either a tensor or a number, in
+    the recorded order."""
+
+    def __init__(self, op: str) -> None:
+        super().__init__()
+        self.op = op
+        self._function = _BINARY_OPS[op]
+
+    def forward(self, operands: list[torch.Tensor | float]) -> torch.Tensor:
+        a, b = operands
+        if not isinstance(a, torch.Tensor):  # a number first: torch's ops want a tensor there
+            assert isinstance(b, torch.Tensor)
+            a = torch.tensor(a, dtype=b.dtype if isinstance(a, float) or b.is_floating_point() else torch.int64)
+        if not isinstance(b, torch.Tensor) and self.op in ("Maximum", "Minimum"):
+            b = torch.tensor(b, dtype=a.dtype)
+        return self._function(a, b)
+
+    def extra_repr(self) -> str:
+        return self.op
+
+
+def _binary_op(op: str) -> Callable[[LayerSpec], nn.Module]:
+    def convert(spec: LayerSpec) -> nn.Module:
+        _weights(spec, [])
+        return BinaryOp(op)
+
+    return convert
 
 
 class AnyOf(KerasLayer):
@@ -1000,6 +1036,43 @@ def _any(spec: LayerSpec) -> nn.Module:
     ):
         raise spec.error(f"axis={axis!r} is not an axis or a list of axes.")
     return AnyOf(tuple(axis) if isinstance(axis, list) else axis, bool(spec.option("keepdims", False)))
+
+
+class LayerScale(KerasLayer):
+    """keras.applications.convnext's LayerScale: ``x * gamma`` over the channels."""
+
+    def __init__(self, gamma: torch.Tensor) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(gamma)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+def _layer_scale(spec: LayerSpec) -> nn.Module:
+    return LayerScale(_tensor(_weights(spec, ["gamma"])["gamma"]))
+
+
+class CustomScaleLayer(KerasLayer):
+    """keras.applications.inception_resnet_v2's CustomScaleLayer: ``inputs[0] + inputs[1] * scale``."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        return inputs[0] + inputs[1] * self.scale
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale}"
+
+
+def _custom_scale(spec: LayerSpec) -> nn.Module:
+    _weights(spec, [])
+    scale = spec.option("scale")
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        raise spec.error(f"scale={scale!r} is not a number.")
+    return CustomScaleLayer(float(scale))
 
 
 def _masking(spec: LayerSpec) -> nn.Module:
@@ -1465,8 +1538,8 @@ CONVERTERS: dict[str, Callable[[LayerSpec], nn.Module]] = {
     "MultiHeadAttention": _multi_head_attention,
     "Embedding": _embedding,
     "Masking": _masking,
-    "NotEqual": _no_weights(NotEqual),
-    "Any": _any,
+    "LayerScale": _layer_scale,
+    "CustomScaleLayer": _custom_scale,
     "Dot": _dot,
     "LSTM": _recurrent("LSTM"),
     "GRU": _recurrent("GRU"),
@@ -1504,3 +1577,10 @@ CONVERTERS: dict[str, Callable[[LayerSpec], nn.Module]] = {
     "Minimum": _merge("minimum"),
     "Concatenate": _merge("concatenate"),
 }
+
+OP_CONVERTERS: dict[str, Callable[[LayerSpec], nn.Module]] = {
+    **{op: _binary_op(op) for op in _BINARY_OPS},
+    "Any": _any,
+}
+"""The ``keras.ops`` a Keras 3 functional model records as nodes (module ``keras.src.ops.*``), by class; their
+names can be a layer's too (the op ``Add`` is not the layer ``Add``)."""

@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from torchestimator.interop.keras_graph import KerasModel, _Call, _Ref
+from torchestimator.interop.keras_graph import KerasModel, _Call, _Number, _Ref
 from torchestimator.interop.keras_layers import KerasLayer, Shaped
 
 __all__ = ["keras_model_source"]
@@ -143,6 +143,8 @@ def _call_lines(
 def _arguments(inputs: Any, names: dict[_Ref, str]) -> str:
     if isinstance(inputs, _Ref):
         return names[inputs]
+    if isinstance(inputs, _Number):
+        return repr(inputs.value)
     return "[" + ", ".join(_arguments(item, names) for item in inputs) + "]"
 
 
