@@ -21,7 +21,7 @@ import torchestimator as te
 from torchestimator.interop import KerasModel, KerasModelError, keras_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "keras_models"
-MODELS = ["mlp", "cnn", "two_towers", "text", "nested", "masked_text"]
+MODELS = ["mlp", "cnn", "two_towers", "text", "nested", "masked_text", "seq2seq"]
 
 
 def _reference(name: str) -> tuple[list[torch.Tensor], list[np.ndarray]]:
@@ -315,6 +315,24 @@ def test_the_weights_of_an_archive_are_read_in_place_or_through_zipfile_when_com
         assert member.read() == whole
     with zipfile.ZipFile(deflated) as archive:
         assert stored_member(str(deflated), archive.getinfo("model.weights.h5")) is None
+
+
+def test_states_of_an_rnn_are_outputs_only_with_return_state_and_export(tmp_path):
+    # seq2seq: the encoder's return_state starts the decoder (initial_state); the GRU's state is an output.
+    model = keras_model(FIXTURES / "seq2seq.keras").eval()
+    inputs, _ = _reference("seq2seq")
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    program = torch.export.export(model, tuple(inputs), dynamic_shapes=(({0: batch}, {0: batch}),))
+    for exported, eager in zip(program.module()(*inputs), model(*inputs)):
+        torch.testing.assert_close(exported, eager)
+
+    def no_states(config: dict) -> None:
+        for entry in config["config"]["layers"]:
+            if entry["name"] == "encoder":
+                entry["config"]["return_state"] = False
+
+    with pytest.raises(KerasModelError, match=r"output 1 of layer 'encoder' is used, which gives 1 output"):
+        keras_model(_with_config(tmp_path, no_states, FIXTURES / "seq2seq.keras"))
 
 
 # ------------------------------------------------------------------------ every layer alone, against Keras

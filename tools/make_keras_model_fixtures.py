@@ -111,6 +111,17 @@ def masked_text() -> keras.Model:
     )
 
 
+def seq2seq() -> keras.Model:
+    """Keras's encoder-decoder: the encoder LSTM's states (return_state) start the decoder LSTM (initial_state);
+    a GRU's state comes out as a second output."""
+    source, target = keras.Input((7, 5), name="source"), keras.Input((6, 4), name="target")
+    _, state_h, state_c = layers.LSTM(8, return_state=True, name="encoder")(source)
+    decoded = layers.LSTM(8, return_sequences=True, name="decoder")(target, initial_state=[state_h, state_c])
+    words = layers.Dense(4, activation="softmax", name="words")(decoded)
+    summary, gru_state = layers.GRU(3, return_state=True, go_backwards=True, name="summary")(decoded)
+    return keras.Model([source, target], [words, layers.Add(name="both")([summary, gru_state])], name="seq2seq")
+
+
 MODELS = {
     "mlp": mlp,
     "cnn": cnn,
@@ -118,6 +129,7 @@ MODELS = {
     "text": text,
     "nested": nested,
     "masked_text": masked_text,
+    "seq2seq": seq2seq,
 }
 
 

@@ -56,6 +56,8 @@ class _Call:
     mask_input: _Ref | None = None
     """The mask a Keras 3 functional model passes this call explicitly (``mask=``: the output of its NotEqual/Any
     ops), where it records one."""
+    initial_state: tuple[_Ref, ...] = ()
+    """An RNN's ``initial_state`` tensors (an encoder's states starting a decoder)."""
     mask: str = ""
     """What the call does with Keras's mask (``_mask_flow``): "" none reaches it (or it drops it), "make" its
     module computes one (Embedding(mask_zero=True), Masking), "keep" its output carries its input's, "take" the
@@ -90,6 +92,8 @@ class _Number:
 
     value: float
 
+
+_RECURRENT = frozenset({"LSTM", "GRU", "SimpleRNN"})
 
 _CALL_FLAGS = {"MultiHeadAttention": ("use_causal_mask",)}
 """Keyword flags a layer's call may carry, by class; any other keyword that is not a recorded default is refused."""
@@ -159,13 +163,19 @@ class KerasModel(nn.Module):
             module = getattr(self, self._attribute[call.layer])
             arguments = _resolve(call.inputs, values)
             out = _out(call)
+            options = dict(call.options)
+            if call.mask.startswith("take"):
+                options["mask"] = masks[call.inputs] if call.mask_input is None else values[call.mask_input]
+            if call.initial_state:
+                options["initial_state"] = [values[ref] for ref in call.initial_state]
             if isinstance(module, KerasModel) and isinstance(arguments, list):  # a nested model of several inputs
-                values[out] = module(*arguments)
-            elif call.mask.startswith("take"):
-                mask = masks[call.inputs] if call.mask_input is None else values[call.mask_input]
-                values[out] = module(arguments, mask=mask, **dict(call.options))
+                result = module(*arguments)
             else:
-                values[out] = module(arguments, **dict(call.options))
+                result = module(arguments, **options)
+            if isinstance(result, tuple):  # several outputs: an RNN's states, a nested model's outputs
+                values.update({_Ref(call.layer, call.node, index): item for index, item in enumerate(result)})
+            else:
+                values[out] = result
             if call.mask == "make":
                 masks[out] = module.compute_mask(arguments)
             elif call.mask in ("keep", "take-keep"):
@@ -267,8 +277,27 @@ def _build(
     else:
         calls, inputs, outputs = _functional_graph(path, model_config, entries)
     calls = _mask_flow(path, calls, layers, {_layer_name(entry): entry["class_name"] for entry in entries})
+    _check_output_indices(path, calls, outputs, layers)
     specs = _input_specs(model_config, entries, inputs)
     return KerasModel(str(model_config.get("name", "model")), layers, calls, inputs, outputs, specs)
+
+
+def _output_count(module: nn.Module) -> int:
+    """How many tensors a call of ``module`` gives: a nested model's outputs, an RNN's output and its states."""
+    if isinstance(module, KerasModel):
+        return len(module._outputs)
+    return 1 + int(getattr(module, "state_count", 0)) if getattr(module, "return_state", False) else 1
+
+
+def _check_output_indices(path: str, calls: list[_Call], outputs: list[_Ref], layers: dict[str, nn.Module]) -> None:
+    """Every tensor the graph uses is one its layer gives (output 1 of an LSTM only with return_state)."""
+    used = [ref for call in calls for ref in _needed(call)] + outputs
+    for ref in used:
+        if ref.layer in layers and ref.tensor >= _output_count(layers[ref.layer]):
+            raise KerasModelError(
+                f"{path}: output {ref.tensor} of layer {ref.layer!r} is used, which gives "
+                f"{_output_count(layers[ref.layer])} output(s)."
+            )
 
 
 def _mask_flow(path: str, calls: list[_Call], layers: dict[str, nn.Module], classes: dict[str, str]) -> list[_Call]:
@@ -477,22 +506,22 @@ def _functional_graph(
         for node, inbound in enumerate(entry.get("inbound_nodes") or []):
             pending.append(_node_call(path, name, node, entry["class_name"], inbound, _is_op(entry)))
     # Keras lists layers in creation order; a shared layer's later call may need layers listed after it.
-    ready = {_Ref(name, 0, 0) for name in inputs}
+    ready = {(name, 0) for name in inputs}  # (layer, node) calls made: all their outputs are there
     ordered: list[_Call] = []
     while pending:
-        runnable = [call for call in pending if all(ref in ready for ref in _needed(call))]
+        runnable = [call for call in pending if all((ref.layer, ref.node) in ready for ref in _needed(call))]
         if not runnable:
             missing = sorted(
                 {f"{ref.layer}[{ref.node}]" for call in pending for ref in _needed(call)}
-                - {f"{r.layer}[{r.node}]" for r in ready}
+                - {f"{layer}[{node}]" for layer, node in ready}
             )
             raise KerasModelError(f"{path}: the graph needs tensors no layer makes: {missing}.")
         for call in runnable:
             ordered.append(call)
-            ready.add(_Ref(call.layer, call.node, 0))
+            ready.add((call.layer, call.node))
             pending.remove(call)
     for ref in outputs:
-        if ref not in ready:
+        if (ref.layer, ref.node) not in ready:
             raise KerasModelError(f"{path}: output {ref.layer}[{ref.node}] is made by no layer call.")
     return ordered, inputs, outputs
 
@@ -507,17 +536,14 @@ def _listed(value: Any) -> list[Any]:
 def _ref(path: str, item: Any) -> _Ref:
     if isinstance(item, list) and len(item) >= 3 and isinstance(item[0], str):
         layer, node, tensor = item[0], item[1], item[2]
-        if isinstance(node, int) and isinstance(tensor, int):
-            if tensor != 0:
-                raise KerasModelError(
-                    f"{path}: output {tensor} of layer {layer!r}: layers with several outputs are not converted yet."
-                )
+        if isinstance(node, int) and isinstance(tensor, int) and tensor >= 0:
             return _Ref(layer, node, tensor)
     raise KerasModelError(f"{path}: not a tensor reference [layer, node, tensor]: {str(item)[:200]}")
 
 
 def _needed(call: _Call) -> Iterator[_Ref]:
     yield from _refs(call.inputs)
+    yield from call.initial_state
     if call.mask_input is not None:
         yield call.mask_input
 
@@ -535,7 +561,7 @@ def _node_call(path: str, layer: str, node: int, class_name: str, inbound: Any, 
                 tensors.append(_Number(arg))
             else:
                 tensors.append(_keras3_tensors(path, arg))
-        mask_input = None
+        mask_input, initial_state = None, ()
         for key, value in sorted((inbound.get("kwargs") or {}).items()):
             # Keras records defaults it passed (mask=None; training, which inference and train() set here instead).
             if key == "training" or _all_none(value):
@@ -546,13 +572,17 @@ def _node_call(path: str, layer: str, node: int, class_name: str, inbound: Any, 
                 options.append((key, value))
             elif key == "mask" and class_name in _MASK_TAKERS and isinstance(value, dict):
                 mask_input = _keras3_tensors(path, value)
+            elif key == "initial_state" and class_name in _RECURRENT:
+                states = _keras3_tensors(path, value)
+                initial_state = tuple(states) if isinstance(states, list) else (states,)
             else:
                 raise KerasModelError(
                     f"{path}: layer {layer!r} is called with {key}={str(value)[:80]}: not converted yet."
                 )
         if not any(True for _ in _refs(tensors)):
             raise KerasModelError(f"{path}: layer {layer!r} is called without a tensor.")
-        return _Call(layer, node, tensors[0] if len(tensors) == 1 else tensors, tuple(options), mask_input)
+        inputs = tensors[0] if len(tensors) == 1 else tensors
+        return _Call(layer, node, inputs, tuple(options), mask_input, initial_state)
     if isinstance(inbound, list):  # Keras 2: a list of [name, node, tensor, kwargs]
         for item in inbound:
             keywords = item[3] if isinstance(item, list) and len(item) > 3 and isinstance(item[3], dict) else {}
@@ -560,6 +590,8 @@ def _node_call(path: str, layer: str, node: int, class_name: str, inbound: Any, 
             if extra:
                 raise KerasModelError(f"{path}: layer {layer!r} is called with arguments {extra}: not converted yet.")
         refs = [_ref(path, item) for item in inbound]
+        if class_name in _RECURRENT and len(refs) > 1:  # Keras 2 lists an RNN's initial states after its input
+            return _Call(layer, node, refs[0], initial_state=tuple(refs[1:]))
         return _Call(layer, node, refs[0] if len(refs) == 1 else refs)
     raise KerasModelError(f"{path}: layer {layer!r} has an inbound node of an unknown form: {str(inbound)[:200]}")
 

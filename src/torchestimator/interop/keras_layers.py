@@ -1123,33 +1123,57 @@ class Recurrent(KerasLayer):
     ``go_backwards`` reads the sequence from its end and, as Keras, returns the outputs in that order."""
 
     def __init__(
-        self, rnn: nn.RNNBase, return_sequences: bool, go_backwards: bool, zero_output_for_mask: bool = False
+        self,
+        rnn: nn.RNNBase,
+        return_sequences: bool,
+        go_backwards: bool,
+        zero_output_for_mask: bool = False,
+        return_state: bool = False,
     ) -> None:
         super().__init__()
         self.rnn, self.return_sequences, self.go_backwards = rnn, return_sequences, go_backwards
-        self.zero_output_for_mask = zero_output_for_mask
+        self.zero_output_for_mask, self.return_state = zero_output_for_mask, return_state
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    @property
+    def state_count(self) -> int:
+        """How many states Keras returns after the output with ``return_state`` (LSTM: h and c)."""
+        return 2 if isinstance(self.rnn, nn.LSTM) else 1
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, initial_state: list[torch.Tensor] | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         if self.go_backwards:
             x = x.flip(1)
             mask = None if mask is None else mask.flip(1)
+        zeros = x.new_zeros(x.shape[0], self.rnn.hidden_size)
+        state, cell = (zeros, zeros) if initial_state is None else (initial_state[0], initial_state[-1])
         if mask is None:
-            y, _ = self.rnn(x)
+            if isinstance(self.rnn, nn.LSTM):
+                y, (last_state, last_cell) = self.rnn(x, (state.unsqueeze(0), cell.unsqueeze(0)))
+                state, cell = last_state[0], last_cell[0]
+            else:
+                y, last_state = self.rnn(x, state.unsqueeze(0))
+                state = last_state[0]
         else:
-            y = self._masked(x, mask)
-        return y if self.return_sequences else y[:, -1]
+            y, state, cell = self._masked(x, mask, state, cell)
+        output = y if self.return_sequences else y[:, -1]
+        if not self.return_state:
+            return output
+        return (output, state, cell) if isinstance(self.rnn, nn.LSTM) else (output, state)
 
-    def _masked(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _masked(
+        self, x: torch.Tensor, mask: torch.Tensor, state: torch.Tensor, cell: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Keras's masked loop, stepped here (torch's fused layers take no masks): a masked step keeps the state
-        and outputs the previous output (zeros with ``zero_output_for_mask``)."""
+        and outputs the previous output (zeros with ``zero_output_for_mask``). The outputs, the last state and
+        the last cell (LSTM)."""
         rnn = self.rnn
         weight_ih, weight_hh = rnn.get_parameter("weight_ih_l0"), rnn.get_parameter("weight_hh_l0")
         bias_ih, bias_hh = (
             (rnn.get_parameter("bias_ih_l0"), rnn.get_parameter("bias_hh_l0")) if rnn.bias else (None, None)
         )
         projected = F.linear(x, weight_ih, bias_ih)
-        state = x.new_zeros(x.shape[0], rnn.hidden_size)
-        cell, output, outputs = state, state, []
+        output, outputs = x.new_zeros(x.shape[0], rnn.hidden_size), []
         for step in range(x.shape[1]):
             recurrent = F.linear(state, weight_hh, bias_hh)
             if isinstance(rnn, nn.LSTM):
@@ -1169,7 +1193,7 @@ class Recurrent(KerasLayer):
             output = torch.where(keep, new_state, torch.zeros_like(output) if self.zero_output_for_mask else output)
             state, cell = torch.where(keep, new_state, state), torch.where(keep, new_cell, cell)
             outputs.append(output)
-        return torch.stack(outputs, dim=1)
+        return torch.stack(outputs, dim=1), state, cell
 
     def extra_repr(self) -> str:
         return f"return_sequences={self.return_sequences}, go_backwards={self.go_backwards}"
@@ -1187,21 +1211,25 @@ class GRUResetBefore(KerasLayer):
         return_sequences: bool,
         go_backwards: bool,
         zero_output_for_mask: bool = False,
+        return_state: bool = False,
     ):
         super().__init__()
         self.kernel, self.recurrent = nn.Parameter(kernel), nn.Parameter(recurrent)
         self.bias = None if bias is None else nn.Parameter(bias)
         self.return_sequences, self.go_backwards = return_sequences, go_backwards
-        self.zero_output_for_mask = zero_output_for_mask
+        self.zero_output_for_mask, self.return_state = zero_output_for_mask, return_state
+        self.state_count = 1
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, initial_state: list[torch.Tensor] | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         if self.go_backwards:
             x = x.flip(1)
             mask = None if mask is None else mask.flip(1)
         units = self.recurrent.shape[0]
         projected = x @ self.kernel + (0 if self.bias is None else self.bias)
-        state = x.new_zeros(x.shape[0], units)
-        output, outputs = state, []
+        state = x.new_zeros(x.shape[0], units) if initial_state is None else initial_state[0]
+        output, outputs = x.new_zeros(x.shape[0], units), []
         for step in range(x.shape[1]):
             inputs_z, inputs_r, inputs_h = projected[:, step].split(units, dim=-1)
             recurrent_z, recurrent_r = (state @ self.recurrent[:, : 2 * units]).split(units, dim=-1)
@@ -1216,7 +1244,8 @@ class GRUResetBefore(KerasLayer):
                 previous = torch.zeros_like(output) if self.zero_output_for_mask else output
                 output, state = torch.where(keep, new_state, previous), torch.where(keep, new_state, state)
             outputs.append(output)
-        return torch.stack(outputs, dim=1) if self.return_sequences else output
+        result = torch.stack(outputs, dim=1) if self.return_sequences else output
+        return (result, state) if self.return_state else result
 
 
 def _check_recurrent(spec: LayerSpec, activations: tuple[str, ...]) -> None:
@@ -1226,7 +1255,7 @@ def _check_recurrent(spec: LayerSpec, activations: tuple[str, ...]) -> None:
             allowed = activations if key == "activation" else ("sigmoid",)
             if name not in allowed:
                 raise spec.error(f"{key}={name!r}: torch's fused layer computes {'/'.join(allowed)} only.")
-    for key in ("return_state", "stateful"):
+    for key in ("stateful",):
         if spec.option(key):
             raise spec.error(f"{key}=True is not converted yet.")
 
@@ -1248,6 +1277,7 @@ def _recurrent(kind: str) -> Callable[[LayerSpec], nn.Module]:
                 sequences,
                 backwards,
                 zero_output_for_mask,
+                bool(spec.option("return_state", False)),
             )
         if kind == "SimpleRNN":
             _check_recurrent(spec, ("tanh", "relu"))
@@ -1273,7 +1303,7 @@ def _recurrent(kind: str) -> Callable[[LayerSpec], nn.Module]:
                 biases = bias.reshape(2, -1) if kind == "GRU" else numpy.stack([bias, numpy.zeros_like(bias)])
                 parameters["bias_ih_l0"].copy_(gates(biases[0][None, :]).reshape(-1))
                 parameters["bias_hh_l0"].copy_(gates(biases[1][None, :]).reshape(-1))
-        return Recurrent(rnn, sequences, backwards, zero_output_for_mask)
+        return Recurrent(rnn, sequences, backwards, zero_output_for_mask, bool(spec.option("return_state", False)))
 
     return convert
 
@@ -1342,6 +1372,8 @@ def _bidirectional(spec: LayerSpec) -> nn.Module:
     # Keras's Bidirectional runs its backward layer backwards, and sets both layers' zero_output_for_mask to
     # their return_sequences (masked steps of a sequence output are zeros, not the previous output).
     sequences = bool(forward_spec.option("return_sequences", False))
+    if forward_spec.option("return_state") or backward_spec.option("return_state"):
+        raise spec.error("return_state=True inside a Bidirectional is not converted yet.")
     forward_spec = dataclasses.replace(forward_spec, config={**forward_spec.config, "zero_output_for_mask": sequences})
     backward_spec = dataclasses.replace(
         backward_spec, config={**backward_spec.config, "go_backwards": True, "zero_output_for_mask": sequences}

@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from torchestimator.interop.keras_graph import KerasModel, _Call, _Number, _Ref
+from torchestimator.interop.keras_graph import KerasModel, _Call, _Number, _output_count, _Ref
 from torchestimator.interop.keras_layers import KerasLayer, Shaped
 
 __all__ = ["keras_model_source"]
@@ -128,10 +128,16 @@ def _call_lines(
     options = "".join(f", {key}={value!r}" for key, value in call.options)
     if call.mask.startswith("take"):
         options = f", mask={masks[call.inputs] if call.mask_input is None else names[call.mask_input]}{options}"
+    if call.initial_state:
+        options += f", initial_state=[{', '.join(names[ref] for ref in call.initial_state)}]"
     variable = _variable(call.layer if call.node == 0 else f"{call.layer}_{call.node}", taken)
     out = _Ref(call.layer, call.node, 0)
     names[out] = variable
-    lines = [f"        {variable} = self.{attribute}({arguments}{options})"]
+    targets = [variable]
+    for index in range(1, _output_count(module)):  # an RNN's states, a nested model's other outputs
+        names[_Ref(call.layer, call.node, index)] = _variable(f"{variable}_{index}", taken)
+        targets.append(names[_Ref(call.layer, call.node, index)])
+    lines = [f"        {', '.join(targets)} = self.{attribute}({arguments}{options})"]
     if call.mask == "make":
         masks[out] = _variable(f"{variable}_mask", taken)
         lines.append(f"        {masks[out]} = self.{attribute}.compute_mask({arguments})  # Keras's mask")
