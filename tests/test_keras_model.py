@@ -592,6 +592,19 @@ def test_a_huge_declared_weight_is_refused_before_anything_is_allocated(tmp_path
         keras_model(crafted)
 
 
+@pytest.mark.parametrize("name", ["keras2_masked", "keras2_seq2seq"])
+def test_keras_2_graphs_carry_masks_and_initial_states_as_keras_2_computed(name, tmp_path):
+    # Saved by tf_keras 2.21: its graph records no mask (Embedding(mask_zero=True) -> Bidirectional GRU -> Dense
+    # -> GlobalAveragePooling1D on padded ids) and lists an RNN's initial states as extra inputs (seq2seq).
+    model = keras_model(FIXTURES / f"{name}.h5").eval()
+    inputs, expected = _reference(name)
+    with torch.no_grad():
+        np.testing.assert_allclose(model(*inputs).numpy(), expected[0], atol=1e-5, rtol=0)
+    generated = _generated_module(FIXTURES / f"{name}.h5", tmp_path / name).load()
+    with torch.no_grad():
+        assert torch.equal(generated(*inputs), model(*inputs))
+
+
 @pytest.mark.parametrize(
     "file, output",
     [

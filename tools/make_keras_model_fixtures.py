@@ -505,12 +505,59 @@ def make_batchnorm_training() -> None:
     )
 
 
+def make_keras2_models() -> None:
+    """Models saved by Keras 2 (tf_keras 2.21, ``pip install --no-deps tf_keras==2.21.0`` beside TensorFlow), whose
+    graphs record neither masks nor initial states as keywords: ``keras2_<name>.h5`` and ``keras2_<name>.npz``."""
+    import tf_keras
+
+    L = tf_keras.layers
+
+    def masked() -> tf_keras.Model:
+        ids = tf_keras.Input((8,), dtype="int32", name="ids")
+        x = L.Embedding(12, 6, mask_zero=True, name="embed")(ids)
+        x = L.Bidirectional(L.GRU(4, return_sequences=True), name="bigru")(x)
+        x = L.Dense(5, activation="relu", name="dense")(x)
+        x = L.GlobalAveragePooling1D(name="average")(x)
+        return tf_keras.Model(ids, L.Dense(2, name="logits")(x), name="keras2_masked")
+
+    def seq2seq() -> tf_keras.Model:
+        source, target = tf_keras.Input((7, 5), name="source"), tf_keras.Input((6, 4), name="target")
+        _, state_h, state_c = L.LSTM(8, return_state=True, name="encoder")(source)
+        decoded = L.LSTM(8, return_sequences=True, name="decoder")(target, initial_state=[state_h, state_c])
+        return tf_keras.Model([source, target], L.Dense(4, name="words")(decoded), name="keras2_seq2seq")
+
+    for seed, build in enumerate((masked, seq2seq)):
+        model = build()
+        name = model.name
+        if (OUT / f"{name}.h5").exists() and (OUT / f"{name}.npz").exists():
+            continue
+        rng = np.random.default_rng(500 + seed)
+        for variable in model.weights:
+            variable.assign(rng.normal(0, 0.3, size=tuple(variable.shape)).astype(variable.dtype.as_numpy_dtype))
+        inputs = [
+            MASK_IDS if tensor.dtype.is_integer else rng.normal(size=(3, *tensor.shape[1:])).astype(np.float32)
+            for tensor in model.inputs
+        ]
+        model.save(OUT / f"{name}.h5")
+        model = tf_keras.models.load_model(OUT / f"{name}.h5")
+        output = model(inputs if len(inputs) > 1 else inputs[0], training=False)
+        np.savez(
+            OUT / f"{name}.npz",
+            **{f"input_{index}": value for index, value in enumerate(inputs)},
+            output_0=np.asarray(output),
+        )
+        print(f"{name}: Keras 2 {tf_keras.__version__}, outputs {np.asarray(output).shape}")
+
+
 def main() -> int:
-    """Every fixture, or those named: make_keras_model_fixtures.py [applications] [layers] [models] [bn_training]."""
+    """Every fixture, or those named: make_keras_model_fixtures.py [applications] [layers] [models] [bn_training]
+    [keras2]."""
     OUT.mkdir(parents=True, exist_ok=True)
-    chosen = sys.argv[1:] or ["applications", "layers", "models", "bn_training"]
+    chosen = sys.argv[1:] or ["applications", "layers", "models", "bn_training", "keras2"]
     if "bn_training" in chosen:
         make_batchnorm_training()
+    if "keras2" in chosen:
+        make_keras2_models()
     if "applications" in chosen:
         make_application_fixtures()
     if "layers" in chosen:
