@@ -335,6 +335,37 @@ def test_states_of_an_rnn_are_outputs_only_with_return_state_and_export(tmp_path
         keras_model(_with_config(tmp_path, no_states, FIXTURES / "seq2seq.keras"))
 
 
+def test_noise_layers_train_as_keras_and_are_the_identity_at_inference():
+    from torchestimator.interop.keras_layers import CONVERTERS, LayerSpec
+
+    def layer(class_name: str, **config):
+        return CONVERTERS[class_name](LayerSpec("noise", class_name, config, []))
+
+    torch.manual_seed(0)
+    x = torch.ones(64, 5, 6, 32)
+    layers = {
+        "spatial": layer("SpatialDropout2D", rate=0.5),
+        "spatial_cf": layer("SpatialDropout2D", rate=0.5, data_format="channels_first"),
+        "shared": layer("Dropout", rate=0.5, noise_shape=[None, 1, 1, None]),
+        "gaussian_dropout": layer("GaussianDropout", rate=0.2),
+        "gaussian_noise": layer("GaussianNoise", stddev=0.3),
+    }
+    for module in layers.values():
+        assert torch.equal(module.eval()(x), x)  # inference: nothing changes
+        module.train()
+    # SpatialDropout drops whole channels (channels-last: the last axis; channels-first: axis 1), scaling the rest.
+    y = layers["spatial"](x)
+    assert set(y.unique().tolist()) == {0.0, 2.0} and (y == y[:, :1, :1, :]).all()
+    y = layers["spatial_cf"](x)
+    assert set(y.unique().tolist()) == {0.0, 2.0} and (y == y[:, :, :1, :1]).all()
+    y = layers["shared"](x)
+    assert (y == y[:, :1, :1, :]).all() and 0.4 < (y == 0).float().mean() < 0.6
+    y = layers["gaussian_dropout"](x)  # x * N(1, sqrt(rate / (1 - rate))) = N(1, 0.5)
+    assert abs(y.mean().item() - 1) < 0.02 and abs(y.std().item() - 0.5) < 0.02
+    y = layers["gaussian_noise"](x)  # x + N(0, 0.3)
+    assert abs(y.mean().item() - 1) < 0.02 and abs(y.std().item() - 0.3) < 0.02
+
+
 # ------------------------------------------------------------------------ every layer alone, against Keras
 
 _LAYER_CASES = sorted(path.stem for path in (FIXTURES / "layers").glob("*.keras"))

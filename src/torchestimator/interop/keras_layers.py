@@ -543,9 +543,64 @@ def _activation_layer(spec: LayerSpec) -> nn.Module:
     return Activation(_activation_name(spec, spec.option("activation")))
 
 
+class Noise(KerasLayer):
+    """Keras's training-time noise layers, the identity at inference as in Keras:
+
+    - "dropout": Dropout (``noise_shape``: the mask's shape, None for the input's size, 1 to share along an axis);
+    - "spatial": SpatialDropout1D/2D/3D, whole channels dropped (the mask spans the spatial axes);
+    - "gaussian_dropout": GaussianDropout, ``x * N(1, sqrt(rate / (1 - rate)))``;
+    - "gaussian_noise": GaussianNoise, ``x + N(0, stddev)``."""
+
+    def __init__(
+        self, kind: str, amount: float, noise_shape: tuple[int | None, ...] | None = None, channels_first: bool = False
+    ) -> None:
+        super().__init__()
+        self.kind, self.amount, self.noise_shape, self.channels_first = kind, amount, noise_shape, channels_first
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.amount == 0:
+            return x
+        if self.kind == "gaussian_noise":
+            return x + torch.randn_like(x) * self.amount
+        if self.kind == "gaussian_dropout":
+            return x * (1 + torch.randn_like(x) * math.sqrt(self.amount / (1 - self.amount)))
+        if self.kind == "spatial":  # one draw per example and channel
+            shape = [x.shape[0], *([1] * (x.dim() - 2))]
+            shape = [shape[0], x.shape[1], *shape[1:]] if self.channels_first else [*shape, x.shape[-1]]
+        elif self.noise_shape is not None:
+            shape = [x.shape[axis] if size is None else size for axis, size in enumerate(self.noise_shape)]
+        else:
+            return F.dropout(x, self.amount, training=True)
+        keep = torch.rand(shape, device=x.device) >= self.amount
+        return x * keep.to(x.dtype) / (1 - self.amount)
+
+    def extra_repr(self) -> str:
+        return f"{self.kind}, {'stddev' if self.kind == 'gaussian_noise' else 'rate'}={self.amount}"
+
+
 def _dropout(spec: LayerSpec) -> nn.Module:
     _weights(spec, [])
-    return nn.Dropout(float(spec.option("rate", 0.0)))
+    rate = float(spec.option("rate", 0.0))
+    if not 0 <= rate < 1:
+        raise spec.error(f"rate={rate!r} is not in [0, 1).")
+    if spec.class_name.startswith("SpatialDropout"):
+        return Noise("spatial", rate, channels_first=_channels_first(spec))
+    if spec.class_name == "GaussianDropout":
+        return Noise("gaussian_dropout", rate)
+    noise_shape = spec.option("noise_shape")
+    if noise_shape is not None and not (
+        isinstance(noise_shape, list) and all(size is None or isinstance(size, int) for size in noise_shape)
+    ):
+        raise spec.error(f"noise_shape={noise_shape!r} is not a list of sizes (None for the input's).")
+    return Noise("dropout", rate, None if noise_shape is None else tuple(noise_shape))
+
+
+def _gaussian_noise(spec: LayerSpec) -> nn.Module:
+    _weights(spec, [])
+    stddev = spec.option("stddev", 0.0)
+    if not isinstance(stddev, (int, float)) or isinstance(stddev, bool) or stddev < 0:
+        raise spec.error(f"stddev={stddev!r} is not a non-negative number.")
+    return Noise("gaussian_noise", float(stddev))
 
 
 def _no_weights(module: Callable[[], nn.Module]) -> Callable[[LayerSpec], nn.Module]:
@@ -1582,8 +1637,8 @@ CONVERTERS: dict[str, Callable[[LayerSpec], nn.Module]] = {
     "SpatialDropout1D": _dropout,
     "SpatialDropout2D": _dropout,
     "SpatialDropout3D": _dropout,
-    "GaussianDropout": _no_weights(nn.Identity),  # inference: identity, as in Keras
-    "GaussianNoise": _no_weights(nn.Identity),
+    "GaussianDropout": _dropout,
+    "GaussianNoise": _gaussian_noise,
     "Flatten": _flatten,
     "Reshape": _reshape,
     "MaxPooling1D": _pool("max", 1),
