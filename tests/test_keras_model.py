@@ -366,6 +366,42 @@ def test_noise_layers_train_as_keras_and_are_the_identity_at_inference():
     assert abs(y.mean().item() - 1) < 0.02 and abs(y.std().item() - 0.3) < 0.02
 
 
+@pytest.mark.parametrize("kind, gates", [("LSTM", 4), ("GRU", 3), ("SimpleRNN", 1)])
+def test_rnn_dropout_drops_inputs_and_state_before_their_kernels_in_training_only(kind, gates, monkeypatch):
+    from torchestimator.interop.keras_layers import CONVERTERS, LayerSpec
+
+    rng = np.random.default_rng(3)
+    features, units = 5, 4
+    weights = [
+        rng.normal(0, 0.4, size=(features, gates * units)).astype(np.float32),
+        rng.normal(0, 0.4, size=(units, gates * units)).astype(np.float32),
+        rng.normal(0, 0.1, size=(2, gates * units) if kind == "GRU" else (gates * units,)).astype(np.float32),
+    ]
+
+    def layer(rates: dict, scale_recurrent: float = 1.0):
+        kernels = [weights[0], weights[1] * scale_recurrent, weights[2]]
+        config = {"units": units, "return_sequences": True, **rates}
+        return CONVERTERS[kind](LayerSpec("rnn", kind, config, kernels))
+
+    x = torch.from_numpy(rng.normal(size=(3, 6, features)).astype(np.float32))
+    plain = layer({}).eval()
+    with torch.no_grad():
+        expected = plain(x)
+        for rates in ({"dropout": 0.5}, {"recurrent_dropout": 0.5}, {"dropout": 0.3, "recurrent_dropout": 0.3}):
+            dropping = layer(rates)
+            assert torch.equal(dropping.eval()(x), expected)  # inference: no dropout
+            dropping.train()
+            assert not torch.allclose(dropping(x), expected)  # training: dropped
+            # Every unit kept (rand >= rate everywhere): the kept values scaled by 1/(1-rate) are the inputs
+            # before the input kernel and the state before the recurrent kernel, nothing else.
+            monkeypatch.setattr(torch, "rand_like", lambda like: torch.ones_like(like))
+            x_scale = 1 / (1 - rates.get("dropout", 0.0))
+            h_scale = 1 / (1 - rates.get("recurrent_dropout", 0.0))
+            reference = layer({}, scale_recurrent=h_scale).eval()(x * x_scale)
+            torch.testing.assert_close(dropping(x), reference, rtol=1e-5, atol=1e-6)
+            monkeypatch.undo()
+
+
 # ------------------------------------------------------------------------ every layer alone, against Keras
 
 _LAYER_CASES = sorted(path.stem for path in (FIXTURES / "layers").glob("*.keras"))

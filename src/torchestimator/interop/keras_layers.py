@@ -1184,10 +1184,13 @@ class Recurrent(KerasLayer):
         go_backwards: bool,
         zero_output_for_mask: bool = False,
         return_state: bool = False,
+        dropout: float = 0.0,
+        recurrent_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.rnn, self.return_sequences, self.go_backwards = rnn, return_sequences, go_backwards
         self.zero_output_for_mask, self.return_state = zero_output_for_mask, return_state
+        self.dropout, self.recurrent_dropout = dropout, recurrent_dropout
 
     @property
     def state_count(self) -> int:
@@ -1202,6 +1205,16 @@ class Recurrent(KerasLayer):
             mask = None if mask is None else mask.flip(1)
         zeros = x.new_zeros(x.shape[0], self.rnn.hidden_size)
         state, cell = (zeros, zeros) if initial_state is None else (initial_state[0], initial_state[-1])
+        gates = {nn.LSTM: 4, nn.GRU: 3}.get(type(self.rnn), 1)
+        # Keras drops with one mask per sequence; with recurrent_dropout its cells run implementation 1, one mask
+        # per gate for the inputs and for the state (stepped here: torch's fused layers drop nothing between steps).
+        recurrent_masks = _dropout_masks(zeros, self.recurrent_dropout, self.training, gates)
+        input_masks = _dropout_masks(x[:, 0], self.dropout, self.training, gates if recurrent_masks else 1)
+        if input_masks and not recurrent_masks:
+            x = x * input_masks[0].unsqueeze(1)
+            input_masks = None
+        if (recurrent_masks or input_masks) and mask is None:
+            mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         if mask is None:
             if isinstance(self.rnn, nn.LSTM):
                 y, (last_state, last_cell) = self.rnn(x, (state.unsqueeze(0), cell.unsqueeze(0)))
@@ -1210,27 +1223,36 @@ class Recurrent(KerasLayer):
                 y, last_state = self.rnn(x, state.unsqueeze(0))
                 state = last_state[0]
         else:
-            y, state, cell = self._masked(x, mask, state, cell)
+            y, state, cell = self._masked(x, mask, state, cell, input_masks, recurrent_masks)
         output = y if self.return_sequences else y[:, -1]
         if not self.return_state:
             return output
         return (output, state, cell) if isinstance(self.rnn, nn.LSTM) else (output, state)
 
     def _masked(
-        self, x: torch.Tensor, mask: torch.Tensor, state: torch.Tensor, cell: torch.Tensor
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        state: torch.Tensor,
+        cell: torch.Tensor,
+        input_masks: list[torch.Tensor] | None = None,
+        recurrent_masks: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Keras's masked loop, stepped here (torch's fused layers take no masks): a masked step keeps the state
-        and outputs the previous output (zeros with ``zero_output_for_mask``). The outputs, the last state and
-        the last cell (LSTM)."""
+        and outputs the previous output (zeros with ``zero_output_for_mask``). ``input_masks`` and
+        ``recurrent_masks``, one per gate, drop inputs and state units before each gate's kernel (Keras's dropout
+        and recurrent_dropout). The outputs, the last state and the last cell (LSTM)."""
         rnn = self.rnn
         weight_ih, weight_hh = rnn.get_parameter("weight_ih_l0"), rnn.get_parameter("weight_hh_l0")
         bias_ih, bias_hh = (
             (rnn.get_parameter("bias_ih_l0"), rnn.get_parameter("bias_hh_l0")) if rnn.bias else (None, None)
         )
-        projected = F.linear(x, weight_ih, bias_ih)
+        projected = _gate_linear(
+            x, weight_ih, bias_ih, None if input_masks is None else [m[:, None] for m in input_masks]
+        )
         output, outputs = x.new_zeros(x.shape[0], rnn.hidden_size), []
         for step in range(x.shape[1]):
-            recurrent = F.linear(state, weight_hh, bias_hh)
+            recurrent = _gate_linear(state, weight_hh, bias_hh, recurrent_masks)
             if isinstance(rnn, nn.LSTM):
                 i, f, g, o = (projected[:, step] + recurrent).chunk(4, dim=-1)
                 new_cell = torch.sigmoid(f) * cell + torch.sigmoid(i) * torch.tanh(g)
@@ -1251,7 +1273,32 @@ class Recurrent(KerasLayer):
         return torch.stack(outputs, dim=1), state, cell
 
     def extra_repr(self) -> str:
-        return f"return_sequences={self.return_sequences}, go_backwards={self.go_backwards}"
+        return f"return_sequences={self.return_sequences}, go_backwards={self.go_backwards}" + _dropouts_repr(self)
+
+
+def _dropouts_repr(layer: Any) -> str:
+    return "".join(
+        f", {name}={getattr(layer, name)}" for name in ("dropout", "recurrent_dropout") if getattr(layer, name)
+    )
+
+
+def _dropout_masks(like: torch.Tensor, rate: float, training: bool, count: int) -> list[torch.Tensor] | None:
+    """Keras's RNN dropout masks, ``count`` of them (one per gate, or one shared): one draw per sequence, shared
+    by every step, the kept values scaled by 1/(1-rate). None outside training or at rate 0."""
+    if not training or rate == 0:
+        return None
+    return [(torch.rand_like(like) >= rate).to(like.dtype) / (1 - rate) for _ in range(count)]
+
+
+def _gate_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, masks: list[torch.Tensor] | None
+) -> torch.Tensor:
+    """``F.linear`` for a torch RNN weight of stacked gates, each gate's input multiplied by its own mask."""
+    if masks is None:
+        return F.linear(x, weight, bias)
+    weights = weight.chunk(len(masks), dim=0)
+    biases = [None] * len(masks) if bias is None else bias.chunk(len(masks))
+    return torch.cat([F.linear(x * m, w, b) for m, w, b in zip(masks, weights, biases)], dim=-1)
 
 
 class GRUResetBefore(KerasLayer):
@@ -1267,12 +1314,15 @@ class GRUResetBefore(KerasLayer):
         go_backwards: bool,
         zero_output_for_mask: bool = False,
         return_state: bool = False,
+        dropout: float = 0.0,
+        recurrent_dropout: float = 0.0,
     ):
         super().__init__()
         self.kernel, self.recurrent = nn.Parameter(kernel), nn.Parameter(recurrent)
         self.bias = None if bias is None else nn.Parameter(bias)
         self.return_sequences, self.go_backwards = return_sequences, go_backwards
         self.zero_output_for_mask, self.return_state = zero_output_for_mask, return_state
+        self.dropout, self.recurrent_dropout = dropout, recurrent_dropout
         self.state_count = 1
 
     def forward(
@@ -1282,15 +1332,26 @@ class GRUResetBefore(KerasLayer):
             x = x.flip(1)
             mask = None if mask is None else mask.flip(1)
         units = self.recurrent.shape[0]
-        projected = x @ self.kernel + (0 if self.bias is None else self.bias)
         state = x.new_zeros(x.shape[0], units) if initial_state is None else initial_state[0]
         output, outputs = x.new_zeros(x.shape[0], units), []
+        # As Recurrent: one shared input mask, or with recurrent_dropout one per gate (z, r, h) for both.
+        recurrent_masks = _dropout_masks(output, self.recurrent_dropout, self.training, 3)
+        input_masks = _dropout_masks(x[:, 0], self.dropout, self.training, 3 if recurrent_masks else 1)
+        if input_masks is None:
+            projected = x @ self.kernel + (0 if self.bias is None else self.bias)
+        else:  # _gate_linear takes the kernel as [3 * units, features], gates z, r, h
+            per_gate = input_masks * 3 if len(input_masks) == 1 else input_masks
+            projected = _gate_linear(x, self.kernel.t(), self.bias, [m[:, None] for m in per_gate])
+        ones = [torch.ones((), dtype=x.dtype)] * 3
         for step in range(x.shape[1]):
+            masks = recurrent_masks or ones
             inputs_z, inputs_r, inputs_h = projected[:, step].split(units, dim=-1)
-            recurrent_z, recurrent_r = (state @ self.recurrent[:, : 2 * units]).split(units, dim=-1)
+            recurrent_z = (state * masks[0]) @ self.recurrent[:, :units]
+            recurrent_r = (state * masks[1]) @ self.recurrent[:, units : 2 * units]
             z = torch.sigmoid(inputs_z + recurrent_z)
             r = torch.sigmoid(inputs_r + recurrent_r)
-            candidate = torch.tanh(inputs_h + (r * state) @ self.recurrent[:, 2 * units :])
+            state_h = state * masks[2]
+            candidate = torch.tanh(inputs_h + (r * state_h) @ self.recurrent[:, 2 * units :])
             new_state = z * state + (1 - z) * candidate
             if mask is None:
                 state = output = new_state
@@ -1301,6 +1362,14 @@ class GRUResetBefore(KerasLayer):
             outputs.append(output)
         result = torch.stack(outputs, dim=1) if self.return_sequences else output
         return (result, state) if self.return_state else result
+
+
+def _rnn_dropouts(spec: LayerSpec) -> tuple[float, float]:
+    """``dropout`` and ``recurrent_dropout``: applied in training, as Keras's fit does."""
+    rates = (spec.option("dropout", 0.0) or 0.0, spec.option("recurrent_dropout", 0.0) or 0.0)
+    if not all(isinstance(rate, (int, float)) and 0 <= rate < 1 for rate in rates):
+        raise spec.error(f"dropout, recurrent_dropout = {rates!r} are not rates in [0, 1).")
+    return float(rates[0]), float(rates[1])
 
 
 def _check_recurrent(spec: LayerSpec, activations: tuple[str, ...]) -> None:
@@ -1333,6 +1402,7 @@ def _recurrent(kind: str) -> Callable[[LayerSpec], nn.Module]:
                 backwards,
                 zero_output_for_mask,
                 bool(spec.option("return_state", False)),
+                *_rnn_dropouts(spec),
             )
         if kind == "SimpleRNN":
             _check_recurrent(spec, ("tanh", "relu"))
@@ -1358,7 +1428,14 @@ def _recurrent(kind: str) -> Callable[[LayerSpec], nn.Module]:
                 biases = bias.reshape(2, -1) if kind == "GRU" else numpy.stack([bias, numpy.zeros_like(bias)])
                 parameters["bias_ih_l0"].copy_(gates(biases[0][None, :]).reshape(-1))
                 parameters["bias_hh_l0"].copy_(gates(biases[1][None, :]).reshape(-1))
-        return Recurrent(rnn, sequences, backwards, zero_output_for_mask, bool(spec.option("return_state", False)))
+        return Recurrent(
+            rnn,
+            sequences,
+            backwards,
+            zero_output_for_mask,
+            bool(spec.option("return_state", False)),
+            *_rnn_dropouts(spec),
+        )
 
     return convert
 
