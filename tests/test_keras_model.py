@@ -71,6 +71,24 @@ def test_submodules_are_named_after_the_keras_layers_and_print_the_architecture(
     assert model.bn1.norm.eps == pytest.approx(1e-3) and model.bn1.norm.momentum == pytest.approx(0.01)
 
 
+def test_a_converted_model_pickles_whole_and_deep_copies(tmp_path):
+    import copy
+
+    model = keras_model(FIXTURES / "text.keras").eval()  # activations, RNNs, Bidirectional
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    inputs, expected = _reference("text")
+    with torch.no_grad():
+        np.testing.assert_allclose(loaded(*inputs).numpy(), expected[0], atol=1e-5, rtol=0)
+        assert torch.equal(copy.deepcopy(model)(*inputs), model(*inputs))
+    from torchestimator.interop.keras_source import keras_model_source
+
+    def source(module):  # what model.py is written from survives the round trip
+        return keras_model_source(module, weights_file="w.safetensors", converted_from="text.keras")
+
+    assert source(loaded) == source(model)
+
+
 def test_a_converted_model_exports_with_a_dynamic_batch():
     model = keras_model(FIXTURES / "two_towers.keras").eval()
     batch = torch.export.Dim("batch", min=1, max=1024)

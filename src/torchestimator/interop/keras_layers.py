@@ -91,18 +91,39 @@ class KerasLayer(nn.Module):
         return layer
 
 
+# Module-level functions, not lambdas: a converted model pickles whole (torch.save(model), copy.deepcopy).
 def _hard_sigmoid(x: torch.Tensor) -> torch.Tensor:
     return F.relu6(x + 3.0) / 6.0
 
 
+def _linear(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def _softmax(x: torch.Tensor) -> torch.Tensor:
+    return F.softmax(x, dim=-1)
+
+
+def _log_softmax(x: torch.Tensor) -> torch.Tensor:
+    return F.log_softmax(x, dim=-1)
+
+
+def _hard_silu(x: torch.Tensor) -> torch.Tensor:
+    return x * _hard_sigmoid(x)
+
+
+def _leaky_relu(x: torch.Tensor) -> torch.Tensor:
+    return F.leaky_relu(x, 0.2)  # Keras's activation default (the layer's is 0.3)
+
+
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "linear": lambda x: x,
+    "linear": _linear,
     "relu": F.relu,
     "relu6": F.relu6,
     "sigmoid": torch.sigmoid,
     "tanh": torch.tanh,
-    "softmax": lambda x: F.softmax(x, dim=-1),
-    "log_softmax": lambda x: F.log_softmax(x, dim=-1),
+    "softmax": _softmax,
+    "log_softmax": _log_softmax,
     "elu": F.elu,
     "selu": F.selu,
     "softplus": F.softplus,
@@ -112,9 +133,9 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,  # Keras 3's default approximate=False: the erf form
     "exponential": torch.exp,
     "hard_sigmoid": _hard_sigmoid,
-    "hard_silu": lambda x: x * _hard_sigmoid(x),
-    "hard_swish": lambda x: x * _hard_sigmoid(x),
-    "leaky_relu": lambda x: F.leaky_relu(x, 0.2),
+    "hard_silu": _hard_silu,
+    "hard_swish": _hard_silu,
+    "leaky_relu": _leaky_relu,
     "mish": F.mish,
 }
 
