@@ -16,7 +16,7 @@ Xception, NASNetMobile, ConvNeXtTiny: random weights rebuilt from their skeleton
   ratio is Keras's median time over ours, on the same inputs, in the same process and threads. The figure is the
   geometric mean of the ratios over the ``.keras`` files.
 
-Run:  KERAS_BACKEND=torch python benchmarks/keras_models.py [--repeats N]
+Run:  KERAS_BACKEND=torch python benchmarks/keras_models.py [--repeats N] [--only REGEX]
 Last line:  keras_models converted=C/A max_abs_err=E forward_vs_keras_torch=R   (R: n/a without Keras)
 """
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -52,8 +53,9 @@ def _median_seconds(call: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def _cases(folder: Path) -> list[tuple[str, Path, list[np.ndarray], list[np.ndarray]]]:
-    """(label, file, inputs, Keras's outputs) for every fixture model, applications rebuilt into ``folder``."""
+def _cases(folder: Path, only: re.Pattern[str]) -> list[tuple[str, Path, list[np.ndarray], list[np.ndarray]]]:
+    """(label, file, inputs, Keras's outputs) for every fixture model whose label ``only`` finds, applications
+    rebuilt into ``folder``."""
     import keras_skeleton
 
     cases = []
@@ -64,7 +66,7 @@ def _cases(folder: Path) -> list[tuple[str, Path, list[np.ndarray], list[np.ndar
         inputs = [saved[key] for key in sorted(saved) if key.startswith("input_")]
         outputs = [saved[key] for key in sorted(saved) if key.startswith("output_")]
         for suffix in ("keras", "h5"):  # Keras 2's models (keras2_*) are .h5 only
-            if not (FIXTURES / f"{reference.stem}.{suffix}").exists():
+            if not (FIXTURES / f"{reference.stem}.{suffix}").exists() or not only.search(f"{reference.stem}.{suffix}"):
                 continue
             cases.append((f"{reference.stem}.{suffix}", FIXTURES / f"{reference.stem}.{suffix}", inputs, outputs))
     applications = np.load(FIXTURES / "applications.npz")
@@ -77,6 +79,8 @@ def _cases(folder: Path) -> list[tuple[str, Path, list[np.ndarray], list[np.ndar
         ):
             if not (skeleton.parent / file).exists():  # a legacy .h5 Keras cannot load back (MobileNetV3, ...)
                 continue
+            if not only.search(f"{name}.{suffix}"):
+                continue
             full = folder / f"{name}.{suffix}"
             keras_skeleton.rebuild(skeleton.parent / file, full, seed=31)
             cases.append((f"{name}.{suffix}", full, [applications[f"{name}/input_0"]], [applications[key]]))
@@ -86,6 +90,7 @@ def _cases(folder: Path) -> list[tuple[str, Path, list[np.ndarray], list[np.ndar
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20, help="timed forward passes per model and framework")
+    parser.add_argument("--only", default="", help="a regular expression: the files whose label it finds (all)")
     args = parser.parse_args(argv)
 
     from torchestimator.interop import KerasModelError, keras_model
@@ -96,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         keras = None
     converted, worst, ratios = 0, 0.0, []
     with tempfile.TemporaryDirectory() as folder:
-        cases = _cases(Path(folder))
+        cases = _cases(Path(folder), re.compile(args.only))
         for label, path, inputs, expected in cases:
             try:
                 module = keras_model(path).eval()

