@@ -128,8 +128,8 @@ class KerasModel(nn.Module):
         self.output_masked = any(call.mask in ("make", "keep", "take-keep") for call in calls if _out(call) in outputs)
         """Whether Keras attached a mask to an output (a model nested in another would pass it on)."""
         self.channels_first_inputs: tuple[str, ...] = ()
-        self._move: tuple[bool, ...] = ()
         """The inputs taken channels-first ([batch, channels, *spatial]) and moved to Keras's layout on entry."""
+        self._move: tuple[bool, ...] = ()  # by input position: whether forward moves its channels last
 
     def take_channels_first(self, names: Collection[str]) -> None:
         """Inputs ``names`` come channels-first, as torch's convolutions and data loaders lay them out: forward
