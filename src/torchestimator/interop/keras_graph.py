@@ -52,7 +52,7 @@ class _Call:
     node: int
     inputs: Any
     options: tuple[tuple[str, Any], ...] = ()
-    """Keyword flags of the call the module takes too (MultiHeadAttention's use_causal_mask; an op's constant)."""
+    """Keyword flags of the call the module takes too (MultiHeadAttention's use_causal_mask)."""
     mask_input: _Ref | None = None
     """The mask a Keras 3 functional model passes this call explicitly (``mask=``: the output of its NotEqual/Any
     ops), where it records one."""
@@ -310,8 +310,7 @@ def _mask_flow(path: str, calls: list[_Call], layers: dict[str, nn.Module], clas
         module, kind = layers[call.layer], classes[call.layer]
         mode = ""
         if call.mask_input is not None:  # Keras 3 recorded the mask it passed: that one, whatever flowed here
-            keeps = getattr(module, "return_sequences", False) or getattr(module, "sequences", False)
-            mode = "take-keep" if keeps else "take"
+            mode = _taking(module)
         elif any(ref in masked for ref in _refs(call.inputs)):
             if isinstance(module, KerasModel) or kind in _MASK_REFUSED:
                 raise KerasModelError(
@@ -319,8 +318,7 @@ def _mask_flow(path: str, calls: list[_Call], layers: dict[str, nn.Module], clas
                     "which is not converted yet for it."
                 )
             if kind in _MASK_TAKERS:
-                keeps = getattr(module, "return_sequences", False) or getattr(module, "sequences", False)
-                mode = "take-keep" if keeps else "take"
+                mode = _taking(module)
             elif kind in _MASK_KEEPERS:
                 mode = "keep"
         if kind == "Masking" or (kind == "Embedding" and getattr(module, "mask_zero", False)):
@@ -331,6 +329,13 @@ def _mask_flow(path: str, calls: list[_Call], layers: dict[str, nn.Module], clas
             masked.add(_out(call))
         flowed.append(dataclasses.replace(call, mask=mode))
     return flowed
+
+
+def _taking(module: nn.Module) -> str:
+    """An RNN returning sequences passes the mask it takes on (Keras's compute_mask); one returning its last
+    output, and GlobalAveragePooling1D, end it."""
+    keeps = getattr(module, "return_sequences", False) or getattr(module, "sequences", False)
+    return "take-keep" if keeps else "take"
 
 
 def _input_specs(
