@@ -145,6 +145,7 @@ class Tally:
 class Children:
     def __init__(self, reports: Path) -> None:
         self.reports, self.count = reports, 0
+        self.pids: list[int] = []  # of each child started, in order: a leftover's name carries its writer's pid
         reports.mkdir(parents=True, exist_ok=True)
         self.context = multiprocessing.get_context("forkserver")
         self.context.set_forkserver_preload(["torch", "torch._dynamo", "torchestimator", "s3fs", __name__])
@@ -155,6 +156,7 @@ class Children:
         environment = {name: os.environ[name] for name in [*_ENVIRONMENT, "AWS_ENDPOINT_URL"]}
         process = self.context.Process(target=child_train, args=(model_dir, str(report), big, environment))
         process.start()
+        self.pids.append(process.pid)
         return process, report
 
     def train(self, model_dir: str, big: bool = False) -> dict[str, object]:
@@ -337,7 +339,9 @@ def check_after_kill(
         tally.problems.append(f"{what}: rerun {outcome}, not identical to the uninterrupted run")
     left = junk(model_dir)
     tally.leftovers += len(left)
-    tally.problems += [f"{what}: left {name} ({_contents(model_dir, name)})" for name in left]
+    # The killed child's pid and the rerun's: which of them wrote the leftover.
+    writers = f"killed pid {children.pids[-2]}, rerun pid {children.pids[-1]}" if len(children.pids) > 1 else ""
+    tally.problems += [f"{what}: left {name} ({_contents(model_dir, name)}; {writers})" for name in left]
     return identical
 
 
